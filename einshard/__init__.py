@@ -1,0 +1,29 @@
+"""einshard: one readable expression says how an array is laid out on a device mesh.
+
+    >>> import einshard, numpy as np
+    >>> w = einshard.einshard(np.ones((128, 256)), 'x y -> x y*')   # y split over all devices
+
+The public API is what ``__all__`` lists; the layers behind it (parsing,
+layout, placement) are importable on their own.
+"""
+
+from .errors import EinshardError
+from .layout import Layout, MeshAxis
+from .parsing import Expression, parse
+from .placement import anonymous_mesh, describe, einshard, layout, sharding, spec
+
+__version__ = "0.3.0"
+
+__all__ = [
+    "EinshardError",
+    "Expression",
+    "Layout",
+    "MeshAxis",
+    "anonymous_mesh",
+    "describe",
+    "einshard",
+    "layout",
+    "parse",
+    "sharding",
+    "spec",
+]

@@ -1,0 +1,52 @@
+"""The one error type einshard raises for bad input."""
+
+from __future__ import annotations
+
+__all__ = ["EinshardError"]
+
+
+class EinshardError(ValueError):
+    """Bad einshard input: a malformed expression, or one that does not fit the array or mesh.
+
+    The message quotes the expression with a caret under the offending column
+    when there is one, names the axes and sizes involved, and says how to fix it.
+
+    Attributes:
+        reason: the one-line reason, without the quoted expression.
+        expression: the expression text, if the error is about one.
+        column: 0-based column in ``expression`` the error points at, or None.
+
+    Example:
+        >>> import einshard
+        >>> try:
+        ...     einshard.spec("a b -> a c")
+        ... except einshard.EinshardError as e:
+        ...     print(e)
+        axis 'c' on the right is not an axis of the array (the left side names: 'a', 'b')
+            a b -> a c
+                     ^
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        expression: str | None = None,
+        column: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.expression = expression
+        self.column = column
+        self.hint = hint
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        lines = [self.reason]
+        if self.expression is not None:
+            text = self.expression.replace("\n", " ").replace("\t", " ")
+            lines.append(f"    {text}")
+            if self.column is not None:
+                lines.append("    " + " " * self.column + "^")
+        if self.hint:
+            lines.append(self.hint)
+        return "\n".join(lines)

@@ -1,0 +1,326 @@
+"""Layouts: how a tensor's axes are laid out over the axes of a device mesh.
+
+A :class:`Layout` is the one internal picture of a laid-out tensor that
+placement, analysis and lowering share: the tensor's axis names and sizes, the
+mesh axes (names and sizes) it lives on, which mesh axes split each tensor
+axis (major to minor), and over which mesh axes partial sums are still pending.
+
+This module resolves a parsed placement expression against a mesh *shape*
+(names and sizes only), so a 2048-device plan can be resolved on a laptop.
+It knows nothing of devices; :mod:`einshard.placement` turns a Layout into a
+``jax.sharding.NamedSharding``.
+
+Example:
+    >>> from einshard.layout import MeshAxis, resolve_named
+    >>> from einshard.parsing import parse_placement
+    >>> mesh = (MeshAxis("data", 4), MeshAxis("model", 2))
+    >>> lay = resolve_named(parse_placement("b d -> b@data d"), (8, 16), mesh)
+    >>> lay.spec_entries()
+    ('data', None)
+    >>> lay.shard_shape
+    (2, 16)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from .errors import EinshardError
+from .parsing import AxisItem, EllipsisItem, Expression, ReplicaItem, format_name
+
+__all__ = [
+    "MeshAxis",
+    "Layout",
+    "resolve_named",
+    "resolve_counts",
+    "expand_names",
+    "split_devices",
+]
+
+
+@dataclass(frozen=True)
+class MeshAxis:
+    """A named axis of a device mesh and its size."""
+
+    name: str
+    size: int
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.size}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A tensor laid out on a mesh.
+
+    Attributes:
+        axes: the tensor's axis names, ``...`` expanded to ``'...0'``, ``'...1'``, ...
+        shape: the tensor's global shape (one size per axis).
+        mesh: the mesh axes, in mesh order.
+        dims: for each tensor axis, the mesh axes that split it, major to minor.
+        unreduced: mesh axes over which the values are pending partial sums.
+    """
+
+    axes: tuple[str, ...]
+    shape: tuple[int, ...]
+    mesh: tuple[MeshAxis, ...]
+    dims: tuple[tuple[str, ...], ...]
+    unreduced: frozenset[str] = frozenset()
+
+    # -- derived views -----------------------------------------------------
+    @functools.cached_property
+    def mesh_sizes(self) -> dict[str, int]:
+        return {m.name: m.size for m in self.mesh}
+
+    def shards(self, axis: int) -> int:
+        """How many pieces tensor axis ``axis`` is split into."""
+        return math.prod(self.mesh_sizes[m] for m in self.dims[axis])
+
+    @property
+    def shard_shape(self) -> tuple[int, ...]:
+        """The shape of the block each device holds."""
+        return tuple(size // self.shards(i) for i, size in enumerate(self.shape))
+
+    @property
+    def sharded_mesh_axes(self) -> frozenset[str]:
+        return frozenset(m for d in self.dims for m in d)
+
+    @property
+    def replicated_mesh_axes(self) -> tuple[str, ...]:
+        """Mesh axes that split nothing and hold no pending sums: the tensor is copied over them."""
+        used = self.sharded_mesh_axes | self.unreduced
+        return tuple(m.name for m in self.mesh if m.name not in used)
+
+    def spec_entries(self) -> tuple[str | tuple[str, ...] | None, ...]:
+        """The PartitionSpec entries: None, one mesh axis name, or a tuple of them."""
+        return tuple(None if not d else d[0] if len(d) == 1 else d for d in self.dims)
+
+    def bytes_per_device(self, itemsize: int) -> int:
+        return math.prod(self.shard_shape) * itemsize
+
+    def axis_index(self, name: str) -> int:
+        return self.axes.index(name)
+
+    def with_dims(self, dims: tuple[tuple[str, ...], ...], unreduced: frozenset[str] | None = None) -> Layout:
+        return Layout(self.axes, self.shape, self.mesh, dims, self.unreduced if unreduced is None else unreduced)
+
+    def __str__(self) -> str:
+        """JAX's type notation in the tensor's axis names: ``b:8@data d:16 {U:model}``."""
+        parts = []
+        for name, size, d in zip(self.axes, self.shape, self.dims):
+            text = f"{_display(name)}:{size}"
+            if d:
+                text += "@" + (d[0] if len(d) == 1 else "(" + ",".join(d) + ")")
+            parts.append(text)
+        text = " ".join(parts)
+        if self.unreduced:
+            text += " {U:" + ",".join(m.name for m in self.mesh if m.name in self.unreduced) + "}"
+        return "[" + text + "]"
+
+
+def _display(name: str) -> str:
+    return name if not name.startswith("...") else "…" + name[3:]
+
+
+# ---------------------------------------------------------------------------
+# Expanding '...'
+
+
+def expand_names(expr: Expression, ndim: int) -> tuple[str, ...]:
+    """The array's axis names, with the left side's ``...`` expanded for an array of rank ``ndim``."""
+    left = expr.inputs[0]
+    named = len(left.axes)
+    if left.has_ellipsis:
+        if ndim < named:
+            raise expr.fail(
+                f"the left side names {named} axes besides '...', but the array has rank {ndim}",
+                left.column,
+            )
+    elif ndim != named:
+        raise expr.fail(
+            f"the left side names {named} axes but the array has rank {ndim}",
+            left.column,
+            "Name every axis, or use '...' for the ones you do not shard: 'b ... -> b@data ...'.",
+        )
+    names: list[str] = []
+    for item in left.items:
+        if isinstance(item, EllipsisItem):
+            names.extend(f"...{i}" for i in range(ndim - named))
+        else:
+            assert isinstance(item, AxisItem)
+            names.append(item.name)
+    return tuple(names)
+
+
+def _right_items(expr: Expression, names: tuple[str, ...]) -> list[AxisItem | ReplicaItem]:
+    """Right-side items with '...' expanded into bare axes."""
+    elided = [n for n in names if n.startswith("...")]
+    out: list[AxisItem | ReplicaItem] = []
+    for item in expr.output.items:
+        if isinstance(item, EllipsisItem):
+            out.extend(AxisItem(n, column=item.column) for n in elided)
+        else:
+            out.append(item)
+    return out
+
+
+def _describe_axis(name: str) -> str:
+    return f"axis {format_name(name)!r}" if not name.startswith("...") else f"axis {int(name[3:]) + 1} of '...'"
+
+
+def _indivisible(expr: Expression, item: AxisItem, size: int, shards: int, how: str) -> EinshardError:
+    padded = -(-size // shards) * shards
+    return expr.fail(
+        f"{_describe_axis(item.name)} has size {size}, which {how} into {shards} equal shards",
+        item.column,
+        f"Pad the axis to {padded} (a multiple of {shards}), or shard it fewer ways.",
+    )
+
+
+# ---------------------------------------------------------------------------
+# Named mesh axes: 'b d -> b@data d'
+
+
+def resolve_named(expr: Expression, shape: tuple[int, ...], mesh: tuple[MeshAxis, ...]) -> Layout:
+    """Resolve a placement that names mesh axes (or shards nothing) against a mesh shape."""
+    names = expand_names(expr, len(shape))
+    sizes = {m.name: m.size for m in mesh}
+    described = "(" + ", ".join(f"{m.name!r}: {m.size}" for m in mesh) + ")"
+    dims: dict[str, tuple[str, ...]] = {}
+    for item in _right_items(expr, names):
+        assert isinstance(item, AxisItem), "parse_placement rejects counts mixed with '@'"
+        axes = item.mesh_axes or ()
+        for m in axes:
+            if m not in sizes:
+                raise expr.fail(
+                    f"mesh axis {m!r} is not an axis of the mesh {described}",
+                    item.column,
+                    _did_you_mean(m, list(sizes)),
+                )
+        dims[item.name] = axes
+    for i, name in enumerate(names):
+        n = math.prod(sizes[m] for m in dims[name])
+        if shape[i] % n:
+            item = next(it for it in _right_items(expr, names) if isinstance(it, AxisItem) and it.name == name)
+            over = "@" + "·".join(f"{m}({sizes[m]})" for m in dims[name])
+            raise _indivisible(expr, item, shape[i], n, f"does not split over {over}")
+    return Layout(names, tuple(shape), tuple(mesh), tuple(dims[n] for n in names))
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, options, n=1)
+    known = "The mesh axes are: " + ", ".join(repr(o) for o in options) + "."
+    return (f"Did you mean {close[0]!r}? " if close else "") + known
+
+
+# ---------------------------------------------------------------------------
+# einshard 0.2 counts: 'a b -> 2 a2* b*'
+
+
+def resolve_counts(expr: Expression, shape: tuple[int, ...], n_devices: int) -> Layout:
+    """Resolve an einshard-0.2 count expression over ``n_devices`` devices.
+
+    Each right-side element is one mesh axis, in order, as in einshard 0.2.
+    Mesh axes of size 1 are dropped and the rest are named ``a0``, ``a1``, ...
+    in order, so equal layouts land on equal (cached) meshes.  Devices left
+    over by the counts replicate the array (a trailing replication axis);
+    starred elements share the devices left over in proportion to their
+    weights, split by :func:`split_devices`.
+    """
+    names = expand_names(expr, len(shape))
+    items = _right_items(expr, names)
+    size_of = dict(zip(names, shape))
+    fixed = math.prod(i.count or 1 for i in items if not i.star)
+    starred = [i for i in items if i.star]
+    if fixed > n_devices or n_devices % fixed:
+        first = next((i for i in items if not i.star and (i.count or 1) > 1), None)
+        verb = "more devices than the" if fixed > n_devices else "a number of devices that does not divide the"
+        raise expr.fail(
+            f"the counts ask for {fixed} devices, {verb} {n_devices} there are",
+            first.column if first else None,
+            f"Use counts whose product divides {n_devices}, or '*' to take what is left.",
+        )
+    left = n_devices // fixed
+    counts = [i.count or 1 for i in items]
+    if starred:
+        weights = [i.count or 1 for i in starred]
+        dims = [size_of[i.name] if isinstance(i, AxisItem) else None for i in starred]
+        try:
+            shares = split_devices(left, weights, dims)
+        except ValueError as err:
+            raise expr.fail(str(err), starred[0].column, "See 'Splitting devices between stars' in the README.") from None
+        it = iter(shares)
+        counts = [next(it) if i.star else c for i, c in zip(items, counts)]
+    elif left > 1:
+        counts.append(left)  # leftover devices replicate, as if a standalone count closed the expression
+    mesh_axes: list[MeshAxis] = []
+    dims_of: dict[str, tuple[str, ...]] = {n: () for n in names}
+    for item, count in zip([*items, None], counts):
+        if count == 1:
+            continue
+        axis = MeshAxis(f"a{len(mesh_axes)}", count)
+        mesh_axes.append(axis)
+        if isinstance(item, AxisItem):
+            if size_of[item.name] % count:
+                raise _indivisible(expr, item, size_of[item.name], count, "does not split")
+            dims_of[item.name] = (axis.name,)
+    if not mesh_axes:
+        mesh_axes.append(MeshAxis("a0", 1))
+    return Layout(names, tuple(shape), tuple(mesh_axes), tuple(dims_of[n] for n in names))
+
+
+def split_devices(total: int, weights: list[int], sizes: list[int | None]) -> list[int]:
+    """Split ``total`` devices between starred elements in proportion to ``weights``.
+
+    Element i gets ``weights[i] * f[i]`` devices with ``prod(f) == total / prod(weights)``.
+    Among all such integer splits whose counts divide the element's axis size
+    (``None``: a standalone star, any count fits), the most even one is chosen:
+    the smallest ratio between the largest and smallest ``f``; ties go to the
+    split that gives more to the elements further left.  When an exact root
+    exists (einshard 0.2's only case) it is the most even split, so 0.2's
+    answers are kept.
+
+    Example:
+        >>> split_devices(8, [1, 1], [4, 8])     # sqrt(8) is no integer: 4 x 2
+        [4, 2]
+        >>> split_devices(8, [2, 1], [8, 8])     # a2* b*: 2 x (2:1) share
+        [4, 2]
+    """
+    base = math.prod(weights)
+    if total % base:
+        raise ValueError(
+            f"the starred elements ask for shares in the ratio {':'.join(map(str, weights))}, "
+            f"which {total} leftover devices cannot give (not a multiple of {base})"
+        )
+    rest = total // base
+    candidates = [
+        f
+        for f in _ordered_factorizations(rest, len(weights))
+        if not any(s is not None and s % (w * x) for s, w, x in zip(sizes, weights, f))
+    ]
+    if not candidates:
+        axes = ", ".join(f"size {s}" for s in sizes if s is not None)
+        raise ValueError(
+            f"no split of {total} devices in the ratio {':'.join(map(str, weights))} divides the starred axes ({axes})"
+        )
+    best = min(candidates, key=lambda f: (max(f) / min(f), tuple(-x for x in f)))
+    return [w * x for w, x in zip(weights, best)]
+
+
+def _ordered_factorizations(n: int, k: int) -> list[tuple[int, ...]]:
+    if k == 1:
+        return [(n,)]
+    out = []
+    for d in _divisors(n):
+        out.extend((d, *rest) for rest in _ordered_factorizations(n // d, k - 1))
+    return out
+
+
+@functools.cache
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+

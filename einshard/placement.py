@@ -1,0 +1,492 @@
+"""Placement: lay arrays and pytrees out on devices with one einshard expression.
+
+``einshard(x, 'a b -> a@data b')`` places ``x`` (a numpy array, a jax.Array,
+a tracer under ``jax.jit``, or a pytree of them); ``sharding`` and ``spec``
+give the layout without moving data; ``describe`` reads a layout back.
+
+Meshes come from ``mesh=``, else the mesh made current by ``jax.set_mesh``,
+else (for ``einshard``) the mesh the array already lives on.  Count
+expressions (einshard 0.2's ``a4``, ``*``) build an anonymous mesh over all
+devices instead, cached per (devices, shape) so separate calls agree.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from .errors import EinshardError
+from .layout import Layout, MeshAxis, resolve_counts, resolve_named
+from .parsing import Expression, format_name, is_count_item, parse_placement
+
+__all__ = ["einshard", "sharding", "spec", "describe", "layout", "anonymous_mesh", "current_mesh"]
+
+Rules = str | Mapping[str, "str | None"]
+
+
+# ---------------------------------------------------------------------------
+# Meshes
+
+
+# (devices, shape) -> Mesh.  The one piece of state einshard keeps: meshes, as JAX does.
+_ANONYMOUS: dict[tuple[tuple[Any, ...], tuple[int, ...]], Mesh] = {}
+
+
+def anonymous_mesh(shape: tuple[int, ...]) -> Mesh:
+    """The canonical mesh count expressions use: all devices, axes ``a0, a1, ...``, Auto axis types.
+
+    The same shape always gives the same Mesh object, so arrays placed by
+    separate calls combine in one ``jax.jit`` without resharding.
+
+    Example:
+        >>> import einshard, jax
+        >>> n = jax.device_count()
+        >>> einshard.anonymous_mesh((n,)) is einshard.anonymous_mesh((n,))
+        True
+    """
+    devices = tuple(jax.devices())
+    key = (devices, tuple(shape))
+    mesh = _ANONYMOUS.get(key)
+    if mesh is None:
+        names = tuple(f"a{i}" for i in range(len(shape)))
+        # create_device_mesh is what einshard 0.2 uses: same device order, same shards.
+        grid = mesh_utils.create_device_mesh(tuple(shape), devices=list(devices))
+        mesh = _ANONYMOUS[key] = Mesh(grid, names, axis_types=(AxisType.Auto,) * len(shape))
+    return mesh
+
+
+def _is_anonymous(mesh: Any) -> bool:
+    return any(mesh is m for m in _ANONYMOUS.values())
+
+
+def current_mesh() -> Mesh | None:
+    """The concrete mesh made current by ``jax.set_mesh``, or None outside any mesh context."""
+    try:
+        mesh = jax.sharding.get_mesh()
+    except ValueError:  # under jit: only the abstract mesh is known
+        return None
+    return None if mesh.empty else mesh
+
+
+def _current_abstract_mesh() -> Any:
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty else mesh
+
+
+def _mesh_axes(mesh: Any) -> tuple[MeshAxis, ...]:
+    return tuple(MeshAxis(name, int(size)) for name, size in mesh.shape.items())
+
+
+# ---------------------------------------------------------------------------
+# Expression -> layout -> sharding
+
+
+def _layout(expr: Expression, shape: tuple[int, ...], mesh: Any) -> Layout:
+    if expr.uses_counts:
+        return resolve_counts(expr, shape, len(jax.devices()))
+    return resolve_named(expr, shape, _mesh_axes(mesh))
+
+
+def _count_mesh_conflict(expr: Expression, mesh: Any, how: str) -> EinshardError:
+    return expr.fail(
+        f"counts ('a4', '*') build an anonymous mesh over all devices, but {how} {_show_mesh(mesh)}; "
+        "arrays on the two meshes would not combine",
+        next(i.column for i in expr.output.items if is_count_item(i)),
+        "Name that mesh's axes instead: 'a b -> a@data b'.",
+    )
+
+
+def _show_mesh(mesh: Any) -> str:
+    return "Mesh(" + ", ".join(f"{k!r}: {v}" for k, v in mesh.shape.items()) + ")"
+
+
+@functools.lru_cache(maxsize=8192)
+def _resolve(text: str, shape: tuple[int, ...], mesh: Any) -> tuple[Layout, NamedSharding | None]:
+    """(layout, sharding) for a placement; mesh is the explicit or context mesh, or None."""
+    expr = parse_placement(text)
+    if expr.uses_counts:
+        layout = resolve_counts(expr, shape, len(jax.devices()))
+        concrete = anonymous_mesh(tuple(m.size for m in layout.mesh))
+        return layout, NamedSharding(concrete, PartitionSpec(*layout.spec_entries()))
+    if mesh is None:
+        if expr.uses_mesh_axes:
+            raise expr.fail(
+                "the expression names mesh axes but there is no mesh",
+                next(i.column for i in expr.output.axes if i.mesh_axes is not None),
+                "Pass mesh=, or make one current: `with jax.set_mesh(jax.make_mesh((4, 2), ('data', 'model'))):`.",
+            )
+        # Nothing sharded and no mesh: replicate over all devices, as einshard 0.2's '* a b' does.
+        return resolve_counts(parse_placement(_replicate_text(expr)), shape, len(jax.devices())), None
+    layout = resolve_named(expr, shape, _mesh_axes(mesh))
+    if isinstance(mesh, Mesh):
+        return layout, NamedSharding(mesh, PartitionSpec(*layout.spec_entries()))
+    return layout, None  # abstract mesh (under jit): the spec alone is used
+
+
+def _replicate_text(expr: Expression) -> str:
+    return str(expr).replace("->", "-> *", 1)
+
+
+def _pick_mesh(expr_text: str, mesh: Any, x: Any = None) -> Any:
+    expr = parse_placement(expr_text)
+    if expr.uses_counts:
+        if mesh is not None:
+            raise _count_mesh_conflict(expr, mesh, "mesh= gives")
+        ctx = current_mesh()
+        if ctx is not None:
+            raise _count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
+        return None
+    if mesh is not None:
+        if not isinstance(mesh, Mesh) and not isinstance(mesh, jax.sharding.AbstractMesh):
+            raise EinshardError(f"mesh= takes a jax.sharding.Mesh, got {type(mesh).__name__}")
+        return mesh
+    ctx = current_mesh()
+    if ctx is not None:
+        return ctx
+    if x is not None:
+        own = getattr(getattr(x, "sharding", None), "mesh", None)
+        if isinstance(own, Mesh):
+            return own
+    return None
+
+
+def layout(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> Layout:
+    """The :class:`~einshard.layout.Layout` an expression gives an array of ``shape``.
+
+    Example:
+        >>> import einshard
+        >>> str(einshard.layout('a b -> a4 b', (8, 3)))
+        '[a:8@a0 b:3]'
+    """
+    text = _check_text(expr)
+    return _resolve(text, tuple(int(s) for s in shape), _pick_mesh(text, mesh))[0]
+
+
+def sharding(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> NamedSharding:
+    """The ``NamedSharding`` an expression gives an array of ``shape``, without moving data.
+
+    Use it for ``jax.jit(in_shardings=..., out_shardings=...)``, ``jax.ShapeDtypeStruct``
+    and initialising a model directly sharded.
+
+    Example:
+        >>> import einshard, jax
+        >>> mesh = jax.make_mesh((jax.device_count(),), ('data',))
+        >>> einshard.sharding('b d -> b@data d', (8 * jax.device_count(), 4), mesh=mesh).spec
+        P('data', None)
+    """
+    text = _check_text(expr)
+    shape = tuple(int(s) for s in shape)
+    chosen = _pick_mesh(text, mesh)
+    lay, sh = _resolve(text, shape, chosen)
+    if sh is None:
+        if chosen is None:
+            return _replicated_everywhere(lay)
+        raise EinshardError(
+            "sharding() needs a concrete mesh; under jax.jit pass mesh=, or use einshard.spec()", text
+        )
+    return sh
+
+
+def _replicated_everywhere(lay: Layout) -> NamedSharding:
+    concrete = anonymous_mesh(tuple(m.size for m in lay.mesh))
+    return NamedSharding(concrete, PartitionSpec(*lay.spec_entries()))
+
+
+def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: Mesh | None = None) -> PartitionSpec:
+    """The ``PartitionSpec`` of an expression.
+
+    ``shape`` is needed for ``...`` (to know the rank) and to check divisibility;
+    mesh axis names are checked against ``mesh=`` or the current mesh when there is one.
+
+    Example:
+        >>> import einshard
+        >>> einshard.spec('b s d -> b@(data,fsdp) s d')
+        P(('data', 'fsdp'), None, None)
+    """
+    text = _check_text(expr)
+    parsed = parse_placement(text)
+    if shape is None:
+        if parsed.inputs[0].has_ellipsis:
+            raise parsed.fail("spec() needs the array's shape to expand '...'", None)
+        shape = (0,) * len(parsed.inputs[0].axes)  # 0 divides evenly by anything
+    shape = tuple(int(s) for s in shape)
+    if parsed.uses_counts:
+        return PartitionSpec(*_resolve(text, shape, None)[0].spec_entries())
+    chosen = mesh if mesh is not None else current_mesh() or _current_abstract_mesh()
+    if chosen is None:
+        # No mesh to check names against: read them off the expression.
+        from .layout import expand_names
+
+        names = expand_names(parsed, len(shape))
+        dims = {i.name: i.mesh_axes or None for i in parsed.output.axes}
+        return PartitionSpec(*[_entry(dims.get(n)) for n in names])
+    return PartitionSpec(*resolve_named(parsed, shape, _mesh_axes(chosen)).spec_entries())
+
+
+def _entry(axes: tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else axes
+
+
+def _check_text(expr: Any) -> str:
+    if not isinstance(expr, str):
+        raise EinshardError(f"an einshard expression is a string, got {type(expr).__name__}: {expr!r}")
+    return expr
+
+
+# ---------------------------------------------------------------------------
+# Placing arrays
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def einshard(x: Any, expr: Rules, *, mesh: Mesh | None = None, process_local: bool = False) -> Any:
+    """Lay ``x`` out on devices as ``expr`` says.
+
+    Args:
+        x: a numpy array, a jax.Array, a tracer (under ``jax.jit``), or a pytree of them.
+        expr: one expression for every leaf, or an ordered mapping from path
+            patterns (regular expressions searched in ``jax.tree_util.keystr(path)``;
+            the first match wins; ``None`` leaves that leaf as it is) to expressions.
+        mesh: the mesh for ``@`` expressions; default: the mesh current under
+            ``jax.set_mesh``, else the mesh ``x`` already lives on.
+        process_local: under ``jax.distributed``, ``x`` is this process's own
+            slice of the global array (as a data loader yields it), not the
+            whole global array.
+
+    Returns:
+        ``x`` laid out: a jax.Array eagerly; under ``jax.jit`` the traced value
+        with a sharding constraint (``reshard`` on Explicit mesh axes).
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from einshard import einshard
+        >>> w = einshard(np.zeros((128, 8 * 32)), 'x y -> x y*')
+        >>> w.sharding.shard_shape(w.shape)[1] == 256 // jax.device_count()
+        True
+    """
+    if isinstance(expr, str) and _is_array(x):
+        return _place_one(x, expr, mesh, process_local)
+    return _place_tree(x, expr, mesh, process_local)
+
+
+def _place_one(x: Any, text: str, mesh: Any, process_local: bool) -> Any:
+    if isinstance(x, jax.core.Tracer):
+        return _constrain(x, text, mesh)
+    chosen = _pick_mesh(text, mesh, x)
+    if process_local:
+        return _from_process_local(x, text, chosen)
+    sh = _concrete_sharding(text, np.shape(x), chosen)
+    return _put(x, sh)
+
+
+def _concrete_sharding(text: str, shape: tuple[int, ...], chosen: Any) -> NamedSharding:
+    lay, sh = _resolve(text, tuple(shape), chosen)
+    if sh is None:
+        if chosen is None:
+            return _replicated_everywhere(lay)
+        raise EinshardError("einshard() outside jax.jit needs a concrete jax.sharding.Mesh", text)
+    return sh
+
+
+def _put(x: Any, sh: NamedSharding) -> Any:
+    if not sh.is_fully_addressable and not isinstance(x, jax.Array):
+        # Multi-process: every process holds the same global host array and
+        # transfers only the shards its own devices hold.
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sh, lambda idx: host[idx])
+    return jax.device_put(x, sh)
+
+
+def _from_process_local(x: Any, text: str, chosen: Any) -> Any:
+    local = np.asarray(x)
+    # JAX infers the global shape from the local slices; the layout is then
+    # resolved (and checked) again on the real global shape.
+    first = _concrete_sharding(text, (0,) * local.ndim, chosen)
+    try:
+        arr = jax.make_array_from_process_local_data(first, local)
+        sh = _concrete_sharding(text, arr.shape, chosen)
+        if sh != first:
+            arr = jax.make_array_from_process_local_data(sh, local, arr.shape)
+    except ValueError as err:
+        raise parse_placement(text).fail(
+            f"process-local data of shape {local.shape} does not fit the layout: {err}"
+        ) from None
+    return arr
+
+
+def _constrain(x: Any, text: str, mesh: Any) -> Any:
+    expr = parse_placement(text)
+    if expr.uses_counts:
+        chosen = _pick_mesh(text, mesh)
+        sh = _concrete_sharding(text, x.shape, chosen)
+        return jax.lax.with_sharding_constraint(x, sh)
+    target = mesh if mesh is not None else _current_abstract_mesh()
+    if target is None:
+        own = getattr(jax.typeof(x), "sharding", None)
+        own_mesh = getattr(own, "mesh", None)
+        target = own_mesh if own_mesh is not None and not own_mesh.empty else None
+    if target is None:
+        raise expr.fail(
+            "under jax.jit the expression needs a mesh: pass mesh= or call jax.jit inside `with jax.set_mesh(mesh):`",
+            None,
+        )
+    lay = resolve_named(expr, tuple(x.shape), _mesh_axes(target))
+    types = dict(zip(target.axis_names, target.axis_types))
+    explicit = _restrict(lay, lambda m: types[m] == AxisType.Explicit)
+    auto = _restrict(lay, lambda m: types[m] == AxisType.Auto)
+    try:
+        if any(t == AxisType.Explicit for t in types.values()):
+            x = jax.sharding.reshard(x, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
+        if any(t == AxisType.Auto for t in types.values()):
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(target, auto))
+    except ValueError as err:
+        raise expr.fail(
+            f"JAX refused the layout under jit: {err}",
+            None,
+            "With Explicit mesh axes, trace inside `with jax.set_mesh(mesh):`.",
+        ) from None
+    return x
+
+
+def _restrict(lay: Layout, keep: Any) -> PartitionSpec:
+    entries = []
+    for d in lay.dims:
+        kept = tuple(m for m in d if keep(m))
+        entries.append(_entry(kept))
+    return PartitionSpec(*entries)
+
+
+def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(x)
+    if isinstance(rules, str):
+        texts: list[str | None] = [rules] * len(leaves)
+    elif isinstance(rules, Mapping):
+        compiled = []
+        for pattern, rule in rules.items():
+            try:
+                compiled.append((pattern, re.compile(pattern), rule))
+            except re.error as err:
+                raise EinshardError(f"path pattern {pattern!r} is not a valid regular expression: {err}") from None
+        texts = []
+        for path, _ in leaves:
+            key = jax.tree_util.keystr(path)
+            for _, regex, rule in compiled:
+                if regex.search(key):
+                    texts.append(rule)
+                    break
+            else:
+                listed = ", ".join(repr(p) for p, _, _ in compiled)
+                raise EinshardError(
+                    f"no rule matches the leaf at {key} (patterns tried, in order: {listed})",
+                    hint="Add a pattern for it, or a catch-all last rule such as '.*': '... -> ...'.",
+                )
+    else:
+        raise EinshardError(
+            f"einshard takes an expression string or a mapping of path patterns to expressions, "
+            f"got {type(rules).__name__}"
+        )
+    out: list[Any] = [leaf for _, leaf in leaves]
+    pending: list[int] = []
+    shardings: list[NamedSharding] = []
+    for i, ((path, leaf), text) in enumerate(zip(leaves, texts)):
+        if text is None:
+            continue
+        try:
+            if not _is_array(leaf):
+                leaf = np.asarray(leaf)
+                out[i] = leaf
+            if isinstance(leaf, jax.core.Tracer) or process_local:
+                out[i] = _place_one(leaf, text, mesh, process_local)
+                continue
+            chosen = _pick_mesh(text, mesh, leaf)
+            sh = _concrete_sharding(text, np.shape(leaf), chosen)
+        except EinshardError as err:
+            raise EinshardError(
+                f"at {jax.tree_util.keystr(path)} (shape {tuple(np.shape(leaf))}): {err.reason}",
+                err.expression,
+                err.column,
+                err.hint,
+            ) from None
+        if not sh.is_fully_addressable and not isinstance(leaf, jax.Array):
+            out[i] = _put(leaf, sh)
+            continue
+        pending.append(i)
+        shardings.append(sh)
+    if pending:
+        # One device_put for every leaf: one dispatch, transfers batched.
+        placed = jax.device_put([out[i] for i in pending], shardings)
+        for i, value in zip(pending, placed):
+            out[i] = value
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+# ---------------------------------------------------------------------------
+# Reading a layout back
+
+
+def describe(x: Any, names: str | None = None) -> str:
+    """The expression that reproduces ``x``'s layout: ``einshard(y, describe(x))`` lays ``y`` out the same way.
+
+    Arrays on an anonymous (count) mesh are described with counts; arrays on
+    your own mesh with ``@`` (pass ``mesh=`` or set the mesh when reusing it).
+
+    Args:
+        x: a jax.Array (or anything with ``.shape`` and ``.sharding``).
+        names: axis names to use, space separated (default ``a b c ...``).
+
+    Example:
+        >>> import einshard, numpy as np
+        >>> einshard.describe(einshard(np.zeros((8, 4)), 'a b -> a* b'))  # doctest: +SKIP
+        'a b -> a8 b'
+    """
+    shape = tuple(np.shape(x))
+    axis_names = _default_names(len(shape)) if names is None else names.split()
+    if len(axis_names) != len(shape):
+        raise EinshardError(f"describe(): {len(axis_names)} names given for an array of rank {len(shape)}")
+    left = " ".join(format_name(n) for n in axis_names)
+    sh = getattr(x, "sharding", None)
+    if not isinstance(sh, NamedSharding):
+        if sh is not None and len(sh.device_set) > 1:
+            raise EinshardError(f"describe() reads NamedShardings; this array has a {type(sh).__name__}")
+        return f"{left} -> {left}"
+    entries = list(sh.spec) + [None] * (len(shape) - len(sh.spec))
+    mesh = sh.mesh
+    dims = [(() if e is None else (e,) if isinstance(e, str) else tuple(e)) for e in entries]
+    unreduced = tuple(getattr(sh.spec, "unreduced", ()) or ())
+    if _is_anonymous(mesh) and all(len(d) <= 1 for d in dims) and not unreduced:
+        owner = {d[0]: i for i, d in enumerate(dims) if d}
+        right = []
+        for axis_name in mesh.axis_names:
+            size = mesh.shape[axis_name]
+            if axis_name in owner:
+                right.append(f"{format_name(axis_names[owner[axis_name]])}{size}")
+            else:
+                right.append(str(size))
+        right.extend(format_name(axis_names[i]) for i, d in enumerate(dims) if not d)
+        return f"{left} -> {' '.join(right)}"
+    items = []
+    for n, d in zip(axis_names, dims):
+        text = format_name(n)
+        if d:
+            text += "@" + (d[0] if len(d) == 1 else "(" + ",".join(d) + ")")
+        items.append(text)
+    right_text = " ".join(items)
+    if unreduced:
+        right_text += " {U:" + ",".join(unreduced) + "}"
+    return f"{left} -> {right_text}"
+
+
+def _default_names(n: int) -> list[str]:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return [letters[i] if i < 26 else f"a{i}" for i in range(n)]

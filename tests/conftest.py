@@ -1,0 +1,18 @@
+"""Shared fixtures.  The root conftest.py has already set up 8 simulated CPU devices."""
+
+import os
+
+import jax
+import pytest
+from hypothesis import settings
+
+# Bounded examples keep the suite inside CI's budget on 2 cores.
+settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True)
+settings.register_profile("dev", max_examples=25, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture(scope="session")
+def devices():
+    assert jax.device_count() == 8, "tests expect 8 simulated CPU devices"
+    return jax.devices()
