@@ -14,5 +14,5 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 @pytest.fixture(scope="session")
 def devices():
-    assert jax.device_count() == 8, "tests expect 8 simulated CPU devices"
+    """All simulated devices (8 unless a subprocess asked for another count)."""
     return jax.devices()
