@@ -1,0 +1,8 @@
+"""``python -m einshard``: the command line (see einshard.cli)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
