@@ -62,7 +62,8 @@ def anonymous_mesh(shape: tuple[int, ...]) -> Mesh:
     return mesh
 
 
-def _is_anonymous(mesh: Any) -> bool:
+def is_anonymous(mesh: Any) -> bool:
+    """Whether ``mesh`` is one of the anonymous meshes count expressions build."""
     return any(mesh is m for m in _ANONYMOUS.values())
 
 
@@ -464,7 +465,7 @@ def describe(x: Any, names: str | None = None) -> str:
     mesh = sh.mesh
     dims = [(() if e is None else (e,) if isinstance(e, str) else tuple(e)) for e in entries]
     unreduced = tuple(getattr(sh.spec, "unreduced", ()) or ())
-    if _is_anonymous(mesh) and all(len(d) <= 1 for d in dims) and not unreduced:
+    if is_anonymous(mesh) and all(len(d) <= 1 for d in dims) and not unreduced:
         owner = {d[0]: i for i, d in enumerate(dims) if d}
         right = []
         for axis_name in mesh.axis_names:
