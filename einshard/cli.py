@@ -41,8 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text, epilog=SYNTAX_HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=SYNTAX_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)
     if args.command is None:

@@ -140,7 +140,9 @@ def run(args: argparse.Namespace) -> int:
         for label, expr, arr in (("X", lay.x, xs), ("W1", lay.w1, w1s), ("W2", lay.w2, w2s), ("Z", z_expr, out)):
             per_device = arr.sharding.shard_shape(arr.shape)
             nbytes = int(np.prod(per_device)) * arr.dtype.itemsize
-            typed = einshard.layout(expr, arr.shape, mesh=None if einshard.placement.is_anonymous(arr.sharding.mesh) else arr.sharding.mesh)
+            typed = einshard.layout(
+                expr, arr.shape, mesh=None if einshard.placement.is_anonymous(arr.sharding.mesh) else arr.sharding.mesh
+            )
             print(f"  {label:<3}{expr!r:<28} {str(typed):<28} {_kib(nbytes):>10} per device")
         err = float(np.max(np.abs(np.asarray(out) - reference)))
         same = err <= 1e-4 * max(1.0, float(np.max(np.abs(reference))))

@@ -252,7 +252,9 @@ def resolve_counts(expr: Expression, shape: tuple[int, ...], n_devices: int) -> 
         try:
             shares = split_devices(left, weights, dims)
         except ValueError as err:
-            raise expr.fail(str(err), starred[0].column, "See 'Splitting devices between stars' in the README.") from None
+            raise expr.fail(
+                str(err), starred[0].column, "See 'Splitting devices between stars' in the README."
+            ) from None
         it = iter(shares)
         counts = [next(it) if i.star else c for i, c in zip(items, counts)]
     elif left > 1:
@@ -323,4 +325,3 @@ def _ordered_factorizations(n: int, k: int) -> list[tuple[int, ...]]:
 @functools.cache
 def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
-

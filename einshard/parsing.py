@@ -23,7 +23,6 @@ import importlib.resources
 import pathlib
 import re
 from dataclasses import dataclass, field
-from typing import Union
 
 import lark
 
@@ -99,7 +98,7 @@ class EllipsisItem:
         return "..."
 
 
-Item = Union[AxisItem, ReplicaItem, EllipsisItem]
+Item = AxisItem | ReplicaItem | EllipsisItem
 
 
 @dataclass(frozen=True)
@@ -163,9 +162,7 @@ class Expression:
     def uses_mesh_axes(self) -> bool:
         """Whether any side names mesh axes with ``@`` or ``{U:...}``."""
         return any(
-            (isinstance(i, AxisItem) and i.mesh_axes is not None) or s.unreduced
-            for s in self.sides
-            for i in s.items
+            (isinstance(i, AxisItem) and i.mesh_axes is not None) or s.unreduced for s in self.sides for i in s.items
         ) or any(s.unreduced for s in self.sides)
 
     def fail(self, reason: str, column: int | None = None, hint: str | None = None) -> EinshardError:

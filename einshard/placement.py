@@ -189,9 +189,7 @@ def sharding(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> 
     if sh is None:
         if chosen is None:
             return _replicated_everywhere(lay)
-        raise EinshardError(
-            "sharding() needs a concrete mesh; under jax.jit pass mesh=, or use einshard.spec()", text
-        )
+        raise EinshardError("sharding() needs a concrete mesh; under jax.jit pass mesh=, or use einshard.spec()", text)
     return sh
 
 
