@@ -211,6 +211,8 @@ def main() -> int:
         batch = einshard(local_batch, "b d -> b* d", process_local=True)
         check_tree(scenario, batch, {"x": glob["x"]})
         params = einshard({k: v for k, v in glob.items() if k != "x"}, "a ... -> a* ...")
+        if batch["x"].sharding.mesh is not params["w1"].sharding.mesh:
+            raise ScenarioFailed(f"{scenario}: separate calls built separate anonymous meshes")
         results[scenario] = reduced({**params, **batch})
 
         # 7. Process-local with a mixed rule set: the batch split across processes,
@@ -261,6 +263,20 @@ def main() -> int:
         check_shards(scenario, arr, narrow)
         if arr.sharding != einshard(narrow, "b d -> b* d*").sharding:
             raise ScenarioFailed(f"{scenario}: layout {arr.sharding} differs from the global call's")
+
+        # 13. Inside jax.jit, einshard constrains the (global) traced values instead of moving data.
+        for kind, mesh in meshes.items():
+            scenario = f"jit/constraint/{kind}"
+            relaid = {r"\['x'\]": "b d -> b@model d", r"\['w1'\]": "d f -> d f@data", ".*": "f ... -> f@data ..."}
+            with jax.set_mesh(mesh):
+                tree = einshard(glob, rules)
+                moved = jax.jit(lambda t: einshard(t, relaid))(tree)  # noqa: B023
+                check_tree(scenario, moved, glob)
+                want = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("model", None))
+                if not moved["x"].sharding.is_equivalent_to(want, 2):
+                    raise ScenarioFailed(f"{scenario}: x came out of jit as {moved['x'].sharding.spec}")
+                out = jax.jit(lambda t: reduce_tree(jnp, einshard(t, relaid)))(tree)  # noqa: B023
+                results[scenario] = {k: float(np.asarray(v)) for k, v in out.items()}
 
         # 12. process_local=True on an already global array is an error, not a silent re-slice.
         scenario = "process_local/rejects-global"

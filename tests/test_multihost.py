@@ -44,6 +44,8 @@ SCENARIOS = {
     "process_local/explicit",
     "process_local/counts",
     "process_local/replicated-across-processes",
+    "jit/constraint/auto",
+    "jit/constraint/explicit",
 }
 
 
