@@ -260,9 +260,14 @@ def einshard(x: Any, expr: Rules, *, mesh: Mesh | None = None, process_local: bo
             the first match wins; ``None`` leaves that leaf as it is) to expressions.
         mesh: the mesh for ``@`` expressions; default: the mesh current under
             ``jax.set_mesh``, else the mesh ``x`` already lives on.
-        process_local: under ``jax.distributed``, ``x`` is this process's own
-            slice of the global array (as a data loader yields it), not the
-            whole global array.
+        process_local: how ``x`` is read under ``jax.distributed``.  False
+            (default): ``x`` is the global array, the same on every process
+            (as with ``jax.device_put``; not checked), and each process
+            transfers only the shards its own devices hold.  True: ``x`` is
+            this process's own slice (as a data loader yields it); the global
+            array is assembled from every process's slice, each axis as many
+            times longer as there are processes splitting it.  On one process
+            both read the same.
 
     Returns:
         ``x`` laid out: a jax.Array eagerly; under ``jax.jit`` the traced value
