@@ -166,7 +166,7 @@ def layout(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> La
         '[a:8@a0 b:3]'
     """
     text = _check_text(expr)
-    return _resolve(text, tuple(int(s) for s in shape), _pick_mesh(text, mesh))[0]
+    return _resolve(text, _check_shape(shape, text), _pick_mesh(text, mesh))[0]
 
 
 def sharding(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> NamedSharding:
@@ -182,7 +182,7 @@ def sharding(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> 
         P('data', None)
     """
     text = _check_text(expr)
-    shape = tuple(int(s) for s in shape)
+    shape = _check_shape(shape, text)
     chosen = _pick_mesh(text, mesh)
     lay, sh = _resolve(text, shape, chosen)
     if sh is None:
@@ -216,7 +216,7 @@ def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: Mesh | None =
         if parsed.inputs[0].has_ellipsis:
             raise parsed.fail("spec() needs the array's shape to expand '...'", None)
         shape = (0,) * len(parsed.inputs[0].axes)  # 0 divides evenly by anything
-    shape = tuple(int(s) for s in shape)
+    shape = _check_shape(shape, text)
     if parsed.uses_counts:
         return PartitionSpec(*_resolve(text, shape, None)[0].spec_entries())
     chosen = mesh if mesh is not None else current_mesh() or _current_abstract_mesh()
@@ -234,6 +234,18 @@ def _entry(axes: tuple[str, ...] | None) -> str | tuple[str, ...] | None:
     if not axes:
         return None
     return axes[0] if len(axes) == 1 else axes
+
+
+def _check_shape(shape: Any, text: str) -> tuple[int, ...]:
+    """A shape as a tuple of non-negative ints, or an EinshardError saying what is wrong with it."""
+    try:
+        sizes = tuple(int(s) for s in shape)
+        exact = all(int(s) == s for s in shape)
+    except (TypeError, ValueError):
+        sizes, exact = (), False
+    if not exact or any(s < 0 for s in sizes):
+        raise EinshardError(f"a shape is a tuple of non-negative integers, got {shape!r}", text)
+    return sizes
 
 
 def _check_text(expr: Any) -> str:
