@@ -12,6 +12,7 @@ devices instead, cached per (devices, shape) so separate calls agree.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Mapping
@@ -357,11 +358,19 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
     types = dict(zip(target.axis_names, target.axis_types))
     explicit = _restrict(lay, lambda m: types[m] == AxisType.Explicit)
     auto = _restrict(lay, lambda m: types[m] == AxisType.Auto)
+    # Without a current mesh (the array's own mesh, or mesh= outside jax.set_mesh),
+    # reshard needs one to read a PartitionSpec against: make the target current.
+    scope = (
+        jax.sharding.use_abstract_mesh(target.abstract_mesh if isinstance(target, Mesh) else target)
+        if _current_abstract_mesh() is None
+        else contextlib.nullcontext()
+    )
     try:
-        if any(t == AxisType.Explicit for t in types.values()):
-            x = jax.sharding.reshard(x, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
-        if any(t == AxisType.Auto for t in types.values()):
-            x = jax.lax.with_sharding_constraint(x, NamedSharding(target, auto))
+        with scope:
+            if any(t == AxisType.Explicit for t in types.values()):
+                x = jax.sharding.reshard(x, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
+            if any(t == AxisType.Auto for t in types.values()):
+                x = jax.lax.with_sharding_constraint(x, NamedSharding(target, auto))
     except ValueError as err:
         raise expr.fail(
             f"JAX refused the layout under jit: {err}",

@@ -261,6 +261,17 @@ class TestUnderJit:
         _same_layout(y, explicit_mesh, PartitionSpec(None, ("model", "data")))
         np.testing.assert_array_equal(np.asarray(y), x88)
 
+    def test_explicit_mesh_without_set_mesh(self, explicit_mesh, x88):
+        placed = einshard.einshard(x88, "a b -> a@data b", mesh=explicit_mesh)
+        # The array's own (Explicit) mesh, no mesh current: einshard makes it current for reshard.
+        y = jax.jit(lambda v: einshard.einshard(v, "a b -> a b@model"))(placed)
+        _same_layout(y, explicit_mesh, PartitionSpec(None, "model"))
+        np.testing.assert_array_equal(np.asarray(y), x88)
+        # mesh= names the Explicit mesh of an input already on it.
+        y = jax.jit(lambda v: einshard.einshard(v * 2, "a b -> a@model b@data", mesh=explicit_mesh))(placed)
+        _same_layout(y, explicit_mesh, PartitionSpec("model", "data"))
+        np.testing.assert_array_equal(np.asarray(y), x88 * 2)
+
     def test_mixed_explicit_and_auto_mesh(self, mixed_mesh, x88):
         with jax.set_mesh(mixed_mesh):
             y = jax.jit(lambda x: einshard.einshard(x - 1, "a b -> a@data b@model"))(x88)
