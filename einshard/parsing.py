@@ -22,6 +22,7 @@ import functools
 import importlib.resources
 import pathlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -382,7 +383,21 @@ def _check_count(tagged: tuple[str, int, int]) -> int:
     return value
 
 
-@functools.lru_cache(maxsize=4096)
+def _cached_on_strings(fn: Callable[[str], Expression]) -> Callable[[str], Expression]:
+    """Memoize a parser, checking first that it was given a string (an unhashable list must not reach the cache)."""
+    cached = functools.lru_cache(maxsize=4096)(fn)
+
+    @functools.wraps(fn)
+    def parser(text: str) -> Expression:
+        if not isinstance(text, str):
+            raise EinshardError(f"an einshard expression is a string, got {type(text).__name__}: {text!r}")
+        return cached(text)
+
+    parser.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    return parser
+
+
+@_cached_on_strings
 def parse(text: str) -> Expression:
     """Parse an expression of either kind (placement or einsum) without checking which.
 
@@ -437,7 +452,7 @@ def _check_side(expr: Expression, side: Side) -> None:
 # Placement expressions: 'a b -> a4 b*' or 'a b -> a@data b'
 
 
-@functools.lru_cache(maxsize=4096)
+@_cached_on_strings
 def parse_placement(text: str) -> Expression:
     """Parse and check a placement expression (one array, its axes, how they are laid out).
 
@@ -531,7 +546,7 @@ def parse_placement(text: str) -> Expression:
 # Einsum expressions: 'b x@data, x y@model -> b y@model'
 
 
-@functools.lru_cache(maxsize=4096)
+@_cached_on_strings
 def parse_einsum(text: str) -> Expression:
     """Parse and check an einsum expression, optionally annotated with mesh axes.
 

@@ -321,9 +321,10 @@ def test_mutated_valid_expressions_raise_only_einshard_error(case):
 
 def test_error_is_a_value_error():
     assert issubclass(EinshardError, ValueError)
-    for bad in (None, 3, b"a -> a"):
-        with pytest.raises(EinshardError, match="is a string"):
-            parse(bad)  # type: ignore[arg-type]
+    for bad in (None, 3, b"a -> a", ["a -> a"], {"a": "a -> a"}):
+        for fn in (parse, parse_placement, parse_einsum, einshard.spec):
+            with pytest.raises(EinshardError, match="is a string"):
+                fn(bad)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------
