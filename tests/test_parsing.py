@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import einshard
@@ -25,6 +25,9 @@ from einshard.parsing import (
     parse_einsum,
     parse_placement,
 )
+
+# Parsing is cheap (about a millisecond an example): these properties afford more examples than the profile's default.
+MANY = settings(max_examples=200)
 
 # ---------------------------------------------------------------------------
 # Strategies for valid expressions
@@ -170,6 +173,7 @@ def einsums(draw, spaced: bool = False) -> str:
 # Round trips
 
 
+@MANY
 @given(count_placements())
 def test_count_placements_parse_and_round_trip(text):
     expr = parse_placement(text)
@@ -179,6 +183,7 @@ def test_count_placements_parse_and_round_trip(text):
     assert str(again) == str(expr)
 
 
+@MANY
 @given(named_placements())
 def test_named_placements_parse_and_round_trip(text):
     expr = parse_placement(text)
@@ -188,6 +193,7 @@ def test_named_placements_parse_and_round_trip(text):
     assert expr.output.names == expr.inputs[0].names
 
 
+@MANY
 @given(einsums())
 def test_einsums_parse_and_round_trip(text):
     expr = parse_einsum(text)
@@ -195,6 +201,7 @@ def test_einsums_parse_and_round_trip(text):
     assert parse(str(expr)) == expr
 
 
+@MANY
 @given(st.data())
 def test_whitespace_variations_parse_to_equal_objects(data):
     kind = data.draw(st.sampled_from([count_placements, named_placements, einsums]))
@@ -299,16 +306,19 @@ def _only_einshard_errors(text: str) -> None:
             pass
 
 
+@MANY
 @given(st.text(max_size=30))
 def test_arbitrary_text_raises_only_einshard_error(text):
     _only_einshard_errors(text)
 
 
+@MANY
 @given(grammarish)
 def test_grammar_alphabet_text_raises_only_einshard_error(text):
     _only_einshard_errors(text)
 
 
+@MANY
 @given(
     st.one_of(count_placements(), named_placements(), einsums()).flatmap(
         lambda t: st.tuples(st.just(t), st.integers(0, max(len(t) - 1, 0)), st.sampled_from(ALPHABET_PIECES + [""]))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from device_count import run_pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
@@ -25,6 +25,8 @@ import einshard
 from einshard import EinshardError, describe
 
 N = jax.device_count()
+# A placement costs a few milliseconds: afford more examples than the profile's default.
+PLACEMENTS = settings(max_examples=60)
 
 
 def _divisors(n: int) -> list[int]:
@@ -105,6 +107,7 @@ def count_cases(draw, n: int = N) -> tuple[tuple[int, ...], str]:
     return tuple(shape), " ".join(left) + " -> " + " ".join(right)
 
 
+@PLACEMENTS
 @given(count_cases())
 def test_prop_count_expressions_place_every_shard_right(case):
     _check_devices()
@@ -162,6 +165,7 @@ def named_cases(draw) -> tuple[jax.sharding.Mesh, tuple[int, ...], str]:
     return mesh, tuple(shape), " ".join(left) + " -> " + " ".join(right)
 
 
+@PLACEMENTS
 @given(named_cases())
 def test_prop_named_expressions_place_every_shard_right(case):
     _check_devices()
