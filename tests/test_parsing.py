@@ -346,7 +346,7 @@ def assert_points(err: EinshardError, expression: str, column: int, *words: str)
     lines = str(err).split("\n")
     assert err.expression == expression
     assert err.column == column, f"caret at {err.column}, expected {column}:\n{err}"
-    assert lines[1] == "    " + expression.replace("\n", " ").replace("\t", " ")
+    assert lines[1] == "    " + "".join(" " if c.isspace() else c for c in expression)
     assert lines[2] == "    " + " " * column + "^"
     for word in words:
         assert word in str(err), f"{word!r} not in:\n{err}"
@@ -375,7 +375,7 @@ def test_error_syntax():
 
 
 def test_error_syntax_in_multi_line_expression_points_at_the_right_column():
-    text = "a b\n  -> a\n  b %"
+    text = "a b\r\n\x0c -> a\x0b\n  b %"
     e = _raise(parse_placement, text)
     assert_points(e, text, text.index("%"), "'%'")
     text = "a\n b -> a c"
@@ -514,3 +514,10 @@ def test_error_bad_shape():
     assert "non-negative integers" in str(e)
     e = _raise(einshard.spec, "a -> a", "ab")
     assert "non-negative integers" in str(e)
+
+
+def test_error_einsum_output():
+    e = _raise(parse_einsum, "b x, x y -> b z")
+    assert_points(e, "b x, x y -> b z", 14, "output axis 'z'")
+    e = _raise(parse_einsum, "b x, x y -> b ...")
+    assert_points(e, "b x, x y -> b ...", 14, "'...' in the output")
