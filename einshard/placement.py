@@ -342,6 +342,10 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
     expr = parse_placement(text)
     if expr.uses_counts:
         chosen = _pick_mesh(text, mesh)
+        # Under jit only the abstract mesh of jax.set_mesh is visible; refuse it as eagerly.
+        ctx = _current_abstract_mesh()
+        if ctx is not None:
+            raise _count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
         sh = _concrete_sharding(text, x.shape, chosen)
         return jax.lax.with_sharding_constraint(x, sh)
     target = mesh if mesh is not None else _current_abstract_mesh()
@@ -371,7 +375,7 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
                 x = jax.sharding.reshard(x, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
             if any(t == AxisType.Auto for t in types.values()):
                 x = jax.lax.with_sharding_constraint(x, NamedSharding(target, auto))
-    except ValueError as err:
+    except (ValueError, AssertionError) as err:  # JAX asserts when a constraint meets an Explicit mesh
         raise expr.fail(
             f"JAX refused the layout under jit: {err}",
             None,

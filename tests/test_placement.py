@@ -288,6 +288,19 @@ class TestUnderJit:
         assert y.sharding.shard_shape((8, 8)) == (2, 4)
         np.testing.assert_array_equal(np.asarray(y), x88 + 2)
 
+    @pytest.mark.parametrize("kind", [AxisType.Auto, AxisType.Explicit])
+    def test_counts_under_jit_refuse_the_current_mesh_as_eagerly(self, kind, x88):
+        mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind, kind))
+        with jax.set_mesh(mesh), pytest.raises(EinshardError, match="jax.set_mesh made current"):
+            jax.jit(lambda x: einshard.einshard(x, "a b -> a4 b"))(x88)
+        with jax.set_mesh(mesh), pytest.raises(EinshardError, match="jax.set_mesh made current"):
+            einshard.einshard(x88, "a b -> a4 b")
+
+    def test_jax_refusing_a_constraint_is_an_einshard_error(self, explicit_mesh, auto_mesh, x88):
+        # An Auto mesh passed while an Explicit one is current: JAX asserts; einshard explains.
+        with jax.set_mesh(explicit_mesh), pytest.raises(EinshardError, match="JAX refused the layout"):
+            jax.jit(lambda x: einshard.einshard(x, "a b -> a@data b", mesh=auto_mesh))(x88)
+
     def test_under_jit_without_a_mesh_is_an_error(self, x88):
         with pytest.raises(EinshardError, match="needs a mesh"):
             jax.jit(lambda x: einshard.einshard(x, "a b -> a@data b"))(x88)
