@@ -7,6 +7,8 @@ joined with different whitespace and the parsed objects compared.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -27,7 +29,7 @@ from einshard.parsing import (
 )
 
 # Parsing is cheap (about a millisecond an example): these properties afford more examples than the profile's default.
-MANY = settings(max_examples=200)
+MANY = settings(max_examples=int(os.environ.get("EINSHARD_PARSING_EXAMPLES", "200")))
 
 # ---------------------------------------------------------------------------
 # Strategies for valid expressions

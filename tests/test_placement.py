@@ -26,7 +26,7 @@ from einshard import EinshardError, describe
 
 N = jax.device_count()
 # A placement costs a few milliseconds: afford more examples than the profile's default.
-PLACEMENTS = settings(max_examples=60)
+PLACEMENTS = settings(max_examples=int(os.environ.get("EINSHARD_PLACEMENT_EXAMPLES", "60")))
 
 
 def _divisors(n: int) -> list[int]:
@@ -183,6 +183,45 @@ def test_prop_named_expressions_place_every_shard_right(case):
     assert einshard.einshard(x, describe(y), mesh=mesh).sharding == y.sharding
 
 
+_SUFFIXES = ["", "", "2", "4", "8", "*", "2*", "@a", "@b", "@(a,b)", "@(b,a)", "0", "3"]
+
+
+@functools.cache
+def _ab_mesh() -> jax.sharding.Mesh:
+    # Mesh axes named like the array axes of the fuzzed text, so '@' items can resolve.
+    return jax.make_mesh((max(N // 2, 1), 2 if N >= 2 else 1), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+
+
+@st.composite
+def loose_cases(draw) -> tuple[tuple[int, ...], str]:
+    """A shape and a text that is often, but not always, a valid expression for it."""
+    shape = draw(st.lists(st.sampled_from([1, 2, 4, 8, 3, 6]), max_size=3).map(tuple))
+    left = draw(st.permutations(["a", "b", "c"][: len(shape) + draw(st.sampled_from([0, 0, 0, 1]))]))
+    if draw(st.booleans()):
+        left = [*left, "..."] if draw(st.booleans()) else ["...", *left]
+    right = [n + draw(st.sampled_from(_SUFFIXES)) for n in draw(st.permutations(left)) if n != "..."]
+    for _ in range(draw(st.integers(0, 2))):
+        right.insert(draw(st.integers(0, len(right))), draw(st.sampled_from(["2", "*", "2*", "...", "8"])))
+    if "..." in left and draw(st.booleans()):
+        right.insert(draw(st.integers(0, len(right))), "...")
+    return shape, " ".join(left) + " -> " + " ".join(right)
+
+
+@PLACEMENTS
+@given(loose_cases(), st.booleans())
+def test_prop_whatever_einshard_accepts_it_places_right(case, with_mesh):
+    """Any text near the grammar, any shape: an EinshardError, or a correct placement."""
+    _check_devices()
+    shape, text = case
+    x = _array(shape)
+    try:
+        y = einshard.einshard(x, text, mesh=_ab_mesh() if with_mesh else None)
+    except EinshardError:
+        return
+    assert_placed(y, x)
+    assert einshard.sharding(text, shape, mesh=_ab_mesh() if with_mesh else None) == y.sharding
+
+
 def _check_devices() -> None:
     want = os.environ.get("EINSHARD_TEST_DEVICES")
     if want is not None:
@@ -197,7 +236,7 @@ def test_prop_on_other_device_counts(n):
     proc = run_pytest(
         n, "tests/test_placement.py", "-k", "test_prop_ and not other_device_counts", EINSHARD_TEST_DEVICES=str(n)
     )
-    assert "2 passed" in proc.stdout, proc.stdout[-2000:]
+    assert "3 passed" in proc.stdout, proc.stdout[-2000:]
 
 
 # ---------------------------------------------------------------------------
