@@ -92,6 +92,12 @@ FIXED = [
     ((8, 4), "a b -> b2 a4"),
     ((8,), "a -> a8"),
     ((8, 2), "a b -> a4 b2"),
+    # '...' standing for no axes, scalars, rank 4 in another order.
+    ((8,), "a ... -> ... a*"),
+    ((), "... -> * ..."),
+    ((8,), "... a -> a2 ... *"),
+    ((2, 4, 8, 2), "a b c d -> d c* b a2"),
+    ((2, 4, 8, 2), "a ... d -> d2 ... 2 a2"),
 ]
 # einshard 0.2 accepts these but gets them wrong; recorded apart.
 ACCEPTED_BUT_WRONG = [((4, 8), "a b -> a b c*")]
