@@ -120,6 +120,11 @@ def test_prop_count_expressions_place_every_shard_right(case):
     assert y.sharding.mesh.size == N
     assert einshard.sharding(expr, shape) == y.sharding
     assert einshard.spec(expr, shape) == y.sharding.spec
+    # The Layout (the one internal picture) says the same.
+    lay = einshard.layout(expr, shape)
+    assert lay.shard_shape == y.sharding.shard_shape(shape)
+    assert tuple(m.size for m in lay.mesh) == tuple(y.sharding.mesh.shape.values())
+    assert PartitionSpec(*lay.spec_entries()) == y.sharding.spec
     # describe() reads the layout back; placing another array with it gives the same sharding.
     again = einshard.einshard(x + 1, describe(y))
     assert again.sharding == y.sharding
@@ -175,6 +180,12 @@ def test_prop_named_expressions_place_every_shard_right(case):
     assert_placed(y, x)
     assert y.sharding.mesh is mesh or y.sharding.mesh == mesh
     assert einshard.sharding(expr, shape, mesh=mesh) == y.sharding
+    # spec() agrees, with the mesh to check names against and without one.
+    assert einshard.spec(expr, shape, mesh=mesh) == y.sharding.spec
+    assert einshard.spec(expr, shape) == y.sharding.spec
+    lay = einshard.layout(expr, shape, mesh=mesh)
+    assert lay.shard_shape == y.sharding.shard_shape(shape)
+    assert PartitionSpec(*lay.spec_entries()) == y.sharding.spec
     # The same placement with the mesh made current instead of passed.
     with jax.set_mesh(mesh):
         assert einshard.einshard(x, expr).sharding == y.sharding
