@@ -528,8 +528,10 @@ def parse_placement(text: str) -> Expression:
             count_item.column,
             "Use one style: 'a b -> a@data b' on your mesh, or 'a b -> a4 b' on an anonymous one.",
         )
-    if expr.uses_mesh_axes or not expr.uses_counts:
+    if expr.uses_mesh_axes:
         # With '@' the right side only annotates the left: same axes, same order.
+        # (Without '@' or counts nothing is sharded, and einshard 0.2 accepts any
+        # order there: 'a b -> b a' on one device.)
         order = [i for i in right.items if not isinstance(i, ReplicaItem)]
         lhs = list(left.items)
         for a, b in zip(lhs, order):
