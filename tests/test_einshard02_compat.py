@@ -21,7 +21,13 @@ from device_count import rerun_on
 import einshard
 from einshard import EinshardError
 
-GOLDEN = json.loads((pathlib.Path(__file__).parent / "golden" / "einshard02.json").read_text(encoding="utf-8"))
+
+def _load(n: int) -> dict:
+    name = "einshard02.json" if n == 8 else f"einshard02_{n}dev.json"
+    return json.loads((pathlib.Path(__file__).parent / "golden" / name).read_text(encoding="utf-8"))
+
+
+GOLDEN = _load(8)
 
 
 def _pairs(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[list[int]]:
@@ -57,29 +63,59 @@ def test_golden_file_is_substantial():
     assert any(tok.isdigit() for e in exprs for tok in e.split("->")[1].split())  # standalone replication
 
 
+def _assert_same_as_einshard02(case: dict) -> None:
+    """Our einshard() gives 0.2's shard shape, device-to-shard assignment, mesh and values."""
+    shape, expr = tuple(case["shape"]), case["expr"]
+    x = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    y = einshard.einshard(x, expr)
+    sh = y.sharding
+    where = _case_id(case)
+    assert list(sh.shard_shape(shape)) == case["shard_shape"], where
+    ours = {str(d.id): _pairs(i, shape) for d, i in sh.devices_indices_map(shape).items()}
+    assert ours == case["indices"], where
+    # Same mesh, with 0.2's size-1 axes dropped.
+    assert list(sh.mesh.shape.values()) == [s for s in case["mesh"].values() if s != 1] or (
+        all(s == 1 for s in case["mesh"].values()) and sh.mesh.size == 1
+    ), where
+    # Same values: each device holds the slice 0.2 put there.
+    for shard in y.addressable_shards:
+        golden = case["indices"][str(shard.device.id)]
+        want = x[tuple(slice(a, b) for a, b in golden)]
+        np.testing.assert_array_equal(np.asarray(shard.data), want, err_msg=where)
+    # sharding() gives the same layout without moving data.
+    assert einshard.sharding(expr, shape) == sh, where
+
+
+def _assert_raises_or_valid(case: dict) -> bool:
+    """An EinshardError (False), or a valid layout on every device (True)."""
+    shape, expr = tuple(case["shape"]), case["expr"]
+    x = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    try:
+        y = einshard.einshard(x, expr)
+    except EinshardError:
+        return False
+    assert len(y.sharding.device_set) == jax.device_count(), _case_id(case)
+    _assert_valid(y, x)
+    return True
+
+
 @pytest.mark.parametrize("chunk", range(4))
 def test_every_case_einshard02_accepts_gives_the_same_layout(chunk, eight):
-    cases = GOLDEN["accepted"][chunk::4]
-    for case in cases:
-        shape, expr = tuple(case["shape"]), case["expr"]
-        x = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
-        y = einshard.einshard(x, expr)
-        sh = y.sharding
-        where = _case_id(case)
-        assert list(sh.shard_shape(shape)) == case["shard_shape"], where
-        ours = {str(d.id): _pairs(i, shape) for d, i in sh.devices_indices_map(shape).items()}
-        assert ours == case["indices"], where
-        # Same mesh, with 0.2's size-1 axes dropped.
-        assert list(sh.mesh.shape.values()) == [s for s in case["mesh"].values() if s != 1] or (
-            all(s == 1 for s in case["mesh"].values()) and sh.mesh.size == 1
-        ), where
-        # Same values: each device holds the slice 0.2 put there.
-        for shard in y.addressable_shards:
-            golden = case["indices"][str(shard.device.id)]
-            want = x[tuple(slice(a, b) for a, b in golden)]
-            np.testing.assert_array_equal(np.asarray(shard.data), want, err_msg=where)
-        # sharding() gives the same layout without moving data.
-        assert einshard.sharding(expr, shape) == sh, where
+    for case in GOLDEN["accepted"][chunk::4]:
+        _assert_same_as_einshard02(case)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_same_layouts_as_einshard02_on_fewer_devices(n, request):
+    """Smaller tables recorded on 1, 2 and 4 devices, checked in a subprocess with that many."""
+    if rerun_on(n, request):
+        return
+    golden = _load(n)
+    assert golden["n_devices"] == n and len(golden["accepted"]) >= 100
+    for case in golden["accepted"]:
+        _assert_same_as_einshard02(case)
+    for case in golden["rejected"] + golden["accepted_but_wrong"]:
+        _assert_raises_or_valid(case)
 
 
 # What einshard 0.2 gets wrong and we reject, each with the reason 0.2 failed (or did not).

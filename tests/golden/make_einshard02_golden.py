@@ -3,7 +3,8 @@
 einshard 0.2 needs Python >= 3.12, CI runs 3.11, so its answers are recorded
 once and committed.  Run with the old library installed, on 8 simulated devices:
 
-    /root/venv312/bin/python tests/golden/make_einshard02_golden.py
+    /root/venv312/bin/python tests/golden/make_einshard02_golden.py      # 8 devices: einshard02.json
+    /root/venv312/bin/python tests/golden/make_einshard02_golden.py 1    # einshard02_1dev.json (also 2, 4)
 
 The cases are generated deterministically (a seeded generator over shapes,
 axis orders, counts, stars, standalone replications and '...'), then each is
@@ -15,8 +16,9 @@ axis); for a rejected one, the exception 0.2 raised.
 from __future__ import annotations
 
 import os
+import sys
 
-N_DEVICES = 8
+N_DEVICES = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={N_DEVICES}"
 
@@ -29,11 +31,12 @@ import numpy as np  # noqa: E402
 
 import einshard  # noqa: E402  (einshard 0.2: einshard, make_sharding)
 
-OUT = pathlib.Path(__file__).with_name("einshard02.json")
+OUT = pathlib.Path(__file__).with_name("einshard02.json" if N_DEVICES == 8 else f"einshard02_{N_DEVICES}dev.json")
 SIZES = [1, 2, 3, 4, 6, 8, 12, 16, 8, 16, 32, 4]
 COUNTS = [None, None, None, None, 1, 2, 2, 4, 8, 3]
 REPLICAS = ["2", "*", "2*", "4", "8", "1", "3"]
-N_ACCEPTED, N_REJECTED = 320, 200
+# The main table is on 8 devices; smaller tables on 1, 2 and 4 devices.
+N_ACCEPTED, N_REJECTED = (320, 200) if N_DEVICES == 8 else (100, 60)
 
 
 def random_case(rng: random.Random) -> tuple[tuple[int, ...], str]:
@@ -139,7 +142,9 @@ def main() -> None:
         rec = record(shape, expr)
         (rejected if "error" in rec else accepted).append(rec)
     # Generated cases until N_ACCEPTED are accepted, keeping the first N_REJECTED rejections.
-    while len(accepted) < N_ACCEPTED:
+    for _ in range(100_000):
+        if len(accepted) >= N_ACCEPTED:
+            break
         case = random_case(rng)
         if case in seen:
             continue
