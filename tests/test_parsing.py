@@ -35,7 +35,7 @@ MANY = settings(max_examples=int(os.environ.get("EINSHARD_PARSING_EXAMPLES", "20
 # Strategies for valid expressions
 
 # Letters from several scripts: einshard 0.2 accepts any Unicode letter in a name.
-LETTERS = "abcxyzABXYZ_αβγδéßжшд中文ñ"
+LETTERS = "abcxyzABUXYZ_αβγδéßжшд中文ñ"
 plain_names = st.text(alphabet=LETTERS, min_size=1, max_size=4)
 # Names with digits must be written in braces: {layer1}.
 braced_names = st.builds(
@@ -47,7 +47,7 @@ braced_names = st.builds(
 axis_names = st.one_of(plain_names, braced_names)
 mesh_names = st.builds(
     lambda head, tail: head + tail,
-    st.text(alphabet="dmxyzαé_", min_size=1, max_size=3),
+    st.text(alphabet="dmxyzUαé_", min_size=1, max_size=3),
     st.text(alphabet="dmxyz0123456789_", max_size=3),
 )
 counts = st.integers(min_value=1, max_value=64)
