@@ -43,7 +43,9 @@ class EinshardError(ValueError):
     def _format(self) -> str:
         lines = [self.reason]
         if self.expression is not None:
-            text = self.expression.replace("\n", " ").replace("\t", " ")
+            # Every whitespace character (newline, tab, form feed, ...) shows as one space,
+            # so the caret line stays aligned with the quoted expression.
+            text = "".join(" " if c.isspace() else c for c in self.expression)
             lines.append(f"    {text}")
             if self.column is not None:
                 lines.append("    " + " " * self.column + "^")

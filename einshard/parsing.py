@@ -22,6 +22,7 @@ import functools
 import importlib.resources
 import pathlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import lark
@@ -244,7 +245,9 @@ def _expected_words(expected: set[str]) -> str:
 
 
 def _syntax_error(text: str, offset: int, err: lark.exceptions.UnexpectedInput) -> EinshardError:
-    column = offset + (err.column - 1 if isinstance(err.column, int) and err.column > 0 else 0)
+    # pos_in_stream is an offset in the whole text; Lark's .column restarts on every line.
+    pos = getattr(err, "pos_in_stream", None)
+    column = offset + (pos if isinstance(pos, int) and pos >= 0 else 0)
     if isinstance(err, lark.exceptions.UnexpectedEOF):
         column = offset + len(text.strip())
         found = "the end of the expression"
@@ -277,14 +280,16 @@ def _syntax_error(text: str, offset: int, err: lark.exceptions.UnexpectedInput) 
 class _Build(lark.Transformer):  # type: ignore[type-arg]
     """Parse tree -> parsed objects, with 0-based columns in the original text."""
 
-    def __init__(self, offset: int) -> None:
+    def __init__(self, offset: int, text: str) -> None:
         super().__init__()
         self.offset = offset
+        self.text = text  # the stripped text Lark parsed
 
+    # start_pos, not .column: Lark's columns restart on every line of a multi-line expression.
     def _col(self, thing: lark.Token | lark.Tree) -> int:  # type: ignore[type-arg]
         if isinstance(thing, lark.Token):
-            return self.offset + (thing.column or 1) - 1
-        return self.offset + (thing.meta.column or 1) - 1
+            return self.offset + (thing.start_pos or 0)
+        return self.offset + (thing.meta.start_pos or 0)
 
     def axis_name(self, children: list[lark.Token]) -> tuple[str, int]:
         tok = children[0]
@@ -301,8 +306,11 @@ class _Build(lark.Transformer):  # type: ignore[type-arg]
         return "mesh", tuple(str(c) for c in children)
 
     def unreduced(self, children: list[lark.Token]) -> tuple[str, tuple[str, ...], int]:
-        # children[0] is the first mesh axis name; '{U:' stands 3 columns before it.
-        return "unreduced", tuple(str(c) for c in children), self._col(children[0]) - 3
+        # children[0] is the first mesh axis name; '{U:' is the last one before it
+        # (spaces may stand between them).
+        first = children[0].start_pos or 0
+        brace = self.text.rfind("{U:", 0, first)
+        return "unreduced", tuple(str(c) for c in children), self.offset + (brace if brace >= 0 else first)
 
     def axis(self, children: list) -> tuple[AxisItem, tuple | None]:  # type: ignore[type-arg]
         (name, column), *rest = children
@@ -330,7 +338,7 @@ class _Build(lark.Transformer):  # type: ignore[type-arg]
                 star = True
             else:
                 count = _check_count(c)
-        return ReplicaItem(count, star, self.offset + meta.column - 1), None
+        return ReplicaItem(count, star, self.offset + meta.start_pos), None
 
     def ellipsis(self, children: list[lark.Token]) -> tuple[EllipsisItem, None]:
         return EllipsisItem(self._col(children[0])), None
@@ -352,7 +360,7 @@ class _Build(lark.Transformer):  # type: ignore[type-arg]
                 items.append(item)
             if pending is not None:
                 _, unreduced, unreduced_col = pending
-        column = self.offset + (meta.column - 1 if not meta.empty else 0)
+        column = self.offset + (meta.start_pos if not meta.empty else 0)
         return Side(tuple(items), unreduced, column, unreduced_col)
 
     def start(self, children: list[Side]) -> tuple[Side, ...]:
@@ -372,7 +380,21 @@ def _check_count(tagged: tuple[str, int, int]) -> int:
     return value
 
 
-@functools.lru_cache(maxsize=4096)
+def _cached_on_strings(fn: Callable[[str], Expression]) -> Callable[[str], Expression]:
+    """Memoize a parser, checking first that it was given a string (an unhashable list must not reach the cache)."""
+    cached = functools.lru_cache(maxsize=4096)(fn)
+
+    @functools.wraps(fn)
+    def parser(text: str) -> Expression:
+        if not isinstance(text, str):
+            raise EinshardError(f"an einshard expression is a string, got {type(text).__name__}: {text!r}")
+        return cached(text)
+
+    parser.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    return parser
+
+
+@_cached_on_strings
 def parse(text: str) -> Expression:
     """Parse an expression of either kind (placement or einsum) without checking which.
 
@@ -385,7 +407,7 @@ def parse(text: str) -> Expression:
     offset = len(text) - len(text.lstrip())
     try:
         tree = _lark().parse(stripped)
-        sides = _Build(offset).transform(tree)
+        sides = _Build(offset, stripped).transform(tree)
     except lark.exceptions.UnexpectedInput as err:
         raise _syntax_error(text, offset, err) from None
     except lark.exceptions.VisitError as err:
@@ -427,7 +449,7 @@ def _check_side(expr: Expression, side: Side) -> None:
 # Placement expressions: 'a b -> a4 b*' or 'a b -> a@data b'
 
 
-@functools.lru_cache(maxsize=4096)
+@_cached_on_strings
 def parse_placement(text: str) -> Expression:
     """Parse and check a placement expression (one array, its axes, how they are laid out).
 
@@ -503,8 +525,10 @@ def parse_placement(text: str) -> Expression:
             count_item.column,
             "Use one style: 'a b -> a@data b' on your mesh, or 'a b -> a4 b' on an anonymous one.",
         )
-    if expr.uses_mesh_axes or not expr.uses_counts:
+    if expr.uses_mesh_axes:
         # With '@' the right side only annotates the left: same axes, same order.
+        # (Without '@' or counts nothing is sharded, and einshard 0.2 accepts any
+        # order there: 'a b -> b a' on one device.)
         order = [i for i in right.items if not isinstance(i, ReplicaItem)]
         lhs = list(left.items)
         for a, b in zip(lhs, order):
@@ -521,7 +545,7 @@ def parse_placement(text: str) -> Expression:
 # Einsum expressions: 'b x@data, x y@model -> b y@model'
 
 
-@functools.lru_cache(maxsize=4096)
+@_cached_on_strings
 def parse_einsum(text: str) -> Expression:
     """Parse and check an einsum expression, optionally annotated with mesh axes.
 

@@ -12,6 +12,7 @@ devices instead, cached per (devices, shape) so separate calls agree.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Mapping
@@ -168,7 +169,7 @@ def layout(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> La
         '[a:8@a0 b:3]'
     """
     text = _check_text(expr)
-    return _resolve(text, tuple(int(s) for s in shape), _pick_mesh(text, mesh))[0]
+    return _resolve(text, _check_shape(shape, text), _pick_mesh(text, mesh))[0]
 
 
 def sharding(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> NamedSharding:
@@ -184,7 +185,7 @@ def sharding(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> 
         True
     """
     text = _check_text(expr)
-    shape = tuple(int(s) for s in shape)
+    shape = _check_shape(shape, text)
     chosen = _pick_mesh(text, mesh)
     lay, sh = _resolve(text, shape, chosen)
     if sh is None:
@@ -216,7 +217,7 @@ def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: Mesh | None =
         if parsed.inputs[0].has_ellipsis:
             raise parsed.fail("spec() needs the array's shape to expand '...'", None)
         shape = (0,) * len(parsed.inputs[0].axes)  # 0 divides evenly by anything
-    shape = tuple(int(s) for s in shape)
+    shape = _check_shape(shape, text)
     if parsed.uses_counts:
         return PartitionSpec(*_resolve(text, shape, None)[0].spec_entries())
     chosen = mesh if mesh is not None else current_mesh() or _current_abstract_mesh()
@@ -234,6 +235,18 @@ def _entry(axes: tuple[str, ...] | None) -> str | tuple[str, ...] | None:
     if not axes:
         return None
     return axes[0] if len(axes) == 1 else axes
+
+
+def _check_shape(shape: Any, text: str) -> tuple[int, ...]:
+    """A shape as a tuple of non-negative ints, or an EinshardError saying what is wrong with it."""
+    try:
+        sizes = tuple(int(s) for s in shape)
+        exact = all(int(s) == s for s in shape)
+    except (TypeError, ValueError):
+        sizes, exact = (), False
+    if not exact or any(s < 0 for s in sizes):
+        raise EinshardError(f"a shape is a tuple of non-negative integers, got {shape!r}", text)
+    return sizes
 
 
 def _check_text(expr: Any) -> str:
@@ -414,6 +427,10 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
     expr = parse_placement(text)
     if expr.uses_counts:
         chosen = _pick_mesh(text, mesh)
+        # Under jit only the abstract mesh of jax.set_mesh is visible; refuse it as eagerly.
+        ctx = _current_abstract_mesh()
+        if ctx is not None:
+            raise _count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
         sh = _concrete_sharding(text, x.shape, chosen)
         return jax.lax.with_sharding_constraint(x, sh)
     target = mesh if mesh is not None else _current_abstract_mesh()
@@ -430,12 +447,20 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
     types = dict(zip(target.axis_names, target.axis_types))
     explicit = _restrict(lay, lambda m: types[m] == AxisType.Explicit)
     auto = _restrict(lay, lambda m: types[m] == AxisType.Auto)
+    # Without a current mesh (the array's own mesh, or mesh= outside jax.set_mesh),
+    # reshard needs one to read a PartitionSpec against: make the target current.
+    scope = (
+        jax.sharding.use_abstract_mesh(target.abstract_mesh if isinstance(target, Mesh) else target)
+        if _current_abstract_mesh() is None
+        else contextlib.nullcontext()
+    )
     try:
-        if any(t == AxisType.Explicit for t in types.values()):
-            x = jax.sharding.reshard(x, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
-        if any(t == AxisType.Auto for t in types.values()):
-            x = jax.lax.with_sharding_constraint(x, NamedSharding(target, auto))
-    except ValueError as err:
+        with scope:
+            if any(t == AxisType.Explicit for t in types.values()):
+                x = jax.sharding.reshard(x, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
+            if any(t == AxisType.Auto for t in types.values()):
+                x = jax.lax.with_sharding_constraint(x, NamedSharding(target, auto))
+    except (ValueError, AssertionError) as err:  # JAX asserts when a constraint meets an Explicit mesh
         raise expr.fail(
             f"JAX refused the layout under jit: {err}",
             None,
