@@ -88,7 +88,7 @@ def test_transition_v11_and_composites():
     assert [(s.kind, s.axes, s.array_bytes) for s in steps] == [("all-gather", ("y",), 32 * 128 * 4)]  # V11
     _, steps = transition(two, two.with_dims((("y",), ())), itemsize=F32)  # XLA: permute, then gather x
     assert [(s.kind, s.axes) for s in steps] == [("collective-permute", ("x", "y")), ("all-gather", ("x",))]
-    # Slices first (free, and everything after moves less), then reductions, then gathers.
+    # Reductions first (XLA reduces the whole local result), then slices, then gathers.
     u = lay("ab", (64, 128), XY, [(), ("x",)], {"y"})
     end, steps = transition(u, u.with_dims((("y",), ()), frozenset()), itemsize=F32)
     assert end == u.with_dims((("y",), ()), frozenset())

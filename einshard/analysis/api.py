@@ -4,13 +4,13 @@ Example:
     >>> import einshard
     >>> plan = einshard.analyze("b@data x, x y@model -> b y", mesh={"data": 4, "model": 2},
     ...                         sizes={"b": 1024, "x": 4096, "y": 16384}, dtype="bf16", profile="h100")
-    >>> plan.strategy, plan.collectives, str(plan.out_spec)
-    ('hybrid DP×TP', (), "PartitionSpec('data', 'model')")
+    >>> plan.strategy, plan.collectives, tuple(plan.out_spec)
+    ('hybrid DP×TP', (), ('data', 'model'))
     >>> plan = einshard.analyze("b x@model, x@model y -> b y", mesh={"model": 4}, sizes={"b": 64, "x": 128, "y": 256})
     >>> [(c.kind, c.axes, c.bytes) for c in plan.collectives]          # row-parallel TP: sum the partial products
     [('all-reduce', ('model',), 98304)]
-    >>> [(str(a.out_spec), [c.kind for c in a.collectives]) for a in plan.alternatives[:3]]
-    [("PartitionSpec(None, None, unreduced={'model'})", []), ("PartitionSpec('model', None)", ['reduce-scatter']), ("PartitionSpec(None, 'model')", ['reduce-scatter'])]
+    >>> [(str(a.out_layout), [c.kind for c in a.collectives]) for a in plan.alternatives[:3]]
+    [('[b:64 y:256 {U:model}]', []), ('[b:64@model y:256]', ['reduce-scatter']), ('[b:64 y:256@model]', ['reduce-scatter'])]
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ Each primitive takes a layout and returns the new layout with the
 * ``all_to_all(lay, axes, x, y)``      ``x@a y → x y@a``
 * ``collective_permute(lay, dims)``    ``x@(a,b) → x@(b,a)`` (same blocks, other devices)
 
-``transition(src, dst)`` composes them, cheapest order first: free slices
-(so everything after moves less), then reductions (RS onto a dimension the
-target shards, else AR), then all-to-alls, then gathers (which grow the
-data: last), and a permute if only the order of mesh axes differs.  This is
+``transition(src, dst)`` composes them in XLA's order: reductions (RS onto
+a dimension the target shards, slicing that dimension further in the same
+step; else AR), then free slices (so everything after moves less), then
+all-to-alls, then gathers (which grow the data: last), and a permute if only the order of mesh axes differs.  This is
 XLA's reshard rule set (theory.md: "slices are free; one AG'd dim gives an
 AG; one AG'd dim plus one sliced dim gives an AllToAll").  Gathering a mesh
 axis that is not the minor-most one of its dimension first permutes it
@@ -166,17 +166,35 @@ def reduce_scatter(
     axes: tuple[str, ...],
     axis: str | int,
     *,
+    order: tuple[str, ...] | None = None,
     itemsize: int = 4,
     profile: Profile = _CPU,
     tensor: str = "",
     why: str = "",
 ) -> tuple[Layout, Collective]:
-    """Sum pending partial sums over ``axes`` and leave each device one block of tensor axis ``axis``."""
+    """Sum pending partial sums over ``axes`` and leave each device one block of tensor axis ``axis``.
+
+    ``order`` (optional) is the split of ``axis`` afterwards: the current
+    mesh axes, ``axes`` and mesh axes the tensor is replicated over, in any
+    order.  A reduce-scatter can hand each device any block (its input chunks
+    are reordered locally first), so slicing more mesh axes into the same
+    dimension in the same step is free; XLA's CPU form, all-reduce then
+    dynamic-slice, does exactly that.
+    """
     _check_axes(lay, axes)
     if not set(axes) <= lay.unreduced:
         raise EinshardError(f"reduce-scatter over {axes}: {lay} holds no pending sums over them")
     i = _dim_index(lay, axis)
-    after = lay.with_dims(lay.dims[:i] + (lay.dims[i] + tuple(axes),) + lay.dims[i + 1 :], lay.unreduced - set(axes))
+    new = lay.dims[i] + tuple(axes) if order is None else tuple(order)
+    extra = set(new) - set(lay.dims[i]) - set(axes)
+    if (
+        len(set(new)) != len(new)
+        or not set(lay.dims[i]) <= set(new)
+        or not set(axes) <= set(new)
+        or any(_where(lay, m) is not None or m in lay.unreduced for m in extra)
+    ):
+        raise EinshardError(f"reduce-scatter over {axes}: cannot split {lay.axes[i]!r} as {new} from {lay}")
+    after = lay.with_dims(lay.dims[:i] + (new,) + lay.dims[i + 1 :], lay.unreduced - set(axes))
     if lay.shape[i] % after.shards(i):
         raise EinshardError(
             f"axis {lay.axes[i]!r} has size {lay.shape[i]}, which does not split into {after.shards(i)} shards"
@@ -273,26 +291,35 @@ def transition(
     src_at = {m: i for i, d in enumerate(src.dims) for m in d}
     dst_at = {m: i for i, d in enumerate(dst.dims) for m in d}
 
-    # 1. Free slices, in the target's mesh-axis order within each dimension.
-    for j, d in enumerate(dst.dims):
-        new = tuple(m for m in d if m not in src_at and m not in src.unreduced)
-        if new:
-            cur, _ = dynamic_slice(cur, new, j)
-
-    # 2. Pending sums: reduce-scatter onto the dimension the target shards with them, else all-reduce.
+    # 1. Pending sums: reduce-scatter onto the dimension the target splits with them (slicing in the same
+    #    step whatever else the target splits that dimension with), else all-reduce.  Reductions come
+    #    before slices of other dimensions, as XLA orders them (it all-reduces the whole local result).
     pending = [m for m in order if m in src.unreduced and m not in dst.unreduced]
+    slice_now = {m for d in dst.dims for m in d if m not in src_at and m not in src.unreduced}
     by_dim: dict[int, list[str]] = {}
     for m in pending:
         if m in dst_at:
             by_dim.setdefault(dst_at[m], []).append(m)
     for j, ms in by_dim.items():
         ms_ordered = tuple(m for m in dst.dims[j] if m in ms)
-        cur, c = reduce_scatter(cur, ms_ordered, j, why="sum the partial results and keep one block each", **kw)  # type: ignore[arg-type]
+        keep = cur.dims[j]
+        tail = tuple(m for m in dst.dims[j] if m in ms or m in slice_now)
+        final = tuple(m for m in dst.dims[j] if m in keep) + tail if dst.dims[j][: len(keep)] == keep else keep + tail
+        slice_now -= set(final)
+        cur, c = reduce_scatter(
+            cur, ms_ordered, j, order=final, why="sum the partial results and keep one block each", **kw  # type: ignore[arg-type]
+        )
         steps.append(c)
     rest = tuple(m for m in pending if m not in dst_at)
     if rest:
         cur, c = all_reduce(cur, rest, why="sum the partial results", **kw)  # type: ignore[arg-type]
         steps.append(c)
+
+    # 2. Free slices, in the target's mesh-axis order within each dimension.
+    for j, d in enumerate(dst.dims):
+        new = tuple(m for m in d if m in slice_now)
+        if new:
+            cur, _ = dynamic_slice(cur, new, j)
 
     # 3. Mesh axes that move from one tensor axis to another: all-to-all (grouped by source and target).
     moves: dict[tuple[int, int], list[str]] = {}
