@@ -79,8 +79,24 @@ class HloCollective:
     sliced: bool
     line: str
 
+    @property
+    def sent_bytes(self) -> float:
+        """Bytes each device sends, by the ring formulas of einshard.analysis.cost."""
+        n, v = self.group_size, self.array_bytes
+        if n <= 1:
+            return 0.0
+        if self.kind in ("all-gather", "reduce-scatter"):
+            return (n - 1) / n * v
+        if self.kind == "all-reduce":
+            return 2 * (n - 1) / n * v
+        if self.kind == "all-to-all":
+            return (n - 1) / n * v
+        return float(v)
 
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s(?P<op>[a-z][\w\-]*)\((?P<args>[^)]*)\)(?P<attrs>.*)$")
+
+_INSTR = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s(?P<op>[a-z][\w\-]*)\((?P<args>[^)]*)\)(?P<attrs>.*)$"
+)
 _ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
 _COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
 
@@ -139,7 +155,9 @@ def _groups(attrs: str, num_devices: int | None) -> tuple[int, tuple[tuple[int, 
         return n, tuple(tuple(flat[i : i + n]) for i in range(0, len(flat), n))
     m = re.search(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}", attrs)
     if m:
-        groups = tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in re.findall(r"\{([\d,\s]*)\}", m.group(1)))
+        groups = tuple(
+            tuple(int(x) for x in g.split(",") if x.strip()) for g in re.findall(r"\{([\d,\s]*)\}", m.group(1))
+        )
         if groups:
             return len(groups[0]), groups
         return (num_devices or 1), None
@@ -172,7 +190,7 @@ def collectives(hlo_text: str) -> list[HloCollective]:
         instrs.append((m.group("name"), m.group("shape"), m.group("op"), args, m.group("attrs"), line.strip()))
         comp_ops.setdefault(current, set()).add(m.group("op"))
     consumers: dict[str, list[tuple[str, str]]] = {}
-    for name, _, op, args, attrs, _ in instrs:
+    for _name, _, op, args, attrs, _ in instrs:
         for a in args:
             consumers.setdefault(a, []).append((op, attrs))
     starts = {name: attrs for name, _, op, _, attrs, _ in instrs if op.endswith("-start")}
@@ -217,7 +235,9 @@ def normalized(hlo_text: str) -> list[HloCollective]:
         if c.group_size <= 1:
             continue
         if c.sliced:
-            c = HloCollective("reduce-scatter", c.name, c.shapes, c.bytes, c.array_bytes, c.group_size, c.groups, True, c.line)
+            c = HloCollective(
+                "reduce-scatter", c.name, c.shapes, c.bytes, c.array_bytes, c.group_size, c.groups, True, c.line
+            )
         out.append(c)
     return out
 

@@ -18,7 +18,9 @@ XLA's reshard rule set (theory.md: "slices are free; one AG'd dim gives an
 AG; one AG'd dim plus one sliced dim gives an AllToAll").  Gathering a mesh
 axis that is not the minor-most one of its dimension first permutes it
 there, which is what XLA emits (``[a@(x,y)] → [a@y]`` compiles to a
-collective-permute then an all-gather over x).
+collective-permute then an all-gather over x), and a dimension re-split from
+one group of mesh axes to another whose size divides or is divided by it is
+permuted, then gathered by the remaining factor (:func:`regroup`), as XLA does.
 
 Example:
     >>> from einshard.layout import Layout, MeshAxis
@@ -44,6 +46,7 @@ __all__ = [
     "reduce_scatter",
     "all_to_all",
     "collective_permute",
+    "regroup",
     "transition",
 ]
 
@@ -255,6 +258,59 @@ def collective_permute(
     return after, _record("collective-permute", moved, n, s if moved else 0, s, lay, after, profile, tensor, why)
 
 
+def regroup(
+    lay: Layout,
+    axis: str | int,
+    gone: tuple[str, ...],
+    new: tuple[str, ...],
+    *,
+    itemsize: int = 4,
+    profile: Profile = _CPU,
+    tensor: str = "",
+) -> tuple[Layout, tuple[Collective, ...]]:
+    """Re-split tensor axis ``axis`` from its minor-most mesh axes ``gone`` to ``new`` (replicated ones).
+
+    When the new split refines the old one or the old one refines the new
+    (the group sizes divide), XLA does not gather: it sends each device a
+    block of the new split with a collective-permute, and, if the new split
+    is coarser by a factor f, all-gathers over groups of f.  Otherwise the
+    old axes are gathered and the new ones sliced.
+
+    Example:
+        >>> from einshard.layout import Layout, MeshAxis
+        >>> a = Layout(("c",), (16,), (MeshAxis("x", 4), MeshAxis("y", 2)), (("x",),))
+        >>> b, steps = regroup(a, "c", ("x",), ("y",))
+        >>> b.dims, [(s.kind, s.group_size, s.array_bytes) for s in steps]
+        ((('y',),), [('collective-permute', 4, 16), ('all-gather', 2, 32)])
+    """
+    i = _dim_index(lay, axis)
+    sizes = lay.mesh_sizes
+    p = math.prod(sizes[m] for m in gone)
+    q = math.prod(sizes[m] for m in new)
+    d = lay.dims[i]
+    keep = d[: len(d) - len(gone)]
+    kw = {"itemsize": itemsize, "profile": profile, "tensor": tensor}
+    after = lay.with_dims(lay.dims[:i] + (keep + tuple(new),) + lay.dims[i + 1 :])
+    if lay.shape[i] % after.shards(i):
+        raise EinshardError(f"axis {lay.axes[i]!r} does not split over {new}")
+    why = f"re-split {_name(lay, i)} from {','.join(gone)} to {','.join(new)}"
+    if p % q == 0:
+        f = p // q
+        s = _local_bytes(lay, itemsize)
+        mid = lay.with_dims(lay.dims[:i] + (keep + tuple(new),) + lay.dims[i + 1 :])
+        steps = [_record("collective-permute", gone + new, p, s, s, lay, mid, profile, tensor, why)]
+        if f > 1:
+            v = _local_bytes(after, itemsize)
+            steps.append(_record("all-gather", gone, f, (f - 1) / f * v, v, mid, after, profile, tensor, why))
+        return after, tuple(steps)
+    if q % p == 0:
+        s = _local_bytes(after, itemsize)
+        return after, (_record("collective-permute", gone + new, q, s, s, lay, after, profile, tensor, why),)
+    cur, c = all_gather(lay, gone, why=why, **kw)  # type: ignore[arg-type]
+    cur, _ = dynamic_slice(cur, new, i)
+    return cur, (c,)
+
+
 def transition(
     src: Layout,
     dst: Layout,
@@ -320,6 +376,24 @@ def transition(
         cur, c = all_reduce(cur, rest, why="sum the partial results", **kw)  # type: ignore[arg-type]
         _add(steps, c)
 
+    # 1b. A dimension whose split changes from mesh axes A (gathered) to B (sliced) where one split
+    #     refines the other: XLA permutes blocks instead of gathering all of A (regroup, module doc).
+    regrouped: set[str] = set()
+    for j in range(len(dst.dims)):
+        d_src, d_dst = cur.dims[j], dst.dims[j]
+        gone = tuple(m for m in d_src if m not in dst_at)
+        new = tuple(m for m in d_dst if m in slice_now)
+        keep = d_src[: len(d_src) - len(gone)]
+        if not gone or not new or d_src[len(keep) :] != gone or d_dst[: len(keep)] != keep:
+            continue
+        if d_dst[len(keep) :] != new:
+            continue
+        cur, st = regroup(cur, j, gone, new, **kw)  # type: ignore[arg-type]
+        for c in st:
+            _add(steps, c)
+        slice_now -= set(new)
+        regrouped |= set(gone)
+
     # 2. Free slices, in the target's mesh-axis order within each dimension.
     for j, d in enumerate(dst.dims):
         new = tuple(m for m in d if m in slice_now)
@@ -346,7 +420,7 @@ def transition(
     # 4. Gathers, grouped by the dimension they leave.
     gathers: dict[int, list[str]] = {}
     for m in order:
-        if m in src_at and m not in dst_at:
+        if m in src_at and m not in dst_at and m not in regrouped:
             gathers.setdefault(src_at[m], []).append(m)
     for i, ms in gathers.items():
         cur = _to_minor(cur, i, ms, steps, kw)
