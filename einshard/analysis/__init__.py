@@ -8,7 +8,7 @@ analysed on a laptop.  Layers: ``cost`` (profiles, the Collective record) →
 ``api`` (``analyze``).
 """
 
-from .api import analyze, analyze_layouts, dtype_info
+from .api import analyze, analyze_layouts, dtype_info, spec_partitions
 from .cost import KINDS, PROFILES, Collective, Profile, get_profile
 from .plan import Plan
 from .primitives import (
@@ -18,6 +18,7 @@ from .primitives import (
     collective_permute,
     dynamic_slice,
     reduce_scatter,
+    regroup,
     transition,
 )
 from .rule import Problem, classify
@@ -40,5 +41,7 @@ __all__ = [
     "dynamic_slice",
     "get_profile",
     "reduce_scatter",
+    "regroup",
+    "spec_partitions",
     "transition",
 ]

@@ -28,7 +28,7 @@ from .plan import Plan, explain_choice, side_string
 from .rule import Problem, classify, enumerate_candidates, rank
 from .strategy import pick_weight, roles, strategy_name, tutorial_view
 
-__all__ = ["analyze", "analyze_layouts", "dtype_info"]
+__all__ = ["analyze", "analyze_layouts", "dtype_info", "spec_partitions"]
 
 # JAX's short dtype names (as it prints types) and their sizes.
 _ITEMSIZE = {
@@ -114,8 +114,14 @@ def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | N
     return tuple(out)
 
 
+def spec_partitions(spec: Any) -> tuple[Any, ...]:
+    """A PartitionSpec's entries (``tuple(spec)`` refuses specs with ``unreduced`` axes)."""
+    parts = getattr(spec, "partitions", None)
+    return tuple(parts) if parts is not None else tuple(spec)
+
+
 def _spec_dims(spec: Any, n: int, what: str) -> tuple[tuple[tuple[str, ...], ...], frozenset[str]]:
-    entries = tuple(spec) if spec is not None else ()
+    entries = spec_partitions(spec) if spec is not None else ()
     if len(entries) > n:
         raise EinshardError(f"{what}: the PartitionSpec {spec} has {len(entries)} entries for {n} axes")
     entries = entries + (None,) * (n - len(entries))

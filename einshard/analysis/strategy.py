@@ -4,7 +4,7 @@ Which operand is "the weight" (a heuristic, documented because it decides
 column- vs row-parallel and FSDP):
 
 1. An operand that holds an axis named like a batch or a sequence
-   (``b``, ``batch``, ``n``, ``s``, ``seq``, ``t``, ``l``, ``tokens``, ...) is an
+   (``b``, ``batch``, ``s``, ``seq``, ``t``, ``l``, ``tokens``, ...) is an
    activation; so is one that holds a batch-class axis (one shared by several
    operands and the output, as in attention's ``b h``).
 2. Of the operands left, the weight is the last one (``x @ W`` order); if none
@@ -32,7 +32,7 @@ from .rule import BATCH, CONTRACTED, LONE, Candidate
 
 __all__ = ["pick_weight", "roles", "strategy_name", "tutorial_view"]
 
-BATCH_NAMES = frozenset({"b", "batch", "n", "bs", "batch_size", "B", "N"})
+BATCH_NAMES = frozenset({"b", "batch", "bs", "batch_size", "B"})
 SEQ_NAMES = frozenset({"s", "seq", "sequence", "t", "time", "l", "len", "length", "tokens", "token", "S", "T", "L"})
 
 
