@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import EinshardError
 from ..layout import Layout, MeshAxis
@@ -218,9 +218,58 @@ def analyze(
         EinshardError: unknown mesh axes, missing or mismatched sizes, an
             operand whose rank does not match its side, indivisible splits.
     """
+    # Everything is reduced to hashable facts first (shapes, dtypes, specs, mesh sizes), so repeated
+    # einsums (a model's layers) are answered from a cache.
+    stand_ins = tuple(_Operand.of(x) for x in operands)
+    mesh_axes = _mesh_axes(mesh, operands)
+    key = (
+        expr,
+        stand_ins,
+        mesh_axes,
+        tuple(sizes.items()) if sizes else None,
+        dtype,
+        profile,
+        tuple(in_specs) if in_specs is not None else None,
+        out_spec,
+    )
+    try:
+        hash(key)
+    except TypeError:
+        return _analyze(*key)
+    return _analyze_cached(*key)
+
+
+class _Operand(NamedTuple):
+    """What analyze needs of an operand: its shape, dtype and PartitionSpec (if it has one)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    spec: Any
+
+    @staticmethod
+    def of(x: Any) -> _Operand:
+        spec = getattr(getattr(x, "sharding", None), "spec", None)
+        return _Operand(tuple(int(s) for s in getattr(x, "shape", ())), getattr(x, "dtype", None), spec)
+
+
+@functools.lru_cache(maxsize=4096)
+def _analyze_cached(*key: Any) -> Plan:
+    return _analyze(*key)
+
+
+def _analyze(
+    expr: str,
+    ops: tuple[_Operand, ...],
+    mesh_axes: tuple[MeshAxis, ...] | None,
+    size_items: tuple[tuple[str, int], ...] | None,
+    dtype: Any,
+    profile: Profile | str | None,
+    in_specs: tuple[Any, ...] | None,
+    out_spec: Any,
+) -> Plan:
+    sizes = dict(size_items) if size_items else None
     text = _einsum_text(expr)
     parsed = parse_einsum(text)
-    ops = tuple(operands)
     if ops and len(ops) != len(parsed.inputs):
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but {len(ops)} arrays were given")
     if in_specs is not None and len(in_specs) != len(parsed.inputs):
@@ -261,7 +310,6 @@ def analyze(
         raise parsed.fail(f"sizes names {unused[0]!r}, which is not an axis of the einsum")
 
     # The mesh (only needed if something is sharded).
-    mesh_axes = _mesh_axes(mesh, ops)
     annotated = parsed.uses_mesh_axes
     if mesh_axes is None:
         if annotated or in_specs is not None or out_spec is not None:
@@ -282,7 +330,7 @@ def analyze(
                 raise parsed.fail("operand layouts come from '@' annotations or in_specs, not both", side.column)
             dims, unreduced = _spec_dims(in_specs[k], len(side.axes), f"in_specs[{k}]")
         elif not has_own and k < len(ops):
-            spec = getattr(getattr(ops[k], "sharding", None), "spec", None)
+            spec = ops[k].spec
             if spec is not None:
                 dims, unreduced = _spec_dims(spec, len(side.axes), f"operand {k + 1}'s sharding")
         layouts.append(_layout_of(parsed, side, dims, unreduced, known, mesh_axes, f"operand {k + 1}"))
@@ -334,7 +382,7 @@ def analyze_layouts(problem: Problem, dtype: str = "f32") -> Plan:
     sizes = {m.name: m.size for m in problem.mesh}
     total = 2 * math.prod(s for _, s in problem.sizes)
 
-    def build(c: Any, alts: tuple[Plan, ...]) -> Plan:
+    def build(c: Any, more: Any = None) -> Plan:
         role_of = roles(problem.operands, c, classes, weight)
         comm = sum(s.time for s in c.steps)
         return Plan(
@@ -361,8 +409,7 @@ def analyze_layouts(problem: Problem, dtype: str = "f32") -> Plan:
             why=explain_choice(problem.operands, c, classes, sizes),
             resolution=c.resolution,
             weight=weight,
-            alternatives=alts,
+            more=more,
         )
 
-    alternatives = tuple(build(c, ()) for c in ranked if c is not best)
-    return build(best, alternatives)
+    return build(best, lambda: tuple(build(c) for c in ranked if c is not best))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +76,12 @@ class Plan:
     why: str
     resolution: str
     weight: int | None
-    alternatives: tuple[Plan, ...] = field(default=(), repr=False)
+    more: Callable[[], tuple[Plan, ...]] | None = field(default=None, compare=False, repr=False)
+
+    @functools.cached_property
+    def alternatives(self) -> tuple[Plan, ...]:
+        """The other ways, cheapest first (built on first use: analysis stays fast when unused)."""
+        return self.more() if self.more is not None else ()
 
     # -- derived -------------------------------------------------------------
     @property

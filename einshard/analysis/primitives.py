@@ -53,13 +53,35 @@ __all__ = [
 _CPU = PROFILES["cpu"]
 
 
+def _sizes(lay: Layout) -> dict[str, int]:
+    # Not Layout.mesh_sizes: a cached_property takes a lock on first use (Python 3.11), and the
+    # analyzer makes many short-lived layouts.
+    return {m.name: m.size for m in lay.mesh}
+
+
+def _shards(lay: Layout, i: int) -> int:
+    sizes = _sizes(lay)
+    n = 1
+    for m in lay.dims[i]:
+        n *= sizes[m]
+    return n
+
+
 def _group(lay: Layout, axes: tuple[str, ...]) -> int:
-    sizes = lay.mesh_sizes
+    sizes = _sizes(lay)
     return math.prod(sizes[a] for a in axes)
 
 
 def _local_bytes(lay: Layout, itemsize: int) -> int:
-    return lay.bytes_per_device(itemsize)
+    """``lay.bytes_per_device(itemsize)``, written out: this is the analyzer's innermost loop."""
+    sizes = _sizes(lay)
+    n = itemsize
+    for s, d in zip(lay.shape, lay.dims, strict=False):
+        k = 1
+        for m in d:
+            k *= sizes[m]
+        n *= s // k
+    return n
 
 
 def _record(
@@ -97,7 +119,7 @@ def _where(lay: Layout, mesh_axis: str) -> int | None:
 
 
 def _check_axes(lay: Layout, axes: tuple[str, ...]) -> None:
-    sizes = lay.mesh_sizes
+    sizes = _sizes(lay)
     for a in axes:
         if a not in sizes:
             raise EinshardError(f"mesh axis {a!r} is not an axis of the mesh ({', '.join(str(m) for m in lay.mesh)})")
@@ -144,9 +166,9 @@ def dynamic_slice(lay: Layout, axes: tuple[str, ...], axis: str | int) -> tuple[
         if _where(lay, a) is not None or a in lay.unreduced:
             raise EinshardError(f"dynamic-slice over {a!r}: {lay} is not replicated over it")
     after = lay.with_dims(lay.dims[:i] + (lay.dims[i] + tuple(axes),) + lay.dims[i + 1 :])
-    if lay.shape[i] % after.shards(i):
+    if lay.shape[i] % _shards(after, i):
         raise EinshardError(
-            f"axis {lay.axes[i]!r} has size {lay.shape[i]}, which does not split into {after.shards(i)} shards"
+            f"axis {lay.axes[i]!r} has size {lay.shape[i]}, which does not split into {_shards(after, i)} shards"
         )
     return after, None
 
@@ -198,9 +220,9 @@ def reduce_scatter(
     ):
         raise EinshardError(f"reduce-scatter over {axes}: cannot split {lay.axes[i]!r} as {new} from {lay}")
     after = lay.with_dims(lay.dims[:i] + (new,) + lay.dims[i + 1 :], lay.unreduced - set(axes))
-    if lay.shape[i] % after.shards(i):
+    if lay.shape[i] % _shards(after, i):
         raise EinshardError(
-            f"axis {lay.axes[i]!r} has size {lay.shape[i]}, which does not split into {after.shards(i)} shards"
+            f"axis {lay.axes[i]!r} has size {lay.shape[i]}, which does not split into {_shards(after, i)} shards"
         )
     n = _group(lay, axes)
     v = _local_bytes(lay, itemsize)
@@ -230,9 +252,9 @@ def all_to_all(
     dims[i] = d[: len(d) - len(axes)]
     dims[j] = dims[j] + tuple(axes)
     after = lay.with_dims(tuple(dims))
-    if lay.shape[j] % after.shards(j):
+    if lay.shape[j] % _shards(after, j):
         raise EinshardError(
-            f"axis {lay.axes[j]!r} has size {lay.shape[j]}, which does not split into {after.shards(j)} shards"
+            f"axis {lay.axes[j]!r} has size {lay.shape[j]}, which does not split into {_shards(after, j)} shards"
         )
     n = _group(lay, axes)
     s = _local_bytes(lay, itemsize)
@@ -284,14 +306,14 @@ def regroup(
         ((('y',),), [('collective-permute', 4, 16), ('all-gather', 2, 32)])
     """
     i = _dim_index(lay, axis)
-    sizes = lay.mesh_sizes
+    sizes = _sizes(lay)
     p = math.prod(sizes[m] for m in gone)
     q = math.prod(sizes[m] for m in new)
     d = lay.dims[i]
     keep = d[: len(d) - len(gone)]
     kw = {"itemsize": itemsize, "profile": profile, "tensor": tensor}
     after = lay.with_dims(lay.dims[:i] + (keep + tuple(new),) + lay.dims[i + 1 :])
-    if lay.shape[i] % after.shards(i):
+    if lay.shape[i] % _shards(after, i):
         raise EinshardError(f"axis {lay.axes[i]!r} does not split over {new}")
     why = f"re-split {_name(lay, i)} from {','.join(gone)} to {','.join(new)}"
     if p % q == 0:
@@ -332,6 +354,14 @@ def transition(
         >>> [(c.kind, c.array_bytes) for c in steps]      # V11: one all-to-all of the local shard
         [('all-to-all', 512)]
     """
+    if src.dims == dst.dims and src.unreduced == dst.unreduced and src.axes == dst.axes and src.shape == dst.shape:
+        return src, ()  # nothing to do (the common case, kept fast)
+    return _transition(src, dst, itemsize, profile, tensor)
+
+
+def _transition(
+    src: Layout, dst: Layout, itemsize: int, profile: Profile, tensor: str
+) -> tuple[Layout, tuple[Collective, ...]]:
     if src.axes != dst.axes or src.shape != dst.shape:
         raise EinshardError(f"transition between different tensors: {src} and {dst}")
     extra = dst.unreduced - src.unreduced

@@ -31,6 +31,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from ..errors import EinshardError
 from ..layout import Layout, MeshAxis
 from .cost import Collective, Profile
 from .primitives import transition
@@ -177,7 +178,7 @@ def enumerate_candidates(problem: Problem) -> list[Candidate]:
     per_axis = options(problem)
     names = [m for m, _ in per_axis]
     result: list[Candidate] = []
-    kw = {"itemsize": problem.itemsize, "profile": problem.profile}
+    kw = {"itemsize": problem.itemsize, "profile": problem.profile, "memo": {}}
     out_shape = tuple(size_of[e] for e in problem.out_axes)
     variants = _operand_variants(problem, classes)
     for combo in itertools.product(*(opts for _, opts in per_axis)):
@@ -270,9 +271,8 @@ def _candidates_with(
         if not _fits(op.shape, dims, mesh_sizes):
             return []
         target = Layout(op.axes, op.shape, op.mesh, dims, keep_u[i])
-        try:
-            _, st = transition(op, target, tensor=f"operand {i + 1}", **kw)
-        except Exception:  # noqa: BLE001 - an impossible step: not a candidate
+        st = _memo_transition(kw, (i, id(op), dims, keep_u[i]), op, target, f"operand {i + 1}")
+        if st is None:  # an impossible step: not a candidate
             return []
         targets.append(target)
         steps.extend(st)
@@ -285,9 +285,9 @@ def _candidates_with(
     compute_time = problem.profile.compute_time(flops)
     out: list[Candidate] = []
     for resolution, target_out in _resolutions(problem, computed, mesh_sizes):
-        try:
-            _, out_steps = transition(computed, target_out, tensor="result", **kw)
-        except Exception:  # noqa: BLE001 - a pending sum the request cannot hold, an indivisible split
+        key = ("result", computed.dims, computed.unreduced, target_out.dims, target_out.unreduced)
+        out_steps = _memo_transition(kw, key, computed, target_out, "result")
+        if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
             continue
         all_steps = (*steps, *out_steps)
         time = compute_time + sum(c.time for c in all_steps)
@@ -305,6 +305,23 @@ def _candidates_with(
             )
         )
     return out
+
+
+def _memo_transition(
+    kw: dict,
+    key: tuple,
+    src: Layout,
+    dst: Layout,
+    tensor: str,  # type: ignore[type-arg]
+) -> tuple[Collective, ...] | None:
+    """``transition`` memoized within one enumeration (the same operand moves recur across choices)."""
+    memo = kw["memo"]
+    if key not in memo:
+        try:
+            memo[key] = transition(src, dst, itemsize=kw["itemsize"], profile=kw["profile"], tensor=tensor)[1]
+        except EinshardError:
+            memo[key] = None
+    return memo[key]
 
 
 def _resolutions(problem: Problem, computed: Layout, mesh_sizes: dict[str, int]) -> list[tuple[str, Layout]]:
