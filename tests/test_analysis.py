@@ -268,3 +268,18 @@ def test_errors_name_the_problem():
         einshard.analyze("b x, x y -> b y", mesh=M2, sizes=S2, profile="h200x")
     with pytest.raises(EinshardError, match="unknown dtype"):
         einshard.analyze("b x, x y -> b y", mesh=M2, sizes=S2, dtype="f33")
+
+
+def test_plan_einsum_on_layouts_is_cached_and_checked():
+    from einshard.analysis import plan_einsum
+
+    mesh = (MeshAxis("data", 4), MeshAxis("model", 2))
+    x = lay("bd", (64, 128), mesh, [("data",), ()])
+    w = lay("df", (128, 256), mesh, [(), ("model",)])
+    first = plan_einsum((x, w), ("b", "f"), dtype="bf16", profile="h100")
+    assert plan_einsum((x, w), ("b", "f"), dtype="bf16", profile="h100") is first
+    assert first.strategy == "hybrid DP×TP" and first.collectives == ()
+    want = lay("bf", (64, 256), mesh, [(), ("model",)])
+    assert [c.kind for c in plan_einsum((x, w), ("b", "f"), out=want).collectives] == ["all-gather"]
+    with pytest.raises(EinshardError, match="size 7"):
+        plan_einsum((x, lay("df", (7, 256), mesh, [(), ()])), ("b", "f"))

@@ -8,7 +8,7 @@ analysed on a laptop.  Layers: ``cost`` (profiles, the Collective record) →
 ``api`` (``analyze``).
 """
 
-from .api import analyze, analyze_layouts, dtype_info, spec_partitions
+from .api import analyze, analyze_layouts, dtype_info, plan_einsum, spec_partitions
 from .cost import KINDS, PROFILES, Collective, Profile, get_profile
 from .plan import Plan
 from .primitives import (
@@ -40,6 +40,7 @@ __all__ = [
     "dtype_info",
     "dynamic_slice",
     "get_profile",
+    "plan_einsum",
     "reduce_scatter",
     "regroup",
     "spec_partitions",

@@ -28,7 +28,7 @@ from .plan import Plan, explain_choice, side_string
 from .rule import Problem, classify, enumerate_candidates, rank
 from .strategy import pick_weight, roles, strategy_name, tutorial_view
 
-__all__ = ["analyze", "analyze_layouts", "dtype_info", "spec_partitions"]
+__all__ = ["analyze", "analyze_layouts", "dtype_info", "plan_einsum", "spec_partitions"]
 
 # JAX's short dtype names (as it prints types) and their sizes.
 _ITEMSIZE = {
@@ -361,6 +361,50 @@ def _analyze(
         itemsize,
         prof,
     )
+    return analyze_layouts(problem, dname)
+
+
+def plan_einsum(
+    operands: tuple[Layout, ...],
+    out_axes: tuple[str, ...],
+    *,
+    out: Layout | None = None,
+    dtype: Any = None,
+    profile: Profile | str | None = None,
+) -> Plan:
+    """The :class:`Plan` for operands already laid out (the entry point for whole-program analysis).
+
+    ``operands`` are Layouts (:class:`~einshard.layout.Layout`) on one mesh, named by
+    einsum axis; ``out_axes`` the result's axes; ``out`` the layout to deliver
+    (None: inferred).  Cached: a model's repeated layers cost one analysis.
+
+    Example:
+        >>> from einshard.layout import Layout, MeshAxis
+        >>> mesh = (MeshAxis("data", 4), MeshAxis("model", 2))
+        >>> x = Layout(("b", "d"), (64, 128), mesh, (("data",), ()))
+        >>> w = Layout(("d", "f"), (128, 256), mesh, ((), ("model",)))
+        >>> plan_einsum((x, w), ("b", "f"), dtype="bf16").strategy
+        'hybrid DP×TP'
+    """
+    if not operands:
+        raise EinshardError("plan_einsum needs at least one operand")
+    mesh = operands[0].mesh
+    sizes: dict[str, int] = {}
+    for k, op in enumerate(operands):
+        if op.mesh != mesh:
+            raise EinshardError(f"operand {k + 1} is laid out on another mesh: {op.mesh} vs {mesh}")
+        for a, s in zip(op.axes, op.shape, strict=True):
+            if sizes.setdefault(a, s) != s:
+                raise EinshardError(f"axis {a!r} has size {s} in operand {k + 1} but {sizes[a]} before")
+    missing = [a for a in out_axes if a not in sizes]
+    if missing:
+        raise EinshardError(f"output axis {missing[0]!r} is not an axis of any operand")
+    if out is not None and (out.axes != tuple(out_axes) or out.mesh != mesh):
+        raise EinshardError(
+            f"the requested result {out} does not have the axes {tuple(out_axes)} on the operands' mesh"
+        )
+    dname, itemsize = dtype_info(dtype)
+    problem = Problem(operands, tuple(out_axes), tuple(sizes.items()), mesh, out, itemsize, get_profile(profile))
     return analyze_layouts(problem, dname)
 
 
