@@ -27,8 +27,8 @@ What is asserted:
 Not asserted, measured (see the report in docs/analysis.md): on random 2-D
 layouts XLA also re-splits dimensions over factored mesh axes and mixes
 permutes, all-to-alls and partial gathers in ways the analyzer does not list
-(~80% exact agreement); with three operands jnp.einsum contracts pairwise, so
-XLA's intermediate layout is its own (~95% exact on 1-D meshes).
+(~87% exact agreement); with three operands jnp.einsum contracts pairwise, so
+XLA's intermediate layout is its own (~90% exact on 1-D meshes).
 """
 
 from __future__ import annotations

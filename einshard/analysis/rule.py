@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from ..errors import EinshardError
 from ..layout import Layout, MeshAxis
 from .cost import Collective, Profile
-from .primitives import transition
+from .primitives import all_reduce, transition
 
 __all__ = ["Problem", "Candidate", "classify", "enumerate_candidates"]
 
@@ -289,22 +289,45 @@ def _candidates_with(
         out_steps = _memo_transition(kw, key, computed, target_out, "result")
         if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
             continue
-        all_steps = (*steps, *out_steps)
-        time = compute_time + sum(c.time for c in all_steps)
-        out.append(
-            Candidate(
-                tuple(choice.items()),
-                tuple(targets),
-                all_steps,
-                computed,
-                target_out,
-                resolution,
-                flops,
-                time,
-                sum(c.bytes for c in all_steps),
+        for variant in (out_steps, _split_all_reduces(out_steps, kw)):
+            if variant is None:
+                continue
+            all_steps = (*steps, *variant)
+            time = compute_time + sum(c.time for c in all_steps)
+            out.append(
+                Candidate(
+                    tuple(choice.items()),
+                    tuple(targets),
+                    all_steps,
+                    computed,
+                    target_out,
+                    resolution,
+                    flops,
+                    time,
+                    sum(c.bytes for c in all_steps),
+                )
             )
-        )
     return out
+
+
+def _split_all_reduces(steps: tuple[Collective, ...], kw: dict) -> tuple[Collective, ...] | None:  # type: ignore[type-arg]
+    """The same sums done as one all-reduce per mesh axis (what XLA emits when partial sums come from
+    different dimensions), or None if no all-reduce spans several mesh axes.  It sends more bytes
+    (2(n_i-1)/n_i of the buffer per axis instead of 2(n-1)/n once) over fewer ring hops (Σ2(n_i-1)
+    instead of 2(n-1)), so it wins only for small, latency-bound buffers: a hierarchical all-reduce."""
+    if not any(c.kind == "all-reduce" and len(c.axes) > 1 for c in steps):
+        return None
+    out: list[Collective] = []
+    for c in steps:
+        if c.kind != "all-reduce" or len(c.axes) == 1 or c.before is None:
+            out.append(c)
+            continue
+        cur = c.before
+        for m in c.axes:
+            cur, one = all_reduce(cur, (m,), itemsize=kw["itemsize"], profile=kw["profile"], tensor=c.tensor, why=c.why)
+            if one.group_size > 1:
+                out.append(one)
+    return tuple(out)
 
 
 def _memo_transition(
