@@ -143,8 +143,8 @@ def _groups(attrs: str, num_devices: int | None) -> tuple[int, tuple[tuple[int, 
         grid = ids.reshape([s for _, s in axes])
         names = [a for a, _ in axes]
         order = [i for i, a in enumerate(names) if a not in chosen] + [names.index(a) for a in chosen]
-        groups = grid.transpose(order).reshape(-1, n)
-        return n, tuple(tuple(int(x) for x in g) for g in groups)
+        rows = grid.transpose(order).reshape(-1, n)
+        return n, tuple(tuple(int(x) for x in g) for g in rows)
     m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attrs)
     if m:
         shape = [int(x) for x in m.group(1).split(",")]

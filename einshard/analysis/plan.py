@@ -195,7 +195,7 @@ def format_plan(plan: Plan, max_alternatives: int = 8) -> str:
         "axes      " + ", ".join(f"{format_name(e)} {c}" for e, c in plan.classes.items()),
         "",
     ]
-    rows = [("tensor", "axes", "type (per device bytes)", "")]
+    rows: list[tuple[str, ...]] = [("tensor", "axes", "type (per device bytes)", "")]
     for i, (op, used) in enumerate(zip(plan.operands, plan.operands_used, strict=False)):
         note = "" if used == op else f"computed as {type_string(used, plan.dtype)}"
         rows.append(

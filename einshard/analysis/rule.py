@@ -195,7 +195,7 @@ def enumerate_candidates(problem: Problem) -> list[Candidate]:
                 if any(
                     pre[i]
                     and any(
-                        choice[m] in problem.operands[i].axes and classes[choice[m]] == LONE
+                        (e := choice[m]) is not None and e in problem.operands[i].axes and classes[e] == LONE
                         for m in operands[i].unreduced - problem.operands[i].unreduced
                     )
                     for i in range(len(operands))
