@@ -196,6 +196,16 @@ def test_strategy_names(expr, name, view):
     assert (plan.strategy, plan.tutorial_view) == (name, view)
 
 
+def test_attention_heads_are_tensor_parallel():
+    sizes = {"b": 8, "h": 16, "q": 64, "k": 64, "d": 32}
+    plan = einshard.analyze("b@data h@model q d, b@data h@model k d -> b h q k", mesh=M2, sizes=sizes)
+    assert plan.strategy == "hybrid DP×TP" and plan.roles == {
+        "data": "data parallel on b",
+        "model": "head-parallel TP on h",
+    }
+    assert plan.weight is None and plan.out_layout.dims == (("data",), ("model",), (), ())
+
+
 def test_sequence_parallel_name():
     plan = einshard.analyze("b s@sp d, d f -> b s@sp f", mesh={"sp": 4}, sizes={"b": 2, "s": 64, "d": 32, "f": 64})
     assert plan.strategy == "sequence parallel" and plan.collectives == ()

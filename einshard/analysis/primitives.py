@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 
 from ..errors import EinshardError
-from ..layout import Layout
+from ..layout import Layout, MeshAxis
 from .cost import PROFILES, Collective, Profile
 
 __all__ = [
@@ -53,10 +53,22 @@ __all__ = [
 _CPU = PROFILES["cpu"]
 
 
+_SIZES: dict[int, tuple[tuple[MeshAxis, ...], dict[str, int]]] = {}
+
+
 def _sizes(lay: Layout) -> dict[str, int]:
     # Not Layout.mesh_sizes: a cached_property takes a lock on first use (Python 3.11), and the
-    # analyzer makes many short-lived layouts.
-    return {m.name: m.size for m in lay.mesh}
+    # analyzer makes many short-lived layouts that share one mesh tuple; keyed by its identity
+    # (the tuple is kept alive in the entry, so the id cannot be reused while cached).
+    mesh = lay.mesh
+    hit = _SIZES.get(id(mesh))
+    if hit is not None and hit[0] is mesh:
+        return hit[1]
+    if len(_SIZES) > 512:
+        _SIZES.clear()
+    sizes = {m.name: m.size for m in mesh}
+    _SIZES[id(mesh)] = (mesh, sizes)
+    return sizes
 
 
 def _shards(lay: Layout, i: int) -> int:

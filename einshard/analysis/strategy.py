@@ -16,8 +16,10 @@ Each mesh axis then gets a role from the einsum axis it keeps:
 * a contracted / lone-reduced axis → ``row-parallel TP`` (partial sums);
 * a free axis of the weight → ``column-parallel TP``;
 * any other batch/free axis → ``data parallel``, or ``sequence parallel`` if
-  it is named like a sequence; a data-parallel axis over which the weight
-  arrived split and is gathered before use is ``FSDP``.
+  it is named like a sequence, or ``head-parallel TP`` if named like attention
+  heads (``h``, ``head``, ``heads``: Megatron splits heads as tensor
+  parallelism); a data-parallel axis over which the weight arrived split and
+  is gathered before use is ``FSDP``.
 
 The strategy combines the roles: one role names it; data parallel or FSDP
 with TP is ``hybrid DP×TP`` (``FSDP×TP``); column with row TP is ``2-D TP``.
@@ -33,6 +35,7 @@ from .rule import BATCH, CONTRACTED, LONE, Candidate
 __all__ = ["pick_weight", "roles", "strategy_name", "tutorial_view"]
 
 BATCH_NAMES = frozenset({"b", "batch", "bs", "batch_size", "B"})
+HEAD_NAMES = frozenset({"h", "head", "heads", "H"})
 SEQ_NAMES = frozenset({"s", "seq", "sequence", "t", "time", "l", "len", "length", "tokens", "token", "S", "T", "L"})
 
 
@@ -65,6 +68,8 @@ def roles(operands: tuple[Layout, ...], cand: Candidate, classes: dict[str, str]
             role = "column-parallel TP"
         elif e in SEQ_NAMES:
             role = "sequence parallel"
+        elif e in HEAD_NAMES:
+            role = "head-parallel TP"
         else:
             role = "data parallel"
             if weight is not None:
