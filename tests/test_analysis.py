@@ -297,3 +297,20 @@ def test_plan_einsum_on_layouts_is_cached_and_checked():
     assert [c.kind for c in plan_einsum((x, w), ("b", "f"), out=want).collectives] == ["all-gather"]
     with pytest.raises(EinshardError, match="size 7"):
         plan_einsum((x, lay("df", (7, 256), mesh, [(), ()])), ("b", "f"))
+
+
+def test_ellipsis_expands_from_the_operands_ranks():
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.ShapeDtypeStruct((4, 8, 16), jnp.float32)
+    w = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+    plan = einshard.analyze("... d, d f -> ... f", x, w, mesh={"x": 4}, in_specs=(P("x", None, None), P()))
+    assert plan.collectives == () and plan.out_layout.axes == ("...0", "...1", "f")
+    assert plan.out_layout.dims == (("x",), (), ()) and "…0@x" in str(plan)
+    summed = einshard.analyze("... d, d f -> f", x, w, mesh={"x": 4}, in_specs=(P("x", None, None), P()))
+    assert summed.classes["...0"] == "lone-reduced"  # the '...' axes are summed: partial sums, or gather first
+    options = [[c.kind for c in p.collectives] for p in summed.options]
+    assert ["all-reduce"] in options and ["all-gather"] in options
+    with pytest.raises(EinshardError, match="needs the operand's rank"):
+        einshard.analyze("... d, d f -> ... f", mesh={"x": 4}, sizes={"d": 16, "f": 32})

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from ..errors import EinshardError
 from ..layout import Layout, MeshAxis
-from ..parsing import EllipsisItem, Expression, Side, parse_einsum
+from ..parsing import AxisItem, EllipsisItem, Expression, Side, parse_einsum
 from .cost import Profile, get_profile
 from .plan import Plan, explain_choice, side_string
 from .rule import Problem, classify, enumerate_candidates, rank
@@ -128,6 +128,45 @@ def _spec_dims(spec: Any, n: int, what: str) -> tuple[tuple[tuple[str, ...], ...
     dims = tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
     unreduced = frozenset(getattr(spec, "unreduced", None) or ())
     return dims, unreduced
+
+
+def _expand_ellipsis(parsed: Expression, ops: tuple[_Operand, ...]) -> Expression:
+    """``'... x, x y -> ... y'`` with the operands' ranks: each ``...`` becomes axes ``'...0'``, ``'...1'``, ...
+
+    As in ``jnp.einsum``, the axes under ``...`` align from the right across operands; the output's
+    ``...`` holds all of them (without one in the output they are summed).  Broadcasting a size-1
+    axis against a larger one is not modelled: sizes under ``...`` must agree.
+    """
+    counts: list[int] = []
+    for k, side in enumerate(parsed.inputs):
+        if not side.has_ellipsis:
+            counts.append(0)
+            continue
+        col = next(i.column for i in side.items if isinstance(i, EllipsisItem))
+        if k >= len(ops):
+            raise parsed.fail(
+                "'...' needs the operand's rank: pass arrays or jax.ShapeDtypeStructs (or name every axis)", col
+            )
+        extra = len(ops[k].shape) - len(side.axes)
+        if extra < 0:
+            raise parsed.fail(
+                f"operand {k + 1} has rank {len(ops[k].shape)} but its side names {len(side.axes)} axes besides '...'",
+                col,
+            )
+        counts.append(extra)
+    total = max(counts)
+
+    def expand(side: Side, n: int) -> Side:
+        items: list[Any] = []
+        for item in side.items:
+            if isinstance(item, EllipsisItem):
+                items.extend(AxisItem(f"...{j}", column=item.column) for j in range(total - n, total))
+            else:
+                items.append(item)
+        return Side(tuple(items), side.unreduced, side.column, side.unreduced_column)
+
+    inputs = tuple(expand(side, n) for side, n in zip(parsed.inputs, counts, strict=True))
+    return Expression(inputs, expand(parsed.output, total), parsed.text)
 
 
 def _check_rank(expr: Expression, side: Side, k: int, shape: tuple[int, ...]) -> None:
@@ -274,10 +313,8 @@ def _analyze(
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but {len(ops)} arrays were given")
     if in_specs is not None and len(in_specs) != len(parsed.inputs):
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but in_specs has {len(in_specs)} entries")
-    for side in parsed.sides:
-        if side.has_ellipsis:
-            col = next(i.column for i in side.items if isinstance(i, EllipsisItem))
-            raise parsed.fail("analyze does not expand '...' yet; name every axis", col)
+    if any(side.has_ellipsis for side in parsed.sides):
+        parsed = _expand_ellipsis(parsed, ops)
 
     # Sizes: from the operands, then the mapping; every disagreement is an error naming both sizes.
     known: dict[str, int] = {}

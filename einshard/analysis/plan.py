@@ -16,6 +16,11 @@ from .rule import CONTRACTED, LONE, Candidate
 __all__ = ["Plan", "type_string", "side_string"]
 
 
+def _axis_name(name: str) -> str:
+    """An axis as the user wrote it; axes under ``...`` print as ``…0``, ``…1``, ..."""
+    return "…" + name[3:] if name.startswith("...") else format_name(name)
+
+
 def type_string(lay: Layout, dtype: str) -> str:
     """JAX's type notation: ``f32[64@data,256]{U:model}``."""
     parts = []
@@ -34,7 +39,7 @@ def side_string(lay: Layout) -> str:
     """A layout written as an einshard side: ``b y@model {U:data}``."""
     parts = []
     for name, d in zip(lay.axes, lay.dims, strict=False):
-        text = format_name(name)
+        text = _axis_name(name)
         if d:
             text += "@" + (d[0] if len(d) == 1 else "(" + ",".join(d) + ")")
         parts.append(text)
@@ -192,7 +197,7 @@ def format_plan(plan: Plan, max_alternatives: int = 8) -> str:
         f"strategy  {plan.strategy}"
         + (f" ({'; '.join(f'{m}: {r}' for m, r in plan.roles.items())})" if plan.roles else "")
         + f"  [tutorial view: {plan.tutorial_view}]",
-        "axes      " + ", ".join(f"{format_name(e)} {c}" for e, c in plan.classes.items()),
+        "axes      " + ", ".join(f"{_axis_name(e)} {c}" for e, c in plan.classes.items()),
         "",
     ]
     rows: list[tuple[str, ...]] = [("tensor", "axes", "type (per device bytes)", "")]
@@ -281,7 +286,7 @@ def explain_choice(
             elif pos == e:
                 continue
             elif pos is not None and e in op.axes:
-                acts.append(f"all-to-all {tag} {pos}→{e}")
+                acts.append(f"all-to-all {tag} {_axis_name(pos)}→{_axis_name(e)}")
             elif pos is not None:
                 acts.append(f"gather {tag}")
             elif e in op.axes:
@@ -289,9 +294,9 @@ def explain_choice(
         if e is None:
             head = f"{m}: replicate (compute duplicated)"
         elif classes[e] in (CONTRACTED, LONE):
-            head = f"{m}: keep {e} split ({classes[e]}) → partial sums"
+            head = f"{m}: keep {_axis_name(e)} split ({classes[e]}) → partial sums"
         else:
-            head = f"{m}: keep {e} split ({classes[e]})"
+            head = f"{m}: keep {_axis_name(e)} split ({classes[e]})"
         parts.append(head + (" [" + ", ".join(acts) + "]" if acts else ""))
     res = {
         "complete": "",

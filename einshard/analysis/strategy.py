@@ -76,7 +76,7 @@ def roles(operands: tuple[Layout, ...], cand: Candidate, classes: dict[str, str]
                 w_src = operands[weight]
                 if any(m in d for d in w_src.dims) and not any(m in d for d in cand.targets[weight].dims):
                     role = "FSDP"
-        out[m] = f"{role} on {e}"
+        out[m] = f"{role} on {'…' + e[3:] if e.startswith('...') else e}"
     return out
 
 
