@@ -314,3 +314,25 @@ def test_ellipsis_expands_from_the_operands_ranks():
     assert ["all-reduce"] in options and ["all-gather"] in options
     with pytest.raises(EinshardError, match="needs the operand's rank"):
         einshard.analyze("... d, d f -> ... f", mesh={"x": 4}, sizes={"d": 16, "f": 32})
+
+
+def test_current_mesh_is_the_default():
+    import jax
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), devices=jax.devices()[:8])
+    with jax.set_mesh(mesh):
+        plan = einshard.analyze("b@data x, x y@model -> b y", sizes=S2)
+    assert plan.mesh == (MeshAxis("data", 4), MeshAxis("model", 2)) and plan.strategy == "hybrid DP×TP"
+
+
+def test_profile_times_follow_alpha_beta():
+    from einshard.analysis import PROFILES, Profile
+
+    p = Profile("toy", flops=1e12, bandwidth=1e9, latency=1e-6)
+    assert p.collective_time("all-gather", 4, 3e9, 4e9) == pytest.approx(3 * 1e-6 + 3.0)
+    assert p.collective_time("all-reduce", 4, 6e9, 4e9) == pytest.approx(6 * 1e-6 + 6.0)
+    assert p.collective_time("collective-permute", 4, 1e9, 1e9) == pytest.approx(1e-6 + 1.0)
+    assert p.collective_time("all-gather", 1, 0, 4e9) == 0.0
+    ring = Profile("ring", flops=1e12, bandwidth=1e9, latency=0.0, topology="ring")
+    assert ring.collective_time("all-to-all", 4, 0.75e9, 1e9) == pytest.approx(4 * 1e9 / 4e9)  # V/(4W), V = n·s
+    assert set(PROFILES) >= {"cpu", "h100", "tpu-v5p"} and p.compute_time(2e12) == 2.0
