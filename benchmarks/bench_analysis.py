@@ -41,7 +41,7 @@ CASES = [
     ("column TP", "b x, x y@model -> b y@model", {"model": 8}, {"b": 1024, "x": 4096, "y": 16384}),
     ("row TP", "b x@model, x@model y -> b y", {"model": 8}, {"b": 1024, "x": 16384, "y": 4096}),
     ("DP x TP", "b@data x, x y@model -> b@data y@model", {"data": 4, "model": 2}, {"b": 1024, "x": 4096, "y": 16384}),
-    ("FSDP", "b@data x, x@data y -> b@data y", {"data": 8}, {"b": 1024, "x": 4096, "y": 4096}),
+    ("FSDP layout", "b@data x, x@data y -> b@data y", {"data": 8}, {"b": 1024, "x": 4096, "y": 4096}),
     ("issue example", "b x@data, x y@model -> b y", {"data": 4, "model": 2}, {"b": 1024, "x": 4096, "y": 16384}),
     (
         "attention scores",
