@@ -124,6 +124,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
     args = parser.parse_args()
     reps = max(5, args.reps)
+    load_before = os.getloadavg()[0]
     rows = []
     for name, expr, mesh, sizes in CASES:
         analyze(expr, mesh, sizes)  # warm the parser and imports
@@ -167,6 +168,8 @@ def main() -> int:
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             "devices": f"{len(jax.devices())} simulated {jax.devices()[0].platform}",
+            # Times on a shared machine stretch with its load: recorded so runs can be compared.
+            "load_average_1min": [load_before, os.getloadavg()[0]],
         },
         "cases": rows,
     }
@@ -177,7 +180,8 @@ def main() -> int:
         "# einshard.analyze: time per einsum",
         "",
         f"Median of {reps} runs; python {result['machine']['python']}, jax {result['machine']['jax']}, "
-        f"{result['machine']['cpus']} CPUs, {result['machine']['devices']} devices.  "
+        f"{result['machine']['cpus']} CPUs, {result['machine']['devices']} devices, 1-minute load average "
+        f"{load_before:.1f} → {os.getloadavg()[0]:.1f} (times stretch with load on a shared machine).  "
         "`first`: every cache cleared; `cached`: the same einsum again (a model's repeated layers); "
         "`compile`: `jax.jit(...).lower(...).compile()` of the same einsum with the same shardings (fresh function).",
         "",
