@@ -392,7 +392,7 @@ def _transition(
     # 1. Pending sums: reduce-scatter onto the dimension the target splits with them (slicing in the same
     #    step whatever else the target splits that dimension with), else all-reduce.  Reductions come
     #    before slices of other dimensions, as XLA orders them (it all-reduces the whole local result).
-    pending = [m for m in order if m in src.unreduced and m not in dst.unreduced]
+    pending = [m for m in order if m in src.unreduced and m not in dst.unreduced] if src.unreduced else []
     slice_now = {m for d in dst.dims for m in d if m not in src_at and m not in src.unreduced}
     by_dim: dict[int, list[str]] = {}
     for m in pending:
@@ -421,7 +421,8 @@ def _transition(
     # 1b. A dimension whose split changes from mesh axes A (gathered) to B (sliced) where one split
     #     refines the other: XLA permutes blocks instead of gathering all of A (regroup, module doc).
     regrouped: set[str] = set()
-    for j in range(len(dst.dims)):
+    gone_any = slice_now and any(m not in dst_at for m in src_at)
+    for j in range(len(dst.dims)) if gone_any else ():
         d_src, d_dst = cur.dims[j], dst.dims[j]
         gone = tuple(m for m in d_src if m not in dst_at)
         new = tuple(m for m in d_dst if m in slice_now)
@@ -437,7 +438,7 @@ def _transition(
         regrouped |= set(gone)
 
     # 2. Free slices, in the target's mesh-axis order within each dimension.
-    for j, d in enumerate(dst.dims):
+    for j, d in enumerate(dst.dims) if slice_now else ():
         new = tuple(m for m in d if m in slice_now)
         if new:
             cur, _ = dynamic_slice(cur, new, j)
