@@ -336,3 +336,11 @@ def test_profile_times_follow_alpha_beta():
     ring = Profile("ring", flops=1e12, bandwidth=1e9, latency=0.0, topology="ring")
     assert ring.collective_time("all-to-all", 4, 0.75e9, 1e9) == pytest.approx(4 * 1e9 / 4e9)  # V/(4W), V = n·s
     assert set(PROFILES) >= {"cpu", "h100", "tpu-v5p"} and p.compute_time(2e12) == 2.0
+
+
+def test_mesh_axes_of_size_one_split_nothing():
+    mesh = (MeshAxis("x", 1), MeshAxis("y", 4))
+    a = lay("ab", (8, 8), mesh, [("x", "y"), ()])
+    assert transition(a, a.with_dims((("y",), ()))) == (a.with_dims((("y",), ())), ())
+    plan = einshard.analyze("b@(x,y), b@y -> b@(x,y)", mesh={"x": 1, "y": 4}, sizes={"b": 8})
+    assert plan.collectives == ()

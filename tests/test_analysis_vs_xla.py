@@ -16,9 +16,11 @@ How the two are compared (einshard.hlo reads the HLO):
 What is asserted:
 
 * every generated case (2-3 operands, 1-5 axes, meshes of 1, 2, 4, 8 devices,
-  1-D and 2-D): XLA emits communication iff the analyzer finds no
-  communication-free way (``all(p.collectives for p in plan.options)``);
-* two-operand einsums on 1-D meshes: XLA's collectives, kinds and bytes, are
+  1-D and 2-D, with and without axes of size 1): XLA emits communication iff
+  the analyzer finds no communication-free way
+  (``all(p.collectives for p in plan.options)``);
+* two-operand einsums on 1-D meshes (and 2-D ones with an axis of size 1):
+  XLA's collectives, kinds and bytes, are
   exactly those of one of the analyzer's options (its choice among gather /
   reduce / all-to-all is listed, with the cost the analyzer gives it);
 * the textbook 2-D cases of theory.md (V6-V9, V11): exactly the analyzer's
@@ -124,14 +126,18 @@ def describe(case, xla, plan) -> str:
     return "\n".join(lines)
 
 
-@given(einsums(meshes=[(1,), (2,), (4,), (8,)], n_operands=[2]))
+# 1-D meshes, and 2-D meshes with an axis of size 1 (x@(a,b) with |a| = 1 is x@b).
+ONE_D = [(1,), (2,), (4,), (8,), (1, 4), (2, 1), (1, 8)]
+
+
+@given(einsums(meshes=ONE_D, n_operands=[2]))
 def test_two_operands_on_1d_meshes_match_xla_exactly(case):
     xla, plan = compile_and_analyze(case)
     assert bool(xla) == all(p.collectives for p in plan.options), describe(case, xla, plan)
     assert sig(xla) in [sig(p.collectives) for p in plan.options], describe(case, xla, plan)
 
 
-@given(einsums(meshes=[(1,), (2,), (4,), (8,), (2, 2), (2, 4), (4, 2)], n_operands=[2, 3]))
+@given(einsums(meshes=[*ONE_D, (2, 2), (2, 4), (4, 2)], n_operands=[2, 3]))
 def test_communication_needed_agrees_with_xla(case):
     xla, plan = compile_and_analyze(case)
     assert bool(xla) == all(p.collectives for p in plan.options), describe(case, xla, plan)

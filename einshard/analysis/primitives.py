@@ -368,7 +368,25 @@ def transition(
     """
     if src.dims == dst.dims and src.unreduced == dst.unreduced and src.axes == dst.axes and src.shape == dst.shape:
         return src, ()  # nothing to do (the common case, kept fast)
+    # Mesh axes of size 1 split nothing: x@(a,b) with |a| = 1 is x@b.  Compare without them.
+    src_n, dst_n = _drop_trivial(src), _drop_trivial(dst)
+    if src_n is not src or dst_n is not dst:
+        if src_n.dims == dst_n.dims and src_n.unreduced == dst_n.unreduced:
+            if src.axes != dst.axes or src.shape != dst.shape:
+                raise EinshardError(f"transition between different tensors: {src} and {dst}")
+            return dst, ()
+        _, steps = _transition(src_n, dst_n, itemsize, profile, tensor)
+        return dst, steps
     return _transition(src, dst, itemsize, profile, tensor)
+
+
+def _drop_trivial(lay: Layout) -> Layout:
+    """The layout without mesh axes of size 1 (itself if it has none)."""
+    sizes = _sizes(lay)
+    if all(sizes[m] > 1 for d in lay.dims for m in d) and all(sizes[m] > 1 for m in lay.unreduced):
+        return lay
+    dims = tuple(tuple(m for m in d if sizes[m] > 1) for d in lay.dims)
+    return lay.with_dims(dims, frozenset(m for m in lay.unreduced if sizes[m] > 1))
 
 
 def _transition(
