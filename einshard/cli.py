@@ -18,6 +18,7 @@ __all__ = ["main", "COMMANDS"]
 # Imported lazily so that `einshard --help` does not start JAX.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("einshard.demo", "shard a small model under several layouts and show what each costs"),
+    "explain": ("einshard.explain_cli", "analyse an annotated einsum: strategy, collectives, cost, alternatives"),
 }
 
 SYNTAX_HELP = """\

@@ -1,0 +1,381 @@
+"""The sharded-einsum rule: for each mesh axis, which einsum axis it keeps, and what that costs.
+
+For every mesh axis ``a`` let S be the set of einsum axes that ``a`` splits in
+some operand (plus the axis the requested output splits over ``a``).  The
+options for ``a`` are: keep one ``e`` in S, or keep none.
+
+* keep ``e``: an operand that splits another axis over ``a`` moves the split
+  onto ``e`` with an all-to-all if it has ``e``, else gathers it; an operand
+  that has ``e`` but is replicated over ``a`` slices it (free).  The local
+  einsum then leaves the result split on ``e`` if ``e`` is a batch or free
+  axis, or as pending partial sums ``{U:a}`` if ``e`` is contracted or
+  lone-reduced.
+* keep none: every operand is gathered over ``a``; the compute is duplicated.
+
+This one rule covers the table of theory.md §a (rules 1-10) for any number of
+operands; the product of the per-axis options is small and is enumerated.
+Each option is turned into operand layouts, and :func:`transition` prices the
+way there; the computed result is then taken to the requested output (or, with
+none requested, completed with an all-reduce, with reduce-scatters onto each
+dimension and the pending ``{U}`` result as alternatives).
+
+Several mesh axes may keep one einsum axis (``x@(data,model)``): their
+order (major to minor) is taken from the first operand that splits ``x``, and
+an operand holding another order pays a collective-permute, because only
+equal tuples hold matching blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from ..errors import EinshardError
+from ..layout import Layout, MeshAxis
+from .cost import Collective, Profile
+from .primitives import all_reduce, transition
+
+__all__ = ["Problem", "Candidate", "classify", "enumerate_candidates"]
+
+BATCH, FREE, CONTRACTED, LONE = "batch", "free", "contracted", "lone-reduced"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One einsum to analyse: operand layouts, the output's axes, the requested output layout if any."""
+
+    operands: tuple[Layout, ...]
+    out_axes: tuple[str, ...]
+    sizes: tuple[tuple[str, int], ...]
+    mesh: tuple[MeshAxis, ...]
+    requested: Layout | None
+    itemsize: int
+    profile: Profile
+
+    @property
+    def size_of(self) -> dict[str, int]:
+        return dict(self.sizes)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to compute the einsum."""
+
+    choice: tuple[tuple[str, str | None], ...]  # (mesh axis, einsum axis kept or None), mesh order
+    targets: tuple[Layout, ...]  # operand layouts the local einsum runs on
+    steps: tuple[Collective, ...]  # operand collectives, then result collectives
+    computed: Layout  # the result as the local einsums leave it
+    out: Layout  # the result as delivered
+    resolution: str  # 'requested', 'complete', 'reduce-scatter', 'unreduced'
+    flops: int  # per device
+    time: float
+    comm_bytes: int
+
+
+def classify(operand_axes: tuple[tuple[str, ...], ...], out_axes: tuple[str, ...]) -> dict[str, str]:
+    """Each einsum axis's class: batch, free, contracted or lone-reduced.
+
+    Example:
+        >>> classify((("b", "x", "z"), ("x", "y")), ("b", "y"))
+        {'b': 'free', 'x': 'contracted', 'z': 'lone-reduced', 'y': 'free'}
+        >>> classify((("b", "i", "j"), ("b", "j", "k")), ("b", "i", "k"))["b"]
+        'batch'
+    """
+    out = set(out_axes)
+    classes: dict[str, str] = {}
+    for axes in operand_axes:
+        for e in axes:
+            if e in classes:
+                continue
+            n = sum(e in o for o in operand_axes)
+            if e in out:
+                classes[e] = BATCH if n >= 2 else FREE
+            else:
+                classes[e] = CONTRACTED if n >= 2 else LONE
+    return classes
+
+
+def _position(lay: Layout, m: str) -> str | None:
+    for name, d in zip(lay.axes, lay.dims, strict=False):
+        if m in d:
+            return name
+    return None
+
+
+def options(problem: Problem) -> list[tuple[str, tuple[str | None, ...]]]:
+    """Per mesh axis, the einsum axes it may keep (None: keep none), in mesh order.
+
+    A mesh axis of size 1 splits nothing: it keeps none.
+    """
+    out: list[tuple[str, tuple[str | None, ...]]] = []
+    for m in problem.mesh:
+        seen: list[str | None] = []
+        if m.size > 1:
+            for op in problem.operands:
+                e = _position(op, m.name)
+                if e is not None and e not in seen:
+                    seen.append(e)
+            if problem.requested is not None:
+                e = _position(problem.requested, m.name)
+                if e is not None and e not in seen:
+                    seen.append(e)
+        out.append((m.name, (*seen, None)))
+    return out
+
+
+def _kept_orders(problem: Problem, e: str, kept: list[str]) -> list[tuple[str, ...]]:
+    """Orders (major to minor) for the mesh axes that keep ``e``: one per distinct order among the
+    operands and the requested output (each completed with the rest in mesh order)."""
+    if len(kept) == 1:
+        return [tuple(kept)]
+    orders: list[tuple[str, ...]] = []
+    sources = list(problem.operands) + ([problem.requested] if problem.requested is not None else [])
+    for lay in sources:
+        if e in lay.axes:
+            d = lay.dims[lay.axes.index(e)]
+            order = tuple(m for m in d if m in kept)
+            if order:
+                order += tuple(m for m in kept if m not in order)
+                if order not in orders:
+                    orders.append(order)
+    return orders or [tuple(kept)]
+
+
+def _fits(shape: tuple[int, ...], dims: tuple[tuple[str, ...], ...], sizes: dict[str, int]) -> bool:
+    return all(s % math.prod(sizes[m] for m in d) == 0 for s, d in zip(shape, dims, strict=False))
+
+
+def _pre_reduced(op: Layout, lone: set[str]) -> Layout:
+    """The operand with its lone-reduced axes summed locally: pending sums over the mesh axes that split them."""
+    keep = [i for i, a in enumerate(op.axes) if a not in lone]
+    pending = frozenset(m for i, a in enumerate(op.axes) if a in lone for m in op.dims[i])
+    return Layout(
+        tuple(op.axes[i] for i in keep),
+        tuple(op.shape[i] for i in keep),
+        op.mesh,
+        tuple(op.dims[i] for i in keep),
+        op.unreduced | pending,
+    )
+
+
+def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[tuple[Layout, ...], tuple[bool, ...]]]:
+    """The operands as given, and with their lone-reduced axes summed locally first (XLA does this:
+    ``sum_a x[b, a@x]`` becomes partial sums of ``[b]`` before the contraction, and a gather or
+    all-to-all then moves the smaller array)."""
+    per_op: list[list[tuple[Layout, bool]]] = []
+    for op in problem.operands:
+        lone = {a for a in op.axes if classes[a] == LONE}
+        per_op.append([(op, False)] + ([(_pre_reduced(op, lone), True)] if lone else []))
+    return [(tuple(lay for lay, _ in combo), tuple(flag for _, flag in combo)) for combo in itertools.product(*per_op)]
+
+
+def enumerate_candidates(problem: Problem) -> list[Candidate]:
+    """Every candidate (per-axis choices × orders × output resolutions), unsorted, invalid ones dropped."""
+    mesh_sizes = {m.name: m.size for m in problem.mesh}
+    size_of = problem.size_of
+    classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
+    per_axis = options(problem)
+    names = [m for m, _ in per_axis]
+    result: list[Candidate] = []
+    kw = {"itemsize": problem.itemsize, "profile": problem.profile, "memo": {}}
+    out_shape = tuple(size_of[e] for e in problem.out_axes)
+    variants = _operand_variants(problem, classes)
+    for combo in itertools.product(*(opts for _, opts in per_axis)):
+        choice = dict(zip(names, combo, strict=False))
+        kept_on: dict[str, list[str]] = {}
+        for m, e in choice.items():
+            if e is not None:
+                kept_on.setdefault(e, []).append(m)
+        multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
+        kept_product = math.prod(mesh_sizes[m] for m, e in choice.items() if e is not None)
+        for orders in itertools.product(*(os for _, os in multi)):
+            order = {e: o for (e, _), o in zip(multi, orders, strict=False)}
+            for operands, pre in variants:
+                if any(
+                    pre[i]
+                    and any(
+                        (e := choice[m]) is not None and e in problem.operands[i].axes and classes[e] == LONE
+                        for m in operands[i].unreduced - problem.operands[i].unreduced
+                    )
+                    for i in range(len(operands))
+                ):
+                    continue  # summing a lone axis first and also keeping it split: not a different plan
+                result.extend(
+                    _candidates_for(
+                        problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw
+                    )
+                )
+    return result
+
+
+def _candidates_for(
+    problem: Problem,
+    choice: dict[str, str | None],
+    order: dict[str, tuple[str, ...]],
+    operands: tuple[Layout, ...],
+    classes: dict[str, str],
+    mesh_sizes: dict[str, int],
+    size_of: dict[str, int],
+    out_shape: tuple[int, ...],
+    kept_product: int,
+    kw: dict,  # type: ignore[type-arg]
+) -> list[Candidate]:
+    # Pending sums an operand brings: summed before the einsum, or (when no other operand splits over
+    # that axis) carried through it, the einsum being linear in each operand.
+    keep_u: list[frozenset[str]] = []
+    claimed: set[str] = set()
+    for op in operands:
+        mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
+        claimed |= mine
+        keep_u.append(mine)
+    if any(keep_u):
+        out = _candidates_with(
+            problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw, keep_u
+        )
+        return out + _candidates_with(
+            problem,
+            choice,
+            order,
+            operands,
+            classes,
+            mesh_sizes,
+            size_of,
+            out_shape,
+            kept_product,
+            kw,
+            [frozenset()] * len(operands),
+        )
+    return _candidates_with(
+        problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw, keep_u
+    )
+
+
+def _candidates_with(
+    problem: Problem,
+    choice: dict[str, str | None],
+    order: dict[str, tuple[str, ...]],
+    operands: tuple[Layout, ...],
+    classes: dict[str, str],
+    mesh_sizes: dict[str, int],
+    size_of: dict[str, int],
+    out_shape: tuple[int, ...],
+    kept_product: int,
+    kw: dict,  # type: ignore[type-arg]
+    keep_u: list[frozenset[str]],
+) -> list[Candidate]:
+    targets: list[Layout] = []
+    steps: list[Collective] = []
+    for i, op in enumerate(operands):
+        dims = tuple(order.get(e, ()) for e in op.axes)
+        if not _fits(op.shape, dims, mesh_sizes):
+            return []
+        target = Layout(op.axes, op.shape, op.mesh, dims, keep_u[i])
+        st = _memo_transition(kw, (i, id(op), dims, keep_u[i]), op, target, f"operand {i + 1}")
+        if st is None:  # an impossible step: not a candidate
+            return []
+        targets.append(target)
+        steps.extend(st)
+    out_dims = tuple(order.get(e, ()) for e in problem.out_axes)
+    pending = frozenset(m for m, e in choice.items() if e is not None and classes[e] in (CONTRACTED, LONE))
+    pending |= frozenset().union(*keep_u)
+    computed = Layout(problem.out_axes, out_shape, problem.mesh, out_dims, pending)
+    present = {a for op in operands for a in op.axes}
+    flops = 2 * math.prod(size_of[a] for a in present) // kept_product
+    compute_time = problem.profile.compute_time(flops)
+    out: list[Candidate] = []
+    for resolution, target_out in _resolutions(problem, computed, mesh_sizes):
+        key = ("result", computed.dims, computed.unreduced, target_out.dims, target_out.unreduced)
+        out_steps = _memo_transition(kw, key, computed, target_out, "result")
+        if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
+            continue
+        for variant in (out_steps, _split_all_reduces(out_steps, kw)):
+            if variant is None:
+                continue
+            all_steps = (*steps, *variant)
+            time = compute_time + sum(c.time for c in all_steps)
+            out.append(
+                Candidate(
+                    tuple(choice.items()),
+                    tuple(targets),
+                    all_steps,
+                    computed,
+                    target_out,
+                    resolution,
+                    flops,
+                    time,
+                    sum(c.bytes for c in all_steps),
+                )
+            )
+    return out
+
+
+def _split_all_reduces(steps: tuple[Collective, ...], kw: dict) -> tuple[Collective, ...] | None:  # type: ignore[type-arg]
+    """The same sums done as one all-reduce per mesh axis (what XLA emits when partial sums come from
+    different dimensions), or None if no all-reduce spans several mesh axes.  It sends more bytes
+    (2(n_i-1)/n_i of the buffer per axis instead of 2(n-1)/n once) over fewer ring hops (Σ2(n_i-1)
+    instead of 2(n-1)), so it wins only for small, latency-bound buffers: a hierarchical all-reduce."""
+    if not any(c.kind == "all-reduce" and len(c.axes) > 1 for c in steps):
+        return None
+    out: list[Collective] = []
+    for c in steps:
+        if c.kind != "all-reduce" or len(c.axes) == 1 or c.before is None:
+            out.append(c)
+            continue
+        cur = c.before
+        for m in c.axes:
+            cur, one = all_reduce(cur, (m,), itemsize=kw["itemsize"], profile=kw["profile"], tensor=c.tensor, why=c.why)
+            if one.group_size > 1:
+                out.append(one)
+    return tuple(out)
+
+
+def _memo_transition(
+    kw: dict,
+    key: tuple,
+    src: Layout,
+    dst: Layout,
+    tensor: str,  # type: ignore[type-arg]
+) -> tuple[Collective, ...] | None:
+    """``transition`` memoized within one enumeration (the same operand moves recur across choices)."""
+    memo = kw["memo"]
+    if key not in memo:
+        try:
+            memo[key] = transition(src, dst, itemsize=kw["itemsize"], profile=kw["profile"], tensor=tensor)[1]
+        except EinshardError:
+            memo[key] = None
+    return memo[key]
+
+
+def _resolutions(problem: Problem, computed: Layout, mesh_sizes: dict[str, int]) -> list[tuple[str, Layout]]:
+    if problem.requested is not None:
+        return [("requested", problem.requested)]
+    if not computed.unreduced:
+        return [("complete", computed)]
+    out = [("complete", computed.with_dims(computed.dims, frozenset()))]
+    pending = tuple(m.name for m in computed.mesh if m.name in computed.unreduced)
+    for i in range(len(computed.axes)):
+        dims = computed.dims[:i] + (computed.dims[i] + pending,) + computed.dims[i + 1 :]
+        if _fits(computed.shape, dims, mesh_sizes):
+            out.append(("reduce-scatter", computed.with_dims(dims, frozenset())))
+    out.append(("unreduced", computed))
+    return out
+
+
+def rank(candidates: list[Candidate]) -> list[Candidate]:
+    """Cheapest first (time, then bytes, then fewer collectives); equal candidates dropped."""
+    seen: set[object] = set()
+    ranked: list[Candidate] = []
+    keyed = sorted(enumerate(candidates), key=lambda ic: (ic[1].time, ic[1].comm_bytes, len(ic[1].steps), ic[0]))
+    for _, c in keyed:
+        key = (
+            c.out.dims,
+            c.out.unreduced,
+            c.flops,
+            tuple((s.kind, s.axes, s.tensor, s.array_bytes) for s in c.steps),
+        )
+        if key in seen:
+            continue
+        seen.add(key)
+        ranked.append(c)
+    return ranked

@@ -1,0 +1,150 @@
+"""``einshard explain``: print the plan of one annotated einsum.
+
+    einshard explain 'b x@data, x y@model -> b y' --mesh data=4,model=2 \\
+        --sizes b=1024,x=4096,y=16384 --dtype bf16 --profile h100
+
+Uses ``rich`` for the tables when it is installed (the ``cli`` extra), plain
+text otherwise (or with ``--plain``); ``--json`` prints ``plan.to_dict()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .analysis import PROFILES, Plan, analyze
+from .analysis.cost import human_bytes, human_time
+from .analysis.plan import format_plan, side_string, type_string
+from .errors import EinshardError
+
+__all__ = ["add_arguments", "run", "parse_pairs"]
+
+
+def parse_pairs(text: str, what: str) -> dict[str, int]:
+    """``'data=4,model=2'`` → ``{'data': 4, 'model': 2}`` (EinshardError on anything else)."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        if not eq or not name.strip() or not value.strip().isdigit():
+            raise EinshardError(f"--{what}: expected name=size pairs separated by commas, got {part!r} in {text!r}")
+        out[name.strip()] = int(value)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("expression", help="an annotated einsum, e.g. 'b x@data, x y@model -> b y'")
+    parser.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,model=2")
+    parser.add_argument("--sizes", default="", help="einsum axis sizes, e.g. b=1024,x=4096,y=16384")
+    parser.add_argument("--dtype", default="f32", help="element type: f32, bf16, f16, f8, ... (default f32)")
+    parser.add_argument(
+        "--profile", default="cpu", choices=sorted(PROFILES), help="hardware for time estimates (default cpu)"
+    )
+    parser.add_argument("--alternatives", type=int, default=8, help="how many alternatives to show (default 8)")
+    parser.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
+    parser.add_argument("--plain", action="store_true", help="plain text even if rich is installed")
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = analyze(
+        args.expression,
+        mesh=parse_pairs(args.mesh, "mesh"),
+        sizes=parse_pairs(args.sizes, "sizes"),
+        dtype=args.dtype,
+        profile=args.profile,
+    )
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, ensure_ascii=False))
+        return 0
+    if not args.plain:
+        try:
+            import rich  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            _print_rich(plan, args.alternatives)
+            return 0
+    print(format_plan(plan, max_alternatives=args.alternatives))
+    return 0
+
+
+def _print_rich(plan: Plan, max_alternatives: int) -> None:
+    import shutil
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    # Piped output gets a wide console: rich would wrap every table at 80 columns.
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 220
+    console = Console(file=sys.stdout, width=width)
+    mesh = " ".join(str(m) for m in plan.mesh) or "(none)"
+    console.print(f"[bold]{escape(plan.expression)}[/bold]")
+    console.print(f"mesh {mesh} ({plan.devices} devices), {plan.dtype}, profile {plan.profile.name}")
+    roles = "; ".join(f"{m}: {r}" for m, r in plan.roles.items())
+    console.print(
+        f"strategy [bold green]{escape(plan.strategy)}[/bold green]"
+        + (f" ({escape(roles)})" if roles else "")
+        + f"  [dim]tutorial view: {plan.tutorial_view}[/dim]"
+    )
+    console.print(escape("axes " + ", ".join(f"{e} {c}" for e, c in plan.classes.items())))
+
+    tensors = Table(show_edge=False, header_style="bold")
+    for col in ("tensor", "axes", "type", "per device", "computed as"):
+        tensors.add_column(col)
+    for i, (op, used) in enumerate(zip(plan.operands, plan.operands_used, strict=True)):
+        tensors.add_row(
+            f"operand {i + 1}" + (" (weight)" if plan.weight == i else ""),
+            escape(side_string(op)),
+            escape(type_string(op, plan.dtype)),
+            human_bytes(op.bytes_per_device(plan.itemsize)),
+            "" if used == op else escape(type_string(used, plan.dtype)),
+        )
+    tensors.add_row(
+        "result",
+        escape(side_string(plan.out_layout)),
+        escape(type_string(plan.out_layout, plan.dtype)),
+        human_bytes(plan.out_bytes),
+        "" if plan.computed_layout == plan.out_layout else escape(type_string(plan.computed_layout, plan.dtype)),
+    )
+    console.print(tensors)
+
+    if plan.collectives:
+        comm = Table(show_edge=False, header_style="bold")
+        for col in ("collective", "mesh axes", "group", "tensor", "buffer", "sent/device", "time", "why"):
+            comm.add_column(col)
+        for c in plan.collectives:
+            comm.add_row(
+                c.kind,
+                ",".join(c.axes),
+                str(c.group_size),
+                c.tensor,
+                human_bytes(c.array_bytes),
+                human_bytes(c.bytes),
+                human_time(c.time),
+                escape(c.why),
+            )
+        console.print(comm)
+    else:
+        console.print("[green]no communication[/green]")
+    console.print(
+        f"per device: {plan.flops:.4g} FLOPs ({human_time(plan.compute_time)}), sends {human_bytes(plan.comm_bytes)} "
+        f"({human_time(plan.comm_time)}); estimated [bold]{human_time(plan.time)}[/bold]"
+    )
+    console.print(f"why: {escape(plan.why)}")
+    if plan.alternatives and max_alternatives > 0:
+        alts = Table(title="alternatives (cheapest first)", show_edge=False, header_style="bold")
+        for col in ("", "time", "result", "collectives", "why"):
+            alts.add_column(col)
+        for k, alt in enumerate(plan.alternatives[:max_alternatives], 1):
+            collectives = ", ".join(f"{c.kind}@{','.join(c.axes)}({c.tensor})" for c in alt.collectives) or "none"
+            alts.add_row(
+                f"{k}.",
+                human_time(alt.time),
+                escape(type_string(alt.out_layout, alt.dtype)),
+                collectives,
+                escape(alt.why),
+            )
+        console.print(alts)
+        if len(plan.alternatives) > max_alternatives:
+            console.print(f"... {len(plan.alternatives) - max_alternatives} more (--alternatives N)")

@@ -1,0 +1,99 @@
+"""einshard.hlo on HLO text in every form XLA prints (synthetic snippets modelled on CPU, GPU and TPU output)."""
+
+from __future__ import annotations
+
+from einshard import hlo
+
+HEADER = "HloModule jit_f, entry_computation_layout={(f32[16,256]{1,0})->f32[64,256]{1,0}}, num_partitions=8\n"
+
+
+def one(text: str) -> hlo.HloCollective:
+    (c,) = hlo.collectives(HEADER + text)
+    return c
+
+
+def test_replica_groups_explicit_iota_and_mesh_forms():
+    c = one(
+        "  %ag = f32[64,256]{1,0} all-gather(%p), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}"
+    )
+    assert (c.kind, c.group_size, c.groups, c.array_bytes) == ("all-gather", 4, ((0, 1, 2, 3), (4, 5, 6, 7)), 65536)
+    c = one("  %ag = f32[64,256]{1,0} all-gather(%p), replica_groups=[2,4]<=[8], dimensions={0}")
+    assert c.groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+    c = one("  %ag = f32[32,256]{1,0} all-gather(%p), replica_groups=[4,2]<=[2,4]T(1,0), dimensions={0}")
+    assert c.group_size == 2 and c.groups == ((0, 4), (1, 5), (2, 6), (3, 7))
+    c = one("  %ar = f32[8]{0} all-reduce(%p), replica_groups=mesh['x'=2,'y'=4] {'y'}, to_apply=%add")
+    assert c.group_size == 4 and c.groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+    c = one("  %ar = f32[8]{0} all-reduce(%p), replica_groups=mesh['x'=2,'y'=4] {'x'}, to_apply=%add")
+    assert c.groups == ((0, 4), (1, 5), (2, 6), (3, 7))
+    c = one(
+        "  %ag = f32[128,256]{1,0} all-gather(%p), channel_id=2, replica_groups=mesh['axis_0'=4,'axis_1'=1,"
+        "'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}, dimensions={0}, use_global_device_ids=true"
+    )
+    assert c.group_size == 4 and c.groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+    c = one("  %ar = f32[8]{0} all-reduce(%p), replica_groups={}, to_apply=%add")
+    assert c.group_size == 8 and c.groups is None  # all devices (num_partitions)
+
+
+def test_async_pairs_count_once_with_the_done_shape_and_start_attributes():
+    text = (
+        "  %ags = (f32[16,256]{1,0}, f32[64,256]{1,0}) all-gather-start(%p), replica_groups=[2,4]<=[8], dimensions={0}\n"
+        "  %agd = f32[64,256]{1,0} all-gather-done(%ags)\n"
+        "  %ars = f32[64,256]{1,0} all-reduce-start(%agd), replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add\n"
+        "  %ard = f32[64,256]{1,0} all-reduce-done(%ars)\n"
+        "  %cps = (f32[4]{0}, f32[4]{0}, u32[], u32[]) collective-permute-start(%x), source_target_pairs={{0,1},{1,0}}\n"
+        "  ROOT %cpd = f32[4]{0} collective-permute-done(%cps)\n"
+    )
+    got = [(c.kind, c.array_bytes, c.group_size) for c in hlo.collectives(HEADER + text)]
+    assert got == [("all-gather", 65536, 4), ("all-reduce", 65536, 2), ("collective-permute", 16, 2)]
+
+
+def test_tuples_all_to_all_pieces_and_combined_collectives():
+    c = one(
+        "  %a2a = (f32[16,1,32]{2,1,0}, f32[16,1,32]{2,1,0}, f32[16,1,32]{2,1,0}, f32[16,1,32]{2,1,0}) "
+        "all-to-all(%a, %b, %c, %d), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}"
+    )
+    assert (c.kind, c.array_bytes, len(c.shapes)) == ("all-to-all", 4 * 16 * 32 * 4, 4)
+    combined = hlo.collectives(
+        HEADER + "  %ar = (f32[16]{0}, bf16[8,8]{1,0}) all-reduce(%x, %y), replica_groups={{0,1}}, to_apply=%add"
+    )
+    assert [(c.kind, c.array_bytes) for c in combined] == [("all-reduce", 64), ("all-reduce", 128)]
+
+
+def test_reduce_scatter_forms():
+    # GPU/TPU: a real reduce-scatter; its buffer is the full input (result x group).
+    c = one("  %rs = f32[16,256]{1,0} reduce-scatter(%x), replica_groups=[2,4]<=[8], dimensions={0}, to_apply=%add")
+    assert (c.kind, c.bytes, c.array_bytes) == ("reduce-scatter", 16384, 65536)
+    # CPU: all-reduce, then a dynamic-slice of its result, directly or inside a fusion.
+    direct = (
+        "  %ar = f32[64,256]{1,0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add\n"
+        "  ROOT %ds = f32[16,256]{1,0} dynamic-slice(%ar, %i, %j), dynamic_slice_sizes={16,256}\n"
+    )
+    fused = (
+        "%fused_slice (p0: f32[64,256], p1: s32[]) -> f32[16,256] {\n"
+        "  %p0 = f32[64,256]{1,0} parameter(0)\n"
+        "  ROOT %ds = f32[16,256]{1,0} dynamic-slice(%p0, %p1, %c), dynamic_slice_sizes={16,256}\n"
+        "}\n\n"
+        "ENTRY %main (x: f32[64,256]) -> f32[16,256] {\n"
+        "  %ar = f32[64,256]{1,0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add\n"
+        "  ROOT %f = f32[16,256]{1,0} fusion(%ar, %i), kind=kLoop, calls=%fused_slice\n"
+        "}\n"
+    )
+    for text in (direct, fused):
+        (raw,) = hlo.collectives(HEADER + text)
+        assert raw.kind == "all-reduce" and raw.sliced
+        (norm,) = hlo.normalized(HEADER + text)
+        assert (norm.kind, norm.array_bytes, norm.group_size) == ("reduce-scatter", 65536, 4)
+    plain = hlo.normalized(
+        HEADER + "  ROOT %ar = f32[64,256]{1,0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add"
+    )
+    assert plain[0].kind == "all-reduce" and not plain[0].sliced
+
+
+def test_sent_bytes_follow_the_ring_formulas_and_single_device_groups_are_dropped():
+    c = one("  %ar = f32[64,256]{1,0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add")
+    assert c.sent_bytes == 2 * 3 / 4 * 65536
+    trivial = HEADER + "  %ar = f32[8]{0} all-reduce(%x), replica_groups={{0},{1},{2},{3}}, to_apply=%add"
+    assert hlo.collectives(trivial)[0].group_size == 1 and hlo.normalized(trivial) == []
+    assert hlo.signature(hlo.normalized(HEADER + "  %ag = f32[4]{0} all-gather(%p), replica_groups=[4,2]<=[8]")) == {
+        ("all-gather", 16, 2): 1
+    }
