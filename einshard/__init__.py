@@ -7,6 +7,7 @@ The public API is what ``__all__`` lists; the layers behind it (parsing,
 layout, placement) are importable on their own.
 """
 
+from .analysis import Collective, Plan, Profile, analyze
 from .errors import EinshardError
 from .layout import Layout, MeshAxis
 from .parsing import Expression, parse
@@ -15,6 +16,10 @@ from .placement import anonymous_mesh, describe, einshard, layout, sharding, spe
 __version__ = "0.3.0"
 
 __all__ = [
+    "Collective",
+    "Plan",
+    "Profile",
+    "analyze",
     "EinshardError",
     "Expression",
     "Layout",

@@ -1,0 +1,362 @@
+"""``einshard.analyze``: from an annotated einsum to a :class:`Plan`.
+
+Example:
+    >>> import einshard
+    >>> plan = einshard.analyze("b@data x, x y@model -> b y", mesh={"data": 4, "model": 2},
+    ...                         sizes={"b": 1024, "x": 4096, "y": 16384}, dtype="bf16", profile="h100")
+    >>> plan.strategy, plan.collectives, tuple(plan.out_spec)
+    ('hybrid DP×TP', (), ('data', 'model'))
+    >>> plan = einshard.analyze("b x@model, x@model y -> b y", mesh={"model": 4}, sizes={"b": 64, "x": 128, "y": 256})
+    >>> [(c.kind, c.axes, c.bytes) for c in plan.collectives]          # row-parallel TP: sum the partial products
+    [('all-reduce', ('model',), 98304)]
+    >>> [(str(a.out_layout), [c.kind for c in a.collectives]) for a in plan.alternatives[:3]]
+    [('[b:64 y:256 {U:model}]', []), ('[b:64@model y:256]', ['reduce-scatter']), ('[b:64 y:256@model]', ['reduce-scatter'])]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from typing import Any
+
+from ..errors import EinshardError
+from ..layout import Layout, MeshAxis
+from ..parsing import EllipsisItem, Expression, Side, parse_einsum
+from .cost import Profile, get_profile
+from .plan import Plan, explain_choice, side_string
+from .rule import Problem, classify, enumerate_candidates, rank
+from .strategy import pick_weight, roles, strategy_name, tutorial_view
+
+__all__ = ["analyze", "analyze_layouts", "dtype_info"]
+
+# JAX's short dtype names (as it prints types) and their sizes.
+_ITEMSIZE = {
+    "f64": 8, "f32": 4, "bf16": 2, "f16": 2, "f8": 1, "c64": 8, "c128": 16,
+    "s64": 8, "s32": 4, "s16": 2, "s8": 1, "u64": 8, "u32": 4, "u16": 2, "u8": 1, "pred": 1,
+}  # fmt: skip
+_ALIASES = {
+    "float64": "f64", "double": "f64", "float32": "f32", "float": "f32", "bfloat16": "bf16", "float16": "f16",
+    "half": "f16", "fp8": "f8", "float8_e4m3fn": "f8", "float8_e5m2": "f8", "float8_e4m3": "f8",
+    "complex64": "c64", "complex128": "c128", "int64": "s64", "int32": "s32", "int16": "s16", "int8": "s8",
+    "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8", "bool": "pred", "fp32": "f32", "fp16": "f16",
+    "i64": "s64", "i32": "s32", "i16": "s16", "i8": "s8",
+}  # fmt: skip
+
+
+def dtype_info(dtype: Any) -> tuple[str, int]:
+    """(JAX's short name, itemsize) of a dtype given as a name, a numpy/JAX dtype or a scalar type.
+
+    Example:
+        >>> dtype_info("bfloat16"), dtype_info("f32")
+        (('bf16', 2), ('f32', 4))
+    """
+    if dtype is None:
+        return "f32", 4
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or getattr(dtype, "__name__", str(dtype))
+    if not isinstance(dtype, str):
+        try:
+            import numpy as np
+
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
+    key = str(name).lower()
+    key = _ALIASES.get(key, key)
+    if key not in _ITEMSIZE:
+        raise EinshardError(
+            f"unknown dtype {dtype!r}", hint="Use a JAX/numpy dtype or a name: " + ", ".join(sorted(_ITEMSIZE)) + "."
+        )
+    return key, _ITEMSIZE[key]
+
+
+_PLAIN = re.compile(r"^\s*([A-Za-z]*)(\s*,\s*[A-Za-z]*)*\s*->\s*[A-Za-z]*\s*$")
+
+
+def _einsum_text(expr: str) -> str:
+    """``'bx,xy->by'`` (jnp.einsum, one letter per axis) → ``'b x, x y -> b y'``; DSL text unchanged."""
+    if not isinstance(expr, str):
+        raise EinshardError(f"an einsum expression is a string, got {type(expr).__name__}: {expr!r}")
+    if _PLAIN.match(expr) and not re.search(r"[A-Za-z]\s+[A-Za-z]", expr) and re.search(r"[A-Za-z]{2}", expr):
+        lhs, rhs = expr.split("->")
+        sides = [" ".join(s.strip()) for s in lhs.split(",")]
+        return ", ".join(sides) + " -> " + " ".join(rhs.strip())
+    return expr
+
+
+def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | None:
+    if mesh is None:
+        for x in operands:
+            m = getattr(getattr(x, "sharding", None), "mesh", None)
+            if m is not None and getattr(m, "shape", None):
+                mesh = m
+                break
+    if mesh is None:
+        import jax
+
+        abstract = jax.sharding.get_abstract_mesh()
+        if abstract.empty:
+            return None
+        mesh = abstract
+    if isinstance(mesh, dict):
+        items = list(mesh.items())
+    elif hasattr(mesh, "shape") and hasattr(mesh, "axis_names"):
+        items = list(dict(mesh.shape).items())
+    else:
+        raise EinshardError(
+            f"mesh must be a jax.sharding.Mesh, an AbstractMesh or a dict of axis sizes, got {type(mesh).__name__}"
+        )
+    out = []
+    for name, size in items:
+        if not isinstance(size, int) or size < 1:
+            raise EinshardError(f"mesh axis {name!r} has size {size!r}; sizes are positive integers")
+        out.append(MeshAxis(str(name), int(size)))
+    return tuple(out)
+
+
+def _spec_dims(spec: Any, n: int, what: str) -> tuple[tuple[tuple[str, ...], ...], frozenset[str]]:
+    entries = tuple(spec) if spec is not None else ()
+    if len(entries) > n:
+        raise EinshardError(f"{what}: the PartitionSpec {spec} has {len(entries)} entries for {n} axes")
+    entries = entries + (None,) * (n - len(entries))
+    dims = tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
+    unreduced = frozenset(getattr(spec, "unreduced", None) or ())
+    return dims, unreduced
+
+
+def _check_rank(expr: Expression, side: Side, k: int, shape: tuple[int, ...]) -> None:
+    if side.has_ellipsis:
+        col = next(i.column for i in side.items if isinstance(i, EllipsisItem))
+        raise expr.fail("analyze does not expand '...' yet; name every axis", col)
+    if len(side.axes) != len(shape):
+        raise expr.fail(
+            f"operand {k + 1} has rank {len(shape)} (shape {tuple(shape)}) but its side names {len(side.axes)} axes",
+            side.column,
+        )
+
+
+def _layout_of(
+    expr: Expression,
+    side: Side,
+    dims: tuple[tuple[str, ...], ...],
+    unreduced: frozenset[str],
+    sizes: dict[str, int],
+    mesh: tuple[MeshAxis, ...],
+    what: str,
+) -> Layout:
+    mesh_sizes = {m.name: m.size for m in mesh}
+    known = ", ".join(f"{m.name!r}: {m.size}" for m in mesh) or "none"
+    for item, d in zip(side.axes, dims, strict=False):
+        for m in d:
+            if m not in mesh_sizes:
+                import difflib
+
+                close = difflib.get_close_matches(m, list(mesh_sizes), n=1)
+                raise expr.fail(
+                    f"mesh axis {m!r} ({what}, axis {item.name!r}) is not an axis of the mesh ({known})",
+                    item.column,
+                    (f"Did you mean {close[0]!r}? " if close else "") + "Pass mesh={'name': size, ...} or a jax Mesh.",
+                )
+        n = math.prod(mesh_sizes[m] for m in d)
+        if sizes[item.name] % n:
+            raise expr.fail(
+                f"axis {item.name!r} has size {sizes[item.name]}, which does not split into {n} shards over "
+                + "·".join(f"{m}({mesh_sizes[m]})" for m in d),
+                item.column,
+            )
+    for m in unreduced:
+        if m not in mesh_sizes:
+            raise expr.fail(
+                f"mesh axis {m!r} in '{{U:...}}' is not an axis of the mesh ({known})", side.unreduced_column
+            )
+    seen: set[str] = set()
+    for item, d in zip(side.axes, dims, strict=False):
+        for m in d:
+            if m in seen:
+                raise expr.fail(f"mesh axis {m!r} splits two axes of {what}", item.column)
+            seen.add(m)
+    names = tuple(side.names)
+    return Layout(names, tuple(sizes[n] for n in names), mesh, dims, unreduced)
+
+
+def analyze(
+    expr: str,
+    *operands: Any,
+    mesh: Any = None,
+    sizes: dict[str, int] | None = None,
+    dtype: Any = None,
+    profile: Profile | str | None = None,
+    in_specs: tuple[Any, ...] | None = None,
+    out_spec: Any = None,
+) -> Plan:
+    """Analyse one einsum on a mesh: the strategy, its collectives and cost, and the alternatives.
+
+    Args:
+        expr: an einshard einsum, its operands' axes optionally annotated with
+            mesh axes (``'b x@data, x y@model -> b y'``), or a ``jnp.einsum``
+            string (``'bx,xy->by'``) with layouts from ``in_specs`` or the
+            operands' shardings.  An annotated output (``-> b y@model``, or
+            ``{U:model}`` for pending sums) is the layout to deliver; an
+            unannotated one is inferred.
+        *operands: arrays or ``jax.ShapeDtypeStruct``s (for sizes, dtype and,
+            without annotations, shardings); or none, with ``sizes``.
+        mesh: a ``Mesh``/``AbstractMesh``, a dict of axis sizes
+            (``{'data': 4, 'model': 2}``), or None for the operands' or the current mesh.
+        sizes: axis sizes, e.g. ``{'b': 1024, 'x': 4096}`` (checked against the operands).
+        dtype: the element type (default: the first operand's, else f32).
+        profile: a :class:`Profile` or ``'cpu'``, ``'h100'``, ``'tpu-v5p'`` (default ``'cpu'``).
+        in_specs: ``PartitionSpec``s of the operands (instead of ``@`` annotations).
+        out_spec: the ``PartitionSpec`` to deliver the result in (instead of annotating the output).
+
+    Raises:
+        EinshardError: unknown mesh axes, missing or mismatched sizes, an
+            operand whose rank does not match its side, indivisible splits.
+    """
+    text = _einsum_text(expr)
+    parsed = parse_einsum(text)
+    ops = tuple(operands)
+    if ops and len(ops) != len(parsed.inputs):
+        raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but {len(ops)} arrays were given")
+    if in_specs is not None and len(in_specs) != len(parsed.inputs):
+        raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but in_specs has {len(in_specs)} entries")
+    for side in parsed.sides:
+        if side.has_ellipsis:
+            col = next(i.column for i in side.items if isinstance(i, EllipsisItem))
+            raise parsed.fail("analyze does not expand '...' yet; name every axis", col)
+
+    # Sizes: from the operands, then the mapping; every disagreement is an error naming both sizes.
+    known: dict[str, int] = {}
+    where: dict[str, str] = {}
+    for k, (side, x) in enumerate(zip(parsed.inputs, ops, strict=False)):
+        shape = tuple(int(s) for s in getattr(x, "shape", ()))
+        _check_rank(parsed, side, k, shape)
+        for item, s in zip(side.axes, shape, strict=False):
+            if item.name in known and known[item.name] != s:
+                raise parsed.fail(
+                    f"axis {item.name!r} has size {s} in operand {k + 1} but {known[item.name]} in {where[item.name]}",
+                    item.column,
+                )
+            known[item.name] = s
+            where[item.name] = f"operand {k + 1}"
+    for name, s in (sizes or {}).items():
+        if name in known and known[name] != s:
+            raise parsed.fail(f"axis {name!r} has size {known[name]} in {where[name]} but sizes={{{name!r}: {s}}}")
+        known[name] = int(s)
+        where.setdefault(name, "sizes")
+    all_axes = [n for side in parsed.inputs for n in side.names]
+    missing = sorted({n for n in all_axes if n not in known}, key=all_axes.index)
+    if missing:
+        raise parsed.fail(
+            "no size for axis " + ", ".join(repr(n) for n in missing),
+            hint="Pass arrays or jax.ShapeDtypeStructs, or sizes={" + ", ".join(f"{n!r}: ..." for n in missing) + "}.",
+        )
+    unused = [n for n in (sizes or {}) if n not in all_axes]
+    if unused:
+        raise parsed.fail(f"sizes names {unused[0]!r}, which is not an axis of the einsum")
+
+    # The mesh (only needed if something is sharded).
+    mesh_axes = _mesh_axes(mesh, ops)
+    annotated = parsed.uses_mesh_axes
+    if mesh_axes is None:
+        if annotated or in_specs is not None or out_spec is not None:
+            raise parsed.fail(
+                "the einsum names mesh axes but there is no mesh",
+                hint="Pass mesh={'data': 4, ...} or a jax Mesh, or call inside jax.set_mesh(mesh).",
+            )
+        mesh_axes = ()
+
+    # Operand layouts: '@' annotations, else in_specs, else the operands' own shardings.
+    layouts = []
+    for k, side in enumerate(parsed.inputs):
+        dims = tuple(item.mesh_axes or () for item in side.axes)
+        unreduced = frozenset(side.unreduced)
+        has_own = any(dims) or unreduced
+        if in_specs is not None:
+            if has_own:
+                raise parsed.fail("operand layouts come from '@' annotations or in_specs, not both", side.column)
+            dims, unreduced = _spec_dims(in_specs[k], len(side.axes), f"in_specs[{k}]")
+        elif not has_own and k < len(ops):
+            spec = getattr(getattr(ops[k], "sharding", None), "spec", None)
+            if spec is not None:
+                dims, unreduced = _spec_dims(spec, len(side.axes), f"operand {k + 1}'s sharding")
+        layouts.append(_layout_of(parsed, side, dims, unreduced, known, mesh_axes, f"operand {k + 1}"))
+
+    out_side = parsed.output
+    out_dims = tuple(item.mesh_axes or () for item in out_side.axes)
+    requested: Layout | None = None
+    if out_spec is not None:
+        if any(out_dims) or out_side.unreduced:
+            raise parsed.fail("the output layout comes from its annotation or out_spec, not both", out_side.column)
+        d, u = _spec_dims(out_spec, len(out_side.axes), "out_spec")
+        requested = _layout_of(parsed, out_side, d, u, known, mesh_axes, "the output")
+    elif any(out_dims) or out_side.unreduced:
+        requested = _layout_of(
+            parsed, out_side, out_dims, frozenset(out_side.unreduced), known, mesh_axes, "the output"
+        )
+
+    if dtype is None and ops:
+        dtype = getattr(ops[0], "dtype", None)
+    dname, itemsize = dtype_info(dtype)
+    prof = get_profile(profile)
+    problem = Problem(
+        tuple(layouts),
+        tuple(out_side.names),
+        tuple((n, known[n]) for n in dict.fromkeys(all_axes)),
+        mesh_axes,
+        requested,
+        itemsize,
+        prof,
+    )
+    return analyze_layouts(problem, dname)
+
+
+@functools.lru_cache(maxsize=1024)
+def analyze_layouts(problem: Problem, dtype: str = "f32") -> Plan:
+    """The :class:`Plan` for a resolved :class:`~einshard.analysis.rule.Problem` (cached: layers repeat)."""
+    ranked = rank(enumerate_candidates(problem))
+    if problem.requested is None:
+        best = next(c for c in ranked if c.resolution == "complete")
+    else:
+        if not ranked:
+            raise EinshardError(
+                f"no way to deliver the result as {side_string(problem.requested)}: "
+                "pending sums {U:...} can only come from a contraction split over that mesh axis"
+            )
+        best = ranked[0]
+    classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
+    weight = pick_weight(problem.operands, classes)
+    sizes = {m.name: m.size for m in problem.mesh}
+    total = 2 * math.prod(s for _, s in problem.sizes)
+
+    def build(c: Any, alts: tuple[Plan, ...]) -> Plan:
+        role_of = roles(problem.operands, c, classes, weight)
+        comm = sum(s.time for s in c.steps)
+        return Plan(
+            expression=", ".join(side_string(o) for o in problem.operands) + " -> " + side_string(c.out),
+            mesh=problem.mesh,
+            dtype=dtype,
+            itemsize=problem.itemsize,
+            profile=problem.profile,
+            operands=problem.operands,
+            operands_used=c.targets,
+            out_layout=c.out,
+            computed_layout=c.computed,
+            collectives=c.steps,
+            flops=c.flops,
+            total_flops=total,
+            compute_time=problem.profile.compute_time(c.flops),
+            comm_time=comm,
+            time=c.time,
+            classes=classes,
+            choice=c.choice,
+            strategy=strategy_name(role_of),
+            roles=role_of,
+            tutorial_view=tutorial_view(c, classes),
+            why=explain_choice(problem.operands, c, classes, sizes),
+            resolution=c.resolution,
+            weight=weight,
+            alternatives=alts,
+        )
+
+    alternatives = tuple(build(c, ()) for c in ranked if c is not best)
+    return build(best, alternatives)

@@ -1,0 +1,171 @@
+"""What communication and compute cost: hardware profiles and the :class:`Collective` record.
+
+Bytes follow the ring formulas of the scaling book (theory.md §b).  ``V`` is
+the *full-along-the-axis* buffer one device group works on: the array's
+bytes divided by the sharding factors of the other mesh axes.
+
+=====================  ==========================  ==============================
+collective             bytes sent per device        ``array_bytes`` (what HLO prints)
+=====================  ==========================  ==============================
+all-gather             (n-1)/n · V                  V, the gathered result
+reduce-scatter         (n-1)/n · V                  V, the full (unscattered) input
+all-reduce             2 (n-1)/n · V                V
+all-to-all             (n-1)/n · s                  s, the local shard (V = n·s)
+collective-permute     s                            s, the local shard
+=====================  ==========================  ==============================
+
+Time is α–β: ``hops · latency + bytes / bandwidth`` with ``hops`` = n-1 for a
+ring pass (2(n-1) for an all-reduce, which is a reduce-scatter then an
+all-gather) and 1 for a permute.  On a ``ring`` topology (TPU ICI) an
+all-to-all takes ``V / (4 W)`` (scaling book, sharding.md Problem 10); on a
+``switch`` (an NVLink node, a CPU host) it takes its bytes over ``W``.
+
+Example:
+    >>> p = PROFILES["h100"]
+    >>> round(p.collective_time("all-gather", 8, 7 / 8 * 2**30, 2**30) * 1e3, 3)   # ms for 1 GiB
+    2.102
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..layout import Layout
+
+__all__ = ["Profile", "PROFILES", "Collective", "KINDS", "get_profile"]
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A device and its links, for α–β time estimates.
+
+    Attributes:
+        name: a short name (``'h100'``).
+        flops: dense FLOP/s per device (at the dtype one trains in: bf16 on accelerators).
+        bandwidth: bytes/s one device can send over the links of one mesh axis.
+        latency: seconds per hop of a ring collective.
+        topology: ``'switch'`` (all-to-all connected: NVLink, a host) or ``'ring'`` (a torus axis: TPU ICI).
+    """
+
+    name: str
+    flops: float
+    bandwidth: float
+    latency: float
+    topology: str = "switch"
+
+    def collective_time(self, kind: str, n: int, bytes_sent: float, array_bytes: float) -> float:
+        """Seconds for one collective over a group of ``n`` devices."""
+        if n <= 1:
+            return 0.0
+        if kind == "collective-permute":
+            return self.latency + bytes_sent / self.bandwidth
+        if kind == "all-to-all":
+            if self.topology == "ring":
+                return self.latency * (n - 1) + n * array_bytes / (4 * self.bandwidth)
+            return self.latency * (n - 1) + bytes_sent / self.bandwidth
+        hops = 2 * (n - 1) if kind == "all-reduce" else n - 1
+        return self.latency * hops + bytes_sent / self.bandwidth
+
+    def compute_time(self, flops: float) -> float:
+        return flops / self.flops
+
+
+PROFILES: dict[str, Profile] = {
+    # A CPU host running simulated devices: ~100 GFLOP/s per device (a few AVX-512 cores), devices
+    # "talk" through host memory copies at ~10 GB/s with ~5 µs per step.  Rough, for relative answers only.
+    "cpu": Profile("cpu", flops=1e11, bandwidth=1e10, latency=5e-6),
+    # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
+    # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
+    # the book measures AR bus bandwidth only for large messages).
+    "h100": Profile("h100", flops=989e12, bandwidth=450e9, latency=2e-6),
+    # TPU v5p: 4.59e14 bf16 FLOP/s and 1.8e11 B/s bidirectional ICI per axis (scaling book, sharding.md /
+    # training.md: C/W = 2550), T_min ≈ 1 µs per hop; an axis is a (torus) ring.
+    "tpu-v5p": Profile("tpu-v5p", flops=4.59e14, bandwidth=1.8e11, latency=1e-6, topology="ring"),
+}
+
+
+def get_profile(profile: Profile | str | None) -> Profile:
+    """A :class:`Profile` from itself, a preset name, or None (the ``'cpu'`` preset)."""
+    from ..errors import EinshardError
+
+    if profile is None:
+        return PROFILES["cpu"]
+    if isinstance(profile, Profile):
+        return profile
+    if isinstance(profile, str) and profile.lower() in PROFILES:
+        return PROFILES[profile.lower()]
+    raise EinshardError(
+        f"unknown hardware profile {profile!r}",
+        hint="Use one of " + ", ".join(repr(k) for k in PROFILES) + ", or an einshard.Profile(...).",
+    )
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective an einsum needs, and what it costs.
+
+    Attributes:
+        kind: one of ``KINDS``.
+        axes: the mesh axis names it runs over (one collective over their devices together).
+        group_size: devices per group (the product of the axes' sizes).
+        bytes: bytes each device sends (ring formulas, module doc).
+        array_bytes: the buffer it works on, per device group, as XLA prints its shape (module doc).
+        time: α–β seconds on the profile.
+        tensor: which tensor: ``'operand 1'``, ``'result'``, ...
+        why: one line of reason.
+        before, after: the tensor's layout before and after.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    group_size: int
+    bytes: int
+    array_bytes: int
+    time: float = 0.0
+    tensor: str = ""
+    why: str = ""
+    before: Layout | None = field(default=None, compare=False, repr=False)
+    after: Layout | None = field(default=None, compare=False, repr=False)
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{','.join(self.axes)} ({self.tensor}, {_human(self.bytes)}/device)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "axes": list(self.axes),
+            "group_size": self.group_size,
+            "bytes": self.bytes,
+            "array_bytes": self.array_bytes,
+            "time": self.time,
+            "tensor": self.tensor,
+            "why": self.why,
+            "before": str(self.before) if self.before is not None else None,
+            "after": str(self.after) if self.after is not None else None,
+        }
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def human_bytes(n: float) -> str:
+    """``human_bytes(3 * 2**20)`` → ``'3 MiB'``."""
+    return _human(n)
+
+
+def human_time(t: float) -> str:
+    """``human_time(2.5e-6)`` → ``'2.5 µs'``."""
+    if t == 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+        if t >= scale:
+            return f"{t / scale:.3g} {unit}"
+    return f"{t / 1e-9:.3g} ns"

@@ -1,0 +1,295 @@
+"""The :class:`Plan`: what an einsum costs laid out one way, and the other ways."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..layout import Layout, MeshAxis
+from ..parsing import format_name
+from .cost import Collective, Profile, human_bytes, human_time
+from .rule import CONTRACTED, LONE, Candidate
+
+__all__ = ["Plan", "type_string", "side_string"]
+
+
+def type_string(lay: Layout, dtype: str) -> str:
+    """JAX's type notation: ``f32[64@data,256]{U:model}``."""
+    parts = []
+    for size, d in zip(lay.shape, lay.dims, strict=False):
+        text = str(size)
+        if d:
+            text += "@" + (d[0] if len(d) == 1 else "(" + ",".join(d) + ")")
+        parts.append(text)
+    text = f"{dtype}[{','.join(parts)}]"
+    if lay.unreduced:
+        text += "{U:" + ",".join(m.name for m in lay.mesh if m.name in lay.unreduced) + "}"
+    return text
+
+
+def side_string(lay: Layout) -> str:
+    """A layout written as an einshard side: ``b y@model {U:data}``."""
+    parts = []
+    for name, d in zip(lay.axes, lay.dims, strict=False):
+        text = format_name(name)
+        if d:
+            text += "@" + (d[0] if len(d) == 1 else "(" + ",".join(d) + ")")
+        parts.append(text)
+    text = " ".join(parts)
+    if lay.unreduced:
+        text += (" " if text else "") + "{U:" + ",".join(m.name for m in lay.mesh if m.name in lay.unreduced) + "}"
+    return text
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One way to compute an einsum on a mesh: layouts, collectives, FLOPs, time, the strategy's name.
+
+    ``alternatives`` holds the other ways (each a Plan without alternatives),
+    cheapest first.  Sizes are per device; times are α–β estimates on
+    ``profile``.
+    """
+
+    expression: str
+    mesh: tuple[MeshAxis, ...]
+    dtype: str
+    itemsize: int
+    profile: Profile
+    operands: tuple[Layout, ...]
+    operands_used: tuple[Layout, ...]
+    out_layout: Layout
+    computed_layout: Layout
+    collectives: tuple[Collective, ...]
+    flops: int
+    total_flops: int
+    compute_time: float
+    comm_time: float
+    time: float
+    classes: dict[str, str]
+    choice: tuple[tuple[str, str | None], ...]
+    strategy: str
+    roles: dict[str, str]
+    tutorial_view: str
+    why: str
+    resolution: str
+    weight: int | None
+    alternatives: tuple[Plan, ...] = field(default=(), repr=False)
+
+    # -- derived -------------------------------------------------------------
+    @property
+    def out_spec(self) -> Any:
+        """The result's ``PartitionSpec``; pending partial sums as ``unreduced={...}``."""
+        from jax.sharding import PartitionSpec
+
+        entries = self.out_layout.spec_entries()
+        if self.out_layout.unreduced:
+            return PartitionSpec(*entries, unreduced=set(self.out_layout.unreduced))
+        return PartitionSpec(*entries)
+
+    @property
+    def in_specs(self) -> tuple[Any, ...]:
+        """The operands' ``PartitionSpec``s as given."""
+        from jax.sharding import PartitionSpec
+
+        return tuple(PartitionSpec(*op.spec_entries()) for op in self.operands)
+
+    @property
+    def comm_bytes(self) -> int:
+        """Bytes each device sends, all collectives together."""
+        return sum(c.bytes for c in self.collectives)
+
+    @property
+    def operand_bytes(self) -> tuple[int, ...]:
+        """Bytes per device of each operand as given."""
+        return tuple(op.bytes_per_device(self.itemsize) for op in self.operands)
+
+    @property
+    def out_bytes(self) -> int:
+        return self.out_layout.bytes_per_device(self.itemsize)
+
+    @property
+    def needs_communication(self) -> bool:
+        return bool(self.collectives)
+
+    @property
+    def devices(self) -> int:
+        return math.prod(m.size for m in self.mesh)
+
+    @property
+    def options(self) -> tuple[Plan, ...]:
+        """This plan and its alternatives, cheapest first."""
+        return tuple(sorted((self, *self.alternatives), key=lambda p: p.time))
+
+    def legal_outputs(self) -> list[tuple[Any, float, str]]:
+        """Distinct result layouts among the options: (out_spec, best time, why), cheapest first.
+
+        This is the list JAX's explicit mode asks you to choose from when it
+        says "Contracting dimensions are sharded and it is ambiguous".
+        """
+        seen: dict[tuple[Any, ...], tuple[Any, float, str]] = {}
+        for p in self.options:
+            key = (p.out_layout.dims, p.out_layout.unreduced)
+            if key not in seen:
+                seen[key] = (p.out_spec, p.time, p.why)
+        return list(seen.values())
+
+    # -- output ----------------------------------------------------------------
+    def to_dict(self, alternatives: bool = True) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "expression": self.expression,
+            "mesh": {m.name: m.size for m in self.mesh},
+            "dtype": self.dtype,
+            "profile": self.profile.name,
+            "strategy": self.strategy,
+            "tutorial_view": self.tutorial_view,
+            "roles": dict(self.roles),
+            "classes": dict(self.classes),
+            "weight": self.weight,
+            "operands": [
+                {"layout": side_string(o), "type": type_string(o, self.dtype), "bytes_per_device": b}
+                for o, b in zip(self.operands, self.operand_bytes, strict=False)
+            ],
+            "operands_used": [side_string(o) for o in self.operands_used],
+            "out": {
+                "layout": side_string(self.out_layout),
+                "type": type_string(self.out_layout, self.dtype),
+                "spec": str(self.out_spec),
+                "bytes_per_device": self.out_bytes,
+            },
+            "computed": side_string(self.computed_layout),
+            "collectives": [c.to_dict() for c in self.collectives],
+            "comm_bytes": self.comm_bytes,
+            "flops": self.flops,
+            "total_flops": self.total_flops,
+            "compute_time": self.compute_time,
+            "comm_time": self.comm_time,
+            "time": self.time,
+            "why": self.why,
+            "resolution": self.resolution,
+        }
+        if alternatives:
+            d["alternatives"] = [a.to_dict(alternatives=False) for a in self.alternatives]
+        return d
+
+    def __str__(self) -> str:
+        return format_plan(self)
+
+
+def format_plan(plan: Plan, max_alternatives: int = 8) -> str:
+    """The plain-text table ``str(plan)`` prints."""
+    mesh = " ".join(str(m) for m in plan.mesh)
+    lines = [
+        f"einsum    {plan.expression}",
+        f"mesh      {mesh} ({plan.devices} devices), {plan.dtype}, profile {plan.profile.name}",
+        f"strategy  {plan.strategy}"
+        + (f" ({'; '.join(f'{m}: {r}' for m, r in plan.roles.items())})" if plan.roles else "")
+        + f"  [tutorial view: {plan.tutorial_view}]",
+        "axes      " + ", ".join(f"{format_name(e)} {c}" for e, c in plan.classes.items()),
+        "",
+    ]
+    rows = [("tensor", "axes", "type (per device bytes)", "")]
+    for i, (op, used) in enumerate(zip(plan.operands, plan.operands_used, strict=False)):
+        note = "" if used == op else f"computed as {type_string(used, plan.dtype)}"
+        rows.append(
+            (
+                f"operand {i + 1}" + (" (weight)" if plan.weight == i else ""),
+                side_string(op),
+                f"{type_string(op, plan.dtype)} ({human_bytes(op.bytes_per_device(plan.itemsize))})",
+                note,
+            )
+        )
+    note = (
+        ""
+        if plan.computed_layout == plan.out_layout
+        else f"computed as {type_string(plan.computed_layout, plan.dtype)}"
+    )
+    rows.append(
+        (
+            "result",
+            side_string(plan.out_layout),
+            f"{type_string(plan.out_layout, plan.dtype)} ({human_bytes(plan.out_bytes)})",
+            note,
+        )
+    )
+    lines += _table(rows)
+    lines.append("")
+    if plan.collectives:
+        rows = [("collective", "mesh axes", "group", "tensor", "buffer", "sent/device", "time", "why")]
+        for c in plan.collectives:
+            rows.append(
+                (
+                    c.kind,
+                    ",".join(c.axes),
+                    str(c.group_size),
+                    c.tensor,
+                    human_bytes(c.array_bytes),
+                    human_bytes(c.bytes),
+                    human_time(c.time),
+                    c.why,
+                )
+            )
+        lines += _table(rows)
+    else:
+        lines.append("no communication")
+    lines.append("")
+    lines.append(
+        f"per device: {plan.flops:.4g} FLOPs ({human_time(plan.compute_time)}), sends {human_bytes(plan.comm_bytes)} "
+        f"({human_time(plan.comm_time)}); estimated {human_time(plan.time)}"
+    )
+    lines.append(f"why: {plan.why}")
+    if plan.alternatives:
+        lines.append("")
+        lines.append("alternatives (cheapest first):")
+        rows = [("", "time", "result", "collectives", "why")]
+        for k, alt in enumerate(plan.alternatives[:max_alternatives], 1):
+            comm = ", ".join(f"{c.kind}@{','.join(c.axes)}({c.tensor})" for c in alt.collectives) or "none"
+            rows.append((f"{k}.", human_time(alt.time), type_string(alt.out_layout, alt.dtype), comm, alt.why))
+        lines += _table(rows)
+        if len(plan.alternatives) > max_alternatives:
+            lines.append(f"   ... {len(plan.alternatives) - max_alternatives} more (plan.alternatives)")
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows]
+
+
+def explain_choice(
+    operands: tuple[Layout, ...], cand: Candidate, classes: dict[str, str], sizes: dict[str, int]
+) -> str:
+    """One line: per mesh axis, what it keeps and what that asks of each operand."""
+    parts = []
+    for m, e in cand.choice:
+        if sizes[m] == 1:
+            continue
+        acts = []
+        for i, op in enumerate(operands):
+            pos = next((a for a, d in zip(op.axes, op.dims, strict=False) if m in d), None)
+            tag = f"op{i + 1}"
+            if e is None:
+                if pos is not None:
+                    acts.append(f"gather {tag}")
+            elif pos == e:
+                continue
+            elif pos is not None and e in op.axes:
+                acts.append(f"all-to-all {tag} {pos}→{e}")
+            elif pos is not None:
+                acts.append(f"gather {tag}")
+            elif e in op.axes:
+                acts.append(f"slice {tag}")
+        if e is None:
+            head = f"{m}: replicate (compute duplicated)"
+        elif classes[e] in (CONTRACTED, LONE):
+            head = f"{m}: keep {e} split ({classes[e]}) → partial sums"
+        else:
+            head = f"{m}: keep {e} split ({classes[e]})"
+        parts.append(head + (" [" + ", ".join(acts) + "]" if acts else ""))
+    res = {
+        "complete": "",
+        "requested": "",
+        "reduce-scatter": "; reduce-scatter the result",
+        "unreduced": "; leave the result as pending sums",
+    }[cand.resolution]
+    return ("; ".join(parts) or "nothing sharded") + res

@@ -1,0 +1,373 @@
+"""Collectives as pure functions on :class:`~einshard.layout.Layout`, and ``transition`` between layouts.
+
+Each primitive takes a layout and returns the new layout with the
+:class:`Collective` it costs (``None`` for a dynamic-slice, which is free):
+
+* ``all_gather(lay, axes)``            ``x@a → x``           (mesh axes ``a`` leave the tensor axis they split)
+* ``dynamic_slice(lay, axes, x)``      ``x → x@a``           (a replicated tensor keeps its own block: free)
+* ``all_reduce(lay, axes)``            ``{U:a} → (complete)``
+* ``reduce_scatter(lay, axes, x)``     ``{U:a} → x@a``
+* ``all_to_all(lay, axes, x, y)``      ``x@a y → x y@a``
+* ``collective_permute(lay, dims)``    ``x@(a,b) → x@(b,a)`` (same blocks, other devices)
+
+``transition(src, dst)`` composes them in XLA's order: reductions (RS onto
+a dimension the target shards, slicing that dimension further in the same
+step; else AR), then free slices (so everything after moves less), then
+all-to-alls, then gathers (which grow the data: last), and a permute if only the order of mesh axes differs.  This is
+XLA's reshard rule set (theory.md: "slices are free; one AG'd dim gives an
+AG; one AG'd dim plus one sliced dim gives an AllToAll").  Gathering a mesh
+axis that is not the minor-most one of its dimension first permutes it
+there, which is what XLA emits (``[a@(x,y)] → [a@y]`` compiles to a
+collective-permute then an all-gather over x).
+
+Example:
+    >>> from einshard.layout import Layout, MeshAxis
+    >>> mesh = (MeshAxis("data", 4),)
+    >>> a = Layout(("b", "d"), (64, 32), mesh, (("data",), ()))
+    >>> b, c = all_gather(a, ("data",), itemsize=4)
+    >>> b.dims, c.kind, c.bytes, c.array_bytes
+    (((), ()), 'all-gather', 6144, 8192)
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import EinshardError
+from ..layout import Layout
+from .cost import PROFILES, Collective, Profile
+
+__all__ = [
+    "all_gather",
+    "dynamic_slice",
+    "all_reduce",
+    "reduce_scatter",
+    "all_to_all",
+    "collective_permute",
+    "transition",
+]
+
+_CPU = PROFILES["cpu"]
+
+
+def _group(lay: Layout, axes: tuple[str, ...]) -> int:
+    sizes = lay.mesh_sizes
+    return math.prod(sizes[a] for a in axes)
+
+
+def _local_bytes(lay: Layout, itemsize: int) -> int:
+    return lay.bytes_per_device(itemsize)
+
+
+def _record(
+    kind: str,
+    axes: tuple[str, ...],
+    n: int,
+    sent: float,
+    array_bytes: int,
+    before: Layout,
+    after: Layout,
+    profile: Profile,
+    tensor: str,
+    why: str,
+) -> Collective:
+    sent_i = int(round(sent))
+    return Collective(
+        kind,
+        axes,
+        n,
+        sent_i,
+        array_bytes,
+        profile.collective_time(kind, n, sent_i, array_bytes),
+        tensor,
+        why,
+        before,
+        after,
+    )
+
+
+def _where(lay: Layout, mesh_axis: str) -> int | None:
+    for i, d in enumerate(lay.dims):
+        if mesh_axis in d:
+            return i
+    return None
+
+
+def _check_axes(lay: Layout, axes: tuple[str, ...]) -> None:
+    sizes = lay.mesh_sizes
+    for a in axes:
+        if a not in sizes:
+            raise EinshardError(f"mesh axis {a!r} is not an axis of the mesh ({', '.join(str(m) for m in lay.mesh)})")
+
+
+def _dim_index(lay: Layout, axis: str | int) -> int:
+    if isinstance(axis, int):
+        return axis
+    try:
+        return lay.axes.index(axis)
+    except ValueError:
+        raise EinshardError(f"{axis!r} is not an axis of the tensor {lay}") from None
+
+
+def all_gather(
+    lay: Layout, axes: tuple[str, ...], *, itemsize: int = 4, profile: Profile = _CPU, tensor: str = "", why: str = ""
+) -> tuple[Layout, Collective]:
+    """Gather mesh axes ``axes`` (which all split one tensor axis, as its minor-most axes) out of ``lay``."""
+    _check_axes(lay, axes)
+    where = {_where(lay, a) for a in axes}
+    if len(where) != 1 or None in where:
+        raise EinshardError(f"all-gather over {axes} needs them to split one axis of {lay}")
+    i = where.pop()
+    assert i is not None
+    d = lay.dims[i]
+    if d[len(d) - len(axes) :] != tuple(axes):
+        raise EinshardError(
+            f"all-gather over {axes}: they are not the minor-most mesh axes of {lay.axes[i]!r} in {lay}"
+        )
+    after = lay.with_dims(lay.dims[:i] + (d[: len(d) - len(axes)],) + lay.dims[i + 1 :])
+    n = _group(lay, axes)
+    v = _local_bytes(after, itemsize)
+    return after, _record("all-gather", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why)
+
+
+def dynamic_slice(lay: Layout, axes: tuple[str, ...], axis: str | int) -> tuple[Layout, None]:
+    """Split tensor axis ``axis`` further over mesh axes ``axes`` (minor-most), which the tensor is replicated over.
+
+    Free: each device keeps its own block.
+    """
+    _check_axes(lay, axes)
+    i = _dim_index(lay, axis)
+    for a in axes:
+        if _where(lay, a) is not None or a in lay.unreduced:
+            raise EinshardError(f"dynamic-slice over {a!r}: {lay} is not replicated over it")
+    after = lay.with_dims(lay.dims[:i] + (lay.dims[i] + tuple(axes),) + lay.dims[i + 1 :])
+    if lay.shape[i] % after.shards(i):
+        raise EinshardError(
+            f"axis {lay.axes[i]!r} has size {lay.shape[i]}, which does not split into {after.shards(i)} shards"
+        )
+    return after, None
+
+
+def all_reduce(
+    lay: Layout, axes: tuple[str, ...], *, itemsize: int = 4, profile: Profile = _CPU, tensor: str = "", why: str = ""
+) -> tuple[Layout, Collective]:
+    """Sum the pending partial sums over mesh axes ``axes``: ``{U:a} → complete``."""
+    _check_axes(lay, axes)
+    if not set(axes) <= lay.unreduced:
+        raise EinshardError(f"all-reduce over {axes}: {lay} holds no pending sums over them")
+    after = lay.with_dims(lay.dims, lay.unreduced - set(axes))
+    n = _group(lay, axes)
+    v = _local_bytes(lay, itemsize)
+    return after, _record("all-reduce", tuple(axes), n, 2 * (n - 1) / n * v, v, lay, after, profile, tensor, why)
+
+
+def reduce_scatter(
+    lay: Layout,
+    axes: tuple[str, ...],
+    axis: str | int,
+    *,
+    order: tuple[str, ...] | None = None,
+    itemsize: int = 4,
+    profile: Profile = _CPU,
+    tensor: str = "",
+    why: str = "",
+) -> tuple[Layout, Collective]:
+    """Sum pending partial sums over ``axes`` and leave each device one block of tensor axis ``axis``.
+
+    ``order`` (optional) is the split of ``axis`` afterwards: the current
+    mesh axes, ``axes`` and mesh axes the tensor is replicated over, in any
+    order.  A reduce-scatter can hand each device any block (its input chunks
+    are reordered locally first), so slicing more mesh axes into the same
+    dimension in the same step is free; XLA's CPU form, all-reduce then
+    dynamic-slice, does exactly that.
+    """
+    _check_axes(lay, axes)
+    if not set(axes) <= lay.unreduced:
+        raise EinshardError(f"reduce-scatter over {axes}: {lay} holds no pending sums over them")
+    i = _dim_index(lay, axis)
+    new = lay.dims[i] + tuple(axes) if order is None else tuple(order)
+    extra = set(new) - set(lay.dims[i]) - set(axes)
+    if (
+        len(set(new)) != len(new)
+        or not set(lay.dims[i]) <= set(new)
+        or not set(axes) <= set(new)
+        or any(_where(lay, m) is not None or m in lay.unreduced for m in extra)
+    ):
+        raise EinshardError(f"reduce-scatter over {axes}: cannot split {lay.axes[i]!r} as {new} from {lay}")
+    after = lay.with_dims(lay.dims[:i] + (new,) + lay.dims[i + 1 :], lay.unreduced - set(axes))
+    if lay.shape[i] % after.shards(i):
+        raise EinshardError(
+            f"axis {lay.axes[i]!r} has size {lay.shape[i]}, which does not split into {after.shards(i)} shards"
+        )
+    n = _group(lay, axes)
+    v = _local_bytes(lay, itemsize)
+    return after, _record("reduce-scatter", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why)
+
+
+def all_to_all(
+    lay: Layout,
+    axes: tuple[str, ...],
+    src: str | int,
+    dst: str | int,
+    *,
+    itemsize: int = 4,
+    profile: Profile = _CPU,
+    tensor: str = "",
+    why: str = "",
+) -> tuple[Layout, Collective]:
+    """Move mesh axes ``axes`` (the minor-most of tensor axis ``src``) onto tensor axis ``dst`` (minor-most)."""
+    _check_axes(lay, axes)
+    i, j = _dim_index(lay, src), _dim_index(lay, dst)
+    d = lay.dims[i]
+    if i == j or d[len(d) - len(axes) :] != tuple(axes):
+        raise EinshardError(
+            f"all-to-all over {axes}: they are not the minor-most mesh axes of {lay.axes[i]!r} in {lay}"
+        )
+    dims = list(lay.dims)
+    dims[i] = d[: len(d) - len(axes)]
+    dims[j] = dims[j] + tuple(axes)
+    after = lay.with_dims(tuple(dims))
+    if lay.shape[j] % after.shards(j):
+        raise EinshardError(
+            f"axis {lay.axes[j]!r} has size {lay.shape[j]}, which does not split into {after.shards(j)} shards"
+        )
+    n = _group(lay, axes)
+    s = _local_bytes(lay, itemsize)
+    return after, _record("all-to-all", tuple(axes), n, (n - 1) / n * s, s, lay, after, profile, tensor, why)
+
+
+def collective_permute(
+    lay: Layout,
+    dims: tuple[tuple[str, ...], ...],
+    *,
+    itemsize: int = 4,
+    profile: Profile = _CPU,
+    tensor: str = "",
+    why: str = "",
+) -> tuple[Layout, Collective]:
+    """Give each tensor axis the same mesh axes in another order: the blocks move to other devices."""
+    if len(dims) != len(lay.dims) or any(set(a) != set(b) for a, b in zip(dims, lay.dims, strict=False)):
+        raise EinshardError(f"collective-permute changes only the order of mesh axes within an axis of {lay}")
+    moved = tuple(m for a, b in zip(dims, lay.dims, strict=False) if a != b for m in b)
+    after = lay.with_dims(tuple(dims))
+    s = _local_bytes(lay, itemsize)
+    n = _group(lay, moved) if moved else 1
+    return after, _record("collective-permute", moved, n, s if moved else 0, s, lay, after, profile, tensor, why)
+
+
+def transition(
+    src: Layout,
+    dst: Layout,
+    *,
+    itemsize: int = 4,
+    profile: Profile = _CPU,
+    tensor: str = "",
+) -> tuple[Layout, tuple[Collective, ...]]:
+    """The collectives that take ``src`` to ``dst`` (same tensor, same mesh), cheapest order (module doc).
+
+    Raises EinshardError if ``dst`` holds pending sums ``src`` does not (a
+    complete value cannot become a pending sum by communication).
+
+    Example:
+        >>> from einshard.layout import Layout, MeshAxis
+        >>> mesh = (MeshAxis("x", 4),)
+        >>> a = Layout(("a", "b"), (16, 32), mesh, (("x",), ()))
+        >>> _, steps = transition(a, a.with_dims(((), ("x",))))
+        >>> [(c.kind, c.array_bytes) for c in steps]      # V11: one all-to-all of the local shard
+        [('all-to-all', 512)]
+    """
+    if src.axes != dst.axes or src.shape != dst.shape:
+        raise EinshardError(f"transition between different tensors: {src} and {dst}")
+    extra = dst.unreduced - src.unreduced
+    if extra:
+        raise EinshardError(
+            f"cannot reach {dst} from {src}: a complete value does not become a pending sum over "
+            f"{', '.join(sorted(extra))} by communication"
+        )
+    kw = {"itemsize": itemsize, "profile": profile, "tensor": tensor}
+    steps: list[Collective] = []
+    cur = src
+    order = [m.name for m in src.mesh]
+    src_at = {m: i for i, d in enumerate(src.dims) for m in d}
+    dst_at = {m: i for i, d in enumerate(dst.dims) for m in d}
+
+    # 1. Pending sums: reduce-scatter onto the dimension the target splits with them (slicing in the same
+    #    step whatever else the target splits that dimension with), else all-reduce.  Reductions come
+    #    before slices of other dimensions, as XLA orders them (it all-reduces the whole local result).
+    pending = [m for m in order if m in src.unreduced and m not in dst.unreduced]
+    slice_now = {m for d in dst.dims for m in d if m not in src_at and m not in src.unreduced}
+    by_dim: dict[int, list[str]] = {}
+    for m in pending:
+        if m in dst_at:
+            by_dim.setdefault(dst_at[m], []).append(m)
+    for j, ms in by_dim.items():
+        ms_ordered = tuple(m for m in dst.dims[j] if m in ms)
+        keep = cur.dims[j]
+        tail = tuple(m for m in dst.dims[j] if m in ms or m in slice_now)
+        final = tuple(m for m in dst.dims[j] if m in keep) + tail if dst.dims[j][: len(keep)] == keep else keep + tail
+        slice_now -= set(final)
+        cur, c = reduce_scatter(
+            cur, ms_ordered, j, order=final, why="sum the partial results and keep one block each", **kw  # type: ignore[arg-type]
+        )
+        steps.append(c)
+    rest = tuple(m for m in pending if m not in dst_at)
+    if rest:
+        cur, c = all_reduce(cur, rest, why="sum the partial results", **kw)  # type: ignore[arg-type]
+        steps.append(c)
+
+    # 2. Free slices, in the target's mesh-axis order within each dimension.
+    for j, d in enumerate(dst.dims):
+        new = tuple(m for m in d if m in slice_now)
+        if new:
+            cur, _ = dynamic_slice(cur, new, j)
+
+    # 3. Mesh axes that move from one tensor axis to another: all-to-all (grouped by source and target).
+    moves: dict[tuple[int, int], list[str]] = {}
+    for m in order:
+        if m in src_at and m in dst_at and src_at[m] != dst_at[m]:
+            moves.setdefault((src_at[m], dst_at[m]), []).append(m)
+    for (i, j), ms in moves.items():
+        cur = _to_minor(cur, i, ms, steps, kw)
+        cur, c = all_to_all(
+            cur,
+            tuple(ms),
+            i,
+            j,
+            why=f"move the split from {_name(src, i)} to {_name(src, j)}",
+            **kw,  # type: ignore[arg-type]
+        )
+        steps.append(c)
+
+    # 4. Gathers, grouped by the dimension they leave.
+    gathers: dict[int, list[str]] = {}
+    for m in order:
+        if m in src_at and m not in dst_at:
+            gathers.setdefault(src_at[m], []).append(m)
+    for i, ms in gathers.items():
+        cur = _to_minor(cur, i, ms, steps, kw)
+        ms_ordered = tuple(m for m in cur.dims[i] if m in ms)
+        cur, c = all_gather(cur, ms_ordered, why=f"gather {_name(src, i)}", **kw)  # type: ignore[arg-type]
+        steps.append(c)
+
+    # 5. Same mesh axes per dimension, other order: the blocks sit on other devices.
+    if cur.dims != dst.dims:
+        cur, c = collective_permute(cur, dst.dims, why="reorder the mesh axes of a split", **kw)  # type: ignore[arg-type]
+        steps.append(c)
+    return cur, tuple(steps)
+
+
+def _to_minor(cur: Layout, i: int, ms: list[str], steps: list[Collective], kw: dict) -> Layout:  # type: ignore[type-arg]
+    """Permute mesh axes ``ms`` to the minor end of dimension ``i`` if they are not there."""
+    d = cur.dims[i]
+    want = tuple(m for m in d if m not in ms) + tuple(m for m in d if m in ms)
+    if want == d:
+        return cur
+    new, c = collective_permute(
+        cur, cur.dims[:i] + (want,) + cur.dims[i + 1 :], why="bring the mesh axes to move to the minor end", **kw
+    )
+    steps.append(c)
+    return new
+
+
+def _name(lay: Layout, i: int) -> str:
+    return repr(lay.axes[i])

@@ -1,0 +1,221 @@
+"""Read the collectives out of compiled HLO text (``jax.jit(f).lower(...).compile().as_text()``).
+
+What it handles (theory.md, "HLO-parsing gotchas"):
+
+* the five collective kinds, synchronous or as async ``*-start``/``*-done``
+  pairs (counted once, with the ``-done``'s result shape and the ``-start``'s
+  attributes);
+* replica groups in all three textual forms: explicit ``{{0,1},{2,3}}``, iota
+  ``[2,4]<=[8]`` / ``[4,2]<=[2,4]T(1,0)``, and Shardy's
+  ``mesh['x'=2,'y'=4] {'y'}`` (optionally with ``device_ids=(...)``); an
+  empty ``{}`` means all devices;
+* tuple shapes with spaces (``all-to-all`` returns one piece per peer);
+* the CPU form of a reduce-scatter: XLA's CPU backend emits an
+  ``all-reduce`` whose result feeds a ``dynamic-slice`` (directly or inside a
+  fusion).  Such an all-reduce is marked ``sliced=True``, and
+  :func:`normalized` reports it as a reduce-scatter, the equivalence
+  einshard's tests rely on.
+
+``array_bytes`` uses the analyzer's convention (see einshard.analysis.cost):
+the gathered result of an all-gather, the full input of a reduce-scatter
+(result × group size), the buffer of an all-reduce, the local pieces of an
+all-to-all, the permuted buffer.
+
+Example:
+    >>> text = '''HloModule m, num_partitions=8
+    ... ENTRY %main {
+    ...   %p = f32[16,256]{1,0} parameter(0)
+    ...   %ag = f32[64,256]{1,0} all-gather(%p), channel_id=1, replica_groups=[2,4]<=[8], dimensions={0}
+    ...   %ar = f32[64,256]{1,0} all-reduce(%ag), replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add
+    ...   ROOT %ds = f32[16,256]{1,0} dynamic-slice(%ar, %i, %j), dynamic_slice_sizes={16,256}
+    ... }'''
+    >>> [(c.kind, c.array_bytes, c.group_size) for c in normalized(text)]
+    [('all-gather', 65536, 4), ('reduce-scatter', 65536, 4)]
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+__all__ = ["HloCollective", "collectives", "normalized", "signature", "DTYPE_BYTES"]
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+DTYPE_BYTES = {
+    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+    "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HloCollective:
+    """One collective in compiled HLO.
+
+    Attributes:
+        kind: one of the five kinds (``-start``/``-done`` folded).
+        name: the instruction name.
+        shapes: the result's arrays as (dtype, dims).
+        bytes: bytes of the result (all tuple pieces).
+        array_bytes: the buffer in the analyzer's convention (module doc).
+        group_size: devices per replica group (for a permute: devices that send).
+        groups: the device groups, when they could be worked out.
+        sliced: an all-reduce whose result is dynamic-sliced: a reduce-scatter on CPU.
+        line: the HLO line.
+    """
+
+    kind: str
+    name: str
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    bytes: int
+    array_bytes: int
+    group_size: int
+    groups: tuple[tuple[int, ...], ...] | None
+    sliced: bool
+    line: str
+
+
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s(?P<op>[a-z][\w\-]*)\((?P<args>[^)]*)\)(?P<attrs>.*)$")
+_ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
+_COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+
+
+def _shapes(text: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    out = []
+    for dtype, dims in _ARRAY.findall(text):
+        if dtype in DTYPE_BYTES:
+            out.append((dtype, tuple(int(d) for d in dims.split(",") if d)))
+    return tuple(out)
+
+
+def _nbytes(shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> int:
+    return sum(DTYPE_BYTES[d] * math.prod(s) for d, s in shapes)
+
+
+def _iota(dims: list[int], reshape: list[int], perm: list[int] | None) -> list[int]:
+    import numpy as np
+
+    ids = np.arange(math.prod(reshape)).reshape(reshape)
+    if perm is not None:
+        ids = ids.transpose(perm)
+    return [int(i) for i in ids.reshape(dims).reshape(-1)]
+
+
+def _groups(attrs: str, num_devices: int | None) -> tuple[int, tuple[tuple[int, ...], ...] | None]:
+    """(group size, groups or None) from an instruction's attributes."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((\[[^)]*\)?)\))?\s*\{([^}]*)\}", attrs)
+    if m:
+        import numpy as np
+
+        axes = [(k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))]
+        chosen = re.findall(r"'([^']+)'", m.group(3))
+        sizes = dict(axes)
+        n = math.prod(sizes[a] for a in chosen) if chosen else 1
+        total = math.prod(sizes.values())
+        ids = np.arange(total)
+        if m.group(2):
+            iota = re.match(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", m.group(2))
+            if iota:
+                reshape = [int(x) for x in iota.group(1).split(",")]
+                perm = [int(x) for x in iota.group(2).split(",")] if iota.group(2) else None
+                ids = np.array(_iota([total], reshape, perm))
+        grid = ids.reshape([s for _, s in axes])
+        names = [a for a, _ in axes]
+        order = [i for i, a in enumerate(names) if a not in chosen] + [names.index(a) for a in chosen]
+        groups = grid.transpose(order).reshape(-1, n)
+        return n, tuple(tuple(int(x) for x in g) for g in groups)
+    m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attrs)
+    if m:
+        shape = [int(x) for x in m.group(1).split(",")]
+        reshape = [int(x) for x in m.group(2).split(",")]
+        perm = [int(x) for x in m.group(3).split(",")] if m.group(3) else None
+        flat = _iota([math.prod(shape)], reshape, perm)
+        n = shape[-1]
+        return n, tuple(tuple(flat[i : i + n]) for i in range(0, len(flat), n))
+    m = re.search(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}", attrs)
+    if m:
+        groups = tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in re.findall(r"\{([\d,\s]*)\}", m.group(1)))
+        if groups:
+            return len(groups[0]), groups
+        return (num_devices or 1), None
+    m = re.search(r"source_target_pairs=\{(.*?)\}\}", attrs)
+    if m:
+        pairs = re.findall(r"\{(\d+),(\d+)\}", m.group(0))
+        moving = {int(a) for a, b in pairs if a != b}
+        return len(moving), None
+    return (num_devices or 1), None
+
+
+def collectives(hlo_text: str) -> list[HloCollective]:
+    """Every collective in the HLO text, in order (async pairs once)."""
+    header = re.search(r"num_partitions=(\d+)", hlo_text)
+    num_devices = int(header.group(1)) if header else None
+    lines = hlo_text.splitlines()
+    # Pass 1: instructions, the computation each belongs to, and who consumes what.
+    instrs: list[tuple[str, str, str, list[str], str, str]] = []  # name, shape, op, args, attrs, line
+    comp_ops: dict[str, set[str]] = {}
+    current = ""
+    for line in lines:
+        m = _INSTR.match(line)
+        if not m:
+            c = _COMP.match(line)
+            if c and "=" not in line.split("{")[0]:
+                current = c.group("name")
+            continue
+        args = [a.strip().lstrip("%") for a in m.group("args").split(",") if a.strip()]
+        args = [a.split()[-1].lstrip("%") if " " in a else a for a in args]
+        instrs.append((m.group("name"), m.group("shape"), m.group("op"), args, m.group("attrs"), line.strip()))
+        comp_ops.setdefault(current, set()).add(m.group("op"))
+    consumers: dict[str, list[tuple[str, str]]] = {}
+    for name, _, op, args, attrs, _ in instrs:
+        for a in args:
+            consumers.setdefault(a, []).append((op, attrs))
+    starts = {name: attrs for name, _, op, _, attrs, _ in instrs if op.endswith("-start")}
+
+    def sliced(name: str) -> bool:
+        for op, attrs in consumers.get(name, []):
+            if op == "dynamic-slice":
+                return True
+            if op == "fusion":
+                called = re.search(r"calls=%?([\w.\-]+)", attrs)
+                if called and "dynamic-slice" in comp_ops.get(called.group(1), set()):
+                    return True
+        return False
+
+    out: list[HloCollective] = []
+    for name, shape, op, args, attrs, line in instrs:
+        base = op.removesuffix("-start").removesuffix("-done")
+        if base not in KINDS or op.endswith("-start"):
+            continue
+        if op.endswith("-done"):
+            attrs = starts.get(args[0], "") if args else ""
+        shapes = _shapes(shape)
+        nbytes = _nbytes(shapes)
+        n, groups = _groups(attrs, num_devices)
+        array_bytes = nbytes * n if base == "reduce-scatter" else nbytes
+        is_sliced = base == "all-reduce" and sliced(name)
+        out.append(HloCollective(base, name, shapes, nbytes, array_bytes, n, groups, is_sliced, line))
+    return out
+
+
+def normalized(hlo_text: str) -> list[HloCollective]:
+    """:func:`collectives`, with CPU's all-reduce + dynamic-slice reported as a reduce-scatter.
+
+    Collectives over groups of one device (no-ops XLA sometimes keeps) are dropped.
+    """
+    out = []
+    for c in collectives(hlo_text):
+        if c.group_size <= 1:
+            continue
+        if c.sliced:
+            c = HloCollective("reduce-scatter", c.name, c.shapes, c.bytes, c.array_bytes, c.group_size, c.groups, True, c.line)
+        out.append(c)
+    return out
+
+
+def signature(items: list[tuple[str, int, int]] | list[HloCollective]) -> Counter[tuple[str, int, int]]:
+    """A multiset of (kind, array_bytes, group_size), to compare XLA with the analyzer."""
+    return Counter((c.kind, c.array_bytes, c.group_size) if isinstance(c, HloCollective) else c for c in items)
