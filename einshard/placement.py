@@ -260,9 +260,14 @@ def einshard(x: Any, expr: Rules, *, mesh: Mesh | None = None, process_local: bo
             the first match wins; ``None`` leaves that leaf as it is) to expressions.
         mesh: the mesh for ``@`` expressions; default: the mesh current under
             ``jax.set_mesh``, else the mesh ``x`` already lives on.
-        process_local: under ``jax.distributed``, ``x`` is this process's own
-            slice of the global array (as a data loader yields it), not the
-            whole global array.
+        process_local: how ``x`` is read under ``jax.distributed``.  False
+            (default): ``x`` is the global array, the same on every process
+            (as with ``jax.device_put``; not checked), and each process
+            transfers only the shards its own devices hold.  True: ``x`` is
+            this process's own slice (as a data loader yields it); the global
+            array is assembled from every process's slice, each axis as many
+            times longer as there are processes splitting it.  On one process
+            both read the same.
 
     Returns:
         ``x`` laid out: a jax.Array eagerly; under ``jax.jit`` the traced value
@@ -282,6 +287,12 @@ def einshard(x: Any, expr: Rules, *, mesh: Mesh | None = None, process_local: bo
 
 def _place_one(x: Any, text: str, mesh: Any, process_local: bool) -> Any:
     if isinstance(x, jax.core.Tracer):
+        if process_local:
+            raise parse_placement(text).fail(
+                "process_local=True places each process's host data; under jax.jit values are already global",
+                None,
+                "Call einshard(batch, expr, process_local=True) outside jax.jit, then pass the result in.",
+            )
         return _constrain(x, text, mesh)
     chosen = _pick_mesh(text, mesh, x)
     if process_local:
@@ -299,30 +310,104 @@ def _concrete_sharding(text: str, shape: tuple[int, ...], chosen: Any) -> NamedS
     return sh
 
 
+def _is_global(x: Any) -> bool:
+    """A jax.Array spread over several processes (it already is the global array)."""
+    return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
+def _takes_own_shards(x: Any, sh: NamedSharding) -> bool:
+    """Multi-process placement of a value this process holds whole (host array or local jax.Array)."""
+    return not sh.is_fully_addressable and not _is_global(x)
+
+
 def _put(x: Any, sh: NamedSharding) -> Any:
-    if not sh.is_fully_addressable and not isinstance(x, jax.Array):
-        # Multi-process: every process holds the same global host array and
-        # transfers only the shards its own devices hold.
-        host = np.asarray(x)
-        return jax.make_array_from_callback(host.shape, sh, lambda idx: host[idx])
+    if _takes_own_shards(x, sh):
+        # x is the global value, the same on every process (as with jax.device_put).
+        # Each process slices out and transfers only the shards its own devices
+        # hold.  jax.device_put would also all-gather x across processes to check
+        # that it is equal everywhere (a full copy of x over the network, per call)
+        # and refuses a committed jax.Array on this process's devices.
+        src = x if isinstance(x, jax.Array) else np.asarray(x)
+        return jax.make_array_from_callback(src.shape, sh, lambda idx: src[idx])
     return jax.device_put(x, sh)
 
 
 def _from_process_local(x: Any, text: str, chosen: Any) -> Any:
-    local = np.asarray(x)
-    # JAX infers the global shape from the local slices; the layout is then
-    # resolved (and checked) again on the real global shape.
-    first = _concrete_sharding(text, (0,) * local.ndim, chosen)
+    expr = parse_placement(text)
+    if _is_global(x):
+        raise expr.fail(
+            "process_local=True takes this process's own slice, but this jax.Array is already global "
+            f"(it spans {len(x.sharding.device_set)} devices of several processes)",
+            None,
+            "Drop process_local=True to re-lay out a global array.",
+        )
+    local = x if isinstance(x, jax.Array) else np.asarray(x)
+    # The global shape follows from the layout (how many processes split each
+    # axis), and with '*' the layout follows from the global shape: start from
+    # the layout of an unknown shape (0 divides by anything) and iterate to the
+    # fixed point, so data are transferred once, with the final layout.
+    sh = _concrete_sharding(text, (0,) * local.ndim, chosen)
+    for _ in range(4):
+        global_shape = _global_shape(expr, sh, tuple(local.shape))
+        final = _concrete_sharding(text, global_shape, chosen)
+        if final == sh:
+            break
+        sh = final
+    else:
+        raise expr.fail(
+            f"cannot settle on a layout for process-local data of shape {tuple(local.shape)}: the '*' split "
+            "depends on the global shape, which depends on the split",
+            None,
+            "Give explicit counts instead of '*', or name mesh axes with '@'.",
+        )
     try:
-        arr = jax.make_array_from_process_local_data(first, local)
-        sh = _concrete_sharding(text, arr.shape, chosen)
-        if sh != first:
-            arr = jax.make_array_from_process_local_data(sh, local, arr.shape)
+        return jax.make_array_from_process_local_data(sh, local, global_shape)
     except ValueError as err:
-        raise parse_placement(text).fail(
-            f"process-local data of shape {local.shape} does not fit the layout: {err}"
-        ) from None
-    return arr
+        raise expr.fail(f"process-local data of shape {tuple(local.shape)} does not fit the layout: {err}") from None
+
+
+def _global_shape(expr: Expression, sh: NamedSharding, local_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The global shape whose process-local slice (under ``sh``) has ``local_shape``.
+
+    Along each axis split into ``n`` shards of which this process's devices
+    hold ``k`` distinct ones, the process holds ``k/n`` of the axis: the global
+    size is ``local * n / k`` (``n == k``: every process holds the whole axis).
+    Found from the sharding alone (a probe shape of one element per shard), so
+    no data move.
+    """
+    spec = tuple(sh.spec) + (None,) * (len(local_shape) - len(sh.spec))
+    per_axis = [_split_count(sh.mesh, entry) for entry in spec]
+    me = jax.process_index()
+    held: list[set[int]] = [set() for _ in local_shape]
+    for device, index in sh.devices_indices_map(tuple(per_axis)).items():
+        if device.process_index == me:
+            for axis, part in enumerate(index):
+                held[axis].add(part.start or 0)
+    if not held or not held[0]:
+        if not local_shape:
+            return ()
+        raise expr.fail(f"this process (index {me}) holds no device of the mesh, so it has no slice to give", None)
+    out = []
+    for axis, (size, n, mine) in enumerate(zip(local_shape, per_axis, held, strict=True)):
+        k = len(mine)
+        if k == n:  # the whole axis is here (the layout check then says whether it splits)
+            out.append(size)
+            continue
+        if size % k:
+            raise expr.fail(
+                f"axis {axis} of the process-local data has size {size}, but this process holds {k} of its "
+                f"{n} shards: the size must be a multiple of {k}",
+                None,
+            )
+        out.append(size * n // k)
+    return tuple(out)
+
+
+def _split_count(mesh: Any, entry: Any) -> int:
+    if entry is None:
+        return 1
+    names = (entry,) if isinstance(entry, str) else tuple(entry)
+    return int(np.prod([mesh.shape[n] for n in names], dtype=np.int64))
 
 
 def _constrain(x: Any, text: str, mesh: Any) -> Any:
@@ -418,7 +503,7 @@ def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
                 err.column,
                 err.hint,
             ) from None
-        if not sh.is_fully_addressable and not isinstance(leaf, jax.Array):
+        if _takes_own_shards(leaf, sh):
             out[i] = _put(leaf, sh)
             continue
         pending.append(i)

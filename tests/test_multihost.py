@@ -1,0 +1,170 @@
+"""Real multi-process einshard: 2 processes x 4 CPU devices under ``jax.distributed`` (gloo).
+
+``tests/multihost_worker.py`` runs as each process; this test launches both,
+checks they succeed and that each reports, for every scenario, the jitted
+reductions numpy computes here from the same global data.  The in-process
+tests below cover the pieces of process-local placement that one process can
+check on its own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from einshard import EinshardError, einshard
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+WORKER = HERE / "multihost_worker.py"
+N_PROCESSES = 2
+LOCAL_DEVICES = 4
+TIMEOUT_S = 120  # a generous ceiling; the run takes a few seconds
+
+SCENARIOS = {
+    "global/counts",
+    "global/rules/auto",
+    "global/rules/auto/set_mesh",
+    "global/rules/explicit",
+    "global/rules/explicit/set_mesh",
+    "global/own-shards-only",
+    "global/local-jax-arrays",
+    "global/relayout",
+    "process_local/auto",
+    "process_local/explicit",
+    "process_local/counts",
+    "process_local/replicated-across-processes",
+    "jit/constraint/auto",
+    "jit/constraint/explicit",
+}
+
+
+def _worker_module():
+    spec = importlib.util.spec_from_file_location("multihost_worker", WORKER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_processes(tmp_path: Path) -> list[tuple[int, str, str]]:
+    """Launch every worker, wait for all of them (killing them all on timeout): (returncode, stdout, stderr) each."""
+    port = _free_port()
+    env = dict(os.environ)
+    # The worker sets its own device count; import this checkout's einshard, not an installed one.
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    procs = []
+    files = []
+    try:
+        for pid in range(N_PROCESSES):
+            out = open(tmp_path / f"worker{pid}.out", "w+")  # files, not pipes: no pipe can fill and block
+            err = open(tmp_path / f"worker{pid}.err", "w+")
+            files.append((out, err))
+            cmd = [sys.executable, str(WORKER), "--port", str(port), "--process-id", str(pid)]
+            cmd += ["--num-processes", str(N_PROCESSES), "--local-devices", str(LOCAL_DEVICES)]
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT))
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs):
+                # One failed: the others may wait for it in a collective; give them a moment, not minutes.
+                deadline = min(deadline, time.monotonic() + 5)
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = []
+    for p, (out, err) in zip(procs, files, strict=True):
+        out.seek(0)
+        err.seek(0)
+        results.append((p.returncode, out.read(), err.read()))
+        out.close()
+        err.close()
+    return results
+
+
+def _report(results: list[tuple[int, str, str]]) -> str:
+    parts = []
+    for pid, (rc, out, err) in enumerate(results):
+        killed = " (killed: timed out, or another process failed first)" if rc is not None and rc < 0 else ""
+        noisy = [line for line in out.splitlines() if not line.startswith("[Gloo]")]
+        parts.append(
+            f"--- process {pid}: exit {rc}{killed}\nstdout:\n" + "\n".join(noisy[-20:]) + f"\nstderr:\n{err[-4000:]}"
+        )
+    return "\n".join(parts)
+
+
+@pytest.mark.slow
+def test_two_processes_shard_and_reduce(tmp_path: Path) -> None:
+    worker = _worker_module()
+    results = _run_processes(tmp_path)
+    assert all(rc == 0 for rc, _, _ in results), "a worker failed:\n" + _report(results)
+
+    reports = []
+    for _, out, _ in results:
+        lines = [line for line in out.splitlines() if line.startswith(worker.RESULT_PREFIX)]
+        assert len(lines) == 1, "a worker printed no result line:\n" + _report(results)
+        reports.append(json.loads(lines[0][len(worker.RESULT_PREFIX) :]))
+    assert sorted(r["process"] for r in reports) == list(range(N_PROCESSES))
+
+    expected = {k: float(v) for k, v in worker.reduce_tree(np, worker.global_data()).items()}
+    for report in reports:
+        assert set(report["results"]) == SCENARIOS, f"process {report['process']} ran {sorted(report['results'])}"
+        for scenario, values in report["results"].items():
+            assert values.keys() == expected.keys(), scenario
+            for name, want in expected.items():
+                assert values[name] == pytest.approx(want, rel=1e-6), (report["process"], scenario, name)
+    # Every process sees the same (global) values.
+    assert reports[0]["results"] == reports[1]["results"]
+
+
+# ---------------------------------------------------------------------------
+# Process-local placement, checked in this single process (where local == global).
+
+
+def test_process_local_stars_settle_on_the_global_layout() -> None:
+    # On an unknown shape 'b* d*' would split the devices as evenly as possible;
+    # on the real (8n, 3) the 3 cannot split, so every device goes to b.  The
+    # data must land with that final layout, once.
+    n = jax.device_count()
+    x = np.arange(8 * n * 3, dtype=np.float32).reshape(8 * n, 3)
+    placed = einshard(x, "b d -> b* d*", process_local=True)
+    assert placed.sharding == einshard(x, "b d -> b* d*").sharding
+    assert placed.sharding.shard_shape(placed.shape) == (8, 3)
+    np.testing.assert_array_equal(np.asarray(placed), x)
+
+
+def test_process_local_pytree_and_scalar() -> None:
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    batch = {"x": np.ones((2 * jax.device_count(), 5), np.float32), "step": np.int32(7)}
+    placed = einshard(batch, {"x": "b d -> b@data d", "step": "->"}, mesh=mesh, process_local=True)
+    assert placed["x"].sharding.spec == jax.sharding.PartitionSpec("data", None)
+    assert int(placed["step"]) == 7
+
+
+def test_process_local_under_jit_is_an_error() -> None:
+    with pytest.raises(EinshardError, match="under jax.jit values are already global"):
+        jax.jit(lambda v: einshard(v, "a b -> a b*", process_local=True))(np.ones((8, 8)))
+
+
+def test_process_local_indivisible_is_an_einshard_error() -> None:
+    with pytest.raises(EinshardError, match="does not split"):
+        einshard(np.ones((8, 3)), "a b -> a b2", process_local=True)
