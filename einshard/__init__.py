@@ -7,7 +7,7 @@ The public API is what ``__all__`` lists; the layers behind it (parsing,
 layout, placement) are importable on their own.
 """
 
-from .analysis import Collective, Plan, Profile, analyze
+from .analysis import Collective, Plan, Profile, analyze, explain
 from .errors import EinshardError
 from .layout import Layout, MeshAxis
 from .parsing import Expression, parse
@@ -20,6 +20,7 @@ __all__ = [
     "Plan",
     "Profile",
     "analyze",
+    "explain",
     "EinshardError",
     "Expression",
     "Layout",

@@ -1,7 +1,5 @@
 """Layout propagation through jaxprs (einshard.analysis.program), independent of the cost model."""
 
-import jax
-import jax.numpy as jnp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st

@@ -42,3 +42,7 @@ __all__ = [
     "reduce_scatter",
     "transition",
 ]
+
+from .program import OpReport, ProgramReport, explain  # noqa: E402
+
+__all__ += ["OpReport", "ProgramReport", "explain"]

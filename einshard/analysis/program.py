@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -27,6 +27,11 @@ import numpy as np
 
 from ..errors import EinshardError
 from ..layout import Layout, MeshAxis
+from .api import analyze_layouts, dtype_info
+from .cost import get_profile
+from .plan import side_string
+from .primitives import transition
+from .rule import Problem
 
 __all__ = ["explain", "ProgramReport", "OpReport"]
 
@@ -165,38 +170,38 @@ class _DotResult:
 
 
 class _Rules:
-    """Adapters onto einshard.analysis: one einsum, one layout change."""
+    """Adapters onto the per-einsum analyzer: one einsum, one layout change."""
 
     def __init__(self, mesh: tuple[MeshAxis, ...], profile: Any) -> None:
-        from . import analyze, resolve_profile  # the per-einsum analyzer
-
         self.mesh = mesh
         self.mesh_sizes = {m.name: m.size for m in mesh}
-        self.profile = resolve_profile(profile)
-        self._analyze = analyze
+        self.profile = get_profile(profile)
 
     def dot(self, lhs: Layout, rhs: Layout, dimension_numbers: Any, dtype: Any) -> _DotResult:
-        expr, sizes, out_names = _dot_expression(lhs, rhs, dimension_numbers)
-        plan = self._analyze(expr, mesh=self.mesh_sizes, sizes=sizes, dtype=dtype, profile=self.profile)
+        lnames, rnames, out_names = _dot_names(lhs, rhs, dimension_numbers)
+        if _is_free(lhs) and not _is_free(rhs):
+            lhs = _adopt(lhs, lnames, rhs, rnames, self.mesh_sizes)
+        elif _is_free(rhs) and not _is_free(lhs):
+            rhs = _adopt(rhs, rnames, lhs, lnames, self.mesh_sizes)
+        dname, itemsize = dtype_info(dtype)
+        ops = (_renamed(lhs, lnames), _renamed(rhs, rnames))
+        sizes = dict(zip(lnames, lhs.shape)) | dict(zip(rnames, rhs.shape))
+        problem = Problem(ops, tuple(out_names), tuple(sizes.items()), self.mesh, None, itemsize, self.profile)
+        plan = analyze_layouts(problem, dname)
         out = plan.out_layout
-        # Back to positional names for the rest of the walk.
-        order = [out.axes.index(n) for n in out_names]
-        positional = Layout(
-            tuple(f"d{i}" for i in range(len(order))),
-            tuple(out.shape[i] for i in order),
-            out.mesh,
-            tuple(out.dims[i] for i in order),
-            out.unreduced,
-        )
-        return _DotResult(positional, tuple(plan.collectives), float(plan.flops), float(plan.time), expr)
+        positional = Layout(tuple(f"d{i}" for i in range(len(out.axes))), out.shape, out.mesh, out.dims, out.unreduced)
+        return _DotResult(positional, tuple(plan.collectives), float(plan.flops), float(plan.time), plan.expression)
 
     def reshard(self, src: Layout, dst: Layout, dtype: Any) -> tuple[Any, ...]:
-        from . import transition
-
-        return tuple(transition(src, dst, dtype=dtype, profile=self.profile).collectives)
+        _, itemsize = dtype_info(dtype)
+        return transition(src, dst, itemsize=itemsize, profile=self.profile)[1]
 
     def compute_time(self, flops: float) -> float:
-        return flops / self.profile.flops_per_s
+        return self.profile.compute_time(flops)
+
+
+def _renamed(lay: Layout, names: Sequence[str]) -> Layout:
+    return Layout(tuple(names), lay.shape, lay.mesh, lay.dims, lay.unreduced)
 
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -206,18 +211,8 @@ def _name(i: int) -> str:
     return _LETTERS[i] if i < 26 else _LETTERS[i // 26 - 1] + _LETTERS[i % 26]
 
 
-def _side(names: Sequence[str], layout: Layout) -> str:
-    parts = []
-    for n, d in zip(names, layout.dims):
-        if d:
-            parts.append(f"{n}@{d[0]}" if len(d) == 1 else f"{n}@({','.join(d)})")
-        else:
-            parts.append(n)
-    return " ".join(parts)
-
-
-def _dot_expression(lhs: Layout, rhs: Layout, dn: Any) -> tuple[str, dict[str, int], list[str]]:
-    """An annotated einsum for a dot_general: 'a b@data, b c@model -> a c'."""
+def _dot_names(lhs: Layout, rhs: Layout, dn: Any) -> tuple[list[str], list[str], list[str]]:
+    """Einsum axis names for a dot_general's operands and result (batch, lhs free, rhs free: XLA's order)."""
     (lc, rc), (lb, rb) = dn
     counter = iter(range(10**6))
     lnames = [""] * len(lhs.shape)
@@ -235,29 +230,128 @@ def _dot_expression(lhs: Layout, rhs: Layout, dn: Any) -> tuple[str, dict[str, i
     out = [lnames[i] for i in lb]
     out += [lnames[i] for i in range(len(lnames)) if i not in lb and i not in lc]
     out += [rnames[j] for j in range(len(rnames)) if j not in rb and j not in rc]
-    sizes = {n: s for n, s in zip(lnames, lhs.shape)}
-    sizes.update({n: s for n, s in zip(rnames, rhs.shape)})
-    expr = f"{_side(lnames, lhs)}, {_side(rnames, rhs)} -> {' '.join(out)}"
-    return expr, sizes, out
+    return lnames, rnames, out
 
 
 # ---------------------------------------------------------------------------
 # The walk
 
 
+@dataclass(frozen=True)
+class _FreeLayout(Layout):
+    """A value every device can make for itself (a broadcast constant, an iota, zeros).
+
+    Its layout is whatever its consumer wants, at no cost: XLA propagates
+    shardings backwards into such values, so a forward-only walk must not
+    charge for bringing a replicated constant to a sharded operand's layout.
+    """
+
+
+def _is_free(lay: Layout) -> bool:
+    return isinstance(lay, _FreeLayout)
+
+
+def _adopt(
+    free: Layout, names: Sequence[str], other: Layout, other_names: Sequence[str], sizes: dict[str, int]
+) -> Layout:
+    """Give a free operand the sharding its partner has on the axes they share."""
+    by_name = dict(zip(other_names, other.dims))
+    used = set(m for d in other.dims for m in d)
+    dims = []
+    for n, size in zip(names, free.shape):
+        d = by_name.get(n, ())
+        ok = d and size % math.prod(sizes[m] for m in d) == 0
+        dims.append(d if ok else ())
+    del used
+    return Layout(free.axes, free.shape, free.mesh, tuple(dims))
+
+
 _ELEMENTWISE = {
-    "add", "sub", "mul", "div", "max", "min", "pow", "integer_pow", "neg", "exp", "exp2", "log", "log1p", "tanh",
-    "logistic", "sin", "cos", "sqrt", "rsqrt", "abs", "sign", "floor", "ceil", "round", "erf", "erf_inv", "select_n",
-    "convert_element_type", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "stop_gradient", "square",
-    "copy", "copy_p", "clamp", "nextafter", "rem", "atan2", "expm1", "is_finite", "reduce_precision", "imag", "real",
-    "conj", "tan", "cbrt", "add_any", "pjit_identity", "optimization_barrier", "cumsum", "cumlogsumexp", "cummax",
-    "cummin", "cumprod", "random_bits", "random_wrap", "random_unwrap", "threefry2x32", "shift_left",
-    "shift_right_logical", "shift_right_arithmetic", "population_count", "iota",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "max",
+    "min",
+    "pow",
+    "integer_pow",
+    "neg",
+    "exp",
+    "exp2",
+    "log",
+    "log1p",
+    "tanh",
+    "logistic",
+    "sin",
+    "cos",
+    "sqrt",
+    "rsqrt",
+    "abs",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "erf",
+    "erf_inv",
+    "select_n",
+    "convert_element_type",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "and",
+    "or",
+    "not",
+    "xor",
+    "stop_gradient",
+    "square",
+    "copy",
+    "copy_p",
+    "clamp",
+    "nextafter",
+    "rem",
+    "atan2",
+    "expm1",
+    "is_finite",
+    "reduce_precision",
+    "imag",
+    "real",
+    "conj",
+    "tan",
+    "cbrt",
+    "add_any",
+    "pjit_identity",
+    "optimization_barrier",
+    "cumsum",
+    "cumlogsumexp",
+    "cummax",
+    "cummin",
+    "cumprod",
+    "random_bits",
+    "random_wrap",
+    "random_unwrap",
+    "threefry2x32",
+    "shift_left",
+    "shift_right_logical",
+    "shift_right_arithmetic",
+    "population_count",
+    "iota",
 }
 _REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
-_SUB_JAXPR = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-              "remat": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
-              "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr", "custom_lin": None}
+_SUB_JAXPR = {
+    "pjit": "jaxpr",
+    "jit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "custom_lin": None,
+}
 
 
 class _Walker:
@@ -273,6 +367,10 @@ class _Walker:
         shape = tuple(int(s) for s in getattr(aval, "shape", ()))
         return Layout(tuple(f"d{i}" for i in range(len(shape))), shape, self.mesh, tuple(() for _ in shape))
 
+    def free(self, aval: Any) -> Layout:
+        shape = tuple(int(s) for s in getattr(aval, "shape", ()))
+        return _FreeLayout(tuple(f"d{i}" for i in range(len(shape))), shape, self.mesh, tuple(() for _ in shape))
+
     def relayout(self, aval: Any, dims: Sequence[tuple[str, ...]]) -> Layout:
         shape = tuple(int(s) for s in aval.shape)
         fixed = []
@@ -287,12 +385,23 @@ class _Walker:
                 fixed.append(())
         return Layout(tuple(f"d{i}" for i in range(len(shape))), shape, self.mesh, tuple(fixed))
 
-    def record(self, eqn: Any, phase: str, expression: str, out: Layout | None, collectives: tuple[Any, ...],
-               flops: float, time_s: float, repeat: int, note: str = "") -> None:
+    def record(
+        self,
+        eqn: Any,
+        phase: str,
+        expression: str,
+        out: Layout | None,
+        collectives: tuple[Any, ...],
+        flops: float,
+        time_s: float,
+        repeat: int,
+        note: str = "",
+    ) -> None:
         if not collectives and not flops:
             return
-        self.ops.append(OpReport(self.counter, eqn.primitive.name, phase, expression, out, collectives, flops,
-                                 time_s, repeat, note))
+        self.ops.append(
+            OpReport(self.counter, eqn.primitive.name, phase, expression, out, collectives, flops, time_s, repeat, note)
+        )
         self.counter += 1
 
     def change(self, eqn: Any, phase: str, src: Layout, dst: Layout, dtype: Any, repeat: int, why: str) -> None:
@@ -301,11 +410,18 @@ class _Walker:
         colls = self.rules.reshard(src, dst, dtype)
         if colls:
             t = sum(getattr(c, "time", 0.0) for c in colls)
-            self.record(eqn, phase, f"{why}: {src} -> {dst}", dst, colls, 0.0, t, repeat)
+            self.record(eqn, phase, f"{why}: {side_string(src)} -> {side_string(dst)}", dst, colls, 0.0, t, repeat)
 
     # -- the walk ------------------------------------------------------------
-    def walk(self, jaxpr: Any, in_layouts: list[Layout], repeat: int, phase_hint: str | None) -> list[Layout]:
-        env: dict[Any, Layout] = {}
+    def walk(
+        self,
+        jaxpr: Any,
+        in_layouts: list[Layout],
+        repeat: int,
+        phase_hint: str | None,
+        env: dict[Any, Layout] | None = None,
+    ) -> list[Layout]:
+        env = {} if env is None else env
 
         def read(v: Any) -> Layout:
             if hasattr(v, "val"):  # a literal
@@ -335,11 +451,15 @@ class _Walker:
             return [self.elementwise(eqn, ins, repeat, phase, v.aval) for v in outs]
         if name == "broadcast_in_dim":
             out_aval = outs[0].aval
+            if not ins[0].shape or _is_free(ins[0]):
+                return [self.free(out_aval)]
             dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
             for i, j in enumerate(eqn.params["broadcast_dimensions"]):
                 if ins[0].shape[i] == out_aval.shape[j]:
                     dims[j] = ins[0].dims[i]
             return [self.relayout(out_aval, dims)]
+        if name in ("iota", "full", "zeros_like"):
+            return [self.free(v.aval) for v in outs]
         if name == "transpose":
             perm = eqn.params["permutation"]
             return [self.relayout(outs[0].aval, [ins[0].dims[p] for p in perm])]
@@ -355,6 +475,21 @@ class _Walker:
             return [self.reshape(eqn, ins[0], outs[0].aval, repeat, phase)]
         if name in _REDUCTIONS:
             return [self.reduce(eqn, ins[0], outs[0].aval, repeat, phase)]
+        if name == "pad":
+            return [
+                self.relayout(
+                    outs[0].aval,
+                    [d if a == b else () for d, a, b in zip(ins[0].dims, ins[0].shape, outs[0].aval.shape)],
+                )
+            ]
+        if name in ("slice", "dynamic_slice"):
+            return [self.slice(eqn, ins[0], outs[0].aval, repeat, phase)]
+        if name in ("dynamic_update_slice", "scatter-add", "scatter_add", "scatter"):
+            return [self.relayout(outs[0].aval, ins[0].dims)]
+        if name == "gather":
+            return [self.gather(eqn, ins[0], ins[1], outs[0].aval, repeat, phase)]
+        if name == "concatenate":
+            return [self.concatenate(eqn, ins, outs[0].aval, repeat, phase)]
         if name in ("sharding_constraint", "reshard", "device_put"):
             return self.constraint(eqn, ins, repeat, phase)
         if name == "scan":
@@ -362,30 +497,41 @@ class _Walker:
         sub = self.sub_jaxpr(eqn)
         if sub is not None:
             inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
-            res = self.walk(inner, ins[-len(inner.invars):] if inner.invars else [], repeat, None)
+            res = self.walk(inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, _inherit(phase))
             return [self.relayout(v.aval, lay.dims) for v, lay in zip(outs, res)]
         self.unfollowed.add(name)
         return [self.replicated(v.aval) for v in outs]
 
     def sub_jaxpr(self, eqn: Any) -> Any:
         for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-            if key in eqn.params and hasattr(eqn.params[key], "eqns") or (
-                key in eqn.params and hasattr(getattr(eqn.params[key], "jaxpr", None), "eqns")
+            if (
+                key in eqn.params
+                and hasattr(eqn.params[key], "eqns")
+                or (key in eqn.params and hasattr(getattr(eqn.params[key], "jaxpr", None), "eqns"))
             ):
                 return eqn.params[key]
         return None
 
     def elementwise(self, eqn: Any, ins: list[Layout], repeat: int, phase: str, out_aval: Any) -> Layout:
         shape = tuple(int(s) for s in out_aval.shape)
-        full = [lay for lay in ins if lay.shape == shape]
+        full = [lay for lay in ins if lay.shape == shape and not _is_free(lay)]
         if not full:
-            return self.replicated(out_aval)
+            return (
+                self.free(out_aval) if all(_is_free(lay) or not lay.shape for lay in ins) else self.replicated(out_aval)
+            )
         # The most sharded operand sets the layout; the others are brought to it.
         target = max(full, key=lambda lay: math.prod(lay.shards(i) for i in range(len(shape))))
         for lay in full:
             if lay is not target and lay.dims != target.dims:
-                self.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), out_aval.dtype, repeat,
-                            f"{eqn.primitive.name} operands disagree")
+                self.change(
+                    eqn,
+                    phase,
+                    lay,
+                    target.with_dims(target.dims, lay.unreduced),
+                    out_aval.dtype,
+                    repeat,
+                    f"{eqn.primitive.name} operands disagree",
+                )
         return self.relayout(out_aval, target.dims)
 
     def reduce(self, eqn: Any, src: Layout, out_aval: Any, repeat: int, phase: str) -> Layout:
@@ -413,6 +559,55 @@ class _Walker:
             return self.replicated(out_aval)
         return self.relayout(out_aval, dims)
 
+    def slice(self, eqn: Any, src: Layout, out_aval: Any, repeat: int, phase: str) -> Layout:
+        """A slice keeps whole axes' sharding; an axis it cuts must be gathered first."""
+        out_shape = tuple(int(s) for s in out_aval.shape)
+        cut = [i for i, (a, b) in enumerate(zip(src.shape, out_shape)) if a != b and src.dims[i]]
+        dims = list(src.dims)
+        if cut:
+            for i in cut:
+                dims[i] = ()
+            self.change(
+                eqn,
+                phase,
+                src,
+                src.with_dims(tuple(dims)),
+                out_aval.dtype,
+                repeat,
+                f"{eqn.primitive.name} cuts a sharded axis",
+            )
+        return self.relayout(out_aval, dims)
+
+    def concatenate(self, eqn: Any, ins: list[Layout], out_aval: Any, repeat: int, phase: str) -> Layout:
+        axis = eqn.params["dimension"]
+        dims = [d if i != axis else () for i, d in enumerate(ins[0].dims)]
+        for lay in ins:
+            want = lay.with_dims(tuple(d if i != axis else () for i, d in enumerate(dims)))
+            self.change(eqn, phase, lay, want, out_aval.dtype, repeat, "concatenate")
+        return self.relayout(out_aval, dims)
+
+    def gather(self, eqn: Any, operand: Layout, indices: Layout, out_aval: Any, repeat: int, phase: str) -> Layout:
+        """Embedding-style gathers: whole operand axes keep their sharding, batch axes follow the indices."""
+        dn = eqn.params["dimension_numbers"]
+        sizes = eqn.params["slice_sizes"]
+        out_rank = len(out_aval.shape)
+        offset_dims = tuple(dn.offset_dims)
+        collapsed = set(dn.collapsed_slice_dims)
+        indexed = [i for i in range(len(operand.shape)) if sizes[i] != operand.shape[i]]
+        if any(operand.dims[i] for i in indexed):
+            gathered = operand.with_dims(tuple(() if i in indexed else d for i, d in enumerate(operand.dims)))
+            self.change(eqn, phase, operand, gathered, out_aval.dtype, repeat, "gather indexes a sharded axis")
+            operand = gathered
+        dims: list[tuple[str, ...]] = [()] * out_rank
+        kept = [i for i in range(len(operand.shape)) if i not in collapsed]
+        for out_dim, op_dim in zip(offset_dims, kept):
+            dims[out_dim] = operand.dims[op_dim]
+        batch_out = [d for d in range(out_rank) if d not in offset_dims]
+        index_dims = [i for i in range(len(indices.shape)) if i != getattr(dn, "index_vector_dim", len(indices.shape))]
+        for out_dim, idx_dim in zip(batch_out, index_dims):
+            dims[out_dim] = indices.dims[idx_dim]
+        return self.relayout(out_aval, dims)
+
     def constraint(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
         sh = eqn.params.get("sharding") or (eqn.params.get("dst_sharding") if "dst_sharding" in eqn.params else None)
         if isinstance(sh, (list, tuple)):
@@ -431,17 +626,34 @@ class _Walker:
         p = eqn.params
         body = p["jaxpr"].jaxpr
         n_consts, n_carry, length = p["num_consts"], p["num_carry"], int(p["length"])
-        consts, carry, xs = ins[:n_consts], ins[n_consts: n_consts + n_carry], ins[n_consts + n_carry:]
-        xs_inner = [self.relayout(v.aval, lay.dims[1:]) for v, lay in zip(body.invars[n_consts + n_carry:], xs)]
+        consts, carry, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
+        xs_inner = [self.relayout(v.aval, lay.dims[1:]) for v, lay in zip(body.invars[n_consts + n_carry :], xs)]
         for lay in xs:
             if lay.dims and lay.dims[0]:
                 self.unfollowed.add("scan over a sharded leading axis (pipeline): body analysed per device")
-        res = self.walk(body, [*consts, *carry, *xs_inner], repeat * length, None)
+        # A carry's layout is a fixed point of the body: walk it once quietly to
+        # learn what the body makes of the carry, bring the initial carry there
+        # (once, outside the loop), then walk it for real.
+        quiet = _Walker(self.rules)
+        quiet.record = lambda *a, **k: None  # type: ignore[method-assign]
+        first = quiet.walk(body, [*consts, *carry, *xs_inner], 1, _inherit(phase))[:n_carry]
+        settled = []
+        for v, lay, out in zip(eqn.outvars[:n_carry], carry, first):
+            want = self.relayout(v.aval, out.dims) if not _is_free(out) else lay
+            if not _is_free(lay) and lay.dims != want.dims:
+                self.change(eqn, phase, lay, lay.with_dims(want.dims), v.aval.dtype, repeat, "scan carry settles")
+            settled.append(want)
+        res = self.walk(body, [*consts, *settled, *xs_inner], repeat * length, _inherit(phase))
         carry_out, ys = res[:n_carry], res[n_carry:]
         outs = eqn.outvars
         out_layouts = [self.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
         out_layouts += [self.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
         return out_layouts
+
+
+def _inherit(phase: str) -> str | None:
+    """Sub-jaxprs of a backward op are backward (their own name stacks do not say so)."""
+    return "backward" if phase == "backward" else None
 
 
 def _reshape_dims(
@@ -510,7 +722,9 @@ def _arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...])
         for d in dims:
             for m in d:
                 if m not in sizes:
-                    raise EinshardError(f"explain(): mesh axis {m!r} of an argument's sharding is not in the mesh {sizes}")
+                    raise EinshardError(
+                        f"explain(): mesh axis {m!r} of an argument's sharding is not in the mesh {sizes}"
+                    )
         out.append(Layout(tuple(f"d{i}" for i in range(len(shape))), shape, mesh, dims))
     return out
 
@@ -588,10 +802,12 @@ def explain(
     mesh_axes = _mesh_of(mesh, args)
     rules = _Rules(mesh_axes, profile)
     closed = jax.make_jaxpr(fn)(*args, **kwargs)
+    jaxpr = _dead_code_eliminated(closed.jaxpr)
     in_layouts = _arg_layouts(args, in_specs, mesh_axes)
     walker = _Walker(rules)
-    walker.walk(closed.jaxpr, in_layouts, 1, None)
-    peak = _peak_bytes(closed.jaxpr, in_layouts, walker)
+    layouts: dict[Any, Layout] = {}
+    walker.walk(jaxpr, in_layouts, 1, None, env=layouts)
+    peak = _peak_bytes(jaxpr, layouts)
     ops = tuple(walker.ops)
     phases: dict[str, dict[str, float]] = {}
     for op in ops:
@@ -615,43 +831,53 @@ def explain(
     )
 
 
-def _peak_bytes(jaxpr: Any, in_layouts: list[Layout], walker: _Walker) -> int:
-    """Peak live bytes per device over the top-level program (sub-jaxprs counted at their outputs)."""
-    layouts: dict[Any, Layout] = dict(zip(jaxpr.invars, in_layouts))
-    # Re-walk cheaply for output layouts, without recording costs.
-    quiet = _Walker(walker.rules)
-    quiet.record = lambda *a, **k: None  # type: ignore[method-assign]
-    quiet.change = lambda *a, **k: None  # type: ignore[method-assign]
+def _dead_code_eliminated(jaxpr: Any) -> Any:
+    """The jaxpr without values no output needs (a gradient's jaxpr still computes the primal loss).
+
+    XLA drops that work too, so counting it would predict collectives XLA never runs.
+    """
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        pruned, used_inputs = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)
+    except Exception:  # internal API: analyse the whole jaxpr if it moved
+        return jaxpr
+    if not all(used_inputs):
+        # Keep the signature: unused inputs stay as inputs.
+        pruned = pruned.replace(invars=jaxpr.invars) if hasattr(pruned, "replace") else jaxpr
+    return pruned
+
+
+def _peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
+    """Peak live bytes per device over the top-level program, from each value's layout.
+
+    Values die after their last use; sub-jaxprs (scan bodies, nested jits)
+    count through their inputs and outputs only.
+    """
 
     def nbytes(v: Any) -> int:
         aval = v.aval
-        if not hasattr(aval, "shape"):
+        if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
             return 0
         lay = layouts.get(v)
         shape = lay.shard_shape if lay is not None else tuple(aval.shape)
-        return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize) if hasattr(aval, "dtype") else 0
+        return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
 
     last_use: dict[Any, int] = {}
     for i, eqn in enumerate(jaxpr.eqns):
         for v in eqn.invars:
             if not hasattr(v, "val"):
                 last_use[v] = i
-    n = len(jaxpr.eqns)
     for v in jaxpr.outvars:
         if not hasattr(v, "val"):
-            last_use[v] = n
+            last_use[v] = len(jaxpr.eqns)
     live = {v: nbytes(v) for v in jaxpr.invars}
     peak = sum(live.values())
-    env = dict(layouts)
     for i, eqn in enumerate(jaxpr.eqns):
-        ins = [env.get(v) or quiet.replicated(v.aval) for v in eqn.invars]
-        outs = quiet.step(eqn, ins, 1, "forward")
-        for v, lay in zip(eqn.outvars, outs):
-            env[v] = lay
-            layouts[v] = lay
+        for v in eqn.outvars:
             live[v] = nbytes(v)
         peak = max(peak, sum(live.values()))
         for v in eqn.invars:
-            if not hasattr(v, "val") and last_use.get(v) == i and v in live:
-                del live[v]
+            if not hasattr(v, "val") and last_use.get(v) == i:
+                live.pop(v, None)
     return peak
