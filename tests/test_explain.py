@@ -85,7 +85,7 @@ def test_scan_over_layers_counts_like_the_unrolled_program():
     def unrolled(ws, x):
         h = x
         for i in range(layers):
-            h, _ = body(h, jax.tree.map(lambda a: a[i], ws))
+            h, _ = body(h, jax.tree.map(lambda a, i=i: a[i], ws))
         return jnp.sum(h)
 
     ws = {"a": _sds(layers, 64, 128), "b": _sds(layers, 128, 64)}

@@ -256,13 +256,11 @@ def _adopt(
 ) -> Layout:
     """Give a free operand the sharding its partner has on the axes they share."""
     by_name = dict(zip(other_names, other.dims))
-    used = set(m for d in other.dims for m in d)
     dims = []
     for n, size in zip(names, free.shape):
         d = by_name.get(n, ())
         ok = d and size % math.prod(sizes[m] for m in d) == 0
         dims.append(d if ok else ())
-    del used
     return Layout(free.axes, free.shape, free.mesh, tuple(dims))
 
 
@@ -361,17 +359,24 @@ class _Walker:
         self.ops: list[OpReport] = []
         self.unfollowed: set[str] = set()
         self.counter = 0
+        self._replicated: dict[tuple[int, ...], Layout] = {}
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
         shape = tuple(int(s) for s in getattr(aval, "shape", ()))
-        return Layout(tuple(f"d{i}" for i in range(len(shape))), shape, self.mesh, tuple(() for _ in shape))
+        lay = self._replicated.get(shape)
+        if lay is None:
+            lay = Layout(tuple(f"d{i}" for i in range(len(shape))), shape, self.mesh, tuple(() for _ in shape))
+            self._replicated[shape] = lay
+        return lay
 
     def free(self, aval: Any) -> Layout:
         shape = tuple(int(s) for s in getattr(aval, "shape", ()))
         return _FreeLayout(tuple(f"d{i}" for i in range(len(shape))), shape, self.mesh, tuple(() for _ in shape))
 
     def relayout(self, aval: Any, dims: Sequence[tuple[str, ...]]) -> Layout:
+        if not any(dims):
+            return self.replicated(aval)
         shape = tuple(int(s) for s in aval.shape)
         fixed = []
         used: set[str] = set()
@@ -520,7 +525,7 @@ class _Walker:
                 self.free(out_aval) if all(_is_free(lay) or not lay.shape for lay in ins) else self.replicated(out_aval)
             )
         # The most sharded operand sets the layout; the others are brought to it.
-        target = max(full, key=lambda lay: math.prod(lay.shards(i) for i in range(len(shape))))
+        target = max(full, key=_sharding_degree)
         for lay in full:
             if lay is not target and lay.dims != target.dims:
                 self.change(
@@ -649,6 +654,16 @@ class _Walker:
         out_layouts = [self.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
         out_layouts += [self.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
         return out_layouts
+
+
+def _sharding_degree(lay: Layout) -> int:
+    """How many ways a layout splits its tensor (cheap: elementwise ops ask this a lot)."""
+    sizes = lay.mesh_sizes
+    n = 1
+    for d in lay.dims:
+        for m in d:
+            n *= sizes[m]
+    return n
 
 
 def _inherit(phase: str) -> str | None:
