@@ -9,7 +9,9 @@ What it handles (theory.md, "HLO-parsing gotchas"):
   ``[2,4]<=[8]`` / ``[4,2]<=[2,4]T(1,0)``, and Shardy's
   ``mesh['x'=2,'y'=4] {'y'}`` (optionally with ``device_ids=(...)``); an
   empty ``{}`` means all devices;
-* tuple shapes with spaces (``all-to-all`` returns one piece per peer);
+* tuple shapes with spaces (``all-to-all`` returns one piece per peer: one
+  collective); other tuple-shaped collectives are XLA's combiner merging
+  independent ones, and count once per piece;
 * the CPU form of a reduce-scatter: XLA's CPU backend emits an
   ``all-reduce`` whose result feeds a ``dynamic-slice`` (directly or inside a
   fusion).  Such an all-reduce is marked ``sliced=True``, and
@@ -193,11 +195,15 @@ def collectives(hlo_text: str) -> list[HloCollective]:
         if op.endswith("-done"):
             attrs = starts.get(args[0], "") if args else ""
         shapes = _shapes(shape)
-        nbytes = _nbytes(shapes)
         n, groups = _groups(attrs, num_devices)
-        array_bytes = nbytes * n if base == "reduce-scatter" else nbytes
         is_sliced = base == "all-reduce" and sliced(name)
-        out.append(HloCollective(base, name, shapes, nbytes, array_bytes, n, groups, is_sliced, line))
+        # XLA's combiners merge independent collectives into one with a tuple result; each piece is one
+        # logical collective.  An all-to-all's tuple is its pieces (one per peer): one collective.
+        pieces = [shapes] if base == "all-to-all" or len(shapes) <= 1 else [(s,) for s in shapes]
+        for piece in pieces:
+            nbytes = _nbytes(piece)
+            array_bytes = nbytes * n if base == "reduce-scatter" else nbytes
+            out.append(HloCollective(base, name, piece, nbytes, array_bytes, n, groups, is_sliced, line))
     return out
 
 

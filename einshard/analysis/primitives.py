@@ -307,13 +307,18 @@ def transition(
         final = tuple(m for m in dst.dims[j] if m in keep) + tail if dst.dims[j][: len(keep)] == keep else keep + tail
         slice_now -= set(final)
         cur, c = reduce_scatter(
-            cur, ms_ordered, j, order=final, why="sum the partial results and keep one block each", **kw  # type: ignore[arg-type]
+            cur,
+            ms_ordered,
+            j,
+            order=final,
+            why="sum the partial results and keep one block each",
+            **kw,  # type: ignore[arg-type]
         )
-        steps.append(c)
+        _add(steps, c)
     rest = tuple(m for m in pending if m not in dst_at)
     if rest:
         cur, c = all_reduce(cur, rest, why="sum the partial results", **kw)  # type: ignore[arg-type]
-        steps.append(c)
+        _add(steps, c)
 
     # 2. Free slices, in the target's mesh-axis order within each dimension.
     for j, d in enumerate(dst.dims):
@@ -336,7 +341,7 @@ def transition(
             why=f"move the split from {_name(src, i)} to {_name(src, j)}",
             **kw,  # type: ignore[arg-type]
         )
-        steps.append(c)
+        _add(steps, c)
 
     # 4. Gathers, grouped by the dimension they leave.
     gathers: dict[int, list[str]] = {}
@@ -347,13 +352,19 @@ def transition(
         cur = _to_minor(cur, i, ms, steps, kw)
         ms_ordered = tuple(m for m in cur.dims[i] if m in ms)
         cur, c = all_gather(cur, ms_ordered, why=f"gather {_name(src, i)}", **kw)  # type: ignore[arg-type]
-        steps.append(c)
+        _add(steps, c)
 
     # 5. Same mesh axes per dimension, other order: the blocks sit on other devices.
     if cur.dims != dst.dims:
         cur, c = collective_permute(cur, dst.dims, why="reorder the mesh axes of a split", **kw)  # type: ignore[arg-type]
-        steps.append(c)
+        _add(steps, c)
     return cur, tuple(steps)
+
+
+def _add(steps: list[Collective], c: Collective) -> None:
+    """Record a collective unless its groups are single devices (a mesh axis of size 1: a no-op)."""
+    if c.group_size > 1:
+        steps.append(c)
 
 
 def _to_minor(cur: Layout, i: int, ms: list[str], steps: list[Collective], kw: dict) -> Layout:  # type: ignore[type-arg]
@@ -365,7 +376,7 @@ def _to_minor(cur: Layout, i: int, ms: list[str], steps: list[Collective], kw: d
     new, c = collective_permute(
         cur, cur.dims[:i] + (want,) + cur.dims[i + 1 :], why="bring the mesh axes to move to the minor end", **kw
     )
-    steps.append(c)
+    _add(steps, c)
     return new
 
 

@@ -103,105 +103,208 @@ def _position(lay: Layout, m: str) -> str | None:
 
 
 def options(problem: Problem) -> list[tuple[str, tuple[str | None, ...]]]:
-    """Per mesh axis, the einsum axes it may keep (None: keep none), in mesh order."""
+    """Per mesh axis, the einsum axes it may keep (None: keep none), in mesh order.
+
+    A mesh axis of size 1 splits nothing: it keeps none.
+    """
     out: list[tuple[str, tuple[str | None, ...]]] = []
     for m in problem.mesh:
         seen: list[str | None] = []
-        for op in problem.operands:
-            e = _position(op, m.name)
-            if e is not None and e not in seen:
-                seen.append(e)
-        if problem.requested is not None:
-            e = _position(problem.requested, m.name)
-            if e is not None and e not in seen:
-                seen.append(e)
+        if m.size > 1:
+            for op in problem.operands:
+                e = _position(op, m.name)
+                if e is not None and e not in seen:
+                    seen.append(e)
+            if problem.requested is not None:
+                e = _position(problem.requested, m.name)
+                if e is not None and e not in seen:
+                    seen.append(e)
         out.append((m.name, (*seen, None)))
     return out
 
 
-def _kept_order(problem: Problem, e: str, kept: list[str]) -> tuple[str, ...]:
-    order: list[str] = []
+def _kept_orders(problem: Problem, e: str, kept: list[str]) -> list[tuple[str, ...]]:
+    """Orders (major to minor) for the mesh axes that keep ``e``: one per distinct order among the
+    operands and the requested output (each completed with the rest in mesh order)."""
+    if len(kept) == 1:
+        return [tuple(kept)]
+    orders: list[tuple[str, ...]] = []
     sources = list(problem.operands) + ([problem.requested] if problem.requested is not None else [])
     for lay in sources:
         if e in lay.axes:
-            for m in lay.dims[lay.axes.index(e)]:
-                if m in kept and m not in order:
-                    order.append(m)
-    order.extend(m for m in kept if m not in order)
-    return tuple(order)
+            d = lay.dims[lay.axes.index(e)]
+            order = tuple(m for m in d if m in kept)
+            if order:
+                order += tuple(m for m in kept if m not in order)
+                if order not in orders:
+                    orders.append(order)
+    return orders or [tuple(kept)]
 
 
 def _fits(shape: tuple[int, ...], dims: tuple[tuple[str, ...], ...], sizes: dict[str, int]) -> bool:
     return all(s % math.prod(sizes[m] for m in d) == 0 for s, d in zip(shape, dims, strict=False))
 
 
+def _pre_reduced(op: Layout, lone: set[str]) -> Layout:
+    """The operand with its lone-reduced axes summed locally: pending sums over the mesh axes that split them."""
+    keep = [i for i, a in enumerate(op.axes) if a not in lone]
+    pending = frozenset(m for i, a in enumerate(op.axes) if a in lone for m in op.dims[i])
+    return Layout(
+        tuple(op.axes[i] for i in keep),
+        tuple(op.shape[i] for i in keep),
+        op.mesh,
+        tuple(op.dims[i] for i in keep),
+        op.unreduced | pending,
+    )
+
+
+def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[tuple[Layout, ...], tuple[bool, ...]]]:
+    """The operands as given, and with their lone-reduced axes summed locally first (XLA does this:
+    ``sum_a x[b, a@x]`` becomes partial sums of ``[b]`` before the contraction, and a gather or
+    all-to-all then moves the smaller array)."""
+    per_op: list[list[tuple[Layout, bool]]] = []
+    for op in problem.operands:
+        lone = {a for a in op.axes if classes[a] == LONE}
+        per_op.append([(op, False)] + ([(_pre_reduced(op, lone), True)] if lone else []))
+    return [(tuple(lay for lay, _ in combo), tuple(flag for _, flag in combo)) for combo in itertools.product(*per_op)]
+
+
 def enumerate_candidates(problem: Problem) -> list[Candidate]:
-    """Every candidate (per-axis choices × output resolutions), unsorted, invalid ones dropped."""
+    """Every candidate (per-axis choices × orders × output resolutions), unsorted, invalid ones dropped."""
     mesh_sizes = {m.name: m.size for m in problem.mesh}
     size_of = problem.size_of
     classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
-    total_flops = 2 * math.prod(size_of.values())
     per_axis = options(problem)
     names = [m for m, _ in per_axis]
     result: list[Candidate] = []
     kw = {"itemsize": problem.itemsize, "profile": problem.profile}
+    out_shape = tuple(size_of[e] for e in problem.out_axes)
+    variants = _operand_variants(problem, classes)
     for combo in itertools.product(*(opts for _, opts in per_axis)):
         choice = dict(zip(names, combo, strict=False))
         kept_on: dict[str, list[str]] = {}
         for m, e in choice.items():
             if e is not None:
                 kept_on.setdefault(e, []).append(m)
-        order = {e: _kept_order(problem, e, ms) for e, ms in kept_on.items()}
-        # Pending sums an operand brings: kept when no other operand splits over that axis (linearity).
-        keep_u: dict[int, frozenset[str]] = {}
-        claimed: set[str] = set()
-        for i, op in enumerate(problem.operands):
-            mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
-            claimed |= mine
-            keep_u[i] = mine
-        targets: list[Layout] = []
-        steps: list[Collective] = []
-        ok = True
-        for i, op in enumerate(problem.operands):
-            dims = tuple(order.get(e, ()) for e in op.axes)
-            if not _fits(op.shape, dims, mesh_sizes):
-                ok = False
-                break
-            target = Layout(op.axes, op.shape, op.mesh, dims, keep_u[i])
-            _, st = transition(op, target, tensor=f"operand {i + 1}", **kw)  # type: ignore[arg-type]
-            targets.append(target)
-            steps.extend(st)
-        if not ok:
-            continue
-        out_shape = tuple(size_of[e] for e in problem.out_axes)
-        out_dims = tuple(order.get(e, ()) for e in problem.out_axes)
-        pending = frozenset(m for m, e in choice.items() if e is not None and classes[e] in (CONTRACTED, LONE))
-        pending |= frozenset().union(*keep_u.values()) if keep_u else frozenset()
-        computed = Layout(problem.out_axes, out_shape, problem.mesh, out_dims, pending)
+        multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
         kept_product = math.prod(mesh_sizes[m] for m, e in choice.items() if e is not None)
-        flops = total_flops // kept_product
-        compute_time = problem.profile.compute_time(flops)
-        for resolution, out in _resolutions(problem, computed, mesh_sizes):
-            try:
-                _, out_steps = transition(computed, out, tensor="result", **kw)  # type: ignore[arg-type]
-            except Exception:  # a pending sum the request cannot hold, an indivisible split
-                continue
-            all_steps = (*steps, *out_steps)
-            time = compute_time + sum(c.time for c in all_steps)
-            result.append(
-                Candidate(
-                    tuple(choice.items()),
-                    tuple(targets),
-                    all_steps,
-                    computed,
-                    out,
-                    resolution,
-                    flops,
-                    time,
-                    sum(c.bytes for c in all_steps),
+        for orders in itertools.product(*(os for _, os in multi)):
+            order = {e: o for (e, _), o in zip(multi, orders, strict=False)}
+            for operands, pre in variants:
+                if any(
+                    pre[i]
+                    and any(
+                        choice[m] in problem.operands[i].axes and classes[choice[m]] == LONE
+                        for m in operands[i].unreduced - problem.operands[i].unreduced
+                    )
+                    for i in range(len(operands))
+                ):
+                    continue  # summing a lone axis first and also keeping it split: not a different plan
+                result.extend(
+                    _candidates_for(
+                        problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw
+                    )
                 )
-            )
     return result
+
+
+def _candidates_for(
+    problem: Problem,
+    choice: dict[str, str | None],
+    order: dict[str, tuple[str, ...]],
+    operands: tuple[Layout, ...],
+    classes: dict[str, str],
+    mesh_sizes: dict[str, int],
+    size_of: dict[str, int],
+    out_shape: tuple[int, ...],
+    kept_product: int,
+    kw: dict,  # type: ignore[type-arg]
+) -> list[Candidate]:
+    # Pending sums an operand brings: summed before the einsum, or (when no other operand splits over
+    # that axis) carried through it, the einsum being linear in each operand.
+    keep_u: list[frozenset[str]] = []
+    claimed: set[str] = set()
+    for op in operands:
+        mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
+        claimed |= mine
+        keep_u.append(mine)
+    if any(keep_u):
+        out = _candidates_with(
+            problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw, keep_u
+        )
+        return out + _candidates_with(
+            problem,
+            choice,
+            order,
+            operands,
+            classes,
+            mesh_sizes,
+            size_of,
+            out_shape,
+            kept_product,
+            kw,
+            [frozenset()] * len(operands),
+        )
+    return _candidates_with(
+        problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw, keep_u
+    )
+
+
+def _candidates_with(
+    problem: Problem,
+    choice: dict[str, str | None],
+    order: dict[str, tuple[str, ...]],
+    operands: tuple[Layout, ...],
+    classes: dict[str, str],
+    mesh_sizes: dict[str, int],
+    size_of: dict[str, int],
+    out_shape: tuple[int, ...],
+    kept_product: int,
+    kw: dict,  # type: ignore[type-arg]
+    keep_u: list[frozenset[str]],
+) -> list[Candidate]:
+    targets: list[Layout] = []
+    steps: list[Collective] = []
+    for i, op in enumerate(operands):
+        dims = tuple(order.get(e, ()) for e in op.axes)
+        if not _fits(op.shape, dims, mesh_sizes):
+            return []
+        target = Layout(op.axes, op.shape, op.mesh, dims, keep_u[i])
+        try:
+            _, st = transition(op, target, tensor=f"operand {i + 1}", **kw)
+        except Exception:  # noqa: BLE001 - an impossible step: not a candidate
+            return []
+        targets.append(target)
+        steps.extend(st)
+    out_dims = tuple(order.get(e, ()) for e in problem.out_axes)
+    pending = frozenset(m for m, e in choice.items() if e is not None and classes[e] in (CONTRACTED, LONE))
+    pending |= frozenset().union(*keep_u)
+    computed = Layout(problem.out_axes, out_shape, problem.mesh, out_dims, pending)
+    present = {a for op in operands for a in op.axes}
+    flops = 2 * math.prod(size_of[a] for a in present) // kept_product
+    compute_time = problem.profile.compute_time(flops)
+    out: list[Candidate] = []
+    for resolution, target_out in _resolutions(problem, computed, mesh_sizes):
+        try:
+            _, out_steps = transition(computed, target_out, tensor="result", **kw)
+        except Exception:  # noqa: BLE001 - a pending sum the request cannot hold, an indivisible split
+            continue
+        all_steps = (*steps, *out_steps)
+        time = compute_time + sum(c.time for c in all_steps)
+        out.append(
+            Candidate(
+                tuple(choice.items()),
+                tuple(targets),
+                all_steps,
+                computed,
+                target_out,
+                resolution,
+                flops,
+                time,
+                sum(c.bytes for c in all_steps),
+            )
+        )
+    return out
 
 
 def _resolutions(problem: Problem, computed: Layout, mesh_sizes: dict[str, int]) -> list[tuple[str, Layout]]:
