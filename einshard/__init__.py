@@ -12,6 +12,7 @@ from .errors import EinshardError
 from .layout import Layout, MeshAxis
 from .parsing import Expression, parse
 from .placement import anonymous_mesh, describe, einshard, layout, sharding, spec
+from .lowering.einsum import EinsumProgram, einsum, lower
 
 __version__ = "0.3.0"
 
@@ -21,6 +22,9 @@ __all__ = [
     "Profile",
     "analyze",
     "explain",
+    "einsum",
+    "lower",
+    "EinsumProgram",
     "EinshardError",
     "Expression",
     "Layout",
