@@ -7,11 +7,12 @@ The public API is what ``__all__`` lists; the layers behind it (parsing,
 layout, placement) are importable on their own.
 """
 
-from .analysis import Collective, Plan, Profile, analyze
+from .analysis import Collective, Plan, Profile, analyze, explain
 from .errors import EinshardError
 from .layout import Layout, MeshAxis
 from .parsing import Expression, parse
 from .placement import anonymous_mesh, describe, einshard, layout, sharding, spec
+from .lowering.einsum import EinsumProgram, einsum, lower
 
 __version__ = "0.3.0"
 
@@ -20,6 +21,10 @@ __all__ = [
     "Plan",
     "Profile",
     "analyze",
+    "explain",
+    "einsum",
+    "lower",
+    "EinsumProgram",
     "EinshardError",
     "Expression",
     "Layout",

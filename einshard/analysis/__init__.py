@@ -46,3 +46,7 @@ __all__ = [
     "spec_partitions",
     "transition",
 ]
+
+from .program import OpReport, ProgramReport, explain  # noqa: E402
+
+__all__ += ["OpReport", "ProgramReport", "explain"]

@@ -1,0 +1,20 @@
+"""Lowering: explicit ``jax.shard_map`` programs for sharded einsums, collective matmuls, pipelines and DP/FSDP.
+
+This layer moves data.  It may use parsing, layout and placement, never the analyzer.
+"""
+
+from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatter, ring_shift
+from .steps import KINDS, Step, apply_step, einsum_layouts, einsum_shard_map, step_layout
+
+__all__ = [
+    "KINDS",
+    "SCHEDULES",
+    "Step",
+    "allgather_einsum",
+    "apply_step",
+    "einsum_layouts",
+    "einsum_reduce_scatter",
+    "einsum_shard_map",
+    "ring_shift",
+    "step_layout",
+]

@@ -1,0 +1,333 @@
+"""``einshard.einsum``: run an annotated einsum as the explicit program its plan describes.
+
+The analyzer (:func:`einshard.analyze`) decides which collectives an einsum
+needs; this module turns that :class:`~einshard.analysis.Plan` into
+:class:`~einshard.lowering.steps.Step`\\ s and runs them in one
+``jax.shard_map`` (:func:`~einshard.lowering.steps.einsum_shard_map`), so the
+program that runs is the plan that was explained — there is no second
+derivation of the collectives here.
+
+Each collective of the plan carries the tensor's layout before and after it;
+the step is read off that difference.  The free local slices the plan takes
+between collectives (a replicated operand cut to match its partner) are read
+off the same way, as ``dynamic-slice`` steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from .._compat import get_concrete_mesh
+from ..analysis import Plan, analyze
+from ..errors import EinshardError
+from ..layout import Layout
+from .steps import Step, einsum_shard_map, step_layout
+
+__all__ = ["einsum", "lower", "EinsumProgram", "plan_steps"]
+
+MODES = ("sync", "async", "auto")
+
+
+def _strip(lay: Layout) -> Layout:
+    """The layout without mesh axes of size 1: splitting over one device is no split, and needs no step."""
+    ones = {m.name for m in lay.mesh if m.size == 1}
+    if not ones:
+        return lay
+    dims = tuple(tuple(m for m in d if m not in ones) for d in lay.dims)
+    return Layout(lay.axes, lay.shape, lay.mesh, dims, frozenset(lay.unreduced - ones))
+
+
+def _slices(cur: Layout, target: Layout, operand: int | str) -> tuple[list[Step], Layout]:
+    """Dynamic-slice steps taking ``cur`` to ``target`` where the target only splits further."""
+    cur, target = _strip(cur), _strip(target)
+    steps = []
+    for d, (have, want) in enumerate(zip(cur.dims, target.dims)):
+        if have == want:
+            continue
+        if want[: len(have)] != have:
+            raise EinshardError(
+                f"internal: the plan goes from {cur} to {target} without a collective on axis {cur.axes[d]!r}"
+            )
+        steps.append(Step("dynamic-slice", operand, want[len(have) :], dim=d))
+    return steps, target.with_dims(target.dims, cur.unreduced)
+
+
+def _step_of(kind: str, before: Layout, after: Layout, axes: tuple[str, ...], operand: int | str) -> Step | None:
+    before, after = _strip(before), _strip(after)
+    sizes = before.mesh_sizes
+    axes = tuple(m for m in axes if sizes[m] > 1)
+    if not axes:
+        return None
+    lost = [d for d, (b, a) in enumerate(zip(before.dims, after.dims)) if set(b) - set(a)]
+    gained = [d for d, (b, a) in enumerate(zip(before.dims, after.dims)) if set(a) - set(b)]
+    if kind == "all-gather":
+        return Step(kind, operand, axes, dim=lost[0])
+    if kind == "all-reduce":
+        return Step(kind, operand, axes)
+    if kind == "reduce-scatter":
+        return Step(kind, operand, axes, dim=gained[0])
+    if kind == "all-to-all":
+        return Step(kind, operand, axes, dim=lost[0], to_dim=gained[0])
+    raise EinshardError(f"einshard.einsum cannot run a {kind} step of a plan yet")
+
+
+def _runnable(plan: Plan) -> Plan:
+    """The cheapest plan that uses every operand whole.
+
+    The analyzer may plan to sum an operand's lone axis locally *before* moving
+    it (XLA does, and it moves less), or to reorder the mesh axes of a split
+    with a collective-permute.  The shard_map here lets the local einsum do
+    lone sums and has no reorder step yet, so it runs the cheapest plan without
+    either, delivering the same result layout; ``program.plan`` is the plan
+    that runs (and lists the cheaper one among its alternatives).
+    """
+
+    def whole(p: Plan) -> bool:
+        return all(u.axes == g.axes for u, g in zip(p.operands_used, p.operands)) and not any(
+            c.kind == "collective-permute" and c.group_size > 1 for c in p.collectives
+        )
+
+    if whole(plan):
+        return plan
+    for alt in plan.alternatives:
+        if whole(alt) and alt.resolution == plan.resolution and alt.out_layout == plan.out_layout:
+            return _with_alternatives(alt, plan)
+    raise EinshardError(f"einshard.einsum found no plan for {plan.expression} that it can run without a local pre-sum")
+
+
+def _with_alternatives(chosen: Plan, best: Plan) -> Plan:
+    import dataclasses
+
+    others = tuple(p for p in (best, *best.alternatives) if p is not chosen)
+    return dataclasses.replace(chosen, alternatives=others)
+
+
+def plan_steps(plan: Plan) -> tuple[list[Step], list[Step]]:
+    """The plan's collectives as executable steps: (on the operands, on the result).
+
+    Example:
+        >>> import einshard
+        >>> plan = einshard.analyze('b x@m, x@m y -> b y', mesh={'m': 2}, sizes={'b': 4, 'x': 6, 'y': 8})
+        >>> before, after = plan_steps(plan)
+        >>> [str(s) for s in after]
+        ['all-reduce[m](out)']
+    """
+    before: list[Step] = []
+    for i, (given, used) in enumerate(zip(plan.operands, plan.operands_used)):
+        cur = _strip(given)
+        for c in plan.collectives:
+            if c.tensor != f"operand {i + 1}":
+                continue
+            assert c.before is not None and c.after is not None
+            sliced, cur = _slices(cur, c.before, i)
+            before += sliced
+            step = _step_of(c.kind, c.before, c.after, c.axes, i)
+            before += [step] if step else []
+            cur = step_layout(cur, step) if step else cur
+        sliced, cur = _slices(cur, used, i)
+        before += sliced
+    after: list[Step] = []
+    cur = _strip(plan.computed_layout)
+    for c in plan.collectives:
+        if c.tensor != "result":
+            continue
+        assert c.before is not None and c.after is not None
+        sliced, cur = _slices(cur, c.before, "out")
+        after += sliced
+        step = _step_of(c.kind, c.before, c.after, c.axes, "out")
+        after += [step] if step else []
+        cur = step_layout(cur, step) if step else cur
+    sliced, _ = _slices(cur, plan.out_layout, "out")
+    after += sliced
+    return before, after
+
+
+@dataclass(frozen=True)
+class EinsumProgram:
+    """An einsum lowered for a mesh: call it with the operands.
+
+    Attributes:
+        plan: the analyzer's plan it runs (collectives, costs, alternatives).
+        mode: ``'sync'``, ``'async'`` (collective matmul rings) or ``'auto'`` (XLA decides).
+        steps_before, steps_after: the explicit steps on the operands and the result.
+        fn: the function (not jitted: it composes with ``jax.jit``, ``jax.grad``, ``jax.vmap``).
+    """
+
+    plan: Plan
+    mode: str
+    steps_before: tuple[Step, ...]
+    steps_after: tuple[Step, ...]
+    fn: Callable[..., jax.Array]
+
+    def __call__(self, *operands: Any) -> jax.Array:
+        return self.fn(*operands)
+
+    @property
+    def program(self) -> str:
+        """What runs, one line per step (the ring that replaces a step in ``'async'`` mode included)."""
+        own = getattr(self.fn, "program", None)
+        if own is not None:
+            return str(own) if not isinstance(own, (list, tuple)) else "\n".join(str(x) for x in own)
+        lines = [str(s) for s in self.steps_before]
+        lines.append(f"local einsum ({self.mode})")
+        lines += [str(s) for s in self.steps_after]
+        return "\n".join(lines)
+
+
+def _mesh_for(mesh: Any, operands: Sequence[Any]) -> Any:
+    if mesh is not None:
+        return mesh
+    try:
+        current = get_concrete_mesh()
+    except ValueError:
+        current = None
+    if current is not None and not getattr(current, "empty", True):
+        return current
+    abstract = jax.sharding.get_abstract_mesh()  # under jit only the abstract mesh is current
+    if not abstract.empty:
+        return abstract
+    for x in operands:
+        own = getattr(getattr(x, "sharding", None), "mesh", None)
+        if own is not None and getattr(own, "devices", None) is not None and own.shape:
+            return own
+    raise EinshardError(
+        "einshard.einsum needs a mesh: pass mesh=, call it under `with jax.set_mesh(mesh):`, "
+        "or lay the operands out with einshard() first"
+    )
+
+
+def lower(
+    expr: str,
+    *operands: Any,
+    mode: str = "sync",
+    mesh: Any = None,
+    two_way: bool = False,
+    profile: Any = None,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> EinsumProgram:
+    """Analyse ``expr`` for these operands (arrays or ``ShapeDtypeStruct``s) and lower its plan.
+
+    Example:
+        >>> import jax, numpy as np, einshard
+        >>> mesh = jax.make_mesh((2,), ('m',), axis_types=(jax.sharding.AxisType.Auto,))
+        >>> x, w = np.ones((4, 6), np.float32), np.ones((6, 8), np.float32)
+        >>> prog = einshard.lower('b x@m, x@m y -> b y', x, w, mesh=mesh)
+        >>> print(prog.program)
+        local einsum (sync)
+        all-reduce[m](out)
+        >>> float(prog(x, w)[0, 0])
+        6.0
+    """
+    if mode not in MODES:
+        raise EinshardError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    mesh = _mesh_for(mesh, operands)
+    plan = _runnable(analyze(expr, *operands, mesh=mesh, profile=profile))
+    if mode == "auto":
+        return EinsumProgram(plan, mode, (), (), _auto(plan, mesh, precision, preferred_element_type))
+    before, after = plan_steps(plan)
+    fn = einsum_shard_map(
+        tuple(_strip(op) for op in plan.operands),
+        _strip(plan.out_layout),
+        before,
+        after,
+        mesh=mesh,
+        mode=mode,
+        two_way=two_way,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
+    return EinsumProgram(plan, mode, tuple(before), tuple(after), fn)
+
+
+def _auto(plan: Plan, mesh: Any, precision: Any, preferred: Any) -> Callable[..., jax.Array]:
+    """XLA's own choice: the layouts as sharding constraints around a plain jnp.einsum (the baseline)."""
+    if plan.out_layout.unreduced:
+        raise EinshardError(
+            "mode='auto' cannot leave pending sums ({U:...}): XLA resolves them; use mode='sync' or 'async'"
+        )
+    letters: dict[str, str] = {}
+    for lay in (*plan.operands, plan.out_layout):
+        for a in lay.axes:
+            letters.setdefault(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"[len(letters)])
+    subscripts = (
+        ",".join("".join(letters[a] for a in op.axes) for op in plan.operands)
+        + "->"
+        + "".join(letters[a] for a in plan.out_layout.axes)
+    )
+    explicit = any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+
+    def constrain(x: jax.Array, lay: Layout) -> jax.Array:
+        spec = PartitionSpec(*lay.spec_entries())
+        if explicit:
+            return jax.sharding.reshard(x, NamedSharding(mesh, spec))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    @jax.jit
+    def run(*operands: jax.Array) -> jax.Array:
+        ops = [constrain(x, lay) for x, lay in zip(operands, plan.operands)]
+        kw: dict[str, Any] = {"precision": precision, "preferred_element_type": preferred}
+        if explicit:
+            kw["out_sharding"] = NamedSharding(mesh, PartitionSpec(*plan.out_layout.spec_entries()))
+        y = jnp.einsum(subscripts, *ops, **kw)
+        return constrain(y, plan.out_layout)
+
+    return run
+
+
+def einsum(
+    expr: str,
+    *operands: Any,
+    mode: str = "sync",
+    mesh: Any = None,
+    two_way: bool = False,
+    profile: Any = None,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> jax.Array:
+    """Compute an einsum with the operands laid out as the expression says, as an explicit program.
+
+    ``'b x@data, x y@model -> b y@model'``: the operands are placed as written
+    (numpy arrays, arrays on another layout and tracers alike), the analyzer's
+    plan is run as a ``jax.shard_map`` with explicit collectives, and the result
+    comes back laid out as the output side says (or as the analyzer inferred:
+    a complete result).  Pending sums (``-> b y {U:model}``) come back as
+    per-device partial values on a new leading axis split over those mesh
+    axes; ``.sum(0)`` finishes them.
+
+    Args:
+        mode: ``'sync'`` (plain collectives), ``'async'`` (the gather feeding the
+            contraction, or the result's reduce-scatter, as a collective-matmul
+            ring of ``ppermute``\\ s), or ``'auto'`` (XLA decides; the baseline).
+        two_way: bidirectional rings in ``'async'`` mode.
+        mesh: default the current mesh (``jax.set_mesh``), else the operands' mesh.
+
+    Composes with ``jax.jit``, ``jax.grad`` and ``jax.vmap``; gradients come from
+    JAX's transposition of the collectives.  ``einshard.lower(...)`` gives the
+    program and its plan without running it.
+
+    Example:
+        >>> import jax, numpy as np, einshard
+        >>> mesh = jax.make_mesh((2,), ('m',), axis_types=(jax.sharding.AxisType.Auto,))
+        >>> x, w = np.ones((4, 6), np.float32), np.ones((6, 8), np.float32)
+        >>> y = einshard.einsum('b x, x y@m -> b y@m', x, w, mesh=mesh)
+        >>> y.shape, float(y[0, 0])
+        ((4, 8), 6.0)
+    """
+    program = lower(
+        expr,
+        *operands,
+        mode=mode,
+        mesh=mesh,
+        two_way=two_way,
+        profile=profile,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
+    return program(*operands)

@@ -1,0 +1,474 @@
+"""Executable collective steps and the shard_map that runs one sharded einsum.
+
+A :class:`Step` names one collective (or a local slice) applied to one local
+block inside the body of a ``jax.shard_map``; :func:`apply_step` runs it.
+:func:`einsum_shard_map` builds the whole program for an einsum: steps on the
+operands, the local ``jnp.einsum``, steps on the result.  It also tracks each
+block's :class:`~einshard.layout.Layout` through the steps, so a step list that
+would compute the wrong thing (operands split differently on a shared axis, a
+result that does not have the requested layout) is rejected with an
+:class:`~einshard.errors.EinshardError` before anything runs.
+
+Pending partial sums (``{U:model}`` on the output layout) cannot leave a
+shard_map portably (JAX's ``unreduced`` out_specs need Explicit mesh axes and
+differ between releases), so they are returned *as per-device partial values*:
+the result gets a new leading axis, split over the pending mesh axes, holding
+each device group's partial sum; ``result.sum(0)`` is the einsum.
+
+Example:
+    >>> import jax, numpy as np
+    >>> from einshard.lowering import Step, einsum_shard_map, einsum_layouts
+    >>> mesh = jax.make_mesh((2,), ('model',), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> ins, out = einsum_layouts('b x, x y@model -> b y@model', [(4, 6), (6, 8)], mesh)
+    >>> f = einsum_shard_map(ins, out, mesh=mesh)          # column-parallel: no collective
+    >>> x, w = np.ones((4, 6), np.float32), np.ones((6, 8), np.float32)
+    >>> float(f(x, w)[0, 0])
+    6.0
+    >>> ins, out = einsum_layouts('b x@model, x@model y -> b y', [(4, 6), (6, 8)], mesh)
+    >>> g = einsum_shard_map(ins, out, steps_after=[Step('all-reduce', 'out', ('model',))], mesh=mesh)
+    >>> float(g(x, w)[0, 0])                               # row-parallel: one psum
+    6.0
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from ..errors import EinshardError
+from ..layout import Layout, MeshAxis, resolve_named
+from ..parsing import AxisItem, Side, parse_einsum, parse_placement
+
+__all__ = [
+    "KINDS",
+    "Step",
+    "apply_step",
+    "step_layout",
+    "einsum_layouts",
+    "einsum_shard_map",
+    "mesh_axes_of",
+]
+
+KINDS = ("all-gather", "dynamic-slice", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One collective on one block, inside a shard_map body.
+
+    Attributes:
+        kind: one of :data:`KINDS`.
+        operand: the operand's position, or ``'out'`` for the einsum's result.
+        mesh_axes: the mesh axes it runs over, major to minor (one ring over their product).
+        dim: the block's tensor dimension it acts on: gathered (all-gather), sliced
+            (dynamic-slice), scattered (reduce-scatter), or the one whose split
+            moves away (all-to-all).  None for all-reduce and collective-permute.
+        to_dim: all-to-all only: the dimension that becomes split.
+        shift: collective-permute only: device ``j`` sends to ``j + shift`` (mod the ring size).
+    """
+
+    kind: str
+    operand: int | str
+    mesh_axes: tuple[str, ...]
+    dim: int | None = None
+    to_dim: int | None = None
+    shift: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise EinshardError(f"unknown step kind {self.kind!r}; the kinds are {', '.join(KINDS)}")
+        if isinstance(self.mesh_axes, str):  # a lone name is a one-axis tuple
+            object.__setattr__(self, "mesh_axes", (self.mesh_axes,))
+        if not self.mesh_axes:
+            raise EinshardError(f"a {self.kind} step needs at least one mesh axis")
+        needs_dim = self.kind in ("all-gather", "dynamic-slice", "reduce-scatter", "all-to-all")
+        if needs_dim and self.dim is None:
+            raise EinshardError(f"a {self.kind} step needs dim=")
+        if self.kind == "all-to-all" and (self.to_dim is None or self.to_dim == self.dim):
+            raise EinshardError("an all-to-all step needs to_dim=, different from dim=")
+
+    def __str__(self) -> str:
+        axes = ",".join(self.mesh_axes)
+        where = "" if self.dim is None else f" dim {self.dim}" + ("" if self.to_dim is None else f"->{self.to_dim}")
+        return f"{self.kind}[{axes}]({self.operand}{where})"
+
+
+def _axes(step: Step) -> str | tuple[str, ...]:
+    return step.mesh_axes[0] if len(step.mesh_axes) == 1 else step.mesh_axes
+
+
+def ring_size(mesh_axes: Sequence[str]) -> int:
+    """The number of devices on the ring over ``mesh_axes`` (inside a shard_map body)."""
+    return math.prod(jax.lax.axis_size(a) for a in mesh_axes)
+
+
+def apply_step(block: jax.Array, step: Step, *, invariant: bool = False) -> jax.Array:
+    """Run one step on this device's block (call inside a ``jax.shard_map`` body).
+
+    ``invariant=True`` makes an all-gather's result typed as the same on every
+    device of the ring (``to="invarying"``), which a replicated out_spec needs
+    under ``check_vma``; its gradient is then a local slice.  The default
+    (varying) all-gather's gradient is a reduce-scatter, the right one when the
+    gathered block meets data that differs per device (FSDP).
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import PartitionSpec as P
+        >>> mesh = jax.make_mesh((4,), ('x',), axis_types=(jax.sharding.AxisType.Auto,))
+        >>> gather = Step('all-gather', 0, ('x',), dim=0)
+        >>> body = lambda b: apply_step(b, gather, invariant=True)
+        >>> f = jax.shard_map(body, mesh=mesh, in_specs=P('x'), out_specs=P())
+        >>> f(np.arange(8.0)).tolist()
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    """
+    axes = _axes(step)
+    if step.kind == "all-gather":
+        to = "invarying" if invariant else "varying"
+        return jax.lax.all_gather(block, axes, axis=step.dim, tiled=True, to=to)
+    if step.kind == "all-reduce":
+        return jax.lax.psum(block, axes)
+    if step.kind == "reduce-scatter":
+        return jax.lax.psum_scatter(block, axes, scatter_dimension=step.dim, tiled=True)
+    if step.kind == "all-to-all":
+        # The block is split along `dim` and whole along `to_dim`: cut `to_dim` in n
+        # pieces, send piece j to device j, and stack what arrives along `dim`.
+        return jax.lax.all_to_all(block, axes, split_axis=step.to_dim, concat_axis=step.dim, tiled=True)
+    n = ring_size(step.mesh_axes)
+    if step.kind == "dynamic-slice":
+        assert step.dim is not None
+        size = block.shape[step.dim]
+        if size % n:
+            raise EinshardError(f"dynamic-slice: dimension {step.dim} of size {size} does not split into {n} blocks")
+        piece = size // n
+        return jax.lax.dynamic_slice_in_dim(block, jax.lax.axis_index(axes) * piece, piece, step.dim)
+    # collective-permute: a cyclic shift around the ring
+    perm = [(j, (j + step.shift) % n) for j in range(n)]
+    return jax.lax.ppermute(block, axes, perm)
+
+
+# ---------------------------------------------------------------------------
+# Tracking layouts through steps
+
+
+def _fail(reason: str, hint: str | None = None) -> EinshardError:
+    return EinshardError(reason, hint=hint)
+
+
+def step_layout(lay: Layout, step: Step) -> Layout:
+    """The layout of a block after ``step`` (or an EinshardError if the step does not fit it).
+
+    Example:
+        >>> from einshard.layout import Layout, MeshAxis
+        >>> lay = Layout(('b', 'd'), (8, 4), (MeshAxis('data', 2),), ((), ()))
+        >>> str(step_layout(lay, Step('dynamic-slice', 0, ('data',), dim=0)))
+        '[b:8@data d:4]'
+    """
+    dims = list(lay.dims)
+    axes = tuple(step.mesh_axes)
+    for m in axes:
+        if m not in lay.mesh_sizes:
+            raise _fail(f"step {step}: {m!r} is not a mesh axis (the mesh: {', '.join(map(str, lay.mesh))})")
+    n = math.prod(lay.mesh_sizes[m] for m in axes)
+
+    def check_dim(d: int | None) -> int:
+        if d is None or not 0 <= d < len(dims):
+            raise _fail(f"step {step}: dim {d} is not a dimension of {lay}")
+        return d
+
+    def suffix(d: int) -> None:
+        if dims[d][len(dims[d]) - len(axes) :] != axes or not dims[d]:
+            raise _fail(
+                f"step {step}: dimension {d} ({lay.axes[d]}) of {lay} is not split over {axes} as its minor mesh axes"
+            )
+
+    def unused(d: int) -> None:
+        taken = lay.sharded_mesh_axes | lay.unreduced
+        clash = [m for m in axes if m in taken]
+        if clash:
+            raise _fail(f"step {step}: mesh axis {clash[0]!r} already splits or sums {lay}")
+        shards = lay.shards(d) * n
+        if lay.shape[d] % shards:
+            raise _fail(f"step {step}: {lay.axes[d]} of size {lay.shape[d]} does not split into {shards} blocks")
+
+    if step.kind == "all-gather":
+        d = check_dim(step.dim)
+        suffix(d)
+        dims[d] = dims[d][: len(dims[d]) - len(axes)]
+        return lay.with_dims(tuple(dims))
+    if step.kind == "dynamic-slice":
+        d = check_dim(step.dim)
+        unused(d)
+        dims[d] = dims[d] + axes
+        return lay.with_dims(tuple(dims))
+    if step.kind == "all-reduce":
+        missing = [m for m in axes if m not in lay.unreduced]
+        if missing:
+            raise _fail(f"step {step}: {lay} holds no pending sums over {missing[0]!r}")
+        return lay.with_dims(tuple(dims), lay.unreduced - set(axes))
+    if step.kind == "reduce-scatter":
+        d = check_dim(step.dim)
+        missing = [m for m in axes if m not in lay.unreduced]
+        if missing:
+            raise _fail(f"step {step}: {lay} holds no pending sums over {missing[0]!r}")
+        shards = lay.shards(d) * n
+        if lay.shape[d] % shards:
+            raise _fail(f"step {step}: {lay.axes[d]} of size {lay.shape[d]} does not split into {shards} blocks")
+        dims[d] = dims[d] + axes
+        return lay.with_dims(tuple(dims), lay.unreduced - set(axes))
+    if step.kind == "all-to-all":
+        d, t = check_dim(step.dim), check_dim(step.to_dim)
+        suffix(d)
+        dims[d] = dims[d][: len(dims[d]) - len(axes)]
+        shards = math.prod(lay.mesh_sizes[m] for m in dims[t]) * n
+        if lay.shape[t] % shards:
+            raise _fail(f"step {step}: {lay.axes[t]} of size {lay.shape[t]} does not split into {shards} blocks")
+        dims[t] = dims[t] + axes
+        return lay.with_dims(tuple(dims))
+    return lay  # a collective-permute moves blocks between devices; the layout cannot say which
+
+
+# ---------------------------------------------------------------------------
+# Layouts of an annotated einsum
+
+
+def mesh_axes_of(mesh: Any) -> tuple[MeshAxis, ...]:
+    """The mesh's axes as :class:`MeshAxis` values."""
+    return tuple(MeshAxis(name, int(size)) for name, size in mesh.shape.items())
+
+
+def _side_placement(side: Side) -> str:
+    left = " ".join(str(AxisItem(i.name)) if isinstance(i, AxisItem) else str(i) for i in side.items)
+    return f"{left} -> {' '.join(str(i) for i in side.items)}"
+
+
+def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tuple[tuple[Layout, ...], Layout]:
+    """The operand layouts and the output layout an annotated einsum writes, for these shapes.
+
+    The output's size of each axis is read off the operands; ``{U:axes}`` on the
+    output becomes the layout's pending sums.  No ``...`` (name every axis).
+
+    Example:
+        >>> import jax
+        >>> mesh = jax.make_mesh((2,), ('model',))
+        >>> ins, out = einsum_layouts('b x@model, x@model y -> b y {U:model}', [(4, 6), (6, 8)], mesh)
+        >>> str(out)
+        '[b:4 y:8 {U:model}]'
+    """
+    parsed = parse_einsum(expr)
+    mesh_axes = mesh_axes_of(mesh)
+    if len(shapes) != len(parsed.inputs):
+        raise parsed.fail(f"the einsum has {len(parsed.inputs)} operands but {len(shapes)} shapes were given")
+    sizes: dict[str, int] = {}
+    layouts = []
+    for side, shape in zip(parsed.inputs, shapes, strict=True):
+        if side.has_ellipsis:
+            raise parsed.fail("einsum_layouts does not take '...': name every axis", side.column)
+        if side.unreduced:
+            raise parsed.fail("an operand cannot hold pending sums ('{U:...}')", side.unreduced_column)
+        lay = resolve_named(parse_placement(_side_placement(side)), tuple(shape), mesh_axes)
+        for name, size in zip(lay.axes, lay.shape, strict=True):
+            if sizes.setdefault(name, size) != size:
+                raise parsed.fail(f"axis {name!r} has size {sizes[name]} in one operand and {size} in another")
+        layouts.append(lay)
+    out_side = parsed.output
+    if out_side.has_ellipsis:
+        raise parsed.fail("einsum_layouts does not take '...': name every axis", out_side.column)
+    out_shape = tuple(sizes[n] for n in out_side.names)
+    plain = Side(out_side.items)
+    out = resolve_named(parse_placement(_side_placement(plain)), out_shape, mesh_axes)
+    for m in out_side.unreduced:
+        if m not in out.mesh_sizes:
+            raise parsed.fail(f"{m!r} in '{{U:...}}' is not a mesh axis", out_side.unreduced_column)
+    return tuple(layouts), out.with_dims(out.dims, frozenset(out_side.unreduced))
+
+
+# ---------------------------------------------------------------------------
+# The shard_map of one einsum
+
+
+def _local_einsum_result(locals_: Sequence[Layout], out_axes: tuple[str, ...], out: Layout) -> Layout:
+    """The layout of the local einsum's result, given the operands' layouts after their steps."""
+    dims_of: dict[str, tuple[str, ...]] = {}
+    for lay in locals_:
+        for name, d in zip(lay.axes, lay.dims, strict=True):
+            if dims_of.setdefault(name, d) != d:
+                raise _fail(
+                    f"after the operand steps, axis {name!r} is split over {dims_of[name] or 'nothing'} "
+                    f"in one operand and over {d or 'nothing'} in another: the local einsum would mix blocks",
+                    "Gather one side, slice the other (dynamic-slice), or realign with an all-to-all.",
+                )
+    pending = {m for name, d in dims_of.items() if name not in out_axes for m in d}
+    dims = tuple(dims_of[n] for n in out_axes)
+    used = [m for d in dims for m in d]
+    if len(set(used)) != len(used) or pending & set(used):
+        raise _fail(
+            f"after the operand steps one mesh axis would split two result axes or both split and sum "
+            f"({', '.join(f'{n}@{d}' for n, d in zip(out_axes, dims, strict=True) if d)}; pending {sorted(pending)}): "
+            "the devices would hold only diagonal blocks",
+            "All-gather one of the operands on that mesh axis first.",
+        )
+    return Layout(out_axes, out.shape, out.mesh, dims, frozenset(pending))
+
+
+def _subscripts(in_axes: Sequence[tuple[str, ...]], out_axes: tuple[str, ...]) -> str:
+    names: dict[str, str] = {}
+    letters = iter(string.ascii_letters)
+    for axes in (*in_axes, out_axes):
+        for a in axes:
+            if a not in names:
+                names[a] = next(letters)
+    return ",".join("".join(names[a] for a in axes) for axes in in_axes) + "->" + "".join(names[a] for a in out_axes)
+
+
+def _pspec(lay: Layout) -> PartitionSpec:
+    return PartitionSpec(*lay.spec_entries())
+
+
+def _place(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
+    """Lay an operand out as its in_spec says (Explicit mesh axes need it; Auto axes reshard in shard_map)."""
+    if not any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+        return x
+    target = NamedSharding(mesh, spec)
+    if isinstance(x, jax.core.Tracer):
+        return jax.sharding.reshard(x, spec)
+    if getattr(x, "sharding", None) == target:
+        return x
+    return jax.device_put(x, target)
+
+
+def einsum_shard_map(
+    layouts_in: Sequence[Layout],
+    layout_out: Layout,
+    steps_before: Sequence[Step] = (),
+    steps_after: Sequence[Step] = (),
+    *,
+    mesh: Any,
+    mode: str = "sync",
+    two_way: bool = False,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> Callable[..., jax.Array]:
+    """A function computing one einsum as an explicit ``jax.shard_map`` with these steps.
+
+    Args:
+        layouts_in: each operand's layout (as placed; inputs are laid out so on the way in).
+        layout_out: the result's layout; ``unreduced`` axes come back as per-device
+            partial sums stacked on a new leading axis split over them (sum it to reduce).
+        steps_before: steps on the operands (``Step.operand`` = position), in order.
+        steps_after: steps on the local einsum's result (``Step.operand == 'out'``).
+        mesh: the ``jax.sharding.Mesh``.
+        mode: ``'sync'`` runs every step as a plain collective.  ``'async'`` runs the
+            last all-gather of an operand of a two-operand einsum (or else the first
+            reduce-scatter of the result) as a collective matmul ring
+            (:mod:`einshard.lowering.collective_matmul`), where the ring's mesh axes
+            split the result; other steps (and einsums with no such step) stay sync.
+        two_way: with ``mode='async'``, a bidirectional ring.
+        precision, preferred_element_type: passed to the local ``jnp.einsum``.
+
+    The returned function is not jitted, so it composes with ``jax.jit``,
+    ``jax.grad`` and ``jax.vmap``; gradients come from JAX's transposition of
+    the collectives (``check_vma=True``).  Its ``.program`` attribute lists what runs.
+    """
+    from . import collective_matmul as cm  # a sibling module; imported here to keep steps importable alone
+
+    if mode not in ("sync", "async"):
+        raise EinshardError(f"mode must be 'sync' or 'async', got {mode!r}")
+    n_ops = len(layouts_in)
+    before = [s for s in steps_before]
+    for s in before:
+        if not isinstance(s.operand, int) or not 0 <= s.operand < n_ops:
+            raise _fail(f"step {s}: operand must be an operand position 0..{n_ops - 1}")
+    for s in steps_after:
+        if s.operand != "out":
+            raise _fail(f"step {s}: a step after the einsum acts on operand 'out'")
+    if layout_out.mesh != layouts_in[0].mesh or any(lay.mesh != layouts_in[0].mesh for lay in layouts_in):
+        raise _fail("the operand and output layouts are on different meshes")
+
+    # Follow each block's layout through the steps; reject plans that compute something else.
+    local = list(layouts_in)
+    for s in before:
+        local[s.operand] = step_layout(local[s.operand], s)
+    computed = _local_einsum_result(local, layout_out.axes, layout_out)
+    final = computed
+    for s in steps_after:
+        final = step_layout(final, s)
+    if final.dims != layout_out.dims or final.unreduced != layout_out.unreduced:
+        raise _fail(
+            f"the steps leave the result as {final}, not the requested {layout_out}",
+            "Add the collective that closes the gap (all-reduce or reduce-scatter for pending sums, "
+            "all-gather or dynamic-slice for splits).",
+        )
+
+    # Pick the step a collective matmul replaces.
+    ring: tuple[str, Step] | None = None
+    if mode == "async" and n_ops == 2:
+        last_on = {s.operand: i for i, s in enumerate(before)}
+        # A ring's result differs per device, so the ring axes must split the result.
+        gathers = [
+            i
+            for i, s in enumerate(before)
+            if s.kind == "all-gather" and last_on[s.operand] == i and set(s.mesh_axes) <= final.sharded_mesh_axes
+        ]
+        if gathers:
+            ring = ("ag", before.pop(gathers[-1]))
+        elif steps_after and steps_after[0].kind == "reduce-scatter":
+            ring = ("rs", steps_after[0])
+            steps_after = list(steps_after[1:])
+    schedule = "two-way" if two_way else "one-way"
+    subscripts = _subscripts([lay.axes for lay in layouts_in], layout_out.axes)
+    kw = {"precision": precision, "preferred_element_type": preferred_element_type}
+    pending = tuple(m.name for m in layout_out.mesh if m.name in layout_out.unreduced)
+
+    # A gather over mesh axes the result is not split or summed over must give a
+    # replicated (invariant) block, or the replicated out_spec would not type-check.
+    varying_out = final.sharded_mesh_axes | final.unreduced
+
+    def body(*blocks: jax.Array) -> jax.Array:
+        blocks_ = list(blocks)
+        for s in before:
+            assert isinstance(s.operand, int)
+            blocks_[s.operand] = apply_step(blocks_[s.operand], s, invariant=not set(s.mesh_axes) & varying_out)
+        if ring is None:
+            y = jnp.einsum(subscripts, *blocks_, **kw)
+        elif ring[0] == "ag":
+            s = ring[1]
+            assert isinstance(s.operand, int) and s.dim is not None
+            y = cm.allgather_einsum(
+                subscripts, *blocks_, axis_name=s.mesh_axes, gathered=s.operand, dim=s.dim, schedule=schedule, **kw
+            )
+        else:
+            s = ring[1]
+            assert s.dim is not None
+            y = cm.einsum_reduce_scatter(
+                subscripts, *blocks_, axis_name=s.mesh_axes, dim=s.dim, schedule=schedule, **kw
+            )
+        for s in steps_after:
+            y = apply_step(y, s, invariant=not set(s.mesh_axes) & varying_out)
+        return y[None] if pending else y
+
+    in_specs = tuple(_pspec(lay) for lay in layouts_in)
+    out_spec = _pspec(layout_out)
+    if pending:
+        out_spec = PartitionSpec(pending[0] if len(pending) == 1 else pending, *out_spec)
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec, check_vma=True)
+
+    def run(*operands: Any) -> jax.Array:
+        if len(operands) != n_ops:
+            raise EinshardError(f"the einsum takes {n_ops} operands, got {len(operands)}")
+        for lay, x in zip(layouts_in, operands, strict=True):
+            if tuple(x.shape) != lay.shape:
+                raise EinshardError(f"an operand of shape {tuple(x.shape)} does not fit the layout {lay}")
+        return mapped(*(_place(x, mesh, s) for x, s in zip(operands, in_specs, strict=True)))
+
+    run.program = tuple(  # type: ignore[attr-defined]
+        [*(str(s) for s in before), f"einsum {subscripts}" + (f" as ring {ring[0]} {ring[1]}" if ring else "")]
+        + [str(s) for s in steps_after]
+    )
+    return run
