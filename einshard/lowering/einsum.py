@@ -95,9 +95,11 @@ def _runnable(plan: Plan) -> Plan:
 
     if whole(plan):
         return plan
-    for alt in plan.alternatives:
-        if whole(alt) and alt.resolution == plan.resolution and alt.out_layout == plan.out_layout:
-            return _with_alternatives(alt, plan)
+    # Same result layout first; for an inferred (unrequested) output, any complete one.
+    for same_layout in (True, False):
+        for alt in plan.alternatives:
+            if whole(alt) and alt.resolution == plan.resolution and (alt.out_layout == plan.out_layout or not same_layout):
+                return _with_alternatives(alt, plan)
     raise EinshardError(f"einshard.einsum found no plan for {plan.expression} that it can run without a local pre-sum")
 
 
@@ -105,7 +107,7 @@ def _with_alternatives(chosen: Plan, best: Plan) -> Plan:
     import dataclasses
 
     others = tuple(p for p in (best, *best.alternatives) if p is not chosen)
-    return dataclasses.replace(chosen, alternatives=others)
+    return dataclasses.replace(chosen, more=lambda: others)
 
 
 def plan_steps(plan: Plan) -> tuple[list[Step], list[Step]]:
