@@ -67,7 +67,7 @@ def _step_of(kind: str, before: Layout, after: Layout, axes: tuple[str, ...], op
     lost = [d for d, (b, a) in enumerate(zip(before.dims, after.dims)) if set(b) - set(a)]
     gained = [d for d, (b, a) in enumerate(zip(before.dims, after.dims)) if set(a) - set(b)]
     if kind == "all-gather":
-        return Step(kind, operand, axes, dim=lost[0])
+        return Step(kind, operand, axes, dim=lost[0])  # split per axis by _gathers_per_axis
     if kind == "all-reduce":
         return Step(kind, operand, axes)
     if kind == "reduce-scatter":
@@ -75,6 +75,22 @@ def _step_of(kind: str, before: Layout, after: Layout, axes: tuple[str, ...], op
     if kind == "all-to-all":
         return Step(kind, operand, axes, dim=lost[0], to_dim=gained[0])
     raise EinshardError(f"einshard.einsum cannot run a {kind} step of a plan yet")
+
+
+def _per_axis(step: Step | None, cur: Layout) -> list[Step]:
+    """A gather over several mesh axes as one gather per axis, minor first.
+
+    The same data moves, but each gather is then typed by its own axis under
+    ``check_vma``: a gather over an axis the result does not vary over can be
+    invariant (replicated) while one over an axis it does vary over stays varying.
+    """
+    if step is None:
+        return []
+    if step.kind != "all-gather" or len(step.mesh_axes) == 1:
+        return [step]
+    assert step.dim is not None
+    order = [m for m in reversed(cur.dims[step.dim]) if m in step.mesh_axes]
+    return [Step("all-gather", step.operand, (m,), dim=step.dim) for m in order]
 
 
 def _runnable(plan: Plan) -> Plan:
@@ -129,9 +145,9 @@ def plan_steps(plan: Plan) -> tuple[list[Step], list[Step]]:
             assert c.before is not None and c.after is not None
             sliced, cur = _slices(cur, c.before, i)
             before += sliced
-            step = _step_of(c.kind, c.before, c.after, c.axes, i)
-            before += [step] if step else []
-            cur = step_layout(cur, step) if step else cur
+            for step in _per_axis(_step_of(c.kind, c.before, c.after, c.axes, i), cur):
+                before.append(step)
+                cur = step_layout(cur, step)
         sliced, cur = _slices(cur, used, i)
         before += sliced
     after: list[Step] = []
@@ -142,9 +158,9 @@ def plan_steps(plan: Plan) -> tuple[list[Step], list[Step]]:
         assert c.before is not None and c.after is not None
         sliced, cur = _slices(cur, c.before, "out")
         after += sliced
-        step = _step_of(c.kind, c.before, c.after, c.axes, "out")
-        after += [step] if step else []
-        cur = step_layout(cur, step) if step else cur
+        for step in _per_axis(_step_of(c.kind, c.before, c.after, c.axes, "out"), cur):
+            after.append(step)
+            cur = step_layout(cur, step)
     sliced, _ = _slices(cur, plan.out_layout, "out")
     after += sliced
     return before, after
@@ -222,7 +238,7 @@ def lower(
         >>> x, w = np.ones((4, 6), np.float32), np.ones((6, 8), np.float32)
         >>> prog = einshard.lower('b x@m, x@m y -> b y', x, w, mesh=mesh)
         >>> print(prog.program)
-        local einsum (sync)
+        einsum ab,bc->ac
         all-reduce[m](out)
         >>> float(prog(x, w)[0, 0])
         6.0
