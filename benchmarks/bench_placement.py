@@ -132,6 +132,11 @@ class Pair:
         return statistics.median(self.einshard_s) / statistics.median(self.baseline_s)
 
     @property
+    def paired_ratio(self) -> float:
+        """Median of per-repetition ratios (each pair adjacent in time): less sensitive to drifting load."""
+        return statistics.median(a / b for a, b in zip(self.einshard_s, self.baseline_s, strict=True))
+
+    @property
     def added_s(self) -> float:
         return statistics.median(self.einshard_s) - statistics.median(self.baseline_s)
 
@@ -140,7 +145,10 @@ class Pair:
         out.update(
             einshard_median_s=statistics.median(self.einshard_s),
             baseline_median_s=statistics.median(self.baseline_s),
+            einshard_min_s=min(self.einshard_s),
+            baseline_min_s=min(self.baseline_s),
             ratio=self.ratio,
+            paired_ratio=self.paired_ratio,
             added_us=self.added_s * 1e6,
         )
         return out
@@ -191,12 +199,15 @@ def _placement_pairs(size: int, quick: bool) -> list[Pair]:
     rng = np.random.default_rng(0)
     big = rng.standard_normal((size, size), dtype=np.float32)
     small = rng.standard_normal((8, 8), dtype=np.float32)
-    big_reps, small_reps, small_inner = (5, 7, 50) if quick else (15, 31, 200)
+    # Small cases: many short blocks, so a burst of load from another process hits both sides alike.
+    big_reps, small_reps, small_inner = (5, 7, 50) if quick else (101, 101, 50)
     on_cpu = jax.default_backend() == "cpu"
     pairs: list[Pair] = []
 
-    def timed(label: str, expr: str, place: Callable[[], Any], base: Callable[[], Any], large: bool, **kw: Any) -> Pair:
-        reps, inner, warmup = (big_reps, 1, 2) if large else (small_reps, small_inner, small_inner)
+    def timed(
+        label: str, expr: str, place: Callable[[], Any], base: Callable[[], Any], large: bool, inner: int = 0, **kw: Any
+    ) -> Pair:
+        reps, inner, warmup = (big_reps, 1, 2) if large else (small_reps, inner or small_inner, inner or small_inner)
         es, dp = _interleaved(
             lambda: jax.block_until_ready(place()), lambda: jax.block_until_ready(base()), reps, inner, warmup
         )
@@ -250,10 +261,10 @@ def _placement_pairs(size: int, quick: bool) -> list[Pair]:
             lambda: einshard.einshard(tree, rules, mesh=mesh),
             lambda: jax.device_put(tree, shardings),
             False,
+            inner=2 if quick else 5,
             note="baseline: jax.device_put(tree, tree_of_shardings)",
         )
     )
-    pairs[-1].inner = pairs[-1].inner  # keep dataclass fields explicit for the JSON
     # Control: the baseline against itself, to show how far from 1.0 noise alone moves a ratio.
     sh = einshard.sharding(named_expr, big.shape, mesh=mesh)
     pairs.append(
@@ -267,6 +278,53 @@ def _placement_pairs(size: int, quick: bool) -> list[Pair]:
         )
     )
     return pairs
+
+
+def _own_work(quick: bool) -> list[dict[str, Any]]:
+    """einshard's own per-call work: the same calls with ``jax.device_put`` replaced by a no-op.
+
+    Free of transfer noise, this is the cost einshard adds to each call.
+    """
+    import jax
+    import numpy as np
+
+    import einshard
+
+    n = jax.device_count()
+    model = 2 if n % 2 == 0 else 1
+    mesh = jax.make_mesh((n // model, model), ("data", "model"))
+    small = np.ones((8, 8), np.float32)
+    tree = {f"layer{i}": {"w": np.ones((64, 64), np.float32), "b": np.ones((64,), np.float32)} for i in range(25)}
+    rules = {r"\['w'\]$": "x y -> x@data y@model", r"\['b'\]$": "x -> x@model"}
+    on_device = jax.device_put(small, einshard.sharding("x y -> x y*", small.shape))
+    cases = [
+        ("8×8 f32, host numpy", "x y -> x y*", lambda: einshard.einshard(small, "x y -> x y*"), 1),
+        (
+            "8×8 f32, host numpy",
+            "x y -> x@data y@model",
+            lambda: einshard.einshard(small, "x y -> x@data y@model", mesh=mesh),
+            1,
+        ),
+        (
+            "8×8 f32, jax.Array",
+            "x y -> x@data y@model",
+            lambda: einshard.einshard(on_device, "x y -> x@data y@model", mesh=mesh),
+            1,
+        ),
+        ("pytree, 50 leaves, host", "path rules", lambda: einshard.einshard(tree, rules, mesh=mesh), 50),
+    ]
+    reps, number = (3, 200) if quick else (9, 5000)
+    real = jax.device_put
+    jax.device_put = lambda x, *args, **kwargs: x  # the transfer itself is not einshard's work
+    rows = []
+    try:
+        for label, expr, call, leaves in cases:
+            call()
+            per_call = [timeit.timeit(call, number=number // leaves) / (number // leaves) for _ in range(reps)]
+            rows.append({"label": label, "expression": expr, "leaves": leaves, "per_call_s": per_call})
+    finally:
+        jax.device_put = real
+    return rows
 
 
 def small_leaf(rng: Any, shape: tuple[int, ...]) -> Any:
@@ -398,10 +456,14 @@ def run_all(size: int, quick: bool) -> dict[str, Any]:
         flush=True,
     )
     start = time.perf_counter()
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     pairs = _placement_pairs(size, quick)
     parse = _parse_timings(quick)
+    own = _own_work(quick)
     return {
+        "own_work": own,
         "machine": machine,
+        "load_average": {"before": load_before, "after": os.getloadavg() if hasattr(os, "getloadavg") else None},
         "quick": quick,
         "placement": [p.summary() for p in pairs],
         "parse": parse,
@@ -416,7 +478,9 @@ def run_all(size: int, quick: bool) -> dict[str, Any]:
 def _fmt(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
+    if seconds >= 1e-6:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e9:.0f} ns"
 
 
 def to_json(results: dict[str, Any]) -> str:
@@ -455,6 +519,23 @@ def to_markdown(results: dict[str, Any]) -> str:
         f"{'met' if worst_ratio <= 1.05 else 'NOT met'}); ≤ 10 µs added on the 8×8 host array "
         f"(worst here {worst_added:+.1f} µs: {'met' if worst_added <= 10 else 'NOT met'}).",
     ]
+    own = results["own_work"]
+    lines.append(
+        "einshard's own work per call (the same calls with `jax.device_put` replaced by a no-op, best of "
+        f"{len(own[0]['per_call_s'])} as timeit advises for CPU-bound loops; free of transfer noise): "
+        + "; ".join(
+            f"{r['label']} `{r['expression']}` {_fmt(min(r['per_call_s']))}"
+            + (f" ({_fmt(min(r['per_call_s']) / r['leaves'])} a leaf)" if r["leaves"] > 1 else "")
+            for r in own
+        )
+        + "."
+    )
+    load = results.get("load_average") or {}
+    if load.get("before"):
+        lines.append(
+            f"Load average (1 min) before / after the run: {load['before'][0]:.2f} / {load['after'][0]:.2f} "
+            f"on {m['cores']} cores; the control row shows how far from 1.000 noise alone moves a ratio."
+        )
     aliased = [r["label"] for r in rows if r.get("aliases_host") and any(r["aliases_host"].values())]
     if m["backend"] == "cpu":
         lines.append(

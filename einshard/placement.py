@@ -183,11 +183,10 @@ def _eager_sharding(text: str, x: Any, mesh: Any, ctx: Mesh | None) -> NamedShar
     The hot path of eager placement: one cache lookup keyed by everything the
     answer depends on (the text, the shape, and the three meshes it may come
     from), so a repeated call neither re-parses nor re-resolves.  ``ctx`` is
-    ``current_mesh()``, read once by the caller.  Errors are not cached (lru_cache
-    does not keep exceptions): a bad call fails the same way every time.
+    ``current_mesh()``, read once by the caller, who has also checked ``mesh``
+    with ``_check_mesh`` (before it is hashed as a key).  Errors are not
+    cached (lru_cache keeps no exceptions): a bad call fails every time.
     """
-    if mesh is not None:
-        _check_mesh(mesh)  # before it is hashed as a cache key
     own = _own_mesh(x) if mesh is None and ctx is None else None
     return _cached_eager_sharding(text, tuple(x.shape), mesh, ctx, own)
 
@@ -320,6 +319,7 @@ def _place_one(x: Any, text: str, mesh: Any, process_local: bool) -> Any:
         return _constrain(x, text, mesh)
     if process_local:
         return _from_process_local(x, text, _pick_mesh(text, mesh, x))
+    _check_mesh(mesh)
     return _put(x, _eager_sharding(text, x, mesh, current_mesh()))
 
 
@@ -403,6 +403,7 @@ def _restrict(lay: Layout, keep: Any) -> PartitionSpec:
 def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(x)
     texts = _leaf_texts(x, treedef, rules)
+    _check_mesh(mesh)
     ctx = current_mesh()
     out: list[Any] = list(leaves)
     pending: list[int] = []
