@@ -496,9 +496,11 @@ def to_markdown(results: dict[str, Any]) -> str:
         if m["simulated_devices"]
         else f"{m['device_count']} × {m['device_kind']}"
     )
+    reps_text = str(reps[0]) if reps[0] == reps[-1] else f"{reps[0]}–{reps[-1]}"
     lines = [
+        *(["**Quick run (a smoke test): too few repetitions to quote.**", ""] if results["quick"] else []),
         f"Placement cost: `einshard()` against `jax.device_put` with the same `NamedSharding` (built once with "
-        f"`einshard.sharding`), interleaved, median of {'–'.join(str(r) for r in (reps[0], reps[-1]))} repetitions. "
+        f"`einshard.sharding`), interleaved, median of {reps_text} repetitions. "
         f"{where}; jax {m['jax']}, Python {m['python']}, {m['cores']} cores ({m['cpu']}).",
         "",
         "| Input | Expression | einshard | device_put | Ratio | Added |",
