@@ -100,7 +100,9 @@ def _check_markers(readme: Path) -> str:
             "(each once); add them where the placement table belongs"
         )
     if text.count(README_START) != 1 or text.count(README_END) != 1:
-        raise SystemExit(f"--update-readme: {readme} has the markers more than once")
+        raise SystemExit(
+            f"--update-readme: {readme} has {README_START!r} or {README_END!r} more than once; keep one of each"
+        )
     return text
 
 
