@@ -4,7 +4,7 @@ Run from the repository root::
 
     python benchmarks/bench_placement.py                  # 8 simulated CPU devices
     python benchmarks/bench_placement.py --update-readme  # also refresh README.md's table
-    python benchmarks/bench_placement.py --backend gpu    # a real accelerator: no simulated devices
+    python benchmarks/bench_placement.py --backend cuda   # a real accelerator: no simulated devices
 
 Every case times einshard and its baseline in the same run, interleaved
 (A B B A ...), after a warm-up, with ``time.perf_counter`` and
@@ -46,8 +46,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--backend",
-        default="cpu",
-        help="'cpu' (default: simulated devices) or a real JAX platform such as 'gpu' or 'tpu'",
+        default=None,
+        help="'cpu': simulated CPU devices (the default, unless JAX_PLATFORMS names another platform); "
+        "a real JAX platform such as 'cuda' or 'tpu': its devices, no simulation",
     )
     p.add_argument("--devices", type=int, default=8, help="simulated CPU device count (cpu backend only)")
     p.add_argument("--size", type=int, default=4096, help="side of the large square float32 array")
@@ -58,15 +59,17 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _configure_devices(args: argparse.Namespace) -> None:
-    """Simulated CPU devices, set before JAX is imported; a real backend is left alone."""
-    if args.backend != "cpu":
-        os.environ["JAX_PLATFORMS"] = args.backend
-        return
+def _configure_devices(args: argparse.Namespace) -> str:
+    """Simulated CPU devices, set before JAX is imported; a real backend is left to JAX.  Returns the platform."""
+    platform_name = args.backend or os.environ.get("JAX_PLATFORMS") or "cpu"
+    if platform_name != "cpu":
+        os.environ["JAX_PLATFORMS"] = platform_name
+        return platform_name
     os.environ["JAX_PLATFORMS"] = "cpu"
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}".strip()
+    return platform_name
 
 
 def main(argv: list[str] | None = None) -> int:
