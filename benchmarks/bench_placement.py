@@ -205,14 +205,16 @@ def _placement_pairs(size: int, quick: bool) -> list[Pair]:
     big = rng.standard_normal((size, size), dtype=np.float32)
     small = rng.standard_normal((8, 8), dtype=np.float32)
     # Small cases: many short blocks, so a burst of load from another process hits both sides alike.
-    big_reps, small_reps, small_inner = (5, 7, 50) if quick else (101, 101, 50)
+    big_reps, big_inner, small_reps, small_inner = (5, 1, 7, 50) if quick else (101, 2, 101, 50)
     on_cpu = jax.default_backend() == "cpu"
     pairs: list[Pair] = []
 
     def timed(
         label: str, expr: str, place: Callable[[], Any], base: Callable[[], Any], large: bool, inner: int = 0, **kw: Any
     ) -> Pair:
-        reps, inner, warmup = (big_reps, 1, 2) if large else (small_reps, inner or small_inner, inner or small_inner)
+        reps, inner, warmup = (
+            (big_reps, big_inner, 2) if large else (small_reps, inner or small_inner, inner or small_inner)
+        )
         es, dp = _interleaved(
             lambda: jax.block_until_ready(place()), lambda: jax.block_until_ready(base()), reps, inner, warmup
         )
