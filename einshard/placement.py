@@ -138,26 +138,60 @@ def _replicate_text(expr: Expression) -> str:
 
 
 def _pick_mesh(expr_text: str, mesh: Any, x: Any = None) -> Any:
+    _check_mesh(mesh)
+    ctx = current_mesh()
+    return _choose_mesh(expr_text, mesh, ctx, _own_mesh(x) if mesh is None and ctx is None else None)
+
+
+def _check_mesh(mesh: Any) -> None:
+    if mesh is not None and not isinstance(mesh, (Mesh, jax.sharding.AbstractMesh)):
+        raise EinshardError(f"mesh= takes a jax.sharding.Mesh, got {type(mesh).__name__}")
+
+
+def _own_mesh(x: Any) -> Mesh | None:
+    """The concrete mesh a jax.Array already lives on (None for host arrays)."""
+    if not isinstance(x, jax.Array):
+        return None
+    own = getattr(x.sharding, "mesh", None)
+    return own if isinstance(own, Mesh) else None
+
+
+def _choose_mesh(expr_text: str, mesh: Any, ctx: Mesh | None, own: Mesh | None) -> Any:
+    """The mesh a placement uses: mesh=, else the current mesh, else the array's own; None for counts.
+
+    A pure function of its arguments, so that its result can be cached.
+    """
     expr = parse_placement(expr_text)
     if expr.uses_counts:
         if mesh is not None:
             raise _count_mesh_conflict(expr, mesh, "mesh= gives")
-        ctx = current_mesh()
         if ctx is not None:
             raise _count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
         return None
     if mesh is not None:
-        if not isinstance(mesh, Mesh) and not isinstance(mesh, jax.sharding.AbstractMesh):
-            raise EinshardError(f"mesh= takes a jax.sharding.Mesh, got {type(mesh).__name__}")
         return mesh
-    ctx = current_mesh()
     if ctx is not None:
         return ctx
-    if x is not None:
-        own = getattr(getattr(x, "sharding", None), "mesh", None)
-        if isinstance(own, Mesh):
-            return own
-    return None
+    return own
+
+
+@functools.lru_cache(maxsize=8192)
+def _cached_eager_sharding(text: str, shape: tuple[int, ...], mesh: Any, ctx: Any, own: Any) -> NamedSharding:
+    return _concrete_sharding(text, shape, _choose_mesh(text, mesh, ctx, own))
+
+
+def _eager_sharding(text: str, x: Any, mesh: Any, ctx: Mesh | None) -> NamedSharding:
+    """The sharding ``einshard(x, text, mesh=mesh)`` places ``x`` with, outside jit.
+
+    The hot path of eager placement: one cache lookup keyed by everything the
+    answer depends on (the text, the shape, and the three meshes it may come
+    from), so a repeated call neither re-parses nor re-resolves.  ``ctx`` is
+    ``current_mesh()``, read once by the caller, who has also checked ``mesh``
+    with ``_check_mesh`` (before it is hashed as a key).  Errors are not
+    cached (lru_cache keeps no exceptions): a bad call fails every time.
+    """
+    own = _own_mesh(x) if mesh is None and ctx is None else None
+    return _cached_eager_sharding(text, tuple(x.shape), mesh, ctx, own)
 
 
 def layout(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> Layout:
@@ -307,11 +341,10 @@ def _place_one(x: Any, text: str, mesh: Any, process_local: bool) -> Any:
                 "Call einshard(batch, expr, process_local=True) outside jax.jit, then pass the result in.",
             )
         return _constrain(x, text, mesh)
-    chosen = _pick_mesh(text, mesh, x)
     if process_local:
-        return _from_process_local(x, text, chosen)
-    sh = _concrete_sharding(text, np.shape(x), chosen)
-    return _put(x, sh)
+        return _from_process_local(x, text, _pick_mesh(text, mesh, x))
+    _check_mesh(mesh)
+    return _put(x, _eager_sharding(text, x, mesh, current_mesh()))
 
 
 def _concrete_sharding(text: str, shape: tuple[int, ...], chosen: Any) -> NamedSharding:
@@ -478,38 +511,14 @@ def _restrict(lay: Layout, keep: Any) -> PartitionSpec:
 
 
 def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(x)
-    if isinstance(rules, str):
-        texts: list[str | None] = [rules] * len(leaves)
-    elif isinstance(rules, Mapping):
-        compiled = []
-        for pattern, rule in rules.items():
-            try:
-                compiled.append((pattern, re.compile(pattern), rule))
-            except re.error as err:
-                raise EinshardError(f"path pattern {pattern!r} is not a valid regular expression: {err}") from None
-        texts = []
-        for path, _ in leaves:
-            key = jax.tree_util.keystr(path)
-            for _, regex, rule in compiled:
-                if regex.search(key):
-                    texts.append(rule)
-                    break
-            else:
-                listed = ", ".join(repr(p) for p, _, _ in compiled)
-                raise EinshardError(
-                    f"no rule matches the leaf at {key} (patterns tried, in order: {listed})",
-                    hint="Add a pattern for it, or a catch-all last rule such as '.*': '... -> ...'.",
-                )
-    else:
-        raise EinshardError(
-            f"einshard takes an expression string or a mapping of path patterns to expressions, "
-            f"got {type(rules).__name__}"
-        )
-    out: list[Any] = [leaf for _, leaf in leaves]
+    leaves, treedef = jax.tree_util.tree_flatten(x)
+    texts = _leaf_texts(x, treedef, rules)
+    _check_mesh(mesh)
+    ctx = current_mesh()
+    out: list[Any] = list(leaves)
     pending: list[int] = []
     shardings: list[NamedSharding] = []
-    for i, ((path, leaf), text) in enumerate(zip(leaves, texts)):
+    for i, (leaf, text) in enumerate(zip(leaves, texts)):
         if text is None:
             continue
         try:
@@ -519,11 +528,11 @@ def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
             if isinstance(leaf, jax.core.Tracer) or process_local:
                 out[i] = _place_one(leaf, text, mesh, process_local)
                 continue
-            chosen = _pick_mesh(text, mesh, leaf)
-            sh = _concrete_sharding(text, np.shape(leaf), chosen)
+            sh = _eager_sharding(text, leaf, mesh, ctx)
         except EinshardError as err:
+            path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(x)[0][i][0])
             raise EinshardError(
-                f"at {jax.tree_util.keystr(path)} (shape {tuple(np.shape(leaf))}): {err.reason}",
+                f"at {path} (shape {tuple(np.shape(leaf))}): {err.reason}",
                 err.expression,
                 err.column,
                 err.hint,
@@ -539,6 +548,67 @@ def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
         for i, value in zip(pending, placed):
             out[i] = value
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+# (tree structure, rules) -> the expression of each leaf.  Leaf paths are a
+# function of the tree structure, so a repeated call skips keystr and the
+# regular expressions, the bulk of a pytree's per-leaf cost.
+_LEAF_TEXTS: dict[tuple[Any, Any], tuple[Any, ...]] = {}
+_LEAF_TEXTS_MAX = 1024
+
+
+def _leaf_texts(x: Any, treedef: Any, rules: Rules) -> tuple[Any, ...]:
+    """The expression (or None) of every leaf of ``x``, in flattening order: the first matching rule's."""
+    if isinstance(rules, str):
+        return (rules,) * treedef.num_leaves
+    if not isinstance(rules, Mapping):
+        raise EinshardError(
+            f"einshard takes an expression string or a mapping of path patterns to expressions, "
+            f"got {type(rules).__name__}"
+        )
+    key = (treedef, tuple(rules.items()))
+    try:
+        return _LEAF_TEXTS[key]
+    except KeyError:
+        pass
+    except (TypeError, ValueError):  # an unhashable rule, or node data that cannot be compared: no caching
+        return _match_rules(x, rules)
+    texts = _match_rules(x, rules)
+    if len(_LEAF_TEXTS) >= _LEAF_TEXTS_MAX:
+        _LEAF_TEXTS.clear()
+    _LEAF_TEXTS[key] = texts
+    return texts
+
+
+_leaf_texts.cache_clear = _LEAF_TEXTS.clear  # type: ignore[attr-defined]  # like the lru caches
+
+
+def _match_rules(x: Any, rules: Mapping[str, Any]) -> tuple[Any, ...]:
+    compiled = []
+    for pattern, rule in rules.items():
+        try:
+            compiled.append((pattern, re.compile(pattern), rule))
+        except (re.error, TypeError) as err:
+            raise EinshardError(f"path pattern {pattern!r} is not a valid regular expression: {err}") from None
+        if rule is not None and not isinstance(rule, str):
+            raise EinshardError(
+                f"the rule for path pattern {pattern!r} is a {type(rule).__name__}: {rule!r}; "
+                "a rule is an expression string, or None to leave the leaf as it is"
+            )
+    texts = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(x)[0]:
+        key = jax.tree_util.keystr(path)
+        for _, regex, rule in compiled:
+            if regex.search(key):
+                texts.append(rule)
+                break
+        else:
+            listed = ", ".join(repr(p) for p, _, _ in compiled)
+            raise EinshardError(
+                f"no rule matches the leaf at {key} (patterns tried, in order: {listed})",
+                hint="Add a pattern for it, or a catch-all last rule such as '.*': '... -> ...'.",
+            )
+    return tuple(texts)
 
 
 # ---------------------------------------------------------------------------
