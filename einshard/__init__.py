@@ -11,6 +11,7 @@ from .errors import EinshardError
 from .layout import Layout, MeshAxis
 from .parsing import Expression, parse
 from .placement import anonymous_mesh, describe, einshard, layout, sharding, spec
+from .show import show
 
 __version__ = "0.3.0"
 
@@ -24,6 +25,7 @@ __all__ = [
     "einshard",
     "layout",
     "parse",
+    "show",
     "sharding",
     "spec",
 ]

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -485,17 +486,23 @@ class _StopFlag:
 
 
 def train_layout(
-    trainer: Trainer, steps: int, *, say: Callable[[str], None], plain: bool, stop: _StopFlag | None = None
+    trainer: Trainer,
+    steps: int,
+    *,
+    say: Callable[[str], None],
+    plain: bool,
+    stop: _StopFlag | None = None,
+    name: str | None = None,
 ) -> RunResult:
     """Run ``steps`` steps of ``trainer``, showing progress; stop early when Ctrl-C was pressed."""
     import jax
 
-    res = RunResult(trainer.preset.name, trainer.mesh_sizes, first_step=trainer.step_index)
+    res = RunResult(name or trainer.preset.name, trainer.mesh_sizes, first_step=trainer.step_index)
     trainer.compile()
     res.compile_s = trainer.compile_s
     res.param_bytes, res.state_bytes = trainer.bytes_per_device()
     res.per_param_bytes = {r[0]: r[4] for r in layout_rows(trainer)}
-    bar = _Progress(trainer.preset.name, steps, say, plain, quiet=jax.process_index() != 0)
+    bar = _Progress(res.name, steps, say, plain, quiet=jax.process_index() != 0)
     tokens = trainer.batch * trainer.cfg.seq
     elapsed = 0.0
     try:
@@ -577,11 +584,15 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
             subprocess.Popen(
                 cmd,
                 env=env,
-                stdout=None if pid == 0 else subprocess.DEVNULL,  # only process 0 prints
+                stdout=subprocess.PIPE if pid == 0 else subprocess.DEVNULL,  # only process 0 prints
+                text=True,
                 stderr=logs[pid],
                 start_new_session=True,  # Ctrl-C reaches this launcher alone; it tells the workers
             )
         )
+    # Process 0's output, minus gloo's connection chatter (printed by its C++ side).
+    relay = threading.Thread(target=_relay, args=(procs[0].stdout,), daemon=True)
+    relay.start()
     interrupted = False
     try:
         while any(p.poll() is None for p in procs):
@@ -602,6 +613,7 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    relay.join(timeout=5)
     codes = [p.returncode for p in procs]
     if interrupted or codes[0] == 130:
         return 130
@@ -613,6 +625,13 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
                 print(f"einshard demo: process {pid} exited with {code}:", *tail, sep="\n  ", file=sys.stderr)
         return next(c for c in codes if c) if codes[0] == 0 else codes[0]
     return 0
+
+
+def _relay(stream: Any) -> None:
+    for line in stream:
+        if not line.startswith("[Gloo]"):
+            sys.stdout.write(line)
+            sys.stdout.flush()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -665,8 +684,7 @@ def run(args: argparse.Namespace) -> int:
                 devices=jax.local_devices()[:1],
                 resume=args.resume,
             )
-            reference = train_layout(ref, args.steps, say=say, plain=args.plain, stop=stop)
-            reference.name = "1 device"
+            reference = train_layout(ref, args.steps, say=say, plain=args.plain, stop=stop, name="1 device")
         for preset in presets:
             if stop.requested:
                 break
