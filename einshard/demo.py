@@ -654,6 +654,11 @@ def run(args: argparse.Namespace) -> int:
         if is_main:
             print(text, flush=True)
 
+    if mesh_arg and math.prod(mesh_arg.values()) != jax.device_count():
+        shown = ",".join(f"{k}={v}" for k, v in mesh_arg.items())
+        raise EinshardError(
+            f"--mesh {shown} has {math.prod(mesh_arg.values())} devices, but there are {jax.device_count()}"
+        )
     cfg = Config(layers=args.layers, width=args.width, heads=args.heads, ffn=args.ffn, seq=args.seq)
     corpus = load_corpus(args.data)
     n = jax.device_count()
