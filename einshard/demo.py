@@ -278,7 +278,10 @@ class Trainer:
     def compile(self) -> Any:
         if self._compiled is None:
             start = time.perf_counter()
-            self._compiled = self.step_fn.lower(self.state, self.place_batch(self.step_index)).compile()
+            import jax
+
+            fn = self.step_fn if hasattr(self.step_fn, "lower") else jax.jit(self.step_fn)
+            self._compiled = fn.lower(self.state, self.place_batch(self.step_index)).compile()
             self.compile_s = time.perf_counter() - start
         return self._compiled
 
@@ -638,6 +641,10 @@ def run(args: argparse.Namespace) -> int:
     if args.processes > 1 and args.process_id is None:
         return _launch(args, _rebuild_argv(args))
     presets, mesh_arg = _chosen_presets(args)
+    try:
+        import optax  # noqa: F401
+    except ImportError:
+        raise EinshardError("einshard demo trains with optax: pip install 'einshard[examples]'") from None
     if (args.checkpoint or args.resume) and len(presets) > 1:
         raise EinshardError("--checkpoint and --resume save one layout's state: pick one with --layout")
     _configure_jax(args)

@@ -58,7 +58,12 @@ __all__ = [
     "StepBuilder",
 ]
 
-# (loss_fn, optimizer, state_shardings, batch_sharding, mesh) -> step(state, batch) -> (state, loss)
+# How a preset's training step is built:
+#   step_builder(loss_fn, optimizer, state_shardings, batch_sharding, mesh) -> step
+# where step(state, batch) -> (new_state, loss), state = {'params': ..., 'opt': optax state}, and
+# loss_fn(params, batch) is einshard.models.transformer.loss_fn.  A step built from the model's parts
+# (embed / block / head, e.g. a pipeline over the stacked layers) imports them from that module.
+# The step may be jitted already (it then needs .lower()); a plain function is jitted by the demo.
 StepBuilder = Callable[..., Callable[[Any, Any], tuple[Any, Any]]]
 
 

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Config", "AXES", "init", "forward", "loss_fn", "count_params"]
+__all__ = ["Config", "AXES", "init", "embed", "block", "head", "forward", "loss_fn", "count_params"]
 
 Params = dict[str, Any]
 
@@ -129,8 +129,11 @@ def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
     return (x - mean) * jax.lax.rsqrt(var + 1e-5) * scale + bias
 
 
-def _block(x: jax.Array, p: Params) -> jax.Array:
-    """One pre-norm block on activations ``x[b, s, d]`` with one layer's weights."""
+def block(x: jax.Array, p: Params) -> jax.Array:
+    """One pre-norm block on activations ``x[b, s, d]`` with one layer's weights (``params['layers']`` at one ``l``).
+
+    The unit a pipeline schedule runs per stage: ``forward`` scans it over the stacked layers.
+    """
     s = x.shape[1]
     y = _layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"])
     q = jnp.einsum("bsd,dhk->bshk", y, p["attn"]["wq"])
@@ -147,17 +150,25 @@ def _block(x: jax.Array, p: Params) -> jax.Array:
     return x + jnp.einsum("bsf,fd->bsd", hidden, p["mlp"]["w_out"])
 
 
-def forward(params: Params, tokens: jax.Array) -> jax.Array:
-    """Logits ``[b, s, vocab]`` for byte tokens ``[b, s]``."""
-    s = tokens.shape[1]
-    x = params["embed"]["tokens"][tokens] + params["embed"]["positions"][:s]
+def embed(params: Params, tokens: jax.Array) -> jax.Array:
+    """Token plus position embeddings: activations ``[b, s, d]`` for byte tokens ``[b, s]``."""
+    return params["embed"]["tokens"][tokens] + params["embed"]["positions"][: tokens.shape[1]]
 
-    def step(x: jax.Array, layer: Params) -> tuple[jax.Array, None]:
-        return _block(x, layer), None
 
-    x, _ = jax.lax.scan(step, x, params["layers"])
+def head(params: Params, x: jax.Array) -> jax.Array:
+    """The final layer norm and the output projection: logits ``[b, s, vocab]``."""
     x = _layer_norm(x, params["final_ln"]["scale"], params["final_ln"]["bias"])
     return jnp.einsum("bsd,dv->bsv", x, params["unembed"])
+
+
+def forward(params: Params, tokens: jax.Array) -> jax.Array:
+    """Logits ``[b, s, vocab]`` for byte tokens ``[b, s]``: embed, the blocks under ``lax.scan``, head."""
+
+    def step(x: jax.Array, layer: Params) -> tuple[jax.Array, None]:
+        return block(x, layer), None
+
+    x, _ = jax.lax.scan(step, embed(params, tokens), params["layers"])
+    return head(params, x)
 
 
 def loss_fn(params: Params, batch: jax.Array, cfg: Config | None = None) -> jax.Array:
