@@ -422,6 +422,7 @@ class _Progress:
         self.name, self.total, self.say, self.quiet = name, total, say, quiet
         self.bar: Any = None
         self.every = max(1, total // 5)
+        self.last = time.perf_counter()
         if not quiet and not plain and sys.stdout.isatty():
             try:
                 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -444,7 +445,9 @@ class _Progress:
             return
         if self.bar is not None:
             self.bar.update(self.task, completed=done, loss=loss, tps=tps)
-        elif done % self.every == 0 or done == self.total:
+        elif done % self.every == 0 or done == self.total or time.perf_counter() - self.last > 5:
+            # A fifth of the run at a time, and at least every few seconds on long runs.
+            self.last = time.perf_counter()
             self.say(f"  {self.name} step {done}/{self.total}  loss {loss:.4f}  {tps:,.0f} tokens/s")
 
     def close(self) -> None:
@@ -681,6 +684,7 @@ def run(args: argparse.Namespace) -> int:
     results: list[RunResult] = []
     reference: RunResult | None = None
     code = 0
+    saved = False
     with _StopFlag() as stop:
         if args.check:
             names = tuple((mesh_arg or presets[0].default_mesh(n)).keys())
@@ -715,6 +719,7 @@ def run(args: argparse.Namespace) -> int:
                     code = 1
             if args.checkpoint:
                 trainer.save(args.checkpoint)
+                saved = True
                 say(f"  saved step {trainer.step_index} to {args.checkpoint}")
         interrupted = stop.requested
     say("")
@@ -723,7 +728,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plot and is_main:
         say(write_plot(args.plot, results, reference))
     if interrupted:
-        say("interrupted: stopped after the last finished step" + (" (state saved)" if args.checkpoint else ""))
+        say(
+            "interrupted: stopped after the last finished step"
+            + (f" (state saved to {args.checkpoint})" if saved else "")
+        )
         return 130
     return code
 

@@ -16,18 +16,24 @@ layouts as ``out_shardings``: every device computes only its own block of
 each parameter, so a model larger than one device's memory never exists whole
 on any device.
 
-Example:
-    >>> import jax
-    >>> from flax import nnx
-    >>> import einshard.nnx as esx
-    >>> mesh = jax.make_mesh((jax.device_count(),), ('model',), axis_types=(jax.sharding.AxisType.Auto,))
-    >>> class MLP(nnx.Module):
-    ...     def __init__(self, rngs):
-    ...         init = esx.with_layout(nnx.initializers.lecun_normal(), 'i o -> i o@model')
-    ...         self.up = nnx.Linear(16, 64, kernel_init=init, use_bias=False, rngs=rngs)
-    >>> model = esx.init_sharded(lambda: MLP(nnx.Rngs(0)), mesh=mesh)
-    >>> model.up.kernel[...].sharding.spec
-    P(None, 'model')
+Example (run by tests/test_nnx.py, which skips when Flax is not installed)::
+
+    import jax
+    from flax import nnx
+    import einshard.nnx as esx
+
+    mesh = jax.make_mesh((8,), ('model',), axis_types=(jax.sharding.AxisType.Auto,))
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            init = esx.with_layout(nnx.initializers.lecun_normal(), 'i o -> i o@model')
+            self.up = nnx.Linear(16, 64, kernel_init=init, use_bias=False, rngs=rngs)
+
+    model = esx.init_sharded(lambda: MLP(nnx.Rngs(0)), mesh=mesh)
+    model.up.kernel[...].sharding.spec    # P(None, 'model')
+
+This module imports without Flax (so the rest of einshard never needs it);
+its functions raise ImportError with the install command when Flax is missing.
 """
 
 from __future__ import annotations
@@ -43,16 +49,22 @@ from .placement import sharding
 
 try:
     from flax import nnx
-except ImportError as _err:  # pragma: no cover - exercised only without the extra
-    raise ImportError("einshard.nnx needs Flax NNX: pip install 'einshard[flax]'") from _err
+except ImportError:  # pragma: no cover - exercised only without the extra
+    nnx = None
 
 __all__ = ["with_layout", "layout_of", "state_shardings", "init_function", "init_sharded"]
 
 METADATA_KEY = "einshard"
 
 
+def _require_flax() -> None:
+    if nnx is None:
+        raise ImportError("einshard.nnx needs Flax NNX: pip install 'einshard[flax]'")
+
+
 def with_layout(initializer: Callable[..., Any], expr: str) -> Callable[..., Any]:
     """``initializer`` whose variable carries the einshard expression ``expr`` as metadata."""
+    _require_flax()
     if not isinstance(expr, str):
         raise EinshardError(f"with_layout takes an einshard expression string, got {type(expr).__name__}")
     return nnx.with_metadata(initializer, **{METADATA_KEY: expr})
@@ -65,7 +77,7 @@ def layout_of(variable: Any) -> str | None:
 
 
 def _is_variable(x: Any) -> bool:
-    return isinstance(x, nnx.Variable)
+    return nnx is not None and isinstance(x, nnx.Variable)
 
 
 def _value(var: Any) -> Any:
@@ -87,6 +99,7 @@ def state_shardings(
     else ``default`` (replicated); ``default=None`` makes an unannotated
     variable an error instead.
     """
+    _require_flax()
     compiled = [(p, re.compile(p), e) for p, e in (rules or {}).items()]
 
     def pick(path: Any, var: Any) -> Any:
@@ -125,6 +138,7 @@ def init_function(
     Nothing is computed until ``create()`` is called; ``create.lower().compile()``
     shows what one device will hold (``memory_analysis()``).
     """
+    _require_flax()
     abstract = nnx.eval_shape(make_model)
     graphdef, abstract_state = nnx.split(abstract)
     out = state_shardings(abstract_state, mesh, rules, default=default)

@@ -230,7 +230,7 @@ def test_ctrl_c_stops_saves_and_prints_the_table(tmp_path):
     rest, err = proc.communicate(timeout=120)
     text = "".join(seen) + rest
     assert proc.returncode == 130, err[-2000:]
-    assert "(stopped)" in text and "interrupted: stopped after the last finished step (state saved)" in text
+    assert "(stopped)" in text and f"interrupted: stopped after the last finished step (state saved to {path})" in text
     meta = checkpoint.read_meta(path)
     assert meta["step"] > 0
 

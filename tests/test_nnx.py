@@ -72,3 +72,14 @@ def test_unannotated_variables_can_be_refused(mesh):
 def test_bad_layout_names_the_variable(mesh):
     with pytest.raises(einshard.EinshardError, match=r"down.*kernel.*mesh axis 'modle'"):
         esx.init_function(lambda: MLP(nnx.Rngs(0)), mesh=mesh, rules={"down.*kernel": "f d -> f@modle d"})
+
+
+def test_module_docstring_example():
+    class Small(nnx.Module):
+        def __init__(self, rngs):
+            init = esx.with_layout(nnx.initializers.lecun_normal(), "i o -> i o@model")
+            self.up = nnx.Linear(16, 64, kernel_init=init, use_bias=False, rngs=rngs)
+
+    mesh = jax.make_mesh((8,), ("model",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:8])
+    model = esx.init_sharded(lambda: Small(nnx.Rngs(0)), mesh=mesh)
+    assert _value(model.up.kernel).sharding.spec == jax.sharding.PartitionSpec(None, "model")
