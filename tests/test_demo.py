@@ -244,3 +244,17 @@ def test_two_processes_same_loss_as_one():
     assert "loss matches the single-device run: yes" in text
     assert text.count("== hybrid:") == 1  # only process 0 prints
     assert "[Gloo]" not in text
+
+
+def test_plot_writes_loss_curves_and_bytes(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: pip install 'einshard[plot]'")
+    from einshard.demo import RunResult, write_plot
+
+    runs = [
+        RunResult(name, {"data": 8}, losses=[5.0, 4.0], per_param_bytes={"['unembed']": size})
+        for name, size in (("dp", 1024), ("fsdp", 128))
+    ]
+    path = tmp_path / "demo.svg"
+    assert write_plot(str(path), runs, None) == f"plot written to {path}"
+    svg = path.read_text()
+    assert "<svg" in svg and "training loss" in svg and "parameter bytes per device" in svg
