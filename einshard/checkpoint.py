@@ -63,7 +63,7 @@ def save(path: str | os.PathLike[str], tree: Any, expressions: Any, meta: Mappin
     gathered collectively); process 0 writes the file.
     """
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    texts = treedef.flatten_up_to(expressions)
+    texts = treedef.flatten_up_to(expressions)  # type: ignore[attr-defined]
     arrays: dict[str, np.ndarray] = {}
     described = []
     for i, ((p, leaf), text) in enumerate(zip(leaves, texts)):
@@ -86,7 +86,7 @@ def save(path: str | os.PathLike[str], tree: Any, expressions: Any, meta: Mappin
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, __einshard__=np.array(json.dumps(header)), **arrays)
+        np.savez(f, __einshard__=np.array(json.dumps(header)), **arrays)  # type: ignore[arg-type]
     os.replace(tmp, target)  # a crash mid-write never leaves a half checkpoint under the real name
 
 
@@ -122,7 +122,7 @@ def load(
     header = read_meta(path)
     saved = {leaf["path"]: leaf for leaf in header["leaves"]}
     leaves, treedef = jax.tree_util.tree_flatten_with_path(like)
-    texts = treedef.flatten_up_to(expressions) if expressions is not None else [None] * len(leaves)
+    texts = treedef.flatten_up_to(expressions) if expressions is not None else [None] * len(leaves)  # type: ignore[attr-defined]
     out = []
     with np.load(path, allow_pickle=False) as data:
         for (p, leaf), text in zip(leaves, texts):

@@ -266,12 +266,8 @@ class Trainer:
         global_batch = batch_at(self.corpus, step, self.batch, self.cfg.seq, self.seed)
         if self.batch_sharding.is_fully_addressable:
             return einshard.einshard(global_batch, self.preset.batch, mesh=self.mesh)
-        rows = sorted(
-            {
-                (idx[0].start or 0, idx[0].stop if idx[0].stop is not None else self.batch)
-                for idx in self.batch_sharding.addressable_devices_indices_map(global_batch.shape).values()
-            }
-        )
+        index_map = self.batch_sharding.addressable_devices_indices_map(global_batch.shape)
+        rows = sorted({idx[0].indices(self.batch)[:2] for idx in index_map.values() if idx is not None})
         lo, hi = rows[0][0], max(r[1] for r in rows)
         local = global_batch[lo:hi]  # what this host's data loader would read
         return einshard.einshard(local, self.preset.batch, mesh=self.mesh, process_local=True)

@@ -50,7 +50,7 @@ from .placement import sharding
 try:
     from flax import nnx
 except ImportError:  # pragma: no cover - exercised only without the extra
-    nnx = None
+    nnx = None  # type: ignore[assignment]
 
 __all__ = ["with_layout", "layout_of", "state_shardings", "init_function", "init_sharded"]
 
@@ -67,7 +67,7 @@ def with_layout(initializer: Callable[..., Any], expr: str) -> Callable[..., Any
     _require_flax()
     if not isinstance(expr, str):
         raise EinshardError(f"with_layout takes an einshard expression string, got {type(expr).__name__}")
-    return nnx.with_metadata(initializer, **{METADATA_KEY: expr})
+    return nnx.with_metadata(initializer, **{METADATA_KEY: expr})  # type: ignore[arg-type]
 
 
 def layout_of(variable: Any) -> str | None:
