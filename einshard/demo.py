@@ -47,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"a preset: {layouts}, or 'all' (the default, unless --rules is given)",
     )
-    g.add_argument("--rules", metavar="FILE", help="your own layout: JSON or 'pattern: expression' lines (see docs)")
+    g.add_argument(
+        "--rules",
+        metavar="FILE",
+        help='your own layout: JSON {"batch": EXPR, "params": {PATTERN: EXPR}, "mesh": "data=4,model=2"} '
+        "or lines 'PATTERN: EXPR' ('batch:' and 'mesh:' lines are reserved); first matching pattern wins",
+    )
     g.add_argument("--mesh", metavar="AXES", help="mesh axis sizes, e.g. data=4,model=2 (default: the preset's)")
     g.add_argument(
         "--devices", type=int, default=8, help="simulated CPU devices when no accelerator is present (default 8)"
@@ -58,10 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"steps per layout (default {DEFAULT_STEPS})")
     t.add_argument("--batch", type=int, default=16, help="sequences per step, global (default 16)")
     t.add_argument("--seq", type=int, default=64, help="bytes per sequence (default 64)")
-    t.add_argument("--layers", type=int, default=2)
-    t.add_argument("--width", type=int, default=64)
-    t.add_argument("--heads", type=int, default=8)
-    t.add_argument("--ffn", type=int, default=256)
+    t.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
+    t.add_argument("--width", type=int, default=64, help="model width d (default 64)")
+    t.add_argument("--heads", type=int, default=8, help="attention heads h (default 8)")
+    t.add_argument("--ffn", type=int, default=256, help="MLP hidden size f (default 256)")
     t.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument(
@@ -164,6 +169,24 @@ def make_jit_step(loss: Callable[..., Any], tx: Any, state_shardings: Any, batch
     )
 
 
+def _shardings(expressions: Any, abstract: Any, mesh: Any, what: str | None = None) -> Any:
+    """``einshard.sharding`` for every leaf; an error names the leaf it is about."""
+    import jax
+
+    import einshard
+
+    def one(path: Any, expr: str, leaf: Any) -> Any:
+        try:
+            return einshard.sharding(expr, leaf.shape, mesh=mesh)
+        except EinshardError as err:
+            where = what or jax.tree_util.keystr(path)
+            raise EinshardError(
+                f"at {where} (shape {tuple(leaf.shape)}): {err.reason}", err.expression, err.column, err.hint
+            ) from None
+
+    return jax.tree_util.tree_map_with_path(one, expressions, abstract)
+
+
 class Trainer:
     """One layout of the demo model on one mesh: the placed state, the compiled step, the batches.
 
@@ -230,11 +253,9 @@ class Trainer:
             ),
         }
         abstract = {"params": jax.eval_shape(lambda p: p, host_params), "opt": abstract_opt}
-        self.state_shardings = jax.tree.map(
-            lambda e, a: einshard.sharding(e, a.shape, mesh=self.mesh), self.expressions, abstract
-        )
+        self.state_shardings = _shardings(self.expressions, abstract, self.mesh)
         batch_shape = (batch, cfg.seq + 1)
-        self.batch_sharding = einshard.sharding(preset.batch, batch_shape, mesh=self.mesh)
+        self.batch_sharding = _shardings(preset.batch, jax.ShapeDtypeStruct(batch_shape, np.int32), self.mesh, "batch")
         self.step_index = 0
         if resume:
             from . import checkpoint
@@ -723,6 +744,12 @@ def run(args: argparse.Namespace) -> int:
     say("")
     for line in final_table(results, reference):
         say(line)
+    if len(results) > 1:
+        say(
+            "\nEvery layout trains the same model to the same loss: only where the arrays live changes, and with it "
+            "the memory per device and the collectives XLA inserts. Pick one with --layout NAME, write your own "
+            "with --rules FILE, draw one with `einshard show`."
+        )
     if args.plot and is_main:
         say(write_plot(args.plot, results, reference))
     if interrupted:

@@ -40,6 +40,22 @@ def test_corpus_is_shipped_and_batches_are_deterministic(corpus):
     assert not (batch_at(corpus, 4, 4, 16, 0) == a).all()
 
 
+def test_any_utf8_file_is_a_corpus(tmp_path):
+    from einshard import EinshardError
+
+    text = tmp_path / "poem.txt"
+    text.write_text("Ünïcode is bytes too. " * 10, encoding="utf-8")
+    assert load_corpus(str(text)) == text.read_bytes()
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"\xff\xfe\x00abc")
+    with pytest.raises(EinshardError, match="not UTF-8 text"):
+        load_corpus(str(binary))
+    with pytest.raises(EinshardError, match="cannot read"):
+        load_corpus(str(tmp_path / "missing.txt"))
+    with pytest.raises(EinshardError, match="needs at least 66"):
+        batch_at(b"short", 0, 2, 64, 0)
+
+
 def test_reference_learns(reference):
     assert reference[0] > reference[-1]  # the loss goes down on real text
     assert abs(reference[0] - np.log(256)) < 1.0  # starts near a uniform guess over bytes
@@ -186,6 +202,18 @@ def test_one_layout_with_mesh_and_checkpoint(tmp_path):
     out2 = _demo("--layout", "tp", "--steps", "1", "--no-check", "--resume", str(path), *TINY)
     assert out2.returncode == 0, out2.stderr[-3000:]
     assert re.search(r"^tp\s+data=1,model=8\s.*\s3\s+\d\.\d{4}", out2.stdout, re.M)  # step 3 after resuming at 2
+
+
+def test_rules_file_from_the_command_line(tmp_path):
+    rules = tmp_path / "mine.txt"
+    rules.write_text("mesh: data=2,model=4\nbatch: b s -> b@data s\nw_in: l d f -> l d f@modle\n.*: ... -> ...\n")
+    out = _demo("--rules", str(rules), "--no-check", *TINY)
+    assert out.returncode == 2
+    assert "['layers']['mlp']['w_in']" in out.stderr and "mesh axis 'modle'" in out.stderr
+    assert "Did you mean 'model'?" in out.stderr
+    assert "== mine.txt: your rules from" in out.stdout
+    out = _demo("--rules", str(rules), "--layout", "dp", *TINY)
+    assert out.returncode == 2 and "--rules replaces --layout" in out.stderr
 
 
 def test_bad_arguments_exit_2():
