@@ -13,6 +13,7 @@ from .layout import Layout, MeshAxis
 from .parsing import Expression, parse
 from .placement import anonymous_mesh, describe, einshard, layout, sharding, spec
 from .lowering.einsum import EinsumProgram, einsum, lower
+from .show import show
 
 __version__ = "0.3.0"
 
@@ -34,6 +35,7 @@ __all__ = [
     "einshard",
     "layout",
     "parse",
+    "show",
     "sharding",
     "spec",
 ]

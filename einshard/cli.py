@@ -17,8 +17,9 @@ __all__ = ["main", "COMMANDS"]
 
 # Imported lazily so that `einshard --help` does not start JAX.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("einshard.demo", "shard a small model under several layouts and show what each costs"),
+    "demo": ("einshard.demo", "train a small transformer under data, FSDP, tensor and hybrid parallel layouts"),
     "explain": ("einshard.explain_cli", "analyse an annotated einsum: strategy, collectives, cost, alternatives"),
+    "show": ("einshard.show", "draw an array layout of any rank: which devices hold which block"),
 }
 
 SYNTAX_HELP = """\

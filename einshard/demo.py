@@ -1,158 +1,854 @@
-"""``einshard demo``: one 2-layer MLP under data, tensor and hybrid parallelism.
+"""``einshard demo``: train a small transformer language model under any parallelism written as einshard expressions.
 
-Each layout is a handful of einshard expressions.  For each, the demo places
-the parameters and the batch, runs the jitted forward pass, checks the result
-against the single-device computation, and prints every array's layout: the
-expression, JAX's type (``f32[64@data,128]``), and the bytes each device holds.
+The same model, the same seed and the same batches are trained under every
+layout of :data:`einshard.layouts.PRESETS` (data parallel, FSDP, tensor
+parallel, hybrid, 2-D FSDP x TP) or your own ``--rules``.  Before training it
+prints the mesh, every parameter's layout (expression, JAX type in your axis
+names, bytes per device) and the plan of one step; after, a table comparing
+the layouts with a single-device run of the same training.
 
-With no accelerator it runs on ``--devices`` simulated CPU devices (default 8).
+With no accelerator it runs on ``--devices`` simulated CPU devices (default 8);
+``--processes 2`` runs the same training as 2 local processes with
+``jax.distributed``, the way it runs on a multi-host cluster.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.resources
+import math
 import os
+import pathlib
+import signal
+import socket
+import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["add_arguments", "run", "LAYOUTS"]
+from .errors import EinshardError
+from .layouts import PRESETS, Preset, load_rules, parse_mesh
 
+__all__ = ["add_arguments", "run", "RunResult", "Trainer", "load_corpus", "batch_at", "print_plan"]
 
-@dataclass(frozen=True)
-class MLPLayout:
-    """Expressions for the batch and the two weights of ``relu(X @ W1) @ W2``."""
-
-    name: str
-    what: str
-    x: str
-    w1: str
-    w2: str
-
-
-# The mesh is (data, model).  Names, not positions: the same expressions work on any mesh shape.
-LAYOUTS = {
-    "dp": MLPLayout(
-        "dp",
-        "data parallel: the batch is split over every device, weights are copied",
-        "b x -> b@(data,model) x",
-        "x y -> x y",
-        "y z -> y z",
-    ),
-    "tp": MLPLayout(
-        "tp",
-        "tensor parallel (Megatron): W1 split by columns, W2 by rows; one all-reduce at the end",
-        "b x -> b x",
-        "x y -> x y@(data,model)",
-        "y z -> y@(data,model) z",
-    ),
-    "hybrid": MLPLayout(
-        "hybrid",
-        "data x tensor parallel: batch over 'data', the hidden axis over 'model'",
-        "b x -> b@data x",
-        "x y -> x y@model",
-        "y z -> y@model z",
-    ),
-    "einshard02": MLPLayout(
-        "einshard02",
-        "einshard 0.2's tutorial layout, in its count syntax, on an anonymous mesh of all devices",
-        "b x -> * b x",
-        "x y -> x y*",
-        "y z -> y* z",
-    ),
-}
+DEFAULT_STEPS = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--devices", type=int, default=8, help="simulated CPU devices to use when no accelerator is present (default 8)"
-    )
-    parser.add_argument(
+    layouts = ", ".join(PRESETS)
+    g = parser.add_argument_group("layout")
+    g.add_argument(
         "--layout",
-        choices=[*LAYOUTS, "all"],
-        default="all",
-        help="which layout to run (default: all of them)",
+        default=None,
+        help=f"a preset: {layouts}, or 'all' (the default, unless --rules is given)",
     )
-    parser.add_argument("--mesh", default=None, help="mesh axis sizes, e.g. data=4,model=2 (default: 2 model-parallel)")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--rules",
+        metavar="FILE",
+        help='your own layout: JSON {"batch": EXPR, "params": {PATTERN: EXPR}, "mesh": "data=4,model=2"} '
+        "or lines 'PATTERN: EXPR' ('batch:' and 'mesh:' lines are reserved); first matching pattern wins",
+    )
+    g.add_argument("--mesh", metavar="AXES", help="mesh axis sizes, e.g. data=4,model=2 (default: the preset's)")
+    g.add_argument(
+        "--devices", type=int, default=8, help="simulated CPU devices when no accelerator is present (default 8)"
+    )
+    g.add_argument("--processes", type=int, default=1, help="run as N local processes with jax.distributed (CPU, gloo)")
+    t = parser.add_argument_group("training")
+    t.add_argument("--data", metavar="PATH", help="a UTF-8 text file to train on (default: a text einshard ships)")
+    t.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"steps per layout (default {DEFAULT_STEPS})")
+    t.add_argument("--batch", type=int, default=16, help="sequences per step, global (default 16)")
+    t.add_argument("--seq", type=int, default=64, help="bytes per sequence (default 64)")
+    t.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
+    t.add_argument("--width", type=int, default=64, help="model width d (default 64)")
+    t.add_argument("--heads", type=int, default=8, help="attention heads h (default 8)")
+    t.add_argument("--ffn", type=int, default=256, help="MLP hidden size f (default 256)")
+    t.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument(
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also train on one device and compare every step's loss (default: on)",
+    )
+    o = parser.add_argument_group("state and output")
+    o.add_argument("--checkpoint", metavar="PATH", help="save the sharded state here (.npz) at the end or on Ctrl-C")
+    o.add_argument("--resume", metavar="PATH", help="restore a checkpoint, laid out by this run's layout")
+    o.add_argument("--plot", metavar="PATH", help="write the loss curves and bytes per device (PNG/SVG; matplotlib)")
+    o.add_argument("--plain", action="store_true", help="plain progress lines instead of a progress bar")
+    # Set by --processes for the workers it starts.
+    parser.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--coordinator", default=None, help=argparse.SUPPRESS)
 
 
-def _parse_mesh(text: str) -> dict[str, int]:
-    from .errors import EinshardError
+# ---------------------------------------------------------------------------
+# Data
 
-    out: dict[str, int] = {}
-    for part in text.split(","):
-        name, _, size = part.partition("=")
-        if not name.strip() or not size.strip().isdigit():
-            raise EinshardError(f"--mesh takes name=size pairs like data=4,model=2; got {text!r}")
-        out[name.strip()] = int(size)
-    return out
+
+def load_corpus(path: str | None = None) -> bytes:
+    """The training text as bytes: ``path`` (UTF-8), or the corpus shipped in ``einshard/data``."""
+    if path is None:
+        return importlib.resources.files("einshard").joinpath("data", "corpus.txt").read_bytes()
+    try:
+        raw = pathlib.Path(path).read_bytes()
+    except OSError as err:
+        raise EinshardError(f"--data: cannot read {path!r}: {err.strerror}") from None
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise EinshardError(f"--data: {path!r} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    return raw
+
+
+def batch_at(corpus: bytes, step: int, batch: int, seq: int, seed: int) -> Any:
+    """The global batch of step ``step``: ``batch`` random windows of ``seq + 1`` bytes, the same on every process.
+
+    Example:
+        >>> batch_at(b"hello world, hello einshard", 0, 2, 4, 0).shape
+        (2, 5)
+    """
+    import numpy as np
+
+    if len(corpus) < seq + 2:
+        raise EinshardError(f"the text has {len(corpus)} bytes; --seq {seq} needs at least {seq + 2}")
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, len(corpus) - seq - 1, size=batch)
+    data = np.frombuffer(corpus, dtype=np.uint8)
+    return np.stack([data[s : s + seq + 1] for s in starts]).astype(np.int32)
+
+
+# ---------------------------------------------------------------------------
+# One layout's training
+
+
+@dataclass
+class RunResult:
+    """What one layout's training gave."""
+
+    name: str
+    mesh: dict[str, int]
+    losses: list[float] = field(default_factory=list)
+    first_step: int = 0
+    compile_s: float = 0.0
+    tokens_per_s: float = 0.0
+    param_bytes: int = 0  # weights per device
+    state_bytes: int = 0  # weights + optimizer state per device
+    per_param_bytes: dict[str, int] = field(default_factory=dict)
+    interrupted: bool = False
+
+
+def _tree_bytes_per_device(tree: Any) -> int:
+    import jax
+    import numpy as np
+
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shard = x.sharding.shard_shape(x.shape)
+        total += int(np.prod(shard, dtype=np.int64)) * x.dtype.itemsize
+    return total
+
+
+def make_jit_step(loss: Callable[..., Any], tx: Any, state_shardings: Any, batch_sharding: Any, mesh: Any) -> Any:
+    """The default step builder: ``jax.jit`` with the layouts as in/out shardings; XLA inserts the collectives."""
+    import jax
+    import optax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def step(state: Any, batch: Any) -> tuple[Any, Any]:
+        value, grads = jax.value_and_grad(loss)(state["params"], batch)
+        updates, opt = tx.update(grads, state["opt"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, value
+
+    scalar = NamedSharding(mesh, PartitionSpec())
+    return jax.jit(
+        step, in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, scalar), donate_argnums=0
+    )
+
+
+def _shardings(expressions: Any, abstract: Any, mesh: Any, what: str | None = None) -> Any:
+    """``einshard.sharding`` for every leaf; an error names the leaf it is about."""
+    import jax
+
+    import einshard
+
+    def one(path: Any, expr: str, leaf: Any) -> Any:
+        try:
+            return einshard.sharding(expr, leaf.shape, mesh=mesh)
+        except EinshardError as err:
+            where = what or jax.tree_util.keystr(path)
+            raise EinshardError(
+                f"at {where} (shape {tuple(leaf.shape)}): {err.reason}", err.expression, err.column, err.hint
+            ) from None
+
+    return jax.tree_util.tree_map_with_path(one, expressions, abstract)
+
+
+class Trainer:
+    """One layout of the demo model on one mesh: the placed state, the compiled step, the batches.
+
+    Example (a tiny model, tensor parallel over 2 devices; ``t.step()`` would compile and train one step):
+        >>> import jax
+        >>> from einshard.demo import Trainer, load_corpus
+        >>> from einshard.layouts import PRESETS
+        >>> from einshard.models.transformer import Config
+        >>> cfg = Config(layers=1, width=16, heads=2, ffn=32, seq=16)
+        >>> t = Trainer(PRESETS['tp'], {'data': 1, 'model': 2}, cfg, load_corpus(), batch=4, devices=jax.devices()[:2])
+        >>> t.state['params']['layers']['attn']['wq'].sharding.spec
+        P(None, None, 'model', None)
+        >>> t.state['opt'][0].mu['layers']['attn']['wq'].sharding.spec   # AdamW moments follow their weight
+        P(None, None, 'model', None)
+    """
+
+    def __init__(
+        self,
+        preset: Preset,
+        mesh_sizes: dict[str, int],
+        cfg: Any,
+        corpus: bytes,
+        *,
+        batch: int,
+        lr: float = 3e-3,
+        seed: int = 0,
+        devices: Any = None,
+        resume: str | None = None,
+    ) -> None:
+        import jax
+        import numpy as np
+        import optax
+        from jax.sharding import AxisType
+
+        import einshard
+
+        from .layouts import expressions_for
+        from .models import transformer
+
+        self.preset, self.cfg, self.corpus, self.batch, self.seed = preset, cfg, corpus, batch, seed
+        self.mesh_sizes = dict(mesh_sizes)
+        devices = list(jax.devices() if devices is None else devices)
+        n = math.prod(mesh_sizes.values())
+        if n != len(devices):
+            shown = ",".join(f"{k}={v}" for k, v in mesh_sizes.items())
+            raise EinshardError(f"--mesh {shown} has {n} devices, but there are {len(devices)}")
+        self.mesh = jax.sharding.Mesh(
+            np.asarray(devices).reshape(tuple(mesh_sizes.values())),
+            tuple(mesh_sizes),
+            axis_types=(AxisType.Auto,) * len(mesh_sizes),
+        )
+        self.tx = optax.adamw(lr, b1=0.9, b2=0.99, weight_decay=0.01)
+        host_params = transformer.init(cfg, seed)
+        self.param_expressions = expressions_for(host_params, preset.params)
+        abstract_opt = jax.eval_shape(self.tx.init, host_params)
+        self.expressions = {
+            "params": self.param_expressions,
+            "opt": optax.tree_utils.tree_map_params(
+                self.tx,
+                lambda _, e: e,
+                abstract_opt,
+                self.param_expressions,
+                transform_non_params=lambda _: "... -> ...",
+            ),
+        }
+        abstract = {"params": jax.eval_shape(lambda p: p, host_params), "opt": abstract_opt}
+        self.state_shardings = _shardings(self.expressions, abstract, self.mesh)
+        batch_shape = (batch, cfg.seq + 1)
+        self.batch_sharding = _shardings(preset.batch, jax.ShapeDtypeStruct(batch_shape, np.int32), self.mesh, "batch")
+        self.step_index = 0
+        if resume:
+            from . import checkpoint
+
+            meta = checkpoint.read_meta(resume)
+            if meta.get("config") != cfg.as_dict():
+                raise EinshardError(
+                    f"--resume {resume}: the checkpoint's model {meta.get('config')} is not this run's {cfg.as_dict()}"
+                )
+            self.state = checkpoint.load(resume, abstract, mesh=self.mesh, expressions=self.expressions)
+            self.step_index = int(meta.get("step", 0))
+        else:
+            # The parameters are placed by the preset's rules: einshard(tree, {pattern: expression}).
+            params = einshard.einshard(host_params, dict(preset.params), mesh=self.mesh)
+            opt = jax.jit(self.tx.init, out_shardings=self.state_shardings["opt"])(params)
+            self.state = {"params": params, "opt": opt}
+        build = preset.step_builder or make_jit_step
+        loss = transformer.loss_fn
+        self.step_fn = build(loss, self.tx, self.state_shardings, self.batch_sharding, self.mesh)
+        self._compiled: Any = None
+        self.compile_s = 0.0
+
+    # -- batches -------------------------------------------------------------
+    def place_batch(self, step: int) -> Any:
+        """The batch of ``step`` on the mesh; under jax.distributed each process feeds only its own rows."""
+
+        import einshard
+
+        global_batch = batch_at(self.corpus, step, self.batch, self.cfg.seq, self.seed)
+        if self.batch_sharding.is_fully_addressable:
+            return einshard.einshard(global_batch, self.preset.batch, mesh=self.mesh)
+        index_map = self.batch_sharding.addressable_devices_indices_map(global_batch.shape)
+        rows = sorted({idx[0].indices(self.batch)[:2] for idx in index_map.values() if idx is not None})
+        lo, hi = rows[0][0], max(r[1] for r in rows)
+        local = global_batch[lo:hi]  # what this host's data loader would read
+        return einshard.einshard(local, self.preset.batch, mesh=self.mesh, process_local=True)
+
+    # -- compile and run -------------------------------------------------------
+    def compile(self) -> Any:
+        if self._compiled is None:
+            start = time.perf_counter()
+            import jax
+
+            fn = self.step_fn if hasattr(self.step_fn, "lower") else jax.jit(self.step_fn)
+            self._compiled = fn.lower(self.state, self.place_batch(self.step_index)).compile()
+            self.compile_s = time.perf_counter() - start
+        return self._compiled
+
+    def step(self) -> float:
+        compiled = self.compile()
+        batch = self.place_batch(self.step_index)
+        self.state, loss = compiled(self.state, batch)
+        self.step_index += 1
+        return float(loss)
+
+    def bytes_per_device(self) -> tuple[int, int]:
+        return _tree_bytes_per_device(self.state["params"]), _tree_bytes_per_device(self.state)
+
+    def save(self, path: str, meta: dict[str, Any] | None = None) -> None:
+        from . import checkpoint
+
+        info = {
+            "step": self.step_index,
+            "config": self.cfg.as_dict(),
+            "layout": self.preset.name,
+            "mesh": self.mesh_sizes,
+            "seed": self.seed,
+            **(meta or {}),
+        }
+        checkpoint.save(path, self.state, self.expressions, info)
+
+
+# ---------------------------------------------------------------------------
+# Printing
+
+
+def _kib(n: float) -> str:
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.2f} MiB"
+    return f"{n / 1024:.1f} KiB"
+
+
+def layout_rows(trainer: Trainer) -> list[tuple[str, str, str, str, int]]:
+    """(path, shape, expression, typed layout, bytes per device) for every parameter."""
+    import jax
+
+    import einshard
+
+    from .models.transformer import AXES
+
+    rows = []
+    flat_exprs = jax.tree_util.tree_leaves(trainer.param_expressions)
+    flat = jax.tree_util.tree_flatten_with_path(trainer.state["params"])[0]
+    for (path, arr), expr in zip(flat, flat_exprs):
+        typed = einshard.layout(expr, arr.shape, mesh=trainer.mesh)
+        names = AXES.get(jax.tree_util.keystr(path), "").split()
+        if len(names) == len(typed.axes) and any(a.startswith("...") for a in typed.axes):
+            typed = dataclasses.replace(typed, axes=tuple(names))  # '...' axes shown by the model's names
+        nbytes = typed.bytes_per_device(arr.dtype.itemsize)
+        shape = "x".join(map(str, arr.shape))
+        rows.append((jax.tree_util.keystr(path), shape, expr, str(typed), nbytes))
+    return rows
+
+
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def compiled_summary(compiled: Any) -> list[str]:
+    """What XLA compiled for one step: collective ops in the program and memory per device (measured, not predicted)."""
+    import re
+
+    lines = []
+    try:
+        text = compiled.as_text()
+    except Exception:  # some backends cannot print their executable
+        text = ""
+    counts = {}
+    for op in _COLLECTIVES:
+        n = len(re.findall(rf"\s{op}(?:-start)?\(", text))
+        if n:
+            counts[op] = n
+    shown = ", ".join(f"{n} {op}" for op, n in counts.items()) or "none"
+    lines.append(
+        f"collectives in the compiled step: {shown} (ops in the program; the layer scan runs its body per layer)"
+    )
+    try:
+        mem = compiled.memory_analysis()
+    except Exception:
+        mem = None
+    if mem is not None:
+        lines.append(
+            "memory per device (XLA): arguments "
+            f"{_kib(mem.argument_size_in_bytes)}, outputs {_kib(mem.output_size_in_bytes)}, "
+            f"temporaries {_kib(mem.temp_size_in_bytes)}"
+        )
+    return lines
+
+
+def print_plan(trainer: Trainer, say: Callable[[str], None]) -> None:
+    """The plan of one layout, printed before training.
+
+    Today: the mesh, every parameter's layout with its bytes per device, and
+    what XLA compiled for the step.  When the analyzer is part of einshard
+    (``einshard.explain``), its per-step plan (collectives per layer, bytes,
+    FLOPs, estimated time) is printed here too.
+    """
+    import einshard
+
+    mesh = ", ".join(f"{k}={v}" for k, v in trainer.mesh_sizes.items())
+    say(f"mesh: {mesh}   batch: {trainer.preset.batch!r}  ({trainer.batch} x {trainer.cfg.seq + 1} tokens)")
+    rows = layout_rows(trainer)
+    w_path = max(len(r[0]) for r in rows)
+    w_shape = max(len(r[1]) for r in rows)
+    w_expr = max(len(repr(r[2])) for r in rows)
+    w_typed = max(len(r[3]) for r in rows)
+    say(f"  {'parameter':<{w_path}}  {'shape':<{w_shape}}  {'expression':<{w_expr}}  {'layout':<{w_typed}}  per device")
+    for path, shape, expr, typed, nbytes in rows:
+        say(f"  {path:<{w_path}}  {shape:<{w_shape}}  {expr!r:<{w_expr}}  {typed:<{w_typed}}  {_kib(nbytes):>10}")
+    weights, state = trainer.bytes_per_device()
+    full = sum(_full_bytes(r[1]) for r in rows)
+    say(
+        f"  weights per device: {_kib(weights)} of {_kib(full)} ({weights / full:.0%}); with AdamW state: {_kib(state)}"
+    )
+    explain = getattr(einshard, "explain", None)
+    if explain is not None:
+        say(str(explain(trainer.step_fn, trainer.state, trainer.place_batch(trainer.step_index))))
+    for line in compiled_summary(trainer.compile()):
+        say("  " + line)
+
+
+def _full_bytes(shape_text: str) -> int:
+    return math.prod(int(s) for s in shape_text.split("x")) * 4
+
+
+# ---------------------------------------------------------------------------
+# Progress
+
+
+class _Progress:
+    """A rich progress bar on a terminal, plain lines otherwise (and from processes other than 0: nothing)."""
+
+    def __init__(self, name: str, total: int, say: Callable[[str], None], plain: bool, quiet: bool) -> None:
+        self.name, self.total, self.say, self.quiet = name, total, say, quiet
+        self.bar: Any = None
+        self.every = max(1, total // 5)
+        self.last = time.perf_counter()
+        if not quiet and not plain and sys.stdout.isatty():
+            try:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            except ImportError:
+                pass
+            else:
+                self.bar = Progress(
+                    TextColumn(f"  {name}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tokens/s"),
+                    TimeElapsedColumn(),
+                    transient=False,
+                )
+                self.bar.start()
+                self.task = self.bar.add_task(name, total=total, loss=float("nan"), tps=0.0)
+
+    def update(self, done: int, loss: float, tps: float) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, loss=loss, tps=tps)
+        elif done % self.every == 0 or done == self.total or time.perf_counter() - self.last > 5:
+            # A fifth of the run at a time, and at least every few seconds on long runs.
+            self.last = time.perf_counter()
+            self.say(f"  {self.name} step {done}/{self.total}  loss {loss:.4f}  {tps:,.0f} tokens/s")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+class _StopFlag:
+    """Ctrl-C asks to stop after the current step (a second Ctrl-C interrupts at once)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _StopFlag:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: Ctrl-C stays a KeyboardInterrupt
+            self._previous = None
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def agreed(self) -> bool:
+        """Whether any process asked to stop (all processes must stop after the same step)."""
+        import jax
+
+        if jax.process_count() == 1:
+            return self.requested
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.array([self.requested], np.int32))
+        return bool(np.asarray(flags).any())
+
+
+def train_layout(
+    trainer: Trainer,
+    steps: int,
+    *,
+    say: Callable[[str], None],
+    plain: bool,
+    stop: _StopFlag | None = None,
+    name: str | None = None,
+) -> RunResult:
+    """Run ``steps`` steps of ``trainer``, showing progress; stop early when Ctrl-C was pressed."""
+    import jax
+
+    res = RunResult(name or trainer.preset.name, trainer.mesh_sizes, first_step=trainer.step_index)
+    trainer.compile()
+    res.compile_s = trainer.compile_s
+    res.param_bytes, res.state_bytes = trainer.bytes_per_device()
+    res.per_param_bytes = {r[0]: r[4] for r in layout_rows(trainer)}
+    bar = _Progress(res.name, steps, say, plain, quiet=jax.process_index() != 0)
+    tokens = trainer.batch * trainer.cfg.seq
+    elapsed = 0.0
+    try:
+        for i in range(steps):
+            if stop is not None and stop.agreed():
+                res.interrupted = True
+                break
+            start = time.perf_counter()
+            loss = trainer.step()
+            dt = time.perf_counter() - start
+            elapsed += dt
+            res.losses.append(loss)
+            bar.update(i + 1, loss, tokens / dt if dt > 0 else 0.0)
+    finally:
+        bar.close()
+    if res.losses and elapsed > 0:
+        res.tokens_per_s = tokens * len(res.losses) / elapsed
+    return res
+
+
+# ---------------------------------------------------------------------------
+# The command
+
+
+def _configure_jax(args: argparse.Namespace) -> None:
+    import jax
+
+    if args.process_id is not None:
+        jax.config.update("jax_num_cpu_devices", max(1, args.devices // args.processes))
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
+        return
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return  # the caller chose the simulated device count
+    try:
+        # Only the CPU backend reads it: with an accelerator the real devices are used.
+        jax.config.update("jax_num_cpu_devices", args.devices)
+    except RuntimeError:
+        pass  # the backend is already up (einshard.cli.main called in-process): keep its devices
+
+
+def _chosen_presets(args: argparse.Namespace) -> tuple[list[Preset], dict[str, int] | None]:
+    mesh = parse_mesh(args.mesh) if args.mesh else None
+    if args.rules:
+        if args.layout not in (None,):
+            raise EinshardError("--rules replaces --layout: give one of them")
+        preset, file_mesh = load_rules(args.rules)
+        return [preset], mesh or file_mesh
+    name = args.layout or "all"
+    if name == "all":
+        return list(PRESETS.values()), mesh
+    if name not in PRESETS:
+        raise EinshardError(f"--layout {name!r} is not a preset; the presets are: {', '.join(PRESETS)}, all")
+    return [PRESETS[name]], mesh
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _launch(args: argparse.Namespace, argv: list[str]) -> int:
+    """Start ``args.processes`` local workers of this same command under jax.distributed; forward Ctrl-C."""
+    if args.devices % args.processes:
+        raise EinshardError(f"--devices {args.devices} does not split over --processes {args.processes}")
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    # Each worker sets its own device count; a count in XLA_FLAGS would override it.
+    env["XLA_FLAGS"] = " ".join(
+        f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f
+    )
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(args.processes)]
+    procs = []
+    for pid in range(args.processes):
+        cmd = [sys.executable, "-m", "einshard", "demo", *argv, "--process-id", str(pid), "--coordinator", coordinator]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=subprocess.PIPE if pid == 0 else subprocess.DEVNULL,  # only process 0 prints
+                text=True,
+                stderr=logs[pid],
+                start_new_session=True,  # Ctrl-C reaches this launcher alone; it tells the workers
+            )
+        )
+    # Process 0's output, minus gloo's connection chatter (printed by its C++ side).
+    relay = threading.Thread(target=_relay, args=(procs[0].stdout,), daemon=True)
+    relay.start()
+    interrupted = False
+    try:
+        while any(p.poll() is None for p in procs):
+            try:
+                time.sleep(0.1)
+            except KeyboardInterrupt:
+                interrupted = True
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGINT)
+            if any(p.returncode not in (None, 0, 130) for p in procs):
+                # One worker failed: the others would wait for it forever in a collective.
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    relay.join(timeout=5)
+    codes = [p.returncode for p in procs]
+    if interrupted or codes[0] == 130:
+        return 130
+    if any(codes):
+        for pid, (log, code) in enumerate(zip(logs, codes)):
+            if code:
+                log.seek(0)
+                tail = [ln for ln in log.read().splitlines() if "[Gloo]" not in ln][-15:]
+                print(f"einshard demo: process {pid} exited with {code}:", *tail, sep="\n  ", file=sys.stderr)
+        return next(c for c in codes if c) if codes[0] == 0 else codes[0]
+    return 0
+
+
+def _relay(stream: Any) -> None:
+    for line in stream:
+        if not line.startswith("[Gloo]"):
+            sys.stdout.write(line)
+            sys.stdout.flush()
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.processes > 1 and args.process_id is None:
+        return _launch(args, _rebuild_argv(args))
+    presets, mesh_arg = _chosen_presets(args)
+    try:
+        import optax  # noqa: F401
+    except ImportError:
+        raise EinshardError("einshard demo trains with optax: pip install 'einshard[examples]'") from None
+    if (args.checkpoint or args.resume) and len(presets) > 1:
+        raise EinshardError("--checkpoint and --resume save one layout's state: pick one with --layout")
+    _configure_jax(args)
+
     import jax
 
-    # Simulated CPU devices only affect the CPU backend; real accelerators win.
-    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        jax.config.update("jax_num_cpu_devices", args.devices)
-
-    import jax.numpy as jnp
-    import numpy as np
-
     import einshard
-    from einshard.errors import EinshardError
 
+    from .models.transformer import Config, count_params, init
+
+    is_main = jax.process_index() == 0
+
+    def say(text: str = "") -> None:
+        if is_main:
+            print(text, flush=True)
+
+    if mesh_arg and math.prod(mesh_arg.values()) != jax.device_count():
+        shown = ",".join(f"{k}={v}" for k, v in mesh_arg.items())
+        raise EinshardError(
+            f"--mesh {shown} has {math.prod(mesh_arg.values())} devices, but there are {jax.device_count()}"
+        )
+    cfg = Config(layers=args.layers, width=args.width, heads=args.heads, ffn=args.ffn, seq=args.seq)
+    corpus = load_corpus(args.data)
     n = jax.device_count()
-    sizes = _parse_mesh(args.mesh) if args.mesh else {"data": max(n // 2, 1), "model": 2 if n > 1 else 1}
-    if int(np.prod(list(sizes.values()))) != n:
-        raise EinshardError(f"--mesh {sizes} has {int(np.prod(list(sizes.values())))} devices, but there are {n}")
-    mesh = jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(jax.sharding.AxisType.Auto,) * len(sizes))
-    print(f"einshard {einshard.__version__} on jax {jax.__version__}: {n} {jax.devices()[0].platform} devices")
-    print("mesh:", ", ".join(f"{k}={v}" for k, v in sizes.items()))
-
-    b, x_dim, y_dim, z_dim = args.batch, 128, 256, 64
-    key = jax.random.key(args.seed)
-    k1, k2, k3 = jax.random.split(key, 3)
-    X = np.asarray(jax.random.normal(k1, (b, x_dim)))
-    W1 = np.asarray(jax.random.normal(k2, (x_dim, y_dim)) / np.sqrt(x_dim))
-    W2 = np.asarray(jax.random.normal(k3, (y_dim, z_dim)) / np.sqrt(y_dim))
-    print(f"model: Z = relu(X[b={b}, x={x_dim}] @ W1[x, y={y_dim}]) @ W2[y, z={z_dim}]")
-
-    @jax.jit
-    def forward(x, w1, w2):
-        return jax.nn.relu(x @ w1) @ w2
-
-    with jax.default_device(jax.devices()[0]):
-        reference = np.asarray(forward(jnp.asarray(X), jnp.asarray(W1), jnp.asarray(W2)))
-
-    chosen = list(LAYOUTS) if args.layout == "all" else [args.layout]
-    ok = True
-    for name in chosen:
-        lay = LAYOUTS[name]
-        print(f"\n== {name}: {lay.what}")
-        use_mesh = None if name == "einshard02" else mesh
-        xs = einshard.einshard(X, lay.x, mesh=use_mesh)
-        w1s = einshard.einshard(W1, lay.w1, mesh=use_mesh)
-        w2s = einshard.einshard(W2, lay.w2, mesh=use_mesh)
-        out = forward(xs, w1s, w2s)
-        # The output's layout is whatever XLA chose; describe() reads it back as an expression.
-        z_expr = einshard.describe(out, names="b z")
-        for label, expr, arr in (("X", lay.x, xs), ("W1", lay.w1, w1s), ("W2", lay.w2, w2s), ("Z", z_expr, out)):
-            per_device = arr.sharding.shard_shape(arr.shape)
-            nbytes = int(np.prod(per_device)) * arr.dtype.itemsize
-            typed = einshard.layout(
-                expr, arr.shape, mesh=None if einshard.placement.is_anonymous(arr.sharding.mesh) else arr.sharding.mesh
+    platform = jax.devices()[0].platform
+    procs = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
+    say(f"einshard {einshard.__version__} on jax {jax.__version__}: {n} {platform} devices{procs}")
+    params_count = count_params(init(cfg, args.seed))
+    say(
+        f"model: byte-level transformer, {cfg.layers} layers, width {cfg.width}, {cfg.heads} heads, "
+        f"MLP {cfg.ffn}, {params_count:,} parameters; text: {args.data or 'einshard/data/corpus.txt'} "
+        f"({len(corpus):,} bytes); {args.steps} AdamW steps of {args.batch} x {cfg.seq} tokens"
+    )
+    results: list[RunResult] = []
+    reference: RunResult | None = None
+    code = 0
+    saved = False
+    with _StopFlag() as stop:
+        if args.check:
+            names = tuple((mesh_arg or presets[0].default_mesh(n)).keys())
+            say(f"\n== single device: the same training on {jax.devices()[0]}, the reference for every layout")
+            ref = Trainer(
+                presets[0],
+                dict.fromkeys(names, 1),
+                cfg,
+                corpus,
+                batch=args.batch,
+                lr=args.lr,
+                seed=args.seed,
+                devices=jax.local_devices()[:1],
+                resume=args.resume,
             )
-            print(f"  {label:<3}{expr!r:<28} {str(typed):<28} {_kib(nbytes):>10} per device")
-        err = float(np.max(np.abs(np.asarray(out) - reference)))
-        same = err <= 1e-4 * max(1.0, float(np.max(np.abs(reference))))
-        ok &= same
-        print(f"  result equals the single-device forward pass: {'yes' if same else 'NO'} (max abs diff {err:.2e})")
-    return 0 if ok else 1
+            reference = train_layout(ref, args.steps, say=say, plain=args.plain, stop=stop, name="1 device")
+        for preset in presets:
+            if stop.requested:
+                break
+            sizes = mesh_arg or preset.default_mesh(n)
+            say(f"\n== {preset.name}: {preset.what}")
+            trainer = Trainer(
+                preset, sizes, cfg, corpus, batch=args.batch, lr=args.lr, seed=args.seed, resume=args.resume
+            )
+            print_plan(trainer, say)
+            res = train_layout(trainer, args.steps, say=say, plain=args.plain, stop=stop)
+            results.append(res)
+            if reference is not None:
+                ok, diff = _matches(res, reference)
+                say(f"  loss matches the single-device run: {'yes' if ok else 'NO'} (max |diff| {diff:.1e})")
+                if not ok:
+                    code = 1
+            if args.checkpoint:
+                trainer.save(args.checkpoint)
+                saved = True
+                say(f"  saved step {trainer.step_index} to {args.checkpoint}")
+        interrupted = stop.requested
+    say("")
+    for line in final_table(results, reference):
+        say(line)
+    if len(results) > 1:
+        say(
+            "\nEvery layout trains the same model to the same loss: only where the arrays live changes, and with it "
+            "the memory per device and the collectives XLA inserts. Pick one with --layout NAME, write your own "
+            "with --rules FILE, draw one with `einshard show`."
+        )
+    if args.plot and is_main:
+        say(write_plot(args.plot, results, reference))
+    if interrupted:
+        say(
+            "interrupted: stopped after the last finished step"
+            + (f" (state saved to {args.checkpoint})" if saved else "")
+        )
+        return 130
+    return code
 
 
-def _kib(n: int) -> str:
-    return f"{n / 1024:.1f} KiB"
+def _rebuild_argv(args: argparse.Namespace) -> list[str]:
+    """The command line of this run, minus --processes handling, for the workers."""
+    out: list[str] = []
+    for key, value in vars(args).items():
+        flag = "--" + key.replace("_", "-")
+        if key == "check":
+            out.append("--check" if value else "--no-check")
+        elif key in ("command", "process_id", "coordinator") or value is None or value is False:
+            continue
+        elif value is True:
+            out.append(flag)
+        else:
+            out.extend([flag, str(value)])
+    return out
+
+
+def _matches(res: RunResult, ref: RunResult) -> tuple[bool, float]:
+    n = min(len(res.losses), len(ref.losses))
+    if n == 0:
+        return True, 0.0
+    diff = max(abs(a - b) for a, b in zip(res.losses[:n], ref.losses[:n]))
+    # Sharded sums add in another order: agreement to float32 rounding, grown a little by the optimizer.
+    return diff <= 1e-4 * max(1.0, max(abs(x) for x in ref.losses[:n])), diff
+
+
+def final_table(results: list[RunResult], reference: RunResult | None) -> list[str]:
+    """One row per layout: mesh, memory per device, compile time, speed, loss, agreement with one device."""
+    rows = [("layout", "mesh", "weights/dev", "+AdamW/dev", "compile", "tokens/s", "steps", "loss", "vs 1 device")]
+    for r in ([reference] if reference else []) + results:
+        last = f"{r.losses[-1]:.4f}" if r.losses else "-"
+        if reference is None or r is reference:
+            versus = "-"
+        else:
+            ok, diff = _matches(r, reference)
+            versus = f"{'same' if ok else 'DIFFERS'} ({diff:.0e})"
+        rows.append(
+            (
+                r.name,
+                ",".join(f"{k}={v}" for k, v in r.mesh.items()),
+                _kib(r.param_bytes),
+                _kib(r.state_bytes),
+                f"{r.compile_s:.1f}s",
+                f"{r.tokens_per_s:,.0f}",
+                f"{r.first_step + len(r.losses)}" + (" (stopped)" if r.interrupted else ""),
+                last,
+                versus,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def write_plot(path: str, results: list[RunResult], reference: RunResult | None) -> str:
+    """Loss curves and per-parameter bytes per device, one line/bar group per layout (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"--plot: matplotlib is not installed (pip install 'einshard[plot]'); {path} not written"
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in ([reference] if reference else []) + results:
+        steps = range(r.first_step + 1, r.first_step + len(r.losses) + 1)
+        left.plot(list(steps), r.losses, label=r.name, linestyle="--" if r is reference else "-")
+    left.set_xlabel("step")
+    left.set_ylabel("loss (nats/byte)")
+    left.set_title("training loss")
+    left.legend()
+    names = list(results[0].per_param_bytes) if results else []
+    width = 0.8 / max(1, len(results))
+    for i, r in enumerate(results):
+        right.bar(
+            [j + i * width for j in range(len(names))],
+            [r.per_param_bytes[n] / 1024 for n in names],
+            width,
+            label=r.name,
+        )
+    right.set_xticks([j + 0.4 - width / 2 for j in range(len(names))])
+    right.set_xticklabels([n.replace("['", "").replace("']", ".").rstrip(".") for n in names], rotation=70, fontsize=7)
+    right.set_ylabel("KiB per device")
+    right.set_title("parameter bytes per device")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    return f"plot written to {path}"
 
 
 if __name__ == "__main__":  # pragma: no cover

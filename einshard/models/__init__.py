@@ -1,0 +1,1 @@
+"""Models the demo trains: plain JAX functions over dict pytrees of parameters."""

@@ -1,0 +1,288 @@
+"""The demo: every layout trains the transformer to the single-device loss; checkpoints; Ctrl-C; 2 processes."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from einshard import checkpoint
+from einshard.demo import Trainer, batch_at, load_corpus
+from einshard.layouts import PRESETS, Preset, load_rules
+from einshard.models.transformer import Config
+
+CFG = Config(layers=2, width=32, heads=8, ffn=64, seq=16)
+BATCH = 8
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def corpus() -> bytes:
+    return load_corpus()
+
+
+@pytest.fixture(scope="module")
+def reference(corpus) -> list[float]:
+    """The single-device losses every layout must reproduce."""
+    t = Trainer(PRESETS["dp"], {"data": 1, "model": 1}, CFG, corpus, batch=BATCH, devices=jax.devices()[:1])
+    return [t.step() for _ in range(STEPS)]
+
+
+def test_corpus_is_shipped_and_batches_are_deterministic(corpus):
+    assert len(corpus) > 10_000 and b"Four score and seven years ago" in corpus
+    a, b = batch_at(corpus, 3, 4, 16, 0), batch_at(corpus, 3, 4, 16, 0)
+    assert a.shape == (4, 17) and a.dtype == np.int32 and (a == b).all()
+    assert not (batch_at(corpus, 4, 4, 16, 0) == a).all()
+
+
+def test_any_utf8_file_is_a_corpus(tmp_path):
+    from einshard import EinshardError
+
+    text = tmp_path / "poem.txt"
+    text.write_text("Ünïcode is bytes too. " * 10, encoding="utf-8")
+    assert load_corpus(str(text)) == text.read_bytes()
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"\xff\xfe\x00abc")
+    with pytest.raises(EinshardError, match="not UTF-8 text"):
+        load_corpus(str(binary))
+    with pytest.raises(EinshardError, match="cannot read"):
+        load_corpus(str(tmp_path / "missing.txt"))
+    with pytest.raises(EinshardError, match="needs at least 66"):
+        batch_at(b"short", 0, 2, 64, 0)
+
+
+def test_reference_learns(reference):
+    assert reference[0] > reference[-1]  # the loss goes down on real text
+    assert abs(reference[0] - np.log(256)) < 1.0  # starts near a uniform guess over bytes
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_layout_matches_single_device(name, corpus, reference):
+    preset = PRESETS[name]
+    t = Trainer(preset, preset.default_mesh(8), CFG, corpus, batch=BATCH)
+    losses = [t.step() for _ in range(STEPS)]
+    np.testing.assert_allclose(losses, reference, rtol=2e-5, atol=2e-5)
+    # The state really is laid out as the preset says.
+    wq = t.state["params"]["layers"]["attn"]["wq"]
+    want = {"dp": (2, 32, 8, 4), "fsdp": (2, 4, 8, 4), "tp": (2, 32, 1, 4), "hybrid": (2, 32, 4, 4)}
+    if name in want:
+        assert wq.sharding.shard_shape(wq.shape) == want[name]
+    mu = t.state["opt"][0].mu["layers"]["attn"]["wq"]
+    assert mu.sharding == wq.sharding  # AdamW moments follow their parameter
+
+
+def test_rules_file_json_and_text(tmp_path, corpus):
+    text = tmp_path / "rules.txt"
+    text.write_text(
+        "# Megatron MLP only\nmesh: data=2,model=4\nbatch: b s -> b@data s\n"
+        "w_in: l d f -> l d f@model\nw_out: l f d -> l f@model d\n.*: ... -> ...\n"
+    )
+    preset, mesh = load_rules(text)
+    assert mesh == {"data": 2, "model": 4} and preset.batch == "b s -> b@data s"
+    assert list(preset.params) == ["w_in", "w_out", ".*"]
+    js = tmp_path / "rules.json"
+    js.write_text('{"batch": "b s -> b@data s", "params": {"w_in": "l d f -> l d f@model", ".*": "... -> ..."}}')
+    preset_js, mesh_js = load_rules(js)
+    assert mesh_js is None and preset_js.params["w_in"] == "l d f -> l d f@model"
+    t = Trainer(preset, mesh, CFG, corpus, batch=BATCH)
+    w_in, wq = t.state["params"]["layers"]["mlp"]["w_in"], t.state["params"]["layers"]["attn"]["wq"]
+    assert w_in.sharding.shard_shape(w_in.shape) == (2, 32, 16) and wq.sharding.is_fully_replicated
+    assert t.batch_sharding.shard_shape((BATCH, CFG.seq + 1)) == (4, 17)
+
+
+def test_rules_errors(tmp_path):
+    from einshard import EinshardError
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text("w_in l d f -> l d f@model\n")
+    with pytest.raises(EinshardError, match="line 1: expected 'pattern: expression'"):
+        load_rules(bad)
+    none = tmp_path / "none.txt"
+    none.write_text("batch: b s -> b@data s\n")
+    with pytest.raises(EinshardError, match="no parameter rules"):
+        load_rules(none)
+
+
+def test_no_rule_for_a_parameter_is_an_error(corpus):
+    from einshard import EinshardError
+
+    partial = Preset("partial", "", {"w_in": "l d f -> l d f@model"}, "b s -> b s")
+    with pytest.raises(EinshardError, match=r"no rule matches the parameter \['embed'\]\['positions'\]"):
+        Trainer(partial, {"data": 1, "model": 8}, CFG, corpus, batch=BATCH)
+
+
+def test_checkpoint_resume_in_another_layout(tmp_path, corpus, reference):
+    """Train 2 steps data parallel, save, resume as 2-D FSDP x TP: the losses continue as if never stopped."""
+    path = str(tmp_path / "state.npz")
+    first = Trainer(PRESETS["dp"], {"data": 8, "model": 1}, CFG, corpus, batch=BATCH)
+    losses = [first.step() for _ in range(2)]
+    first.save(path)
+    meta = checkpoint.read_meta(path)
+    assert meta["format"] == "einshard-checkpoint/1" and meta["step"] == 2 and meta["layout"] == "dp"
+    by_path = {leaf["path"]: leaf for leaf in meta["leaves"]}
+    assert by_path["['params']['layers']['attn']['wq']"]["expression"] == "... -> ..."
+    assert by_path["['params']['layers']['attn']['wq']"]["shape"] == [2, 32, 8, 4]
+
+    second = Trainer(PRESETS["fsdp-tp"], {"data": 4, "model": 2}, CFG, corpus, batch=BATCH, resume=path)
+    assert second.step_index == 2
+    wq = second.state["params"]["layers"]["attn"]["wq"]
+    assert wq.sharding.spec == jax.sharding.PartitionSpec(None, "data", "model", None)
+    losses.append(second.step())
+    np.testing.assert_allclose(losses, reference, rtol=2e-5, atol=2e-5)
+
+    # Restored to the layouts saved with it when no new ones are given.
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), first.state)
+    back = checkpoint.load(path, like, mesh=first.mesh)
+    assert back["params"]["unembed"].sharding.is_fully_replicated  # saved as '... -> ...' (data parallel)
+    np.testing.assert_array_equal(np.asarray(back["params"]["unembed"]), np.asarray(first.state["params"]["unembed"]))
+
+
+def test_resume_with_another_model_is_refused(tmp_path, corpus):
+    from einshard import EinshardError
+
+    path = str(tmp_path / "state.npz")
+    Trainer(PRESETS["dp"], {"data": 8, "model": 1}, CFG, corpus, batch=BATCH).save(path)
+    other = Config(layers=1, width=32, heads=8, ffn=64, seq=16)
+    with pytest.raises(EinshardError, match="the checkpoint's model"):
+        Trainer(PRESETS["dp"], {"data": 8, "model": 1}, other, corpus, batch=BATCH, resume=path)
+
+
+# ---------------------------------------------------------------------------
+# The command, as a user runs it
+
+TINY = ["--layers", "2", "--width", "32", "--heads", "8", "--ffn", "64", "--seq", "16", "--batch", "8", "--plain"]
+
+
+def _env(devices: int | None = 8) -> dict[str, str]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def _demo(*args: str, devices: int | None = 8, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "einshard", "demo", *args],
+        capture_output=True,
+        text=True,
+        env=_env(devices),
+        timeout=timeout,
+    )
+
+
+def test_readme_main_command_with_few_steps():
+    """`einshard demo` as the README runs it (no device flags: it picks 8 simulated CPU devices itself)."""
+    out = _demo("--steps", "2", devices=None)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert "8 cpu devices" in text
+    for name in PRESETS:
+        assert f"== {name}:" in text
+    assert text.count("loss matches the single-device run: yes") == len(PRESETS)
+    # The layout table, in the user's axis names, with bytes per device.
+    assert "'l d h k -> l d h@model k'" in text and "[l:2 d:64 h:8@model k:8]" in text
+    assert "collectives in the compiled step:" in text
+    table = text[text.index("layout    mesh") :]
+    assert table.count("same (") == len(PRESETS)
+
+
+def test_one_layout_with_mesh_and_checkpoint(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    out = _demo(
+        "--layout", "hybrid", "--mesh", "data=2,model=4", "--steps", "2", "--no-check", "--checkpoint", str(path), *TINY
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "mesh: data=2, model=4" in out.stdout and f"saved step 2 to {path}" in out.stdout
+    out2 = _demo("--layout", "tp", "--steps", "1", "--no-check", "--resume", str(path), *TINY)
+    assert out2.returncode == 0, out2.stderr[-3000:]
+    assert re.search(r"^tp\s+data=1,model=8\s.*\s3\s+\d\.\d{4}", out2.stdout, re.M)  # step 3 after resuming at 2
+
+
+def test_rules_file_from_the_command_line(tmp_path):
+    rules = tmp_path / "mine.txt"
+    rules.write_text("mesh: data=2,model=4\nbatch: b s -> b@data s\nw_in: l d f -> l d f@modle\n.*: ... -> ...\n")
+    out = _demo("--rules", str(rules), "--no-check", *TINY)
+    assert out.returncode == 2
+    assert "['layers']['mlp']['w_in']" in out.stderr and "mesh axis 'modle'" in out.stderr
+    assert "Did you mean 'model'?" in out.stderr
+    assert "== mine.txt: your rules from" in out.stdout
+    out = _demo("--rules", str(rules), "--layout", "dp", *TINY)
+    assert out.returncode == 2 and "--rules replaces --layout" in out.stderr
+
+
+def test_bad_arguments_exit_2():
+    out = _demo("--layout", "nope", *TINY)
+    assert out.returncode == 2 and "is not a preset" in out.stderr
+    out = _demo("--mesh", "data=3,model=2", "--layout", "dp", *TINY)
+    assert out.returncode == 2 and "6 devices" in out.stderr
+    small_heads = ["--heads", "4", "--width", "32", "--ffn", "64", "--seq", "16", "--batch", "8", "--no-check"]
+    out = _demo("--layout", "tp", "--mesh", "data=1,model=8", *small_heads)
+    assert out.returncode == 2 and "h@model" in out.stderr and "Pad the axis to 8" in out.stderr
+
+
+def test_ctrl_c_stops_saves_and_prints_the_table(tmp_path):
+    path = tmp_path / "interrupted.npz"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "einshard",
+            "demo",
+            "--layout",
+            "dp",
+            "--steps",
+            "100000",
+            "--no-check",
+            "--checkpoint",
+            str(path),
+            *TINY,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "collectives in the compiled step" in line:
+            break
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    text = "".join(seen) + rest
+    assert proc.returncode == 130, err[-2000:]
+    assert "(stopped)" in text and f"interrupted: stopped after the last finished step (state saved to {path})" in text
+    meta = checkpoint.read_meta(path)
+    assert meta["step"] > 0
+
+
+@pytest.mark.slow
+def test_two_processes_same_loss_as_one():
+    out = _demo("--layout", "hybrid", "--processes", "2", "--steps", "3", *TINY, devices=None)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert "8 cpu devices in 2 processes" in text
+    assert "loss matches the single-device run: yes" in text
+    assert text.count("== hybrid:") == 1  # only process 0 prints
+    assert "[Gloo]" not in text
+
+
+def test_plot_writes_loss_curves_and_bytes(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: pip install 'einshard[plot]'")
+    from einshard.demo import RunResult, write_plot
+
+    runs = [
+        RunResult(name, {"data": 8}, losses=[5.0, 4.0], per_param_bytes={"['unembed']": size})
+        for name, size in (("dp", 1024), ("fsdp", 128))
+    ]
+    path = tmp_path / "demo.svg"
+    assert write_plot(str(path), runs, None) == f"plot written to {path}"
+    svg = path.read_text()
+    assert "<svg" in svg and "training loss" in svg and "parameter bytes per device" in svg
