@@ -245,3 +245,35 @@ def test_collective_permute_step_rotates_blocks():
     )
     x = np.arange(8.0)
     np.testing.assert_array_equal(f(x), np.roll(x, 1))
+
+
+@pytest.mark.parametrize("two_way", [False, True])
+@pytest.mark.parametrize(
+    "expr,shapes,before,after,kind",
+    [
+        ("b@model d, d f@model -> b f@model", [(8, 6), (6, 8)], [S("all-gather", 0, "model", 0)], [], "ag"),
+        ("m@model k, k@model n -> m@model n", [(8, 8), (8, 4)], [S("all-gather", 1, "model", 0)], [], "ag"),
+        ("b@model d, d f -> b f", [(8, 6), (6, 4)], [S("all-gather", 0, "model", 0)], [], "none"),
+        ("b f@model, f@model d -> b@model d", [(8, 8), (8, 6)], [], [S("reduce-scatter", "out", "model", 0)], "rs"),
+        ("b d@model, d@model f -> b f", [(4, 8), (8, 6)], [], [S("all-reduce", "out", "model")], "none"),
+    ],
+)
+def test_async_mode_runs_rings(expr, shapes, before, after, kind, two_way):
+    mesh = MESHES[AxisType.Auto]
+    rng = np.random.default_rng(1)
+    ops = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    ins, out = einsum_layouts(expr, shapes, mesh)
+    f = einsum_shard_map(ins, out, before, after, mesh=mesh, mode="async", two_way=two_way, precision=HI)
+    both = jax.jit(lambda *xs: (f(*xs), jax.grad(lambda *xs: jnp.sum(f(*xs) ** 2), argnums=(0, 1))(*xs)))
+    y, grads = both(*ops)
+    np.testing.assert_allclose(y, jnp.einsum(_letters(expr), *ops, precision=HI), rtol=1e-5, atol=1e-5)
+    want = jax.grad(lambda *xs: jnp.sum(jnp.einsum(_letters(expr), *xs, precision=HI) ** 2), argnums=(0, 1))(*ops)
+    for got, w in zip(grads, want, strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-4)
+    hlo = jax.jit(f).lower(*ops).compile().as_text()
+    permutes = _count(hlo, "collective-permute")
+    if kind == "none":  # the ring axis does not split the result (or there is no gather): plain collectives
+        assert permutes == 0 and not any("ring" in p for p in f.program)
+    else:
+        assert permutes == (2 if two_way else 1) * 3
+        assert _count(hlo, "all-gather") == 0 and _count(hlo, "reduce-scatter") == 0 and _count(hlo, "all-reduce") == 0
