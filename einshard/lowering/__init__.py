@@ -4,9 +4,19 @@ This layer moves data.  It may use parsing, layout and placement, never the anal
 """
 
 from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatter, ring_shift
+from .pipeline import PipelineInfo, circular_layer_order, pipeline, pipeline_info
 from .steps import KINDS, Step, apply_step, einsum_layouts, einsum_shard_map, step_layout
+from .training import data_parallel, fsdp, fsdp_layouts, gather_params
 
 __all__ = [
+    "PipelineInfo",
+    "circular_layer_order",
+    "data_parallel",
+    "fsdp",
+    "fsdp_layouts",
+    "gather_params",
+    "pipeline",
+    "pipeline_info",
     "KINDS",
     "SCHEDULES",
     "Step",

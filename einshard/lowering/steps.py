@@ -337,7 +337,13 @@ def _place(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
         return x
     target = NamedSharding(mesh, spec)
     if isinstance(x, jax.core.Tracer):
-        return jax.sharding.reshard(x, spec)
+        try:
+            return jax.sharding.reshard(x, spec)
+        except ValueError as err:
+            raise EinshardError(
+                f"cannot lay an operand out as {spec} under jax.jit on a mesh with Explicit axes: {err}",
+                hint="Trace inside `with jax.set_mesh(mesh):` (JAX needs the mesh context for Explicit axes).",
+            ) from None
     if getattr(x, "sharding", None) == target:
         return x
     return jax.device_put(x, target)
