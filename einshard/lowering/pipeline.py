@@ -329,6 +329,8 @@ def pipeline(
         xs = xb.reshape(M, xb.shape[0] // M, *xb.shape[1:])
 
         def params_of_round(r: jax.Array) -> Any:
+            if R == 1:  # every visit runs all local layers: no slice (its transpose would add a zero buffer per step)
+                return p
             return jax.tree_util.tree_map(lambda w: jax.lax.dynamic_slice_in_dim(w, r * lps, lps, 0), p)
 
         # The carries must vary over the same mesh axes in every iteration: find
