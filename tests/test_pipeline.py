@@ -179,3 +179,14 @@ def test_errors(kw, message):
         pipeline(lambda p, h: h @ p["w"], params, np.zeros((8, D), np.float32), mesh=mesh, **kw)
     with pytest.raises(EinshardError, match="layers do not split"):
         pipeline(lambda p, h: h, {"w": np.zeros((6, D))}, np.zeros((8, D)), microbatches=4, mesh=mesh)
+
+
+def test_explicit_mesh_axes():
+    kind = AxisType.Explicit
+    mesh = jax.make_mesh((2, 4), ("stage", "data"), axis_types=(kind, kind))
+    params, x, target = make(8, 16)
+    want = loss_of(lambda p, x: sequential(layer, p, x))(params, x, target)
+    kw = dict(microbatches=2, schedule="circular", repeats=2, mesh=mesh, data_axis="data")
+    with jax.set_mesh(mesh):
+        got = loss_of(lambda p, x: pipeline(layer, p, x, **kw))(params, x, target)
+    assert_same(got, want)

@@ -54,6 +54,7 @@ from jax.sharding import PartitionSpec
 
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
+from .steps import _place
 
 __all__ = ["PipelineInfo", "pipeline", "pipeline_info", "circular_layer_order"]
 
@@ -384,4 +385,6 @@ def pipeline(
         return result.reshape(xb.shape)
 
     mapped = jax.shard_map(body, mesh=mesh, in_specs=(param_specs, x_spec), out_specs=x_spec, check_vma=True)
-    return mapped(params, x)
+    # Explicit mesh axes need the inputs laid out as the in_specs say (Auto axes reshard in shard_map).
+    params = jax.tree_util.tree_map(lambda w, sp: _place(w, mesh, sp), params, param_specs)
+    return mapped(params, _place(x, mesh, x_spec))

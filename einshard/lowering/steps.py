@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,14 +109,16 @@ def ring_size(mesh_axes: Sequence[str]) -> int:
     return math.prod(jax.lax.axis_size(a) for a in mesh_axes)
 
 
-def apply_step(block: jax.Array, step: Step, *, invariant: bool = False) -> jax.Array:
+def apply_step(block: jax.Array, step: Step, *, invariant: bool | Collection[str] = False) -> jax.Array:
     """Run one step on this device's block (call inside a ``jax.shard_map`` body).
 
     ``invariant=True`` makes an all-gather's result typed as the same on every
     device of the ring (``to="invarying"``), which a replicated out_spec needs
     under ``check_vma``; its gradient is then a local slice.  The default
     (varying) all-gather's gradient is a reduce-scatter, the right one when the
-    gathered block meets data that differs per device (FSDP).
+    gathered block meets data that differs per device (FSDP).  A collection of
+    mesh axes makes the gather invariant over those axes only (the gather is
+    then split into runs of axes, minor run first, which gives the same blocks).
 
     Example:
         >>> import jax, numpy as np
@@ -130,8 +132,17 @@ def apply_step(block: jax.Array, step: Step, *, invariant: bool = False) -> jax.
     """
     axes = _axes(step)
     if step.kind == "all-gather":
-        to = "invarying" if invariant else "varying"
-        return jax.lax.all_gather(block, axes, axis=step.dim, tiled=True, to=to)
+        fixed = set(step.mesh_axes) if invariant is True else set(invariant or ())
+        runs: list[tuple[list[str], bool]] = []
+        for m in step.mesh_axes:
+            if runs and runs[-1][1] == (m in fixed):
+                runs[-1][0].append(m)
+            else:
+                runs.append(([m], m in fixed))
+        for run, inv in reversed(runs):  # minor run first: blocks stay in major-to-minor order
+            name = run[0] if len(run) == 1 else tuple(run)
+            block = jax.lax.all_gather(block, name, axis=step.dim, tiled=True, to="invarying" if inv else "varying")
+        return block
     if step.kind == "all-reduce":
         return jax.lax.psum(block, axes)
     if step.kind == "reduce-scatter":
@@ -440,7 +451,7 @@ def einsum_shard_map(
         blocks_ = list(blocks)
         for s in before:
             assert isinstance(s.operand, int)
-            blocks_[s.operand] = apply_step(blocks_[s.operand], s, invariant=not set(s.mesh_axes) & varying_out)
+            blocks_[s.operand] = apply_step(blocks_[s.operand], s, invariant=set(s.mesh_axes) - varying_out)
         if ring is None:
             y = jnp.einsum(subscripts, *blocks_, **kw)
         elif ring[0] == "ag":
@@ -456,7 +467,7 @@ def einsum_shard_map(
                 subscripts, *blocks_, axis_name=s.mesh_axes, dim=s.dim, schedule=schedule, **kw
             )
         for s in steps_after:
-            y = apply_step(y, s, invariant=not set(s.mesh_axes) & varying_out)
+            y = apply_step(y, s, invariant=set(s.mesh_axes) - varying_out)
         return y[None] if pending else y
 
     in_specs = tuple(_pspec(lay) for lay in layouts_in)
