@@ -4,12 +4,17 @@ This layer moves data.  It may use parsing, layout and placement, never the anal
 """
 
 from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatter, ring_shift
+from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .pipeline import PipelineInfo, circular_layer_order, pipeline, pipeline_info
-from .steps import KINDS, Step, apply_step, einsum_layouts, einsum_shard_map, step_layout
+from .steps import KINDS, Step, apply_step, einsum_auto, einsum_layouts, einsum_shard_map, step_layout
 from .training import data_parallel, fsdp, fsdp_layouts, gather_params
 
 __all__ = [
+    "Padding",
     "PipelineInfo",
+    "pad_operands",
+    "plan_padding",
+    "unpad_result",
     "circular_layer_order",
     "data_parallel",
     "fsdp",
@@ -23,6 +28,7 @@ __all__ = [
     "allgather_einsum",
     "apply_step",
     "einsum_layouts",
+    "einsum_auto",
     "einsum_reduce_scatter",
     "einsum_shard_map",
     "ring_shift",

@@ -53,6 +53,7 @@ __all__ = [
     "step_layout",
     "einsum_layouts",
     "einsum_shard_map",
+    "einsum_auto",
     "mesh_axes_of",
 ]
 
@@ -381,7 +382,8 @@ def einsum_shard_map(
         steps_before: steps on the operands (``Step.operand`` = position), in order.
         steps_after: steps on the local einsum's result (``Step.operand == 'out'``).
         mesh: the ``jax.sharding.Mesh``.
-        mode: ``'sync'`` runs every step as a plain collective.  ``'async'`` runs the
+        mode: ``'auto'`` (no steps) is the baseline: :func:`einsum_auto`, XLA picks the collectives.
+            ``'sync'`` runs every step as a plain collective.  ``'async'`` runs the
             last all-gather of an operand of a two-operand einsum (or else the first
             reduce-scatter of the result) as a collective matmul ring
             (:mod:`einshard.lowering.collective_matmul`), where the ring's mesh axes
@@ -395,8 +397,14 @@ def einsum_shard_map(
     """
     from . import collective_matmul as cm  # a sibling module; imported here to keep steps importable alone
 
+    if mode == "auto":
+        if steps_before or steps_after:
+            raise EinshardError("mode='auto' leaves the collectives to XLA: give no steps")
+        return einsum_auto(
+            layouts_in, layout_out, mesh=mesh, precision=precision, preferred_element_type=preferred_element_type
+        )
     if mode not in ("sync", "async"):
-        raise EinshardError(f"mode must be 'sync' or 'async', got {mode!r}")
+        raise EinshardError(f"mode must be 'sync', 'async' or 'auto', got {mode!r}")
     n_ops = len(layouts_in)
     before = [s for s in steps_before]
     for s in before:
@@ -488,4 +496,55 @@ def einsum_shard_map(
         [*(str(s) for s in before), f"einsum {subscripts}" + (f" as ring {ring[0]} {ring[1]}" if ring else "")]
         + [str(s) for s in steps_after]
     )
+    return run
+
+
+def einsum_auto(
+    layouts_in: Sequence[Layout],
+    layout_out: Layout,
+    *,
+    mesh: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> Callable[..., jax.Array]:
+    """The baseline: ``jnp.einsum`` with the layouts as sharding constraints; XLA (GSPMD/Shardy) picks the collectives.
+
+    Auto mesh axes get ``with_sharding_constraint``; Explicit ones ``reshard`` and the
+    einsum's ``out_sharding`` (trace inside ``jax.set_mesh`` under ``jax.jit``).
+    Pending sums cannot be asked for here (``{U:...}``): use ``mode='sync'``.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> mesh = jax.make_mesh((2,), ('model',), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:2])
+        >>> ins, out = einsum_layouts('b x@model, x@model y -> b y', [(4, 6), (6, 8)], mesh)
+        >>> float(einsum_auto(ins, out, mesh=mesh)(np.ones((4, 6)), np.ones((6, 8)))[0, 0])
+        6.0
+    """
+    if layout_out.unreduced:
+        raise EinshardError(
+            f"mode='auto' cannot leave pending sums ({layout_out}); use mode='sync'",
+            hint="Or reduce them: drop '{U:...}' from the output.",
+        )
+    subscripts = _subscripts([lay.axes for lay in layouts_in], layout_out.axes)
+    explicit = any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+    in_specs = [_pspec(lay) for lay in layouts_in]
+    out_spec = _pspec(layout_out)
+
+    def constrain(x: Any, spec: PartitionSpec) -> Any:
+        if explicit:
+            return _place(x, mesh, spec)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    def run(*operands: Any) -> jax.Array:
+        if len(operands) != len(layouts_in):
+            raise EinshardError(f"the einsum takes {len(layouts_in)} operands, got {len(operands)}")
+        xs = [constrain(jnp.asarray(x), s) for x, s in zip(operands, in_specs, strict=True)]
+        kw: dict[str, Any] = {"precision": precision, "preferred_element_type": preferred_element_type}
+        if explicit:
+            kw["out_sharding"] = NamedSharding(mesh, out_spec) if isinstance(mesh, jax.sharding.Mesh) else out_spec
+            # (a one-operand einsum may come back as its input: reshard makes sure)
+            return constrain(jnp.einsum(subscripts, *xs, **kw), out_spec)
+        return constrain(jnp.einsum(subscripts, *xs, **kw), out_spec)
+
+    run.program = (f"einsum {subscripts} (XLA auto: layouts as sharding constraints)",)  # type: ignore[attr-defined]
     return run
