@@ -109,6 +109,7 @@ def _leaf_specs(params: Any, layouts: ParamLayouts, stage_axis: str, mesh: Any) 
         shape = tuple(np.shape(leaf))
         if not shape:
             raise EinshardError(f"pipeline params leaf {key} is a scalar; every leaf needs a leading layer axis")
+        text: str | None
         if layouts is None:
             text = "layer ... -> layer@" + stage_axis + " ..."
         elif isinstance(layouts, str):
@@ -138,8 +139,8 @@ def _varying(v: Any) -> frozenset[str]:
     t = jax.typeof(v) if not isinstance(v, jax.ShapeDtypeStruct) else v
     found = getattr(t, "vma", None)
     if found is None:
-        found = getattr(getattr(t, "manual_axis_type", None), "varying", frozenset())
-    return frozenset(found)
+        found = getattr(getattr(t, "manual_axis_type", None), "varying", None)
+    return frozenset(found or ())
 
 
 def _vary(x: jax.Array, axes: frozenset[str]) -> jax.Array:
@@ -350,7 +351,9 @@ def pipeline(
         cyclic = R > 1
         perm = [(j, (j + 1) % S) for j in range(S if cyclic else S - 1)]
 
-        def step(carry: tuple[jax.Array, ...], t: jax.Array) -> tuple[tuple[jax.Array, ...], None]:
+        Carry = tuple[jax.Array, jax.Array, jax.Array]
+
+        def step(carry: Carry, t: jax.Array) -> tuple[Carry, None]:
             state, parked, outs = carry
             if cyclic:
                 # What stage 0 just received from the last stage: item t - S, parked by micro-batch.

@@ -419,6 +419,7 @@ def einsum_shard_map(
     # Follow each block's layout through the steps; reject plans that compute something else.
     local = list(layouts_in)
     for s in before:
+        assert isinstance(s.operand, int)  # checked above
         local[s.operand] = step_layout(local[s.operand], s)
     computed = _local_einsum_result(local, layout_out.axes, layout_out)
     final = computed

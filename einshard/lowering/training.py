@@ -86,7 +86,7 @@ def _expressions(tree: Any, layouts: Layouts) -> list[str | None]:
     if isinstance(layouts, Mapping) and all(isinstance(k, str) for k in layouts):
         keys = [jax.tree_util.keystr(p) for p, _ in leaves]
         # A dict with the same structure as the params is a pytree of expressions, not rules.
-        same = jax.tree_util.tree_structure(layouts, is_leaf=_is_layout) == jax.tree_util.tree_structure(tree)
+        same = bool(jax.tree_util.tree_structure(layouts, is_leaf=_is_layout) == jax.tree_util.tree_structure(tree))  # type: ignore[operator]
         if not same:
             out: list[str | None] = []
             for key in keys:
