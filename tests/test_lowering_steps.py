@@ -101,6 +101,27 @@ CASES = {
         [S("all-reduce", "out", "model")],
         {"all-reduce": 1},
     ),
+    "V5-case4-gather-one": (
+        "b@model x, x y@model -> b@model y",
+        [(8, 6), (6, 8)],
+        [S("all-gather", 1, "model", 1)],
+        [],
+        {"all-gather": 1},
+    ),
+    "V9-misaligned-gather-both": (
+        "b x@data, x@model y -> b y",
+        [(4, 8), (8, 6)],
+        [S("all-gather", 0, "data", 1), S("all-gather", 1, "model", 0)],
+        [],
+        {"all-gather": 2},
+    ),
+    "V9-misaligned-realign-then-psum": (
+        "b x@data, x@model y -> b y",
+        [(4, 8), (8, 6)],
+        [S("all-gather", 0, "data", 1), S("dynamic-slice", 0, "model", 1)],
+        [S("all-reduce", "out", "model")],
+        {"all-gather": 1, "all-reduce": 1},
+    ),
     "three-operands": (
         "b d@model, d@model f, f g -> b g",
         [(4, 8), (8, 6), (6, 2)],
@@ -262,6 +283,13 @@ def test_collective_permute_step_rotates_blocks():
     [
         ("b@model d, d f@model -> b f@model", [(8, 6), (6, 8)], [S("all-gather", 0, "model", 0)], [], "ag"),
         ("m@model k, k@model n -> m@model n", [(8, 8), (8, 4)], [S("all-gather", 1, "model", 0)], [], "ag"),
+        (  # the ring gathers only the minor of two mesh axes splitting b
+            "b@(data,model) d, d f@model -> b@data f@model",
+            [(16, 6), (6, 8)],
+            [S("all-gather", 0, "model", 0)],
+            [],
+            "ag",
+        ),
         ("b@model d, d f -> b f", [(8, 6), (6, 4)], [S("all-gather", 0, "model", 0)], [], "none"),
         ("b f@model, f@model d -> b@model d", [(8, 8), (8, 6)], [], [S("reduce-scatter", "out", "model", 0)], "rs"),
         ("b d@model, d@model f -> b f", [(4, 8), (8, 6)], [], [S("all-reduce", "out", "model")], "none"),
