@@ -10,6 +10,7 @@ layout, placement) are importable on their own.
 from .analysis import Collective, Plan, Profile, analyze, explain
 from .errors import EinshardError
 from .layout import Layout, MeshAxis
+from .lowering import data_parallel, fsdp, fsdp_layouts, pipeline, pipeline_info
 from .parsing import Expression, parse
 from .placement import anonymous_mesh, describe, einshard, layout, sharding, spec
 from .lowering.einsum import EinsumProgram, einsum, lower
@@ -31,10 +32,15 @@ __all__ = [
     "Layout",
     "MeshAxis",
     "anonymous_mesh",
+    "data_parallel",
     "describe",
     "einshard",
+    "fsdp",
+    "fsdp_layouts",
     "layout",
     "parse",
+    "pipeline",
+    "pipeline_info",
     "show",
     "sharding",
     "spec",

@@ -158,3 +158,26 @@ def test_einsum_without_a_mesh_is_a_clear_error():
         einshard.einsum("b k@x, k n -> b n", np.ones((4, 4)), np.ones((4, 4)))
     with pytest.raises(EinshardError, match="mode"):
         einshard.einsum("b k, k n -> b n", np.ones((4, 4)), np.ones((4, 4)), mesh=_mesh((2,), ("x",)), mode="fast")
+
+
+@settings(max_examples=10, deadline=None)
+@given(b=st.integers(1, 9), k=st.integers(1, 11), n=st.integers(1, 7), mode=st.sampled_from(["sync", "async", "auto"]))
+def test_uneven_splits_are_padded_exactly(b, k, n, mode):
+    """Sizes that do not divide the mesh are zero-padded (exact for an einsum) and cut back; gradients too."""
+    mesh = _mesh((4,), ("x",))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((b, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    program = einshard.lower("b k@x, k@x n -> b n", x, w, mesh=mesh, mode=mode, precision="highest")
+    np.testing.assert_allclose(np.asarray(program(x, w)), x @ w, rtol=1e-5, atol=1e-5)
+    assert (program.padding is not None) == (k % 4 != 0)
+    g = jax.grad(lambda w: jnp.sum(program(x, w) ** 2))(w)
+    np.testing.assert_allclose(
+        np.asarray(g), np.asarray(jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_an_uneven_output_split_is_a_clear_error():
+    with pytest.raises(EinshardError, match="padding cannot help") as err:
+        einshard.einsum("b k, k n -> b@x n", np.ones((3, 4)), np.ones((4, 5)), mesh=_mesh((4,), ("x",)))
+    assert err.value.column == 12

@@ -101,6 +101,27 @@ CASES = {
         [S("all-reduce", "out", "model")],
         {"all-reduce": 1},
     ),
+    "V5-case4-gather-one": (
+        "b@model x, x y@model -> b@model y",
+        [(8, 6), (6, 8)],
+        [S("all-gather", 1, "model", 1)],
+        [],
+        {"all-gather": 1},
+    ),
+    "V9-misaligned-gather-both": (
+        "b x@data, x@model y -> b y",
+        [(4, 8), (8, 6)],
+        [S("all-gather", 0, "data", 1), S("all-gather", 1, "model", 0)],
+        [],
+        {"all-gather": 2},
+    ),
+    "V9-misaligned-realign-then-psum": (
+        "b x@data, x@model y -> b y",
+        [(4, 8), (8, 6)],
+        [S("all-gather", 0, "data", 1), S("dynamic-slice", 0, "model", 1)],
+        [S("all-reduce", "out", "model")],
+        {"all-gather": 1, "all-reduce": 1},
+    ),
     "three-operands": (
         "b d@model, d@model f, f g -> b g",
         [(4, 8), (8, 6), (6, 2)],
@@ -141,15 +162,22 @@ def _letters(expr: str) -> str:
     return ",".join(s.replace(" ", "") for s in sides) + "->" + "".join(names[n] for n in out.split())
 
 
+@pytest.mark.parametrize("mode", ["sync", "auto"])
 @pytest.mark.parametrize("kind", list(MESHES), ids=lambda k: k.name)
 @pytest.mark.parametrize("case", list(CASES))
-def test_textbook_case(case, kind):
+def test_textbook_case(case, kind, mode):
     expr, shapes, before, after, expected = CASES[case]
     mesh = MESHES[kind]
     rng = np.random.default_rng(0)
     ops = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     ins, out = einsum_layouts(expr, shapes, mesh)
-    f = einsum_shard_map(ins, out, before, after, mesh=mesh, precision=HI)
+    if mode == "auto":
+        if out.unreduced:
+            with pytest.raises(EinshardError, match="cannot leave pending sums"):
+                einsum_shard_map(ins, out, mesh=mesh, mode="auto")
+            return
+        before, after, expected = [], [], None  # XLA picks the collectives: not part of the contract
+    f = einsum_shard_map(ins, out, before, after, mesh=mesh, precision=HI, mode=mode)
     subs = _letters(expr)
     pending = bool(out.unreduced)
 
@@ -178,6 +206,8 @@ def test_textbook_case(case, kind):
     for got, want in zip(grads, ref_grads, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for op in ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute"):
+        if expected is None:
+            break
         n = _count(hlo, op)
         if op == "reduce-scatter" and expected.get(op) and n == 0:
             # CPU lowers a reduce-scatter as all-reduce + dynamic-slice (theory.md V2)
@@ -245,3 +275,42 @@ def test_collective_permute_step_rotates_blocks():
     )
     x = np.arange(8.0)
     np.testing.assert_array_equal(f(x), np.roll(x, 1))
+
+
+@pytest.mark.parametrize("two_way", [False, True])
+@pytest.mark.parametrize(
+    "expr,shapes,before,after,kind",
+    [
+        ("b@model d, d f@model -> b f@model", [(8, 6), (6, 8)], [S("all-gather", 0, "model", 0)], [], "ag"),
+        ("m@model k, k@model n -> m@model n", [(8, 8), (8, 4)], [S("all-gather", 1, "model", 0)], [], "ag"),
+        (  # the ring gathers only the minor of two mesh axes splitting b
+            "b@(data,model) d, d f@model -> b@data f@model",
+            [(16, 6), (6, 8)],
+            [S("all-gather", 0, "model", 0)],
+            [],
+            "ag",
+        ),
+        ("b@model d, d f -> b f", [(8, 6), (6, 4)], [S("all-gather", 0, "model", 0)], [], "none"),
+        ("b f@model, f@model d -> b@model d", [(8, 8), (8, 6)], [], [S("reduce-scatter", "out", "model", 0)], "rs"),
+        ("b d@model, d@model f -> b f", [(4, 8), (8, 6)], [], [S("all-reduce", "out", "model")], "none"),
+    ],
+)
+def test_async_mode_runs_rings(expr, shapes, before, after, kind, two_way):
+    mesh = MESHES[AxisType.Auto]
+    rng = np.random.default_rng(1)
+    ops = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    ins, out = einsum_layouts(expr, shapes, mesh)
+    f = einsum_shard_map(ins, out, before, after, mesh=mesh, mode="async", two_way=two_way, precision=HI)
+    both = jax.jit(lambda *xs: (f(*xs), jax.grad(lambda *xs: jnp.sum(f(*xs) ** 2), argnums=(0, 1))(*xs)))
+    y, grads = both(*ops)
+    np.testing.assert_allclose(y, jnp.einsum(_letters(expr), *ops, precision=HI), rtol=1e-5, atol=1e-5)
+    want = jax.grad(lambda *xs: jnp.sum(jnp.einsum(_letters(expr), *xs, precision=HI) ** 2), argnums=(0, 1))(*ops)
+    for got, w in zip(grads, want, strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-4)
+    hlo = jax.jit(f).lower(*ops).compile().as_text()
+    permutes = _count(hlo, "collective-permute")
+    if kind == "none":  # the ring axis does not split the result (or there is no gather): plain collectives
+        assert permutes == 0 and not any("ring" in p for p in f.program)
+    else:
+        assert permutes == (2 if two_way else 1) * 3
+        assert _count(hlo, "all-gather") == 0 and _count(hlo, "reduce-scatter") == 0 and _count(hlo, "all-reduce") == 0

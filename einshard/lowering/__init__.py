@@ -1,18 +1,34 @@
 """Lowering: explicit ``jax.shard_map`` programs for sharded einsums, collective matmuls, pipelines and DP/FSDP.
 
-This layer moves data.  It may use parsing, layout and placement, never the analyzer.
+This layer moves data.  It follows the analyzer (einsum.py runs its plans); the analyzer never imports it.
 """
 
 from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatter, ring_shift
-from .steps import KINDS, Step, apply_step, einsum_layouts, einsum_shard_map, step_layout
+from .padding import Padding, pad_operands, plan_padding, unpad_result
+from .pipeline import PipelineInfo, circular_layer_order, pipeline, pipeline_info
+from .steps import KINDS, Step, apply_step, einsum_auto, einsum_layouts, einsum_shard_map, step_layout
+from .training import data_parallel, fsdp, fsdp_layouts, gather_params
 
 __all__ = [
+    "Padding",
+    "PipelineInfo",
+    "pad_operands",
+    "plan_padding",
+    "unpad_result",
+    "circular_layer_order",
+    "data_parallel",
+    "fsdp",
+    "fsdp_layouts",
+    "gather_params",
+    "pipeline",
+    "pipeline_info",
     "KINDS",
     "SCHEDULES",
     "Step",
     "allgather_einsum",
     "apply_step",
     "einsum_layouts",
+    "einsum_auto",
     "einsum_reduce_scatter",
     "einsum_shard_map",
     "ring_shift",

@@ -21,13 +21,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._compat import get_concrete_mesh
 from ..analysis import Plan, analyze
 from ..errors import EinshardError
 from ..layout import Layout
-from .steps import Step, einsum_shard_map, step_layout
+from .padding import Padding, pad_operands, plan_padding, unpad_result
+from .steps import Step, einsum_auto, einsum_shard_map, step_layout
 
 __all__ = ["einsum", "lower", "EinsumProgram", "plan_steps"]
 
@@ -114,7 +114,11 @@ def _runnable(plan: Plan) -> Plan:
     # Same result layout first; for an inferred (unrequested) output, any complete one.
     for same_layout in (True, False):
         for alt in plan.alternatives:
-            if whole(alt) and alt.resolution == plan.resolution and (alt.out_layout == plan.out_layout or not same_layout):
+            if (
+                whole(alt)
+                and alt.resolution == plan.resolution
+                and (alt.out_layout == plan.out_layout or not same_layout)
+            ):
                 return _with_alternatives(alt, plan)
     raise EinshardError(f"einshard.einsum found no plan for {plan.expression} that it can run without a local pre-sum")
 
@@ -175,6 +179,8 @@ class EinsumProgram:
         mode: ``'sync'``, ``'async'`` (collective matmul rings) or ``'auto'`` (XLA decides).
         steps_before, steps_after: the explicit steps on the operands and the result.
         fn: the function (not jitted: it composes with ``jax.jit``, ``jax.grad``, ``jax.vmap``).
+        padding: how uneven splits were zero-padded (None when every split is even);
+            the plan is then the padded einsum's.
     """
 
     plan: Plan
@@ -182,6 +188,8 @@ class EinsumProgram:
     steps_before: tuple[Step, ...]
     steps_after: tuple[Step, ...]
     fn: Callable[..., jax.Array]
+
+    padding: Padding | None = None
 
     def __call__(self, *operands: Any) -> jax.Array:
         return self.fn(*operands)
@@ -196,6 +204,14 @@ class EinsumProgram:
         lines.append(f"local einsum ({self.mode})")
         lines += [str(s) for s in self.steps_after]
         return "\n".join(lines)
+
+
+def _padding(expr: str, operands: Sequence[Any], mesh: Any) -> Padding | None:
+    """The zero padding uneven splits need, or None (also for jnp-style strings, which carry no layout)."""
+    if "@" not in expr or not operands or any(not hasattr(x, "shape") for x in operands):
+        return None
+    pad = plan_padding(expr, [tuple(x.shape) for x in operands], mesh)
+    return pad if pad.needed else None
 
 
 def _mesh_for(mesh: Any, operands: Sequence[Any]) -> Any:
@@ -246,9 +262,37 @@ def lower(
     if mode not in MODES:
         raise EinshardError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     mesh = _mesh_for(mesh, operands)
+    padding = _padding(expr, operands, mesh)
+    if padding is not None:
+        # Zero padding is exact for an einsum: pad the uneven splits, run, cut the result back.
+        shaped = [jax.ShapeDtypeStruct(s, jnp.result_type(x)) for s, x in zip(padding.padded_shapes, operands)]
+        inner = lower(
+            expr,
+            *shaped,
+            mode=mode,
+            mesh=mesh,
+            two_way=two_way,
+            profile=profile,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+        )
+
+        def padded(*ops: Any) -> jax.Array:
+            return unpad_result(padding, inner.fn(*pad_operands(padding, ops)))
+
+        return EinsumProgram(inner.plan, mode, inner.steps_before, inner.steps_after, padded, padding)
     plan = _runnable(analyze(expr, *operands, mesh=mesh, profile=profile))
     if mode == "auto":
-        return EinsumProgram(plan, mode, (), (), _auto(plan, mesh, precision, preferred_element_type))
+        fn = jax.jit(
+            einsum_auto(
+                plan.operands,
+                plan.out_layout,
+                mesh=mesh,
+                precision=precision,
+                preferred_element_type=preferred_element_type,
+            )
+        )
+        return EinsumProgram(plan, mode, (), (), fn)
     before, after = plan_steps(plan)
     fn = einsum_shard_map(
         tuple(_strip(op) for op in plan.operands),
@@ -262,41 +306,6 @@ def lower(
         preferred_element_type=preferred_element_type,
     )
     return EinsumProgram(plan, mode, tuple(before), tuple(after), fn)
-
-
-def _auto(plan: Plan, mesh: Any, precision: Any, preferred: Any) -> Callable[..., jax.Array]:
-    """XLA's own choice: the layouts as sharding constraints around a plain jnp.einsum (the baseline)."""
-    if plan.out_layout.unreduced:
-        raise EinshardError(
-            "mode='auto' cannot leave pending sums ({U:...}): XLA resolves them; use mode='sync' or 'async'"
-        )
-    letters: dict[str, str] = {}
-    for lay in (*plan.operands, plan.out_layout):
-        for a in lay.axes:
-            letters.setdefault(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"[len(letters)])
-    subscripts = (
-        ",".join("".join(letters[a] for a in op.axes) for op in plan.operands)
-        + "->"
-        + "".join(letters[a] for a in plan.out_layout.axes)
-    )
-    explicit = any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
-
-    def constrain(x: jax.Array, lay: Layout) -> jax.Array:
-        spec = PartitionSpec(*lay.spec_entries())
-        if explicit:
-            return jax.sharding.reshard(x, NamedSharding(mesh, spec))
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-
-    @jax.jit
-    def run(*operands: jax.Array) -> jax.Array:
-        ops = [constrain(x, lay) for x, lay in zip(operands, plan.operands)]
-        kw: dict[str, Any] = {"precision": precision, "preferred_element_type": preferred}
-        if explicit:
-            kw["out_sharding"] = NamedSharding(mesh, PartitionSpec(*plan.out_layout.spec_entries()))
-        y = jnp.einsum(subscripts, *ops, **kw)
-        return constrain(y, plan.out_layout)
-
-    return run
 
 
 def einsum(

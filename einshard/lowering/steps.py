@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,7 @@ __all__ = [
     "step_layout",
     "einsum_layouts",
     "einsum_shard_map",
+    "einsum_auto",
     "mesh_axes_of",
 ]
 
@@ -109,14 +110,16 @@ def ring_size(mesh_axes: Sequence[str]) -> int:
     return math.prod(jax.lax.axis_size(a) for a in mesh_axes)
 
 
-def apply_step(block: jax.Array, step: Step, *, invariant: bool = False) -> jax.Array:
+def apply_step(block: jax.Array, step: Step, *, invariant: bool | Collection[str] = False) -> jax.Array:
     """Run one step on this device's block (call inside a ``jax.shard_map`` body).
 
     ``invariant=True`` makes an all-gather's result typed as the same on every
     device of the ring (``to="invarying"``), which a replicated out_spec needs
     under ``check_vma``; its gradient is then a local slice.  The default
     (varying) all-gather's gradient is a reduce-scatter, the right one when the
-    gathered block meets data that differs per device (FSDP).
+    gathered block meets data that differs per device (FSDP).  A collection of
+    mesh axes makes the gather invariant over those axes only (the gather is
+    then split into runs of axes, minor run first, which gives the same blocks).
 
     Example:
         >>> import jax, numpy as np
@@ -130,8 +133,17 @@ def apply_step(block: jax.Array, step: Step, *, invariant: bool = False) -> jax.
     """
     axes = _axes(step)
     if step.kind == "all-gather":
-        to = "invarying" if invariant else "varying"
-        return jax.lax.all_gather(block, axes, axis=step.dim, tiled=True, to=to)
+        fixed = set(step.mesh_axes) if invariant is True else set(invariant or ())
+        runs: list[tuple[list[str], bool]] = []
+        for m in step.mesh_axes:
+            if runs and runs[-1][1] == (m in fixed):
+                runs[-1][0].append(m)
+            else:
+                runs.append(([m], m in fixed))
+        for run, inv in reversed(runs):  # minor run first: blocks stay in major-to-minor order
+            name = run[0] if len(run) == 1 else tuple(run)
+            block = jax.lax.all_gather(block, name, axis=step.dim, tiled=True, to="invarying" if inv else "varying")
+        return block
     if step.kind == "all-reduce":
         return jax.lax.psum(block, axes)
     if step.kind == "reduce-scatter":
@@ -337,7 +349,13 @@ def _place(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
         return x
     target = NamedSharding(mesh, spec)
     if isinstance(x, jax.core.Tracer):
-        return jax.sharding.reshard(x, spec)
+        try:
+            return jax.sharding.reshard(x, spec)
+        except ValueError as err:
+            raise EinshardError(
+                f"cannot lay an operand out as {spec} under jax.jit on a mesh with Explicit axes: {err}",
+                hint="Trace inside `with jax.set_mesh(mesh):` (JAX needs the mesh context for Explicit axes).",
+            ) from None
     if getattr(x, "sharding", None) == target:
         return x
     return jax.device_put(x, target)
@@ -364,7 +382,8 @@ def einsum_shard_map(
         steps_before: steps on the operands (``Step.operand`` = position), in order.
         steps_after: steps on the local einsum's result (``Step.operand == 'out'``).
         mesh: the ``jax.sharding.Mesh``.
-        mode: ``'sync'`` runs every step as a plain collective.  ``'async'`` runs the
+        mode: ``'auto'`` (no steps) is the baseline: :func:`einsum_auto`, XLA picks the collectives.
+            ``'sync'`` runs every step as a plain collective.  ``'async'`` runs the
             last all-gather of an operand of a two-operand einsum (or else the first
             reduce-scatter of the result) as a collective matmul ring
             (:mod:`einshard.lowering.collective_matmul`), where the ring's mesh axes
@@ -378,8 +397,14 @@ def einsum_shard_map(
     """
     from . import collective_matmul as cm  # a sibling module; imported here to keep steps importable alone
 
+    if mode == "auto":
+        if steps_before or steps_after:
+            raise EinshardError("mode='auto' leaves the collectives to XLA: give no steps")
+        return einsum_auto(
+            layouts_in, layout_out, mesh=mesh, precision=precision, preferred_element_type=preferred_element_type
+        )
     if mode not in ("sync", "async"):
-        raise EinshardError(f"mode must be 'sync' or 'async', got {mode!r}")
+        raise EinshardError(f"mode must be 'sync', 'async' or 'auto', got {mode!r}")
     n_ops = len(layouts_in)
     before = [s for s in steps_before]
     for s in before:
@@ -394,6 +419,7 @@ def einsum_shard_map(
     # Follow each block's layout through the steps; reject plans that compute something else.
     local = list(layouts_in)
     for s in before:
+        assert isinstance(s.operand, int)  # checked above
         local[s.operand] = step_layout(local[s.operand], s)
     computed = _local_einsum_result(local, layout_out.axes, layout_out)
     final = computed
@@ -434,7 +460,7 @@ def einsum_shard_map(
         blocks_ = list(blocks)
         for s in before:
             assert isinstance(s.operand, int)
-            blocks_[s.operand] = apply_step(blocks_[s.operand], s, invariant=not set(s.mesh_axes) & varying_out)
+            blocks_[s.operand] = apply_step(blocks_[s.operand], s, invariant=set(s.mesh_axes) - varying_out)
         if ring is None:
             y = jnp.einsum(subscripts, *blocks_, **kw)
         elif ring[0] == "ag":
@@ -450,7 +476,7 @@ def einsum_shard_map(
                 subscripts, *blocks_, axis_name=s.mesh_axes, dim=s.dim, schedule=schedule, **kw
             )
         for s in steps_after:
-            y = apply_step(y, s, invariant=not set(s.mesh_axes) & varying_out)
+            y = apply_step(y, s, invariant=set(s.mesh_axes) - varying_out)
         return y[None] if pending else y
 
     in_specs = tuple(_pspec(lay) for lay in layouts_in)
@@ -471,4 +497,55 @@ def einsum_shard_map(
         [*(str(s) for s in before), f"einsum {subscripts}" + (f" as ring {ring[0]} {ring[1]}" if ring else "")]
         + [str(s) for s in steps_after]
     )
+    return run
+
+
+def einsum_auto(
+    layouts_in: Sequence[Layout],
+    layout_out: Layout,
+    *,
+    mesh: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> Callable[..., jax.Array]:
+    """The baseline: ``jnp.einsum`` with the layouts as sharding constraints; XLA (GSPMD/Shardy) picks the collectives.
+
+    Auto mesh axes get ``with_sharding_constraint``; Explicit ones ``reshard`` and the
+    einsum's ``out_sharding`` (trace inside ``jax.set_mesh`` under ``jax.jit``).
+    Pending sums cannot be asked for here (``{U:...}``): use ``mode='sync'``.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> mesh = jax.make_mesh((2,), ('model',), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:2])
+        >>> ins, out = einsum_layouts('b x@model, x@model y -> b y', [(4, 6), (6, 8)], mesh)
+        >>> float(einsum_auto(ins, out, mesh=mesh)(np.ones((4, 6)), np.ones((6, 8)))[0, 0])
+        6.0
+    """
+    if layout_out.unreduced:
+        raise EinshardError(
+            f"mode='auto' cannot leave pending sums ({layout_out}); use mode='sync'",
+            hint="Or reduce them: drop '{U:...}' from the output.",
+        )
+    subscripts = _subscripts([lay.axes for lay in layouts_in], layout_out.axes)
+    explicit = any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+    in_specs = [_pspec(lay) for lay in layouts_in]
+    out_spec = _pspec(layout_out)
+
+    def constrain(x: Any, spec: PartitionSpec) -> Any:
+        if explicit:
+            return _place(x, mesh, spec)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    def run(*operands: Any) -> jax.Array:
+        if len(operands) != len(layouts_in):
+            raise EinshardError(f"the einsum takes {len(layouts_in)} operands, got {len(operands)}")
+        xs = [constrain(jnp.asarray(x), s) for x, s in zip(operands, in_specs, strict=True)]
+        kw: dict[str, Any] = {"precision": precision, "preferred_element_type": preferred_element_type}
+        if explicit:
+            kw["out_sharding"] = NamedSharding(mesh, out_spec) if isinstance(mesh, jax.sharding.Mesh) else out_spec
+            # (a one-operand einsum may come back as its input: reshard makes sure)
+            return constrain(jnp.einsum(subscripts, *xs, **kw), out_spec)
+        return constrain(jnp.einsum(subscripts, *xs, **kw), out_spec)
+
+    run.program = (f"einsum {subscripts} (XLA auto: layouts as sharding constraints)",)  # type: ignore[attr-defined]
     return run

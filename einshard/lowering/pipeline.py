@@ -1,0 +1,393 @@
+"""Pipeline parallelism: stacked layers sharded over a stage mesh axis, micro-batches passed by ``ppermute``.
+
+Pipeline parallelism *is* a layout: the layer axis of stacked weights split
+over a mesh axis, ``einshard(params, 'layer d f -> layer@stage d f')``.
+:func:`pipeline` runs ``layer_fn`` over those layers as S stages inside one
+``jax.shard_map``: M micro-batches flow stage to stage, one ``ppermute`` per
+iteration of one ``lax.scan``.
+
+* ``schedule='gpipe'``: M + S − 1 iterations; stage s works in iterations
+  ``[s, s + M)``; bubble (S − 1)/(M + S − 1).
+* ``schedule='circular'`` with ``repeats=R`` (interleaved, MaxText/praxis
+  "circular"): each micro-batch goes round the ring R times, each visit running
+  1/R of the stage's layers; M·R + S − 1 iterations, bubble (S − 1)/(R·M + S − 1).
+  Needs M ≥ S (the first stage parks each micro-batch in a buffer until its
+  next round).  Global layer ``(r·S + s)·Lps + j`` runs on stage s in round r,
+  so the layers are re-ordered once per call (a reshard of the params); store
+  them with :func:`circular_layer_order` and pass ``layers_in_circular_order=True``
+  to skip that.
+
+Bubble iterations compute on garbage (SPMD: every stage runs every
+iteration).  Their inputs are replaced by zeros with ``jnp.where`` (never a
+multiplication by a mask: ``0 * nan`` is nan) and their outputs never written,
+so NaN or Inf there reaches neither the result nor the gradients.
+Gradients come from ``jax.grad`` through the scan (the transposed ``ppermute``
+sends cotangents back a stage per iteration); data-parallel gradient sums come
+from AD too.  Inside the pipeline ``layer_fn`` sees this device's blocks
+(shard_map's local view): a tensor-parallel layer does its own collectives
+(e.g. ``jax.lax.psum(h, 'model')``) on the weights' model-axis blocks.
+
+Example:
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> mesh = jax.make_mesh((4,), ('stage',), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])
+    >>> w = np.full((8, 3, 3), 0.5, np.float32) * np.eye(3, dtype=np.float32)  # 8 layers
+    >>> x = np.ones((6, 3), np.float32)
+    >>> y = pipeline(lambda w, h: h @ w, w, x, microbatches=3, mesh=mesh)
+    >>> float(y[0, 0]) == 0.5 ** 8
+    True
+    >>> pipeline_info(w, x, microbatches=3, mesh=mesh).bubble_fraction   # (4-1)/(3+4-1)
+    0.5
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from ..errors import EinshardError
+from ..placement import spec as einshard_spec
+from .steps import _place
+
+__all__ = ["PipelineInfo", "pipeline", "pipeline_info", "circular_layer_order"]
+
+ParamLayouts = str | Mapping[str, str] | None
+
+
+@dataclass(frozen=True)
+class PipelineInfo:
+    """What a pipeline run does and keeps.
+
+    Attributes:
+        stages, microbatches, repeats: S, M, R.
+        layers: L, the stacked layer count; ``layers_per_visit`` = L/(S·R) run per iteration.
+        iterations: M·R + S − 1 scan iterations (each a stage visit and one ppermute).
+        bubble_fraction: (S − 1)/(M·R + S − 1), the share of stage-iterations spent on no micro-batch.
+        microbatch_shape: the shape of one micro-batch on one device.
+        activation_bytes: activations one device keeps for the backward pass: the
+            input of every layer visit of every iteration (with ``remat=True``
+            only the stage input per iteration), plus the result buffer; residuals
+            inside ``layer_fn`` come on top.
+    """
+
+    stages: int
+    microbatches: int
+    repeats: int
+    layers: int
+    layers_per_visit: int
+    iterations: int
+    bubble_fraction: float
+    microbatch_shape: tuple[int, ...]
+    activation_bytes: int
+
+
+def _mesh_or_context(mesh: Any) -> Any:
+    if mesh is not None:
+        return mesh
+    abstract = jax.sharding.get_abstract_mesh()
+    if abstract.empty:
+        raise EinshardError(
+            "pipeline() needs a mesh: pass mesh=, or call it inside `with jax.set_mesh(mesh):`",
+            hint="e.g. jax.make_mesh((4,), ('stage',))",
+        )
+    return abstract
+
+
+def _leaf_specs(params: Any, layouts: ParamLayouts, stage_axis: str, mesh: Any) -> Any:
+    """A PartitionSpec for every params leaf; the layer axis (dimension 0) must be split over exactly the stage axis."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    specs = []
+    for path, leaf in leaves:
+        key = jax.tree_util.keystr(path)
+        shape = tuple(np.shape(leaf))
+        if not shape:
+            raise EinshardError(f"pipeline params leaf {key} is a scalar; every leaf needs a leading layer axis")
+        text: str | None
+        if layouts is None:
+            text = "layer ... -> layer@" + stage_axis + " ..."
+        elif isinstance(layouts, str):
+            text = layouts
+        else:
+            text = next((t for pattern, t in layouts.items() if re.search(pattern, key)), None)
+            if text is None:
+                raise EinshardError(f"no param_layouts pattern matches the leaf at {key}")
+        try:
+            s = tuple(einshard_spec(text, shape, mesh=mesh))
+        except EinshardError as err:
+            raise EinshardError(
+                f"at {key} (shape {shape}): {err.reason}", err.expression, err.column, err.hint
+            ) from None
+        if not s or s[0] != stage_axis:
+            raise EinshardError(
+                f"the params leaf at {key} has its layer axis laid out as {s[0] if s else None!r}; "
+                f"a pipeline needs it split over exactly the stage axis {stage_axis!r}",
+                text,
+                hint=f"'layer d f -> layer@{stage_axis} d f'",
+            )
+        specs.append(PartitionSpec(*s))
+    return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+def _varying(v: Any) -> frozenset[str]:
+    t = jax.typeof(v) if not isinstance(v, jax.ShapeDtypeStruct) else v
+    found = getattr(t, "vma", None)
+    if found is None:
+        found = getattr(getattr(t, "manual_axis_type", None), "varying", None)
+    return frozenset(found or ())
+
+
+def _vary(x: jax.Array, axes: frozenset[str]) -> jax.Array:
+    missing = tuple(sorted(axes - _varying(x)))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def circular_layer_order(params: Any, stages: int, repeats: int) -> Any:
+    """Permute the layer axis so that contiguous stage sharding gives the circular assignment.
+
+    After it, stage s's contiguous block holds, round by round, the layers it
+    runs: position ``(s·R + r)·Lps + j`` holds global layer ``(r·S + s)·Lps + j``.
+    Apply it once to stored weights and pass ``layers_in_circular_order=True``.
+
+    Example:
+        >>> import numpy as np
+        >>> circular_layer_order(np.arange(8), stages=2, repeats=2).tolist()
+        [0, 1, 4, 5, 2, 3, 6, 7]
+    """
+
+    def one(w: Any) -> Any:
+        length = w.shape[0]
+        if length % (stages * repeats):
+            raise EinshardError(f"{length} layers do not split into {stages} stages x {repeats} repeats")
+        lps = length // (stages * repeats)
+        xp = np if isinstance(w, np.ndarray) else jnp
+        blocks = w.reshape(repeats, stages, lps, *w.shape[1:])
+        return xp.swapaxes(blocks, 0, 1).reshape(w.shape)
+
+    return jax.tree_util.tree_map(one, params)
+
+
+def _check_counts(layers: int, batch: int, stages: int, microbatches: int, repeats: int, schedule: str) -> None:
+    if schedule not in ("gpipe", "circular"):
+        raise EinshardError(f"schedule must be 'gpipe' or 'circular', got {schedule!r}")
+    if schedule == "gpipe" and repeats != 1:
+        raise EinshardError("repeats= belongs to schedule='circular'; GPipe visits each stage once")
+    if microbatches < 1 or repeats < 1:
+        raise EinshardError("microbatches and repeats must be at least 1")
+    if layers % (stages * repeats):
+        raise EinshardError(
+            f"{layers} layers do not split into {stages} stages x {repeats} repeats",
+            hint=f"Use a layer count that is a multiple of {stages * repeats}.",
+        )
+    if batch % microbatches:
+        raise EinshardError(
+            f"the batch on each device ({batch}) does not split into {microbatches} micro-batches",
+            hint="Use a micro-batch count that divides the per-device batch.",
+        )
+    if repeats > 1 and microbatches < stages:
+        raise EinshardError(
+            f"the circular schedule needs at least as many micro-batches as stages ({microbatches} < {stages}): "
+            "a micro-batch must leave the last stage before the first stage needs it again"
+        )
+
+
+def _layer_count(params: Any) -> int:
+    counts = {int(np.shape(leaf)[0]) for leaf in jax.tree_util.tree_leaves(params)}
+    if len(counts) != 1:
+        raise EinshardError(f"every params leaf needs the same leading layer count, got {sorted(counts)}")
+    return counts.pop()
+
+
+def _axis_sizes(mesh: Any) -> dict[str, int]:
+    return {name: int(size) for name, size in mesh.shape.items()}
+
+
+def _data_axes(data_axis: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    if data_axis is None:
+        return ()
+    return (data_axis,) if isinstance(data_axis, str) else tuple(data_axis)
+
+
+def pipeline_info(
+    params: Any,
+    x: Any,
+    *,
+    microbatches: int,
+    schedule: str = "gpipe",
+    repeats: int = 1,
+    mesh: Any = None,
+    stage_axis: str = "stage",
+    data_axis: str | tuple[str, ...] | None = None,
+    remat: bool = False,
+) -> PipelineInfo:
+    """The schedule's numbers (bubble, iterations, activation memory) without running anything."""
+    mesh = _mesh_or_context(mesh)
+    sizes = _axis_sizes(mesh)
+    if stage_axis not in sizes:
+        raise EinshardError(f"the mesh has no stage axis {stage_axis!r} (axes: {', '.join(sizes)})")
+    stages = sizes[stage_axis]
+    layers = _layer_count(params)
+    data = math.prod(sizes[a] for a in _data_axes(data_axis))
+    batch = int(np.shape(x)[0])
+    if batch % data:
+        raise EinshardError(f"the batch ({batch}) does not split over the data axes ({data} devices)")
+    local_batch = batch // data
+    _check_counts(layers, local_batch, stages, microbatches, repeats, schedule)
+    iterations = microbatches * repeats + stages - 1
+    lps = layers // (stages * repeats)
+    mb_shape = (local_batch // microbatches, *np.shape(x)[1:])
+    mb_bytes = math.prod(mb_shape) * np.dtype(getattr(x, "dtype", np.float32)).itemsize
+    kept = iterations * (1 if remat else lps) * mb_bytes + microbatches * mb_bytes
+    return PipelineInfo(
+        stages=stages,
+        microbatches=microbatches,
+        repeats=repeats,
+        layers=layers,
+        layers_per_visit=lps,
+        iterations=iterations,
+        bubble_fraction=(stages - 1) / iterations,
+        microbatch_shape=mb_shape,
+        activation_bytes=kept,
+    )
+
+
+def pipeline(
+    layer_fn: Callable[[Any, jax.Array], jax.Array],
+    params: Any,
+    x: Any,
+    *,
+    microbatches: int,
+    schedule: str = "gpipe",
+    repeats: int = 1,
+    mesh: Any = None,
+    stage_axis: str = "stage",
+    data_axis: str | tuple[str, ...] | None = None,
+    param_layouts: ParamLayouts = None,
+    layers_in_circular_order: bool = False,
+    remat: bool = False,
+    sanitize: bool = True,
+    bubble_value: float = 0.0,
+) -> jax.Array:
+    """Run ``h = layer_fn(params[l], h)`` for every stacked layer l as a pipeline over ``stage_axis``.
+
+    Args:
+        layer_fn: ``layer_fn(layer_params, h) -> h`` for one layer (``h`` keeps its shape),
+            written for this device's blocks (see the module docstring).
+        params: a pytree whose leaves all have the layer axis first.
+        x: the batch ``[B, ...]``; split over ``data_axis`` (if given) and into M micro-batches.
+        microbatches: M, micro-batches per device.
+        schedule: ``'gpipe'`` or ``'circular'``; ``repeats``: R rounds (circular only).
+        mesh: the mesh; default the one from ``jax.set_mesh``.
+        stage_axis: the mesh axis the layer axis is split over.
+        data_axis: mesh axis (or axes) the batch is split over (data parallelism), or None.
+        param_layouts: einshard expression(s) for the params (one for all leaves, or
+            path-pattern rules); default ``'layer ... -> layer@stage ...'``.  Use it for
+            tensor-parallel layers: ``'layer d f -> layer@stage d f@model'``.
+        layers_in_circular_order: the params are already in :func:`circular_layer_order`.
+        remat: keep only each iteration's stage input for the backward pass (``jax.checkpoint``).
+        sanitize: replace bubble inputs by zeros (leave on; off only to show why it is needed).
+        bubble_value: what unused buffers start as (tests pollute bubbles with ``nan``).
+
+    Returns:
+        ``[B, ...]``, the last layer's output, laid out like ``x``.
+    """
+    mesh = _mesh_or_context(mesh)
+    info = pipeline_info(
+        params,
+        x,
+        microbatches=microbatches,
+        schedule=schedule,
+        repeats=repeats,
+        mesh=mesh,
+        stage_axis=stage_axis,
+        data_axis=data_axis,
+        remat=remat,
+    )
+    S, M, R, lps = info.stages, microbatches, repeats, info.layers_per_visit
+    if R > 1 and not layers_in_circular_order:
+        params = circular_layer_order(params, S, R)
+    param_specs = _leaf_specs(params, param_layouts, stage_axis, mesh)
+    data = _data_axes(data_axis)
+    x_spec = PartitionSpec(data[0] if len(data) == 1 else (data or None), *([None] * (np.ndim(x) - 1)))
+    T = info.iterations
+
+    def visit(p: Any, h: jax.Array) -> jax.Array:
+        def one(h: jax.Array, layer_params: Any) -> tuple[jax.Array, None]:
+            return layer_fn(layer_params, h), None
+
+        return jax.lax.scan(one, h, p)[0]
+
+    if remat:
+        visit = jax.checkpoint(visit)
+
+    def body(p: Any, xb: jax.Array) -> jax.Array:
+        s = jax.lax.axis_index(stage_axis)
+        xs = xb.reshape(M, xb.shape[0] // M, *xb.shape[1:])
+
+        def params_of_round(r: jax.Array) -> Any:
+            if R == 1:  # every visit runs all local layers: no slice (its transpose would add a zero buffer per step)
+                return p
+            return jax.tree_util.tree_map(lambda w: jax.lax.dynamic_slice_in_dim(w, r * lps, lps, 0), p)
+
+        # The carries must vary over the same mesh axes in every iteration: find
+        # the axes a visit's output varies over (a fixed point, usually one step).
+        axes = _varying(xs) | {stage_axis}
+        while True:
+            probe = jax.eval_shape(visit, params_of_round(jnp.int32(0)), _vary(xs[0], axes))
+            grown = axes | _varying(probe)
+            if grown == axes:
+                break
+            axes = grown
+        fill = jnp.full(xs.shape[1:], bubble_value, xs.dtype)
+        state = _vary(fill, axes)
+        parked = _vary(jnp.broadcast_to(fill, xs.shape), axes)  # stage 0's buffer of returning micro-batches
+        outs = _vary(jnp.broadcast_to(fill, xs.shape), axes)
+        cyclic = R > 1
+        perm = [(j, (j + 1) % S) for j in range(S if cyclic else S - 1)]
+
+        Carry = tuple[jax.Array, jax.Array, jax.Array]
+
+        def step(carry: Carry, t: jax.Array) -> tuple[Carry, None]:
+            state, parked, outs = carry
+            if cyclic:
+                # What stage 0 just received from the last stage: item t - S, parked by micro-batch.
+                back = t - S
+                slot = jnp.mod(back, M)
+                keep = (s == 0) & (back >= 0) & (back < M * R)
+                old = jax.lax.dynamic_index_in_dim(parked, slot, 0, keepdims=False)
+                parked = jax.lax.dynamic_update_index_in_dim(parked, jnp.where(keep, state, old), slot, 0)
+            u = t - s  # the work item: micro-batch u mod M, round u // M
+            valid = (u >= 0) & (u < M * R)
+            fresh = jax.lax.dynamic_index_in_dim(xs, jnp.clip(t, 0, M - 1), 0, keepdims=False)
+            if cyclic:
+                again = jax.lax.dynamic_index_in_dim(parked, jnp.mod(t, M), 0, keepdims=False)
+                first = jnp.where(t < M, fresh, again)
+            else:
+                first = fresh
+            inp = jnp.where(s == 0, first, state)
+            if sanitize:
+                inp = jnp.where(valid, inp, jnp.zeros_like(inp))
+            r = jnp.clip(u // M, 0, R - 1)
+            y = _vary(visit(params_of_round(r), inp), axes)
+            done = valid & (s == S - 1) & (u >= (R - 1) * M)
+            slot_out = jnp.clip(u - (R - 1) * M, 0, M - 1)
+            old_out = jax.lax.dynamic_index_in_dim(outs, slot_out, 0, keepdims=False)
+            outs = jax.lax.dynamic_update_index_in_dim(outs, jnp.where(done, y, old_out), slot_out, 0)
+            state = jax.lax.ppermute(y, stage_axis, perm) if S > 1 else y
+            return (state, parked, outs), None
+
+        (_, _, outs), _ = jax.lax.scan(step, (state, parked, outs), jnp.arange(T))
+        # Only the last stage holds results: share them with every stage (the out_spec replicates over stages).
+        result = jax.lax.psum(jnp.where(s == S - 1, outs, jnp.zeros_like(outs)), stage_axis)
+        return result.reshape(xb.shape)
+
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=(param_specs, x_spec), out_specs=x_spec, check_vma=True)
+    # Explicit mesh axes need the inputs laid out as the in_specs say (Auto axes reshard in shard_map).
+    params = jax.tree_util.tree_map(lambda w, sp: _place(w, mesh, sp), params, param_specs)
+    return mapped(params, _place(x, mesh, x_spec))
