@@ -20,7 +20,9 @@ import platform
 import statistics
 import time
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "") and not os.environ.get("JAX_PLATFORMS"):
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "") and not os.environ.get(
+    "JAX_PLATFORMS"
+):
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 

@@ -11,9 +11,9 @@ from .analysis import Collective, Plan, Profile, analyze, explain
 from .errors import EinshardError
 from .layout import Layout, MeshAxis
 from .lowering import data_parallel, fsdp, fsdp_layouts, pipeline, pipeline_info
+from .lowering.einsum import EinsumProgram, einsum, lower
 from .parsing import Expression, parse
 from .placement import anonymous_mesh, describe, einshard, layout, sharding, spec
-from .lowering.einsum import EinsumProgram, einsum, lower
 from .show import show
 
 __version__ = "0.3.0"

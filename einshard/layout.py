@@ -316,7 +316,7 @@ def split_devices(total: int, weights: list[int], sizes: list[int | None]) -> li
 def _ordered_factorizations(n: int, k: int) -> list[tuple[int, ...]]:
     if k == 1:
         return [(n,)]
-    out = []
+    out: list[tuple[int, ...]] = []
     for d in _divisors(n):
         out.extend((d, *rest) for rest in _ordered_factorizations(n // d, k - 1))
     return out

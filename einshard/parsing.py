@@ -251,7 +251,7 @@ def _syntax_error(text: str, offset: int, err: lark.exceptions.UnexpectedInput) 
     if isinstance(err, lark.exceptions.UnexpectedEOF):
         column = offset + len(text.strip())
         found = "the end of the expression"
-        expected = set(err.expected)
+        expected = {str(t) for t in err.expected}
     elif isinstance(err, lark.exceptions.UnexpectedToken):
         token = err.token
         found = "the end of the expression" if token.type == "$END" else repr(str(token).strip() or str(token))
@@ -261,10 +261,10 @@ def _syntax_error(text: str, offset: int, err: lark.exceptions.UnexpectedInput) 
             # These terminals swallow leading spaces; point at the symbol itself.
             raw = str(token)
             column += len(raw) - len(raw.lstrip())
-        expected = set(err.expected)
+        expected = {str(t) for t in err.expected}
     else:  # UnexpectedCharacters
         found = repr(text[column]) if column < len(text) else "the end of the expression"
-        expected = set(getattr(err, "allowed", None) or ())
+        expected = {str(t) for t in getattr(err, "allowed", None) or ()}
     hint = _SYNTAX_HELP
     ch = text[column] if 0 <= column < len(text) else ""
     if ch == "(":

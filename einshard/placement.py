@@ -426,7 +426,7 @@ def _global_shape(expr: Expression, sh: NamedSharding, local_shape: tuple[int, .
     me = jax.process_index()
     held: list[set[int]] = [set() for _ in local_shape]
     for device, index in sh.devices_indices_map(tuple(per_axis)).items():
-        if device.process_index == me:
+        if getattr(device, "process_index", 0) == me:
             for axis, part in enumerate(index):
                 held[axis].add(part.start or 0)
     if not held or not held[0]:

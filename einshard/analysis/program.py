@@ -502,8 +502,8 @@ class _Walker:
         sub = self.sub_jaxpr(eqn)
         if sub is not None:
             inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
-            res = self.walk(inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, _inherit(phase))
-            return [self.relayout(v.aval, lay.dims) for v, lay in zip(outs, res)]
+            inner_outs = self.walk(inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, _inherit(phase))
+            return [self.relayout(v.aval, lay.dims) for v, lay in zip(outs, inner_outs)]
         self.unfollowed.add(name)
         return [self.replicated(v.aval) for v in outs]
 

@@ -283,7 +283,7 @@ def lower(
         return EinsumProgram(inner.plan, mode, inner.steps_before, inner.steps_after, padded, padding)
     plan = _runnable(analyze(expr, *operands, mesh=mesh, profile=profile))
     if mode == "auto":
-        fn = jax.jit(
+        auto: Callable[..., jax.Array] = jax.jit(
             einsum_auto(
                 plan.operands,
                 plan.out_layout,
@@ -292,7 +292,7 @@ def lower(
                 preferred_element_type=preferred_element_type,
             )
         )
-        return EinsumProgram(plan, mode, (), (), fn)
+        return EinsumProgram(plan, mode, (), (), auto)
     before, after = plan_steps(plan)
     fn = einsum_shard_map(
         tuple(_strip(op) for op in plan.operands),
