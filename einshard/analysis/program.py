@@ -33,7 +33,7 @@ from .plan import side_string
 from .primitives import transition
 from .rule import Problem
 
-__all__ = ["explain", "ProgramReport", "OpReport"]
+__all__ = ["explain", "trace", "TracedProgram", "ProgramReport", "OpReport"]
 
 
 # ---------------------------------------------------------------------------
@@ -176,8 +176,19 @@ class _Rules:
         self.mesh = mesh
         self.mesh_sizes = {m.name: m.size for m in mesh}
         self.profile = get_profile(profile)
+        # Per-op costs, keyed by the operands' layouts: a traced program costed
+        # under many argument layouts (the planner) meets the same einsums again and again.
+        self._dots: dict[tuple[Any, ...], _DotResult] = {}
+        self._reshards: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def dot(self, lhs: Layout, rhs: Layout, dimension_numbers: Any, dtype: Any) -> _DotResult:
+        key = (lhs, rhs, _hashable(dimension_numbers), str(dtype))
+        hit = self._dots.get(key)
+        if hit is None:
+            hit = self._dots[key] = self._dot(lhs, rhs, dimension_numbers, dtype)
+        return hit
+
+    def _dot(self, lhs: Layout, rhs: Layout, dimension_numbers: Any, dtype: Any) -> _DotResult:
         lnames, rnames, out_names = _dot_names(lhs, rhs, dimension_numbers)
         if _is_free(lhs) and not _is_free(rhs):
             lhs = _adopt(lhs, lnames, rhs, rnames, self.mesh_sizes)
@@ -193,11 +204,21 @@ class _Rules:
         return _DotResult(positional, tuple(plan.collectives), float(plan.flops), float(plan.time), plan.expression)
 
     def reshard(self, src: Layout, dst: Layout, dtype: Any) -> tuple[Any, ...]:
-        _, itemsize = dtype_info(dtype)
-        return transition(src, dst, itemsize=itemsize, profile=self.profile)[1]
+        key = (src, dst, str(dtype))
+        hit = self._reshards.get(key)
+        if hit is None:
+            _, itemsize = dtype_info(dtype)
+            hit = self._reshards[key] = tuple(transition(src, dst, itemsize=itemsize, profile=self.profile)[1])
+        return hit
 
     def compute_time(self, flops: float) -> float:
         return self.profile.compute_time(flops)
+
+
+def _hashable(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return tuple(_hashable(e) for e in x)
+    return x
 
 
 def _renamed(lay: Layout, names: Sequence[str]) -> Layout:
@@ -633,9 +654,21 @@ class _Walker:
         n_consts, n_carry, length = p["num_consts"], p["num_carry"], int(p["length"])
         consts, carry, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
         xs_inner = [self.relayout(v.aval, lay.dims[1:]) for v, lay in zip(body.invars[n_consts + n_carry :], xs)]
-        for lay in xs:
+        for v, lay in zip(eqn.invars[n_consts + n_carry :], xs):
             if lay.dims and lay.dims[0]:
-                self.unfollowed.add("scan over a sharded leading axis (pipeline): body analysed per device")
+                # Under jit, a scan over a stack sharded along the scanned axis (a layer
+                # stack laid out 'l@stage ...') slices a sharded axis each iteration: XLA
+                # gathers the stack.  Charged once per step, as the slice rule charges it;
+                # a real pipeline schedule is einshard.pipeline's, not jit's.
+                self.change(
+                    eqn,
+                    phase,
+                    lay,
+                    lay.with_dims(((), *lay.dims[1:])),
+                    v.aval.dtype,
+                    repeat,
+                    "scan slices a sharded leading axis",
+                )
         # A carry's layout is a fixed point of the body: walk it once quietly to
         # learn what the body makes of the carry, bring the initial carry there
         # (once, outside the loop), then walk it for real.
@@ -813,37 +846,80 @@ def explain(
         >>> r.comm_count > 0 and r.flops > 0
         True
     """
-    start = time.perf_counter()
+    return trace(fn, *args, mesh=mesh, profile=profile, **kwargs).report(in_specs)
+
+
+class TracedProgram:
+    """A function traced once, to be costed under many argument layouts (what the planner needs).
+
+    ``explain(fn, *args, in_specs=s)`` is ``trace(fn, *args).report(s)``; a
+    TracedProgram also remembers what each einsum and each layout change cost,
+    so re-costing under thousands of layouts walks the jaxpr without
+    re-analysing the einsums it has already seen.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from einshard.analysis.program import trace
+        >>> w = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+        >>> x = jax.ShapeDtypeStruct((32, 64), jnp.float32)
+        >>> t = trace(lambda w, x: x @ w, w, x, mesh={'data': 4, 'model': 2})
+        >>> dp = t.report(('d f -> d f', 'b d -> b@data d'))
+        >>> tp = t.report(('d f -> d f@model', 'b d -> b d'))
+        >>> dp.comm_bytes == tp.comm_bytes == 0 and tp.flops == 2 * dp.flops
+        True
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        mesh_axes: tuple[MeshAxis, ...],
+        rules: _Rules,
+        kwargs: dict[str, Any],
+    ) -> None:
+        start = time.perf_counter()
+        self.args = args
+        self.mesh = mesh_axes
+        self.rules = rules
+        closed = jax.make_jaxpr(fn)(*args, **kwargs)
+        self.jaxpr = _dead_code_eliminated(closed.jaxpr)
+        self.trace_s = time.perf_counter() - start
+
+    def report(self, in_specs: Any = None) -> ProgramReport:
+        """The :class:`ProgramReport` under ``in_specs`` (as ``explain``'s; None: the arguments' own shardings)."""
+        start = time.perf_counter()
+        in_layouts = _arg_layouts(self.args, in_specs, self.mesh)
+        walker = _Walker(self.rules)
+        layouts: dict[Any, Layout] = {}
+        walker.walk(self.jaxpr, in_layouts, 1, None, env=layouts)
+        peak = _peak_bytes(self.jaxpr, layouts)
+        ops = tuple(walker.ops)
+        phases: dict[str, dict[str, float]] = {}
+        for op in ops:
+            tot = phases.setdefault(op.phase, {"flops": 0.0, "bytes": 0.0, "count": 0.0, "time_s": 0.0})
+            tot["flops"] += op.flops * op.repeat
+            tot["bytes"] += op.comm_bytes
+            tot["count"] += len(op.collectives) * op.repeat
+            tot["time_s"] += op.time_s * op.repeat
+        return ProgramReport(
+            ops=ops,
+            flops=sum(t["flops"] for t in phases.values()),
+            comm_bytes=sum(t["bytes"] for t in phases.values()),
+            comm_count=int(sum(t["count"] for t in phases.values())),
+            peak_bytes=peak,
+            time_s=sum(t["time_s"] for t in phases.values()),
+            phases=phases,
+            unfollowed=tuple(sorted(walker.unfollowed)),
+            mesh=self.mesh,
+            profile=self.rules.profile,
+            analysis_s=time.perf_counter() - start,
+        )
+
+
+def trace(fn: Callable[..., Any], *args: Any, mesh: Any = None, profile: Any = None, **kwargs: Any) -> TracedProgram:
+    """Trace ``fn(*args, **kwargs)`` once for costing under many layouts (see :class:`TracedProgram`)."""
     mesh_axes = _mesh_of(mesh, args)
-    rules = _Rules(mesh_axes, profile)
-    closed = jax.make_jaxpr(fn)(*args, **kwargs)
-    jaxpr = _dead_code_eliminated(closed.jaxpr)
-    in_layouts = _arg_layouts(args, in_specs, mesh_axes)
-    walker = _Walker(rules)
-    layouts: dict[Any, Layout] = {}
-    walker.walk(jaxpr, in_layouts, 1, None, env=layouts)
-    peak = _peak_bytes(jaxpr, layouts)
-    ops = tuple(walker.ops)
-    phases: dict[str, dict[str, float]] = {}
-    for op in ops:
-        tot = phases.setdefault(op.phase, {"flops": 0.0, "bytes": 0.0, "count": 0.0, "time_s": 0.0})
-        tot["flops"] += op.flops * op.repeat
-        tot["bytes"] += op.comm_bytes
-        tot["count"] += len(op.collectives) * op.repeat
-        tot["time_s"] += op.time_s * op.repeat
-    return ProgramReport(
-        ops=ops,
-        flops=sum(t["flops"] for t in phases.values()),
-        comm_bytes=sum(t["bytes"] for t in phases.values()),
-        comm_count=int(sum(t["count"] for t in phases.values())),
-        peak_bytes=peak,
-        time_s=sum(t["time_s"] for t in phases.values()),
-        phases=phases,
-        unfollowed=tuple(sorted(walker.unfollowed)),
-        mesh=mesh_axes,
-        profile=rules.profile,
-        analysis_s=time.perf_counter() - start,
-    )
+    return TracedProgram(fn, args, mesh_axes, _Rules(mesh_axes, profile), kwargs)
 
 
 def _dead_code_eliminated(jaxpr: Any) -> Any:
