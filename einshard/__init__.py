@@ -8,11 +8,12 @@ layout, placement) are importable on their own.
 """
 
 from .analysis import Collective, Plan, Profile, analyze, explain
+from .analysis.planner import PlanResult, plan
 from .errors import EinshardError
 from .layout import Layout, MeshAxis
+from .lowering.einsum import EinsumProgram, einsum, lower
 from .parsing import Expression, parse
 from .placement import anonymous_mesh, describe, einshard, layout, sharding, spec
-from .lowering.einsum import EinsumProgram, einsum, lower
 
 __version__ = "0.3.0"
 
@@ -22,6 +23,8 @@ __all__ = [
     "Profile",
     "analyze",
     "explain",
+    "plan",
+    "PlanResult",
     "einsum",
     "lower",
     "EinsumProgram",

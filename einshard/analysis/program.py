@@ -511,6 +511,20 @@ class _Walker:
         if name in ("slice", "dynamic_slice"):
             return [self.slice(eqn, ins[0], outs[0].aval, repeat, phase)]
         if name in ("dynamic_update_slice", "scatter-add", "scatter_add", "scatter"):
+            if _is_free(ins[0]) and len(ins) >= 3:
+                # Updates scattered into zeros (the transpose of take_along_axis / a gather):
+                # XLA lays the zeros out like the updates, on the axes they share whole.
+                # Leading axes of equal size follow the most sharded non-free of updates and indices.
+                sources = [lay for lay in ins[1:] if not _is_free(lay) and lay.shape]
+                if sources:
+                    src = max(sources, key=_sharding_degree)
+                    out_shape = outs[0].aval.shape
+                    dims = [
+                        d if i < len(out_shape) and a == out_shape[i] else ()
+                        for i, (d, a) in enumerate(zip(src.dims, src.shape))
+                    ]
+                    dims = (dims + [()] * len(out_shape))[: len(out_shape)]
+                    return [self.relayout(outs[0].aval, dims)]
             return [self.relayout(outs[0].aval, ins[0].dims)]
         if name == "gather":
             return [self.gather(eqn, ins[0], ins[1], outs[0].aval, repeat, phase)]
@@ -524,7 +538,10 @@ class _Walker:
         if sub is not None:
             inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
             res = self.walk(inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, _inherit(phase))
-            return [self.relayout(v.aval, lay.dims) for v, lay in zip(outs, res)]
+            # A sub-jaxpr's broadcast constants stay free: their consumer decides their layout.
+            return [
+                self.free(v.aval) if _is_free(lay) else self.relayout(v.aval, lay.dims) for v, lay in zip(outs, res)
+            ]
         self.unfollowed.add(name)
         return [self.replicated(v.aval) for v in outs]
 
@@ -881,17 +898,34 @@ class TracedProgram:
         self.args = args
         self.mesh = mesh_axes
         self.rules = rules
-        closed = jax.make_jaxpr(fn)(*args, **kwargs)
+        closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
         self.jaxpr = _dead_code_eliminated(closed.jaxpr)
         self.trace_s = time.perf_counter() - start
 
-    def report(self, in_specs: Any = None) -> ProgramReport:
-        """The :class:`ProgramReport` under ``in_specs`` (as ``explain``'s; None: the arguments' own shardings)."""
+    def report(self, in_specs: Any = None, out_specs: Sequence[Any] | None = None) -> ProgramReport:
+        """The :class:`ProgramReport` under ``in_specs`` (as ``explain``'s; None: the arguments' own shardings).
+
+        ``out_specs``: optionally, one PartitionSpec (or None: as computed) per output leaf, as
+        ``jax.jit(out_shardings=...)`` would ask: the output is brought there (its collective
+        counted) and held that way (peak bytes).  The planner returns gradients laid out
+        like their parameters, as FSDP training steps do.
+        """
         start = time.perf_counter()
         in_layouts = _arg_layouts(self.args, in_specs, self.mesh)
         walker = _Walker(self.rules)
         layouts: dict[Any, Layout] = {}
-        walker.walk(self.jaxpr, in_layouts, 1, None, env=layouts)
+        outs = walker.walk(self.jaxpr, in_layouts, 1, None, env=layouts)
+        if out_specs is not None:
+            for v, lay, spec in zip(self.jaxpr.outvars, outs, out_specs):
+                if spec is None or hasattr(v, "val") or not getattr(v.aval, "shape", ()):
+                    continue
+                entries = list(spec) + [None] * (len(v.aval.shape) - len(spec))
+                dst = walker.relayout(
+                    v.aval, [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
+                )
+                if not _is_free(lay):
+                    walker.change(_OUTPUT, "backward", lay, dst, v.aval.dtype, 1, "output layout")
+                layouts[v] = dst
         peak = _peak_bytes(self.jaxpr, layouts)
         ops = tuple(walker.ops)
         phases: dict[str, dict[str, float]] = {}
@@ -914,6 +948,16 @@ class TracedProgram:
             profile=self.rules.profile,
             analysis_s=time.perf_counter() - start,
         )
+
+
+class _Output:
+    """Stands for the program's end where an output is brought to its requested layout."""
+
+    class primitive:  # noqa: N801 (mimics a jaxpr equation)
+        name = "output"
+
+
+_OUTPUT = _Output()
 
 
 def trace(fn: Callable[..., Any], *args: Any, mesh: Any = None, profile: Any = None, **kwargs: Any) -> TracedProgram:
@@ -951,6 +995,10 @@ def _peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
         if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
             return 0
         lay = layouts.get(v)
+        if lay is not None and _is_free(lay):
+            # A broadcast constant: XLA fuses it into its consumers (and sinks it into
+            # loops that take it as an invariant), it is not materialised.
+            return 0
         shape = lay.shard_shape if lay is not None else tuple(aval.shape)
         return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
 
