@@ -34,7 +34,7 @@ How it works:
    sharded like their parameter) and 0 otherwise.  An assignment that exceeds
    ``memory_budget`` ranks after every one that fits, least memory first.
 4. **Search.**  Exhaustive when the product of candidate counts is at most
-   ``exhaustive_limit`` (4096); else coordinate descent: starting from a few
+   ``exhaustive_limit`` (2048); else coordinate descent: starting from a few
    assignments (data parallel, fully sharded, and ``restarts`` seeded random
    ones), each group in turn (batch first, then parameter groups by size) takes
    its best candidate with the others fixed, until a full round changes
@@ -77,7 +77,7 @@ from .program import ProgramReport, TracedProgram, trace
 __all__ = ["plan", "PlanResult", "Alternative", "Candidate", "Group", "parse_bytes"]
 
 OBJECTIVES = ("training", "inference", "memory", "communication")
-EXHAUSTIVE_LIMIT = 4096
+EXHAUSTIVE_LIMIT = 2048
 SMALL_GROUP_FRACTION = 1e-3
 _STACK_KEY = re.compile(r"layer|block|stack|scan|repeat", re.IGNORECASE)
 

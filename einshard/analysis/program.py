@@ -180,6 +180,7 @@ class _Rules:
         # under many argument layouts (the planner) meets the same einsums again and again.
         self._dots: dict[tuple[Any, ...], _DotResult] = {}
         self._reshards: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.layouts: dict[tuple[Any, ...], Layout] = {}  # (shape, dims) -> Layout, as the walk builds them
 
     def dot(self, lhs: Layout, rhs: Layout, dimension_numbers: Any, dtype: Any) -> _DotResult:
         key = (lhs, rhs, _hashable(dimension_numbers), str(dtype))
@@ -399,6 +400,13 @@ class _Walker:
         if not any(dims):
             return self.replicated(aval)
         shape = tuple(int(s) for s in aval.shape)
+        key = (shape, tuple(dims))
+        hit = self.rules.layouts.get(key)
+        if hit is None:
+            hit = self.rules.layouts[key] = self._relayout(shape, dims)
+        return hit
+
+    def _relayout(self, shape: tuple[int, ...], dims: Sequence[tuple[str, ...]]) -> Layout:
         fixed = []
         used: set[str] = set()
         for size, d in zip(shape, dims):
