@@ -18,6 +18,7 @@ __all__ = ["main", "COMMANDS"]
 # Imported lazily so that `einshard --help` does not start JAX.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("einshard.demo", "shard a small model under several layouts and show what each costs"),
+    "plan": ("einshard.analysis.planner_cli", "plan the demo model's layouts for a mesh and a memory budget"),
 }
 
 SYNTAX_HELP = """\

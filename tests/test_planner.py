@@ -274,3 +274,19 @@ def test_parse_bytes_and_errors():
         einshard.plan(mlp_step(1), {"w0": sds(8, 8)}, sds(8, 8), mesh={"data": 2}, objective="speed")
     with pytest.raises(EinshardError, match="mesh"):
         einshard.plan(mlp_step(1), {"w0": sds(8, 8)}, sds(8, 8), mesh=None)
+
+
+def test_cli_plan_prints_the_plan_and_writes_rules(tmp_path, capsys):
+    from einshard.cli import main
+
+    out = tmp_path / "rules.json"
+    rc = main(["plan", "--mesh", "data=4,model=2", "--budget", "1GiB", "--rules-out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "rules:" in text and "why:" in text
+    rules = json.loads(out.read_text())
+    assert set(rules) == {r"^\['w1'\]$", r"^\['w2'\]$"}
+    w = {"w1": np.zeros((1024, 2048), np.float32), "w2": np.zeros((2048, 512), np.float32)}
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    placed = einshard.einshard(w, rules, mesh=mesh)
+    assert placed["w1"].shape == (1024, 2048)
+    assert main(["plan", "--mesh", "data=4,model=2", "--budget", "1KiB"]) == 1  # does not fit: exit 1
