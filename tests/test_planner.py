@@ -290,3 +290,51 @@ def test_cli_plan_prints_the_plan_and_writes_rules(tmp_path, capsys):
     placed = einshard.einshard(w, rules, mesh=mesh)
     assert placed["w1"].shape == (1024, 2048)
     assert main(["plan", "--mesh", "data=4,model=2", "--budget", "1KiB"]) == 1  # does not fit: exit 1
+
+
+def _transformer_step(heads=4):
+    def norm(x):
+        return (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)
+
+    def block(h, p):
+        b, s, d = h.shape
+        x = norm(h)
+        q = (x @ p["wq"]).reshape(b, s, heads, d // heads)
+        k = (x @ p["wk"]).reshape(b, s, heads, d // heads)
+        v = (x @ p["wv"]).reshape(b, s, heads, d // heads)
+        att = jax.nn.softmax(jnp.einsum("bshk,bthk->bhst", q, k) / jnp.sqrt(d // heads), axis=-1)
+        h = h + jnp.einsum("bhst,bthk->bshk", att, v).reshape(b, s, d) @ p["wo"]
+        return h + jax.nn.gelu(norm(h) @ p["w1"]) @ p["w2"], None
+
+    def loss(params, tokens):
+        h, _ = jax.lax.scan(block, params["emb"][tokens], params["layers"])
+        logits = norm(h) @ params["emb"].T
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], axis=-1))
+
+    return jax.value_and_grad(loss)
+
+
+@pytest.mark.parametrize("mesh", [{"data": 8, "model": 1}, {"data": 4, "model": 2}, {"data": 2, "model": 4}])
+def test_plan_is_no_worse_than_the_hand_written_presets_on_a_transformer(mesh):
+    L, d, f, v = 2, 256, 1024, 512
+    params = {
+        "emb": sds(v, d),
+        "layers": {
+            "wq": sds(L, d, d), "wk": sds(L, d, d), "wv": sds(L, d, d), "wo": sds(L, d, d),
+            "w1": sds(L, d, f), "w2": sds(L, f, d),
+        },
+    }  # fmt: skip
+    tokens = sds(64, 128, dtype=jnp.int32)
+    megatron = {r"w[qkv1]": "l x y -> l x y@model", r"w[o2]": "l x y -> l x@model y", r"emb": "v d -> v@model d"}
+    presets = {
+        "dp": ({r"emb": "v d -> v d", r".*": "l x y -> l x y"}, "b s -> b@(data,model) s"),
+        "fsdp": ({r"emb": "v d -> v@(data,model) d", r".*": "l x y -> l x@(data,model) y"}, "b s -> b@(data,model) s"),
+        "tp": ({k: e.replace("@model", "@(data,model)") for k, e in megatron.items()}, "b s -> b s"),
+        "hybrid": (megatron, "b s -> b@data s"),
+    }
+    step = _transformer_step()
+    for budget in (None, "24MiB"):
+        r = einshard.plan(step, params, tokens, mesh=mesh, profile="h100", memory_budget=budget, presets=presets)
+        for alt in r.alternatives:
+            if alt.label.startswith("preset") and alt.fits:
+                assert r.fits and r.time_s <= alt.time_s * (1 + 1e-9), (alt.label, r)

@@ -388,7 +388,7 @@ class PlanResult:
         return tuple(placed)
 
     def save_rules(self, path: str) -> None:
-        """Write ``rules`` as JSON ``{pattern: expression}`` (the format ``einshard demo --rules`` reads)."""
+        """Write ``rules`` as JSON ``{pattern: expression}`` (for a demo or a config file; ``einshard.einshard(params, json.load(f))`` reads it back)."""
         with open(path, "w") as f:
             json.dump(self.rules, f, indent=2)
             f.write("\n")
