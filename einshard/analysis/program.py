@@ -209,7 +209,15 @@ class _Rules:
         hit = self._reshards.get(key)
         if hit is None:
             _, itemsize = dtype_info(dtype)
-            hit = self._reshards[key] = tuple(transition(src, dst, itemsize=itemsize, profile=self.profile)[1])
+            try:
+                hit = tuple(transition(src, dst, itemsize=itemsize, profile=self.profile)[1])
+            except EinshardError:
+                # transition found no direct path (an intermediate layout would not divide):
+                # gather to replicated, then slice, which always exists.
+                whole = src.with_dims(tuple(() for _ in src.dims), src.unreduced)
+                hit = tuple(transition(src, whole, itemsize=itemsize, profile=self.profile)[1])
+                hit += tuple(transition(whole, dst, itemsize=itemsize, profile=self.profile)[1])
+            self._reshards[key] = hit
         return hit
 
     def compute_time(self, flops: float) -> float:
