@@ -38,7 +38,10 @@ How it works:
    assignments (data parallel, fully sharded, and ``restarts`` seeded random
    ones), each group in turn (batch first, then parameter groups by size) takes
    its best candidate with the others fixed, until a full round changes
-   nothing.  It is a heuristic: tests measure it against brute force.
+   nothing; then, from the best end point, every two groups move together
+   (all their pairs of candidates) when that is at most ``pair_limit`` (512)
+   assignments, descending again after each improvement.  It is a heuristic:
+   tests measure it against brute force.
 
 Example:
     >>> import jax, jax.numpy as jnp, einshard
@@ -78,6 +81,7 @@ __all__ = ["plan", "PlanResult", "Alternative", "Candidate", "Group", "parse_byt
 
 OBJECTIVES = ("training", "inference", "memory", "communication")
 EXHAUSTIVE_LIMIT = 2048
+PAIR_LIMIT = 512
 SMALL_GROUP_FRACTION = 1e-3
 _STACK_KEY = re.compile(r"layer|block|stack|scan|repeat", re.IGNORECASE)
 
@@ -549,12 +553,12 @@ def _exhaustive(costs: _Costs, counts: list[int]) -> list[tuple[int, ...]]:
 
 
 def _coordinate_descent(
-    costs: _Costs, counts: list[int], starts: list[tuple[int, ...]], max_rounds: int = 8
+    costs: _Costs, counts: list[int], starts: list[tuple[int, ...]], pair_limit: int, max_rounds: int = 8
 ) -> list[tuple[int, ...]]:
     # Batch first (it decides what is FSDP and what is TP), then parameter groups, largest first.
     order = [len(counts) - 1] + sorted(range(len(counts) - 1), key=lambda g: -costs.groups[g].nbytes)
-    for start in starts:
-        current = start
+
+    def descend(current: tuple[int, ...]) -> tuple[int, ...]:
         for _ in range(max_rounds):
             before = current
             for g in order:
@@ -562,6 +566,29 @@ def _coordinate_descent(
                 current = min(options, key=lambda a: costs.score(a).key)
             if current == before:
                 break
+        return current
+
+    def pair_moves(current: tuple[int, ...]) -> tuple[int, ...]:
+        # Two groups move together: a layout can pay off only with its neighbour's (a row-parallel
+        # weight after a column-parallel one; a group's FSDP axis with the batch's axes), and single
+        # moves stall there.
+        options = [current]
+        for i, j in itertools.combinations(range(len(counts)), 2):
+            for ci in range(counts[i]):
+                for cj in range(counts[j]):
+                    a = list(current)
+                    a[i], a[j] = ci, cj
+                    options.append(tuple(a))
+        return min(options, key=lambda a: costs.score(a).key)
+
+    ends = [descend(start) for start in starts]
+    best = min(ends, key=lambda a: costs.score(a).key)
+    if sum(a * b for a, b in itertools.combinations(counts, 2)) <= pair_limit:
+        for _ in range(max_rounds):
+            moved = pair_moves(best)
+            if moved == best:
+                break
+            best = descend(moved)
     return sorted(costs.cache, key=lambda a: costs.cache[a].key)
 
 
@@ -621,6 +648,7 @@ def plan(
     optimizer_bytes_per_param: float | None = None,
     exhaustive_limit: int = EXHAUSTIVE_LIMIT,
     restarts: int = 3,
+    pair_limit: int = PAIR_LIMIT,
     seed: int = 0,
     presets: Mapping[str, tuple[Mapping[str, str], Mapping[str, str] | Sequence[Mapping[str, str]]]] | None = None,
     n_alternatives: int = 5,
@@ -643,6 +671,8 @@ def plan(
             moments, for ``'training'``; 0 otherwise).
         exhaustive_limit: search exhaustively when there are at most this many assignments.
         restarts: random starts of the coordinate descent (besides data-parallel and fully-sharded starts).
+        pair_limit: after the descent, also try moving every two groups together when that costs at
+            most this many assignments.
         presets: hand-written layouts to cost alongside: ``{name: (param_rules, data_rules)}``; they appear
             in ``alternatives`` and the explanation (``dp`` and ``fsdp`` are always there).
 
@@ -712,7 +742,7 @@ def plan(
         rng = random.Random(seed)
         starts = list(presets_assign.values())
         starts += [tuple(rng.randrange(n) for n in counts) for _ in range(restarts)]
-        ranked = _coordinate_descent(costs, counts, starts)
+        ranked = _coordinate_descent(costs, counts, starts, pair_limit)
     best = ranked[0]
     chosen = costs.score(best)
 

@@ -366,6 +366,7 @@ _ELEMENTWISE = {
     "shift_right_arithmetic",
     "population_count",
     "iota",
+    "one_minus_square",  # jax >= 0.12: the derivative of tanh
 }
 _REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
 _SUB_JAXPR = {
@@ -683,8 +684,13 @@ class _Walker:
 
     def scan(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
         p = eqn.params
-        body = p["jaxpr"].jaxpr
-        n_consts, n_carry, length = p["num_consts"], p["num_carry"], int(p["length"])
+        body = p["jaxpr"]
+        body = body.jaxpr if hasattr(body, "consts") else body  # a ClosedJaxpr (jax < 0.12) or a Jaxpr
+        if "num_consts" in p:
+            n_consts, n_carry = p["num_consts"], p["num_carry"]
+        else:  # jax >= 0.12: ft_in groups the operands as (consts, carry, xs)
+            n_consts, n_carry = _scan_groups(p["ft_in"])[:2]
+        length = int(p["length"])
         consts, carry, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
         xs_inner = [self.relayout(v.aval, lay.dims[1:]) for v, lay in zip(body.invars[n_consts + n_carry :], xs)]
         for v, lay in zip(eqn.invars[n_consts + n_carry :], xs):
@@ -720,6 +726,32 @@ class _Walker:
         out_layouts = [self.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
         out_layouts += [self.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
         return out_layouts
+
+
+def _scan_groups(ft_in: Any) -> list[int]:
+    """Operand counts of (consts, carry, xs) from jax 0.12's ``ft_in``.
+
+    It is a FlatTree: a tuple of three groups, a Pytree whose treedef has three
+    children, or a filtered Pytree (``RightsOnly``) whose ``Right`` entries are the operands.
+    """
+    elts = getattr(ft_in, "elts", None)
+    if elts is not None:
+        return [len(e) for e in elts]
+    filtered = type(ft_in).__name__ == "FTFiltered"
+    pytree = ft_in.val if filtered else ft_in
+    tree = getattr(pytree, "_tree", None)
+    if tree is not None:
+        vals, out, i = list(pytree.xs), [], 0
+        for child in tree.children():
+            chunk = vals[i : i + child.num_leaves]
+            i += child.num_leaves
+            out.append(sum(1 for x in chunk if getattr(x, "is_right", True)) if filtered else len(chunk))
+        return out
+
+    def count(x: Any) -> int:
+        return sum(count(e) for e in x) if isinstance(x, (tuple, list)) else 1
+
+    return [count(group) for group in ft_in]
 
 
 def _sharding_degree(lay: Layout) -> int:
