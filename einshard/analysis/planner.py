@@ -428,9 +428,9 @@ class PlanResult:
         width = max([len(p) for p in self.rules] + [10])
         for pattern, expr in self.rules.items():
             lines.append(f"  {pattern:<{width}}  {expr!r}")
-        for i, rules in enumerate(self.data_rules):
-            for pattern, expr in rules.items():
-                lines.append(f"  data[{i}] {pattern:<{max(width - 8, 2)}}  {expr!r}")
+        for i, data in enumerate(self.data_rules):
+            for pattern, data_expr in data.items():
+                lines.append(f"  data[{i}] {pattern:<{max(width - 8, 2)}}  {data_expr!r}")
         lines.append("why:")
         lines += ["  " + ln for ln in self.explanation.splitlines()]
         if self.alternatives:
@@ -822,7 +822,7 @@ def _like_params(out_shape: Any, params: Any) -> list[int | None]:
 
     def match(tree: Any) -> list[int | None]:
         leaves, tdef = jax.tree_util.tree_flatten(tree)
-        if tdef == p_def and [_shape(x) for x in leaves] == p_shapes:
+        if tdef == p_def and [_shape(x) for x in leaves] == p_shapes:  # type: ignore[operator]
             return list(range(len(leaves)))
         if isinstance(tree, (tuple, list)) and leaves and tree:
             return [i for sub in tree for i in match(sub)]
@@ -909,7 +909,9 @@ def _user_preset(
             opt += math.prod(lay.shard_shape) * costs.opt_bytes
     memory = report.peak_bytes + int(opt)
     fits = costs.budget is None or memory <= costs.budget
-    data_rules = tuple(dict(d) if isinstance(d, Mapping) else {".*": d} for d in data_list)
+    data_rules: tuple[dict[str, str | None], ...] = tuple(
+        dict(d) if isinstance(d, Mapping) else {".*": d} for d in data_list
+    )
     return Alternative(
         f"preset {name}",
         dict(prules) if isinstance(prules, Mapping) else {".*": prules},
