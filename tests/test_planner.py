@@ -338,3 +338,30 @@ def test_plan_is_no_worse_than_the_hand_written_presets_on_a_transformer(mesh):
         for alt in r.alternatives:
             if alt.label.startswith("preset") and alt.fits:
                 assert r.fits and r.time_s <= alt.time_s * (1 + 1e-9), (alt.label, r)
+
+
+@pytest.mark.parametrize("batch", [64, 65536])
+def test_planned_collectives_match_the_compiled_hlo(batch):
+    """The plan's predicted collectives are the ones XLA compiles for its rules (gradients out as params)."""
+    from collections import Counter
+
+    from jax.sharding import NamedSharding
+
+    from einshard import hlo
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    params, x = big_mlp(batch)
+    step = mlp_step(2)
+    r = einshard.plan(step, params, x, mesh=mesh, profile="h100")
+    assert r.comm_bytes > 0  # TP at batch 64, Megatron x DP at 65536: both communicate
+    sh_p = {k: einshard.sharding(r.rules[f"^\\['{k}'\\]$"], params[k].shape, mesh=mesh) for k in params}
+    sh_x = einshard.sharding(r.data_rules[0]["^$"], x.shape, mesh=mesh)
+    jitted = jax.jit(step, in_shardings=(sh_p, sh_x), out_shardings=(NamedSharding(mesh, P()), sh_p))
+    compiled = jitted.lower(params, x).compile().as_text()
+    xla = Counter((c.kind, c.array_bytes) for c in hlo.normalized(compiled))
+    predicted: Counter = Counter()
+    for op in r.report.ops:
+        for c in op.collectives:
+            if c.group_size > 1:
+                predicted[(c.kind, c.array_bytes)] += op.repeat
+    assert predicted == xla
