@@ -8,6 +8,7 @@ layout, placement) are importable on their own.
 """
 
 from .analysis import Collective, Plan, Profile, analyze, explain
+from .analysis.planner import PlanResult, plan
 from .errors import EinshardError
 from .layout import Layout, MeshAxis
 from .lowering import data_parallel, fsdp, fsdp_layouts, pipeline, pipeline_info
@@ -24,6 +25,8 @@ __all__ = [
     "Profile",
     "analyze",
     "explain",
+    "plan",
+    "PlanResult",
     "einsum",
     "lower",
     "EinsumProgram",

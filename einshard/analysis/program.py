@@ -33,7 +33,7 @@ from .plan import side_string
 from .primitives import transition
 from .rule import Problem
 
-__all__ = ["explain", "ProgramReport", "OpReport"]
+__all__ = ["explain", "trace", "TracedProgram", "ProgramReport", "OpReport"]
 
 
 # ---------------------------------------------------------------------------
@@ -176,8 +176,20 @@ class _Rules:
         self.mesh = mesh
         self.mesh_sizes = {m.name: m.size for m in mesh}
         self.profile = get_profile(profile)
+        # Per-op costs, keyed by the operands' layouts: a traced program costed
+        # under many argument layouts (the planner) meets the same einsums again and again.
+        self._dots: dict[tuple[Any, ...], _DotResult] = {}
+        self._reshards: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.layouts: dict[tuple[Any, ...], Layout] = {}  # (shape, dims) -> Layout, as the walk builds them
 
     def dot(self, lhs: Layout, rhs: Layout, dimension_numbers: Any, dtype: Any) -> _DotResult:
+        key = (lhs, rhs, _hashable(dimension_numbers), str(dtype))
+        hit = self._dots.get(key)
+        if hit is None:
+            hit = self._dots[key] = self._dot(lhs, rhs, dimension_numbers, dtype)
+        return hit
+
+    def _dot(self, lhs: Layout, rhs: Layout, dimension_numbers: Any, dtype: Any) -> _DotResult:
         lnames, rnames, out_names = _dot_names(lhs, rhs, dimension_numbers)
         if _is_free(lhs) and not _is_free(rhs):
             lhs = _adopt(lhs, lnames, rhs, rnames, self.mesh_sizes)
@@ -193,11 +205,29 @@ class _Rules:
         return _DotResult(positional, tuple(plan.collectives), float(plan.flops), float(plan.time), plan.expression)
 
     def reshard(self, src: Layout, dst: Layout, dtype: Any) -> tuple[Any, ...]:
-        _, itemsize = dtype_info(dtype)
-        return transition(src, dst, itemsize=itemsize, profile=self.profile)[1]
+        key = (src, dst, str(dtype))
+        hit = self._reshards.get(key)
+        if hit is None:
+            _, itemsize = dtype_info(dtype)
+            try:
+                hit = tuple(transition(src, dst, itemsize=itemsize, profile=self.profile)[1])
+            except EinshardError:
+                # transition found no direct path (an intermediate layout would not divide):
+                # gather to replicated, then slice, which always exists.
+                whole = src.with_dims(tuple(() for _ in src.dims), src.unreduced)
+                hit = tuple(transition(src, whole, itemsize=itemsize, profile=self.profile)[1])
+                hit += tuple(transition(whole, dst, itemsize=itemsize, profile=self.profile)[1])
+            self._reshards[key] = hit
+        return hit
 
     def compute_time(self, flops: float) -> float:
         return self.profile.compute_time(flops)
+
+
+def _hashable(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return tuple(_hashable(e) for e in x)
+    return x
 
 
 def _renamed(lay: Layout, names: Sequence[str]) -> Layout:
@@ -336,6 +366,7 @@ _ELEMENTWISE = {
     "shift_right_arithmetic",
     "population_count",
     "iota",
+    "one_minus_square",  # jax >= 0.12: the derivative of tanh
 }
 _REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
 _SUB_JAXPR = {
@@ -378,6 +409,13 @@ class _Walker:
         if not any(dims):
             return self.replicated(aval)
         shape = tuple(int(s) for s in aval.shape)
+        key = (shape, tuple(dims))
+        hit = self.rules.layouts.get(key)
+        if hit is None:
+            hit = self.rules.layouts[key] = self._relayout(shape, dims)
+        return hit
+
+    def _relayout(self, shape: tuple[int, ...], dims: Sequence[tuple[str, ...]]) -> Layout:
         fixed = []
         used: set[str] = set()
         for size, d in zip(shape, dims):
@@ -490,6 +528,20 @@ class _Walker:
         if name in ("slice", "dynamic_slice"):
             return [self.slice(eqn, ins[0], outs[0].aval, repeat, phase)]
         if name in ("dynamic_update_slice", "scatter-add", "scatter_add", "scatter"):
+            if _is_free(ins[0]) and len(ins) >= 3:
+                # Updates scattered into zeros (the transpose of take_along_axis / a gather):
+                # XLA lays the zeros out like the updates, on the axes they share whole.
+                # Leading axes of equal size follow the most sharded non-free of updates and indices.
+                sources = [lay for lay in ins[1:] if not _is_free(lay) and lay.shape]
+                if sources:
+                    src = max(sources, key=_sharding_degree)
+                    out_shape = outs[0].aval.shape
+                    dims = [
+                        d if i < len(out_shape) and a == out_shape[i] else ()
+                        for i, (d, a) in enumerate(zip(src.dims, src.shape))
+                    ]
+                    dims = (dims + [()] * len(out_shape))[: len(out_shape)]
+                    return [self.relayout(outs[0].aval, dims)]
             return [self.relayout(outs[0].aval, ins[0].dims)]
         if name == "gather":
             return [self.gather(eqn, ins[0], ins[1], outs[0].aval, repeat, phase)]
@@ -503,7 +555,10 @@ class _Walker:
         if sub is not None:
             inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
             inner_outs = self.walk(inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, _inherit(phase))
-            return [self.relayout(v.aval, lay.dims) for v, lay in zip(outs, inner_outs)]
+            # A sub-jaxpr's broadcast constants stay free: their consumer decides their layout.
+            return [
+                self.free(v.aval) if _is_free(lay) else self.relayout(v.aval, lay.dims) for v, lay in zip(outs, inner_outs)
+            ]
         self.unfollowed.add(name)
         return [self.replicated(v.aval) for v in outs]
 
@@ -629,13 +684,30 @@ class _Walker:
 
     def scan(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
         p = eqn.params
-        body = p["jaxpr"].jaxpr
-        n_consts, n_carry, length = p["num_consts"], p["num_carry"], int(p["length"])
+        body = p["jaxpr"]
+        body = body.jaxpr if hasattr(body, "consts") else body  # a ClosedJaxpr (jax < 0.12) or a Jaxpr
+        if "num_consts" in p:
+            n_consts, n_carry = p["num_consts"], p["num_carry"]
+        else:  # jax >= 0.12: ft_in groups the operands as (consts, carry, xs)
+            n_consts, n_carry = _scan_groups(p["ft_in"])[:2]
+        length = int(p["length"])
         consts, carry, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
         xs_inner = [self.relayout(v.aval, lay.dims[1:]) for v, lay in zip(body.invars[n_consts + n_carry :], xs)]
-        for lay in xs:
+        for v, lay in zip(eqn.invars[n_consts + n_carry :], xs):
             if lay.dims and lay.dims[0]:
-                self.unfollowed.add("scan over a sharded leading axis (pipeline): body analysed per device")
+                # Under jit, a scan over a stack sharded along the scanned axis (a layer
+                # stack laid out 'l@stage ...') slices a sharded axis each iteration: XLA
+                # gathers the stack.  Charged once per step, as the slice rule charges it;
+                # a real pipeline schedule is einshard.pipeline's, not jit's.
+                self.change(
+                    eqn,
+                    phase,
+                    lay,
+                    lay.with_dims(((), *lay.dims[1:])),
+                    v.aval.dtype,
+                    repeat,
+                    "scan slices a sharded leading axis",
+                )
         # A carry's layout is a fixed point of the body: walk it once quietly to
         # learn what the body makes of the carry, bring the initial carry there
         # (once, outside the loop), then walk it for real.
@@ -654,6 +726,32 @@ class _Walker:
         out_layouts = [self.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
         out_layouts += [self.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
         return out_layouts
+
+
+def _scan_groups(ft_in: Any) -> list[int]:
+    """Operand counts of (consts, carry, xs) from jax 0.12's ``ft_in``.
+
+    It is a FlatTree: a tuple of three groups, a Pytree whose treedef has three
+    children, or a filtered Pytree (``RightsOnly``) whose ``Right`` entries are the operands.
+    """
+    elts = getattr(ft_in, "elts", None)
+    if elts is not None:
+        return [len(e) for e in elts]
+    filtered = type(ft_in).__name__ == "FTFiltered"
+    pytree = ft_in.val if filtered else ft_in
+    tree = getattr(pytree, "_tree", None)
+    if tree is not None:
+        vals, out, i = list(pytree.xs), [], 0
+        for child in tree.children():
+            chunk = vals[i : i + child.num_leaves]
+            i += child.num_leaves
+            out.append(sum(1 for x in chunk if getattr(x, "is_right", True)) if filtered else len(chunk))
+        return out
+
+    def count(x: Any) -> int:
+        return sum(count(e) for e in x) if isinstance(x, (tuple, list)) else 1
+
+    return [count(group) for group in ft_in]
 
 
 def _sharding_degree(lay: Layout) -> int:
@@ -813,37 +911,107 @@ def explain(
         >>> r.comm_count > 0 and r.flops > 0
         True
     """
-    start = time.perf_counter()
+    return trace(fn, *args, mesh=mesh, profile=profile, **kwargs).report(in_specs)
+
+
+class TracedProgram:
+    """A function traced once, to be costed under many argument layouts (what the planner needs).
+
+    ``explain(fn, *args, in_specs=s)`` is ``trace(fn, *args).report(s)``; a
+    TracedProgram also remembers what each einsum and each layout change cost,
+    so re-costing under thousands of layouts walks the jaxpr without
+    re-analysing the einsums it has already seen.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from einshard.analysis.program import trace
+        >>> w = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+        >>> x = jax.ShapeDtypeStruct((32, 64), jnp.float32)
+        >>> t = trace(lambda w, x: x @ w, w, x, mesh={'data': 4, 'model': 2})
+        >>> dp = t.report(('d f -> d f', 'b d -> b@data d'))
+        >>> tp = t.report(('d f -> d f@model', 'b d -> b d'))
+        >>> dp.comm_bytes == tp.comm_bytes == 0 and tp.flops == 2 * dp.flops
+        True
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        mesh_axes: tuple[MeshAxis, ...],
+        rules: _Rules,
+        kwargs: dict[str, Any],
+    ) -> None:
+        start = time.perf_counter()
+        self.args = args
+        self.mesh = mesh_axes
+        self.rules = rules
+        closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+        self.jaxpr = _dead_code_eliminated(closed.jaxpr)
+        self.trace_s = time.perf_counter() - start
+
+    def report(self, in_specs: Any = None, out_specs: Sequence[Any] | None = None) -> ProgramReport:
+        """The :class:`ProgramReport` under ``in_specs`` (as ``explain``'s; None: the arguments' own shardings).
+
+        ``out_specs``: optionally, one PartitionSpec (or None: as computed) per output leaf, as
+        ``jax.jit(out_shardings=...)`` would ask: the output is brought there (its collective
+        counted) and held that way (peak bytes).  The planner returns gradients laid out
+        like their parameters, as FSDP training steps do.
+        """
+        start = time.perf_counter()
+        in_layouts = _arg_layouts(self.args, in_specs, self.mesh)
+        walker = _Walker(self.rules)
+        layouts: dict[Any, Layout] = {}
+        outs = walker.walk(self.jaxpr, in_layouts, 1, None, env=layouts)
+        if out_specs is not None:
+            for v, lay, spec in zip(self.jaxpr.outvars, outs, out_specs):
+                if spec is None or hasattr(v, "val") or not getattr(v.aval, "shape", ()):
+                    continue
+                entries = list(spec) + [None] * (len(v.aval.shape) - len(spec))
+                dst = walker.relayout(
+                    v.aval, [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
+                )
+                if not _is_free(lay):
+                    walker.change(_OUTPUT, "backward", lay, dst, v.aval.dtype, 1, "output layout")
+                layouts[v] = dst
+        peak = _peak_bytes(self.jaxpr, layouts)
+        ops = tuple(walker.ops)
+        phases: dict[str, dict[str, float]] = {}
+        for op in ops:
+            tot = phases.setdefault(op.phase, {"flops": 0.0, "bytes": 0.0, "count": 0.0, "time_s": 0.0})
+            tot["flops"] += op.flops * op.repeat
+            tot["bytes"] += op.comm_bytes
+            tot["count"] += len(op.collectives) * op.repeat
+            tot["time_s"] += op.time_s * op.repeat
+        return ProgramReport(
+            ops=ops,
+            flops=sum(t["flops"] for t in phases.values()),
+            comm_bytes=sum(t["bytes"] for t in phases.values()),
+            comm_count=int(sum(t["count"] for t in phases.values())),
+            peak_bytes=peak,
+            time_s=sum(t["time_s"] for t in phases.values()),
+            phases=phases,
+            unfollowed=tuple(sorted(walker.unfollowed)),
+            mesh=self.mesh,
+            profile=self.rules.profile,
+            analysis_s=time.perf_counter() - start,
+        )
+
+
+class _Output:
+    """Stands for the program's end where an output is brought to its requested layout."""
+
+    class primitive:  # noqa: N801 (mimics a jaxpr equation)
+        name = "output"
+
+
+_OUTPUT = _Output()
+
+
+def trace(fn: Callable[..., Any], *args: Any, mesh: Any = None, profile: Any = None, **kwargs: Any) -> TracedProgram:
+    """Trace ``fn(*args, **kwargs)`` once for costing under many layouts (see :class:`TracedProgram`)."""
     mesh_axes = _mesh_of(mesh, args)
-    rules = _Rules(mesh_axes, profile)
-    closed = jax.make_jaxpr(fn)(*args, **kwargs)
-    jaxpr = _dead_code_eliminated(closed.jaxpr)
-    in_layouts = _arg_layouts(args, in_specs, mesh_axes)
-    walker = _Walker(rules)
-    layouts: dict[Any, Layout] = {}
-    walker.walk(jaxpr, in_layouts, 1, None, env=layouts)
-    peak = _peak_bytes(jaxpr, layouts)
-    ops = tuple(walker.ops)
-    phases: dict[str, dict[str, float]] = {}
-    for op in ops:
-        tot = phases.setdefault(op.phase, {"flops": 0.0, "bytes": 0.0, "count": 0.0, "time_s": 0.0})
-        tot["flops"] += op.flops * op.repeat
-        tot["bytes"] += op.comm_bytes
-        tot["count"] += len(op.collectives) * op.repeat
-        tot["time_s"] += op.time_s * op.repeat
-    return ProgramReport(
-        ops=ops,
-        flops=sum(t["flops"] for t in phases.values()),
-        comm_bytes=sum(t["bytes"] for t in phases.values()),
-        comm_count=int(sum(t["count"] for t in phases.values())),
-        peak_bytes=peak,
-        time_s=sum(t["time_s"] for t in phases.values()),
-        phases=phases,
-        unfollowed=tuple(sorted(walker.unfollowed)),
-        mesh=mesh_axes,
-        profile=rules.profile,
-        analysis_s=time.perf_counter() - start,
-    )
+    return TracedProgram(fn, args, mesh_axes, _Rules(mesh_axes, profile), kwargs)
 
 
 def _dead_code_eliminated(jaxpr: Any) -> Any:
@@ -875,6 +1043,10 @@ def _peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
         if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
             return 0
         lay = layouts.get(v)
+        if lay is not None and _is_free(lay):
+            # A broadcast constant: XLA fuses it into its consumers (and sinks it into
+            # loops that take it as an invariant), it is not materialised.
+            return 0
         shape = lay.shard_shape if lay is not None else tuple(aval.shape)
         return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
 
