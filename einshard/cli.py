@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("einshard.demo", "train a small transformer under data, FSDP, tensor and hybrid parallel layouts"),
     "explain": ("einshard.explain_cli", "analyse an annotated einsum: strategy, collectives, cost, alternatives"),
     "show": ("einshard.show", "draw an array layout of any rank: which devices hold which block"),
-    "plan": ("einshard.analysis.planner_cli", "plan the demo model's layouts for a mesh and a memory budget"),
+    "plan": ("einshard.plan_cli", "plan the demo model's layouts for a mesh and a memory budget"),
 }
 
 SYNTAX_HELP = """\

@@ -29,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
     import jax
     import jax.numpy as jnp
 
-    from ..demo import _parse_mesh
-    from .planner import plan
+    from .analysis.planner import plan
+    from .layouts import parse_mesh
 
     x, y, z = args.width, 2 * args.width, max(args.width // 2, 1)
 
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         fn,
         params,
         batch,
-        mesh=_parse_mesh(args.mesh),
+        mesh=parse_mesh(args.mesh),
         profile=args.profile,
         memory_budget=args.budget,
         objective=args.objective,
