@@ -19,7 +19,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+def _demote(text: str) -> str:
+    """Headings in a results file sit under the README's '### ...' heading: push them three levels down."""
+    return "\n".join("###" + line if re.match(r"#{1,3} ", line) else line for line in text.splitlines())
+
+
 def update(readme: str, name: str, table: str) -> str:
+    table = _demote(table)
     start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
     if readme.count(start) != 1 or readme.count(end) != 1 or readme.index(start) > readme.index(end):
         raise SystemExit(f"README.md needs exactly one {start} ... {end} pair for benchmarks/results/{name}.md")
