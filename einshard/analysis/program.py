@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import EinshardError
 from ..layout import Layout, MeshAxis
-from .api import analyze_layouts, dtype_info
+from .api import _mesh_axes, analyze_layouts, dtype_info
 from .cost import get_profile
 from .plan import side_string
 from .primitives import transition
@@ -852,29 +852,20 @@ def _broadcast_specs(args: Sequence[Any], in_specs: Any) -> list[Any]:
     except (ValueError, TypeError) as err:
         raise EinshardError(f"explain(): in_specs does not match the arguments' structure: {err}") from None
     out = []
-    for spec, sub in zip(specs_flat if False else jax.tree_util.tree_leaves(in_specs, is_leaf=is_leaf), per_arg):
+    for spec, sub in zip(specs_flat, per_arg):
         out.extend([spec] * len(jax.tree_util.tree_leaves(sub)))
     return out
 
 
 def _mesh_of(mesh: Any, args: Sequence[Any]) -> tuple[MeshAxis, ...]:
-    if isinstance(mesh, dict):
-        return tuple(MeshAxis(k, int(v)) for k, v in mesh.items())
-    if mesh is None:
-        for x in jax.tree_util.tree_leaves(args):
-            m = getattr(getattr(x, "sharding", None), "mesh", None)
-            if m is not None and getattr(m, "shape", None):
-                mesh = m
-                break
-    if mesh is None:
-        abstract = jax.sharding.get_abstract_mesh()
-        mesh = None if abstract.empty else abstract
-    if mesh is None:
+    """The mesh as the per-einsum analyzer reads it (given, the arguments', or the current one)."""
+    found = _mesh_axes(mesh, tuple(jax.tree_util.tree_leaves(args)))
+    if found is None:
         raise EinshardError(
             "explain() needs a mesh: pass mesh= (a Mesh or sizes like {'data': 4, 'model': 2}), "
             "lay the arguments out with einshard(), or call it under jax.set_mesh"
         )
-    return tuple(MeshAxis(k, int(v)) for k, v in mesh.shape.items())
+    return found
 
 
 def explain(
