@@ -630,7 +630,11 @@ class _Walker:
     def scan(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
         p = eqn.params
         body = p["jaxpr"].jaxpr
-        n_consts, n_carry, length = p["num_consts"], p["num_carry"], int(p["length"])
+        length = int(p["length"])
+        if "num_consts" in p:
+            n_consts, n_carry = p["num_consts"], p["num_carry"]
+        else:  # jax >= 0.12: ft_in = (consts, carry, xs) as flat trees (loop-invariant carries become consts)
+            n_consts, n_carry = (len(part) for part in p["ft_in"].unpack()[:2])
         consts, carry, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
         xs_inner = [self.relayout(v.aval, lay.dims[1:]) for v, lay in zip(body.invars[n_consts + n_carry :], xs)]
         for lay in xs:
