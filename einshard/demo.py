@@ -2,7 +2,8 @@
 
 The same model, the same seed and the same batches are trained under every
 layout of :data:`einshard.layouts.PRESETS` (data parallel, FSDP, tensor
-parallel, hybrid, 2-D FSDP x TP) or your own ``--rules``.  Before training it
+parallel, hybrid, 2-D FSDP x TP, asynchronous TP with collective-matmul rings,
+a pipeline over the stacked layers) or your own ``--rules``.  Before training it
 prints the mesh, every parameter's layout (expression, JAX type in your axis
 names, bytes per device) and the plan of one step; after, a table comparing
 the layouts with a single-device run of the same training.
