@@ -120,13 +120,12 @@ def _tp_async_loss(params: Any, batch: Any, schedule: str) -> Any:
             hint="Choose --batch/--seq so that (batch / data) * seq is a multiple of the model axis.",
         )
     r = rows // n
-    ring = {"axis_name": "model", "schedule": schedule}
 
     def gather_rows(sub: str, x: Any, w: Any) -> Any:  # column-parallel: [r@model ...] -> [r ...]
-        return allgather_einsum(sub, x, w, gathered=0, dim=0, **ring)
+        return allgather_einsum(sub, x, w, axis_name="model", gathered=0, dim=0, schedule=schedule)
 
     def scatter_rows(sub: str, x: Any, w: Any) -> Any:  # row-parallel: partial [r ...] -> [r@model ...]
-        return einsum_reduce_scatter(sub, x, w, dim=0, **ring)
+        return einsum_reduce_scatter(sub, x, w, axis_name="model", dim=0, schedule=schedule)
 
     # Embedding: a one-hot matmul against this device's vocabulary rows, reduce-scattered by rows.
     table = params["embed"]["tokens"]  # [v/n, d]
