@@ -2,7 +2,8 @@
 
 The same model, the same seed and the same batches are trained under every
 layout of :data:`einshard.layouts.PRESETS` (data parallel, FSDP, tensor
-parallel, hybrid, 2-D FSDP x TP) or your own ``--rules``.  Before training it
+parallel, hybrid, 2-D FSDP x TP, asynchronous TP with collective-matmul rings,
+a pipeline over the stacked layers) or your own ``--rules``.  Before training it
 prints the mesh, every parameter's layout (expression, JAX type in your axis
 names, bytes per device) and the plan of one step; after, a table comparing
 the layouts with a single-device run of the same training.
@@ -74,6 +75,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also train on one device and compare every step's loss (default: on)",
+    )
+    x = parser.add_argument_group("explicit programs (--layout tp-async, pipeline)")
+    x.add_argument(
+        "--ring",
+        choices=("one-way", "two-way", "sync"),
+        default=None,
+        help="tp-async: the collective-matmul ring schedule (default one-way; sync = plain collectives)",
+    )
+    x.add_argument(
+        "--microbatches",
+        type=int,
+        default=None,
+        help="pipeline: micro-batches per data shard (default: up to 2 x stages)",
+    )
+    x.add_argument(
+        "--schedule",
+        choices=("gpipe", "circular"),
+        default=None,
+        help="pipeline: gpipe (default) or circular (each micro-batch goes round the stages layers/stages times)",
     )
     o = parser.add_argument_group("state and output")
     o.add_argument("--checkpoint", metavar="PATH", help="save the sharded state here (.npz) at the end or on Ctrl-C")
@@ -215,6 +235,7 @@ class Trainer:
         seed: int = 0,
         devices: Any = None,
         resume: str | None = None,
+        step_options: dict[str, Any] | None = None,
     ) -> None:
         import jax
         import numpy as np
@@ -274,7 +295,14 @@ class Trainer:
             self.state = {"params": params, "opt": opt}
         build = preset.step_builder or make_jit_step
         loss = transformer.loss_fn
-        self.step_fn = build(loss, self.tx, self.state_shardings, self.batch_sharding, self.mesh)
+        options = {k: v for k, v in (step_options or {}).items() if v is not None}
+        refused = sorted(set(options) - set(preset.step_options))
+        if refused:
+            flags = ", ".join("--" + k.replace("_", "-") for k in refused)
+            takes = [p.name for p in PRESETS.values() if set(refused) <= set(p.step_options)]
+            where = f" (it belongs to --layout {', '.join(takes)})" if takes else ""
+            raise EinshardError(f"--layout {preset.name} does not take {flags}{where}")
+        self.step_fn = build(loss, self.tx, self.state_shardings, self.batch_sharding, self.mesh, **options)
         self._compiled: Any = None
         self.compile_s = 0.0
 
@@ -419,6 +447,10 @@ def print_plan(trainer: Trainer, say: Callable[[str], None]) -> None:
     say(
         f"  weights per device: {_kib(weights)} of {_kib(full)} ({weights / full:.0%}); with AdamW state: {_kib(state)}"
     )
+    plan = getattr(trainer.step_fn, "plan", None)
+    if plan is not None:  # an explicit program describes itself (rings, pipeline schedule)
+        for line in plan(trainer.state, trainer.place_batch(trainer.step_index)):
+            say("  " + line)
     explain = getattr(einshard, "explain", None)
     if explain is not None:
         say(str(explain(trainer.step_fn, trainer.state, trainer.place_batch(trainer.step_index))))
@@ -669,6 +701,21 @@ def run(args: argparse.Namespace) -> int:
         raise EinshardError("einshard demo trains with optax: pip install 'einshard[examples]'") from None
     if (args.checkpoint or args.resume) and len(presets) > 1:
         raise EinshardError("--checkpoint and --resume save one layout's state: pick one with --layout")
+    options = {
+        k: v for k, v in (("ring", args.ring), ("microbatches", args.microbatches), ("schedule", args.schedule)) if v
+    }
+    for key in options:
+        if not any(key in p.step_options for p in presets):
+            owners = ", ".join(p.name for p in PRESETS.values() if key in p.step_options) or "none"
+            raise EinshardError(f"--{key} applies to --layout {owners} only")
+    if mesh_arg and len(presets) > 1:
+        # '--layout all --mesh data=2,model=4': the presets written for other mesh axes are left out.
+        skipped = [p.name for p in presets if set(p.default_mesh(math.prod(mesh_arg.values()))) != set(mesh_arg)]
+        presets = [p for p in presets if p.name not in skipped]
+        if skipped:
+            print(f"--mesh {args.mesh}: leaving out {', '.join(skipped)} (other mesh axes)", file=sys.stderr)
+        if not presets:
+            raise EinshardError(f"--mesh {args.mesh}: no preset uses these mesh axes")
     _configure_jax(args)
 
     import jax
@@ -709,7 +756,7 @@ def run(args: argparse.Namespace) -> int:
             names = tuple((mesh_arg or presets[0].default_mesh(n)).keys())
             say(f"\n== single device: the same training on {jax.devices()[0]}, the reference for every layout")
             ref = Trainer(
-                presets[0],
+                SINGLE_DEVICE,
                 dict.fromkeys(names, 1),
                 cfg,
                 corpus,
@@ -726,7 +773,15 @@ def run(args: argparse.Namespace) -> int:
             sizes = mesh_arg or preset.default_mesh(n)
             say(f"\n== {preset.name}: {preset.what}")
             trainer = Trainer(
-                preset, sizes, cfg, corpus, batch=args.batch, lr=args.lr, seed=args.seed, resume=args.resume
+                preset,
+                sizes,
+                cfg,
+                corpus,
+                batch=args.batch,
+                lr=args.lr,
+                seed=args.seed,
+                resume=args.resume,
+                step_options=options if len(presets) == 1 else _accepted(options, preset),
             )
             print_plan(trainer, say)
             res = train_layout(trainer, args.steps, say=say, plain=args.plain, stop=stop)
@@ -759,6 +814,14 @@ def run(args: argparse.Namespace) -> int:
         )
         return 130
     return code
+
+
+# The reference every layout is compared with: the same training, every array whole on one device.
+SINGLE_DEVICE = Preset("1 device", "the same training on one device", {".*": "... -> ..."}, "b s -> b s")
+
+
+def _accepted(options: dict[str, Any], preset: Preset) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k in preset.step_options}
 
 
 def _rebuild_argv(args: argparse.Namespace) -> list[str]:

@@ -94,6 +94,9 @@ class Preset:
         step_builder: builds the training step; None means ``jax.jit`` with the
             layouts as shardings.  Presets lowered to explicit ``shard_map``
             programs supply their own.
+        step_options: the keyword options the step builder takes from the
+            command line (``einshard demo --microbatches 4`` gives
+            ``microbatches=4``); others are refused.
     """
 
     name: str
@@ -102,6 +105,7 @@ class Preset:
     batch: str
     default_mesh: Callable[[int], dict[str, int]] = field(default=_data_by_model, compare=False)
     step_builder: StepBuilder | None = field(default=None, compare=False)
+    step_options: tuple[str, ...] = ()
 
 
 # Megatron tensor parallelism: attention split by heads, the MLP by its hidden axis,
@@ -187,6 +191,64 @@ register(
         },
         "b s -> b@data s",
         _data_by_model,
+    )
+)
+
+
+def _tp_async_step(*args: Any, **options: Any) -> Any:
+    from .explicit_steps import make_tp_async_step
+
+    return make_tp_async_step(*args, **options)
+
+
+# Pipeline parallelism is a layout: every stacked per-layer weight has its layer axis over 'stage'.
+_PIPELINE = {
+    "w[qkv]": "l d h k -> l@stage d h k",
+    "wo": "l h k d -> l@stage h k d",
+    "w_in": "l d f -> l@stage d f",
+    "w_out": "l f d -> l@stage f d",
+    "ln[12]": "l d -> l@stage d",
+    ".*": "... -> ...",
+}
+
+
+def _pipeline_step(*args: Any, **options: Any) -> Any:
+    from .explicit_steps import make_pipeline_step
+
+    return make_pipeline_step(*args, param_layouts=_PIPELINE, **options)
+
+
+def _stage_by_data(n: int) -> dict[str, int]:
+    stage = 2 if n % 2 == 0 and n > 1 else 1
+    return {"stage": stage, "data": n // stage}
+
+
+def _data_by_4_model(n: int) -> dict[str, int]:
+    model = 4 if n % 4 == 0 else (2 if n % 2 == 0 else 1)
+    return {"data": n // model, "model": model}
+
+
+register(
+    Preset(
+        "tp-async",
+        "asynchronous tensor parallel: Megatron + sequence parallel in one shard_map, the matmuls as "
+        "collective-matmul rings over 'model'",
+        _TENSOR_PARALLEL,
+        "b s -> b@data s",
+        _data_by_4_model,
+        _tp_async_step,
+        ("ring",),
+    )
+)
+register(
+    Preset(
+        "pipeline",
+        "pipeline parallel: the stacked layer axis over 'stage' (GPipe micro-batches), the batch over 'data'",
+        _PIPELINE,
+        "b s -> b@data s",
+        _stage_by_data,
+        _pipeline_step,
+        ("microbatches", "schedule"),
     )
 )
 

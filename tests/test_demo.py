@@ -69,11 +69,65 @@ def test_every_layout_matches_single_device(name, corpus, reference):
     np.testing.assert_allclose(losses, reference, rtol=2e-5, atol=2e-5)
     # The state really is laid out as the preset says.
     wq = t.state["params"]["layers"]["attn"]["wq"]
-    want = {"dp": (2, 32, 8, 4), "fsdp": (2, 4, 8, 4), "tp": (2, 32, 1, 4), "hybrid": (2, 32, 4, 4)}
+    want = {
+        "dp": (2, 32, 8, 4),
+        "fsdp": (2, 4, 8, 4),
+        "tp": (2, 32, 1, 4),
+        "hybrid": (2, 32, 4, 4),
+        "tp-async": (2, 32, 2, 4),  # data=2, model=4
+        "pipeline": (1, 32, 8, 4),  # stage=2: one layer per stage
+    }
     if name in want:
         assert wq.sharding.shard_shape(wq.shape) == want[name]
     mu = t.state["opt"][0].mu["layers"]["attn"]["wq"]
     assert mu.sharding == wq.sharding  # AdamW moments follow their parameter
+    if name == "tp-async":
+        # The projections run as collective-matmul rings: collective-permutes, and no all-gather at all
+        # (the sums left are the softmax's pmax/psum over model and the gradients of replicated weights).
+        hlo = t.compile().as_text()
+        assert _count(hlo, "collective-permute") >= 6 * 3  # 6 ring einsums x (model - 1) steps, forward alone
+        assert _count(hlo, "all-gather") == 0
+    if name == "pipeline":
+        plan = "\n".join(t.step_fn.plan(t.state, t.place_batch(0)))
+        assert "bubble: 33%" in plan and "2 micro-batches" in plan  # (2-1)/(2+2-1): 2 rows per data shard
+        assert _count(t.compile().as_text(), "collective-permute") >= 1
+
+
+def _count(hlo: str, op: str) -> int:
+    return len(re.findall(rf"\s{op}(?:-start)?\(", hlo))
+
+
+def test_tp_async_sync_schedule_is_the_baseline(corpus, reference):
+    """--ring sync: the same program with plain all-gathers / reduce-scatters: same loss, no rings."""
+    t = Trainer(PRESETS["tp-async"], {"data": 2, "model": 4}, CFG, corpus, batch=BATCH, step_options={"ring": "sync"})
+    hlo = t.compile().as_text()
+    assert _count(hlo, "all-gather") > 0 and _count(hlo, "collective-permute") == 0
+    np.testing.assert_allclose([t.step()], reference[:1], rtol=2e-5, atol=2e-5)
+
+
+def test_explicit_step_options_and_meshes_are_checked(corpus):
+    from einshard import EinshardError
+
+    with pytest.raises(
+        EinshardError, match=r"--layout tp does not take --microbatches \(it belongs to --layout pipeline\)"
+    ):
+        Trainer(PRESETS["tp"], {"data": 1, "model": 8}, CFG, corpus, batch=BATCH, step_options={"microbatches": 2})
+    with pytest.raises(EinshardError, match=r"mesh axis 'stage' is not an axis of the mesh \('data': 4, 'model': 2\)"):
+        Trainer(PRESETS["pipeline"], {"data": 4, "model": 2}, CFG, corpus, batch=BATCH)
+    with pytest.raises(EinshardError, match=r"mesh axis 'model' is not an axis of the mesh \('stage': 2, 'data': 4\)"):
+        Trainer(PRESETS["tp-async"], {"stage": 2, "data": 4}, CFG, corpus, batch=BATCH)
+
+
+def test_checkpoint_from_pipeline_resumes_as_tp_async(tmp_path, corpus, reference):
+    """Save under the pipeline layout (layers over 'stage'), resume under asynchronous TP: the losses continue."""
+    path = str(tmp_path / "pipe.npz")
+    first = Trainer(PRESETS["pipeline"], {"stage": 2, "data": 4}, CFG, corpus, batch=BATCH)
+    losses = [first.step() for _ in range(2)]
+    first.save(path)
+    second = Trainer(PRESETS["tp-async"], {"data": 2, "model": 4}, CFG, corpus, batch=BATCH, resume=path)
+    assert second.step_index == 2
+    losses.append(second.step())
+    np.testing.assert_allclose(losses, reference, rtol=2e-5, atol=2e-5)
 
 
 def test_rules_file_json_and_text(tmp_path, corpus):
@@ -188,6 +242,8 @@ def test_readme_main_command_with_few_steps():
     # The layout table, in the user's axis names, with bytes per device.
     assert "'l d h k -> l d h@model k'" in text and "[l:2 d:64 h:8@model k:8]" in text
     assert "collectives in the compiled step:" in text
+    assert re.search(r"w_in\s+'r@model d, d f@model -> r f@model'\s+allgather_einsum per layer", text)  # the rings
+    assert "bubble: 20% of stage-iterations idle" in text  # pipeline: stage=2, 4 micro-batches
     table = text[text.index("layout    mesh") :]
     assert table.count("same (") == len(PRESETS)
 
@@ -202,6 +258,15 @@ def test_one_layout_with_mesh_and_checkpoint(tmp_path):
     out2 = _demo("--layout", "tp", "--steps", "1", "--no-check", "--resume", str(path), *TINY)
     assert out2.returncode == 0, out2.stderr[-3000:]
     assert re.search(r"^tp\s+data=1,model=8\s.*\s3\s+\d\.\d{4}", out2.stdout, re.M)  # step 3 after resuming at 2
+
+
+def test_pipeline_circular_from_the_command_line():
+    out = _demo("--layout", "pipeline", "--schedule", "circular", "--steps", "2", *TINY, "--layers", "4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "einshard.pipeline(circular) over the 4 stacked layers" in out.stdout
+    assert "2 rounds" in out.stdout and "loss matches the single-device run: yes" in out.stdout
+    out = _demo("--layout", "tp", "--schedule", "circular", *TINY)
+    assert out.returncode == 2 and "--schedule applies to --layout pipeline only" in out.stderr
 
 
 def test_rules_file_from_the_command_line(tmp_path):

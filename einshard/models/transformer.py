@@ -41,7 +41,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Config", "AXES", "init", "embed", "block", "head", "forward", "loss_fn", "count_params"]
+__all__ = [
+    "Config",
+    "AXES",
+    "init",
+    "embed",
+    "block",
+    "head",
+    "forward",
+    "loss_fn",
+    "count_params",
+    "layer_norm",
+    "causal_attention",
+    "cross_entropy",
+]
 
 Params = dict[str, Any]
 
@@ -129,21 +142,38 @@ def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
     return (x - mean) * jax.lax.rsqrt(var + 1e-5) * scale + bias
 
 
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+    """Layer norm over the last axis (the model width): row-local, so any split of the rows computes it."""
+    return _layer_norm(x, scale, bias)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal softmax attention per head: ``q, k, v[b, s, h, k]`` -> ``[b, s, h, k]`` (heads never mix)."""
+    s = q.shape[1]
+    scores = jnp.einsum("bshk,bthk->bhst", q, k) / math.sqrt(q.shape[-1])
+    causal = jnp.tril(jnp.ones((s, s), bool))
+    scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+    attn = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("bhst,bthk->bshk", attn, v)
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean next-byte cross-entropy (nats) of ``logits[..., vocab]`` against integer ``targets[...]``."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return -jnp.mean(picked)
+
+
 def block(x: jax.Array, p: Params) -> jax.Array:
     """One pre-norm block on activations ``x[b, s, d]`` with one layer's weights (``params['layers']`` at one ``l``).
 
     The unit a pipeline schedule runs per stage: ``forward`` scans it over the stacked layers.
     """
-    s = x.shape[1]
     y = _layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"])
     q = jnp.einsum("bsd,dhk->bshk", y, p["attn"]["wq"])
     kk = jnp.einsum("bsd,dhk->bshk", y, p["attn"]["wk"])
     vv = jnp.einsum("bsd,dhk->bshk", y, p["attn"]["wv"])
-    scores = jnp.einsum("bshk,bthk->bhst", q, kk) / math.sqrt(q.shape[-1])
-    causal = jnp.tril(jnp.ones((s, s), bool))
-    scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
-    attn = jax.nn.softmax(scores, axis=-1)
-    heads = jnp.einsum("bhst,bthk->bshk", attn, vv)
+    heads = causal_attention(q, kk, vv)
     x = x + jnp.einsum("bshk,hkd->bsd", heads, p["attn"]["wo"])
     y = _layer_norm(x, p["ln2"]["scale"], p["ln2"]["bias"])
     hidden = jax.nn.gelu(jnp.einsum("bsd,df->bsf", y, p["mlp"]["w_in"]))
@@ -175,7 +205,4 @@ def loss_fn(params: Params, batch: jax.Array, cfg: Config | None = None) -> jax.
     """Mean next-byte cross-entropy (nats) of ``batch[b, seq + 1]``: inputs ``[:, :-1]``, targets ``[:, 1:]``."""
     del cfg  # sizes come from the arrays; kept so callers can pass the config they built with
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    logits = forward(params, inputs)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return -jnp.mean(picked)
+    return cross_entropy(forward(params, inputs), targets)
