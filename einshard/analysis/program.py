@@ -557,7 +557,8 @@ class _Walker:
             inner_outs = self.walk(inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, _inherit(phase))
             # A sub-jaxpr's broadcast constants stay free: their consumer decides their layout.
             return [
-                self.free(v.aval) if _is_free(lay) else self.relayout(v.aval, lay.dims) for v, lay in zip(outs, inner_outs)
+                self.free(v.aval) if _is_free(lay) else self.relayout(v.aval, lay.dims)
+                for v, lay in zip(outs, inner_outs)
             ]
         self.unfollowed.add(name)
         return [self.replicated(v.aval) for v in outs]
