@@ -1,10 +1,14 @@
-"""``einshard plan``: plan the demo model's layouts for a mesh and a memory budget, from sizes only.
+"""``einshard plan``: plan a model's layouts for a mesh and a memory budget, from sizes only.
 
     einshard plan --mesh data=4,model=2 --budget 2GiB
-    einshard plan --mesh data=256,model=8 --profile h100 --batch 65536 --width 8192 --rules-out rules.json
+    einshard plan --model transformer --mesh data=4,model=2 --rules-out rules.json
+    einshard demo --rules rules.json                      # train with the planned layout
 
-The model is the demo's ``relu(X @ W1) @ W2`` (widths scaled by ``--width``),
-as a training step (loss and gradients); nothing is allocated or compiled.
+``--model mlp`` is ``relu(X @ W1) @ W2`` (widths scaled by ``--width``);
+``--model transformer`` is the demo's transformer (``einshard demo``'s default
+sizes).  Both are planned as a training step (loss and gradients); nothing is
+allocated or compiled.  ``--rules-out`` writes the rules file ``einshard demo
+--rules`` reads: ``{"params": {pattern: expression}, "batch": expression, "mesh": ...}``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=["demo"], default="demo", help="the model to plan (default: demo)")
+    parser.add_argument(
+        "--model", choices=["mlp", "transformer"], default="mlp", help="the model to plan (default: mlp)"
+    )
     parser.add_argument("--mesh", default="data=4,model=2", help="mesh axis sizes (default data=4,model=2)")
     parser.add_argument("--budget", default=None, help="memory per device, e.g. 2GiB (default: none)")
     parser.add_argument("--profile", default="h100", help="hardware profile: h100, tpu-v5p, cpu (default h100)")
@@ -32,26 +38,42 @@ def run(args: argparse.Namespace) -> int:
     from .analysis.planner import plan
     from .layouts import parse_mesh
 
-    x, y, z = args.width, 2 * args.width, max(args.width // 2, 1)
+    mesh = parse_mesh(args.mesh)
+    if args.model == "transformer":
+        from .models import transformer as tm
 
-    def loss(params, batch):
-        return jnp.mean((jax.nn.relu(batch @ params["w1"]) @ params["w2"]) ** 2)
+        cfg = tm.Config()
+        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tm.init(cfg, 0))
+        batch = jax.ShapeDtypeStruct((args.batch if args.batch != 16384 else 16, cfg.seq + 1), jnp.int32)
+        loss = tm.loss_fn
+        fn = jax.value_and_grad(loss) if args.objective == "training" else tm.forward
+        title = f"model: the demo transformer ({cfg.layers} layers, width {cfg.width}), batch {batch.shape}"
+    else:
+        x, y, z = args.width, 2 * args.width, max(args.width // 2, 1)
 
-    params = {"w1": jax.ShapeDtypeStruct((x, y), jnp.float32), "w2": jax.ShapeDtypeStruct((y, z), jnp.float32)}
-    batch = jax.ShapeDtypeStruct((args.batch, x), jnp.float32)
-    fn = jax.value_and_grad(loss) if args.objective == "training" else (lambda p, b: jax.nn.relu(b @ p["w1"]) @ p["w2"])
+        def loss(params, batch):
+            return jnp.mean((jax.nn.relu(batch @ params["w1"]) @ params["w2"]) ** 2)
+
+        params = {"w1": jax.ShapeDtypeStruct((x, y), jnp.float32), "w2": jax.ShapeDtypeStruct((y, z), jnp.float32)}
+        batch = jax.ShapeDtypeStruct((args.batch, x), jnp.float32)
+        fn = (
+            jax.value_and_grad(loss)
+            if args.objective == "training"
+            else (lambda p, b: jax.nn.relu(b @ p["w1"]) @ p["w2"])
+        )
+        title = f"model: Z = relu(X[b={args.batch}, x={x}] @ W1[x, y={y}]) @ W2[y, z={z}], {args.objective} step"
     result = plan(
         fn,
         params,
         batch,
-        mesh=parse_mesh(args.mesh),
+        mesh=mesh,
         profile=args.profile,
         memory_budget=args.budget,
         objective=args.objective,
     )
-    print(f"model: Z = relu(X[b={args.batch}, x={x}] @ W1[x, y={y}]) @ W2[y, z={z}], {args.objective} step")
+    print(title)
     print(result)
     if args.rules_out:
-        result.save_rules(args.rules_out)
-        print(f"rules written to {args.rules_out}")
+        result.save_rules(args.rules_out, mesh=mesh)
+        print(f"rules written to {args.rules_out} (use: einshard demo --rules {args.rules_out})")
     return 0 if result.fits else 1

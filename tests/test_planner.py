@@ -246,7 +246,7 @@ def test_result_serialises(tmp_path):
     )
     path = tmp_path / "rules.json"
     r.save_rules(str(path))
-    assert json.loads(path.read_text()) == r.rules
+    assert json.loads(path.read_text())["params"] == r.rules
     d = json.loads(json.dumps(r.to_dict()))
     assert d["rules"] == r.rules and d["fits"] and d["alternatives"]
     text = str(r)
@@ -283,8 +283,10 @@ def test_cli_plan_prints_the_plan_and_writes_rules(tmp_path, capsys):
     rc = main(["plan", "--mesh", "data=4,model=2", "--budget", "1GiB", "--rules-out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and "rules:" in text and "why:" in text
-    rules = json.loads(out.read_text())
+    saved = json.loads(out.read_text())
+    rules = saved["params"]
     assert set(rules) == {r"^\['w1'\]$", r"^\['w2'\]$"}
+    assert saved["mesh"] == {"data": 4, "model": 2} and "->" in saved["batch"]
     w = {"w1": np.zeros((1024, 2048), np.float32), "w2": np.zeros((2048, 512), np.float32)}
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     placed = einshard.einshard(w, rules, mesh=mesh)
@@ -365,3 +367,25 @@ def test_planned_collectives_match_the_compiled_hlo(batch):
             if c.group_size > 1:
                 predicted[(c.kind, c.array_bytes)] += op.repeat
     assert predicted == xla
+
+
+def test_planned_rules_train_the_demo(tmp_path):
+    """`einshard plan --model transformer --rules-out F` then `einshard demo --rules F`: same loss as one device."""
+    import os
+    import subprocess
+    import sys
+
+    from einshard.cli import main
+
+    out = tmp_path / "rules.json"
+    assert main(["plan", "--model", "transformer", "--mesh", "data=4,model=2", "--profile", "cpu",
+                 "--rules-out", str(out)]) == 0  # fmt: skip
+    saved = json.loads(out.read_text())
+    assert saved["mesh"] == {"data": 4, "model": 2} and saved["params"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    run = subprocess.run(
+        [sys.executable, "-m", "einshard", "demo", "--rules", str(out), "--steps", "2"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "loss matches the single-device run: yes" in run.stdout

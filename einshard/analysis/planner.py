@@ -391,10 +391,22 @@ class PlanResult:
         placed += [einshard(x, rules, mesh=mesh) for x, rules in zip(data, self.data_rules)]
         return tuple(placed)
 
-    def save_rules(self, path: str) -> None:
-        """Write ``rules`` as JSON ``{pattern: expression}`` (for a demo or a config file; ``einshard.einshard(params, json.load(f))`` reads it back)."""
+    def save_rules(self, path: str, mesh: dict[str, int] | None = None) -> None:
+        """Write the choice as a rules file: ``{"params": {pattern: expression}, "batch": expression, "mesh": sizes}``.
+
+        ``einshard demo --rules PATH`` reads it; ``einshard.einshard(params, json.load(f)["params"])``
+        places parameters with it.  ``batch`` is the first data argument's expression when it is
+        one array.
+        """
+        out: dict[str, Any] = {"params": self.rules}
+        if self.data_rules and len(self.data_rules[0]) == 1:
+            (expr,) = self.data_rules[0].values()
+            if expr is not None:
+                out["batch"] = expr
+        if mesh is not None:
+            out["mesh"] = dict(mesh)
         with open(path, "w") as f:
-            json.dump(self.rules, f, indent=2)
+            json.dump(out, f, indent=2)
             f.write("\n")
 
     def to_dict(self) -> dict[str, Any]:
