@@ -45,13 +45,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = tm.Config()
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tm.init(cfg, 0))
         batch = jax.ShapeDtypeStruct((args.batch if args.batch != 16384 else 16, cfg.seq + 1), jnp.int32)
-        loss = tm.loss_fn
-        fn = jax.value_and_grad(loss) if args.objective == "training" else tm.forward
+        fn = jax.value_and_grad(tm.loss_fn) if args.objective == "training" else tm.forward
         title = f"model: the demo transformer ({cfg.layers} layers, width {cfg.width}), batch {batch.shape}"
     else:
         x, y, z = args.width, 2 * args.width, max(args.width // 2, 1)
 
-        def loss(params, batch):
+        def mlp_loss(params, batch):
             return jnp.mean((jax.nn.relu(batch @ params["w1"]) @ params["w2"]) ** 2)
 
         params = {"w1": jax.ShapeDtypeStruct((x, y), jnp.float32), "w2": jax.ShapeDtypeStruct((y, z), jnp.float32)}
