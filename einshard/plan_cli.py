@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         params = {"w1": jax.ShapeDtypeStruct((x, y), jnp.float32), "w2": jax.ShapeDtypeStruct((y, z), jnp.float32)}
         batch = jax.ShapeDtypeStruct((args.batch, x), jnp.float32)
         fn = (
-            jax.value_and_grad(loss)
+            jax.value_and_grad(mlp_loss)
             if args.objective == "training"
             else (lambda p, b: jax.nn.relu(b @ p["w1"]) @ p["w2"])
         )
