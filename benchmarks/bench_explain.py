@@ -18,6 +18,7 @@ import os
 import pathlib
 import platform
 import statistics
+import sys
 import time
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "") and not os.environ.get(
@@ -31,35 +32,23 @@ import jax.numpy as jnp  # noqa: E402
 
 import einshard  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from transformer import _norm, block  # noqa: E402
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def make_step(layers: int, heads: int):
-    def block(h, p):
-        b, s, d = h.shape
-        x = _norm(h)
-        q = (x @ p["wq"]).reshape(b, s, heads, d // heads)
-        k = (x @ p["wk"]).reshape(b, s, heads, d // heads)
-        v = (x @ p["wv"]).reshape(b, s, heads, d // heads)
-        att = jnp.einsum("bshk,bthk->bhst", q, k) / jnp.sqrt(d // heads)
-        mask = jnp.tril(jnp.ones((s, s), bool))
-        att = jax.nn.softmax(jnp.where(mask, att, -1e9), axis=-1)
-        o = jnp.einsum("bhst,bthk->bshk", att, v).reshape(b, s, d)
-        h = h + o @ p["wo"]
-        return h + jax.nn.gelu(_norm(h) @ p["w1"]) @ p["w2"]
+    """The step with the layers written out (a Python loop): as large a program as it looks."""
 
     def loss(params, tokens):
         h = params["emb"][tokens]
         for i in range(layers):
-            h = block(h, params["layers"][i])
+            h = block(h, params["layers"][i], heads)
         logits = _norm(h) @ params["emb"].T
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], axis=-1))
 
     return jax.value_and_grad(loss)
-
-
-def _norm(x):
-    return (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)
 
 
 def shapes(layers: int, d: int, f: int, vocab: int, batch: int, seq: int):

@@ -15,7 +15,7 @@ import sys
 
 from .analysis import PROFILES, Plan, analyze
 from .analysis.cost import human_bytes, human_time
-from .analysis.plan import format_plan, side_string, type_string
+from .analysis.plan import COLLECTIVE_COLUMNS, collective_rows, format_plan, side_string, type_string
 from .errors import EinshardError
 
 __all__ = ["add_arguments", "run", "parse_pairs"]
@@ -111,19 +111,10 @@ def _print_rich(plan: Plan, max_alternatives: int) -> None:
 
     if plan.collectives:
         comm = Table(show_edge=False, header_style="bold")
-        for col in ("collective", "mesh axes", "group", "tensor", "buffer", "sent/device", "time", "why"):
+        for col in COLLECTIVE_COLUMNS:
             comm.add_column(col)
-        for c in plan.collectives:
-            comm.add_row(
-                c.kind,
-                ",".join(c.axes),
-                str(c.group_size),
-                c.tensor,
-                human_bytes(c.array_bytes),
-                human_bytes(c.bytes),
-                human_time(c.time),
-                escape(c.why),
-            )
+        for row in collective_rows(plan):
+            comm.add_row(*(escape(cell) for cell in row))
         console.print(comm)
     else:
         console.print("[green]no communication[/green]")

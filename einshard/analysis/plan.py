@@ -191,6 +191,26 @@ class Plan:
         return format_plan(self)
 
 
+COLLECTIVE_COLUMNS = ("collective", "mesh axes", "group", "tensor", "buffer", "sent/device", "time", "why")
+
+
+def collective_rows(plan: Plan) -> list[tuple[str, ...]]:
+    """One row per collective of the plan, in :data:`COLLECTIVE_COLUMNS` order (plain and rich tables share it)."""
+    return [
+        (
+            c.kind,
+            ",".join(c.axes),
+            str(c.group_size),
+            c.tensor,
+            human_bytes(c.array_bytes),
+            human_bytes(c.bytes),
+            human_time(c.time),
+            c.why,
+        )
+        for c in plan.collectives
+    ]
+
+
 def format_plan(plan: Plan, max_alternatives: int = 8) -> str:
     """The plain-text table ``str(plan)`` prints."""
     mesh = " ".join(str(m) for m in plan.mesh)
@@ -230,20 +250,7 @@ def format_plan(plan: Plan, max_alternatives: int = 8) -> str:
     lines += _table(rows)
     lines.append("")
     if plan.collectives:
-        rows = [("collective", "mesh axes", "group", "tensor", "buffer", "sent/device", "time", "why")]
-        for c in plan.collectives:
-            rows.append(
-                (
-                    c.kind,
-                    ",".join(c.axes),
-                    str(c.group_size),
-                    c.tensor,
-                    human_bytes(c.array_bytes),
-                    human_bytes(c.bytes),
-                    human_time(c.time),
-                    c.why,
-                )
-            )
+        rows = [COLLECTIVE_COLUMNS, *collective_rows(plan)]
         lines += _table(rows)
     else:
         lines.append("no communication")
