@@ -181,3 +181,20 @@ def test_an_uneven_output_split_is_a_clear_error():
     with pytest.raises(EinshardError, match="padding cannot help") as err:
         einshard.einsum("b k, k n -> b@x n", np.ones((3, 4)), np.ones((4, 5)), mesh=_mesh((4,), ("x",)))
     assert err.value.column == 12
+
+
+def test_einsum_composes_with_vmap_jit_and_grad():
+    """einshard.einsum inside jax.vmap (a batch of inputs), under jit, differentiated."""
+    mesh = _mesh((2, 4), ("x", "y"))
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((3, 8, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 24)).astype(np.float32)
+
+    def f(x, w):
+        return einshard.einsum("b k@y, k@y n -> b@x n", x, w, mesh=mesh, precision="highest")
+
+    got = jax.jit(jax.vmap(f, in_axes=(0, None)))(xs, w)
+    np.testing.assert_allclose(np.asarray(got), np.einsum("abk,kn->abn", xs, w), rtol=1e-5, atol=1e-5)
+    g = jax.grad(lambda w: jnp.sum(jax.vmap(f, in_axes=(0, None))(xs, w) ** 2))(w)
+    want = jax.grad(lambda w: jnp.sum(jnp.einsum("abk,kn->abn", xs, w, precision="highest") ** 2))(w)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-4, atol=1e-4)
