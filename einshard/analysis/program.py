@@ -27,8 +27,8 @@ import numpy as np
 
 from ..errors import EinshardError
 from ..layout import Layout, MeshAxis
-from .api import _mesh_axes, analyze_layouts, dtype_info
-from .cost import get_profile
+from .api import _mesh_axes, analyze_layouts, dtype_info, spec_partitions
+from .cost import Collective, get_profile
 from .plan import side_string
 from .primitives import transition
 from .rule import Problem
@@ -368,6 +368,20 @@ _ELEMENTWISE = {
     "iota",
     "one_minus_square",  # jax >= 0.12: the derivative of tanh
 }
+# Collectives written out inside a shard_map body (jax.lax primitives) and the kinds they are.
+_MANUAL_COLLECTIVES = {
+    "psum": "all-reduce",
+    "psum2": "all-reduce",
+    "psum_invariant": "all-reduce",
+    "pmax": "all-reduce",
+    "pmin": "all-reduce",
+    "all_gather": "all-gather",
+    "all_gather_invariant": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "psum_scatter": "reduce-scatter",
+    "ppermute": "collective-permute",
+    "all_to_all": "all-to-all",
+}
 _REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
 _SUB_JAXPR = {
     "pjit": "jaxpr",
@@ -551,6 +565,12 @@ class _Walker:
             return self.constraint(eqn, ins, repeat, phase)
         if name == "scan":
             return self.scan(eqn, ins, repeat, phase)
+        if name == "shard_map":
+            return self.shard_map(eqn, repeat, phase)
+        if name in _MANUAL_COLLECTIVES:
+            return self.manual_collective(eqn, ins, repeat, phase)
+        if name in ("pvary", "axis_index", "pbroadcast"):
+            return [self.replicated(v.aval) for v in outs]
         sub = self.sub_jaxpr(eqn)
         if sub is not None:
             inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
@@ -682,6 +702,59 @@ class _Walker:
         dst = self.relayout(aval, dims)
         self.change(eqn, phase, ins[0], dst, aval.dtype, repeat, "sharding constraint")
         return [dst]
+
+    def shard_map(self, eqn: Any, repeat: int, phase: str) -> list[Layout]:
+        """A manual region: its body sees local blocks and its collectives are written out.
+
+        The body is walked on local (unsplit) layouts; each explicit collective
+        (psum, all_gather, psum_scatter, ppermute, all_to_all) is priced by its
+        ring formula on the local block.  The results are laid out as the
+        region's out_specs say.
+        """
+        p = eqn.params
+        body = p["jaxpr"]
+        body = body.jaxpr if hasattr(body, "consts") else body
+        self.walk(body, [self.replicated(v.aval) for v in body.invars], repeat, _inherit(phase))
+        specs = p.get("out_specs") or ()
+        outs = []
+        for v, spec in zip(eqn.outvars, list(specs) + [None] * len(eqn.outvars)):
+            entries = list(spec_partitions(spec)) if spec is not None else []
+            entries += [None] * (len(v.aval.shape) - len(entries))
+            dims = [(() if e is None else (e,) if isinstance(e, str) else tuple(e)) for e in entries]
+            outs.append(self.relayout(v.aval, dims))
+        return outs
+
+    def manual_collective(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+        """An explicit collective inside a shard_map body, priced on the local block it moves."""
+        name = eqn.primitive.name
+        p = eqn.params
+        axes = p.get("axes", p.get("axis_name", ()))
+        axes = (axes,) if isinstance(axes, str) else tuple(a for a in axes if isinstance(a, str))
+        n = math.prod(self.rules.mesh_sizes.get(a, 1) for a in axes)
+        kind = _MANUAL_COLLECTIVES[name]
+        colls = []
+        for v_in, v_out in zip(eqn.invars, eqn.outvars):
+            if not hasattr(v_in.aval, "shape") or n <= 1:
+                continue
+            item = int(np.dtype(v_out.aval.dtype).itemsize)
+            local_in = int(math.prod(v_in.aval.shape)) * item
+            local_out = int(math.prod(v_out.aval.shape)) * item
+            if kind == "all-reduce":
+                array, sent = local_in, 2 * (n - 1) / n * local_in
+            elif kind == "all-gather":
+                array, sent = local_out, (n - 1) / n * local_out
+            elif kind == "reduce-scatter":
+                array, sent = local_in, (n - 1) / n * local_in
+            elif kind == "all-to-all":
+                array, sent = local_in, (n - 1) / n * local_in
+            else:  # collective-permute: every device sends its block once
+                array, sent = local_in, float(local_in)
+            t = self.rules.profile.collective_time(kind, n, sent, array)
+            colls.append(Collective(kind, axes, n, int(sent), array, t, "shard_map body", f"explicit {name}"))
+        if colls:
+            self.record(eqn, phase, f"{name} over {','.join(axes)} (explicit)", None, tuple(colls), 0.0,
+                        sum(c.time for c in colls), repeat)  # fmt: skip
+        return [self.replicated(v.aval) for v in eqn.outvars]
 
     def scan(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
         p = eqn.params
