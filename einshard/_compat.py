@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["get_concrete_mesh"]
+__all__ = ["get_concrete_mesh", "use_abstract_mesh"]
 
 
 def get_concrete_mesh() -> Any:
@@ -36,3 +36,13 @@ class _Empty:
 
 
 _EMPTY = _Empty()
+
+
+def use_abstract_mesh(mesh: Any) -> Any:
+    """A context manager making ``mesh`` (an AbstractMesh) current for tracing (public from jax ~0.8)."""
+    public = getattr(jax.sharding, "use_abstract_mesh", None)
+    if public is not None:
+        return public(mesh)
+    from jax._src import mesh as mesh_lib
+
+    return mesh_lib.use_abstract_mesh(mesh)

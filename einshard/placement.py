@@ -23,7 +23,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ._compat import get_concrete_mesh
+from ._compat import get_concrete_mesh, use_abstract_mesh
 from .errors import EinshardError
 from .layout import Layout, MeshAxis, resolve_counts, resolve_named
 from .parsing import Expression, format_name, is_count_item, parse_placement
@@ -483,7 +483,7 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
     # Without a current mesh (the array's own mesh, or mesh= outside jax.set_mesh),
     # reshard needs one to read a PartitionSpec against: make the target current.
     scope = (
-        jax.sharding.use_abstract_mesh(target.abstract_mesh if isinstance(target, Mesh) else target)
+        use_abstract_mesh(target.abstract_mesh if isinstance(target, Mesh) else target)
         if _current_abstract_mesh() is None
         else contextlib.nullcontext()
     )
