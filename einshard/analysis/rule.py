@@ -229,26 +229,16 @@ def _candidates_for(
         mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
         claimed |= mine
         keep_u.append(mine)
-    if any(keep_u):
-        out = _candidates_with(
-            problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw, keep_u
+    # With pending sums to carry, also price summing them first (every operand whole).
+    none: list[frozenset[str]] = [frozenset()] * len(operands)
+    variants = [keep_u, none] if any(keep_u) else [keep_u]
+    return [
+        c
+        for ku in variants
+        for c in _candidates_with(
+            problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw, ku
         )
-        return out + _candidates_with(
-            problem,
-            choice,
-            order,
-            operands,
-            classes,
-            mesh_sizes,
-            size_of,
-            out_shape,
-            kept_product,
-            kw,
-            [frozenset()] * len(operands),
-        )
-    return _candidates_with(
-        problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw, keep_u
-    )
+    ]
 
 
 def _candidates_with(
