@@ -41,6 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..errors import EinshardError
+
 __all__ = [
     "Config",
     "AXES",
@@ -105,7 +107,10 @@ def init(cfg: Config, seed: int = 0) -> Params:
     values go, never what they are.
     """
     if cfg.width % cfg.heads:
-        raise ValueError(f"width {cfg.width} is not a multiple of heads {cfg.heads}")
+        raise EinshardError(
+            f"model width {cfg.width} is not a multiple of the {cfg.heads} heads",
+            hint=f"Use a width divisible by {cfg.heads}, e.g. {cfg.heads * max(cfg.width // cfg.heads, 1)}.",
+        )
     rng = np.random.default_rng(seed)
     d, h, k, f, n, v = cfg.width, cfg.heads, cfg.head_width, cfg.ffn, cfg.layers, cfg.vocab
 
