@@ -22,12 +22,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._compat import get_concrete_mesh
 from ..analysis import Plan, analyze
 from ..errors import EinshardError
 from ..layout import Layout
 from .padding import Padding, pad_operands, plan_padding, unpad_result
-from .steps import Step, einsum_auto, einsum_shard_map, step_layout
+from .steps import Step, einsum_auto, einsum_shard_map, lowering_mesh, step_layout
 
 __all__ = ["einsum", "lower", "EinsumProgram", "plan_steps"]
 
@@ -214,26 +213,16 @@ def _padding(expr: str, operands: Sequence[Any], mesh: Any) -> Padding | None:
     return pad if pad.needed else None
 
 
-def _mesh_for(mesh: Any, operands: Sequence[Any]) -> Any:
-    if mesh is not None:
-        return mesh
-    try:
-        current = get_concrete_mesh()
-    except ValueError:
-        current = None
-    if current is not None and not getattr(current, "empty", True):
-        return current
-    abstract = jax.sharding.get_abstract_mesh()  # under jit only the abstract mesh is current
-    if not abstract.empty:
-        return abstract
-    for x in operands:
-        own = getattr(getattr(x, "sharding", None), "mesh", None)
-        if own is not None and getattr(own, "devices", None) is not None and own.shape:
-            return own
-    raise EinshardError(
-        "einshard.einsum needs a mesh: pass mesh=, call it under `with jax.set_mesh(mesh):`, "
-        "or lay the operands out with einshard() first"
-    )
+def _check_options(mode: Any, two_way: Any) -> None:
+    if mode not in MODES:
+        raise EinshardError(f"mode= must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    if not isinstance(two_way, bool):
+        raise EinshardError(f"two_way= is True or False, got {two_way!r}")
+    if two_way and mode != "async":
+        raise EinshardError(
+            f"two_way=True makes the collective-matmul rings bidirectional, but mode={mode!r} runs no ring",
+            hint="Use mode='async' with two_way=True.",
+        )
 
 
 def lower(
@@ -245,6 +234,7 @@ def lower(
     profile: Any = None,
     precision: Any = None,
     preferred_element_type: Any = None,
+    _what: str | None = None,
 ) -> EinsumProgram:
     """Analyse ``expr`` for these operands (arrays or ``ShapeDtypeStruct``s) and lower its plan.
 
@@ -259,9 +249,8 @@ def lower(
         >>> float(prog(x, w)[0, 0])
         6.0
     """
-    if mode not in MODES:
-        raise EinshardError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    mesh = _mesh_for(mesh, operands)
+    _check_options(mode, two_way)
+    mesh = lowering_mesh(mesh, operands, what="einshard.lower" if _what is None else _what)
     padding = _padding(expr, operands, mesh)
     if padding is not None:
         # Zero padding is exact for an einsum: pad the uneven splits, run, cut the result back.
@@ -283,14 +272,13 @@ def lower(
         return EinsumProgram(inner.plan, mode, inner.steps_before, inner.steps_after, padded, padding)
     plan = _runnable(analyze(expr, *operands, mesh=mesh, profile=profile))
     if mode == "auto":
-        auto: Callable[..., jax.Array] = jax.jit(
-            einsum_auto(
-                plan.operands,
-                plan.out_layout,
-                mesh=mesh,
-                precision=precision,
-                preferred_element_type=preferred_element_type,
-            )
+        # Not jitted here: eager on Explicit meshes, and it composes with the caller's jit/grad/vmap.
+        auto = einsum_auto(
+            plan.operands,
+            plan.out_layout,
+            mesh=mesh,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
         )
         return EinsumProgram(plan, mode, (), (), auto)
     before, after = plan_steps(plan)
@@ -333,7 +321,8 @@ def einsum(
             contraction, or the result's reduce-scatter, as a collective-matmul
             ring of ``ppermute``\\ s), or ``'auto'`` (XLA decides; the baseline).
         two_way: bidirectional rings in ``'async'`` mode.
-        mesh: default the current mesh (``jax.set_mesh``), else the operands' mesh.
+        mesh: a ``jax.sharding.Mesh``; default the current mesh (``jax.set_mesh``), else the
+            operands' mesh (also under ``jax.jit``, from their types) — see :mod:`einshard.mesh`.
 
     Composes with ``jax.jit``, ``jax.grad`` and ``jax.vmap``; gradients come from
     JAX's transposition of the collectives.  ``einshard.lower(...)`` gives the
@@ -356,5 +345,6 @@ def einsum(
         profile=profile,
         precision=precision,
         preferred_element_type=preferred_element_type,
+        _what="einshard.einsum",
     )
     return program(*operands)
