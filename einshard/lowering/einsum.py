@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ..analysis import Plan, analyze
+from ..analysis.api import _Operand
 from ..errors import EinshardError
 from ..layout import Layout
 from .padding import Padding, pad_operands, plan_padding, unpad_result
@@ -251,6 +252,49 @@ def lower(
     """
     _check_options(mode, two_way)
     mesh = lowering_mesh(mesh, operands, what="einshard.lower" if _what is None else _what)
+    # Repeated calls (eager einsums in a loop, a model's layers) reuse one program, so JAX's
+    # caches (keyed on the function) compile it once.  The key is what the plan depends on.
+    key = (
+        expr,
+        tuple(_Operand.of(x) for x in operands),
+        mode,
+        mesh,
+        two_way,
+        profile,
+        precision,
+        preferred_element_type,
+    )
+    try:
+        hash(key)
+    except TypeError:
+        return _lower_on(expr, operands, mode, mesh, two_way, profile, precision, preferred_element_type)
+    return _lower_cached(key, operands)
+
+
+_PROGRAMS: dict[tuple[Any, ...], EinsumProgram] = {}
+
+
+def _lower_cached(key: tuple[Any, ...], operands: Sequence[Any]) -> EinsumProgram:
+    program = _PROGRAMS.get(key)
+    if program is None:
+        expr, _, mode, mesh, two_way, profile, precision, pet = key
+        program = _lower_on(expr, operands, mode, mesh, two_way, profile, precision, pet)
+        if len(_PROGRAMS) >= 1024:  # bounded, oldest first
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+        _PROGRAMS[key] = program
+    return program
+
+
+def _lower_on(
+    expr: str,
+    operands: Sequence[Any],
+    mode: str,
+    mesh: Any,
+    two_way: bool,
+    profile: Any,
+    precision: Any,
+    preferred_element_type: Any,
+) -> EinsumProgram:
     padding = _padding(expr, operands, mesh)
     if padding is not None:
         # Zero padding is exact for an einsum: pad the uneven splits, run, cut the result back.
@@ -272,7 +316,7 @@ def lower(
         return EinsumProgram(inner.plan, mode, inner.steps_before, inner.steps_after, padded, padding)
     plan = _runnable(analyze(expr, *operands, mesh=mesh, profile=profile))
     if mode == "auto":
-        # Not jitted here: eager on Explicit meshes, and it composes with the caller's jit/grad/vmap.
+        # Runs eagerly on Explicit meshes and composes with the caller's jit/grad/vmap (einsum_auto).
         auto = einsum_auto(
             plan.operands,
             plan.out_layout,

@@ -663,7 +663,12 @@ def einsum_auto(
         y = jnp.einsum(subscripts, *xs, **kw)
         # A one-operand einsum may come back as its input, ignoring out_sharding (and a jit's
         # out_shardings do not retype Explicit axes): place makes sure of the Explicit part.
-        return place(y if concrete else constrain_auto(y, mesh, out_spec), mesh, out_spec)
+        # On an abstract mesh (under a trace) the Auto part of the result is a constraint, except on a
+        # mixed mesh: with_sharding_constraint's transpose drops the Explicit part of the cotangent's
+        # type there (JAX 0.10), so XLA's propagation places the Auto part.
+        if not concrete and not explicit:
+            y = constrain_auto(y, mesh, out_spec)
+        return place(y, mesh, out_spec)
 
     # On a concrete mesh, a jit whose out_shardings name it lays the result out and tells JAX the
     # devices even when no mesh context is current and the operands are host arrays (a shard_map's
