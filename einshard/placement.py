@@ -26,7 +26,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ._compat import use_abstract_mesh
 from .errors import EinshardError
 from .layout import Layout, resolve_counts, resolve_named
-from .mesh import as_mesh, auto_axes, current_concrete_mesh, is_tracer, mesh_axes, show_mesh
+from .mesh import as_mesh, auto_axes, current_concrete_mesh, explicit_axes, is_tracer, mesh_axes, show_mesh
 from .parsing import Expression, format_name, is_count_item, parse_placement
 
 __all__ = ["einshard", "sharding", "spec", "describe", "layout", "anonymous_mesh", "current_mesh"]
@@ -487,6 +487,15 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
         )
     lay = resolve_named(expr, tuple(x.shape), mesh_axes(target))
     types = dict(zip(target.axis_names, target.axis_types))
+    if explicit_axes(target) and _current_abstract_mesh() is None and _outside_jit(x):
+        # JAX itself cannot transpose a reshard on Explicit axes outside a mesh context
+        # (eager jax.grad fails with "Expected cotangent type ..."): say what works.
+        raise expr.fail(
+            "eager jax.grad / jax.vmap through a layout on Explicit mesh axes needs the mesh context, "
+            f"and none is current (mesh {show_mesh(target)})",
+            None,
+            "Call it inside `with jax.set_mesh(mesh):`, or under jax.jit.",
+        )
     explicit = _restrict(lay, lambda m: types[m] == AxisType.Explicit)
     auto = _restrict(lay, lambda m: types[m] == AxisType.Auto)
     # Without a current mesh (the array's own mesh, or mesh= outside jax.set_mesh),
@@ -496,12 +505,23 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
         if _current_abstract_mesh() is None
         else contextlib.nullcontext()
     )
+    has_explicit = any(t == AxisType.Explicit for t in types.values())
+    has_auto = any(t == AxisType.Auto for t in types.values())
+
+    def apply(v: Any) -> Any:
+        if has_explicit:
+            v = jax.sharding.reshard(v, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
+        if has_auto:
+            v = jax.lax.with_sharding_constraint(v, NamedSharding(target, auto))
+        return v
+
+    if has_explicit and has_auto and _outside_jit(x):
+        # On a mixed mesh, eager jax.grad cannot transpose the reshard/constraint pair op by op
+        # (plain JAX fails with "Expected cotangent type"); staged together under jit it can.
+        apply = jax.jit(apply)
     try:
         with scope:
-            if any(t == AxisType.Explicit for t in types.values()):
-                x = jax.sharding.reshard(x, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
-            if any(t == AxisType.Auto for t in types.values()):
-                x = jax.lax.with_sharding_constraint(x, NamedSharding(target, auto))
+            x = apply(x)
     except (ValueError, AssertionError) as err:  # JAX asserts when a constraint meets an Explicit mesh
         raise expr.fail(
             f"JAX refused the layout under jit: {err}",
@@ -509,6 +529,21 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
             "With Explicit mesh axes, trace inside `with jax.set_mesh(mesh):`.",
         ) from None
     return x
+
+
+def _outside_jit(x: Any) -> bool:
+    """A tracer of an eager transformation (jax.grad, jax.vmap) whose innermost value is concrete, not jit's."""
+    while isinstance(x, jax.core.Tracer):
+        # The tracer classes are not public API: recognise them by name (JVP and linearize
+        # tracers keep their primal, batch tracers their value).
+        kind = type(x).__name__
+        if kind in ("JVPTracer", "LinearizeTracer"):
+            x = x.primal
+        elif kind == "BatchTracer":
+            x = x.val
+        else:
+            return False  # a jit/staging tracer
+    return True
 
 
 def _restrict(lay: Layout, keep: Any) -> PartitionSpec:
