@@ -40,6 +40,7 @@ from .layout import MeshAxis
 
 __all__ = [
     "AnyMesh",
+    "MeshLike",
     "resolve_mesh",
     "current_mesh",
     "current_concrete_mesh",
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 AnyMesh = Mesh | AbstractMesh
+# What ``mesh=`` accepts: a mesh, or axis sizes where only shapes matter.
+MeshLike = Mesh | AbstractMesh | Mapping[str, int]
 
 _HOW = (
     "Pass mesh= (a jax Mesh, or sizes like {'data': 4, 'model': 2} where only shapes matter), call it inside "

@@ -26,7 +26,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ._compat import use_abstract_mesh
 from .errors import EinshardError
 from .layout import Layout, resolve_counts, resolve_named
-from .mesh import as_mesh, auto_axes, current_concrete_mesh, explicit_axes, is_tracer, mesh_axes, show_mesh
+from .mesh import MeshLike, as_mesh, auto_axes, current_concrete_mesh, explicit_axes, is_tracer, mesh_axes, show_mesh
 from .parsing import Expression, format_name, is_count_item, parse_placement
 
 __all__ = ["einshard", "sharding", "spec", "describe", "layout", "anonymous_mesh", "current_mesh"]
@@ -188,7 +188,7 @@ def _eager_sharding(text: str, x: Any, mesh: Any, ctx: Mesh | None) -> NamedShar
     return _cached_eager_sharding(text, tuple(x.shape), mesh, ctx, own)
 
 
-def layout(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> Layout:
+def layout(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -> Layout:
     """The :class:`~einshard.layout.Layout` an expression gives an array of ``shape``.
 
     Example:
@@ -200,7 +200,7 @@ def layout(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> La
     return _resolve(text, _check_shape(shape, text), _pick_mesh(text, mesh))[0]
 
 
-def sharding(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> NamedSharding:
+def sharding(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -> NamedSharding:
     """The ``NamedSharding`` an expression gives an array of ``shape``, without moving data.
 
     Use it for ``jax.jit(in_shardings=..., out_shardings=...)``, ``jax.ShapeDtypeStruct``
@@ -226,7 +226,7 @@ def _replicated_everywhere(lay: Layout) -> NamedSharding:
     return NamedSharding(concrete, lay.to_spec())
 
 
-def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: Mesh | None = None) -> PartitionSpec:
+def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: MeshLike | None = None) -> PartitionSpec:
     """The ``PartitionSpec`` of an expression.
 
     ``shape`` is needed for ``...`` (to know the rank) and to check divisibility;
@@ -297,7 +297,7 @@ def _as_array(leaf: Any) -> np.ndarray:
     return arr
 
 
-def einshard(x: Any, expr: Rules, *, mesh: Mesh | None = None, process_local: bool = False) -> Any:
+def einshard(x: Any, expr: Rules, *, mesh: MeshLike | None = None, process_local: bool = False) -> Any:
     """Lay ``x`` out on devices as ``expr`` says.
 
     Args:
