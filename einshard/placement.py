@@ -13,7 +13,6 @@ devices instead, cached per (devices, shape) so separate calls agree.
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any
 
 import jax
@@ -21,6 +20,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from ._caches import cached
 from ._compat import use_abstract_mesh
 from .errors import EinshardError
 from .layout import Layout, resolve_counts, resolve_named
@@ -101,7 +101,7 @@ def _count_mesh_conflict(expr: Expression, mesh: Any, how: str) -> EinshardError
     )
 
 
-@functools.lru_cache(maxsize=8192)
+@cached(maxsize=8192)
 def _resolve(text: str, shape: tuple[int, ...], mesh: Any) -> tuple[Layout, NamedSharding | None]:
     """(layout, sharding) for a placement; mesh is the explicit or context mesh, or None."""
     expr = parse_placement(text)
@@ -166,7 +166,7 @@ def _choose_mesh(expr_text: str, mesh: Any, ctx: Mesh | None, own: Mesh | None) 
     return own
 
 
-@functools.lru_cache(maxsize=8192)
+@cached(maxsize=8192)
 def _cached_eager_sharding(text: str, shape: tuple[int, ...], mesh: Any, ctx: Any, own: Any) -> NamedSharding:
     return _concrete_sharding(text, shape, _choose_mesh(text, mesh, ctx, own))
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 
+from ._caches import register
 from .errors import EinshardError
 
 __all__ = ["Rules", "leaf_expressions", "compile_rules", "cache_clear", "UNMATCHED"]
@@ -97,6 +98,7 @@ def leaf_expressions(tree: Any, rules: Rules, *, is_leaf: Any = None, unmatched:
     return texts
 
 
+@register
 def cache_clear() -> None:
     """Forget the per-structure matches (einshard.clear_caches() calls this)."""
     _CACHE.clear()
