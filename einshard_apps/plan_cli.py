@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             if args.objective == "training"
             else (lambda p, b: jax.nn.relu(b @ p["w1"]) @ p["w2"])
         )
-        title = f"model: Z = relu(X[b={args.batch}, x={x}] @ W1[x, y={y}]) @ W2[y, z={z}], {args.objective} step"
+        title = f"model: Z = relu(X[b={batch.shape[0]}, x={x}] @ W1[x, y={y}]) @ W2[y, z={z}], {args.objective} step"
     result = plan(
         fn,
         params,
