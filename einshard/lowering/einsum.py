@@ -22,10 +22,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._caches import register
 from ..analysis import Plan, analyze
 from ..analysis.api import _Operand
+from ..core.layout import Layout
 from ..errors import EinshardError
-from ..layout import Layout
 from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .steps import Step, einsum_auto, einsum_shard_map, lowering_mesh, step_layout
 
@@ -272,6 +273,7 @@ def lower(
 
 
 _PROGRAMS: dict[tuple[Any, ...], EinsumProgram] = {}
+register(_PROGRAMS.clear)
 
 
 def _lower_cached(key: tuple[Any, ...], operands: Sequence[Any]) -> EinsumProgram:

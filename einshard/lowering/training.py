@@ -46,8 +46,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from ..core.mesh import mesh_axes
 from ..errors import EinshardError
-from ..mesh import mesh_axes
 from ..placement import spec as einshard_spec
 from .steps import check_lowering_context, lowering_mesh, place
 

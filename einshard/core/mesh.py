@@ -20,7 +20,7 @@ between meshes on purpose and does not check.
 
 Example:
     >>> import jax
-    >>> from einshard.mesh import resolve_mesh, mesh_axes
+    >>> from einshard.core.mesh import resolve_mesh, mesh_axes
     >>> m = resolve_mesh({'data': 4, 'model': 2})
     >>> mesh_axes(m)
     (MeshAxis(name='data', size=4), MeshAxis(name='model', size=2))
@@ -34,12 +34,13 @@ from typing import Any
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ._compat import get_concrete_mesh
-from .errors import EinshardError
+from .._compat import get_concrete_mesh
+from ..errors import EinshardError
 from .layout import MeshAxis
 
 __all__ = [
     "AnyMesh",
+    "MeshLike",
     "resolve_mesh",
     "current_mesh",
     "current_concrete_mesh",
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 AnyMesh = Mesh | AbstractMesh
+# What ``mesh=`` accepts: a mesh, or axis sizes where only shapes matter.
+MeshLike = Mesh | AbstractMesh | Mapping[str, int]
 
 _HOW = (
     "Pass mesh= (a jax Mesh, or sizes like {'data': 4, 'model': 2} where only shapes matter), call it inside "
@@ -207,7 +210,7 @@ def resolve_mesh(
 
 
 def mesh_axes(mesh: Any) -> tuple[MeshAxis, ...]:
-    """The mesh's axes as :class:`~einshard.layout.MeshAxis` values (names and sizes), in mesh order."""
+    """The mesh's axes as :class:`~einshard.core.layout.MeshAxis` values (names and sizes), in mesh order."""
     return tuple(MeshAxis(str(name), int(size)) for name, size in dict(as_mesh(mesh).shape).items())
 
 
