@@ -482,6 +482,18 @@ def _check_operands(operands: Sequence[Any], layouts: Sequence[Layout]) -> None:
             raise EinshardError(f"operand {k + 1} of shape {tuple(shape)} does not fit the layout {lay}")
 
 
+def _check_empty_splits(layouts: Sequence[Layout]) -> None:
+    """An axis of size 0 split over devices is refused: XLA cannot gather or scatter empty blocks."""
+    for lay in layouts:
+        for d, (name, size) in enumerate(zip(lay.axes, lay.shape, strict=True)):
+            if size == 0 and lay.shards(d) > 1:
+                raise EinshardError(
+                    f"axis {name!r} has size 0 and cannot be split over {', '.join(lay.dims[d])} "
+                    "(the collectives cannot move empty blocks)",
+                    hint=f"Leave the empty axis unsplit: drop its '@' ({name} instead of {name}@...).",
+                )
+
+
 def einsum_shard_map(
     layouts_in: Sequence[Layout],
     layout_out: Layout,
@@ -526,6 +538,7 @@ def einsum_shard_map(
         )
     if mode not in ("sync", "async"):
         raise EinshardError(f"mode must be 'sync', 'async' or 'auto', got {mode!r}")
+    _check_empty_splits([*layouts_in, layout_out])
     n_ops = len(layouts_in)
     before = [s for s in steps_before]
     for s in before:
@@ -646,6 +659,7 @@ def einsum_auto(
             f"mode='auto' cannot leave pending sums ({layout_out}); use mode='sync'",
             hint="Or reduce them: drop '{U:...}' from the output.",
         )
+    _check_empty_splits([*layouts_in, layout_out])
     subscripts = _subscripts([lay.axes for lay in layouts_in], layout_out.axes)
     in_specs = [_pspec(lay) for lay in layouts_in]
     out_spec = _pspec(layout_out)
