@@ -292,6 +292,10 @@ def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{os.fspath(where)!r} is not a complete einshard checkpoint (no _CHECKPOINT_METADATA: "
             "an interrupted save, or another kind of directory)"
         )
+    try:
+        json.loads((where / "_CHECKPOINT_METADATA").read_text())
+    except (OSError, ValueError) as err:
+        raise EinshardError(f"{os.fspath(where)!r}: the checkpoint's metadata file is damaged: {err}") from None
     ocp = _orbax()
     try:
         custom = ocp.StandardCheckpointer().metadata(where).custom_metadata or {}
@@ -423,11 +427,21 @@ def restore(
     checkpointer = ocp.StandardCheckpointer()
     try:
         out = checkpointer.restore(where, jax.tree_util.tree_unflatten(treedef, target))
-    except (ValueError, OSError, KeyError, TypeError, RuntimeError) as err:
-        raise EinshardError(f"cannot restore the checkpoint at {os.fspath(where)!r} (corrupted?): {err}") from None
+    except Exception as err:  # orbax and tensorstore raise bare Exceptions for unreadable data
+        raise EinshardError(
+            f"cannot restore the checkpoint at {os.fspath(where)!r}, its files are damaged or incomplete: "
+            f"{_first_lines(err)}"
+        ) from None
     finally:
         checkpointer.close()
     return out
+
+
+def _first_lines(err: BaseException) -> str:
+    """The gist of an orbax/tensorstore error (whose full text repeats whole TensorStore specs)."""
+    root = err.__cause__ if err.__cause__ is not None else err  # the tensorstore error names the file and leaf
+    text = str(root).split("\n", 1)[0]
+    return text if len(text) <= 500 else text[:500] + "..."
 
 
 def _restore_texts(like: Any, treedef: Any, expressions: Any, n: int) -> list[str | None]:
