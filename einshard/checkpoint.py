@@ -383,7 +383,9 @@ def _targets(
         try:
             out.append(sharding(expression, shape, mesh=on))
         except EinshardError as err:
-            raise EinshardError(f"at {key} (shape {shape}): {err.reason}", err.expression, err.column, err.hint) from None
+            raise EinshardError(
+                f"at {key} (shape {shape}): {err.reason}", err.expression, err.column, err.hint
+            ) from None
     return out
 
 
