@@ -136,7 +136,7 @@ def _swap_in(staged: pathlib.Path, path: pathlib.Path) -> None:
     _sync(f"einshard.checkpoint.swap.end:{path}")
 
 
-def _mesh_record(mesh: Mesh) -> dict[str, Any]:
+def _mesh_record(mesh: Mesh | jax.sharding.AbstractMesh) -> dict[str, Any]:
     axes = [[str(n), int(mesh.shape[n]), t.name] for n, t in zip(mesh.axis_names, mesh.axis_types)]
     return {"axes": axes, **({"anonymous": True} if is_anonymous(mesh) else {})}
 
@@ -167,7 +167,7 @@ def _saved_expression(key: str, leaf: Any, text: str | None) -> str:
     sh = getattr(leaf, "sharding", None)
     if not isinstance(leaf, jax.Array) or not isinstance(sh, NamedSharding):
         return text
-    mesh = None if is_anonymous(sh.mesh) else sh.mesh
+    mesh = sh.mesh if isinstance(sh.mesh, Mesh) and not is_anonymous(sh.mesh) else None
     try:
         want = sharding(text, tuple(leaf.shape), mesh=mesh)
     except EinshardError as err:

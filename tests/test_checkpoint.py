@@ -492,6 +492,9 @@ def test_a_killed_save_leaves_the_previous_checkpoint_restorable(tmp_path, mode)
     assert not (tmp_path / "step_2").exists()
     with pytest.raises(EinshardError, match="there is no checkpoint at"):
         checkpoint.restore(tmp_path / "step_2")
+    for leftover in tmp_path.glob("*orbax-checkpoint-tmp*"):  # nor does orbax's temporary directory
+        with pytest.raises(EinshardError, match="is not a complete einshard checkpoint"):
+            checkpoint.restore(leftover)
     back = checkpoint.restore(tmp_path / "step_1")
     assert checkpoint.read_meta(tmp_path / "step_1")["mode"] == "first"
     rng = np.random.default_rng(0).standard_normal((2048, 1024)).astype(np.float32)
