@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--update-readme", action="store_true")
+    p.add_argument("--table-only", action="store_true", help="rewrite the table from checkpoint.json, no measuring")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--format", choices=("orbax", "npz"), help=argparse.SUPPRESS)
     p.add_argument("--op", choices=("save", "restore"), help=argparse.SUPPRESS)
@@ -216,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.child:
         return child(args)
+    if args.table_only:
+        return _finish(json.loads((args.out / "checkpoint.json").read_text()), args)
+    load_start = list(os.getloadavg())
     workdir = tempfile.mkdtemp(prefix="einshard-bench-ckpt-")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {f: {"save": [], "restore": []} for f in ("orbax", "npz")}
     began = time.perf_counter()
@@ -235,35 +239,39 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import orbax.checkpoint as ocp
 
-    tree_bytes = runs["orbax"]["save"][0]["tree_bytes"]
-    med = {
-        f: {op: {k: statistics.median(m[k] for m in ms) for k in ("seconds", "peak_rise")} for op, ms in d.items()}
-        for f, d in runs.items()
-    }
-    machine = f"{platform.machine()}, {os.cpu_count()} CPU cores"
     result = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "versions": {"jax": jax.__version__, "orbax-checkpoint": ocp.__version__, "python": platform.python_version()},
-        "machine": machine,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        "load_average": {"start": load_start, "end": list(os.getloadavg())},
         "devices": args.devices,
-        "tree_bytes": tree_bytes,
+        "tree_bytes": runs["orbax"]["save"][0]["tree_bytes"],
         "repeats": args.repeats,
         "disk_bytes": disk,
-        "medians": med,
         "runs": runs,
         "wall_seconds": time.perf_counter() - began,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "checkpoint.json").write_text(json.dumps(result, indent=2) + "\n")
+    return _finish(result, args)
+
+
+def _table(result: dict[str, Any]) -> str:
+    runs, tree_bytes, disk = result["runs"], result["tree_bytes"], result["disk_bytes"]
+    med = {
+        f: {op: {k: statistics.median(m[k] for m in ms) for k in ("seconds", "peak_rise")} for op, ms in d.items()}
+        for f, d in runs.items()
+    }
     o, n = med["orbax"], med["npz"]
     rows = [
-        "| operation | orbax (`einshard.checkpoint`) | gathered `.npz` (einshard <= 0.3) | orbax vs npz |",
+        "| operation | orbax (`einshard.checkpoint`) | gathered `.npz` (einshard <= 0.3) | orbax / npz |",
         "|---|---|---|---|",
     ]
     for op in ("save", "restore"):
+        ratio = o[op]["seconds"] / n[op]["seconds"]
         rows.append(
             f"| {op}: time | {o[op]['seconds']:.2f} s | {n[op]['seconds']:.2f} s | "
-            f"**{n[op]['seconds'] / o[op]['seconds']:.2f}×** faster |"
+            f"**{ratio:.2f}×** ({'slower' if ratio > 1 else 'faster'}) |"
         )
         rows.append(
             f"| {op}: peak host memory above the resident state | {_mib(o[op]['peak_rise'])} | "
@@ -276,10 +284,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{first['npz']:.2f} s | |"
     )
     exact = all(m["exact_peak"] for d in runs.values() for ms in d.values() for m in ms)
-    table = "\n".join(
+    load = result.get("load_average")
+    load_text = (
+        f"load average {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end"
+        if load
+        else f"load average {result.get('load_average_observed', 'not recorded')}"
+    )
+    v = result["versions"]
+    return "\n".join(
         [
-            f"A {_mib(tree_bytes)} float32 pytree (5 leaves, split over data=4 × model={args.devices // 4}: rows, "
-            f"columns, both, replicated), saved and restored with the saved layouts; medians of {args.repeats}, "
+            f"A {_mib(tree_bytes)} float32 pytree (5 leaves, split over data=4 × model={result['devices'] // 4}: rows, "
+            f"columns, both, replicated), saved and restored with the saved layouts; medians of {result['repeats']}, "
             "each measurement in a fresh process after a warm-up save and restore of a tiny tree.",
             "",
             *rows,
@@ -287,14 +302,20 @@ def main(argv: list[str] | None = None) -> int:
             "Peak host memory: how far the process's RSS high-water mark rose above its RSS before the operation "
             f"({'VmHWM reset through /proc/self/clear_refs' if exact else 'getrusage'}). On simulated CPU devices the "
             "arrays live in host memory too, so a restore's figure includes the restored tree itself "
-            f"({_mib(tree_bytes)}); a save's is pure overhead: the npz path gathers every leaf into a whole host copy, "
-            "orbax copies each shard off its device and writes it (one process here holds all 8 devices' shards; "
-            "under jax.distributed each process handles only its own).",
+            f"({_mib(tree_bytes)}); a save's is overhead: the npz path gathers every leaf into a whole host copy, "
+            "orbax copies every shard this process holds off its device, then compresses (zstd) and writes it. One "
+            "process holds all 8 devices here, so its shards are the whole tree; under jax.distributed each process "
+            "copies and writes only its own shards, while the npz path gathers the whole tree in every process.",
             "",
-            f"jax {jax.__version__}, orbax-checkpoint {ocp.__version__}, Python {platform.python_version()}, {machine} "
-            f"(shared with other jobs); {args.devices} simulated CPU devices.",
+            f"jax {v['jax']}, orbax-checkpoint {v['orbax-checkpoint']}, Python {v['python']}, {result['machine']}, "
+            f"{result['devices']} simulated CPU devices; {load_text}; {result['date']}.",
         ]
     )
+
+
+def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
+    table = _table(result)
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "checkpoint.md").write_text(table + "\n")
     print(table)
     if args.update_readme:

@@ -126,6 +126,21 @@ def test_restore_under_set_mesh_with_a_tree_of_expressions_and_like_structs(tmp_
     assert back["b"].sharding.spec == P("data")
 
 
+def test_like_leaves_with_shardings_are_restored_with_them(tmp_path):
+    """orbax's idiom: ShapeDtypeStructs (or live arrays) carrying shardings; expressions= still wins."""
+    path, tree = _save_8(tmp_path)
+    mesh = _mesh((2, 4), ("x", "y"), AxisType.Auto)
+    like = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, P())) for k, v in tree.items()}
+    like["w"] = jax.ShapeDtypeStruct(SHAPES["w"], np.float32, sharding=NamedSharding(mesh, P("y", "x")))
+    back = checkpoint.restore(path, like, expressions={"emb": "v d -> v@x d", ".*": None}, mesh=mesh)
+    _assert_tree_equal(back, host_tree())
+    assert back["w"].sharding == like["w"].sharding  # from like
+    assert back["emb"].sharding.spec == P("x", None)  # from expressions=, over like's replicated sharding
+    assert back["b"].sharding.is_fully_replicated and back["b"].sharding.mesh == mesh
+    live = checkpoint.restore(path, back)  # live arrays as like: their layouts
+    assert all(live[k].sharding == back[k].sharding for k in SHAPES)
+
+
 def test_restore_casts_to_the_dtype_of_like(tmp_path):
     path, _ = _save_8(tmp_path)
     like = {**host_tree(), "w": jax.ShapeDtypeStruct(SHAPES["w"], jax.numpy.bfloat16)}

@@ -47,7 +47,6 @@ import math
 import os
 import pathlib
 import shutil
-import zipfile
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -56,13 +55,13 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
-from .errors import EinshardError
-from .placement import _leaf_texts, current_mesh, describe, einshard, is_anonymous, sharding
+from ..errors import EinshardError
+from ..placement import _leaf_texts, current_mesh, describe, is_anonymous, sharding
+from ._npz import NPZ_FORMAT, npz_header, restore_npz
 
 __all__ = ["FORMAT", "Saving", "save", "restore", "read_meta"]
 
 FORMAT = "einshard-checkpoint/2"
-NPZ_FORMAT = "einshard-checkpoint/1"  # the gathered single-file format before orbax: read, never written
 _RESERVED = ("format", "leaves", "meshes")
 # While overwrite=True swaps checkpoints, the old one waits under this name.
 _PREVIOUS = ".einshard-previous"
@@ -286,7 +285,7 @@ def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The checkpoint's header: format, leaves (path, expression, shape, dtype, mesh), meshes and the caller's meta."""
     where = _locate(path)
     if where.is_file():
-        return _npz_header(where)
+        return npz_header(where)
     if "orbax-checkpoint-tmp" in where.name or not (where / "_CHECKPOINT_METADATA").is_file():
         raise EinshardError(
             f"{os.fspath(where)!r} is not a complete einshard checkpoint (no _CHECKPOINT_METADATA: "
@@ -307,17 +306,6 @@ def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{os.fspath(where)!r} is an orbax checkpoint without an einshard header (format {FORMAT!r})",
             hint="Restore it with orbax directly, or save it with einshard.checkpoint.save.",
         )
-    return header
-
-
-def _npz_header(where: pathlib.Path) -> dict[str, Any]:
-    try:
-        with np.load(where, allow_pickle=False) as data:
-            header = json.loads(str(data["__einshard__"]))
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
-        raise EinshardError(f"{os.fspath(where)!r} is not an einshard checkpoint: {err}") from None
-    if header.get("format") != NPZ_FORMAT:
-        raise EinshardError(f"{os.fspath(where)!r}: unknown checkpoint format {header.get('format')!r}")
     return header
 
 
@@ -364,15 +352,32 @@ def _saved_mesh(record: dict[str, Any], key: str) -> Mesh:
     return jax.make_mesh(sizes, names, axis_types=types)
 
 
+def _like_sharding(leaf: Any) -> jax.sharding.Sharding | None:
+    """The sharding a ``like`` leaf asks for: a jax.Array's, or a ShapeDtypeStruct's ``sharding=``."""
+    sh = getattr(leaf, "sharding", None) if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) else None
+    return sh if isinstance(sh, jax.sharding.Sharding) else None
+
+
 def _targets(
-    entries: list[dict[str, Any]], meshes: list[dict[str, Any]], texts: list[str | None], mesh: Mesh | None
-) -> list[NamedSharding]:
-    """The sharding each leaf is restored with: its expression on ``mesh``, the current mesh, or its saved mesh."""
+    entries: list[dict[str, Any]],
+    meshes: list[dict[str, Any]],
+    texts: list[str | None],
+    like_leaves: list[Any],
+    mesh: Mesh | None,
+) -> list[jax.sharding.Sharding]:
+    """The sharding of each leaf: a new expression, else the ``like`` leaf's sharding, else the saved expression.
+
+    Expressions are read on ``mesh``, else the current mesh, else the leaf's saved mesh shape rebuilt here.
+    """
     given = mesh if mesh is not None else current_mesh()
     rebuilt: dict[int, Mesh] = {}
-    out = []
-    for entry, text in zip(entries, texts):
+    out: list[jax.sharding.Sharding] = []
+    for entry, text, leaf in zip(entries, texts, like_leaves):
         key, shape = entry["path"], tuple(entry["shape"])
+        own = _like_sharding(leaf) if text is None else None
+        if own is not None:
+            out.append(own)
+            continue
         expression = text or entry["expression"]
         on = given
         index = entry.get("mesh")
@@ -405,7 +410,9 @@ def restore(
         path: a checkpoint directory written by :func:`save` (or an ``.npz`` of the format before).
         like: the tree to restore into (arrays or ``jax.ShapeDtypeStruct``; leaves
             matched by path, shapes must agree; a dtype other than the saved
-            one is cast to).  Default: the saved tree as nested dicts.
+            one is cast to).  A leaf that carries a sharding (a jax.Array, or a
+            ``ShapeDtypeStruct(..., sharding=)``) is restored with it unless
+            ``expressions`` names a layout for it.  Default: the saved tree as nested dicts.
         expressions: new layouts: one expression, rules as ``einshard()`` takes
             them (a rule of None keeps the saved expression), or a tree of them
             like ``like``.  Default: the expressions saved with each leaf.
@@ -419,8 +426,8 @@ def restore(
     entries, treedef, like_leaves = _match(where, header, like)
     texts = _restore_texts(like, treedef, expressions, len(entries))
     if header["format"] == NPZ_FORMAT:
-        return _restore_npz(where, header, entries, treedef, texts, mesh)
-    shardings = _targets(entries, header.get("meshes", []), texts, mesh)
+        return restore_npz(where, entries, treedef, texts, like_leaves, mesh)
+    shardings = _targets(entries, header.get("meshes", []), texts, like_leaves, mesh)
     target = [
         jax.ShapeDtypeStruct(tuple(e["shape"]), getattr(leaf, "dtype", None) or np.dtype(e["dtype"]), sharding=sh)
         for e, leaf, sh in zip(entries, like_leaves, shardings)
@@ -481,19 +488,3 @@ def _dict_keys(key: str) -> list[str] | None:
     except (ValueError, SyntaxError):
         return None
     return parts if all(isinstance(p, str) for p in parts) else None
-
-
-def _restore_npz(
-    where: pathlib.Path,
-    header: dict[str, Any],
-    entries: list[dict[str, Any]],
-    treedef: Any,
-    texts: list[str | None],
-    mesh: Mesh | None,
-) -> Any:
-    """The format before orbax: every leaf whole in one .npz, laid out again with einshard()."""
-    out = []
-    with np.load(where, allow_pickle=False) as data:
-        for entry, text in zip(entries, texts):
-            out.append(einshard(data[entry["key"]], text or entry["expression"], mesh=mesh))
-    return jax.tree_util.tree_unflatten(treedef, out)
