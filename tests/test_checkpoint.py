@@ -190,9 +190,15 @@ def test_overwrite_replaces_atomically_and_a_half_swap_still_restores(tmp_path):
     checkpoint.save(path, doubled, overwrite=True)
     _assert_tree_equal(checkpoint.restore(path), jax.tree.map(lambda x: x * 2, host_tree()))
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]  # nothing staged or set aside is left behind
+    # In the background: the old checkpoint stays in place until wait_until_finished() swaps the new one in.
+    handle = checkpoint.save(path, jax.tree.map(lambda x: x * 3, tree), overwrite=True, blocking=False)
+    _assert_tree_equal(checkpoint.restore(path), jax.tree.map(lambda x: x * 2, host_tree()))
+    handle.wait_until_finished()
+    _assert_tree_equal(checkpoint.restore(path), jax.tree.map(lambda x: x * 3, host_tree()))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
     # A crash between the swap's two renames leaves the previous checkpoint aside: it restores.
     os.rename(path, path + ".einshard-previous")
-    _assert_tree_equal(checkpoint.restore(path), jax.tree.map(lambda x: x * 2, host_tree()))
+    _assert_tree_equal(checkpoint.restore(path), jax.tree.map(lambda x: x * 3, host_tree()))
 
 
 def test_expressions_given_to_save_must_describe_the_leaves(tmp_path):

@@ -127,9 +127,10 @@ def _swap_in(staged: pathlib.Path, path: pathlib.Path) -> None:
     _sync(f"einshard.checkpoint.swap.start:{path}")
     if jax.process_index() == 0:
         previous = path.with_name(path.name + _PREVIOUS)
-        shutil.rmtree(previous, ignore_errors=True)
         if path.exists():
+            shutil.rmtree(previous, ignore_errors=True)
             os.rename(path, previous)
+        # (If path is missing, an earlier swap was interrupted: previous is then the one to keep until now.)
         os.rename(staged, path)
         shutil.rmtree(previous, ignore_errors=True)
     _sync(f"einshard.checkpoint.swap.end:{path}")
@@ -204,8 +205,10 @@ def save(
         blocking: wait until the checkpoint is complete (default).  False
             returns once the shards are copied off the devices, the files are
             written in the background: call ``wait_until_finished()``.
-        overwrite: replace an existing checkpoint at ``path``, atomically (the
-            old one stays until the new one is complete).
+        overwrite: replace an existing checkpoint at ``path``, atomically: the
+            new one is written beside it and swapped in by ``wait_until_finished()``
+            (with ``blocking=False``, call it, or the new checkpoint stays under
+            ``path + '.einshard-next'``).
 
     Returns:
         A :class:`Saving` handle.
