@@ -8,7 +8,8 @@ Usage::
 Each process gets ``--local-devices`` simulated CPU devices and joins
 ``jax.distributed`` on 127.0.0.1 (gloo).  ``save`` lays :func:`global_data`
 out on a (data=2, model=4) Explicit mesh whose 'data' rows are the two
-processes and saves it with ``einshard.checkpoint.save``; ``restore`` reads
+processes and saves it with ``einshard.checkpoint.save`` (over a first
+checkpoint of zeros, with ``overwrite=True``); ``restore`` reads
 it back twice, with the saved expressions and with new ones on a (4, 2) Auto
 mesh, and checks that every addressable shard holds exactly its slice of the
 global data.  The last stdout line is ``EINSHARD_RESULT {json}``; on failure
@@ -91,7 +92,9 @@ def main() -> int:
         result["own_bytes"] = {
             k: sum(s.data.nbytes for s in v.addressable_shards if s.replica_id == 0) for k, v in tree.items()
         }
-        checkpoint.save(args.path, tree, meta={"step": 7})
+        # A first checkpoint, then replaced (overwrite=True: staged beside it, swapped in by process 0).
+        checkpoint.save(args.path, jax.tree.map(lambda x: x * 0, tree), meta={"step": 6})
+        checkpoint.save(args.path, tree, meta={"step": 7}, overwrite=True)
     else:
         back = checkpoint.restore(args.path)
         result["saved_specs"] = {k: str(tuple(v.sharding.spec)) for k, v in back.items()}

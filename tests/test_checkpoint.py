@@ -414,6 +414,7 @@ def test_two_processes_save_own_shards_and_restore_anywhere(tmp_path):
         assert sum(result["own_bytes"].values()) <= sum(held.values())
     assert 0.85 * total <= sum(written) <= total + 8192, (written, total)
     assert sorted(os.listdir(path / "array_metadatas")) == ["process_0", "process_1"]
+    assert not list(tmp_path.glob("two.*"))  # the overwrite's staged and previous checkpoints are gone
 
     restored = _two_processes("restore", path, tmp_path)
     for r in restored:
