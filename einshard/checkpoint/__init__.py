@@ -56,7 +56,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from ..errors import EinshardError
-from ..placement import _leaf_texts, current_mesh, describe, is_anonymous, sharding
+from ..placement import current_mesh, describe, is_anonymous, sharding
+from ..tree_rules import leaf_expressions
 from ._npz import NPZ_FORMAT, npz_header, restore_npz
 
 __all__ = ["FORMAT", "Saving", "save", "restore", "read_meta"]
@@ -147,7 +148,7 @@ def _leaf_expressions(tree: Any, expressions: Any, leaves: list[tuple[Any, Any]]
         return [None] * len(leaves)
     if _is_expression_tree(expressions, treedef):
         return list(treedef.flatten_up_to(expressions))
-    return list(_leaf_texts(tree, treedef, expressions))
+    return list(leaf_expressions(tree, expressions))
 
 
 def _is_expression_tree(expressions: Any, treedef: Any) -> bool:
@@ -461,7 +462,7 @@ def _restore_texts(like: Any, treedef: Any, expressions: Any, n: int) -> list[st
         return [None] * n
     if _is_expression_tree(expressions, treedef):
         return list(treedef.flatten_up_to(expressions))
-    return list(_leaf_texts(like, treedef, expressions))
+    return list(leaf_expressions(like, expressions))
 
 
 def _nested(saved: dict[str, dict[str, Any]], where: pathlib.Path) -> Any:
