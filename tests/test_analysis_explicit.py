@@ -13,7 +13,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard import hlo
+from einshard.testing import hlo
 from einshard.analysis import spec_partitions
 
 

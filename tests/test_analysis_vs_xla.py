@@ -1,6 +1,6 @@
 """The analyzer against the collectives XLA puts in compiled HLO (CPU, simulated devices, Auto axes).
 
-How the two are compared (einshard.hlo reads the HLO):
+How the two are compared (einshard.testing.hlo reads the HLO):
 
 * Every collective becomes (kind, buffer bytes, group size); buffer bytes in
   the analyzer's convention (einshard.analysis.cost), so equal buffers mean
@@ -47,7 +47,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard import hlo
+from einshard.testing import hlo
 
 _MESHES: dict[tuple[int, ...], jax.sharding.Mesh] = {}
 

@@ -10,7 +10,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard import hlo
+from einshard.testing import hlo
 from einshard.errors import EinshardError
 
 MESH = {"data": 4, "model": 2}
