@@ -354,17 +354,3 @@ def test_import_einshard_does_not_import_hypothesis():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "einshard[testing]" in out.stdout
-
-
-@pytest.mark.slow
-def test_docs_page_runs_as_pasted(tmp_path):
-    import pathlib
-
-    page = pathlib.Path(__file__).resolve().parent.parent / "docs" / "testing-your-model.md"
-    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
-    assert blocks and "xla_force_host_platform_device_count=8" in blocks[0]
-    script = tmp_path / "page.py"
-    script.write_text("\n".join(blocks))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "a b -> a b@data" in out.stdout
