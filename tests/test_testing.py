@@ -103,7 +103,7 @@ def test_einsums_shrink_and_fit(auto):
     assert re.fullmatch(r"(\w)@data, \1 -> ", case.expression), case.expression  # one axis, on the first operand
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(et.einsums(st.sampled_from([(4, 2), (8,)]).map(lambda s: jax.make_mesh(s, ("data", "model")[: len(s)]))))
 def test_drawn_einsums_run_as_annotated(case):
     xs = case.arrays()
@@ -137,7 +137,8 @@ def mlp_loss(model, x):
     return jnp.mean(jax.vmap(model)(x) ** 2)
 
 
-@settings(max_examples=20, deadline=None)
+@pytest.mark.slow  # ~1 s of compiling per example (forward and gradient), on 2 shared cores
+@settings(max_examples=24, deadline=None)
 @given(et.layouts((MODEL, BATCH), AUTO))
 def test_equinox_mlp_is_layout_invariant_on_auto_mesh(lay):
     et.assert_layout_invariant(mlp_loss, MODEL, BATCH, layouts=lay, mesh=AUTO, grad=True)
@@ -156,7 +157,7 @@ def norm_loss(p):
     return jnp.sum(jnp.tanh(t) ** 2) + jnp.sum(jnp.sin(p["scale"])) * jnp.max(t)
 
 
-@settings(max_examples=16, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(et.layouts(PARAMS, EXPLICIT))
 def test_loss_is_layout_invariant_on_explicit_mesh(lay):
     et.assert_layout_invariant(norm_loss, PARAMS, layouts=lay, mesh=EXPLICIT, grad=True)
