@@ -163,6 +163,19 @@ def test_loss_is_layout_invariant_on_explicit_mesh(lay):
     et.assert_layout_invariant(norm_loss, PARAMS, layouts=lay, mesh=EXPLICIT, grad=True)
 
 
+@settings(max_examples=6, deadline=None)
+@given(et.layouts(PARAMS, None))
+def test_count_layouts_without_a_mesh(lay):
+    """einshard 0.2 counts (mesh=None): placed on einshard's anonymous meshes."""
+    et.assert_layout_invariant(norm_loss, PARAMS, layouts=lay, grad=True)
+
+
+def test_mesh_from_set_mesh(explicit):
+    with jax.set_mesh(explicit):
+        et.assert_layout_invariant(norm_loss, PARAMS, layouts={"scale": "a -> a@model", "table": "a b -> a@data b"})
+        et.assert_collectives(lambda x: jnp.sum(x, 0), BATCH, layouts="a b -> a@data b", expected={"all-reduce": 1})
+
+
 def test_layouts_may_be_rules_or_one_expression(auto):
     et.assert_layout_invariant(
         mlp_loss, MODEL, BATCH, layouts=({r"weight": "a b -> a b@model", ".*": None}, "a b -> a@data b"), mesh=auto
