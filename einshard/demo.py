@@ -157,13 +157,13 @@ def check_layout_fits(preset: Preset, mesh: dict[str, int], cfg: Any, batch: int
     import jax
 
     from .models.transformer import init
-    from .placement import _match_rules
     from .placement import layout as _layout
+    from .tree_rules import leaf_expressions
 
     abstract = jax.eval_shape(lambda: init(cfg, seed))
     leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
     try:
-        texts = _match_rules(abstract, preset.params)
+        texts = leaf_expressions(abstract, preset.params)
     except EinshardError as err:
         raise EinshardError(f"--layout {preset.name}: {err.reason}", err.expression, err.column, err.hint) from None
     checks = [(jax.tree_util.keystr(path), tuple(leaf.shape), text) for (path, leaf), text in zip(leaves, texts)]

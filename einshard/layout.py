@@ -30,6 +30,7 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
+from ._caches import cached
 from .errors import EinshardError
 from .parsing import AxisItem, EllipsisItem, Expression, ReplicaItem, format_name
 
@@ -422,6 +423,6 @@ def _ordered_factorizations(n: int, k: int) -> list[tuple[int, ...]]:
     return out
 
 
-@functools.cache
+@cached(maxsize=None)
 def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)

@@ -47,6 +47,7 @@ from typing import Any
 import jax
 
 from .errors import EinshardError
+from .tree_rules import compile_rules, leaf_expressions
 
 __all__ = [
     "Preset",
@@ -315,11 +316,10 @@ def load_rules(path: str | pathlib.Path) -> tuple[Preset, dict[str, int] | None]
                 params[key] = value
     if not params:
         raise EinshardError(f"--rules {p}: no parameter rules (pattern: expression)")
-    for pattern in params:
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            raise EinshardError(f"--rules {p}: {pattern!r} is not a valid regular expression: {err}") from None
+    try:
+        compile_rules(params)
+    except EinshardError as err:
+        raise EinshardError(f"--rules {p}: {err.reason}") from None
     preset = Preset(p.name, f"your rules from {p}", params, batch or "b s -> b s")
     return preset, mesh
 
@@ -327,20 +327,8 @@ def load_rules(path: str | pathlib.Path) -> tuple[Preset, dict[str, int] | None]
 def expressions_for(tree: Any, rules: Mapping[str, str]) -> Any:
     """The expression each leaf of ``tree`` gets: the first pattern found in its keystr path.
 
-    The same matching as ``einshard(tree, rules)``, returned as a tree of strings
+    The same matching as ``einshard(tree, rules)`` (:mod:`einshard.tree_rules`), returned as a tree of strings
     so the demo can print it, build shardings and save it with a checkpoint.
     """
-    compiled = [(pattern, re.compile(pattern), expr) for pattern, expr in rules.items()]
-
-    def pick(path: Any, _: Any) -> str:
-        key = jax.tree_util.keystr(path)
-        for _pattern, regex, expr in compiled:
-            if regex.search(key):
-                return expr
-        listed = ", ".join(repr(p) for p, _, _ in compiled)
-        raise EinshardError(
-            f"no rule matches the parameter {key} (patterns tried, in order: {listed})",
-            hint="Add a pattern for it, or a catch-all last rule such as '.*': '... -> ...'.",
-        )
-
-    return jax.tree_util.tree_map_with_path(pick, tree)
+    texts = leaf_expressions(tree, rules)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tree), list(texts))
