@@ -123,6 +123,8 @@ def test_strategies_name_bad_arguments(auto):
         et.meshes(axis_types=["manual"])
     with pytest.raises(EinshardError, match="operands"):
         et.einsums(auto, operands=(3, 2))
+    with pytest.raises(EinshardError, match="not a valid regular expression"):
+        et.layouts({"w": np.zeros(4)}, auto, rules={"(": "a -> a"})
 
 
 # ---------------------------------------------------------------------------
@@ -164,10 +166,14 @@ def test_loss_is_layout_invariant_on_explicit_mesh(lay):
 
 
 @settings(max_examples=6, deadline=None)
-@given(et.layouts(PARAMS, None))
-def test_count_layouts_without_a_mesh(lay):
-    """einshard 0.2 counts (mesh=None): placed on einshard's anonymous meshes."""
-    et.assert_layout_invariant(norm_loss, PARAMS, layouts=lay, grad=True)
+@given(et.expressions(PARAMS["table"].shape, None))
+def test_count_layouts_without_a_mesh(expr):
+    """einshard 0.2 counts (mesh=None): placed on einshard's anonymous meshes.
+
+    One array: arrays placed by counts of different mesh shapes live on different anonymous meshes, and
+    jax.jit does not combine those (an IndivisibleError from JAX; see the report of issue 14).
+    """
+    et.assert_layout_invariant(lambda t: jnp.sum(jnp.tanh(t / 64.0) ** 2), PARAMS["table"], layouts=expr, grad=True)
 
 
 def test_mesh_from_set_mesh(explicit):

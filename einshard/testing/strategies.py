@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import numpy as np
 from jax.sharding import AxisType, PartitionSpec
 
 from ..errors import EinshardError
+from ..tree_rules import UNMATCHED, leaf_expressions
 
 try:
     from hypothesis import strategies as st
@@ -223,14 +223,6 @@ def _is_array_like(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def _rule_for(path: str, rules: Mapping[str, str | None] | None) -> tuple[bool, str | None]:
-    """(matched, rule) for a leaf path: the first pattern searched in the path wins, as einshard.einshard's."""
-    for pattern, rule in (rules or {}).items():
-        if re.search(pattern, path):
-            return True, rule
-    return False, None
-
-
 def layouts(tree: Any, mesh: Any = None, rules: Mapping[str, str | None] | None = None) -> st.SearchStrategy[Any]:
     """Pytrees of expressions for ``tree``: one drawn expression per array leaf.
 
@@ -250,18 +242,13 @@ def layouts(tree: Any, mesh: Any = None, rules: Mapping[str, str | None] | None 
     if isinstance(mesh, st.SearchStrategy):
         return mesh.flatmap(lambda m: layouts(tree, m, rules))
     _mesh_sizes(mesh)  # validate early
-    for pattern in rules or {}:
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            raise EinshardError(f"layouts(rules=...): {pattern!r} is not a valid regular expression: {err}") from None
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    treedef = jax.tree_util.tree_structure(tree)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    # einshard's one rule matcher (tree_rules): a rule means here what it means to einshard.einshard.
+    fixed = leaf_expressions(tree, rules, unmatched=UNMATCHED) if rules else (UNMATCHED,) * len(leaves)
     per_leaf: list[st.SearchStrategy[str | None]] = []
-    for path, leaf in leaves:
-        matched, rule = _rule_for(jax.tree_util.keystr(path), rules)
-        if matched or not _is_array_like(leaf):
-            per_leaf.append(st.just(rule if matched else None))
+    for leaf, rule in zip(leaves, fixed):
+        if rule is not UNMATCHED or not _is_array_like(leaf):
+            per_leaf.append(st.just(None if rule is UNMATCHED else rule))
         else:
             per_leaf.append(expressions(tuple(leaf.shape), mesh))
     # Drawn last leaf first, as mesh axes are: a failure that needs one split leaf shrinks to the first.
