@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import einshard.testing as et
-from einshard.layout import Layout, MeshAxis, resolve_named
+from einshard.core.layout import Layout, MeshAxis, resolve_named
 from einshard.lowering import Step, einsum_shard_map
 from einshard.parsing import parse_placement
 

@@ -28,7 +28,7 @@ wins)::
     .*: ... -> ...
 
 Example:
-    >>> from einshard.layouts import PRESETS, expressions_for
+    >>> from einshard_apps.presets import PRESETS, expressions_for
     >>> PRESETS['hybrid'].default_mesh(8)
     {'data': 4, 'model': 2}
     >>> expressions_for({'attn': {'wo': 0}}, PRESETS['tp'].params)
@@ -46,8 +46,8 @@ from typing import Any
 
 import jax
 
-from .errors import EinshardError
-from .tree_rules import compile_rules, leaf_expressions
+from einshard.errors import EinshardError
+from einshard.tree_rules import compile_rules, leaf_expressions
 
 __all__ = [
     "Preset",
@@ -62,7 +62,7 @@ __all__ = [
 # How a preset's training step is built:
 #   step_builder(loss_fn, optimizer, state_shardings, batch_sharding, mesh) -> step
 # where step(state, batch) -> (new_state, loss), state = {'params': ..., 'opt': optax state}, and
-# loss_fn(params, batch) is einshard.models.transformer.loss_fn.  A step built from the model's parts
+# loss_fn(params, batch) is einshard_apps.models.transformer.loss_fn.  A step built from the model's parts
 # (embed / block / head, e.g. a pipeline over the stacked layers) imports them from that module.
 # The step may be jitted already (it then needs .lower()); a plain function is jitted by the demo.
 StepBuilder = Callable[..., Callable[[Any, Any], tuple[Any, Any]]]
