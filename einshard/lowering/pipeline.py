@@ -55,8 +55,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from .._compat import get_concrete_mesh
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
+from . import schedules
 from .pipeline_1f1b import one_f_one_b_pipeline
-from .schedules import one_f_one_b
 
 __all__ = ["PipelineInfo", "pipeline", "pipeline_info", "circular_layer_order"]
 
@@ -68,26 +68,42 @@ class PipelineInfo:
     """What a pipeline run does and keeps.
 
     Attributes:
+        schedule: ``'gpipe'``, ``'circular'`` or ``'1f1b'`` (interleaved when ``repeats > 1``).
         stages, microbatches, repeats: S, M, R.
         layers: L, the stacked layer count; ``layers_per_visit`` = L/(S·R) run per iteration.
-        iterations: M·R + S − 1 scan iterations (each a stage visit and one ppermute).
-        bubble_fraction: (S − 1)/(M·R + S − 1), the share of stage-iterations spent on no micro-batch.
+        iterations: M·R + S − 1 iterations of the forward scan (each a stage visit and one ppermute).
+        tick_table: the whole training step, ``[tick][stage]``: ``'F3'`` / ``'B3'`` (micro-batch 3;
+            ``'F3.1'``: its chunk 1 with repeats), ``'.'`` idle.  GPipe/circular: the forward scan,
+            then its AD transpose.  1F1B: the forward-only scan, then the 1F1B-ordered backward scan
+            (whose F ticks recompute).  :meth:`render` draws it.
+        bubble_fraction: the idle share of ``tick_table``; (S − 1)/(M·R + S − 1) for every schedule.
+        activation_slots: micro-batch activations one device keeps for the backward pass
+            (GPipe/circular: every layer visit of every iteration, or one per iteration with
+            ``remat=True``; 1F1B: its stash and gradient buffers, about S, plus one visit's layers).
         microbatch_shape: the shape of one micro-batch on one device.
-        activation_bytes: activations one device keeps for the backward pass: the
-            input of every layer visit of every iteration (with ``remat=True``
-            only the stage input per iteration), plus the result buffer; residuals
-            inside ``layer_fn`` come on top.
+        activation_bytes: ``activation_slots`` micro-batches plus the M-row result buffer, in bytes;
+            residuals inside ``layer_fn`` come on top.
     """
 
+    schedule: str
     stages: int
     microbatches: int
     repeats: int
     layers: int
     layers_per_visit: int
     iterations: int
+    tick_table: tuple[tuple[str, ...], ...]
     bubble_fraction: float
+    activation_slots: int
     microbatch_shape: tuple[int, ...]
     activation_bytes: int
+
+    def render(self) -> str:
+        """The tick table as text: one line per stage, one column per tick."""
+        width = max(len(label) for row in self.tick_table for label in row)
+        return "\n".join(
+            f"stage {s}: " + " ".join(row[s].rjust(width) for row in self.tick_table) for s in range(self.stages)
+        )
 
 
 def _mesh_of(leaf: Any) -> Any:
@@ -385,19 +401,30 @@ def pipeline_info(
     _check_counts(layers, local_batch, stages, microbatches, repeats, schedule)
     iterations = microbatches * repeats + stages - 1
     lps = layers // (stages * repeats)
-    mb_shape = (local_batch // microbatches, *np.shape(x)[1:])
-    mb_bytes = math.prod(mb_shape) * np.dtype(getattr(x, "dtype", np.float32)).itemsize
-    kept = iterations * (1 if remat else lps) * mb_bytes + microbatches * mb_bytes
+    mb_shape = (local_batch // microbatches, *x.shape[1:])
+    mb_bytes = math.prod(mb_shape) * np.dtype(x.dtype).itemsize
+    forward = schedules.forward_ticks(stages, microbatches, repeats)
+    if schedule == "1f1b":
+        plan = schedules.one_f_one_b(stages, microbatches, repeats)
+        table = forward + plan.table
+        slots = plan.act_slots + plan.grad_slots + lps
+    else:
+        table = forward + schedules.backward_of(forward)
+        slots = iterations * (1 if remat else lps)
+    labels = tuple(tuple(op.label(repeats) if op else "." for op in row) for row in table)
     return PipelineInfo(
+        schedule=schedule,
         stages=stages,
         microbatches=microbatches,
         repeats=repeats,
         layers=layers,
         layers_per_visit=lps,
         iterations=iterations,
-        bubble_fraction=(stages - 1) / iterations,
+        tick_table=labels,
+        bubble_fraction=schedules.idle_fraction(table),
+        activation_slots=slots,
         microbatch_shape=mb_shape,
-        activation_bytes=kept,
+        activation_bytes=(slots + microbatches) * mb_bytes,
     )
 
 
@@ -540,7 +567,7 @@ def pipeline(
         mapped = one_f_one_b_pipeline(
             mapped,
             visit,
-            one_f_one_b(S, M, R),
+            schedules.one_f_one_b(S, M, R),
             mesh=mesh,
             param_specs=param_specs,
             x_spec=x_spec,
