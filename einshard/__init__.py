@@ -7,6 +7,7 @@ The public API is what ``__all__`` lists; the layers behind it (parsing,
 layout, placement) are importable on their own.
 """
 
+from ._caches import clear_caches
 from .analysis import Collective, Plan, Profile, analyze, explain
 from .analysis.planner import PlanResult, plan
 from .errors import EinshardError
@@ -21,6 +22,7 @@ __version__ = "0.3.0"
 
 __all__ = [
     "Collective",
+    "clear_caches",
     "Plan",
     "Profile",
     "analyze",
