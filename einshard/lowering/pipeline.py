@@ -52,8 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from .._compat import get_concrete_mesh
 from ..errors import EinshardError
+from ..mesh import resolve_mesh
 from ..placement import spec as einshard_spec
 from . import schedules
 from .pipeline_1f1b import one_f_one_b_pipeline
@@ -106,47 +106,18 @@ class PipelineInfo:
         )
 
 
-def _mesh_of(leaf: Any) -> Any:
-    """The mesh a placed array (or a tracer, through its type) lives on, or None."""
-    sharding = getattr(leaf, "sharding", None) if not isinstance(leaf, jax.core.Tracer) else None
-    if isinstance(sharding, NamedSharding):
-        return sharding.mesh
-    if isinstance(leaf, jax.core.Tracer):
-        typed = getattr(jax.typeof(leaf), "sharding", None)
-        mesh = getattr(typed, "mesh", None)
-        if mesh is not None and not mesh.empty:
-            return mesh
-    return None
-
-
 def _mesh_or_context(mesh: Any, operands: Any = (), *, sizes_only: bool = False) -> Any:
-    """``mesh=``, else the current mesh (``jax.set_mesh``; the concrete one where JAX has it), else the operands' mesh."""
-    if mesh is not None:
-        if isinstance(mesh, Mapping) and not sizes_only:
-            raise EinshardError(
-                f"mesh= is a dict of sizes ({dict(mesh)}); pipeline() runs a shard_map and needs a jax Mesh",
-                hint="e.g. mesh=jax.make_mesh((4,), ('stage',)); pipeline_info() takes a dict of sizes",
-            )
-        if not isinstance(mesh, Mapping | jax.sharding.Mesh | jax.sharding.AbstractMesh):
-            raise EinshardError(f"mesh= must be a jax Mesh (or AbstractMesh), got {type(mesh).__name__}")
-        return mesh
-    try:
-        concrete = get_concrete_mesh()
-    except ValueError:  # older JAX: only the abstract mesh exists under a trace
-        concrete = None
-    if concrete is not None and not concrete.empty:
-        return concrete
-    abstract = jax.sharding.get_abstract_mesh()
-    if not abstract.empty:
-        return abstract
-    for leaf in jax.tree_util.tree_leaves(operands):
-        found = _mesh_of(leaf)
-        if found is not None:
-            return found
-    raise EinshardError(
-        "pipeline() needs a mesh: pass mesh=, call it inside `with jax.set_mesh(mesh):`, or place the params first",
-        hint="e.g. jax.make_mesh((4,), ('stage',))",
-    )
+    """The mesh by einshard's one precedence (:func:`einshard.mesh.resolve_mesh`): ``mesh=``, ``jax.set_mesh``, operands.
+
+    ``pipeline`` runs a shard_map, so a dict of sizes (fine for :func:`pipeline_info`) is refused there.
+    """
+    if isinstance(mesh, Mapping) and not sizes_only:
+        raise EinshardError(
+            f"mesh= is a dict of sizes ({dict(mesh)}); pipeline() runs a shard_map and needs a jax Mesh",
+            hint="e.g. mesh=jax.make_mesh((4,), ('stage',)); pipeline_info() takes a dict of sizes",
+        )
+    what = "pipeline_info()" if sizes_only else "pipeline()"
+    return resolve_mesh(mesh, (operands,), what=what)
 
 
 def _lay_out(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
