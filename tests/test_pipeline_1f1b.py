@@ -173,3 +173,18 @@ def test_tick_tables_and_info():
         assert info.render().splitlines()[0].startswith("stage 0:")
     assert infos["1f1b"].activation_bytes < infos["gpipe"].activation_bytes
     assert infos["interleaved"].activation_bytes < infos["circular"].activation_bytes
+
+
+@pytest.mark.slow
+def test_demo_pipeline_trains_with_1f1b_to_the_single_device_loss():
+    from einshard_apps.demo import Trainer, load_corpus
+    from einshard_apps.models.transformer import Config
+    from einshard_apps.presets import PRESETS
+
+    cfg, corpus = Config(layers=2, width=32, heads=8, ffn=64, seq=16), load_corpus()
+    ref = Trainer(PRESETS["dp"], {"data": 1, "model": 1}, cfg, corpus, batch=8, devices=jax.devices()[:1])
+    want = [ref.step() for _ in range(3)]
+    preset = PRESETS["pipeline"]
+    t = Trainer(preset, preset.default_mesh(8), cfg, corpus, batch=8, step_options={"schedule": "1f1b"})
+    np.testing.assert_allclose([t.step() for _ in range(3)], want, rtol=2e-5, atol=2e-5)
+    assert "einshard.pipeline(1f1b)" in "\n".join(t.step_fn.plan(t.state, t.place_batch(0)))
