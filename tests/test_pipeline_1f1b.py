@@ -188,3 +188,18 @@ def test_demo_pipeline_trains_with_1f1b_to_the_single_device_loss():
     t = Trainer(preset, preset.default_mesh(8), cfg, corpus, batch=8, step_options={"schedule": "1f1b"})
     np.testing.assert_allclose([t.step() for _ in range(3)], want, rtol=2e-5, atol=2e-5)
     assert "einshard.pipeline(1f1b)" in "\n".join(t.step_fn.plan(t.state, t.place_batch(0)))
+
+
+def test_1f1b_hlo_two_permutes_per_tick_and_one_data_sum():
+    import re
+
+    mesh = _mesh((2, 2), ("stage", "data"))
+    params, x, _ = make(4, 8)
+
+    def loss(p, x):
+        return jnp.sum(pipeline(layer, p, x, microbatches=2, schedule="1f1b", mesh=mesh, data_axis="data") ** 2)
+
+    hlo = jax.jit(jax.grad(loss)).lower(params, x).compile().as_text()
+    permutes = len(re.findall(r"= [^=\n]*? collective-permute(-start)?\(", hlo))
+    assert permutes == 3  # the forward scan's, then the 1F1B scan's activation and cotangent permutes
+    assert "conditional(" in hlo  # idle / forward / backward: one branch per device per tick

@@ -1,4 +1,4 @@
-"""Pipeline parallelism: stacked layers sharded over a stage mesh axis, micro-batches passed by ``ppermute``.
+r"""Pipeline parallelism: stacked layers sharded over a stage mesh axis, micro-batches passed by ``ppermute``.
 
 Pipeline parallelism *is* a layout: the layer axis of stacked weights split
 over a mesh axis, ``einshard(params, 'layer d f -> layer@stage d f')``.
@@ -16,6 +16,15 @@ iteration of one ``lax.scan``.
   so the layers are re-ordered once per call (a reshard of the params); store
   them with :func:`circular_layer_order` and pass ``layers_in_circular_order=True``
   to skip that.
+* ``schedule='1f1b'`` (interleaved with ``repeats=R``, M a multiple of S): the
+  same forward, and a backward that runs in the 1F1B order, so a stage keeps
+  about S micro-batches of activations instead of M (:mod:`.pipeline_1f1b`,
+  tick tables in :mod:`.schedules`).
+
+The mesh is found as everywhere in einshard (:func:`einshard.mesh.resolve_mesh`):
+``mesh=``, else ``jax.set_mesh``, else the mesh the params were placed on.
+Operands are laid out with ``NamedSharding``\ s (``reshard`` under a trace) on
+the mesh's Explicit axes; Auto axes reshard inside the shard_map.
 
 Bubble iterations compute on garbage (SPMD: every stage runs every
 iteration).  Their inputs are replaced by zeros with ``jnp.where`` (never a
@@ -424,16 +433,19 @@ def pipeline(
         params: a pytree whose leaves all have the layer axis first.
         x: the batch ``[B, ...]``; split over ``data_axis`` (if given) and into M micro-batches.
         microbatches: M, micro-batches per device.
-        schedule: ``'gpipe'`` or ``'circular'``; ``repeats``: R rounds (circular only).
-        mesh: the mesh; default the one from ``jax.set_mesh``.
+        schedule: ``'gpipe'``, ``'circular'`` or ``'1f1b'``; ``repeats``: R rounds (circular) or
+            virtual stages per device (interleaved 1F1B).
+        mesh: the mesh; default the one from ``jax.set_mesh``, else the params' own mesh.
         stage_axis: the mesh axis the layer axis is split over.
         data_axis: mesh axis (or axes) the batch is split over (data parallelism), or None.
         param_layouts: einshard expression(s) for the params (one for all leaves, or
             path-pattern rules); default ``'layer ... -> layer@stage ...'``.  Use it for
             tensor-parallel layers: ``'layer d f -> layer@stage d f@model'``.
         layers_in_circular_order: the params are already in :func:`circular_layer_order`.
-        remat: keep only each iteration's stage input for the backward pass (``jax.checkpoint``).
-        sanitize: replace bubble inputs by zeros (leave on; off only to show why it is needed).
+        remat: keep only each iteration's stage input for the backward pass (``jax.checkpoint``;
+            GPipe/circular: 1F1B's backward always recomputes from its stash).
+        sanitize: replace bubble inputs by zeros (leave on; off only to show why it is needed;
+            1F1B's backward idles in bubbles and reads only written slots, so it needs none).
         bubble_value: what unused buffers start as (tests pollute bubbles with ``nan``).
 
     Returns:
