@@ -63,6 +63,7 @@ GRID = [
     (4, 1, 8, 1, "gpipe"),
     (4, 2, 3, 1, "gpipe"),
     (8, 1, 2, 1, "gpipe"),
+    (1, 2, 2, 1, "gpipe"),
     (2, 1, 2, 2, "circular"),
     (2, 2, 3, 2, "circular"),
     (4, 1, 4, 2, "circular"),

@@ -359,11 +359,6 @@ def pipeline_info(
     if not isinstance(stage_axis, str) or stage_axis not in sizes:
         raise EinshardError(f"the mesh has no stage_axis {stage_axis!r} (axes: {', '.join(sizes)})")
     stages = sizes[stage_axis]
-    if stages < 2:
-        raise EinshardError(
-            f"stage_axis {stage_axis!r} has size {stages}: a pipeline needs at least 2 stages",
-            hint="With one stage run the layers directly (jax.lax.scan over the stacked params).",
-        )
     layers = _layer_count(params)
     data = _data_axes(data_axis)
     for axis in data:
