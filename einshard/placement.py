@@ -22,9 +22,18 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ._caches import cached
 from ._compat import use_abstract_mesh
+from .core.layout import Layout, resolve_counts, resolve_named
+from .core.mesh import (
+    MeshLike,
+    as_mesh,
+    auto_axes,
+    current_concrete_mesh,
+    explicit_axes,
+    is_tracer,
+    mesh_axes,
+    show_mesh,
+)
 from .errors import EinshardError
-from .layout import Layout, resolve_counts, resolve_named
-from .mesh import MeshLike, as_mesh, auto_axes, current_concrete_mesh, explicit_axes, is_tracer, mesh_axes, show_mesh
 from .parsing import Expression, format_name, is_count_item, parse_placement
 from .tree_rules import Rules, leaf_expressions
 
@@ -186,7 +195,7 @@ def _eager_sharding(text: str, x: Any, mesh: Any, ctx: Mesh | None) -> NamedShar
 
 
 def layout(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -> Layout:
-    """The :class:`~einshard.layout.Layout` an expression gives an array of ``shape``.
+    """The :class:`~einshard.core.layout.Layout` an expression gives an array of ``shape``.
 
     Example:
         >>> import einshard
@@ -246,7 +255,7 @@ def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: MeshLike | No
     chosen = _check_mesh(mesh) if mesh is not None else current_mesh() or _current_abstract_mesh()
     if chosen is None:
         # No mesh to check names against: read them off the expression.
-        from .layout import expand_names
+        from .core.layout import expand_names
 
         names = expand_names(parsed, len(shape))
         dims = {i.name: i.mesh_axes or None for i in parsed.output.axes}
@@ -357,7 +366,7 @@ def _concrete_sharding(text: str, shape: tuple[int, ...], chosen: Any) -> NamedS
             f"placing data needs a concrete jax.sharding.Mesh (with devices); mesh= is {show_mesh(sh.mesh)}",
             text,
             hint="Pass a Mesh (jax.make_mesh(...)); a dict of sizes or an AbstractMesh only describes shapes "
-            "(einshard.layout, einshard.spec, einshard.analyze).",
+            "(einshard.core.layout, einshard.spec, einshard.analyze).",
         )
     return sh
 

@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 from einshard import EinshardError
-from einshard.layout import Layout, MeshAxis, spec_partitions
-from einshard.mesh import current_mesh, mesh_axes, operand_mesh, resolve_mesh
+from einshard.core.layout import Layout, MeshAxis, spec_partitions
+from einshard.core.mesh import current_mesh, mesh_axes, operand_mesh, resolve_mesh
 
 KINDS = {
     "explicit": None,  # jax.make_mesh's default
