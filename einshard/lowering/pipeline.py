@@ -21,7 +21,7 @@ iteration of one ``lax.scan``.
   about S micro-batches of activations instead of M (:mod:`.pipeline_1f1b`,
   tick tables in :mod:`.schedules`).
 
-The mesh is found as everywhere in einshard (:func:`einshard.mesh.resolve_mesh`):
+The mesh is found as everywhere in einshard (:func:`einshard.core.mesh.resolve_mesh`):
 ``mesh=``, else ``jax.set_mesh``, else the mesh the params were placed on.
 Operands are laid out with ``NamedSharding``\ s (``reshard`` under a trace) on
 the mesh's Explicit axes; Auto axes reshard inside the shard_map.
@@ -61,8 +61,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from ..core.mesh import resolve_mesh
 from ..errors import EinshardError
-from ..mesh import resolve_mesh
 from ..placement import spec as einshard_spec
 from . import schedules
 from .pipeline_1f1b import one_f_one_b_pipeline
@@ -116,7 +116,7 @@ class PipelineInfo:
 
 
 def _mesh_or_context(mesh: Any, operands: Any = (), *, sizes_only: bool = False) -> Any:
-    """The mesh by einshard's one precedence (:func:`einshard.mesh.resolve_mesh`): ``mesh=``, ``jax.set_mesh``, operands.
+    """The mesh by einshard's one precedence (:func:`einshard.core.mesh.resolve_mesh`): ``mesh=``, ``jax.set_mesh``, operands.
 
     ``pipeline`` runs a shard_map, so a dict of sizes (fine for :func:`pipeline_info`) is refused there.
     """
