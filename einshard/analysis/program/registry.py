@@ -63,7 +63,15 @@ def call_rule(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -
     inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
     inner_outs = w.walk(inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, inherit(phase))
     # A sub-jaxpr's broadcast constants stay free: their consumer decides their layout.
-    return [w.free(v.aval) if is_free(lay) else w.relayout(v.aval, lay.dims) for v, lay in zip(eqn.outvars, inner_outs)]
+    # Pending sums leave the call pending: the consumer outside settles them.
+    return [
+        w.free(v.aval) if is_free(lay) else _pending(w.relayout(v.aval, lay.dims), lay.unreduced)
+        for v, lay in zip(eqn.outvars, inner_outs)
+    ]
+
+
+def _pending(lay: Layout, unreduced: frozenset[str]) -> Layout:
+    return lay.with_dims(lay.dims, unreduced) if unreduced else lay
 
 
 def sharding_degree(lay: Layout) -> int:

@@ -128,7 +128,6 @@ def scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> 
 def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, adds: bool) -> list[Layout]:
     operand, indices, updates = ins[0], ins[1], ins[2]
     out_aval = eqn.outvars[0].aval
-    dtype = out_aval.dtype
     dn = eqn.params["dimension_numbers"]
     window = tuple(dn.update_window_dims)
     inserted = set(dn.inserted_window_dims)
@@ -156,10 +155,11 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     dims = w.settle_repeats(eqn, phase, out_aval, dims, repeat, "scatter result split twice over a mesh axis")
     out = w.relayout(out_aval, dims)
     if split and adds:
-        # Each device adds its share of the updates into its own copy: partial sums over those axes.
-        pending = out.with_dims(out.dims, frozenset(split))
-        w.change(eqn, phase, pending, out, dtype, repeat, "scatter-add of split updates")
-    elif split:
+        # Each device adds its share of the updates into its own copy: partial sums over those axes,
+        # left pending: the consumer settles them (an output laid out split is reduce-scattered, or
+        # all-reduced piecewise, never all-reduced whole and then sliced).
+        return [out.with_dims(out.dims, frozenset(split))]
+    if split:
         # A non-additive scatter needs every update on every device: gather them (and their indices).
         whole = updates.with_dims(
             tuple(() if k in scatter_axes and k not in batch_axes else d for k, d in enumerate(updates.dims))

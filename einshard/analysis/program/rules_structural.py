@@ -198,9 +198,14 @@ def reduce(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     kept = [d for i, d in enumerate(src.dims) if i not in axes]
     out = w.relayout(out_aval, kept)
     if sharded:
-        # Per-device partial results: one all-reduce over all the reduced mesh axes at once completes them.
-        pending = out.with_dims(out.dims, frozenset(sharded))
-        w.change(eqn, phase, pending, out, out_aval.dtype, repeat, f"{eqn.primitive.name} over sharded axes")
+        # Per-device partial results.  XLA completes them one reduced axis at a time, minor axis
+        # first: one all-reduce per split axis (over all its mesh axes at once when it is split
+        # over a tuple like (data, model)).
+        why = f"{eqn.primitive.name} over sharded axes"
+        for i in sorted(axes, reverse=True):
+            if src.dims[i]:
+                pending = out.with_dims(out.dims, frozenset(src.dims[i]))
+                w.change(eqn, phase, pending, out, out_aval.dtype, repeat, why)
     return [out for _ in eqn.outvars]
 
 

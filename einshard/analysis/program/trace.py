@@ -193,6 +193,12 @@ class TracedProgram:
                 if not is_free(lay):
                     walker.change(_OUTPUT, "backward", lay, dst, v.aval.dtype, 1, "output layout")
                 layouts[v] = dst
+        for v, lay in zip(self.jaxpr.outvars, outs):
+            if lay.unreduced and layouts.get(v) is lay:
+                # An output left as a pending sum: the program returns it whole.
+                done = lay.with_dims(lay.dims, frozenset())
+                walker.change(_OUTPUT, "backward", lay, done, v.aval.dtype, 1, "output is a pending sum")
+                layouts[v] = done
         peak = _peak_bytes(self.jaxpr, layouts)
         ops = tuple(walker.ops)
         phases: dict[str, dict[str, float]] = {}

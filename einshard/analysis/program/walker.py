@@ -144,6 +144,11 @@ class Walker:
                 return  # XLA reuses the value it already brought there
             self._made[key] = dst
         colls = self.costs.reshard(src, dst, dtype)
+        if src.unreduced and not (dst.sharded_mesh_axes & src.unreduced) and _extends(src.dims, dst.dims):
+            # A pending sum brought to a finer split: slice first (free), then sum the smaller piece,
+            # as XLA does (never all-reduce the whole and then slice).
+            mid = dst.with_dims(dst.dims, src.unreduced)
+            colls = self.costs.reshard(mid, dst.with_dims(dst.dims, dst.unreduced), dtype)
         if colls:
             t = sum(getattr(c, "time", 0.0) for c in colls)
             self.record(eqn, phase, f"{why}: {side_string(src)} -> {side_string(dst)}", dst, colls, 0.0, t, repeat)
@@ -181,7 +186,15 @@ class Walker:
             bind(v, self.replicated(v.aval))
         for eqn in jaxpr.eqns:
             phase = phase_hint or ("backward" if "transpose" in str(eqn.source_info.name_stack) else "forward")
-            outs = self.step(eqn, [read(v) for v in eqn.invars], repeat, phase)
+            ins = [read(v) for v in eqn.invars]
+            for k, (v, lay) in enumerate(zip(eqn.invars, ins)):
+                if lay.unreduced:
+                    # A pending sum meets a consumer: settle it once (rules take reduced values).
+                    done = self.replicated(v.aval) if not any(lay.dims) else self.relayout(v.aval, lay.dims)
+                    self.change(eqn, phase, lay, done, v.aval.dtype, repeat, "pending sum is consumed")
+                    bind(v, done)
+                    ins[k] = env[v]
+            outs = self.step(eqn, ins, repeat, phase)
             for v, lay in zip(eqn.outvars, outs):
                 bind(v, lay)
         return [read(v) for v in jaxpr.outvars]
@@ -195,6 +208,11 @@ class Walker:
     def dtype(self, eqn: Any) -> Any:
         outs = eqn.outvars
         return outs[0].aval.dtype if outs and hasattr(outs[0].aval, "dtype") else "float32"
+
+
+def _extends(src: tuple[tuple[str, ...], ...], dst: tuple[tuple[str, ...], ...]) -> bool:
+    """Every axis of ``dst`` is split as in ``src`` or further (``src``'s mesh axes come first)."""
+    return all(d[: len(s)] == s for s, d in zip(src, dst))
 
 
 def _itemsize(aval: Any) -> int:
