@@ -31,7 +31,14 @@ __all__: list[str] = []
 @register("dot_general")
 def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     res = w.costs.dot(ins[0], ins[1], eqn.params["dimension_numbers"], w.dtype(eqn))
-    w.record(eqn, phase, res.expression, res.out, res.collectives, res.flops, res.time_s, repeat)
+    colls, time_s = res.collectives, res.time_s
+    kept = tuple(c for c in colls if not w.already_moved(ins, c))
+    if len(kept) != len(colls):
+        # An operand another dot already brought to the same layout (an FSDP weight gathered for the
+        # forward and again for the backward): XLA computes that gather once.
+        time_s -= sum(c.time for c in colls if c not in kept)
+        colls = kept
+    w.record(eqn, phase, res.expression, res.out, colls, res.flops, time_s, repeat)
     return [w.relayout(eqn.outvars[0].aval, res.out.dims)]
 
 

@@ -125,7 +125,17 @@ def elementwise(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     for lay in partial:
         want = tuple(d if a == b else () for d, a, b in zip(target.dims, lay.shape, shape))
         if want != lay.dims:
-            w.change(eqn, phase, lay, lay.with_dims(want, lay.unreduced), out_aval.dtype, repeat, why)
+            # XLA broadcasts the small operand to the result's split first and moves that: the
+            # broadcast axes that the result splits over mesh axes this change does not touch grow.
+            moved = {m for d, k in zip(lay.dims, want) for m in d if m not in k}
+            grown = tuple(
+                b if a == 1 and a != b and t and not set(t) & moved else a
+                for a, b, t in zip(lay.shape, shape, target.dims)
+            )
+            src_dims = tuple(t if g != a else d for d, t, a, g in zip(lay.dims, target.dims, lay.shape, grown))
+            dst_dims = tuple(t if g != a else d for d, t, a, g in zip(want, target.dims, lay.shape, grown))
+            src = Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
+            w.change(eqn, phase, src, src.with_dims(dst_dims), out_aval.dtype, repeat, why)
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
 
 

@@ -38,7 +38,7 @@ class Walker:
         self._replicated: dict[tuple[int, ...], Layout] = {}
         # Layout changes already made to a value: XLA computes a gathered value once and
         # reuses it (CSE), e.g. an FSDP weight gathered in the forward pass and again for the backward.
-        self._made: dict[tuple[Any, tuple[tuple[str, ...], ...]], Layout] = {}
+        self._made: dict[tuple[Any, Any], Layout] = {}
         self._source: dict[int, tuple[int, int]] = {}  # id(layout in env) -> (walk, id(the jaxpr value))
         self._keep: list[Layout] = []  # holds the layouts _source names, so their ids stay theirs
         self._walks = 0
@@ -152,6 +152,23 @@ class Walker:
         if colls:
             t = sum(getattr(c, "time", 0.0) for c in colls)
             self.record(eqn, phase, f"{why}: {side_string(src)} -> {side_string(dst)}", dst, colls, 0.0, t, repeat)
+
+    def already_moved(self, ins: list[Layout], c: Any) -> bool:
+        """Whether an analyzer step moving ``operand k`` of ``ins`` was already made to that value."""
+        tensor = getattr(c, "tensor", "")
+        if not tensor.startswith("operand ") or c.kind != "all-gather":
+            return False
+        try:
+            value = self._source.get(id(ins[int(tensor.split()[1]) - 1]))
+        except (ValueError, IndexError):
+            return False
+        if value is None:
+            return False
+        key = (value, (c.kind, c.axes, c.array_bytes))
+        if key in self._made:
+            return True
+        self._made[key] = ins[0]
+        return False
 
     # -- the walk ------------------------------------------------------------
     def walk(
