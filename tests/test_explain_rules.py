@@ -190,7 +190,11 @@ def test_traced_arguments_are_read_from_their_types():
     with jax.set_mesh(emesh):
         x = jax.device_put(np.ones((8, 32), np.float32), P("data", None))
         jax.jit(step)(x)
-    report = seen["report"]
+    report = seen.pop("report")
     dots = [op for op in report.ops if op.primitive == "dot_general"]
     assert dots[0].out_layout.dims[0] == ("data",)
     assert report.comm_count == 1  # the sum over the data-split rows, nothing for the matmul
+    # Outside any mesh context, the mesh comes from the traced operand's type.
+    jax.jit(step)(jax.device_put(np.ones((8, 32), np.float32), NamedSharding(emesh, P("data", None))))
+    assert seen["report"].comm_count == 1
+    assert [m.name for m in seen["report"].mesh] == ["data", "model"]

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...errors import EinshardError
 from ...layout import Layout, MeshAxis
-from ..api import _mesh_axes
+from ...mesh import mesh_axes, resolve_mesh
 from .costing import OpCosts, is_free
 from .report import ProgramReport
 from .walker import Walker
@@ -72,23 +72,10 @@ def _broadcast_specs(args: Sequence[Any], in_specs: Any) -> list[Any]:
     return out
 
 
-class _Placed:
-    """A stand-in carrying a leaf's sharding (traced values' come from their types)."""
-
-    def __init__(self, sharding: Any) -> None:
-        self.sharding = sharding
-
-
 def _mesh_of(mesh: Any, args: Sequence[Any]) -> tuple[MeshAxis, ...]:
-    """The mesh as the per-einsum analyzer reads it (given, the arguments', or the current one)."""
-    leaves = tuple(jax.tree_util.tree_leaves(args))
-    found = _mesh_axes(mesh, tuple(_Placed(_sharding_of(x)) for x in leaves))
-    if found is None:
-        raise EinshardError(
-            "explain() needs a mesh: pass mesh= (a Mesh or sizes like {'data': 4, 'model': 2}), "
-            "lay the arguments out with einshard(), or call it under jax.set_mesh"
-        )
-    return found
+    """The mesh by einshard's one precedence (einshard.mesh.resolve_mesh): ``mesh=``, the current mesh,
+    the arguments' own (concrete arrays, and traced values through their types)."""
+    return mesh_axes(resolve_mesh(mesh, args, what="explain()"))
 
 
 def explain(
