@@ -167,7 +167,7 @@ def test_textbook_2d_cases_match_xla(expr, mesh_shape, in_specs, out_spec):
 
 
 def _layout(p: P):
-    from einshard.layout import Layout, MeshAxis
+    from einshard.core.layout import Layout, MeshAxis
 
     dims = tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in p)
     return Layout(("a", "b"), (64, 128), (MeshAxis("x", 2), MeshAxis("y", 4)), dims)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from einshard import checkpoint
-from einshard.demo import Trainer, batch_at, load_corpus
-from einshard.layouts import PRESETS, Preset, load_rules
-from einshard.models.transformer import Config
+from einshard_apps.demo import Trainer, batch_at, load_corpus
+from einshard_apps.models.transformer import Config
+from einshard_apps.presets import PRESETS, Preset, load_rules
 
 CFG = Config(layers=2, width=32, heads=8, ffn=64, seq=16)
 BATCH = 8
@@ -341,7 +341,7 @@ def test_two_processes_same_loss_as_one():
 
 def test_plot_writes_loss_curves_and_bytes(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed: pip install 'einshard[plot]'")
-    from einshard.demo import RunResult, write_plot
+    from einshard_apps.demo import RunResult, write_plot
 
     runs = [
         RunResult(name, {"data": 8}, losses=[5.0, 4.0], per_param_bytes={"['unembed']": size})

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from einshard.layout import Layout, MeshAxis
+from einshard.core.layout import Layout, MeshAxis
 from einshard.lowering import Step, einsum_shard_map
 
 HI = jax.lax.Precision.HIGHEST

@@ -277,7 +277,7 @@ def test_parse_bytes_and_errors():
 
 
 def test_cli_plan_prints_the_plan_and_writes_rules(tmp_path, capsys):
-    from einshard.cli import main
+    from einshard_apps.cli import main
 
     out = tmp_path / "rules.json"
     rc = main(["plan", "--mesh", "data=4,model=2", "--budget", "1GiB", "--rules-out", str(out)])
@@ -375,7 +375,7 @@ def test_planned_rules_train_the_demo(tmp_path):
     import subprocess
     import sys
 
-    from einshard.cli import main
+    from einshard_apps.cli import main
 
     out = tmp_path / "rules.json"
     assert main(["plan", "--model", "transformer", "--mesh", "data=4,model=2", "--profile", "cpu",

@@ -1,7 +1,7 @@
 """Whole-program analysis: ``einshard.explain(fn, *args)``.
 
 Traces ``fn`` to a jaxpr and walks it once, following each value's
-:class:`~einshard.layout.Layout` from the arguments' shardings.  Each
+:class:`~einshard.core.layout.Layout` from the arguments' shardings.  Each
 primitive has a layout rule in a registry (:mod:`.registry`): elementwise and
 shape ops (:mod:`.rules_structural`), ``dot_general``/gather/scatter
 (:mod:`.rules_indexing`, dots priced by :func:`einshard.analyze`), and control

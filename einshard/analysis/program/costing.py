@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.layout import Layout, MeshAxis
 from ...errors import EinshardError
-from ...layout import Layout, MeshAxis
 from ..api import analyze_layouts, dtype_info
 from ..cost import get_profile
 from ..primitives import transition

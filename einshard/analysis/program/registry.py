@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...layout import Layout
+from ...core.layout import Layout
 
 if TYPE_CHECKING:
     from .walker import Walker

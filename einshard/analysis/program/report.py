@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...layout import Layout, MeshAxis
+from ...core.layout import Layout, MeshAxis
 
 __all__ = ["OpReport", "ProgramReport"]
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...layout import Layout
+from ...core.layout import Layout
 from ..api import spec_partitions
 from ..cost import Collective
 from .costing import is_free

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...layout import Layout
+from ...core.layout import Layout
 from .costing import is_free
 from .registry import register
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from ...layout import Layout
+from ...core.layout import Layout
 from .costing import is_free
 from .registry import register, sharding_degree
 

@@ -10,9 +10,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from ...core.layout import Layout, MeshAxis
+from ...core.mesh import mesh_axes, resolve_mesh
 from ...errors import EinshardError
-from ...layout import Layout, MeshAxis
-from ...mesh import mesh_axes, resolve_mesh
 from .costing import OpCosts, is_free
 from .report import ProgramReport
 from .walker import Walker
@@ -38,7 +38,7 @@ def _arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...])
     for x, spec in zip(leaves, specs):
         shape = tuple(int(s) for s in np.shape(x))
         if isinstance(spec, str):
-            from ...layout import resolve_named
+            from ...core.layout import resolve_named
             from ...parsing import parse_placement
 
             lay = resolve_named(parse_placement(spec), shape, mesh)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ...layout import Layout, MeshAxis
+from ...core.layout import Layout, MeshAxis
 from ..cost import Collective
 from ..plan import side_string
 from . import rules_control, rules_indexing, rules_structural  # noqa: F401  (they register their rules)
