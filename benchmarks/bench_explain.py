@@ -184,6 +184,13 @@ def main() -> None:
             f"| {name} | {_ms(r['trace_s'])} | {_ms(r['walk_s'])} | {_ms(r['lower_s'])} | {_ms(r['compile_s'])} "
             f"| {100 * r['walk_over_lower_compile']:.1f}% | {r['speedup_end_to_end']:.1f}× faster |"
         )
+    lines.append("")
+    lines.append(
+        f"Wall-clock medians on {platform.machine()} with {os.cpu_count()} CPU cores, jax {jax.__version__}; "
+        "the large program's lower and compile are one run. On a machine shared with other jobs the absolute "
+        "times are inflated (and unevenly: phases run at different moments); the ratios are indicative. "
+        "Explain end to end = trace + walk; XLA = lower + compile."
+    )
     table = "\n".join(lines) + "\n"
     (RESULTS / "explain.md").write_text(table)
     print(table)
