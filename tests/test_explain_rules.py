@@ -11,9 +11,9 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard import hlo
 from einshard.analysis.program import RULES, trace
 from einshard.analysis.program.registry import unfollowed
+from einshard.testing import hlo
 
 MESH = {"data": 4, "model": 2}
 

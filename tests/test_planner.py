@@ -349,7 +349,7 @@ def test_planned_collectives_match_the_compiled_hlo(batch):
 
     from jax.sharding import NamedSharding
 
-    from einshard import hlo
+    from einshard.testing import hlo
 
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     params, x = big_mlp(batch)
