@@ -98,8 +98,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or 1f1b (one forward / one backward per stage: at most ~stages micro-batches of activations kept)",
     )
     o = parser.add_argument_group("state and output")
-    o.add_argument("--checkpoint", metavar="PATH", help="save the sharded state here (.npz) at the end or on Ctrl-C")
-    o.add_argument("--resume", metavar="PATH", help="restore a checkpoint, laid out by this run's layout")
+    o.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="save the sharded state here (an orbax directory, replaced atomically) at the end or on Ctrl-C",
+    )
+    o.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="restore a checkpoint (or an einshard <= 0.3 .npz), laid out by this run's layout",
+    )
     o.add_argument("--plot", metavar="PATH", help="write the loss curves and bytes per device (PNG/SVG; matplotlib)")
     o.add_argument("--plain", action="store_true", help="plain progress lines instead of a progress bar")
     # Set by --processes for the workers it starts.
@@ -333,7 +341,7 @@ class Trainer:
                 raise EinshardError(
                     f"--resume {resume}: the checkpoint's model {meta.get('config')} is not this run's {cfg.as_dict()}"
                 )
-            self.state = checkpoint.load(resume, abstract, mesh=self.mesh, expressions=self.expressions)
+            self.state = checkpoint.restore(resume, abstract, mesh=self.mesh, expressions=self.expressions)
             self.step_index = int(meta.get("step", 0))
         else:
             # The parameters are placed by the preset's rules: einshard(tree, {pattern: expression}).
@@ -400,7 +408,7 @@ class Trainer:
             "seed": self.seed,
             **(meta or {}),
         }
-        checkpoint.save(path, self.state, self.expressions, info)
+        checkpoint.save(path, self.state, self.expressions, info, overwrite=True)
 
 
 # ---------------------------------------------------------------------------
