@@ -325,7 +325,7 @@ def main() -> None:
 
 def cli_transformer():
     """What ``einshard plan --model transformer`` plans: the demo's default sizes, batch 16."""
-    from einshard.models import transformer as tm
+    from einshard_apps.models import transformer as tm
 
     cfg = tm.Config()
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tm.init(cfg, 0))

@@ -21,11 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-
-try:  # the HLO reader may move to einshard.testing
-    from einshard.testing import hlo  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the main branch's layout
-    from einshard import hlo
+from einshard.testing import hlo
 
 Rules = Mapping[str, str]
 
@@ -76,12 +72,12 @@ def data_rule(result: Any) -> str:
 
 
 # ---------------------------------------------------------------------------
-# The demo's transformer (einshard/models/transformer.py) with the demo's presets
+# The demo's transformer (einshard_apps/models/transformer.py) with the demo's presets
 
 
 def demo_transformer(batch: int = 64) -> tuple[Any, Any, Any, dict[str, tuple[Rules, str]]]:
-    from einshard.layouts import PRESETS
-    from einshard.models import transformer as tm
+    from einshard_apps.models import transformer as tm
+    from einshard_apps.presets import PRESETS
 
     cfg = tm.Config(layers=2, width=32, heads=4, ffn=128, seq=16)
     params = jax.tree.map(jnp.asarray, tm.init(cfg, 0))

@@ -25,8 +25,8 @@ from typing import Any
 
 import jax
 
+from ...core.layout import MeshAxis
 from ...errors import EinshardError
-from ...layout import MeshAxis
 from ..program import ProgramReport, TracedProgram
 from .groups import Group
 from .inputs import shape_of
@@ -219,7 +219,7 @@ def user_preset(
     costs: Costs,
 ) -> tuple[Alternative, Score]:
     """Cost a hand-written preset with the same model."""
-    from ...layout import resolve_named
+    from ...core.layout import resolve_named
     from ...parsing import parse_placement
 
     args, p_idx, d_idx = costs.args, costs.p_idx, costs.d_idx
