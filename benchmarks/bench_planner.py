@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import platform
 import random
@@ -30,8 +31,11 @@ import statistics
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # the measured (4, 2) mesh
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))

@@ -137,3 +137,28 @@ def test_why_names_numbers_that_are_the_results():
     assert first.startswith("chosen: " + r.strategies["batch"])
     assert human_time(r.time_s) in r.explanation
     assert f"{r.report.comm_count} collectives" in r.explanation
+
+
+@pytest.mark.parametrize(
+    "batch, profile, budget",
+    [(8, "h100", None), (8192, "h100", None), (8192, "h100", "40MiB"), (64, "cpu", None), (512, "tpu-v5p", None)],
+)
+def test_every_reason_in_the_why_is_true_of_the_numbers(batch, profile, budget):
+    """Each sentence the explanation may print is checked against the result's own costs and rules."""
+    step = jax.value_and_grad(mlp_loss)
+    r = plan(step, PARAMS, sds(batch, D), mesh=MESH, profile=profile, memory_budget=budget)
+    dp = next(a for a in r.alternatives if a.label == "preset dp")
+    params_split = any("@" in e.split("->")[1] for e in r.rules.values())
+    batch_rule = r.data_rules[0]["^$"]
+    why = r.explanation
+    if "sharding parameters communicates for less time" in why:
+        assert params_split and r.time_s - r.compute_s < dp.time_s - dp.compute_s
+    if "the batch is not split" in why:
+        assert "(data,model)" not in batch_rule and r.compute_s > dp.compute_s and r.time_s <= dp.time_s
+    if "data parallel does not fit" in why:
+        assert not dp.fits and r.fits
+    if "parameters stay replicated" in why:
+        assert not params_split
+    if "divides the compute further" in why:
+        assert r.compute_s < dp.compute_s
+    assert ("over budget" in why) == (not dp.fits or not r.alternatives[0].fits)
