@@ -389,9 +389,6 @@ def place(x: Any, mesh: AnyMesh, spec: PartitionSpec) -> Any:
         ) from None
 
 
-_place = place  # the name the pipeline lowering imports
-
-
 def constrain_auto(x: Any, mesh: AnyMesh, spec: PartitionSpec) -> Any:
     """``with_sharding_constraint`` on the Auto axes of ``mesh`` (a no-op without any in ``spec``)."""
     auto = auto_axes(mesh)
