@@ -47,6 +47,7 @@ from ..core.mesh import (
     AnyMesh,
     auto_axes,
     current_mesh,
+    eagerly_differentiated,
     explicit_axes,
     is_tracer,
     resolve_mesh,
@@ -435,16 +436,6 @@ def _concrete_twin(mesh: AnyMesh, operands: Sequence[Any]) -> AnyMesh:
     return mesh
 
 
-def _eager_autodiff(x: Any) -> bool:
-    """A value being differentiated by jax.grad/vjp outside any jax.jit (a linearize tracer with a value)."""
-    if not is_tracer(x) or type(x).__name__ != "LinearizeTracer":
-        return False
-    try:
-        return x.to_concrete_value() is not None
-    except Exception:  # noqa: BLE001 - a tracer that cannot say is not eager
-        return False
-
-
 def check_lowering_context(mesh: AnyMesh, operands: Sequence[Any], *, what: str) -> None:
     """Refuse, with what to write instead, the contexts where JAX itself cannot run a program on ``mesh``.
 
@@ -460,7 +451,7 @@ def check_lowering_context(mesh: AnyMesh, operands: Sequence[Any], *, what: str)
             "an AbstractMesh can only lay out values being traced",
             hint="Pass the jax.sharding.Mesh (jax.make_mesh(...)), or call inside `with jax.set_mesh(mesh):`.",
         )
-    if explicit_axes(mesh) and current_mesh() is None and any(_eager_autodiff(x) for x in leaves):
+    if explicit_axes(mesh) and current_mesh() is None and any(eagerly_differentiated(x) for x in leaves):
         raise EinshardError(
             f"{what} under jax.grad outside jax.jit on a mesh with Explicit axes "
             f"({', '.join(sorted(explicit_axes(mesh)))}) needs the mesh context: JAX cannot create the gradient "
