@@ -1,8 +1,7 @@
-"""The ``einshard`` command line: ``einshard demo``, ``einshard explain``, ...
+"""The ``einshard`` command line: ``einshard demo``, ``einshard explain``, ``einshard show``, ``einshard plan``.
 
-Each subcommand lives in the module of its layer and registers itself here
-through ``COMMANDS``: name -> (module, one-line help).  A module provides
-``add_arguments(parser)`` and ``run(args) -> int``.
+Each command is a pair: its arguments in :mod:`einshard_apps.arguments` (pure argparse, so ``einshard --help``
+starts no JAX) and a module with ``run(args) -> int``, imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -11,11 +10,11 @@ import argparse
 import importlib
 import sys
 
-from einshard.errors import EinshardError
+from . import arguments
 
 __all__ = ["main", "COMMANDS"]
 
-# Imported lazily so that `einshard --help` does not start JAX.
+# name -> (the module that runs it, one-line help); arguments.<name> declares its arguments.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("einshard_apps.demo", "train a small transformer under data, FSDP, tensor and hybrid parallel layouts"),
     "explain": ("einshard_apps.explain_cli", "analyse an annotated einsum: strategy, collectives, cost, alternatives"),
@@ -43,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in COMMANDS.items():
+    for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(
             name,
             help=help_text,
@@ -51,11 +50,13 @@ def main(argv: list[str] | None = None) -> int:
             epilog=SYNTAX_HELP,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        importlib.import_module(module).add_arguments(p)
+        getattr(arguments, name)(p)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    from einshard.errors import EinshardError  # the library (and JAX) start only when a command runs
+
     try:
         return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
     except EinshardError as err:

@@ -13,12 +13,12 @@ import argparse
 import json
 import sys
 
-from einshard.analysis import PROFILES, Plan, analyze
+from einshard.analysis import Plan, analyze
 from einshard.analysis.cost import human_bytes, human_time
 from einshard.analysis.plan import COLLECTIVE_COLUMNS, collective_rows, format_plan, side_string, type_string
 from einshard.errors import EinshardError
 
-__all__ = ["add_arguments", "run", "parse_pairs"]
+__all__ = ["run", "parse_pairs"]
 
 
 def parse_pairs(text: str, what: str) -> dict[str, int]:
@@ -30,19 +30,6 @@ def parse_pairs(text: str, what: str) -> dict[str, int]:
             raise EinshardError(f"--{what}: expected name=size pairs separated by commas, got {part!r} in {text!r}")
         out[name.strip()] = int(value)
     return out
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("expression", help="an annotated einsum, e.g. 'b x@data, x y@model -> b y'")
-    parser.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,model=2")
-    parser.add_argument("--sizes", default="", help="einsum axis sizes, e.g. b=1024,x=4096,y=16384")
-    parser.add_argument("--dtype", default="f32", help="element type: f32, bf16, f16, f8, ... (default f32)")
-    parser.add_argument(
-        "--profile", default="cpu", choices=sorted(PROFILES), help="hardware for time estimates (default cpu)"
-    )
-    parser.add_argument("--alternatives", type=int, default=8, help="how many alternatives to show (default 8)")
-    parser.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
-    parser.add_argument("--plain", action="store_true", help="plain text even if rich is installed")
 
 
 def run(args: argparse.Namespace) -> int:

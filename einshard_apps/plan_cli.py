@@ -15,22 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_arguments", "run"]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", choices=["mlp", "transformer"], default="mlp", help="the model to plan (default: mlp)"
-    )
-    parser.add_argument("--mesh", default="data=4,model=2", help="mesh axis sizes (default data=4,model=2)")
-    parser.add_argument("--budget", default=None, help="memory per device, e.g. 2GiB (default: none)")
-    parser.add_argument("--profile", default="h100", help="hardware profile: h100, tpu-v5p, cpu (default h100)")
-    parser.add_argument("--objective", default="training", choices=["training", "inference", "memory", "communication"])
-    parser.add_argument(
-        "--batch", type=int, default=None, help="global batch (default: 16 for the transformer, 16384 for the mlp)"
-    )
-    parser.add_argument("--width", type=int, default=1024, help="the demo's x width; y = 2x, z = x/2 (default 1024)")
-    parser.add_argument("--rules-out", default=None, help="write the parameter rules as JSON here")
+__all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:

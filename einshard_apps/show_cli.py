@@ -12,17 +12,6 @@ from einshard.errors import EinshardError
 from .presets import parse_mesh
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("expression", help="a placement, e.g. 'b s d -> b@data s d@model' or 'a b -> a4 b*'")
-    parser.add_argument("--shape", required=True, help="the array's shape, e.g. 8,16,32")
-    parser.add_argument("--mesh", help="mesh axis sizes for '@' expressions, e.g. data=4,model=2")
-    parser.add_argument("--dims", help="the dimensions drawn as rows,columns (names or indices)")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument(
-        "--devices", type=int, default=None, help="simulated CPU devices (default: the mesh's size, else 8)"
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     import os
 

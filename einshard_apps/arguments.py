@@ -1,0 +1,130 @@
+"""The command line's arguments, one function per command: pure argparse, no JAX.
+
+``einshard --help`` (and every ``einshard COMMAND --help``) builds its parser from here without importing JAX
+or the library; a command's module (``demo``, ``explain_cli``, ...) is imported only when it runs.  The few
+names the help lists (presets, hardware profiles) are written out here, and ``tests/test_cli_help.py`` checks
+they are the library's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["demo", "explain", "show", "plan", "PRESET_NAMES", "PROFILE_NAMES", "DEMO_STEPS"]
+
+PRESET_NAMES = ("dp", "fsdp", "tp", "hybrid", "fsdp-tp", "tp-async", "pipeline")
+PROFILE_NAMES = ("cpu", "h100", "tpu-v5p")
+DEMO_STEPS = 20
+
+
+def demo(parser: argparse.ArgumentParser) -> None:
+    layouts = ", ".join(PRESET_NAMES)
+    g = parser.add_argument_group("layout")
+    g.add_argument(
+        "--layout",
+        default=None,
+        help=f"a preset: {layouts}, or 'all' (the default, unless --rules is given)",
+    )
+    g.add_argument(
+        "--rules",
+        metavar="FILE",
+        help='your own layout: JSON {"batch": EXPR, "params": {PATTERN: EXPR}, "mesh": "data=4,model=2"} '
+        "or lines 'PATTERN: EXPR' ('batch:' and 'mesh:' lines are reserved); first matching pattern wins",
+    )
+    g.add_argument("--mesh", metavar="AXES", help="mesh axis sizes, e.g. data=4,model=2 (default: the preset's)")
+    g.add_argument(
+        "--devices", type=int, default=8, help="simulated CPU devices when no accelerator is present (default 8)"
+    )
+    g.add_argument("--processes", type=int, default=1, help="run as N local processes with jax.distributed (CPU, gloo)")
+    t = parser.add_argument_group("training")
+    t.add_argument("--data", metavar="PATH", help="a UTF-8 text file to train on (default: a text einshard ships)")
+    t.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"steps per layout (default {DEMO_STEPS})")
+    t.add_argument("--batch", type=int, default=16, help="sequences per step, global (default 16)")
+    t.add_argument("--seq", type=int, default=64, help="bytes per sequence (default 64)")
+    t.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
+    t.add_argument("--width", type=int, default=64, help="model width d (default 64)")
+    t.add_argument("--heads", type=int, default=8, help="attention heads h (default 8)")
+    t.add_argument("--ffn", type=int, default=256, help="MLP hidden size f (default 256)")
+    t.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument(
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also train on one device and compare every step's loss (default: on)",
+    )
+    x = parser.add_argument_group("explicit programs (--layout tp-async, pipeline)")
+    x.add_argument(
+        "--ring",
+        choices=("one-way", "two-way", "sync"),
+        default=None,
+        help="tp-async: the collective-matmul ring schedule (default one-way; sync = plain collectives)",
+    )
+    x.add_argument(
+        "--microbatches",
+        type=int,
+        default=None,
+        help="pipeline: micro-batches per data shard (default: up to 2 x stages)",
+    )
+    x.add_argument(
+        "--schedule",
+        choices=("gpipe", "circular", "1f1b"),
+        default=None,
+        help="pipeline: gpipe (default), circular (each micro-batch goes round the stages layers/stages times) "
+        "or 1f1b (one forward / one backward per stage: at most ~stages micro-batches of activations kept)",
+    )
+    o = parser.add_argument_group("state and output")
+    o.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="save the sharded state here (an orbax directory, replaced atomically) at the end or on Ctrl-C",
+    )
+    o.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="restore a checkpoint (or an einshard <= 0.3 .npz), laid out by this run's layout",
+    )
+    o.add_argument("--plot", metavar="PATH", help="write the loss curves and bytes per device (PNG/SVG; matplotlib)")
+    o.add_argument("--plain", action="store_true", help="plain progress lines instead of a progress bar")
+    # Set by --processes for the workers it starts.
+    parser.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--coordinator", default=None, help=argparse.SUPPRESS)
+
+
+def explain(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("expression", help="an annotated einsum, e.g. 'b x@data, x y@model -> b y'")
+    parser.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,model=2")
+    parser.add_argument("--sizes", default="", help="einsum axis sizes, e.g. b=1024,x=4096,y=16384")
+    parser.add_argument("--dtype", default="f32", help="element type: f32, bf16, f16, f8, ... (default f32)")
+    parser.add_argument(
+        "--profile", default="cpu", choices=PROFILE_NAMES, help="hardware for time estimates (default cpu)"
+    )
+    parser.add_argument("--alternatives", type=int, default=8, help="how many alternatives to show (default 8)")
+    parser.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
+    parser.add_argument("--plain", action="store_true", help="plain text even if rich is installed")
+
+
+def show(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("expression", help="a placement, e.g. 'b s d -> b@data s d@model' or 'a b -> a4 b*'")
+    parser.add_argument("--shape", required=True, help="the array's shape, e.g. 8,16,32")
+    parser.add_argument("--mesh", help="mesh axis sizes for '@' expressions, e.g. data=4,model=2")
+    parser.add_argument("--dims", help="the dimensions drawn as rows,columns (names or indices)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--devices", type=int, default=None, help="simulated CPU devices (default: the mesh's size, else 8)"
+    )
+
+
+def plan(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", choices=["mlp", "transformer"], default="mlp", help="the model to plan (default: mlp)"
+    )
+    parser.add_argument("--mesh", default="data=4,model=2", help="mesh axis sizes (default data=4,model=2)")
+    parser.add_argument("--budget", default=None, help="memory per device, e.g. 2GiB (default: none)")
+    parser.add_argument("--profile", default="h100", help="hardware profile: h100, tpu-v5p, cpu (default h100)")
+    parser.add_argument("--objective", default="training", choices=["training", "inference", "memory", "communication"])
+    parser.add_argument(
+        "--batch", type=int, default=None, help="global batch (default: 16 for the transformer, 16384 for the mlp)"
+    )
+    parser.add_argument("--width", type=int, default=1024, help="the demo's x width; y = 2x, z = x/2 (default 1024)")
+    parser.add_argument("--rules-out", default=None, help="write the parameter rules as JSON here")

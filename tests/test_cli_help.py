@@ -1,0 +1,40 @@
+"""``einshard --help`` starts no JAX, and the names its help lists are the library's own."""
+
+import subprocess
+import sys
+
+from einshard.analysis import PROFILES
+from einshard_apps import arguments
+from einshard_apps.cli import main
+from einshard_apps.presets import PRESETS
+
+
+def test_help_imports_neither_jax_nor_the_library():
+    code = (
+        "import sys\n"
+        "from einshard_apps.cli import main\n"
+        "for argv in (['--help'], ['demo', '--help'], ['explain', '--help'], ['show', '--help'], ['plan', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "loaded = sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.') or m == 'einshard')\n"
+        "print('LOADED', loaded)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED []" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_the_help_lists_the_library_names():
+    assert tuple(PRESETS) == arguments.PRESET_NAMES
+    assert tuple(sorted(PROFILES)) == tuple(sorted(arguments.PROFILE_NAMES))
+
+
+def test_help_lists_the_commands(capsys):
+    try:
+        main(["--help"])
+    except SystemExit as stop:
+        assert stop.code == 0
+    out = capsys.readouterr().out
+    assert all(c in out for c in ("demo", "explain", "show", "plan"))
