@@ -109,13 +109,17 @@ def _record(
     why: str,
 ) -> Collective:
     sent_i = int(round(sent))
+    sizes = _sizes(before)
+    per_axis = tuple(sizes[a] for a in axes)
+    if math.prod(per_axis) != n:  # a regrouped gather runs over a factor of its axes: one ring of n
+        per_axis = (n,)
     return Collective(
         kind,
         axes,
         n,
         sent_i,
         array_bytes,
-        profile.collective_time(kind, n, sent_i, array_bytes),
+        profile.collective_time(kind, n, sent_i, array_bytes, per_axis),
         tensor,
         why,
         before,
