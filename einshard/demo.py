@@ -142,6 +142,50 @@ def batch_at(corpus: bytes, step: int, batch: int, seq: int, seed: int) -> Any:
 
 
 # ---------------------------------------------------------------------------
+# Checking a layout before training
+
+# Which command-line flag sets the size of each axis the presets name.
+_AXIS_FLAGS = {"l": "--layers", "b": "--batch", "d": "--width", "h": "--heads", "f": "--ffn", "s": "--seq"}
+
+
+def check_layout_fits(preset: Preset, mesh: dict[str, int], cfg: Any, batch: int, seed: int = 0) -> None:
+    """Resolve every expression of ``preset`` against the model's and the batch's shapes on ``mesh`` (sizes only).
+
+    Costs no device work (``jax.eval_shape``), so a layout that cannot fit is reported before any training,
+    with the flag that changes the offending size.
+    """
+    import jax
+
+    from .models.transformer import init
+    from .placement import _match_rules
+    from .placement import layout as _layout
+
+    abstract = jax.eval_shape(lambda: init(cfg, seed))
+    leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
+    try:
+        texts = _match_rules(abstract, preset.params)
+    except EinshardError as err:
+        raise EinshardError(f"--layout {preset.name}: {err.reason}", err.expression, err.column, err.hint) from None
+    checks = [(jax.tree_util.keystr(path), tuple(leaf.shape), text) for (path, leaf), text in zip(leaves, texts)]
+    checks.append(("the batch", (batch, cfg.seq + 1), preset.batch))
+    for where, shape, text in checks:
+        if text is None:
+            continue
+        try:
+            _layout(text, shape, mesh=mesh)
+        except EinshardError as err:
+            flags = [f"{flag} (axis '{axis}')" for axis, flag in _AXIS_FLAGS.items() if f"'{axis}'" in err.reason]
+            hint = "Change " + (" or ".join(flags) if flags else "the sizes") + ", or choose another --mesh."
+            mesh_text = ",".join(f"{k}={v}" for k, v in mesh.items())
+            raise EinshardError(
+                f"--layout {preset.name} on --mesh {mesh_text} does not fit {where} (shape {shape}): {err.reason}",
+                err.expression,
+                err.column,
+                hint,
+            ) from None
+
+
+# ---------------------------------------------------------------------------
 # One layout's training
 
 
@@ -738,6 +782,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = Config(layers=args.layers, width=args.width, heads=args.heads, ffn=args.ffn, seq=args.seq)
     corpus = load_corpus(args.data)
     n = jax.device_count()
+    for preset in presets:  # every layout checked against the model's shapes before any training starts
+        check_layout_fits(preset, mesh_arg or preset.default_mesh(n), cfg, args.batch, args.seed)
     platform = jax.devices()[0].platform
     procs = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
     say(f"einshard {einshard.__version__} on jax {jax.__version__}: {n} {platform} devices{procs}")

@@ -26,6 +26,9 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
+
+from jax.sharding import PartitionSpec
 
 from .errors import EinshardError
 from .parsing import AxisItem, EllipsisItem, Expression, ReplicaItem, format_name
@@ -37,6 +40,7 @@ __all__ = [
     "resolve_counts",
     "expand_names",
     "split_devices",
+    "spec_partitions",
 ]
 
 
@@ -46,6 +50,12 @@ class MeshAxis:
 
     name: str
     size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise EinshardError(f"a mesh axis name is a non-empty string, got {self.name!r}")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise EinshardError(f"mesh axis {self.name!r} has size {self.size!r}; sizes are positive integers")
 
     def __str__(self) -> str:
         return f"{self.name}={self.size}"
@@ -68,6 +78,36 @@ class Layout:
     mesh: tuple[MeshAxis, ...]
     dims: tuple[tuple[str, ...], ...]
     unreduced: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        # Validated at construction (JAX's rule for its own sharding types): an
+        # inconsistent Layout can never reach placement, analysis or lowering.
+        _validate(self)
+
+    @classmethod
+    def from_spec(
+        cls, spec: Any, shape: tuple[int, ...], mesh: tuple[MeshAxis, ...], axes: tuple[str, ...] | None = None
+    ) -> Layout:
+        """The Layout a ``PartitionSpec`` (``unreduced=`` included) gives an array of ``shape`` on ``mesh``.
+
+        ``axes`` names the array's axes (default ``d0``, ``d1``, ...).  A spec
+        shorter than the rank leaves the trailing axes whole, as JAX does.
+        """
+        parts = spec_partitions(spec)
+        if len(parts) > len(shape):
+            raise EinshardError(
+                f"the PartitionSpec {spec} has {len(parts)} entries but the array has rank {len(shape)}"
+            )
+        dims = tuple(_spec_axes(parts[i]) if i < len(parts) else () for i in range(len(shape)))
+        names = axes if axes is not None else tuple(f"d{i}" for i in range(len(shape)))
+        unreduced = frozenset(getattr(spec, "unreduced", None) or ())
+        return cls(tuple(names), tuple(shape), tuple(mesh), dims, unreduced)
+
+    def to_spec(self) -> PartitionSpec:
+        """The ``PartitionSpec``: pending partial sums as ``unreduced={...}`` where this JAX has it."""
+        if self.unreduced and _SPEC_HAS_UNREDUCED:
+            return PartitionSpec(*self.spec_entries(), unreduced=set(self.unreduced))
+        return PartitionSpec(*self.spec_entries())
 
     # -- derived views -----------------------------------------------------
     @functools.cached_property
@@ -118,6 +158,66 @@ class Layout:
         if self.unreduced:
             text += " {U:" + ",".join(m.name for m in self.mesh if m.name in self.unreduced) + "}"
         return "[" + text + "]"
+
+
+def _spec_axes(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def spec_partitions(spec: Any) -> tuple[Any, ...]:
+    """A PartitionSpec's entries (``tuple(spec)`` refuses specs with ``unreduced`` axes on some JAX releases)."""
+    parts = getattr(spec, "partitions", None)
+    return tuple(parts) if parts is not None else tuple(spec)
+
+
+def _spec_has_unreduced() -> bool:
+    try:
+        PartitionSpec(None, unreduced={"x"})
+    except TypeError:
+        return False
+    return True
+
+
+_SPEC_HAS_UNREDUCED = _spec_has_unreduced()
+
+
+def _validate(lay: Layout) -> None:
+    where = f"layout {lay.axes} of shape {lay.shape}"
+    if not (len(lay.axes) == len(lay.shape) == len(lay.dims)):
+        raise EinshardError(
+            f"{where}: {len(lay.axes)} axis names, {len(lay.shape)} sizes and {len(lay.dims)} splits; one of each per axis"
+        )
+    sizes: dict[str, int] = {}
+    for axis in lay.mesh:
+        if axis.name in sizes:
+            raise EinshardError(f"{where}: the mesh names axis {axis.name!r} twice")
+        sizes[axis.name] = axis.size
+    seen: set[str] = set()
+    for name, size, d in zip(lay.axes, lay.shape, lay.dims, strict=True):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise EinshardError(f"{where}: axis {name!r} has size {size!r}; sizes are non-negative integers")
+        shards = 1
+        for m in d:
+            if m not in sizes:
+                known = ", ".join(f"{k!r}: {v}" for k, v in sizes.items()) or "none"
+                raise EinshardError(f"{where}: axis {name!r} is split over {m!r}, which is not a mesh axis ({known})")
+            if m in seen:
+                raise EinshardError(f"{where}: mesh axis {m!r} splits two axes (or one twice)")
+            seen.add(m)
+            shards *= sizes[m]
+        if size % shards:
+            raise EinshardError(
+                f"{where}: axis {name!r} has size {size}, which does not split over "
+                + "·".join(f"{m}({sizes[m]})" for m in d)
+                + f" into {shards} equal shards"
+            )
+    for m in lay.unreduced:
+        if m not in sizes:
+            raise EinshardError(f"{where}: pending sums over {m!r}, which is not a mesh axis")
+        if m in seen:
+            raise EinshardError(f"{where}: mesh axis {m!r} both splits an axis and holds pending sums")
 
 
 def _display(name: str) -> str:

@@ -23,9 +23,10 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ._compat import get_concrete_mesh, use_abstract_mesh
+from ._compat import use_abstract_mesh
 from .errors import EinshardError
-from .layout import Layout, MeshAxis, resolve_counts, resolve_named
+from .layout import Layout, resolve_counts, resolve_named
+from .mesh import MeshLike, as_mesh, auto_axes, current_concrete_mesh, explicit_axes, is_tracer, mesh_axes, show_mesh
 from .parsing import Expression, format_name, is_count_item, parse_placement
 
 __all__ = ["einshard", "sharding", "spec", "describe", "layout", "anonymous_mesh", "current_mesh"]
@@ -70,12 +71,8 @@ def is_anonymous(mesh: Any) -> bool:
 
 
 def current_mesh() -> Mesh | None:
-    """The concrete mesh made current by ``jax.set_mesh``, or None outside any mesh context."""
-    try:
-        mesh = get_concrete_mesh()
-    except ValueError:  # under jit: only the abstract mesh is known
-        return None
-    return None if mesh.empty else mesh
+    """The concrete mesh made current by ``jax.set_mesh``, or None outside any mesh context or while tracing."""
+    return current_concrete_mesh()
 
 
 def _current_abstract_mesh() -> Any:
@@ -83,8 +80,9 @@ def _current_abstract_mesh() -> Any:
     return None if mesh.empty else mesh
 
 
-def _mesh_axes(mesh: Any) -> tuple[MeshAxis, ...]:
-    return tuple(MeshAxis(name, int(size)) for name, size in mesh.shape.items())
+def _tracing_in_mesh_context() -> bool:
+    """Inside ``jax.jit`` under ``jax.set_mesh``: only the abstract mesh is current, no concrete one."""
+    return current_concrete_mesh() is None and _current_abstract_mesh() is not None
 
 
 # ---------------------------------------------------------------------------
@@ -94,20 +92,16 @@ def _mesh_axes(mesh: Any) -> tuple[MeshAxis, ...]:
 def _layout(expr: Expression, shape: tuple[int, ...], mesh: Any) -> Layout:
     if expr.uses_counts:
         return resolve_counts(expr, shape, len(jax.devices()))
-    return resolve_named(expr, shape, _mesh_axes(mesh))
+    return resolve_named(expr, shape, mesh_axes(mesh))
 
 
 def _count_mesh_conflict(expr: Expression, mesh: Any, how: str) -> EinshardError:
     return expr.fail(
-        f"counts ('a4', '*') build an anonymous mesh over all devices, but {how} {_show_mesh(mesh)}; "
+        f"counts ('a4', '*') build an anonymous mesh over all devices, but {how} {show_mesh(mesh)}; "
         "arrays on the two meshes would not combine",
         next(i.column for i in expr.output.items if is_count_item(i)),
         "Name that mesh's axes instead: 'a b -> a@data b'.",
     )
-
-
-def _show_mesh(mesh: Any) -> str:
-    return "Mesh(" + ", ".join(f"{k!r}: {v}" for k, v in mesh.shape.items()) + ")"
 
 
 @functools.lru_cache(maxsize=8192)
@@ -117,7 +111,7 @@ def _resolve(text: str, shape: tuple[int, ...], mesh: Any) -> tuple[Layout, Name
     if expr.uses_counts:
         layout = resolve_counts(expr, shape, len(jax.devices()))
         concrete = anonymous_mesh(tuple(m.size for m in layout.mesh))
-        return layout, NamedSharding(concrete, PartitionSpec(*layout.spec_entries()))
+        return layout, NamedSharding(concrete, layout.to_spec())
     if mesh is None:
         if expr.uses_mesh_axes:
             raise expr.fail(
@@ -127,10 +121,10 @@ def _resolve(text: str, shape: tuple[int, ...], mesh: Any) -> tuple[Layout, Name
             )
         # Nothing sharded and no mesh: replicate over all devices, as einshard 0.2's '* a b' does.
         return resolve_counts(parse_placement(_replicate_text(expr)), shape, len(jax.devices())), None
-    layout = resolve_named(expr, shape, _mesh_axes(mesh))
-    if isinstance(mesh, Mesh):
-        return layout, NamedSharding(mesh, PartitionSpec(*layout.spec_entries()))
-    return layout, None  # abstract mesh (under jit): the spec alone is used
+    layout = resolve_named(expr, shape, mesh_axes(mesh))
+    # A NamedSharding on an AbstractMesh is what JAX uses under jit (reshard, ShapeDtypeStruct);
+    # only placing data needs the concrete mesh, and _concrete_sharding checks that.
+    return layout, NamedSharding(mesh, layout.to_spec())
 
 
 def _replicate_text(expr: Expression) -> str:
@@ -138,14 +132,14 @@ def _replicate_text(expr: Expression) -> str:
 
 
 def _pick_mesh(expr_text: str, mesh: Any, x: Any = None) -> Any:
-    _check_mesh(mesh)
-    ctx = current_mesh()
+    mesh = _check_mesh(mesh)
+    ctx = current_mesh() or _current_abstract_mesh()
     return _choose_mesh(expr_text, mesh, ctx, _own_mesh(x) if mesh is None and ctx is None else None)
 
 
-def _check_mesh(mesh: Any) -> None:
-    if mesh is not None and not isinstance(mesh, (Mesh, jax.sharding.AbstractMesh)):
-        raise EinshardError(f"mesh= takes a jax.sharding.Mesh, got {type(mesh).__name__}")
+def _check_mesh(mesh: Any) -> Any:
+    """``mesh=`` checked; a dict of sizes becomes an AbstractMesh (enough for layouts and specs, not to place data)."""
+    return None if mesh is None else as_mesh(mesh)
 
 
 def _own_mesh(x: Any) -> Mesh | None:
@@ -194,7 +188,7 @@ def _eager_sharding(text: str, x: Any, mesh: Any, ctx: Mesh | None) -> NamedShar
     return _cached_eager_sharding(text, tuple(x.shape), mesh, ctx, own)
 
 
-def layout(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> Layout:
+def layout(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -> Layout:
     """The :class:`~einshard.layout.Layout` an expression gives an array of ``shape``.
 
     Example:
@@ -206,7 +200,7 @@ def layout(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> La
     return _resolve(text, _check_shape(shape, text), _pick_mesh(text, mesh))[0]
 
 
-def sharding(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> NamedSharding:
+def sharding(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -> NamedSharding:
     """The ``NamedSharding`` an expression gives an array of ``shape``, without moving data.
 
     Use it for ``jax.jit(in_shardings=..., out_shardings=...)``, ``jax.ShapeDtypeStruct``
@@ -223,18 +217,16 @@ def sharding(expr: str, shape: tuple[int, ...], *, mesh: Mesh | None = None) -> 
     chosen = _pick_mesh(text, mesh)
     lay, sh = _resolve(text, shape, chosen)
     if sh is None:
-        if chosen is None:
-            return _replicated_everywhere(lay)
-        raise EinshardError("sharding() needs a concrete mesh; under jax.jit pass mesh=, or use einshard.spec()", text)
+        return _replicated_everywhere(lay)
     return sh
 
 
 def _replicated_everywhere(lay: Layout) -> NamedSharding:
     concrete = anonymous_mesh(tuple(m.size for m in lay.mesh))
-    return NamedSharding(concrete, PartitionSpec(*lay.spec_entries()))
+    return NamedSharding(concrete, lay.to_spec())
 
 
-def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: Mesh | None = None) -> PartitionSpec:
+def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: MeshLike | None = None) -> PartitionSpec:
     """The ``PartitionSpec`` of an expression.
 
     ``shape`` is needed for ``...`` (to know the rank) and to check divisibility;
@@ -254,7 +246,7 @@ def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: Mesh | None =
     shape = _check_shape(shape, text)
     if parsed.uses_counts:
         return PartitionSpec(*_resolve(text, shape, None)[0].spec_entries())
-    chosen = mesh if mesh is not None else current_mesh() or _current_abstract_mesh()
+    chosen = _check_mesh(mesh) if mesh is not None else current_mesh() or _current_abstract_mesh()
     if chosen is None:
         # No mesh to check names against: read them off the expression.
         from .layout import expand_names
@@ -262,7 +254,7 @@ def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: Mesh | None =
         names = expand_names(parsed, len(shape))
         dims = {i.name: i.mesh_axes or None for i in parsed.output.axes}
         return PartitionSpec(*[_entry(dims.get(n)) for n in names])
-    return PartitionSpec(*resolve_named(parsed, shape, _mesh_axes(chosen)).spec_entries())
+    return PartitionSpec(*resolve_named(parsed, shape, mesh_axes(chosen)).spec_entries())
 
 
 def _entry(axes: tuple[str, ...] | None) -> str | tuple[str, ...] | None:
@@ -297,7 +289,15 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
 
-def einshard(x: Any, expr: Rules, *, mesh: Mesh | None = None, process_local: bool = False) -> Any:
+def _as_array(leaf: Any) -> np.ndarray:
+    """A non-array pytree leaf (a Python number, a list) as a numpy array; anything else is an error."""
+    arr = np.asarray(leaf)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise EinshardError(f"a leaf to place must be an array or a number, got {type(leaf).__name__}: {leaf!r:.60}")
+    return arr
+
+
+def einshard(x: Any, expr: Rules, *, mesh: MeshLike | None = None, process_local: bool = False) -> Any:
     """Lay ``x`` out on devices as ``expr`` says.
 
     Args:
@@ -343,16 +343,25 @@ def _place_one(x: Any, text: str, mesh: Any, process_local: bool) -> Any:
         return _constrain(x, text, mesh)
     if process_local:
         return _from_process_local(x, text, _pick_mesh(text, mesh, x))
-    _check_mesh(mesh)
+    mesh = _check_mesh(mesh)
+    if _tracing_in_mesh_context() and not isinstance(mesh, Mesh):
+        # A host constant inside jax.jit under jax.set_mesh: only the abstract mesh exists
+        # here, so the constant becomes a traced value and gets a sharding constraint.
+        return _constrain(jax.numpy.asarray(x), text, mesh)
     return _put(x, _eager_sharding(text, x, mesh, current_mesh()))
 
 
 def _concrete_sharding(text: str, shape: tuple[int, ...], chosen: Any) -> NamedSharding:
     lay, sh = _resolve(text, tuple(shape), chosen)
     if sh is None:
-        if chosen is None:
-            return _replicated_everywhere(lay)
-        raise EinshardError("einshard() outside jax.jit needs a concrete jax.sharding.Mesh", text)
+        return _replicated_everywhere(lay)
+    if not isinstance(sh.mesh, Mesh):
+        raise EinshardError(
+            f"placing data needs a concrete jax.sharding.Mesh (with devices); mesh= is {show_mesh(sh.mesh)}",
+            text,
+            hint="Pass a Mesh (jax.make_mesh(...)); a dict of sizes or an AbstractMesh only describes shapes "
+            "(einshard.layout, einshard.spec, einshard.analyze).",
+        )
     return sh
 
 
@@ -476,8 +485,17 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
             "under jax.jit the expression needs a mesh: pass mesh= or call jax.jit inside `with jax.set_mesh(mesh):`",
             None,
         )
-    lay = resolve_named(expr, tuple(x.shape), _mesh_axes(target))
+    lay = resolve_named(expr, tuple(x.shape), mesh_axes(target))
     types = dict(zip(target.axis_names, target.axis_types))
+    if explicit_axes(target) and _current_abstract_mesh() is None and _outside_jit(x):
+        # JAX itself cannot transpose a reshard on Explicit axes outside a mesh context
+        # (eager jax.grad fails with "Expected cotangent type ..."): say what works.
+        raise expr.fail(
+            "eager jax.grad / jax.vmap through a layout on Explicit mesh axes needs the mesh context, "
+            f"and none is current (mesh {show_mesh(target)})",
+            None,
+            "Call it inside `with jax.set_mesh(mesh):`, or under jax.jit.",
+        )
     explicit = _restrict(lay, lambda m: types[m] == AxisType.Explicit)
     auto = _restrict(lay, lambda m: types[m] == AxisType.Auto)
     # Without a current mesh (the array's own mesh, or mesh= outside jax.set_mesh),
@@ -487,12 +505,23 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
         if _current_abstract_mesh() is None
         else contextlib.nullcontext()
     )
+    has_explicit = any(t == AxisType.Explicit for t in types.values())
+    has_auto = any(t == AxisType.Auto for t in types.values())
+
+    def apply(v: Any) -> Any:
+        if has_explicit:
+            v = jax.sharding.reshard(v, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
+        if has_auto:
+            v = jax.lax.with_sharding_constraint(v, NamedSharding(target, auto))
+        return v
+
+    if has_explicit and has_auto and _outside_jit(x):
+        # On a mixed mesh, eager jax.grad cannot transpose the reshard/constraint pair op by op
+        # (plain JAX fails with "Expected cotangent type"); staged together under jit it can.
+        apply = jax.jit(apply)
     try:
         with scope:
-            if any(t == AxisType.Explicit for t in types.values()):
-                x = jax.sharding.reshard(x, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
-            if any(t == AxisType.Auto for t in types.values()):
-                x = jax.lax.with_sharding_constraint(x, NamedSharding(target, auto))
+            x = apply(x)
     except (ValueError, AssertionError) as err:  # JAX asserts when a constraint meets an Explicit mesh
         raise expr.fail(
             f"JAX refused the layout under jit: {err}",
@@ -500,6 +529,21 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
             "With Explicit mesh axes, trace inside `with jax.set_mesh(mesh):`.",
         ) from None
     return x
+
+
+def _outside_jit(x: Any) -> bool:
+    """A tracer of an eager transformation (jax.grad, jax.vmap) whose innermost value is concrete, not jit's."""
+    while isinstance(x, jax.core.Tracer):
+        # The tracer classes are not public API: recognise them by name (JVP and linearize
+        # tracers keep their primal, batch tracers their value).
+        kind = type(x).__name__
+        if kind in ("JVPTracer", "LinearizeTracer"):
+            x = x.primal
+        elif kind == "BatchTracer":
+            x = x.val
+        else:
+            return False  # a jit/staging tracer
+    return True
 
 
 def _restrict(lay: Layout, keep: Any) -> PartitionSpec:
@@ -513,8 +557,9 @@ def _restrict(lay: Layout, keep: Any) -> PartitionSpec:
 def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(x)
     texts = _leaf_texts(x, treedef, rules)
-    _check_mesh(mesh)
+    mesh = _check_mesh(mesh)
     ctx = current_mesh()
+    in_trace = _tracing_in_mesh_context() and not isinstance(mesh, Mesh)
     out: list[Any] = list(leaves)
     pending: list[int] = []
     shardings: list[NamedSharding] = []
@@ -523,9 +568,9 @@ def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
             continue
         try:
             if not _is_array(leaf):
-                leaf = np.asarray(leaf)
+                leaf = _as_array(leaf)
                 out[i] = leaf
-            if isinstance(leaf, jax.core.Tracer) or process_local:
+            if isinstance(leaf, jax.core.Tracer) or process_local or in_trace:
                 out[i] = _place_one(leaf, text, mesh, process_local)
                 continue
             sh = _eager_sharding(text, leaf, mesh, ctx)
@@ -635,7 +680,11 @@ def describe(x: Any, names: str | None = None) -> str:
     if len(axis_names) != len(shape):
         raise EinshardError(f"describe(): {len(axis_names)} names given for an array of rank {len(shape)}")
     left = " ".join(format_name(n) for n in axis_names)
-    sh = getattr(x, "sharding", None)
+    try:
+        expr_left = parse_placement(f"{left} -> {left}")
+    except EinshardError as err:
+        raise EinshardError(f"describe(names={names!r}): the names do not make an expression: {err.reason}") from None
+    sh = _traced_sharding(x, expr_left) if is_tracer(x) else getattr(x, "sharding", None)
     if not isinstance(sh, NamedSharding):
         if sh is not None and len(sh.device_set) > 1:
             raise EinshardError(f"describe() reads NamedShardings; this array has a {type(sh).__name__}")
@@ -665,6 +714,29 @@ def describe(x: Any, names: str | None = None) -> str:
     if unreduced:
         right_text += " {U:" + ",".join(unreduced) + "}"
     return f"{left} -> {right_text}"
+
+
+def _traced_sharding(x: Any, expr: Expression) -> Any:
+    """A traced value's sharding, read from its type (JAX's sharding-in-types).
+
+    The type carries the Explicit mesh axes only: how Auto axes split the value
+    is decided by XLA after tracing, so a value on a mesh with Auto axes cannot
+    be described while tracing (saying "replicated" would be silently wrong).
+    """
+    sh = getattr(jax.typeof(x), "sharding", None)
+    m = getattr(sh, "mesh", None)
+    if m is None or m.empty:
+        return None
+    auto = auto_axes(m)
+    if auto:
+        raise expr.fail(
+            f"describe() of a traced value reads its layout from its type, which says nothing of the Auto mesh "
+            f"axes {sorted(auto)} (XLA chooses their layout after tracing)",
+            None,
+            "Call describe() on the result outside jax.jit, or use a mesh with Explicit axes "
+            "(jax.make_mesh's default) whose layouts the type carries.",
+        )
+    return sh
 
 
 def _default_names(n: int) -> list[str]:

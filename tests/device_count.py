@@ -30,7 +30,20 @@ def device_env(n: int, **extra: str) -> dict[str, str]:
 
 def run_pytest(n: int, *args: str, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess[str]:
     """Run pytest with ``args`` on ``n`` devices; fail with its output unless it passes."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *args]
+    # The parent chose what runs: the child takes every marker (the default run leaves 'slow' tests out).
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "-m",
+        "slow or not slow",
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=device_env(n, **extra), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"on {n} devices: {' '.join(args)}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     assert " passed" in proc.stdout, proc.stdout[-2000:]

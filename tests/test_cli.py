@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses: CI runs these with -m slow
+
 
 def _run(*args: str, devices: int = 8) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)

@@ -105,6 +105,7 @@ def test_every_case_einshard02_accepts_gives_the_same_layout(chunk, eight):
         _assert_same_as_einshard02(case)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_same_layouts_as_einshard02_on_fewer_devices(n, request):
     """Smaller tables recorded on 1, 2 and 4 devices, checked in a subprocess with that many."""
@@ -218,6 +219,7 @@ def test_tutorial_mlp(eight):
     np.testing.assert_allclose(np.asarray(out), np.asarray(forward(w1, w2, x)), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_documented_layouts_on_16_devices(request):
     """docs/syntax.md and docs/quick-start.md use 16 devices and draw the layouts."""
     if rerun_on(16, request):
@@ -261,6 +263,7 @@ def test_einshard02_test_table_on_8_devices(eight):
     assert all(len(s) == 2 for s in _device_sets(y).values())
 
 
+@pytest.mark.slow
 def test_einshard02_test_table_on_1_device(request):
     if rerun_on(1, request):
         return

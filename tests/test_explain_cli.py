@@ -8,6 +8,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses: CI runs these with -m slow
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXPR = "b x@data, x y@model -> b y"
 ARGS = ["--mesh", "data=4,model=2", "--sizes", "b=1024,x=4096,y=16384", "--dtype", "bf16", "--profile", "h100"]

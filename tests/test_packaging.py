@@ -11,6 +11,8 @@ import zipfile
 import pytest
 from device_count import ROOT, device_env
 
+pytestmark = pytest.mark.slow  # subprocesses: CI runs these with -m slow
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> pathlib.Path:

@@ -239,6 +239,7 @@ def _check_devices() -> None:
         assert jax.device_count() == int(want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_prop_on_other_device_counts(n):
     """The property tests again, in a subprocess that sees n devices (8 is this process)."""

@@ -129,12 +129,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_show():
     out = _cli("b s d -> b@data s d@model", "--shape", "8,16,32", "--mesh", "data=4,model=2")
     assert out.returncode == 0, out.stderr
     assert "f32[b:8@data s:16 d:32@model]" in out.stdout and "b 6:8 │ 6      │ 7" in out.stdout
 
 
+@pytest.mark.slow
 def test_cli_show_error_quotes_the_expression():
     out = _cli("a b -> a@data b", "--shape", "6,4", "--mesh", "data=4")
     assert out.returncode == 2
