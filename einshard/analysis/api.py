@@ -85,33 +85,23 @@ def _einsum_text(expr: str) -> str:
 
 
 def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | None:
-    if mesh is None:
-        for x in operands:
-            m = getattr(getattr(x, "sharding", None), "mesh", None)
-            if m is not None and getattr(m, "shape", None):
-                mesh = m
-                break
-    if mesh is None:
-        import jax
+    """``mesh=``, else the current mesh (``jax.set_mesh``), else the operands' (einshard.mesh), else None
+    (an einsum with nothing sharded needs no mesh)."""
+    if isinstance(mesh, dict):  # the common analysis call: sizes only, answered without asking JAX
+        _check_sizes(mesh)
+        return tuple(MeshAxis(str(name), size) for name, size in mesh.items())
+    from ..mesh import mesh_axes, resolve_mesh
 
-        abstract = jax.sharding.get_abstract_mesh()
-        if abstract.empty:
-            return None
-        mesh = abstract
-    if isinstance(mesh, dict):
-        items = list(mesh.items())
-    elif hasattr(mesh, "shape") and hasattr(mesh, "axis_names"):
-        items = list(dict(mesh.shape).items())
-    else:
-        raise EinshardError(
-            f"mesh must be a jax.sharding.Mesh, an AbstractMesh or a dict of axis sizes, got {type(mesh).__name__}"
-        )
-    out = []
-    for name, size in items:
-        if not isinstance(size, int) or size < 1:
-            raise EinshardError(f"mesh axis {name!r} has size {size!r}; sizes are positive integers")
-        out.append(MeshAxis(str(name), int(size)))
-    return tuple(out)
+    found = resolve_mesh(mesh, operands, what="einshard.analyze", check_operands=False, required=False)
+    return None if found is None else mesh_axes(found)
+
+
+def _check_sizes(mesh: dict[Any, Any]) -> None:
+    for name, size in mesh.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise EinshardError(f"mesh axis {name!r} has size {size!r}; sizes are positive integers (mesh={mesh!r})")
+        if not isinstance(name, str) or not name:
+            raise EinshardError(f"mesh= as a dict maps axis names (strings) to sizes, got the key {name!r}")
 
 
 def spec_partitions(spec: Any) -> tuple[Any, ...]:

@@ -110,12 +110,20 @@ def parse_bytes(budget: int | float | str | None) -> int | None:
     return int(float(m.group(1)) * scale[unit])
 
 
-def _mesh_axes(mesh: Any) -> tuple[MeshAxis, ...]:
-    if isinstance(mesh, Mapping):
-        return tuple(MeshAxis(str(k), int(v)) for k, v in mesh.items())
-    if mesh is not None and hasattr(mesh, "shape"):
-        return tuple(MeshAxis(str(k), int(v)) for k, v in mesh.shape.items())
-    raise EinshardError("plan() needs mesh=: a jax Mesh or axis sizes like {'data': 4, 'model': 2}")
+def _mesh_axes(mesh: Any, args: tuple[Any, ...] = ()) -> tuple[MeshAxis, ...]:
+    """``mesh=``, else the current mesh (``jax.set_mesh``), else the arguments', else an EinshardError."""
+    from ..mesh import mesh_axes, resolve_mesh
+
+    return mesh_axes(resolve_mesh(mesh, args, what="einshard.plan()", check_operands=False))
+
+
+def _param_invars(args: tuple[Any, ...], p_idx: Sequence[int]) -> list[int]:
+    """The jaxpr input index of each parameter leaf (parameters are ``args[i]`` for i in ``p_idx``, in that order)."""
+    starts, n = [], 0
+    for x in args:
+        starts.append(n)
+        n += len(jax.tree_util.tree_leaves(x))
+    return [starts[i] + j for i in p_idx for j in range(len(jax.tree_util.tree_leaves(args[i])))]
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -168,6 +176,8 @@ class Group:
     stacked: bool
     candidates: tuple[Candidate, ...] = ()
     is_batch: bool = False
+    # The dimensions its matmuls contract (:func:`contracted_dims`); None: unknown (no matmul reads it).
+    contracted: frozenset[int] | None = None
 
     def expression(self, cand: Candidate, rank: int | None = None) -> str:
         """The einshard expression of ``cand`` for this group (a data leaf of rank ``rank``)."""
@@ -608,8 +618,79 @@ def _coordinate_descent(
 # Naming and explaining
 
 
+# Primitives that pass a parameter on unchanged (dimension for dimension) into a sub-computation or a copy.
+_PASS_THROUGH = frozenset({"convert_element_type", "copy", "copy_p", "reduce_precision", "sharding_constraint"})
+
+
+def contracted_dims(jaxpr: Any, leaf_vars: Sequence[int]) -> dict[int, frozenset[int]]:
+    """Which dimensions of each parameter leaf its matmuls contract (read from the traced program).
+
+    ``leaf_vars[k]`` is the jaxpr input of parameter leaf ``k``.  A leaf is
+    followed through dtype casts, transposes, calls (``pjit``, remat, custom
+    derivatives) and ``scan`` (a stacked leaf loses its leading axis in the
+    body); at each ``dot_general`` its contracting dimensions are recorded.
+    This is what names a split ``tp-row`` (a contracted axis: partial sums) or
+    ``tp-col`` (a free axis) whatever the weight's axis order: ``(in, out)``
+    Flax kernels, ``(out, in)`` Equinox weights, 3-D attention kernels.
+    Leaves no matmul reads are absent.
+    """
+    found: dict[int, set[int]] = {}
+
+    def walk(jx: Any, track: dict[Any, tuple[int, tuple[int, ...]]]) -> None:
+        # track: var -> (leaf, the leaf's dimension behind each of the var's dimensions)
+        for eqn in jx.eqns:
+            ins = [(i, track[v]) for i, v in enumerate(eqn.invars) if _hashable(v) and v in track]
+            if not ins:
+                continue
+            name = eqn.primitive.name
+            if name == "dot_general":
+                (lc, rc), _ = eqn.params["dimension_numbers"]
+                for i, (leaf, dims) in ins:
+                    for d in lc if i == 0 else rc if i == 1 else ():
+                        found.setdefault(leaf, set()).add(dims[d])
+            elif name in _PASS_THROUGH:
+                track[eqn.outvars[0]] = ins[0][1]
+            elif name == "transpose":
+                leaf, dims = ins[0][1]
+                track[eqn.outvars[0]] = (leaf, tuple(dims[p] for p in eqn.params["permutation"]))
+            elif name == "scan":
+                body = eqn.params["jaxpr"].jaxpr
+                n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+                sub: dict[Any, tuple[int, tuple[int, ...]]] = {}
+                for i, (leaf, dims) in ins:
+                    inner = body.invars[i]
+                    sub[inner] = (leaf, dims[1:]) if i >= n_consts + n_carry else (leaf, dims)
+                walk(body, sub)
+            else:
+                inner_jaxpr = _sub_jaxpr(eqn)
+                if inner_jaxpr is not None and len(inner_jaxpr.invars) == len(eqn.invars):
+                    walk(inner_jaxpr, {inner_jaxpr.invars[i]: t for i, t in ins})
+
+    invars = jaxpr.invars
+    start = {invars[v]: (k, tuple(range(len(invars[v].aval.shape)))) for k, v in enumerate(leaf_vars)}
+    walk(jaxpr, start)
+    return {k: frozenset(v) for k, v in found.items()}
+
+
+def _hashable(v: Any) -> bool:
+    return not hasattr(v, "val")  # jaxpr Literals are neither tracked nor hashable on every JAX
+
+
+def _sub_jaxpr(eqn: Any) -> Any:
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        sub = eqn.params.get(key)
+        if sub is not None:
+            return getattr(sub, "jaxpr", sub)
+    return None
+
+
 def _strategy(group: Group, cand: Candidate, batch_axes: tuple[str, ...]) -> str:
-    """A short name: replicated, fsdp(data), tp-col(model), fsdp(data)+tp-row(model), pipeline(stage)."""
+    """A short name: replicated, fsdp(data), tp-col(model), fsdp(data)+tp-row(model), pipeline(stage).
+
+    A split of a dimension the group's matmuls contract is ``tp-row`` (partial
+    sums), of another dimension ``tp-col``; without that knowledge (a leaf no
+    matmul reads), the last dimension of a matrix is taken as its output.
+    """
     parts = []
     rank = len(group.names)
     for i, d in enumerate(cand.dims):
@@ -623,7 +704,10 @@ def _strategy(group: Group, cand: Candidate, batch_axes: tuple[str, ...]) -> str
         if fsdp:
             parts.append(f"fsdp({','.join(fsdp)} on {group.names[i]})" if rank >= 2 else f"fsdp({','.join(fsdp)})")
         if tp:
-            kind = "tp-col" if i == rank - 1 and rank >= 2 else "tp-row" if rank >= 2 else "tp"
+            if group.contracted is not None and rank >= 2:
+                kind = "tp-row" if i in group.contracted else "tp-col"
+            else:
+                kind = "tp-col" if i == rank - 1 and rank >= 2 else "tp-row" if rank >= 2 else "tp"
             parts.append(f"{kind}({','.join(tp)})")
     return "+".join(parts) or "replicated"
 
@@ -651,7 +735,7 @@ def _batch_strategy(cand: Candidate) -> str:
 def plan(
     fn: Callable[..., Any],
     *args: Any,
-    mesh: Any,
+    mesh: Any = None,
     profile: Any = None,
     memory_budget: int | float | str | None = None,
     objective: str = "training",
@@ -672,7 +756,8 @@ def plan(
         fn: a training step (or ``jax.value_and_grad`` of a loss) for ``'training'``, a forward pass for
             ``'inference'``; called as ``fn(*args, **kwargs)``.
         args: pytrees of arrays or ``jax.ShapeDtypeStruct``s; the first is the parameters, the rest data.
-        mesh: a Mesh, or axis sizes ``{'data': 256, 'model': 8}`` (plan a 2048-device mesh from sizes only).
+        mesh: a Mesh, or axis sizes ``{'data': 256, 'model': 8}`` (plan a 2048-device mesh from sizes only);
+            None: the current mesh (``jax.set_mesh``), else the arguments' mesh, else an EinshardError.
         profile: hardware profile for time (``'h100'``, ``'tpu-v5p'``, ``'cpu'`` or an ``einshard.Profile``).
         memory_budget: bytes per device (or ``'16GiB'``); None: no limit.
         objective: ``'training'`` / ``'inference'`` (step time), ``'memory'`` (bytes per device),
@@ -697,7 +782,7 @@ def plan(
     if not args:
         raise EinshardError("plan() needs the function's arguments (the parameters first)")
     budget = parse_bytes(memory_budget)
-    mesh_axes = _mesh_axes(mesh)
+    mesh_axes = _mesh_axes(mesh, args)
     p_idx = list(param_args) if param_args is not None else [0]
     d_idx = list(data_args) if data_args is not None else [i for i in range(len(args)) if i not in p_idx]
     params = tuple(args[i] for i in p_idx) if len(p_idx) != 1 else args[p_idx[0]]
@@ -709,6 +794,11 @@ def plan(
 
     traced = trace(fn, *args, mesh={m.name: m.size for m in mesh_axes}, profile=profile, **kwargs)
     groups, leaves = _groups(params, mesh_axes)
+    contracted = contracted_dims(traced.jaxpr, _param_invars(args, p_idx))
+    groups = [
+        dataclasses.replace(g, contracted=contracted.get(g.leaves[0])) if g.leaves[0] in contracted else g
+        for g in groups
+    ]
     total_param_bytes = sum(g.nbytes for g in groups) or 1
     groups = [
         dataclasses.replace(
