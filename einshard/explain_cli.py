@@ -1,6 +1,6 @@
 """``einshard explain``: print the plan of one annotated einsum.
 
-    einshard explain 'b x@data, x y@model -> b y' --mesh data=4,model=2 \\
+    einshard explain 'b x@data, x y@model -> b? y?' --mesh data=4,model=2 \\
         --sizes b=1024,x=4096,y=16384 --dtype bf16 --profile h100
 
 Uses ``rich`` for the tables when it is installed (the ``cli`` extra), plain
@@ -33,7 +33,7 @@ def parse_pairs(text: str, what: str) -> dict[str, int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("expression", help="an annotated einsum, e.g. 'b x@data, x y@model -> b y'")
+    parser.add_argument("expression", help="an annotated einsum, e.g. 'b x@data, x y@model -> b? y?'")
     parser.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,model=2")
     parser.add_argument("--sizes", default="", help="einsum axis sizes, e.g. b=1024,x=4096,y=16384")
     parser.add_argument("--dtype", default="f32", help="element type: f32, bf16, f16, f8, ... (default f32)")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from ..errors import EinshardError
 from ..layout import Layout, MeshAxis
 from .cost import Collective, Profile
-from .primitives import all_reduce, transition
+from .primitives import _derived, all_reduce, transition
 
 __all__ = ["Problem", "Candidate", "classify", "enumerate_candidates"]
 
@@ -270,7 +270,7 @@ def _candidates_with(
         dims = tuple(order.get(e, ()) for e in op.axes)
         if not _fits(op.shape, dims, mesh_sizes):
             return []
-        target = Layout(op.axes, op.shape, op.mesh, dims, keep_u[i])
+        target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
         st = _memo_transition(kw, (i, id(op), dims, keep_u[i]), op, target, f"operand {i + 1}")
         if st is None:  # an impossible step: not a candidate
             return []
