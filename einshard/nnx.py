@@ -38,7 +38,6 @@ its functions raise ImportError with the install command when Flax is missing.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,6 +45,7 @@ import jax
 
 from .errors import EinshardError
 from .placement import sharding
+from .tree_rules import UNMATCHED, leaf_expressions
 
 try:
     from flax import nnx
@@ -100,12 +100,12 @@ def state_shardings(
     variable an error instead.
     """
     _require_flax()
-    compiled = [(p, re.compile(p), e) for p, e in (rules or {}).items()]
+    matched = iter(leaf_expressions(state, dict(rules or {}), is_leaf=_is_variable, unmatched=UNMATCHED))
 
     def pick(path: Any, var: Any) -> Any:
         key = jax.tree_util.keystr(path)
-        expr = next((e for _, regex, e in compiled if regex.search(key)), None)
-        if expr is None:
+        expr = next(matched)
+        if expr is UNMATCHED or expr is None:
             expr = layout_of(var) if _is_variable(var) else None
         if expr is None:
             expr = default

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import lark
 
+from ._caches import register
 from .errors import EinshardError
 
 __all__ = [
@@ -395,6 +396,7 @@ def _check_count(tagged: tuple[str, int, int]) -> int:
 def _cached_on_strings(fn: Callable[[str], Expression]) -> Callable[[str], Expression]:
     """Memoize a parser, checking first that it was given a string (an unhashable list must not reach the cache)."""
     cached = functools.lru_cache(maxsize=4096)(fn)
+    register(cached.cache_clear)
 
     @functools.wraps(fn)
     def parser(text: str) -> Expression:

@@ -13,9 +13,6 @@ devices instead, cached per (devices, shape) so separate calls agree.
 from __future__ import annotations
 
 import contextlib
-import functools
-import re
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -23,15 +20,24 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from ._caches import cached
 from ._compat import use_abstract_mesh
+from .core.layout import Layout, resolve_counts, resolve_named
+from .core.mesh import (
+    MeshLike,
+    as_mesh,
+    auto_axes,
+    current_concrete_mesh,
+    explicit_axes,
+    is_tracer,
+    mesh_axes,
+    show_mesh,
+)
 from .errors import EinshardError
-from .layout import Layout, resolve_counts, resolve_named
-from .mesh import MeshLike, as_mesh, auto_axes, current_concrete_mesh, explicit_axes, is_tracer, mesh_axes, show_mesh
 from .parsing import Expression, format_name, is_count_item, parse_placement
+from .tree_rules import Rules, leaf_expressions
 
 __all__ = ["einshard", "sharding", "spec", "describe", "layout", "anonymous_mesh", "current_mesh"]
-
-Rules = str | Mapping[str, "str | None"]
 
 
 # ---------------------------------------------------------------------------
@@ -104,7 +110,7 @@ def _count_mesh_conflict(expr: Expression, mesh: Any, how: str) -> EinshardError
     )
 
 
-@functools.lru_cache(maxsize=8192)
+@cached(maxsize=8192)
 def _resolve(text: str, shape: tuple[int, ...], mesh: Any) -> tuple[Layout, NamedSharding | None]:
     """(layout, sharding) for a placement; mesh is the explicit or context mesh, or None."""
     expr = parse_placement(text)
@@ -169,7 +175,7 @@ def _choose_mesh(expr_text: str, mesh: Any, ctx: Mesh | None, own: Mesh | None) 
     return own
 
 
-@functools.lru_cache(maxsize=8192)
+@cached(maxsize=8192)
 def _cached_eager_sharding(text: str, shape: tuple[int, ...], mesh: Any, ctx: Any, own: Any) -> NamedSharding:
     return _concrete_sharding(text, shape, _choose_mesh(text, mesh, ctx, own))
 
@@ -189,7 +195,7 @@ def _eager_sharding(text: str, x: Any, mesh: Any, ctx: Mesh | None) -> NamedShar
 
 
 def layout(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -> Layout:
-    """The :class:`~einshard.layout.Layout` an expression gives an array of ``shape``.
+    """The :class:`~einshard.core.layout.Layout` an expression gives an array of ``shape``.
 
     Example:
         >>> import einshard
@@ -249,7 +255,7 @@ def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: MeshLike | No
     chosen = _check_mesh(mesh) if mesh is not None else current_mesh() or _current_abstract_mesh()
     if chosen is None:
         # No mesh to check names against: read them off the expression.
-        from .layout import expand_names
+        from .core.layout import expand_names
 
         names = expand_names(parsed, len(shape))
         dims = {i.name: i.mesh_axes or None for i in parsed.output.axes}
@@ -360,7 +366,7 @@ def _concrete_sharding(text: str, shape: tuple[int, ...], chosen: Any) -> NamedS
             f"placing data needs a concrete jax.sharding.Mesh (with devices); mesh= is {show_mesh(sh.mesh)}",
             text,
             hint="Pass a Mesh (jax.make_mesh(...)); a dict of sizes or an AbstractMesh only describes shapes "
-            "(einshard.layout, einshard.spec, einshard.analyze).",
+            "(einshard.core.layout, einshard.spec, einshard.analyze).",
         )
     return sh
 
@@ -556,7 +562,7 @@ def _restrict(lay: Layout, keep: Any) -> PartitionSpec:
 
 def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(x)
-    texts = _leaf_texts(x, treedef, rules)
+    texts = leaf_expressions(x, rules)
     mesh = _check_mesh(mesh)
     ctx = current_mesh()
     in_trace = _tracing_in_mesh_context() and not isinstance(mesh, Mesh)
@@ -593,67 +599,6 @@ def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
         for i, value in zip(pending, placed):
             out[i] = value
     return jax.tree_util.tree_unflatten(treedef, out)
-
-
-# (tree structure, rules) -> the expression of each leaf.  Leaf paths are a
-# function of the tree structure, so a repeated call skips keystr and the
-# regular expressions, the bulk of a pytree's per-leaf cost.
-_LEAF_TEXTS: dict[tuple[Any, Any], tuple[Any, ...]] = {}
-_LEAF_TEXTS_MAX = 1024
-
-
-def _leaf_texts(x: Any, treedef: Any, rules: Rules) -> tuple[Any, ...]:
-    """The expression (or None) of every leaf of ``x``, in flattening order: the first matching rule's."""
-    if isinstance(rules, str):
-        return (rules,) * treedef.num_leaves
-    if not isinstance(rules, Mapping):
-        raise EinshardError(
-            f"einshard takes an expression string or a mapping of path patterns to expressions, "
-            f"got {type(rules).__name__}"
-        )
-    key = (treedef, tuple(rules.items()))
-    try:
-        return _LEAF_TEXTS[key]
-    except KeyError:
-        pass
-    except (TypeError, ValueError):  # an unhashable rule, or node data that cannot be compared: no caching
-        return _match_rules(x, rules)
-    texts = _match_rules(x, rules)
-    if len(_LEAF_TEXTS) >= _LEAF_TEXTS_MAX:
-        _LEAF_TEXTS.clear()
-    _LEAF_TEXTS[key] = texts
-    return texts
-
-
-_leaf_texts.cache_clear = _LEAF_TEXTS.clear  # type: ignore[attr-defined]  # like the lru caches
-
-
-def _match_rules(x: Any, rules: Mapping[str, Any]) -> tuple[Any, ...]:
-    compiled = []
-    for pattern, rule in rules.items():
-        try:
-            compiled.append((pattern, re.compile(pattern), rule))
-        except (re.error, TypeError) as err:
-            raise EinshardError(f"path pattern {pattern!r} is not a valid regular expression: {err}") from None
-        if rule is not None and not isinstance(rule, str):
-            raise EinshardError(
-                f"the rule for path pattern {pattern!r} is a {type(rule).__name__}: {rule!r}; "
-                "a rule is an expression string, or None to leave the leaf as it is"
-            )
-    texts = []
-    for path, _ in jax.tree_util.tree_flatten_with_path(x)[0]:
-        key = jax.tree_util.keystr(path)
-        for _, regex, rule in compiled:
-            if regex.search(key):
-                texts.append(rule)
-                break
-        else:
-            listed = ", ".join(repr(p) for p, _, _ in compiled)
-            raise EinshardError(
-                f"no rule matches the leaf at {key} (patterns tried, in order: {listed})",
-                hint="Add a pattern for it, or a catch-all last rule such as '.*': '... -> ...'.",
-            )
-    return tuple(texts)
 
 
 # ---------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard import hlo
 from einshard.analysis import spec_partitions
+from einshard.testing import hlo
 
 
 @pytest.fixture(scope="module")

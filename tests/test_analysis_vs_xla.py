@@ -1,6 +1,6 @@
 """The analyzer against the collectives XLA puts in compiled HLO (CPU, simulated devices, Auto axes).
 
-How the two are compared (einshard.hlo reads the HLO):
+How the two are compared (einshard.testing.hlo reads the HLO):
 
 * Every collective becomes (kind, buffer bytes, group size); buffer bytes in
   the analyzer's convention (einshard.analysis.cost), so equal buffers mean
@@ -47,8 +47,9 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard import hlo
+import einshard.testing as et
 from einshard.analysis.api import spec_partitions
+from einshard.testing import hlo
 
 _MESHES: dict[tuple[int, ...], jax.sharding.Mesh] = {}
 
@@ -71,35 +72,14 @@ def sig(collectives) -> Counter:
     )
 
 
-def spec(axes, dims) -> P:
-    return P(*[None if not dims[a] else dims[a][0] if len(dims[a]) == 1 else tuple(dims[a]) for a in axes])
-
-
-@st.composite
-def einsums(draw, meshes, n_operands):
-    shape = draw(st.sampled_from(meshes))
-    names = ("x", "y")[: len(shape)]
-    n_axes = draw(st.integers(1, 5))
-    letters = list("abcde")[:n_axes]
-    ops = []
-    for _ in range(draw(st.sampled_from(n_operands))):
-        k = draw(st.integers(1, n_axes))
-        ops.append(draw(st.permutations(letters))[:k])
-    used = sorted({a for o in ops for a in o})
-    out = draw(st.permutations(used))[: draw(st.integers(0, len(used)))]
-    sizes = {a: draw(st.sampled_from([8, 16])) for a in used}
-
-    def layout(axes):
-        dims = {a: [] for a in axes}
-        for m in names:
-            pick = draw(st.sampled_from([None, *axes]))
-            if pick is not None:
-                dims[pick].append(m)
-        return spec(axes, dims)
-
-    in_specs = tuple(layout(o) for o in ops)
-    out_spec = layout(out)
-    return shape, ops, out, sizes, in_specs, out_spec
+def einsums(meshes, n_operands):
+    """einshard.testing.einsums on these mesh shapes, as (mesh shape, operands, output, sizes, in_specs, out_spec)."""
+    return et.einsums(
+        st.sampled_from(meshes).map(mesh_of),
+        operands=(min(n_operands), max(n_operands)),
+        max_rank=5,
+        annotate_output=True,
+    ).map(lambda c: (tuple(c.mesh.devices.shape), c.operands, c.output, dict(c.sizes), c.in_specs, c.out_spec))
 
 
 def compile_and_analyze(case):
@@ -168,7 +148,7 @@ def test_textbook_2d_cases_match_xla(expr, mesh_shape, in_specs, out_spec):
 
 
 def _layout(p: P):
-    from einshard.layout import Layout, MeshAxis
+    from einshard.core.layout import Layout, MeshAxis
 
     dims = tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in p)
     return Layout(("a", "b"), (64, 128), (MeshAxis("x", 2), MeshAxis("y", 4)), dims)
@@ -280,6 +260,10 @@ def test_every_gather_in_a_reason_is_a_listed_collective():
         for p in plan.options:
             for k in re.findall(r"gather op(\d)", p.why):
                 assert any(c.tensor == f"operand {k}" for c in p.collectives), (expr, p.why, p.collectives)
+
+
+def spec(axes, dims) -> P:
+    return P(*[None if not dims[a] else dims[a][0] if len(dims[a]) == 1 else tuple(dims[a]) for a in axes])
 
 
 @st.composite

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from einshard import checkpoint
-from einshard.demo import Trainer, batch_at, load_corpus
-from einshard.layouts import PRESETS, Preset, load_rules
-from einshard.models.transformer import Config
+from einshard_apps.demo import Trainer, batch_at, load_corpus
+from einshard_apps.models.transformer import Config
+from einshard_apps.presets import PRESETS, Preset, load_rules
 
 CFG = Config(layers=2, width=32, heads=8, ffn=64, seq=16)
 BATCH = 8
@@ -120,7 +120,7 @@ def test_explicit_step_options_and_meshes_are_checked(corpus):
 
 def test_checkpoint_from_pipeline_resumes_as_tp_async(tmp_path, corpus, reference):
     """Save under the pipeline layout (layers over 'stage'), resume under asynchronous TP: the losses continue."""
-    path = str(tmp_path / "pipe.npz")
+    path = str(tmp_path / "pipe")
     first = Trainer(PRESETS["pipeline"], {"stage": 2, "data": 4}, CFG, corpus, batch=BATCH)
     losses = [first.step() for _ in range(2)]
     first.save(path)
@@ -172,12 +172,12 @@ def test_no_rule_for_a_parameter_is_an_error(corpus):
 
 def test_checkpoint_resume_in_another_layout(tmp_path, corpus, reference):
     """Train 2 steps data parallel, save, resume as 2-D FSDP x TP: the losses continue as if never stopped."""
-    path = str(tmp_path / "state.npz")
+    path = str(tmp_path / "state")
     first = Trainer(PRESETS["dp"], {"data": 8, "model": 1}, CFG, corpus, batch=BATCH)
     losses = [first.step() for _ in range(2)]
     first.save(path)
     meta = checkpoint.read_meta(path)
-    assert meta["format"] == "einshard-checkpoint/1" and meta["step"] == 2 and meta["layout"] == "dp"
+    assert meta["format"] == checkpoint.FORMAT and meta["step"] == 2 and meta["layout"] == "dp"
     by_path = {leaf["path"]: leaf for leaf in meta["leaves"]}
     assert by_path["['params']['layers']['attn']['wq']"]["expression"] == "... -> ..."
     assert by_path["['params']['layers']['attn']['wq']"]["shape"] == [2, 32, 8, 4]
@@ -191,7 +191,7 @@ def test_checkpoint_resume_in_another_layout(tmp_path, corpus, reference):
 
     # Restored to the layouts saved with it when no new ones are given.
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), first.state)
-    back = checkpoint.load(path, like, mesh=first.mesh)
+    back = checkpoint.restore(path, like, mesh=first.mesh)
     assert back["params"]["unembed"].sharding.is_fully_replicated  # saved as '... -> ...' (data parallel)
     np.testing.assert_array_equal(np.asarray(back["params"]["unembed"]), np.asarray(first.state["params"]["unembed"]))
 
@@ -199,7 +199,7 @@ def test_checkpoint_resume_in_another_layout(tmp_path, corpus, reference):
 def test_resume_with_another_model_is_refused(tmp_path, corpus):
     from einshard import EinshardError
 
-    path = str(tmp_path / "state.npz")
+    path = str(tmp_path / "state")
     Trainer(PRESETS["dp"], {"data": 8, "model": 1}, CFG, corpus, batch=BATCH).save(path)
     other = Config(layers=1, width=32, heads=8, ffn=64, seq=16)
     with pytest.raises(EinshardError, match="the checkpoint's model"):
@@ -249,7 +249,7 @@ def test_readme_main_command_with_few_steps():
 
 
 def test_one_layout_with_mesh_and_checkpoint(tmp_path):
-    path = tmp_path / "ckpt.npz"
+    path = tmp_path / "ckpt"
     out = _demo(
         "--layout", "hybrid", "--mesh", "data=2,model=4", "--steps", "2", "--no-check", "--checkpoint", str(path), *TINY
     )
@@ -292,7 +292,7 @@ def test_bad_arguments_exit_2():
 
 
 def test_ctrl_c_stops_saves_and_prints_the_table(tmp_path):
-    path = tmp_path / "interrupted.npz"
+    path = tmp_path / "interrupted"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -341,7 +341,7 @@ def test_two_processes_same_loss_as_one():
 
 def test_plot_writes_loss_curves_and_bytes(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed: pip install 'einshard[plot]'")
-    from einshard.demo import RunResult, write_plot
+    from einshard_apps.demo import RunResult, write_plot
 
     runs = [
         RunResult(name, {"data": 8}, losses=[5.0, 4.0], per_param_bytes={"['unembed']": size})

@@ -3,10 +3,10 @@
 import pytest
 
 from einshard import EinshardError
-from einshard.cli import main
-from einshard.demo import check_layout_fits
-from einshard.layouts import PRESETS
-from einshard.models.transformer import Config
+from einshard_apps.cli import main
+from einshard_apps.demo import check_layout_fits
+from einshard_apps.models.transformer import Config
+from einshard_apps.presets import PRESETS
 
 CFG = Config(layers=2, width=64, heads=8, ffn=256, seq=64)
 

@@ -12,8 +12,9 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard import hlo
+import einshard.testing as et
 from einshard.errors import EinshardError
+from einshard.testing import hlo
 
 MESH_SHAPES = [((1,), ("x",)), ((2,), ("x",)), ((4,), ("x",)), ((8,), ("x",)), ((2, 4), ("x", "y"))]
 SIZES = {"a": 8, "b": 16, "c": 8, "d": 16, "e": 8}
@@ -25,37 +26,19 @@ def _mesh(shape, names, explicit=False):
     return jax.make_mesh(shape, names, axis_types=(kind,) * len(shape))
 
 
-@st.composite
-def einsums(draw):
-    """(mesh shape, names, expression, operand shapes): 2-3 operands, 1-3 axes each, random layouts."""
-    shape, names = draw(st.sampled_from(MESH_SHAPES))
-    pool = list(SIZES)
-    n_ops = draw(st.integers(2, 3))
-    operands = []
-    for _ in range(n_ops):
-        axes = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3, unique=True))
-        operands.append(axes)
-    present = list(dict.fromkeys(a for op in operands for a in op))
-    out = draw(st.lists(st.sampled_from(present), max_size=3, unique=True))
-
-    def annotate(axes):
-        free = list(names)
-        parts = []
-        for a in axes:
-            take = [m for m in free if draw(st.booleans())] if free else []
-            take = take[:2]
-            for m in take:
-                free.remove(m)
-            if take:
-                parts.append(f"{a}@{take[0]}" if len(take) == 1 else f"{a}@({','.join(take)})")
-            else:
-                parts.append(a)
-        return " ".join(parts)
-
-    sides = [annotate(op) for op in operands]
-    out_side = annotate(out) if draw(st.booleans()) else " ".join(f"{a}?" for a in out)  # '?': the analyzer chooses
-    expr = ", ".join(sides) + " -> " + out_side
-    return shape, names, expr, [tuple(SIZES[a] for a in op) for op in operands], operands, out
+def einsums():
+    """(mesh shape, names, expression, operand shapes, operands, output): einshard.testing.einsums on MESH_SHAPES."""
+    meshes = st.sampled_from(MESH_SHAPES).map(lambda m: _mesh(*m))
+    return et.einsums(meshes, sizes=SIZES, max_per_axis=2).map(
+        lambda c: (
+            tuple(c.mesh.devices.shape),
+            tuple(c.mesh.axis_names),
+            c.expression,
+            list(c.shapes),
+            c.operands,
+            c.output,
+        )
+    )
 
 
 def _reference(operands, out, arrays):

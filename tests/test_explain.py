@@ -10,8 +10,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard import hlo
 from einshard.errors import EinshardError
+from einshard.testing import hlo
 
 MESH = {"data": 4, "model": 2}
 

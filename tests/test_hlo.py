@@ -1,8 +1,8 @@
-"""einshard.hlo on HLO text in every form XLA prints (synthetic snippets modelled on CPU, GPU and TPU output)."""
+"""einshard.testing.hlo on HLO text in every form XLA prints (synthetic snippets modelled on CPU, GPU and TPU output)."""
 
 from __future__ import annotations
 
-from einshard import hlo
+from einshard.testing import hlo
 
 HEADER = "HloModule jit_f, entry_computation_layout={(f32[16,256]{1,0})->f32[64,256]{1,0}}, num_partitions=8\n"
 

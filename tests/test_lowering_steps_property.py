@@ -15,8 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from einshard.layout import Layout, MeshAxis
+import einshard.testing as et
+from einshard.core.layout import Layout, MeshAxis, resolve_named
 from einshard.lowering import Step, einsum_shard_map
+from einshard.parsing import parse_placement
 
 HI = jax.lax.Precision.HIGHEST
 
@@ -33,13 +35,11 @@ MESHES = {
 
 @st.composite
 def layouts_for(draw, axes: str, sizes: dict, mesh_axes: tuple, usable: tuple | None = None):
-    """A random layout: each (usable) mesh axis splits at most one tensor axis (or none), in a random order."""
-    dims = {a: [] for a in axes}
-    for m in draw(st.permutations(mesh_axes if usable is None else usable)):
-        target = draw(st.sampled_from([None, *axes]))
-        if target is not None:
-            dims[target].append(m.name)
-    return Layout(tuple(axes), tuple(sizes[a] for a in axes), mesh_axes, tuple(tuple(dims[a]) for a in axes))
+    """A random layout (einshard.testing.expressions): each (usable) mesh axis splits at most one tensor axis."""
+    shape = tuple(sizes[a] for a in axes)
+    usable_names = None if usable is None else [m.name for m in usable]
+    expr = draw(et.expressions(shape, {m.name: m.size for m in mesh_axes}, axes=usable_names))
+    return Layout(tuple(axes), shape, mesh_axes, resolve_named(parse_placement(expr), shape, mesh_axes).dims)
 
 
 @st.composite

@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 from einshard import EinshardError
-from einshard.layout import Layout, MeshAxis, spec_partitions
-from einshard.mesh import current_mesh, mesh_axes, operand_mesh, resolve_mesh
+from einshard.core.layout import Layout, MeshAxis, spec_partitions
+from einshard.core.mesh import current_mesh, mesh_axes, operand_mesh, resolve_mesh
 
 KINDS = {
     "explicit": None,  # jax.make_mesh's default
@@ -279,3 +279,16 @@ def test_plain_jax_cannot_transpose_an_explicit_reshard_outside_a_mesh_context()
 
     with pytest.raises(ValueError):
         jax.grad(f)(x)
+
+
+def test_clear_caches_empties_every_registered_cache():
+    from einshard import _caches
+    from einshard.placement import _resolve
+    from einshard.tree_rules import _CACHE as rule_matches
+
+    einshard.sharding("b d -> b@data d", (8, 4), mesh=MESHES["explicit"])
+    einshard.einshard({"w": X}, {"w": "b d -> b d"}, mesh=MESHES["explicit"])
+    assert _resolve.cache_info().currsize > 0 and rule_matches
+    einshard.clear_caches()
+    assert _resolve.cache_info().currsize == 0 and not rule_matches
+    assert len(_caches._CLEARERS) >= 5

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import einshard
+import einshard.testing as et
 from einshard import EinshardError, describe
 
 N = jax.device_count()
@@ -149,20 +150,12 @@ def meshes() -> tuple[jax.sharding.Mesh, ...]:
 
 @st.composite
 def named_cases(draw) -> tuple[jax.sharding.Mesh, tuple[int, ...], str]:
+    """(mesh, shape, expression): einshard.testing.expressions, with a run of unsplit axes sometimes elided as '...'."""
     mesh = draw(st.sampled_from(meshes()))
-    rank = draw(st.integers(0, 3))
-    names = list("pqr"[:rank])
-    free = list(draw(st.permutations(mesh.axis_names)))
-    left, right, shape = [], [], []
-    for nm in names:
-        k = draw(st.integers(0, min(2, len(free))))
-        axes, free = free[:k], free[k:]
-        size = int(np.prod([mesh.shape[a] for a in axes])) * draw(st.integers(1, 3))
-        left.append(nm)
-        shape.append(size)
-        right.append(nm + ("" if not axes else "@" + axes[0] if len(axes) == 1 else "@(" + ",".join(axes) + ")"))
+    shape = draw(st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16]), max_size=3))
+    left, right = (side.split() for side in draw(et.expressions(shape, mesh)).split("->"))
     if draw(st.booleans()):
-        at = draw(st.integers(0, rank))
+        at = draw(st.integers(0, len(shape)))
         extra = draw(st.lists(st.integers(1, 3), max_size=2))
         left.insert(at, "...")
         right.insert(at, "...")

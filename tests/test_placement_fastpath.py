@@ -15,7 +15,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import einshard
 from einshard import EinshardError
-from einshard.placement import _cached_eager_sharding, _leaf_texts
+from einshard.placement import _cached_eager_sharding
+from einshard.tree_rules import cache_clear as _clear_leaf_rules
 
 AXIS_TYPES = [AxisType.Auto, AxisType.Explicit]
 
@@ -37,7 +38,7 @@ def meshes(devices):
 @pytest.fixture(autouse=True)
 def _cold_caches():
     _cached_eager_sharding.cache_clear()
-    _leaf_texts.cache_clear()
+    _clear_leaf_rules()
 
 
 EXPRESSIONS = [

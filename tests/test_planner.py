@@ -278,7 +278,7 @@ def test_parse_bytes_and_errors():
 
 
 def test_cli_plan_prints_the_plan_and_writes_rules(tmp_path, capsys):
-    from einshard.cli import main
+    from einshard_apps.cli import main
 
     out = tmp_path / "rules.json"
     rc = main(["plan", "--mesh", "data=4,model=2", "--budget", "1GiB", "--rules-out", str(out)])
@@ -350,7 +350,7 @@ def test_planned_collectives_match_the_compiled_hlo(batch):
 
     from jax.sharding import NamedSharding
 
-    from einshard import hlo
+    from einshard.testing import hlo
 
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     params, x = big_mlp(batch)
@@ -376,7 +376,7 @@ def test_planned_rules_train_the_demo(tmp_path):
     import subprocess
     import sys
 
-    from einshard.cli import main
+    from einshard_apps.cli import main
 
     out = tmp_path / "rules.json"
     assert main(["plan", "--model", "transformer", "--mesh", "data=4,model=2", "--profile", "cpu",

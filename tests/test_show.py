@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import einshard
-from einshard.show import render
+from einshard.drawing import render
 
 
 def _mesh(sizes: dict[str, int]) -> jax.sharding.Mesh:

@@ -1,6 +1,6 @@
 """The strategy analyzer: from an annotated einsum to its parallelism, collectives and cost.
 
-Nothing here moves data: layouts are :class:`~einshard.layout.Layout`\\ s and
+Nothing here moves data: layouts are :class:`~einshard.core.layout.Layout`\\ s and
 meshes may be plain ``{'data': 4, 'model': 2}`` dicts, so a 2048-chip plan is
 analysed on a laptop.  Layers: ``cost`` (profiles, the Collective record) →
 ``primitives`` (collectives as functions on layouts, ``transition``) →

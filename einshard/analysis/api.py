@@ -20,8 +20,8 @@ import math
 import re
 from typing import Any, NamedTuple
 
+from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
-from ..layout import Layout, MeshAxis
 from ..parsing import AxisItem, EllipsisItem, Expression, Side, parse_einsum
 from .cost import Profile, get_profile
 from .plan import Plan, explain_choice, side_string
@@ -444,12 +444,12 @@ def plan_einsum(
 ) -> Plan:
     """The :class:`Plan` for operands already laid out (the entry point for whole-program analysis).
 
-    ``operands`` are Layouts (:class:`~einshard.layout.Layout`) on one mesh, named by
+    ``operands`` are Layouts (:class:`~einshard.core.layout.Layout`) on one mesh, named by
     einsum axis; ``out_axes`` the result's axes; ``out`` the layout to deliver
     (None: inferred).  Cached: a model's repeated layers cost one analysis.
 
     Example:
-        >>> from einshard.layout import Layout, MeshAxis
+        >>> from einshard.core.layout import Layout, MeshAxis
         >>> mesh = (MeshAxis("data", 4), MeshAxis("model", 2))
         >>> x = Layout(("b", "d"), (64, 128), mesh, (("data",), ()))
         >>> w = Layout(("d", "f"), (128, 256), mesh, ((), ("model",)))

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..layout import Layout
+from ..core.layout import Layout
 
 __all__ = ["Profile", "PROFILES", "Collective", "KINDS", "get_profile"]
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..layout import Layout, MeshAxis
+from ..core.layout import Layout, MeshAxis
 from ..parsing import format_name
 from .cost import Collective, Profile, human_bytes, human_time
 from .rule import CONTRACTED, LONE, Candidate

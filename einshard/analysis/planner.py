@@ -72,8 +72,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..core.layout import MeshAxis
 from ..errors import EinshardError
-from ..layout import MeshAxis
 from .cost import human_bytes, human_time
 from .program import ProgramReport, TracedProgram, trace
 
@@ -991,7 +991,7 @@ def _user_preset(
     p_exprs = jax.tree_util.tree_leaves(full[p_idx[0]]) if len(p_idx) == 1 else []
     out_specs = None
     if p_exprs:
-        from ..layout import resolve_named
+        from ..core.layout import resolve_named
         from ..parsing import parse_placement
 
         p_specs = [
@@ -1003,7 +1003,7 @@ def _user_preset(
     flat_rules = jax.tree_util.tree_leaves(full[p_idx[0]]) if len(p_idx) == 1 else []
     opt = 0.0
     if costs.opt_bytes:
-        from ..layout import resolve_named
+        from ..core.layout import resolve_named
         from ..parsing import parse_placement
 
         for x, e in zip(jax.tree_util.tree_leaves(args[p_idx[0]]), flat_rules):

@@ -1,4 +1,4 @@
-"""Collectives as pure functions on :class:`~einshard.layout.Layout`, and ``transition`` between layouts.
+"""Collectives as pure functions on :class:`~einshard.core.layout.Layout`, and ``transition`` between layouts.
 
 Each primitive takes a layout and returns the new layout with the
 :class:`Collective` it costs (``None`` for a dynamic-slice, which is free):
@@ -23,7 +23,7 @@ one group of mesh axes to another whose size divides or is divided by it is
 permuted, then gathered by the remaining factor (:func:`regroup`), as XLA does.
 
 Example:
-    >>> from einshard.layout import Layout, MeshAxis
+    >>> from einshard.core.layout import Layout, MeshAxis
     >>> mesh = (MeshAxis("data", 4),)
     >>> a = Layout(("b", "d"), (64, 32), mesh, (("data",), ()))
     >>> b, c = all_gather(a, ("data",), itemsize=4)
@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import math
 
+from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
-from ..layout import Layout, MeshAxis
 from .cost import PROFILES, Collective, Profile
 
 __all__ = [
@@ -331,7 +331,7 @@ def regroup(
     old axes are gathered and the new ones sliced.
 
     Example:
-        >>> from einshard.layout import Layout, MeshAxis
+        >>> from einshard.core.layout import Layout, MeshAxis
         >>> a = Layout(("c",), (16,), (MeshAxis("x", 4), MeshAxis("y", 2)), (("x",),))
         >>> b, steps = regroup(a, "c", ("x",), ("y",))
         >>> b.dims, [(s.kind, s.group_size, s.array_bytes) for s in steps]
@@ -379,7 +379,7 @@ def transition(
     complete value cannot become a pending sum by communication).
 
     Example:
-        >>> from einshard.layout import Layout, MeshAxis
+        >>> from einshard.core.layout import Layout, MeshAxis
         >>> mesh = (MeshAxis("x", 4),)
         >>> a = Layout(("a", "b"), (16, 32), mesh, (("x",), ()))
         >>> _, steps = transition(a, a.with_dims(((), ("x",))))

@@ -1,7 +1,7 @@
 """Whole-program analysis: ``einshard.explain(fn, *args)``.
 
 Traces ``fn`` to a jaxpr and walks it once, following each value's
-:class:`~einshard.layout.Layout` from the arguments' shardings through
+:class:`~einshard.core.layout.Layout` from the arguments' shardings through
 elementwise ops, broadcasts, reshapes, transposes, reductions and nested
 ``jit``/``scan``/``remat``/custom-derivative sub-jaxprs.  Every ``dot_general``
 (einsum, matmul, dense layer, attention) is handed to :func:`einshard.analyze`
@@ -25,8 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
-from ..layout import Layout, MeshAxis
 from .api import _mesh_axes, analyze_layouts, dtype_info, spec_partitions
 from .cost import Collective, get_profile
 from .plan import side_string
@@ -897,7 +897,7 @@ def _arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...])
     for x, spec in zip(leaves, specs):
         shape = tuple(int(s) for s in np.shape(x))
         if isinstance(spec, str):
-            from ..layout import resolve_named
+            from ..core.layout import resolve_named
             from ..parsing import parse_placement
 
             lay = resolve_named(parse_placement(spec), shape, mesh)

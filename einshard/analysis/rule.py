@@ -31,8 +31,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
-from ..layout import Layout, MeshAxis
 from .cost import Collective, Profile
 from .primitives import _derived, all_reduce, transition
 

@@ -29,7 +29,7 @@ batch → ``DP``; every kept axis reduced → ``1-D TP``; both → ``hybrid``.
 
 from __future__ import annotations
 
-from ..layout import Layout
+from ..core.layout import Layout
 from .rule import BATCH, CONTRACTED, LONE, Candidate
 
 __all__ = ["pick_weight", "roles", "strategy_name", "tutorial_view"]

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 
 from .._compat import get_concrete_mesh
 from ..analysis import Plan, analyze
+from ..core.layout import Layout
 from ..errors import EinshardError
-from ..layout import Layout
 from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .steps import Step, einsum_auto, einsum_shard_map, step_layout
 

@@ -4,7 +4,7 @@ A :class:`Step` names one collective (or a local slice) applied to one local
 block inside the body of a ``jax.shard_map``; :func:`apply_step` runs it.
 :func:`einsum_shard_map` builds the whole program for an einsum: steps on the
 operands, the local ``jnp.einsum``, steps on the result.  It also tracks each
-block's :class:`~einshard.layout.Layout` through the steps, so a step list that
+block's :class:`~einshard.core.layout.Layout` through the steps, so a step list that
 would compute the wrong thing (operands split differently on a shared axis, a
 result that does not have the requested layout) is rejected with an
 :class:`~einshard.errors.EinshardError` before anything runs.
@@ -42,8 +42,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from ..core.layout import Layout, MeshAxis, resolve_named
 from ..errors import EinshardError
-from ..layout import Layout, MeshAxis, resolve_named
 from ..parsing import AxisItem, Side, parse_einsum, parse_placement
 
 __all__ = [
@@ -177,7 +177,7 @@ def step_layout(lay: Layout, step: Step) -> Layout:
     """The layout of a block after ``step`` (or an EinshardError if the step does not fit it).
 
     Example:
-        >>> from einshard.layout import Layout, MeshAxis
+        >>> from einshard.core.layout import Layout, MeshAxis
         >>> lay = Layout(('b', 'd'), (8, 4), (MeshAxis('data', 2),), ((), ()))
         >>> str(step_layout(lay, Step('dynamic-slice', 0, ('data',), dim=0)))
         '[b:8@data d:4]'

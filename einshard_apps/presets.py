@@ -28,7 +28,7 @@ wins)::
     .*: ... -> ...
 
 Example:
-    >>> from einshard.layouts import PRESETS, expressions_for
+    >>> from einshard_apps.presets import PRESETS, expressions_for
     >>> PRESETS['hybrid'].default_mesh(8)
     {'data': 4, 'model': 2}
     >>> expressions_for({'attn': {'wo': 0}}, PRESETS['tp'].params)
@@ -46,7 +46,8 @@ from typing import Any
 
 import jax
 
-from .errors import EinshardError
+from einshard.errors import EinshardError
+from einshard.tree_rules import compile_rules, leaf_expressions
 
 __all__ = [
     "Preset",
@@ -61,7 +62,7 @@ __all__ = [
 # How a preset's training step is built:
 #   step_builder(loss_fn, optimizer, state_shardings, batch_sharding, mesh) -> step
 # where step(state, batch) -> (new_state, loss), state = {'params': ..., 'opt': optax state}, and
-# loss_fn(params, batch) is einshard.models.transformer.loss_fn.  A step built from the model's parts
+# loss_fn(params, batch) is einshard_apps.models.transformer.loss_fn.  A step built from the model's parts
 # (embed / block / head, e.g. a pipeline over the stacked layers) imports them from that module.
 # The step may be jitted already (it then needs .lower()); a plain function is jitted by the demo.
 StepBuilder = Callable[..., Callable[[Any, Any], tuple[Any, Any]]]
@@ -315,11 +316,10 @@ def load_rules(path: str | pathlib.Path) -> tuple[Preset, dict[str, int] | None]
                 params[key] = value
     if not params:
         raise EinshardError(f"--rules {p}: no parameter rules (pattern: expression)")
-    for pattern in params:
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            raise EinshardError(f"--rules {p}: {pattern!r} is not a valid regular expression: {err}") from None
+    try:
+        compile_rules(params)
+    except EinshardError as err:
+        raise EinshardError(f"--rules {p}: {err.reason}") from None
     preset = Preset(p.name, f"your rules from {p}", params, batch or "b s -> b s")
     return preset, mesh
 
@@ -327,20 +327,8 @@ def load_rules(path: str | pathlib.Path) -> tuple[Preset, dict[str, int] | None]
 def expressions_for(tree: Any, rules: Mapping[str, str]) -> Any:
     """The expression each leaf of ``tree`` gets: the first pattern found in its keystr path.
 
-    The same matching as ``einshard(tree, rules)``, returned as a tree of strings
+    The same matching as ``einshard(tree, rules)`` (:mod:`einshard.tree_rules`), returned as a tree of strings
     so the demo can print it, build shardings and save it with a checkpoint.
     """
-    compiled = [(pattern, re.compile(pattern), expr) for pattern, expr in rules.items()]
-
-    def pick(path: Any, _: Any) -> str:
-        key = jax.tree_util.keystr(path)
-        for _pattern, regex, expr in compiled:
-            if regex.search(key):
-                return expr
-        listed = ", ".join(repr(p) for p, _, _ in compiled)
-        raise EinshardError(
-            f"no rule matches the parameter {key} (patterns tried, in order: {listed})",
-            hint="Add a pattern for it, or a catch-all last rule such as '.*': '... -> ...'.",
-        )
-
-    return jax.tree_util.tree_map_with_path(pick, tree)
+    texts = leaf_expressions(tree, rules)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tree), list(texts))

@@ -21,7 +21,7 @@ The parameter paths and their axis names (what a layout's expressions name)::
 
 Example:
     >>> import jax, numpy as np
-    >>> from einshard.models.transformer import Config, init, loss_fn
+    >>> from einshard_apps.models.transformer import Config, init, loss_fn
     >>> cfg = Config(layers=1, width=16, heads=2, ffn=32, seq=8)
     >>> params = init(cfg, seed=0)
     >>> params['layers']['attn']['wq'].shape   # l d h k
@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import EinshardError
+from einshard.errors import EinshardError
 
 __all__ = [
     "Config",

@@ -13,10 +13,10 @@ import argparse
 import json
 import sys
 
-from .analysis import PROFILES, Plan, analyze
-from .analysis.cost import human_bytes, human_time
-from .analysis.plan import COLLECTIVE_COLUMNS, collective_rows, format_plan, side_string, type_string
-from .errors import EinshardError
+from einshard.analysis import PROFILES, Plan, analyze
+from einshard.analysis.cost import human_bytes, human_time
+from einshard.analysis.plan import COLLECTIVE_COLUMNS, collective_rows, format_plan, side_string, type_string
+from einshard.errors import EinshardError
 
 __all__ = ["add_arguments", "run", "parse_pairs"]
 

@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default=None, help="memory per device, e.g. 2GiB (default: none)")
     parser.add_argument("--profile", default="h100", help="hardware profile: h100, tpu-v5p, cpu (default h100)")
     parser.add_argument("--objective", default="training", choices=["training", "inference", "memory", "communication"])
-    parser.add_argument("--batch", type=int, default=16384, help="global batch (default 16384)")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="global batch (default: 16 for the transformer, 16384 for the mlp)"
+    )
     parser.add_argument("--width", type=int, default=1024, help="the demo's x width; y = 2x, z = x/2 (default 1024)")
     parser.add_argument("--rules-out", default=None, help="write the parameter rules as JSON here")
 
@@ -35,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
     import jax
     import jax.numpy as jnp
 
-    from .analysis.planner import plan
-    from .layouts import parse_mesh
+    from einshard.analysis.planner import plan
+
+    from .presets import parse_mesh
 
     mesh = parse_mesh(args.mesh)
     if args.model == "transformer":
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
         cfg = tm.Config()
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tm.init(cfg, 0))
-        batch = jax.ShapeDtypeStruct((args.batch if args.batch != 16384 else 16, cfg.seq + 1), jnp.int32)
+        batch = jax.ShapeDtypeStruct((args.batch or 16, cfg.seq + 1), jnp.int32)
         fn = jax.value_and_grad(tm.loss_fn) if args.objective == "training" else tm.forward
         title = f"model: the demo transformer ({cfg.layers} layers, width {cfg.width}), batch {batch.shape}"
     else:
@@ -54,13 +57,13 @@ def run(args: argparse.Namespace) -> int:
             return jnp.mean((jax.nn.relu(batch @ params["w1"]) @ params["w2"]) ** 2)
 
         params = {"w1": jax.ShapeDtypeStruct((x, y), jnp.float32), "w2": jax.ShapeDtypeStruct((y, z), jnp.float32)}
-        batch = jax.ShapeDtypeStruct((args.batch, x), jnp.float32)
+        batch = jax.ShapeDtypeStruct((args.batch or 16384, x), jnp.float32)
         fn = (
             jax.value_and_grad(mlp_loss)
             if args.objective == "training"
             else (lambda p, b: jax.nn.relu(b @ p["w1"]) @ p["w2"])
         )
-        title = f"model: Z = relu(X[b={args.batch}, x={x}] @ W1[x, y={y}]) @ W2[y, z={z}], {args.objective} step"
+        title = f"model: Z = relu(X[b={batch.shape[0]}, x={x}] @ W1[x, y={y}]) @ W2[y, z={z}], {args.objective} step"
     result = plan(
         fn,
         params,

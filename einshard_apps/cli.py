@@ -11,16 +11,16 @@ import argparse
 import importlib
 import sys
 
-from .errors import EinshardError
+from einshard.errors import EinshardError
 
 __all__ = ["main", "COMMANDS"]
 
 # Imported lazily so that `einshard --help` does not start JAX.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("einshard.demo", "train a small transformer under data, FSDP, tensor and hybrid parallel layouts"),
-    "explain": ("einshard.explain_cli", "analyse an annotated einsum: strategy, collectives, cost, alternatives"),
-    "show": ("einshard.show", "draw an array layout of any rank: which devices hold which block"),
-    "plan": ("einshard.plan_cli", "plan the demo model's layouts for a mesh and a memory budget"),
+    "demo": ("einshard_apps.demo", "train a small transformer under data, FSDP, tensor and hybrid parallel layouts"),
+    "explain": ("einshard_apps.explain_cli", "analyse an annotated einsum: strategy, collectives, cost, alternatives"),
+    "show": ("einshard_apps.show_cli", "draw an array layout of any rank: which devices hold which block"),
+    "plan": ("einshard_apps.plan_cli", "plan the demo model's layouts for a mesh and a memory budget"),
 }
 
 SYNTAX_HELP = """\

@@ -1,6 +1,6 @@
 """Training steps written as explicit programs: asynchronous tensor parallelism and a layer pipeline.
 
-The demo's ``tp-async`` and ``pipeline`` presets (:mod:`einshard.layouts`) train
+The demo's ``tp-async`` and ``pipeline`` presets (:mod:`einshard_apps.presets`) train
 with these step builders instead of ``jax.jit`` + shardings:
 
 * :func:`make_tp_async_step`: Megatron tensor parallelism, sequence-parallel
@@ -24,7 +24,7 @@ before training.
 
 Example (the plan of the asynchronous TP step; ``RING_EXPRESSIONS`` are the
 einsums it runs as rings, in einshard notation):
-    >>> from einshard.explicit_steps import RING_EXPRESSIONS
+    >>> from einshard_apps.explicit_steps import RING_EXPRESSIONS
     >>> RING_EXPRESSIONS['w_in']
     'r@model d, d f@model -> r f@model'
 """
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import EinshardError
+from einshard.errors import EinshardError
 
 __all__ = ["ExplicitStep", "RING_EXPRESSIONS", "make_tp_async_step", "make_pipeline_step"]
 
@@ -105,7 +105,8 @@ def _tp_async_loss(params: Any, batch: Any, schedule: str) -> Any:
     import jax
     import jax.numpy as jnp
 
-    from .lowering import allgather_einsum, einsum_reduce_scatter
+    from einshard.lowering import allgather_einsum, einsum_reduce_scatter
+
     from .models.transformer import causal_attention, layer_norm
 
     n = jax.lax.axis_size("model")
@@ -261,7 +262,8 @@ def make_pipeline_step(
     import optax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from .lowering import pipeline, pipeline_info
+    from einshard.lowering import pipeline, pipeline_info
+
     from .models.transformer import block, cross_entropy, embed, head
 
     _need_axes(mesh, ("stage", "data"), "pipeline", "stage=2,data=4")

@@ -20,7 +20,7 @@ between meshes on purpose and does not check.
 
 Example:
     >>> import jax
-    >>> from einshard.mesh import resolve_mesh, mesh_axes
+    >>> from einshard.core.mesh import resolve_mesh, mesh_axes
     >>> m = resolve_mesh({'data': 4, 'model': 2})
     >>> mesh_axes(m)
     (MeshAxis(name='data', size=4), MeshAxis(name='model', size=2))
@@ -34,8 +34,8 @@ from typing import Any
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ._compat import get_concrete_mesh
-from .errors import EinshardError
+from .._compat import get_concrete_mesh
+from ..errors import EinshardError
 from .layout import MeshAxis
 
 __all__ = [
@@ -210,7 +210,7 @@ def resolve_mesh(
 
 
 def mesh_axes(mesh: Any) -> tuple[MeshAxis, ...]:
-    """The mesh's axes as :class:`~einshard.layout.MeshAxis` values (names and sizes), in mesh order."""
+    """The mesh's axes as :class:`~einshard.core.layout.MeshAxis` values (names and sizes), in mesh order."""
     return tuple(MeshAxis(str(name), int(size)) for name, size in dict(as_mesh(mesh).shape).items())
 
 

@@ -11,7 +11,7 @@ It knows nothing of devices; :mod:`einshard.placement` turns a Layout into a
 ``jax.sharding.NamedSharding``.
 
 Example:
-    >>> from einshard.layout import MeshAxis, resolve_named
+    >>> from einshard.core.layout import MeshAxis, resolve_named
     >>> from einshard.parsing import parse_placement
     >>> mesh = (MeshAxis("data", 4), MeshAxis("model", 2))
     >>> lay = resolve_named(parse_placement("b d -> b@data d"), (8, 16), mesh)
@@ -30,8 +30,9 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
-from .errors import EinshardError
-from .parsing import AxisItem, EllipsisItem, Expression, ReplicaItem, format_name
+from .._caches import cached
+from ..errors import EinshardError
+from ..parsing import AxisItem, EllipsisItem, Expression, ReplicaItem, format_name
 
 __all__ = [
     "MeshAxis",
@@ -422,6 +423,6 @@ def _ordered_factorizations(n: int, k: int) -> list[tuple[int, ...]]:
     return out
 
 
-@functools.cache
+@cached(maxsize=None)
 def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)

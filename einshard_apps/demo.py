@@ -1,7 +1,7 @@
 """``einshard demo``: train a small transformer language model under any parallelism written as einshard expressions.
 
 The same model, the same seed and the same batches are trained under every
-layout of :data:`einshard.layouts.PRESETS` (data parallel, FSDP, tensor
+layout of :data:`einshard_apps.presets.PRESETS` (data parallel, FSDP, tensor
 parallel, hybrid, 2-D FSDP x TP, asynchronous TP with collective-matmul rings,
 a pipeline over the stacked layers) or your own ``--rules``.  Before training it
 prints the mesh, every parameter's layout (expression, JAX type in your axis
@@ -32,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import EinshardError
-from .layouts import PRESETS, Preset, load_rules, parse_mesh
+from einshard.errors import EinshardError
+
+from .presets import PRESETS, Preset, load_rules, parse_mesh
 
 __all__ = ["add_arguments", "run", "RunResult", "Trainer", "load_corpus", "batch_at", "print_plan"]
 
@@ -96,8 +97,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pipeline: gpipe (default) or circular (each micro-batch goes round the stages layers/stages times)",
     )
     o = parser.add_argument_group("state and output")
-    o.add_argument("--checkpoint", metavar="PATH", help="save the sharded state here (.npz) at the end or on Ctrl-C")
-    o.add_argument("--resume", metavar="PATH", help="restore a checkpoint, laid out by this run's layout")
+    o.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="save the sharded state here (an orbax directory, replaced atomically) at the end or on Ctrl-C",
+    )
+    o.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="restore a checkpoint (or an einshard <= 0.3 .npz), laid out by this run's layout",
+    )
     o.add_argument("--plot", metavar="PATH", help="write the loss curves and bytes per device (PNG/SVG; matplotlib)")
     o.add_argument("--plain", action="store_true", help="plain progress lines instead of a progress bar")
     # Set by --processes for the workers it starts.
@@ -110,9 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_corpus(path: str | None = None) -> bytes:
-    """The training text as bytes: ``path`` (UTF-8), or the corpus shipped in ``einshard/data``."""
+    """The training text as bytes: ``path`` (UTF-8), or the corpus shipped in ``einshard_apps/data``."""
     if path is None:
-        return importlib.resources.files("einshard").joinpath("data", "corpus.txt").read_bytes()
+        return importlib.resources.files("einshard_apps").joinpath("data", "corpus.txt").read_bytes()
     try:
         raw = pathlib.Path(path).read_bytes()
     except OSError as err:
@@ -156,14 +165,15 @@ def check_layout_fits(preset: Preset, mesh: dict[str, int], cfg: Any, batch: int
     """
     import jax
 
+    from einshard.placement import layout as _layout
+    from einshard.tree_rules import leaf_expressions
+
     from .models.transformer import init
-    from .placement import _match_rules
-    from .placement import layout as _layout
 
     abstract = jax.eval_shape(lambda: init(cfg, seed))
     leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
     try:
-        texts = _match_rules(abstract, preset.params)
+        texts = leaf_expressions(abstract, preset.params)
     except EinshardError as err:
         raise EinshardError(f"--layout {preset.name}: {err.reason}", err.expression, err.column, err.hint) from None
     checks = [(jax.tree_util.keystr(path), tuple(leaf.shape), text) for (path, leaf), text in zip(leaves, texts)]
@@ -256,9 +266,9 @@ class Trainer:
 
     Example (a tiny model, tensor parallel over 2 devices; ``t.step()`` would compile and train one step):
         >>> import jax
-        >>> from einshard.demo import Trainer, load_corpus
-        >>> from einshard.layouts import PRESETS
-        >>> from einshard.models.transformer import Config
+        >>> from einshard_apps.demo import Trainer, load_corpus
+        >>> from einshard_apps.presets import PRESETS
+        >>> from einshard_apps.models.transformer import Config
         >>> cfg = Config(layers=1, width=16, heads=2, ffn=32, seq=16)
         >>> t = Trainer(PRESETS['tp'], {'data': 1, 'model': 2}, cfg, load_corpus(), batch=4, devices=jax.devices()[:2])
         >>> t.state['params']['layers']['attn']['wq'].sharding.spec
@@ -288,8 +298,8 @@ class Trainer:
 
         import einshard
 
-        from .layouts import expressions_for
         from .models import transformer
+        from .presets import expressions_for
 
         self.preset, self.cfg, self.corpus, self.batch, self.seed = preset, cfg, corpus, batch, seed
         self.mesh_sizes = dict(mesh_sizes)
@@ -323,14 +333,14 @@ class Trainer:
         self.batch_sharding = _shardings(preset.batch, jax.ShapeDtypeStruct(batch_shape, np.int32), self.mesh, "batch")
         self.step_index = 0
         if resume:
-            from . import checkpoint
+            from einshard import checkpoint
 
             meta = checkpoint.read_meta(resume)
             if meta.get("config") != cfg.as_dict():
                 raise EinshardError(
                     f"--resume {resume}: the checkpoint's model {meta.get('config')} is not this run's {cfg.as_dict()}"
                 )
-            self.state = checkpoint.load(resume, abstract, mesh=self.mesh, expressions=self.expressions)
+            self.state = checkpoint.restore(resume, abstract, mesh=self.mesh, expressions=self.expressions)
             self.step_index = int(meta.get("step", 0))
         else:
             # The parameters are placed by the preset's rules: einshard(tree, {pattern: expression}).
@@ -387,7 +397,7 @@ class Trainer:
         return _tree_bytes_per_device(self.state["params"]), _tree_bytes_per_device(self.state)
 
     def save(self, path: str, meta: dict[str, Any] | None = None) -> None:
-        from . import checkpoint
+        from einshard import checkpoint
 
         info = {
             "step": self.step_index,
@@ -397,7 +407,7 @@ class Trainer:
             "seed": self.seed,
             **(meta or {}),
         }
-        checkpoint.save(path, self.state, self.expressions, info)
+        checkpoint.save(path, self.state, self.expressions, info, overwrite=True)
 
 
 # ---------------------------------------------------------------------------
@@ -642,7 +652,7 @@ def _configure_jax(args: argparse.Namespace) -> None:
         # Only the CPU backend reads it: with an accelerator the real devices are used.
         jax.config.update("jax_num_cpu_devices", args.devices)
     except RuntimeError:
-        pass  # the backend is already up (einshard.cli.main called in-process): keep its devices
+        pass  # the backend is already up (einshard_apps.cli.main called in-process): keep its devices
 
 
 def _chosen_presets(args: argparse.Namespace) -> tuple[list[Preset], dict[str, int] | None]:
@@ -790,7 +800,7 @@ def run(args: argparse.Namespace) -> int:
     params_count = count_params(init(cfg, args.seed))
     say(
         f"model: byte-level transformer, {cfg.layers} layers, width {cfg.width}, {cfg.heads} heads, "
-        f"MLP {cfg.ffn}, {params_count:,} parameters; text: {args.data or 'einshard/data/corpus.txt'} "
+        f"MLP {cfg.ffn}, {params_count:,} parameters; text: {args.data or 'einshard_apps/data/corpus.txt'} "
         f"({len(corpus):,} bytes); {args.steps} AdamW steps of {args.batch} x {cfg.seq} tokens"
     )
     results: list[RunResult] = []

@@ -1,0 +1,494 @@
+"""Checkpoints of sharded pytrees on orbax: each process writes its own shards, restore into any layout.
+
+``save(path, tree)`` writes a directory with orbax-checkpoint (tensorstore,
+OCDBT): every process writes only the shards its own devices hold (one copy
+of each replicated shard), nothing is gathered.  Next to the arrays, in
+orbax's checkpoint metadata, einshard keeps a JSON header::
+
+    {"format": "einshard-checkpoint/2",
+     "leaves": [{"path": "['params']['unembed']", "expression": "a b -> a b@model",
+                 "shape": [64, 256], "dtype": "float32", "mesh": 0}, ...],
+     "meshes": [{"axes": [["data", 4, "Explicit"], ["model", 2, "Explicit"]]}],
+     ...anything the caller adds (step, config, ...)}
+
+``restore(path, like)`` lays every leaf out again: with the expression it was
+saved with, or with new ones (one expression, rules as ``einshard()`` takes
+them, or a tree of expressions), on the saved mesh shape, the current mesh
+or ``mesh=``.  orbax reads, on each process, only the chunks its devices need.
+
+Saves are atomic (orbax writes into a temporary directory and renames it once
+every process has finished; ``overwrite=True`` swaps the old checkpoint out
+only after the new one is complete) and may run in the background
+(``blocking=False``; ``wait_until_finished()`` on the returned handle).
+Checkpoints of the format before (``einshard-checkpoint/1``: one ``.npz``
+with gathered arrays) still restore; new ones are always written with orbax.
+
+orbax-checkpoint is an optional dependency: ``pip install 'einshard[checkpoint]'``.
+
+Example:
+    >>> import jax, numpy as np, tempfile, os, einshard
+    >>> from einshard import checkpoint
+    >>> mesh = jax.make_mesh((jax.device_count(),), ('data',))
+    >>> tree = {'w': einshard.einshard(np.arange(64.0).reshape(8, 8), 'a b -> a@data b', mesh=mesh)}
+    >>> path = os.path.join(tempfile.mkdtemp(), 'step_1')
+    >>> checkpoint.save(path, tree, meta={'step': 1}).path.name
+    'step_1'
+    >>> checkpoint.read_meta(path)['leaves'][0]['expression']
+    'a b -> a@data b'
+    >>> back = checkpoint.restore(path, expressions='a b -> a b@data')
+    >>> bool((np.asarray(back['w']) == np.asarray(tree['w'])).all()), back['w'].sharding.spec == jax.P(None, 'data')
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import shutil
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+
+from ..errors import EinshardError
+from ..placement import current_mesh, describe, is_anonymous, sharding
+from ..tree_rules import leaf_expressions
+from ._npz import NPZ_FORMAT, npz_header, restore_npz
+
+__all__ = ["FORMAT", "Saving", "save", "restore", "read_meta"]
+
+FORMAT = "einshard-checkpoint/2"
+_RESERVED = ("format", "leaves", "meshes")
+# While overwrite=True swaps checkpoints, the old one waits under this name.
+_PREVIOUS = ".einshard-previous"
+_NEXT = ".einshard-next"
+
+
+def _orbax() -> ModuleType:
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError:
+        raise EinshardError(
+            "einshard.checkpoint writes and reads sharded checkpoints with orbax-checkpoint, which is not "
+            "installed: pip install 'einshard[checkpoint]'"
+        ) from None
+    return ocp
+
+
+# ---------------------------------------------------------------------------
+# Saving
+
+
+class Saving:
+    """A save in progress: ``wait_until_finished()`` returns once the checkpoint is complete at ``path``."""
+
+    def __init__(self, path: pathlib.Path, checkpointer: Any, staged: pathlib.Path | None) -> None:
+        self.path = path
+        self._checkpointer = checkpointer
+        self._staged = staged  # overwrite=True: the new checkpoint, swapped in once complete
+
+    def wait_until_finished(self) -> None:
+        if self._checkpointer is None:
+            return
+        try:
+            self._checkpointer.wait_until_finished()
+        finally:
+            self._checkpointer.close()
+            self._checkpointer = None
+        if self._staged is not None:
+            _swap_in(self._staged, self.path)
+            self._staged = None
+
+    def done(self) -> bool:
+        """Whether the save has finished (after ``wait_until_finished``)."""
+        return self._checkpointer is None
+
+    def __repr__(self) -> str:
+        return f"Saving({os.fspath(self.path)!r}, {'done' if self.done() else 'in progress'})"
+
+
+def _sync(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _swap_in(staged: pathlib.Path, path: pathlib.Path) -> None:
+    """Replace the checkpoint at ``path`` by the complete one at ``staged`` (process 0 renames; all wait).
+
+    A crash between the two renames leaves no checkpoint at ``path`` and the
+    previous one at ``path + '.einshard-previous'``, which ``restore`` reads then.
+    """
+    _sync(f"einshard.checkpoint.swap.start:{path}")
+    if jax.process_index() == 0:
+        previous = path.with_name(path.name + _PREVIOUS)
+        if path.exists():
+            shutil.rmtree(previous, ignore_errors=True)
+            os.rename(path, previous)
+        # (If path is missing, an earlier swap was interrupted: previous is then the one to keep until now.)
+        os.rename(staged, path)
+        shutil.rmtree(previous, ignore_errors=True)
+    _sync(f"einshard.checkpoint.swap.end:{path}")
+
+
+def _mesh_record(mesh: Mesh | jax.sharding.AbstractMesh) -> dict[str, Any]:
+    axes = [[str(n), int(mesh.shape[n]), t.name] for n, t in zip(mesh.axis_names, mesh.axis_types)]
+    return {"axes": axes, **({"anonymous": True} if is_anonymous(mesh) else {})}
+
+
+def _leaf_expressions(tree: Any, expressions: Any, leaves: list[tuple[Any, Any]], treedef: Any) -> list[str | None]:
+    """One expression per leaf: given (one, rules, or a tree like ``tree``), or None to describe the leaf."""
+    if expressions is None:
+        return [None] * len(leaves)
+    if _is_expression_tree(expressions, treedef):
+        return list(treedef.flatten_up_to(expressions))
+    return list(leaf_expressions(tree, expressions))
+
+
+def _is_expression_tree(expressions: Any, treedef: Any) -> bool:
+    """A tree of strings with ``treedef``'s structure (rather than rules keyed by path patterns)."""
+    if isinstance(expressions, str):
+        return False
+    try:
+        return jax.tree_util.tree_structure(expressions) == treedef
+    except (TypeError, ValueError):
+        return False
+
+
+def _saved_expression(key: str, leaf: Any, text: str | None) -> str:
+    """The expression stored for ``leaf``: ``text`` if it gives the leaf's actual layout, else refuse."""
+    if text is None:
+        return describe(leaf)
+    sh = getattr(leaf, "sharding", None)
+    if not isinstance(leaf, jax.Array) or not isinstance(sh, NamedSharding):
+        return text
+    mesh = sh.mesh if isinstance(sh.mesh, Mesh) and not is_anonymous(sh.mesh) else None
+    try:
+        want = sharding(text, tuple(leaf.shape), mesh=mesh)
+    except EinshardError as err:
+        raise EinshardError(f"at {key} (shape {tuple(leaf.shape)}): {err.reason}", err.expression, err.column) from None
+    if not want.is_equivalent_to(sh, leaf.ndim):
+        raise EinshardError(
+            f"at {key}: the expression {text!r} lays the leaf out as {want.spec}, but it is laid out as "
+            f"{sh.spec} ({describe(leaf)!r}); the saved expression must describe the leaf",
+            hint="Leave expressions= out to store what einshard.describe() reads from each leaf.",
+        )
+    return text
+
+
+def save(
+    path: str | os.PathLike[str],
+    tree: Any,
+    expressions: Any = None,
+    meta: Mapping[str, Any] | None = None,
+    *,
+    blocking: bool = True,
+    overwrite: bool = False,
+) -> Saving:
+    """Write ``tree`` (a pytree of jax.Arrays, possibly spanning processes) to the directory ``path``.
+
+    Under ``jax.distributed`` every process calls it with the same ``path`` (a
+    file system all of them see); each writes only its own shards.
+
+    Args:
+        path: the checkpoint directory; it must not exist unless ``overwrite``.
+        tree: the pytree to save (jax.Arrays; numpy arrays and scalars are saved whole).
+        expressions: the einshard expression stored with each leaf: one, rules
+            as ``einshard()`` takes them, or a tree of them like ``tree``.  Each
+            must give the leaf's actual layout.  Default: ``einshard.describe(leaf)``.
+        meta: JSON-serialisable values stored with it (step, config, ...).
+        blocking: wait until the checkpoint is complete (default).  False
+            returns once the shards are copied off the devices, the files are
+            written in the background: call ``wait_until_finished()``.
+        overwrite: replace an existing checkpoint at ``path``, atomically: the
+            new one is written beside it and swapped in by ``wait_until_finished()``
+            (with ``blocking=False``, call it, or the new checkpoint stays under
+            ``path + '.einshard-next'``).
+
+    Returns:
+        A :class:`Saving` handle.
+    """
+    ocp = _orbax()
+    target = pathlib.Path(os.fspath(path)).absolute()
+    extra = dict(meta or {})
+    clash = sorted(set(extra) & set(_RESERVED))
+    if clash:
+        raise EinshardError(f"meta keys {clash} are reserved for the checkpoint's own header {list(_RESERVED)}")
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    if not leaves:
+        raise EinshardError(f"save({os.fspath(path)!r}): the tree has no leaves to save")
+    texts = _leaf_expressions(tree, expressions, leaves, treedef)
+    meshes: list[dict[str, Any]] = []
+    described = []
+    for (p, leaf), text in zip(leaves, texts):
+        key = jax.tree_util.keystr(p)
+        sh = getattr(leaf, "sharding", None)
+        mesh_index = None
+        if isinstance(leaf, jax.Array) and isinstance(sh, NamedSharding):
+            record = _mesh_record(sh.mesh)
+            if record not in meshes:
+                meshes.append(record)
+            mesh_index = meshes.index(record)
+        described.append(
+            {
+                "path": key,
+                "expression": _saved_expression(key, leaf, text),
+                "shape": list(np.shape(leaf)),
+                "dtype": str(np.result_type(leaf) if not hasattr(leaf, "dtype") else leaf.dtype),
+                "mesh": mesh_index,
+            }
+        )
+    header = {"format": FORMAT, "leaves": described, "meshes": meshes, **extra}
+    try:
+        json.dumps(header)
+    except (TypeError, ValueError) as err:
+        raise EinshardError(f"save({os.fspath(path)!r}): meta must be JSON-serialisable: {err}") from None
+    staged = None
+    if target.exists():
+        if not overwrite:
+            raise EinshardError(
+                f"a checkpoint already exists at {os.fspath(target)!r}",
+                hint="Save each step to its own directory, or pass overwrite=True to replace it atomically.",
+            )
+        staged = target.with_name(target.name + _NEXT)
+    destination = staged or target
+    if jax.process_index() == 0:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(destination, ignore_errors=True)  # a staged save that never finished
+    _sync(f"einshard.checkpoint.save.start:{destination}")
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(destination, tree, custom_metadata={"einshard": header})
+    handle = Saving(target, checkpointer, staged)
+    if blocking:
+        handle.wait_until_finished()
+    return handle
+
+
+# ---------------------------------------------------------------------------
+# Reading
+
+
+def _locate(path: str | os.PathLike[str]) -> pathlib.Path:
+    """The checkpoint to read: ``path``, or the previous one an interrupted overwrite left aside."""
+    target = pathlib.Path(os.fspath(path)).absolute()
+    if target.exists():
+        return target
+    previous = target.with_name(target.name + _PREVIOUS)
+    if previous.is_dir():
+        return previous
+    raise EinshardError(f"there is no checkpoint at {os.fspath(path)!r} (no such file or directory)")
+
+
+def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checkpoint's header: format, leaves (path, expression, shape, dtype, mesh), meshes and the caller's meta."""
+    where = _locate(path)
+    if where.is_file():
+        return npz_header(where)
+    if "orbax-checkpoint-tmp" in where.name or not (where / "_CHECKPOINT_METADATA").is_file():
+        raise EinshardError(
+            f"{os.fspath(where)!r} is not a complete einshard checkpoint (no _CHECKPOINT_METADATA: "
+            "an interrupted save, or another kind of directory)"
+        )
+    try:
+        json.loads((where / "_CHECKPOINT_METADATA").read_text())
+    except (OSError, ValueError) as err:
+        raise EinshardError(f"{os.fspath(where)!r}: the checkpoint's metadata file is damaged: {err}") from None
+    ocp = _orbax()
+    try:
+        custom = ocp.StandardCheckpointer().metadata(where).custom_metadata or {}
+    except (ValueError, OSError, KeyError, TypeError) as err:
+        raise EinshardError(f"{os.fspath(where)!r}: cannot read the checkpoint's metadata: {err}") from None
+    header = custom.get("einshard")
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise EinshardError(
+            f"{os.fspath(where)!r} is an orbax checkpoint without an einshard header (format {FORMAT!r})",
+            hint="Restore it with orbax directly, or save it with einshard.checkpoint.save.",
+        )
+    return header
+
+
+def _show_paths(paths: list[str]) -> str:
+    return ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+
+
+def _match(where: pathlib.Path, header: dict[str, Any], like: Any) -> tuple[list[dict[str, Any]], Any, list[Any]]:
+    """(saved entry of each leaf of ``like``, its treedef, its leaves), or an error naming the differing paths."""
+    saved = {leaf["path"]: leaf for leaf in header["leaves"]}
+    flat, treedef = jax.tree_util.tree_flatten_with_path(like)
+    keys = [jax.tree_util.keystr(p) for p, _ in flat]
+    missing = [k for k in keys if k not in saved]
+    extra = [k for k in saved if k not in set(keys)]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"the checkpoint has no leaf {_show_paths(missing)}")
+        if extra:
+            parts.append(f"it holds {_show_paths(extra)}, which the target tree lacks")
+        raise EinshardError(
+            f"checkpoint {os.fspath(where)!r} does not fit the target tree: " + "; ".join(parts),
+            hint="Restore with like= of the structure that was saved (read_meta(path)['leaves'] lists its paths).",
+        )
+    for key, (_, leaf) in zip(keys, flat):
+        want, got = tuple(saved[key]["shape"]), tuple(np.shape(leaf))
+        if want != got:
+            raise EinshardError(f"checkpoint leaf {key} has shape {want}, but the target tree expects {got}")
+    return [saved[k] for k in keys], treedef, [leaf for _, leaf in flat]
+
+
+def _saved_mesh(record: dict[str, Any], key: str) -> Mesh:
+    """The saved mesh's shape, names and axis types, rebuilt on this run's devices."""
+    names = tuple(a[0] for a in record["axes"])
+    sizes = tuple(int(a[1]) for a in record["axes"])
+    if math.prod(sizes) != jax.device_count():
+        shown = ", ".join(f"{n!r}: {s}" for n, s in zip(names, sizes))
+        raise EinshardError(
+            f"leaf {key} was saved on the mesh ({shown}) of {math.prod(sizes)} devices, but this run has "
+            f"{jax.device_count()}",
+            hint="Pass mesh= (or restore inside `with jax.set_mesh(mesh):`) to lay it out on another mesh.",
+        )
+    types = tuple(getattr(AxisType, a[2]) for a in record["axes"])
+    return jax.make_mesh(sizes, names, axis_types=types)
+
+
+def _like_sharding(leaf: Any) -> jax.sharding.Sharding | None:
+    """The sharding a ``like`` leaf asks for: a jax.Array's, or a ShapeDtypeStruct's ``sharding=``."""
+    sh = getattr(leaf, "sharding", None) if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) else None
+    return sh if isinstance(sh, jax.sharding.Sharding) else None
+
+
+def _targets(
+    entries: list[dict[str, Any]],
+    meshes: list[dict[str, Any]],
+    texts: list[str | None],
+    like_leaves: list[Any],
+    mesh: Mesh | None,
+) -> list[jax.sharding.Sharding]:
+    """The sharding of each leaf: a new expression, else the ``like`` leaf's sharding, else the saved expression.
+
+    Expressions are read on ``mesh``, else the current mesh, else the leaf's saved mesh shape rebuilt here.
+    """
+    given = mesh if mesh is not None else current_mesh()
+    rebuilt: dict[int, Mesh] = {}
+    out: list[jax.sharding.Sharding] = []
+    for entry, text, leaf in zip(entries, texts, like_leaves):
+        key, shape = entry["path"], tuple(entry["shape"])
+        own = _like_sharding(leaf) if text is None else None
+        if own is not None:
+            out.append(own)
+            continue
+        expression = text or entry["expression"]
+        on = given
+        index = entry.get("mesh")
+        if on is None and index is not None and not meshes[index].get("anonymous"):
+            if index not in rebuilt:
+                rebuilt[index] = _saved_mesh(meshes[index], key)
+            on = rebuilt[index]
+        try:
+            out.append(sharding(expression, shape, mesh=on))
+        except EinshardError as err:
+            raise EinshardError(
+                f"at {key} (shape {shape}): {err.reason}", err.expression, err.column, err.hint
+            ) from None
+    return out
+
+
+def restore(
+    path: str | os.PathLike[str],
+    like: Any = None,
+    *,
+    expressions: Any = None,
+    mesh: Mesh | None = None,
+) -> Any:
+    """Read a checkpoint, every leaf laid out by its einshard expression.
+
+    Under ``jax.distributed`` every process calls it; each reads only the
+    chunks its own devices hold.
+
+    Args:
+        path: a checkpoint directory written by :func:`save` (or an ``.npz`` of the format before).
+        like: the tree to restore into (arrays or ``jax.ShapeDtypeStruct``; leaves
+            matched by path, shapes must agree; a dtype other than the saved
+            one is cast to).  A leaf that carries a sharding (a jax.Array, or a
+            ``ShapeDtypeStruct(..., sharding=)``) is restored with it unless
+            ``expressions`` names a layout for it.  Default: the saved tree as nested dicts.
+        expressions: new layouts: one expression, rules as ``einshard()`` takes
+            them (a rule of None keeps the saved expression), or a tree of them
+            like ``like``.  Default: the expressions saved with each leaf.
+        mesh: the mesh for ``@`` expressions; default: the current mesh
+            (``jax.set_mesh``), else the saved mesh's shape over this run's devices.
+    """
+    where = _locate(path)
+    header = read_meta(where)
+    if like is None:
+        like = _nested({e["path"]: e for e in header["leaves"]}, where)
+    entries, treedef, like_leaves = _match(where, header, like)
+    texts = _restore_texts(like, treedef, expressions, len(entries))
+    if header["format"] == NPZ_FORMAT:
+        return restore_npz(where, entries, treedef, texts, like_leaves, mesh)
+    shardings = _targets(entries, header.get("meshes", []), texts, like_leaves, mesh)
+    target = [
+        jax.ShapeDtypeStruct(tuple(e["shape"]), getattr(leaf, "dtype", None) or np.dtype(e["dtype"]), sharding=sh)
+        for e, leaf, sh in zip(entries, like_leaves, shardings)
+    ]
+    ocp = _orbax()
+    checkpointer = ocp.StandardCheckpointer()
+    try:
+        out = checkpointer.restore(where, jax.tree_util.tree_unflatten(treedef, target))
+    except Exception as err:  # orbax and tensorstore raise bare Exceptions for unreadable data
+        raise EinshardError(
+            f"cannot restore the checkpoint at {os.fspath(where)!r}, its files are damaged or incomplete: "
+            f"{_first_lines(err)}"
+        ) from None
+    finally:
+        checkpointer.close()
+    return out
+
+
+def _first_lines(err: BaseException) -> str:
+    """The gist of an orbax/tensorstore error (whose full text repeats whole TensorStore specs)."""
+    root = err.__cause__ if err.__cause__ is not None else err  # the tensorstore error names the file and leaf
+    text = str(root).split("\n", 1)[0]
+    return text if len(text) <= 500 else text[:500] + "..."
+
+
+def _restore_texts(like: Any, treedef: Any, expressions: Any, n: int) -> list[str | None]:
+    if expressions is None:
+        return [None] * n
+    if _is_expression_tree(expressions, treedef):
+        return list(treedef.flatten_up_to(expressions))
+    return list(leaf_expressions(like, expressions))
+
+
+def _nested(saved: dict[str, dict[str, Any]], where: pathlib.Path) -> Any:
+    """The saved tree as nested dicts of ShapeDtypeStructs (when no ``like`` is given), keyed as saved."""
+    root: dict[str, Any] = {}
+    for key, entry in saved.items():
+        parts = _dict_keys(key)
+        if parts is None:
+            raise EinshardError(
+                f"checkpoint {os.fspath(where)!r}: leaf {key} is not a path of dict keys; pass like= with its structure"
+            )
+        node = root
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = jax.ShapeDtypeStruct(tuple(entry["shape"]), np.dtype(entry["dtype"]))
+    return root
+
+
+def _dict_keys(key: str) -> list[str] | None:
+    """``"['a']['b']"`` -> ``['a', 'b']``; None for paths with other kinds of keys."""
+    import ast
+
+    if not key.startswith("[") or not key.endswith("]"):
+        return None
+    try:
+        parts = [ast.literal_eval(p) for p in key[1:-1].split("][")]
+    except (ValueError, SyntaxError):
+        return None
+    return parts if all(isinstance(p, str) for p in parts) else None
