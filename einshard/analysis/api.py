@@ -90,7 +90,7 @@ def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | N
     if isinstance(mesh, dict):  # the common analysis call: sizes only, answered without asking JAX
         _check_sizes(mesh)
         return tuple(MeshAxis(str(name), size) for name, size in mesh.items())
-    from ..mesh import mesh_axes, resolve_mesh
+    from ..core.mesh import mesh_axes, resolve_mesh
 
     found = resolve_mesh(mesh, operands, what="einshard.analyze", check_operands=False, required=False)
     return None if found is None else mesh_axes(found)

@@ -112,7 +112,7 @@ def parse_bytes(budget: int | float | str | None) -> int | None:
 
 def _mesh_axes(mesh: Any, args: tuple[Any, ...] = ()) -> tuple[MeshAxis, ...]:
     """``mesh=``, else the current mesh (``jax.set_mesh``), else the arguments', else an EinshardError."""
-    from ..mesh import mesh_axes, resolve_mesh
+    from ..core.mesh import mesh_axes, resolve_mesh
 
     return mesh_axes(resolve_mesh(mesh, args, what="einshard.plan()", check_operands=False))
 

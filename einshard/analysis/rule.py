@@ -317,7 +317,7 @@ def agreed_splits(problem: Problem) -> dict[str, str]:
     it over ``m`` (at least two do, or ``e`` is lone-reduced) and no operand splits anything else over ``m``.
 
     Example:
-        >>> from einshard.layout import Layout, MeshAxis
+        >>> from einshard.core.layout import Layout, MeshAxis
         >>> mesh = (MeshAxis("x", 8),)
         >>> a = Layout(("b", "d"), (8, 16), mesh, (("x",), ()))
         >>> c = Layout(("b", "f"), (8, 16), mesh, (("x",), ()))
