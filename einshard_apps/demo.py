@@ -92,9 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     x.add_argument(
         "--schedule",
-        choices=("gpipe", "circular"),
+        choices=("gpipe", "circular", "1f1b"),
         default=None,
-        help="pipeline: gpipe (default) or circular (each micro-batch goes round the stages layers/stages times)",
+        help="pipeline: gpipe (default), circular (each micro-batch goes round the stages layers/stages times) "
+        "or 1f1b (one forward / one backward per stage: at most ~stages micro-batches of activations kept)",
     )
     o = parser.add_argument_group("state and output")
     o.add_argument(

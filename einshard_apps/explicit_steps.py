@@ -253,9 +253,9 @@ def make_pipeline_step(
 
     ``param_layouts`` are the preset's expressions for the stacked layers (the
     layer axis over ``stage``); ``microbatches`` per data shard (default
-    :func:`default_microbatches`); ``schedule`` ``'gpipe'`` or ``'circular'``
+    :func:`default_microbatches`); ``schedule`` ``'gpipe'``, ``'circular'``
     (each micro-batch goes round the stages ``layers / stages`` times, one
-    layer per visit).
+    layer per visit) or ``'1f1b'`` (gradients from a 1F1B-ordered backward).
     """
     del loss_fn
     import jax
@@ -267,8 +267,8 @@ def make_pipeline_step(
     from .models.transformer import block, cross_entropy, embed, head
 
     _need_axes(mesh, ("stage", "data"), "pipeline", "stage=2,data=4")
-    if schedule not in ("gpipe", "circular"):
-        raise EinshardError(f"--schedule is gpipe or circular, got {schedule!r}")
+    if schedule not in ("gpipe", "circular", "1f1b"):
+        raise EinshardError(f"--schedule is gpipe, circular or 1f1b, got {schedule!r}")
     sizes = _mesh_sizes(mesh)
     stages, data = sizes["stage"], sizes["data"]
 
@@ -277,7 +277,7 @@ def make_pipeline_step(
         m = microbatches or default_microbatches(local, stages)
         if schedule == "circular":
             return {"microbatches": m, "schedule": "circular", "repeats": max(1, layers // stages)}
-        return {"microbatches": m, "schedule": "gpipe", "repeats": 1}
+        return {"microbatches": m, "schedule": schedule, "repeats": 1}
 
     def layer(p: Any, h: Any) -> Any:
         return block(h, p)

@@ -1,4 +1,4 @@
-"""Pipelines (GPipe and circular) equal the sequential model: loss and every gradient, with and without DP/TP."""
+"""Pipelines (GPipe and circular; 1F1B in test_pipeline_1f1b.py) equal the sequential model: loss and every gradient, with and without DP/TP."""
 
 from __future__ import annotations
 
@@ -164,11 +164,11 @@ def test_info():
 @pytest.mark.parametrize(
     "kw,message",
     [
-        (dict(microbatches=3), "does not split into 3 micro-batches"),
+        (dict(microbatches=3), "does not split into microbatches=3"),
         (dict(microbatches=2, schedule="circular", repeats=2), "at least as many micro-batches"),
-        (dict(microbatches=4, repeats=2), "belongs to schedule='circular'"),
-        (dict(microbatches=4, schedule="1f1b"), "schedule must be"),
-        (dict(microbatches=4, stage_axis="pp"), "no stage axis"),
+        (dict(microbatches=4, repeats=2), "belongs to schedule='circular' or '1f1b'"),
+        (dict(microbatches=4, schedule="pipedream"), "schedule must be one of"),
+        (dict(microbatches=4, stage_axis="pp"), "no stage_axis 'pp'"),
         (dict(microbatches=4, param_layouts="layer d f -> layer d f@stage"), "exactly the stage axis"),
     ],
 )

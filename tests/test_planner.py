@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -168,7 +167,7 @@ def test_fsdp_when_the_model_does_not_fit():
     assert r.fits and r.memory_bytes <= int(dp_memory * 0.7)
     assert r.data_rules[0]["^$"] == "b s -> b@data s"
     assert any("fsdp(data" in s for k, s in r.strategies.items() if k != "batch")
-    assert "does not fit replicated" in r.explanation
+    assert "data parallel does not fit" in r.explanation
     assert r.time_s >= free.time_s  # fitting costs time
 
 
@@ -178,7 +177,7 @@ def test_tensor_parallel_when_the_per_device_batch_is_small():
     params, x = big_mlp(64)
     r = einshard.plan(mlp_step(2), params, x, mesh={"data": 4, "model": 2}, profile="h100")
     strategies = [s for k, s in r.strategies.items() if k != "batch"]
-    assert all("tp-" in s for s in strategies), r
+    assert all("tp(" in s for s in strategies), r
     dp = next(a for a in r.alternatives if a.label == "preset dp")
     assert r.time_s < dp.time_s
 
@@ -390,58 +389,3 @@ def test_planned_rules_train_the_demo(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "loss matches the single-device run: yes" in run.stdout
-
-
-# -- mesh resolution and strategy labels -------------------------------------------------------------
-
-
-def test_plan_takes_the_mesh_like_the_others():
-    step = mlp_step(1)
-    params, x = {"w0": sds(16, 16)}, sds(8, 16)
-    with pytest.raises(EinshardError, match="needs a mesh"):
-        einshard.plan(step, params, x)
-    mesh = jax.make_mesh((8,), ("data",))
-    with jax.set_mesh(mesh):
-        from_context = einshard.plan(step, params, x, profile="h100")
-    given = einshard.plan(step, params, x, mesh={"data": 8}, profile="h100")
-    assert from_context.rules == given.rules and from_context.data_rules == given.data_rules
-
-
-def _labels(fn, params, *data, splits):
-    """The planner's label for each parameter group laid out as ``splits[name]`` (dims per tensor axis)."""
-    args = (params, *data)
-    traced = trace(fn, *args, mesh={"model": 4})
-    contracted = pl.contracted_dims(traced.jaxpr, pl._param_invars(args, [0]))
-    groups, _ = pl._groups(params, (pl.MeshAxis("model", 4),))
-    out = {}
-    for g in groups:
-        g = dataclasses.replace(g, contracted=contracted.get(g.leaves[0]))
-        key = next(k for k in splits if k in g.display)
-        out[key] = pl._strategy(g, pl.Candidate(splits[key]), ())
-    return out
-
-
-def test_labels_read_out_in_weights_under_vmap():
-    """Equinox's ``Linear`` keeps ``(out, in)`` weights and runs per example under ``vmap``."""
-
-    def loss(p, x):
-        h = jax.vmap(lambda v: jnp.tanh(p["up"] @ v))(x)  # up: (hidden, d)
-        return jnp.mean(jax.vmap(lambda v: p["down"] @ v)(h) ** 2)  # down: (d, hidden)
-
-    params = {"up": sds(32, 16), "down": sds(16, 32)}
-    labels = _labels(
-        jax.value_and_grad(loss), params, sds(8, 16), splits={"up": (("model",), ()), "down": ((), ("model",))}
-    )
-    assert labels == {"up": "tp-col(model)", "down": "tp-row(model)"}  # Megatron: column then row
-
-
-def test_labels_read_3d_attention_kernels():
-    """Flax ``DenseGeneral`` kernels: q/k/v ``(d, heads, head_dim)``, out ``(heads, head_dim, d)``."""
-
-    def forward(p, x):
-        q = jnp.einsum("bsd,dhk->bshk", x, p["q"])
-        return jnp.einsum("bshk,hkd->bsd", q, p["o"]).sum()
-
-    params = {"q": sds(16, 4, 8), "o": sds(4, 8, 16)}
-    labels = _labels(forward, params, sds(2, 8, 16), splits={"q": ((), ("model",), ()), "o": (("model",), (), ())})
-    assert labels == {"q": "tp-col(model)", "o": "tp-row(model)"}

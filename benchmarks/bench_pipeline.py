@@ -1,0 +1,194 @@
+"""Benchmark the pipeline schedules: GPipe, circular, 1F1B and interleaved 1F1B at several micro-batch counts.
+
+Run from the repository root:
+
+    python benchmarks/bench_pipeline.py            # writes benchmarks/results/pipeline.{json,md}
+    python benchmarks/bench_pipeline.py --quick    # smaller model, fewer repeats
+
+For every schedule: the training step's time (``jax.jit(jax.value_and_grad(loss))``, median of >= 3 runs after a
+warm-up) against the single-device sequential model measured in the same run; the bubble in theory (the idle share
+of ``pipeline_info(...).tick_table``) and as measured; and the per-device memory XLA compiled for the whole step
+(``compiled.memory_analysis()``: temporaries, i.e. activations, buffers and gradients, not the arguments).
+The global batch is fixed, so more micro-batches mean smaller ones: GPipe's activations stay about the same
+while a 1F1B stage keeps at most about S micro-batches, so its memory falls roughly as S/M.
+
+On simulated CPU devices (this script sets them up when no accelerator plugin is installed) the devices
+time-share the host's cores, so wall time measures total work, not parallel speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
+SIMULATED = os.environ.get("JAX_PLATFORMS", "").strip() in ("", "cpu") and (
+    os.environ.get("JAX_PLATFORMS", "").strip() == "cpu"
+    or not any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS)
+)
+if SIMULATED:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        ).strip()
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import AxisType  # noqa: E402
+
+from einshard.lowering import pipeline, pipeline_info  # noqa: E402
+
+SCHEDULES = {
+    "gpipe": dict(schedule="gpipe", repeats=1),
+    "circular": dict(schedule="circular", repeats=2),
+    "1f1b": dict(schedule="1f1b", repeats=1),
+    "interleaved 1f1b": dict(schedule="1f1b", repeats=2),
+}
+
+
+def median_time(fn, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))  # warm-up (and compile)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def layer(p, h):
+    return jnp.tanh(h @ p["w"]) + h
+
+
+def sequential(p, x):
+    return jax.lax.scan(lambda h, w: (layer(w, h), None), x, p)[0]
+
+
+def run(width: int, batch: int, microbatch_counts: tuple[int, ...], repeats: int) -> dict:
+    n_dev = jax.device_count()
+    stages = min(4, n_dev)
+    mesh = jax.make_mesh((stages,), ("stage",), axis_types=(AxisType.Auto,), devices=jax.devices()[:stages])
+    layers = 2 * stages
+    rng = np.random.default_rng(1)
+    params = {"w": jnp.asarray(rng.standard_normal((layers, width, width)) / np.sqrt(width) / 2, jnp.float32)}
+    x = jnp.asarray(rng.standard_normal((batch, width)), jnp.float32)
+    one = jax.devices()[0]
+    seq = jax.jit(jax.value_and_grad(lambda p, x: jnp.mean(sequential(p, x) ** 2)))
+    seq_args = (jax.device_put(params, one), jax.device_put(x, one))
+    t_seq = median_time(seq, *seq_args, repeats=repeats)
+    seq_temp = seq.lower(*seq_args).compile().memory_analysis().temp_size_in_bytes
+    rows = []
+    for m in microbatch_counts:
+        for name, kw in SCHEDULES.items():
+            if kw["repeats"] > 1 and m % stages:
+                continue
+            opts = dict(microbatches=m, mesh=mesh, **kw)
+            step = jax.jit(jax.value_and_grad(lambda p, x, o=opts: jnp.mean(pipeline(layer, p, x, **o) ** 2)))
+            compiled = step.lower(params, x).compile()
+            t = median_time(step, params, x, repeats=repeats)
+            info = pipeline_info(params, x, **opts)
+            parallel = 1 if SIMULATED else stages
+            rows.append(
+                dict(
+                    schedule=name,
+                    stages=stages,
+                    microbatches=m,
+                    repeats=kw["repeats"],
+                    ticks=len(info.tick_table),
+                    ms=1e3 * t,
+                    vs_sequential=t / t_seq,
+                    bubble_theory=info.bubble_fraction,
+                    bubble_measured=1 - t_seq / (parallel * t),
+                    temp_mib=compiled.memory_analysis().temp_size_in_bytes / 2**20,
+                    activation_model_mib=info.activation_bytes / 2**20,
+                    microbatch_mib=np.prod(info.microbatch_shape) * 4 / 2**20,
+                )
+            )
+            print(rows[-1], flush=True)
+    return dict(
+        devices=n_dev,
+        device_kind=jax.devices()[0].device_kind,
+        simulated=SIMULATED,
+        jax=jax.__version__,
+        python=platform.python_version(),
+        repeats=repeats,
+        host_cpus=os.cpu_count(),
+        host_load_average_at_start=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        width=width,
+        batch=batch,
+        layers=layers,
+        sequential_ms=1e3 * t_seq,
+        sequential_temp_mib=seq_temp / 2**20,
+        rows=rows,
+    )
+
+
+def write_markdown(result: dict, path: pathlib.Path) -> None:
+    lines = [
+        "# Pipeline schedules",
+        "",
+        f"Devices: {result['devices']} x {result['device_kind']}"
+        f" ({'simulated on the host CPU' if result['simulated'] else 'accelerator'}); jax {result['jax']}; "
+        f"{result['layers']} layers of width {result['width']}, global batch {result['batch']}, one stage axis; "
+        f"medians of {result['repeats']} runs after a warm-up; host: {result['host_cpus']} CPUs, load average "
+        f"{result['host_load_average_at_start']:.1f} at the start (timings on a shared host are noisy).",
+        "",
+        "| schedule | M | R | ticks | ms | x sequential | bubble (theory) | bubble (measured) "
+        "| XLA temp memory (MiB/device) | x GPipe's at this M | (S/M) x GPipe's + 1 micro-batch |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    gpipe = {r["microbatches"]: r["temp_mib"] for r in result["rows"] if r["schedule"] == "gpipe"}
+    for r in result["rows"]:
+        base = gpipe.get(r["microbatches"])
+        target = r["stages"] / r["microbatches"] * base + r["microbatch_mib"] if base else None
+        lines.append(
+            f"| {r['schedule']} | {r['microbatches']} | {r['repeats']} | {r['ticks']} | {r['ms']:.1f} | "
+            f"{r['vs_sequential']:.2f} | {r['bubble_theory']:.3f} | {r['bubble_measured']:.3f} | "
+            f"{r['temp_mib']:.2f} | {r['temp_mib'] / base:.2f} | {target:.2f} |"
+        )
+    lines += [
+        f"| sequential (1 device) | | | | {result['sequential_ms']:.1f} | 1.00 | | | "
+        f"{result['sequential_temp_mib']:.2f} | | |",
+        "",
+        "Ticks: the whole training step's lock-step iterations (forward and backward; a 1F1B step is the forward-only",
+        "scan plus the 1F1B-ordered backward scan, whose forward ticks recompute). Bubble (theory): the idle share of",
+        "the tick table, (S-1)/(R*M+S-1) for every schedule. Bubble (measured): 1 - T_sequential / (P * T_step) with",
+        "P = 1 on simulated devices (they time-share the cores: the time measures total work, bubbles and the 1F1B",
+        "recompute included) and P = S on accelerators. XLA temp memory: the compiled step's temporaries per device",
+        "(parameter gradients and I/O buffers included, so it does not fall to zero); the last column is the issue's",
+        "goal for 1F1B, (S/M) x GPipe's + one micro-batch.",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small model, fewer repeats")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args()
+    repeats = args.repeats or (3 if args.quick else 5)
+    width, batch = (128, 64) if args.quick else (512, 256)
+    result = run(width, batch, (4, 8, 16), repeats)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pipeline.json").write_text(json.dumps(result, indent=2, default=float))
+    write_markdown(result, out / "pipeline.md")
+    print((out / "pipeline.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""``einshard.plan``: the entry point (groups → candidates → search → result)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from ...errors import EinshardError
+from ..cost import human_bytes
+from ..program import trace
+from .explanation import batch_strategy, explain_choice, short, strategy
+from .groups import Group, batch_candidates, param_candidates, param_groups, search_candidates
+from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes, shape_of
+from .result import Alternative, PlanResult
+from .scoring import Costs, Score, preset_assignments, user_preset
+from .search import exhaustive, guided_descent
+
+__all__ = ["plan"]
+
+EXHAUSTIVE_LIMIT = 256
+MAX_EVALUATIONS = 160
+PAIR_LIMIT = 512
+SMALL_GROUP_FRACTION = 1e-2
+
+PresetRules = tuple[Mapping[str, str] | str, Mapping[str, str] | str | Sequence[Mapping[str, str] | str]]
+
+
+def plan(
+    fn: Callable[..., Any],
+    *args: Any,
+    mesh: Any = None,
+    profile: Any = None,
+    memory_budget: int | float | str | None = None,
+    objective: str = "training",
+    param_args: Sequence[int] | None = None,
+    data_args: Sequence[int] | None = None,
+    optimizer_bytes_per_param: float | None = None,
+    exhaustive_limit: int = EXHAUSTIVE_LIMIT,
+    max_evaluations: int = MAX_EVALUATIONS,
+    restarts: int = 0,
+    pair_limit: int = PAIR_LIMIT,
+    seed: int = 0,
+    presets: Mapping[str, PresetRules] | None = None,
+    n_alternatives: int = 5,
+    **kwargs: Any,
+) -> PlanResult:
+    """Choose einshard layouts for ``fn``'s parameters and batch: fastest within ``memory_budget``.
+
+    Args:
+        fn: a training step (or ``jax.value_and_grad`` of a loss) for ``'training'``, a forward pass for
+            ``'inference'``; called as ``fn(*args, **kwargs)``.
+        args: pytrees of arrays or ``jax.ShapeDtypeStruct``s; the first is the parameters, the rest data.
+        mesh: a Mesh, an AbstractMesh, or axis sizes ``{'data': 256, 'model': 8}`` (plan a 2048-device
+            mesh from sizes only); default the mesh of ``jax.set_mesh``, else the arguments' mesh.
+        profile: hardware profile for time (``'h100'``, ``'tpu-v5p'``, ``'cpu'`` or an ``einshard.Profile``).
+        memory_budget: bytes per device (or ``'16GiB'``); None: no limit.
+        objective: ``'training'`` / ``'inference'`` (step time), ``'memory'`` (bytes per device),
+            ``'communication'`` (bytes sent per device).
+        param_args, data_args: which positional arguments are parameters / data (default ``[0]`` / the rest);
+            any other argument stays replicated.
+        optimizer_bytes_per_param: optimizer state per parameter element (default 8, Adam's two f32
+            moments, for ``'training'``; 0 otherwise).
+        exhaustive_limit: search exhaustively when there are at most this many assignments.
+        max_evaluations: otherwise, cost at most this many assignments (each walks the program once).
+        restarts: extra random starts of the descent (besides data parallel and fully sharded).
+        pair_limit: also try moving every two groups together when that is at most this many assignments.
+        presets: hand-written layouts to cost alongside: ``{name: (param_rules, data_rules)}``; they appear
+            in ``alternatives`` (``dp`` and ``fsdp`` are always there).  A preset that beats every
+            assignment the search costed is returned as the plan (the explanation says so).
+
+    Returns:
+        A :class:`PlanResult`; ``result.rules`` plugs into ``einshard.einshard(params, result.rules, mesh=mesh)``.
+    """
+    start = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise EinshardError(f"plan(): objective must be one of {OBJECTIVES}, got {objective!r}")
+    if not args:
+        raise EinshardError("plan() needs the function's arguments (the parameters first)")
+    budget = parse_bytes(memory_budget)
+    mesh_axes = mesh_axes_of(mesh, args)
+    p_idx = list(param_args) if param_args is not None else [0]
+    d_idx = list(data_args) if data_args is not None else [i for i in range(len(args)) if i not in p_idx]
+    for i in p_idx + d_idx:
+        if not 0 <= i < len(args):
+            raise EinshardError(f"plan(): argument index {i} in param_args/data_args, but fn gets {len(args)}")
+    params = tuple(args[i] for i in p_idx) if len(p_idx) != 1 else args[p_idx[0]]
+    opt_bytes = (
+        optimizer_bytes_per_param
+        if optimizer_bytes_per_param is not None
+        else (8.0 if objective == "training" else 0.0)
+    )
+    traced = trace(fn, *args, mesh={m.name: m.size for m in mesh_axes}, profile=profile, **kwargs)
+    groups, _ = param_groups(params, mesh_axes)
+    total_param_bytes = sum(g.nbytes for g in groups) or 1
+    groups = [
+        dataclasses.replace(
+            g, candidates=param_candidates(g, mesh_axes, g.nbytes < SMALL_GROUP_FRACTION * total_param_bytes)
+        )
+        for g in groups
+    ]
+    data_shapes = [shape_of(x) for i in d_idx for x in jax.tree_util.tree_leaves(args[i])]
+    batch = Group("", "batch", (), tuple(data_shapes), (), 0, False, batch_candidates(data_shapes, mesh_axes), True)
+    costs = Costs(traced, groups, batch, args, p_idx, d_idx, objective, budget, opt_bytes)
+    counts = [len(g.candidates) for g in groups] + [len(batch.candidates)]
+    space = math.prod(counts)
+    presets_assign = preset_assignments(groups, batch)
+    if space <= exhaustive_limit:
+        method = "exhaustive"
+        order = exhaustive(costs, counts)
+    else:
+        method = "coordinate descent"
+        rng = random.Random(seed)
+        starts = list(presets_assign.values()) + [tuple(rng.randrange(n) for n in counts) for _ in range(restarts)]
+        sizes = {m.name: m.size for m in mesh_axes}
+        allowed_cache: dict[tuple[int, int], tuple[int, ...]] = {}
+
+        def allowed(g: int, b: int) -> tuple[int, ...]:
+            if (g, b) not in allowed_cache:
+                allowed_cache[(g, b)] = search_candidates(groups[g], batch.candidates[b].dims[0], sizes)
+            return allowed_cache[(g, b)]
+
+        order = guided_descent(costs, counts, starts, allowed, max(max_evaluations, len(starts)), pair_limit)
+    best = order[0]
+    chosen = costs.score(best)
+
+    def rules_of(assign: tuple[int, ...]) -> tuple[dict[str, str], tuple[dict[str, str | None], ...]]:
+        rules = {g.pattern: g.expression(g.candidates[c]) for g, c in zip(groups, assign)}
+        data_rules = []
+        for i in d_idx:
+            r: dict[str, str | None] = {}
+            for path, x in jax.tree_util.tree_flatten_with_path(args[i])[0]:
+                rank = len(shape_of(x))
+                pattern = "^" + re.escape(jax.tree_util.keystr(path)) + "$"
+                r[pattern] = batch.expression(batch.candidates[assign[-1]], rank) if rank else None
+            data_rules.append(r)
+        return rules, tuple(data_rules)
+
+    def label_of(assign: tuple[int, ...]) -> str:
+        bax = batch.candidates[assign[-1]].dims[0]
+        names = [
+            f"{short(g.display)}={strategy(g, g.candidates[c], bax)}"
+            for g, c in zip(groups, assign)
+            if g.candidates[c].sharded
+        ]
+        return batch_strategy(batch.candidates[assign[-1]]) + " · " + (", ".join(names) or "params replicated")
+
+    def alternative(label: str, assign: tuple[int, ...]) -> Alternative:
+        s = costs.score(assign)
+        r, d = rules_of(assign)
+        return Alternative(label, r, d, s.time_s, s.memory, s.comm, s.fits, s.compute_s)
+
+    alts = [alternative(label_of(a), a) for a in order[1 : 1 + n_alternatives]]
+    preset_alts = [alternative(f"preset {n}", a) for n, a in presets_assign.items() if n not in (presets or {})]
+    user: list[tuple[Alternative, Score]] = [user_preset(n, pr, pd, costs) for n, (pr, pd) in (presets or {}).items()]
+    preset_alts += [alt for alt, _ in user]
+    rules, data_rules = rules_of(best)
+    bax = batch.candidates[best[-1]].dims[0]
+    strategies = {g.display: strategy(g, g.candidates[c], bax) for g, c in zip(groups, best)}
+    strategies["batch"] = batch_strategy(batch.candidates[best[-1]])
+    params_sharded = any(g.candidates[c].sharded for g, c in zip(groups, best))
+    optimizer_bytes = costs.optimizer_bytes(best)
+    beaten_by = min(user, key=lambda u: u[1].key, default=None)
+    if beaten_by is not None and beaten_by[1].key < chosen.key:
+        # A hand-written layout the candidates cannot express beat the search: return it.
+        alt, chosen = beaten_by
+        rules = alt.rules
+        data_rules = alt.data_rules
+        strategies = {"batch": alt.label, "parameters": "the preset's rules"}
+        params_sharded = True
+        optimizer_bytes = chosen.memory - chosen.report.peak_bytes
+    warning = ""
+    if not chosen.fits:
+        warning = (
+            f"no layout fits the memory budget: the least-bad needs {human_bytes(chosen.memory)}/device "
+            f"> budget {human_bytes(budget or 0)}; returned anyway (fits=False)"
+        )
+    explanation = explain_choice(
+        chosen,
+        optimizer_bytes,
+        strategies,
+        preset_alts,
+        alts,
+        budget,
+        objective,
+        warning,
+        params_sharded,
+        bax,
+        tuple(m.name for m in mesh_axes if m.size > 1),
+    )
+    if beaten_by is not None and chosen is beaten_by[1]:
+        explanation = f"{beaten_by[0].label} beats every assignment searched; returned as the plan\n" + explanation
+    return PlanResult(
+        rules=rules,
+        data_rules=data_rules,
+        time_s=chosen.time_s,
+        memory_bytes=chosen.memory,
+        comm_bytes=chosen.comm,
+        fits=chosen.fits,
+        warning=warning,
+        alternatives=tuple(alts + preset_alts),
+        explanation=explanation,
+        report=chosen.report,
+        strategies=strategies,
+        objective=objective,
+        memory_budget=budget,
+        method=method,
+        evaluated=len(costs.cache),
+        space=space,
+        planning_s=time.perf_counter() - start,
+        compute_s=chosen.compute_s,
+    )

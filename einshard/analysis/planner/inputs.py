@@ -1,0 +1,56 @@
+"""What ``plan`` reads from its caller: the memory budget, the mesh, the arguments' shapes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from ...core.layout import MeshAxis
+from ...errors import EinshardError
+
+__all__ = ["Objective", "OBJECTIVES", "parse_bytes", "mesh_axes_of", "shape_of", "itemsize_of"]
+
+Objective = Literal["training", "inference", "memory", "communication"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+
+
+def parse_bytes(budget: int | float | str | None) -> int | None:
+    """A memory budget in bytes from a number or a string like ``'16GiB'``, ``'1.5 GB'``, ``'512MiB'``.
+
+    Example:
+        >>> parse_bytes('16GiB') == 16 * 2**30, parse_bytes('2 GB'), parse_bytes(None)
+        (True, 2000000000, None)
+    """
+    if budget is None:
+        return None
+    if isinstance(budget, (int, float)):
+        return int(budget)
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B|B)?\s*", budget, re.IGNORECASE)
+    if not m:
+        raise EinshardError(f"memory_budget {budget!r} is not a size: use bytes or a string like '16GiB', '2GB'")
+    unit = (m.group(2) or "B").upper()
+    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+    scale |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    return int(float(m.group(1)) * scale[unit])
+
+
+def mesh_axes_of(mesh: Any, args: tuple[Any, ...] = ()) -> tuple[MeshAxis, ...]:
+    """The mesh ``plan`` works on, by einshard's one precedence (``einshard.mesh.resolve_mesh``).
+
+    ``mesh=`` (a Mesh, an AbstractMesh or sizes ``{'data': 4}``), else the
+    mesh of ``jax.set_mesh``, else the arguments' own mesh.
+    """
+    from ...core.mesh import mesh_axes, resolve_mesh
+
+    found = resolve_mesh(mesh, args, what="plan()", check_operands=False)
+    return mesh_axes(found)
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in (x.shape if hasattr(x, "shape") else np.shape(x)))
+
+
+def itemsize_of(x: Any) -> int:
+    return int(np.dtype(getattr(x, "dtype", np.float32)).itemsize)

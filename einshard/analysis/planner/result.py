@@ -1,0 +1,147 @@
+"""What ``einshard.plan`` returns: the chosen rules, their costs, the runners-up, and why."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cost import human_bytes, human_time
+from ..program import ProgramReport
+
+__all__ = ["Alternative", "PlanResult"]
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A costed assignment: its rules and what ``explain`` says it costs."""
+
+    label: str
+    rules: dict[str, str]
+    data_rules: tuple[dict[str, str | None], ...]
+    time_s: float
+    memory_bytes: int
+    comm_bytes: float
+    fits: bool
+    compute_s: float = 0.0  # of time_s, the compute (the rest is communication)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"data_rules": [dict(r) for r in self.data_rules]}
+
+    def line(self) -> str:
+        fit = "" if self.fits else "  (over budget)"
+        return (
+            f"{self.label:<34} {human_time(self.time_s):>10}/step (compute {human_time(self.compute_s)})  "
+            f"{human_bytes(self.memory_bytes):>10}/device  {human_bytes(self.comm_bytes):>10} sent{fit}"
+        )
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What ``einshard.plan`` chose, what it costs, and why.
+
+    Attributes:
+        rules: ordered mapping path pattern → expression for the parameters:
+            ``einshard.einshard(params, result.rules, mesh=mesh)``.
+        data_rules: one such mapping per data argument (``einshard(batch, result.data_rules[0], mesh=mesh)``).
+        time_s, memory_bytes, comm_bytes: the choice's step time, memory per device
+            (peak + optimizer state) and bytes sent per device.
+        fits: whether ``memory_bytes`` is within the budget (True when there is none).
+        warning: why the result does not fit, else ''.
+        alternatives: the runners-up, best first, and the presets (``dp``, ``fsdp``, and yours).
+        explanation: why this choice, in words.
+        report: the :class:`~einshard.analysis.program.ProgramReport` of the choice.
+        strategies: a short strategy name per parameter group (and ``batch``).
+        method: ``'exhaustive'`` or ``'coordinate descent'``; evaluated: how many assignments were costed.
+    """
+
+    rules: dict[str, str]
+    data_rules: tuple[dict[str, str | None], ...]
+    time_s: float
+    memory_bytes: int
+    comm_bytes: float
+    fits: bool
+    warning: str
+    alternatives: tuple[Alternative, ...]
+    explanation: str
+    report: ProgramReport = field(repr=False)
+    strategies: dict[str, str] = field(default_factory=dict)
+    objective: str = "training"
+    memory_budget: int | None = None
+    method: str = "exhaustive"
+    evaluated: int = 0
+    space: int = 0
+    planning_s: float = 0.0
+    compute_s: float = 0.0
+
+    def place(self, params: Any, *data: Any, mesh: Any = None) -> tuple[Any, ...]:
+        """``(params, *data)`` laid out by the plan's rules (``einshard.einshard`` on each)."""
+        from ...placement import einshard
+
+        placed = [einshard(params, self.rules, mesh=mesh)]
+        placed += [einshard(x, rules, mesh=mesh) for x, rules in zip(data, self.data_rules)]
+        return tuple(placed)
+
+    def save_rules(self, path: str, mesh: dict[str, int] | None = None) -> None:
+        """Write the choice as a rules file: ``{"params": {pattern: expression}, "batch": expression, "mesh": sizes}``.
+
+        ``einshard demo --rules PATH`` reads it; ``einshard.einshard(params, json.load(f)["params"])``
+        places parameters with it.  ``batch`` is the first data argument's expression when it is
+        one array.
+        """
+        out: dict[str, Any] = {"params": self.rules}
+        if self.data_rules and len(self.data_rules[0]) == 1:
+            (expr,) = self.data_rules[0].values()
+            if expr is not None:
+                out["batch"] = expr
+        if mesh is not None:
+            out["mesh"] = dict(mesh)
+        with open(path, "w") as f:
+            json.dump(out, f, indent=2)
+            f.write("\n")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rules": dict(self.rules),
+            "data_rules": [dict(r) for r in self.data_rules],
+            "time_s": self.time_s,
+            "memory_bytes": self.memory_bytes,
+            "comm_bytes": self.comm_bytes,
+            "fits": self.fits,
+            "warning": self.warning,
+            "objective": self.objective,
+            "memory_budget": self.memory_budget,
+            "strategies": dict(self.strategies),
+            "method": self.method,
+            "evaluated": self.evaluated,
+            "space": self.space,
+            "planning_s": self.planning_s,
+            "compute_s": self.compute_s,
+            "alternatives": [a.to_dict() for a in self.alternatives],
+            "explanation": self.explanation,
+        }
+
+    def __str__(self) -> str:
+        budget = human_bytes(self.memory_budget) if self.memory_budget is not None else "none"
+        lines = [
+            f"plan ({self.objective}, budget {budget}): {human_time(self.time_s)}/step, "
+            f"{human_bytes(self.memory_bytes)}/device, {human_bytes(self.comm_bytes)} sent/device"
+            + ("" if self.fits else "  ** DOES NOT FIT **"),
+            "rules:",
+        ]
+        width = max([len(p) for p in self.rules] + [10])
+        for pattern, expr in self.rules.items():
+            lines.append(f"  {pattern:<{width}}  {expr!r}")
+        for i, data in enumerate(self.data_rules):
+            for pattern, data_expr in data.items():
+                lines.append(f"  data[{i}] {pattern:<{max(width - 8, 2)}}  {data_expr!r}")
+        lines.append("why:")
+        lines += ["  " + ln for ln in self.explanation.splitlines()]
+        if self.alternatives:
+            lines.append("alternatives:")
+            lines += ["  " + a.line() for a in self.alternatives]
+        lines.append(
+            f"searched {self.evaluated} of {self.space} assignments ({self.method}) in {self.planning_s:.2f} s"
+        )
+        return "\n".join(lines)

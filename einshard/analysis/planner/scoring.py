@@ -1,0 +1,257 @@
+"""Scoring an assignment: what ``explain`` says the step costs under its layouts.
+
+An *assignment* is a tuple of candidate indices, one per parameter group,
+the batch's last.  Its score, all per device:
+
+* **compute**: the FLOPs the device executes (``ProgramReport.flops``, which
+  divides an einsum's FLOPs only by the mesh axes that split one of its
+  indices: work replicated over an axis is counted in full on every device)
+  over the profile's FLOP/s;
+* **communication**: the α–β time of the collectives ``explain`` finds, and
+  the bytes they send;
+* **memory**: ``explain``'s peak live bytes plus the optimizer state of the
+  parameter elements the device holds.
+
+Step time = compute + communication (no overlap), as ``explain`` prints it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from ...core.layout import MeshAxis
+from ...errors import EinshardError
+from ..program import ProgramReport, TracedProgram
+from .groups import Group
+from .inputs import shape_of
+from .result import Alternative
+
+__all__ = ["Score", "Costs", "like_params", "preset_assignments", "user_preset"]
+
+
+@dataclass(frozen=True)
+class Score:
+    """One assignment's costs; ``key`` orders assignments (lower is better)."""
+
+    fits: bool
+    primary: float
+    time_s: float
+    compute_s: float
+    memory: int
+    comm: float
+    sharded: int
+    report: ProgramReport = field(compare=False, repr=False)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        if not self.fits:
+            return (1, self.memory, self.time_s, self.comm, self.sharded)
+        # Within the budget, among equally fast layouts the one that splits fewer parameters wins
+        # (memory only breaks the remaining ties): a split that buys nothing the cost model sees is
+        # a risk, not a gain.
+        return (0, self.primary, self.time_s, self.comm, self.sharded, self.memory)
+
+
+@dataclass
+class Costs:
+    """Scores assignments with the traced program, remembering every one it costed."""
+
+    traced: TracedProgram
+    groups: list[Group]
+    batch: Group
+    args: tuple[Any, ...]
+    p_idx: list[int]
+    d_idx: list[int]
+    objective: str
+    budget: int | None
+    opt_bytes: float
+    cache: dict[tuple[int, ...], Score] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sizes = {m.name: m.size for m in self.traced.mesh}
+        params = self.params
+        p_leaves, self.params_treedef = jax.tree_util.tree_flatten(params)
+        self.n_param_leaves = len(p_leaves)
+        self.data_structure = []
+        for i in self.d_idx:
+            flat, treedef = jax.tree_util.tree_flatten(self.args[i])
+            self.data_structure.append((treedef, [len(shape_of(x)) for x in flat]))
+        # Outputs that mirror the parameters (gradients, updated parameters) are laid out like them,
+        # as a training step's out_shardings ask: FSDP gradients are reduce-scattered, not replicated.
+        self.out_params = like_params(self.traced.out_shape, params)
+
+    @property
+    def params(self) -> Any:
+        return tuple(self.args[i] for i in self.p_idx) if len(self.p_idx) != 1 else self.args[self.p_idx[0]]
+
+    def in_specs(self, params_specs: Any, data_specs: list[Any]) -> tuple[Any, ...]:
+        """The specs in ``fn``'s argument order (arguments neither parameters nor data: replicated)."""
+        full: list[Any] = [None] * len(self.args)
+        if len(self.p_idx) == 1:
+            full[self.p_idx[0]] = params_specs
+        else:
+            for i, sub in zip(self.p_idx, params_specs):
+                full[i] = sub
+        for i, sub in zip(self.d_idx, data_specs):
+            full[i] = sub
+        for i in range(len(self.args)):
+            if full[i] is None:
+                full[i] = jax.tree_util.tree_map(lambda _: None, self.args[i])
+        return tuple(full)
+
+    def specs(self, assign: tuple[int, ...]) -> tuple[list[Any], list[Any]]:
+        P = jax.sharding.PartitionSpec
+        leaf_specs: list[Any] = [None] * self.n_param_leaves
+        for g, c in zip(self.groups, assign):
+            spec = P(*[(d if len(d) > 1 else d[0]) if d else None for d in g.candidates[c].dims])
+            for i in g.leaves:
+                leaf_specs[i] = spec
+        data = self.batch.candidates[assign[-1]]
+        out = []
+        for treedef, ranks in self.data_structure:
+            specs = []
+            for r in ranks:
+                dims: list[Any] = [None] * r
+                if r >= 1 and data.dims[0]:
+                    dims[0] = data.dims[0] if len(data.dims[0]) > 1 else data.dims[0][0]
+                if r >= 2 and data.dims[1]:
+                    dims[1] = data.dims[1][0]
+                specs.append(P(*dims))
+            out.append(jax.tree_util.tree_unflatten(treedef, specs))
+        return leaf_specs, out
+
+    def score(self, assign: tuple[int, ...]) -> Score:
+        hit = self.cache.get(assign)
+        if hit is not None:
+            return hit
+        leaf_specs, data_specs = self.specs(assign)
+        params_specs = jax.tree_util.tree_unflatten(self.params_treedef, leaf_specs)
+        out_specs = [None if i is None else leaf_specs[i] for i in self.out_params]
+        report = self.traced.report(self.in_specs(params_specs, data_specs), out_specs)
+        sharded = sum(g.candidates[c].sharded for g, c in zip(self.groups, assign))
+        score = self.score_report(report, self.optimizer_bytes(assign), sharded)
+        self.cache[assign] = score
+        return score
+
+    def score_report(self, report: ProgramReport, optimizer_bytes: int, sharded: int = 0) -> Score:
+        memory = report.peak_bytes + optimizer_bytes
+        fits = self.budget is None or memory <= self.budget
+        primary = {
+            "training": report.time_s,
+            "inference": report.time_s,
+            "memory": float(memory),
+            "communication": report.comm_bytes,
+        }[self.objective]
+        compute = report.flops / report.profile.flops
+        return Score(fits, primary, report.time_s, compute, memory, report.comm_bytes, sharded, report)
+
+    def optimizer_bytes(self, assign: tuple[int, ...]) -> int:
+        if not self.opt_bytes:
+            return 0
+        total = 0.0
+        for g, c in zip(self.groups, assign):
+            split = math.prod(self.sizes[m] for d in g.candidates[c].dims for m in d)
+            total += sum(math.prod(s) for s in g.shapes) / split
+        return int(total * self.opt_bytes)
+
+
+def like_params(out_shape: Any, params: Any) -> list[int | None]:
+    """Per output leaf, the parameter leaf it mirrors (gradients, updated parameters), else None."""
+    p_leaves, p_def = jax.tree_util.tree_flatten(params)
+    p_shapes = [shape_of(x) for x in p_leaves]
+
+    def match(tree: Any) -> list[int | None]:
+        leaves, tdef = jax.tree_util.tree_flatten(tree)
+        if tdef == p_def and [shape_of(x) for x in leaves] == p_shapes:  # type: ignore[operator]
+            return list(range(len(leaves)))
+        if isinstance(tree, (tuple, list)) and leaves and tree:
+            return [i for sub in tree for i in match(sub)]
+        return [None] * len(leaves)
+
+    return match(out_shape)
+
+
+def preset_assignments(groups: list[Group], batch: Group) -> dict[str, tuple[int, ...]]:
+    """``dp`` (replicated parameters, the batch over every axis that divides) and ``fsdp``
+    (each group's largest split over the batch's axes)."""
+    best_batch = max(
+        range(len(batch.candidates)),
+        key=lambda c: (len(batch.candidates[c].dims[0]), -len(batch.candidates[c].dims[1])),
+    )
+    bax = set(batch.candidates[best_batch].dims[0])
+    fsdp = []
+    for g in groups:
+        options = [
+            (sum(len(d) for d in c.dims), -i, i)
+            for i, c in enumerate(g.candidates)
+            if all(m in bax for d in c.dims for m in d) and not (g.stacked and c.dims[0])
+        ]
+        fsdp.append(max(options)[2] if options else 0)
+    return {"dp": (*(0 for _ in groups), best_batch), "fsdp": (*fsdp, best_batch)}
+
+
+def _pick(name: str, rules: Any, tree: Any) -> Any:
+    """Each leaf's expression: the first rule whose pattern is found in its path (as ``einshard()`` does)."""
+    if isinstance(rules, str):
+        return jax.tree_util.tree_map(lambda _: rules, tree)
+    compiled = [(re.compile(p), e) for p, e in rules.items()]
+
+    def one(path: Any, _: Any) -> Any:
+        key = jax.tree_util.keystr(path)
+        for rx, e in compiled:
+            if rx.search(key):
+                return e
+        raise EinshardError(f"preset {name!r}: no rule matches {key}")
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def user_preset(
+    name: str,
+    prules: Mapping[str, str] | str,
+    pdata: Mapping[str, str] | str | Sequence[Mapping[str, str] | str],
+    costs: Costs,
+) -> tuple[Alternative, Score]:
+    """Cost a hand-written preset with the same model."""
+    from ...core.layout import resolve_named
+    from ...parsing import parse_placement
+
+    args, p_idx, d_idx = costs.args, costs.p_idx, costs.d_idx
+    data_list = [pdata] * len(d_idx) if isinstance(pdata, (Mapping, str)) else list(pdata)
+    full: list[Any] = []
+    for i in range(len(args)):
+        if i in p_idx:
+            full.append(_pick(name, prules, args[i]))
+        elif i in d_idx:
+            full.append(_pick(name, data_list[d_idx.index(i)], args[i]))
+        else:
+            full.append(jax.tree_util.tree_map(lambda _: None, args[i]))
+    mesh: tuple[MeshAxis, ...] = costs.traced.mesh
+    p_leaves = [x for i in p_idx for x in jax.tree_util.tree_leaves(args[i])]
+    p_exprs = [e for i in p_idx for e in jax.tree_util.tree_leaves(full[i])]
+    layouts = [resolve_named(parse_placement(e), shape_of(x), mesh) for e, x in zip(p_exprs, p_leaves)]
+    p_specs = [jax.sharding.PartitionSpec(*lay.spec_entries()) for lay in layouts]
+    out_specs = [None if i is None else p_specs[i] for i in costs.out_params]
+    report = costs.traced.report(tuple(full), out_specs)
+    opt = int(sum(math.prod(lay.shard_shape) for lay in layouts) * costs.opt_bytes)
+    score = costs.score_report(report, opt)
+    data_rules: tuple[dict[str, str | None], ...] = tuple(
+        dict(d) if isinstance(d, Mapping) else {".*": d} for d in data_list
+    )
+    alt = Alternative(
+        f"preset {name}",
+        dict(prules) if isinstance(prules, Mapping) else {".*": prules},
+        data_rules,
+        score.time_s,
+        score.memory,
+        score.comm,
+        score.fits,
+        score.compute_s,
+    )
+    return alt, score

@@ -1,0 +1,23 @@
+"""Whole-program analysis: ``einshard.explain(fn, *args)``.
+
+Traces ``fn`` to a jaxpr and walks it once, following each value's
+:class:`~einshard.core.layout.Layout` from the arguments' shardings.  Each
+primitive has a layout rule in a registry (:mod:`.registry`): elementwise and
+shape ops (:mod:`.rules_structural`), ``dot_general``/gather/scatter
+(:mod:`.rules_indexing`, dots priced by :func:`einshard.analyze`), and control
+flow, shard_map regions and explicit placement (:mod:`.rules_control`).
+Where a value's layout must change the collective comes from the analyzer's
+``transition``.  Operations with no rule are listed by name in the report,
+never silently guessed.
+
+Nothing here moves data or compiles: the walk is far cheaper than
+``jax.jit(fn).lower(...).compile()`` (see ``benchmarks/bench_explain.py``).
+"""
+
+from __future__ import annotations
+
+from .registry import RULES, register
+from .report import OpReport, ProgramReport
+from .trace import TracedProgram, explain, trace
+
+__all__ = ["explain", "trace", "TracedProgram", "ProgramReport", "OpReport", "RULES", "register"]

@@ -1,0 +1,155 @@
+"""Adapters onto the per-einsum analyzer: what one einsum, one layout change costs (memoised).
+
+A traced program costed under many argument layouts (the planner) meets the
+same einsums and the same layout changes again and again; :class:`OpCosts`
+remembers them, keyed by the layouts involved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...core.layout import Layout, MeshAxis
+from ...errors import EinshardError
+from ..api import analyze_layouts, dtype_info
+from ..cost import get_profile
+from ..primitives import transition
+from ..rule import Problem
+
+__all__ = ["OpCosts", "DotResult", "FreeLayout", "is_free", "dot_names", "adopt"]
+
+
+@dataclass(frozen=True)
+class DotResult:
+    out: Layout
+    collectives: tuple[Any, ...]
+    flops: float
+    time_s: float
+    expression: str
+
+
+class OpCosts:
+    """Adapters onto the per-einsum analyzer: one einsum, one layout change."""
+
+    def __init__(self, mesh: tuple[MeshAxis, ...], profile: Any) -> None:
+        self.mesh = mesh
+        self.mesh_sizes = {m.name: m.size for m in mesh}
+        self.profile = get_profile(profile)
+        # Per-op costs, keyed by the operands' layouts: a traced program costed
+        # under many argument layouts (the planner) meets the same einsums again and again.
+        self._dots: dict[tuple[Any, ...], DotResult] = {}
+        self._reshards: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.layouts: dict[tuple[Any, ...], Layout] = {}  # (shape, dims) -> Layout, as the walk builds them
+
+    def dot(self, lhs: Layout, rhs: Layout, dimension_numbers: Any, dtype: Any) -> DotResult:
+        key = (lhs, rhs, _hashable(dimension_numbers), str(dtype))
+        hit = self._dots.get(key)
+        if hit is None:
+            hit = self._dots[key] = self._dot(lhs, rhs, dimension_numbers, dtype)
+        return hit
+
+    def _dot(self, lhs: Layout, rhs: Layout, dimension_numbers: Any, dtype: Any) -> DotResult:
+        lnames, rnames, out_names = dot_names(lhs, rhs, dimension_numbers)
+        if is_free(lhs) and not is_free(rhs):
+            lhs = adopt(lhs, lnames, rhs, rnames, self.mesh_sizes)
+        elif is_free(rhs) and not is_free(lhs):
+            rhs = adopt(rhs, rnames, lhs, lnames, self.mesh_sizes)
+        dname, itemsize = dtype_info(dtype)
+        ops = (_renamed(lhs, lnames), _renamed(rhs, rnames))
+        sizes = dict(zip(lnames, lhs.shape)) | dict(zip(rnames, rhs.shape))
+        problem = Problem(ops, tuple(out_names), tuple(sizes.items()), self.mesh, None, itemsize, self.profile)
+        plan = analyze_layouts(problem, dname)
+        out = plan.out_layout
+        positional = Layout(tuple(f"d{i}" for i in range(len(out.axes))), out.shape, out.mesh, out.dims, out.unreduced)
+        return DotResult(positional, tuple(plan.collectives), float(plan.flops), float(plan.time), plan.expression)
+
+    def reshard(self, src: Layout, dst: Layout, dtype: Any) -> tuple[Any, ...]:
+        key = (src, dst, str(dtype))
+        hit = self._reshards.get(key)
+        if hit is None:
+            _, itemsize = dtype_info(dtype)
+            try:
+                hit = tuple(transition(src, dst, itemsize=itemsize, profile=self.profile)[1])
+            except EinshardError:
+                # transition found no direct path (an intermediate layout would not divide):
+                # gather to replicated, then slice, which always exists.
+                whole = src.with_dims(tuple(() for _ in src.dims), src.unreduced)
+                hit = tuple(transition(src, whole, itemsize=itemsize, profile=self.profile)[1])
+                hit += tuple(transition(whole, dst, itemsize=itemsize, profile=self.profile)[1])
+            self._reshards[key] = hit
+        return hit
+
+    def compute_time(self, flops: float) -> float:
+        return self.profile.compute_time(flops)
+
+
+def _hashable(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return tuple(_hashable(e) for e in x)
+    return x
+
+
+def _renamed(lay: Layout, names: Sequence[str]) -> Layout:
+    return Layout(tuple(names), lay.shape, lay.mesh, lay.dims, lay.unreduced)
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _name(i: int) -> str:
+    return _LETTERS[i] if i < 26 else _LETTERS[i // 26 - 1] + _LETTERS[i % 26]
+
+
+def dot_names(lhs: Layout, rhs: Layout, dn: Any) -> tuple[list[str], list[str], list[str]]:
+    """Einsum axis names for a dot_general's operands and result (batch, lhs free, rhs free: XLA's order)."""
+    (lc, rc), (lb, rb) = dn
+    counter = iter(range(10**6))
+    lnames = [""] * len(lhs.shape)
+    rnames = [""] * len(rhs.shape)
+    for i, j in zip(lb, rb):
+        lnames[i] = rnames[j] = _name(next(counter))
+    for i, j in zip(lc, rc):
+        lnames[i] = rnames[j] = _name(next(counter))
+    for i in range(len(lnames)):
+        if not lnames[i]:
+            lnames[i] = _name(next(counter))
+    for j in range(len(rnames)):
+        if not rnames[j]:
+            rnames[j] = _name(next(counter))
+    out = [lnames[i] for i in lb]
+    out += [lnames[i] for i in range(len(lnames)) if i not in lb and i not in lc]
+    out += [rnames[j] for j in range(len(rnames)) if j not in rb and j not in rc]
+    return lnames, rnames, out
+
+
+# Values whose layout their consumer chooses
+
+
+@dataclass(frozen=True)
+class FreeLayout(Layout):
+    """A value every device can make for itself (a broadcast constant, an iota, zeros).
+
+    Its layout is whatever its consumer wants, at no cost: XLA propagates
+    shardings backwards into such values, so a forward-only walk must not
+    charge for bringing a replicated constant to a sharded operand's layout.
+    """
+
+
+def is_free(lay: Layout) -> bool:
+    return isinstance(lay, FreeLayout)
+
+
+def adopt(
+    free: Layout, names: Sequence[str], other: Layout, other_names: Sequence[str], sizes: dict[str, int]
+) -> Layout:
+    """Give a free operand the sharding its partner has on the axes they share."""
+    by_name = dict(zip(other_names, other.dims))
+    dims = []
+    for n, size in zip(names, free.shape):
+        d = by_name.get(n, ())
+        ok = d and size % math.prod(sizes[m] for m in d) == 0
+        dims.append(d if ok else ())
+    return Layout(free.axes, free.shape, free.mesh, tuple(dims))

@@ -1,0 +1,208 @@
+"""Layout rules for control flow and explicit placement: scan, shard_map and its collectives, constraints.
+
+``sharding_constraint``/``reshard``/``device_put`` bring a value to the layout
+they name.  A ``reshard`` into an Auto region (``jax.sharding.auto_axes``, JAX's
+documented route for non-explicit code on Explicit meshes) leaves the Auto
+axes to XLA: the value keeps its split there, it is not replicated.  Inside a
+``shard_map`` body every collective is written out and priced on the local
+block it moves.  A ``scan`` body's cost counts once per iteration.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...core.layout import Layout
+from ..api import spec_partitions
+from ..cost import Collective
+from .costing import is_free
+from .registry import inherit, register
+
+if TYPE_CHECKING:
+    from .walker import Walker
+
+__all__ = ["MANUAL_COLLECTIVES", "scan_groups"]
+
+MANUAL_COLLECTIVES = {
+    "psum": "all-reduce",
+    "psum2": "all-reduce",
+    "psum_invariant": "all-reduce",
+    "pmax": "all-reduce",
+    "pmin": "all-reduce",
+    "all_gather": "all-gather",
+    "all_gather_invariant": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "psum_scatter": "reduce-scatter",
+    "ppermute": "collective-permute",
+    "all_to_all": "all-to-all",
+}
+
+
+def _entry_dims(entry: Any) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+@register("sharding_constraint", "reshard", "device_put")
+def constraint(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    sh = eqn.params.get("sharding") or eqn.params.get("dst_sharding")
+    if isinstance(sh, (list, tuple)):
+        sh = sh[0] if sh else None
+    spec = getattr(sh, "spec", None)
+    if spec is None:
+        return ins[: len(eqn.outvars)]
+    src = ins[0]
+    aval = eqn.outvars[0].aval
+    # Auto axes of a reshard's target mesh are XLA's to choose (an auto_axes region): keep the value's split there.
+    mesh = getattr(sh, "mesh", None)
+    auto: set[str] = set()
+    if eqn.primitive.name == "reshard" and mesh is not None:
+        types = getattr(mesh, "axis_types", ())
+        auto = {n for n, t in zip(mesh.axis_names, types) if "Auto" in str(t)}
+    entries = list(spec)
+    dims: list[tuple[str, ...]] = []
+    for i in range(len(aval.shape)):
+        e = entries[i] if i < len(entries) else None
+        if e is not None and "UNCONSTRAINED" in str(e).upper() and not isinstance(e, (str, tuple)):
+            dims.append(src.dims[i] if i < len(src.dims) else ())
+            continue
+        dims.append(_entry_dims(e))
+    if auto and not is_free(src):
+        taken = {m for d in dims for m in d}
+        dims = [d + tuple(m for m in s if m in auto and m not in taken) for d, s in zip(dims, src.dims)]
+    dst = w.relayout(aval, dims)
+    if is_free(src):
+        return [dst]
+    w.change(eqn, phase, src, dst, aval.dtype, repeat, f"{eqn.primitive.name}")
+    return [dst]
+
+
+@register("pvary", "axis_index", "pbroadcast")
+def manual_marker(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """Type-level markers inside a shard_map body: no data moves."""
+    return [w.replicated(v.aval) for v in eqn.outvars]
+
+
+@register("shard_map")
+def shard_map(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """A manual region: its body sees local blocks and its collectives are written out.
+
+    The body is walked on local (unsplit) layouts; each explicit collective
+    (psum, all_gather, psum_scatter, ppermute, all_to_all) is priced by its
+    ring formula on the local block.  The results are laid out as the
+    region's out_specs say.
+    """
+    p = eqn.params
+    body = p["jaxpr"]
+    body = body.jaxpr if hasattr(body, "consts") else body
+    w.walk(body, [w.replicated(v.aval) for v in body.invars], repeat, inherit(phase))
+    specs = p.get("out_specs") or ()
+    outs = []
+    for v, spec in zip(eqn.outvars, list(specs) + [None] * len(eqn.outvars)):
+        entries = list(spec_partitions(spec)) if spec is not None else []
+        entries += [None] * (len(v.aval.shape) - len(entries))
+        outs.append(w.relayout(v.aval, [_entry_dims(e) for e in entries]))
+    return outs
+
+
+@register(*MANUAL_COLLECTIVES)
+def manual_collective(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """An explicit collective inside a shard_map body, priced on the local block it moves.
+
+    One collective over several mesh axes at once (``psum(x, ('data', 'model'))``) is one
+    collective over their devices together, as XLA compiles it.
+    """
+    name = eqn.primitive.name
+    p = eqn.params
+    axes = p.get("axes", p.get("axis_name", ()))
+    axes = (axes,) if isinstance(axes, str) else tuple(a for a in axes if isinstance(a, str))
+    n = math.prod(w.costs.mesh_sizes.get(a, 1) for a in axes)
+    kind = MANUAL_COLLECTIVES[name]
+    colls = []
+    for v_in, v_out in zip(eqn.invars, eqn.outvars):
+        if not hasattr(v_in.aval, "shape") or n <= 1:
+            continue
+        item = int(np.dtype(v_out.aval.dtype).itemsize)
+        local_in = int(math.prod(v_in.aval.shape)) * item
+        local_out = int(math.prod(v_out.aval.shape)) * item
+        if kind == "all-reduce":
+            array, sent = local_in, 2 * (n - 1) / n * local_in
+        elif kind == "all-gather":
+            array, sent = local_out, (n - 1) / n * local_out
+        elif kind in ("reduce-scatter", "all-to-all"):
+            array, sent = local_in, (n - 1) / n * local_in
+        else:  # collective-permute: every device sends its block once
+            array, sent = local_in, float(local_in)
+        t = w.costs.profile.collective_time(kind, n, sent, array)
+        colls.append(Collective(kind, axes, n, int(sent), array, t, "shard_map body", f"explicit {name}"))
+    if colls:
+        what = f"{name} over {','.join(axes)} (explicit)"
+        w.record(eqn, phase, what, None, tuple(colls), 0.0, sum(c.time for c in colls), repeat)
+    return [w.replicated(v.aval) for v in eqn.outvars]
+
+
+@register("scan")
+def scan(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    p = eqn.params
+    body = p["jaxpr"]
+    body = body.jaxpr if hasattr(body, "consts") else body  # a ClosedJaxpr (jax < 0.12) or a Jaxpr
+    if "num_consts" in p:
+        n_consts, n_carry = p["num_consts"], p["num_carry"]
+    else:  # jax >= 0.12: ft_in groups the operands as (consts, carry, xs)
+        n_consts, n_carry = scan_groups(p["ft_in"])[:2]
+    length = int(p["length"])
+    consts, carry, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
+    xs_inner = [w.relayout(v.aval, lay.dims[1:]) for v, lay in zip(body.invars[n_consts + n_carry :], xs)]
+    for v, lay in zip(eqn.invars[n_consts + n_carry :], xs):
+        if lay.dims and lay.dims[0]:
+            # Under jit, a scan over a stack sharded along the scanned axis (a layer
+            # stack laid out 'l@stage ...') slices a sharded axis each iteration: XLA
+            # gathers the stack.  Charged once per step, as the slice rule charges it;
+            # a real pipeline schedule is einshard.pipeline's, not jit's.
+            whole = lay.with_dims(((), *lay.dims[1:]))
+            w.change(eqn, phase, lay, whole, v.aval.dtype, repeat, "scan slices a sharded leading axis")
+    # A carry's layout is a fixed point of the body: walk it once quietly to
+    # learn what the body makes of the carry, bring the initial carry there
+    # (once, outside the loop), then walk it for real.
+    quiet = type(w)(w.costs, quiet=True)
+    first = quiet.walk(body, [*consts, *carry, *xs_inner], 1, inherit(phase))[:n_carry]
+    settled = []
+    for v, lay, out in zip(eqn.outvars[:n_carry], carry, first):
+        want = w.relayout(v.aval, out.dims) if not is_free(out) else lay
+        if not is_free(lay) and lay.dims != want.dims:
+            w.change(eqn, phase, lay, lay.with_dims(want.dims), v.aval.dtype, repeat, "scan carry settles")
+        settled.append(want)
+    res = w.walk(body, [*consts, *settled, *xs_inner], repeat * length, inherit(phase))
+    carry_out, ys = res[:n_carry], res[n_carry:]
+    outs = eqn.outvars
+    out_layouts = [w.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
+    out_layouts += [w.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
+    return out_layouts
+
+
+def scan_groups(ft_in: Any) -> list[int]:
+    """Operand counts of (consts, carry, xs) from jax 0.12's ``ft_in``.
+
+    It is a FlatTree: a tuple of three groups, a Pytree whose treedef has three
+    children, or a filtered Pytree (``RightsOnly``) whose ``Right`` entries are the operands.
+    """
+    elts = getattr(ft_in, "elts", None)
+    if elts is not None:
+        return [len(e) for e in elts]
+    filtered = type(ft_in).__name__ == "FTFiltered"
+    pytree = ft_in.val if filtered else ft_in
+    tree = getattr(pytree, "_tree", None)
+    if tree is not None:
+        vals, out, i = list(pytree.xs), [], 0
+        for child in tree.children():
+            chunk = vals[i : i + child.num_leaves]
+            i += child.num_leaves
+            out.append(sum(1 for x in chunk if getattr(x, "is_right", True)) if filtered else len(chunk))
+        return out
+
+    def count(x: Any) -> int:
+        return sum(count(e) for e in x) if isinstance(x, (tuple, list)) else 1
+
+    return [count(group) for group in ft_in]

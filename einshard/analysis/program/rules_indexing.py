@@ -1,0 +1,189 @@
+"""Layout rules for the primitives that combine operands: dot_general, gather, scatter, dynamic_update_slice.
+
+``dot_general`` is an einsum: the per-einsum analyzer prices it.  ``gather``
+and ``scatter`` follow XLA's SPMD partitioner:
+
+* batching dimensions (``operand_batching_dims``: ``take_along_axis``, optax's
+  integer-label cross-entropy) pair an operand axis with an index axis: a
+  batch split on both is local, no gather;
+* a table split along the axis it is indexed by (a vocab-parallel embedding or
+  head) is gathered locally with a mask, and the small result all-reduced over
+  the table's mesh axes — the table is never gathered;
+* a scatter-add whose updates are split along their scatter (index) axes adds
+  into a local copy of the result: one all-reduce over those mesh axes (the
+  embedding gradient under data parallelism).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...core.layout import Layout
+from .costing import is_free
+from .registry import register
+
+if TYPE_CHECKING:
+    from .walker import Walker
+
+__all__: list[str] = []
+
+
+@register("dot_general")
+def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    res = w.costs.dot(ins[0], ins[1], eqn.params["dimension_numbers"], w.dtype(eqn))
+    colls, time_s = res.collectives, res.time_s
+    kept = tuple(c for c in colls if not w.already_moved(ins, c))
+    if len(kept) != len(colls):
+        # An operand another dot already brought to the same layout (an FSDP weight gathered for the
+        # forward and again for the backward): XLA computes that gather once.
+        time_s -= sum(c.time for c in colls if c not in kept)
+        colls = kept
+    w.record(eqn, phase, res.expression, res.out, colls, res.flops, time_s, repeat)
+    return [w.relayout(eqn.outvars[0].aval, res.out.dims)]
+
+
+def _agree(
+    w: Walker, eqn: Any, phase: str, repeat: int, a: Layout, i: int, b: Layout, j: int, why: str
+) -> tuple[tuple[str, ...], Layout, Layout]:
+    """Axis ``i`` of ``a`` and axis ``j`` of ``b`` must be split alike: bring the less split one over."""
+    da, db = a.dims[i], b.dims[j]
+    if da == db or is_free(b):
+        return da, a, b
+    if is_free(a):
+        return db, a, b
+    dtype = eqn.outvars[0].aval.dtype
+    if len(da) >= len(db) and not (set(da) - set(db)) & set(m for d in b.dims for m in d):
+        nb = b.with_dims(tuple(da if k == j else d for k, d in enumerate(b.dims)))
+        w.change(eqn, phase, b, nb, dtype, repeat, why)
+        return da, a, nb
+    na = a.with_dims(tuple(db if k == i else d for k, d in enumerate(a.dims)))
+    if set(db) & set(m for k, d in enumerate(a.dims) if k != i for m in d):
+        na = a.with_dims(tuple(db if k == i else tuple(m for m in d if m not in db) for k, d in enumerate(a.dims)))
+    w.change(eqn, phase, a, na, dtype, repeat, why)
+    return db, na, b
+
+
+@register("gather")
+def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    operand, indices = ins[0], ins[1]
+    out_aval = eqn.outvars[0].aval
+    dtype = out_aval.dtype
+    dn = eqn.params["dimension_numbers"]
+    sizes = eqn.params["slice_sizes"]
+    out_rank = len(out_aval.shape)
+    offset_dims = tuple(dn.offset_dims)
+    collapsed = set(dn.collapsed_slice_dims)
+    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    idx_batch = tuple(getattr(dn, "start_indices_batching_dims", ()))
+    if is_free(operand):
+        operand = w.replicated(operand)
+    # 1. batching axes: operand and indices split alike (the common case: both follow the batch).
+    batch_dims = {}
+    for ob, ib in zip(op_batch, idx_batch):
+        d, operand, indices = _agree(w, eqn, phase, repeat, operand, ob, indices, ib, "gather batch axes disagree")
+        batch_dims[ib] = d
+    # 2. indexed axes: a split one is gathered locally under a mask and the result summed (slice size 1),
+    #    or gathered whole first (a window across devices).
+    indexed = [i for i in range(len(operand.shape)) if sizes[i] != operand.shape[i] and i not in op_batch]
+    masked: tuple[str, ...] = ()
+    for i in indexed:
+        if not operand.dims[i]:
+            continue
+        if sizes[i] == 1:
+            masked += operand.dims[i]
+        else:
+            whole = operand.with_dims(tuple(() if k == i else d for k, d in enumerate(operand.dims)))
+            w.change(eqn, phase, operand, whole, dtype, repeat, "gather windows across a sharded axis")
+            operand = whole
+    idx_used = {m for d in indices.dims for m in d}
+    if set(masked) & idx_used:
+        # The indices are split over a mesh axis that also splits the table: the masked lookup
+        # needs every index on every table shard: XLA gathers the (small) indices first.
+        keep = tuple(tuple(m for m in d if m not in masked) for d in indices.dims)
+        w.change(eqn, phase, indices, indices.with_dims(keep), indices_dtype(eqn), repeat, "gather: indices meet table")
+        indices = indices.with_dims(keep)
+        batch_dims = {k: tuple(m for m in d if m not in masked) for k, d in batch_dims.items()}
+    dims: list[tuple[str, ...]] = [()] * out_rank
+    kept = [i for i in range(len(operand.shape)) if i not in collapsed and i not in op_batch]
+    for out_dim, op_dim in zip(offset_dims, kept):
+        dims[out_dim] = () if op_dim in indexed else operand.dims[op_dim]
+    batch_out = [d for d in range(out_rank) if d not in offset_dims]
+    for out_dim, idx_dim in zip(batch_out, range(len(indices.shape) - 1)):
+        dims[out_dim] = batch_dims.get(idx_dim, indices.dims[idx_dim])
+    dims = w.settle_repeats(eqn, phase, out_aval, dims, repeat, "gather result split twice over a mesh axis")
+    out = w.relayout(out_aval, dims)
+    if masked:
+        pending = out.with_dims(out.dims, frozenset(masked))
+        w.change(eqn, phase, pending, out, dtype, repeat, "masked gather from a sharded table")
+    return [out]
+
+
+def indices_dtype(eqn: Any) -> Any:
+    return eqn.invars[1].aval.dtype
+
+
+@register("scatter-add", "scatter_add", "scatter-sub", "scatter_sub")
+def scatter_add(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    return _scatter(w, eqn, ins, repeat, phase, adds=True)
+
+
+@register("scatter", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min", "scatter-max", "scatter_max")
+def scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    return _scatter(w, eqn, ins, repeat, phase, adds=False)
+
+
+def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, adds: bool) -> list[Layout]:
+    operand, indices, updates = ins[0], ins[1], ins[2]
+    out_aval = eqn.outvars[0].aval
+    dn = eqn.params["dimension_numbers"]
+    window = tuple(dn.update_window_dims)
+    inserted = set(dn.inserted_window_dims)
+    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    idx_batch = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
+    rank = len(out_aval.shape)
+    if is_free(updates):
+        updates = w.replicated(updates)
+    # The updates' scatter axes pair with the indices' axes (the index vector is the last one).
+    scatter_axes = [u for u in range(len(updates.shape)) if u not in window]
+    by_index = dict(zip(range(len(indices.shape) - 1), scatter_axes))
+    op_window = [i for i in range(rank) if i not in inserted and i not in op_batch]
+    dims: list[tuple[str, ...]] = [() for _ in range(rank)] if is_free(operand) else list(operand.dims)
+    if is_free(operand):
+        # Scattered into zeros (the transpose of a gather): the zeros are laid out like the updates.
+        for u, o in zip(window, op_window):
+            if updates.shape[u] == out_aval.shape[o]:
+                dims[o] = updates.dims[u]
+        for ob, ib in zip(op_batch, idx_batch):
+            dims[ob] = updates.dims[by_index[ib]]
+    batch_axes = {by_index[ib] for ib in idx_batch}
+    split = tuple(m for u in scatter_axes if u not in batch_axes for m in updates.dims[u])
+    used = {m for d in dims for m in d}
+    split = tuple(m for m in split if m not in used)
+    dims = w.settle_repeats(eqn, phase, out_aval, dims, repeat, "scatter result split twice over a mesh axis")
+    out = w.relayout(out_aval, dims)
+    if split and adds:
+        # Each device adds its share of the updates into its own copy: partial sums over those axes,
+        # left pending: the consumer settles them (an output laid out split is reduce-scattered, or
+        # all-reduced piecewise, never all-reduced whole and then sliced).
+        return [out.with_dims(out.dims, frozenset(split))]
+    if split:
+        # A non-additive scatter needs every update on every device: gather them (and their indices).
+        whole = updates.with_dims(
+            tuple(() if k in scatter_axes and k not in batch_axes else d for k, d in enumerate(updates.dims))
+        )
+        w.change(eqn, phase, updates, whole, updates_dtype(eqn), repeat, "scatter of split updates")
+    return [out]
+
+
+def updates_dtype(eqn: Any) -> Any:
+    return eqn.invars[2].aval.dtype
+
+
+@register("dynamic_update_slice")
+def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    operand, update = ins[0], ins[1]
+    out_aval = eqn.outvars[0].aval
+    if is_free(operand) and not is_free(update):
+        dims = [d if a == b else () for d, a, b in zip(update.dims, update.shape, out_aval.shape)]
+        return [w.relayout(out_aval, dims)]
+    return [w.relayout(out_aval, operand.dims)]

@@ -1,0 +1,295 @@
+"""Layout rules for the primitives that move no data by themselves: elementwise, shape and reductions.
+
+Elementwise ops take the layout of their most sharded full-size operand and
+bring the others to it (operands broadcast from size-1 axes — a ``(1, d)``
+norm weight, a ``[1, s, d]`` position table — are brought to it on the axes
+they have).  Shape ops (broadcast, transpose, reshape, squeeze, slices,
+concatenation) carry sharded axes through where they survive whole and
+gather them where they do not.  A reduction over a sharded axis leaves
+partial sums: one all-reduce completes them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from ...core.layout import Layout
+from .costing import is_free
+from .registry import register, sharding_degree
+
+if TYPE_CHECKING:
+    from .walker import Walker
+
+__all__ = ["ELEMENTWISE", "REDUCTIONS", "reshape_dims"]
+
+ELEMENTWISE = {
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "max",
+    "min",
+    "pow",
+    "integer_pow",
+    "neg",
+    "exp",
+    "exp2",
+    "log",
+    "log1p",
+    "tanh",
+    "logistic",
+    "sin",
+    "cos",
+    "sqrt",
+    "rsqrt",
+    "abs",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "erf",
+    "erf_inv",
+    "select_n",
+    "convert_element_type",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "and",
+    "or",
+    "not",
+    "xor",
+    "stop_gradient",
+    "square",
+    "copy",
+    "copy_p",
+    "clamp",
+    "nextafter",
+    "rem",
+    "atan2",
+    "expm1",
+    "is_finite",
+    "reduce_precision",
+    "imag",
+    "real",
+    "conj",
+    "tan",
+    "cbrt",
+    "add_any",
+    "pjit_identity",
+    "optimization_barrier",
+    "cumsum",
+    "cumlogsumexp",
+    "cummax",
+    "cummin",
+    "cumprod",
+    "random_bits",
+    "random_wrap",
+    "random_unwrap",
+    "threefry2x32",
+    "shift_left",
+    "shift_right_logical",
+    "shift_right_arithmetic",
+    "population_count",
+    "iota",
+    "one_minus_square",  # jax >= 0.12: the derivative of tanh
+}
+REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
+
+
+@register(*ELEMENTWISE)
+def elementwise(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """The most sharded full-size operand sets the layout; the others are brought to it."""
+    out_aval = eqn.outvars[0].aval
+    shape = tuple(int(s) for s in out_aval.shape)
+    full = [lay for lay in ins if lay.shape == shape and not is_free(lay)]
+    # Operands broadcast from size-1 axes (lax broadcasts those implicitly): same rank, smaller.
+    partial = [lay for lay in ins if lay.shape != shape and len(lay.shape) == len(shape) and shape and not is_free(lay)]
+    if not full:
+        if not partial:
+            if all(is_free(lay) or not lay.shape for lay in ins):
+                return [w.free(v.aval) for v in eqn.outvars]
+            return [w.replicated(v.aval) for v in eqn.outvars]
+        src = max(partial, key=sharding_degree)
+        dims = [d if a == b else () for d, a, b in zip(src.dims, src.shape, shape)]
+        target = w.relayout(out_aval, dims)
+    else:
+        target = max(full, key=sharding_degree)
+    why = f"{eqn.primitive.name} operands disagree"
+    for lay in full:
+        if lay is not target and lay.dims != target.dims:
+            w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), out_aval.dtype, repeat, why)
+    for lay in partial:
+        want = tuple(d if a == b else () for d, a, b in zip(target.dims, lay.shape, shape))
+        if want != lay.dims:
+            # XLA broadcasts the small operand to the result's split first and moves that: the
+            # broadcast axes that the result splits over mesh axes this change does not touch grow.
+            moved = {m for d, k in zip(lay.dims, want) for m in d if m not in k}
+            grown = tuple(
+                b if a == 1 and a != b and t and not set(t) & moved else a
+                for a, b, t in zip(lay.shape, shape, target.dims)
+            )
+            src_dims = tuple(t if g != a else d for d, t, a, g in zip(lay.dims, target.dims, lay.shape, grown))
+            dst_dims = tuple(t if g != a else d for d, t, a, g in zip(want, target.dims, lay.shape, grown))
+            src = Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
+            w.change(eqn, phase, src, src.with_dims(dst_dims), out_aval.dtype, repeat, why)
+    return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
+
+
+@register("broadcast_in_dim")
+def broadcast_in_dim(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    out_aval = eqn.outvars[0].aval
+    if not ins[0].shape or is_free(ins[0]):
+        return [w.free(out_aval)]
+    dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
+    for i, j in enumerate(eqn.params["broadcast_dimensions"]):
+        if ins[0].shape[i] == out_aval.shape[j]:
+            dims[j] = ins[0].dims[i]
+    return [w.relayout(out_aval, dims)]
+
+
+@register("iota", "full", "zeros_like")
+def constant(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """Values every device makes for itself: their consumer chooses their layout."""
+    return [w.free(v.aval) for v in eqn.outvars]
+
+
+@register("transpose")
+def transpose(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    perm = eqn.params["permutation"]
+    if is_free(ins[0]):
+        return [w.free(eqn.outvars[0].aval)]
+    return [w.relayout(eqn.outvars[0].aval, [ins[0].dims[p] for p in perm])]
+
+
+@register("squeeze")
+def squeeze(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    gone = set(eqn.params["dimensions"])
+    if is_free(ins[0]):
+        return [w.free(eqn.outvars[0].aval)]
+    return [w.relayout(eqn.outvars[0].aval, [d for i, d in enumerate(ins[0].dims) if i not in gone])]
+
+
+@register("expand_dims")
+def expand_dims(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    dims = list(ins[0].dims)
+    for ax in sorted(eqn.params["dimensions"]):
+        dims.insert(ax, ())
+    return [w.relayout(eqn.outvars[0].aval, dims)]
+
+
+@register("reshape")
+def reshape(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    src, out_aval = ins[0], eqn.outvars[0].aval
+    if is_free(src):
+        return [w.free(out_aval)]
+    out_shape = tuple(int(s) for s in out_aval.shape)
+    dims = reshape_dims(src.shape, src.dims, out_shape)
+    if dims is not None and any(out_shape[i] % math.prod(w.costs.mesh_sizes[m] for m in d) for i, d in enumerate(dims)):
+        dims = None  # the sharded piece no longer divides evenly
+    if dims is None:
+        # The sharded axis does not survive the reshape whole: gather it first.
+        gathered = src.with_dims(tuple(() for _ in src.dims))
+        w.change(eqn, phase, src, gathered, out_aval.dtype, repeat, "reshape splits a sharded axis")
+        return [w.replicated(out_aval)]
+    return [w.relayout(out_aval, dims)]
+
+
+@register(*REDUCTIONS)
+def reduce(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    src, out_aval = ins[0], eqn.outvars[0].aval
+    if is_free(src):
+        return [w.free(v.aval) for v in eqn.outvars]
+    axes = set(eqn.params.get("axes", ()))
+    sharded = tuple(m for i in sorted(axes) for m in src.dims[i])
+    kept = [d for i, d in enumerate(src.dims) if i not in axes]
+    out = w.relayout(out_aval, kept)
+    if sharded:
+        # Per-device partial results.  XLA completes them one reduced axis at a time, minor axis
+        # first: one all-reduce per split axis (over all its mesh axes at once when it is split
+        # over a tuple like (data, model)).
+        why = f"{eqn.primitive.name} over sharded axes"
+        for i in sorted(axes, reverse=True):
+            if src.dims[i]:
+                pending = out.with_dims(out.dims, frozenset(src.dims[i]))
+                w.change(eqn, phase, pending, out, out_aval.dtype, repeat, why)
+    return [out for _ in eqn.outvars]
+
+
+@register("pad")
+def pad(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    out_aval = eqn.outvars[0].aval
+    src = ins[0]
+    return [w.relayout(out_aval, [d if a == b else () for d, a, b in zip(src.dims, src.shape, out_aval.shape)])]
+
+
+@register("slice", "dynamic_slice")
+def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """A slice keeps whole axes' sharding; an axis it cuts must be gathered first."""
+    src, out_aval = ins[0], eqn.outvars[0].aval
+    if is_free(src):
+        return [w.free(out_aval)]
+    out_shape = tuple(int(s) for s in out_aval.shape)
+    cut = [i for i, (a, b) in enumerate(zip(src.shape, out_shape)) if a != b and src.dims[i]]
+    dims = list(src.dims)
+    if cut:
+        for i in cut:
+            dims[i] = ()
+        why = f"{eqn.primitive.name} cuts a sharded axis"
+        w.change(eqn, phase, src, src.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
+    return [w.relayout(out_aval, dims)]
+
+
+@register("concatenate")
+def concatenate(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    axis = eqn.params["dimension"]
+    out_aval = eqn.outvars[0].aval
+    dims = [d if i != axis else () for i, d in enumerate(ins[0].dims)]
+    for lay in ins:
+        if is_free(lay):
+            continue
+        want = lay.with_dims(tuple(d if i != axis else () for i, d in enumerate(dims)))
+        w.change(eqn, phase, lay, want, out_aval.dtype, repeat, "concatenate")
+    return [w.relayout(out_aval, dims)]
+
+
+def reshape_dims(
+    src_shape: tuple[int, ...], src_dims: tuple[tuple[str, ...], ...], out_shape: tuple[int, ...]
+) -> list[tuple[str, ...]] | None:
+    """Where each sharded input axis lands after a reshape, or None if one cannot stay sharded.
+
+    Axes are matched in groups whose sizes multiply to the same number; inside
+    a group the sharding must sit on the group's major (first non-1) axis on
+    both sides, which is the case where a block-sharded layout survives.
+    """
+    out: list[tuple[str, ...]] = [()] * len(out_shape)
+    i = j = 0
+    while i < len(src_shape) or j < len(out_shape):
+        gi, gj = [i], [j]
+        a = src_shape[i] if i < len(src_shape) else 1
+        b = out_shape[j] if j < len(out_shape) else 1
+        while a != b:
+            if a < b:
+                i += 1
+                if i >= len(src_shape):
+                    return None
+                gi.append(i)
+                a *= src_shape[i]
+            else:
+                j += 1
+                if j >= len(out_shape):
+                    return None
+                gj.append(j)
+                b *= out_shape[j]
+        sharded = [k for k in gi if k < len(src_shape) and src_dims[k]]
+        if sharded:
+            major_in = next(k for k in gi if src_shape[k] != 1)
+            major_out = next((k for k in gj if k < len(out_shape) and out_shape[k] != 1), None)
+            if sharded != [major_in] or major_out is None:
+                return None
+            out[major_out] = src_dims[major_in]
+        i, j = gi[-1] + 1, gj[-1] + 1
+    return out

@@ -1,0 +1,282 @@
+"""The entry points: ``explain(fn, *args)`` and ``trace`` (trace once, cost under many layouts)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ...core.layout import Layout, MeshAxis
+from ...core.mesh import mesh_axes, resolve_mesh
+from ...errors import EinshardError
+from .costing import OpCosts, is_free
+from .report import ProgramReport
+from .walker import Walker
+
+__all__ = ["explain", "trace", "TracedProgram"]
+
+
+def _sharding_of(x: Any) -> Any:
+    """A leaf's sharding: a concrete array's own, a traced value's from its type (``jax.typeof``)."""
+    if isinstance(x, jax.core.Tracer):
+        return getattr(jax.typeof(x), "sharding", None)
+    return getattr(x, "sharding", None)
+
+
+def _arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...]) -> list[Layout]:
+    leaves = jax.tree_util.tree_leaves(args)
+    if in_specs is None:
+        specs: list[Any] = [getattr(_sharding_of(x), "spec", None) for x in leaves]
+    else:
+        specs = _broadcast_specs(args, in_specs)
+    out = []
+    sizes = {m.name: m.size for m in mesh}
+    for x, spec in zip(leaves, specs):
+        shape = tuple(int(s) for s in np.shape(x))
+        if isinstance(spec, str):
+            from ...core.layout import resolve_named
+            from ...parsing import parse_placement
+
+            lay = resolve_named(parse_placement(spec), shape, mesh)
+            out.append(lay)
+            continue
+        entries = list(spec) if spec is not None else []
+        entries += [None] * (len(shape) - len(entries))
+        dims = tuple((() if e is None else (e,) if isinstance(e, str) else tuple(e)) for e in entries)
+        for d in dims:
+            for m in d:
+                if m not in sizes:
+                    raise EinshardError(
+                        f"explain(): mesh axis {m!r} of an argument's sharding is not in the mesh {sizes}"
+                    )
+        out.append(Layout(tuple(f"d{i}" for i in range(len(shape))), shape, mesh, dims))
+    return out
+
+
+def _broadcast_specs(args: Sequence[Any], in_specs: Any) -> list[Any]:
+    def is_leaf(s: Any) -> bool:
+        return s is None or isinstance(s, (str, jax.sharding.PartitionSpec))
+
+    specs_flat, spec_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=is_leaf)
+    try:
+        per_arg = spec_tree.flatten_up_to(args)  # type: ignore[attr-defined]
+    except (ValueError, TypeError) as err:
+        raise EinshardError(f"explain(): in_specs does not match the arguments' structure: {err}") from None
+    out = []
+    for spec, sub in zip(specs_flat, per_arg):
+        out.extend([spec] * len(jax.tree_util.tree_leaves(sub)))
+    return out
+
+
+def _mesh_of(mesh: Any, args: Sequence[Any]) -> tuple[MeshAxis, ...]:
+    """The mesh by einshard's one precedence (einshard.mesh.resolve_mesh): ``mesh=``, the current mesh,
+    the arguments' own (concrete arrays, and traced values through their types)."""
+    return mesh_axes(resolve_mesh(mesh, args, what="explain()"))
+
+
+def explain(
+    fn: Callable[..., Any],
+    *args: Any,
+    mesh: Any = None,
+    in_specs: Any = None,
+    profile: Any = None,
+    **kwargs: Any,
+) -> ProgramReport:
+    """Explain what running ``fn(*args, **kwargs)`` costs under the arguments' layouts.
+
+    Args:
+        fn: any JAX function (a forward pass, a loss, ``jax.grad`` of one, a whole train step).
+        args: arrays, ``jax.ShapeDtypeStruct``s (with ``sharding=`` or not) or pytrees of them.
+        mesh: a Mesh, or axis sizes ``{'data': 4, 'model': 2}`` to analyse without devices;
+            default the arguments' mesh, else the current mesh.
+        in_specs: layouts for the arguments when they carry none: a pytree prefix of
+            ``args`` with PartitionSpecs or einshard expressions (``'b d -> b@data d'``).
+        profile: the hardware profile for time estimates (see ``einshard.analyze``).
+
+    Returns:
+        A :class:`ProgramReport`: op-by-op collectives, bytes, FLOPs per device, peak
+        bytes per device and estimated step time, for forward and backward phases.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, einshard
+        >>> def loss(w, x):
+        ...     return jnp.mean(jnp.tanh(x @ w) ** 2)
+        >>> w = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+        >>> x = jax.ShapeDtypeStruct((32, 64), jnp.float32)
+        >>> r = einshard.explain(jax.grad(loss), w, x, mesh={'data': 4, 'model': 2},
+        ...                      in_specs=('d f -> d f@model', 'b d -> b@data d'))
+        >>> r.comm_count > 0 and r.flops > 0
+        True
+    """
+    return trace(fn, *args, mesh=mesh, profile=profile, **kwargs).report(in_specs)
+
+
+class TracedProgram:
+    """A function traced once, to be costed under many argument layouts (what the planner needs).
+
+    ``explain(fn, *args, in_specs=s)`` is ``trace(fn, *args).report(s)``; a
+    TracedProgram also remembers what each einsum and each layout change cost,
+    so re-costing under thousands of layouts walks the jaxpr without
+    re-analysing the einsums it has already seen.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from einshard.analysis.program import trace
+        >>> w = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+        >>> x = jax.ShapeDtypeStruct((32, 64), jnp.float32)
+        >>> t = trace(lambda w, x: x @ w, w, x, mesh={'data': 4, 'model': 2})
+        >>> dp = t.report(('d f -> d f', 'b d -> b@data d'))
+        >>> tp = t.report(('d f -> d f@model', 'b d -> b d'))
+        >>> dp.comm_bytes == tp.comm_bytes == 0 and tp.flops == 2 * dp.flops
+        True
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        mesh_axes: tuple[MeshAxis, ...],
+        costs: OpCosts,
+        kwargs: dict[str, Any],
+    ) -> None:
+        start = time.perf_counter()
+        self.args = args
+        self.mesh = mesh_axes
+        self.costs = costs
+        closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+        self.jaxpr = _dead_code_eliminated(closed.jaxpr)
+        self.trace_s = time.perf_counter() - start
+
+    @property
+    def rules(self) -> OpCosts:
+        """The memoised per-op costs (the name the planner reads)."""
+        return self.costs
+
+    def report(self, in_specs: Any = None, out_specs: Sequence[Any] | None = None) -> ProgramReport:
+        """The :class:`ProgramReport` under ``in_specs`` (as ``explain``'s; None: the arguments' own shardings).
+
+        ``out_specs``: optionally, one PartitionSpec (or None: as computed) per output leaf, as
+        ``jax.jit(out_shardings=...)`` would ask: the output is brought there (its collective
+        counted) and held that way (peak bytes).  The planner returns gradients laid out
+        like their parameters, as FSDP training steps do.
+        """
+        start = time.perf_counter()
+        in_layouts = _arg_layouts(self.args, in_specs, self.mesh)
+        walker = Walker(self.costs)
+        layouts: dict[Any, Layout] = {}
+        outs = walker.walk(self.jaxpr, in_layouts, 1, None, env=layouts)
+        if out_specs is not None:
+            for v, lay, spec in zip(self.jaxpr.outvars, outs, out_specs):
+                if spec is None or hasattr(v, "val") or not getattr(v.aval, "shape", ()):
+                    continue
+                entries = list(spec) + [None] * (len(v.aval.shape) - len(spec))
+                dst = walker.relayout(
+                    v.aval, [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
+                )
+                if not is_free(lay):
+                    walker.change(_OUTPUT, "backward", lay, dst, v.aval.dtype, 1, "output layout")
+                layouts[v] = dst
+        for v, lay in zip(self.jaxpr.outvars, outs):
+            if lay.unreduced and layouts.get(v) is lay:
+                # An output left as a pending sum: the program returns it whole.
+                done = lay.with_dims(lay.dims, frozenset())
+                walker.change(_OUTPUT, "backward", lay, done, v.aval.dtype, 1, "output is a pending sum")
+                layouts[v] = done
+        peak = _peak_bytes(self.jaxpr, layouts)
+        ops = tuple(walker.ops)
+        phases: dict[str, dict[str, float]] = {}
+        for op in ops:
+            tot = phases.setdefault(op.phase, {"flops": 0.0, "bytes": 0.0, "count": 0.0, "time_s": 0.0})
+            tot["flops"] += op.flops * op.repeat
+            tot["bytes"] += op.comm_bytes
+            tot["count"] += len(op.collectives) * op.repeat
+            tot["time_s"] += op.time_s * op.repeat
+        return ProgramReport(
+            ops=ops,
+            flops=sum(t["flops"] for t in phases.values()),
+            comm_bytes=sum(t["bytes"] for t in phases.values()),
+            comm_count=int(sum(t["count"] for t in phases.values())),
+            peak_bytes=peak,
+            time_s=sum(t["time_s"] for t in phases.values()),
+            phases=phases,
+            unfollowed=tuple(sorted(walker.unfollowed)),
+            mesh=self.mesh,
+            profile=self.costs.profile,
+            analysis_s=time.perf_counter() - start,
+        )
+
+
+class _Output:
+    """Stands for the program's end where an output is brought to its requested layout."""
+
+    class primitive:  # noqa: N801 (mimics a jaxpr equation)
+        name = "output"
+
+
+_OUTPUT = _Output()
+
+
+def trace(fn: Callable[..., Any], *args: Any, mesh: Any = None, profile: Any = None, **kwargs: Any) -> TracedProgram:
+    """Trace ``fn(*args, **kwargs)`` once for costing under many layouts (see :class:`TracedProgram`)."""
+    mesh_axes = _mesh_of(mesh, args)
+    return TracedProgram(fn, args, mesh_axes, OpCosts(mesh_axes, profile), kwargs)
+
+
+def _dead_code_eliminated(jaxpr: Any) -> Any:
+    """The jaxpr without values no output needs (a gradient's jaxpr still computes the primal loss).
+
+    XLA drops that work too, so counting it would predict collectives XLA never runs.
+    """
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        pruned, used_inputs = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)
+    except Exception:  # internal API: analyse the whole jaxpr if it moved
+        return jaxpr
+    if not all(used_inputs):
+        # Keep the signature: unused inputs stay as inputs.
+        pruned = pruned.replace(invars=jaxpr.invars) if hasattr(pruned, "replace") else jaxpr
+    return pruned
+
+
+def _peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
+    """Peak live bytes per device over the top-level program, from each value's layout.
+
+    Values die after their last use; sub-jaxprs (scan bodies, nested jits)
+    count through their inputs and outputs only.
+    """
+
+    def nbytes(v: Any) -> int:
+        aval = v.aval
+        if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
+            return 0
+        lay = layouts.get(v)
+        if lay is not None and is_free(lay):
+            # A broadcast constant: XLA fuses it into its consumers (and sinks it into
+            # loops that take it as an invariant), it is not materialised.
+            return 0
+        shape = lay.shard_shape if lay is not None else tuple(aval.shape)
+        return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
+
+    last_use: dict[Any, int] = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if not hasattr(v, "val"):
+                last_use[v] = i
+    for v in jaxpr.outvars:
+        if not hasattr(v, "val"):
+            last_use[v] = len(jaxpr.eqns)
+    live = {v: nbytes(v) for v in jaxpr.invars}
+    peak = sum(live.values())
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.outvars:
+            live[v] = nbytes(v)
+        peak = max(peak, sum(live.values()))
+        for v in eqn.invars:
+            if not hasattr(v, "val") and last_use.get(v) == i:
+                live.pop(v, None)
+    return peak

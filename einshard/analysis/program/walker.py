@@ -1,0 +1,238 @@
+"""The walk: one pass over a jaxpr, each value's layout followed from the arguments'.
+
+Each equation is handed to the rule registered for its primitive
+(:mod:`.registry`; the rules live in :mod:`.rules_structural`,
+:mod:`.rules_indexing` and :mod:`.rules_control`).  A rule returns its
+outputs' layouts and records, through :meth:`Walker.change`, the collectives
+that bring operands to the layouts it needs.  A primitive with no rule goes
+to :func:`.registry.unfollowed`, which names it in the report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ...core.layout import Layout, MeshAxis
+from ..cost import Collective
+from ..plan import side_string
+from . import rules_control, rules_indexing, rules_structural  # noqa: F401  (they register their rules)
+from .costing import FreeLayout, OpCosts
+from .registry import RULES, call_rule, sub_jaxpr, unfollowed
+from .report import OpReport
+
+__all__ = ["Walker"]
+
+
+class Walker:
+    """Follows layouts through one jaxpr (and, recursively, its sub-jaxprs)."""
+
+    def __init__(self, costs: OpCosts, quiet: bool = False) -> None:
+        self.costs = costs
+        self.mesh: tuple[MeshAxis, ...] = costs.mesh
+        self.quiet = quiet  # a dry run (a scan carry's fixed point): nothing is recorded
+        self.ops: list[OpReport] = []
+        self.unfollowed: set[str] = set()
+        self.counter = 0
+        self._replicated: dict[tuple[int, ...], Layout] = {}
+        # Layout changes already made to a value: XLA computes a gathered value once and
+        # reuses it (CSE), e.g. an FSDP weight gathered in the forward pass and again for the backward.
+        self._made: dict[tuple[Any, Any], Layout] = {}
+        self._source: dict[int, tuple[int, int]] = {}  # id(layout in env) -> (walk, id(the jaxpr value))
+        self._keep: list[Layout] = []  # holds the layouts _source names, so their ids stay theirs
+        self._walks = 0
+
+    # -- layouts -------------------------------------------------------------
+    def replicated(self, aval: Any) -> Layout:
+        shape = tuple(int(s) for s in getattr(aval, "shape", ()))
+        lay = self._replicated.get(shape)
+        if lay is None:
+            lay = Layout(tuple(f"d{i}" for i in range(len(shape))), shape, self.mesh, tuple(() for _ in shape))
+            self._replicated[shape] = lay
+        return lay
+
+    def free(self, aval: Any) -> Layout:
+        shape = tuple(int(s) for s in getattr(aval, "shape", ()))
+        return FreeLayout(tuple(f"d{i}" for i in range(len(shape))), shape, self.mesh, tuple(() for _ in shape))
+
+    def relayout(self, aval: Any, dims: Sequence[tuple[str, ...]]) -> Layout:
+        """A positional layout of ``aval`` split as ``dims`` says, where that is possible.
+
+        Splits that do not divide are dropped (the value is whole along that axis).
+        A mesh axis asked for twice keeps its first use only: rules that can meet
+        that case (a gather, a dot) settle it and pay for it before they call this
+        (see :meth:`settle_repeats`).
+        """
+        if not any(dims):
+            return self.replicated(aval)
+        shape = tuple(int(s) for s in aval.shape)
+        key = (shape, tuple(dims))
+        hit = self.costs.layouts.get(key)
+        if hit is None:
+            hit = self.costs.layouts[key] = self._relayout(shape, dims)
+        return hit
+
+    def _relayout(self, shape: tuple[int, ...], dims: Sequence[tuple[str, ...]]) -> Layout:
+        fixed = []
+        used: set[str] = set()
+        for size, d in zip(shape, dims):
+            keep = tuple(m for m in d if m not in used)
+            n = math.prod(self.costs.mesh_sizes[m] for m in keep)
+            if keep and size % n == 0:
+                fixed.append(keep)
+                used.update(keep)
+            else:
+                fixed.append(())
+        return Layout(tuple(f"d{i}" for i in range(len(shape))), shape, self.mesh, tuple(fixed))
+
+    def settle_repeats(
+        self, eqn: Any, phase: str, out_aval: Any, dims: Sequence[tuple[str, ...]], repeat: int, why: str
+    ) -> list[tuple[str, ...]]:
+        """Where a result would be split twice over one mesh axis, keep the first split and gather the second.
+
+        (A table split over ``data`` looked up with indices split over ``data``.)
+        The gather is charged on the result, at the layout it is left with: the
+        all-gather that makes each device's block whole along the second axis.
+        """
+        used: set[str] = set()
+        out: list[tuple[str, ...]] = []
+        dropped: list[str] = []
+        for d in dims:
+            keep = tuple(m for m in d if m not in used)
+            dropped += [m for m in d if m in used]
+            used.update(keep)
+            out.append(keep)
+        if dropped and not self.quiet:
+            lay = self.relayout(out_aval, out)
+            n = math.prod(self.costs.mesh_sizes[m] for m in dropped)
+            item = _itemsize(out_aval)
+            array = math.prod(lay.shard_shape) * item
+            sent = (n - 1) / n * array
+            t = self.costs.profile.collective_time("all-gather", n, sent, array)
+            coll = Collective("all-gather", tuple(dropped), n, int(sent), array, t, "result", why)
+            self.record(eqn, phase, f"{why}: {side_string(lay)}", lay, (coll,), 0.0, t, repeat)
+        return out
+
+    def record(
+        self,
+        eqn: Any,
+        phase: str,
+        expression: str,
+        out: Layout | None,
+        collectives: tuple[Any, ...],
+        flops: float,
+        time_s: float,
+        repeat: int,
+        note: str = "",
+    ) -> None:
+        if self.quiet or (not collectives and not flops):
+            return
+        self.ops.append(
+            OpReport(self.counter, eqn.primitive.name, phase, expression, out, collectives, flops, time_s, repeat, note)
+        )
+        self.counter += 1
+
+    def change(self, eqn: Any, phase: str, src: Layout, dst: Layout, dtype: Any, repeat: int, why: str) -> None:
+        """Bring a value from ``src`` to ``dst`` and charge the collectives (once per value and target)."""
+        if src.dims == dst.dims and src.unreduced == dst.unreduced:
+            return
+        value = self._source.get(id(src))
+        key = (value, dst.dims)
+        if value is not None and not src.unreduced:
+            if key in self._made:
+                return  # XLA reuses the value it already brought there
+            self._made[key] = dst
+        colls = self.costs.reshard(src, dst, dtype)
+        if src.unreduced and not (dst.sharded_mesh_axes & src.unreduced) and _extends(src.dims, dst.dims):
+            # A pending sum brought to a finer split: slice first (free), then sum the smaller piece,
+            # as XLA does (never all-reduce the whole and then slice).
+            mid = dst.with_dims(dst.dims, src.unreduced)
+            colls = self.costs.reshard(mid, dst.with_dims(dst.dims, dst.unreduced), dtype)
+        if colls:
+            t = sum(getattr(c, "time", 0.0) for c in colls)
+            self.record(eqn, phase, f"{why}: {side_string(src)} -> {side_string(dst)}", dst, colls, 0.0, t, repeat)
+
+    def already_moved(self, ins: list[Layout], c: Any) -> bool:
+        """Whether an analyzer step moving ``operand k`` of ``ins`` was already made to that value."""
+        tensor = getattr(c, "tensor", "")
+        if not tensor.startswith("operand ") or c.kind != "all-gather":
+            return False
+        try:
+            value = self._source.get(id(ins[int(tensor.split()[1]) - 1]))
+        except (ValueError, IndexError):
+            return False
+        if value is None:
+            return False
+        key = (value, (c.kind, c.axes, c.array_bytes))
+        if key in self._made:
+            return True
+        self._made[key] = ins[0]
+        return False
+
+    # -- the walk ------------------------------------------------------------
+    def walk(
+        self,
+        jaxpr: Any,
+        in_layouts: list[Layout],
+        repeat: int,
+        phase_hint: str | None,
+        env: dict[Any, Layout] | None = None,
+    ) -> list[Layout]:
+        env = {} if env is None else env
+        self._walks += 1
+        serial = self._walks  # a jaxpr walked twice (a jitted function called twice) has new values each time
+
+        def read(v: Any) -> Layout:
+            if hasattr(v, "val"):  # a literal
+                return self.replicated(v.aval)
+            return env.get(v) or self.replicated(v.aval)
+
+        def bind(v: Any, lay: Layout) -> None:
+            if not isinstance(lay, FreeLayout) and not lay.unreduced:
+                # A private copy, so that identical layouts of different values stay distinguishable
+                # (the value-keyed memo of change()).
+                lay = Layout(lay.axes, lay.shape, lay.mesh, lay.dims)
+                self._source[id(lay)] = (serial, id(v))
+                self._keep.append(lay)
+            env[v] = lay
+
+        for v, lay in zip(jaxpr.invars, in_layouts):
+            bind(v, lay)
+        for v in jaxpr.constvars:
+            bind(v, self.replicated(v.aval))
+        for eqn in jaxpr.eqns:
+            phase = phase_hint or ("backward" if "transpose" in str(eqn.source_info.name_stack) else "forward")
+            ins = [read(v) for v in eqn.invars]
+            for k, (v, lay) in enumerate(zip(eqn.invars, ins)):
+                if lay.unreduced:
+                    # A pending sum meets a consumer: settle it once (rules take reduced values).
+                    done = self.replicated(v.aval) if not any(lay.dims) else self.relayout(v.aval, lay.dims)
+                    self.change(eqn, phase, lay, done, v.aval.dtype, repeat, "pending sum is consumed")
+                    bind(v, done)
+                    ins[k] = env[v]
+            outs = self.step(eqn, ins, repeat, phase)
+            for v, lay in zip(eqn.outvars, outs):
+                bind(v, lay)
+        return [read(v) for v in jaxpr.outvars]
+
+    def step(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+        rule = RULES.get(eqn.primitive.name)
+        if rule is None:
+            rule = call_rule if sub_jaxpr(eqn) is not None else unfollowed
+        return rule(self, eqn, ins, repeat, phase)
+
+    def dtype(self, eqn: Any) -> Any:
+        outs = eqn.outvars
+        return outs[0].aval.dtype if outs and hasattr(outs[0].aval, "dtype") else "float32"
+
+
+def _extends(src: tuple[tuple[str, ...], ...], dst: tuple[tuple[str, ...], ...]) -> bool:
+    """Every axis of ``dst`` is split as in ``src`` or further (``src``'s mesh axes come first)."""
+    return all(d[: len(s)] == s for s, d in zip(src, dst))
+
+
+def _itemsize(aval: Any) -> int:
+    import numpy as np
+
+    return int(np.dtype(aval.dtype).itemsize)

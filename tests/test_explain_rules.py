@@ -1,0 +1,200 @@
+"""One test per layout rule of einshard.explain, each against what XLA compiles for the same program."""
+
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import einshard
+from einshard.analysis.program import RULES, trace
+from einshard.analysis.program.registry import unfollowed
+from einshard.testing import hlo
+
+MESH = {"data": 4, "model": 2}
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def _sds(*shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _xla(fn, mesh, args, in_specs, out_specs):
+    shard = lambda s: NamedSharding(mesh, s)  # noqa: E731
+    is_spec = lambda s: isinstance(s, P)  # noqa: E731
+    jitted = jax.jit(
+        fn,
+        in_shardings=jax.tree.map(shard, in_specs, is_leaf=is_spec),
+        out_shardings=jax.tree.map(shard, out_specs, is_leaf=is_spec),
+    )
+    return Counter((c.kind, c.array_bytes) for c in hlo.normalized(jitted.lower(*args).compile().as_text()))
+
+
+def _explain(fn, args, in_specs, out_specs=None):
+    report = trace(fn, *args, mesh=MESH).report(in_specs, out_specs)
+    sig: Counter = Counter()
+    for op in report.ops:
+        for c in op.collectives:
+            if c.group_size > 1:
+                sig[(c.kind, c.array_bytes)] += op.repeat
+    return sig, report
+
+
+def _agree(fn, mesh, args, in_specs, out_specs):
+    leaves = jax.tree.leaves(out_specs, is_leaf=lambda s: isinstance(s, P))
+    got, report = _explain(fn, args, in_specs, leaves)
+    assert not report.unfollowed
+    want = _xla(fn, mesh, args, in_specs, out_specs)
+    assert got == want, (got, want)
+    return got
+
+
+def test_every_rule_is_registered_by_name_and_unknown_primitives_are_named():
+    for name in ("dot_general", "gather", "scatter-add", "add", "reduce_sum", "reshape", "scan", "shard_map", "psum"):
+        assert name in RULES
+    assert unfollowed not in RULES.values()
+    report = einshard.explain(lambda x: jnp.sort(x, axis=0), _sds(8, 8), mesh=MESH, in_specs=("a b -> a@data b",))
+    assert report.unfollowed == ("sort",)
+
+
+def test_take_along_axis_on_batch_sharded_logits_moves_nothing(mesh):
+    """Bug 1: gather's operand_batching_dims pair the logits' batch with the labels' batch: no gather."""
+
+    def loss(logits, labels):
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    args = (_sds(8, 4, 64), _sds(8, 4, dtype=jnp.int32))
+    got = _agree(loss, mesh, args, (P("data"), P("data")), P())
+    assert set(kind for kind, _ in got) == {"all-reduce"}  # the mean only
+    g = _agree(jax.grad(loss), mesh, args, (P("data"), P("data")), P("data"))
+    assert not any(kind == "all-gather" for kind, _ in g)
+
+
+def test_lookup_in_a_vocab_sharded_table_all_reduces_the_small_result(mesh):
+    """Bug 2: a table split along the indexed axis is looked up under a mask, the result all-reduced."""
+
+    def embed(table, tokens):
+        return table[tokens]
+
+    args = (_sds(256, 32), _sds(8, 4, dtype=jnp.int32))
+    got = _agree(embed, mesh, args, (P("model", None), P("data", None)), P("data"))
+    assert got == Counter({("all-reduce", 8 // 4 * 4 * 32 * 4): 1})  # the [2, 4, 32] result, not the table
+
+
+def test_embedding_gradient_prices_its_all_reduce(mesh):
+    """Bug 3: the scatter-add of batch-split updates is one all-reduce (of the piece the output keeps)."""
+
+    def loss(table, tokens):
+        return jnp.sum(table[tokens] ** 2)
+
+    args = (_sds(64, 32), _sds(8, 4, dtype=jnp.int32))
+    _agree(jax.grad(loss), mesh, args, (P(), P("data")), P())
+    got = _agree(jax.grad(loss), mesh, args, (P("model", None), P("data")), P("model", None))
+    assert ("all-reduce", 64 // 2 * 32 * 4) in got  # summed after slicing to the output's half
+
+
+@pytest.mark.parametrize(
+    "small, spec, gathered",
+    [
+        ((32,), P("data"), 128),  # an FSDP norm weight: gathered whole (it is small)
+        ((1, 1, 32), P(None, None, "data"), 128),  # the same as a (1, 1, d) array
+        ((1, 16, 32), P(None, "data"), 2048),  # a position table split over the batch's axis
+        ((1, 16, 32), P(None, "model"), 4096),  # split elsewhere: XLA broadcasts it over the batch, then gathers
+    ],
+)
+def test_operands_broadcast_from_size_one_axes_are_priced(mesh, small, spec, gathered):
+    """Bug 4: operands broadcast from smaller shapes ((d,) norm weights, [1, s, d] tables) pay their gathers."""
+
+    def f(h, w):
+        return h * w
+
+    args = (_sds(8, 16, 32), _sds(*small))
+    got = _agree(f, mesh, args, (P("data"), spec), P("data"))
+    assert got == Counter({("all-gather", gathered): 1})
+
+
+def test_a_mesh_axis_asked_for_twice_is_settled_and_paid_for(mesh):
+    """Bug 5: a table split over data on its feature axis, looked up with a batch split over data."""
+
+    def embed(table, tokens):
+        return table[tokens]
+
+    args = (_sds(64, 32), _sds(8, 4, dtype=jnp.int32))
+    got, report = _explain(embed, args, (P(None, "data"), P("data", None)), [P("data")])
+    assert not report.unfollowed
+    # Priced, not dropped: the result's block is made whole along the second use of data.  XLA
+    # itself moves the indices (a permute and a gather) and all-to-alls the result; explain's
+    # single all-gather of the same [2, 4, 32] block is the same volume but not the same sequence.
+    assert got == Counter({("all-gather", 2 * 4 * 32 * 4): 1})
+    xla = _xla(embed, mesh, args, (P(None, "data"), P("data", None)), P("data"))
+    assert sum(n for (kind, b), n in xla.items() if b == 2 * 4 * 32 * 4) >= 1
+
+
+def test_auto_axes_regions_keep_their_operands_split():
+    """Bug 6: code in an auto_axes region is XLA's to lay out: its operands are not replicated."""
+    emesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+
+    def f(x):
+        y = jax.sharding.auto_axes(lambda a: jnp.tanh(a) * 2, out_sharding=P("data", None))(x)
+        return y
+
+    x = _sds(16, 32)
+    with jax.set_mesh(emesh):
+        xs = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(emesh, P("data", None)))
+        report = einshard.explain(f, xs)
+        compiled = jax.jit(f).lower(xs).compile().as_text()
+    assert report.comm_count == 0 == len(hlo.normalized(compiled))
+    assert not report.unfollowed
+
+
+def test_a_value_gathered_twice_is_gathered_once(mesh):
+    """Bug 7: an FSDP weight used by two matmuls is gathered once (XLA CSEs the second gather)."""
+
+    def f(w, x, y):
+        return (x @ w) + (y @ w)
+
+    args = (_sds(32, 32), _sds(256, 32), _sds(256, 32))
+    specs = (P("data", None), P("data"), P("data"))
+    got = _agree(f, mesh, args, specs, P("data"))
+    assert got == Counter({("all-gather", 32 * 32 * 4): 1})
+
+
+def test_reduction_over_two_split_axes_is_one_all_reduce_per_axis(mesh):
+    def f(x):
+        return jnp.sum(x)
+
+    got = _agree(f, mesh, (_sds(8, 16),), (P("data", "model"),), P())
+    assert got == Counter({("all-reduce", 4): 2})
+    got = _agree(f, mesh, (_sds(8, 16),), (P(("data", "model")),), P())
+    assert got == Counter({("all-reduce", 4): 1})  # one axis split over (data, model): one collective
+
+
+def test_traced_arguments_are_read_from_their_types():
+    """Issue 9: under jit, one traced and one concrete argument: the traced one keeps its sharding."""
+    emesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    w = np.ones((32, 16), np.float32)
+    seen = {}
+
+    def step(x):
+        seen["report"] = einshard.explain(lambda a, b: jnp.tanh(a @ b).sum(), x, w)
+        return x
+
+    with jax.set_mesh(emesh):
+        x = jax.device_put(np.ones((8, 32), np.float32), P("data", None))
+        jax.jit(step)(x)
+    report = seen.pop("report")
+    dots = [op for op in report.ops if op.primitive == "dot_general"]
+    assert dots[0].out_layout.dims[0] == ("data",)
+    assert report.comm_count == 1  # the sum over the data-split rows, nothing for the matmul
+    # Outside any mesh context, the mesh comes from the traced operand's type.
+    jax.jit(step)(jax.device_put(np.ones((8, 32), np.float32), NamedSharding(emesh, P("data", None))))
+    assert seen["report"].comm_count == 1
+    assert [m.name for m in seen["report"].mesh] == ["data", "model"]

@@ -1,0 +1,164 @@
+"""The planner's score from first principles, its mesh forms, its explanation, and its speed budget.
+
+Expectations are derived by hand (FLOPs of an einsum = 2·∏ sizes; a device
+computes a split einsum's share, a replicated one in full), never read back
+from the planner's own output.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType
+
+import einshard
+from einshard.analysis.cost import human_time
+from einshard.analysis.planner import PlanResult, parse_bytes, plan
+from einshard.analysis.planner.groups import Candidate, Group, search_candidates
+
+f32 = jnp.float32
+
+
+def sds(*shape, dtype=f32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def mlp_loss(p, x):
+    return jnp.mean((jnp.tanh(x @ p["w0"]) @ p["w1"]) ** 2)
+
+
+B, D, F = 8192, 512, 2048
+PARAMS = {"w0": sds(D, F), "w1": sds(F, D)}
+X = sds(B, D)
+MESH = {"data": 4, "model": 2}
+DP = ({".*": "x y -> x y"}, "b d -> b@(data,model) d")
+REPLICATED = ({".*": "x y -> x y"}, "b d -> b d")
+
+
+def test_public_names_import():
+    assert einshard.plan is plan and einshard.PlanResult is PlanResult and parse_bytes("1KiB") == 1024
+
+
+def test_replicated_work_is_counted_in_full():
+    """A replicated batch computes the whole step on every device: 8x the FLOPs of 8-way data parallel."""
+    step = jax.value_and_grad(mlp_loss)
+    r = plan(step, PARAMS, X, mesh=MESH, profile="h100", presets={"dp8": DP, "replicated": REPLICATED})
+    alts = {a.label: a for a in r.alternatives}
+    # five matmuls of 2·B·D·F FLOPs: two forward, dW1, dH (the hidden's gradient) and dW0;
+    # the batch itself needs no gradient
+    full = 5 * 2 * B * D * F
+    h100 = 989e12
+    assert alts["preset replicated"].compute_s == pytest.approx(full / h100, rel=1e-6)
+    assert alts["preset dp8"].compute_s == pytest.approx(full / 8 / h100, rel=1e-6)
+
+
+def test_a_replicated_batch_never_beats_data_parallel_on_a_compute_bound_step():
+    """Compute-bound (64k tokens of d=512 per step on H100): splitting the batch wins, whatever the budget."""
+    step = jax.value_and_grad(mlp_loss)
+    for budget in (None, "64MiB"):
+        r = plan(step, PARAMS, X, mesh=MESH, profile="h100", memory_budget=budget, presets={"rep": REPLICATED})
+        assert r.data_rules[0]["^$"] != "b s -> b s"
+        rep = next(a for a in r.alternatives if a.label == "preset rep")
+        assert r.time_s < rep.time_s
+        # the chosen layout does at most data parallel's work per device: 1/8 of the step
+        assert r.compute_s <= 5 * 2 * B * D * F / 8 / 989e12 * (1 + 1e-9)
+
+
+def test_latency_bound_steps_may_replicate_and_the_why_says_so():
+    """8 tokens: each device computing everything (µs) is cheaper than any collective (≥ 12 µs of latency)."""
+    step = jax.value_and_grad(mlp_loss)
+    r = plan(step, {"w0": sds(64, 64), "w1": sds(64, 64)}, sds(8, 64), mesh=MESH, profile="h100")
+    if r.data_rules[0]["^$"] == "b s -> b s":
+        assert r.comm_bytes == 0 and "the batch is not split" in r.explanation
+    dp = next(a for a in r.alternatives if a.label == "preset dp")
+    assert r.time_s <= dp.time_s
+
+
+@pytest.mark.parametrize("how", ["dict", "mesh", "explicit", "set_mesh"])
+def test_mesh_from_every_form_gives_the_same_plan(how):
+    step = jax.value_and_grad(mlp_loss)
+    params, x = {"w0": sds(256, 1024), "w1": sds(1024, 256)}, sds(512, 256)
+    ref = plan(step, params, x, mesh=MESH, profile="h100")
+    if how == "dict":
+        got = plan(step, params, x, mesh=dict(MESH), profile="h100")
+    elif how == "mesh":
+        auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+        got = plan(step, params, x, mesh=auto, profile="h100")
+    elif how == "explicit":
+        got = plan(step, params, x, mesh=jax.make_mesh((4, 2), ("data", "model")), profile="h100")
+    else:
+        with jax.set_mesh(jax.make_mesh((4, 2), ("data", "model"))):
+            got = plan(step, params, x, profile="h100")
+    assert got.rules == ref.rules and got.data_rules == ref.data_rules and got.time_s == ref.time_s
+
+
+def test_no_mesh_anywhere_is_an_einshard_error():
+    with pytest.raises(einshard.EinshardError, match="needs a mesh"):
+        plan(jax.value_and_grad(mlp_loss), PARAMS, X, profile="h100")
+
+
+def test_planned_rules_place_arrays_on_an_explicit_mesh():
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    params = {"w0": jnp.ones((256, 1024)), "w1": jnp.ones((1024, 256))}
+    x = jnp.ones((512, 256))
+    r = plan(jax.value_and_grad(mlp_loss), params, x, mesh=mesh, profile="h100")
+    placed_p, placed_x = r.place(params, x, mesh=mesh)
+    loss, _ = jax.jit(jax.value_and_grad(mlp_loss))(placed_p, placed_x)
+    assert float(loss) == pytest.approx(float(mlp_loss(params, x)), rel=1e-5)
+
+
+def test_search_candidates_keep_one_fsdp_placement_per_axis_set():
+    """FSDP over 'data' on x or on y sends the same bytes (the weight is gathered whole): one is tried."""
+    g = Group(
+        "^w$", "w", ("x", "y"), ((256, 1024),), (0,), 0, False,
+        (
+            Candidate(((), ())),
+            Candidate((("data",), ())),
+            Candidate(((), ("data",))),
+            Candidate(((), ("model",))),
+            Candidate((("model",), ())),
+            Candidate((("data",), ("model",))),
+            Candidate((("data", "model"), ())),
+        ),
+    )  # fmt: skip
+    keep = search_candidates(g, ("data",), {"data": 4, "model": 2})
+    dims = [g.candidates[i].dims for i in keep]
+    assert ((), ("data",)) in dims and (("data",), ()) not in dims  # FSDP on the larger axis only
+    assert ((), ("model",)) in dims and (("model",), ()) in dims  # tensor parallel: both axes kept
+    assert (("data", "model"), ()) not in dims  # one tensor axis never mixes batch and model axes
+    assert (("data",), ("model",)) in dims  # FSDP x TP
+
+
+def test_why_names_numbers_that_are_the_results():
+    step = jax.value_and_grad(mlp_loss)
+    r = plan(step, PARAMS, X, mesh=MESH, profile="h100")
+    first = r.explanation.splitlines()[0]
+    assert first.startswith("chosen: " + r.strategies["batch"])
+    assert human_time(r.time_s) in r.explanation
+    assert f"{r.report.comm_count} collectives" in r.explanation
+
+
+@pytest.mark.parametrize(
+    "batch, profile, budget",
+    [(8, "h100", None), (8192, "h100", None), (8192, "h100", "40MiB"), (64, "cpu", None), (512, "tpu-v5p", None)],
+)
+def test_every_reason_in_the_why_is_true_of_the_numbers(batch, profile, budget):
+    """Each sentence the explanation may print is checked against the result's own costs and rules."""
+    step = jax.value_and_grad(mlp_loss)
+    r = plan(step, PARAMS, sds(batch, D), mesh=MESH, profile=profile, memory_budget=budget)
+    dp = next(a for a in r.alternatives if a.label == "preset dp")
+    params_split = any("@" in e.split("->")[1] for e in r.rules.values())
+    batch_rule = r.data_rules[0]["^$"]
+    why = r.explanation
+    if "sharding parameters communicates for less time" in why:
+        assert params_split and r.time_s - r.compute_s < dp.time_s - dp.compute_s
+    if "the batch is not split" in why:
+        assert "(data,model)" not in batch_rule and r.compute_s > dp.compute_s and r.time_s <= dp.time_s
+    if "data parallel does not fit" in why:
+        assert not dp.fits and r.fits
+    if "parameters stay replicated" in why:
+        assert not params_split
+    if "divides the compute further" in why:
+        assert r.compute_s < dp.compute_s
+    assert ("over budget" in why) == (not dp.fits or not r.alternatives[0].fits)
