@@ -28,9 +28,11 @@ from .core.mesh import (
     as_mesh,
     auto_axes,
     current_concrete_mesh,
+    eagerly_differentiated,
     explicit_axes,
     is_tracer,
     mesh_axes,
+    outside_jit,
     show_mesh,
 )
 from .errors import EinshardError
@@ -493,11 +495,11 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
         )
     lay = resolve_named(expr, tuple(x.shape), mesh_axes(target))
     types = dict(zip(target.axis_names, target.axis_types))
-    if explicit_axes(target) and _current_abstract_mesh() is None and _outside_jit(x):
+    if explicit_axes(target) and _current_abstract_mesh() is None and eagerly_differentiated(x):
         # JAX itself cannot transpose a reshard on Explicit axes outside a mesh context
         # (eager jax.grad fails with "Expected cotangent type ..."): say what works.
         raise expr.fail(
-            "eager jax.grad / jax.vmap through a layout on Explicit mesh axes needs the mesh context, "
+            "eager jax.grad through a layout on Explicit mesh axes needs the mesh context, "
             f"and none is current (mesh {show_mesh(target)})",
             None,
             "Call it inside `with jax.set_mesh(mesh):`, or under jax.jit.",
@@ -521,7 +523,7 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
             v = jax.lax.with_sharding_constraint(v, NamedSharding(target, auto))
         return v
 
-    if has_explicit and has_auto and _outside_jit(x):
+    if has_explicit and has_auto and outside_jit(x):
         # On a mixed mesh, eager jax.grad cannot transpose the reshard/constraint pair op by op
         # (plain JAX fails with "Expected cotangent type"); staged together under jit it can.
         apply = jax.jit(apply)
@@ -535,21 +537,6 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
             "With Explicit mesh axes, trace inside `with jax.set_mesh(mesh):`.",
         ) from None
     return x
-
-
-def _outside_jit(x: Any) -> bool:
-    """A tracer of an eager transformation (jax.grad, jax.vmap) whose innermost value is concrete, not jit's."""
-    while isinstance(x, jax.core.Tracer):
-        # The tracer classes are not public API: recognise them by name (JVP and linearize
-        # tracers keep their primal, batch tracers their value).
-        kind = type(x).__name__
-        if kind in ("JVPTracer", "LinearizeTracer"):
-            x = x.primal
-        elif kind == "BatchTracer":
-            x = x.val
-        else:
-            return False  # a jit/staging tracer
-    return True
 
 
 def _restrict(lay: Layout, keep: Any) -> PartitionSpec:

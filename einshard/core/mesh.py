@@ -52,6 +52,8 @@ __all__ = [
     "auto_axes",
     "is_concrete",
     "is_tracer",
+    "eagerly_differentiated",
+    "outside_jit",
     "named_sharding",
 ]
 
@@ -68,6 +70,39 @@ _HOW = (
 def is_tracer(x: Any) -> bool:
     """A value being traced (under ``jax.jit``, ``jax.grad``, ``jax.vmap``...)."""
     return isinstance(x, jax.core.Tracer)
+
+
+def eagerly_differentiated(x: Any) -> bool:
+    """A value being differentiated by ``jax.grad``/``jax.vjp`` outside any ``jax.jit`` (its innermost value is concrete).
+
+    JAX cannot transpose layouts on Explicit mesh axes there without a mesh context (plain JAX fails
+    too), so callers refuse it with what to write instead.  The tracer classes are not public API:
+    they are recognised by name (JVP and linearize tracers keep their primal, batch tracers their value).
+    """
+    differentiated = False
+    while is_tracer(x):
+        kind = type(x).__name__
+        if kind in ("JVPTracer", "LinearizeTracer"):
+            differentiated = True
+            x = x.primal
+        elif kind == "BatchTracer":
+            x = x.val
+        else:
+            return False  # a jit/staging tracer: the whole program is staged
+    return differentiated
+
+
+def outside_jit(x: Any) -> bool:
+    """A tracer of eager transformations only (jax.grad, jax.vmap outside jax.jit), whose innermost value is concrete."""
+    while is_tracer(x):
+        kind = type(x).__name__
+        if kind in ("JVPTracer", "LinearizeTracer"):
+            x = x.primal
+        elif kind == "BatchTracer":
+            x = x.val
+        else:
+            return False
+    return True
 
 
 def is_concrete(mesh: Any) -> bool:

@@ -22,12 +22,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._compat import get_concrete_mesh
+from .._caches import register
 from ..analysis import Plan, analyze
+from ..analysis.api import _Operand
 from ..core.layout import Layout
 from ..errors import EinshardError
 from .padding import Padding, pad_operands, plan_padding, unpad_result
-from .steps import Step, einsum_auto, einsum_shard_map, step_layout
+from .steps import Step, einsum_auto, einsum_shard_map, lowering_mesh, step_layout
 
 __all__ = ["einsum", "lower", "EinsumProgram", "plan_steps"]
 
@@ -214,26 +215,16 @@ def _padding(expr: str, operands: Sequence[Any], mesh: Any) -> Padding | None:
     return pad if pad.needed else None
 
 
-def _mesh_for(mesh: Any, operands: Sequence[Any]) -> Any:
-    if mesh is not None:
-        return mesh
-    try:
-        current = get_concrete_mesh()
-    except ValueError:
-        current = None
-    if current is not None and not getattr(current, "empty", True):
-        return current
-    abstract = jax.sharding.get_abstract_mesh()  # under jit only the abstract mesh is current
-    if not abstract.empty:
-        return abstract
-    for x in operands:
-        own = getattr(getattr(x, "sharding", None), "mesh", None)
-        if own is not None and getattr(own, "devices", None) is not None and own.shape:
-            return own
-    raise EinshardError(
-        "einshard.einsum needs a mesh: pass mesh=, call it under `with jax.set_mesh(mesh):`, "
-        "or lay the operands out with einshard() first"
-    )
+def _check_options(mode: Any, two_way: Any) -> None:
+    if mode not in MODES:
+        raise EinshardError(f"mode= must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    if not isinstance(two_way, bool):
+        raise EinshardError(f"two_way= is True or False, got {two_way!r}")
+    if two_way and mode != "async":
+        raise EinshardError(
+            f"two_way=True makes the collective-matmul rings bidirectional, but mode={mode!r} runs no ring",
+            hint="Use mode='async' with two_way=True.",
+        )
 
 
 def lower(
@@ -245,6 +236,7 @@ def lower(
     profile: Any = None,
     precision: Any = None,
     preferred_element_type: Any = None,
+    _what: str | None = None,
 ) -> EinsumProgram:
     """Analyse ``expr`` for these operands (arrays or ``ShapeDtypeStruct``s) and lower its plan.
 
@@ -259,9 +251,52 @@ def lower(
         >>> float(prog(x, w)[0, 0])
         6.0
     """
-    if mode not in MODES:
-        raise EinshardError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    mesh = _mesh_for(mesh, operands)
+    _check_options(mode, two_way)
+    mesh = lowering_mesh(mesh, operands, what="einshard.lower" if _what is None else _what)
+    # Repeated calls (eager einsums in a loop, a model's layers) reuse one program, so JAX's
+    # caches (keyed on the function) compile it once.  The key is what the plan depends on.
+    key = (
+        expr,
+        tuple(_Operand.of(x) for x in operands),
+        mode,
+        mesh,
+        two_way,
+        profile,
+        precision,
+        preferred_element_type,
+    )
+    try:
+        hash(key)
+    except TypeError:
+        return _lower_on(expr, operands, mode, mesh, two_way, profile, precision, preferred_element_type)
+    return _lower_cached(key, operands)
+
+
+_PROGRAMS: dict[tuple[Any, ...], EinsumProgram] = {}
+register(_PROGRAMS.clear)
+
+
+def _lower_cached(key: tuple[Any, ...], operands: Sequence[Any]) -> EinsumProgram:
+    program = _PROGRAMS.get(key)
+    if program is None:
+        expr, _, mode, mesh, two_way, profile, precision, pet = key
+        program = _lower_on(expr, operands, mode, mesh, two_way, profile, precision, pet)
+        if len(_PROGRAMS) >= 1024:  # bounded, oldest first
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+        _PROGRAMS[key] = program
+    return program
+
+
+def _lower_on(
+    expr: str,
+    operands: Sequence[Any],
+    mode: str,
+    mesh: Any,
+    two_way: bool,
+    profile: Any,
+    precision: Any,
+    preferred_element_type: Any,
+) -> EinsumProgram:
     padding = _padding(expr, operands, mesh)
     if padding is not None:
         # Zero padding is exact for an einsum: pad the uneven splits, run, cut the result back.
@@ -283,14 +318,13 @@ def lower(
         return EinsumProgram(inner.plan, mode, inner.steps_before, inner.steps_after, padded, padding)
     plan = _runnable(analyze(expr, *operands, mesh=mesh, profile=profile))
     if mode == "auto":
-        auto: Callable[..., jax.Array] = jax.jit(
-            einsum_auto(
-                plan.operands,
-                plan.out_layout,
-                mesh=mesh,
-                precision=precision,
-                preferred_element_type=preferred_element_type,
-            )
+        # Runs eagerly on Explicit meshes and composes with the caller's jit/grad/vmap (einsum_auto).
+        auto = einsum_auto(
+            plan.operands,
+            plan.out_layout,
+            mesh=mesh,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
         )
         return EinsumProgram(plan, mode, (), (), auto)
     before, after = plan_steps(plan)
@@ -333,7 +367,8 @@ def einsum(
             contraction, or the result's reduce-scatter, as a collective-matmul
             ring of ``ppermute``\\ s), or ``'auto'`` (XLA decides; the baseline).
         two_way: bidirectional rings in ``'async'`` mode.
-        mesh: default the current mesh (``jax.set_mesh``), else the operands' mesh.
+        mesh: a ``jax.sharding.Mesh``; default the current mesh (``jax.set_mesh``), else the
+            operands' mesh (also under ``jax.jit``, from their types) — see :mod:`einshard.mesh`.
 
     Composes with ``jax.jit``, ``jax.grad`` and ``jax.vmap``; gradients come from
     JAX's transposition of the collectives.  ``einshard.lower(...)`` gives the
@@ -356,5 +391,6 @@ def einsum(
         profile=profile,
         precision=precision,
         preferred_element_type=preferred_element_type,
+        _what="einshard.einsum",
     )
     return program(*operands)

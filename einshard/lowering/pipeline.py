@@ -54,18 +54,19 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from ..core.mesh import resolve_mesh
+from ..core.mesh import AnyMesh, resolve_mesh
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
 from . import schedules
 from .pipeline_1f1b import one_f_one_b_pipeline
+from .steps import check_lowering_context
 
 __all__ = ["PipelineInfo", "pipeline", "pipeline_info", "circular_layer_order"]
 
@@ -126,7 +127,12 @@ def _mesh_or_context(mesh: Any, operands: Any = (), *, sizes_only: bool = False)
             hint="e.g. mesh=jax.make_mesh((4,), ('stage',)); pipeline_info() takes a dict of sizes",
         )
     what = "pipeline_info()" if sizes_only else "pipeline()"
-    return resolve_mesh(mesh, (operands,), what=what)
+    found = resolve_mesh(mesh, (operands,), what=what)
+    if not sizes_only:
+        # The same refusal as every lowering where plain JAX cannot run (eager jax.grad on Explicit axes
+        # outside a mesh context), with what to write instead.
+        check_lowering_context(cast(AnyMesh, found), (operands,), what=what)  # required=True: never None
+    return found
 
 
 def _lay_out(x: Any, mesh: Any, spec: PartitionSpec) -> Any:

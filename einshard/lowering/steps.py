@@ -34,15 +34,26 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..core.layout import Layout, MeshAxis, resolve_named
+from ..core.mesh import (
+    AnyMesh,
+    auto_axes,
+    current_mesh,
+    eagerly_differentiated,
+    explicit_axes,
+    is_tracer,
+    resolve_mesh,
+    show_mesh,
+)
+from ..core.mesh import mesh_axes as _mesh_axes
 from ..errors import EinshardError
 from ..parsing import AxisItem, Side, parse_einsum, parse_placement
 
@@ -55,6 +66,10 @@ __all__ = [
     "einsum_shard_map",
     "einsum_auto",
     "mesh_axes_of",
+    "place",
+    "restrict_spec",
+    "check_lowering_context",
+    "lowering_mesh",
 ]
 
 KINDS = ("all-gather", "dynamic-slice", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
@@ -251,8 +266,8 @@ def step_layout(lay: Layout, step: Step) -> Layout:
 
 
 def mesh_axes_of(mesh: Any) -> tuple[MeshAxis, ...]:
-    """The mesh's axes as :class:`MeshAxis` values."""
-    return tuple(MeshAxis(name, int(size)) for name, size in mesh.shape.items())
+    """The mesh's axes as :class:`MeshAxis` values (:func:`einshard.mesh.mesh_axes`)."""
+    return _mesh_axes(mesh)
 
 
 def _side_placement(side: Side) -> str:
@@ -274,7 +289,7 @@ def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tup
         '[b:4 y:8 {U:model}]'
     """
     parsed = parse_einsum(expr)
-    mesh_axes = mesh_axes_of(mesh)
+    axes_of_mesh = _mesh_axes(mesh)
     if len(shapes) != len(parsed.inputs):
         raise parsed.fail(f"the einsum has {len(parsed.inputs)} operands but {len(shapes)} shapes were given")
     sizes: dict[str, int] = {}
@@ -284,7 +299,7 @@ def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tup
             raise parsed.fail("einsum_layouts does not take '...': name every axis", side.column)
         if side.unreduced:
             raise parsed.fail("an operand cannot hold pending sums ('{U:...}')", side.unreduced_column)
-        lay = resolve_named(parse_placement(_side_placement(side)), tuple(shape), mesh_axes)
+        lay = resolve_named(parse_placement(_side_placement(side)), tuple(shape), axes_of_mesh)
         for name, size in zip(lay.axes, lay.shape, strict=True):
             if sizes.setdefault(name, size) != size:
                 raise parsed.fail(f"axis {name!r} has size {sizes[name]} in one operand and {size} in another")
@@ -294,7 +309,7 @@ def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tup
         raise parsed.fail("einsum_layouts does not take '...': name every axis", out_side.column)
     out_shape = tuple(sizes[n] for n in out_side.names)
     plain = Side(out_side.items)
-    out = resolve_named(parse_placement(_side_placement(plain)), out_shape, mesh_axes)
+    out = resolve_named(parse_placement(_side_placement(plain)), out_shape, axes_of_mesh)
     for m in out_side.unreduced:
         if m not in out.mesh_sizes:
             raise parsed.fail(f"{m!r} in '{{U:...}}' is not a mesh axis", out_side.unreduced_column)
@@ -343,22 +358,128 @@ def _pspec(lay: Layout) -> PartitionSpec:
     return PartitionSpec(*lay.spec_entries())
 
 
-def _place(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
-    """Lay an operand out as its in_spec says (Explicit mesh axes need it; Auto axes reshard in shard_map)."""
-    if not any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+def restrict_spec(spec: PartitionSpec, keep: Collection[str]) -> PartitionSpec:
+    """``spec`` with only the mesh axes in ``keep`` (the others dropped; an emptied entry is None)."""
+    entries: list[Any] = []
+    for entry in spec:
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        kept = tuple(m for m in names if m in keep)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return PartitionSpec(*entries)
+
+
+def place(x: Any, mesh: AnyMesh, spec: PartitionSpec) -> Any:
+    """Lay an operand out on the Explicit axes of ``mesh`` as ``spec`` says, for a shard_map's in_specs.
+
+    JAX checks an Explicit axis of an in_spec against the operand's type, so the
+    operand is ``reshard``-ed to a ``NamedSharding`` (which, unlike a bare
+    PartitionSpec, needs no mesh context, and, unlike ``device_put``, works on
+    an AbstractMesh while tracing and under ``jax.vmap``).  Auto axes are left
+    to the shard_map, which lays them out on the way in; ``reshard`` refuses them.
+    """
+    explicit = explicit_axes(mesh)
+    if not explicit:
         return x
-    target = NamedSharding(mesh, spec)
-    if isinstance(x, jax.core.Tracer):
-        try:
-            return jax.sharding.reshard(x, spec)
-        except ValueError as err:
-            raise EinshardError(
-                f"cannot lay an operand out as {spec} under jax.jit on a mesh with Explicit axes: {err}",
-                hint="Trace inside `with jax.set_mesh(mesh):` (JAX needs the mesh context for Explicit axes).",
-            ) from None
-    if getattr(x, "sharding", None) == target:
+    target = NamedSharding(mesh, restrict_spec(spec, explicit))
+    try:
+        return jax.sharding.reshard(x, target)
+    except ValueError as err:  # JAX's reasons (device assignment, divisibility) are the useful part
+        raise EinshardError(
+            f"cannot lay an operand of shape {tuple(jnp.shape(x))} out as {target.spec} on {show_mesh(mesh)}: {err}",
+            hint="Under jax.jit with Explicit mesh axes, trace inside `with jax.set_mesh(mesh):` or pass mesh=.",
+        ) from None
+
+
+def constrain_auto(x: Any, mesh: AnyMesh, spec: PartitionSpec) -> Any:
+    """``with_sharding_constraint`` on the Auto axes of ``mesh`` (a no-op without any in ``spec``)."""
+    auto = auto_axes(mesh)
+    part = restrict_spec(spec, auto)
+    if not auto or all(e is None for e in part):
         return x
-    return jax.device_put(x, target)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, part))
+
+
+def lowering_mesh(mesh: Any, operands: Sequence[Any], *, what: str) -> AnyMesh:
+    """The mesh a lowering runs on (:func:`einshard.mesh.resolve_mesh`), which must have devices to run on.
+
+    A dict of sizes describes shapes only (enough for ``analyze``/``explain``),
+    so it is refused here; an AbstractMesh is only usable while tracing.
+    """
+    if isinstance(mesh, Mapping):
+        raise EinshardError(
+            f"{what}: mesh= is a dict of axis sizes ({dict(mesh)!r}), which describes shapes only "
+            "(enough for einshard.analyze/explain); running needs devices",
+            hint="Pass the jax.sharding.Mesh (jax.make_mesh(...)), or call inside `with jax.set_mesh(mesh):`.",
+        )
+    chosen = resolve_mesh(mesh, operands, what=what)
+    assert chosen is not None  # required=True raises instead
+    return chosen if isinstance(chosen, Mesh) else _concrete_twin(chosen, operands)
+
+
+def _concrete_twin(mesh: AnyMesh, operands: Sequence[Any]) -> AnyMesh:
+    """The concrete mesh behind an abstract one, where an operand's value (eager autodiff) has it.
+
+    Under ``jax.grad`` outside ``jax.jit`` the operands' types carry only the abstract
+    mesh, but JAX runs the backward pass eagerly, and a sharding constraint on an
+    AbstractMesh cannot be run eagerly; their values know the devices.
+    """
+    for leaf in (leaf for x in operands for leaf in jax.tree_util.tree_leaves(x)):
+        value = leaf
+        if is_tracer(leaf):
+            try:
+                value = leaf.to_concrete_value()
+            except Exception:  # noqa: BLE001 - a tracer without a value has no devices to offer
+                continue
+        own = getattr(getattr(value, "sharding", None), "mesh", None)
+        if isinstance(own, Mesh) and own.abstract_mesh == mesh:
+            return own
+    return mesh
+
+
+def check_lowering_context(mesh: AnyMesh, operands: Sequence[Any], *, what: str) -> None:
+    """Refuse, with what to write instead, the contexts where JAX itself cannot run a program on ``mesh``.
+
+    * An AbstractMesh has no devices: it can only be used while tracing.
+    * ``jax.grad`` outside ``jax.jit`` and outside ``jax.set_mesh`` on a mesh with Explicit axes:
+      JAX cannot create the gradient's cotangent, typed on the mesh, without a mesh context
+      (plain ``jnp`` code fails the same way), so say how to write it instead.
+    """
+    leaves = [leaf for x in operands for leaf in jax.tree_util.tree_leaves(x)]
+    if not isinstance(mesh, Mesh) and not any(is_tracer(x) for x in leaves) and current_mesh() is None:
+        raise EinshardError(
+            f"{what}: {show_mesh(mesh)} has no devices, and the operands are concrete arrays: "
+            "an AbstractMesh can only lay out values being traced",
+            hint="Pass the jax.sharding.Mesh (jax.make_mesh(...)), or call inside `with jax.set_mesh(mesh):`.",
+        )
+    if explicit_axes(mesh) and current_mesh() is None and any(eagerly_differentiated(x) for x in leaves):
+        raise EinshardError(
+            f"{what} under jax.grad outside jax.jit on a mesh with Explicit axes "
+            f"({', '.join(sorted(explicit_axes(mesh)))}) needs the mesh context: JAX cannot create the gradient "
+            "of a value typed on that mesh without one (plain jnp code on such arrays fails the same way)",
+            hint="Write `with jax.set_mesh(mesh): jax.grad(f)(...)`, or jit it: `jax.jit(jax.grad(f))(...)`; "
+            "or make the mesh's axes Auto (jax.make_mesh(..., axis_types=(AxisType.Auto, ...))).",
+        )
+
+
+def _check_operands(operands: Sequence[Any], layouts: Sequence[Layout]) -> None:
+    for k, (lay, x) in enumerate(zip(layouts, operands, strict=True)):
+        shape = getattr(x, "shape", None)
+        if shape is None:
+            raise EinshardError(f"operand {k + 1} is a {type(x).__name__}, not an array (of shape {lay.shape})")
+        if tuple(shape) != lay.shape:
+            raise EinshardError(f"operand {k + 1} of shape {tuple(shape)} does not fit the layout {lay}")
+
+
+def _check_empty_splits(layouts: Sequence[Layout]) -> None:
+    """An axis of size 0 split over devices is refused: XLA cannot gather or scatter empty blocks."""
+    for lay in layouts:
+        for d, (name, size) in enumerate(zip(lay.axes, lay.shape, strict=True)):
+            if size == 0 and lay.shards(d) > 1:
+                raise EinshardError(
+                    f"axis {name!r} has size 0 and cannot be split over {', '.join(lay.dims[d])} "
+                    "(the collectives cannot move empty blocks)",
+                    hint=f"Leave the empty axis unsplit: drop its '@' ({name} instead of {name}@...).",
+                )
 
 
 def einsum_shard_map(
@@ -405,6 +526,7 @@ def einsum_shard_map(
         )
     if mode not in ("sync", "async"):
         raise EinshardError(f"mode must be 'sync', 'async' or 'auto', got {mode!r}")
+    _check_empty_splits([*layouts_in, layout_out])
     n_ops = len(layouts_in)
     before = [s for s in steps_before]
     for s in before:
@@ -488,10 +610,9 @@ def einsum_shard_map(
     def run(*operands: Any) -> jax.Array:
         if len(operands) != n_ops:
             raise EinshardError(f"the einsum takes {n_ops} operands, got {len(operands)}")
-        for lay, x in zip(layouts_in, operands, strict=True):
-            if tuple(x.shape) != lay.shape:
-                raise EinshardError(f"an operand of shape {tuple(x.shape)} does not fit the layout {lay}")
-        return mapped(*(_place(x, mesh, s) for x, s in zip(operands, in_specs, strict=True)))
+        _check_operands(operands, layouts_in)
+        check_lowering_context(mesh, operands, what="the sharded einsum")
+        return mapped(*(place(x, mesh, s) for x, s in zip(operands, in_specs, strict=True)))
 
     run.program = tuple(  # type: ignore[attr-defined]
         [*(str(s) for s in before), f"einsum {subscripts}" + (f" as ring {ring[0]} {ring[1]}" if ring else "")]
@@ -526,26 +647,42 @@ def einsum_auto(
             f"mode='auto' cannot leave pending sums ({layout_out}); use mode='sync'",
             hint="Or reduce them: drop '{U:...}' from the output.",
         )
+    _check_empty_splits([*layouts_in, layout_out])
     subscripts = _subscripts([lay.axes for lay in layouts_in], layout_out.axes)
-    explicit = any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
     in_specs = [_pspec(lay) for lay in layouts_in]
     out_spec = _pspec(layout_out)
+    explicit = explicit_axes(mesh)
 
-    def constrain(x: Any, spec: PartitionSpec) -> Any:
+    concrete = isinstance(mesh, Mesh)
+
+    def compute(*operands: Any) -> jax.Array:
+        # Auto axes: sharding constraints; Explicit axes: reshard the operands and type the result.
+        # (Constraints first: with_sharding_constraint's transpose drops the Explicit part of a type.)
+        xs = [place(constrain_auto(jnp.asarray(x), mesh, s), mesh, s) for x, s in zip(operands, in_specs, strict=True)]
+        kw: dict[str, Any] = {"precision": precision, "preferred_element_type": preferred_element_type}
         if explicit:
-            return _place(x, mesh, spec)
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+            kw["out_sharding"] = NamedSharding(mesh, restrict_spec(out_spec, explicit))
+        y = jnp.einsum(subscripts, *xs, **kw)
+        # A one-operand einsum may come back as its input, ignoring out_sharding (and a jit's
+        # out_shardings do not retype Explicit axes): place makes sure of the Explicit part.
+        # On an abstract mesh (under a trace) the Auto part of the result is a constraint, except on a
+        # mixed mesh: with_sharding_constraint's transpose drops the Explicit part of the cotangent's
+        # type there (JAX 0.10), so XLA's propagation places the Auto part.
+        if not concrete and not explicit:
+            y = constrain_auto(y, mesh, out_spec)
+        return place(y, mesh, out_spec)
+
+    # On a concrete mesh, a jit whose out_shardings name it lays the result out and tells JAX the
+    # devices even when no mesh context is current and the operands are host arrays (a shard_map's
+    # mesh does that for the other modes); on an abstract mesh the context or the operands' types do.
+    staged = jax.jit(compute, out_shardings=NamedSharding(mesh, out_spec)) if concrete else compute
 
     def run(*operands: Any) -> jax.Array:
         if len(operands) != len(layouts_in):
             raise EinshardError(f"the einsum takes {len(layouts_in)} operands, got {len(operands)}")
-        xs = [constrain(jnp.asarray(x), s) for x, s in zip(operands, in_specs, strict=True)]
-        kw: dict[str, Any] = {"precision": precision, "preferred_element_type": preferred_element_type}
-        if explicit:
-            kw["out_sharding"] = NamedSharding(mesh, out_spec) if isinstance(mesh, jax.sharding.Mesh) else out_spec
-            # (a one-operand einsum may come back as its input: reshard makes sure)
-            return constrain(jnp.einsum(subscripts, *xs, **kw), out_spec)
-        return constrain(jnp.einsum(subscripts, *xs, **kw), out_spec)
+        _check_operands(operands, layouts_in)
+        check_lowering_context(mesh, operands, what="the einsum (mode='auto')")
+        return staged(*operands)
 
     run.program = (f"einsum {subscripts} (XLA auto: layouts as sharding constraints)",)  # type: ignore[attr-defined]
     return run

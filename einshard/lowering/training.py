@@ -46,9 +46,10 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from ..core.mesh import mesh_axes
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
-from .steps import _place
+from .steps import check_lowering_context, lowering_mesh, place
 
 __all__ = ["data_parallel", "fsdp", "fsdp_layouts", "gather_params"]
 
@@ -65,13 +66,52 @@ def _entry(axes: tuple[str, ...]) -> str | tuple[str, ...] | None:
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
-def _mesh_or_context(mesh: Any) -> Any:
-    if mesh is not None:
-        return mesh
-    abstract = jax.sharding.get_abstract_mesh()
-    if abstract.empty:
-        raise EinshardError("needs a mesh: pass mesh=, or call inside `with jax.set_mesh(mesh):`")
-    return abstract
+def _check_leaves(tree: Any, what: str) -> None:
+    """Every leaf is an array of numbers (or bools); else an error naming the leaf's path."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None:
+            try:
+                dtype = np.asarray(leaf).dtype
+            except Exception:  # noqa: BLE001 - whatever it is, it is not an array
+                dtype = np.dtype(object)
+        if not (jax.numpy.issubdtype(dtype, np.number) or jax.numpy.issubdtype(dtype, np.bool_)):
+            shown = repr(leaf)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise EinshardError(
+                f"the {what} leaf at {jax.tree_util.keystr(path) or '(the root)'} is a {type(leaf).__name__} "
+                f"({shown}), not an array of numbers",
+                hint=f"Keep only arrays in the {what} pytree (static settings belong in loss_fn's closure).",
+            )
+
+
+def _check_axes(axes: tuple[str, ...], mesh: Any, what: str) -> None:
+    names = [m.name for m in mesh_axes(mesh)]
+    for a in axes:
+        if not isinstance(a, str) or a not in names:
+            raise EinshardError(f"{what}={a!r} is not an axis of the mesh (its axes: {', '.join(names)})")
+
+
+def _batch_specs(batch: Any, batch_axes: tuple[str, ...], mesh: Any) -> list[PartitionSpec]:
+    """Each batch leaf split along its first dimension over the batch axes (which must divide it)."""
+    n = math.prod(dict(mesh.shape)[a] for a in batch_axes)
+    specs = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+        shape = np.shape(leaf)
+        where = jax.tree_util.keystr(path) or "(the root)"
+        if not shape:
+            raise EinshardError(
+                f"the batch leaf at {where} is a scalar: it has no batch dimension to split over {batch_axes}",
+                hint="Give it a leading batch dimension, or pass batch_layouts= (None: replicated).",
+            )
+        if shape[0] % n or shape[0] == 0:
+            raise EinshardError(
+                f"the batch leaf at {where} has {shape[0]} rows, which do not split evenly over "
+                f"{'x'.join(batch_axes)} ({n} devices)",
+                hint=f"Use a batch size that is a positive multiple of {n}.",
+            )
+        specs.append(PartitionSpec(_entry(batch_axes), *([None] * (len(shape) - 1))))
+    return specs
 
 
 def _is_layout(v: Any) -> bool:
@@ -133,11 +173,21 @@ def fsdp_layouts(params: Any, *, axis: str = "data", size: int, min_elements: in
         {'b': None, 'w': 'a b -> a b@data'}
     """
 
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise EinshardError(
+            f"fsdp_layouts: size= is the number of devices on {axis!r}, a positive integer; got {size!r}"
+        )
+    if not isinstance(axis, str) or not axis:
+        raise EinshardError(f"fsdp_layouts: axis= is one mesh axis name, got {axis!r}")
+    if isinstance(min_elements, bool) or not isinstance(min_elements, int) or min_elements < 0:
+        raise EinshardError(f"fsdp_layouts: min_elements= is a non-negative integer, got {min_elements!r}")
+    _check_leaves(params, "params")
+
     def one(leaf: Any) -> str | None:
         shape = np.shape(leaf)
         if math.prod(shape) < min_elements:
             return None
-        fits = [d for d in range(len(shape)) if shape[d] % size == 0 and shape[d] >= size]
+        fits = [d for d in range(len(shape)) if shape[d] >= size and shape[d] % size == 0]
         if not fits:
             return None
         best = max(fits, key=lambda d: (shape[d], -d))
@@ -199,15 +249,20 @@ def _sharded_loss(
 ) -> Callable[[Any, Any], jax.Array]:
     batch_axes = _axes(batch_axis)
 
+    what = "einshard.fsdp" if gather_axis else "einshard.data_parallel"
+
     def run(params: Any, batch: Any) -> jax.Array:
-        the_mesh = _mesh_or_context(mesh)
+        _check_leaves(params, "params")
+        _check_leaves(batch, "batch")
+        the_mesh = lowering_mesh(mesh, (params, batch), what=what)
+        _check_axes(batch_axes, the_mesh, "batch_axis")
+        if gather_axis:
+            _check_axes(gather_axis, the_mesh, "fsdp_axis")
+        check_lowering_context(the_mesh, (params, batch), what=what)
         p_leaves, p_def = jax.tree_util.tree_flatten(params)
         p_specs = _specs(params, param_layouts, the_mesh)
         if batch_layouts is None:
-            b_specs = [
-                PartitionSpec(_entry(batch_axes), *([None] * (np.ndim(leaf) - 1)))
-                for leaf in jax.tree_util.tree_leaves(batch)
-            ]
+            b_specs = _batch_specs(batch, batch_axes, the_mesh)
         else:
             b_specs = _specs(batch, batch_layouts, the_mesh)
         b_leaves, b_def = jax.tree_util.tree_flatten(batch)
@@ -216,7 +271,17 @@ def _sharded_loss(
         def use(blocks: Any, local_batch: Any) -> jax.Array:
             if gather_axis:
                 blocks = gather_params(blocks, p_spec_tree, gather_axis)
-            return loss_fn(blocks, local_batch)
+            loss = loss_fn(blocks, local_batch)
+            if not hasattr(loss, "shape") or tuple(loss.shape) != ():
+                shape = getattr(loss, "shape", None)
+                raise EinshardError(
+                    f"{what}: loss_fn must return one number (the mean loss of its batch block), "
+                    + (
+                        f"got an array of shape {tuple(shape)}" if shape is not None else f"got a {type(loss).__name__}"
+                    ),
+                    hint="Reduce it inside loss_fn, e.g. `return jnp.mean(per_example_losses)`.",
+                )
+            return loss
 
         if remat:
             use = jax.checkpoint(use, policy=_not_gathered)
@@ -232,8 +297,8 @@ def _sharded_loss(
             out_specs=PartitionSpec(),
             check_vma=True,
         )
-        placed_p = [_place(x, the_mesh, s) for x, s in zip(p_leaves, p_specs, strict=True)]
-        placed_b = [_place(x, the_mesh, s) for x, s in zip(b_leaves, b_specs, strict=True)]
+        placed_p = [place(x, the_mesh, s) for x, s in zip(p_leaves, p_specs, strict=True)]
+        placed_b = [place(x, the_mesh, s) for x, s in zip(b_leaves, b_specs, strict=True)]
         return mapped(jax.tree_util.tree_unflatten(p_def, placed_p), jax.tree_util.tree_unflatten(b_def, placed_b))
 
     return run

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from ...core.layout import Layout, MeshAxis
-from ...core.mesh import mesh_axes, resolve_mesh
+from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
 from .costing import OpCosts, is_free
 from .report import ProgramReport
@@ -27,9 +27,28 @@ def _sharding_of(x: Any) -> Any:
     return getattr(x, "sharding", None)
 
 
+def _unknown_axes(x: Any) -> frozenset[str]:
+    """The Auto mesh axes of a traced value's type: its layout over them is not known while tracing."""
+    if not isinstance(x, jax.core.Tracer):
+        return frozenset()
+    m = getattr(_sharding_of(x), "mesh", None)
+    return frozenset() if m is None or getattr(m, "empty", True) else auto_axes(m)
+
+
 def _arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...]) -> list[Layout]:
     leaves = jax.tree_util.tree_leaves(args)
     if in_specs is None:
+        for i, x in enumerate(leaves):
+            unknown = _unknown_axes(x)
+            if unknown:
+                # A traced value's type carries only its Explicit axes' layout: reading it as replicated over
+                # the Auto axes would price the program silently wrong.
+                raise EinshardError(
+                    f"explain(): argument {i + 1} is a traced value on a mesh with Auto axes {sorted(unknown)}, "
+                    "whose layout XLA chooses after tracing (the value's type does not carry it)",
+                    hint="Call einshard.explain outside jax.jit/jax.grad on the arrays themselves, pass in_specs=, "
+                    "or use a mesh with Explicit axes (jax.make_mesh's default).",
+                )
         specs: list[Any] = [getattr(_sharding_of(x), "spec", None) for x in leaves]
     else:
         specs = _broadcast_specs(args, in_specs)
