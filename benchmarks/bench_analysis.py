@@ -39,10 +39,10 @@ CASES = [
     # name, expression, mesh, sizes
     ("DP", "b@data x, x y -> b@data y", {"data": 8}, {"b": 1024, "x": 4096, "y": 4096}),
     ("column TP", "b x, x y@model -> b y@model", {"model": 8}, {"b": 1024, "x": 4096, "y": 16384}),
-    ("row TP", "b x@model, x@model y -> b y", {"model": 8}, {"b": 1024, "x": 16384, "y": 4096}),
+    ("row TP", "b x@model, x@model y -> b? y?", {"model": 8}, {"b": 1024, "x": 16384, "y": 4096}),
     ("DP x TP", "b@data x, x y@model -> b@data y@model", {"data": 4, "model": 2}, {"b": 1024, "x": 4096, "y": 16384}),
     ("FSDP layout", "b@data x, x@data y -> b@data y", {"data": 8}, {"b": 1024, "x": 4096, "y": 4096}),
-    ("issue example", "b x@data, x y@model -> b y", {"data": 4, "model": 2}, {"b": 1024, "x": 4096, "y": 16384}),
+    ("issue example", "b x@data, x y@model -> b? y?", {"data": 4, "model": 2}, {"b": 1024, "x": 4096, "y": 16384}),
     (
         "attention scores",
         "b h@model q d, b h@model k d -> b h@model q k",
@@ -51,13 +51,13 @@ CASES = [
     ),
     (
         "k@(data,model)",
-        "b x@(data,model), x@(data,model) y -> b y",
+        "b x@(data,model), x@(data,model) y -> b? y?",
         {"data": 4, "model": 2},
         {"b": 1024, "x": 4096, "y": 4096},
     ),
     (
         "3 operands",
-        "b x@data, x y, y z@model -> b z",
+        "b x@data, x y, y z@model -> b? z?",
         {"data": 4, "model": 2},
         {"b": 512, "x": 1024, "y": 1024, "z": 1024},
     ),

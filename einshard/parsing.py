@@ -11,7 +11,7 @@ Example:
     >>> from einshard.parsing import parse_placement
     >>> e = parse_placement("a b -> a@data b")
     >>> e.output.items[0]
-    AxisItem(name='a', count=None, star=False, mesh_axes=('data',))
+    AxisItem(name='a', count=None, star=False, mesh_axes=('data',), choose=False)
     >>> str(e)
     'a b -> a@data b'
 """
@@ -63,6 +63,8 @@ class AxisItem:
     star: bool = False
     mesh_axes: tuple[str, ...] | None = None
     column: int = field(default=-1, compare=False, repr=False)
+    # 'b?' (einsum outputs only): the analyzer chooses this axis's layout.
+    choose: bool = False
 
     def __str__(self) -> str:
         text = format_name(self.name)
@@ -70,6 +72,8 @@ class AxisItem:
             text += str(self.count)
         if self.star:
             text += "*"
+        if self.choose:
+            text += "?"
         if self.mesh_axes is not None:
             if len(self.mesh_axes) == 1:
                 text += "@" + self.mesh_axes[0]
@@ -159,6 +163,11 @@ class Expression:
     def uses_counts(self) -> bool:
         """Whether any side uses einshard-0.2 counts (``a4``, ``*``, a standalone ``2``)."""
         return any(is_count_item(i) for s in self.sides for i in s.items)
+
+    @property
+    def output_chosen(self) -> bool:
+        """Whether the output side leaves its layout to the analyzer (``-> b? y?``)."""
+        return any(i.choose for i in self.output.axes)
 
     @property
     def uses_mesh_axes(self) -> bool:
@@ -319,8 +328,11 @@ class _Build(lark.Transformer):  # type: ignore[type-arg]
         star = False
         mesh: tuple[str, ...] | None = None
         unreduced = None
+        choose = False
         for c in rest:
-            if isinstance(c, lark.Token):  # STAR
+            if isinstance(c, lark.Token) and c.type == "CHOOSE":
+                choose = True
+            elif isinstance(c, lark.Token):  # STAR
                 star = True
             elif c[0] == "count":
                 count = _check_count(c)
@@ -328,7 +340,7 @@ class _Build(lark.Transformer):  # type: ignore[type-arg]
                 mesh = c[1]
             else:
                 unreduced = c
-        return AxisItem(name, count, star, mesh, column), unreduced
+        return AxisItem(name, count, star, mesh, column, choose), unreduced
 
     @lark.v_args(meta=True)
     def replica(self, meta: lark.tree.Meta, children: list) -> tuple[ReplicaItem, None]:  # type: ignore[type-arg]
@@ -464,6 +476,15 @@ def parse_placement(text: str) -> Expression:
         'a b -> a2* b'
     """
     expr = parse(text)
+    for side in expr.sides:
+        for ax in side.axes:
+            if ax.choose:
+                raise expr.fail(
+                    f"'{ax.name}?' (let the analyzer choose the layout) belongs on an einsum's output side, "
+                    "not in a placement",
+                    ax.column,
+                    f"Write {ax.name!r} for a whole (replicated) axis or '{ax.name}@mesh_axis' to split it.",
+                )
     if len(expr.inputs) != 1:
         second = expr.inputs[1]
         raise expr.fail(
@@ -574,6 +595,29 @@ def parse_einsum(text: str) -> Expression:
                     f"axis {item.name!r} appears twice in one operand (einshard does not take diagonals)",
                     item.column,
                 )
+    for side in expr.inputs:
+        for item in side.axes:
+            if item.choose:
+                raise expr.fail(
+                    f"'{item.name}?' (the analyzer chooses) is for the output side; an operand is laid out "
+                    "as written ('x@model') or as the array already is (no '@')",
+                    item.column,
+                )
+    out_axes = expr.output.axes
+    if any(i.choose for i in out_axes):
+        fixed = next((i for i in out_axes if not i.choose), None)
+        if fixed is not None:
+            raise expr.fail(
+                f"output axis {fixed.name!r} has no '?' while others have one: mark every output axis with '?' "
+                "(the analyzer chooses the whole result layout) or none (the layout as written; a bare name is "
+                "whole)",
+                fixed.column,
+            )
+        if expr.output.unreduced:
+            raise expr.fail(
+                "'?' lets the analyzer choose the result layout; '{U:...}' asks for one: write one or the other",
+                expr.output.unreduced_column,
+            )
     inputs_names = {n for s in expr.inputs for n in s.names}
     for item in expr.output.axes:
         if item.name not in inputs_names:

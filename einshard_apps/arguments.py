@@ -92,7 +92,9 @@ def demo(parser: argparse.ArgumentParser) -> None:
 
 
 def explain(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("expression", help="an annotated einsum, e.g. 'b x@data, x y@model -> b y'")
+    parser.add_argument(
+        "expression", help="an annotated einsum, e.g. 'b x@data, x y@model -> b? y?' (? lets the analyzer choose)"
+    )
     parser.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,model=2")
     parser.add_argument("--sizes", default="", help="einsum axis sizes, e.g. b=1024,x=4096,y=16384")
     parser.add_argument("--dtype", default="f32", help="element type: f32, bf16, f16, f8, ... (default f32)")

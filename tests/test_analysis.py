@@ -127,7 +127,7 @@ def test_v5_case4_gathers_the_conflicting_operand():
 
 def test_v6_free_and_batch_axes_need_nothing():
     assert einshard.analyze("b@x x, x y@y -> b@x y@y", mesh={"x": 2, "y": 4}, sizes=SZ).collectives == ()
-    plan = einshard.analyze("b@x i j, b@x j k -> b i k", mesh={"x": 4}, sizes={"b": 8, "i": 4, "j": 4, "k": 4})
+    plan = einshard.analyze("b@x i j, b@x j k -> b? i? k?", mesh={"x": 4}, sizes={"b": 8, "i": 4, "j": 4, "k": 4})
     assert plan.collectives == () and plan.out_layout.dims == (("x",), (), ())
 
 
@@ -165,7 +165,7 @@ def test_v12_dp_gradient_and_fsdp_forward():
 
 
 def test_v13_ambiguous_contraction_lists_four_results():
-    plan = einshard.analyze("m k@x, k@x n -> m n", mesh={"x": 4}, sizes={"m": 8, "k": 4, "n": 16})
+    plan = einshard.analyze("m k@x, k@x n -> m? n?", mesh={"x": 4}, sizes={"m": 8, "k": 4, "n": 16})
     specs = [str(s) for s, _, _ in plan.legal_outputs()]
     for want in (P(None, None), P("x", None), P(None, "x"), P(None, None, unreduced={"x"})):
         assert str(want) in specs
@@ -198,7 +198,7 @@ def test_strategy_names(expr, name, view):
 
 def test_attention_heads_are_tensor_parallel():
     sizes = {"b": 8, "h": 16, "q": 64, "k": 64, "d": 32}
-    plan = einshard.analyze("b@data h@model q d, b@data h@model k d -> b h q k", mesh=M2, sizes=sizes)
+    plan = einshard.analyze("b@data h@model q d, b@data h@model k d -> b? h? q? k?", mesh=M2, sizes=sizes)
     assert plan.strategy == "hybrid DP×TP" and plan.roles == {
         "data": "data parallel on b",
         "model": "head-parallel TP on h",
@@ -252,7 +252,7 @@ def test_plain_einsum_strings_with_specs_and_arrays():
     assert [c.kind for c in plan.collectives] == ["all-reduce"]
     a = jax.ShapeDtypeStruct((64, 128), jnp.bfloat16)
     b = jax.ShapeDtypeStruct((128, 256), jnp.bfloat16)
-    plan = einshard.analyze("b x, x y@m -> b y", a, b, mesh={"m": 2})
+    plan = einshard.analyze("b x, x y@m -> b? y?", a, b, mesh={"m": 2})
     assert plan.dtype == "bf16" and plan.operand_bytes == (64 * 128 * 2, 128 * 128 * 2)
 
 
@@ -305,10 +305,10 @@ def test_ellipsis_expands_from_the_operands_ranks():
 
     x = jax.ShapeDtypeStruct((4, 8, 16), jnp.float32)
     w = jax.ShapeDtypeStruct((16, 32), jnp.float32)
-    plan = einshard.analyze("... d, d f -> ... f", x, w, mesh={"x": 4}, in_specs=(P("x", None, None), P()))
+    plan = einshard.analyze("... d, d f -> ... f?", x, w, mesh={"x": 4}, in_specs=(P("x", None, None), P()))
     assert plan.collectives == () and plan.out_layout.axes == ("...0", "...1", "f")
     assert plan.out_layout.dims == (("x",), (), ()) and "…0@x" in str(plan)
-    summed = einshard.analyze("... d, d f -> f", x, w, mesh={"x": 4}, in_specs=(P("x", None, None), P()))
+    summed = einshard.analyze("... d, d f -> f?", x, w, mesh={"x": 4}, in_specs=(P("x", None, None), P()))
     assert summed.classes["...0"] == "lone-reduced"  # the '...' axes are summed: partial sums, or gather first
     options = [[c.kind for c in p.collectives] for p in summed.options]
     assert ["all-reduce"] in options and ["all-gather"] in options
@@ -321,7 +321,7 @@ def test_current_mesh_is_the_default():
 
     mesh = jax.make_mesh((4, 2), ("data", "model"), devices=jax.devices()[:8])
     with jax.set_mesh(mesh):
-        plan = einshard.analyze("b@data x, x y@model -> b y", sizes=S2)
+        plan = einshard.analyze("b@data x, x y@model -> b? y?", sizes=S2)
     assert plan.mesh == (MeshAxis("data", 4), MeshAxis("model", 2)) and plan.strategy == "hybrid DP×TP"
 
 
@@ -344,3 +344,43 @@ def test_mesh_axes_of_size_one_split_nothing():
     assert transition(a, a.with_dims((("y",), ()))) == (a.with_dims((("y",), ())), ())
     plan = einshard.analyze("b@(x,y), b@y -> b@(x,y)", mesh={"x": 1, "y": 4}, sizes={"b": 8})
     assert plan.collectives == ()
+
+
+# -- one string, one layout: '-> b y' is whole (as in a placement), '-> b? y?' is the analyzer's choice ----
+
+
+def test_bare_output_is_whole_and_question_marks_choose():
+    import warnings
+
+    mesh, sizes = {"data": 4, "model": 2}, {"b": 64, "x": 128, "y": 256}
+    chosen = einshard.analyze("b@data x, x y@model -> b? y?", mesh=mesh, sizes=sizes)
+    assert chosen.out_layout.dims == (("data",), ("model",)) and not chosen.collectives
+    with pytest.warns(FutureWarning, match=r"now means a whole \(replicated\) result.*-> b\? y\?"):
+        whole = einshard.analyze("b@data x, x y@model -> b y", mesh=mesh, sizes=sizes)
+    assert whole.out_layout.dims == ((), ())  # what einshard(x, 'b y -> b y') means
+    assert whole.out_layout == einshard.analyze("b@data x, x y@model -> b y", mesh=mesh, sizes=sizes).out_layout
+    assert sorted(c.kind for c in whole.collectives) == ["all-gather", "all-gather"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning where both readings give the same layout
+        einshard.analyze("b x@model, x@model y -> b y", mesh=mesh, sizes=sizes)
+        einshard.analyze("b x, x y -> b y", mesh=mesh, sizes=sizes)
+        einshard.analyze("bx,xy->by", mesh=mesh, sizes=sizes, in_specs=(P("data", None), P()))  # jnp: chosen
+
+
+def test_question_marks_with_out_spec_is_an_error():
+    with pytest.raises(EinshardError, match="not both"):
+        einshard.analyze("b x, x y -> b? y?", mesh={"m": 2}, sizes={"b": 4, "x": 4, "y": 4}, out_spec=P())
+
+
+def test_einsum_reads_the_output_side_the_same_way():
+    import jax
+    import numpy as np
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    x, w = np.ones((8, 16), np.float32), np.ones((16, 32), np.float32)
+    chosen = einshard.einsum("b@data x, x y@model -> b? y?", x, w, mesh=mesh)
+    assert tuple(chosen.sharding.spec) == ("data", "model")
+    with pytest.warns(FutureWarning):
+        whole = einshard.einsum("b@data x, x y@model -> b y", x, w, mesh=mesh)
+    assert whole.sharding.is_fully_replicated
+    np.testing.assert_allclose(np.asarray(whole), np.asarray(chosen))

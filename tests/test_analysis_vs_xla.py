@@ -41,13 +41,14 @@ from collections import Counter
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
 import einshard.testing as et
+from einshard.analysis.api import spec_partitions
 from einshard.testing import hlo
 
 _MESHES: dict[tuple[int, ...], jax.sharding.Mesh] = {}
@@ -169,3 +170,138 @@ def test_reshards_match_xla(src, dst, want):
     text = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, dst)).lower(arg).compile().as_text()
     _, steps = transition(_layout(src), _layout(dst))
     assert sig(hlo.normalized(text)) == sig(steps) == Counter(want)
+
+
+# -- Where XLA has no choice, the analyzer's *best* plan is XLA's program --------------------------
+#
+# Every operand already agrees on each mesh axis (it splits one einsum axis, in every operand that
+# holds it, or nothing), and the requested result keeps the batch/free splits: nothing needs to move,
+# so XLA computes locally and sums the partial results of split contractions.  The analyzer's first
+# choice must be exactly that program (kinds, buffer bytes and groups).
+
+
+def best_matches_xla(case):
+    xla, plan = compile_and_analyze(case)
+    assert sig(plan.collectives) == sig(xla), describe(case, xla, plan) + f"\nbest     {dict(sig(plan.collectives))}"
+    return xla, plan
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 4), (4, 2), (2, 2)])
+@pytest.mark.parametrize("b", [8, 64, 1024])
+def test_contraction_split_on_a_tuple_is_one_all_reduce(mesh_shape, b):
+    """``b x@(data,model), x@(data,model) y -> b y``: one all-reduce over both mesh axes, at every batch."""
+    tup = P(None, ("x", "y")), P(("x", "y"), None)
+    case = (mesh_shape, [list("bx"), list("xy")], list("by"), {"b": b, "x": 128, "y": 256}, tup, P())
+    xla, plan = best_matches_xla(case)
+    assert [(c.kind, c.axes, c.group_size) for c in plan.collectives] == [
+        ("all-reduce", ("x", "y"), math.prod(mesh_shape))
+    ]
+    assert plan.collectives[0].array_bytes == b * 256 * 4
+
+
+def test_tuple_all_reduce_reads_as_one_collective_in_the_dsl():
+    plan = einshard.analyze(
+        "b x@(data,model), x@(data,model) y -> b y",
+        mesh={"data": 4, "model": 2},
+        sizes={"b": 8, "x": 128, "y": 256},
+    )
+    assert [(c.kind, c.axes, c.group_size) for c in plan.collectives] == [("all-reduce", ("data", "model"), 8)]
+    # one collective per axis is still listed, as an alternative that costs more
+    split = [a for a in plan.alternatives if [c.axes for c in a.collectives] == [("data",), ("model",)]]
+    assert split and split[0].time > plan.time
+
+
+@pytest.mark.parametrize("z", [4, 16, 64])
+def test_lone_reduced_sharded_axis_is_summed_locally_first(z):
+    """``b x z@x, x y -> b y``: XLA sums z locally, then all-reduces the [b, x] partial sums (no gather)."""
+    case = (
+        (4,),
+        [list("bxz"), list("xy")],
+        list("by"),
+        {"b": 64, "x": 128, "y": 256, "z": z},
+        (P(None, None, "x"), P()),
+        P(),
+    )
+    xla, plan = best_matches_xla(case)
+    assert [(c.kind, c.tensor, c.array_bytes) for c in plan.collectives] == [("all-reduce", "operand 1", 64 * 128 * 4)]
+    assert "gather" not in plan.why and "sum z locally first" in plan.why
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, specs, out",
+    [
+        ((8,), (P("x", None), P("x", None)), P()),
+        ((4, 2), (P(("x", "y"), None), P(("x", "y"), None)), P()),
+        ((4, 2), (P("x", None), P("x", "y")), P(None, "y")),
+    ],
+)
+@pytest.mark.parametrize("b", [8, 16, 64])
+def test_small_batch_gradient_all_reduces_like_xla(mesh_shape, specs, out, b):
+    """``b@x d, b@x f -> d f`` (a DP weight gradient): XLA all-reduces at every batch size, although
+    gathering both operands sends fewer bytes when ``b < 2df/(d+f)``; the analyzer ranks that last."""
+    case = (mesh_shape, [list("bd"), list("bf")], list("df"), {"b": b, "d": 128, "f": 128}, specs, out)
+    xla, plan = best_matches_xla(case)
+    gather_both = [a for a in plan.alternatives if [c.kind for c in a.collectives] == ["all-gather", "all-gather"]]
+    assert gather_both, "the gather-both plan is still listed as an alternative"
+
+
+def test_every_gather_in_a_reason_is_a_listed_collective():
+    """Each ``gather opN`` a reason names is a collective on operand N (no reasons without their collective)."""
+    import re
+
+    for expr, sizes in [
+        ("b x z@model, x y -> b y", {"b": 64, "x": 128, "y": 256, "z": 16}),
+        ("b x z@model, x y -> b y@model", {"b": 8, "x": 128, "y": 256, "z": 4}),
+        ("b x@(data,model), x@(data,model) y -> b y", {"b": 8, "x": 128, "y": 256}),
+        ("b@data x, x y@model -> b? y?", {"b": 64, "x": 128, "y": 256}),
+        ("b x@model, x@data y -> b? y?", {"b": 64, "x": 128, "y": 256}),
+    ]:
+        plan = einshard.analyze(expr, mesh={"data": 4, "model": 2}, sizes=sizes)
+        for p in plan.options:
+            for k in re.findall(r"gather op(\d)", p.why):
+                assert any(c.tensor == f"operand {k}" for c in p.collectives), (expr, p.why, p.collectives)
+
+
+def spec(axes, dims) -> P:
+    return P(*[None if not dims[a] else dims[a][0] if len(dims[a]) == 1 else tuple(dims[a]) for a in axes])
+
+
+@st.composite
+def agreed_einsums(draw):
+    """An einsum whose operands agree on every mesh axis and whose result keeps their splits."""
+    shape = draw(st.sampled_from([(2,), (4,), (8,), (2, 2), (2, 4), (4, 2)]))
+    names = ("x", "y")[: len(shape)]
+    n_axes = draw(st.integers(2, 4))
+    letters = list("abcd")[:n_axes]
+    ops = [draw(st.permutations(letters))[: draw(st.integers(1, n_axes))] for _ in range(2)]
+    used = sorted({a for o in ops for a in o})
+    out = draw(st.permutations(used))[: draw(st.integers(0, len(used)))]
+    sizes = {a: draw(st.sampled_from([8, 16, 32])) for a in used}
+    dims: dict[str, list[str]] = {a: [] for a in used}
+    for m in names:
+        pick = draw(st.sampled_from([None, *used]))
+        if pick is not None:
+            dims[pick].append(m)
+    # Known gap (docs/analysis.md): partial sums from two *different* summed axes split over different
+    # mesh axes are one all-reduce per axis in XLA; the analyzer lists that but prefers one all-reduce.
+    assume(sum(1 for a in used if a not in out and dims[a]) <= 1)
+    return shape, ops, out, sizes, tuple(spec(o, dims) for o in ops), spec(out, dims)
+
+
+@given(agreed_einsums())
+def test_where_xla_has_no_choice_the_best_plan_is_xla_s(case):
+    _, ops, out, _, in_specs, _ = case
+    lone_split = any(
+        e is not None and sum(a in o for o in ops) == 1 and a not in out
+        for o, s in zip(ops, in_specs, strict=True)
+        for a, e in zip(o, spec_partitions(s), strict=False)
+    )
+    if not lone_split:
+        best_matches_xla(case)
+        return
+    # A split lone-reduced axis: XLA sums it locally and all-reduces that operand at once; the analyzer
+    # may instead carry the partial sums through the (linear) einsum and reduce the result, when that is
+    # the smaller buffer.  XLA's program is an option and costs no less than the analyzer's choice.
+    xla, plan = compile_and_analyze(case)
+    same = [p for p in plan.options if sig(p.collectives) == sig(xla)]
+    assert same and min(p.time for p in same) >= plan.time, describe(case, xla, plan)

@@ -523,3 +523,39 @@ def test_error_einsum_output():
     assert_points(e, "b x, x y -> b z", 14, "output axis 'z'")
     e = _raise(parse_einsum, "b x, x y -> b ...")
     assert_points(e, "b x, x y -> b ...", 14, "'...' in the output")
+
+
+# -- '?' on an einsum's output: the analyzer chooses (bare names are whole, as in a placement) ------------
+
+
+def test_question_mark_marks_a_chosen_output():
+    from einshard.parsing import parse_einsum
+
+    e = parse_einsum("b x@data, x y -> b? y?")
+    assert e.output_chosen and [str(i) for i in e.output.axes] == ["b?", "y?"]
+    assert not parse_einsum("b x@data, x y -> b y").output_chosen
+    assert parse_einsum("... d, d f -> ... f?").output_chosen
+
+
+@pytest.mark.parametrize(
+    "text, message, column",
+    [
+        ("b x, x y -> b? y", "output axis 'y' has no '?'", 15),
+        ("b? x, x y -> b y", "is for the output side", 0),
+        ("b x, x y -> b? y? {U:data}", "write one or the other", 18),
+        ("b x, x y -> b?@data y?", None, None),  # '?' and '@' on one axis: a syntax error
+    ],
+)
+def test_question_mark_errors(text, message, column):
+    from einshard.parsing import parse_einsum
+
+    with pytest.raises(EinshardError, match=message) as info:
+        parse_einsum(text)
+    if column is not None:
+        assert info.value.column == column
+
+
+def test_question_mark_is_not_a_placement():
+    with pytest.raises(EinshardError, match="belongs on an einsum's output side") as info:
+        parse_placement("a b -> a? b")
+    assert info.value.column == 7

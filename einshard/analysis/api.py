@@ -2,11 +2,11 @@
 
 Example:
     >>> import einshard
-    >>> plan = einshard.analyze("b@data x, x y@model -> b y", mesh={"data": 4, "model": 2},
+    >>> plan = einshard.analyze("b@data x, x y@model -> b? y?", mesh={"data": 4, "model": 2},
     ...                         sizes={"b": 1024, "x": 4096, "y": 16384}, dtype="bf16", profile="h100")
     >>> plan.strategy, plan.collectives, tuple(plan.out_spec)
     ('hybrid DP×TP', (), ('data', 'model'))
-    >>> plan = einshard.analyze("b x@model, x@model y -> b y", mesh={"model": 4}, sizes={"b": 64, "x": 128, "y": 256})
+    >>> plan = einshard.analyze("b x@model, x@model y -> b? y?", mesh={"model": 4}, sizes={"b": 64, "x": 128, "y": 256})
     >>> [(c.kind, c.axes, c.bytes) for c in plan.collectives]          # row-parallel TP: sum the partial products
     [('all-reduce', ('model',), 98304)]
     >>> [(str(a.out_layout), [c.kind for c in a.collectives]) for a in plan.alternatives[:3]]
@@ -85,33 +85,23 @@ def _einsum_text(expr: str) -> str:
 
 
 def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | None:
-    if mesh is None:
-        for x in operands:
-            m = getattr(getattr(x, "sharding", None), "mesh", None)
-            if m is not None and getattr(m, "shape", None):
-                mesh = m
-                break
-    if mesh is None:
-        import jax
+    """``mesh=``, else the current mesh (``jax.set_mesh``), else the operands' (einshard.mesh), else None
+    (an einsum with nothing sharded needs no mesh)."""
+    if isinstance(mesh, dict):  # the common analysis call: sizes only, answered without asking JAX
+        _check_sizes(mesh)
+        return tuple(MeshAxis(str(name), size) for name, size in mesh.items())
+    from ..core.mesh import mesh_axes, resolve_mesh
 
-        abstract = jax.sharding.get_abstract_mesh()
-        if abstract.empty:
-            return None
-        mesh = abstract
-    if isinstance(mesh, dict):
-        items = list(mesh.items())
-    elif hasattr(mesh, "shape") and hasattr(mesh, "axis_names"):
-        items = list(dict(mesh.shape).items())
-    else:
-        raise EinshardError(
-            f"mesh must be a jax.sharding.Mesh, an AbstractMesh or a dict of axis sizes, got {type(mesh).__name__}"
-        )
-    out = []
-    for name, size in items:
-        if not isinstance(size, int) or size < 1:
-            raise EinshardError(f"mesh axis {name!r} has size {size!r}; sizes are positive integers")
-        out.append(MeshAxis(str(name), int(size)))
-    return tuple(out)
+    found = resolve_mesh(mesh, operands, what="einshard.analyze", check_operands=False, required=False)
+    return None if found is None else mesh_axes(found)
+
+
+def _check_sizes(mesh: dict[Any, Any]) -> None:
+    for name, size in mesh.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise EinshardError(f"mesh axis {name!r} has size {size!r}; sizes are positive integers (mesh={mesh!r})")
+        if not isinstance(name, str) or not name:
+            raise EinshardError(f"mesh= as a dict maps axis names (strings) to sizes, got the key {name!r}")
 
 
 def spec_partitions(spec: Any) -> tuple[Any, ...]:
@@ -240,9 +230,12 @@ def analyze(
         expr: an einshard einsum, its operands' axes optionally annotated with
             mesh axes (``'b x@data, x y@model -> b y'``), or a ``jnp.einsum``
             string (``'bx,xy->by'``) with layouts from ``in_specs`` or the
-            operands' shardings.  An annotated output (``-> b y@model``, or
-            ``{U:model}`` for pending sums) is the layout to deliver; an
-            unannotated one is inferred.
+            operands' shardings.  The output side is the layout to deliver:
+            ``-> b y@model`` (bare names are whole, as in a placement;
+            ``{U:model}`` for pending sums); ``-> b? y?`` lets the analyzer
+            choose (as does a ``jnp.einsum`` string).  A bare output where the
+            analyzer would choose another layout warns (FutureWarning): before
+            0.3 it meant "choose".
         *operands: arrays or ``jax.ShapeDtypeStruct``s (for sizes, dtype and,
             without annotations, shardings); or none, with ``sizes``.
         mesh: a ``Mesh``/``AbstractMesh``, a dict of axis sizes
@@ -308,7 +301,9 @@ def _analyze(
 ) -> Plan:
     sizes = dict(size_items) if size_items else None
     text = _einsum_text(expr)
+    jnp_style = text != expr
     parsed = parse_einsum(text)
+    chosen = parsed.output_chosen
     if ops and len(ops) != len(parsed.inputs):
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but {len(ops)} arrays were given")
     if in_specs is not None and len(in_specs) != len(parsed.inputs):
@@ -372,18 +367,25 @@ def _analyze(
                 dims, unreduced = _spec_dims(spec, len(side.axes), f"operand {k + 1}'s sharding")
         layouts.append(_layout_of(parsed, side, dims, unreduced, known, mesh_axes, f"operand {k + 1}"))
 
+    # The output side (README "Syntax"): 'b? y?' lets the analyzer choose; 'b y@model' / '{U:model}' asks for
+    # that layout; bare names are whole (replicated), as in a placement.  A jnp.einsum string ('bx,xy->by')
+    # has no layouts of its own: its result is chosen, as jnp.einsum's is.
     out_side = parsed.output
     out_dims = tuple(item.mesh_axes or () for item in out_side.axes)
     requested: Layout | None = None
+    bare = False
     if out_spec is not None:
-        if any(out_dims) or out_side.unreduced:
+        if any(out_dims) or out_side.unreduced or chosen:
             raise parsed.fail("the output layout comes from its annotation or out_spec, not both", out_side.column)
         d, u = _spec_dims(out_spec, len(out_side.axes), "out_spec")
         requested = _layout_of(parsed, out_side, d, u, known, mesh_axes, "the output")
-    elif any(out_dims) or out_side.unreduced:
+    elif chosen or jnp_style or not out_side.axes:  # a scalar result is whole either way
+        requested = None
+    else:
         requested = _layout_of(
             parsed, out_side, out_dims, frozenset(out_side.unreduced), known, mesh_axes, "the output"
         )
+        bare = not any(out_dims) and not out_side.unreduced
 
     if dtype is None and ops:
         dtype = getattr(ops[0], "dtype", None)
@@ -398,7 +400,38 @@ def _analyze(
         itemsize,
         prof,
     )
-    return analyze_layouts(problem, dname)
+    plan = analyze_layouts(problem, dname)
+    if bare and any(any(d) or op.unreduced for op in layouts for d in op.dims):
+        _warn_if_meaning_changed(text, plan, problem, dname)
+    return plan
+
+
+def _warn_if_meaning_changed(text: str, plan: Plan, problem: Problem, dname: str) -> None:
+    """Before 0.3 a bare output ('-> b y') on an einsum meant "infer"; it now means whole, as in a placement.
+
+    A FutureWarning (not an error: the result is the same values, laid out whole) when that changes the
+    answer: the analyzer, left to choose, would deliver another layout.
+    """
+    import dataclasses
+    import warnings
+
+    inferred = analyze_layouts(dataclasses.replace(problem, requested=None), dname)
+    if inferred.out_layout == plan.out_layout:
+        return
+    out = " ".join(f"{_axis_label(a)}?" for a in problem.out_axes)
+    warnings.warn(
+        f"einsum {text!r}: a bare output side now means a whole (replicated) result, as in a placement "
+        f"(einshard < 0.3 let the analyzer choose: it would deliver {side_string(inferred.out_layout)}). "
+        f"Write '-> {out}' to let it choose, or annotate the layout you want ('-> {side_string(inferred.out_layout)}').",
+        FutureWarning,
+        stacklevel=4,
+    )
+
+
+def _axis_label(name: str) -> str:
+    from ..parsing import format_name
+
+    return format_name(name)
 
 
 def plan_einsum(

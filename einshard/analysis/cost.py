@@ -16,7 +16,11 @@ collective-permute     s                            s, the local shard
 
 Time is α–β: ``hops · latency + bytes / bandwidth`` with ``hops`` = n-1 for a
 ring pass (2(n-1) for an all-reduce, which is a reduce-scatter then an
-all-gather) and 1 for a permute.  On a ``ring`` topology (TPU ICI) an
+all-gather) and 1 for a permute.  A collective over several mesh axes at once
+(one all-reduce over ``('data', 'model')``) runs one ring pass per axis (XLA
+on a TPU torus, NCCL's hierarchical rings), so its latency is Σ(n_i-1) hops,
+not ∏n_i - 1 (scaling book, sharding.md: ``T_min·Σ|X_i|/2``); it is then never
+slower than one collective per axis, which sends more bytes over as many hops.  On a ``ring`` topology (TPU ICI) an
 all-to-all takes ``V / (4 W)`` (scaling book, sharding.md Problem 10); on a
 ``switch`` (an NVLink node, a CPU host) it takes its bytes over ``W``.
 
@@ -56,17 +60,25 @@ class Profile:
     latency: float
     topology: str = "switch"
 
-    def collective_time(self, kind: str, n: int, bytes_sent: float, array_bytes: float) -> float:
-        """Seconds for one collective over a group of ``n`` devices."""
+    def collective_time(
+        self, kind: str, n: int, bytes_sent: float, array_bytes: float, axis_sizes: tuple[int, ...] | None = None
+    ) -> float:
+        """Seconds for one collective over a group of ``n`` devices.
+
+        ``axis_sizes``: the sizes of the mesh axes the group spans (their
+        product is ``n``); a ring pass per axis gives Σ(n_i-1) hops.  Without
+        it the group is one ring of ``n``.
+        """
         if n <= 1:
             return 0.0
         if kind == "collective-permute":
             return self.latency + bytes_sent / self.bandwidth
+        ring = sum(k - 1 for k in axis_sizes) if axis_sizes else n - 1
         if kind == "all-to-all":
             if self.topology == "ring":
-                return self.latency * (n - 1) + n * array_bytes / (4 * self.bandwidth)
-            return self.latency * (n - 1) + bytes_sent / self.bandwidth
-        hops = 2 * (n - 1) if kind == "all-reduce" else n - 1
+                return self.latency * ring + n * array_bytes / (4 * self.bandwidth)
+            return self.latency * ring + bytes_sent / self.bandwidth
+        hops = 2 * ring if kind == "all-reduce" else ring
         return self.latency * hops + bytes_sent / self.bandwidth
 
     def compute_time(self, flops: float) -> float:

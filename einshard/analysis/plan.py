@@ -281,15 +281,28 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 def explain_choice(
     operands: tuple[Layout, ...], cand: Candidate, classes: dict[str, str], sizes: dict[str, int]
 ) -> str:
-    """One line: per mesh axis, what it keeps and what that asks of each operand."""
+    """One line: per mesh axis, what it keeps and what that asks of each operand.
+
+    Each action named is one the candidate's collectives carry out: an operand
+    whose lone-reduced axes are summed locally first is read as the candidate
+    moves it (``sum z locally``, then its pending sums are reduced, not gathered).
+    """
+    sources = cand.sources or operands
     parts = []
+    for i, (op, src) in enumerate(zip(operands, sources, strict=False)):
+        if src is not op and src.axes != op.axes:
+            summed = [a for a in op.axes if a not in src.axes]
+            parts.append(f"op{i + 1}: sum {', '.join(_axis_name(a) for a in summed)} locally first")
     for m, e in cand.choice:
         if sizes[m] == 1:
             continue
         acts = []
-        for i, op in enumerate(operands):
+        for i, op in enumerate(sources):
             pos = next((a for a, d in zip(op.axes, op.dims, strict=False) if m in d), None)
             tag = f"op{i + 1}"
+            if m in op.unreduced:
+                carried = m in cand.targets[i].unreduced
+                acts.append(f"carry {tag}'s partial sums" if carried else f"reduce {tag}")
             if e is None:
                 if pos is not None:
                     acts.append(f"gather {tag}")
@@ -301,7 +314,9 @@ def explain_choice(
                 acts.append(f"gather {tag}")
             elif e in op.axes:
                 acts.append(f"slice {tag}")
-        if e is None:
+        if e is None and m in cand.computed.unreduced:
+            head = f"{m}: partial sums carried through the einsum"
+        elif e is None:
             head = f"{m}: replicate (compute duplicated)"
         elif classes[e] in (CONTRACTED, LONE):
             head = f"{m}: keep {_axis_name(e)} split ({classes[e]}) → partial sums"

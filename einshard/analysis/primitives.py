@@ -71,6 +71,22 @@ def _sizes(lay: Layout) -> dict[str, int]:
     return sizes
 
 
+def _derived(lay: Layout, dims: tuple[tuple[str, ...], ...], unreduced: frozenset[str] | None = None) -> Layout:
+    """``lay.with_dims(dims, unreduced)`` without re-running Layout's validation.
+
+    The analyzer derives thousands of short-lived layouts per einsum from validated ones; each
+    primitive checks what its step could break (divisibility of a new split, a mesh axis used
+    twice), so re-validating every field (a third of a fresh analysis) is skipped here.
+    """
+    new = object.__new__(Layout)
+    object.__setattr__(new, "axes", lay.axes)
+    object.__setattr__(new, "shape", lay.shape)
+    object.__setattr__(new, "mesh", lay.mesh)
+    object.__setattr__(new, "dims", dims)
+    object.__setattr__(new, "unreduced", lay.unreduced if unreduced is None else unreduced)
+    return new
+
+
 def _shards(lay: Layout, i: int) -> int:
     sizes = _sizes(lay)
     n = 1
@@ -109,13 +125,17 @@ def _record(
     why: str,
 ) -> Collective:
     sent_i = int(round(sent))
+    sizes = _sizes(before)
+    per_axis = tuple(sizes[a] for a in axes)
+    if math.prod(per_axis) != n:  # a regrouped gather runs over a factor of its axes: one ring of n
+        per_axis = (n,)
     return Collective(
         kind,
         axes,
         n,
         sent_i,
         array_bytes,
-        profile.collective_time(kind, n, sent_i, array_bytes),
+        profile.collective_time(kind, n, sent_i, array_bytes, per_axis),
         tensor,
         why,
         before,
@@ -161,7 +181,7 @@ def all_gather(
         raise EinshardError(
             f"all-gather over {axes}: they are not the minor-most mesh axes of {lay.axes[i]!r} in {lay}"
         )
-    after = lay.with_dims(lay.dims[:i] + (d[: len(d) - len(axes)],) + lay.dims[i + 1 :])
+    after = _derived(lay, lay.dims[:i] + (d[: len(d) - len(axes)],) + lay.dims[i + 1 :])
     n = _group(lay, axes)
     v = _local_bytes(after, itemsize)
     return after, _record("all-gather", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why)
@@ -177,7 +197,7 @@ def dynamic_slice(lay: Layout, axes: tuple[str, ...], axis: str | int) -> tuple[
     for a in axes:
         if _where(lay, a) is not None or a in lay.unreduced:
             raise EinshardError(f"dynamic-slice over {a!r}: {lay} is not replicated over it")
-    after = lay.with_dims(lay.dims[:i] + (lay.dims[i] + tuple(axes),) + lay.dims[i + 1 :])
+    after = _derived(lay, lay.dims[:i] + (lay.dims[i] + tuple(axes),) + lay.dims[i + 1 :])
     if lay.shape[i] % _shards(after, i):
         raise EinshardError(
             f"axis {lay.axes[i]!r} has size {lay.shape[i]}, which does not split into {_shards(after, i)} shards"
@@ -192,7 +212,7 @@ def all_reduce(
     _check_axes(lay, axes)
     if not set(axes) <= lay.unreduced:
         raise EinshardError(f"all-reduce over {axes}: {lay} holds no pending sums over them")
-    after = lay.with_dims(lay.dims, lay.unreduced - set(axes))
+    after = _derived(lay, lay.dims, lay.unreduced - set(axes))
     n = _group(lay, axes)
     v = _local_bytes(lay, itemsize)
     return after, _record("all-reduce", tuple(axes), n, 2 * (n - 1) / n * v, v, lay, after, profile, tensor, why)
@@ -231,7 +251,7 @@ def reduce_scatter(
         or any(_where(lay, m) is not None or m in lay.unreduced for m in extra)
     ):
         raise EinshardError(f"reduce-scatter over {axes}: cannot split {lay.axes[i]!r} as {new} from {lay}")
-    after = lay.with_dims(lay.dims[:i] + (new,) + lay.dims[i + 1 :], lay.unreduced - set(axes))
+    after = _derived(lay, lay.dims[:i] + (new,) + lay.dims[i + 1 :], lay.unreduced - set(axes))
     if lay.shape[i] % _shards(after, i):
         raise EinshardError(
             f"axis {lay.axes[i]!r} has size {lay.shape[i]}, which does not split into {_shards(after, i)} shards"
@@ -263,7 +283,7 @@ def all_to_all(
     dims = list(lay.dims)
     dims[i] = d[: len(d) - len(axes)]
     dims[j] = dims[j] + tuple(axes)
-    after = lay.with_dims(tuple(dims))
+    after = _derived(lay, tuple(dims))
     if lay.shape[j] % _shards(after, j):
         raise EinshardError(
             f"axis {lay.axes[j]!r} has size {lay.shape[j]}, which does not split into {_shards(after, j)} shards"
@@ -286,7 +306,7 @@ def collective_permute(
     if len(dims) != len(lay.dims) or any(set(a) != set(b) for a, b in zip(dims, lay.dims, strict=False)):
         raise EinshardError(f"collective-permute changes only the order of mesh axes within an axis of {lay}")
     moved = tuple(m for a, b in zip(dims, lay.dims, strict=False) if a != b for m in b)
-    after = lay.with_dims(tuple(dims))
+    after = _derived(lay, tuple(dims))
     s = _local_bytes(lay, itemsize)
     n = _group(lay, moved) if moved else 1
     return after, _record("collective-permute", moved, n, s if moved else 0, s, lay, after, profile, tensor, why)
@@ -324,14 +344,14 @@ def regroup(
     d = lay.dims[i]
     keep = d[: len(d) - len(gone)]
     kw = {"itemsize": itemsize, "profile": profile, "tensor": tensor}
-    after = lay.with_dims(lay.dims[:i] + (keep + tuple(new),) + lay.dims[i + 1 :])
+    after = _derived(lay, lay.dims[:i] + (keep + tuple(new),) + lay.dims[i + 1 :])
     if lay.shape[i] % _shards(after, i):
         raise EinshardError(f"axis {lay.axes[i]!r} does not split over {new}")
     why = f"re-split {_name(lay, i)} from {','.join(gone)} to {','.join(new)}"
     if p % q == 0:
         f = p // q
         s = _local_bytes(lay, itemsize)
-        mid = lay.with_dims(lay.dims[:i] + (keep + tuple(new),) + lay.dims[i + 1 :])
+        mid = _derived(lay, lay.dims[:i] + (keep + tuple(new),) + lay.dims[i + 1 :])
         steps = [_record("collective-permute", gone + new, p, s, s, lay, mid, profile, tensor, why)]
         if f > 1:
             v = _local_bytes(after, itemsize)
@@ -386,7 +406,7 @@ def _drop_trivial(lay: Layout) -> Layout:
     if all(sizes[m] > 1 for d in lay.dims for m in d) and all(sizes[m] > 1 for m in lay.unreduced):
         return lay
     dims = tuple(tuple(m for m in d if sizes[m] > 1) for d in lay.dims)
-    return lay.with_dims(dims, frozenset(m for m in lay.unreduced if sizes[m] > 1))
+    return _derived(lay, dims, frozenset(m for m in lay.unreduced if sizes[m] > 1))
 
 
 def _transition(

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
 from .cost import Collective, Profile
-from .primitives import all_reduce, transition
+from .primitives import _derived, all_reduce, transition
 
 __all__ = ["Problem", "Candidate", "classify", "enumerate_candidates"]
 
@@ -71,6 +71,12 @@ class Candidate:
     flops: int  # per device
     time: float
     comm_bytes: int
+    # The operands as the moves start from: as given, or with lone-reduced axes summed locally first.
+    sources: tuple[Layout, ...] = ()
+    # Gathers a mesh axis that every operand holding its einsum axis already splits the same way
+    # (``b@x d, b@x f -> d f`` computed whole on every device).  XLA never does this: it keeps an
+    # agreed split (partial sums or a batch split); ranked after every candidate that keeps it.
+    unsplits_agreed: bool = False
 
 
 def classify(operand_axes: tuple[tuple[str, ...], ...], out_axes: tuple[str, ...]) -> dict[str, str]:
@@ -181,8 +187,10 @@ def enumerate_candidates(problem: Problem) -> list[Candidate]:
     kw = {"itemsize": problem.itemsize, "profile": problem.profile, "memo": {}}
     out_shape = tuple(size_of[e] for e in problem.out_axes)
     variants = _operand_variants(problem, classes)
+    agreed = agreed_splits(problem)
     for combo in itertools.product(*(opts for _, opts in per_axis)):
         choice = dict(zip(names, combo, strict=False))
+        dropped = [m for m in agreed if choice[m] is None]
         kept_on: dict[str, list[str]] = {}
         for m, e in choice.items():
             if e is not None:
@@ -192,6 +200,8 @@ def enumerate_candidates(problem: Problem) -> list[Candidate]:
         for orders in itertools.product(*(os for _, os in multi)):
             order = {e: o for (e, _), o in zip(multi, orders, strict=False)}
             for operands, pre in variants:
+                # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
+                kw["unsplits"] = any(m in d for m in dropped for op in operands for d in op.dims)
                 if any(
                     pre[i]
                     and any(
@@ -260,7 +270,7 @@ def _candidates_with(
         dims = tuple(order.get(e, ()) for e in op.axes)
         if not _fits(op.shape, dims, mesh_sizes):
             return []
-        target = Layout(op.axes, op.shape, op.mesh, dims, keep_u[i])
+        target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
         st = _memo_transition(kw, (i, id(op), dims, keep_u[i]), op, target, f"operand {i + 1}")
         if st is None:  # an impossible step: not a candidate
             return []
@@ -295,8 +305,38 @@ def _candidates_with(
                     flops,
                     time,
                     sum(c.bytes for c in all_steps),
+                    operands,
+                    kw["unsplits"],
                 )
             )
+    return out
+
+
+def agreed_splits(problem: Problem) -> dict[str, str]:
+    """Mesh axes every operand agrees on: ``{m: e}`` where each operand holding einsum axis ``e`` splits
+    it over ``m`` (at least two do, or ``e`` is lone-reduced) and no operand splits anything else over ``m``.
+
+    Example:
+        >>> from einshard.core.layout import Layout, MeshAxis
+        >>> mesh = (MeshAxis("x", 8),)
+        >>> a = Layout(("b", "d"), (8, 16), mesh, (("x",), ()))
+        >>> c = Layout(("b", "f"), (8, 16), mesh, (("x",), ()))
+        >>> agreed_splits(Problem((a, c), ("d", "f"), (("b", 8), ("d", 16), ("f", 16)), mesh, None, 4, None))
+        {'x': 'b'}
+    """
+    out: dict[str, str] = {}
+    for m in problem.mesh:
+        if m.size == 1:
+            continue
+        at = [_position(op, m.name) for op in problem.operands]
+        named = {e for e in at if e is not None}
+        if len(named) != 1:
+            continue
+        e = named.pop()
+        holders = [i for i, op in enumerate(problem.operands) if e in op.axes]
+        lone = len(holders) == 1 and e not in problem.out_axes
+        if (len(holders) >= 2 or lone) and all(at[i] == e for i in holders):
+            out[m.name] = e
     return out
 
 
@@ -353,10 +393,21 @@ def _resolutions(problem: Problem, computed: Layout, mesh_sizes: dict[str, int])
 
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
-    """Cheapest first (time, then bytes, then fewer collectives); equal candidates dropped."""
+    """Cheapest first (time, then bytes, then fewer collectives); equal candidates dropped.
+
+    Candidates that gather a split every operand agrees on come last whatever
+    their time: XLA always keeps such a split (it reduces the partial sums),
+    and on small buffers the α–β model alone would prefer gathering both
+    operands, which sends fewer bytes when the batch is small (``B < 2DF/(D+F)``
+    for ``b d, b f -> d f``) but duplicates the compute and the activations on
+    every device.  Analysis is there to say what the compiled program does.
+    """
     seen: set[object] = set()
     ranked: list[Candidate] = []
-    keyed = sorted(enumerate(candidates), key=lambda ic: (ic[1].time, ic[1].comm_bytes, len(ic[1].steps), ic[0]))
+    keyed = sorted(
+        enumerate(candidates),
+        key=lambda ic: (ic[1].unsplits_agreed, ic[1].time, ic[1].comm_bytes, len(ic[1].steps), ic[0]),
+    )
     for _, c in keyed:
         key = (
             c.out.dims,

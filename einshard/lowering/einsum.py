@@ -357,7 +357,7 @@ def einsum(
     ``'b x@data, x y@model -> b y@model'``: the operands are placed as written
     (numpy arrays, arrays on another layout and tracers alike), the analyzer's
     plan is run as a ``jax.shard_map`` with explicit collectives, and the result
-    comes back laid out as the output side says (or as the analyzer inferred:
+    comes back laid out as the output side says (with ``-> b? y?``, as the analyzer chooses:
     a complete result).  Pending sums (``-> b y {U:model}``) come back as
     per-device partial values on a new leading axis split over those mesh
     axes; ``.sum(0)`` finishes them.

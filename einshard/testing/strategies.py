@@ -356,7 +356,8 @@ def _einsums(
     in_dims = tuple(annotate(op) for op in ops[::-1])[::-1]
     side = lambda axes, dims: " ".join(_item(a, d) for a, d in zip(axes, dims))  # noqa: E731
     expression = ", ".join(side(op, d) for op, d in zip(ops, in_dims)) + " -> "
-    expression += side(out, out_dims) if out_dims is not None else " ".join(out)
+    # Not annotated: '?' on every output axis lets the analyzer choose (a bare name would mean whole).
+    expression += side(out, out_dims) if out_dims is not None else " ".join(f"{a}?" for a in out)
     return EinsumCase(expression, tuple(ops), out, size_of, mesh, in_dims, out_dims)
 
 
