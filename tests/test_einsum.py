@@ -209,3 +209,19 @@ def test_einsum_composes_with_vmap_jit_and_grad():
     g = jax.grad(lambda w: jnp.sum(jax.vmap(f, in_axes=(0, None))(xs, w) ** 2))(w)
     want = jax.grad(lambda w: jnp.sum(jnp.einsum("abk,kn->abn", xs, w, precision="highest") ** 2))(w)
     np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_output_whose_mesh_axes_change_order_is_gathered_then_sliced(mode):
+    # c@x -> c@(y,x): every device's block moves, which no slice does (found by the gradient property).
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+    rng = np.random.default_rng(0)
+    a, b = rng.random((2, 2, 8), np.float32), rng.random((2, 2, 4), np.float32)
+    expr = "a b c@x, a b e@x -> a c@(y,x)"
+    out = einshard.einsum(expr, a, b, mesh=mesh, mode=mode)
+    np.testing.assert_allclose(np.asarray(out), np.einsum("abc,abe->ac", a, b), rtol=1e-5)
+    assert out.sharding.spec == P(None, ("y", "x"))
+    grads = jax.grad(lambda a, b: einshard.einsum(expr, a, b, mesh=mesh, mode=mode).sum(), (0, 1))(a, b)
+    want = jax.grad(lambda a, b: jnp.einsum("abc,abe->ac", a, b).sum(), (0, 1))(a, b)
+    for g, w in zip(grads, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5)

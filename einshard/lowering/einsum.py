@@ -52,9 +52,11 @@ def _slices(cur: Layout, target: Layout, operand: int | str) -> tuple[list[Step]
         if have == want:
             continue
         if want[: len(have)] != have:
-            raise EinshardError(
-                f"internal: the plan goes from {cur} to {target} without a collective on axis {cur.axes[d]!r}"
-            )
+            # The target orders the mesh axes differently (c@x -> c@(y,x)): the block a device holds must
+            # move, which no slice does.  Gather the axis, then slice it in the target's order.
+            steps.append(Step("all-gather", operand, have, dim=d))
+            steps.append(Step("dynamic-slice", operand, want, dim=d))
+            continue
         steps.append(Step("dynamic-slice", operand, want[len(have) :], dim=d))
     return steps, target.with_dims(target.dims, cur.unreduced)
 
