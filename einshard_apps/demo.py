@@ -100,7 +100,7 @@ def check_layout_fits(preset: Preset, mesh: dict[str, int], cfg: Any, batch: int
     try:
         texts = leaf_expressions(abstract, preset.params)
     except EinshardError as err:
-        raise EinshardError(f"--layout {preset.name}: {err.reason}", err.expression, err.column, err.hint) from None
+        raise EinshardError(f"layout {preset.name!r}: {err.reason}", err.expression, err.column, err.hint) from None
     checks = [(jax.tree_util.keystr(path), tuple(leaf.shape), text) for (path, leaf), text in zip(leaves, texts)]
     checks.append(("the batch", (batch, cfg.seq + 1), preset.batch))
     for where, shape, text in checks:
@@ -110,10 +110,12 @@ def check_layout_fits(preset: Preset, mesh: dict[str, int], cfg: Any, batch: int
             _layout(text, shape, mesh=mesh)
         except EinshardError as err:
             flags = [f"{flag} (axis '{axis}')" for axis, flag in _AXIS_FLAGS.items() if f"'{axis}'" in err.reason]
-            hint = "Change " + (" or ".join(flags) if flags else "the sizes") + ", or choose another --mesh."
+            hint = err.hint or ""
+            if flags:  # a size that does not split: say which flag sets it
+                hint = (hint + " " if hint else "") + "Change " + " or ".join(flags) + ", or choose another --mesh."
             mesh_text = ",".join(f"{k}={v}" for k, v in mesh.items())
             raise EinshardError(
-                f"--layout {preset.name} on --mesh {mesh_text} does not fit {where} (shape {shape}): {err.reason}",
+                f"layout {preset.name!r} on mesh {mesh_text} does not fit {where} (shape {shape}): {err.reason}",
                 err.expression,
                 err.column,
                 hint,

@@ -28,7 +28,7 @@ def test_every_preset_fits_the_default_model_on_its_default_mesh(name):
 def test_a_layout_that_does_not_fit_names_the_flag(name, mesh, cfg, batch, flag):
     with pytest.raises(EinshardError) as err:
         check_layout_fits(PRESETS[name], mesh, cfg, batch=batch)
-    assert flag in str(err.value) and f"--layout {name}" in str(err.value)
+    assert flag in str(err.value) and f"layout {name!r}" in str(err.value)
 
 
 def test_the_cli_reports_it_before_training(capsys):

@@ -56,9 +56,9 @@ def _agree(
         nb = b.with_dims(tuple(da if k == j else d for k, d in enumerate(b.dims)))
         w.change(eqn, phase, b, nb, dtype, repeat, why)
         return da, a, nb
-    na = a.with_dims(tuple(db if k == i else d for k, d in enumerate(a.dims)))
-    if set(db) & set(m for k, d in enumerate(a.dims) if k != i for m in d):
-        na = a.with_dims(tuple(db if k == i else tuple(m for m in d if m not in db) for k, d in enumerate(a.dims)))
+    # Axis i takes b's split; a mesh axis of it that splits another axis of a is gathered there first
+    # (a Layout never names a mesh axis twice).
+    na = a.with_dims(tuple(db if k == i else tuple(m for m in d if m not in db) for k, d in enumerate(a.dims)))
     w.change(eqn, phase, a, na, dtype, repeat, why)
     return db, na, b
 
