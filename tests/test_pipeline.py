@@ -9,51 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import AxisType
+from pipeline_models import HI, D, assert_same, layer, loss_of, make, sequential
 
 from einshard.errors import EinshardError
 from einshard.lowering.pipeline import circular_layer_order, pipeline, pipeline_info
-
-HI = jax.lax.Precision.HIGHEST
-D = 4
 
 
 def _mesh(shape, names):
     n = int(np.prod(shape))
     return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), devices=jax.devices()[:n])
-
-
-def layer(p, h):
-    return jnp.tanh(jnp.dot(h, p["w"], precision=HI) + p["b"]) + 0.5 * h
-
-
-def sequential(layer_fn, params, x):
-    return jax.lax.scan(lambda h, p: (layer_fn(p, h), None), x, params)[0]
-
-
-def make(layers, batch, seed=0):
-    rng = np.random.default_rng(seed)
-    params = {
-        "w": (rng.standard_normal((layers, D, D)) / np.sqrt(D)).astype(np.float32),
-        "b": (0.1 * rng.standard_normal((layers, D))).astype(np.float32),
-    }
-    x = rng.standard_normal((batch, D)).astype(np.float32)
-    target = rng.standard_normal((batch, D)).astype(np.float32)
-    return params, x, target
-
-
-def loss_of(run):
-    def loss(params, x, target):
-        return jnp.mean((run(params, x) - target) ** 2)
-
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-
-
-def assert_same(got, want, tol=2e-6):
-    (lg, gg), (lw, gw) = got, want
-    np.testing.assert_allclose(lg, lw, rtol=tol, atol=tol)
-    for a, b in zip(jax.tree_util.tree_leaves(gg), jax.tree_util.tree_leaves(gw), strict=True):
-        assert np.all(np.isfinite(a))
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=tol)
 
 
 # (stages, data, microbatches, repeats, schedule)

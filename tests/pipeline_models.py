@@ -1,0 +1,44 @@
+"""The small stacked-layer model and checks the pipeline tests share (GPipe/circular and 1F1B)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HI = jax.lax.Precision.HIGHEST
+D = 4
+
+
+def layer(p, h):
+    return jnp.tanh(jnp.dot(h, p["w"], precision=HI) + p["b"]) + 0.5 * h
+
+
+def sequential(layer_fn, params, x):
+    return jax.lax.scan(lambda h, p: (layer_fn(p, h), None), x, params)[0]
+
+
+def make(layers, batch, seed=0):
+    rng = np.random.default_rng(seed)
+    params = {
+        "w": (rng.standard_normal((layers, D, D)) / np.sqrt(D)).astype(np.float32),
+        "b": (0.1 * rng.standard_normal((layers, D))).astype(np.float32),
+    }
+    x = rng.standard_normal((batch, D)).astype(np.float32)
+    target = rng.standard_normal((batch, D)).astype(np.float32)
+    return params, x, target
+
+
+def loss_of(run):
+    def loss(params, x, target):
+        return jnp.mean((run(params, x) - target) ** 2)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+def assert_same(got, want, tol=2e-6):
+    (lg, gg), (lw, gw) = got, want
+    np.testing.assert_allclose(lg, lw, rtol=tol, atol=tol)
+    for a, b in zip(jax.tree_util.tree_leaves(gg), jax.tree_util.tree_leaves(gw), strict=True):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=tol)
