@@ -67,6 +67,8 @@ from ..placement import spec as einshard_spec
 from . import schedules
 from .pipeline_1f1b import one_f_one_b_pipeline
 from .steps import check_lowering_context
+from .steps import vary as _vary
+from .steps import varying_axes as _varying
 
 __all__ = ["PipelineInfo", "pipeline", "pipeline_info", "circular_layer_order"]
 
@@ -200,19 +202,6 @@ def _leaf_specs(params: Any, layouts: ParamLayouts, stage_axis: str, mesh: Any) 
             )
         specs.append(PartitionSpec(*s))
     return jax.tree_util.tree_unflatten(treedef, specs)
-
-
-def _varying(v: Any) -> frozenset[str]:
-    t = jax.typeof(v) if not isinstance(v, jax.ShapeDtypeStruct) else v
-    found = getattr(t, "vma", None)
-    if found is None:
-        found = getattr(getattr(t, "manual_axis_type", None), "varying", None)
-    return frozenset(found or ())
-
-
-def _vary(x: jax.Array, axes: frozenset[str]) -> jax.Array:
-    missing = tuple(sorted(axes - _varying(x)))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 def circular_layer_order(params: Any, stages: int, repeats: int) -> Any:

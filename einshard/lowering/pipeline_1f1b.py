@@ -33,21 +33,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from .schedules import BACKWARD, OneFOneBPlan
+from .steps import vary as _vary
+from .steps import varying_axes as _varying
 
 __all__ = ["one_f_one_b_pipeline"]
-
-
-def _varying(v: Any) -> frozenset[str]:
-    t = jax.typeof(v) if not isinstance(v, jax.ShapeDtypeStruct) else v
-    found = getattr(t, "vma", None)
-    if found is None:
-        found = getattr(getattr(t, "manual_axis_type", None), "varying", None)
-    return frozenset(found or ())
-
-
-def _vary(x: jax.Array, axes: frozenset[str]) -> jax.Array:
-    missing = tuple(sorted(axes - _varying(x)))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 def _spec_axes(spec: PartitionSpec) -> frozenset[str]:

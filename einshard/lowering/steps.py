@@ -120,6 +120,21 @@ def _axes(step: Step) -> str | tuple[str, ...]:
     return step.mesh_axes[0] if len(step.mesh_axes) == 1 else step.mesh_axes
 
 
+def varying_axes(v: Any) -> frozenset[str]:
+    """The mesh axes over which a value inside a shard_map body varies (its check_vma type), across JAX releases."""
+    t = jax.typeof(v) if not isinstance(v, jax.ShapeDtypeStruct) else v
+    found = getattr(t, "vma", None)
+    if found is None:
+        found = getattr(getattr(t, "manual_axis_type", None), "varying", None)
+    return frozenset(found or ())
+
+
+def vary(x: jax.Array, axes: frozenset[str]) -> jax.Array:
+    """``x`` typed as varying over ``axes`` too (``pcast``), so values of both kinds meet under check_vma."""
+    missing = tuple(sorted(axes - varying_axes(x)))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
 def ring_size(mesh_axes: Sequence[str]) -> int:
     """The number of devices on the ring over ``mesh_axes`` (inside a shard_map body)."""
     return math.prod(jax.lax.axis_size(a) for a in mesh_axes)
