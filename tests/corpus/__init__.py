@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["Case", "specs_for", "STRATEGIES"]
+__all__ = ["Case", "specs_for", "STRATEGIES", "transformer_case"]
 
 # The strategies every model is laid out under, on a (data=4, model=2) mesh.
 STRATEGIES = ("dp", "tp", "dp_tp", "fsdp", "vocab", "seq")
@@ -31,6 +31,37 @@ class Case:
     batch: Any  # a pytree of jax.ShapeDtypeStruct
     rules: dict[str, tuple[tuple[str, str], ...]]  # strategy -> ((path regex, expression), ...)
     batch_rules: dict[str, Any] = field(default_factory=dict)  # strategy -> expression(s) for the batch
+
+
+_DATA = ("b s -> b@data s", "b s -> b@data s")  # (tokens, labels) split over the batch
+_BATCH_RULES = {
+    "dp": _DATA,
+    "tp": ("b s -> b s", "b s -> b s"),
+    "dp_tp": _DATA,
+    "fsdp": _DATA,
+    "vocab": _DATA,
+    "seq": ("b s -> b@data s@model", "b s -> b@data s@model"),
+}
+
+
+def transformer_case(
+    name: str,
+    loss: Callable[[Any, Any], Any],
+    params: Any,
+    batch: Any,
+    megatron: tuple[tuple[str, str], ...],
+    vocab: tuple[tuple[str, str], ...],
+    fsdp: tuple[tuple[str, str], ...] | None = None,
+) -> Case:
+    """A transformer's Case under DP, Megatron TP, DP×TP, a vocab-parallel head, sequence parallel (and FSDP).
+
+    Only the path patterns differ between libraries (``'query'`` in Flax, ``.q.weight`` in Equinox...): each
+    model gives its Megatron rules, its embedding/head rules, and FSDP rules where explain matches XLA.
+    """
+    rules = {"dp": (), "tp": megatron, "dp_tp": megatron, "vocab": (*megatron, *vocab), "seq": ()}
+    if fsdp is not None:
+        rules["fsdp"] = fsdp
+    return Case(name, loss, params, batch, rules, {k: v for k, v in _BATCH_RULES.items() if k in rules})
 
 
 def specs_for(case: Case, strategy: str) -> tuple[Any, Any]:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from . import Case
+from . import transformer_case
 
 V, D, F, S, B, H = 64, 32, 64, 8, 8, 2
 
@@ -64,24 +64,14 @@ _MEGATRON = (
     (r"\.up\.bias", "o -> o@model"),
     (r"\.down\.weight", "o i -> o i@model"),
 )
-_DATA = ("b s -> b@data s", "b s -> b@data s")
-CASE = Case(
-    name="eqx",
-    loss=loss,
-    params=PARAMS,
-    batch=BATCH,
-    rules={
-        "dp": (),
-        "tp": _MEGATRON,
-        "dp_tp": _MEGATRON,
-        "vocab": (*_MEGATRON, (r"\.embed\.weight", "v d -> v@model d"), (r"\.head\.weight", "v d -> v@model d")),
-        "seq": (),
-    },
-    batch_rules={
-        "dp": _DATA,
-        "tp": ("b s -> b s", "b s -> b s"),
-        "dp_tp": _DATA,
-        "vocab": _DATA,
-        "seq": ("b s -> b@data s@model", "b s -> b@data s@model"),
-    },
+CASE = transformer_case(
+    "eqx",
+    loss,
+    PARAMS,
+    BATCH,
+    megatron=_MEGATRON,
+    vocab=(
+        (r"\.embed\.weight", "v d -> v@model d"),
+        (r"\.head\.weight", "v d -> v@model d"),
+    ),
 )

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from . import Case
+from . import transformer_case
 
 V, D, F, S, B, H = 64, 32, 64, 8, 8, 2
 
@@ -56,27 +56,16 @@ _MEGATRON = (
     (r"w[qkv]|w1", "d f -> d f@model"),
     (r"wo|w2", "f d -> f@model d"),
 )
-_DATA = ("b s -> b@data s", "b s -> b@data s")
 
-CASE = Case(
-    name="jnp",
-    loss=loss,
-    params=PARAMS,
-    batch=BATCH,
-    rules={
-        "dp": (),
-        "tp": _MEGATRON,
-        "dp_tp": _MEGATRON,
-        "fsdp": ((r"embed", "v d -> v d@data"), (r"pos", "o s d -> o s d@data"), (r"w|head", "a b -> a@data b")),
-        "vocab": (*_MEGATRON, (r"embed", "v d -> v@model d"), (r"head", "d v -> d v@model")),
-        "seq": (),
-    },
-    batch_rules={
-        "dp": _DATA,
-        "tp": ("b s -> b s", "b s -> b s"),
-        "dp_tp": _DATA,
-        "fsdp": _DATA,
-        "vocab": _DATA,
-        "seq": ("b s -> b@data s@model", "b s -> b@data s@model"),
-    },
+CASE = transformer_case(
+    "jnp",
+    loss,
+    PARAMS,
+    BATCH,
+    megatron=_MEGATRON,
+    vocab=(
+        (r"embed", "v d -> v@model d"),
+        (r"head", "d v -> d v@model"),
+    ),
+    fsdp=((r"embed", "v d -> v d@data"), (r"pos", "o s d -> o s d@data"), (r"w|head", "a b -> a@data b")),
 )

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from . import Case
+from . import transformer_case
 
 V, D, F, S, B, H = 64, 32, 64, 8, 8, 2
 
@@ -58,24 +58,14 @@ _MEGATRON = (
     (r"'up'\]\['bias", "f -> f@model"),
     (r"'down'\]\['kernel", "f d -> f@model d"),
 )
-_DATA = ("b s -> b@data s", "b s -> b@data s")
-CASE = Case(
-    name="nnx",
-    loss=loss,
-    params=PARAMS,
-    batch=BATCH,
-    rules={
-        "dp": (),
-        "tp": _MEGATRON,
-        "dp_tp": _MEGATRON,
-        "vocab": (*_MEGATRON, (r"embed", "v d -> v@model d"), (r"'head'", "d v -> d v@model")),
-        "seq": (),
-    },
-    batch_rules={
-        "dp": _DATA,
-        "tp": ("b s -> b s", "b s -> b s"),
-        "dp_tp": _DATA,
-        "vocab": _DATA,
-        "seq": ("b s -> b@data s@model", "b s -> b@data s@model"),
-    },
+CASE = transformer_case(
+    "nnx",
+    loss,
+    PARAMS,
+    BATCH,
+    megatron=_MEGATRON,
+    vocab=(
+        (r"embed", "v d -> v@model d"),
+        (r"'head'", "d v -> d v@model"),
+    ),
 )
