@@ -32,6 +32,7 @@ from .core.mesh import (
     explicit_axes,
     is_tracer,
     mesh_axes,
+    operand_mesh,
     outside_jit,
     show_mesh,
 )
@@ -488,6 +489,10 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
         own = getattr(jax.typeof(x), "sharding", None)
         own_mesh = getattr(own, "mesh", None)
         target = own_mesh if own_mesh is not None and not own_mesh.empty else None
+        if target is not None and outside_jit(x):
+            # Eager jax.grad: the type names the abstract mesh, but the backward pass runs eagerly and
+            # needs the devices, which the concrete array under the tracer has.
+            target = _innermost_concrete_mesh(x) or target
     if target is None:
         raise expr.fail(
             "under jax.jit the expression needs a mesh: pass mesh= or call jax.jit inside `with jax.set_mesh(mesh):`",
@@ -495,6 +500,23 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
         )
     lay = resolve_named(expr, tuple(x.shape), mesh_axes(target))
     types = dict(zip(target.axis_names, target.axis_types))
+    if (
+        isinstance(target, Mesh)
+        and explicit_axes(target)
+        and not auto_axes(target)  # with Auto axes too, the constraint's NamedSharding names the devices
+        and _current_abstract_mesh() is None
+        and not outside_jit(x)
+        and operand_mesh(x) is None
+    ):
+        # JAX's rule: a value that lives on no mesh cannot be given Explicit axes of mesh= inside jax.jit
+        # without the mesh context (it fails later, at dispatch, with "enter your jit into a mesh context").
+        raise expr.fail(
+            f"under jax.jit, laying out a value that lives on no mesh over the Explicit axes of mesh= "
+            f"{show_mesh(target)} needs the mesh context",
+            None,
+            "Call the jitted function inside `with jax.set_mesh(mesh):`, or place the input with einshard() "
+            "before jax.jit.",
+        )
     if explicit_axes(target) and _current_abstract_mesh() is None and eagerly_differentiated(x):
         # JAX itself cannot transpose a reshard on Explicit axes outside a mesh context
         # (eager jax.grad fails with "Expected cotangent type ..."): say what works.
@@ -537,6 +559,15 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
             "With Explicit mesh axes, trace inside `with jax.set_mesh(mesh):`.",
         ) from None
     return x
+
+
+def _innermost_concrete_mesh(x: Any) -> Mesh | None:
+    """The concrete mesh of the array under eager-transformation tracers (None if it has none)."""
+    while isinstance(x, jax.core.Tracer):
+        kind = type(x).__name__
+        x = x.primal if kind in ("JVPTracer", "LinearizeTracer") else x.val if kind == "BatchTracer" else None
+    m = getattr(getattr(x, "sharding", None), "mesh", None)
+    return m if isinstance(m, Mesh) else None
 
 
 def _restrict(lay: Layout, keep: Any) -> PartitionSpec:

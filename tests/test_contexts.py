@@ -252,6 +252,9 @@ FUNCTIONS: dict[str, Cell] = {
 def refusal(fn: str, kind: str, source: str, context: str) -> str | None:
     """The EinshardError message (a regex) a cell must raise, or None if it must compute the reference."""
     cell = FUNCTIONS[fn]
+    if fn == "einshard" and kind == "explicit" and source == "mesh=" and context == "jit":
+        # JAX's rule: a host value given Explicit axes of mesh= inside jit needs the mesh context (README).
+        return "mesh context"
     if source == "operands" and fn in ("sharding", "layout"):
         # No operands to read a mesh from, no mesh= and no mesh context: the error says how to give one.
         return "mesh"
@@ -320,7 +323,12 @@ def _run(fn: str, kind: str, source: str, context: str) -> None:
             if not cell.meta:
                 want = cell.ref(*jax.tree.map(np.asarray, args))  # the unsharded reference, on host copies
                 np.testing.assert_allclose(np.asarray(jax.tree.leaves(out)[0]), np.asarray(want), rtol=2e-5, atol=2e-5)
-                _check_spec(out, mesh, cell.spec)
+                spec = cell.spec
+                if fn == "einsum-auto" and kind == "mixed" and context == "jit" and source != "mesh=" and spec:
+                    # Documented gap (docs/lowering.md, mode='auto'): under a trace on a mixed mesh with no
+                    # concrete mesh, the result's split over the Auto axis ('model') is XLA's choice.
+                    spec = P(*[None if e == "model" else e for e in spec])
+                _check_spec(out, mesh, spec)
         elif context == "grad" and cell.meta:
             # The forward half of jax.grad (the metadata function runs on linearize tracers); the
             # backward of a pass-through is not the metadata function's business.
