@@ -1,4 +1,4 @@
-"""The one mesh resolver (einshard/mesh.py), the validated Layout, and placement where users are.
+"""The one mesh resolver (einshard/core/mesh.py), the validated Layout, and placement where users are.
 
 Placement on jax.make_mesh's default (Explicit) mesh, Auto and mixed meshes; the mesh from mesh=, from
 jax.set_mesh, or from the operands; eager and under jax.jit / jax.grad / jax.vmap.  Each cell is compared with

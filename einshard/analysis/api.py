@@ -85,7 +85,7 @@ def _einsum_text(expr: str) -> str:
 
 
 def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | None:
-    """``mesh=``, else the current mesh (``jax.set_mesh``), else the operands' (einshard.mesh), else None
+    """``mesh=``, else the current mesh (``jax.set_mesh``), else the operands' (einshard.core.mesh), else None
     (an einsum with nothing sharded needs no mesh)."""
     if isinstance(mesh, dict):  # the common analysis call: sizes only, answered without asking JAX
         _check_sizes(mesh)

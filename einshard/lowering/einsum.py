@@ -370,7 +370,7 @@ def einsum(
             ring of ``ppermute``\\ s), or ``'auto'`` (XLA decides; the baseline).
         two_way: bidirectional rings in ``'async'`` mode.
         mesh: a ``jax.sharding.Mesh``; default the current mesh (``jax.set_mesh``), else the
-            operands' mesh (also under ``jax.jit``, from their types) — see :mod:`einshard.mesh`.
+            operands' mesh (also under ``jax.jit``, from their types) — see :mod:`einshard.core.mesh`.
 
     Composes with ``jax.jit``, ``jax.grad`` and ``jax.vmap``; gradients come from
     JAX's transposition of the collectives.  ``einshard.lower(...)`` gives the

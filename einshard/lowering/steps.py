@@ -281,7 +281,7 @@ def step_layout(lay: Layout, step: Step) -> Layout:
 
 
 def mesh_axes_of(mesh: Any) -> tuple[MeshAxis, ...]:
-    """The mesh's axes as :class:`MeshAxis` values (:func:`einshard.mesh.mesh_axes`)."""
+    """The mesh's axes as :class:`MeshAxis` values (:func:`einshard.core.mesh.mesh_axes`)."""
     return _mesh_axes(mesh)
 
 
@@ -415,7 +415,7 @@ def constrain_auto(x: Any, mesh: AnyMesh, spec: PartitionSpec) -> Any:
 
 
 def lowering_mesh(mesh: Any, operands: Sequence[Any], *, what: str) -> AnyMesh:
-    """The mesh a lowering runs on (:func:`einshard.mesh.resolve_mesh`), which must have devices to run on.
+    """The mesh a lowering runs on (:func:`einshard.core.mesh.resolve_mesh`), which must have devices to run on.
 
     A dict of sizes describes shapes only (enough for ``analyze``/``explain``),
     so it is refused here; an AbstractMesh is only usable while tracing.

@@ -37,7 +37,7 @@ def parse_bytes(budget: int | float | str | None) -> int | None:
 
 
 def mesh_axes_of(mesh: Any, args: tuple[Any, ...] = ()) -> tuple[MeshAxis, ...]:
-    """The mesh ``plan`` works on, by einshard's one precedence (``einshard.mesh.resolve_mesh``).
+    """The mesh ``plan`` works on, by einshard's one precedence (``einshard.core.mesh.resolve_mesh``).
 
     ``mesh=`` (a Mesh, an AbstractMesh or sizes ``{'data': 4}``), else the
     mesh of ``jax.set_mesh``, else the arguments' own mesh.

@@ -92,7 +92,7 @@ def _broadcast_specs(args: Sequence[Any], in_specs: Any) -> list[Any]:
 
 
 def _mesh_of(mesh: Any, args: Sequence[Any]) -> tuple[MeshAxis, ...]:
-    """The mesh by einshard's one precedence (einshard.mesh.resolve_mesh): ``mesh=``, the current mesh,
+    """The mesh by einshard's one precedence (einshard.core.mesh.resolve_mesh): ``mesh=``, the current mesh,
     the arguments' own (concrete arrays, and traced values through their types)."""
     return mesh_axes(resolve_mesh(mesh, args, what="explain()"))
 
