@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
+import distributed_setup  # sets the device flags, then imports JAX (in main)
 import numpy as np  # JAX itself is imported only in main(), after the device flags are set
 
 RESULT_PREFIX = "EINSHARD_RESULT "
@@ -58,20 +58,9 @@ def main() -> int:
     p.add_argument("--mode", choices=("save", "restore"), required=True)
     p.add_argument("--path", required=True)
     args = p.parse_args()
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={args.local_devices}"])
-    os.environ["JAX_PLATFORMS"] = "cpu"
-
-    import jax
+    jax = distributed_setup.start(args.port, args.num_processes, args.process_id, args.local_devices, 60)
     from jax.sharding import AxisType
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{args.port}",
-        num_processes=args.num_processes,
-        process_id=args.process_id,
-        initialization_timeout=60,
-    )
     from einshard import checkpoint, einshard
 
     me = jax.process_index()

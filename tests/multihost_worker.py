@@ -26,6 +26,7 @@ import os
 import sys
 import traceback
 
+import distributed_setup  # sets the device flags, then imports JAX (in main)
 import numpy as np  # JAX itself is imported only in main(), after the device flags are set
 
 RESULT_PREFIX = "EINSHARD_RESULT "
@@ -74,24 +75,9 @@ class ScenarioFailed(Exception):
 
 def main() -> int:
     args = _args()
-    # Before JAX is imported: simulated CPU devices, no accelerator probing.
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={args.local_devices}"])
-    os.environ["JAX_PLATFORMS"] = "cpu"
-
-    import jax
+    jax = distributed_setup.start(args.port, args.num_processes, args.process_id, args.local_devices, args.timeout)
     import jax.numpy as jnp
     from jax.sharding import AxisType
-
-    # gloo is already the default CPU collectives in jax 0.10 and 0.12; say so
-    # explicitly (without it cross-process computations have no transport).
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{args.port}",
-        num_processes=args.num_processes,
-        process_id=args.process_id,
-        initialization_timeout=args.timeout,
-    )
 
     from einshard import einshard
 
