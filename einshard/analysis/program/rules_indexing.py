@@ -33,8 +33,12 @@ __all__: list[str] = []
 @register("dot_general")
 def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     dn = eqn.params["dimension_numbers"]
-    lhs, rhs = match_contracting(ins[0], ins[1], dn, w.costs.mesh_sizes)
+    summed = [w.summed.get(id(v), frozenset()) for v in eqn.invars[:2]]
+    lhs, rhs = match_contracting(ins[0], ins[1], dn, w.costs.mesh_sizes, summed)
     res = w.costs.dot(lhs, rhs, dn, w.dtype(eqn))
+    sums = frozenset(m for c in res.collectives if c.kind == "all-reduce" and c.tensor == "result" for m in c.axes)
+    if sums:
+        w.summed[id(eqn.outvars[0])] = sums
     colls = per_contracted_axis(w, res.collectives, lhs, dn)
     time_s = res.time_s - sum(c.time for c in res.collectives) + sum(c.time for c in colls)
     kept = tuple(c for c in colls if not w.already_moved(ins, c))
@@ -47,13 +51,19 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     return [w.relayout(eqn.outvars[0].aval, res.out.dims)]
 
 
-def match_contracting(lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int]) -> tuple[Layout, Layout]:
-    """Slice an operand whole along a contracted axis to its partner's split there (XLA's dot partitioner).
+def match_contracting(
+    lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int], summed: list[frozenset[str]]
+) -> tuple[Layout, Layout]:
+    """Slice a whole operand that XLA just summed to its partner's contracted split (XLA's propagation).
 
-    Where one operand splits a contracted axis and the other holds it whole, XLA slices the whole
-    one locally (free: every device has it) and sums the partial products, rather than gathering
-    the split one (the weight gradient of sequence-split activations whose partner is whole along
-    the sequence).  Only when the mesh axes are free in the whole operand and divide its axis.
+    Where one operand splits a contracted axis over mesh axes M and the other holds it whole
+    *because it is the all-reduced result of a dot that summed over M* (``summed``: the
+    attention backward's dK/dV under sequence parallelism), XLA keeps that value in its
+    partial-sum form, slices it locally to the partner's split and sums the partial products
+    once more: the weight gradient of sequence-split activations is all-reduced over
+    ``model`` then ``data``, never gathered.  A whole operand of any other origin is left to
+    the analyzer's cost choice (for an isolated dot XLA gathers the split operand when that is
+    cheaper, as the analyzer does).  Only when M is free in the whole operand and divides its axis.
     """
     if is_free(lhs) or is_free(rhs) or lhs.unreduced or rhs.unreduced:
         return lhs, rhs
@@ -65,10 +75,10 @@ def match_contracting(lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int]) 
 
     for i, j in zip(lc, rc):
         split_l, split_r = ldims[i], rdims[j]
-        if split_l and not split_r and not set(split_l) & used(rdims):
+        if split_l and not split_r and set(split_l) <= summed[1] and not set(split_l) & used(rdims):
             if rhs.shape[j] % math.prod(sizes[m] for m in split_l) == 0:
                 rdims[j] = split_l
-        elif split_r and not split_l and not set(split_r) & used(ldims):
+        elif split_r and not split_l and set(split_r) <= summed[0] and not set(split_r) & used(ldims):
             if lhs.shape[i] % math.prod(sizes[m] for m in split_r) == 0:
                 ldims[i] = split_r
     if tuple(ldims) != lhs.dims:
