@@ -205,7 +205,9 @@ class TracedProgram:
                 done = lay.with_dims(lay.dims, frozenset())
                 walker.change(_OUTPUT, "backward", lay, done, v.aval.dtype, 1, "output is a pending sum")
                 layouts[v] = done
-        peak = _peak_bytes(self.jaxpr, layouts)
+        top = {id(v): v for v in self.jaxpr.invars}  # the top-level walk is the walker's first
+        copies = {top[key[1]]: n for key, n in walker.gathered.items() if key[0] == 1 and key[1] in top}
+        peak = _peak_bytes(self.jaxpr, layouts, copies)
         ops = tuple(walker.ops)
         phases: dict[str, dict[str, float]] = {}
         for op in ops:
@@ -262,12 +264,15 @@ def _dead_code_eliminated(jaxpr: Any) -> Any:
     return pruned
 
 
-def _peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
+def _peak_bytes(jaxpr: Any, layouts: dict[Any, Layout], copies: dict[Any, int] | None = None) -> int:
     """Peak live bytes per device over the top-level program, from each value's layout.
 
     Values die after their last use; sub-jaxprs (scan bodies, nested jits)
-    count through their inputs and outputs only.
+    count through their inputs and outputs only.  ``copies``: gathered copies of
+    arguments (an FSDP weight): XLA's scheduler issues those all-gathers at the start
+    (they depend on nothing else) and keeps each copy until the argument's last use.
     """
+    copies = copies or {}
 
     def nbytes(v: Any) -> int:
         aval = v.aval
@@ -279,7 +284,7 @@ def _peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
             # loops that take it as an invariant), it is not materialised.
             return 0
         shape = lay.shard_shape if lay is not None else tuple(aval.shape)
-        return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
+        return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize) + copies.get(v, 0)
 
     last_use: dict[Any, int] = {}
     for i, eqn in enumerate(jaxpr.eqns):
@@ -289,6 +294,8 @@ def _peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
     for v in jaxpr.outvars:
         if not hasattr(v, "val"):
             last_use[v] = len(jaxpr.eqns)
+    # Arguments are the caller's buffers: they stay allocated for the whole step (nothing is donated).
+    args = set(jaxpr.invars)
     live = {v: nbytes(v) for v in jaxpr.invars}
     peak = sum(live.values())
     for i, eqn in enumerate(jaxpr.eqns):
@@ -296,6 +303,6 @@ def _peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
             live[v] = nbytes(v)
         peak = max(peak, sum(live.values()))
         for v in eqn.invars:
-            if not hasattr(v, "val") and last_use.get(v) == i:
+            if not hasattr(v, "val") and last_use.get(v) == i and v not in args:
                 live.pop(v, None)
     return peak
