@@ -244,3 +244,19 @@ def test_a_scatter_add_of_updates_split_on_two_axes_sums_one_axis_at_a_time(mesh
     args = (_sds(64, 32), _sds(8, 16, dtype=jnp.int32))
     got = _agree(jax.grad(loss), mesh, args, (P(), P("data", "model")), P())
     assert sum(got.values()) == 2
+
+
+@pytest.mark.parametrize("b, s, d, f", [(8, 8, 32, 32), (32, 8, 128, 512)])
+def test_an_fsdp_weight_is_gathered_at_small_and_realistic_sizes(mesh, b, s, d, f):
+    """dot_general under FSDP (``b@data s d, d@data f``): XLA gathers the weight, as explain says.
+
+    The corpus's small models showed XLA moving activations instead; that came from an embedding table split
+    over 'data' along d (its split propagates into the residual stream), not from the size: see
+    tests/test_explain_corpus.py and docs/analysis.md.
+    """
+
+    def fwd(x, w):
+        return jnp.tanh(jnp.einsum("bsd,df->bsf", x, w))
+
+    got = _agree(fwd, mesh, (_sds(b, s, d), _sds(d, f)), (P("data"), P("data")), P("data"))
+    assert got == Counter({("all-gather", d * f * 4): 1})

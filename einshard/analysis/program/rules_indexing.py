@@ -248,8 +248,15 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
         pending = frozenset(split)
         for g in groups[:-1]:
             rest = pending - set(g)
-            w.change(eqn, phase, out.with_dims(out.dims, pending), out.with_dims(out.dims, rest),
-                     out_aval.dtype, repeat, "scatter-add of updates split along several axes")
+            w.change(
+                eqn,
+                phase,
+                out.with_dims(out.dims, pending),
+                out.with_dims(out.dims, rest),
+                out_aval.dtype,
+                repeat,
+                "scatter-add of updates split along several axes",
+            )
             pending = rest
         return [out.with_dims(out.dims, pending)]
     if split:
