@@ -164,7 +164,7 @@ def main() -> None:
     previous = json.loads((RESULTS / "explain.json").read_text()) if args.reuse_large else {}
     if large in previous.get("programs", {}):
         row = previous["programs"][large]
-        row.setdefault("measured", previous.get("measured", "an earlier run"))
+        row.setdefault("measured", previous.get("measured", "an earlier day"))
         programs = {large: row}
     else:
         params, tokens, rules = shapes(args.layers, args.d, 4 * args.d, 256, 16, 64)
@@ -192,7 +192,8 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for name, r in programs.items():
-        reused = " (reused from the run of " + r["measured"] + ")" if name == large and args.reuse_large else ""
+        when = r.get("measured", "")
+        reused = f" (reused from the run of {when})" if name == large and args.reuse_large else ""
         lines.append(
             f"| {name}{reused} | {_ms(r['trace_s'])} | {_ms(r['walk_s'])} | {_ms(r['lower_s'])} | {_ms(r['compile_s'])} "
             f"| {100 * r['walk_over_lower_compile']:.1f}% | {r['speedup_end_to_end']:.1f}× faster |"
