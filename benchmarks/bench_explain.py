@@ -182,6 +182,7 @@ def main() -> None:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "measured": time.strftime("%Y-%m-%d"),
+        "corpus_repeats": args.repeats,
         "programs": programs,
     }
     RESULTS.mkdir(exist_ok=True)
@@ -200,7 +201,8 @@ def main() -> None:
         )
     lines.append("")
     lines.append(
-        f"Wall-clock medians on {platform.machine()} with {os.cpu_count()} CPU cores, jax {jax.__version__}; "
+        f"Wall-clock on {platform.machine()} with {os.cpu_count()} CPU cores, jax {jax.__version__}; "
+        f"corpus rows: {args.repeats} run(s) each (medians of {args.repeats}); "
         "the large program's lower and compile are one run. On a machine shared with other jobs the absolute "
         "times are inflated (and unevenly: phases run at different moments); the ratios are indicative. "
         "Explain end to end = trace + walk; XLA = lower + compile."

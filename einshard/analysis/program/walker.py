@@ -46,10 +46,6 @@ class Walker:
         # summed (carried through shape-only ops): XLA keeps them in partial-sum form for a consumer
         # dot that splits their contracted axis (see rules_indexing.match_contracting).
         self.summed: dict[int, frozenset[str]] = {}
-        # Gathered copies, by value: (walk, id(jaxpr variable)) -> bytes per device of the largest copy.
-        # XLA schedules a parameter's all-gather early and keeps the copy until its last use
-        # (peak memory, trace._peak_bytes).
-        self.gathered: dict[tuple[int, int], int] = {}
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
@@ -152,9 +148,6 @@ class Walker:
                 return  # XLA reuses the value it already brought there
             self._made[key] = dst
         colls = self.costs.reshard(src, dst, dtype)
-        if value is not None and any(c.kind == "all-gather" for c in colls):
-            size = math.prod(dst.shard_shape) * _itemsize_of(dtype)
-            self.gathered[value] = max(self.gathered.get(value, 0), size)
         if src.unreduced and not (dst.sharded_mesh_axes & src.unreduced) and _extends(src.dims, dst.dims):
             # A pending sum brought to a finer split: slice first (free), then sum the smaller piece,
             # as XLA does (never all-reduce the whole and then slice).
@@ -175,7 +168,6 @@ class Walker:
             return False
         if value is None:
             return False
-        self.gathered[value] = max(self.gathered.get(value, 0), int(c.array_bytes))
         key = (value, (c.kind, c.axes, c.array_bytes))
         if key in self._made:
             return True
@@ -250,12 +242,6 @@ _SHAPE_ONLY = {"reshape", "transpose", "convert_element_type", "copy", "copy_p",
 def _extends(src: tuple[tuple[str, ...], ...], dst: tuple[tuple[str, ...], ...]) -> bool:
     """Every axis of ``dst`` is split as in ``src`` or further (``src``'s mesh axes come first)."""
     return all(d[: len(s)] == s for s, d in zip(src, dst))
-
-
-def _itemsize_of(dtype: Any) -> int:
-    import numpy as np
-
-    return int(np.dtype(dtype).itemsize)
 
 
 def _itemsize(aval: Any) -> int:
