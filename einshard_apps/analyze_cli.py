@@ -32,11 +32,40 @@ def parse_pairs(text: str, what: str) -> dict[str, int]:
     return out
 
 
+def _check_flags(text: str, mesh: dict[str, int], sizes: dict[str, int]) -> None:
+    """Every mesh axis the einsum names is in --mesh and every einsum axis in --sizes; errors name the flags."""
+    from einshard.parsing import parse_einsum
+
+    expr = parse_einsum(text)
+    for side in expr.sides:
+        for item in side.axes:
+            missing = [m for m in item.mesh_axes or () if m not in mesh]
+            if missing:
+                example = ",".join([*(f"{k}={v}" for k, v in mesh.items()), *(f"{m}=2" for m in missing)])
+                raise expr.fail(
+                    f"mesh axis {missing[0]!r} (axis {item.name!r}) has no size: "
+                    + (f"--mesh gives only {', '.join(mesh)}" if mesh else "there is no --mesh"),
+                    item.column,
+                    f"Give every mesh axis a size: --mesh {example}",
+                )
+    names = list(dict.fromkeys(n for side in expr.inputs for n in side.names))
+    unsized = [n for n in names if n not in sizes]
+    if unsized:
+        example = ",".join([*(f"{k}={v}" for k, v in sizes.items() if k in names), *(f"{n}=N" for n in unsized)])
+        raise expr.fail(
+            f"no size for axis {', '.join(repr(n) for n in unsized)}",
+            None,
+            f"Give every einsum axis a size: --sizes {example}",
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    mesh, sizes = parse_pairs(args.mesh, "mesh"), parse_pairs(args.sizes, "sizes")
+    _check_flags(args.expression, mesh, sizes)
     plan = analyze(
         args.expression,
-        mesh=parse_pairs(args.mesh, "mesh"),
-        sizes=parse_pairs(args.sizes, "sizes"),
+        mesh=mesh,
+        sizes=sizes,
         dtype=args.dtype,
         profile=args.profile,
     )

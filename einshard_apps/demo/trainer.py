@@ -161,7 +161,9 @@ class Trainer:
             self.step_index = int(meta.get("step", 0))
         else:
             # The parameters are placed by the preset's rules: einshard(tree, {pattern: expression}).
-            params = einshard.einshard(host_params, dict(preset.params), mesh=self.mesh)
+            # A rule of None (leave the leaf as it is) places a host array whole on every device.
+            rules = {k: "... -> ..." if v is None else v for k, v in preset.params.items()}
+            params = einshard.einshard(host_params, rules, mesh=self.mesh)
             opt = jax.jit(self.tx.init, out_shardings=self.state_shardings["opt"])(params)
             self.state = {"params": params, "opt": opt}
         build = preset.step_builder or make_jit_step
