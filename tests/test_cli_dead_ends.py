@@ -37,9 +37,10 @@ def _run(argv, capsys):
     "argv, flag",
     [
         (["show", "a -> a@x", "--shape", "8"], "--mesh x=2"),
-        (["show", "a -> a@y", "--shape", "8", "--mesh", "x=8"], "--mesh x=8,y=2"),
+        (["show", "a -> a@y", "--shape", "8", "--mesh", "x=8"], "The mesh axes are: 'x'"),
         (["analyze", "b x@data, x y@model -> b y", "--sizes", "b=8,x=8,y=8"], "--mesh data=2"),
-        (["analyze", "b x@data, x y@model -> b y", "--mesh", "data=4"], "--mesh data=4,model=2"),
+        (["analyze", "b x@data, x y@model -> b y", "--mesh", "data=4", "--sizes", "b=8,x=8,y=8"], "--mesh data=4,"),
+        (["analyze", "b x@data, x y@modle -> b y", "--mesh", "data=4,model=2", "--sizes", "b=8,x=8,y=8"], "'model'"),
         (["analyze", "b x@data, x y@model -> b y", "--mesh", "data=4,model=2"], "--sizes b=N,x=N,y=N"),
         (["demo", "--layout", "dp", "--batch", "12", "--steps", "1"], "--batch"),
         (["demo", "--layout", "tp", "--ring", "sync", "--steps", "1"], "--layout tp-async"),
