@@ -142,5 +142,10 @@ def test_a_cached_plan_equals_a_fresh_one():
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
-    GOLDEN.write_text("{\n" + ",\n".join(f"{json.dumps(_key(*c))}: {json.dumps(_record(*c), ensure_ascii=False)}" for c in CASES) + "\n}" + "\n")
+    GOLDEN.write_text(
+        "{\n"
+        + ",\n".join(f"{json.dumps(_key(*c))}: {json.dumps(_record(*c), ensure_ascii=False)}" for c in CASES)
+        + "\n}"
+        + "\n"
+    )
     print(f"wrote {GOLDEN} ({len(CASES)} einsums)")

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
 from .cost import Collective, Profile
-from .primitives import _derived, all_reduce, transition
+from .primitives import _derived, all_reduce
+from .transition import transition
 
 __all__ = ["Problem", "Candidate", "classify", "enumerate_candidates"]
 
