@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from ..core.layout import Layout
 from ..errors import EinshardError
-from .cost import Collective, Profile
+from .cost import PROFILES, Collective, Profile
 from .primitives import (
-    _CPU,
     _derived,
     _name,
     _sizes,
@@ -24,6 +23,8 @@ from .primitives import (
 )
 
 __all__ = ["transition"]
+
+_CPU = PROFILES["cpu"]
 
 
 def transition(
