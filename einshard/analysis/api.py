@@ -15,13 +15,13 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, NamedTuple
 
+from .._caches import cached, register
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
-from ..parsing import parse_einsum
+from ..parsing import Expression, parse_einsum
 from .cost import Profile, get_profile
 from .inputs import (
     _check_rank,
@@ -30,6 +30,7 @@ from .inputs import (
     _layout_of,
     _mesh_axes,
     _spec_dims,
+    _valid_layout,
     dtype_info,
     spec_partitions,
 )
@@ -37,7 +38,14 @@ from .plan import Plan, explain_choice, side_string
 from .rule import Problem, classify, enumerate_candidates, rank
 from .strategy import pick_weight, roles, strategy_name, tutorial_view
 
-__all__ = ["analyze", "analyze_layouts", "dtype_info", "plan_einsum", "spec_partitions"]
+__all__ = [
+    "analyze",
+    "analyze_layouts",
+    "clear_analysis_caches",
+    "dtype_info",
+    "plan_einsum",
+    "spec_partitions",
+]
 
 
 def analyze(
@@ -76,8 +84,32 @@ def analyze(
         EinshardError: unknown mesh axes, missing or mismatched sizes, an
             operand whose rank does not match its side, indivisible splits.
     """
-    # Everything is reduced to hashable facts first (shapes, dtypes, specs, mesh sizes), so repeated
-    # einsums (a model's layers) are answered from a cache.
+    # The common call (sizes and a dict mesh, no arrays) is answered by one dict lookup on the arguments
+    # as given: a model's repeated layers cost a hash of a few small tuples.
+    if not operands and mesh.__class__ is dict:
+        size_items = tuple(sizes.items()) if sizes else None
+        try:
+            fast = (
+                expr,
+                tuple(mesh.items()),
+                size_items,
+                dtype,
+                profile,
+                None if in_specs is None else tuple(in_specs),
+                out_spec,
+            )
+            hit = _PLANS.get(fast)
+        except TypeError:  # an unhashable argument: analysed every time
+            fast, hit = None, None
+        if hit is not None and not any(v.__class__ is bool for v in mesh.values()):  # True == 1 as a key
+            return hit
+        plan = _analyze(expr, (), _mesh_axes(mesh, ()), size_items, dtype, profile, in_specs, out_spec)
+        if fast is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[fast] = plan
+        return plan
+    # Otherwise everything is reduced to hashable facts first (shapes, dtypes, specs, mesh sizes).
     stand_ins = tuple(_Operand.of(x) for x in operands)
     mesh_axes = _mesh_axes(mesh, operands)
     key = (
@@ -97,6 +129,11 @@ def analyze(
     return _analyze_cached(*key)
 
 
+_MAX_PLANS = 4096
+_PLANS: dict[tuple[Any, ...], Plan] = {}
+register(_PLANS.clear)
+
+
 class _Operand(NamedTuple):
     """What analyze needs of an operand: its shape, dtype and PartitionSpec (if it has one)."""
 
@@ -110,9 +147,64 @@ class _Operand(NamedTuple):
         return _Operand(tuple(int(s) for s in getattr(x, "shape", ())), getattr(x, "dtype", None), spec)
 
 
-@functools.lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def _analyze_cached(*key: Any) -> Plan:
     return _analyze(*key)
+
+
+def clear_analysis_caches() -> None:
+    """Empty the analyzer's caches (plans and per-expression structure), leaving the parser's warm.
+
+    ``einshard.clear_caches()`` empties these and every other einshard cache.
+    """
+    _PLANS.clear()
+    _prepare_text.cache_clear()  # type: ignore[attr-defined]
+    _analyze_cached.cache_clear()  # type: ignore[attr-defined]
+    analyze_layouts.cache_clear()  # type: ignore[attr-defined]
+
+
+class _Prepared(NamedTuple):
+    """What analyze reads from an expression's text, once per text (a model's layers repeat it)."""
+
+    text: str  # the einshard text (a jnp.einsum string rewritten)
+    jnp_style: bool
+    parsed: Expression
+    names: tuple[tuple[str, ...], ...]  # per operand: its axes
+    dims: tuple[tuple[tuple[str, ...], ...], ...]  # per operand: its '@' annotations
+    unreduced: tuple[frozenset[str], ...]  # per operand: its '{U:...}'
+    unique: tuple[str, ...]  # every operand axis once, in order of first appearance
+    out_names: tuple[str, ...]
+    out_dims: tuple[tuple[str, ...], ...]
+    out_unreduced: frozenset[str]
+
+
+def _prepare(expr: str) -> _Prepared:
+    if not isinstance(expr, str):
+        _einsum_text(expr)  # raises: an expression is a string (and an unhashable one must not reach the cache)
+    return _prepare_text(expr)
+
+
+@cached(maxsize=4096)
+def _prepare_text(expr: str) -> _Prepared:
+    text = _einsum_text(expr)
+    return _prepared_of(parse_einsum(text), text, text != expr)
+
+
+def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
+    names = tuple(side.names for side in parsed.inputs)
+    out = parsed.output
+    return _Prepared(
+        text,
+        jnp_style,
+        parsed,
+        names,
+        tuple(tuple(item.mesh_axes or () for item in side.axes) for side in parsed.inputs),
+        tuple(frozenset(side.unreduced) for side in parsed.inputs),
+        tuple(dict.fromkeys(n for side in names for n in side)),
+        out.names,
+        tuple(item.mesh_axes or () for item in out.axes),
+        frozenset(out.unreduced),
+    )
 
 
 def _analyze(
@@ -126,16 +218,16 @@ def _analyze(
     out_spec: Any,
 ) -> Plan:
     sizes = dict(size_items) if size_items else None
-    text = _einsum_text(expr)
-    jnp_style = text != expr
-    parsed = parse_einsum(text)
+    prep = _prepare(expr)
+    parsed = prep.parsed
     chosen = parsed.output_chosen
     if ops and len(ops) != len(parsed.inputs):
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but {len(ops)} arrays were given")
     if in_specs is not None and len(in_specs) != len(parsed.inputs):
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but in_specs has {len(in_specs)} entries")
-    if any(side.has_ellipsis for side in parsed.sides):
+    if "..." in prep.text and any(side.has_ellipsis for side in parsed.sides):
         parsed = _expand_ellipsis(parsed, ops)
+        prep = _prepared_of(parsed, prep.text, prep.jnp_style)
 
     # Sizes: from the operands, then the mapping; every disagreement is an error naming both sizes.
     known: dict[str, int] = {}
@@ -155,80 +247,83 @@ def _analyze(
         if name in known and known[name] != s:
             raise parsed.fail(f"axis {name!r} has size {known[name]} in {where[name]} but sizes={{{name!r}: {s}}}")
         known[name] = int(s)
-        where.setdefault(name, "sizes")
-    all_axes = [n for side in parsed.inputs for n in side.names]
-    missing = sorted({n for n in all_axes if n not in known}, key=all_axes.index)
+    missing = [n for n in prep.unique if n not in known]
     if missing:
         raise parsed.fail(
             "no size for axis " + ", ".join(repr(n) for n in missing),
             hint="Pass arrays or jax.ShapeDtypeStructs, or sizes={" + ", ".join(f"{n!r}: ..." for n in missing) + "}.",
         )
-    unused = [n for n in (sizes or {}) if n not in all_axes]
-    if unused:
+    if sizes and len(known) > len(prep.unique):
+        unused = [n for n in sizes if n not in prep.unique]
         raise parsed.fail(f"sizes names {unused[0]!r}, which is not an axis of the einsum")
 
     # The mesh (only needed if something is sharded).
-    annotated = parsed.uses_mesh_axes
     if mesh_axes is None:
-        if annotated or in_specs is not None or out_spec is not None:
+        if parsed.uses_mesh_axes or in_specs is not None or out_spec is not None:
             raise parsed.fail(
                 "the einsum names mesh axes but there is no mesh",
                 hint="Pass mesh={'data': 4, ...} or a jax Mesh, or call inside jax.set_mesh(mesh).",
             )
         mesh_axes = ()
+    mesh_sizes = {m.name: m.size for m in mesh_axes}
+
+    def layout(k: int | None, dims: Any, unreduced: frozenset[str], what: str) -> Layout:
+        names = prep.out_names if k is None else prep.names[k]
+        lay = _valid_layout(names, dims, unreduced, known, mesh_axes, mesh_sizes)
+        if lay is None:  # something is wrong: the checks again, with their messages
+            side = parsed.output if k is None else parsed.inputs[k]
+            lay = _layout_of(parsed, side, dims, unreduced, known, mesh_axes, what)
+        return lay
 
     # Operand layouts: '@' annotations, else in_specs, else the operands' own shardings.
     layouts = []
-    for k, side in enumerate(parsed.inputs):
-        dims = tuple(item.mesh_axes or () for item in side.axes)
-        unreduced = frozenset(side.unreduced)
-        has_own = any(dims) or unreduced
+    for k in range(len(prep.names)):
+        dims, unreduced = prep.dims[k], prep.unreduced[k]
+        has_own = unreduced or any(dims)
         if in_specs is not None:
             if has_own:
-                raise parsed.fail("operand layouts come from '@' annotations or in_specs, not both", side.column)
-            dims, unreduced = _spec_dims(in_specs[k], len(side.axes), f"in_specs[{k}]")
+                raise parsed.fail(
+                    "operand layouts come from '@' annotations or in_specs, not both", parsed.inputs[k].column
+                )
+            dims, unreduced = _spec_dims(in_specs[k], len(dims), f"in_specs[{k}]")
         elif not has_own and k < len(ops):
             spec = ops[k].spec
             if spec is not None:
-                dims, unreduced = _spec_dims(spec, len(side.axes), f"operand {k + 1}'s sharding")
-        layouts.append(_layout_of(parsed, side, dims, unreduced, known, mesh_axes, f"operand {k + 1}"))
+                dims, unreduced = _spec_dims(spec, len(dims), f"operand {k + 1}'s sharding")
+        layouts.append(layout(k, dims, unreduced, f"operand {k + 1}"))
 
     # The output side (README "Syntax"): 'b? y?' lets the analyzer choose; 'b y@model' / '{U:model}' asks for
     # that layout; bare names are whole (replicated), as in a placement.  A jnp.einsum string ('bx,xy->by')
     # has no layouts of its own: its result is chosen, as jnp.einsum's is.
-    out_side = parsed.output
-    out_dims = tuple(item.mesh_axes or () for item in out_side.axes)
+    out_dims, out_unreduced = prep.out_dims, prep.out_unreduced
     requested: Layout | None = None
     bare = False
     if out_spec is not None:
-        if any(out_dims) or out_side.unreduced or chosen:
-            raise parsed.fail("the output layout comes from its annotation or out_spec, not both", out_side.column)
-        d, u = _spec_dims(out_spec, len(out_side.axes), "out_spec")
-        requested = _layout_of(parsed, out_side, d, u, known, mesh_axes, "the output")
-    elif chosen or jnp_style or not out_side.axes:  # a scalar result is whole either way
+        if any(out_dims) or out_unreduced or chosen:
+            raise parsed.fail("the output layout comes from its annotation or out_spec, not both", parsed.output.column)
+        d, u = _spec_dims(out_spec, len(out_dims), "out_spec")
+        requested = layout(None, d, u, "the output")
+    elif chosen or prep.jnp_style or not out_dims:  # a scalar result is whole either way
         requested = None
     else:
-        requested = _layout_of(
-            parsed, out_side, out_dims, frozenset(out_side.unreduced), known, mesh_axes, "the output"
-        )
-        bare = not any(out_dims) and not out_side.unreduced
+        requested = layout(None, out_dims, out_unreduced, "the output")
+        bare = not any(out_dims) and not out_unreduced
 
     if dtype is None and ops:
         dtype = getattr(ops[0], "dtype", None)
     dname, itemsize = dtype_info(dtype)
-    prof = get_profile(profile)
     problem = Problem(
         tuple(layouts),
-        tuple(out_side.names),
-        tuple((n, known[n]) for n in dict.fromkeys(all_axes)),
+        prep.out_names,
+        tuple((n, known[n]) for n in prep.unique),
         mesh_axes,
         requested,
         itemsize,
-        prof,
+        get_profile(profile),
     )
-    plan = analyze_layouts(problem, dname)
+    plan = _plan(problem, dname)
     if bare and any(any(d) or op.unreduced for op in layouts for d in op.dims):
-        _warn_if_meaning_changed(text, plan, problem, dname)
+        _warn_if_meaning_changed(prep.text, plan, problem, dname)
     return plan
 
 
@@ -304,10 +399,16 @@ def plan_einsum(
     return analyze_layouts(problem, dname)
 
 
-@functools.lru_cache(maxsize=1024)
+@cached(maxsize=1024)
 def analyze_layouts(problem: Problem, dtype: str = "f32") -> Plan:
     """The :class:`Plan` for a resolved :class:`~einshard.analysis.rule.Problem` (cached: layers repeat)."""
-    ranked = rank(enumerate_candidates(problem))
+    return _plan(problem, dtype)
+
+
+def _plan(problem: Problem, dtype: str) -> Plan:
+    """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers)."""
+    classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
+    ranked = rank(enumerate_candidates(problem, classes))
     if problem.requested is None:
         best = next(c for c in ranked if c.resolution == "complete")
     else:
@@ -317,7 +418,6 @@ def analyze_layouts(problem: Problem, dtype: str = "f32") -> Plan:
                 "pending sums {U:...} can only come from a contraction split over that mesh axis"
             )
         best = ranked[0]
-    classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
     weight = pick_weight(problem.operands, classes)
     sizes = {m.name: m.size for m in problem.mesh}
     total = 2 * math.prod(s for _, s in problem.sizes)

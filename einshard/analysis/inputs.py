@@ -13,6 +13,7 @@ from typing import Any
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
 from ..parsing import AxisItem, EllipsisItem, Expression, Side
+from .primitives import _unchecked
 
 __all__ = ["dtype_info", "spec_partitions"]
 
@@ -154,6 +155,38 @@ def _check_rank(expr: Expression, side: Side, k: int, shape: tuple[int, ...]) ->
             f"operand {k + 1} has rank {len(shape)} (shape {tuple(shape)}) but its side names {len(side.axes)} axes",
             side.column,
         )
+
+
+def _valid_layout(
+    names: tuple[str, ...],
+    dims: tuple[tuple[str, ...], ...],
+    unreduced: frozenset[str],
+    sizes: dict[str, int],
+    mesh: tuple[MeshAxis, ...],
+    mesh_sizes: dict[str, int],
+) -> Layout | None:
+    """The layout if every check of :func:`_layout_of` and of ``Layout`` passes, else None (then
+    :func:`_layout_of` says what is wrong).  The checks, done once, without building messages."""
+    seen: set[str] = set()
+    shape = []
+    for name, d in zip(names, dims, strict=True):
+        s = sizes[name]
+        if s < 0:
+            return None
+        n = 1
+        for m in d:
+            k = mesh_sizes.get(m)
+            if k is None or m in seen:
+                return None
+            seen.add(m)
+            n *= k
+        if s % n:
+            return None
+        shape.append(s)
+    for m in unreduced:
+        if m not in mesh_sizes or m in seen:
+            return None
+    return _unchecked(names, tuple(shape), mesh, dims, unreduced)
 
 
 def _layout_of(

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
 from .cost import Collective, Profile
-from .primitives import _derived, all_reduce
+from .primitives import _derived, _unchecked, all_reduce
 from .transition import transition
 
 __all__ = ["Problem", "Candidate", "classify", "enumerate_candidates"]
@@ -157,7 +157,8 @@ def _pre_reduced(op: Layout, lone: set[str]) -> Layout:
     """The operand with its lone-reduced axes summed locally: pending sums over the mesh axes that split them."""
     keep = [i for i, a in enumerate(op.axes) if a not in lone]
     pending = frozenset(m for i, a in enumerate(op.axes) if a in lone for m in op.dims[i])
-    return Layout(
+    # valid by construction: the summed axes' mesh axes split nothing else and held no pending sums
+    return _unchecked(
         tuple(op.axes[i] for i in keep),
         tuple(op.shape[i] for i in keep),
         op.mesh,
@@ -177,17 +178,48 @@ def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[t
     return [(tuple(lay for lay, _ in combo), tuple(flag for _, flag in combo)) for combo in itertools.product(*per_op)]
 
 
-def enumerate_candidates(problem: Problem) -> list[Candidate]:
-    """Every candidate (per-axis choices × orders × output resolutions), unsorted, invalid ones dropped."""
-    mesh_sizes = {m.name: m.size for m in problem.mesh}
+class _Enumeration:
+    """What one enumeration shares across its candidates: the problem's facts, and memos of the operand
+    moves and result resolutions (the same ones recur across choices and orders)."""
+
+    __slots__ = ("problem", "classes", "mesh_sizes", "out_shape", "itemsize", "profile", "memo", "unsplits")
+
+    def __init__(self, problem: Problem, classes: dict[str, str]) -> None:
+        self.problem = problem
+        self.classes = classes
+        self.mesh_sizes = {m.name: m.size for m in problem.mesh}
+        size_of = problem.size_of
+        self.out_shape = tuple(size_of[e] for e in problem.out_axes)
+        self.itemsize = problem.itemsize
+        self.profile = problem.profile
+        self.memo: dict[tuple[object, ...], object] = {}
+        self.unsplits = False
+
+    def transition(self, src: Layout, dst: Layout, tensor: str) -> tuple[Collective, ...] | None:
+        """``transition``'s collectives, or None for an impossible step."""
+        try:
+            return transition(src, dst, itemsize=self.itemsize, profile=self.profile, tensor=tensor)[1]
+        except EinshardError:
+            return None
+
+
+def enumerate_candidates(problem: Problem, classes: dict[str, str] | None = None) -> list[Candidate]:
+    """Every candidate (per-axis choices × orders × output resolutions), unsorted, invalid ones dropped.
+
+    ``classes``: :func:`classify` of the problem, if the caller has it."""
     size_of = problem.size_of
-    classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
+    if classes is None:
+        classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
+    en = _Enumeration(problem, classes)
+    mesh_sizes = en.mesh_sizes
     per_axis = options(problem)
     names = [m for m, _ in per_axis]
     result: list[Candidate] = []
-    kw = {"itemsize": problem.itemsize, "profile": problem.profile, "memo": {}}
-    out_shape = tuple(size_of[e] for e in problem.out_axes)
-    variants = _operand_variants(problem, classes)
+    # each variant with the FLOPs of its local einsum before any split (the axes it holds)
+    variants = [
+        (operands, pre, 2 * math.prod(size_of[a] for a in {a for op in operands for a in op.axes}))
+        for operands, pre in _operand_variants(problem, classes)
+    ]
     agreed = agreed_splits(problem)
     for combo in itertools.product(*(opts for _, opts in per_axis)):
         choice = dict(zip(names, combo, strict=False))
@@ -198,11 +230,12 @@ def enumerate_candidates(problem: Problem) -> list[Candidate]:
                 kept_on.setdefault(e, []).append(m)
         multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
         kept_product = math.prod(mesh_sizes[m] for m, e in choice.items() if e is not None)
+        pending_kept = frozenset(m for m, e in choice.items() if e is not None and classes[e] in (CONTRACTED, LONE))
         for orders in itertools.product(*(os for _, os in multi)):
             order = {e: o for (e, _), o in zip(multi, orders, strict=False)}
-            for operands, pre in variants:
+            for operands, pre, flops_whole in variants:
                 # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
-                kw["unsplits"] = any(m in d for m in dropped for op in operands for d in op.dims)
+                en.unsplits = any(m in d for m in dropped for op in operands for d in op.dims)
                 if any(
                     pre[i]
                     and any(
@@ -212,26 +245,19 @@ def enumerate_candidates(problem: Problem) -> list[Candidate]:
                     for i in range(len(operands))
                 ):
                     continue  # summing a lone axis first and also keeping it split: not a different plan
-                result.extend(
-                    _candidates_for(
-                        problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw
-                    )
-                )
+                _candidates_for(en, choice, order, operands, flops_whole // kept_product, pending_kept, result)
     return result
 
 
 def _candidates_for(
-    problem: Problem,
+    en: _Enumeration,
     choice: dict[str, str | None],
     order: dict[str, tuple[str, ...]],
     operands: tuple[Layout, ...],
-    classes: dict[str, str],
-    mesh_sizes: dict[str, int],
-    size_of: dict[str, int],
-    out_shape: tuple[int, ...],
-    kept_product: int,
-    kw: dict,  # type: ignore[type-arg]
-) -> list[Candidate]:
+    flops: int,
+    pending_kept: frozenset[str],
+    result: list[Candidate],
+) -> None:
     # Pending sums an operand brings: summed before the einsum, or (when no other operand splits over
     # that axis) carried through it, the einsum being linear in each operand.
     keep_u: list[frozenset[str]] = []
@@ -240,77 +266,90 @@ def _candidates_for(
         mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
         claimed |= mine
         keep_u.append(mine)
+    _candidates_with(en, choice, order, operands, flops, pending_kept, keep_u, result)
     # With pending sums to carry, also price summing them first (every operand whole).
-    none: list[frozenset[str]] = [frozenset()] * len(operands)
-    variants = [keep_u, none] if any(keep_u) else [keep_u]
-    return [
-        c
-        for ku in variants
-        for c in _candidates_with(
-            problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw, ku
-        )
-    ]
+    if any(keep_u):
+        _candidates_with(en, choice, order, operands, flops, pending_kept, [frozenset()] * len(operands), result)
+
+
+_IMPOSSIBLE = object()
 
 
 def _candidates_with(
-    problem: Problem,
+    en: _Enumeration,
     choice: dict[str, str | None],
     order: dict[str, tuple[str, ...]],
     operands: tuple[Layout, ...],
-    classes: dict[str, str],
-    mesh_sizes: dict[str, int],
-    size_of: dict[str, int],
-    out_shape: tuple[int, ...],
-    kept_product: int,
-    kw: dict,  # type: ignore[type-arg]
+    flops: int,
+    pending_kept: frozenset[str],
     keep_u: list[frozenset[str]],
-) -> list[Candidate]:
+    result: list[Candidate],
+) -> None:
+    problem, memo = en.problem, en.memo
     targets: list[Layout] = []
     steps: list[Collective] = []
     for i, op in enumerate(operands):
         dims = tuple(order.get(e, ()) for e in op.axes)
-        if not _fits(op.shape, dims, mesh_sizes):
-            return []
-        target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
-        st = _memo_transition(kw, (i, id(op), dims, keep_u[i]), op, target, f"operand {i + 1}")
-        if st is None:  # an impossible step: not a candidate
-            return []
-        targets.append(target)
-        steps.extend(st)
+        key = (i, id(op), dims, keep_u[i])
+        moved = memo.get(key)
+        if moved is None:
+            moved = _IMPOSSIBLE
+            if _fits(op.shape, dims, en.mesh_sizes):
+                target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
+                st = en.transition(op, target, f"operand {i + 1}")
+                if st is not None:
+                    moved = (target, st)
+            memo[key] = moved
+        if moved is _IMPOSSIBLE:  # an indivisible split or an impossible step: not a candidate
+            return
+        targets.append(moved[0])  # type: ignore[index]
+        steps.extend(moved[1])  # type: ignore[index]
     out_dims = tuple(order.get(e, ()) for e in problem.out_axes)
-    pending = frozenset(m for m, e in choice.items() if e is not None and classes[e] in (CONTRACTED, LONE))
-    pending |= frozenset().union(*keep_u)
-    computed = Layout(problem.out_axes, out_shape, problem.mesh, out_dims, pending)
-    present = {a for op in operands for a in op.axes}
-    flops = 2 * math.prod(size_of[a] for a in present) // kept_product
-    compute_time = problem.profile.compute_time(flops)
-    out: list[Candidate] = []
-    for resolution, target_out in _resolutions(problem, computed, mesh_sizes):
-        key = ("result", computed.dims, computed.unreduced, target_out.dims, target_out.unreduced)
-        out_steps = _memo_transition(kw, key, computed, target_out, "result")
+    pending = pending_kept.union(*keep_u)
+    computed, outs = _outcomes(en, out_dims, pending)
+    compute_time = en.profile.compute_time(flops)
+    for resolution, target_out, variant in outs:
+        all_steps = (*steps, *variant)
+        result.append(
+            Candidate(
+                tuple(choice.items()),
+                tuple(targets),
+                all_steps,
+                computed,
+                target_out,
+                resolution,
+                flops,
+                compute_time + sum(c.time for c in all_steps),
+                sum(c.bytes for c in all_steps),
+                operands,
+                en.unsplits,
+            )
+        )
+
+
+def _outcomes(
+    en: _Enumeration, out_dims: tuple[tuple[str, ...], ...], pending: frozenset[str]
+) -> tuple[Layout, list[tuple[str, Layout, tuple[Collective, ...]]]]:
+    """The computed result and the ways to deliver it: (resolution, delivered layout, collectives), memoized."""
+    key = ("result", out_dims, pending)
+    hit = en.memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    problem = en.problem
+    # valid by construction: the kept splits divide their axes (the operands holding them fit), and the
+    # pending sums are over mesh axes that keep a summed axis or nothing
+    computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, out_dims, pending)
+    outs: list[tuple[str, Layout, tuple[Collective, ...]]] = []
+    for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes):
+        out_steps = en.transition(computed, target_out, "result")
         if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
             continue
-        for variant in (out_steps, _split_all_reduces(out_steps, kw)):
-            if variant is None:
-                continue
-            all_steps = (*steps, *variant)
-            time = compute_time + sum(c.time for c in all_steps)
-            out.append(
-                Candidate(
-                    tuple(choice.items()),
-                    tuple(targets),
-                    all_steps,
-                    computed,
-                    target_out,
-                    resolution,
-                    flops,
-                    time,
-                    sum(c.bytes for c in all_steps),
-                    operands,
-                    kw["unsplits"],
-                )
-            )
-    return out
+        outs.append((resolution, target_out, out_steps))
+        split = _split_all_reduces(out_steps, en)
+        if split is not None:
+            outs.append((resolution, target_out, split))
+    en.memo[key] = (computed, outs)
+    return computed, outs
 
 
 def agreed_splits(problem: Problem) -> dict[str, str]:
@@ -341,7 +380,7 @@ def agreed_splits(problem: Problem) -> dict[str, str]:
     return out
 
 
-def _split_all_reduces(steps: tuple[Collective, ...], kw: dict) -> tuple[Collective, ...] | None:  # type: ignore[type-arg]
+def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple[Collective, ...] | None:
     """The same sums done as one all-reduce per mesh axis (what XLA emits when partial sums come from
     different dimensions), or None if no all-reduce spans several mesh axes.  It sends more bytes
     (2(n_i-1)/n_i of the buffer per axis instead of 2(n-1)/n once) over fewer ring hops (Σ2(n_i-1)
@@ -355,27 +394,10 @@ def _split_all_reduces(steps: tuple[Collective, ...], kw: dict) -> tuple[Collect
             continue
         cur = c.before
         for m in c.axes:
-            cur, one = all_reduce(cur, (m,), itemsize=kw["itemsize"], profile=kw["profile"], tensor=c.tensor, why=c.why)
+            cur, one = all_reduce(cur, (m,), itemsize=en.itemsize, profile=en.profile, tensor=c.tensor, why=c.why)
             if one.group_size > 1:
                 out.append(one)
     return tuple(out)
-
-
-def _memo_transition(
-    kw: dict,
-    key: tuple,
-    src: Layout,
-    dst: Layout,
-    tensor: str,  # type: ignore[type-arg]
-) -> tuple[Collective, ...] | None:
-    """``transition`` memoized within one enumeration (the same operand moves recur across choices)."""
-    memo = kw["memo"]
-    if key not in memo:
-        try:
-            memo[key] = transition(src, dst, itemsize=kw["itemsize"], profile=kw["profile"], tensor=tensor)[1]
-        except EinshardError:
-            memo[key] = None
-    return memo[key]
 
 
 def _resolutions(problem: Problem, computed: Layout, mesh_sizes: dict[str, int]) -> list[tuple[str, Layout]]:

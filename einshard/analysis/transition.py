@@ -50,6 +50,8 @@ def transition(
     """
     if src.dims == dst.dims and src.unreduced == dst.unreduced and src.axes == dst.axes and src.shape == dst.shape:
         return src, ()  # nothing to do (the common case, kept fast)
+    if src.unreduced == dst.unreduced and src.axes == dst.axes and src.shape == dst.shape and _only_slices(src, dst):
+        return dst, ()  # the next most common: free slices of a replicated operand (what step 2 alone would do)
     # Mesh axes of size 1 split nothing: x@(a,b) with |a| = 1 is x@b.  Compare without them.
     src_n, dst_n = _drop_trivial(src), _drop_trivial(dst)
     if src_n is not src or dst_n is not dst:
@@ -60,6 +62,35 @@ def transition(
         _, steps = _transition(src_n, dst_n, itemsize, profile, tensor)
         return dst, steps
     return _transition(src, dst, itemsize, profile, tensor)
+
+
+def _only_slices(src: Layout, dst: Layout) -> bool:
+    """Whether ``dst`` only splits ``src`` further (each dimension's mesh axes extended at the minor end by
+    mesh axes ``src`` neither splits nor sums over), every split dividing its dimension: then
+    :func:`_transition` would only slice, which is free.  False sends the general path the rest (and its
+    errors)."""
+    sizes = _sizes(src)
+    used = set(src.unreduced)
+    for d in src.dims:
+        used.update(d)
+    for s, sd, dd in zip(src.shape, src.dims, dst.dims, strict=True):
+        if dd == sd:
+            continue
+        if dd[: len(sd)] != sd:
+            return False
+        n = 1
+        for m in dd:
+            k = sizes.get(m)
+            if k is None:
+                return False
+            n *= k
+        for m in dd[len(sd) :]:
+            if m in used:
+                return False
+            used.add(m)
+        if s % n:
+            return False
+    return True
 
 
 def _drop_trivial(lay: Layout) -> Layout:
