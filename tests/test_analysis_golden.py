@@ -17,9 +17,14 @@ import sys
 import warnings
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 import einshard
+import einshard.testing as et
+from einshard.analysis.rule import Problem, enumerate_candidates, rank
+from einshard.parsing import parse_einsum
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "analysis_plans.json"
 
@@ -137,6 +142,40 @@ def test_a_cached_plan_equals_a_fresh_one():
         einshard.clear_caches()
         fresh = _record(*case)
         assert first == again == fresh
+
+
+MESHES = [{"x": 2}, {"x": 4}, {"x": 4, "y": 2}, {"x": 2, "y": 1}, {"x": 2, "y": 2, "z": 2}]
+
+
+@given(
+    et.einsums(st.sampled_from(MESHES), operands=(1, 3), max_rank=3, sizes=(4, 8, 16)),
+    st.sampled_from(["cpu", "h100", "tpu-v5p"]),
+)
+def test_the_pruned_search_finds_the_full_ranking_s_best(case, profile):
+    """analyze prices the result's delivery only for operand moves that can still win; its plan (and,
+    when read, its alternatives) must be exactly the reference: every candidate enumerated and ranked."""
+    try:
+        plan = einshard.analyze(case.expression, mesh=dict(case.mesh), sizes=dict(case.sizes), profile=profile)
+    except einshard.EinshardError:
+        assume(False)  # a requested result no candidate can deliver (its error is tested elsewhere)
+    chosen = parse_einsum(case.expression).output_chosen or not case.output  # a scalar is whole either way
+    requested = None if chosen else plan.out_layout
+    sizes = tuple((a, case.sizes[a]) for a in dict.fromkeys(a for op in case.operands for a in op))
+    problem = Problem(plan.operands, tuple(case.output), sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    ranked = rank(enumerate_candidates(problem))
+    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    assert (plan.choice, plan.collectives, plan.out_layout, plan.operands_used, plan.resolution) == (
+        ref.choice,
+        ref.steps,
+        ref.out,
+        ref.targets,
+        ref.resolution,
+    )
+    assert (plan.time, plan.flops) == (ref.time, ref.flops)
+    rest = [c for c in ranked if c is not ref]
+    assert [(a.choice, a.collectives, a.out_layout, a.time) for a in plan.alternatives] == [
+        (c.choice, c.steps, c.out, c.time) for c in rest
+    ]
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

@@ -35,7 +35,7 @@ from .inputs import (
     spec_partitions,
 )
 from .plan import Plan, explain_choice, side_string
-from .rule import Problem, classify, enumerate_candidates, rank
+from .rule import Problem, _Enumeration, best_candidate, classify, rank
 from .strategy import pick_weight, roles, strategy_name, tutorial_view
 
 __all__ = [
@@ -408,16 +408,17 @@ def analyze_layouts(problem: Problem, dtype: str = "f32") -> Plan:
 def _plan(problem: Problem, dtype: str) -> Plan:
     """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers)."""
     classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
-    ranked = rank(enumerate_candidates(problem, classes))
-    if problem.requested is None:
-        best = next(c for c in ranked if c.resolution == "complete")
-    else:
-        if not ranked:
-            raise EinshardError(
-                f"no way to deliver the result as {side_string(problem.requested)}: "
-                "pending sums {U:...} can only come from a contraction split over that mesh axis"
-            )
-        best = ranked[0]
+    en = _Enumeration(problem, classes)
+    # The best way is found without pricing every way to deliver the result; the other ways are priced
+    # and ranked when the plan's alternatives are first read.
+    best = best_candidate(en, complete=problem.requested is None)
+    if best is None:
+        if problem.requested is None:  # pragma: no cover - a complete result is always reachable (all-reduce)
+            raise EinshardError(f"no way to compute {problem.operands} -> {problem.out_axes}")
+        raise EinshardError(
+            f"no way to deliver the result as {side_string(problem.requested)}: "
+            "pending sums {U:...} can only come from a contraction split over that mesh axis"
+        )
     weight = pick_weight(problem.operands, classes)
     sizes = {m.name: m.size for m in problem.mesh}
     total = 2 * math.prod(s for _, s in problem.sizes)
@@ -452,4 +453,9 @@ def _plan(problem: Problem, dtype: str) -> Plan:
             more=more,
         )
 
-    return build(best, lambda: tuple(build(c) for c in ranked if c is not best))
+    def alternatives() -> tuple[Plan, ...]:
+        ranked = rank([c for part in en.parts() for c in en.candidates(part)])
+        first = next(c for c in ranked if c.resolution == "complete") if problem.requested is None else ranked[0]
+        return tuple(build(c) for c in ranked if c is not first)  # `first` is `best`, priced again
+
+    return build(best, alternatives)

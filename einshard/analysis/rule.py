@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
@@ -37,7 +38,7 @@ from .cost import Collective, Profile
 from .primitives import _derived, _unchecked, all_reduce
 from .transition import transition
 
-__all__ = ["Problem", "Candidate", "classify", "enumerate_candidates"]
+__all__ = ["Problem", "Candidate", "best_candidate", "classify", "enumerate_candidates"]
 
 BATCH, FREE, CONTRACTED, LONE = "batch", "free", "contracted", "lone-reduced"
 
@@ -178,11 +179,58 @@ def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[t
     return [(tuple(lay for lay, _ in combo), tuple(flag for _, flag in combo)) for combo in itertools.product(*per_op)]
 
 
-class _Enumeration:
-    """What one enumeration shares across its candidates: the problem's facts, and memos of the operand
-    moves and result resolutions (the same ones recur across choices and orders)."""
+def enumerate_candidates(problem: Problem, classes: dict[str, str] | None = None) -> list[Candidate]:
+    """Every candidate (per-axis choices × orders × output resolutions), unsorted, invalid ones dropped.
 
-    __slots__ = ("problem", "classes", "mesh_sizes", "out_shape", "itemsize", "profile", "memo", "unsplits")
+    ``classes``: :func:`classify` of the problem, if the caller has it."""
+    en = _Enumeration(problem, classes or classify(tuple(op.axes for op in problem.operands), problem.out_axes))
+    return [c for part in en.parts() for c in en.candidates(part)]
+
+
+def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
+    """``rank(enumerate_candidates(...))``'s first candidate (its first with resolution ``'complete'`` if
+    ``complete``), pricing the result's resolutions only for the operand moves that can still win.
+
+    Each part (one way to move the operands) is cheaper than any candidate built on it (the result's
+    collectives only add time), so parts are visited cheapest first and the search stops at the first
+    part dearer than the best candidate so far.  Ties keep the enumeration order, as ``rank`` does.
+    """
+    parts = en.parts()
+    best: Candidate | None = None
+    best_key: tuple[object, ...] = ()
+    for k in sorted(range(len(parts)), key=lambda k: (parts[k].unsplits, parts[k].bound)):
+        part = parts[k]
+        if best is not None and (part.unsplits, part.bound) > best_key[:2]:
+            break
+        for j, c in enumerate(en.candidates(part)):
+            if complete and c.resolution != "complete":
+                continue
+            key = (c.unsplits_agreed, c.time, c.comm_bytes, len(c.steps), k, j)
+            if best is None or key < best_key:
+                best, best_key = c, key
+    return best
+
+
+class _Part(NamedTuple):
+    """One way to move the operands for one choice: the local einsum's inputs, before the result is delivered."""
+
+    choice: tuple[tuple[str, str | None], ...]
+    operands: tuple[Layout, ...]  # as the moves start (lone-reduced axes summed first or not)
+    targets: tuple[Layout, ...]
+    steps: tuple[Collective, ...]
+    out_dims: tuple[tuple[str, ...], ...]
+    pending: frozenset[str]
+    flops: int
+    compute_time: float
+    bound: float  # compute + operand collectives: no candidate built on this part is faster
+    unsplits: bool
+
+
+class _Enumeration:
+    """What one enumeration shares across its candidates: the problem's facts, the operand moves (parts),
+    and memos of the moves and result resolutions (the same ones recur across choices and orders)."""
+
+    __slots__ = ("problem", "classes", "mesh_sizes", "out_shape", "itemsize", "profile", "memo", "_parts")
 
     def __init__(self, problem: Problem, classes: dict[str, str]) -> None:
         self.problem = problem
@@ -193,7 +241,7 @@ class _Enumeration:
         self.itemsize = problem.itemsize
         self.profile = problem.profile
         self.memo: dict[tuple[object, ...], object] = {}
-        self.unsplits = False
+        self._parts: list[_Part] | None = None
 
     def transition(self, src: Layout, dst: Layout, tensor: str) -> tuple[Collective, ...] | None:
         """``transition``'s collectives, or None for an impossible step."""
@@ -202,19 +250,41 @@ class _Enumeration:
         except EinshardError:
             return None
 
+    def parts(self) -> list[_Part]:
+        """Every way to move the operands (per-axis choices × orders × operand variants), in enumeration order."""
+        if self._parts is None:
+            self._parts = _parts(self)
+        return self._parts
 
-def enumerate_candidates(problem: Problem, classes: dict[str, str] | None = None) -> list[Candidate]:
-    """Every candidate (per-axis choices × orders × output resolutions), unsorted, invalid ones dropped.
+    def candidates(self, part: _Part) -> list[Candidate]:
+        """The part's candidates, one per way to deliver the result."""
+        computed, outs = _outcomes(self, part.out_dims, part.pending)
+        steps = part.steps
+        return [
+            Candidate(
+                part.choice,
+                part.targets,
+                (all_steps := (*steps, *variant)),
+                computed,
+                target_out,
+                resolution,
+                part.flops,
+                part.compute_time + sum(c.time for c in all_steps),
+                sum(c.bytes for c in all_steps),
+                part.operands,
+                part.unsplits,
+            )
+            for resolution, target_out, variant in outs
+        ]
 
-    ``classes``: :func:`classify` of the problem, if the caller has it."""
+
+def _parts(en: _Enumeration) -> list[_Part]:
+    problem, classes = en.problem, en.classes
     size_of = problem.size_of
-    if classes is None:
-        classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
-    en = _Enumeration(problem, classes)
     mesh_sizes = en.mesh_sizes
     per_axis = options(problem)
     names = [m for m, _ in per_axis]
-    result: list[Candidate] = []
+    result: list[_Part] = []
     # each variant with the FLOPs of its local einsum before any split (the axes it holds)
     variants = [
         (operands, pre, 2 * math.prod(size_of[a] for a in {a for op in operands for a in op.axes}))
@@ -234,8 +304,6 @@ def enumerate_candidates(problem: Problem, classes: dict[str, str] | None = None
         for orders in itertools.product(*(os for _, os in multi)):
             order = {e: o for (e, _), o in zip(multi, orders, strict=False)}
             for operands, pre, flops_whole in variants:
-                # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
-                en.unsplits = any(m in d for m in dropped for op in operands for d in op.dims)
                 if any(
                     pre[i]
                     and any(
@@ -245,37 +313,29 @@ def enumerate_candidates(problem: Problem, classes: dict[str, str] | None = None
                     for i in range(len(operands))
                 ):
                     continue  # summing a lone axis first and also keeping it split: not a different plan
-                _candidates_for(en, choice, order, operands, flops_whole // kept_product, pending_kept, result)
+                # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
+                unsplits = any(m in d for m in dropped for op in operands for d in op.dims)
+                flops = flops_whole // kept_product
+                # Pending sums an operand brings: summed before the einsum, or (when no other operand splits
+                # over that axis) carried through it, the einsum being linear in each operand.
+                keep_u: list[frozenset[str]] = []
+                claimed: set[str] = set()
+                for op in operands:
+                    mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
+                    claimed |= mine
+                    keep_u.append(mine)
+                # With pending sums to carry, also price summing them first (every operand whole).
+                for ku in [keep_u, [frozenset()] * len(operands)] if any(keep_u) else [keep_u]:
+                    part = _part(en, choice, order, operands, flops, pending_kept, ku, unsplits)
+                    if part is not None:
+                        result.append(part)
     return result
-
-
-def _candidates_for(
-    en: _Enumeration,
-    choice: dict[str, str | None],
-    order: dict[str, tuple[str, ...]],
-    operands: tuple[Layout, ...],
-    flops: int,
-    pending_kept: frozenset[str],
-    result: list[Candidate],
-) -> None:
-    # Pending sums an operand brings: summed before the einsum, or (when no other operand splits over
-    # that axis) carried through it, the einsum being linear in each operand.
-    keep_u: list[frozenset[str]] = []
-    claimed: set[str] = set()
-    for op in operands:
-        mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
-        claimed |= mine
-        keep_u.append(mine)
-    _candidates_with(en, choice, order, operands, flops, pending_kept, keep_u, result)
-    # With pending sums to carry, also price summing them first (every operand whole).
-    if any(keep_u):
-        _candidates_with(en, choice, order, operands, flops, pending_kept, [frozenset()] * len(operands), result)
 
 
 _IMPOSSIBLE = object()
 
 
-def _candidates_with(
+def _part(
     en: _Enumeration,
     choice: dict[str, str | None],
     order: dict[str, tuple[str, ...]],
@@ -283,9 +343,9 @@ def _candidates_with(
     flops: int,
     pending_kept: frozenset[str],
     keep_u: list[frozenset[str]],
-    result: list[Candidate],
-) -> None:
-    problem, memo = en.problem, en.memo
+    unsplits: bool,
+) -> _Part | None:
+    memo = en.memo
     targets: list[Layout] = []
     steps: list[Collective] = []
     for i, op in enumerate(operands):
@@ -301,30 +361,22 @@ def _candidates_with(
                     moved = (target, st)
             memo[key] = moved
         if moved is _IMPOSSIBLE:  # an indivisible split or an impossible step: not a candidate
-            return
+            return None
         targets.append(moved[0])  # type: ignore[index]
         steps.extend(moved[1])  # type: ignore[index]
-    out_dims = tuple(order.get(e, ()) for e in problem.out_axes)
-    pending = pending_kept.union(*keep_u)
-    computed, outs = _outcomes(en, out_dims, pending)
     compute_time = en.profile.compute_time(flops)
-    for resolution, target_out, variant in outs:
-        all_steps = (*steps, *variant)
-        result.append(
-            Candidate(
-                tuple(choice.items()),
-                tuple(targets),
-                all_steps,
-                computed,
-                target_out,
-                resolution,
-                flops,
-                compute_time + sum(c.time for c in all_steps),
-                sum(c.bytes for c in all_steps),
-                operands,
-                en.unsplits,
-            )
-        )
+    return _Part(
+        tuple(choice.items()),
+        operands,
+        tuple(targets),
+        tuple(steps),
+        tuple(order.get(e, ()) for e in en.problem.out_axes),
+        pending_kept.union(*keep_u),
+        flops,
+        compute_time,
+        compute_time + sum(c.time for c in steps),
+        unsplits,
+    )
 
 
 def _outcomes(
