@@ -325,7 +325,8 @@ def _parts(en: _Enumeration) -> list[_Part]:
                     claimed |= mine
                     keep_u.append(mine)
                 # With pending sums to carry, also price summing them first (every operand whole).
-                for ku in [keep_u, [frozenset()] * len(operands)] if any(keep_u) else [keep_u]:
+                whole: list[frozenset[str]] = [frozenset()] * len(operands)
+                for ku in [keep_u, whole] if any(keep_u) else [keep_u]:
                     part = _part(en, choice, order, operands, flops, pending_kept, ku, unsplits)
                     if part is not None:
                         result.append(part)
