@@ -178,6 +178,49 @@ def test_the_pruned_search_finds_the_full_ranking_s_best(case, profile):
     ]
 
 
+@st.composite
+def layout_pairs(draw):
+    """Two layouts of one tensor on one mesh (mesh axes of size 1 included), the second without pending
+    sums the first lacks."""
+    from einshard.core.layout import Layout, MeshAxis
+
+    names = draw(st.sampled_from([("x",), ("x", "y"), ("x", "y", "z")]))
+    mesh = tuple(MeshAxis(n, draw(st.sampled_from([1, 2, 4]))) for n in names)
+    rank_ = draw(st.integers(1, 3))
+    axes = tuple("abc"[:rank_])
+
+    def layout(within: frozenset[str] | None = None) -> Layout:
+        dims: list[list[str]] = [[] for _ in axes]
+        unreduced = set()
+        for m in draw(st.permutations(names)):
+            where = draw(st.sampled_from(["none", "split", "sum"]))
+            if where == "split":
+                dims[draw(st.integers(0, rank_ - 1))].append(m)
+            elif where == "sum" and (within is None or m in within):
+                unreduced.add(m)
+        return Layout(axes, (64,) * rank_, mesh, tuple(tuple(d) for d in dims), frozenset(unreduced))
+
+    src = layout()
+    return src, layout(src.unreduced)
+
+
+@given(layout_pairs())
+def test_transition_shortcuts_take_the_general_steps_answer(pair):
+    """The quick paths (free slices, one all-reduce, gathers) give exactly what the general steps give."""
+    from einshard.analysis import transition
+
+    src, dst = pair
+    try:
+        want = transition(src, dst, itemsize=2, tensor="t", shortcuts=False)
+    except einshard.EinshardError as e:
+        with pytest.raises(einshard.EinshardError, match=re.escape(str(e).splitlines()[0][:40])):
+            transition(src, dst, itemsize=2, tensor="t")
+        return
+    got = transition(src, dst, itemsize=2, tensor="t")
+    assert got == want
+    assert [(c.before, c.after) for c in got[1]] == [(c.before, c.after) for c in want[1]]
+
+
 if __name__ == "__main__" and "--write" in sys.argv:
     GOLDEN.write_text(
         "{\n"

@@ -151,7 +151,15 @@ def _kept_orders(problem: Problem, e: str, kept: list[str]) -> list[tuple[str, .
 
 
 def _fits(shape: tuple[int, ...], dims: tuple[tuple[str, ...], ...], sizes: dict[str, int]) -> bool:
-    return all(s % math.prod(sizes[m] for m in d) == 0 for s, d in zip(shape, dims, strict=False))
+    # loops, not generators: this runs for every candidate operand layout
+    for s, d in zip(shape, dims, strict=False):
+        if d:
+            n = 1
+            for m in d:
+                n *= sizes[m]
+            if s % n:
+                return False
+    return True
 
 
 def _pre_reduced(op: Layout, lone: set[str]) -> Layout:
@@ -200,7 +208,9 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
     best_key: tuple[object, ...] = ()
     for k in sorted(range(len(parts)), key=lambda k: (parts[k].unsplits, parts[k].bound)):
         part = parts[k]
-        if best is not None and (part.unsplits, part.bound) > best_key[:2]:
+        # (a margin of 1e-12: Python 3.12's float sum compensates rounding, so a bound may exceed its
+        # candidates' times by an ulp)
+        if best is not None and (part.unsplits, part.bound) > (best.unsplits_agreed, best.time * (1 + 1e-12)):
             break
         for j, c in enumerate(en.candidates(part)):
             if complete and c.resolution != "complete":
@@ -269,8 +279,8 @@ class _Enumeration:
                 target_out,
                 resolution,
                 part.flops,
-                part.compute_time + sum(c.time for c in all_steps),
-                sum(c.bytes for c in all_steps),
+                part.compute_time + sum([c.time for c in all_steps]),
+                sum([c.bytes for c in all_steps]),
                 part.operands,
                 part.unsplits,
             )
@@ -304,7 +314,7 @@ def _parts(en: _Enumeration) -> list[_Part]:
         for orders in itertools.product(*(os for _, os in multi)):
             order = {e: o for (e, _), o in zip(multi, orders, strict=False)}
             for operands, pre, flops_whole in variants:
-                if any(
+                if True in pre and any(
                     pre[i]
                     and any(
                         (e := choice[m]) is not None and e in problem.operands[i].axes and classes[e] == LONE
@@ -314,7 +324,7 @@ def _parts(en: _Enumeration) -> list[_Part]:
                 ):
                     continue  # summing a lone axis first and also keeping it split: not a different plan
                 # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
-                unsplits = any(m in d for m in dropped for op in operands for d in op.dims)
+                unsplits = bool(dropped) and any(m in d for m in dropped for op in operands for d in op.dims)
                 flops = flops_whole // kept_product
                 # Pending sums an operand brings: summed before the einsum, or (when no other operand splits
                 # over that axis) carried through it, the einsum being linear in each operand.
@@ -350,7 +360,7 @@ def _part(
     targets: list[Layout] = []
     steps: list[Collective] = []
     for i, op in enumerate(operands):
-        dims = tuple(order.get(e, ()) for e in op.axes)
+        dims = tuple([order.get(e, ()) for e in op.axes])
         key = (i, id(op), dims, keep_u[i])
         moved = memo.get(key)
         if moved is None:
@@ -371,11 +381,11 @@ def _part(
         operands,
         tuple(targets),
         tuple(steps),
-        tuple(order.get(e, ()) for e in en.problem.out_axes),
+        tuple([order.get(e, ()) for e in en.problem.out_axes]),
         pending_kept.union(*keep_u),
         flops,
         compute_time,
-        compute_time + sum(c.time for c in steps),
+        compute_time + sum([c.time for c in steps]),  # the same sum as a candidate's, over fewer steps
         unsplits,
     )
 

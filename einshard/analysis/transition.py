@@ -34,8 +34,12 @@ def transition(
     itemsize: int = 4,
     profile: Profile = _CPU,
     tensor: str = "",
+    shortcuts: bool = True,
 ) -> tuple[Layout, tuple[Collective, ...]]:
     """The collectives that take ``src`` to ``dst`` (same tensor, same mesh), cheapest order (module doc).
+
+    ``shortcuts=False`` takes the general steps even for the common moves (free slices, one all-reduce,
+    gathers) that have a quicker path to the same answer; tests compare the two.
 
     Raises EinshardError if ``dst`` holds pending sums ``src`` does not (a
     complete value cannot become a pending sum by communication).
@@ -50,7 +54,13 @@ def transition(
     """
     if src.dims == dst.dims and src.unreduced == dst.unreduced and src.axes == dst.axes and src.shape == dst.shape:
         return src, ()  # nothing to do (the common case, kept fast)
-    if src.unreduced == dst.unreduced and src.axes == dst.axes and src.shape == dst.shape and _only_slices(src, dst):
+    if (
+        shortcuts
+        and src.unreduced == dst.unreduced
+        and src.axes == dst.axes
+        and src.shape == dst.shape
+        and _only_slices(src, dst)
+    ):
         return dst, ()  # the next most common: free slices of a replicated operand (what step 2 alone would do)
     # Mesh axes of size 1 split nothing: x@(a,b) with |a| = 1 is x@b.  Compare without them.
     src_n, dst_n = _drop_trivial(src), _drop_trivial(dst)
@@ -59,9 +69,9 @@ def transition(
             if src.axes != dst.axes or src.shape != dst.shape:
                 raise EinshardError(f"transition between different tensors: {src} and {dst}")
             return dst, ()
-        _, steps = _transition(src_n, dst_n, itemsize, profile, tensor)
+        _, steps = _transition(src_n, dst_n, itemsize, profile, tensor, shortcuts)
         return dst, steps
-    return _transition(src, dst, itemsize, profile, tensor)
+    return _transition(src, dst, itemsize, profile, tensor, shortcuts)
 
 
 def _only_slices(src: Layout, dst: Layout) -> bool:
@@ -103,7 +113,7 @@ def _drop_trivial(lay: Layout) -> Layout:
 
 
 def _transition(
-    src: Layout, dst: Layout, itemsize: int, profile: Profile, tensor: str
+    src: Layout, dst: Layout, itemsize: int, profile: Profile, tensor: str, shortcuts: bool = True
 ) -> tuple[Layout, tuple[Collective, ...]]:
     if src.axes != dst.axes or src.shape != dst.shape:
         raise EinshardError(f"transition between different tensors: {src} and {dst}")
@@ -117,6 +127,28 @@ def _transition(
     steps: list[Collective] = []
     cur = src
     order = [m.name for m in src.mesh]
+    # The two most common moves, as the general steps below would do them, without their bookkeeping:
+    if shortcuts and src.dims == dst.dims:  # only sums to complete: step 1's all-reduce
+        rest = tuple(m for m in order if m in src.unreduced and m not in dst.unreduced)
+        if rest:
+            cur, c = all_reduce(cur, rest, why="sum the partial results", **kw)  # type: ignore[arg-type]
+            _add(steps, c)
+        return cur, tuple(steps)
+    if (
+        shortcuts
+        and src.unreduced == dst.unreduced
+        and all(dd == sd[: len(dd)] for sd, dd in zip(src.dims, dst.dims, strict=True))
+    ):  # only minor-most mesh axes leave their dimensions: step 4's gathers
+        leaving = {m: i for i, (sd, dd) in enumerate(zip(src.dims, dst.dims, strict=True)) for m in sd[len(dd) :]}
+        gathered: dict[int, list[str]] = {}
+        for m in order:
+            if m in leaving:
+                gathered.setdefault(leaving[m], []).append(m)
+        for i, ms in gathered.items():
+            ms_ordered = tuple(m for m in cur.dims[i] if m in ms)
+            cur, c = all_gather(cur, ms_ordered, why=f"gather {_name(src, i)}", **kw)  # type: ignore[arg-type]
+            _add(steps, c)
+        return cur, tuple(steps)
     src_at = {m: i for i, d in enumerate(src.dims) for m in d}
     dst_at = {m: i for i, d in enumerate(dst.dims) for m in d}
 
