@@ -101,8 +101,12 @@ def analyze(
             hit = _PLANS.get(fast)
         except TypeError:  # an unhashable argument: analysed every time
             fast, hit = None, None
-        if hit is not None and not any(v.__class__ is bool for v in mesh.values()):  # True == 1 as a key
-            return hit
+        if hit is not None:
+            for v in mesh.values():
+                if v.__class__ is bool:  # True == 1 as a key: let the checks refuse it
+                    break
+            else:
+                return hit
         plan = _analyze(expr, (), _mesh_axes(mesh, ()), size_items, dtype, profile, in_specs, out_spec)
         if fast is not None:
             if len(_PLANS) >= _MAX_PLANS:
@@ -191,18 +195,18 @@ def _prepare_text(expr: str) -> _Prepared:
 
 
 def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
-    names = tuple(side.names for side in parsed.inputs)
+    names = tuple([side.names for side in parsed.inputs])
     out = parsed.output
     return _Prepared(
         text,
         jnp_style,
         parsed,
         names,
-        tuple(tuple(item.mesh_axes or () for item in side.axes) for side in parsed.inputs),
-        tuple(frozenset(side.unreduced) for side in parsed.inputs),
-        tuple(dict.fromkeys(n for side in names for n in side)),
+        tuple([tuple([item.mesh_axes or () for item in side.axes]) for side in parsed.inputs]),
+        tuple([frozenset(side.unreduced) for side in parsed.inputs]),
+        tuple(dict.fromkeys([n for side in names for n in side])),
         out.names,
-        tuple(item.mesh_axes or () for item in out.axes),
+        tuple([item.mesh_axes or () for item in out.axes]),
         frozenset(out.unreduced),
     )
 
@@ -315,14 +319,14 @@ def _analyze(
     problem = Problem(
         tuple(layouts),
         prep.out_names,
-        tuple((n, known[n]) for n in prep.unique),
+        tuple([(n, known[n]) for n in prep.unique]),
         mesh_axes,
         requested,
         itemsize,
         get_profile(profile),
     )
     plan = _plan(problem, dname)
-    if bare and any(any(d) or op.unreduced for op in layouts for d in op.dims):
+    if bare and any([any(d) or op.unreduced for op in layouts for d in op.dims]):
         _warn_if_meaning_changed(prep.text, plan, problem, dname)
     return plan
 
@@ -407,7 +411,7 @@ def analyze_layouts(problem: Problem, dtype: str = "f32") -> Plan:
 
 def _plan(problem: Problem, dtype: str) -> Plan:
     """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers)."""
-    classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
+    classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
     en = _Enumeration(problem, classes)
     # The best way is found without pricing every way to deliver the result; the other ways are priced
     # and ranked when the plan's alternatives are first read.
@@ -425,7 +429,7 @@ def _plan(problem: Problem, dtype: str) -> Plan:
 
     def build(c: Any, more: Any = None) -> Plan:
         role_of = roles(problem.operands, c, classes, weight)
-        comm = sum(s.time for s in c.steps)
+        comm = sum([s.time for s in c.steps])
         return Plan(
             expression=", ".join(side_string(o) for o in problem.operands) + " -> " + side_string(c.out),
             mesh=problem.mesh,

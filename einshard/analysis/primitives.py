@@ -53,22 +53,32 @@ __all__ = [
 _CPU = PROFILES["cpu"]
 
 
-_SIZES: dict[int, tuple[tuple[MeshAxis, ...], dict[str, int]]] = {}
+_SIZES: dict[int, tuple[tuple[MeshAxis, ...], dict[str, int], frozenset[str]]] = {}
 
 
-def _sizes(lay: Layout) -> dict[str, int]:
+def _mesh_facts(mesh: tuple[MeshAxis, ...]) -> tuple[tuple[MeshAxis, ...], dict[str, int], frozenset[str]]:
     # Not Layout.mesh_sizes: a cached_property takes a lock on first use (Python 3.11), and the
     # analyzer makes many short-lived layouts that share one mesh tuple; keyed by its identity
     # (the tuple is kept alive in the entry, so the id cannot be reused while cached).
-    mesh = lay.mesh
     hit = _SIZES.get(id(mesh))
     if hit is not None and hit[0] is mesh:
-        return hit[1]
+        return hit
     if len(_SIZES) > 512:
         _SIZES.clear()
     sizes = {m.name: m.size for m in mesh}
-    _SIZES[id(mesh)] = (mesh, sizes)
-    return sizes
+    facts = (mesh, sizes, frozenset([m for m, s in sizes.items() if s == 1]))
+    _SIZES[id(mesh)] = facts
+    return facts
+
+
+def _sizes(lay: Layout) -> dict[str, int]:
+    """The mesh's axis sizes by name."""
+    return _mesh_facts(lay.mesh)[1]
+
+
+def _trivial(lay: Layout) -> frozenset[str]:
+    """The mesh axes of size 1 (they split nothing)."""
+    return _mesh_facts(lay.mesh)[2]
 
 
 def _derived(lay: Layout, dims: tuple[tuple[str, ...], ...], unreduced: frozenset[str] | None = None) -> Layout:
@@ -109,7 +119,10 @@ def _shards(lay: Layout, i: int) -> int:
 
 def _group(lay: Layout, axes: tuple[str, ...]) -> int:
     sizes = _sizes(lay)
-    return math.prod(sizes[a] for a in axes)
+    n = 1
+    for a in axes:
+        n *= sizes[a]
+    return n
 
 
 def _local_bytes(lay: Layout, itemsize: int) -> int:
@@ -138,7 +151,7 @@ def _record(
 ) -> Collective:
     sent_i = int(round(sent))
     sizes = _sizes(before)
-    per_axis = tuple(sizes[a] for a in axes)
+    per_axis = tuple([sizes[a] for a in axes])
     if math.prod(per_axis) != n:  # a regrouped gather runs over a factor of its axes: one ring of n
         per_axis = (n,)
     return Collective(

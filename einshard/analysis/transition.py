@@ -13,6 +13,7 @@ from .primitives import (
     _derived,
     _name,
     _sizes,
+    _trivial,
     all_gather,
     all_reduce,
     all_to_all,
@@ -105,6 +106,9 @@ def _only_slices(src: Layout, dst: Layout) -> bool:
 
 def _drop_trivial(lay: Layout) -> Layout:
     """The layout without mesh axes of size 1 (itself if it has none)."""
+    trivial = _trivial(lay)
+    if not trivial:  # the common mesh: no axis of size 1
+        return lay
     sizes = _sizes(lay)
     if all(sizes[m] > 1 for d in lay.dims for m in d) and all(sizes[m] > 1 for m in lay.unreduced):
         return lay
