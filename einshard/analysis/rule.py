@@ -212,9 +212,7 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
         # candidates' times by an ulp)
         if best is not None and (part.unsplits, part.bound) > (best.unsplits_agreed, best.time * (1 + 1e-12)):
             break
-        for j, c in enumerate(en.candidates(part)):
-            if complete and c.resolution != "complete":
-                continue
+        for j, c in enumerate(en.candidates(part, complete)):
             key = (c.unsplits_agreed, c.time, c.comm_bytes, len(c.steps), k, j)
             if best is None or key < best_key:
                 best, best_key = c, key
@@ -266,9 +264,9 @@ class _Enumeration:
             self._parts = _parts(self)
         return self._parts
 
-    def candidates(self, part: _Part) -> list[Candidate]:
-        """The part's candidates, one per way to deliver the result."""
-        computed, outs = _outcomes(self, part.out_dims, part.pending)
+    def candidates(self, part: _Part, complete: bool = False) -> list[Candidate]:
+        """The part's candidates, one per way to deliver the result (``complete``: only complete results)."""
+        computed, outs = _outcomes(self, part.out_dims, part.pending, complete)
         steps = part.steps
         return [
             Candidate(
@@ -391,10 +389,18 @@ def _part(
 
 
 def _outcomes(
-    en: _Enumeration, out_dims: tuple[tuple[str, ...], ...], pending: frozenset[str]
+    en: _Enumeration, out_dims: tuple[tuple[str, ...], ...], pending: frozenset[str], complete: bool = False
 ) -> tuple[Layout, list[tuple[str, Layout, tuple[Collective, ...]]]]:
-    """The computed result and the ways to deliver it: (resolution, delivered layout, collectives), memoized."""
-    key = ("result", out_dims, pending)
+    """The computed result and the ways to deliver it: (resolution, delivered layout, collectives), memoized.
+
+    ``complete``: only the ways that deliver it complete (resolution ``'complete'``), when no layout is
+    requested; the search for the best needs no other (they come first in the full list too)."""
+    full = en.memo.get(("result", out_dims, pending))
+    if full is not None:
+        if complete:
+            return full[0], [o for o in full[1] if o[0] == "complete"]  # type: ignore[index]
+        return full  # type: ignore[return-value]
+    key = ("complete" if complete else "result", out_dims, pending)
     hit = en.memo.get(key)
     if hit is not None:
         return hit  # type: ignore[return-value]
@@ -403,7 +409,7 @@ def _outcomes(
     # pending sums are over mesh axes that keep a summed axis or nothing
     computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, out_dims, pending)
     outs: list[tuple[str, Layout, tuple[Collective, ...]]] = []
-    for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes):
+    for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes, complete):
         out_steps = en.transition(computed, target_out, "result")
         if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
             continue
@@ -463,17 +469,21 @@ def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple
     return tuple(out)
 
 
-def _resolutions(problem: Problem, computed: Layout, mesh_sizes: dict[str, int]) -> list[tuple[str, Layout]]:
+def _resolutions(
+    problem: Problem, computed: Layout, mesh_sizes: dict[str, int], complete: bool = False
+) -> list[tuple[str, Layout]]:
     if problem.requested is not None:
         return [("requested", problem.requested)]
     if not computed.unreduced:
         return [("complete", computed)]
-    out = [("complete", computed.with_dims(computed.dims, frozenset()))]
+    out = [("complete", _derived(computed, computed.dims, frozenset()))]
+    if complete:
+        return out
     pending = tuple(m.name for m in computed.mesh if m.name in computed.unreduced)
     for i in range(len(computed.axes)):
         dims = computed.dims[:i] + (computed.dims[i] + pending,) + computed.dims[i + 1 :]
-        if _fits(computed.shape, dims, mesh_sizes):
-            out.append(("reduce-scatter", computed.with_dims(dims, frozenset())))
+        if _fits(computed.shape, dims, mesh_sizes):  # the pending axes split nothing: only divisibility to check
+            out.append(("reduce-scatter", _derived(computed, dims, frozenset())))
     out.append(("unreduced", computed))
     return out
 
