@@ -19,6 +19,13 @@ way there; the computed result is then taken to the requested output (or, with
 none requested, completed with an all-reduce, with reduce-scatters onto each
 dimension and the pending ``{U}`` result as alternatives).
 
+Finding the best candidate does not price every way to deliver the result:
+the operand moves of a choice (a *part*) cost no more than any candidate built
+on it, so parts are visited cheapest first and the search stops at the first
+one dearer than the best candidate found (:func:`best_candidate`).  Every
+candidate, ranked (the plan's alternatives), is built when first asked for,
+from the same memos.
+
 Several mesh axes may keep one einsum axis (``x@(data,model)``): their
 order (major to minor) is taken from the first operand that splits ``x``, and
 an operand holding another order pays a collective-permute, because only
