@@ -75,6 +75,11 @@ __all__ = ["PipelineInfo", "pipeline", "pipeline_info", "circular_layer_order"]
 ParamLayouts = str | Mapping[str, str] | None
 
 
+def _save_all_but_slices(prim: Any, *_: Any, **__: Any) -> bool:
+    """A checkpoint policy: save every residual except dynamic slices (a circular round's weights: re-sliced)."""
+    return prim is not jax.lax.dynamic_slice_p
+
+
 @dataclass(frozen=True)
 class PipelineInfo:
     """What a pipeline run does and keeps.
@@ -481,6 +486,14 @@ def pipeline(
                 return p
             return jax.tree_util.tree_map(lambda w: jax.lax.dynamic_slice_in_dim(w, r * lps, lps, 0), p)
 
+        def run_round(r: jax.Array, h: jax.Array) -> jax.Array:
+            return visit(params_of_round(r), h)
+
+        if R > 1:
+            # AD of the scan would save each iteration's slice of the params (its layers' weights) as a residual:
+            # memory growing with M·R.  Re-slicing in the backward costs a copy; the full params stay loop-invariant.
+            run_round = jax.checkpoint(run_round, policy=_save_all_but_slices)
+
         # The carries must vary over the same mesh axes in every iteration: find
         # the axes a visit's output varies over (a fixed point, usually one step).
         axes = _varying(xs) | {stage_axis}
@@ -520,7 +533,7 @@ def pipeline(
             if sanitize:
                 inp = jnp.where(valid, inp, jnp.zeros_like(inp))
             r = jnp.clip(u // M, 0, R - 1)
-            y = _vary(visit(params_of_round(r), inp), axes)
+            y = _vary(run_round(r, inp), axes)
             done = valid & (s == S - 1) & (u >= (R - 1) * M)
             slot_out = jnp.clip(u - (R - 1) * M, 0, M - 1)
             old_out = jax.lax.dynamic_index_in_dim(outs, slot_out, 0, keepdims=False)
