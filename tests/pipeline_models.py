@@ -42,3 +42,47 @@ def assert_same(got, want, tol=2e-6):
     for a, b in zip(jax.tree_util.tree_leaves(gg), jax.tree_util.tree_leaves(gw), strict=True):
         assert np.all(np.isfinite(a))
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=tol)
+
+
+# A tiny language model's ends, written for a vocabulary split over the 'stage' axis (the pipeline's
+# PipelineEnd convention: fn sees this device's blocks and combines over the stage axis itself).
+V = 8
+
+
+def make_lm(layers, batch, seed=0):
+    params, _, _ = make(layers, batch, seed)
+    rng = np.random.default_rng(seed + 1)
+    ends = {
+        "embed": {"table": rng.standard_normal((V, D)).astype(np.float32)},
+        "head": {"w": (rng.standard_normal((D, V)) / 2).astype(np.float32)},
+    }
+    tokens = rng.integers(0, V, batch).astype(np.int32)
+    targets = rng.integers(0, V, batch).astype(np.int32)
+    return {"layers": params, **ends}, tokens, targets
+
+
+def split_embed(p, tokens, axis="stage"):
+    """This stage's rows of the table look up the tokens they hold; one psum gives every token its row."""
+    rows = p["table"].shape[0]
+    local = tokens - jax.lax.axis_index(axis) * rows
+    hit = (local >= 0) & (local < rows)
+    found = jnp.take(p["table"], jnp.clip(local, 0, rows - 1), axis=0)
+    return jax.lax.psum(jnp.where(hit[:, None], found, 0.0), axis)
+
+
+def split_head_loss(p, h, targets, axis="stage"):
+    """Per-example cross entropy with the vocabulary (the head's columns) split over ``axis``."""
+    logits = jnp.dot(h, p["w"], precision=HI)  # this stage's slice of the vocabulary
+    cols = logits.shape[-1]
+    top = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(logits, axis=-1)), axis)
+    lse = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1), axis)) + top
+    local = targets - jax.lax.axis_index(axis) * cols
+    hit = (local >= 0) & (local < cols)
+    picked = jnp.take_along_axis(logits, jnp.clip(local, 0, cols - 1)[:, None], axis=-1)[:, 0]
+    return lse - jax.lax.psum(jnp.where(hit, picked, 0.0), axis)
+
+
+def lm_sequential(params, tokens, targets):
+    h = sequential(layer, params["layers"], params["embed"]["table"][tokens])
+    logits = jnp.dot(h, params["head"]["w"], precision=HI)
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0])
