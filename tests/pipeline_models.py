@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from einshard.lowering.pipeline_stages import vocab_parallel_cross_entropy, vocab_parallel_embed
+
 HI = jax.lax.Precision.HIGHEST
 D = 4
 
@@ -61,25 +63,12 @@ def make_lm(layers, batch, seed=0):
     return {"layers": params, **ends}, tokens, targets
 
 
-def split_embed(p, tokens, axis="stage"):
-    """This stage's rows of the table look up the tokens they hold; one psum gives every token its row."""
-    rows = p["table"].shape[0]
-    local = tokens - jax.lax.axis_index(axis) * rows
-    hit = (local >= 0) & (local < rows)
-    found = jnp.take(p["table"], jnp.clip(local, 0, rows - 1), axis=0)
-    return jax.lax.psum(jnp.where(hit[:, None], found, 0.0), axis)
+def split_embed(p, tokens):
+    return vocab_parallel_embed(p["table"], tokens, "stage")
 
 
-def split_head_loss(p, h, targets, axis="stage"):
-    """Per-example cross entropy with the vocabulary (the head's columns) split over ``axis``."""
-    logits = jnp.dot(h, p["w"], precision=HI)  # this stage's slice of the vocabulary
-    cols = logits.shape[-1]
-    top = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(logits, axis=-1)), axis)
-    lse = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1), axis)) + top
-    local = targets - jax.lax.axis_index(axis) * cols
-    hit = (local >= 0) & (local < cols)
-    picked = jnp.take_along_axis(logits, jnp.clip(local, 0, cols - 1)[:, None], axis=-1)[:, 0]
-    return lse - jax.lax.psum(jnp.where(hit, picked, 0.0), axis)
+def split_head_loss(p, h, targets):
+    return vocab_parallel_cross_entropy(jnp.dot(h, p["w"], precision=HI), targets, "stage")
 
 
 def lm_sequential(params, tokens, targets):

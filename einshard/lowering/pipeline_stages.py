@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
@@ -31,7 +32,15 @@ from ..placement import spec as einshard_spec
 from ..tree_rules import leaf_expressions
 from .steps import varying_axes
 
-__all__ = ["PipelineEnd", "ParamLayouts", "lay_out", "layer_specs", "run_end"]
+__all__ = [
+    "PipelineEnd",
+    "ParamLayouts",
+    "lay_out",
+    "layer_specs",
+    "run_end",
+    "vocab_parallel_embed",
+    "vocab_parallel_cross_entropy",
+]
 
 ParamLayouts = str | Mapping[str, "str | None"] | None
 
@@ -180,3 +189,31 @@ def run_end(
     )
     params = jax.tree_util.tree_map(lambda w, s: lay_out(w, mesh, s), end.params, specs)
     return mapped(params, lay_out(h, mesh, batch), *(lay_out(a, mesh, batch) for a in end.args))
+
+
+def vocab_parallel_embed(table: jax.Array, tokens: jax.Array, axis: str | tuple[str, ...]) -> jax.Array:
+    """Embedding lookup with the table's rows (the vocabulary) split over ``axis``, inside a shard_map.
+
+    Each device looks up the tokens whose rows it holds (zeros for the others) and one ``psum``
+    gives every token its row on every device: ``[..., ] -> [..., D]``, invariant over ``axis``.
+    """
+    rows = table.shape[0]
+    local = tokens - jax.lax.axis_index(axis) * rows
+    hit = (local >= 0) & (local < rows)
+    found = jnp.take(table, jnp.clip(local, 0, rows - 1), axis=0)
+    return jax.lax.psum(jnp.where(hit[..., None], found, jnp.zeros((), found.dtype)), axis)
+
+
+def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, axis: str | tuple[str, ...]) -> jax.Array:
+    r"""Per-example cross entropy with the logits' last axis (the vocabulary) split over ``axis`` (Megatron's).
+
+    ``logits [..., V/n]`` (this device's slice), ``targets [...]`` (global ids) -> ``[...]``, invariant
+    over ``axis``: a ``pmax`` for stability (no gradient flows through it) and two ``psum``\ s.
+    """
+    cols = logits.shape[-1]
+    top = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(logits, axis=-1)), axis)
+    lse = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1), axis)) + top
+    local = targets - jax.lax.axis_index(axis) * cols
+    hit = (local >= 0) & (local < cols)
+    picked = jnp.take_along_axis(logits, jnp.clip(local, 0, cols - 1)[..., None], axis=-1)[..., 0]
+    return lse - jax.lax.psum(jnp.where(hit, picked, jnp.zeros((), picked.dtype)), axis)
