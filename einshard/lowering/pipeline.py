@@ -21,6 +21,11 @@ iteration of one ``lax.scan``.
   about S micro-batches of activations instead of M (:mod:`.pipeline_1f1b`,
   tick tables in :mod:`.schedules`).
 
+``first=`` / ``last=`` (:class:`~.pipeline_stages.PipelineEnd`) run an input function (an embedding) before
+the first stage and an output function (head and per-example loss) after the last, their params split over
+the stage axis rather than copied to every stage (:mod:`.pipeline_stages`).  Schedule numbers and argument
+checks live in :mod:`.pipeline_info`.  A stage axis of size 1 runs every schedule as the sequential model.
+
 The mesh is found as everywhere in einshard (:func:`einshard.core.mesh.resolve_mesh`):
 ``mesh=``, else ``jax.set_mesh``, else the mesh the params were placed on.
 Operands are laid out with ``NamedSharding``\ s (``reshard`` under a trace) on
