@@ -2,7 +2,7 @@
 
 1. **Planning time** (median of ``--repeats`` runs, tracing included) on:
    ``einshard plan --model transformer`` (the demo's 2-layer transformer,
-   H100 profile), the same model and a Flax NNX 2-layer transformer
+   H100 profile), the same model, a Flax NNX and an Equinox 2-layer transformer
    (``tests/planner_models.py``) with the ``cpu`` profile, and a 48-layer
    d=8192 transformer on a 2048-device mesh (predictions only).
 2. **Measured against reality** on a (4, 2) mesh of this machine's simulated
@@ -250,12 +250,14 @@ def main() -> None:
         planning_time("demo transformer (einshard plan --model transformer)", cli_transformer, "h100", args.repeats),
         planning_time("demo transformer, 2 layers d=32", pm.demo_transformer, "cpu", args.repeats),
         planning_time("Flax NNX transformer, 2 layers d=32", pm.nnx_transformer, "cpu", args.repeats),
+        planning_time("Equinox transformer, 2 layers d=32", pm.eqx_transformer, "cpu", args.repeats),
     ]
     large = bench_model(
         "48 x 8192 on 2048 devices", 48, 8192, 32768, 32768, 2048, 2048, 64, {"data": 256, "model": 8}, "80GiB", 1
     )
     reality = [measured("demo transformer", pm.demo_transformer, args.steps)]
     reality.append(measured("Flax NNX transformer", pm.nnx_transformer, args.steps))
+    reality.append(measured("Equinox transformer", pm.eqx_transformer, args.steps))
     gap = heuristic_gap(args.gap_trials)
     result = {
         "jax": jax.__version__,

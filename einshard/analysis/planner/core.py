@@ -19,6 +19,7 @@ from .explanation import batch_strategy, explain_choice, short, strategy
 from .groups import Group, batch_candidates, param_candidates, param_groups, search_candidates
 from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes, shape_of
 from .result import Alternative, PlanResult
+from .roles import weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
 from .search import exhaustive, guided_descent
 
@@ -108,6 +109,11 @@ def plan(
     data_shapes = [shape_of(x) for i in d_idx for x in jax.tree_util.tree_leaves(args[i])]
     batch = Group("", "batch", (), tuple(data_shapes), (), 0, False, batch_candidates(data_shapes, mesh_axes), True)
     costs = Costs(traced, groups, batch, args, p_idx, d_idx, objective, budget, opt_bytes)
+    # Each group's axes as its first matmul uses them (labels read (out, in) and 3-D kernels right).
+    offsets = [sum(len(jax.tree_util.tree_leaves(args[j])) for j in range(i)) for i in p_idx]
+    p_counts = [len(jax.tree_util.tree_leaves(args[i])) for i in p_idx]
+    flat_of = [off + k for off, n in zip(offsets, p_counts) for k in range(n)]
+    roles = [weight_roles(traced.jaxpr, flat_of[g.leaves[0]]) if g.leaves else {} for g in groups]
     counts = [len(g.candidates) for g in groups] + [len(batch.candidates)]
     space = math.prod(counts)
     presets_assign = preset_assignments(groups, batch)
@@ -145,8 +151,8 @@ def plan(
     def label_of(assign: tuple[int, ...]) -> str:
         bax = batch.candidates[assign[-1]].dims[0]
         names = [
-            f"{short(g.display)}={strategy(g, g.candidates[c], bax)}"
-            for g, c in zip(groups, assign)
+            f"{short(g.display)}={strategy(g, g.candidates[c], bax, roles[k])}"
+            for k, (g, c) in enumerate(zip(groups, assign))
             if g.candidates[c].sharded
         ]
         return batch_strategy(batch.candidates[assign[-1]]) + " · " + (", ".join(names) or "params replicated")
@@ -162,7 +168,7 @@ def plan(
     preset_alts += [alt for alt, _ in user]
     rules, data_rules = rules_of(best)
     bax = batch.candidates[best[-1]].dims[0]
-    strategies = {g.display: strategy(g, g.candidates[c], bax) for g, c in zip(groups, best)}
+    strategies = {g.display: strategy(g, g.candidates[c], bax, roles[k]) for k, (g, c) in enumerate(zip(groups, best))}
     strategies["batch"] = batch_strategy(batch.candidates[best[-1]])
     params_sharded = any(g.candidates[c].sharded for g, c in zip(groups, best))
     optimizer_bytes = costs.optimizer_bytes(best)
