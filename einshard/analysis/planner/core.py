@@ -190,7 +190,7 @@ def plan(
     pipe = None
     if pipeline is not None:
         pipes = cost_pipelines(pipeline, groups, batch, costs)
-        by_schedule = {}
+        by_schedule: dict[str, PipelineCost] = {}
         for p in pipes:
             b = by_schedule.get(p.candidate.schedule)
             if b is None or best_pipeline([p, b], objective) is p:
