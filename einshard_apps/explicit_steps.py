@@ -228,6 +228,13 @@ def make_tp_async_step(
 # Pipeline over the stacked layers
 
 
+# How the pipeline's ends hold their parameters (einshard.tree_rules path rules): the vocabulary over 'stage'.
+END_LAYOUTS: dict[str, dict[str, str | None]] = {
+    "embed": {"tokens": "v d -> v@stage d", "positions": None},
+    "head": {"unembed": "d v -> d v@stage", "final_ln": None},
+}
+
+
 def default_microbatches(local_batch: int, stages: int) -> int:
     """The largest divisor of the per-device batch that is at most ``2 * stages`` (a smaller bubble, small blocks).
 
@@ -259,12 +266,19 @@ def make_pipeline_step(
     """
     del loss_fn
     import jax
+    import jax.numpy as jnp
     import optax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from einshard.lowering import pipeline, pipeline_info
+    from einshard.lowering import (
+        PipelineEnd,
+        pipeline,
+        pipeline_info,
+        vocab_parallel_cross_entropy,
+        vocab_parallel_embed,
+    )
 
-    from .models.transformer import block, cross_entropy, embed, head
+    from .models.transformer import block, layer_norm
 
     _need_axes(mesh, ("stage", "data"), "pipeline", "stage=2,data=4")
     if schedule not in ("gpipe", "circular", "1f1b"):
@@ -282,21 +296,38 @@ def make_pipeline_step(
     def layer(p: Any, h: Any) -> Any:
         return block(h, p)
 
+    # The stages own the embedding and the head: the first stage's input function and the last stage's loss
+    # run with the vocabulary split over 'stage' (each stage holds 1/S of the table and of the unembedding,
+    # stored that way by the preset), not a copy of both on every stage.
+    def embed_first(p: Any, tokens: Any) -> Any:
+        return vocab_parallel_embed(p["tokens"], tokens, "stage") + p["positions"][: tokens.shape[1]]
+
+    def loss_last(p: Any, h: Any, targets: Any) -> Any:
+        x = layer_norm(h, p["final_ln"]["scale"], p["final_ln"]["bias"])
+        logits = jnp.einsum("bsd,dv->bsv", x, p["unembed"]).astype(jnp.float32)
+        return vocab_parallel_cross_entropy(logits, targets, "stage")  # per-token losses [b, s]
+
     def loss(params: Any, batch: Any) -> Any:
         inputs, targets = batch[:, :-1], batch[:, 1:]
         layers = jax.tree.leaves(params["layers"])[0].shape[0]
-        h = embed(params, inputs)
-        h = pipeline(
+        per_token = pipeline(
             layer,
             params["layers"],
-            h,
+            inputs,
             mesh=mesh,
             stage_axis="stage",
             data_axis="data",
             param_layouts=param_layouts,
+            first=PipelineEnd(embed_first, params["embed"], layouts=END_LAYOUTS["embed"]),
+            last=PipelineEnd(
+                loss_last,
+                {"final_ln": params["final_ln"], "unembed": params["unembed"]},
+                layouts=END_LAYOUTS["head"],
+                args=(targets,),
+            ),
             **options(batch, layers),
         )
-        return cross_entropy(head(params, h), targets)
+        return jnp.mean(per_token)  # the model's cross_entropy: the mean over tokens
 
     def step(state: Any, batch: Any) -> tuple[Any, Any]:
         value, grads = jax.value_and_grad(loss)(state["params"], batch)
@@ -321,8 +352,9 @@ def make_pipeline_step(
         info = pipeline_info(layers_tree, h, mesh=mesh, stage_axis="stage", data_axis="data", **opts)
         rounds = f", {info.repeats} rounds" if info.repeats > 1 else ""
         return [
-            f"program: embed -> einshard.pipeline({opts['schedule']}) over the {layers} stacked layers "
-            f"-> head, under jax.jit; the layer axis over stage={stages}, the batch over data={data}",
+            f"program: einshard.pipeline({opts['schedule']}) over the {layers} stacked layers, under jax.jit; "
+            f"the layer axis over stage={stages}, the batch over data={data}; the first stage embeds and the "
+            f"last computes the loss, with the vocabulary split over stage (1/{stages} of both tables per device)",
             f"  {info.stages} stages x {info.layers_per_visit} layer(s) per visit, {info.microbatches} micro-batches "
             f"of {'x'.join(map(str, info.microbatch_shape))} per data shard{rounds}: {info.iterations} iterations, "
             f"one collective-permute each",

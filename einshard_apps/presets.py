@@ -209,6 +209,9 @@ _PIPELINE = {
     "w_in": "l d f -> l@stage d f",
     "w_out": "l f d -> l@stage f d",
     "ln[12]": "l d -> l@stage d",
+    # The ends: the first stage's embedding and the last stage's head hold 1/S of the vocabulary each.
+    "tokens": "v d -> v@stage d",
+    "unembed": "d v -> d v@stage",
     ".*": "... -> ...",
 }
 

@@ -152,6 +152,14 @@ def test_demo_pipeline_trains_with_1f1b_to_the_single_device_loss():
     t = Trainer(preset, preset.default_mesh(8), cfg, corpus, batch=8, step_options={"schedule": "1f1b"})
     np.testing.assert_allclose([t.step() for _ in range(3)], want, rtol=2e-5, atol=2e-5)
     assert "einshard.pipeline(1f1b)" in "\n".join(t.step_fn.plan(t.state, t.place_batch(0)))
+    # The stages own the ends: each device stores 1/S of the embedding table and of the unembedding.
+    stages = preset.default_mesh(8)["stage"]
+    for path in (("embed", "tokens"), ("unembed",)):
+        leaf = t.state["params"]
+        for key in path:
+            leaf = leaf[key]
+        vocab_dim = 0 if path[-1] == "tokens" else 1
+        assert leaf.sharding.shard_shape(leaf.shape)[vocab_dim] == leaf.shape[vocab_dim] // stages, path
 
 
 def test_1f1b_hlo_two_permutes_per_tick_and_one_data_sum():
