@@ -123,6 +123,8 @@ def _record(
     profile: Profile,
     tensor: str,
     why: str,
+    dim: int | None = None,
+    to_dim: int | None = None,
 ) -> Collective:
     sent_i = int(round(sent))
     sizes = _sizes(before)
@@ -140,6 +142,8 @@ def _record(
         why,
         before,
         after,
+        dim=dim,
+        to_dim=to_dim,
     )
 
 
@@ -184,7 +188,7 @@ def all_gather(
     after = _derived(lay, lay.dims[:i] + (d[: len(d) - len(axes)],) + lay.dims[i + 1 :])
     n = _group(lay, axes)
     v = _local_bytes(after, itemsize)
-    return after, _record("all-gather", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why)
+    return after, _record("all-gather", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why, i)
 
 
 def dynamic_slice(lay: Layout, axes: tuple[str, ...], axis: str | int) -> tuple[Layout, None]:
@@ -258,7 +262,7 @@ def reduce_scatter(
         )
     n = _group(lay, axes)
     v = _local_bytes(lay, itemsize)
-    return after, _record("reduce-scatter", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why)
+    return after, _record("reduce-scatter", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why, i)
 
 
 def all_to_all(
@@ -290,7 +294,7 @@ def all_to_all(
         )
     n = _group(lay, axes)
     s = _local_bytes(lay, itemsize)
-    return after, _record("all-to-all", tuple(axes), n, (n - 1) / n * s, s, lay, after, profile, tensor, why)
+    return after, _record("all-to-all", tuple(axes), n, (n - 1) / n * s, s, lay, after, profile, tensor, why, i, j)
 
 
 def collective_permute(
@@ -355,7 +359,7 @@ def regroup(
         steps = [_record("collective-permute", gone + new, p, s, s, lay, mid, profile, tensor, why)]
         if f > 1:
             v = _local_bytes(after, itemsize)
-            steps.append(_record("all-gather", gone, f, (f - 1) / f * v, v, mid, after, profile, tensor, why))
+            steps.append(_record("all-gather", gone, f, (f - 1) / f * v, v, mid, after, profile, tensor, why, i))
         return after, tuple(steps)
     if q % p == 0:
         s = _local_bytes(after, itemsize)

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ..core.collectives import Target
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
 from .cost import Collective, Profile
@@ -271,7 +272,7 @@ def _candidates_with(
         if not _fits(op.shape, dims, mesh_sizes):
             return []
         target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
-        st = _memo_transition(kw, (i, id(op), dims, keep_u[i]), op, target, f"operand {i + 1}")
+        st = _memo_transition(kw, (i, id(op), dims, keep_u[i]), op, target, i)
         if st is None:  # an impossible step: not a candidate
             return []
         targets.append(target)
@@ -286,7 +287,7 @@ def _candidates_with(
     out: list[Candidate] = []
     for resolution, target_out in _resolutions(problem, computed, mesh_sizes):
         key = ("result", computed.dims, computed.unreduced, target_out.dims, target_out.unreduced)
-        out_steps = _memo_transition(kw, key, computed, target_out, "result")
+        out_steps = _memo_transition(kw, key, computed, target_out, "out")
         if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
             continue
         for variant in (out_steps, _split_all_reduces(out_steps, kw)):
@@ -356,7 +357,7 @@ def _split_all_reduces(steps: tuple[Collective, ...], kw: dict) -> tuple[Collect
         for m in c.axes:
             cur, one = all_reduce(cur, (m,), itemsize=kw["itemsize"], profile=kw["profile"], tensor=c.tensor, why=c.why)
             if one.group_size > 1:
-                out.append(one)
+                out.append(replace(one, operand=c.operand))
     return tuple(out)
 
 
@@ -365,13 +366,18 @@ def _memo_transition(
     key: tuple,
     src: Layout,
     dst: Layout,
-    tensor: str,  # type: ignore[type-arg]
+    operand: Target,  # type: ignore[type-arg]
 ) -> tuple[Collective, ...] | None:
-    """``transition`` memoized within one enumeration (the same operand moves recur across choices)."""
+    """``transition`` memoized within one enumeration (the same operand moves recur across choices).
+
+    Each collective records which tensor it acts on (``operand``, for the lowering, and ``tensor``, for people).
+    """
     memo = kw["memo"]
     if key not in memo:
+        tensor = "result" if operand == "out" else f"operand {operand + 1}"
         try:
-            memo[key] = transition(src, dst, itemsize=kw["itemsize"], profile=kw["profile"], tensor=tensor)[1]
+            steps = transition(src, dst, itemsize=kw["itemsize"], profile=kw["profile"], tensor=tensor)[1]
+            memo[key] = tuple(replace(c, operand=operand) for c in steps)
         except EinshardError:
             memo[key] = None
     return memo[key]

@@ -35,13 +35,13 @@ from __future__ import annotations
 import math
 import string
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ..core.collectives import KINDS, STEP_KINDS, Step, reorder_pairs
 from ..core.layout import Layout, MeshAxis, resolve_named
 from ..core.mesh import (
     AnyMesh,
@@ -59,6 +59,7 @@ from ..parsing import AxisItem, Side, parse_einsum, parse_placement
 
 __all__ = [
     "KINDS",
+    "STEP_KINDS",
     "Step",
     "apply_step",
     "step_layout",
@@ -71,49 +72,6 @@ __all__ = [
     "check_lowering_context",
     "lowering_mesh",
 ]
-
-KINDS = ("all-gather", "dynamic-slice", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-
-
-@dataclass(frozen=True)
-class Step:
-    """One collective on one block, inside a shard_map body.
-
-    Attributes:
-        kind: one of :data:`KINDS`.
-        operand: the operand's position, or ``'out'`` for the einsum's result.
-        mesh_axes: the mesh axes it runs over, major to minor (one ring over their product).
-        dim: the block's tensor dimension it acts on: gathered (all-gather), sliced
-            (dynamic-slice), scattered (reduce-scatter), or the one whose split
-            moves away (all-to-all).  None for all-reduce and collective-permute.
-        to_dim: all-to-all only: the dimension that becomes split.
-        shift: collective-permute only: device ``j`` sends to ``j + shift`` (mod the ring size).
-    """
-
-    kind: str
-    operand: int | str
-    mesh_axes: tuple[str, ...]
-    dim: int | None = None
-    to_dim: int | None = None
-    shift: int = 1
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise EinshardError(f"unknown step kind {self.kind!r}; the kinds are {', '.join(KINDS)}")
-        if isinstance(self.mesh_axes, str):  # a lone name is a one-axis tuple
-            object.__setattr__(self, "mesh_axes", (self.mesh_axes,))
-        if not self.mesh_axes:
-            raise EinshardError(f"a {self.kind} step needs at least one mesh axis")
-        needs_dim = self.kind in ("all-gather", "dynamic-slice", "reduce-scatter", "all-to-all")
-        if needs_dim and self.dim is None:
-            raise EinshardError(f"a {self.kind} step needs dim=")
-        if self.kind == "all-to-all" and (self.to_dim is None or self.to_dim == self.dim):
-            raise EinshardError("an all-to-all step needs to_dim=, different from dim=")
-
-    def __str__(self) -> str:
-        axes = ",".join(self.mesh_axes)
-        where = "" if self.dim is None else f" dim {self.dim}" + ("" if self.to_dim is None else f"->{self.to_dim}")
-        return f"{self.kind}[{axes}]({self.operand}{where})"
 
 
 def _axes(step: Step) -> str | tuple[str, ...]:
@@ -190,6 +148,9 @@ def apply_step(block: jax.Array, step: Step, *, invariant: bool | Collection[str
             raise EinshardError(f"dynamic-slice: dimension {step.dim} of size {size} does not split into {n} blocks")
         piece = size // n
         return jax.lax.dynamic_slice_in_dim(block, jax.lax.axis_index(axes) * piece, piece, step.dim)
+    if step.reorder is not None:  # the same blocks, held by other devices
+        sizes = {m: jax.lax.axis_size(m) for m in step.mesh_axes}
+        return jax.lax.ppermute(block, axes, reorder_pairs(step.mesh_axes, sizes, *step.reorder))
     # collective-permute: a cyclic shift around the ring
     perm = [(j, (j + step.shift) % n) for j in range(n)]
     return jax.lax.ppermute(block, axes, perm)
@@ -273,7 +234,12 @@ def step_layout(lay: Layout, step: Step) -> Layout:
             raise _fail(f"step {step}: {lay.axes[t]} of size {lay.shape[t]} does not split into {shards} blocks")
         dims[t] = dims[t] + axes
         return lay.with_dims(tuple(dims))
-    return lay  # a collective-permute moves blocks between devices; the layout cannot say which
+    if step.reorder is not None:
+        before, after = step.reorder
+        if before != lay.dims:
+            raise _fail(f"step {step}: {lay} is not split as {before}")
+        return lay.with_dims(after)
+    return lay  # a ring shift moves blocks between devices; the layout cannot say which
 
 
 # ---------------------------------------------------------------------------
@@ -347,6 +313,16 @@ def _local_einsum_result(locals_: Sequence[Layout], out_axes: tuple[str, ...], o
                     "Gather one side, slice the other (dynamic-slice), or realign with an all-to-all.",
                 )
     pending = {m for name, d in dims_of.items() if name not in out_axes for m in d}
+    # Pending sums an operand carries pass through the einsum (it is linear in each operand), unless
+    # two operands carry the same one (a product of partial sums is not a partial sum of the product).
+    carried = [m for lay in locals_ for m in lay.unreduced]
+    if len(set(carried)) != len(carried) or set(carried) & {m for d in dims_of.values() for m in d}:
+        raise _fail(
+            f"after the operand steps the operands carry pending sums over {sorted(carried)}: two over one "
+            "mesh axis, or one over a mesh axis that also splits an axis, do not multiply to the result's sum",
+            "All-reduce the pending sums of all but one operand first.",
+        )
+    pending |= set(carried)
     dims = tuple(dims_of[n] for n in out_axes)
     used = [m for d in dims for m in d]
     if len(set(used)) != len(used) or pending & set(used):
@@ -503,6 +479,7 @@ def einsum_shard_map(
     steps_before: Sequence[Step] = (),
     steps_after: Sequence[Step] = (),
     *,
+    local_sums: Mapping[int, Layout] | None = None,
     mesh: Any,
     mode: str = "sync",
     two_way: bool = False,
@@ -517,6 +494,9 @@ def einsum_shard_map(
             partial sums stacked on a new leading axis split over them (sum it to reduce).
         steps_before: steps on the operands (``Step.operand`` = position), in order.
         steps_after: steps on the local einsum's result (``Step.operand == 'out'``).
+        local_sums: operands summed over some of their axes before any step (axes that
+            no other operand and not the result has): position -> the layout after the sum,
+            with pending sums over the mesh axes that split the summed axes.
         mesh: the ``jax.sharding.Mesh``.
         mode: ``'auto'`` (no steps) is the baseline: :func:`einsum_auto`, XLA picks the collectives.
             ``'sync'`` runs every step as a plain collective.  ``'async'`` runs the
@@ -555,6 +535,19 @@ def einsum_shard_map(
 
     # Follow each block's layout through the steps; reject plans that compute something else.
     local = list(layouts_in)
+    sums: dict[int, tuple[int, ...]] = {}
+    for i, summed in (local_sums or {}).items():
+        given = layouts_in[i]
+        gone = tuple(d for d, a in enumerate(given.axes) if a not in summed.axes)
+        others = {a for k, lay in enumerate(layouts_in) if k != i for a in lay.axes} | set(layout_out.axes)
+        if (
+            not gone
+            or any(given.axes[d] in others for d in gone)
+            or summed.axes != tuple(a for a in given.axes if a in summed.axes)
+        ):
+            raise _fail(f"local_sums: {summed} is not operand {i + 1} ({given}) summed over its own axes")
+        sums[i] = gone
+        local[i] = summed
     for s in before:
         assert isinstance(s.operand, int)  # checked above
         local[s.operand] = step_layout(local[s.operand], s)
@@ -585,7 +578,7 @@ def einsum_shard_map(
             ring = ("rs", steps_after[0])
             steps_after = list(steps_after[1:])
     schedule = "two-way" if two_way else "one-way"
-    subscripts = _subscripts([lay.axes for lay in layouts_in], layout_out.axes)
+    subscripts = _subscripts([lay.axes for lay in local], layout_out.axes)
     kw = {"precision": precision, "preferred_element_type": preferred_element_type}
     pending = tuple(m.name for m in layout_out.mesh if m.name in layout_out.unreduced)
 
@@ -595,6 +588,8 @@ def einsum_shard_map(
 
     def body(*blocks: jax.Array) -> jax.Array:
         blocks_ = list(blocks)
+        for i, gone in sums.items():
+            blocks_[i] = jnp.sum(blocks_[i], axis=gone)
         for s in before:
             assert isinstance(s.operand, int)
             blocks_[s.operand] = apply_step(blocks_[s.operand], s, invariant=set(s.mesh_axes) - varying_out)
