@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.collectives import KINDS, CollectiveKind, Step, Target
+from ..core.collectives import KINDS, CollectiveKind, Step, StepKind, Target
 from ..core.layout import Layout
 
 __all__ = ["Profile", "PROFILES", "Collective", "KINDS", "get_profile"]
@@ -170,7 +170,7 @@ class Collective:
             if new[: len(had)] == had and new[len(had) :] != self.axes:
                 out: list[Step] = []
                 for m in new[len(had) :]:
-                    kind = "reduce-scatter" if m in self.axes else "dynamic-slice"
+                    kind: StepKind = "reduce-scatter" if m in self.axes else "dynamic-slice"
                     if out and out[-1].kind == kind:
                         out[-1] = Step(kind, self.operand, (*out[-1].mesh_axes, m), dim=self.dim)
                     else:

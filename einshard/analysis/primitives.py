@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 
+from ..core.collectives import CollectiveKind
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
 from .cost import PROFILES, Collective, Profile
@@ -113,7 +114,7 @@ def _local_bytes(lay: Layout, itemsize: int) -> int:
 
 
 def _record(
-    kind: str,
+    kind: CollectiveKind,
     axes: tuple[str, ...],
     n: int,
     sent: float,

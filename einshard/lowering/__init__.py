@@ -6,7 +6,8 @@ This layer moves data.  It follows the analyzer (einsum.py runs its plans); the 
 from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatter, ring_shift
 from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .pipeline import PipelineInfo, circular_layer_order, pipeline, pipeline_info
-from .steps import KINDS, STEP_KINDS, Step, apply_step, einsum_auto, einsum_layouts, einsum_shard_map, step_layout
+from .shard_einsum import einsum_auto, einsum_layouts, einsum_shard_map
+from .steps import KINDS, STEP_KINDS, Step, apply_step, step_layout
 from .training import data_parallel, fsdp, fsdp_layouts, gather_params
 
 __all__ = [

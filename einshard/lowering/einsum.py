@@ -3,7 +3,7 @@
 The analyzer (:func:`einshard.analyze`) decides which collectives an einsum
 needs; this module turns that :class:`~einshard.analysis.Plan` into
 :class:`~einshard.lowering.steps.Step`\\ s and runs them in one
-``jax.shard_map`` (:func:`~einshard.lowering.steps.einsum_shard_map`), so the
+``jax.shard_map`` (:func:`~einshard.lowering.shard_einsum.einsum_shard_map`), so the
 program that runs is the plan that was explained — there is no second
 derivation of the collectives here.
 
@@ -31,7 +31,9 @@ from ..core.collectives import Target
 from ..core.layout import Layout
 from ..errors import EinshardError
 from .padding import Padding, pad_operands, plan_padding, unpad_result
-from .steps import Step, einsum_auto, einsum_shard_map, lowering_mesh
+from .placing import lowering_mesh
+from .shard_einsum import einsum_auto, einsum_shard_map
+from .steps import Step
 
 __all__ = ["einsum", "lower", "EinsumProgram", "plan_steps"]
 

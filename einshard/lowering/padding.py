@@ -26,7 +26,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from ..parsing import parse_einsum
-from .steps import mesh_axes_of
+from .placing import mesh_axes_of
 
 __all__ = ["Padding", "plan_padding", "pad_operands", "unpad_result"]
 
