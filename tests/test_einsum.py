@@ -70,10 +70,8 @@ def test_every_mode_equals_jnp_einsum(case, mode, seed, kind):
     program = einshard.lower(expr, *arrays, mesh=mesh, mode=mode)
     y = program(*arrays)
     expected = _reference(operands, out, arrays)
-    got = np.asarray(y)
-    if program.plan.out_layout.unreduced:
-        got = got.sum(0)
-    else:
+    got = np.asarray(program.complete(y))
+    if not program.plan.out_layout.unreduced:
         # The result is laid out as the plan says.
         want = NamedSharding(mesh, P(*program.plan.out_layout.spec_entries()))
         assert y.sharding.is_equivalent_to(want, y.ndim), (expr, mode, y.sharding)
@@ -102,13 +100,12 @@ def test_gradients_equal_the_unsharded_einsum(case, mode, kind):
     except EinshardError as err:  # the analyzer inferred pending sums, which only explicit programs return
         assert mode == "auto" and "pending sums" in str(err), err
         return
-    pending = bool(program.plan.out_layout.unreduced)
     # A fixed random cotangent: the gradient is then linear in it and well conditioned.
     cot = rng.standard_normal(tuple(SIZES[a] for a in out)).astype(np.float32)
 
     def sharded(*xs):
         y = program(*xs)
-        return jnp.sum((y.sum(0) if pending else y) * cot)
+        return jnp.sum(program.complete(y) * cot)
 
     sub = ",".join("".join(op) for op in operands) + "->" + "".join(out)
 
@@ -270,6 +267,51 @@ def test_the_program_that_runs_is_the_plan_that_was_explained(case, seed, kind):
         assert program.plan.collectives == best.collectives, (expr, program.program)
     assert _program_collectives(program) == _plan_collectives(program.plan), (expr, program.program)
     y = program(*arrays)
-    got = np.asarray(y).sum(0) if program.plan.out_layout.unreduced else np.asarray(y)
+    got = np.asarray(program.complete(y))
     expected = _reference(operands, out, arrays)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("context", ["set_mesh", "jit"])
+def test_a_pending_sum_passed_between_einsums_is_reduced_once(context):
+    """On an all-Explicit mesh '-> b y {U:model}' is a JAX unreduced array; the next einsum takes it and
+    reduces it once (one all-reduce in the compiled chain), and the chain equals the unsharded one."""
+    from einshard._compat import native_unreduced
+
+    mesh = _mesh((2, 4), ("data", "model"), explicit=True)
+    assert native_unreduced(mesh)  # jax 0.10.2 and 0.12.0.1 both type pending sums
+    rng = np.random.default_rng(0)
+    x, w, v = (rng.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 8), (8, 4)))
+    first, second = "b x@model, x@model y -> b y {U:model}", "b y, y z -> b z"
+
+    def chain(x, w, v):
+        y = einshard.einsum(first, x, w, mesh=mesh, precision="highest")
+        assert "model" in jax.typeof(y).sharding.spec.unreduced and jax.typeof(y).shape == (8, 8)
+        return einshard.einsum(second, y, v, mesh=mesh, precision="highest")
+
+    want = x @ w @ v
+    if context == "jit":
+        f = jax.jit(chain)
+        kinds = [c.kind for c in hlo.normalized(f.lower(x, w, v).compile().as_text())]
+        assert kinds == ["all-reduce"], kinds
+        got = f(x, w, v)
+    else:
+        with jax.set_mesh(mesh):
+            got = chain(x, w, v)
+            grads = jax.grad(lambda x, w, v: chain(x, w, v).sum(), (0, 1, 2))(x, w, v)
+        plain = jax.grad(lambda x, w, v: (x @ w @ v).sum(), (0, 1, 2))(x, w, v)
+        for g, p in zip(grads, plain, strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(p), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_pending_sums_on_an_auto_mesh_keep_the_partials_axis():
+    mesh = _mesh((2, 4), ("data", "model"))
+    x, w = np.ones((8, 16), np.float32), np.ones((16, 8), np.float32)
+    program = einshard.lower("b x@model, x@model y -> b y {U:model}", x, w, mesh=mesh)
+    assert program.partials_axis
+    y = program(x, w)
+    assert y.shape == (4, 8, 8)
+    np.testing.assert_allclose(np.asarray(program.complete(y)), x @ w)
+    with pytest.raises(EinshardError, match="rank 3"):  # the partials axis is an array axis: sum it first
+        einshard.lower("b y, y z -> b z", y, np.ones((8, 4), np.float32), mesh=mesh)

@@ -22,8 +22,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .._caches import register
+from .._compat import native_unreduced
 from ..analysis import Plan, analyze
 from ..analysis.api import _Operand
 from ..analysis.cost import Collective
@@ -88,12 +90,16 @@ def _runs(c: Collective) -> bool:
 def _runnable(plan: Plan) -> Plan:
     """The plan itself if the lowering runs each of its collectives exactly, else the cheapest that it does.
 
-    Only regrouped splits (:func:`_runs`) are not run; ``program.plan`` is the
-    plan that runs, and lists the analyzer's first choice among its alternatives.
+    Regrouped splits (:func:`_runs`) are not run, nor pending sums an operand brings
+    carried through the local einsum (JAX refuses to compute on an unreduced value;
+    it is reduced first).  ``program.plan`` is the plan that runs, and lists the
+    analyzer's first choice among its alternatives.
     """
 
     def whole(p: Plan) -> bool:
-        return all(_runs(c) for c in p.collectives)
+        # JAX computes on an unreduced operand only by reducing it: pending sums given are not carried.
+        carried = any(g.unreduced & u.unreduced for g, u in zip(p.operands, p.operands_used, strict=True))
+        return not carried and all(_runs(c) for c in p.collectives)
 
     if whole(plan):
         return plan
@@ -195,9 +201,29 @@ class EinsumProgram:
     fn: Callable[..., jax.Array]
 
     padding: Padding | None = None
+    mesh: Any = None
 
     def __call__(self, *operands: Any) -> jax.Array:
         return self.fn(*operands)
+
+    @property
+    def partials_axis(self) -> bool:
+        """Whether pending sums come back on a leading axis of per-device partial values (``.sum(0)`` reduces).
+
+        False when the result has none, or when it is a JAX ``unreduced`` array (a mesh
+        whose axes are all Explicit, on a JAX with ``PartitionSpec(unreduced=...)``:
+        :func:`einshard._compat.native_unreduced`).
+        """
+        return bool(self.plan.out_layout.unreduced) and self.mode != "auto" and not native_unreduced(self.mesh)
+
+    def complete(self, y: jax.Array) -> jax.Array:
+        """The result with its pending sums reduced (itself when it has none)."""
+        if not self.plan.out_layout.unreduced:
+            return y
+        if self.partials_axis:
+            return y.sum(0)
+        spec = PartitionSpec(*self.plan.out_layout.spec_entries())
+        return jax.sharding.reshard(y, NamedSharding(self.mesh, spec))
 
     @property
     def program(self) -> str:
@@ -319,7 +345,7 @@ def _lower_on(
         def padded(*ops: Any) -> jax.Array:
             return unpad_result(padding, inner.fn(*pad_operands(padding, ops)))
 
-        return EinsumProgram(inner.plan, mode, inner.steps_before, inner.steps_after, padded, padding)
+        return EinsumProgram(inner.plan, mode, inner.steps_before, inner.steps_after, padded, padding, mesh)
     plan = _runnable(analyze(expr, *operands, mesh=mesh, profile=profile))
     if mode == "auto":
         # Runs eagerly on Explicit meshes and composes with the caller's jit/grad/vmap (einsum_auto).
@@ -330,7 +356,7 @@ def _lower_on(
             precision=precision,
             preferred_element_type=preferred_element_type,
         )
-        return EinsumProgram(plan, mode, (), (), auto)
+        return EinsumProgram(plan, mode, (), (), auto, None, mesh)
     before, after = plan_steps(plan)
     fn = einsum_shard_map(
         tuple(_strip(op) for op in plan.operands),
@@ -344,7 +370,7 @@ def _lower_on(
         precision=precision,
         preferred_element_type=preferred_element_type,
     )
-    return EinsumProgram(plan, mode, tuple(before), tuple(after), fn)
+    return EinsumProgram(plan, mode, tuple(before), tuple(after), fn, None, mesh)
 
 
 def einsum(
@@ -363,9 +389,11 @@ def einsum(
     (numpy arrays, arrays on another layout and tracers alike), the analyzer's
     plan is run as a ``jax.shard_map`` with explicit collectives, and the result
     comes back laid out as the output side says (with ``-> b? y?``, as the analyzer chooses:
-    a complete result).  Pending sums (``-> b y {U:model}``) come back as
-    per-device partial values on a new leading axis split over those mesh
-    axes; ``.sum(0)`` finishes them.
+    a complete result).  Pending sums (``-> b y {U:model}``) come back as a JAX
+    ``unreduced`` array on a mesh whose axes are all Explicit (pass it to the next
+    einsum, which reduces it once, or ``jax.sharding.reshard`` it to a plain spec);
+    elsewhere as per-device partial values on a new leading axis split over those
+    mesh axes, which ``.sum(0)`` finishes (``lower(...).complete(y)`` does either).
 
     Args:
         mode: ``'sync'`` (plain collectives), ``'async'`` (the gather feeding the

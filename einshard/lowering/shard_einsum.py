@@ -38,13 +38,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .._compat import native_unreduced
 from ..core.collectives import Step
 from ..core.layout import Layout, resolve_named
 from ..core.mesh import explicit_axes
 from ..errors import EinshardError
 from ..parsing import AxisItem, Side, parse_einsum, parse_placement
 from .placing import check_lowering_context, constrain_auto, mesh_axes_of, place, restrict_spec
-from .steps import _fail, apply_step, step_layout
+from .steps import _fail, apply_step, step_layout, vary
 
 __all__ = ["einsum_layouts", "einsum_shard_map", "einsum_auto"]
 
@@ -147,8 +148,27 @@ def _subscripts(in_axes: Sequence[tuple[str, ...]], out_axes: tuple[str, ...]) -
     return ",".join("".join(names[a] for a in axes) for axes in in_axes) + "->" + "".join(names[a] for a in out_axes)
 
 
-def _pspec(lay: Layout) -> PartitionSpec:
+def _pspec(lay: Layout, unreduced: bool = False) -> PartitionSpec:
+    """The layout's PartitionSpec; with ``unreduced=True`` its pending sums too (a JAX unreduced array's spec)."""
+    if unreduced and lay.unreduced:
+        return PartitionSpec(*lay.spec_entries(), unreduced=set(lay.unreduced))
     return PartitionSpec(*lay.spec_entries())
+
+
+def _unreduced_of(x: Any) -> frozenset[str]:
+    """The mesh axes a JAX array (or tracer) holds pending sums over, from its type."""
+    try:
+        spec = jax.typeof(x).sharding.spec
+    except (AttributeError, TypeError):
+        return frozenset()
+    return frozenset(getattr(spec, "unreduced", None) or ())
+
+
+def _type_of(x: Any) -> str:
+    try:
+        return str(jax.typeof(x))
+    except TypeError:
+        return type(x).__name__
 
 
 def _check_operands(operands: Sequence[Any], layouts: Sequence[Layout]) -> None:
@@ -250,6 +270,20 @@ def einsum_shard_map(
     for s in before:
         assert isinstance(s.operand, int)  # checked above
         local[s.operand] = step_layout(local[s.operand], s)
+    native = native_unreduced(mesh)
+    for i, (given, lay) in enumerate(zip(layouts_in, local, strict=True)):
+        if given.unreduced and not native:
+            raise _fail(
+                f"operand {i + 1} holds pending sums ({given}); on this mesh they come as a leading partials axis",
+                "Sum it first (x.sum(0)); JAX unreduced arrays need a mesh whose axes are all Explicit.",
+            )
+        if given.unreduced & lay.unreduced:
+            raise _fail(
+                f"operand {i + 1} ({given}) reaches the local einsum with its pending sums over "
+                f"{', '.join(sorted(given.unreduced & lay.unreduced))}: JAX computes on unreduced values only "
+                "by reducing them",
+                "Reduce them first: an all-reduce or reduce-scatter step on the operand.",
+            )
     computed = _local_einsum_result(local, layout_out.axes, layout_out)
     final = computed
     for s in steps_after:
@@ -308,20 +342,38 @@ def einsum_shard_map(
             )
         for s in steps_after:
             y = apply_step(y, s, invariant=set(s.mesh_axes) - varying_out)
+        if pending and native:  # each device's partial value, typed as JAX's pending sum
+            return jax.lax.pcast(vary(y, frozenset(pending)), pending, to="unreduced")
         return y[None] if pending else y
 
     in_specs = tuple(_pspec(lay) for lay in layouts_in)
     out_spec = _pspec(layout_out)
-    if pending:
+    if pending and native:
+        out_spec = PartitionSpec(*out_spec, unreduced=set(pending))
+    elif pending:
         out_spec = PartitionSpec(pending[0] if len(pending) == 1 else pending, *out_spec)
-    mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec, check_vma=True)
+    mapped = jax.shard_map(
+        body, mesh=mesh, in_specs=tuple(_pspec(lay, True) for lay in layouts_in), out_specs=out_spec, check_vma=True
+    )
 
     def run(*operands: Any) -> jax.Array:
         if len(operands) != n_ops:
             raise EinshardError(f"the einsum takes {n_ops} operands, got {len(operands)}")
         _check_operands(operands, layouts_in)
         check_lowering_context(mesh, operands, what="the sharded einsum")
-        return mapped(*(place(x, mesh, s) for x, s in zip(operands, in_specs, strict=True)))
+        for k, (x, lay) in enumerate(zip(operands, layouts_in, strict=True)):
+            if lay.unreduced and _unreduced_of(x) != lay.unreduced:
+                raise EinshardError(
+                    f"operand {k + 1} should be a JAX array with pending sums over "
+                    f"{', '.join(sorted(lay.unreduced))} ({lay}), got one typed {_type_of(x)}",
+                    hint="Pass the result of an einsum that left them pending ('-> ... {U:axes}').",
+                )
+        return mapped(
+            *(
+                x if lay.unreduced else place(x, mesh, s)
+                for x, s, lay in zip(operands, in_specs, layouts_in, strict=True)
+            )
+        )
 
     run.program = tuple(  # type: ignore[attr-defined]
         [*(str(s) for s in before), f"einsum {subscripts}" + (f" as ring {ring[0]} {ring[1]}" if ring else "")]
