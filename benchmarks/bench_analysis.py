@@ -75,7 +75,7 @@ def clear() -> None:
     api.analyze_layouts.cache_clear()
 
 
-def analyze(expr: str, mesh: dict[str, int], sizes: dict[str, int]) -> einshard.Plan:
+def analyze(expr: str, mesh: dict[str, int], sizes: dict[str, int]) -> einshard.EinsumPlan:
     return einshard.analyze(expr, mesh=mesh, sizes=sizes, dtype="bf16", profile="h100")
 
 
@@ -88,7 +88,7 @@ def median_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def compile_time(plan: einshard.Plan, reps: int) -> float | None:
+def compile_time(plan: einshard.EinsumPlan, reps: int) -> float | None:
     devices = math.prod(m.size for m in plan.mesh)
     if devices > len(jax.devices()):
         return None

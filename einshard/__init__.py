@@ -8,45 +8,70 @@ core, placement, analysis, lowering) are importable on their own.
 """
 
 from ._caches import clear_caches
-from .analysis import Collective, Plan, Profile, analyze, explain
-from .analysis.planner import PlanResult, plan
-from .core.layout import Layout, MeshAxis
+from .analysis import Profile, analyze, explain
+from .analysis.plan import Plan as EinsumPlan
+from .analysis.planner import PlanResult as LayoutPlan
+from .analysis.planner import plan
+from .core.layout import Layout
 from .drawing import show
 from .errors import EinshardError
 from .lowering import data_parallel, fsdp, fsdp_layouts, pipeline, pipeline_info
-from .lowering.einsum import EinsumProgram, einsum, lower
-from .parsing import Expression, parse
-from .placement import anonymous_mesh, describe, einshard, layout, sharding, spec
+from .lowering.einsum import einsum, lower
+from .placement import describe, einshard, layout, sharding, spec
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
-    "Collective",
-    "clear_caches",
-    "Plan",
-    "Profile",
-    "analyze",
-    "explain",
-    "plan",
-    "PlanResult",
-    "einsum",
-    "lower",
-    "EinsumProgram",
-    "EinshardError",
-    "Expression",
-    "Layout",
-    "MeshAxis",
-    "anonymous_mesh",
-    "data_parallel",
-    "describe",
+    # placement: an expression says where an array lives
     "einshard",
-    "fsdp",
-    "fsdp_layouts",
-    "layout",
-    "parse",
-    "pipeline",
-    "pipeline_info",
-    "show",
     "sharding",
     "spec",
+    "layout",
+    "describe",
+    "show",
+    "Layout",
+    # analysis: what an einsum or a whole program costs, and which layouts to choose
+    "analyze",
+    "EinsumPlan",
+    "explain",
+    "plan",
+    "LayoutPlan",
+    "Profile",
+    # lowering: the explicit shard_map programs
+    "einsum",
+    "lower",
+    "data_parallel",
+    "fsdp",
+    "fsdp_layouts",
+    "pipeline",
+    "pipeline_info",
+    # the rest
+    "EinshardError",
+    "clear_caches",
 ]
+
+# Names that left the top level in 0.4 (README, "Migrating to 0.4"): still reachable, with a warning that
+# names their home.  name -> (module, attribute).
+_MOVED: dict[str, tuple[str, str]] = {
+    "Plan": ("einshard.analysis", "Plan"),
+    "PlanResult": ("einshard.analysis.planner", "PlanResult"),
+    "Collective": ("einshard.analysis", "Collective"),
+    "MeshAxis": ("einshard.core.layout", "MeshAxis"),
+    "Expression": ("einshard.parsing", "Expression"),
+    "parse": ("einshard.parsing", "parse"),
+    "anonymous_mesh": ("einshard.placement", "anonymous_mesh"),
+    "EinsumProgram": ("einshard.lowering.einsum", "EinsumProgram"),
+}
+_RENAMED = {"Plan": "EinsumPlan", "PlanResult": "LayoutPlan"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _MOVED:
+        raise AttributeError(f"module 'einshard' has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    module, attribute = _MOVED[name]
+    new = f"einshard.{_RENAMED[name]}" if name in _RENAMED else f"{module}.{attribute}"
+    warnings.warn(f"einshard.{name} is now {new} (einshard 0.4)", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(module), attribute)

@@ -1,7 +1,7 @@
 """The command line's arguments, one function per command: pure argparse, no JAX.
 
 ``einshard --help`` (and every ``einshard COMMAND --help``) builds its parser from here without importing JAX
-or the library; a command's module (``demo``, ``explain_cli``, ...) is imported only when it runs.  The few
+or the library; a command's module (``demo``, ``analyze_cli``, ...) is imported only when it runs.  The few
 names the help lists (presets, hardware profiles) are written out here, and ``tests/test_cli_help.py`` checks
 they are the library's own.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["demo", "explain", "show", "plan", "PRESET_NAMES", "PROFILE_NAMES", "DEMO_STEPS"]
+__all__ = ["demo", "analyze", "show", "plan", "PRESET_NAMES", "PROFILE_NAMES", "DEMO_STEPS"]
 
 PRESET_NAMES = ("dp", "fsdp", "tp", "hybrid", "fsdp-tp", "tp-async", "pipeline")
 PROFILE_NAMES = ("cpu", "h100", "tpu-v5p")
@@ -91,7 +91,7 @@ def demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coordinator", default=None, help=argparse.SUPPRESS)
 
 
-def explain(parser: argparse.ArgumentParser) -> None:
+def analyze(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "expression", help="an annotated einsum, e.g. 'b x@data, x y@model -> b? y?' (? lets the analyzer choose)"
     )

@@ -1,4 +1,7 @@
-"""The ``einshard`` command line: ``einshard demo``, ``einshard explain``, ``einshard show``, ``einshard plan``.
+"""The ``einshard`` command line: ``einshard demo``, ``einshard analyze``, ``einshard show``, ``einshard plan``.
+
+Each verb is named after the library function it runs (``analyze`` runs :func:`einshard.analyze`).  ``einshard explain``
+was that verb's name before 0.4: it still runs ``analyze`` and says so on stderr.
 
 Each command is a pair: its arguments in :mod:`einshard_apps.arguments` (pure argparse, so ``einshard --help``
 starts no JAX) and a module with ``run(args) -> int``, imported only when the command runs.
@@ -12,15 +15,18 @@ import sys
 
 from . import arguments
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main", "COMMANDS", "RENAMED"]
 
 # name -> (the module that runs it, one-line help); arguments.<name> declares its arguments.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("einshard_apps.demo", "train a small transformer under data, FSDP, tensor and hybrid parallel layouts"),
-    "explain": ("einshard_apps.explain_cli", "analyse an annotated einsum: strategy, collectives, cost, alternatives"),
+    "analyze": ("einshard_apps.analyze_cli", "analyse an annotated einsum: strategy, collectives, cost, alternatives"),
     "show": ("einshard_apps.show_cli", "draw an array layout of any rank: which devices hold which block"),
     "plan": ("einshard_apps.plan_cli", "plan the demo model's layouts for a mesh and a memory budget"),
 }
+
+# Verbs renamed in 0.4 (old -> new): still accepted, with a note on stderr.
+RENAMED: dict[str, str] = {"explain": "analyze"}
 
 SYNTAX_HELP = """\
 einshard expressions (https://github.com/ -- see README "Syntax"):
@@ -51,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         getattr(arguments, name)(p)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in RENAMED:
+        print(f"einshard: '{argv[0]}' is now '{RENAMED[argv[0]]}' (running that)", file=sys.stderr)
+        argv[0] = RENAMED[argv[0]]
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -13,7 +13,7 @@ def test_help_imports_neither_jax_nor_the_library():
     code = (
         "import sys\n"
         "from einshard_apps.cli import main\n"
-        "for argv in (['--help'], ['demo', '--help'], ['explain', '--help'], ['show', '--help'], ['plan', '--help']):\n"
+        "for argv in (['--help'], ['demo', '--help'], ['analyze', '--help'], ['explain', '--help'], ['show', '--help'], ['plan', '--help']):\n"
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit:\n"
@@ -37,4 +37,14 @@ def test_help_lists_the_commands(capsys):
     except SystemExit as stop:
         assert stop.code == 0
     out = capsys.readouterr().out
-    assert all(c in out for c in ("demo", "explain", "show", "plan"))
+    assert all(c in out for c in ("demo", "analyze", "show", "plan"))
+
+
+def test_the_old_explain_verb_runs_analyze_and_says_so(capsys):
+    try:
+        main(["explain", "--help"])
+    except SystemExit as stop:
+        assert stop.code == 0
+    captured = capsys.readouterr()
+    assert "'explain' is now 'analyze'" in captured.err
+    assert "annotated einsum" in captured.out

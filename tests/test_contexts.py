@@ -356,16 +356,20 @@ def _run(fn: str, kind: str, source: str, context: str) -> None:
         assert all(s == want_meta[0] for s in SEEN), (SEEN, want_meta)
 
 
-def _pairwise(kind: str, source: str, context: str) -> bool:
-    """A covering array: every (kind, source), (kind, context) and (source, context) pair once per function.
+def _in_default_run(fn: str, kind: str, source: str, context: str) -> bool:
+    """The cells of the default run: a covering array over the functions, plus grad inside set_mesh everywhere.
 
-    The source is (kind + context) mod 3, so the 12 cells of a function meet every pair of values;
-    the other cells of the full product are marked slow (CI runs them; the default run stays short).
+    Function ``f`` meets context ``c`` on mesh kind ``(f + c) mod 3`` from source ``(f + 2c) mod 3``: every
+    function meets every kind, every source and every context, and across functions every (kind, source),
+    (kind, context) and (source, context) pair occurs.  The other cells of the full product are marked slow
+    (CI runs all 540; the default run stays short).
     """
-    k, s, c = list(MESHES).index(kind), SOURCES.index(source), CONTEXTS.index(context)
+    f, k = list(FUNCTIONS).index(fn), list(MESHES).index(kind)
+    s, c = SOURCES.index(source), CONTEXTS.index(context)
+    n = len(SOURCES)
     # Plus jax.grad inside jax.set_mesh on every kind: the covering array alone would meet most
     # Explicit-axis grad cells only as the refused ones (eager grad outside a mesh context).
-    return s == (k + c) % len(SOURCES) or (source, context) == ("set_mesh", "grad")
+    return (k == (f + c) % n and s == (f + 2 * c) % n) or (source, context) == ("set_mesh", "grad")
 
 
 def _cells() -> list[Any]:
@@ -374,7 +378,7 @@ def _cells() -> list[Any]:
         for kind in MESHES:
             for source in SOURCES:
                 for context in CONTEXTS:
-                    marks = () if _pairwise(kind, source, context) else (pytest.mark.slow,)
+                    marks = () if _in_default_run(fn, kind, source, context) else (pytest.mark.slow,)
                     cells.append(
                         pytest.param(fn, kind, source, context, marks=marks, id=f"{fn}-{kind}-{source}-{context}")
                     )
@@ -404,3 +408,22 @@ def test_plain_jax_refuses_the_same() -> None:
         with jax.set_mesh(mesh):
             np.testing.assert_allclose(np.asarray(jax.grad(lambda a: jnp.sum(a * 2))(x)), 2 * np.ones_like(X))
             np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(lambda a: jnp.sum(a * 2)))(x)), 2 * np.ones_like(X))
+
+
+def test_the_default_cells_cover_every_value_and_pair() -> None:
+    cells = [
+        (fn, kind, source, context)
+        for fn in FUNCTIONS
+        for kind in MESHES
+        for source in SOURCES
+        for context in CONTEXTS
+        if _in_default_run(fn, kind, source, context)
+    ]
+    for fn in FUNCTIONS:  # each function meets every kind, source and context
+        mine = [c for c in cells if c[0] == fn]
+        assert [len({c[i] for c in mine}) for i in (1, 2, 3)] == [len(MESHES), len(SOURCES), len(CONTEXTS)], fn
+    for i, j in ((1, 2), (1, 3), (2, 3)):  # and across functions every pair of values occurs
+        assert len({(c[i], c[j]) for c in cells}) == len((MESHES, SOURCES, CONTEXTS)[i - 1]) * len(
+            (MESHES, SOURCES, CONTEXTS)[j - 1]
+        )
+    assert len(cells) <= 105  # the default run's share of the 540 (the rest are slow)

@@ -480,7 +480,7 @@ class TestDescribeAndMeshes:
         y1 = einshard.einshard(_array((8, 4)), "a b -> a4 b*")
         y2 = einshard.einshard(_array((8, 4)) * 2, "a b -> a4 b2")
         assert y1.sharding.mesh is y2.sharding.mesh
-        assert einshard.anonymous_mesh((4, 2)) is y1.sharding.mesh
+        assert einshard.placement.anonymous_mesh((4, 2)) is y1.sharding.mesh
         # Arrays from separate calls combine in one jit, on that mesh, without resharding.
         f = jax.jit(lambda a, b: a + b)
         out = f(y1, y2)

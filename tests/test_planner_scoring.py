@@ -37,7 +37,7 @@ REPLICATED = ({".*": "x y -> x y"}, "b d -> b d")
 
 
 def test_public_names_import():
-    assert einshard.plan is plan and einshard.PlanResult is PlanResult and parse_bytes("1KiB") == 1024
+    assert einshard.plan is plan and einshard.LayoutPlan is PlanResult and parse_bytes("1KiB") == 1024
 
 
 def test_replicated_work_is_counted_in_full():

@@ -1,6 +1,6 @@
-"""``einshard explain``: print the plan of one annotated einsum.
+"""``einshard analyze``: print the plan of one annotated einsum (what :func:`einshard.analyze` returns).
 
-    einshard explain 'b x@data, x y@model -> b? y?' --mesh data=4,model=2 \\
+    einshard analyze 'b x@data, x y@model -> b? y?' --mesh data=4,model=2 \\
         --sizes b=1024,x=4096,y=16384 --dtype bf16 --profile h100
 
 Uses ``rich`` for the tables when it is installed (the ``cli`` extra), plain

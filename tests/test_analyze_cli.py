@@ -1,4 +1,4 @@
-"""``einshard explain`` through a real subprocess (``python -m einshard``)."""
+"""``einshard analyze`` through a real subprocess (``python -m einshard``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         XLA_FLAGS="--xla_force_host_platform_device_count=8",
     )
     return subprocess.run(
-        [sys.executable, "-m", "einshard", "explain", *args], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "einshard", "analyze", *args], capture_output=True, text=True, env=env, timeout=120
     )
 
 
