@@ -86,8 +86,13 @@ class Step:
             before, after = self.reorder
             if self.kind != "collective-permute" or len(before) != len(after):
                 raise EinshardError(f"reorder= is for a collective-permute between two splits of one tensor: {self}")
-            if any(set(b) != set(a) for b, a in zip(before, after, strict=True)):
-                raise EinshardError(f"reorder= keeps each dimension's mesh axes, in another order: {self.reorder}")
+            try:
+                reorder_pairs(self.mesh_axes, {m: 1 for m in self.mesh_axes} | _unit_sizes(self.reorder), before, after)
+            except (ValueError, KeyError):
+                raise EinshardError(
+                    f"reorder= {self.reorder}: each changed dimension's mesh axes must be among mesh_axes "
+                    f"{self.mesh_axes}, and no dimension may end coarser than it was"
+                ) from None
 
     def __str__(self) -> str:
         axes = ",".join(self.mesh_axes)
@@ -99,42 +104,64 @@ class Step:
         return f"{self.kind}[{axes}]({self.operand}{where})"
 
 
+def _unit_sizes(reorder: tuple[tuple[tuple[str, ...], ...], ...]) -> dict[str, int]:
+    """Sizes for checking a reorder's shape without the mesh: every axis of size 1 divides."""
+    return {m: 1 for dims in reorder for d in dims for m in d}
+
+
 def reorder_pairs(
     mesh_axes: tuple[str, ...],
     sizes: dict[str, int],
     before: tuple[tuple[str, ...], ...],
     after: tuple[tuple[str, ...], ...],
-) -> list[tuple[int, int]]:
-    """The ``(source, destination)`` pairs of a reordering permute, as indices on the ring over ``mesh_axes``.
+) -> tuple[list[tuple[int, int]], dict[int, list[int]]]:
+    """How a permute moves blocks from the split ``before`` to the split ``after``, on the ring over ``mesh_axes``.
 
     A device holds, along each dimension, the block whose index is its
-    coordinates over that dimension's mesh axes read major to minor.  After
-    the reorder the same block must sit on the device whose coordinates, read
-    in the new order, give that index.
+    coordinates over that dimension's mesh axes read major to minor.  Where
+    ``after`` only reorders the axes, each block moves whole; where it splits
+    a dimension finer (``c@x`` to ``c@y`` with ``|x|`` dividing ``|y|``, a
+    regroup), each device sends one piece of its block.  Returns the
+    ``(source, destination)`` pairs (ring indices) and, per changed dimension,
+    which piece of its block each source sends (by ring index).  Raises
+    ValueError where no permute does it (``after`` coarser than ``before``).
 
     Example:
-        >>> reorder_pairs(("x", "y"), {"x": 2, "y": 2}, ((("x", "y")),), ((("y", "x")),))
-        [(0, 0), (1, 2), (2, 1), (3, 3)]
+        >>> pairs, pieces = reorder_pairs(("x", "y"), {"x": 2, "y": 2}, (("x", "y"),), (("y", "x"),))
+        >>> pairs, pieces
+        ([(0, 0), (1, 2), (2, 1), (3, 3)], {0: [0, 0, 0, 0]})
     """
+    changed = [d for d, (b, a) in enumerate(zip(before, after, strict=True)) if a != b]
 
-    def block(coords: dict[str, int], dims: tuple[tuple[str, ...], ...]) -> tuple[int, ...]:
-        out = []
-        for d in dims:
-            k = 0
-            for m in d:
-                k = k * sizes[m] + coords[m]
-            out.append(k)
-        return tuple(out)
+    def count(axes: tuple[str, ...]) -> int:
+        n = 1
+        for m in axes:
+            n *= sizes[m]
+        return n
 
-    def ring_index(coords: dict[str, int]) -> int:
+    def index(coords: dict[str, int], axes: tuple[str, ...]) -> int:
         k = 0
-        for m in mesh_axes:
+        for m in axes:
             k = k * sizes[m] + coords[m]
         return k
 
-    changed = [d for d, (b, a) in enumerate(zip(before, after, strict=True)) if a != b]
-    before = tuple(before[d] for d in changed)
-    after = tuple(after[d] for d in changed)
+    ratio = {}
+    for d in changed:
+        nb, na = count(before[d]), count(after[d])
+        if na % nb or any(m not in mesh_axes for m in (*before[d], *after[d])):
+            raise ValueError(f"no permute takes dimension {d} from {before[d]} to {after[d]}")
+        ratio[d] = na // nb
     grid = [dict(zip(mesh_axes, c, strict=True)) for c in itertools.product(*(range(sizes[m]) for m in mesh_axes))]
-    holder = {block(c, after): ring_index(c) for c in grid}
-    return [(ring_index(c), holder[block(c, before)]) for c in grid]
+    # Sources by the blocks they hold; each destination takes the next source holding its block.
+    holders: dict[tuple[int, ...], list[int]] = {}
+    for c in grid:
+        holders.setdefault(tuple(index(c, before[d]) for d in changed), []).append(index(c, mesh_axes))
+    pairs: list[tuple[int, int]] = []
+    pieces: dict[int, list[int]] = {d: [0] * len(grid) for d in changed}
+    for c in grid:
+        want = {d: index(c, after[d]) for d in changed}
+        src = holders[tuple(want[d] // ratio[d] for d in changed)].pop(0)
+        pairs.append((src, index(c, mesh_axes)))
+        for d in changed:
+            pieces[d][src] = want[d] % ratio[d]
+    return sorted(pairs), pieces

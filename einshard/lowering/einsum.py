@@ -29,7 +29,7 @@ from .._compat import native_unreduced
 from ..analysis import Plan, analyze
 from ..analysis.api import _Operand
 from ..analysis.cost import Collective
-from ..core.collectives import Target
+from ..core.collectives import Target, reorder_pairs
 from ..core.layout import Layout
 from ..errors import EinshardError
 from .padding import Padding, pad_operands, plan_padding, unpad_result
@@ -75,22 +75,33 @@ def _slices(cur: Layout, target: Layout, operand: Target) -> list[Step]:
 def _runs(c: Collective) -> bool:
     """Whether the lowering runs this collective exactly as planned.
 
-    A regrouped split (``c@x -> c@y`` with sizes dividing) is priced as XLA runs it: a
-    permute of blocks of one size, then a gather over a *factor* of a mesh axis.  A
-    shard_map names whole mesh axes only, so such a plan is not run (an alternative is).
+    A split re-grouped onto *fewer* devices (``c@y -> c@x`` with ``|x|`` dividing ``|y|``)
+    is priced as XLA runs it: a permute, then a gather over a *factor* of a mesh axis.
+    A shard_map names whole mesh axes only, so such a plan is not run (an alternative is).
+    Re-grouping onto as many or more devices is one permute of blocks or pieces of them.
     """
     try:
         steps = c.steps
     except EinshardError:
         return False
-    sizes = c.before.mesh_sizes if c.before is not None else {}
-    return all(math.prod(sizes.get(m, 1) for m in s.mesh_axes) == c.group_size for s in steps) or not sizes
+    if c.before is None:
+        return True
+    sizes = c.before.mesh_sizes
+    for s in steps:
+        if s.reorder is not None:
+            try:
+                reorder_pairs(s.mesh_axes, sizes, *s.reorder)
+            except ValueError:
+                return False
+        elif math.prod(sizes[m] for m in s.mesh_axes) != c.group_size and s.kind != "dynamic-slice":
+            return False
+    return True
 
 
 def _runnable(plan: Plan) -> Plan:
     """The plan itself if the lowering runs each of its collectives exactly, else the cheapest that it does.
 
-    Regrouped splits (:func:`_runs`) are not run, nor pending sums an operand brings
+    Splits regrouped onto fewer devices (:func:`_runs`) are not run, nor pending sums an operand brings
     carried through the local einsum (JAX refuses to compute on an unreduced value;
     it is reduced first).  ``program.plan`` is the plan that runs, and lists the
     analyzer's first choice among its alternatives.

@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from ..core.collectives import KINDS, STEP_KINDS, Step, reorder_pairs
 from ..core.layout import Layout
@@ -113,9 +114,18 @@ def apply_step(block: jax.Array, step: Step, *, invariant: bool | Collection[str
             raise EinshardError(f"dynamic-slice: dimension {step.dim} of size {size} does not split into {n} blocks")
         piece = size // n
         return jax.lax.dynamic_slice_in_dim(block, jax.lax.axis_index(axes) * piece, piece, step.dim)
-    if step.reorder is not None:  # the same blocks, held by other devices
+    if step.reorder is not None:  # the same data on other devices: whole blocks, or pieces of them (a regroup)
         sizes = {m: jax.lax.axis_size(m) for m in step.mesh_axes}
-        return jax.lax.ppermute(block, axes, reorder_pairs(step.mesh_axes, sizes, *step.reorder))
+        pairs, pieces = reorder_pairs(step.mesh_axes, sizes, *step.reorder)
+        me = jax.lax.axis_index(axes)
+        for d, piece_of in pieces.items():
+            before, after = step.reorder[0][d], step.reorder[1][d]
+            n = math.prod(sizes.get(m, 1) for m in after) // math.prod(sizes.get(m, 1) for m in before)
+            if n > 1:
+                size = block.shape[d] // n
+                start = jnp.asarray(piece_of, dtype=jnp.int32)[me] * size
+                block = jax.lax.dynamic_slice_in_dim(block, start, size, d)
+        return jax.lax.ppermute(block, axes, pairs)
     # collective-permute: a cyclic shift around the ring
     perm = [(j, (j + step.shift) % n) for j in range(n)]
     return jax.lax.ppermute(block, axes, perm)
