@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from einshard.core.collectives import KINDS
 from einshard.errors import EinshardError
 
 from .presets import PRESETS, Preset, load_rules, parse_mesh
@@ -369,7 +370,7 @@ def layout_rows(trainer: Trainer) -> list[tuple[str, str, str, str, int]]:
     return rows
 
 
-_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_COLLECTIVES = KINDS  # the one collective vocabulary (einshard.core.collectives)
 
 
 def compiled_summary(compiled: Any) -> list[str]:
