@@ -314,3 +314,39 @@ def test_async_mode_runs_rings(expr, shapes, before, after, kind, two_way):
     else:
         assert permutes == (2 if two_way else 1) * 3
         assert _count(hlo, "all-gather") == 0 and _count(hlo, "reduce-scatter") == 0 and _count(hlo, "all-reduce") == 0
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        (("x", "y"), ("y", "x")),  # the same blocks on other devices
+        (("x",), ("y",)),  # c@x (2 blocks) to c@y (4): each device sends a piece of its block
+        (("x",), ("y", "x")),  # finer and reordered
+    ],
+)
+def test_a_reorder_permute_gives_every_device_its_block(before, after):
+    from einshard.lowering import apply_step
+
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+    step = Step("collective-permute", 0, tuple(dict.fromkeys((*before, *after))), reorder=((before,), (after,)))
+    spec = lambda axes: axes[0] if len(axes) == 1 else axes  # noqa: E731
+    # Every device's block comes back along a leading axis over every mesh axis: (devices, block).
+    body = lambda b: apply_step(b, step)[None]  # noqa: E731
+    f = jax.shard_map(body, mesh=mesh, in_specs=PartitionSpec(spec(before)), out_specs=PartitionSpec(("x", "y")))
+    got = np.asarray(f(np.arange(16.0)))
+    n = int(np.prod([mesh.shape[m] for m in after]))
+    for i, j in np.ndindex(2, 4):
+        coords = {"x": i, "y": j}
+        k = 0
+        for m in after:
+            k = k * mesh.shape[m] + coords[m]
+        np.testing.assert_array_equal(got[i * 4 + j], np.arange(16.0).reshape(n, -1)[k])
+
+
+def test_a_reorder_onto_fewer_devices_is_refused():
+    from einshard.core.collectives import reorder_pairs
+
+    with pytest.raises(ValueError, match="no permute"):
+        reorder_pairs(("x", "y"), {"x": 2, "y": 4}, (("y",),), (("x",),))
+    with pytest.raises(EinshardError, match="reorder="):
+        Step("collective-permute", 0, ("x",), reorder=((("x",),), (("y",),)))
