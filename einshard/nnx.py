@@ -88,16 +88,18 @@ def _value(var: Any) -> Any:
 def state_shardings(
     state: Any,
     mesh: jax.sharding.Mesh,
-    rules: Mapping[str, str] | None = None,
+    rules: Mapping[str, str | None] | None = None,
     *,
     default: str | None = "... -> ...",
 ) -> Any:
     """A tree like ``state`` (an ``nnx.State``) holding each variable's ``NamedSharding``.
 
     Each variable's expression is the first rule whose pattern is found in its
-    path (``jax.tree_util.keystr``), else its :func:`with_layout` metadata,
-    else ``default`` (replicated); ``default=None`` makes an unannotated
-    variable an error instead.
+    path (``jax.tree_util.keystr``; einshard's one matcher,
+    :mod:`einshard.tree_rules`: a rule of None means replicated, a pattern that
+    is not a regular expression is an error naming it), else its
+    :func:`with_layout` metadata, else ``default`` (replicated);
+    ``default=None`` makes an unannotated variable an error instead.
     """
     _require_flax()
     matched = iter(leaf_expressions(state, dict(rules or {}), is_leaf=_is_variable, unmatched=UNMATCHED))
@@ -105,10 +107,12 @@ def state_shardings(
     def pick(path: Any, var: Any) -> Any:
         key = jax.tree_util.keystr(path)
         expr = next(matched)
-        if expr is UNMATCHED or expr is None:
+        if expr is None:  # a rule that says None leaves the variable replicated, as everywhere in einshard
+            expr = "... -> ..."
+        elif expr is UNMATCHED:
             expr = layout_of(var) if _is_variable(var) else None
-        if expr is None:
-            expr = default
+            if expr is None:
+                expr = default
         if expr is None:
             raise EinshardError(
                 f"the variable at {key} has no einshard layout (no rule matches, no with_layout metadata)",
@@ -130,7 +134,7 @@ def init_function(
     make_model: Callable[[], Any],
     *,
     mesh: jax.sharding.Mesh,
-    rules: Mapping[str, str] | None = None,
+    rules: Mapping[str, str | None] | None = None,
     default: str | None = "... -> ...",
 ) -> tuple[Any, Any]:
     """``(create, graphdef)``: ``create()`` is the jitted initialiser returning the sharded ``nnx.State``.
@@ -153,7 +157,7 @@ def init_sharded(
     make_model: Callable[[], Any],
     *,
     mesh: jax.sharding.Mesh,
-    rules: Mapping[str, str] | None = None,
+    rules: Mapping[str, str | None] | None = None,
     default: str | None = "... -> ...",
 ) -> Any:
     """Create ``make_model()`` directly sharded: each device only ever holds its blocks of the parameters."""

@@ -32,14 +32,56 @@ def parse_pairs(text: str, what: str) -> dict[str, int]:
     return out
 
 
+def _check_flags(text: str, mesh: dict[str, int], sizes: dict[str, int]) -> None:
+    """Every mesh axis the einsum names is in --mesh and every einsum axis in --sizes; errors name the flags."""
+    from einshard.parsing import parse_einsum
+
+    expr = parse_einsum(text)
+    for side in expr.sides:
+        for item in side.axes:
+            # With a --mesh, an axis it lacks is the library's error (it suggests the near miss: 'modle' -> 'model').
+            missing = [m for m in item.mesh_axes or () if not mesh]
+            if missing:
+                example = ",".join([*(f"{k}={v}" for k, v in mesh.items()), *(f"{m}=2" for m in missing)])
+                raise expr.fail(
+                    f"mesh axis {missing[0]!r} (axis {item.name!r}) has no size: "
+                    + (f"--mesh gives only {', '.join(mesh)}" if mesh else "there is no --mesh"),
+                    item.column,
+                    f"Give every mesh axis a size: --mesh {example}",
+                )
+    names = list(dict.fromkeys(n for side in expr.inputs for n in side.names))
+    unsized = [n for n in names if n not in sizes]
+    if unsized:
+        example = ",".join([*(f"{k}={v}" for k, v in sizes.items() if k in names), *(f"{n}=N" for n in unsized)])
+        raise expr.fail(
+            f"no size for axis {', '.join(repr(n) for n in unsized)}",
+            None,
+            f"Give every einsum axis a size: --sizes {example}",
+        )
+
+
 def run(args: argparse.Namespace) -> int:
-    plan = analyze(
-        args.expression,
-        mesh=parse_pairs(args.mesh, "mesh"),
-        sizes=parse_pairs(args.sizes, "sizes"),
-        dtype=args.dtype,
-        profile=args.profile,
-    )
+    mesh, sizes = parse_pairs(args.mesh, "mesh"), parse_pairs(args.sizes, "sizes")
+    _check_flags(args.expression, mesh, sizes)
+    try:
+        plan = analyze(args.expression, mesh=mesh, sizes=sizes, dtype=args.dtype, profile=args.profile)
+    except EinshardError as err:
+        if err.hint and "Pass mesh=" in err.hint:  # the library's hint names its argument: name the flag
+            before = err.hint[: err.hint.index("Pass mesh=")]
+            if before:  # 'Did you mean ...?': the fix is the expression's spelling, not a new axis
+                hint = before + "The mesh axes are --mesh's: " + ", ".join(mesh)
+            else:
+                from einshard.parsing import parse_einsum
+
+                named = [
+                    m for side in parse_einsum(args.expression).sides for i in side.axes for m in i.mesh_axes or ()
+                ]
+                pairs = [f"{k}={v}" for k, v in mesh.items()] + [
+                    f"{m}=N" for m in dict.fromkeys(named) if m not in mesh
+                ]
+                hint = "Give every mesh axis the expression names a size: --mesh " + ",".join(pairs)
+            raise EinshardError(err.reason, err.expression, err.column, hint) from None
+        raise
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, ensure_ascii=False))
         return 0

@@ -17,6 +17,27 @@ PROFILE_NAMES = ("cpu", "h100", "tpu-v5p")
 DEMO_STEPS = 20
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1 (a size of 0 or less is refused here, never replaced by a default)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def demo(parser: argparse.ArgumentParser) -> None:
     layouts = ", ".join(PRESET_NAMES)
     g = parser.add_argument_group("layout")
@@ -33,18 +54,20 @@ def demo(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--mesh", metavar="AXES", help="mesh axis sizes, e.g. data=4,model=2 (default: the preset's)")
     g.add_argument(
-        "--devices", type=int, default=8, help="simulated CPU devices when no accelerator is present (default 8)"
+        "--devices", type=_positive, default=8, help="simulated CPU devices when no accelerator is present (default 8)"
     )
-    g.add_argument("--processes", type=int, default=1, help="run as N local processes with jax.distributed (CPU, gloo)")
+    g.add_argument(
+        "--processes", type=_positive, default=1, help="run as N local processes with jax.distributed (CPU, gloo)"
+    )
     t = parser.add_argument_group("training")
     t.add_argument("--data", metavar="PATH", help="a UTF-8 text file to train on (default: a text einshard ships)")
-    t.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"steps per layout (default {DEMO_STEPS})")
-    t.add_argument("--batch", type=int, default=16, help="sequences per step, global (default 16)")
-    t.add_argument("--seq", type=int, default=64, help="bytes per sequence (default 64)")
-    t.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
-    t.add_argument("--width", type=int, default=64, help="model width d (default 64)")
-    t.add_argument("--heads", type=int, default=8, help="attention heads h (default 8)")
-    t.add_argument("--ffn", type=int, default=256, help="MLP hidden size f (default 256)")
+    t.add_argument("--steps", type=_non_negative, default=DEMO_STEPS, help=f"steps per layout (default {DEMO_STEPS})")
+    t.add_argument("--batch", type=_positive, default=16, help="sequences per step, global (default 16)")
+    t.add_argument("--seq", type=_positive, default=64, help="bytes per sequence (default 64)")
+    t.add_argument("--layers", type=_positive, default=2, help="transformer blocks (default 2)")
+    t.add_argument("--width", type=_positive, default=64, help="model width d (default 64)")
+    t.add_argument("--heads", type=_positive, default=8, help="attention heads h (default 8)")
+    t.add_argument("--ffn", type=_positive, default=256, help="MLP hidden size f (default 256)")
     t.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument(
@@ -62,7 +85,7 @@ def demo(parser: argparse.ArgumentParser) -> None:
     )
     x.add_argument(
         "--microbatches",
-        type=int,
+        type=_positive,
         default=None,
         help="pipeline: micro-batches per data shard (default: up to 2 x stages)",
     )
@@ -101,7 +124,9 @@ def analyze(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile", default="cpu", choices=PROFILE_NAMES, help="hardware for time estimates (default cpu)"
     )
-    parser.add_argument("--alternatives", type=int, default=8, help="how many alternatives to show (default 8)")
+    parser.add_argument(
+        "--alternatives", type=_non_negative, default=8, help="how many alternatives to show (default 8)"
+    )
     parser.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     parser.add_argument("--plain", action="store_true", help="plain text even if rich is installed")
 
@@ -113,7 +138,7 @@ def show(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dims", help="the dimensions drawn as rows,columns (names or indices)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument(
-        "--devices", type=int, default=None, help="simulated CPU devices (default: the mesh's size, else 8)"
+        "--devices", type=_positive, default=None, help="simulated CPU devices (default: the mesh's size, else 8)"
     )
 
 
@@ -126,7 +151,12 @@ def plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="h100", help="hardware profile: h100, tpu-v5p, cpu (default h100)")
     parser.add_argument("--objective", default="training", choices=["training", "inference", "memory", "communication"])
     parser.add_argument(
-        "--batch", type=int, default=None, help="global batch (default: 16 for the transformer, 16384 for the mlp)"
+        "--batch",
+        type=_positive,
+        default=None,
+        help="global batch (default: 16 for the transformer, 16384 for the mlp)",
     )
-    parser.add_argument("--width", type=int, default=1024, help="the demo's x width; y = 2x, z = x/2 (default 1024)")
+    parser.add_argument(
+        "--width", type=_positive, default=1024, help="the demo's x width; y = 2x, z = x/2 (default 1024)"
+    )
     parser.add_argument("--rules-out", default=None, help="write the parameter rules as JSON here")

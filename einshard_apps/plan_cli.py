@@ -62,5 +62,20 @@ def run(args: argparse.Namespace) -> int:
     print(result)
     if args.rules_out:
         result.save_rules(args.rules_out, mesh=mesh)
-        print(f"rules written to {args.rules_out} (use: einshard demo --rules {args.rules_out})")
+        print(f"rules written to {args.rules_out} ({_use_hint(args)})")
     return 0 if result.fits else 1
+
+
+def _use_hint(args: argparse.Namespace) -> str:
+    """How to use the rules file: a demo command that trains with it as planned (same model, mesh and batch)."""
+    import shlex
+
+    if args.model != "transformer":
+        return (
+            "rules for the MLP above, for einshard(params, rules); `einshard demo --rules` trains the demo's "
+            "transformer: plan that with --model transformer"
+        )
+    command = ["einshard", "demo", "--rules", args.rules_out]
+    if args.batch is not None:
+        command += ["--batch", str(args.batch)]
+    return "use: " + shlex.join(command)

@@ -102,7 +102,7 @@ class Preset:
 
     name: str
     what: str
-    params: Mapping[str, str]
+    params: Mapping[str, str | None]
     batch: str
     default_mesh: Callable[[int], dict[str, int]] = field(default=_data_by_model, compare=False)
     step_builder: StepBuilder | None = field(default=None, compare=False)
@@ -287,7 +287,8 @@ def load_rules(path: str | pathlib.Path) -> tuple[Preset, dict[str, int] | None]
             raise EinshardError(f"--rules {p}: not valid JSON: {err}") from None
         if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
             raise EinshardError(f'--rules {p}: expected {{"batch": EXPR, "params": {{PATTERN: EXPR}}, "mesh": ...}}')
-        params = {str(k): str(v) for k, v in data.get("params", {}).items()}
+        # null keeps its meaning in einshard's path rules: leave the leaf as it is (here: replicated).
+        params = {str(k): None if v is None else str(v) for k, v in data.get("params", {}).items()}
         batch = data.get("batch")
         mesh_value = data.get("mesh")
         if isinstance(mesh_value, dict):
@@ -324,11 +325,12 @@ def load_rules(path: str | pathlib.Path) -> tuple[Preset, dict[str, int] | None]
     return preset, mesh
 
 
-def expressions_for(tree: Any, rules: Mapping[str, str]) -> Any:
+def expressions_for(tree: Any, rules: Mapping[str, str | None]) -> Any:
     """The expression each leaf of ``tree`` gets: the first pattern found in its keystr path.
 
     The same matching as ``einshard(tree, rules)`` (:mod:`einshard.tree_rules`), returned as a tree of strings
-    so the demo can print it, build shardings and save it with a checkpoint.
+    so the demo can print it, build shardings and save it with a checkpoint.  A rule of None (leave the leaf
+    as it is: a host array placed whole on every device) is written ``'... -> ...'``.
     """
-    texts = leaf_expressions(tree, rules)
+    texts = ["... -> ..." if t is None else t for t in leaf_expressions(tree, rules)]
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tree), list(texts))

@@ -20,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise EinshardError(f"--shape takes sizes like 8,16,32; got {args.shape!r}") from None
     sizes = parse_mesh(args.mesh) if args.mesh else None
+    _check_mesh_flag(args.expression, sizes)
     import jax
 
     wanted = args.devices or (math.prod(sizes.values()) if sizes else 8)
@@ -44,3 +45,25 @@ def run(args: argparse.Namespace) -> int:
     abstract = jax.ShapeDtypeStruct(shape, np.dtype(args.dtype), sharding=sh)
     einshard.show(abstract, args.dims, names=args.expression)
     return 0
+
+
+def _check_mesh_flag(text: str, sizes: dict[str, int] | None) -> None:
+    """Every mesh axis the expression names has a size in --mesh (else an error naming the flag, not ``mesh=``)."""
+    from einshard.parsing import parse_placement
+
+    expr = parse_placement(text)
+    for item in expr.output.axes:
+        # With a --mesh, an axis it lacks is the library's error (it names the mesh's axes and near misses).
+        missing = [m for m in item.mesh_axes or () if not sizes]
+        if missing:
+            given = (
+                f"--mesh {','.join(f'{k}={v}' for k, v in sizes.items())} gives no size for it"
+                if sizes
+                else "there is no --mesh"
+            )
+            example = ",".join([*(f"{k}={v}" for k, v in (sizes or {}).items()), *(f"{m}=2" for m in missing)])
+            raise expr.fail(
+                f"the expression lays axis {item.name!r} out over mesh axis {missing[0]!r}, but {given}",
+                item.column,
+                f"Give every mesh axis a size: --mesh {example}",
+            )

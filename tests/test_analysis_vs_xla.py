@@ -227,6 +227,25 @@ def test_lone_reduced_sharded_axis_is_summed_locally_first(z):
     assert "gather" not in plan.why and "sum z locally first" in plan.why
 
 
+@pytest.mark.parametrize("z", [4, 16])
+def test_lone_reduced_axis_split_on_a_2d_mesh_is_summed_locally_first(z):
+    """Issue 10's case on a (data=4, model=2) mesh: ``b x z@model, x y -> b y`` is one all-reduce over
+    ``model`` of operand 1's locally summed ``[b, x]`` (XLA's program), no gather, and its reason says so."""
+    case = (
+        (4, 2),
+        [list("bxz"), list("xy")],
+        list("by"),
+        {"b": 64, "x": 128, "y": 256, "z": z},
+        (P(None, None, "y"), P()),
+        P(),
+    )
+    xla, plan = best_matches_xla(case)
+    assert [(c.kind, c.axes, c.tensor, c.array_bytes) for c in plan.collectives] == [
+        ("all-reduce", ("y",), "operand 1", 64 * 128 * 4)
+    ]
+    assert "gather" not in plan.why and "sum z locally first" in plan.why
+
+
 @pytest.mark.parametrize(
     "mesh_shape, specs, out",
     [
@@ -255,6 +274,8 @@ def test_every_gather_in_a_reason_is_a_listed_collective():
         ("b x@(data,model), x@(data,model) y -> b y", {"b": 8, "x": 128, "y": 256}),
         ("b@data x, x y@model -> b? y?", {"b": 64, "x": 128, "y": 256}),
         ("b x@model, x@data y -> b? y?", {"b": 64, "x": 128, "y": 256}),
+        ("b x@data, x y, y z@model -> b? z?", {"b": 64, "x": 32, "y": 32, "z": 16}),
+        ("b x z@(data,model), x y -> b? y?", {"b": 64, "x": 32, "y": 32, "z": 16}),
     ]:
         plan = einshard.analyze(expr, mesh={"data": 4, "model": 2}, sizes=sizes)
         for p in plan.options:

@@ -230,24 +230,10 @@ def _demo(*args: str, devices: int | None = 8, timeout: int = 300) -> subprocess
     )
 
 
-def test_readme_main_command_with_few_steps():
-    """`einshard demo` as the README runs it (no device flags: it picks 8 simulated CPU devices itself)."""
-    out = _demo("--steps", "2", devices=None)
-    assert out.returncode == 0, out.stderr[-3000:]
-    text = out.stdout
-    assert "8 cpu devices" in text
-    for name in PRESETS:
-        assert f"== {name}:" in text
-    assert text.count("loss matches the single-device run: yes") == len(PRESETS)
-    # The layout table, in the user's axis names, with bytes per device.
-    assert "'l d h k -> l d h@model k'" in text and "[l:2 d:64 h:8@model k:8]" in text
-    assert "collectives in the compiled step:" in text
-    assert re.search(r"w_in\s+'r@model d, d f@model -> r f@model'\s+allgather_einsum per layer", text)  # the rings
-    assert "bubble: 20% of stage-iterations idle" in text  # pipeline: stage=2, 4 micro-batches
-    table = text[text.index("layout    mesh") :]
-    assert table.count("same (") == len(PRESETS)
+# `einshard demo --steps 2` as the README runs it: tests/test_docs.py::test_every_cli_line_runs (what it prints).
 
 
+@pytest.mark.slow
 def test_one_layout_with_mesh_and_checkpoint(tmp_path):
     path = tmp_path / "ckpt"
     out = _demo(
@@ -260,6 +246,7 @@ def test_one_layout_with_mesh_and_checkpoint(tmp_path):
     assert re.search(r"^tp\s+data=1,model=8\s.*\s3\s+\d\.\d{4}", out2.stdout, re.M)  # step 3 after resuming at 2
 
 
+@pytest.mark.slow
 def test_pipeline_circular_from_the_command_line():
     out = _demo("--layout", "pipeline", "--schedule", "circular", "--steps", "2", *TINY, "--layers", "4")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -269,6 +256,7 @@ def test_pipeline_circular_from_the_command_line():
     assert out.returncode == 2 and "--schedule applies to --layout pipeline only" in out.stderr
 
 
+@pytest.mark.slow
 def test_rules_file_from_the_command_line(tmp_path):
     rules = tmp_path / "mine.txt"
     rules.write_text("mesh: data=2,model=4\nbatch: b s -> b@data s\nw_in: l d f -> l d f@modle\n.*: ... -> ...\n")
@@ -281,16 +269,21 @@ def test_rules_file_from_the_command_line(tmp_path):
     assert out.returncode == 2 and "--rules replaces --layout" in out.stderr
 
 
-def test_bad_arguments_exit_2():
-    out = _demo("--layout", "nope", *TINY)
-    assert out.returncode == 2 and "is not a preset" in out.stderr
-    out = _demo("--mesh", "data=3,model=2", "--layout", "dp", *TINY)
-    assert out.returncode == 2 and "6 devices" in out.stderr
+def test_bad_arguments_exit_2(capsys):
+    """Refused before any training, with exit status 2 (in-process: cli.main as `einshard demo` runs it)."""
+    from einshard_apps.cli import main
+
+    assert main(["demo", "--layout", "nope", *TINY]) == 2
+    assert "is not a preset" in capsys.readouterr().err
+    assert main(["demo", "--mesh", "data=3,model=2", "--layout", "dp", *TINY]) == 2
+    assert "6 devices" in capsys.readouterr().err
     small_heads = ["--heads", "4", "--width", "32", "--ffn", "64", "--seq", "16", "--batch", "8", "--no-check"]
-    out = _demo("--layout", "tp", "--mesh", "data=1,model=8", *small_heads)
-    assert out.returncode == 2 and "h@model" in out.stderr and "Pad the axis to 8" in out.stderr
+    assert main(["demo", "--layout", "tp", "--mesh", "data=1,model=8", *small_heads]) == 2
+    err = capsys.readouterr().err
+    assert "h@model" in err and "Pad the axis to 8" in err
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_saves_and_prints_the_table(tmp_path):
     path = tmp_path / "interrupted"
     proc = subprocess.Popen(

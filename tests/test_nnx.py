@@ -74,6 +74,15 @@ def test_bad_layout_names_the_variable(mesh):
         esx.init_function(lambda: MLP(nnx.Rngs(0)), mesh=mesh, rules={"down.*kernel": "f d -> f@modle d"})
 
 
+def test_rules_follow_the_one_path_matcher(mesh):
+    """A None rule wins over metadata (replicated); a bad pattern is named; as einshard.tree_rules everywhere."""
+    model = esx.init_sharded(lambda: MLP(nnx.Rngs(0)), mesh=mesh, rules={r"up.*kernel": None, **RULES})
+    assert _value(model.up.kernel).sharding.is_fully_replicated
+    assert _value(model.down.kernel).sharding.spec == jax.sharding.PartitionSpec("model", None)
+    with pytest.raises(einshard.EinshardError, match=r"path pattern 'up\(' is not a valid regular expression"):
+        esx.init_function(lambda: MLP(nnx.Rngs(0)), mesh=mesh, rules={"up(": "i o -> i o"})
+
+
 def test_module_docstring_example():
     class Small(nnx.Module):
         def __init__(self, rngs):

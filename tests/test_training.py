@@ -151,10 +151,23 @@ def test_dp_with_tensor_parallelism():
 def test_errors():
     mesh = _mesh((8,), ("data",))
     params, batch = make()
-    with pytest.raises(EinshardError, match="no layout pattern"):
+    with pytest.raises(EinshardError, match=r"no rule matches the leaf at \[.b1.\] \(patterns tried, in order: .w1.\)"):
         fsdp(mlp_loss, {"w1": "a b -> a@data b"}, mesh=mesh)(params | {"other": np.zeros(3)}, batch)
     with pytest.raises(EinshardError, match="at \\['w1'\\]"):
         fsdp(mlp_loss, {"w1": "a b -> a b@data", "b1": None, "w2": None}, mesh=mesh)(
             {**params, "w1": np.zeros((8, 12))}, batch
         )
     assert PartitionSpec() == PartitionSpec()
+
+
+def test_fsdp_rules_use_the_one_path_matcher():
+    """fsdp's path rules behave as einshard()'s (einshard.tree_rules): a bad regex is named, None replicates."""
+    mesh = _mesh((8,), ("data",))
+    params, batch = make()
+    with pytest.raises(EinshardError, match=r"path pattern 'w\(' is not a valid regular expression"):
+        fsdp(mlp_loss, {"w(": "a b -> a@data b", ".*": None}, mesh=mesh)(params, batch)
+    with pytest.raises(EinshardError, match="the rule for path pattern 'w1' is a int"):
+        fsdp(mlp_loss, {"w1": 3, ".*": None}, mesh=mesh)(params, batch)
+    grads = check(fsdp(mlp_loss, {"b": None, "w": "a b -> a@data b"}, mesh=mesh), params, batch)
+    assert _spec(grads["b1"], 1) == (None,)
+    assert _spec(grads["w2"], 2) == ("data", None)

@@ -15,203 +15,37 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from typing import Any, NamedTuple
 
+from .._caches import cached, register
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
-from ..parsing import AxisItem, EllipsisItem, Expression, Side, parse_einsum
+from ..parsing import Expression, parse_einsum
 from .cost import Profile, get_profile
+from .inputs import (
+    _check_rank,
+    _einsum_text,
+    _expand_ellipsis,
+    _layout_of,
+    _mesh_axes,
+    _spec_dims,
+    _valid_layout,
+    dtype_info,
+    spec_partitions,
+)
 from .plan import Plan, explain_choice, side_string
-from .rule import Problem, classify, enumerate_candidates, rank
+from .rule import Problem, _Enumeration, best_candidate, classify, rank
 from .strategy import pick_weight, roles, strategy_name, tutorial_view
 
-__all__ = ["analyze", "analyze_layouts", "dtype_info", "plan_einsum", "spec_partitions"]
-
-# JAX's short dtype names (as it prints types) and their sizes.
-_ITEMSIZE = {
-    "f64": 8, "f32": 4, "bf16": 2, "f16": 2, "f8": 1, "c64": 8, "c128": 16,
-    "s64": 8, "s32": 4, "s16": 2, "s8": 1, "u64": 8, "u32": 4, "u16": 2, "u8": 1, "pred": 1,
-}  # fmt: skip
-_ALIASES = {
-    "float64": "f64", "double": "f64", "float32": "f32", "float": "f32", "bfloat16": "bf16", "float16": "f16",
-    "half": "f16", "fp8": "f8", "float8_e4m3fn": "f8", "float8_e5m2": "f8", "float8_e4m3": "f8",
-    "complex64": "c64", "complex128": "c128", "int64": "s64", "int32": "s32", "int16": "s16", "int8": "s8",
-    "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8", "bool": "pred", "fp32": "f32", "fp16": "f16",
-    "i64": "s64", "i32": "s32", "i16": "s16", "i8": "s8",
-}  # fmt: skip
-
-
-def dtype_info(dtype: Any) -> tuple[str, int]:
-    """(JAX's short name, itemsize) of a dtype given as a name, a numpy/JAX dtype or a scalar type.
-
-    Example:
-        >>> dtype_info("bfloat16"), dtype_info("f32")
-        (('bf16', 2), ('f32', 4))
-    """
-    if dtype is None:
-        return "f32", 4
-    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or getattr(dtype, "__name__", str(dtype))
-    if not isinstance(dtype, str):
-        try:
-            import numpy as np
-
-            name = np.dtype(dtype).name
-        except TypeError:
-            pass
-    key = str(name).lower()
-    key = _ALIASES.get(key, key)
-    if key not in _ITEMSIZE:
-        raise EinshardError(
-            f"unknown dtype {dtype!r}", hint="Use a JAX/numpy dtype or a name: " + ", ".join(sorted(_ITEMSIZE)) + "."
-        )
-    return key, _ITEMSIZE[key]
-
-
-_PLAIN = re.compile(r"^\s*([A-Za-z]*)(\s*,\s*[A-Za-z]*)*\s*->\s*[A-Za-z]*\s*$")
-
-
-def _einsum_text(expr: str) -> str:
-    """``'bx,xy->by'`` (jnp.einsum, one letter per axis) → ``'b x, x y -> b y'``; DSL text unchanged."""
-    if not isinstance(expr, str):
-        raise EinshardError(f"an einsum expression is a string, got {type(expr).__name__}: {expr!r}")
-    if _PLAIN.match(expr) and not re.search(r"[A-Za-z]\s+[A-Za-z]", expr) and re.search(r"[A-Za-z]{2}", expr):
-        lhs, rhs = expr.split("->")
-        sides = [" ".join(s.strip()) for s in lhs.split(",")]
-        return ", ".join(sides) + " -> " + " ".join(rhs.strip())
-    return expr
-
-
-def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | None:
-    """``mesh=``, else the current mesh (``jax.set_mesh``), else the operands' (einshard.core.mesh), else None
-    (an einsum with nothing sharded needs no mesh)."""
-    if isinstance(mesh, dict):  # the common analysis call: sizes only, answered without asking JAX
-        _check_sizes(mesh)
-        return tuple(MeshAxis(str(name), size) for name, size in mesh.items())
-    from ..core.mesh import mesh_axes, resolve_mesh
-
-    found = resolve_mesh(mesh, operands, what="einshard.analyze", check_operands=False, required=False)
-    return None if found is None else mesh_axes(found)
-
-
-def _check_sizes(mesh: dict[Any, Any]) -> None:
-    for name, size in mesh.items():
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise EinshardError(f"mesh axis {name!r} has size {size!r}; sizes are positive integers (mesh={mesh!r})")
-        if not isinstance(name, str) or not name:
-            raise EinshardError(f"mesh= as a dict maps axis names (strings) to sizes, got the key {name!r}")
-
-
-def spec_partitions(spec: Any) -> tuple[Any, ...]:
-    """A PartitionSpec's entries (``tuple(spec)`` refuses specs with ``unreduced`` axes)."""
-    parts = getattr(spec, "partitions", None)
-    return tuple(parts) if parts is not None else tuple(spec)
-
-
-def _spec_dims(spec: Any, n: int, what: str) -> tuple[tuple[tuple[str, ...], ...], frozenset[str]]:
-    entries = spec_partitions(spec) if spec is not None else ()
-    if len(entries) > n:
-        raise EinshardError(f"{what}: the PartitionSpec {spec} has {len(entries)} entries for {n} axes")
-    entries = entries + (None,) * (n - len(entries))
-    dims = tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
-    unreduced = frozenset(getattr(spec, "unreduced", None) or ())
-    return dims, unreduced
-
-
-def _expand_ellipsis(parsed: Expression, ops: tuple[_Operand, ...]) -> Expression:
-    """``'... x, x y -> ... y'`` with the operands' ranks: each ``...`` becomes axes ``'...0'``, ``'...1'``, ...
-
-    As in ``jnp.einsum``, the axes under ``...`` align from the right across operands; the output's
-    ``...`` holds all of them (without one in the output they are summed).  Broadcasting a size-1
-    axis against a larger one is not modelled: sizes under ``...`` must agree.
-    """
-    counts: list[int] = []
-    for k, side in enumerate(parsed.inputs):
-        if not side.has_ellipsis:
-            counts.append(0)
-            continue
-        col = next(i.column for i in side.items if isinstance(i, EllipsisItem))
-        if k >= len(ops):
-            raise parsed.fail(
-                "'...' needs the operand's rank: pass arrays or jax.ShapeDtypeStructs (or name every axis)", col
-            )
-        extra = len(ops[k].shape) - len(side.axes)
-        if extra < 0:
-            raise parsed.fail(
-                f"operand {k + 1} has rank {len(ops[k].shape)} but its side names {len(side.axes)} axes besides '...'",
-                col,
-            )
-        counts.append(extra)
-    total = max(counts)
-
-    def expand(side: Side, n: int) -> Side:
-        items: list[Any] = []
-        for item in side.items:
-            if isinstance(item, EllipsisItem):
-                items.extend(AxisItem(f"...{j}", column=item.column) for j in range(total - n, total))
-            else:
-                items.append(item)
-        return Side(tuple(items), side.unreduced, side.column, side.unreduced_column)
-
-    inputs = tuple(expand(side, n) for side, n in zip(parsed.inputs, counts, strict=True))
-    return Expression(inputs, expand(parsed.output, total), parsed.text)
-
-
-def _check_rank(expr: Expression, side: Side, k: int, shape: tuple[int, ...]) -> None:
-    if side.has_ellipsis:
-        col = next(i.column for i in side.items if isinstance(i, EllipsisItem))
-        raise expr.fail("analyze does not expand '...' yet; name every axis", col)
-    if len(side.axes) != len(shape):
-        raise expr.fail(
-            f"operand {k + 1} has rank {len(shape)} (shape {tuple(shape)}) but its side names {len(side.axes)} axes",
-            side.column,
-        )
-
-
-def _layout_of(
-    expr: Expression,
-    side: Side,
-    dims: tuple[tuple[str, ...], ...],
-    unreduced: frozenset[str],
-    sizes: dict[str, int],
-    mesh: tuple[MeshAxis, ...],
-    what: str,
-) -> Layout:
-    mesh_sizes = {m.name: m.size for m in mesh}
-    known = ", ".join(f"{m.name!r}: {m.size}" for m in mesh) or "none"
-    for item, d in zip(side.axes, dims, strict=False):
-        for m in d:
-            if m not in mesh_sizes:
-                import difflib
-
-                close = difflib.get_close_matches(m, list(mesh_sizes), n=1)
-                raise expr.fail(
-                    f"mesh axis {m!r} ({what}, axis {item.name!r}) is not an axis of the mesh ({known})",
-                    item.column,
-                    (f"Did you mean {close[0]!r}? " if close else "") + "Pass mesh={'name': size, ...} or a jax Mesh.",
-                )
-        n = math.prod(mesh_sizes[m] for m in d)
-        if sizes[item.name] % n:
-            raise expr.fail(
-                f"axis {item.name!r} has size {sizes[item.name]}, which does not split into {n} shards over "
-                + "·".join(f"{m}({mesh_sizes[m]})" for m in d),
-                item.column,
-            )
-    for m in unreduced:
-        if m not in mesh_sizes:
-            raise expr.fail(
-                f"mesh axis {m!r} in '{{U:...}}' is not an axis of the mesh ({known})", side.unreduced_column
-            )
-    seen: set[str] = set()
-    for item, d in zip(side.axes, dims, strict=False):
-        for m in d:
-            if m in seen:
-                raise expr.fail(f"mesh axis {m!r} splits two axes of {what}", item.column)
-            seen.add(m)
-    names = tuple(side.names)
-    return Layout(names, tuple(sizes[n] for n in names), mesh, dims, unreduced)
+__all__ = [
+    "analyze",
+    "analyze_layouts",
+    "clear_analysis_caches",
+    "dtype_info",
+    "plan_einsum",
+    "spec_partitions",
+]
 
 
 def analyze(
@@ -250,8 +84,36 @@ def analyze(
         EinshardError: unknown mesh axes, missing or mismatched sizes, an
             operand whose rank does not match its side, indivisible splits.
     """
-    # Everything is reduced to hashable facts first (shapes, dtypes, specs, mesh sizes), so repeated
-    # einsums (a model's layers) are answered from a cache.
+    # The common call (sizes and a dict mesh, no arrays) is answered by one dict lookup on the arguments
+    # as given: a model's repeated layers cost a hash of a few small tuples.
+    if not operands and mesh.__class__ is dict:
+        size_items = tuple(sizes.items()) if sizes else None
+        try:
+            fast = (
+                expr,
+                tuple(mesh.items()),
+                size_items,
+                dtype,
+                profile,
+                None if in_specs is None else tuple(in_specs),
+                out_spec,
+            )
+            hit = _PLANS.get(fast)
+        except TypeError:  # an unhashable argument: analysed every time
+            fast, hit = None, None
+        if hit is not None:
+            for v in mesh.values():
+                if v.__class__ is bool:  # True == 1 as a key: let the checks refuse it
+                    break
+            else:
+                return hit
+        plan = _analyze(expr, (), _mesh_axes(mesh, ()), size_items, dtype, profile, in_specs, out_spec)
+        if fast is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[fast] = plan
+        return plan
+    # Otherwise everything is reduced to hashable facts first (shapes, dtypes, specs, mesh sizes).
     stand_ins = tuple(_Operand.of(x) for x in operands)
     mesh_axes = _mesh_axes(mesh, operands)
     key = (
@@ -271,6 +133,11 @@ def analyze(
     return _analyze_cached(*key)
 
 
+_MAX_PLANS = 4096
+_PLANS: dict[tuple[Any, ...], Plan] = {}
+register(_PLANS.clear)
+
+
 class _Operand(NamedTuple):
     """What analyze needs of an operand: its shape, dtype and PartitionSpec (if it has one)."""
 
@@ -284,9 +151,64 @@ class _Operand(NamedTuple):
         return _Operand(tuple(int(s) for s in getattr(x, "shape", ())), getattr(x, "dtype", None), spec)
 
 
-@functools.lru_cache(maxsize=4096)
+@cached(maxsize=4096)
 def _analyze_cached(*key: Any) -> Plan:
     return _analyze(*key)
+
+
+def clear_analysis_caches() -> None:
+    """Empty the analyzer's caches (plans and per-expression structure), leaving the parser's warm.
+
+    ``einshard.clear_caches()`` empties these and every other einshard cache.
+    """
+    _PLANS.clear()
+    _prepare_text.cache_clear()  # type: ignore[attr-defined]
+    _analyze_cached.cache_clear()  # type: ignore[attr-defined]
+    analyze_layouts.cache_clear()  # type: ignore[attr-defined]
+
+
+class _Prepared(NamedTuple):
+    """What analyze reads from an expression's text, once per text (a model's layers repeat it)."""
+
+    text: str  # the einshard text (a jnp.einsum string rewritten)
+    jnp_style: bool
+    parsed: Expression
+    names: tuple[tuple[str, ...], ...]  # per operand: its axes
+    dims: tuple[tuple[tuple[str, ...], ...], ...]  # per operand: its '@' annotations
+    unreduced: tuple[frozenset[str], ...]  # per operand: its '{U:...}'
+    unique: tuple[str, ...]  # every operand axis once, in order of first appearance
+    out_names: tuple[str, ...]
+    out_dims: tuple[tuple[str, ...], ...]
+    out_unreduced: frozenset[str]
+
+
+def _prepare(expr: str) -> _Prepared:
+    if not isinstance(expr, str):
+        _einsum_text(expr)  # raises: an expression is a string (and an unhashable one must not reach the cache)
+    return _prepare_text(expr)
+
+
+@cached(maxsize=4096)
+def _prepare_text(expr: str) -> _Prepared:
+    text = _einsum_text(expr)
+    return _prepared_of(parse_einsum(text), text, text != expr)
+
+
+def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
+    names = tuple([side.names for side in parsed.inputs])
+    out = parsed.output
+    return _Prepared(
+        text,
+        jnp_style,
+        parsed,
+        names,
+        tuple([tuple([item.mesh_axes or () for item in side.axes]) for side in parsed.inputs]),
+        tuple([frozenset(side.unreduced) for side in parsed.inputs]),
+        tuple(dict.fromkeys([n for side in names for n in side])),
+        out.names,
+        tuple([item.mesh_axes or () for item in out.axes]),
+        frozenset(out.unreduced),
+    )
 
 
 def _analyze(
@@ -300,16 +222,16 @@ def _analyze(
     out_spec: Any,
 ) -> Plan:
     sizes = dict(size_items) if size_items else None
-    text = _einsum_text(expr)
-    jnp_style = text != expr
-    parsed = parse_einsum(text)
+    prep = _prepare(expr)
+    parsed = prep.parsed
     chosen = parsed.output_chosen
     if ops and len(ops) != len(parsed.inputs):
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but {len(ops)} arrays were given")
     if in_specs is not None and len(in_specs) != len(parsed.inputs):
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but in_specs has {len(in_specs)} entries")
-    if any(side.has_ellipsis for side in parsed.sides):
+    if "..." in prep.text and any(side.has_ellipsis for side in parsed.sides):
         parsed = _expand_ellipsis(parsed, ops)
+        prep = _prepared_of(parsed, prep.text, prep.jnp_style)
 
     # Sizes: from the operands, then the mapping; every disagreement is an error naming both sizes.
     known: dict[str, int] = {}
@@ -329,80 +251,83 @@ def _analyze(
         if name in known and known[name] != s:
             raise parsed.fail(f"axis {name!r} has size {known[name]} in {where[name]} but sizes={{{name!r}: {s}}}")
         known[name] = int(s)
-        where.setdefault(name, "sizes")
-    all_axes = [n for side in parsed.inputs for n in side.names]
-    missing = sorted({n for n in all_axes if n not in known}, key=all_axes.index)
+    missing = [n for n in prep.unique if n not in known]
     if missing:
         raise parsed.fail(
             "no size for axis " + ", ".join(repr(n) for n in missing),
             hint="Pass arrays or jax.ShapeDtypeStructs, or sizes={" + ", ".join(f"{n!r}: ..." for n in missing) + "}.",
         )
-    unused = [n for n in (sizes or {}) if n not in all_axes]
-    if unused:
+    if sizes and len(known) > len(prep.unique):
+        unused = [n for n in sizes if n not in prep.unique]
         raise parsed.fail(f"sizes names {unused[0]!r}, which is not an axis of the einsum")
 
     # The mesh (only needed if something is sharded).
-    annotated = parsed.uses_mesh_axes
     if mesh_axes is None:
-        if annotated or in_specs is not None or out_spec is not None:
+        if parsed.uses_mesh_axes or in_specs is not None or out_spec is not None:
             raise parsed.fail(
                 "the einsum names mesh axes but there is no mesh",
                 hint="Pass mesh={'data': 4, ...} or a jax Mesh, or call inside jax.set_mesh(mesh).",
             )
         mesh_axes = ()
+    mesh_sizes = {m.name: m.size for m in mesh_axes}
+
+    def layout(k: int | None, dims: Any, unreduced: frozenset[str], what: str) -> Layout:
+        names = prep.out_names if k is None else prep.names[k]
+        lay = _valid_layout(names, dims, unreduced, known, mesh_axes, mesh_sizes)
+        if lay is None:  # something is wrong: the checks again, with their messages
+            side = parsed.output if k is None else parsed.inputs[k]
+            lay = _layout_of(parsed, side, dims, unreduced, known, mesh_axes, what)
+        return lay
 
     # Operand layouts: '@' annotations, else in_specs, else the operands' own shardings.
     layouts = []
-    for k, side in enumerate(parsed.inputs):
-        dims = tuple(item.mesh_axes or () for item in side.axes)
-        unreduced = frozenset(side.unreduced)
-        has_own = any(dims) or unreduced
+    for k in range(len(prep.names)):
+        dims, unreduced = prep.dims[k], prep.unreduced[k]
+        has_own = unreduced or any(dims)
         if in_specs is not None:
             if has_own:
-                raise parsed.fail("operand layouts come from '@' annotations or in_specs, not both", side.column)
-            dims, unreduced = _spec_dims(in_specs[k], len(side.axes), f"in_specs[{k}]")
+                raise parsed.fail(
+                    "operand layouts come from '@' annotations or in_specs, not both", parsed.inputs[k].column
+                )
+            dims, unreduced = _spec_dims(in_specs[k], len(dims), f"in_specs[{k}]")
         elif not has_own and k < len(ops):
             spec = ops[k].spec
             if spec is not None:
-                dims, unreduced = _spec_dims(spec, len(side.axes), f"operand {k + 1}'s sharding")
-        layouts.append(_layout_of(parsed, side, dims, unreduced, known, mesh_axes, f"operand {k + 1}"))
+                dims, unreduced = _spec_dims(spec, len(dims), f"operand {k + 1}'s sharding")
+        layouts.append(layout(k, dims, unreduced, f"operand {k + 1}"))
 
     # The output side (README "Syntax"): 'b? y?' lets the analyzer choose; 'b y@model' / '{U:model}' asks for
     # that layout; bare names are whole (replicated), as in a placement.  A jnp.einsum string ('bx,xy->by')
     # has no layouts of its own: its result is chosen, as jnp.einsum's is.
-    out_side = parsed.output
-    out_dims = tuple(item.mesh_axes or () for item in out_side.axes)
+    out_dims, out_unreduced = prep.out_dims, prep.out_unreduced
     requested: Layout | None = None
     bare = False
     if out_spec is not None:
-        if any(out_dims) or out_side.unreduced or chosen:
-            raise parsed.fail("the output layout comes from its annotation or out_spec, not both", out_side.column)
-        d, u = _spec_dims(out_spec, len(out_side.axes), "out_spec")
-        requested = _layout_of(parsed, out_side, d, u, known, mesh_axes, "the output")
-    elif chosen or jnp_style or not out_side.axes:  # a scalar result is whole either way
+        if any(out_dims) or out_unreduced or chosen:
+            raise parsed.fail("the output layout comes from its annotation or out_spec, not both", parsed.output.column)
+        d, u = _spec_dims(out_spec, len(out_dims), "out_spec")
+        requested = layout(None, d, u, "the output")
+    elif chosen or prep.jnp_style or not out_dims:  # a scalar result is whole either way
         requested = None
     else:
-        requested = _layout_of(
-            parsed, out_side, out_dims, frozenset(out_side.unreduced), known, mesh_axes, "the output"
-        )
-        bare = not any(out_dims) and not out_side.unreduced
+        requested = layout(None, out_dims, out_unreduced, "the output")
+        bare = not any(out_dims) and not out_unreduced
 
     if dtype is None and ops:
         dtype = getattr(ops[0], "dtype", None)
     dname, itemsize = dtype_info(dtype)
-    prof = get_profile(profile)
     problem = Problem(
         tuple(layouts),
-        tuple(out_side.names),
-        tuple((n, known[n]) for n in dict.fromkeys(all_axes)),
+        prep.out_names,
+        tuple([(n, known[n]) for n in prep.unique]),
         mesh_axes,
         requested,
         itemsize,
-        prof,
+        get_profile(profile),
     )
-    plan = analyze_layouts(problem, dname)
-    if bare and any(any(d) or op.unreduced for op in layouts for d in op.dims):
-        _warn_if_meaning_changed(text, plan, problem, dname)
+    plan = _plan(problem, dname)
+    if bare and any([any(d) or op.unreduced for op in layouts for d in op.dims]):
+        _warn_if_meaning_changed(prep.text, plan, problem, dname)
     return plan
 
 
@@ -478,27 +403,33 @@ def plan_einsum(
     return analyze_layouts(problem, dname)
 
 
-@functools.lru_cache(maxsize=1024)
+@cached(maxsize=1024)
 def analyze_layouts(problem: Problem, dtype: str = "f32") -> Plan:
     """The :class:`Plan` for a resolved :class:`~einshard.analysis.rule.Problem` (cached: layers repeat)."""
-    ranked = rank(enumerate_candidates(problem))
-    if problem.requested is None:
-        best = next(c for c in ranked if c.resolution == "complete")
-    else:
-        if not ranked:
-            raise EinshardError(
-                f"no way to deliver the result as {side_string(problem.requested)}: "
-                "pending sums {U:...} can only come from a contraction split over that mesh axis"
-            )
-        best = ranked[0]
-    classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
+    return _plan(problem, dtype)
+
+
+def _plan(problem: Problem, dtype: str) -> Plan:
+    """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers)."""
+    classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
+    en = _Enumeration(problem, classes)
+    # The best way is found without pricing every way to deliver the result; the other ways are priced
+    # and ranked when the plan's alternatives are first read.
+    best = best_candidate(en, complete=problem.requested is None)
+    if best is None:
+        if problem.requested is None:  # pragma: no cover - a complete result is always reachable (all-reduce)
+            raise EinshardError(f"no way to compute {problem.operands} -> {problem.out_axes}")
+        raise EinshardError(
+            f"no way to deliver the result as {side_string(problem.requested)}: "
+            "pending sums {U:...} can only come from a contraction split over that mesh axis"
+        )
     weight = pick_weight(problem.operands, classes)
     sizes = {m.name: m.size for m in problem.mesh}
     total = 2 * math.prod(s for _, s in problem.sizes)
 
     def build(c: Any, more: Any = None) -> Plan:
         role_of = roles(problem.operands, c, classes, weight)
-        comm = sum(s.time for s in c.steps)
+        comm = sum([s.time for s in c.steps])
         return Plan(
             expression=", ".join(side_string(o) for o in problem.operands) + " -> " + side_string(c.out),
             mesh=problem.mesh,
@@ -526,4 +457,9 @@ def analyze_layouts(problem: Problem, dtype: str = "f32") -> Plan:
             more=more,
         )
 
-    return build(best, lambda: tuple(build(c) for c in ranked if c is not best))
+    def alternatives() -> tuple[Plan, ...]:
+        ranked = rank([c for part in en.parts() for c in en.candidates(part)])
+        first = next(c for c in ranked if c.resolution == "complete") if problem.requested is None else ranked[0]
+        return tuple(build(c) for c in ranked if c is not first)  # `first` is `best`, priced again
+
+    return build(best, alternatives)

@@ -19,6 +19,13 @@ way there; the computed result is then taken to the requested output (or, with
 none requested, completed with an all-reduce, with reduce-scatters onto each
 dimension and the pending ``{U}`` result as alternatives).
 
+Finding the best candidate does not price every way to deliver the result:
+the operand moves of a choice (a *part*) cost no more than any candidate built
+on it, so parts are visited cheapest first and the search stops at the first
+one dearer than the best candidate found (:func:`best_candidate`).  Every
+candidate, ranked (the plan's alternatives), is built when first asked for,
+from the same memos.
+
 Several mesh axes may keep one einsum axis (``x@(data,model)``): their
 order (major to minor) is taken from the first operand that splits ``x``, and
 an operand holding another order pays a collective-permute, because only
@@ -30,14 +37,16 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from ..core.collectives import Target
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
 from .cost import Collective, Profile
-from .primitives import _derived, all_reduce, transition
+from .primitives import _derived, _unchecked, all_reduce
+from .transition import transition
 
-__all__ = ["Problem", "Candidate", "classify", "enumerate_candidates"]
+__all__ = ["Problem", "Candidate", "best_candidate", "classify", "enumerate_candidates"]
 
 BATCH, FREE, CONTRACTED, LONE = "batch", "free", "contracted", "lone-reduced"
 
@@ -150,14 +159,23 @@ def _kept_orders(problem: Problem, e: str, kept: list[str]) -> list[tuple[str, .
 
 
 def _fits(shape: tuple[int, ...], dims: tuple[tuple[str, ...], ...], sizes: dict[str, int]) -> bool:
-    return all(s % math.prod(sizes[m] for m in d) == 0 for s, d in zip(shape, dims, strict=False))
+    # loops, not generators: this runs for every candidate operand layout
+    for s, d in zip(shape, dims, strict=False):
+        if d:
+            n = 1
+            for m in d:
+                n *= sizes[m]
+            if s % n:
+                return False
+    return True
 
 
 def _pre_reduced(op: Layout, lone: set[str]) -> Layout:
     """The operand with its lone-reduced axes summed locally: pending sums over the mesh axes that split them."""
     keep = [i for i, a in enumerate(op.axes) if a not in lone]
     pending = frozenset(m for i, a in enumerate(op.axes) if a in lone for m in op.dims[i])
-    return Layout(
+    # valid by construction: the summed axes' mesh axes split nothing else and held no pending sums
+    return _unchecked(
         tuple(op.axes[i] for i in keep),
         tuple(op.shape[i] for i in keep),
         op.mesh,
@@ -177,17 +195,120 @@ def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[t
     return [(tuple(lay for lay, _ in combo), tuple(flag for _, flag in combo)) for combo in itertools.product(*per_op)]
 
 
-def enumerate_candidates(problem: Problem) -> list[Candidate]:
-    """Every candidate (per-axis choices × orders × output resolutions), unsorted, invalid ones dropped."""
-    mesh_sizes = {m.name: m.size for m in problem.mesh}
+def enumerate_candidates(problem: Problem, classes: dict[str, str] | None = None) -> list[Candidate]:
+    """Every candidate (per-axis choices × orders × output resolutions), unsorted, invalid ones dropped.
+
+    ``classes``: :func:`classify` of the problem, if the caller has it."""
+    en = _Enumeration(problem, classes or classify(tuple(op.axes for op in problem.operands), problem.out_axes))
+    return [c for part in en.parts() for c in en.candidates(part)]
+
+
+def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
+    """``rank(enumerate_candidates(...))``'s first candidate (its first with resolution ``'complete'`` if
+    ``complete``), pricing the result's resolutions only for the operand moves that can still win.
+
+    Each part (one way to move the operands) is cheaper than any candidate built on it (the result's
+    collectives only add time), so parts are visited cheapest first and the search stops at the first
+    part dearer than the best candidate so far.  Ties keep the enumeration order, as ``rank`` does.
+    """
+    parts = en.parts()
+    best: Candidate | None = None
+    best_key: tuple[object, ...] = ()
+    for k in sorted(range(len(parts)), key=lambda k: (parts[k].unsplits, parts[k].bound)):
+        part = parts[k]
+        # (a margin of 1e-12: Python 3.12's float sum compensates rounding, so a bound may exceed its
+        # candidates' times by an ulp)
+        if best is not None and (part.unsplits, part.bound) > (best.unsplits_agreed, best.time * (1 + 1e-12)):
+            break
+        for j, c in enumerate(en.candidates(part, complete)):
+            key = (c.unsplits_agreed, c.time, c.comm_bytes, len(c.steps), k, j)
+            if best is None or key < best_key:
+                best, best_key = c, key
+    return best
+
+
+class _Part(NamedTuple):
+    """One way to move the operands for one choice: the local einsum's inputs, before the result is delivered."""
+
+    choice: tuple[tuple[str, str | None], ...]
+    operands: tuple[Layout, ...]  # as the moves start (lone-reduced axes summed first or not)
+    targets: tuple[Layout, ...]
+    steps: tuple[Collective, ...]
+    out_dims: tuple[tuple[str, ...], ...]
+    pending: frozenset[str]
+    flops: int
+    compute_time: float
+    bound: float  # compute + operand collectives: no candidate built on this part is faster
+    unsplits: bool
+
+
+class _Enumeration:
+    """What one enumeration shares across its candidates: the problem's facts, the operand moves (parts),
+    and memos of the moves and result resolutions (the same ones recur across choices and orders)."""
+
+    __slots__ = ("problem", "classes", "mesh_sizes", "out_shape", "itemsize", "profile", "memo", "_parts")
+
+    def __init__(self, problem: Problem, classes: dict[str, str]) -> None:
+        self.problem = problem
+        self.classes = classes
+        self.mesh_sizes = {m.name: m.size for m in problem.mesh}
+        size_of = problem.size_of
+        self.out_shape = tuple(size_of[e] for e in problem.out_axes)
+        self.itemsize = problem.itemsize
+        self.profile = problem.profile
+        self.memo: dict[tuple[object, ...], object] = {}
+        self._parts: list[_Part] | None = None
+
+    def transition(self, src: Layout, dst: Layout, operand: Target) -> tuple[Collective, ...] | None:
+        """``transition``'s collectives, each recording its tensor (``operand``, which the lowering runs it
+        on, and ``tensor``, for people), or None for an impossible step."""
+        tensor = "result" if operand == "out" else f"operand {operand + 1}"
+        try:
+            steps = transition(src, dst, itemsize=self.itemsize, profile=self.profile, tensor=tensor)[1]
+        except EinshardError:
+            return None
+        return tuple([replace(c, operand=operand) for c in steps])
+
+    def parts(self) -> list[_Part]:
+        """Every way to move the operands (per-axis choices × orders × operand variants), in enumeration order."""
+        if self._parts is None:
+            self._parts = _parts(self)
+        return self._parts
+
+    def candidates(self, part: _Part, complete: bool = False) -> list[Candidate]:
+        """The part's candidates, one per way to deliver the result (``complete``: only complete results)."""
+        computed, outs = _outcomes(self, part.out_dims, part.pending, complete)
+        steps = part.steps
+        return [
+            Candidate(
+                part.choice,
+                part.targets,
+                (all_steps := (*steps, *variant)),
+                computed,
+                target_out,
+                resolution,
+                part.flops,
+                part.compute_time + sum([c.time for c in all_steps]),
+                sum([c.bytes for c in all_steps]),
+                part.operands,
+                part.unsplits,
+            )
+            for resolution, target_out, variant in outs
+        ]
+
+
+def _parts(en: _Enumeration) -> list[_Part]:
+    problem, classes = en.problem, en.classes
     size_of = problem.size_of
-    classes = classify(tuple(op.axes for op in problem.operands), problem.out_axes)
+    mesh_sizes = en.mesh_sizes
     per_axis = options(problem)
     names = [m for m, _ in per_axis]
-    result: list[Candidate] = []
-    kw = {"itemsize": problem.itemsize, "profile": problem.profile, "memo": {}}
-    out_shape = tuple(size_of[e] for e in problem.out_axes)
-    variants = _operand_variants(problem, classes)
+    result: list[_Part] = []
+    # each variant with the FLOPs of its local einsum before any split (the axes it holds)
+    variants = [
+        (operands, pre, 2 * math.prod(size_of[a] for a in {a for op in operands for a in op.axes}))
+        for operands, pre in _operand_variants(problem, classes)
+    ]
     agreed = agreed_splits(problem)
     for combo in itertools.product(*(opts for _, opts in per_axis)):
         choice = dict(zip(names, combo, strict=False))
@@ -198,12 +319,11 @@ def enumerate_candidates(problem: Problem) -> list[Candidate]:
                 kept_on.setdefault(e, []).append(m)
         multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
         kept_product = math.prod(mesh_sizes[m] for m, e in choice.items() if e is not None)
+        pending_kept = frozenset(m for m, e in choice.items() if e is not None and classes[e] in (CONTRACTED, LONE))
         for orders in itertools.product(*(os for _, os in multi)):
             order = {e: o for (e, _), o in zip(multi, orders, strict=False)}
-            for operands, pre in variants:
-                # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
-                kw["unsplits"] = any(m in d for m in dropped for op in operands for d in op.dims)
-                if any(
+            for operands, pre, flops_whole in variants:
+                if True in pre and any(
                     pre[i]
                     and any(
                         (e := choice[m]) is not None and e in problem.operands[i].axes and classes[e] == LONE
@@ -212,105 +332,104 @@ def enumerate_candidates(problem: Problem) -> list[Candidate]:
                     for i in range(len(operands))
                 ):
                     continue  # summing a lone axis first and also keeping it split: not a different plan
-                result.extend(
-                    _candidates_for(
-                        problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw
-                    )
-                )
+                # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
+                unsplits = bool(dropped) and any(m in d for m in dropped for op in operands for d in op.dims)
+                flops = flops_whole // kept_product
+                # Pending sums an operand brings: summed before the einsum, or (when no other operand splits
+                # over that axis) carried through it, the einsum being linear in each operand.
+                keep_u: list[frozenset[str]] = []
+                claimed: set[str] = set()
+                for op in operands:
+                    mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
+                    claimed |= mine
+                    keep_u.append(mine)
+                # With pending sums to carry, also price summing them first (every operand whole).
+                whole: list[frozenset[str]] = [frozenset()] * len(operands)
+                for ku in [keep_u, whole] if any(keep_u) else [keep_u]:
+                    part = _part(en, choice, order, operands, flops, pending_kept, ku, unsplits)
+                    if part is not None:
+                        result.append(part)
     return result
 
 
-def _candidates_for(
-    problem: Problem,
+_IMPOSSIBLE = object()
+
+
+def _part(
+    en: _Enumeration,
     choice: dict[str, str | None],
     order: dict[str, tuple[str, ...]],
     operands: tuple[Layout, ...],
-    classes: dict[str, str],
-    mesh_sizes: dict[str, int],
-    size_of: dict[str, int],
-    out_shape: tuple[int, ...],
-    kept_product: int,
-    kw: dict,  # type: ignore[type-arg]
-) -> list[Candidate]:
-    # Pending sums an operand brings: summed before the einsum, or (when no other operand splits over
-    # that axis) carried through it, the einsum being linear in each operand.
-    keep_u: list[frozenset[str]] = []
-    claimed: set[str] = set()
-    for op in operands:
-        mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
-        claimed |= mine
-        keep_u.append(mine)
-    # With pending sums to carry, also price summing them first (every operand whole).
-    none: list[frozenset[str]] = [frozenset()] * len(operands)
-    variants = [keep_u, none] if any(keep_u) else [keep_u]
-    return [
-        c
-        for ku in variants
-        for c in _candidates_with(
-            problem, choice, order, operands, classes, mesh_sizes, size_of, out_shape, kept_product, kw, ku
-        )
-    ]
-
-
-def _candidates_with(
-    problem: Problem,
-    choice: dict[str, str | None],
-    order: dict[str, tuple[str, ...]],
-    operands: tuple[Layout, ...],
-    classes: dict[str, str],
-    mesh_sizes: dict[str, int],
-    size_of: dict[str, int],
-    out_shape: tuple[int, ...],
-    kept_product: int,
-    kw: dict,  # type: ignore[type-arg]
+    flops: int,
+    pending_kept: frozenset[str],
     keep_u: list[frozenset[str]],
-) -> list[Candidate]:
+    unsplits: bool,
+) -> _Part | None:
+    memo = en.memo
     targets: list[Layout] = []
     steps: list[Collective] = []
     for i, op in enumerate(operands):
-        dims = tuple(order.get(e, ()) for e in op.axes)
-        if not _fits(op.shape, dims, mesh_sizes):
-            return []
-        target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
-        st = _memo_transition(kw, (i, id(op), dims, keep_u[i]), op, target, i)
-        if st is None:  # an impossible step: not a candidate
-            return []
-        targets.append(target)
-        steps.extend(st)
-    out_dims = tuple(order.get(e, ()) for e in problem.out_axes)
-    pending = frozenset(m for m, e in choice.items() if e is not None and classes[e] in (CONTRACTED, LONE))
-    pending |= frozenset().union(*keep_u)
-    computed = Layout(problem.out_axes, out_shape, problem.mesh, out_dims, pending)
-    present = {a for op in operands for a in op.axes}
-    flops = 2 * math.prod(size_of[a] for a in present) // kept_product
-    compute_time = problem.profile.compute_time(flops)
-    out: list[Candidate] = []
-    for resolution, target_out in _resolutions(problem, computed, mesh_sizes):
-        key = ("result", computed.dims, computed.unreduced, target_out.dims, target_out.unreduced)
-        out_steps = _memo_transition(kw, key, computed, target_out, "out")
+        dims = tuple([order.get(e, ()) for e in op.axes])
+        key = (i, id(op), dims, keep_u[i])
+        moved = memo.get(key)
+        if moved is None:
+            moved = _IMPOSSIBLE
+            if _fits(op.shape, dims, en.mesh_sizes):
+                target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
+                st = en.transition(op, target, i)
+                if st is not None:
+                    moved = (target, st)
+            memo[key] = moved
+        if moved is _IMPOSSIBLE:  # an indivisible split or an impossible step: not a candidate
+            return None
+        targets.append(moved[0])  # type: ignore[index]
+        steps.extend(moved[1])  # type: ignore[index]
+    compute_time = en.profile.compute_time(flops)
+    return _Part(
+        tuple(choice.items()),
+        operands,
+        tuple(targets),
+        tuple(steps),
+        tuple([order.get(e, ()) for e in en.problem.out_axes]),
+        pending_kept.union(*keep_u),
+        flops,
+        compute_time,
+        compute_time + sum([c.time for c in steps]),  # the same sum as a candidate's, over fewer steps
+        unsplits,
+    )
+
+
+def _outcomes(
+    en: _Enumeration, out_dims: tuple[tuple[str, ...], ...], pending: frozenset[str], complete: bool = False
+) -> tuple[Layout, list[tuple[str, Layout, tuple[Collective, ...]]]]:
+    """The computed result and the ways to deliver it: (resolution, delivered layout, collectives), memoized.
+
+    ``complete``: only the ways that deliver it complete (resolution ``'complete'``), when no layout is
+    requested; the search for the best needs no other (they come first in the full list too)."""
+    full = en.memo.get(("result", out_dims, pending))
+    if full is not None:
+        if complete:
+            return full[0], [o for o in full[1] if o[0] == "complete"]  # type: ignore[index]
+        return full  # type: ignore[return-value]
+    key = ("complete" if complete else "result", out_dims, pending)
+    hit = en.memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    problem = en.problem
+    # valid by construction: the kept splits divide their axes (the operands holding them fit), and the
+    # pending sums are over mesh axes that keep a summed axis or nothing
+    computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, out_dims, pending)
+    outs: list[tuple[str, Layout, tuple[Collective, ...]]] = []
+    for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes, complete):
+        out_steps = en.transition(computed, target_out, "out")
         if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
             continue
-        for variant in (out_steps, _split_all_reduces(out_steps, kw)):
-            if variant is None:
-                continue
-            all_steps = (*steps, *variant)
-            time = compute_time + sum(c.time for c in all_steps)
-            out.append(
-                Candidate(
-                    tuple(choice.items()),
-                    tuple(targets),
-                    all_steps,
-                    computed,
-                    target_out,
-                    resolution,
-                    flops,
-                    time,
-                    sum(c.bytes for c in all_steps),
-                    operands,
-                    kw["unsplits"],
-                )
-            )
-    return out
+        outs.append((resolution, target_out, out_steps))
+        split = _split_all_reduces(out_steps, en)
+        if split is not None:
+            outs.append((resolution, target_out, split))
+    en.memo[key] = (computed, outs)
+    return computed, outs
 
 
 def agreed_splits(problem: Problem) -> dict[str, str]:
@@ -341,7 +460,7 @@ def agreed_splits(problem: Problem) -> dict[str, str]:
     return out
 
 
-def _split_all_reduces(steps: tuple[Collective, ...], kw: dict) -> tuple[Collective, ...] | None:  # type: ignore[type-arg]
+def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple[Collective, ...] | None:
     """The same sums done as one all-reduce per mesh axis (what XLA emits when partial sums come from
     different dimensions), or None if no all-reduce spans several mesh axes.  It sends more bytes
     (2(n_i-1)/n_i of the buffer per axis instead of 2(n-1)/n once) over fewer ring hops (Σ2(n_i-1)
@@ -355,45 +474,27 @@ def _split_all_reduces(steps: tuple[Collective, ...], kw: dict) -> tuple[Collect
             continue
         cur = c.before
         for m in c.axes:
-            cur, one = all_reduce(cur, (m,), itemsize=kw["itemsize"], profile=kw["profile"], tensor=c.tensor, why=c.why)
+            cur, one = all_reduce(cur, (m,), itemsize=en.itemsize, profile=en.profile, tensor=c.tensor, why=c.why)
             if one.group_size > 1:
                 out.append(replace(one, operand=c.operand))
     return tuple(out)
 
 
-def _memo_transition(
-    kw: dict,
-    key: tuple,
-    src: Layout,
-    dst: Layout,
-    operand: Target,  # type: ignore[type-arg]
-) -> tuple[Collective, ...] | None:
-    """``transition`` memoized within one enumeration (the same operand moves recur across choices).
-
-    Each collective records which tensor it acts on (``operand``, for the lowering, and ``tensor``, for people).
-    """
-    memo = kw["memo"]
-    if key not in memo:
-        tensor = "result" if operand == "out" else f"operand {operand + 1}"
-        try:
-            steps = transition(src, dst, itemsize=kw["itemsize"], profile=kw["profile"], tensor=tensor)[1]
-            memo[key] = tuple(replace(c, operand=operand) for c in steps)
-        except EinshardError:
-            memo[key] = None
-    return memo[key]
-
-
-def _resolutions(problem: Problem, computed: Layout, mesh_sizes: dict[str, int]) -> list[tuple[str, Layout]]:
+def _resolutions(
+    problem: Problem, computed: Layout, mesh_sizes: dict[str, int], complete: bool = False
+) -> list[tuple[str, Layout]]:
     if problem.requested is not None:
         return [("requested", problem.requested)]
     if not computed.unreduced:
         return [("complete", computed)]
-    out = [("complete", computed.with_dims(computed.dims, frozenset()))]
+    out = [("complete", _derived(computed, computed.dims, frozenset()))]
+    if complete:
+        return out
     pending = tuple(m.name for m in computed.mesh if m.name in computed.unreduced)
     for i in range(len(computed.axes)):
         dims = computed.dims[:i] + (computed.dims[i] + pending,) + computed.dims[i + 1 :]
-        if _fits(computed.shape, dims, mesh_sizes):
-            out.append(("reduce-scatter", computed.with_dims(dims, frozenset())))
+        if _fits(computed.shape, dims, mesh_sizes):  # the pending axes split nothing: only divisibility to check
+            out.append(("reduce-scatter", _derived(computed, dims, frozenset())))
     out.append(("unreduced", computed))
     return out
 

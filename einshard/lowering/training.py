@@ -37,7 +37,6 @@ Example:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -49,6 +48,7 @@ from jax.sharding import PartitionSpec
 from ..core.mesh import mesh_axes
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
+from ..tree_rules import leaf_expressions
 from .steps import check_lowering_context, lowering_mesh, place
 
 __all__ = ["data_parallel", "fsdp", "fsdp_layouts", "gather_params"]
@@ -119,27 +119,20 @@ def _is_layout(v: Any) -> bool:
 
 
 def _expressions(tree: Any, layouts: Layouts) -> list[str | None]:
-    """One expression (or None: replicated) per leaf of ``tree``."""
+    """One expression (or None: replicated) per leaf of ``tree``.
+
+    Path-pattern rules go through einshard's one matcher (:mod:`einshard.tree_rules`): the first pattern
+    found in a leaf's path wins, a leaf no pattern matches or a pattern that is not a regular expression is
+    an EinshardError naming it, None leaves the leaf replicated.
+    """
     leaves = jax.tree_util.tree_leaves_with_path(tree)
     if layouts is None or isinstance(layouts, str):
         return [layouts] * len(leaves)
     if isinstance(layouts, Mapping) and all(isinstance(k, str) for k in layouts):
-        keys = [jax.tree_util.keystr(p) for p, _ in leaves]
         # A dict with the same structure as the params is a pytree of expressions, not rules.
         same = bool(jax.tree_util.tree_structure(layouts, is_leaf=_is_layout) == jax.tree_util.tree_structure(tree))  # type: ignore[operator]
         if not same:
-            out: list[str | None] = []
-            for key in keys:
-                for pattern, text in layouts.items():
-                    if re.search(pattern, key):
-                        out.append(text)
-                        break
-                else:
-                    raise EinshardError(
-                        f"no layout pattern matches the params leaf at {key}",
-                        hint="Add a pattern, or a catch-all last rule '.*': None (replicated).",
-                    )
-            return out
+            return list(leaf_expressions(tree, layouts))
     flat = jax.tree_util.tree_leaves(layouts, is_leaf=_is_layout)
     if len(flat) != len(leaves):
         raise EinshardError(f"{len(flat)} layouts given for a params tree of {len(leaves)} leaves")

@@ -1,0 +1,109 @@
+"""Which mesh a placement uses: ``mesh=``, else the current mesh, else the array's own; counts' anonymous meshes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh
+
+from ..core.mesh import as_mesh, current_concrete_mesh, show_mesh
+from ..errors import EinshardError
+from ..parsing import Expression, is_count_item, parse_placement
+
+__all__ = ["anonymous_mesh", "is_anonymous", "current_mesh"]
+
+
+# (devices, shape) -> Mesh.  The one piece of state einshard keeps: meshes, as JAX does.
+_ANONYMOUS: dict[tuple[tuple[Any, ...], tuple[int, ...]], Mesh] = {}
+
+
+def anonymous_mesh(shape: tuple[int, ...]) -> Mesh:
+    """The canonical mesh count expressions use: all devices, axes ``a0, a1, ...``, Auto axis types.
+
+    The same shape always gives the same Mesh object, so arrays placed by
+    separate calls combine in one ``jax.jit`` without resharding.
+
+    Example:
+        >>> import einshard, jax
+        >>> n = jax.device_count()
+        >>> einshard.anonymous_mesh((n,)) is einshard.anonymous_mesh((n,))
+        True
+    """
+    devices = tuple(jax.devices())
+    key = (devices, tuple(shape))
+    mesh = _ANONYMOUS.get(key)
+    if mesh is None:
+        names = tuple(f"a{i}" for i in range(len(shape)))
+        # create_device_mesh is what einshard 0.2 uses: same device order, same shards.
+        grid = mesh_utils.create_device_mesh(tuple(shape), devices=list(devices))
+        mesh = _ANONYMOUS[key] = Mesh(grid, names, axis_types=(AxisType.Auto,) * len(shape))
+    return mesh
+
+
+def is_anonymous(mesh: Any) -> bool:
+    """Whether ``mesh`` is one of the anonymous meshes count expressions build."""
+    return any(mesh is m for m in _ANONYMOUS.values())
+
+
+def current_mesh() -> Mesh | None:
+    """The concrete mesh made current by ``jax.set_mesh``, or None outside any mesh context or while tracing."""
+    return current_concrete_mesh()
+
+
+def _current_abstract_mesh() -> Any:
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty else mesh
+
+
+def _tracing_in_mesh_context() -> bool:
+    """Inside ``jax.jit`` under ``jax.set_mesh``: only the abstract mesh is current, no concrete one."""
+    return current_concrete_mesh() is None and _current_abstract_mesh() is not None
+
+
+def _count_mesh_conflict(expr: Expression, mesh: Any, how: str) -> EinshardError:
+    return expr.fail(
+        f"counts ('a4', '*') build an anonymous mesh over all devices, but {how} {show_mesh(mesh)}; "
+        "arrays on the two meshes would not combine",
+        next(i.column for i in expr.output.items if is_count_item(i)),
+        "Name that mesh's axes instead: 'a b -> a@data b'.",
+    )
+
+
+def _pick_mesh(expr_text: str, mesh: Any, x: Any = None) -> Any:
+    mesh = _check_mesh(mesh)
+    ctx = current_mesh() or _current_abstract_mesh()
+    return _choose_mesh(expr_text, mesh, ctx, _own_mesh(x) if mesh is None and ctx is None else None)
+
+
+def _check_mesh(mesh: Any) -> Any:
+    """``mesh=`` checked; a dict of sizes becomes an AbstractMesh (enough for layouts and specs, not to place data)."""
+    return None if mesh is None else as_mesh(mesh)
+
+
+def _own_mesh(x: Any) -> Mesh | None:
+    """The concrete mesh a jax.Array already lives on (None for host arrays)."""
+    if not isinstance(x, jax.Array):
+        return None
+    own = getattr(x.sharding, "mesh", None)
+    return own if isinstance(own, Mesh) else None
+
+
+def _choose_mesh(expr_text: str, mesh: Any, ctx: Mesh | None, own: Mesh | None) -> Any:
+    """The mesh a placement uses: mesh=, else the current mesh, else the array's own; None for counts.
+
+    A pure function of its arguments, so that its result can be cached.
+    """
+    expr = parse_placement(expr_text)
+    if expr.uses_counts:
+        if mesh is not None:
+            raise _count_mesh_conflict(expr, mesh, "mesh= gives")
+        if ctx is not None:
+            raise _count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
+        return None
+    if mesh is not None:
+        return mesh
+    if ctx is not None:
+        return ctx
+    return own

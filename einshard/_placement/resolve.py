@@ -1,0 +1,92 @@
+"""Expression + shape + mesh -> :class:`~einshard.core.layout.Layout` and ``NamedSharding`` (cached per call site key)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding
+
+from .._caches import cached
+from ..core.layout import Layout, resolve_counts, resolve_named
+from ..core.mesh import mesh_axes, show_mesh
+from ..errors import EinshardError
+from ..parsing import Expression, parse_placement
+from .meshes import _choose_mesh, _own_mesh, anonymous_mesh
+
+
+def _layout(expr: Expression, shape: tuple[int, ...], mesh: Any) -> Layout:
+    if expr.uses_counts:
+        return resolve_counts(expr, shape, len(jax.devices()))
+    return resolve_named(expr, shape, mesh_axes(mesh))
+
+
+@cached(maxsize=8192)
+def _resolve(text: str, shape: tuple[int, ...], mesh: Any) -> tuple[Layout, NamedSharding | None]:
+    """(layout, sharding) for a placement; mesh is the explicit or context mesh, or None."""
+    expr = parse_placement(text)
+    if expr.uses_counts:
+        layout = resolve_counts(expr, shape, len(jax.devices()))
+        concrete = anonymous_mesh(tuple(m.size for m in layout.mesh))
+        return layout, NamedSharding(concrete, layout.to_spec())
+    if mesh is None:
+        if expr.uses_mesh_axes:
+            raise expr.fail(
+                "the expression names mesh axes but there is no mesh",
+                next(i.column for i in expr.output.axes if i.mesh_axes is not None),
+                "Pass mesh=, or make one current: `with jax.set_mesh(jax.make_mesh((4, 2), ('data', 'model'))):`.",
+            )
+        # Nothing sharded and no mesh: replicate over all devices, as einshard 0.2's '* a b' does.
+        return resolve_counts(parse_placement(_replicate_text(expr)), shape, len(jax.devices())), None
+    layout = resolve_named(expr, shape, mesh_axes(mesh))
+    # A NamedSharding on an AbstractMesh is what JAX uses under jit (reshard, ShapeDtypeStruct);
+    # only placing data needs the concrete mesh, and _concrete_sharding checks that.
+    return layout, NamedSharding(mesh, layout.to_spec())
+
+
+def _replicate_text(expr: Expression) -> str:
+    return str(expr).replace("->", "-> *", 1)
+
+
+@cached(maxsize=8192)
+def _cached_eager_sharding(text: str, shape: tuple[int, ...], mesh: Any, ctx: Any, own: Any) -> NamedSharding:
+    return _concrete_sharding(text, shape, _choose_mesh(text, mesh, ctx, own))
+
+
+def _eager_sharding(text: str, x: Any, mesh: Any, ctx: Mesh | None) -> NamedSharding:
+    """The sharding ``einshard(x, text, mesh=mesh)`` places ``x`` with, outside jit.
+
+    The hot path of eager placement: one cache lookup keyed by everything the
+    answer depends on (the text, the shape, and the three meshes it may come
+    from), so a repeated call neither re-parses nor re-resolves.  ``ctx`` is
+    ``current_mesh()``, read once by the caller, who has also checked ``mesh``
+    with ``_check_mesh`` (before it is hashed as a key).  Errors are not
+    cached (lru_cache keeps no exceptions): a bad call fails every time.
+    """
+    own = _own_mesh(x) if mesh is None and ctx is None else None
+    return _cached_eager_sharding(text, tuple(x.shape), mesh, ctx, own)
+
+
+def _concrete_sharding(text: str, shape: tuple[int, ...], chosen: Any) -> NamedSharding:
+    lay, sh = _resolve(text, tuple(shape), chosen)
+    if sh is None:
+        return _replicated_everywhere(lay)
+    if not isinstance(sh.mesh, Mesh):
+        raise EinshardError(
+            f"placing data needs a concrete jax.sharding.Mesh (with devices); mesh= is {show_mesh(sh.mesh)}",
+            text,
+            hint="Pass a Mesh (jax.make_mesh(...)); a dict of sizes or an AbstractMesh only describes shapes "
+            "(einshard.core.layout, einshard.spec, einshard.analyze).",
+        )
+    return sh
+
+
+def _replicated_everywhere(lay: Layout) -> NamedSharding:
+    concrete = anonymous_mesh(tuple(m.size for m in lay.mesh))
+    return NamedSharding(concrete, lay.to_spec())
+
+
+def _entry(axes: tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else axes

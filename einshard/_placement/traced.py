@@ -1,0 +1,128 @@
+"""Placement of a traced value (under ``jax.jit``, ``jax.grad``, ``jax.vmap``): reshard and sharding constraints."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from .._compat import use_abstract_mesh
+from ..core.layout import Layout, resolve_named
+from ..core.mesh import (
+    auto_axes,
+    eagerly_differentiated,
+    explicit_axes,
+    mesh_axes,
+    operand_mesh,
+    outside_jit,
+    show_mesh,
+)
+from ..parsing import parse_placement
+from .meshes import _count_mesh_conflict, _current_abstract_mesh, _pick_mesh
+from .resolve import _concrete_sharding, _entry
+
+
+def _constrain(x: Any, text: str, mesh: Any) -> Any:
+    expr = parse_placement(text)
+    if expr.uses_counts:
+        chosen = _pick_mesh(text, mesh)
+        # Under jit only the abstract mesh of jax.set_mesh is visible; refuse it as eagerly.
+        ctx = _current_abstract_mesh()
+        if ctx is not None:
+            raise _count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
+        sh = _concrete_sharding(text, x.shape, chosen)
+        return jax.lax.with_sharding_constraint(x, sh)
+    target = mesh if mesh is not None else _current_abstract_mesh()
+    if target is None:
+        own = getattr(jax.typeof(x), "sharding", None)
+        own_mesh = getattr(own, "mesh", None)
+        target = own_mesh if own_mesh is not None and not own_mesh.empty else None
+        if target is not None and outside_jit(x):
+            # Eager jax.grad: the type names the abstract mesh, but the backward pass runs eagerly and
+            # needs the devices, which the concrete array under the tracer has.
+            target = _innermost_concrete_mesh(x) or target
+    if target is None:
+        raise expr.fail(
+            "under jax.jit the expression needs a mesh: pass mesh= or call jax.jit inside `with jax.set_mesh(mesh):`",
+            None,
+        )
+    lay = resolve_named(expr, tuple(x.shape), mesh_axes(target))
+    types = dict(zip(target.axis_names, target.axis_types))
+    if (
+        isinstance(target, Mesh)
+        and explicit_axes(target)
+        and not auto_axes(target)  # with Auto axes too, the constraint's NamedSharding names the devices
+        and _current_abstract_mesh() is None
+        and not outside_jit(x)
+        and operand_mesh(x) is None
+    ):
+        # JAX's rule: a value that lives on no mesh cannot be given Explicit axes of mesh= inside jax.jit
+        # without the mesh context (it fails later, at dispatch, with "enter your jit into a mesh context").
+        raise expr.fail(
+            f"under jax.jit, laying out a value that lives on no mesh over the Explicit axes of mesh= "
+            f"{show_mesh(target)} needs the mesh context",
+            None,
+            "Call the jitted function inside `with jax.set_mesh(mesh):`, or place the input with einshard() "
+            "before jax.jit.",
+        )
+    if explicit_axes(target) and _current_abstract_mesh() is None and eagerly_differentiated(x):
+        # JAX itself cannot transpose a reshard on Explicit axes outside a mesh context
+        # (eager jax.grad fails with "Expected cotangent type ..."): say what works.
+        raise expr.fail(
+            "eager jax.grad through a layout on Explicit mesh axes needs the mesh context, "
+            f"and none is current (mesh {show_mesh(target)})",
+            None,
+            "Call it inside `with jax.set_mesh(mesh):`, or under jax.jit.",
+        )
+    explicit = _restrict(lay, lambda m: types[m] == AxisType.Explicit)
+    auto = _restrict(lay, lambda m: types[m] == AxisType.Auto)
+    # Without a current mesh (the array's own mesh, or mesh= outside jax.set_mesh),
+    # reshard needs one to read a PartitionSpec against: make the target current.
+    scope = (
+        use_abstract_mesh(target.abstract_mesh if isinstance(target, Mesh) else target)
+        if _current_abstract_mesh() is None
+        else contextlib.nullcontext()
+    )
+    has_explicit = any(t == AxisType.Explicit for t in types.values())
+    has_auto = any(t == AxisType.Auto for t in types.values())
+
+    def apply(v: Any) -> Any:
+        if has_explicit:
+            v = jax.sharding.reshard(v, NamedSharding(target, explicit) if isinstance(target, Mesh) else explicit)
+        if has_auto:
+            v = jax.lax.with_sharding_constraint(v, NamedSharding(target, auto))
+        return v
+
+    if has_explicit and has_auto and outside_jit(x):
+        # On a mixed mesh, eager jax.grad cannot transpose the reshard/constraint pair op by op
+        # (plain JAX fails with "Expected cotangent type"); staged together under jit it can.
+        apply = jax.jit(apply)
+    try:
+        with scope:
+            x = apply(x)
+    except (ValueError, AssertionError) as err:  # JAX asserts when a constraint meets an Explicit mesh
+        raise expr.fail(
+            f"JAX refused the layout under jit: {err}",
+            None,
+            "With Explicit mesh axes, trace inside `with jax.set_mesh(mesh):`.",
+        ) from None
+    return x
+
+
+def _innermost_concrete_mesh(x: Any) -> Mesh | None:
+    """The concrete mesh of the array under eager-transformation tracers (None if it has none)."""
+    while isinstance(x, jax.core.Tracer):
+        kind = type(x).__name__
+        x = x.primal if kind in ("JVPTracer", "LinearizeTracer") else x.val if kind == "BatchTracer" else None
+    m = getattr(getattr(x, "sharding", None), "mesh", None)
+    return m if isinstance(m, Mesh) else None
+
+
+def _restrict(lay: Layout, keep: Any) -> PartitionSpec:
+    entries = []
+    for d in lay.dims:
+        kept = tuple(m for m in d if keep(m))
+        entries.append(_entry(kept))
+    return PartitionSpec(*entries)
