@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 import einshard
 import einshard.testing as et
 from einshard.errors import EinshardError
-from einshard.lowering.einsum import _runs
+from einshard.lowering.einsum import runs_exactly
 from einshard.testing import hlo
 
 MESH_SHAPES = [((1,), ("x",)), ((2,), ("x",)), ((4,), ("x",)), ((8,), ("x",)), ((2, 4), ("x", "y"))]
@@ -255,9 +255,9 @@ def _plan_collectives(plan):
 def test_the_program_that_runs_is_the_plan_that_was_explained(case, seed, kind):
     """lower(...).program runs analyze(...)'s collectives, one for one, and computes jnp.einsum.
 
-    The analyzer's first choice is run unless it regroups a split onto fewer devices (a gather over
-    a factor of a mesh axis, which a shard_map cannot name); then the cheapest plan that does not is
-    run, and the first choice is listed among its alternatives.
+    The analyzer's first choice is run unless the lowering cannot run it exactly (runs_exactly: a
+    split regrouped onto fewer devices, a permute over an axis the result is replicated over); then
+    the cheapest plan it can run is run, and the first choice is listed among its alternatives.
     """
     shape, names, expr, shapes, operands, out = case
     mesh = _mesh(shape, names, kind=kind)
@@ -265,8 +265,7 @@ def test_the_program_that_runs_is_the_plan_that_was_explained(case, seed, kind):
     arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     program = einshard.lower(expr, *arrays, mesh=mesh)
     best = einshard.analyze(expr, *arrays, mesh=mesh)
-    regrouped = any(not _runs(c) for c in best.collectives)
-    if not regrouped:
+    if runs_exactly(best):
         assert program.plan.collectives == best.collectives, (expr, program.program)
     else:
         assert best in program.plan.alternatives

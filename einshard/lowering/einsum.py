@@ -37,7 +37,7 @@ from .placing import lowering_mesh
 from .shard_einsum import einsum_auto, einsum_shard_map
 from .steps import Step
 
-__all__ = ["einsum", "lower", "EinsumProgram", "plan_steps"]
+__all__ = ["einsum", "lower", "EinsumProgram", "plan_steps", "runs_exactly"]
 
 MODES = ("sync", "async", "auto")
 
@@ -98,6 +98,25 @@ def _runs(c: Collective) -> bool:
     return True
 
 
+def runs_exactly(plan: Plan) -> bool:
+    """Whether :func:`lower` runs this plan's collectives exactly as listed (else it runs an alternative).
+
+    Not run: a split regrouped onto fewer devices (:func:`_runs`); pending sums an operand
+    brings carried through the local einsum (JAX computes on an unreduced value only by
+    reducing it); and a permute over a mesh axis the result is replicated over (its blocks
+    are equal over that axis, but a ppermute's result is typed as varying there, which a
+    replicated out_spec refuses under ``check_vma``).
+    """
+    carried = any(g.unreduced & u.unreduced for g, u in zip(plan.operands, plan.operands_used, strict=True))
+    varying = plan.out_layout.sharded_mesh_axes | plan.out_layout.unreduced
+    sizes = plan.out_layout.mesh_sizes
+    replicated_permute = any(
+        c.kind == "collective-permute" and any(sizes[m] > 1 and m not in varying for m in c.axes)
+        for c in plan.collectives
+    )
+    return not carried and not replicated_permute and all(_runs(c) for c in plan.collectives)
+
+
 def _runnable(plan: Plan) -> Plan:
     """The plan itself if the lowering runs each of its collectives exactly, else the cheapest that it does.
 
@@ -107,11 +126,7 @@ def _runnable(plan: Plan) -> Plan:
     analyzer's first choice among its alternatives.
     """
 
-    def whole(p: Plan) -> bool:
-        # JAX computes on an unreduced operand only by reducing it: pending sums given are not carried.
-        carried = any(g.unreduced & u.unreduced for g, u in zip(p.operands, p.operands_used, strict=True))
-        return not carried and all(_runs(c) for c in p.collectives)
-
+    whole = runs_exactly
     if whole(plan):
         return plan
     # Same result layout first; for an inferred (unrequested) output, any complete one.
