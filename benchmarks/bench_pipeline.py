@@ -48,7 +48,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import AxisType  # noqa: E402
 
-from einshard.lowering import pipeline, pipeline_info  # noqa: E402
+import einshard  # noqa: E402
+from einshard.lowering import (  # noqa: E402
+    PipelineEnd,
+    circular_layer_order,
+    pipeline,
+    pipeline_info,
+    vocab_parallel_cross_entropy,
+    vocab_parallel_embed,
+)
 
 SCHEDULES = {
     "gpipe": dict(schedule="gpipe", repeats=1),
@@ -68,6 +76,12 @@ def median_time(fn, *args, repeats: int) -> float:
     return statistics.median(times)
 
 
+def io_layer(p, h):
+    """A layer whose backward keeps nothing (its VJP needs no residual): what a pipeline step still keeps with
+    it is the step's batch-sized I/O and bookkeeping, the baseline every schedule pays."""
+    return h + p["w"][0]
+
+
 def layer(p, h):
     return jnp.tanh(h @ p["w"]) + h
 
@@ -76,29 +90,102 @@ def sequential(p, x):
     return jax.lax.scan(lambda h, w: (layer(w, h), None), x, p)[0]
 
 
+def ends_rows(mesh, stored, width: int, batch: int, vocab: int, repeats: int) -> list[dict]:
+    """An embedding before the first stage and a head + loss after the last: replicated vs split over the stages."""
+    rng = np.random.default_rng(2)
+    ends = {
+        "embed": {"table": jnp.asarray(rng.standard_normal((vocab, width)), jnp.float32)},
+        "head": {"w": jnp.asarray(rng.standard_normal((width, vocab)) / np.sqrt(width), jnp.float32)},
+    }
+    tokens = jnp.asarray(rng.integers(0, vocab, batch), jnp.int32)
+    targets = jnp.asarray(rng.integers(0, vocab, batch), jnp.int32)
+    axis = "stage"
+    variants = {
+        "replicated on every stage": (
+            lambda p, t: jnp.take(p["table"], t, axis=0),
+            lambda p, h, y: (
+                jax.nn.logsumexp(h @ p["w"], axis=-1) - jnp.take_along_axis(h @ p["w"], y[:, None], -1)[:, 0]
+            ),
+            {".*": None},
+            {".*": None},
+        ),
+        "split over the stages": (
+            lambda p, t: vocab_parallel_embed(p["table"], t, axis),
+            lambda p, h, y: vocab_parallel_cross_entropy(h @ p["w"], y, axis),
+            None,  # default: the first axis (the table's rows) over the stages
+            "d v -> d v@stage",
+        ),
+    }
+    rows = []
+    for name, (embed, head, embed_layouts, head_layouts) in variants.items():
+
+        def loss(p, t, y, embed=embed, head=head, el=embed_layouts, hl=head_layouts):
+            out = pipeline(
+                layer,
+                p["layers"],
+                t,
+                microbatches=8,
+                mesh=mesh,
+                first=PipelineEnd(embed, p["embed"], layouts=el),
+                last=PipelineEnd(head, p["head"], layouts=hl, args=(y,)),
+            )
+            return jnp.mean(out)
+
+        params = {"layers": stored, **ends}
+        step = jax.jit(jax.value_and_grad(loss))
+        memory = step.lower(params, tokens, targets).compile().memory_analysis()
+        t = median_time(step, params, tokens, targets, repeats=repeats)
+        rows.append(
+            dict(
+                ends=name,
+                ms=1e3 * t,
+                argument_mib=memory.argument_size_in_bytes / 2**20,
+                temp_mib=memory.temp_size_in_bytes / 2**20,
+                ends_mib=sum(v.size * 4 for v in jax.tree.leaves(ends)) / 2**20,
+            )
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def temp_bytes(step, *args) -> int:
+    return step.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
 def run(width: int, batch: int, microbatch_counts: tuple[int, ...], repeats: int) -> dict:
     n_dev = jax.device_count()
     stages = min(4, n_dev)
     mesh = jax.make_mesh((stages,), ("stage",), axis_types=(AxisType.Auto,), devices=jax.devices()[:stages])
     layers = 2 * stages
     rng = np.random.default_rng(1)
-    params = {"w": jnp.asarray(rng.standard_normal((layers, width, width)) / np.sqrt(width) / 2, jnp.float32)}
+    raw = {"w": jnp.asarray(rng.standard_normal((layers, width, width)) / np.sqrt(width) / 2, jnp.float32)}
+    # Stored as a pipeline keeps them: split over the stages (circular schedules: in circular order, so that
+    # the step does not reorder them).
+    stored = {
+        r: einshard.einshard(circular_layer_order(raw, stages, r) if r > 1 else raw, "l d f -> l@stage d f", mesh=mesh)
+        for r in (1, 2)
+    }
     x = jnp.asarray(rng.standard_normal((batch, width)), jnp.float32)
+    x2 = jnp.concatenate([x, x])  # the same step at twice the batch: what grows with it is activations and I/O
     one = jax.devices()[0]
     seq = jax.jit(jax.value_and_grad(lambda p, x: jnp.mean(sequential(p, x) ** 2)))
-    seq_args = (jax.device_put(params, one), jax.device_put(x, one))
+    seq_args = (jax.device_put(raw, one), jax.device_put(x, one))
     t_seq = median_time(seq, *seq_args, repeats=repeats)
     seq_temp = seq.lower(*seq_args).compile().memory_analysis().temp_size_in_bytes
     rows = []
     for m in microbatch_counts:
+        io_opts = dict(microbatches=m, mesh=mesh)
+        io_step = jax.jit(jax.value_and_grad(lambda p, x, o=io_opts: jnp.mean(pipeline(io_layer, p, x, **o) ** 2)))
+        io_mib = (temp_bytes(io_step, stored[1], x2) - temp_bytes(io_step, stored[1], x)) / 2**20
         for name, kw in SCHEDULES.items():
             if kw["repeats"] > 1 and m % stages:
                 continue
-            opts = dict(microbatches=m, mesh=mesh, **kw)
+            opts = dict(microbatches=m, mesh=mesh, layers_in_circular_order=True, **kw)
+            params = stored[kw["repeats"]]
             step = jax.jit(jax.value_and_grad(lambda p, x, o=opts: jnp.mean(pipeline(layer, p, x, **o) ** 2)))
-            compiled = step.lower(params, x).compile()
+            temp, temp2 = temp_bytes(step, params, x), temp_bytes(step, params, x2)
             t = median_time(step, params, x, repeats=repeats)
-            info = pipeline_info(params, x, **opts)
+            info = pipeline_info(params, x, microbatches=m, mesh=mesh, **kw)
             parallel = 1 if SIMULATED else stages
             rows.append(
                 dict(
@@ -111,13 +198,21 @@ def run(width: int, batch: int, microbatch_counts: tuple[int, ...], repeats: int
                     vs_sequential=t / t_seq,
                     bubble_theory=info.bubble_fraction,
                     bubble_measured=1 - t_seq / (parallel * t),
-                    temp_mib=compiled.memory_analysis().temp_size_in_bytes / 2**20,
+                    temp_mib=temp / 2**20,
+                    # temp(2B) - temp(B): the part that grows with the batch (activations, the step's
+                    # batch-sized I/O buffers); 2 temp(B) - temp(2B): the rest (gradients, accumulators).
+                    batch_mib=(temp2 - temp) / 2**20,
+                    fixed_mib=(2 * temp - temp2) / 2**20,
+                    io_mib=io_mib,
+                    activation_mib=(temp2 - temp) / 2**20 - io_mib,
                     activation_model_mib=info.activation_bytes / 2**20,
                     microbatch_mib=np.prod(info.microbatch_shape) * 4 / 2**20,
                 )
             )
             print(rows[-1], flush=True)
+    ends = ends_rows(mesh, stored[1], width, batch, 8 * width, repeats)
     return dict(
+        ends=ends,
         devices=n_dev,
         device_kind=jax.devices()[0].device_kind,
         simulated=SIMULATED,
@@ -141,36 +236,63 @@ def write_markdown(result: dict, path: pathlib.Path) -> None:
         "",
         f"Devices: {result['devices']} x {result['device_kind']}"
         f" ({'simulated on the host CPU' if result['simulated'] else 'accelerator'}); jax {result['jax']}; "
-        f"{result['layers']} layers of width {result['width']}, global batch {result['batch']}, one stage axis; "
+        f"{result['layers']} layers of width {result['width']}, global batch {result['batch']}, one stage axis "
+        f"(S = {result['rows'][0]['stages']}), params stored split over the stages; "
         f"medians of {result['repeats']} runs after a warm-up; host: {result['host_cpus']} CPUs, load average "
         f"{result['host_load_average_at_start']:.1f} at the start (timings on a shared host are noisy).",
         "",
         "| schedule | M | R | ticks | ms | x sequential | bubble (theory) | bubble (measured) "
-        "| XLA temp memory (MiB/device) | x GPipe's at this M | (S/M) x GPipe's + 1 micro-batch |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| XLA temp (MiB/device) | fixed part | batch part | activations (batch part - I/O) | in micro-batches "
+        "| x GPipe's | 1F1B goal: (S/M) x GPipe's + 1 micro-batch | 1F1B goal met |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    gpipe = {r["microbatches"]: r["temp_mib"] for r in result["rows"] if r["schedule"] == "gpipe"}
+    gpipe = {r["microbatches"]: r["activation_mib"] for r in result["rows"] if r["schedule"] == "gpipe"}
     for r in result["rows"]:
-        base = gpipe.get(r["microbatches"])
-        target = r["stages"] / r["microbatches"] * base + r["microbatch_mib"] if base else None
+        base = gpipe[r["microbatches"]]
+        goal = r["stages"] / r["microbatches"] * base + r["microbatch_mib"]
+        met = "yes" if r["activation_mib"] <= goal else "no"
         lines.append(
             f"| {r['schedule']} | {r['microbatches']} | {r['repeats']} | {r['ticks']} | {r['ms']:.1f} | "
             f"{r['vs_sequential']:.2f} | {r['bubble_theory']:.3f} | {r['bubble_measured']:.3f} | "
-            f"{r['temp_mib']:.2f} | {r['temp_mib'] / base:.2f} | {target:.2f} |"
+            f"{r['temp_mib']:.2f} | {r['fixed_mib']:.2f} | {r['batch_mib']:.2f} | {r['activation_mib']:.2f} | "
+            f"{r['activation_mib'] / r['microbatch_mib']:.0f} | {r['activation_mib'] / base:.2f} | {goal:.2f} | "
+            f"{met if '1f1b' in r['schedule'] else ''} |"
         )
     lines += [
         f"| sequential (1 device) | | | | {result['sequential_ms']:.1f} | 1.00 | | | "
-        f"{result['sequential_temp_mib']:.2f} | | |",
+        f"{result['sequential_temp_mib']:.2f} | | | | | | | |",
         "",
         "Ticks: the whole training step's lock-step iterations (forward and backward; a 1F1B step is the forward-only",
         "scan plus the 1F1B-ordered backward scan, whose forward ticks recompute). Bubble (theory): the idle share of",
         "the tick table, (S-1)/(R*M+S-1) for every schedule. Bubble (measured): 1 - T_sequential / (P * T_step) with",
         "P = 1 on simulated devices (they time-share the cores: the time measures total work, bubbles and the 1F1B",
-        "recompute included) and P = S on accelerators. XLA temp memory: the compiled step's temporaries per device",
-        "(parameter gradients and I/O buffers included, so it does not fall to zero); the last column is the issue's",
-        "goal for 1F1B, (S/M) x GPipe's + one micro-batch.",
+        "recompute included) and P = S on accelerators.",
         "",
+        "Memory: XLA temp is the compiled step's temporaries per device (`memory_analysis().temp_size_in_bytes`).",
+        "The same step compiled at twice the batch separates it: *batch part* = temp(2B) - temp(B) grows with the",
+        "batch (activations kept for the backward, and the step's batch-sized I/O buffers: the pipeline's output,",
+        "its cotangent, the input micro-batches), *fixed part* = 2 temp(B) - temp(2B) does not (parameter",
+        "gradients and their accumulators). *I/O*: the batch part of the same GPipe step (same M and shapes) with a",
+        "layer whose backward keeps nothing (`h + b`), i.e. what every schedule keeps besides activations;",
+        "*activations* = batch part - I/O. The goal (issue 12) is checked on the activations: 1F1B's stash holds",
+        "at most S stage inputs (plus one visit's internals while it runs), GPipe every layer input of M+S-1 ticks.",
+        "",
+        "## Pipeline ends: embedding and head+loss replicated vs split over the stages",
+        "",
+        "GPipe, M = 8, the same layers; an embedding (vocabulary 8 x width rows) before the first stage and a head",
+        "with per-example cross entropy after the last (`einshard.lowering.PipelineEnd`). Per-device bytes from",
+        "XLA (`memory_analysis()`: arguments = the parameters and batch one device holds).",
+        "",
+        "| ends | ms | x replicated | argument MiB/device | temp MiB/device | embedding + head MiB (global) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+    ref = result["ends"][0]["ms"]
+    for r in result["ends"]:
+        lines.append(
+            f"| {r['ends']} | {r['ms']:.1f} | {r['ms'] / ref:.2f} | {r['argument_mib']:.2f} | {r['temp_mib']:.2f} | "
+            f"{r['ends_mib']:.2f} |"
+        )
+    lines.append("")
     path.write_text("\n".join(lines))
 
 

@@ -171,3 +171,99 @@ def nnx_transformer(batch: int = 64) -> tuple[Any, Any, Any, dict[str, tuple[Rul
         "fsdp-tp": (fsdp_tp, "b s -> b@data s"),
     }
     return jax.value_and_grad(loss), params, tokens, presets
+
+
+# ---------------------------------------------------------------------------
+# An Equinox transformer from eqx.nn layers: per-example under vmap, (out, in) weights
+
+
+def eqx_transformer(batch: int = 64) -> tuple[Any, Any, Any, dict[str, tuple[Rules, str]]]:
+    import equinox as eqx
+    import optax
+
+    d, heads, f, vocab, seq = 32, 4, 128, 256, 16
+
+    class Block(eqx.Module):
+        ln1: eqx.nn.LayerNorm
+        attn: eqx.nn.MultiheadAttention
+        ln2: eqx.nn.LayerNorm
+        up: eqx.nn.Linear
+        down: eqx.nn.Linear
+
+        def __init__(self, key: jax.Array) -> None:
+            k = jax.random.split(key, 3)
+            self.ln1 = eqx.nn.LayerNorm(d)
+            self.attn = eqx.nn.MultiheadAttention(heads, d, key=k[0])
+            self.ln2 = eqx.nn.LayerNorm(d)
+            self.up = eqx.nn.Linear(d, f, key=k[1])
+            self.down = eqx.nn.Linear(f, d, key=k[2])
+
+        def __call__(self, h: jax.Array) -> jax.Array:
+            x = jax.vmap(self.ln1)(h)
+            mask = jnp.tril(jnp.ones((h.shape[0], h.shape[0]), bool))
+            h = h + self.attn(x, x, x, mask=mask)
+            return h + jax.vmap(self.down)(jax.nn.gelu(jax.vmap(self.up)(jax.vmap(self.ln2)(h))))
+
+    class Model(eqx.Module):
+        embed: eqx.nn.Embedding
+        blocks: list[Block]
+        ln: eqx.nn.LayerNorm
+        head: eqx.nn.Linear
+
+        def __init__(self, key: jax.Array) -> None:
+            k = jax.random.split(key, 4)
+            self.embed = eqx.nn.Embedding(vocab, d, key=k[0])
+            self.blocks = [Block(k[1]), Block(k[2])]
+            self.ln = eqx.nn.LayerNorm(d)
+            self.head = eqx.nn.Linear(d, vocab, use_bias=False, key=k[3])
+
+        def __call__(self, tokens: jax.Array) -> jax.Array:
+            h = jax.vmap(self.embed)(tokens)
+            for blk in self.blocks:
+                h = blk(h)
+            return jax.vmap(self.head)(jax.vmap(self.ln)(h))
+
+    params, static = eqx.partition(Model(jax.random.key(0)), eqx.is_array)
+
+    def loss(p: Any, tokens: jax.Array) -> jax.Array:
+        logits = jax.vmap(eqx.combine(p, static))(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, vocab, (batch, seq + 1)), jnp.int32)
+    # (out, in) weights: column-parallel splits the first axis, row-parallel the second.
+    megatron = {
+        r"\.(query|key|value)_proj\.weight": "o i -> o@model i",
+        r"\.output_proj\.weight": "o i -> o i@model",
+        r"\.up\.weight": "o i -> o@model i",
+        r"\.up\.bias": "o -> o@model",
+        r"\.down\.weight": "o i -> o i@model",
+        r"\.embed\.weight": "v d -> v@model d",
+        r"\.head\.weight": "v d -> v@model d",
+        r".*": "... -> ...",
+    }
+    fsdp = {
+        r"\.(query|key|value)_proj\.weight": "o i -> o i@data",
+        r"\.output_proj\.weight": "o i -> o@data i",
+        r"\.up\.weight": "o i -> o@data i",
+        r"\.down\.weight": "o i -> o i@data",
+        r"\.embed\.weight": "v d -> v@data d",
+        r"\.head\.weight": "v d -> v@data d",
+        r".*": "... -> ...",
+    }
+    fsdp_tp = {
+        r"\.(query|key|value)_proj\.weight": "o i -> o@model i@data",
+        r"\.output_proj\.weight": "o i -> o@data i@model",
+        r"\.up\.weight": "o i -> o@model i@data",
+        r"\.down\.weight": "o i -> o@data i@model",
+        r"\.embed\.weight": "v d -> v@model d@data",
+        r"\.head\.weight": "v d -> v@model d@data",
+        r".*": "... -> ...",
+    }
+    presets = {
+        "dp": ({".*": "... -> ..."}, "b s -> b@data s"),
+        "fsdp": (fsdp, "b s -> b@data s"),
+        "tp": (megatron, "b s -> b s"),
+        "hybrid": (megatron, "b s -> b@data s"),
+        "fsdp-tp": (fsdp_tp, "b s -> b@data s"),
+    }
+    return jax.value_and_grad(loss), params, tokens, presets

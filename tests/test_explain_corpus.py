@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections import Counter
+from typing import Any
 
 import jax
 import pytest
@@ -28,47 +29,82 @@ from einshard.analysis.program import trace
 from einshard.testing import hlo
 
 MODELS = ("jnp_transformer", "nnx_transformer", "linen_transformer", "eqx_transformer")
+STRATEGIES = ("dp", "tp", "dp_tp", "fsdp", "vocab", "seq")
+# Where explain does not yet agree with XLA (reported, not hidden; each with what was measured):
+NOT_MATCHED = {
+    ("nnx_transformer", "seq", "grad"): "XLA reduce-scatters one of attention's dK/dV (the partial sum over 'model') "
+    "to the sequence split of its consumers (the bias gradient and dW) instead of all-reducing it: 1 reduce-scatter "
+    "+ 41 all-reduce in XLA vs 42 all-reduce in explain, bytes within 1%.  Which of dK/dV XLA scatters is a "
+    "sharding-propagation choice explain does not model (the plain-jnp and Equinox models, without biases, get "
+    "two all-reduces, as explain predicts).",
+    ("linen_transformer", "seq", "grad"): "as nnx_transformer (the same layers)",
+}
 MATCHED = [
     (model, strategy, mode)
     for model in MODELS
-    for strategy in ("dp", "tp", "dp_tp", "vocab", "seq")
+    for strategy in STRATEGIES
     for mode in ("fwd", "grad")
-    if (strategy, mode) != ("seq", "grad")
+    if (model, strategy, mode) not in NOT_MATCHED
 ] + [("moe", "ep", "fwd"), ("moe", "ep", "grad")]
-# A few cases run in the default suite (one per library, each strategy at least once); the rest are slow.
+# A few cases run in the default suite (one per library, each strategy at least once, per mesh kind);
+# the rest are slow.
 FAST = {
-    ("jnp_transformer", "vocab", "grad"),
-    ("jnp_transformer", "seq", "fwd"),
-    ("nnx_transformer", "dp_tp", "grad"),
-    ("linen_transformer", "tp", "fwd"),
-    ("eqx_transformer", "dp", "grad"),
-    ("moe", "ep", "fwd"),
+    "auto": {
+        ("jnp_transformer", "vocab", "grad"),
+        ("jnp_transformer", "seq", "grad"),
+        ("nnx_transformer", "dp_tp", "grad"),
+        ("linen_transformer", "tp", "fwd"),
+        ("eqx_transformer", "dp", "grad"),
+        ("eqx_transformer", "fsdp", "fwd"),
+        ("moe", "ep", "fwd"),
+    },
+    "explicit": {
+        ("jnp_transformer", "fsdp", "grad"),
+        ("nnx_transformer", "vocab", "fwd"),
+        ("linen_transformer", "dp_tp", "grad"),
+        ("eqx_transformer", "seq", "fwd"),
+        ("eqx_transformer", "tp", "grad"),
+        ("jnp_transformer", "dp", "fwd"),
+        ("moe", "ep", "grad"),
+    },
 }
-# Where explain does not yet agree with XLA (reported, not hidden):
-NOT_MATCHED = {
-    ("*", "seq", "grad"): "dW of sequence-split activations: the per-einsum analyzer gathers both operands over "
-    "'model' where XLA sums locally and all-reduces over model then data (analysis/rule.py's choice)",
-    ("*", "fsdp", "*"): "on an Auto mesh with tiny batches XLA keeps FSDP weights split and moves the activations "
-    "(all-to-all, collective-permute, reduce-scatter); explain gathers the weights",
-}
+# FSDP rules (tests/corpus): matmul weights split over 'data', the embedding and position tables whole.  Measured:
+# an embedding table split over 'data' along d (``v d -> v d@data``, the demo's fsdp preset) makes XLA's
+# propagation carry the d split into the residual stream: every dot then contracts a split axis and XLA
+# moves the activations (all-to-all, collective-permute, reduce-scatter of [b, s, d]) instead of gathering
+# the weights; split along v it does a masked lookup with a two-level index exchange.  The isolated dot
+# ``b@data s d, d@data f`` gathers the weight at every size tried (b 8..64, d 32..256, f 32..1024, Auto
+# and Explicit), so the deviation is the embedding's, not the size's (docs/analysis.md).
+#
 # Peak memory per device: explain's liveness walk vs XLA's buffer assignment (arguments + outputs + temporaries
 # - aliased), within 25%.  Where it does not hold today (measured ratios, explain / XLA) the bound is looser
-# and the case is named: under TP the gradient's peak is over-estimated (~1.25: explain keeps every
-# backward temporary of the top-level program live until its last use; XLA reuses buffers across fusions),
-# and the plain-jnp and Equinox TP forwards under-estimated (~0.74-0.75: XLA's temporaries for the
-# replicated activations of the un-split batch exceed what the liveness walk keeps).
+# and the case is named: see MEMORY_OUTLIERS below.
 MEMORY_TOLERANCE = 0.25
-MEMORY_OUTLIERS = {(m, "tp", "grad") for m in MODELS} | {
-    (m, "tp", "fwd") for m in ("jnp_transformer", "eqx_transformer")
+# Measured explain / XLA peak ratios outside 25% (Auto and Explicit meshes give the same): under TP the
+# gradient's peak is over-estimated (the walk keeps every backward temporary of the top-level program live
+# until its last use; XLA reuses buffers across fusions); under sequence parallelism the gradient's is
+# under-estimated (XLA's combiner runs the gradients' two-stage all-reduces, over model then data, together at
+# the end of the step, holding every partial gradient and intermediate sum until then).  Each such case is
+# held to its measured ratio ± 0.1, so a change in either direction shows.
+MEMORY_OUTLIERS = {
+    ("jnp_transformer", "tp", "grad"): 1.31,
+    ("nnx_transformer", "tp", "grad"): 1.26,
+    ("linen_transformer", "tp", "grad"): 1.26,
+    ("eqx_transformer", "tp", "grad"): 1.31,
+    ("jnp_transformer", "seq", "grad"): 0.59,
+    ("eqx_transformer", "seq", "grad"): 0.67,
+    # FSDP forward: XLA issues the weights' all-gathers at the start of the step and holds every gathered copy
+    # to its last use; the walk counts the weights as sharded (the planner's FSDP budget is built on that
+    # figure).  Counting the copies was measured at 0.94-1.12 on every FSDP case (docs/analysis.md).
+    ("jnp_transformer", "fsdp", "fwd"): 0.51,
+    ("nnx_transformer", "fsdp", "fwd"): 0.51,
+    ("linen_transformer", "fsdp", "fwd"): 0.51,
+    ("eqx_transformer", "fsdp", "fwd"): 0.45,
 }
+MESH_KINDS = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
-
-
-def _compare(model: str, strategy: str, mode: str, mesh) -> None:
+def _compare(model: str, strategy: str, mode: str, mesh: Any) -> None:
     case = importlib.import_module(f"corpus.{model}").CASE
     pexpr, bexpr = specs_for(case, strategy)
     place = lambda e, s: einshard.sharding(e, s.shape, mesh=mesh)  # noqa: E731
@@ -88,13 +124,33 @@ def _compare(model: str, strategy: str, mode: str, mesh) -> None:
     assert sent == pytest.approx(sum(c.sent_bytes for c in xla), rel=0.10)
     mem = compiled.memory_analysis()
     peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
-    tolerance = 0.35 if (model, strategy, mode) in MEMORY_OUTLIERS else MEMORY_TOLERANCE
-    assert report.peak_bytes == pytest.approx(peak, rel=tolerance), (report.peak_bytes, peak)
+    measured = MEMORY_OUTLIERS.get((model, strategy, mode))
+    if measured is None:
+        assert report.peak_bytes == pytest.approx(peak, rel=MEMORY_TOLERANCE), (report.peak_bytes, peak)
+    else:
+        assert report.peak_bytes / peak == pytest.approx(measured, abs=0.1), (report.peak_bytes, peak)
 
 
-@pytest.mark.parametrize(
-    "model, strategy, mode",
-    [c if c in FAST else pytest.param(*c, marks=pytest.mark.slow) for c in MATCHED],
-)
-def test_explain_matches_xla_on_the_corpus(model, strategy, mode, mesh):
+def _cases() -> list:
+    out = []
+    for kind in sorted(MESH_KINDS):
+        for c in MATCHED:
+            marks = () if c in FAST[kind] else (pytest.mark.slow,)
+            out.append(pytest.param(kind, *c, marks=marks, id=f"{kind}-{'-'.join(c)}"))
+    return out
+
+
+@pytest.mark.parametrize("kind, model, strategy, mode", _cases())
+def test_explain_matches_xla_on_the_corpus(kind, model, strategy, mode):
+    """On an Auto mesh and on an Explicit one (``jax.make_mesh``'s default): the same layouts, the same HLO."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(MESH_KINDS[kind],) * 2)
     _compare(model, strategy, mode, mesh)
+
+
+@pytest.mark.slow
+def test_the_not_matched_cases_still_differ_as_recorded():
+    """A NOT_MATCHED entry is a measurement: if explain starts agreeing with XLA, the entry must go."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    for case in NOT_MATCHED:
+        with pytest.raises(AssertionError):
+            _compare(*case, mesh)

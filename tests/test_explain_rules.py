@@ -198,3 +198,65 @@ def test_traced_arguments_are_read_from_their_types():
     jax.jit(step)(jax.device_put(np.ones((8, 32), np.float32), NamedSharding(emesh, P("data", None))))
     assert seen["report"].comm_count == 1
     assert [m.name for m in seen["report"].mesh] == ["data", "model"]
+
+
+def test_a_dot_meets_an_ordinary_whole_operand_as_xla_does(mesh):
+    """dot_general: ``b s@model d`` against ``b s f`` (whole along s), contracting s.
+
+    An ordinary whole operand: XLA gathers the split one where that is cheaper (the analyzer's
+    choice), it does not slice the whole one.  (A whole operand that is the all-reduced result of
+    a dot summing over ``model`` is sliced instead: rules_indexing.match_contracting, checked
+    on the sequence-parallel gradients of tests/test_explain_corpus.py.)
+    """
+
+    def f(x, dy):
+        return jnp.einsum("bsd,bsf->df", x, dy)
+
+    got = _agree(f, mesh, (_sds(8, 16, 32), _sds(8, 16, 64)), (P("data", "model"), P("data")), P())
+    assert ("all-gather", 8 // 4 * 16 * 32 * 4) in got
+
+
+def test_a_dot_contracting_two_split_axes_sums_one_axis_at_a_time(mesh):
+    """dot_general: ``b@data s@model d, b@data s@model f -> d f``: XLA all-reduces over model, then data.
+
+    (One contracted axis split over the tuple ``(data, model)`` stays one all-reduce.)
+    """
+
+    def f(x, dy):
+        return jnp.einsum("bsd,bsf->df", x, dy)
+
+    args = (_sds(8, 16, 32), _sds(8, 16, 64))
+    got = _agree(f, mesh, args, (P("data", "model"), P("data", "model")), P())
+    assert sum(got.values()) == 2
+    report = trace(f, *args, mesh=MESH).report((P("data", "model"), P("data", "model")), [P()])
+    assert [c.axes for op in report.ops for c in op.collectives] == [("model",), ("data",)]
+    tuple_split = (P(("data", "model")), P(("data", "model")))
+    got = _agree(lambda x, dy: x.T @ dy, mesh, (_sds(64, 32), _sds(64, 16)), tuple_split, P())
+    assert sum(got.values()) == 1
+
+
+def test_a_scatter_add_of_updates_split_on_two_axes_sums_one_axis_at_a_time(mesh):
+    """scatter-add: an embedding gradient whose updates are split by batch (data) and sequence (model)."""
+
+    def loss(table, tokens):
+        return jnp.sum(jnp.tanh(table[tokens]))
+
+    args = (_sds(64, 32), _sds(8, 16, dtype=jnp.int32))
+    got = _agree(jax.grad(loss), mesh, args, (P(), P("data", "model")), P())
+    assert sum(got.values()) == 2
+
+
+@pytest.mark.parametrize("b, s, d, f", [(8, 8, 32, 32), (32, 8, 128, 512)])
+def test_an_fsdp_weight_is_gathered_at_small_and_realistic_sizes(mesh, b, s, d, f):
+    """dot_general under FSDP (``b@data s d, d@data f``): XLA gathers the weight, as explain says.
+
+    The corpus's small models showed XLA moving activations instead; that came from an embedding table split
+    over 'data' along d (its split propagates into the residual stream), not from the size: see
+    tests/test_explain_corpus.py and docs/analysis.md.
+    """
+
+    def fwd(x, w):
+        return jnp.tanh(jnp.einsum("bsd,df->bsf", x, w))
+
+    got = _agree(fwd, mesh, (_sds(b, s, d), _sds(d, f)), (P("data"), P("data")), P("data"))
+    assert got == Counter({("all-gather", d * f * 4): 1})

@@ -167,3 +167,16 @@ def test_1f1b_hlo_two_permutes_per_tick_and_one_data_sum():
     permutes = len(re.findall(r"= [^=\n]*? collective-permute(-start)?\(", hlo))
     assert permutes == 3  # the forward scan's, then the 1F1B scan's activation and cotangent permutes
     assert "conditional(" in hlo  # idle / forward / backward: one branch per device per tick
+
+
+@pytest.mark.slow
+def test_1f1b_activations_meet_the_issue_goal():
+    # Issue 12: 1F1B's activation memory <= (S/M) x GPipe's + one micro-batch, from XLA's numbers: the part of
+    # the step's temporaries that grows with the batch, less the I/O a residual-free layer's step keeps too.
+    from pipeline_models import activation_bytes
+
+    stages, microbatches, batch, width = 2, 8, 64, 64
+    micro = batch // microbatches * width * 4
+    gpipe = activation_bytes(stages, microbatches, "gpipe", batch=batch, width=width)
+    one_f = activation_bytes(stages, microbatches, "1f1b", batch=batch, width=width)
+    assert 0 < one_f <= stages / microbatches * gpipe + micro

@@ -1,4 +1,4 @@
-"""The planner measured against XLA: on the demo's transformer and a Flax NNX transformer, on a (4, 2) mesh.
+"""The planner measured against XLA: the demo's transformer, a Flax NNX and an Equinox transformer, on a (4, 2) mesh.
 
 Each hand-written preset (dp, fsdp, tp, hybrid, fsdp-tp, written for that
 model as a practitioner would) and the plan are compiled with ``jax.jit``
@@ -41,21 +41,7 @@ def dominated_by(step, params, batch, presets, result, mesh):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "model",
-    [
-        "demo_transformer",
-        pytest.param(
-            "nnx_transformer",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="explain prices the NNX hybrid layout at 1.4 MiB sent where XLA sends 0.59 MB, and a "
-                "batch-over-model × TP-over-data layout below it; the plan (55 MFLOP, 0.595 MB) loses to hybrid "
-                "(30 MFLOP, 0.588 MB) by XLA's count (issue 10: explain's collectives on NNX models)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("model", ["demo_transformer", "nnx_transformer", "eqx_transformer"])
 def test_no_preset_beats_the_plan_on_both_flops_and_bytes(model):
     step, params, batch, presets = getattr(pm, model)()
     # planned on an Explicit mesh (jax.make_mesh's default; only shapes matter), compiled on an Auto one
@@ -78,3 +64,54 @@ def test_the_planned_layout_trains_like_one_device():
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     for g, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["nnx_transformer", "eqx_transformer", "demo_transformer"])
+def test_strategy_labels_read_the_weights_axis_roles(model):
+    """(out, in) Equinox weights, (in, out) Flax kernels and 3-D attention kernels: a split of the axis the
+    first matmul keeps reads ``col``, of the axis it contracts ``row``, whatever the axis order."""
+    from einshard.analysis.planner.explanation import strategy
+    from einshard.analysis.planner.groups import Candidate, param_groups
+    from einshard.analysis.planner.roles import weight_roles
+    from einshard.analysis.program import trace
+
+    step, params, batch, _ = getattr(pm, model)(batch=8)
+    traced = trace(step, params, batch, mesh={"data": 4, "model": 2})
+    groups, leaves = param_groups(params, traced.mesh)
+    seen = set()
+    for g in groups:
+        roles = weight_roles(traced.jaxpr, g.leaves[0])
+        for i in roles:
+            if g.shapes[0][i] % 2:
+                continue
+            dims = tuple(("model",) if k == i else () for k in range(len(g.names)))
+            label = strategy(g, Candidate(dims), ("data",), roles)
+            # the truth, from the shapes and the module's own convention
+            key = g.display
+            expected = _expected_role(model, key, i, len(g.names))
+            if expected is None:
+                continue
+            assert label.endswith({"out": ", col)", "in": ", row)"}[expected]), (key, i, label)
+            seen.add(expected)
+    assert seen == {"in", "out"}
+
+
+def _expected_role(model, key, axis, rank):
+    """Where each model keeps its contracted ('in') axis, by its library's convention."""
+    if model == "eqx_transformer":  # eqx.nn.Linear: weight (out, in)
+        return "out" if axis == 0 else "in" if "weight" in key and rank == 2 else None
+    if model == "nnx_transformer":  # nnx.Linear kernel (in, out); q/k/v (d, h, k); out (h, k, d)
+        if "'out'" in key:
+            return "in" if axis in (0, 1) else "out"
+        if rank == 3:
+            return "in" if axis == 0 else "out"
+        return "in" if axis == 0 else "out" if "kernel" in key else None
+    # the demo: stacked (l, ...) weights in (in, out) order; attention (l, d, h, k) and wo (l, h, k, d)
+    if axis == 0 and rank > 2:
+        return None
+    if "wo" in key:
+        return "in" if axis in (1, 2) else "out"
+    if rank == 4:
+        return "in" if axis == 1 else "out"
+    return "in" if axis == rank - 2 else "out" if "embed" not in key else None

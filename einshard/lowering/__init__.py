@@ -5,13 +5,15 @@ This layer moves data.  It follows the analyzer (einsum.py runs its plans); the 
 
 from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatter, ring_shift
 from .padding import Padding, pad_operands, plan_padding, unpad_result
-from .pipeline import PipelineInfo, circular_layer_order, pipeline, pipeline_info
+from .pipeline import PipelineEnd, PipelineInfo, circular_layer_order, pipeline, pipeline_info
+from .pipeline_stages import vocab_parallel_cross_entropy, vocab_parallel_embed
 from .shard_einsum import einsum_auto, einsum_layouts, einsum_shard_map
 from .steps import KINDS, STEP_KINDS, Step, apply_step, step_layout
 from .training import data_parallel, fsdp, fsdp_layouts, gather_params
 
 __all__ = [
     "Padding",
+    "PipelineEnd",
     "PipelineInfo",
     "pad_operands",
     "plan_padding",
@@ -23,6 +25,8 @@ __all__ = [
     "gather_params",
     "pipeline",
     "pipeline_info",
+    "vocab_parallel_cross_entropy",
+    "vocab_parallel_embed",
     "KINDS",
     "STEP_KINDS",
     "SCHEDULES",

@@ -74,4 +74,5 @@ CASE = transformer_case(
         (r"\.embed\.weight", "v d -> v@model d"),
         (r"\.head\.weight", "v d -> v@model d"),
     ),
+    fsdp=((r"\.((query|key|value|output)_proj|up|down|head)\.weight", "o i -> o i@data"),),
 )

@@ -67,5 +67,5 @@ CASE = transformer_case(
         (r"embed", "v d -> v@model d"),
         (r"head", "d v -> d v@model"),
     ),
-    fsdp=((r"embed", "v d -> v d@data"), (r"pos", "o s d -> o s d@data"), (r"w|head", "a b -> a@data b")),
+    fsdp=((r"w|head", "a b -> a@data b"),),
 )

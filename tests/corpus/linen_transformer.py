@@ -54,4 +54,9 @@ CASE = transformer_case(
         (r"'embed'", "v d -> v@model d"),
         (r"'head'", "d v -> d v@model"),
     ),
+    fsdp=(
+        (r"'(query|key|value)'\]\['kernel", "d h k -> d@data h k"),
+        (r"'out'\]\['kernel", "h k d -> h k d@data"),
+        (r"'(up|down|head)'\]\['kernel", "a b -> a@data b"),
+    ),
 )

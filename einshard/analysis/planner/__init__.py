@@ -62,11 +62,14 @@ from __future__ import annotations
 from .core import EXHAUSTIVE_LIMIT, MAX_EVALUATIONS, PAIR_LIMIT, SMALL_GROUP_FRACTION, plan
 from .groups import Candidate, Group, batch_candidates, param_candidates, param_groups
 from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes
+from .pipelines import PipelineCost, PipelineSearch
 from .result import Alternative, PlanResult
 
 __all__ = [
     "plan",
     "PlanResult",
+    "PipelineSearch",
+    "PipelineCost",
     "Alternative",
     "Candidate",
     "Group",

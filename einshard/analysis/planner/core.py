@@ -13,12 +13,14 @@ from typing import Any
 import jax
 
 from ...errors import EinshardError
-from ..cost import human_bytes
+from ..cost import human_bytes, human_time
 from ..program import trace
 from .explanation import batch_strategy, explain_choice, short, strategy
 from .groups import Group, batch_candidates, param_candidates, param_groups, search_candidates
 from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes, shape_of
+from .pipelines import PipelineCost, PipelineSearch, best_pipeline, cost_pipelines
 from .result import Alternative, PlanResult
+from .roles import weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
 from .search import exhaustive, guided_descent
 
@@ -49,6 +51,7 @@ def plan(
     seed: int = 0,
     presets: Mapping[str, PresetRules] | None = None,
     n_alternatives: int = 5,
+    pipeline: PipelineSearch | None = None,
     **kwargs: Any,
 ) -> PlanResult:
     """Choose einshard layouts for ``fn``'s parameters and batch: fastest within ``memory_budget``.
@@ -74,6 +77,10 @@ def plan(
         presets: hand-written layouts to cost alongside: ``{name: (param_rules, data_rules)}``; they appear
             in ``alternatives`` (``dp`` and ``fsdp`` are always there).  A preset that beats every
             assignment the search costed is returned as the plan (the explanation says so).
+        pipeline: also cost pipeline layouts of the stacked layers (:class:`PipelineSearch`: the layer's
+            activation shape, schedules, micro-batch counts) with the schedule model of
+            :func:`einshard.pipeline_info`; the best appears in ``alternatives`` and is the plan when it
+            beats every layout (e.g. where only a pipeline meets the memory budget).
 
     Returns:
         A :class:`PlanResult`; ``result.rules`` plugs into ``einshard.einshard(params, result.rules, mesh=mesh)``.
@@ -108,6 +115,11 @@ def plan(
     data_shapes = [shape_of(x) for i in d_idx for x in jax.tree_util.tree_leaves(args[i])]
     batch = Group("", "batch", (), tuple(data_shapes), (), 0, False, batch_candidates(data_shapes, mesh_axes), True)
     costs = Costs(traced, groups, batch, args, p_idx, d_idx, objective, budget, opt_bytes)
+    # Each group's axes as its first matmul uses them (labels read (out, in) and 3-D kernels right).
+    offsets = [sum(len(jax.tree_util.tree_leaves(args[j])) for j in range(i)) for i in p_idx]
+    p_counts = [len(jax.tree_util.tree_leaves(args[i])) for i in p_idx]
+    flat_of = [off + k for off, n in zip(offsets, p_counts) for k in range(n)]
+    roles = [weight_roles(traced.jaxpr, flat_of[g.leaves[0]]) if g.leaves else {} for g in groups]
     counts = [len(g.candidates) for g in groups] + [len(batch.candidates)]
     space = math.prod(counts)
     presets_assign = preset_assignments(groups, batch)
@@ -145,8 +157,8 @@ def plan(
     def label_of(assign: tuple[int, ...]) -> str:
         bax = batch.candidates[assign[-1]].dims[0]
         names = [
-            f"{short(g.display)}={strategy(g, g.candidates[c], bax)}"
-            for g, c in zip(groups, assign)
+            f"{short(g.display)}={strategy(g, g.candidates[c], bax, roles[k])}"
+            for k, (g, c) in enumerate(zip(groups, assign))
             if g.candidates[c].sharded
         ]
         return batch_strategy(batch.candidates[assign[-1]]) + " · " + (", ".join(names) or "params replicated")
@@ -162,7 +174,7 @@ def plan(
     preset_alts += [alt for alt, _ in user]
     rules, data_rules = rules_of(best)
     bax = batch.candidates[best[-1]].dims[0]
-    strategies = {g.display: strategy(g, g.candidates[c], bax) for g, c in zip(groups, best)}
+    strategies = {g.display: strategy(g, g.candidates[c], bax, roles[k]) for k, (g, c) in enumerate(zip(groups, best))}
     strategies["batch"] = batch_strategy(batch.candidates[best[-1]])
     params_sharded = any(g.candidates[c].sharded for g, c in zip(groups, best))
     optimizer_bytes = costs.optimizer_bytes(best)
@@ -175,7 +187,61 @@ def plan(
         strategies = {"batch": alt.label, "parameters": "the preset's rules"}
         params_sharded = True
         optimizer_bytes = chosen.memory - chosen.report.peak_bytes
+    pipe = None
+    if pipeline is not None:
+        pipes = cost_pipelines(pipeline, groups, batch, costs)
+        by_schedule: dict[str, PipelineCost] = {}
+        for p in pipes:
+            b = by_schedule.get(p.candidate.schedule)
+            if b is None or best_pipeline([p, b], objective) is p:
+                by_schedule[p.candidate.schedule] = p
+        best_pipe = best_pipeline(pipes, objective)
+        for p in sorted(by_schedule.values(), key=lambda p: (not p.fits, p.time_s)):
+            r, d = pipeline_rules(p, groups, batch, rules_of)
+            alts.append(Alternative(p.candidate.label, r, d, p.time_s, p.memory, p.comm_bytes, p.fits, p.compute_s))
+        if best_pipe is not None and _pipeline_wins(best_pipe, chosen, objective):
+            pipe = best_pipe
+            rules, data_rules = pipeline_rules(pipe, groups, batch, rules_of)
+            strategies = {
+                g.display: (f"pipeline({pipe.candidate.stage_axis})" if g.stacked else "replicated") for g in groups
+            }
+            strategies["batch"] = pipe.candidate.label
+            params_sharded = True
     warning = ""
+    if pipe is not None:
+        fits = pipe.fits
+        if not fits:
+            warning = (
+                f"no layout fits the memory budget: the least-bad needs {human_bytes(pipe.memory)}/device "
+                f"> budget {human_bytes(budget or 0)}; returned anyway (fits=False)"
+            )
+        return PlanResult(
+            rules=rules,
+            data_rules=data_rules,
+            time_s=pipe.time_s,
+            memory_bytes=pipe.memory,
+            comm_bytes=pipe.comm_bytes,
+            fits=fits,
+            warning=warning,
+            alternatives=tuple(alts + preset_alts),
+            explanation=(
+                f"chosen: {pipe.candidate.label}: {human_time(pipe.time_s)}/step, bubble "
+                f"{pipe.bubble_fraction:.0%}, {human_bytes(pipe.memory)}/device (activations "
+                f"{human_bytes(pipe.activation_bytes)}); the best layout jax.jit runs: "
+                f"{human_time(chosen.time_s)}, {human_bytes(chosen.memory)}/device"
+                + ("" if chosen.fits else " (over the budget)")
+            ),
+            report=chosen.report,
+            strategies=strategies,
+            objective=objective,
+            memory_budget=budget,
+            method=method,
+            evaluated=len(costs.cache),
+            space=space,
+            planning_s=time.perf_counter() - start,
+            compute_s=pipe.compute_s,
+            pipeline=pipe,
+        )
     if not chosen.fits:
         warning = (
             f"no layout fits the memory budget: the least-bad needs {human_bytes(chosen.memory)}/device "
@@ -216,3 +282,30 @@ def plan(
         planning_s=time.perf_counter() - start,
         compute_s=chosen.compute_s,
     )
+
+
+def pipeline_rules(
+    pipe: PipelineCost, groups: list[Group], batch: Group, rules_of: Callable[..., Any]
+) -> tuple[dict[str, str], tuple[dict[str, str | None], ...]]:
+    """The stacked layers over the stage axis, the rest replicated; the batch over the data axes."""
+    cand = pipe.candidate
+    rules = {
+        g.pattern: g.expression(
+            dataclasses.replace(g.candidates[0], dims=((cand.stage_axis,), *g.candidates[0].dims[1:]))
+        )
+        if g.stacked
+        else g.expression(g.candidates[0])
+        for g in groups
+    }
+    b = next(i for i, c in enumerate(batch.candidates) if set(c.dims[0]) == set(cand.data_axes) and not c.dims[1])
+    _, data_rules = rules_of((*(0 for _ in groups), b))
+    return rules, data_rules
+
+
+def _pipeline_wins(pipe: PipelineCost, chosen: Score, objective: str) -> bool:
+    if pipe.fits != chosen.fits:
+        return pipe.fits
+    if not pipe.fits:
+        return pipe.memory < chosen.memory
+    primary = {"memory": float(pipe.memory), "communication": pipe.comm_bytes}.get(objective, pipe.time_s)
+    return (primary, pipe.time_s) < (chosen.primary, chosen.time_s)

@@ -8,21 +8,27 @@ memory); a reason is printed only when those numbers show it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from ..cost import human_bytes, human_time
 from .groups import Candidate, Group
 from .result import Alternative
+from .roles import Role
 from .scoring import Score
 
 __all__ = ["strategy", "short", "batch_strategy", "explain_choice"]
 
 
-def strategy(group: Group, cand: Candidate, batch_axes: tuple[str, ...]) -> str:
+def strategy(
+    group: Group, cand: Candidate, batch_axes: tuple[str, ...], roles: Mapping[int, Role] | None = None
+) -> str:
     """A short name: ``replicated``, ``fsdp(data on x)``, ``tp(model on y)``, ``pipeline(stage)``, joined by ``+``.
 
     A split over a mesh axis that also splits the batch is FSDP (gathered before
     use); over another axis it is tensor parallelism, named by the tensor axis
-    it splits, whatever the weight's axis order (``(in, out)`` or ``(out, in)``).
+    it splits, whatever the weight's axis order (``(in, out)`` or ``(out, in)``), and, where the
+    program shows it (``roles``, from :func:`~.roles.weight_roles`), as ``col`` (an axis the first
+    matmul keeps: column-parallel) or ``row`` (an axis it contracts: row-parallel).
     """
     parts = []
     for i, d in enumerate(cand.dims):
@@ -36,7 +42,8 @@ def strategy(group: Group, cand: Candidate, batch_axes: tuple[str, ...]) -> str:
         if fsdp:
             parts.append(f"fsdp({','.join(fsdp)} on {group.names[i]})")
         if tp:
-            parts.append(f"tp({','.join(tp)} on {group.names[i]})")
+            role = {"out": ", col", "in": ", row"}.get((roles or {}).get(i, ""), "")
+            parts.append(f"tp({','.join(tp)} on {group.names[i]}{role})")
     return "+".join(parts) or "replicated"
 
 

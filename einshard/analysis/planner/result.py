@@ -54,6 +54,10 @@ class PlanResult:
         report: the :class:`~einshard.analysis.program.ProgramReport` of the choice.
         strategies: a short strategy name per parameter group (and ``batch``).
         method: ``'exhaustive'`` or ``'coordinate descent'``; evaluated: how many assignments were costed.
+        pipeline: when the choice is a pipeline (``plan(pipeline=PipelineSearch(...))``), its
+            :class:`~.pipelines.PipelineCost` (schedule, micro-batches, bubble, activation bytes;
+            ``pipeline.candidate.pipeline_kwargs()`` for :func:`einshard.pipeline`); ``report`` is then
+            the data-parallel costing the schedule model started from.  None otherwise.
     """
 
     rules: dict[str, str]
@@ -74,6 +78,7 @@ class PlanResult:
     space: int = 0
     planning_s: float = 0.0
     compute_s: float = 0.0
+    pipeline: Any = None
 
     def place(self, params: Any, *data: Any, mesh: Any = None) -> tuple[Any, ...]:
         """``(params, *data)`` laid out by the plan's rules (``einshard.einshard`` on each)."""

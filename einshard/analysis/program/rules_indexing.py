@@ -16,6 +16,8 @@ and ``scatter`` follow XLA's SPMD partitioner:
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
@@ -30,8 +32,15 @@ __all__: list[str] = []
 
 @register("dot_general")
 def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
-    res = w.costs.dot(ins[0], ins[1], eqn.params["dimension_numbers"], w.dtype(eqn))
-    colls, time_s = res.collectives, res.time_s
+    dn = eqn.params["dimension_numbers"]
+    summed = [w.summed.get(id(v), frozenset()) for v in eqn.invars[:2]]
+    lhs, rhs = match_contracting(ins[0], ins[1], dn, w.costs.mesh_sizes, summed)
+    res = w.costs.dot(lhs, rhs, dn, w.dtype(eqn))
+    sums = frozenset(m for c in res.collectives if c.kind == "all-reduce" and c.tensor == "result" for m in c.axes)
+    if sums:
+        w.summed[id(eqn.outvars[0])] = sums
+    colls = per_contracted_axis(w, res.collectives, lhs, dn)
+    time_s = res.time_s - sum(c.time for c in res.collectives) + sum(c.time for c in colls)
     kept = tuple(c for c in colls if not w.already_moved(ins, c))
     if len(kept) != len(colls):
         # An operand another dot already brought to the same layout (an FSDP weight gathered for the
@@ -40,6 +49,69 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
         colls = kept
     w.record(eqn, phase, res.expression, res.out, colls, res.flops, time_s, repeat)
     return [w.relayout(eqn.outvars[0].aval, res.out.dims)]
+
+
+def match_contracting(
+    lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int], summed: list[frozenset[str]]
+) -> tuple[Layout, Layout]:
+    """Slice a whole operand that XLA just summed to its partner's contracted split (XLA's propagation).
+
+    Where one operand splits a contracted axis over mesh axes M and the other holds it whole
+    *because it is the all-reduced result of a dot that summed over M* (``summed``: the
+    attention backward's dK/dV under sequence parallelism), XLA keeps that value in its
+    partial-sum form, slices it locally to the partner's split and sums the partial products
+    once more: the weight gradient of sequence-split activations is all-reduced over
+    ``model`` then ``data``, never gathered.  A whole operand of any other origin is left to
+    the analyzer's cost choice (for an isolated dot XLA gathers the split operand when that is
+    cheaper, as the analyzer does).  Only when M is free in the whole operand and divides its axis.
+    """
+    if is_free(lhs) or is_free(rhs) or lhs.unreduced or rhs.unreduced:
+        return lhs, rhs
+    (lc, rc), _ = dn
+    ldims, rdims = list(lhs.dims), list(rhs.dims)
+
+    def used(dims: list[tuple[str, ...]]) -> set[str]:
+        return {m for d in dims for m in d}
+
+    for i, j in zip(lc, rc):
+        split_l, split_r = ldims[i], rdims[j]
+        if split_l and not split_r and set(split_l) <= summed[1] and not set(split_l) & used(rdims):
+            if rhs.shape[j] % math.prod(sizes[m] for m in split_l) == 0:
+                rdims[j] = split_l
+        elif split_r and not split_l and set(split_r) <= summed[0] and not set(split_r) & used(ldims):
+            if lhs.shape[i] % math.prod(sizes[m] for m in split_r) == 0:
+                ldims[i] = split_r
+    if tuple(ldims) != lhs.dims:
+        lhs = lhs.with_dims(tuple(ldims))
+    if tuple(rdims) != rhs.dims:
+        rhs = rhs.with_dims(tuple(rdims))
+    return lhs, rhs
+
+
+def per_contracted_axis(w: Walker, colls: tuple[Any, ...], lhs: Layout, dn: Any) -> tuple[Any, ...]:
+    """XLA sums a dot's partial products one contracted axis at a time (minor axis first).
+
+    An all-reduce the analyzer names over mesh axes that split *different* contracted axes
+    (``b@data s@model d, b@data s@model f -> d f``) is, in XLA's HLO, one all-reduce per axis:
+    over ``model``, then over ``data``.  (One contracted axis split over a tuple stays one.)
+    """
+    (lc, _), _ = dn
+    groups = [lhs.dims[i] for i in sorted(lc, reverse=True) if lhs.dims[i]]
+    if len(groups) < 2:
+        return colls
+    out: list[Any] = []
+    for c in colls:
+        parts = [tuple(m for m in g if m in c.axes) for g in groups]
+        parts = [p for p in parts if p]
+        if c.kind != "all-reduce" or len(parts) < 2 or sum(len(p) for p in parts) != len(c.axes):
+            out.append(c)
+            continue
+        for p in parts:
+            n = math.prod(w.costs.mesh_sizes[m] for m in p)
+            sent = 2 * (n - 1) / n * c.array_bytes
+            t = w.costs.profile.collective_time("all-reduce", n, sent, c.array_bytes)
+            out.append(replace(c, axes=p, group_size=n, bytes=int(sent), time=t))
+    return tuple(out)
 
 
 def _agree(
@@ -164,8 +236,29 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     if split and adds:
         # Each device adds its share of the updates into its own copy: partial sums over those axes,
         # left pending: the consumer settles them (an output laid out split is reduce-scattered, or
-        # all-reduced piecewise, never all-reduced whole and then sliced).
-        return [out.with_dims(out.dims, frozenset(split))]
+        # all-reduced piecewise, never all-reduced whole and then sliced).  Updates split along
+        # several scatter axes (batch over data, sequence over model) are summed as XLA sums a
+        # dot's contracted axes: one axis at a time, minor first; the last (major) stays pending.
+        groups = [
+            tuple(m for m in updates.dims[u] if m in split)
+            for u in sorted(scatter_axes, reverse=True)
+            if u not in batch_axes
+        ]
+        groups = [g for g in groups if g]
+        pending = frozenset(split)
+        for g in groups[:-1]:
+            rest = pending - set(g)
+            w.change(
+                eqn,
+                phase,
+                out.with_dims(out.dims, pending),
+                out.with_dims(out.dims, rest),
+                out_aval.dtype,
+                repeat,
+                "scatter-add of updates split along several axes",
+            )
+            pending = rest
+        return [out.with_dims(out.dims, pending)]
     if split:
         # A non-additive scatter needs every update on every device: gather them (and their indices).
         whole = updates.with_dims(

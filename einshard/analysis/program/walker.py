@@ -42,6 +42,10 @@ class Walker:
         self._source: dict[int, tuple[int, int]] = {}  # id(layout in env) -> (walk, id(the jaxpr value))
         self._keep: list[Layout] = []  # holds the layouts _source names, so their ids stay theirs
         self._walks = 0
+        # Values that are the all-reduced result of a dot, by id of the jaxpr variable -> the mesh axes
+        # summed (carried through shape-only ops): XLA keeps them in partial-sum form for a consumer
+        # dot that splits their contracted axis (see rules_indexing.match_contracting).
+        self.summed: dict[int, frozenset[str]] = {}
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
@@ -212,6 +216,10 @@ class Walker:
                     bind(v, done)
                     ins[k] = env[v]
             outs = self.step(eqn, ins, repeat, phase)
+            if eqn.primitive.name in _SHAPE_ONLY and self.summed:
+                tag = self.summed.get(id(eqn.invars[0]))
+                if tag:
+                    self.summed[id(eqn.outvars[0])] = tag
             for v, lay in zip(eqn.outvars, outs):
                 bind(v, lay)
         return [read(v) for v in jaxpr.outvars]
@@ -225,6 +233,10 @@ class Walker:
     def dtype(self, eqn: Any) -> Any:
         outs = eqn.outvars
         return outs[0].aval.dtype if outs and hasattr(outs[0].aval, "dtype") else "float32"
+
+
+# Ops that move no values between positions' meaning: a dot's summed result stays "summed" through them.
+_SHAPE_ONLY = {"reshape", "transpose", "convert_element_type", "copy", "copy_p", "squeeze", "expand_dims"}
 
 
 def _extends(src: tuple[tuple[str, ...], ...], dst: tuple[tuple[str, ...], ...]) -> bool:
