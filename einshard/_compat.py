@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["get_concrete_mesh", "use_abstract_mesh"]
+__all__ = ["get_concrete_mesh", "use_abstract_mesh", "has_unreduced", "native_unreduced"]
 
 
 def get_concrete_mesh() -> Any:
@@ -46,3 +46,28 @@ def use_abstract_mesh(mesh: Any) -> Any:
     from jax._src import mesh as mesh_lib
 
     return mesh_lib.use_abstract_mesh(mesh)
+
+
+def has_unreduced() -> bool:
+    """Whether this JAX types pending sums: ``PartitionSpec(..., unreduced={...})`` and ``pcast(to='unreduced')``.
+
+    jax 0.10.2 and 0.12.0.1 (the versions CI runs) both do.
+    """
+    try:
+        jax.sharding.PartitionSpec(None, unreduced={"a"})
+    except TypeError:
+        return False
+    return hasattr(jax.lax, "pcast")
+
+
+def native_unreduced(mesh: Any) -> bool:
+    """Whether a shard_map on ``mesh`` can return and take JAX ``unreduced`` arrays.
+
+    JAX allows ``unreduced`` in a shard_map's specs only when every axis of its
+    mesh is Explicit (jax 0.10: "the mesh passed to shard_map contains axis names
+    all of type Explicit"; jax 0.12 refuses unreduced Auto axes too).
+    """
+    types = getattr(mesh, "axis_types", None)
+    if not types or not has_unreduced():
+        return False
+    return all(t == jax.sharding.AxisType.Explicit for t in types)

@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 import einshard
 import einshard.testing as et
 from einshard.errors import EinshardError
+from einshard.lowering.einsum import runs_exactly
 from einshard.testing import hlo
 
 MESH_SHAPES = [((1,), ("x",)), ((2,), ("x",)), ((4,), ("x",)), ((8,), ("x",)), ((2, 4), ("x", "y"))]
@@ -69,10 +70,8 @@ def test_every_mode_equals_jnp_einsum(case, mode, seed, kind):
     program = einshard.lower(expr, *arrays, mesh=mesh, mode=mode)
     y = program(*arrays)
     expected = _reference(operands, out, arrays)
-    got = np.asarray(y)
-    if program.plan.out_layout.unreduced:
-        got = got.sum(0)
-    else:
+    got = np.asarray(program.complete(y))
+    if not program.plan.out_layout.unreduced:
         # The result is laid out as the plan says.
         want = NamedSharding(mesh, P(*program.plan.out_layout.spec_entries()))
         assert y.sharding.is_equivalent_to(want, y.ndim), (expr, mode, y.sharding)
@@ -101,13 +100,12 @@ def test_gradients_equal_the_unsharded_einsum(case, mode, kind):
     except EinshardError as err:  # the analyzer inferred pending sums, which only explicit programs return
         assert mode == "auto" and "pending sums" in str(err), err
         return
-    pending = bool(program.plan.out_layout.unreduced)
     # A fixed random cotangent: the gradient is then linear in it and well conditioned.
     cot = rng.standard_normal(tuple(SIZES[a] for a in out)).astype(np.float32)
 
     def sharded(*xs):
         y = program(*xs)
-        return jnp.sum((y.sum(0) if pending else y) * cot)
+        return jnp.sum(program.complete(y) * cot)
 
     sub = ",".join("".join(op) for op in operands) + "->" + "".join(out)
 
@@ -212,16 +210,112 @@ def test_einsum_composes_with_vmap_jit_and_grad():
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_an_output_whose_mesh_axes_change_order_is_gathered_then_sliced(mode):
-    # c@x -> c@(y,x): every device's block moves, which no slice does (found by the gradient property).
+def test_an_output_whose_mesh_axes_change_order_is_permuted_as_planned(mode):
+    # c@x -> c@(y,x): every device's block moves.  The analyzer re-splits operand 1's c from x to y
+    # (a collective-permute of pieces of blocks) and reduce-scatters the result onto c@(y,x); the
+    # program runs exactly that (it used to gather then slice the result: one all-gather more
+    # than the plan listed, after skipping the permute).
     mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
     rng = np.random.default_rng(0)
     a, b = rng.random((2, 2, 8), np.float32), rng.random((2, 2, 4), np.float32)
     expr = "a b c@x, a b e@x -> a c@(y,x)"
-    out = einshard.einsum(expr, a, b, mesh=mesh, mode=mode)
+    program = einshard.lower(expr, a, b, mesh=mesh, mode=mode)
+    assert program.plan.collectives == einshard.analyze(expr, a, b, mesh=mesh).collectives
+    assert [(c.kind, c.operand) for c in program.plan.collectives] == [
+        ("collective-permute", 0),
+        ("reduce-scatter", "out"),
+    ]
+    assert _program_collectives(program) == _plan_collectives(program.plan)
+    compiled = hlo.normalized(jax.jit(program.fn).lower(a, b).compile().as_text())
+    if mode == "sync":  # (async runs the reduce-scatter as a collective-matmul ring of permutes)
+        assert sorted(c.kind for c in compiled) == ["collective-permute", "reduce-scatter"]
+    out = program(a, b)
     np.testing.assert_allclose(np.asarray(out), np.einsum("abc,abe->ac", a, b), rtol=1e-5)
     assert out.sharding.spec == P(None, ("y", "x"))
     grads = jax.grad(lambda a, b: einshard.einsum(expr, a, b, mesh=mesh, mode=mode).sum(), (0, 1))(a, b)
     want = jax.grad(lambda a, b: jnp.einsum("abc,abe->ac", a, b).sum(), (0, 1))(a, b)
     for g, w in zip(grads, want, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5)
+
+
+def _program_collectives(program):
+    """What the shard_map body runs that moves data: (kind, tensor, mesh axes) per step, in order."""
+    steps = (*program.steps_before, *program.steps_after)
+    return [(s.kind, s.operand, s.mesh_axes) for s in steps if s.kind != "dynamic-slice"]
+
+
+def _plan_collectives(plan):
+    """The plan's collectives as the same triples (a reduce-scatter interleaved with slices may run in pieces)."""
+    steps = [s for c in plan.collectives for s in c.steps]
+    return [(s.kind, s.operand, s.mesh_axes) for s in steps if s.kind != "dynamic-slice"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=einsums(), seed=st.integers(0, 3), kind=st.sampled_from(["auto", "explicit", "mixed"]))
+def test_the_program_that_runs_is_the_plan_that_was_explained(case, seed, kind):
+    """lower(...).program runs analyze(...)'s collectives, one for one, and computes jnp.einsum.
+
+    The analyzer's first choice is run unless the lowering cannot run it exactly (runs_exactly: a
+    split regrouped onto fewer devices, a permute over an axis the result is replicated over); then
+    the cheapest plan it can run is run, and the first choice is listed among its alternatives.
+    """
+    shape, names, expr, shapes, operands, out = case
+    mesh = _mesh(shape, names, kind=kind)
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    program = einshard.lower(expr, *arrays, mesh=mesh)
+    best = einshard.analyze(expr, *arrays, mesh=mesh)
+    if runs_exactly(best):
+        assert program.plan.collectives == best.collectives, (expr, program.program)
+    else:
+        assert best in program.plan.alternatives
+    assert _program_collectives(program) == _plan_collectives(program.plan), (expr, program.program)
+    y = program(*arrays)
+    got = np.asarray(program.complete(y))
+    expected = _reference(operands, out, arrays)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("context", ["set_mesh", "jit"])
+def test_a_pending_sum_passed_between_einsums_is_reduced_once(context):
+    """On an all-Explicit mesh '-> b y {U:model}' is a JAX unreduced array; the next einsum takes it and
+    reduces it once (one all-reduce in the compiled chain), and the chain equals the unsharded one."""
+    from einshard._compat import native_unreduced
+
+    mesh = _mesh((2, 4), ("data", "model"), explicit=True)
+    assert native_unreduced(mesh)  # jax 0.10.2 and 0.12.0.1 both type pending sums
+    rng = np.random.default_rng(0)
+    x, w, v = (rng.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 8), (8, 4)))
+    first, second = "b x@model, x@model y -> b y {U:model}", "b y, y z -> b z"
+
+    def chain(x, w, v):
+        y = einshard.einsum(first, x, w, mesh=mesh, precision="highest")
+        assert "model" in jax.typeof(y).sharding.spec.unreduced and jax.typeof(y).shape == (8, 8)
+        return einshard.einsum(second, y, v, mesh=mesh, precision="highest")
+
+    want = x @ w @ v
+    if context == "jit":
+        f = jax.jit(chain)
+        kinds = [c.kind for c in hlo.normalized(f.lower(x, w, v).compile().as_text())]
+        assert kinds == ["all-reduce"], kinds
+        got = f(x, w, v)
+    else:
+        with jax.set_mesh(mesh):
+            got = chain(x, w, v)
+            grads = jax.grad(lambda x, w, v: chain(x, w, v).sum(), (0, 1, 2))(x, w, v)
+        plain = jax.grad(lambda x, w, v: (x @ w @ v).sum(), (0, 1, 2))(x, w, v)
+        for g, p in zip(grads, plain, strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(p), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_pending_sums_on_an_auto_mesh_keep_the_partials_axis():
+    mesh = _mesh((2, 4), ("data", "model"))
+    x, w = np.ones((8, 16), np.float32), np.ones((16, 8), np.float32)
+    program = einshard.lower("b x@model, x@model y -> b y {U:model}", x, w, mesh=mesh)
+    assert program.partials_axis
+    y = program(x, w)
+    assert y.shape == (4, 8, 8)
+    np.testing.assert_allclose(np.asarray(program.complete(y)), x @ w)
+    with pytest.raises(EinshardError, match="rank 3"):  # the partials axis is an array axis: sum it first
+        einshard.lower("b y, y z -> b z", y, np.ones((8, 4), np.float32), mesh=mesh)

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from einshard._compat import native_unreduced
 from einshard.errors import EinshardError
 from einshard.lowering import Step, einsum_layouts, einsum_shard_map, step_layout
 
@@ -145,7 +146,8 @@ def _count(hlo: str, op: str) -> int:
 
 
 def _padded(spec, ndim):
-    return tuple(spec) + (None,) * (ndim - len(spec))
+    parts = tuple(getattr(spec, "partitions", None) or spec)  # tuple(spec) refuses unreduced specs
+    return parts + (None,) * (ndim - len(parts))
 
 
 def _plain(expr: str) -> str:
@@ -180,8 +182,11 @@ def test_textbook_case(case, kind, mode):
     f = einsum_shard_map(ins, out, before, after, mesh=mesh, precision=HI, mode=mode)
     subs = _letters(expr)
     pending = bool(out.unreduced)
+    native = pending and native_unreduced(mesh)  # a JAX unreduced array, not a leading partials axis
 
     def reduce(y):
+        if native:
+            return jax.sharding.reshard(y, NamedSharding(mesh, PartitionSpec(*out.spec_entries())))
         return y.sum(0) if pending else y
 
     ref = jnp.einsum(subs, *ops, precision=HI)
@@ -199,7 +204,9 @@ def test_textbook_case(case, kind, mode):
         hlo = jax.jit(f).lower(*ops).compile().as_text()
     np.testing.assert_allclose(reduce(y), ref, rtol=1e-5, atol=1e-5)
     want_spec = PartitionSpec(*out.spec_entries())
-    if pending:
+    if native:
+        assert y.sharding.spec.unreduced == {"model"} and y.shape == ref.shape
+    elif pending:
         want_spec = PartitionSpec("model", *out.spec_entries())
     assert _padded(y.sharding.spec, y.ndim) == _padded(want_spec, y.ndim)
     ref_grads = jax.grad(ref_loss, argnums=tuple(range(len(ops))))(*ops)
@@ -314,3 +321,39 @@ def test_async_mode_runs_rings(expr, shapes, before, after, kind, two_way):
     else:
         assert permutes == (2 if two_way else 1) * 3
         assert _count(hlo, "all-gather") == 0 and _count(hlo, "reduce-scatter") == 0 and _count(hlo, "all-reduce") == 0
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        (("x", "y"), ("y", "x")),  # the same blocks on other devices
+        (("x",), ("y",)),  # c@x (2 blocks) to c@y (4): each device sends a piece of its block
+        (("x",), ("y", "x")),  # finer and reordered
+    ],
+)
+def test_a_reorder_permute_gives_every_device_its_block(before, after):
+    from einshard.lowering import apply_step
+
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+    step = Step("collective-permute", 0, tuple(dict.fromkeys((*before, *after))), reorder=((before,), (after,)))
+    spec = lambda axes: axes[0] if len(axes) == 1 else axes  # noqa: E731
+    # Every device's block comes back along a leading axis over every mesh axis: (devices, block).
+    body = lambda b: apply_step(b, step)[None]  # noqa: E731
+    f = jax.shard_map(body, mesh=mesh, in_specs=PartitionSpec(spec(before)), out_specs=PartitionSpec(("x", "y")))
+    got = np.asarray(f(np.arange(16.0)))
+    n = int(np.prod([mesh.shape[m] for m in after]))
+    for i, j in np.ndindex(2, 4):
+        coords = {"x": i, "y": j}
+        k = 0
+        for m in after:
+            k = k * mesh.shape[m] + coords[m]
+        np.testing.assert_array_equal(got[i * 4 + j], np.arange(16.0).reshape(n, -1)[k])
+
+
+def test_a_reorder_onto_fewer_devices_is_refused():
+    from einshard.core.collectives import reorder_pairs
+
+    with pytest.raises(ValueError, match="no permute"):
+        reorder_pairs(("x", "y"), {"x": 2, "y": 4}, (("y",),), (("x",),))
+    with pytest.raises(EinshardError, match="reorder="):
+        Step("collective-permute", 0, ("x",), reorder=((("x",),), (("y",),)))

@@ -6,8 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import AxisType
 
+import einshard
 from einshard.errors import EinshardError
 from einshard.lowering import (
     Step,
@@ -72,3 +75,56 @@ def test_uneven_output_split_is_an_error():
     with pytest.raises(EinshardError, match="not even; padding cannot help") as err:
         plan_padding("b@data x, x y -> b@data y", [(5, 4), (4, 6)], MESH)
     assert "^" in str(err.value)  # the caret points at the output axis
+
+
+# (expression, jnp subscripts with 'L' standing for the '...' axes, operand 1's axes with 'L')
+ELLIPSIS_CASES = [
+    ("... k@y, k@y n -> ... n", "Lk,kn->Ln", "Lk"),
+    ("b@x ... k@y, k@y n -> b ... n", "bLk,kn->bLn", "bLk"),
+    ("... b k@(x,y), k@(x,y) n -> ... b n", "Lbk,kn->Lbn", "Lbk"),
+    ("b@x ... k@y, k@y n -> n", "bLk,kn->n", "bLk"),
+]
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    case=st.sampled_from(ELLIPSIS_CASES),
+    lead=st.lists(st.integers(1, 5), min_size=0, max_size=2),
+    b=st.integers(1, 7),
+    k=st.integers(1, 11),
+    n=st.integers(1, 6),
+    kind=st.sampled_from([AxisType.Explicit, AxisType.Auto]),
+)
+def test_ellipsis_with_uneven_sizes_equals_jnp_einsum(case, lead, b, k, n, kind):
+    """'...' and uneven splits together: padded exactly, values and gradients as jnp.einsum's."""
+    expr, subs, a_axes = case
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(kind,) * 2)
+    letters = "LM"[: len(lead)]
+    subs = subs.replace("L", letters)
+    size = {"b": b, "k": k, **dict(zip(letters, lead))}
+    a_shape = tuple(size[c] for c in a_axes.replace("L", letters))
+    rng = np.random.default_rng(b * 100 + k)
+    a, w = rng.standard_normal(a_shape).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    want = jnp.einsum(subs, a, w, precision=HI)
+    cot = rng.standard_normal(want.shape).astype(np.float32)
+
+    def loss(fn):
+        return lambda a, w: jnp.sum(fn(a, w) * cot)
+
+    sharded = lambda a, w: einshard.einsum(expr, a, w, mesh=mesh, precision=HI)  # noqa: E731
+    with jax.set_mesh(mesh):
+        got = sharded(a, w)
+        grads = jax.grad(loss(sharded), (0, 1))(a, w)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    plain = jax.grad(loss(lambda a, w: jnp.einsum(subs, a, w, precision=HI)), (0, 1))(a, w)
+    for g, p in zip(grads, plain, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(p), rtol=1e-4, atol=1e-4)
+
+
+def test_ellipsis_pads_only_named_axes():
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+    pad = plan_padding("b@x ... k@y, k@y n -> b ... n", [(3, 5, 7), (7, 6)], mesh)
+    assert pad.sizes == (("b", 3, 4), ("k", 7, 8))
+    assert pad.padded_shapes == ((4, 5, 8), (8, 6)) and pad.output_shape == (3, 5, 6)
+    with pytest.raises(EinshardError, match="rank"):
+        plan_padding("b@x c ... k@y, k@y n -> b ... n", [(3, 7), (7, 6)], mesh)

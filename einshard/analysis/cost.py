@@ -35,11 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.collectives import KINDS, CollectiveKind, Step, StepKind, Target
 from ..core.layout import Layout
 
 __all__ = ["Profile", "PROFILES", "Collective", "KINDS", "get_profile"]
-
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
 @dataclass(frozen=True)
@@ -117,10 +116,10 @@ def get_profile(profile: Profile | str | None) -> Profile:
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective an einsum needs, and what it costs.
+    """One collective an einsum needs, what it costs, and where it runs (the lowering runs :attr:`steps`).
 
     Attributes:
-        kind: one of ``KINDS``.
+        kind: one of :data:`~einshard.core.collectives.KINDS`.
         axes: the mesh axis names it runs over (one collective over their devices together).
         group_size: devices per group (the product of the axes' sizes).
         bytes: bytes each device sends (ring formulas, module doc).
@@ -129,9 +128,12 @@ class Collective:
         tensor: which tensor: ``'operand 1'``, ``'result'``, ...
         why: one line of reason.
         before, after: the tensor's layout before and after.
+        operand: which tensor, for the lowering: the operand's position (0-based) or ``'out'``.
+        dim: the tensor dimension it gathers, scatters onto, or moves a split away from.
+        to_dim: an all-to-all's dimension that becomes split.
     """
 
-    kind: str
+    kind: CollectiveKind
     axes: tuple[str, ...]
     group_size: int
     bytes: int
@@ -141,6 +143,40 @@ class Collective:
     why: str = ""
     before: Layout | None = field(default=None, compare=False, repr=False)
     after: Layout | None = field(default=None, compare=False, repr=False)
+    operand: Target | None = None
+    dim: int | None = None
+    to_dim: int | None = None
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """What the lowering runs for this collective, read off the record (no layouts compared).
+
+        One step, except a reduce-scatter that also slices other mesh axes into its
+        dimension, in an order that puts them between or before its own axes
+        (``{U:m} y -> y@(d,m)``): the slices and the scatter then run in that order
+        (slicing a pending sum is exact: each device slices its own partial value).
+        """
+        from ..errors import EinshardError
+
+        if self.operand is None:
+            raise EinshardError(f"{self}: no operand recorded, so it cannot be run")
+        if self.kind == "collective-permute":
+            if self.before is None or self.after is None:
+                raise EinshardError(f"{self}: a permute runs only as a reorder of one tensor's mesh axes")
+            return (Step(self.kind, self.operand, self.axes, reorder=(self.before.dims, self.after.dims)),)
+        if self.kind == "reduce-scatter" and self.before is not None and self.after is not None:
+            assert self.dim is not None
+            had, new = self.before.dims[self.dim], self.after.dims[self.dim]
+            if new[: len(had)] == had and new[len(had) :] != self.axes:
+                out: list[Step] = []
+                for m in new[len(had) :]:
+                    kind: StepKind = "reduce-scatter" if m in self.axes else "dynamic-slice"
+                    if out and out[-1].kind == kind:
+                        out[-1] = Step(kind, self.operand, (*out[-1].mesh_axes, m), dim=self.dim)
+                    else:
+                        out.append(Step(kind, self.operand, (m,), dim=self.dim))
+                return tuple(out)
+        return (Step(self.kind, self.operand, self.axes, dim=self.dim, to_dim=self.to_dim),)
 
     def __str__(self) -> str:
         return f"{self.kind}@{','.join(self.axes)} ({self.tensor}, {_human(self.bytes)}/device)"
@@ -157,6 +193,9 @@ class Collective:
             "why": self.why,
             "before": str(self.before) if self.before is not None else None,
             "after": str(self.after) if self.after is not None else None,
+            "operand": self.operand,
+            "dim": self.dim,
+            "to_dim": self.to_dim,
         }
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 
+from ..core.collectives import CollectiveKind
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
 from .cost import PROFILES, Collective, Profile
@@ -138,7 +139,7 @@ def _local_bytes(lay: Layout, itemsize: int) -> int:
 
 
 def _record(
-    kind: str,
+    kind: CollectiveKind,
     axes: tuple[str, ...],
     n: int,
     sent: float,
@@ -148,6 +149,8 @@ def _record(
     profile: Profile,
     tensor: str,
     why: str,
+    dim: int | None = None,
+    to_dim: int | None = None,
 ) -> Collective:
     sent_i = int(round(sent))
     sizes = _sizes(before)
@@ -165,6 +168,8 @@ def _record(
         why,
         before,
         after,
+        dim=dim,
+        to_dim=to_dim,
     )
 
 
@@ -209,7 +214,7 @@ def all_gather(
     after = _derived(lay, lay.dims[:i] + (d[: len(d) - len(axes)],) + lay.dims[i + 1 :])
     n = _group(lay, axes)
     v = _local_bytes(after, itemsize)
-    return after, _record("all-gather", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why)
+    return after, _record("all-gather", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why, i)
 
 
 def dynamic_slice(lay: Layout, axes: tuple[str, ...], axis: str | int) -> tuple[Layout, None]:
@@ -283,7 +288,7 @@ def reduce_scatter(
         )
     n = _group(lay, axes)
     v = _local_bytes(lay, itemsize)
-    return after, _record("reduce-scatter", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why)
+    return after, _record("reduce-scatter", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why, i)
 
 
 def all_to_all(
@@ -315,7 +320,7 @@ def all_to_all(
         )
     n = _group(lay, axes)
     s = _local_bytes(lay, itemsize)
-    return after, _record("all-to-all", tuple(axes), n, (n - 1) / n * s, s, lay, after, profile, tensor, why)
+    return after, _record("all-to-all", tuple(axes), n, (n - 1) / n * s, s, lay, after, profile, tensor, why, i, j)
 
 
 def collective_permute(
@@ -380,7 +385,7 @@ def regroup(
         steps = [_record("collective-permute", gone + new, p, s, s, lay, mid, profile, tensor, why)]
         if f > 1:
             v = _local_bytes(after, itemsize)
-            steps.append(_record("all-gather", gone, f, (f - 1) / f * v, v, mid, after, profile, tensor, why))
+            steps.append(_record("all-gather", gone, f, (f - 1) / f * v, v, mid, after, profile, tensor, why, i))
         return after, tuple(steps)
     if q % p == 0:
         s = _local_bytes(after, itemsize)

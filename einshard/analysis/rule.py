@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from ..core.collectives import Target
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
 from .cost import Collective, Profile
@@ -258,12 +259,15 @@ class _Enumeration:
         self.memo: dict[tuple[object, ...], object] = {}
         self._parts: list[_Part] | None = None
 
-    def transition(self, src: Layout, dst: Layout, tensor: str) -> tuple[Collective, ...] | None:
-        """``transition``'s collectives, or None for an impossible step."""
+    def transition(self, src: Layout, dst: Layout, operand: Target) -> tuple[Collective, ...] | None:
+        """``transition``'s collectives, each recording its tensor (``operand``, which the lowering runs it
+        on, and ``tensor``, for people), or None for an impossible step."""
+        tensor = "result" if operand == "out" else f"operand {operand + 1}"
         try:
-            return transition(src, dst, itemsize=self.itemsize, profile=self.profile, tensor=tensor)[1]
+            steps = transition(src, dst, itemsize=self.itemsize, profile=self.profile, tensor=tensor)[1]
         except EinshardError:
             return None
+        return tuple([replace(c, operand=operand) for c in steps])
 
     def parts(self) -> list[_Part]:
         """Every way to move the operands (per-axis choices × orders × operand variants), in enumeration order."""
@@ -372,7 +376,7 @@ def _part(
             moved = _IMPOSSIBLE
             if _fits(op.shape, dims, en.mesh_sizes):
                 target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
-                st = en.transition(op, target, f"operand {i + 1}")
+                st = en.transition(op, target, i)
                 if st is not None:
                     moved = (target, st)
             memo[key] = moved
@@ -417,7 +421,7 @@ def _outcomes(
     computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, out_dims, pending)
     outs: list[tuple[str, Layout, tuple[Collective, ...]]] = []
     for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes, complete):
-        out_steps = en.transition(computed, target_out, "result")
+        out_steps = en.transition(computed, target_out, "out")
         if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
             continue
         outs.append((resolution, target_out, out_steps))
@@ -472,7 +476,7 @@ def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple
         for m in c.axes:
             cur, one = all_reduce(cur, (m,), itemsize=en.itemsize, profile=en.profile, tensor=c.tensor, why=c.why)
             if one.group_size > 1:
-                out.append(one)
+                out.append(replace(one, operand=c.operand))
     return tuple(out)
 
 

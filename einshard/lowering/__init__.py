@@ -7,7 +7,8 @@ from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatte
 from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .pipeline import PipelineEnd, PipelineInfo, circular_layer_order, pipeline, pipeline_info
 from .pipeline_stages import vocab_parallel_cross_entropy, vocab_parallel_embed
-from .steps import KINDS, Step, apply_step, einsum_auto, einsum_layouts, einsum_shard_map, step_layout
+from .shard_einsum import einsum_auto, einsum_layouts, einsum_shard_map
+from .steps import KINDS, STEP_KINDS, Step, apply_step, step_layout
 from .training import data_parallel, fsdp, fsdp_layouts, gather_params
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "vocab_parallel_cross_entropy",
     "vocab_parallel_embed",
     "KINDS",
+    "STEP_KINDS",
     "SCHEDULES",
     "Step",
     "allgather_einsum",

@@ -3,7 +3,7 @@
 The analyzer (:func:`einshard.analyze`) decides which collectives an einsum
 needs; this module turns that :class:`~einshard.analysis.Plan` into
 :class:`~einshard.lowering.steps.Step`\\ s and runs them in one
-``jax.shard_map`` (:func:`~einshard.lowering.steps.einsum_shard_map`), so the
+``jax.shard_map`` (:func:`~einshard.lowering.shard_einsum.einsum_shard_map`), so the
 program that runs is the plan that was explained — there is no second
 derivation of the collectives here.
 
@@ -15,22 +15,29 @@ off the same way, as ``dynamic-slice`` steps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .._caches import register
+from .._compat import native_unreduced
 from ..analysis import Plan, analyze
 from ..analysis.api import _Operand
+from ..analysis.cost import Collective
+from ..core.collectives import Target, reorder_pairs
 from ..core.layout import Layout
 from ..errors import EinshardError
 from .padding import Padding, pad_operands, plan_padding, unpad_result
-from .steps import Step, einsum_auto, einsum_shard_map, lowering_mesh, step_layout
+from .placing import lowering_mesh
+from .shard_einsum import einsum_auto, einsum_shard_map
+from .steps import Step
 
-__all__ = ["einsum", "lower", "EinsumProgram", "plan_steps"]
+__all__ = ["einsum", "lower", "EinsumProgram", "plan_steps", "runs_exactly"]
 
 MODES = ("sync", "async", "auto")
 
@@ -44,74 +51,82 @@ def _strip(lay: Layout) -> Layout:
     return Layout(lay.axes, lay.shape, lay.mesh, dims, frozenset(lay.unreduced - ones))
 
 
-def _slices(cur: Layout, target: Layout, operand: int | str) -> tuple[list[Step], Layout]:
-    """Dynamic-slice steps taking ``cur`` to ``target`` where the target only splits further."""
+def _slices(cur: Layout, target: Layout, operand: Target) -> list[Step]:
+    """The free local slices the plan takes between two collectives on one tensor: ``cur`` to ``target``.
+
+    The analyzer records collectives only (a slice moves no data); between two of
+    them a tensor can only be split further, each device keeping its own block.
+    Anything else would need communication the plan does not list, so it is a bug.
+    """
     cur, target = _strip(cur), _strip(target)
     steps = []
-    for d, (have, want) in enumerate(zip(cur.dims, target.dims)):
+    for d, (have, want) in enumerate(zip(cur.dims, target.dims, strict=True)):
         if have == want:
             continue
         if want[: len(have)] != have:
-            # The target orders the mesh axes differently (c@x -> c@(y,x)): the block a device holds must
-            # move, which no slice does.  Gather the axis, then slice it in the target's order.
-            steps.append(Step("all-gather", operand, have, dim=d))
-            steps.append(Step("dynamic-slice", operand, want, dim=d))
-            continue
+            raise EinshardError(
+                f"internal: the plan takes {cur} to {target} between two collectives without communication; "
+                "please report this einsum"
+            )
         steps.append(Step("dynamic-slice", operand, want[len(have) :], dim=d))
-    return steps, target.with_dims(target.dims, cur.unreduced)
+    return steps
 
 
-def _step_of(kind: str, before: Layout, after: Layout, axes: tuple[str, ...], operand: int | str) -> Step | None:
-    before, after = _strip(before), _strip(after)
-    sizes = before.mesh_sizes
-    axes = tuple(m for m in axes if sizes[m] > 1)
-    if not axes:
-        return None
-    lost = [d for d, (b, a) in enumerate(zip(before.dims, after.dims)) if set(b) - set(a)]
-    gained = [d for d, (b, a) in enumerate(zip(before.dims, after.dims)) if set(a) - set(b)]
-    if kind == "all-gather":
-        return Step(kind, operand, axes, dim=lost[0])  # split per axis by _gathers_per_axis
-    if kind == "all-reduce":
-        return Step(kind, operand, axes)
-    if kind == "reduce-scatter":
-        return Step(kind, operand, axes, dim=gained[0])
-    if kind == "all-to-all":
-        return Step(kind, operand, axes, dim=lost[0], to_dim=gained[0])
-    raise EinshardError(f"einshard.einsum cannot run a {kind} step of a plan yet")
+def _runs(c: Collective) -> bool:
+    """Whether the lowering runs this collective exactly as planned.
 
-
-def _per_axis(step: Step | None, cur: Layout) -> list[Step]:
-    """A gather over several mesh axes as one gather per axis, minor first.
-
-    The same data moves, but each gather is then typed by its own axis under
-    ``check_vma``: a gather over an axis the result does not vary over can be
-    invariant (replicated) while one over an axis it does vary over stays varying.
+    A split re-grouped onto *fewer* devices (``c@y -> c@x`` with ``|x|`` dividing ``|y|``)
+    is priced as XLA runs it: a permute, then a gather over a *factor* of a mesh axis.
+    A shard_map names whole mesh axes only, so such a plan is not run (an alternative is).
+    Re-grouping onto as many or more devices is one permute of blocks or pieces of them.
     """
-    if step is None:
-        return []
-    if step.kind != "all-gather" or len(step.mesh_axes) == 1:
-        return [step]
-    assert step.dim is not None
-    order = [m for m in reversed(cur.dims[step.dim]) if m in step.mesh_axes]
-    return [Step("all-gather", step.operand, (m,), dim=step.dim) for m in order]
+    try:
+        steps = c.steps
+    except EinshardError:
+        return False
+    if c.before is None:
+        return True
+    sizes = c.before.mesh_sizes
+    for s in steps:
+        if s.reorder is not None:
+            try:
+                reorder_pairs(s.mesh_axes, sizes, *s.reorder)
+            except ValueError:
+                return False
+        elif math.prod(sizes[m] for m in s.mesh_axes) != c.group_size and s.kind != "dynamic-slice":
+            return False
+    return True
+
+
+def runs_exactly(plan: Plan) -> bool:
+    """Whether :func:`lower` runs this plan's collectives exactly as listed (else it runs an alternative).
+
+    Not run: a split regrouped onto fewer devices (:func:`_runs`); pending sums an operand
+    brings carried through the local einsum (JAX computes on an unreduced value only by
+    reducing it); and a permute over a mesh axis the result is replicated over (its blocks
+    are equal over that axis, but a ppermute's result is typed as varying there, which a
+    replicated out_spec refuses under ``check_vma``).
+    """
+    carried = any(g.unreduced & u.unreduced for g, u in zip(plan.operands, plan.operands_used, strict=True))
+    varying = plan.out_layout.sharded_mesh_axes | plan.out_layout.unreduced
+    sizes = plan.out_layout.mesh_sizes
+    replicated_permute = any(
+        c.kind == "collective-permute" and any(sizes[m] > 1 and m not in varying for m in c.axes)
+        for c in plan.collectives
+    )
+    return not carried and not replicated_permute and all(_runs(c) for c in plan.collectives)
 
 
 def _runnable(plan: Plan) -> Plan:
-    """The cheapest plan that uses every operand whole.
+    """The plan itself if the lowering runs each of its collectives exactly, else the cheapest that it does.
 
-    The analyzer may plan to sum an operand's lone axis locally *before* moving
-    it (XLA does, and it moves less), or to reorder the mesh axes of a split
-    with a collective-permute.  The shard_map here lets the local einsum do
-    lone sums and has no reorder step yet, so it runs the cheapest plan without
-    either, delivering the same result layout; ``program.plan`` is the plan
-    that runs (and lists the cheaper one among its alternatives).
+    Splits regrouped onto fewer devices (:func:`_runs`) are not run, nor pending sums an operand brings
+    carried through the local einsum (JAX refuses to compute on an unreduced value;
+    it is reduced first).  ``program.plan`` is the plan that runs, and lists the
+    analyzer's first choice among its alternatives.
     """
 
-    def whole(p: Plan) -> bool:
-        return all(u.axes == g.axes for u, g in zip(p.operands_used, p.operands)) and not any(
-            c.kind == "collective-permute" and c.group_size > 1 for c in p.collectives
-        )
-
+    whole = runs_exactly
     if whole(plan):
         return plan
     # Same result layout first; for an inferred (unrequested) output, any complete one.
@@ -123,7 +138,7 @@ def _runnable(plan: Plan) -> Plan:
                 and (alt.out_layout == plan.out_layout or not same_layout)
             ):
                 return _with_alternatives(alt, plan)
-    raise EinshardError(f"einshard.einsum found no plan for {plan.expression} that it can run without a local pre-sum")
+    raise EinshardError(f"einshard.einsum found no plan for {plan.expression} that it can run exactly")
 
 
 def _with_alternatives(chosen: Plan, best: Plan) -> Plan:
@@ -133,8 +148,37 @@ def _with_alternatives(chosen: Plan, best: Plan) -> Plan:
     return dataclasses.replace(chosen, more=lambda: others)
 
 
+def local_sums(plan: Plan) -> dict[int, Layout]:
+    """The operands the plan sums locally before moving them (their lone-reduced axes), as summed.
+
+    XLA does this (``sum_z x[b, z@m]`` becomes partial sums of ``x[b]`` before any
+    communication, which then moves the smaller array); the first collective on such
+    an operand starts from the summed layout.
+    """
+    out: dict[int, Layout] = {}
+    for i, (given, used) in enumerate(zip(plan.operands, plan.operands_used, strict=True)):
+        if given.axes != used.axes:
+            keep = [d for d, a in enumerate(given.axes) if a in used.axes]
+            pending = frozenset(m for d, a in enumerate(given.axes) if a not in used.axes for m in given.dims[d])
+            out[i] = _strip(
+                Layout(
+                    tuple(given.axes[d] for d in keep),
+                    tuple(given.shape[d] for d in keep),
+                    given.mesh,
+                    tuple(given.dims[d] for d in keep),
+                    given.unreduced | pending,
+                )
+            )
+    return out
+
+
 def plan_steps(plan: Plan) -> tuple[list[Step], list[Step]]:
-    """The plan's collectives as executable steps: (on the operands, on the result).
+    """The plan's collectives as the steps that run: (on the operands, on the result).
+
+    Each collective records its tensor (operand position or ``'out'``), dimension
+    and mesh axes, and runs as its :attr:`~einshard.analysis.cost.Collective.steps`;
+    the free local slices the plan takes between them are added as ``dynamic-slice``
+    steps.  No collective is added that the plan does not list.
 
     Example:
         >>> import einshard
@@ -143,34 +187,24 @@ def plan_steps(plan: Plan) -> tuple[list[Step], list[Step]]:
         >>> [str(s) for s in after]
         ['all-reduce[m](out)']
     """
-    before: list[Step] = []
-    for i, (given, used) in enumerate(zip(plan.operands, plan.operands_used)):
-        cur = _strip(given)
+    summed = local_sums(plan)
+
+    def run(start: Layout, target: Layout, operand: Target) -> list[Step]:
+        steps: list[Step] = []
+        cur = start
         for c in plan.collectives:
-            if c.tensor != f"operand {i + 1}":
+            if c.operand != operand:
                 continue
-            assert c.before is not None and c.after is not None
-            sliced, cur = _slices(cur, c.before, i)
-            before += sliced
-            for step in _per_axis(_step_of(c.kind, c.before, c.after, c.axes, i), cur):
-                before.append(step)
-                cur = step_layout(cur, step)
-        sliced, cur = _slices(cur, used, i)
-        before += sliced
-    after: list[Step] = []
-    cur = _strip(plan.computed_layout)
-    for c in plan.collectives:
-        if c.tensor != "result":
-            continue
-        assert c.before is not None and c.after is not None
-        sliced, cur = _slices(cur, c.before, "out")
-        after += sliced
-        for step in _per_axis(_step_of(c.kind, c.before, c.after, c.axes, "out"), cur):
-            after.append(step)
-            cur = step_layout(cur, step)
-    sliced, _ = _slices(cur, plan.out_layout, "out")
-    after += sliced
-    return before, after
+            assert c.before is not None and c.after is not None  # the analyzer records both
+            steps += _slices(cur, c.before, operand)
+            steps += c.steps
+            cur = c.after
+        return steps + _slices(cur, target, operand)
+
+    before: list[Step] = []
+    for i, (given, used) in enumerate(zip(plan.operands, plan.operands_used, strict=True)):
+        before += run(summed.get(i, _strip(given)), used, i)
+    return before, run(_strip(plan.computed_layout), plan.out_layout, "out")
 
 
 @dataclass(frozen=True)
@@ -193,9 +227,29 @@ class EinsumProgram:
     fn: Callable[..., jax.Array]
 
     padding: Padding | None = None
+    mesh: Any = None
 
     def __call__(self, *operands: Any) -> jax.Array:
         return self.fn(*operands)
+
+    @property
+    def partials_axis(self) -> bool:
+        """Whether pending sums come back on a leading axis of per-device partial values (``.sum(0)`` reduces).
+
+        False when the result has none, or when it is a JAX ``unreduced`` array (a mesh
+        whose axes are all Explicit, on a JAX with ``PartitionSpec(unreduced=...)``:
+        :func:`einshard._compat.native_unreduced`).
+        """
+        return bool(self.plan.out_layout.unreduced) and self.mode != "auto" and not native_unreduced(self.mesh)
+
+    def complete(self, y: jax.Array) -> jax.Array:
+        """The result with its pending sums reduced (itself when it has none)."""
+        if not self.plan.out_layout.unreduced:
+            return y
+        if self.partials_axis:
+            return y.sum(0)
+        spec = PartitionSpec(*self.plan.out_layout.spec_entries())
+        return jax.sharding.reshard(y, NamedSharding(self.mesh, spec))
 
     @property
     def program(self) -> str:
@@ -317,7 +371,7 @@ def _lower_on(
         def padded(*ops: Any) -> jax.Array:
             return unpad_result(padding, inner.fn(*pad_operands(padding, ops)))
 
-        return EinsumProgram(inner.plan, mode, inner.steps_before, inner.steps_after, padded, padding)
+        return EinsumProgram(inner.plan, mode, inner.steps_before, inner.steps_after, padded, padding, mesh)
     plan = _runnable(analyze(expr, *operands, mesh=mesh, profile=profile))
     if mode == "auto":
         # Runs eagerly on Explicit meshes and composes with the caller's jit/grad/vmap (einsum_auto).
@@ -328,20 +382,21 @@ def _lower_on(
             precision=precision,
             preferred_element_type=preferred_element_type,
         )
-        return EinsumProgram(plan, mode, (), (), auto)
+        return EinsumProgram(plan, mode, (), (), auto, None, mesh)
     before, after = plan_steps(plan)
     fn = einsum_shard_map(
         tuple(_strip(op) for op in plan.operands),
         _strip(plan.out_layout),
         before,
         after,
+        local_sums=local_sums(plan),
         mesh=mesh,
         mode=mode,
         two_way=two_way,
         precision=precision,
         preferred_element_type=preferred_element_type,
     )
-    return EinsumProgram(plan, mode, tuple(before), tuple(after), fn)
+    return EinsumProgram(plan, mode, tuple(before), tuple(after), fn, None, mesh)
 
 
 def einsum(
@@ -360,9 +415,11 @@ def einsum(
     (numpy arrays, arrays on another layout and tracers alike), the analyzer's
     plan is run as a ``jax.shard_map`` with explicit collectives, and the result
     comes back laid out as the output side says (with ``-> b? y?``, as the analyzer chooses:
-    a complete result).  Pending sums (``-> b y {U:model}``) come back as
-    per-device partial values on a new leading axis split over those mesh
-    axes; ``.sum(0)`` finishes them.
+    a complete result).  Pending sums (``-> b y {U:model}``) come back as a JAX
+    ``unreduced`` array on a mesh whose axes are all Explicit (pass it to the next
+    einsum, which reduces it once, or ``jax.sharding.reshard`` it to a plain spec);
+    elsewhere as per-device partial values on a new leading axis split over those
+    mesh axes, which ``.sum(0)`` finishes (``lower(...).complete(y)`` does either).
 
     Args:
         mode: ``'sync'`` (plain collectives), ``'async'`` (the gather feeding the

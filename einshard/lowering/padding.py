@@ -18,17 +18,28 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
+from ..analysis.api import _expand_ellipsis
 from ..parsing import parse_einsum
-from .steps import mesh_axes_of
+from .placing import mesh_axes_of
 
 __all__ = ["Padding", "plan_padding", "pad_operands", "unpad_result"]
+
+
+@dataclass(frozen=True)
+class _Shaped:
+    """An operand as far as expanding '...' goes: its shape."""
+
+    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -62,11 +73,13 @@ def plan_padding(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> Paddi
     sizes_of_mesh = {m.name: m.size for m in mesh_axes_of(mesh)}
     if len(shapes) != len(parsed.inputs):
         raise parsed.fail(f"the einsum has {len(parsed.inputs)} operands but {len(shapes)} shapes were given")
+    if any(side.has_ellipsis for side in parsed.sides):
+        # The axes under '...' get names, as the analyzer gives them ('...0', ...); no '@' splits them,
+        # so they are never padded.
+        parsed = _expand_ellipsis(parsed, tuple(_Shaped(tuple(s)) for s in shapes))  # type: ignore[misc]
     size: dict[str, int] = {}
     multiple: dict[str, int] = {}
     for side, shape in zip(parsed.inputs, shapes, strict=True):
-        if side.has_ellipsis:
-            raise parsed.fail("padding does not take '...': name every axis", side.column)
         if len(side.axes) != len(shape):
             raise parsed.fail(f"an operand names {len(side.axes)} axes but has shape {tuple(shape)}", side.column)
         for item, n in zip(side.axes, shape, strict=True):
@@ -107,8 +120,39 @@ def pad_operands(padding: Padding, operands: Sequence[Any]) -> list[Any]:
         if shape == target:
             out.append(x)
         else:
-            out.append(jnp.pad(x, [(0, t - s) for s, t in zip(shape, target, strict=True)]))
+            out.append(_zero_pad(x, tuple(t - s for s, t in zip(shape, target, strict=True))))
     return out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _zero_pad(x: Any, extra: tuple[int, ...]) -> Any:
+    """``jnp.pad`` with zeros at the end, whose gradient first unsplits the padded dimensions.
+
+    The cotangent of a padded operand comes back split as the einsum uses it (on an
+    Explicit mesh axis, in its type); cutting the padding off such a split is uneven,
+    which JAX refuses, so the padded dimensions are resharded whole first.
+    """
+    return jnp.pad(x, [(0, e) for e in extra])
+
+
+def _zero_pad_fwd(x: Any, extra: tuple[int, ...]) -> tuple[Any, None]:
+    return _zero_pad(x, extra), None
+
+
+def _zero_pad_bwd(extra: tuple[int, ...], _: None, ct: Any) -> tuple[Any]:
+    sharding = getattr(jax.typeof(ct), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if (
+        sharding is not None
+        and spec is not None
+        and any(e and spec[d] is not None for d, e in enumerate(extra) if d < len(spec))
+    ):
+        whole = PartitionSpec(*(None if d < len(extra) and extra[d] else p for d, p in enumerate(spec)))
+        ct = jax.sharding.reshard(ct, NamedSharding(sharding.mesh, whole))
+    return (ct[tuple(slice(0, n - e) for n, e in zip(ct.shape, extra, strict=True))],)
+
+
+_zero_pad.defvjp(_zero_pad_fwd, _zero_pad_bwd)
 
 
 def unpad_result(padding: Padding, y: Any) -> Any:

@@ -42,9 +42,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from ..core.collectives import KINDS
+
 __all__ = ["HloCollective", "collectives", "normalized", "signature", "DTYPE_BYTES"]
 
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 DTYPE_BYTES = {
     "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1,

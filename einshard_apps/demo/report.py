@@ -42,9 +42,6 @@ def layout_rows(trainer: Trainer) -> list[tuple[str, str, str, str, int]]:
     return rows
 
 
-_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-
-
 def compiled_summary(compiled: Any) -> list[str]:
     """What XLA compiled for one step: collective ops in the program and memory per device (measured, not predicted)."""
     import re
@@ -55,7 +52,9 @@ def compiled_summary(compiled: Any) -> list[str]:
     except Exception:  # some backends cannot print their executable
         text = ""
     counts = {}
-    for op in _COLLECTIVES:
+    from einshard.core.collectives import KINDS  # the one vocabulary; imported here: --help imports no JAX
+
+    for op in KINDS:
         n = len(re.findall(rf"\s{op}(?:-start)?\(", text))
         if n:
             counts[op] = n

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...core.collectives import CollectiveKind
 from ...core.layout import Layout
 from ..api import spec_partitions
 from ..cost import Collective
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MANUAL_COLLECTIVES", "scan_groups"]
 
-MANUAL_COLLECTIVES = {
+MANUAL_COLLECTIVES: dict[str, CollectiveKind] = {
     "psum": "all-reduce",
     "psum2": "all-reduce",
     "psum_invariant": "all-reduce",
