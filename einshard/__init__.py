@@ -10,14 +10,14 @@ core, placement, analysis, lowering) are importable on their own.
 from ._caches import clear_caches
 from .analysis import Profile, analyze, explain
 from .analysis.plan import Plan as EinsumPlan
-from .analysis.planner import PlanResult as LayoutPlan
-from .analysis.planner import plan
 from .core.layout import Layout
 from .drawing import show
 from .errors import EinshardError
 from .lowering import data_parallel, fsdp, fsdp_layouts, pipeline, pipeline_info
 from .lowering.einsum import einsum, lower
 from .placement import describe, einshard, layout, sharding, spec
+from .planner import PlanResult as LayoutPlan
+from .planner import plan
 
 __version__ = "0.4.0"
 
@@ -54,7 +54,7 @@ __all__ = [
 # names their home.  name -> (module, attribute).
 _MOVED: dict[str, tuple[str, str]] = {
     "Plan": ("einshard.analysis", "Plan"),
-    "PlanResult": ("einshard.analysis.planner", "PlanResult"),
+    "PlanResult": ("einshard.planner", "PlanResult"),
     "Collective": ("einshard.analysis", "Collective"),
     "MeshAxis": ("einshard.core.layout", "MeshAxis"),
     "Expression": ("einshard.parsing", "Expression"),

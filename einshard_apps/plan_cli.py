@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     import jax
     import jax.numpy as jnp
 
-    from einshard.analysis.planner import plan
+    from einshard.planner import plan
 
     from .presets import parse_mesh
 

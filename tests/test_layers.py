@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("drawing",),
     ("analysis",),
     ("lowering",),
+    ("planner",),  # searches layouts and pipeline schedules: costs them with analysis and lowering's models
 ]
 ORDER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 # On top of the layers (they may import any of them): the package root and the integrations.

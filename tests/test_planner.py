@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import einshard
 from einshard.analysis import planner as pl
-from einshard.analysis.planner.combining import combined_report
 from einshard.analysis.program import trace
 from einshard.errors import EinshardError
+from einshard.planner.combining import combined_report
 
 P = jax.sharding.PartitionSpec
 f32 = jnp.float32

@@ -14,8 +14,8 @@ from jax.sharding import AxisType
 
 import einshard
 from einshard.analysis.cost import human_time
-from einshard.analysis.planner import PlanResult, parse_bytes, plan
-from einshard.analysis.planner.groups import Candidate, Group, search_candidates
+from einshard.planner import PlanResult, parse_bytes, plan
+from einshard.planner.groups import Candidate, Group, search_candidates
 
 f32 = jnp.float32
 

@@ -22,10 +22,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..analysis.planner import parse_bytes
 from ..errors import EinshardError
 from ..placement import current_mesh
 from ..placement import einshard as place
+from ..planner import parse_bytes
 from . import hlo
 
 __all__ = ["assert_layout_invariant", "assert_collectives", "assert_explained", "assert_fits", "place_args"]

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ...errors import EinshardError
+from ..errors import EinshardError
 
 __all__ = [
     "Schedule",
@@ -152,7 +152,7 @@ def pipeline_candidates(
 ) -> list[tuple[PipelineCandidate, Any]]:
     """Every (candidate, ``pipeline_info``) the lowering accepts: each mesh axis that divides the layers as
     the stage axis, the other axes (of size > 1) as data axes where they divide the batch."""
-    from ...lowering import pipeline_info
+    from ..lowering import pipeline_info
 
     batch = int(search.hidden.shape[0])
     out = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from ..cost import human_bytes, human_time
+from ..analysis.cost import human_bytes, human_time
 from .groups import Candidate, Group
 from .result import Alternative
 from .roles import Role

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cost import human_bytes, human_time
-from ..program import ProgramReport
+from ..analysis.cost import human_bytes, human_time
+from ..analysis.program import ProgramReport
 
 __all__ = ["Alternative", "PlanResult"]
 
@@ -82,7 +82,7 @@ class PlanResult:
 
     def place(self, params: Any, *data: Any, mesh: Any = None) -> tuple[Any, ...]:
         """``(params, *data)`` laid out by the plan's rules (``einshard.einshard`` on each)."""
-        from ...placement import einshard
+        from ..placement import einshard
 
         placed = [einshard(params, self.rules, mesh=mesh)]
         placed += [einshard(x, rules, mesh=mesh) for x, rules in zip(data, self.data_rules)]

@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from ...core.layout import MeshAxis
+from ..core.layout import MeshAxis
 from .inputs import itemsize_of, shape_of
 
 __all__ = ["Candidate", "Group", "param_groups", "param_candidates", "batch_candidates", "search_candidates"]

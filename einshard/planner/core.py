@@ -12,9 +12,9 @@ from typing import Any
 
 import jax
 
-from ...errors import EinshardError
-from ..cost import human_bytes, human_time
-from ..program import trace
+from ..analysis.cost import human_bytes, human_time
+from ..analysis.program import trace
+from ..errors import EinshardError
 from .explanation import batch_strategy, explain_choice, short, strategy
 from .groups import Group, batch_candidates, param_candidates, param_groups, search_candidates
 from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes, shape_of

@@ -7,8 +7,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from ...core.layout import MeshAxis
-from ...errors import EinshardError
+from ..core.layout import MeshAxis
+from ..errors import EinshardError
 
 __all__ = ["Objective", "OBJECTIVES", "parse_bytes", "mesh_axes_of", "shape_of", "itemsize_of"]
 
@@ -42,7 +42,7 @@ def mesh_axes_of(mesh: Any, args: tuple[Any, ...] = ()) -> tuple[MeshAxis, ...]:
     ``mesh=`` (a Mesh, an AbstractMesh or sizes ``{'data': 4}``), else the
     mesh of ``jax.set_mesh``, else the arguments' own mesh.
     """
-    from ...core.mesh import mesh_axes, resolve_mesh
+    from ..core.mesh import mesh_axes, resolve_mesh
 
     found = resolve_mesh(mesh, args, what="plan()", check_operands=False)
     return mesh_axes(found)

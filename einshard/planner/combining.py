@@ -24,11 +24,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.layout import Layout
-from ..program import ProgramReport, TracedProgram
-from ..program.report import OpReport
-from ..program.trace import _OUTPUT, _arg_layouts, _peak_bytes
-from ..program.walker import Walker
+from ..analysis.program import ProgramReport, TracedProgram
+from ..analysis.program.report import OpReport
+from ..analysis.program.trace import _OUTPUT, _arg_layouts, _peak_bytes
+from ..analysis.program.walker import Walker
+from ..core.layout import Layout
 
 __all__ = ["CombinedCollectives", "DependencyWalker", "combined_report"]
 
@@ -229,6 +229,6 @@ def combined_report(
 
 
 def _is_free(lay: Layout) -> bool:
-    from ..program.costing import is_free
+    from ..analysis.program.costing import is_free
 
     return is_free(lay)

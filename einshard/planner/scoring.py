@@ -25,9 +25,9 @@ from typing import Any
 
 import jax
 
-from ...core.layout import MeshAxis
-from ...errors import EinshardError
-from ..program import ProgramReport, TracedProgram
+from ..analysis.program import ProgramReport, TracedProgram
+from ..core.layout import MeshAxis
+from ..errors import EinshardError
 from .combining import CombinedCollectives, combined_report
 from .groups import Group
 from .inputs import shape_of
@@ -226,8 +226,8 @@ def user_preset(
     costs: Costs,
 ) -> tuple[Alternative, Score]:
     """Cost a hand-written preset with the same model."""
-    from ...core.layout import resolve_named
-    from ...parsing import parse_placement
+    from ..core.layout import resolve_named
+    from ..parsing import parse_placement
 
     args, p_idx, d_idx = costs.args, costs.p_idx, costs.d_idx
     data_list = [pdata] * len(d_idx) if isinstance(pdata, (Mapping, str)) else list(pdata)
