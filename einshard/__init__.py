@@ -9,15 +9,14 @@ core, placement, analysis, lowering) are importable on their own.
 
 from ._caches import clear_caches
 from .analysis import Profile, analyze, explain
-from .analysis.plan import Plan as EinsumPlan
+from .analysis.plan import EinsumPlan
 from .core.layout import Layout
 from .drawing import show
 from .errors import EinshardError
 from .lowering import data_parallel, fsdp, fsdp_layouts, pipeline, pipeline_info
 from .lowering.einsum import einsum, lower
 from .placement import describe, einshard, layout, sharding, spec
-from .planner import PlanResult as LayoutPlan
-from .planner import plan
+from .planner import LayoutPlan, plan
 
 __version__ = "0.4.0"
 
@@ -53,8 +52,8 @@ __all__ = [
 # Names that left the top level in 0.4 (README, "Migrating to 0.4"): still reachable, with a warning that
 # names their home.  name -> (module, attribute).
 _MOVED: dict[str, tuple[str, str]] = {
-    "Plan": ("einshard.analysis", "Plan"),
-    "PlanResult": ("einshard.planner", "PlanResult"),
+    "Plan": ("einshard.analysis.plan", "EinsumPlan"),
+    "PlanResult": ("einshard.planner", "LayoutPlan"),
     "Collective": ("einshard.analysis", "Collective"),
     "MeshAxis": ("einshard.core.layout", "MeshAxis"),
     "Expression": ("einshard.parsing", "Expression"),

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from einshard.analysis import Plan, analyze
+from einshard.analysis import EinsumPlan, analyze
 from einshard.analysis.cost import human_bytes, human_time
 from einshard.analysis.plan import COLLECTIVE_COLUMNS, collective_rows, format_plan, side_string, type_string
 from einshard.errors import EinshardError
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_rich(plan: Plan, max_alternatives: int) -> None:
+def _print_rich(plan: EinsumPlan, max_alternatives: int) -> None:
     import shutil
 
     from rich.console import Console

@@ -169,7 +169,7 @@ def _record(value: Any, *passthrough: Any) -> Any:
 
 
 def _summary(plan_or_report: Any) -> Any:
-    if hasattr(plan_or_report, "collectives"):  # a Plan
+    if hasattr(plan_or_report, "collectives"):  # a EinsumPlan
         return (str(plan_or_report.out_layout), tuple(c.kind for c in plan_or_report.collectives))
     return (plan_or_report.comm_count, round(plan_or_report.comm_bytes), round(plan_or_report.flops))
 

@@ -14,7 +14,7 @@ from jax.sharding import AxisType
 
 import einshard
 from einshard.analysis.cost import human_time
-from einshard.planner import PlanResult, parse_bytes, plan
+from einshard.planner import LayoutPlan, parse_bytes, plan
 from einshard.planner.groups import Candidate, Group, search_candidates
 
 f32 = jnp.float32
@@ -37,7 +37,7 @@ REPLICATED = ({".*": "x y -> x y"}, "b d -> b d")
 
 
 def test_public_names_import():
-    assert einshard.plan is plan and einshard.LayoutPlan is PlanResult and parse_bytes("1KiB") == 1024
+    assert einshard.plan is plan and einshard.LayoutPlan is LayoutPlan and parse_bytes("1KiB") == 1024
 
 
 def test_replicated_work_is_counted_in_full():

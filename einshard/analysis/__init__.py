@@ -10,7 +10,7 @@ analysed on a laptop.  Layers: ``cost`` (profiles, the Collective record) →
 
 from .api import analyze, analyze_layouts, dtype_info, plan_einsum, spec_partitions
 from .cost import KINDS, PROFILES, Collective, Profile, get_profile
-from .plan import Plan
+from .plan import EinsumPlan
 from .primitives import (
     all_gather,
     all_reduce,
@@ -27,7 +27,7 @@ __all__ = [
     "KINDS",
     "PROFILES",
     "Collective",
-    "Plan",
+    "EinsumPlan",
     "Problem",
     "Profile",
     "all_gather",

@@ -1,4 +1,4 @@
-"""``einshard.analyze``: from an annotated einsum to a :class:`Plan`.
+"""``einshard.analyze``: from an annotated einsum to a :class:`EinsumPlan`.
 
 Example:
     >>> import einshard
@@ -34,7 +34,7 @@ from .inputs import (
     dtype_info,
     spec_partitions,
 )
-from .plan import Plan, explain_choice, side_string
+from .plan import EinsumPlan, explain_choice, side_string
 from .rule import Problem, _Enumeration, best_candidate, classify, rank
 from .strategy import pick_weight, roles, strategy_name, tutorial_view
 
@@ -57,7 +57,7 @@ def analyze(
     profile: Profile | str | None = None,
     in_specs: tuple[Any, ...] | None = None,
     out_spec: Any = None,
-) -> Plan:
+) -> EinsumPlan:
     """Analyse one einsum on a mesh: the strategy, its collectives and cost, and the alternatives.
 
     Args:
@@ -134,7 +134,7 @@ def analyze(
 
 
 _MAX_PLANS = 4096
-_PLANS: dict[tuple[Any, ...], Plan] = {}
+_PLANS: dict[tuple[Any, ...], EinsumPlan] = {}
 register(_PLANS.clear)
 
 
@@ -152,7 +152,7 @@ class _Operand(NamedTuple):
 
 
 @cached(maxsize=4096)
-def _analyze_cached(*key: Any) -> Plan:
+def _analyze_cached(*key: Any) -> EinsumPlan:
     return _analyze(*key)
 
 
@@ -220,7 +220,7 @@ def _analyze(
     profile: Profile | str | None,
     in_specs: tuple[Any, ...] | None,
     out_spec: Any,
-) -> Plan:
+) -> EinsumPlan:
     sizes = dict(size_items) if size_items else None
     prep = _prepare(expr)
     parsed = prep.parsed
@@ -331,7 +331,7 @@ def _analyze(
     return plan
 
 
-def _warn_if_meaning_changed(text: str, plan: Plan, problem: Problem, dname: str) -> None:
+def _warn_if_meaning_changed(text: str, plan: EinsumPlan, problem: Problem, dname: str) -> None:
     """Before 0.3 a bare output ('-> b y') on an einsum meant "infer"; it now means whole, as in a placement.
 
     A FutureWarning (not an error: the result is the same values, laid out whole) when that changes the
@@ -366,8 +366,8 @@ def plan_einsum(
     out: Layout | None = None,
     dtype: Any = None,
     profile: Profile | str | None = None,
-) -> Plan:
-    """The :class:`Plan` for operands already laid out (the entry point for whole-program analysis).
+) -> EinsumPlan:
+    """The :class:`EinsumPlan` for operands already laid out (the entry point for whole-program analysis).
 
     ``operands`` are Layouts (:class:`~einshard.core.layout.Layout`) on one mesh, named by
     einsum axis; ``out_axes`` the result's axes; ``out`` the layout to deliver
@@ -404,12 +404,12 @@ def plan_einsum(
 
 
 @cached(maxsize=1024)
-def analyze_layouts(problem: Problem, dtype: str = "f32") -> Plan:
-    """The :class:`Plan` for a resolved :class:`~einshard.analysis.rule.Problem` (cached: layers repeat)."""
+def analyze_layouts(problem: Problem, dtype: str = "f32") -> EinsumPlan:
+    """The :class:`EinsumPlan` for a resolved :class:`~einshard.analysis.rule.Problem` (cached: layers repeat)."""
     return _plan(problem, dtype)
 
 
-def _plan(problem: Problem, dtype: str) -> Plan:
+def _plan(problem: Problem, dtype: str) -> EinsumPlan:
     """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers)."""
     classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
     en = _Enumeration(problem, classes)
@@ -427,10 +427,10 @@ def _plan(problem: Problem, dtype: str) -> Plan:
     sizes = {m.name: m.size for m in problem.mesh}
     total = 2 * math.prod(s for _, s in problem.sizes)
 
-    def build(c: Any, more: Any = None) -> Plan:
+    def build(c: Any, more: Any = None) -> EinsumPlan:
         role_of = roles(problem.operands, c, classes, weight)
         comm = sum([s.time for s in c.steps])
-        return Plan(
+        return EinsumPlan(
             expression=", ".join(side_string(o) for o in problem.operands) + " -> " + side_string(c.out),
             mesh=problem.mesh,
             dtype=dtype,
@@ -457,7 +457,7 @@ def _plan(problem: Problem, dtype: str) -> Plan:
             more=more,
         )
 
-    def alternatives() -> tuple[Plan, ...]:
+    def alternatives() -> tuple[EinsumPlan, ...]:
         ranked = rank([c for part in en.parts() for c in en.candidates(part)])
         first = next(c for c in ranked if c.resolution == "complete") if problem.requested is None else ranked[0]
         return tuple(build(c) for c in ranked if c is not first)  # `first` is `best`, priced again

@@ -1,4 +1,4 @@
-"""The :class:`Plan`: what an einsum costs laid out one way, and the other ways."""
+"""The :class:`EinsumPlan`: what an einsum costs laid out one way, and the other ways."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..parsing import format_name
 from .cost import Collective, Profile, human_bytes, human_time
 from .rule import CONTRACTED, LONE, Candidate
 
-__all__ = ["Plan", "type_string", "side_string"]
+__all__ = ["EinsumPlan", "type_string", "side_string"]
 
 
 def _axis_name(name: str) -> str:
@@ -50,10 +50,10 @@ def side_string(lay: Layout) -> str:
 
 
 @dataclass(frozen=True)
-class Plan:
+class EinsumPlan:
     """One way to compute an einsum on a mesh: layouts, collectives, FLOPs, time, the strategy's name.
 
-    ``alternatives`` holds the other ways (each a Plan without alternatives),
+    ``alternatives`` holds the other ways (each a EinsumPlan without alternatives),
     cheapest first.  Sizes are per device; times are α–β estimates on
     ``profile``.
     """
@@ -81,10 +81,10 @@ class Plan:
     why: str
     resolution: str
     weight: int | None
-    more: Callable[[], tuple[Plan, ...]] | None = field(default=None, compare=False, repr=False)
+    more: Callable[[], tuple[EinsumPlan, ...]] | None = field(default=None, compare=False, repr=False)
 
     @functools.cached_property
-    def alternatives(self) -> tuple[Plan, ...]:
+    def alternatives(self) -> tuple[EinsumPlan, ...]:
         """The other ways, cheapest first (built on first use: analysis stays fast when unused)."""
         return self.more() if self.more is not None else ()
 
@@ -132,7 +132,7 @@ class Plan:
         return math.prod(m.size for m in self.mesh)
 
     @property
-    def options(self) -> tuple[Plan, ...]:
+    def options(self) -> tuple[EinsumPlan, ...]:
         """This plan and its alternatives, cheapest first."""
         return tuple(sorted((self, *self.alternatives), key=lambda p: p.time))
 
@@ -194,7 +194,7 @@ class Plan:
 COLLECTIVE_COLUMNS = ("collective", "mesh axes", "group", "tensor", "buffer", "sent/device", "time", "why")
 
 
-def collective_rows(plan: Plan) -> list[tuple[str, ...]]:
+def collective_rows(plan: EinsumPlan) -> list[tuple[str, ...]]:
     """One row per collective of the plan, in :data:`COLLECTIVE_COLUMNS` order (plain and rich tables share it)."""
     return [
         (
@@ -211,7 +211,7 @@ def collective_rows(plan: Plan) -> list[tuple[str, ...]]:
     ]
 
 
-def format_plan(plan: Plan, max_alternatives: int = 8) -> str:
+def format_plan(plan: EinsumPlan, max_alternatives: int = 8) -> str:
     """The plain-text table ``str(plan)`` prints."""
     mesh = " ".join(str(m) for m in plan.mesh)
     lines = [

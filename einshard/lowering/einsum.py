@@ -1,7 +1,7 @@
 """``einshard.einsum``: run an annotated einsum as the explicit program its plan describes.
 
 The analyzer (:func:`einshard.analyze`) decides which collectives an einsum
-needs; this module turns that :class:`~einshard.analysis.Plan` into
+needs; this module turns that :class:`~einshard.analysis.EinsumPlan` into
 :class:`~einshard.lowering.steps.Step`\\ s and runs them in one
 ``jax.shard_map`` (:func:`~einshard.lowering.shard_einsum.einsum_shard_map`), so the
 program that runs is the plan that was explained — there is no second
@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._caches import register
 from .._compat import native_unreduced
-from ..analysis import Plan, analyze
+from ..analysis import EinsumPlan, analyze
 from ..analysis.api import _Operand
 from ..analysis.cost import Collective
 from ..core.collectives import Target, reorder_pairs
@@ -98,7 +98,7 @@ def _runs(c: Collective) -> bool:
     return True
 
 
-def runs_exactly(plan: Plan) -> bool:
+def runs_exactly(plan: EinsumPlan) -> bool:
     """Whether :func:`lower` runs this plan's collectives exactly as listed (else it runs an alternative).
 
     Not run: a split regrouped onto fewer devices (:func:`_runs`); pending sums an operand
@@ -117,7 +117,7 @@ def runs_exactly(plan: Plan) -> bool:
     return not carried and not replicated_permute and all(_runs(c) for c in plan.collectives)
 
 
-def _runnable(plan: Plan) -> Plan:
+def _runnable(plan: EinsumPlan) -> EinsumPlan:
     """The plan itself if the lowering runs each of its collectives exactly, else the cheapest that it does.
 
     Splits regrouped onto fewer devices (:func:`_runs`) are not run, nor pending sums an operand brings
@@ -141,14 +141,14 @@ def _runnable(plan: Plan) -> Plan:
     raise EinshardError(f"einshard.einsum found no plan for {plan.expression} that it can run exactly")
 
 
-def _with_alternatives(chosen: Plan, best: Plan) -> Plan:
+def _with_alternatives(chosen: EinsumPlan, best: EinsumPlan) -> EinsumPlan:
     import dataclasses
 
     others = tuple(p for p in (best, *best.alternatives) if p is not chosen)
     return dataclasses.replace(chosen, more=lambda: others)
 
 
-def local_sums(plan: Plan) -> dict[int, Layout]:
+def local_sums(plan: EinsumPlan) -> dict[int, Layout]:
     """The operands the plan sums locally before moving them (their lone-reduced axes), as summed.
 
     XLA does this (``sum_z x[b, z@m]`` becomes partial sums of ``x[b]`` before any
@@ -172,7 +172,7 @@ def local_sums(plan: Plan) -> dict[int, Layout]:
     return out
 
 
-def plan_steps(plan: Plan) -> tuple[list[Step], list[Step]]:
+def plan_steps(plan: EinsumPlan) -> tuple[list[Step], list[Step]]:
     """The plan's collectives as the steps that run: (on the operands, on the result).
 
     Each collective records its tensor (operand position or ``'out'``), dimension
@@ -220,7 +220,7 @@ class EinsumProgram:
             the plan is then the padded einsum's.
     """
 
-    plan: Plan
+    plan: EinsumPlan
     mode: str
     steps_before: tuple[Step, ...]
     steps_after: tuple[Step, ...]

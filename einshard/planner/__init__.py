@@ -8,7 +8,7 @@ costs), so a plan's numbers are exactly what ``explain`` prints for it.
 The package: :mod:`.inputs` (budget, mesh, shapes), :mod:`.groups` (parameter
 groups and candidate layouts), :mod:`.scoring` (an assignment's compute,
 communication and memory), :mod:`.search` (exhaustive or guided descent),
-:mod:`.explanation` (names and the ``why``), :mod:`.result` (``PlanResult``),
+:mod:`.explanation` (names and the ``why``), :mod:`.result` (``LayoutPlan``),
 :mod:`.core` (``plan``).
 
 How it works:
@@ -63,11 +63,11 @@ from .core import EXHAUSTIVE_LIMIT, MAX_EVALUATIONS, PAIR_LIMIT, SMALL_GROUP_FRA
 from .groups import Candidate, Group, batch_candidates, param_candidates, param_groups
 from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes
 from .pipelines import PipelineCost, PipelineSearch
-from .result import Alternative, PlanResult
+from .result import Alternative, LayoutPlan
 
 __all__ = [
     "plan",
-    "PlanResult",
+    "LayoutPlan",
     "PipelineSearch",
     "PipelineCost",
     "Alternative",

@@ -19,7 +19,7 @@ from .explanation import batch_strategy, explain_choice, short, strategy
 from .groups import Group, batch_candidates, param_candidates, param_groups, search_candidates
 from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes, shape_of
 from .pipelines import PipelineCost, PipelineSearch, best_pipeline, cost_pipelines
-from .result import Alternative, PlanResult
+from .result import Alternative, LayoutPlan
 from .roles import weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
 from .search import exhaustive, guided_descent
@@ -53,7 +53,7 @@ def plan(
     n_alternatives: int = 5,
     pipeline: PipelineSearch | None = None,
     **kwargs: Any,
-) -> PlanResult:
+) -> LayoutPlan:
     """Choose einshard layouts for ``fn``'s parameters and batch: fastest within ``memory_budget``.
 
     Args:
@@ -83,7 +83,7 @@ def plan(
             beats every layout (e.g. where only a pipeline meets the memory budget).
 
     Returns:
-        A :class:`PlanResult`; ``result.rules`` plugs into ``einshard.einshard(params, result.rules, mesh=mesh)``.
+        A :class:`LayoutPlan`; ``result.rules`` plugs into ``einshard.einshard(params, result.rules, mesh=mesh)``.
     """
     start = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -215,7 +215,7 @@ def plan(
                 f"no layout fits the memory budget: the least-bad needs {human_bytes(pipe.memory)}/device "
                 f"> budget {human_bytes(budget or 0)}; returned anyway (fits=False)"
             )
-        return PlanResult(
+        return LayoutPlan(
             rules=rules,
             data_rules=data_rules,
             time_s=pipe.time_s,
@@ -262,7 +262,7 @@ def plan(
     )
     if beaten_by is not None and chosen is beaten_by[1]:
         explanation = f"{beaten_by[0].label} beats every assignment searched; returned as the plan\n" + explanation
-    return PlanResult(
+    return LayoutPlan(
         rules=rules,
         data_rules=data_rules,
         time_s=chosen.time_s,

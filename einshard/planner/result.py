@@ -10,7 +10,7 @@ from typing import Any
 from ..analysis.cost import human_bytes, human_time
 from ..analysis.program import ProgramReport
 
-__all__ = ["Alternative", "PlanResult"]
+__all__ = ["Alternative", "LayoutPlan"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Alternative:
 
 
 @dataclass(frozen=True)
-class PlanResult:
+class LayoutPlan:
     """What ``einshard.plan`` chose, what it costs, and why.
 
     Attributes:

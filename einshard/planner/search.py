@@ -17,7 +17,7 @@ The descent (a heuristic; tests measure it against brute force):
 
 Each costing walks the whole program (tens of milliseconds on a 2-layer
 transformer), so the number costed is the planning time: ``max_evaluations``
-bounds it, and ``PlanResult.evaluated`` reports it.
+bounds it, and ``LayoutPlan.evaluated`` reports it.
 """
 
 from __future__ import annotations
