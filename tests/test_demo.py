@@ -61,7 +61,14 @@ def test_reference_learns(reference):
     assert abs(reference[0] - np.log(256)) < 1.0  # starts near a uniform guess over bytes
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+# The default run trains three layouts (jit DP, jit hybrid DP x TP, the explicit pipeline program); the slow run
+# trains every preset (and the docs' CLI test runs the whole demo).
+DEFAULT_RUN_PRESETS = ("dp", "hybrid", "pipeline")
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in DEFAULT_RUN_PRESETS else pytest.param(n, marks=pytest.mark.slow) for n in PRESETS]
+)
 def test_every_layout_matches_single_device(name, corpus, reference):
     preset = PRESETS[name]
     t = Trainer(preset, preset.default_mesh(8), CFG, corpus, batch=BATCH)
@@ -97,6 +104,7 @@ def _count(hlo: str, op: str) -> int:
     return len(re.findall(rf"\s{op}(?:-start)?\(", hlo))
 
 
+@pytest.mark.slow  # an explicit tp-async program: minutes of compiling on 2 cores
 def test_tp_async_sync_schedule_is_the_baseline(corpus, reference):
     """--ring sync: the same program with plain all-gathers / reduce-scatters: same loss, no rings."""
     t = Trainer(PRESETS["tp-async"], {"data": 2, "model": 4}, CFG, corpus, batch=BATCH, step_options={"ring": "sync"})
@@ -118,6 +126,7 @@ def test_explicit_step_options_and_meshes_are_checked(corpus):
         Trainer(PRESETS["tp-async"], {"stage": 2, "data": 4}, CFG, corpus, batch=BATCH)
 
 
+@pytest.mark.slow  # an explicit tp-async program: minutes of compiling on 2 cores
 def test_checkpoint_from_pipeline_resumes_as_tp_async(tmp_path, corpus, reference):
     """Save under the pipeline layout (layers over 'stage'), resume under asynchronous TP: the losses continue."""
     path = str(tmp_path / "pipe")

@@ -55,14 +55,7 @@ def _reference(operands, out, arrays):
     return np.einsum(sub, *[np.asarray(x, np.float64) for x in arrays])
 
 
-@settings(max_examples=30, deadline=None)
-@given(
-    case=einsums(),
-    mode=st.sampled_from(["sync", "async", "auto"]),
-    seed=st.integers(0, 3),
-    kind=st.sampled_from(["auto", "explicit", "mixed"]),
-)
-def test_every_mode_equals_jnp_einsum(case, mode, seed, kind):
+def _check_every_mode_equals_jnp_einsum(case, mode, seed, kind):
     shape, names, expr, shapes, operands, out = case
     mesh = _mesh(shape, names, kind=kind)
     rng = np.random.default_rng(seed)
@@ -78,13 +71,31 @@ def test_every_mode_equals_jnp_einsum(case, mode, seed, kind):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()))
 
 
-@settings(max_examples=12, deadline=None)
+# 8 examples in the default run; 30 in the slow one (the same property)
+@settings(max_examples=8, deadline=None)
 @given(
     case=einsums(),
-    mode=st.sampled_from(["sync", "async", "two_way", "auto"]),
-    kind=st.sampled_from(["explicit", "auto", "mixed"]),
+    mode=st.sampled_from(["sync", "async", "auto"]),
+    seed=st.integers(0, 3),
+    kind=st.sampled_from(["auto", "explicit", "mixed"]),
 )
-def test_gradients_equal_the_unsharded_einsum(case, mode, kind):
+def test_every_mode_equals_jnp_einsum(case, mode, seed, kind):
+    _check_every_mode_equals_jnp_einsum(case=case, mode=mode, seed=seed, kind=kind)
+
+
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None)
+@given(
+    case=einsums(),
+    mode=st.sampled_from(["sync", "async", "auto"]),
+    seed=st.integers(0, 3),
+    kind=st.sampled_from(["auto", "explicit", "mixed"]),
+)
+def test_every_mode_equals_jnp_einsum_deep(case, mode, seed, kind):
+    _check_every_mode_equals_jnp_einsum(case=case, mode=mode, seed=seed, kind=kind)
+
+
+def _check_gradients_equal_the_unsharded_einsum(case, mode, kind):
     """Every lowering mode differentiates like jnp.einsum, on Explicit, Auto and mixed meshes.
 
     On meshes with Explicit axes jax.grad runs inside `jax.set_mesh` (outside it plain JAX cannot
@@ -118,6 +129,28 @@ def test_gradients_equal_the_unsharded_einsum(case, mode, kind):
     want = jax.grad(plain, argnums=argnums)(*arrays)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=2e-4)
+
+
+# 3 examples in the default run; 12 in the slow one (the same property)
+@settings(max_examples=3, deadline=None)
+@given(
+    case=einsums(),
+    mode=st.sampled_from(["sync", "async", "two_way", "auto"]),
+    kind=st.sampled_from(["explicit", "auto", "mixed"]),
+)
+def test_gradients_equal_the_unsharded_einsum(case, mode, kind):
+    _check_gradients_equal_the_unsharded_einsum(case=case, mode=mode, kind=kind)
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None)
+@given(
+    case=einsums(),
+    mode=st.sampled_from(["sync", "async", "two_way", "auto"]),
+    kind=st.sampled_from(["explicit", "auto", "mixed"]),
+)
+def test_gradients_equal_the_unsharded_einsum_deep(case, mode, kind):
+    _check_gradients_equal_the_unsharded_einsum(case=case, mode=mode, kind=kind)
 
 
 @pytest.mark.parametrize("two_way", [False, True])
@@ -169,9 +202,7 @@ def test_einsum_without_a_mesh_is_a_clear_error():
         einshard.einsum("b k, k n -> b n", np.ones((4, 4)), np.ones((4, 4)), mesh=_mesh((2,), ("x",)), mode="fast")
 
 
-@settings(max_examples=10, deadline=None)
-@given(b=st.integers(1, 9), k=st.integers(1, 11), n=st.integers(1, 7), mode=st.sampled_from(["sync", "async", "auto"]))
-def test_uneven_splits_are_padded_exactly(b, k, n, mode):
+def _check_uneven_splits_are_padded_exactly(b, k, n, mode):
     """Sizes that do not divide the mesh are zero-padded (exact for an einsum) and cut back; gradients too."""
     mesh = _mesh((4,), ("x",))
     rng = np.random.default_rng(0)
@@ -184,6 +215,20 @@ def test_uneven_splits_are_padded_exactly(b, k, n, mode):
     np.testing.assert_allclose(
         np.asarray(g), np.asarray(jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)), rtol=1e-4, atol=1e-4
     )
+
+
+# 3 examples in the default run; 10 in the slow one (the same property)
+@settings(max_examples=3, deadline=None)
+@given(b=st.integers(1, 9), k=st.integers(1, 11), n=st.integers(1, 7), mode=st.sampled_from(["sync", "async", "auto"]))
+def test_uneven_splits_are_padded_exactly(b, k, n, mode):
+    _check_uneven_splits_are_padded_exactly(b=b, k=k, n=n, mode=mode)
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None)
+@given(b=st.integers(1, 9), k=st.integers(1, 11), n=st.integers(1, 7), mode=st.sampled_from(["sync", "async", "auto"]))
+def test_uneven_splits_are_padded_exactly_deep(b, k, n, mode):
+    _check_uneven_splits_are_padded_exactly(b=b, k=k, n=n, mode=mode)
 
 
 def test_an_uneven_output_split_is_a_clear_error():
@@ -250,9 +295,7 @@ def _plan_collectives(plan):
     return [(s.kind, s.operand, s.mesh_axes) for s in steps if s.kind != "dynamic-slice"]
 
 
-@settings(max_examples=25, deadline=None)
-@given(case=einsums(), seed=st.integers(0, 3), kind=st.sampled_from(["auto", "explicit", "mixed"]))
-def test_the_program_that_runs_is_the_plan_that_was_explained(case, seed, kind):
+def _check_the_program_that_runs_is_the_plan_that_was_explained(case, seed, kind):
     """lower(...).program runs analyze(...)'s collectives, one for one, and computes jnp.einsum.
 
     The analyzer's first choice is run unless the lowering cannot run it exactly (runs_exactly: a
@@ -274,6 +317,20 @@ def test_the_program_that_runs_is_the_plan_that_was_explained(case, seed, kind):
     got = np.asarray(program.complete(y))
     expected = _reference(operands, out, arrays)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()))
+
+
+# 6 examples in the default run; 25 in the slow one (the same property)
+@settings(max_examples=6, deadline=None)
+@given(case=einsums(), seed=st.integers(0, 3), kind=st.sampled_from(["auto", "explicit", "mixed"]))
+def test_the_program_that_runs_is_the_plan_that_was_explained(case, seed, kind):
+    _check_the_program_that_runs_is_the_plan_that_was_explained(case=case, seed=seed, kind=kind)
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None)
+@given(case=einsums(), seed=st.integers(0, 3), kind=st.sampled_from(["auto", "explicit", "mixed"]))
+def test_the_program_that_runs_is_the_plan_that_was_explained_deep(case, seed, kind):
+    _check_the_program_that_runs_is_the_plan_that_was_explained(case=case, seed=seed, kind=kind)
 
 
 @pytest.mark.parametrize("context", ["set_mesh", "jit"])
