@@ -18,7 +18,6 @@ Step time = compute + communication (no overlap), as ``explain`` prints it.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ import jax
 from ..analysis.program import ProgramReport, TracedProgram
 from ..core.layout import MeshAxis
 from ..errors import EinshardError
+from ..tree_rules import leaf_expressions
 from .combining import CombinedCollectives, combined_report
 from .groups import Group
 from .inputs import shape_of
@@ -204,19 +204,12 @@ def preset_assignments(groups: list[Group], batch: Group) -> dict[str, tuple[int
 
 
 def _pick(name: str, rules: Any, tree: Any) -> Any:
-    """Each leaf's expression: the first rule whose pattern is found in its path (as ``einshard()`` does)."""
-    if isinstance(rules, str):
-        return jax.tree_util.tree_map(lambda _: rules, tree)
-    compiled = [(re.compile(p), e) for p, e in rules.items()]
-
-    def one(path: Any, _: Any) -> Any:
-        key = jax.tree_util.keystr(path)
-        for rx, e in compiled:
-            if rx.search(key):
-                return e
-        raise EinshardError(f"preset {name!r}: no rule matches {key}")
-
-    return jax.tree_util.tree_map_with_path(one, tree)
+    """Each leaf's expression by the one path-rule matcher (:mod:`einshard.tree_rules`, as ``einshard()`` reads rules)."""
+    try:
+        picked = leaf_expressions(tree, rules)
+    except EinshardError as err:
+        raise EinshardError(f"preset {name!r}: {err}") from None
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tree), picked)
 
 
 def user_preset(
