@@ -44,7 +44,7 @@ import planner_models as pm  # noqa: E402
 from transformer import make_step, shapes  # noqa: E402
 
 import einshard  # noqa: E402
-from einshard.analysis import planner as pl  # noqa: E402
+from einshard import planner as pl  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 

@@ -376,3 +376,18 @@ def test_pending_sums_on_an_auto_mesh_keep_the_partials_axis():
     np.testing.assert_allclose(np.asarray(program.complete(y)), x @ w)
     with pytest.raises(EinshardError, match="rank 3"):  # the partials axis is an array axis: sum it first
         einshard.lower("b y, y z -> b z", y, np.ones((8, 4), np.float32), mesh=mesh)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_regroup_over_axes_named_against_the_mesh_order_lands_on_the_right_devices(mode):
+    """Found by einshard.testing's drawn einsums: `a` moves from 'model' to 'data' on a (data, model) mesh.
+
+    The permute runs over ('model', 'data'); ppermute numbers those devices in the mesh's order, not the
+    named one, so the lowering names its ring in mesh order (75% of the result was wrong before).
+    """
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    rng = np.random.default_rng(0)
+    x, v = rng.standard_normal((8, 8, 8)).astype(np.float32), rng.standard_normal((8,)).astype(np.float32)
+    program = einshard.lower("a@model b c, a -> a@data b@model", x, v, mesh=mesh, mode=mode)
+    assert [c.kind for c in program.plan.collectives] == ["collective-permute"]
+    np.testing.assert_allclose(np.asarray(program(x, v)), np.einsum("abc,a->ab", x, v), rtol=1e-5, atol=1e-5)

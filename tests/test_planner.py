@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import einshard
-from einshard.analysis import planner as pl
+from einshard import planner as pl
 from einshard.analysis.program import trace
 from einshard.errors import EinshardError
 from einshard.planner.combining import combined_report

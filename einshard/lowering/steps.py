@@ -116,8 +116,12 @@ def apply_step(block: jax.Array, step: Step, *, invariant: bool | Collection[str
         return jax.lax.dynamic_slice_in_dim(block, jax.lax.axis_index(axes) * piece, piece, step.dim)
     if step.reorder is not None:  # the same data on other devices: whole blocks, or pieces of them (a regroup)
         sizes = {m: jax.lax.axis_size(m) for m in step.mesh_axes}
-        pairs, pieces = reorder_pairs(step.mesh_axes, sizes, *step.reorder)
-        me = jax.lax.axis_index(axes)
+        # ppermute numbers the devices of several axes in the mesh's axis order whatever order they are named in
+        # (axis_index follows the named order), so the ring is named in mesh order for both.
+        order = jax.sharding.get_abstract_mesh().axis_names
+        ring = tuple(sorted(step.mesh_axes, key=lambda m: order.index(m) if m in order else len(order)))
+        pairs, pieces = reorder_pairs(ring, sizes, *step.reorder)
+        me = jax.lax.axis_index(ring)
         for d, piece_of in pieces.items():
             before, after = step.reorder[0][d], step.reorder[1][d]
             n = math.prod(sizes.get(m, 1) for m in after) // math.prod(sizes.get(m, 1) for m in before)
@@ -125,7 +129,7 @@ def apply_step(block: jax.Array, step: Step, *, invariant: bool | Collection[str
                 size = block.shape[d] // n
                 start = jnp.asarray(piece_of, dtype=jnp.int32)[me] * size
                 block = jax.lax.dynamic_slice_in_dim(block, start, size, d)
-        return jax.lax.ppermute(block, axes, pairs)
+        return jax.lax.ppermute(block, ring, pairs)
     # collective-permute: a cyclic shift around the ring
     perm = [(j, (j + step.shift) % n) for j in range(n)]
     return jax.lax.ppermute(block, axes, perm)
