@@ -391,3 +391,25 @@ def test_a_regroup_over_axes_named_against_the_mesh_order_lands_on_the_right_dev
     program = einshard.lower("a@model b c, a -> a@data b@model", x, v, mesh=mesh, mode=mode)
     assert [c.kind for c in program.plan.collectives] == ["collective-permute"]
     np.testing.assert_allclose(np.asarray(program(x, v)), np.einsum("abc,a->ab", x, v), rtol=1e-5, atol=1e-5)
+
+
+def test_auto_mode_differentiates_on_a_mixed_mesh():
+    """Found by the gradient property: mode='auto' on a (Explicit, Auto) mesh under jax.grad, eagerly and under jit.
+
+    The jit's out_shardings name the Auto axis; their transpose would be in_shardings the cotangent's type
+    cannot match (JAX raised).  Differentiated, only the Explicit part is named.
+    """
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit, AxisType.Auto))
+    rng = np.random.default_rng(0)
+    a, b, cot = (rng.standard_normal(8).astype(np.float32) for _ in range(3))
+    program = einshard.lower("a@y, a -> a?", a, b, mesh=mesh, mode="auto")
+
+    def loss(a, b):
+        return jnp.sum(program.complete(program(a, b)) * cot)
+
+    with jax.set_mesh(mesh):
+        for grad in (jax.grad(loss, argnums=(0, 1)), jax.jit(jax.grad(loss, argnums=(0, 1)))):
+            ga, gb = grad(a, b)
+            np.testing.assert_allclose(np.asarray(ga), b * cot, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(np.asarray(gb), a * cot, rtol=1e-6, atol=1e-6)
+    assert program(a, b).sharding.spec == P("y")  # forward, not differentiated: laid out as planned

@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -382,6 +383,18 @@ def einsum_shard_map(
     return run
 
 
+def _differentiated(x: Any) -> bool:
+    """Whether ``jax.grad``/``jax.vjp`` (eagerly or under ``jax.jit``) is differentiating through ``x``."""
+    while isinstance(x, jax.core.Tracer):
+        if type(x).__name__ in ("JVPTracer", "LinearizeTracer"):
+            return True
+        inner = getattr(x, "primal", None) if hasattr(x, "primal") else getattr(x, "val", None)
+        if inner is None:
+            return False
+        x = inner
+    return False
+
+
 def einsum_auto(
     layouts_in: Sequence[Layout],
     layout_out: Layout,
@@ -416,10 +429,13 @@ def einsum_auto(
 
     concrete = isinstance(mesh, Mesh)
 
-    def compute(*operands: Any) -> jax.Array:
+    def compute(*operands: Any, constrain: bool = True) -> jax.Array:
         # Auto axes: sharding constraints; Explicit axes: reshard the operands and type the result.
         # (Constraints first: with_sharding_constraint's transpose drops the Explicit part of a type.)
-        xs = [place(constrain_auto(jnp.asarray(x), mesh, s), mesh, s) for x, s in zip(operands, in_specs, strict=True)]
+        xs = [jnp.asarray(x) for x in operands]
+        if constrain:
+            xs = [constrain_auto(x, mesh, s) for x, s in zip(xs, in_specs, strict=True)]
+        xs = [place(x, mesh, s) for x, s in zip(xs, in_specs, strict=True)]
         kw: dict[str, Any] = {"precision": precision, "preferred_element_type": preferred_element_type}
         if explicit:
             kw["out_sharding"] = NamedSharding(mesh, restrict_spec(out_spec, explicit))
@@ -437,12 +453,28 @@ def einsum_auto(
     # devices even when no mesh context is current and the operands are host arrays (a shard_map's
     # mesh does that for the other modes); on an abstract mesh the context or the operands' types do.
     staged = jax.jit(compute, out_shardings=NamedSharding(mesh, out_spec)) if concrete else compute
+    # Differentiated on a mixed mesh, the transpose of those out_shardings would be in_shardings that name Auto
+    # axes for a cotangent whose type cannot (JAX refuses the mismatch): name only the Explicit part there and
+    # leave the Auto part of the result to XLA, as under a trace (docs/lowering.md).
+    mixed = concrete and bool(explicit) and len(explicit) < len(mesh.axis_names)
+    # The operands' Auto-axis constraints go too: their transpose on a mixed mesh can retype the cotangent onto
+    # an all-Auto mesh, which JAX then refuses (JAX 0.10; found by the gradient property).
+    staged_for_grad = (
+        jax.jit(
+            functools.partial(compute, constrain=False),
+            out_shardings=NamedSharding(mesh, restrict_spec(out_spec, explicit)),
+        )
+        if mixed
+        else staged
+    )
 
     def run(*operands: Any) -> jax.Array:
         if len(operands) != len(layouts_in):
             raise EinshardError(f"the einsum takes {len(layouts_in)} operands, got {len(operands)}")
         _check_operands(operands, layouts_in)
         check_lowering_context(mesh, operands, what="the einsum (mode='auto')")
+        if mixed and any(_differentiated(x) for x in operands):
+            return staged_for_grad(*operands)
         return staged(*operands)
 
     run.program = (f"einsum {subscripts} (XLA auto: layouts as sharding constraints)",)  # type: ignore[attr-defined]
