@@ -28,7 +28,7 @@ def anonymous_mesh(shape: tuple[int, ...]) -> Mesh:
     Example:
         >>> import einshard, jax
         >>> n = jax.device_count()
-        >>> einshard.anonymous_mesh((n,)) is einshard.anonymous_mesh((n,))
+        >>> einshard.placement.anonymous_mesh((n,)) is einshard.placement.anonymous_mesh((n,))
         True
     """
     devices = tuple(jax.devices())
