@@ -132,28 +132,25 @@ def _check_ring_equals_einsum_and_its_gradient(name, mesh_key, b, schedule, seed
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-# 6 examples in the default run; 30 in the slow one (the same property)
-@settings(max_examples=6, deadline=None)
-@given(
+# 6 examples in the default run; 30 in the slow one (the same property), drawn from:
+_RING_EQUALS_EINSUM_AND_ITS_GRADIENT_DRAWS = dict(
     name=st.sampled_from(CASES),
     mesh_key=st.sampled_from(list(MESHES)),
     b=st.integers(1, 5),
     schedule=st.sampled_from(["sync", "one-way", "two-way"]),
     seed=st.integers(0, 2**16),
 )
+
+
+@settings(max_examples=6, deadline=None)
+@given(**_RING_EQUALS_EINSUM_AND_ITS_GRADIENT_DRAWS)
 def test_ring_equals_einsum_and_its_gradient(name, mesh_key, b, schedule, seed):
     _check_ring_equals_einsum_and_its_gradient(name=name, mesh_key=mesh_key, b=b, schedule=schedule, seed=seed)
 
 
 @pytest.mark.slow
 @settings(max_examples=30, deadline=None)
-@given(
-    name=st.sampled_from(CASES),
-    mesh_key=st.sampled_from(list(MESHES)),
-    b=st.integers(1, 5),
-    schedule=st.sampled_from(["sync", "one-way", "two-way"]),
-    seed=st.integers(0, 2**16),
-)
+@given(**_RING_EQUALS_EINSUM_AND_ITS_GRADIENT_DRAWS)
 def test_ring_equals_einsum_and_its_gradient_deep(name, mesh_key, b, schedule, seed):
     _check_ring_equals_einsum_and_its_gradient(name=name, mesh_key=mesh_key, b=b, schedule=schedule, seed=seed)
 

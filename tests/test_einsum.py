@@ -71,26 +71,24 @@ def _check_every_mode_equals_jnp_einsum(case, mode, seed, kind):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()))
 
 
-# 8 examples in the default run; 30 in the slow one (the same property)
-@settings(max_examples=8, deadline=None)
-@given(
+# 8 examples in the default run; 30 in the slow one (the same property), drawn from:
+_EVERY_MODE_EQUALS_JNP_EINSUM_DRAWS = dict(
     case=einsums(),
     mode=st.sampled_from(["sync", "async", "auto"]),
     seed=st.integers(0, 3),
     kind=st.sampled_from(["auto", "explicit", "mixed"]),
 )
+
+
+@settings(max_examples=8, deadline=None)
+@given(**_EVERY_MODE_EQUALS_JNP_EINSUM_DRAWS)
 def test_every_mode_equals_jnp_einsum(case, mode, seed, kind):
     _check_every_mode_equals_jnp_einsum(case=case, mode=mode, seed=seed, kind=kind)
 
 
 @pytest.mark.slow
 @settings(max_examples=30, deadline=None)
-@given(
-    case=einsums(),
-    mode=st.sampled_from(["sync", "async", "auto"]),
-    seed=st.integers(0, 3),
-    kind=st.sampled_from(["auto", "explicit", "mixed"]),
-)
+@given(**_EVERY_MODE_EQUALS_JNP_EINSUM_DRAWS)
 def test_every_mode_equals_jnp_einsum_deep(case, mode, seed, kind):
     _check_every_mode_equals_jnp_einsum(case=case, mode=mode, seed=seed, kind=kind)
 
@@ -131,24 +129,23 @@ def _check_gradients_equal_the_unsharded_einsum(case, mode, kind):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=2e-4)
 
 
-# 3 examples in the default run; 12 in the slow one (the same property)
-@settings(max_examples=3, deadline=None)
-@given(
+# 3 examples in the default run; 12 in the slow one (the same property), drawn from:
+_GRADIENTS_EQUAL_THE_UNSHARDED_EINSUM_DRAWS = dict(
     case=einsums(),
     mode=st.sampled_from(["sync", "async", "two_way", "auto"]),
     kind=st.sampled_from(["explicit", "auto", "mixed"]),
 )
+
+
+@settings(max_examples=3, deadline=None)
+@given(**_GRADIENTS_EQUAL_THE_UNSHARDED_EINSUM_DRAWS)
 def test_gradients_equal_the_unsharded_einsum(case, mode, kind):
     _check_gradients_equal_the_unsharded_einsum(case=case, mode=mode, kind=kind)
 
 
 @pytest.mark.slow
 @settings(max_examples=12, deadline=None)
-@given(
-    case=einsums(),
-    mode=st.sampled_from(["sync", "async", "two_way", "auto"]),
-    kind=st.sampled_from(["explicit", "auto", "mixed"]),
-)
+@given(**_GRADIENTS_EQUAL_THE_UNSHARDED_EINSUM_DRAWS)
 def test_gradients_equal_the_unsharded_einsum_deep(case, mode, kind):
     _check_gradients_equal_the_unsharded_einsum(case=case, mode=mode, kind=kind)
 
@@ -217,16 +214,21 @@ def _check_uneven_splits_are_padded_exactly(b, k, n, mode):
     )
 
 
-# 3 examples in the default run; 10 in the slow one (the same property)
+# 3 examples in the default run; 10 in the slow one (the same property), drawn from:
+_UNEVEN_SPLITS_ARE_PADDED_EXACTLY_DRAWS = dict(
+    b=st.integers(1, 9), k=st.integers(1, 11), n=st.integers(1, 7), mode=st.sampled_from(["sync", "async", "auto"])
+)
+
+
 @settings(max_examples=3, deadline=None)
-@given(b=st.integers(1, 9), k=st.integers(1, 11), n=st.integers(1, 7), mode=st.sampled_from(["sync", "async", "auto"]))
+@given(**_UNEVEN_SPLITS_ARE_PADDED_EXACTLY_DRAWS)
 def test_uneven_splits_are_padded_exactly(b, k, n, mode):
     _check_uneven_splits_are_padded_exactly(b=b, k=k, n=n, mode=mode)
 
 
 @pytest.mark.slow
 @settings(max_examples=10, deadline=None)
-@given(b=st.integers(1, 9), k=st.integers(1, 11), n=st.integers(1, 7), mode=st.sampled_from(["sync", "async", "auto"]))
+@given(**_UNEVEN_SPLITS_ARE_PADDED_EXACTLY_DRAWS)
 def test_uneven_splits_are_padded_exactly_deep(b, k, n, mode):
     _check_uneven_splits_are_padded_exactly(b=b, k=k, n=n, mode=mode)
 
@@ -319,16 +321,21 @@ def _check_the_program_that_runs_is_the_plan_that_was_explained(case, seed, kind
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()))
 
 
-# 6 examples in the default run; 25 in the slow one (the same property)
+# 6 examples in the default run; 25 in the slow one (the same property), drawn from:
+_THE_PROGRAM_THAT_RUNS_IS_THE_PLAN_THAT_WAS_EXPLAINED_DRAWS = dict(
+    case=einsums(), seed=st.integers(0, 3), kind=st.sampled_from(["auto", "explicit", "mixed"])
+)
+
+
 @settings(max_examples=6, deadline=None)
-@given(case=einsums(), seed=st.integers(0, 3), kind=st.sampled_from(["auto", "explicit", "mixed"]))
+@given(**_THE_PROGRAM_THAT_RUNS_IS_THE_PLAN_THAT_WAS_EXPLAINED_DRAWS)
 def test_the_program_that_runs_is_the_plan_that_was_explained(case, seed, kind):
     _check_the_program_that_runs_is_the_plan_that_was_explained(case=case, seed=seed, kind=kind)
 
 
 @pytest.mark.slow
 @settings(max_examples=25, deadline=None)
-@given(case=einsums(), seed=st.integers(0, 3), kind=st.sampled_from(["auto", "explicit", "mixed"]))
+@given(**_THE_PROGRAM_THAT_RUNS_IS_THE_PLAN_THAT_WAS_EXPLAINED_DRAWS)
 def test_the_program_that_runs_is_the_plan_that_was_explained_deep(case, seed, kind):
     _check_the_program_that_runs_is_the_plan_that_was_explained(case=case, seed=seed, kind=kind)
 

@@ -112,9 +112,8 @@ def _check_ellipsis_with_uneven_sizes_equals_jnp_einsum(case, lead, b, k, n, kin
         np.testing.assert_allclose(np.asarray(g), np.asarray(p), rtol=1e-4, atol=1e-4)
 
 
-# 3 examples in the default run; 12 in the slow one (the same property)
-@settings(max_examples=3, deadline=None)
-@given(
+# 3 examples in the default run; 12 in the slow one (the same property), drawn from:
+_ELLIPSIS_WITH_UNEVEN_SIZES_EQUALS_JNP_EINSUM_DRAWS = dict(
     case=st.sampled_from(ELLIPSIS_CASES),
     lead=st.lists(st.integers(1, 5), min_size=0, max_size=2),
     b=st.integers(1, 7),
@@ -122,20 +121,17 @@ def _check_ellipsis_with_uneven_sizes_equals_jnp_einsum(case, lead, b, k, n, kin
     n=st.integers(1, 6),
     kind=st.sampled_from([AxisType.Explicit, AxisType.Auto]),
 )
+
+
+@settings(max_examples=3, deadline=None)
+@given(**_ELLIPSIS_WITH_UNEVEN_SIZES_EQUALS_JNP_EINSUM_DRAWS)
 def test_ellipsis_with_uneven_sizes_equals_jnp_einsum(case, lead, b, k, n, kind):
     _check_ellipsis_with_uneven_sizes_equals_jnp_einsum(case=case, lead=lead, b=b, k=k, n=n, kind=kind)
 
 
 @pytest.mark.slow
 @settings(max_examples=12, deadline=None)
-@given(
-    case=st.sampled_from(ELLIPSIS_CASES),
-    lead=st.lists(st.integers(1, 5), min_size=0, max_size=2),
-    b=st.integers(1, 7),
-    k=st.integers(1, 11),
-    n=st.integers(1, 6),
-    kind=st.sampled_from([AxisType.Explicit, AxisType.Auto]),
-)
+@given(**_ELLIPSIS_WITH_UNEVEN_SIZES_EQUALS_JNP_EINSUM_DRAWS)
 def test_ellipsis_with_uneven_sizes_equals_jnp_einsum_deep(case, lead, b, k, n, kind):
     _check_ellipsis_with_uneven_sizes_equals_jnp_einsum(case=case, lead=lead, b=b, k=k, n=n, kind=kind)
 
