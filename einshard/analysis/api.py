@@ -35,7 +35,8 @@ from .inputs import (
     spec_partitions,
 )
 from .plan import EinsumPlan, explain_choice, side_string
-from .rule import Problem, _Enumeration, best_candidate, classify, rank
+from .rule import Problem, classify
+from .search import _Enumeration, best_candidate, rank
 from .strategy import pick_weight, roles, strategy_name, tutorial_view
 
 __all__ = [
