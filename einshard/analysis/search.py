@@ -57,20 +57,44 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
     collectives only add time), so parts are visited cheapest first and the search stops at the first
     part dearer than the best candidate so far.  Ties keep the enumeration order, as ``rank`` does.
     """
-    parts = en.parts()
+    specs = en.specs()
     best: Candidate | None = None
     best_key: tuple[object, ...] = ()
-    for k in sorted(range(len(parts)), key=lambda k: (parts[k].unsplits, parts[k].bound)):
-        part = parts[k]
+    # Visited by compute time, a lower bound of every candidate's time that needs no collective priced:
+    # a part's moves are priced only if it can still win.  The answer is the least key over all candidates
+    # whichever the order (every part skipped has only dearer candidates), so ties resolve as in ``rank``.
+    for k in sorted(range(len(specs)), key=lambda k: (specs[k].unsplits, specs[k].compute_time)):
+        spec = specs[k]
         # (a margin of 1e-12: Python 3.12's float sum compensates rounding, so a bound may exceed its
         # candidates' times by an ulp)
-        if best is not None and (part.unsplits, part.bound) > (best.unsplits_agreed, best.time * (1 + 1e-12)):
+        if best is not None and (spec.unsplits, spec.compute_time) > (
+            best.unsplits_agreed,
+            best.time * (1 + 1e-12),
+        ):
             break
+        part = en.part(k)
+        if part is None or (
+            best is not None and (part.unsplits, part.bound) > (best.unsplits_agreed, best.time * (1 + 1e-12))
+        ):
+            continue
         for j, c in enumerate(en.candidates(part, complete)):
             key = (c.unsplits_agreed, c.time, c.comm_bytes, len(c.steps), k, j)
             if best is None or key < best_key:
                 best, best_key = c, key
     return best
+
+
+class _Spec(NamedTuple):
+    """A part before its operand moves are priced: the choice, and what it costs to compute."""
+
+    choice: dict[str, str | None]
+    order: dict[str, tuple[str, ...]]
+    operands: tuple[Layout, ...]  # as the moves start (lone-reduced axes summed first or not)
+    flops: int
+    compute_time: float  # no candidate built on this part is faster
+    pending_kept: frozenset[str]
+    keep_u: list[frozenset[str]]
+    unsplits: bool
 
 
 class _Part(NamedTuple):
@@ -92,7 +116,7 @@ class _Enumeration:
     """What one enumeration shares across its candidates: the problem's facts, the operand moves (parts),
     and memos of the moves and result resolutions (the same ones recur across choices and orders)."""
 
-    __slots__ = ("problem", "classes", "mesh_sizes", "out_shape", "itemsize", "profile", "memo", "_parts")
+    __slots__ = ("problem", "classes", "mesh_sizes", "out_shape", "itemsize", "profile", "memo", "_specs", "_priced")
 
     def __init__(self, problem: Problem, classes: dict[str, str]) -> None:
         self.problem = problem
@@ -103,7 +127,8 @@ class _Enumeration:
         self.itemsize = problem.itemsize
         self.profile = problem.profile
         self.memo: dict[tuple[object, ...], object] = {}
-        self._parts: list[_Part] | None = None
+        self._specs: list[_Spec] | None = None
+        self._priced: list[object] = []
 
     def transition(self, src: Layout, dst: Layout, operand: Target) -> tuple[Collective, ...] | None:
         """``transition``'s collectives, each recording its tensor (``operand``, which the lowering runs it
@@ -113,13 +138,27 @@ class _Enumeration:
             steps = transition(src, dst, itemsize=self.itemsize, profile=self.profile, tensor=tensor)[1]
         except EinshardError:
             return None
-        return tuple([replace(c, operand=operand) for c in steps])
+        return tuple([_with_operand(c, operand) for c in steps])
+
+    def specs(self) -> list[_Spec]:
+        """Every way to move the operands (per-axis choices × orders × operand variants), in enumeration
+        order, unpriced."""
+        if self._specs is None:
+            self._specs = _specs(self)
+            self._priced = [_UNSET] * len(self._specs)
+        return self._specs
+
+    def part(self, k: int) -> _Part | None:
+        """Spec ``k`` priced (None: an indivisible split or an impossible step), memoized."""
+        self.specs()
+        got = self._priced[k]
+        if got is _UNSET:
+            got = self._priced[k] = _part(self, self._specs[k])  # type: ignore[index]
+        return got  # type: ignore[return-value]
 
     def parts(self) -> list[_Part]:
-        """Every way to move the operands (per-axis choices × orders × operand variants), in enumeration order."""
-        if self._parts is None:
-            self._parts = _parts(self)
-        return self._parts
+        """Every possible way to move the operands, priced, in enumeration order."""
+        return [p for k in range(len(self.specs())) if (p := self.part(k)) is not None]
 
     def candidates(self, part: _Part, complete: bool = False) -> list[Candidate]:
         """The part's candidates, one per way to deliver the result (``complete``: only complete results)."""
@@ -143,13 +182,27 @@ class _Enumeration:
         ]
 
 
-def _parts(en: _Enumeration) -> list[_Part]:
+_UNSET = object()
+
+
+def _with_operand(c: Collective, operand: Target) -> Collective:
+    """``dataclasses.replace(c, operand=operand)`` without its generic machinery (a tenth of a fresh analysis):
+    the record's fields as they are, the operand set."""
+    new = object.__new__(Collective)
+    d = new.__dict__  # a frozen dataclass without slots: fields filled as object.__setattr__ would
+    d.update(c.__dict__)
+    d["operand"] = operand
+    return new
+
+
+def _specs(en: _Enumeration) -> list[_Spec]:
     problem, classes = en.problem, en.classes
     size_of = problem.size_of
     mesh_sizes = en.mesh_sizes
     per_axis = options(problem)
     names = [m for m, _ in per_axis]
-    result: list[_Part] = []
+    result: list[_Spec] = []
+    compute_time = en.profile.compute_time
     # each variant with the FLOPs of its local einsum before any split (the axes it holds)
     variants = [
         (operands, pre, 2 * math.prod(size_of[a] for a in {a for op in operands for a in op.axes}))
@@ -192,25 +245,17 @@ def _parts(en: _Enumeration) -> list[_Part]:
                 # With pending sums to carry, also price summing them first (every operand whole).
                 whole: list[frozenset[str]] = [frozenset()] * len(operands)
                 for ku in [keep_u, whole] if any(keep_u) else [keep_u]:
-                    part = _part(en, choice, order, operands, flops, pending_kept, ku, unsplits)
-                    if part is not None:
-                        result.append(part)
+                    result.append(
+                        _Spec(choice, order, operands, flops, compute_time(flops), pending_kept, ku, unsplits)
+                    )
     return result
 
 
 _IMPOSSIBLE = object()
 
 
-def _part(
-    en: _Enumeration,
-    choice: dict[str, str | None],
-    order: dict[str, tuple[str, ...]],
-    operands: tuple[Layout, ...],
-    flops: int,
-    pending_kept: frozenset[str],
-    keep_u: list[frozenset[str]],
-    unsplits: bool,
-) -> _Part | None:
+def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
+    choice, order, operands, keep_u = spec.choice, spec.order, spec.operands, spec.keep_u
     memo = en.memo
     targets: list[Layout] = []
     steps: list[Collective] = []
@@ -230,18 +275,18 @@ def _part(
             return None
         targets.append(moved[0])  # type: ignore[index]
         steps.extend(moved[1])  # type: ignore[index]
-    compute_time = en.profile.compute_time(flops)
+    compute_time = spec.compute_time
     return _Part(
         tuple(choice.items()),
         operands,
         tuple(targets),
         tuple(steps),
         tuple([order.get(e, ()) for e in en.problem.out_axes]),
-        pending_kept.union(*keep_u),
-        flops,
+        spec.pending_kept.union(*keep_u),
+        spec.flops,
         compute_time,
         compute_time + sum([c.time for c in steps]),  # the same sum as a candidate's, over fewer steps
-        unsplits,
+        spec.unsplits,
     )
 
 
