@@ -34,10 +34,10 @@ from .inputs import (
     dtype_info,
     spec_partitions,
 )
-from .plan import EinsumPlan, explain_choice, side_string
+from .plan import EinsumPlan, side_string
 from .rule import Problem, classify
 from .search import _Enumeration, best_candidate, rank
-from .strategy import pick_weight, roles, strategy_name, tutorial_view
+from .strategy import pick_weight
 
 __all__ = [
     "analyze",
@@ -425,14 +425,10 @@ def _plan(problem: Problem, dtype: str) -> EinsumPlan:
             "pending sums {U:...} can only come from a contraction split over that mesh axis"
         )
     weight = pick_weight(problem.operands, classes)
-    sizes = {m.name: m.size for m in problem.mesh}
     total = 2 * math.prod(s for _, s in problem.sizes)
 
     def build(c: Any, more: Any = None) -> EinsumPlan:
-        role_of = roles(problem.operands, c, classes, weight)
-        comm = sum([s.time for s in c.steps])
         return EinsumPlan(
-            expression=", ".join(side_string(o) for o in problem.operands) + " -> " + side_string(c.out),
             mesh=problem.mesh,
             dtype=dtype,
             itemsize=problem.itemsize,
@@ -445,17 +441,14 @@ def _plan(problem: Problem, dtype: str) -> EinsumPlan:
             flops=c.flops,
             total_flops=total,
             compute_time=problem.profile.compute_time(c.flops),
-            comm_time=comm,
+            comm_time=sum([s.time for s in c.steps]),
             time=c.time,
             classes=classes,
             choice=c.choice,
-            strategy=strategy_name(role_of),
-            roles=role_of,
-            tutorial_view=tutorial_view(c, classes),
-            why=explain_choice(problem.operands, c, classes, sizes),
             resolution=c.resolution,
             weight=weight,
             more=more,
+            candidate=c,
         )
 
     def alternatives() -> tuple[EinsumPlan, ...]:
