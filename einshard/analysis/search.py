@@ -87,7 +87,7 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
 class _Spec(NamedTuple):
     """A part before its operand moves are priced: the choice, and what it costs to compute."""
 
-    choice: dict[str, str | None]
+    choice: tuple[tuple[str, str | None], ...]  # (mesh axis, einsum axis kept or None), mesh order
     order: dict[str, tuple[str, ...]]
     operands: tuple[Layout, ...]  # as the moves start (lone-reduced axes summed first or not)
     flops: int
@@ -202,27 +202,37 @@ def _specs(en: _Enumeration) -> list[_Spec]:
     per_axis = options(problem)
     names = [m for m, _ in per_axis]
     result: list[_Spec] = []
-    compute_time = en.profile.compute_time
-    # each variant with the FLOPs of its local einsum before any split (the axes it holds)
+    peak = en.profile.flops  # Profile.compute_time, inlined: this loop runs for every way to move the operands
+    # Each variant with what every choice asks of it: the FLOPs of its local einsum before any split (the
+    # axes it holds), the mesh axes its operands split, and whether any brings pending sums.
     variants = [
-        (operands, pre, 2 * math.prod(size_of[a] for a in {a for op in operands for a in op.axes}))
+        (
+            operands,
+            pre,
+            True in pre,
+            2 * math.prod(size_of[a] for a in {a for op in operands for a in op.axes}),
+            {m for op in operands for d in op.dims for m in d},
+            any(op.unreduced for op in operands),
+        )
         for operands, pre in _operand_variants(problem, classes)
     ]
+    none_pending = [frozenset()] * len(problem.operands)
     agreed = agreed_splits(problem)
     for combo in itertools.product(*(opts for _, opts in per_axis)):
         choice = dict(zip(names, combo, strict=False))
+        choice_items = tuple(choice.items())
         dropped = [m for m in agreed if choice[m] is None]
         kept_on: dict[str, list[str]] = {}
-        for m, e in choice.items():
+        for m, e in choice_items:
             if e is not None:
                 kept_on.setdefault(e, []).append(m)
         multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
-        kept_product = math.prod(mesh_sizes[m] for m, e in choice.items() if e is not None)
-        pending_kept = frozenset(m for m, e in choice.items() if e is not None and classes[e] in (CONTRACTED, LONE))
+        kept_product = math.prod(mesh_sizes[m] for m, e in choice_items if e is not None)
+        pending_kept = frozenset(m for m, e in choice_items if e is not None and classes[e] in (CONTRACTED, LONE))
         for orders in itertools.product(*(os for _, os in multi)):
             order = {e: o for (e, _), o in zip(multi, orders, strict=False)}
-            for operands, pre, flops_whole in variants:
-                if True in pre and any(
+            for operands, pre, any_pre, flops_whole, split, any_pending in variants:
+                if any_pre and any(
                     pre[i]
                     and any(
                         (e := choice[m]) is not None and e in problem.operands[i].axes and classes[e] == LONE
@@ -232,8 +242,17 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                 ):
                     continue  # summing a lone axis first and also keeping it split: not a different plan
                 # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
-                unsplits = bool(dropped) and any(m in d for m in dropped for op in operands for d in op.dims)
+                unsplits = False
+                for m in dropped:
+                    if m in split:
+                        unsplits = True
+                        break
                 flops = flops_whole // kept_product
+                if not any_pending:
+                    result.append(
+                        _Spec(choice_items, order, operands, flops, flops / peak, pending_kept, none_pending, unsplits)
+                    )
+                    continue
                 # Pending sums an operand brings: summed before the einsum, or (when no other operand splits
                 # over that axis) carried through it, the einsum being linear in each operand.
                 keep_u: list[frozenset[str]] = []
@@ -243,11 +262,8 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                     claimed |= mine
                     keep_u.append(mine)
                 # With pending sums to carry, also price summing them first (every operand whole).
-                whole: list[frozenset[str]] = [frozenset()] * len(operands)
-                for ku in [keep_u, whole] if any(keep_u) else [keep_u]:
-                    result.append(
-                        _Spec(choice, order, operands, flops, compute_time(flops), pending_kept, ku, unsplits)
-                    )
+                for ku in [keep_u, none_pending] if any(keep_u) else [keep_u]:
+                    result.append(_Spec(choice_items, order, operands, flops, flops / peak, pending_kept, ku, unsplits))
     return result
 
 
@@ -265,7 +281,9 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
         moved = memo.get(key)
         if moved is None:
             moved = _IMPOSSIBLE
-            if _fits(op.shape, dims, en.mesh_sizes):
+            if dims == op.dims and keep_u[i] == op.unreduced:
+                moved = (op, ())  # the operand as it is (the most common move: none)
+            elif _fits(op.shape, dims, en.mesh_sizes):
                 target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
                 st = en.transition(op, target, i)
                 if st is not None:
@@ -277,7 +295,7 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
         steps.extend(moved[1])  # type: ignore[index]
     compute_time = spec.compute_time
     return _Part(
-        tuple(choice.items()),
+        choice,
         operands,
         tuple(targets),
         tuple(steps),
