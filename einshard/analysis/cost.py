@@ -100,6 +100,10 @@ PROFILES: dict[str, Profile] = {
 
 def get_profile(profile: Profile | str | None) -> Profile:
     """A :class:`Profile` from itself, a preset name, or None (the ``'cpu'`` preset)."""
+    if profile.__class__ is str:  # the common call: a preset's name as written in the table
+        hit = PROFILES.get(profile)  # type: ignore[arg-type]
+        if hit is not None:
+            return hit
     from ..errors import EinshardError
 
     if profile is None:

@@ -216,7 +216,7 @@ def _specs(en: _Enumeration) -> list[_Spec]:
         )
         for operands, pre in _operand_variants(problem, classes)
     ]
-    none_pending = [frozenset()] * len(problem.operands)
+    none_pending: list[frozenset[str]] = [frozenset()] * len(problem.operands)
     agreed = agreed_splits(problem)
     for combo in itertools.product(*(opts for _, opts in per_axis)):
         choice = dict(zip(names, combo, strict=False))

@@ -1,0 +1,80 @@
+"""The analyzer's fast paths build exactly what the plain constructors build.
+
+The speed work (issue 10) fills frozen records directly, writes a plan's text on first read and prices a
+part's operand moves only when it can still win; the golden file (tests/test_analysis_golden.py) pins the
+results, and these tests pin each shortcut against the slow way it replaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import einshard
+from einshard.analysis.cost import PROFILES, Collective, get_profile
+from einshard.analysis.primitives import _record, all_gather
+from einshard.analysis.search import _with_operand
+from einshard.core.layout import Layout, MeshAxis
+from einshard.parsing import AxisItem, parse_einsum
+
+MESH = (MeshAxis("data", 4), MeshAxis("model", 2))
+LAY = Layout(("b", "x"), (64, 128), MESH, (("data",), ("model",)))
+
+
+def test_a_recorded_collective_equals_the_constructed_one():
+    after = LAY.with_dims(((), ("model",)))
+    got = _record("all-gather", ("data",), 4, 3072.0, 4096, LAY, after, PROFILES["h100"], "operand 1", "w", 0)
+    want = Collective(
+        "all-gather",
+        ("data",),
+        4,
+        3072,
+        4096,
+        PROFILES["h100"].collective_time("all-gather", 4, 3072, 4096, (4,)),
+        "operand 1",
+        "w",
+        LAY,
+        after,
+        dim=0,
+    )
+    assert got == want
+    assert vars(got) == vars(want)  # the fields not compared (before, after) too, in the same order
+    assert repr(got) == repr(want)
+
+
+def test_the_operand_set_on_a_copy_equals_dataclasses_replace():
+    _, c = all_gather(LAY, ("data",), itemsize=2, tensor="operand 1", why="gather 'b'")
+    got = _with_operand(c, 0)
+    want = dataclasses.replace(c, operand=0)
+    assert got == want and vars(got) == vars(want)
+    assert c.operand is None  # the original untouched
+
+
+def test_a_plan_s_text_read_late_equals_the_text_from_its_fields():
+    """The text is written on first read from the candidate the plan keeps; a plan built from the fields
+    alone (no candidate) writes the same strategy, roles and tutorial view, and the same reason when no
+    operand is summed locally first."""
+    plan = einshard.analyze(
+        "b@data x, x y@model -> b? y?", mesh={"data": 4, "model": 2}, sizes={"b": 64, "x": 128, "y": 256}
+    )
+    bare = dataclasses.replace(plan, candidate=None, more=None)
+    for name in ("expression", "strategy", "roles", "tutorial_view", "why"):
+        assert getattr(bare, name) == getattr(plan, name), name
+    assert plan.strategy == "hybrid DP×TP"
+    assert plan.expression == "b@data x, x y@model -> b@data y@model"
+    assert repr(bare) == repr(plan) and "strategy='hybrid DP×TP'" in repr(plan)
+    assert bare == plan  # equality reads the fields, as before
+
+
+def test_a_side_keeps_its_axes_and_names():
+    expr = parse_einsum("b x@data, x y -> b? y?")
+    for side in expr.sides:
+        assert side.axes == tuple(i for i in side.items if isinstance(i, AxisItem))
+        assert side.names == tuple(i.name for i in side.axes)
+    again = dataclasses.replace(expr.inputs[0], items=expr.inputs[0].items[:1])
+    assert again.names == ("b",)
+
+
+def test_a_profile_by_name_is_the_preset():
+    assert get_profile("h100") is PROFILES["h100"]
+    assert get_profile("H100") is PROFILES["h100"]
+    assert get_profile(None) is PROFILES["cpu"]
