@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 import einshard
 from einshard.analysis.cost import PROFILES, Collective, get_profile
 from einshard.analysis.primitives import _record, all_gather
@@ -78,3 +82,80 @@ def test_a_profile_by_name_is_the_preset():
     assert get_profile("h100") is PROFILES["h100"]
     assert get_profile("H100") is PROFILES["h100"]
     assert get_profile(None) is PROFILES["cpu"]
+
+
+# -- the parser's scanner (einshard/_grammar.py) against Lark ----------------------------------------------
+
+PIECES = ["b", "x", "data", "y_z", "é", "ab", "2", "@", "@data", "@(data,model)", "@( data,model)", "@(d,m", "?",
+          "*", "...", "{U:model}", "{l1}", ",", " , ", ",  ", "->", " -> ", "->", " ", "  ", "\n", "\t", "(", "-"]  # fmt: skip
+
+
+def _columns(sides):
+    return [(s.column, s.unreduced_column, s.unreduced, [(type(i).__name__, vars(i)) for i in s.items]) for s in sides]
+
+
+def _lark_sides(text: str):
+    from einshard._grammar import _Build, _lark
+
+    stripped = text.strip()
+    offset = len(text) - len(text.lstrip())
+    return _Build(offset, stripped).transform(_lark().parse(stripped))
+
+
+def _agrees(text: str) -> None:
+    from einshard._grammar import _scan
+
+    got = _scan(text, len(text) - len(text.lstrip()), len(text.rstrip()))
+    if got is None:
+        return  # left to Lark
+    want = _lark_sides(text)  # the scanner never reads what Lark refuses
+    assert _columns(got) == _columns(want), text
+
+
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=12))
+def test_the_scanner_reads_what_lark_reads(pieces):
+    _agrees("".join(pieces))
+
+
+ITEMS = st.tuples(
+    st.sampled_from(["b", "x", "data", "y_z", "é"]), st.sampled_from(["", "", "?", "@data", "@(data,model)", "@d2"])
+)
+
+
+@given(
+    st.lists(st.tuples(ITEMS, st.sampled_from([" ", "  ", ",", " , ", "->", " -> ", "\t"])), min_size=1, max_size=8),
+    st.sampled_from(["", " ", "\n"]),
+)
+def test_the_scanner_reads_well_formed_expressions_as_lark(items, pad):
+    """Mostly well-formed: the scanner reads many of these (two arrows, a comma after the arrow, '->' at the
+    end are left to Lark)."""
+    text = pad + "".join(name + suffix + sep for (name, suffix), sep in items[:-1]) + "".join(items[-1][0]) + pad
+    _agrees(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "b@data x, x y -> b@data y",
+        "  b x@(data,model), x@(data,model) y -> b? y?  ",
+        "b h@model q d, b h@model k d -> b h@model q k",
+        "a b -> a@data b",
+        "a\tb ,c  ->  a?",
+        "b x@data, x y, y z@model -> b? z?",
+        "éa x -> éa",
+    ],
+)
+def test_the_scanner_reads_the_common_expressions_as_lark(text):
+    from einshard._grammar import _scan
+
+    assert _scan(text, len(text) - len(text.lstrip()), len(text.rstrip())) is not None
+    _agrees(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["a b -> a2 b", "a -> a*", "... x -> ... x", "b x, x y -> b y {U:m}", "x -> ", "a@( d,m) -> a", "a b"]
+)
+def test_what_the_scanner_leaves_lark_reads(text):
+    from einshard._grammar import _scan
+
+    assert _scan(text, len(text) - len(text.lstrip()), len(text.rstrip())) is None
