@@ -318,7 +318,7 @@ def test_ctrl_c_stops_saves_and_prints_the_table(tmp_path):
     seen = []
     for line in proc.stdout:
         seen.append(line)
-        if "collectives in the compiled step" in line:
+        if "collectives XLA runs per step" in line:
             break
     time.sleep(2)
     proc.send_signal(signal.SIGINT)

@@ -108,7 +108,7 @@ PROMISES: dict[tuple[str, ...], list[str]] = {
         "8 cpu devices",
         "'l d h k -> l d h@model k'",
         "[l:2 d:64 h:8@model k:8]",
-        "collectives in the compiled step:",
+        "collectives XLA runs per step:",
         r"w_in\s+'r@model d, d f@model -> r f@model'\s+allgather_einsum per layer",
         "bubble: 20% of stage-iterations idle",
     ],

@@ -97,3 +97,37 @@ def test_sent_bytes_follow_the_ring_formulas_and_single_device_groups_are_droppe
     assert hlo.signature(hlo.normalized(HEADER + "  %ag = f32[4]{0} all-gather(%p), replica_groups=[4,2]<=[8]")) == {
         ("all-gather", 16, 2): 1
     }
+
+
+def test_collectives_in_loops_run_once_per_iteration_as_explain_counts_them():
+    """A ``lax.scan`` over layers compiles to a while loop: its body's collectives run once per layer.
+
+    Computation headers whose parameter tuples carry ``/*index=5*/`` comments (six or more values) are
+    still headers; the count of collectives XLA runs equals explain's count (each op times its repeat).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import einshard
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    layers = 3
+
+    def loss(ws, x, a, b, c, d):  # six carried values: the body's header gets an /*index=5*/ comment
+        def body(h, w):
+            return jnp.tanh(h @ w) + a + b + c + d, None
+
+        return jnp.sum(jax.lax.scan(body, x, ws)[0])
+
+    args = (jnp.ones((layers, 16, 16)), jnp.ones((8, 16)), *(jnp.ones((8, 16)) for _ in range(4)))
+    specs = (P(None, "model", None), P("data", "model"), *(P() for _ in range(4)))
+    shardings = tuple(NamedSharding(mesh, s) for s in specs)
+    text = jax.jit(loss, in_shardings=shardings).lower(*args).compile().as_text()
+    xla = hlo.normalized(text)
+    in_loop = [c for c in xla if c.runs == layers]
+    assert in_loop, "the body's collective runs once per layer"
+    report = einshard.explain(loss, *args, mesh=mesh, in_specs=specs)
+    predicted = sum(op.repeat for op in report.ops for c in op.collectives if c.group_size > 1)
+    assert sum(c.runs for c in xla) == predicted
