@@ -8,12 +8,14 @@ results, and these tests pin each shortcut against the slow way it replaces.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import einshard
+import einshard.testing as et
 from einshard.analysis.cost import PROFILES, Collective, get_profile
 from einshard.analysis.primitives import _record, all_gather
 from einshard.analysis.search import _with_operand
@@ -159,3 +161,52 @@ def test_what_the_scanner_leaves_lark_reads(text):
     from einshard._grammar import _scan
 
     assert _scan(text, len(text) - len(text.lstrip()), len(text.rstrip())) is None
+
+
+def test_an_enumerated_candidate_equals_the_constructed_one():
+    from einshard.analysis.rule import Candidate, Problem
+    from einshard.analysis.search import enumerate_candidates
+
+    w = Layout(("x", "y"), (128, 256), MESH, (("data",), ("model",)))
+    problem = Problem((LAY, w), ("b", "y"), (("b", 64), ("x", 128), ("y", 256)), MESH, None, 2, PROFILES["h100"])
+    cands = enumerate_candidates(problem)
+    assert len(cands) > 3
+    for c in cands:
+        built = Candidate(**{f.name: getattr(c, f.name) for f in dataclasses.fields(Candidate)})
+        assert c == built and list(vars(c)) == list(vars(built)) and repr(c) == repr(built)
+
+
+@given(
+    et.einsums(
+        st.sampled_from([{"x": 2}, {"x": 4, "y": 2}, {"x": 2, "y": 1}]),
+        operands=(1, 3),
+        max_rank=3,
+        sizes=(64, 1024, 4096),
+    ),
+    st.sampled_from(["cpu", "h100", "tpu-v5p"]),
+)
+def test_the_search_skips_parts_only_when_they_cannot_win(case, profile):
+    """At sizes where compute dominates, parts are skipped unpriced (their compute time alone exceeds the
+    best); the plan must still be the full ranking's first, as in tests/test_analysis_golden.py."""
+    from einshard.analysis.rule import Problem
+    from einshard.analysis.search import enumerate_candidates, rank
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            plan = einshard.analyze(case.expression, mesh=dict(case.mesh), sizes=dict(case.sizes), profile=profile)
+    except einshard.EinshardError:
+        assume(False)
+    chosen = parse_einsum(case.expression).output_chosen or not case.output
+    requested = None if chosen else plan.out_layout
+    sizes = tuple((a, case.sizes[a]) for a in dict.fromkeys(a for op in case.operands for a in op))
+    problem = Problem(plan.operands, tuple(case.output), sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    ranked = rank(enumerate_candidates(problem))
+    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    assert (plan.choice, plan.collectives, plan.out_layout, plan.operands_used, plan.time) == (
+        ref.choice,
+        ref.steps,
+        ref.out,
+        ref.targets,
+        ref.time,
+    )

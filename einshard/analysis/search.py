@@ -164,22 +164,27 @@ class _Enumeration:
         """The part's candidates, one per way to deliver the result (``complete``: only complete results)."""
         computed, outs = _outcomes(self, part.out_dims, part.pending, complete)
         steps = part.steps
-        return [
-            Candidate(
-                part.choice,
-                part.targets,
-                (all_steps := (*steps, *variant)),
-                computed,
-                target_out,
-                resolution,
-                part.flops,
-                part.compute_time + sum([c.time for c in all_steps]),
-                sum([c.bytes for c in all_steps]),
-                part.operands,
-                part.unsplits,
+        out: list[Candidate] = []
+        for resolution, target_out, variant in outs:
+            all_steps = (*steps, *variant)
+            # Candidate(...) with its fields filled directly (a frozen dataclass without slots or checks of
+            # its own): one per way to deliver each part's result, and the generated __init__ is most of it.
+            cand = object.__new__(Candidate)
+            cand.__dict__.update(
+                choice=part.choice,
+                targets=part.targets,
+                steps=all_steps,
+                computed=computed,
+                out=target_out,
+                resolution=resolution,
+                flops=part.flops,
+                time=part.compute_time + sum([c.time for c in all_steps]),
+                comm_bytes=sum([c.bytes for c in all_steps]),
+                sources=part.operands,
+                unsplits_agreed=part.unsplits,
             )
-            for resolution, target_out, variant in outs
-        ]
+            out.append(cand)
+        return out
 
 
 _UNSET = object()

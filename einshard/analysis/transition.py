@@ -138,12 +138,16 @@ def _transition(
             cur, c = all_reduce(cur, rest, why="sum the partial results", **kw)  # type: ignore[arg-type]
             _add(steps, c)
         return cur, tuple(steps)
-    if (
-        shortcuts
-        and src.unreduced == dst.unreduced
-        and all(dd == sd[: len(dd)] for sd, dd in zip(src.dims, dst.dims, strict=True))
-    ):  # only minor-most mesh axes leave their dimensions: step 4's gathers
-        leaving = {m: i for i, (sd, dd) in enumerate(zip(src.dims, dst.dims, strict=True)) for m in sd[len(dd) :]}
+    leaving: dict[str, int] | None = None
+    if shortcuts and src.unreduced == dst.unreduced:
+        leaving = {}
+        for i, (sd, dd) in enumerate(zip(src.dims, dst.dims, strict=True)):
+            if dd != sd[: len(dd)]:
+                leaving = None
+                break
+            for m in sd[len(dd) :]:
+                leaving[m] = i
+    if leaving is not None:  # only minor-most mesh axes leave their dimensions: step 4's gathers
         gathered: dict[int, list[str]] = {}
         for m in order:
             if m in leaving:
