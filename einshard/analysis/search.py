@@ -223,19 +223,35 @@ def _specs(en: _Enumeration) -> list[_Spec]:
     ]
     none_pending: list[frozenset[str]] = [frozenset()] * len(problem.operands)
     agreed = agreed_splits(problem)
+    reduced = {e for e, c in classes.items() if c in (CONTRACTED, LONE)}
     for combo in itertools.product(*(opts for _, opts in per_axis)):
         choice = dict(zip(names, combo, strict=False))
         choice_items = tuple(choice.items())
-        dropped = [m for m in agreed if choice[m] is None]
+        unsplit = False  # an agreed split dropped (gathered), if some operand variant holds it
+        for m in agreed:
+            if choice[m] is None:
+                unsplit = True
+                break
+        # one pass over the choice: the mesh axes keeping each einsum axis, their product, the pending sums
         kept_on: dict[str, list[str]] = {}
+        kept_product = 1
+        pending: list[str] = []
         for m, e in choice_items:
             if e is not None:
                 kept_on.setdefault(e, []).append(m)
-        multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
-        kept_product = math.prod(mesh_sizes[m] for m, e in choice_items if e is not None)
-        pending_kept = frozenset(m for m, e in choice_items if e is not None and classes[e] in (CONTRACTED, LONE))
-        for orders in itertools.product(*(os for _, os in multi)):
-            order = {e: o for (e, _), o in zip(multi, orders, strict=False)}
+                kept_product *= mesh_sizes[m]
+                if e in reduced:
+                    pending.append(m)
+        pending_kept = frozenset(pending)
+        if len(kept_on) == sum([len(ms) for ms in kept_on.values()]):  # one mesh axis each: one order
+            orders_of = [{e: (ms[0],) for e, ms in kept_on.items()}]
+        else:
+            multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
+            orders_of = [
+                {e: o for (e, _), o in zip(multi, orders, strict=False)}
+                for orders in itertools.product(*(os for _, os in multi))
+            ]
+        for order in orders_of:
             for operands, pre, any_pre, flops_whole, split, any_pending in variants:
                 if any_pre and any(
                     pre[i]
@@ -248,10 +264,11 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                     continue  # summing a lone axis first and also keeping it split: not a different plan
                 # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
                 unsplits = False
-                for m in dropped:
-                    if m in split:
-                        unsplits = True
-                        break
+                if unsplit:
+                    for m in agreed:
+                        if choice[m] is None and m in split:
+                            unsplits = True
+                            break
                 flops = flops_whole // kept_product
                 if not any_pending:
                     result.append(
