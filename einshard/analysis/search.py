@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
 from typing import NamedTuple
 
 from ..core.collectives import Target
@@ -190,7 +189,7 @@ class _Enumeration:
 _UNSET = object()
 
 
-def _with_operand(c: Collective, operand: Target) -> Collective:
+def _with_operand(c: Collective, operand: Target | None) -> Collective:
     """``dataclasses.replace(c, operand=operand)`` without its generic machinery (a tenth of a fresh analysis):
     the record's fields as they are, the operand set."""
     new = object.__new__(Collective)
@@ -244,7 +243,7 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                     pending.append(m)
         pending_kept = frozenset(pending)
         if len(kept_on) == sum([len(ms) for ms in kept_on.values()]):  # one mesh axis each: one order
-            orders_of = [{e: (ms[0],) for e, ms in kept_on.items()}]
+            orders_of: list[dict[str, tuple[str, ...]]] = [{e: (ms[0],) for e, ms in kept_on.items()}]
         else:
             multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
             orders_of = [
@@ -379,7 +378,7 @@ def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple
         for m in c.axes:
             cur, one = all_reduce(cur, (m,), itemsize=en.itemsize, profile=en.profile, tensor=c.tensor, why=c.why)
             if one.group_size > 1:
-                out.append(replace(one, operand=c.operand))
+                out.append(_with_operand(one, c.operand))
     return tuple(out)
 
 
