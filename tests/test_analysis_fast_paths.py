@@ -210,3 +210,14 @@ def test_the_search_skips_parts_only_when_they_cannot_win(case, profile):
         ref.targets,
         ref.time,
     )
+
+
+def test_a_built_plan_equals_the_constructed_one():
+    from einshard.analysis.plan import EinsumPlan
+
+    plan = einshard.analyze("b x@model, x@model y -> b? y?", mesh={"model": 4}, sizes={"b": 64, "x": 128, "y": 256})
+    for p in (plan, *plan.alternatives):
+        built = EinsumPlan(**{f.name: getattr(p, f.name) for f in dataclasses.fields(EinsumPlan)})
+        fields = [f.name for f in dataclasses.fields(EinsumPlan)]
+        assert built == p and [k for k in vars(p) if k in fields] == fields
+        assert repr(built) == repr(p) and built.to_dict(alternatives=False) == p.to_dict(alternatives=False)

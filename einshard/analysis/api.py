@@ -428,7 +428,10 @@ def _plan(problem: Problem, dtype: str) -> EinsumPlan:
     total = 2 * math.prod(s for _, s in problem.sizes)
 
     def build(c: Any, more: Any = None) -> EinsumPlan:
-        return EinsumPlan(
+        # EinsumPlan(...) with its fields filled directly (a frozen dataclass without slots or checks of its
+        # own, built from a candidate that is valid by construction): one per plan and per alternative.
+        plan = object.__new__(EinsumPlan)
+        plan.__dict__.update(
             mesh=problem.mesh,
             dtype=dtype,
             itemsize=problem.itemsize,
@@ -450,6 +453,7 @@ def _plan(problem: Problem, dtype: str) -> EinsumPlan:
             more=more,
             candidate=c,
         )
+        return plan
 
     def alternatives() -> tuple[EinsumPlan, ...]:
         ranked = rank([c for part in en.parts() for c in en.candidates(part)])
