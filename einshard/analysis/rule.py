@@ -95,7 +95,10 @@ def classify(operand_axes: tuple[tuple[str, ...], ...], out_axes: tuple[str, ...
         for e in axes:
             if e in classes:
                 continue
-            n = sum(e in o for o in operand_axes)
+            n = 0  # the operands holding e (a loop: this runs for every axis of every analysis)
+            for o in operand_axes:
+                if e in o:
+                    n += 1
             if e in out:
                 classes[e] = BATCH if n >= 2 else FREE
             else:

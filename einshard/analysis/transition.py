@@ -64,6 +64,8 @@ def transition(
     ):
         return dst, ()  # the next most common: free slices of a replicated operand (what step 2 alone would do)
     # Mesh axes of size 1 split nothing: x@(a,b) with |a| = 1 is x@b.  Compare without them.
+    if not _trivial(src) and not _trivial(dst):  # the common mesh: no axis of size 1
+        return _transition(src, dst, itemsize, profile, tensor, shortcuts)
     src_n, dst_n = _drop_trivial(src), _drop_trivial(dst)
     if src_n is not src or dst_n is not dst:
         if src_n.dims == dst_n.dims and src_n.unreduced == dst_n.unreduced:
