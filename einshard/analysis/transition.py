@@ -82,6 +82,9 @@ def _only_slices(src: Layout, dst: Layout) -> bool:
     mesh axes ``src`` neither splits nor sums over), every split dividing its dimension: then
     :func:`_transition` would only slice, which is free.  False sends the general path the rest (and its
     errors)."""
+    for sd, dd in zip(src.dims, dst.dims, strict=True):  # the cheap test first: most moves are not slices
+        if dd[: len(sd)] != sd:
+            return False
     sizes = _sizes(src)
     used = set(src.unreduced)
     for d in src.dims:
