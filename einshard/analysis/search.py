@@ -4,10 +4,12 @@ Each combination of per-axis choices (× orders of mesh axes that keep one
 einsum axis × operand variants) is a *part*: the operands' moves to the local
 einsum's inputs.  A part's candidates add the ways to deliver the result.
 
-Finding the best candidate does not price every way to deliver the result:
-the operand moves of a choice (a part) cost no more than any candidate built
-on it, so parts are visited cheapest first and the search stops at the first
-one dearer than the best candidate found (:func:`best_candidate`).  Every
+Finding the best candidate prices little: a part's compute time, known
+before any collective is priced, and its operand moves each bound every
+candidate built on it from below (collectives only add time).  Parts are
+visited by compute time; one whose compute alone is dearer than the best
+candidate found ends the search, one whose moves are dearer is skipped
+before its result's deliveries are priced (:func:`best_candidate`).  Every
 candidate, ranked (the plan's alternatives), is built when first asked for,
 from the same memos.
 """
@@ -53,8 +55,9 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
     ``complete``), pricing the result's resolutions only for the operand moves that can still win.
 
     Each part (one way to move the operands) is cheaper than any candidate built on it (the result's
-    collectives only add time), so parts are visited cheapest first and the search stops at the first
-    part dearer than the best candidate so far.  Ties keep the enumeration order, as ``rank`` does.
+    collectives only add time), and its compute time cheaper still, so parts are visited by compute time,
+    the search stops at the first whose compute alone is dearer than the best candidate so far, and a
+    part whose moves are dearer is skipped unpriced.  Ties keep the enumeration order, as ``rank`` does.
     """
     specs = en.specs()
     best: Candidate | None = None
