@@ -310,8 +310,10 @@ def _layers(
         result = jax.lax.psum(jnp.where(s == S - 1, outs, jnp.zeros_like(outs)), stage_axis)
         return result.reshape(xb.shape)
 
-    mapped: Callable[[Any, Any], jax.Array] = jax.shard_map(
-        body, mesh=mesh, in_specs=(param_specs, x_spec), out_specs=x_spec, check_vma=True
+    # Staged with jax.jit (as every einshard shard_map): an eager shard_map runs its body one primitive at a
+    # time; under an outer jit, grad or vmap the inner jit is inlined.
+    mapped: Callable[[Any, Any], jax.Array] = jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=(param_specs, x_spec), out_specs=x_spec, check_vma=True)
     )
     if schedule == "1f1b":
         mapped = one_f_one_b_pipeline(

@@ -162,8 +162,10 @@ def one_f_one_b_pipeline(
         dx = jax.lax.psum(jnp.where(s == 0, dx, jnp.zeros_like(dx)), stage_axis)
         return grads, dx.reshape(xb.shape)
 
-    backward = jax.shard_map(
-        body, mesh=mesh, in_specs=(param_specs, x_spec, x_spec), out_specs=(param_specs, x_spec), check_vma=True
+    backward = jax.jit(  # staged: an eager shard_map runs one primitive at a time
+        jax.shard_map(
+            body, mesh=mesh, in_specs=(param_specs, x_spec, x_spec), out_specs=(param_specs, x_spec), check_vma=True
+        )
     )
 
     @jax.custom_vjp

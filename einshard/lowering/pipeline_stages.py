@@ -184,8 +184,10 @@ def run_end(
             )
         return out
 
-    mapped = jax.shard_map(
-        body, mesh=mesh, in_specs=(specs, batch, *(batch for _ in end.args)), out_specs=batch, check_vma=True
+    mapped = jax.jit(  # staged: an eager shard_map runs one primitive at a time
+        jax.shard_map(
+            body, mesh=mesh, in_specs=(specs, batch, *(batch for _ in end.args)), out_specs=batch, check_vma=True
+        )
     )
     params = jax.tree_util.tree_map(lambda w, s: lay_out(w, mesh, s), end.params, specs)
     return mapped(params, lay_out(h, mesh, batch), *(lay_out(a, mesh, batch) for a in end.args))

@@ -353,8 +353,12 @@ def einsum_shard_map(
         out_spec = PartitionSpec(*out_spec, unreduced=set(pending))
     elif pending:
         out_spec = PartitionSpec(pending[0] if len(pending) == 1 else pending, *out_spec)
-    mapped = jax.shard_map(
-        body, mesh=mesh, in_specs=tuple(_pspec(lay, True) for lay in layouts_in), out_specs=out_spec, check_vma=True
+    # Staged with jax.jit: an eager shard_map runs its body one primitive at a time (a ring of permutes took
+    # 7.5 s eagerly against 0.4 s compiled); under an outer jit, grad or vmap the inner jit is inlined.
+    mapped = jax.jit(
+        jax.shard_map(
+            body, mesh=mesh, in_specs=tuple(_pspec(lay, True) for lay in layouts_in), out_specs=out_spec, check_vma=True
+        )
     )
 
     def run(*operands: Any) -> jax.Array:

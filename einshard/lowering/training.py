@@ -30,8 +30,8 @@ Example:
     >>> batch = {'x': np.ones((8, 4), np.float32), 'y': np.zeros((8, 2), np.float32)}
     >>> loss = fsdp(loss_fn, {'w': 'd f -> d@data f'}, mesh=mesh)
     >>> value, grads = jax.value_and_grad(loss)(params, batch)
-    >>> float(value), tuple(grads['w'].sharding.spec)
-    (16.0, ('data', None))
+    >>> float(value), grads['w'].sharding.shard_shape(grads['w'].shape)  # the gradient is laid out like w
+    (16.0, (1, 2))
 """
 
 from __future__ import annotations
@@ -283,12 +283,14 @@ def _sharded_loss(
             # The mean over the whole batch: equal per-device batches, so the mean of means.
             return jax.lax.pmean(use(blocks, local_batch), _entry(batch_axes))
 
-        mapped = jax.shard_map(
-            body,
-            mesh=the_mesh,
-            in_specs=(p_spec_tree, jax.tree_util.tree_unflatten(b_def, b_specs)),
-            out_specs=PartitionSpec(),
-            check_vma=True,
+        mapped = jax.jit(  # staged: an eager shard_map runs one primitive at a time
+            jax.shard_map(
+                body,
+                mesh=the_mesh,
+                in_specs=(p_spec_tree, jax.tree_util.tree_unflatten(b_def, b_specs)),
+                out_specs=PartitionSpec(),
+                check_vma=True,
+            )
         )
         placed_p = [place(x, the_mesh, s) for x, s in zip(p_leaves, p_specs, strict=True)]
         placed_b = [place(x, the_mesh, s) for x, s in zip(b_leaves, b_specs, strict=True)]
