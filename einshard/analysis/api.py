@@ -35,7 +35,7 @@ from .inputs import (
     spec_partitions,
 )
 from .plan import EinsumPlan, side_string
-from .rule import Problem, classify
+from .rule import Problem, _problem, classify
 from .search import _Enumeration, best_candidate, rank
 from .strategy import pick_weight
 
@@ -317,7 +317,7 @@ def _analyze(
     if dtype is None and ops:
         dtype = getattr(ops[0], "dtype", None)
     dname, itemsize = dtype_info(dtype)
-    problem = Problem(
+    problem = _problem(
         tuple(layouts),
         prep.out_names,
         tuple([(n, known[n]) for n in prep.unique]),

@@ -76,15 +76,24 @@ def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | N
     (an einsum with nothing sharded needs no mesh)."""
     if isinstance(mesh, dict):  # the common analysis call: sizes only, answered without asking JAX
         _check_sizes(mesh)
-        return tuple(MeshAxis(str(name), size) for name, size in mesh.items())
+        return tuple([_mesh_axis(str(name), size) for name, size in mesh.items()])
     from ..core.mesh import mesh_axes, resolve_mesh
 
     found = resolve_mesh(mesh, operands, what="einshard.analyze", check_operands=False, required=False)
     return None if found is None else mesh_axes(found)
 
 
+def _mesh_axis(name: str, size: int) -> MeshAxis:
+    """``MeshAxis(name, size)`` for a name and size :func:`_check_sizes` accepted, its checks not re-run."""
+    axis = object.__new__(MeshAxis)
+    axis.__dict__.update(name=name, size=size)  # a frozen dataclass without slots: as object.__setattr__ would
+    return axis
+
+
 def _check_sizes(mesh: dict[Any, Any]) -> None:
     for name, size in mesh.items():
+        if size.__class__ is int and size >= 1 and name.__class__ is str and name:
+            continue  # the common entry, checked at once
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise EinshardError(f"mesh axis {name!r} has size {size!r}; sizes are positive integers (mesh={mesh!r})")
         if not isinstance(name, str) or not name:

@@ -17,7 +17,6 @@ from the same memos.
 from __future__ import annotations
 
 import itertools
-import math
 from typing import NamedTuple
 
 from ..core.collectives import Target
@@ -33,6 +32,7 @@ from .rule import (
     _fits,
     _kept_orders,
     _operand_variants,
+    _splits_of,
     agreed_splits,
     classify,
     options,
@@ -59,6 +59,9 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
     the search stops at the first whose compute alone is dearer than the best candidate so far, and a
     part whose moves are dearer is skipped unpriced.  Ties keep the enumeration order, as ``rank`` does.
     """
+    quick = _as_given(en, complete)
+    if quick is not None:
+        return quick
     specs = en.specs()
     best: Candidate | None = None
     best_key: tuple[object, ...] = ()
@@ -84,6 +87,60 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
             if best is None or key < best_key:
                 best, best_key = c, key
     return best
+
+
+def _as_given(en: _Enumeration, complete: bool) -> Candidate | None:
+    """The operands as given, if that is the answer without a search: every mesh axis keeps what the operands
+    (else the requested result) split over it, and nothing moves, the result included.  Else None.
+
+    Then no candidate is faster: that choice (the enumeration's first: each mesh axis's first option) divides
+    the compute by every mesh axis that can divide it, with no operand variant summing lone axes first (none
+    here) to shrink it, and no collective adds time; equal times rank by bytes, steps, then enumeration order,
+    where it is first.  So it is :func:`best_candidate`'s answer, found without enumerating the others."""
+    problem, classes = en.problem, en.classes
+    operands = problem.operands
+    held: set[str] = set()
+    for op in operands:
+        if op.unreduced:
+            return None
+        for a in op.axes:
+            if classes[a] == LONE:
+                return None  # an operand variant with the axis summed first computes less
+        held.update(op.axes)
+    where = _splits_of(problem)
+    choice: list[tuple[str, str | None]] = []
+    order: dict[str, tuple[str, ...]] = {}
+    kept_product = 1
+    for m, opts in options(problem, where):
+        e = opts[0]
+        choice.append((m, e))
+        if e is not None:
+            if e in order or classes.get(e) in (CONTRACTED, LONE):
+                return None  # several mesh axes on one einsum axis (orders to choose), or pending sums
+            order[e] = (m,)
+            kept_product *= en.mesh_sizes[m]
+    flops = 2
+    for a in held:
+        flops *= en.size_of[a]
+    flops //= kept_product
+    # as _specs and _part build it (the same numbers: the plan must not change)
+    spec = _Spec(
+        tuple(choice),
+        order,
+        operands,
+        flops,
+        flops / en.profile.flops,
+        frozenset(),
+        [frozenset()] * len(operands),
+        False,  # each agreed split is kept: it is every mesh axis's first option
+    )
+    part = _part(en, spec)
+    if part is None or part.steps:
+        return None
+    cands = en.candidates(part, complete)
+    if not cands or cands[0].steps:
+        return None
+    return cands[0]
 
 
 class _Spec(NamedTuple):
@@ -118,14 +175,14 @@ class _Enumeration:
     """What one enumeration shares across its candidates: the problem's facts, the operand moves (parts),
     and memos of the moves and result resolutions (the same ones recur across choices and orders)."""
 
-    __slots__ = ("problem", "classes", "mesh_sizes", "out_shape", "itemsize", "profile", "memo", "_specs", "_priced")
+    __slots__ = ("problem", "classes", "mesh_sizes", "size_of", "out_shape", "itemsize", "profile", "memo", "_specs", "_priced")
 
     def __init__(self, problem: Problem, classes: dict[str, str]) -> None:
         self.problem = problem
         self.classes = classes
         self.mesh_sizes = {m.name: m.size for m in problem.mesh}
-        size_of = problem.size_of
-        self.out_shape = tuple(size_of[e] for e in problem.out_axes)
+        self.size_of = size_of = dict(problem.sizes)
+        self.out_shape = tuple([size_of[e] for e in problem.out_axes])
         self.itemsize = problem.itemsize
         self.profile = problem.profile
         self.memo: dict[tuple[object, ...], object] = {}
@@ -204,29 +261,34 @@ def _with_operand(c: Collective, operand: Target | None) -> Collective:
 
 def _specs(en: _Enumeration) -> list[_Spec]:
     problem, classes = en.problem, en.classes
-    size_of = problem.size_of
+    size_of = en.size_of
     mesh_sizes = en.mesh_sizes
-    per_axis = options(problem)
+    where = _splits_of(problem)
+    per_axis = options(problem, where)
     names = [m for m, _ in per_axis]
     result: list[_Spec] = []
     peak = en.profile.flops  # Profile.compute_time, inlined: this loop runs for every way to move the operands
     # Each variant with what every choice asks of it: the FLOPs of its local einsum before any split (the
     # axes it holds), the mesh axes its operands split, and whether any brings pending sums.
-    variants = [
-        (
-            operands,
-            pre,
-            True in pre,
-            2 * math.prod(size_of[a] for a in {a for op in operands for a in op.axes}),
-            {m for op in operands for d in op.dims for m in d},
-            any(op.unreduced for op in operands),
-        )
-        for operands, pre in _operand_variants(problem, classes)
-    ]
+    variants = []
+    for operands, pre in _operand_variants(problem, classes):
+        held: set[str] = set()
+        split: set[str] = set()
+        any_pending = False
+        for op in operands:
+            held.update(op.axes)
+            for d in op.dims:
+                split.update(d)
+            if op.unreduced:
+                any_pending = True
+        flops_whole = 2
+        for a in held:
+            flops_whole *= size_of[a]
+        variants.append((operands, pre, True in pre, flops_whole, split, any_pending))
     none_pending: list[frozenset[str]] = [frozenset()] * len(problem.operands)
-    agreed = agreed_splits(problem)
+    agreed = agreed_splits(problem, where)
     reduced = {e for e, c in classes.items() if c in (CONTRACTED, LONE)}
-    for combo in itertools.product(*(opts for _, opts in per_axis)):
+    for combo in itertools.product(*[opts for _, opts in per_axis]):
         choice = dict(zip(names, combo, strict=False))
         choice_items = tuple(choice.items())
         unsplit = False  # an agreed split dropped (gathered), if some operand variant holds it
@@ -238,14 +300,19 @@ def _specs(en: _Enumeration) -> list[_Spec]:
         kept_on: dict[str, list[str]] = {}
         kept_product = 1
         pending: list[str] = []
+        several = False  # some einsum axis kept by several mesh axes (their orders to choose)
         for m, e in choice_items:
             if e is not None:
-                kept_on.setdefault(e, []).append(m)
+                if e in kept_on:
+                    kept_on[e].append(m)
+                    several = True
+                else:
+                    kept_on[e] = [m]
                 kept_product *= mesh_sizes[m]
                 if e in reduced:
                     pending.append(m)
         pending_kept = frozenset(pending)
-        if len(kept_on) == sum([len(ms) for ms in kept_on.values()]):  # one mesh axis each: one order
+        if not several:  # one mesh axis each: one order
             orders_of: list[dict[str, tuple[str, ...]]] = [{e: (ms[0],) for e, ms in kept_on.items()}]
         else:
             multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
