@@ -158,12 +158,12 @@ def _analyze_cached(*key: Any) -> EinsumPlan:
 
 
 def clear_analysis_caches() -> None:
-    """Empty the analyzer's caches (plans and per-expression structure), leaving the parser's warm.
+    """Empty the analyzer's caches of plans, leaving the parser's warm (with what is read from each parsed
+    text: its axes, annotations and axis classes, which depend on the text alone).
 
     ``einshard.clear_caches()`` empties these and every other einshard cache.
     """
     _PLANS.clear()
-    _prepare_text.cache_clear()  # type: ignore[attr-defined]
     _analyze_cached.cache_clear()  # type: ignore[attr-defined]
     analyze_layouts.cache_clear()  # type: ignore[attr-defined]
 
@@ -181,6 +181,8 @@ class _Prepared(NamedTuple):
     out_names: tuple[str, ...]
     out_dims: tuple[tuple[str, ...], ...]
     out_unreduced: frozenset[str]
+    classes: dict[str, str]  # classify(names, out_names): read, never written
+    weight: int | None  # pick_weight's operand (it reads the axis names only)
 
 
 def _prepare(expr: str) -> _Prepared:
@@ -198,6 +200,7 @@ def _prepare_text(expr: str) -> _Prepared:
 def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
     names = tuple([side.names for side in parsed.inputs])
     out = parsed.output
+    classes = classify(names, out.names)
     return _Prepared(
         text,
         jnp_style,
@@ -209,7 +212,17 @@ def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
         out.names,
         tuple([item.mesh_axes or () for item in out.axes]),
         frozenset(out.unreduced),
+        classes,
+        _weight_by_names(names, classes),
     )
+
+
+def _weight_by_names(names: tuple[tuple[str, ...], ...], classes: dict[str, str]) -> int | None:
+    """:func:`pick_weight` of operands with these axes (it reads nothing else of them)."""
+    from ..core.layout import Layout as _L
+
+    stand_ins = tuple(_L(n, (1,) * len(n), (), ((),) * len(n)) for n in names)
+    return pick_weight(stand_ins, classes)
 
 
 def _analyze(
@@ -326,7 +339,7 @@ def _analyze(
         itemsize,
         get_profile(profile),
     )
-    plan = _plan(problem, dname)
+    plan = _plan(problem, dname, prep.classes, prep.weight)
     if bare and any([any(d) or op.unreduced for op in layouts for d in op.dims]):
         _warn_if_meaning_changed(prep.text, plan, problem, dname)
     return plan
@@ -404,15 +417,23 @@ def plan_einsum(
     return analyze_layouts(problem, dname)
 
 
+_UNKNOWN: Any = object()
+
+
 @cached(maxsize=1024)
 def analyze_layouts(problem: Problem, dtype: str = "f32") -> EinsumPlan:
     """The :class:`EinsumPlan` for a resolved :class:`~einshard.analysis.rule.Problem` (cached: layers repeat)."""
     return _plan(problem, dtype)
 
 
-def _plan(problem: Problem, dtype: str) -> EinsumPlan:
-    """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers)."""
-    classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
+def _plan(problem: Problem, dtype: str, classes: dict[str, str] | None = None, weight: Any = _UNKNOWN) -> EinsumPlan:
+    """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers).
+
+    ``classes``, ``weight``: :func:`classify` and :func:`pick_weight` of the problem, if the caller has them."""
+    if classes is None:
+        classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
+    if weight is _UNKNOWN:
+        weight = pick_weight(problem.operands, classes)
     en = _Enumeration(problem, classes)
     # The best way is found without pricing every way to deliver the result; the other ways are priced
     # and ranked when the plan's alternatives are first read.
@@ -424,8 +445,7 @@ def _plan(problem: Problem, dtype: str) -> EinsumPlan:
             f"no way to deliver the result as {side_string(problem.requested)}: "
             "pending sums {U:...} can only come from a contraction split over that mesh axis"
         )
-    weight = pick_weight(problem.operands, classes)
-    total = 2 * math.prod(s for _, s in problem.sizes)
+    total = 2 * math.prod([s for _, s in problem.sizes])
 
     def build(c: Any, more: Any = None) -> EinsumPlan:
         # EinsumPlan(...) with its fields filled directly (a frozen dataclass without slots or checks of its
@@ -446,7 +466,7 @@ def _plan(problem: Problem, dtype: str) -> EinsumPlan:
             compute_time=problem.profile.compute_time(c.flops),
             comm_time=sum([s.time for s in c.steps]),
             time=c.time,
-            classes=classes,
+            classes=dict(classes),  # the plan's own: the one given may be a cached expression's
             choice=c.choice,
             resolution=c.resolution,
             weight=weight,
