@@ -216,6 +216,8 @@ def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[t
     """The operands as given, and with their lone-reduced axes summed locally first (XLA does this:
     ``sum_a x[b, a@x]`` becomes partial sums of ``[b]`` before the contraction, and a gather or
     all-to-all then moves the smaller array)."""
+    if LONE not in classes.values():  # the common einsum: no lone-reduced axis, the operands as given only
+        return [(problem.operands, (False,) * len(problem.operands))]
     per_op: list[list[tuple[Layout, bool]]] = []
     for op in problem.operands:
         lone = {a for a in op.axes if classes[a] == LONE}

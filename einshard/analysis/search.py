@@ -59,16 +59,14 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
     the search stops at the first whose compute alone is dearer than the best candidate so far, and a
     part whose moves are dearer is skipped unpriced.  Ties keep the enumeration order, as ``rank`` does.
     """
-    quick = _as_given(en, complete)
-    if quick is not None:
-        return quick
+    best, best_key, decided = _as_given(en, complete)
+    if decided:
+        return best
     specs = en.specs()
-    best: Candidate | None = None
-    best_key: tuple[object, ...] = ()
     # Visited by compute time, a lower bound of every candidate's time that needs no collective priced:
     # a part's moves are priced only if it can still win.  The answer is the least key over all candidates
     # whichever the order (every part skipped has only dearer candidates), so ties resolve as in ``rank``.
-    for k in sorted(range(len(specs)), key=lambda k: (specs[k].unsplits, specs[k].compute_time)):
+    for _, _, k in sorted([(spec.unsplits, spec.compute_time, k) for k, spec in enumerate(specs)]):
         spec = specs[k]
         # (a margin of 1e-12: Python 3.12's float sum compensates rounding, so a bound may exceed its
         # candidates' times by an ulp)
@@ -89,58 +87,92 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
     return best
 
 
-def _as_given(en: _Enumeration, complete: bool) -> Candidate | None:
-    """The operands as given, if that is the answer without a search: every mesh axis keeps what the operands
-    (else the requested result) split over it, and nothing moves, the result included.  Else None.
+def _as_given(en: _Enumeration, complete: bool) -> tuple[Candidate | None, tuple[object, ...], bool]:
+    """:func:`best_candidate`'s answer when the operands as given decide it without a search.
 
-    Then no candidate is faster: that choice (the enumeration's first: each mesh axis's first option) divides
-    the compute by every mesh axis that can divide it, with no operand variant summing lone axes first (none
-    here) to shrink it, and no collective adds time; equal times rank by bytes, steps, then enumeration order,
-    where it is first.  So it is :func:`best_candidate`'s answer, found without enumerating the others."""
+    Returns (candidate, its key in :func:`best_candidate`, whether it is the answer); the candidate is the
+    first part's best (a bound the search starts from) or None when the first part is not priced here.
+
+    The enumeration's first choice (each mesh axis keeps its first option: what the operands, else the
+    requested result, split over it) divides the compute by every mesh axis that can divide it, so when no
+    operand variant can shrink it (no lone-reduced axis to sum first, no pending sums to carry), no
+    candidate computes faster.  Its best candidate (the least key among its ways to deliver the result) is
+    then the answer if
+
+    * it needs no collective: nothing is faster, and equal times rank by bytes, steps, then enumeration
+      order, where it is first; or
+    * every other choice computes slower than it takes in all: when each mesh axis's options are its first
+      or none, every other choice leaves some mesh axis idle, so it divides the compute by at most the
+      whole mesh over the smallest axis that can divide it, and collectives only add time.
+    """
     problem, classes = en.problem, en.classes
     operands = problem.operands
-    held: set[str] = set()
-    for op in operands:
-        if op.unreduced:
-            return None
-        for a in op.axes:
-            if classes[a] == LONE:
-                return None  # an operand variant with the axis summed first computes less
-        held.update(op.axes)
-    where = _splits_of(problem)
+    mesh_sizes = en.mesh_sizes
     choice: list[tuple[str, str | None]] = []
     order: dict[str, tuple[str, ...]] = {}
     kept_product = 1
-    for m, opts in options(problem, where):
+    smallest = 0  # the smallest mesh axis that keeps something
+    two_options = True  # every mesh axis's options: its first, or none
+    pending: list[str] = []
+    for m, opts in en.per_axis:
         e = opts[0]
         choice.append((m, e))
         if e is not None:
-            if e in order or classes.get(e) in (CONTRACTED, LONE):
-                return None  # several mesh axes on one einsum axis (orders to choose), or pending sums
+            if e in order:
+                return None, (), False  # several mesh axes on one einsum axis: their orders to choose
             order[e] = (m,)
-            kept_product *= en.mesh_sizes[m]
-    flops = 2
+            size = mesh_sizes[m]
+            kept_product *= size
+            if smallest == 0 or size < smallest:
+                smallest = size
+            if len(opts) > 2:
+                two_options = False
+            if classes[e] in (CONTRACTED, LONE):
+                pending.append(m)
+    held: set[str] = set()
+    for op in operands:
+        if op.unreduced:
+            return None, (), False  # pending sums to carry or sum first: other variants
+        held.update(op.axes)
+    if LONE in classes.values():
+        return None, (), False  # an operand variant with a lone axis summed first computes less
+    flops_whole = 2
     for a in held:
-        flops *= en.size_of[a]
-    flops //= kept_product
-    # as _specs and _part build it (the same numbers: the plan must not change)
+        flops_whole *= en.size_of[a]
+    flops = flops_whole // kept_product
+    peak = en.profile.flops
+    # as _specs builds it (the same numbers: the plan must not change)
     spec = _Spec(
         tuple(choice),
         order,
         operands,
         flops,
-        flops / en.profile.flops,
-        frozenset(),
+        flops / peak,
+        frozenset(pending),
         [frozenset()] * len(operands),
         False,  # each agreed split is kept: it is every mesh axis's first option
     )
     part = _part(en, spec)
-    if part is None or part.steps:
-        return None
-    cands = en.candidates(part, complete)
-    if not cands or cands[0].steps:
-        return None
-    return cands[0]
+    if part is None:
+        return None, (), False
+    en.first = part  # the enumeration's first part (the search prices it from here)
+    best: Candidate | None = None
+    best_key: tuple[object, ...] = ()
+    for j, c in enumerate(en.candidates(part, complete)):
+        key = (False, c.time, c.comm_bytes, len(c.steps), 0, j)
+        if best is None or key < best_key:
+            best, best_key = c, key
+    if best is None:
+        return None, (), False
+    if not best.steps:
+        return best, best_key, True
+    if not two_options:
+        return best, best_key, False
+    if smallest == 0:
+        return best, best_key, True  # no mesh axis keeps anything: the only choice
+    # (the margin as best_candidate's: a sum may round an ulp either way)
+    decided = (flops_whole // (kept_product // smallest)) / peak > best.time * (1 + 1e-12)
+    return best, best_key, decided
 
 
 class _Spec(NamedTuple):
@@ -175,7 +207,21 @@ class _Enumeration:
     """What one enumeration shares across its candidates: the problem's facts, the operand moves (parts),
     and memos of the moves and result resolutions (the same ones recur across choices and orders)."""
 
-    __slots__ = ("problem", "classes", "mesh_sizes", "size_of", "out_shape", "itemsize", "profile", "memo", "_specs", "_priced")
+    __slots__ = (
+        "problem",
+        "classes",
+        "mesh_sizes",
+        "size_of",
+        "out_shape",
+        "itemsize",
+        "profile",
+        "memo",
+        "per_axis",
+        "where",
+        "first",
+        "_specs",
+        "_priced",
+    )
 
     def __init__(self, problem: Problem, classes: dict[str, str]) -> None:
         self.problem = problem
@@ -186,6 +232,10 @@ class _Enumeration:
         self.itemsize = problem.itemsize
         self.profile = problem.profile
         self.memo: dict[tuple[object, ...], object] = {}
+        # where each operand (then the requested result) splits each mesh axis, and each mesh axis's options
+        self.where = _splits_of(problem)
+        self.per_axis = options(problem, self.where)
+        self.first: _Part | None = None  # the first part, when priced before the others are enumerated
         self._specs: list[_Spec] | None = None
         self._priced: list[object] = []
 
@@ -205,6 +255,8 @@ class _Enumeration:
         if self._specs is None:
             self._specs = _specs(self)
             self._priced = [_UNSET] * len(self._specs)
+            if self.first is not None:
+                self._priced[0] = self.first
         return self._specs
 
     def part(self, k: int) -> _Part | None:
@@ -263,8 +315,8 @@ def _specs(en: _Enumeration) -> list[_Spec]:
     problem, classes = en.problem, en.classes
     size_of = en.size_of
     mesh_sizes = en.mesh_sizes
-    where = _splits_of(problem)
-    per_axis = options(problem, where)
+    where = en.where
+    per_axis = en.per_axis
     names = [m for m, _ in per_axis]
     result: list[_Spec] = []
     peak = en.profile.flops  # Profile.compute_time, inlined: this loop runs for every way to move the operands
