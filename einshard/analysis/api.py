@@ -183,6 +183,9 @@ class _Prepared(NamedTuple):
     out_unreduced: frozenset[str]
     classes: dict[str, str]  # classify(names, out_names): read, never written
     weight: int | None  # pick_weight's operand (it reads the axis names only)
+    chosen: bool  # parsed.output_chosen
+    has_own: tuple[bool, ...]  # per operand: whether its side annotates a layout ('@' or '{U:...}')
+    unique_set: frozenset[str]
 
 
 def _prepare(expr: str) -> _Prepared:
@@ -214,6 +217,9 @@ def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
         frozenset(out.unreduced),
         classes,
         _weight_by_names(names, classes),
+        parsed.output_chosen,
+        tuple([bool(side.unreduced) or any(item.mesh_axes for item in side.axes) for side in parsed.inputs]),
+        frozenset([n for side in names for n in side]),
     )
 
 
@@ -238,7 +244,7 @@ def _analyze(
     sizes = dict(size_items) if size_items else None
     prep = _prepare(expr)
     parsed = prep.parsed
-    chosen = parsed.output_chosen
+    chosen = prep.chosen
     if ops and len(ops) != len(parsed.inputs):
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but {len(ops)} arrays were given")
     if in_specs is not None and len(in_specs) != len(parsed.inputs):
@@ -261,12 +267,15 @@ def _analyze(
                 )
             known[item.name] = s
             where[item.name] = f"operand {k + 1}"
-    for name, s in (sizes or {}).items():
-        if name in known and known[name] != s:
-            raise parsed.fail(f"axis {name!r} has size {known[name]} in {where[name]} but sizes={{{name!r}: {s}}}")
-        known[name] = int(s)
-    missing = [n for n in prep.unique if n not in known]
-    if missing:
+    if not known and sizes:  # the common call: sizes only
+        known = {name: int(s) for name, s in sizes.items()}
+    else:
+        for name, s in (sizes or {}).items():
+            if name in known and known[name] != s:
+                raise parsed.fail(f"axis {name!r} has size {known[name]} in {where[name]} but sizes={{{name!r}: {s}}}")
+            known[name] = int(s)
+    if not prep.unique_set <= known.keys():
+        missing = [n for n in prep.unique if n not in known]
         raise parsed.fail(
             "no size for axis " + ", ".join(repr(n) for n in missing),
             hint="Pass arrays or jax.ShapeDtypeStructs, or sizes={" + ", ".join(f"{n!r}: ..." for n in missing) + "}.",
@@ -285,11 +294,12 @@ def _analyze(
         mesh_axes = ()
     mesh_sizes = {m.name: m.size for m in mesh_axes}
 
-    def layout(k: int | None, dims: Any, unreduced: frozenset[str], what: str) -> Layout:
+    def layout(k: int | None, dims: Any, unreduced: frozenset[str]) -> Layout:
         names = prep.out_names if k is None else prep.names[k]
         lay = _valid_layout(names, dims, unreduced, known, mesh_axes, mesh_sizes)
         if lay is None:  # something is wrong: the checks again, with their messages
             side = parsed.output if k is None else parsed.inputs[k]
+            what = "the output" if k is None else f"operand {k + 1}"
             lay = _layout_of(parsed, side, dims, unreduced, known, mesh_axes, what)
         return lay
 
@@ -297,7 +307,7 @@ def _analyze(
     layouts = []
     for k in range(len(prep.names)):
         dims, unreduced = prep.dims[k], prep.unreduced[k]
-        has_own = unreduced or any(dims)
+        has_own = prep.has_own[k]
         if in_specs is not None:
             if has_own:
                 raise parsed.fail(
@@ -308,7 +318,7 @@ def _analyze(
             spec = ops[k].spec
             if spec is not None:
                 dims, unreduced = _spec_dims(spec, len(dims), f"operand {k + 1}'s sharding")
-        layouts.append(layout(k, dims, unreduced, f"operand {k + 1}"))
+        layouts.append(layout(k, dims, unreduced))
 
     # The output side (README "Syntax"): 'b? y?' lets the analyzer choose; 'b y@model' / '{U:model}' asks for
     # that layout; bare names are whole (replicated), as in a placement.  A jnp.einsum string ('bx,xy->by')
@@ -320,11 +330,11 @@ def _analyze(
         if any(out_dims) or out_unreduced or chosen:
             raise parsed.fail("the output layout comes from its annotation or out_spec, not both", parsed.output.column)
         d, u = _spec_dims(out_spec, len(out_dims), "out_spec")
-        requested = layout(None, d, u, "the output")
+        requested = layout(None, d, u)
     elif chosen or prep.jnp_style or not out_dims:  # a scalar result is whole either way
         requested = None
     else:
-        requested = layout(None, out_dims, out_unreduced, "the output")
+        requested = layout(None, out_dims, out_unreduced)
         bare = not any(out_dims) and not out_unreduced
 
     if dtype is None and ops:

@@ -424,13 +424,17 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
         moved = memo.get(key)
         if moved is None:
             moved = _IMPOSSIBLE
-            if dims == op.dims and keep_u[i] == op.unreduced:
+            same_sums = keep_u[i] == op.unreduced
+            if same_sums and dims == op.dims:
                 moved = (op, ())  # the operand as it is (the most common move: none)
             elif _fits(op.shape, dims, en.mesh_sizes):
                 target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
-                st = en.transition(op, target, i)
-                if st is not None:
-                    moved = (target, st)
+                if same_sums and _extends(op.dims, dims):
+                    moved = (target, ())  # free slices (what transition answers, without its checks)
+                else:
+                    st = en.transition(op, target, i)
+                    if st is not None:
+                        moved = (target, st)
             memo[key] = moved
         if moved is _IMPOSSIBLE:  # an indivisible split or an impossible step: not a candidate
             return None
@@ -449,6 +453,17 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
         compute_time + sum([c.time for c in steps]),  # the same sum as a candidate's, over fewer steps
         spec.unsplits,
     )
+
+
+def _extends(had: tuple[tuple[str, ...], ...], dims: tuple[tuple[str, ...], ...]) -> bool:
+    """Whether ``dims`` only splits each dimension further than ``had`` (its mesh axes kept, others added at
+    the minor end).  From an operand to a choice's target with the same pending sums, the added mesh axes
+    split nothing else of the operand (each keeps one einsum axis) and sum nothing (a pending sum kept is
+    over a mesh axis that keeps none): only free slices (``transition``'s answer)."""
+    for h, d in zip(had, dims, strict=True):
+        if h and d[: len(h)] != h:
+            return False
+    return True
 
 
 def _outcomes(
