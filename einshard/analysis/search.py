@@ -30,6 +30,7 @@ from .rule import (
     Candidate,
     Problem,
     _fits,
+    _kept_orders,
     _splits_of,
     classify,
     options,
@@ -99,8 +100,9 @@ def _as_given(en: _Enumeration, complete: bool) -> tuple[Candidate | None, tuple
     * it needs no collective: nothing is faster, and equal times rank by bytes, steps, then enumeration
       order, where it is first; or
     * every other choice computes slower than it takes in all: when each mesh axis's options are its first
-      or none, every other choice leaves some mesh axis idle, so it divides the compute by at most the
-      whole mesh over the smallest axis that can divide it, and collectives only add time.
+      or none (and the mesh axes keeping one einsum axis have one order), every other choice leaves some
+      mesh axis idle, so it divides the compute by at most the whole mesh over the smallest axis that can
+      divide it, and collectives only add time.
     """
     problem, classes = en.problem, en.classes
     operands = problem.operands
@@ -109,15 +111,18 @@ def _as_given(en: _Enumeration, complete: bool) -> tuple[Candidate | None, tuple
     order: dict[str, tuple[str, ...]] = {}
     kept_product = 1
     smallest = 0  # the smallest mesh axis that keeps something
-    two_options = True  # every mesh axis's options: its first, or none
+    two_options = True  # every mesh axis's options: its first, or none (and one order of the mesh axes)
+    several = False
     pending: list[str] = []
     for m, opts in en.per_axis:
         e = opts[0]
         choice.append((m, e))
         if e is not None:
             if e in order:
-                return None, (), False  # several mesh axes on one einsum axis: their orders to choose
-            order[e] = (m,)
+                order[e] += (m,)
+                several = True
+            else:
+                order[e] = (m,)
             size = mesh_sizes[m]
             kept_product *= size
             if smallest == 0 or size < smallest:
@@ -126,6 +131,13 @@ def _as_given(en: _Enumeration, complete: bool) -> tuple[Candidate | None, tuple
                 two_options = False
             if classes[e] in (CONTRACTED, LONE):
                 pending.append(m)
+    if several:  # several mesh axes keep one einsum axis: the first of their orders, as _specs enumerates them
+        for e, ms in order.items():
+            if len(ms) > 1:
+                orders = _kept_orders(problem, e, list(ms))
+                order[e] = orders[0]
+                if len(orders) > 1:
+                    two_options = False  # another order computes as fast
     held: set[str] = set()
     for op in operands:
         if op.unreduced:
