@@ -35,6 +35,7 @@ from .inputs import (
     spec_partitions,
 )
 from .plan import EinsumPlan, side_string
+from .primitives import _unchecked
 from .rule import Problem, _problem, classify
 from .search import _Enumeration, best_candidate, rank
 from .strategy import pick_weight
@@ -224,11 +225,8 @@ def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
 
 
 def _weight_by_names(names: tuple[tuple[str, ...], ...], classes: dict[str, str]) -> int | None:
-    """:func:`pick_weight` of operands with these axes (it reads nothing else of them)."""
-    from ..core.layout import Layout as _L
-
-    stand_ins = tuple(_L(n, (1,) * len(n), (), ((),) * len(n)) for n in names)
-    return pick_weight(stand_ins, classes)
+    """:func:`pick_weight` of operands with these axes (it reads nothing else of them: stand-ins of size 1)."""
+    return pick_weight(tuple([_unchecked(n, (1,) * len(n), (), ((),) * len(n), frozenset()) for n in names]), classes)
 
 
 def _analyze(
