@@ -291,3 +291,51 @@ def test_the_operands_as_given_decide_the_common_cases(expr, mesh, sizes, decide
     assert (plan.choice, plan.collectives, plan.time) == (ref.choice, ref.steps, ref.time)
     if decided:
         assert (got.choice, got.steps, got.time) == (ref.choice, ref.steps, ref.time)
+
+
+@given(
+    st.sampled_from(
+        [
+            ("b x@m, x@m y -> b? y?", ("m",)),
+            ("b x@d, x y@m -> b? y?", ("d", "m")),
+            ("b x@d, x y, y z@m -> b? z?", ("d", "m")),
+            ("b@d s x@m, x@m y@f -> b@d s y", ("d", "f", "m")),
+            ("b x@(d,m), x@(d,m) y -> b? y?", ("d", "m")),
+        ]
+    ),
+    st.lists(st.sampled_from([1, 2, 4, 8]), min_size=3, max_size=3),
+    st.lists(st.sampled_from([8, 64, 1024, 16384]), min_size=5, max_size=5),
+    st.sampled_from(["cpu", "h100", "tpu-v5p"]),
+)
+def test_a_contraction_kept_split_is_decided_as_the_full_ranking_decides(expr_axes, mesh_sizes, sizes, profile):
+    """Einsums whose first choice keeps a contracted split (pending sums, then collectives): the first
+    choice decides only when every other choice computes slower than it takes in all (search._as_given);
+    at compute- or communication-bound sizes the plan is the full ranking's first."""
+    from einshard.analysis.rule import Problem, classify
+    from einshard.analysis.search import _as_given, _Enumeration, enumerate_candidates, rank
+
+    expr, axes = expr_axes
+    mesh = dict(zip(axes, mesh_sizes, strict=False))
+    names = sorted({n for n in parse_einsum(expr).inputs for n in n.names})
+    size = dict(zip(names, sizes + [sizes[0]] * len(names), strict=False))
+    try:
+        plan = einshard.analyze(expr, mesh=mesh, sizes=size, dtype="bf16", profile=profile)
+    except einshard.EinshardError:
+        assume(False)
+    requested = None if parse_einsum(expr).output_chosen else plan.out_layout
+    out_axes = plan.out_layout.axes
+    all_sizes = tuple((a, size[a]) for a in dict.fromkeys(a for op in plan.operands for a in op.axes))
+    problem = Problem(plan.operands, out_axes, all_sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    ranked = rank(enumerate_candidates(problem))
+    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    assert (plan.choice, plan.collectives, plan.out_layout, plan.operands_used, plan.time) == (
+        ref.choice,
+        ref.steps,
+        ref.out,
+        ref.targets,
+        ref.time,
+    )
+    en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), out_axes))
+    got, _, decided = _as_given(en, complete=requested is None)
+    if decided:
+        assert (got.choice, got.steps, got.time) == (ref.choice, ref.steps, ref.time)
