@@ -221,3 +221,121 @@ def test_a_built_plan_equals_the_constructed_one():
         fields = [f.name for f in dataclasses.fields(EinsumPlan)]
         assert built == p and [k for k in vars(p) if k in fields] == fields
         assert repr(built) == repr(p) and built.to_dict(alternatives=False) == p.to_dict(alternatives=False)
+
+
+@given(
+    et.einsums(
+        st.sampled_from([{"x": 2}, {"x": 4, "y": 2}, {"x": 2, "y": 1}, {"x": 2, "y": 2, "z": 2}, {"x": 8}]),
+        operands=(1, 3),
+        max_rank=3,
+        sizes=(8, 64, 4096, 16384),
+    ),
+    st.sampled_from(["cpu", "h100", "tpu-v5p"]),
+)
+def test_the_operands_as_given_are_the_answer_only_when_nothing_beats_them(case, profile):
+    """The first choice (the operands as given) is taken without a search only when no other can beat it
+    (search._as_given); at any sizes the answer is the full ranking's first."""
+    from einshard.analysis.rule import Problem, classify
+    from einshard.analysis.search import _as_given, _Enumeration, enumerate_candidates, rank
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            plan = einshard.analyze(case.expression, mesh=dict(case.mesh), sizes=dict(case.sizes), profile=profile)
+    except einshard.EinshardError:
+        assume(False)
+    chosen = parse_einsum(case.expression).output_chosen or not case.output
+    requested = None if chosen else plan.out_layout
+    sizes = tuple((a, case.sizes[a]) for a in dict.fromkeys(a for op in case.operands for a in op))
+    problem = Problem(plan.operands, tuple(case.output), sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    ranked = rank(enumerate_candidates(problem))
+    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), problem.out_axes))
+    got, _, decided = _as_given(en, complete=requested is None)
+    if decided:
+        assert got is not None
+        assert (got.choice, got.steps, got.out, got.targets, got.time) == (
+            ref.choice,
+            ref.steps,
+            ref.out,
+            ref.targets,
+            ref.time,
+        )
+
+
+@pytest.mark.parametrize(
+    ("expr", "mesh", "sizes", "decided"),
+    [
+        ("b@data x, x y -> b@data y", {"data": 8}, {"b": 1024, "x": 4096, "y": 4096}, True),  # nothing moves
+        ("b x@model, x@model y -> b? y?", {"model": 8}, {"b": 1024, "x": 16384, "y": 4096}, True),  # AR < 7/8 compute
+        ("b x@model, x@model y -> b? y?", {"model": 8}, {"b": 8, "x": 16, "y": 8}, False),  # latency-bound: search
+        ("b@data x, x@data y -> b@data y", {"data": 8}, {"b": 1024, "x": 4096, "y": 4096}, False),  # 3 options
+    ],
+)
+def test_the_operands_as_given_decide_the_common_cases(expr, mesh, sizes, decided):
+    """Which einsums the first choice decides without a search (the speed of analyze rests on it), and that
+    the answer is the full ranking's first either way."""
+    from einshard.analysis.rule import Problem, classify
+    from einshard.analysis.search import _as_given, _Enumeration, enumerate_candidates, rank
+
+    plan = einshard.analyze(expr, mesh=mesh, sizes=sizes, dtype="bf16", profile="h100")
+    requested = None if parse_einsum(expr).output_chosen else plan.out_layout
+    out_axes = plan.out_layout.axes
+    all_sizes = tuple((a, sizes[a]) for a in dict.fromkeys(a for op in plan.operands for a in op.axes))
+    problem = Problem(plan.operands, out_axes, all_sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), out_axes))
+    got, _, was_decided = _as_given(en, complete=requested is None)
+    assert was_decided is decided
+    ranked = rank(enumerate_candidates(problem))
+    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    assert (plan.choice, plan.collectives, plan.time) == (ref.choice, ref.steps, ref.time)
+    if decided:
+        assert (got.choice, got.steps, got.time) == (ref.choice, ref.steps, ref.time)
+
+
+@given(
+    st.sampled_from(
+        [
+            ("b x@m, x@m y -> b? y?", ("m",)),
+            ("b x@d, x y@m -> b? y?", ("d", "m")),
+            ("b x@d, x y, y z@m -> b? z?", ("d", "m")),
+            ("b@d s x@m, x@m y@f -> b@d s y", ("d", "f", "m")),
+            ("b x@(d,m), x@(d,m) y -> b? y?", ("d", "m")),
+        ]
+    ),
+    st.lists(st.sampled_from([1, 2, 4, 8]), min_size=3, max_size=3),
+    st.lists(st.sampled_from([8, 64, 1024, 16384]), min_size=5, max_size=5),
+    st.sampled_from(["cpu", "h100", "tpu-v5p"]),
+)
+def test_a_contraction_kept_split_is_decided_as_the_full_ranking_decides(expr_axes, mesh_sizes, sizes, profile):
+    """Einsums whose first choice keeps a contracted split (pending sums, then collectives): the first
+    choice decides only when every other choice computes slower than it takes in all (search._as_given);
+    at compute- or communication-bound sizes the plan is the full ranking's first."""
+    from einshard.analysis.rule import Problem, classify
+    from einshard.analysis.search import _as_given, _Enumeration, enumerate_candidates, rank
+
+    expr, axes = expr_axes
+    mesh = dict(zip(axes, mesh_sizes, strict=False))
+    names = sorted({n for n in parse_einsum(expr).inputs for n in n.names})
+    size = dict(zip(names, sizes + [sizes[0]] * len(names), strict=False))
+    try:
+        plan = einshard.analyze(expr, mesh=mesh, sizes=size, dtype="bf16", profile=profile)
+    except einshard.EinshardError:
+        assume(False)
+    requested = None if parse_einsum(expr).output_chosen else plan.out_layout
+    out_axes = plan.out_layout.axes
+    all_sizes = tuple((a, size[a]) for a in dict.fromkeys(a for op in plan.operands for a in op.axes))
+    problem = Problem(plan.operands, out_axes, all_sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    ranked = rank(enumerate_candidates(problem))
+    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    assert (plan.choice, plan.collectives, plan.out_layout, plan.operands_used, plan.time) == (
+        ref.choice,
+        ref.steps,
+        ref.out,
+        ref.targets,
+        ref.time,
+    )
+    en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), out_axes))
+    got, _, decided = _as_given(en, complete=requested is None)
+    if decided:
+        assert (got.choice, got.steps, got.time) == (ref.choice, ref.steps, ref.time)

@@ -35,7 +35,8 @@ from .inputs import (
     spec_partitions,
 )
 from .plan import EinsumPlan, side_string
-from .rule import Problem, classify
+from .primitives import _unchecked
+from .rule import Problem, _problem, classify
 from .search import _Enumeration, best_candidate, rank
 from .strategy import pick_weight
 
@@ -158,12 +159,12 @@ def _analyze_cached(*key: Any) -> EinsumPlan:
 
 
 def clear_analysis_caches() -> None:
-    """Empty the analyzer's caches (plans and per-expression structure), leaving the parser's warm.
+    """Empty the analyzer's caches of plans, leaving the parser's warm (with what is read from each parsed
+    text: its axes, annotations and axis classes, which depend on the text alone).
 
     ``einshard.clear_caches()`` empties these and every other einshard cache.
     """
     _PLANS.clear()
-    _prepare_text.cache_clear()  # type: ignore[attr-defined]
     _analyze_cached.cache_clear()  # type: ignore[attr-defined]
     analyze_layouts.cache_clear()  # type: ignore[attr-defined]
 
@@ -181,6 +182,11 @@ class _Prepared(NamedTuple):
     out_names: tuple[str, ...]
     out_dims: tuple[tuple[str, ...], ...]
     out_unreduced: frozenset[str]
+    classes: dict[str, str]  # classify(names, out_names): read, never written
+    weight: int | None  # pick_weight's operand (it reads the axis names only)
+    chosen: bool  # parsed.output_chosen
+    has_own: tuple[bool, ...]  # per operand: whether its side annotates a layout ('@' or '{U:...}')
+    unique_set: frozenset[str]
 
 
 def _prepare(expr: str) -> _Prepared:
@@ -198,6 +204,7 @@ def _prepare_text(expr: str) -> _Prepared:
 def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
     names = tuple([side.names for side in parsed.inputs])
     out = parsed.output
+    classes = classify(names, out.names)
     return _Prepared(
         text,
         jnp_style,
@@ -209,7 +216,17 @@ def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
         out.names,
         tuple([item.mesh_axes or () for item in out.axes]),
         frozenset(out.unreduced),
+        classes,
+        _weight_by_names(names, classes),
+        parsed.output_chosen,
+        tuple([bool(side.unreduced) or any(item.mesh_axes for item in side.axes) for side in parsed.inputs]),
+        frozenset([n for side in names for n in side]),
     )
+
+
+def _weight_by_names(names: tuple[tuple[str, ...], ...], classes: dict[str, str]) -> int | None:
+    """:func:`pick_weight` of operands with these axes (it reads nothing else of them: stand-ins of size 1)."""
+    return pick_weight(tuple([_unchecked(n, (1,) * len(n), (), ((),) * len(n), frozenset()) for n in names]), classes)
 
 
 def _analyze(
@@ -225,7 +242,7 @@ def _analyze(
     sizes = dict(size_items) if size_items else None
     prep = _prepare(expr)
     parsed = prep.parsed
-    chosen = parsed.output_chosen
+    chosen = prep.chosen
     if ops and len(ops) != len(parsed.inputs):
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but {len(ops)} arrays were given")
     if in_specs is not None and len(in_specs) != len(parsed.inputs):
@@ -248,12 +265,15 @@ def _analyze(
                 )
             known[item.name] = s
             where[item.name] = f"operand {k + 1}"
-    for name, s in (sizes or {}).items():
-        if name in known and known[name] != s:
-            raise parsed.fail(f"axis {name!r} has size {known[name]} in {where[name]} but sizes={{{name!r}: {s}}}")
-        known[name] = int(s)
-    missing = [n for n in prep.unique if n not in known]
-    if missing:
+    if not known and sizes:  # the common call: sizes only
+        known = {name: int(s) for name, s in sizes.items()}
+    else:
+        for name, s in (sizes or {}).items():
+            if name in known and known[name] != s:
+                raise parsed.fail(f"axis {name!r} has size {known[name]} in {where[name]} but sizes={{{name!r}: {s}}}")
+            known[name] = int(s)
+    if not prep.unique_set <= known.keys():
+        missing = [n for n in prep.unique if n not in known]
         raise parsed.fail(
             "no size for axis " + ", ".join(repr(n) for n in missing),
             hint="Pass arrays or jax.ShapeDtypeStructs, or sizes={" + ", ".join(f"{n!r}: ..." for n in missing) + "}.",
@@ -272,11 +292,12 @@ def _analyze(
         mesh_axes = ()
     mesh_sizes = {m.name: m.size for m in mesh_axes}
 
-    def layout(k: int | None, dims: Any, unreduced: frozenset[str], what: str) -> Layout:
+    def layout(k: int | None, dims: Any, unreduced: frozenset[str]) -> Layout:
         names = prep.out_names if k is None else prep.names[k]
         lay = _valid_layout(names, dims, unreduced, known, mesh_axes, mesh_sizes)
         if lay is None:  # something is wrong: the checks again, with their messages
             side = parsed.output if k is None else parsed.inputs[k]
+            what = "the output" if k is None else f"operand {k + 1}"
             lay = _layout_of(parsed, side, dims, unreduced, known, mesh_axes, what)
         return lay
 
@@ -284,7 +305,7 @@ def _analyze(
     layouts = []
     for k in range(len(prep.names)):
         dims, unreduced = prep.dims[k], prep.unreduced[k]
-        has_own = unreduced or any(dims)
+        has_own = prep.has_own[k]
         if in_specs is not None:
             if has_own:
                 raise parsed.fail(
@@ -295,7 +316,7 @@ def _analyze(
             spec = ops[k].spec
             if spec is not None:
                 dims, unreduced = _spec_dims(spec, len(dims), f"operand {k + 1}'s sharding")
-        layouts.append(layout(k, dims, unreduced, f"operand {k + 1}"))
+        layouts.append(layout(k, dims, unreduced))
 
     # The output side (README "Syntax"): 'b? y?' lets the analyzer choose; 'b y@model' / '{U:model}' asks for
     # that layout; bare names are whole (replicated), as in a placement.  A jnp.einsum string ('bx,xy->by')
@@ -307,17 +328,17 @@ def _analyze(
         if any(out_dims) or out_unreduced or chosen:
             raise parsed.fail("the output layout comes from its annotation or out_spec, not both", parsed.output.column)
         d, u = _spec_dims(out_spec, len(out_dims), "out_spec")
-        requested = layout(None, d, u, "the output")
+        requested = layout(None, d, u)
     elif chosen or prep.jnp_style or not out_dims:  # a scalar result is whole either way
         requested = None
     else:
-        requested = layout(None, out_dims, out_unreduced, "the output")
+        requested = layout(None, out_dims, out_unreduced)
         bare = not any(out_dims) and not out_unreduced
 
     if dtype is None and ops:
         dtype = getattr(ops[0], "dtype", None)
     dname, itemsize = dtype_info(dtype)
-    problem = Problem(
+    problem = _problem(
         tuple(layouts),
         prep.out_names,
         tuple([(n, known[n]) for n in prep.unique]),
@@ -326,7 +347,7 @@ def _analyze(
         itemsize,
         get_profile(profile),
     )
-    plan = _plan(problem, dname)
+    plan = _plan(problem, dname, prep.classes, prep.weight)
     if bare and any([any(d) or op.unreduced for op in layouts for d in op.dims]):
         _warn_if_meaning_changed(prep.text, plan, problem, dname)
     return plan
@@ -404,15 +425,23 @@ def plan_einsum(
     return analyze_layouts(problem, dname)
 
 
+_UNKNOWN: Any = object()
+
+
 @cached(maxsize=1024)
 def analyze_layouts(problem: Problem, dtype: str = "f32") -> EinsumPlan:
     """The :class:`EinsumPlan` for a resolved :class:`~einshard.analysis.rule.Problem` (cached: layers repeat)."""
     return _plan(problem, dtype)
 
 
-def _plan(problem: Problem, dtype: str) -> EinsumPlan:
-    """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers)."""
-    classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
+def _plan(problem: Problem, dtype: str, classes: dict[str, str] | None = None, weight: Any = _UNKNOWN) -> EinsumPlan:
+    """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers).
+
+    ``classes``, ``weight``: :func:`classify` and :func:`pick_weight` of the problem, if the caller has them."""
+    if classes is None:
+        classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
+    if weight is _UNKNOWN:
+        weight = pick_weight(problem.operands, classes)
     en = _Enumeration(problem, classes)
     # The best way is found without pricing every way to deliver the result; the other ways are priced
     # and ranked when the plan's alternatives are first read.
@@ -424,8 +453,7 @@ def _plan(problem: Problem, dtype: str) -> EinsumPlan:
             f"no way to deliver the result as {side_string(problem.requested)}: "
             "pending sums {U:...} can only come from a contraction split over that mesh axis"
         )
-    weight = pick_weight(problem.operands, classes)
-    total = 2 * math.prod(s for _, s in problem.sizes)
+    total = 2 * math.prod([s for _, s in problem.sizes])
 
     def build(c: Any, more: Any = None) -> EinsumPlan:
         # EinsumPlan(...) with its fields filled directly (a frozen dataclass without slots or checks of its
@@ -446,7 +474,7 @@ def _plan(problem: Problem, dtype: str) -> EinsumPlan:
             compute_time=problem.profile.compute_time(c.flops),
             comm_time=sum([s.time for s in c.steps]),
             time=c.time,
-            classes=classes,
+            classes=dict(classes),  # the plan's own: the one given may be a cached expression's
             choice=c.choice,
             resolution=c.resolution,
             weight=weight,

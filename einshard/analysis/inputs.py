@@ -40,6 +40,10 @@ def dtype_info(dtype: Any) -> tuple[str, int]:
     """
     if dtype is None:
         return "f32", 4
+    if dtype.__class__ is str:  # the common call: a short name as the table spells it
+        size = _ITEMSIZE.get(dtype)
+        if size is not None:
+            return dtype, size
     name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or getattr(dtype, "__name__", str(dtype))
     if not isinstance(dtype, str):
         try:
@@ -76,15 +80,24 @@ def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | N
     (an einsum with nothing sharded needs no mesh)."""
     if isinstance(mesh, dict):  # the common analysis call: sizes only, answered without asking JAX
         _check_sizes(mesh)
-        return tuple(MeshAxis(str(name), size) for name, size in mesh.items())
+        return tuple([_mesh_axis(str(name), size) for name, size in mesh.items()])
     from ..core.mesh import mesh_axes, resolve_mesh
 
     found = resolve_mesh(mesh, operands, what="einshard.analyze", check_operands=False, required=False)
     return None if found is None else mesh_axes(found)
 
 
+def _mesh_axis(name: str, size: int) -> MeshAxis:
+    """``MeshAxis(name, size)`` for a name and size :func:`_check_sizes` accepted, its checks not re-run."""
+    axis = object.__new__(MeshAxis)
+    axis.__dict__.update(name=name, size=size)  # a frozen dataclass without slots: as object.__setattr__ would
+    return axis
+
+
 def _check_sizes(mesh: dict[Any, Any]) -> None:
     for name, size in mesh.items():
+        if size.__class__ is int and size >= 1 and name.__class__ is str and name:
+            continue  # the common entry, checked at once
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise EinshardError(f"mesh axis {name!r} has size {size!r}; sizes are positive integers (mesh={mesh!r})")
         if not isinstance(name, str) or not name:
@@ -167,26 +180,31 @@ def _valid_layout(
 ) -> Layout | None:
     """The layout if every check of :func:`_layout_of` and of ``Layout`` passes, else None (then
     :func:`_layout_of` says what is wrong).  The checks, done once, without building messages."""
-    seen: set[str] = set()
-    shape = []
-    for name, d in zip(names, dims, strict=True):
-        s = sizes[name]
-        if s < 0:
-            return None
-        n = 1
-        for m in d:
-            k = mesh_sizes.get(m)
-            if k is None or m in seen:
+    shape = tuple([sizes[name] for name in names])
+    used = 0  # mesh axes named in dims
+    for s, d in zip(shape, dims, strict=True):
+        if d:
+            n = 1
+            for m in d:
+                k = mesh_sizes.get(m)
+                if k is None:
+                    return None
+                n *= k
+            if s % n:
                 return None
-            seen.add(m)
-            n *= k
-        if s % n:
+            used += len(d)
+    if min(shape, default=0) < 0:
+        return None
+    if used > 1 or unreduced:  # a mesh axis used twice (two splits, or a split and a pending sum)
+        seen: set[str] = set()
+        for d in dims:
+            seen.update(d)
+        if len(seen) < used:
             return None
-        shape.append(s)
-    for m in unreduced:
-        if m not in mesh_sizes or m in seen:
-            return None
-    return _unchecked(names, tuple(shape), mesh, dims, unreduced)
+        for m in unreduced:
+            if m not in mesh_sizes or m in seen:
+                return None
+    return _unchecked(names, shape, mesh, dims, unreduced)
 
 
 def _layout_of(

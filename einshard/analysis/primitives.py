@@ -57,18 +57,26 @@ _CPU = PROFILES["cpu"]
 _SIZES: dict[int, tuple[tuple[MeshAxis, ...], dict[str, int], frozenset[str]]] = {}
 
 
+_LAST: list[tuple[tuple[MeshAxis, ...], dict[str, int], frozenset[str]]] = [((), {}, frozenset())]
+
+
 def _mesh_facts(mesh: tuple[MeshAxis, ...]) -> tuple[tuple[MeshAxis, ...], dict[str, int], frozenset[str]]:
     # Not Layout.mesh_sizes: a cached_property takes a lock on first use (Python 3.11), and the
     # analyzer makes many short-lived layouts that share one mesh tuple; keyed by its identity
     # (the tuple is kept alive in the entry, so the id cannot be reused while cached).
+    last = _LAST[0]
+    if last[0] is mesh:  # the mesh of the layouts just asked about (one analysis asks about one mesh)
+        return last
     hit = _SIZES.get(id(mesh))
     if hit is not None and hit[0] is mesh:
+        _LAST[0] = hit
         return hit
     if len(_SIZES) > 512:
         _SIZES.clear()
     sizes = {m.name: m.size for m in mesh}
     facts = (mesh, sizes, frozenset([m for m, s in sizes.items() if s == 1]))
     _SIZES[id(mesh)] = facts
+    _LAST[0] = facts
     return facts
 
 

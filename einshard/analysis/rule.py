@@ -59,6 +59,30 @@ class Problem:
         return dict(self.sizes)
 
 
+def _problem(
+    operands: tuple[Layout, ...],
+    out_axes: tuple[str, ...],
+    sizes: tuple[tuple[str, int], ...],
+    mesh: tuple[MeshAxis, ...],
+    requested: Layout | None,
+    itemsize: int,
+    profile: Profile,
+) -> Problem:
+    """``Problem(...)`` with its fields filled directly (a frozen dataclass without slots or checks of its own:
+    the generated ``__init__`` sets each field through ``object.__setattr__``)."""
+    new = object.__new__(Problem)
+    new.__dict__.update(
+        operands=operands,
+        out_axes=out_axes,
+        sizes=sizes,
+        mesh=mesh,
+        requested=requested,
+        itemsize=itemsize,
+        profile=profile,
+    )
+    return new
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One way to compute the einsum."""
@@ -106,28 +130,38 @@ def classify(operand_axes: tuple[tuple[str, ...], ...], out_axes: tuple[str, ...
     return classes
 
 
-def _position(lay: Layout, m: str) -> str | None:
+def _split_at(lay: Layout) -> dict[str, str]:
+    """``{mesh axis: the einsum axis it splits}`` (a valid layout uses a mesh axis at most once)."""
+    out: dict[str, str] = {}
     for name, d in zip(lay.axes, lay.dims, strict=False):
-        if m in d:
-            return name
-    return None
+        for m in d:
+            out[m] = name
+    return out
 
 
-def options(problem: Problem) -> list[tuple[str, tuple[str | None, ...]]]:
+def _splits_of(problem: Problem) -> list[dict[str, str]]:
+    """:func:`_split_at` of each operand, then of the requested result if there is one."""
+    at = [_split_at(op) for op in problem.operands]
+    if problem.requested is not None:
+        at.append(_split_at(problem.requested))
+    return at
+
+
+def options(problem: Problem, at: list[dict[str, str]] | None = None) -> list[tuple[str, tuple[str | None, ...]]]:
     """Per mesh axis, the einsum axes it may keep (None: keep none), in mesh order.
 
-    A mesh axis of size 1 splits nothing: it keeps none.
+    A mesh axis of size 1 splits nothing: it keeps none.  ``at``: :func:`_splits_of` the problem, if the
+    caller has it.
     """
+    if at is None:
+        at = _splits_of(problem)
     out: list[tuple[str, tuple[str | None, ...]]] = []
     for m in problem.mesh:
         seen: list[str | None] = []
         if m.size > 1:
-            for op in problem.operands:
-                e = _position(op, m.name)
-                if e is not None and e not in seen:
-                    seen.append(e)
-            if problem.requested is not None:
-                e = _position(problem.requested, m.name)
+            name = m.name
+            for where in at:  # the operands, then the requested result
+                e = where.get(name)
                 if e is not None and e not in seen:
                     seen.append(e)
         out.append((m.name, (*seen, None)))
@@ -182,6 +216,8 @@ def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[t
     """The operands as given, and with their lone-reduced axes summed locally first (XLA does this:
     ``sum_a x[b, a@x]`` becomes partial sums of ``[b]`` before the contraction, and a gather or
     all-to-all then moves the smaller array)."""
+    if LONE not in classes.values():  # the common einsum: no lone-reduced axis, the operands as given only
+        return [(problem.operands, (False,) * len(problem.operands))]
     per_op: list[list[tuple[Layout, bool]]] = []
     for op in problem.operands:
         lone = {a for a in op.axes if classes[a] == LONE}
@@ -189,9 +225,10 @@ def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[t
     return [(tuple(lay for lay, _ in combo), tuple(flag for _, flag in combo)) for combo in itertools.product(*per_op)]
 
 
-def agreed_splits(problem: Problem) -> dict[str, str]:
+def agreed_splits(problem: Problem, where: list[dict[str, str]] | None = None) -> dict[str, str]:
     """Mesh axes every operand agrees on: ``{m: e}`` where each operand holding einsum axis ``e`` splits
     it over ``m`` (at least two do, or ``e`` is lone-reduced) and no operand splits anything else over ``m``.
+    ``where``: :func:`_splits_of` the problem, if the caller has it.
 
     Example:
         >>> from einshard.core.layout import Layout, MeshAxis
@@ -201,19 +238,32 @@ def agreed_splits(problem: Problem) -> dict[str, str]:
         >>> agreed_splits(Problem((a, c), ("d", "f"), (("b", 8), ("d", 16), ("f", 16)), mesh, None, 4, None))
         {'x': 'b'}
     """
+    if where is None:
+        where = _splits_of(problem)
+    operands = problem.operands
     out: dict[str, str] = {}
     for m in problem.mesh:
         if m.size == 1:
             continue
-        at = [_position(op, m.name) for op in problem.operands]
-        named = {e for e in at if e is not None}
-        if len(named) != 1:
-            continue
-        e = named.pop()
-        holders = [i for i, op in enumerate(problem.operands) if e in op.axes]
-        lone = len(holders) == 1 and e not in problem.out_axes
-        if (len(holders) >= 2 or lone) and all(at[i] == e for i in holders):
-            out[m.name] = e
+        e = None
+        for i in range(len(operands)):  # the one einsum axis the operands split over m, if there is one
+            f = where[i].get(m.name)
+            if f is not None:
+                if e is not None and f != e:
+                    break
+                e = f
+        else:
+            if e is None:
+                continue
+            holders = 0
+            for i, op in enumerate(operands):
+                if e in op.axes:
+                    holders += 1
+                    if where[i].get(m.name) != e:
+                        holders = -1
+                        break
+            if holders >= 2 or (holders == 1 and e not in problem.out_axes):
+                out[m.name] = e
     return out
 
 

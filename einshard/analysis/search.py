@@ -11,19 +11,18 @@ visited by compute time; one whose compute alone is dearer than the best
 candidate found ends the search, one whose moves are dearer is skipped
 before its result's deliveries are priced (:func:`best_candidate`).  Every
 candidate, ranked (the plan's alternatives), is built when first asked for,
-from the same memos.
+from the same memos.  Often the first choice (the operands as given) is the
+answer and no other needs enumerating (:func:`_as_given` says when).  The
+specs and their pricing are :mod:`einshard.analysis.parts`.
 """
 
 from __future__ import annotations
-
-import itertools
-import math
-from typing import NamedTuple
 
 from ..core.collectives import Target
 from ..core.layout import Layout
 from ..errors import EinshardError
 from .cost import Collective
+from .parts import _Part, _part, _Spec, _specs
 from .primitives import _derived, _unchecked, all_reduce
 from .rule import (
     CONTRACTED,
@@ -32,8 +31,7 @@ from .rule import (
     Problem,
     _fits,
     _kept_orders,
-    _operand_variants,
-    agreed_splits,
+    _splits_of,
     classify,
     options,
 )
@@ -59,13 +57,14 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
     the search stops at the first whose compute alone is dearer than the best candidate so far, and a
     part whose moves are dearer is skipped unpriced.  Ties keep the enumeration order, as ``rank`` does.
     """
+    best, best_key, decided = _as_given(en, complete)
+    if decided:
+        return best
     specs = en.specs()
-    best: Candidate | None = None
-    best_key: tuple[object, ...] = ()
     # Visited by compute time, a lower bound of every candidate's time that needs no collective priced:
     # a part's moves are priced only if it can still win.  The answer is the least key over all candidates
     # whichever the order (every part skipped has only dearer candidates), so ties resolve as in ``rank``.
-    for k in sorted(range(len(specs)), key=lambda k: (specs[k].unsplits, specs[k].compute_time)):
+    for _, _, k in sorted([(spec.unsplits, spec.compute_time, k) for k, spec in enumerate(specs)]):
         spec = specs[k]
         # (a margin of 1e-12: Python 3.12's float sum compensates rounding, so a bound may exceed its
         # candidates' times by an ulp)
@@ -86,49 +85,138 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
     return best
 
 
-class _Spec(NamedTuple):
-    """A part before its operand moves are priced: the choice, and what it costs to compute."""
+def _as_given(en: _Enumeration, complete: bool) -> tuple[Candidate | None, tuple[object, ...], bool]:
+    """:func:`best_candidate`'s answer when the operands as given decide it without a search.
 
-    choice: tuple[tuple[str, str | None], ...]  # (mesh axis, einsum axis kept or None), mesh order
-    order: dict[str, tuple[str, ...]]
-    operands: tuple[Layout, ...]  # as the moves start (lone-reduced axes summed first or not)
-    flops: int
-    compute_time: float  # no candidate built on this part is faster
-    pending_kept: frozenset[str]
-    keep_u: list[frozenset[str]]
-    unsplits: bool
+    Returns (candidate, its key in :func:`best_candidate`, whether it is the answer); the candidate is the
+    first part's best (a bound the search starts from) or None when the first part is not priced here.
 
+    The enumeration's first choice (each mesh axis keeps its first option: what the operands, else the
+    requested result, split over it) divides the compute by every mesh axis that can divide it, so when no
+    operand variant can shrink it (no lone-reduced axis to sum first, no pending sums to carry), no
+    candidate computes faster.  Its best candidate (the least key among its ways to deliver the result) is
+    then the answer if
 
-class _Part(NamedTuple):
-    """One way to move the operands for one choice: the local einsum's inputs, before the result is delivered."""
-
-    choice: tuple[tuple[str, str | None], ...]
-    operands: tuple[Layout, ...]  # as the moves start (lone-reduced axes summed first or not)
-    targets: tuple[Layout, ...]
-    steps: tuple[Collective, ...]
-    out_dims: tuple[tuple[str, ...], ...]
-    pending: frozenset[str]
-    flops: int
-    compute_time: float
-    bound: float  # compute + operand collectives: no candidate built on this part is faster
-    unsplits: bool
+    * it needs no collective: nothing is faster, and equal times rank by bytes, steps, then enumeration
+      order, where it is first; or
+    * every other choice computes slower than it takes in all: when each mesh axis's options are its first
+      or none (and the mesh axes keeping one einsum axis have one order), every other choice leaves some
+      mesh axis idle, so it divides the compute by at most the whole mesh over the smallest axis that can
+      divide it, and collectives only add time.
+    """
+    problem, classes = en.problem, en.classes
+    operands = problem.operands
+    mesh_sizes = en.mesh_sizes
+    choice: list[tuple[str, str | None]] = []
+    order: dict[str, tuple[str, ...]] = {}
+    kept_product = 1
+    smallest = 0  # the smallest mesh axis that keeps something
+    two_options = True  # every mesh axis's options: its first, or none (and one order of the mesh axes)
+    several = False
+    pending: list[str] = []
+    for m, opts in en.per_axis:
+        e = opts[0]
+        choice.append((m, e))
+        if e is not None:
+            if e in order:
+                order[e] += (m,)
+                several = True
+            else:
+                order[e] = (m,)
+            size = mesh_sizes[m]
+            kept_product *= size
+            if smallest == 0 or size < smallest:
+                smallest = size
+            if len(opts) > 2:
+                two_options = False
+            if classes[e] in (CONTRACTED, LONE):
+                pending.append(m)
+    if several:  # several mesh axes keep one einsum axis: the first of their orders, as _specs enumerates them
+        for e, ms in order.items():
+            if len(ms) > 1:
+                orders = _kept_orders(problem, e, list(ms))
+                order[e] = orders[0]
+                if len(orders) > 1:
+                    two_options = False  # another order computes as fast
+    held: set[str] = set()
+    for op in operands:
+        if op.unreduced:
+            return None, (), False  # pending sums to carry or sum first: other variants
+        held.update(op.axes)
+    if LONE in classes.values():
+        return None, (), False  # an operand variant with a lone axis summed first computes less
+    flops_whole = 2
+    for a in held:
+        flops_whole *= en.size_of[a]
+    flops = flops_whole // kept_product
+    peak = en.profile.flops
+    # as _specs builds it (the same numbers: the plan must not change)
+    spec = _Spec(
+        tuple(choice),
+        order,
+        operands,
+        flops,
+        flops / peak,
+        frozenset(pending),
+        [frozenset()] * len(operands),
+        False,  # each agreed split is kept: it is every mesh axis's first option
+    )
+    part = _part(en, spec)
+    if part is None:
+        return None, (), False
+    en.first = part  # the enumeration's first part (the search prices it from here)
+    best: Candidate | None = None
+    best_key: tuple[object, ...] = ()
+    for j, c in enumerate(en.candidates(part, complete)):
+        key = (False, c.time, c.comm_bytes, len(c.steps), 0, j)
+        if best is None or key < best_key:
+            best, best_key = c, key
+    if best is None:
+        return None, (), False
+    if not best.steps:
+        return best, best_key, True
+    if not two_options:
+        return best, best_key, False
+    if smallest == 0:
+        return best, best_key, True  # no mesh axis keeps anything: the only choice
+    # (the margin as best_candidate's: a sum may round an ulp either way)
+    decided = (flops_whole // (kept_product // smallest)) / peak > best.time * (1 + 1e-12)
+    return best, best_key, decided
 
 
 class _Enumeration:
     """What one enumeration shares across its candidates: the problem's facts, the operand moves (parts),
     and memos of the moves and result resolutions (the same ones recur across choices and orders)."""
 
-    __slots__ = ("problem", "classes", "mesh_sizes", "out_shape", "itemsize", "profile", "memo", "_specs", "_priced")
+    __slots__ = (
+        "problem",
+        "classes",
+        "mesh_sizes",
+        "size_of",
+        "out_shape",
+        "itemsize",
+        "profile",
+        "memo",
+        "per_axis",
+        "where",
+        "first",
+        "_specs",
+        "_priced",
+    )
 
     def __init__(self, problem: Problem, classes: dict[str, str]) -> None:
         self.problem = problem
         self.classes = classes
         self.mesh_sizes = {m.name: m.size for m in problem.mesh}
-        size_of = problem.size_of
-        self.out_shape = tuple(size_of[e] for e in problem.out_axes)
+        self.size_of = size_of = dict(problem.sizes)
+        self.out_shape = tuple([size_of[e] for e in problem.out_axes])
         self.itemsize = problem.itemsize
         self.profile = problem.profile
         self.memo: dict[tuple[object, ...], object] = {}
+        # where each operand (then the requested result) splits each mesh axis, and each mesh axis's options
+        self.where = _splits_of(problem)
+        self.per_axis = options(problem, self.where)
+        self.first: _Part | None = None  # the first part, when priced before the others are enumerated
         self._specs: list[_Spec] | None = None
         self._priced: list[object] = []
 
@@ -148,6 +236,8 @@ class _Enumeration:
         if self._specs is None:
             self._specs = _specs(self)
             self._priced = [_UNSET] * len(self._specs)
+            if self.first is not None:
+                self._priced[0] = self.first
         return self._specs
 
     def part(self, k: int) -> _Part | None:
@@ -200,136 +290,6 @@ def _with_operand(c: Collective, operand: Target | None) -> Collective:
     d.update(c.__dict__)
     d["operand"] = operand
     return new
-
-
-def _specs(en: _Enumeration) -> list[_Spec]:
-    problem, classes = en.problem, en.classes
-    size_of = problem.size_of
-    mesh_sizes = en.mesh_sizes
-    per_axis = options(problem)
-    names = [m for m, _ in per_axis]
-    result: list[_Spec] = []
-    peak = en.profile.flops  # Profile.compute_time, inlined: this loop runs for every way to move the operands
-    # Each variant with what every choice asks of it: the FLOPs of its local einsum before any split (the
-    # axes it holds), the mesh axes its operands split, and whether any brings pending sums.
-    variants = [
-        (
-            operands,
-            pre,
-            True in pre,
-            2 * math.prod(size_of[a] for a in {a for op in operands for a in op.axes}),
-            {m for op in operands for d in op.dims for m in d},
-            any(op.unreduced for op in operands),
-        )
-        for operands, pre in _operand_variants(problem, classes)
-    ]
-    none_pending: list[frozenset[str]] = [frozenset()] * len(problem.operands)
-    agreed = agreed_splits(problem)
-    reduced = {e for e, c in classes.items() if c in (CONTRACTED, LONE)}
-    for combo in itertools.product(*(opts for _, opts in per_axis)):
-        choice = dict(zip(names, combo, strict=False))
-        choice_items = tuple(choice.items())
-        unsplit = False  # an agreed split dropped (gathered), if some operand variant holds it
-        for m in agreed:
-            if choice[m] is None:
-                unsplit = True
-                break
-        # one pass over the choice: the mesh axes keeping each einsum axis, their product, the pending sums
-        kept_on: dict[str, list[str]] = {}
-        kept_product = 1
-        pending: list[str] = []
-        for m, e in choice_items:
-            if e is not None:
-                kept_on.setdefault(e, []).append(m)
-                kept_product *= mesh_sizes[m]
-                if e in reduced:
-                    pending.append(m)
-        pending_kept = frozenset(pending)
-        if len(kept_on) == sum([len(ms) for ms in kept_on.values()]):  # one mesh axis each: one order
-            orders_of: list[dict[str, tuple[str, ...]]] = [{e: (ms[0],) for e, ms in kept_on.items()}]
-        else:
-            multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
-            orders_of = [
-                {e: o for (e, _), o in zip(multi, orders, strict=False)}
-                for orders in itertools.product(*(os for _, os in multi))
-            ]
-        for order in orders_of:
-            for operands, pre, any_pre, flops_whole, split, any_pending in variants:
-                if any_pre and any(
-                    pre[i]
-                    and any(
-                        (e := choice[m]) is not None and e in problem.operands[i].axes and classes[e] == LONE
-                        for m in operands[i].unreduced - problem.operands[i].unreduced
-                    )
-                    for i in range(len(operands))
-                ):
-                    continue  # summing a lone axis first and also keeping it split: not a different plan
-                # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
-                unsplits = False
-                if unsplit:
-                    for m in agreed:
-                        if choice[m] is None and m in split:
-                            unsplits = True
-                            break
-                flops = flops_whole // kept_product
-                if not any_pending:
-                    result.append(
-                        _Spec(choice_items, order, operands, flops, flops / peak, pending_kept, none_pending, unsplits)
-                    )
-                    continue
-                # Pending sums an operand brings: summed before the einsum, or (when no other operand splits
-                # over that axis) carried through it, the einsum being linear in each operand.
-                keep_u: list[frozenset[str]] = []
-                claimed: set[str] = set()
-                for op in operands:
-                    mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
-                    claimed |= mine
-                    keep_u.append(mine)
-                # With pending sums to carry, also price summing them first (every operand whole).
-                for ku in [keep_u, none_pending] if any(keep_u) else [keep_u]:
-                    result.append(_Spec(choice_items, order, operands, flops, flops / peak, pending_kept, ku, unsplits))
-    return result
-
-
-_IMPOSSIBLE = object()
-
-
-def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
-    choice, order, operands, keep_u = spec.choice, spec.order, spec.operands, spec.keep_u
-    memo = en.memo
-    targets: list[Layout] = []
-    steps: list[Collective] = []
-    for i, op in enumerate(operands):
-        dims = tuple([order.get(e, ()) for e in op.axes])
-        key = (i, id(op), dims, keep_u[i])
-        moved = memo.get(key)
-        if moved is None:
-            moved = _IMPOSSIBLE
-            if dims == op.dims and keep_u[i] == op.unreduced:
-                moved = (op, ())  # the operand as it is (the most common move: none)
-            elif _fits(op.shape, dims, en.mesh_sizes):
-                target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
-                st = en.transition(op, target, i)
-                if st is not None:
-                    moved = (target, st)
-            memo[key] = moved
-        if moved is _IMPOSSIBLE:  # an indivisible split or an impossible step: not a candidate
-            return None
-        targets.append(moved[0])  # type: ignore[index]
-        steps.extend(moved[1])  # type: ignore[index]
-    compute_time = spec.compute_time
-    return _Part(
-        choice,
-        operands,
-        tuple(targets),
-        tuple(steps),
-        tuple([order.get(e, ()) for e in en.problem.out_axes]),
-        spec.pending_kept.union(*keep_u),
-        spec.flops,
-        compute_time,
-        compute_time + sum([c.time for c in steps]),  # the same sum as a candidate's, over fewer steps
-        spec.unsplits,
-    )
 
 
 def _outcomes(
