@@ -16,7 +16,7 @@
 
 Writes benchmarks/results/planner.{json,md}.
 
-    python benchmarks/bench_planner.py [--repeats 3] [--steps 30] [--gap-trials 10]
+    python benchmarks/bench_planner.py [--repeats 3] [--steps 60] [--gap-trials 10]
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def measured(name, build, steps):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--gap-trials", type=int, default=10)
     ap.add_argument("--markdown-only", action="store_true", help="rewrite planner.md from planner.json")
     args = ap.parse_args()
