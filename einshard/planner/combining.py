@@ -62,10 +62,11 @@ class DependencyWalker(Walker):
         self._last_outs: list[int] | None = None
 
     def _mask_of(self, vars_: Any) -> int:
+        # Literals are never keys of ``masks`` (only the jaxprs' variables are), so they read as 0.
+        masks = self.masks
         m = 0
         for v in vars_:
-            if not hasattr(v, "val"):
-                m |= self.masks.get(id(v), 0)
+            m |= masks.get(id(v), 0)
         return m
 
     def record(self, eqn: Any, phase: str, expression: str, out: Layout | None, collectives: Any, *rest: Any) -> None:
