@@ -135,14 +135,16 @@ class DependencyWalker(Walker):
         finally:
             self._eqns.pop()
         inner = self._last_outs
-        new = ((1 << len(self.colls)) - 1) & ~((1 << before) - 1)
+        masks = self.masks
         if inner is not None and len(inner) == len(eqn.outvars):
             # A call: each result depends on what its inner result depends on.
             for v, m in zip(eqn.outvars, inner):
-                self.masks[id(v)] = mask_in | m
+                masks[id(v)] = mask_in | m
         else:
+            after = len(self.colls)
+            m = mask_in | ((1 << after) - (1 << before)) if after > before else mask_in  # + the step's own
             for v in eqn.outvars:
-                self.masks[id(v)] = mask_in | new
+                masks[id(v)] = m
         self._last_outs = None
         return outs
 
