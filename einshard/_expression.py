@@ -84,14 +84,21 @@ class Side:
     column: int = field(default=-1, compare=False, repr=False)
     unreduced_column: int = field(default=-1, compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        # Read for every analysis of the expression: kept once, beside the fields (not fields: equality,
+        # repr and replace() see the items alone).
+        axes = tuple([i for i in self.items if isinstance(i, AxisItem)])
+        object.__setattr__(self, "_axes", axes)
+        object.__setattr__(self, "_names", tuple([i.name for i in axes]))
+
     @property
     def axes(self) -> tuple[AxisItem, ...]:
         """The named axes, in order."""
-        return tuple(i for i in self.items if isinstance(i, AxisItem))
+        return self._axes  # type: ignore[attr-defined,no-any-return]
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(i.name for i in self.items if isinstance(i, AxisItem))
+        return self._names  # type: ignore[attr-defined,no-any-return]
 
     @property
     def has_ellipsis(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import pathlib
+import re
 from collections.abc import Callable
 
 import lark
@@ -241,6 +242,12 @@ def parse(text: str) -> Expression:
         raise EinshardError(f"an einshard expression is a string, got {type(text).__name__}: {text!r}")
     stripped = text.strip()
     offset = len(text) - len(text.lstrip())
+    fast = _scan(text, offset, len(text.rstrip()))
+    if fast is not None:
+        expr = Expression(fast[:-1], fast[-1], text)
+        for side in expr.sides:
+            _check_side(expr, side)
+        return expr
     try:
         tree = _lark().parse(stripped)
         sides = _Build(offset, stripped).transform(tree)
@@ -255,6 +262,56 @@ def parse(text: str) -> Expression:
     for side in expr.sides:
         _check_side(expr, side)
     return expr
+
+
+# The common expressions ('b x@data, x y@(data,model) -> b? y?': names, '@' one mesh axis or a
+# parenthesised list without spaces, '?') are read by a scanner with the grammar's own terminals, giving
+# the objects and columns Lark's tree would; anything else (counts, '*', '...', braces, '{U:...}', an
+# empty side, spaces inside '@(...)', any syntax error) is left to Lark, so its errors are the grammar's.
+_ITEM = re.compile(r"([^\W\d]+)(?:(\?)|@([^\W\d]\w*)|@\(([^\W\d]\w*(?:,[^\W\d]\w*)*)\))?")
+_ARROW = re.compile(r"\s*->\s*")
+_COMMA = re.compile(r"\s*,\s*")
+_SPACE = re.compile(r"\s+")
+
+
+def _scan(text: str, pos: int, end: int) -> tuple[Side, ...] | None:
+    """The sides of ``text[pos:end]`` (stripped) if it is in the scanner's subset, else None (for Lark)."""
+    sides: list[Side] = []
+    items: list[Item] = []
+    start = pos
+    arrow = False
+    while True:
+        m = _ITEM.match(text, pos, end)
+        if m is None:
+            return None
+        name, choose, one, many = m.groups()
+        mesh = (one,) if one is not None else tuple(many.split(",")) if many is not None else None
+        items.append(AxisItem(name, None, False, mesh, pos, choose is not None))
+        pos = m.end()
+        if pos == end:
+            if not arrow:
+                return None
+            sides.append(Side(tuple(items), (), start, -1))
+            return tuple(sides)
+        # the separators outrank a space, as in the grammar (_ARROW.2, _COMMA.2)
+        sep = _ARROW.match(text, pos, end)
+        if sep is not None:
+            if arrow:
+                return None
+            arrow = True
+        else:
+            sep = _COMMA.match(text, pos, end)
+            if sep is not None and arrow:
+                return None
+        if sep is not None:
+            sides.append(Side(tuple(items), (), start, -1))
+            items = []
+            pos = start = sep.end()
+            continue
+        sep = _SPACE.match(text, pos, end)
+        if sep is None:
+            return None
+        pos = sep.end()
 
 
 def _check_side(expr: Expression, side: Side) -> None:

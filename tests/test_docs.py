@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -108,9 +109,12 @@ PROMISES: dict[tuple[str, ...], list[str]] = {
         "8 cpu devices",
         "'l d h k -> l d h@model k'",
         "[l:2 d:64 h:8@model k:8]",
-        "collectives in the compiled step:",
+        "collectives XLA runs per step:",
         r"w_in\s+'r@model d, d f@model -> r f@model'\s+allgather_einsum per layer",
         "bubble: 20% of stage-iterations idle",
+    ],
+    ("show", "a -> a@x", "--shape", "8", "--mesh", "x=2,y=4"): [  # docs/demo.md: "ends with ..."
+        "copies: each block is on 4 devices over y(4); replication groups: {0-3} {4-7}",
     ],
 }
 
@@ -148,6 +152,133 @@ def test_every_cli_line_runs(where, args, tmp_path):
         assert proc.stdout[proc.stdout.index("layout    mesh") :].count("same (") == len(PRESETS)
     for promise in PROMISES.get(tuple(args), []):
         assert re.search(promise, proc.stdout) or promise in proc.stdout, f"{shown}: no {promise!r} in its output"
+
+
+# -- commands written inline in the prose (`einshard ...` in backticks) -------------------------------------------
+
+_FENCED = re.compile(r"^```.*?^```", flags=re.S | re.M)
+_SYNOPSIS = re.compile(r"[\[\]<>|]|\.\.\.")  # optional parts, placeholders, alternatives, "and so on"
+
+
+def inline_commands(text: str) -> list[str]:
+    """Every inline code span of a page that starts with ``einshard``, whitespace (line breaks) collapsed."""
+    return [" ".join(span.split()) for span in re.findall(r"`(einshard(?:\s[^`]*)?)`", _FENCED.sub("", text))]
+
+
+def is_synopsis(command: str) -> bool:
+    """A command written with synopsis notation ([optional], <placeholder>, a|b, ...) outside quotes."""
+    return bool(_SYNOPSIS.search(re.sub(r"'[^']*'", "''", command)) or re.search(r"<\w[\w -]*>", command))
+
+
+def _parser(verb: str | None) -> Any:
+    import argparse
+
+    from einshard_apps import arguments, cli
+
+    parser = argparse.ArgumentParser(prog=f"einshard {verb or ''}".strip(), add_help=True)
+    if verb is not None:
+        getattr(arguments, cli.RENAMED.get(verb, verb))(parser)
+    return parser
+
+
+def _verb(words: list[str]) -> str | None:
+    from einshard_apps import cli
+
+    first = words[0] if words else ""
+    return first if first in cli.COMMANDS or first in cli.RENAMED else None
+
+
+def complete(args: list[str]) -> bool:
+    """Whether the command line parses: a verb, arguments, every required value (else it is a mention)."""
+    import contextlib
+    import io
+
+    verb = _verb(args)
+    if verb is None or len(args) == 1:  # a verb alone names the command in the prose
+        return False
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            _parser(verb).parse_args(args[1:])
+        except SystemExit:
+            return False
+    return True
+
+
+def _inline_runs() -> list[tuple[str, list[list[str]]]]:
+    """Per page, the inline commands to run in order in one directory (a later one may read a file an earlier
+    one wrote): complete ones, not synopses; a page whose every such command ran before is left out."""
+    seen = {tuple(a) for _, a in DOC_COMMANDS}
+    out = []
+    for page in PAGES:
+        runs = [shlex.split(c)[1:] for c in inline_commands(page.read_text()) if not is_synopsis(c)]
+        page_runs = list(dict.fromkeys(tuple(a) for a in runs if complete(a)))
+        if not set(page_runs) <= seen:  # a page repeating only commands run before (same order, files) is not rerun
+            out.append((page.name, [list(a) for a in page_runs]))
+        seen |= set(page_runs)
+    return out
+
+
+def test_every_inline_command_names_a_real_verb_and_real_flags():
+    """Synopses and mentions in the prose (``einshard demo [--mesh data=4,model=2]``, ``einshard demo --rules``)
+    can't run, but each verb and ``--flag`` they name must exist: a renamed flag would leave the prose wrong."""
+    seen = 0
+    for page in PAGES:
+        for command in inline_commands(page.read_text()):
+            words = [w.strip("[]'") for w in re.sub(r"'[^']*'", "x", command).split()[1:]]
+            verb = _verb(words)
+            assert verb is not None or not words or words[0] in ("...", "--help"), f"{page.name}: {command}"
+            known = {o for action in _parser(verb)._actions for o in action.option_strings}
+            for flag in (w.split("=")[0] for w in words if w.startswith("--")):
+                assert flag in known, f"{page.name}: `{command}` names {flag}, which einshard {verb} does not take"
+                seen += 1
+    assert seen >= 10
+
+
+def test_the_inline_reader():
+    text = (
+        "Run `einshard show 'a -> a@x' --shape 8 --mesh x=2,y=4`, or `einshard plan --mesh\ndata=8 --rules-out r.json`"
+        " then `einshard demo --rules r.json`; `einshard demo [--layout dp|tp]` and `einshard demo --rules` are not"
+        " commands, nor `einshard plan` or `einshard analyze '<einsum>'`.\n```bash\neinshard demo --steps 2\n```\n"
+    )
+    commands = inline_commands(text)
+    assert commands[1] == "einshard plan --mesh data=8 --rules-out r.json"
+    assert [is_synopsis(c) for c in commands] == [False, False, False, True, False, False, True]
+    assert [complete(shlex.split(c)[1:]) for c in commands if not is_synopsis(c)] == [True, True, True, False, False]
+    assert "einshard demo --steps 2" not in commands
+
+
+INLINE_RUNS = _inline_runs()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page, runs", INLINE_RUNS, ids=[p for p, _ in INLINE_RUNS])
+def test_inline_commands_run_in_page_order(page, runs, tmp_path):
+    for args in runs:
+        shown = f"{page} (inline): einshard {shlex.join(args)}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "einshard", *args],
+            cwd=tmp_path,
+            env=_command_env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, (
+            f"{shown} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+        )
+        assert "Traceback" not in proc.stderr, f"{shown}:\n{proc.stderr[-4000:]}"
+        if args[0] == "demo":
+            assert "loss matches the single-device run: yes" in proc.stdout, proc.stdout[-3000:]
+        for promise in PROMISES.get(tuple(args), []):
+            assert re.search(promise, proc.stdout) or promise in proc.stdout, f"{shown}: no {promise!r} in its output"
+
+
+def test_the_inline_commands_that_run_are_found():
+    """The README's plan-then-demo pair and the show examples are run (none silently classed as a mention)."""
+    runs = {tuple(a) for _, rs in INLINE_RUNS for a in rs}
+    verbs = [a[0] for a in runs]
+    assert {"plan", "demo", "show"} <= set(verbs), runs
+    assert any(a[:1] == ("demo",) and "--rules" in a for a in runs)
 
 
 def test_the_docs_have_cli_lines_to_run():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from einshard.testing import hlo
 
 HEADER = "HloModule jit_f, entry_computation_layout={(f32[16,256]{1,0})->f32[64,256]{1,0}}, num_partitions=8\n"
@@ -97,3 +99,69 @@ def test_sent_bytes_follow_the_ring_formulas_and_single_device_groups_are_droppe
     assert hlo.signature(hlo.normalized(HEADER + "  %ag = f32[4]{0} all-gather(%p), replica_groups=[4,2]<=[8]")) == {
         ("all-gather", 16, 2): 1
     }
+
+
+def test_collectives_in_loops_run_once_per_iteration_as_explain_counts_them():
+    """A ``lax.scan`` over layers compiles to a while loop: its body's collectives run once per layer.
+
+    Computation headers whose parameter tuples carry ``/*index=5*/`` comments (six or more values) are
+    still headers; the count of collectives XLA runs equals explain's count (each op times its repeat).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import einshard
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    layers = 3
+
+    def loss(ws, x, a, b, c, d):  # six carried values: the body's header gets an /*index=5*/ comment
+        def body(h, w):
+            return jnp.tanh(h @ w) + a + b + c + d, None
+
+        return jnp.sum(jax.lax.scan(body, x, ws)[0])
+
+    args = (jnp.ones((layers, 16, 16)), jnp.ones((8, 16)), *(jnp.ones((8, 16)) for _ in range(4)))
+    specs = (P(None, "model", None), P("data", "model"), *(P() for _ in range(4)))
+    shardings = tuple(NamedSharding(mesh, s) for s in specs)
+    text = jax.jit(loss, in_shardings=shardings).lower(*args).compile().as_text()
+    xla = hlo.normalized(text)
+    in_loop = [c for c in xla if c.runs == layers]
+    assert in_loop, "the body's collective runs once per layer"
+    report = einshard.explain(loss, *args, mesh=mesh, in_specs=specs)
+    predicted = sum(op.repeat for op in report.ops for c in op.collectives if c.group_size > 1)
+    assert sum(c.runs for c in xla) == predicted
+
+
+_COMPILE_ONE = """
+import hashlib
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+def f(w, x):
+    return jnp.sum(jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, w)[0] ** 2)
+shardings = (NamedSharding(mesh, P(None, None, "model")), NamedSharding(mesh, P("data")))
+c = jax.jit(jax.grad(f), in_shardings=shardings).lower(jnp.ones((3, 64, 64)), jnp.ones((32, 64))).compile()
+m = c.memory_analysis()
+print(m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes, hashlib.md5(c.as_text().encode()).hexdigest())
+"""
+
+
+@pytest.mark.slow
+def test_the_suites_llvm_optimisation_level_changes_neither_hlo_nor_memory():
+    """conftest.py compiles the tests with --xla_backend_optimization_level=0: what the tests compare is the same."""
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for level in ("", " --xla_backend_optimization_level=0"):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8" + level)
+        proc = subprocess.run(
+            [sys.executable, "-c", _COMPILE_ONE], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs.append(proc.stdout.strip())
+    assert outs[0] == outs[1]

@@ -4,7 +4,8 @@ Nothing here moves data: layouts are :class:`~einshard.core.layout.Layout`\\ s a
 meshes may be plain ``{'data': 4, 'model': 2}`` dicts, so a 2048-chip plan is
 analysed on a laptop.  Layers: ``cost`` (profiles, the Collective record) →
 ``primitives`` (collectives as functions on layouts, ``transition``) →
-``rule`` (the per-mesh-axis einsum rule) → ``strategy`` (names) → ``plan`` /
+``rule`` (the per-mesh-axis einsum rule) → ``search`` (its
+parts and candidates, pruned and ranked) → ``strategy`` (names) → ``plan`` /
 ``api`` (``analyze``).
 """
 

@@ -34,9 +34,10 @@ from .inputs import (
     dtype_info,
     spec_partitions,
 )
-from .plan import EinsumPlan, explain_choice, side_string
-from .rule import Problem, _Enumeration, best_candidate, classify, rank
-from .strategy import pick_weight, roles, strategy_name, tutorial_view
+from .plan import EinsumPlan, side_string
+from .rule import Problem, classify
+from .search import _Enumeration, best_candidate, rank
+from .strategy import pick_weight
 
 __all__ = [
     "analyze",
@@ -424,14 +425,13 @@ def _plan(problem: Problem, dtype: str) -> EinsumPlan:
             "pending sums {U:...} can only come from a contraction split over that mesh axis"
         )
     weight = pick_weight(problem.operands, classes)
-    sizes = {m.name: m.size for m in problem.mesh}
     total = 2 * math.prod(s for _, s in problem.sizes)
 
     def build(c: Any, more: Any = None) -> EinsumPlan:
-        role_of = roles(problem.operands, c, classes, weight)
-        comm = sum([s.time for s in c.steps])
-        return EinsumPlan(
-            expression=", ".join(side_string(o) for o in problem.operands) + " -> " + side_string(c.out),
+        # EinsumPlan(...) with its fields filled directly (a frozen dataclass without slots or checks of its
+        # own, built from a candidate that is valid by construction): one per plan and per alternative.
+        plan = object.__new__(EinsumPlan)
+        plan.__dict__.update(
             mesh=problem.mesh,
             dtype=dtype,
             itemsize=problem.itemsize,
@@ -444,18 +444,16 @@ def _plan(problem: Problem, dtype: str) -> EinsumPlan:
             flops=c.flops,
             total_flops=total,
             compute_time=problem.profile.compute_time(c.flops),
-            comm_time=comm,
+            comm_time=sum([s.time for s in c.steps]),
             time=c.time,
             classes=classes,
             choice=c.choice,
-            strategy=strategy_name(role_of),
-            roles=role_of,
-            tutorial_view=tutorial_view(c, classes),
-            why=explain_choice(problem.operands, c, classes, sizes),
             resolution=c.resolution,
             weight=weight,
             more=more,
+            candidate=c,
         )
+        return plan
 
     def alternatives() -> tuple[EinsumPlan, ...]:
         ranked = rank([c for part in en.parts() for c in en.candidates(part)])

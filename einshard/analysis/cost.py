@@ -72,7 +72,7 @@ class Profile:
             return 0.0
         if kind == "collective-permute":
             return self.latency + bytes_sent / self.bandwidth
-        ring = sum(k - 1 for k in axis_sizes) if axis_sizes else n - 1
+        ring = sum(axis_sizes) - len(axis_sizes) if axis_sizes else n - 1  # Σ(n_i - 1)
         if kind == "all-to-all":
             if self.topology == "ring":
                 return self.latency * ring + n * array_bytes / (4 * self.bandwidth)
@@ -100,6 +100,10 @@ PROFILES: dict[str, Profile] = {
 
 def get_profile(profile: Profile | str | None) -> Profile:
     """A :class:`Profile` from itself, a preset name, or None (the ``'cpu'`` preset)."""
+    if profile.__class__ is str:  # the common call: a preset's name as written in the table
+        hit = PROFILES.get(profile)  # type: ignore[arg-type]
+        if hit is not None:
+            return hit
     from ..errors import EinshardError
 
     if profile is None:

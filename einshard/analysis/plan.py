@@ -12,6 +12,7 @@ from ..core.layout import Layout, MeshAxis
 from ..parsing import format_name
 from .cost import Collective, Profile, human_bytes, human_time
 from .rule import CONTRACTED, LONE, Candidate
+from .strategy import roles, strategy_name, tutorial_view
 
 __all__ = ["EinsumPlan", "type_string", "side_string"]
 
@@ -49,16 +50,17 @@ def side_string(lay: Layout) -> str:
     return text
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class EinsumPlan:
     """One way to compute an einsum on a mesh: layouts, collectives, FLOPs, time, the strategy's name.
 
     ``alternatives`` holds the other ways (each a EinsumPlan without alternatives),
     cheapest first.  Sizes are per device; times are α–β estimates on
-    ``profile``.
+    ``profile``.  The text (``expression``, ``strategy``, ``roles``,
+    ``tutorial_view``, ``why``) is written on first read, from the fields and
+    the candidate the plan was built from: analysis stays fast when unread.
     """
 
-    expression: str
     mesh: tuple[MeshAxis, ...]
     dtype: str
     itemsize: int
@@ -75,18 +77,62 @@ class EinsumPlan:
     time: float
     classes: dict[str, str]
     choice: tuple[tuple[str, str | None], ...]
-    strategy: str
-    roles: dict[str, str]
-    tutorial_view: str
-    why: str
     resolution: str
     weight: int | None
     more: Callable[[], tuple[EinsumPlan, ...]] | None = field(default=None, compare=False, repr=False)
+    # The candidate it was built from (its operands as the moves start: ``why`` names a local sum first).
+    candidate: Candidate | None = field(default=None, compare=False, repr=False)
 
     @functools.cached_property
     def alternatives(self) -> tuple[EinsumPlan, ...]:
         """The other ways, cheapest first (built on first use: analysis stays fast when unused)."""
         return self.more() if self.more is not None else ()
+
+    # -- text, written on first read ---------------------------------------------
+    @functools.cached_property
+    def expression(self) -> str:
+        """The einsum with the operands' layouts and the delivered result's: ``b@data x, x y -> b@data y``."""
+        return ", ".join([side_string(o) for o in self.operands]) + " -> " + side_string(self.out_layout)
+
+    @functools.cached_property
+    def roles(self) -> dict[str, str]:
+        """Each mesh axis's role (:mod:`einshard.analysis.strategy`), mesh axes of size 1 left out."""
+        return roles(self.operands, self._cand, self.classes, self.weight)
+
+    @functools.cached_property
+    def strategy(self) -> str:
+        """The strategy's name: ``'data parallel'``, ``'hybrid DP×TP'``, ... (:mod:`einshard.analysis.strategy`)."""
+        return strategy_name(self.roles)
+
+    @functools.cached_property
+    def tutorial_view(self) -> str:
+        """The einshard-tutorial name: ``DP``, ``1-D TP``, ``hybrid`` or ``replicated``."""
+        return tutorial_view(self._cand, self.classes)
+
+    @functools.cached_property
+    def why(self) -> str:
+        """One line: per mesh axis, what it keeps and what that asks of each operand."""
+        return explain_choice(self.operands, self._cand, self.classes, {m.name: m.size for m in self.mesh})
+
+    @property
+    def _cand(self) -> Candidate:
+        if self.candidate is not None:
+            return self.candidate
+        return Candidate(  # a plan built by hand: its own fields say the same
+            self.choice,
+            self.operands_used,
+            self.collectives,
+            self.computed_layout,
+            self.out_layout,
+            self.resolution,
+            self.flops,
+            self.time,
+            self.comm_bytes,
+        )
+
+    def __repr__(self) -> str:
+        # the fields and the text in the order they were printed when the text was fields too
+        return f"{type(self).__qualname__}(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in _REPR) + ")"
 
     # -- derived -------------------------------------------------------------
     @property
@@ -190,6 +236,12 @@ class EinsumPlan:
     def __str__(self) -> str:
         return format_plan(self)
 
+
+_REPR = (
+    "expression", "mesh", "dtype", "itemsize", "profile", "operands", "operands_used", "out_layout",
+    "computed_layout", "collectives", "flops", "total_flops", "compute_time", "comm_time", "time", "classes",
+    "choice", "strategy", "roles", "tutorial_view", "why", "resolution", "weight",
+)  # fmt: skip
 
 COLLECTIVE_COLUMNS = ("collective", "mesh axes", "group", "tensor", "buffer", "sent/device", "time", "why")
 

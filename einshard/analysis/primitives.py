@@ -157,20 +157,25 @@ def _record(
     per_axis = tuple([sizes[a] for a in axes])
     if math.prod(per_axis) != n:  # a regrouped gather runs over a factor of its axes: one ring of n
         per_axis = (n,)
-    return Collective(
-        kind,
-        axes,
-        n,
-        sent_i,
-        array_bytes,
-        profile.collective_time(kind, n, sent_i, array_bytes, per_axis),
-        tensor,
-        why,
-        before,
-        after,
+    # Collective(...) with its fields filled directly (a frozen dataclass without slots, no validation of
+    # its own): the analyzer records one per priced move, and the generated __init__ is most of that cost.
+    new = object.__new__(Collective)
+    new.__dict__.update(
+        kind=kind,
+        axes=axes,
+        group_size=n,
+        bytes=sent_i,
+        array_bytes=array_bytes,
+        time=profile.collective_time(kind, n, sent_i, array_bytes, per_axis),
+        tensor=tensor,
+        why=why,
+        before=before,
+        after=after,
+        operand=None,
         dim=dim,
         to_dim=to_dim,
     )
+    return new
 
 
 def _where(lay: Layout, mesh_axis: str) -> int | None:

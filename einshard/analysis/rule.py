@@ -19,12 +19,8 @@ way there; the computed result is then taken to the requested output (or, with
 none requested, completed with an all-reduce, with reduce-scatters onto each
 dimension and the pending ``{U}`` result as alternatives).
 
-Finding the best candidate does not price every way to deliver the result:
-the operand moves of a choice (a *part*) cost no more than any candidate built
-on it, so parts are visited cheapest first and the search stops at the first
-one dearer than the best candidate found (:func:`best_candidate`).  Every
-candidate, ranked (the plan's alternatives), is built when first asked for,
-from the same memos.
+The search over these options (enumerating, pricing, pruning, ranking) is
+:mod:`einshard.analysis.search`; its names are re-exported here.
 
 Several mesh axes may keep one einsum axis (``x@(data,model)``): their
 order (major to minor) is taken from the first operand that splits ``x``, and
@@ -35,18 +31,13 @@ equal tuples hold matching blocks.
 from __future__ import annotations
 
 import itertools
-import math
-from dataclasses import dataclass, replace
-from typing import NamedTuple
+from dataclasses import dataclass
 
-from ..core.collectives import Target
 from ..core.layout import Layout, MeshAxis
-from ..errors import EinshardError
 from .cost import Collective, Profile
-from .primitives import _derived, _unchecked, all_reduce
-from .transition import transition
+from .primitives import _unchecked
 
-__all__ = ["Problem", "Candidate", "best_candidate", "classify", "enumerate_candidates"]
+__all__ = ["Problem", "Candidate", "best_candidate", "classify", "enumerate_candidates", "rank"]
 
 BATCH, FREE, CONTRACTED, LONE = "batch", "free", "contracted", "lone-reduced"
 
@@ -104,7 +95,10 @@ def classify(operand_axes: tuple[tuple[str, ...], ...], out_axes: tuple[str, ...
         for e in axes:
             if e in classes:
                 continue
-            n = sum(e in o for o in operand_axes)
+            n = 0  # the operands holding e (a loop: this runs for every axis of every analysis)
+            for o in operand_axes:
+                if e in o:
+                    n += 1
             if e in out:
                 classes[e] = BATCH if n >= 2 else FREE
             else:
@@ -195,243 +189,6 @@ def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[t
     return [(tuple(lay for lay, _ in combo), tuple(flag for _, flag in combo)) for combo in itertools.product(*per_op)]
 
 
-def enumerate_candidates(problem: Problem, classes: dict[str, str] | None = None) -> list[Candidate]:
-    """Every candidate (per-axis choices × orders × output resolutions), unsorted, invalid ones dropped.
-
-    ``classes``: :func:`classify` of the problem, if the caller has it."""
-    en = _Enumeration(problem, classes or classify(tuple(op.axes for op in problem.operands), problem.out_axes))
-    return [c for part in en.parts() for c in en.candidates(part)]
-
-
-def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
-    """``rank(enumerate_candidates(...))``'s first candidate (its first with resolution ``'complete'`` if
-    ``complete``), pricing the result's resolutions only for the operand moves that can still win.
-
-    Each part (one way to move the operands) is cheaper than any candidate built on it (the result's
-    collectives only add time), so parts are visited cheapest first and the search stops at the first
-    part dearer than the best candidate so far.  Ties keep the enumeration order, as ``rank`` does.
-    """
-    parts = en.parts()
-    best: Candidate | None = None
-    best_key: tuple[object, ...] = ()
-    for k in sorted(range(len(parts)), key=lambda k: (parts[k].unsplits, parts[k].bound)):
-        part = parts[k]
-        # (a margin of 1e-12: Python 3.12's float sum compensates rounding, so a bound may exceed its
-        # candidates' times by an ulp)
-        if best is not None and (part.unsplits, part.bound) > (best.unsplits_agreed, best.time * (1 + 1e-12)):
-            break
-        for j, c in enumerate(en.candidates(part, complete)):
-            key = (c.unsplits_agreed, c.time, c.comm_bytes, len(c.steps), k, j)
-            if best is None or key < best_key:
-                best, best_key = c, key
-    return best
-
-
-class _Part(NamedTuple):
-    """One way to move the operands for one choice: the local einsum's inputs, before the result is delivered."""
-
-    choice: tuple[tuple[str, str | None], ...]
-    operands: tuple[Layout, ...]  # as the moves start (lone-reduced axes summed first or not)
-    targets: tuple[Layout, ...]
-    steps: tuple[Collective, ...]
-    out_dims: tuple[tuple[str, ...], ...]
-    pending: frozenset[str]
-    flops: int
-    compute_time: float
-    bound: float  # compute + operand collectives: no candidate built on this part is faster
-    unsplits: bool
-
-
-class _Enumeration:
-    """What one enumeration shares across its candidates: the problem's facts, the operand moves (parts),
-    and memos of the moves and result resolutions (the same ones recur across choices and orders)."""
-
-    __slots__ = ("problem", "classes", "mesh_sizes", "out_shape", "itemsize", "profile", "memo", "_parts")
-
-    def __init__(self, problem: Problem, classes: dict[str, str]) -> None:
-        self.problem = problem
-        self.classes = classes
-        self.mesh_sizes = {m.name: m.size for m in problem.mesh}
-        size_of = problem.size_of
-        self.out_shape = tuple(size_of[e] for e in problem.out_axes)
-        self.itemsize = problem.itemsize
-        self.profile = problem.profile
-        self.memo: dict[tuple[object, ...], object] = {}
-        self._parts: list[_Part] | None = None
-
-    def transition(self, src: Layout, dst: Layout, operand: Target) -> tuple[Collective, ...] | None:
-        """``transition``'s collectives, each recording its tensor (``operand``, which the lowering runs it
-        on, and ``tensor``, for people), or None for an impossible step."""
-        tensor = "result" if operand == "out" else f"operand {operand + 1}"
-        try:
-            steps = transition(src, dst, itemsize=self.itemsize, profile=self.profile, tensor=tensor)[1]
-        except EinshardError:
-            return None
-        return tuple([replace(c, operand=operand) for c in steps])
-
-    def parts(self) -> list[_Part]:
-        """Every way to move the operands (per-axis choices × orders × operand variants), in enumeration order."""
-        if self._parts is None:
-            self._parts = _parts(self)
-        return self._parts
-
-    def candidates(self, part: _Part, complete: bool = False) -> list[Candidate]:
-        """The part's candidates, one per way to deliver the result (``complete``: only complete results)."""
-        computed, outs = _outcomes(self, part.out_dims, part.pending, complete)
-        steps = part.steps
-        return [
-            Candidate(
-                part.choice,
-                part.targets,
-                (all_steps := (*steps, *variant)),
-                computed,
-                target_out,
-                resolution,
-                part.flops,
-                part.compute_time + sum([c.time for c in all_steps]),
-                sum([c.bytes for c in all_steps]),
-                part.operands,
-                part.unsplits,
-            )
-            for resolution, target_out, variant in outs
-        ]
-
-
-def _parts(en: _Enumeration) -> list[_Part]:
-    problem, classes = en.problem, en.classes
-    size_of = problem.size_of
-    mesh_sizes = en.mesh_sizes
-    per_axis = options(problem)
-    names = [m for m, _ in per_axis]
-    result: list[_Part] = []
-    # each variant with the FLOPs of its local einsum before any split (the axes it holds)
-    variants = [
-        (operands, pre, 2 * math.prod(size_of[a] for a in {a for op in operands for a in op.axes}))
-        for operands, pre in _operand_variants(problem, classes)
-    ]
-    agreed = agreed_splits(problem)
-    for combo in itertools.product(*(opts for _, opts in per_axis)):
-        choice = dict(zip(names, combo, strict=False))
-        dropped = [m for m in agreed if choice[m] is None]
-        kept_on: dict[str, list[str]] = {}
-        for m, e in choice.items():
-            if e is not None:
-                kept_on.setdefault(e, []).append(m)
-        multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
-        kept_product = math.prod(mesh_sizes[m] for m, e in choice.items() if e is not None)
-        pending_kept = frozenset(m for m, e in choice.items() if e is not None and classes[e] in (CONTRACTED, LONE))
-        for orders in itertools.product(*(os for _, os in multi)):
-            order = {e: o for (e, _), o in zip(multi, orders, strict=False)}
-            for operands, pre, flops_whole in variants:
-                if True in pre and any(
-                    pre[i]
-                    and any(
-                        (e := choice[m]) is not None and e in problem.operands[i].axes and classes[e] == LONE
-                        for m in operands[i].unreduced - problem.operands[i].unreduced
-                    )
-                    for i in range(len(operands))
-                ):
-                    continue  # summing a lone axis first and also keeping it split: not a different plan
-                # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
-                unsplits = bool(dropped) and any(m in d for m in dropped for op in operands for d in op.dims)
-                flops = flops_whole // kept_product
-                # Pending sums an operand brings: summed before the einsum, or (when no other operand splits
-                # over that axis) carried through it, the einsum being linear in each operand.
-                keep_u: list[frozenset[str]] = []
-                claimed: set[str] = set()
-                for op in operands:
-                    mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
-                    claimed |= mine
-                    keep_u.append(mine)
-                # With pending sums to carry, also price summing them first (every operand whole).
-                whole: list[frozenset[str]] = [frozenset()] * len(operands)
-                for ku in [keep_u, whole] if any(keep_u) else [keep_u]:
-                    part = _part(en, choice, order, operands, flops, pending_kept, ku, unsplits)
-                    if part is not None:
-                        result.append(part)
-    return result
-
-
-_IMPOSSIBLE = object()
-
-
-def _part(
-    en: _Enumeration,
-    choice: dict[str, str | None],
-    order: dict[str, tuple[str, ...]],
-    operands: tuple[Layout, ...],
-    flops: int,
-    pending_kept: frozenset[str],
-    keep_u: list[frozenset[str]],
-    unsplits: bool,
-) -> _Part | None:
-    memo = en.memo
-    targets: list[Layout] = []
-    steps: list[Collective] = []
-    for i, op in enumerate(operands):
-        dims = tuple([order.get(e, ()) for e in op.axes])
-        key = (i, id(op), dims, keep_u[i])
-        moved = memo.get(key)
-        if moved is None:
-            moved = _IMPOSSIBLE
-            if _fits(op.shape, dims, en.mesh_sizes):
-                target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
-                st = en.transition(op, target, i)
-                if st is not None:
-                    moved = (target, st)
-            memo[key] = moved
-        if moved is _IMPOSSIBLE:  # an indivisible split or an impossible step: not a candidate
-            return None
-        targets.append(moved[0])  # type: ignore[index]
-        steps.extend(moved[1])  # type: ignore[index]
-    compute_time = en.profile.compute_time(flops)
-    return _Part(
-        tuple(choice.items()),
-        operands,
-        tuple(targets),
-        tuple(steps),
-        tuple([order.get(e, ()) for e in en.problem.out_axes]),
-        pending_kept.union(*keep_u),
-        flops,
-        compute_time,
-        compute_time + sum([c.time for c in steps]),  # the same sum as a candidate's, over fewer steps
-        unsplits,
-    )
-
-
-def _outcomes(
-    en: _Enumeration, out_dims: tuple[tuple[str, ...], ...], pending: frozenset[str], complete: bool = False
-) -> tuple[Layout, list[tuple[str, Layout, tuple[Collective, ...]]]]:
-    """The computed result and the ways to deliver it: (resolution, delivered layout, collectives), memoized.
-
-    ``complete``: only the ways that deliver it complete (resolution ``'complete'``), when no layout is
-    requested; the search for the best needs no other (they come first in the full list too)."""
-    full = en.memo.get(("result", out_dims, pending))
-    if full is not None:
-        if complete:
-            return full[0], [o for o in full[1] if o[0] == "complete"]  # type: ignore[index]
-        return full  # type: ignore[return-value]
-    key = ("complete" if complete else "result", out_dims, pending)
-    hit = en.memo.get(key)
-    if hit is not None:
-        return hit  # type: ignore[return-value]
-    problem = en.problem
-    # valid by construction: the kept splits divide their axes (the operands holding them fit), and the
-    # pending sums are over mesh axes that keep a summed axis or nothing
-    computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, out_dims, pending)
-    outs: list[tuple[str, Layout, tuple[Collective, ...]]] = []
-    for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes, complete):
-        out_steps = en.transition(computed, target_out, "out")
-        if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
-            continue
-        outs.append((resolution, target_out, out_steps))
-        split = _split_all_reduces(out_steps, en)
-        if split is not None:
-            outs.append((resolution, target_out, split))
-    en.memo[key] = (computed, outs)
-    return computed, outs
-
-
 def agreed_splits(problem: Problem) -> dict[str, str]:
     """Mesh axes every operand agrees on: ``{m: e}`` where each operand holding einsum axis ``e`` splits
     it over ``m`` (at least two do, or ``e`` is lone-reduced) and no operand splits anything else over ``m``.
@@ -460,70 +217,5 @@ def agreed_splits(problem: Problem) -> dict[str, str]:
     return out
 
 
-def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple[Collective, ...] | None:
-    """The same sums done as one all-reduce per mesh axis (what XLA emits when partial sums come from
-    different dimensions), or None if no all-reduce spans several mesh axes.  It sends more bytes
-    (2(n_i-1)/n_i of the buffer per axis instead of 2(n-1)/n once) over fewer ring hops (Σ2(n_i-1)
-    instead of 2(n-1)), so it wins only for small, latency-bound buffers: a hierarchical all-reduce."""
-    if not any(c.kind == "all-reduce" and len(c.axes) > 1 for c in steps):
-        return None
-    out: list[Collective] = []
-    for c in steps:
-        if c.kind != "all-reduce" or len(c.axes) == 1 or c.before is None:
-            out.append(c)
-            continue
-        cur = c.before
-        for m in c.axes:
-            cur, one = all_reduce(cur, (m,), itemsize=en.itemsize, profile=en.profile, tensor=c.tensor, why=c.why)
-            if one.group_size > 1:
-                out.append(replace(one, operand=c.operand))
-    return tuple(out)
-
-
-def _resolutions(
-    problem: Problem, computed: Layout, mesh_sizes: dict[str, int], complete: bool = False
-) -> list[tuple[str, Layout]]:
-    if problem.requested is not None:
-        return [("requested", problem.requested)]
-    if not computed.unreduced:
-        return [("complete", computed)]
-    out = [("complete", _derived(computed, computed.dims, frozenset()))]
-    if complete:
-        return out
-    pending = tuple(m.name for m in computed.mesh if m.name in computed.unreduced)
-    for i in range(len(computed.axes)):
-        dims = computed.dims[:i] + (computed.dims[i] + pending,) + computed.dims[i + 1 :]
-        if _fits(computed.shape, dims, mesh_sizes):  # the pending axes split nothing: only divisibility to check
-            out.append(("reduce-scatter", _derived(computed, dims, frozenset())))
-    out.append(("unreduced", computed))
-    return out
-
-
-def rank(candidates: list[Candidate]) -> list[Candidate]:
-    """Cheapest first (time, then bytes, then fewer collectives); equal candidates dropped.
-
-    Candidates that gather a split every operand agrees on come last whatever
-    their time: XLA always keeps such a split (it reduces the partial sums),
-    and on small buffers the α–β model alone would prefer gathering both
-    operands, which sends fewer bytes when the batch is small (``B < 2DF/(D+F)``
-    for ``b d, b f -> d f``) but duplicates the compute and the activations on
-    every device.  Analysis is there to say what the compiled program does.
-    """
-    seen: set[object] = set()
-    ranked: list[Candidate] = []
-    keyed = sorted(
-        enumerate(candidates),
-        key=lambda ic: (ic[1].unsplits_agreed, ic[1].time, ic[1].comm_bytes, len(ic[1].steps), ic[0]),
-    )
-    for _, c in keyed:
-        key = (
-            c.out.dims,
-            c.out.unreduced,
-            c.flops,
-            tuple((s.kind, s.axes, s.tensor, s.array_bytes) for s in c.steps),
-        )
-        if key in seen:
-            continue
-        seen.add(key)
-        ranked.append(c)
-    return ranked
+# The search over the options lives in its own module; its public names are re-exported here.
+from .search import best_candidate, enumerate_candidates, rank  # noqa: E402

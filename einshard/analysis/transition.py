@@ -64,6 +64,8 @@ def transition(
     ):
         return dst, ()  # the next most common: free slices of a replicated operand (what step 2 alone would do)
     # Mesh axes of size 1 split nothing: x@(a,b) with |a| = 1 is x@b.  Compare without them.
+    if not _trivial(src) and not _trivial(dst):  # the common mesh: no axis of size 1
+        return _transition(src, dst, itemsize, profile, tensor, shortcuts)
     src_n, dst_n = _drop_trivial(src), _drop_trivial(dst)
     if src_n is not src or dst_n is not dst:
         if src_n.dims == dst_n.dims and src_n.unreduced == dst_n.unreduced:
@@ -80,6 +82,9 @@ def _only_slices(src: Layout, dst: Layout) -> bool:
     mesh axes ``src`` neither splits nor sums over), every split dividing its dimension: then
     :func:`_transition` would only slice, which is free.  False sends the general path the rest (and its
     errors)."""
+    for sd, dd in zip(src.dims, dst.dims, strict=True):  # the cheap test first: most moves are not slices
+        if dd[: len(sd)] != sd:
+            return False
     sizes = _sizes(src)
     used = set(src.unreduced)
     for d in src.dims:
@@ -138,12 +143,16 @@ def _transition(
             cur, c = all_reduce(cur, rest, why="sum the partial results", **kw)  # type: ignore[arg-type]
             _add(steps, c)
         return cur, tuple(steps)
-    if (
-        shortcuts
-        and src.unreduced == dst.unreduced
-        and all(dd == sd[: len(dd)] for sd, dd in zip(src.dims, dst.dims, strict=True))
-    ):  # only minor-most mesh axes leave their dimensions: step 4's gathers
-        leaving = {m: i for i, (sd, dd) in enumerate(zip(src.dims, dst.dims, strict=True)) for m in sd[len(dd) :]}
+    leaving: dict[str, int] | None = None
+    if shortcuts and src.unreduced == dst.unreduced:
+        leaving = {}
+        for i, (sd, dd) in enumerate(zip(src.dims, dst.dims, strict=True)):
+            if dd != sd[: len(dd)]:
+                leaving = None
+                break
+            for m in sd[len(dd) :]:
+                leaving[m] = i
+    if leaving is not None:  # only minor-most mesh axes leave their dimensions: step 4's gathers
         gathered: dict[int, list[str]] = {}
         for m in order:
             if m in leaving:

@@ -68,6 +68,9 @@ class HloCollective:
         groups: the device groups, when they could be worked out.
         sliced: an all-reduce whose result is dynamic-sliced: a reduce-scatter on CPU.
         line: the HLO line.
+        runs: how many times it runs per execution: the product of the known trip counts of the while loops
+            around it (a ``lax.scan`` over layers runs its body's collectives once per layer), summed over the
+            places its computation is called from; 1 outside loops.
     """
 
     kind: str
@@ -79,6 +82,7 @@ class HloCollective:
     groups: tuple[tuple[int, ...], ...] | None
     sliced: bool
     line: str
+    runs: int = 1
 
     @property
     def sent_bytes(self) -> float:
@@ -99,7 +103,27 @@ _INSTR = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s(?P<op>[a-z][\w\-]*)\((?P<args>[^)]*)\)(?P<attrs>.*)$"
 )
 _ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
-_COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+_COMP = re.compile(r"^\s*(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+_CALLED = re.compile(r"\b(?:body|condition|calls|to_apply)=%?([\w.\-]+)")
+_CALLED_LIST = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def _runs(calls: dict[str, list[tuple[str, int]]], order: list[str], entry: str | None) -> dict[str, int]:
+    """Times each computation runs per execution of the entry: summed over its call sites, loops multiplied.
+
+    HLO text prints a computation before every computation that calls it, so walking the
+    computations in reverse order visits each caller before its callees.
+    """
+    runs = dict.fromkeys(order, 0)
+    if entry is None:  # a fragment without an ENTRY: every computation once
+        return dict.fromkeys(order, 1)
+    runs[entry] = 1
+    for comp in reversed(order):
+        for callee, times in calls.get(comp, []):
+            if callee in runs:
+                runs[callee] += runs[comp] * times
+    return runs
 
 
 def _shapes(text: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -178,18 +202,33 @@ def collectives(hlo_text: str) -> list[HloCollective]:
     # Pass 1: instructions, the computation each belongs to, and who consumes what.
     instrs: list[tuple[str, str, str, list[str], str, str]] = []  # name, shape, op, args, attrs, line
     comp_ops: dict[str, set[str]] = {}
+    comp_of: dict[str, str] = {}  # instruction name -> its computation
+    calls: dict[str, list[tuple[str, int]]] = {}  # computation -> (called computation, times per call)
+    order: list[str] = []
+    entry: str | None = None
     current = ""
     for line in lines:
         m = _INSTR.match(line)
         if not m:
             c = _COMP.match(line)
-            if c and "=" not in line.split("{")[0]:
+            # A computation's header has no '=' (an instruction's does) once /*index=5*/ comments are gone.
+            if c and "=" not in re.sub(r"/\*.*?\*/", "", line.split("{")[0]):
                 current = c.group("name")
+                order.append(current)
+                entry = current if c.group("entry") else entry
             continue
         args = [a.strip().lstrip("%") for a in m.group("args").split(",") if a.strip()]
         args = [a.split()[-1].lstrip("%") if " " in a else a for a in args]
         instrs.append((m.group("name"), m.group("shape"), m.group("op"), args, m.group("attrs"), line.strip()))
         comp_ops.setdefault(current, set()).add(m.group("op"))
+        comp_of[m.group("name")] = current
+        trip = _TRIP.search(m.group("attrs"))
+        times = int(trip.group(1)) if m.group("op") == "while" and trip else 1
+        callees = _CALLED.findall(m.group("attrs"))
+        for listed in _CALLED_LIST.findall(m.group("attrs")):
+            callees += [x.strip().lstrip("%") for x in listed.split(",") if x.strip()]
+        calls.setdefault(current, []).extend((callee, times) for callee in callees)
+    runs = _runs(calls, order, entry)
     consumers: dict[str, list[tuple[str, str]]] = {}
     for _name, _, op, args, attrs, _ in instrs:
         for a in args:
@@ -222,7 +261,11 @@ def collectives(hlo_text: str) -> list[HloCollective]:
         for piece in pieces:
             nbytes = _nbytes(piece)
             array_bytes = nbytes * n if base == "reduce-scatter" else nbytes
-            out.append(HloCollective(base, name, piece, nbytes, array_bytes, n, groups, is_sliced, line))
+            out.append(
+                HloCollective(
+                    base, name, piece, nbytes, array_bytes, n, groups, is_sliced, line, runs.get(comp_of[name], 1)
+                )
+            )
     return out
 
 
@@ -237,7 +280,7 @@ def normalized(hlo_text: str) -> list[HloCollective]:
             continue
         if c.sliced:
             c = HloCollective(
-                "reduce-scatter", c.name, c.shapes, c.bytes, c.array_bytes, c.group_size, c.groups, True, c.line
+                "reduce-scatter", c.name, c.shapes, c.bytes, c.array_bytes, c.group_size, c.groups, True, c.line, c.runs
             )
         out.append(c)
     return out

@@ -43,24 +43,27 @@ def layout_rows(trainer: Trainer) -> list[tuple[str, str, str, str, int]]:
 
 
 def compiled_summary(compiled: Any) -> list[str]:
-    """What XLA compiled for one step: collective ops in the program and memory per device (measured, not predicted)."""
-    import re
+    """What XLA compiled for one step: the collectives it runs and memory per device (measured, not predicted).
+
+    The collectives are counted as ``explain`` counts them (einshard.testing.hlo): a combined tuple op once per
+    operand, a loop body once per iteration, CPU's all-reduce + dynamic-slice as a reduce-scatter; so the two
+    totals printed by the demo compare directly.
+    """
+    from einshard.testing import hlo  # imported here: --help imports no JAX
 
     lines = []
     try:
         text = compiled.as_text()
     except Exception:  # some backends cannot print their executable
         text = ""
-    counts = {}
-    from einshard.core.collectives import KINDS  # the one vocabulary; imported here: --help imports no JAX
-
-    for op in KINDS:
-        n = len(re.findall(rf"\s{op}(?:-start)?\(", text))
-        if n:
-            counts[op] = n
-    shown = ", ".join(f"{n} {op}" for op, n in counts.items()) or "none"
+    runs: dict[str, int] = {}
+    for c in hlo.normalized(text):
+        runs[c.kind] = runs.get(c.kind, 0) + c.runs
+    shown = ", ".join(f"{n} {kind}" for kind, n in sorted(runs.items())) or "none"
+    total = f" ({sum(runs.values())} in all)" if len(runs) > 1 else ""
     lines.append(
-        f"collectives in the compiled step: {shown} (ops in the program; the layer scan runs its body per layer)"
+        f"collectives XLA runs per step: {shown}{total} (counted as explain counts them: a combined op per operand, "
+        "a loop body per iteration)"
     )
     try:
         mem = compiled.memory_analysis()

@@ -1,0 +1,223 @@
+"""The analyzer's fast paths build exactly what the plain constructors build.
+
+The speed work (issue 10) fills frozen records directly, writes a plan's text on first read and prices a
+part's operand moves only when it can still win; the golden file (tests/test_analysis_golden.py) pins the
+results, and these tests pin each shortcut against the slow way it replaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import einshard
+import einshard.testing as et
+from einshard.analysis.cost import PROFILES, Collective, get_profile
+from einshard.analysis.primitives import _record, all_gather
+from einshard.analysis.search import _with_operand
+from einshard.core.layout import Layout, MeshAxis
+from einshard.parsing import AxisItem, parse_einsum
+
+MESH = (MeshAxis("data", 4), MeshAxis("model", 2))
+LAY = Layout(("b", "x"), (64, 128), MESH, (("data",), ("model",)))
+
+
+def test_a_recorded_collective_equals_the_constructed_one():
+    after = LAY.with_dims(((), ("model",)))
+    got = _record("all-gather", ("data",), 4, 3072.0, 4096, LAY, after, PROFILES["h100"], "operand 1", "w", 0)
+    want = Collective(
+        "all-gather",
+        ("data",),
+        4,
+        3072,
+        4096,
+        PROFILES["h100"].collective_time("all-gather", 4, 3072, 4096, (4,)),
+        "operand 1",
+        "w",
+        LAY,
+        after,
+        dim=0,
+    )
+    assert got == want
+    assert vars(got) == vars(want)  # the fields not compared (before, after) too, in the same order
+    assert repr(got) == repr(want)
+
+
+def test_the_operand_set_on_a_copy_equals_dataclasses_replace():
+    _, c = all_gather(LAY, ("data",), itemsize=2, tensor="operand 1", why="gather 'b'")
+    got = _with_operand(c, 0)
+    want = dataclasses.replace(c, operand=0)
+    assert got == want and vars(got) == vars(want)
+    assert c.operand is None  # the original untouched
+
+
+def test_a_plan_s_text_read_late_equals_the_text_from_its_fields():
+    """The text is written on first read from the candidate the plan keeps; a plan built from the fields
+    alone (no candidate) writes the same strategy, roles and tutorial view, and the same reason when no
+    operand is summed locally first."""
+    plan = einshard.analyze(
+        "b@data x, x y@model -> b? y?", mesh={"data": 4, "model": 2}, sizes={"b": 64, "x": 128, "y": 256}
+    )
+    bare = dataclasses.replace(plan, candidate=None, more=None)
+    for name in ("expression", "strategy", "roles", "tutorial_view", "why"):
+        assert getattr(bare, name) == getattr(plan, name), name
+    assert plan.strategy == "hybrid DP×TP"
+    assert plan.expression == "b@data x, x y@model -> b@data y@model"
+    assert repr(bare) == repr(plan) and "strategy='hybrid DP×TP'" in repr(plan)
+    assert bare == plan  # equality reads the fields, as before
+
+
+def test_a_side_keeps_its_axes_and_names():
+    expr = parse_einsum("b x@data, x y -> b? y?")
+    for side in expr.sides:
+        assert side.axes == tuple(i for i in side.items if isinstance(i, AxisItem))
+        assert side.names == tuple(i.name for i in side.axes)
+    again = dataclasses.replace(expr.inputs[0], items=expr.inputs[0].items[:1])
+    assert again.names == ("b",)
+
+
+def test_a_profile_by_name_is_the_preset():
+    assert get_profile("h100") is PROFILES["h100"]
+    assert get_profile("H100") is PROFILES["h100"]
+    assert get_profile(None) is PROFILES["cpu"]
+
+
+# -- the parser's scanner (einshard/_grammar.py) against Lark ----------------------------------------------
+
+PIECES = ["b", "x", "data", "y_z", "é", "ab", "2", "@", "@data", "@(data,model)", "@( data,model)", "@(d,m", "?",
+          "*", "...", "{U:model}", "{l1}", ",", " , ", ",  ", "->", " -> ", "->", " ", "  ", "\n", "\t", "(", "-"]  # fmt: skip
+
+
+def _columns(sides):
+    return [(s.column, s.unreduced_column, s.unreduced, [(type(i).__name__, vars(i)) for i in s.items]) for s in sides]
+
+
+def _lark_sides(text: str):
+    from einshard._grammar import _Build, _lark
+
+    stripped = text.strip()
+    offset = len(text) - len(text.lstrip())
+    return _Build(offset, stripped).transform(_lark().parse(stripped))
+
+
+def _agrees(text: str) -> None:
+    from einshard._grammar import _scan
+
+    got = _scan(text, len(text) - len(text.lstrip()), len(text.rstrip()))
+    if got is None:
+        return  # left to Lark
+    want = _lark_sides(text)  # the scanner never reads what Lark refuses
+    assert _columns(got) == _columns(want), text
+
+
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=12))
+def test_the_scanner_reads_what_lark_reads(pieces):
+    _agrees("".join(pieces))
+
+
+ITEMS = st.tuples(
+    st.sampled_from(["b", "x", "data", "y_z", "é"]), st.sampled_from(["", "", "?", "@data", "@(data,model)", "@d2"])
+)
+
+
+@given(
+    st.lists(st.tuples(ITEMS, st.sampled_from([" ", "  ", ",", " , ", "->", " -> ", "\t"])), min_size=1, max_size=8),
+    st.sampled_from(["", " ", "\n"]),
+)
+def test_the_scanner_reads_well_formed_expressions_as_lark(items, pad):
+    """Mostly well-formed: the scanner reads many of these (two arrows, a comma after the arrow, '->' at the
+    end are left to Lark)."""
+    text = pad + "".join(name + suffix + sep for (name, suffix), sep in items[:-1]) + "".join(items[-1][0]) + pad
+    _agrees(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "b@data x, x y -> b@data y",
+        "  b x@(data,model), x@(data,model) y -> b? y?  ",
+        "b h@model q d, b h@model k d -> b h@model q k",
+        "a b -> a@data b",
+        "a\tb ,c  ->  a?",
+        "b x@data, x y, y z@model -> b? z?",
+        "éa x -> éa",
+    ],
+)
+def test_the_scanner_reads_the_common_expressions_as_lark(text):
+    from einshard._grammar import _scan
+
+    assert _scan(text, len(text) - len(text.lstrip()), len(text.rstrip())) is not None
+    _agrees(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["a b -> a2 b", "a -> a*", "... x -> ... x", "b x, x y -> b y {U:m}", "x -> ", "a@( d,m) -> a", "a b"]
+)
+def test_what_the_scanner_leaves_lark_reads(text):
+    from einshard._grammar import _scan
+
+    assert _scan(text, len(text) - len(text.lstrip()), len(text.rstrip())) is None
+
+
+def test_an_enumerated_candidate_equals_the_constructed_one():
+    from einshard.analysis.rule import Candidate, Problem
+    from einshard.analysis.search import enumerate_candidates
+
+    w = Layout(("x", "y"), (128, 256), MESH, (("data",), ("model",)))
+    problem = Problem((LAY, w), ("b", "y"), (("b", 64), ("x", 128), ("y", 256)), MESH, None, 2, PROFILES["h100"])
+    cands = enumerate_candidates(problem)
+    assert len(cands) > 3
+    for c in cands:
+        built = Candidate(**{f.name: getattr(c, f.name) for f in dataclasses.fields(Candidate)})
+        assert c == built and list(vars(c)) == list(vars(built)) and repr(c) == repr(built)
+
+
+@given(
+    et.einsums(
+        st.sampled_from([{"x": 2}, {"x": 4, "y": 2}, {"x": 2, "y": 1}]),
+        operands=(1, 3),
+        max_rank=3,
+        sizes=(64, 1024, 4096),
+    ),
+    st.sampled_from(["cpu", "h100", "tpu-v5p"]),
+)
+def test_the_search_skips_parts_only_when_they_cannot_win(case, profile):
+    """At sizes where compute dominates, parts are skipped unpriced (their compute time alone exceeds the
+    best); the plan must still be the full ranking's first, as in tests/test_analysis_golden.py."""
+    from einshard.analysis.rule import Problem
+    from einshard.analysis.search import enumerate_candidates, rank
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            plan = einshard.analyze(case.expression, mesh=dict(case.mesh), sizes=dict(case.sizes), profile=profile)
+    except einshard.EinshardError:
+        assume(False)
+    chosen = parse_einsum(case.expression).output_chosen or not case.output
+    requested = None if chosen else plan.out_layout
+    sizes = tuple((a, case.sizes[a]) for a in dict.fromkeys(a for op in case.operands for a in op))
+    problem = Problem(plan.operands, tuple(case.output), sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    ranked = rank(enumerate_candidates(problem))
+    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    assert (plan.choice, plan.collectives, plan.out_layout, plan.operands_used, plan.time) == (
+        ref.choice,
+        ref.steps,
+        ref.out,
+        ref.targets,
+        ref.time,
+    )
+
+
+def test_a_built_plan_equals_the_constructed_one():
+    from einshard.analysis.plan import EinsumPlan
+
+    plan = einshard.analyze("b x@model, x@model y -> b? y?", mesh={"model": 4}, sizes={"b": 64, "x": 128, "y": 256})
+    for p in (plan, *plan.alternatives):
+        built = EinsumPlan(**{f.name: getattr(p, f.name) for f in dataclasses.fields(EinsumPlan)})
+        fields = [f.name for f in dataclasses.fields(EinsumPlan)]
+        assert built == p and [k for k in vars(p) if k in fields] == fields
+        assert repr(built) == repr(p) and built.to_dict(alternatives=False) == p.to_dict(alternatives=False)
