@@ -319,7 +319,9 @@ def write_markdown(result: dict) -> None:
         lines += ["", f"Load average (1 min) while planning: {min(loads):.1f}–{max(loads):.1f} on 2 cores."]
     lines += [
         "",
-        "Measured on a (4, 2) mesh of simulated CPU devices (one process, layouts interleaved; XLA's own counts):",
+        "Measured on a (4, 2) mesh of simulated CPU devices (one process, layouts interleaved, the order reversed "
+        "every other round; XLA's own counts, per step: a collective inside a while loop, the demo's `lax.scan` "
+        "over layers, counted once per iteration; FLOPs are `cost_analysis()`'s):",
         "",
         "| model | layout | step (median) | vs best preset | XLA bytes sent/device | XLA collectives | XLA MFLOP/device |",
         "|---|---|---|---|---|---|---|",
