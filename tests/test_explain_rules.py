@@ -260,3 +260,33 @@ def test_an_fsdp_weight_is_gathered_at_small_and_realistic_sizes(mesh, b, s, d, 
 
     got = _agree(fwd, mesh, (_sds(b, s, d), _sds(d, f)), (P("data"), P("data")), P("data"))
     assert got == Counter({("all-gather", d * f * 4): 1})
+
+
+def test_a_partial_sum_takes_the_split_its_consumer_dot_asks_for(mesh):
+    """Attention's dK under sequence parallelism: summed over the split sequence, then contracted with activations
+    split along it.  XLA reduce-scatters the sum to that split (not an all-reduce); the bias gradient, summing the
+    split value, is all-reduced over 'model' once more.  Through a transpose and a reshape, as in the models."""
+
+    def f(dy, q, x):
+        dk = jnp.einsum("bst,bsk->bkt", dy, q).transpose(0, 2, 1).reshape(8, 8, 2, 8)
+        bias = dk.sum((0, 1))
+        dw = jnp.einsum("btd,bthk->dhk", x, dk)
+        return bias, dw
+
+    args = (_sds(8, 8, 8), _sds(8, 8, 16), _sds(8, 8, 32))
+    seq = P("data", "model")
+    got = _agree(f, mesh, args, (seq, seq, seq), (P(), P()))
+    assert got[("reduce-scatter", 8 * 8 * 16 * 4 // 4)] == 1  # dk: [b/4, t, k], summed over model to t@model
+
+
+def test_a_gradient_leaving_the_program_is_summed_to_the_outputs_layout(mesh):
+    """An FSDP weight's gradient is reduce-scattered to the weight's split; a replicated one's all-reduced."""
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    args = (_sds(32, 64), _sds(16, 32))
+    got = _agree(jax.grad(loss), mesh, args, (P("data"), P("data")), P("data"))
+    assert got[("reduce-scatter", 32 * 64 * 4)] == 1 and not any(k == "all-reduce" for k, _ in got)
+    got = _agree(jax.grad(loss), mesh, args, (P(), P("data")), P())
+    assert got[("all-reduce", 32 * 64 * 4)] == 1 and not any(k == "reduce-scatter" for k, _ in got)

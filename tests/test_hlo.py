@@ -91,6 +91,19 @@ def test_reduce_scatter_forms():
     assert plain[0].kind == "all-reduce" and not plain[0].sliced
 
 
+def test_a_combined_all_reduce_counts_each_piece_sliced_or_not():
+    """XLA's combiner merges a CPU reduce-scatter (all-reduce + slice) with a plain all-reduce: one tuple op."""
+    text = (
+        "  %ar = (f32[64,256]{1,0}, f32[8]{0}) all-reduce(%x, %y), replica_groups=[2,4]<=[8], to_apply=%add\n"
+        "  %g0 = f32[64,256]{1,0} get-tuple-element(%ar), index=0\n"
+        "  %g1 = f32[8]{0} get-tuple-element(%ar), index=1\n"
+        "  %ds = f32[16,256]{1,0} dynamic-slice(%g0, %i, %j), dynamic_slice_sizes={16,256}\n"
+        "  ROOT %t = (f32[16,256]{1,0}, f32[8]{0}) tuple(%ds, %g1)\n"
+    )
+    got = [(c.kind, c.array_bytes) for c in hlo.normalized(HEADER + text)]
+    assert got == [("reduce-scatter", 65536), ("all-reduce", 32)]
+
+
 def test_sent_bytes_follow_the_ring_formulas_and_single_device_groups_are_dropped():
     c = one("  %ar = f32[64,256]{1,0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add")
     assert c.sent_bytes == 2 * 3 / 4 * 65536

@@ -16,7 +16,9 @@ What it handles (theory.md, "HLO-parsing gotchas"):
   ``all-reduce`` whose result feeds a ``dynamic-slice`` (directly or inside a
   fusion).  Such an all-reduce is marked ``sliced=True``, and
   :func:`normalized` reports it as a reduce-scatter, the equivalence
-  einshard's tests rely on.
+  einshard's tests rely on.  A piece of a combined (tuple) all-reduce is
+  followed through its ``get-tuple-element``: the combiner merges such
+  reduce-scatters with plain all-reduces.
 
 ``array_bytes`` uses the analyzer's convention (see einshard.analysis.cost):
 the gathered result of an all-gather, the full input of a reduce-scatter
@@ -229,14 +231,20 @@ def collectives(hlo_text: str) -> list[HloCollective]:
             callees += [x.strip().lstrip("%") for x in listed.split(",") if x.strip()]
         calls.setdefault(current, []).extend((callee, times) for callee in callees)
     runs = _runs(calls, order, entry)
-    consumers: dict[str, list[tuple[str, str]]] = {}
-    for _name, _, op, args, attrs, _ in instrs:
+    consumers: dict[str, list[tuple[str, str, str]]] = {}
+    for cname, _, op, args, attrs, _ in instrs:
         for a in args:
-            consumers.setdefault(a, []).append((op, attrs))
+            consumers.setdefault(a, []).append((cname, op, attrs))
     starts = {name: attrs for name, _, op, _, attrs, _ in instrs if op.endswith("-start")}
 
-    def sliced(name: str) -> bool:
-        for op, attrs in consumers.get(name, []):
+    def sliced(name: str, piece: int | None = None) -> bool:
+        """Whether ``name``'s result (or, of a tuple, piece ``piece``, read through get-tuple-element) is sliced."""
+        for cname, op, attrs in consumers.get(name, []):
+            if piece is not None:
+                index = re.search(r"\bindex=(\d+)", attrs)
+                if op == "get-tuple-element" and index and int(index.group(1)) == piece and sliced(cname):
+                    return True
+                continue
             if op == "dynamic-slice":
                 return True
             if op == "fusion":
@@ -254,11 +262,13 @@ def collectives(hlo_text: str) -> list[HloCollective]:
             attrs = starts.get(args[0], "") if args else ""
         shapes = _shapes(shape)
         n, groups = _groups(attrs, num_devices)
-        is_sliced = base == "all-reduce" and sliced(name)
         # XLA's combiners merge independent collectives into one with a tuple result; each piece is one
         # logical collective.  An all-to-all's tuple is its pieces (one per peer): one collective.
         pieces = [shapes] if base == "all-to-all" or len(shapes) <= 1 else [(s,) for s in shapes]
-        for piece in pieces:
+        for k, piece in enumerate(pieces):
+            # A combined all-reduce's piece is sliced when its get-tuple-element is: the combiner merges
+            # CPU's reduce-scatters (all-reduce + dynamic-slice) with plain all-reduces.
+            is_sliced = base == "all-reduce" and sliced(name, k if len(pieces) > 1 else None)
             nbytes = _nbytes(piece)
             array_bytes = nbytes * n if base == "reduce-scatter" else nbytes
             out.append(

@@ -44,6 +44,19 @@ class OpCosts:
         self._reshards: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self.layouts: dict[tuple[Any, ...], Layout] = {}  # (shape, dims) -> Layout, as the walk builds them
         self._phases: dict[int, tuple[Any, str]] = {}  # id(equation) -> (the equation, held so the id stays its, phase)
+        self._uses: dict[int, tuple[Any, dict[int, list[tuple[Any, int]]]]] = {}
+
+    def uses_of(self, jaxpr: Any) -> dict[int, list[tuple[Any, int]]]:
+        """id(value) -> [(equation, operand index)] of one jaxpr (memoised: the planner walks it again and again)."""
+        hit = self._uses.get(id(jaxpr))
+        if hit is None or hit[0] is not jaxpr:
+            uses: dict[int, list[tuple[Any, int]]] = {}
+            for eqn in jaxpr.eqns:
+                for k, v in enumerate(eqn.invars):
+                    if not hasattr(v, "val"):
+                        uses.setdefault(id(v), []).append((eqn, k))
+            hit = self._uses[id(jaxpr)] = (jaxpr, uses)  # the jaxpr is held, so its id stays its own
+        return hit[1]
 
     def dot(self, lhs: Layout, rhs: Layout, dimension_numbers: Any, dtype: Any) -> DotResult:
         key = (lhs, rhs, _hashable(dimension_numbers), str(dtype))

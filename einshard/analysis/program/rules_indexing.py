@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
 from .costing import is_free
+from .memory import Partial
 from .registry import register
 
 if TYPE_CHECKING:
     from .walker import Walker
 
-__all__: list[str] = []
+__all__ = ["CARRIERS", "leaves_program"]
 
 
 @register("dot_general")
@@ -40,6 +41,25 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     if sums:
         w.summed[id(eqn.outvars[0])] = sums
     colls = per_contracted_axis(w, res.collectives, lhs, dn)
+    out_dims = res.out.dims
+    pending: frozenset[str] = frozenset()
+    if sums:
+        out_dims, colls = scatter_to_consumers(w, eqn, res.out, colls, sums)
+        if out_dims == res.out.dims:  # summed whole: the partial buffer waits for its all-reduce
+            w.env[Partial(eqn.outvars[0])] = res.out.with_dims(res.out.dims, sums)
+            stages = [c for c in colls if c.kind == "all-reduce" and c.tensor == "result"]
+            if len(stages) == 1 and leaves_program(w, eqn.outvars[0]):
+                # A gradient that only leaves the program: XLA sums it to the output's layout
+                # (a reduce-scatter to an FSDP weight's split, an all-reduce to a replicated one).
+                # It stays pending; the output's layout settles it.
+                colls = tuple(c for c in colls if c is not stages[0])
+                pending = frozenset(stages[0].axes)
+    for c in colls:
+        tensor = getattr(c, "tensor", "")
+        if c.kind == "all-gather" and tensor.startswith("operand "):
+            k = int(tensor.split()[1]) - 1
+            lay = ins[k]
+            w.bind_copy(eqn.invars[k], lay.with_dims(tuple(tuple(m for m in d if m not in c.axes) for d in lay.dims)))
     time_s = res.time_s - sum(c.time for c in res.collectives) + sum(c.time for c in colls)
     kept = tuple(c for c in colls if not w.already_moved(ins, c))
     if len(kept) != len(colls):
@@ -47,8 +67,115 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
         # forward and again for the backward): XLA computes that gather once.
         time_s -= sum(c.time for c in colls if c not in kept)
         colls = kept
-    w.record(eqn, phase, res.expression, res.out, colls, res.flops, time_s, repeat)
-    return [w.relayout(eqn.outvars[0].aval, res.out.dims)]
+    out = w.relayout(eqn.outvars[0].aval, out_dims)
+    w.record(eqn, phase, res.expression, out, colls, res.flops, time_s, repeat)
+    return [out.with_dims(out.dims, pending) if pending else out]
+
+
+# Ops that carry a value unchanged but for its axes' order or its dtype.
+CARRIERS = {"transpose", "convert_element_type", "copy", "copy_p"}
+
+
+def leaves_program(w: Walker, var: Any) -> bool:
+    """Whether ``var`` is read only on its way out of the program (through transposes, conversions)."""
+    v = var
+    while True:
+        uses = w.uses.get(id(v), [])
+        if id(v) in w.program_outputs:
+            return not uses
+        if len(uses) != 1 or uses[0][0].primitive.name not in CARRIERS:
+            return False
+        v = uses[0][0].outvars[0]
+
+
+def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> list[tuple[str, ...]] | None:
+    """The split a dot's summed result takes from a consumer dot (XLA's sharding propagation, backwards).
+
+    A dot whose contraction is split over mesh axes M leaves a partial sum; XLA gives it the
+    layout its consumers ask for.  Where a consumer dot contracts an axis of it whose partner
+    operand (already laid out) splits that axis over M, the sum lands split that way: a
+    reduce-scatter, not an all-reduce (the attention backward's dK/dV under sequence
+    parallelism: the weight gradient contracts them with the sequence-split activations).
+    Every other consumer then sees the split value (a bias gradient summing it over the
+    sequence all-reduces over ``model`` once more, as XLA does).  Followed through transposes
+    and dtype conversions; the first such consumer decides, as XLA's propagation takes one.
+    """
+    used = {m for d in out.dims for m in d}
+    frontier: list[tuple[Any, tuple[int, ...]]] = [(var, tuple(range(len(out.dims))))]
+    while frontier:
+        v, axis_of = frontier.pop(0)  # axis_of[i]: the dot result's axis that is v's axis i
+        for eqn, k in w.uses.get(id(v), ()):
+            name = eqn.primitive.name
+            if name == "transpose":
+                perm = eqn.params["permutation"]
+                frontier.append((eqn.outvars[0], tuple(axis_of[p] for p in perm)))
+            elif name in CARRIERS:
+                frontier.append((eqn.outvars[0], axis_of))
+            elif name == "reshape":
+                mapped = _reshape_axes(tuple(v.aval.shape), tuple(eqn.outvars[0].aval.shape))
+                frontier.append((eqn.outvars[0], tuple(-1 if i < 0 else axis_of[i] for i in mapped)))
+            elif name == "dot_general" and k < 2:
+                partner = w.env.get(eqn.invars[1 - k])
+                if partner is None or is_free(partner) or partner.unreduced:
+                    continue
+                (lc, rc), _ = eqn.params["dimension_numbers"]
+                mine, theirs = (lc, rc) if k == 0 else (rc, lc)
+                for i, j in zip(mine, theirs):
+                    split = partner.dims[j]
+                    axis = axis_of[i]
+                    n = math.prod(w.costs.mesh_sizes[m] for m in split)
+                    if axis < 0 or not split or not set(split) <= sums or set(split) & used:
+                        continue
+                    if out.shape[axis] % n == 0:
+                        return [split if a == axis else d for a, d in enumerate(out.dims)]
+    return None
+
+
+def _reshape_axes(src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[int, ...]:
+    """For each axis of a reshape's result, the operand axis a split of it lands on (-1: none).
+
+    Axes kept whole map one to one; a merged axis maps to the major axis of the merged group and
+    the major piece of a split axis to the axis it came from (a split of those divides the same
+    rows); every other piece is -1.
+    """
+    out = [-1] * len(dst)
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        i0, j0 = i, j
+        a, b = src[i], dst[j]
+        while a != b:
+            if a < b:
+                i += 1
+                a *= src[i] if i < len(src) else 0
+            else:
+                j += 1
+                b *= dst[j] if j < len(dst) else 0
+            if i >= len(src) or j >= len(dst):
+                return tuple(out)
+        while i0 < i and src[i0] == 1:  # size-1 axes carry no split
+            i0 += 1
+        while j0 < j and dst[j0] == 1:
+            j0 += 1
+        out[j0] = i0
+        i, j = i + 1, j + 1
+    return tuple(out)
+
+
+def scatter_to_consumers(
+    w: Walker, eqn: Any, out: Layout, colls: tuple[Any, ...], sums: frozenset[str]
+) -> tuple[tuple[tuple[str, ...], ...], tuple[Any, ...]]:
+    """A dot's result all-reduce becomes a reduce-scatter where a consumer takes the sum split (see above)."""
+    dims = consumer_split(w, eqn.outvars[0], out, sums)
+    if dims is None:
+        return out.dims, colls
+    scattered = {m for d in dims for m in d} - {m for d in out.dims for m in d}
+    drop = [c for c in colls if c.kind == "all-reduce" and c.tensor == "result" and set(c.axes) <= scattered]
+    if not drop:
+        return out.dims, colls
+    pending = out.with_dims(out.dims, frozenset(m for c in drop for m in c.axes))
+    dst = w.relayout(eqn.outvars[0].aval, dims)
+    moved = w.costs.reshard(pending, out.with_dims(dst.dims), eqn.outvars[0].aval.dtype)
+    return dst.dims, tuple(c for c in colls if c not in drop) + tuple(moved)
 
 
 def match_contracting(

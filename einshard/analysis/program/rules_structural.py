@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
 from .costing import is_free
+from .memory import Partial
 from .registry import register, sharding_degree
 
 if TYPE_CHECKING:
@@ -212,6 +213,7 @@ def reduce(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
         # first: one all-reduce per split axis (over all its mesh axes at once when it is split
         # over a tuple like (data, model)).
         why = f"{eqn.primitive.name} over sharded axes"
+        w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
         for i in sorted(axes, reverse=True):
             if src.dims[i]:
                 pending = out.with_dims(out.dims, frozenset(src.dims[i]))

@@ -19,6 +19,7 @@ from ..cost import Collective
 from ..plan import side_string
 from . import rules_control, rules_indexing, rules_structural  # noqa: F401  (they register their rules)
 from .costing import FreeLayout, OpCosts
+from .memory import Gathered
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
 from .report import OpReport
 
@@ -46,6 +47,11 @@ class Walker:
         # summed (carried through shape-only ops): XLA keeps them in partial-sum form for a consumer
         # dot that splits their contracted axis (see rules_indexing.match_contracting).
         self.summed: dict[int, frozenset[str]] = {}
+        # The walk's look-ahead (XLA's propagation runs both ways): who consumes each value of the
+        # jaxprs being walked, and the layouts bound so far (the innermost walk's environment).
+        self.uses: dict[int, list[tuple[Any, int]]] = {}
+        self.env: dict[Any, Layout] = {}
+        self.program_outputs: set[int] = set()
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
@@ -148,6 +154,10 @@ class Walker:
                 return  # XLA reuses the value it already brought there
             self._made[key] = dst
         colls = self.costs.reshard(src, dst, dtype)
+        if not src.unreduced and any(c.kind == "all-gather" for c in colls):
+            for v in getattr(eqn, "invars", ()):
+                if self.env.get(v) is src:
+                    self.bind_copy(v, dst)
         if src.unreduced and not (dst.sharded_mesh_axes & src.unreduced) and _extends(src.dims, dst.dims):
             # A pending sum brought to a finer split: slice first (free), then sum the smaller piece,
             # as XLA does (never all-reduce the whole and then slice).
@@ -156,6 +166,15 @@ class Walker:
         if colls:
             t = sum(getattr(c, "time", 0.0) for c in colls)
             self.record(eqn, phase, f"{why}: {side_string(src)} -> {side_string(dst)}", dst, colls, 0.0, t, repeat)
+
+    def bind_copy(self, v: Any, lay: Layout) -> None:
+        """Note that ``v`` is all-gathered to ``lay`` (peak memory counts the copy: see :mod:`.memory`)."""
+        if self.quiet or hasattr(v, "val"):
+            return
+        key = Gathered(v)
+        old = self.env.get(key)
+        if old is None or math.prod(lay.shard_shape) > math.prod(old.shard_shape):
+            self.env[key] = lay
 
     def already_moved(self, ins: list[Layout], c: Any) -> bool:
         """Whether an analyzer step moving ``operand k`` of ``ins`` was already made to that value."""
@@ -201,6 +220,10 @@ class Walker:
                 self._keep.append(lay)
             env[v] = lay
 
+        self.uses.update(self.costs.uses_of(jaxpr))
+        if self._walks == 1:  # the program itself: its results leave it
+            self.program_outputs = {id(v) for v in jaxpr.outvars if not hasattr(v, "val")}
+        outer_env, self.env = self.env, env
         for v, lay in zip(jaxpr.invars, in_layouts):
             bind(v, lay)
         for v in jaxpr.constvars:
@@ -208,6 +231,14 @@ class Walker:
         for eqn in jaxpr.eqns:
             phase = phase_hint or self.costs.phase_of(eqn)
             ins = [read(v) for v in eqn.invars]
+            if eqn.primitive.name in rules_indexing.CARRIERS and len(ins) == 1 and ins[0].unreduced:
+                # A pending sum passes through a transpose or a conversion still pending (a gradient on
+                # its way out: the output's layout decides how it is summed).
+                pending = ins[0].unreduced
+                outs = self.step(eqn, [ins[0].with_dims(ins[0].dims)], repeat, phase)
+                for v, lay in zip(eqn.outvars, outs):
+                    bind(v, lay.with_dims(lay.dims, pending))
+                continue
             for k, (v, lay) in enumerate(zip(eqn.invars, ins)):
                 if lay.unreduced:
                     # A pending sum meets a consumer: settle it once (rules take reduced values).
@@ -222,6 +253,7 @@ class Walker:
                     self.summed[id(eqn.outvars[0])] = tag
             for v, lay in zip(eqn.outvars, outs):
                 bind(v, lay)
+        self.env = outer_env
         return [read(v) for v in jaxpr.outvars]
 
     def step(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
