@@ -16,13 +16,14 @@
 
 Writes benchmarks/results/planner.{json,md}.
 
-    python benchmarks/bench_planner.py [--repeats 3] [--steps 30] [--gap-trials 10]
+    python benchmarks/bench_planner.py [--repeats 3] [--steps 60] [--gap-trials 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import platform
@@ -74,14 +75,15 @@ def presets(mesh: dict[str, int]) -> dict[str, tuple[dict[str, str], str]]:
 def bench_model(name, layers, d, f, vocab, batch, seq, heads, mesh, budget, repeats):  # the large model
     params, tokens = shapes(layers, d, f, vocab, batch, seq)
     step = make_step(heads)
-    times, result = [], None
+    times, cpu, result = [], [], None
     for _ in range(repeats):
         jax.clear_caches()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         result = einshard.plan(
             step, params, tokens, mesh=mesh, profile="h100", memory_budget=budget, presets=presets(mesh)
         )
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
     assert result is not None
     pre = {a.label.removeprefix("preset "): a for a in result.alternatives if a.label.startswith("preset ")}
     fitting = [a for a in pre.values() if a.fits]
@@ -91,11 +93,12 @@ def bench_model(name, layers, d, f, vocab, batch, seq, heads, mesh, budget, repe
         "layers": layers,
         "d_model": d,
         "d_ff": f,
-        "params": sum(int(jnp.prod(jnp.array(x.shape))) for x in jax.tree_util.tree_leaves(params)),
+        "params": sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(params)),
         "mesh": mesh,
         "budget": budget,
         "planning_s_median": statistics.median(times),
         "planning_s_all": times,
+        "planning_cpu_s_median": statistics.median(cpu),
         "method": result.method,
         "evaluated": result.evaluated,
         "space": result.space,
@@ -173,18 +176,21 @@ def planning_time(name, build, profile, repeats, mesh=None):
     """Planning time of ``einshard.plan`` on a corpus model (shapes only, as the CLI does)."""
     step, params, batch, presets = build()
     mesh = mesh or {"data": 4, "model": 2}
-    times, r = [], None
+    times, cpu, r = [], [], None
     for _ in range(repeats):
         jax.clear_caches()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         r = einshard.plan(step, _abstract(params), _abstract(batch), mesh=mesh, profile=profile)
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
     assert r is not None
     return {
         "model": name,
         "profile": profile,
         "planning_s_median": statistics.median(times),
         "planning_s_all": times,
+        "planning_cpu_s_median": statistics.median(cpu),
+        "load_average": os.getloadavg()[0],
         "evaluated": r.evaluated,
         "space": r.space,
         "method": r.method,
@@ -205,8 +211,10 @@ def measured(name, build, steps):
         args = (jax.device_put(params, sh_p), jax.device_put(batch, sh_b))
         jax.block_until_ready(xla["jitted"](*args))  # warm
         runs[label] = {"xla": xla, "args": args, "times": []}
-    for _ in range(steps):  # round-robin: drift and other load hit every layout alike
-        for run in runs.values():
+    labels = list(runs)
+    for i in range(steps):  # round-robin, the order reversed every other round: drift and load hit all alike
+        for label in labels if i % 2 == 0 else labels[::-1]:
+            run = runs[label]
             t = time.perf_counter()
             jax.block_until_ready(run["xla"]["jitted"](*run["args"]))
             run["times"].append(time.perf_counter() - t)
@@ -232,6 +240,7 @@ def measured(name, build, steps):
     ]
     return {
         "model": name,
+        "load_average": os.getloadavg(),
         "plan_strategies": r.strategies,
         "layouts": out,
         "best_preset": best,
@@ -243,7 +252,7 @@ def measured(name, build, steps):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--gap-trials", type=int, default=10)
     ap.add_argument("--markdown-only", action="store_true", help="rewrite planner.md from planner.json")
     args = ap.parse_args()
@@ -283,13 +292,17 @@ def write_markdown(result: dict) -> None:
     lines = [
         "Planning time (median, tracing included, this 2-core machine shared with other jobs):",
         "",
-        "| model | profile | planning | assignments costed |",
-        "|---|---|---|---|",
+        "| model | profile | planning (wall) | planning (CPU time of the process) | assignments costed |",
+        "|---|---|---|---|---|",
     ]
+
+    def cpu(m: dict) -> str:
+        return f"{m['planning_cpu_s_median']:.1f} s" if "planning_cpu_s_median" in m else "–"
+
     for m in planning:
         lines.append(
-            f"| {m['model']} | {m['profile']} | {m['planning_s_median']:.1f} s | {m['evaluated']} of {m['space']:.3g} "
-            f"({m['method']}) |"
+            f"| {m['model']} | {m['profile']} | {m['planning_s_median']:.1f} s | {cpu(m)} "
+            f"| {m['evaluated']} of {m['space']:.3g} ({m['method']}) |"
         )
     versus = (
         f"vs best preset {large['best_preset']}, {large['speedup_vs_best_preset']:.2f}×"
@@ -299,11 +312,16 @@ def write_markdown(result: dict) -> None:
     fits = "" if large["plan_fits"] else ", over the budget"
     lines.append(
         f"| {large['model']} (predicted: plan {large['plan_time_s'] * 1e3:.0f} ms{fits}, {versus}) | h100 "
-        f"| {large['planning_s_median']:.1f} s | {large['evaluated']} of {large['space']:.3g} |"
+        f"| {large['planning_s_median']:.1f} s | {cpu(large)} | {large['evaluated']} of {large['space']:.3g} |"
     )
+    loads = [m["load_average"] for m in planning if "load_average" in m]
+    if loads:
+        lines += ["", f"Load average (1 min) while planning: {min(loads):.1f}–{max(loads):.1f} on 2 cores."]
     lines += [
         "",
-        "Measured on a (4, 2) mesh of simulated CPU devices (one process, layouts interleaved; XLA's own counts):",
+        "Measured on a (4, 2) mesh of simulated CPU devices (one process, layouts interleaved, the order reversed "
+        "every other round; XLA's own counts, per step: a collective inside a while loop, the demo's `lax.scan` "
+        "over layers, counted once per iteration; FLOPs are `cost_analysis()`'s):",
         "",
         "| model | layout | step (median) | vs best preset | XLA bytes sent/device | XLA collectives | XLA MFLOP/device |",
         "|---|---|---|---|---|---|---|",
@@ -320,9 +338,13 @@ def write_markdown(result: dict) -> None:
     lines.append("")
     for m in reality:
         dom = m["presets_beating_plan_on_flops_and_bytes"]
+        plan_bytes = m["layouts"]["plan"]["xla_comm_bytes"]
+        best_bytes = m["layouts"][m["best_preset"]]["xla_comm_bytes"]
+        load = f" (load average {m['load_average'][0]:.1f})" if "load_average" in m else ""
         lines.append(
             f"- {m['model']}: plan = {', '.join(f'{k}: {v}' for k, v in m['plan_strategies'].items() if v != 'replicated')}; "
-            f"{m['plan_vs_best_preset']:.2f}× the best preset's ({m['best_preset']}) measured step; "
+            f"{m['plan_vs_best_preset']:.2f}× the best preset's ({m['best_preset']}) measured step{load}; "
+            f"XLA bytes {plan_bytes / 1e3:.0f} kB vs its {best_bytes / 1e3:.0f} kB; "
             + (
                 f"beaten on both FLOPs and bytes by {', '.join(dom)}"
                 if dom

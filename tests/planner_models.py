@@ -58,8 +58,9 @@ def compiled_costs(step: Any, params: Any, batch: Any, prules: Rules, brule: Rul
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return {
-        "comm_bytes": float(sum(c.sent_bytes for c in colls)),
-        "collectives": len(colls),
+        # per step: a collective inside a while loop (the demo's lax.scan over layers) counted once per iteration
+        "comm_bytes": float(sum(c.sent_bytes * c.runs for c in colls)),
+        "collectives": sum(c.runs for c in colls),
         "flops": float(cost.get("flops", 0.0)),
         "jitted": jitted,
         "shardings": (sh_p, sh_b),

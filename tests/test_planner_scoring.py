@@ -162,3 +162,37 @@ def test_every_reason_in_the_why_is_true_of_the_numbers(batch, profile, budget):
     if "divides the compute further" in why:
         assert r.compute_s < dp.compute_s
     assert ("over budget" in why) == (not dp.fits or not r.alternatives[0].fits)
+
+
+_P = jax.sharding.PartitionSpec
+
+
+@pytest.mark.parametrize(
+    "w0, w1, data",
+    [
+        (_P(), _P(), _P(("data", "model"))),  # data parallel: the gradients are pending sums at the end
+        (_P("data"), _P(None, "data"), _P("data")),  # FSDP: gradients brought to their parameters' split
+        (_P(None, "model"), _P("model"), _P("data")),  # Megatron
+    ],
+)
+def test_the_planners_walk_is_explains_walk(w0, w1, data):
+    """The planner scores with ``TracedProgram.report(walker=DependencyWalker)``: the report is explain's own,
+    field by field; the dependency walker only adds which collectives XLA may merge."""
+    from einshard.analysis.program import trace
+    from einshard.errors import EinshardError
+    from einshard.planner.combining import DependencyWalker, combined_report
+
+    traced = trace(jax.value_and_grad(mlp_loss), {"w0": sds(64, 256), "w1": sds(256, 64)}, sds(256, 64), mesh=MESH)
+    in_specs, out_specs = ({"w0": w0, "w1": w1}, data), [None, w0, w1]  # (loss, grads like the parameters)
+    plain = traced.report(in_specs, out_specs)
+    walked, combined = combined_report(traced, in_specs, out_specs)
+    for field in ("flops", "comm_bytes", "comm_count", "peak_bytes", "time_s", "phases", "unfollowed"):
+        assert getattr(walked, field) == getattr(plain, field), field
+    assert [(o.primitive, o.expression, o.collectives) for o in walked.ops] == [
+        (o.primitive, o.expression, o.collectives) for o in plain.ops
+    ]
+    assert plain.comm_count > 0 and 0 < combined.ops <= plain.comm_count and combined.saved_s >= 0.0
+    used = DependencyWalker(traced.costs)
+    traced.report(in_specs, out_specs, walker=used)
+    with pytest.raises(EinshardError, match="fresh walker"):
+        traced.report(in_specs, out_specs, walker=used)

@@ -26,7 +26,6 @@ from typing import Any
 
 from ..analysis.program import ProgramReport, TracedProgram
 from ..analysis.program.report import OpReport
-from ..analysis.program.trace import _OUTPUT, _arg_layouts, _peak_bytes
 from ..analysis.program.walker import Walker
 from ..core.layout import Layout
 
@@ -63,10 +62,11 @@ class DependencyWalker(Walker):
         self._last_outs: list[int] | None = None
 
     def _mask_of(self, vars_: Any) -> int:
+        # Literals are never keys of ``masks`` (only the jaxprs' variables are), so they read as 0.
+        masks = self.masks
         m = 0
         for v in vars_:
-            if not hasattr(v, "val"):
-                m |= self.masks.get(id(v), 0)
+            m |= masks.get(id(v), 0)
         return m
 
     def record(self, eqn: Any, phase: str, expression: str, out: Layout | None, collectives: Any, *rest: Any) -> None:
@@ -77,9 +77,11 @@ class DependencyWalker(Walker):
         op: OpReport = self.ops[-1]
         if self._change_mask is not None:
             base = self._change_mask
-        elif hasattr(eqn, "invars"):
+        elif hasattr(eqn, "invars") and eqn.primitive.name != "output":
             base = self._mask_of(eqn.invars)
-        else:  # the program's end: depends on everything so far
+        else:
+            # The program's end (an output brought to its layout, a pending sum settled) where the value's
+            # own collectives are not known (it is no walked value's copy): after everything so far.
             base = (1 << len(self.colls)) - 1
         dot = op.primitive == "dot_general"
         chain = 0
@@ -97,7 +99,7 @@ class DependencyWalker(Walker):
         prev = self._change_mask
         if source is not None:
             self._change_mask = self.masks.get(source[1], 0)
-        elif not hasattr(eqn, "invars"):
+        elif eqn.primitive.name == "output":
             self._change_mask = None
         try:
             super().change(eqn, phase, src, dst, dtype, repeat, why)
@@ -133,14 +135,16 @@ class DependencyWalker(Walker):
         finally:
             self._eqns.pop()
         inner = self._last_outs
-        new = ((1 << len(self.colls)) - 1) & ~((1 << before) - 1)
+        masks = self.masks
         if inner is not None and len(inner) == len(eqn.outvars):
             # A call: each result depends on what its inner result depends on.
             for v, m in zip(eqn.outvars, inner):
-                self.masks[id(v)] = mask_in | m
+                masks[id(v)] = mask_in | m
         else:
+            after = len(self.colls)
+            m = mask_in | ((1 << after) - (1 << before)) if after > before else mask_in  # + the step's own
             for v in eqn.outvars:
-                self.masks[id(v)] = mask_in | new
+                masks[id(v)] = m
         self._last_outs = None
         return outs
 
@@ -176,59 +180,6 @@ def combined_report(
     traced: TracedProgram, in_specs: Any, out_specs: Any = None
 ) -> tuple[ProgramReport, CombinedCollectives]:
     """``traced.report(in_specs, out_specs)`` walked by a :class:`DependencyWalker`, with its combining."""
-    import time
-
-    start = time.perf_counter()
-    in_layouts = _arg_layouts(traced.args, in_specs, traced.mesh)
     walker = DependencyWalker(traced.costs)
-    layouts: dict[Any, Layout] = {}
-    outs = walker.walk(traced.jaxpr, in_layouts, 1, None, env=layouts)
-    if out_specs is not None:
-        for v, lay, spec in zip(traced.jaxpr.outvars, outs, out_specs):
-            if spec is None or hasattr(v, "val") or not getattr(v.aval, "shape", ()):
-                continue
-            entries = list(spec) + [None] * (len(v.aval.shape) - len(spec))
-            dst = walker.relayout(
-                v.aval, [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
-            )
-            if not _is_free(lay):
-                walker._change_mask = walker.masks.get(id(v), 0)
-                walker.change(_OUTPUT, "backward", lay, dst, v.aval.dtype, 1, "output layout")
-                walker._change_mask = None
-            layouts[v] = dst
-    for v, lay in zip(traced.jaxpr.outvars, outs):
-        if lay.unreduced and layouts.get(v) is lay:
-            done = lay.with_dims(lay.dims, frozenset())
-            walker._change_mask = walker.masks.get(id(v), 0)
-            walker.change(_OUTPUT, "backward", lay, done, v.aval.dtype, 1, "output is a pending sum")
-            walker._change_mask = None
-            layouts[v] = done
-    peak = _peak_bytes(traced.jaxpr, layouts)
-    ops = tuple(walker.ops)
-    phases: dict[str, dict[str, float]] = {}
-    for op in ops:
-        tot = phases.setdefault(op.phase, {"flops": 0.0, "bytes": 0.0, "count": 0.0, "time_s": 0.0})
-        tot["flops"] += op.flops * op.repeat
-        tot["bytes"] += op.comm_bytes
-        tot["count"] += len(op.collectives) * op.repeat
-        tot["time_s"] += op.time_s * op.repeat
-    report = ProgramReport(
-        ops=ops,
-        flops=sum(t["flops"] for t in phases.values()),
-        comm_bytes=sum(t["bytes"] for t in phases.values()),
-        comm_count=int(sum(t["count"] for t in phases.values())),
-        peak_bytes=peak,
-        time_s=sum(t["time_s"] for t in phases.values()),
-        phases=phases,
-        unfollowed=tuple(sorted(walker.unfollowed)),
-        mesh=traced.mesh,
-        profile=traced.costs.profile,
-        analysis_s=time.perf_counter() - start,
-    )
+    report = traced.report(in_specs, out_specs, walker=walker)
     return report, walker.combined(traced.costs.profile, {m.name: m.size for m in traced.mesh})
-
-
-def _is_free(lay: Layout) -> bool:
-    from ..analysis.program.costing import is_free
-
-    return is_free(lay)

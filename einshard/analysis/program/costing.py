@@ -43,6 +43,7 @@ class OpCosts:
         self._dots: dict[tuple[Any, ...], DotResult] = {}
         self._reshards: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self.layouts: dict[tuple[Any, ...], Layout] = {}  # (shape, dims) -> Layout, as the walk builds them
+        self._phases: dict[int, tuple[Any, str]] = {}  # id(equation) -> (the equation, held so the id stays its, phase)
         self._uses: dict[int, tuple[Any, dict[int, list[tuple[Any, int]]]]] = {}
 
     def uses_of(self, jaxpr: Any) -> dict[int, list[tuple[Any, int]]]:
@@ -95,11 +96,29 @@ class OpCosts:
             self._reshards[key] = hit
         return hit
 
+    def phase_of(self, eqn: Any) -> str:
+        """``'backward'`` for an equation JAX's transpose made (its name stack says so), else ``'forward'``;
+        remembered per equation (the name stack's string is slow to build, and the planner walks each
+        equation hundreds of times)."""
+        hit = self._phases.get(id(eqn))
+        if hit is None or hit[0] is not eqn:
+            hit = self._phases[id(eqn)] = (
+                eqn,
+                "backward" if "transpose" in str(eqn.source_info.name_stack) else "forward",
+            )
+        return hit[1]
+
     def compute_time(self, flops: float) -> float:
         return self.profile.compute_time(flops)
 
 
 def _hashable(x: Any) -> Any:
+    if type(x) is tuple:
+        try:
+            hash(x)  # a dot's dimension numbers usually are nested tuples already
+            return x
+        except TypeError:
+            pass
     if isinstance(x, (list, tuple)):
         return tuple(_hashable(e) for e in x)
     return x

@@ -215,7 +215,7 @@ class Walker:
             if not isinstance(lay, FreeLayout) and not lay.unreduced:
                 # A private copy, so that identical layouts of different values stay distinguishable
                 # (the value-keyed memo of change()).
-                lay = Layout(lay.axes, lay.shape, lay.mesh, lay.dims)
+                lay = _private_copy(lay)
                 self._source[id(lay)] = (serial, id(v))
                 self._keep.append(lay)
             env[v] = lay
@@ -229,7 +229,7 @@ class Walker:
         for v in jaxpr.constvars:
             bind(v, self.replicated(v.aval))
         for eqn in jaxpr.eqns:
-            phase = phase_hint or ("backward" if "transpose" in str(eqn.source_info.name_stack) else "forward")
+            phase = phase_hint or self.costs.phase_of(eqn)
             ins = [read(v) for v in eqn.invars]
             if eqn.primitive.name in rules_indexing.CARRIERS and len(ins) == 1 and ins[0].unreduced:
                 # A pending sum passes through a transpose or a conversion still pending (a gradient on
@@ -269,6 +269,15 @@ class Walker:
 
 # Ops that move no values between positions' meaning: a dot's summed result stays "summed" through them.
 _SHAPE_ONLY = {"reshape", "transpose", "convert_element_type", "copy", "copy_p", "squeeze", "expand_dims"}
+
+
+def _private_copy(lay: Layout) -> Layout:
+    """A copy of a validated, fully reduced ``Layout`` (same fields and cached views), not re-validated:
+    the walk binds one per value, thousands per walk."""
+    lay.mesh_sizes  # noqa: B018  (computed once on the shared layout, then copied with it)
+    new = object.__new__(Layout)
+    new.__dict__.update(lay.__dict__)
+    return new
 
 
 def _extends(src: tuple[tuple[str, ...], ...], dst: tuple[tuple[str, ...], ...]) -> bool:
