@@ -11,7 +11,9 @@ and ``scatter`` follow XLA's SPMD partitioner:
   the table's mesh axes — the table is never gathered;
 * a scatter-add whose updates are split along their scatter (index) axes adds
   into a local copy of the result: one all-reduce over those mesh axes (the
-  embedding gradient under data parallelism).
+  embedding gradient under data parallelism);
+* a scatter-add of constant updates into zeros along batching dimensions (the
+  integer-label cross-entropy's gradient) is split like its indices.
 """
 
 from __future__ import annotations
@@ -341,7 +343,7 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     idx_batch = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
     rank = len(out_aval.shape)
     if is_free(updates):
-        updates = w.replicated(updates)
+        updates = _free_updates(w, updates, indices, operand, op_batch, idx_batch, window)
     # The updates' scatter axes pair with the indices' axes (the index vector is the last one).
     scatter_axes = [u for u in range(len(updates.shape)) if u not in window]
     by_index = dict(zip(range(len(indices.shape) - 1), scatter_axes))
@@ -393,6 +395,38 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
         )
         w.change(eqn, phase, updates, whole, updates_dtype(eqn), repeat, "scatter of split updates")
     return [out]
+
+
+def _free_updates(
+    w: Walker,
+    updates: Layout,
+    indices: Layout,
+    operand: Layout,
+    op_batch: tuple[int, ...],
+    idx_batch: tuple[int, ...],
+    window: tuple[int, ...],
+) -> Layout:
+    """The layout XLA gives updates that carry none of their own (a broadcast constant).
+
+    Scattered into zeros along batching dimensions (the gradient of ``take_along_axis``:
+    optax's integer-label cross-entropy, whose updates are the loss's constant cotangent),
+    XLA's partitioner splits the updates — and so the result — like the indices along the
+    batching axes: each device scatters its own batch rows, nothing moves.  Read as
+    replicated, the result would be a whole ``[batch, seq, vocab]`` array on every device.
+    Only with a free operand too (an operand with a layout decides the result's) and only
+    along batching axes (a split along a scatter axis would be a partial sum XLA has no
+    reason to make).
+    """
+    lay = w.replicated(updates)
+    if not idx_batch or is_free(indices) or not is_free(operand):
+        return lay
+    scatter_axes = [u for u in range(len(updates.shape)) if u not in window]
+    dims = list(lay.dims)
+    for ib in idx_batch:
+        u = scatter_axes[ib] if ib < len(scatter_axes) else -1
+        if u >= 0 and updates.shape[u] == indices.shape[ib]:
+            dims[u] = indices.dims[ib]
+    return lay.with_dims(tuple(dims)) if any(dims) else lay
 
 
 def updates_dtype(eqn: Any) -> Any:
