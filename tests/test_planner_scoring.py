@@ -196,3 +196,16 @@ def test_the_planners_walk_is_explains_walk(w0, w1, data):
     traced.report(in_specs, out_specs, walker=used)
     with pytest.raises(EinshardError, match="fresh walker"):
         traced.report(in_specs, out_specs, walker=used)
+
+
+def test_float_noise_in_a_sum_does_not_decide_between_layouts():
+    """Found on the Equinox model: FSDP beat plain DP by 3e-20 s (the same costs summed in another order).
+    Costs equal to 9 significant digits are a tie, and the layout that splits fewer parameters wins it."""
+    from einshard.planner.scoring import Score
+
+    def score(time_s: float, sharded: int) -> Score:
+        return Score(True, time_s, time_s, time_s, 1000, 10.0, sharded, report=None)  # type: ignore[arg-type]
+
+    fsdp, dp = score(0.0008965075800000003, 4), score(0.0008965075800000006, 0)
+    assert min([fsdp, dp], key=lambda s: s.key) is dp
+    assert min([score(0.00089, 4), score(0.00090, 0)], key=lambda s: s.key).sharded == 4  # a real difference
