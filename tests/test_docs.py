@@ -126,19 +126,25 @@ def _command_env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("where, args", DOC_COMMANDS, ids=[f"{w} einshard {' '.join(a)}"[:90] for w, a in DOC_COMMANDS])
-def test_every_cli_line_runs(where, args, tmp_path):
+def _run_command(args: list[str], cwd: pathlib.Path, shown: str) -> subprocess.CompletedProcess[str]:
+    """``python -m einshard ARGS`` on 8 simulated devices in ``cwd``; it must exit 0."""
     proc = subprocess.run(
         [sys.executable, "-m", "einshard", *args],
-        cwd=tmp_path,
+        cwd=cwd,
         env=_command_env(),
         capture_output=True,
         text=True,
         timeout=900,
     )
-    shown = f"{where}: einshard {shlex.join(args)}"
     assert proc.returncode == 0, f"{shown} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where, args", DOC_COMMANDS, ids=[f"{w} einshard {' '.join(a)}"[:90] for w, a in DOC_COMMANDS])
+def test_every_cli_line_runs(where, args, tmp_path):
+    shown = f"{where}: einshard {shlex.join(args)}"
+    proc = _run_command(args, tmp_path, shown)
     assert proc.stdout.strip(), f"{shown} printed nothing"
     assert "Traceback" not in proc.stderr, f"{shown}:\n{proc.stderr[-4000:]}"
     if args and args[0] == "demo":  # every layout trained matches the single-device reference
@@ -255,17 +261,7 @@ INLINE_RUNS = _inline_runs()
 def test_inline_commands_run_in_page_order(page, runs, tmp_path):
     for args in runs:
         shown = f"{page} (inline): einshard {shlex.join(args)}"
-        proc = subprocess.run(
-            [sys.executable, "-m", "einshard", *args],
-            cwd=tmp_path,
-            env=_command_env(),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert proc.returncode == 0, (
-            f"{shown} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-        )
+        proc = _run_command(args, tmp_path, shown)
         assert "Traceback" not in proc.stderr, f"{shown}:\n{proc.stderr[-4000:]}"
         if args[0] == "demo":
             assert "loss matches the single-device run: yes" in proc.stdout, proc.stdout[-3000:]
