@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from typing import Any
 
 import pytest
 from hypothesis import assume, given
@@ -176,6 +177,32 @@ def test_an_enumerated_candidate_equals_the_constructed_one():
         assert c == built and list(vars(c)) == list(vars(built)) and repr(c) == repr(built)
 
 
+def _plan_and_full_ranking_first(case: Any, profile: str) -> tuple[Any, Any, Any, Any]:
+    """analyze's plan for a drawn einsum, its Problem, the requested output layout (None when chosen), and the
+    first of the full enumeration's ranking: the answer every shortcut must give."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            plan = einshard.analyze(case.expression, mesh=dict(case.mesh), sizes=dict(case.sizes), profile=profile)
+    except einshard.EinshardError:
+        assume(False)
+    chosen = parse_einsum(case.expression).output_chosen or not case.output
+    requested = None if chosen else plan.out_layout
+    problem, ref = _problem_and_full_ranking_first(plan, dict(case.sizes), tuple(case.output), requested)
+    return plan, problem, requested, ref
+
+
+def _problem_and_full_ranking_first(plan: Any, sizes: dict, out_axes: tuple, requested: Any) -> tuple[Any, Any]:
+    """The search Problem behind ``plan`` and the first of its full enumeration's ranking."""
+    from einshard.analysis.rule import Problem
+    from einshard.analysis.search import enumerate_candidates, rank
+
+    all_sizes = tuple((a, sizes[a]) for a in dict.fromkeys(a for op in plan.operands for a in op.axes))
+    problem = Problem(plan.operands, out_axes, all_sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    ranked = rank(enumerate_candidates(problem))
+    return problem, next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+
+
 @given(
     et.einsums(
         st.sampled_from([{"x": 2}, {"x": 4, "y": 2}, {"x": 2, "y": 1}]),
@@ -188,21 +215,7 @@ def test_an_enumerated_candidate_equals_the_constructed_one():
 def test_the_search_skips_parts_only_when_they_cannot_win(case, profile):
     """At sizes where compute dominates, parts are skipped unpriced (their compute time alone exceeds the
     best); the plan must still be the full ranking's first, as in tests/test_analysis_golden.py."""
-    from einshard.analysis.rule import Problem
-    from einshard.analysis.search import enumerate_candidates, rank
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            plan = einshard.analyze(case.expression, mesh=dict(case.mesh), sizes=dict(case.sizes), profile=profile)
-    except einshard.EinshardError:
-        assume(False)
-    chosen = parse_einsum(case.expression).output_chosen or not case.output
-    requested = None if chosen else plan.out_layout
-    sizes = tuple((a, case.sizes[a]) for a in dict.fromkeys(a for op in case.operands for a in op))
-    problem = Problem(plan.operands, tuple(case.output), sizes, plan.mesh, requested, plan.itemsize, plan.profile)
-    ranked = rank(enumerate_candidates(problem))
-    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    plan, problem, requested, ref = _plan_and_full_ranking_first(case, profile)
     assert (plan.choice, plan.collectives, plan.out_layout, plan.operands_used, plan.time) == (
         ref.choice,
         ref.steps,
@@ -235,21 +248,10 @@ def test_a_built_plan_equals_the_constructed_one():
 def test_the_operands_as_given_are_the_answer_only_when_nothing_beats_them(case, profile):
     """The first choice (the operands as given) is taken without a search only when no other can beat it
     (search._as_given); at any sizes the answer is the full ranking's first."""
-    from einshard.analysis.rule import Problem, classify
-    from einshard.analysis.search import _as_given, _Enumeration, enumerate_candidates, rank
+    from einshard.analysis.rule import classify
+    from einshard.analysis.search import _as_given, _Enumeration
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            plan = einshard.analyze(case.expression, mesh=dict(case.mesh), sizes=dict(case.sizes), profile=profile)
-    except einshard.EinshardError:
-        assume(False)
-    chosen = parse_einsum(case.expression).output_chosen or not case.output
-    requested = None if chosen else plan.out_layout
-    sizes = tuple((a, case.sizes[a]) for a in dict.fromkeys(a for op in case.operands for a in op))
-    problem = Problem(plan.operands, tuple(case.output), sizes, plan.mesh, requested, plan.itemsize, plan.profile)
-    ranked = rank(enumerate_candidates(problem))
-    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    plan, problem, requested, ref = _plan_and_full_ranking_first(case, profile)
     en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), problem.out_axes))
     got, _, decided = _as_given(en, complete=requested is None)
     if decided:
@@ -275,19 +277,16 @@ def test_the_operands_as_given_are_the_answer_only_when_nothing_beats_them(case,
 def test_the_operands_as_given_decide_the_common_cases(expr, mesh, sizes, decided):
     """Which einsums the first choice decides without a search (the speed of analyze rests on it), and that
     the answer is the full ranking's first either way."""
-    from einshard.analysis.rule import Problem, classify
-    from einshard.analysis.search import _as_given, _Enumeration, enumerate_candidates, rank
+    from einshard.analysis.rule import classify
+    from einshard.analysis.search import _as_given, _Enumeration
 
     plan = einshard.analyze(expr, mesh=mesh, sizes=sizes, dtype="bf16", profile="h100")
     requested = None if parse_einsum(expr).output_chosen else plan.out_layout
     out_axes = plan.out_layout.axes
-    all_sizes = tuple((a, sizes[a]) for a in dict.fromkeys(a for op in plan.operands for a in op.axes))
-    problem = Problem(plan.operands, out_axes, all_sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    problem, ref = _problem_and_full_ranking_first(plan, sizes, out_axes, requested)
     en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), out_axes))
     got, _, was_decided = _as_given(en, complete=requested is None)
     assert was_decided is decided
-    ranked = rank(enumerate_candidates(problem))
-    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
     assert (plan.choice, plan.collectives, plan.time) == (ref.choice, ref.steps, ref.time)
     if decided:
         assert (got.choice, got.steps, got.time) == (ref.choice, ref.steps, ref.time)
@@ -311,8 +310,8 @@ def test_a_contraction_kept_split_is_decided_as_the_full_ranking_decides(expr_ax
     """Einsums whose first choice keeps a contracted split (pending sums, then collectives): the first
     choice decides only when every other choice computes slower than it takes in all (search._as_given);
     at compute- or communication-bound sizes the plan is the full ranking's first."""
-    from einshard.analysis.rule import Problem, classify
-    from einshard.analysis.search import _as_given, _Enumeration, enumerate_candidates, rank
+    from einshard.analysis.rule import classify
+    from einshard.analysis.search import _as_given, _Enumeration
 
     expr, axes = expr_axes
     mesh = dict(zip(axes, mesh_sizes, strict=False))
@@ -324,10 +323,7 @@ def test_a_contraction_kept_split_is_decided_as_the_full_ranking_decides(expr_ax
         assume(False)
     requested = None if parse_einsum(expr).output_chosen else plan.out_layout
     out_axes = plan.out_layout.axes
-    all_sizes = tuple((a, size[a]) for a in dict.fromkeys(a for op in plan.operands for a in op.axes))
-    problem = Problem(plan.operands, out_axes, all_sizes, plan.mesh, requested, plan.itemsize, plan.profile)
-    ranked = rank(enumerate_candidates(problem))
-    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    problem, ref = _problem_and_full_ranking_first(plan, size, out_axes, requested)
     assert (plan.choice, plan.collectives, plan.out_layout, plan.operands_used, plan.time) == (
         ref.choice,
         ref.steps,
