@@ -6,8 +6,16 @@ assignment (``compiled.memory_analysis()``: arguments + outputs + temporaries)
 on the corpus (tests/test_explain_corpus.py).  It models what XLA does with
 buffers, not just what the jaxpr names:
 
-* **fusion**: a value made by an elementwise op and read only by elementwise
-  ops and reductions never gets a buffer (XLA fuses the chain into one loop);
+* **inlining**: nested calls (``jit``: ``jax.nn.log_softmax``, ``take_along_axis``;
+  custom derivatives; remat) are inlined, as XLA inlines them before it fuses;
+  loops and branches count through their inputs and outputs;
+* **fusion**: a value made by an elementwise op and read once, by an elementwise
+  op, a broadcast, a reshape or a reduction, never gets a buffer (XLA fuses the
+  chain into one loop); the buffers it reads are held until that loop runs;
+* **in place**: an elementwise result, a scatter's or an update's, is written
+  into an operand's buffer of the same size that dies there (buffer
+  assignment's operand sharing), and ``A + scatter(0, i, u)`` is a scatter
+  into ``A``;
 * **gathered arguments**: an argument the walk all-gathered (an FSDP weight)
   is gathered by XLA at the start of the step, and the gathered copy held to
   the argument's last use;
@@ -32,6 +40,7 @@ import numpy as np
 
 from ...core.layout import Layout
 from .costing import is_free
+from .registry import sub_jaxpr
 
 __all__ = ["peak_bytes", "Gathered", "Partial"]
 
@@ -84,13 +93,9 @@ _NOT_FUSED = {
     "threefry2x32",
     "optimization_barrier",
 }
-
-
-# XLA's "expensive" elementwise ops (HloInstruction::IsOpElementwise + IsExpensive): not duplicated into consumers.
-_EXPENSIVE = {
-    "exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sin", "cos", "tan", "sqrt", "rsqrt", "cbrt",
-    "pow", "div", "rem", "erf", "erf_inv", "atan2",
-}  # fmt: skip
+# Ops that write their first operand's buffer in place when it dies there (XLA's in-place scatter and update).
+_UPDATES_IN_PLACE = {"scatter-add", "scatter_add", "scatter", "scatter-sub", "scatter_sub", "dynamic_update_slice"}
+_ADDS = {"add", "add_any"}
 
 
 def _fusible_elementwise() -> frozenset[str]:
@@ -99,17 +104,103 @@ def _fusible_elementwise() -> frozenset[str]:
     return frozenset(ELEMENTWISE - _NOT_FUSED) | {"broadcast_in_dim", "iota"}
 
 
-def peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
-    """Peak live bytes per device over the top-level program, from each value's layout.
+# A value of the flattened program: a top-level jaxpr variable, or (call path, variable) inside a nested call.
+Key = Any
 
-    Arguments stay allocated for the whole step (nothing is donated); other values die
-    after their last use; sub-jaxprs (scan bodies, nested jits) count through their inputs
-    and outputs only.  Fused temporaries, gathered arguments and combined partial sums as
-    the module says.
+
+@dataclass(frozen=True)
+class _Step:
+    """One equation of the program with its nested calls inlined: operands and results as keys."""
+
+    name: str
+    ins: tuple[Key, ...]
+    outs: tuple[Key, ...]
+
+
+class _Program:
+    """The top-level jaxpr with the nested calls the walk entered (jit, custom derivatives, remat) inlined.
+
+    XLA inlines them before it fuses, so a nested ``jax.nn.log_softmax`` or ``take_along_axis``
+    fuses with its caller's ops; counting a call through its inputs and outputs only kept its
+    results (and the caller's values around it) as buffers XLA never makes.  ``inner`` holds the
+    environments of the calls the walker entered, by call path (``Walker.sub_envs``); a call not
+    in it (a scan, a loop, a branch) stays one opaque step.
     """
 
-    def nbytes_as(v: Any, lay: Layout | None) -> int:
-        aval = v.aval
+    def __init__(self, jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]):
+        self.layouts, self.inner = layouts, inner
+        self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
+        self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
+        self.steps: list[_Step] = []
+        self._flatten(jaxpr, ())
+        self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
+        self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
+        for v in jaxpr.outvars:
+            k = self.key(v, ())
+            if k is not None:
+                self.outputs.setdefault(k, v)
+
+    def key(self, v: Any, path: tuple[int, ...]) -> Key | None:
+        if hasattr(v, "val"):
+            return None
+        k = (path, v) if path else v
+        while k in self.alias:
+            k = self.alias[k]
+            if k is None:
+                return None
+        return k
+
+    def _flatten(self, jaxpr: Any, path: tuple[int, ...]) -> None:
+        for eqn in jaxpr.eqns:
+            sub_path = (*path, id(eqn))
+            sub = sub_jaxpr(eqn) if sub_path in self.inner else None
+            if sub is None:
+                ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
+                outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
+                self.steps.append(_Step(eqn.primitive.name, ins, outs))
+                continue
+            body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
+            operands = eqn.invars[len(eqn.invars) - len(body.invars) :]
+            env = self.inner[sub_path]
+            for iv, ov in zip(body.invars, operands):
+                outer = self.key(ov, path)
+                self.alias[(sub_path, iv)] = outer
+                copy = env.get(Gathered(iv))
+                if copy is not None and outer is not None:
+                    old = self.gathered.get(outer)
+                    if old is None or math.prod(copy.shard_shape) > math.prod(old.shard_shape):
+                        self.gathered[outer] = copy
+            self._flatten(body, sub_path)
+            for ov, iv in zip(eqn.outvars, body.outvars):
+                self.alias[(path, ov) if path else ov] = self.key(iv, sub_path)
+
+    def layout(self, k: Key, derived: type[_Derived] | None = None) -> Layout | None:
+        if isinstance(k, tuple):
+            path, v = k
+            env = self.inner[path]
+        else:
+            v, env = k, self.layouts
+        return env.get(derived(v) if derived is not None else v)
+
+
+def peak_bytes(
+    jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]] | None = None
+) -> int:
+    """Peak live bytes per device over the program, from each value's layout.
+
+    ``layouts``: the top-level values' layouts (the program's outputs at their output layouts);
+    ``inner``: the environments of the nested calls the walk entered (``Walker.sub_envs``),
+    which are inlined as XLA inlines them.  Arguments stay allocated for the whole step (nothing
+    is donated); other values die after their last use, a fused value's operands after its
+    fusion's; loops and branches count through their inputs and outputs only.  Fused
+    temporaries, in-place results, gathered arguments and combined partial sums as the module says.
+    """
+    prog = _Program(jaxpr, layouts, inner or {})
+    steps, outputs = prog.steps, prog.outputs
+    n = len(steps)
+
+    def nbytes_as(k: Key, lay: Layout | None) -> int:
+        aval = (k[1] if isinstance(k, tuple) else k).aval
         if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
             return 0
         if lay is not None and is_free(lay):
@@ -119,55 +210,120 @@ def peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
         shape = lay.shard_shape if lay is not None else tuple(aval.shape)
         return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
 
-    n = len(jaxpr.eqns)
-    last_use: dict[Any, int] = {}
-    readers: dict[Any, list[str]] = {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        for v in eqn.invars:
-            if not hasattr(v, "val"):
-                last_use[v] = i
-                readers.setdefault(v, []).append(eqn.primitive.name)
-    outputs = {v for v in jaxpr.outvars if not hasattr(v, "val")}
-    for v in outputs:
-        last_use[v] = n
+    def size(k: Key) -> int:
+        out = outputs.get(k)
+        return nbytes_as(k, layouts.get(out) if out is not None else prog.layout(k))
+
+    readers: dict[Key, list[int]] = {}
+    producer: dict[Key, int] = {}
+    for i, step in enumerate(steps):
+        for k in step.ins:
+            readers.setdefault(k, []).append(i)
+        for k in step.outs:
+            producer[k] = i
     fusible = _fusible_elementwise()
     fusing = fusible | _FUSING
 
-    def fused(eqn: Any, v: Any) -> bool:
-        """Made by an elementwise op and read only inside fusions: no buffer of its own.
+    def is_fused(k: Key) -> bool:
+        """No buffer of its own: computed inside the fusion of each of its readers.
 
-        XLA fuses a producer into several consumers only when it is cheap to compute again;
-        an expensive one (exp, log, divide...) read twice is computed once, into a buffer.
+        An elementwise value read once, by an op that fuses with its producer, is computed in
+        that op's loop.  A value read twice gets a buffer, cheap or not: measured on XLA:CPU,
+        whose reductions (YNNPACK fusions) read a materialised operand when it is shared
+        (duplicating a cheap ``x - max`` into both its readers halved the estimate of a
+        one-hot cross-entropy).  A scatter-add into a broadcast constant read by one add is
+        folded into it (XLA's ``A + scatter(0, i, u) -> scatter(A, i, u)``: the add's other
+        operand is updated in place), as in the integer-label cross-entropy's gradient.
         """
-        name, reads = eqn.primitive.name, readers.get(v, ())
-        if name not in fusible or v in outputs or not all(r in fusing for r in reads):
+        if k in outputs or k not in producer:
+            return False
+        name, reads = steps[producer[k]].name, readers.get(k, [])
+        if name in _UPDATES_IN_PLACE and name != "dynamic_update_slice":
+            base = steps[producer[k]].ins[0]
+            return len(reads) == 1 and steps[reads[0]].name in _ADDS and is_free_key(base)
+        if name not in fusible or not all(steps[r].name in fusing for r in reads):
             return False
         return len(reads) <= 1
 
-    # Gathered copies of arguments, live from the start to the argument's last use.
-    args = set(jaxpr.invars)
-    extra_until: list[tuple[int, int]] = []  # (last index, bytes) of buffers live from the start
-    for v in jaxpr.invars:
-        copy = layouts.get(Gathered(v))
-        if copy is not None and v in last_use:
-            extra_until.append((last_use[v], nbytes_as(v, copy) - nbytes_as(v, layouts.get(v))))
-    # Partial sums that only leave the program: held from their making to the end (the combiner).
-    leaves = _leaves_program(jaxpr, outputs)
+    def is_free_key(k: Key) -> bool:
+        lay = prog.layout(k)
+        return lay is not None and is_free(lay)
 
-    live = {v: nbytes_as(v, layouts.get(v)) for v in jaxpr.invars}
+    fused = {k for k in producer if is_fused(k)}
+    # Until when each buffer is needed: its last reader, or, read by a fused value, that value's readers'.
+    until: dict[Key, int] = dict.fromkeys(outputs, n)
+    for i in range(n - 1, -1, -1):
+        step = steps[i]
+        end = (
+            max((until.get(o, i) for o in step.outs), default=i)
+            if step.outs and all(o in fused for o in step.outs)
+            else i
+        )
+        for k in step.ins:
+            until[k] = max(until.get(k, -1), end)
+    dies: dict[int, list[Key]] = {}
+    args = set(prog.args)
+    for k, end in until.items():
+        if k not in args and k not in outputs:
+            dies.setdefault(end, []).append(k)
+
+    def fusion_inputs_of(keys: tuple[Key, ...]) -> list[Key]:
+        """The buffers a fusion reading ``keys`` reads (its fused operands' operands, recursively)."""
+        out: list[Key] = []
+        todo, seen = list(keys), set()
+        while todo:
+            k = todo.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            if k in fused:
+                todo.extend(steps[producer[k]].ins)
+            else:
+                out.append(k)
+        return out
+
+    # Gathered copies of arguments, live from the start to the argument's last use.
+    gathered = dict(prog.gathered)
+    for v in prog.args:
+        copy = layouts.get(Gathered(v))
+        if copy is not None:
+            gathered[v] = copy
+    extra_until = [(until[v], nbytes_as(v, c) - size(v)) for v, c in gathered.items() if v in until and v in args]
+    # Partial sums that only leave the program: held from their making to the end (the combiner).
+    leaves = _leaves_program(steps, set(outputs))
+
+    live: dict[Key, int] = {v: size(v) for v in prog.args}
+    total = sum(live.values())
     held = 0  # partial sums waiting for the combined all-reduce
-    peak = sum(live.values()) + sum(b for _, b in extra_until)
-    for i, eqn in enumerate(jaxpr.eqns):
-        for v in eqn.outvars:
-            live[v] = 0 if fused(eqn, v) else nbytes_as(v, layouts.get(v))
-            part = layouts.get(Partial(v))
-            if part is not None and v in leaves:
-                held += nbytes_as(v, part)
-        gathered = sum(b for last, b in extra_until if last >= i)
-        peak = max(peak, sum(live.values()) + gathered + held)
-        for v in eqn.invars:
-            if not hasattr(v, "val") and last_use.get(v) == i and v not in args:
-                live.pop(v, None)
+    gathered_now = sum(b for _, b in extra_until)
+    gathered_ends: dict[int, int] = {}
+    for end, b in extra_until:
+        gathered_ends[end] = gathered_ends.get(end, 0) + b
+    peak = total + gathered_now
+    for i, step in enumerate(steps):
+        donors = None
+        for k in step.outs:
+            b = 0 if k in fused else size(k)
+            if b and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
+                # XLA writes an elementwise result (or a scatter's, or an update's) into an operand's
+                # buffer that dies here, when it is as large (buffer assignment's operand sharing).
+                if donors is None:
+                    base = step.ins[:1] if step.name in _UPDATES_IN_PLACE else step.ins
+                    donors = [d for d in fusion_inputs_of(base) if d not in args and until.get(d) == i]
+                for d in donors:
+                    if live.get(d) == b:
+                        total -= live.pop(d)
+                        donors.remove(d)
+                        break
+            live[k] = b
+            total += b
+            part = prog.layout(k, Partial)
+            if part is not None and k in leaves:
+                held += nbytes_as(k, part)
+        peak = max(peak, total + gathered_now + held)
+        gathered_now -= gathered_ends.get(i, 0)
+        for k in dies.get(i, ()):
+            total -= live.pop(k, 0)
     return peak
 
 
@@ -175,20 +331,19 @@ def peak_bytes(jaxpr: Any, layouts: dict[Any, Layout]) -> int:
 _ON_THE_WAY_OUT = {"transpose", "reshape", "convert_element_type", "copy", "copy_p", "squeeze", "expand_dims"}
 
 
-def _leaves_program(jaxpr: Any, outputs: set[Any]) -> set[Any]:
+def _leaves_program(steps: list[_Step], outputs: set[Key]) -> set[Key]:
     """Values read only by shape ops on the way to the program's outputs (or outputs themselves)."""
-    readers: dict[Any, list[Any]] = {}
-    for eqn in jaxpr.eqns:
-        for v in eqn.invars:
-            if not hasattr(v, "val"):
-                readers.setdefault(v, []).append(eqn)
+    readers: dict[Key, list[_Step]] = {}
+    for step in steps:
+        for k in step.ins:
+            readers.setdefault(k, []).append(step)
     out = set(outputs)
-    for eqn in reversed(jaxpr.eqns):
-        if eqn.primitive.name not in _ON_THE_WAY_OUT:
+    for step in reversed(steps):
+        if step.name not in _ON_THE_WAY_OUT:
             continue
-        for v in eqn.invars:
-            if hasattr(v, "val") or v in out:
+        for k in step.ins:
+            if k in out:
                 continue
-            if all(r.primitive.name in _ON_THE_WAY_OUT and all(o in out for o in r.outvars) for r in readers[v]):
-                out.add(v)
+            if all(r.name in _ON_THE_WAY_OUT and all(o in out for o in r.outs) for r in readers[k]):
+                out.add(k)
     return out

@@ -52,6 +52,10 @@ class Walker:
         self.uses: dict[int, list[tuple[Any, int]]] = {}
         self.env: dict[Any, Layout] = {}
         self.program_outputs: set[int] = set()
+        # The environments of the nested calls walked into (jit, custom derivatives, remat), by the path of
+        # call equations (ids) from the program: peak memory inlines them as XLA does (see :mod:`.memory`).
+        self.sub_envs: dict[tuple[int, ...], dict[Any, Layout]] = {}
+        self.call_path: tuple[int, ...] = ()
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
