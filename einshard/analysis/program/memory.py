@@ -18,7 +18,9 @@ buffers, not just what the jaxpr names:
   into ``A``;
 * **gathered arguments**: an argument the walk all-gathered (an FSDP weight)
   is gathered by XLA at the start of the step, and the gathered copy held to
-  the argument's last use;
+  the argument's last use (one gathered along a dimension other than its major
+  one is transposed before and after the all-gather: held twice more while
+  it is gathered);
 * **combined sums**: a partial sum whose reduced value only leaves the
   program (a gradient's all-reduce) waits for XLA's all-reduce combiner,
   which issues the step's independent all-reduces together at the end:
@@ -27,7 +29,8 @@ buffers, not just what the jaxpr names:
 The walk tells this module about the last two by binding, next to each value's
 layout, the layout of its gathered copy (``layouts[Gathered(v)]``) and of its
 pending partial sum (``layouts[Partial(v)]``) (see :mod:`.walker` and the
-``dot_general``/reduction rules).
+``dot_general``/reduction rules); about the first, by keeping the environment
+of each nested call it walked into (``Walker.sub_envs``).
 """
 
 from __future__ import annotations
