@@ -263,7 +263,8 @@ def peak_bytes(
             else i
         )
         for k in step.ins:
-            until[k] = max(until.get(k, -1), end)
+            if until.get(k, -1) < end:
+                until[k] = end
     dies: dict[int, list[Key]] = {}
     args = set(prog.args)
     for k, end in until.items():
@@ -324,8 +325,8 @@ def peak_bytes(
                         break
             live[k] = b
             total += b
-            part = prog.layout(k, Partial)
-            if part is not None and k in leaves:
+            part = prog.layout(k, Partial) if k in leaves else None
+            if part is not None:
                 held += nbytes_as(k, part)
         peak = max(peak, total + gathered_now + held)
         gathered_now -= gathered_ends.get(i, 0)
