@@ -9,11 +9,17 @@ The descent (a heuristic; tests measure it against brute force):
    that can differ in cost for that batch (:func:`~.groups.search_candidates`:
    one FSDP placement per set of batch axes), until a round changes nothing.
    Then the batch moves with the parameters fixed, and the groups descend
-   again if it did.
-3. While the budget lasts: every candidate of every group (a polish round),
-   then every two groups together when that is at most ``pair_limit``
-   assignments (a row-parallel weight pays off only with its column-parallel
-   neighbour; single moves can stall there), descending after each improvement.
+   again if it did.  When a round changes nothing, the relabel moves
+   (:func:`relabelings`: every group over mesh axes ``t`` moved to ``t2`` at
+   once, the mesh axes permuted) are tried: a row-parallel weight pays off
+   only with its column-parallel neighbour split over the same axes, so
+   single moves stall on a pair over the wrong ones.
+3. While the budget lasts: every candidate of every group (a polish round);
+   forced moves (one group forced onto each other candidate, the others
+   replying with their best, kept when the end is better: a pair moving to
+   the neighbouring layer changes three groups at once); then every two
+   groups together when that is at most ``pair_limit`` assignments,
+   descending after each improvement.
 
 Each costing walks the whole program (tens of milliseconds on a 2-layer
 transformer), so the number costed is the planning time: ``max_evaluations``
