@@ -371,7 +371,9 @@ def write_markdown(result: dict) -> None:
     lines.append(
         f"Descent vs exhaustive on {gap['trials']} random 1–3 layer MLPs (with and without budgets): optimal in "
         f"{gap['optimal']}, max gap {gap['max_gap'] * 100:.2f}%, {gap['mean_cd_evaluations']:.0f} vs "
-        f"{gap['mean_exhaustive_evaluations']:.0f} assignments costed on average."
+        f"{gap['mean_exhaustive_evaluations']:.0f} assignments costed on average"
+        + (_worst(gap) if gap.get("cases") and gap["max_gap"] > 1e-9 else "")
+        + "."
     )
     lines.append("")
     lines.append(
@@ -380,6 +382,16 @@ def write_markdown(result: dict) -> None:
     )
     (RESULTS / "planner.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _worst(gap: dict) -> str:
+    w = max(gap["cases"], key=lambda c: c["gap"])
+    mesh = "×".join(f"{k} {v}" for k, v in w["mesh"].items())
+    budget = "no budget" if w["budget"] is None else f"budget {w['budget'] / 2**20:.2f} MiB"
+    return (
+        f" (the worst: widths {w['dims']}, batch {w['batch']}, mesh {mesh}, objective {w['objective']}, {budget}; "
+        f"{w['descent_evaluated']} of {w['space']} assignments costed)"
+    )
 
 
 def cli_transformer():
