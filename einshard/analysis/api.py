@@ -25,6 +25,7 @@ from ..parsing import Expression, parse_einsum
 from .cost import Profile, get_profile
 from .inputs import (
     _check_rank,
+    _mesh_axis,
     _einsum_text,
     _expand_ellipsis,
     _layout_of,
@@ -35,7 +36,7 @@ from .inputs import (
     spec_partitions,
 )
 from .plan import EinsumPlan, side_string
-from .primitives import _unchecked
+from .primitives import _mesh_facts, _unchecked
 from .rule import Problem, _problem, classify
 from .search import _Enumeration, best_candidate, rank
 from .strategy import pick_weight
@@ -109,7 +110,11 @@ def analyze(
                     break
             else:
                 return hit
-        plan = _analyze(expr, (), _mesh_axes(mesh, ()), size_items, dtype, profile, in_specs, out_spec)
+        plan = None
+        if in_specs is None and out_spec is None and sizes.__class__ is dict:
+            plan = _analyze_plain(expr, mesh, sizes, dtype, profile)  # type: ignore[arg-type]
+        if plan is None:
+            plan = _analyze(expr, (), _mesh_axes(mesh, ()), size_items, dtype, profile, in_specs, out_spec)
         if fast is not None:
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
@@ -187,6 +192,29 @@ class _Prepared(NamedTuple):
     chosen: bool  # parsed.output_chosen
     has_own: tuple[bool, ...]  # per operand: whether its side annotates a layout ('@' or '{U:...}')
     unique_set: frozenset[str]
+    sides: tuple[_Side, ...]  # per operand: its layout's facts as written (``_analyze_plain``)
+    out_side: _Side
+    plain: bool  # no '...', every output axis an operand's, no mesh axis named twice on a side
+    any_own: bool  # some operand's side annotates a layout
+    bare: bool  # the output side names no layout and is not chosen ('-> b y')
+
+
+class _Side(NamedTuple):
+    """A side's layout as written: what :func:`_valid_layout` checks of it, read once from the text."""
+
+    names: tuple[str, ...]
+    dims: tuple[tuple[str, ...], ...]
+    unreduced: frozenset[str]
+    split: tuple[tuple[int, tuple[str, ...]], ...]  # (position, mesh axes) of each split dimension
+    at: dict[str, str]  # rule._split_at of the layout: {mesh axis: the einsum axis it splits}; read, never written
+    once: bool  # no mesh axis named twice (two splits, or a split and a pending sum)
+
+
+def _side_of(names: tuple[str, ...], dims: tuple[tuple[str, ...], ...], unreduced: frozenset[str]) -> _Side:
+    named = [m for d in dims for m in d]
+    at = {m: name for name, d in zip(names, dims, strict=True) for m in d}
+    once = len(set(named)) == len(named) and not unreduced & set(named)
+    return _Side(names, dims, unreduced, tuple([(i, d) for i, d in enumerate(dims) if d]), at, once)
 
 
 def _prepare(expr: str) -> _Prepared:
@@ -205,28 +233,116 @@ def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
     names = tuple([side.names for side in parsed.inputs])
     out = parsed.output
     classes = classify(names, out.names)
+    dims = tuple([tuple([item.mesh_axes or () for item in side.axes]) for side in parsed.inputs])
+    unreduced = tuple([frozenset(side.unreduced) for side in parsed.inputs])
+    out_dims = tuple([item.mesh_axes or () for item in out.axes])
+    has_own = tuple([bool(side.unreduced) or any(item.mesh_axes for item in side.axes) for side in parsed.inputs])
+    unique_set = frozenset([n for side in names for n in side])
+    sides = tuple([_side_of(n, d, u) for n, d, u in zip(names, dims, unreduced, strict=True)])
+    out_side = _side_of(out.names, out_dims, frozenset(out.unreduced))
+    plain = (
+        not any(side.has_ellipsis for side in parsed.sides)
+        and unique_set.issuperset(out.names)
+        and all(side.once for side in (*sides, out_side))
+    )
     return _Prepared(
         text,
         jnp_style,
         parsed,
         names,
-        tuple([tuple([item.mesh_axes or () for item in side.axes]) for side in parsed.inputs]),
-        tuple([frozenset(side.unreduced) for side in parsed.inputs]),
+        dims,
+        unreduced,
         tuple(dict.fromkeys([n for side in names for n in side])),
         out.names,
-        tuple([item.mesh_axes or () for item in out.axes]),
+        out_dims,
         frozenset(out.unreduced),
         classes,
         _weight_by_names(names, classes),
         parsed.output_chosen,
-        tuple([bool(side.unreduced) or any(item.mesh_axes for item in side.axes) for side in parsed.inputs]),
-        frozenset([n for side in names for n in side]),
+        has_own,
+        unique_set,
+        sides,
+        out_side,
+        plain,
+        any(has_own),
+        not any(out_dims) and not out.unreduced and not parsed.output_chosen,
     )
 
 
 def _weight_by_names(names: tuple[tuple[str, ...], ...], classes: dict[str, str]) -> int | None:
     """:func:`pick_weight` of operands with these axes (it reads nothing else of them: stand-ins of size 1)."""
     return pick_weight(tuple([_unchecked(n, (1,) * len(n), (), ((),) * len(n), frozenset()) for n in names]), classes)
+
+
+def _analyze_plain(
+    expr: str, mesh: dict[str, int], sizes: dict[str, int], dtype: Any, profile: Profile | str | None
+) -> EinsumPlan | None:
+    """:func:`_analyze` of the common call (layouts from the text's annotations, a dict mesh, ``sizes`` only),
+    or None when anything is not as that call usually is (the general path then answers, or raises with its
+    messages).  The same checks as the general path's, on facts read once from the text (``_Side``)."""
+    if expr.__class__ is not str:
+        return None
+    prep = _prepare_text(expr)
+    if not prep.plain or sizes.keys() != prep.unique_set:
+        return None
+    for v in sizes.values():
+        if v.__class__ is not int or v < 0:
+            return None
+    axes = []
+    for name, size in mesh.items():
+        if size.__class__ is not int or size < 1 or name.__class__ is not str or not name:
+            return None
+        axes.append(_mesh_axis(name, size))
+    mesh_axes = tuple(axes)
+    mesh_sizes = _mesh_facts(mesh_axes)[1]  # shared with the primitives (one dict per mesh)
+    get = sizes.__getitem__
+    layouts = []
+    for side in prep.sides:
+        lay = _side_layout(side, get, mesh_axes, mesh_sizes)
+        if lay is None:
+            return None
+        layouts.append(lay)
+    requested: Layout | None = None
+    if not (prep.chosen or prep.jnp_style or not prep.out_dims):
+        requested = _side_layout(prep.out_side, get, mesh_axes, mesh_sizes)
+        if requested is None:
+            return None
+    dname, itemsize = dtype_info(dtype)
+    problem = _problem(
+        tuple(layouts),
+        prep.out_names,
+        tuple(zip(prep.unique, map(get, prep.unique))),
+        mesh_axes,
+        requested,
+        itemsize,
+        get_profile(profile),
+    )
+    where = [side.at for side in prep.sides]
+    if requested is not None:
+        where.append(prep.out_side.at)
+    plan = _plan(problem, dname, prep.classes, prep.weight, where, mesh_sizes)
+    if prep.bare and requested is not None and prep.any_own:
+        _warn_if_meaning_changed(prep.text, plan, problem, dname)
+    return plan
+
+
+def _side_layout(side: _Side, size: Any, mesh: tuple[MeshAxis, ...], mesh_sizes: dict[str, int]) -> Layout | None:
+    """:func:`_valid_layout` of a side as written (``size``: its axes' sizes by name; the side names no mesh axis
+    twice): the layout, or None when a check fails."""
+    shape = tuple(map(size, side.names))
+    for i, d in side.split:
+        n = 1
+        for m in d:
+            k = mesh_sizes.get(m)
+            if k is None:
+                return None
+            n *= k
+        if shape[i] % n:
+            return None
+    for m in side.unreduced:
+        if m not in mesh_sizes:
+            return None
+    return _unchecked(side.names, shape, mesh, side.dims, side.unreduced)
 
 
 def _analyze(
@@ -434,15 +550,23 @@ def analyze_layouts(problem: Problem, dtype: str = "f32") -> EinsumPlan:
     return _plan(problem, dtype)
 
 
-def _plan(problem: Problem, dtype: str, classes: dict[str, str] | None = None, weight: Any = _UNKNOWN) -> EinsumPlan:
+def _plan(
+    problem: Problem,
+    dtype: str,
+    classes: dict[str, str] | None = None,
+    weight: Any = _UNKNOWN,
+    where: list[dict[str, str]] | None = None,
+    mesh_sizes: dict[str, int] | None = None,
+) -> EinsumPlan:
     """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers).
 
-    ``classes``, ``weight``: :func:`classify` and :func:`pick_weight` of the problem, if the caller has them."""
+    ``classes``, ``weight``, ``where``, ``mesh_sizes``: :func:`classify`, :func:`pick_weight`, ``rule._splits_of``
+    of the problem and its mesh's axis sizes by name, if the caller has them."""
     if classes is None:
         classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
     if weight is _UNKNOWN:
         weight = pick_weight(problem.operands, classes)
-    en = _Enumeration(problem, classes)
+    en = _Enumeration(problem, classes, where, mesh_sizes)
     # The best way is found without pricing every way to deliver the result; the other ways are priced
     # and ranked when the plan's alternatives are first read.
     best = best_candidate(en, complete=problem.requested is None)
@@ -472,7 +596,7 @@ def _plan(problem: Problem, dtype: str, classes: dict[str, str] | None = None, w
             flops=c.flops,
             total_flops=total,
             compute_time=problem.profile.compute_time(c.flops),
-            comm_time=sum([s.time for s in c.steps]),
+            comm_time=sum([s.time for s in c.steps]) if c.steps else 0,  # (sum([]) is 0)
             time=c.time,
             classes=dict(classes),  # the plan's own: the one given may be a cached expression's
             choice=c.choice,

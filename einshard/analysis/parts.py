@@ -154,8 +154,9 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
     memo = en.memo
     targets: list[Layout] = []
     steps: list[Collective] = []
+    get = order.get
     for i, op in enumerate(operands):
-        dims = tuple([order.get(e, ()) for e in op.axes])
+        dims = tuple(map(get, op.axes, _EMPTY))  # order.get(e, ()) of each axis (map: no comprehension frame)
         key = (i, id(op), dims, keep_u[i])
         moved = memo.get(key)
         if moved is None:
@@ -177,18 +178,26 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
         targets.append(moved[0])  # type: ignore[index]
         steps.extend(moved[1])  # type: ignore[index]
     compute_time = spec.compute_time
-    return _Part(
-        choice,
-        operands,
-        tuple(targets),
-        tuple(steps),
-        tuple([order.get(e, ()) for e in en.problem.out_axes]),
-        spec.pending_kept.union(*keep_u),
-        spec.flops,
-        compute_time,
-        compute_time + sum([c.time for c in steps]),  # the same sum as a candidate's, over fewer steps
-        spec.unsplits,
+    # _Part(...) through tuple.__new__ (a NamedTuple's generated __new__ is a Python call, with the same result)
+    return tuple.__new__(
+        _Part,
+        (
+            choice,
+            operands,
+            tuple(targets),
+            tuple(steps),
+            tuple(map(get, en.problem.out_axes, _EMPTY)),
+            spec.pending_kept.union(*keep_u),
+            spec.flops,
+            compute_time,
+            # the same sum as a candidate's, over fewer steps (none: the compute time, as the sum gives it)
+            compute_time + sum([c.time for c in steps]) if steps else compute_time,
+            spec.unsplits,
+        ),
     )
+
+
+_EMPTY = itertools.repeat(())  # map's second argument for dict.get(key, ()): an endless supply of ()
 
 
 def _extends(had: tuple[tuple[str, ...], ...], dims: tuple[tuple[str, ...], ...]) -> bool:

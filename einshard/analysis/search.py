@@ -204,17 +204,23 @@ class _Enumeration:
         "_priced",
     )
 
-    def __init__(self, problem: Problem, classes: dict[str, str]) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        classes: dict[str, str],
+        where: list[dict[str, str]] | None = None,
+        mesh_sizes: dict[str, int] | None = None,
+    ) -> None:
         self.problem = problem
         self.classes = classes
-        self.mesh_sizes = {m.name: m.size for m in problem.mesh}
+        self.mesh_sizes = {m.name: m.size for m in problem.mesh} if mesh_sizes is None else mesh_sizes
         self.size_of = size_of = dict(problem.sizes)
-        self.out_shape = tuple([size_of[e] for e in problem.out_axes])
+        self.out_shape = tuple(map(size_of.__getitem__, problem.out_axes))
         self.itemsize = problem.itemsize
         self.profile = problem.profile
         self.memo: dict[tuple[object, ...], object] = {}
         # where each operand (then the requested result) splits each mesh axis, and each mesh axis's options
-        self.where = _splits_of(problem)
+        self.where = _splits_of(problem) if where is None else where
         self.per_axis = options(problem, self.where)
         self.first: _Part | None = None  # the first part, when priced before the others are enumerated
         self._specs: list[_Spec] | None = None
@@ -270,8 +276,9 @@ class _Enumeration:
                 out=target_out,
                 resolution=resolution,
                 flops=part.flops,
-                time=part.compute_time + sum([c.time for c in all_steps]),
-                comm_bytes=sum([c.bytes for c in all_steps]),
+                # (no steps: the sums' values, 0 added to the compute time and 0 bytes, without the loops)
+                time=part.compute_time + sum([c.time for c in all_steps]) if all_steps else part.compute_time,
+                comm_bytes=sum([c.bytes for c in all_steps]) if all_steps else 0,
                 sources=part.operands,
                 unsplits_agreed=part.unsplits,
             )
