@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._caches import cached, register
@@ -197,6 +198,8 @@ class _Prepared(NamedTuple):
     plain: bool  # no '...', every output axis an operand's, no mesh axis named twice on a side
     any_own: bool  # some operand's side annotates a layout
     bare: bool  # the output side names no layout and is not chosen ('-> b y')
+    at: tuple[dict[str, str], ...]  # rule._splits_of the layouts as written, without the output's
+    at_out: tuple[dict[str, str], ...]  # the same, then the output's
 
 
 class _Side(NamedTuple):
@@ -266,6 +269,8 @@ def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
         plain,
         any(has_own),
         not any(out_dims) and not out.unreduced and not parsed.output_chosen,
+        tuple([side.at for side in sides]),
+        tuple([side.at for side in (*sides, out_side)]),
     )
 
 
@@ -285,15 +290,14 @@ def _analyze_plain(
     prep = _prepare_text(expr)
     if not prep.plain or sizes.keys() != prep.unique_set:
         return None
-    for v in sizes.values():
-        if v.__class__ is not int or v < 0:
-            return None
-    axes = []
-    for name, size in mesh.items():
-        if size.__class__ is not int or size < 1 or name.__class__ is not str or not name:
-            return None
-        axes.append(_mesh_axis(name, size))
-    mesh_axes = tuple(axes)
+    values = sizes.values()
+    if values and (set(map(type, values)) != _INT or min(values) < 0):
+        return None
+    if not mesh or set(map(type, mesh.values())) != _INT or set(map(type, mesh)) != _STR:
+        return None
+    if min(mesh.values()) < 1 or "" in mesh:
+        return None
+    mesh_axes = tuple(map(_mesh_axis, mesh, mesh.values()))
     mesh_sizes = _mesh_facts(mesh_axes)[1]  # shared with the primitives (one dict per mesh)
     get = sizes.__getitem__
     layouts = []
@@ -317,13 +321,14 @@ def _analyze_plain(
         itemsize,
         get_profile(profile),
     )
-    where = [side.at for side in prep.sides]
-    if requested is not None:
-        where.append(prep.out_side.at)
-    plan = _plan(problem, dname, prep.classes, prep.weight, where, mesh_sizes)
+    plan = _plan(problem, dname, prep.classes, prep.weight, prep.at if requested is None else prep.at_out, mesh_sizes)
     if prep.bare and requested is not None and prep.any_own:
         _warn_if_meaning_changed(prep.text, plan, problem, dname)
     return plan
+
+
+_INT = {int}
+_STR = {str}
 
 
 def _side_layout(side: _Side, size: Any, mesh: tuple[MeshAxis, ...], mesh_sizes: dict[str, int]) -> Layout | None:
@@ -555,7 +560,7 @@ def _plan(
     dtype: str,
     classes: dict[str, str] | None = None,
     weight: Any = _UNKNOWN,
-    where: list[dict[str, str]] | None = None,
+    where: Sequence[dict[str, str]] | None = None,
     mesh_sizes: dict[str, int] | None = None,
 ) -> EinsumPlan:
     """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers).
@@ -577,7 +582,7 @@ def _plan(
             f"no way to deliver the result as {side_string(problem.requested)}: "
             "pending sums {U:...} can only come from a contraction split over that mesh axis"
         )
-    total = 2 * math.prod([s for _, s in problem.sizes])
+    total = 2 * math.prod(en.size_of.values())  # (the sizes of problem.sizes, an exact product of ints)
 
     def build(c: Any, more: Any = None) -> EinsumPlan:
         # EinsumPlan(...) with its fields filled directly (a frozen dataclass without slots or checks of its

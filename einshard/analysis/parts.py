@@ -6,6 +6,7 @@ and a spec priced (a part: the operands' targets and the collectives that take t
 from __future__ import annotations
 
 import itertools
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..core.layout import Layout
@@ -17,6 +18,11 @@ if TYPE_CHECKING:
     from .search import _Enumeration
 
 __all__: list[str] = []
+
+
+# ``_Spec(...)``/``_Part(...)`` as ``tuple.__new__(cls, fields)``: the same tuple, without the Python frame of a
+# NamedTuple's generated ``__new__`` (the search builds one per way to move the operands).
+_new_tuple = tuple.__new__
 
 
 class _Spec(NamedTuple):
@@ -69,9 +75,7 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                 split.update(d)
             if op.unreduced:
                 any_pending = True
-        flops_whole = 2
-        for a in held:
-            flops_whole *= size_of[a]
+        flops_whole = math.prod(map(size_of.__getitem__, held), start=2)
         variants.append((operands, pre, True in pre, flops_whole, split, any_pending))
     none_pending: list[frozenset[str]] = [frozenset()] * len(problem.operands)
     agreed = agreed_splits(problem, where)
@@ -129,7 +133,10 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                 flops = flops_whole // kept_product
                 if not any_pending:
                     result.append(
-                        _Spec(choice_items, order, operands, flops, flops / peak, pending_kept, none_pending, unsplits)
+                        _new_tuple(
+                            _Spec,
+                            (choice_items, order, operands, flops, flops / peak, pending_kept, none_pending, unsplits),
+                        )
                     )
                     continue
                 # Pending sums an operand brings: summed before the einsum, or (when no other operand splits
@@ -142,7 +149,9 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                     keep_u.append(mine)
                 # With pending sums to carry, also price summing them first (every operand whole).
                 for ku in [keep_u, none_pending] if any(keep_u) else [keep_u]:
-                    result.append(_Spec(choice_items, order, operands, flops, flops / peak, pending_kept, ku, unsplits))
+                    result.append(
+                        _new_tuple(_Spec, (choice_items, order, operands, flops, flops / peak, pending_kept, ku, unsplits))
+                    )
     return result
 
 
@@ -178,8 +187,7 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
         targets.append(moved[0])  # type: ignore[index]
         steps.extend(moved[1])  # type: ignore[index]
     compute_time = spec.compute_time
-    # _Part(...) through tuple.__new__ (a NamedTuple's generated __new__ is a Python call, with the same result)
-    return tuple.__new__(
+    return _new_tuple(
         _Part,
         (
             choice,

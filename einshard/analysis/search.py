@@ -18,11 +18,14 @@ specs and their pricing are :mod:`einshard.analysis.parts`.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from ..core.collectives import Target
 from ..core.layout import Layout
 from ..errors import EinshardError
 from .cost import Collective
-from .parts import _Part, _part, _Spec, _specs
+from .parts import _new_tuple, _Part, _part, _Spec, _specs
 from .primitives import _derived, _unchecked, all_reduce
 from .rule import (
     CONTRACTED,
@@ -145,21 +148,22 @@ def _as_given(en: _Enumeration, complete: bool) -> tuple[Candidate | None, tuple
         held.update(op.axes)
     if LONE in classes.values():
         return None, (), False  # an operand variant with a lone axis summed first computes less
-    flops_whole = 2
-    for a in held:
-        flops_whole *= en.size_of[a]
+    flops_whole = math.prod(map(en.size_of.__getitem__, held), start=2)
     flops = flops_whole // kept_product
     peak = en.profile.flops
     # as _specs builds it (the same numbers: the plan must not change)
-    spec = _Spec(
-        tuple(choice),
-        order,
-        operands,
-        flops,
-        flops / peak,
-        frozenset(pending),
-        [frozenset()] * len(operands),
-        False,  # each agreed split is kept: it is every mesh axis's first option
+    spec = _new_tuple(
+        _Spec,
+        (
+            tuple(choice),
+            order,
+            operands,
+            flops,
+            flops / peak,
+            frozenset(pending),
+            [frozenset()] * len(operands),
+            False,  # each agreed split is kept: it is every mesh axis's first option
+        ),
     )
     part = _part(en, spec)
     if part is None:
@@ -208,7 +212,7 @@ class _Enumeration:
         self,
         problem: Problem,
         classes: dict[str, str],
-        where: list[dict[str, str]] | None = None,
+        where: Sequence[dict[str, str]] | None = None,
         mesh_sizes: dict[str, int] | None = None,
     ) -> None:
         self.problem = problem
@@ -337,7 +341,10 @@ def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple
     different dimensions), or None if no all-reduce spans several mesh axes.  It sends more bytes
     (2(n_i-1)/n_i of the buffer per axis instead of 2(n-1)/n once) over fewer ring hops (Σ2(n_i-1)
     instead of 2(n-1)), so it wins only for small, latency-bound buffers: a hierarchical all-reduce."""
-    if not any(c.kind == "all-reduce" and len(c.axes) > 1 for c in steps):
+    for c in steps:  # (a loop, not any() of a generator: this runs for every way to deliver a result)
+        if c.kind == "all-reduce" and len(c.axes) > 1:
+            break
+    else:
         return None
     out: list[Collective] = []
     for c in steps:
