@@ -37,7 +37,7 @@ from .inputs import (
     spec_partitions,
 )
 from .plan import EinsumPlan, side_string
-from .primitives import _mesh_facts, _unchecked
+from .primitives import _remember_mesh, _unchecked
 from .rule import Problem, _problem, classify
 from .search import _Enumeration, best_candidate, rank
 from .strategy import pick_weight
@@ -200,6 +200,8 @@ class _Prepared(NamedTuple):
     bare: bool  # the output side names no layout and is not chosen ('-> b y')
     at: tuple[dict[str, str], ...]  # rule._splits_of the layouts as written, without the output's
     at_out: tuple[dict[str, str], ...]  # the same, then the output's
+    kept: dict[str, tuple[str | None, ...]]  # rule.options of ``at`` per mesh axis named (a size > 1 assumed)
+    kept_out: dict[str, tuple[str | None, ...]]  # the same of ``at_out``
 
 
 class _Side(NamedTuple):
@@ -271,7 +273,20 @@ def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
         not any(out_dims) and not out.unreduced and not parsed.output_chosen,
         tuple([side.at for side in sides]),
         tuple([side.at for side in (*sides, out_side)]),
+        _kept_by_mesh_axis([side.at for side in sides]),
+        _kept_by_mesh_axis([side.at for side in (*sides, out_side)]),
     )
+
+
+def _kept_by_mesh_axis(at: list[dict[str, str]]) -> dict[str, tuple[str | None, ...]]:
+    """``rule.options`` of layouts split as ``at`` says, for each mesh axis they name (of size > 1): the einsum
+    axes it splits, in order of first appearance, then None."""
+    seen: dict[str, list[str]] = {}
+    for where in at:
+        for m, e in where.items():
+            if e not in seen.setdefault(m, []):
+                seen[m].append(e)
+    return {m: (*es, None) for m, es in seen.items()}
 
 
 def _weight_by_names(names: tuple[tuple[str, ...], ...], classes: dict[str, str]) -> int | None:
@@ -295,10 +310,15 @@ def _analyze_plain(
         return None
     if not mesh or set(map(type, mesh.values())) != _INT or set(map(type, mesh)) != _STR:
         return None
-    if min(mesh.values()) < 1 or "" in mesh:
+    smallest = min(mesh.values())
+    if smallest < 1 or "" in mesh:
         return None
     mesh_axes = tuple(map(_mesh_axis, mesh, mesh.values()))
-    mesh_sizes = _mesh_facts(mesh_axes)[1]  # shared with the primitives (one dict per mesh)
+    # its sizes by name, shared with the primitives (one dict per mesh, as _mesh_facts would build it)
+    mesh_sizes = dict(mesh)
+    _remember_mesh(
+        mesh_axes, mesh_sizes, _NO_AXES if smallest > 1 else frozenset([n for n, k in mesh.items() if k == 1])
+    )
     get = sizes.__getitem__
     layouts = []
     for side in prep.sides:
@@ -321,7 +341,11 @@ def _analyze_plain(
         itemsize,
         get_profile(profile),
     )
-    plan = _plan(problem, dname, prep.classes, prep.weight, prep.at if requested is None else prep.at_out, mesh_sizes)
+    # rule.options from the text's splits: each mesh axis's einsum axes as written (none for a size of 1)
+    kept = prep.kept if requested is None else prep.kept_out
+    per_axis = [(n, kept.get(n, _NONE) if k > 1 else _NONE) for n, k in mesh.items()]
+    at = prep.at if requested is None else prep.at_out
+    plan = _plan(problem, dname, prep.classes, prep.weight, at, mesh_sizes, per_axis)
     if prep.bare and requested is not None and prep.any_own:
         _warn_if_meaning_changed(prep.text, plan, problem, dname)
     return plan
@@ -329,6 +353,8 @@ def _analyze_plain(
 
 _INT = {int}
 _STR = {str}
+_NO_AXES: frozenset[str] = frozenset()
+_NONE: tuple[str | None, ...] = (None,)
 
 
 def _side_layout(side: _Side, size: Any, mesh: tuple[MeshAxis, ...], mesh_sizes: dict[str, int]) -> Layout | None:
@@ -562,16 +588,17 @@ def _plan(
     weight: Any = _UNKNOWN,
     where: Sequence[dict[str, str]] | None = None,
     mesh_sizes: dict[str, int] | None = None,
+    per_axis: list[tuple[str, tuple[str | None, ...]]] | None = None,
 ) -> EinsumPlan:
     """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers).
 
-    ``classes``, ``weight``, ``where``, ``mesh_sizes``: :func:`classify`, :func:`pick_weight`, ``rule._splits_of``
-    of the problem and its mesh's axis sizes by name, if the caller has them."""
+    ``classes``, ``weight``, ``where``, ``mesh_sizes``, ``per_axis``: :func:`classify`, :func:`pick_weight`,
+    ``rule._splits_of`` of the problem, its mesh's axis sizes by name and ``rule.options``, if the caller has them."""
     if classes is None:
         classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
     if weight is _UNKNOWN:
         weight = pick_weight(problem.operands, classes)
-    en = _Enumeration(problem, classes, where, mesh_sizes)
+    en = _Enumeration(problem, classes, where, mesh_sizes, per_axis)
     # The best way is found without pricing every way to deliver the result; the other ways are priced
     # and ranked when the plan's alternatives are first read.
     best = best_candidate(en, complete=problem.requested is None)

@@ -150,7 +150,9 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                 # With pending sums to carry, also price summing them first (every operand whole).
                 for ku in [keep_u, none_pending] if any(keep_u) else [keep_u]:
                     result.append(
-                        _new_tuple(_Spec, (choice_items, order, operands, flops, flops / peak, pending_kept, ku, unsplits))
+                        _new_tuple(
+                            _Spec, (choice_items, order, operands, flops, flops / peak, pending_kept, ku, unsplits)
+                        )
                     )
     return result
 

@@ -18,6 +18,7 @@ specs and their pricing are :mod:`einshard.analysis.parts`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -214,6 +215,7 @@ class _Enumeration:
         classes: dict[str, str],
         where: Sequence[dict[str, str]] | None = None,
         mesh_sizes: dict[str, int] | None = None,
+        per_axis: list[tuple[str, tuple[str | None, ...]]] | None = None,
     ) -> None:
         self.problem = problem
         self.classes = classes
@@ -225,7 +227,7 @@ class _Enumeration:
         self.memo: dict[tuple[object, ...], object] = {}
         # where each operand (then the requested result) splits each mesh axis, and each mesh axis's options
         self.where = _splits_of(problem) if where is None else where
-        self.per_axis = options(problem, self.where)
+        self.per_axis = options(problem, self.where) if per_axis is None else per_axis
         self.first: _Part | None = None  # the first part, when priced before the others are enumerated
         self._specs: list[_Spec] | None = None
         self._priced: list[object] = []
@@ -238,7 +240,7 @@ class _Enumeration:
             steps = transition(src, dst, itemsize=self.itemsize, profile=self.profile, tensor=tensor)[1]
         except EinshardError:
             return None
-        return tuple([_with_operand(c, operand) for c in steps])
+        return tuple(map(_with_operand, steps, itertools.repeat(operand))) if steps else ()
 
     def specs(self) -> list[_Spec]:
         """Every way to move the operands (per-axis choices × orders × operand variants), in enumeration
