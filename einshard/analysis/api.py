@@ -26,11 +26,11 @@ from ..parsing import Expression, parse_einsum
 from .cost import Profile, get_profile
 from .inputs import (
     _check_rank,
-    _mesh_axis,
     _einsum_text,
     _expand_ellipsis,
     _layout_of,
     _mesh_axes,
+    _mesh_axis,
     _spec_dims,
     _valid_layout,
     dtype_info,
