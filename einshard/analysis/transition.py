@@ -138,9 +138,9 @@ def _transition(
     order = _sizes(src)  # the mesh axes' names in mesh order (the keys of its sizes: no list built)
     # The two most common moves, as the general steps below would do them, without their bookkeeping:
     if shortcuts and src.dims == dst.dims:  # only sums to complete: step 1's all-reduce
-        gone = src.unreduced - dst.unreduced
+        summed = src.unreduced - dst.unreduced
         # in mesh order (one mesh axis, the common sum: itself)
-        rest = tuple(gone) if len(gone) < 2 else tuple([m for m in order if m in gone])
+        rest = tuple(summed) if len(summed) < 2 else tuple([m for m in order if m in summed])
         if rest:
             cur, c = all_reduce(cur, rest, why="sum the partial results", **kw)  # type: ignore[arg-type]
             _add(steps, c)
