@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -343,7 +344,10 @@ def _analyze_plain(
     )
     # rule.options from the text's splits: each mesh axis's einsum axes as written (none for a size of 1)
     kept = prep.kept if requested is None else prep.kept_out
-    per_axis = [(n, kept.get(n, _NONE) if k > 1 else _NONE) for n, k in mesh.items()]
+    if smallest > 1:  # (the common mesh: no axis of size 1; zip and map, without a comprehension's frame)
+        per_axis = list(zip(mesh, map(kept.get, mesh, itertools.repeat(_NONE))))
+    else:
+        per_axis = [(n, kept.get(n, _NONE) if k > 1 else _NONE) for n, k in mesh.items()]
     at = prep.at if requested is None else prep.at_out
     plan = _plan(problem, dname, prep.classes, prep.weight, at, mesh_sizes, per_axis)
     if prep.bare and requested is not None and prep.any_own:

@@ -81,32 +81,36 @@ def _specs(en: _Enumeration) -> list[_Spec]:
     agreed = agreed_splits(problem, where)
     reduced = {e for e, c in classes.items() if c in (CONTRACTED, LONE)}
     for combo in itertools.product(*[opts for _, opts in per_axis]):
-        choice = dict(zip(names, combo, strict=False))
-        choice_items = tuple(choice.items())
+        choice_items = tuple(zip(names, combo))
+        choice = dict(choice_items)
         unsplit = False  # an agreed split dropped (gathered), if some operand variant holds it
         for m in agreed:
             if choice[m] is None:
                 unsplit = True
                 break
-        # one pass over the choice: the mesh axes keeping each einsum axis, their product, the pending sums
-        kept_on: dict[str, list[str]] = {}
+        # one pass over the choice: the mesh axes keeping each einsum axis (as the one order when each is kept
+        # by one mesh axis), their product, the pending sums
+        first_order: dict[str, tuple[str, ...]] = {}
         kept_product = 1
         pending: list[str] = []
         several = False  # some einsum axis kept by several mesh axes (their orders to choose)
         for m, e in choice_items:
             if e is not None:
-                if e in kept_on:
-                    kept_on[e].append(m)
+                if e in first_order:
                     several = True
                 else:
-                    kept_on[e] = [m]
+                    first_order[e] = (m,)
                 kept_product *= mesh_sizes[m]
                 if e in reduced:
                     pending.append(m)
         pending_kept = frozenset(pending)
         if not several:  # one mesh axis each: one order
-            orders_of: list[dict[str, tuple[str, ...]]] = [{e: (ms[0],) for e, ms in kept_on.items()}]
+            orders_of: list[dict[str, tuple[str, ...]]] = [first_order]
         else:
+            kept_on: dict[str, list[str]] = {}
+            for m, e in choice_items:
+                if e is not None:
+                    kept_on.setdefault(e, []).append(m)
             multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
             orders_of = [
                 {e: o for (e, _), o in zip(multi, orders, strict=False)}

@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 _CPU = PROFILES["cpu"]
+_new = object.__new__
 
 
 _SIZES: dict[int, tuple[tuple[MeshAxis, ...], dict[str, int], frozenset[str]]] = {}
@@ -121,7 +122,7 @@ def _unchecked(
     unreduced: frozenset[str],
 ) -> Layout:
     """A :class:`Layout` the analyzer derived from validated ones (the caller knows it is valid)."""
-    new = object.__new__(Layout)
+    new = _new(Layout)
     d = new.__dict__  # a frozen dataclass without slots: fill its fields directly, as object.__setattr__ would
     d["axes"] = axes
     d["shape"] = shape
