@@ -430,3 +430,53 @@ def test_the_common_call_warns_as_the_general_path_on_a_bare_output():
 
     with pytest.warns(FutureWarning, match="bare output"):
         api._analyze_plain("b@data x, x y -> b y", mesh, sizes, None, None)
+
+
+def _moves_checked(problem: Any) -> int:
+    """The enumeration fills each collective's operand in place (search._Enumeration.transition), which is
+    sound only because ``transition`` records every collective afresh: its moves equal ``transition``'s
+    records with the operand set by ``dataclasses.replace``, and no record is shared between two calls.
+    Returns how many collectives were compared."""
+    from einshard.analysis.rule import classify
+    from einshard.analysis.search import _Enumeration
+    from einshard.analysis.transition import transition
+
+    en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), problem.out_axes))
+    moves = 0
+    for part in en.parts():
+        for i, (src, dst) in enumerate(zip(part.operands, part.targets, strict=True)):
+            got = en.transition(src, dst, i)
+            if got is None:
+                continue
+            kw = {"itemsize": problem.itemsize, "profile": problem.profile, "tensor": f"operand {i + 1}"}
+            fresh = transition(src, dst, **kw)[1]
+            assert all(c.operand is None for c in fresh)
+            want = tuple(dataclasses.replace(c, operand=i) for c in fresh)
+            assert got == want and [vars(a) for a in got] == [vars(b) for b in want]
+            again = transition(src, dst, **kw)[1]
+            assert not {id(c) for c in again} & {id(c) for c in (*got, *fresh)}
+            moves += len(got)
+    return moves
+
+
+@given(
+    et.einsums(
+        st.sampled_from([{"x": 2}, {"x": 4, "y": 2}, {"x": 2, "y": 1}]),
+        operands=(1, 3),
+        max_rank=3,
+        sizes=(8, 64, 4096),
+    ),
+    st.sampled_from(["cpu", "h100"]),
+)
+def test_the_enumeration_s_moves_are_transition_s_with_their_operand(case, profile):
+    _, problem, _, _ = _plan_and_full_ranking_first(case, profile)
+    _moves_checked(problem)
+
+
+def test_the_enumeration_s_moves_on_a_searched_einsum():
+    """The same on an einsum whose search moves operands (gathers, all-to-alls, permutes)."""
+    plan = einshard.analyze(
+        "b x@(data,model), x@(data,model) y -> b? y?", mesh={"data": 4, "model": 2}, sizes={"b": 64, "x": 128, "y": 256}
+    )
+    problem, _ = _problem_and_full_ranking_first(plan, {"b": 64, "x": 128, "y": 256}, ("b", "y"), None)
+    assert _moves_checked(problem) >= 4

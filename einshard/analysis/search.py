@@ -18,7 +18,6 @@ specs and their pricing are :mod:`einshard.analysis.parts`.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -240,7 +239,11 @@ class _Enumeration:
             steps = transition(src, dst, itemsize=self.itemsize, profile=self.profile, tensor=tensor)[1]
         except EinshardError:
             return None
-        return tuple(map(_with_operand, steps, itertools.repeat(operand))) if steps else ()
+        for c in steps:
+            # ``_with_operand(c, operand)`` in place: ``transition`` records each collective afresh for this
+            # call (nothing else holds it yet), so filling its operand here is the copy without the copy.
+            c.__dict__["operand"] = operand
+        return steps
 
     def specs(self) -> list[_Spec]:
         """Every way to move the operands (per-axis choices × orders × operand variants), in enumeration
