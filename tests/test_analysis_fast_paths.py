@@ -480,3 +480,57 @@ def test_the_enumeration_s_moves_on_a_searched_einsum():
     )
     problem, _ = _problem_and_full_ranking_first(plan, {"b": 64, "x": 128, "y": 256}, ("b", "y"), None)
     assert _moves_checked(problem) >= 4
+
+
+@given(
+    et.einsums(
+        st.sampled_from([{"x": 2}, {"x": 4, "y": 2}, {"x": 2, "y": 2, "z": 2}, {"x": 8}]),
+        operands=(1, 3),
+        max_rank=3,
+        sizes=(8, 64, 4096),
+    ),
+    st.sampled_from(["cpu", "h100", "tpu-v5p"]),
+)
+def test_a_result_completed_directly_equals_its_resolutions_through_transition(case, profile):
+    """search._completed (pending sums completed by all_reduce, without transition's general checks) gives
+    what _resolutions and transition give, for every part's computed result with pending sums."""
+    from einshard.analysis.primitives import _unchecked
+    from einshard.analysis.rule import classify
+    from einshard.analysis.search import _completed, _Enumeration, _resolutions, _split_all_reduces
+
+    _, problem, requested, _ = _plan_and_full_ranking_first(case, profile)
+    assume(requested is None)
+    en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), problem.out_axes))
+    for part in en.parts():
+        if not part.pending:
+            continue
+        computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, part.out_dims, part.pending)
+        want = []
+        for resolution, target in _resolutions(problem, computed, en.mesh_sizes, complete=True):
+            steps = en.transition(computed, target, "out")
+            assert steps is not None
+            want.append((resolution, target, steps))
+            split = _split_all_reduces(steps, en)
+            if split is not None:
+                want.append((resolution, target, split))
+        got = _completed(en, computed)
+        assert got == want
+        assert [[vars(c) for c in steps] for _, _, steps in got] == [[vars(c) for c in steps] for _, _, steps in want]
+
+
+def test_a_result_completed_directly_on_a_two_axis_sum():
+    """The same where the sums span two mesh axes (one all-reduce over both, and one per axis)."""
+    from einshard.analysis.primitives import _unchecked
+    from einshard.analysis.search import _completed, _Enumeration, _resolutions, _split_all_reduces
+
+    plan = einshard.analyze(
+        "b x@(data,model), x@(data,model) y -> b? y?", mesh={"data": 4, "model": 2}, sizes={"b": 8, "x": 128, "y": 256}
+    )
+    problem, _ = _problem_and_full_ranking_first(plan, {"b": 8, "x": 128, "y": 256}, ("b", "y"), None)
+    en = _Enumeration(problem, plan.classes)
+    computed = _unchecked(("b", "y"), (8, 256), problem.mesh, ((), ()), frozenset({"model", "data"}))
+    ((resolution, target),) = _resolutions(problem, computed, en.mesh_sizes, complete=True)
+    steps = en.transition(computed, target, "out")
+    got = _completed(en, computed)
+    assert got == [(resolution, target, steps), (resolution, target, _split_all_reduces(steps, en))]
+    assert got[0][2][0].axes == ("data", "model") and [c.axes for c in got[1][2]] == [("data",), ("model",)]

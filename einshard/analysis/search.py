@@ -26,7 +26,7 @@ from ..core.layout import Layout
 from ..errors import EinshardError
 from .cost import Collective
 from .parts import _new_tuple, _Part, _part, _Spec, _specs
-from .primitives import _derived, _unchecked, all_reduce
+from .primitives import _derived, _trivial, _unchecked, all_reduce
 from .rule import (
     CONTRACTED,
     LONE,
@@ -328,17 +328,38 @@ def _outcomes(
     # valid by construction: the kept splits divide their axes (the operands holding them fit), and the
     # pending sums are over mesh axes that keep a summed axis or nothing
     computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, out_dims, pending)
-    outs: list[tuple[str, Layout, tuple[Collective, ...]]] = []
-    for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes, complete):
-        out_steps = en.transition(computed, target_out, "out")
-        if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
-            continue
-        outs.append((resolution, target_out, out_steps))
-        split = _split_all_reduces(out_steps, en)
-        if split is not None:
-            outs.append((resolution, target_out, split))
+    if complete and pending and problem.requested is None and not _trivial(computed):
+        outs = _completed(en, computed)
+    else:
+        outs = []
+        for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes, complete):
+            out_steps = en.transition(computed, target_out, "out")
+            if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
+                continue
+            outs.append((resolution, target_out, out_steps))
+            split = _split_all_reduces(out_steps, en)
+            if split is not None:
+                outs.append((resolution, target_out, split))
     en.memo[key] = (computed, outs)
     return computed, outs
+
+
+def _completed(en: _Enumeration, computed: Layout) -> list[tuple[str, Layout, tuple[Collective, ...]]]:
+    """The ways to deliver a result with pending sums complete, on a mesh without axes of size 1: what
+    ``_resolutions`` and ``transition`` give (only the sums change: one all-reduce over their mesh axes in
+    mesh order, and the same as one all-reduce per axis), without their general checks."""
+    pending = computed.unreduced
+    summed = tuple(pending) if len(pending) == 1 else tuple([m for m in en.mesh_sizes if m in pending])
+    target, c = all_reduce(
+        computed, summed, itemsize=en.itemsize, profile=en.profile, tensor="result", why="sum the partial results"
+    )
+    c.__dict__["operand"] = "out"  # recorded afresh by all_reduce: filled in place, as _Enumeration.transition
+    steps = (c,)
+    outs = [("complete", target, steps)]
+    split = _split_all_reduces(steps, en)
+    if split is not None:
+        outs.append(("complete", target, split))
+    return outs
 
 
 def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple[Collective, ...] | None:
