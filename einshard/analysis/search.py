@@ -354,8 +354,8 @@ def _completed(en: _Enumeration, computed: Layout) -> list[tuple[str, Layout, tu
         computed, summed, itemsize=en.itemsize, profile=en.profile, tensor="result", why="sum the partial results"
     )
     c.__dict__["operand"] = "out"  # recorded afresh by all_reduce: filled in place, as _Enumeration.transition
-    steps = (c,)
-    outs = [("complete", target, steps)]
+    steps: tuple[Collective, ...] = (c,)
+    outs: list[tuple[str, Layout, tuple[Collective, ...]]] = [("complete", target, steps)]
     split = _split_all_reduces(steps, en)
     if split is not None:
         outs.append(("complete", target, split))
