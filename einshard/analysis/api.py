@@ -40,7 +40,7 @@ from .inputs import (
 from .plan import EinsumPlan, side_string
 from .primitives import _remember_mesh, _unchecked
 from .rule import Problem, _problem, classify
-from .search import _Enumeration, best_candidate, rank
+from .search import _Enumeration, _total_time, best_candidate, rank
 from .strategy import pick_weight
 
 __all__ = [
@@ -632,7 +632,7 @@ def _plan(
             flops=c.flops,
             total_flops=total,
             compute_time=problem.profile.compute_time(c.flops),
-            comm_time=sum([s.time for s in c.steps]) if c.steps else 0,  # (sum([]) is 0)
+            comm_time=_total_time(c.steps) if c.steps else 0,  # (sum([]) is 0)
             time=c.time,
             classes=dict(classes),  # the plan's own: the one given may be a cached expression's
             choice=c.choice,

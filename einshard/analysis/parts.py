@@ -205,7 +205,9 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
             spec.flops,
             compute_time,
             # the same sum as a candidate's, over fewer steps (none: the compute time, as the sum gives it)
-            compute_time + sum([c.time for c in steps]) if steps else compute_time,
+            compute_time + (steps[0].time if len(steps) == 1 else sum([c.time for c in steps]))
+            if steps
+            else compute_time,
             spec.unsplits,
         ),
     )

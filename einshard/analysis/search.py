@@ -285,9 +285,9 @@ class _Enumeration:
                 out=target_out,
                 resolution=resolution,
                 flops=part.flops,
-                # (no steps: the sums' values, 0 added to the compute time and 0 bytes, without the loops)
-                time=part.compute_time + sum([c.time for c in all_steps]) if all_steps else part.compute_time,
-                comm_bytes=sum([c.bytes for c in all_steps]) if all_steps else 0,
+                # (none or one step: the sums' values, without their loops)
+                time=part.compute_time + _total_time(all_steps) if all_steps else part.compute_time,
+                comm_bytes=_total_bytes(all_steps),
                 sources=part.operands,
                 unsplits_agreed=part.unsplits,
             )
@@ -296,6 +296,18 @@ class _Enumeration:
 
 
 _UNSET = object()
+
+
+def _total_time(steps: tuple[Collective, ...]) -> float:
+    """``sum([c.time for c in steps])``, the same value (one step: its time, which is 0 + its time)."""
+    return steps[0].time if len(steps) == 1 else sum([c.time for c in steps])
+
+
+def _total_bytes(steps: tuple[Collective, ...]) -> int:
+    """``sum([c.bytes for c in steps])``, the same value without the loop for none or one step."""
+    if len(steps) < 2:
+        return steps[0].bytes if steps else 0
+    return sum([c.bytes for c in steps])
 
 
 def _with_operand(c: Collective, operand: Target | None) -> Collective:
