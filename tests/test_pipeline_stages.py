@@ -121,3 +121,57 @@ def test_end_errors_name_the_end():
             last=PipelineEnd(split_head_loss, {"w": np.zeros((3, 4))}, args=(targets,)),
             **run,
         )
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.slow)])
+def test_an_eager_pipeline_is_traced_once_and_reused(schedule):
+    """A repeated eager call (the same layer function, ends, schedule, mesh) reuses its staged program.
+
+    Counted by tracing: each function counts the times JAX traces it.  A second call at the same shapes
+    traces nothing (jit's cache hit, where a fresh closure each call compiled again: 1-2 s per call);
+    ``einshard.clear_caches()`` forgets the program; a different layer function gets its own.
+    """
+    traced = {"layer": 0, "embed": 0, "head": 0}
+
+    def counting_layer(p, h):
+        traced["layer"] += 1
+        return layer(p, h)
+
+    def counting_embed(*a):
+        traced["embed"] += 1
+        return split_embed(*a)
+
+    def counting_head(*a):
+        traced["head"] += 1
+        return split_head_loss(*a)
+
+    mesh = _mesh((2, 2), ("stage", "data"), AxisType.Explicit)
+    params, tokens, targets = make_lm_placed(mesh, 4, 8)
+
+    def run(layer_fn=counting_layer):
+        return pipeline(
+            layer_fn,
+            params["layers"],
+            tokens,
+            mesh=mesh,
+            data_axis="data",
+            microbatches=2,
+            schedule=schedule,
+            first=PipelineEnd(counting_embed, params["embed"]),
+            last=PipelineEnd(counting_head, params["head"], layouts=HEAD, args=(targets,)),
+        )
+
+    first = run()
+    after_first = dict(traced)
+    assert all(after_first.values())
+    second = run()
+    assert traced == after_first  # nothing traced again
+    np.testing.assert_array_equal(first, second)
+    want = lm_sequential(*jax.device_get((params, tokens, targets)))
+    np.testing.assert_allclose(np.mean(first), want, rtol=1e-5, atol=1e-6)
+    einshard.clear_caches()
+    run()
+    assert traced["layer"] > after_first["layer"] and traced["embed"] > after_first["embed"]
+    before = traced["layer"]
+    run(lambda p, h: counting_layer(p, h))  # another function: its own program
+    assert traced["layer"] > before

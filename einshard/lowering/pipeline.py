@@ -68,6 +68,7 @@ from . import schedules
 from .pipeline_1f1b import one_f_one_b_pipeline
 from .pipeline_info import PipelineInfo, _data_axes, _leaf_shape, _mesh_or_context, pipeline_info
 from .pipeline_stages import ParamLayouts, PipelineEnd, lay_out, layer_specs, run_end
+from .staging import staged
 from .steps import vary as _vary
 from .steps import varying_axes as _varying
 
@@ -232,104 +233,128 @@ def _layers(
     x_spec = PartitionSpec(data[0] if len(data) == 1 else (data or None), *([None] * (np.ndim(x) - 1)))
     T = info.iterations
 
-    def visit(p: Any, h: jax.Array) -> jax.Array:
-        def one(h: jax.Array, layer_params: Any) -> tuple[jax.Array, None]:
-            return layer_fn(layer_params, h), None
-
-        return jax.lax.scan(one, h, p)[0]
-
-    if remat:
-        visit = jax.checkpoint(visit)
-
-    def body(p: Any, xb: jax.Array) -> jax.Array:
-        s = jax.lax.axis_index(stage_axis)
-        xs = xb.reshape(M, xb.shape[0] // M, *xb.shape[1:])
-
-        def params_of_round(r: jax.Array) -> Any:
-            if R == 1:  # every visit runs all local layers: no slice (its transpose would add a zero buffer per step)
-                return p
-            return jax.tree_util.tree_map(lambda w: jax.lax.dynamic_slice_in_dim(w, r * lps, lps, 0), p)
-
-        def run_round(r: jax.Array, h: jax.Array) -> jax.Array:
-            return visit(params_of_round(r), h)
-
-        if R > 1:
-            # AD of the scan would save each iteration's slice of the params (its layers' weights) as a residual:
-            # memory growing with M·R.  Re-slicing in the backward costs a copy; the full params stay loop-invariant.
-            run_round = jax.checkpoint(run_round, policy=_save_all_but_slices)
-
-        # The carries must vary over the same mesh axes in every iteration: find
-        # the axes a visit's output varies over (a fixed point, usually one step).
-        axes = _varying(xs) | {stage_axis}
-        while True:
-            probe = jax.eval_shape(visit, params_of_round(jnp.int32(0)), _vary(xs[0], axes))
-            grown = axes | _varying(probe)
-            if grown == axes:
-                break
-            axes = grown
-        fill = jnp.full(xs.shape[1:], bubble_value, xs.dtype)
-        state = _vary(fill, axes)
-        parked = _vary(jnp.broadcast_to(fill, xs.shape), axes)  # stage 0's buffer of returning micro-batches
-        outs = _vary(jnp.broadcast_to(fill, xs.shape), axes)
-        cyclic = R > 1
-        perm = [(j, (j + 1) % S) for j in range(S if cyclic else S - 1)]
-
-        Carry = tuple[jax.Array, jax.Array, jax.Array]
-
-        def step(carry: Carry, t: jax.Array) -> tuple[Carry, None]:
-            state, parked, outs = carry
-            if cyclic:
-                # What stage 0 just received from the last stage: item t - S, parked by micro-batch.
-                back = t - S
-                slot = jnp.mod(back, M)
-                keep = (s == 0) & (back >= 0) & (back < M * R)
-                old = jax.lax.dynamic_index_in_dim(parked, slot, 0, keepdims=False)
-                parked = jax.lax.dynamic_update_index_in_dim(parked, jnp.where(keep, state, old), slot, 0)
-            u = t - s  # the work item: micro-batch u mod M, round u // M
-            valid = (u >= 0) & (u < M * R)
-            fresh = jax.lax.dynamic_index_in_dim(xs, jnp.clip(t, 0, M - 1), 0, keepdims=False)
-            if cyclic:
-                again = jax.lax.dynamic_index_in_dim(parked, jnp.mod(t, M), 0, keepdims=False)
-                first = jnp.where(t < M, fresh, again)
-            else:
-                first = fresh
-            inp = jnp.where(s == 0, first, state)
-            if sanitize:
-                inp = jnp.where(valid, inp, jnp.zeros_like(inp))
-            r = jnp.clip(u // M, 0, R - 1)
-            y = _vary(run_round(r, inp), axes)
-            done = valid & (s == S - 1) & (u >= (R - 1) * M)
-            slot_out = jnp.clip(u - (R - 1) * M, 0, M - 1)
-            old_out = jax.lax.dynamic_index_in_dim(outs, slot_out, 0, keepdims=False)
-            outs = jax.lax.dynamic_update_index_in_dim(outs, jnp.where(done, y, old_out), slot_out, 0)
-            state = jax.lax.ppermute(y, stage_axis, perm) if S > 1 else y
-            return (state, parked, outs), None
-
-        (_, _, outs), _ = jax.lax.scan(step, (state, parked, outs), jnp.arange(T))
-        # Only the last stage holds results: share them with every stage (the out_spec replicates over stages).
-        result = jax.lax.psum(jnp.where(s == S - 1, outs, jnp.zeros_like(outs)), stage_axis)
-        return result.reshape(xb.shape)
-
-    # Staged with jax.jit (as every einshard shard_map): an eager shard_map runs its body one primitive at a
-    # time; under an outer jit, grad or vmap the inner jit is inlined.
-    mapped: Callable[[Any, Any], jax.Array] = jax.jit(
-        jax.shard_map(body, mesh=mesh, in_specs=(param_specs, x_spec), out_specs=x_spec, check_vma=True)
+    # The program depends only on this static description (shapes and dtypes are jit's to key on): an eager
+    # call with the same layer function, schedule, mesh and specs reuses the jitted program (no recompiling).
+    flat_specs, spec_tree = jax.tree_util.tree_flatten(param_specs, is_leaf=lambda s: isinstance(s, PartitionSpec))
+    key = (
+        "pipeline",
+        layer_fn,
+        info,
+        mesh,
+        data,
+        tuple(flat_specs),
+        spec_tree,
+        x_spec,
+        remat,
+        sanitize,
+        bubble_value,
+        stage_axis,
     )
-    if schedule == "1f1b":
-        mapped = one_f_one_b_pipeline(
-            mapped,
-            visit,
-            schedules.one_f_one_b(S, M, R),
-            mesh=mesh,
-            param_specs=param_specs,
-            x_spec=x_spec,
-            stage_axis=stage_axis,
-            stages=S,
-            microbatches=M,
-            repeats=R,
-            layers_per_visit=lps,
-            bubble_value=bubble_value,
+
+    def build() -> Callable[[Any, Any], jax.Array]:
+        def visit(p: Any, h: jax.Array) -> jax.Array:
+            def one(h: jax.Array, layer_params: Any) -> tuple[jax.Array, None]:
+                return layer_fn(layer_params, h), None
+
+            return jax.lax.scan(one, h, p)[0]
+
+        if remat:
+            visit = jax.checkpoint(visit)
+
+        def body(p: Any, xb: jax.Array) -> jax.Array:
+            s = jax.lax.axis_index(stage_axis)
+            xs = xb.reshape(M, xb.shape[0] // M, *xb.shape[1:])
+
+            def params_of_round(r: jax.Array) -> Any:
+                if (
+                    R == 1
+                ):  # every visit runs all local layers: no slice (its transpose would add a zero buffer per step)
+                    return p
+                return jax.tree_util.tree_map(lambda w: jax.lax.dynamic_slice_in_dim(w, r * lps, lps, 0), p)
+
+            def run_round(r: jax.Array, h: jax.Array) -> jax.Array:
+                return visit(params_of_round(r), h)
+
+            if R > 1:
+                # AD of the scan would save each iteration's slice of the params (its layers' weights) as a residual:
+                # memory growing with M·R.  Re-slicing in the backward costs a copy; the full params stay loop-invariant.
+                run_round = jax.checkpoint(run_round, policy=_save_all_but_slices)
+
+            # The carries must vary over the same mesh axes in every iteration: find
+            # the axes a visit's output varies over (a fixed point, usually one step).
+            axes = _varying(xs) | {stage_axis}
+            while True:
+                probe = jax.eval_shape(visit, params_of_round(jnp.int32(0)), _vary(xs[0], axes))
+                grown = axes | _varying(probe)
+                if grown == axes:
+                    break
+                axes = grown
+            fill = jnp.full(xs.shape[1:], bubble_value, xs.dtype)
+            state = _vary(fill, axes)
+            parked = _vary(jnp.broadcast_to(fill, xs.shape), axes)  # stage 0's buffer of returning micro-batches
+            outs = _vary(jnp.broadcast_to(fill, xs.shape), axes)
+            cyclic = R > 1
+            perm = [(j, (j + 1) % S) for j in range(S if cyclic else S - 1)]
+
+            Carry = tuple[jax.Array, jax.Array, jax.Array]
+
+            def step(carry: Carry, t: jax.Array) -> tuple[Carry, None]:
+                state, parked, outs = carry
+                if cyclic:
+                    # What stage 0 just received from the last stage: item t - S, parked by micro-batch.
+                    back = t - S
+                    slot = jnp.mod(back, M)
+                    keep = (s == 0) & (back >= 0) & (back < M * R)
+                    old = jax.lax.dynamic_index_in_dim(parked, slot, 0, keepdims=False)
+                    parked = jax.lax.dynamic_update_index_in_dim(parked, jnp.where(keep, state, old), slot, 0)
+                u = t - s  # the work item: micro-batch u mod M, round u // M
+                valid = (u >= 0) & (u < M * R)
+                fresh = jax.lax.dynamic_index_in_dim(xs, jnp.clip(t, 0, M - 1), 0, keepdims=False)
+                if cyclic:
+                    again = jax.lax.dynamic_index_in_dim(parked, jnp.mod(t, M), 0, keepdims=False)
+                    first = jnp.where(t < M, fresh, again)
+                else:
+                    first = fresh
+                inp = jnp.where(s == 0, first, state)
+                if sanitize:
+                    inp = jnp.where(valid, inp, jnp.zeros_like(inp))
+                r = jnp.clip(u // M, 0, R - 1)
+                y = _vary(run_round(r, inp), axes)
+                done = valid & (s == S - 1) & (u >= (R - 1) * M)
+                slot_out = jnp.clip(u - (R - 1) * M, 0, M - 1)
+                old_out = jax.lax.dynamic_index_in_dim(outs, slot_out, 0, keepdims=False)
+                outs = jax.lax.dynamic_update_index_in_dim(outs, jnp.where(done, y, old_out), slot_out, 0)
+                state = jax.lax.ppermute(y, stage_axis, perm) if S > 1 else y
+                return (state, parked, outs), None
+
+            (_, _, outs), _ = jax.lax.scan(step, (state, parked, outs), jnp.arange(T))
+            # Only the last stage holds results: share them with every stage (the out_spec replicates over stages).
+            result = jax.lax.psum(jnp.where(s == S - 1, outs, jnp.zeros_like(outs)), stage_axis)
+            return result.reshape(xb.shape)
+
+        # Staged with jax.jit (as every einshard shard_map): an eager shard_map runs its body one primitive at a
+        # time; under an outer jit, grad or vmap the inner jit is inlined.
+        mapped: Callable[[Any, Any], jax.Array] = jax.jit(
+            jax.shard_map(body, mesh=mesh, in_specs=(param_specs, x_spec), out_specs=x_spec, check_vma=True)
         )
+        if schedule == "1f1b":
+            mapped = one_f_one_b_pipeline(
+                mapped,
+                visit,
+                schedules.one_f_one_b(S, M, R),
+                mesh=mesh,
+                param_specs=param_specs,
+                x_spec=x_spec,
+                stage_axis=stage_axis,
+                stages=S,
+                microbatches=M,
+                repeats=R,
+                layers_per_visit=lps,
+                bubble_value=bubble_value,
+            )
+        return mapped
+
+    mapped = staged(key, build)
     # Explicit mesh axes need the inputs laid out as the in_specs say (Auto axes reshard in shard_map).
     params = jax.tree_util.tree_map(lambda w, sp: lay_out(w, mesh, sp), params, param_specs)
     return mapped(params, lay_out(x, mesh, x_spec))

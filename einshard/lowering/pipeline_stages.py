@@ -30,6 +30,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
 from ..tree_rules import leaf_expressions
+from .staging import staged
 from .steps import varying_axes
 
 __all__ = [
@@ -169,26 +170,33 @@ def run_end(
             what = "its input" if i == 0 else f"args[{i - 1}]"
             raise EinshardError(f"the {which}= PipelineEnd's {what} has no batch axis (shape {np.shape(a)})")
 
-    def body(p: Any, h: Any, *args: Any) -> Any:
-        out = end.fn(p, h, *args)
-        if np.ndim(out) < 1:
-            raise EinshardError(
-                f"the {which}= PipelineEnd's fn returned shape {np.shape(out)}; it must keep the batch axis first "
-                "(e.g. per-example losses; take their mean outside the pipeline)"
-            )
-        if stage_axis in varying_axes(out):
-            raise EinshardError(
-                f"the {which}= PipelineEnd's fn returns a value that still varies over the stage axis "
-                f"{stage_axis!r} (its params are split over it)",
-                hint=f"Combine the stages' parts inside fn, e.g. jax.lax.psum(part, {stage_axis!r}).",
-            )
-        return out
+    # The same end (fn, layouts, mesh) reuses its jitted program on every eager call (see staging.py).
+    key = ("pipeline end", which, end.fn, tuple(flat_specs), treedef, batch, len(end.args), mesh, stage_axis)
 
-    mapped = jax.jit(  # staged: an eager shard_map runs one primitive at a time
-        jax.shard_map(
-            body, mesh=mesh, in_specs=(specs, batch, *(batch for _ in end.args)), out_specs=batch, check_vma=True
+    def build() -> Callable[..., Any]:
+        def body(p: Any, h: Any, *args: Any) -> Any:
+            out = end.fn(p, h, *args)
+            if np.ndim(out) < 1:
+                raise EinshardError(
+                    f"the {which}= PipelineEnd's fn returned shape {np.shape(out)}; it must keep the batch axis first "
+                    "(e.g. per-example losses; take their mean outside the pipeline)"
+                )
+            if stage_axis in varying_axes(out):
+                raise EinshardError(
+                    f"the {which}= PipelineEnd's fn returns a value that still varies over the stage axis "
+                    f"{stage_axis!r} (its params are split over it)",
+                    hint=f"Combine the stages' parts inside fn, e.g. jax.lax.psum(part, {stage_axis!r}).",
+                )
+            return out
+
+        mapped = jax.jit(  # staged: an eager shard_map runs one primitive at a time
+            jax.shard_map(
+                body, mesh=mesh, in_specs=(specs, batch, *(batch for _ in end.args)), out_specs=batch, check_vma=True
+            )
         )
-    )
+        return mapped
+
+    mapped = staged(key, build)
     params = jax.tree_util.tree_map(lambda w, s: lay_out(w, mesh, s), end.params, specs)
     return mapped(params, lay_out(h, mesh, batch), *(lay_out(a, mesh, batch) for a in end.args))
 

@@ -297,6 +297,21 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
             w.change(eqn, phase, operand, whole, dtype, repeat, "gather windows across a sharded axis")
             operand = whole
     idx_used = {m for d in indices.dims for m in d}
+    kept = [i for i in range(len(operand.shape)) if i not in collapsed and i not in op_batch]
+    batch_out = [d for d in range(out_rank) if d not in offset_dims]
+
+    def result_dims(idx: Layout, by_batch: dict[int, tuple[str, ...]]) -> list[tuple[str, ...]]:
+        dims: list[tuple[str, ...]] = [()] * out_rank
+        for out_dim, op_dim in zip(offset_dims, kept):
+            dims[out_dim] = () if op_dim in indexed else operand.dims[op_dim]
+        for out_dim, idx_dim in zip(batch_out, range(len(idx.shape) - 1)):
+            dims[out_dim] = by_batch.get(idx_dim, idx.dims[idx_dim])
+        return dims
+
+    # The split the result would have if the indices kept theirs: where they meet the table, XLA
+    # sums the masked lookup back into it (all-reduce + slice: a reduce-scatter), so the batch
+    # split survives the lookup (an FSDP embedding table split over the batch's own axis).
+    wanted = result_dims(indices, batch_dims)
     if set(masked) & idx_used:
         # The indices are split over a mesh axis that also splits the table: the masked lookup
         # needs every index on every table shard: XLA gathers the (small) indices first.
@@ -304,17 +319,17 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
         w.change(eqn, phase, indices, indices.with_dims(keep), indices_dtype(eqn), repeat, "gather: indices meet table")
         indices = indices.with_dims(keep)
         batch_dims = {k: tuple(m for m in d if m not in masked) for k, d in batch_dims.items()}
-    dims: list[tuple[str, ...]] = [()] * out_rank
-    kept = [i for i in range(len(operand.shape)) if i not in collapsed and i not in op_batch]
-    for out_dim, op_dim in zip(offset_dims, kept):
-        dims[out_dim] = () if op_dim in indexed else operand.dims[op_dim]
-    batch_out = [d for d in range(out_rank) if d not in offset_dims]
-    for out_dim, idx_dim in zip(batch_out, range(len(indices.shape) - 1)):
-        dims[out_dim] = batch_dims.get(idx_dim, indices.dims[idx_dim])
-    dims = w.settle_repeats(eqn, phase, out_aval, dims, repeat, "gather result split twice over a mesh axis")
+    dims = w.settle_repeats(
+        eqn, phase, out_aval, result_dims(indices, batch_dims), repeat, "gather result split twice over a mesh axis"
+    )
     out = w.relayout(out_aval, dims)
     if masked:
         pending = out.with_dims(out.dims, frozenset(masked))
+        if wanted != dims:
+            wanted = w.settle_repeats(
+                eqn, phase, out_aval, wanted, repeat, "gather result split twice over a mesh axis"
+            )
+            out = w.relayout(out_aval, wanted)
         w.change(eqn, phase, pending, out, dtype, repeat, "masked gather from a sharded table")
     return [out]
 
