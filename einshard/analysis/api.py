@@ -192,8 +192,8 @@ def _analyze_plain(
     if not mesh or set(map(type, mesh.values())) != _INT or set(map(type, mesh)) != _STR:
         return None
     smallest = min(mesh.values())
-    if smallest < 1 or "" in mesh:
-        return None
+    if smallest < 1 or "" in mesh or not mesh.keys() >= prep.mesh_names:
+        return None  # (a mesh axis the text names that the mesh lacks: the general path says which)
     mesh_axes = tuple(map(_mesh_axis, mesh, mesh.values()))
     # its sizes by name, shared with the primitives (one dict per mesh, as _mesh_facts would build it)
     mesh_sizes = dict(mesh)
@@ -243,19 +243,10 @@ _NONE: tuple[str | None, ...] = (None,)
 
 def _side_layout(side: _Side, size: Any, mesh: tuple[MeshAxis, ...], mesh_sizes: dict[str, int]) -> Layout | None:
     """:func:`_valid_layout` of a side as written (``size``: its axes' sizes by name; the side names no mesh axis
-    twice): the layout, or None when a check fails."""
+    twice, and only axes of the mesh): the layout, or None when a split does not divide its axis."""
     shape = tuple(map(size, side.names))
     for i, d in side.split:
-        n = 1
-        for m in d:
-            k = mesh_sizes.get(m)
-            if k is None:
-                return None
-            n *= k
-        if shape[i] % n:
-            return None
-    for m in side.unreduced:
-        if m not in mesh_sizes:
+        if shape[i] % math.prod(map(mesh_sizes.__getitem__, d)):
             return None
     return _unchecked(side.names, shape, mesh, side.dims, side.unreduced)
 

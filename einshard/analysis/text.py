@@ -42,6 +42,7 @@ class _Prepared(NamedTuple):
     plain: bool  # no '...', every output axis an operand's, no mesh axis named twice on a side
     any_own: bool  # some operand's side annotates a layout
     bare: bool  # the output side names no layout and is not chosen ('-> b y')
+    mesh_names: frozenset[str]  # every mesh axis a side names (splits and pending sums)
     at: tuple[dict[str, str], ...]  # rule._splits_of the layouts as written, without the output's
     at_out: tuple[dict[str, str], ...]  # the same, then the output's
     kept: dict[str, tuple[str | None, ...]]  # rule.options of ``at`` per mesh axis named (a size > 1 assumed)
@@ -115,6 +116,8 @@ def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
         plain,
         any(has_own),
         not any(out_dims) and not out.unreduced and not parsed.output_chosen,
+        frozenset([m for side in (*sides, out_side) for d in side.dims for m in d])
+        | frozenset().union(*[side.unreduced for side in (*sides, out_side)]),
         tuple([side.at for side in sides]),
         tuple([side.at for side in (*sides, out_side)]),
         _kept_by_mesh_axis([side.at for side in sides]),
