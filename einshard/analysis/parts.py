@@ -170,17 +170,18 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
     targets: list[Layout] = []
     steps: list[Collective] = []
     get = order.get
-    for i, op in enumerate(operands):
+    i = 0
+    for op, ku in zip(operands, keep_u):
         dims = tuple(map(get, op.axes, _EMPTY))  # order.get(e, ()) of each axis (map: no comprehension frame)
-        key = (i, id(op), dims, keep_u[i])
+        key = (i, id(op), dims, ku)
         moved = memo.get(key)
         if moved is None:
             moved = _IMPOSSIBLE
-            same_sums = keep_u[i] == op.unreduced
+            same_sums = ku == op.unreduced
             if same_sums and dims == op.dims:
                 moved = (op, ())  # the operand as it is (the most common move: none)
             elif _fits(op.shape, dims, en.mesh_sizes):
-                target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
+                target = _derived(op, dims, ku)  # _fits checked the splits; choices never reuse a mesh axis
                 if same_sums and _extends(op.dims, dims):
                     moved = (target, ())  # free slices (what transition answers, without its checks)
                 else:
@@ -191,7 +192,9 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
         if moved is _IMPOSSIBLE:  # an indivisible split or an impossible step: not a candidate
             return None
         targets.append(moved[0])  # type: ignore[index]
-        steps.extend(moved[1])  # type: ignore[index]
+        if moved[1]:  # type: ignore[index]
+            steps += moved[1]  # type: ignore[index]
+        i += 1
     compute_time = spec.compute_time
     return _new_tuple(
         _Part,
