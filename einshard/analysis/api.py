@@ -166,7 +166,7 @@ def _analyze_cached(*key: Any) -> EinsumPlan:
 
 def clear_analysis_caches() -> None:
     """Empty the analyzer's caches of plans, leaving the parser's warm (with what is read from each parsed
-    text: its axes, annotations and axis classes, which depend on the text alone).
+    text: its axes, annotations, axis classes and splits as written, which depend on the text alone).
 
     ``einshard.clear_caches()`` empties these and every other einshard cache.
     """
