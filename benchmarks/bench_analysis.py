@@ -6,7 +6,8 @@ For each einsum: the median over ``reps`` runs of
 
 * ``first``: a first analysis (every analysis cache emptied before each run, untimed: the plans; the
   parser's cache of the text stays warm, as in every earlier version of this table, and since 2026-11 with
-  it what is read from the text alone: its axes, annotations, axis classes; before 2026-11 the emptying,
+  it what is read from the text alone: its axes, annotations, axis classes, each side's splits as written
+  and the einsum axes each mesh axis it names splits; before 2026-11 the emptying,
   which frees the last run's plan, was timed with it),
 * ``first, text re-read``: the same with what is read from the parsed text emptied too (``first`` as
   measured before 2026-11, when that was an analysis cache),
@@ -234,7 +235,8 @@ def main() -> int:
         f"{result['machine']['cpus']} CPUs, {result['machine']['devices']} devices, 1-minute load average "
         f"{load_before:.1f} → {os.getloadavg()[0]:.1f} (times stretch with load on a shared machine).  "
         "`first`: every analysis cache emptied before the run, untimed (the parser's cache of the text stays "
-        "warm, with what is read from the text alone: axes, annotations, axis classes); `re-read`: `first` with "
+        "warm, with what is read from the text alone: axes, annotations, axis classes, each side's splits as "
+        "written); `re-read`: `first` with "
         "that read again from the cached parse (`first` before 2026-11); `cold`: every einshard cache emptied (`einshard.clear_caches()`: the text parsed again); "
         "`new sizes`: the "
         "expression seen before at other sizes (its parsed structure cached, not its plan); `+ alts`: `first`, "

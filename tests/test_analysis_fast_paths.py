@@ -335,3 +335,202 @@ def test_a_contraction_kept_split_is_decided_as_the_full_ranking_decides(expr_ax
     got, _, decided = _as_given(en, complete=requested is None)
     if decided:
         assert (got.choice, got.steps, got.time) == (ref.choice, ref.steps, ref.time)
+
+
+def _plain_and_general(expr: str, mesh: dict, sizes: dict, dtype: Any = "bf16", profile: Any = "h100") -> tuple:
+    """analyze's entry for the common call (layouts read once from the text) and its general path (every
+    check of the arguments, layouts through inputs._valid_layout/_layout_of): (plan or None, plan or error)."""
+    from einshard.analysis import api
+    from einshard.analysis.inputs import _mesh_axes
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        plain = api._analyze_plain(expr, mesh, sizes, dtype, profile)
+        try:
+            general: Any = api._analyze(
+                expr, (), _mesh_axes(mesh, ()), tuple(sizes.items()) or None, dtype, profile, None, None
+            )
+        except einshard.EinshardError as e:
+            general = e
+    return plain, general
+
+
+def _same_plan(a: Any, b: Any) -> None:
+    assert a == b and repr(a) == repr(b)
+    assert a.to_dict() == b.to_dict()  # the alternatives too, in order
+    for x in (a, *a.alternatives):  # every layout the fast entry built is a valid one (Layout's own checks)
+        for lay in (*x.operands, x.out_layout):
+            assert Layout(lay.axes, lay.shape, lay.mesh, lay.dims, lay.unreduced) == lay
+
+
+@given(
+    et.einsums(
+        st.sampled_from([{"x": 2}, {"x": 4, "y": 2}, {"x": 2, "y": 1}, {"x": 2, "y": 2, "z": 2}]),
+        operands=(1, 3),
+        max_rank=3,
+        sizes=(2, 8, 64, 4096),
+    ),
+    st.sampled_from(["cpu", "h100", "tpu-v5p"]),
+    st.sampled_from([None, "bf16", "f32"]),
+)
+def test_the_common_call_reads_the_text_as_the_general_path(case, profile, dtype):
+    """The common call (a dict mesh, sizes, layouts from the text) skips the general path's re-validation;
+    its plan, alternatives and text equal the general path's, and where the general path refuses the einsum
+    the fast entry answers nothing (None: the general path then raises its message)."""
+    plain, general = _plain_and_general(case.expression, dict(case.mesh), dict(case.sizes), dtype, profile)
+    if isinstance(general, Exception):
+        assert plain is None
+    else:
+        assert plain is not None
+        _same_plan(plain, general)
+
+
+@pytest.mark.parametrize(
+    ("expr", "mesh", "sizes"),
+    [
+        ("b x@data, x y -> b? y?", {"data": 3}, {"b": 8, "x": 16, "y": 8}),  # indivisible split
+        ("b x@fsdp, x y -> b? y?", {"data": 4}, {"b": 8, "x": 16, "y": 8}),  # unknown mesh axis
+        ("b x@data, x y@data -> b? y?", {"data": 4}, {"b": 8, "x": 16, "y": 8}),  # fine: two operands
+        ("b x@(data,data), x y -> b? y?", {"data": 2}, {"b": 8, "x": 16, "y": 8}),  # one mesh axis twice
+        ("b x@data {U:data}, x y -> b? y?", {"data": 2}, {"b": 8, "x": 16, "y": 8}),  # split and pending sum
+        ("b x {U:fsdp}, x y -> b? y?", {"data": 2}, {"b": 8, "x": 16, "y": 8}),  # pending sum off the mesh
+        ("b x@data, x y -> b y@data", {"data": 4}, {"b": 8, "x": 16, "y": 6}),  # requested split indivisible
+        ("b x@data, x y -> b y", {"data": 4}, {"b": 8, "x": 16, "y": 8}),  # bare output (warns)
+        ("b x@data, x y -> b? y?", {"data": 4}, {"b": 8, "x": 16}),  # a size missing
+        ("b x@data, x y -> b? y?", {"data": 4}, {"b": 8, "x": 16, "y": 8, "z": 2}),  # a size too many
+        ("b x@data, x y -> b? y?", {"data": 4}, {"b": -8, "x": 16, "y": 8}),  # a negative size
+        ("b x@data, x y -> b? y?", {"data": 4}, {"b": True, "x": 16, "y": 8}),  # a bool size
+        ("b x@data, x y -> b? y?", {"data": 4, "model": 1}, {"b": 8, "x": 16, "y": 8}),  # a mesh axis of 1
+        ("b x@data, x y -> b? y?", {"data": 0}, {"b": 8, "x": 16, "y": 8}),  # an empty mesh axis
+        ("bx,xy->by", {"data": 4}, {"b": 8, "x": 16, "y": 8}),  # a jnp.einsum string: chosen output
+        ("b x, x y -> ", {"data": 4}, {"b": 8, "x": 16, "y": 8}),  # a scalar result
+    ],
+)
+def test_the_common_call_falls_back_where_the_general_path_checks(expr, mesh, sizes):
+    """Each argument the fast entry does not take as the common call takes it (or that fails a check) goes to
+    the general path, which raises with its message; otherwise both give the same plan."""
+    try:
+        plain, general = _plain_and_general(expr, mesh, sizes)
+    except einshard.EinshardError:  # the text itself refused (the parser checks it before either path)
+        return
+    if isinstance(general, Exception):
+        assert plain is None
+        with pytest.raises(einshard.EinshardError) as got:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                einshard.analyze(expr, mesh=mesh, sizes=sizes)
+        assert str(got.value) == str(general)  # the general path's message, column and hint
+    elif plain is not None:
+        _same_plan(plain, general)
+
+
+def test_the_common_call_warns_as_the_general_path_on_a_bare_output():
+    mesh, sizes = {"data": 4}, {"b": 8, "x": 16, "y": 8}
+    from einshard.analysis import api
+
+    with pytest.warns(FutureWarning, match="bare output"):
+        api._analyze_plain("b@data x, x y -> b y", mesh, sizes, None, None)
+
+
+def _moves_checked(problem: Any) -> int:
+    """The enumeration fills each collective's operand in place (search._Enumeration.transition), which is
+    sound only because ``transition`` records every collective afresh: its moves equal ``transition``'s
+    records with the operand set by ``dataclasses.replace``, and no record is shared between two calls.
+    Returns how many collectives were compared."""
+    from einshard.analysis.rule import classify
+    from einshard.analysis.search import _Enumeration
+    from einshard.analysis.transition import transition
+
+    en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), problem.out_axes))
+    moves = 0
+    for part in en.parts():
+        for i, (src, dst) in enumerate(zip(part.operands, part.targets, strict=True)):
+            got = en.transition(src, dst, i)
+            if got is None:
+                continue
+            kw = {"itemsize": problem.itemsize, "profile": problem.profile, "tensor": f"operand {i + 1}"}
+            fresh = transition(src, dst, **kw)[1]
+            assert all(c.operand is None for c in fresh)
+            want = tuple(dataclasses.replace(c, operand=i) for c in fresh)
+            assert got == want and [vars(a) for a in got] == [vars(b) for b in want]
+            again = transition(src, dst, **kw)[1]
+            assert not {id(c) for c in again} & {id(c) for c in (*got, *fresh)}
+            moves += len(got)
+    return moves
+
+
+@given(
+    et.einsums(
+        st.sampled_from([{"x": 2}, {"x": 4, "y": 2}, {"x": 2, "y": 1}]),
+        operands=(1, 3),
+        max_rank=3,
+        sizes=(8, 64, 4096),
+    ),
+    st.sampled_from(["cpu", "h100"]),
+)
+def test_the_enumeration_s_moves_are_transition_s_with_their_operand(case, profile):
+    _, problem, _, _ = _plan_and_full_ranking_first(case, profile)
+    _moves_checked(problem)
+
+
+def test_the_enumeration_s_moves_on_a_searched_einsum():
+    """The same on an einsum whose search moves operands (gathers, all-to-alls, permutes)."""
+    plan = einshard.analyze(
+        "b x@(data,model), x@(data,model) y -> b? y?", mesh={"data": 4, "model": 2}, sizes={"b": 64, "x": 128, "y": 256}
+    )
+    problem, _ = _problem_and_full_ranking_first(plan, {"b": 64, "x": 128, "y": 256}, ("b", "y"), None)
+    assert _moves_checked(problem) >= 4
+
+
+@given(
+    et.einsums(
+        st.sampled_from([{"x": 2}, {"x": 4, "y": 2}, {"x": 2, "y": 2, "z": 2}, {"x": 8}]),
+        operands=(1, 3),
+        max_rank=3,
+        sizes=(8, 64, 4096),
+    ),
+    st.sampled_from(["cpu", "h100", "tpu-v5p"]),
+)
+def test_a_result_completed_directly_equals_its_resolutions_through_transition(case, profile):
+    """search._completed (pending sums completed by all_reduce, without transition's general checks) gives
+    what _resolutions and transition give, for every part's computed result with pending sums."""
+    from einshard.analysis.primitives import _unchecked
+    from einshard.analysis.rule import classify
+    from einshard.analysis.search import _completed, _Enumeration, _resolutions, _split_all_reduces
+
+    _, problem, requested, _ = _plan_and_full_ranking_first(case, profile)
+    assume(requested is None)
+    en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), problem.out_axes))
+    for part in en.parts():
+        if not part.pending:
+            continue
+        computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, part.out_dims, part.pending)
+        want = []
+        for resolution, target in _resolutions(problem, computed, en.mesh_sizes, complete=True):
+            steps = en.transition(computed, target, "out")
+            assert steps is not None
+            want.append((resolution, target, steps))
+            split = _split_all_reduces(steps, en)
+            if split is not None:
+                want.append((resolution, target, split))
+        got = _completed(en, computed)
+        assert got == want
+        assert [[vars(c) for c in steps] for _, _, steps in got] == [[vars(c) for c in steps] for _, _, steps in want]
+
+
+def test_a_result_completed_directly_on_a_two_axis_sum():
+    """The same where the sums span two mesh axes (one all-reduce over both, and one per axis)."""
+    from einshard.analysis.primitives import _unchecked
+    from einshard.analysis.search import _completed, _Enumeration, _resolutions, _split_all_reduces
+
+    plan = einshard.analyze(
+        "b x@(data,model), x@(data,model) y -> b? y?", mesh={"data": 4, "model": 2}, sizes={"b": 8, "x": 128, "y": 256}
+    )
+    problem, _ = _problem_and_full_ranking_first(plan, {"b": 8, "x": 128, "y": 256}, ("b", "y"), None)
+    en = _Enumeration(problem, plan.classes)
+    computed = _unchecked(("b", "y"), (8, 256), problem.mesh, ((), ()), frozenset({"model", "data"}))
+    ((resolution, target),) = _resolutions(problem, computed, en.mesh_sizes, complete=True)
+    steps = en.transition(computed, target, "out")
+    got = _completed(en, computed)
+    assert got == [(resolution, target, steps), (resolution, target, _split_all_reduces(steps, en))]
+    assert got[0][2][0].axes == ("data", "model") and [c.axes for c in got[1][2]] == [("data",), ("model",)]

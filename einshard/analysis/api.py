@@ -15,30 +15,32 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._caches import cached, register
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
-from ..parsing import Expression, parse_einsum
 from .cost import Profile, get_profile
 from .inputs import (
     _check_rank,
-    _einsum_text,
     _expand_ellipsis,
     _layout_of,
     _mesh_axes,
+    _mesh_axis,
     _spec_dims,
     _valid_layout,
     dtype_info,
     spec_partitions,
 )
 from .plan import EinsumPlan, side_string
-from .primitives import _unchecked
+from .primitives import _remember_mesh, _unchecked
 from .rule import Problem, _problem, classify
-from .search import _Enumeration, best_candidate, rank
+from .search import _Enumeration, _total_time, best_candidate, rank
 from .strategy import pick_weight
+from .text import _prepare, _prepare_text, _prepared_of, _Side
 
 __all__ = [
     "analyze",
@@ -109,7 +111,11 @@ def analyze(
                     break
             else:
                 return hit
-        plan = _analyze(expr, (), _mesh_axes(mesh, ()), size_items, dtype, profile, in_specs, out_spec)
+        plan = None
+        if in_specs is None and out_spec is None and sizes.__class__ is dict:
+            plan = _analyze_plain(expr, mesh, sizes, dtype, profile)  # type: ignore[arg-type]
+        if plan is None:
+            plan = _analyze(expr, (), _mesh_axes(mesh, ()), size_items, dtype, profile, in_specs, out_spec)
         if fast is not None:
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
@@ -160,7 +166,7 @@ def _analyze_cached(*key: Any) -> EinsumPlan:
 
 def clear_analysis_caches() -> None:
     """Empty the analyzer's caches of plans, leaving the parser's warm (with what is read from each parsed
-    text: its axes, annotations and axis classes, which depend on the text alone).
+    text: its axes, annotations, axis classes and splits as written, which depend on the text alone).
 
     ``einshard.clear_caches()`` empties these and every other einshard cache.
     """
@@ -169,64 +175,80 @@ def clear_analysis_caches() -> None:
     analyze_layouts.cache_clear()  # type: ignore[attr-defined]
 
 
-class _Prepared(NamedTuple):
-    """What analyze reads from an expression's text, once per text (a model's layers repeat it)."""
-
-    text: str  # the einshard text (a jnp.einsum string rewritten)
-    jnp_style: bool
-    parsed: Expression
-    names: tuple[tuple[str, ...], ...]  # per operand: its axes
-    dims: tuple[tuple[tuple[str, ...], ...], ...]  # per operand: its '@' annotations
-    unreduced: tuple[frozenset[str], ...]  # per operand: its '{U:...}'
-    unique: tuple[str, ...]  # every operand axis once, in order of first appearance
-    out_names: tuple[str, ...]
-    out_dims: tuple[tuple[str, ...], ...]
-    out_unreduced: frozenset[str]
-    classes: dict[str, str]  # classify(names, out_names): read, never written
-    weight: int | None  # pick_weight's operand (it reads the axis names only)
-    chosen: bool  # parsed.output_chosen
-    has_own: tuple[bool, ...]  # per operand: whether its side annotates a layout ('@' or '{U:...}')
-    unique_set: frozenset[str]
-
-
-def _prepare(expr: str) -> _Prepared:
-    if not isinstance(expr, str):
-        _einsum_text(expr)  # raises: an expression is a string (and an unhashable one must not reach the cache)
-    return _prepare_text(expr)
-
-
-@cached(maxsize=4096)
-def _prepare_text(expr: str) -> _Prepared:
-    text = _einsum_text(expr)
-    return _prepared_of(parse_einsum(text), text, text != expr)
-
-
-def _prepared_of(parsed: Expression, text: str, jnp_style: bool) -> _Prepared:
-    names = tuple([side.names for side in parsed.inputs])
-    out = parsed.output
-    classes = classify(names, out.names)
-    return _Prepared(
-        text,
-        jnp_style,
-        parsed,
-        names,
-        tuple([tuple([item.mesh_axes or () for item in side.axes]) for side in parsed.inputs]),
-        tuple([frozenset(side.unreduced) for side in parsed.inputs]),
-        tuple(dict.fromkeys([n for side in names for n in side])),
-        out.names,
-        tuple([item.mesh_axes or () for item in out.axes]),
-        frozenset(out.unreduced),
-        classes,
-        _weight_by_names(names, classes),
-        parsed.output_chosen,
-        tuple([bool(side.unreduced) or any(item.mesh_axes for item in side.axes) for side in parsed.inputs]),
-        frozenset([n for side in names for n in side]),
+def _analyze_plain(
+    expr: str, mesh: dict[str, int], sizes: dict[str, int], dtype: Any, profile: Profile | str | None
+) -> EinsumPlan | None:
+    """:func:`_analyze` of the common call (layouts from the text's annotations, a dict mesh, ``sizes`` only),
+    or None when anything is not as that call usually is (the general path then answers, or raises with its
+    messages).  The same checks as the general path's, on facts read once from the text (``_Side``)."""
+    if expr.__class__ is not str:
+        return None
+    prep = _prepare_text(expr)
+    if not prep.plain or sizes.keys() != prep.unique_set:
+        return None
+    values = sizes.values()
+    if values and (set(map(type, values)) != _INT or min(values) < 0):
+        return None
+    if not mesh or set(map(type, mesh.values())) != _INT or set(map(type, mesh)) != _STR:
+        return None
+    smallest = min(mesh.values())
+    if smallest < 1 or "" in mesh or not mesh.keys() >= prep.mesh_names:
+        return None  # (a mesh axis the text names that the mesh lacks: the general path says which)
+    mesh_axes = tuple(map(_mesh_axis, mesh, mesh.values()))
+    # its sizes by name, shared with the primitives (one dict per mesh, as _mesh_facts would build it)
+    mesh_sizes = dict(mesh)
+    _remember_mesh(
+        mesh_axes, mesh_sizes, _NO_AXES if smallest > 1 else frozenset([n for n, k in mesh.items() if k == 1])
     )
+    get = sizes.__getitem__
+    layouts = []
+    for side in prep.sides:
+        lay = _side_layout(side, get, mesh_axes, mesh_sizes)
+        if lay is None:
+            return None
+        layouts.append(lay)
+    requested: Layout | None = None
+    if not (prep.chosen or prep.jnp_style or not prep.out_dims):
+        requested = _side_layout(prep.out_side, get, mesh_axes, mesh_sizes)
+        if requested is None:
+            return None
+    dname, itemsize = dtype_info(dtype)
+    problem = _problem(
+        tuple(layouts),
+        prep.out_names,
+        tuple(zip(prep.unique, map(get, prep.unique))),
+        mesh_axes,
+        requested,
+        itemsize,
+        get_profile(profile),
+    )
+    # rule.options from the text's splits: each mesh axis's einsum axes as written (none for a size of 1)
+    kept = prep.kept if requested is None else prep.kept_out
+    if smallest > 1:  # (the common mesh: no axis of size 1; zip and map, without a comprehension's frame)
+        per_axis = list(zip(mesh, map(kept.get, mesh, itertools.repeat(_NONE))))
+    else:
+        per_axis = [(n, kept.get(n, _NONE) if k > 1 else _NONE) for n, k in mesh.items()]
+    at = prep.at if requested is None else prep.at_out
+    plan = _plan(problem, dname, prep.classes, prep.weight, at, mesh_sizes, per_axis)
+    if prep.bare and requested is not None and prep.any_own:
+        _warn_if_meaning_changed(prep.text, plan, problem, dname)
+    return plan
 
 
-def _weight_by_names(names: tuple[tuple[str, ...], ...], classes: dict[str, str]) -> int | None:
-    """:func:`pick_weight` of operands with these axes (it reads nothing else of them: stand-ins of size 1)."""
-    return pick_weight(tuple([_unchecked(n, (1,) * len(n), (), ((),) * len(n), frozenset()) for n in names]), classes)
+_INT = {int}
+_STR = {str}
+_NO_AXES: frozenset[str] = frozenset()
+_NONE: tuple[str | None, ...] = (None,)
+
+
+def _side_layout(side: _Side, size: Any, mesh: tuple[MeshAxis, ...], mesh_sizes: dict[str, int]) -> Layout | None:
+    """:func:`_valid_layout` of a side as written (``size``: its axes' sizes by name; the side names no mesh axis
+    twice, and only axes of the mesh): the layout, or None when a split does not divide its axis."""
+    shape = tuple(map(size, side.names))
+    for i, d in side.split:
+        if shape[i] % math.prod(map(mesh_sizes.__getitem__, d)):
+            return None
+    return _unchecked(side.names, shape, mesh, side.dims, side.unreduced)
 
 
 def _analyze(
@@ -434,15 +456,24 @@ def analyze_layouts(problem: Problem, dtype: str = "f32") -> EinsumPlan:
     return _plan(problem, dtype)
 
 
-def _plan(problem: Problem, dtype: str, classes: dict[str, str] | None = None, weight: Any = _UNKNOWN) -> EinsumPlan:
+def _plan(
+    problem: Problem,
+    dtype: str,
+    classes: dict[str, str] | None = None,
+    weight: Any = _UNKNOWN,
+    where: Sequence[dict[str, str]] | None = None,
+    mesh_sizes: dict[str, int] | None = None,
+    per_axis: list[tuple[str, tuple[str | None, ...]]] | None = None,
+) -> EinsumPlan:
     """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers).
 
-    ``classes``, ``weight``: :func:`classify` and :func:`pick_weight` of the problem, if the caller has them."""
+    ``classes``, ``weight``, ``where``, ``mesh_sizes``, ``per_axis``: :func:`classify`, :func:`pick_weight`,
+    ``rule._splits_of`` of the problem, its mesh's axis sizes by name and ``rule.options``, if the caller has them."""
     if classes is None:
         classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
     if weight is _UNKNOWN:
         weight = pick_weight(problem.operands, classes)
-    en = _Enumeration(problem, classes)
+    en = _Enumeration(problem, classes, where, mesh_sizes, per_axis)
     # The best way is found without pricing every way to deliver the result; the other ways are priced
     # and ranked when the plan's alternatives are first read.
     best = best_candidate(en, complete=problem.requested is None)
@@ -453,7 +484,7 @@ def _plan(problem: Problem, dtype: str, classes: dict[str, str] | None = None, w
             f"no way to deliver the result as {side_string(problem.requested)}: "
             "pending sums {U:...} can only come from a contraction split over that mesh axis"
         )
-    total = 2 * math.prod([s for _, s in problem.sizes])
+    total = 2 * math.prod(en.size_of.values())  # (the sizes of problem.sizes, an exact product of ints)
 
     def build(c: Any, more: Any = None) -> EinsumPlan:
         # EinsumPlan(...) with its fields filled directly (a frozen dataclass without slots or checks of its
@@ -472,7 +503,7 @@ def _plan(problem: Problem, dtype: str, classes: dict[str, str] | None = None, w
             flops=c.flops,
             total_flops=total,
             compute_time=problem.profile.compute_time(c.flops),
-            comm_time=sum([s.time for s in c.steps]),
+            comm_time=_total_time(c.steps) if c.steps else 0,  # (sum([]) is 0)
             time=c.time,
             classes=dict(classes),  # the plan's own: the one given may be a cached expression's
             choice=c.choice,

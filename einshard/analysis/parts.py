@@ -6,6 +6,7 @@ and a spec priced (a part: the operands' targets and the collectives that take t
 from __future__ import annotations
 
 import itertools
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..core.layout import Layout
@@ -17,6 +18,11 @@ if TYPE_CHECKING:
     from .search import _Enumeration
 
 __all__: list[str] = []
+
+
+# ``_Spec(...)``/``_Part(...)`` as ``tuple.__new__(cls, fields)``: the same tuple, without the Python frame of a
+# NamedTuple's generated ``__new__`` (the search builds one per way to move the operands).
+_new_tuple = tuple.__new__
 
 
 class _Spec(NamedTuple):
@@ -69,40 +75,42 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                 split.update(d)
             if op.unreduced:
                 any_pending = True
-        flops_whole = 2
-        for a in held:
-            flops_whole *= size_of[a]
+        flops_whole = math.prod(map(size_of.__getitem__, held), start=2)
         variants.append((operands, pre, True in pre, flops_whole, split, any_pending))
     none_pending: list[frozenset[str]] = [frozenset()] * len(problem.operands)
     agreed = agreed_splits(problem, where)
     reduced = {e for e, c in classes.items() if c in (CONTRACTED, LONE)}
     for combo in itertools.product(*[opts for _, opts in per_axis]):
-        choice = dict(zip(names, combo, strict=False))
-        choice_items = tuple(choice.items())
+        choice_items = tuple(zip(names, combo))
+        choice = dict(choice_items)
         unsplit = False  # an agreed split dropped (gathered), if some operand variant holds it
         for m in agreed:
             if choice[m] is None:
                 unsplit = True
                 break
-        # one pass over the choice: the mesh axes keeping each einsum axis, their product, the pending sums
-        kept_on: dict[str, list[str]] = {}
+        # one pass over the choice: the mesh axes keeping each einsum axis (as the one order when each is kept
+        # by one mesh axis), their product, the pending sums
+        first_order: dict[str, tuple[str, ...]] = {}
         kept_product = 1
         pending: list[str] = []
         several = False  # some einsum axis kept by several mesh axes (their orders to choose)
         for m, e in choice_items:
             if e is not None:
-                if e in kept_on:
-                    kept_on[e].append(m)
+                if e in first_order:
                     several = True
                 else:
-                    kept_on[e] = [m]
+                    first_order[e] = (m,)
                 kept_product *= mesh_sizes[m]
                 if e in reduced:
                     pending.append(m)
         pending_kept = frozenset(pending)
         if not several:  # one mesh axis each: one order
-            orders_of: list[dict[str, tuple[str, ...]]] = [{e: (ms[0],) for e, ms in kept_on.items()}]
+            orders_of: list[dict[str, tuple[str, ...]]] = [first_order]
         else:
+            kept_on: dict[str, list[str]] = {}
+            for m, e in choice_items:
+                if e is not None:
+                    kept_on.setdefault(e, []).append(m)
             multi = [(e, _kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
             orders_of = [
                 {e: o for (e, _), o in zip(multi, orders, strict=False)}
@@ -129,7 +137,10 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                 flops = flops_whole // kept_product
                 if not any_pending:
                     result.append(
-                        _Spec(choice_items, order, operands, flops, flops / peak, pending_kept, none_pending, unsplits)
+                        _new_tuple(
+                            _Spec,
+                            (choice_items, order, operands, flops, flops / peak, pending_kept, none_pending, unsplits),
+                        )
                     )
                     continue
                 # Pending sums an operand brings: summed before the einsum, or (when no other operand splits
@@ -142,7 +153,11 @@ def _specs(en: _Enumeration) -> list[_Spec]:
                     keep_u.append(mine)
                 # With pending sums to carry, also price summing them first (every operand whole).
                 for ku in [keep_u, none_pending] if any(keep_u) else [keep_u]:
-                    result.append(_Spec(choice_items, order, operands, flops, flops / peak, pending_kept, ku, unsplits))
+                    result.append(
+                        _new_tuple(
+                            _Spec, (choice_items, order, operands, flops, flops / peak, pending_kept, ku, unsplits)
+                        )
+                    )
     return result
 
 
@@ -154,17 +169,19 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
     memo = en.memo
     targets: list[Layout] = []
     steps: list[Collective] = []
-    for i, op in enumerate(operands):
-        dims = tuple([order.get(e, ()) for e in op.axes])
-        key = (i, id(op), dims, keep_u[i])
+    get = order.get
+    i = 0
+    for op, ku in zip(operands, keep_u):
+        dims = tuple(map(get, op.axes, _EMPTY))  # order.get(e, ()) of each axis (map: no comprehension frame)
+        key = (i, id(op), dims, ku)
         moved = memo.get(key)
         if moved is None:
             moved = _IMPOSSIBLE
-            same_sums = keep_u[i] == op.unreduced
+            same_sums = ku == op.unreduced
             if same_sums and dims == op.dims:
                 moved = (op, ())  # the operand as it is (the most common move: none)
             elif _fits(op.shape, dims, en.mesh_sizes):
-                target = _derived(op, dims, keep_u[i])  # _fits checked the splits; choices never reuse a mesh axis
+                target = _derived(op, dims, ku)  # _fits checked the splits; choices never reuse a mesh axis
                 if same_sums and _extends(op.dims, dims):
                     moved = (target, ())  # free slices (what transition answers, without its checks)
                 else:
@@ -175,20 +192,31 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
         if moved is _IMPOSSIBLE:  # an indivisible split or an impossible step: not a candidate
             return None
         targets.append(moved[0])  # type: ignore[index]
-        steps.extend(moved[1])  # type: ignore[index]
+        if moved[1]:  # type: ignore[index]
+            steps += moved[1]  # type: ignore[index]
+        i += 1
     compute_time = spec.compute_time
-    return _Part(
-        choice,
-        operands,
-        tuple(targets),
-        tuple(steps),
-        tuple([order.get(e, ()) for e in en.problem.out_axes]),
-        spec.pending_kept.union(*keep_u),
-        spec.flops,
-        compute_time,
-        compute_time + sum([c.time for c in steps]),  # the same sum as a candidate's, over fewer steps
-        spec.unsplits,
+    return _new_tuple(
+        _Part,
+        (
+            choice,
+            operands,
+            tuple(targets),
+            tuple(steps),
+            tuple(map(get, en.problem.out_axes, _EMPTY)),
+            spec.pending_kept.union(*keep_u),
+            spec.flops,
+            compute_time,
+            # the same sum as a candidate's, over fewer steps (none: the compute time, as the sum gives it)
+            compute_time + (steps[0].time if len(steps) == 1 else sum([c.time for c in steps]))
+            if steps
+            else compute_time,
+            spec.unsplits,
+        ),
     )
+
+
+_EMPTY = itertools.repeat(())  # map's second argument for dict.get(key, ()): an endless supply of ()
 
 
 def _extends(had: tuple[tuple[str, ...], ...], dims: tuple[tuple[str, ...], ...]) -> bool:

@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 _CPU = PROFILES["cpu"]
+_new = object.__new__
 
 
 _SIZES: dict[int, tuple[tuple[MeshAxis, ...], dict[str, int], frozenset[str]]] = {}
@@ -80,8 +81,21 @@ def _mesh_facts(mesh: tuple[MeshAxis, ...]) -> tuple[tuple[MeshAxis, ...], dict[
     return facts
 
 
+def _remember_mesh(mesh: tuple[MeshAxis, ...], sizes: dict[str, int], trivial: frozenset[str]) -> None:
+    """What :func:`_mesh_facts` would build for ``mesh``, from a caller that has it (analyze's entry reads
+    the sizes from its dict mesh): ``sizes`` its axis sizes by name in mesh order, ``trivial`` those of size 1."""
+    if len(_SIZES) > 512:
+        _SIZES.clear()
+    facts = (mesh, sizes, trivial)
+    _SIZES[id(mesh)] = facts
+    _LAST[0] = facts
+
+
 def _sizes(lay: Layout) -> dict[str, int]:
     """The mesh's axis sizes by name."""
+    last = _LAST[0]
+    if last[0] is lay.mesh:  # (_mesh_facts's first test, without its call: this runs for every record)
+        return last[1]
     return _mesh_facts(lay.mesh)[1]
 
 
@@ -108,7 +122,7 @@ def _unchecked(
     unreduced: frozenset[str],
 ) -> Layout:
     """A :class:`Layout` the analyzer derived from validated ones (the caller knows it is valid)."""
-    new = object.__new__(Layout)
+    new = _new(Layout)
     d = new.__dict__  # a frozen dataclass without slots: fill its fields directly, as object.__setattr__ would
     d["axes"] = axes
     d["shape"] = shape
@@ -161,8 +175,7 @@ def _record(
     to_dim: int | None = None,
 ) -> Collective:
     sent_i = int(round(sent))
-    sizes = _sizes(before)
-    per_axis = tuple([sizes[a] for a in axes])
+    per_axis = tuple(map(_sizes(before).__getitem__, axes))
     if math.prod(per_axis) != n:  # a regrouped gather runs over a factor of its axes: one ring of n
         per_axis = (n,)
     # Collective(...) with its fields filled directly (a frozen dataclass without slots, no validation of
@@ -213,11 +226,19 @@ def all_gather(
     lay: Layout, axes: tuple[str, ...], *, itemsize: int = 4, profile: Profile = _CPU, tensor: str = "", why: str = ""
 ) -> tuple[Layout, Collective]:
     """Gather mesh axes ``axes`` (which all split one tensor axis, as its minor-most axes) out of ``lay``."""
-    _check_axes(lay, axes)
-    where = {_where(lay, a) for a in axes}
-    if len(where) != 1 or None in where:
-        raise EinshardError(f"all-gather over {axes} needs them to split one axis of {lay}")
-    i = where.pop()
+    sizes = _sizes(lay)
+    for a in axes:
+        if a not in sizes:
+            _check_axes(lay, axes)  # raises, naming the mesh
+    if len(axes) == 1:  # the common gather: one mesh axis (the set below, without its comprehension)
+        i = _where(lay, axes[0])
+        if i is None:
+            raise EinshardError(f"all-gather over {axes} needs them to split one axis of {lay}")
+    else:
+        where = {_where(lay, a) for a in axes}
+        if len(where) != 1 or None in where:
+            raise EinshardError(f"all-gather over {axes} needs them to split one axis of {lay}")
+        i = where.pop()
     assert i is not None
     d = lay.dims[i]
     if d[len(d) - len(axes) :] != tuple(axes):
@@ -225,7 +246,7 @@ def all_gather(
             f"all-gather over {axes}: they are not the minor-most mesh axes of {lay.axes[i]!r} in {lay}"
         )
     after = _derived(lay, lay.dims[:i] + (d[: len(d) - len(axes)],) + lay.dims[i + 1 :])
-    n = _group(lay, axes)
+    n = math.prod(map(sizes.__getitem__, axes))  # _group(lay, axes)
     v = _local_bytes(after, itemsize)
     return after, _record("all-gather", tuple(axes), n, (n - 1) / n * v, v, lay, after, profile, tensor, why, i)
 
@@ -252,11 +273,14 @@ def all_reduce(
     lay: Layout, axes: tuple[str, ...], *, itemsize: int = 4, profile: Profile = _CPU, tensor: str = "", why: str = ""
 ) -> tuple[Layout, Collective]:
     """Sum the pending partial sums over mesh axes ``axes``: ``{U:a} → complete``."""
-    _check_axes(lay, axes)
-    if not set(axes) <= lay.unreduced:
+    sizes = _sizes(lay)
+    for a in axes:
+        if a not in sizes:
+            _check_axes(lay, axes)  # raises, naming the mesh
+    if not lay.unreduced.issuperset(axes):
         raise EinshardError(f"all-reduce over {axes}: {lay} holds no pending sums over them")
-    after = _derived(lay, lay.dims, lay.unreduced - set(axes))
-    n = _group(lay, axes)
+    after = _derived(lay, lay.dims, lay.unreduced.difference(axes))
+    n = math.prod(map(sizes.__getitem__, axes))  # _group(lay, axes)
     v = _local_bytes(lay, itemsize)
     return after, _record("all-reduce", tuple(axes), n, 2 * (n - 1) / n * v, v, lay, after, profile, tensor, why)
 

@@ -31,6 +31,7 @@ equal tuples hold matching blocks.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.layout import Layout, MeshAxis
@@ -147,7 +148,7 @@ def _splits_of(problem: Problem) -> list[dict[str, str]]:
     return at
 
 
-def options(problem: Problem, at: list[dict[str, str]] | None = None) -> list[tuple[str, tuple[str | None, ...]]]:
+def options(problem: Problem, at: Sequence[dict[str, str]] | None = None) -> list[tuple[str, tuple[str | None, ...]]]:
     """Per mesh axis, the einsum axes it may keep (None: keep none), in mesh order.
 
     A mesh axis of size 1 splits nothing: it keeps none.  ``at``: :func:`_splits_of` the problem, if the
@@ -225,7 +226,7 @@ def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[t
     return [(tuple(lay for lay, _ in combo), tuple(flag for _, flag in combo)) for combo in itertools.product(*per_op)]
 
 
-def agreed_splits(problem: Problem, where: list[dict[str, str]] | None = None) -> dict[str, str]:
+def agreed_splits(problem: Problem, where: Sequence[dict[str, str]] | None = None) -> dict[str, str]:
     """Mesh axes every operand agrees on: ``{m: e}`` where each operand holding einsum axis ``e`` splits
     it over ``m`` (at least two do, or ``e`` is lone-reduced) and no operand splits anything else over ``m``.
     ``where``: :func:`_splits_of` the problem, if the caller has it.

@@ -18,12 +18,15 @@ specs and their pricing are :mod:`einshard.analysis.parts`.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from ..core.collectives import Target
 from ..core.layout import Layout
 from ..errors import EinshardError
 from .cost import Collective
-from .parts import _Part, _part, _Spec, _specs
-from .primitives import _derived, _unchecked, all_reduce
+from .parts import _new_tuple, _Part, _part, _Spec, _specs
+from .primitives import _derived, _trivial, _unchecked, all_reduce
 from .rule import (
     CONTRACTED,
     LONE,
@@ -145,21 +148,22 @@ def _as_given(en: _Enumeration, complete: bool) -> tuple[Candidate | None, tuple
         held.update(op.axes)
     if LONE in classes.values():
         return None, (), False  # an operand variant with a lone axis summed first computes less
-    flops_whole = 2
-    for a in held:
-        flops_whole *= en.size_of[a]
+    flops_whole = math.prod(map(en.size_of.__getitem__, held), start=2)
     flops = flops_whole // kept_product
     peak = en.profile.flops
     # as _specs builds it (the same numbers: the plan must not change)
-    spec = _Spec(
-        tuple(choice),
-        order,
-        operands,
-        flops,
-        flops / peak,
-        frozenset(pending),
-        [frozenset()] * len(operands),
-        False,  # each agreed split is kept: it is every mesh axis's first option
+    spec = _new_tuple(
+        _Spec,
+        (
+            tuple(choice),
+            order,
+            operands,
+            flops,
+            flops / peak,
+            frozenset(pending),
+            [frozenset()] * len(operands),
+            False,  # each agreed split is kept: it is every mesh axis's first option
+        ),
     )
     part = _part(en, spec)
     if part is None:
@@ -204,18 +208,25 @@ class _Enumeration:
         "_priced",
     )
 
-    def __init__(self, problem: Problem, classes: dict[str, str]) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        classes: dict[str, str],
+        where: Sequence[dict[str, str]] | None = None,
+        mesh_sizes: dict[str, int] | None = None,
+        per_axis: list[tuple[str, tuple[str | None, ...]]] | None = None,
+    ) -> None:
         self.problem = problem
         self.classes = classes
-        self.mesh_sizes = {m.name: m.size for m in problem.mesh}
+        self.mesh_sizes = {m.name: m.size for m in problem.mesh} if mesh_sizes is None else mesh_sizes
         self.size_of = size_of = dict(problem.sizes)
-        self.out_shape = tuple([size_of[e] for e in problem.out_axes])
+        self.out_shape = tuple(map(size_of.__getitem__, problem.out_axes))
         self.itemsize = problem.itemsize
         self.profile = problem.profile
         self.memo: dict[tuple[object, ...], object] = {}
         # where each operand (then the requested result) splits each mesh axis, and each mesh axis's options
-        self.where = _splits_of(problem)
-        self.per_axis = options(problem, self.where)
+        self.where = _splits_of(problem) if where is None else where
+        self.per_axis = options(problem, self.where) if per_axis is None else per_axis
         self.first: _Part | None = None  # the first part, when priced before the others are enumerated
         self._specs: list[_Spec] | None = None
         self._priced: list[object] = []
@@ -228,7 +239,11 @@ class _Enumeration:
             steps = transition(src, dst, itemsize=self.itemsize, profile=self.profile, tensor=tensor)[1]
         except EinshardError:
             return None
-        return tuple([_with_operand(c, operand) for c in steps])
+        for c in steps:
+            # ``_with_operand(c, operand)`` in place: ``transition`` records each collective afresh for this
+            # call (nothing else holds it yet), so filling its operand here is the copy without the copy.
+            c.__dict__["operand"] = operand
+        return steps
 
     def specs(self) -> list[_Spec]:
         """Every way to move the operands (per-axis choices × orders × operand variants), in enumeration
@@ -270,8 +285,9 @@ class _Enumeration:
                 out=target_out,
                 resolution=resolution,
                 flops=part.flops,
-                time=part.compute_time + sum([c.time for c in all_steps]),
-                comm_bytes=sum([c.bytes for c in all_steps]),
+                # (none or one step: the sums' values, without their loops)
+                time=part.compute_time + _total_time(all_steps) if all_steps else part.compute_time,
+                comm_bytes=_total_bytes(all_steps),
                 sources=part.operands,
                 unsplits_agreed=part.unsplits,
             )
@@ -280,6 +296,18 @@ class _Enumeration:
 
 
 _UNSET = object()
+
+
+def _total_time(steps: tuple[Collective, ...]) -> float:
+    """``sum([c.time for c in steps])``, the same value (one step: its time, which is 0 + its time)."""
+    return steps[0].time if len(steps) == 1 else sum([c.time for c in steps])
+
+
+def _total_bytes(steps: tuple[Collective, ...]) -> int:
+    """``sum([c.bytes for c in steps])``, the same value without the loop for none or one step."""
+    if len(steps) < 2:
+        return steps[0].bytes if steps else 0
+    return sum([c.bytes for c in steps])
 
 
 def _with_operand(c: Collective, operand: Target | None) -> Collective:
@@ -312,17 +340,38 @@ def _outcomes(
     # valid by construction: the kept splits divide their axes (the operands holding them fit), and the
     # pending sums are over mesh axes that keep a summed axis or nothing
     computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, out_dims, pending)
-    outs: list[tuple[str, Layout, tuple[Collective, ...]]] = []
-    for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes, complete):
-        out_steps = en.transition(computed, target_out, "out")
-        if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
-            continue
-        outs.append((resolution, target_out, out_steps))
-        split = _split_all_reduces(out_steps, en)
-        if split is not None:
-            outs.append((resolution, target_out, split))
+    if complete and pending and problem.requested is None and not _trivial(computed):
+        outs = _completed(en, computed)
+    else:
+        outs = []
+        for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes, complete):
+            out_steps = en.transition(computed, target_out, "out")
+            if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
+                continue
+            outs.append((resolution, target_out, out_steps))
+            split = _split_all_reduces(out_steps, en)
+            if split is not None:
+                outs.append((resolution, target_out, split))
     en.memo[key] = (computed, outs)
     return computed, outs
+
+
+def _completed(en: _Enumeration, computed: Layout) -> list[tuple[str, Layout, tuple[Collective, ...]]]:
+    """The ways to deliver a result with pending sums complete, on a mesh without axes of size 1: what
+    ``_resolutions`` and ``transition`` give (only the sums change: one all-reduce over their mesh axes in
+    mesh order, and the same as one all-reduce per axis), without their general checks."""
+    pending = computed.unreduced
+    summed = tuple(pending) if len(pending) == 1 else tuple([m for m in en.mesh_sizes if m in pending])
+    target, c = all_reduce(
+        computed, summed, itemsize=en.itemsize, profile=en.profile, tensor="result", why="sum the partial results"
+    )
+    c.__dict__["operand"] = "out"  # recorded afresh by all_reduce: filled in place, as _Enumeration.transition
+    steps: tuple[Collective, ...] = (c,)
+    outs: list[tuple[str, Layout, tuple[Collective, ...]]] = [("complete", target, steps)]
+    split = _split_all_reduces(steps, en)
+    if split is not None:
+        outs.append(("complete", target, split))
+    return outs
 
 
 def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple[Collective, ...] | None:
@@ -330,7 +379,10 @@ def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple
     different dimensions), or None if no all-reduce spans several mesh axes.  It sends more bytes
     (2(n_i-1)/n_i of the buffer per axis instead of 2(n-1)/n once) over fewer ring hops (Σ2(n_i-1)
     instead of 2(n-1)), so it wins only for small, latency-bound buffers: a hierarchical all-reduce."""
-    if not any(c.kind == "all-reduce" and len(c.axes) > 1 for c in steps):
+    for c in steps:  # (a loop, not any() of a generator: this runs for every way to deliver a result)
+        if c.kind == "all-reduce" and len(c.axes) > 1:
+            break
+    else:
         return None
     out: list[Collective] = []
     for c in steps:

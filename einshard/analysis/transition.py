@@ -135,10 +135,12 @@ def _transition(
     kw = {"itemsize": itemsize, "profile": profile, "tensor": tensor}
     steps: list[Collective] = []
     cur = src
-    order = [m.name for m in src.mesh]
+    order = _sizes(src)  # the mesh axes' names in mesh order (the keys of its sizes: no list built)
     # The two most common moves, as the general steps below would do them, without their bookkeeping:
     if shortcuts and src.dims == dst.dims:  # only sums to complete: step 1's all-reduce
-        rest = tuple(m for m in order if m in src.unreduced and m not in dst.unreduced)
+        summed = src.unreduced - dst.unreduced
+        # in mesh order (one mesh axis, the common sum: itself)
+        rest = tuple(summed) if len(summed) < 2 else tuple([m for m in order if m in summed])
         if rest:
             cur, c = all_reduce(cur, rest, why="sum the partial results", **kw)  # type: ignore[arg-type]
             _add(steps, c)
@@ -158,7 +160,8 @@ def _transition(
             if m in leaving:
                 gathered.setdefault(leaving[m], []).append(m)
         for i, ms in gathered.items():
-            ms_ordered = tuple(m for m in cur.dims[i] if m in ms)
+            # in the dimension's order (one mesh axis, the common gather: itself; each is in cur.dims[i])
+            ms_ordered = (ms[0],) if len(ms) == 1 else tuple([m for m in cur.dims[i] if m in ms])
             cur, c = all_gather(cur, ms_ordered, why=f"gather {_name(src, i)}", **kw)  # type: ignore[arg-type]
             _add(steps, c)
         return cur, tuple(steps)

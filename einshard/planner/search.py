@@ -9,11 +9,17 @@ The descent (a heuristic; tests measure it against brute force):
    that can differ in cost for that batch (:func:`~.groups.search_candidates`:
    one FSDP placement per set of batch axes), until a round changes nothing.
    Then the batch moves with the parameters fixed, and the groups descend
-   again if it did.
-3. While the budget lasts: every candidate of every group (a polish round),
-   then every two groups together when that is at most ``pair_limit``
-   assignments (a row-parallel weight pays off only with its column-parallel
-   neighbour; single moves can stall there), descending after each improvement.
+   again if it did.  When a round changes nothing, the relabel moves
+   (:func:`relabelings`: every group over mesh axes ``t`` moved to ``t2`` at
+   once, the mesh axes permuted) are tried: a row-parallel weight pays off
+   only with its column-parallel neighbour split over the same axes, so
+   single moves stall on a pair over the wrong ones.
+3. While the budget lasts: every candidate of every group (a polish round);
+   forced moves (one group forced onto each other candidate, the others
+   replying with their best, kept when the end is better: a pair moving to
+   the neighbouring layer changes three groups at once); then every two
+   groups together when that is at most ``pair_limit`` assignments,
+   descending after each improvement.
 
 Each costing walks the whole program (tens of milliseconds on a 2-layer
 transformer), so the number costed is the planning time: ``max_evaluations``
@@ -30,6 +36,50 @@ from .scoring import Costs
 __all__ = ["exhaustive", "guided_descent"]
 
 Assign = tuple[int, ...]
+
+
+def relabelings(costs: Costs, current: Assign) -> list[Assign]:
+    """Moves that change the mesh axes of every group at once, keeping which groups share them.
+
+    A column-parallel weight and its row-parallel neighbour must split the
+    index they share over the same mesh axes: moving either alone breaks the
+    pair and costs more, so single moves stall on a pair over the wrong axes
+    (``(data, model)`` where ``data`` alone is faster).  Here every group (and
+    in a second variant the batch) that uses the axes ``t`` on some tensor
+    axis uses ``t2`` instead, for every ``t`` in use and every ``t2`` some
+    candidate uses (``()``: unsplit); and every permutation of the mesh axes
+    (TP over ``model`` and the batch over ``data`` become the reverse).  A
+    group with no candidate for the result keeps its own.
+    """
+    cands = [g.candidates for g in costs.groups] + [costs.batch.candidates]
+    index = [{c.dims: i for i, c in enumerate(cs)} for cs in cands]
+    now = [cands[k][c].dims for k, c in enumerate(current)]
+    axes = [m for m, n in costs.sizes.items() if n > 1]
+    rank = {m: i for i, m in enumerate(axes)}
+    options = sorted({d for cs in cands for c in cs for d in c.dims})
+    out: list[Assign] = []
+
+    def build(sub: dict[tuple[str, ...], tuple[str, ...]], upto: int) -> None:
+        a = list(current)
+        for k in range(upto):
+            new = tuple(tuple(sorted(sub.get(d, d), key=rank.__getitem__)) for d in now[k])
+            if new != now[k] and new in index[k]:
+                a[k] = index[k][new]
+        moved = tuple(a)
+        if moved != current and moved not in out:
+            out.append(moved)
+
+    for t in sorted({d for dims in now[:-1] for d in dims if d}):
+        for t2 in options:
+            if t2 != t:
+                build({t: t2}, len(current) - 1)
+                if t in now[-1]:
+                    build({t: t2}, len(current))
+    for perm in itertools.permutations(axes):
+        if list(perm) != axes:
+            to = dict(zip(axes, perm))
+            build({d: tuple(to[m] for m in d) for d in options}, len(current))
+    return out
 
 
 def exhaustive(costs: Costs, counts: Sequence[int]) -> list[Assign]:
@@ -83,7 +133,27 @@ def guided_descent(
                 current = move(current, g, choices)
             current = move(current, b_index, range(counts[b_index]))
             if current == before:
-                break
+                current = best_of(relabelings(costs, current), current)
+                if current == before:
+                    break
+        return current
+
+    def forced_moves(current: Assign) -> Assign:
+        # A group forced onto each other candidate, every other group then taking its best reply: the first
+        # that ends better.  Reaches what no single move does when groups must change together (a
+        # column/row-parallel pair moving to the neighbouring layer changes three groups at once).
+        for g in [*order, b_index]:
+            for c in range(counts[g]):
+                if c == current[g]:
+                    continue
+                a = current[:g] + (c,) + current[g + 1 :]
+                for h in order:
+                    if h != g:
+                        a = move(a, h, allowed(h, a[b_index]))
+                if g != b_index:
+                    a = move(a, b_index, range(counts[b_index]))
+                if key(a) < key(current):
+                    return a
         return current
 
     def pair_moves(current: Assign) -> Assign:
@@ -107,6 +177,7 @@ def guided_descent(
         best = ranked(costs)[0]
         for _ in range(max_rounds):
             polished = descend(best, full=True)
+            polished = descend(forced_moves(polished), full=False)
             if sum(a * b for a, b in itertools.combinations(counts, 2)) <= pair_limit:
                 polished = descend(pair_moves(polished), full=False)
             if polished == best:
