@@ -132,14 +132,7 @@ def large_model(repeats: int) -> dict:
 def heuristic_gap(trials: int, seed: int = 0) -> dict:
     """Coordinate descent vs exhaustive search on random 1-3 layer MLPs, with and without budgets."""
 
-    def make(n):
-        def loss(p, x):
-            h = x
-            for i in range(n):
-                h = jnp.tanh(h @ p[f"w{i}"])
-            return jnp.mean(h**2)
-
-        return jax.value_and_grad(loss)
+    make = pm.mlp_step  # the tests' MLP (tests/planner_models.py)
 
     rng = random.Random(seed)
     gaps, cd_evals, ex_evals, cases = [], [], [], []

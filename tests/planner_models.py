@@ -76,6 +76,27 @@ def data_rule(result: Any) -> str:
 # The demo's transformer (einshard_apps/models/transformer.py) with the demo's presets
 
 
+def mlp_step(n_layers: int) -> Any:
+    """value_and_grad of a tanh MLP's mean square output; params ``{'w0': [d0, d1], ...}``."""
+
+    def loss(p: Any, x: Any) -> Any:
+        return jnp.mean(mlp_forward(n_layers)(p, x) ** 2)
+
+    return jax.value_and_grad(loss)
+
+
+def mlp_forward(n_layers: int) -> Any:
+    """The MLP itself (the planner's inference objective)."""
+
+    def forward(p: Any, x: Any) -> Any:
+        h = x
+        for i in range(n_layers):
+            h = jnp.tanh(h @ p[f"w{i}"])
+        return h
+
+    return forward
+
+
 def demo_transformer(batch: int = 64) -> tuple[Any, Any, Any, dict[str, tuple[Rules, str]]]:
     from einshard_apps.models import transformer as tm
     from einshard_apps.presets import PRESETS

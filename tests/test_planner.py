@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planner_models import mlp_forward, mlp_step
 
 import einshard
 from einshard import planner as pl
@@ -25,26 +26,6 @@ f32 = jnp.float32
 
 def sds(*shape, dtype=f32):
     return jax.ShapeDtypeStruct(shape, dtype)
-
-
-def mlp_step(n_layers: int):
-    def loss(p, x):
-        h = x
-        for i in range(n_layers):
-            h = jnp.tanh(h @ p[f"w{i}"])
-        return jnp.mean(h**2)
-
-    return jax.value_and_grad(loss)
-
-
-def mlp_forward(n_layers: int):
-    def forward(p, x):
-        h = x
-        for i in range(n_layers):
-            h = jnp.tanh(h @ p[f"w{i}"])
-        return h
-
-    return forward
 
 
 KEY = {"training": "time_s", "inference": "time_s", "memory": "memory_bytes", "communication": "comm_bytes"}

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from planner_models import mlp_step
 
 from einshard import planner as pl
 from einshard.core.layout import MeshAxis
@@ -23,16 +24,6 @@ from einshard.planner.search import relabelings
 
 KEY = {"training": "time_s", "inference": "time_s", "memory": "memory_bytes", "communication": "comm_bytes"}
 MESHES = [{"data": 2, "model": 4}, {"data": 4, "model": 2}, {"data": 8}, {"data": 2, "model": 2}]
-
-
-def mlp_step(n_layers: int) -> Any:
-    def loss(p, x):
-        h = x
-        for i in range(n_layers):
-            h = jnp.tanh(h @ p[f"w{i}"])
-        return jnp.mean(h**2)
-
-    return jax.value_and_grad(loss)
 
 
 def descent_vs_exhaustive(dims, batch, mesh, objective, budget_frac, **kw):
