@@ -326,9 +326,7 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     if masked:
         pending = out.with_dims(out.dims, frozenset(masked))
         if wanted != dims:
-            wanted = w.settle_repeats(
-                eqn, phase, out_aval, wanted, repeat, "gather result split twice over a mesh axis"
-            )
+            # (a mesh axis that wanted names twice keeps its first use, as above, where its gather was paid)
             out = w.relayout(out_aval, wanted)
         w.change(eqn, phase, pending, out, dtype, repeat, "masked gather from a sharded table")
     return [out]
