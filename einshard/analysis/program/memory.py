@@ -69,22 +69,9 @@ class Partial(_Derived):
     """A value's per-device partial sum, before its all-reduce."""
 
 
-# Ops XLA fuses into one loop with their elementwise producers (loop and input fusion).
-_FUSING = {
-    "broadcast_in_dim",
-    "reshape",
-    "squeeze",
-    "expand_dims",
-    "transpose",
-    "reduce_sum",
-    "reduce_max",
-    "reduce_min",
-    "reduce_prod",
-    "argmax",
-    "argmin",
-    "reduce_and",
-    "reduce_or",
-}
+# Ops XLA fuses into one loop with their elementwise producers (loop and input fusion), with the reductions
+# (rules_structural.REDUCTIONS, read in _fusing: that module imports this one).
+_FUSING_SHAPE_OPS = {"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose"}
 # Ops that read or write whole buffers, or leave the loop (scans, cumulative ops, random bits).
 _NOT_FUSED = {
     "cumsum",
@@ -105,6 +92,12 @@ def _fusible_elementwise() -> frozenset[str]:
     from .rules_structural import ELEMENTWISE
 
     return frozenset(ELEMENTWISE - _NOT_FUSED) | {"broadcast_in_dim", "iota"}
+
+
+def _fusing() -> frozenset[str]:
+    from .rules_structural import REDUCTIONS
+
+    return frozenset(_FUSING_SHAPE_OPS | REDUCTIONS)
 
 
 # A value of the flattened program: a top-level jaxpr variable, or (call path, variable) inside a nested call.
@@ -225,7 +218,7 @@ def peak_bytes(
         for k in step.outs:
             producer[k] = i
     fusible = _fusible_elementwise()
-    fusing = fusible | _FUSING
+    fusing = fusible | _fusing()
 
     def is_fused(k: Key) -> bool:
         """No buffer of its own: computed inside the fusion of each of its readers.
