@@ -178,3 +178,72 @@ def test_the_suites_llvm_optimisation_level_changes_neither_hlo_nor_memory():
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs.append(proc.stdout.strip())
     assert outs[0] == outs[1]
+
+
+def test_an_all_reduce_is_a_reduce_scatter_only_when_its_own_value_is_sliced():
+    """A fusion that reads an all-reduce and slices another operand (a layer of stacked weights) or uses it
+    as a slice index leaves it an all-reduce; slicing it after a bitcast inside the fusion is a reduce-scatter."""
+    fused = (
+        "%fused_layer (p0: f32[4,64,64], p1: s32[], p2: f32[64]) -> f32[1,64] {\n"
+        "  %p2 = f32[64]{0} parameter(2)\n"
+        "  %b = f32[1,64]{1,0} bitcast(%p2)\n"
+        "  %p0 = f32[4,64,64]{2,1,0} parameter(0)\n"
+        "  %p1 = s32[] parameter(1)\n"
+        "  %ds = f32[1,64,64]{2,1,0} dynamic-slice(%p0, %p1, %c, %c), dynamic_slice_sizes={1,64,64}\n"
+        "  %s = f32[1,1,64]{2,1,0} slice(%ds), slice={[0:1], [0:1], [0:64]}\n"
+        "  %w = f32[1,64]{1,0} bitcast(%s)\n"
+        "  ROOT %m = f32[1,64]{1,0} multiply(%b, %w)\n"
+        "}\n\n"
+        "%fused_rs (q0: s32[], q1: f32[64]) -> f32[8] {\n"
+        "  %q1 = f32[64]{0} parameter(1)\n"
+        "  %q0 = s32[] parameter(0)\n"
+        "  %n = f32[64]{0} negate(%q1)\n"
+        "  ROOT %ds2 = f32[8]{0} dynamic-slice(%n, %q0), dynamic_slice_sizes={8}\n"
+        "}\n\n"
+        "ENTRY %main (ws: f32[4,64,64], x: f32[64], i: s32[]) -> f32[1,64] {\n"
+        "  %ar = f32[64]{0} all-reduce(%x), replica_groups={}, to_apply=%add\n"
+        "  %ari = s32[] all-reduce(%i), replica_groups={}, to_apply=%add\n"
+        "  %f = f32[1,64]{1,0} fusion(%ws, %ari, %ar), kind=kLoop, calls=%fused_layer\n"
+        "  %ds3 = f32[8]{0} dynamic-slice(%x, %ari), dynamic_slice_sizes={8}\n"
+        "  %ar2 = f32[64]{0} all-reduce(%x), replica_groups={}, to_apply=%add\n"
+        "  ROOT %g = f32[8]{0} fusion(%ari, %ar2), kind=kLoop, calls=%fused_rs\n"
+        "}\n"
+    )
+    got = [(c.name, c.kind) for c in hlo.normalized(HEADER + fused)]
+    assert got == [("ar", "all-reduce"), ("ari", "all-reduce"), ("ar2", "reduce-scatter")]
+
+
+def test_a_scan_whose_fusions_slice_stacked_weights_keeps_its_all_reduces(devices):
+    """Compiled: inside a ``lax.scan`` over stacked weights every fusion dynamic-slices a layer; the batch sum's
+    all-reduce stays an all-reduce (its bytes match), and an FSDP gradient's reduce-scatter is still one."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    layers, width, batch = 4, 64, 32
+
+    def mixed(ws, x):
+        def body(h, w):
+            total = jnp.sum(h, axis=0)  # over the data-split batch: an all-reduce every layer
+            return h + jnp.tanh(total[None, :] * w[0][None, :]), None
+
+        return jax.lax.scan(body, x, ws)[0]
+
+    def loss(ws, x):
+        return jnp.mean(jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0] ** 2)
+
+    def sds(shape, spec):
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))
+
+    x = sds((batch, width), P("data"))
+    text = jax.jit(mixed).lower(sds((layers, width, width), P()), x).compile().as_text()
+    assert "dynamic-slice" in text
+    (ar,) = hlo.normalized(text)
+    assert (ar.kind, ar.array_bytes, ar.group_size, ar.runs) == ("all-reduce", 4 * width, 8, layers)
+    assert ar.sent_bytes == 2 * 7 / 8 * 4 * width
+    fsdp = sds((layers, width, width), P(None, "data"))
+    grad = jax.jit(jax.grad(loss), out_shardings=fsdp.sharding).lower(fsdp, x).compile().as_text()
+    kinds = sorted((c.kind, c.runs) for c in hlo.normalized(grad))
+    assert kinds == [("all-gather", layers), ("all-gather", layers), ("reduce-scatter", layers)]

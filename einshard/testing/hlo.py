@@ -16,9 +16,14 @@ What it handles (theory.md, "HLO-parsing gotchas"):
   ``all-reduce`` whose result feeds a ``dynamic-slice`` (directly or inside a
   fusion).  Such an all-reduce is marked ``sliced=True``, and
   :func:`normalized` reports it as a reduce-scatter, the equivalence
-  einshard's tests rely on.  A piece of a combined (tuple) all-reduce is
-  followed through its ``get-tuple-element``: the combiner merges such
-  reduce-scatters with plain all-reduces.
+  einshard's tests rely on.  Only a slice *of the all-reduced value* counts:
+  the dynamic-slice's sliced operand (not an index) must be the all-reduce's
+  result, or, inside a fusion, the fusion parameter it arrives as (through
+  layout and elementwise ops).  A fusion that reads the all-reduce and slices
+  some other operand (in a ``lax.scan`` body, every fusion that reads a layer
+  of stacked weights) leaves it an all-reduce.  A piece of a combined (tuple)
+  all-reduce is followed through its ``get-tuple-element``: the combiner merges
+  such reduce-scatters with plain all-reduces.
 
 ``array_bytes`` uses the analyzer's convention (see einshard.analysis.cost):
 the gathered result of an all-gather, the full input of a reduce-scatter
@@ -109,6 +114,10 @@ _COMP = re.compile(r"^\s*(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
 _CALLED = re.compile(r"\b(?:body|condition|calls|to_apply)=%?([\w.\-]+)")
 _CALLED_LIST = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+# Ops that only re-lay a value out: the all-reduced value sliced after them is still the value sliced.
+_LAYOUT_OPS = frozenset({"bitcast", "reshape", "copy", "convert", "transpose", "get-tuple-element"})
 
 
 def _runs(calls: dict[str, list[tuple[str, int]]], order: list[str], entry: str | None) -> dict[str, int]:
@@ -231,26 +240,57 @@ def collectives(hlo_text: str) -> list[HloCollective]:
             callees += [x.strip().lstrip("%") for x in listed.split(",") if x.strip()]
         calls.setdefault(current, []).extend((callee, times) for callee in callees)
     runs = _runs(calls, order, entry)
-    consumers: dict[str, list[tuple[str, str, str]]] = {}
+    consumers: dict[str, list[tuple[str, str, list[str], str]]] = {}
     for cname, _, op, args, attrs, _ in instrs:
         for a in args:
-            consumers.setdefault(a, []).append((cname, op, attrs))
+            consumers.setdefault(a, []).append((cname, op, args, attrs))
+    # Per computation: its parameters by number, and each instruction's element count (a fusion's body is
+    # searched for a slice of the one parameter the collective arrives as).
+    params: dict[tuple[str, int], str] = {}
+    elements: dict[str, int] = {}
+    for iname, shape, op, _, _, line in instrs:
+        elements[iname] = sum(math.prod(dims) for _, dims in _shapes(shape)) if "(" not in shape else -1
+        if op == "parameter":
+            number = re.match(r"\s*(?:ROOT\s+)?%?[\w.\-]+\s*=.*?\sparameter\((\d+)\)", line)
+            if number:
+                params[(comp_of[iname], int(number.group(1)))] = iname
+
+    def slices_whole(value: str) -> bool:
+        """Whether ``value`` (or a layout/elementwise image of it, as many elements) is dynamic-sliced."""
+        seen = {value}
+        todo = [value]
+        while todo:
+            v = todo.pop()
+            for cname, op, args, _ in consumers.get(v, []):
+                if op == "dynamic-slice":
+                    if args and args[0] == v:
+                        return True
+                    continue  # ``v`` is an index of the slice, not what it slices
+                if cname not in seen and (op in _LAYOUT_OPS or elements.get(cname) == elements.get(v)):
+                    seen.add(cname)
+                    todo.append(cname)
+        return False
+
     starts = {name: attrs for name, _, op, _, attrs, _ in instrs if op.endswith("-start")}
 
     def sliced(name: str, piece: int | None = None) -> bool:
         """Whether ``name``'s result (or, of a tuple, piece ``piece``, read through get-tuple-element) is sliced."""
-        for cname, op, attrs in consumers.get(name, []):
+        for cname, op, args, attrs in consumers.get(name, []):
             if piece is not None:
                 index = re.search(r"\bindex=(\d+)", attrs)
                 if op == "get-tuple-element" and index and int(index.group(1)) == piece and sliced(cname):
                     return True
                 continue
-            if op == "dynamic-slice":
+            if op == "dynamic-slice" and args and args[0] == name:
                 return True
             if op == "fusion":
                 called = re.search(r"calls=%?([\w.\-]+)", attrs)
-                if called and "dynamic-slice" in comp_ops.get(called.group(1), set()):
-                    return True
+                if not called or "dynamic-slice" not in comp_ops.get(called.group(1), set()):
+                    continue
+                for k, a in enumerate(args):
+                    param = params.get((called.group(1), k))
+                    if a == name and param is not None and slices_whole(param):
+                        return True
         return False
 
     out: list[HloCollective] = []
