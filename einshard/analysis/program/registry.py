@@ -5,9 +5,10 @@ times it runs (scan bodies) and its phase, and returns its results' layouts.
 It charges the communication it implies through ``walker.change`` (a layout
 change, priced by the analyzer's ``transition``) or ``walker.record``.
 
-A primitive with no rule goes to :func:`unfollowed`: its results are taken as
-replicated and its name is listed in the report's ``unfollowed``, never a
-silent guess.  Primitives that carry a sub-jaxpr and have no rule of their
+A primitive with no rule goes to :func:`unfollowed`: its split operands are
+all-gathered (charged), its results are replicated, and its name and source
+line are listed in the report, which says on its first line that it is
+incomplete: never a silent guess.  Primitives that carry a sub-jaxpr and have no rule of their
 own (``pjit``, ``remat``, ``custom_jvp_call``, ...) are walked into by
 :func:`call_rule`.
 """
@@ -41,9 +42,8 @@ def register(*names: str) -> Callable[[Rule], Rule]:
 
 
 def unfollowed(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
-    """The default rule: the primitive is named in the report and its results taken as replicated."""
-    w.unfollowed.add(eqn.primitive.name)
-    return [w.replicated(v.aval) for v in eqn.outvars]
+    """The default rule: priced as XLA runs an op it cannot partition, named in the report (:meth:`Walker.no_rule`)."""
+    return w.no_rule(eqn, ins, repeat, phase)
 
 
 def sub_jaxpr(eqn: Any) -> Any:

@@ -44,8 +44,11 @@ class ProgramReport:
         peak_bytes: peak live bytes per device (arguments included), from a liveness walk.
         time_s: estimated step time on the profile (compute + communication, no overlap).
         phases: per phase ('forward', 'backward') totals of flops, bytes, count and time.
-        unfollowed: primitives whose layout rule einshard does not know (outputs assumed replicated).
+        unfollowed: primitives einshard has no layout rule for.  Each is priced as XLA runs an op it
+            cannot partition (split operands all-gathered, computed replicated); the report is then
+            incomplete (:attr:`complete` is False) and says so on its first line.
         analysis_s: how long the analysis took.
+        unfollowed_at: where those ops are, one entry per primitive: ``'sort at model.py:12 (loss)'``.
     """
 
     ops: tuple[OpReport, ...]
@@ -59,9 +62,30 @@ class ProgramReport:
     mesh: tuple[MeshAxis, ...]
     profile: Any
     analysis_s: float = 0.0
+    unfollowed_at: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Whether every op had a layout rule (else its numbers rest on the replicate-it fallback)."""
+        return not self.unfollowed
+
+    def headline(self) -> str:
+        """The first line: completeness, the mesh and the profile the times are for."""
+        mesh = ", ".join(f"{m.name}={m.size}" for m in self.mesh)
+        line = f"mesh: {mesh}   profile: {getattr(self.profile, 'name', self.profile)}"
+        if self.complete:
+            return line
+        where = "; ".join(self.unfollowed_at) or ", ".join(self.unfollowed)
+        return (
+            f"INCOMPLETE: no layout rule for {where} (priced as XLA runs an op it cannot partition: "
+            f"operands all-gathered, computed replicated; check with einshard.plan(verify=) or the HLO)   {line}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "complete": self.complete,
+            "profile": getattr(self.profile, "name", str(self.profile)),
+            "unfollowed_at": list(self.unfollowed_at),
             "mesh": {m.name: m.size for m in self.mesh},
             "flops": self.flops,
             "comm_bytes": self.comm_bytes,
@@ -91,8 +115,7 @@ class ProgramReport:
         }
 
     def __str__(self) -> str:
-        mesh = ", ".join(f"{m.name}={m.size}" for m in self.mesh)
-        lines = [f"mesh: {mesh}   profile: {getattr(self.profile, 'name', self.profile)}"]
+        lines = [self.headline()]
         header = f"{'#':>4}  {'phase':<8} {'op':<40} {'collectives':<44} {'GFLOP/dev':>10} {'comm/dev':>10}"
         lines.append(header)
         lines.append("-" * len(header))
@@ -115,7 +138,10 @@ class ProgramReport:
             f"~{self.time_s * 1e3:.3f} ms/step (no overlap)"
         )
         if self.unfollowed:
-            lines.append("not followed (outputs assumed replicated): " + ", ".join(self.unfollowed))
+            lines.append(
+                "no layout rule (operands all-gathered, computed replicated, as XLA does): "
+                + ", ".join(self.unfollowed)
+            )
         lines.append(f"analysed in {self.analysis_s * 1e3:.1f} ms")
         return "\n".join(lines)
 

@@ -241,6 +241,9 @@ class TracedProgram:
             mesh=self.mesh,
             profile=self.costs.profile,
             analysis_s=time.perf_counter() - start,
+            unfollowed_at=tuple(
+                f"{name} at {', '.join(sites)}" for name, sites in sorted(walker.unfollowed_at.items())
+            ),
         )
 
 

@@ -5,7 +5,11 @@ Each equation is handed to the rule registered for its primitive
 :mod:`.rules_indexing` and :mod:`.rules_control`).  A rule returns its
 outputs' layouts and records, through :meth:`Walker.change`, the collectives
 that bring operands to the layouts it needs.  A primitive with no rule goes
-to :func:`.registry.unfollowed`, which names it in the report.
+to :func:`.registry.unfollowed` (:meth:`Walker.no_rule`): it is priced as XLA
+runs an op its SPMD partitioner has no rule for (every split operand
+all-gathered whole, the op computed replicated, its consumers slicing the
+replicated result for free), and it is named, with its source line, in the
+report, which then says it is incomplete.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from ...core.layout import Layout, MeshAxis
 from ..cost import Collective
 from ..plan import side_string
 from . import rules_control, rules_indexing, rules_structural  # noqa: F401  (they register their rules)
-from .costing import FreeLayout, OpCosts
+from .costing import FreeLayout, OpCosts, is_free
 from .memory import Gathered
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
 from .report import OpReport
@@ -35,6 +39,9 @@ class Walker:
         self.quiet = quiet  # a dry run (a scan carry's fixed point): nothing is recorded
         self.ops: list[OpReport] = []
         self.unfollowed: set[str] = set()
+        # Where each op without a rule is in the user's code ("file.py:12 (fn)"), by primitive, first seen first.
+        self.unfollowed_at: dict[str, list[str]] = {}
+        self._stepping: list[Any] = []  # the equations being stepped, outermost first (calls hold their bodies')
         self.counter = 0
         self._replicated: dict[tuple[int, ...], Layout] = {}
         # Layout changes already made to a value: XLA computes a gathered value once and
@@ -197,6 +204,29 @@ class Walker:
         self._made[key] = ins[0]
         return False
 
+    def no_rule(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+        """An op with no layout rule, priced as XLA runs an op it cannot partition, and named.
+
+        XLA's SPMD partitioner replicates such an op: it all-gathers every split operand
+        to the whole array, runs the op on every device, and its consumers dynamic-slice
+        the replicated result back to their splits (free: no communication).
+        """
+        name = eqn.primitive.name
+        self.unfollowed.add(name)
+        if not self.quiet:
+            where = self.unfollowed_at.setdefault(name, [])
+            # The innermost equation with a line in the user's code: an op inside a library's jitted
+            # function (jnp.sort is one) has only library frames; the call the user wrote has the line.
+            site = next(filter(None, map(_source_line, reversed(self._stepping))), "unknown source line")
+            if site not in where:
+                where.append(site)
+        for v, lay in zip(eqn.invars, ins):
+            if hasattr(v, "val") or is_free(lay) or not any(lay.dims):
+                continue
+            whole = lay.with_dims(tuple(() for _ in lay.dims))
+            self.change(eqn, phase, lay, whole, v.aval.dtype, repeat, f"{name} has no rule")
+        return [self.replicated(v.aval) for v in eqn.outvars]
+
     # -- the walk ------------------------------------------------------------
     def walk(
         self,
@@ -264,7 +294,11 @@ class Walker:
         rule = RULES.get(eqn.primitive.name)
         if rule is None:
             rule = call_rule if sub_jaxpr(eqn) is not None else unfollowed
-        return rule(self, eqn, ins, repeat, phase)
+        self._stepping.append(eqn)
+        try:
+            return rule(self, eqn, ins, repeat, phase)
+        finally:
+            self._stepping.pop()
 
     def dtype(self, eqn: Any) -> Any:
         outs = eqn.outvars
@@ -287,6 +321,16 @@ def _private_copy(lay: Layout) -> Layout:
 def _extends(src: tuple[tuple[str, ...], ...], dst: tuple[tuple[str, ...], ...]) -> bool:
     """Every axis of ``dst`` is split as in ``src`` or further (``src``'s mesh axes come first)."""
     return all(d[: len(s)] == s for s, d in zip(src, dst))
+
+
+def _source_line(eqn: Any) -> str:
+    """Where ``eqn`` comes from in the user's code, as JAX summarises it (``'model.py:12 (loss)'``)."""
+    try:
+        from jax.extend import source_info_util
+
+        return str(source_info_util.summarize(eqn.source_info))
+    except Exception:  # an equation without source info (the program's output step): none to name
+        return ""
 
 
 def _itemsize(aval: Any) -> int:
