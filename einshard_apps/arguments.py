@@ -148,7 +148,21 @@ def plan(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--mesh", default="data=4,model=2", help="mesh axis sizes (default data=4,model=2)")
     parser.add_argument("--budget", default=None, help="memory per device, e.g. 2GiB (default: none)")
-    parser.add_argument("--profile", default="h100", help="hardware profile: h100, tpu-v5p, cpu (default h100)")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="hardware profile: h100, tpu-v5p, cpu (default: this machine's, cpu on a CPU; named in the output)",
+    )
+    parser.add_argument(
+        "--verify",
+        nargs="?",
+        type=int,
+        const=3,
+        default=None,
+        metavar="K",
+        help="compile the K best layouts and the best preset with XLA (shapes only) and choose by the compiled "
+        "collectives and memory (K default 3; 0: never; default: on when the model has ops without a rule)",
+    )
     parser.add_argument("--objective", default="training", choices=["training", "inference", "memory", "communication"])
     parser.add_argument(
         "--batch",

@@ -3,11 +3,14 @@
     einshard plan --mesh data=4,model=2 --budget 2GiB
     einshard plan --model transformer --mesh data=4,model=2 --rules-out rules.json
     einshard demo --rules rules.json                      # train with the planned layout
+    einshard plan --mesh data=4,model=2 --verify          # check the 3 best and the best preset with XLA
 
 ``--model mlp`` is ``relu(X @ W1) @ W2`` (widths scaled by ``--width``);
 ``--model transformer`` is the demo's transformer (``einshard demo``'s default
 sizes).  Both are planned as a training step (loss and gradients); nothing is
-allocated or compiled.  ``--rules-out`` writes the rules file ``einshard demo
+allocated (``--verify [K]`` compiles the K best candidates, shapes only, and
+chooses by XLA's numbers).  Times are for ``--profile`` (default: this
+machine's), named on the plan's first line.  ``--rules-out`` writes the rules file ``einshard demo
 --rules`` reads: ``{"params": {pattern: expression}, "batch": expression, "mesh": ...}``.
 """
 
@@ -27,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from .presets import parse_mesh
 
     mesh = parse_mesh(args.mesh)
+    _simulate_devices(mesh)
     if args.model == "transformer":
         from .models import transformer as tm
 
@@ -57,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         profile=args.profile,
         memory_budget=args.budget,
         objective=args.objective,
+        verify=args.verify,
     )
     print(title)
     print(result)
@@ -64,6 +69,22 @@ def run(args: argparse.Namespace) -> int:
         result.save_rules(args.rules_out, mesh=mesh)
         print(f"rules written to {args.rules_out} ({_use_hint(args)})")
     return 0 if result.fits else 1
+
+
+def _simulate_devices(mesh: dict[str, int]) -> None:
+    """On a CPU, as many simulated devices as the mesh has, so that ``--verify`` can compile on it (before
+    JAX starts; a caller's own XLA_FLAGS device count, or a backend already started, is kept)."""
+    import math
+    import os
+
+    import jax
+
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return
+    try:
+        jax.config.update("jax_num_cpu_devices", math.prod(mesh.values()))
+    except RuntimeError:
+        pass  # the backend already started (in-process use): keep its devices
 
 
 def _use_hint(args: argparse.Namespace) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 from ..core.collectives import KINDS, CollectiveKind, Step, StepKind, Target
 from ..core.layout import Layout
 
-__all__ = ["Profile", "PROFILES", "Collective", "KINDS", "get_profile"]
+__all__ = ["Profile", "PROFILES", "Collective", "KINDS", "get_profile", "default_profile", "profile_for"]
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,47 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+# The profile a device kind (``jax.devices()[0].device_kind``) runs as: the first key found in it, lower-cased,
+# and whether the profile was measured for that kind (else the reports name the kind it stands in for: an
+# H200 has an H100's FLOP/s and NVLink, more memory).
+DEVICE_KINDS: tuple[tuple[str, str, bool], ...] = (
+    ("h100", "h100", True),
+    ("h200", "h100", False),
+    ("v5p", "tpu-v5p", True),
+)
+# A device kind with no profile of its own runs as its platform's nearest one (named so on the reports).
+PLATFORM_FALLBACK: dict[str, str] = {"gpu": "h100", "cuda": "h100", "rocm": "h100", "tpu": "tpu-v5p"}
+
+
+def profile_for(platform: str, device_kind: str) -> Profile:
+    """The profile of a device: ``'cpu'`` on a CPU, by its kind on a GPU/TPU (H100, H200: ``h100``;
+    TPU v5p: ``tpu-v5p``); another accelerator gets its platform's profile, renamed to say it stands in."""
+    if platform == "cpu":
+        return PROFILES["cpu"]
+    kind = device_kind.lower()
+    for key, name, own in DEVICE_KINDS:
+        if key in kind:
+            return PROFILES[name] if own else _renamed(PROFILES[name], f"{name} (for {device_kind})")
+    stand_in = PLATFORM_FALLBACK.get(platform, "cpu")
+    return _renamed(PROFILES[stand_in], f"{stand_in} (stand-in for {device_kind}: no profile of its own)")
+
+
+def _renamed(profile: Profile, name: str) -> Profile:
+    import dataclasses
+
+    return dataclasses.replace(profile, name=name)
+
+
+def default_profile() -> Profile:
+    """The profile of the machine this process runs on (its first device): what ``profile=None`` means."""
+    import jax
+
+    device = jax.devices()[0]
+    return profile_for(device.platform, str(getattr(device, "device_kind", device.platform)))
+
+
 def get_profile(profile: Profile | str | None) -> Profile:
-    """A :class:`Profile` from itself, a preset name, or None (the ``'cpu'`` preset)."""
+    """A :class:`Profile` from itself, a preset name, or None (this machine's: :func:`default_profile`)."""
     if profile.__class__ is str:  # the common call: a preset's name as written in the table
         hit = PROFILES.get(profile)  # type: ignore[arg-type]
         if hit is not None:
@@ -107,7 +146,7 @@ def get_profile(profile: Profile | str | None) -> Profile:
     from ..errors import EinshardError
 
     if profile is None:
-        return PROFILES["cpu"]
+        return default_profile()
     if isinstance(profile, Profile):
         return profile
     if isinstance(profile, str) and profile.lower() in PROFILES:

@@ -23,6 +23,7 @@ from .result import Alternative, LayoutPlan
 from .roles import weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
 from .search import exhaustive, guided_descent
+from .verify import DEFAULT_VERIFY, Verified, verification_mesh, verify_assignments
 
 __all__ = ["plan"]
 
@@ -52,6 +53,7 @@ def plan(
     presets: Mapping[str, PresetRules] | None = None,
     n_alternatives: int = 5,
     pipeline: PipelineSearch | None = None,
+    verify: int | None = None,
     **kwargs: Any,
 ) -> LayoutPlan:
     """Choose einshard layouts for ``fn``'s parameters and batch: fastest within ``memory_budget``.
@@ -62,7 +64,9 @@ def plan(
         args: pytrees of arrays or ``jax.ShapeDtypeStruct``s; the first is the parameters, the rest data.
         mesh: a Mesh, an AbstractMesh, or axis sizes ``{'data': 256, 'model': 8}`` (plan a 2048-device
             mesh from sizes only); default the mesh of ``jax.set_mesh``, else the arguments' mesh.
-        profile: hardware profile for time (``'h100'``, ``'tpu-v5p'``, ``'cpu'`` or an ``einshard.Profile``).
+        profile: hardware profile for time (``'h100'``, ``'tpu-v5p'``, ``'cpu'`` or an ``einshard.Profile``);
+            default the profile of the machine this runs on (``cpu`` on a CPU, by ``jax.devices()[0].device_kind``
+            on a GPU/TPU), named on the plan's first line.
         memory_budget: bytes per device (or ``'16GiB'``); None: no limit.
         objective: ``'training'`` / ``'inference'`` (step time), ``'memory'`` (bytes per device),
             ``'communication'`` (bytes sent per device).
@@ -81,11 +85,19 @@ def plan(
             activation shape, schedules, micro-batch counts) with the schedule model of
             :func:`einshard.pipeline_info`; the best appears in ``alternatives`` and is the plan when it
             beats every layout (e.g. where only a pipeline meets the memory budget).
+        verify: compile the ``verify`` best assignments and the best preset with XLA (shapes only, on the
+            mesh planned for) and choose by the compiled collectives and memory where they disagree with
+            the prediction (:mod:`einshard.planner.verify`); ``result.verification`` shows predicted vs
+            compiled.  Default: ``0`` when every op of ``fn`` has a layout rule, else
+            :data:`~einshard.planner.verify.DEFAULT_VERIFY` (an incomplete model is never ranked on the
+            prediction alone when its mesh's devices are here; the result says so when they are not).
 
     Returns:
         A :class:`LayoutPlan`; ``result.rules`` plugs into ``einshard.einshard(params, result.rules, mesh=mesh)``.
     """
     start = time.perf_counter()
+    if verify is not None and (isinstance(verify, bool) or not isinstance(verify, int) or verify < 0):
+        raise EinshardError(f"plan(): verify must be a count of candidates to compile (>= 0) or None, got {verify!r}")
     if objective not in OBJECTIVES:
         raise EinshardError(f"plan(): objective must be one of {OBJECTIVES}, got {objective!r}")
     if not args:
@@ -140,7 +152,6 @@ def plan(
 
         order = guided_descent(costs, counts, starts, allowed, max(max_evaluations, len(starts)), pair_limit)
     best = order[0]
-    chosen = costs.score(best)
 
     def rules_of(assign: tuple[int, ...]) -> tuple[dict[str, str], tuple[dict[str, str | None], ...]]:
         rules = {g.pattern: g.expression(g.candidates[c]) for g, c in zip(groups, assign)}
@@ -168,6 +179,27 @@ def plan(
         r, d = rules_of(assign)
         return Alternative(label, r, d, s.time_s, s.memory, s.comm, s.fits, s.compute_s)
 
+    incomplete = costs.score(best).report
+    n_verify = verify if verify is not None else (0 if incomplete.complete else DEFAULT_VERIFY)
+    verification: tuple[Verified, ...] = ()
+    unverified = ""
+    if n_verify:
+        try:
+            vmesh = verification_mesh(mesh, args, mesh_axes)
+        except EinshardError as err:
+            if verify is not None:
+                raise
+            unverified = str(err).splitlines()[0]
+        else:
+            candidates = [(label_of(a), a) for a in order[:n_verify]]
+            name, preset = min(presets_assign.items(), key=lambda kv: costs.score(kv[1]).key)
+            if preset not in order[:n_verify]:
+                candidates.append((f"preset {name}", preset))
+            rows = verify_assignments(fn, costs, candidates, vmesh, kwargs)
+            verification = tuple(row for row, _ in rows)
+            best = rows[0][1]
+            order = [best] + [a for a in order if a != best]
+    chosen = costs.score(best)
     alts = [alternative(label_of(a), a) for a in order[1 : 1 + n_alternatives]]
     preset_alts = [alternative(f"preset {n}", a) for n, a in presets_assign.items() if n not in (presets or {})]
     user: list[tuple[Alternative, Score]] = [user_preset(n, pr, pd, costs) for n, (pr, pd) in (presets or {}).items()]
@@ -241,6 +273,7 @@ def plan(
             planning_s=time.perf_counter() - start,
             compute_s=pipe.compute_s,
             pipeline=pipe,
+            verification=verification,
         )
     if not chosen.fits:
         warning = (
@@ -262,6 +295,12 @@ def plan(
     )
     if beaten_by is not None and chosen is beaten_by[1]:
         explanation = f"{beaten_by[0].label} beats every assignment searched; returned as the plan\n" + explanation
+    explanation = _verification_note(verification, incomplete, unverified) + explanation
+    if not incomplete.complete and not verification:
+        warning = (warning + "; " if warning else "") + (
+            f"the model is incomplete (no layout rule for {', '.join(incomplete.unfollowed)}) and the layouts are "
+            f"ranked on the prediction alone: {unverified or 'verify=0'}"
+        )
     return LayoutPlan(
         rules=rules,
         data_rules=data_rules,
@@ -281,6 +320,26 @@ def plan(
         space=space,
         planning_s=time.perf_counter() - start,
         compute_s=chosen.compute_s,
+        verification=verification,
+    )
+
+
+def _verification_note(verification: tuple[Verified, ...], report: Any, unverified: str) -> str:
+    """The explanation's first lines about the compiler's check (empty when nothing was compiled)."""
+    if not verification:
+        return ""
+    why = "the model is incomplete, " if not report.complete else ""
+    chosen = next(v for v in verification if v.chosen)
+    first = verification[0] if verification[0].chosen else None
+    predicted_first = min(verification, key=lambda v: (not v.fits, v.predicted_time_s))
+    line = f"verified with XLA ({why}{len(verification)} candidates compiled, shapes only): "
+    if first is not None and chosen is predicted_first:
+        return line + f"the compiler agrees on {chosen.label}\n"
+    return line + (
+        f"chose {chosen.label} by the compiled numbers ({human_time(chosen.compiled_time_s)}/step, "
+        f"{human_bytes(chosen.compiled_comm_bytes)} sent); the prediction's first, {predicted_first.label}, "
+        f"compiles to {human_time(predicted_first.compiled_time_s)}/step, "
+        f"{human_bytes(predicted_first.compiled_comm_bytes)} sent\n"
     )
 
 

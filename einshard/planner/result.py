@@ -54,6 +54,8 @@ class LayoutPlan:
         report: the :class:`~einshard.analysis.program.ProgramReport` of the choice.
         strategies: a short strategy name per parameter group (and ``batch``).
         method: ``'exhaustive'`` or ``'coordinate descent'``; evaluated: how many assignments were costed.
+        verification: when ``plan(verify=k)`` compiled candidates (or the model was incomplete), each one's
+            predicted and compiled numbers (:class:`~einshard.planner.verify.Verified`), the chosen marked.
         pipeline: when the choice is a pipeline (``plan(pipeline=PipelineSearch(...))``), its
             :class:`~.pipelines.PipelineCost` (schedule, micro-batches, bubble, activation bytes;
             ``pipeline.candidate.pipeline_kwargs()`` for :func:`einshard.pipeline`); ``report`` is then
@@ -79,6 +81,7 @@ class LayoutPlan:
     planning_s: float = 0.0
     compute_s: float = 0.0
     pipeline: Any = None
+    verification: tuple[Any, ...] = ()  # einshard.planner.verify.Verified: predicted vs compiled, per candidate
 
     def place(self, params: Any, *data: Any, mesh: Any = None) -> tuple[Any, ...]:
         """``(params, *data)`` laid out by the plan's rules (``einshard.einshard`` on each)."""
@@ -125,12 +128,20 @@ class LayoutPlan:
             "compute_s": self.compute_s,
             "alternatives": [a.to_dict() for a in self.alternatives],
             "explanation": self.explanation,
+            "profile": getattr(self.report.profile, "name", str(self.report.profile)),
+            "complete": self.report.complete,
+            "unfollowed_at": list(self.report.unfollowed_at),
+            "verification": [v.to_dict() for v in self.verification],
         }
 
     def __str__(self) -> str:
         budget = human_bytes(self.memory_budget) if self.memory_budget is not None else "none"
+        profile = getattr(self.report.profile, "name", self.report.profile)
+        checked = ", verified with XLA" if self.verification else ""
+        if not self.report.complete:
+            checked = f", INCOMPLETE model (no layout rule for {', '.join(self.report.unfollowed)}){checked}"
         lines = [
-            f"plan ({self.objective}, budget {budget}): {human_time(self.time_s)}/step, "
+            f"plan ({self.objective}, budget {budget}, profile {profile}{checked}): {human_time(self.time_s)}/step, "
             f"{human_bytes(self.memory_bytes)}/device, {human_bytes(self.comm_bytes)} sent/device"
             + ("" if self.fits else "  ** DOES NOT FIT **"),
             "rules:",
@@ -146,6 +157,9 @@ class LayoutPlan:
         if self.alternatives:
             lines.append("alternatives:")
             lines += ["  " + a.line() for a in self.alternatives]
+        if self.verification:
+            lines.append("verified with XLA (predicted -> compiled; * the plan):")
+            lines += ["  " + v.line() for v in self.verification]
         lines.append(
             f"searched {self.evaluated} of {self.space} assignments ({self.method}) in {self.planning_s:.2f} s"
         )

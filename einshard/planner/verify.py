@@ -1,0 +1,262 @@
+"""``plan(verify=k)``: the planner checks its best candidates with the compiler.
+
+The cost model (``explain``) predicts; XLA decides.  Verification compiles
+the ``k`` best assignments the search ranked and the best preset, shapes only
+(``jax.ShapeDtypeStruct``s with ``NamedSharding``s: nothing is allocated or
+run), on the mesh the plan is for, and reads from each compiled program:
+
+* its collectives (:func:`einshard.testing.hlo.normalized`, loop bodies
+  counted once per iteration), priced with the plan's profile
+  (:meth:`~einshard.analysis.cost.Profile.collective_time`, once per HLO
+  instruction: a combined collective pays its latency once);
+* its peak memory per device, ``memory_analysis()``: arguments + outputs +
+  temporaries - aliased, plus the optimizer state the cost model adds.
+
+**The rule.**  A candidate's compiled step time is its predicted compute
+time (XLA reports no per-device FLOPs for loops that einshard can trust
+more than its own count) plus the profile's time of its compiled
+collectives; it fits when its compiled memory is within the budget.  The
+verified candidates are ranked by the objective on those compiled numbers
+(``'training'``/``'inference'``: compiled time; ``'memory'``: compiled
+memory; ``'communication'``: compiled bytes sent), those within the budget
+first, the prediction's order breaking ties; the first is the plan.  Where
+the compiler agrees with the prediction, that is the prediction's choice.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from ..analysis.cost import Profile, human_bytes, human_time
+from ..core.layout import MeshAxis
+from ..errors import EinshardError
+from .scoring import Costs, Score
+
+__all__ = ["Verified", "DEFAULT_VERIFY", "verification_mesh", "compiled_numbers", "verify_assignments"]
+
+# Candidates compiled by default when the model is incomplete (an op without a layout rule): the best
+# three the search ranked, and the best preset.
+DEFAULT_VERIFY = 3
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One candidate, as predicted and as compiled.
+
+    Attributes:
+        label: the candidate's name (as in ``LayoutPlan.alternatives``).
+        predicted_*: what the cost model says (step time, bytes sent per device, collectives, memory per device).
+        compiled_*: the same read from XLA's compiled program (module doc: the rule).
+        compiled_kinds: collective kind -> how many run per step, from the HLO.
+        fits: whether the compiled memory is within the budget.
+        chosen: whether this candidate is the plan.
+    """
+
+    label: str
+    predicted_time_s: float
+    predicted_comm_bytes: float
+    predicted_count: int
+    predicted_memory: int
+    compiled_time_s: float
+    compiled_comm_bytes: float
+    compiled_count: int
+    compiled_memory: int
+    compiled_kinds: dict[str, int] = field(default_factory=dict)
+    fits: bool = True
+    chosen: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "predicted": {
+                "time_s": self.predicted_time_s,
+                "comm_bytes": self.predicted_comm_bytes,
+                "count": self.predicted_count,
+                "memory_bytes": self.predicted_memory,
+            },
+            "compiled": {
+                "time_s": self.compiled_time_s,
+                "comm_bytes": self.compiled_comm_bytes,
+                "count": self.compiled_count,
+                "memory_bytes": self.compiled_memory,
+                "kinds": dict(self.compiled_kinds),
+            },
+            "fits": self.fits,
+            "chosen": self.chosen,
+        }
+
+    def line(self) -> str:
+        mark = "*" if self.chosen else " "
+        fit = "" if self.fits else "  (over budget)"
+        return (
+            f"{mark} {self.label:<34} time {human_time(self.predicted_time_s)} -> {human_time(self.compiled_time_s)}"
+            f"  sent {human_bytes(self.predicted_comm_bytes)} -> {human_bytes(self.compiled_comm_bytes)}"
+            f"  collectives {self.predicted_count} -> {self.compiled_count}"
+            f"  memory {human_bytes(self.predicted_memory)} -> {human_bytes(self.compiled_memory)}{fit}"
+        )
+
+
+def verification_mesh(
+    mesh: Any, args: Sequence[Any], mesh_axes: tuple[MeshAxis, ...], what: str = "plan(verify=...)"
+) -> Any:
+    """A concrete ``jax.sharding.Mesh`` to compile on: the caller's own (``mesh=``, ``jax.set_mesh``, the
+    arguments'), else one built on this process's devices.
+
+    A plan made from sizes (``mesh={'data': 4}``) or an AbstractMesh compiles on the first devices, with
+    Auto axes (the compiler propagates layouts through whatever ``fn`` does, as ``jax.jit`` runs it).
+
+    Raises:
+        EinshardError: the mesh needs more devices than this process has.
+    """
+    from ..core.mesh import resolve_mesh
+
+    found = resolve_mesh(mesh, args, what=what, check_operands=False)
+    if isinstance(found, jax.sharding.Mesh) and not found.empty:
+        return found
+    n = math.prod(m.size for m in mesh_axes)
+    devices = jax.devices()
+    if n > len(devices):
+        sizes = {m.name: m.size for m in mesh_axes}
+        raise EinshardError(
+            f"{what}: compiling the candidates needs the mesh's {n} devices ({sizes}); this process has "
+            f"{len(devices)} ({devices[0].platform})",
+            hint="Verify on a machine (or simulated CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=N) "
+            "with the mesh's devices, or pass verify=0 to rank on the prediction alone.",
+        )
+    auto = (jax.sharding.AxisType.Auto,) * len(mesh_axes)
+    return jax.make_mesh(
+        tuple(m.size for m in mesh_axes), tuple(m.name for m in mesh_axes), axis_types=auto, devices=devices[:n]
+    )
+
+
+def compiled_numbers(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    in_specs: Sequence[Any],
+    out_specs: Any,
+    mesh: Any,
+    profile: Profile,
+    **kwargs: Any,
+) -> tuple[float, float, int, int | None, dict[str, int]]:
+    """Compile ``fn`` on shapes laid out as ``in_specs`` (one PartitionSpec or None per leaf of ``args``) and
+    ``out_specs`` (a pytree prefix of the output: PartitionSpec, or None for the compiler's choice).
+
+    Returns:
+        (communication seconds on ``profile``, bytes sent per device, collectives per step,
+        peak bytes per device (None where the backend has no ``memory_analysis()``), collectives by kind),
+        all from the compiled program.
+    """
+    from ..testing import hlo
+
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    shapes = [
+        jax.ShapeDtypeStruct(
+            tuple(x.shape), x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec or jax.sharding.PartitionSpec())
+        )
+        for x, spec in zip(leaves, in_specs)
+    ]
+    out_shardings = jax.tree_util.tree_map(
+        lambda s: None if s is None else jax.sharding.NamedSharding(mesh, s),
+        out_specs,
+        is_leaf=lambda s: s is None or isinstance(s, jax.sharding.PartitionSpec),
+    )
+    jitted = jax.jit(functools.partial(fn, **kwargs), out_shardings=out_shardings)
+    compiled = jitted.lower(*jax.tree_util.tree_unflatten(treedef, shapes)).compile()
+    by_instruction: dict[str, list[Any]] = {}
+    for c in hlo.normalized(compiled.as_text() or ""):
+        by_instruction.setdefault(c.name, []).append(c)
+    comm_s = sent = 0.0
+    count = 0
+    kinds: dict[str, int] = {}
+    for pieces in by_instruction.values():
+        first = pieces[0]
+        piece_sent = sum(c.sent_bytes for c in pieces)
+        array = sum(c.array_bytes for c in pieces)
+        comm_s += first.runs * profile.collective_time(first.kind, first.group_size, piece_sent, array)
+        sent += first.runs * piece_sent
+        for c in pieces:
+            count += c.runs
+            kinds[c.kind] = kinds.get(c.kind, 0) + c.runs
+    mem = compiled.memory_analysis()
+    if mem is None:  # a backend that reports no memory: the prediction's figure stands (the caller's)
+        return comm_s, sent, count, None, kinds
+    peak = int(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
+    return comm_s, sent, count, peak, kinds
+
+
+def verify_assignments(
+    fn: Callable[..., Any],
+    costs: Costs,
+    candidates: Sequence[tuple[str, tuple[int, ...]]],
+    mesh: Any,
+    kwargs: dict[str, Any],
+) -> list[tuple[Verified, tuple[int, ...]]]:
+    """Each candidate (label, assignment) predicted and compiled, ranked by the compiled numbers (module doc);
+    the first is marked chosen."""
+    P = jax.sharding.PartitionSpec
+    rows: list[tuple[tuple[Any, ...], Verified, tuple[int, ...]]] = []
+    for rank, (label, assign) in enumerate(candidates):
+        score: Score = costs.score(assign)
+        leaf_specs, data_specs = costs.specs(assign)
+        params_specs = jax.tree_util.tree_unflatten(costs.params_treedef, leaf_specs)
+        full = costs.in_specs(params_specs, data_specs)
+        flat_specs = [
+            s for sub in full for s in jax.tree_util.tree_leaves(sub, is_leaf=lambda s: s is None or isinstance(s, P))
+        ]
+        out_leaves, out_def = jax.tree_util.tree_flatten(costs.traced.out_shape)
+        out_specs = jax.tree_util.tree_unflatten(
+            out_def, [None if i is None else leaf_specs[i] for i in costs.out_params[: len(out_leaves)]]
+        )
+        try:
+            numbers = compiled_numbers(fn, costs.args, flat_specs, out_specs, mesh, score.report.profile, **kwargs)
+        except Exception as err:  # noqa: BLE001  (JAX's and XLA's errors have no common type)
+            if not any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+                raise EinshardError(
+                    f"plan(verify=...): XLA could not compile candidate {label!r}: {type(err).__name__}: {err}"
+                ) from err
+            # A program that does not type-check on Explicit axes (where jax.sharding.auto_axes would be
+            # needed) compiles on the same devices with Auto axes, as jax.jit would run it there.
+            auto = jax.sharding.Mesh(
+                mesh.devices, mesh.axis_names, axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+            )
+            numbers = compiled_numbers(fn, costs.args, flat_specs, out_specs, auto, score.report.profile, **kwargs)
+        comm_s, sent, count, peak, kinds = numbers
+        memory = score.memory if peak is None else peak + costs.optimizer_bytes(assign)
+        fits = costs.budget is None or memory <= costs.budget
+        time_s = score.compute_s + comm_s
+        primary = {"memory": float(memory), "communication": sent}.get(costs.objective, time_s)
+        row = Verified(
+            label,
+            score.time_s,
+            score.comm,
+            score.comm_ops or score.report.comm_count,
+            score.memory,
+            time_s,
+            sent,
+            count,
+            memory,
+            kinds,
+            fits,
+        )
+        rows.append(((not fits, _settled(primary), _settled(time_s), _settled(sent), memory, rank), row, assign))
+    rows.sort(key=lambda r: r[0])
+    out = []
+    for k, (_, row, assign) in enumerate(rows):
+        out.append((row if k else _chosen(row), assign))
+    return out
+
+
+def _chosen(row: Verified) -> Verified:
+    import dataclasses
+
+    return dataclasses.replace(row, chosen=True)
+
+
+def _settled(x: float) -> float:
+    return float(f"{x:.9g}")
