@@ -167,7 +167,8 @@ def compiled_numbers(
         is_leaf=lambda s: s is None or isinstance(s, jax.sharding.PartitionSpec),
     )
     jitted = jax.jit(functools.partial(fn, **kwargs), out_shardings=out_shardings)
-    compiled = jitted.lower(*jax.tree_util.tree_unflatten(treedef, shapes)).compile()
+    with jax.set_mesh(mesh):  # the mesh in context too, as a user's step runs (an Explicit mesh's types need it)
+        compiled = jitted.lower(*jax.tree_util.tree_unflatten(treedef, shapes)).compile()
     by_instruction: dict[str, list[Any]] = {}
     for c in hlo.normalized(compiled.as_text() or ""):
         by_instruction.setdefault(c.name, []).append(c)
