@@ -116,6 +116,16 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
             elif name == "reshape":
                 mapped = _reshape_axes(tuple(v.aval.shape), tuple(eqn.outvars[0].aval.shape))
                 frontier.append((eqn.outvars[0], tuple(-1 if i < 0 else axis_of[i] for i in mapped)))
+            elif name in PLACEMENTS:
+                # A placement asks for its layout outright: the exit of a jax.sharding.auto_axes region
+                # (out_sharding=, or the transpose of its entry: a weight gradient resharded to the weight's
+                # FSDP split) takes the sum split there, a reduce-scatter, as XLA compiles it.
+                for i, split in enumerate(placement_dims(eqn)):
+                    axis = axis_of[i] if i < len(axis_of) else -1
+                    if axis < 0 or not split or not set(split) <= sums or set(split) & used:
+                        continue
+                    if out.shape[axis] % math.prod(w.costs.mesh_sizes[m] for m in split) == 0:
+                        return [split if a == axis else d for a, d in enumerate(out.dims)]
             elif name == "dot_general" and k < 2:
                 partner = w.env.get(eqn.invars[1 - k])
                 if partner is None or is_free(partner) or partner.unreduced:
@@ -131,6 +141,24 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
                     if out.shape[axis] % n == 0:
                         return [split if a == axis else d for a, d in enumerate(out.dims)]
     return None
+
+
+# Equations that lay a value out as their parameters say.
+PLACEMENTS = frozenset({"reshard", "sharding_constraint", "device_put"})
+
+
+def placement_dims(eqn: Any) -> list[tuple[str, ...]]:
+    """The mesh axes a placement equation splits each axis of its result over (unconstrained entries: none)."""
+    sh = eqn.params.get("sharding") or eqn.params.get("dst_sharding")
+    if isinstance(sh, (list, tuple)):
+        sh = sh[0] if sh else None
+    spec = getattr(sh, "spec", None)
+    if spec is None:
+        return []
+    out: list[tuple[str, ...]] = []
+    for e in spec:
+        out.append((e,) if isinstance(e, str) else tuple(e) if isinstance(e, tuple) else ())
+    return out
 
 
 def _reshape_axes(src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[int, ...]:
