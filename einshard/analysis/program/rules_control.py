@@ -175,9 +175,26 @@ def scan(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> lis
         if not is_free(lay) and lay.dims != want.dims:
             w.change(eqn, phase, lay, lay.with_dims(want.dims), v.aval.dtype, repeat, "scan carry settles")
         settled.append(want)
-    res = w.walk(body, [*consts, *settled, *xs_inner], repeat * length, inherit(phase))
-    carry_out, ys = res[:n_carry], res[n_carry:]
+    # A stacked output the program returns split (an FSDP layer stack's gradient): each iteration's piece
+    # leaves the loop as an output does, its sum pending, and is summed straight to its split inside the
+    # loop -- a reduce-scatter per iteration, as XLA compiles it, not an all-reduce and a slice.
     outs = eqn.outvars
+    stacked: list[tuple[int, Any, tuple[tuple[str, ...], ...]]] = []
+    for k, (o, bv) in enumerate(zip(outs[n_carry:], body.outvars[n_carry:])):
+        asked = w.requested.get(id(o))
+        if asked and not asked[0] and any(asked[1:]) and not hasattr(bv, "val") and id(bv) not in w.program_outputs:
+            stacked.append((k, bv, asked[1:]))
+            w.program_outputs.add(id(bv))
+    try:
+        res = w.walk(body, [*consts, *settled, *xs_inner], repeat * length, inherit(phase))
+    finally:
+        w.program_outputs.difference_update(id(bv) for _, bv, _ in stacked)
+    carry_out, ys = res[:n_carry], list(res[n_carry:])
+    for k, bv, dims in stacked:
+        if ys[k].unreduced:
+            dst = w.relayout(bv.aval, dims)
+            w.change(eqn, phase, ys[k], dst, bv.aval.dtype, repeat * length, "scan output's layout")
+            ys[k] = dst
     out_layouts = [w.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
     out_layouts += [w.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
     return out_layouts

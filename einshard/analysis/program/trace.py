@@ -198,6 +198,13 @@ class TracedProgram:
         elif walker.ops or walker.costs is not self.costs:
             raise EinshardError("TracedProgram.report(walker=...): pass a fresh walker over this program's costs")
         layouts: dict[Any, Layout] = {}
+        for v, spec in zip(self.jaxpr.outvars, out_specs or ()):
+            rank = len(getattr(v.aval, "shape", ()))
+            if spec is not None and not hasattr(v, "val") and rank:
+                entries = list(spec) + [None] * (len(v.aval.shape) - len(spec))
+                walker.requested[id(v)] = tuple(
+                    () if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries
+                )
         outs = walker.walk(self.jaxpr, in_layouts, 1, None, env=layouts)
         if out_specs is not None:
             for v, lay, spec in zip(self.jaxpr.outvars, outs, out_specs):

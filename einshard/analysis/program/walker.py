@@ -59,6 +59,9 @@ class Walker:
         self.uses: dict[int, list[tuple[Any, int]]] = {}
         self.env: dict[Any, Layout] = {}
         self.program_outputs: set[int] = set()
+        # The layouts the caller asks for the program's outputs (``report(out_specs=)``), by id of the jaxpr
+        # value: a scan whose stacked output is one sums each iteration's piece straight to that split.
+        self.requested: dict[int, tuple[tuple[str, ...], ...]] = {}
         # The environments of the nested calls walked into (jit, custom derivatives, remat), by the path of
         # call equations (ids) from the program: peak memory inlines them as XLA does (see :mod:`.memory`).
         self.sub_envs: dict[tuple[int, ...], dict[Any, Layout]] = {}
