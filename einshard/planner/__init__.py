@@ -43,6 +43,10 @@ How it works:
 4. **Search** (:mod:`.search`): exhaustive when there are at most
    ``exhaustive_limit`` (256) assignments, else a guided coordinate descent
    that costs at most ``max_evaluations`` (160) of them.
+5. **Verify** (:mod:`.verify`, ``verify=k``; on by default when the program
+   has an op without a layout rule): the k best and the best preset are
+   compiled with XLA, shapes only, and ranked by the compiled collectives
+   and memory.
 
 Example:
     >>> import jax, jax.numpy as jnp, einshard
@@ -64,6 +68,7 @@ from .groups import Candidate, Group, batch_candidates, param_candidates, param_
 from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes
 from .pipelines import PipelineCost, PipelineSearch
 from .result import Alternative, LayoutPlan
+from .verify import DEFAULT_VERIFY, Verified
 
 __all__ = [
     "plan",
@@ -71,6 +76,8 @@ __all__ = [
     "PipelineSearch",
     "PipelineCost",
     "Alternative",
+    "Verified",
+    "DEFAULT_VERIFY",
     "Candidate",
     "Group",
     "parse_bytes",

@@ -143,7 +143,8 @@ class LayoutPlan:
         lines = [
             f"plan ({self.objective}, budget {budget}, profile {profile}{checked}): {human_time(self.time_s)}/step, "
             f"{human_bytes(self.memory_bytes)}/device, {human_bytes(self.comm_bytes)} sent/device"
-            + ("" if self.fits else "  ** DOES NOT FIT **"),
+            + ("" if self.fits else "  ** DOES NOT FIT **")
+            + _compiled_summary(self.verification),
             "rules:",
         ]
         width = max([len(p) for p in self.rules] + [10])
@@ -164,3 +165,14 @@ class LayoutPlan:
             f"searched {self.evaluated} of {self.space} assignments ({self.method}) in {self.planning_s:.2f} s"
         )
         return "\n".join(lines)
+
+
+def _compiled_summary(verification: tuple[Any, ...]) -> str:
+    """The chosen candidate's compiled numbers, for the first line of a verified plan."""
+    chosen = next((v for v in verification if v.chosen), None)
+    if chosen is None:
+        return ""
+    return (
+        f"  (compiled: {human_time(chosen.compiled_time_s)}/step, {human_bytes(chosen.compiled_memory)}/device, "
+        f"{human_bytes(chosen.compiled_comm_bytes)} sent/device)"
+    )
