@@ -294,7 +294,10 @@ def plan(
         tuple(m.name for m in mesh_axes if m.size > 1),
     )
     if beaten_by is not None and chosen is beaten_by[1]:
-        explanation = f"{beaten_by[0].label} beats every assignment searched; returned as the plan\n" + explanation
+        unchecked = " (by the prediction: presets= are not compiled by verify)" if verification else ""
+        explanation = (
+            f"{beaten_by[0].label} beats every assignment searched{unchecked}; returned as the plan\n" + explanation
+        )
     explanation = _verification_note(verification, incomplete, unverified) + explanation
     if not incomplete.complete and not verification:
         warning = (warning + "; " if warning else "") + (
