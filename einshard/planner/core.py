@@ -179,10 +179,11 @@ def plan(
         r, d = rules_of(assign)
         return Alternative(label, r, d, s.time_s, s.memory, s.comm, s.fits, s.compute_s)
 
-    incomplete = costs.score(best).report
-    n_verify = verify if verify is not None else (0 if incomplete.complete else DEFAULT_VERIFY)
+    predicted = costs.score(best).report  # the search's choice: whether the model had a rule for every op
+    n_verify = verify if verify is not None else (0 if predicted.complete else DEFAULT_VERIFY)
     verification: tuple[Verified, ...] = ()
     unverified = ""
+    predicted_first = ""
     if n_verify:
         try:
             vmesh = verification_mesh(mesh, args, mesh_axes)
@@ -192,6 +193,7 @@ def plan(
             unverified = str(err).splitlines()[0]
         else:
             candidates = [(label_of(a), a) for a in order[:n_verify]]
+            predicted_first = candidates[0][0]
             name, preset = min(presets_assign.items(), key=lambda kv: costs.score(kv[1]).key)
             if preset not in order[:n_verify]:
                 candidates.append((f"preset {name}", preset))
@@ -298,10 +300,11 @@ def plan(
         explanation = (
             f"{beaten_by[0].label} beats every assignment searched{unchecked}; returned as the plan\n" + explanation
         )
-    explanation = _verification_note(verification, incomplete, unverified) + explanation
-    if not incomplete.complete and not verification:
+    if verification:
+        explanation = _verification_note(verification, predicted.complete, predicted_first) + explanation
+    if not predicted.complete and not verification:
         warning = (warning + "; " if warning else "") + (
-            f"the model is incomplete (no layout rule for {', '.join(incomplete.unfollowed)}) and the layouts are "
+            f"the model is incomplete (no layout rule for {', '.join(predicted.unfollowed)}) and the layouts are "
             f"ranked on the prediction alone: {unverified or 'verify=0'}"
         )
     return LayoutPlan(
@@ -327,22 +330,18 @@ def plan(
     )
 
 
-def _verification_note(verification: tuple[Verified, ...], report: Any, unverified: str) -> str:
-    """The explanation's first lines about the compiler's check (empty when nothing was compiled)."""
-    if not verification:
-        return ""
-    why = "the model is incomplete, " if not report.complete else ""
+def _verification_note(verification: tuple[Verified, ...], complete: bool, predicted_first: str) -> str:
+    """The explanation's first line about the compiler's check: whether it agreed with the search's first."""
+    why = "" if complete else "the model is incomplete, "
     chosen = next(v for v in verification if v.chosen)
-    first = verification[0] if verification[0].chosen else None
-    predicted_first = min(verification, key=lambda v: (not v.fits, v.predicted_time_s))
+    first = next(v for v in verification if v.label == predicted_first)
     line = f"verified with XLA ({why}{len(verification)} candidates compiled, shapes only): "
-    if first is not None and chosen is predicted_first:
+    if chosen is first:
         return line + f"the compiler agrees on {chosen.label}\n"
     return line + (
         f"chose {chosen.label} by the compiled numbers ({human_time(chosen.compiled_time_s)}/step, "
-        f"{human_bytes(chosen.compiled_comm_bytes)} sent); the prediction's first, {predicted_first.label}, "
-        f"compiles to {human_time(predicted_first.compiled_time_s)}/step, "
-        f"{human_bytes(predicted_first.compiled_comm_bytes)} sent\n"
+        f"{human_bytes(chosen.compiled_comm_bytes)} sent); the prediction's first, {first.label}, "
+        f"compiles to {human_time(first.compiled_time_s)}/step, {human_bytes(first.compiled_comm_bytes)} sent\n"
     )
 
 

@@ -36,7 +36,7 @@ import jax
 from ..analysis.cost import Profile, human_bytes, human_time
 from ..core.layout import MeshAxis
 from ..errors import EinshardError
-from .scoring import Costs, Score
+from .scoring import Costs, Score, _settled
 
 __all__ = ["Verified", "DEFAULT_VERIFY", "verification_mesh", "compiled_numbers", "verify_assignments"]
 
@@ -257,7 +257,3 @@ def _chosen(row: Verified) -> Verified:
     import dataclasses
 
     return dataclasses.replace(row, chosen=True)
-
-
-def _settled(x: float) -> float:
-    return float(f"{x:.9g}")
