@@ -42,6 +42,7 @@ from ._placement.resolve import (
 )
 from ._placement.traced import _constrain
 from .core.layout import Layout, resolve_named
+from .core.logical import AxisRulesLike, resolve_expression, scoped_axis_rules
 from .core.mesh import MeshLike, mesh_axes
 from .errors import EinshardError
 from .parsing import parse_placement
@@ -53,7 +54,9 @@ __all__ = ["einshard", "sharding", "spec", "describe", "layout", "anonymous_mesh
 # Expression -> layout -> sharding
 
 
-def layout(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -> Layout:
+def layout(
+    expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None, axis_rules: AxisRulesLike | None = None
+) -> Layout:
     """The :class:`~einshard.core.layout.Layout` an expression gives an array of ``shape``.
 
     Example:
@@ -62,10 +65,13 @@ def layout(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -
         '[a:8@a0 b:3]'
     """
     text = _check_text(expr)
-    return _resolve(text, _check_shape(shape, text), _pick_mesh(text, mesh))[0]
+    with scoped_axis_rules(axis_rules):
+        return _resolve(text, _check_shape(shape, text), _pick_mesh(text, mesh))[0]
 
 
-def sharding(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -> NamedSharding:
+def sharding(
+    expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None, axis_rules: AxisRulesLike | None = None
+) -> NamedSharding:
     """The ``NamedSharding`` an expression gives an array of ``shape``, without moving data.
 
     Use it for ``jax.jit(in_shardings=..., out_shardings=...)``, ``jax.ShapeDtypeStruct``
@@ -80,13 +86,20 @@ def sharding(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None)
     text = _check_text(expr)
     shape = _check_shape(shape, text)
     chosen = _pick_mesh(text, mesh)
-    lay, sh = _resolve(text, shape, chosen)
+    with scoped_axis_rules(axis_rules):
+        lay, sh = _resolve(text, shape, chosen)
     if sh is None:
         return _replicated_everywhere(lay)
     return sh
 
 
-def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: MeshLike | None = None) -> PartitionSpec:
+def spec(
+    expr: str,
+    shape: tuple[int, ...] | None = None,
+    *,
+    mesh: MeshLike | None = None,
+    axis_rules: AxisRulesLike | None = None,
+) -> PartitionSpec:
     """The ``PartitionSpec`` of an expression.
 
     ``shape`` is needed for ``...`` (to know the rank) and to check divisibility;
@@ -97,7 +110,11 @@ def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: MeshLike | No
         >>> tuple(einshard.spec('b s d -> b@(data,fsdp) s d'))
         (('data', 'fsdp'), None, None)
     """
-    text = _check_text(expr)
+    with scoped_axis_rules(axis_rules):
+        return _spec(_check_text(expr), shape, mesh)
+
+
+def _spec(text: str, shape: tuple[int, ...] | None, mesh: MeshLike | None) -> PartitionSpec:
     parsed = parse_placement(text)
     if shape is None:
         if parsed.inputs[0].has_ellipsis:
@@ -111,6 +128,7 @@ def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: MeshLike | No
         # No mesh to check names against: read them off the expression.
         from .core.layout import expand_names
 
+        parsed = resolve_expression(parsed, None)  # logical names through the current rules, if any
         names = expand_names(parsed, len(shape))
         dims = {i.name: i.mesh_axes or None for i in parsed.output.axes}
         return PartitionSpec(*[_entry(dims.get(n)) for n in names])
@@ -151,7 +169,14 @@ def _as_array(leaf: Any) -> np.ndarray:
     return arr
 
 
-def einshard(x: Any, expr: Rules, *, mesh: MeshLike | None = None, process_local: bool = False) -> Any:
+def einshard(
+    x: Any,
+    expr: Rules,
+    *,
+    mesh: MeshLike | None = None,
+    process_local: bool = False,
+    axis_rules: AxisRulesLike | None = None,
+) -> Any:
     """Lay ``x`` out on devices as ``expr`` says.
 
     Args:
@@ -169,6 +194,9 @@ def einshard(x: Any, expr: Rules, *, mesh: MeshLike | None = None, process_local
             array is assembled from every process's slice, each axis as many
             times longer as there are processes splitting it.  On one process
             both read the same.
+        axis_rules: a table from logical axis names to mesh axes for ``@batch``-style names
+            (``{'batch': ('data', 'fsdp'), 'embed': None}`` or Flax's list of pairs); default the table
+            made current by ``with einshard.axis_rules(...)``.  See docs/logical-axes.md.
 
     Returns:
         ``x`` laid out: a jax.Array eagerly; under ``jax.jit`` the traced value
@@ -181,9 +209,10 @@ def einshard(x: Any, expr: Rules, *, mesh: MeshLike | None = None, process_local
         >>> w.sharding.shard_shape(w.shape)[1] == 256 // jax.device_count()
         True
     """
-    if isinstance(expr, str) and _is_array(x):
-        return _place_one(x, expr, mesh, process_local)
-    return _place_tree(x, expr, mesh, process_local)
+    with scoped_axis_rules(axis_rules):
+        if isinstance(expr, str) and _is_array(x):
+            return _place_one(x, expr, mesh, process_local)
+        return _place_tree(x, expr, mesh, process_local)
 
 
 def _place_one(x: Any, text: str, mesh: Any, process_local: bool) -> Any:
