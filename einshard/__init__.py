@@ -10,6 +10,7 @@ core, placement, analysis, lowering) are importable on their own.
 from ._caches import clear_caches
 from .analysis import Profile, analyze, explain
 from .analysis.plan import EinsumPlan
+from .audit import audit
 from .core.layout import Layout
 from .core.logical import axis_rules
 from .drawing import show
@@ -37,6 +38,7 @@ __all__ = [
     "explain",
     "plan",
     "LayoutPlan",
+    "audit",
     "Profile",
     # lowering: the explicit shard_map programs
     "einsum",

@@ -141,6 +141,7 @@ def test_tree_rules_and_jit_and_grad(mesh):
         return jnp.mean((h @ p["w_out"]) ** 2)
 
     x = np.ones((8, 16), np.float32)
+
     def plain(p, x):
         return jnp.mean((jnp.tanh(x @ p["w_in"]) @ p["w_out"]) ** 2)
 
@@ -155,8 +156,9 @@ def test_tree_rules_and_jit_and_grad(mesh):
 
 def test_analyze_explain_einsum_lower_and_plan(mesh):
     sizes = {"data": 2, "fsdp": 2, "model": 2}
-    logical = einshard.analyze("b d@embed, d f@mlp -> b? f?", sizes={"b": 8, "d": 16, "f": 32}, mesh=sizes,
-                               axis_rules=RULES)
+    logical = einshard.analyze(
+        "b d@embed, d f@mlp -> b? f?", sizes={"b": 8, "d": 16, "f": 32}, mesh=sizes, axis_rules=RULES
+    )
     direct = einshard.analyze("b d, d f@model -> b? f?", sizes={"b": 8, "d": 16, "f": 32}, mesh=sizes)
     assert str(logical.out_layout) == str(direct.out_layout) and logical.collectives == direct.collectives
 
@@ -171,8 +173,7 @@ def test_analyze_explain_einsum_lower_and_plan(mesh):
     def fwd(w, x):
         return jnp.tanh(x @ w)
 
-    report = einshard.explain(fwd, w, x, mesh=sizes, in_specs=("d f -> d f@mlp", "b d -> b@batch d"),
-                              axis_rules=RULES)
+    report = einshard.explain(fwd, w, x, mesh=sizes, in_specs=("d f -> d f@mlp", "b d -> b@batch d"), axis_rules=RULES)
     same = einshard.explain(fwd, w, x, mesh=sizes, in_specs=("d f -> d f@model", "b d -> b@(data,fsdp) d"))
     assert report.comm_bytes == same.comm_bytes and report.peak_bytes == same.peak_bytes
 
@@ -192,7 +193,10 @@ def test_analyze_explain_einsum_lower_and_plan(mesh):
 def test_fsdp_loss_keeps_its_rules_when_called_later(mesh):
     params = {"w": np.ones((16, 8), np.float32)}
     loss = einshard.fsdp(
-        lambda p, x: jnp.mean(x @ p["w"]), {"w": "d f -> d@batch f"}, mesh=mesh, batch_axis=("data", "fsdp"),
+        lambda p, x: jnp.mean(x @ p["w"]),
+        {"w": "d f -> d@batch f"},
+        mesh=mesh,
+        batch_axis=("data", "fsdp"),
         axis_rules={"batch": ("data", "fsdp")},
     )
     x = np.ones((8, 16), np.float32)

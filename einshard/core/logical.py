@@ -209,9 +209,9 @@ def _bound(fn: Callable[..., Any], rules: AxisRules) -> Callable[..., Any]:
 # Flax's algorithm, on names only
 
 
-def logical_to_mesh(dims: Sequence[str | None], rules: AxisRules, taken: frozenset[str] = frozenset()) -> tuple[
-    tuple[str, ...], ...
-]:
+def logical_to_mesh(
+    dims: Sequence[str | None], rules: AxisRules, taken: frozenset[str] = frozenset()
+) -> tuple[tuple[str, ...], ...]:
     """The mesh axes of each dimension of one array whose dimensions carry logical names (None: no name).
 
     ``taken``: mesh axes the array already uses (named directly).  Rules are read in order; a rule applies
@@ -291,10 +291,7 @@ def resolve_side_names(
 def _unknown(name: str, rules: AxisRules | None, mesh: Sequence[str] | None) -> str:
     mesh_text = ", ".join(map(repr, mesh)) if mesh is not None else "no mesh given"
     rule_text = ", ".join(map(repr, rules.names)) if rules is not None and rules.names else "none are set"
-    return (
-        f"{name!r} is neither a mesh axis (mesh axes: {mesh_text}) nor a logical axis name "
-        f"(axis rules: {rule_text})"
-    )
+    return f"{name!r} is neither a mesh axis (mesh axes: {mesh_text}) nor a logical axis name (axis rules: {rule_text})"
 
 
 def _suggest(name: str, rules: AxisRules | None, mesh: Sequence[str] | None) -> str:

@@ -88,6 +88,24 @@ class LayoutPlan:
         placed += [einshard(x, rules, mesh=mesh) for x, rules in zip(data, self.data_rules)]
         return tuple(placed)
 
+    def to_keras(self, params: Any, mesh: Any) -> Any:
+        """The parameters' layouts as a ``keras.distribution.LayoutMap`` (one exact key per variable path, as
+        :func:`einshard.interop.keras_params` names them) for ``ModelParallel``."""
+        from ..interop import to_keras
+
+        return to_keras(self.rules, params, mesh)
+
+    def to_flax(self, params: Any, mesh: Any) -> Any:
+        """The parameters' layouts as Flax logical rules plus per-variable names
+        (:class:`einshard.interop.LogicalLayout`: ``.flax_rules()``, ``.names``)."""
+        from ..interop import to_logical
+
+        return to_logical(self.rules, params, mesh)
+
+    def to_maxtext(self, params: Any, mesh: Any) -> dict[str, Any]:
+        """The parameters' layouts as MaxText data: ``{'logical_axis_rules': [...], 'logical_axes': {...}}``."""
+        return self.to_flax(params, mesh).maxtext()  # type: ignore[no-any-return]
+
     def save_rules(self, path: str, mesh: dict[str, int] | None = None) -> None:
         """Write the choice as a rules file: ``{"params": {pattern: expression}, "batch": expression, "mesh": sizes}``.
 
