@@ -81,7 +81,7 @@ def from_keras(layout_map: Any, params: Any, *, mesh: Any = None) -> ImportedRul
             layouts.append((None, spec_expression((), len(leaf.shape))))
             continue
         entries = _entries(table[key])
-        if len(entries) != len(leaf.shape):
+        if len(entries) > len(leaf.shape):  # shorter is fine: JAX leaves the trailing dimensions whole
             raise EinshardError(
                 f"the LayoutMap key {key!r} gives {leaf.name} (shape {leaf.shape}) the layout {entries}, "
                 f"{len(entries)} entries for rank {len(leaf.shape)}"
