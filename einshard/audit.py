@@ -139,7 +139,8 @@ class AuditReport:
                 lines.append(f"  {r.source!s:<{width}}  matches nothing")
                 continue
             names = ", ".join(m.leaf.name for m in r.leaves[:4]) + (" ..." if len(r.leaves) > 4 else "")
-            lines.append(f"  {r.source!s:<{width}}  {len(r.leaves)} leaves, {human_bytes(r.nbytes)}: {names}")
+            count = f"{len(r.leaves)} leaf" if len(r.leaves) == 1 else f"{len(r.leaves)} leaves"
+            lines.append(f"  {r.source!s:<{width}}  {count}, {human_bytes(r.nbytes)}: {names}")
         if self.unmatched:
             total = sum(m.leaf.nbytes for m in self.unmatched)
             lines.append(f"no rule matches (replicated on every device), largest first — {human_bytes(total)}:")

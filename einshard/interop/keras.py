@@ -3,9 +3,10 @@
 A ``LayoutMap`` maps variable paths (``'sequential/dense_1/kernel'``) to a ``TensorLayout``'s axes — a tuple
 with one mesh axis (or None) per dimension — and ``keras.distribution.ModelParallel`` places each variable
 by it.  Keras looks a path up as the path itself, else the one key that, read as a regular expression,
-matches the *whole* path (``re.fullmatch``, Keras 3.15; two keys matching is an error), else nothing: the
-variable is replicated, silently.  :func:`from_keras` reads a map with the same rule and records, per leaf,
-the key that matched or that none did (``einshard.audit`` lists those, largest first).
+matches the *whole* path (``re.fullmatch`` in Keras 3.15; two keys matching is an error), else nothing: the
+variable is replicated, silently.  :func:`from_keras` asks a ``LayoutMap`` itself (so its own rule applies,
+whatever the Keras release), reads a plain dict with Keras 3.15's rule, and records, per leaf, the key that
+matched or that none did (``einshard.audit`` lists those, largest first).
 
 Keras is imported only to write a map (:func:`to_keras`); reading takes any mapping of patterns to axes.
 Keras needs ``KERAS_BACKEND=jax`` set before it is imported.
@@ -58,6 +59,18 @@ def keras_lookup(table: Mapping[str, Any], path: str) -> str | None:
     return matching[0] if matching else None
 
 
+def _own_lookup(layout_map: Any, table: Mapping[str, Any], path: str) -> str | None:
+    """The key a real ``LayoutMap`` uses for ``path``, by asking it (its own matching rule, whatever the Keras
+    release), then finding which key holds the layout it returned."""
+    try:
+        layout = layout_map[path]
+    except ValueError as err:  # several keys match: Keras refuses, so do we
+        raise EinshardError(f"the variable {path!r}: {err}") from None
+    if layout is None:
+        return None
+    return next(key for key, value in table.items() if value is layout)
+
+
 def from_keras(layout_map: Any, params: Any, *, mesh: Any = None) -> ImportedRules:
     """Read a Keras ``LayoutMap`` (or ``{pattern: axes}``) into einshard path rules for ``params``.
 
@@ -76,7 +89,8 @@ def from_keras(layout_map: Any, params: Any, *, mesh: Any = None) -> ImportedRul
     leaves = leaves_of(params)
     layouts: list[tuple[str | None, str]] = []
     for leaf in leaves:
-        key = keras_lookup(table, leaf.name)
+        own = hasattr(layout_map, "device_mesh")  # a real LayoutMap
+        key = _own_lookup(layout_map, table, leaf.name) if own else keras_lookup(table, leaf.name)
         if key is None:
             layouts.append((None, spec_expression((), len(leaf.shape))))
             continue
