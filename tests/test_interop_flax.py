@@ -175,3 +175,22 @@ def test_a_plan_writes_back_as_flax_rules_and_maxtext_data_that_read_back_the_sa
 
 def _padded(spec, rank):
     return tuple(spec) + (None,) * (rank - len(tuple(spec)))
+
+
+def test_audit_of_nnx_rules_lists_the_unannotated_leaves(mesh, model):
+    state = nnx.state(model, nnx.Param)
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), nnx.to_pure_dict(state))
+
+    def loss(p, tokens):
+        h = p["embed"]["embedding"][tokens]
+        h = jax.nn.relu(h @ p["up"]["kernel"] + p["up"]["bias"]) @ p["down"]["kernel"] + p["down"]["bias"]
+        return jnp.mean(h**2)
+
+    tokens = jax.ShapeDtypeStruct((16, 8), jnp.int32)
+    report = einshard.audit(
+        jax.value_and_grad(loss), shapes, tokens, rules=interop.from_nnx(model, FLAX_RULES, mesh=mesh), mesh=mesh
+    )
+    unmatched = [m.leaf.name for m in report.unmatched]
+    assert "down/bias" in unmatched and "up/kernel" not in unmatched
+    assert {r.source for r in report.rules} >= {"embed mlp", "mlp embed", "vocab embed"}
+    assert report.fits and report.plan.rules
