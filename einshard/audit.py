@@ -153,16 +153,21 @@ class AuditReport:
         lines.append(
             f"memory per device: {human_bytes(self.memory_bytes)} (peak + optimizer state), budget {budget}: {verdict}"
         )
+        rep = self.report
         lines.append(
-            f"step: ~{human_time(self.time_s)}, {self.report.comm_count} collectives, "
-            f"{human_bytes(self.comm_bytes)} sent/device"
+            f"step (explain): ~{human_time(rep.time_s)}, {rep.comm_count} collectives, "
+            f"{human_bytes(rep.comm_bytes)} sent/device, peak {human_bytes(rep.peak_bytes)}/device"
         )
         for kind, axes, n, b in self.collectives():
             lines.append(f"  {kind}@{'·'.join(axes)} ×{n}  {human_bytes(b)}")
         p = self.plan
         lines.append(
-            f"plan: ~{human_time(p.time_s)}, {human_bytes(p.memory_bytes)}/device, "
+            f"plan's choice: ~{human_time(p.time_s)}, {human_bytes(p.memory_bytes)}/device, "
             f"{human_bytes(p.comm_bytes)} sent/device" + ("" if p.fits else "  (does not fit either)")
+        )
+        lines.append(
+            f"yours, costed the same way: ~{human_time(self.time_s)}, {human_bytes(self.memory_bytes)}/device, "
+            f"{human_bytes(self.comm_bytes)} sent/device"
         )
         if self.differences:
             lines.append("leaves the plan lays out otherwise (yours -> plan's), largest first:")

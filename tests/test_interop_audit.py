@@ -37,7 +37,7 @@ def test_audit_text_and_a_bad_rules_file(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "no rule matches (replicated on every device)" in out and "w2  (512, 128)  256 KiB" in out
-    assert "OVER BUDGET" in out and "plan:" in out
+    assert "OVER BUDGET" in out and "plan's choice:" in out and "step (explain):" in out
     path.write_text(json.dumps({"rules": {}}))
     assert cli.main(["audit", "--rules", str(path)]) == 2
     assert "expected the key 'params'" in capsys.readouterr().err

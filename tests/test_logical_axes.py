@@ -91,6 +91,23 @@ def test_resolution_matches_flax(rules, dims):
     assert tuple(PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in got))) == tuple(want)
 
 
+@given(rule_sets(), sides())
+def test_expressions_with_logical_names_place_as_the_reference_says(rules, side):
+    """Through the parser and einshard.spec (the text a user writes), against the naive reference."""
+    table = AxisRules.of(rules)
+    if any(g is not None and g[0] in LOGICAL and g[0] not in table.names for g in side):
+        return  # (errors: the test above)
+    names = [g[0] if g is not None and g[0] in LOGICAL else None for g in side]
+    taken = [g[0] for g in side if g is not None and g[0] in MESH]
+    want = naive_flax(names, rules, taken)
+    axes = [chr(ord("a") + i) for i in range(len(side))]
+    right = [a if g is None else f"{a}@{g[0]}" for a, g in zip(axes, side)]
+    text = f"{' '.join(axes)} -> {' '.join(right)}"
+    got = einshard.spec(text, (16,) * len(side), mesh=dict.fromkeys(MESH, 2), axis_rules=rules)
+    expected = [w if n is not None else (g or ()) for n, w, g in zip(names, want, side)]
+    assert tuple(got) == tuple(None if not e else e[0] if len(e) == 1 else tuple(e) for e in expected)
+
+
 def test_first_free_rule_wins_and_a_taken_one_replicates():
     rules = AxisRules.of([("batch", ("data", "fsdp")), ("batch", "data"), ("embed", "fsdp"), ("mlp", "model")])
     # batch claims data+fsdp first, so embed's fsdp is taken: embed is whole
@@ -167,6 +184,10 @@ def test_analyze_explain_einsum_lower_and_plan(mesh):
     y = einshard.einsum("b d, d f@mlp -> b f@mlp", x, w, mesh=mesh, axis_rules=RULES)
     np.testing.assert_allclose(np.asarray(y), x @ w, rtol=1e-5)
     assert y.sharding.spec == PartitionSpec(None, "model")
+    with jax.set_mesh(mesh), einshard.axis_rules(RULES):  # the mesh and the rules both current
+        z = einshard.einsum("b@batch d, d f@mlp -> b@batch f@mlp", x, w)
+    assert z.sharding.spec == PartitionSpec(("data", "fsdp"), "model")
+    np.testing.assert_allclose(np.asarray(z), x @ w, rtol=1e-5)
     prog = einshard.lower("b@batch d, d f -> b@batch f", x, w, mesh=mesh, axis_rules=RULES)
     np.testing.assert_allclose(np.asarray(prog(x, w)), x @ w, rtol=1e-5)
 

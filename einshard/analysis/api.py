@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from .._caches import cached, register
 from ..core.layout import Layout, MeshAxis
-from ..core.logical import AxisRules, current_axis_rules, resolve_text
+from ..core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
 from ..errors import EinshardError
 from .cost import Profile, get_profile
 from .inputs import (
@@ -62,7 +62,7 @@ def analyze(
     profile: Profile | str | None = None,
     in_specs: tuple[Any, ...] | None = None,
     out_spec: Any = None,
-    axis_rules: Any = None,
+    axis_rules: AxisRulesLike | None = None,
 ) -> EinsumPlan:
     """Analyse one einsum on a mesh: the strategy, its collectives and cost, and the alternatives.
 

@@ -31,7 +31,7 @@ from ..analysis.api import _Operand
 from ..analysis.cost import Collective
 from ..core.collectives import Target, reorder_pairs
 from ..core.layout import Layout
-from ..core.logical import AxisRules, current_axis_rules, resolve_text
+from ..core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
 from ..errors import EinshardError
 from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .placing import lowering_mesh
@@ -293,7 +293,7 @@ def lower(
     profile: Any = None,
     precision: Any = None,
     preferred_element_type: Any = None,
-    axis_rules: Any = None,
+    axis_rules: AxisRulesLike | None = None,
     _what: str | None = None,
 ) -> EinsumProgram:
     """Analyse ``expr`` for these operands (arrays or ``ShapeDtypeStruct``s) and lower its plan.
@@ -413,7 +413,7 @@ def einsum(
     profile: Any = None,
     precision: Any = None,
     preferred_element_type: Any = None,
-    axis_rules: Any = None,
+    axis_rules: AxisRulesLike | None = None,
 ) -> jax.Array:
     """Compute an einsum with the operands laid out as the expression says, as an explicit program.
 

@@ -45,7 +45,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from ..core.logical import takes_axis_rules
+from ..core.logical import AxisRulesLike, takes_axis_rules
 from ..core.mesh import mesh_axes
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
@@ -308,7 +308,7 @@ def data_parallel(
     batch_axis: str | tuple[str, ...] = "data",
     param_layouts: Layouts = None,
     batch_layouts: Layouts = None,
-    axis_rules: Any = None,
+    axis_rules: AxisRulesLike | None = None,
 ) -> Callable[[Any, Any], jax.Array]:
     """The global-mean loss of ``loss_fn(params, local_batch)`` with the batch split over ``batch_axis``.
 
@@ -346,7 +346,7 @@ def fsdp(
     fsdp_axis: str | tuple[str, ...] | None = None,
     batch_layouts: Layouts = None,
     remat: bool = False,
-    axis_rules: Any = None,
+    axis_rules: AxisRulesLike | None = None,
 ) -> Callable[[Any, Any], jax.Array]:
     """Like :func:`data_parallel`, with weights stored split over the FSDP axis and gathered for use.
 

@@ -14,7 +14,7 @@ import jax
 
 from ..analysis.cost import human_bytes, human_time
 from ..analysis.program import trace
-from ..core.logical import takes_axis_rules
+from ..core.logical import AxisRulesLike, takes_axis_rules
 from ..errors import EinshardError
 from .explanation import batch_strategy, explain_choice, short, strategy
 from .groups import Group, batch_candidates, param_candidates, param_groups, search_candidates
@@ -54,7 +54,7 @@ def plan(
     presets: Mapping[str, PresetRules] | None = None,
     n_alternatives: int = 5,
     pipeline: PipelineSearch | None = None,
-    axis_rules: Any = None,
+    axis_rules: AxisRulesLike | None = None,
     **kwargs: Any,
 ) -> LayoutPlan:
     """Choose einshard layouts for ``fn``'s parameters and batch: fastest within ``memory_budget``.

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from ...core.layout import Layout, MeshAxis
-from ...core.logical import scoped_axis_rules
+from ...core.logical import AxisRulesLike, scoped_axis_rules
 from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
 from .costing import OpCosts, is_free
@@ -104,7 +104,7 @@ def explain(
     mesh: Any = None,
     in_specs: Any = None,
     profile: Any = None,
-    axis_rules: Any = None,
+    axis_rules: AxisRulesLike | None = None,
     **kwargs: Any,
 ) -> ProgramReport:
     """Explain what running ``fn(*args, **kwargs)`` costs under the arguments' layouts.
