@@ -74,7 +74,8 @@ class AuditReport:
         time_s, comm_bytes: the audited layout's step time and bytes sent per device (``plan``'s costing).
         report: ``explain``'s op-by-op report of the audited layout (its collectives, peak, step time).
         plan: ``plan``'s choice for the same step, mesh and budget.
-        differences: the leaves the plan lays out otherwise, largest first.
+        differences: the leaves the plan lays out otherwise (parameters, and data arguments as
+            ``data[i]/name``), largest first.
     """
 
     imported: ImportedRules
@@ -166,7 +167,7 @@ class AuditReport:
             f"{human_bytes(p.comm_bytes)} sent/device" + ("" if p.fits else "  (does not fit either)")
         )
         lines.append(
-            f"yours, costed the same way: ~{human_time(self.time_s)}, {human_bytes(self.memory_bytes)}/device, "
+            f"yours, costed as plan costs (collectives XLA combines counted once): ~{human_time(self.time_s)}, {human_bytes(self.memory_bytes)}/device, "
             f"{human_bytes(self.comm_bytes)} sent/device"
         )
         if self.differences:
@@ -291,7 +292,7 @@ def _audit(
         comm,
         report,
         chosen,
-        _differences(read, params, chosen, mesh),
+        _differences(read, params, data, data_list, chosen, mesh),
     )
 
 
@@ -319,14 +320,29 @@ def _data_rules(data: Sequence[Any], data_rules: Any, batch_axis: Any, mesh: Any
     return out
 
 
-def _differences(read: ImportedRules, params: Any, chosen: LayoutPlan, mesh: Any) -> tuple[LayoutDifference, ...]:
+def _differences(
+    read: ImportedRules, params: Any, data: Sequence[Any], data_list: list[Any], chosen: LayoutPlan, mesh: Any
+) -> tuple[LayoutDifference, ...]:
+    """The leaves (parameters, then data arguments as ``data[i]/name``) the plan lays out otherwise."""
     from .placement import spec
 
-    out = []
-    for m, text in zip(read.leaves, leaf_expressions(params, chosen.rules)):
-        planned = spec(text, m.leaf.shape, mesh=mesh) if text is not None else PartitionSpec()
-        if _entries(planned, len(m.leaf.shape)) != _entries(m.spec, len(m.leaf.shape)):
-            out.append(LayoutDifference(m.leaf.name, m.leaf.nbytes, m.spec, planned))
+    def planned_spec(text: str | None, shape: tuple[int, ...]) -> PartitionSpec:
+        return spec(text, shape, mesh=mesh) if text is not None else PartitionSpec()
+
+    pairs = [
+        (m.leaf.name, m.leaf, m.spec, planned_spec(text, m.leaf.shape))
+        for m, text in zip(read.leaves, leaf_expressions(params, chosen.rules))
+    ]
+    for i, (x, rules) in enumerate(zip(data, data_list)):
+        theirs = chosen.data_rules[i] if i < len(chosen.data_rules) else "... -> ..."
+        for leaf, mine, planned in zip(leaves_of(x), leaf_expressions(x, rules), leaf_expressions(x, theirs)):
+            label = f"data[{i}]" + (f"/{leaf.name}" if leaf.name else "")
+            pairs.append((label, leaf, planned_spec(mine, leaf.shape), planned_spec(planned, leaf.shape)))
+    out = [
+        LayoutDifference(name, leaf.nbytes, yours, planned)
+        for name, leaf, yours, planned in pairs
+        if _entries(yours, len(leaf.shape)) != _entries(planned, len(leaf.shape))
+    ]
     return tuple(sorted(out, key=lambda d: -d.nbytes))
 
 

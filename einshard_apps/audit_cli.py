@@ -6,7 +6,8 @@
 The rules file is JSON in one of three forms, told apart by their keys:
 
 * einshard's (what ``einshard plan --rules-out`` writes): ``{"params": {pattern: expression}}``, optionally
-  with ``"axis_rules": {logical name: mesh axes}`` for logical names in the expressions;
+  with ``"batch": expression`` (the batch's layout; default its first axis over the mesh's first axis) and
+  ``"axis_rules": {logical name: mesh axes}`` for logical names in the expressions;
 * a Keras ``LayoutMap`` as data: ``{"keras": {path regex: [mesh axis or null, ...]}}``;
 * MaxText's (or Flax's) logical rules and names: ``{"logical_axis_rules": [[name, [axes]], ...],
   "logical_axes": {variable: [names]}}``.
@@ -45,15 +46,24 @@ def run(args: argparse.Namespace) -> int:
 
     mesh = parse_mesh(args.mesh)
     step, params, batch = _model(args)
-    rules, axis_rules = _read_rules(args.rules, params, mesh)
+    rules, axis_rules, data_rules = _read_rules(args.rules, params, mesh)
     report = audit(
-        step, params, batch, rules=rules, mesh=mesh, budget=args.budget, profile=args.profile, axis_rules=axis_rules
+        step,
+        params,
+        batch,
+        rules=rules,
+        mesh=mesh,
+        budget=args.budget,
+        profile=args.profile,
+        axis_rules=axis_rules,
+        data_rules=data_rules,
     )
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0 if report.fits and not report.unmatched else 1
 
 
-def _read_rules(path: str, params: Any, mesh: Any) -> tuple[Any, Any]:
+def _read_rules(path: str, params: Any, mesh: Any) -> tuple[Any, Any, Any]:
+    """(the parameters' rules, the logical-axis table, the batch's expression) from a rules file."""
     from einshard.errors import EinshardError
     from einshard.interop import from_keras, from_maxtext
 
@@ -66,12 +76,12 @@ def _read_rules(path: str, params: Any, mesh: Any) -> tuple[Any, Any]:
         raise EinshardError(f"--rules {path}: a JSON object is expected, got {type(data).__name__}")
     if "keras" in data:
         layout = {k: tuple(v) if isinstance(v, list) else v for k, v in data["keras"].items()}
-        return from_keras(layout, params, mesh=mesh), None
+        return from_keras(layout, params, mesh=mesh), None, None
     if "logical_axis_rules" in data:
         names = {k: tuple(v) for k, v in data.get("logical_axes", {}).items()}
-        return from_maxtext(data["logical_axis_rules"], names, params, mesh=mesh), None
+        return from_maxtext(data["logical_axis_rules"], names, params, mesh=mesh), None, None
     if "params" in data:
-        return data["params"], data.get("axis_rules")
+        return data["params"], data.get("axis_rules"), data.get("batch")
     raise EinshardError(
         f"--rules {path}: expected the key 'params' (einshard rules), 'keras' (a LayoutMap) or "
         f"'logical_axis_rules' (MaxText/Flax), found {sorted(data)}"

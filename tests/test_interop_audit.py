@@ -41,3 +41,15 @@ def test_audit_text_and_a_bad_rules_file(tmp_path, capsys):
     path.write_text(json.dumps({"rules": {}}))
     assert cli.main(["audit", "--rules", str(path)]) == 2
     assert "expected the key 'params'" in capsys.readouterr().err
+
+
+def test_a_plan_written_by_einshard_plan_audits_as_the_plan(tmp_path, capsys):
+    path = tmp_path / "planned.json"
+    common = ["--mesh", "data=4,model=2", "--width", "256", "--budget", "64MiB"]
+    assert cli.main(["plan", *common, "--rules-out", str(path)]) == 0
+    capsys.readouterr()
+    assert cli.main(["audit", "--rules", str(path), *common, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["differences"] == [] and report["unmatched"] == []
+    assert report["time_s"] == pytest.approx(report["plan"]["time_s"])
+    assert report["memory_bytes"] == report["plan"]["memory_bytes"]
