@@ -64,9 +64,11 @@ def layout(
         >>> str(einshard.layout('a b -> a4 b', (8, 3)))
         '[a:8@a0 b:3]'
     """
+    if axis_rules is not None:  # (a branch, not a null context: the call without rules stays as fast)
+        with scoped_axis_rules(axis_rules):
+            return layout(expr, shape, mesh=mesh)
     text = _check_text(expr)
-    with scoped_axis_rules(axis_rules):
-        return _resolve(text, _check_shape(shape, text), _pick_mesh(text, mesh))[0]
+    return _resolve(text, _check_shape(shape, text), _pick_mesh(text, mesh))[0]
 
 
 def sharding(
@@ -83,11 +85,13 @@ def sharding(
         >>> einshard.sharding('b d -> b@data d', (8 * jax.device_count(), 4), mesh=mesh).spec == jax.P('data', None)
         True
     """
+    if axis_rules is not None:
+        with scoped_axis_rules(axis_rules):
+            return sharding(expr, shape, mesh=mesh)
     text = _check_text(expr)
     shape = _check_shape(shape, text)
     chosen = _pick_mesh(text, mesh)
-    with scoped_axis_rules(axis_rules):
-        lay, sh = _resolve(text, shape, chosen)
+    lay, sh = _resolve(text, shape, chosen)
     if sh is None:
         return _replicated_everywhere(lay)
     return sh
@@ -110,8 +114,10 @@ def spec(
         >>> tuple(einshard.spec('b s d -> b@(data,fsdp) s d'))
         (('data', 'fsdp'), None, None)
     """
-    with scoped_axis_rules(axis_rules):
-        return _spec(_check_text(expr), shape, mesh)
+    if axis_rules is not None:
+        with scoped_axis_rules(axis_rules):
+            return _spec(_check_text(expr), shape, mesh)
+    return _spec(_check_text(expr), shape, mesh)
 
 
 def _spec(text: str, shape: tuple[int, ...] | None, mesh: MeshLike | None) -> PartitionSpec:
@@ -209,10 +215,12 @@ def einshard(
         >>> w.sharding.shard_shape(w.shape)[1] == 256 // jax.device_count()
         True
     """
-    with scoped_axis_rules(axis_rules):
-        if isinstance(expr, str) and _is_array(x):
-            return _place_one(x, expr, mesh, process_local)
-        return _place_tree(x, expr, mesh, process_local)
+    if axis_rules is not None:
+        with scoped_axis_rules(axis_rules):
+            return einshard(x, expr, mesh=mesh, process_local=process_local)
+    if isinstance(expr, str) and _is_array(x):
+        return _place_one(x, expr, mesh, process_local)
+    return _place_tree(x, expr, mesh, process_local)
 
 
 def _place_one(x: Any, text: str, mesh: Any, process_local: bool) -> Any:
