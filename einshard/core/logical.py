@@ -330,7 +330,7 @@ def resolve_expression(expr: Any, mesh: Sequence[str] | None, rules: AxisRules |
         try:
             resolved = resolve_side_names([i.mesh_axes for i in items], rules, mesh)
         except EinshardError as err:
-            column = items[err.column].column if err.column is not None else None
+            column = _names_column(expr.text, items[err.column].column) if err.column is not None else None
             raise expr.fail(err.reason, column, err.hint) from None
         if all(r == i.mesh_axes for r, i in zip(resolved, items)):
             sides.append(side)
@@ -348,6 +348,12 @@ def resolve_expression(expr: Any, mesh: Sequence[str] | None, rules: AxisRules |
     if not changed:
         return expr
     return dataclasses.replace(expr, inputs=tuple(sides[:-1]), output=sides[-1])
+
+
+def _names_column(text: str, column: int) -> int:
+    """The column of the names after ``@`` of the axis that starts at ``column`` (the axis itself if unknown)."""
+    at = text.find("@", column) if text and column >= 0 else -1
+    return at + 1 if at >= 0 and not text[column:at].strip(" {}").count(" ") else column
 
 
 def resolve_text(text: Any, mesh: Sequence[str] | None, rules: AxisRules | None = None) -> Any:
