@@ -16,6 +16,7 @@ is costed as one of plan's presets, with the same model as plan's own choice).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -232,8 +233,8 @@ def audit(
             :func:`einshard.interop.from_nnx` / :func:`~einshard.interop.from_maxtext` return.
         mesh: a Mesh or axis sizes; default the current mesh, else the arguments'.
         budget: memory per device (bytes or ``'16GiB'``).
-        data_rules: the data arguments' rules (one for all, or one per argument); default their first axis
-            split over ``batch_axis``.
+        data_rules: the data arguments' rules (one for all, or one per argument); default each leaf's first
+            axis split over ``batch_axis`` where it divides (whole otherwise).
         batch_axis: default the mesh's first axis.
         profile, objective: as for ``einshard.plan``.
         axis_rules: a logical-axis table for logical names in einshard ``rules`` and ``data_rules``.
@@ -313,9 +314,18 @@ def _data_rules(data: Sequence[Any], data_rules: Any, batch_axis: Any, mesh: Any
         return list(data_rules)
     axes = (batch_axis,) if isinstance(batch_axis, str) else tuple(batch_axis or (str(mesh.axis_names[0]),))
     group = axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")"
+    sizes = dict(mesh.shape)
+    missing = [a for a in axes if a not in sizes]
+    if missing:
+        raise EinshardError(f"audit(): batch_axis {missing[0]!r} is not an axis of the mesh {sizes}")
+    ways = math.prod(sizes[a] for a in axes)
     out = []
     for x in data:
-        exprs = [f"b ... -> b@{group} ..." if len(leaf.shape) else "-> " for leaf in leaves_of(x)]
+        # the first axis split over the batch axes where it divides; whole otherwise (a scalar, an odd length)
+        exprs = [
+            f"b ... -> b@{group} ..." if leaf.shape and leaf.shape[0] % ways == 0 else "... -> ..."
+            for leaf in leaves_of(x)
+        ]
         out.append({"^" + re.escape(leaf.path) + "$": e for leaf, e in zip(leaves_of(x), exprs)})
     return out
 

@@ -53,3 +53,47 @@ def test_a_plan_written_by_einshard_plan_audits_as_the_plan(tmp_path, capsys):
     assert report["differences"] == [] and report["unmatched"] == []
     assert report["time_s"] == pytest.approx(report["plan"]["time_s"])
     assert report["memory_bytes"] == report["plan"]["memory_bytes"]
+
+
+def _mlp():
+    import jax
+    import jax.numpy as jnp
+
+    params = {"w1": jax.ShapeDtypeStruct((256, 512), jnp.float32), "w2": jax.ShapeDtypeStruct((512, 128), jnp.float32)}
+
+    def loss(p, x):
+        return jnp.mean((jax.nn.relu(x @ p["w1"]) @ p["w2"]) ** 2)
+
+    return jax.value_and_grad(loss), params, jax.ShapeDtypeStruct((1024, 256), jnp.float32)
+
+
+def test_audit_of_einshard_rules_with_logical_names_and_a_typo():
+    import einshard
+
+    step, params, x = _mlp()
+    rules = {r"\['w1'\]": "x y -> x y@mlp", r"\['w_2'\]": "y z -> y@mlp z"}  # 'w_2': a typo, w2 is left out
+    report = einshard.audit(
+        step,
+        params,
+        x,
+        rules=rules,
+        mesh={"data": 4, "model": 2},
+        axis_rules={"mlp": "model"},
+        data_rules="b x -> b@data x",
+    )
+    assert [m.leaf.name for m in report.unmatched] == ["w2"]
+    assert report.imported.leaves[0].expression == "x y -> x y@model"
+    assert [(r.source, len(r.leaves)) for r in report.rules] == [(r"\['w1'\]", 1), (r"\['w_2'\]", 0)]
+    assert report.report.comm_count > 0 and report.collectives()
+
+
+def test_audit_refuses_what_it_cannot_read():
+    import einshard
+
+    step, params, x = _mlp()
+    with pytest.raises(einshard.EinshardError, match="needs the step's arguments"):
+        einshard.audit(step, rules={}, mesh={"data": 4})
+    with pytest.raises(einshard.EinshardError, match="audit\\(rules=\\) takes einshard path rules"):
+        einshard.audit(step, params, x, rules=3, mesh={"data": 4})
+    with pytest.raises(einshard.EinshardError, match="batch_axis 'batch' is not an axis of the mesh"):
+        einshard.audit(step, params, x, rules="... -> ...", mesh={"data": 4}, batch_axis="batch")
