@@ -90,14 +90,25 @@ class AxisRules:
             )
         return AxisRules(tuple(_rule(pair) for pair in pairs))
 
-    @property
+    @functools.cached_property
     def names(self) -> tuple[str, ...]:
-        """The logical names, each once, in first-rule order."""
+        """The logical names, each once, in first-rule order (computed once: every resolution reads it)."""
         return tuple(dict.fromkeys(name for name, _ in self.rules))
+
+    @functools.cached_property
+    def _targets(self) -> dict[str, tuple[tuple[str, ...], ...]]:
+        out: dict[str, list[tuple[str, ...]]] = {}
+        for name, axes in self.rules:
+            out.setdefault(name, []).append(axes)
+        return {name: tuple(axes) for name, axes in out.items()}
+
+    def __contains__(self, name: object) -> bool:
+        """Whether ``name`` is a logical name of this table."""
+        return name in self._targets
 
     def targets(self, name: str) -> tuple[tuple[str, ...], ...]:
         """The mesh axes of each rule for ``name``, in priority order."""
-        return tuple(axes for n, axes in self.rules if n == name)
+        return self._targets.get(name, ())
 
     def to_list(self) -> list[tuple[str, str | tuple[str, ...] | None]]:
         """Flax's form: ``[(name, None | 'axis' | ('a', 'b')), ...]``."""
@@ -241,13 +252,13 @@ def resolve_side_names(
     Raises a bare :class:`EinshardError` with the index of the offending dimension in ``.column``
     (:func:`resolve_expression` turns it into the expression's column).
     """
-    is_mesh = (lambda n: n in mesh) if mesh is not None else (lambda n: rules is None or n not in rules.names)
+    is_mesh = (lambda n: n in mesh) if mesh is not None else (lambda n: rules is None or n not in rules)
     logical: list[str | None] = []
     taken: set[str] = set()
     for i, group in enumerate(names):
         if group is None or all(is_mesh(n) for n in group):
             for n in group or ():
-                if rules is not None and mesh is not None and n in rules.names:
+                if rules is not None and mesh is not None and n in rules:
                     if any(t != (n,) for t in rules.targets(n)):
                         raise EinshardError(
                             f"{n!r} is both a mesh axis and a logical axis name (axis rules: {n!r} -> "
@@ -266,7 +277,7 @@ def resolve_side_names(
                 hint="Write b@batch with a rule for 'batch', or name mesh axes only: b@(data,fsdp).",
             )
         (name,) = group
-        if rules is None or name not in rules.names:
+        if rules is None or name not in rules:
             raise EinshardError(_unknown(name, rules, mesh), column=i, hint=_suggest(name, rules, mesh))
         logical.append(name)
     resolved = logical_to_mesh(logical, rules, frozenset(taken)) if rules is not None else ()
