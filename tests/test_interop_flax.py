@@ -194,3 +194,20 @@ def test_audit_of_nnx_rules_lists_the_unannotated_leaves(mesh, model):
     assert "down/bias" in unmatched and "up/kernel" not in unmatched
     assert {r.source for r in report.rules} >= {"embed mlp", "mlp embed", "vocab embed"}
     assert report.fits and report.plan.rules
+
+
+def test_einshard_nnx_takes_axis_rules(mesh):
+    import einshard.nnx as esx
+
+    class Plain(nnx.Module):
+        def __init__(self, rngs):
+            self.up = nnx.Linear(32, 128, rngs=rngs)
+
+    model = esx.init_sharded(
+        lambda: Plain(nnx.Rngs(0)),
+        mesh=mesh,
+        rules={"kernel": "i o -> i@embed o@mlp", "bias": "o -> o@mlp"},
+        axis_rules=FLAX_RULES,
+    )
+    assert model.up.kernel.get_value().sharding.spec == PartitionSpec(None, "model")
+    assert model.up.bias.get_value().sharding.spec == PartitionSpec("model")

@@ -80,12 +80,13 @@ class LayoutPlan:
     compute_s: float = 0.0
     pipeline: Any = None
 
-    def place(self, params: Any, *data: Any, mesh: Any = None) -> tuple[Any, ...]:
-        """``(params, *data)`` laid out by the plan's rules (``einshard.einshard`` on each)."""
+    def place(self, params: Any, *data: Any, mesh: Any = None, axis_rules: Any = None) -> tuple[Any, ...]:
+        """``(params, *data)`` laid out by the plan's rules (``einshard.einshard`` on each; ``axis_rules`` for
+        logical names in a preset's rules)."""
         from ..placement import einshard
 
-        placed = [einshard(params, self.rules, mesh=mesh)]
-        placed += [einshard(x, rules, mesh=mesh) for x, rules in zip(data, self.data_rules)]
+        placed = [einshard(params, self.rules, mesh=mesh, axis_rules=axis_rules)]
+        placed += [einshard(x, rules, mesh=mesh, axis_rules=axis_rules) for x, rules in zip(data, self.data_rules)]
         return tuple(placed)
 
     def to_keras(self, params: Any, mesh: Any) -> Any:
