@@ -6,6 +6,8 @@ A rule set — einshard path rules, a Keras ``LayoutMap``, or a Flax/MaxText log
 * each rule, with the leaves it matches and their bytes (a rule that matches nothing is listed as such);
 * the leaves no rule matches (so they are replicated on every device), largest first — the regex that
   silently stopped matching after a rename (keras-hub#2806);
+* logical names a rule maps to mesh axes but that were left whole because another dimension took them
+  (Flax's silent fallback);
 * memory per device (peak + optimizer state) against a budget;
 * ``explain``'s collectives and step time for those layouts;
 * ``plan``'s layout for the same step and budget beside it, and each leaf whose layout differs.
@@ -91,6 +93,13 @@ class AuditReport:
     plan: LayoutPlan
     differences: tuple[LayoutDifference, ...]
 
+    @property
+    def fallbacks(self) -> tuple[tuple[LeafMatch, tuple[str, ...]], ...]:
+        """Leaves with logical names left whole although a rule maps them (their mesh axes were taken by
+        another dimension: Flax's silent fallback), largest first."""
+        found = [(m, m.fallbacks(self.imported.axis_rules)) for m in self.imported.leaves]
+        return tuple(sorted(((m, f) for m, f in found if f), key=lambda mf: -mf[0].leaf.nbytes))
+
     def collectives(self) -> tuple[tuple[str, tuple[str, ...], int, float], ...]:
         """``explain``'s collectives summed by kind and mesh axes: ``(kind, axes, count, bytes per device)``."""
         totals: dict[tuple[str, tuple[str, ...]], list[float]] = {}
@@ -110,6 +119,7 @@ class AuditReport:
             "unmatched": [
                 {"leaf": m.leaf.name, "shape": list(m.leaf.shape), "bytes": m.leaf.nbytes} for m in self.unmatched
             ],
+            "fallbacks": [{"leaf": m.leaf.name, "names": list(f), "bytes": m.leaf.nbytes} for m, f in self.fallbacks],
             "memory_bytes": self.memory_bytes,
             "budget": self.budget,
             "fits": self.fits,
@@ -150,6 +160,10 @@ class AuditReport:
                 lines.append(f"  {m.leaf.name}  {m.leaf.shape}  {human_bytes(m.leaf.nbytes)}")
         else:
             lines.append("every leaf is matched by a rule")
+        if self.fallbacks:
+            lines.append("logical names left whole because their rules' mesh axes were taken (Flax's fallback):")
+            for m, left in self.fallbacks:
+                lines.append(f"  {m.leaf.name}  {m.leaf.shape}  {human_bytes(m.leaf.nbytes)}: {', '.join(left)}")
         budget = human_bytes(self.budget) if self.budget is not None else "none"
         verdict = "fits" if self.fits else "** OVER BUDGET **"
         lines.append(

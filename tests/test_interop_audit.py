@@ -97,3 +97,27 @@ def test_audit_refuses_what_it_cannot_read():
         einshard.audit(step, params, x, rules=3, mesh={"data": 4})
     with pytest.raises(einshard.EinshardError, match="batch_axis 'batch' is not an axis of the mesh"):
         einshard.audit(step, params, x, rules="... -> ...", mesh={"data": 4}, batch_axis="batch")
+
+
+def test_audit_lists_logical_names_flax_leaves_whole_and_reads_ellipses():
+    import jax
+    import jax.numpy as jnp
+
+    import einshard
+    from einshard import interop
+
+    step, params, x = _mlp()
+    rules = [("embed", "model"), ("mlp", "model")]  # both want 'model': in w1 mlp loses, in w2 embed wins
+    names = {"w1": ("embed", "mlp"), "w2": ("mlp", "embed")}
+    sizes = {"data": 4, "model": 2}
+    read = interop.from_maxtext(rules, names, params, mesh=sizes)
+    assert [m.spec for m in read.leaves] == [jax.P("model", None), jax.P(None, "model")]
+    report = einshard.audit(step, params, x, rules=read, mesh=sizes)
+    assert [(m.leaf.name, f) for m, f in report.fallbacks] == [("w1", ("mlp",)), ("w2", ("mlp",))]
+    assert "Flax's fallback" in str(report) and report.to_dict()["fallbacks"][0]["names"] == ["mlp"]
+    # '...' in einshard rules: the spec has one entry per dimension
+    cube = {"w": jax.ShapeDtypeStruct((4, 8, 16), jnp.float32)}
+    from einshard.audit import as_imported  # (the module: einshard.audit is the function)
+
+    read = as_imported({"w": "... y -> ... y@model"}, cube, sizes)
+    assert read.leaves[0].spec == jax.P(None, None, "model")

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from ..core.layout import expand_names
 from ..core.logical import AxisRules, resolve_expression
 from ..errors import EinshardError
 from ..parsing import format_name, parse_placement
@@ -121,6 +122,15 @@ class LeafMatch:
     source: str | None
     expression: str
     spec: PartitionSpec
+    logical: tuple[str | None, ...] = ()
+
+    def fallbacks(self, rules: AxisRules | None) -> tuple[str, ...]:
+        """The logical names of this leaf left whole although a rule maps them to mesh axes: every such rule
+        found its mesh axes taken by another dimension (Flax's silent fallback)."""
+        if rules is None:
+            return ()
+        entries = tuple(self.spec) + (None,) * (len(self.logical) - len(tuple(self.spec)))
+        return tuple(n for n, e in zip(self.logical, entries) if n is not None and e is None and any(rules.targets(n)))
 
 
 @dataclass(frozen=True)
@@ -165,9 +175,9 @@ def imported(
     matches = []
     for leaf, (source, text) in zip(leaves, layouts, strict=True):
         try:
-            expr = (
-                resolve_expression(parse_placement(text), mesh, rules) if rules is not None else parse_placement(text)
-            )
+            written = parse_placement(text)
+            expr = resolve_expression(written, mesh, rules) if rules is not None else written
+            names = expand_names(written, len(leaf.shape))
         except EinshardError as err:
             raise EinshardError(
                 f"{leaf.name} (shape {leaf.shape}, from {source!r}): {err.reason}", err.expression, err.column, err.hint
@@ -181,15 +191,22 @@ def imported(
                         text,
                         item.column,
                     )
-        resolved = str(expr)
-        entries = [
-            None if not item.mesh_axes else item.mesh_axes[0] if len(item.mesh_axes) == 1 else item.mesh_axes
-            for item in expr.output.axes
-        ]
-        matches.append(LeafMatch(leaf, source, resolved, PartitionSpec(*entries)))
+        # per dimension ('...' expanded): its mesh axes as resolved, and its logical name as written
+        dims = {item.name: item.mesh_axes for item in expr.output.axes}
+        named = {item.name: item.mesh_axes for item in written.output.axes}
+        entries = [_entry(dims.get(n)) for n in names]
+        logical = tuple(
+            g[0] if g is not None and len(g) == 1 and rules is not None and g[0] in rules else None
+            for g in (named.get(n) for n in names)
+        )
+        matches.append(LeafMatch(leaf, source, str(expr), PartitionSpec(*entries), logical))
     return ImportedRules(
         fmt, {leaf_pattern(m.leaf): m.expression for m in matches}, tuple(matches), tuple(sources), rules
     )
+
+
+def _entry(axes: tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+    return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
 def as_names(names: Any, tree: Any) -> dict[str, Any]:
