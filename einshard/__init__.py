@@ -10,7 +10,9 @@ core, placement, analysis, lowering) are importable on their own.
 from ._caches import clear_caches
 from .analysis import Profile, analyze, explain
 from .analysis.plan import EinsumPlan
+from .audit import audit
 from .core.layout import Layout
+from .core.logical import axis_rules
 from .drawing import show
 from .errors import EinshardError
 from .lowering import data_parallel, fsdp, fsdp_layouts, pipeline, pipeline_info
@@ -29,12 +31,14 @@ __all__ = [
     "describe",
     "show",
     "Layout",
+    "axis_rules",
     # analysis: what an einsum or a whole program costs, and which layouts to choose
     "analyze",
     "EinsumPlan",
     "explain",
     "plan",
     "LayoutPlan",
+    "audit",
     "Profile",
     # lowering: the explicit shard_map programs
     "einsum",

@@ -43,6 +43,7 @@ from typing import Any
 
 import jax
 
+from .core.logical import AxisRulesLike, takes_axis_rules
 from .errors import EinshardError
 from .placement import sharding
 from .tree_rules import UNMATCHED, leaf_expressions
@@ -85,12 +86,14 @@ def _value(var: Any) -> Any:
     return var.get_value() if hasattr(var, "get_value") else var.value
 
 
+@takes_axis_rules()
 def state_shardings(
     state: Any,
     mesh: jax.sharding.Mesh,
     rules: Mapping[str, str | None] | None = None,
     *,
     default: str | None = "... -> ...",
+    axis_rules: AxisRulesLike | None = None,
 ) -> Any:
     """A tree like ``state`` (an ``nnx.State``) holding each variable's ``NamedSharding``.
 
@@ -99,7 +102,8 @@ def state_shardings(
     :mod:`einshard.tree_rules`: a rule of None means replicated, a pattern that
     is not a regular expression is an error naming it), else its
     :func:`with_layout` metadata, else ``default`` (replicated);
-    ``default=None`` makes an unannotated variable an error instead.
+    ``default=None`` makes an unannotated variable an error instead.  ``axis_rules``: a table for
+    logical names in the expressions (docs/logical-axes.md).
     """
     _require_flax()
     matched = iter(leaf_expressions(state, dict(rules or {}), is_leaf=_is_variable, unmatched=UNMATCHED))
@@ -130,12 +134,14 @@ def state_shardings(
     return jax.tree_util.tree_map_with_path(pick, state, is_leaf=_is_variable)
 
 
+@takes_axis_rules()
 def init_function(
     make_model: Callable[[], Any],
     *,
     mesh: jax.sharding.Mesh,
     rules: Mapping[str, str | None] | None = None,
     default: str | None = "... -> ...",
+    axis_rules: AxisRulesLike | None = None,
 ) -> tuple[Any, Any]:
     """``(create, graphdef)``: ``create()`` is the jitted initialiser returning the sharded ``nnx.State``.
 
@@ -153,12 +159,14 @@ def init_function(
     return jax.jit(build, out_shardings=out), graphdef
 
 
+@takes_axis_rules()
 def init_sharded(
     make_model: Callable[[], Any],
     *,
     mesh: jax.sharding.Mesh,
     rules: Mapping[str, str | None] | None = None,
     default: str | None = "... -> ...",
+    axis_rules: AxisRulesLike | None = None,
 ) -> Any:
     """Create ``make_model()`` directly sharded: each device only ever holds its blocks of the parameters."""
     create, graphdef = init_function(make_model, mesh=mesh, rules=rules, default=default)

@@ -42,6 +42,7 @@ from ._placement.resolve import (
 )
 from ._placement.traced import _constrain
 from .core.layout import Layout, resolve_named
+from .core.logical import AxisRulesLike, resolve_expression, scoped_axis_rules
 from .core.mesh import MeshLike, mesh_axes
 from .errors import EinshardError
 from .parsing import parse_placement
@@ -53,7 +54,9 @@ __all__ = ["einshard", "sharding", "spec", "describe", "layout", "anonymous_mesh
 # Expression -> layout -> sharding
 
 
-def layout(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -> Layout:
+def layout(
+    expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None, axis_rules: AxisRulesLike | None = None
+) -> Layout:
     """The :class:`~einshard.core.layout.Layout` an expression gives an array of ``shape``.
 
     Example:
@@ -61,11 +64,16 @@ def layout(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -
         >>> str(einshard.layout('a b -> a4 b', (8, 3)))
         '[a:8@a0 b:3]'
     """
+    if axis_rules is not None:  # (a branch, not a null context: the call without rules stays as fast)
+        with scoped_axis_rules(axis_rules):
+            return layout(expr, shape, mesh=mesh)
     text = _check_text(expr)
     return _resolve(text, _check_shape(shape, text), _pick_mesh(text, mesh))[0]
 
 
-def sharding(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None) -> NamedSharding:
+def sharding(
+    expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None, axis_rules: AxisRulesLike | None = None
+) -> NamedSharding:
     """The ``NamedSharding`` an expression gives an array of ``shape``, without moving data.
 
     Use it for ``jax.jit(in_shardings=..., out_shardings=...)``, ``jax.ShapeDtypeStruct``
@@ -77,6 +85,9 @@ def sharding(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None)
         >>> einshard.sharding('b d -> b@data d', (8 * jax.device_count(), 4), mesh=mesh).spec == jax.P('data', None)
         True
     """
+    if axis_rules is not None:
+        with scoped_axis_rules(axis_rules):
+            return sharding(expr, shape, mesh=mesh)
     text = _check_text(expr)
     shape = _check_shape(shape, text)
     chosen = _pick_mesh(text, mesh)
@@ -86,7 +97,13 @@ def sharding(expr: str, shape: tuple[int, ...], *, mesh: MeshLike | None = None)
     return sh
 
 
-def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: MeshLike | None = None) -> PartitionSpec:
+def spec(
+    expr: str,
+    shape: tuple[int, ...] | None = None,
+    *,
+    mesh: MeshLike | None = None,
+    axis_rules: AxisRulesLike | None = None,
+) -> PartitionSpec:
     """The ``PartitionSpec`` of an expression.
 
     ``shape`` is needed for ``...`` (to know the rank) and to check divisibility;
@@ -97,7 +114,13 @@ def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: MeshLike | No
         >>> tuple(einshard.spec('b s d -> b@(data,fsdp) s d'))
         (('data', 'fsdp'), None, None)
     """
-    text = _check_text(expr)
+    if axis_rules is not None:
+        with scoped_axis_rules(axis_rules):
+            return _spec(_check_text(expr), shape, mesh)
+    return _spec(_check_text(expr), shape, mesh)
+
+
+def _spec(text: str, shape: tuple[int, ...] | None, mesh: MeshLike | None) -> PartitionSpec:
     parsed = parse_placement(text)
     if shape is None:
         if parsed.inputs[0].has_ellipsis:
@@ -111,6 +134,7 @@ def spec(expr: str, shape: tuple[int, ...] | None = None, *, mesh: MeshLike | No
         # No mesh to check names against: read them off the expression.
         from .core.layout import expand_names
 
+        parsed = resolve_expression(parsed, None)  # logical names through the current rules, if any
         names = expand_names(parsed, len(shape))
         dims = {i.name: i.mesh_axes or None for i in parsed.output.axes}
         return PartitionSpec(*[_entry(dims.get(n)) for n in names])
@@ -151,7 +175,14 @@ def _as_array(leaf: Any) -> np.ndarray:
     return arr
 
 
-def einshard(x: Any, expr: Rules, *, mesh: MeshLike | None = None, process_local: bool = False) -> Any:
+def einshard(
+    x: Any,
+    expr: Rules,
+    *,
+    mesh: MeshLike | None = None,
+    process_local: bool = False,
+    axis_rules: AxisRulesLike | None = None,
+) -> Any:
     """Lay ``x`` out on devices as ``expr`` says.
 
     Args:
@@ -169,6 +200,9 @@ def einshard(x: Any, expr: Rules, *, mesh: MeshLike | None = None, process_local
             array is assembled from every process's slice, each axis as many
             times longer as there are processes splitting it.  On one process
             both read the same.
+        axis_rules: a table from logical axis names to mesh axes for ``@batch``-style names
+            (``{'batch': ('data', 'fsdp'), 'embed': None}`` or Flax's list of pairs); default the table
+            made current by ``with einshard.axis_rules(...)``.  See docs/logical-axes.md.
 
     Returns:
         ``x`` laid out: a jax.Array eagerly; under ``jax.jit`` the traced value
@@ -181,6 +215,9 @@ def einshard(x: Any, expr: Rules, *, mesh: MeshLike | None = None, process_local
         >>> w.sharding.shard_shape(w.shape)[1] == 256 // jax.device_count()
         True
     """
+    if axis_rules is not None:
+        with scoped_axis_rules(axis_rules):
+            return einshard(x, expr, mesh=mesh, process_local=process_local)
     if isinstance(expr, str) and _is_array(x):
         return _place_one(x, expr, mesh, process_local)
     return _place_tree(x, expr, mesh, process_local)

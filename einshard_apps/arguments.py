@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["demo", "analyze", "show", "plan", "PRESET_NAMES", "PROFILE_NAMES", "DEMO_STEPS"]
+__all__ = ["demo", "analyze", "show", "plan", "audit", "PRESET_NAMES", "PROFILE_NAMES", "DEMO_STEPS"]
 
 PRESET_NAMES = ("dp", "fsdp", "tp", "hybrid", "fsdp-tp", "tp-async", "pipeline")
 PROFILE_NAMES = ("cpu", "h100", "tpu-v5p")
@@ -174,3 +174,6 @@ def plan(parser: argparse.ArgumentParser) -> None:
         "--width", type=_positive, default=1024, help="the demo's x width; y = 2x, z = x/2 (default 1024)"
     )
     parser.add_argument("--rules-out", default=None, help="write the parameter rules as JSON here")
+
+
+from .audit_cli import arguments as audit  # noqa: E402  (the verb's arguments live beside its run())

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("einshard_apps.analyze_cli", "analyse an annotated einsum: strategy, collectives, cost, alternatives"),
     "show": ("einshard_apps.show_cli", "draw an array layout of any rank: which devices hold which block"),
     "plan": ("einshard_apps.plan_cli", "plan the demo model's layouts for a mesh and a memory budget"),
+    "audit": ("einshard_apps.audit_cli", "audit a rule set (einshard, Keras LayoutMap, MaxText) on a model step"),
 }
 
 # Verbs renamed in 0.4 (old -> new): still accepted, with a note on stderr.

@@ -9,6 +9,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from .._caches import cached
 from ..core.layout import Layout, resolve_counts, resolve_named
+from ..core.logical import AxisRules, current_axis_rules, resolve_expression
 from ..core.mesh import mesh_axes, show_mesh
 from ..errors import EinshardError
 from ..parsing import Expression, parse_placement
@@ -21,15 +22,25 @@ def _layout(expr: Expression, shape: tuple[int, ...], mesh: Any) -> Layout:
     return resolve_named(expr, shape, mesh_axes(mesh))
 
 
-@cached(maxsize=8192)
 def _resolve(text: str, shape: tuple[int, ...], mesh: Any) -> tuple[Layout, NamedSharding | None]:
     """(layout, sharding) for a placement; mesh is the explicit or context mesh, or None."""
+    # The current axis rules are part of the key: the same text means other mesh axes under other rules.
+    return _resolve_keyed(text, shape, mesh, current_axis_rules())
+
+
+@cached(maxsize=8192)
+def _resolve_keyed(
+    text: str, shape: tuple[int, ...], mesh: Any, rules: AxisRules | None
+) -> tuple[Layout, NamedSharding | None]:
     expr = parse_placement(text)
     if expr.uses_counts:
         layout = resolve_counts(expr, shape, len(jax.devices()))
         concrete = anonymous_mesh(tuple(m.size for m in layout.mesh))
         return layout, NamedSharding(concrete, layout.to_spec())
     if mesh is None:
+        if expr.uses_mesh_axes and rules is not None:
+            # Logical names whose rules all replicate need no mesh; any mesh axis left does.
+            expr = resolve_expression(expr, None, rules)
         if expr.uses_mesh_axes:
             raise expr.fail(
                 "the expression names mesh axes but there is no mesh",
@@ -44,12 +55,18 @@ def _resolve(text: str, shape: tuple[int, ...], mesh: Any) -> tuple[Layout, Name
     return layout, NamedSharding(mesh, layout.to_spec())
 
 
+_resolve.cache_info = _resolve_keyed.cache_info  # type: ignore[attr-defined]  # tests inspect the cache
+_resolve.cache_clear = _resolve_keyed.cache_clear  # type: ignore[attr-defined]
+
+
 def _replicate_text(expr: Expression) -> str:
     return str(expr).replace("->", "-> *", 1)
 
 
 @cached(maxsize=8192)
-def _cached_eager_sharding(text: str, shape: tuple[int, ...], mesh: Any, ctx: Any, own: Any) -> NamedSharding:
+def _cached_eager_sharding(
+    text: str, shape: tuple[int, ...], mesh: Any, ctx: Any, own: Any, rules: AxisRules | None
+) -> NamedSharding:
     return _concrete_sharding(text, shape, _choose_mesh(text, mesh, ctx, own))
 
 
@@ -64,7 +81,7 @@ def _eager_sharding(text: str, x: Any, mesh: Any, ctx: Mesh | None) -> NamedShar
     cached (lru_cache keeps no exceptions): a bad call fails every time.
     """
     own = _own_mesh(x) if mesh is None and ctx is None else None
-    return _cached_eager_sharding(text, tuple(x.shape), mesh, ctx, own)
+    return _cached_eager_sharding(text, tuple(x.shape), mesh, ctx, own, current_axis_rules())
 
 
 def _concrete_sharding(text: str, shape: tuple[int, ...], chosen: Any) -> NamedSharding:

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from .._caches import cached, register
 from ..core.layout import Layout, MeshAxis
+from ..core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
 from ..errors import EinshardError
 from .cost import Profile, get_profile
 from .inputs import (
@@ -61,6 +62,7 @@ def analyze(
     profile: Profile | str | None = None,
     in_specs: tuple[Any, ...] | None = None,
     out_spec: Any = None,
+    axis_rules: AxisRulesLike | None = None,
 ) -> EinsumPlan:
     """Analyse one einsum on a mesh: the strategy, its collectives and cost, and the alternatives.
 
@@ -83,11 +85,19 @@ def analyze(
         profile: a :class:`Profile` or ``'cpu'``, ``'h100'``, ``'tpu-v5p'`` (default ``'cpu'``).
         in_specs: ``PartitionSpec``s of the operands (instead of ``@`` annotations).
         out_spec: the ``PartitionSpec`` to deliver the result in (instead of annotating the output).
+        axis_rules: a table from logical axis names to mesh axes, for ``@batch``-style names in ``expr``;
+            default the table made current by ``with einshard.axis_rules(...)`` (docs/logical-axes.md).
 
     Raises:
         EinshardError: unknown mesh axes, missing or mismatched sizes, an
             operand whose rank does not match its side, indivisible splits.
     """
+    rules = AxisRules.of(axis_rules) if axis_rules is not None else current_axis_rules()
+    if rules is not None and isinstance(expr, str) and "@" in expr:
+        # Logical names are resolved once, here, into the mesh axes the rest of the analysis (and its caches,
+        # keyed on the text) sees.
+        axes = _mesh_axes(mesh, operands)
+        expr = resolve_text(expr, None if axes is None else [m.name for m in axes], rules)
     # The common call (sizes and a dict mesh, no arrays) is answered by one dict lookup on the arguments
     # as given: a model's repeated layers cost a hash of a few small tuples.
     if not operands and mesh.__class__ is dict:

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec
 from .._caches import cached
 from ..errors import EinshardError
 from ..parsing import AxisItem, EllipsisItem, Expression, ReplicaItem, format_name
+from .logical import current_axis_rules, resolve_expression
 
 __all__ = [
     "MeshAxis",
@@ -285,7 +286,14 @@ def _indivisible(expr: Expression, item: AxisItem, size: int, shards: int, how: 
 
 
 def resolve_named(expr: Expression, shape: tuple[int, ...], mesh: tuple[MeshAxis, ...]) -> Layout:
-    """Resolve a placement that names mesh axes (or shards nothing) against a mesh shape."""
+    """Resolve a placement that names mesh axes (or shards nothing) against a mesh shape.
+
+    Logical axis names after ``@`` are resolved first, through the current axis rules
+    (:mod:`einshard.core.logical`, the one place that reads them).
+    """
+    rules = current_axis_rules()
+    if rules is not None:  # (the hot path without rules reads one context variable)
+        expr = resolve_expression(expr, [m.name for m in mesh], rules)
     names = expand_names(expr, len(shape))
     sizes = {m.name: m.size for m in mesh}
     described = "(" + ", ".join(f"{m.name!r}: {m.size}" for m in mesh) + ")"

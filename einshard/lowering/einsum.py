@@ -31,6 +31,7 @@ from ..analysis.api import _Operand
 from ..analysis.cost import Collective
 from ..core.collectives import Target, reorder_pairs
 from ..core.layout import Layout
+from ..core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
 from ..errors import EinshardError
 from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .placing import lowering_mesh
@@ -292,6 +293,7 @@ def lower(
     profile: Any = None,
     precision: Any = None,
     preferred_element_type: Any = None,
+    axis_rules: AxisRulesLike | None = None,
     _what: str | None = None,
 ) -> EinsumProgram:
     """Analyse ``expr`` for these operands (arrays or ``ShapeDtypeStruct``s) and lower its plan.
@@ -309,6 +311,9 @@ def lower(
     """
     _check_options(mode, two_way)
     mesh = lowering_mesh(mesh, operands, what="einshard.lower" if _what is None else _what)
+    # Logical names (b@batch) become mesh axes here, once: the program cache and the analysis see mesh axes.
+    rules = AxisRules.of(axis_rules) if axis_rules is not None else current_axis_rules()
+    expr = resolve_text(expr, [str(n) for n in mesh.axis_names], rules)
     # Repeated calls (eager einsums in a loop, a model's layers) reuse one program, so JAX's
     # caches (keyed on the function) compile it once.  The key is what the plan depends on.
     key = (
@@ -408,6 +413,7 @@ def einsum(
     profile: Any = None,
     precision: Any = None,
     preferred_element_type: Any = None,
+    axis_rules: AxisRulesLike | None = None,
 ) -> jax.Array:
     """Compute an einsum with the operands laid out as the expression says, as an explicit program.
 
@@ -428,6 +434,8 @@ def einsum(
         two_way: bidirectional rings in ``'async'`` mode.
         mesh: a ``jax.sharding.Mesh``; default the current mesh (``jax.set_mesh``), else the
             operands' mesh (also under ``jax.jit``, from their types) — see :mod:`einshard.core.mesh`.
+        axis_rules: a table from logical axis names to mesh axes for ``@batch``-style names; default
+            the table made current by ``with einshard.axis_rules(...)`` (docs/logical-axes.md).
 
     Composes with ``jax.jit``, ``jax.grad`` and ``jax.vmap``; gradients come from
     JAX's transposition of the collectives.  ``einshard.lower(...)`` gives the
@@ -450,6 +458,7 @@ def einsum(
         profile=profile,
         precision=precision,
         preferred_element_type=preferred_element_type,
+        axis_rules=axis_rules,
         _what="einshard.einsum",
     )
     return program(*operands)

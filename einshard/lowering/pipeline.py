@@ -63,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ..core.logical import AxisRulesLike, takes_axis_rules
 from ..errors import EinshardError
 from . import schedules
 from .pipeline_1f1b import one_f_one_b_pipeline
@@ -133,6 +134,7 @@ def _explicit_sharding(w: Any) -> Any:
     return typed
 
 
+@takes_axis_rules()
 def pipeline(
     layer_fn: Callable[[Any, jax.Array], jax.Array],
     params: Any,
@@ -151,6 +153,7 @@ def pipeline(
     bubble_value: float = 0.0,
     first: PipelineEnd | None = None,
     last: PipelineEnd | None = None,
+    axis_rules: AxisRulesLike | None = None,
 ) -> jax.Array:
     """Run ``h = layer_fn(params[l], h)`` for every stacked layer l as a pipeline over ``stage_axis``.
 

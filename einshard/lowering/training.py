@@ -45,6 +45,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from ..core.logical import AxisRulesLike, takes_axis_rules
 from ..core.mesh import mesh_axes
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
@@ -299,6 +300,7 @@ def _sharded_loss(
     return run
 
 
+@takes_axis_rules(binds_result=True)
 def data_parallel(
     loss_fn: Callable[[Any, Any], jax.Array],
     *,
@@ -306,6 +308,7 @@ def data_parallel(
     batch_axis: str | tuple[str, ...] = "data",
     param_layouts: Layouts = None,
     batch_layouts: Layouts = None,
+    axis_rules: AxisRulesLike | None = None,
 ) -> Callable[[Any, Any], jax.Array]:
     """The global-mean loss of ``loss_fn(params, local_batch)`` with the batch split over ``batch_axis``.
 
@@ -333,6 +336,7 @@ def data_parallel(
     )
 
 
+@takes_axis_rules(binds_result=True)
 def fsdp(
     loss_fn: Callable[[Any, Any], jax.Array],
     param_layouts: Layouts,
@@ -342,6 +346,7 @@ def fsdp(
     fsdp_axis: str | tuple[str, ...] | None = None,
     batch_layouts: Layouts = None,
     remat: bool = False,
+    axis_rules: AxisRulesLike | None = None,
 ) -> Callable[[Any, Any], jax.Array]:
     """Like :func:`data_parallel`, with weights stored split over the FSDP axis and gathered for use.
 
@@ -353,6 +358,8 @@ def fsdp(
             pytree of expressions such as :func:`fsdp_layouts` returns.
         fsdp_axis: the mesh axis (axes) weights are split over; default ``batch_axis``.
         remat: re-gather weights in the backward pass instead of keeping them.
+        axis_rules: a table from logical axis names to mesh axes for ``param_layouts``/``batch_layouts``;
+            it is made current again whenever the returned loss is called (docs/logical-axes.md).
 
     Gradients come back laid out like the stored weights (reduce-scattered by AD).
     """

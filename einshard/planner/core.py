@@ -14,6 +14,7 @@ import jax
 
 from ..analysis.cost import human_bytes, human_time
 from ..analysis.program import trace
+from ..core.logical import AxisRulesLike, takes_axis_rules
 from ..errors import EinshardError
 from .explanation import batch_strategy, explain_choice, short, strategy
 from .groups import Group, batch_candidates, param_candidates, param_groups, search_candidates
@@ -35,6 +36,7 @@ SMALL_GROUP_FRACTION = 1e-2
 PresetRules = tuple[Mapping[str, str] | str, Mapping[str, str] | str | Sequence[Mapping[str, str] | str]]
 
 
+@takes_axis_rules()
 def plan(
     fn: Callable[..., Any],
     *args: Any,
@@ -54,6 +56,7 @@ def plan(
     n_alternatives: int = 5,
     pipeline: PipelineSearch | None = None,
     verify: int | None = None,
+    axis_rules: AxisRulesLike | None = None,
     **kwargs: Any,
 ) -> LayoutPlan:
     """Choose einshard layouts for ``fn``'s parameters and batch: fastest within ``memory_budget``.
@@ -81,6 +84,8 @@ def plan(
         presets: hand-written layouts to cost alongside: ``{name: (param_rules, data_rules)}``; they appear
             in ``alternatives`` (``dp`` and ``fsdp`` are always there).  A preset that beats every
             assignment the search costed is returned as the plan (the explanation says so).
+        axis_rules: a table from logical axis names to mesh axes, for ``@batch``-style names in the step's
+            einshard calls and in ``presets`` (docs/logical-axes.md).
         pipeline: also cost pipeline layouts of the stacked layers (:class:`PipelineSearch`: the layer's
             activation shape, schedules, micro-batch counts) with the schedule model of
             :func:`einshard.pipeline_info`; the best appears in ``alternatives`` and is the plan when it

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from ...core.layout import Layout, MeshAxis
+from ...core.logical import AxisRulesLike, scoped_axis_rules
 from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
 from .costing import OpCosts, is_free
@@ -103,6 +104,7 @@ def explain(
     mesh: Any = None,
     in_specs: Any = None,
     profile: Any = None,
+    axis_rules: AxisRulesLike | None = None,
     **kwargs: Any,
 ) -> ProgramReport:
     """Explain what running ``fn(*args, **kwargs)`` costs under the arguments' layouts.
@@ -115,6 +117,9 @@ def explain(
         in_specs: layouts for the arguments when they carry none: a pytree prefix of
             ``args`` with PartitionSpecs or einshard expressions (``'b d -> b@data d'``).
         profile: the hardware profile for time estimates (see ``einshard.analyze``).
+        axis_rules: a table from logical axis names to mesh axes, read while ``fn`` is traced (by the
+            einshard calls inside it) and by ``in_specs`` expressions; default the table made current by
+            ``with einshard.axis_rules(...)`` (docs/logical-axes.md).
 
     Returns:
         A :class:`ProgramReport`: op-by-op collectives, bytes, FLOPs per device, peak
@@ -131,7 +136,8 @@ def explain(
         >>> r.comm_count > 0 and r.flops > 0
         True
     """
-    return trace(fn, *args, mesh=mesh, profile=profile, **kwargs).report(in_specs)
+    with scoped_axis_rules(axis_rules):
+        return trace(fn, *args, mesh=mesh, profile=profile, **kwargs).report(in_specs)
 
 
 class TracedProgram:
