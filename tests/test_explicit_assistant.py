@@ -387,3 +387,30 @@ def test_a_mesh_without_explicit_axes_is_refused_by_name() -> None:
     auto = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     with pytest.raises(einshard.EinshardError, match="no Explicit axes"):
         einshard.check_explicit(lambda x: x, jnp.ones(8), mesh=auto)
+
+
+def test_without_the_typed_trace_the_walk_still_names_the_op(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where JAX's internals moved (the typed trace is unavailable), the check types the untyped jaxpr itself."""
+    from einshard.analysis import explicit
+
+    def moved(*_: Any, **__: Any) -> Any:
+        raise LookupError("moved")
+
+    monkeypatch.setattr(explicit, "typed_jaxpr", moved)
+    a, b = _placed(mesh, (16, 32), P("data", "model")), _placed(mesh, (32, 8), P("model", None))
+    report = einshard.check_explicit(lambda a, b: a @ b, a, b)
+    assert [f.primitive for f in report.findings] == ["dot_general"]
+    assert report.findings[0].fixes[0].kind == "out_sharding"
+
+
+def test_the_check_leaves_jax_raising_as_before(mesh: Any) -> None:
+    """Tracing past JAX's errors must not leave a trace typed past one in JAX's caches."""
+    a, b = _placed(mesh, (16, 32), P("data", "model")), _placed(mesh, (32, 8), P("model", None))
+
+    @jax.jit
+    def inner(a: jax.Array, b: jax.Array) -> jax.Array:
+        return a @ b
+
+    assert einshard.check_explicit(lambda a, b: inner(a, b) * 2, a, b).findings
+    with pytest.raises(ShardingTypeError):
+        inner(a, b)

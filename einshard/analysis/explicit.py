@@ -19,10 +19,12 @@ type is followed on, so one finding does not hide the next.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -166,6 +168,8 @@ class Finding:
         operands: what the op reads, with parameter paths and layouts.
         error: JAX's own message (what it raises).
         fixes: the ways to make it legal, cheapest first.
+        assumed: the result layout the rest of the check assumes (the fix that keeps the operands' splits on
+            the result where there is one, else the cheapest): later findings hold if that fix is the one taken.
     """
 
     index: int
@@ -176,6 +180,7 @@ class Finding:
     out_shape: tuple[int, ...]
     error: str
     fixes: tuple[Fix, ...]
+    assumed: PartitionSpec = PartitionSpec()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -187,6 +192,7 @@ class Finding:
             "out_shape": list(self.out_shape),
             "error": self.error,
             "fixes": [f.to_dict() for f in self.fixes],
+            "assumed": str(self.assumed),
         }
 
     def __str__(self) -> str:
@@ -201,6 +207,8 @@ class Finding:
         for k, f in enumerate(self.fixes):
             lines.append(f"      fix {k + 1}: {f.code}")
             lines.append(f"             cost: {f.cost_text()}")
+        if self.fixes:
+            lines.append(f"      the check goes on with the result laid out {_p(self.assumed)}")
         return "\n".join(lines)
 
 
@@ -371,6 +379,16 @@ class _Walk:
         self.findings: list[Finding] = []
         self.unchecked: set[str] = set()
         self.names: dict[Any, str] = {}  # jaxpr value -> the parameter path or origin it stands for
+        # The source lines of the calls being walked into: an op inside jnp's own jitted helpers (jnp.take) has
+        # no frame of the user's, and is reported at the line that called the helper.
+        self.calls: list[tuple[str, str]] = []
+        self.typed = False  # walking a jaxpr typed by JAX itself (typed_jaxpr): its types are read, not computed
+
+    def where(self, eqn: Any) -> tuple[str, str]:
+        where, inside = where_of(eqn)
+        if where == "unknown" and self.calls:
+            return self.calls[-1]
+        return where, inside
 
     # the values' names
     def name(self, v: Any) -> str:
@@ -382,6 +400,8 @@ class _Walk:
         env: dict[Any, Any] = {}
 
         def read(v: Any) -> Any:
+            if self.typed and getattr(getattr(v.aval, "sharding", None), "mesh", None) == self.mesh:
+                return v.aval  # a jaxpr traced with the layouts (typed_jaxpr): JAX's own types
             if hasattr(v, "val"):
                 return _typed(v.aval, self.mesh, PartitionSpec())
             return env[v]
@@ -406,16 +426,21 @@ class _Walk:
             return
         if prim in _CARRIERS and eqn.invars and hasattr(eqn.invars[0], "val"):
             return
-        where, _ = where_of(eqn)
+        where, _ = self.where(eqn)
+        what = eqn.params.get("name", prim) if prim in ("pjit", "jit", "closed_call") else prim
         for v in eqn.outvars:
-            self.names.setdefault(v, f"the result of {prim} at {where}")
+            self.names.setdefault(v, f"the result of {what} at {where}")
 
     def _sub(self, eqn: Any, sub: Any, ins: list[Any]) -> list[Any]:
         jaxpr = getattr(sub, "jaxpr", sub)
         for inner, outer in zip(jaxpr.invars, eqn.invars):
             if not hasattr(outer, "val") and outer in self.names:
                 self.names[inner] = self.names[outer]
-        outs = self.walk(jaxpr, ins)
+        self.calls.append(self.where(eqn))
+        try:
+            outs = self.walk(jaxpr, ins)
+        finally:
+            self.calls.pop()
         for inner, outer in zip(jaxpr.outvars, eqn.outvars):
             if not hasattr(inner, "val") and inner in self.names and inner in set(jaxpr.invars):
                 self.names[outer] = self.names[inner]
@@ -492,18 +517,24 @@ class _Walk:
 
     # -- findings and fixes -----------------------------------------------------------------------------------
 
+    def fixes(self, eqn: Any, ins: list[Any], params: dict[str, Any]) -> list[tuple[Fix, list[Any]]]:
+        """Every fix JAX accepts, with its result types, cheapest first (a priced cost before an upper bound)."""
+        fixes = self._out_sharding_fixes(eqn, ins, params) + self._reshard_fixes(eqn, ins, params)
+        fixes.sort(key=lambda f: (f[0].time_s, f[0].comm_bytes, not f[0].priced, f[0].kind != "out_sharding"))
+        return fixes
+
     def _finding(self, eqn: Any, ins: list[Any], params: dict[str, Any], error: str) -> list[Any]:
-        fixes: list[tuple[Fix, list[Any]]] = []
-        fixes += self._out_sharding_fixes(eqn, ins, params)
-        fixes += self._reshard_fixes(eqn, ins, params)
-        fixes.sort(key=lambda f: (not f[0].priced, f[0].time_s, f[0].comm_bytes, f[0].kind != "out_sharding"))
-        fixes = _unique(fixes)[:_MAX_FIXES]
+        fixes = _unique(self.fixes(eqn, ins, params))
+        followed = self._followed(eqn, ins, fixes) if fixes else None
+        # The cheapest few, and the one the check goes on with (the user sees what later findings assume).
+        fixes = fixes[:_MAX_FIXES] + [f for f in fixes[_MAX_FIXES:] if f is followed]
         if fixes:
             fixes.append((self._auto_axes_fix(eqn, ins, fixes[0]), fixes[0][1]))
-        where, inside = where_of(eqn)
+        where, inside = self.where(eqn)
         operands = tuple(
             Operand(self.name(v), tuple(int(s) for s in a.shape), _spec_of(a)) for v, a in zip(eqn.invars, ins)
         )
+        outs = followed[1] if followed else [_typed(v.aval, self.mesh, PartitionSpec()) for v in eqn.outvars]
         self.findings.append(
             Finding(
                 len(self.findings),
@@ -514,11 +545,38 @@ class _Walk:
                 tuple(int(s) for s in eqn.outvars[0].aval.shape),
                 error,
                 tuple(f for f, _ in fixes),
+                _spec_of(outs[0]),
             )
         )
-        if fixes:
-            return fixes[0][1]
-        return [_typed(v.aval, self.mesh, PartitionSpec()) for v in eqn.outvars]
+        return outs
+
+    def _followed(self, eqn: Any, ins: list[Any], fixes: list[tuple[Fix, list[Any]]]) -> tuple[Fix, list[Any]]:
+        """The fix whose result types the rest of the check assumes.
+
+        A matmul's: the one that keeps the operands' splits of the free dims on the result and sums the contracted
+        split away (a row-parallel layer summed back to the batch's layout, as Megatron does), where JAX accepts it.
+        Another op's: the one that keeps the most mesh axes splitting the result, cheapest among those.  Following
+        merely the cheapest (a reduce-scatter onto the batch dim, or indices gathered whole) would make every later
+        op meet a layout the user did not choose, and report mismatches of einshard's making.
+        """
+        if eqn.primitive.name == "dot_general":
+            candidates = self._out_candidates(eqn, ins)
+            keeps = _spec(candidates[0]) if candidates else None
+            for fix in fixes:
+                if fix[0].kind == "out_sharding" and fix[0].spec == keeps:
+                    return fix
+
+        if eqn.primitive.name.startswith("scatter"):
+            # A scatter's result is its operand updated: it keeps the operand's layout (a gradient's
+            # scatter-add must match its parameter's type, or JAX's transpose refuses it).
+            for fix in fixes:
+                if _spec_of(fix[1][0]) == _spec_of(ins[0]):
+                    return fix
+
+        def kept(fix: tuple[Fix, list[Any]]) -> int:
+            return sum(len(d) for d in _entries(_spec_of(fix[1][0]), len(fix[1][0].shape)))
+
+        return max(fixes, key=kept)  # max keeps the first (cheapest) of equals
 
     def _legal(self, eqn: Any, ins: list[Any], params: dict[str, Any]) -> list[Any] | None:
         from jax._src.core import ShardingTypeError
@@ -578,7 +636,7 @@ class _Walk:
             for dims in self._out_candidates(eqn, ins):
                 spec = _spec(dims)
                 aval = _typed(eqn.outvars[0].aval, self.mesh, spec)
-                colls = self._price_gathered(eqn, ins)
+                colls = self._price_indexing(eqn, ins, spec)
                 code = _AT_CALL[prim].replace("out_sharding=...", f"out_sharding={_p(spec)}")
                 out.append((self._fix("out_sharding", spec, None, code, colls, False), [aval]))
         return out
@@ -663,6 +721,23 @@ class _Walk:
             return colls + tuple(self.costs.reshard(src, dst, out_aval.dtype))
         # A reshape (or another op asked for a layout): the operand gathered where the op cannot split it.
         return self._price_gathered(eqn, ins, spec)
+
+    def _price_indexing(self, eqn: Any, ins: list[Any], spec: PartitionSpec) -> tuple[Any, ...]:
+        """An upper bound of a gather or scatter XLA lays out (``.at[...](out_sharding=)`` runs it with the axes
+        Auto): the operand gathered whole over its splits; then each device gathers its own indices' rows (a
+        gather), or scatters its own updates into its copy, the copies summed over the axes splitting the
+        indices or updates (a scatter); the result sliced to ``spec`` (free)."""
+        operand = ins[0]
+        src = _layout(operand.shape, _spec_of(operand), self.axes)
+        colls = tuple(self.costs.reshard(src, src.with_dims(tuple(() for _ in src.dims)), operand.dtype))
+        if eqn.primitive.name.startswith("scatter"):
+            summed = frozenset(m for a in ins[1:] for d in _entries(_spec_of(a), a.ndim) for m in d)
+            out = eqn.outvars[0].aval
+            if summed:
+                pending = _layout(out.shape, PartitionSpec(), self.axes, summed)
+                keep = [tuple(m for m in d if m not in summed) for d in _entries(spec, len(out.shape))]
+                colls += tuple(self.costs.reshard(pending, _layout(out.shape, _spec(keep), self.axes), out.dtype))
+        return colls
 
     def _price_gathered(self, eqn: Any, ins: list[Any], spec: PartitionSpec | None = None) -> tuple[Any, ...]:
         """The upper bound of an op XLA lays out: its split operands gathered whole (the slicing after is free).
@@ -816,6 +891,120 @@ def _shape_only(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(int(s) for s in np.shape(x)), x.dtype)
 
 
+_PATCH_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _past_sharding_errors(decide: Callable[..., Any]) -> Iterator[list[str]]:
+    """Tracing in which an op JAX's sharding rules reject gets the result sharding ``decide`` gives, instead of
+    stopping the trace (as if the user had applied that fix), so everything after it is typed by JAX as it will be.
+
+    It replaces, while it lasts, the one function through which JAX's standard primitives call their sharding
+    rule (``jax._src.lax.utils.call_shape_dtype_sharding_rule``) and the abstract-evaluation cache (which must
+    not keep a result typed past an error).  Where that internal API has moved, it raises ``LookupError`` and the
+    caller traces without layouts instead.  If an error was passed, JAX's tracing caches are cleared after, so
+    no later ``jax.jit`` of the user's reuses a trace typed past an error (it must raise as it would have).
+    """
+    from jax._src.core import ShardingTypeError
+
+    try:
+        from jax._src.interpreters import partial_eval as pe
+        from jax._src.lax import utils as lax_utils
+
+        original = lax_utils.call_shape_dtype_sharding_rule
+        cached = pe._cached_abstract_eval
+    except (ImportError, AttributeError) as err:
+        raise LookupError(str(err)) from None
+    passed: list[str] = []
+
+    def patched(
+        prim: Any,
+        shape_rule: Any,
+        dtype_rule: Any,
+        sharding_rule: Any,
+        ur_rule: Any,
+        multi_out: bool,
+        *avals: Any,
+        **params: Any,
+    ) -> Any:
+        try:
+            return original(prim, shape_rule, dtype_rule, sharding_rule, ur_rule, multi_out, *avals, **params)
+        except ShardingTypeError:
+            if multi_out:
+                raise
+            shape, dtype = shape_rule(*avals, **params), dtype_rule(*avals, **params)
+            sharding = decide(prim, list(avals), params, shape, dtype)
+            if sharding is None:
+                raise
+            passed.append(prim.name)
+            return shape, dtype, sharding
+
+    def uncached(primitive: Any, *avals: Any, **params: Any) -> Any:
+        return primitive.abstract_eval(*avals, **params)
+
+    with _PATCH_LOCK:
+        lax_utils.call_shape_dtype_sharding_rule = patched
+        pe._cached_abstract_eval = uncached
+        try:
+            yield passed
+        finally:
+            lax_utils.call_shape_dtype_sharding_rule = original
+            pe._cached_abstract_eval = cached
+            if passed:
+                jax.clear_caches()
+
+
+class _Eqn:
+    """An equation being traced (what a fix's search reads of one): its primitive, parameters and result."""
+
+    def __init__(self, prim: Any, n_in: int, params: dict[str, Any], shape: Any, dtype: Any) -> None:
+        self.primitive = prim
+        self.params = params
+        self.invars = [object() for _ in range(n_in)]
+        self.outvars = [_Var(jax.core.ShapedArray(tuple(shape), dtype))]
+        self.source_info = None
+
+
+class _Var:
+    def __init__(self, aval: Any) -> None:
+        self.aval = aval
+
+
+def typed_jaxpr(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    mesh: Any,
+    specs: Sequence[Any],
+    walk: _Walk,
+) -> Any:
+    """``fn``'s jaxpr traced by JAX with the arguments' layouts on the Explicit ``mesh``, past the ops its sharding
+    rules reject (each given the result layout of the fix the check assumes): every later op, the backward
+    pass's included, is typed by JAX itself.  Raises ``LookupError`` where this cannot be done (JAX's internals
+    moved, or JAX refuses the program somewhere this cannot pass)."""
+    from jax._src.core import ShardingTypeError
+
+    flat, tree = jax.tree_util.tree_flatten((args, kwargs))
+    typed = [
+        jax.ShapeDtypeStruct(tuple(int(d) for d in np.shape(x)), x.dtype, sharding=NamedSharding(mesh, s))
+        for x, s in zip(flat, specs)
+    ]
+    s_args, s_kwargs = jax.tree_util.tree_unflatten(tree, typed)
+
+    def decide(prim: Any, avals: list[Any], params: dict[str, Any], shape: Any, dtype: Any) -> Any:
+        eqn = _Eqn(prim, len(avals), dict(params), shape, dtype)
+        fixes = _unique(walk.fixes(eqn, avals, dict(params)))
+        if not fixes:
+            return None
+        return walk._followed(eqn, avals, fixes)[1][0].sharding
+
+    try:
+        with _past_sharding_errors(decide), jax.sharding.use_abstract_mesh(mesh):
+            return jax.make_jaxpr(fn)(*s_args, **s_kwargs)
+    except (ShardingTypeError, ValueError, TypeError) as err:
+        raise LookupError(str(err)) from None
+
+
 def untyped_jaxpr(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any) -> Any:
     """``fn``'s jaxpr traced so that JAX's sharding rules cannot stop it: on arguments of the right shapes
     but no layout (replicated), under the Explicit ``mesh``, where no op is ambiguous and the user's own
@@ -896,8 +1085,12 @@ def check_explicit(
         else _leaf_specs(jax.tree_util.tree_leaves(args), in_specs, args, axes)
         + _leaf_specs(jax.tree_util.tree_leaves(kwargs), None, (), axes)
     )
-    closed = untyped_jaxpr(fn, args, kwargs, explicit)
     walk = _Walk(explicit, axes, profile)
+    try:
+        closed = typed_jaxpr(fn, args, kwargs, explicit, specs, walk)
+        walk.typed = True
+    except LookupError:
+        closed = untyped_jaxpr(fn, args, kwargs, explicit)
     names = _arg_names(fn, args, kwargs)
     for v, n in zip(closed.jaxpr.invars, names):
         walk.names[v] = n
