@@ -414,3 +414,64 @@ def test_the_check_leaves_jax_raising_as_before(mesh: Any) -> None:
     assert einshard.check_explicit(lambda a, b: inner(a, b) * 2, a, b).findings
     with pytest.raises(ShardingTypeError):
         inner(a, b)
+
+
+def test_explain_on_an_explicit_mesh_goes_past_jax_errors_and_carries_the_findings(mesh: Any) -> None:
+    params = {"w1": _placed(mesh, (16, 32), P(None, "model")), "w2": _placed(mesh, (32, 16), P("model", None))}
+    x = _placed(mesh, (8, 16), P("data", None))
+    with pytest.raises(ShardingTypeError):
+        jax.jit(jax.grad(_two_mistakes_free)).trace(params, x)
+    report = einshard.explain(jax.grad(_two_mistakes_free), params, x)
+    assert report.explicit is not None and [f.primitive for f in report.explicit.findings] == ["dot_general"]
+    finding = report.explicit.findings[0]
+    assert "_two_mistakes_free" in finding.where
+    # Costed as JAX runs the program with the assumed fix: the row-parallel matmul summed back over 'model'.
+    assert any(c.kind == "all-reduce" and c.axes == ("model",) for op in report.ops for c in op.collectives)
+    text = str(report)
+    assert "JAX rejects 1 op" in text and finding.where in text
+    d = report.to_dict()
+    json.dumps(d)
+    assert d["explicit"]["findings"][0]["where"] == finding.where
+    # A program JAX accepts has no findings on its report.
+    with jax.set_mesh(mesh):
+        assert einshard.explain(lambda x: x * 2, x).explicit is None
+
+
+def _two_mistakes_free(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    h = jnp.tanh(x @ params["w1"])
+    return jnp.mean((h @ params["w2"]) ** 2)
+
+
+_USER_FILE = """
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+def check():
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=NamedSharding(mesh, P("data", "model")))
+    w = jax.ShapeDtypeStruct((16, 4), jnp.float32, sharding=NamedSharding(mesh, P("model", None)))
+    return (lambda x, w: jnp.tanh(x @ w)), (x, w)
+"""
+
+
+def test_cli_check_explicit_on_a_users_function(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from einshard_apps.cli import main
+
+    path = tmp_path / "my_model.py"
+    path.write_text(_USER_FILE)
+    assert main(["check-explicit", "--function", f"{path}:check"]) == 1  # a rejected op: a CI step fails
+    out = capsys.readouterr().out
+    assert "1 op JAX rejects" in out and "my_model.py:9 (check.<locals>.<lambda>)" in out and "out_sharding=" in out
+    assert main(["check-explicit", "--function", f"{path}:check", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["findings"][0]["primitive"] == "dot_general"
+    assert main(["check-explicit", "--function", f"{path}:nothing"]) == 2
+    assert "has no 'nothing'" in capsys.readouterr().err
+
+
+def test_cli_check_explicit_on_the_demo_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from einshard_apps.cli import main
+
+    status = main(["check-explicit", "--layout", "hybrid", "--mesh", "data=4,model=2"])
+    out = capsys.readouterr().out
+    assert status == 1 and "transformer.py" in out and "params.layers.mlp.w_out[layer]" in out

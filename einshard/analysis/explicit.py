@@ -38,7 +38,16 @@ from ..core.mesh import resolve_mesh
 from ..errors import EinshardError
 from .cost import Collective, human_bytes, human_time
 
-__all__ = ["check_explicit", "ExplicitReport", "Finding", "Fix", "explicit_twin", "auto_twin", "where_of"]
+__all__ = [
+    "check_explicit",
+    "explicit_check",
+    "ExplicitReport",
+    "Finding",
+    "Fix",
+    "explicit_twin",
+    "auto_twin",
+    "where_of",
+]
 
 FixKind = Literal["out_sharding", "reshard", "auto_axes"]
 
@@ -475,6 +484,10 @@ class _Walk:
             a.update(shape=a.shape[1:], sharding=NamedSharding(self.mesh, _spec(_entries(_spec_of(a), a.ndim)[1:])))
             for a in ins[nc + ncarry :]
         ]
+        for k, (inner, outer) in enumerate(zip(body.jaxpr.invars, eqn.invars)):
+            if not hasattr(outer, "val") and outer in self.names:
+                # A stacked parameter scanned over: each step reads one layer's slice of it.
+                self.names[inner] = self.names[outer] + ("[layer]" if k >= nc + ncarry else "")
         outs = self.walk(body.jaxpr, ins[: nc + ncarry] + xs)
         carry = outs[:ncarry]
         ys = [
@@ -559,7 +572,7 @@ class _Walk:
         merely the cheapest (a reduce-scatter onto the batch dim, or indices gathered whole) would make every later
         op meet a layout the user did not choose, and report mismatches of einshard's making.
         """
-        if eqn.primitive.name == "dot_general":
+        if eqn.primitive.name in ("dot_general", "gather"):
             candidates = self._out_candidates(eqn, ins)
             keeps = _spec(candidates[0]) if candidates else None
             for fix in fixes:
@@ -598,6 +611,9 @@ class _Walk:
             moving = tuple(dict.fromkeys(m for i in lc for m in le[i])) or tuple(
                 dict.fromkeys(m for j in rc for m in re_[j])
             )
+        elif eqn.primitive.name == "gather":
+            base = _gather_result_dims(eqn, ins)
+            moving = tuple(dict.fromkeys(m for a in ins for d in _entries(_spec_of(a), a.ndim) for m in d))
         else:
             base = [() for _ in out_shape]
             moving = tuple(dict.fromkeys(m for a in ins for d in _entries(_spec_of(a), a.ndim) for m in d))
@@ -800,6 +816,31 @@ def _reshape_keeps_blocks(operand: Any, eqn: Any, spec: PartitionSpec, sizes: di
     return all(not d for d in sdims[i:]) and all(not d for d in ddims[j:])
 
 
+def _gather_result_dims(eqn: Any, ins: list[Any]) -> list[tuple[str, ...]]:
+    """A gather's result split as its inputs say: the batch dims as the indices' dims, the slice's dims as the
+    operand's dims they are taken whole from (a dim the gather indexes into, or slices part of, is whole)."""
+    operand, indices = ins[0], ins[1]
+    dn = eqn.params["dimension_numbers"]
+    out_rank = len(eqn.outvars[0].aval.shape)
+    od, id_ = _entries(_spec_of(operand), operand.ndim), _entries(_spec_of(indices), indices.ndim)
+    sliced = [
+        i
+        for i in range(operand.ndim)
+        if i not in dn.collapsed_slice_dims and i not in getattr(dn, "operand_batching_dims", ())
+    ]
+    batch_dims = iter(id_[:-1])  # the last indices dim is the index vector
+    slice_dims = iter(sliced)
+    out: list[tuple[str, ...]] = []
+    for k in range(out_rank):
+        if k in dn.offset_dims:
+            i = next(slice_dims, None)
+            whole = i is not None and eqn.params["slice_sizes"][i] == operand.shape[i]
+            out.append(od[i] if i is not None and whole else ())
+        else:
+            out.append(next(batch_dims, ()))
+    return _first_uses(out)
+
+
 def _first_uses(dims: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
     """``dims`` with a mesh axis that splits two dims kept on the first only (a NamedSharding uses each once)."""
     used: set[str] = set()
@@ -1000,7 +1041,7 @@ def typed_jaxpr(
 
     try:
         with _past_sharding_errors(decide), jax.sharding.use_abstract_mesh(mesh):
-            return jax.make_jaxpr(fn)(*s_args, **s_kwargs)
+            return jax.make_jaxpr(fn, return_shape=True)(*s_args, **s_kwargs)
     except (ShardingTypeError, ValueError, TypeError) as err:
         raise LookupError(str(err)) from None
 
@@ -1016,10 +1057,10 @@ def untyped_jaxpr(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     s_args, s_kwargs = jax.tree_util.tree_unflatten(tree, [_shape_only(x) for x in flat])
     try:
         with jax.sharding.use_abstract_mesh(_abstract(mesh)):
-            return jax.make_jaxpr(fn)(*s_args, **s_kwargs)
+            return jax.make_jaxpr(fn, return_shape=True)(*s_args, **s_kwargs)
     except (ShardingTypeError, ValueError, TypeError):
         with jax.sharding.use_abstract_mesh(auto_twin(_abstract(mesh))):
-            return jax.make_jaxpr(fn)(*s_args, **s_kwargs)
+            return jax.make_jaxpr(fn, return_shape=True)(*s_args, **s_kwargs)
 
 
 def check_explicit(
@@ -1059,6 +1100,21 @@ def check_explicit(
         >>> print(r.findings[0].fixes[0].code)
         pass out_sharding=P(('data', 'model'), None) to the matmul (jnp.matmul / jnp.dot / jnp.einsum / lax.dot_general)
     """
+    return explicit_check(fn, args, kwargs, mesh=mesh, in_specs=in_specs, profile=profile)[0]
+
+
+def explicit_check(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    mesh: Any = None,
+    in_specs: Any = None,
+    profile: Any = None,
+) -> tuple[ExplicitReport, Any, Any]:
+    """:func:`check_explicit`'s work, with the jaxpr it typed and the output's shape: the program as JAX will
+    type it once the assumed fixes are applied (``einshard.explain`` costs that one where JAX refuses the
+    program as written)."""
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     if isinstance(mesh, dict):
         from ..core.mesh import as_mesh
@@ -1087,14 +1143,15 @@ def check_explicit(
     )
     walk = _Walk(explicit, axes, profile)
     try:
-        closed = typed_jaxpr(fn, args, kwargs, explicit, specs, walk)
+        closed, out_shape = typed_jaxpr(fn, args, kwargs, explicit, specs, walk)
         walk.typed = True
     except LookupError:
-        closed = untyped_jaxpr(fn, args, kwargs, explicit)
+        closed, out_shape = untyped_jaxpr(fn, args, kwargs, explicit)
     names = _arg_names(fn, args, kwargs)
     for v, n in zip(closed.jaxpr.invars, names):
         walk.names[v] = n
     in_avals = [_typed(v.aval, explicit, s) for v, s in zip(closed.jaxpr.invars, specs)]
     with jax.sharding.use_abstract_mesh(explicit):
         walk.walk(closed.jaxpr, in_avals)
-    return ExplicitReport(tuple(walk.findings), tuple(sorted(walk.unchecked)), axes, tuple(names_of))
+    report = ExplicitReport(tuple(walk.findings), tuple(sorted(walk.unchecked)), axes, tuple(names_of))
+    return report, closed, out_shape

@@ -59,6 +59,9 @@ class ProgramReport:
     mesh: tuple[MeshAxis, ...]
     profile: Any
     analysis_s: float = 0.0
+    # Where JAX's explicit sharding refused the program as written (einshard.check_explicit's report): the ops it
+    # rejects, with lines and fixes; the costs above are the program's with the check's assumed fixes applied.
+    explicit: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +74,7 @@ class ProgramReport:
             "phases": self.phases,
             "unfollowed": list(self.unfollowed),
             "analysis_s": self.analysis_s,
+            "explicit": self.explicit.to_dict() if self.explicit is not None else None,
             "ops": [
                 {
                     "index": op.index,
@@ -93,6 +97,12 @@ class ProgramReport:
     def __str__(self) -> str:
         mesh = ", ".join(f"{m.name}={m.size}" for m in self.mesh)
         lines = [f"mesh: {mesh}   profile: {getattr(self.profile, 'name', self.profile)}"]
+        if self.explicit is not None and self.explicit.findings:
+            n = len(self.explicit.findings)
+            lines.append(
+                f"JAX rejects {n} op{'s' if n != 1 else ''} of this program on its Explicit axes (below); "
+                "costed as it runs with the fixes the check assumes"
+            )
         header = f"{'#':>4}  {'phase':<8} {'op':<40} {'collectives':<44} {'GFLOP/dev':>10} {'comm/dev':>10}"
         lines.append(header)
         lines.append("-" * len(header))
@@ -117,6 +127,8 @@ class ProgramReport:
         if self.unfollowed:
             lines.append("not followed (outputs assumed replicated): " + ", ".join(self.unfollowed))
         lines.append(f"analysed in {self.analysis_s * 1e3:.1f} ms")
+        if self.explicit is not None and self.explicit.findings:
+            lines.append(str(self.explicit))
         return "\n".join(lines)
 
 

@@ -166,7 +166,23 @@ class TracedProgram:
         self.args = args
         self.mesh = mesh_axes
         self.costs = costs
-        closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+        self.explicit: Any = None  # an ExplicitReport where JAX refused the program as written
+        try:
+            closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+        except Exception as err:
+            if not _is_sharding_type_error(err):
+                raise
+            # On Explicit axes JAX refuses an ambiguous op while tracing: cost the program as JAX types it once
+            # the check's fixes are applied, and carry the check's findings (each op, its line, its fixes).
+            from ..explicit import explicit_check
+
+            self.explicit, closed, self.out_shape = explicit_check(
+                fn,
+                args,
+                kwargs,
+                mesh={m.name: m.size for m in mesh_axes} if _no_devices(args) else None,
+                profile=costs.profile,
+            )
         self.jaxpr = _dead_code_eliminated(closed.jaxpr)
         self.trace_s = time.perf_counter() - start
 
@@ -230,6 +246,7 @@ class TracedProgram:
             tot["count"] += len(op.collectives) * op.repeat
             tot["time_s"] += op.time_s * op.repeat
         return ProgramReport(
+            explicit=self.explicit,
             ops=ops,
             flops=sum(t["flops"] for t in phases.values()),
             comm_bytes=sum(t["bytes"] for t in phases.values()),
@@ -242,6 +259,20 @@ class TracedProgram:
             profile=self.costs.profile,
             analysis_s=time.perf_counter() - start,
         )
+
+
+def _is_sharding_type_error(err: BaseException) -> bool:
+    from jax._src.core import ShardingTypeError
+
+    return isinstance(err, ShardingTypeError)
+
+
+def _no_devices(args: tuple[Any, ...]) -> bool:
+    """Whether the arguments carry no concrete mesh (shape-only), so the check is given the mesh's sizes."""
+    return not any(
+        isinstance(getattr(getattr(x, "sharding", None), "mesh", None), jax.sharding.Mesh)
+        for x in jax.tree_util.tree_leaves(args)
+    )
 
 
 class _Output:
