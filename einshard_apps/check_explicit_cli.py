@@ -8,7 +8,8 @@
 or ``(fn, args, kwargs)``: arrays placed on a mesh with Explicit axes, or ``jax.ShapeDtypeStruct``s with
 shardings; the mesh is theirs (or ``--mesh``: axis sizes, every axis Explicit).  It runs
 :func:`einshard.check_explicit` and prints its report (``--json``: ``to_dict()``).  The exit status is 0 when JAX
-accepts every op, 1 when some op is rejected (so a CI step can run it).
+accepts every op, 1 when some op is rejected (so a CI step fails before the training job does; ``--exit-zero``
+reports only).
 """
 
 from __future__ import annotations
@@ -98,4 +99,4 @@ def run(args: argparse.Namespace) -> int:
         fn, fargs, fkwargs, options = _from_demo(args)
     report = einshard.check_explicit(fn, *fargs, profile=args.profile, **options, **fkwargs)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
-    return 0 if report.ok else 1
+    return 0 if report.ok or args.exit_zero else 1

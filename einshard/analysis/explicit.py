@@ -391,6 +391,7 @@ class _Walk:
         # The source lines of the calls being walked into: an op inside jnp's own jitted helpers (jnp.take) has
         # no frame of the user's, and is reported at the line that called the helper.
         self.calls: list[tuple[str, str]] = []
+        self.roots: dict[Any, str] = {}  # jaxpr value -> the one argument path it is computed from alone
         self.typed = False  # walking a jaxpr typed by JAX itself (typed_jaxpr): its types are read, not computed
 
     def where(self, eqn: Any) -> tuple[str, str]:
@@ -432,11 +433,23 @@ class _Walk:
         if prim in _CARRIERS and eqn.invars and not hasattr(eqn.invars[0], "val") and eqn.invars[0] in self.names:
             for v in eqn.outvars:
                 self.names[v] = self.names[eqn.invars[0]]
-            return
-        if prim in _CARRIERS and eqn.invars and hasattr(eqn.invars[0], "val"):
+                if eqn.invars[0] in self.roots:
+                    self.roots[v] = self.roots[eqn.invars[0]]
             return
         where, _ = self.where(eqn)
-        what = eqn.params.get("name", prim) if prim in ("pjit", "jit", "closed_call") else prim
+        if prim in _CARRIERS and eqn.invars and hasattr(eqn.invars[0], "val"):
+            for v in eqn.outvars:  # zeros a gradient accumulates into, a filled mask: a constant
+                self.names.setdefault(v, f"a constant {prim} at {where}")
+            return
+        what = _call_name(eqn) or prim
+        roots = {self.roots.get(v) for v in eqn.invars if not hasattr(v, "val")}
+        root = next(iter(roots)) if len(roots) == 1 else None
+        if root is not None:
+            # Computed from one parameter alone (token ids bounds-checked inside jnp.take): still that parameter.
+            for v in eqn.outvars:
+                self.roots[v] = root
+                self.names.setdefault(v, f"{root} (through {what} at {where})")
+            return
         for v in eqn.outvars:
             self.names.setdefault(v, f"the result of {what} at {where}")
 
@@ -445,13 +458,20 @@ class _Walk:
         for inner, outer in zip(jaxpr.invars, eqn.invars):
             if not hasattr(outer, "val") and outer in self.names:
                 self.names[inner] = self.names[outer]
+            if not hasattr(outer, "val") and outer in self.roots:
+                self.roots[inner] = self.roots[outer]
         self.calls.append(self.where(eqn))
         try:
             outs = self.walk(jaxpr, ins)
         finally:
             self.calls.pop()
         for inner, outer in zip(jaxpr.outvars, eqn.outvars):
-            if not hasattr(inner, "val") and inner in self.names and inner in set(jaxpr.invars):
+            if hasattr(inner, "val"):
+                continue
+            if inner in self.roots:
+                self.roots[outer] = self.roots[inner]
+                self.names[outer] = self.names[inner]
+            elif inner in self.names and inner in set(jaxpr.invars):
                 self.names[outer] = self.names[inner]
         return outs
 
@@ -683,7 +703,11 @@ class _Walk:
     def _auto_axes_fix(self, eqn: Any, ins: list[Any], best: tuple[Fix, list[Any]]) -> Fix:
         spec = _spec_of(best[1][0])
         code = f"wrap the op in jax.sharding.auto_axes(f, out_sharding={_p(spec)}) (XLA chooses its collectives)"
-        return self._fix("auto_axes", spec, None, code, self._price_gathered(eqn, ins), False)
+        if eqn.primitive.name in _AT_CALL:
+            colls = self._price_indexing(eqn, ins, spec)
+        else:
+            colls = self._price_gathered(eqn, ins)
+        return self._fix("auto_axes", spec, None, code, colls, False)
 
     def _fix(
         self, kind: FixKind, spec: PartitionSpec, operand: int | None, code: str, colls: Sequence[Any], priced: bool
@@ -841,6 +865,16 @@ def _gather_result_dims(eqn: Any, ins: list[Any]) -> list[tuple[str, ...]]:
     return _first_uses(out)
 
 
+def _call_name(eqn: Any) -> str | None:
+    """The function a call equation calls (``relu`` for ``jax.nn.relu``'s custom_jvp_call), where JAX kept it."""
+    if isinstance(eqn.params.get("name"), str):
+        return str(eqn.params["name"])
+    sub = next((eqn.params[k] for k in _CALL_JAXPR_PARAMS if k in eqn.params), None)
+    info = getattr(getattr(sub, "jaxpr", sub), "debug_info", None)
+    name = getattr(info, "func_name", None)
+    return name.split(" ")[0] if isinstance(name, str) and name else None
+
+
 def _first_uses(dims: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
     """``dims`` with a mesh axis that splits two dims kept on the first only (a NamedSharding uses each once)."""
     used: set[str] = set()
@@ -912,6 +946,24 @@ def _leaf_specs(
         s = x.sharding if isinstance(x, jax.ShapeDtypeStruct) else getattr(x, "sharding", None)
         out.append(_spec(_entries(getattr(s, "spec", None), len(np.shape(x)))))
     return out
+
+
+def _static_bound(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], list[bool]]:
+    """``fn`` with its arguments' leaves that are not arrays (a PartitionSpec, a flag, a Python number) bound
+    as constants, as ``jax.jit(static_argnames=...)`` would treat them; and which leaves stay arguments."""
+    flat, tree = jax.tree_util.tree_flatten((args, kwargs))
+    keep = [hasattr(x, "shape") and hasattr(x, "dtype") for x in flat]
+    if all(keep):
+        return fn, args, kwargs, keep
+
+    def bound(*dynamic: Any) -> Any:
+        it = iter(dynamic)
+        a, k = jax.tree_util.tree_unflatten(tree, [next(it) if d else x for d, x in zip(keep, flat)])
+        return fn(*a, **k)
+
+    return bound, tuple(x for x, d in zip(flat, keep) if d), {}, keep
 
 
 def _current_mesh() -> Any:
@@ -1141,15 +1193,18 @@ def explicit_check(
         else _leaf_specs(jax.tree_util.tree_leaves(args), in_specs, args, axes)
         + _leaf_specs(jax.tree_util.tree_leaves(kwargs), None, (), axes)
     )
+    names = _arg_names(fn, args, kwargs)
+    fn, args, kwargs, keep = _static_bound(fn, args, kwargs)
+    specs = [s for s, k in zip(specs, keep) if k]
+    names = [n for n, k in zip(names, keep) if k]
     walk = _Walk(explicit, axes, profile)
     try:
         closed, out_shape = typed_jaxpr(fn, args, kwargs, explicit, specs, walk)
         walk.typed = True
     except LookupError:
         closed, out_shape = untyped_jaxpr(fn, args, kwargs, explicit)
-    names = _arg_names(fn, args, kwargs)
     for v, n in zip(closed.jaxpr.invars, names):
-        walk.names[v] = n
+        walk.names[v] = walk.roots[v] = n
     in_avals = [_typed(v.aval, explicit, s) for v, s in zip(closed.jaxpr.invars, specs)]
     with jax.sharding.use_abstract_mesh(explicit):
         walk.walk(closed.jaxpr, in_avals)
