@@ -800,6 +800,60 @@ class _Walk:
         return colls
 
 
+class _Namer(_Walk):
+    """The walk's naming alone (no typing): each value's name in the user's words and each equation's source line,
+    for ``einshard.explain``'s report (the ops and collectives it lists say where they are and what they read)."""
+
+    def __init__(self, axes: tuple[MeshAxis, ...]) -> None:
+        super().__init__(None, axes, None)
+        self.eqn_where: dict[int, tuple[str, str]] = {}
+        self._held: list[Any] = []  # the equations eqn_where names, held so their ids stay theirs
+
+    def walk(self, jaxpr: Any, in_avals: Sequence[Any]) -> list[Any]:
+        for eqn in jaxpr.eqns:
+            self.eqn_where[id(eqn)] = self.where(eqn)
+            self._held.append(eqn)
+            self.step(eqn, [None] * len(eqn.invars))
+            self._name_outputs(eqn)
+        return [None] * len(jaxpr.outvars)
+
+    def step(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        if eqn.primitive.name in ("scan", "sharding_constraint"):
+            if eqn.primitive.name == "scan":
+                self._name_scan_body(eqn)
+            return [None] * len(eqn.outvars)
+        return super().step(eqn, ins)
+
+    def _name_scan_body(self, eqn: Any) -> None:
+        p = eqn.params
+        n = p["num_consts"] + p["num_carry"]
+        body = p["jaxpr"].jaxpr
+        for k, (inner, outer) in enumerate(zip(body.invars, eqn.invars)):
+            if not hasattr(outer, "val") and outer in self.names:
+                self.names[inner] = self.names[outer] + ("[layer]" if k >= n else "")
+        self.calls.append(self.where(eqn))
+        try:
+            self.walk(body, [])
+        finally:
+            self.calls.pop()
+
+    def _primitive(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        return [None] * len(eqn.outvars)
+
+
+def value_names(
+    jaxpr: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], axes: tuple[MeshAxis, ...]
+) -> tuple[dict[Any, str], dict[int, tuple[str, str]]]:
+    """Each value of ``jaxpr`` (``fn`` traced on ``args``, ``kwargs``) named in the user's words, as
+    :func:`check_explicit` names operands (``params.dense.kernel``, ``tokens (through ...)``, ``the result of relu at
+    model.py:12``), and each equation's source line and the library line it is inside (by ``id`` of the equation)."""
+    namer = _Namer(axes)
+    for v, n in zip(jaxpr.invars, _arg_names(fn, args, kwargs)):
+        namer.names[v] = namer.roots[v] = n
+    namer.walk(jaxpr, [])
+    return namer.names, namer.eqn_where
+
+
 def _reshape_keeps_blocks(operand: Any, eqn: Any, spec: PartitionSpec, sizes: dict[str, int]) -> bool:
     """Whether every device's block of the reshaped result is its block of the operand, reshaped (no data moves).
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -76,10 +76,33 @@ def _arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...])
     return out
 
 
+def _rules_to_tree(arg: Any, spec: Any) -> Any:
+    """One argument's ``in_specs`` entry as a tree of its leaves' layouts.
+
+    A mapping whose keys are exactly a dict argument's keys is a pytree prefix (``{'w1': expr, 'w2': expr}`` for
+    ``{'w1': ..., 'w2': ...}``); any other mapping is path rules, ``{pattern: expression}`` as
+    ``einshard(tree, rules)`` takes them (:mod:`einshard.tree_rules`: the pattern searched in each leaf's
+    ``jax.tree_util.keystr`` path, the first match wins, a leaf no pattern matches is an error naming it).  An
+    ``nnx.State`` is read by its paths the same way.
+    """
+    if not isinstance(spec, Mapping):
+        return spec
+    if isinstance(arg, dict) and type(arg) is dict and set(arg) == set(spec):
+        return {k: _rules_to_tree(arg[k], v) for k, v in spec.items()}
+    from ...tree_rules import leaf_expressions
+
+    texts = leaf_expressions(arg, spec)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(arg), list(texts))
+
+
 def _broadcast_specs(args: Sequence[Any], in_specs: Any) -> list[Any]:
     def is_leaf(s: Any) -> bool:
         return s is None or isinstance(s, (str, jax.sharding.PartitionSpec))
 
+    if isinstance(in_specs, (tuple, list)) and len(in_specs) == len(args):
+        in_specs = type(in_specs)(_rules_to_tree(a, s) for a, s in zip(args, in_specs))
+    elif isinstance(in_specs, Mapping) and len(args) == 1:
+        in_specs = (_rules_to_tree(args[0], in_specs),)
     specs_flat, spec_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=is_leaf)
     try:
         per_arg = spec_tree.flatten_up_to(args)  # type: ignore[attr-defined]
@@ -112,8 +135,11 @@ def explain(
         args: arrays, ``jax.ShapeDtypeStruct``s (with ``sharding=`` or not) or pytrees of them.
         mesh: a Mesh, or axis sizes ``{'data': 4, 'model': 2}`` to analyse without devices;
             default the arguments' mesh, else the current mesh.
-        in_specs: layouts for the arguments when they carry none: a pytree prefix of
-            ``args`` with PartitionSpecs or einshard expressions (``'b d -> b@data d'``).
+        in_specs: layouts for the arguments (they replace the arguments' own): one entry per argument, each a
+            PartitionSpec, an einshard expression (``'b d -> b@data d'``), None (replicated), a pytree prefix of
+            that argument with those, or path rules ``{pattern: expression}`` as ``einshard(tree, rules)`` takes
+            them (the same matcher: the first pattern found in the leaf's ``keystr`` path wins; an
+            ``nnx.State`` is read by its paths).  A single entry for a single argument needs no tuple.
         profile: the hardware profile for time estimates (see ``einshard.analyze``).
 
     Returns:
@@ -184,7 +210,19 @@ class TracedProgram:
                 profile=costs.profile,
             )
         self.jaxpr = _dead_code_eliminated(closed.jaxpr)
+        self._fn, self._kwargs = fn, kwargs
+        self._naming: tuple[dict[Any, str], dict[int, tuple[str, str]]] | None = None
         self.trace_s = time.perf_counter() - start
+
+    @property
+    def naming(self) -> tuple[dict[Any, str], dict[int, tuple[str, str]]]:
+        """Each value's name in the user's words (argument paths) and each equation's source line: what the
+        report's ops say they read and where they are (computed once, on the first report)."""
+        if self._naming is None:
+            from ..explicit import value_names
+
+            self._naming = value_names(self.jaxpr, self._fn, self.args, self._kwargs, self.mesh)
+        return self._naming
 
     @property
     def rules(self) -> OpCosts:
@@ -213,6 +251,7 @@ class TracedProgram:
             walker = Walker(self.costs)
         elif walker.ops or walker.costs is not self.costs:
             raise EinshardError("TracedProgram.report(walker=...): pass a fresh walker over this program's costs")
+        walker.value_names, walker.eqn_where = self.naming
         layouts: dict[Any, Layout] = {}
         outs = walker.walk(self.jaxpr, in_layouts, 1, None, env=layouts)
         if out_specs is not None:
