@@ -87,8 +87,10 @@ def _rules_to_tree(arg: Any, spec: Any) -> Any:
     """
     if not isinstance(spec, Mapping):
         return spec
-    if isinstance(arg, dict) and type(arg) is dict and set(arg) == set(spec):
-        return {k: _rules_to_tree(arg[k], v) for k, v in spec.items()}
+    if isinstance(arg, Mapping) and set(arg) == set(spec):
+        if type(arg) is dict and type(spec) is dict:
+            return {k: _rules_to_tree(arg[k], v) for k, v in spec.items()}
+        return spec  # a mapping shaped like the argument (an nnx.State of expressions): a prefix as it is
     from ...tree_rules import leaf_expressions
 
     texts = leaf_expressions(arg, spec)
