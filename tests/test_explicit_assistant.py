@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax._src.core import ShardingTypeError
 from jax.sharding import NamedSharding
@@ -144,6 +144,7 @@ def _valid(shape: tuple[int, ...], spec: P) -> bool:
     return True
 
 
+@settings(max_examples=15)  # each example compiles every fix: bounded so the default run stays fast
 @given(_dots())
 def test_property_dot_general_flagged_exactly_when_jax_rejects_and_fixes_run(mesh: Any, case: tuple[Any, ...]) -> None:
     ls, rs, lspec, rspec, dn = case
@@ -225,6 +226,7 @@ def _reshapes(draw: Any) -> tuple[Any, ...]:
     return shape, _spec_of(fitting), new
 
 
+@settings(max_examples=15)
 @given(_reshapes())
 def test_property_reshape_flagged_exactly_when_jax_rejects_and_fixes_run(mesh: Any, case: tuple[Any, ...]) -> None:
     from hypothesis import assume
@@ -475,3 +477,18 @@ def test_cli_check_explicit_on_the_demo_model(capsys: pytest.CaptureFixture[str]
     status = main(["check-explicit", "--layout", "hybrid", "--mesh", "data=4,model=2"])
     out = capsys.readouterr().out
     assert status == 1 and "transformer.py" in out and "params.layers.mlp.w_out[layer]" in out
+
+
+def test_a_refusal_that_is_no_sharding_rule_is_reported_with_the_line(mesh: Any) -> None:
+    """A weight closed over inside auto_axes: JAX refuses it (its type is on the Explicit axes), not a rule."""
+    w = _placed(mesh, (16, 8), P("model", None))
+    x = _placed(mesh, (8, 16), P("data", "model"))
+
+    def closes_over(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jax.sharding.auto_axes(lambda x: x @ w, out_sharding=P("data", None))(x)
+
+    with jax.set_mesh(mesh):
+        report = einshard.check_explicit(closes_over, w, x)
+    assert not report.ok and "context mesh" in report.refused
+    assert "test_explicit_assistant.py" in report.refused and "JAX refuses the program" in str(report)
+    assert report.to_dict()["refused"] == report.refused

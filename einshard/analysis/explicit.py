@@ -23,6 +23,7 @@ import contextlib
 import inspect
 import math
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -235,11 +236,14 @@ class ExplicitReport:
     unchecked: tuple[str, ...]
     mesh: tuple[MeshAxis, ...]
     explicit_axes: tuple[str, ...] = field(default=())
+    # JAX's refusal of the program for a reason no sharding rule gave (with the user's line), '' if none: the
+    # findings are then those of the program traced without layouts.
+    refused: str = ""
 
     @property
     def ok(self) -> bool:
-        """True when JAX accepts every op (nothing found, nothing unchecked)."""
-        return not self.findings and not self.unchecked
+        """True when JAX accepts every op (nothing found, nothing unchecked, nothing refused)."""
+        return not self.findings and not self.unchecked and not self.refused
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -247,6 +251,7 @@ class ExplicitReport:
             "explicit_axes": list(self.explicit_axes),
             "findings": [f.to_dict() for f in self.findings],
             "unchecked": list(self.unchecked),
+            "refused": self.refused,
         }
 
     def __str__(self) -> str:
@@ -256,6 +261,8 @@ class ExplicitReport:
             f"{n} op{'s' if n != 1 else ''} JAX rejects" if n else "JAX accepts every op"
         )
         lines = [head]
+        if self.refused:
+            lines.append(f"JAX refuses the program before its sharding rules decide: {self.refused}")
         lines += [str(f) for f in self.findings]
         if self.unchecked:
             lines.append("not checked (results taken as replicated): " + ", ".join(self.unchecked))
@@ -1117,6 +1124,34 @@ class _Var:
         self.aval = aval
 
 
+class Refused(Exception):
+    """JAX refused the program while tracing it with its layouts, not through a sharding rule the check can
+    pass: its message and the user's line."""
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.message, self.where = message, where
+
+
+def _plain_message(msg: str) -> str:
+    """An exception's message on one line, without terminal colours (Keras adds them), at most 400 characters."""
+    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", msg).split())
+    text = text.split(" -------------------- ")[0]  # JAX's note on its filtered traceback
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _user_line(err: BaseException) -> str:
+    """The innermost frame of ``err``'s traceback that is the user's (not JAX's, a library's or einshard's)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not _is_library(f.filename)]
+    frames = [f for f in frames if "/jax/" not in f.filename]
+    if not frames:
+        return "unknown"
+    f = frames[-1]
+    return f"{_short_path(f.filename)}:{f.lineno} ({f.name})"
+
+
 def typed_jaxpr(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -1149,7 +1184,9 @@ def typed_jaxpr(
         with _past_sharding_errors(decide), jax.sharding.use_abstract_mesh(mesh):
             return jax.make_jaxpr(fn, return_shape=True)(*s_args, **s_kwargs)
     except (ShardingTypeError, ValueError, TypeError) as err:
-        raise LookupError(str(err)) from None
+        # JAX refused the program for a reason no sharding rule gave (a value closed over inside auto_axes, a
+        # scan whose carry changes layout): the user must hear it, with their line.
+        raise Refused(_plain_message(str(err)), _user_line(err)) from None
 
 
 def untyped_jaxpr(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any) -> Any:
@@ -1252,15 +1289,24 @@ def explicit_check(
     specs = [s for s, k in zip(specs, keep) if k]
     names = [n for n, k in zip(names, keep) if k]
     walk = _Walk(explicit, axes, profile)
+    refused = ""
     try:
         closed, out_shape = typed_jaxpr(fn, args, kwargs, explicit, specs, walk)
         walk.typed = True
-    except LookupError:
-        closed, out_shape = untyped_jaxpr(fn, args, kwargs, explicit)
+    except (LookupError, Refused) as err:
+        if isinstance(err, Refused):
+            refused = f"{err.message} (at {err.where})"
+        try:
+            closed, out_shape = untyped_jaxpr(fn, args, kwargs, explicit)
+        except Exception as again:
+            if not refused:
+                raise EinshardError(f"check_explicit(): JAX cannot trace the function: {again}") from None
+            report = ExplicitReport((), (), axes, tuple(names_of), refused)
+            return report, None, None
     for v, n in zip(closed.jaxpr.invars, names):
         walk.names[v] = walk.roots[v] = n
     in_avals = [_typed(v.aval, explicit, s) for v, s in zip(closed.jaxpr.invars, specs)]
     with jax.sharding.use_abstract_mesh(explicit):
         walk.walk(closed.jaxpr, in_avals)
-    report = ExplicitReport(tuple(walk.findings), tuple(sorted(walk.unchecked)), axes, tuple(names_of))
+    report = ExplicitReport(tuple(walk.findings), tuple(sorted(walk.unchecked)), axes, tuple(names_of), refused)
     return report, closed, out_shape

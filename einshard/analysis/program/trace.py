@@ -204,13 +204,16 @@ class TracedProgram:
             # the check's fixes are applied, and carry the check's findings (each op, its line, its fixes).
             from ..explicit import explicit_check
 
-            self.explicit, closed, self.out_shape = explicit_check(
+            self.explicit, typed, self.out_shape = explicit_check(
                 fn,
                 args,
                 kwargs,
                 mesh={m.name: m.size for m in mesh_axes} if _no_devices(args) else None,
                 profile=costs.profile,
             )
+            if typed is None:
+                raise EinshardError(f"explain(): {self.explicit}") from None
+            closed = typed
         self.jaxpr = _dead_code_eliminated(closed.jaxpr)
         self._fn, self._kwargs = fn, kwargs
         self._naming: tuple[dict[Any, str], dict[int, tuple[str, str]]] | None = None
