@@ -1058,6 +1058,8 @@ def _past_sharding_errors(decide: Callable[..., Any]) -> Iterator[list[str]]:
     not keep a result typed past an error).  Where that internal API has moved, it raises ``LookupError`` and the
     caller traces without layouts instead.  If an error was passed, JAX's tracing caches are cleared after, so
     no later ``jax.jit`` of the user's reuses a trace typed past an error (it must raise as it would have).
+    The replacement is process-wide: check_explicit calls are serialised by a lock, but another thread tracing
+    its own program at the same moment would pass its sharding errors too (run the check from one thread).
     """
     from jax._src.core import ShardingTypeError
 
