@@ -83,6 +83,12 @@ def _check_dot(
         np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)  # ... and it computes the same
         if fix.kind == "out_sharding":
             assert jax.typeof(got).sharding.spec == fix.spec
+    (auto,) = [f for f in finding.fixes if f.kind == "auto_axes"]  # the op run with the axes Auto
+    with jax.set_mesh(mesh):
+        wrapped = jax.sharding.auto_axes(lambda a, b: jax.lax.dot_general(a, b, dn), out_sharding=auto.spec)
+        got = jax.jit(wrapped)(a, b)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+    assert jax.typeof(got).sharding.spec == auto.spec
 
 
 def test_megatron_row_matmul_is_flagged_with_the_line_and_fixes_jax_accepts(mesh: Any) -> None:
@@ -185,6 +191,10 @@ def _check_reshape(
         with jax.set_mesh(mesh):
             got = jax.jit(fixed)(x)
         np.testing.assert_array_equal(np.asarray(got), want)
+    (auto,) = [f for f in finding.fixes if f.kind == "auto_axes"]
+    with jax.set_mesh(mesh):
+        got = jax.jit(jax.sharding.auto_axes(plain, out_sharding=auto.spec))(x)
+    np.testing.assert_array_equal(np.asarray(got), want)
 
 
 @pytest.mark.parametrize(
@@ -259,8 +269,8 @@ def test_gather_across_split_axes_is_flagged_and_its_fix_runs(mesh: Any) -> None
                 got = jax.jit(lambda t, i, s=fix.spec: t.at[i].get(out_sharding=s))(table, idx)
             elif fix.kind == "reshard":
                 got = jax.jit(_resharded_lookup(fix))(table, idx)
-            else:
-                continue
+            else:  # auto_axes: the lookup run with the axes Auto
+                got = jax.jit(jax.sharding.auto_axes(lookup, out_sharding=fix.spec))(table, idx)
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
