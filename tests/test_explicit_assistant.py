@@ -502,3 +502,22 @@ def test_a_refusal_that_is_no_sharding_rule_is_reported_with_the_line(mesh: Any)
     assert not report.ok and "context mesh" in report.refused
     assert "test_explicit_assistant.py" in report.refused and "JAX refuses the program" in str(report)
     assert report.to_dict()["refused"] == report.refused
+
+
+def test_a_mixed_mesh_checks_its_explicit_axes_only() -> None:
+    """On a mesh with 'data' Explicit and 'model' Auto, JAX types (and refuses) only what 'data' splits."""
+    from jax.sharding import AxisType
+
+    mixed = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Auto))
+    a = jax.device_put(np.ones((16, 32), np.float32), NamedSharding(mixed, P(None, "data")))
+    b = jax.device_put(np.ones((32, 8), np.float32), NamedSharding(mixed, P("data", "model")))
+    report = einshard.check_explicit(lambda a, b: a @ b, a, b)
+    assert report.explicit_axes == ("data",)
+    assert [f.primitive for f in report.findings] == ["dot_general"]
+    assert _jax_rejects(lambda a, b: a @ b, a, b)
+    assert all("model" not in str(o.spec) for o in report.findings[0].operands)  # Auto axes are not in types
+    for fix in report.findings[0].fixes:
+        if fix.kind == "out_sharding":
+            with jax.set_mesh(mixed):
+                got = jax.jit(lambda a, b, s=fix.spec: jnp.matmul(a, b, out_sharding=s))(a, b)
+            np.testing.assert_allclose(np.asarray(got), np.full((16, 8), 32.0))
