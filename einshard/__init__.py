@@ -9,6 +9,7 @@ core, placement, analysis, lowering) are importable on their own.
 
 from ._caches import clear_caches
 from .analysis import Profile, analyze, explain
+from .analysis.explicit import check_explicit
 from .analysis.plan import EinsumPlan
 from .audit import audit
 from .core.layout import Layout
@@ -36,6 +37,7 @@ __all__ = [
     "analyze",
     "EinsumPlan",
     "explain",
+    "check_explicit",
     "plan",
     "LayoutPlan",
     "audit",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["demo", "analyze", "show", "plan", "audit", "PRESET_NAMES", "PROFILE_NAMES", "DEMO_STEPS"]
+__all__ = ["demo", "analyze", "show", "plan", "audit", "check_explicit", "PRESET_NAMES", "PROFILE_NAMES", "DEMO_STEPS"]
 
 PRESET_NAMES = ("dp", "fsdp", "tp", "hybrid", "fsdp-tp", "tp-async", "pipeline")
 PROFILE_NAMES = ("cpu", "h100", "tpu-v5p")
@@ -174,6 +174,31 @@ def plan(parser: argparse.ArgumentParser) -> None:
         "--width", type=_positive, default=1024, help="the demo's x width; y = 2x, z = x/2 (default 1024)"
     )
     parser.add_argument("--rules-out", default=None, help="write the parameter rules as JSON here")
+
+
+def check_explicit(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument(
+        "--function",
+        metavar="FILE.py:NAME",
+        help="your function of no arguments returning (fn, args) or (fn, args, kwargs): placed arrays or "
+        "ShapeDtypeStructs with shardings (also module:NAME)",
+    )
+    what.add_argument(
+        "--layout", choices=PRESET_NAMES[:5], default=None, help="the demo transformer under a preset (default hybrid)"
+    )
+    what.add_argument(
+        "--rules", metavar="FILE", help="the demo transformer under your rules file (demo --rules format)"
+    )
+    parser.add_argument("--mesh", default=None, help="mesh axis sizes, e.g. data=4,model=2 (every axis Explicit)")
+    parser.add_argument("--batch", type=_positive, default=16, help="the demo model's global batch (default 16)")
+    parser.add_argument(
+        "--profile", default="cpu", choices=PROFILE_NAMES, help="hardware for the fixes' costs (default cpu)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report's to_dict() as JSON")
+    parser.add_argument(
+        "--exit-zero", action="store_true", help="exit 0 even when JAX rejects an op (a report-only CI step)"
+    )
 
 
 from .audit_cli import arguments as audit  # noqa: E402  (the verb's arguments live beside its run())

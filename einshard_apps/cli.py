@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("einshard_apps.show_cli", "draw an array layout of any rank: which devices hold which block"),
     "plan": ("einshard_apps.plan_cli", "plan the demo model's layouts for a mesh and a memory budget"),
     "audit": ("einshard_apps.audit_cli", "audit a rule set (einshard, Keras LayoutMap, MaxText) on a model step"),
+    "check-explicit": (
+        "einshard_apps.check_explicit_cli",
+        "name every op JAX's default (Explicit) mesh rejects, with out_sharding=/reshard fixes and their costs",
+    ),
 }
 
 # Verbs renamed in 0.4 (old -> new): still accepted, with a note on stderr.
@@ -57,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             epilog=SYNTAX_HELP,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        getattr(arguments, name)(p)
+        getattr(arguments, name.replace("-", "_"))(p)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in RENAMED:
         print(f"einshard: '{argv[0]}' is now '{RENAMED[argv[0]]}' (running that)", file=sys.stderr)

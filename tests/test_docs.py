@@ -183,7 +183,7 @@ def _parser(verb: str | None) -> Any:
 
     parser = argparse.ArgumentParser(prog=f"einshard {verb or ''}".strip(), add_help=True)
     if verb is not None:
-        getattr(arguments, cli.RENAMED.get(verb, verb))(parser)
+        getattr(arguments, cli.RENAMED.get(verb, verb).replace("-", "_"))(parser)
     return parser
 
 
@@ -281,7 +281,7 @@ def test_the_docs_have_cli_lines_to_run():
     """The command reader finds the docs' command lines: demo, analyze and show (none silently skipped)."""
     verbs = {args[0] for _, args in DOC_COMMANDS}
     assert {"demo", "analyze", "show"} <= verbs, DOC_COMMANDS
-    assert all(args[0] in ("demo", "analyze", "show", "plan", "explain") for _, args in DOC_COMMANDS)
+    assert all(args[0] in ("demo", "analyze", "show", "plan", "explain", "check-explicit") for _, args in DOC_COMMANDS)
 
 
 def test_the_command_reader():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,9 @@ class OpReport:
     time_s: float
     repeat: int = 1  # how many times it runs (scan length)
     note: str = ""
+    where: str = ""  # the user's source line, 'file:line (function)' ('' for the program's outputs)
+    inside: str = ""  # the library line it runs in (Flax's Linear.__call__), where that is not the user's
+    reads: tuple[str, ...] = ()  # what it reads, in the user's words: argument paths ('params.dense.kernel')
 
     @property
     def comm_bytes(self) -> float:
@@ -63,6 +67,9 @@ class ProgramReport:
     profile: Any
     analysis_s: float = 0.0
     unfollowed_at: tuple[str, ...] = ()
+    # Where JAX's explicit sharding refused the program as written (einshard.check_explicit's report): the ops it
+    # rejects, with lines and fixes; the costs above are the program's with the check's assumed fixes applied.
+    explicit: Any = None
 
     @property
     def complete(self) -> bool:
@@ -95,6 +102,7 @@ class ProgramReport:
             "phases": self.phases,
             "unfollowed": list(self.unfollowed),
             "analysis_s": self.analysis_s,
+            "explicit": self.explicit.to_dict() if self.explicit is not None else None,
             "ops": [
                 {
                     "index": op.index,
@@ -109,6 +117,9 @@ class ProgramReport:
                     "time_s": op.time_s * op.repeat,
                     "repeat": op.repeat,
                     "note": op.note,
+                    "where": op.where,
+                    "inside": op.inside,
+                    "reads": list(op.reads),
                 }
                 for op in self.ops
             ],
@@ -116,16 +127,29 @@ class ProgramReport:
 
     def __str__(self) -> str:
         lines = [self.headline()]
-        header = f"{'#':>4}  {'phase':<8} {'op':<40} {'collectives':<44} {'GFLOP/dev':>10} {'comm/dev':>10}"
+        if self.explicit is not None and self.explicit.findings:
+            n = len(self.explicit.findings)
+            lines.append(
+                f"JAX rejects {n} op{'s' if n != 1 else ''} of this program on its Explicit axes (below); "
+                "costed as it runs with the fixes the check assumes"
+            )
+        # Columns as wide as their widest entry: nothing is cut (an op's expression is what says which it is).
+        texts = [op.expression + (f" ×{op.repeat}" if op.repeat > 1 else "") for op in self.ops]
+        colls_of = [", ".join(f"{c.kind}@{'·'.join(c.axes)}" for c in op.collectives) or "-" for op in self.ops]
+        w_op = max([40, *map(len, texts)])
+        w_coll = max([44, *map(len, colls_of)])
+        header = f"{'#':>4}  {'phase':<8} {'op':<{w_op}} {'collectives':<{w_coll}} {'GFLOP/dev':>10} {'comm/dev':>10}"
         lines.append(header)
         lines.append("-" * len(header))
-        for op in self.ops:
-            colls = ", ".join(f"{c.kind}@{'·'.join(c.axes)}" for c in op.collectives) or "-"
-            rep = f" ×{op.repeat}" if op.repeat > 1 else ""
+        for op, text, colls in zip(self.ops, texts, colls_of):
             lines.append(
-                f"{op.index:>4}  {op.phase:<8} {(op.expression + rep)[:40]:<40} {colls[:44]:<44} "
+                f"{op.index:>4}  {op.phase:<8} {text:<{w_op}} {colls:<{w_coll}} "
                 f"{op.flops * op.repeat / 1e9:>10.3f} {_bytes(op.comm_bytes):>10}"
             )
+            if op.where or op.reads:
+                at = f"at {op.where}" + (f" (inside {op.inside})" if op.inside else "") if op.where else ""
+                reads = "reads " + ", ".join(op.reads) if op.reads else ""
+                lines.append(" " * 16 + "; ".join(t for t in (at, reads) if t))
         lines.append("-" * len(header))
         for phase, tot in self.phases.items():
             lines.append(
@@ -143,7 +167,38 @@ class ProgramReport:
                 + ", ".join(self.unfollowed)
             )
         lines.append(f"analysed in {self.analysis_s * 1e3:.1f} ms")
+        if self.explicit is not None and self.explicit.findings:
+            lines.append(str(self.explicit))
         return "\n".join(lines)
+
+
+def in_user_axis_names(expression: str, lhs: Layout | None, rhs: Layout | None, dimension_numbers: Any) -> str:
+    """A dot's annotated einsum (``b@data a, a c@model -> b@data c@model``, axes lettered by position) with the
+    axis names of the user's expressions where its operands carry them (an argument placed by
+    ``'b d -> b@data d'`` keeps ``b`` and ``d``): the report reads in the user's words.  A letter whose operands
+    name it differently, or a name two letters would share, keeps its letter (the einsum stays unambiguous)."""
+    from .costing import dot_names
+
+    if lhs is None or rhs is None or ": " in expression:
+        return expression
+    lnames, rnames, _ = dot_names(lhs, rhs, dimension_numbers)
+    rename: dict[str, str] = {}
+    clash: set[str] = set()
+    for letters, lay in ((lnames, lhs), (rnames, rhs)):
+        for letter, axis in zip(letters, lay.axes):
+            if re.fullmatch(r"d\d+", axis) or axis.startswith("..."):
+                continue  # positional (a PartitionSpec's or an intermediate's): no name of the user's
+            if rename.get(letter, axis) != axis:
+                clash.add(letter)
+            rename.setdefault(letter, axis)
+    names = [n for k, n in rename.items() if k not in clash]
+    unique = {k: n for k, n in rename.items() if k not in clash and names.count(n) == 1}
+    kept_letters = (set(lnames) | set(rnames)) - set(unique)
+    mapping = {k: n for k, n in unique.items() if n not in kept_letters}
+    if not mapping:
+        return expression
+    # Only einsum axes are renamed: never a mesh axis (after '@', inside '@(...)') or a pending sum ('{U:...}').
+    return re.sub(r"(?<![\w@(,:{])([a-z]{1,2})\b(?![\w(])", lambda m: mapping.get(m.group(1), m.group(1)), expression)
 
 
 def _bytes(n: float) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -77,10 +77,35 @@ def _arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...])
     return out
 
 
+def _rules_to_tree(arg: Any, spec: Any) -> Any:
+    """One argument's ``in_specs`` entry as a tree of its leaves' layouts.
+
+    A mapping whose keys are exactly a dict argument's keys is a pytree prefix (``{'w1': expr, 'w2': expr}`` for
+    ``{'w1': ..., 'w2': ...}``); any other mapping is path rules, ``{pattern: expression}`` as
+    ``einshard(tree, rules)`` takes them (:mod:`einshard.tree_rules`: the pattern searched in each leaf's
+    ``jax.tree_util.keystr`` path, the first match wins, a leaf no pattern matches is an error naming it).  An
+    ``nnx.State`` is read by its paths the same way.
+    """
+    if not isinstance(spec, Mapping):
+        return spec
+    if isinstance(arg, Mapping) and set(arg) == set(spec):
+        if type(arg) is dict and type(spec) is dict:
+            return {k: _rules_to_tree(arg[k], v) for k, v in spec.items()}
+        return spec  # a mapping shaped like the argument (an nnx.State of expressions): a prefix as it is
+    from ...tree_rules import leaf_expressions
+
+    texts = leaf_expressions(arg, spec)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(arg), list(texts))
+
+
 def _broadcast_specs(args: Sequence[Any], in_specs: Any) -> list[Any]:
     def is_leaf(s: Any) -> bool:
         return s is None or isinstance(s, (str, jax.sharding.PartitionSpec))
 
+    if isinstance(in_specs, (tuple, list)) and len(in_specs) == len(args):
+        in_specs = type(in_specs)(_rules_to_tree(a, s) for a, s in zip(args, in_specs))
+    elif isinstance(in_specs, Mapping) and len(args) == 1:
+        in_specs = (_rules_to_tree(args[0], in_specs),)
     specs_flat, spec_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=is_leaf)
     try:
         per_arg = spec_tree.flatten_up_to(args)  # type: ignore[attr-defined]
@@ -114,8 +139,11 @@ def explain(
         args: arrays, ``jax.ShapeDtypeStruct``s (with ``sharding=`` or not) or pytrees of them.
         mesh: a Mesh, or axis sizes ``{'data': 4, 'model': 2}`` to analyse without devices;
             default the arguments' mesh, else the current mesh.
-        in_specs: layouts for the arguments when they carry none: a pytree prefix of
-            ``args`` with PartitionSpecs or einshard expressions (``'b d -> b@data d'``).
+        in_specs: layouts for the arguments (they replace the arguments' own): one entry per argument, each a
+            PartitionSpec, an einshard expression (``'b d -> b@data d'``), None (replicated), a pytree prefix of
+            that argument with those, or path rules ``{pattern: expression}`` as ``einshard(tree, rules)`` takes
+            them (the same matcher: the first pattern found in the leaf's ``keystr`` path wins; an
+            ``nnx.State`` is read by its paths).  A single entry for a single argument needs no tuple.
         profile: the hardware profile for time estimates (see ``einshard.analyze``).
         axis_rules: a table from logical axis names to mesh axes, read while ``fn`` is traced (by the
             einshard calls inside it) and by ``in_specs`` expressions; default the table made current by
@@ -172,9 +200,40 @@ class TracedProgram:
         self.args = args
         self.mesh = mesh_axes
         self.costs = costs
-        closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+        self.explicit: Any = None  # an ExplicitReport where JAX refused the program as written
+        try:
+            closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+        except Exception as err:
+            if not _is_sharding_type_error(err):
+                raise
+            # On Explicit axes JAX refuses an ambiguous op while tracing: cost the program as JAX types it once
+            # the check's fixes are applied, and carry the check's findings (each op, its line, its fixes).
+            from ..explicit import explicit_check
+
+            self.explicit, typed, self.out_shape = explicit_check(
+                fn,
+                args,
+                kwargs,
+                mesh={m.name: m.size for m in mesh_axes} if _no_devices(args) else None,
+                profile=costs.profile,
+            )
+            if typed is None:
+                raise EinshardError(f"explain(): {self.explicit}") from None
+            closed = typed
         self.jaxpr = _dead_code_eliminated(closed.jaxpr)
+        self._fn, self._kwargs = fn, kwargs
+        self._naming: tuple[dict[Any, str], dict[int, tuple[str, str]]] | None = None
         self.trace_s = time.perf_counter() - start
+
+    @property
+    def naming(self) -> tuple[dict[Any, str], dict[int, tuple[str, str]]]:
+        """Each value's name in the user's words (argument paths) and each equation's source line: what the
+        report's ops say they read and where they are (computed once, on the first report)."""
+        if self._naming is None:
+            from ..explicit import value_names
+
+            self._naming = value_names(self.jaxpr, self._fn, self.args, self._kwargs, self.mesh)
+        return self._naming
 
     @property
     def rules(self) -> OpCosts:
@@ -203,6 +262,7 @@ class TracedProgram:
             walker = Walker(self.costs)
         elif walker.ops or walker.costs is not self.costs:
             raise EinshardError("TracedProgram.report(walker=...): pass a fresh walker over this program's costs")
+        walker.value_names, walker.eqn_where = self.naming
         layouts: dict[Any, Layout] = {}
         for v, spec in zip(self.jaxpr.outvars, out_specs or ()):
             rank = len(getattr(v.aval, "shape", ()))
@@ -243,6 +303,7 @@ class TracedProgram:
             tot["count"] += len(op.collectives) * op.repeat
             tot["time_s"] += op.time_s * op.repeat
         return ProgramReport(
+            explicit=self.explicit,
             ops=ops,
             flops=sum(t["flops"] for t in phases.values()),
             comm_bytes=sum(t["bytes"] for t in phases.values()),
@@ -258,6 +319,20 @@ class TracedProgram:
                 f"{name} at {', '.join(sites)}" for name, sites in sorted(walker.unfollowed_at.items())
             ),
         )
+
+
+def _is_sharding_type_error(err: BaseException) -> bool:
+    from jax._src.core import ShardingTypeError
+
+    return isinstance(err, ShardingTypeError)
+
+
+def _no_devices(args: tuple[Any, ...]) -> bool:
+    """Whether the arguments carry no concrete mesh (shape-only), so the check is given the mesh's sizes."""
+    return not any(
+        isinstance(getattr(getattr(x, "sharding", None), "mesh", None), jax.sharding.Mesh)
+        for x in jax.tree_util.tree_leaves(args)
+    )
 
 
 class _Output:

@@ -25,7 +25,7 @@ from . import rules_control, rules_indexing, rules_structural  # noqa: F401  (th
 from .costing import FreeLayout, OpCosts, is_free
 from .memory import Gathered
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
-from .report import OpReport
+from .report import OpReport, in_user_axis_names
 
 __all__ = ["Walker"]
 
@@ -66,6 +66,10 @@ class Walker:
         # call equations (ids) from the program: peak memory inlines them as XLA does (see :mod:`.memory`).
         self.sub_envs: dict[tuple[int, ...], dict[Any, Layout]] = {}
         self.call_path: tuple[int, ...] = ()
+        # The user's words for the report (set by TracedProgram.report): each value's name (argument paths),
+        # each equation's source line and the library line it is inside (by id of the equation).
+        self.value_names: dict[Any, str] = {}
+        self.eqn_where: dict[int, tuple[str, str]] = {}
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
@@ -152,8 +156,32 @@ class Walker:
     ) -> None:
         if self.quiet or (not collectives and not flops):
             return
+        where, inside = self.eqn_where.get(id(eqn), ("", ""))
+        if eqn.primitive.name == "output" and not where:
+            where = "the program's output"
+        if eqn.primitive.name == "dot_general":
+            lhs, rhs = (self.env.get(v) if not hasattr(v, "val") else None for v in eqn.invars[:2])
+            expression = in_user_axis_names(expression, lhs, rhs, eqn.params["dimension_numbers"])
+        names = self.value_names
+        reads = tuple(
+            dict.fromkeys(names[v] for v in getattr(eqn, "invars", ()) if not hasattr(v, "val") and v in names)
+        )
         self.ops.append(
-            OpReport(self.counter, eqn.primitive.name, phase, expression, out, collectives, flops, time_s, repeat, note)
+            OpReport(
+                self.counter,
+                eqn.primitive.name,
+                phase,
+                expression,
+                out,
+                collectives,
+                flops,
+                time_s,
+                repeat,
+                note,
+                where,
+                inside,
+                reads,
+            )
         )
         self.counter += 1
 
