@@ -33,7 +33,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=["mlp", "transformer"], default="mlp", help="the model (default mlp)")
     parser.add_argument("--mesh", default="data=4,model=2", help="mesh axis sizes (default data=4,model=2)")
     parser.add_argument("--budget", default=None, help="memory per device, e.g. 2GiB (default: none)")
-    parser.add_argument("--profile", default="h100", help="hardware profile: h100, tpu-v5p, cpu (default h100)")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="hardware profile: h100, tpu-v5p, cpu (default: this machine's, cpu on a CPU, as plan's)",
+    )
     parser.add_argument("--batch", type=int, default=None, help="global batch (default 16 / 16384 for the mlp)")
     parser.add_argument("--width", type=int, default=1024, help="the mlp's x width; y = 2x, z = x/2 (default 1024)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
