@@ -232,6 +232,10 @@ class EinsumProgram:
     def __call__(self, *operands: Any) -> jax.Array:
         return self.fn(*operands)
 
+    # jax.jit(program) hashes the callable; the plan holds dicts, so a field-wise hash fails.  A program is
+    # one compiled function: identity is its hash (equal programs run the same computation anyway).
+    __hash__ = object.__hash__
+
     @property
     def partials_axis(self) -> bool:
         """Whether pending sums come back on a leading axis of per-device partial values (``.sum(0)`` reduces).
