@@ -354,3 +354,19 @@ def test_plot_writes_loss_curves_and_bytes(tmp_path):
     assert write_plot(str(path), runs, None) == f"plot written to {path}"
     svg = path.read_text()
     assert "<svg" in svg and "training loss" in svg and "parameter bytes per device" in svg
+
+
+def test_the_demo_says_it_is_compiling_before_each_layout_compiles(corpus):
+    """Each layout's compile takes seconds: a line says so first, once (issue 22: 5-14 s without a word)."""
+    from einshard_apps.demo.loop import train_layout
+    from einshard_apps.models.transformer import Config
+
+    tiny = Config(layers=1, width=16, heads=2, ffn=32, seq=16)
+    t = Trainer(PRESETS["tp"], {"data": 1, "model": 2}, tiny, corpus, batch=4, devices=jax.devices()[:2])
+    said: list[str] = []
+    res = train_layout(t, 1, say=said.append, plain=True)
+    compiling = [line for line in said if line.startswith("compiling")]
+    assert compiling == ["compiling tp (data=1, model=2)..."], said
+    assert said.index(compiling[0]) == 0 and res.compile_s > 0  # before anything else, and only once
+    t.compile(said.append)  # compiled already: nothing more to say
+    assert [line for line in said if line.startswith("compiling")] == compiling
