@@ -292,3 +292,20 @@ def test_clear_caches_empties_every_registered_cache():
     einshard.clear_caches()
     assert _resolve.cache_info().currsize == 0 and not rule_matches
     assert len(_caches._CLEARERS) >= 5
+
+
+@pytest.mark.parametrize(
+    ("expr", "counts", "instead"),
+    [
+        ("x y -> x y*", "('y*')", "'x y -> x y@data'"),
+        ("x y -> 2 x2* y*", "('2', 'x2*', 'y*')", "'x y -> x@data y@model'"),
+    ],
+)
+def test_a_count_mesh_conflict_speaks_in_the_users_names(expr, counts, instead):
+    """Issue 22: the error said counts ('a4', '*') for 'x y*': names the user never wrote."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with pytest.raises(EinshardError) as err:
+        einshard.einshard(np.zeros((8, 8), np.float32), expr, mesh=mesh)
+    text = str(err.value)
+    assert f"counts {counts} build an anonymous mesh" in text and f"instead: {instead}" in text
+    assert "a4" not in text
