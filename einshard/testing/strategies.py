@@ -279,8 +279,8 @@ def layouts(
 
 
 def _has_explicit_axes(mesh: Any) -> bool:
-    types = getattr(mesh, "axis_types", None)
-    return bool(types) and any(t == AxisType.Explicit for t in types)
+    types = getattr(mesh, "axis_types", None) or ()
+    return any(t == AxisType.Explicit for t in types)
 
 
 _MESH_AXES_OF = re.compile(r"@\(?([^\s()]+?)\)?(?=\s|$)")
