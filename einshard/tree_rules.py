@@ -264,12 +264,14 @@ def _is_nnx_variable(x: Any) -> bool:
 def _match(tree: Any, rules: Mapping[str, Any], is_leaf: Any, unmatched: Any) -> tuple[Any, ...]:
     compiled = compile_rules(rules)
     texts = []
+    matched_any = False  # (a rule may be None, so the texts alone cannot say)
     flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
     for path, leaf in flat:
         keys = path_keys(path, leaf)
         for _, regex, rule in compiled:
             if any(regex.search(k) for k in keys):
                 texts.append(rule)
+                matched_any = True
                 break
         else:
             if unmatched is not None:
@@ -280,7 +282,7 @@ def _match(tree: Any, rules: Mapping[str, Any], is_leaf: Any, unmatched: Any) ->
                 f"no rule matches the leaf at {keys[0]} (patterns tried, in order: {listed})",
                 hint="Add a pattern for it, or a catch-all last rule such as '.*': '... -> ...'.",
             )
-    if flat and compiled and all(t is unmatched for t in texts):
+    if flat and compiled and not matched_any:
         shown = ", ".join(_shown(p) for p, _ in flat[:3]) + (", ..." if len(flat) > 3 else "")
         warnings.warn(
             f"the path rules match no leaf of the tree (patterns: {', '.join(repr(p) for p, _, _ in compiled)}; "

@@ -148,3 +148,10 @@ def test_checkpoint_restore_rules_say_so_too(auto_mesh, tmp_path, monkeypatch):
     with jax.set_mesh(auto_mesh), pytest.warns(EinshardWarning, match=r"large leaf.*\['w'\]"):
         back = checkpoint.restore(tmp_path / "ckpt", like=tree, expressions={r"^\['w'\]$": "i o -> i o"})
     np.testing.assert_array_equal(np.asarray(back["w"]), np.ones((64, 256), np.float32))
+
+
+def test_rules_that_say_none_on_purpose_are_not_a_rule_set_that_matches_nothing(auto_mesh):
+    tree = {"w": np.zeros((4, 4), np.float32)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EinshardWarning)
+        assert tree_rules.leaf_expressions(tree, {"w": None}, unmatched=tree_rules.UNMATCHED) == (None,)
