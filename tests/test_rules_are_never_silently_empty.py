@@ -155,3 +155,22 @@ def test_rules_that_say_none_on_purpose_are_not_a_rule_set_that_matches_nothing(
     with warnings.catch_warnings():
         warnings.simplefilter("error", EinshardWarning)
         assert tree_rules.leaf_expressions(tree, {"w": None}, unmatched=tree_rules.UNMATCHED) == (None,)
+
+
+def test_plan_output_names_a_large_leaf_its_rules_leave_replicated(monkeypatch):
+    monkeypatch.setattr(tree_rules, "LARGE_LEAF_BYTES", 16 * 1024)  # the biases (1 KiB) stay small, w1/w2 large
+    tree_rules.cache_clear()
+
+    def loss(p, x):
+        return jnp.mean((jnp.tanh(x @ p["w1"] + p["b"]) @ p["w2"]) ** 2)
+
+    params = {
+        "w1": jax.ShapeDtypeStruct((64, 256), jnp.float32),
+        "b": jax.ShapeDtypeStruct((256,), jnp.float32),
+        "w2": jax.ShapeDtypeStruct((256, 64), jnp.float32),
+    }
+    x = jax.ShapeDtypeStruct((8, 64), jnp.float32)
+    # A latency-bound step on the h100 profile: the plan replicates the weights (docs/planner.md, Limits).
+    with pytest.warns(EinshardWarning, match=r"large leaf/leaves replicated.*\['w1'\]"):
+        result = einshard.plan(jax.value_and_grad(loss), params, x, mesh={"data": 4, "model": 2}, profile="h100")
+    assert "@" not in result.rules[r"^\['w1'\]$"]

@@ -215,6 +215,7 @@ def plan(
                 f"no layout fits the memory budget: the least-bad needs {human_bytes(pipe.memory)}/device "
                 f"> budget {human_bytes(budget or 0)}; returned anyway (fits=False)"
             )
+        _say_what_stays_replicated(params, rules)
         return LayoutPlan(
             rules=rules,
             data_rules=data_rules,
@@ -262,6 +263,7 @@ def plan(
     )
     if beaten_by is not None and chosen is beaten_by[1]:
         explanation = f"{beaten_by[0].label} beats every assignment searched; returned as the plan\n" + explanation
+    _say_what_stays_replicated(params, rules)
     return LayoutPlan(
         rules=rules,
         data_rules=data_rules,
@@ -309,3 +311,12 @@ def _pipeline_wins(pipe: PipelineCost, chosen: Score, objective: str) -> bool:
         return pipe.memory < chosen.memory
     primary = {"memory": float(pipe.memory), "communication": pipe.comm_bytes}.get(objective, pipe.time_s)
     return (primary, pipe.time_s) < (chosen.primary, chosen.time_s)
+
+
+def _say_what_stays_replicated(params: Any, rules: Mapping[str, str]) -> None:
+    """No rule set is silently empty (issue 22): the plan's rules, matched against the parameters they were
+    planned for, warn (einshard.errors.EinshardWarning, from einshard.tree_rules) naming any leaf of
+    LARGE_LEAF_BYTES or more they leave whole on every device, as placing them would."""
+    from ..tree_rules import UNMATCHED, leaf_expressions
+
+    leaf_expressions(params, rules, unmatched=UNMATCHED)
