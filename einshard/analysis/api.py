@@ -7,10 +7,12 @@ Example:
     >>> plan.strategy, plan.collectives, tuple(plan.out_spec)
     ('hybrid DP×TP', (), ('data', 'model'))
     >>> plan = einshard.analyze("b x@model, x@model y -> b? y?", mesh={"model": 4}, sizes={"b": 64, "x": 128, "y": 256})
-    >>> [(c.kind, c.axes, c.bytes) for c in plan.collectives]          # row-parallel TP: sum the partial products
-    [('all-reduce', ('model',), 98304)]
+    >>> [(c.kind, c.axes, c.bytes) for c in plan.collectives]   # row-parallel TP: sum the partial products
+    [('reduce-scatter', ('model',), 49152)]
+    >>> str(plan.out_layout)          # the cheapest complete result: summed and split, half an all-reduce's bytes
+    '[b:64@model y:256]'
     >>> [(str(a.out_layout), [c.kind for c in a.collectives]) for a in plan.alternatives[:3]]
-    [('[b:64 y:256 {U:model}]', []), ('[b:64@model y:256]', ['reduce-scatter']), ('[b:64 y:256@model]', ['reduce-scatter'])]
+    [('[b:64 y:256 {U:model}]', []), ('[b:64 y:256@model]', ['reduce-scatter']), ('[b:64 y:256]', ['all-reduce'])]
 """
 
 from __future__ import annotations
