@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EinshardError"]
+__all__ = ["EinshardError", "EinshardWarning"]
 
 
 class EinshardError(ValueError):
@@ -52,3 +52,11 @@ class EinshardError(ValueError):
         if self.hint:
             lines.append(self.hint)
         return "\n".join(lines)
+
+
+class EinshardWarning(UserWarning):
+    """Input einshard accepts but that probably does not do what was meant: an einsum's annotations that differ
+    from its operands' own layouts, a rule set that matches no leaf or leaves a large one replicated.
+
+    Turn it into an error with ``warnings.simplefilter("error", einshard.errors.EinshardWarning)``.
+    """

@@ -38,6 +38,7 @@ its functions raise ImportError with the install command when Flax is missing.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,7 +47,7 @@ import jax
 from .core.logical import AxisRulesLike, takes_axis_rules
 from .errors import EinshardError
 from .placement import sharding
-from .tree_rules import UNMATCHED, leaf_expressions
+from .tree_rules import UNMATCHED, as_rules, leaf_expressions, warn_replicated
 
 try:
     from flax import nnx
@@ -90,7 +91,7 @@ def _value(var: Any) -> Any:
 def state_shardings(
     state: Any,
     mesh: jax.sharding.Mesh,
-    rules: Mapping[str, str | None] | None = None,
+    rules: Mapping[str, str | None] | os.PathLike[str] | None = None,
     *,
     default: str | None = "... -> ...",
     axis_rules: AxisRulesLike | None = None,
@@ -98,7 +99,9 @@ def state_shardings(
     """A tree like ``state`` (an ``nnx.State``) holding each variable's ``NamedSharding``.
 
     Each variable's expression is the first rule whose pattern is found in its
-    path (``jax.tree_util.keystr``; einshard's one matcher,
+    path (``jax.tree_util.keystr``, with or without the ``.value`` that
+    ``einshard.plan`` sees on the state flattened to arrays; ``rules`` may be
+    a rules file's path, as ``LayoutPlan.save_rules`` writes it; einshard's one matcher,
     :mod:`einshard.tree_rules`: a rule of None means replicated, a pattern that
     is not a regular expression is an error naming it), else its
     :func:`with_layout` metadata, else ``default`` (replicated);
@@ -106,7 +109,11 @@ def state_shardings(
     logical names in the expressions (docs/logical-axes.md).
     """
     _require_flax()
-    matched = iter(leaf_expressions(state, dict(rules or {}), is_leaf=_is_variable, unmatched=UNMATCHED))
+    # A rule matches a variable's path with or without its '.value' (einshard.tree_rules), so einshard.plan's
+    # rules, written for the state flattened to arrays, lay out the variables here (issue 22).
+    matched = iter(leaf_expressions(state, dict(as_rules(rules) or {}), is_leaf=_is_variable, unmatched=UNMATCHED))
+    fallen_back: list[tuple[Any, Any]] = []  # (path, variable) of those metadata or the default decided
+    fallback_texts: list[str | None] = []
 
     def pick(path: Any, var: Any) -> Any:
         key = jax.tree_util.keystr(path)
@@ -117,6 +124,8 @@ def state_shardings(
             expr = layout_of(var) if _is_variable(var) else None
             if expr is None:
                 expr = default
+            fallen_back.append((path, var))
+            fallback_texts.append(expr)
         if expr is None:
             raise EinshardError(
                 f"the variable at {key} has no einshard layout (no rule matches, no with_layout metadata)",
@@ -131,7 +140,10 @@ def state_shardings(
             ) from None
         return var.replace(sh) if _is_variable(var) else sh
 
-    return jax.tree_util.tree_map_with_path(pick, state, is_leaf=_is_variable)
+    out = jax.tree_util.tree_map_with_path(pick, state, is_leaf=_is_variable)
+    if rules:  # rules were given: a large variable left replicated by the fallback is said, by path
+        warn_replicated(fallen_back, fallback_texts)
+    return out
 
 
 @takes_axis_rules()
@@ -139,7 +151,7 @@ def init_function(
     make_model: Callable[[], Any],
     *,
     mesh: jax.sharding.Mesh,
-    rules: Mapping[str, str | None] | None = None,
+    rules: Mapping[str, str | None] | os.PathLike[str] | None = None,
     default: str | None = "... -> ...",
     axis_rules: AxisRulesLike | None = None,
 ) -> tuple[Any, Any]:
@@ -164,7 +176,7 @@ def init_sharded(
     make_model: Callable[[], Any],
     *,
     mesh: jax.sharding.Mesh,
-    rules: Mapping[str, str | None] | None = None,
+    rules: Mapping[str, str | None] | os.PathLike[str] | None = None,
     default: str | None = "... -> ...",
     axis_rules: AxisRulesLike | None = None,
 ) -> Any:

@@ -129,11 +129,14 @@ def parse_placement(text: str) -> Expression:
         )
     if expr.uses_counts and expr.uses_mesh_axes:
         count_item = next(i for i in right.items if is_count_item(i))
+        # In the user's own words: their counts and their '@' axes, quoted from the expression.
+        counts = ", ".join(repr(str(i)) for i in right.items if is_count_item(i))
+        named = ", ".join(repr(str(i)) for i in right.items if isinstance(i, AxisItem) and i.mesh_axes is not None)
         raise expr.fail(
-            "counts ('a4', '*', a standalone '2') and mesh axes ('a@data') do not mix in one expression: "
+            f"counts ({counts}) and mesh axes ({named}) do not mix in one expression: "
             "counts build an anonymous mesh of all devices, '@' uses your mesh",
             count_item.column,
-            "Use one style: 'a b -> a@data b' on your mesh, or 'a b -> a4 b' on an anonymous one.",
+            "Use one style: name a mesh axis with '@' for every split axis, or counts only.",
         )
     if expr.uses_mesh_axes:
         # With '@' the right side only annotates the left: same axes, same order.

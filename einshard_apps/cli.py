@@ -19,7 +19,11 @@ __all__ = ["main", "COMMANDS", "RENAMED"]
 
 # name -> (the module that runs it, one-line help); arguments.<name> declares its arguments.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("einshard_apps.demo", "train a small transformer under data, FSDP, tensor and hybrid parallel layouts"),
+    "demo": (
+        "einshard_apps.demo",
+        "train a small transformer under every layout: dp, fsdp, tp, hybrid, fsdp-tp, tp-async "
+        "(collective-matmul rings) and pipeline",
+    ),
     "analyze": ("einshard_apps.analyze_cli", "analyse an annotated einsum: strategy, collectives, cost, alternatives"),
     "show": ("einshard_apps.show_cli", "draw an array layout of any rank: which devices hold which block"),
     "plan": ("einshard_apps.plan_cli", "plan the demo model's layouts for a mesh and a memory budget"),
@@ -34,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 RENAMED: dict[str, str] = {"explain": "analyze"}
 
 SYNTAX_HELP = """\
-einshard expressions (https://github.com/ -- see README "Syntax"):
+einshard expressions (README.md, "Syntax"; https://pypi.org/project/einshard/):
 
   placement   'x y -> x y@model'          y split over the mesh axis 'model'
               'b d -> b@(data,fsdp) d'    b split over two mesh axes, major to minor
@@ -45,6 +49,20 @@ einshard expressions (https://github.com/ -- see README "Syntax"):
 """
 
 
+def version() -> str:
+    """The installed einshard's version, read without importing the library (``--version`` starts no JAX)."""
+    import importlib.metadata
+    import pathlib
+    import re
+
+    try:
+        return importlib.metadata.version("einshard")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout on PYTHONPATH: the source says it
+        init = pathlib.Path(__file__).resolve().parent.parent / "einshard" / "__init__.py"
+        found = re.search(r'^__version__ = "([^"]+)"', init.read_text(encoding="utf-8"), re.M)
+        return found.group(1) if found else "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="einshard",
@@ -52,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog=SYNTAX_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"einshard {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(

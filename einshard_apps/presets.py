@@ -37,9 +37,7 @@ Example:
 
 from __future__ import annotations
 
-import json
 import pathlib
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +45,7 @@ from typing import Any
 import jax
 
 from einshard.errors import EinshardError
-from einshard.tree_rules import compile_rules, leaf_expressions
+from einshard.tree_rules import leaf_expressions, read_rules_file
 
 __all__ = [
     "Preset",
@@ -277,55 +275,11 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 
 def load_rules(path: str | pathlib.Path) -> tuple[Preset, dict[str, int] | None]:
-    """Read a rules file (JSON or ``pattern: expression`` lines) into a preset and its mesh, if it gives one."""
+    """Read a rules file (:func:`einshard.tree_rules.read_rules_file`: the one format ``save_rules`` and
+    ``einshard plan --rules-out`` write) into a preset and its mesh, if it gives one."""
     p = pathlib.Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as err:
-        raise EinshardError(f"--rules: cannot read {str(p)!r}: {err.strerror}") from None
-    if text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise EinshardError(f"--rules {p}: not valid JSON: {err}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
-            raise EinshardError(f'--rules {p}: expected {{"batch": EXPR, "params": {{PATTERN: EXPR}}, "mesh": ...}}')
-        # null keeps its meaning in einshard's path rules: leave the leaf as it is (here: replicated).
-        params = {str(k): None if v is None else str(v) for k, v in data.get("params", {}).items()}
-        batch = data.get("batch")
-        mesh_value = data.get("mesh")
-        if isinstance(mesh_value, dict):
-            mesh: dict[str, int] | None = {str(k): int(v) for k, v in mesh_value.items()}
-        else:
-            mesh = parse_mesh(str(mesh_value)) if mesh_value else None
-        unknown = set(data) - {"params", "batch", "mesh"}
-        if unknown:
-            raise EinshardError(f"--rules {p}: unknown keys {sorted(unknown)}; the keys are batch, params, mesh")
-    else:
-        params, batch, mesh = {}, None, None
-        for lineno, raw in enumerate(text.splitlines(), 1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            # The pattern ends at the first ':' followed by whitespace ('{U:model}' has none).
-            match = re.match(r"(.+?):\s+(.*)$", line)
-            if not match:
-                raise EinshardError(f"--rules {p}, line {lineno}: expected 'pattern: expression', got {raw.strip()!r}")
-            key, value = match.group(1).strip(), match.group(2).strip()
-            if key == "mesh":
-                mesh = parse_mesh(value)
-            elif key == "batch":
-                batch = value
-            else:
-                params[key] = value
-    if not params:
-        raise EinshardError(f"--rules {p}: no parameter rules (pattern: expression)")
-    try:
-        compile_rules(params)
-    except EinshardError as err:
-        raise EinshardError(f"--rules {p}: {err.reason}") from None
-    preset = Preset(p.name, f"your rules from {p}", params, batch or "b s -> b s")
-    return preset, mesh
+    read = read_rules_file(p)
+    return Preset(p.name, f"your rules from {p}", read.params, read.batch or "b s -> b s"), read.mesh
 
 
 def expressions_for(tree: Any, rules: Mapping[str, str | None]) -> Any:

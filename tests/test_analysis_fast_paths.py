@@ -198,9 +198,11 @@ def _problem_and_full_ranking_first(plan: Any, sizes: dict, out_axes: tuple, req
     from einshard.analysis.search import enumerate_candidates, rank
 
     all_sizes = tuple((a, sizes[a]) for a in dict.fromkeys(a for op in plan.operands for a in op.axes))
-    problem = Problem(plan.operands, out_axes, all_sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    chosen = requested is None  # '?': the cheapest complete result, all-reduced or reduce-scattered
+    problem = Problem(plan.operands, out_axes, all_sizes, plan.mesh, requested, plan.itemsize, plan.profile, chosen)
     ranked = rank(enumerate_candidates(problem))
-    return problem, next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    complete = ("complete", "reduce-scatter")
+    return problem, next(c for c in ranked if c.resolution in complete) if chosen else ranked[0]
 
 
 @given(
@@ -428,8 +430,11 @@ def test_the_common_call_warns_as_the_general_path_on_a_bare_output():
     mesh, sizes = {"data": 4}, {"b": 8, "x": 16, "y": 8}
     from einshard.analysis import api
 
-    with pytest.warns(FutureWarning, match="bare output"):
-        api._analyze_plain("b@data x, x y -> b y", mesh, sizes, None, None)
+    plan = api._analyze_plain("b@data x, x y -> b y", mesh, sizes, None, None)
+    assert "bare output" in plan.__dict__["_bare_output_warning"]  # analyze() warns it (cached or not)
+    for _ in range(2):  # the second call returns the cached plan, and warns again
+        with pytest.warns(FutureWarning, match="bare output"):
+            einshard.analyze("b@data x, x y -> b y", mesh=mesh, sizes=sizes)
 
 
 def _moves_checked(problem: Any) -> int:
@@ -506,7 +511,9 @@ def test_a_result_completed_directly_equals_its_resolutions_through_transition(c
             continue
         computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, part.out_dims, part.pending)
         want = []
-        for resolution, target in _resolutions(problem, computed, en.mesh_sizes, complete=True):
+        # (_completed gives the all-reduced result; a chosen result's reduce-scatters come from transition)
+        resolutions = _resolutions(problem, computed, en.mesh_sizes, complete=True)
+        for resolution, target in [r for r in resolutions if r[0] == "complete"]:
             steps = en.transition(computed, target, "out")
             assert steps is not None
             want.append((resolution, target, steps))
@@ -529,7 +536,7 @@ def test_a_result_completed_directly_on_a_two_axis_sum():
     problem, _ = _problem_and_full_ranking_first(plan, {"b": 8, "x": 128, "y": 256}, ("b", "y"), None)
     en = _Enumeration(problem, plan.classes)
     computed = _unchecked(("b", "y"), (8, 256), problem.mesh, ((), ()), frozenset({"model", "data"}))
-    ((resolution, target),) = _resolutions(problem, computed, en.mesh_sizes, complete=True)
+    ((resolution, target),) = [r for r in _resolutions(problem, computed, en.mesh_sizes, True) if r[0] == "complete"]
     steps = en.transition(computed, target, "out")
     got = _completed(en, computed)
     assert got == [(resolution, target, steps), (resolution, target, _split_all_reduces(steps, en))]

@@ -165,9 +165,13 @@ def test_the_pruned_search_finds_the_full_ranking_s_best(case, profile):
     chosen = parse_einsum(case.expression).output_chosen or not case.output  # a scalar is whole either way
     requested = None if chosen else plan.out_layout
     sizes = tuple((a, case.sizes[a]) for a in dict.fromkeys(a for op in case.operands for a in op))
-    problem = Problem(plan.operands, tuple(case.output), sizes, plan.mesh, requested, plan.itemsize, plan.profile)
+    problem = Problem(
+        plan.operands, tuple(case.output), sizes, plan.mesh, requested, plan.itemsize, plan.profile, requested is None
+    )
     ranked = rank(enumerate_candidates(problem))
-    ref = next(c for c in ranked if c.resolution == "complete") if requested is None else ranked[0]
+    # A chosen result ('?'): the cheapest complete one, all-reduced or reduce-scattered onto an output axis.
+    complete = ("complete", "reduce-scatter")
+    ref = next(c for c in ranked if c.resolution in complete) if requested is None else ranked[0]
     assert (plan.choice, plan.collectives, plan.out_layout, plan.operands_used, plan.resolution) == (
         ref.choice,
         ref.steps,

@@ -13,7 +13,7 @@ def test_help_imports_neither_jax_nor_the_library():
     code = (
         "import sys\n"
         "from einshard_apps.cli import main\n"
-        "for argv in (['--help'], ['demo', '--help'], ['analyze', '--help'], ['explain', '--help'], ['show', '--help'], ['plan', '--help']):\n"
+        "for argv in (['--help'], ['--version'], ['demo', '--help'], ['analyze', '--help'], ['explain', '--help'], ['show', '--help'], ['plan', '--help']):\n"
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit:\n"
@@ -48,3 +48,24 @@ def test_the_old_explain_verb_runs_analyze_and_says_so(capsys):
     captured = capsys.readouterr()
     assert "'explain' is now 'analyze'" in captured.err
     assert "annotated einsum" in captured.out
+
+
+def test_version_prints_the_package_version(capsys):
+    import einshard
+
+    try:
+        main(["--version"])
+    except SystemExit as stop:
+        assert stop.code == 0
+    assert capsys.readouterr().out.strip() == f"einshard {einshard.__version__}"
+
+
+def test_help_names_every_demo_layout_and_no_unfilled_link(capsys):
+    try:
+        main(["--help"])
+    except SystemExit:
+        pass
+    out = capsys.readouterr().out
+    assert "https://github.com/ " not in out and "https://github.com/)" not in out
+    demo_line = " ".join(out.split("demo", 1)[1].split("analyze", 1)[0].split())
+    assert all(name in demo_line for name in PRESETS), demo_line

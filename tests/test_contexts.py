@@ -252,14 +252,12 @@ FUNCTIONS: dict[str, Cell] = {
 def refusal(fn: str, kind: str, source: str, context: str) -> str | None:
     """The EinshardError message (a regex) a cell must raise, or None if it must compute the reference."""
     cell = FUNCTIONS[fn]
-    if fn == "einshard" and kind == "explicit" and source == "mesh=" and context == "jit":
-        # JAX's rule: a host value given Explicit axes of mesh= inside jit needs the mesh context (README).
-        return "mesh context"
     if source == "operands" and fn in ("sharding", "layout"):
         # No operands to read a mesh from, no mesh= and no mesh context: the error says how to give one.
         return "mesh"
-    if cell.reads_types and kind != "explicit" and context != "eager":
-        # A traced value's type carries only its Explicit axes: its Auto layout cannot be read back.
+    if cell.reads_types and kind != "explicit" and context != "eager" and not (fn == "describe" and context == "grad"):
+        # A traced value's type carries only its Explicit axes: its Auto layout cannot be read back.  (Under
+        # eager jax.grad describe() reads the concrete value under the tracer, which carries its whole layout.)
         return "Auto"
     if context == "grad" and kind != "auto" and source != "set_mesh" and not cell.meta:
         # Plain JAX cannot differentiate a value typed on a mesh with Explicit axes eagerly outside

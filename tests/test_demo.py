@@ -1,6 +1,7 @@
 """The demo: every layout trains the transformer to the single-device loss; checkpoints; Ctrl-C; 2 processes."""
 
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -354,3 +355,38 @@ def test_plot_writes_loss_curves_and_bytes(tmp_path):
     assert write_plot(str(path), runs, None) == f"plot written to {path}"
     svg = path.read_text()
     assert "<svg" in svg and "training loss" in svg and "parameter bytes per device" in svg
+
+
+def test_the_demo_says_it_is_compiling_before_each_layout_compiles(corpus):
+    """Each layout's compile takes seconds: a line says so first, once (issue 22: 5-14 s without a word)."""
+    from einshard_apps.demo.loop import train_layout
+    from einshard_apps.models.transformer import Config
+
+    tiny = Config(layers=1, width=16, heads=2, ffn=32, seq=16)
+    t = Trainer(PRESETS["tp"], {"data": 1, "model": 2}, tiny, corpus, batch=4, devices=jax.devices()[:2])
+    said: list[str] = []
+    res = train_layout(t, 1, say=said.append, plain=True)
+    compiling = [line for line in said if line.startswith("compiling")]
+    assert compiling == ["compiling tp (data=1, model=2)..."], said
+    assert said.index(compiling[0]) == 0 and res.compile_s > 0  # before anything else, and only once
+    t.compile(said.append)  # compiled already: nothing more to say
+    assert [line for line in said if line.startswith("compiling")] == compiling
+
+
+def test_docs_demo_table_shows_the_memory_each_layout_holds(corpus):
+    """docs/demo.md's table is the demo's output: its per-device memory columns equal what each layout's trainer
+    holds on the default model (issue 22: the page said 337.5 KiB for pipeline where the demo printed 273.5)."""
+    from einshard_apps.demo import SINGLE_DEVICE
+    from einshard_apps.demo.report import kib
+    from einshard_apps.models.transformer import Config
+
+    page = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "demo.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^(1 device|[\w-]+)\s+(\S+=\S+)\s+([\d.]+ [KM]iB)\s+([\d.]+ [KM]iB)\s", page, re.M)
+    assert [r[0] for r in rows] == ["1 device", *PRESETS], rows
+    cfg = Config(layers=2, width=64, heads=8, ffn=256, seq=64)  # the demo's defaults
+    for name, mesh_text, weights, with_adamw in rows:
+        sizes = {k: int(v) for k, v in (part.split("=") for part in mesh_text.split(","))}
+        preset, devices = (SINGLE_DEVICE, jax.devices()[:1]) if name == "1 device" else (PRESETS[name], None)
+        t = Trainer(preset, sizes, cfg, corpus, batch=16, devices=devices)
+        got = t.bytes_per_device()
+        assert (kib(got[0]), kib(got[1])) == (weights, with_adamw), (name, got)

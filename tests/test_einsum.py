@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -80,8 +80,13 @@ _EVERY_MODE_EQUALS_JNP_EINSUM_DRAWS = dict(
 )
 
 
+# The draw that made this test flaky (issue 22): a split over (x, y) with x Explicit and y Auto came back P('x').
+_MIXED_SPLIT_OVER_BOTH = ((2, 4), ("x", "y"), "b@(x,y), b -> b?", [(16,), (16,)], [("b",), ("b",)], ("b",))
+
+
 @settings(max_examples=8, deadline=None)
 @given(**_EVERY_MODE_EQUALS_JNP_EINSUM_DRAWS)
+@example(case=_MIXED_SPLIT_OVER_BOTH, mode="sync", seed=0, kind="mixed")
 def test_every_mode_equals_jnp_einsum(case, mode, seed, kind):
     _check_every_mode_equals_jnp_einsum(case=case, mode=mode, seed=seed, kind=kind)
 

@@ -292,3 +292,52 @@ def test_clear_caches_empties_every_registered_cache():
     einshard.clear_caches()
     assert _resolve.cache_info().currsize == 0 and not rule_matches
     assert len(_caches._CLEARERS) >= 5
+
+
+@pytest.mark.parametrize(
+    ("expr", "counts", "instead"),
+    [
+        ("x y -> x y*", "('y*')", "'x y -> x y@data'"),
+        ("x y -> 2 x2* y*", "('2', 'x2*', 'y*')", "'x y -> x@data y@model'"),
+    ],
+)
+def test_a_count_mesh_conflict_speaks_in_the_users_names(expr, counts, instead):
+    """Issue 22: the error said counts ('a4', '*') for 'x y*': names the user never wrote."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with pytest.raises(EinshardError) as err:
+        einshard.einshard(np.zeros((8, 8), np.float32), expr, mesh=mesh)
+    text = str(err.value)
+    assert f"counts {counts} build an anonymous mesh" in text and f"instead: {instead}" in text
+    assert "a4" not in text
+
+
+def test_einshard_with_mesh_inside_jit_without_set_mesh_works_as_device_put():
+    """Issue 22: einshard(x, expr, mesh=mesh) inside jax.jit without jax.set_mesh was refused on Explicit axes,
+    where plain jax.device_put(x, NamedSharding(mesh, spec)) inside jax.jit works."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    plain = jax.jit(lambda v: jax.device_put(v, NamedSharding(mesh, P("data", "model"))) * 2)(x)
+    ours = jax.jit(lambda v: einshard.einshard(v, "b d -> b@data d@model", mesh=mesh) * 2)(x)
+    assert ours.sharding.is_equivalent_to(plain.sharding, 2) and ours.sharding.spec == P("data", "model")
+    np.testing.assert_array_equal(np.asarray(ours), 2 * x)
+    grad = jax.jit(jax.grad(lambda v: jnp.sum(einshard.einshard(v, "b d -> b@data d", mesh=mesh) ** 2)))(x)
+    np.testing.assert_allclose(np.asarray(grad), 2 * x)
+
+
+@pytest.mark.parametrize("types", [(AxisType.Auto, AxisType.Auto), (AxisType.Explicit, AxisType.Auto)])
+def test_describe_under_eager_grad_reads_the_concrete_value_on_auto_axes(types):
+    """Issue 22: describe() under eager jax.grad inside set_mesh on a mesh with Auto axes was refused, although
+    the concrete value under the tracer carries its layout; under jax.jit it still is (XLA decides it later)."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=types)
+    x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("data", "model")))
+    seen = []
+
+    def loss(v):
+        seen.append(einshard.describe(v, names="b d"))
+        return jnp.sum(v**2)
+
+    with jax.set_mesh(mesh):
+        jax.grad(loss)(x)
+        assert seen == ["b d -> b@data d@model"]
+        with pytest.raises(EinshardError, match="Auto mesh"):
+            jax.jit(jax.grad(loss))(x)

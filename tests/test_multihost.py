@@ -63,7 +63,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_processes(tmp_path: Path) -> list[tuple[int, str, str]]:
+def _run_processes(tmp_path: Path, quick: bool = False) -> list[tuple[int, str, str]]:
     """Launch every worker, wait for all of them (killing them all on timeout): (returncode, stdout, stderr) each."""
     port = _free_port()
     env = dict(os.environ)
@@ -79,6 +79,7 @@ def _run_processes(tmp_path: Path) -> list[tuple[int, str, str]]:
             files.append((out, err))
             cmd = [sys.executable, str(WORKER), "--port", str(port), "--process-id", str(pid)]
             cmd += ["--num-processes", str(N_PROCESSES), "--local-devices", str(LOCAL_DEVICES)]
+            cmd += ["--quick"] if quick else []
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT))
         deadline = time.monotonic() + TIMEOUT_S
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -112,10 +113,33 @@ def _report(results: list[tuple[int, str, str]]) -> str:
     return "\n".join(parts)
 
 
+# The scenarios a --quick run checks (the first ones): the default test run's real 2-process jax.distributed run.
+QUICK_SCENARIOS = {
+    "global/counts",
+    "global/rules/auto",
+    "global/rules/auto/set_mesh",
+    "global/rules/explicit",
+    "global/rules/explicit/set_mesh",
+    "global/own-shards-only",
+    "process_local/auto",
+    "process_local/explicit",
+}
+
+
+def test_two_processes_shard_and_reduce_quick(tmp_path: Path) -> None:
+    """A real 2-process jax.distributed run in the default suite (README: the test command includes one): global
+    and process-local placement across processes, reduced with real cross-process collectives."""
+    _check_two_processes(tmp_path, quick=True, scenarios=QUICK_SCENARIOS)
+
+
 @pytest.mark.slow
 def test_two_processes_shard_and_reduce(tmp_path: Path) -> None:
+    _check_two_processes(tmp_path, quick=False, scenarios=SCENARIOS)
+
+
+def _check_two_processes(tmp_path: Path, *, quick: bool, scenarios: set[str]) -> None:
     worker = _worker_module()
-    results = _run_processes(tmp_path)
+    results = _run_processes(tmp_path, quick=quick)
     assert all(rc == 0 for rc, _, _ in results), "a worker failed:\n" + _report(results)
 
     reports = []
@@ -127,7 +151,7 @@ def test_two_processes_shard_and_reduce(tmp_path: Path) -> None:
 
     expected = {k: float(v) for k, v in worker.reduce_tree(np, worker.global_data()).items()}
     for report in reports:
-        assert set(report["results"]) == SCENARIOS, f"process {report['process']} ran {sorted(report['results'])}"
+        assert set(report["results"]) == scenarios, f"process {report['process']} ran {sorted(report['results'])}"
         for scenario, values in report["results"].items():
             assert values.keys() == expected.keys(), scenario
             for name, want in expected.items():

@@ -432,6 +432,10 @@ def test_error_mixing_counts_and_mesh_axes():
     assert_points(e, "a b -> a@data b2", 14, "do not mix", "'a@data'")
     e = _raise(parse_placement, "a b -> * a@data b")
     assert_points(e, "a b -> * a@data b", 7, "do not mix")
+    # In the user's names (issue 22): their counts and '@' axes, not a generic 'a4'.
+    e = _raise(parse_placement, "x y -> x@data y*")
+    assert_points(e, "x y -> x@data y*", 14, "counts ('y*') and mesh axes ('x@data') do not mix")
+    assert "a4" not in str(e)
     e = _raise(parse_einsum, "a b, b c -> a c4")
     assert_points(e, "a b, b c -> a c4", 14, "named mesh axes")
 

@@ -85,6 +85,9 @@ def _traced_sharding(x: Any, expr: Expression) -> Any:
         return None
     auto = auto_axes(m)
     if auto:
+        concrete = _value_under_autodiff(x)
+        if concrete is not None:  # eager jax.grad: the value under the tracer carries its whole layout
+            return concrete.sharding
         raise expr.fail(
             f"describe() of a traced value reads its layout from its type, which says nothing of the Auto mesh "
             f"axes {sorted(auto)} (XLA chooses their layout after tracing)",
@@ -93,6 +96,17 @@ def _traced_sharding(x: Any, expr: Expression) -> Any:
             "(jax.make_mesh's default) whose layouts the type carries.",
         )
     return sh
+
+
+def _value_under_autodiff(x: Any) -> Any:
+    """The concrete jax.Array under eager autodiff tracers (``jax.grad`` outside ``jax.jit``), or None.
+
+    Its sharding is the layout XLA gave it, Auto axes included (issue 22: describe() under eager jax.grad on a
+    mesh with Auto axes was refused although the value knows its layout).  A batching tracer's value has the
+    batch axis too, and a jit tracer has no value: None for both."""
+    while isinstance(x, jax.core.Tracer):
+        x = x.primal if type(x).__name__ in ("JVPTracer", "LinearizeTracer") else None
+    return x if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) else None
 
 
 def _default_names(n: int) -> list[str]:

@@ -8,6 +8,7 @@ import jax
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
+from .._expression import AxisItem, ReplicaItem, format_name
 from ..core.mesh import as_mesh, current_concrete_mesh, show_mesh
 from ..errors import EinshardError
 from ..parsing import Expression, is_count_item, parse_placement
@@ -63,11 +64,24 @@ def _tracing_in_mesh_context() -> bool:
 
 
 def _count_mesh_conflict(expr: Expression, mesh: Any, how: str) -> EinshardError:
+    # In the user's own words: their counts, and their expression with a mesh axis named instead.
+    counts = [i for i in expr.output.items if is_count_item(i)]
+    free = iter(getattr(mesh, "axis_names", ()) or ("data",))  # one mesh axis per counted array axis, in order
+    rewritten = []
+    for i in expr.output.items:
+        if isinstance(i, ReplicaItem):
+            continue
+        if isinstance(i, AxisItem) and is_count_item(i):
+            axis = next(free, None)
+            rewritten.append(format_name(i.name) + ("" if axis is None else f"@{axis}"))
+        else:
+            rewritten.append(str(i))
+    left = ", ".join(str(side) for side in expr.inputs)
     return expr.fail(
-        f"counts ('a4', '*') build an anonymous mesh over all devices, but {how} {show_mesh(mesh)}; "
-        "arrays on the two meshes would not combine",
-        next(i.column for i in expr.output.items if is_count_item(i)),
-        "Name that mesh's axes instead: 'a b -> a@data b'.",
+        f"counts ({', '.join(repr(str(i)) for i in counts)}) build an anonymous mesh over all devices, but "
+        f"{how} {show_mesh(mesh)}; arrays on the two meshes would not combine",
+        counts[0].column,
+        f"Name that mesh's axes instead: '{left} -> {' '.join(rewritten)}'.",
     )
 
 

@@ -58,15 +58,11 @@ def _constrain(x: Any, text: str, mesh: Any) -> Any:
         and not outside_jit(x)
         and operand_mesh(x) is None
     ):
-        # JAX's rule: a value that lives on no mesh cannot be given Explicit axes of mesh= inside jax.jit
-        # without the mesh context (it fails later, at dispatch, with "enter your jit into a mesh context").
-        raise expr.fail(
-            f"under jax.jit, laying out a value that lives on no mesh over the Explicit axes of mesh= "
-            f"{show_mesh(target)} needs the mesh context",
-            None,
-            "Call the jitted function inside `with jax.set_mesh(mesh):`, or place the input with einshard() "
-            "before jax.jit.",
-        )
+        # A value that lives on no mesh, laid out over the Explicit axes of mesh= inside jax.jit without the mesh
+        # context: reshard would need the context (JAX fails at dispatch: "enter your jit into a mesh context"),
+        # but jax.device_put with the concrete NamedSharding carries the devices itself, as plain JAX users write
+        # it (issue 22).  It is what this expression means, on this mesh.
+        return jax.device_put(x, NamedSharding(target, PartitionSpec(*lay.spec_entries())))
     if explicit_axes(target) and _current_abstract_mesh() is None and eagerly_differentiated(x):
         # JAX itself cannot transpose a reshard on Explicit axes outside a mesh context
         # (eager jax.grad fails with "Expected cotangent type ..."): say what works.

@@ -7,10 +7,12 @@ Example:
     >>> plan.strategy, plan.collectives, tuple(plan.out_spec)
     ('hybrid DP×TP', (), ('data', 'model'))
     >>> plan = einshard.analyze("b x@model, x@model y -> b? y?", mesh={"model": 4}, sizes={"b": 64, "x": 128, "y": 256})
-    >>> [(c.kind, c.axes, c.bytes) for c in plan.collectives]          # row-parallel TP: sum the partial products
-    [('all-reduce', ('model',), 98304)]
+    >>> [(c.kind, c.axes, c.bytes) for c in plan.collectives]   # row-parallel TP: sum the partial products
+    [('reduce-scatter', ('model',), 49152)]
+    >>> str(plan.out_layout)          # the cheapest complete result: summed and split, half an all-reduce's bytes
+    '[b:64@model y:256]'
     >>> [(str(a.out_layout), [c.kind for c in a.collectives]) for a in plan.alternatives[:3]]
-    [('[b:64 y:256 {U:model}]', []), ('[b:64@model y:256]', ['reduce-scatter']), ('[b:64 y:256@model]', ['reduce-scatter'])]
+    [('[b:64 y:256 {U:model}]', []), ('[b:64 y:256@model]', ['reduce-scatter']), ('[b:64 y:256]', ['all-reduce'])]
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def analyze(
                 if v.__class__ is bool:  # True == 1 as a key: let the checks refuse it
                     break
             else:
-                return hit
+                return _replay_warning(hit)
         plan = None
         if in_specs is None and out_spec is None and sizes.__class__ is dict:
             plan = _analyze_plain(expr, mesh, sizes, dtype, profile)  # type: ignore[arg-type]
@@ -130,7 +132,7 @@ def analyze(
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
             _PLANS[fast] = plan
-        return plan
+        return _replay_warning(plan)
     # Otherwise everything is reduced to hashable facts first (shapes, dtypes, specs, mesh sizes).
     stand_ins = tuple(_Operand.of(x) for x in operands)
     mesh_axes = _mesh_axes(mesh, operands)
@@ -147,8 +149,26 @@ def analyze(
     try:
         hash(key)
     except TypeError:
-        return _analyze(*key)
-    return _analyze_cached(*key)
+        return _replay_warning(_analyze(*key))
+    return _replay_warning(_analyze_cached(*key))
+
+
+def _replay_warning(plan: EinsumPlan) -> EinsumPlan:
+    """Warn, on every call, what the plan's analysis found to say: a bare output's FutureWarning, and operands
+    laid out otherwise than written (EinshardWarning).  A cached plan is returned without being analysed
+    again, and its warnings are part of the answer (a repeated call used to be silent)."""
+    message = plan.__dict__.get("_bare_output_warning")
+    notes = plan.__dict__.get("_layout_notes", ())
+    if message is not None or notes:
+        import warnings
+
+        from ..errors import EinshardWarning
+
+        for note in notes:
+            warnings.warn(note, EinshardWarning, stacklevel=3)
+        if message is not None:
+            warnings.warn(message, FutureWarning, stacklevel=3)
+    return plan
 
 
 _MAX_PLANS = 4096
@@ -231,6 +251,7 @@ def _analyze_plain(
         requested,
         itemsize,
         get_profile(profile),
+        scatter_chosen=requested is None,  # the user's '?' (or a jnp string): the cheapest complete result
     )
     # rule.options from the text's splits: each mesh axis's einsum axes as written (none for a size of 1)
     kept = prep.kept if requested is None else prep.kept_out
@@ -335,6 +356,7 @@ def _analyze(
 
     # Operand layouts: '@' annotations, else in_specs, else the operands' own shardings.
     layouts = []
+    notes: list[str] = []  # where the annotations differ from the operands' own layouts (warned on each call)
     for k in range(len(prep.names)):
         dims, unreduced = prep.dims[k], prep.unreduced[k]
         has_own = prep.has_own[k]
@@ -349,6 +371,10 @@ def _analyze(
             if spec is not None:
                 dims, unreduced = _spec_dims(spec, len(dims), f"operand {k + 1}'s sharding")
         layouts.append(layout(k, dims, unreduced))
+        if has_own and in_specs is None and k < len(ops) and ops[k].spec is not None:
+            note = _written_differs(prep.text, k, layouts[-1], ops[k].spec, layout)
+            if note is not None:
+                notes.append(note)
 
     # The output side (README "Syntax"): 'b? y?' lets the analyzer choose; 'b y@model' / '{U:model}' asks for
     # that layout; bare names are whole (replicated), as in a placement.  A jnp.einsum string ('bx,xy->by')
@@ -378,11 +404,41 @@ def _analyze(
         requested,
         itemsize,
         get_profile(profile),
+        scatter_chosen=requested is None,  # the user's '?' (or a jnp string): the cheapest complete result
     )
     plan = _plan(problem, dname, prep.classes, prep.weight)
+    if notes:  # (a fresh plan: _plan is not cached)
+        plan.__dict__["_layout_notes"] = tuple(notes)
     if bare and any([any(d) or op.unreduced for op in layouts for d in op.dims]):
         _warn_if_meaning_changed(prep.text, plan, problem, dname)
     return plan
+
+
+def _written_differs(text: str, k: int, written: Layout, spec: Any, layout: Any) -> str | None:
+    """What to say when operand ``k``'s '@' annotations lay it out otherwise than the array is (issue 22: the
+    README placed x 'b@data x' and analysed 'b x@data' without a word), or None when they agree.
+
+    The annotation wins (it is what the user asks to analyse, and what einshard.einsum lays the operand out as
+    on the way in), but the reshard that takes the array there is not in the plan's cost, so it is said."""
+    try:
+        dims, unreduced = _spec_dims(spec, len(written.dims), f"operand {k + 1}'s sharding")
+        actual = layout(k, dims, unreduced)
+    except EinshardError:
+        return None  # the array's own layout does not fit this mesh: the annotation is all there is
+    sizes = {m.name: m.size for m in written.mesh}
+
+    def real(lay: Layout) -> tuple[object, ...]:  # mesh axes of size 1 split nothing
+        return tuple(tuple(m for m in d if sizes[m] > 1) for d in lay.dims), lay.unreduced
+
+    if real(actual) == real(written):
+        return None
+    left = " ".join(map(_axis_label, written.axes))
+    return (
+        f"einsum {text!r}: operand {k + 1} is laid out {side_string(actual)} ({spec}), but the expression "
+        f"writes {side_string(written)}: analysed as written. Running it (einshard.einsum/lower) reshards the "
+        "operand on the way in, which this plan does not price. Write the operand as it is laid out, or place "
+        f"it as written first (einshard.einshard(x, '{left} -> {side_string(written)}'))."
+    )
 
 
 def _warn_if_meaning_changed(text: str, plan: EinsumPlan, problem: Problem, dname: str) -> None:
@@ -392,18 +448,18 @@ def _warn_if_meaning_changed(text: str, plan: EinsumPlan, problem: Problem, dnam
     answer: the analyzer, left to choose, would deliver another layout.
     """
     import dataclasses
-    import warnings
 
-    inferred = analyze_layouts(dataclasses.replace(problem, requested=None), dname)
+    # (what einshard < 0.3 delivered: the result as computed, its sums all-reduced; no reduce-scatter)
+    inferred = analyze_layouts(dataclasses.replace(problem, requested=None, scatter_chosen=False), dname)
     if inferred.out_layout == plan.out_layout:
         return
     out = " ".join(f"{_axis_label(a)}?" for a in problem.out_axes)
-    warnings.warn(
+    # Recorded on the plan (a frozen dataclass without slots: its __dict__), and warned by analyze() on every
+    # call that returns it, cached or not (_replay_warning).
+    plan.__dict__["_bare_output_warning"] = (
         f"einsum {text!r}: a bare output side now means a whole (replicated) result, as in a placement "
         f"(einshard < 0.3 let the analyzer choose: it would deliver {side_string(inferred.out_layout)}). "
-        f"Write '-> {out}' to let it choose, or annotate the layout you want ('-> {side_string(inferred.out_layout)}').",
-        FutureWarning,
-        stacklevel=4,
+        f"Write '-> {out}' to let it choose, or annotate the layout you want ('-> {side_string(inferred.out_layout)}')."
     )
 
 
@@ -524,9 +580,11 @@ def _plan(
         )
         return plan
 
+    chosen_from = ("complete", "reduce-scatter") if problem.scatter_chosen else ("complete",)
+
     def alternatives() -> tuple[EinsumPlan, ...]:
         ranked = rank([c for part in en.parts() for c in en.candidates(part)])
-        first = next(c for c in ranked if c.resolution == "complete") if problem.requested is None else ranked[0]
+        first = next(c for c in ranked if c.resolution in chosen_from) if problem.requested is None else ranked[0]
         return tuple(build(c) for c in ranked if c is not first)  # `first` is `best`, priced again
 
     return build(best, alternatives)

@@ -296,6 +296,10 @@ class _Enumeration:
 
 
 _UNSET = object()
+# The resolutions that deliver a complete result (no pending sums), without and with reduce-scatters onto an
+# output axis (Problem.scatter_chosen).
+_COMPLETE = frozenset({"complete"})
+_COMPLETE_SCATTERED = frozenset({"complete", "reduce-scatter"})
 
 
 def _total_time(steps: tuple[Collective, ...]) -> float:
@@ -330,7 +334,8 @@ def _outcomes(
     full = en.memo.get(("result", out_dims, pending))
     if full is not None:
         if complete:
-            return full[0], [o for o in full[1] if o[0] == "complete"]  # type: ignore[index]
+            kept = _COMPLETE_SCATTERED if en.problem.scatter_chosen else _COMPLETE
+            return full[0], [o for o in full[1] if o[0] in kept]  # type: ignore[index]
         return full  # type: ignore[return-value]
     key = ("complete" if complete else "result", out_dims, pending)
     hit = en.memo.get(key)
@@ -340,11 +345,12 @@ def _outcomes(
     # valid by construction: the kept splits divide their axes (the operands holding them fit), and the
     # pending sums are over mesh axes that keep a summed axis or nothing
     computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, out_dims, pending)
-    if complete and pending and problem.requested is None and not _trivial(computed):
-        outs = _completed(en, computed)
-    else:
-        outs = []
+    fast = complete and pending and problem.requested is None and not _trivial(computed)
+    outs = _completed(en, computed) if fast else []
+    if not fast or problem.scatter_chosen:
         for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes, complete):
+            if fast and resolution == "complete":
+                continue  # _completed gave it
             out_steps = en.transition(computed, target_out, "out")
             if out_steps is None:  # a pending sum the request cannot hold, an indivisible split
                 continue
@@ -405,14 +411,15 @@ def _resolutions(
     if not computed.unreduced:
         return [("complete", computed)]
     out = [("complete", _derived(computed, computed.dims, frozenset()))]
-    if complete:
+    if complete and not problem.scatter_chosen:
         return out
     pending = tuple(m.name for m in computed.mesh if m.name in computed.unreduced)
     for i in range(len(computed.axes)):
         dims = computed.dims[:i] + (computed.dims[i] + pending,) + computed.dims[i + 1 :]
         if _fits(computed.shape, dims, mesh_sizes):  # the pending axes split nothing: only divisibility to check
             out.append(("reduce-scatter", _derived(computed, dims, frozenset())))
-    out.append(("unreduced", computed))
+    if not complete:
+        out.append(("unreduced", computed))
     return out
 
 

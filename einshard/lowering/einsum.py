@@ -133,13 +133,21 @@ def _runnable(plan: EinsumPlan) -> EinsumPlan:
     # Same result layout first; for an inferred (unrequested) output, any complete one.
     for same_layout in (True, False):
         for alt in plan.alternatives:
-            if (
-                whole(alt)
-                and alt.resolution == plan.resolution
-                and (alt.out_layout == plan.out_layout or not same_layout)
-            ):
+            if whole(alt) and _delivers_alike(alt, plan) and (alt.out_layout == plan.out_layout or not same_layout):
                 return _with_alternatives(alt, plan)
     raise EinshardError(f"einshard.einsum found no plan for {plan.expression} that it can run exactly")
+
+
+# A chosen ('?') result is delivered complete: all-reduced as computed, or reduce-scattered onto an output axis.
+_COMPLETE_RESOLUTIONS = frozenset({"complete", "reduce-scatter"})
+
+
+def _delivers_alike(alt: EinsumPlan, plan: EinsumPlan) -> bool:
+    """Whether ``alt`` delivers what ``plan`` was asked for: the requested layout, the pending sums, or (for a
+    chosen result) a complete result in any layout."""
+    if plan.resolution in _COMPLETE_RESOLUTIONS:
+        return alt.resolution in _COMPLETE_RESOLUTIONS
+    return alt.resolution == plan.resolution
 
 
 def _with_alternatives(chosen: EinsumPlan, best: EinsumPlan) -> EinsumPlan:
@@ -232,6 +240,10 @@ class EinsumProgram:
 
     def __call__(self, *operands: Any) -> jax.Array:
         return self.fn(*operands)
+
+    # jax.jit(program) hashes the callable; the plan holds dicts, so a field-wise hash fails.  A program is
+    # one compiled function: identity is its hash (equal programs run the same computation anyway).
+    __hash__ = object.__hash__
 
     @property
     def partials_axis(self) -> bool:

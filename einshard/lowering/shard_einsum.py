@@ -355,11 +355,18 @@ def einsum_shard_map(
         out_spec = PartitionSpec(pending[0] if len(pending) == 1 else pending, *out_spec)
     # Staged with jax.jit: an eager shard_map runs its body one primitive at a time (a ring of permutes took
     # 7.5 s eagerly against 0.4 s compiled); under an outer jit, grad or vmap the inner jit is inlined.
-    mapped = jax.jit(
-        jax.shard_map(
-            body, mesh=mesh, in_specs=tuple(_pspec(lay, True) for lay in layouts_in), out_specs=out_spec, check_vma=True
-        )
+    shard_mapped = jax.shard_map(
+        body, mesh=mesh, in_specs=tuple(_pspec(lay, True) for lay in layouts_in), out_specs=out_spec, check_vma=True
     )
+    mapped = jax.jit(shard_mapped)
+    # A jit's result is laid out as its value's *type* says, and on a mesh that mixes Explicit and Auto axes the
+    # type names only the Explicit ones: the shard_map's out_specs split over ('x','y') came back P('x')
+    # (issue 22). A with_sharding_constraint cannot name part of a ('x','y') entry, so the jit's out_shardings
+    # lay the whole result out as planned. Differentiated, their transpose would be in_shardings naming Auto
+    # axes the cotangent's type cannot carry (JAX refuses the mismatch), so there the plain jit runs, as
+    # mode='auto' does (docs/lowering.md).
+    mixed = isinstance(mesh, Mesh) and bool(explicit_axes(mesh)) and len(explicit_axes(mesh)) < len(mesh.axis_names)
+    laid_out = jax.jit(shard_mapped, out_shardings=NamedSharding(mesh, out_spec)) if mixed else mapped
 
     def run(*operands: Any) -> jax.Array:
         if len(operands) != n_ops:
@@ -373,7 +380,8 @@ def einsum_shard_map(
                     f"{', '.join(sorted(lay.unreduced))} ({lay}), got one typed {_type_of(x)}",
                     hint="Pass the result of an einsum that left them pending ('-> ... {U:axes}').",
                 )
-        return mapped(
+        staged = mapped if any(_differentiated(x) for x in operands) else laid_out
+        return staged(
             *(
                 x if lay.unreduced else place(x, mesh, s)
                 for x, s, lay in zip(operands, in_specs, layouts_in, strict=True)

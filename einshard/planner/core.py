@@ -254,6 +254,7 @@ def plan(
                 f"no layout fits the memory budget: the least-bad needs {human_bytes(pipe.memory)}/device "
                 f"> budget {human_bytes(budget or 0)}; returned anyway (fits=False)"
             )
+        _say_what_stays_replicated(params, rules)
         return LayoutPlan(
             rules=rules,
             data_rules=data_rules,
@@ -312,6 +313,7 @@ def plan(
             f"the model is incomplete (no layout rule for {', '.join(predicted.unfollowed)}) and the layouts are "
             f"ranked on the prediction alone: {unverified or 'verify=0'}"
         )
+    _say_what_stays_replicated(params, rules)
     return LayoutPlan(
         rules=rules,
         data_rules=data_rules,
@@ -375,3 +377,12 @@ def _pipeline_wins(pipe: PipelineCost, chosen: Score, objective: str) -> bool:
         return pipe.memory < chosen.memory
     primary = {"memory": float(pipe.memory), "communication": pipe.comm_bytes}.get(objective, pipe.time_s)
     return (primary, pipe.time_s) < (chosen.primary, chosen.time_s)
+
+
+def _say_what_stays_replicated(params: Any, rules: Mapping[str, str]) -> None:
+    """No rule set is silently empty (issue 22): the plan's rules, matched against the parameters they were
+    planned for, warn (einshard.errors.EinshardWarning, from einshard.tree_rules) naming any leaf of
+    LARGE_LEAF_BYTES or more they leave whole on every device, as placing them would."""
+    from ..tree_rules import UNMATCHED, leaf_expressions
+
+    leaf_expressions(params, rules, unmatched=UNMATCHED)

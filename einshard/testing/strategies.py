@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -223,7 +224,16 @@ def _is_array_like(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def layouts(tree: Any, mesh: Any = None, rules: Mapping[str, str | None] | None = None) -> st.SearchStrategy[Any]:
+Sharing = Literal["any", "disjoint"]
+
+
+def layouts(
+    tree: Any,
+    mesh: Any = None,
+    rules: Mapping[str, str | None] | None = None,
+    *,
+    sharing: Sharing | None = None,
+) -> st.SearchStrategy[Any]:
     """Pytrees of expressions for ``tree``: one drawn expression per array leaf.
 
     Args:
@@ -233,6 +243,12 @@ def layouts(tree: Any, mesh: Any = None, rules: Mapping[str, str | None] | None 
         rules: leaves to fix: path patterns (regular expressions searched in
             ``jax.tree_util.keystr(path)``, first match wins, as ``einshard.einshard``
             takes them) to an expression, or to None (the leaf stays as it is).
+        sharing: ``'any'``: every leaf draws from every mesh axis.  ``'disjoint'``: each mesh axis splits
+            at most one leaf of the tree (the rules' leaves included), so two leaves never meet split over one
+            mesh axis.  Default: ``'disjoint'`` on a mesh with Explicit axes, whose sharding types JAX checks
+            (``x @ w`` with both operands split over one mesh axis is a ShardingTypeError: most 'any' draws of
+            a model are layouts JAX refuses to trace), ``'any'`` otherwise (on Auto axes XLA runs every layout).
+            What JAX still refuses is a rejected example in ``assert_layout_invariant``, not a failure.
 
     Returns:
         A strategy of pytrees with the structure of ``tree`` and an expression
@@ -240,19 +256,66 @@ def layouts(tree: Any, mesh: Any = None, rules: Mapping[str, str | None] | None 
         ``einshard.explain(in_specs=...)`` take.  Shrinks leaf by leaf toward replicated.
     """
     if isinstance(mesh, st.SearchStrategy):
-        return mesh.flatmap(lambda m: layouts(tree, m, rules))
-    _mesh_sizes(mesh)  # validate early
+        return mesh.flatmap(lambda m: layouts(tree, m, rules, sharing=sharing))
+    sizes = _mesh_sizes(mesh)  # validate early
+    if sharing is not None and sharing not in ("any", "disjoint"):
+        raise EinshardError(f"layouts(sharing=...) takes 'any' or 'disjoint', got {sharing!r}")
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     # einshard's one rule matcher (tree_rules): a rule means here what it means to einshard.einshard.
     fixed = leaf_expressions(tree, rules, unmatched=UNMATCHED) if rules else (UNMATCHED,) * len(leaves)
+    shapes = [tuple(leaf.shape) if _is_array_like(leaf) else None for leaf in leaves]
+    chosen = sharing or ("disjoint" if _has_explicit_axes(mesh) else "any")
+    if chosen == "disjoint" and sizes is not None:
+        draw_all = _disjoint_layouts(tuple(shapes), tuple(fixed), mesh, tuple(sizes))
+        return draw_all.map(lambda xs: jax.tree_util.tree_unflatten(treedef, list(xs)))
     per_leaf: list[st.SearchStrategy[str | None]] = []
-    for leaf, rule in zip(leaves, fixed):
-        if rule is not UNMATCHED or not _is_array_like(leaf):
+    for shape, rule in zip(shapes, fixed):
+        if rule is not UNMATCHED or shape is None:
             per_leaf.append(st.just(None if rule is UNMATCHED else rule))
         else:
-            per_leaf.append(expressions(tuple(leaf.shape), mesh))
+            per_leaf.append(expressions(shape, mesh))
     # Drawn last leaf first, as mesh axes are: a failure that needs one split leaf shrinks to the first.
     return st.tuples(*per_leaf[::-1]).map(lambda xs: jax.tree_util.tree_unflatten(treedef, list(xs)[::-1]))
+
+
+def _has_explicit_axes(mesh: Any) -> bool:
+    types = getattr(mesh, "axis_types", None) or ()
+    return any(t == AxisType.Explicit for t in types)
+
+
+_MESH_AXES_OF = re.compile(r"@\(?([^\s()]+?)\)?(?=\s|$)")
+
+
+def _mesh_axes_in(expr: Any) -> set[str]:
+    """The mesh axes an expression's right side names (``'a b -> a@(data,model) b'``: data, model)."""
+    if not isinstance(expr, str) or "->" not in expr:
+        return set()
+    right = expr.split("->", 1)[1]
+    return {m for group in _MESH_AXES_OF.findall(right) for m in group.split(",")}
+
+
+@st.composite
+def _disjoint_layouts(
+    draw: Any,
+    shapes: tuple[tuple[int, ...] | None, ...],
+    fixed: tuple[Any, ...],
+    mesh: Any,
+    mesh_axes: tuple[str, ...],
+) -> list[str | None]:
+    """One expression per leaf, each mesh axis splitting at most one leaf (the rules' leaves keep theirs)."""
+    free = [m for m in mesh_axes if not any(m in _mesh_axes_in(r) for r in fixed if r is not UNMATCHED)]
+    out: list[str | None] = [None] * len(shapes)
+    # Drawn last leaf first, as mesh axes are: a failure that needs one split leaf shrinks to the first.
+    for i in reversed(range(len(shapes))):
+        shape, rule = shapes[i], fixed[i]
+        if rule is not UNMATCHED or shape is None:
+            out[i] = None if rule is UNMATCHED else rule
+            continue
+        expr = draw(_expressions(shape, mesh, tuple(free)))
+        used = _mesh_axes_in(expr)
+        free = [m for m in free if m not in used]
+        out[i] = expr
+    return out
 
 
 # ---------------------------------------------------------------------------

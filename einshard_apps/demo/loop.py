@@ -103,7 +103,7 @@ def train_layout(
     import jax
 
     res = RunResult(name or trainer.preset.name, trainer.mesh_sizes, first_step=trainer.step_index)
-    trainer.compile()
+    trainer.compile(say if jax.process_index() == 0 else None)
     res.compile_s = trainer.compile_s
     res.param_bytes, res.state_bytes = trainer.bytes_per_device()
     res.per_param_bytes = {r[0]: r[4] for r in layout_rows(trainer)}

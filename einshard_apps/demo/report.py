@@ -108,7 +108,7 @@ def print_plan(trainer: Trainer, say: Callable[[str], None]) -> None:
     explain = getattr(einshard, "explain", None)
     if explain is not None:
         say(str(explain(trainer.step_fn, trainer.state, trainer.place_batch(trainer.step_index))))
-    for line in compiled_summary(trainer.compile()):
+    for line in compiled_summary(trainer.compile(say)):
         say("  " + line)
 
 

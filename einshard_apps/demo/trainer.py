@@ -195,8 +195,13 @@ class Trainer:
         return einshard.einshard(local, self.preset.batch, mesh=self.mesh, process_local=True)
 
     # -- compile and run -------------------------------------------------------
-    def compile(self) -> Any:
+    def compile(self, say: Callable[[str], None] | None = None) -> Any:
+        """The compiled step (compiled on first use); ``say`` announces the compile, which takes seconds per
+        layout, so a demo's output does not stop without a word."""
         if self._compiled is None:
+            if say is not None:
+                mesh = ", ".join(f"{k}={v}" for k, v in self.mesh_sizes.items())
+                say(f"compiling {self.preset.name} ({mesh})...")
             start = time.perf_counter()
             import jax
 
