@@ -33,6 +33,7 @@ from typing import Any
 from jax.sharding import PartitionSpec
 
 from .._caches import cached
+from .._checks import describe_value
 from ..errors import EinshardError
 from ..parsing import AxisItem, EllipsisItem, Expression, ReplicaItem, format_name
 
@@ -186,7 +187,32 @@ def _spec_has_unreduced() -> bool:
 _SPEC_HAS_UNREDUCED = _spec_has_unreduced()
 
 
+def _check_fields(lay: Layout) -> None:
+    """Each field's type: a str where a tuple of names belongs would be read as one name per character."""
+    fields = (
+        ("axes", lay.axes, lambda a: isinstance(a, str) and bool(a), "a tuple of axis names"),
+        ("shape", lay.shape, lambda s: isinstance(s, int) and not isinstance(s, bool), "a tuple of integer sizes"),
+        ("mesh", lay.mesh, lambda m: isinstance(m, MeshAxis), "a tuple of MeshAxis"),
+        (
+            "dims",
+            lay.dims,
+            lambda d: isinstance(d, tuple) and all(isinstance(m, str) for m in d),
+            "a tuple of tuples of mesh axis names (one per axis)",
+        ),
+    )
+    for name, value, ok, wants in fields:
+        if not isinstance(value, tuple) or not all(map(ok, value)):
+            raise EinshardError(f"Layout: {name}= takes {wants}, got {describe_value(value)}")
+    if not isinstance(lay.unreduced, frozenset) or not all(isinstance(m, str) for m in lay.unreduced):
+        raise EinshardError(
+            f"Layout: unreduced= takes a frozenset of mesh axis names, got {describe_value(lay.unreduced)}"
+        )
+    if len(set(lay.axes)) != len(lay.axes):
+        raise EinshardError(f"Layout: axes= names an axis twice: {lay.axes}")
+
+
 def _validate(lay: Layout) -> None:
+    _check_fields(lay)
     where = f"layout {lay.axes} of shape {lay.shape}"
     if not (len(lay.axes) == len(lay.shape) == len(lay.dims)):
         raise EinshardError(
@@ -406,9 +432,7 @@ def split_devices(total: int, weights: list[int], sizes: list[int | None]) -> li
         )
     rest = total // base
     # The factors element i may take: divisors of `rest` whose count w*f divides its axis.
-    allowed = tuple(
-        tuple(d for d in _divisors(rest) if s is None or s % (w * d) == 0) for w, s in zip(weights, sizes)
-    )
+    allowed = tuple(tuple(d for d in _divisors(rest) if s is None or s % (w * d) == 0) for w, s in zip(weights, sizes))
     best = _most_even(rest, allowed)
     if best is None:
         axes = ", ".join(f"size {s}" for s in sizes if s is not None)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._caches import register
+from .._checks import check_dtype, check_precision
 from .._compat import native_unreduced
 from ..analysis import EinsumPlan, analyze
 from ..analysis.api import _Operand
@@ -307,8 +308,11 @@ def lower(
         >>> float(prog(x, w)[0, 0])
         6.0
     """
+    where = "einshard.lower" if _what is None else _what
     _check_options(mode, two_way)
-    mesh = lowering_mesh(mesh, operands, what="einshard.lower" if _what is None else _what)
+    check_precision(precision, where)
+    check_dtype(preferred_element_type, where, "preferred_element_type")
+    mesh = lowering_mesh(mesh, operands, what=where)
     # Repeated calls (eager einsums in a loop, a model's layers) reuse one program, so JAX's
     # caches (keyed on the function) compile it once.  The key is what the plan depends on.
     key = (

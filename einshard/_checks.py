@@ -1,0 +1,181 @@
+"""Argument checks at the public boundary: each bad value an EinshardError that names the argument.
+
+Small pure functions, cheap enough for the hot path (an ``isinstance`` and a comparison): the public
+functions call them on their plain arguments before any work, so a wrong type never surfaces as a raw
+``TypeError``/``AttributeError`` from deep inside, and NaN, infinities, negative or zero counts are refused
+instead of becoming nonsense results.  ``where`` is the function's name as users call it
+(``einshard.plan``), ``name`` the argument (``memory_budget``); both appear in every message.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import EinshardError
+
+__all__ = [
+    "check_bool",
+    "check_callable",
+    "check_dtype",
+    "check_int",
+    "check_int_sequence",
+    "check_number",
+    "check_optional_str",
+    "check_precision",
+    "check_str",
+    "check_str_or_strs",
+    "describe_value",
+]
+
+
+def describe_value(value: Any) -> str:
+    """``value`` for an error message: its type and a short repr (a huge value never floods the message)."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _fail(where: str, name: str, wants: str, value: Any) -> EinshardError:
+    return EinshardError(f"{where}: {name}= takes {wants}, got {describe_value(value)}")
+
+
+def check_bool(value: Any, where: str, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise _fail(where, name, "True or False", value)
+    return bool(value)
+
+
+def check_str(value: Any, where: str, name: str, *, empty: bool = False) -> str:
+    """A str (bytes are refused: a ``b'data'`` axis name would never match the mesh's ``'data'``)."""
+    if not isinstance(value, str):
+        raise _fail(where, name, "a string", value)
+    if not empty and not value.strip():
+        raise _fail(where, name, "a non-empty string", value)
+    return value
+
+
+def check_optional_str(value: Any, where: str, name: str) -> str | None:
+    return None if value is None else check_str(value, where, name)
+
+
+def check_str_or_strs(value: Any, where: str, name: str) -> tuple[str, ...]:
+    """A mesh axis name or a tuple/list of distinct ones (``'data'``, ``('data', 'fsdp')``)."""
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, (tuple, list)) or not items or not all(isinstance(v, str) and v for v in items):
+        raise _fail(where, name, "a mesh axis name or a tuple of them", value)
+    if len(set(items)) != len(items):
+        raise _fail(where, name, "distinct mesh axis names", value)
+    return tuple(items)
+
+
+def check_int(value: Any, where: str, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """An integer (a Python or numpy int, never a bool or a float) within ``[minimum, maximum]``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise _fail(where, name, "an integer", value)
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise _fail(where, name, f"an integer >= {minimum}", value)
+    if maximum is not None and value > maximum:
+        raise _fail(where, name, f"an integer <= {maximum}", value)
+    return value
+
+
+def check_number(value: Any, where: str, name: str, *, minimum: float | None = None, positive: bool = False) -> float:
+    """A finite real number (NaN and infinities refused: they make every comparison or sum meaningless)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise _fail(where, name, "a number", value)
+    if not math.isfinite(value):
+        raise _fail(where, name, "a finite number", value)
+    if positive and value <= 0:
+        raise _fail(where, name, "a number > 0", value)
+    if minimum is not None and value < minimum:
+        raise _fail(where, name, f"a number >= {minimum}", value)
+    return float(value)
+
+
+def check_int_sequence(
+    value: Any, where: str, name: str, *, minimum: int = 0, distinct: bool = True
+) -> tuple[int, ...]:
+    """A list or tuple of integers (``param_args=(0,)``); a bare string or int is refused, not iterated."""
+    if not isinstance(value, (tuple, list, range)):
+        raise _fail(where, name, "a tuple of integers", value)
+    out = tuple(check_int(v, where, name, minimum=minimum) for v in value)
+    if distinct and len(set(out)) != len(out):
+        raise _fail(where, name, "distinct integers", value)
+    return out
+
+
+def check_callable(value: Any, where: str, name: str) -> Callable[..., Any]:
+    if not callable(value):
+        raise _fail(where, name, "a function", value)
+    return value  # type: ignore[no-any-return]
+
+
+def check_dtype(value: Any, where: str, name: str, *, optional: bool = True) -> np.dtype[Any] | None:
+    """A numeric or bool dtype (what JAX computes with), else an EinshardError naming ``name``."""
+    if value is None and optional:
+        return None
+    if isinstance(value, (bytes, bool)) or (isinstance(value, str) and not value.strip()):
+        raise _fail(where, name, "a numeric dtype", value)
+    try:
+        dt = np.dtype(value)
+    except (TypeError, ValueError):
+        raise _fail(where, name, "a numeric dtype ('float32', jnp.bfloat16, ...)", value) from None
+    if dt.kind not in "biufc" and dt.name not in _ML_DTYPES:
+        raise _fail(where, name, "a numeric dtype ('float32', jnp.bfloat16, ...)", value)
+    return dt
+
+
+# ml_dtypes' types (bfloat16, float8_*, int4, ...) have numpy kind 'V'.
+_ML_DTYPES = frozenset(
+    {
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e4m3b11fnuz",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e3m4",
+        "float8_e4m3",
+        "float8_e8m0fnu",
+        "float4_e2m1fn",
+        "float6_e2m3fn",
+        "float6_e3m2fn",
+        "int2",
+        "int4",
+        "uint2",
+        "uint4",
+    }
+)
+
+# What jax.lax.dot_general accepts as precision=: None, a name, a Precision, or a pair of them.
+_PRECISION_NAMES = ("default", "high", "highest", "bfloat16", "tensorfloat32", "float32", "fastest", "bfloat16_3x")
+
+
+def check_precision(value: Any, where: str, name: str = "precision") -> Any:
+    """``None``, a ``jax.lax.Precision``, one of its names, a ``DotAlgorithmPreset``, or a pair of those."""
+    import jax
+
+    def one(v: Any) -> bool:
+        if isinstance(v, str):
+            return v in _PRECISION_NAMES or v in jax.lax.DotAlgorithmPreset.__members__
+        return v is None or isinstance(v, (jax.lax.Precision, jax.lax.DotAlgorithmPreset, jax.lax.DotAlgorithm))
+
+    if value is None or one(value):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(one(v) for v in value):
+        return value
+    names = ", ".join(repr(n) for n in _PRECISION_NAMES)
+    raise _fail(where, name, f"None, a jax.lax.Precision, one of {names}, or a pair of them", value)
+
+
+def check_sequence_of(value: Any, where: str, name: str, test: Callable[[Any], bool], wants: str) -> Sequence[Any]:
+    if not isinstance(value, (tuple, list)) or not all(test(v) for v in value):
+        raise _fail(where, name, wants, value)
+    return value
