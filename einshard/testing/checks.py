@@ -387,7 +387,7 @@ def assert_fits(
     ``budget`` is bytes or a string like ``'16GiB'``, ``'512MB'`` (as ``einshard.plan`` takes).
     Returns the footprint in bytes.
     """
-    limit = parse_bytes(budget)
+    limit = parse_bytes(budget, "budget")
     if limit is None:
         raise EinshardError("assert_fits() needs budget=: bytes, or a string like '16GiB'")
     placed = place_args(args, layouts, mesh)[0] if layouts is not None else args
