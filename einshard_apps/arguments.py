@@ -38,6 +38,34 @@ def _non_negative(text: str) -> int:
     return value
 
 
+class _Once(argparse._StoreAction):
+    """A value option given twice is an error: argparse would keep the last silently (``--mesh a=2 --mesh b=2``)."""
+
+    # The namespaces this option was stored into (kept here, not in the namespace: the demo's launcher
+    # passes every namespace attribute on to its workers).  A parser is built per command line.
+    parsed_into: list[argparse.Namespace]
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        seen = self.__dict__.setdefault("parsed_into", [])
+        if any(ns is namespace for ns in seen):
+            parser.error(f"argument {'/'.join(self.option_strings)}: given twice (give it once)")
+        seen.append(namespace)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def refuse_repeats(parser: argparse.ArgumentParser) -> None:
+    """Every value option of ``parser`` (``--mesh X``, not flags such as ``--json``) may be given once."""
+    for action in parser._actions:
+        if type(action) is argparse._StoreAction and action.option_strings:
+            action.__class__ = _Once
+
+
 def demo(parser: argparse.ArgumentParser) -> None:
     layouts = ", ".join(PRESET_NAMES)
     g = parser.add_argument_group("layout")
@@ -112,6 +140,7 @@ def demo(parser: argparse.ArgumentParser) -> None:
     # Set by --processes for the workers it starts.
     parser.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--coordinator", default=None, help=argparse.SUPPRESS)
+    refuse_repeats(parser)
 
 
 def analyze(parser: argparse.ArgumentParser) -> None:
@@ -129,6 +158,7 @@ def analyze(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     parser.add_argument("--plain", action="store_true", help="plain text even if rich is installed")
+    refuse_repeats(parser)
 
 
 def show(parser: argparse.ArgumentParser) -> None:
@@ -140,6 +170,7 @@ def show(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--devices", type=_positive, default=None, help="simulated CPU devices (default: the mesh's size, else 8)"
     )
+    refuse_repeats(parser)
 
 
 def plan(parser: argparse.ArgumentParser) -> None:
@@ -160,3 +191,4 @@ def plan(parser: argparse.ArgumentParser) -> None:
         "--width", type=_positive, default=1024, help="the demo's x width; y = 2x, z = x/2 (default 1024)"
     )
     parser.add_argument("--rules-out", default=None, help="write the parameter rules as JSON here")
+    refuse_repeats(parser)

@@ -30,7 +30,8 @@ def parse_bytes(budget: int | float | str | None, name: str = "memory_budget") -
     """
     if budget is None:
         return None
-    wants = f"{name}= is not a size: it takes a positive number of bytes or a string like '16GiB', '2GB'"
+    label = name if name.startswith("--") else f"{name}="  # a command-line flag, or the function's argument
+    wants = f"{label} is not a size: it takes a positive number of bytes or a string like '16GiB', '2GB'"
     if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, float, np.integer, np.floating, str)):
         raise EinshardError(f"{wants}, got {describe_value(budget)}")
     if isinstance(budget, str):
