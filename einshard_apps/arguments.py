@@ -9,6 +9,8 @@ they are the library's own.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["demo", "analyze", "show", "plan", "PRESET_NAMES", "PROFILE_NAMES", "DEMO_STEPS"]
 
@@ -49,7 +51,7 @@ class _Once(argparse._StoreAction):
         self,
         parser: argparse.ArgumentParser,
         namespace: argparse.Namespace,
-        values: object,
+        values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
         seen = self.__dict__.setdefault("parsed_into", [])
