@@ -9,9 +9,10 @@ instead of becoming nonsense results.  ``where`` is the function's name as users
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ __all__ = [
     "check_str",
     "check_str_or_strs",
     "describe_value",
+    "naming",
 ]
 
 
@@ -179,3 +181,14 @@ def check_sequence_of(value: Any, where: str, name: str, test: Callable[[Any], b
     if not isinstance(value, (tuple, list)) or not all(test(v) for v in value):
         raise _fail(where, name, wants, value)
     return value
+
+
+@contextlib.contextmanager
+def naming(where: str, name: str) -> Iterator[None]:
+    """Errors raised inside (about what ``name=`` holds: a rule, a leaf's layout) name the argument too."""
+    try:
+        yield
+    except EinshardError as err:
+        if f"{name}=" in err.reason:
+            raise
+        raise EinshardError(f"{where}: in {name}=, {err.reason}", err.expression, err.column, err.hint) from None

@@ -34,6 +34,10 @@ def describe(x: Any, names: str | None = None) -> str:
     """
     if names is not None and not isinstance(names, str):
         raise EinshardError(f"describe(): names= takes axis names as one string ('b s d'), got {describe_value(names)}")
+    if not hasattr(x, "shape"):
+        raise EinshardError(
+            f"describe(): x= takes an array (anything with .shape and .sharding), got {describe_value(x)}"
+        )
     shape = tuple(np.shape(x))
     axis_names = _default_names(len(shape)) if names is None else names.split()
     if len(axis_names) != len(shape):

@@ -231,9 +231,11 @@ def _validate(lay: Layout) -> None:
         for m in d:
             if m not in sizes:
                 known = ", ".join(f"{k!r}: {v}" for k, v in sizes.items()) or "none"
-                raise EinshardError(f"{where}: axis {name!r} is split over {m!r}, which is not a mesh axis ({known})")
+                raise EinshardError(
+                    f"{where}: dims= splits axis {name!r} over {m!r}, which is not a mesh axis ({known})"
+                )
             if m in seen:
-                raise EinshardError(f"{where}: mesh axis {m!r} splits two axes (or one twice)")
+                raise EinshardError(f"{where}: dims= splits two axes (or one twice) over mesh axis {m!r}")
             seen.add(m)
             shards *= sizes[m]
         if size % shards:
@@ -244,9 +246,11 @@ def _validate(lay: Layout) -> None:
             )
     for m in lay.unreduced:
         if m not in sizes:
-            raise EinshardError(f"{where}: pending sums over {m!r}, which is not a mesh axis")
+            raise EinshardError(f"{where}: unreduced= has pending sums over {m!r}, which is not a mesh axis")
         if m in seen:
-            raise EinshardError(f"{where}: mesh axis {m!r} both splits an axis and holds pending sums")
+            raise EinshardError(
+                f"{where}: mesh axis {m!r} both splits an axis (dims=) and holds pending sums (unreduced=)"
+            )
 
 
 def _display(name: str) -> str:

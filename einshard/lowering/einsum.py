@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._caches import register
-from .._checks import check_dtype, check_precision
+from .._checks import check_dtype, check_precision, describe_value
 from .._compat import native_unreduced
 from ..analysis import EinsumPlan, analyze
 from ..analysis.api import _Operand
@@ -309,6 +309,8 @@ def lower(
         6.0
     """
     where = "einshard.lower" if _what is None else _what
+    if not isinstance(expr, str):
+        raise EinshardError(f"{where}: expr= takes an einsum expression (a string), got {describe_value(expr)}")
     _check_options(mode, two_way)
     check_precision(precision, where)
     check_dtype(preferred_element_type, where, "preferred_element_type")

@@ -158,6 +158,8 @@ def run_end(
             f"{which}= must be an einshard.lowering.PipelineEnd(fn, params, layouts), got {type(end).__name__}"
         )
     where = f"the {which}= PipelineEnd's params"
+    if not callable(end.fn):
+        raise EinshardError(f"{which}=: a PipelineEnd's fn is a function, got {type(end.fn).__name__}")
     leaves, treedef = jax.tree_util.tree_flatten(end.params)
     for leaf in leaves:
         if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):

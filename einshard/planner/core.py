@@ -47,8 +47,9 @@ def _check_search_options(**options: Any) -> None:
     for name in ("param_args", "data_args"):
         if options[name] is not None:
             indices[name] = check_int_sequence(options[name], where, name)
-    if len(indices) == 2 and set(indices["param_args"]) & set(indices["data_args"]):
-        shared = sorted(set(indices["param_args"]) & set(indices["data_args"]))
+    params = set(indices.get("param_args", (0,)))  # (plan's default: the first argument holds the parameters)
+    if "data_args" in indices and params & set(indices["data_args"]):
+        shared = sorted(params & set(indices["data_args"]))
         raise EinshardError(f"{where}: param_args= and data_args= both list argument {shared[0]}")
     if options["optimizer_bytes_per_param"] is not None:
         check_number(options["optimizer_bytes_per_param"], where, "optimizer_bytes_per_param", minimum=0)

@@ -8,7 +8,9 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec
 
+from ..._checks import check_callable, describe_value, naming
 from ...core.layout import Layout, MeshAxis
 from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
@@ -131,7 +133,15 @@ def explain(
         >>> r.comm_count > 0 and r.flops > 0
         True
     """
-    return trace(fn, *args, mesh=mesh, profile=profile, **kwargs).report(in_specs)
+    check_callable(fn, "einshard.explain", "fn")
+    if in_specs is not None and not isinstance(in_specs, (str, PartitionSpec, tuple, list, dict)):
+        raise EinshardError(
+            "einshard.explain: in_specs= takes PartitionSpecs or expressions, one per argument (a pytree prefix "
+            f"of the arguments), got {describe_value(in_specs)}"
+        )
+    traced = trace(fn, *args, mesh=mesh, profile=profile, **kwargs)
+    with naming("einshard.explain", "in_specs"):
+        return traced.report(in_specs)
 
 
 class TracedProgram:
