@@ -192,3 +192,155 @@ def naming(where: str, name: str) -> Iterator[None]:
         if f"{name}=" in err.reason:
             raise
         raise EinshardError(f"{where}: in {name}=, {err.reason}", err.expression, err.column, err.hint) from None
+
+
+# ---------------------------------------------------------------------------
+# Checks by parameter name: a registry the public wrappers of low-level functions read.
+#
+# The analysis primitives, the collective-matmul kernels and the like are called inside einshard's own loops
+# millions of times with values that are right by construction; their public names (einshard.analysis.all_gather,
+# einshard.lowering.ring_shift, ...) are wrapped by :func:`checked`, which checks each argument by its name's rule
+# once per user call.  A rule takes (value, where, name, arguments) and returns the value to pass on (a profile
+# name becomes its Profile); ``arguments`` are the call's other arguments, for rules that depend on them.
+
+Rule = Callable[[Any, str, str, dict[str, Any]], Any]
+
+
+def _layout_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    from .core.layout import Layout
+
+    if not isinstance(value, Layout):
+        raise _fail(where, name, "an einshard Layout (einshard.layout(expr, shape, mesh=...))", value)
+    return value
+
+
+def _mesh_axes_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    if value is None and name == "order":
+        return value
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and v for v in value):
+        raise _fail(where, name, "a tuple of mesh axis names", value)
+    if len(set(value)) != len(value):
+        raise _fail(where, name, "distinct mesh axis names", value)
+    lay = arguments.get("lay")
+    if lay is not None and hasattr(lay, "mesh"):
+        known = [m.name for m in lay.mesh]
+        unknown = [v for v in value if v not in known]
+        if unknown:
+            raise EinshardError(f"{where}: {name}= names {unknown[0]!r}, which is not a mesh axis ({', '.join(known)})")
+    return tuple(value)
+
+
+def _layout_axis_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """A tensor axis of ``lay``: its name or its position (negative counts from the end)."""
+    lay = arguments.get("lay")
+    axes = tuple(getattr(lay, "axes", ()))
+    if isinstance(value, str):
+        if value not in axes:
+            raise EinshardError(f"{where}: {name}= names {value!r}, which is not an axis of the layout {axes}")
+        return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise _fail(where, name, "an axis of the layout (its name or position)", value)
+    if not -len(axes) <= value < len(axes):
+        raise EinshardError(f"{where}: {name}={value} is out of range for the layout's {len(axes)} axes {axes}")
+    return int(value)
+
+
+def _profile_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    from .analysis.cost import get_profile
+
+    if value is not None and not isinstance(value, str) and type(value).__name__ != "Profile":
+        raise _fail(where, name, "an einshard.Profile or a preset name ('cpu', 'h100', 'tpu-v5p')", value)
+    try:
+        return get_profile(value)
+    except EinshardError as err:
+        raise EinshardError(f"{where}: {name}= {err.reason}", hint=err.hint) from None
+
+
+def _rule(check: Callable[..., Any], **options: Any) -> Rule:
+    return lambda value, where, name, arguments: check(value, where, name, **options)
+
+
+def _optional(rule: Rule) -> Rule:
+    return lambda value, where, name, arguments: None if value is None else rule(value, where, name, arguments)
+
+
+def _axis_name_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """A mesh axis name bound where the function runs (inside ``jax.shard_map``), or a tuple of them."""
+    import jax
+
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, (tuple, list)) or not names or not all(isinstance(n, str) and n for n in names):
+        raise _fail(where, name, "a mesh axis name or a tuple of them", value)
+    if len(set(names)) != len(names):
+        raise _fail(where, name, "distinct mesh axis names", value)
+    for n in names:
+        try:
+            jax.lax.axis_size(n)
+        except NameError:
+            raise EinshardError(
+                f"{where}: {name}={n!r} is not a mesh axis of the jax.shard_map this runs in "
+                "(it runs inside jax.shard_map, over one of its mesh axes)"
+            ) from None
+    return value
+
+
+RULES: dict[str, Rule] = {
+    "lay": _layout_rule,
+    "src": _layout_rule,
+    "dst": _layout_rule,
+    "axes": _mesh_axes_rule,
+    "gone": _mesh_axes_rule,
+    "new": _mesh_axes_rule,
+    "order": _mesh_axes_rule,
+    "axis": _layout_axis_rule,
+    "itemsize": _rule(check_int, minimum=1),
+    "profile": _profile_rule,
+    "tensor": _rule(check_str, empty=True),
+    "why": _rule(check_str, empty=True),
+    "shortcuts": _rule(check_bool),
+    "precision": lambda value, where, name, arguments: check_precision(value, where, name),
+    "preferred_element_type": _rule(check_dtype),
+    "axis_name": _axis_name_rule,
+    "shift": _rule(check_int),
+    "dim": _rule(check_int, minimum=0),
+    "gathered": _rule(check_int, minimum=0, maximum=1),
+    "two_way": _optional(_rule(check_bool)),
+    "stages": _rule(check_int, minimum=1),
+    "repeats": _rule(check_int, minimum=1),
+    "rtol": _rule(check_number, minimum=0),
+    "atol": _rule(check_number, minimum=0),
+    "grad": _rule(check_bool),
+    "check_operands": _rule(check_bool),
+    "required": _rule(check_bool),
+    "what": _rule(check_str),
+    "max_axes": _rule(check_int, minimum=1),
+    "max_rank": _rule(check_int, minimum=1),
+    "max_per_axis": _optional(_rule(check_int, minimum=1)),
+    "annotate_output": _optional(_rule(check_bool)),
+}
+
+
+def checked(fn: Callable[..., Any], where: str, **rules: Rule) -> Callable[..., Any]:
+    """``fn`` with each argument checked by its rule (``rules`` first, then :data:`RULES` by name) before it runs.
+
+    For the public names of functions einshard also calls internally (those calls stay unchecked)."""
+    import functools
+    import inspect
+
+    signature = inspect.signature(fn)
+    table = {name: rules.get(name, RULES.get(name)) for name in signature.parameters}
+    active = {name: rule for name, rule in table.items() if rule is not None}
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise EinshardError(f"{where}: {err}") from None
+        arguments = bound.arguments
+        for name, rule in active.items():
+            if name in arguments:
+                arguments[name] = rule(arguments[name], where, name, arguments)
+        return fn(*bound.args, **bound.kwargs)
+
+    return run

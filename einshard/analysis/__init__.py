@@ -9,6 +9,10 @@ parts and candidates, pruned and ranked) → ``strategy`` (names) → ``plan`` /
 ``api`` (``analyze``).
 """
 
+# The public names of the primitives check their arguments (einshard._checks.RULES, by parameter name); the
+# analyzer's own calls use the unchecked functions of .primitives.
+from .._checks import RULES as _RULES  # noqa: E402
+from .._checks import checked as _checked  # noqa: E402
 from .api import analyze, analyze_layouts, dtype_info, plan_einsum, spec_partitions
 from .cost import KINDS, PROFILES, Collective, Profile, get_profile
 from .plan import EinsumPlan
@@ -23,6 +27,15 @@ from .primitives import (
     transition,
 )
 from .rule import Problem, classify
+
+all_gather = _checked(all_gather, "einshard.analysis.all_gather")
+all_reduce = _checked(all_reduce, "einshard.analysis.all_reduce")
+all_to_all = _checked(all_to_all, "einshard.analysis.all_to_all", src=_RULES["axis"], dst=_RULES["axis"])
+collective_permute = _checked(collective_permute, "einshard.analysis.collective_permute")
+dynamic_slice = _checked(dynamic_slice, "einshard.analysis.dynamic_slice")
+reduce_scatter = _checked(reduce_scatter, "einshard.analysis.reduce_scatter")
+regroup = _checked(regroup, "einshard.analysis.regroup")
+transition = _checked(transition, "einshard.analysis.transition")
 
 __all__ = [
     "KINDS",

@@ -3,6 +3,10 @@
 This layer moves data.  It follows the analyzer (einsum.py runs its plans); the analyzer never imports it.
 """
 
+# The public names of the kernels that run inside jax.shard_map check their arguments by name
+# (einshard._checks.RULES); einshard's own programs call the unchecked functions of their modules.
+from .._checks import RULES as _RULES  # noqa: E402
+from .._checks import checked as _checked  # noqa: E402
 from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatter, ring_shift
 from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .pipeline import PipelineEnd, PipelineInfo, circular_layer_order, pipeline, pipeline_info
@@ -10,6 +14,19 @@ from .pipeline_stages import vocab_parallel_cross_entropy, vocab_parallel_embed
 from .shard_einsum import einsum_auto, einsum_layouts, einsum_shard_map
 from .steps import KINDS, STEP_KINDS, Step, apply_step, step_layout
 from .training import data_parallel, fsdp, fsdp_layouts, gather_params
+
+allgather_einsum = _checked(allgather_einsum, "einshard.lowering.allgather_einsum")
+einsum_reduce_scatter = _checked(einsum_reduce_scatter, "einshard.lowering.einsum_reduce_scatter")
+ring_shift = _checked(ring_shift, "einshard.lowering.ring_shift")
+vocab_parallel_cross_entropy = _checked(
+    vocab_parallel_cross_entropy, "einshard.lowering.vocab_parallel_cross_entropy", axis=_RULES["axis_name"]
+)
+vocab_parallel_embed = _checked(
+    vocab_parallel_embed, "einshard.lowering.vocab_parallel_embed", axis=_RULES["axis_name"]
+)
+gather_params = _checked(gather_params, "einshard.lowering.gather_params", axis=_RULES["axis_name"])
+circular_layer_order = _checked(circular_layer_order, "einshard.lowering.circular_layer_order")
+step_layout = _checked(step_layout, "einshard.lowering.step_layout")
 
 __all__ = [
     "Padding",
