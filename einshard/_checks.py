@@ -47,6 +47,11 @@ def _fail(where: str, name: str, wants: str, value: Any) -> EinshardError:
     return EinshardError(f"{where}: {name}= takes {wants}, got {describe_value(value)}")
 
 
+def fail(where: str, name: str, wants: str, value: Any) -> Any:
+    """Raise the EinshardError saying ``name=`` takes ``wants`` (for rules written as expressions)."""
+    raise _fail(where, name, wants, value)
+
+
 def check_bool(value: Any, where: str, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise _fail(where, name, "True or False", value)
@@ -284,6 +289,75 @@ def _axis_name_rule(value: Any, where: str, name: str, arguments: dict[str, Any]
     return value
 
 
+def _axes_tuple_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """Tensor axis names, distinct (``('a', 'c')``); a bare string would be read one letter per axis."""
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and v for v in value):
+        raise _fail(where, name, "a tuple of axis names", value)
+    if len(set(value)) != len(value):
+        raise _fail(where, name, "distinct axis names", value)
+    return tuple(value)
+
+
+def _operand_axes_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    if not isinstance(value, (tuple, list)) or not value:
+        raise _fail(where, name, "a tuple of each operand's axis names", value)
+    return tuple(_axes_tuple_rule(v, where, name, arguments) for v in value)
+
+
+def _layouts_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    from .core.layout import Layout
+
+    if not isinstance(value, (tuple, list)) or not value or not all(isinstance(v, Layout) for v in value):
+        raise _fail(where, name, "a tuple of Layouts, one per operand", value)
+    meshes = {v.mesh for v in value}
+    if len(meshes) > 1:
+        raise EinshardError(f"{where}: {name}= holds layouts on different meshes")
+    return tuple(value)
+
+
+def _dtype_name_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    from .analysis.inputs import dtype_info
+
+    try:
+        dtype_info(value)
+    except EinshardError as err:
+        raise EinshardError(f"{where}: {name}= {err.reason}", hint=err.hint) from None
+    return value
+
+
+def _spec_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    from jax.sharding import PartitionSpec
+
+    if not isinstance(value, PartitionSpec):
+        raise _fail(where, name, "a jax.sharding.PartitionSpec", value)
+    return value
+
+
+def _same_tensor_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """A second layout of the tensor the first (``src``/``lay``) lays out: its axes, shape and mesh."""
+    value = _layout_rule(value, where, name, arguments)
+    first = arguments.get("src", arguments.get("lay"))
+    if first is not None and (value.axes, value.shape, value.mesh) != (first.axes, first.shape, first.mesh):
+        raise EinshardError(f"{where}: {name}= lays out another tensor ({value}) than {first}")
+    return value
+
+
+def _reordered_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """``lay``'s splits with the mesh axes of each dimension in another order (what a collective-permute does)."""
+    lay = arguments.get("lay")
+    ok = isinstance(value, tuple) and all(isinstance(d, tuple) and all(isinstance(m, str) for m in d) for d in value)
+    if not ok:
+        raise _fail(where, name, "a tuple of each dimension's mesh axes", value)
+    if lay is not None and (
+        len(value) != len(lay.dims) or any(sorted(d) != sorted(e) for d, e in zip(value, lay.dims))
+    ):
+        raise EinshardError(
+            f"{where}: {name}={value} is not {lay.dims} with the mesh axes of each dimension reordered "
+            "(a collective-permute changes only their order)"
+        )
+    return value
+
+
 RULES: dict[str, Rule] = {
     "lay": _layout_rule,
     "src": _layout_rule,
@@ -317,7 +391,17 @@ RULES: dict[str, Rule] = {
     "max_rank": _rule(check_int, minimum=1),
     "max_per_axis": _optional(_rule(check_int, minimum=1)),
     "annotate_output": _optional(_rule(check_bool)),
+    "operand_axes": _operand_axes_rule,
+    "out_axes": _axes_tuple_rule,
+    "spec": _spec_rule,
 }
+
+# Rules some functions give a parameter name that means something else elsewhere.
+LAYOUTS = _layouts_rule
+DTYPE_NAME = _dtype_name_rule
+SAME_TENSOR = _same_tensor_rule
+REORDERED = _reordered_rule
+OPTIONAL_LAYOUT = _optional(_layout_rule)
 
 
 def checked(fn: Callable[..., Any], where: str, **rules: Rule) -> Callable[..., Any]:

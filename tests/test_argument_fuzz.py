@@ -661,7 +661,7 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
         {
             "kind": _one_of("all-gather", "all-reduce"),
             "operand": lambda: [-1, "in", 1.5, None, True],
-            "mesh_axes": lambda: ["x", (3,), None, ("x", "x")],
+            "mesh_axes": lambda: [(3,), None, ("x", "x"), ()],  # ('x' alone is a one-axis tuple)
             "dim": lambda: [-1, 1.5, "0", True],
             "to_dim": lambda: [-1, 1.5, "0", True],
             "shift": lambda: [1.5, "1", None, True],

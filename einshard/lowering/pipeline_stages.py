@@ -78,6 +78,13 @@ class PipelineEnd:
                 f"PipelineEnd: layouts must be an expression, a mapping of path patterns, or None; "
                 f"got {type(self.layouts).__name__}"
             )
+        if isinstance(self.layouts, Mapping):
+            from ..tree_rules import compile_rules
+
+            try:
+                compile_rules(self.layouts)  # a bad pattern or rule now, not when the pipeline first runs
+            except EinshardError as err:
+                raise EinshardError(f"PipelineEnd: layouts= {err.reason}", hint=err.hint) from None
 
 
 def lay_out(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
