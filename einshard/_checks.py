@@ -312,7 +312,28 @@ def _layouts_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) 
     meshes = {v.mesh for v in value}
     if len(meshes) > 1:
         raise EinshardError(f"{where}: {name}= holds layouts on different meshes")
+    sizes: dict[str, int] = {}
+    for lay in value:
+        for a, s in zip(lay.axes, lay.shape):
+            if sizes.setdefault(a, s) != s:
+                raise EinshardError(f"{where}: {name}= gives axis {a!r} the sizes {sizes[a]} and {s}")
+    out = arguments.get("out_axes")
+    if isinstance(out, (tuple, list)):
+        missing = [a for a in out if a not in sizes]
+        if missing:
+            raise EinshardError(f"{where}: {name}= has no axis {missing[0]!r}, which out_axes= asks for")
     return tuple(value)
+
+
+def _result_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """The result's requested layout: its axes are ``out_axes``, in order."""
+    if value is None:
+        return value
+    value = _layout_rule(value, where, name, arguments)
+    out = arguments.get("out_axes")
+    if isinstance(out, (tuple, list)) and tuple(value.axes) != tuple(out):
+        raise EinshardError(f"{where}: {name}= lays out {value.axes}, not the result's axes {tuple(out)}")
+    return value
 
 
 def _dtype_name_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
@@ -358,6 +379,43 @@ def _reordered_rule(value: Any, where: str, name: str, arguments: dict[str, Any]
     return value
 
 
+def _shapes_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """One shape per operand, each a tuple of integers >= 0."""
+
+    def is_shape(s: Any) -> bool:
+        return isinstance(s, (tuple, list)) and all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in s
+        )
+
+    if not isinstance(value, (tuple, list)) or not all(is_shape(s) for s in value):
+        raise _fail(where, name, "one shape (a tuple of integers >= 0) per operand", value)
+    return [tuple(int(n) for n in s) for s in value]
+
+
+def _step_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    from .core.collectives import Step
+
+    if not isinstance(value, Step):
+        raise _fail(where, name, "an einshard.lowering.Step", value)
+    return value
+
+
+def _invariant_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (tuple, list, set, frozenset)) and all(isinstance(m, str) for m in value):
+        return value
+    raise _fail(where, name, "True/False, or the mesh axes the block is invariant over", value)
+
+
+def _padding_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    from .lowering.padding import Padding
+
+    if not isinstance(value, Padding):
+        raise _fail(where, name, "a Padding (from plan_padding)", value)
+    return value
+
+
 RULES: dict[str, Rule] = {
     "lay": _layout_rule,
     "src": _layout_rule,
@@ -392,6 +450,11 @@ RULES: dict[str, Rule] = {
     "max_per_axis": _optional(_rule(check_int, minimum=1)),
     "annotate_output": _optional(_rule(check_bool)),
     "operand_axes": _operand_axes_rule,
+    "shapes": _shapes_rule,
+    "step": _step_rule,
+    "invariant": _invariant_rule,
+    "padding": _padding_rule,
+    "subscripts": _rule(check_str),
     "out_axes": _axes_tuple_rule,
     "spec": _spec_rule,
 }
@@ -401,7 +464,7 @@ LAYOUTS = _layouts_rule
 DTYPE_NAME = _dtype_name_rule
 SAME_TENSOR = _same_tensor_rule
 REORDERED = _reordered_rule
-OPTIONAL_LAYOUT = _optional(_layout_rule)
+OPTIONAL_LAYOUT = _result_rule
 
 
 def checked(fn: Callable[..., Any], where: str, **rules: Rule) -> Callable[..., Any]:

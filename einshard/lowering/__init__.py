@@ -5,6 +5,10 @@ This layer moves data.  It follows the analyzer (einsum.py runs its plans); the 
 
 # The public names of the kernels that run inside jax.shard_map check their arguments by name
 # (einshard._checks.RULES); einshard's own programs call the unchecked functions of their modules.
+import jax  # noqa: E402
+from jax.sharding import PartitionSpec  # noqa: E402
+
+from .. import _checks  # noqa: E402
 from .._checks import RULES as _RULES  # noqa: E402
 from .._checks import checked as _checked  # noqa: E402
 from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatter, ring_shift
@@ -24,9 +28,48 @@ vocab_parallel_cross_entropy = _checked(
 vocab_parallel_embed = _checked(
     vocab_parallel_embed, "einshard.lowering.vocab_parallel_embed", axis=_RULES["axis_name"]
 )
-gather_params = _checked(gather_params, "einshard.lowering.gather_params", axis=_RULES["axis_name"])
+gather_params = _checked(
+    gather_params,
+    "einshard.lowering.gather_params",
+    axis=_RULES["axis_name"],
+    name=lambda v, where, name, args: _checks.check_optional_str(v, where, name),
+    specs=lambda v, where, name, args: (
+        v
+        if all(
+            isinstance(s, PartitionSpec)
+            for s in jax.tree_util.tree_leaves(v, is_leaf=lambda s: isinstance(s, PartitionSpec))
+        )
+        and jax.tree_util.tree_structure(v, is_leaf=lambda s: isinstance(s, PartitionSpec))
+        == jax.tree_util.tree_structure(args["blocks"])
+        else _checks.fail(where, name, "a PartitionSpec per block (a pytree like blocks=)", v)
+    ),
+)
 circular_layer_order = _checked(circular_layer_order, "einshard.lowering.circular_layer_order")
 step_layout = _checked(step_layout, "einshard.lowering.step_layout")
+apply_step = _checked(apply_step, "einshard.lowering.apply_step")
+pad_operands = _checked(
+    pad_operands,
+    "einshard.lowering.pad_operands",
+    operands=lambda v, where, name, args: (
+        v
+        if isinstance(v, (tuple, list))
+        and len(v) == len(args["padding"].shapes)
+        and all(tuple(getattr(x, "shape", ())) == tuple(s) for x, s in zip(v, args["padding"].shapes))
+        else _checks.fail(where, name, f"the operands of shapes {args['padding'].shapes}", v)
+    ),
+)
+unpad_result = _checked(
+    unpad_result,
+    "einshard.lowering.unpad_result",
+    y=lambda v, where, name, args: (
+        v
+        if tuple(getattr(v, "shape", ())) == tuple(args["padding"].padded_output_shape)
+        and _checks.check_dtype(getattr(v, "dtype", None), where, name, optional=False) is not None
+        else _checks.fail(where, name, f"the padded result, of shape {args['padding'].padded_output_shape}", v)
+    ),
+)
+plan_padding = _checked(plan_padding, "einshard.lowering.plan_padding")
+einsum_layouts = _checked(einsum_layouts, "einshard.lowering.einsum_layouts")
 
 __all__ = [
     "Padding",

@@ -198,10 +198,27 @@ def _check_program_arguments(
     where: str, layouts_in: Any, layout_out: Any, mesh: Any, precision: Any, preferred_element_type: Any
 ) -> Any:
     """The arguments a program builder takes, each wrong one an EinshardError naming it; the mesh checked."""
-    if not isinstance(layouts_in, (tuple, list)) or not layouts_in or not all(isinstance(x, Layout) for x in layouts_in):
+    if (
+        not isinstance(layouts_in, (tuple, list))
+        or not layouts_in
+        or not all(isinstance(x, Layout) for x in layouts_in)
+    ):
         raise EinshardError(f"{where}: layouts_in= takes one Layout per operand, got {describe_value(layouts_in)}")
     if not isinstance(layout_out, Layout):
         raise EinshardError(f"{where}: layout_out= takes a Layout, got {describe_value(layout_out)}")
+    sizes_of: dict[str, int] = {}
+    for k, lay in enumerate(layouts_in):
+        for a, n in zip(lay.axes, lay.shape):
+            if sizes_of.setdefault(a, n) != n:
+                raise EinshardError(
+                    f"{where}: layouts_in[{k}] gives axis {a!r} size {n}, another operand {sizes_of[a]}"
+                )
+    for a, n in zip(layout_out.axes, layout_out.shape):
+        if sizes_of.get(a) != n:
+            raise EinshardError(
+                f"{where}: layout_out= has axis {a!r} of size {n}, which no operand in layouts_in= has"
+                + (f" (they have it of size {sizes_of[a]})" if a in sizes_of else "")
+            )
     if not isinstance(mesh, (Mesh, AbstractMesh)):
         raise EinshardError(f"{where}: mesh= takes a jax.sharding.Mesh, got {describe_value(mesh)}")
     mesh = as_mesh(mesh)  # (distinct axis names)
