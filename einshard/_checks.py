@@ -416,6 +416,66 @@ def _padding_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) 
     return value
 
 
+def _mesh_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """None, a Mesh/AbstractMesh or a dict of axis sizes (checked), or a hypothesis strategy of meshes."""
+    if value is None or type(value).__name__.endswith("Strategy") or hasattr(value, "example"):
+        return value
+    from .core.mesh import as_mesh
+
+    mesh = as_mesh(value)
+    sizes = dict(mesh.shape)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes.values()):
+        raise _fail(where, name, "a mesh whose axis sizes are integers >= 1", value)
+    return value
+
+
+def _layout_entries_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """Per argument: an expression, None, path-pattern rules or a pytree of expressions (strings all the way)."""
+    import jax
+
+    leaves = jax.tree_util.tree_leaves(value)
+    if not all(isinstance(x, str) for x in leaves):
+        bad = next(x for x in leaves if not isinstance(x, str))
+        raise _fail(where, name, "expressions (strings), None, or path-pattern rules, per argument", bad)
+    return value
+
+
+def _spec_tree_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    import jax
+    from jax.sharding import PartitionSpec
+
+    leaves = jax.tree_util.tree_leaves(value, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    if not all(isinstance(x, PartitionSpec) for x in leaves):
+        raise _fail(where, name, "PartitionSpecs (or None), one per output", value)
+    return value
+
+
+def _budget_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    from .planner.inputs import parse_bytes
+
+    parse_bytes(value, name)
+    return value
+
+
+def _shape_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    ok = isinstance(value, (tuple, list)) and all(
+        isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in value
+    )
+    if not ok:
+        raise _fail(where, name, "a shape (a tuple of integers >= 0)", value)
+    return tuple(int(n) for n in value)
+
+
+def _rules_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    from .tree_rules import compile_rules
+
+    with naming(where, name):
+        compile_rules(value)
+    return value
+
+
 RULES: dict[str, Rule] = {
     "lay": _layout_rule,
     "src": _layout_rule,
@@ -450,6 +510,17 @@ RULES: dict[str, Rule] = {
     "max_per_axis": _optional(_rule(check_int, minimum=1)),
     "annotate_output": _optional(_rule(check_bool)),
     "operand_axes": _operand_axes_rule,
+    "fn": _rule(check_callable),
+    "make_model": _rule(check_callable),
+    "initializer": _rule(check_callable),
+    "mesh": _mesh_rule,
+    "layouts": _layout_entries_rule,
+    "out_shardings": _spec_tree_rule,
+    "budget": _budget_rule,
+    "shape": _shape_rule,
+    "rules": _rules_rule,
+    "default": lambda value, where, name, arguments: check_optional_str(value, where, name),
+    "axis_names": lambda value, where, name, arguments: check_str_or_strs(value, where, name),
     "shapes": _shapes_rule,
     "step": _step_rule,
     "invariant": _invariant_rule,
@@ -460,6 +531,10 @@ RULES: dict[str, Rule] = {
 }
 
 # Rules some functions give a parameter name that means something else elsewhere.
+def RULES_FOR_INT(minimum: int | None = None, maximum: int | None = None) -> Rule:  # noqa: N802 - a rule maker
+    return _rule(check_int, minimum=minimum, maximum=maximum)
+
+
 LAYOUTS = _layouts_rule
 DTYPE_NAME = _dtype_name_rule
 SAME_TENSOR = _same_tensor_rule

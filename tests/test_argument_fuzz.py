@@ -641,8 +641,8 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
         },
     ),
     "einshard.lowering.unpad_result": Entry(
-        lambda: {"padding": _padding(), "y": np.ones((4, 5))},
-        {"padding": lambda: [3, None, "x"], "y": lambda: ["x", 3, np.ones((3, 5)), np.array(["a"] * 20).reshape(4, 5)]},
+        lambda: {"padding": _padding(), "y": np.ones((3, 5))},
+        {"padding": lambda: [3, None, "x"], "y": lambda: ["x", 3, np.ones((4, 5)), np.array(["a"] * 15).reshape(3, 5)]},
     ),
     "einshard.lowering.plan_padding": Entry(
         lambda: {"expr": "b x@model, x@model y -> b y", "shapes": [(3, 10), (10, 5)], "mesh": MESH},

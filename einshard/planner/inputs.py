@@ -28,6 +28,8 @@ def parse_bytes(budget: int | float | str | None, name: str = "memory_budget") -
         >>> parse_bytes('16GiB') == 16 * 2**30, parse_bytes('2 GB'), parse_bytes(None)
         (True, 2000000000, None)
     """
+    if not isinstance(name, str) or not name:
+        raise EinshardError(f"parse_bytes: name= takes the argument's name (a string), got {name!r:.40}")
     if budget is None:
         return None
     label = name if name.startswith("--") else f"{name}="  # a command-line flag, or the function's argument
