@@ -39,8 +39,10 @@ gather_params = _checked(
             isinstance(s, PartitionSpec)
             for s in jax.tree_util.tree_leaves(v, is_leaf=lambda s: isinstance(s, PartitionSpec))
         )
-        and jax.tree_util.tree_structure(v, is_leaf=lambda s: isinstance(s, PartitionSpec))
-        == jax.tree_util.tree_structure(args["blocks"])
+        and bool(
+            jax.tree_util.tree_structure(v, is_leaf=lambda s: isinstance(s, PartitionSpec))
+            == jax.tree_util.tree_structure(args["blocks"])  # type: ignore[operator]
+        )
         else _checks.fail(where, name, "a PartitionSpec per block (a pytree like blocks=)", v)
     ),
 )

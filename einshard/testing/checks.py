@@ -412,10 +412,12 @@ def assert_fits(
 def _expected_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
     from ..core.collectives import KINDS
 
-    pairs = value.items() if isinstance(value, Mapping) else None
-    if pairs is None:
-        if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(k, str) for k in value):
-            return _checks.fail(where, name, "{kind: count} or a sequence of collective kinds", value)
+    pairs: list[tuple[Any, Any]]
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(k, str) for k in value):
+        return _checks.fail(where, name, "{kind: count} or a sequence of collective kinds", value)
+    else:
         pairs = [(k, 1) for k in value]
     for kind, count in pairs:
         if kind not in KINDS:
