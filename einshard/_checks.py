@@ -211,56 +211,6 @@ def naming(where: str, name: str) -> Iterator[None]:
 Rule = Callable[[Any, str, str, dict[str, Any]], Any]
 
 
-def _layout_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    from .core.layout import Layout
-
-    if not isinstance(value, Layout):
-        raise _fail(where, name, "an einshard Layout (einshard.layout(expr, shape, mesh=...))", value)
-    return value
-
-
-def _mesh_axes_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    if value is None and name == "order":
-        return value
-    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and v for v in value):
-        raise _fail(where, name, "a tuple of mesh axis names", value)
-    if len(set(value)) != len(value):
-        raise _fail(where, name, "distinct mesh axis names", value)
-    lay = arguments.get("lay")
-    if lay is not None and hasattr(lay, "mesh"):
-        known = [m.name for m in lay.mesh]
-        unknown = [v for v in value if v not in known]
-        if unknown:
-            raise EinshardError(f"{where}: {name}= names {unknown[0]!r}, which is not a mesh axis ({', '.join(known)})")
-    return tuple(value)
-
-
-def _layout_axis_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    """A tensor axis of ``lay``: its name or its position (negative counts from the end)."""
-    lay = arguments.get("lay")
-    axes = tuple(getattr(lay, "axes", ()))
-    if isinstance(value, str):
-        if value not in axes:
-            raise EinshardError(f"{where}: {name}= names {value!r}, which is not an axis of the layout {axes}")
-        return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise _fail(where, name, "an axis of the layout (its name or position)", value)
-    if not -len(axes) <= value < len(axes):
-        raise EinshardError(f"{where}: {name}={value} is out of range for the layout's {len(axes)} axes {axes}")
-    return int(value)
-
-
-def _profile_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    from .analysis.cost import get_profile
-
-    if value is not None and not isinstance(value, str) and type(value).__name__ != "Profile":
-        raise _fail(where, name, "an einshard.Profile or a preset name ('cpu', 'h100', 'tpu-v5p')", value)
-    try:
-        return get_profile(value)
-    except EinshardError as err:
-        raise EinshardError(f"{where}: {name}= {err.reason}", hint=err.hint) from None
-
-
 def _rule(check: Callable[..., Any], **options: Any) -> Rule:
     return lambda value, where, name, arguments: check(value, where, name, **options)
 
@@ -271,21 +221,14 @@ def _optional(rule: Rule) -> Rule:
 
 def _axis_name_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
     """A mesh axis name bound where the function runs (inside ``jax.shard_map``), or a tuple of them."""
-    import jax
 
     names = (value,) if isinstance(value, str) else value
     if not isinstance(names, (tuple, list)) or not names or not all(isinstance(n, str) and n for n in names):
         raise _fail(where, name, "a mesh axis name or a tuple of them", value)
     if len(set(names)) != len(names):
         raise _fail(where, name, "distinct mesh axis names", value)
-    for n in names:
-        try:
-            jax.lax.axis_size(n)
-        except NameError:
-            raise EinshardError(
-                f"{where}: {name}={n!r} is not a mesh axis of the jax.shard_map this runs in "
-                "(it runs inside jax.shard_map, over one of its mesh axes)"
-            ) from None
+    # Whether the names are bound is JAX's to find out when the function runs: checked() names the argument
+    # in the NameError JAX raises for an unbound axis (after the function's own checks of its other arguments).
     return value
 
 
@@ -304,78 +247,11 @@ def _operand_axes_rule(value: Any, where: str, name: str, arguments: dict[str, A
     return tuple(_axes_tuple_rule(v, where, name, arguments) for v in value)
 
 
-def _layouts_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    from .core.layout import Layout
-
-    if not isinstance(value, (tuple, list)) or not value or not all(isinstance(v, Layout) for v in value):
-        raise _fail(where, name, "a tuple of Layouts, one per operand", value)
-    meshes = {v.mesh for v in value}
-    if len(meshes) > 1:
-        raise EinshardError(f"{where}: {name}= holds layouts on different meshes")
-    sizes: dict[str, int] = {}
-    for lay in value:
-        for a, s in zip(lay.axes, lay.shape):
-            if sizes.setdefault(a, s) != s:
-                raise EinshardError(f"{where}: {name}= gives axis {a!r} the sizes {sizes[a]} and {s}")
-    out = arguments.get("out_axes")
-    if isinstance(out, (tuple, list)):
-        missing = [a for a in out if a not in sizes]
-        if missing:
-            raise EinshardError(f"{where}: {name}= has no axis {missing[0]!r}, which out_axes= asks for")
-    return tuple(value)
-
-
-def _result_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    """The result's requested layout: its axes are ``out_axes``, in order."""
-    if value is None:
-        return value
-    value = _layout_rule(value, where, name, arguments)
-    out = arguments.get("out_axes")
-    if isinstance(out, (tuple, list)) and tuple(value.axes) != tuple(out):
-        raise EinshardError(f"{where}: {name}= lays out {value.axes}, not the result's axes {tuple(out)}")
-    return value
-
-
-def _dtype_name_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    from .analysis.inputs import dtype_info
-
-    try:
-        dtype_info(value)
-    except EinshardError as err:
-        raise EinshardError(f"{where}: {name}= {err.reason}", hint=err.hint) from None
-    return value
-
-
 def _spec_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
     from jax.sharding import PartitionSpec
 
     if not isinstance(value, PartitionSpec):
         raise _fail(where, name, "a jax.sharding.PartitionSpec", value)
-    return value
-
-
-def _same_tensor_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    """A second layout of the tensor the first (``src``/``lay``) lays out: its axes, shape and mesh."""
-    value = _layout_rule(value, where, name, arguments)
-    first = arguments.get("src", arguments.get("lay"))
-    if first is not None and (value.axes, value.shape, value.mesh) != (first.axes, first.shape, first.mesh):
-        raise EinshardError(f"{where}: {name}= lays out another tensor ({value}) than {first}")
-    return value
-
-
-def _reordered_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    """``lay``'s splits with the mesh axes of each dimension in another order (what a collective-permute does)."""
-    lay = arguments.get("lay")
-    ok = isinstance(value, tuple) and all(isinstance(d, tuple) and all(isinstance(m, str) for m in d) for d in value)
-    if not ok:
-        raise _fail(where, name, "a tuple of each dimension's mesh axes", value)
-    if lay is not None and (
-        len(value) != len(lay.dims) or any(sorted(d) != sorted(e) for d, e in zip(value, lay.dims))
-    ):
-        raise EinshardError(
-            f"{where}: {name}={value} is not {lay.dims} with the mesh axes of each dimension reordered "
-            "(a collective-permute changes only their order)"
-        )
     return value
 
 
@@ -392,41 +268,12 @@ def _shapes_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -
     return [tuple(int(n) for n in s) for s in value]
 
 
-def _step_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    from .core.collectives import Step
-
-    if not isinstance(value, Step):
-        raise _fail(where, name, "an einshard.lowering.Step", value)
-    return value
-
-
 def _invariant_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (tuple, list, set, frozenset)) and all(isinstance(m, str) for m in value):
         return value
     raise _fail(where, name, "True/False, or the mesh axes the block is invariant over", value)
-
-
-def _padding_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    from .lowering.padding import Padding
-
-    if not isinstance(value, Padding):
-        raise _fail(where, name, "a Padding (from plan_padding)", value)
-    return value
-
-
-def _mesh_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    """None, a Mesh/AbstractMesh or a dict of axis sizes (checked), or a hypothesis strategy of meshes."""
-    if value is None or type(value).__name__.endswith("Strategy") or hasattr(value, "example"):
-        return value
-    from .core.mesh import as_mesh
-
-    mesh = as_mesh(value)
-    sizes = dict(mesh.shape)
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes.values()):
-        raise _fail(where, name, "a mesh whose axis sizes are integers >= 1", value)
-    return value
 
 
 def _layout_entries_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
@@ -450,13 +297,6 @@ def _spec_tree_rule(value: Any, where: str, name: str, arguments: dict[str, Any]
     return value
 
 
-def _budget_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    from .planner.inputs import parse_bytes
-
-    parse_bytes(value, name)
-    return value
-
-
 def _shape_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
     ok = isinstance(value, (tuple, list)) and all(
         isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in value
@@ -466,27 +306,8 @@ def _shape_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) ->
     return tuple(int(n) for n in value)
 
 
-def _rules_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    if value is None or isinstance(value, str):
-        return value
-    from .tree_rules import compile_rules
-
-    with naming(where, name):
-        compile_rules(value)
-    return value
-
-
 RULES: dict[str, Rule] = {
-    "lay": _layout_rule,
-    "src": _layout_rule,
-    "dst": _layout_rule,
-    "axes": _mesh_axes_rule,
-    "gone": _mesh_axes_rule,
-    "new": _mesh_axes_rule,
-    "order": _mesh_axes_rule,
-    "axis": _layout_axis_rule,
     "itemsize": _rule(check_int, minimum=1),
-    "profile": _profile_rule,
     "tensor": _rule(check_str, empty=True),
     "why": _rule(check_str, empty=True),
     "shortcuts": _rule(check_bool),
@@ -513,33 +334,22 @@ RULES: dict[str, Rule] = {
     "fn": _rule(check_callable),
     "make_model": _rule(check_callable),
     "initializer": _rule(check_callable),
-    "mesh": _mesh_rule,
     "layouts": _layout_entries_rule,
     "out_shardings": _spec_tree_rule,
-    "budget": _budget_rule,
     "shape": _shape_rule,
-    "rules": _rules_rule,
     "default": lambda value, where, name, arguments: check_optional_str(value, where, name),
     "axis_names": lambda value, where, name, arguments: check_str_or_strs(value, where, name),
     "shapes": _shapes_rule,
-    "step": _step_rule,
     "invariant": _invariant_rule,
-    "padding": _padding_rule,
     "subscripts": _rule(check_str),
     "out_axes": _axes_tuple_rule,
     "spec": _spec_rule,
 }
 
+
 # Rules some functions give a parameter name that means something else elsewhere.
 def RULES_FOR_INT(minimum: int | None = None, maximum: int | None = None) -> Rule:  # noqa: N802 - a rule maker
     return _rule(check_int, minimum=minimum, maximum=maximum)
-
-
-LAYOUTS = _layouts_rule
-DTYPE_NAME = _dtype_name_rule
-SAME_TENSOR = _same_tensor_rule
-REORDERED = _reordered_rule
-OPTIONAL_LAYOUT = _result_rule
 
 
 def checked(fn: Callable[..., Any], where: str, **rules: Rule) -> Callable[..., Any]:
@@ -563,6 +373,15 @@ def checked(fn: Callable[..., Any], where: str, **rules: Rule) -> Callable[..., 
         for name, rule in active.items():
             if name in arguments:
                 arguments[name] = rule(arguments[name], where, name, arguments)
-        return fn(*bound.args, **bound.kwargs)
+        try:
+            return fn(*bound.args, **bound.kwargs)
+        except NameError as err:  # JAX: "unbound axis name: r" outside a shard_map over that axis
+            axis = next((n for n, rule in active.items() if rule is _axis_name_rule), None)
+            if axis is None or "axis name" not in str(err):
+                raise
+            raise EinshardError(
+                f"{where}: {axis}={arguments.get(axis)!r} is not a mesh axis of a jax.shard_map this runs in "
+                f"(JAX: {err}); it runs inside jax.shard_map, over one of its mesh axes"
+            ) from None
 
     return run

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 
 from ._caches import register
+from ._checks import RULES, naming
 from .errors import EinshardError
 
 __all__ = ["Rules", "leaf_expressions", "compile_rules", "cache_clear", "UNMATCHED"]
@@ -54,7 +55,9 @@ _CACHE_MAX = 1024
 def compile_rules(rules: Mapping[str, Any]) -> list[tuple[str, re.Pattern[str], str | None]]:
     """The rules' patterns compiled, each rule checked: an EinshardError names a bad pattern or rule."""
     if not isinstance(rules, Mapping):
-        raise EinshardError(f"rules: path-pattern rules are a mapping {{pattern: expression}}, got {type(rules).__name__}")
+        raise EinshardError(
+            f"rules: path-pattern rules are a mapping {{pattern: expression}}, got {type(rules).__name__}"
+        )
     compiled = []
     for pattern, rule in rules.items():
         if not isinstance(pattern, str):
@@ -65,7 +68,9 @@ def compile_rules(rules: Mapping[str, Any]) -> list[tuple[str, re.Pattern[str], 
         try:
             compiled.append((pattern, re.compile(pattern), rule))
         except re.error as err:
-            raise EinshardError(f"rules: path pattern {pattern!r:.80} is not a valid regular expression: {err}") from None
+            raise EinshardError(
+                f"rules: path pattern {pattern!r:.80} is not a valid regular expression: {err}"
+            ) from None
         except (RecursionError, OverflowError, MemoryError):
             # Python's regex compiler recurses per nesting level and caps a pattern's code size.
             raise EinshardError(
@@ -136,3 +141,15 @@ def _match(tree: Any, rules: Mapping[str, Any], is_leaf: Any, unmatched: Any) ->
                 hint="Add a pattern for it, or a catch-all last rule such as '.*': '... -> ...'.",
             )
     return tuple(texts)
+
+
+def _rules_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """``rules=`` of a public wrapper: None, one expression, or path-pattern rules compiled now (errors name it)."""
+    if value is None or isinstance(value, str):
+        return value
+    with naming(where, name):
+        compile_rules(value)
+    return value
+
+
+RULES["rules"] = _rules_rule

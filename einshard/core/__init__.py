@@ -4,6 +4,7 @@ Both know only names and sizes (no devices), so plans for 2,048-device meshes re
 """
 
 from .. import _checks
+from . import argument_rules as _argument_rules  # noqa: F401 - registers the core's rules
 from .layout import Layout, MeshAxis
 from .mesh import resolve_mesh
 

@@ -3,14 +3,12 @@
 This layer moves data.  It follows the analyzer (einsum.py runs its plans); the analyzer never imports it.
 """
 
-# The public names of the kernels that run inside jax.shard_map check their arguments by name
-# (einshard._checks.RULES); einshard's own programs call the unchecked functions of their modules.
-import jax  # noqa: E402
-from jax.sharding import PartitionSpec  # noqa: E402
+import jax
+from jax.sharding import PartitionSpec
 
-from .. import _checks  # noqa: E402
-from .._checks import RULES as _RULES  # noqa: E402
-from .._checks import checked as _checked  # noqa: E402
+from .. import _checks
+from .._checks import RULES as _RULES
+from .._checks import checked as _checked
 from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatter, ring_shift
 from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .pipeline import PipelineEnd, PipelineInfo, circular_layer_order, pipeline, pipeline_info
@@ -19,6 +17,17 @@ from .shard_einsum import einsum_auto, einsum_layouts, einsum_shard_map
 from .steps import KINDS, STEP_KINDS, Step, apply_step, step_layout
 from .training import data_parallel, fsdp, fsdp_layouts, gather_params
 
+
+def _padding_rule(value: object, where: str, name: str, arguments: dict[str, object]) -> object:
+    if not isinstance(value, Padding):
+        return _checks.fail(where, name, "a Padding (from plan_padding)", value)
+    return value
+
+
+_RULES["padding"] = _padding_rule
+
+# The public names of the kernels that run inside jax.shard_map, and of the helpers, check their arguments by
+# name (einshard._checks.RULES); einshard's own programs call the unchecked functions of their modules.
 allgather_einsum = _checked(allgather_einsum, "einshard.lowering.allgather_einsum")
 einsum_reduce_scatter = _checked(einsum_reduce_scatter, "einshard.lowering.einsum_reduce_scatter")
 ring_shift = _checked(ring_shift, "einshard.lowering.ring_shift")
@@ -65,7 +74,9 @@ unpad_result = _checked(
     "einshard.lowering.unpad_result",
     y=lambda v, where, name, args: (
         v
-        if tuple(getattr(v, "shape", ())) == tuple(args["padding"].padded_output_shape)
+        # (a leading axis of per-device partial sums may come first: pending sums {U:...})
+        if tuple(getattr(v, "shape", ()))[-len(args["padding"].padded_output_shape) or len(getattr(v, "shape", ())) :]
+        == tuple(args["padding"].padded_output_shape)
         and _checks.check_dtype(getattr(v, "dtype", None), where, name, optional=False) is not None
         else _checks.fail(where, name, f"the padded result, of shape {args['padding'].padded_output_shape}", v)
     ),
