@@ -215,6 +215,11 @@ def _rule(check: Callable[..., Any], **options: Any) -> Rule:
     return lambda value, where, name, arguments: check(value, where, name, **options)
 
 
+def optional(rule: Rule) -> Rule:
+    """``rule``, with None also accepted."""
+    return _optional(rule)
+
+
 def _optional(rule: Rule) -> Rule:
     return lambda value, where, name, arguments: None if value is None else rule(value, where, name, arguments)
 

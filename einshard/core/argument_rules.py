@@ -62,7 +62,9 @@ def _layouts_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) 
     for lay in value:
         for a, s in zip(lay.axes, lay.shape):
             if sizes.setdefault(a, s) != s:
-                raise EinshardError(f"{where}: {name}= gives axis {a!r} the sizes {sizes[a]} and {s}")
+                raise EinshardError(
+                    f"{where}: {name}= gives axis {a!r} size {sizes[a]} in one layout and size {s} in another"
+                )
     out = arguments.get("out_axes")
     if isinstance(out, (tuple, list)):
         missing = [a for a in out if a not in sizes]

@@ -439,7 +439,7 @@ def _devices_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) 
 
 
 meshes = _checks.checked(meshes, "einshard.testing.meshes", devices=_devices_rule)
-expressions = _checks.checked(expressions, "einshard.testing.expressions")
+expressions = _checks.checked(expressions, "einshard.testing.expressions", axes=_checks.optional(_checks.RULES["axes"]))
 layouts = _checks.checked(layouts, "einshard.testing.layouts")
 # (an einsum of more than 52 axes has no letters left for jnp.einsum's subscripts)
 _AT_MOST_52 = _checks.RULES_FOR_INT(minimum=1, maximum=52)
