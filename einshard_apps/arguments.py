@@ -9,6 +9,7 @@ they are the library's own.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,24 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0 (a learning rate of NaN, inf, 0 or less trains nothing)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _name(text: str) -> str:
+    """An argparse type: a non-empty name (an empty --layout would silently mean the default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a name, got an empty string")
+    return text
 
 
 def _non_negative(text: str) -> int:
@@ -73,6 +92,7 @@ def demo(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("layout")
     g.add_argument(
         "--layout",
+        type=_name,
         default=None,
         help=f"a preset: {layouts}, or 'all' (the default, unless --rules is given)",
     )
@@ -98,7 +118,7 @@ def demo(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--width", type=_positive, default=64, help="model width d (default 64)")
     t.add_argument("--heads", type=_positive, default=8, help="attention heads h (default 8)")
     t.add_argument("--ffn", type=_positive, default=256, help="MLP hidden size f (default 256)")
-    t.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    t.add_argument("--lr", type=_positive_number, default=3e-3, help="AdamW learning rate (default 3e-3)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument(
         "--check",

@@ -56,7 +56,13 @@ def run(args: argparse.Namespace) -> int:
         )
     sh = einshard.sharding(args.expression, shape, mesh=mesh)
     abstract = jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
-    einshard.show(abstract, args.dims, names=args.expression)
+    try:
+        einshard.show(abstract, args.dims, names=args.expression)
+    except EinshardError as err:
+        if args.dims is None:
+            raise
+        # (show()'s own errors here are about the dimensions asked for: name the flag, not dims=)
+        raise EinshardError(f"--dims {args.dims}: {err.reason.removeprefix('show(): ')}", hint=err.hint) from None
     return 0
 
 

@@ -1088,3 +1088,143 @@ def test_the_valid_call_is_valid(qualname: str) -> None:
     entry = _entry(qualname)
     assert isinstance(entry, Entry)
     _run(qualname, entry.base())
+
+
+# ---------------------------------------------------------------------------
+# The command line: every value option of every command, enumerated from its argparse parser.
+
+CLI_BASE: dict[str, list[str]] = {
+    "analyze": ["analyze", "b x@data, x y -> b? y?", "--mesh", "data=4", "--sizes", "b=8,x=4,y=6"],
+    "show": ["show", "b d -> b@data d", "--shape", "8,4", "--mesh", "data=4"],
+    "plan": ["plan", "--width", "8", "--batch", "16"],
+    # (the demo trains: its bad values must be refused before any training, so no valid run is needed here)
+    "demo": ["demo", "--steps", "0", "--layout", "dp"],
+}
+
+_BAD_SIZE_LISTS = ["data=0", "data=-2", "data", "=4", "data=nan", "data=4,data=2", "data=" + "9" * 5000, "data=²"]
+_BAD_POSITIVE = ["0", "-1", "1.5", "nan", "", "9" * 5000]
+_BAD_NON_NEGATIVE = ["-1", "1.5", "nan", "", "9" * 5000]
+
+CLI_TABLE: dict[str, dict[str, list[str] | str]] = {
+    "analyze": {
+        "--mesh": _BAD_SIZE_LISTS,
+        "--sizes": ["b,x=4,y=6", "b=8,b=4,x=4,y=6", "b=nan,x=4,y=6", "b=" + "9" * 5000 + ",x=4,y=6"],
+        "--dtype": ["bogus", "U3", "", "object"],
+        "--profile": ["h999", ""],
+        "--alternatives": _BAD_NON_NEGATIVE,
+    },
+    "show": {
+        "--shape": ["8,-4", "8,4.5", "", "8,nan", "8," + "9" * 5000, "8,²"],
+        "--mesh": _BAD_SIZE_LISTS,
+        "--dims": ["z", "9", "b,b"],
+        "--dtype": ["bogus", "U3", "object"],
+        "--devices": [*_BAD_POSITIVE, "100000"],
+    },
+    "plan": {
+        "--model": ["gpt", ""],
+        "--mesh": _BAD_SIZE_LISTS,
+        "--budget": ["nan", "inf", "-1", "0", "lots", "1.2.3GB"],
+        "--profile": ["h999", ""],
+        "--objective": ["speed", ""],
+        "--batch": _BAD_POSITIVE,
+        "--width": _BAD_POSITIVE,
+        "--rules-out": "any path: written after planning (an unwritable one is the OS's error, reported as such)",
+    },
+    "demo": {
+        "--layout": ["bogus", ""],
+        "--rules": "a file, read and checked by the demo's preflight (tests/test_cli_dead_ends.py)",
+        "--mesh": _BAD_SIZE_LISTS,
+        "--devices": _BAD_POSITIVE,
+        "--processes": _BAD_POSITIVE,
+        "--data": "a text file, read and checked by the demo's preflight (tests/test_cli_dead_ends.py)",
+        "--steps": _BAD_NON_NEGATIVE,
+        "--batch": _BAD_POSITIVE,
+        "--seq": _BAD_POSITIVE,
+        "--layers": _BAD_POSITIVE,
+        "--width": _BAD_POSITIVE,
+        "--heads": _BAD_POSITIVE,
+        "--ffn": _BAD_POSITIVE,
+        "--lr": ["nan", "inf", "-1", "0", "x"],
+        "--seed": ["1.5", "x", ""],
+        "--ring": ["both", ""],
+        "--microbatches": _BAD_POSITIVE,
+        "--schedule": ["zigzag", ""],
+        "--checkpoint": "a directory, written at the end (tests/test_checkpoint.py)",
+        "--resume": "a checkpoint directory, read and checked by the demo (tests/test_checkpoint.py)",
+        "--plot": "a path, written at the end",
+        "--process-id": "internal: set by --processes for its workers",
+        "--coordinator": "internal: set by --processes for its workers",
+    },
+}
+
+
+def _cli_options(command: str) -> list[str]:
+    """The value options (not flags) of one command, from its argparse parser."""
+    import argparse
+
+    from einshard_apps import arguments
+
+    parser = argparse.ArgumentParser()
+    getattr(arguments, command)(parser)
+    return [
+        a.option_strings[-1]
+        for a in parser._actions
+        if a.option_strings
+        and a.nargs != 0
+        and not isinstance(a, argparse._HelpAction)
+        and not isinstance(a, argparse.BooleanOptionalAction)
+    ]
+
+
+def test_every_cli_option_has_an_entry() -> None:
+    from einshard_apps.cli import COMMANDS
+
+    missing = [f"{c} {o}" for c in COMMANDS for o in _cli_options(c) if o not in CLI_TABLE.get(c, {})]
+    assert not missing, "command-line options without bad values in CLI_TABLE: " + ", ".join(missing)
+
+
+def _cli_cases() -> list[tuple[str, str, str]]:
+    return [
+        (command, option, value)
+        for command, options in CLI_TABLE.items()
+        for option, values in options.items()
+        if not isinstance(values, str)
+        for value in values
+    ]
+
+
+def _run_cli(argv: list[str]) -> tuple[int, str]:
+    from einshard_apps import cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exit_:  # argparse's own errors exit 2
+            code = int(exit_.code or 0)
+    return code, err.getvalue()
+
+
+def _with_option(base: list[str], option: str, value: str) -> list[str]:
+    argv = list(base)
+    if option in argv:  # replace the base's own value (a value option may be given once)
+        argv[argv.index(option) + 1] = value
+    else:
+        argv += [option, value]
+    return argv
+
+
+CLI_CASES = _cli_cases()
+
+
+@pytest.mark.parametrize(("command", "option", "value"), CLI_CASES)
+def test_a_bad_cli_value_is_an_error_naming_the_option(command: str, option: str, value: str) -> None:
+    code, err = _run_cli(_with_option(CLI_BASE[command], option, value))
+    assert code == 2, f"einshard {command} {option} {value[:40]!r}: exit {code}\n{err[-800:]}"
+    assert option in err or option.lstrip("-") in err, f"{option} not named:\n{err[-800:]}"
+
+
+@pytest.mark.parametrize("command", [c for c in CLI_BASE if c != "demo"])
+def test_the_cli_base_lines_run(command: str) -> None:
+    code, err = _run_cli(CLI_BASE[command])
+    assert code == 0, err[-2000:]
