@@ -73,7 +73,9 @@ class PipelineSearch:
             )
         where = "PipelineSearch"
         if not isinstance(self.schedules, (tuple, list)) or not self.schedules:
-            raise EinshardError(f"{where}: schedules= takes a tuple of schedule names, got {describe_value(self.schedules)}")
+            raise EinshardError(
+                f"{where}: schedules= takes a tuple of schedule names, got {describe_value(self.schedules)}"
+            )
         bad = [s for s in self.schedules if not isinstance(s, str) or s not in SCHEDULES]
         if bad:
             raise EinshardError(f"{where}: schedules= names an unknown schedule {bad[0]!r}; choose from {SCHEDULES}")

@@ -421,7 +421,9 @@ def _expected_rule(value: Any, where: str, name: str, arguments: dict[str, Any])
         pairs = [(k, 1) for k in value]
     for kind, count in pairs:
         if kind not in KINDS:
-            raise EinshardError(f"{where}: {name}= names {kind!r}, not one of the collective kinds ({', '.join(KINDS)})")
+            raise EinshardError(
+                f"{where}: {name}= names {kind!r}, not one of the collective kinds ({', '.join(KINDS)})"
+            )
         _checks.check_int(count, where, name, minimum=0)
     return value
 
