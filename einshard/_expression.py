@@ -155,6 +155,8 @@ class Expression:
 def is_count_item(item: Item) -> bool:
     if isinstance(item, ReplicaItem):
         return True
+    if not isinstance(item, (AxisItem, EllipsisItem)):
+        raise EinshardError(f"is_count_item: item= takes an item of a parsed expression, got {type(item).__name__}")
     return isinstance(item, AxisItem) and (item.count is not None or item.star)
 
 
@@ -163,4 +165,6 @@ _PLAIN_NAME = re.compile(r"[^\W\d]+")
 
 def format_name(name: str) -> str:
     """Write an axis name as the grammar reads it: bare if it is letters and '_', else in braces."""
+    if name.__class__ is not str or not name:
+        raise EinshardError(f"format_name: name= takes a non-empty axis name (a string), got {name!r:.60}")
     return name if _PLAIN_NAME.fullmatch(name) else "{" + name + "}"

@@ -110,6 +110,9 @@ def _syntax_error(text: str, offset: int, err: lark.exceptions.UnexpectedInput) 
     return EinshardError(reason, text, column, hint)
 
 
+_MAX_COUNT_DIGITS = 18
+
+
 class _Build(lark.Transformer):  # type: ignore[type-arg]
     """Parse tree -> parsed objects, with 0-based columns in the original text."""
 
@@ -133,7 +136,15 @@ class _Build(lark.Transformer):  # type: ignore[type-arg]
 
     # Pieces of an item come back tagged, so `axis` can tell them apart.
     def count(self, children: list[lark.Token]) -> tuple[str, int, int]:
-        return "count", int(children[0]), self._col(children[0])
+        digits = str(children[0])
+        if len(digits.lstrip("0")) > _MAX_COUNT_DIGITS:
+            # Python refuses int() of over 4,300 digits; no mesh has even 10**18 devices.
+            raise _Pending(
+                self._col(children[0]),
+                f"a count of {len(digits)} digits is more devices than any mesh has "
+                f"(counts have at most {_MAX_COUNT_DIGITS} digits)",
+            )
+        return "count", int(digits), self._col(children[0])
 
     def mesh_axes(self, children: list[lark.Token]) -> tuple[str, tuple[str, ...]]:
         return "mesh", tuple(str(c) for c in children)

@@ -37,18 +37,23 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from ._checks import describe_value
 from .errors import EinshardError
 
 __all__ = ["show", "render"]
 
 _MAX_ROWS = 32
+_MAX_COLS = 16
 _MAX_GRIDS = 8
+_MAX_IDS = 8  # runs of device ids listed in one cell
 
 
 def show(
     x: Any, dims: Sequence[str | int] | str | None = None, *, names: str | None = None, file: TextIO | None = None
 ) -> None:
     """Print ``x``'s layout: see :func:`render`."""
+    if file is not None and not callable(getattr(file, "write", None)):
+        raise EinshardError(f"show(): file= takes a text stream (anything with .write), got {describe_value(file)}")
     print(render(x, dims, names=names), file=file or sys.stdout)
 
 
@@ -63,10 +68,11 @@ def render(x: Any, dims: Sequence[str | int] | str | None = None, *, names: str 
         names: the axis names, ``'b s d'``, or an expression whose left side names them
             (``'b s d -> b@data s d'``); default ``a b c ...``.
     """
-    shape = tuple(int(s) for s in np.shape(x)) if not hasattr(x, "shape") else tuple(int(s) for s in x.shape)
+    _check_dims_and_names(dims, names)
     sharding = getattr(x, "sharding", None)
-    if sharding is None:
-        raise EinshardError(f"show() needs an array with a sharding (a jax.Array), got {type(x).__name__}")
+    if sharding is None or not hasattr(sharding, "devices_indices_map"):
+        raise EinshardError(f"show() needs an array with a sharding (a jax.Array), got {describe_value(x)}")
+    shape = tuple(int(s) for s in x.shape)
     axis_names = _axis_names(names, len(shape))
     index_map = sharding.devices_indices_map(shape)
     devices = sorted(index_map, key=lambda d: d.id)
@@ -99,11 +105,12 @@ def render(x: Any, dims: Sequence[str | int] | str | None = None, *, names: str 
     if placed:
         lines.append("   ".join(placed))
 
-    combos = list(itertools.product(*[intervals[i] for i in hidden]))
+    n_combos = math.prod(len(intervals[i]) for i in hidden)
+    combos = itertools.product(*[intervals[i] for i in hidden])
     for n_grid, combo in enumerate(combos):
         if n_grid == _MAX_GRIDS:
             lines.append(
-                f"\n… {len(combos) - _MAX_GRIDS} more grids, one per block of {', '.join(axis_names[i] for i in hidden)}"
+                f"\n… {n_combos - _MAX_GRIDS} more grids, one per block of {', '.join(axis_names[i] for i in hidden)}"
             )
             break
         lines.append("")
@@ -118,6 +125,20 @@ def render(x: Any, dims: Sequence[str | int] | str | None = None, *, names: str 
 
 # ---------------------------------------------------------------------------
 # Pieces
+
+
+def _check_dims_and_names(dims: Any, names: Any) -> None:
+    if names is not None and not isinstance(names, str):
+        raise EinshardError(f"show(): names= takes axis names as one string ('b s d'), got {describe_value(names)}")
+    if dims is None or isinstance(dims, str):
+        return
+    if not isinstance(dims, (tuple, list)) or not all(
+        isinstance(d, (str, int, np.integer)) and not isinstance(d, bool) for d in dims
+    ):
+        raise EinshardError(
+            f"show(): dims= takes one or two dimensions as names or indices ('b,d', ('b', 'd'), (0, 2)), "
+            f"got {describe_value(dims)}"
+        )
 
 
 def _axis_names(names: str | None, rank: int) -> list[str]:
@@ -222,15 +243,20 @@ def _mesh_line(sharding: Any, n_devices: int) -> str:
     return f"mesh: {axes} ({n_devices} devices){kind}"
 
 
-def _device_list(ids: list[int]) -> str:
-    """Device ids, runs of three or more shortened: ``[0, 1, 2, 3, 6, 7]`` -> ``'0-3 6 7'``."""
+def _device_list(ids: list[int], limit: int | None = None) -> str:
+    """Device ids, runs of three or more shortened: ``[0, 1, 2, 3, 6, 7]`` -> ``'0-3 6 7'``; past ``limit``
+    pieces, a count of the rest."""
     runs: list[list[int]] = []
     for i in sorted(ids):
         if runs and i == runs[-1][-1] + 1:
             runs[-1].append(i)
         else:
             runs.append([i])
-    return " ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else " ".join(map(str, r)) for r in runs)
+    pieces = [f"{r[0]}-{r[-1]}" if len(r) > 2 else " ".join(map(str, r)) for r in runs]
+    if limit is not None and len(pieces) > limit:
+        rest = sum(len(r) for r in runs[limit:])
+        pieces = pieces[:limit] + [f"… +{rest}"]
+    return " ".join(pieces)
 
 
 def _grid(
@@ -242,16 +268,16 @@ def _grid(
     names: list[str],
 ) -> list[str]:
     row_ivs: list[tuple[int, int] | None] = list(intervals[rows_dim]) if rows_dim is not None else [None]
-    col_ivs: list[tuple[int, int] | None] = list(intervals[cols_dim]) if cols_dim is not None else [None]
-    cells = {}
-    for r in row_ivs:
-        for c in col_ivs:
-            ids = [
-                d.id
-                for d in devices
-                if (r is None or blocks[d][rows_dim] == r) and (c is None or blocks[d][cols_dim] == c)  # type: ignore[index]
-            ]
-            cells[(r, c)] = _device_list(ids) or "-"
+    all_cols: list[tuple[int, int] | None] = list(intervals[cols_dim]) if cols_dim is not None else [None]
+    # Wide grids keep their first and last columns: the text stays bounded however many devices there are.
+    col_ivs = all_cols if len(all_cols) <= _MAX_COLS else all_cols[: _MAX_COLS - 2] + all_cols[-2:]
+    # One pass over the devices (a cell per device's block), not one per cell: 100,000 devices draw in seconds.
+    held: dict[tuple[Any, Any], list[int]] = {}
+    for d in devices:
+        r = blocks[d][rows_dim] if rows_dim is not None else None
+        c = blocks[d][cols_dim] if cols_dim is not None else None
+        held.setdefault((r, c), []).append(d.id)
+    cells = {(r, c): _device_list(held.get((r, c), []), _MAX_IDS) or "-" for r in row_ivs for c in col_ivs}
     row_labels = ["" if r is None else f"{names[rows_dim]} {r[0]}:{r[1]}" for r in row_ivs]  # type: ignore[index]
     col_labels = ["devices" if c is None else f"{names[cols_dim]} {c[0]}:{c[1]}" for c in col_ivs]  # type: ignore[index]
     w_row = max(len(x) for x in row_labels) + 2
@@ -267,6 +293,10 @@ def _grid(
             continue
         line = f" {row_labels[i]:<{w_row - 1}}│" + "│".join(f" {cells[(r, c)]:<{w}} " for c, w in zip(col_ivs, widths))
         out.append(line.rstrip())
+    if len(col_ivs) < len(all_cols):
+        out.append(
+            f"(columns {_MAX_COLS - 2} to {len(all_cols) - 3} of {len(all_cols)} not drawn; pass dims= to pick others)"
+        )
     return out
 
 
@@ -286,7 +316,7 @@ def _copies(devices: list[Any], blocks: dict[Any, tuple[tuple[int, int], ...]], 
         if rep:
             over = " over " + " x ".join(rep)
     listed = sorted(groups.values(), key=min)
-    shown = " ".join("{" + _device_list(g) + "}" for g in listed[:16])
+    shown = " ".join("{" + _device_list(g, _MAX_IDS) + "}" for g in listed[:16])
     more = f" … {len(listed) - 16} more" if len(listed) > 16 else ""
     return f"copies: each block is on {copies} devices{over}; replication groups: {shown}{more}"
 

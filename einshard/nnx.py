@@ -44,6 +44,7 @@ from typing import Any
 
 import jax
 
+from . import _checks
 from .core.logical import AxisRulesLike, takes_axis_rules
 from .errors import EinshardError
 from .placement import sharding
@@ -183,3 +184,31 @@ def init_sharded(
     """Create ``make_model()`` directly sharded: each device only ever holds its blocks of the parameters."""
     create, graphdef = init_function(make_model, mesh=mesh, rules=rules, default=default)
     return nnx.merge(graphdef, create())
+
+
+# The public names check their arguments by name (einshard._checks.RULES); a mesh is required here.
+def _concrete_mesh(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    if not isinstance(value, jax.sharding.Mesh):
+        return _checks.fail(where, name, "a jax.sharding.Mesh", value)
+    from .core.mesh import as_mesh
+
+    return as_mesh(value)
+
+
+def _expression_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    from .parsing import parse_placement
+
+    _checks.check_str(value, where, name)
+    parse_placement(value)
+    return value
+
+
+def _variable_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    return value if _is_variable(value) else _checks.fail(where, name, "an nnx.Variable", value)
+
+
+with_layout = _checks.checked(with_layout, "einshard.nnx.with_layout", expr=_expression_rule)
+layout_of = _checks.checked(layout_of, "einshard.nnx.layout_of", variable=_variable_rule)
+state_shardings = _checks.checked(state_shardings, "einshard.nnx.state_shardings", mesh=_concrete_mesh)
+init_function = _checks.checked(init_function, "einshard.nnx.init_function", mesh=_concrete_mesh)
+init_sharded = _checks.checked(init_sharded, "einshard.nnx.init_sharded", mesh=_concrete_mesh)

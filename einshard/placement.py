@@ -18,6 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ._checks import check_bool, describe_value
 from ._placement.describe import describe
 from ._placement.meshes import (
     _check_mesh,
@@ -143,14 +144,13 @@ def _spec(text: str, shape: tuple[int, ...] | None, mesh: MeshLike | None) -> Pa
 
 def _check_shape(shape: Any, text: str) -> tuple[int, ...]:
     """A shape as a tuple of non-negative ints, or an EinshardError saying what is wrong with it."""
-    try:
-        sizes = tuple(int(s) for s in shape)
-        exact = all(int(s) == s for s in shape)
-    except (TypeError, ValueError):
-        sizes, exact = (), False
-    if not exact or any(s < 0 for s in sizes):
-        raise EinshardError(f"a shape is a tuple of non-negative integers, got {shape!r}", text)
-    return sizes
+    # Integers only (Python or numpy; 8.0 is refused as jnp.zeros refuses it): a str or a float would be
+    # read digit by digit or rounded, giving a layout for an array that does not exist.
+    if isinstance(shape, (tuple, list)) and all(
+        isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in shape
+    ):
+        return tuple(int(s) for s in shape)
+    raise EinshardError(f"shape= takes a tuple of non-negative integers, got {describe_value(shape)}", text)
 
 
 def _check_text(expr: Any) -> str:
@@ -169,7 +169,13 @@ def _is_array(x: Any) -> bool:
 
 def _as_array(leaf: Any) -> np.ndarray:
     """A non-array pytree leaf (a Python number, a list) as a numpy array; anything else is an error."""
-    arr = np.asarray(leaf)
+    if isinstance(leaf, np.ndarray):
+        _check_host_dtype(leaf)
+        return leaf
+    try:
+        arr = np.asarray(leaf)
+    except (TypeError, ValueError):  # ragged lists, objects numpy cannot convert
+        arr = np.empty((), dtype=object)
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         raise EinshardError(f"a leaf to place must be an array or a number, got {type(leaf).__name__}: {leaf!r:.60}")
     return arr
@@ -223,7 +229,21 @@ def einshard(
     return _place_tree(x, expr, mesh, process_local)
 
 
+def _check_host_dtype(x: Any) -> None:
+    """A numpy array JAX can hold: strings, bytes, objects and structured records it cannot (raw TypeErrors)."""
+    dt = x.dtype
+    if dt.kind in "OUS" or (dt.kind == "V" and (dt.names is not None or dt.name.startswith("void"))):
+        raise EinshardError(
+            f"einshard: x= is a numpy array of {dt} ({dt.kind!r} kind), which JAX cannot place on devices; "
+            "arrays to place hold numbers or bools"
+        )
+
+
 def _place_one(x: Any, text: str, mesh: Any, process_local: bool) -> Any:
+    if process_local.__class__ is not bool:
+        check_bool(process_local, "einshard", "process_local")
+    if x.__class__ is np.ndarray or isinstance(x, np.generic):
+        _check_host_dtype(x)
     if isinstance(x, jax.core.Tracer):
         if process_local:
             raise parse_placement(text).fail(
@@ -260,6 +280,7 @@ def _put(x: Any, sh: NamedSharding) -> Any:
 
 
 def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
+    check_bool(process_local, "einshard", "process_local")
     leaves, treedef = jax.tree_util.tree_flatten(x)
     texts = leaf_expressions(x, rules)
     mesh = _check_mesh(mesh)
@@ -272,7 +293,7 @@ def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
         if text is None:
             continue
         try:
-            if not _is_array(leaf):
+            if not isinstance(leaf, jax.Array):  # host values: numbers, lists, numpy arrays (checked dtypes)
                 leaf = _as_array(leaf)
                 out[i] = leaf
             if isinstance(leaf, jax.core.Tracer) or process_local or in_trace:

@@ -51,6 +51,7 @@ import jax
 import numpy as np
 
 from ._caches import register
+from ._checks import RULES, naming
 from .errors import EinshardError, EinshardWarning
 
 __all__ = [
@@ -193,15 +194,32 @@ _CACHE_MAX = 1024
 
 def compile_rules(rules: Mapping[str, Any]) -> list[tuple[str, re.Pattern[str], str | None]]:
     """The rules' patterns compiled, each rule checked: an EinshardError names a bad pattern or rule."""
+    if not isinstance(rules, Mapping):
+        raise EinshardError(
+            f"rules: path-pattern rules are a mapping {{pattern: expression}}, got {type(rules).__name__}"
+        )
     compiled = []
     for pattern, rule in rules.items():
+        if not isinstance(pattern, str):
+            # bytes patterns cannot search the str paths keystr gives; other keys are no patterns at all
+            raise EinshardError(
+                f"rules: a path pattern is a string (a regular expression), got {type(pattern).__name__}: {pattern!r:.60}"
+            )
         try:
             compiled.append((pattern, re.compile(pattern), rule))
-        except (re.error, TypeError) as err:
-            raise EinshardError(f"path pattern {pattern!r} is not a valid regular expression: {err}") from None
+        except re.error as err:
+            raise EinshardError(
+                f"rules: path pattern {pattern!r:.80} is not a valid regular expression: {err}"
+            ) from None
+        except (RecursionError, OverflowError, MemoryError):
+            # Python's regex compiler recurses per nesting level and caps a pattern's code size.
+            raise EinshardError(
+                f"rules: path pattern {pattern!r:.80} ({len(pattern)} characters) is too deeply nested or too large "
+                "for Python's regular expression compiler"
+            ) from None
         if rule is not None and not isinstance(rule, str):
             raise EinshardError(
-                f"the rule for path pattern {pattern!r} is a {type(rule).__name__}: {rule!r}; "
+                f"rules: the rule for path pattern {pattern!r} is a {type(rule).__name__}: {rule!r}; "
                 "a rule is an expression string, or None to leave the leaf as it is"
             )
     return compiled
@@ -345,3 +363,15 @@ def warn_replicated(leaves: Sequence[tuple[Any, Any]], texts: Sequence[Any], *, 
             EinshardWarning,
             stacklevel=5,
         )
+
+
+def _rules_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    """``rules=`` of a public wrapper: None, one expression, or path-pattern rules compiled now (errors name it)."""
+    if value is None or isinstance(value, str):
+        return value
+    with naming(where, name):
+        compile_rules(value)
+    return value
+
+
+RULES["rules"] = _rules_rule

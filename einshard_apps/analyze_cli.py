@@ -26,8 +26,12 @@ def parse_pairs(text: str, what: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, eq, value = part.partition("=")
-        if not eq or not name.strip() or not value.strip().isdigit():
+        value = value.strip()
+        # isdigit() alone accepts '²' and thousands of digits: sizes are ASCII, at most 18 digits (< 10**18).
+        if not eq or not name.strip() or not (value.isascii() and value.isdigit() and len(value) <= 18):
             raise EinshardError(f"--{what}: expected name=size pairs separated by commas, got {part!r} in {text!r}")
+        if name.strip() in out:
+            raise EinshardError(f"--{what} gives {name.strip()!r} twice: {text!r}")
         out[name.strip()] = int(value)
     return out
 

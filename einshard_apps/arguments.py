@@ -9,6 +9,9 @@ they are the library's own.
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["demo", "analyze", "show", "plan", "audit", "check_explicit", "PRESET_NAMES", "PROFILE_NAMES", "DEMO_STEPS"]
 
@@ -28,6 +31,24 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0 (a learning rate of NaN, inf, 0 or less trains nothing)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _name(text: str) -> str:
+    """An argparse type: a non-empty name (an empty --layout would silently mean the default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a name, got an empty string")
+    return text
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -38,11 +59,40 @@ def _non_negative(text: str) -> int:
     return value
 
 
+class _Once(argparse._StoreAction):
+    """A value option given twice is an error: argparse would keep the last silently (``--mesh a=2 --mesh b=2``)."""
+
+    # The namespaces this option was stored into (kept here, not in the namespace: the demo's launcher
+    # passes every namespace attribute on to its workers).  A parser is built per command line.
+    parsed_into: list[argparse.Namespace]
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        seen = self.__dict__.setdefault("parsed_into", [])
+        if any(ns is namespace for ns in seen):
+            parser.error(f"argument {'/'.join(self.option_strings)}: given twice (give it once)")
+        seen.append(namespace)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def refuse_repeats(parser: argparse.ArgumentParser) -> None:
+    """Every value option of ``parser`` (``--mesh X``, not flags such as ``--json``) may be given once."""
+    for action in parser._actions:
+        if type(action) is argparse._StoreAction and action.option_strings:
+            action.__class__ = _Once
+
+
 def demo(parser: argparse.ArgumentParser) -> None:
     layouts = ", ".join(PRESET_NAMES)
     g = parser.add_argument_group("layout")
     g.add_argument(
         "--layout",
+        type=_name,
         default=None,
         help=f"a preset: {layouts}, or 'all' (the default, unless --rules is given)",
     )
@@ -68,7 +118,7 @@ def demo(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--width", type=_positive, default=64, help="model width d (default 64)")
     t.add_argument("--heads", type=_positive, default=8, help="attention heads h (default 8)")
     t.add_argument("--ffn", type=_positive, default=256, help="MLP hidden size f (default 256)")
-    t.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    t.add_argument("--lr", type=_positive_number, default=3e-3, help="AdamW learning rate (default 3e-3)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument(
         "--check",
@@ -112,6 +162,7 @@ def demo(parser: argparse.ArgumentParser) -> None:
     # Set by --processes for the workers it starts.
     parser.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--coordinator", default=None, help=argparse.SUPPRESS)
+    refuse_repeats(parser)
 
 
 def analyze(parser: argparse.ArgumentParser) -> None:
@@ -129,6 +180,7 @@ def analyze(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     parser.add_argument("--plain", action="store_true", help="plain text even if rich is installed")
+    refuse_repeats(parser)
 
 
 def show(parser: argparse.ArgumentParser) -> None:
@@ -140,6 +192,7 @@ def show(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--devices", type=_positive, default=None, help="simulated CPU devices (default: the mesh's size, else 8)"
     )
+    refuse_repeats(parser)
 
 
 def plan(parser: argparse.ArgumentParser) -> None:
@@ -174,6 +227,7 @@ def plan(parser: argparse.ArgumentParser) -> None:
         "--width", type=_positive, default=1024, help="the demo's x width; y = 2x, z = x/2 (default 1024)"
     )
     parser.add_argument("--rules-out", default=None, help="write the parameter rules as JSON here")
+    refuse_repeats(parser)
 
 
 def check_explicit(parser: argparse.ArgumentParser) -> None:
@@ -199,6 +253,11 @@ def check_explicit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exit-zero", action="store_true", help="exit 0 even when JAX rejects an op (a report-only CI step)"
     )
+    refuse_repeats(parser)
 
 
-from .audit_cli import arguments as audit  # noqa: E402  (the verb's arguments live beside its run())
+def audit(parser: argparse.ArgumentParser) -> None:
+    from .audit_cli import arguments  # the verb's arguments live beside its run()
+
+    arguments(parser)
+    refuse_repeats(parser)

@@ -25,11 +25,12 @@ def run(args: argparse.Namespace) -> int:
     import jax
     import jax.numpy as jnp
 
-    from einshard.planner import plan
+    from einshard.planner import parse_bytes, plan
 
     from .presets import parse_mesh
 
     mesh = parse_mesh(args.mesh)
+    parse_bytes(args.budget, "--budget")  # the flag's error, before any tracing
     _simulate_devices(mesh)
     if args.model == "transformer":
         from .models import transformer as tm

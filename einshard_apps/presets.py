@@ -266,7 +266,7 @@ def parse_mesh(text: str) -> dict[str, int]:
     for part in text.split(","):
         name, _, size = part.partition("=")
         name, size = name.strip(), size.strip()
-        if not name.isidentifier() or not size.isdigit() or int(size) < 1:
+        if not name.isidentifier() or not (size.isascii() and size.isdigit() and len(size) <= 18) or int(size) < 1:
             raise EinshardError(f"--mesh takes name=size pairs like data=4,model=2; got {text!r}")
         if name in out:
             raise EinshardError(f"--mesh names the axis {name!r} twice: {text!r}")

@@ -10,7 +10,7 @@ LIBRARY = ROOT / "einshard"
 
 # A module may import only from its own layer or the layers before it in this order.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors",),
+    ("errors", "_checks"),  # the error type; the value checks of every public boundary (each layer adds its rules)
     ("_caches",),
     ("_compat",),
     ("_expression", "_grammar", "parsing"),  # syntax: the parsed objects, the Lark parser, the entry points

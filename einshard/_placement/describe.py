@@ -8,6 +8,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from .._checks import describe_value
 from ..core.mesh import auto_axes, is_tracer
 from ..errors import EinshardError
 from ..parsing import Expression, format_name, parse_placement
@@ -31,6 +32,12 @@ def describe(x: Any, names: str | None = None) -> str:
         >>> einshard.describe(einshard(np.zeros((8, 4)), 'a b -> a* b'))  # doctest: +SKIP
         'a b -> a8 b'
     """
+    if names is not None and not isinstance(names, str):
+        raise EinshardError(f"describe(): names= takes axis names as one string ('b s d'), got {describe_value(names)}")
+    if not hasattr(x, "shape"):
+        raise EinshardError(
+            f"describe(): x= takes an array (anything with .shape and .sharding), got {describe_value(x)}"
+        )
     shape = tuple(np.shape(x))
     axis_names = _default_names(len(shape)) if names is None else names.split()
     if len(axis_names) != len(shape):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -33,14 +34,24 @@ def anonymous_mesh(shape: tuple[int, ...]) -> Mesh:
         True
     """
     devices = tuple(jax.devices())
-    key = (devices, tuple(shape))
+    key = (devices, tuple(shape) if isinstance(shape, tuple) else None)
     mesh = _ANONYMOUS.get(key)
     if mesh is None:
+        _check_grid(shape, len(devices))
         names = tuple(f"a{i}" for i in range(len(shape)))
         # create_device_mesh is what einshard 0.2 uses: same device order, same shards.
         grid = mesh_utils.create_device_mesh(tuple(shape), devices=list(devices))
         mesh = _ANONYMOUS[key] = Mesh(grid, names, axis_types=(AxisType.Auto,) * len(shape))
     return mesh
+
+
+def _check_grid(shape: Any, n_devices: int) -> None:
+    ok = isinstance(shape, tuple) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape)
+    if not ok or math.prod(shape) != n_devices:
+        raise EinshardError(
+            f"anonymous_mesh: shape= takes a tuple of positive integers whose product is the {n_devices} devices, "
+            f"got {shape!r:.60}"
+        )
 
 
 def is_anonymous(mesh: Any) -> bool:

@@ -9,6 +9,13 @@ parts and candidates, pruned and ranked) → ``strategy`` (names) → ``plan`` /
 ``api`` (``analyze``).
 """
 
+# The public names of the primitives check their arguments (einshard._checks.RULES, by parameter name); the
+# analyzer's own calls use the unchecked functions of .primitives.
+from .. import _checks  # noqa: E402
+from .._checks import RULES as _RULES  # noqa: E402
+from .._checks import checked as _checked  # noqa: E402
+from ..core import argument_rules as _core_rules  # noqa: E402
+from . import argument_rules as _analysis_rules  # noqa: E402
 from .api import analyze, analyze_layouts, dtype_info, plan_einsum, spec_partitions
 from .cost import KINDS, PROFILES, Collective, Profile, get_profile
 from .plan import EinsumPlan
@@ -23,6 +30,30 @@ from .primitives import (
     transition,
 )
 from .rule import Problem, classify
+
+all_gather = _checked(all_gather, "einshard.analysis.all_gather")
+all_reduce = _checked(all_reduce, "einshard.analysis.all_reduce")
+all_to_all = _checked(all_to_all, "einshard.analysis.all_to_all", src=_RULES["axis"], dst=_RULES["axis"])
+collective_permute = _checked(collective_permute, "einshard.analysis.collective_permute", dims=_core_rules.REORDERED)
+dynamic_slice = _checked(dynamic_slice, "einshard.analysis.dynamic_slice")
+reduce_scatter = _checked(reduce_scatter, "einshard.analysis.reduce_scatter")
+regroup = _checked(regroup, "einshard.analysis.regroup")
+transition = _checked(transition, "einshard.analysis.transition", dst=_core_rules.SAME_TENSOR)
+classify = _checked(classify, "einshard.analysis.classify")
+plan_einsum = _checked(
+    plan_einsum,
+    "einshard.analysis.plan_einsum",
+    operands=_core_rules.LAYOUTS,
+    out=_core_rules.OPTIONAL_LAYOUT,
+    dtype=_analysis_rules.DTYPE_NAME,
+)
+analyze_layouts = _checked(
+    analyze_layouts,
+    "einshard.analysis.analyze_layouts",
+    problem=lambda v, where, name, args: v if isinstance(v, Problem) else _checks.fail(where, name, "a Problem", v),
+    dtype=_analysis_rules.DTYPE_NAME,
+)
+spec_partitions = _checked(spec_partitions, "einshard.analysis.spec_partitions")
 
 __all__ = [
     "KINDS",

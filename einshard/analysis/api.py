@@ -22,7 +22,10 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from .._caches import cached, register
+from .._checks import describe_value
 from ..core.layout import Layout, MeshAxis
 from ..core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
 from ..errors import EinshardError
@@ -94,6 +97,12 @@ def analyze(
         EinshardError: unknown mesh axes, missing or mismatched sizes, an
             operand whose rank does not match its side, indivisible splits.
     """
+    # The containers are checked before they are read into the caches' keys (two class tests on the common
+    # call); what they hold is checked by _analyze, once per distinct call: the caches remember only answers.
+    if sizes is not None and sizes.__class__ is not dict:
+        _check_container(sizes, "sizes", "a dict of axis sizes like {'b': 1024, 'x': 4096}", dict)
+    if in_specs is not None and in_specs.__class__ is not tuple:
+        _check_container(in_specs, "in_specs", "a tuple of PartitionSpecs, one per operand", (tuple, list))
     rules = AxisRules.of(axis_rules) if axis_rules is not None else current_axis_rules()
     if rules is not None and isinstance(expr, str) and "@" in expr:
         # Logical names are resolved once, here, into the mesh axes the rest of the analysis (and its caches,
@@ -169,6 +178,38 @@ def _replay_warning(plan: EinsumPlan) -> EinsumPlan:
         if message is not None:
             warnings.warn(message, FutureWarning, stacklevel=3)
     return plan
+
+
+def _check_container(value: Any, name: str, wants: str, kinds: type | tuple[type, ...]) -> None:
+    from collections.abc import Mapping
+
+    ok = isinstance(value, Mapping) if kinds is dict else isinstance(value, kinds)
+    if not ok:
+        raise EinshardError(f"einshard.analyze: {name}= takes {wants}, got {describe_value(value)}")
+
+
+def _check_arguments(sizes: dict[Any, Any] | None, in_specs: Any, out_spec: Any) -> None:
+    """What ``sizes=``, ``in_specs=`` and ``out_spec=`` hold: each wrong entry an error naming its argument."""
+    from jax.sharding import PartitionSpec
+
+    for name, size in (sizes or {}).items():
+        if not isinstance(name, str) or not name:
+            raise EinshardError(
+                f"einshard.analyze: sizes= maps axis names to sizes, got the key {describe_value(name)}"
+            )
+        if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)) or size < 0:
+            raise EinshardError(
+                f"einshard.analyze: sizes= gives axis {name!r} the size {describe_value(size)}; sizes are integers >= 0"
+            )
+    for k, spec in enumerate(in_specs or ()):
+        if spec is not None and not isinstance(spec, PartitionSpec):
+            raise EinshardError(
+                f"einshard.analyze: in_specs[{k}] is {describe_value(spec)}; in_specs= holds PartitionSpecs or None"
+            )
+    if out_spec is not None and not isinstance(out_spec, PartitionSpec):
+        raise EinshardError(
+            f"einshard.analyze: out_spec= takes a PartitionSpec or None, got {describe_value(out_spec)}"
+        )
 
 
 _MAX_PLANS = 4096
@@ -293,6 +334,7 @@ def _analyze(
     out_spec: Any,
 ) -> EinsumPlan:
     sizes = dict(size_items) if size_items else None
+    _check_arguments(sizes, in_specs, out_spec)
     prep = _prepare(expr)
     parsed = prep.parsed
     chosen = prep.chosen

@@ -41,6 +41,10 @@ from ..core.layout import Layout
 __all__ = ["Profile", "PROFILES", "Collective", "KINDS", "get_profile", "default_profile", "profile_for"]
 
 
+# 'switch': all-to-all connected links (NVLink, a host); 'ring': a torus axis (TPU ICI).
+TOPOLOGIES = ("switch", "ring")
+
+
 @dataclass(frozen=True)
 class Profile:
     """A device and its links, for α–β time estimates.
@@ -58,6 +62,22 @@ class Profile:
     bandwidth: float
     latency: float
     topology: str = "switch"
+
+    def __post_init__(self) -> None:
+        # Every estimate divides by flops and bandwidth: a zero, a NaN or an infinity would make each plan's time
+        # a ZeroDivisionError or NaN (and every comparison between plans false), so they are refused here.
+        from .._checks import check_number, check_str
+
+        check_str(self.name, "einshard.Profile", "name")
+        check_number(self.flops, "einshard.Profile", "flops", positive=True)
+        check_number(self.bandwidth, "einshard.Profile", "bandwidth", positive=True)
+        check_number(self.latency, "einshard.Profile", "latency", minimum=0)
+        if self.topology not in TOPOLOGIES:
+            from ..errors import EinshardError
+
+            raise EinshardError(
+                f"einshard.Profile: topology= takes one of {', '.join(map(repr, TOPOLOGIES))}, got {self.topology!r}"
+            )
 
     def collective_time(
         self, kind: str, n: int, bytes_sent: float, array_bytes: float, axis_sizes: tuple[int, ...] | None = None

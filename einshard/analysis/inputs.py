@@ -40,6 +40,8 @@ def dtype_info(dtype: Any) -> tuple[str, int]:
     """
     if dtype is None:
         return "f32", 4
+    if isinstance(dtype, (bytes, bool)):  # numpy reads b'f4' as a dtype; einshard's names are str
+        raise EinshardError(f"dtype= takes a dtype or its name (a string), got {type(dtype).__name__} {dtype!r}")
     if dtype.__class__ is str:  # the common call: a short name as the table spells it
         size = _ITEMSIZE.get(dtype)
         if size is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from ..errors import EinshardError
 
@@ -76,8 +76,9 @@ class Step:
             raise EinshardError(f"unknown step kind {self.kind!r}; the kinds are {', '.join(STEP_KINDS)}")
         if isinstance(self.mesh_axes, str):  # a lone name is a one-axis tuple
             object.__setattr__(self, "mesh_axes", (self.mesh_axes,))
+        _check_fields(self)
         if not self.mesh_axes:
-            raise EinshardError(f"a {self.kind} step needs at least one mesh axis")
+            raise EinshardError(f"a {self.kind} step needs at least one mesh axis (mesh_axes=)")
         if self.kind in _NEEDS_DIM and self.dim is None:
             raise EinshardError(f"a {self.kind} step needs dim=")
         if self.kind == "all-to-all" and (self.to_dim is None or self.to_dim == self.dim):
@@ -102,6 +103,29 @@ class Step:
                 f"dim {d} {','.join(b)}->{','.join(a)}" for d, (b, a) in enumerate(zip(*self.reorder)) if a != b
             )
         return f"{self.kind}[{axes}]({self.operand}{where})"
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_fields(step: Step) -> None:
+    """Each field's type (a Step is also built by users, for einsum_shard_map): an EinshardError naming it."""
+    if not (step.operand == "out" or _is_index(step.operand)):
+        raise EinshardError(f"Step: operand= takes an operand position (0, 1, ...) or 'out', got {step.operand!r}")
+    axes = step.mesh_axes
+    if not isinstance(axes, tuple) or not all(isinstance(m, str) and m for m in axes) or len(set(axes)) != len(axes):
+        raise EinshardError(f"Step: mesh_axes= takes a tuple of distinct mesh axis names, got {axes!r}")
+    for name in ("dim", "to_dim"):
+        value = getattr(step, name)
+        if value is not None and not _is_index(value):
+            raise EinshardError(f"Step: {name}= takes a dimension (an integer >= 0) or None, got {value!r}")
+    if not isinstance(step.shift, int) or isinstance(step.shift, bool):
+        raise EinshardError(f"Step: shift= takes an integer, got {step.shift!r}")
+    if step.reorder is not None and (not isinstance(step.reorder, tuple) or len(step.reorder) != 2):
+        raise EinshardError(
+            f"Step: reorder= takes (before, after), the mesh axes of each dimension, got {step.reorder!r}"
+        )
 
 
 def _unit_sizes(reorder: tuple[tuple[tuple[str, ...], ...], ...]) -> dict[str, int]:

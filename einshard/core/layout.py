@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from jax.sharding import PartitionSpec
 
 from .._caches import cached
+from .._checks import describe_value
 from ..errors import EinshardError
 from ..parsing import AxisItem, EllipsisItem, Expression, ReplicaItem, format_name
 from .logical import current_axis_rules, resolve_expression
@@ -185,7 +188,32 @@ def _spec_has_unreduced() -> bool:
 _SPEC_HAS_UNREDUCED = _spec_has_unreduced()
 
 
+def _check_fields(lay: Layout) -> None:
+    """Each field's type: a str where a tuple of names belongs would be read as one name per character."""
+    fields = (
+        ("axes", lay.axes, lambda a: isinstance(a, str) and bool(a), "a tuple of axis names"),
+        ("shape", lay.shape, lambda s: isinstance(s, int) and not isinstance(s, bool), "a tuple of integer sizes"),
+        ("mesh", lay.mesh, lambda m: isinstance(m, MeshAxis), "a tuple of MeshAxis"),
+        (
+            "dims",
+            lay.dims,
+            lambda d: isinstance(d, tuple) and all(isinstance(m, str) for m in d),
+            "a tuple of tuples of mesh axis names (one per axis)",
+        ),
+    )
+    for name, value, ok, wants in fields:
+        if not isinstance(value, tuple) or not all(map(ok, value)):
+            raise EinshardError(f"Layout: {name}= takes {wants}, got {describe_value(value)}")
+    if not isinstance(lay.unreduced, frozenset) or not all(isinstance(m, str) for m in lay.unreduced):
+        raise EinshardError(
+            f"Layout: unreduced= takes a frozenset of mesh axis names, got {describe_value(lay.unreduced)}"
+        )
+    if len(set(lay.axes)) != len(lay.axes):
+        raise EinshardError(f"Layout: axes= names an axis twice: {lay.axes}")
+
+
 def _validate(lay: Layout) -> None:
+    _check_fields(lay)
     where = f"layout {lay.axes} of shape {lay.shape}"
     if not (len(lay.axes) == len(lay.shape) == len(lay.dims)):
         raise EinshardError(
@@ -204,9 +232,11 @@ def _validate(lay: Layout) -> None:
         for m in d:
             if m not in sizes:
                 known = ", ".join(f"{k!r}: {v}" for k, v in sizes.items()) or "none"
-                raise EinshardError(f"{where}: axis {name!r} is split over {m!r}, which is not a mesh axis ({known})")
+                raise EinshardError(
+                    f"{where}: dims= splits axis {name!r} over {m!r}, which is not a mesh axis ({known})"
+                )
             if m in seen:
-                raise EinshardError(f"{where}: mesh axis {m!r} splits two axes (or one twice)")
+                raise EinshardError(f"{where}: dims= splits two axes (or one twice) over mesh axis {m!r}")
             seen.add(m)
             shards *= sizes[m]
         if size % shards:
@@ -217,9 +247,11 @@ def _validate(lay: Layout) -> None:
             )
     for m in lay.unreduced:
         if m not in sizes:
-            raise EinshardError(f"{where}: pending sums over {m!r}, which is not a mesh axis")
+            raise EinshardError(f"{where}: unreduced= has pending sums over {m!r}, which is not a mesh axis")
         if m in seen:
-            raise EinshardError(f"{where}: mesh axis {m!r} both splits an axis and holds pending sums")
+            raise EinshardError(
+                f"{where}: mesh axis {m!r} both splits an axis (dims=) and holds pending sums (unreduced=)"
+            )
 
 
 def _display(name: str) -> str:
@@ -395,6 +427,9 @@ def split_devices(total: int, weights: list[int], sizes: list[int | None]) -> li
     exists (einshard 0.2's only case) it is the most even split, so 0.2's
     answers are kept.
 
+    The search is polynomial in the number of stars (see :func:`_most_even`), so
+    hundreds of starred elements resolve in milliseconds.
+
     Example:
         >>> split_devices(8, [1, 1], [4, 8])     # sqrt(8) is no integer: 4 x 2
         [4, 2]
@@ -408,29 +443,83 @@ def split_devices(total: int, weights: list[int], sizes: list[int | None]) -> li
             f"which {total} leftover devices cannot give (not a multiple of {base})"
         )
     rest = total // base
-    candidates = [
-        f
-        for f in _ordered_factorizations(rest, len(weights))
-        if not any(s is not None and s % (w * x) for s, w, x in zip(sizes, weights, f))
-    ]
-    if not candidates:
+    # The factors element i may take: divisors of `rest` whose count w*f divides its axis.
+    allowed = tuple(tuple(d for d in _divisors(rest) if s is None or s % (w * d) == 0) for w, s in zip(weights, sizes))
+    best = _most_even(rest, allowed)
+    if best is None:
         axes = ", ".join(f"size {s}" for s in sizes if s is not None)
         raise ValueError(
             f"no split of {total} devices in the ratio {':'.join(map(str, weights))} divides the starred axes ({axes})"
         )
-    best = min(candidates, key=lambda f: (max(f) / min(f), tuple(-x for x in f)))
     return [w * x for w, x in zip(weights, best)]
 
 
-def _ordered_factorizations(n: int, k: int) -> list[tuple[int, ...]]:
-    if k == 1:
-        return [(n,)]
-    out: list[tuple[int, ...]] = []
-    for d in _divisors(n):
-        out.extend((d, *rest) for rest in _ordered_factorizations(n // d, k - 1))
-    return out
+def _most_even(rest: int, allowed: tuple[tuple[int, ...], ...]) -> tuple[int, ...] | None:
+    """The factors ``f`` (``f[i]`` from ``allowed[i]``, ``prod(f) == rest``) with the smallest max/min, then the
+    lexicographically largest; None if there are none.
+
+    The old search listed every ordered factorization, exponential in the number of stars.  Here, for each
+    candidate smallest factor ``lo`` (a divisor of ``rest``), a binary search finds the smallest largest factor
+    ``hi`` for which a split inside ``[lo, hi]`` exists, each test a memoized walk over (element, product still
+    needed): at most ``len(allowed) * d(rest)`` states.  The best ratio ``hi/lo`` is then filled in greedily from
+    the left, largest factor first, which gives the lexicographically largest split of that ratio.
+    """
+    divisors = _divisors(rest)
+    best: tuple[Fraction, tuple[int, ...]] | None = None
+    for lo in divisors:
+        if lo ** len(allowed) > rest:
+            break  # every factor >= lo: the product would exceed rest
+        his = [d for d in divisors if d >= lo]
+        if not _fits(rest, allowed, lo, his[-1]):
+            continue
+        low, high = 0, len(his) - 1  # the smallest feasible hi: feasibility grows with hi
+        while low < high:
+            mid = (low + high) // 2
+            if _fits(rest, allowed, lo, his[mid]):
+                high = mid
+            else:
+                low = mid + 1
+        ratio = Fraction(his[low], lo)
+        if best is not None and ratio > best[0]:
+            continue
+        split = _greedy(rest, allowed, lo, his[low])
+        if best is None or ratio < best[0] or split > best[1]:
+            best = (ratio, split)
+    return best[1] if best is not None else None
+
+
+def _fits(rest: int, allowed: tuple[tuple[int, ...], ...], lo: int, hi: int) -> bool:
+    return _completions(allowed, lo, hi)(0, rest)
+
+
+def _greedy(rest: int, allowed: tuple[tuple[int, ...], ...], lo: int, hi: int) -> tuple[int, ...]:
+    can = _completions(allowed, lo, hi)
+    out: list[int] = []
+    need = rest
+    for i, options in enumerate(allowed):
+        f = next(d for d in reversed(options) if lo <= d <= hi and need % d == 0 and can(i + 1, need // d))
+        out.append(f)
+        need //= f
+    return tuple(out)
+
+
+def _completions(allowed: tuple[tuple[int, ...], ...], lo: int, hi: int) -> Callable[[int, int], bool]:
+    """``can(i, need)``: elements ``i..`` can take factors in ``[lo, hi]`` multiplying to ``need``."""
+    n = len(allowed)
+
+    @functools.cache
+    def can(i: int, need: int) -> bool:
+        if i == n:
+            return need == 1
+        left = n - i
+        if need < lo**left or need > hi**left:
+            return False
+        return any(lo <= d <= hi and need % d == 0 and can(i + 1, need // d) for d in allowed[i])
+
+    return can
 
 
 @cached(maxsize=None)
 def _divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted({*small, *(n // d for d in small)}))

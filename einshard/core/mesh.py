@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -171,12 +172,20 @@ def _sizes_mesh(sizes: Mapping[Any, Any]) -> AbstractMesh:
 def as_mesh(mesh: Any) -> AnyMesh:
     """``mesh=`` as given by a user, checked: a Mesh, an AbstractMesh, or a dict of sizes (an AbstractMesh)."""
     if isinstance(mesh, (Mesh, AbstractMesh)):
+        if not _distinct(mesh.axis_names):
+            # JAX builds such a mesh, then crashes (a segfault in shard_map) or picks one of the axes at random.
+            raise EinshardError(f"mesh= names an axis twice: {tuple(mesh.axis_names)}; mesh axis names are distinct")
         return mesh
     if isinstance(mesh, Mapping):
         return _sizes_mesh(mesh)
     raise EinshardError(
         f"mesh= takes a jax.sharding.Mesh, an AbstractMesh or a dict of axis sizes, got {type(mesh).__name__}: {mesh!r}"
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _distinct(names: tuple[Any, ...]) -> bool:
+    return len(set(names)) == len(names)
 
 
 def _same_shape(a: AnyMesh, b: AnyMesh) -> bool:

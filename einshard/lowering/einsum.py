@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._caches import register
+from .._checks import check_dtype, check_precision, describe_value
 from .._compat import native_unreduced
 from ..analysis import EinsumPlan, analyze
 from ..analysis.api import _Operand
@@ -321,8 +322,13 @@ def lower(
         >>> float(prog(x, w)[0, 0])
         6.0
     """
+    where = "einshard.lower" if _what is None else _what
+    if not isinstance(expr, str):
+        raise EinshardError(f"{where}: expr= takes an einsum expression (a string), got {describe_value(expr)}")
     _check_options(mode, two_way)
-    mesh = lowering_mesh(mesh, operands, what="einshard.lower" if _what is None else _what)
+    check_precision(precision, where)
+    check_dtype(preferred_element_type, where, "preferred_element_type")
+    mesh = lowering_mesh(mesh, operands, what=where)
     # Logical names (b@batch) become mesh axes here, once: the program cache and the analysis see mesh axes.
     rules = AxisRules.of(axis_rules) if axis_rules is not None else current_axis_rules()
     expr = resolve_text(expr, [str(n) for n in mesh.axis_names], rules)

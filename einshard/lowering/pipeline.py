@@ -55,6 +55,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .._checks import check_bool, describe_value, naming
 from ..core.logical import AxisRulesLike, takes_axis_rules
 from ..errors import EinshardError
 from . import schedules
@@ -187,6 +189,11 @@ def pipeline(
     mesh = _mesh_or_context(mesh, (params, x))
     if not callable(layer_fn):
         raise EinshardError(f"layer_fn must be callable, got {type(layer_fn).__name__}")
+    for name, flag in (("layers_in_circular_order", layers_in_circular_order), ("sanitize", sanitize)):
+        check_bool(flag, "einshard.pipeline", name)
+    # NaN and infinities are fine here: tests fill the bubbles with NaN to show none leaks into the result.
+    if isinstance(bubble_value, (bool, np.bool_)) or not isinstance(bubble_value, numbers.Real):
+        raise EinshardError(f"einshard.pipeline: bubble_value= takes a number, got {describe_value(bubble_value)}")
     counts = dict(microbatches=microbatches, schedule=schedule, repeats=repeats, stage_axis=stage_axis)
     info = pipeline_info(params, x, mesh=mesh, data_axis=data_axis, remat=remat, **counts)  # type: ignore[arg-type]
     data = _data_axes(data_axis)
@@ -232,7 +239,8 @@ def _layers(
     S, M, R, lps = info.stages, microbatches, repeats, info.layers_per_visit
     if R > 1 and not layers_in_circular_order:
         params = circular_layer_order(params, S, R)
-    param_specs = layer_specs(params, param_layouts, stage_axis, mesh)
+    with naming("einshard.pipeline", "param_layouts"):
+        param_specs = layer_specs(params, param_layouts, stage_axis, mesh)
     x_spec = PartitionSpec(data[0] if len(data) == 1 else (data or None), *([None] * (np.ndim(x) - 1)))
     T = info.iterations
 

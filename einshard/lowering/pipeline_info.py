@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_bool, check_dtype, check_str_or_strs
 from ..core.mesh import AnyMesh, resolve_mesh
 from ..errors import EinshardError
 from . import schedules
@@ -156,10 +157,7 @@ def _axis_sizes(mesh: Any) -> dict[str, int]:
 def _data_axes(data_axis: str | tuple[str, ...] | None) -> tuple[str, ...]:
     if data_axis is None:
         return ()
-    axes = (data_axis,) if isinstance(data_axis, str) else tuple(data_axis)
-    if not all(isinstance(a, str) for a in axes):
-        raise EinshardError(f"data_axis must be a mesh axis name or a tuple of them, got {data_axis!r}")
-    return axes
+    return check_str_or_strs(data_axis, "einshard.pipeline", "data_axis")
 
 
 def pipeline_info(
@@ -178,6 +176,7 @@ def pipeline_info(
 
     ``mesh`` may also be a dict of axis sizes (only sizes matter here).
     """
+    check_bool(remat, "einshard.pipeline", "remat")
     mesh = _mesh_or_context(mesh, (params, x), sizes_only=True)
     sizes = _axis_sizes(mesh)
     if not isinstance(stage_axis, str) or stage_axis not in sizes:
@@ -196,6 +195,7 @@ def pipeline_info(
     data_size = math.prod(sizes[a] for a in data)
     if not hasattr(x, "shape") or not hasattr(x, "dtype") or len(x.shape) < 1:
         raise EinshardError(f"pipeline x must be an array with a leading batch axis, got {type(x).__name__}")
+    check_dtype(x.dtype, "einshard.pipeline", "x", optional=False)
     batch = int(x.shape[0])
     if batch % data_size:
         raise EinshardError(f"the batch ({batch}) does not split over data_axis {data_axis!r} ({data_size} devices)")

@@ -78,6 +78,13 @@ class PipelineEnd:
                 f"PipelineEnd: layouts must be an expression, a mapping of path patterns, or None; "
                 f"got {type(self.layouts).__name__}"
             )
+        if isinstance(self.layouts, Mapping):
+            from ..tree_rules import compile_rules
+
+            try:
+                compile_rules(self.layouts)  # a bad pattern or rule now, not when the pipeline first runs
+            except EinshardError as err:
+                raise EinshardError(f"PipelineEnd: layouts= {err.reason}", hint=err.hint) from None
 
 
 def lay_out(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
@@ -158,6 +165,8 @@ def run_end(
             f"{which}= must be an einshard.lowering.PipelineEnd(fn, params, layouts), got {type(end).__name__}"
         )
     where = f"the {which}= PipelineEnd's params"
+    if not callable(end.fn):
+        raise EinshardError(f"{which}=: a PipelineEnd's fn is a function, got {type(end.fn).__name__}")
     leaves, treedef = jax.tree_util.tree_flatten(end.params)
     for leaf in leaves:
         if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):

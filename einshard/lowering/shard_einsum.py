@@ -37,12 +37,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
+from .._checks import check_bool, check_dtype, check_precision, describe_value
 from .._compat import native_unreduced
 from ..core.collectives import Step
 from ..core.layout import Layout, resolve_named
-from ..core.mesh import explicit_axes
+from ..core.mesh import as_mesh, explicit_axes
 from ..errors import EinshardError
 from ..parsing import AxisItem, Side, parse_einsum, parse_placement
 from .placing import check_lowering_context, constrain_auto, mesh_axes_of, place, restrict_spec
@@ -193,6 +194,46 @@ def _check_empty_splits(layouts: Sequence[Layout]) -> None:
                 )
 
 
+def _check_program_arguments(
+    where: str, layouts_in: Any, layout_out: Any, mesh: Any, precision: Any, preferred_element_type: Any
+) -> Any:
+    """The arguments a program builder takes, each wrong one an EinshardError naming it; the mesh checked."""
+    if (
+        not isinstance(layouts_in, (tuple, list))
+        or not layouts_in
+        or not all(isinstance(x, Layout) for x in layouts_in)
+    ):
+        raise EinshardError(f"{where}: layouts_in= takes one Layout per operand, got {describe_value(layouts_in)}")
+    if not isinstance(layout_out, Layout):
+        raise EinshardError(f"{where}: layout_out= takes a Layout, got {describe_value(layout_out)}")
+    sizes_of: dict[str, int] = {}
+    for k, lay in enumerate(layouts_in):
+        for a, n in zip(lay.axes, lay.shape):
+            if sizes_of.setdefault(a, n) != n:
+                raise EinshardError(
+                    f"{where}: layouts_in[{k}] gives axis {a!r} size {n}, another operand {sizes_of[a]}"
+                )
+    for a, n in zip(layout_out.axes, layout_out.shape):
+        if sizes_of.get(a) != n:
+            raise EinshardError(
+                f"{where}: layout_out= has axis {a!r} of size {n}, which no operand in layouts_in= has"
+                + (f" (they have it of size {sizes_of[a]})" if a in sizes_of else "")
+            )
+    if not isinstance(mesh, (Mesh, AbstractMesh)):
+        raise EinshardError(f"{where}: mesh= takes a jax.sharding.Mesh, got {describe_value(mesh)}")
+    mesh = as_mesh(mesh)  # (distinct axis names)
+    sizes = dict(mesh.shape)
+    for name, lay in [*((f"layouts_in[{k}]", x) for k, x in enumerate(layouts_in)), ("layout_out", layout_out)]:
+        if {m.name: m.size for m in lay.mesh} != sizes:
+            raise EinshardError(
+                f"{where}: {name} is laid out on the mesh {', '.join(map(str, lay.mesh))}, but mesh= has "
+                + ", ".join(f"{k}={v}" for k, v in sizes.items())
+            )
+    check_precision(precision, where)
+    check_dtype(preferred_element_type, where, "preferred_element_type")
+    return mesh
+
+
 def einsum_shard_map(
     layouts_in: Sequence[Layout],
     layout_out: Layout,
@@ -233,6 +274,19 @@ def einsum_shard_map(
     """
     from . import collective_matmul as cm  # a sibling module; imported here to keep steps importable alone
 
+    where = "einshard.lowering.einsum_shard_map"
+    mesh = _check_program_arguments(where, layouts_in, layout_out, mesh, precision, preferred_element_type)
+    for name, steps in (("steps_before", steps_before), ("steps_after", steps_after)):
+        if not isinstance(steps, (tuple, list)) or not all(isinstance(st, Step) for st in steps):
+            raise EinshardError(f"{where}: {name}= takes a sequence of Steps, got {describe_value(steps)}")
+    if local_sums is not None and (
+        not isinstance(local_sums, Mapping)
+        or not all(isinstance(k, int) and isinstance(v, Layout) for k, v in local_sums.items())
+    ):
+        raise EinshardError(f"{where}: local_sums= maps operand positions to Layouts, got {describe_value(local_sums)}")
+    if mode not in ("sync", "async", "auto"):
+        raise EinshardError(f"{where}: mode= must be 'sync', 'async' or 'auto', got {mode!r}")
+    check_bool(two_way, where, "two_way")
     if mode == "auto":
         if steps_before or steps_after:
             raise EinshardError("mode='auto' leaves the collectives to XLA: give no steps")
@@ -428,6 +482,9 @@ def einsum_auto(
         >>> float(einsum_auto(ins, out, mesh=mesh)(np.ones((4, 6)), np.ones((6, 8)))[0, 0])
         6.0
     """
+    mesh = _check_program_arguments(
+        "einshard.lowering.einsum_auto", layouts_in, layout_out, mesh, precision, preferred_element_type
+    )
     if layout_out.unreduced:
         raise EinshardError(
             f"mode='auto' cannot leave pending sums ({layout_out}); use mode='sync'",

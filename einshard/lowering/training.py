@@ -45,6 +45,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from .._checks import check_bool, check_callable, check_str_or_strs, naming
 from ..core.logical import AxisRulesLike, takes_axis_rules
 from ..core.mesh import mesh_axes
 from ..errors import EinshardError
@@ -129,10 +130,11 @@ def _expressions(tree: Any, layouts: Layouts) -> list[str | None]:
     leaves = jax.tree_util.tree_leaves_with_path(tree)
     if layouts is None or isinstance(layouts, str):
         return [layouts] * len(leaves)
-    if isinstance(layouts, Mapping) and all(isinstance(k, str) for k in layouts):
+    if isinstance(layouts, Mapping):
         # A dict with the same structure as the params is a pytree of expressions, not rules.
         same = bool(jax.tree_util.tree_structure(layouts, is_leaf=_is_layout) == jax.tree_util.tree_structure(tree))  # type: ignore[operator]
         if not same:
+            # Rules: string patterns (leaf_expressions refuses any other key, bytes included, by name).
             return list(leaf_expressions(tree, layouts))
     flat = jax.tree_util.tree_leaves(layouts, is_leaf=_is_layout)
     if len(flat) != len(leaves):
@@ -241,9 +243,10 @@ def _sharded_loss(
     gather_axis: tuple[str, ...] | None,
     remat: bool,
 ) -> Callable[[Any, Any], jax.Array]:
-    batch_axes = _axes(batch_axis)
-
-    what = "einshard.fsdp" if gather_axis else "einshard.data_parallel"
+    what = "einshard.fsdp" if gather_axis is not None else "einshard.data_parallel"
+    check_callable(loss_fn, what, "loss_fn")
+    check_bool(remat, what, "remat")
+    batch_axes = check_str_or_strs(batch_axis, what, "batch_axis")
 
     def run(params: Any, batch: Any) -> jax.Array:
         _check_leaves(params, "params")
@@ -254,11 +257,13 @@ def _sharded_loss(
             _check_axes(gather_axis, the_mesh, "fsdp_axis")
         check_lowering_context(the_mesh, (params, batch), what=what)
         p_leaves, p_def = jax.tree_util.tree_flatten(params)
-        p_specs = _specs(params, param_layouts, the_mesh)
+        with naming(what, "param_layouts"):
+            p_specs = _specs(params, param_layouts, the_mesh)
         if batch_layouts is None:
             b_specs = _batch_specs(batch, batch_axes, the_mesh)
         else:
-            b_specs = _specs(batch, batch_layouts, the_mesh)
+            with naming(what, "batch_layouts"):
+                b_specs = _specs(batch, batch_layouts, the_mesh)
         b_leaves, b_def = jax.tree_util.tree_flatten(batch)
         p_spec_tree = jax.tree_util.tree_unflatten(p_def, p_specs)
 
@@ -363,12 +368,14 @@ def fsdp(
 
     Gradients come back laid out like the stored weights (reduce-scattered by AD).
     """
+    batch_axes = check_str_or_strs(batch_axis, "einshard.fsdp", "batch_axis")
+    gather = batch_axes if fsdp_axis is None else check_str_or_strs(fsdp_axis, "einshard.fsdp", "fsdp_axis")
     return _sharded_loss(
         loss_fn,
         param_layouts,
         mesh=mesh,
         batch_axis=batch_axis,
         batch_layouts=batch_layouts,
-        gather_axis=_axes(fsdp_axis if fsdp_axis is not None else batch_axis),
+        gather_axis=gather,
         remat=remat,
     )

@@ -63,12 +63,21 @@ Example:
 
 from __future__ import annotations
 
+from .. import _checks
 from .core import EXHAUSTIVE_LIMIT, MAX_EVALUATIONS, PAIR_LIMIT, SMALL_GROUP_FRACTION, plan
 from .groups import Candidate, Group, batch_candidates, param_candidates, param_groups
 from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes
 from .pipelines import PipelineCost, PipelineSearch
 from .result import Alternative, LayoutPlan
 from .verify import DEFAULT_VERIFY, Verified
+
+
+def _budget_rule(value: object, where: str, name: str, arguments: dict[str, object]) -> object:
+    parse_bytes(value, name)  # type: ignore[arg-type]
+    return value
+
+
+_checks.RULES["budget"] = _budget_rule  # for the public wrappers that take a budget= (einshard.testing.assert_fits)
 
 __all__ = [
     "plan",

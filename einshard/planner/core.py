@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 
+from .._checks import check_callable, check_int, check_int_sequence, check_number, describe_value
 from ..analysis.cost import human_bytes, human_time
 from ..analysis.program import trace
 from ..core.logical import AxisRulesLike, takes_axis_rules
@@ -34,6 +35,38 @@ PAIR_LIMIT = 512
 SMALL_GROUP_FRACTION = 1e-2
 
 PresetRules = tuple[Mapping[str, str] | str, Mapping[str, str] | str | Sequence[Mapping[str, str] | str]]
+
+
+# The smallest value each count of plan() takes: 0 where "none" means something (no exhaustive search, no
+# restarts, no pairs, no alternatives), 1 where the search needs at least one.
+_COUNT_MINIMUMS = {"exhaustive_limit": 0, "max_evaluations": 1, "restarts": 0, "pair_limit": 0, "n_alternatives": 0}
+
+
+def _check_search_options(**options: Any) -> None:
+    """plan()'s options, each wrong one an EinshardError naming it (before any tracing)."""
+    where = "einshard.plan"
+    indices: dict[str, tuple[int, ...]] = {}
+    for name in ("param_args", "data_args"):
+        if options[name] is not None:
+            indices[name] = check_int_sequence(options[name], where, name)
+    params = set(indices.get("param_args", (0,)))  # (plan's default: the first argument holds the parameters)
+    if "data_args" in indices and params & set(indices["data_args"]):
+        shared = sorted(params & set(indices["data_args"]))
+        raise EinshardError(f"{where}: param_args= and data_args= both list argument {shared[0]}")
+    if options["optimizer_bytes_per_param"] is not None:
+        check_number(options["optimizer_bytes_per_param"], where, "optimizer_bytes_per_param", minimum=0)
+    for name, minimum in _COUNT_MINIMUMS.items():
+        check_int(options[name], where, name, minimum=minimum)
+    check_int(options["seed"], where, "seed")
+    presets = options["presets"]
+    if presets is not None and (not isinstance(presets, Mapping) or not all(isinstance(k, str) for k in presets)):
+        raise EinshardError(
+            f"{where}: presets= takes {{name: (param_rules, data_rules)}}, got {describe_value(presets)}"
+        )
+    if options["pipeline"] is not None and not isinstance(options["pipeline"], PipelineSearch):
+        raise EinshardError(
+            f"{where}: pipeline= takes an einshard.planner.PipelineSearch, got {describe_value(options['pipeline'])}"
+        )
 
 
 @takes_axis_rules()
@@ -101,10 +134,24 @@ def plan(
         A :class:`LayoutPlan`; ``result.rules`` plugs into ``einshard.einshard(params, result.rules, mesh=mesh)``.
     """
     start = time.perf_counter()
+    check_callable(fn, "einshard.plan", "fn")
     if verify is not None and (isinstance(verify, bool) or not isinstance(verify, int) or verify < 0):
         raise EinshardError(f"plan(): verify must be a count of candidates to compile (>= 0) or None, got {verify!r}")
     if objective not in OBJECTIVES:
         raise EinshardError(f"plan(): objective must be one of {OBJECTIVES}, got {objective!r}")
+    _check_search_options(
+        param_args=param_args,
+        data_args=data_args,
+        optimizer_bytes_per_param=optimizer_bytes_per_param,
+        exhaustive_limit=exhaustive_limit,
+        max_evaluations=max_evaluations,
+        restarts=restarts,
+        pair_limit=pair_limit,
+        seed=seed,
+        presets=presets,
+        n_alternatives=n_alternatives,
+        pipeline=pipeline,
+    )
     if not args:
         raise EinshardError("plan() needs the function's arguments (the parameters first)")
     budget = parse_bytes(memory_budget)

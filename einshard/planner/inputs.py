@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal, get_args
 
 import numpy as np
 
+from .._checks import describe_value
 from ..core.layout import MeshAxis
 from ..errors import EinshardError
 
@@ -16,24 +18,37 @@ Objective = Literal["training", "inference", "memory", "communication"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 
 
-def parse_bytes(budget: int | float | str | None) -> int | None:
+def parse_bytes(budget: int | float | str | None, name: str = "memory_budget") -> int | None:
     """A memory budget in bytes from a number or a string like ``'16GiB'``, ``'1.5 GB'``, ``'512MiB'``.
+
+    A budget is a positive, finite size: 0, negative numbers, NaN and infinities are errors (no layout fits
+    in nothing, and an infinite budget is ``None``).  ``name``: the argument, as the error names it.
 
     Example:
         >>> parse_bytes('16GiB') == 16 * 2**30, parse_bytes('2 GB'), parse_bytes(None)
         (True, 2000000000, None)
     """
+    if not isinstance(name, str) or not name:
+        raise EinshardError(f"parse_bytes: name= takes the argument's name (a string), got {name!r:.40}")
     if budget is None:
         return None
-    if isinstance(budget, (int, float)):
-        return int(budget)
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B|B)?\s*", budget, re.IGNORECASE)
-    if not m:
-        raise EinshardError(f"memory_budget {budget!r} is not a size: use bytes or a string like '16GiB', '2GB'")
-    unit = (m.group(2) or "B").upper()
-    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-    scale |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-    return int(float(m.group(1)) * scale[unit])
+    label = name if name.startswith("--") else f"{name}="  # a command-line flag, or the function's argument
+    wants = f"{label} is not a size: it takes a positive number of bytes or a string like '16GiB', '2GB'"
+    if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, float, np.integer, np.floating, str)):
+        raise EinshardError(f"{wants}, got {describe_value(budget)}")
+    if isinstance(budget, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMGT]i?B|B)?\s*", budget, re.IGNORECASE)
+        if not m or len(m.group(1)) > 30:
+            raise EinshardError(f"{wants}, got {describe_value(budget)}")
+        unit = (m.group(2) or "B").upper()
+        scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+        scale |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+        value = float(m.group(1)) * scale[unit]
+    else:
+        value = float(budget)
+    if not math.isfinite(value) or value < 1:
+        raise EinshardError(f"{wants} (at least 1 byte, finite), got {describe_value(budget)}")
+    return int(value)
 
 
 def mesh_axes_of(mesh: Any, args: tuple[Any, ...] = ()) -> tuple[MeshAxis, ...]:

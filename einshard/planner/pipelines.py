@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._checks import check_int, check_int_sequence, describe_value
 from ..errors import EinshardError
 
 __all__ = [
@@ -70,13 +71,18 @@ class PipelineSearch:
             raise EinshardError(
                 f"PipelineSearch(hidden=...) needs an array shape with a leading batch axis, got {self.hidden!r}"
             )
-        bad = [s for s in self.schedules if s not in SCHEDULES]
+        where = "PipelineSearch"
+        if not isinstance(self.schedules, (tuple, list)) or not self.schedules:
+            raise EinshardError(
+                f"{where}: schedules= takes a tuple of schedule names, got {describe_value(self.schedules)}"
+            )
+        bad = [s for s in self.schedules if not isinstance(s, str) or s not in SCHEDULES]
         if bad:
-            raise EinshardError(f"PipelineSearch: unknown schedule {bad[0]!r}; choose from {SCHEDULES}")
-        if not self.microbatches or any(m < 1 for m in self.microbatches):
-            raise EinshardError(f"PipelineSearch: microbatches must be positive counts, got {self.microbatches}")
-        if self.repeats < 2:
-            raise EinshardError(f"PipelineSearch: repeats must be at least 2, got {self.repeats}")
+            raise EinshardError(f"{where}: schedules= names an unknown schedule {bad[0]!r}; choose from {SCHEDULES}")
+        check_int_sequence(self.microbatches, where, "microbatches", minimum=1)
+        if not self.microbatches:
+            raise EinshardError(f"{where}: microbatches= takes at least one micro-batch count, got ()")
+        check_int(self.repeats, where, "repeats", minimum=2)
 
 
 @dataclass(frozen=True)

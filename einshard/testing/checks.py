@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .. import _checks
 from ..errors import EinshardError
 from ..placement import current_mesh
 from ..placement import einshard as place
@@ -404,7 +405,7 @@ def assert_fits(
     ``budget`` is bytes or a string like ``'16GiB'``, ``'512MB'`` (as ``einshard.plan`` takes).
     Returns the footprint in bytes.
     """
-    limit = parse_bytes(budget)
+    limit = parse_bytes(budget, "budget")
     if limit is None:
         raise EinshardError("assert_fits() needs budget=: bytes, or a string like '16GiB'")
     placed = place_args(args, layouts, mesh)[0] if layouts is not None else args
@@ -422,3 +423,34 @@ def assert_fits(
         shown = ", ".join(f"{k} {v:,}" for k, v in parts.items())
         raise AssertionError(f"fn needs {total:,} bytes per device ({shown}), over the budget of {limit:,} bytes")
     return total
+
+
+# The public names check their arguments by name (einshard._checks.RULES) before tracing anything.
+def _expected_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    from ..core.collectives import KINDS
+
+    pairs: list[tuple[Any, Any]]
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(k, str) for k in value):
+        return _checks.fail(where, name, "{kind: count} or a sequence of collective kinds", value)
+    else:
+        pairs = [(k, 1) for k in value]
+    for kind, count in pairs:
+        if kind not in KINDS:
+            raise EinshardError(
+                f"{where}: {name}= names {kind!r}, not one of the collective kinds ({', '.join(KINDS)})"
+            )
+        _checks.check_int(count, where, name, minimum=0)
+    return value
+
+
+assert_collectives = _checks.checked(assert_collectives, "einshard.testing.assert_collectives", expected=_expected_rule)
+assert_explained = _checks.checked(assert_explained, "einshard.testing.assert_explained")
+assert_fits = _checks.checked(assert_fits, "einshard.testing.assert_fits")
+assert_layout_invariant = _checks.checked(assert_layout_invariant, "einshard.testing.assert_layout_invariant")
+place_args = _checks.checked(
+    place_args,
+    "einshard.testing.place_args",
+    args=lambda v, where, name, a: v if isinstance(v, tuple) else _checks.fail(where, name, "a tuple of arguments", v),
+)

@@ -21,7 +21,7 @@ import functools
 import math
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, PartitionSpec
 
+from .. import _checks
 from ..errors import EinshardError
 from ..tree_rules import UNMATCHED, leaf_expressions
 
@@ -466,3 +467,50 @@ def einsums(
         )
     _mesh_sizes(mesh)
     return _einsums(mesh, (lo, hi), max_axes, max_rank, sizes, annotate_output, max_per_axis)
+
+
+# The public names check their arguments by name (einshard._checks.RULES) when the strategy is built, not at
+# the first draw (where hypothesis would report a raw error from inside the test).
+def _sizes_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    items = value.values() if isinstance(value, Mapping) else value
+    if isinstance(value, str) or not isinstance(items, Iterable) or not list(items):
+        return _checks.fail(where, name, "axis sizes: a sequence of integers >= 1 or {name: size}", value)
+    for n in items:
+        _checks.check_int(n, where, name, minimum=1)
+    return value
+
+
+def _operand_counts_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    if not isinstance(value, tuple) or len(value) != 2:
+        return _checks.fail(where, name, "(min, max) operand counts", value)
+    low = _checks.check_int(value[0], where, name, minimum=1)
+    _checks.check_int(value[1], where, name, minimum=low)
+    return value
+
+
+def _devices_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
+    if value is None:
+        return value
+    if (
+        not isinstance(value, Sequence)
+        or isinstance(value, str)
+        or not value
+        or not all(hasattr(d, "id") for d in value)
+    ):
+        return _checks.fail(where, name, "a non-empty sequence of jax devices", value)
+    return value
+
+
+meshes = _checks.checked(meshes, "einshard.testing.meshes", devices=_devices_rule)
+expressions = _checks.checked(expressions, "einshard.testing.expressions", axes=_checks.optional(_checks.RULES["axes"]))
+layouts = _checks.checked(layouts, "einshard.testing.layouts")
+# (an einsum of more than 52 axes has no letters left for jnp.einsum's subscripts)
+_AT_MOST_52 = _checks.RULES_FOR_INT(minimum=1, maximum=52)
+einsums = _checks.checked(
+    einsums,
+    "einshard.testing.einsums",
+    operands=_operand_counts_rule,
+    sizes=_sizes_rule,
+    max_axes=_AT_MOST_52,
+    max_rank=_AT_MOST_52,
+)

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..._checks import check_callable, naming
 from ...core.layout import Layout, MeshAxis
 from ...core.logical import AxisRulesLike, scoped_axis_rules
 from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
@@ -164,8 +165,11 @@ def explain(
         >>> r.comm_count > 0 and r.flops > 0
         True
     """
+    check_callable(fn, "einshard.explain", "fn")
     with scoped_axis_rules(axis_rules):
-        return trace(fn, *args, mesh=mesh, profile=profile, **kwargs).report(in_specs)
+        traced = trace(fn, *args, mesh=mesh, profile=profile, **kwargs)
+        with naming("einshard.explain", "in_specs"):
+            return traced.report(in_specs)
 
 
 class TracedProgram:
