@@ -366,11 +366,12 @@ def warn_replicated(leaves: Sequence[tuple[Any, Any]], texts: Sequence[Any], *, 
 
 
 def _rules_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    """``rules=`` of a public wrapper: None, one expression, or path-pattern rules compiled now (errors name it)."""
+    """``rules=`` of a public wrapper: None, one expression, a rules file, or path-pattern rules compiled now
+    (errors name it)."""
     if value is None or isinstance(value, str):
         return value
     with naming(where, name):
-        compile_rules(value)
+        compile_rules(read_rules_file(value).params if isinstance(value, os.PathLike) else value)
     return value
 
 
