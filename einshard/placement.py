@@ -18,6 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ._placement.agreement import check_placement, checking
 from ._placement.describe import describe
 from ._placement.meshes import (
     _check_mesh,
@@ -181,6 +182,9 @@ def einshard(x: Any, expr: Rules, *, mesh: MeshLike | None = None, process_local
         >>> w.sharding.shard_shape(w.shape)[1] == 256 // jax.device_count()
         True
     """
+    if checking() and not any(isinstance(v, jax.core.Tracer) for v in jax.tree_util.tree_leaves(x)):
+        # Several processes: they must place the same shapes and layouts (einshard.multihost.unchecked skips it).
+        check_placement(x, expr, mesh, process_local)
     if isinstance(expr, str) and _is_array(x):
         return _place_one(x, expr, mesh, process_local)
     return _place_tree(x, expr, mesh, process_local)
