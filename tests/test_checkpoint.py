@@ -530,3 +530,242 @@ def test_a_killed_save_leaves_the_previous_checkpoint_restorable(tmp_path, mode)
     checkpoint.save(tmp_path / "step_1", tree, overwrite=True)
     np.testing.assert_array_equal(np.asarray(checkpoint.restore(tmp_path / "step_1")["w"]), 0)
     shutil.rmtree(tmp_path / "step_1")
+
+
+# ---------------------------------------------------------------------------
+# Never lose, mix or hang: concurrent writers, colliding names, damaged files, a full disk, interrupted swaps
+
+
+def _small_tree(value: float) -> dict:
+    mesh = _mesh((4, 2), ("data", "model"), AxisType.Explicit)
+    rows = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+    return {"w": einshard(rows + value, "a b -> a@data b@model", mesh=mesh), "step": np.int32(value)}
+
+
+def _values(tree: dict) -> dict:
+    return {k: np.asarray(v) for k, v in tree.items()}
+
+
+def test_saves_from_several_threads_to_separate_paths(tmp_path):
+    import threading
+
+    trees = [_small_tree(i) for i in range(6)]
+    errors: list[BaseException] = []
+
+    def save(i: int) -> None:
+        try:
+            checkpoint.save(tmp_path / f"t{i}", trees[i], meta={"i": i})
+        except BaseException as err:  # collected: the assertion below shows it
+            errors.append(err)
+
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(len(trees))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a save hung"
+    assert errors == []
+    for i, tree in enumerate(trees):
+        _assert_tree_equal(checkpoint.restore(tmp_path / f"t{i}"), _values(tree))
+    assert sorted(os.listdir(tmp_path)) == sorted(f"t{i}" for i in range(len(trees)))  # no lock or staging left
+
+
+def test_a_second_writer_to_one_path_is_refused_at_once(tmp_path):
+    path = tmp_path / "ckpt"
+    first = checkpoint.save(path, _small_tree(1), blocking=False)  # holds the path's lock until it finishes
+    start = time.monotonic()
+    with pytest.raises(EinshardError, match=r"another save is writing the checkpoint at '.*ckpt': thread '.*' of "
+                                            r"this process on host .* holds '.*ckpt.einshard-lock'"):
+        checkpoint.save(path, _small_tree(2), overwrite=True)
+    assert time.monotonic() - start < 5
+    first.wait_until_finished()
+    _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(1)))
+    checkpoint.save(path, _small_tree(3), overwrite=True)  # the lock is free again
+    _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(3)))
+
+
+def test_racing_threads_on_one_path_never_mix_or_hang(tmp_path):
+    import threading
+
+    path = tmp_path / "ckpt"
+    checkpoint.save(path, _small_tree(0))
+    outcome: dict[int, str] = {}
+
+    def save(i: int) -> None:
+        try:
+            checkpoint.save(path, _small_tree(i), overwrite=True)
+            outcome[i] = "saved"
+        except EinshardError as err:
+            outcome[i] = "refused" if "another save is writing" in str(err) else f"error: {err}"
+
+    for _ in range(3):
+        threads = [threading.Thread(target=save, args=(i,)) for i in (1, 2, 3, 4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a save hung"
+        assert set(outcome.values()) <= {"saved", "refused"}, outcome
+        saved = [i for i, o in outcome.items() if o == "saved"]
+        assert saved
+        back = checkpoint.restore(path)
+        assert int(back["step"]) in saved
+        _assert_tree_equal(back, _values(_small_tree(int(back["step"]))))  # whole, never a mix
+        outcome.clear()
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_a_lock_file_left_by_a_dead_writer_does_not_block(tmp_path):
+    path = tmp_path / "ckpt"
+    (tmp_path / "ckpt.einshard-lock").write_text('{"pid": 999999999, "host": "gone", "since": 0}')
+    checkpoint.save(path, _small_tree(1))  # flock died with its owner: the file alone holds nothing
+    _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(1)))
+
+
+@pytest.mark.parametrize(
+    "tree, shown",
+    [
+        ({"a.b": np.ones(2), "a": {"b": np.zeros(2)}}, (r"\['a'\]\['b'\]", r"\['a.b'\]", "'a.b'")),
+        ({"layer.0": np.ones(2), "layer": [np.zeros(2)]}, (r"\['layer'\]\[0\]", r"\['layer.0'\]", "'layer.0'")),
+    ],
+    ids=["dotted-key", "dotted-index"],
+)
+def test_leaf_paths_that_orbax_would_store_under_one_name_are_refused(tmp_path, tree, shown):
+    with pytest.raises(EinshardError, match="would be stored under the same name") as err:
+        checkpoint.save(tmp_path / "c", tree)
+    for part in shown:
+        assert re.search(part, str(err.value)), (part, str(err.value))
+    assert not (tmp_path / "c").exists()
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def _stored_files(path: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(f for f in path.rglob("*") if f.is_file())
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's abandoned read coroutines
+@pytest.mark.parametrize("damage", ["bit-flip", "truncation"])
+def test_damage_to_any_stored_file_is_found(tmp_path, damage):
+    """Every file of the checkpoint, flipped or truncated in turn: never a silent restore."""
+    path = tmp_path / "ckpt"
+    checkpoint.save(path, _small_tree(7), meta={"step": 7})
+    pristine = {f: f.read_bytes() for f in _stored_files(path)}
+    assert any(f.name == "einshard-checksums.json" for f in pristine)
+    rng = np.random.default_rng(0 if damage == "bit-flip" else 1)
+    for file, data in pristine.items():
+        if damage == "bit-flip":
+            damaged = bytearray(data)
+            at = int(rng.integers(len(data)))
+            damaged[at] ^= 1 << int(rng.integers(8))
+            file.write_bytes(bytes(damaged))
+        else:
+            file.write_bytes(data[: int(rng.integers(len(data)))])
+        name = file.relative_to(path).as_posix()
+        with pytest.raises(EinshardError) as err:
+            checkpoint.restore(path)
+        assert "ckpt" in str(err.value), (name, str(err.value))
+        if name != "einshard-checksums.json":
+            assert name in str(err.value) or "metadata" in str(err.value), (name, str(err.value))
+        file.write_bytes(data)
+    _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(7)))
+
+
+def test_a_flipped_bit_in_array_data_names_the_leaf_and_the_file(tmp_path):
+    mesh = _mesh((4, 2), ("data", "model"), AxisType.Explicit)
+    big = np.arange(256 * 256, dtype=np.float32).reshape(256, 256)  # compresses, so a flip changes a value
+    checkpoint.save(tmp_path / "c", {"w": einshard(big, "a b -> a@data b", mesh=mesh), "b": np.ones(3, np.float32)})
+    largest = max(_stored_files(tmp_path / "c"), key=lambda f: f.stat().st_size)
+    data = bytearray(largest.read_bytes())
+    data[len(data) // 2] ^= 4
+    largest.write_bytes(bytes(data))
+    with pytest.raises(EinshardError) as err:
+        checkpoint.restore(tmp_path / "c")
+    text = str(err.value)
+    assert largest.relative_to(tmp_path / "c").as_posix() in text
+    assert "the values of ['w'] read from them are wrong" in text
+
+
+def test_value_digests_do_not_depend_on_the_layout():
+    from einshard.checkpoint import _integrity
+
+    x = np.random.default_rng(0).standard_normal((16, 24)).astype(np.float32)
+    mesh = _mesh((4, 2), ("data", "model"), AxisType.Explicit)
+    layouts = [x, einshard(x, "a b -> a@data b@model", mesh=mesh), einshard(x, "a b -> b a", mesh=mesh),
+               einshard(x, "a b -> a b*")]
+    digests = _integrity.finish_digests(_integrity.start_digests(layouts))
+    assert len(set(digests)) == 1
+    for i in (0, 17, 383):  # one flipped bit anywhere changes it
+        flipped = x.copy().view(np.uint32)
+        flipped.flat[i] ^= 1 << (i % 32)
+        assert _integrity.finish_digests(_integrity.start_digests([flipped.view(np.float32)]))[0] != digests[0]
+    for dtype in (np.int8, np.uint16, np.bool_, np.complex64, "bfloat16"):
+        assert _integrity.finish_digests(_integrity.start_digests([np.ones((3, 5), dtype)]))[0] is not None
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's abandoned write futures
+@pytest.mark.parametrize("where", ["orbax-metadata", "checksums"])
+def test_a_full_disk_leaves_the_previous_checkpoint_and_no_staging(tmp_path, monkeypatch, where):
+    import errno
+
+    from etils import epath
+
+    from einshard.checkpoint import _integrity
+
+    path = tmp_path / "ckpt"
+    checkpoint.save(path, _small_tree(1))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "orbax-metadata":
+        monkeypatch.setattr(epath.Path, "write_text", full)
+    else:
+        monkeypatch.setattr(_integrity, "write_manifest", full)
+    with pytest.raises(EinshardError, match=r"cannot save the checkpoint at '.*ckpt': the disk is full"):
+        checkpoint.save(path, _small_tree(2), overwrite=True)
+    with pytest.raises(EinshardError, match="the disk is full"):
+        checkpoint.save(tmp_path / "new", _small_tree(2))
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]  # staging, orbax's temporary directory and the lock: gone
+    _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(1)))
+    checkpoint.save(path, _small_tree(3), overwrite=True)
+    _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(3)))
+
+
+def _leftovers(tmp_path: pathlib.Path, state: str) -> pathlib.Path:
+    """A checkpoint directory as an interrupted save or swap leaves it (old = step 1, new = step 2)."""
+    path = tmp_path / "ckpt"
+    checkpoint.save(path, _small_tree(1))
+    checkpoint.save(tmp_path / "new", _small_tree(2))
+    previous, staged = tmp_path / "ckpt.einshard-previous", tmp_path / "ckpt.einshard-next"
+    if state == "after-first-rename":  # PATH -> previous done, next -> PATH not yet
+        os.rename(path, previous)
+        os.rename(tmp_path / "new", staged)
+    elif state == "staged-incomplete":  # PATH -> previous done, the staged save had not finished
+        os.rename(path, previous)
+        os.rename(tmp_path / "new", staged)
+        (staged / "einshard-checksums.json").unlink()
+    elif state == "after-second-rename":  # previous not removed yet
+        os.rename(path, previous)
+        os.rename(tmp_path / "new", path)
+    elif state == "stale-staging":  # a save killed while writing
+        os.rename(tmp_path / "new", staged)
+        (staged / "einshard-checksums.json").unlink()
+        (tmp_path / "ckpt.einshard-next.orbax-checkpoint-tmp-1234").mkdir()
+    return path
+
+
+@pytest.mark.parametrize(
+    "state, step",
+    [("after-first-rename", 2), ("staged-incomplete", 1), ("after-second-rename", 2), ("stale-staging", 1)],
+)
+@pytest.mark.parametrize("by", ["restore", "save"])
+def test_leftovers_of_an_interrupted_swap_are_recovered(tmp_path, state, step, by):
+    path = _leftovers(tmp_path, state)
+    if by == "restore":
+        _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(step)))
+    else:
+        with pytest.raises(EinshardError, match="a checkpoint already exists"):  # recovered first, so it exists
+            checkpoint.save(path, _small_tree(9))
+        _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(step)))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]

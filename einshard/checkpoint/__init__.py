@@ -42,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -340,13 +341,15 @@ def _start_save(
         with _ORBAX_TURN:
             checkpointer.save(staged, tree, custom_metadata={"einshard": header})
     except BaseException as err:
-        checkpointer.close()
+        with contextlib.suppress(Exception):
+            checkpointer.close()
         raise abandon(err) from None
 
     def finish(saving: Any) -> None:
         try:
             with _ORBAX_TURN:
                 saving.wait_until_finished()
+                saving.close()
             written = dict(zip(keys, _integrity.finish_digests(digests)))
             _sync(f"the end of the save to {os.fspath(target)!r}")
             if lead:
@@ -354,9 +357,9 @@ def _start_save(
                 _guard.swap_in(staged, target)
             _sync(f"the swap of the save to {os.fspath(target)!r}")
         except BaseException as err:
+            with contextlib.suppress(Exception):  # it re-raises the failure already in hand
+                saving.close()
             raise abandon(err) from None
-        finally:
-            saving.close()
         if lock is not None:
             lock.release()
 
