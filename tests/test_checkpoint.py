@@ -574,8 +574,11 @@ def test_a_second_writer_to_one_path_is_refused_at_once(tmp_path):
     path = tmp_path / "ckpt"
     first = checkpoint.save(path, _small_tree(1), blocking=False)  # holds the path's lock until it finishes
     start = time.monotonic()
-    with pytest.raises(EinshardError, match=r"another save is writing the checkpoint at '.*ckpt': thread '.*' of "
-                                            r"this process on host .* holds '.*ckpt.einshard-lock'"):
+    with pytest.raises(
+        EinshardError,
+        match=r"another save is writing the checkpoint at '.*ckpt': thread '.*' of "
+        r"this process on host .* holds '.*ckpt.einshard-lock'",
+    ):
         checkpoint.save(path, _small_tree(2), overwrite=True)
     assert time.monotonic() - start < 5
     first.wait_until_finished()
@@ -690,8 +693,12 @@ def test_value_digests_do_not_depend_on_the_layout():
 
     x = np.random.default_rng(0).standard_normal((16, 24)).astype(np.float32)
     mesh = _mesh((4, 2), ("data", "model"), AxisType.Explicit)
-    layouts = [x, einshard(x, "a b -> a@data b@model", mesh=mesh), einshard(x, "a b -> b a", mesh=mesh),
-               einshard(x, "a b -> a b*")]
+    layouts = [
+        x,
+        einshard(x, "a b -> a@data b@model", mesh=mesh),
+        einshard(x, "a b -> b a", mesh=mesh),
+        einshard(x, "a b -> a b*"),
+    ]
     digests = _integrity.finish_digests(_integrity.start_digests(layouts))
     assert len(set(digests)) == 1
     for i in (0, 17, 383):  # one flipped bit anywhere changes it

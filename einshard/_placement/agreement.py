@@ -74,9 +74,7 @@ def _client() -> Any:
 
     client = distributed.global_state.client
     if client is None:
-        raise EinshardError(
-            "several processes but no jax.distributed client: call jax.distributed.initialize() first"
-        )
+        raise EinshardError("several processes but no jax.distributed client: call jax.distributed.initialize() first")
     return client
 
 

@@ -52,7 +52,12 @@ class WriterLock:
 
 def _owner_text() -> str:
     return json.dumps(
-        {"pid": os.getpid(), "host": socket.gethostname(), "thread": threading.current_thread().name, "since": time.time()}
+        {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "thread": threading.current_thread().name,
+            "since": time.time(),
+        }
     )
 
 
