@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_processes(tmp_path: Path) -> list[tuple[int, str, str]]:
+def _run_processes(tmp_path: Path, extra: tuple[str, ...] = (), grace_s: float = 5) -> list[tuple[int, str, str]]:
     """Launch every worker, wait for all of them (killing them all on timeout): (returncode, stdout, stderr) each."""
     port = _free_port()
     env = dict(os.environ)
@@ -78,13 +79,13 @@ def _run_processes(tmp_path: Path) -> list[tuple[int, str, str]]:
             err = open(tmp_path / f"worker{pid}.err", "w+")
             files.append((out, err))
             cmd = [sys.executable, str(WORKER), "--port", str(port), "--process-id", str(pid)]
-            cmd += ["--num-processes", str(N_PROCESSES), "--local-devices", str(LOCAL_DEVICES)]
+            cmd += ["--num-processes", str(N_PROCESSES), "--local-devices", str(LOCAL_DEVICES), *extra]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT))
         deadline = time.monotonic() + TIMEOUT_S
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             if any(p.poll() not in (None, 0) for p in procs):
                 # One failed: the others may wait for it in a collective; give them a moment, not minutes.
-                deadline = min(deadline, time.monotonic() + 5)
+                deadline = min(deadline, time.monotonic() + grace_s)
             time.sleep(0.05)
     finally:
         for p in procs:
@@ -134,6 +135,60 @@ def test_two_processes_shard_and_reduce(tmp_path: Path) -> None:
                 assert values[name] == pytest.approx(want, rel=1e-6), (report["process"], scenario, name)
     # Every process sees the same (global) values.
     assert reports[0]["results"] == reports[1]["results"]
+
+
+# ---------------------------------------------------------------------------
+# Processes that disagree, or a peer that died: an EinshardError on every live process, in bounded time
+
+DISAGREEMENTS = {
+    "local-shape": r"disagree on the process-local data to place: process 0 and process 1 differ: "
+    r"the array: shape \(4, 16\) float32 'b d -> b@data d' against the array: shape \(5, 16\)",
+    "global-shape": r"disagree on the global data to place: .*shape \(8, 16\) .* against .*shape \(8, 17\)",
+    "expression": r"disagree on the global data to place: .*'b d -> b@data d' against .*'b d -> b d@model'",
+    "save-tree": r"disagree on the checkpoint to save at '.*ckpt': .*3 entries against 4|disagree on the checkpoint.*extra",
+    "save-layout": r"disagree on the checkpoint to save at '.*ckpt': process 0 and process 1 differ: "
+    r"\['w1'\] \[16, 8\] float32 '[^']*@model' against \['w1'\] \[16, 8\] float32 '[^']*@data[^']*'",
+}
+
+
+def _fault_reports(tmp_path: Path, fault: str) -> tuple[list[dict | None], list[tuple[int, str, str]]]:
+    worker = _worker_module()
+    start = time.monotonic()
+    # A process killed on purpose: the survivor needs its peer timeout (5 s) and a little more.
+    results = _run_processes(tmp_path, ("--fault", fault, "--path", str(tmp_path / "ckpt")), grace_s=30)
+    assert time.monotonic() - start < TIMEOUT_S, "a worker had to be killed:\n" + _report(results)
+    reports: list[dict | None] = []
+    for _, out, _ in results:
+        lines = [line for line in out.splitlines() if line.startswith(worker.RESULT_PREFIX)]
+        reports.append(json.loads(lines[-1][len(worker.RESULT_PREFIX) :]) if lines else None)
+    return reports, results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", sorted(DISAGREEMENTS))
+def test_processes_that_disagree_are_refused_on_every_process(tmp_path: Path, fault: str) -> None:
+    reports, results = _fault_reports(tmp_path, fault)
+    for pid, report in enumerate(reports):
+        assert report is not None, f"process {pid} printed no result:\n" + _report(results)
+        assert report["error"] is not None, f"process {pid} accepted {fault}"
+        assert re.search(DISAGREEMENTS[fault], report["error"]), (pid, report["error"])
+        assert report["seconds"] < 10, report
+    if fault.startswith("save"):
+        assert not (tmp_path / "ckpt").exists()
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["dead-peer-placement", "dead-peer-save"])
+def test_a_dead_peer_is_named_within_the_peer_timeout(tmp_path: Path, fault: str) -> None:
+    worker = _worker_module()
+    (survivor, dead), results = _fault_reports(tmp_path, fault)
+    assert dead is None  # killed itself (SIGKILL) before the call
+    assert survivor is not None, "the surviving process printed no result:\n" + _report(results)
+    assert survivor["error"] is not None
+    assert re.search(r"process 0 waited 5 s for process 1 to reach", survivor["error"]), survivor["error"]
+    assert worker.PEER_TIMEOUT_S <= survivor["seconds"] < worker.PEER_TIMEOUT_S + 5, survivor
+    assert not (tmp_path / "ckpt").exists()
 
 
 # ---------------------------------------------------------------------------
