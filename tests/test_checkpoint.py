@@ -776,3 +776,126 @@ def test_leftovers_of_an_interrupted_swap_are_recovered(tmp_path, state, step, b
             checkpoint.save(path, _small_tree(9))
         _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(step)))
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+# ---------------------------------------------------------------------------
+# kill -9 at random points of save and of the overwrite swap; concurrent writer processes (subprocesses)
+
+WRITER = textwrap.dedent(
+    """
+    import os, signal, shutil, sys, time
+    import numpy as np, jax
+    from einshard import EinshardError, checkpoint, einshard
+    from einshard.checkpoint import _guard
+    path, first, count, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    mesh = jax.make_mesh((4, 2), ('data', 'model'))
+
+    def tree(i):
+        rows = np.arange(256 * 64, dtype=np.float32).reshape(256, 64) + i
+        return {'w': einshard(rows, 'a b -> a@data b@model', mesh=mesh), 'step': np.int32(i)}
+
+    def die(*_args, **_kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    renames = []
+    real_rename, real_rmtree = os.rename, shutil.rmtree
+    def rename(src, dst):  # the swap's renames: kill after the n-th
+        real_rename(src, dst)
+        if not str(dst).endswith(('/ckpt', '/ckpt.einshard-previous')):
+            return  # orbax's own renames inside the staging directory
+        renames.append(dst)
+        if kill_at == f'after-rename-{len(renames)}':
+            die()
+    def rmtree(p, *a, **k):
+        if kill_at == 'removing-previous' and str(p).endswith('.einshard-previous') and os.path.exists(p):
+            real_rmtree(os.path.join(p, 'd'), ignore_errors=True)  # half removed, then killed
+            die()
+        return real_rmtree(p, *a, **k)
+    if kill_at.startswith('after-rename') or kill_at == 'removing-previous':
+        _guard.os.rename, _guard.shutil.rmtree = rename, rmtree
+    if kill_at == 'before-swap':
+        _guard.swap_in = die
+    for i in range(first, first + count):
+        try:
+            checkpoint.save(path, tree(i), overwrite=True, meta={'i': i})
+            print('saved', i, flush=True)
+        except EinshardError as err:
+            print('refused' if 'another save is writing' in str(err) else f'error {err!r}', i, flush=True)
+    """
+)
+
+
+def _writer(tmp_path: pathlib.Path, first: int, count: int, kill_at: str = "none") -> subprocess.Popen:
+    script = tmp_path / "writer.py"
+    if not script.exists():
+        script.write_text(WRITER)
+    env = device_env(8, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, str(script), str(tmp_path / "ckpt"), str(first), str(count), kill_at]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _writer_tree(i: int) -> dict:
+    return {"w": np.arange(256 * 64, dtype=np.float32).reshape(256, 64) + i, "step": np.int32(i)}
+
+
+def _restores_whole(path: pathlib.Path, allowed: set[int]) -> int:
+    back = checkpoint.restore(path)
+    step = int(back["step"])
+    assert step in allowed, (step, allowed)
+    _assert_tree_equal(back, _writer_tree(step))  # whole, never a mix of two saves
+    return step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kill_at, step",
+    [("before-swap", 0), ("after-rename-1", 1), ("after-rename-2", 1), ("removing-previous", 1)],
+)
+def test_a_save_killed_inside_the_overwrite_swap_keeps_a_whole_checkpoint(tmp_path, kill_at, step):
+    checkpoint.save(tmp_path / "ckpt", jax.tree.map(np.asarray, _writer_tree(0)))
+    proc = _writer(tmp_path, 1, 1, kill_at)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, (out, err[-3000:])
+    # The first reader recovers the right one: the new checkpoint once it was complete, else the old.
+    assert _restores_whole(tmp_path / "ckpt", {step}) == step
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "writer.py"]
+    checkpoint.save(tmp_path / "ckpt", jax.tree.map(np.asarray, _writer_tree(5)), overwrite=True)
+    assert _restores_whole(tmp_path / "ckpt", {5}) == 5
+
+
+@pytest.mark.slow
+def test_saves_killed_at_random_points_always_leave_a_whole_checkpoint(tmp_path):
+    rng = np.random.default_rng(25)
+    checkpoint.save(tmp_path / "ckpt", jax.tree.map(np.asarray, _writer_tree(0)))
+    last = 0
+    for trial in range(6):
+        first = 100 * (trial + 1)
+        proc = _writer(tmp_path, first, 50)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the first save is done: JAX is up, the loop is running
+        assert line.startswith("saved"), (line, proc.stderr.read() if proc.stderr else "")
+        time.sleep(float(rng.uniform(0, 0.5)))
+        proc.send_signal(signal.SIGKILL)
+        rest = proc.communicate(timeout=60)[0]
+        saved = [int(line.split()[1]) for line in [line, *rest.splitlines()] if line.startswith("saved")]
+        # The checkpoint is the last save reported, or the one after it (complete, killed before it printed).
+        last = _restores_whole(tmp_path / "ckpt", {saved[-1], saved[-1] + 1})
+        assert sorted(os.listdir(tmp_path)) == ["ckpt", "writer.py"]
+    assert last >= 600
+
+
+@pytest.mark.slow
+def test_two_writer_processes_on_one_path_never_mix_or_hang(tmp_path):
+    checkpoint.save(tmp_path / "ckpt", jax.tree.map(np.asarray, _writer_tree(0)))
+    procs = [_writer(tmp_path, 1000 * (k + 1), 15) for k in range(2)]
+    outcomes: list[str] = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+        outcomes += out.splitlines()
+    kinds = {line.split()[0] for line in outcomes}
+    assert kinds <= {"saved", "refused"}, outcomes
+    saved = {int(line.split()[1]) for line in outcomes if line.startswith("saved")}
+    assert saved
+    _restores_whole(tmp_path / "ckpt", saved)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "writer.py"]

@@ -387,7 +387,7 @@ def _locate(path: str | os.PathLike[str]) -> pathlib.Path:
 def _tidy(path: str | os.PathLike[str]) -> None:
     """Recover or remove what an interrupted save left beside ``path``, unless a writer is at work on it now."""
     target = pathlib.Path(os.fspath(path)).absolute()
-    if not any(_guard.sibling(target, s).exists() for s in (_guard.NEXT, _guard.PREVIOUS)):
+    if not _guard.has_leftovers(target):
         return
     lock = _guard.try_acquire(target)
     if lock is None:

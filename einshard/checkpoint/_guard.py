@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import json
 import os
 import pathlib
@@ -121,10 +122,15 @@ def try_acquire(path: pathlib.Path) -> WriterLock | None:
     return None if fd is None else WriterLock(path, fd)
 
 
+def has_leftovers(path: pathlib.Path) -> bool:
+    """Whether anything a save leaves beside ``path`` while it runs is there (staging, set aside, a lock file)."""
+    return any(path.parent.glob(glob.escape(path.name) + ".einshard-*"))
+
+
 def remove_staging(path: pathlib.Path) -> None:
     """Remove ``PATH.einshard-next`` and orbax's temporary directories for it (the caller holds the lock)."""
     staged = sibling(path, NEXT)
-    for leftover in [staged, *path.parent.glob(f"{staged.name}.orbax-checkpoint-tmp*")]:
+    for leftover in [staged, *path.parent.glob(f"{glob.escape(staged.name)}.orbax-checkpoint-tmp*")]:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
