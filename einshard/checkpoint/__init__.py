@@ -629,7 +629,7 @@ def _damaged_leaves(
         return "the damage makes the checkpoint unreadable"
     if wrong:
         return f"the values of {_show_paths(wrong)} read from them are wrong"
-    return "every leaf's values still match their checksums (the damage is in metadata)"
+    return "the values read from them still match their checksums (the damage is outside the array values)"
 
 
 def _first_lines(err: BaseException) -> str:
