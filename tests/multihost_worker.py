@@ -84,6 +84,7 @@ FAULTS = {
     "save-layout": "process 1 saves a leaf laid out differently",
     "dead-peer-placement": "process 1 dies before placing",
     "dead-peer-save": "process 1 dies before saving",
+    "dead-peer-mid-save": "process 1 dies after the save's agreement, as orbax starts writing",
 }
 PEER_TIMEOUT_S = 5
 
@@ -100,8 +101,12 @@ def run_fault(jax, fault: str, path: str | None) -> dict:
     odd = me == 1
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     glob = global_data()
-    if fault.startswith("dead-peer") and odd:
+    if fault in ("dead-peer-placement", "dead-peer-save") and odd:
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "dead-peer-mid-save" and odd:
+        from einshard.checkpoint import _integrity
+
+        _integrity.start_digests = lambda leaves: os.kill(os.getpid(), signal.SIGKILL)
     start = time.monotonic()
     try:
         if fault in ("local-shape", "dead-peer-placement"):

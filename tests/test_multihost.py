@@ -154,8 +154,8 @@ DISAGREEMENTS = {
 def _fault_reports(tmp_path: Path, fault: str) -> tuple[list[dict | None], list[tuple[int, str, str]]]:
     worker = _worker_module()
     start = time.monotonic()
-    # A process killed on purpose: the survivor needs its peer timeout (5 s) and a little more.
-    results = _run_processes(tmp_path, ("--fault", fault, "--path", str(tmp_path / "ckpt")), grace_s=30)
+    # A process killed on purpose: the survivor needs its peer timeout (5 s), or gloo's own 30 s, and a little more.
+    results = _run_processes(tmp_path, ("--fault", fault, "--path", str(tmp_path / "ckpt")), grace_s=60)
     assert time.monotonic() - start < TIMEOUT_S, "a worker had to be killed:\n" + _report(results)
     reports: list[dict | None] = []
     for _, out, _ in results:
@@ -189,6 +189,17 @@ def test_a_dead_peer_is_named_within_the_peer_timeout(tmp_path: Path, fault: str
     assert re.search(r"process 0 waited 5 s for process 1 to reach", survivor["error"]), survivor["error"]
     assert worker.PEER_TIMEOUT_S <= survivor["seconds"] < worker.PEER_TIMEOUT_S + 5, survivor
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.slow
+def test_a_peer_dying_inside_the_save_is_named_and_nothing_is_left(tmp_path: Path) -> None:
+    """Killed after the agreement, as the save's collectives start: JAX's gloo gives up after its own 30 s."""
+    (survivor, dead), results = _fault_reports(tmp_path, "dead-peer-mid-save")
+    assert dead is None
+    assert survivor is not None, "the surviving process printed no result:\n" + _report(results)
+    assert re.search(r"cannot save the checkpoint at '.*ckpt': process 1 stopped taking part", survivor["error"])
+    assert survivor["seconds"] < 60, survivor
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == []
 
 
 # ---------------------------------------------------------------------------

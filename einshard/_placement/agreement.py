@@ -120,6 +120,29 @@ def exchange(kind: str, value: str, what: str) -> list[str]:
     return out
 
 
+def absent_processes(wait_s: float) -> list[int]:
+    """After a failed collective: the processes that do not answer within ``wait_s`` (every live one calls this)."""
+    n, me = jax.process_count(), jax.process_index()
+    if n == 1:
+        return []
+    try:
+        client = _client()
+        base = f"einshard/alive/{_next('alive')}"
+        client.key_value_set(f"{base}/{me}", "", allow_overwrite=True)
+    except Exception:  # the runtime itself is gone
+        return [p for p in range(n) if p != me]
+    deadline = time.monotonic() + wait_s
+    absent = []
+    for p in range(n):
+        if p == me:
+            continue
+        try:
+            client.blocking_key_value_get(f"{base}/{p}", max(1, int((deadline - time.monotonic()) * 1000)))
+        except Exception:
+            absent.append(p)
+    return absent
+
+
 def _present(client: Any, key: str) -> bool:
     try:
         client.key_value_try_get(key)

@@ -57,7 +57,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
-from .._placement.agreement import agree, exchange, first_difference
+from .._placement.agreement import absent_processes, agree, exchange, first_difference, peer_timeout
 from ..errors import EinshardError
 from ..placement import current_mesh, describe, is_anonymous, sharding
 from ..tree_rules import leaf_expressions
@@ -72,6 +72,8 @@ _PREVIOUS = _guard.PREVIOUS
 # orbax's setup of a save (its temporary directory, its async machinery) is not
 # safe from several threads at once: the calls into orbax take turns.
 _ORBAX_TURN = threading.RLock()
+# What the runtime says when a collective or barrier loses a process.
+_PEER_FAILURES = ("DEADLINE_EXCEEDED", "CoordinationService", "Gloo", "UNAVAILABLE", "barrier")
 
 
 def _orbax() -> ModuleType:
@@ -125,6 +127,11 @@ def _write_error(target: pathlib.Path, err: BaseException) -> EinshardError:
         s in str(err) for s in ("RESOURCE_EXHAUSTED", "No space left", "Disk quota", "File too large")
     )
     what = "the disk is full" if full else "the write failed"
+    if not full and jax.process_count() > 1 and any(s in str(err) for s in _PEER_FAILURES):
+        # A collective of the save (its checksums, orbax's barriers) lost a peer: say which one.
+        absent = absent_processes(min(5.0, peer_timeout()))
+        if absent:
+            what = f"process{'es' if len(absent) > 1 else ''} {', '.join(map(str, absent))} stopped taking part"
     return EinshardError(
         f"cannot save the checkpoint at {os.fspath(target)!r}: {what} ({text}); the partly written copy was "
         "removed and the checkpoint that was there before (if any) is unchanged"
