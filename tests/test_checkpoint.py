@@ -899,3 +899,42 @@ def test_two_writer_processes_on_one_path_never_mix_or_hang(tmp_path):
     assert saved
     _restores_whole(tmp_path / "ckpt", saved)
     assert sorted(os.listdir(tmp_path)) == ["ckpt", "writer.py"]
+
+
+FILE_SIZE_LIMITED = textwrap.dedent(
+    """
+    import os, resource, signal, sys
+    import numpy as np, jax
+    from einshard import EinshardError, checkpoint, einshard
+    path = sys.argv[1]
+    mesh = jax.make_mesh((4, 2), ('data', 'model'))
+    # Past 100 kB every write fails inside tensorstore (EFBIG, as ENOSPC would), not in Python we could patch.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
+    big = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+    try:
+        checkpoint.save(path, {'w': einshard(big, 'a b -> a@data b', mesh=mesh)}, overwrite=True)
+    except EinshardError as err:
+        print('refused:', err, flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_write_failing_inside_tensorstore_leaves_the_previous_checkpoint(tmp_path):
+    checkpoint.save(tmp_path / "ckpt", {"w": np.zeros((8, 8), np.float32)})
+    script = tmp_path / "limited.py"
+    script.write_text(FILE_SIZE_LIMITED)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ckpt")],
+        env=device_env(8, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(
+        r"refused: cannot save the checkpoint at '.*ckpt': a file size limit was hit \(.*File too large", proc.stdout
+    )
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "limited.py"]
+    np.testing.assert_array_equal(np.asarray(checkpoint.restore(tmp_path / "ckpt")["w"]), 0)

@@ -42,13 +42,13 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import math
 import os
 import pathlib
 import threading
+import time
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -118,15 +118,45 @@ def _sync(name: str) -> None:
     exchange("checkpoint-sync", "", name)
 
 
+def _drain(checkpointer: Any) -> None:
+    """Let every background write of a failed save end, then close it.
+
+    orbax re-raises one failed background write per wait and leaves the others
+    running, and one of them could re-create the staging directory after it is
+    removed: wait until none is left.
+    """
+    for _ in range(64):
+        try:
+            with _ORBAX_TURN:
+                checkpointer.close()
+            return
+        except Exception:
+            continue
+
+
+def _join_orbax_threads(started_with: set[threading.Thread], deadline_s: float) -> None:
+    """Wait (bounded) for the threads orbax started for a failed save: some still write after the failure."""
+    end = time.monotonic() + deadline_s
+    for t in set(threading.enumerate()) - started_with:
+        if t is threading.current_thread():
+            continue
+        if type(t).__module__.startswith("orbax") or t.name.startswith(("metadata_store", "array_type_handler")):
+            t.join(max(0.0, end - time.monotonic()))
+
+
 def _write_error(target: pathlib.Path, err: BaseException) -> EinshardError:
     """What a failed write becomes: disk full said plainly, anything else with its first line."""
     if isinstance(err, EinshardError):
         return err
     text = _first_lines(err)
-    full = (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)) or any(
-        s in str(err) for s in ("RESOURCE_EXHAUSTED", "No space left", "Disk quota", "File too large")
-    )
-    what = "the disk is full" if full else "the write failed"
+    code = err.errno if isinstance(err, OSError) else None
+    room = {
+        "the disk is full": code == errno.ENOSPC or any(s in str(err) for s in ("RESOURCE_EXHAUSTED", "No space left")),
+        "the disk quota is used up": code == errno.EDQUOT or "Disk quota" in str(err),
+        "a file size limit was hit": code == errno.EFBIG or "File too large" in str(err),
+    }
+    full = any(room.values())
+    what = next((k for k, hit in room.items() if hit), "the write failed")
     if not full and jax.process_count() > 1 and any(s in str(err) for s in _PEER_FAILURES):
         # A collective of the save (its checksums, orbax's barriers) lost a peer: say which one.
         absent = absent_processes(min(5.0, peer_timeout()))
@@ -315,6 +345,7 @@ def _start_save(
     """Take the path's lock, stage the checkpoint with orbax; the handle finishes it (checksums, rename, unlock)."""
     lead = jax.process_index() == 0
     staged = _guard.sibling(target, _guard.NEXT)
+    started_with = set(threading.enumerate())
     lock: _guard.WriterLock | None = None
     failure = ""
     if lead:  # one process takes the lock and tidies; the others learn how that went
@@ -336,20 +367,22 @@ def _start_save(
         raise EinshardError(verdicts[0] if lead else f"process 0 refused the save: {verdicts[0]}")
 
     def abandon(err: BaseException) -> EinshardError:
+        _join_orbax_threads(started_with, deadline_s=10.0)
         if lead:
-            _guard.remove_staging(target)
+            _guard.remove_staging(target, settle_s=0.3)
             if lock is not None:
                 lock.release()
         return _write_error(target, err)
 
-    checkpointer = ocp.StandardCheckpointer()
+    # Directories made before save() returns, not by a background task that could outlive a failed save
+    # and re-create the staging directory after it was removed.
+    checkpointer = ocp.StandardCheckpointer(async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
     try:
         digests = _integrity.start_digests(values)
         with _ORBAX_TURN:
             checkpointer.save(staged, tree, custom_metadata={"einshard": header})
     except BaseException as err:
-        with contextlib.suppress(Exception):
-            checkpointer.close()
+        _drain(checkpointer)
         raise abandon(err) from None
 
     def finish(saving: Any) -> None:
@@ -364,8 +397,7 @@ def _start_save(
                 _guard.swap_in(staged, target)
             _sync(f"the swap of the save to {os.fspath(target)!r}")
         except BaseException as err:
-            with contextlib.suppress(Exception):  # it re-raises the failure already in hand
-                saving.close()
+            _drain(saving)
             raise abandon(err) from None
         if lock is not None:
             lock.release()

@@ -127,11 +127,25 @@ def has_leftovers(path: pathlib.Path) -> bool:
     return any(path.parent.glob(glob.escape(path.name) + ".einshard-*"))
 
 
-def remove_staging(path: pathlib.Path) -> None:
-    """Remove ``PATH.einshard-next`` and orbax's temporary directories for it (the caller holds the lock)."""
+def remove_staging(path: pathlib.Path, settle_s: float = 0.0) -> None:
+    """Remove ``PATH.einshard-next`` and orbax's temporary directories for it (the caller holds the lock).
+
+    ``settle_s`` > 0: after a failed save, remove again whatever a straggling
+    background write re-creates, until nothing has come back for that long (at most 5 s).
+    """
     staged = sibling(path, NEXT)
-    for leftover in [staged, *path.parent.glob(f"{glob.escape(staged.name)}.orbax-checkpoint-tmp*")]:
-        shutil.rmtree(leftover, ignore_errors=True)
+    end = time.monotonic() + 5.0
+    quiet_since = time.monotonic()
+    while True:
+        leftovers = [staged, *path.parent.glob(f"{glob.escape(staged.name)}.orbax-checkpoint-tmp*")]
+        if any(p.exists() for p in leftovers):
+            quiet_since = time.monotonic()
+        for leftover in leftovers:
+            shutil.rmtree(leftover, ignore_errors=True)
+        now = time.monotonic()
+        if settle_s <= 0 or now - quiet_since >= settle_s or now >= end:
+            return
+        time.sleep(0.02)
 
 
 def recover(path: pathlib.Path) -> None:
