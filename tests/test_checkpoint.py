@@ -19,6 +19,8 @@ import jax
 import numpy as np
 import pytest
 from device_count import device_env, run_pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -707,6 +709,35 @@ def test_value_digests_do_not_depend_on_the_layout():
         assert _integrity.finish_digests(_integrity.start_digests([flipped.view(np.float32)]))[0] != digests[0]
     for dtype in (np.int8, np.uint16, np.bool_, np.complex64, "bfloat16"):
         assert _integrity.finish_digests(_integrity.start_digests([np.ones((3, 5), dtype)]))[0] is not None
+
+
+@settings(max_examples=8)
+@given(
+    rows=st.sampled_from([4, 8, 12]),
+    cols=st.sampled_from([2, 6, 16]),
+    dtype=st.sampled_from(["float32", "bfloat16", "int8", "uint16", "bool", "complex64"]),
+    layout=st.sampled_from(["a b -> a@data b", "a b -> a b@model", "a b -> a@(data,model) b", "a b -> a b"]),
+    seed=st.integers(0, 2**16),
+)
+def test_digest_is_the_same_for_every_layout_and_changes_with_any_one_bit(rows, cols, dtype, layout, seed):
+    """Property: the digest of a laid-out array equals the host array's; one flipped bit changes it."""
+    from einshard.checkpoint import _integrity
+
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=rows * cols * np.dtype(jax.numpy.dtype(dtype)).itemsize, dtype=np.uint8)
+    host = raw.view(jax.numpy.dtype(dtype)).reshape(rows, cols) if dtype != "bool" else raw.reshape(rows, cols) > 127
+    mesh = _mesh((2, 2), ("data", "model"), AxisType.Explicit)
+    try:
+        placed = einshard(host, layout, mesh=mesh)
+    except EinshardError:
+        return  # the layout does not divide this shape
+    want, got = _integrity.finish_digests(_integrity.start_digests([host, placed]))
+    assert want == got is not None
+    flipped = bytearray(host.tobytes())
+    at = int(rng.integers(len(flipped)))
+    flipped[at] ^= 1 << (0 if dtype == "bool" else int(rng.integers(8)))
+    other = np.frombuffer(bytes(flipped), host.dtype).reshape(host.shape)
+    assert _integrity.finish_digests(_integrity.start_digests([other]))[0] != want
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's abandoned write futures
