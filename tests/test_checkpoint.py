@@ -969,3 +969,21 @@ def test_a_write_failing_inside_tensorstore_leaves_the_previous_checkpoint(tmp_p
     )
     assert sorted(os.listdir(tmp_path)) == ["ckpt", "limited.py"]
     np.testing.assert_array_equal(np.asarray(checkpoint.restore(tmp_path / "ckpt")["w"]), 0)
+
+
+def test_an_interrupt_during_a_save_stays_an_interrupt_and_cleans_up(tmp_path, monkeypatch):
+    from einshard.checkpoint import _integrity
+
+    path = tmp_path / "ckpt"
+    checkpoint.save(path, _small_tree(1))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_integrity, "write_manifest", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(path, _small_tree(2), overwrite=True)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+    checkpoint.save(path, _small_tree(3), overwrite=True)  # the lock was released
+    _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(3)))

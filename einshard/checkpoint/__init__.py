@@ -366,13 +366,21 @@ def _start_save(
     if verdicts[0]:
         raise EinshardError(verdicts[0] if lead else f"process 0 refused the save: {verdicts[0]}")
 
-    def abandon(err: BaseException) -> EinshardError:
-        _join_orbax_threads(started_with, deadline_s=10.0)
-        if lead:
-            _guard.remove_staging(target, settle_s=0.3)
-            if lock is not None:
-                lock.release()
-        return _write_error(target, err)
+    held = [lock] if lock is not None else []  # released once, by whichever path ends the save
+
+    def unlock() -> None:
+        while held:
+            held.pop().release()
+
+    def abandon(err: BaseException) -> BaseException:
+        """Clean up after a failed save: what to raise (an interrupt stays an interrupt)."""
+        try:
+            _join_orbax_threads(started_with, deadline_s=10.0)
+            if lead:
+                _guard.remove_staging(target, settle_s=0.3)
+        finally:
+            unlock()
+        return _write_error(target, err) if isinstance(err, Exception) else err
 
     # Directories made before save() returns, not by a background task that could outlive a failed save
     # and re-create the staging directory after it was removed.
@@ -392,15 +400,25 @@ def _start_save(
                 saving.close()
             written = dict(zip(keys, _integrity.finish_digests(digests)))
             _sync(f"the end of the save to {os.fspath(target)!r}")
-            if lead:
-                _integrity.write_manifest(staged, written)
-                _guard.swap_in(staged, target)
-            _sync(f"the swap of the save to {os.fspath(target)!r}")
         except BaseException as err:
             _drain(saving)
             raise abandon(err) from None
-        if lock is not None:
-            lock.release()
+        failure = ""
+        try:
+            if lead:  # the last steps, on process 0 alone; the others learn how they went
+                try:
+                    _integrity.write_manifest(staged, written)
+                    _guard.swap_in(staged, target)
+                except BaseException as err:
+                    outcome = abandon(err)
+                    if not isinstance(err, Exception):
+                        raise  # an interrupt: cleaned up, and the other processes name this one after their wait
+                    failure = str(outcome)
+            verdicts = exchange("checkpoint-swap", failure, f"the swap of the save to {os.fspath(target)!r}")
+        finally:
+            unlock()
+        if verdicts[0]:
+            raise EinshardError(verdicts[0] if lead else f"process 0 could not finish the save: {verdicts[0]}")
 
     handle = Saving(target, checkpointer, finish)
     if blocking:
