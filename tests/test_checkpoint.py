@@ -680,14 +680,21 @@ def test_a_flipped_bit_in_array_data_names_the_leaf_and_the_file(tmp_path):
     big = np.arange(256 * 256, dtype=np.float32).reshape(256, 256)  # compresses, so a flip changes a value
     checkpoint.save(tmp_path / "c", {"w": einshard(big, "a b -> a@data b", mesh=mesh), "b": np.ones(3, np.float32)})
     largest = max(_stored_files(tmp_path / "c"), key=lambda f: f.stat().st_size)
-    data = bytearray(largest.read_bytes())
-    data[len(data) // 2] ^= 4
-    largest.write_bytes(bytes(data))
-    with pytest.raises(EinshardError) as err:
-        checkpoint.restore(tmp_path / "c")
-    text = str(err.value)
-    assert largest.relative_to(tmp_path / "c").as_posix() in text
-    assert "the values of ['w'] read from them are wrong" in text
+    name = largest.relative_to(tmp_path / "c").as_posix()
+    pristine = largest.read_bytes()
+    named_leaf = 0
+    for at in range(len(pristine) // 8, len(pristine), len(pristine) // 8):  # where the flip lands decides
+        damaged = bytearray(pristine)  # whether the data still decode (to wrong values) or not
+        damaged[at] ^= 4
+        largest.write_bytes(bytes(damaged))
+        with pytest.raises(EinshardError) as err:
+            checkpoint.restore(tmp_path / "c")
+        text = str(err.value)
+        assert f"is damaged: {name} (its sha256 differs" in text
+        named_leaf += "the values of ['w'] read from them are wrong" in text
+    assert named_leaf, "no flip decoded to wrong values: the leaf was never named"
+    largest.write_bytes(pristine)
+    np.testing.assert_array_equal(np.asarray(checkpoint.restore(tmp_path / "c")["w"]), big)
 
 
 def test_value_digests_do_not_depend_on_the_layout():
@@ -987,3 +994,23 @@ def test_an_interrupt_during_a_save_stays_an_interrupt_and_cleans_up(tmp_path, m
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
     checkpoint.save(path, _small_tree(3), overwrite=True)  # the lock was released
     _assert_tree_equal(checkpoint.restore(path), _values(_small_tree(3)))
+
+
+def test_a_missing_checksums_file_is_refused_but_old_checkpoints_restore(tmp_path):
+    path = tmp_path / "ckpt"
+    checkpoint.save(path, _small_tree(1))
+    (path / "einshard-checksums.json").unlink()
+    with pytest.raises(EinshardError, match="was written with checksums, but its checksums file .* is missing"):
+        checkpoint.restore(path)
+    _assert_tree_equal(checkpoint.restore(path, verify=False), _values(_small_tree(1)))
+    with pytest.raises(EinshardError, match="verify must be True or False"):
+        checkpoint.restore(path, verify="yes")
+    # A checkpoint written before einshard stored checksums (no "checksums" key, no file) restores as it is.
+    import orbax.checkpoint as ocp
+
+    header = {k: v for k, v in checkpoint.read_meta(path).items() if k != "checksums"}
+    old = ocp.StandardCheckpointer()
+    old.save(tmp_path / "old", _small_tree(4), custom_metadata={"einshard": header})
+    old.wait_until_finished()
+    old.close()
+    _assert_tree_equal(checkpoint.restore(tmp_path / "old"), _values(_small_tree(4)))

@@ -9,16 +9,22 @@ orbax's checkpoint metadata, einshard keeps a JSON header::
      "leaves": [{"path": "['params']['unembed']", "expression": "a b -> a b@model",
                  "shape": [64, 256], "dtype": "float32", "mesh": 0}, ...],
      "meshes": [{"axes": [["data", 4, "Explicit"], ["model", 2, "Explicit"]]}],
+     "checksums": "einshard-checksums.json",
      ...anything the caller adds (step, config, ...)}
+
+and, as the last file of a save, ``einshard-checksums.json``: the sha256 of
+every stored file and a digest of every leaf's values, both checked by
+``restore``.  A save is staged beside ``path`` and renamed in once complete,
+under an exclusive lock on ``path + '.einshard-lock'`` (one writer per path).
 
 ``restore(path, like)`` lays every leaf out again: with the expression it was
 saved with, or with new ones (one expression, rules as ``einshard()`` takes
 them, or a tree of expressions), on the saved mesh shape, the current mesh
 or ``mesh=``.  orbax reads, on each process, only the chunks its devices need.
 
-Saves are atomic (orbax writes into a temporary directory and renames it once
-every process has finished; ``overwrite=True`` swaps the old checkpoint out
-only after the new one is complete) and may run in the background
+Saves are atomic (staged, then renamed in; ``overwrite=True`` swaps the old
+checkpoint out only after the new one is complete, and the next save or
+restore recovers from a swap that was interrupted) and may run in the background
 (``blocking=False``; ``wait_until_finished()`` on the returned handle).
 Checkpoints of the format before (``einshard-checkpoint/1``: one ``.npz``
 with gathered arrays) still restore; new ones are always written with orbax.
@@ -67,7 +73,7 @@ from ._npz import NPZ_FORMAT, npz_header, restore_npz
 __all__ = ["FORMAT", "Saving", "save", "restore", "read_meta"]
 
 FORMAT = "einshard-checkpoint/2"
-_RESERVED = ("format", "leaves", "meshes")
+_RESERVED = ("format", "leaves", "meshes", "checksums")
 _PREVIOUS = _guard.PREVIOUS
 # orbax's setup of a save (its temporary directory, its async machinery) is not
 # safe from several threads at once: the calls into orbax take turns.
@@ -321,7 +327,9 @@ def save(
                 "mesh": mesh_index,
             }
         )
-    header = {"format": FORMAT, "leaves": described, "meshes": meshes, **extra}
+    # "checksums" says the save writes its checksums file, so a checkpoint that lacks it is refused
+    # (one written before einshard stored checksums has no such key, and restores unverified).
+    header = {"format": FORMAT, "leaves": described, "meshes": meshes, "checksums": _integrity.MANIFEST, **extra}
     try:
         json.dumps(header)
     except (TypeError, ValueError) as err:
@@ -616,6 +624,12 @@ def restore(
         return restore_npz(where, entries, treedef, texts, like_leaves, mesh)
     shardings = _targets(entries, header.get("meshes", []), texts, like_leaves, mesh)
     manifest = _integrity.read_manifest(where) if verify else None
+    if verify and manifest is None and "checksums" in header:
+        raise EinshardError(
+            f"checkpoint {os.fspath(where)!r} was written with checksums, but its checksums file "
+            f"{_integrity.MANIFEST!r} is missing: it is incomplete or was tampered with",
+            hint="restore(..., verify=False) reads it unchecked.",
+        )
     if manifest is not None:
         damaged = _integrity.damaged_files(where, manifest)
         if damaged:
