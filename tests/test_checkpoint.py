@@ -1014,3 +1014,12 @@ def test_a_missing_checksums_file_is_refused_but_old_checkpoints_restore(tmp_pat
     old.wait_until_finished()
     old.close()
     _assert_tree_equal(checkpoint.restore(tmp_path / "old"), _values(_small_tree(4)))
+
+
+def test_overwrite_replaces_a_plain_file_at_the_path(tmp_path):
+    (tmp_path / "ckpt").write_text("not a checkpoint")
+    with pytest.raises(EinshardError, match="a checkpoint already exists"):
+        checkpoint.save(tmp_path / "ckpt", _small_tree(1))
+    checkpoint.save(tmp_path / "ckpt", _small_tree(1), overwrite=True)
+    _assert_tree_equal(checkpoint.restore(tmp_path / "ckpt"), _values(_small_tree(1)))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]

@@ -11,6 +11,7 @@ this process, or another process) is refused at once, never queued.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import glob
@@ -122,6 +123,15 @@ def try_acquire(path: pathlib.Path) -> WriterLock | None:
     return None if fd is None else WriterLock(path, fd)
 
 
+def _remove(path: pathlib.Path) -> None:
+    """Remove a directory tree, or a file or link in its place (what a careless caller left at the path)."""
+    if path.is_symlink() or path.is_file():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def has_leftovers(path: pathlib.Path) -> bool:
     """Whether anything a save leaves beside ``path`` while it runs is there (staging, set aside, a lock file)."""
     return any(path.parent.glob(glob.escape(path.name) + ".einshard-*"))
@@ -141,7 +151,7 @@ def remove_staging(path: pathlib.Path, settle_s: float = 0.0) -> None:
         if any(p.exists() for p in leftovers):
             quiet_since = time.monotonic()
         for leftover in leftovers:
-            shutil.rmtree(leftover, ignore_errors=True)
+            _remove(leftover)
         now = time.monotonic()
         if settle_s <= 0 or now - quiet_since >= settle_s or now >= end:
             return
@@ -163,15 +173,15 @@ def recover(path: pathlib.Path) -> None:
             os.rename(staged, path)  # interrupted between the swap's two renames, or just before the last one
         elif previous.is_dir():
             os.rename(previous, path)
-    shutil.rmtree(previous, ignore_errors=True)
+    _remove(previous)
     remove_staging(path)
 
 
 def swap_in(staged: pathlib.Path, path: pathlib.Path) -> None:
     """Make the complete checkpoint at ``staged`` the one at ``path`` (the caller holds the lock)."""
     previous = sibling(path, PREVIOUS)
-    if path.exists():
-        shutil.rmtree(previous, ignore_errors=True)
+    if path.exists() or path.is_symlink():
+        _remove(previous)
         os.rename(path, previous)
     os.rename(staged, path)
-    shutil.rmtree(previous, ignore_errors=True)
+    _remove(previous)
