@@ -234,3 +234,51 @@ def test_process_local_under_jit_is_an_error() -> None:
 def test_process_local_indivisible_is_an_einshard_error() -> None:
     with pytest.raises(EinshardError, match="does not split"):
         einshard(np.ones((8, 3)), "a b -> a b2", process_local=True)
+
+
+# ---------------------------------------------------------------------------
+# The agreement check's pieces, in this single process (the 2-process tests above run them for real)
+
+
+def test_peer_timeout_is_checked_and_unchecked_switches_the_placement_check_off() -> None:
+    from einshard import multihost
+    from einshard._placement import agreement
+
+    for bad in (0, -1, float("nan"), float("inf"), "5", True, None):
+        with pytest.raises(EinshardError, match="seconds must be a finite number > 0"):
+            multihost.set_peer_timeout(bad)  # type: ignore[arg-type]
+    before = multihost.peer_timeout()
+    multihost.set_peer_timeout(2.5)
+    assert multihost.peer_timeout() == 2.5
+    multihost.set_peer_timeout(before)
+    assert agreement.checking() is False  # one process: nothing to agree on
+    assert agreement._checked.get() is True
+    with multihost.unchecked():
+        assert agreement._checked.get() is False
+    assert agreement._checked.get() is True
+    assert agreement.exchange("test", "mine", "a test") == ["mine"]
+
+
+def test_a_disagreement_names_both_processes_and_the_first_differing_leaf(monkeypatch) -> None:
+    from einshard._placement import agreement
+
+    sent: list[str] = []
+
+    def two_processes(kind: str, value: str, what: str) -> list[str]:
+        sent.append(value)
+        theirs = json.loads(value)
+        theirs["leaves"][1]["shape"] = [5, 16]
+        return [value, json.dumps(theirs, sort_keys=True)]
+
+    monkeypatch.setattr(agreement, "exchange", two_processes)
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    tree = {"a": np.ones((8, 3), np.float32), "x": np.ones((4, 16), np.float32)}
+    with pytest.raises(EinshardError) as err:
+        agreement.check_placement(tree, "b ... -> b@data ...", mesh, True)
+    assert str(err.value).startswith(
+        "the processes disagree on the process-local data to place: process 0 and process 1 differ: "
+        "['x']: shape (4, 16) float32 'b ... -> b@data ...' against ['x']: shape (5, 16) float32"
+    )
+    record = json.loads(sent[0])
+    assert record["mesh"] == [["data", jax.device_count(), "Explicit"]] and record["process_local"] is True
+    assert [e["path"] for e in record["leaves"]] == ["['a']", "['x']"]

@@ -203,7 +203,8 @@ def _mesh_record(mesh: Any) -> Any:
     shape = getattr(mesh, "shape", None)
     if not isinstance(shape, Mapping):
         return repr(mesh)
-    return [[str(name), int(size)] for name, size in shape.items()]
+    types = [getattr(t, "name", str(t)) for t in getattr(mesh, "axis_types", ())] or [None] * len(shape)
+    return [[str(name), int(size), kind] for (name, size), kind in zip(shape.items(), types)]
 
 
 def check_placement(x: Any, rules: Any, mesh: Any, process_local: bool) -> None:
