@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._checks import check_bool, describe_value
+from ._placement.agreement import check_placement, checking
 from ._placement.describe import describe
 from ._placement.meshes import (
     _check_mesh,
@@ -224,6 +225,9 @@ def einshard(
     if axis_rules is not None:
         with scoped_axis_rules(axis_rules):
             return einshard(x, expr, mesh=mesh, process_local=process_local)
+    if checking() and not any(isinstance(v, jax.core.Tracer) for v in jax.tree_util.tree_leaves(x)):
+        # Several processes: they must place the same shapes and layouts (einshard.multihost.unchecked skips it).
+        check_placement(x, expr, mesh, process_local)
     if isinstance(expr, str) and _is_array(x):
         return _place_one(x, expr, mesh, process_local)
     return _place_tree(x, expr, mesh, process_local)

@@ -66,6 +66,8 @@ def _args() -> argparse.Namespace:
     p.add_argument(
         "--quick", action="store_true", help="only the first scenarios (counts, path rules, process-local data)"
     )
+    p.add_argument("--fault", choices=sorted(FAULTS), help="run one fault scenario instead (see run_fault)")
+    p.add_argument("--path", help="a checkpoint directory, for the fault scenarios that save")
     a = p.parse_args()
     if a.port is None or a.process_id is None:
         p.error("need --port and --process-id (or EINSHARD_COORDINATOR_PORT and EINSHARD_PROCESS_ID)")
@@ -80,9 +82,79 @@ class _QuickRunDone(Exception):
     """--quick: the scenarios the default test run checks are done."""
 
 
+# Fault scenarios: what process 1 does differently (process 0 always does the plain thing).
+FAULTS = {
+    "local-shape": "process_local=True with 5 rows on process 1, 4 on process 0",
+    "global-shape": "process_local=False with a (8, 17) array on process 1, (8, 16) on process 0",
+    "expression": "process 1 places with another expression",
+    "save-tree": "process 1 saves a tree with one more leaf",
+    "save-layout": "process 1 saves a leaf laid out differently",
+    "dead-peer-placement": "process 1 dies before placing",
+    "dead-peer-save": "process 1 dies before saving",
+    "dead-peer-mid-save": "process 1 dies after the save's agreement, as orbax starts writing",
+}
+PEER_TIMEOUT_S = 5
+
+
+def run_fault(jax, fault: str, path: str | None) -> dict:
+    """Run one fault scenario on this process: {'error': the EinshardError's text or None, 'seconds': how long}."""
+    import signal
+    import time
+
+    from einshard import EinshardError, checkpoint, einshard, multihost
+
+    multihost.set_peer_timeout(PEER_TIMEOUT_S)
+    me = jax.process_index()
+    odd = me == 1
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    glob = global_data()
+    if fault in ("dead-peer-placement", "dead-peer-save") and odd:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "dead-peer-mid-save" and odd:
+        from einshard.checkpoint import _integrity
+
+        _integrity.start_digests = lambda leaves: os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        if fault in ("local-shape", "dead-peer-placement"):
+            rows = 5 if odd and fault == "local-shape" else 4
+            einshard(glob["x"][:rows], "b d -> b@data d", mesh=mesh, process_local=True)
+        elif fault == "global-shape":
+            x = np.zeros((8, 17), np.float32) if odd else glob["x"]
+            einshard(x, "b d -> b@data d", mesh=mesh)
+        elif fault == "expression":
+            einshard(glob["x"], "b d -> b d@model" if odd else "b d -> b@data d", mesh=mesh)
+        else:
+            rules = {r"\['w1'\]": "d f -> d f@model", ".*": "a ... -> a@data ..."}
+            if fault == "save-layout" and odd:
+                rules = {".*": "a ... -> a@data ..."}
+            with multihost.unchecked():  # host data placed without a collective: the save's own check must catch it
+                tree = einshard(glob, rules, mesh=mesh)
+            if fault == "save-tree" and odd:
+                tree = {**tree, "extra": tree["b1"]}
+            assert path is not None
+            checkpoint.save(path, tree)
+    except EinshardError as err:
+        return {"error": str(err), "seconds": time.monotonic() - start}
+    return {"error": None, "seconds": time.monotonic() - start}
+
+
 def main() -> int:
     args = _args()
     jax = distributed_setup.start(args.port, args.num_processes, args.process_id, args.local_devices, args.timeout)
+    if args.fault:
+        report = run_fault(jax, args.fault, args.path)
+        print(RESULT_PREFIX + json.dumps({"process": jax.process_index(), **report}), flush=True)
+        sys.stdout.flush()
+        # Wait (bounded) until every live process has reported: the coordinator (process 0) leaving first
+        # makes the runtime abort the others.  Then skip jax.distributed's exit hook, which waits for the dead.
+        from jax._src import distributed
+
+        try:
+            distributed.global_state.client.wait_at_barrier("multihost_worker.exit", 10_000)
+        except Exception:
+            pass
+        os._exit(0)
     import jax.numpy as jnp
     from jax.sharding import AxisType
 

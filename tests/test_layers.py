@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_expression", "_grammar", "parsing"),  # syntax: the parsed objects, the Lark parser, the entry points
     ("core",),  # mesh resolver, Layout, the collective vocabulary
     ("tree_rules",),
-    ("_placement", "placement"),
+    ("_placement", "placement", "multihost"),  # multihost: settings of the agreement checks between processes
     ("drawing",),
     ("analysis",),
     ("lowering",),

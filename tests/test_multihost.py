@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -63,7 +64,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_processes(tmp_path: Path, quick: bool = False) -> list[tuple[int, str, str]]:
+def _run_processes(
+    tmp_path: Path, extra: tuple[str, ...] = (), grace_s: float = 5, quick: bool = False
+) -> list[tuple[int, str, str]]:
     """Launch every worker, wait for all of them (killing them all on timeout): (returncode, stdout, stderr) each."""
     port = _free_port()
     env = dict(os.environ)
@@ -78,14 +81,14 @@ def _run_processes(tmp_path: Path, quick: bool = False) -> list[tuple[int, str, 
             err = open(tmp_path / f"worker{pid}.err", "w+")
             files.append((out, err))
             cmd = [sys.executable, str(WORKER), "--port", str(port), "--process-id", str(pid)]
-            cmd += ["--num-processes", str(N_PROCESSES), "--local-devices", str(LOCAL_DEVICES)]
+            cmd += ["--num-processes", str(N_PROCESSES), "--local-devices", str(LOCAL_DEVICES), *extra]
             cmd += ["--quick"] if quick else []
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT))
         deadline = time.monotonic() + TIMEOUT_S
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             if any(p.poll() not in (None, 0) for p in procs):
                 # One failed: the others may wait for it in a collective; give them a moment, not minutes.
-                deadline = min(deadline, time.monotonic() + 5)
+                deadline = min(deadline, time.monotonic() + grace_s)
             time.sleep(0.05)
     finally:
         for p in procs:
@@ -161,6 +164,71 @@ def _check_two_processes(tmp_path: Path, *, quick: bool, scenarios: set[str]) ->
 
 
 # ---------------------------------------------------------------------------
+# Processes that disagree, or a peer that died: an EinshardError on every live process, in bounded time
+
+DISAGREEMENTS = {
+    "local-shape": r"disagree on the process-local data to place: process 0 and process 1 differ: "
+    r"the array: shape \(4, 16\) float32 'b d -> b@data d' against the array: shape \(5, 16\)",
+    "global-shape": r"disagree on the global data to place: .*shape \(8, 16\) .* against .*shape \(8, 17\)",
+    "expression": r"disagree on the global data to place: .*'b d -> b@data d' against .*'b d -> b d@model'",
+    "save-tree": r"disagree on the checkpoint to save at '.*ckpt': .*3 entries against 4|disagree on the checkpoint.*extra",
+    "save-layout": r"disagree on the checkpoint to save at '.*ckpt': process 0 and process 1 differ: "
+    r"\['w1'\] \[16, 8\] float32 '[^']*@model' against \['w1'\] \[16, 8\] float32 '[^']*@data[^']*'",
+}
+
+
+def _fault_reports(tmp_path: Path, fault: str) -> tuple[list[dict | None], list[tuple[int, str, str]]]:
+    worker = _worker_module()
+    start = time.monotonic()
+    # A process killed on purpose: the survivor needs its peer timeout (5 s), or gloo's own 30 s, and a little more.
+    results = _run_processes(tmp_path, ("--fault", fault, "--path", str(tmp_path / "ckpt")), grace_s=60)
+    assert time.monotonic() - start < TIMEOUT_S, "a worker had to be killed:\n" + _report(results)
+    reports: list[dict | None] = []
+    for _, out, _ in results:
+        lines = [line for line in out.splitlines() if line.startswith(worker.RESULT_PREFIX)]
+        reports.append(json.loads(lines[-1][len(worker.RESULT_PREFIX) :]) if lines else None)
+    return reports, results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", sorted(DISAGREEMENTS))
+def test_processes_that_disagree_are_refused_on_every_process(tmp_path: Path, fault: str) -> None:
+    reports, results = _fault_reports(tmp_path, fault)
+    for pid, report in enumerate(reports):
+        assert report is not None, f"process {pid} printed no result:\n" + _report(results)
+        assert report["error"] is not None, f"process {pid} accepted {fault}"
+        assert re.search(DISAGREEMENTS[fault], report["error"]), (pid, report["error"])
+        assert report["seconds"] < 10, report
+    if fault.startswith("save"):
+        assert not (tmp_path / "ckpt").exists()
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["dead-peer-placement", "dead-peer-save"])
+def test_a_dead_peer_is_named_within_the_peer_timeout(tmp_path: Path, fault: str) -> None:
+    worker = _worker_module()
+    (survivor, dead), results = _fault_reports(tmp_path, fault)
+    assert dead is None  # killed itself (SIGKILL) before the call
+    assert survivor is not None, "the surviving process printed no result:\n" + _report(results)
+    assert survivor["error"] is not None
+    assert re.search(r"process 0 waited 5 s for process 1 to reach", survivor["error"]), survivor["error"]
+    assert worker.PEER_TIMEOUT_S <= survivor["seconds"] < worker.PEER_TIMEOUT_S + 5, survivor
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.slow
+def test_a_peer_dying_inside_the_save_is_named_and_nothing_is_left(tmp_path: Path) -> None:
+    """Killed after the agreement, as the save's collectives start: JAX's gloo gives up after its own 30 s."""
+    (survivor, dead), results = _fault_reports(tmp_path, "dead-peer-mid-save")
+    assert dead is None
+    assert survivor is not None, "the surviving process printed no result:\n" + _report(results)
+    assert re.search(r"cannot save the checkpoint at '.*ckpt': process 1 stopped taking part", survivor["error"])
+    assert survivor["seconds"] < 60, survivor
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == []
+
+
+# ---------------------------------------------------------------------------
 # Process-local placement, checked in this single process (where local == global).
 
 
@@ -192,3 +260,51 @@ def test_process_local_under_jit_is_an_error() -> None:
 def test_process_local_indivisible_is_an_einshard_error() -> None:
     with pytest.raises(EinshardError, match="does not split"):
         einshard(np.ones((8, 3)), "a b -> a b2", process_local=True)
+
+
+# ---------------------------------------------------------------------------
+# The agreement check's pieces, in this single process (the 2-process tests above run them for real)
+
+
+def test_peer_timeout_is_checked_and_unchecked_switches_the_placement_check_off() -> None:
+    from einshard import multihost
+    from einshard._placement import agreement
+
+    for bad in (0, -1, float("nan"), float("inf"), "5", True, None):
+        with pytest.raises(EinshardError, match="seconds must be a finite number > 0"):
+            multihost.set_peer_timeout(bad)  # type: ignore[arg-type]
+    before = multihost.peer_timeout()
+    multihost.set_peer_timeout(2.5)
+    assert multihost.peer_timeout() == 2.5
+    multihost.set_peer_timeout(before)
+    assert agreement.checking() is False  # one process: nothing to agree on
+    assert agreement._checked.get() is True
+    with multihost.unchecked():
+        assert agreement._checked.get() is False
+    assert agreement._checked.get() is True
+    assert agreement.exchange("test", "mine", "a test") == ["mine"]
+
+
+def test_a_disagreement_names_both_processes_and_the_first_differing_leaf(monkeypatch) -> None:
+    from einshard._placement import agreement
+
+    sent: list[str] = []
+
+    def two_processes(kind: str, value: str, what: str) -> list[str]:
+        sent.append(value)
+        theirs = json.loads(value)
+        theirs["leaves"][1]["shape"] = [5, 16]
+        return [value, json.dumps(theirs, sort_keys=True)]
+
+    monkeypatch.setattr(agreement, "exchange", two_processes)
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    tree = {"a": np.ones((8, 3), np.float32), "x": np.ones((4, 16), np.float32)}
+    with pytest.raises(EinshardError) as err:
+        agreement.check_placement(tree, "b ... -> b@data ...", mesh, True)
+    assert str(err.value).startswith(
+        "the processes disagree on the process-local data to place: process 0 and process 1 differ: "
+        "['x']: shape (4, 16) float32 'b ... -> b@data ...' against ['x']: shape (5, 16) float32"
+    )
+    record = json.loads(sent[0])
+    assert record["mesh"] == [["data", jax.device_count(), "Explicit"]] and record["process_local"] is True
+    assert [e["path"] for e in record["leaves"]] == ["['a']", "['x']"]

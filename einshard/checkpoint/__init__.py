@@ -9,16 +9,22 @@ orbax's checkpoint metadata, einshard keeps a JSON header::
      "leaves": [{"path": "['params']['unembed']", "expression": "a b -> a b@model",
                  "shape": [64, 256], "dtype": "float32", "mesh": 0}, ...],
      "meshes": [{"axes": [["data", 4, "Explicit"], ["model", 2, "Explicit"]]}],
+     "checksums": "einshard-checksums.json",
      ...anything the caller adds (step, config, ...)}
+
+and, as the last file of a save, ``einshard-checksums.json``: the sha256 of
+every stored file and a digest of every leaf's values, both checked by
+``restore``.  A save is staged beside ``path`` and renamed in once complete,
+under an exclusive lock on ``path + '.einshard-lock'`` (one writer per path).
 
 ``restore(path, like)`` lays every leaf out again: with the expression it was
 saved with, or with new ones (one expression, rules as ``einshard()`` takes
 them, or a tree of expressions), on the saved mesh shape, the current mesh
 or ``mesh=``.  orbax reads, on each process, only the chunks its devices need.
 
-Saves are atomic (orbax writes into a temporary directory and renames it once
-every process has finished; ``overwrite=True`` swaps the old checkpoint out
-only after the new one is complete) and may run in the background
+Saves are atomic (staged, then renamed in; ``overwrite=True`` swaps the old
+checkpoint out only after the new one is complete, and the next save or
+restore recovers from a swap that was interrupted) and may run in the background
 (``blocking=False``; ``wait_until_finished()`` on the returned handle).
 Checkpoints of the format before (``einshard-checkpoint/1``: one ``.npz``
 with gathered arrays) still restore; new ones are always written with orbax.
@@ -42,11 +48,13 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import pathlib
-import shutil
+import threading
+import time
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -55,18 +63,23 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
+from .._placement.agreement import absent_processes, agree, exchange, first_difference, peer_timeout
 from ..errors import EinshardError
 from ..placement import current_mesh, describe, is_anonymous, sharding
 from ..tree_rules import leaf_expressions
+from . import _guard, _integrity
 from ._npz import NPZ_FORMAT, npz_header, restore_npz
 
 __all__ = ["FORMAT", "Saving", "save", "restore", "read_meta"]
 
 FORMAT = "einshard-checkpoint/2"
-_RESERVED = ("format", "leaves", "meshes")
-# While overwrite=True swaps checkpoints, the old one waits under this name.
-_PREVIOUS = ".einshard-previous"
-_NEXT = ".einshard-next"
+_RESERVED = ("format", "leaves", "meshes", "checksums")
+_PREVIOUS = _guard.PREVIOUS
+# orbax's setup of a save (its temporary directory, its async machinery) is not
+# safe from several threads at once: the calls into orbax take turns.
+_ORBAX_TURN = threading.RLock()
+# What the runtime says when a collective or barrier loses a process.
+_PEER_FAILURES = ("DEADLINE_EXCEEDED", "CoordinationService", "Gloo", "UNAVAILABLE", "barrier")
 
 
 def _orbax() -> ModuleType:
@@ -87,22 +100,16 @@ def _orbax() -> ModuleType:
 class Saving:
     """A save in progress: ``wait_until_finished()`` returns once the checkpoint is complete at ``path``."""
 
-    def __init__(self, path: pathlib.Path, checkpointer: Any, staged: pathlib.Path | None) -> None:
+    def __init__(self, path: pathlib.Path, checkpointer: Any, finish: Any) -> None:
         self.path = path
         self._checkpointer = checkpointer
-        self._staged = staged  # overwrite=True: the new checkpoint, swapped in once complete
+        self._finish = finish  # writes the checksums, renames the staged checkpoint in, releases the lock
 
     def wait_until_finished(self) -> None:
         if self._checkpointer is None:
             return
-        try:
-            self._checkpointer.wait_until_finished()
-        finally:
-            self._checkpointer.close()
-            self._checkpointer = None
-        if self._staged is not None:
-            _swap_in(self._staged, self.path)
-            self._staged = None
+        checkpointer, self._checkpointer = self._checkpointer, None
+        self._finish(checkpointer)
 
     def done(self) -> bool:
         """Whether the save has finished (after ``wait_until_finished``)."""
@@ -113,28 +120,104 @@ class Saving:
 
 
 def _sync(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
+    """Wait for every process (bounded: the peer timeout, then an EinshardError naming the absent)."""
+    exchange("checkpoint-sync", "", name)
 
 
-def _swap_in(staged: pathlib.Path, path: pathlib.Path) -> None:
-    """Replace the checkpoint at ``path`` by the complete one at ``staged`` (process 0 renames; all wait).
+def _drain(checkpointer: Any) -> None:
+    """Let every background write of a failed save end, then close it.
 
-    A crash between the two renames leaves no checkpoint at ``path`` and the
-    previous one at ``path + '.einshard-previous'``, which ``restore`` reads then.
+    orbax re-raises one failed background write per wait and leaves the others
+    running, and one of them could re-create the staging directory after it is
+    removed: wait until none is left.
     """
-    _sync(f"einshard.checkpoint.swap.start:{path}")
-    if jax.process_index() == 0:
-        previous = path.with_name(path.name + _PREVIOUS)
-        if path.exists():
-            shutil.rmtree(previous, ignore_errors=True)
-            os.rename(path, previous)
-        # (If path is missing, an earlier swap was interrupted: previous is then the one to keep until now.)
-        os.rename(staged, path)
-        shutil.rmtree(previous, ignore_errors=True)
-    _sync(f"einshard.checkpoint.swap.end:{path}")
+    for _ in range(64):
+        try:
+            with _ORBAX_TURN:
+                checkpointer.close()
+            return
+        except Exception:
+            continue
+
+
+def _join_orbax_threads(started_with: set[threading.Thread], deadline_s: float) -> None:
+    """Wait (bounded) for the threads orbax started for a failed save: some still write after the failure."""
+    end = time.monotonic() + deadline_s
+    for t in set(threading.enumerate()) - started_with:
+        if t is threading.current_thread():
+            continue
+        if type(t).__module__.startswith("orbax") or t.name.startswith(("metadata_store", "array_type_handler")):
+            t.join(max(0.0, end - time.monotonic()))
+
+
+def _write_error(target: pathlib.Path, err: BaseException) -> EinshardError:
+    """What a failed write becomes: disk full said plainly, anything else with its first line."""
+    if isinstance(err, EinshardError):
+        return err
+    text = _first_lines(err)
+    code = err.errno if isinstance(err, OSError) else None
+    room = {
+        "the disk is full": code == errno.ENOSPC or any(s in str(err) for s in ("RESOURCE_EXHAUSTED", "No space left")),
+        "the disk quota is used up": code == errno.EDQUOT or "Disk quota" in str(err),
+        "a file size limit was hit": code == errno.EFBIG or "File too large" in str(err),
+    }
+    full = any(room.values())
+    what = next((k for k, hit in room.items() if hit), "the write failed")
+    if not full and jax.process_count() > 1 and any(s in str(err) for s in _PEER_FAILURES):
+        # A collective of the save (its checksums, orbax's barriers) lost a peer: say which one.
+        absent = absent_processes(min(5.0, peer_timeout()))
+        if absent:
+            what = f"process{'es' if len(absent) > 1 else ''} {', '.join(map(str, absent))} stopped taking part"
+    return EinshardError(
+        f"cannot save the checkpoint at {os.fspath(target)!r}: {what} ({text}); the partly written copy was "
+        "removed and the checkpoint that was there before (if any) is unchanged"
+    )
+
+
+def _orbax_name(path: tuple[Any, ...]) -> str:
+    """The name orbax stores a leaf under: its keys joined with '.' (not injective: 'a.b' and a/b collide)."""
+    parts = []
+    for k in path:
+        if isinstance(k, jax.tree_util.SequenceKey):
+            parts.append(str(k.idx))
+        elif isinstance(k, jax.tree_util.DictKey):
+            parts.append(str(k.key))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            parts.append(str(k.name))
+        else:
+            parts.append(str(getattr(k, "key", k)))
+    return ".".join(parts)
+
+
+def _refuse_colliding_names(keys: list[str], paths: list[tuple[Any, ...]]) -> None:
+    seen: dict[str, str] = {}
+    for key, path in zip(keys, paths):
+        name = _orbax_name(path)
+        if name in seen:
+            raise EinshardError(
+                f"the leaves {seen[name]} and {key} would be stored under the same name {name!r} "
+                "(orbax joins the keys of a path with '.'): restoring would give both the values of one",
+                hint="Rename one of them (e.g. replace the '.' in the flat key), or nest both the same way.",
+            )
+        seen[name] = key
+
+
+def _check_processes_agree(target: pathlib.Path, header: dict[str, Any]) -> None:
+    """Every process saves the same tree with the same layouts to the same path (else all refuse)."""
+    if jax.process_count() == 1:
+        return
+    record = {"path": os.fspath(target), "leaves": header["leaves"], "meshes": header["meshes"]}
+
+    def differ(a: dict[str, Any], b: dict[str, Any]) -> str:
+        if a["path"] != b["path"]:
+            return f"path {a['path']!r} against {b['path']!r}"
+        if a["meshes"] != b["meshes"]:
+            return f"meshes {a['meshes']} against {b['meshes']}"
+        return first_difference(
+            a["leaves"], b["leaves"], lambda e: f"{e['path']} {e['shape']} {e['dtype']} {e['expression']!r}"
+        )
+
+    agree("checkpoint-save", record, f"the checkpoint to save at {os.fspath(target)!r}", differ)
 
 
 def _mesh_record(mesh: Mesh | jax.sharding.AbstractMesh) -> dict[str, Any]:
@@ -244,27 +327,108 @@ def save(
                 "mesh": mesh_index,
             }
         )
-    header = {"format": FORMAT, "leaves": described, "meshes": meshes, **extra}
+    # "checksums" says the save writes its checksums file, so a checkpoint that lacks it is refused
+    # (one written before einshard stored checksums has no such key, and restores unverified).
+    header = {"format": FORMAT, "leaves": described, "meshes": meshes, "checksums": _integrity.MANIFEST, **extra}
     try:
         json.dumps(header)
     except (TypeError, ValueError) as err:
         raise EinshardError(f"save({os.fspath(path)!r}): meta must be JSON-serialisable: {err}") from None
-    staged = None
-    if target.exists():
-        if not overwrite:
-            raise EinshardError(
-                f"a checkpoint already exists at {os.fspath(target)!r}",
-                hint="Save each step to its own directory, or pass overwrite=True to replace it atomically.",
-            )
-        staged = target.with_name(target.name + _NEXT)
-    destination = staged or target
-    if jax.process_index() == 0:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(destination, ignore_errors=True)  # a staged save that never finished
-    _sync(f"einshard.checkpoint.save.start:{destination}")
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(destination, tree, custom_metadata={"einshard": header})
-    handle = Saving(target, checkpointer, staged)
+    keys = [str(e["path"]) for e in described]
+    _refuse_colliding_names(keys, [p for p, _ in leaves])
+    _check_processes_agree(target, header)
+    return _start_save(ocp, target, tree, header, [leaf for _, leaf in leaves], keys, overwrite, blocking)
+
+
+def _start_save(
+    ocp: ModuleType,
+    target: pathlib.Path,
+    tree: Any,
+    header: dict[str, Any],
+    values: list[Any],
+    keys: list[str],
+    overwrite: bool,
+    blocking: bool,
+) -> Saving:
+    """Take the path's lock, stage the checkpoint with orbax; the handle finishes it (checksums, rename, unlock)."""
+    lead = jax.process_index() == 0
+    staged = _guard.sibling(target, _guard.NEXT)
+    started_with = set(threading.enumerate())
+    lock: _guard.WriterLock | None = None
+    failure = ""
+    if lead:  # one process takes the lock and tidies; the others learn how that went
+        try:
+            lock = _guard.acquire(target)
+            _guard.recover(target)
+            if target.exists() and not overwrite:
+                raise EinshardError(
+                    f"a checkpoint already exists at {os.fspath(target)!r}",
+                    hint="Save each step to its own directory, or pass overwrite=True to replace it atomically.",
+                )
+        except (EinshardError, OSError) as err:
+            if lock is not None:
+                lock.release()
+                lock = None
+            failure = str(err) if isinstance(err, EinshardError) else str(_write_error(target, err))
+    verdicts = exchange("checkpoint-lock", failure, f"the start of the save to {os.fspath(target)!r}")
+    if verdicts[0]:
+        raise EinshardError(verdicts[0] if lead else f"process 0 refused the save: {verdicts[0]}")
+
+    held = [lock] if lock is not None else []  # released once, by whichever path ends the save
+
+    def unlock() -> None:
+        while held:
+            held.pop().release()
+
+    def abandon(err: BaseException) -> BaseException:
+        """Clean up after a failed save: what to raise (an interrupt stays an interrupt)."""
+        try:
+            _join_orbax_threads(started_with, deadline_s=10.0)
+            if lead:
+                _guard.remove_staging(target, settle_s=0.3)
+        finally:
+            unlock()
+        return _write_error(target, err) if isinstance(err, Exception) else err
+
+    # Directories made before save() returns, not by a background task that could outlive a failed save
+    # and re-create the staging directory after it was removed.
+    checkpointer = ocp.StandardCheckpointer(async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
+    try:
+        digests = _integrity.start_digests(values)
+        with _ORBAX_TURN:
+            checkpointer.save(staged, tree, custom_metadata={"einshard": header})
+    except BaseException as err:
+        _drain(checkpointer)
+        raise abandon(err) from None
+
+    def finish(saving: Any) -> None:
+        try:
+            with _ORBAX_TURN:
+                saving.wait_until_finished()
+                saving.close()
+            written = dict(zip(keys, _integrity.finish_digests(digests)))
+            _sync(f"the end of the save to {os.fspath(target)!r}")
+        except BaseException as err:
+            _drain(saving)
+            raise abandon(err) from None
+        failure = ""
+        try:
+            if lead:  # the last steps, on process 0 alone; the others learn how they went
+                try:
+                    _integrity.write_manifest(staged, written)
+                    _guard.swap_in(staged, target)
+                except BaseException as err:
+                    outcome = abandon(err)
+                    if not isinstance(err, Exception):
+                        raise  # an interrupt: cleaned up, and the other processes name this one after their wait
+                    failure = str(outcome)
+            verdicts = exchange("checkpoint-swap", failure, f"the swap of the save to {os.fspath(target)!r}")
+        finally:
+            unlock()
+        if verdicts[0]:
+            raise EinshardError(verdicts[0] if lead else f"process 0 could not finish the save: {verdicts[0]}")
+
+    handle = Saving(target, checkpointer, finish)
     if blocking:
         handle.wait_until_finished()
     return handle
@@ -283,6 +447,22 @@ def _locate(path: str | os.PathLike[str]) -> pathlib.Path:
     if previous.is_dir():
         return previous
     raise EinshardError(f"there is no checkpoint at {os.fspath(path)!r} (no such file or directory)")
+
+
+def _tidy(path: str | os.PathLike[str]) -> None:
+    """Recover or remove what an interrupted save left beside ``path``, unless a writer is at work on it now."""
+    target = pathlib.Path(os.fspath(path)).absolute()
+    if not _guard.has_leftovers(target):
+        return
+    lock = _guard.try_acquire(target)
+    if lock is None:
+        return
+    try:
+        _guard.recover(target)
+    except OSError:
+        pass  # read what is there; the next save tidies under its own lock
+    finally:
+        lock.release()
 
 
 def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -404,6 +584,7 @@ def restore(
     *,
     expressions: Any = None,
     mesh: Mesh | None = None,
+    verify: bool = True,
 ) -> Any:
     """Read a checkpoint, every leaf laid out by its einshard expression.
 
@@ -422,7 +603,17 @@ def restore(
             like ``like``.  Default: the expressions saved with each leaf.
         mesh: the mesh for ``@`` expressions; default: the current mesh
             (``jax.set_mesh``), else the saved mesh's shape over this run's devices.
+        verify: check every stored file (size, sha256) before reading and every
+            leaf's values after (default); False skips both (trusted storage, a
+            faster restore).  Checkpoints written before einshard stored
+            checksums restore without them.
     """
+    if not isinstance(verify, bool):
+        raise EinshardError(f"restore(verify={verify!r}): verify must be True or False")
+    if jax.process_index() == 0:
+        _tidy(path)
+    if jax.process_count() > 1:
+        _sync(f"the restore of {os.fspath(path)!r}")
     where = _locate(path)
     header = read_meta(where)
     if like is None:
@@ -432,22 +623,84 @@ def restore(
     if header["format"] == NPZ_FORMAT:
         return restore_npz(where, entries, treedef, texts, like_leaves, mesh)
     shardings = _targets(entries, header.get("meshes", []), texts, like_leaves, mesh)
+    manifest = _integrity.read_manifest(where) if verify else None
+    if verify and manifest is None and "checksums" in header:
+        raise EinshardError(
+            f"checkpoint {os.fspath(where)!r} was written with checksums, but its checksums file "
+            f"{_integrity.MANIFEST!r} is missing: it is incomplete or was tampered with",
+            hint="restore(..., verify=False) reads it unchecked.",
+        )
+    if manifest is not None:
+        damaged = _integrity.damaged_files(where, manifest)
+        if damaged:
+            leaves = _damaged_leaves(where, entries, treedef, shardings, manifest)
+            raise EinshardError(
+                f"checkpoint {os.fspath(where)!r} is damaged: {_show_paths(damaged)} "
+                f"({len(damaged)} of {len(manifest['files'])} files differ from the checksums written with it); "
+                f"{leaves}",
+                hint="Restore an earlier checkpoint; a damaged one is never read as if it were whole.",
+            )
+    # Read in the saved dtype (the digests are of the saved bits), cast to like's dtype after checking.
+    saved = _read_arrays(where, entries, treedef, shardings)
+    if manifest is not None:
+        wrong = _wrong_leaves(entries, saved, manifest)
+        if wrong:
+            raise EinshardError(
+                f"checkpoint {os.fspath(where)!r}: the values of {_show_paths(wrong)} differ from the checksums "
+                "written with them (the files match theirs: the data changed as it was read)"
+            )
+    out = []
+    for leaf, value in zip(like_leaves, saved):
+        want = getattr(leaf, "dtype", None)
+        out.append(value if want is None or np.dtype(want) == value.dtype else value.astype(want))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _read_arrays(
+    where: pathlib.Path, entries: list[dict[str, Any]], treedef: Any, shardings: list[jax.sharding.Sharding]
+) -> list[jax.Array]:
+    """Every leaf read by orbax in its saved dtype and the given layout (each process reads only its chunks)."""
     target = [
-        jax.ShapeDtypeStruct(tuple(e["shape"]), getattr(leaf, "dtype", None) or np.dtype(e["dtype"]), sharding=sh)
-        for e, leaf, sh in zip(entries, like_leaves, shardings)
+        jax.ShapeDtypeStruct(tuple(e["shape"]), np.dtype(e["dtype"]), sharding=sh) for e, sh in zip(entries, shardings)
     ]
     ocp = _orbax()
-    checkpointer = ocp.StandardCheckpointer()
+    with _ORBAX_TURN:
+        checkpointer = ocp.StandardCheckpointer()
+        try:
+            out = checkpointer.restore(where, jax.tree_util.tree_unflatten(treedef, target))
+        except Exception as err:  # orbax and tensorstore raise bare Exceptions for unreadable data
+            raise EinshardError(
+                f"cannot restore the checkpoint at {os.fspath(where)!r}, its files are damaged or incomplete: "
+                f"{_first_lines(err)}"
+            ) from None
+        finally:
+            checkpointer.close()
+    return list(treedef.flatten_up_to(out))
+
+
+def _wrong_leaves(entries: list[dict[str, Any]], values: list[Any], manifest: dict[str, Any]) -> list[str]:
+    got = _integrity.finish_digests(_integrity.start_digests(values))
+    stored = manifest["leaves"]
+    return [e["path"] for e, d in zip(entries, got) if stored.get(e["path"]) not in (None, d) and d is not None]
+
+
+def _damaged_leaves(
+    where: pathlib.Path,
+    entries: list[dict[str, Any]],
+    treedef: Any,
+    shardings: list[jax.sharding.Sharding],
+    manifest: dict[str, Any],
+) -> str:
+    """Which leaves the damage reaches (read anyway, for the error message only)."""
     try:
-        out = checkpointer.restore(where, jax.tree_util.tree_unflatten(treedef, target))
-    except Exception as err:  # orbax and tensorstore raise bare Exceptions for unreadable data
-        raise EinshardError(
-            f"cannot restore the checkpoint at {os.fspath(where)!r}, its files are damaged or incomplete: "
-            f"{_first_lines(err)}"
-        ) from None
-    finally:
-        checkpointer.close()
-    return out
+        wrong = _wrong_leaves(entries, _read_arrays(where, entries, treedef, shardings), manifest)
+    except EinshardError:
+        return "the damage makes the array data unreadable"
+    except Exception:  # anything the damaged files make orbax raise: the files are already named
+        return "the damage makes the checkpoint unreadable"
+    if wrong:
+        return f"the values of {_show_paths(wrong)} read from them are wrong"
+    return "the values read from them still match their checksums (the damage is outside the array values)"
 
 
 def _first_lines(err: BaseException) -> str:
