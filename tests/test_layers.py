@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("core",),  # mesh resolver, Layout, the collective vocabulary
     ("tree_rules",),
     ("_placement", "placement", "multihost"),  # multihost: settings of the agreement checks between processes
+    ("interop",),  # foreign rule sets (Keras LayoutMap, Flax metadata, MaxText lists) read into path rules and back
     ("drawing",),
     ("analysis",),
     ("lowering",),
@@ -24,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 ORDER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 # On top of the layers (they may import any of them): the package root and the integrations.
-ON_TOP = {"__init__", "__main__", "nnx", "checkpoint", "testing"}
+ON_TOP = {"__init__", "__main__", "nnx", "checkpoint", "testing", "audit"}
 
 
 def _imports(path: pathlib.Path) -> set[str]:
