@@ -22,7 +22,7 @@ from .registry import register, sharding_degree
 if TYPE_CHECKING:
     from .walker import Walker
 
-__all__ = ["ELEMENTWISE", "REDUCTIONS", "reshape_dims"]
+__all__ = ["ELEMENTWISE", "REDUCTIONS", "CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims"]
 
 ELEMENTWISE = {
     "add",
@@ -97,11 +97,38 @@ ELEMENTWISE = {
     "population_count",
     "iota",
     "one_minus_square",  # jax >= 0.12: the derivative of tanh
+    # Found by tools/list_primitives.py (jnp, jax.nn, lax sweeps): elementwise, nothing moves.
+    "acos",
+    "acosh",
+    "asin",
+    "asinh",
+    "atan",
+    "atanh",
+    "cosh",
+    "sinh",
+    "erfc",
+    "lgamma",
+    "digamma",
+    "polygamma",
+    "zeta",
+    "igamma",
+    "igammac",
+    "igamma_grad_a",
+    "random_gamma_grad",
+    "bessel_i0e",
+    "bessel_i1e",
+    "complex",
+    "random_fold_in",
+    "random_seed",
 }
 REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
+# Members of the sets above (memory reads them as fusible) whose rule is rules_ordering's: they read
+# along a whole axis, so a split there moves data.
+CUMULATIVE = {"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"}
+ARG_REDUCTIONS = {"argmax", "argmin"}
 
 
-@register(*ELEMENTWISE)
+@register(*(ELEMENTWISE - CUMULATIVE))
 def elementwise(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """The most sharded full-size operand sets the layout; the others are brought to it."""
     out_aval = eqn.outvars[0].aval
@@ -199,7 +226,7 @@ def reshape(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> 
     return [w.relayout(out_aval, dims)]
 
 
-@register(*REDUCTIONS)
+@register(*(REDUCTIONS - ARG_REDUCTIONS))
 def reduce(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     src, out_aval = ins[0], eqn.outvars[0].aval
     if is_free(src):
@@ -223,26 +250,61 @@ def reduce(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
 
 @register("pad")
 def pad(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
-    out_aval = eqn.outvars[0].aval
-    src = ins[0]
-    return [w.relayout(out_aval, [d if a == b else () for d, a, b in zip(src.dims, src.shape, out_aval.shape)])]
+    """A pad along a split axis shifts each device's block by the low padding (collective-permutes).
 
-
-@register("slice", "dynamic_slice")
-def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
-    """A slice keeps whole axes' sharding; an axis it cuts must be gathered first."""
-    src, out_aval = ins[0], eqn.outvars[0].aval
+    A result that does not divide is padded further by XLA to the next multiple and gathered whole;
+    interior padding (a strided slice's transpose) is modelled as a gather of the axis first.
+    """
+    out_aval, src = eqn.outvars[0].aval, ins[0]
     if is_free(src):
         return [w.free(out_aval)]
-    out_shape = tuple(int(s) for s in out_aval.shape)
-    cut = [i for i, (a, b) in enumerate(zip(src.shape, out_shape)) if a != b and src.dims[i]]
     dims = list(src.dims)
-    if cut:
-        for i in cut:
-            dims[i] = ()
-        why = f"{eqn.primitive.name} cuts a sharded axis"
-        w.change(eqn, phase, src, src.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
+    for axis, (low, _high, interior) in enumerate(eqn.params["padding_config"]):
+        if not dims[axis]:
+            continue
+        dims[axis] = _shift_axis(w, eqn, phase, repeat, src, axis, int(out_aval.shape[axis]), -int(low), interior)
     return [w.relayout(out_aval, dims)]
+
+
+@register("slice")
+def slice_static(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """A static slice of a split axis is a shift (collective-permutes); a strided one gathers the axis."""
+    out_aval, src = eqn.outvars[0].aval, ins[0]
+    if is_free(src):
+        return [w.free(out_aval)]
+    strides = eqn.params.get("strides") or (1,) * len(src.shape)
+    dims = list(src.dims)
+    for axis, start in enumerate(eqn.params["start_indices"]):
+        if dims[axis] and src.shape[axis] != out_aval.shape[axis]:
+            step = int(strides[axis])
+            dims[axis] = _shift_axis(w, eqn, phase, repeat, src, axis, int(out_aval.shape[axis]), int(start), step - 1)
+    return [w.relayout(out_aval, dims)]
+
+
+def _shift_axis(
+    w: Walker, eqn: Any, phase: str, repeat: int, src: Layout, axis: int, out_len: int, offset: int, irregular: int
+) -> tuple[str, ...]:
+    """Charge the move of a split axis whose result block ``k`` starts at ``k·o + offset``; its new split."""
+    from .movement import charge, itemsize, shift_pieces
+
+    axes = src.dims[axis]
+    n = math.prod(w.costs.mesh_sizes[m] for m in axes)
+    dtype = eqn.invars[0].aval.dtype
+    if irregular:
+        # Interior padding or a stride: each device's positions come from everywhere; gather the axis.
+        whole = src.with_dims(tuple(() if i == axis else d for i, d in enumerate(src.dims)))
+        w.change(eqn, phase, src, whole, dtype, repeat, f"{eqn.primitive.name} with a stride along a split axis")
+        return ()
+    row = math.prod(s for i, s in enumerate(src.shard_shape) if i != axis) * itemsize(dtype)
+    padded = -(-out_len // n) * n
+    pieces = shift_pieces(src.shape[axis], n, padded, offset)
+    why = f"{eqn.primitive.name} shifts a split axis"
+    charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
+    if padded == out_len:
+        return axes
+    # XLA pads the result to the next multiple of the split and gathers it whole.
+    charge(w, eqn, phase, repeat, "all-gather", axes, [padded * row], f"{eqn.primitive.name} result does not divide")
+    return ()
 
 
 @register("concatenate")
