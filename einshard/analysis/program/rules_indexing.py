@@ -453,4 +453,14 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     if is_free(operand) and not is_free(update):
         dims = [d if a == b else () for d, a, b in zip(update.dims, update.shape, out_aval.shape)]
         return [w.relayout(out_aval, dims)]
+    # An update that cuts a split axis lands anywhere in it (its offset is a run-time value): XLA gathers
+    # the operand along those axes, updates, and keeps the split (measured on one-op programs).
+    cut = [i for i, (d, a, b) in enumerate(zip(operand.dims, update.shape, operand.shape)) if d and a != b]
+    if cut and not is_free(operand):
+        whole = operand.with_dims(tuple(() if i in cut else d for i, d in enumerate(operand.dims)))
+        w.change(eqn, phase, operand, whole, out_aval.dtype, repeat, "dynamic_update_slice cuts a split axis")
+        if not is_free(update):
+            want = tuple(d if a == b else () for d, a, b in zip(whole.dims, update.shape, operand.shape))
+            if want != update.dims:
+                w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
     return [w.relayout(out_aval, operand.dims)]

@@ -244,7 +244,11 @@ def unstack(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> 
     axis = int(eqn.params["axis"])
     if is_free(src):
         return [w.free(v.aval) for v in eqn.outvars]
-    if src.dims[axis]:
-        w.change(eqn, phase, src, _unsplit(src, axis), eqn.invars[0].aval.dtype, repeat, "unstack of a split axis")
     dims = [d for i, d in enumerate(src.dims) if i != axis]
+    if src.dims[axis]:
+        # Each piece lies in one device's block: XLA masks the others and all-reduces the piece.
+        arrays = [
+            _local_bytes(w.relayout(v.aval, dims), v.aval.dtype) for v in eqn.outvars if not _is_dropped(w, eqn, v)
+        ]
+        charge(w, eqn, phase, repeat, "all-reduce", src.dims[axis], arrays, "unstack of a split axis")
     return [w.relayout(v.aval, dims) for v in eqn.outvars]

@@ -295,7 +295,23 @@ def _shift_axis(
         whole = src.with_dims(tuple(() if i == axis else d for i, d in enumerate(src.dims)))
         w.change(eqn, phase, src, whole, dtype, repeat, f"{eqn.primitive.name} with a stride along a split axis")
         return ()
-    row = math.prod(s for i, s in enumerate(src.shard_shape) if i != axis) * itemsize(dtype)
+    # One position along the axis, per device: the other axes as the result has them (XLA slices and pads
+    # them locally first), each no larger than the operand's block.
+    out_shape = eqn.outvars[0].aval.shape
+    sizes = w.costs.mesh_sizes
+    row = itemsize(dtype)
+    for i, (a, b, d) in enumerate(zip(src.shard_shape, out_shape, src.dims)):
+        if i != axis:
+            k = math.prod(sizes[m] for m in d)
+            row *= min(a, int(b) // k if int(b) % k == 0 else int(b))
+    block = src.shape[axis] // n
+    if out_len % n and 0 <= offset and (offset + out_len - 1) // block == offset // block:
+        # The result lies in one device's block (x[0], a last token): XLA masks the others' and
+        # all-reduces the small result.
+        charge(
+            w, eqn, phase, repeat, "all-reduce", axes, [out_len * row], f"{eqn.primitive.name} of one device's block"
+        )
+        return ()
     padded = -(-out_len // n) * n
     pieces = shift_pieces(src.shape[axis], n, padded, offset)
     why = f"{eqn.primitive.name} shifts a split axis"
@@ -305,6 +321,23 @@ def _shift_axis(
     # XLA pads the result to the next multiple of the split and gathers it whole.
     charge(w, eqn, phase, repeat, "all-gather", axes, [padded * row], f"{eqn.primitive.name} result does not divide")
     return ()
+
+
+@register("dynamic_slice")
+def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """A slice keeps whole axes' sharding; an axis it cuts must be gathered first."""
+    src, out_aval = ins[0], eqn.outvars[0].aval
+    if is_free(src):
+        return [w.free(out_aval)]
+    out_shape = tuple(int(s) for s in out_aval.shape)
+    cut = [i for i, (a, b) in enumerate(zip(src.shape, out_shape)) if a != b and src.dims[i]]
+    dims = list(src.dims)
+    if cut:
+        for i in cut:
+            dims[i] = ()
+        why = f"{eqn.primitive.name} cuts a sharded axis"
+        w.change(eqn, phase, src, src.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
+    return [w.relayout(out_aval, dims)]
 
 
 @register("concatenate")

@@ -17,7 +17,14 @@ from typing import Any
 from ...core.layout import Layout, MeshAxis
 from ..cost import Collective
 from ..plan import side_string
-from . import rules_control, rules_indexing, rules_ordering, rules_structural  # noqa: F401  (they register their rules)
+from . import (  # noqa: F401  (they register their rules)
+    rules_control,
+    rules_indexing,
+    rules_loops,
+    rules_ordering,
+    rules_structural,
+    rules_windows,
+)
 from .costing import FreeLayout, OpCosts
 from .memory import Gathered
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
