@@ -28,13 +28,23 @@ from ..cost import Collective
 if TYPE_CHECKING:
     from .walker import Walker
 
-__all__ = ["APPROXIMATE", "shift_pieces", "halo_pieces", "charge", "itemsize", "group_size"]
+__all__ = ["APPROXIMATE", "shift_pieces", "halo_pieces", "charge", "itemsize", "group_size", "mark_approximate"]
 
 # The note that marks an op whose collectives turn on an XLA heuristic explain does not reproduce
 # (``OpReport.note`` starts with it, followed by what may differ and by how much).
 APPROXIMATE = "approximate"
 
 SentKind = Literal["all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute"]
+
+
+def mark_approximate(w: Walker, since: int, why: str) -> None:
+    """Mark the ops recorded since index ``since`` as approximate (``OpReport.note``), saying what may differ."""
+    if w.quiet:
+        return
+    from dataclasses import replace
+
+    for i in range(since, len(w.ops)):
+        w.ops[i] = replace(w.ops[i], note=f"{APPROXIMATE}: {why}")
 
 
 def itemsize(dtype: Any) -> int:

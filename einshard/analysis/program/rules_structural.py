@@ -179,7 +179,7 @@ def broadcast_in_dim(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase:
     return [w.relayout(out_aval, dims)]
 
 
-@register("iota", "full", "zeros_like")
+@register("iota", "full", "zeros_like", "empty", "empty2")
 def constant(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """Values every device makes for itself: their consumer chooses their layout."""
     return [w.free(v.aval) for v in eqn.outvars]
@@ -285,15 +285,17 @@ def _shift_axis(
     w: Walker, eqn: Any, phase: str, repeat: int, src: Layout, axis: int, out_len: int, offset: int, irregular: int
 ) -> tuple[str, ...]:
     """Charge the move of a split axis whose result block ``k`` starts at ``k·o + offset``; its new split."""
-    from .movement import charge, itemsize, shift_pieces
+    from .movement import charge, itemsize, mark_approximate, shift_pieces
 
     axes = src.dims[axis]
     n = math.prod(w.costs.mesh_sizes[m] for m in axes)
     dtype = eqn.invars[0].aval.dtype
+    start = len(w.ops)
     if irregular:
         # Interior padding or a stride: each device's positions come from everywhere; gather the axis.
         whole = src.with_dims(tuple(() if i == axis else d for i, d in enumerate(src.dims)))
         w.change(eqn, phase, src, whole, dtype, repeat, f"{eqn.primitive.name} with a stride along a split axis")
+        mark_approximate(w, start, "a stride or interior padding on a split axis: XLA permutes pieces, explain gathers")
         return ()
     # One position along the axis, per device: the other axes as the result has them (XLA slices and pads
     # them locally first), each no larger than the operand's block.
@@ -305,21 +307,27 @@ def _shift_axis(
             k = math.prod(sizes[m] for m in d)
             row *= min(a, int(b) // k if int(b) % k == 0 else int(b))
     block = src.shape[axis] // n
-    if out_len % n and 0 <= offset and (offset + out_len - 1) // block == offset // block:
-        # The result lies in one device's block (x[0], a last token): XLA masks the others' and
-        # all-reduces the small result.
-        charge(
-            w, eqn, phase, repeat, "all-reduce", axes, [out_len * row], f"{eqn.primitive.name} of one device's block"
-        )
+    why = f"{eqn.primitive.name} shifts a split axis"
+    if out_len % n and out_len < n and offset >= 0:
+        # A result smaller than the split (x[0], a last token): XLA brings its pieces to the first owner
+        # (one permute per further block it spans), masks the others and all-reduces the small result.
+        first, last = offset // block, (offset + out_len - 1) // block
+        pieces = [min(offset + out_len, (j + 1) * block) - j * block for j in range(first + 1, last + 1)]
+        charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
+        charge(w, eqn, phase, repeat, "all-reduce", axes, [out_len * row], f"{eqn.primitive.name} of a small piece")
+        if last > first:
+            mark_approximate(w, start, "a small piece over several blocks: XLA may all-reduce without the permutes")
         return ()
     padded = -(-out_len // n) * n
     pieces = shift_pieces(src.shape[axis], n, padded, offset)
-    why = f"{eqn.primitive.name} shifts a split axis"
     charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
     if padded == out_len:
         return axes
     # XLA pads the result to the next multiple of the split and gathers it whole.
     charge(w, eqn, phase, repeat, "all-gather", axes, [padded * row], f"{eqn.primitive.name} result does not divide")
+    mark_approximate(
+        w, start, f"a result of {out_len} does not divide {n} ways: XLA's permutes of the uneven blocks may differ"
+    )
     return ()
 
 
@@ -345,11 +353,18 @@ def concatenate(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     axis = eqn.params["dimension"]
     out_aval = eqn.outvars[0].aval
     dims = [d if i != axis else () for i, d in enumerate(ins[0].dims)]
+    start = len(w.ops)
     for lay in ins:
         if is_free(lay):
             continue
         want = lay.with_dims(tuple(d if i != axis else () for i, d in enumerate(dims)))
         w.change(eqn, phase, lay, want, out_aval.dtype, repeat, "concatenate")
+    if any(lay.dims[axis] for lay in ins if not is_free(lay)):
+        from .movement import mark_approximate
+
+        # Measured: XLA keeps the split and moves pieces (a collective-permute and all-to-alls of
+        # about the operands' blocks); explain gathers the operands along the axis (same order of bytes).
+        mark_approximate(w, start, "concatenate along a split axis: XLA permutes and all-to-alls, explain gathers")
     return [w.relayout(out_aval, dims)]
 
 

@@ -22,13 +22,12 @@ approximate on the op (``OpReport.note``).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
 from .costing import is_free
 from .memory import Partial
-from .movement import APPROXIMATE, charge, group_size, halo_pieces, itemsize
+from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
 
 if TYPE_CHECKING:
@@ -50,11 +49,7 @@ def _bring(w: Walker, eqn: Any, phase: str, repeat: int, k: int, lay: Layout, wa
 
 
 def _mark(w: Walker, before: int, note: str) -> None:
-    """Mark the ops recorded since ``before`` (or, with none, nothing) as approximate."""
-    if w.quiet:
-        return
-    for i in range(before, len(w.ops)):
-        w.ops[i] = replace(w.ops[i], note=f"{APPROXIMATE}: {note}")
+    mark_approximate(w, before, note)
 
 
 def _exchange_halos(
@@ -102,6 +97,13 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lf, ()), "conv features split differently")
         rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, ri, ()), "conv features split differently")
     out_dims[ob] = lhs.dims[lb]
+    taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
+    if set(rhs.dims[ro]) & taken:
+        # The kernel's output features split over a mesh axis the input's batch or rows already use: XLA
+        # gathers the (small) kernel's split (measured); with rows split it may move the result instead.
+        if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls):
+            approx.append("a mesh axis splits both the rows and the kernel's outputs; XLA may move the result")
+        rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, ro, ()), "kernel split gathered")
     out_dims[of] = rhs.dims[ro]
     halos: list[tuple[int, list[int]]] = []
     for j, (li, rj, oi) in enumerate(zip(ls, rs, os_)):
