@@ -89,7 +89,7 @@ def sort(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> lis
     arrays = [_local_bytes(lead, v.aval.dtype) for v in eqn.invars]
     arrays += [_local_bytes(lead, v.aval.dtype) for v in eqn.outvars if not _is_dropped(w, eqn, v)]
     charge(w, eqn, phase, repeat, "all-to-all", axes, arrays, "sort along a split axis: split moved away and back")
-    return [w.relayout(v.aval, lead.dims) for v in eqn.outvars]
+    return [w.free(v.aval) if _is_dropped(w, eqn, v) else w.relayout(v.aval, lead.dims) for v in eqn.outvars]
 
 
 @register("top_k")
@@ -251,4 +251,5 @@ def unstack(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> 
             _local_bytes(w.relayout(v.aval, dims), v.aval.dtype) for v in eqn.outvars if not _is_dropped(w, eqn, v)
         ]
         charge(w, eqn, phase, repeat, "all-reduce", src.dims[axis], arrays, "unstack of a split axis")
-    return [w.relayout(v.aval, dims) for v in eqn.outvars]
+    # Pieces nobody reads are removed by XLA: no buffer (a free layout costs no memory).
+    return [w.free(v.aval) if _is_dropped(w, eqn, v) else w.relayout(v.aval, dims) for v in eqn.outvars]
