@@ -405,3 +405,23 @@ def reshape_dims(
             out[major_out] = src_dims[major_in]
         i, j = gi[-1] + 1, gj[-1] + 1
     return out
+
+
+@register("bitcast_convert_type")
+def bitcast_convert_type(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """Same-size dtypes keep the layout; a size change adds or drops a minor axis, which stays whole."""
+    src, out_aval = ins[0], eqn.outvars[0].aval
+    if is_free(src):
+        return [w.free(out_aval)]
+    rank = len(out_aval.shape)
+    dims = list(src.dims[:rank]) + [()] * max(rank - len(src.dims), 0)
+    if rank < len(src.dims) and src.dims[-1]:
+        whole = src.with_dims((*src.dims[:-1], ()))
+        w.change(eqn, phase, src, whole, eqn.invars[0].aval.dtype, repeat, "bitcast folds a split minor axis")
+    return [w.relayout(out_aval, dims)]
+
+
+@register("create_token", "dce_sink", "platform_index")
+def no_data(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """Tokens, DCE anchors and the platform switch's index: no array moves."""
+    return [w.replicated(v.aval) for v in eqn.outvars]
