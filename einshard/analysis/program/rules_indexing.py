@@ -455,7 +455,8 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         return [w.relayout(out_aval, dims)]
     # An update that cuts a split axis lands anywhere in it (its offset is a run-time value): XLA gathers
     # the operand along those axes, updates, and keeps the split (measured on one-op programs).
-    cut = [i for i, (d, a, b) in enumerate(zip(operand.dims, update.shape, operand.shape)) if d and a != b]
+    # An update one position long on a split axis is written locally by the device that holds it (measured).
+    cut = [i for i, (d, a, b) in enumerate(zip(operand.dims, update.shape, operand.shape)) if d and a != b and a != 1]
     if cut and not is_free(operand):
         whole = operand.with_dims(tuple(() if i in cut else d for i, d in enumerate(operand.dims)))
         w.change(eqn, phase, operand, whole, out_aval.dtype, repeat, "dynamic_update_slice cuts a split axis")

@@ -297,15 +297,16 @@ def _shift_axis(
         w.change(eqn, phase, src, whole, dtype, repeat, f"{eqn.primitive.name} with a stride along a split axis")
         mark_approximate(w, start, "a stride or interior padding on a split axis: XLA permutes pieces, explain gathers")
         return ()
-    # One position along the axis, per device: the other axes as the result has them (XLA slices and pads
-    # them locally first), each no larger than the operand's block.
+    # One position along the axis, per device: permutes move the operand's rows whole (measured: a slice of
+    # rows and columns moves whole rows, then slices); a small result is sliced first, then all-reduced.
     out_shape = eqn.outvars[0].aval.shape
     sizes = w.costs.mesh_sizes
-    row = itemsize(dtype)
+    row = math.prod(a for i, a in enumerate(src.shard_shape) if i != axis) * itemsize(dtype)
+    small_row = itemsize(dtype)
     for i, (a, b, d) in enumerate(zip(src.shard_shape, out_shape, src.dims)):
         if i != axis:
             k = math.prod(sizes[m] for m in d)
-            row *= min(a, int(b) // k if int(b) % k == 0 else int(b))
+            small_row *= min(a, int(b) // k if int(b) % k == 0 else int(b))
     block = src.shape[axis] // n
     why = f"{eqn.primitive.name} shifts a split axis"
     if out_len % n and out_len < n and offset >= 0:
@@ -314,7 +315,8 @@ def _shift_axis(
         first, last = offset // block, (offset + out_len - 1) // block
         pieces = [min(offset + out_len, (j + 1) * block) - j * block for j in range(first + 1, last + 1)]
         charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
-        charge(w, eqn, phase, repeat, "all-reduce", axes, [out_len * row], f"{eqn.primitive.name} of a small piece")
+        small = f"{eqn.primitive.name} of a small piece"
+        charge(w, eqn, phase, repeat, "all-reduce", axes, [out_len * small_row], small)
         if last > first:
             mark_approximate(w, start, "a small piece over several blocks: XLA may all-reduce without the permutes")
         return ()

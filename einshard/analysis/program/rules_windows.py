@@ -87,15 +87,15 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
     out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
     # The contracted feature axes: split alike they leave partial sums, otherwise they are gathered.
+    # Each operand is brought to its target in one step (XLA gathers a kernel's splits in one all-gather).
+    lhs_to, rhs_to = lhs, rhs
     if grouped:
         approx.append("grouped conv: feature splits gathered")
-        lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lf, ()), "grouped conv")
-        rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(_with(rhs, ri, ()), ro, ()), "grouped conv")
+        lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(_with(rhs_to, ri, ()), ro, ())
     elif lhs.dims[lf] == rhs.dims[ri]:
         summed = [lhs.dims[lf]] if lhs.dims[lf] else []
     else:
-        lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lf, ()), "conv features split differently")
-        rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, ri, ()), "conv features split differently")
+        lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(rhs_to, ri, ())
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
     if set(rhs.dims[ro]) & taken:
@@ -103,7 +103,9 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # gathers the (small) kernel's split (measured); with rows split it may move the result instead.
         if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls):
             approx.append("a mesh axis splits both the rows and the kernel's outputs; XLA may move the result")
-        rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, ro, ()), "kernel split gathered")
+        rhs_to = _with(rhs_to, ro, ())
+    lhs = _bring(w, eqn, phase, repeat, 0, lhs, lhs_to, "conv operand brought to the split it needs")
+    rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
     out_dims[of] = rhs.dims[ro]
     halos: list[tuple[int, list[int]]] = []
     for j, (li, rj, oi) in enumerate(zip(ls, rs, os_)):

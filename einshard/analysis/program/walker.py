@@ -167,7 +167,7 @@ class Walker:
         colls = self.costs.reshard(src, dst, dtype)
         if not src.unreduced and any(c.kind == "all-gather" for c in colls):
             for v in getattr(eqn, "invars", ()):
-                if self.env.get(v) is src:
+                if not hasattr(v, "val") and self.env.get(v) is src:  # literals (a pad's value) are unhashable
                     self.bind_copy(v, dst)
         if src.unreduced and not (dst.sharded_mesh_axes & src.unreduced) and _extends(src.dims, dst.dims):
             # A pending sum brought to a finer split: slice first (free), then sum the smaller piece,
