@@ -369,8 +369,15 @@ def control_case(draw: Any) -> Case:
 
         return _case(draw, "cond", branch, (x,), "unfused")  # XLA allocates every branch's temporaries
 
+    trips = draw(st.integers(1, 3))
+    axis = draw(st.integers(0, 1))
+
     def loop(x: Any) -> Any:
-        return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1]) * 0.5), (0, x))[1]
+        # A counted loop whose body sums its carry along a (maybe split) axis: an all-reduce per trip.
+        def body(c: Any) -> Any:
+            return c[0] + 1, c[1] + 0.1 * jnp.tanh(c[1]).sum(axis, keepdims=True)
+
+        return lax.while_loop(lambda c: c[0] < trips, body, (0, x))[1]
 
     return _case(draw, "while", loop, (x,), "unfused", grad=False)
 

@@ -6,10 +6,10 @@
   to it.
 * ``while``: as a ``scan`` carry, the loop's carry settles to the layout the body makes of it (walked
   once quietly, the initial carry moved there once, outside the loop), then the condition and the body
-  are walked for real.  The trip count of a ``while_loop`` is a run-time value: its body's collectives
-  are counted once, as a static reading of the HLO counts them, and the op is marked approximate when
-  the body moves data (per step it is ×trips).  ``fori_loop`` with static bounds is a ``scan`` in the
-  jaxpr and counts per iteration.
+  are walked for real.  A counted loop (``i < N``, ``i`` from a literal, stepped by 1: what XLA's loop
+  analysis recognises) counts its body N times, as the HLO reader does; any other ``while_loop``'s trip
+  count is a run-time value: its body's collectives are counted once, and the ops are marked approximate
+  (per step they are ×trips).  ``fori_loop`` with static bounds is a ``scan`` in the jaxpr.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .registry import inherit, register
 if TYPE_CHECKING:
     from .walker import Walker
 
-__all__ = ["cond", "while_loop"]
+__all__ = ["cond", "while_loop", "trip_count"]
 
 
 def _inner(jaxpr: Any) -> Any:
@@ -65,10 +65,38 @@ def while_loop(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
             w.change(eqn, phase, lay, lay.with_dims(want.dims), v.aval.dtype, repeat, "while carry settles")
         settled.append(want)
     start = len(w.ops)
-    w.walk(cond_j, [*cconsts, *settled], repeat, inherit(phase))
-    res = w.walk(body, [*bconsts, *settled], repeat, inherit(phase))
-    if not w.quiet and len(w.ops) > start:
+    trips = trip_count(eqn)
+    runs = repeat * (trips if trips is not None else 1)
+    w.walk(cond_j, [*cconsts, *settled], runs, inherit(phase))
+    res = w.walk(body, [*bconsts, *settled], runs, inherit(phase))
+    if trips is None and not w.quiet and len(w.ops) > start:
         note = f"{APPROXIMATE}: a while loop's trip count is known at run time; its body's collectives counted once"
         for i in range(start, len(w.ops)):
             w.ops[i] = replace(w.ops[i], note=note)
     return [w.relayout(v.aval, lay.dims) if not is_free(lay) else lay for v, lay in zip(eqn.outvars, res)]
+
+
+def trip_count(eqn: Any) -> int | None:
+    """The trip count of a counted loop (``i < N`` with ``i`` a literal start stepped by 1), as XLA finds it.
+
+    XLA's while-loop analysis recognises the same pattern and the HLO reader counts the body's
+    collectives that many times; any other loop's count is a run-time value (None).
+    """
+    p = eqn.params
+    cj, bj = _inner(p["cond_jaxpr"]), _inner(p["body_jaxpr"])
+    nc, nb = int(p["cond_nconsts"]), int(p["body_nconsts"])
+    if len(cj.eqns) != 1 or cj.eqns[0].primitive.name != "lt":
+        return None
+    counter, bound = cj.eqns[0].invars
+    carried = list(cj.invars[nc:])
+    if not hasattr(bound, "val") or not any(counter is v for v in carried):
+        return None
+    k = next(i for i, v in enumerate(carried) if v is counter)
+    init = eqn.invars[nc + nb + k]
+    step = next((e for e in bj.eqns if e.outvars and e.outvars[0] is bj.outvars[k]), None)
+    if not hasattr(init, "val") or step is None or step.primitive.name != "add":
+        return None
+    x, one = step.invars
+    if x is not bj.invars[nb + k] or not hasattr(one, "val") or int(one.val) != 1:
+        return None
+    return max(0, int(bound.val) - int(init.val))
