@@ -57,7 +57,15 @@ DEEP = settings(max_examples=40, deadline=None, suppress_health_check=list(Healt
 # so that they cannot grow unnoticed.
 #
 # "windows": a pool's or conv's gradient is both (scratch, and pad + reduce_window chains the walk holds whole).
-MEMORY_BOUNDS = {"default": (0.75, 1.25), "scratch": (0.1, 1.35), "unfused": (0.6, 1.75), "windows": (0.1, 1.75)}
+# "branches": the walk counts a cond through its inputs and outputs; XLA allocates every branch's temporaries
+# (measured down to 0.46 of XLA's peak).
+MEMORY_BOUNDS = {
+    "default": (0.75, 1.25),
+    "scratch": (0.1, 1.35),
+    "unfused": (0.6, 1.75),
+    "windows": (0.1, 1.75),
+    "branches": (0.4, 1.75),
+}
 SLACK_BYTES = 1024
 
 
@@ -367,7 +375,7 @@ def control_case(draw: Any) -> Case:
         def branch(x: Any) -> Any:
             return lax.cond(x.sum() > 0, lambda a: jnp.tanh(a).sum(axis), lambda a: a.max(axis), x)
 
-        return _case(draw, "cond", branch, (x,), "unfused")  # XLA allocates every branch's temporaries
+        return _case(draw, "cond", branch, (x,), "branches")
 
     trips = draw(st.integers(1, 3))
     axis = draw(st.integers(0, 1))

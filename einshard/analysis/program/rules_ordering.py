@@ -186,7 +186,7 @@ def split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> li
                 pieces = shift_pieces(src.shape[axis], n, size, offset)
                 arrays = [p * row for p in pieces]
                 charge(w, eqn, phase, repeat, "collective-permute", axes, arrays, "split along a split axis")
-                if size // n < block and len(pieces) > 1:
+                if size // n < block and pieces:
                     why = "pieces from several distances into blocks smaller than the operand's: XLA may send fewer"
                     mark_approximate(w, start, why)
             outs.append(w.relayout(v.aval, src.dims))

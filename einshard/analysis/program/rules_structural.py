@@ -317,7 +317,11 @@ def _shift_axis(
         charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
         small = f"{eqn.primitive.name} of a small piece"
         charge(w, eqn, phase, repeat, "all-reduce", axes, [out_len * small_row], small)
-        if last > first or first > 0:
+        padded_back = any(e.primitive.name == "pad" for e, _ in w.uses.get(id(eqn.outvars[0]), ()))
+        if padded_back:
+            # A slice's gradient pads the piece back to the operand's shape: XLA keeps it on its device.
+            mark_approximate(w, start, "the piece is padded back (a slice's gradient): XLA moves nothing")
+        elif last > first or first > 0:
             # Measured both ways: XLA sometimes moves the piece first (a collective-permute), sometimes not.
             mark_approximate(w, start, "a small piece off the first device: XLA may add or drop a collective-permute")
         return ()
