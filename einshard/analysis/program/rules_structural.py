@@ -317,8 +317,7 @@ def _shift_axis(
         charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
         small = f"{eqn.primitive.name} of a small piece"
         charge(w, eqn, phase, repeat, "all-reduce", axes, [out_len * small_row], small)
-        padded_back = any(e.primitive.name == "pad" for e, _ in w.uses.get(id(eqn.outvars[0]), ()))
-        if padded_back:
+        if _padded_back(w, eqn.outvars[0]):
             # A slice's gradient pads the piece back to the operand's shape: XLA keeps it on its device.
             mark_approximate(w, start, "the piece is padded back (a slice's gradient): XLA moves nothing")
         elif last > first or first > 0:
@@ -329,6 +328,10 @@ def _shift_axis(
     pieces = shift_pieces(src.shape[axis], n, padded, offset)
     charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
     if padded == out_len:
+        if padded // n < block and pieces:
+            # Result blocks smaller than the operand's gather pieces from several devices: XLA's permutes
+            # there vary (measured 2 where the exact movement takes 4).
+            mark_approximate(w, start, "result blocks smaller than the operand's: XLA may send fewer permutes")
         return axes
     # XLA pads the result to the next multiple of the split and gathers it whole.
     charge(w, eqn, phase, repeat, "all-gather", axes, [padded * row], f"{eqn.primitive.name} result does not divide")
@@ -432,3 +435,14 @@ def bitcast_convert_type(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
 def no_data(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """Tokens, DCE anchors and the platform switch's index: no array moves."""
     return [w.replicated(v.aval) for v in eqn.outvars]
+
+
+def _padded_back(w: Walker, v: Any, depth: int = 4) -> bool:
+    """Whether a value reaches a ``pad`` through elementwise ops (a slice's gradient pads its cotangent back)."""
+    for e, _ in w.uses.get(id(v), ()):
+        name = e.primitive.name
+        if name == "pad":
+            return True
+        if depth and name in ELEMENTWISE and e.outvars and _padded_back(w, e.outvars[0], depth - 1):
+            return True
+    return False
