@@ -355,7 +355,21 @@ def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
             dims[i] = ()
         why = f"{eqn.primitive.name} cuts a sharded axis"
         w.change(eqn, phase, src, src.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
+        # On Explicit axes the result's type keeps the operand's split where it divides: sliced locally
+        # from the gathered operand (no further collective).
+        typed = _explicit_dims(out_aval)
+        if typed is not None:
+            dims = [t if i in cut else d for i, (d, t) in enumerate(zip(dims, typed))]
     return [w.relayout(out_aval, dims)]
+
+
+def _explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
+    """The split a value's type names on Explicit mesh axes (None when its type names none)."""
+    spec = getattr(getattr(aval, "sharding", None), "spec", None)
+    if spec is None or not any(e is not None for e in spec):
+        return None
+    entries = list(spec) + [None] * (len(aval.shape) - len(spec))
+    return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
 
 
 @register("concatenate")
