@@ -104,6 +104,8 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls):
             approx.append("a mesh axis splits both the rows and the kernel's outputs; XLA may move the result")
         rhs_to = _with(rhs_to, ro, ())
+    if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
+        approx.append("the kernel is gathered along several axes; XLA may split the gathers differently")
     lhs = _bring(w, eqn, phase, repeat, 0, lhs, lhs_to, "conv operand brought to the split it needs")
     rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
     out_dims[of] = rhs.dims[ro]
