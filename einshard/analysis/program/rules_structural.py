@@ -320,8 +320,9 @@ def _shift_axis(
         if _padded_back(w, eqn.outvars[0]):
             # A slice's gradient pads the piece back to the operand's shape: XLA keeps it on its device.
             mark_approximate(w, start, "the piece is padded back (a slice's gradient): XLA moves nothing")
-        elif last > first or first > 0:
-            # Measured both ways: XLA sometimes moves the piece first (a collective-permute), sometimes not.
+        else:
+            # Measured both ways, even for a piece on the first device: XLA sometimes moves it first (a
+            # collective-permute), sometimes not; the all-reduce is always there.
             mark_approximate(w, start, "a small piece off the first device: XLA may add or drop a collective-permute")
         return ()
     padded = -(-out_len // n) * n

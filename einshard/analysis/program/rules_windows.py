@@ -101,8 +101,8 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     if set(rhs.dims[ro]) & taken:
         # The kernel's output features split over a mesh axis the input's batch or rows already use: XLA
         # gathers the (small) kernel's split (measured); with rows split it may move the result instead.
-        if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls):
-            approx.append("a mesh axis splits both the rows and the kernel's outputs; XLA may move the result")
+        if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls) or any(lhs.dims[i] for i in ls):
+            approx.append("a mesh axis splits both the input and the kernel's outputs; XLA may move the result")
         rhs_to = _with(rhs_to, ro, ())
     if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
         approx.append("the kernel is gathered along several axes; XLA may split the gathers differently")
