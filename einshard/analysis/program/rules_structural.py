@@ -352,10 +352,14 @@ def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     cut = [i for i, (a, b) in enumerate(zip(src.shape, out_shape)) if a != b and src.dims[i]]
     dims = list(src.dims)
     if cut:
-        for i in cut:
-            dims[i] = ()
         why = f"{eqn.primitive.name} cuts a sharded axis"
-        w.change(eqn, phase, src, src.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
+        # One axis at a time from the last, as XLA gathers (measured: [16@a, 16@b] gathers [4, 16] over b,
+        # then [16, 16] over a).
+        for i in reversed(cut):
+            step = src.with_dims(tuple(dims))
+            dims[i] = ()
+            w.change(eqn, phase, step, src.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
+        w.bind_copy(eqn.invars[0], src.with_dims(tuple(dims)))  # the gathered copy is live while it is sliced
         # On Explicit axes the result's type keeps the operand's split where it divides: sliced locally
         # from the gathered operand (no further collective).
         typed = _explicit_dims(out_aval)
