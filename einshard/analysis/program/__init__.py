@@ -4,8 +4,11 @@ Traces ``fn`` to a jaxpr and walks it once, following each value's
 :class:`~einshard.core.layout.Layout` from the arguments' shardings.  Each
 primitive has a layout rule in a registry (:mod:`.registry`): elementwise and
 shape ops (:mod:`.rules_structural`), ``dot_general``/gather/scatter
-(:mod:`.rules_indexing`, dots priced by :func:`einshard.analyze`), and control
-flow, shard_map regions and explicit placement (:mod:`.rules_control`).
+(:mod:`.rules_indexing`, dots priced by :func:`einshard.analyze`), control
+flow, shard_map regions and explicit placement (:mod:`.rules_control`), ops that
+read along a whole axis (:mod:`.rules_ordering`: sort, top_k, cumulative ops,
+split...), windows (:mod:`.rules_windows`: convolutions, pooling) and loops and
+branches (:mod:`.rules_loops`); :mod:`.coverage` lists them per primitive.
 Where a value's layout must change the collective comes from the analyzer's
 ``transition``.  Operations with no rule are listed by name in the report,
 never silently guessed.

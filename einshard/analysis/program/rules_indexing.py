@@ -481,4 +481,24 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     if is_free(operand) and not is_free(update):
         dims = [d if a == b else () for d, a, b in zip(update.dims, update.shape, out_aval.shape)]
         return [w.relayout(out_aval, dims)]
+    # An update that cuts a split axis lands anywhere in it (its offset is a run-time value): XLA gathers
+    # the operand along those axes, updates, and keeps the split (measured on one-op programs).
+    # An update one position long on a split axis is written locally by the device that holds it (measured).
+    # Once one axis must be gathered, every cut split axis is, one all-gather each (measured).
+    cut = [i for i, (d, a, b) in enumerate(zip(operand.dims, update.shape, operand.shape)) if d and a != b]
+    if not any(update.shape[i] != 1 for i in cut):
+        cut = []
+    if cut and not is_free(operand):
+        dims = list(operand.dims)
+        for i in reversed(cut):
+            step = operand.with_dims(tuple(dims))
+            dims[i] = ()
+            why = "dynamic_update_slice cuts a split axis"
+            w.change(eqn, phase, step, operand.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
+        whole = operand.with_dims(tuple(dims))
+        w.bind_copy(eqn.invars[0], whole)  # the gathered copy is live while the update is written
+        if not is_free(update):
+            want = tuple(d if a == b else () for d, a, b in zip(whole.dims, update.shape, operand.shape))
+            if want != update.dims:
+                w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
     return [w.relayout(out_aval, operand.dims)]

@@ -22,7 +22,7 @@ from .registry import register, sharding_degree
 if TYPE_CHECKING:
     from .walker import Walker
 
-__all__ = ["ELEMENTWISE", "REDUCTIONS", "reshape_dims"]
+__all__ = ["ELEMENTWISE", "REDUCTIONS", "CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims"]
 
 ELEMENTWISE = {
     "add",
@@ -97,11 +97,38 @@ ELEMENTWISE = {
     "population_count",
     "iota",
     "one_minus_square",  # jax >= 0.12: the derivative of tanh
+    # Found by tools/list_primitives.py (jnp, jax.nn, lax sweeps): elementwise, nothing moves.
+    "acos",
+    "acosh",
+    "asin",
+    "asinh",
+    "atan",
+    "atanh",
+    "cosh",
+    "sinh",
+    "erfc",
+    "lgamma",
+    "digamma",
+    "polygamma",
+    "zeta",
+    "igamma",
+    "igammac",
+    "igamma_grad_a",
+    "random_gamma_grad",
+    "bessel_i0e",
+    "bessel_i1e",
+    "complex",
+    "random_fold_in",
+    "random_seed",
 }
 REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
+# Members of the sets above (memory reads them as fusible) whose rule is rules_ordering's: they read
+# along a whole axis, so a split there moves data.
+CUMULATIVE = {"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"}
+ARG_REDUCTIONS = {"argmax", "argmin"}
 
 
-@register(*ELEMENTWISE)
+@register(*(ELEMENTWISE - CUMULATIVE))
 def elementwise(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """The most sharded full-size operand sets the layout; the others are brought to it."""
     out_aval = eqn.outvars[0].aval
@@ -152,7 +179,7 @@ def broadcast_in_dim(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase:
     return [w.relayout(out_aval, dims)]
 
 
-@register("iota", "full", "zeros_like")
+@register("iota", "full", "zeros_like", "empty", "empty2")
 def constant(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """Values every device makes for itself: their consumer chooses their layout."""
     return [w.free(v.aval) for v in eqn.outvars]
@@ -199,7 +226,7 @@ def reshape(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> 
     return [w.relayout(out_aval, dims)]
 
 
-@register(*REDUCTIONS)
+@register(*(REDUCTIONS - ARG_REDUCTIONS))
 def reduce(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     src, out_aval = ins[0], eqn.outvars[0].aval
     if is_free(src):
@@ -223,12 +250,99 @@ def reduce(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
 
 @register("pad")
 def pad(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
-    out_aval = eqn.outvars[0].aval
-    src = ins[0]
-    return [w.relayout(out_aval, [d if a == b else () for d, a, b in zip(src.dims, src.shape, out_aval.shape)])]
+    """A pad along a split axis shifts each device's block by the low padding (collective-permutes).
+
+    A result that does not divide is padded further by XLA to the next multiple and gathered whole;
+    interior padding (a strided slice's transpose) is modelled as a gather of the axis first.
+    """
+    out_aval, src = eqn.outvars[0].aval, ins[0]
+    if is_free(src):
+        return [w.free(out_aval)]
+    dims = list(src.dims)
+    for axis, (low, _high, interior) in enumerate(eqn.params["padding_config"]):
+        if not dims[axis]:
+            continue
+        dims[axis] = _shift_axis(w, eqn, phase, repeat, src, axis, int(out_aval.shape[axis]), -int(low), interior)
+    return [w.relayout(out_aval, dims)]
 
 
-@register("slice", "dynamic_slice")
+@register("slice")
+def slice_static(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """A static slice of a split axis is a shift (collective-permutes); a strided one gathers the axis."""
+    out_aval, src = eqn.outvars[0].aval, ins[0]
+    if is_free(src):
+        return [w.free(out_aval)]
+    strides = eqn.params.get("strides") or (1,) * len(src.shape)
+    dims = list(src.dims)
+    for axis, start in enumerate(eqn.params["start_indices"]):
+        if dims[axis] and src.shape[axis] != out_aval.shape[axis]:
+            step = int(strides[axis])
+            dims[axis] = _shift_axis(w, eqn, phase, repeat, src, axis, int(out_aval.shape[axis]), int(start), step - 1)
+    return [w.relayout(out_aval, dims)]
+
+
+def _shift_axis(
+    w: Walker, eqn: Any, phase: str, repeat: int, src: Layout, axis: int, out_len: int, offset: int, irregular: int
+) -> tuple[str, ...]:
+    """Charge the move of a split axis whose result block ``k`` starts at ``k·o + offset``; its new split."""
+    from .movement import charge, itemsize, mark_approximate, shift_pieces
+
+    axes = src.dims[axis]
+    n = math.prod(w.costs.mesh_sizes[m] for m in axes)
+    dtype = eqn.invars[0].aval.dtype
+    start = len(w.ops)
+    if irregular:
+        # Interior padding or a stride: each device's positions come from everywhere; gather the axis.
+        whole = src.with_dims(tuple(() if i == axis else d for i, d in enumerate(src.dims)))
+        w.change(eqn, phase, src, whole, dtype, repeat, f"{eqn.primitive.name} with a stride along a split axis")
+        mark_approximate(w, start, "a stride or interior padding on a split axis: XLA permutes pieces, explain gathers")
+        return ()
+    # One position along the axis, per device: permutes move the operand's rows whole (measured: a slice of
+    # rows and columns moves whole rows, then slices); a small result is sliced first, then all-reduced.
+    out_shape = eqn.outvars[0].aval.shape
+    sizes = w.costs.mesh_sizes
+    row = math.prod(a for i, a in enumerate(src.shard_shape) if i != axis) * itemsize(dtype)
+    small_row = itemsize(dtype)
+    for i, (a, b, d) in enumerate(zip(src.shard_shape, out_shape, src.dims)):
+        if i != axis:
+            k = math.prod(sizes[m] for m in d)
+            small_row *= min(a, int(b) // k if int(b) % k == 0 else int(b))
+    block = src.shape[axis] // n
+    why = f"{eqn.primitive.name} shifts a split axis"
+    if out_len % n and out_len < n and offset >= 0:
+        # A result smaller than the split (x[0], a last token): XLA brings its pieces to the first owner
+        # (one permute per further block it spans), masks the others and all-reduces the small result.
+        first, last = offset // block, (offset + out_len - 1) // block
+        pieces = [min(offset + out_len, (j + 1) * block) - j * block for j in range(first + 1, last + 1)]
+        charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
+        small = f"{eqn.primitive.name} of a small piece"
+        charge(w, eqn, phase, repeat, "all-reduce", axes, [out_len * small_row], small)
+        if _padded_back(w, eqn.outvars[0]):
+            # A slice's gradient pads the piece back to the operand's shape: XLA keeps it on its device.
+            mark_approximate(w, start, "the piece is padded back (a slice's gradient): XLA moves nothing")
+        else:
+            # Measured both ways, even for a piece on the first device: XLA sometimes moves it first (a
+            # collective-permute), sometimes not; the all-reduce is always there.
+            mark_approximate(w, start, "a small piece off the first device: XLA may add or drop a collective-permute")
+        return ()
+    padded = -(-out_len // n) * n
+    pieces = shift_pieces(src.shape[axis], n, padded, offset)
+    charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
+    if padded == out_len:
+        if padded // n < block and pieces:
+            # Result blocks smaller than the operand's gather pieces from several devices: XLA's permutes
+            # there vary (measured 2 where the exact movement takes 4).
+            mark_approximate(w, start, "result blocks smaller than the operand's: XLA may send fewer permutes")
+        return axes
+    # XLA pads the result to the next multiple of the split and gathers it whole.
+    charge(w, eqn, phase, repeat, "all-gather", axes, [padded * row], f"{eqn.primitive.name} result does not divide")
+    mark_approximate(
+        w, start, f"a result of {out_len} does not divide {n} ways: XLA's permutes of the uneven blocks may differ"
+    )
+    return ()
+
+
+@register("dynamic_slice")
 def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """A slice keeps whole axes' sharding; an axis it cuts must be gathered first."""
     src, out_aval = ins[0], eqn.outvars[0].aval
@@ -238,11 +352,29 @@ def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     cut = [i for i, (a, b) in enumerate(zip(src.shape, out_shape)) if a != b and src.dims[i]]
     dims = list(src.dims)
     if cut:
-        for i in cut:
-            dims[i] = ()
         why = f"{eqn.primitive.name} cuts a sharded axis"
-        w.change(eqn, phase, src, src.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
+        # One axis at a time from the last, as XLA gathers (measured: [16@a, 16@b] gathers [4, 16] over b,
+        # then [16, 16] over a).
+        for i in reversed(cut):
+            step = src.with_dims(tuple(dims))
+            dims[i] = ()
+            w.change(eqn, phase, step, src.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
+        w.bind_copy(eqn.invars[0], src.with_dims(tuple(dims)))  # the gathered copy is live while it is sliced
+        # On Explicit axes the result's type keeps the operand's split where it divides: sliced locally
+        # from the gathered operand (no further collective).
+        typed = _explicit_dims(out_aval)
+        if typed is not None:
+            dims = [t if i in cut else d for i, (d, t) in enumerate(zip(dims, typed))]
     return [w.relayout(out_aval, dims)]
+
+
+def _explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
+    """The split a value's type names on Explicit mesh axes (None when its type names none)."""
+    spec = getattr(getattr(aval, "sharding", None), "spec", None)
+    if spec is None or not any(e is not None for e in spec):
+        return None
+    entries = list(spec) + [None] * (len(aval.shape) - len(spec))
+    return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
 
 
 @register("concatenate")
@@ -250,11 +382,18 @@ def concatenate(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     axis = eqn.params["dimension"]
     out_aval = eqn.outvars[0].aval
     dims = [d if i != axis else () for i, d in enumerate(ins[0].dims)]
+    start = len(w.ops)
     for lay in ins:
         if is_free(lay):
             continue
         want = lay.with_dims(tuple(d if i != axis else () for i, d in enumerate(dims)))
         w.change(eqn, phase, lay, want, out_aval.dtype, repeat, "concatenate")
+    if any(lay.dims[axis] for lay in ins if not is_free(lay)):
+        from .movement import mark_approximate
+
+        # Measured: XLA keeps the split and moves pieces (a collective-permute and all-to-alls of
+        # about the operands' blocks); explain gathers the operands along the axis (same order of bytes).
+        mark_approximate(w, start, "concatenate along a split axis: XLA permutes and all-to-alls, explain gathers")
     return [w.relayout(out_aval, dims)]
 
 
@@ -295,3 +434,34 @@ def reshape_dims(
             out[major_out] = src_dims[major_in]
         i, j = gi[-1] + 1, gj[-1] + 1
     return out
+
+
+@register("bitcast_convert_type")
+def bitcast_convert_type(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """Same-size dtypes keep the layout; a size change adds or drops a minor axis, which stays whole."""
+    src, out_aval = ins[0], eqn.outvars[0].aval
+    if is_free(src):
+        return [w.free(out_aval)]
+    rank = len(out_aval.shape)
+    dims = list(src.dims[:rank]) + [()] * max(rank - len(src.dims), 0)
+    if rank < len(src.dims) and src.dims[-1]:
+        whole = src.with_dims((*src.dims[:-1], ()))
+        w.change(eqn, phase, src, whole, eqn.invars[0].aval.dtype, repeat, "bitcast folds a split minor axis")
+    return [w.relayout(out_aval, dims)]
+
+
+@register("create_token", "dce_sink", "platform_index")
+def no_data(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """Tokens, DCE anchors and the platform switch's index: no array moves."""
+    return [w.replicated(v.aval) for v in eqn.outvars]
+
+
+def _padded_back(w: Walker, v: Any, depth: int = 4) -> bool:
+    """Whether a value reaches a ``pad`` through elementwise ops (a slice's gradient pads its cotangent back)."""
+    for e, _ in w.uses.get(id(v), ()):
+        name = e.primitive.name
+        if name == "pad":
+            return True
+        if depth and name in ELEMENTWISE and e.outvars and _padded_back(w, e.outvars[0], depth - 1):
+            return True
+    return False

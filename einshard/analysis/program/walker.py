@@ -21,7 +21,14 @@ from typing import Any
 from ...core.layout import Layout, MeshAxis
 from ..cost import Collective
 from ..plan import side_string
-from . import rules_control, rules_indexing, rules_structural  # noqa: F401  (they register their rules)
+from . import (  # noqa: F401  (they register their rules)
+    rules_control,
+    rules_indexing,
+    rules_loops,
+    rules_ordering,
+    rules_structural,
+    rules_windows,
+)
 from .costing import FreeLayout, OpCosts, is_free
 from .memory import Gathered
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
@@ -198,7 +205,7 @@ class Walker:
         colls = self.costs.reshard(src, dst, dtype)
         if not src.unreduced and any(c.kind == "all-gather" for c in colls):
             for v in getattr(eqn, "invars", ()):
-                if self.env.get(v) is src:
+                if not hasattr(v, "val") and self.env.get(v) is src:  # literals (a pad's value) are unhashable
                     self.bind_copy(v, dst)
         if src.unreduced and not (dst.sharded_mesh_axes & src.unreduced) and _extends(src.dims, dst.dims):
             # A pending sum brought to a finer split: slice first (free), then sum the smaller piece,

@@ -1,0 +1,231 @@
+"""Layout rules for windowed ops: convolutions and pooling (``reduce_window*``, ``select_and_scatter_add``).
+
+A convolution is a dot whose spatial axes slide a window.  What XLA's SPMD partitioner compiles, measured
+on one-op programs (tests/test_primitive_rules.py checks it):
+
+* a batch split (the input's batch axis) and an output-feature split (the kernel's) stay local;
+* an input-feature split on both operands leaves partial sums: one all-reduce of the result (the
+  kernel gradient under data parallelism is such a conv: its contracted "feature" is the batch);
+* a spatial split keeps the result split and exchanges halos: per split axis, one collective-permute
+  per neighbour block the window reaches into, each side (:func:`.movement.halo_pieces`); a 3×3 SAME conv
+  on rows split 4 ways sends one row up and one down;
+* a kernel gradient whose window (the cotangent's spatial axes) is split like the input's exchanges the
+  input's halos and sums the result over the split (all-reduce).
+
+Pooling is the same window without a kernel: a non-overlapping pool (2×2, stride 2) of blocks that
+divide moves nothing; an overlapping one exchanges halos.  Cases XLA handles by heuristics explain does
+not reproduce (a transposed conv's ``lhs_dilation`` on a split axis, grouped convs, a result that does
+not divide, an overlapping ``select_and_scatter_add``) gather the axis instead and are marked
+approximate on the op (``OpReport.note``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from ...core.layout import Layout
+from .costing import is_free
+from .memory import Partial
+from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
+from .registry import register
+
+if TYPE_CHECKING:
+    from .walker import Walker
+
+__all__ = ["conv_general_dilated", "reduce_window", "select_and_scatter_add", "WINDOW_REDUCTIONS"]
+
+WINDOW_REDUCTIONS = ("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
+
+
+def _with(lay: Layout, axis: int, dims: tuple[str, ...]) -> Layout:
+    return lay.with_dims(tuple(dims if i == axis else d for i, d in enumerate(lay.dims)))
+
+
+def _bring(w: Walker, eqn: Any, phase: str, repeat: int, k: int, lay: Layout, want: Layout, why: str) -> Layout:
+    if not is_free(lay) and lay.dims != want.dims:
+        w.change(eqn, phase, lay, want, eqn.invars[k].aval.dtype, repeat, why)
+    return want
+
+
+def _mark(w: Walker, before: int, note: str) -> None:
+    mark_approximate(w, before, note)
+
+
+def _exchange_halos(
+    w: Walker, eqn: Any, phase: str, repeat: int, lay: Layout, halos: list[tuple[int, list[int]]], dtype: Any
+) -> None:
+    """Charge each split axis's halo permutes, in axis order, on the block grown by the earlier ones."""
+    local = list(lay.shard_shape)
+    for axis, pieces in halos:
+        row = math.prod(s for i, s in enumerate(local) if i != axis) * itemsize(dtype)
+        why = f"{eqn.primitive.name}: halo exchange along a split axis"
+        charge(w, eqn, phase, repeat, "collective-permute", lay.dims[axis], [p * row for p in pieces], why)
+        local[axis] += sum(pieces)
+
+
+@register("conv_general_dilated")
+def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    p = eqn.params
+    out_aval = eqn.outvars[0].aval
+    lhs, rhs = ins
+    if is_free(lhs) and is_free(rhs):
+        return [w.free(out_aval)]
+    dn = p["dimension_numbers"]
+    lb, lf, *ls = dn.lhs_spec
+    ro, ri, *rs = dn.rhs_spec
+    ob, of, *os_ = dn.out_spec
+    grouped = p["feature_group_count"] != 1 or p["batch_group_count"] != 1
+    pairs = [(lf, ri), *zip(ls, rs)]
+    # A free operand (a cotangent of ones) takes its partner's split on the axes they pair.
+    if is_free(lhs):
+        lhs = _adopt(w, out_aval, lhs, rhs, pairs, ())
+    elif is_free(rhs):
+        rhs = _adopt(w, out_aval, rhs, lhs, [(b, a) for a, b in pairs], (ro,))
+    start = len(w.ops)
+    approx: list[str] = []
+    summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
+    out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
+    # The contracted feature axes: split alike they leave partial sums, otherwise they are gathered.
+    # Each operand is brought to its target in one step (XLA gathers a kernel's splits in one all-gather).
+    lhs_to, rhs_to = lhs, rhs
+    if grouped:
+        approx.append("grouped conv: feature splits gathered")
+        lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(_with(rhs_to, ri, ()), ro, ())
+    elif lhs.dims[lf] == rhs.dims[ri]:
+        summed = [lhs.dims[lf]] if lhs.dims[lf] else []
+    else:
+        lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(rhs_to, ri, ())
+    out_dims[ob] = lhs.dims[lb]
+    taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
+    if set(rhs.dims[ro]) & taken:
+        # The kernel's output features split over a mesh axis the input's batch or rows already use: XLA
+        # gathers the (small) kernel's split (measured); with rows split it may move the result instead.
+        if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls) or any(lhs.dims[i] for i in ls):
+            approx.append("a mesh axis splits both the input and the kernel's outputs; XLA may move the result")
+        rhs_to = _with(rhs_to, ro, ())
+    if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
+        approx.append("the kernel is gathered along several axes; XLA may split the gathers differently")
+    lhs = _bring(w, eqn, phase, repeat, 0, lhs, lhs_to, "conv operand brought to the split it needs")
+    rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
+    out_dims[of] = rhs.dims[ro]
+    halos: list[tuple[int, list[int]]] = []
+    for j, (li, rj, oi) in enumerate(zip(ls, rs, os_)):
+        lsplit, wsplit = lhs.dims[li], rhs.dims[rj]
+        if not lsplit and not wsplit:
+            continue
+        length, window, out_len = lhs.shape[li], rhs.shape[rj], int(out_aval.shape[oi])
+        stride, (low, _), ldil, rdil = (
+            p["window_strides"][j],
+            p["padding"][j],
+            p["lhs_dilation"][j],
+            p["rhs_dilation"][j],
+        )
+        n = group_size(w, lsplit or wsplit)
+        if wsplit and lsplit == wsplit and ldil == 1 and length % n == 0 and window % n == 0:
+            halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low, window_split=True)))
+            summed.append(wsplit)
+        elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
+            halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
+            out_dims[oi] = lsplit
+        else:
+            approx.append(
+                f"spatial axis {li} (dilated input or uneven blocks) gathered; XLA may exchange halos instead"
+            )
+            lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv spatial split gathered")
+            rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), "conv spatial split gathered")
+    _exchange_halos(w, eqn, phase, repeat, lhs, halos, eqn.invars[0].aval.dtype)
+    dims = w.settle_repeats(eqn, phase, out_aval, out_dims, repeat, "conv result split twice over a mesh axis")
+    out = w.relayout(out_aval, dims)
+    if summed:
+        w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
+        for axes in reversed(summed):
+            pending = out.with_dims(out.dims, frozenset(axes))
+            w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
+    if approx:
+        _mark(w, start, "; ".join(approx))
+    return [out]
+
+
+def _adopt(
+    w: Walker, out_aval: Any, free: Layout, other: Layout, pairs: list[tuple[int, int]], unsplit: tuple[int, ...]
+) -> Layout:
+    dims: list[tuple[str, ...]] = [()] * len(free.shape)
+    for mine, theirs in pairs:
+        d = other.dims[theirs]
+        if d and free.shape[mine] % group_size(w, d) == 0:
+            dims[mine] = d
+    for i in unsplit:
+        dims[i] = ()
+    return Layout(free.axes, free.shape, free.mesh, tuple(dims))
+
+
+@register(*WINDOW_REDUCTIONS)
+def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    p = eqn.params
+    n_ops = len(eqn.outvars)
+    src = ins[0]
+    if is_free(src):
+        return [w.free(v.aval) for v in eqn.outvars]
+    out_aval = eqn.outvars[0].aval
+    start = len(w.ops)
+    dims = list(src.dims)
+    halos: list[tuple[int, list[int]]] = []
+    approx = []
+    for i, d in enumerate(src.dims):
+        if not d:
+            continue
+        window, stride, (low, _) = p["window_dimensions"][i], p["window_strides"][i], p["padding"][i]
+        bdil, wdil = p["base_dilation"][i], p["window_dilation"][i]
+        length, out_len, n = src.shape[i], int(out_aval.shape[i]), group_size(w, d)
+        if bdil == 1 and out_len % n == 0:
+            halos.append((i, halo_pieces(length, n, out_len, window, stride, wdil, low)))
+        else:
+            approx.append(f"axis {i} (dilated or uneven blocks) gathered; XLA may exchange halos instead")
+            dims[i] = ()
+    if approx:
+        for k, lay in enumerate(ins[:n_ops]):
+            _bring(w, eqn, phase, repeat, k, lay, lay.with_dims(tuple(dims)), "reduce_window split gathered")
+    _exchange_halos(w, eqn, phase, repeat, src.with_dims(tuple(dims)), halos, eqn.invars[0].aval.dtype)
+    if approx:
+        _mark(w, start, "; ".join(approx))
+    return [w.relayout(v.aval, dims) for v in eqn.outvars]
+
+
+@register("select_and_scatter_add")
+def select_and_scatter_add(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """A max pool's gradient: the cotangent scattered to each window's chosen input position.
+
+    Non-overlapping windows (stride ≥ window, no padding) over blocks that divide stay local; overlapping
+    ones exchange the operand's halos as the forward pool did (approximate: XLA also moves the cotangent).
+    """
+    p = eqn.params
+    source, operand = ins
+    out_aval = eqn.outvars[0].aval
+    ref = operand if not is_free(operand) else source
+    if is_free(ref):
+        return [w.free(out_aval)]
+    start = len(w.ops)
+    dims = list(ref.dims) if ref is operand else [()] * len(out_aval.shape)
+    halos: list[tuple[int, list[int]]] = []
+    approx = []
+    for i, d in enumerate(list(dims)):
+        if not d:
+            continue
+        window, stride, (low, high) = p["window_dimensions"][i], p["window_strides"][i], p["padding"][i]
+        length, n = operand.shape[i], group_size(w, d)
+        out_len = int(eqn.invars[0].aval.shape[i])
+        if out_len % n or length % n:
+            approx.append(f"axis {i}: uneven blocks gathered")
+            dims[i] = ()
+        elif window > stride or low or high:
+            approx.append(f"axis {i}: overlapping windows; XLA also moves the cotangent")
+            halos.append((i, halo_pieces(length, n, out_len, window, stride, 1, low)))
+    if not is_free(operand):
+        operand = _bring(w, eqn, phase, repeat, 1, operand, operand.with_dims(tuple(dims)), "select_and_scatter_add")
+    src_dims = tuple(d if source.shape[i] % max(group_size(w, d), 1) == 0 else () for i, d in enumerate(dims))
+    _bring(w, eqn, phase, repeat, 0, source, source.with_dims(src_dims), "select_and_scatter_add cotangent")
+    _exchange_halos(w, eqn, phase, repeat, operand, halos, eqn.invars[1].aval.dtype)
+    if approx:
+        _mark(w, start, "; ".join(approx))
+    return [w.relayout(out_aval, dims)]
