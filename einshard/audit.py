@@ -38,7 +38,7 @@ from .planner import LayoutPlan, plan
 from .planner.inputs import parse_bytes
 from .tree_rules import Rules, compile_rules, leaf_expressions
 
-__all__ = ["audit", "AuditReport", "RuleUse", "LayoutDifference", "as_imported"]
+__all__ = ["audit", "AuditReport", "RuleUse", "LayoutDifference"]
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def as_imported(rules: Any, params: Any, mesh: Any) -> ImportedRules:
+def _as_imported(rules: Any, params: Any, mesh: Any) -> ImportedRules:
     """A rule set in any form read for ``params``: :class:`ImportedRules` as is, a Keras ``LayoutMap``, or
     einshard path rules (a pattern mapping or one expression; logical names through the current rules).
 
@@ -274,7 +274,7 @@ def _audit(
     assert found is not None  # required=True raises instead
     mesh = mesh if mesh is not None else found
     params, data = args[0], args[1:]
-    read = as_imported(rules, params, mesh)
+    read = _as_imported(rules, params, mesh)
     data_list = _data_rules(data, data_rules, batch_axis, found)
     budget_bytes = parse_bytes(budget)
     chosen = plan(

@@ -22,7 +22,7 @@ from ..errors import EinshardError
 from ..tree_rules import Rules, leaf_expressions
 from ._leaves import ImportedRules, imported, leaves_of, spec_expression
 
-__all__ = ["from_keras", "to_keras", "keras_params", "keras_lookup"]
+__all__ = ["from_keras", "to_keras", "keras_params"]
 
 
 def _entries(layout: Any) -> tuple[Any, ...]:
@@ -45,7 +45,7 @@ def _table(layout_map: Any) -> dict[str, Any]:
     return {k: layout_map[k] for k in keys()}
 
 
-def keras_lookup(table: Mapping[str, Any], path: str) -> str | None:
+def _keras_lookup(table: Mapping[str, Any], path: str) -> str | None:
     """The key of ``table`` Keras would use for the variable at ``path``, or None (Keras 3's rule: the path
     itself, else the one key that fully matches it)."""
     if path in table:
@@ -90,7 +90,7 @@ def from_keras(layout_map: Any, params: Any, *, mesh: Any = None) -> ImportedRul
     layouts: list[tuple[str | None, str]] = []
     for leaf in leaves:
         own = hasattr(layout_map, "device_mesh")  # a real LayoutMap
-        key = _own_lookup(layout_map, table, leaf.name) if own else keras_lookup(table, leaf.name)
+        key = _own_lookup(layout_map, table, leaf.name) if own else _keras_lookup(table, leaf.name)
         if key is None:
             layouts.append((None, spec_expression((), len(leaf.shape))))
             continue
