@@ -27,6 +27,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
+from ._checks import check_callable, check_str_or_strs, fail, naming
 from .analysis.cost import human_bytes, human_time
 from .analysis.program import ProgramReport, explain
 from .core.logical import AxisRulesLike, current_axis_rules, scoped_axis_rules
@@ -253,8 +254,13 @@ def audit(
         profile, objective: as for ``einshard.plan``.
         axis_rules: a logical-axis table for logical names in einshard ``rules`` and ``data_rules``.
     """
+    check_callable(step, "einshard.audit", "step")
     if not args:
         raise EinshardError("audit() needs the step's arguments (the parameters first)")
+    if batch_axis is not None:
+        check_str_or_strs(batch_axis, "einshard.audit", "batch_axis")
+    if data_rules is not None:
+        _check_data_rules(data_rules)
     with scoped_axis_rules(axis_rules):
         return _audit(step, args, rules, mesh, budget, data_rules, batch_axis, profile, objective)
 
@@ -317,6 +323,20 @@ def _tree_like(tree: Any, exprs: list[Any]) -> Any:
     if count != len(exprs):
         raise EinshardError(f"audit(): {len(exprs)} layouts for a pytree of {count} leaves")
     return jax.tree_util.tree_unflatten(treedef, exprs)
+
+
+def _check_data_rules(data_rules: Any) -> None:
+    """Rules for the data arguments: one rule set for all (an expression or path rules) or one per argument,
+    each compiled here so that a bad one is named as data_rules= (not as the planner's preset it becomes)."""
+    each = [data_rules] if isinstance(data_rules, (str, Mapping)) else data_rules
+    if not isinstance(each, (tuple, list)):
+        fail("einshard.audit", "data_rules", "rules (one for every data argument, or one per argument)", data_rules)
+    with naming("einshard.audit", "data_rules"):
+        for rules in each:
+            if isinstance(rules, Mapping):
+                compile_rules(rules)
+            elif not isinstance(rules, str) and rules is not None:
+                fail("einshard.audit", "data_rules", "an expression or path rules per argument", rules)
 
 
 def _data_rules(data: Sequence[Any], data_rules: Any, batch_axis: Any, mesh: Any) -> list[Any]:

@@ -89,11 +89,16 @@ def read_rules_file(path: str | os.PathLike[str]) -> RulesFile:
 
     JSON ``null`` as an expression means what None means in path rules: leave the leaf as it is.
     """
+    if not isinstance(path, (str, os.PathLike)) or not str(path) or "\x00" in str(path):
+        raise EinshardError(
+            f"read_rules_file: path= takes the rules file's path (a non-empty str or os.PathLike), got "
+            f"{type(path).__name__} {path!r:.60}"
+        )
     p = pathlib.Path(path)
     try:
         text = p.read_text(encoding="utf-8")
-    except OSError as err:
-        raise EinshardError(f"rules file {str(p)!r}: cannot read it: {err.strerror}") from None
+    except (OSError, ValueError) as err:
+        raise EinshardError(f"rules file {str(p)!r}: cannot read it: {getattr(err, 'strerror', None) or err}") from None
     if text.lstrip().startswith("{"):
         params, batch, mesh = _json_rules(p, text)
     else:

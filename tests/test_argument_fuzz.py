@@ -361,7 +361,8 @@ TABLE: dict[str, Entry | Record | Constant] = {
             "presets": lambda: [3, "dp", {3: ("a", "b")}],
             "n_alternatives": _int(0),
             "pipeline": lambda: [3, "gpipe", {"hidden": 8}],
-            "verify": _int(0, huge=True),
+            # (None is the default; a count above the candidates compiles them all, as documented)
+            "verify": lambda: [-1, -(10**9), 1.5, NAN, INF, "1", True, b"2"],
         },
         any_value={"args": "the function's own arguments (any pytree)"},
     ),
@@ -922,7 +923,7 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
     ),
     "einshard.testing.layouts": Entry(
         lambda: {"tree": PARAMS, "mesh": MESH},
-        {"mesh": _mesh, "rules": _rules, "sharing": _one_of("any", "disjoint")},
+        {"mesh": _mesh, "rules": _rules, "sharing": lambda: [s for s in _one_of("any", "disjoint")() if s is not None]},
         any_value={"tree": "any pytree (non-array leaves get None)"},
     ),
     "einshard.testing.einsums": Entry(
@@ -1118,7 +1119,12 @@ LOGICAL_TABLE: dict[str, Entry | Record | Constant] = {
         {"rules": _path_rules, "params": _tree, "mesh": _mesh},
     ),
     "einshard.tree_rules.RulesFile": Record("read_rules_file's answer"),
-    "einshard.tree_rules.read_rules_file": Entry(lambda: {"path": _rules_file()}, {"path": _rules_path}),
+    "einshard.tree_rules.read_rules_file": Entry(
+        lambda: {"path": _rules_file()},
+        {"path": _rules_path},
+        # the file's own errors (unreadable, not rules) name it by its path: "rules file '/x/rules.json': ..."
+        named_as={"path": "rules file"},
+    ),
     "einshard.planner.Verified": Record("one compiled candidate of plan(verify=...)"),
 }
 TABLE.update(LOGICAL_TABLE)
