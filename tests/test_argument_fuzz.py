@@ -1300,6 +1300,8 @@ CLI_BASE: dict[str, list[str]] = {
     "plan": ["plan", "--width", "8", "--batch", "16"],
     # (the demo trains: its bad values must be refused before any training, so no valid run is needed here)
     "demo": ["demo", "--steps", "0", "--layout", "dp"],
+    "audit": ["audit", "--rules", _rules_file(), "--width", "8", "--batch", "16"],
+    "check-explicit": ["check-explicit", "--layout", "dp", "--mesh", "data=4,model=2", "--batch", "8", "--exit-zero"],
 }
 
 _BAD_SIZE_LISTS = ["data=0", "data=-2", "data", "=4", "data=nan", "data=4,data=2", "data=" + "9" * 5000, "data=²"]
@@ -1330,6 +1332,24 @@ CLI_TABLE: dict[str, dict[str, list[str] | str]] = {
         "--batch": _BAD_POSITIVE,
         "--width": _BAD_POSITIVE,
         "--rules-out": "any path: written after planning (an unwritable one is the OS's error, reported as such)",
+        "--verify": ["-1", "1.5", "nan", "x", "9" * 5000],
+    },
+    "audit": {
+        "--rules": ["/nonexistent/rules.json", "", "/"],
+        "--model": ["gpt", ""],
+        "--mesh": _BAD_SIZE_LISTS,
+        "--budget": ["nan", "inf", "-1", "0", "lots", "1.2.3GB"],
+        "--profile": ["h999", ""],
+        "--batch": _BAD_POSITIVE,
+        "--width": _BAD_POSITIVE,
+    },
+    "check-explicit": {
+        "--function": ["/nonexistent/step.py:make", "no_such_module_xyz:make", "", "step.py"],
+        "--layout": ["bogus", ""],
+        "--rules": ["/nonexistent/rules.json", "", "/"],
+        "--mesh": _BAD_SIZE_LISTS,
+        "--batch": _BAD_POSITIVE,
+        "--profile": ["h999", ""],
     },
     "demo": {
         "--layout": ["bogus", ""],
@@ -1366,7 +1386,7 @@ def _cli_options(command: str) -> list[str]:
     from einshard_apps import arguments
 
     parser = argparse.ArgumentParser()
-    getattr(arguments, command)(parser)
+    getattr(arguments, command.replace("-", "_"))(parser)
     return [
         a.option_strings[-1]
         for a in parser._actions
