@@ -369,10 +369,13 @@ def _warn_replicated(leaves: Sequence[tuple[Any, Any]], texts: Sequence[Any], *,
 
 
 def _rules_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    """``rules=`` of a public wrapper: None, one expression, or path-pattern rules compiled now (errors name it)."""
+    """``rules=`` of a public wrapper: None, one expression, a rules file (read now: the functions behind these
+    wrappers take its rules as a mapping) or path-pattern rules compiled now (errors name it)."""
     if value is None or isinstance(value, str):
         return value
     with naming(where, name):
+        if isinstance(value, os.PathLike):
+            return read_rules_file(value).params
         compile_rules(value)
     return value
 
