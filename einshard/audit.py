@@ -358,9 +358,9 @@ def _data_rules(data: Sequence[Any], data_rules: Any, batch_axis: Any, mesh: Any
         # the first axis split over the batch axes where it divides; whole otherwise (a scalar, an odd length)
         exprs = [
             f"b ... -> b@{group} ..." if leaf.shape and leaf.shape[0] % ways == 0 else "... -> ..."
-            for leaf in leaves_of(x)
+            for leaf in leaves_of(x, "args")
         ]
-        out.append({"^" + re.escape(leaf.path) + "$": e for leaf, e in zip(leaves_of(x), exprs)})
+        out.append({"^" + re.escape(leaf.path) + "$": e for leaf, e in zip(leaves_of(x, "args"), exprs)})
     return out
 
 
