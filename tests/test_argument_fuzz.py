@@ -976,6 +976,11 @@ def _axis_rules() -> list[Any]:
     ]
 
 
+def _reader_axis_rules() -> list[Any]:
+    """The readers check a table against the mesh (documented): a rule naming an axis it lacks is an error."""
+    return [*_axis_rules(), [["embed", "nope"], ["mlp", "model"]], [["embed", None], ["mlp", ("model", "nope")]]]
+
+
 def _in_axis_rules(fn: Callable[..., Any], kw: dict[str, Any]) -> Any:
     """``einshard.axis_rules`` is a context manager: the table is read when the block is entered."""
     with fn(**kw):
@@ -1077,6 +1082,8 @@ LOGICAL_TABLE: dict[str, Entry | Record | Constant] = {
                 {"w": (b"model",)},
                 {"w": ("nope", None)},
                 {"w": (None, None, None)},
+                {"(" * 2000 + "w" + ")" * 2000: (None,)},
+                {"w": ("model", "model")},
             ],
             "params": _tree,
             "mesh": _mesh,
@@ -1090,7 +1097,7 @@ LOGICAL_TABLE: dict[str, Entry | Record | Constant] = {
     "einshard.interop.keras_params": Entry(lambda: {"model": _keras_model()}, {"model": _model}),
     "einshard.interop.from_nnx": Entry(
         lambda: {"model_or_state": _nnx_model_with_names(), "axis_rules": LOGICAL_RULES, "mesh": MESH},
-        {"model_or_state": _model, "axis_rules": _axis_rules, "mesh": _mesh},
+        {"model_or_state": _model, "axis_rules": _reader_axis_rules, "mesh": _mesh},
     ),
     "einshard.interop.nnx_names": Entry(
         lambda: {"model_or_state": _nnx_model_with_names()}, {"model_or_state": _model}
@@ -1098,7 +1105,7 @@ LOGICAL_TABLE: dict[str, Entry | Record | Constant] = {
     "einshard.interop.from_logical": Entry(
         lambda: {"axis_rules": LOGICAL_RULES, "logical_axes": LOGICAL_NAMES, "params": SHAPES, "mesh": MESH},
         {
-            "axis_rules": _axis_rules,
+            "axis_rules": _reader_axis_rules,
             "logical_axes": lambda: [3, "w", b"w", {"w": 3}, {"w": [b"embed", "mlp"]}, {"w": ["embed"] * 3}],
             "params": _tree,
             "mesh": _mesh,
@@ -1108,7 +1115,7 @@ LOGICAL_TABLE: dict[str, Entry | Record | Constant] = {
     "einshard.interop.from_maxtext": Entry(
         lambda: {"logical_axis_rules": LOGICAL_RULES, "logical_axes": LOGICAL_NAMES, "params": SHAPES, "mesh": MESH},
         {
-            "logical_axis_rules": _axis_rules,
+            "logical_axis_rules": _reader_axis_rules,
             "logical_axes": lambda: [3, "w", b"w", {"w": 3}, {"w": [b"embed", "mlp"]}, {"w": ["embed"] * 3}],
             "params": _tree,
             "mesh": _mesh,
