@@ -27,6 +27,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
+from ._checks import check_callable, check_str_or_strs, fail, naming
 from .analysis.cost import human_bytes, human_time
 from .analysis.program import ProgramReport, explain
 from .core.logical import AxisRulesLike, current_axis_rules, scoped_axis_rules
@@ -38,7 +39,7 @@ from .planner import LayoutPlan, plan
 from .planner.inputs import parse_bytes
 from .tree_rules import Rules, compile_rules, leaf_expressions
 
-__all__ = ["audit", "AuditReport", "RuleUse", "LayoutDifference", "as_imported"]
+__all__ = ["audit", "AuditReport", "RuleUse", "LayoutDifference"]
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def as_imported(rules: Any, params: Any, mesh: Any) -> ImportedRules:
+def _as_imported(rules: Any, params: Any, mesh: Any) -> ImportedRules:
     """A rule set in any form read for ``params``: :class:`ImportedRules` as is, a Keras ``LayoutMap``, or
     einshard path rules (a pattern mapping or one expression; logical names through the current rules).
 
@@ -253,8 +254,13 @@ def audit(
         profile, objective: as for ``einshard.plan``.
         axis_rules: a logical-axis table for logical names in einshard ``rules`` and ``data_rules``.
     """
+    check_callable(step, "einshard.audit", "step")
     if not args:
         raise EinshardError("audit() needs the step's arguments (the parameters first)")
+    if batch_axis is not None:
+        check_str_or_strs(batch_axis, "einshard.audit", "batch_axis")
+    if data_rules is not None:
+        _check_data_rules(data_rules)
     with scoped_axis_rules(axis_rules):
         return _audit(step, args, rules, mesh, budget, data_rules, batch_axis, profile, objective)
 
@@ -274,7 +280,7 @@ def _audit(
     assert found is not None  # required=True raises instead
     mesh = mesh if mesh is not None else found
     params, data = args[0], args[1:]
-    read = as_imported(rules, params, mesh)
+    read = _as_imported(rules, params, mesh)
     data_list = _data_rules(data, data_rules, batch_axis, found)
     budget_bytes = parse_bytes(budget)
     chosen = plan(
@@ -319,6 +325,20 @@ def _tree_like(tree: Any, exprs: list[Any]) -> Any:
     return jax.tree_util.tree_unflatten(treedef, exprs)
 
 
+def _check_data_rules(data_rules: Any) -> None:
+    """Rules for the data arguments: one rule set for all (an expression or path rules) or one per argument,
+    each compiled here so that a bad one is named as data_rules= (not as the planner's preset it becomes)."""
+    each = [data_rules] if isinstance(data_rules, (str, Mapping)) else data_rules
+    if not isinstance(each, (tuple, list)):
+        fail("einshard.audit", "data_rules", "rules (one for every data argument, or one per argument)", data_rules)
+    with naming("einshard.audit", "data_rules"):
+        for rules in each:
+            if isinstance(rules, Mapping):
+                compile_rules(rules)
+            elif not isinstance(rules, str) and rules is not None:
+                fail("einshard.audit", "data_rules", "an expression or path rules per argument", rules)
+
+
 def _data_rules(data: Sequence[Any], data_rules: Any, batch_axis: Any, mesh: Any) -> list[Any]:
     if data_rules is not None:
         if isinstance(data_rules, (str, Mapping)):
@@ -338,9 +358,9 @@ def _data_rules(data: Sequence[Any], data_rules: Any, batch_axis: Any, mesh: Any
         # the first axis split over the batch axes where it divides; whole otherwise (a scalar, an odd length)
         exprs = [
             f"b ... -> b@{group} ..." if leaf.shape and leaf.shape[0] % ways == 0 else "... -> ..."
-            for leaf in leaves_of(x)
+            for leaf in leaves_of(x, "args")
         ]
-        out.append({"^" + re.escape(leaf.path) + "$": e for leaf, e in zip(leaves_of(x), exprs)})
+        out.append({"^" + re.escape(leaf.path) + "$": e for leaf, e in zip(leaves_of(x, "args"), exprs)})
     return out
 
 

@@ -60,8 +60,6 @@ __all__ = [
     "leaf_expressions",
     "compile_rules",
     "read_rules_file",
-    "as_rules",
-    "warn_replicated",
     "cache_clear",
     "UNMATCHED",
     "LARGE_LEAF_BYTES",
@@ -91,11 +89,16 @@ def read_rules_file(path: str | os.PathLike[str]) -> RulesFile:
 
     JSON ``null`` as an expression means what None means in path rules: leave the leaf as it is.
     """
+    if not isinstance(path, (str, os.PathLike)) or not str(path) or "\x00" in str(path):
+        raise EinshardError(
+            f"read_rules_file: path= takes the rules file's path (a non-empty str or os.PathLike), got "
+            f"{type(path).__name__} {path!r:.60}"
+        )
     p = pathlib.Path(path)
     try:
         text = p.read_text(encoding="utf-8")
-    except OSError as err:
-        raise EinshardError(f"rules file {str(p)!r}: cannot read it: {err.strerror}") from None
+    except (OSError, ValueError) as err:
+        raise EinshardError(f"rules file {str(p)!r}: cannot read it: {getattr(err, 'strerror', None) or err}") from None
     if text.lstrip().startswith("{"):
         params, batch, mesh = _json_rules(p, text)
     else:
@@ -171,7 +174,7 @@ def _mesh_text(p: pathlib.Path, text: str) -> dict[str, int]:
     return out
 
 
-def as_rules(rules: Any) -> Any:
+def _as_rules(rules: Any) -> Any:
     """``rules`` with a rules file (a ``pathlib.Path`` or other ``os.PathLike``) read to its parameter rules."""
     if isinstance(rules, os.PathLike):
         return read_rules_file(rules).params
@@ -235,7 +238,7 @@ def leaf_expressions(tree: Any, rules: Rules, *, is_leaf: Any = None, unmatched:
         unmatched: None (a leaf no pattern matches is an error), or a value to return for such leaves
             (:data:`UNMATCHED`, for callers that fall back to something else).
     """
-    rules = as_rules(rules)
+    rules = _as_rules(rules)
     treedef = jax.tree_util.tree_structure(tree, is_leaf=is_leaf)
     if isinstance(rules, str):
         return (rules,) * treedef.num_leaves  # type: ignore[attr-defined]
@@ -308,7 +311,7 @@ def _match(tree: Any, rules: Mapping[str, Any], is_leaf: Any, unmatched: Any) ->
             EinshardWarning,
             stacklevel=4,
         )
-    warn_replicated([(p, leaf) for p, leaf in flat], texts, skip=unmatched)
+    _warn_replicated([(p, leaf) for p, leaf in flat], texts, skip=unmatched)
     return tuple(texts)
 
 
@@ -339,7 +342,7 @@ def _nbytes(leaf: Any) -> int:
         return 0
 
 
-def warn_replicated(leaves: Sequence[tuple[Any, Any]], texts: Sequence[Any], *, skip: Any = None) -> None:
+def _warn_replicated(leaves: Sequence[tuple[Any, Any]], texts: Sequence[Any], *, skip: Any = None) -> None:
     """Warn for each leaf of :data:`LARGE_LEAF_BYTES` or more that its rule leaves replicated, naming it.
 
     ``leaves``: (path, leaf) pairs; ``texts``: each one's rule; ``skip``: a marker whose leaves are not decided
@@ -366,12 +369,14 @@ def warn_replicated(leaves: Sequence[tuple[Any, Any]], texts: Sequence[Any], *, 
 
 
 def _rules_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    """``rules=`` of a public wrapper: None, one expression, a rules file, or path-pattern rules compiled now
-    (errors name it)."""
+    """``rules=`` of a public wrapper: None, one expression, a rules file (read now: the functions behind these
+    wrappers take its rules as a mapping) or path-pattern rules compiled now (errors name it)."""
     if value is None or isinstance(value, str):
         return value
     with naming(where, name):
-        compile_rules(read_rules_file(value).params if isinstance(value, os.PathLike) else value)
+        if isinstance(value, os.PathLike):
+            return read_rules_file(value).params
+        compile_rules(value)
     return value
 
 

@@ -29,6 +29,8 @@ __all__ = ["arguments", "run"]
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     """``einshard audit``'s arguments (pure argparse: ``einshard --help`` starts no JAX)."""
+    from .arguments import _positive  # counts as plan's: a zero or negative size is refused, naming the option
+
     parser.add_argument("--rules", required=True, help="the rule set, a JSON file (see `einshard audit --help`)")
     parser.add_argument("--model", choices=["mlp", "transformer"], default="mlp", help="the model (default mlp)")
     parser.add_argument("--mesh", default="data=4,model=2", help="mesh axis sizes (default data=4,model=2)")
@@ -38,8 +40,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="hardware profile: h100, tpu-v5p, cpu (default: this machine's, cpu on a CPU, as plan's)",
     )
-    parser.add_argument("--batch", type=int, default=None, help="global batch (default 16 / 16384 for the mlp)")
-    parser.add_argument("--width", type=int, default=1024, help="the mlp's x width; y = 2x, z = x/2 (default 1024)")
+    parser.add_argument("--batch", type=_positive, default=None, help="global batch (default 16 / 16384 for the mlp)")
+    parser.add_argument(
+        "--width", type=_positive, default=1024, help="the mlp's x width; y = 2x, z = x/2 (default 1024)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 

@@ -20,6 +20,7 @@ import contextlib
 import importlib
 import inspect
 import io
+import pathlib
 import pkgutil
 import random
 from collections.abc import Callable
@@ -206,6 +207,9 @@ class Entry:
     kinds: dict[str, Callable[[], list[Any]]]
     call: Callable[[Callable[..., Any], dict[str, Any]], Any] | None = None
     any_value: dict[str, str] = field(default_factory=dict)  # parameters that take any value: why
+    # parameters whose errors name them as users write them elsewhere: einshard.axis_rules(table) is the table
+    # of every call's axis_rules=, and its errors say "axis_rules=" wherever it came from
+    named_as: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -357,6 +361,8 @@ TABLE: dict[str, Entry | Record | Constant] = {
             "presets": lambda: [3, "dp", {3: ("a", "b")}],
             "n_alternatives": _int(0),
             "pipeline": lambda: [3, "gpipe", {"hidden": 8}],
+            # (None is the default; a count above the candidates compiles them all, as documented)
+            "verify": lambda: [-1, -(10**9), 1.5, NAN, INF, "1", True, b"2"],
         },
         any_value={"args": "the function's own arguments (any pytree)"},
     ),
@@ -917,7 +923,7 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
     ),
     "einshard.testing.layouts": Entry(
         lambda: {"tree": PARAMS, "mesh": MESH},
-        {"mesh": _mesh, "rules": _rules},
+        {"mesh": _mesh, "rules": _rules, "sharing": lambda: [s for s in _one_of("any", "disjoint")() if s is not None]},
         any_value={"tree": "any pytree (non-array leaves get None)"},
     ),
     "einshard.testing.einsums": Entry(
@@ -944,6 +950,200 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
     ),
 }
 TABLE.update(SUBMODULE_TABLE)
+
+
+# ----------------------------------------------------------------- logical axes, rule sets and their audit (issue 24)
+SHAPES = {"w": _sds(4, 4)}
+LOGICAL_RULES = [["embed", None], ["mlp", "model"]]
+LOGICAL_NAMES = {"w": ["embed", "mlp"]}
+
+
+def _axis_rules() -> list[Any]:
+    """Bad logical-axis tables (``axis_rules=`` of every function taking a mesh, and the readers' rule lists)."""
+    return [
+        3,
+        "batch",
+        b"batch",
+        {"batch": 3},
+        {"": "data"},
+        {b"batch": "data"},
+        {"batch": b"data"},
+        {"batch": ""},
+        {"batch": ("data", "data")},
+        {"batch": NAN},
+        [("batch",)],
+        [("batch", "data", "model")],
+    ]
+
+
+def _reader_axis_rules() -> list[Any]:
+    """The readers check a table against the mesh (documented): a rule naming an axis it lacks is an error."""
+    return [*_axis_rules(), [["embed", "nope"], ["mlp", "model"]], [["embed", None], ["mlp", ("model", "nope")]]]
+
+
+def _in_axis_rules(fn: Callable[..., Any], kw: dict[str, Any]) -> Any:
+    """``einshard.axis_rules`` is a context manager: the table is read when the block is entered."""
+    with fn(**kw):
+        return einshard.spec("b d -> b@batch d", (8, 4), mesh=MESH)
+
+
+def _keras_map() -> dict[str, Any]:
+    return {"w": (None, "model")}
+
+
+def _keras_call(fn: Callable[..., Any], kw: dict[str, Any]) -> Any:
+    import os
+
+    os.environ.setdefault("KERAS_BACKEND", "jax")  # Keras reads it once, at import
+    pytest.importorskip("keras")
+    return _plain(fn, kw)
+
+
+def _keras_model() -> Any:
+    import os
+
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    keras = pytest.importorskip("keras")
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="up")])
+
+
+def _nnx_model_with_names() -> Any:
+    """An NNX layer whose kernel carries logical names (Flax places it: it needs the mesh and the rules)."""
+    from flax import linen, nnx
+
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
+    with jax.set_mesh(MESH), linen.logical_axis_rules([("embed", None), ("mlp", "model")]):
+        return nnx.Linear(4, 8, kernel_init=init, rngs=nnx.Rngs(0))
+
+
+def _path_rules() -> list[Any]:
+    """Bad einshard path rules where a function takes them as ``rules`` (no matching leaf is not an error)."""
+    return [r for r in _rules() if r != 3] + [3, b"w"]
+
+
+def _model() -> list[Any]:
+    return [3, "model", None, b"m", {"w": 3}]
+
+
+def _rules_path() -> list[Any]:
+    return [3, None, b"rules.json", "", "/nonexistent/rules.json", "\x00"]
+
+
+LOGICAL_TABLE: dict[str, Entry | Record | Constant] = {
+    "einshard.axis_rules": Entry(
+        lambda: {"table": {"batch": "data"}},
+        {"table": _axis_rules},
+        call=_in_axis_rules,
+        named_as={"table": "axis_rules"},
+    ),
+    "einshard.audit": Entry(
+        lambda: {"step": _step, "args": (SHAPES, _sds(8, 4)), "rules": {"w": "a b -> a b@model"}, "mesh": MESH},
+        {
+            "step": _callable,
+            "rules": lambda: [3, b"w", {b"w": "a b -> a b"}, {"(": "a b -> a b"}, {"w": 3}, None],
+            "mesh": _mesh,
+            "budget": _budget,
+            "data_rules": lambda: [3, b"x", {"(": "a b -> a b"}, ("a b -> a b", "a b -> a b")],
+            "batch_axis": lambda: [3, b"data", "", ("data", "data"), "nope"],
+            "profile": _profile,
+            "objective": _one_of("training", "inference", "memory", "communication"),
+            "axis_rules": _axis_rules,
+        },
+        any_value={"args": "the step's own arguments (any pytree of arrays or ShapeDtypeStructs)"},
+    ),
+    "einshard.audit.AuditReport": Record("audit's answer"),
+    "einshard.audit.RuleUse": Record("one rule of audit's answer"),
+    "einshard.audit.LayoutDifference": Record("one leaf where audit's plan differs"),
+    "einshard.check_explicit": Entry(
+        lambda: {
+            "fn": _test_fn,
+            "args": (_sds(4, 6), _sds(8, 4)),
+            "mesh": {"data": 4, "model": 2},
+            "in_specs": (P(None, "model"), P("data", None)),
+        },
+        {"fn": _callable, "mesh": _mesh, "in_specs": lambda: [3, "data", (1, 2), (b"data", None)], "profile": _profile},
+        any_value={"args": "the function's own arguments", "kwargs": "the function's own keyword arguments"},
+    ),
+    "einshard.errors.EinshardWarning": Record("the warning category itself"),
+    "einshard.interop.ImportedRules": Record("what every reader returns"),
+    "einshard.interop.Leaf": Record("one leaf of ImportedRules"),
+    "einshard.interop.LeafMatch": Record("one leaf's matched rule in ImportedRules"),
+    "einshard.interop.LogicalLayout": Record("to_logical's answer"),
+    "einshard.interop.from_keras": Entry(
+        lambda: {"layout_map": _keras_map(), "params": SHAPES, "mesh": MESH},
+        {
+            "layout_map": lambda: [
+                3,
+                "w",
+                None,
+                {b"w": (None,)},
+                {"w": 3},
+                {"(": (None,)},
+                {"w": (b"model",)},
+                {"w": ("nope", None)},
+                {"w": (None, None, None)},
+                {"(" * 2000 + "w" + ")" * 2000: (None,)},
+                {"w": ("model", "model")},
+            ],
+            "params": _tree,
+            "mesh": _mesh,
+        },
+    ),
+    "einshard.interop.to_keras": Entry(
+        lambda: {"rules": {"w": "a b -> a b@model"}, "params": SHAPES, "mesh": MESH},
+        {"rules": _path_rules, "params": _tree, "mesh": lambda: ["data", 3, None, {"data": 4}, _duplicate_mesh()]},
+        call=_keras_call,
+    ),
+    "einshard.interop.keras_params": Entry(lambda: {"model": _keras_model()}, {"model": _model}),
+    "einshard.interop.from_nnx": Entry(
+        lambda: {"model_or_state": _nnx_model_with_names(), "axis_rules": LOGICAL_RULES, "mesh": MESH},
+        {"model_or_state": _model, "axis_rules": _reader_axis_rules, "mesh": _mesh},
+    ),
+    "einshard.interop.nnx_names": Entry(
+        lambda: {"model_or_state": _nnx_model_with_names()}, {"model_or_state": _model}
+    ),
+    "einshard.interop.from_logical": Entry(
+        lambda: {"axis_rules": LOGICAL_RULES, "logical_axes": LOGICAL_NAMES, "params": SHAPES, "mesh": MESH},
+        {
+            "axis_rules": _reader_axis_rules,
+            "logical_axes": lambda: [3, "w", b"w", {"w": 3}, {"w": [b"embed", "mlp"]}, {"w": ["embed"] * 3}],
+            "params": _tree,
+            "mesh": _mesh,
+            "fmt": _one_of("maxtext", "flax", "keras", "einshard"),
+        },
+    ),
+    "einshard.interop.from_maxtext": Entry(
+        lambda: {"logical_axis_rules": LOGICAL_RULES, "logical_axes": LOGICAL_NAMES, "params": SHAPES, "mesh": MESH},
+        {
+            "logical_axis_rules": _reader_axis_rules,
+            "logical_axes": lambda: [3, "w", b"w", {"w": 3}, {"w": [b"embed", "mlp"]}, {"w": ["embed"] * 3}],
+            "params": _tree,
+            "mesh": _mesh,
+        },
+    ),
+    "einshard.interop.to_logical": Entry(
+        lambda: {"rules": {"w": "a b -> a b@model"}, "params": SHAPES, "mesh": MESH},
+        {"rules": _path_rules, "params": _tree, "mesh": _mesh},
+    ),
+    "einshard.tree_rules.RulesFile": Record("read_rules_file's answer"),
+    "einshard.tree_rules.read_rules_file": Entry(
+        lambda: {"path": _rules_file()},
+        {"path": _rules_path},
+        # the file's own errors (unreadable, not rules) name it by its path: "rules file '/x/rules.json': ..."
+        named_as={"path": "rules file"},
+    ),
+    "einshard.planner.Verified": Record("one compiled candidate of plan(verify=...)"),
+}
+TABLE.update(LOGICAL_TABLE)
+
+
+def _rules_file() -> str:
+    import tempfile
+
+    path = pathlib.Path(tempfile.gettempdir()) / "einshard-fuzz-rules.json"
+    path.write_text('{"params": {"w": "a b -> a b@model"}}')
+    return str(path)
+
 
 # einshard.checkpoint is issue 25's checkpoint part (another change): its arguments are that work's to check.
 OWNED_ELSEWHERE = {"einshard.checkpoint"}
@@ -981,6 +1181,13 @@ def _entry(qualname: str) -> Entry | Record | Constant | None:
         if other in PUBLIC and PUBLIC[other] is obj:
             return entry
     return None
+
+
+# Every function taking a mesh takes axis_rules= (a logical-axis table for the call): one kind for all of them.
+for _qualname, _obj in PUBLIC.items():
+    _e = _entry(_qualname)
+    if isinstance(_e, Entry) and "axis_rules" in inspect.signature(_obj).parameters:
+        _e.kinds.setdefault("axis_rules", _axis_rules)
 
 
 def _cases() -> list[tuple[str, str, int]]:
@@ -1062,7 +1269,8 @@ def _check_case(qualname: str, param: str, k: int) -> None:
     # either names the argument when the argument is the expression.
     quoted = isinstance(bad, str) and info.expression == bad
     is_expression = entry.kinds[param] is _expr and "expression" in str(info)
-    assert param in str(info) or quoted or is_expression, (
+    named = entry.named_as.get(param, param)
+    assert named in str(info) or quoted or is_expression, (
         f"{qualname}({param}={bad!r:.60}) raised an EinshardError that does not name {param!r}: {str(info)[:300]}"
     )
 
@@ -1099,6 +1307,8 @@ CLI_BASE: dict[str, list[str]] = {
     "plan": ["plan", "--width", "8", "--batch", "16"],
     # (the demo trains: its bad values must be refused before any training, so no valid run is needed here)
     "demo": ["demo", "--steps", "0", "--layout", "dp"],
+    "audit": ["audit", "--rules", _rules_file(), "--width", "8", "--batch", "16"],
+    "check-explicit": ["check-explicit", "--layout", "dp", "--mesh", "data=4,model=2", "--batch", "8", "--exit-zero"],
 }
 
 _BAD_SIZE_LISTS = ["data=0", "data=-2", "data", "=4", "data=nan", "data=4,data=2", "data=" + "9" * 5000, "data=²"]
@@ -1129,6 +1339,24 @@ CLI_TABLE: dict[str, dict[str, list[str] | str]] = {
         "--batch": _BAD_POSITIVE,
         "--width": _BAD_POSITIVE,
         "--rules-out": "any path: written after planning (an unwritable one is the OS's error, reported as such)",
+        "--verify": ["-1", "1.5", "nan", "x", "9" * 5000],
+    },
+    "audit": {
+        "--rules": ["/nonexistent/rules.json", "", "/"],
+        "--model": ["gpt", ""],
+        "--mesh": _BAD_SIZE_LISTS,
+        "--budget": ["nan", "inf", "-1", "0", "lots", "1.2.3GB"],
+        "--profile": ["h999", ""],
+        "--batch": _BAD_POSITIVE,
+        "--width": _BAD_POSITIVE,
+    },
+    "check-explicit": {
+        "--function": ["/nonexistent/step.py:make", "no_such_module_xyz:make", "", "step.py"],
+        "--layout": ["bogus", ""],
+        "--rules": ["/nonexistent/rules.json", "", "/"],
+        "--mesh": _BAD_SIZE_LISTS,
+        "--batch": _BAD_POSITIVE,
+        "--profile": ["h999", ""],
     },
     "demo": {
         "--layout": ["bogus", ""],
@@ -1165,7 +1393,7 @@ def _cli_options(command: str) -> list[str]:
     from einshard_apps import arguments
 
     parser = argparse.ArgumentParser()
-    getattr(arguments, command)(parser)
+    getattr(arguments, command.replace("-", "_"))(parser)
     return [
         a.option_strings[-1]
         for a in parser._actions

@@ -1245,7 +1245,11 @@ def check_explicit(
         >>> print(r.findings[0].fixes[0].code)
         pass out_sharding=P(('data', 'model'), None) to the matmul (jnp.matmul / jnp.dot / jnp.einsum / lax.dot_general)
     """
-    return explicit_check(fn, args, kwargs, mesh=mesh, in_specs=in_specs, profile=profile)[0]
+    from .._checks import check_callable, naming
+
+    check_callable(fn, "check_explicit()", "fn")
+    with naming("check_explicit()", "in_specs"):
+        return explicit_check(fn, args, kwargs, mesh=mesh, in_specs=in_specs, profile=profile)[0]
 
 
 def explicit_check(

@@ -73,10 +73,11 @@ class AxisRules:
     rules: tuple[Rule, ...]
 
     @staticmethod
-    def of(table: AxisRulesLike) -> AxisRules:
+    def of(table: AxisRulesLike, argument: str = "axis_rules") -> AxisRules:
         """A rules table from what users write: a dict ``{'batch': ('data', 'fsdp'), 'embed': None}``, Flax's
         list of pairs ``[('batch', 'data'), ('batch', None)]`` (MaxText's lists ``[['embed', ['fsdp']]]`` too),
-        or an :class:`AxisRules`."""
+        or an :class:`AxisRules`.  ``argument``: the parameter's name in errors (``logical_axis_rules`` for
+        ``from_maxtext``)."""
         if isinstance(table, AxisRules):
             return table
         if isinstance(table, Mapping):
@@ -85,10 +86,10 @@ class AxisRules:
             pairs = list(table)
         else:
             raise EinshardError(
-                f"axis_rules= takes a dict {{logical name: mesh axes}} or a list of (logical name, mesh axes) "
+                f"{argument}= takes a dict {{logical name: mesh axes}} or a list of (logical name, mesh axes) "
                 f"pairs, got {type(table).__name__}: {table!r:.80}"
             )
-        return AxisRules(tuple(_rule(pair) for pair in pairs))
+        return AxisRules(tuple(_rule(pair, argument) for pair in pairs))
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -125,22 +126,22 @@ def _show_axes(axes: tuple[str, ...]) -> str:
     return "None" if not axes else repr(axes[0]) if len(axes) == 1 else repr(axes)
 
 
-def _rule(pair: Any) -> Rule:
+def _rule(pair: Any, argument: str) -> Rule:
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-        raise EinshardError(f"axis_rules=: a rule is a (logical name, mesh axes) pair, got {pair!r}")
+        raise EinshardError(f"{argument}=: a rule is a (logical name, mesh axes) pair, got {pair!r}")
     name, target = pair
     if not isinstance(name, str) or not name:
-        raise EinshardError(f"axis_rules=: a logical name is a non-empty string, got {name!r} (in {pair!r})")
+        raise EinshardError(f"{argument}=: a logical name is a non-empty string, got {name!r} (in {pair!r})")
     if target is None:
         return name, ()
-    if isinstance(target, str):
+    if isinstance(target, str) and target:
         return name, (target,)
     if isinstance(target, (tuple, list)) and all(isinstance(m, str) and m for m in target):
         if len(set(target)) != len(target):
-            raise EinshardError(f"axis_rules=: the rule for {name!r} names a mesh axis twice: {tuple(target)}")
+            raise EinshardError(f"{argument}=: the rule for {name!r} names a mesh axis twice: {tuple(target)}")
         return name, tuple(target)
     raise EinshardError(
-        f"axis_rules=: logical name {name!r} maps to {target!r}; a rule's mesh axes are None, a mesh axis name, "
+        f"{argument}=: logical name {name!r} maps to {target!r}; a rule's mesh axes are None, a mesh axis name, "
         "or a tuple of them"
     )
 

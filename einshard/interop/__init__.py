@@ -13,20 +13,18 @@ and per leaf the foreign rule that laid it out, or None where none did (the leaf
 (:mod:`einshard.core.logical`).  See docs/logical-axes.md.
 """
 
-from ._leaves import ImportedRules, Leaf, LeafMatch, leaves_of
+from ._leaves import ImportedRules, Leaf, LeafMatch
 from .flax import from_nnx, nnx_names
-from .keras import from_keras, keras_lookup, keras_params, to_keras
+from .keras import from_keras, keras_params, to_keras
 from .logical import LogicalLayout, from_logical, from_maxtext, to_logical
 
 __all__ = [
     "ImportedRules",
     "Leaf",
     "LeafMatch",
-    "leaves_of",
     "from_keras",
     "to_keras",
     "keras_params",
-    "keras_lookup",
     "from_nnx",
     "nnx_names",
     "from_logical",

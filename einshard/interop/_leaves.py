@@ -45,11 +45,12 @@ def _is_nnx_variable(x: Any) -> bool:
     return type(x).__module__.startswith("flax.nnx") and hasattr(x, "get_metadata")
 
 
-def leaves_of(tree: Any) -> tuple[Leaf, ...]:
+def leaves_of(tree: Any, argument: str = "params") -> tuple[Leaf, ...]:
     """The leaves of ``tree`` (arrays, ``ShapeDtypeStruct``s, Flax NNX variables), in flatten order.
 
     A leaf's name joins its keys with ``/`` (a dict keyed by Keras variable paths gives those paths back;
-    an NNX state gives ``'up/kernel'``).
+    an NNX state gives ``'up/kernel'``).  A leaf JAX cannot hold (strings, bytes, objects) is an error naming
+    ``argument``: its layout would be read off an array no step can take.
     """
     out = []
     for path, x in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_nnx_variable)[0]:
@@ -57,6 +58,11 @@ def leaves_of(tree: Any) -> tuple[Leaf, ...]:
         shape = tuple(int(s) for s in np.shape(value)) if not hasattr(value, "shape") else tuple(value.shape)
         dtype = getattr(value, "dtype", None) or np.asarray(value).dtype
         name = "/".join(_key_text(k) for k in path)
+        if np.dtype(dtype).kind in "USOV":
+            raise EinshardError(
+                f"{argument}=: the leaf {jax.tree_util.keystr(path) or '(the root)'} holds {np.dtype(dtype)} values, "
+                "which no JAX array holds (give arrays or jax.ShapeDtypeStructs of numbers)"
+            )
         out.append(Leaf(jax.tree_util.keystr(path), name, shape, math.prod(shape) * np.dtype(dtype).itemsize))
     return tuple(out)
 

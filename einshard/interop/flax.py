@@ -28,6 +28,11 @@ def _variables(model_or_state: Any) -> Any:
 
     if isinstance(model_or_state, nnx.Module):
         return nnx.state(model_or_state, nnx.Param)
+    if not isinstance(model_or_state, nnx.State):
+        raise EinshardError(
+            f"model_or_state= takes an nnx.Module or an nnx.State (their variables carry the logical names), got "
+            f"{type(model_or_state).__name__} {model_or_state!r:.60}"
+        )
     return model_or_state
 
 

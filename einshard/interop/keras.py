@@ -18,34 +18,59 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .._checks import naming
 from ..errors import EinshardError
 from ..tree_rules import Rules, leaf_expressions
 from ._leaves import ImportedRules, imported, leaves_of, spec_expression
 
-__all__ = ["from_keras", "to_keras", "keras_params", "keras_lookup"]
+__all__ = ["from_keras", "to_keras", "keras_params"]
 
 
 def _entries(layout: Any) -> tuple[Any, ...]:
-    """A ``TensorLayout``'s axes, or a tuple given as data."""
+    """A ``TensorLayout``'s axes, or a tuple given as data: each None, a mesh axis name or a tuple of them."""
     axes = getattr(layout, "axes", layout)
     if not isinstance(axes, (tuple, list)):
-        raise EinshardError(f"a Keras layout is a TensorLayout or a tuple of mesh axes, got {layout!r}")
+        raise EinshardError(f"from_keras: layout_map= holds a TensorLayout or a tuple of mesh axes, got {layout!r:.60}")
+    for a in axes:
+        names = (a,) if isinstance(a, str) else a if isinstance(a, (tuple, list)) else None
+        if a is not None and (names is None or not all(isinstance(n, str) and n for n in names)):
+            raise EinshardError(
+                f"from_keras: layout_map= entry {a!r:.60} (in {tuple(axes)!r:.80}) is not None, a mesh axis name "
+                "or a tuple of them"
+            )
     return tuple(None if a is None else a if isinstance(a, str) else tuple(a) for a in axes)
 
 
 def _table(layout_map: Any) -> dict[str, Any]:
     if isinstance(layout_map, Mapping):
-        return dict(layout_map)
-    keys = getattr(layout_map, "keys", None)
-    if keys is None:
+        table = dict(layout_map)
+    else:
+        keys = getattr(layout_map, "keys", None)
+        if keys is None or isinstance(layout_map, (str, bytes)):
+            raise EinshardError(
+                f"from_keras: layout_map= takes a keras.distribution.LayoutMap or a dict of path patterns to axes, "
+                f"got {type(layout_map).__name__}"
+            )
+        table = {k: layout_map[k] for k in keys()}
+    for key, value in table.items():
+        _check_pattern(key)
+        _entries(value)
+    return table
+
+
+def _check_pattern(key: Any) -> None:
+    """A LayoutMap key is a path or a regular expression Python compiles (Keras matches with ``re``)."""
+    if not isinstance(key, str) or not key:
+        raise EinshardError(f"from_keras: layout_map= keys are variable paths or patterns (str), got {key!r:.60}")
+    try:
+        re.compile(key)
+    except (re.error, RecursionError, OverflowError) as err:
         raise EinshardError(
-            f"from_keras takes a keras.distribution.LayoutMap or a dict of path patterns to axes, got "
-            f"{type(layout_map).__name__}"
-        )
-    return {k: layout_map[k] for k in keys()}
+            f"from_keras: layout_map= key {key[:60]!r} is not a valid regular expression: {err}"
+        ) from None
 
 
-def keras_lookup(table: Mapping[str, Any], path: str) -> str | None:
+def _keras_lookup(table: Mapping[str, Any], path: str) -> str | None:
     """The key of ``table`` Keras would use for the variable at ``path``, or None (Keras 3's rule: the path
     itself, else the one key that fully matches it)."""
     if path in table:
@@ -87,10 +112,15 @@ def from_keras(layout_map: Any, params: Any, *, mesh: Any = None) -> ImportedRul
     table = _table(layout_map)
     names = _mesh_names(mesh, layout_map)
     leaves = leaves_of(params)
+    with naming("from_keras", "layout_map"):  # a key's layout that does not fit its leaf or the mesh
+        return imported("keras", leaves, _layouts(layout_map, table, leaves), names, tuple(table))
+
+
+def _layouts(layout_map: Any, table: dict[str, Any], leaves: tuple[Any, ...]) -> list[tuple[str | None, str]]:
     layouts: list[tuple[str | None, str]] = []
     for leaf in leaves:
         own = hasattr(layout_map, "device_mesh")  # a real LayoutMap
-        key = _own_lookup(layout_map, table, leaf.name) if own else keras_lookup(table, leaf.name)
+        key = _own_lookup(layout_map, table, leaf.name) if own else _keras_lookup(table, leaf.name)
         if key is None:
             layouts.append((None, spec_expression((), len(leaf.shape))))
             continue
@@ -101,7 +131,7 @@ def from_keras(layout_map: Any, params: Any, *, mesh: Any = None) -> ImportedRul
                 f"{len(entries)} entries for rank {len(leaf.shape)}"
             )
         layouts.append((key, spec_expression(entries, len(leaf.shape))))
-    return imported("keras", leaves, layouts, names, tuple(table))
+    return layouts
 
 
 def _mesh_names(mesh: Any, layout_map: Any) -> tuple[str, ...] | None:
@@ -115,7 +145,13 @@ def _mesh_names(mesh: Any, layout_map: Any) -> tuple[str, ...] | None:
 
 def keras_params(model: Any) -> dict[str, Any]:
     """A Keras model's variables as a pytree for einshard: ``{variable.path: value}``."""
-    return {v.path: v.value for v in model.variables}
+    variables = getattr(model, "variables", None)
+    if isinstance(model, (str, bytes, Mapping)) or not isinstance(variables, (list, tuple)):
+        raise EinshardError(
+            f"keras_params: model= takes a Keras model or layer (its .variables), got {type(model).__name__} "
+            f"{model!r:.60}"
+        )
+    return {v.path: v.value for v in variables}
 
 
 def to_keras(rules: Rules, params: Any, mesh: Any) -> Any:
@@ -148,7 +184,7 @@ def _device_mesh(mesh: Any) -> Any:
 
     if not isinstance(mesh, Mesh):
         raise EinshardError(
-            f"to_keras needs a jax.sharding.Mesh (with devices) or a keras DeviceMesh, got {type(mesh).__name__}"
+            f"to_keras: mesh= takes a jax.sharding.Mesh (with devices) or a keras DeviceMesh, got {type(mesh).__name__}"
         )
     return distribution.DeviceMesh(
         tuple(mesh.devices.shape), [str(n) for n in mesh.axis_names], list(mesh.devices.flatten())

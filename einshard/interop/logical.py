@@ -10,9 +10,11 @@ resolving each name by einshard's one resolver (:mod:`einshard.core.logical`, Fl
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from typing import Any
 
+from .._checks import naming
 from ..core.logical import AxisRules, AxisRulesLike
 from ..errors import EinshardError
 from ..tree_rules import Rules, leaf_expressions
@@ -53,10 +55,23 @@ def from_logical(
         mesh: the mesh or its sizes; its axis names are checked (a rule naming an axis it lacks is an error:
             give such axes size 1, as MaxText does).
     """
-    table = AxisRules.of(axis_rules)
-    names_of = as_names(logical_axes, params)
-    mesh_names = _mesh_names(mesh)
+    if fmt not in _FORMATS:
+        raise EinshardError(f"from_logical: fmt= takes one of {', '.join(map(repr, _FORMATS))}, got {fmt!r:.60}")
+    return _from_logical(AxisRules.of(axis_rules), logical_axes, params, mesh, fmt, "axis_rules")
+
+
+_FORMATS: tuple[Format, ...] = typing.get_args(Format)
+
+
+def _from_logical(
+    table: AxisRules, logical_axes: Any, params: Any, mesh: Any, fmt: Format, argument: str
+) -> ImportedRules:
+    """``argument``: the rule table's parameter name in errors (``axis_rules``, ``logical_axis_rules``)."""
+    where = "from_maxtext" if fmt == "maxtext" else "from_logical"
     leaves = leaves_of(params)
+    with naming(where, "logical_axes"):
+        names_of = as_names(logical_axes, params)
+    mesh_names = _mesh_names(mesh)
     layouts: list[tuple[str | None, str]] = []
     for leaf in leaves:
         names = names_of.get(leaf.path)
@@ -65,16 +80,23 @@ def from_logical(
             continue
         try:
             text = logical_expression(names, len(leaf.shape))
-        except EinshardError as err:
-            raise EinshardError(f"{leaf.name} (shape {leaf.shape}): {err.reason}") from None
+        except EinshardError as err:  # the names given for this leaf: a logical_axes entry
+            raise EinshardError(f"{where}: in logical_axes=, {leaf.name} (shape {leaf.shape}): {err.reason}") from None
         layouts.append((" ".join(str(n) for n in names), text))
     sources = tuple(dict.fromkeys(s for s, _ in layouts if s is not None))
-    return imported(fmt, leaves, layouts, mesh_names, sources, table)
+    try:
+        return imported(fmt, leaves, layouts, mesh_names, sources, table)
+    except EinshardError as err:
+        if "by the axis rules" not in err.reason:
+            raise
+        # a rule a variable reached maps to an axis the mesh lacks: the table is the argument at fault
+        raise EinshardError(f"{where}: in {argument}=, {err.reason}", err.expression, err.column, err.hint) from None
 
 
 def from_maxtext(logical_axis_rules: Any, logical_axes: Any, params: Any, *, mesh: Any = None) -> ImportedRules:
     """:func:`from_logical` for MaxText's ``logical_axis_rules`` as data (a list of ``[name, axes]``)."""
-    return from_logical(logical_axis_rules, logical_axes, params, mesh=mesh, fmt="maxtext")
+    table = AxisRules.of(logical_axis_rules, "logical_axis_rules")
+    return _from_logical(table, logical_axes, params, mesh, "maxtext", "logical_axis_rules")
 
 
 def _mesh_names(mesh: Any) -> tuple[str, ...] | None:

@@ -65,7 +65,7 @@ def _arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...])
             lay = resolve_named(parse_placement(spec), shape, mesh)
             out.append(lay)
             continue
-        entries = list(spec) if spec is not None else []
+        entries = _spec_entries(spec)
         entries += [None] * (len(shape) - len(entries))
         dims = tuple((() if e is None else (e,) if isinstance(e, str) else tuple(e)) for e in entries)
         for d in dims:
@@ -76,6 +76,26 @@ def _arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...])
                     )
         out.append(Layout(tuple(f"d{i}" for i in range(len(shape))), shape, mesh, dims))
     return out
+
+
+def _spec_entries(spec: Any) -> list[Any]:
+    """An argument's layout as PartitionSpec entries: each None, a mesh axis name or a tuple of them (anything
+    else, an int or bytes, is refused here rather than failing deep inside as a raw TypeError)."""
+    if spec is None:
+        return []
+    if not isinstance(spec, (jax.sharding.PartitionSpec, tuple, list)):
+        raise EinshardError(
+            f"in_specs=: a layout is an expression, a PartitionSpec or None, got {type(spec).__name__} {spec!r:.60}"
+        )
+    entries = list(spec)
+    for e in entries:
+        axes = (e,) if isinstance(e, str) else e if isinstance(e, (tuple, list)) else None
+        if e is not None and (axes is None or not all(isinstance(a, str) for a in axes)):
+            raise EinshardError(
+                f"in_specs=: a PartitionSpec entry is None, a mesh axis name or a tuple of them, got {e!r:.60} "
+                f"(in {spec!r:.60})"
+            )
+    return entries
 
 
 def _rules_to_tree(arg: Any, spec: Any) -> Any:
