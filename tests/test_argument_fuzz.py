@@ -1136,6 +1136,15 @@ LOGICAL_TABLE: dict[str, Entry | Record | Constant] = {
 }
 TABLE.update(LOGICAL_TABLE)
 
+# Multi-process agreement settings (einshard.multihost).
+TABLE.update(
+    {
+        "einshard.multihost.set_peer_timeout": Entry(lambda: {"seconds": 60.0}, {"seconds": _number(0, positive=True)}),
+        "einshard.multihost.peer_timeout": Entry(dict, {}),
+        "einshard.multihost.unchecked": Entry(dict, {}),
+    }
+)
+
 
 def _rules_file() -> str:
     import tempfile
