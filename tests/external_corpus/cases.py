@@ -1,0 +1,26 @@
+"""The registry of external cases: every family × its strategies × (fwd, grad) × (Auto, Explicit) mesh."""
+
+from __future__ import annotations
+
+from .compare import case_id
+
+# Strategies per family (the families' rules define them; ep and spatial only where they apply).
+STRATEGIES: dict[str, tuple[str, ...]] = {
+    "kh_resnet": ("dp", "tp", "dp_tp", "fsdp", "spatial"),
+    "kh_mixtral": ("dp", "tp", "dp_tp", "fsdp", "ep"),
+    "kh_llama": ("dp", "tp", "dp_tp", "fsdp"),
+    "kh_t5": ("dp", "tp", "dp_tp", "fsdp"),
+    "hk_stack": ("dp", "tp", "dp_tp", "fsdp"),
+    "keras_vit": ("dp", "tp", "dp_tp", "fsdp"),
+}
+MODES = ("fwd", "grad")
+KINDS = ("auto", "explicit")
+
+CASES: tuple[tuple[str, str, str, str], ...] = tuple(
+    (family, strategy, mode, kind)
+    for family, strategies in STRATEGIES.items()
+    for strategy in strategies
+    for mode in MODES
+    for kind in KINDS
+)
+IDS = {case_id(*c): c for c in CASES}
