@@ -131,9 +131,11 @@ def measure(family_name: str, strategy: str, mode: Mode, kind: MeshKind) -> Outc
     explain_kinds = Counter(
         c.kind for op in report.ops for c in op.collectives for _ in range(op.repeat) if c.group_size > 1
     )
-    xla_kinds = Counter(c.kind for c in xla)
+    # Per step: a collective inside a while loop (a scan over layers) counts once per iteration, as explain's
+    # op.repeat does.
+    xla_kinds = Counter({k: n for k, n in _per_step(xla).items()})
     explain_bytes = float(sum(c.bytes * op.repeat for op in report.ops for c in op.collectives))
-    xla_bytes = float(sum(c.sent_bytes for c in xla))
+    xla_bytes = float(sum(c.sent_bytes * c.runs for c in xla))
     mem = compiled.memory_analysis()
     xla_peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
     misses = []
@@ -164,11 +166,18 @@ def measure(family_name: str, strategy: str, mode: Mode, kind: MeshKind) -> Outc
 def _failed(
     family: str, library: str, strategy: str, mode: str, kind: str, wrapped: bool, ok: bool, xla: list, error: str
 ) -> Outcome:
-    kinds = Counter(c.kind for c in xla)
+    kinds = _per_step(xla)
     return Outcome(
         case_id(family, strategy, mode, kind), family, library, False, (), wrapped, {}, dict(sorted(kinds.items())),
-        0.0, float(sum(c.sent_bytes for c in xla)), 0, 0, ok, ("explain raised",), error,
+        0.0, float(sum(c.sent_bytes * c.runs for c in xla)), 0, 0, ok, ("explain raised",), error,
     )
+
+
+def _per_step(xla: list) -> Counter[str]:
+    kinds: Counter[str] = Counter()
+    for c in xla:
+        kinds[c.kind] += c.runs
+    return kinds
 
 
 def _words(kinds: Counter[str]) -> str:
