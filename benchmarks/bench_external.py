@@ -31,13 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import jax  # noqa: E402
-
-import einshard  # noqa: E402
-from einshard.analysis.program import trace  # noqa: E402
 from external_corpus import specs_for  # noqa: E402
 from external_corpus.compare import mesh_of  # noqa: E402
 from external_corpus.families import FAMILIES  # noqa: E402
 from external_corpus.planning import PLANNED, compiled, layouts, plan_for, step_of  # noqa: E402
+
+import einshard  # noqa: E402
+from einshard.analysis.program import trace  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "external.json"
 

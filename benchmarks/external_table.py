@@ -27,7 +27,10 @@ from external_corpus.compare import measure  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "external_table.json"
 DOC = ROOT / "docs" / "analysis.md"
-START, END = "<!-- external-corpus-table: start (benchmarks/external_table.py) -->", "<!-- external-corpus-table: end -->"
+START, END = (
+    "<!-- external-corpus-table: start (benchmarks/external_table.py) -->",
+    "<!-- external-corpus-table: end -->",
+)
 
 
 def run(only: str | None) -> dict[str, Any]:
@@ -38,7 +41,12 @@ def run(only: str | None) -> dict[str, Any]:
         try:
             records[cid] = measure(*case).to_dict()
         except Exception as e:  # noqa: BLE001 -- a case JAX itself cannot run is recorded, not fatal
-            records[cid] = {"case": cid, "family": case[0], "status": "jax-error", "error": f"{type(e).__name__}: {e}"[:300]}
+            records[cid] = {
+                "case": cid,
+                "family": case[0],
+                "status": "jax-error",
+                "error": f"{type(e).__name__}: {e}"[:300],
+            }
         print(cid, records[cid]["status"], flush=True)
         RESULTS.write_text(json.dumps(records, indent=1, sort_keys=True))
     return records

@@ -25,7 +25,9 @@ except ImportError:  # it needs `pip install --no-deps keras-hub` (its tensorflo
     HAVE_KERAS_HUB = False
 else:
     HAVE_KERAS_HUB = True
-NO_KERAS_HUB = pytest.mark.skipif(not HAVE_KERAS_HUB, reason="pip install --no-deps keras-hub (see pyproject's test extra)")
+NO_KERAS_HUB = pytest.mark.skipif(
+    not HAVE_KERAS_HUB, reason="pip install --no-deps keras-hub (see pyproject's test extra)"
+)
 
 
 def _params() -> list:

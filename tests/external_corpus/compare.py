@@ -168,8 +168,21 @@ def _failed(
 ) -> Outcome:
     kinds = _per_step(xla)
     return Outcome(
-        case_id(family, strategy, mode, kind), family, library, False, (), wrapped, {}, dict(sorted(kinds.items())),
-        0.0, float(sum(c.sent_bytes * c.runs for c in xla)), 0, 0, ok, ("explain raised",), error,
+        case_id(family, strategy, mode, kind),
+        family,
+        library,
+        False,
+        (),
+        wrapped,
+        {},
+        dict(sorted(kinds.items())),
+        0.0,
+        float(sum(c.sent_bytes * c.runs for c in xla)),
+        0,
+        0,
+        ok,
+        ("explain raised",),
+        error,
     )
 
 

@@ -63,8 +63,13 @@ def llama() -> Family:
 
     keras.utils.set_random_seed(0)
     model = keras_hub.models.LlamaBackbone(
-        vocabulary_size=V, num_layers=1, num_query_heads=H, hidden_dim=D, intermediate_dim=F,
-        num_key_value_heads=KV, dtype="float32",
+        vocabulary_size=V,
+        num_layers=1,
+        num_query_heads=H,
+        hidden_dim=D,
+        intermediate_dim=F,
+        num_key_value_heads=KV,
+        dtype="float32",
     )
     return _family("kh_llama", "rotary-gqa", model, ep=False)
 
@@ -76,7 +81,14 @@ def mixtral() -> Family:
 
     keras.utils.set_random_seed(0)
     model = keras_hub.models.MixtralBackbone(
-        vocabulary_size=V, num_layers=1, num_query_heads=H, hidden_dim=D, intermediate_dim=F,
-        num_key_value_heads=KV, num_experts=E, top_k=K, dtype="float32",
+        vocabulary_size=V,
+        num_layers=1,
+        num_query_heads=H,
+        hidden_dim=D,
+        intermediate_dim=F,
+        num_key_value_heads=KV,
+        num_experts=E,
+        top_k=K,
+        dtype="float32",
     )
     return _family("kh_mixtral", "moe", model, ep=True)

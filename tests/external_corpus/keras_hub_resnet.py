@@ -30,13 +30,22 @@ def resnet() -> Family:
 
     keras.utils.set_random_seed(0)
     model = keras_hub.models.ResNetBackbone(
-        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64, 64],
-        stackwise_num_blocks=[1, 1], stackwise_num_strides=[1, 2], block_type="basic_block",
-        use_pre_activation=False, image_shape=(HW, HW, 3), dtype="float32",
+        input_conv_filters=[64],
+        input_conv_kernel_sizes=[3],
+        stackwise_num_filters=[64, 64],
+        stackwise_num_blocks=[1, 1],
+        stackwise_num_strides=[1, 2],
+        block_type="basic_block",
+        use_pre_activation=False,
+        image_shape=(HW, HW, 3),
+        dtype="float32",
     )
     loss, params = pure_loss(model, _head)
     rng = np.random.default_rng(0)
-    batch = (jnp.asarray(rng.normal(size=(B, HW, HW, 3)), jnp.float32), jnp.asarray(rng.normal(size=(B, C)), jnp.float32))
+    batch = (
+        jnp.asarray(rng.normal(size=(B, HW, HW, 3)), jnp.float32),
+        jnp.asarray(rng.normal(size=(B, C)), jnp.float32),
+    )
     rules = {"dp": (), "tp": _CHANNELS, "dp_tp": _CHANNELS, "fsdp": _FSDP, "spatial": ()}
     batch_rules = {
         "dp": (_IMG, _FEAT),

@@ -42,7 +42,12 @@ def t5() -> Family:
 
     keras.utils.set_random_seed(0)
     model = keras_hub.models.T5Backbone(
-        vocabulary_size=V, num_layers=1, num_heads=H, hidden_dim=D, intermediate_dim=F, dropout=0.0,
+        vocabulary_size=V,
+        num_layers=1,
+        num_heads=H,
+        hidden_dim=D,
+        intermediate_dim=F,
+        dropout=0.0,
         dtype="float32",
     )
     loss, params = pure_loss(model, _head)
@@ -51,8 +56,12 @@ def t5() -> Family:
     tgt = jnp.asarray(rng.integers(0, V, (B, S)), jnp.int32)
     ones = jnp.ones((B, S), jnp.int32)
     batch = (
-        {"encoder_token_ids": src, "encoder_padding_mask": ones, "decoder_token_ids": tgt,
-         "decoder_padding_mask": ones},
+        {
+            "encoder_token_ids": src,
+            "encoder_padding_mask": ones,
+            "decoder_token_ids": tgt,
+            "decoder_padding_mask": ones,
+        },
         jnp.roll(tgt, -1, axis=1),
     )
     rules = {"dp": (), "tp": _MEGATRON, "dp_tp": _MEGATRON, "fsdp": _FSDP}

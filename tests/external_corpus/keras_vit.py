@@ -58,7 +58,10 @@ def _head(logits, p, labels):
 def vit() -> Family:
     loss, params = pure_loss(_build(), _head)
     rng = np.random.default_rng(0)
-    batch = (jnp.asarray(rng.normal(size=(B, HW, HW, 3)), jnp.float32), jnp.asarray(rng.integers(0, CLASSES, B), jnp.int32))
+    batch = (
+        jnp.asarray(rng.normal(size=(B, HW, HW, 3)), jnp.float32),
+        jnp.asarray(rng.integers(0, CLASSES, B), jnp.int32),
+    )
     rules = {"dp": (), "tp": _MEGATRON, "dp_tp": _MEGATRON, "fsdp": _FSDP}
     data = (_IMG, _LBL)
     batch_rules = {"dp": data, "tp": ("b h w c -> b h w c", "b -> b"), "dp_tp": data, "fsdp": data}
