@@ -78,20 +78,24 @@ def table(records: dict[str, Any]) -> str:
             f"| {fam} ({rs[0].get('library', '')}) | {c['match']}/{len(rs)} | {c['incomplete']} | {c['silent']} | "
             f"{c['error']} | {', '.join(prims) or '—'} | {wrapped} |"
         )
-    lines += ["", "Silent mismatches and errors, case by case:", ""]
+    lines += ["", "Silent mismatches, errors and wrong values, case by case:", ""]
     for cid, r in sorted(records.items()):
-        if r["status"] in ("silent", "error", "jax-error"):
-            why = r.get("error") or "; ".join(r.get("misses", ()))
-            lines.append(f"- `{cid}`: {why}")
+        if r["status"] in ("silent", "error", "jax-error") or not r.get("values_equal", True):
+            lines.append(f"- `{cid}`: {_why(r)}")
     lines.append(END)
     return "\n".join(lines)
 
 
+def _why(r: dict[str, Any]) -> str:
+    why = r.get("error") or "; ".join(r.get("misses", ()))
+    return why if r.get("values_equal", True) else f"the sharded step's values differ from unsharded; {why}"
+
+
 def known_misses(records: dict[str, Any]) -> dict[str, str]:
     return {
-        cid: r.get("error") or "; ".join(r.get("misses", ()))
+        cid: _why(r)
         for cid, r in sorted(records.items())
-        if r["status"] in ("silent", "error")
+        if r["status"] in ("silent", "error") or not r.get("values_equal", True)
     }
 
 
