@@ -40,6 +40,11 @@ import einshard  # noqa: E402
 from einshard.analysis.program import trace  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "external.json"
+DOC = ROOT / "docs" / "analysis.md"
+START, END = (
+    "<!-- external-corpus-bench: start (benchmarks/bench_external.py) -->",
+    "<!-- external-corpus-bench: end -->",
+)
 
 
 def step_times(name: str, rounds: int) -> dict[str, Any]:
@@ -115,11 +120,47 @@ def analysis_cost(name: str, repeats: int) -> dict[str, Any]:
     return row
 
 
+def summary(result: dict[str, Any]) -> str:
+    """The docs' generated block: step-time ratios and the analysis' cost, from external.json."""
+    lines = [START, f"Measured on {result['machine']} (jax {result['jax']}).", ""]
+    lines += ["| family | " + " | ".join(("plan", "dp", "tp", "dp_tp", "fsdp")) + " |", "|---|---|---|---|---|---|"]
+    for name, row in result["step_time"].items():
+        cells = [
+            f"{row['layouts'][k]['ratio_to_best_hand']:.2f}× ({row['layouts'][k]['xla_comm_bytes'] / 1e3:.0f} kB)"
+            for k in ("plan", "dp", "tp", "dp_tp", "fsdp")
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Step time (median of interleaved rounds) as a ratio to the fastest hand layout, XLA's bytes per device in "
+        "parentheses. explain's trace + walk and plan's time as ratios to lower + compile of the same step:",
+        "",
+        "| family | explain / compile | plan / compile |",
+        "|---|---|---|",
+    ]
+    for name, row in result["analysis_cost"].items():
+        ex = f"{row['explain_to_compile']:.2f}" if "explain_to_compile" in row else "raised"
+        pl = f"{row['plan_to_compile']:.1f}" if "plan_to_compile" in row else "raised"
+        lines.append(f"| {name} | {ex} | {pl} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_doc(text: str) -> None:
+    doc = DOC.read_text()
+    head, rest = doc.split(START, 1)
+    DOC.write_text(head + text + rest.split(END, 1)[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--doc-only", action="store_true", help="regenerate the docs block from external.json")
     a = parser.parse_args()
+    if a.doc_only:
+        write_doc(summary(json.loads(OUT.read_text())))
+        return
     result: dict[str, Any] = {
         "machine": f"{platform.machine()} {os.cpu_count()} cores, 8 simulated CPU devices, mesh (data=4, model=2)",
         "jax": jax.__version__,
@@ -134,6 +175,7 @@ def main() -> None:
         result["analysis_cost"][name] = analysis_cost(name, a.repeats)
         print(name, result["analysis_cost"][name])
         OUT.write_text(json.dumps(result, indent=1, default=str))
+    write_doc(summary(result))
 
 
 if __name__ == "__main__":
