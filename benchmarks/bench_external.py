@@ -1,0 +1,182 @@
+"""The external corpus (tests/external_corpus): the planner against hand layouts, and explain's / plan's cost.
+
+1. **Step time** on a (4, 2) mesh of this machine's simulated CPU devices, for the families the planner is checked
+   on (``external_corpus.planning.PLANNED``): the plan and each hand layout (dp, tp, dp_tp, fsdp...) compiled with
+   ``jax.jit`` (gradients out like the parameters), run in interleaved rounds (each round runs every layout once,
+   in a rotated order, so drift hits all alike); medians, and ratios to the ``dp`` layout measured in the same run
+   and to the fastest hand layout.  XLA's bytes and FLOPs per device with them.
+2. **What the analysis costs**, on every family (dp_tp layout, the gradient step): explain's trace + walk and
+   ``einshard.plan``'s time, as ratios to ``lower + compile`` of the same step measured in the same run.
+
+Writes benchmarks/results/external.json.
+
+    python benchmarks/bench_external.py [--rounds 20] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import jax  # noqa: E402
+from external_corpus import specs_for  # noqa: E402
+from external_corpus.compare import mesh_of  # noqa: E402
+from external_corpus.families import FAMILIES  # noqa: E402
+from external_corpus.planning import PLANNED, compiled, layouts, plan_for, step_of  # noqa: E402
+
+import einshard  # noqa: E402
+from einshard.analysis.program import trace  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "external.json"
+DOC = ROOT / "docs" / "analysis.md"
+START, END = (
+    "<!-- external-corpus-bench: start (benchmarks/bench_external.py) -->",
+    "<!-- external-corpus-bench: end -->",
+)
+
+
+def step_times(name: str, rounds: int) -> dict[str, Any]:
+    fam = FAMILIES[name]()
+    plan = plan_for(fam)
+    costs = {label: compiled(fam, exprs) for label, exprs in layouts(fam, plan).items()}
+    runs = {}
+    for label, c in costs.items():
+        psh, bsh = c["shardings"]
+        args = (jax.device_put(fam.params, psh), jax.device_put(fam.batch, bsh))
+        jax.block_until_ready(c["jitted"](*args))  # warm
+        runs[label] = (c["jitted"], args)
+    samples: dict[str, list[float]] = {label: [] for label in runs}
+    labels = list(runs)
+    for r in range(rounds):
+        for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+            fn, args = runs[label]
+            t = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            samples[label].append(time.perf_counter() - t)
+    med = {label: statistics.median(s) for label, s in samples.items()}
+    best_hand = min(v for k, v in med.items() if k != "plan")
+    return {
+        "plan_rules": plan.rules,
+        "plan_data_rules": list(plan.data_rules),
+        "plan_complete": plan.report.complete,
+        "layouts": {
+            label: {
+                "median_s": med[label],
+                "ratio_to_dp": med[label] / med["dp"],
+                "ratio_to_best_hand": med[label] / best_hand,
+                "xla_comm_bytes": costs[label]["comm_bytes"],
+                "xla_collectives": costs[label]["collectives"],
+                "xla_flops": costs[label]["flops"],
+            }
+            for label in labels
+        },
+    }
+
+
+def _timed(fn: Any, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def analysis_cost(name: str, repeats: int) -> dict[str, Any]:
+    fam = FAMILIES[name]()
+    mesh = mesh_of("auto")
+    pexpr, bexpr = specs_for(fam, "dp_tp")
+    place = lambda e, a: einshard.sharding(e, a.shape, mesh=mesh)  # noqa: E731
+    psh, bsh = jax.tree.map(place, pexpr, fam.params), jax.tree.map(place, bexpr, fam.batch)
+    step = step_of(fam)
+    out_specs = [jax.sharding.PartitionSpec()] + [s.spec for s in jax.tree.leaves(psh)]
+
+    def compile_() -> None:
+        # a fresh jit each time: lower + compile, not the cache
+        jax.jit(lambda p, b: step(p, b), in_shardings=(psh, bsh)).lower(fam.params, fam.batch).compile()
+
+    def explain_() -> None:
+        trace(step, fam.params, fam.batch, mesh=mesh).report((pexpr, bexpr), out_specs)
+
+    row: dict[str, Any] = {"compile_s": _timed(compile_, repeats)}
+    for label, fn in (("explain_s", explain_), ("plan_s", lambda: plan_for(fam))):
+        try:
+            row[label] = _timed(fn, repeats)
+            row[label.replace("_s", "_to_compile")] = row[label] / row["compile_s"]
+        except Exception as e:  # noqa: BLE001 -- recorded: explain raising is one of the corpus's findings
+            row[label.replace("_s", "_error")] = f"{type(e).__name__}: {e}"[:300]
+    return row
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The docs' generated block: step-time ratios and the analysis' cost, from external.json."""
+    lines = [START, f"Measured on {result['machine']} (jax {result['jax']}).", ""]
+    lines += ["| family | " + " | ".join(("plan", "dp", "tp", "dp_tp", "fsdp")) + " |", "|---|---|---|---|---|---|"]
+    for name, row in result["step_time"].items():
+        cells = [
+            f"{row['layouts'][k]['ratio_to_best_hand']:.2f}× ({row['layouts'][k]['xla_comm_bytes'] / 1e3:.0f} kB)"
+            for k in ("plan", "dp", "tp", "dp_tp", "fsdp")
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Step time (median of interleaved rounds) as a ratio to the fastest hand layout, XLA's bytes per device in "
+        "parentheses. explain's trace + walk and plan's time as ratios to lower + compile of the same step:",
+        "",
+        "| family | explain / compile | plan / compile |",
+        "|---|---|---|",
+    ]
+    for name, row in result["analysis_cost"].items():
+        ex = f"{row['explain_to_compile']:.2f}" if "explain_to_compile" in row else "raised"
+        pl = f"{row['plan_to_compile']:.1f}" if "plan_to_compile" in row else "raised"
+        lines.append(f"| {name} | {ex} | {pl} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_doc(text: str) -> None:
+    doc = DOC.read_text()
+    head, rest = doc.split(START, 1)
+    DOC.write_text(head + text + rest.split(END, 1)[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--doc-only", action="store_true", help="regenerate the docs block from external.json")
+    a = parser.parse_args()
+    if a.doc_only:
+        write_doc(summary(json.loads(OUT.read_text())))
+        return
+    result: dict[str, Any] = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, 8 simulated CPU devices, mesh (data=4, model=2)",
+        "jax": jax.__version__,
+        "step_time": {},
+        "analysis_cost": {},
+    }
+    for name in PLANNED:
+        result["step_time"][name] = step_times(name, a.rounds)
+        print(name, {k: round(v["ratio_to_best_hand"], 2) for k, v in result["step_time"][name]["layouts"].items()})
+        OUT.write_text(json.dumps(result, indent=1, default=str))
+    for name in FAMILIES:
+        result["analysis_cost"][name] = analysis_cost(name, a.repeats)
+        print(name, result["analysis_cost"][name])
+        OUT.write_text(json.dumps(result, indent=1, default=str))
+    write_doc(summary(result))
+
+
+if __name__ == "__main__":
+    main()

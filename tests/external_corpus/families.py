@@ -1,0 +1,16 @@
+"""The registry of families: name -> builder (each builds lazily, once: keras-hub models take seconds)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import Family, haiku_stack, keras_hub_decoders, keras_hub_resnet, keras_hub_t5, keras_vit
+
+FAMILIES: dict[str, Callable[[], Family]] = {
+    "kh_resnet": keras_hub_resnet.resnet,
+    "kh_mixtral": keras_hub_decoders.mixtral,
+    "kh_llama": keras_hub_decoders.llama,
+    "kh_t5": keras_hub_t5.t5,
+    "hk_stack": haiku_stack.stack,
+    "keras_vit": keras_vit.vit,
+}

@@ -1,0 +1,81 @@
+"""The planner against hand layouts on the external corpus: XLA's own bytes and FLOPs for each layout.
+
+Shared by tests/test_external_corpus.py (the slow check) and benchmarks/bench_external.py (step times).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import einshard
+from einshard.testing import hlo
+
+from . import Family, specs_for
+from .compare import mesh_of
+
+# The families the planner is checked on, and the tolerance on XLA's bytes: the plan may send at most this much
+# more than the best hand layout that computes no more FLOPs per device than it (a layout replicating the batch
+# sends nothing and computes everything on every device: bytes alone would reward it).
+PLANNED = ("kh_llama", "keras_vit", "hk_stack")
+BYTES_TOLERANCE = 0.10
+
+
+def step_of(family: Family) -> Any:
+    return jax.value_and_grad(family.loss)
+
+
+def plan_for(family: Family, verify: int | None = None) -> Any:
+    """einshard.plan on the Explicit (4, 2) mesh (only shapes matter), the step a training loop runs."""
+    return einshard.plan(step_of(family), family.params, family.batch, mesh=mesh_of("explicit"), verify=verify)
+
+
+def _expressions(tree: Any, rules: dict[str, str]) -> Any:
+    def one(path: Any, x: Any) -> str:
+        key = jax.tree_util.keystr(path)
+        return next(e for p, e in rules.items() if re.search(p, key))
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def layouts(family: Family, plan: Any) -> dict[str, tuple[Any, Any]]:
+    """name -> (param expressions, batch expressions): every hand layout of the family, and 'plan'."""
+    out = {s: specs_for(family, s) for s in family.rules}
+    out["plan"] = (_expressions(family.params, plan.rules), _expressions(family.batch, plan.data_rules[0]))
+    return out
+
+
+def compiled(family: Family, exprs: tuple[Any, Any]) -> dict[str, Any]:
+    """The step compiled under one layout on the Auto (4, 2) mesh: XLA's bytes per device, FLOPs, the jitted step."""
+    mesh = mesh_of("auto")
+    place = lambda e, a: einshard.sharding(e, a.shape, mesh=mesh)  # noqa: E731
+    psh = jax.tree.map(place, exprs[0], family.params)
+    bsh = jax.tree.map(place, exprs[1], family.batch)
+    jitted = jax.jit(step_of(family), in_shardings=(psh, bsh), out_shardings=(NamedSharding(mesh, P()), psh))
+    comp = jitted.lower(family.params, family.batch).compile()
+    colls = hlo.normalized(comp.as_text())
+    cost = comp.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return {
+        "comm_bytes": float(sum(c.sent_bytes * c.runs for c in colls)),
+        "collectives": sum(c.runs for c in colls),
+        "flops": float(cost.get("flops", 0.0)),
+        "jitted": jitted,
+        "shardings": (psh, bsh),
+    }
+
+
+def worse_than_hand(costs: dict[str, dict[str, Any]]) -> list[str]:
+    """Hand layouts that beat the plan by XLA's bytes beyond the tolerance while computing no more FLOPs."""
+    mine = costs["plan"]
+    return [
+        f"{name}: {c['comm_bytes']:.0f} B, {c['flops']:.0f} FLOPs vs plan {mine['comm_bytes']:.0f} B, {mine['flops']:.0f}"
+        for name, c in costs.items()
+        if name != "plan"
+        and c["flops"] <= mine["flops"] * 1.01
+        and c["comm_bytes"] * (1 + BYTES_TOLERANCE) < mine["comm_bytes"]
+    ]
