@@ -8,7 +8,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
@@ -25,6 +25,9 @@ from .roles import weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
 from .search import exhaustive, guided_descent
 from .verify import DEFAULT_VERIFY, Verified, verification_mesh, verify_assignments
+
+if TYPE_CHECKING:
+    from ..targets import Target
 
 __all__ = ["plan"]
 
@@ -56,6 +59,7 @@ def plan(
     n_alternatives: int = 5,
     pipeline: PipelineSearch | None = None,
     verify: int | None = None,
+    target: Any = None,
     axis_rules: AxisRulesLike | None = None,
     **kwargs: Any,
 ) -> LayoutPlan:
@@ -96,6 +100,11 @@ def plan(
             compiled.  Default: ``0`` when every op of ``fn`` has a layout rule, else
             :data:`~einshard.planner.verify.DEFAULT_VERIFY` (an incomplete model is never ranked on the
             prediction alone when its mesh's devices are here; the result says so when they are not).
+        target: the hardware to plan for when it is not this machine's (:mod:`einshard.targets`):
+            ``'tpu:v5p:4x4x4'`` (the profile, ``memory_budget`` and ``mesh`` default to the slice's chip,
+            its HBM and :meth:`~einshard.targets.Target.default_mesh`; ``verify`` compiles with the TPU
+            compiler over the slice's devices, shapes only: libtpu, ``pip install 'einshard[tpu]'``) or
+            ``'gpu:h100x8'`` (a profile only: the plan says no compiler check was possible).
 
     Returns:
         A :class:`LayoutPlan`; ``result.rules`` plugs into ``einshard.einshard(params, result.rules, mesh=mesh)``.
@@ -107,6 +116,11 @@ def plan(
         raise EinshardError(f"plan(): objective must be one of {OBJECTIVES}, got {objective!r}")
     if not args:
         raise EinshardError("plan() needs the function's arguments (the parameters first)")
+    tgt = _target_of(target)
+    if tgt is not None:
+        profile = tgt.profile if profile is None else profile
+        mesh = _target_sizes(tgt, mesh)
+        memory_budget = tgt.hbm_bytes if memory_budget is None else memory_budget
     budget = parse_bytes(memory_budget)
     mesh_axes = mesh_axes_of(mesh, args)
     p_idx = list(param_args) if param_args is not None else [0]
@@ -189,9 +203,21 @@ def plan(
     verification: tuple[Verified, ...] = ()
     unverified = ""
     predicted_first = ""
+    target_note = ""
+    if tgt is not None and not tgt.compiles:
+        target_note = tgt.note() + (f" (verify={n_verify} not run)" if n_verify else "")
+        n_verify = 0
+    elif tgt is not None:
+        target_note = tgt.note()
     if n_verify:
+        from ..targets import target_mesh
+
         try:
-            vmesh = verification_mesh(mesh, args, mesh_axes)
+            vmesh = (
+                verification_mesh(mesh, args, mesh_axes)
+                if tgt is None
+                else target_mesh(tgt, {m.name: m.size for m in mesh_axes})
+            )
         except EinshardError as err:
             if verify is not None:
                 raise
@@ -202,7 +228,15 @@ def plan(
             name, preset = min(presets_assign.items(), key=lambda kv: costs.score(kv[1]).key)
             if preset not in order[:n_verify]:
                 candidates.append((f"preset {name}", preset))
-            rows = verify_assignments(fn, costs, candidates, vmesh, kwargs)
+            rows = verify_assignments(
+                fn,
+                costs,
+                candidates,
+                vmesh,
+                kwargs,
+                hbm_bytes=None if tgt is None else tgt.hbm_bytes,
+                compiler="XLA" if tgt is None else f"TPU compiler ({tgt.topology_name})",
+            )
             verification = tuple(row for row, _ in rows)
             best = rows[0][1]
             order = [best] + [a for a in order if a != best]
@@ -308,6 +342,8 @@ def plan(
         )
     if verification:
         explanation = _verification_note(verification, predicted.complete, predicted_first) + explanation
+    if target_note:
+        explanation = target_note + "\n" + explanation
     if not predicted.complete and not verification:
         warning = (warning + "; " if warning else "") + (
             f"the model is incomplete (no layout rule for {', '.join(predicted.unfollowed)}) and the layouts are "
@@ -386,3 +422,37 @@ def _say_what_stays_replicated(params: Any, rules: Mapping[str, str]) -> None:
     from ..tree_rules import UNMATCHED, leaf_expressions
 
     leaf_expressions(params, rules, unmatched=UNMATCHED)
+
+
+def _target_of(target: Any) -> Target | None:
+    """The parsed target, checked up front: a TPU target needs libtpu (the ``[tpu]`` extra) before any work."""
+    if target is None:
+        return None
+    from ..targets import parse_target, target_devices
+
+    tgt = parse_target(target)
+    if tgt.compiles:
+        target_devices(tgt)
+    return tgt
+
+
+def _target_sizes(tgt: Target, mesh: Any) -> dict[str, int]:
+    """The mesh's axis sizes on the target: ``mesh=`` as sizes, a Mesh's or AbstractMesh's sizes, else the
+    target's default; their product must be the target's chip count."""
+    if mesh is None:
+        return tgt.default_mesh()
+    if isinstance(mesh, Mapping):
+        sizes = {str(k): int(v) for k, v in mesh.items()}
+    elif hasattr(mesh, "axis_names") and hasattr(mesh, "axis_sizes"):
+        sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    else:
+        raise EinshardError(
+            f"plan(target={tgt.spec!r}): mesh= must be axis sizes ({tgt.default_mesh()}) or a Mesh, got {mesh!r}"
+        )
+    if math.prod(sizes.values()) != tgt.chips:
+        raise EinshardError(
+            f"plan(target={tgt.spec!r}): the mesh {sizes} has {math.prod(sizes.values())} devices; "
+            f"the target has {tgt.chips} chips",
+            hint=f"Give a mesh whose sizes multiply to {tgt.chips}, e.g. {tgt.default_mesh()}.",
+        )
+    return sizes
