@@ -44,7 +44,7 @@ from typing import Any, Literal
 from .analysis.cost import Profile
 from .errors import EinshardError
 
-__all__ = ["Chip", "Target", "CHIPS", "parse_target", "target_mesh", "target_devices", "libtpu_available"]
+__all__ = ["Chip", "Target", "CHIPS", "parse_target", "target_mesh", "target_devices", "libtpu_available", "on_target"]
 
 GiB = 2**30
 
@@ -249,3 +249,28 @@ def target_mesh(target: Target, sizes: Mapping[str, int]) -> Any:
 
     topo = target_devices(target)
     return topologies.make_mesh(topo, tuple(sizes.values()), tuple(sizes))
+
+
+def on_target(target: str | Target, mesh: Any, profile: Any, what: str) -> tuple[dict[str, int], Any]:
+    """``(mesh sizes, profile)`` for analysing on ``target``: ``mesh=`` as sizes, a Mesh's or AbstractMesh's
+    sizes, else the target's default mesh (their product must be the target's chips); ``profile=``, else
+    the target's chip's.
+
+    Raises:
+        EinshardError: not a target, or a mesh of another device count (naming both).
+    """
+    tgt = parse_target(target)
+    if mesh is None:
+        sizes = tgt.default_mesh()
+    elif isinstance(mesh, Mapping):
+        sizes = {str(k): int(v) for k, v in mesh.items()}
+    elif hasattr(mesh, "axis_names") and hasattr(mesh, "axis_sizes"):
+        sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    else:
+        raise EinshardError(f"{what}: with target={tgt.spec!r}, mesh= must be axis sizes or a Mesh, got {mesh!r}")
+    if math.prod(sizes.values()) != tgt.chips:
+        raise EinshardError(
+            f"{what}: target {tgt.spec!r} has {tgt.chips} chips; the mesh {sizes} has {math.prod(sizes.values())}",
+            hint=f"Give a mesh whose sizes multiply to {tgt.chips}, e.g. {tgt.default_mesh()}.",
+        )
+    return sizes, tgt.profile if profile is None else profile

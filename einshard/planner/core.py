@@ -118,8 +118,9 @@ def plan(
         raise EinshardError("plan() needs the function's arguments (the parameters first)")
     tgt = _target_of(target)
     if tgt is not None:
-        profile = tgt.profile if profile is None else profile
-        mesh = _target_sizes(tgt, mesh)
+        from ..targets import on_target
+
+        mesh, profile = on_target(tgt, mesh, profile, "plan()")
         memory_budget = tgt.hbm_bytes if memory_budget is None else memory_budget
     budget = parse_bytes(memory_budget)
     mesh_axes = mesh_axes_of(mesh, args)
@@ -434,25 +435,3 @@ def _target_of(target: Any) -> Target | None:
     if tgt.compiles:
         target_devices(tgt)
     return tgt
-
-
-def _target_sizes(tgt: Target, mesh: Any) -> dict[str, int]:
-    """The mesh's axis sizes on the target: ``mesh=`` as sizes, a Mesh's or AbstractMesh's sizes, else the
-    target's default; their product must be the target's chip count."""
-    if mesh is None:
-        return tgt.default_mesh()
-    if isinstance(mesh, Mapping):
-        sizes = {str(k): int(v) for k, v in mesh.items()}
-    elif hasattr(mesh, "axis_names") and hasattr(mesh, "axis_sizes"):
-        sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-    else:
-        raise EinshardError(
-            f"plan(target={tgt.spec!r}): mesh= must be axis sizes ({tgt.default_mesh()}) or a Mesh, got {mesh!r}"
-        )
-    if math.prod(sizes.values()) != tgt.chips:
-        raise EinshardError(
-            f"plan(target={tgt.spec!r}): the mesh {sizes} has {math.prod(sizes.values())} devices; "
-            f"the target has {tgt.chips} chips",
-            hint=f"Give a mesh whose sizes multiply to {tgt.chips}, e.g. {tgt.default_mesh()}.",
-        )
-    return sizes
