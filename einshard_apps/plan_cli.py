@@ -21,6 +21,7 @@ machine's), named on the plan's first line.  ``--rules-out`` writes the rules fi
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 __all__ = ["run"]
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         params = llama.shapes(lcfg)
         batch = jax.ShapeDtypeStruct((args.batch or math.prod(mesh.values()), lcfg.seq + 1), jnp.int32)
         loss = functools.partial(llama.loss_fn, cfg=lcfg)
-        fn = jax.value_and_grad(loss) if args.objective == "training" else loss
+        fn: Any = jax.value_and_grad(loss) if args.objective == "training" else loss
         title = (
             f"model: {args.model} ({lcfg.layers} layers, width {lcfg.width}, {llama.param_count(lcfg) / 1e9:.1f}B "
             f"parameters, bf16, scanned, remat), batch {batch.shape}"
