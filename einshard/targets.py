@@ -223,8 +223,14 @@ def target_devices(target: Target) -> Any:
 
 @functools.cache  # one description per topology name: libtpu builds it once
 def _topology(name: str) -> Any:
+    import os
+
     from jax.experimental import topologies
 
+    # libtpu takes a machine-wide lock file (/tmp/libtpu_lockfile) meant for processes that own TPU chips;
+    # describing and compiling for a topology owns none, so several processes (pytest-xdist workers, two
+    # plans) may do it at once.  A user's own setting is kept.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         return topologies.get_topology_desc(topology_name=name, platform="tpu")
     except Exception as err:  # noqa: BLE001  (libtpu's errors have no common type)

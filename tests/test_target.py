@@ -99,7 +99,7 @@ def test_explain_on_a_target_uses_its_chip_and_default_mesh():
 
 
 @needs_libtpu
-@pytest.mark.parametrize("spec", ["tpu:v5e:2x2", "tpu:v5p:2x2x2"])
+@pytest.mark.parametrize("spec", ["tpu:v5e:2x2", pytest.param("tpu:v5p:2x2x2", marks=pytest.mark.slow)])
 def test_plan_on_a_tpu_target_fits_by_the_compilers_numbers_where_replicated_does_not(spec):
     target = parse_target(spec)
     params, x = _mlp()
