@@ -6,6 +6,8 @@ libtpu they skip, saying so; the parsing, GPU-target and missing-libtpu tests ru
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -161,3 +163,33 @@ def _spec(layout: str) -> P:
         names = tuple(axes.strip("()").split(",")) if axes else ()
         dims.append(None if not names else (names[0] if len(names) == 1 else names))
     return P(*dims)
+
+
+def test_llama_shapes_are_7b_and_70b_class():
+    from einshard_apps.models import llama
+
+    assert 6.5e9 < llama.param_count(llama.CONFIGS["llama-7b"]) < 7e9
+    assert 68e9 < llama.param_count(llama.CONFIGS["llama-70b"]) < 70e9
+    wk = llama.shapes(llama.CONFIGS["llama-70b"])["layers"]["attn"]["wk"]
+    assert wk.shape == (80, 8192, 8, 128) and wk.dtype == jnp.bfloat16  # grouped-query: 8 key/value heads
+
+
+def test_llama_loss_traces_to_a_complete_report_scanned_and_unrolled():
+    from einshard_apps.models import llama
+
+    for unroll in (False, True):
+        cfg = llama.LlamaConfig("tiny", layers=2, width=64, heads=4, kv_heads=2, ffn=128, vocab=256, seq=16)
+        cfg = llama.dataclasses.replace(cfg, unroll=unroll)
+        tokens = jax.ShapeDtypeStruct((8, cfg.seq + 1), jnp.int32)
+        fn = jax.value_and_grad(functools.partial(llama.loss_fn, cfg=cfg))
+        report = einshard.explain(fn, llama.shapes(cfg), tokens, target="gpu:h100x8")
+        assert report.complete, report.headline()
+
+
+def test_cli_plans_a_llama_for_a_gpu_target(capsys):
+    from einshard_apps.cli import main
+
+    code = main(["plan", "--model", "llama-7b", "--layers", "2", "--seq", "64", "--target", "gpu:h100x8"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "llama-7b (2 layers" in out and "no compiler check is possible" in out and "profile h100" in out

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["LlamaConfig", "CONFIGS", "shapes", "loss_fn", "param_count"]
 
@@ -90,14 +91,21 @@ def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
 
 
 def _rope(x: jax.Array) -> jax.Array:
-    """Rotary positions on ``b s h k`` (the half-split form)."""
+    """Rotary positions on ``b s h k`` (the half-split form): ``x cos + rotate_half(x) sin``.
+
+    ``rotate_half`` is a matmul with a constant signed permutation (not a slice and a concatenate, whose
+    gradient is a ``split``): every op then has a layout rule and the plan is complete."""
     s, k = x.shape[1], x.shape[-1]
-    freqs = 1.0 / (10000.0 ** (jnp.arange(0, k // 2, dtype=jnp.float32) / (k // 2)))
-    angles = jnp.arange(s, dtype=jnp.float32)[:, None] * freqs[None, :]
-    cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+    half = k // 2
+    freqs = 1.0 / (10000.0 ** (np.arange(half, dtype=np.float32) / half))
+    angles = np.arange(s, dtype=np.float32)[:, None] * np.concatenate([freqs, freqs])[None, :]
+    cos, sin = np.cos(angles)[None, :, None, :], np.sin(angles)[None, :, None, :]
+    rotate = np.zeros((k, k), np.float32)
+    rotate[np.arange(half) + half, np.arange(half)] = -1.0  # out[j] = -x[j + k/2] for j < k/2
+    rotate[np.arange(half), np.arange(half) + half] = 1.0  # out[j] = x[j - k/2] for j >= k/2
     x32 = x.astype(jnp.float32)
-    x1, x2 = x32[..., : k // 2], x32[..., k // 2 :]
-    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+    rotated = jnp.einsum("bshk,kj->bshj", x32, jnp.asarray(rotate))
+    return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
 def _block(cfg: LlamaConfig, x: jax.Array, layer: dict[str, Any]) -> jax.Array:
