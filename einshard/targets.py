@@ -146,7 +146,8 @@ class Target:
     def note(self) -> str:
         """What the target's numbers are, and what checks them: one line for reports."""
         check = (
-            "plan(verify=) compiles with the TPU compiler (libtpu, shapes only)"
+            "plan(verify=) compiles with the TPU compiler (libtpu, shapes only); explain does not model its "
+            "async overlap, combiner thresholds or (8, 128) tile padding: the compiled numbers decide"
             if self.compiles
             else "a profile only: no compiler check is possible without the device"
         )
