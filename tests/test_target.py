@@ -193,3 +193,29 @@ def test_cli_plans_a_llama_for_a_gpu_target(capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "llama-7b (2 layers" in out and "no compiler check is possible" in out and "profile h100" in out
+
+
+@needs_libtpu
+def test_a_candidate_the_target_compiler_fails_on_is_reported_and_ranked_last(monkeypatch):
+    import einshard.planner.verify as verify
+
+    real = verify.compiled_numbers
+    calls = []
+
+    def first_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("INTERNAL: RET_CHECK failure (a compiler bug)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(verify, "compiled_numbers", first_fails)
+    params, x = _mlp(256, 1024, 64)
+    result = plan(jax.value_and_grad(_mlp_loss), params, x, target="tpu:v5e:2x2", verify=2, max_evaluations=12)
+    failed = [v for v in result.verification if v.error]
+    assert len(failed) == 1 and "RET_CHECK" in failed[0].error and not failed[0].chosen
+    assert result.verification[-1] is failed[0] and result.verification[0].chosen and not result.verification[0].error
+    assert "did not compile (TPU compiler (v5e:2x2))" in str(result)
+
+    monkeypatch.setattr(verify, "compiled_numbers", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(EinshardError, match=r"compiled none of the .* candidates.*boom"):
+        plan(jax.value_and_grad(_mlp_loss), params, x, target="tpu:v5e:2x2", verify=2, max_evaluations=12)

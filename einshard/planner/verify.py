@@ -85,6 +85,9 @@ class Verified:
     # With a target (plan(target=...)): whether the compiled memory fits the chip's HBM, and the compiler's name.
     fits_hbm: bool | None = None
     compiler: str = "XLA"
+    error: str = (
+        ""  # a target's compiler that failed on this candidate (its first line); compiled_* then copy predicted_*
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,10 +110,13 @@ class Verified:
             "fits_hbm": self.fits_hbm,
             "fits": self.fits,
             "chosen": self.chosen,
+            "error": self.error,
         }
 
     def line(self) -> str:
         mark = "*" if self.chosen else " "
+        if self.error:
+            return f"{mark} {self.label:<34} did not compile ({self.compiler}): {self.error}"
         fit = "" if self.fits else "  (over budget)"
         if self.fits_hbm is not None:
             fit += "  fits HBM" if self.fits_hbm else "  (over HBM)"
@@ -257,6 +263,27 @@ def verify_assignments(
         try:
             numbers = compiled_numbers(fn, costs.args, flat_specs, out_specs, mesh, score.report.profile, **kwargs)
         except Exception as err:  # noqa: BLE001  (JAX's and XLA's errors have no common type)
+            if compiler != "XLA":
+                # A target's compiler (libtpu) failing on one candidate is its bug or a version mismatch, not
+                # the plan's: that candidate is reported unverified and ranked last; the others still decide.
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+                failed = Verified(
+                    label,
+                    score.time_s,
+                    score.comm,
+                    score.comm_ops or score.report.comm_count,
+                    score.memory,
+                    score.time_s,
+                    score.comm,
+                    score.comm_ops or score.report.comm_count,
+                    score.memory,
+                    fits=False,
+                    predicted_kinds=predicted_kinds(score.report),
+                    compiler=compiler,
+                    error=f"{type(err).__name__}: {first}",
+                )
+                rows.append(((True, True, 0.0, 0.0, 0.0, 0, rank), failed, assign))
+                continue
             if not any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
                 raise EinshardError(
                     f"plan(verify=...): XLA could not compile candidate {label!r}: {type(err).__name__}: {err}"
@@ -288,8 +315,15 @@ def verify_assignments(
             fits_hbm=None if hbm_bytes is None else memory <= hbm_bytes,
             compiler=compiler,
         )
-        rows.append(((not fits, _settled(primary), _settled(time_s), _settled(sent), memory, rank), row, assign))
+        rows.append(((False, not fits, _settled(primary), _settled(time_s), _settled(sent), memory, rank), row, assign))
     rows.sort(key=lambda r: r[0])
+    if rows and rows[0][1].error:
+        raise EinshardError(
+            f"plan(verify=...): the {compiler} compiled none of the {len(rows)} candidates; the first: "
+            f"{rows[0][1].label!r}: {rows[0][1].error}",
+            hint="A libtpu that does not match this jax fails so (jax 0.10.2 pins libtpu 0.0.42.*: "
+            "pip install 'jax[tpu]==<your jax>' or 'einshard[tpu]'); or pass verify=0 to plan on the prediction.",
+        )
     out = []
     for k, (_, row, assign) in enumerate(rows):
         out.append((row if k else _chosen(row), assign))
