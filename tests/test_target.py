@@ -219,3 +219,29 @@ def test_a_candidate_the_target_compiler_fails_on_is_reported_and_ranked_last(mo
     monkeypatch.setattr(verify, "compiled_numbers", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(EinshardError, match=r"compiled none of the .* candidates.*boom"):
         plan(jax.value_and_grad(_mlp_loss), params, x, target="tpu:v5e:2x2", verify=2, max_evaluations=12)
+
+
+@needs_libtpu
+def test_tpu_scan_loops_count_each_iteration_in_the_hlo_reader():
+    """TPU's while loops carry no known_trip_count: the reader takes the bound from the loop's condition, so a
+    data-parallel step of a scanned decoder all-reduces exactly its gradients' bytes (every layer's)."""
+    from jax.sharding import NamedSharding
+
+    from einshard.testing import hlo
+    from einshard_apps.models import llama
+
+    cfg = llama.LlamaConfig("t", layers=4, width=512, heads=4, kv_heads=4, ffn=1024, vocab=1024, seq=128)
+    mesh = target_mesh(parse_target("tpu:v5e:2x2"), {"data": 4})
+    params = llama.shapes(cfg)
+    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P())), params)
+    tokens = jax.ShapeDtypeStruct((8, cfg.seq + 1), jnp.int32, sharding=NamedSharding(mesh, P("data")))
+    whole = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
+    step = jax.jit(
+        jax.value_and_grad(functools.partial(llama.loss_fn, cfg=cfg)), out_shardings=(NamedSharding(mesh, P()), whole)
+    )
+    text = step.lower(placed, tokens).compile().as_text()
+    assert "known_trip_count" not in text  # what this test is about
+    found = hlo.normalized(text)
+    assert {c.kind for c in found} == {"all-reduce"} and max(c.runs for c in found) == cfg.layers
+    grads = sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(params))
+    assert sum(c.runs * c.array_bytes for c in found) - 4 == grads  # the gradients, and the f32 loss
