@@ -186,6 +186,7 @@ def test_llama_loss_traces_to_a_complete_report_scanned_and_unrolled():
         assert report.complete, report.headline()
 
 
+@pytest.mark.slow  # 14 s: 160 costings of a width-4096 decoder
 def test_cli_plans_a_llama_for_a_gpu_target(capsys):
     from einshard_apps.cli import main
 
