@@ -197,9 +197,22 @@ def show(parser: argparse.ArgumentParser) -> None:
 
 def plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", choices=["mlp", "transformer"], default="mlp", help="the model to plan (default: mlp)"
+        "--model",
+        choices=["mlp", "transformer", "llama-7b", "llama-70b"],
+        default="mlp",
+        help="the model to plan (default: mlp; llama-7b/-70b: Llama-2-sized decoders, shapes only, bf16, scanned)",
     )
-    parser.add_argument("--mesh", default="data=4,model=2", help="mesh axis sizes (default data=4,model=2)")
+    parser.add_argument(
+        "--mesh", default=None, help="mesh axis sizes (default data=4,model=2; with --target: the target's default)"
+    )
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="hardware to plan for: tpu:GEN:TOPOLOGY (tpu:v5p:4x4x4; --verify compiles with the TPU compiler, "
+        "needs einshard[tpu]) or gpu:CHIPxN (gpu:h100x8: a profile only); budget defaults to its HBM",
+    )
+    parser.add_argument("--layers", type=_positive, default=None, help="llama models: another depth")
+    parser.add_argument("--seq", type=_positive, default=None, help="llama models: sequence length (default 4096)")
     parser.add_argument("--budget", default=None, help="memory per device, e.g. 2GiB (default: none)")
     parser.add_argument(
         "--profile",

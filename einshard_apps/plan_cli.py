@@ -7,7 +7,11 @@
 
 ``--model mlp`` is ``relu(X @ W1) @ W2`` (widths scaled by ``--width``);
 ``--model transformer`` is the demo's transformer (``einshard demo``'s default
-sizes).  Both are planned as a training step (loss and gradients); nothing is
+sizes); ``--model llama-7b`` / ``llama-70b`` are Llama-2-sized decoders
+(bf16, scanned, remat; ``--layers``, ``--seq`` resize them).  ``--target
+tpu:v5p:4x4x4`` plans for a TPU slice (its profile, HBM as the default budget,
+its default mesh) and ``--verify`` then compiles with the TPU compiler
+(``einshard[tpu]``); ``--target gpu:h100x8`` is a profile only.  Both are planned as a training step (loss and gradients); nothing is
 allocated (``--verify [K]`` compiles the K best candidates, shapes only, and
 chooses by XLA's numbers).  Times are for ``--profile`` (default: this
 machine's), named on the plan's first line.  ``--rules-out`` writes the rules file ``einshard demo
@@ -17,11 +21,14 @@ machine's), named on the plan's first line.  ``--rules-out`` writes the rules fi
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 __all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:
+    import math
+
     import jax
     import jax.numpy as jnp
 
@@ -29,10 +36,30 @@ def run(args: argparse.Namespace) -> int:
 
     from .presets import parse_mesh
 
-    mesh = parse_mesh(args.mesh)
+    target = None
+    if args.target is not None:
+        from einshard.targets import parse_target
+
+        target = parse_target(args.target)
+    mesh = parse_mesh(args.mesh) if args.mesh else (target.default_mesh() if target else {"data": 4, "model": 2})
     parse_bytes(args.budget, "--budget")  # the flag's error, before any tracing
-    _simulate_devices(mesh)
-    if args.model == "transformer":
+    if target is None:
+        _simulate_devices(mesh)
+    if args.model.startswith("llama-"):
+        import functools
+
+        from .models import llama
+
+        lcfg = llama.sized(args.model, layers=args.layers, seq=args.seq)
+        params = llama.shapes(lcfg)
+        batch = jax.ShapeDtypeStruct((args.batch or math.prod(mesh.values()), lcfg.seq + 1), jnp.int32)
+        loss = functools.partial(llama.loss_fn, cfg=lcfg)
+        fn: Any = jax.value_and_grad(loss) if args.objective == "training" else loss
+        title = (
+            f"model: {args.model} ({lcfg.layers} layers, width {lcfg.width}, {llama.param_count(lcfg) / 1e9:.1f}B "
+            f"parameters, bf16, scanned, remat), batch {batch.shape}"
+        )
+    elif args.model == "transformer":
         from .models import transformer as tm
 
         cfg = tm.Config()
@@ -63,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         memory_budget=args.budget,
         objective=args.objective,
         verify=args.verify,
+        target=target,
     )
     print(title)
     print(result)

@@ -8,7 +8,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
@@ -26,6 +26,9 @@ from .roles import weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
 from .search import exhaustive, guided_descent
 from .verify import DEFAULT_VERIFY, Verified, verification_mesh, verify_assignments
+
+if TYPE_CHECKING:
+    from ..targets import Target
 
 __all__ = ["plan"]
 
@@ -89,6 +92,7 @@ def plan(
     n_alternatives: int = 5,
     pipeline: PipelineSearch | None = None,
     verify: int | None = None,
+    target: Any = None,
     axis_rules: AxisRulesLike | None = None,
     **kwargs: Any,
 ) -> LayoutPlan:
@@ -129,6 +133,11 @@ def plan(
             compiled.  Default: ``0`` when every op of ``fn`` has a layout rule, else
             :data:`~einshard.planner.verify.DEFAULT_VERIFY` (an incomplete model is never ranked on the
             prediction alone when its mesh's devices are here; the result says so when they are not).
+        target: the hardware to plan for when it is not this machine's (:mod:`einshard.targets`):
+            ``'tpu:v5p:4x4x4'`` (the profile, ``memory_budget`` and ``mesh`` default to the slice's chip,
+            its HBM and :meth:`~einshard.targets.Target.default_mesh`; ``verify`` compiles with the TPU
+            compiler over the slice's devices, shapes only: libtpu, ``pip install 'einshard[tpu]'``) or
+            ``'gpu:h100x8'`` (a profile only: the plan says no compiler check was possible).
 
     Returns:
         A :class:`LayoutPlan`; ``result.rules`` plugs into ``einshard.einshard(params, result.rules, mesh=mesh)``.
@@ -154,6 +163,12 @@ def plan(
     )
     if not args:
         raise EinshardError("plan() needs the function's arguments (the parameters first)")
+    tgt = _target_of(target)
+    if tgt is not None:
+        from ..targets import on_target
+
+        mesh, profile = on_target(tgt, mesh, profile, "plan()")
+        memory_budget = tgt.hbm_bytes if memory_budget is None else memory_budget
     budget = parse_bytes(memory_budget)
     mesh_axes = mesh_axes_of(mesh, args)
     p_idx = list(param_args) if param_args is not None else [0]
@@ -236,9 +251,21 @@ def plan(
     verification: tuple[Verified, ...] = ()
     unverified = ""
     predicted_first = ""
+    target_note = ""
+    if tgt is not None and not tgt.compiles:
+        target_note = tgt.note() + (f" (verify={n_verify} not run)" if n_verify else "")
+        n_verify = 0
+    elif tgt is not None:
+        target_note = tgt.note()
     if n_verify:
+        from ..targets import target_mesh
+
         try:
-            vmesh = verification_mesh(mesh, args, mesh_axes)
+            vmesh = (
+                verification_mesh(mesh, args, mesh_axes)
+                if tgt is None
+                else target_mesh(tgt, {m.name: m.size for m in mesh_axes})
+            )
         except EinshardError as err:
             if verify is not None:
                 raise
@@ -249,7 +276,15 @@ def plan(
             name, preset = min(presets_assign.items(), key=lambda kv: costs.score(kv[1]).key)
             if preset not in order[:n_verify]:
                 candidates.append((f"preset {name}", preset))
-            rows = verify_assignments(fn, costs, candidates, vmesh, kwargs)
+            rows = verify_assignments(
+                fn,
+                costs,
+                candidates,
+                vmesh,
+                kwargs,
+                hbm_bytes=None if tgt is None else tgt.hbm_bytes,
+                compiler="XLA" if tgt is None else f"TPU compiler ({tgt.topology_name})",
+            )
             verification = tuple(row for row, _ in rows)
             best = rows[0][1]
             order = [best] + [a for a in order if a != best]
@@ -355,6 +390,8 @@ def plan(
         )
     if verification:
         explanation = _verification_note(verification, predicted.complete, predicted_first) + explanation
+    if target_note:
+        explanation = target_note + "\n" + explanation
     if not predicted.complete and not verification:
         warning = (warning + "; " if warning else "") + (
             f"the model is incomplete (no layout rule for {', '.join(predicted.unfollowed)}) and the layouts are "
@@ -433,3 +470,15 @@ def _say_what_stays_replicated(params: Any, rules: Mapping[str, str]) -> None:
     from ..tree_rules import UNMATCHED, leaf_expressions
 
     leaf_expressions(params, rules, unmatched=UNMATCHED)
+
+
+def _target_of(target: Any) -> Target | None:
+    """The parsed target, checked up front: a TPU target needs libtpu (the ``[tpu]`` extra) before any work."""
+    if target is None:
+        return None
+    from ..targets import parse_target, target_devices
+
+    tgt = parse_target(target)
+    if tgt.compiles:
+        target_devices(tgt)
+    return tgt

@@ -38,7 +38,14 @@ from ..core.layout import MeshAxis
 from ..errors import EinshardError
 from .scoring import Costs, Score, _settled
 
-__all__ = ["Verified", "DEFAULT_VERIFY", "verification_mesh", "compiled_numbers", "verify_assignments"]
+__all__ = [
+    "Verified",
+    "DEFAULT_VERIFY",
+    "predicted_kinds",
+    "verification_mesh",
+    "compiled_numbers",
+    "verify_assignments",
+]
 
 # Candidates compiled by default when the model is incomplete (an op without a layout rule): the best
 # three the search ranked, and the best preset.
@@ -53,7 +60,11 @@ class Verified:
         label: the candidate's name (as in ``LayoutPlan.alternatives``).
         predicted_*: what the cost model says (step time, bytes sent per device, collectives, memory per device).
         compiled_*: the same read from XLA's compiled program (module doc: the rule).
-        compiled_kinds: collective kind -> how many run per step, from the HLO.
+        compiled_kinds: collective kind -> how many run per step, from the HLO (async ``-start``/``-done``
+            pairs, as TPU emits them, counted once).
+        predicted_kinds: the same, as ``explain`` predicts them (before XLA's combiner merges any).
+        fits_hbm: with a target, whether the compiled memory fits one chip's HBM (None: no target).
+        compiler: whose compiled program the ``compiled_*`` numbers are (``'XLA'``, ``'TPU compiler (v5p:2x2x2)'``).
         fits: whether the compiled memory is within the budget.
         chosen: whether this candidate is the plan.
     """
@@ -70,6 +81,13 @@ class Verified:
     compiled_kinds: dict[str, int] = field(default_factory=dict)
     fits: bool = True
     chosen: bool = False
+    predicted_kinds: dict[str, int] = field(default_factory=dict)
+    # With a target (plan(target=...)): whether the compiled memory fits the chip's HBM, and the compiler's name.
+    fits_hbm: bool | None = None
+    compiler: str = "XLA"
+    error: str = (
+        ""  # a target's compiler that failed on this candidate (its first line); compiled_* then copy predicted_*
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,19 +105,45 @@ class Verified:
                 "memory_bytes": self.compiled_memory,
                 "kinds": dict(self.compiled_kinds),
             },
+            "predicted_kinds": dict(self.predicted_kinds),
+            "compiler": self.compiler,
+            "fits_hbm": self.fits_hbm,
             "fits": self.fits,
             "chosen": self.chosen,
+            "error": self.error,
         }
 
     def line(self) -> str:
         mark = "*" if self.chosen else " "
+        if self.error:
+            return f"{mark} {self.label:<34} did not compile ({self.compiler}): {self.error}"
         fit = "" if self.fits else "  (over budget)"
+        if self.fits_hbm is not None:
+            fit += "  fits HBM" if self.fits_hbm else "  (over HBM)"
         return (
             f"{mark} {self.label:<34} time {human_time(self.predicted_time_s)} -> {human_time(self.compiled_time_s)}"
             f"  sent {human_bytes(self.predicted_comm_bytes)} -> {human_bytes(self.compiled_comm_bytes)}"
             f"  collectives {self.predicted_count} -> {self.compiled_count}"
             f"  memory {human_bytes(self.predicted_memory)} -> {human_bytes(self.compiled_memory)}{fit}"
+            + (
+                ""
+                if self.predicted_kinds == self.compiled_kinds
+                else f"\n      kinds {_kinds(self.predicted_kinds)} -> {_kinds(self.compiled_kinds)} ({self.compiler})"
+            )
         )
+
+
+def _kinds(kinds: dict[str, int]) -> str:
+    return "{" + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + "}" if kinds else "{none}"
+
+
+def predicted_kinds(report: Any) -> dict[str, int]:
+    """Collective kind -> how many ``explain`` predicts per step (scan bodies counted per iteration)."""
+    out: dict[str, int] = {}
+    for op in report.ops:
+        for c in op.collectives:
+            out[c.kind] = out.get(c.kind, 0) + op.repeat
+    return out
 
 
 def verification_mesh(
@@ -197,6 +241,8 @@ def verify_assignments(
     candidates: Sequence[tuple[str, tuple[int, ...]]],
     mesh: Any,
     kwargs: dict[str, Any],
+    hbm_bytes: int | None = None,
+    compiler: str = "XLA",
 ) -> list[tuple[Verified, tuple[int, ...]]]:
     """Each candidate (label, assignment) predicted and compiled, ranked by the compiled numbers (module doc);
     the first is marked chosen."""
@@ -217,6 +263,27 @@ def verify_assignments(
         try:
             numbers = compiled_numbers(fn, costs.args, flat_specs, out_specs, mesh, score.report.profile, **kwargs)
         except Exception as err:  # noqa: BLE001  (JAX's and XLA's errors have no common type)
+            if compiler != "XLA":
+                # A target's compiler (libtpu) failing on one candidate is its bug or a version mismatch, not
+                # the plan's: that candidate is reported unverified and ranked last; the others still decide.
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+                failed = Verified(
+                    label,
+                    score.time_s,
+                    score.comm,
+                    score.comm_ops or score.report.comm_count,
+                    score.memory,
+                    score.time_s,
+                    score.comm,
+                    score.comm_ops or score.report.comm_count,
+                    score.memory,
+                    fits=False,
+                    predicted_kinds=predicted_kinds(score.report),
+                    compiler=compiler,
+                    error=f"{type(err).__name__}: {first}",
+                )
+                rows.append(((True, True, 0.0, 0.0, 0.0, 0, rank), failed, assign))
+                continue
             if not any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
                 raise EinshardError(
                     f"plan(verify=...): XLA could not compile candidate {label!r}: {type(err).__name__}: {err}"
@@ -244,9 +311,19 @@ def verify_assignments(
             memory,
             kinds,
             fits,
+            predicted_kinds=predicted_kinds(score.report),
+            fits_hbm=None if hbm_bytes is None else memory <= hbm_bytes,
+            compiler=compiler,
         )
-        rows.append(((not fits, _settled(primary), _settled(time_s), _settled(sent), memory, rank), row, assign))
+        rows.append(((False, not fits, _settled(primary), _settled(time_s), _settled(sent), memory, rank), row, assign))
     rows.sort(key=lambda r: r[0])
+    if rows and rows[0][1].error:
+        raise EinshardError(
+            f"plan(verify=...): the {compiler} compiled none of the {len(rows)} candidates; the first: "
+            f"{rows[0][1].label!r}: {rows[0][1].error}",
+            hint="A libtpu that does not match this jax fails so (jax 0.10.2 pins libtpu 0.0.42.*: "
+            "pip install 'jax[tpu]==<your jax>' or 'einshard[tpu]'); or pass verify=0 to plan on the prediction.",
+        )
     out = []
     for k, (_, row, assign) in enumerate(rows):
         out.append((row if k else _chosen(row), assign))

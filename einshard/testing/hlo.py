@@ -205,6 +205,18 @@ def _groups(attrs: str, num_devices: int | None) -> tuple[int, tuple[tuple[int, 
     return (num_devices or 1), None
 
 
+def _loop_bound(args: list[str], attrs: str, constants: dict[str, int]) -> int | None:
+    """A loop condition's ``i < N`` (or ``N > i``) as ``N``: a scan's counter runs from 0 (how jax lowers it)."""
+    direction = re.search(r"direction=(\w+)", attrs)
+    if direction is None or len(args) != 2:
+        return None
+    if direction.group(1) == "LT" and args[1] in constants:
+        return constants[args[1]]
+    if direction.group(1) == "GT" and args[0] in constants:
+        return constants[args[0]]
+    return None
+
+
 def collectives(hlo_text: str) -> list[HloCollective]:
     """Every collective in the HLO text, in order (async pairs once)."""
     header = re.search(r"num_partitions=(\d+)", hlo_text)
@@ -218,6 +230,8 @@ def collectives(hlo_text: str) -> list[HloCollective]:
     order: list[str] = []
     entry: str | None = None
     current = ""
+    constants: dict[str, int] = {}  # integer scalar constants by instruction name
+    cond_trip: dict[str, int] = {}  # a loop condition computation -> its trip count, where it reads as one
     for line in lines:
         m = _INSTR.match(line)
         if not m:
@@ -233,8 +247,18 @@ def collectives(hlo_text: str) -> list[HloCollective]:
         instrs.append((m.group("name"), m.group("shape"), m.group("op"), args, m.group("attrs"), line.strip()))
         comp_ops.setdefault(current, set()).add(m.group("op"))
         comp_of[m.group("name")] = current
+        if m.group("op") == "constant" and re.fullmatch(r"-?\d+", m.group("args").strip()):
+            constants[m.group("name")] = int(m.group("args"))
+        if m.group("op") == "compare" and line.lstrip().startswith("ROOT"):
+            bound = _loop_bound(args, m.group("attrs"), constants)
+            if bound is not None:
+                cond_trip[current] = bound
         trip = _TRIP.search(m.group("attrs"))
-        times = int(trip.group(1)) if m.group("op") == "while" and trip else 1
+        times = 1
+        if m.group("op") == "while":
+            cond = re.search(r"\bcondition=%?([\w.\-]+)", m.group("attrs"))
+            # TPU prints no known_trip_count: read the bound off its condition (printed before the loop).
+            times = int(trip.group(1)) if trip else cond_trip.get(cond.group(1), 1) if cond else 1
         callees = _CALLED.findall(m.group("attrs"))
         for listed in _CALLED_LIST.findall(m.group("attrs")):
             callees += [x.strip().lstrip("%") for x in listed.split(",") if x.strip()]

@@ -151,6 +151,7 @@ def explain(
     in_specs: Any = None,
     profile: Any = None,
     axis_rules: AxisRulesLike | None = None,
+    target: Any = None,
     **kwargs: Any,
 ) -> ProgramReport:
     """Explain what running ``fn(*args, **kwargs)`` costs under the arguments' layouts.
@@ -169,6 +170,9 @@ def explain(
         axis_rules: a table from logical axis names to mesh axes, read while ``fn`` is traced (by the
             einshard calls inside it) and by ``in_specs`` expressions; default the table made current by
             ``with einshard.axis_rules(...)`` (docs/logical-axes.md).
+        target: hardware to explain for (:mod:`einshard.targets`: ``'tpu:v5p:4x4x4'``, ``'gpu:h100x8'``):
+            its chip's profile (unless ``profile=``) and, without ``mesh=``, its default mesh; the mesh's
+            sizes must multiply to its chips.  Nothing compiles (``einshard.plan(target=..., verify=k)`` does).
 
     Returns:
         A :class:`ProgramReport`: op-by-op collectives, bytes, FLOPs per device, peak
@@ -186,6 +190,10 @@ def explain(
         True
     """
     check_callable(fn, "einshard.explain", "fn")
+    if target is not None:
+        from ...targets import on_target
+
+        mesh, profile = on_target(target, mesh, profile, "explain()")
     with scoped_axis_rules(axis_rules):
         traced = trace(fn, *args, mesh=mesh, profile=profile, **kwargs)
         with naming("einshard.explain", "in_specs"):

@@ -1,0 +1,105 @@
+"""Plan time vs depth, and plan + verify on a TPU target through the TPU compiler (issue 21).
+
+1. **Depth**: ``einshard.plan`` (prediction only, ``verify=0``) of a llama-7b-shaped decoder (width 4096,
+   bf16, remat) at 2..96 layers, unrolled (a Python loop over per-layer slices) and scanned, on a
+   ``tpu:v5p:4x4x4`` target (64 chips, profile and mesh only: nothing compiles).  Wall time of one plan,
+   tracing included, and the assignments costed.
+2. **Target**: ``einshard plan --model llama-7b --target tpu:v5p:4x4x4 --budget 95GiB --verify 1`` as a
+   function call: planning, then the TPU compiler (libtpu) on the chosen and the best preset, shapes only.
+   Skipped, saying so, without libtpu.
+
+Writes benchmarks/results/target.{json,md}.
+
+    python benchmarks/bench_target.py [--depths 2,8,32,80,96] [--max-evaluations 160] [--only depth|target]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from einshard.planner import plan  # noqa: E402
+from einshard.targets import libtpu_available  # noqa: E402
+from einshard_apps.models import llama  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _plan_once(layers: int, unroll: bool, max_evaluations: int, seq: int, verify: int, budget: str | None) -> dict:
+    cfg = llama.sized("llama-7b", layers=layers, unroll=unroll, seq=seq)
+    params = llama.shapes(cfg)
+    batch = jax.ShapeDtypeStruct((64, cfg.seq + 1), jnp.int32)
+    fn = jax.value_and_grad(functools.partial(llama.loss_fn, cfg=cfg))
+    start = time.perf_counter()
+    result = plan(
+        fn,
+        params,
+        batch,
+        target="tpu:v5p:4x4x4",
+        verify=verify,
+        max_evaluations=max_evaluations,
+        memory_budget=budget,
+    )
+    wall = time.perf_counter() - start
+    chosen = next((v for v in result.verification if v.chosen), None)
+    return {
+        "layers": layers,
+        "unrolled": unroll,
+        "wall_s": round(wall, 2),
+        "evaluated": result.evaluated,
+        "fits": result.fits,
+        "memory_bytes": result.memory_bytes,
+        "verified": [v.to_dict() for v in result.verification],
+        "chosen_compiled_memory": chosen.compiled_memory if chosen else None,
+        "chosen_fits_hbm": chosen.fits_hbm if chosen else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--depths", default="2,8,32,80,96")
+    ap.add_argument("--max-evaluations", type=int, default=160)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--only", choices=["depth", "target"], default=None)
+    a = ap.parse_args()
+    out: dict = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "jax": jax.__version__,
+        "depth": [],
+        "target": None,
+    }
+    if a.only in (None, "depth"):
+        for depth in [int(d) for d in a.depths.split(",")]:
+            for unroll in (False, True):
+                row = _plan_once(depth, unroll, a.max_evaluations, a.seq, 0, None)
+                print(json.dumps({k: row[k] for k in ("layers", "unrolled", "wall_s", "evaluated")}), flush=True)
+                out["depth"].append(row)
+    if a.only in (None, "target"):
+        if not libtpu_available():
+            out["target"] = "skipped: libtpu is not installed (pip install 'einshard[tpu]')"
+        else:
+            out["target"] = _plan_once(32, False, a.max_evaluations, 4096, 1, "95GiB")
+            print(json.dumps({k: out["target"][k] for k in ("wall_s", "chosen_compiled_memory", "chosen_fits_hbm")}))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "target.json").write_text(json.dumps(out, indent=1))
+    lines = [f"# plan on targets ({out['machine']}, jax {out['jax']})", "", "| layers | unrolled | plan s | costed |"]
+    lines.append("|---|---|---|---|")
+    lines += [f"| {r['layers']} | {r['unrolled']} | {r['wall_s']} | {r['evaluated']} |" for r in out["depth"]]
+    (RESULTS / "target.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

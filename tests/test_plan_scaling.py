@@ -1,0 +1,91 @@
+"""Plan cost vs depth, counted in walks (never timed here; benchmarks/bench_target.py times it).
+
+* A ``lax.scan`` stack costs one body: every jaxpr walk the planner does, nested ones included, is the
+  same count at any depth.
+* An unrolled stack of identical blocks (a list of per-layer parameter dicts): identical blocks share
+  one parameter group (``['layers'][*]['w']``), so the search costs no more assignments, and walks
+  the program no more often, at depth 2L than at L.  Each of those walks still steps through every
+  block (nested walks grow with depth): identical blocks are not yet costed once per walk.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from einshard.analysis.program.walker import Walker
+from einshard.planner import plan
+
+WIDTH, FFN, BATCH = 32, 64, 16
+
+
+def _block(x, layer):
+    h = jax.nn.gelu(x @ layer["w_in"])
+    return x + h @ layer["w_out"]
+
+
+def _unrolled_loss(params, x):
+    for layer in params["layers"]:
+        x = jax.checkpoint(_block)(x, layer)
+    return jnp.mean(x**2)
+
+
+def _scanned_loss(params, x):
+    x, _ = jax.lax.scan(lambda x, layer: (jax.checkpoint(_block)(x, layer), None), x, params["layers"])
+    return jnp.mean(x**2)
+
+
+def _unrolled(depth: int):
+    layer = {
+        "w_in": jax.ShapeDtypeStruct((WIDTH, FFN), jnp.float32),
+        "w_out": jax.ShapeDtypeStruct((FFN, WIDTH), jnp.float32),
+    }
+    return {"layers": [dict(layer) for _ in range(depth)]}
+
+
+def _scanned(depth: int):
+    return {
+        "layers": {
+            "w_in": jax.ShapeDtypeStruct((depth, WIDTH, FFN), jnp.float32),
+            "w_out": jax.ShapeDtypeStruct((depth, FFN, WIDTH), jnp.float32),
+        }
+    }
+
+
+def _walks(loss, params) -> tuple[int, int, int]:
+    """(program walks, all jaxpr walks nested included, assignments costed) of one plan."""
+    counts = {"all": 0, "program": 0}
+    original = Walker.walk
+
+    @functools.wraps(original)
+    def counting(self, jaxpr, *a, **k):
+        counts["all"] += 1
+        # A walker's first walk is the program itself (a quiet walker's: a scan body's fixed point).
+        counts["program"] += self._walks == 0 and not self.quiet
+        return original(self, jaxpr, *a, **k)
+
+    x = jax.ShapeDtypeStruct((BATCH, WIDTH), jnp.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Walker, "walk", counting)
+        result = plan(jax.value_and_grad(loss), params, x, mesh={"data": 4, "model": 2}, verify=0, max_evaluations=24)
+    return counts["program"], counts["all"], result.evaluated
+
+
+@settings(max_examples=3, deadline=None)
+@given(depth=st.integers(1, 4))
+def test_unrolled_2L_identical_blocks_cost_no_more_program_walks_than_L(depth):
+    walks_l, _, evaluated_l = _walks(_unrolled_loss, _unrolled(depth))
+    walks_2l, _, evaluated_2l = _walks(_unrolled_loss, _unrolled(2 * depth))
+    assert evaluated_2l <= evaluated_l
+    assert walks_2l <= walks_l
+
+
+def test_a_scanned_stack_costs_the_same_walks_at_any_depth():
+    shallow = _walks(_scanned_loss, _scanned(2))
+    deep = _walks(_scanned_loss, _scanned(96))
+    assert deep == shallow
