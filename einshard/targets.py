@@ -41,6 +41,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
+from ._checks import describe_value
 from .analysis.cost import Profile
 from .errors import EinshardError
 
@@ -165,7 +168,11 @@ def parse_target(spec: str | Target) -> Target:
     """
     if isinstance(spec, Target):
         return spec
-    text = spec.strip().lower() if isinstance(spec, str) else ""
+    if not isinstance(spec, str):
+        raise EinshardError(
+            f"target= takes a target's name ('tpu:v5p:4x4x4', 'gpu:h100x8') or a Target, got {describe_value(spec)}"
+        )
+    text = spec.strip().lower()
     tpu, gpu = _TPU.match(text), _GPU.match(text)
     known = ", ".join(k for k in CHIPS)
     if tpu is not None:
@@ -201,13 +208,14 @@ def libtpu_available() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
-def target_devices(target: Target) -> Any:
+def target_devices(target: str | Target) -> Any:
     """The target's TPU devices as JAX describes them (``topologies.get_topology_desc``), no TPU needed.
 
     Raises:
         EinshardError: libtpu is not installed (naming the ``[tpu]`` extra), the target is a GPU, or
             libtpu refuses the topology.
     """
+    target = parse_target(target)
     if not target.compiles:
         raise EinshardError(
             f"target {target.spec!r}: no compiler for {target.chip.name} runs without the device; "
@@ -238,7 +246,17 @@ def _topology(name: str) -> Any:
         raise EinshardError(f"target 'tpu:{name}': libtpu refused the topology: {type(err).__name__}: {err}") from err
 
 
-def target_mesh(target: Target, sizes: Mapping[str, int]) -> Any:
+def _mesh_sizes(sizes: Any, what: str) -> dict[str, int]:
+    """Mesh axis sizes given for a target: names to counts >= 1 (an EinshardError naming ``sizes``/``mesh=``)."""
+    if not isinstance(sizes, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
+        for k, v in sizes.items()
+    ):
+        raise EinshardError(f"{what} takes mesh axis sizes like {{'data': 2, 'model': 2}}, got {describe_value(sizes)}")
+    return {k: int(v) for k, v in sizes.items()}
+
+
+def target_mesh(target: str | Target, sizes: Mapping[str, int]) -> Any:
     """A ``jax.sharding.Mesh`` of the target's TPU devices with axes ``sizes`` (Auto axes, as
     ``topologies.make_mesh`` builds it: the compiler propagates layouts through the step).
 
@@ -246,6 +264,8 @@ def target_mesh(target: Target, sizes: Mapping[str, int]) -> Any:
         EinshardError: the sizes do not multiply to the target's chips (naming both), or as
             :func:`target_devices`.
     """
+    target = parse_target(target)
+    sizes = _mesh_sizes(sizes, "target_mesh(): sizes=")
     n = math.prod(sizes.values())
     if n != target.chips:
         raise EinshardError(
@@ -270,7 +290,7 @@ def on_target(target: str | Target, mesh: Any, profile: Any, what: str) -> tuple
     if mesh is None:
         sizes = tgt.default_mesh()
     elif isinstance(mesh, Mapping):
-        sizes = {str(k): int(v) for k, v in mesh.items()}
+        sizes = _mesh_sizes(mesh, f"{what}: with target={tgt.spec!r}, mesh=")
     elif hasattr(mesh, "axis_names") and hasattr(mesh, "axis_sizes"):
         sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
     else:

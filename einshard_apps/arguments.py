@@ -49,6 +49,19 @@ def _name(text: str) -> str:
     return text
 
 
+def _target(text: str) -> str:
+    """An argparse type: a target einshard knows ('tpu:v5p:4x4x4', 'gpu:h100x8'); checked when given (the
+    parser's import of einshard.targets happens only then, so `einshard --help` still starts no JAX)."""
+    from einshard.errors import EinshardError
+    from einshard.targets import parse_target
+
+    try:
+        parse_target(text)
+    except EinshardError as err:
+        raise argparse.ArgumentTypeError(str(err).splitlines()[0]) from None
+    return text
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -207,6 +220,7 @@ def plan(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--target",
+        type=_target,
         default=None,
         help="hardware to plan for: tpu:GEN:TOPOLOGY (tpu:v5p:4x4x4; --verify compiles with the TPU compiler, "
         "needs einshard[tpu]) or gpu:CHIPxN (gpu:h100x8: a profile only); budget defaults to its HBM",

@@ -192,6 +192,21 @@ def _int_pair() -> list[Any]:
 # The table
 
 
+def _target() -> list[Any]:
+    return [b"tpu:v5e:2x2", 3, "", "tpu", "tpu:v9:2x2", "tpu:v5p:2x2", "gpu:h100x0", ["tpu:v5e:2x2"], NAN]
+
+
+def _refused_gpu(fn: Callable[..., Any], kw: dict[str, Any]) -> Any:
+    """A GPU target describes no devices (no compiler without the device): the valid call's answer is that
+    refusal, which names the target; a bad argument must be refused before it, naming itself."""
+    try:
+        return fn(**kw)
+    except EinshardError as err:
+        if "no compiler" in str(err) and kw.get("target") == "gpu:h100x8":
+            return None
+        raise
+
+
 @dataclass(frozen=True)
 class Entry:
     """A valid call and the kind of each parameter.
@@ -339,7 +354,7 @@ TABLE: dict[str, Entry | Record | Constant] = {
     "einshard.EinsumPlan": Record("analyze's answer"),
     "einshard.explain": Entry(
         lambda: {"fn": _step, "args": (PARAMS, X), "mesh": MESH},
-        {"fn": _callable, "mesh": _mesh, "in_specs": lambda: [3, "data"], "profile": _profile},
+        {"fn": _callable, "mesh": _mesh, "in_specs": lambda: [3, "data"], "profile": _profile, "target": _target},
         any_value={"args": "the function's own arguments (any pytree)"},
     ),
     "einshard.plan": Entry(
@@ -363,6 +378,7 @@ TABLE: dict[str, Entry | Record | Constant] = {
             "pipeline": lambda: [3, "gpipe", {"hidden": 8}],
             # (None is the default; a count above the candidates compiles them all, as documented)
             "verify": lambda: [-1, -(10**9), 1.5, NAN, INF, "1", True, b"2"],
+            "target": _target,
         },
         any_value={"args": "the function's own arguments (any pytree)"},
     ),
@@ -1136,6 +1152,43 @@ LOGICAL_TABLE: dict[str, Entry | Record | Constant] = {
 }
 TABLE.update(LOGICAL_TABLE)
 
+# Targets: hardware to plan for (einshard.targets).
+TABLE.update(
+    {
+        "einshard.targets.parse_target": Entry(
+            lambda: {"spec": "tpu:v5e:2x2"}, {"spec": _target}, named_as={"spec": "target"}
+        ),
+        "einshard.targets.libtpu_available": Entry(dict, {}),
+        "einshard.targets.target_devices": Entry(
+            lambda: {"target": "gpu:h100x8"}, {"target": _target}, call=_refused_gpu
+        ),
+        "einshard.targets.target_mesh": Entry(
+            lambda: {"target": "gpu:h100x8", "sizes": {"data": 8}},
+            {
+                "target": _target,
+                "sizes": lambda: [
+                    None,
+                    "data=8",
+                    {"data": 0},
+                    {"data": -8},
+                    {"data": 8.0},
+                    {b"d": 8},
+                    {"data": True},
+                    {"data": 3},
+                ],
+            },
+            call=_refused_gpu,
+        ),
+        "einshard.targets.on_target": Entry(
+            lambda: {"target": "tpu:v5e:2x2", "mesh": None, "profile": None, "what": "explain()"},
+            {"target": _target, "mesh": lambda: ["data=4", 3, {"data": 0}, {"data": 3}, {"data": 4.5}, {b"d": 4}]},
+            any_value={"profile": "given back as it is (checked where it is used)", "what": "a label for messages"},
+        ),
+        "einshard.targets.Chip": Record("a row of the chip registry"),
+        "einshard.targets.Target": Record("parse_target's answer"),
+    }
+)
+
 # Multi-process agreement settings (einshard.multihost).
 TABLE.update(
     {
@@ -1349,6 +1402,9 @@ CLI_TABLE: dict[str, dict[str, list[str] | str]] = {
         "--width": _BAD_POSITIVE,
         "--rules-out": "any path: written after planning (an unwritable one is the OS's error, reported as such)",
         "--verify": ["-1", "1.5", "nan", "x", "9" * 5000],
+        "--target": ["tpu", "tpu:v9:2x2", "tpu:v5p:2x2", "gpu:h100x0", "", "tpu:v5e:" + "9" * 5000],
+        "--layers": _BAD_POSITIVE,
+        "--seq": _BAD_POSITIVE,
     },
     "audit": {
         "--rules": ["/nonexistent/rules.json", "", "/"],
