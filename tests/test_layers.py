@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_placement", "placement", "multihost"),  # multihost: settings of the agreement checks between processes
     ("interop",),  # foreign rule sets (Keras LayoutMap, Flax metadata, MaxText lists) read into path rules and back
     ("drawing",),
-    ("analysis",),
+    ("analysis", "targets"),  # targets: hardware profiles and TPU topologies that analysis and the planner aim at
     ("lowering",),
     ("planner",),  # searches layouts and pipeline schedules: costs them with analysis and lowering's models
 ]
