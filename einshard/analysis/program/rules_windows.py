@@ -48,6 +48,14 @@ def _bring(w: Walker, eqn: Any, phase: str, repeat: int, k: int, lay: Layout, wa
     return want
 
 
+def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    """The mesh axes both splits start with (the part of a dimension's split two operands share)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
 def _mark(w: Walker, before: int, note: str) -> None:
     mark_approximate(w, before, note)
 
@@ -95,7 +103,11 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     elif lhs.dims[lf] == rhs.dims[ri]:
         summed = [lhs.dims[lf]] if lhs.dims[lf] else []
     else:
-        lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(rhs_to, ri, ())
+        # Split alike on a common major part (x@a against w@(a,b)): XLA keeps that part, leaving partial
+        # sums over it, and gathers only the rest (measured: one all-gather and one all-reduce).
+        common = _common_prefix(lhs.dims[lf], rhs.dims[ri])
+        lhs_to, rhs_to = _with(lhs_to, lf, common), _with(rhs_to, ri, common)
+        summed = [common] if common else []
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
     if set(rhs.dims[ro]) & taken:
@@ -103,9 +115,19 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # gathers the (small) kernel's split (measured); with rows split it may move the result instead.
         if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls) or any(lhs.dims[i] for i in ls):
             approx.append("a mesh axis splits both the input and the kernel's outputs; XLA may move the result")
+        elif any(d != 1 for d in p["rhs_dilation"]):
+            # Measured: with a dilated window XLA may keep the kernel split and move the result instead
+            # (collective-permutes and a reduce-scatter), by a heuristic explain does not reproduce.
+            approx.append(
+                "a mesh axis splits both the input and the kernel's outputs (dilated window); XLA may move the result"
+            )
         rhs_to = _with(rhs_to, ro, ())
     if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
         approx.append("the kernel is gathered along several axes; XLA may split the gathers differently")
+    if phase == "backward" and rhs_to.dims != rhs.dims and not is_free(rhs):
+        # A gradient conv's kernel is the forward's kernel reversed: XLA reuses the copy it gathered in the
+        # forward pass where it can (one all-gather fewer, measured); explain gathers it again.
+        approx.append("the kernel's gather may be shared with the forward pass's (XLA: one all-gather fewer)")
     lhs = _bring(w, eqn, phase, repeat, 0, lhs, lhs_to, "conv operand brought to the split it needs")
     rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
     out_dims[of] = rhs.dims[ro]
