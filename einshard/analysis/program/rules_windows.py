@@ -111,15 +111,18 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
     if set(rhs.dims[ro]) & taken:
-        # The kernel's output features split over a mesh axis the input's batch or rows already use: XLA
-        # gathers the (small) kernel's split (measured); with rows split it may move the result instead.
+        # The kernel's output features split over a mesh axis the input's batch or rows already use.
+        # explain gathers the (small) kernel's split, XLA's most common choice; XLA's cost model also
+        # gathers only the clashing axes (batch@b against outputs@(a,b) at stride 1), keeps the kernel
+        # split and moves the result (collective-permutes, with a reduce-scatter under a dilated window),
+        # depending on strides, dilation and sizes (measured by the deep run of
+        # tests/test_primitive_rules.py): a heuristic explain does not reproduce, so the op says so.
         if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls) or any(lhs.dims[i] for i in ls):
-            approx.append("a mesh axis splits both the input and the kernel's outputs; XLA may move the result")
-        elif any(d != 1 for d in p["rhs_dilation"]):
-            # Measured: with a dilated window XLA may keep the kernel split and move the result instead
-            # (collective-permutes and a reduce-scatter), by a heuristic explain does not reproduce.
+            approx.append("a mesh axis splits both the input's rows and the kernel's outputs; XLA may move the result")
+        else:
             approx.append(
-                "a mesh axis splits both the input and the kernel's outputs (dilated window); XLA may move the result"
+                "a mesh axis splits both the input's batch and the kernel's outputs: XLA may gather part of the "
+                "kernel's split, or move the result instead (permutes, a reduce-scatter) by its cost model"
             )
         rhs_to = _with(rhs_to, ro, ())
     if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
@@ -132,6 +135,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
     out_dims[of] = rhs.dims[ro]
     halos: list[tuple[int, list[int]]] = []
+    window_summed: list[str] = []
     for j, (li, rj, oi) in enumerate(zip(ls, rs, os_)):
         lsplit, wsplit = lhs.dims[li], rhs.dims[rj]
         if not lsplit and not wsplit:
@@ -146,7 +150,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         n = group_size(w, lsplit or wsplit)
         if wsplit and lsplit == wsplit and ldil == 1 and length % n == 0 and window % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low, window_split=True)))
-            summed.append(wsplit)
+            window_summed.extend(wsplit)
         elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
             out_dims[oi] = lsplit
@@ -156,6 +160,10 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             )
             lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv spatial split gathered")
             rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), "conv spatial split gathered")
+    if window_summed:
+        # The window's split axes are summed together: one all-reduce over all of them (measured: rows@b,
+        # cols@a in a kernel gradient all-reduce once over (a, b)).
+        summed.append(tuple(m for m in w.costs.mesh_sizes if m in window_summed))
     _exchange_halos(w, eqn, phase, repeat, lhs, halos, eqn.invars[0].aval.dtype)
     dims = w.settle_repeats(eqn, phase, out_aval, out_dims, repeat, "conv result split twice over a mesh axis")
     out = w.relayout(out_aval, dims)
