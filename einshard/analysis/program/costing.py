@@ -81,6 +81,10 @@ class OpCosts:
         return DotResult(positional, tuple(plan.collectives), float(plan.flops), float(plan.time), plan.expression)
 
     def reshard(self, src: Layout, dst: Layout, dtype: Any) -> tuple[Any, ...]:
+        # Within a program a value's axes are named by where its layout came from: in_specs' names, or
+        # positional ones (d0, d1...) for an op's output.  Two layouts of one shape are the same tensor;
+        # their splits are compared position by position, so name the target's axes as the source's.
+        dst = same_axes(src, dst)
         key = (src, dst, str(dtype))
         hit = self._reshards.get(key)
         if hit is None:
@@ -110,6 +114,14 @@ class OpCosts:
 
     def compute_time(self, flops: float) -> float:
         return self.profile.compute_time(flops)
+
+
+def same_axes(src: Layout, dst: Layout) -> Layout:
+    """``dst`` with ``src``'s axis names when both have one shape (itself otherwise, or when the names agree):
+    transition compares layouts by axis name, and within a program only positions identify an axis."""
+    if src.axes == dst.axes or src.shape != dst.shape:
+        return dst
+    return Layout(src.axes, dst.shape, dst.mesh, dst.dims, dst.unreduced)
 
 
 def _hashable(x: Any) -> Any:

@@ -26,6 +26,7 @@ from ...core.layout import Layout
 from .costing import is_free
 from .memory import Partial
 from .registry import register
+from .rules_structural import _explicit_dims
 
 if TYPE_CHECKING:
     from .walker import Walker
@@ -479,7 +480,18 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     operand, update = ins[0], ins[1]
     out_aval = eqn.outvars[0].aval
     if is_free(operand) and not is_free(update):
+        # Writing into a constant (the transpose of dynamic_slice writes the cotangent into zeros): the
+        # update lands anywhere along an axis it does not span, so a split there is gathered first.
         dims = [d if a == b else () for d, a, b in zip(update.dims, update.shape, out_aval.shape)]
+        typed = _explicit_dims(out_aval)
+        if typed is not None:
+            # On Explicit axes the result's type names its split (the operand's type): XLA gathers the
+            # update's cut splits (measured: dynamic_slice's gradient does its forward gather and this one),
+            # writes it whole, and keeps the typed split, sliced locally.
+            if tuple(dims) != update.dims:
+                why = "dynamic_update_slice into a constant: the update's cut split gathered"
+                w.change(eqn, phase, update, update.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
+            return [w.relayout(out_aval, typed)]
         return [w.relayout(out_aval, dims)]
     # An update that cuts a split axis lands anywhere in it (its offset is a run-time value): XLA gathers
     # the operand along those axes, updates, and keeps the split (measured on one-op programs).

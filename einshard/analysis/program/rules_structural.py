@@ -351,6 +351,11 @@ def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     out_shape = tuple(int(s) for s in out_aval.shape)
     cut = [i for i, (a, b) in enumerate(zip(src.shape, out_shape)) if a != b and src.dims[i]]
     dims = list(src.dims)
+    if cut and eqn.primitive.name == "dynamic_slice" and _explicit_dims(out_aval) is not None:
+        # A run-time offset on Explicit axes: XLA replicates the operand along every split axis, not only
+        # the cut ones, then slices the typed result locally (measured: [16@b, 24@a] sliced to [2, 24]
+        # gathers over a too).  On Auto axes it gathers the cut ones only (measured).
+        cut = [i for i, d in enumerate(src.dims) if d]
     if cut:
         why = f"{eqn.primitive.name} cuts a sharded axis"
         # One axis at a time from the last, as XLA gathers (measured: [16@a, 16@b] gathers [4, 16] over b,

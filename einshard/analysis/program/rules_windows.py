@@ -48,6 +48,14 @@ def _bring(w: Walker, eqn: Any, phase: str, repeat: int, k: int, lay: Layout, wa
     return want
 
 
+def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    """The mesh axes both splits start with (the part of a dimension's split two operands share)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
 def _mark(w: Walker, before: int, note: str) -> None:
     mark_approximate(w, before, note)
 
@@ -95,21 +103,39 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     elif lhs.dims[lf] == rhs.dims[ri]:
         summed = [lhs.dims[lf]] if lhs.dims[lf] else []
     else:
-        lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(rhs_to, ri, ())
+        # Split alike on a common major part (x@a against w@(a,b)): XLA keeps that part, leaving partial
+        # sums over it, and gathers only the rest (measured: one all-gather and one all-reduce).
+        common = _common_prefix(lhs.dims[lf], rhs.dims[ri])
+        lhs_to, rhs_to = _with(lhs_to, lf, common), _with(rhs_to, ri, common)
+        summed = [common] if common else []
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
     if set(rhs.dims[ro]) & taken:
-        # The kernel's output features split over a mesh axis the input's batch or rows already use: XLA
-        # gathers the (small) kernel's split (measured); with rows split it may move the result instead.
+        # The kernel's output features split over a mesh axis the input's batch or rows already use.
+        # explain gathers the (small) kernel's split, XLA's most common choice; XLA's cost model also
+        # gathers only the clashing axes (batch@b against outputs@(a,b) at stride 1), keeps the kernel
+        # split and moves the result (collective-permutes, with a reduce-scatter under a dilated window),
+        # depending on strides, dilation and sizes (measured by the deep run of
+        # tests/test_primitive_rules.py): a heuristic explain does not reproduce, so the op says so.
         if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls) or any(lhs.dims[i] for i in ls):
-            approx.append("a mesh axis splits both the input and the kernel's outputs; XLA may move the result")
+            approx.append("a mesh axis splits both the input's rows and the kernel's outputs; XLA may move the result")
+        else:
+            approx.append(
+                "a mesh axis splits both the input's batch and the kernel's outputs: XLA may gather part of the "
+                "kernel's split, or move the result instead (permutes, a reduce-scatter) by its cost model"
+            )
         rhs_to = _with(rhs_to, ro, ())
     if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
         approx.append("the kernel is gathered along several axes; XLA may split the gathers differently")
+    if phase == "backward" and rhs_to.dims != rhs.dims and not is_free(rhs):
+        # A gradient conv's kernel is the forward's kernel reversed: XLA reuses the copy it gathered in the
+        # forward pass where it can (one all-gather fewer, measured); explain gathers it again.
+        approx.append("the kernel's gather may be shared with the forward pass's (XLA: one all-gather fewer)")
     lhs = _bring(w, eqn, phase, repeat, 0, lhs, lhs_to, "conv operand brought to the split it needs")
     rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
     out_dims[of] = rhs.dims[ro]
     halos: list[tuple[int, list[int]]] = []
+    window_summed: list[str] = []
     for j, (li, rj, oi) in enumerate(zip(ls, rs, os_)):
         lsplit, wsplit = lhs.dims[li], rhs.dims[rj]
         if not lsplit and not wsplit:
@@ -124,7 +150,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         n = group_size(w, lsplit or wsplit)
         if wsplit and lsplit == wsplit and ldil == 1 and length % n == 0 and window % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low, window_split=True)))
-            summed.append(wsplit)
+            window_summed.extend(wsplit)
         elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
             out_dims[oi] = lsplit
@@ -134,6 +160,10 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             )
             lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv spatial split gathered")
             rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), "conv spatial split gathered")
+    if window_summed:
+        # The window's split axes are summed together: one all-reduce over all of them (measured: rows@b,
+        # cols@a in a kernel gradient all-reduce once over (a, b)).
+        summed.append(tuple(m for m in w.costs.mesh_sizes if m in window_summed))
     _exchange_halos(w, eqn, phase, repeat, lhs, halos, eqn.invars[0].aval.dtype)
     dims = w.settle_repeats(eqn, phase, out_aval, out_dims, repeat, "conv result split twice over a mesh axis")
     out = w.relayout(out_aval, dims)
