@@ -259,7 +259,8 @@ def test_one_layout_with_mesh_and_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_pipeline_circular_from_the_command_line():
-    out = _demo("--layout", "pipeline", "--schedule", "circular", "--steps", "2", *TINY, "--layers", "4")
+    four_layers = [*TINY[2:], "--layers", "4"]  # each option once: a repeated one is refused (issue 25)
+    out = _demo("--layout", "pipeline", "--schedule", "circular", "--steps", "2", *four_layers)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "einshard.pipeline(circular) over the 4 stacked layers" in out.stdout
     assert "2 rounds" in out.stdout and "loss matches the single-device run: yes" in out.stdout
