@@ -258,11 +258,18 @@ def pad(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list
     out_aval, src = eqn.outvars[0].aval, ins[0]
     if is_free(src):
         return [w.free(out_aval)]
+    from .movement import mark_approximate
+
     dims = list(src.dims)
-    for axis, (low, _high, interior) in enumerate(eqn.params["padding_config"]):
+    for axis, (low, high, interior) in enumerate(eqn.params["padding_config"]):
         if not dims[axis]:
             continue
+        start = len(w.ops)
         dims[axis] = _shift_axis(w, eqn, phase, repeat, src, axis, int(out_aval.shape[axis]), -int(low), interior)
+        if min(int(low), int(high)) < 0 and not interior:
+            # A negative pad crops as it shifts: measured, XLA then sometimes moves one more piece than the
+            # shift needs (up to a block's worth of bytes per device more than priced here).
+            mark_approximate(w, start, "a negative (cropping) pad on a split axis: XLA may move one more piece")
     return [w.relayout(out_aval, dims)]
 
 
