@@ -38,6 +38,7 @@ from ..core.layout import Layout, MeshAxis
 from ..core.mesh import resolve_mesh
 from ..errors import EinshardError
 from .cost import Collective, human_bytes, human_time
+from .program.rules_control import scan_body, scan_counts
 
 __all__ = [
     "check_explicit",
@@ -505,17 +506,17 @@ class _Walk:
 
     def _scan(self, eqn: Any, ins: list[Any]) -> list[Any]:
         p = eqn.params
-        nc, ncarry = p["num_consts"], p["num_carry"]
-        body = p["jaxpr"]
+        nc, ncarry = scan_counts(p)
+        body = scan_body(p)
         xs = [
             a.update(shape=a.shape[1:], sharding=NamedSharding(self.mesh, _spec(_entries(_spec_of(a), a.ndim)[1:])))
             for a in ins[nc + ncarry :]
         ]
-        for k, (inner, outer) in enumerate(zip(body.jaxpr.invars, eqn.invars)):
+        for k, (inner, outer) in enumerate(zip(body.invars, eqn.invars)):
             if not hasattr(outer, "val") and outer in self.names:
                 # A stacked parameter scanned over: each step reads one layer's slice of it.
                 self.names[inner] = self.names[outer] + ("[layer]" if k >= nc + ncarry else "")
-        outs = self.walk(body.jaxpr, ins[: nc + ncarry] + xs)
+        outs = self.walk(body, ins[: nc + ncarry] + xs)
         carry = outs[:ncarry]
         ys = [
             _typed(o, self.mesh, PartitionSpec(None, *_spec_of(a)))
@@ -833,8 +834,8 @@ class _Namer(_Walk):
 
     def _name_scan_body(self, eqn: Any) -> None:
         p = eqn.params
-        n = p["num_consts"] + p["num_carry"]
-        body = p["jaxpr"].jaxpr
+        n = sum(scan_counts(p))
+        body = scan_body(p)
         for k, (inner, outer) in enumerate(zip(body.invars, eqn.invars)):
             if not hasattr(outer, "val") and outer in self.names:
                 self.names[inner] = self.names[outer] + ("[layer]" if k >= n else "")

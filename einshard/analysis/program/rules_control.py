@@ -25,7 +25,7 @@ from .registry import inherit, register
 if TYPE_CHECKING:
     from .walker import Walker
 
-__all__ = ["MANUAL_COLLECTIVES", "scan_groups"]
+__all__ = ["MANUAL_COLLECTIVES", "scan_body", "scan_counts", "scan_groups"]
 
 MANUAL_COLLECTIVES: dict[str, CollectiveKind] = {
     "psum": "all-reduce",
@@ -147,12 +147,8 @@ def manual_collective(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase
 @register("scan")
 def scan(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     p = eqn.params
-    body = p["jaxpr"]
-    body = body.jaxpr if hasattr(body, "consts") else body  # a ClosedJaxpr (jax < 0.12) or a Jaxpr
-    if "num_consts" in p:
-        n_consts, n_carry = p["num_consts"], p["num_carry"]
-    else:  # jax >= 0.12: ft_in groups the operands as (consts, carry, xs)
-        n_consts, n_carry = scan_groups(p["ft_in"])[:2]
+    body = scan_body(p)
+    n_consts, n_carry = scan_counts(p)
     length = int(p["length"])
     consts, carry, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
     xs_inner = [w.relayout(v.aval, lay.dims[1:]) for v, lay in zip(body.invars[n_consts + n_carry :], xs)]
@@ -198,6 +194,20 @@ def scan(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> lis
     out_layouts = [w.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
     out_layouts += [w.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
     return out_layouts
+
+
+def scan_body(params: Any) -> Any:
+    """A scan equation's body as a ``Jaxpr`` (a ClosedJaxpr's before jax 0.12, the Jaxpr itself after)."""
+    body = params["jaxpr"]
+    return body.jaxpr if hasattr(body, "consts") else body
+
+
+def scan_counts(params: Any) -> tuple[int, int]:
+    """A scan equation's operand counts (consts, carry), on both JAX lines (the rest are the scanned xs)."""
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    n_consts, n_carry = scan_groups(params["ft_in"])[:2]  # jax >= 0.12: ft_in groups (consts, carry, xs)
+    return n_consts, n_carry
 
 
 def scan_groups(ft_in: Any) -> list[int]:
