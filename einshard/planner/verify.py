@@ -235,6 +235,11 @@ def compiled_numbers(
     return comm_s, sent, count, peak, kinds
 
 
+def _predicted(score: Any) -> tuple[float, float, int, int]:
+    """A candidate's predicted (step time, bytes sent, collectives, memory), in :class:`Verified`'s order."""
+    return score.time_s, score.comm, score.comm_ops or score.report.comm_count, score.memory
+
+
 def verify_assignments(
     fn: Callable[..., Any],
     costs: Costs,
@@ -267,16 +272,11 @@ def verify_assignments(
                 # A target's compiler (libtpu) failing on one candidate is its bug or a version mismatch, not
                 # the plan's: that candidate is reported unverified and ranked last; the others still decide.
                 first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+                predicted = _predicted(score)
                 failed = Verified(
                     label,
-                    score.time_s,
-                    score.comm,
-                    score.comm_ops or score.report.comm_count,
-                    score.memory,
-                    score.time_s,
-                    score.comm,
-                    score.comm_ops or score.report.comm_count,
-                    score.memory,
+                    *predicted,
+                    *predicted,  # nothing compiled: the compiled columns repeat the prediction
                     fits=False,
                     predicted_kinds=predicted_kinds(score.report),
                     compiler=compiler,
@@ -301,10 +301,7 @@ def verify_assignments(
         primary = {"memory": float(memory), "communication": sent}.get(costs.objective, time_s)
         row = Verified(
             label,
-            score.time_s,
-            score.comm,
-            score.comm_ops or score.report.comm_count,
-            score.memory,
+            *_predicted(score),
             time_s,
             sent,
             count,
