@@ -43,7 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 
 import einshard  # noqa: E402
-from einshard.analysis import api  # noqa: E402
+from einshard.analysis.einsum import analyze as api  # noqa: E402
 
 CASES = [
     # name, expression, mesh, sizes
@@ -88,7 +88,7 @@ def clear() -> None:
 def clear_with_text() -> None:
     # ``clear``, and what is read from the parsed text (its parse stays cached): ``first`` before 2026-11.
     api.clear_analysis_caches()
-    api._prepare_text.cache_clear()
+    api.prepare_text.cache_clear()
 
 
 def analyze(expr: str, mesh: dict[str, int], sizes: dict[str, int]) -> einshard.EinsumPlan:

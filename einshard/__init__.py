@@ -9,8 +9,8 @@ core, placement, analysis, lowering) are importable on their own.
 
 from ._caches import clear_caches
 from .analysis import Profile, analyze, explain
+from .analysis.einsum.plan import EinsumPlan
 from .analysis.explicit import check_explicit
-from .analysis.plan import EinsumPlan
 from .audit import audit
 from .core.layout import Layout
 from .core.logical import axis_rules
@@ -58,7 +58,7 @@ __all__ = [
 # Names that left the top level in 0.4 (README, "Migrating to 0.4"): still reachable, with a warning that
 # names their home.  name -> (module, attribute).
 _MOVED: dict[str, tuple[str, str]] = {
-    "Plan": ("einshard.analysis.plan", "EinsumPlan"),
+    "Plan": ("einshard.analysis", "EinsumPlan"),
     "PlanResult": ("einshard.planner", "LayoutPlan"),
     "Collective": ("einshard.analysis", "Collective"),
     "MeshAxis": ("einshard.core.layout", "MeshAxis"),

@@ -15,7 +15,7 @@ import sys
 
 from einshard.analysis import EinsumPlan, analyze
 from einshard.analysis.cost import human_bytes, human_time
-from einshard.analysis.plan import COLLECTIVE_COLUMNS, collective_rows, format_plan, side_string, type_string
+from einshard.analysis.einsum.plan import COLLECTIVE_COLUMNS, collective_rows, format_plan, side_string, type_string
 from einshard.errors import EinshardError
 
 __all__ = ["run", "parse_pairs"]

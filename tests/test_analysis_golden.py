@@ -23,7 +23,8 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 import einshard.testing as et
-from einshard.analysis.rule import Problem, enumerate_candidates, rank
+from einshard.analysis.einsum.model import Problem
+from einshard.analysis.einsum.search import enumerate_candidates, rank
 from einshard.parsing import parse_einsum
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "analysis_plans.json"

@@ -48,7 +48,7 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 import einshard.testing as et
-from einshard.analysis.api import spec_partitions
+from einshard.analysis.einsum.read import spec_partitions
 from einshard.testing import hlo
 
 _MESHES: dict[tuple[int, ...], jax.sharding.Mesh] = {}

@@ -4,9 +4,9 @@ Nothing here moves data: layouts are :class:`~einshard.core.layout.Layout`\\ s a
 meshes may be plain ``{'data': 4, 'model': 2}`` dicts, so a 2048-chip plan is
 analysed on a laptop.  Layers: ``cost`` (profiles, the Collective record) →
 ``primitives`` (collectives as functions on layouts, ``transition``) →
-``rule`` (the per-mesh-axis einsum rule) → ``search`` (its
-parts and candidates, pruned and ranked) → ``strategy`` (names) → ``plan`` /
-``api`` (``analyze``).
+``einsum`` (one einsum, one way through: ``model`` → ``options``, the
+per-mesh-axis rule → ``search`` → ``read`` → ``plan`` → ``analyze``) →
+``program`` (``explain``: whole programs).
 """
 
 # The public names of the primitives check their arguments (einshard._checks.RULES, by parameter name); the
@@ -16,9 +16,10 @@ from .._checks import RULES as _RULES  # noqa: E402
 from .._checks import checked as _checked  # noqa: E402
 from ..core import argument_rules as _core_rules  # noqa: E402
 from . import argument_rules as _analysis_rules  # noqa: E402
-from .api import analyze, analyze_layouts, dtype_info, plan_einsum, spec_partitions
 from .cost import KINDS, PROFILES, Collective, Profile, get_profile
-from .plan import EinsumPlan
+from .einsum.analyze import analyze, analyze_layouts, dtype_info, plan_einsum, spec_partitions
+from .einsum.model import Problem, classify
+from .einsum.plan import EinsumPlan
 from .primitives import (
     all_gather,
     all_reduce,
@@ -29,7 +30,6 @@ from .primitives import (
     regroup,
     transition,
 )
-from .rule import Problem, classify
 
 all_gather = _checked(all_gather, "einshard.analysis.all_gather")
 all_reduce = _checked(all_reduce, "einshard.analysis.all_reduce")

@@ -21,7 +21,7 @@ def _profile_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) 
 
 
 def _dtype_name_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
-    from .inputs import dtype_info
+    from .einsum.read import dtype_info
 
     try:
         dtype_info(value)

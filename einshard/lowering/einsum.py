@@ -28,8 +28,8 @@ from .._caches import register
 from .._checks import check_dtype, check_precision, describe_value
 from .._compat import native_unreduced
 from ..analysis import EinsumPlan, analyze
-from ..analysis.api import _Operand
 from ..analysis.cost import Collective
+from ..analysis.einsum.analyze import Operand
 from ..core.collectives import Target, reorder_pairs
 from ..core.layout import Layout
 from ..core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
@@ -336,7 +336,7 @@ def lower(
     # caches (keyed on the function) compile it once.  The key is what the plan depends on.
     key = (
         expr,
-        tuple(_Operand.of(x) for x in operands),
+        tuple(Operand.of(x) for x in operands),
         mode,
         mesh,
         two_way,

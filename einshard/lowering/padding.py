@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..analysis.api import _expand_ellipsis
+from ..analysis.einsum.read import expand_ellipsis
 from ..parsing import parse_einsum
 from .placing import mesh_axes_of
 
@@ -76,7 +76,7 @@ def plan_padding(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> Paddi
     if any(side.has_ellipsis for side in parsed.sides):
         # The axes under '...' get names, as the analyzer gives them ('...0', ...); no '@' splits them,
         # so they are never padded.
-        parsed = _expand_ellipsis(parsed, tuple(_Shaped(tuple(s)) for s in shapes))  # type: ignore[misc]
+        parsed = expand_ellipsis(parsed, tuple(_Shaped(tuple(s)) for s in shapes))  # type: ignore[misc]
     size: dict[str, int] = {}
     multiple: dict[str, int] = {}
     for side, shape in zip(parsed.inputs, shapes, strict=True):

@@ -14,10 +14,10 @@ from typing import Any
 
 from ...core.layout import Layout, MeshAxis
 from ...errors import EinshardError
-from ..api import analyze_layouts, dtype_info
 from ..cost import get_profile
+from ..einsum.analyze import analyze_layouts, dtype_info
+from ..einsum.model import Problem
 from ..primitives import transition
-from ..rule import Problem
 
 __all__ = ["OpCosts", "DotResult", "FreeLayout", "is_free", "dot_names", "adopt"]
 

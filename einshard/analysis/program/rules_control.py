@@ -17,8 +17,8 @@ import numpy as np
 
 from ...core.collectives import CollectiveKind
 from ...core.layout import Layout
-from ..api import spec_partitions
 from ..cost import Collective
+from ..einsum.read import spec_partitions
 from .costing import is_free
 from .registry import inherit, register
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ...core.layout import Layout, MeshAxis
 from ..cost import Collective
-from ..plan import side_string
+from ..einsum.plan import side_string
 from . import (  # noqa: F401  (they register their rules)
     rules_control,
     rules_indexing,

@@ -1,4 +1,34 @@
-"""The :class:`EinsumPlan`: what an einsum costs laid out one way, and the other ways."""
+"""The :class:`EinsumPlan`: what an einsum costs laid out one way, and the other ways; and the strategy's
+name, the way users talk: data parallel, column/row-parallel TP, FSDP, ...
+
+Which operand is "the weight" (a heuristic, documented because it decides
+column- vs row-parallel and FSDP):
+
+1. An operand that holds an axis named like a batch or a sequence
+   (``b``, ``batch``, ``s``, ``seq``, ``t``, ``l``, ``tokens``, ...) is an
+   activation; so is one that holds a batch-class axis (one shared by several
+   operands and the output, as in attention's ``b h``).
+2. Of the operands left, the weight is the last one (``x @ W`` order); if none
+   is left there is no weight (attention-like einsums: activations only).
+
+Each mesh axis then gets a role from the einsum axis it keeps:
+
+* none kept → ``replicated`` (compute duplicated over that axis);
+* a contracted / lone-reduced axis → ``row-parallel TP`` (partial sums);
+* a free axis of the weight → ``column-parallel TP``;
+* any other batch/free axis → ``data parallel``, or ``sequence parallel`` if
+  it is named like a sequence, or ``head-parallel TP`` if named like attention
+  heads (``h``, ``head``, ``heads``: Megatron splits heads as tensor
+  parallelism); a data-parallel axis over which the weight arrived split and
+  is gathered before use is ``FSDP``.
+
+The strategy combines the roles: one role names it; data parallel or FSDP
+with TP is ``hybrid DP×TP`` (``FSDP×TP``); column with row TP is ``2-D TP``.
+The einshard-tutorial view looks only at classes: every kept axis free or
+batch → ``DP``; every kept axis reduced → ``1-D TP``; both → ``hybrid``.
+
+(:func:`~einshard.analysis.einsum.model.pick_weight` picks the weight: the text reader asks it too.)
+"""
 
 from __future__ import annotations
 
@@ -8,13 +38,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.layout import Layout, MeshAxis
-from ..parsing import format_name
-from .cost import Collective, Profile, human_bytes, human_time
-from .rule import CONTRACTED, LONE, Candidate
-from .strategy import roles, strategy_name, tutorial_view
+from ...core.layout import Layout, MeshAxis
+from ...parsing import format_name
+from ..cost import Collective, Profile, human_bytes, human_time
+from . import model
+from .model import BATCH, CONTRACTED, HEAD_NAMES, LONE, SEQ_NAMES, Candidate
 
-__all__ = ["EinsumPlan", "type_string", "side_string"]
+__all__ = ["EinsumPlan", "roles", "side_string", "strategy_name", "tutorial_view", "type_string"]
 
 
 def _axis_name(name: str) -> str:
@@ -83,6 +113,60 @@ class EinsumPlan:
     # The candidate it was built from (its operands as the moves start: ``why`` names a local sum first).
     candidate: Candidate | None = field(default=None, compare=False, repr=False)
 
+    @classmethod
+    def trusted(
+        cls,
+        mesh: tuple[MeshAxis, ...],
+        dtype: str,
+        itemsize: int,
+        profile: Profile,
+        operands: tuple[Layout, ...],
+        operands_used: tuple[Layout, ...],
+        out_layout: Layout,
+        computed_layout: Layout,
+        collectives: tuple[Collective, ...],
+        flops: int,
+        total_flops: int,
+        compute_time: float,
+        comm_time: float,
+        time: float,
+        classes: dict[str, str],
+        choice: tuple[tuple[str, str | None], ...],
+        resolution: str,
+        weight: int | None,
+        more: Callable[[], tuple[EinsumPlan, ...]] | None,
+        candidate: Candidate | None,
+    ) -> EinsumPlan:
+        """The one constructor for the analyzer's plans (one per plan and per alternative, built from a candidate
+        valid by construction): the fields filled directly (a frozen dataclass without slots: as the generated
+        ``__init__``'s ``object.__setattr__`` would), checked with ``EINSHARD_CHECKS=1``."""
+        new = object.__new__(cls)
+        new.__dict__.update(
+            mesh=mesh,
+            dtype=dtype,
+            itemsize=itemsize,
+            profile=profile,
+            operands=operands,
+            operands_used=operands_used,
+            out_layout=out_layout,
+            computed_layout=computed_layout,
+            collectives=collectives,
+            flops=flops,
+            total_flops=total_flops,
+            compute_time=compute_time,
+            comm_time=comm_time,
+            time=time,
+            classes=classes,
+            choice=choice,
+            resolution=resolution,
+            weight=weight,
+            more=more,
+            candidate=candidate,
+        )
+        if model.CHECKS:
+            check_plan(new)
+        return new
+
     @functools.cached_property
     def alternatives(self) -> tuple[EinsumPlan, ...]:
         """The other ways, cheapest first (built on first use: analysis stays fast when unused)."""
@@ -96,12 +180,12 @@ class EinsumPlan:
 
     @functools.cached_property
     def roles(self) -> dict[str, str]:
-        """Each mesh axis's role (:mod:`einshard.analysis.strategy`), mesh axes of size 1 left out."""
+        """Each mesh axis's role (this module's doc), mesh axes of size 1 left out."""
         return roles(self.operands, self._cand, self.classes, self.weight)
 
     @functools.cached_property
     def strategy(self) -> str:
-        """The strategy's name: ``'data parallel'``, ``'hybrid DP×TP'``, ... (:mod:`einshard.analysis.strategy`)."""
+        """The strategy's name: ``'data parallel'``, ``'hybrid DP×TP'``, ... (this module's doc)."""
         return strategy_name(self.roles)
 
     @functools.cached_property
@@ -235,6 +319,26 @@ class EinsumPlan:
 
     def __str__(self) -> str:
         return format_plan(self)
+
+
+def check_plan(plan: EinsumPlan) -> None:
+    """An EinsumPlan's invariants (``EINSHARD_CHECKS=1``): its candidate's, and the fields it copies from the
+    candidate saying the same, its times adding up."""
+    cand = plan.candidate
+    if cand is not None:
+        model.check_candidate(cand)
+        copied = (plan.operands_used, plan.out_layout, plan.computed_layout, plan.collectives, plan.flops)
+        if copied != (cand.targets, cand.out, cand.computed, cand.steps, cand.flops) or plan.time != cand.time:
+            raise model.broken(plan, "says otherwise than the candidate it was built from")
+    if any(op.mesh != plan.mesh for op in (*plan.operands, *plan.operands_used, plan.out_layout)):
+        raise model.broken(plan, f"has a layout off its mesh {plan.mesh}")
+    if len(plan.operands) != len(plan.operands_used):
+        raise model.broken(plan, f"uses {len(plan.operands_used)} operands for {len(plan.operands)}")
+    # (a margin: Python 3.12's float sum compensates rounding, so totals may differ by an ulp)
+    if abs(plan.comm_time - sum([c.time for c in plan.collectives])) > 1e-12 * max(plan.time, 1e-30):
+        raise model.broken(plan, f"takes {plan.comm_time} s to communicate, its collectives {plan.collectives}")
+    if plan.flops > plan.total_flops:
+        raise model.broken(plan, f"does {plan.flops} FLOPs per device of {plan.total_flops} in all")
 
 
 _REPR = (
@@ -382,3 +486,67 @@ def explain_choice(
         "unreduced": "; leave the result as pending sums",
     }[cand.resolution]
     return ("; ".join(parts) or "nothing sharded") + res
+
+
+def roles(operands: tuple[Layout, ...], cand: Candidate, classes: dict[str, str], weight: int | None) -> dict[str, str]:
+    """Each mesh axis's role in the candidate (module doc), mesh axes of size 1 left out."""
+    out: dict[str, str] = {}
+    sizes = {m.name: m.size for m in cand.out.mesh}
+    for m, e in cand.choice:
+        if sizes[m] == 1:
+            continue
+        if e is None:
+            out[m] = "replicated"
+            continue
+        cls = classes[e]
+        if cls in (CONTRACTED, LONE):
+            role = "row-parallel TP"
+        elif weight is not None and e in operands[weight].axes and cls != BATCH:
+            role = "column-parallel TP"
+        elif e in SEQ_NAMES:
+            role = "sequence parallel"
+        elif e in HEAD_NAMES:
+            role = "head-parallel TP"
+        else:
+            role = "data parallel"
+            if weight is not None:
+                w_src = operands[weight]
+                if any(m in d for d in w_src.dims) and not any(m in d for d in cand.targets[weight].dims):
+                    role = "FSDP"
+        out[m] = f"{role} on {'…' + e[3:] if e.startswith('...') else e}"
+    return out
+
+
+def strategy_name(role_of: dict[str, str]) -> str:
+    """Combine per-axis roles into one name (module doc)."""
+    kinds = {r.split(" on ")[0] for r in role_of.values()} - {"replicated"}
+    if not kinds:
+        return "replicated"
+    tp = {k for k in kinds if "TP" in k}
+    dp = kinds - tp
+    if tp and dp:
+        if "FSDP" in dp:
+            return "FSDP×TP"
+        if dp == {"sequence parallel"}:
+            return "sequence parallel × TP"
+        return "hybrid DP×TP"
+    if len(tp) == 2:
+        return "2-D TP"
+    if len(kinds) == 1:
+        return kinds.pop()
+    if "FSDP" in kinds:
+        return "FSDP"
+    return " + ".join(sorted(kinds))
+
+
+def tutorial_view(cand: Candidate, classes: dict[str, str]) -> str:
+    """The einshard-tutorial name: DP (all kept axes free/batch), 1-D TP (all reduced), hybrid, replicated."""
+    kept = [classes[e] for m, e in cand.choice if e is not None]
+    if not kept:
+        return "replicated"
+    reduced = [c in (CONTRACTED, LONE) for c in kept]
+    if all(reduced):
+        return "1-D TP"
+    if not any(reduced):
+        return "DP"
+    return "hybrid"

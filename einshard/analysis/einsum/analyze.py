@@ -24,31 +24,33 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._caches import cached, register
-from .._checks import describe_value
-from ..core.layout import Layout, MeshAxis
-from ..core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
-from ..errors import EinshardError
-from .cost import Profile, get_profile
-from .inputs import (
-    _check_rank,
-    _expand_ellipsis,
-    _layout_of,
+from ..._caches import cached, register
+from ..._checks import describe_value
+from ...core.layout import Layout, MeshAxis
+from ...core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
+from ...errors import EinshardError
+from ..cost import Profile, get_profile
+from ..primitives import _remember_mesh, _unchecked
+from .model import Problem, classify, pick_weight
+from .plan import EinsumPlan, side_string
+from .read import (
+    WrittenSide,
     _mesh_axes,
     _mesh_axis,
     _spec_dims,
-    _valid_layout,
+    check_rank,
     dtype_info,
+    expand_ellipsis,
+    prepare,
+    prepare_text,
+    prepared_of,
+    side_layout,
     spec_partitions,
 )
-from .plan import EinsumPlan, side_string
-from .primitives import _remember_mesh, _unchecked
-from .rule import Problem, _problem, classify
-from .search import _Enumeration, _total_time, best_candidate, rank
-from .strategy import pick_weight
-from .text import _prepare, _prepare_text, _prepared_of, _Side
+from .search import Enumeration, best_candidate, rank, total_time
 
 __all__ = [
+    "Operand",
     "analyze",
     "analyze_layouts",
     "clear_analysis_caches",
@@ -143,7 +145,7 @@ def analyze(
             _PLANS[fast] = plan
         return _replay_warning(plan)
     # Otherwise everything is reduced to hashable facts first (shapes, dtypes, specs, mesh sizes).
-    stand_ins = tuple(_Operand.of(x) for x in operands)
+    stand_ins = tuple(Operand.of(x) for x in operands)
     mesh_axes = _mesh_axes(mesh, operands)
     key = (
         expr,
@@ -171,7 +173,7 @@ def _replay_warning(plan: EinsumPlan) -> EinsumPlan:
     if message is not None or notes:
         import warnings
 
-        from ..errors import EinshardWarning
+        from ...errors import EinshardWarning
 
         for note in notes:
             warnings.warn(note, EinshardWarning, stacklevel=3)
@@ -217,7 +219,7 @@ _PLANS: dict[tuple[Any, ...], EinsumPlan] = {}
 register(_PLANS.clear)
 
 
-class _Operand(NamedTuple):
+class Operand(NamedTuple):
     """What analyze needs of an operand: its shape, dtype and PartitionSpec (if it has one)."""
 
     shape: tuple[int, ...]
@@ -225,9 +227,9 @@ class _Operand(NamedTuple):
     spec: Any
 
     @staticmethod
-    def of(x: Any) -> _Operand:
+    def of(x: Any) -> Operand:
         spec = getattr(getattr(x, "sharding", None), "spec", None)
-        return _Operand(tuple(int(s) for s in getattr(x, "shape", ())), getattr(x, "dtype", None), spec)
+        return Operand(tuple(int(s) for s in getattr(x, "shape", ())), getattr(x, "dtype", None), spec)
 
 
 @cached(maxsize=4096)
@@ -251,10 +253,10 @@ def _analyze_plain(
 ) -> EinsumPlan | None:
     """:func:`_analyze` of the common call (layouts from the text's annotations, a dict mesh, ``sizes`` only),
     or None when anything is not as that call usually is (the general path then answers, or raises with its
-    messages).  The same checks as the general path's, on facts read once from the text (``_Side``)."""
+    messages).  The same checks as the general path's, on facts read once from the text (``WrittenSide``)."""
     if expr.__class__ is not str:
         return None
-    prep = _prepare_text(expr)
+    prep = prepare_text(expr)
     if not prep.plain or sizes.keys() != prep.unique_set:
         return None
     values = sizes.values()
@@ -284,7 +286,7 @@ def _analyze_plain(
         if requested is None:
             return None
     dname, itemsize = dtype_info(dtype)
-    problem = _problem(
+    problem = Problem.trusted(
         tuple(layouts),
         prep.out_names,
         tuple(zip(prep.unique, map(get, prep.unique))),
@@ -294,7 +296,7 @@ def _analyze_plain(
         get_profile(profile),
         scatter_chosen=requested is None,  # the user's '?' (or a jnp string): the cheapest complete result
     )
-    # rule.options from the text's splits: each mesh axis's einsum axes as written (none for a size of 1)
+    # options.options from the text's splits: each mesh axis's einsum axes as written (none for a size of 1)
     kept = prep.kept if requested is None else prep.kept_out
     if smallest > 1:  # (the common mesh: no axis of size 1; zip and map, without a comprehension's frame)
         per_axis = list(zip(mesh, map(kept.get, mesh, itertools.repeat(_NONE))))
@@ -313,8 +315,8 @@ _NO_AXES: frozenset[str] = frozenset()
 _NONE: tuple[str | None, ...] = (None,)
 
 
-def _side_layout(side: _Side, size: Any, mesh: tuple[MeshAxis, ...], mesh_sizes: dict[str, int]) -> Layout | None:
-    """:func:`_valid_layout` of a side as written (``size``: its axes' sizes by name; the side names no mesh axis
+def _side_layout(side: WrittenSide, size: Any, mesh: tuple[MeshAxis, ...], mesh_sizes: dict[str, int]) -> Layout | None:
+    """:func:`~einshard.analysis.einsum.read.side_layout` of a side as written (``size``: its axes' sizes by name; the side names no mesh axis
     twice, and only axes of the mesh): the layout, or None when a split does not divide its axis."""
     shape = tuple(map(size, side.names))
     for i, d in side.split:
@@ -325,7 +327,7 @@ def _side_layout(side: _Side, size: Any, mesh: tuple[MeshAxis, ...], mesh_sizes:
 
 def _analyze(
     expr: str,
-    ops: tuple[_Operand, ...],
+    ops: tuple[Operand, ...],
     mesh_axes: tuple[MeshAxis, ...] | None,
     size_items: tuple[tuple[str, int], ...] | None,
     dtype: Any,
@@ -335,7 +337,7 @@ def _analyze(
 ) -> EinsumPlan:
     sizes = dict(size_items) if size_items else None
     _check_arguments(sizes, in_specs, out_spec)
-    prep = _prepare(expr)
+    prep = prepare(expr)
     parsed = prep.parsed
     chosen = prep.chosen
     if ops and len(ops) != len(parsed.inputs):
@@ -343,15 +345,15 @@ def _analyze(
     if in_specs is not None and len(in_specs) != len(parsed.inputs):
         raise parsed.fail(f"the expression has {len(parsed.inputs)} operands but in_specs has {len(in_specs)} entries")
     if "..." in prep.text and any(side.has_ellipsis for side in parsed.sides):
-        parsed = _expand_ellipsis(parsed, ops)
-        prep = _prepared_of(parsed, prep.text, prep.jnp_style)
+        parsed = expand_ellipsis(parsed, ops)
+        prep = prepared_of(parsed, prep.text, prep.jnp_style)
 
     # Sizes: from the operands, then the mapping; every disagreement is an error naming both sizes.
     known: dict[str, int] = {}
     where: dict[str, str] = {}
     for k, (side, x) in enumerate(zip(parsed.inputs, ops, strict=False)):
         shape = tuple(int(s) for s in getattr(x, "shape", ()))
-        _check_rank(parsed, side, k, shape)
+        check_rank(parsed, side, k, shape)
         for item, s in zip(side.axes, shape, strict=False):
             if item.name in known and known[item.name] != s:
                 raise parsed.fail(
@@ -385,16 +387,13 @@ def _analyze(
                 hint="Pass mesh={'data': 4, ...} or a jax Mesh, or call inside jax.set_mesh(mesh).",
             )
         mesh_axes = ()
-    mesh_sizes = {m.name: m.size for m in mesh_axes}
+    mesh: tuple[MeshAxis, ...] = mesh_axes
 
     def layout(k: int | None, dims: Any, unreduced: frozenset[str]) -> Layout:
-        names = prep.out_names if k is None else prep.names[k]
-        lay = _valid_layout(names, dims, unreduced, known, mesh_axes, mesh_sizes)
-        if lay is None:  # something is wrong: the checks again, with their messages
-            side = parsed.output if k is None else parsed.inputs[k]
-            what = "the output" if k is None else f"operand {k + 1}"
-            lay = _layout_of(parsed, side, dims, unreduced, known, mesh_axes, what)
-        return lay
+        side = parsed.output if k is None else parsed.inputs[k]
+        return side_layout(
+            parsed, side, dims, unreduced, known, mesh, "the output" if k is None else f"operand {k + 1}"
+        )
 
     # Operand layouts: '@' annotations, else in_specs, else the operands' own shardings.
     layouts = []
@@ -438,7 +437,7 @@ def _analyze(
     if dtype is None and ops:
         dtype = getattr(ops[0], "dtype", None)
     dname, itemsize = dtype_info(dtype)
-    problem = _problem(
+    problem = Problem.trusted(
         tuple(layouts),
         prep.out_names,
         tuple([(n, known[n]) for n in prep.unique]),
@@ -506,7 +505,7 @@ def _warn_if_meaning_changed(text: str, plan: EinsumPlan, problem: Problem, dnam
 
 
 def _axis_label(name: str) -> str:
-    from ..parsing import format_name
+    from ...parsing import format_name
 
     return format_name(name)
 
@@ -560,7 +559,7 @@ _UNKNOWN: Any = object()
 
 @cached(maxsize=1024)
 def analyze_layouts(problem: Problem, dtype: str = "f32") -> EinsumPlan:
-    """The :class:`EinsumPlan` for a resolved :class:`~einshard.analysis.rule.Problem` (cached: layers repeat)."""
+    """The :class:`EinsumPlan` for a resolved :class:`~einshard.analysis.einsum.model.Problem` (cached: layers repeat)."""
     return _plan(problem, dtype)
 
 
@@ -576,12 +575,12 @@ def _plan(
     """:func:`analyze_layouts` without its cache (``analyze`` caches its own answers).
 
     ``classes``, ``weight``, ``where``, ``mesh_sizes``, ``per_axis``: :func:`classify`, :func:`pick_weight`,
-    ``rule._splits_of`` of the problem, its mesh's axis sizes by name and ``rule.options``, if the caller has them."""
+    ``options.splits_of`` of the problem, its mesh's axis sizes by name and ``options.options``, if the caller has them."""
     if classes is None:
         classes = classify(tuple([op.axes for op in problem.operands]), problem.out_axes)
     if weight is _UNKNOWN:
         weight = pick_weight(problem.operands, classes)
-    en = _Enumeration(problem, classes, where, mesh_sizes, per_axis)
+    en = Enumeration(problem, classes, where, mesh_sizes, per_axis)
     # The best way is found without pricing every way to deliver the result; the other ways are priced
     # and ranked when the plan's alternatives are first read.
     best = best_candidate(en, complete=problem.requested is None)
@@ -595,32 +594,28 @@ def _plan(
     total = 2 * math.prod(en.size_of.values())  # (the sizes of problem.sizes, an exact product of ints)
 
     def build(c: Any, more: Any = None) -> EinsumPlan:
-        # EinsumPlan(...) with its fields filled directly (a frozen dataclass without slots or checks of its
-        # own, built from a candidate that is valid by construction): one per plan and per alternative.
-        plan = object.__new__(EinsumPlan)
-        plan.__dict__.update(
-            mesh=problem.mesh,
-            dtype=dtype,
-            itemsize=problem.itemsize,
-            profile=problem.profile,
-            operands=problem.operands,
-            operands_used=c.targets,
-            out_layout=c.out,
-            computed_layout=c.computed,
-            collectives=c.steps,
-            flops=c.flops,
-            total_flops=total,
-            compute_time=problem.profile.compute_time(c.flops),
-            comm_time=_total_time(c.steps) if c.steps else 0,  # (sum([]) is 0)
-            time=c.time,
-            classes=dict(classes),  # the plan's own: the one given may be a cached expression's
-            choice=c.choice,
-            resolution=c.resolution,
-            weight=weight,
-            more=more,
-            candidate=c,
+        return EinsumPlan.trusted(  # one per plan and per alternative, from a candidate valid by construction
+            problem.mesh,
+            dtype,
+            problem.itemsize,
+            problem.profile,
+            problem.operands,
+            c.targets,
+            c.out,
+            c.computed,
+            c.steps,
+            c.flops,
+            total,
+            problem.profile.compute_time(c.flops),
+            total_time(c.steps) if c.steps else 0,  # (sum([]) is 0)
+            c.time,
+            dict(classes),  # the plan's own: the one given may be a cached expression's
+            c.choice,
+            c.resolution,
+            weight,
+            more,
+            c,
         )
-        return plan
 
     chosen_from = ("complete", "reduce-scatter") if problem.scatter_chosen else ("complete",)
 

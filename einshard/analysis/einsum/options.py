@@ -20,7 +20,8 @@ none requested, completed with an all-reduce, with reduce-scatters onto each
 dimension and the pending ``{U}`` result as alternatives).
 
 The search over these options (enumerating, pricing, pruning, ranking) is
-:mod:`einshard.analysis.search`; its names are re-exported here.
+:mod:`einshard.analysis.einsum.search`; the records they share (:class:`Problem`, :class:`Candidate`,
+the axis classes) are :mod:`einshard.analysis.einsum.model`.
 
 Several mesh axes may keep one einsum axis (``x@(data,model)``): their
 order (major to minor) is taken from the first operand that splits ``x``, and
@@ -32,113 +33,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from ..core.layout import Layout, MeshAxis
-from .cost import Collective, Profile
-from .primitives import _unchecked
+from ...core.layout import Layout
+from ..primitives import _unchecked
+from .model import LONE, Problem
 
-__all__ = ["Problem", "Candidate", "best_candidate", "classify", "enumerate_candidates", "rank"]
-
-BATCH, FREE, CONTRACTED, LONE = "batch", "free", "contracted", "lone-reduced"
+__all__ = ["agreed_splits", "fits", "kept_orders", "operand_variants", "options", "split_at", "splits_of"]
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One einsum to analyse: operand layouts, the output's axes, the requested output layout if any."""
-
-    operands: tuple[Layout, ...]
-    out_axes: tuple[str, ...]
-    sizes: tuple[tuple[str, int], ...]
-    mesh: tuple[MeshAxis, ...]
-    requested: Layout | None
-    itemsize: int
-    profile: Profile
-    # Without a requested layout, which complete results the choice is among.  A user's ``-> b? y?`` asks for
-    # the cheapest complete result, and a result reduce-scattered onto an output axis is complete (issue 22:
-    # a 22.7 µs reduce-scatter lost to a 38.4 µs gather); an op inside a traced program leaves its result as
-    # computed, its pending sums all-reduced, and its consumer decides any other layout (a reshard there).
-    scatter_chosen: bool = False
-
-    @property
-    def size_of(self) -> dict[str, int]:
-        return dict(self.sizes)
-
-
-def _problem(
-    operands: tuple[Layout, ...],
-    out_axes: tuple[str, ...],
-    sizes: tuple[tuple[str, int], ...],
-    mesh: tuple[MeshAxis, ...],
-    requested: Layout | None,
-    itemsize: int,
-    profile: Profile,
-    scatter_chosen: bool = False,
-) -> Problem:
-    """``Problem(...)`` with its fields filled directly (a frozen dataclass without slots or checks of its own:
-    the generated ``__init__`` sets each field through ``object.__setattr__``)."""
-    new = object.__new__(Problem)
-    new.__dict__.update(
-        operands=operands,
-        out_axes=out_axes,
-        sizes=sizes,
-        mesh=mesh,
-        requested=requested,
-        itemsize=itemsize,
-        profile=profile,
-        scatter_chosen=scatter_chosen,
-    )
-    return new
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One way to compute the einsum."""
-
-    choice: tuple[tuple[str, str | None], ...]  # (mesh axis, einsum axis kept or None), mesh order
-    targets: tuple[Layout, ...]  # operand layouts the local einsum runs on
-    steps: tuple[Collective, ...]  # operand collectives, then result collectives
-    computed: Layout  # the result as the local einsums leave it
-    out: Layout  # the result as delivered
-    resolution: str  # 'requested', 'complete', 'reduce-scatter', 'unreduced'
-    flops: int  # per device
-    time: float
-    comm_bytes: int
-    # The operands as the moves start from: as given, or with lone-reduced axes summed locally first.
-    sources: tuple[Layout, ...] = ()
-    # Gathers a mesh axis that every operand holding its einsum axis already splits the same way
-    # (``b@x d, b@x f -> d f`` computed whole on every device).  XLA never does this: it keeps an
-    # agreed split (partial sums or a batch split); ranked after every candidate that keeps it.
-    unsplits_agreed: bool = False
-
-
-def classify(operand_axes: tuple[tuple[str, ...], ...], out_axes: tuple[str, ...]) -> dict[str, str]:
-    """Each einsum axis's class: batch, free, contracted or lone-reduced.
-
-    Example:
-        >>> classify((("b", "x", "z"), ("x", "y")), ("b", "y"))
-        {'b': 'free', 'x': 'contracted', 'z': 'lone-reduced', 'y': 'free'}
-        >>> classify((("b", "i", "j"), ("b", "j", "k")), ("b", "i", "k"))["b"]
-        'batch'
-    """
-    out = set(out_axes)
-    classes: dict[str, str] = {}
-    for axes in operand_axes:
-        for e in axes:
-            if e in classes:
-                continue
-            n = 0  # the operands holding e (a loop: this runs for every axis of every analysis)
-            for o in operand_axes:
-                if e in o:
-                    n += 1
-            if e in out:
-                classes[e] = BATCH if n >= 2 else FREE
-            else:
-                classes[e] = CONTRACTED if n >= 2 else LONE
-    return classes
-
-
-def _split_at(lay: Layout) -> dict[str, str]:
+def split_at(lay: Layout) -> dict[str, str]:
     """``{mesh axis: the einsum axis it splits}`` (a valid layout uses a mesh axis at most once)."""
     out: dict[str, str] = {}
     for name, d in zip(lay.axes, lay.dims, strict=False):
@@ -147,22 +50,22 @@ def _split_at(lay: Layout) -> dict[str, str]:
     return out
 
 
-def _splits_of(problem: Problem) -> list[dict[str, str]]:
-    """:func:`_split_at` of each operand, then of the requested result if there is one."""
-    at = [_split_at(op) for op in problem.operands]
+def splits_of(problem: Problem) -> list[dict[str, str]]:
+    """:func:`split_at` of each operand, then of the requested result if there is one."""
+    at = [split_at(op) for op in problem.operands]
     if problem.requested is not None:
-        at.append(_split_at(problem.requested))
+        at.append(split_at(problem.requested))
     return at
 
 
 def options(problem: Problem, at: Sequence[dict[str, str]] | None = None) -> list[tuple[str, tuple[str | None, ...]]]:
     """Per mesh axis, the einsum axes it may keep (None: keep none), in mesh order.
 
-    A mesh axis of size 1 splits nothing: it keeps none.  ``at``: :func:`_splits_of` the problem, if the
+    A mesh axis of size 1 splits nothing: it keeps none.  ``at``: :func:`splits_of` the problem, if the
     caller has it.
     """
     if at is None:
-        at = _splits_of(problem)
+        at = splits_of(problem)
     out: list[tuple[str, tuple[str | None, ...]]] = []
     for m in problem.mesh:
         seen: list[str | None] = []
@@ -176,7 +79,7 @@ def options(problem: Problem, at: Sequence[dict[str, str]] | None = None) -> lis
     return out
 
 
-def _kept_orders(problem: Problem, e: str, kept: list[str]) -> list[tuple[str, ...]]:
+def kept_orders(problem: Problem, e: str, kept: list[str]) -> list[tuple[str, ...]]:
     """Orders (major to minor) for the mesh axes that keep ``e``: one per distinct order among the
     operands and the requested output (each completed with the rest in mesh order)."""
     if len(kept) == 1:
@@ -194,7 +97,7 @@ def _kept_orders(problem: Problem, e: str, kept: list[str]) -> list[tuple[str, .
     return orders or [tuple(kept)]
 
 
-def _fits(shape: tuple[int, ...], dims: tuple[tuple[str, ...], ...], sizes: dict[str, int]) -> bool:
+def fits(shape: tuple[int, ...], dims: tuple[tuple[str, ...], ...], sizes: dict[str, int]) -> bool:
     # loops, not generators: this runs for every candidate operand layout
     for s, d in zip(shape, dims, strict=False):
         if d:
@@ -220,7 +123,7 @@ def _pre_reduced(op: Layout, lone: set[str]) -> Layout:
     )
 
 
-def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[tuple[Layout, ...], tuple[bool, ...]]]:
+def operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[tuple[Layout, ...], tuple[bool, ...]]]:
     """The operands as given, and with their lone-reduced axes summed locally first (XLA does this:
     ``sum_a x[b, a@x]`` becomes partial sums of ``[b]`` before the contraction, and a gather or
     all-to-all then moves the smaller array)."""
@@ -236,7 +139,7 @@ def _operand_variants(problem: Problem, classes: dict[str, str]) -> list[tuple[t
 def agreed_splits(problem: Problem, where: Sequence[dict[str, str]] | None = None) -> dict[str, str]:
     """Mesh axes every operand agrees on: ``{m: e}`` where each operand holding einsum axis ``e`` splits
     it over ``m`` (at least two do, or ``e`` is lone-reduced) and no operand splits anything else over ``m``.
-    ``where``: :func:`_splits_of` the problem, if the caller has it.
+    ``where``: :func:`splits_of` the problem, if the caller has it.
 
     Example:
         >>> from einshard.core.layout import Layout, MeshAxis
@@ -247,7 +150,7 @@ def agreed_splits(problem: Problem, where: Sequence[dict[str, str]] | None = Non
         {'x': 'b'}
     """
     if where is None:
-        where = _splits_of(problem)
+        where = splits_of(problem)
     operands = problem.operands
     out: dict[str, str] = {}
     for m in problem.mesh:
@@ -273,7 +176,3 @@ def agreed_splits(problem: Problem, where: Sequence[dict[str, str]] | None = Non
             if holders >= 2 or (holders == 1 and e not in problem.out_axes):
                 out[m.name] = e
     return out
-
-
-# The search over the options lives in its own module; its public names are re-exported here.
-from .search import best_candidate, enumerate_candidates, rank  # noqa: E402

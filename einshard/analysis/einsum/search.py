@@ -1,4 +1,4 @@
-"""The search over the per-mesh-axis options of :mod:`einshard.analysis.rule`: parts, candidates, ranking.
+"""The search over the per-mesh-axis options of :mod:`einshard.analysis.einsum.options`: parts, candidates, ranking.
 
 Each combination of per-axis choices (× orders of mesh axes that keep one
 einsum axis × operand variants) is a *part*: the operands' moves to the local
@@ -12,46 +12,252 @@ candidate found ends the search, one whose moves are dearer is skipped
 before its result's deliveries are priced (:func:`best_candidate`).  Every
 candidate, ranked (the plan's alternatives), is built when first asked for,
 from the same memos.  Often the first choice (the operands as given) is the
-answer and no other needs enumerating (:func:`_as_given` says when).  The
-specs and their pricing are :mod:`einshard.analysis.parts`.
+answer and no other needs enumerating (:func:`_as_given` says when).
+
+The parts of the search: every way to move the operands (a spec: a choice of
+what each mesh axis keeps, an order of the mesh axes keeping one einsum axis,
+an operand variant), and a spec priced (a part: the operands' targets and the
+collectives that take them there).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from ..core.collectives import Target
-from ..core.layout import Layout
-from ..errors import EinshardError
-from .cost import Collective
-from .parts import _new_tuple, _Part, _part, _Spec, _specs
-from .primitives import _derived, _trivial, _unchecked, all_reduce
-from .rule import (
-    CONTRACTED,
-    LONE,
-    Candidate,
-    Problem,
-    _fits,
-    _kept_orders,
-    _splits_of,
-    classify,
-    options,
-)
-from .transition import transition
+from ...core.collectives import Target
+from ...core.layout import Layout
+from ...errors import EinshardError
+from ..cost import Collective
+from ..primitives import _derived, _trivial, _unchecked, all_reduce
+from ..transition import transition
+from .model import CONTRACTED, LONE, Candidate, Problem, classify
+from .options import agreed_splits, fits, kept_orders, operand_variants, options, splits_of
 
-__all__ = ["best_candidate", "enumerate_candidates", "rank"]
+__all__ = ["Enumeration", "best_candidate", "enumerate_candidates", "rank", "total_time"]
+
+
+# ``_Spec(...)``/``_Part(...)`` as ``tuple.__new__(cls, fields)``: the same tuple, without the Python frame of a
+# NamedTuple's generated ``__new__`` (the search builds one per way to move the operands).
+_new_tuple = tuple.__new__
+
+
+class _Spec(NamedTuple):
+    """A part before its operand moves are priced: the choice, and what it costs to compute."""
+
+    choice: tuple[tuple[str, str | None], ...]  # (mesh axis, einsum axis kept or None), mesh order
+    order: dict[str, tuple[str, ...]]
+    operands: tuple[Layout, ...]  # as the moves start (lone-reduced axes summed first or not)
+    flops: int
+    compute_time: float  # no candidate built on this part is faster
+    pending_kept: frozenset[str]
+    keep_u: list[frozenset[str]]
+    unsplits: bool
+
+
+class _Part(NamedTuple):
+    """One way to move the operands for one choice: the local einsum's inputs, before the result is delivered."""
+
+    choice: tuple[tuple[str, str | None], ...]
+    operands: tuple[Layout, ...]  # as the moves start (lone-reduced axes summed first or not)
+    targets: tuple[Layout, ...]
+    steps: tuple[Collective, ...]
+    out_dims: tuple[tuple[str, ...], ...]
+    pending: frozenset[str]
+    flops: int
+    compute_time: float
+    bound: float  # compute + operand collectives: no candidate built on this part is faster
+    unsplits: bool
+
+
+def _specs(en: Enumeration) -> list[_Spec]:
+    problem, classes = en.problem, en.classes
+    size_of = en.size_of
+    mesh_sizes = en.mesh_sizes
+    where = en.where
+    per_axis = en.per_axis
+    names = [m for m, _ in per_axis]
+    result: list[_Spec] = []
+    peak = en.profile.flops  # Profile.compute_time, inlined: this loop runs for every way to move the operands
+    # Each variant with what every choice asks of it: the FLOPs of its local einsum before any split (the
+    # axes it holds), the mesh axes its operands split, and whether any brings pending sums.
+    variants = []
+    for operands, pre in operand_variants(problem, classes):
+        held: set[str] = set()
+        split: set[str] = set()
+        any_pending = False
+        for op in operands:
+            held.update(op.axes)
+            for d in op.dims:
+                split.update(d)
+            if op.unreduced:
+                any_pending = True
+        flops_whole = math.prod(map(size_of.__getitem__, held), start=2)
+        variants.append((operands, pre, True in pre, flops_whole, split, any_pending))
+    none_pending: list[frozenset[str]] = [frozenset()] * len(problem.operands)
+    agreed = agreed_splits(problem, where)
+    reduced = {e for e, c in classes.items() if c in (CONTRACTED, LONE)}
+    for combo in itertools.product(*[opts for _, opts in per_axis]):
+        choice_items = tuple(zip(names, combo))
+        choice = dict(choice_items)
+        unsplit = False  # an agreed split dropped (gathered), if some operand variant holds it
+        for m in agreed:
+            if choice[m] is None:
+                unsplit = True
+                break
+        # one pass over the choice: the mesh axes keeping each einsum axis (as the one order when each is kept
+        # by one mesh axis), their product, the pending sums
+        first_order: dict[str, tuple[str, ...]] = {}
+        kept_product = 1
+        pending: list[str] = []
+        several = False  # some einsum axis kept by several mesh axes (their orders to choose)
+        for m, e in choice_items:
+            if e is not None:
+                if e in first_order:
+                    several = True
+                else:
+                    first_order[e] = (m,)
+                kept_product *= mesh_sizes[m]
+                if e in reduced:
+                    pending.append(m)
+        pending_kept = frozenset(pending)
+        if not several:  # one mesh axis each: one order
+            orders_of: list[dict[str, tuple[str, ...]]] = [first_order]
+        else:
+            kept_on: dict[str, list[str]] = {}
+            for m, e in choice_items:
+                if e is not None:
+                    kept_on.setdefault(e, []).append(m)
+            multi = [(e, kept_orders(problem, e, ms)) for e, ms in kept_on.items()]
+            orders_of = [
+                {e: o for (e, _), o in zip(multi, orders, strict=False)}
+                for orders in itertools.product(*(os for _, os in multi))
+            ]
+        for order in orders_of:
+            for operands, pre, any_pre, flops_whole, split, any_pending in variants:
+                if any_pre and any(
+                    pre[i]
+                    and any(
+                        (e := choice[m]) is not None and e in problem.operands[i].axes and classes[e] == LONE
+                        for m in operands[i].unreduced - problem.operands[i].unreduced
+                    )
+                    for i in range(len(operands))
+                ):
+                    continue  # summing a lone axis first and also keeping it split: not a different plan
+                # gathering an agreed split (a lone-reduced one summed first is reduced instead: not a gather)
+                unsplits = False
+                if unsplit:
+                    for m in agreed:
+                        if choice[m] is None and m in split:
+                            unsplits = True
+                            break
+                flops = flops_whole // kept_product
+                if not any_pending:
+                    result.append(
+                        _new_tuple(
+                            _Spec,
+                            (choice_items, order, operands, flops, flops / peak, pending_kept, none_pending, unsplits),
+                        )
+                    )
+                    continue
+                # Pending sums an operand brings: summed before the einsum, or (when no other operand splits
+                # over that axis) carried through it, the einsum being linear in each operand.
+                keep_u: list[frozenset[str]] = []
+                claimed: set[str] = set()
+                for op in operands:
+                    mine = frozenset(m for m in op.unreduced if choice[m] is None and m not in claimed)
+                    claimed |= mine
+                    keep_u.append(mine)
+                # With pending sums to carry, also price summing them first (every operand whole).
+                for ku in [keep_u, none_pending] if any(keep_u) else [keep_u]:
+                    result.append(
+                        _new_tuple(
+                            _Spec, (choice_items, order, operands, flops, flops / peak, pending_kept, ku, unsplits)
+                        )
+                    )
+    return result
+
+
+_IMPOSSIBLE = object()
+
+
+def _part(en: Enumeration, spec: _Spec) -> _Part | None:
+    choice, order, operands, keep_u = spec.choice, spec.order, spec.operands, spec.keep_u
+    memo = en.memo
+    targets: list[Layout] = []
+    steps: list[Collective] = []
+    get = order.get
+    i = 0
+    for op, ku in zip(operands, keep_u):
+        dims = tuple(map(get, op.axes, _EMPTY))  # order.get(e, ()) of each axis (map: no comprehension frame)
+        key = (i, id(op), dims, ku)
+        moved = memo.get(key)
+        if moved is None:
+            moved = _IMPOSSIBLE
+            same_sums = ku == op.unreduced
+            if same_sums and dims == op.dims:
+                moved = (op, ())  # the operand as it is (the most common move: none)
+            elif fits(op.shape, dims, en.mesh_sizes):
+                target = _derived(op, dims, ku)  # _fits checked the splits; choices never reuse a mesh axis
+                if same_sums and _extends(op.dims, dims):
+                    moved = (target, ())  # free slices (what transition answers, without its checks)
+                else:
+                    st = en.transition(op, target, i)
+                    if st is not None:
+                        moved = (target, st)
+            memo[key] = moved
+        if moved is _IMPOSSIBLE:  # an indivisible split or an impossible step: not a candidate
+            return None
+        targets.append(moved[0])  # type: ignore[index]
+        if moved[1]:  # type: ignore[index]
+            steps += moved[1]  # type: ignore[index]
+        i += 1
+    compute_time = spec.compute_time
+    return _new_tuple(
+        _Part,
+        (
+            choice,
+            operands,
+            tuple(targets),
+            tuple(steps),
+            tuple(map(get, en.problem.out_axes, _EMPTY)),
+            spec.pending_kept.union(*keep_u),
+            spec.flops,
+            compute_time,
+            # the same sum as a candidate's, over fewer steps (none: the compute time, as the sum gives it)
+            compute_time + (steps[0].time if len(steps) == 1 else sum([c.time for c in steps]))
+            if steps
+            else compute_time,
+            spec.unsplits,
+        ),
+    )
+
+
+_EMPTY = itertools.repeat(())  # map's second argument for dict.get(key, ()): an endless supply of ()
+
+
+def _extends(had: tuple[tuple[str, ...], ...], dims: tuple[tuple[str, ...], ...]) -> bool:
+    """Whether ``dims`` only splits each dimension further than ``had`` (its mesh axes kept, others added at
+    the minor end).  From an operand to a choice's target with the same pending sums, the added mesh axes
+    split nothing else of the operand (each keeps one einsum axis) and sum nothing (a pending sum kept is
+    over a mesh axis that keeps none): only free slices (``transition``'s answer)."""
+    for h, d in zip(had, dims, strict=True):
+        if h and d[: len(h)] != h:
+            return False
+    return True
 
 
 def enumerate_candidates(problem: Problem, classes: dict[str, str] | None = None) -> list[Candidate]:
     """Every candidate (per-axis choices × orders × output resolutions), unsorted, invalid ones dropped.
 
     ``classes``: :func:`classify` of the problem, if the caller has it."""
-    en = _Enumeration(problem, classes or classify(tuple(op.axes for op in problem.operands), problem.out_axes))
+    en = Enumeration(problem, classes or classify(tuple(op.axes for op in problem.operands), problem.out_axes))
     return [c for part in en.parts() for c in en.candidates(part)]
 
 
-def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
+def best_candidate(en: Enumeration, complete: bool) -> Candidate | None:
     """``rank(enumerate_candidates(...))``'s first candidate (its first with resolution ``'complete'`` if
     ``complete``), pricing the result's resolutions only for the operand moves that can still win.
 
@@ -88,7 +294,7 @@ def best_candidate(en: _Enumeration, complete: bool) -> Candidate | None:
     return best
 
 
-def _as_given(en: _Enumeration, complete: bool) -> tuple[Candidate | None, tuple[object, ...], bool]:
+def _as_given(en: Enumeration, complete: bool) -> tuple[Candidate | None, tuple[object, ...], bool]:
     """:func:`best_candidate`'s answer when the operands as given decide it without a search.
 
     Returns (candidate, its key in :func:`best_candidate`, whether it is the answer); the candidate is the
@@ -137,7 +343,7 @@ def _as_given(en: _Enumeration, complete: bool) -> tuple[Candidate | None, tuple
     if several:  # several mesh axes keep one einsum axis: the first of their orders, as _specs enumerates them
         for e, ms in order.items():
             if len(ms) > 1:
-                orders = _kept_orders(problem, e, list(ms))
+                orders = kept_orders(problem, e, list(ms))
                 order[e] = orders[0]
                 if len(orders) > 1:
                     two_options = False  # another order computes as fast
@@ -188,7 +394,7 @@ def _as_given(en: _Enumeration, complete: bool) -> tuple[Candidate | None, tuple
     return best, best_key, decided
 
 
-class _Enumeration:
+class Enumeration:
     """What one enumeration shares across its candidates: the problem's facts, the operand moves (parts),
     and memos of the moves and result resolutions (the same ones recur across choices and orders)."""
 
@@ -225,7 +431,7 @@ class _Enumeration:
         self.profile = problem.profile
         self.memo: dict[tuple[object, ...], object] = {}
         # where each operand (then the requested result) splits each mesh axis, and each mesh axis's options
-        self.where = _splits_of(problem) if where is None else where
+        self.where = splits_of(problem) if where is None else where
         self.per_axis = options(problem, self.where) if per_axis is None else per_axis
         self.first: _Part | None = None  # the first part, when priced before the others are enumerated
         self._specs: list[_Spec] | None = None
@@ -274,22 +480,19 @@ class _Enumeration:
         out: list[Candidate] = []
         for resolution, target_out, variant in outs:
             all_steps = (*steps, *variant)
-            # Candidate(...) with its fields filled directly (a frozen dataclass without slots or checks of
-            # its own): one per way to deliver each part's result, and the generated __init__ is most of it.
-            cand = object.__new__(Candidate)
-            cand.__dict__.update(
-                choice=part.choice,
-                targets=part.targets,
-                steps=all_steps,
-                computed=computed,
-                out=target_out,
-                resolution=resolution,
-                flops=part.flops,
+            cand = Candidate.trusted(  # (one per way to deliver each part's result: the trusted constructor)
+                part.choice,
+                part.targets,
+                all_steps,
+                computed,
+                target_out,
+                resolution,
+                part.flops,
                 # (none or one step: the sums' values, without their loops)
-                time=part.compute_time + _total_time(all_steps) if all_steps else part.compute_time,
-                comm_bytes=_total_bytes(all_steps),
-                sources=part.operands,
-                unsplits_agreed=part.unsplits,
+                part.compute_time + total_time(all_steps) if all_steps else part.compute_time,
+                _total_bytes(all_steps),
+                part.operands,
+                part.unsplits,
             )
             out.append(cand)
         return out
@@ -302,7 +505,7 @@ _COMPLETE = frozenset({"complete"})
 _COMPLETE_SCATTERED = frozenset({"complete", "reduce-scatter"})
 
 
-def _total_time(steps: tuple[Collective, ...]) -> float:
+def total_time(steps: tuple[Collective, ...]) -> float:
     """``sum([c.time for c in steps])``, the same value (one step: its time, which is 0 + its time)."""
     return steps[0].time if len(steps) == 1 else sum([c.time for c in steps])
 
@@ -325,7 +528,7 @@ def _with_operand(c: Collective, operand: Target | None) -> Collective:
 
 
 def _outcomes(
-    en: _Enumeration, out_dims: tuple[tuple[str, ...], ...], pending: frozenset[str], complete: bool = False
+    en: Enumeration, out_dims: tuple[tuple[str, ...], ...], pending: frozenset[str], complete: bool = False
 ) -> tuple[Layout, list[tuple[str, Layout, tuple[Collective, ...]]]]:
     """The computed result and the ways to deliver it: (resolution, delivered layout, collectives), memoized.
 
@@ -362,7 +565,7 @@ def _outcomes(
     return computed, outs
 
 
-def _completed(en: _Enumeration, computed: Layout) -> list[tuple[str, Layout, tuple[Collective, ...]]]:
+def _completed(en: Enumeration, computed: Layout) -> list[tuple[str, Layout, tuple[Collective, ...]]]:
     """The ways to deliver a result with pending sums complete, on a mesh without axes of size 1: what
     ``_resolutions`` and ``transition`` give (only the sums change: one all-reduce over their mesh axes in
     mesh order, and the same as one all-reduce per axis), without their general checks."""
@@ -371,7 +574,7 @@ def _completed(en: _Enumeration, computed: Layout) -> list[tuple[str, Layout, tu
     target, c = all_reduce(
         computed, summed, itemsize=en.itemsize, profile=en.profile, tensor="result", why="sum the partial results"
     )
-    c.__dict__["operand"] = "out"  # recorded afresh by all_reduce: filled in place, as _Enumeration.transition
+    c.__dict__["operand"] = "out"  # recorded afresh by all_reduce: filled in place, as Enumeration.transition
     steps: tuple[Collective, ...] = (c,)
     outs: list[tuple[str, Layout, tuple[Collective, ...]]] = [("complete", target, steps)]
     split = _split_all_reduces(steps, en)
@@ -380,7 +583,7 @@ def _completed(en: _Enumeration, computed: Layout) -> list[tuple[str, Layout, tu
     return outs
 
 
-def _split_all_reduces(steps: tuple[Collective, ...], en: _Enumeration) -> tuple[Collective, ...] | None:
+def _split_all_reduces(steps: tuple[Collective, ...], en: Enumeration) -> tuple[Collective, ...] | None:
     """The same sums done as one all-reduce per mesh axis (what XLA emits when partial sums come from
     different dimensions), or None if no all-reduce spans several mesh axes.  It sends more bytes
     (2(n_i-1)/n_i of the buffer per axis instead of 2(n-1)/n once) over fewer ring hops (Σ2(n_i-1)
@@ -416,7 +619,7 @@ def _resolutions(
     pending = tuple(m.name for m in computed.mesh if m.name in computed.unreduced)
     for i in range(len(computed.axes)):
         dims = computed.dims[:i] + (computed.dims[i] + pending,) + computed.dims[i + 1 :]
-        if _fits(computed.shape, dims, mesh_sizes):  # the pending axes split nothing: only divisibility to check
+        if fits(computed.shape, dims, mesh_sizes):  # the pending axes split nothing: only divisibility to check
             out.append(("reduce-scatter", _derived(computed, dims, frozenset())))
     if not complete:
         out.append(("unreduced", computed))
