@@ -441,7 +441,7 @@ def test_the_common_call_warns_as_the_general_path_on_a_bare_output():
 
 
 def _moves_checked(problem: Any) -> int:
-    """The enumeration fills each collective's operand in place (search._Enumeration.transition), which is
+    """The enumeration fills each collective's operand in place (search.Enumeration.transition), which is
     sound only because ``transition`` records every collective afresh: its moves equal ``transition``'s
     records with the operand set by ``dataclasses.replace``, and no record is shared between two calls.
     Returns how many collectives were compared."""
