@@ -5,6 +5,7 @@
 import dataclasses
 import subprocess
 import sys
+import types
 import warnings
 
 import pytest
@@ -39,7 +40,7 @@ EINSUMS = [
 ]
 
 
-def _analyze_fresh(expr: str, mesh: dict[str, int], sizes: dict[str, int]) -> EinsumPlan:
+def _analyze_fresh(expr: str, mesh: dict[str, int], sizes: object) -> EinsumPlan:
     einshard.clear_caches()  # every record built again, not replayed from a cache
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
@@ -69,8 +70,10 @@ def test_every_record_the_analyzer_builds_keeps_its_invariants(expr, mesh, size)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(model, "CHECKS", True)
         checked = _summary(_analyze_fresh(expr, mesh, sizes))
+        # sizes= as another Mapping than a dict: the general path (every argument checked) builds the records
+        general = _summary(_analyze_fresh(expr, mesh, types.MappingProxyType(sizes)))
     einshard.clear_caches()
-    assert checked == unchecked
+    assert checked == general == unchecked
 
 
 def test_the_trusted_constructors_build_the_dataclasses_records():
