@@ -95,6 +95,31 @@ def test_the_einsum_analysis_is_one_way(name):
     assert not upward, f"analysis/einsum/{name}.py imports {upward}: the order is {' < '.join(EINSUM_ORDER)}"
 
 
+# Private names the library still takes from an einsum module, each left for the engineer who edits its home
+# (issue 23): analyze's mesh from mesh= (MeshLike, by "expr"), a MeshAxis built unchecked (its trusted
+# constructor, by "moves") and a spec's dims (Layout.from_spec, by "expr").  Name them publicly, then drop them.
+KNOWN_PRIVATE_IMPORTS = {
+    ("einshard.analysis.einsum.analyze", "einshard.analysis.einsum.read", "_mesh_axes"),
+    ("einshard.analysis.einsum.analyze", "einshard.analysis.einsum.read", "_mesh_axis"),
+    ("einshard.analysis.einsum.analyze", "einshard.analysis.einsum.read", "_spec_dims"),
+}
+
+
+def test_no_module_takes_a_private_name_of_an_einsum_module():
+    taken = set()
+    for path in LIBRARY_FILES:
+        importer = _module_name(path)
+        package = importer.split(".") if path.name == "__init__.py" else importer.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            if module.startswith("einshard.analysis.einsum.") and module != importer:
+                taken |= {(importer, module, a.name) for a in node.names if a.name.startswith("_")}
+    assert taken <= KNOWN_PRIVATE_IMPORTS, f"private names taken across modules: {sorted(taken - KNOWN_PRIVATE_IMPORTS)}"
+
+
 def _module_name(path: pathlib.Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
