@@ -13,7 +13,6 @@ from typing import Any
 from ..core.layout import Layout, MeshAxis
 from ..errors import EinshardError
 from ..parsing import AxisItem, EllipsisItem, Expression, Side
-from .primitives import _unchecked
 
 __all__ = ["dtype_info", "spec_partitions"]
 
@@ -91,9 +90,7 @@ def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | N
 
 def _mesh_axis(name: str, size: int) -> MeshAxis:
     """``MeshAxis(name, size)`` for a name and size :func:`_check_sizes` accepted, its checks not re-run."""
-    axis = object.__new__(MeshAxis)
-    axis.__dict__.update(name=name, size=size)  # a frozen dataclass without slots: as object.__setattr__ would
-    return axis
+    return MeshAxis._derive(name, size)
 
 
 def _check_sizes(mesh: dict[Any, Any]) -> None:
@@ -206,7 +203,7 @@ def _valid_layout(
         for m in unreduced:
             if m not in mesh_sizes or m in seen:
                 return None
-    return _unchecked(names, shape, mesh, dims, unreduced)
+    return Layout._derive(names, shape, mesh, dims, unreduced)
 
 
 def _layout_of(

@@ -10,8 +10,8 @@ import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..core.layout import Layout
+from ..core.moves import derived
 from .cost import Collective
-from .primitives import _derived
 from .rule import CONTRACTED, LONE, _fits, _kept_orders, _operand_variants, agreed_splits
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ def _part(en: _Enumeration, spec: _Spec) -> _Part | None:
             if same_sums and dims == op.dims:
                 moved = (op, ())  # the operand as it is (the most common move: none)
             elif _fits(op.shape, dims, en.mesh_sizes):
-                target = _derived(op, dims, ku)  # _fits checked the splits; choices never reuse a mesh axis
+                target = derived(op, dims, ku)  # _fits checked the splits; choices never reuse a mesh axis
                 if same_sums and _extends(op.dims, dims):
                     moved = (target, ())  # free slices (what transition answers, without its checks)
                 else:

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 from ..core.layout import Layout, MeshAxis
 from .cost import Collective, Profile
-from .primitives import _unchecked
 
 __all__ = ["Problem", "Candidate", "best_candidate", "classify", "enumerate_candidates", "rank"]
 
@@ -211,7 +210,7 @@ def _pre_reduced(op: Layout, lone: set[str]) -> Layout:
     keep = [i for i, a in enumerate(op.axes) if a not in lone]
     pending = frozenset(m for i, a in enumerate(op.axes) if a in lone for m in op.dims[i])
     # valid by construction: the summed axes' mesh axes split nothing else and held no pending sums
-    return _unchecked(
+    return Layout._derive(
         tuple(op.axes[i] for i in keep),
         tuple(op.shape[i] for i in keep),
         op.mesh,

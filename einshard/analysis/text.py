@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .._caches import cached
+from ..core.layout import Layout
 from ..parsing import Expression, parse_einsum
 from .inputs import _einsum_text
-from .primitives import _unchecked
 from .rule import classify
 from .strategy import pick_weight
 
@@ -138,4 +138,6 @@ def _kept_by_mesh_axis(at: list[dict[str, str]]) -> dict[str, tuple[str | None, 
 
 def _weight_by_names(names: tuple[tuple[str, ...], ...], classes: dict[str, str]) -> int | None:
     """:func:`pick_weight` of operands with these axes (it reads nothing else of them: stand-ins of size 1)."""
-    return pick_weight(tuple([_unchecked(n, (1,) * len(n), (), ((),) * len(n), frozenset()) for n in names]), classes)
+    return pick_weight(
+        tuple([Layout._derive(n, (1,) * len(n), (), ((),) * len(n), frozenset()) for n in names]), classes
+    )

@@ -15,8 +15,7 @@ from typing import Any
 from ...core.layout import Layout, MeshAxis
 from ...errors import EinshardError
 from ..api import analyze_layouts, dtype_info
-from ..cost import get_profile
-from ..primitives import transition
+from ..cost import get_profile, transition
 from ..rule import Problem
 
 __all__ = ["OpCosts", "DotResult", "FreeLayout", "is_free", "dot_names", "adopt"]
