@@ -73,3 +73,23 @@ def test_lower_layers_never_import_higher_ones(path):
 def test_every_module_of_the_package_has_a_layer():
     names = {p.stem for p in LIBRARY.glob("*.py")} | {p.name for p in LIBRARY.iterdir() if (p / "__init__.py").exists()}
     assert names - set(ORDER) - ON_TOP == set()
+
+
+# -- the layout algebra (issue 23): one copy, in core, built through one trusted constructor ----------------
+
+
+def test_the_layout_algebra_imports_nothing_above_core():
+    """core/moves.py (the moves, transition, apply_to_layout) needs layouts, the collective vocabulary and
+    the error type only: pricing (analysis/cost.py) and running (lowering/steps.py) sit above it."""
+    found = _imports(LIBRARY / "core" / "moves.py")
+    assert found and all(n.startswith(("einshard.core.", "einshard.errors")) for n in found), found
+
+
+def test_layouts_meshaxes_and_collectives_are_built_only_through_their_constructors():
+    """No module fills a Layout, MeshAxis or Collective with ``object.__new__`` outside its trusted
+    constructor (``_derive``, checked under EINSHARD_CHECKS=1)."""
+    import re
+
+    bypass = re.compile(r"__new__\((Layout|MeshAxis|Collective)\)")
+    found = [str(p.relative_to(ROOT)) for p in LIBRARY_FILES if bypass.search(p.read_text())]
+    assert found == []
