@@ -209,3 +209,38 @@ def test_explain_builds_only_valid_layouts():
         got = einshard.explain(jax.grad(loss), w, x, mesh=mesh, in_specs=specs, profile="cpu")
     assert got.ops == want.ops and got.comm_bytes == want.comm_bytes and got.peak_bytes == want.peak_bytes
     assert got.comm_count == want.comm_count > 0
+
+
+def test_explicit_collectives_in_a_shard_map_body_are_priced_by_the_same_formulas():
+    """explain prices a shard_map body's psum / all_gather / psum_scatter / all_to_all / ppermute on the local
+    block (16×32 float32 = 2048 bytes over data=4) with cost.RING_BYTES, the analyzer's table."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+
+    def body(x):
+        a = jax.lax.psum(x, "data")
+        b = jax.lax.all_gather(x, "data", axis=0, tiled=True)
+        c = jax.lax.psum_scatter(x, "data", scatter_dimension=0, tiled=True)
+        d = jax.lax.all_to_all(x, "data", 0, 1, tiled=True)
+        e = jax.lax.ppermute(x, "data", [(i, (i + 1) % 4) for i in range(4)])
+        return a.sum() + b.sum() + c.sum() + d.sum() + e.sum()
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("data", None), out_specs=P(), check_vma=False)
+    x = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    report = einshard.explain(f, x, mesh=mesh, in_specs=(P("data", None),), profile="cpu")
+    got = [(c.kind, c.axes, c.group_size, c.bytes, c.array_bytes) for op in report.ops for c in op.collectives]
+    assert got == [
+        ("all-reduce", ("data",), 4, 3072, 2048),  # 2·(3/4)·2048
+        ("all-gather", ("data",), 4, 6144, 8192),  # (3/4) of the gathered 8 KiB
+        ("reduce-scatter", ("data",), 4, 1536, 2048),
+        ("all-to-all", ("data",), 4, 1536, 2048),
+        ("collective-permute", ("data",), 4, 2048, 2048),  # the block, once
+    ]
+    cpu = PROFILES["cpu"]
+    for op in report.ops:
+        for c in op.collectives:
+            assert c.time == cpu.collective_time(c.kind, 4, c.bytes, c.array_bytes)
