@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -31,8 +32,26 @@ __all__ = [
     "check_str",
     "check_str_or_strs",
     "describe_value",
+    "invariant_checks",
     "naming",
 ]
+
+# EINSHARD_CHECKS=1 (as JAX's jax_enable_checks): the trusted constructors (Layout._derive, MeshAxis._derive,
+# Collective._derive), which build records from parts their callers already know are valid, validate them too.
+# Off by default: those records are built thousands of times per analysis.  Read at each construction, so
+# invariant_checks() switches it for a block (tests run the analyzer under it).
+INVARIANTS: bool = os.environ.get("EINSHARD_CHECKS", "") not in ("", "0")
+
+
+@contextlib.contextmanager
+def invariant_checks(on: bool = True) -> Iterator[None]:
+    """Within the block, the trusted constructors validate what they build (``EINSHARD_CHECKS=1`` for a block)."""
+    global INVARIANTS
+    before, INVARIANTS = INVARIANTS, on
+    try:
+        yield
+    finally:
+        INVARIANTS = before
 
 
 def describe_value(value: Any) -> str:
@@ -315,7 +334,6 @@ RULES: dict[str, Rule] = {
     "itemsize": _rule(check_int, minimum=1),
     "tensor": _rule(check_str, empty=True),
     "why": _rule(check_str, empty=True),
-    "shortcuts": _rule(check_bool),
     "precision": lambda value, where, name, arguments: check_precision(value, where, name),
     "preferred_element_type": _rule(check_dtype),
     "axis_name": _axis_name_rule,

@@ -98,7 +98,9 @@ def test_a_problem_off_its_mesh_is_refused_where_it_is_built(checks):
     other = Layout(("b", "d"), (64, 128), (MeshAxis("data", 8),), ((), ()))
     with pytest.raises(einshard.EinshardError, match=r"EINSHARD_CHECKS=1.*Problem has operand 1 on the mesh"):
         Problem.trusted((other, W), ("b", "f"), SIZES, MESH, None, 2, get_profile("h100"))
-    with pytest.raises(einshard.EinshardError, match=r"Problem has operand 1's axis 'd' of size 128, but sizes= says 64"):
+    with pytest.raises(
+        einshard.EinshardError, match=r"Problem has operand 1's axis 'd' of size 128, but sizes= says 64"
+    ):
         Problem.trusted((X, W), ("b", "f"), (("b", 64), ("d", 64), ("f", 256)), MESH, None, 2, get_profile("h100"))
     with pytest.raises(einshard.EinshardError, match=r"Problem has output axes \['g'\] without a size"):
         Problem.trusted((X, W), ("b", "g"), SIZES, MESH, None, 2, get_profile("h100"))

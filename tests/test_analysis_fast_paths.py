@@ -17,19 +17,23 @@ from hypothesis import strategies as st
 
 import einshard
 import einshard.testing as et
-from einshard.analysis.cost import PROFILES, Collective, get_profile
+from einshard.analysis.cost import PROFILES, Collective, all_gather, get_profile, price
 from einshard.analysis.einsum.search import _with_operand
-from einshard.analysis.primitives import _record, all_gather
 from einshard.core.layout import Layout, MeshAxis
+from einshard.core.moves import Move
 from einshard.parsing import AxisItem, parse_einsum
 
 MESH = (MeshAxis("data", 4), MeshAxis("model", 2))
 LAY = Layout(("b", "x"), (64, 128), MESH, (("data",), ("model",)))
 
 
-def test_a_recorded_collective_equals_the_constructed_one():
+def test_a_priced_move_equals_the_constructed_collective():
+    """price() fills the record directly (Collective._derive); the dataclass's own constructor, with the
+    all-gather's ring formula written out (V = the gathered block, 64·64 one-byte elements), gives the same."""
     after = LAY.with_dims(((), ("model",)))
-    got = _record("all-gather", ("data",), 4, 3072.0, 4096, LAY, after, PROFILES["h100"], "operand 1", "w", 0)
+    got = price(
+        Move("all-gather", ("data",), 4, LAY, after, "w", 0), itemsize=1, profile=PROFILES["h100"], tensor="operand 1"
+    )
     want = Collective(
         "all-gather",
         ("data",),
@@ -445,9 +449,9 @@ def _moves_checked(problem: Any) -> int:
     sound only because ``transition`` records every collective afresh: its moves equal ``transition``'s
     records with the operand set by ``dataclasses.replace``, and no record is shared between two calls.
     Returns how many collectives were compared."""
+    from einshard.analysis.cost import transition
     from einshard.analysis.einsum.model import classify
     from einshard.analysis.einsum.search import Enumeration as _Enumeration
-    from einshard.analysis.transition import transition
 
     en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), problem.out_axes))
     moves = 0
@@ -505,7 +509,6 @@ def test_a_result_completed_directly_equals_its_resolutions_through_transition(c
     from einshard.analysis.einsum.model import classify
     from einshard.analysis.einsum.search import Enumeration as _Enumeration
     from einshard.analysis.einsum.search import _completed, _resolutions, _split_all_reduces
-    from einshard.analysis.primitives import _unchecked
 
     _, problem, requested, _ = _plan_and_full_ranking_first(case, profile)
     assume(requested is None)
@@ -513,7 +516,7 @@ def test_a_result_completed_directly_equals_its_resolutions_through_transition(c
     for part in en.parts():
         if not part.pending:
             continue
-        computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, part.out_dims, part.pending)
+        computed = Layout(problem.out_axes, en.out_shape, problem.mesh, part.out_dims, part.pending)
         want = []
         # (_completed gives the all-reduced result; a chosen result's reduce-scatters come from transition)
         resolutions = _resolutions(problem, computed, en.mesh_sizes, complete=True)
@@ -533,14 +536,13 @@ def test_a_result_completed_directly_on_a_two_axis_sum():
     """The same where the sums span two mesh axes (one all-reduce over both, and one per axis)."""
     from einshard.analysis.einsum.search import Enumeration as _Enumeration
     from einshard.analysis.einsum.search import _completed, _resolutions, _split_all_reduces
-    from einshard.analysis.primitives import _unchecked
 
     plan = einshard.analyze(
         "b x@(data,model), x@(data,model) y -> b? y?", mesh={"data": 4, "model": 2}, sizes={"b": 8, "x": 128, "y": 256}
     )
     problem, _ = _problem_and_full_ranking_first(plan, {"b": 8, "x": 128, "y": 256}, ("b", "y"), None)
     en = _Enumeration(problem, plan.classes)
-    computed = _unchecked(("b", "y"), (8, 256), problem.mesh, ((), ()), frozenset({"model", "data"}))
+    computed = Layout(("b", "y"), (8, 256), problem.mesh, ((), ()), frozenset({"model", "data"}))
     ((resolution, target),) = [r for r in _resolutions(problem, computed, en.mesh_sizes, True) if r[0] == "complete"]
     steps = en.transition(computed, target, "out")
     got = _completed(en, computed)

@@ -602,7 +602,6 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
             **{k: v for k, v in _PRIMITIVE_KINDS.items() if k not in ("lay", "why")},
             "src": _layout,
             "dst": lambda: [3, "a b", LAY_BC],
-            "shortcuts": _not_bool,
         },
     ),
     "einshard.analysis.analyze_layouts": Entry(

@@ -117,7 +117,9 @@ def test_no_module_takes_a_private_name_of_an_einsum_module():
             module = ".".join(p for p in (base, node.module or "") if p)
             if module.startswith("einshard.analysis.einsum.") and module != importer:
                 taken |= {(importer, module, a.name) for a in node.names if a.name.startswith("_")}
-    assert taken <= KNOWN_PRIVATE_IMPORTS, f"private names taken across modules: {sorted(taken - KNOWN_PRIVATE_IMPORTS)}"
+    assert taken <= KNOWN_PRIVATE_IMPORTS, (
+        f"private names taken across modules: {sorted(taken - KNOWN_PRIVATE_IMPORTS)}"
+    )
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -224,8 +226,6 @@ KNOWN_CYCLES: list[frozenset[str]] = [
             "walker",
         )
     ),
-    # the layout algebra's re-export shim (primitives.py ends by importing transition): core/moves.py ends it
-    frozenset({"einshard.analysis.primitives", "einshard.analysis.transition"}),
 ]
 
 
@@ -243,3 +243,23 @@ def test_the_cycle_finder_names_a_cycle():
     assert _cycles(graph) == [["a", "b", "c"]]
     assert _a_cycle(graph, ["a", "b", "c"]) == ["a", "b", "c", "a"]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# -- the layout algebra (issue 23): one copy, in core, built through one trusted constructor ----------------
+
+
+def test_the_layout_algebra_imports_nothing_above_core():
+    """core/moves.py (the moves, transition, apply_to_layout) needs layouts, the collective vocabulary and
+    the error type only: pricing (analysis/cost.py) and running (lowering/steps.py) sit above it."""
+    found = _imports(LIBRARY / "core" / "moves.py")
+    assert found and all(n.startswith(("einshard.core.", "einshard.errors")) for n in found), found
+
+
+def test_layouts_meshaxes_and_collectives_are_built_only_through_their_constructors():
+    """No module fills a Layout, MeshAxis or Collective with ``object.__new__`` outside its trusted
+    constructor (``_derive``, checked under EINSHARD_CHECKS=1)."""
+    import re
+
+    bypass = re.compile(r"__new__\((Layout|MeshAxis|Collective)\)")
+    found = [str(p.relative_to(ROOT)) for p in LIBRARY_FILES if bypass.search(p.read_text())]
+    assert found == []

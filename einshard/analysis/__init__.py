@@ -3,33 +3,37 @@
 Nothing here moves data: layouts are :class:`~einshard.core.layout.Layout`\\ s and
 meshes may be plain ``{'data': 4, 'model': 2}`` dicts, so a 2048-chip plan is
 analysed on a laptop.  Layers: ``cost`` (profiles, the Collective record) →
-``primitives`` (collectives as functions on layouts, ``transition``) →
+the moves (collectives as functions on layouts, ``transition``: :mod:`einshard.core.moves`, priced by ``cost``) →
 ``einsum`` (one einsum, one way through: ``model`` → ``options``, the
 per-mesh-axis rule → ``search`` → ``read`` → ``plan`` → ``analyze``) →
 ``program`` (``explain``: whole programs).
 """
 
-# The public names of the primitives check their arguments (einshard._checks.RULES, by parameter name); the
-# analyzer's own calls use the unchecked functions of .primitives.
+# The public names of the priced moves check their arguments (einshard._checks.RULES, by parameter name); the
+# analyzer's own calls use the unchecked functions of .cost.
 from .. import _checks  # noqa: E402
 from .._checks import RULES as _RULES  # noqa: E402
 from .._checks import checked as _checked  # noqa: E402
 from ..core import argument_rules as _core_rules  # noqa: E402
 from . import argument_rules as _analysis_rules  # noqa: E402
-from .cost import KINDS, PROFILES, Collective, Profile, get_profile
-from .einsum.analyze import analyze, analyze_layouts, dtype_info, plan_einsum, spec_partitions
-from .einsum.model import Problem, classify
-from .einsum.plan import EinsumPlan
-from .primitives import (
+from .cost import (
+    KINDS,
+    PROFILES,
+    Collective,
+    Profile,
     all_gather,
     all_reduce,
     all_to_all,
     collective_permute,
     dynamic_slice,
+    get_profile,
     reduce_scatter,
     regroup,
     transition,
 )
+from .einsum.analyze import analyze, analyze_layouts, dtype_info, plan_einsum, spec_partitions
+from .einsum.model import Problem, classify
+from .einsum.plan import EinsumPlan
 
 all_gather = _checked(all_gather, "einshard.analysis.all_gather")
 all_reduce = _checked(all_reduce, "einshard.analysis.all_reduce")

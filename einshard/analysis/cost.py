@@ -24,21 +24,54 @@ slower than one collective per axis, which sends more bytes over as many hops.  
 all-to-all takes ``V / (4 W)`` (scaling book, sharding.md Problem 10); on a
 ``switch`` (an NVLink node, a CPU host) it takes its bytes over ``W``.
 
+The layout algebra (:mod:`einshard.core.moves`) is unpriced; :func:`price` turns one of its
+:class:`~einshard.core.moves.Move`\\ s into a :class:`Collective` with these formulas (:data:`RING_BYTES`, the one
+copy: ``explain``'s explicit shard_map collectives read it too), and the priced moves below (``all_gather`` …
+``transition``) are the algebra's moves, priced.
+
 Example:
     >>> p = PROFILES["h100"]
     >>> round(p.collective_time("all-gather", 8, 7 / 8 * 2**30, 2**30) * 1e3, 3)   # ms for 1 GiB
     2.102
+    >>> from einshard.core.layout import Layout, MeshAxis
+    >>> a = Layout(("b", "d"), (64, 32), (MeshAxis("data", 4),), (("data",), ()))
+    >>> b, c = all_gather(a, ("data",), itemsize=4)
+    >>> b.dims, c.kind, c.bytes, c.array_bytes
+    (((), ()), 'all-gather', 6144, 8192)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .. import _checks
+from ..core import moves
 from ..core.collectives import KINDS, CollectiveKind, Step, StepKind, Target
 from ..core.layout import Layout
+from ..core.moves import Move
 
-__all__ = ["Profile", "PROFILES", "Collective", "KINDS", "get_profile", "default_profile", "profile_for"]
+__all__ = [
+    "Profile",
+    "PROFILES",
+    "Collective",
+    "KINDS",
+    "RING_BYTES",
+    "get_profile",
+    "default_profile",
+    "profile_for",
+    "price",
+    "all_gather",
+    "dynamic_slice",
+    "all_reduce",
+    "reduce_scatter",
+    "all_to_all",
+    "collective_permute",
+    "regroup",
+    "transition",
+]
 
 
 # 'switch': all-to-all connected links (NVLink, a host); 'ring': a torus axis (TPU ICI).
@@ -241,6 +274,22 @@ class Collective:
                 return tuple(out)
         return (Step(self.kind, self.operand, self.axes, dim=self.dim, to_dim=self.to_dim),)
 
+    @classmethod
+    def _derive(cls, values: dict[str, Any]) -> Collective:
+        """The trusted constructor: a Collective from ``values`` (every field by name), which the caller built
+        (:func:`price`, or a priced record with its operand set).  The generated ``__init__`` is most of the
+        cost of a record the analyzer makes per priced move, so it is skipped unless ``EINSHARD_CHECKS=1``
+        (:data:`einshard._checks.INVARIANTS`), which checks that ``values`` names every field once."""
+        if _checks.INVARIANTS and set(values) != _FIELDS:
+            from ..errors import EinshardError
+
+            raise EinshardError(
+                f"internal: Collective._derive got fields {sorted(values)}; a Collective has {sorted(_FIELDS)}"
+            )
+        new = _new(cls)
+        new.__dict__.update(values)  # a frozen dataclass without slots: as object.__setattr__ would
+        return new
+
     def __str__(self) -> str:
         return f"{self.kind}@{','.join(self.axes)} ({self.tensor}, {_human(self.bytes)}/device)"
 
@@ -260,6 +309,199 @@ class Collective:
             "dim": self.dim,
             "to_dim": self.to_dim,
         }
+
+
+_new = object.__new__
+_FIELDS = frozenset(f.name for f in fields(Collective))
+
+
+# ---------------------------------------------------------------------------
+# The byte formulas (module doc's table): one collective over ``n`` devices, each holding a block of
+# ``local_in`` bytes before and ``local_out`` after, gives (array_bytes, bytes sent per device).
+# A new collective kind adds its entry here (and its move in core.moves, its Step in lowering.steps).
+
+RingBytes = Callable[[int, int, int], tuple[int, float]]
+
+RING_BYTES: dict[CollectiveKind, RingBytes] = {
+    # V is the gathered result
+    "all-gather": lambda n, local_in, local_out: (local_out, (n - 1) / n * local_out),
+    # V is the full (unscattered) input
+    "reduce-scatter": lambda n, local_in, local_out: (local_in, (n - 1) / n * local_in),
+    # a reduce-scatter then an all-gather
+    "all-reduce": lambda n, local_in, local_out: (local_in, 2 * (n - 1) / n * local_in),
+    # each device keeps 1/n of its shard and sends the rest
+    "all-to-all": lambda n, local_in, local_out: (local_in, (n - 1) / n * local_in),
+    # every device sends its block once; a regroup's permute sends the blocks of the finer split (the
+    # coarser side's factor is gathered after it, or is whole already)
+    "collective-permute": lambda n, local_in, local_out: (min(local_in, local_out), float(min(local_in, local_out))),
+}
+
+
+def _local_bytes(lay: Layout, itemsize: int) -> int:
+    """``lay.bytes_per_device(itemsize)``, written out: this is the analyzer's innermost loop."""
+    sizes = moves.mesh_sizes(lay)
+    n = itemsize
+    for s, d in zip(lay.shape, lay.dims, strict=False):
+        k = 1
+        for m in d:
+            k *= sizes[m]
+        n *= s // k
+    return n
+
+
+def price(move: Move, *, itemsize: int = 4, profile: Profile | None = None, tensor: str = "") -> Collective:
+    """The :class:`Collective` a move is, priced on ``profile`` (default ``'cpu'``) for elements of
+    ``itemsize`` bytes: its bytes by :data:`RING_BYTES`, its time by :meth:`Profile.collective_time`."""
+    kind, axes, n, before, after = move.kind, move.axes, move.group_size, move.before, move.after
+    local_in = _local_bytes(before, itemsize)
+    local_out = local_in if kind in _SAME_BLOCK else _local_bytes(after, itemsize)
+    array_bytes, sent = RING_BYTES[kind](n, local_in, local_out)
+    sent_i = int(round(sent)) if axes else 0  # a permute that moves no mesh axis sends nothing
+    sizes = moves.mesh_sizes(before)
+    per_axis = tuple(map(sizes.__getitem__, axes))
+    if math.prod(per_axis) != n:  # a regrouped gather runs over a factor of its axes: one ring of n
+        per_axis = (n,)
+    p = _CPU if profile is None else profile
+    return Collective._derive(
+        {
+            "kind": kind,
+            "axes": axes,
+            "group_size": n,
+            "bytes": sent_i,
+            "array_bytes": array_bytes,
+            "time": p.collective_time(kind, n, sent_i, array_bytes, per_axis),
+            "tensor": tensor,
+            "why": move.why,
+            "before": before,
+            "after": after,
+            "operand": None,
+            "dim": move.dim,
+            "to_dim": move.to_dim,
+        }
+    )
+
+
+# The kinds whose formula reads only the block before (the output block is not computed for them).
+_SAME_BLOCK = frozenset({"reduce-scatter", "all-reduce", "all-to-all"})
+_CPU = PROFILES["cpu"]
+
+
+# ---------------------------------------------------------------------------
+# The algebra's moves, priced: what einshard.analysis exports and the analyzer calls.
+
+
+def all_gather(
+    lay: Layout, axes: tuple[str, ...], *, itemsize: int = 4, profile: Profile = _CPU, tensor: str = "", why: str = ""
+) -> tuple[Layout, Collective]:
+    """:func:`einshard.core.moves.all_gather`, priced: gather mesh axes ``axes`` (the minor-most of one
+    tensor axis) out of ``lay``."""
+    after, move = moves.all_gather(lay, axes, why=why)
+    return after, price(move, itemsize=itemsize, profile=profile, tensor=tensor)
+
+
+def dynamic_slice(lay: Layout, axes: tuple[str, ...], axis: str | int) -> tuple[Layout, None]:
+    """:func:`einshard.core.moves.dynamic_slice`: free (each device keeps its own block), so no price."""
+    return moves.dynamic_slice(lay, axes, axis)
+
+
+def all_reduce(
+    lay: Layout, axes: tuple[str, ...], *, itemsize: int = 4, profile: Profile = _CPU, tensor: str = "", why: str = ""
+) -> tuple[Layout, Collective]:
+    """:func:`einshard.core.moves.all_reduce`, priced: ``{U:a} → complete``."""
+    after, move = moves.all_reduce(lay, axes, why=why)
+    return after, price(move, itemsize=itemsize, profile=profile, tensor=tensor)
+
+
+def reduce_scatter(
+    lay: Layout,
+    axes: tuple[str, ...],
+    axis: str | int,
+    *,
+    order: tuple[str, ...] | None = None,
+    itemsize: int = 4,
+    profile: Profile = _CPU,
+    tensor: str = "",
+    why: str = "",
+) -> tuple[Layout, Collective]:
+    """:func:`einshard.core.moves.reduce_scatter`, priced: ``{U:a} → x@a`` (``order``: the split after)."""
+    after, move = moves.reduce_scatter(lay, axes, axis, order=order, why=why)
+    return after, price(move, itemsize=itemsize, profile=profile, tensor=tensor)
+
+
+def all_to_all(
+    lay: Layout,
+    axes: tuple[str, ...],
+    src: str | int,
+    dst: str | int,
+    *,
+    itemsize: int = 4,
+    profile: Profile = _CPU,
+    tensor: str = "",
+    why: str = "",
+) -> tuple[Layout, Collective]:
+    """:func:`einshard.core.moves.all_to_all`, priced: ``x@a y → x y@a``."""
+    after, move = moves.all_to_all(lay, axes, src, dst, why=why)
+    return after, price(move, itemsize=itemsize, profile=profile, tensor=tensor)
+
+
+def collective_permute(
+    lay: Layout,
+    dims: tuple[tuple[str, ...], ...],
+    *,
+    itemsize: int = 4,
+    profile: Profile = _CPU,
+    tensor: str = "",
+    why: str = "",
+) -> tuple[Layout, Collective]:
+    """:func:`einshard.core.moves.collective_permute`, priced: the same mesh axes per tensor axis, reordered."""
+    after, move = moves.collective_permute(lay, dims, why=why)
+    return after, price(move, itemsize=itemsize, profile=profile, tensor=tensor)
+
+
+def regroup(
+    lay: Layout,
+    axis: str | int,
+    gone: tuple[str, ...],
+    new: tuple[str, ...],
+    *,
+    itemsize: int = 4,
+    profile: Profile = _CPU,
+    tensor: str = "",
+) -> tuple[Layout, tuple[Collective, ...]]:
+    """:func:`einshard.core.moves.regroup`, priced: re-split ``axis`` from mesh axes ``gone`` to ``new``.
+
+    Example:
+        >>> from einshard.core.layout import Layout, MeshAxis
+        >>> a = Layout(("c",), (16,), (MeshAxis("x", 4), MeshAxis("y", 2)), (("x",),))
+        >>> b, steps = regroup(a, "c", ("x",), ("y",))
+        >>> b.dims, [(s.kind, s.group_size, s.array_bytes) for s in steps]
+        ((('y',),), [('collective-permute', 4, 16), ('all-gather', 2, 32)])
+    """
+    after, found = moves.regroup(lay, axis, gone, new)
+    return after, tuple([price(m, itemsize=itemsize, profile=profile, tensor=tensor) for m in found])
+
+
+def transition(
+    src: Layout, dst: Layout, *, itemsize: int = 4, profile: Profile = _CPU, tensor: str = ""
+) -> tuple[Layout, tuple[Collective, ...]]:
+    """:func:`einshard.core.moves.transition`, priced: the collectives that take ``src`` to ``dst`` (same
+    tensor, same mesh) in XLA's order.
+
+    Raises EinshardError if ``dst`` holds pending sums ``src`` does not (a
+    complete value cannot become a pending sum by communication).
+
+    Example:
+        >>> from einshard.core.layout import Layout, MeshAxis
+        >>> mesh = (MeshAxis("x", 4),)
+        >>> a = Layout(("a", "b"), (16, 32), mesh, (("x",), ()))
+        >>> _, steps = transition(a, a.with_dims(((), ("x",))))
+        >>> [(c.kind, c.array_bytes) for c in steps]      # V11: one all-to-all of the local shard
+        [('all-to-all', 512)]
+    """
+    after, found = moves.transition(src, dst)
+    if not found:  # the common answers: nothing to do, or free slices
+        return after, ()
+    return after, tuple([price(m, itemsize=itemsize, profile=profile, tensor=tensor) for m in found])
 
 
 def _human(n: float) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
+from .. import _checks
 from .._caches import cached
 from .._checks import describe_value
 from ..errors import EinshardError
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 
+_new = object.__new__
+
+
 @dataclass(frozen=True)
 class MeshAxis:
     """A named axis of a device mesh and its size."""
@@ -64,6 +68,16 @@ class MeshAxis:
 
     def __str__(self) -> str:
         return f"{self.name}={self.size}"
+
+    @classmethod
+    def _derive(cls, name: str, size: int) -> MeshAxis:
+        """The trusted constructor: ``MeshAxis(name, size)`` for a name and size the caller has checked,
+        validated only under ``EINSHARD_CHECKS=1`` (:data:`einshard._checks.INVARIANTS`)."""
+        if _checks.INVARIANTS:
+            return cls(name, size)
+        new = _new(cls)
+        new.__dict__.update(name=name, size=size)  # a frozen dataclass without slots: as object.__setattr__ would
+        return new
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,37 @@ class Layout:
         # Validated at construction (JAX's rule for its own sharding types): an
         # inconsistent Layout can never reach placement, analysis or lowering.
         _validate(self)
+
+    @classmethod
+    def _derive(
+        cls,
+        axes: tuple[str, ...],
+        shape: tuple[int, ...],
+        mesh: tuple[MeshAxis, ...],
+        dims: tuple[tuple[str, ...], ...],
+        unreduced: frozenset[str] = frozenset(),
+        mesh_sizes: dict[str, int] | None = None,
+    ) -> Layout:
+        """The ONE trusted constructor: a Layout from parts the caller derived from validated ones.
+
+        The analyzer and ``explain`` derive thousands of short-lived layouts per call; each derivation checks
+        what its step could break (a new split's divisibility, a mesh axis used twice), so re-running every
+        field's validation (a third of a fresh analysis) is skipped, unless ``EINSHARD_CHECKS=1``
+        (:data:`einshard._checks.INVARIANTS`, as ``jax_enable_checks``), which validates every one.
+        ``mesh_sizes``: the mesh's sizes by name when the caller has them (the cached view, not recomputed).
+        """
+        if _checks.INVARIANTS:
+            return cls(axes, shape, mesh, dims, unreduced)
+        new = _new(cls)
+        d = new.__dict__  # a frozen dataclass without slots: fields filled as object.__setattr__ would
+        d["axes"] = axes
+        d["shape"] = shape
+        d["mesh"] = mesh
+        d["dims"] = dims
+        d["unreduced"] = unreduced
+        if mesh_sizes is not None:
+            d["mesh_sizes"] = mesh_sizes
+        return new
 
     @classmethod
     def from_spec(

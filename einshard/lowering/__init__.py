@@ -9,12 +9,13 @@ from jax.sharding import PartitionSpec
 from .. import _checks
 from .._checks import RULES as _RULES
 from .._checks import checked as _checked
+from ..core.moves import apply_to_layout as step_layout  # the public name of core.moves.apply_to_layout
 from .collective_matmul import SCHEDULES, allgather_einsum, einsum_reduce_scatter, ring_shift
 from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .pipeline import PipelineEnd, PipelineInfo, circular_layer_order, pipeline, pipeline_info
 from .pipeline_stages import vocab_parallel_cross_entropy, vocab_parallel_embed
 from .shard_einsum import einsum_auto, einsum_layouts, einsum_shard_map
-from .steps import KINDS, STEP_KINDS, Step, apply_step, step_layout
+from .steps import KINDS, STEP_KINDS, Step, apply_step
 from .training import data_parallel, fsdp, fsdp_layouts, gather_params
 
 

@@ -33,6 +33,7 @@ from ..analysis.einsum.analyze import Operand
 from ..core.collectives import Target, reorder_pairs
 from ..core.layout import Layout
 from ..core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
+from ..core.moves import drop_trivial
 from ..errors import EinshardError
 from .padding import Padding, pad_operands, plan_padding, unpad_result
 from .placing import lowering_mesh
@@ -44,15 +45,6 @@ __all__ = ["einsum", "lower", "EinsumProgram", "plan_steps", "runs_exactly"]
 MODES = ("sync", "async", "auto")
 
 
-def _strip(lay: Layout) -> Layout:
-    """The layout without mesh axes of size 1: splitting over one device is no split, and needs no step."""
-    ones = {m.name for m in lay.mesh if m.size == 1}
-    if not ones:
-        return lay
-    dims = tuple(tuple(m for m in d if m not in ones) for d in lay.dims)
-    return Layout(lay.axes, lay.shape, lay.mesh, dims, frozenset(lay.unreduced - ones))
-
-
 def _slices(cur: Layout, target: Layout, operand: Target) -> list[Step]:
     """The free local slices the plan takes between two collectives on one tensor: ``cur`` to ``target``.
 
@@ -60,7 +52,7 @@ def _slices(cur: Layout, target: Layout, operand: Target) -> list[Step]:
     them a tensor can only be split further, each device keeping its own block.
     Anything else would need communication the plan does not list, so it is a bug.
     """
-    cur, target = _strip(cur), _strip(target)
+    cur, target = drop_trivial(cur), drop_trivial(target)
     steps = []
     for d, (have, want) in enumerate(zip(cur.dims, target.dims, strict=True)):
         if have == want:
@@ -170,7 +162,7 @@ def local_sums(plan: EinsumPlan) -> dict[int, Layout]:
         if given.axes != used.axes:
             keep = [d for d, a in enumerate(given.axes) if a in used.axes]
             pending = frozenset(m for d, a in enumerate(given.axes) if a not in used.axes for m in given.dims[d])
-            out[i] = _strip(
+            out[i] = drop_trivial(
                 Layout(
                     tuple(given.axes[d] for d in keep),
                     tuple(given.shape[d] for d in keep),
@@ -213,8 +205,8 @@ def plan_steps(plan: EinsumPlan) -> tuple[list[Step], list[Step]]:
 
     before: list[Step] = []
     for i, (given, used) in enumerate(zip(plan.operands, plan.operands_used, strict=True)):
-        before += run(summed.get(i, _strip(given)), used, i)
-    return before, run(_strip(plan.computed_layout), plan.out_layout, "out")
+        before += run(summed.get(i, drop_trivial(given)), used, i)
+    return before, run(drop_trivial(plan.computed_layout), plan.out_layout, "out")
 
 
 @dataclass(frozen=True)
@@ -408,8 +400,8 @@ def _lower_on(
         return EinsumProgram(plan, mode, (), (), auto, None, mesh)
     before, after = plan_steps(plan)
     fn = einsum_shard_map(
-        tuple(_strip(op) for op in plan.operands),
-        _strip(plan.out_layout),
+        tuple(drop_trivial(op) for op in plan.operands),
+        drop_trivial(plan.out_layout),
         before,
         after,
         local_sums=local_sums(plan),

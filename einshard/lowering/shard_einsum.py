@@ -1,7 +1,7 @@
 """The shard_map that runs one sharded einsum: steps on the operands, the local ``jnp.einsum``, steps on the result.
 
 :func:`einsum_shard_map` tracks each block's :class:`~einshard.core.layout.Layout`
-through the steps (:func:`~einshard.lowering.steps.step_layout`), so a step list that
+through the steps (:func:`~einshard.core.moves.apply_to_layout`), so a step list that
 would compute the wrong thing (operands split differently on a shared axis, a
 result that does not have the requested layout) is rejected with an
 :class:`~einshard.errors.EinshardError` before anything runs.
@@ -44,10 +44,11 @@ from .._compat import native_unreduced
 from ..core.collectives import Step
 from ..core.layout import Layout, resolve_named
 from ..core.mesh import as_mesh, explicit_axes
+from ..core.moves import apply_to_layout
 from ..errors import EinshardError
 from ..parsing import AxisItem, Side, parse_einsum, parse_placement
 from .placing import check_lowering_context, constrain_auto, mesh_axes_of, place, restrict_spec
-from .steps import _fail, apply_step, step_layout, vary
+from .steps import apply_step, vary
 
 __all__ = ["einsum_layouts", "einsum_shard_map", "einsum_auto"]
 
@@ -112,30 +113,30 @@ def _local_einsum_result(locals_: Sequence[Layout], out_axes: tuple[str, ...], o
     for lay in locals_:
         for name, d in zip(lay.axes, lay.dims, strict=True):
             if dims_of.setdefault(name, d) != d:
-                raise _fail(
+                raise EinshardError(
                     f"after the operand steps, axis {name!r} is split over {dims_of[name] or 'nothing'} "
                     f"in one operand and over {d or 'nothing'} in another: the local einsum would mix blocks",
-                    "Gather one side, slice the other (dynamic-slice), or realign with an all-to-all.",
+                    hint="Gather one side, slice the other (dynamic-slice), or realign with an all-to-all.",
                 )
     pending = {m for name, d in dims_of.items() if name not in out_axes for m in d}
     # Pending sums an operand carries pass through the einsum (it is linear in each operand), unless
     # two operands carry the same one (a product of partial sums is not a partial sum of the product).
     carried = [m for lay in locals_ for m in lay.unreduced]
     if len(set(carried)) != len(carried) or set(carried) & {m for d in dims_of.values() for m in d}:
-        raise _fail(
+        raise EinshardError(
             f"after the operand steps the operands carry pending sums over {sorted(carried)}: two over one "
             "mesh axis, or one over a mesh axis that also splits an axis, do not multiply to the result's sum",
-            "All-reduce the pending sums of all but one operand first.",
+            hint="All-reduce the pending sums of all but one operand first.",
         )
     pending |= set(carried)
     dims = tuple(dims_of[n] for n in out_axes)
     used = [m for d in dims for m in d]
     if len(set(used)) != len(used) or pending & set(used):
-        raise _fail(
+        raise EinshardError(
             f"after the operand steps one mesh axis would split two result axes or both split and sum "
             f"({', '.join(f'{n}@{d}' for n, d in zip(out_axes, dims, strict=True) if d)}; pending {sorted(pending)}): "
             "the devices would hold only diagonal blocks",
-            "All-gather one of the operands on that mesh axis first.",
+            hint="All-gather one of the operands on that mesh axis first.",
         )
     return Layout(out_axes, out.shape, out.mesh, dims, frozenset(pending))
 
@@ -300,12 +301,12 @@ def einsum_shard_map(
     before = [s for s in steps_before]
     for s in before:
         if not isinstance(s.operand, int) or not 0 <= s.operand < n_ops:
-            raise _fail(f"step {s}: operand must be an operand position 0..{n_ops - 1}")
+            raise EinshardError(f"step {s}: operand must be an operand position 0..{n_ops - 1}")
     for s in steps_after:
         if s.operand != "out":
-            raise _fail(f"step {s}: a step after the einsum acts on operand 'out'")
+            raise EinshardError(f"step {s}: a step after the einsum acts on operand 'out'")
     if layout_out.mesh != layouts_in[0].mesh or any(lay.mesh != layouts_in[0].mesh for lay in layouts_in):
-        raise _fail("the operand and output layouts are on different meshes")
+        raise EinshardError("the operand and output layouts are on different meshes")
 
     # Follow each block's layout through the steps; reject plans that compute something else.
     local = list(layouts_in)
@@ -319,34 +320,34 @@ def einsum_shard_map(
             or any(given.axes[d] in others for d in gone)
             or summed.axes != tuple(a for a in given.axes if a in summed.axes)
         ):
-            raise _fail(f"local_sums: {summed} is not operand {i + 1} ({given}) summed over its own axes")
+            raise EinshardError(f"local_sums: {summed} is not operand {i + 1} ({given}) summed over its own axes")
         sums[i] = gone
         local[i] = summed
     for s in before:
         assert isinstance(s.operand, int)  # checked above
-        local[s.operand] = step_layout(local[s.operand], s)
+        local[s.operand] = apply_to_layout(local[s.operand], s)
     native = native_unreduced(mesh)
     for i, (given, lay) in enumerate(zip(layouts_in, local, strict=True)):
         if given.unreduced and not native:
-            raise _fail(
+            raise EinshardError(
                 f"operand {i + 1} holds pending sums ({given}); on this mesh they come as a leading partials axis",
-                "Sum it first (x.sum(0)); JAX unreduced arrays need a mesh whose axes are all Explicit.",
+                hint="Sum it first (x.sum(0)); JAX unreduced arrays need a mesh whose axes are all Explicit.",
             )
         if given.unreduced & lay.unreduced:
-            raise _fail(
+            raise EinshardError(
                 f"operand {i + 1} ({given}) reaches the local einsum with its pending sums over "
                 f"{', '.join(sorted(given.unreduced & lay.unreduced))}: JAX computes on unreduced values only "
                 "by reducing them",
-                "Reduce them first: an all-reduce or reduce-scatter step on the operand.",
+                hint="Reduce them first: an all-reduce or reduce-scatter step on the operand.",
             )
     computed = _local_einsum_result(local, layout_out.axes, layout_out)
     final = computed
     for s in steps_after:
-        final = step_layout(final, s)
+        final = apply_to_layout(final, s)
     if final.dims != layout_out.dims or final.unreduced != layout_out.unreduced:
-        raise _fail(
+        raise EinshardError(
             f"the steps leave the result as {final}, not the requested {layout_out}",
-            "Add the collective that closes the gap (all-reduce or reduce-scatter for pending sums, "
+            hint="Add the collective that closes the gap (all-reduce or reduce-scatter for pending sums, "
             "all-gather or dynamic-slice for splits).",
         )
 

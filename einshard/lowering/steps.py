@@ -1,8 +1,8 @@
 """Executable steps: run one :class:`~einshard.core.collectives.Step` on a block inside a shard_map body.
 
 A :class:`Step` names one collective (or a local slice) applied to one local
-block inside the body of a ``jax.shard_map``; :func:`apply_step` runs it and
-:func:`step_layout` says what layout it leaves.  The shard_map of a whole einsum
+block inside the body of a ``jax.shard_map``; :func:`apply_step` runs it
+(:func:`einshard.core.moves.apply_to_layout` says what layout it leaves).  The shard_map of a whole einsum
 is :func:`einshard.lowering.shard_einsum.einsum_shard_map`; where a lowering runs,
 :mod:`einshard.lowering.placing`.
 """
@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 
 from ..core.collectives import KINDS, STEP_KINDS, Step, reorder_pairs
-from ..core.layout import Layout
 from ..errors import EinshardError
 
 # Where a lowering runs lives in .placing; re-exported here, where the other lowerings found it first.
@@ -28,7 +27,6 @@ __all__ = [
     "STEP_KINDS",
     "Step",
     "apply_step",
-    "step_layout",
     "varying_axes",
     "vary",
     "ring_size",
@@ -133,89 +131,3 @@ def apply_step(block: jax.Array, step: Step, *, invariant: bool | Collection[str
     # collective-permute: a cyclic shift around the ring
     perm = [(j, (j + step.shift) % n) for j in range(n)]
     return jax.lax.ppermute(block, axes, perm)
-
-
-# ---------------------------------------------------------------------------
-# Tracking layouts through steps
-
-
-def _fail(reason: str, hint: str | None = None) -> EinshardError:
-    return EinshardError(reason, hint=hint)
-
-
-def step_layout(lay: Layout, step: Step) -> Layout:
-    """The layout of a block after ``step`` (or an EinshardError if the step does not fit it).
-
-    Example:
-        >>> from einshard.core.layout import Layout, MeshAxis
-        >>> lay = Layout(('b', 'd'), (8, 4), (MeshAxis('data', 2),), ((), ()))
-        >>> str(step_layout(lay, Step('dynamic-slice', 0, ('data',), dim=0)))
-        '[b:8@data d:4]'
-    """
-    dims = list(lay.dims)
-    axes = tuple(step.mesh_axes)
-    for m in axes:
-        if m not in lay.mesh_sizes:
-            raise _fail(f"step {step}: {m!r} is not a mesh axis (the mesh: {', '.join(map(str, lay.mesh))})")
-    n = math.prod(lay.mesh_sizes[m] for m in axes)
-
-    def check_dim(d: int | None) -> int:
-        if d is None or not 0 <= d < len(dims):
-            raise _fail(f"step {step}: dim {d} is not a dimension of {lay}")
-        return d
-
-    def suffix(d: int) -> None:
-        if dims[d][len(dims[d]) - len(axes) :] != axes or not dims[d]:
-            raise _fail(
-                f"step {step}: dimension {d} ({lay.axes[d]}) of {lay} is not split over {axes} as its minor mesh axes"
-            )
-
-    def unused(d: int) -> None:
-        taken = lay.sharded_mesh_axes | lay.unreduced
-        clash = [m for m in axes if m in taken]
-        if clash:
-            raise _fail(f"step {step}: mesh axis {clash[0]!r} already splits or sums {lay}")
-        shards = lay.shards(d) * n
-        if lay.shape[d] % shards:
-            raise _fail(f"step {step}: {lay.axes[d]} of size {lay.shape[d]} does not split into {shards} blocks")
-
-    if step.kind == "all-gather":
-        d = check_dim(step.dim)
-        suffix(d)
-        dims[d] = dims[d][: len(dims[d]) - len(axes)]
-        return lay.with_dims(tuple(dims))
-    if step.kind == "dynamic-slice":
-        d = check_dim(step.dim)
-        unused(d)
-        dims[d] = dims[d] + axes
-        return lay.with_dims(tuple(dims))
-    if step.kind == "all-reduce":
-        missing = [m for m in axes if m not in lay.unreduced]
-        if missing:
-            raise _fail(f"step {step}: {lay} holds no pending sums over {missing[0]!r}")
-        return lay.with_dims(tuple(dims), lay.unreduced - set(axes))
-    if step.kind == "reduce-scatter":
-        d = check_dim(step.dim)
-        missing = [m for m in axes if m not in lay.unreduced]
-        if missing:
-            raise _fail(f"step {step}: {lay} holds no pending sums over {missing[0]!r}")
-        shards = lay.shards(d) * n
-        if lay.shape[d] % shards:
-            raise _fail(f"step {step}: {lay.axes[d]} of size {lay.shape[d]} does not split into {shards} blocks")
-        dims[d] = dims[d] + axes
-        return lay.with_dims(tuple(dims), lay.unreduced - set(axes))
-    if step.kind == "all-to-all":
-        d, t = check_dim(step.dim), check_dim(step.to_dim)
-        suffix(d)
-        dims[d] = dims[d][: len(dims[d]) - len(axes)]
-        shards = math.prod(lay.mesh_sizes[m] for m in dims[t]) * n
-        if lay.shape[t] % shards:
-            raise _fail(f"step {step}: {lay.axes[t]} of size {lay.shape[t]} does not split into {shards} blocks")
-        dims[t] = dims[t] + axes
-        return lay.with_dims(tuple(dims))
-    if step.reorder is not None:
-        before, after = step.reorder
-        if before != lay.dims:
-            raise _fail(f"step {step}: {lay} is not split as {before}")
-        return lay.with_dims(after)
-    return lay  # a ring shift moves blocks between devices; the layout cannot say which

@@ -28,9 +28,9 @@ from ..._caches import cached, register
 from ..._checks import describe_value
 from ...core.layout import Layout, MeshAxis
 from ...core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
+from ...core.moves import remember_mesh
 from ...errors import EinshardError
 from ..cost import Profile, get_profile
-from ..primitives import _remember_mesh, _unchecked
 from .model import Problem, classify, pick_weight
 from .plan import EinsumPlan, side_string
 from .read import (
@@ -270,7 +270,7 @@ def _analyze_plain(
     mesh_axes = tuple(map(_mesh_axis, mesh, mesh.values()))
     # its sizes by name, shared with the primitives (one dict per mesh, as _mesh_facts would build it)
     mesh_sizes = dict(mesh)
-    _remember_mesh(
+    remember_mesh(
         mesh_axes, mesh_sizes, _NO_AXES if smallest > 1 else frozenset([n for n, k in mesh.items() if k == 1])
     )
     get = sizes.__getitem__
@@ -322,7 +322,7 @@ def _side_layout(side: WrittenSide, size: Any, mesh: tuple[MeshAxis, ...], mesh_
     for i, d in side.split:
         if shape[i] % math.prod(map(mesh_sizes.__getitem__, d)):
             return None
-    return _unchecked(side.names, shape, mesh, side.dims, side.unreduced)
+    return Layout._derive(side.names, shape, mesh, side.dims, side.unreduced)
 
 
 def _analyze(

@@ -35,7 +35,6 @@ import itertools
 from collections.abc import Sequence
 
 from ...core.layout import Layout
-from ..primitives import _unchecked
 from .model import LONE, Problem
 
 __all__ = ["agreed_splits", "fits", "kept_orders", "operand_variants", "options", "split_at", "splits_of"]
@@ -114,7 +113,7 @@ def _pre_reduced(op: Layout, lone: set[str]) -> Layout:
     keep = [i for i, a in enumerate(op.axes) if a not in lone]
     pending = frozenset(m for i, a in enumerate(op.axes) if a in lone for m in op.dims[i])
     # valid by construction: the summed axes' mesh axes split nothing else and held no pending sums
-    return _unchecked(
+    return Layout._derive(
         tuple(op.axes[i] for i in keep),
         tuple(op.shape[i] for i in keep),
         op.mesh,

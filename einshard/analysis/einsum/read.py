@@ -108,9 +108,7 @@ def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | N
 
 def _mesh_axis(name: str, size: int) -> MeshAxis:
     """``MeshAxis(name, size)`` for a name and size :func:`_check_sizes` accepted, its checks not re-run."""
-    axis = object.__new__(MeshAxis)
-    axis.__dict__.update(name=name, size=size)  # a frozen dataclass without slots: as object.__setattr__ would
-    return axis
+    return MeshAxis._derive(name, size)
 
 
 def _check_sizes(mesh: dict[Any, Any]) -> None:

@@ -29,10 +29,9 @@ from typing import NamedTuple
 
 from ...core.collectives import Target
 from ...core.layout import Layout
+from ...core.moves import derived, trivial_axes
 from ...errors import EinshardError
-from ..cost import Collective
-from ..primitives import _derived, _trivial, _unchecked, all_reduce
-from ..transition import transition
+from ..cost import Collective, all_reduce, transition
 from .model import CONTRACTED, LONE, Candidate, Problem, classify
 from .options import agreed_splits, fits, kept_orders, operand_variants, options, splits_of
 
@@ -200,7 +199,7 @@ def _part(en: Enumeration, spec: _Spec) -> _Part | None:
             if same_sums and dims == op.dims:
                 moved = (op, ())  # the operand as it is (the most common move: none)
             elif fits(op.shape, dims, en.mesh_sizes):
-                target = _derived(op, dims, ku)  # _fits checked the splits; choices never reuse a mesh axis
+                target = derived(op, dims, ku)  # _fits checked the splits; choices never reuse a mesh axis
                 if same_sums and _extends(op.dims, dims):
                     moved = (target, ())  # free slices (what transition answers, without its checks)
                 else:
@@ -520,11 +519,9 @@ def _total_bytes(steps: tuple[Collective, ...]) -> int:
 def _with_operand(c: Collective, operand: Target | None) -> Collective:
     """``dataclasses.replace(c, operand=operand)`` without its generic machinery (a tenth of a fresh analysis):
     the record's fields as they are, the operand set."""
-    new = object.__new__(Collective)
-    d = new.__dict__  # a frozen dataclass without slots: fields filled as object.__setattr__ would
-    d.update(c.__dict__)
-    d["operand"] = operand
-    return new
+    values = c.__dict__.copy()
+    values["operand"] = operand
+    return Collective._derive(values)
 
 
 def _outcomes(
@@ -547,8 +544,8 @@ def _outcomes(
     problem = en.problem
     # valid by construction: the kept splits divide their axes (the operands holding them fit), and the
     # pending sums are over mesh axes that keep a summed axis or nothing
-    computed = _unchecked(problem.out_axes, en.out_shape, problem.mesh, out_dims, pending)
-    fast = complete and pending and problem.requested is None and not _trivial(computed)
+    computed = Layout._derive(problem.out_axes, en.out_shape, problem.mesh, out_dims, pending)
+    fast = complete and pending and problem.requested is None and not trivial_axes(computed)
     outs = _completed(en, computed) if fast else []
     if not fast or problem.scatter_chosen:
         for resolution, target_out in _resolutions(problem, computed, en.mesh_sizes, complete):
@@ -613,14 +610,14 @@ def _resolutions(
         return [("requested", problem.requested)]
     if not computed.unreduced:
         return [("complete", computed)]
-    out = [("complete", _derived(computed, computed.dims, frozenset()))]
+    out = [("complete", derived(computed, computed.dims, frozenset()))]
     if complete and not problem.scatter_chosen:
         return out
     pending = tuple(m.name for m in computed.mesh if m.name in computed.unreduced)
     for i in range(len(computed.axes)):
         dims = computed.dims[:i] + (computed.dims[i] + pending,) + computed.dims[i + 1 :]
         if fits(computed.shape, dims, mesh_sizes):  # the pending axes split nothing: only divisibility to check
-            out.append(("reduce-scatter", _derived(computed, dims, frozenset())))
+            out.append(("reduce-scatter", derived(computed, dims, frozenset())))
     if not complete:
         out.append(("unreduced", computed))
     return out

@@ -14,10 +14,9 @@ from typing import Any
 
 from ...core.layout import Layout, MeshAxis
 from ...errors import EinshardError
-from ..cost import get_profile
+from ..cost import get_profile, transition
 from ..einsum.analyze import analyze_layouts, dtype_info
 from ..einsum.model import Problem
-from ..primitives import transition
 
 __all__ = ["OpCosts", "DotResult", "FreeLayout", "is_free", "dot_names", "adopt"]
 

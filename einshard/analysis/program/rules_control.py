@@ -17,7 +17,7 @@ import numpy as np
 
 from ...core.collectives import CollectiveKind
 from ...core.layout import Layout
-from ..cost import Collective
+from ..cost import RING_BYTES, Collective
 from ..einsum.read import spec_partitions
 from .costing import is_free
 from .registry import inherit, register
@@ -128,14 +128,7 @@ def manual_collective(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase
         item = int(np.dtype(v_out.aval.dtype).itemsize)
         local_in = int(math.prod(v_in.aval.shape)) * item
         local_out = int(math.prod(v_out.aval.shape)) * item
-        if kind == "all-reduce":
-            array, sent = local_in, 2 * (n - 1) / n * local_in
-        elif kind == "all-gather":
-            array, sent = local_out, (n - 1) / n * local_out
-        elif kind in ("reduce-scatter", "all-to-all"):
-            array, sent = local_in, (n - 1) / n * local_in
-        else:  # collective-permute: every device sends its block once
-            array, sent = local_in, float(local_in)
+        array, sent = RING_BYTES[kind](n, local_in, local_out)  # the analyzer's formulas (cost.py)
         t = w.costs.profile.collective_time(kind, n, sent, array)
         colls.append(Collective(kind, axes, n, int(sent), array, t, "shard_map body", f"explicit {name}"))
     if colls:

@@ -350,10 +350,8 @@ _SHAPE_ONLY = {"reshape", "transpose", "convert_element_type", "copy", "copy_p",
 def _private_copy(lay: Layout) -> Layout:
     """A copy of a validated, fully reduced ``Layout`` (same fields and cached views), not re-validated:
     the walk binds one per value, thousands per walk."""
-    lay.mesh_sizes  # noqa: B018  (computed once on the shared layout, then copied with it)
-    new = object.__new__(Layout)
-    new.__dict__.update(lay.__dict__)
-    return new
+    # mesh_sizes: computed once on the shared layout, then shared with the copy
+    return Layout._derive(lay.axes, lay.shape, lay.mesh, lay.dims, lay.unreduced, lay.mesh_sizes)
 
 
 def _extends(src: tuple[tuple[str, ...], ...], dst: tuple[tuple[str, ...], ...]) -> bool:

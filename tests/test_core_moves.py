@@ -1,0 +1,246 @@
+"""The one layout algebra (einshard.core.moves), its pricing (einshard.analysis.cost.price) and the trusted
+constructors (Layout/MeshAxis/Collective._derive), which validate what they build under EINSHARD_CHECKS=1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import einshard
+from einshard._checks import invariant_checks
+from einshard.analysis.cost import PROFILES, RING_BYTES, Collective, price, transition
+from einshard.core import moves
+from einshard.core.layout import Layout, MeshAxis
+
+MESH = (MeshAxis("data", 4), MeshAxis("model", 2))
+
+
+@st.composite
+def layout_pairs(draw: st.DrawFn) -> tuple[Layout, Layout]:
+    """Two layouts of one tensor on one mesh (mesh axes of size 1 included); the target's pending sums are
+    some of the source's, so a transition exists."""
+    names = draw(st.sampled_from([("x",), ("x", "y"), ("x", "y", "z")]))
+    mesh = tuple(MeshAxis(n, draw(st.sampled_from([1, 2, 4]))) for n in names)
+    rank = draw(st.integers(1, 3))
+    axes = tuple("abc"[:rank])
+
+    def layout(within: frozenset[str] | None = None) -> Layout:
+        dims: list[list[str]] = [[] for _ in axes]
+        unreduced = set()
+        for m in draw(st.permutations(names)):
+            where = draw(st.sampled_from(["none", "split", "sum"]))
+            if where == "split":
+                dims[draw(st.integers(0, rank - 1))].append(m)
+            elif where == "sum" and (within is None or m in within):
+                unreduced.add(m)
+        return Layout(axes, (64,) * rank, mesh, tuple(tuple(d) for d in dims), frozenset(unreduced))
+
+    src = layout()
+    return src, layout(src.unreduced)
+
+
+@given(layout_pairs(), st.sampled_from([1, 2, 4]), st.sampled_from(sorted(PROFILES)))
+def test_each_priced_collective_follows_the_ring_formulas(pair, itemsize, profile):
+    """Bytes from the layouts' own per-device bytes (Layout.bytes_per_device, not price's loop) through the
+    module doc's table; time from the profile; the record is what the move says (kind, axes, layouts)."""
+    src, dst = pair
+    after, found = moves.transition(src, dst)
+    _, priced = transition(src, dst, itemsize=itemsize, profile=PROFILES[profile], tensor="t")
+    assert len(found) == len(priced)
+    for m, c in zip(found, priced, strict=True):
+        local_in, local_out = m.before.bytes_per_device(itemsize), m.after.bytes_per_device(itemsize)
+        n = m.group_size
+        want_array, want_sent = {
+            "all-gather": (local_out, (n - 1) / n * local_out),
+            "reduce-scatter": (local_in, (n - 1) / n * local_in),
+            "all-reduce": (local_in, 2 * (n - 1) / n * local_in),
+            "all-to-all": (local_in, (n - 1) / n * local_in),
+            "collective-permute": (min(local_in, local_out), min(local_in, local_out)),
+        }[m.kind]
+        assert (c.array_bytes, c.bytes) == (want_array, round(want_sent))
+        assert (c.kind, c.axes, c.group_size, c.why, c.dim, c.to_dim, c.tensor) == (
+            m.kind,
+            m.axes,
+            n,
+            m.why,
+            m.dim,
+            m.to_dim,
+            "t",
+        )
+        assert (c.before, c.after, c.operand) == (m.before, m.after, None)
+        sizes = {a.name: a.size for a in src.mesh}
+        per_axis = tuple(sizes[a] for a in m.axes)
+        per_axis = per_axis if len(per_axis) and _prod(per_axis) == n else (n,)
+        assert c.time == PROFILES[profile].collective_time(m.kind, n, c.bytes, c.array_bytes, per_axis)
+
+
+def _prod(xs: tuple[int, ...]) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def test_every_collective_kind_has_a_formula():
+    assert set(RING_BYTES) == set(einshard.analysis.KINDS)
+
+
+def test_a_permute_that_moves_nothing_sends_nothing():
+    lay = Layout(("a",), (16,), MESH, (("data", "model"),))
+    _, move = moves.collective_permute(lay, lay.dims)
+    c = price(move, itemsize=4)
+    assert (move.axes, move.group_size, c.bytes, c.array_bytes) == ((), 1, 0, 4 * 16 // 8)
+
+
+def test_a_regroup_prices_the_finer_split_s_blocks():
+    """[c@x] → [c@y] with |x| = 4, |y| = 2: a permute of the x-blocks (4 bytes each, 16 one-byte elements
+    over 4), then an all-gather over the remaining factor 2 of the y-blocks (8 bytes)."""
+    a = Layout(("c",), (16,), (MeshAxis("x", 4), MeshAxis("y", 2)), (("x",),))
+    b, found = moves.regroup(a, "c", ("x",), ("y",))
+    priced = [price(m, itemsize=1) for m in found]
+    assert b.dims == (("y",),)
+    assert [(c.kind, c.group_size, c.array_bytes, c.bytes) for c in priced] == [
+        ("collective-permute", 4, 4, 4),
+        ("all-gather", 2, 8, 4),
+    ]
+    # the coarser source: [c@y] → [c@x] sends the finer x-blocks once, nothing to gather
+    _, back = moves.regroup(b, "c", ("y",), ("x",))
+    assert [(m.kind, m.group_size, price(m, itemsize=1).array_bytes) for m in back] == [("collective-permute", 4, 4)]
+
+
+# -- the trusted constructors --------------------------------------------------------------------------------
+
+
+def test_derive_validates_under_checks_and_trusts_otherwise():
+    bad = (("a", "b"), (6, 4), MESH, (("data",), ()), frozenset())  # 6 does not split over data=4
+    Layout._derive(*bad)  # trusted: the caller's promise, not re-checked (the analyzer's hot path)
+    with invariant_checks(), pytest.raises(einshard.EinshardError, match="does not split over"):
+        Layout._derive(*bad)
+    with invariant_checks(), pytest.raises(einshard.EinshardError, match="sizes are positive integers"):
+        MeshAxis._derive("data", 0)
+    c = price(moves.all_gather(Layout(("a",), (8,), MESH, (("data",),)), ("data",))[1])
+    values = dict(vars(c))
+    assert Collective._derive(values) == c
+    del values["why"]
+    with invariant_checks(), pytest.raises(einshard.EinshardError, match="internal: Collective._derive"):
+        Collective._derive(values)
+
+
+def test_a_derived_layout_equals_the_validated_one():
+    lay = Layout._derive(("a", "b"), (8, 4), MESH, (("data",), ("model",)), frozenset(), {"data": 4, "model": 2})
+    assert lay == Layout(("a", "b"), (8, 4), MESH, (("data",), ("model",)))
+    assert lay.mesh_sizes == {"data": 4, "model": 2} and lay.shard_shape == (2, 2)
+
+
+CASES = [
+    ("b@data x, x y@model -> b? y?", {"data": 4, "model": 2}, {"b": 64, "x": 128, "y": 256}),
+    ("b x@(data,model), x@(data,model) y -> b? y?", {"data": 4, "model": 2}, {"b": 64, "x": 128, "y": 256}),
+    ("b x@data, x y@model, y z -> b z@data", {"data": 2, "model": 4}, {"b": 32, "x": 64, "y": 64, "z": 128}),
+    ("b s@data h, h f@model -> b s f", {"data": 1, "model": 2}, {"b": 4, "s": 16, "h": 32, "f": 64}),
+    ("b x@data, x y -> b y@data {U:model}", {"data": 2, "model": 2}, {"b": 8, "x": 16, "y": 32}),
+]
+
+
+@pytest.mark.parametrize("expr, mesh, sizes", CASES)
+def test_the_analyzer_builds_only_valid_layouts(expr, mesh, sizes):
+    """Under EINSHARD_CHECKS every layout the analyzer derives (every candidate, move and resolution) is
+    validated as Layout(...) validates it, and the plans are the ones the trusted path gives."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            einshard.clear_caches()
+            want = einshard.analyze(expr, mesh=mesh, sizes=sizes)
+            want_alternatives = want.alternatives
+        except einshard.EinshardError as err:
+            einshard.clear_caches()
+            with invariant_checks(), pytest.raises(einshard.EinshardError, match=str(err.reason)[:30]):
+                einshard.analyze(expr, mesh=mesh, sizes=sizes)
+            return
+        einshard.clear_caches()
+        with invariant_checks():
+            got = einshard.analyze(expr, mesh=mesh, sizes=sizes)
+            got_alternatives = got.alternatives
+    assert got == want and got_alternatives == want_alternatives
+    einshard.clear_caches()
+
+
+@given(layout_pairs())
+def test_transition_builds_only_valid_layouts(pair):
+    src, dst = pair
+    with invariant_checks():
+        try:
+            got = moves.transition(src, dst)
+        except einshard.EinshardError:
+            assert dst.unreduced - src.unreduced
+            return
+    assert got == moves.transition(src, dst)
+
+
+def test_the_checks_switch_on_from_the_environment():
+    env = {**os.environ, "EINSHARD_CHECKS": "1"}
+    code = "import einshard._checks as c; print(c.INVARIANTS)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_explain_builds_only_valid_layouts():
+    """explain's walk copies and derives layouts per value (walker._private_copy, the costing's moves): under
+    EINSHARD_CHECKS each is validated, and the report is the trusted path's."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    w = jax.ShapeDtypeStruct((32, 64), jnp.float32)
+    x = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+    specs = (P(None, "model"), P("data", None))
+    want = einshard.explain(jax.grad(loss), w, x, mesh=mesh, in_specs=specs, profile="cpu")
+    with invariant_checks():
+        got = einshard.explain(jax.grad(loss), w, x, mesh=mesh, in_specs=specs, profile="cpu")
+    assert got.ops == want.ops and got.comm_bytes == want.comm_bytes and got.peak_bytes == want.peak_bytes
+    assert got.comm_count == want.comm_count > 0
+
+
+def test_explicit_collectives_in_a_shard_map_body_are_priced_by_the_same_formulas():
+    """explain prices a shard_map body's psum / all_gather / psum_scatter / all_to_all / ppermute on the local
+    block (16×32 float32 = 2048 bytes over data=4) with cost.RING_BYTES, the analyzer's table."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+
+    def body(x):
+        a = jax.lax.psum(x, "data")
+        b = jax.lax.all_gather(x, "data", axis=0, tiled=True)
+        c = jax.lax.psum_scatter(x, "data", scatter_dimension=0, tiled=True)
+        d = jax.lax.all_to_all(x, "data", 0, 1, tiled=True)
+        e = jax.lax.ppermute(x, "data", [(i, (i + 1) % 4) for i in range(4)])
+        return a.sum() + b.sum() + c.sum() + d.sum() + e.sum()
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("data", None), out_specs=P(), check_vma=False)
+    x = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    report = einshard.explain(f, x, mesh=mesh, in_specs=(P("data", None),), profile="cpu")
+    got = [(c.kind, c.axes, c.group_size, c.bytes, c.array_bytes) for op in report.ops for c in op.collectives]
+    assert got == [
+        ("all-reduce", ("data",), 4, 3072, 2048),  # 2·(3/4)·2048
+        ("all-gather", ("data",), 4, 6144, 8192),  # (3/4) of the gathered 8 KiB
+        ("reduce-scatter", ("data",), 4, 1536, 2048),
+        ("all-to-all", ("data",), 4, 1536, 2048),
+        ("collective-permute", ("data",), 4, 2048, 2048),  # the block, once
+    ]
+    cpu = PROFILES["cpu"]
+    for op in report.ops:
+        for c in op.collectives:
+            assert c.time == cpu.collective_time(c.kind, 4, c.bytes, c.array_bytes)
