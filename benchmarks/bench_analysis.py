@@ -43,7 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 
 import einshard  # noqa: E402
-from einshard.analysis.einsum import analyze as api  # noqa: E402
+from einshard._src.analysis.einsum import analyze as api  # noqa: E402
 
 CASES = [
     # name, expression, mesh, sizes

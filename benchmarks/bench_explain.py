@@ -40,7 +40,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 from transformer import _norm, block  # noqa: E402
 
-from einshard.analysis.program import trace  # noqa: E402
+from einshard._src.analysis.program import trace  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 

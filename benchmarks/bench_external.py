@@ -37,7 +37,7 @@ from external_corpus.families import FAMILIES  # noqa: E402
 from external_corpus.planning import PLANNED, compiled, layouts, plan_for, step_of  # noqa: E402
 
 import einshard  # noqa: E402
-from einshard.analysis.program import trace  # noqa: E402
+from einshard._src.analysis.program import trace  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "external.json"
 DOC = ROOT / "docs" / "analysis.md"

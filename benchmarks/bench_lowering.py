@@ -60,10 +60,10 @@ import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from einshard.core.collectives import KINDS  # noqa: E402
+from einshard._src.core.collectives import KINDS  # noqa: E402
 from einshard.lowering import allgather_einsum, einsum_reduce_scatter, pipeline, pipeline_info  # noqa: E402
 
-COLLECTIVES = KINDS  # the one collective vocabulary (einshard.core.collectives)
+COLLECTIVES = KINDS  # the one collective vocabulary (einshard._src.core.collectives)
 
 
 def count_collectives(compiled_text: str) -> dict[str, int]:

@@ -361,7 +361,7 @@ def _parse_timings(quick: bool) -> dict[str, Any]:
     import jax
 
     import einshard
-    from einshard import parsing
+    from einshard._src import parsing
 
     n = jax.device_count()
     model = 2 if n % 2 == 0 else 1

@@ -7,19 +7,19 @@ The public API is what ``__all__`` lists; the layers behind it (parsing,
 core, placement, analysis, lowering) are importable on their own.
 """
 
-from ._caches import clear_caches
-from .analysis import Profile, analyze, explain
-from .analysis.einsum.plan import EinsumPlan
-from .analysis.explicit import check_explicit
-from .audit import audit
-from .core.layout import Layout
-from .core.logical import axis_rules
-from .drawing import show
-from .errors import EinshardError
-from .lowering import data_parallel, fsdp, fsdp_layouts, pipeline, pipeline_info
-from .lowering.einsum import einsum, lower
-from .placement import describe, einshard, layout, sharding, spec
-from .planner import LayoutPlan, plan
+from ._src._caches import clear_caches
+from ._src.analysis import Profile, analyze, explain
+from ._src.analysis.einsum.plan import EinsumPlan
+from ._src.analysis.explicit import check_explicit
+from ._src.audit import audit
+from ._src.core.layout import Layout
+from ._src.core.logical import axis_rules
+from ._src.drawing import show
+from ._src.errors import EinshardError
+from ._src.lowering import data_parallel, fsdp, fsdp_layouts, pipeline, pipeline_info
+from ._src.lowering.einsum import einsum, lower
+from ._src.placement import describe, einshard, layout, sharding, spec
+from ._src.planner import LayoutPlan, plan
 
 __version__ = "0.4.0"
 
@@ -58,14 +58,14 @@ __all__ = [
 # Names that left the top level in 0.4 (README, "Migrating to 0.4"): still reachable, with a warning that
 # names their home.  name -> (module, attribute).
 _MOVED: dict[str, tuple[str, str]] = {
-    "Plan": ("einshard.analysis", "EinsumPlan"),
-    "PlanResult": ("einshard.planner", "LayoutPlan"),
-    "Collective": ("einshard.analysis", "Collective"),
-    "MeshAxis": ("einshard.core.layout", "MeshAxis"),
-    "Expression": ("einshard.parsing", "Expression"),
-    "parse": ("einshard.parsing", "parse"),
-    "anonymous_mesh": ("einshard.placement", "anonymous_mesh"),
-    "EinsumProgram": ("einshard.lowering.einsum", "EinsumProgram"),
+    "Plan": ("einshard._src.analysis", "EinsumPlan"),
+    "PlanResult": ("einshard._src.planner", "LayoutPlan"),
+    "Collective": ("einshard._src.analysis", "Collective"),
+    "MeshAxis": ("einshard._src.core.layout", "MeshAxis"),
+    "Expression": ("einshard._src.parsing", "Expression"),
+    "parse": ("einshard._src.parsing", "parse"),
+    "anonymous_mesh": ("einshard._src.placement", "anonymous_mesh"),
+    "EinsumProgram": ("einshard._src.lowering.einsum", "EinsumProgram"),
 }
 _RENAMED = {"Plan": "EinsumPlan", "PlanResult": "LayoutPlan"}
 

@@ -14,8 +14,8 @@ import json
 import sys
 
 from einshard.analysis import EinsumPlan, analyze
-from einshard.analysis.cost import human_bytes, human_time
-from einshard.analysis.einsum.plan import COLLECTIVE_COLUMNS, collective_rows, format_plan, side_string, type_string
+from einshard._src.analysis.cost import human_bytes, human_time
+from einshard._src.analysis.einsum.plan import COLLECTIVE_COLUMNS, collective_rows, format_plan, side_string, type_string
 from einshard.errors import EinshardError
 
 __all__ = ["run", "parse_pairs"]
@@ -38,7 +38,7 @@ def parse_pairs(text: str, what: str) -> dict[str, int]:
 
 def _check_flags(text: str, mesh: dict[str, int], sizes: dict[str, int]) -> None:
     """Every mesh axis the einsum names is in --mesh and every einsum axis in --sizes; errors name the flags."""
-    from einshard.parsing import parse_einsum
+    from einshard._src.parsing import parse_einsum
 
     expr = parse_einsum(text)
     for side in expr.sides:
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             if before:  # 'Did you mean ...?': the fix is the expression's spelling, not a new axis
                 hint = before + "The mesh axes are --mesh's: " + ", ".join(mesh)
             else:
-                from einshard.parsing import parse_einsum
+                from einshard._src.parsing import parse_einsum
 
                 named = [
                     m for side in parse_einsum(args.expression).sides for i in side.axes for m in i.mesh_axes or ()

@@ -48,7 +48,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from einshard.audit import audit
+    from einshard._src.audit import audit
 
     from .presets import parse_mesh
 

@@ -228,7 +228,7 @@ def make_tp_async_step(
 # Pipeline over the stacked layers
 
 
-# How the pipeline's ends hold their parameters (einshard.tree_rules path rules): the vocabulary over 'stage'.
+# How the pipeline's ends hold their parameters (einshard._src.tree_rules path rules): the vocabulary over 'stage'.
 END_LAYOUTS: dict[str, dict[str, str | None]] = {
     "embed": {"tokens": "v d -> v@stage d", "positions": None},
     "head": {"unembed": "d v -> d v@stage", "final_ln": None},

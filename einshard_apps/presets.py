@@ -45,7 +45,7 @@ from typing import Any
 import jax
 
 from einshard.errors import EinshardError
-from einshard.tree_rules import leaf_expressions, read_rules_file
+from einshard._src.tree_rules import leaf_expressions, read_rules_file
 
 __all__ = [
     "Preset",
@@ -275,7 +275,7 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 
 def load_rules(path: str | pathlib.Path) -> tuple[Preset, dict[str, int] | None]:
-    """Read a rules file (:func:`einshard.tree_rules.read_rules_file`: the one format ``save_rules`` and
+    """Read a rules file (:func:`einshard._src.tree_rules.read_rules_file`: the one format ``save_rules`` and
     ``einshard plan --rules-out`` write) into a preset and its mesh, if it gives one."""
     p = pathlib.Path(path)
     read = read_rules_file(p)
@@ -285,7 +285,7 @@ def load_rules(path: str | pathlib.Path) -> tuple[Preset, dict[str, int] | None]
 def expressions_for(tree: Any, rules: Mapping[str, str | None]) -> Any:
     """The expression each leaf of ``tree`` gets: the first pattern found in its keystr path.
 
-    The same matching as ``einshard(tree, rules)`` (:mod:`einshard.tree_rules`), returned as a tree of strings
+    The same matching as ``einshard(tree, rules)`` (:mod:`einshard._src.tree_rules`), returned as a tree of strings
     so the demo can print it, build shardings and save it with a checkpoint.  A rule of None (leave the leaf
     as it is: a host array placed whole on every device) is written ``'... -> ...'``.
     """

@@ -76,7 +76,7 @@ def _parse_shape(text: str) -> tuple[int, ...]:
 
 def _check_mesh_flag(text: str, sizes: dict[str, int] | None) -> None:
     """Every mesh axis the expression names has a size in --mesh (else an error naming the flag, not ``mesh=``)."""
-    from einshard.parsing import parse_placement
+    from einshard._src.parsing import parse_placement
 
     expr = parse_placement(text)
     for item in expr.output.axes:

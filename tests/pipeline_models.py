@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from einshard.lowering.pipeline_stages import vocab_parallel_cross_entropy, vocab_parallel_embed
+from einshard._src.lowering.pipeline_stages import vocab_parallel_cross_entropy, vocab_parallel_embed
 
 HI = jax.lax.Precision.HIGHEST
 D = 4

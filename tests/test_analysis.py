@@ -21,7 +21,7 @@ from einshard.analysis import (
     reduce_scatter,
     transition,
 )
-from einshard.core.layout import Layout, MeshAxis
+from einshard._src.core.layout import Layout, MeshAxis
 
 X4 = (MeshAxis("x", 4),)
 XY = (MeshAxis("x", 2), MeshAxis("y", 4))

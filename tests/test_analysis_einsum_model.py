@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import einshard
-from einshard.analysis.cost import get_profile
-from einshard.analysis.einsum import model
-from einshard.analysis.einsum.analyze import plan_einsum
-from einshard.analysis.einsum.model import Candidate, Problem
-from einshard.analysis.einsum.plan import EinsumPlan
-from einshard.core.layout import Layout, MeshAxis
+from einshard._src.analysis.cost import get_profile
+from einshard._src.analysis.einsum import model
+from einshard._src.analysis.einsum.analyze import plan_einsum
+from einshard._src.analysis.einsum.model import Candidate, Problem
+from einshard._src.analysis.einsum.plan import EinsumPlan
+from einshard._src.core.layout import Layout, MeshAxis
 
 MESH = (MeshAxis("data", 4), MeshAxis("model", 2))
 X = Layout(("b", "d"), (64, 128), MESH, (("data",), ()))

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 import einshard
 import einshard.testing as et
-from einshard.analysis.cost import PROFILES, Collective, all_gather, get_profile, price
-from einshard.analysis.einsum.search import _with_operand
-from einshard.core.layout import Layout, MeshAxis
-from einshard.core.moves import Move
-from einshard.parsing import AxisItem, parse_einsum
+from einshard._src.analysis.cost import PROFILES, Collective, all_gather, get_profile, price
+from einshard._src.analysis.einsum.search import _with_operand
+from einshard._src.core.layout import Layout, MeshAxis
+from einshard._src.core.moves import Move
+from einshard._src.parsing import AxisItem, parse_einsum
 
 MESH = (MeshAxis("data", 4), MeshAxis("model", 2))
 LAY = Layout(("b", "x"), (64, 128), MESH, (("data",), ("model",)))
@@ -102,7 +102,7 @@ def _columns(sides):
 
 
 def _lark_sides(text: str):
-    from einshard._grammar import _Build, _lark
+    from einshard._src._grammar import _Build, _lark
 
     stripped = text.strip()
     offset = len(text) - len(text.lstrip())
@@ -110,7 +110,7 @@ def _lark_sides(text: str):
 
 
 def _agrees(text: str) -> None:
-    from einshard._grammar import _scan
+    from einshard._src._grammar import _scan
 
     got = _scan(text, len(text) - len(text.lstrip()), len(text.rstrip()))
     if got is None:
@@ -153,7 +153,7 @@ def test_the_scanner_reads_well_formed_expressions_as_lark(items, pad):
     ],
 )
 def test_the_scanner_reads_the_common_expressions_as_lark(text):
-    from einshard._grammar import _scan
+    from einshard._src._grammar import _scan
 
     assert _scan(text, len(text) - len(text.lstrip()), len(text.rstrip())) is not None
     _agrees(text)
@@ -163,14 +163,14 @@ def test_the_scanner_reads_the_common_expressions_as_lark(text):
     "text", ["a b -> a2 b", "a -> a*", "... x -> ... x", "b x, x y -> b y {U:m}", "x -> ", "a@( d,m) -> a", "a b"]
 )
 def test_what_the_scanner_leaves_lark_reads(text):
-    from einshard._grammar import _scan
+    from einshard._src._grammar import _scan
 
     assert _scan(text, len(text) - len(text.lstrip()), len(text.rstrip())) is None
 
 
 def test_an_enumerated_candidate_equals_the_constructed_one():
-    from einshard.analysis.einsum.model import Candidate, Problem
-    from einshard.analysis.einsum.search import enumerate_candidates
+    from einshard._src.analysis.einsum.model import Candidate, Problem
+    from einshard._src.analysis.einsum.search import enumerate_candidates
 
     w = Layout(("x", "y"), (128, 256), MESH, (("data",), ("model",)))
     problem = Problem((LAY, w), ("b", "y"), (("b", 64), ("x", 128), ("y", 256)), MESH, None, 2, PROFILES["h100"])
@@ -198,8 +198,8 @@ def _plan_and_full_ranking_first(case: Any, profile: str) -> tuple[Any, Any, Any
 
 def _problem_and_full_ranking_first(plan: Any, sizes: dict, out_axes: tuple, requested: Any) -> tuple[Any, Any]:
     """The search Problem behind ``plan`` and the first of its full enumeration's ranking."""
-    from einshard.analysis.einsum.model import Problem
-    from einshard.analysis.einsum.search import enumerate_candidates, rank
+    from einshard._src.analysis.einsum.model import Problem
+    from einshard._src.analysis.einsum.search import enumerate_candidates, rank
 
     all_sizes = tuple((a, sizes[a]) for a in dict.fromkeys(a for op in plan.operands for a in op.axes))
     chosen = requested is None  # '?': the cheapest complete result, all-reduced or reduce-scattered
@@ -232,7 +232,7 @@ def test_the_search_skips_parts_only_when_they_cannot_win(case, profile):
 
 
 def test_a_built_plan_equals_the_constructed_one():
-    from einshard.analysis.einsum.plan import EinsumPlan
+    from einshard._src.analysis.einsum.plan import EinsumPlan
 
     plan = einshard.analyze("b x@model, x@model y -> b? y?", mesh={"model": 4}, sizes={"b": 64, "x": 128, "y": 256})
     for p in (plan, *plan.alternatives):
@@ -254,9 +254,9 @@ def test_a_built_plan_equals_the_constructed_one():
 def test_the_operands_as_given_are_the_answer_only_when_nothing_beats_them(case, profile):
     """The first choice (the operands as given) is taken without a search only when no other can beat it
     (search._as_given); at any sizes the answer is the full ranking's first."""
-    from einshard.analysis.einsum.model import classify
-    from einshard.analysis.einsum.search import Enumeration as _Enumeration
-    from einshard.analysis.einsum.search import _as_given
+    from einshard._src.analysis.einsum.model import classify
+    from einshard._src.analysis.einsum.search import Enumeration as _Enumeration
+    from einshard._src.analysis.einsum.search import _as_given
 
     plan, problem, requested, ref = _plan_and_full_ranking_first(case, profile)
     en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), problem.out_axes))
@@ -284,9 +284,9 @@ def test_the_operands_as_given_are_the_answer_only_when_nothing_beats_them(case,
 def test_the_operands_as_given_decide_the_common_cases(expr, mesh, sizes, decided):
     """Which einsums the first choice decides without a search (the speed of analyze rests on it), and that
     the answer is the full ranking's first either way."""
-    from einshard.analysis.einsum.model import classify
-    from einshard.analysis.einsum.search import Enumeration as _Enumeration
-    from einshard.analysis.einsum.search import _as_given
+    from einshard._src.analysis.einsum.model import classify
+    from einshard._src.analysis.einsum.search import Enumeration as _Enumeration
+    from einshard._src.analysis.einsum.search import _as_given
 
     plan = einshard.analyze(expr, mesh=mesh, sizes=sizes, dtype="bf16", profile="h100")
     requested = None if parse_einsum(expr).output_chosen else plan.out_layout
@@ -318,9 +318,9 @@ def test_a_contraction_kept_split_is_decided_as_the_full_ranking_decides(expr_ax
     """Einsums whose first choice keeps a contracted split (pending sums, then collectives): the first
     choice decides only when every other choice computes slower than it takes in all (search._as_given);
     at compute- or communication-bound sizes the plan is the full ranking's first."""
-    from einshard.analysis.einsum.model import classify
-    from einshard.analysis.einsum.search import Enumeration as _Enumeration
-    from einshard.analysis.einsum.search import _as_given
+    from einshard._src.analysis.einsum.model import classify
+    from einshard._src.analysis.einsum.search import Enumeration as _Enumeration
+    from einshard._src.analysis.einsum.search import _as_given
 
     expr, axes = expr_axes
     mesh = dict(zip(axes, mesh_sizes, strict=False))
@@ -349,8 +349,8 @@ def test_a_contraction_kept_split_is_decided_as_the_full_ranking_decides(expr_ax
 def _plain_and_general(expr: str, mesh: dict, sizes: dict, dtype: Any = "bf16", profile: Any = "h100") -> tuple:
     """analyze's entry for the common call (layouts read once from the text) and its general path (every
     check of the arguments, layouts through read.side_layout): (plan or None, plan or error)."""
-    from einshard.analysis.einsum import analyze as api
-    from einshard.analysis.einsum.read import _mesh_axes
+    from einshard._src.analysis.einsum import analyze as api
+    from einshard._src.analysis.einsum.read import _mesh_axes
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
@@ -435,7 +435,7 @@ def test_the_common_call_falls_back_where_the_general_path_checks(expr, mesh, si
 
 def test_the_common_call_warns_as_the_general_path_on_a_bare_output():
     mesh, sizes = {"data": 4}, {"b": 8, "x": 16, "y": 8}
-    from einshard.analysis.einsum import analyze as api
+    from einshard._src.analysis.einsum import analyze as api
 
     plan = api._analyze_plain("b@data x, x y -> b y", mesh, sizes, None, None)
     assert "bare output" in plan.__dict__["_bare_output_warning"]  # analyze() warns it (cached or not)
@@ -449,9 +449,9 @@ def _moves_checked(problem: Any) -> int:
     sound only because ``transition`` records every collective afresh: its moves equal ``transition``'s
     records with the operand set by ``dataclasses.replace``, and no record is shared between two calls.
     Returns how many collectives were compared."""
-    from einshard.analysis.cost import transition
-    from einshard.analysis.einsum.model import classify
-    from einshard.analysis.einsum.search import Enumeration as _Enumeration
+    from einshard._src.analysis.cost import transition
+    from einshard._src.analysis.einsum.model import classify
+    from einshard._src.analysis.einsum.search import Enumeration as _Enumeration
 
     en = _Enumeration(problem, classify(tuple(op.axes for op in problem.operands), problem.out_axes))
     moves = 0
@@ -506,9 +506,9 @@ def test_the_enumeration_s_moves_on_a_searched_einsum():
 def test_a_result_completed_directly_equals_its_resolutions_through_transition(case, profile):
     """search._completed (pending sums completed by all_reduce, without transition's general checks) gives
     what _resolutions and transition give, for every part's computed result with pending sums."""
-    from einshard.analysis.einsum.model import classify
-    from einshard.analysis.einsum.search import Enumeration as _Enumeration
-    from einshard.analysis.einsum.search import _completed, _resolutions, _split_all_reduces
+    from einshard._src.analysis.einsum.model import classify
+    from einshard._src.analysis.einsum.search import Enumeration as _Enumeration
+    from einshard._src.analysis.einsum.search import _completed, _resolutions, _split_all_reduces
 
     _, problem, requested, _ = _plan_and_full_ranking_first(case, profile)
     assume(requested is None)
@@ -534,8 +534,8 @@ def test_a_result_completed_directly_equals_its_resolutions_through_transition(c
 
 def test_a_result_completed_directly_on_a_two_axis_sum():
     """The same where the sums span two mesh axes (one all-reduce over both, and one per axis)."""
-    from einshard.analysis.einsum.search import Enumeration as _Enumeration
-    from einshard.analysis.einsum.search import _completed, _resolutions, _split_all_reduces
+    from einshard._src.analysis.einsum.search import Enumeration as _Enumeration
+    from einshard._src.analysis.einsum.search import _completed, _resolutions, _split_all_reduces
 
     plan = einshard.analyze(
         "b x@(data,model), x@(data,model) y -> b? y?", mesh={"data": 4, "model": 2}, sizes={"b": 8, "x": 128, "y": 256}

@@ -23,9 +23,9 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 import einshard.testing as et
-from einshard.analysis.einsum.model import Problem
-from einshard.analysis.einsum.search import enumerate_candidates, rank
-from einshard.parsing import parse_einsum
+from einshard._src.analysis.einsum.model import Problem
+from einshard._src.analysis.einsum.search import enumerate_candidates, rank
+from einshard._src.parsing import parse_einsum
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "analysis_plans.json"
 
@@ -191,7 +191,7 @@ def test_the_pruned_search_finds_the_full_ranking_s_best(case, profile):
 def layout_pairs(draw):
     """Two layouts of one tensor on one mesh (mesh axes of size 1 included), the second without pending
     sums the first lacks."""
-    from einshard.core.layout import Layout, MeshAxis
+    from einshard._src.core.layout import Layout, MeshAxis
 
     names = draw(st.sampled_from([("x",), ("x", "y"), ("x", "y", "z")]))
     mesh = tuple(MeshAxis(n, draw(st.sampled_from([1, 2, 4]))) for n in names)
@@ -216,14 +216,14 @@ def layout_pairs(draw):
 @given(layout_pairs())
 def test_transition_s_collectives_run_as_the_lowering_runs_them(pair):
     """Each collective transition records takes its ``before`` layout to its ``after`` when run as the
-    lowering runs it (its Steps through :func:`einshard.core.moves.apply_to_layout`, written separately from
+    lowering runs it (its Steps through :func:`einshard._src.core.moves.apply_to_layout`, written separately from
     the moves), the collectives chain (free slices between them), and the last leaves ``dst`` (mesh axes of
     size 1 aside).  (Before issue 23 this compared transition's quick paths with its general steps; the
     quick paths are the path now, and this holds them against the lowering's reading of the same record.)"""
     import dataclasses
 
     from einshard.analysis import transition
-    from einshard.core.moves import apply_to_layout, drop_trivial
+    from einshard._src.core.moves import apply_to_layout, drop_trivial
 
     src, dst = pair
     try:

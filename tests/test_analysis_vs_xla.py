@@ -48,7 +48,7 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 import einshard.testing as et
-from einshard.analysis.einsum.read import spec_partitions
+from einshard._src.analysis.einsum.read import spec_partitions
 from einshard.testing import hlo
 
 _MESHES: dict[tuple[int, ...], jax.sharding.Mesh] = {}
@@ -148,7 +148,7 @@ def test_textbook_2d_cases_match_xla(expr, mesh_shape, in_specs, out_spec):
 
 
 def _layout(p: P):
-    from einshard.core.layout import Layout, MeshAxis
+    from einshard._src.core.layout import Layout, MeshAxis
 
     dims = tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in p)
     return Layout(("a", "b"), (64, 128), (MeshAxis("x", 2), MeshAxis("y", 4)), dims)

@@ -160,7 +160,7 @@ def test_a_vector_loss_is_refused_under_jit_and_grad_too() -> None:
 # rest of every public signature).
 
 from einshard.analysis import Profile  # noqa: E402
-from einshard.core.layout import Layout, MeshAxis  # noqa: E402
+from einshard._src.core.layout import Layout, MeshAxis  # noqa: E402
 
 _DUPLICATE_MESH = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("data", "data"))
 
@@ -314,7 +314,7 @@ from hypothesis import strategies as st  # noqa: E402
     ),
 )
 def test_the_polynomial_star_split_gives_the_old_answers(total: int, stars: list[tuple[int, int | None]]) -> None:
-    from einshard.core.layout import split_devices
+    from einshard._src.core.layout import split_devices
 
     weights, sizes = [w for w, _ in stars], [s for _, s in stars]
     try:
@@ -353,7 +353,7 @@ class _ManyDevices:
 
 
 def test_show_draws_a_bounded_summary_of_100000_devices() -> None:
-    from einshard.drawing import render
+    from einshard._src.drawing import render
 
     x = jax.ShapeDtypeStruct((100_000,), np.float32)
     fake = type("Shaped", (), {"shape": x.shape, "dtype": x.dtype, "sharding": _ManyDevices(100_000)})()

@@ -1,4 +1,4 @@
-"""The one layout algebra (einshard.core.moves), its pricing (einshard.analysis.cost.price) and the trusted
+"""The one layout algebra (einshard._src.core.moves), its pricing (einshard.analysis.cost.price) and the trusted
 constructors (Layout/MeshAxis/Collective._derive), which validate what they build under EINSHARD_CHECKS=1."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import einshard
-from einshard._checks import invariant_checks
-from einshard.analysis.cost import PROFILES, RING_BYTES, Collective, price, transition
-from einshard.core import moves
-from einshard.core.layout import Layout, MeshAxis
+from einshard._src._checks import invariant_checks
+from einshard._src.analysis.cost import PROFILES, RING_BYTES, Collective, price, transition
+from einshard._src.core import moves
+from einshard._src.core.layout import Layout, MeshAxis
 
 MESH = (MeshAxis("data", 4), MeshAxis("model", 2))
 
@@ -184,7 +184,7 @@ def test_transition_builds_only_valid_layouts(pair):
 
 def test_the_checks_switch_on_from_the_environment():
     env = {**os.environ, "EINSHARD_CHECKS": "1"}
-    code = "import einshard._checks as c; print(c.INVARIANTS)"
+    code = "import einshard._src._checks as c; print(c.INVARIANTS)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
 

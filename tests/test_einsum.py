@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 import einshard
 import einshard.testing as et
 from einshard.errors import EinshardError
-from einshard.lowering.einsum import runs_exactly
+from einshard._src.lowering.einsum import runs_exactly
 from einshard.testing import hlo
 
 MESH_SHAPES = [((1,), ("x",)), ((2,), ("x",)), ((4,), ("x",)), ((8,), ("x",)), ((2, 4), ("x", "y"))]
@@ -349,7 +349,7 @@ def test_the_program_that_runs_is_the_plan_that_was_explained_deep(case, seed, k
 def test_a_pending_sum_passed_between_einsums_is_reduced_once(context):
     """On an all-Explicit mesh '-> b y {U:model}' is a JAX unreduced array; the next einsum takes it and
     reduces it once (one all-reduce in the compiled chain), and the chain equals the unsharded one."""
-    from einshard._compat import native_unreduced
+    from einshard._src._compat import native_unreduced
 
     mesh = _mesh((2, 4), ("data", "model"), explicit=True)
     assert native_unreduced(mesh)  # jax 0.10.2 and 0.12.0.1 both type pending sums

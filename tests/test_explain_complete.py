@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard.analysis.program.registry import RULES
+from einshard._src.analysis.program.registry import RULES
 from einshard.testing import hlo
 
 # A primitive of this test's own (no rule will ever be registered for it), lowered to XLA's TopK: XLA's

@@ -24,7 +24,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard.analysis.program import trace
+from einshard._src.analysis.program import trace
 from einshard.testing import hlo
 
 MODELS = ("jnp_transformer", "nnx_transformer", "linen_transformer", "eqx_transformer")

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from einshard.analysis.program import trace
+from einshard._src.analysis.program import trace
 
 TOLERANCE = 0.25
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard.analysis.program import trace
+from einshard._src.analysis.program import trace
 
 MESH = {"a": 4, "b": 2}
 B, C = 16, 32

@@ -11,8 +11,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard.analysis.program import RULES, trace
-from einshard.analysis.program.registry import unfollowed
+from einshard._src.analysis.program import RULES, trace
+from einshard._src.analysis.program.registry import unfollowed
 from einshard.testing import hlo
 
 MESH = {"data": 4, "model": 2}

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard.analysis.explicit import Fix
+from einshard._src.analysis.explicit import Fix
 
 
 @pytest.fixture(scope="module")

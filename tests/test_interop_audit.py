@@ -117,7 +117,7 @@ def test_audit_lists_logical_names_flax_leaves_whole_and_reads_ellipses():
     assert "Flax's fallback" in str(report) and report.to_dict()["fallbacks"][0]["names"] == ["mlp"]
     # '...' in einshard rules: the spec has one entry per dimension
     cube = {"w": jax.ShapeDtypeStruct((4, 8, 16), jnp.float32)}
-    from einshard.audit import _as_imported  # (the module: einshard.audit is the function)
+    from einshard._src.audit import _as_imported  # (the module: einshard.audit is the function)
 
     read = _as_imported({"w": "... y -> ... y@model"}, cube, sizes)
     assert read.leaves[0].spec == jax.P(None, None, "model")

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import einshard
 from einshard import interop
-from einshard.interop._leaves import spec_expression
+from einshard._src.interop._leaves import spec_expression
 
 MESH = {"data": 2, "fsdp": 2, "model": 2}
 

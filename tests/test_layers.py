@@ -99,9 +99,9 @@ def test_the_einsum_analysis_is_one_way(name):
 # (issue 23): analyze's mesh from mesh= (MeshLike, by "expr"), a MeshAxis built unchecked (its trusted
 # constructor, by "moves") and a spec's dims (Layout.from_spec, by "expr").  Name them publicly, then drop them.
 KNOWN_PRIVATE_IMPORTS = {
-    ("einshard.analysis.einsum.analyze", "einshard.analysis.einsum.read", "_mesh_axes"),
-    ("einshard.analysis.einsum.analyze", "einshard.analysis.einsum.read", "_mesh_axis"),
-    ("einshard.analysis.einsum.analyze", "einshard.analysis.einsum.read", "_spec_dims"),
+    ("einshard._src.analysis.einsum.analyze", "einshard._src.analysis.einsum.read", "_mesh_axes"),
+    ("einshard._src.analysis.einsum.analyze", "einshard._src.analysis.einsum.read", "_mesh_axis"),
+    ("einshard._src.analysis.einsum.analyze", "einshard._src.analysis.einsum.read", "_spec_dims"),
 }
 
 
@@ -252,7 +252,7 @@ def test_the_layout_algebra_imports_nothing_above_core():
     """core/moves.py (the moves, transition, apply_to_layout) needs layouts, the collective vocabulary and
     the error type only: pricing (analysis/cost.py) and running (lowering/steps.py) sit above it."""
     found = _imports(LIBRARY / "core" / "moves.py")
-    assert found and all(n.startswith(("einshard.core.", "einshard.errors")) for n in found), found
+    assert found and all(n.startswith(("einshard._src.core.", "einshard.errors")) for n in found), found
 
 
 def test_layouts_meshaxes_and_collectives_are_built_only_through_their_constructors():

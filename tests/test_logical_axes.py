@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, PartitionSpec
 
 import einshard
-from einshard.core.logical import AxisRules, logical_to_mesh, resolve_side_names
+from einshard._src.core.logical import AxisRules, logical_to_mesh, resolve_side_names
 
 RULES = {"batch": ("data", "fsdp"), "embed": None, "mlp": "model", "heads": "model"}
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from einshard._compat import native_unreduced
+from einshard._src._compat import native_unreduced
 from einshard.errors import EinshardError
 from einshard.lowering import Step, einsum_layouts, einsum_shard_map, step_layout
 
@@ -351,7 +351,7 @@ def test_a_reorder_permute_gives_every_device_its_block(before, after):
 
 
 def test_a_reorder_onto_fewer_devices_is_refused():
-    from einshard.core.collectives import reorder_pairs
+    from einshard._src.core.collectives import reorder_pairs
 
     with pytest.raises(ValueError, match="no permute"):
         reorder_pairs(("x", "y"), {"x": 2, "y": 4}, (("y",),), (("x",),))

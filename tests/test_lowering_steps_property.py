@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import einshard.testing as et
-from einshard.core.layout import Layout, MeshAxis, resolve_named
+from einshard._src.core.layout import Layout, MeshAxis, resolve_named
 from einshard.lowering import Step, einsum_shard_map
-from einshard.parsing import parse_placement
+from einshard._src.parsing import parse_placement
 
 HI = jax.lax.Precision.HIGHEST
 

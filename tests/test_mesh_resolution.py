@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 from einshard import EinshardError
-from einshard.core.layout import Layout, MeshAxis, spec_partitions
-from einshard.core.mesh import current_mesh, mesh_axes, operand_mesh, resolve_mesh
+from einshard._src.core.layout import Layout, MeshAxis, spec_partitions
+from einshard._src.core.mesh import current_mesh, mesh_axes, operand_mesh, resolve_mesh
 
 KINDS = {
     "explicit": None,  # jax.make_mesh's default
@@ -282,9 +282,9 @@ def test_plain_jax_cannot_transpose_an_explicit_reshard_outside_a_mesh_context()
 
 
 def test_clear_caches_empties_every_registered_cache():
-    from einshard import _caches
+    from einshard._src import _caches
     from einshard.placement import _resolve
-    from einshard.tree_rules import _CACHE as rule_matches
+    from einshard._src.tree_rules import _CACHE as rule_matches
 
     einshard.sharding("b d -> b@data d", (8, 4), mesh=MESHES["explicit"])
     einshard.einshard({"w": X}, {"w": "b d -> b d"}, mesh=MESHES["explicit"])

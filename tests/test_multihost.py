@@ -268,7 +268,7 @@ def test_process_local_indivisible_is_an_einshard_error() -> None:
 
 def test_peer_timeout_is_checked_and_unchecked_switches_the_placement_check_off() -> None:
     from einshard import multihost
-    from einshard._placement import agreement
+    from einshard._src._placement import agreement
 
     for bad in (0, -1, float("nan"), float("inf"), "5", True, None):
         with pytest.raises(EinshardError, match="seconds must be a finite number > 0"):
@@ -286,7 +286,7 @@ def test_peer_timeout_is_checked_and_unchecked_switches_the_placement_check_off(
 
 
 def test_a_disagreement_names_both_processes_and_the_first_differing_leaf(monkeypatch) -> None:
-    from einshard._placement import agreement
+    from einshard._src._placement import agreement
 
     sent: list[str] = []
 

@@ -75,7 +75,7 @@ def test_bad_layout_names_the_variable(mesh):
 
 
 def test_rules_follow_the_one_path_matcher(mesh):
-    """A None rule wins over metadata (replicated); a bad pattern is named; as einshard.tree_rules everywhere."""
+    """A None rule wins over metadata (replicated); a bad pattern is named; as einshard._src.tree_rules everywhere."""
     model = esx.init_sharded(lambda: MLP(nnx.Rngs(0)), mesh=mesh, rules={r"up.*kernel": None, **RULES})
     assert _value(model.up.kernel).sharding.is_fully_replicated
     assert _value(model.down.kernel).sharding.spec == jax.sharding.PartitionSpec("model", None)

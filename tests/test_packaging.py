@@ -41,18 +41,18 @@ def test_unpacked_wheel_parses_and_places_from_elsewhere(wheel, tmp_path):
         """
         import pathlib, sys
         import einshard, jax, numpy as np
-        from einshard.parsing import parse_einsum
+        from einshard._src.parsing import parse_einsum
         site = pathlib.Path(sys.argv[1]).resolve()
         # The installed copy, not the source tree (which is not on the path).
         assert pathlib.Path(einshard.__file__).resolve().parent == site / "einshard", einshard.__file__
         assert not (site / "grammar").exists()
-        assert str(einshard.parsing.parse("a b -> a2* b")) == "a b -> a2* b"
+        assert str(einshard._src.parsing.parse("a b -> a2* b")) == "a b -> a2* b"
         assert str(parse_einsum("b x@data, x y -> b y {U:data}")) == "b x@data, x y -> b y {U:data}"
         assert einshard.spec("b ... -> b@data ...", (8, 2, 3)) == jax.sharding.PartitionSpec("data", None, None)
         y = einshard.einshard(np.arange(32.0).reshape(8, 4), "a b -> a4 b")
         assert y.sharding.shard_shape((8, 4)) == (2, 4)
         try:
-            einshard.parsing.parse("a b -> a (b)")
+            einshard._src.parsing.parse("a b -> a (b)")
         except einshard.EinshardError as e:
             assert "^" in str(e)
         else:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import einshard
 from einshard import EinshardError
-from einshard.parsing import (
+from einshard._src.parsing import (
     AxisItem,
     EllipsisItem,
     ReplicaItem,
@@ -533,7 +533,7 @@ def test_error_einsum_output():
 
 
 def test_question_mark_marks_a_chosen_output():
-    from einshard.parsing import parse_einsum
+    from einshard._src.parsing import parse_einsum
 
     e = parse_einsum("b x@data, x y -> b? y?")
     assert e.output_chosen and [str(i) for i in e.output.axes] == ["b?", "y?"]
@@ -551,7 +551,7 @@ def test_question_mark_marks_a_chosen_output():
     ],
 )
 def test_question_mark_errors(text, message, column):
-    from einshard.parsing import parse_einsum
+    from einshard._src.parsing import parse_einsum
 
     with pytest.raises(EinshardError, match=message) as info:
         parse_einsum(text)

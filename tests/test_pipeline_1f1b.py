@@ -10,8 +10,8 @@ from jax.sharding import AxisType
 from pipeline_models import HI, D, assert_same, layer, loss_of, make, sequential
 
 import einshard
-from einshard.lowering.pipeline import pipeline, pipeline_info
-from einshard.lowering.schedules import idle_fraction, one_f_one_b, render
+from einshard._src.lowering.pipeline import pipeline, pipeline_info
+from einshard._src.lowering.schedules import idle_fraction, one_f_one_b, render
 
 
 def _mesh(shape, names, kind=AxisType.Auto):

@@ -14,7 +14,7 @@ from jax.sharding import AxisType
 
 import einshard
 from einshard import EinshardError
-from einshard.lowering.pipeline import circular_layer_order, pipeline, pipeline_info
+from einshard._src.lowering.pipeline import circular_layer_order, pipeline, pipeline_info
 
 HI = jax.lax.Precision.HIGHEST
 D = 4

@@ -461,7 +461,7 @@ class TestDescribeAndMeshes:
     def test_describe_round_trips_counts(self, shape, expr):
         y = einshard.einshard(_array(shape), expr)
         text = describe(y)
-        assert einshard.parsing.parse_placement(text).uses_counts
+        assert einshard._src.parsing.parse_placement(text).uses_counts
         assert einshard.einshard(_array(shape) + 1, text).sharding == y.sharding
 
     @pytest.mark.parametrize("expr", ["a b -> a@data b@model", "a b -> a b@(model,data)", "a b -> a b"])

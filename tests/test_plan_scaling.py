@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from einshard.analysis.program.walker import Walker
+from einshard._src.analysis.program.walker import Walker
 from einshard.planner import plan
 
 WIDTH, FFN, BATCH = 32, 64, 16

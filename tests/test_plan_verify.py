@@ -12,8 +12,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard.analysis.cost import PROFILES, default_profile, get_profile, profile_for
-from einshard.planner.verify import DEFAULT_VERIFY
+from einshard._src.analysis.cost import PROFILES, default_profile, get_profile, profile_for
+from einshard._src.planner.verify import DEFAULT_VERIFY
 from einshard.testing import hlo
 
 # An op of this test's own, so no layout rule will ever exist for it: a sort along the last axis.  explain

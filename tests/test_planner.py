@@ -16,9 +16,9 @@ from planner_models import mlp_forward, mlp_step
 
 import einshard
 from einshard import planner as pl
-from einshard.analysis.program import trace
+from einshard._src.analysis.program import trace
 from einshard.errors import EinshardError
-from einshard.planner.combining import combined_report
+from einshard._src.planner.combining import combined_report
 
 P = jax.sharding.PartitionSpec
 f32 = jnp.float32

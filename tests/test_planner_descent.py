@@ -18,9 +18,9 @@ import pytest
 from planner_models import mlp_step
 
 from einshard import planner as pl
-from einshard.core.layout import MeshAxis
-from einshard.planner.groups import Group, batch_candidates, param_candidates, param_groups
-from einshard.planner.search import relabelings
+from einshard._src.core.layout import MeshAxis
+from einshard._src.planner.groups import Group, batch_candidates, param_candidates, param_groups
+from einshard._src.planner.search import relabelings
 
 KEY = {"training": "time_s", "inference": "time_s", "memory": "memory_bytes", "communication": "comm_bytes"}
 MESHES = [{"data": 2, "model": 4}, {"data": 4, "model": 2}, {"data": 8}, {"data": 2, "model": 2}]

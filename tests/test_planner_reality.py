@@ -71,10 +71,10 @@ def test_the_planned_layout_trains_like_one_device():
 def test_strategy_labels_read_the_weights_axis_roles(model):
     """(out, in) Equinox weights, (in, out) Flax kernels and 3-D attention kernels: a split of the axis the
     first matmul keeps reads ``col``, of the axis it contracts ``row``, whatever the axis order."""
-    from einshard.analysis.program import trace
-    from einshard.planner.explanation import strategy
-    from einshard.planner.groups import Candidate, param_groups
-    from einshard.planner.roles import weight_roles
+    from einshard._src.analysis.program import trace
+    from einshard._src.planner.explanation import strategy
+    from einshard._src.planner.groups import Candidate, param_groups
+    from einshard._src.planner.roles import weight_roles
 
     step, params, batch, _ = getattr(pm, model)(batch=8)
     traced = trace(step, params, batch, mesh={"data": 4, "model": 2})

@@ -13,9 +13,9 @@ import pytest
 from jax.sharding import AxisType
 
 import einshard
-from einshard.analysis.cost import human_time
+from einshard._src.analysis.cost import human_time
 from einshard.planner import LayoutPlan, parse_bytes, plan
-from einshard.planner.groups import Candidate, Group, search_candidates
+from einshard._src.planner.groups import Candidate, Group, search_candidates
 
 f32 = jnp.float32
 
@@ -178,9 +178,9 @@ _P = jax.sharding.PartitionSpec
 def test_the_planners_walk_is_explains_walk(w0, w1, data):
     """The planner scores with ``TracedProgram.report(walker=DependencyWalker)``: the report is explain's own,
     field by field; the dependency walker only adds which collectives XLA may merge."""
-    from einshard.analysis.program import trace
+    from einshard._src.analysis.program import trace
     from einshard.errors import EinshardError
-    from einshard.planner.combining import DependencyWalker, combined_report
+    from einshard._src.planner.combining import DependencyWalker, combined_report
 
     traced = trace(jax.value_and_grad(mlp_loss), {"w0": sds(64, 256), "w1": sds(256, 64)}, sds(256, 64), mesh=MESH)
     in_specs, out_specs = ({"w0": w0, "w1": w1}, data), [None, w0, w1]  # (loss, grads like the parameters)
@@ -201,7 +201,7 @@ def test_the_planners_walk_is_explains_walk(w0, w1, data):
 def test_float_noise_in_a_sum_does_not_decide_between_layouts():
     """Found on the Equinox model: FSDP beat plain DP by 3e-20 s (the same costs summed in another order).
     Costs equal to 9 significant digits are a tie, and the layout that splits fewer parameters wins it."""
-    from einshard.planner.scoring import Score
+    from einshard._src.planner.scoring import Score
 
     def score(time_s: float, sharded: int) -> Score:
         return Score(True, time_s, time_s, time_s, 1000, 10.0, sharded, report=None)  # type: ignore[arg-type]

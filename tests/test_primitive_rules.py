@@ -33,10 +33,10 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from einshard.analysis.program import coverage, trace
-from einshard.analysis.program.movement import APPROXIMATE
-from einshard.analysis.program.trace import _arg_layouts
-from einshard.analysis.program.walker import Walker
+from einshard._src.analysis.program import coverage, trace
+from einshard._src.analysis.program.movement import APPROXIMATE
+from einshard._src.analysis.program.trace import _arg_layouts
+from einshard._src.analysis.program.walker import Walker
 from einshard.testing import hlo
 
 MESHES: dict[int, tuple[tuple[int, ...], tuple[str, ...]]] = {

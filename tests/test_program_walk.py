@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from einshard.analysis.program.rules_structural import reshape_dims as _reshape_dims
+from einshard._src.analysis.program.rules_structural import reshape_dims as _reshape_dims
 
 
 @pytest.mark.parametrize(

@@ -10,12 +10,12 @@ import einshard
 MOVED = {
     "Plan": "EinsumPlan",
     "PlanResult": "LayoutPlan",
-    "parse": "einshard.parsing.parse",
-    "Expression": "einshard.parsing.Expression",
+    "parse": "einshard._src.parsing.parse",
+    "Expression": "einshard._src.parsing.Expression",
     "Collective": "einshard.analysis.Collective",
-    "MeshAxis": "einshard.core.layout.MeshAxis",
+    "MeshAxis": "einshard._src.core.layout.MeshAxis",
     "anonymous_mesh": "einshard.placement.anonymous_mesh",
-    "EinsumProgram": "einshard.lowering.einsum.EinsumProgram",
+    "EinsumProgram": "einshard._src.lowering.einsum.EinsumProgram",
 }
 
 

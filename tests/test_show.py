@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import einshard
-from einshard.drawing import render
+from einshard._src.drawing import render
 
 
 def _mesh(sizes: dict[str, int]) -> jax.sharding.Mesh:

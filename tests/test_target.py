@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 import einshard
 from einshard.errors import EinshardError
 from einshard.planner import plan
-from einshard.planner.verify import compiled_numbers, predicted_kinds
+from einshard._src.planner.verify import compiled_numbers, predicted_kinds
 from einshard.targets import CHIPS, libtpu_available, parse_target, target_mesh
 
 needs_libtpu = pytest.mark.skipif(
@@ -198,7 +198,7 @@ def test_cli_plans_a_llama_for_a_gpu_target(capsys):
 
 @needs_libtpu
 def test_a_candidate_the_target_compiler_fails_on_is_reported_and_ranked_last(monkeypatch):
-    import einshard.planner.verify as verify
+    import einshard._src.planner.verify as verify
 
     real = verify.compiled_numbers
     calls = []

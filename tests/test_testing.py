@@ -374,10 +374,10 @@ def test_assert_fits_around_xlas_number(auto):
 
 def test_strategies_without_hypothesis_name_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "hypothesis", None)  # `import hypothesis` now raises ImportError
-    monkeypatch.delitem(sys.modules, "einshard.testing.strategies")
+    monkeypatch.delitem(sys.modules, "einshard._src.testing.strategies")
     with pytest.raises(ImportError, match=r"einshard\[testing\]"):
-        importlib.import_module("einshard.testing.strategies")
-    monkeypatch.delitem(sys.modules, "einshard.testing.strategies", raising=False)
+        importlib.import_module("einshard._src.testing.strategies")
+    monkeypatch.delitem(sys.modules, "einshard._src.testing.strategies", raising=False)
     with pytest.raises(ImportError, match=r"einshard\[testing\]"):
         et.__getattr__("layouts")
 

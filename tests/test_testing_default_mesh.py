@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import einshard.testing as et
 from einshard import EinshardError
-from einshard.testing.strategies import _mesh_axes_in
+from einshard._src.testing.strategies import _mesh_axes_in
 
 
 @pytest.fixture(scope="module")

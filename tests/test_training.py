@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec
 
 from einshard.errors import EinshardError
-from einshard.lowering.training import data_parallel, fsdp, fsdp_layouts
+from einshard._src.lowering.training import data_parallel, fsdp, fsdp_layouts
 
 HI = jax.lax.Precision.HIGHEST
 D, F, B = 8, 16, 16
@@ -161,7 +161,7 @@ def test_errors():
 
 
 def test_fsdp_rules_use_the_one_path_matcher():
-    """fsdp's path rules behave as einshard()'s (einshard.tree_rules): a bad regex is named, None replicates."""
+    """fsdp's path rules behave as einshard()'s (einshard._src.tree_rules): a bad regex is named, None replicates."""
     mesh = _mesh((8,), ("data",))
     params, batch = make()
     with pytest.raises(EinshardError, match=r"path pattern 'w\(' is not a valid regular expression"):

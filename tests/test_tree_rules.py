@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from einshard import EinshardError
-from einshard.tree_rules import UNMATCHED, cache_clear, leaf_expressions
+from einshard._src.tree_rules import UNMATCHED, cache_clear, leaf_expressions
 
 KEYS = ["w1", "w2", "b", "kernel", "bias", "embed"]
 

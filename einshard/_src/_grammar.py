@@ -28,7 +28,7 @@ def _grammar_text() -> str:
     packaged = importlib.resources.files("einshard").joinpath("grammar", "einshard.lark")
     if packaged.is_file():
         return packaged.read_text(encoding="utf-8")
-    source = pathlib.Path(__file__).resolve().parent.parent / "grammar" / "einshard.lark"
+    source = pathlib.Path(__file__).resolve().parents[2] / "grammar" / "einshard.lark"
     return source.read_text(encoding="utf-8")
 
 

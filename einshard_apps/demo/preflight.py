@@ -30,7 +30,7 @@ def check_layout_fits(preset: Preset, mesh: dict[str, int], cfg: Any, batch: int
     import jax
 
     from einshard.placement import layout as _layout
-    from einshard.tree_rules import leaf_expressions
+    from einshard._src.tree_rules import leaf_expressions
 
     from ..models.transformer import init
 

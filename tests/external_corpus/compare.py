@@ -19,7 +19,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard.analysis.program import trace
+from einshard._src.analysis.program import trace
 from einshard.testing import hlo
 
 from . import MESH_AXES, MESH_SHAPE, specs_for
