@@ -3,23 +3,26 @@
     >>> import einshard, numpy as np
     >>> w = einshard.einshard(np.ones((128, 256)), 'x y -> x y*')   # y split over all devices
 
-The public API is what ``__all__`` lists; the layers behind it (parsing,
-core, placement, analysis, lowering) are importable on their own.
+The public API is what ``__all__`` lists, plus the public modules (``einshard.placement``, ``einshard.analysis``,
+``einshard.planner``, ``einshard.lowering`` ...: docs/architecture.md); the code lives in ``einshard._src``.
 """
 
+# The public modules users reach as einshard.<name> after `import einshard` (docs/architecture.md lists them all).
+from . import analysis as analysis
+from . import errors as errors
+from . import lowering as lowering
+from . import placement as placement
+from . import planner as planner
 from ._src._caches import clear_caches
-from ._src.analysis import Profile, analyze, explain
-from ._src.analysis.einsum.plan import EinsumPlan
 from ._src.analysis.explicit import check_explicit
 from ._src.audit import audit
-from ._src.core.layout import Layout
 from ._src.core.logical import axis_rules
-from ._src.drawing import show
-from ._src.errors import EinshardError
-from ._src.lowering import data_parallel, fsdp, fsdp_layouts, pipeline, pipeline_info
-from ._src.lowering.einsum import einsum, lower
-from ._src.placement import describe, einshard, layout, sharding, spec
-from ._src.planner import LayoutPlan, plan
+from ._src.moved import __getattr__ as __getattr__  # the 0.4 moves, with a warning
+from .analysis import EinsumPlan, Profile, analyze, explain
+from .errors import EinshardError
+from .lowering import data_parallel, einsum, fsdp, fsdp_layouts, lower, pipeline, pipeline_info
+from .placement import Layout, describe, einshard, layout, sharding, show, spec
+from .planner import LayoutPlan, plan
 
 __version__ = "0.4.0"
 
@@ -54,29 +57,3 @@ __all__ = [
     "EinshardError",
     "clear_caches",
 ]
-
-# Names that left the top level in 0.4 (README, "Migrating to 0.4"): still reachable, with a warning that
-# names their home.  name -> (module, attribute).
-_MOVED: dict[str, tuple[str, str]] = {
-    "Plan": ("einshard._src.analysis", "EinsumPlan"),
-    "PlanResult": ("einshard._src.planner", "LayoutPlan"),
-    "Collective": ("einshard._src.analysis", "Collective"),
-    "MeshAxis": ("einshard._src.core.layout", "MeshAxis"),
-    "Expression": ("einshard._src.parsing", "Expression"),
-    "parse": ("einshard._src.parsing", "parse"),
-    "anonymous_mesh": ("einshard._src.placement", "anonymous_mesh"),
-    "EinsumProgram": ("einshard._src.lowering.einsum", "EinsumProgram"),
-}
-_RENAMED = {"Plan": "EinsumPlan", "PlanResult": "LayoutPlan"}
-
-
-def __getattr__(name: str) -> object:
-    if name not in _MOVED:
-        raise AttributeError(f"module 'einshard' has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    module, attribute = _MOVED[name]
-    new = f"einshard.{_RENAMED[name]}" if name in _RENAMED else f"{module}.{attribute}"
-    warnings.warn(f"einshard.{name} is now {new} (einshard 0.4)", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(module), attribute)

@@ -13,9 +13,15 @@ import argparse
 import json
 import sys
 
-from einshard.analysis import EinsumPlan, analyze
 from einshard._src.analysis.cost import human_bytes, human_time
-from einshard._src.analysis.einsum.plan import COLLECTIVE_COLUMNS, collective_rows, format_plan, side_string, type_string
+from einshard._src.analysis.einsum.plan import (
+    COLLECTIVE_COLUMNS,
+    collective_rows,
+    format_plan,
+    side_string,
+    type_string,
+)
+from einshard.analysis import EinsumPlan, analyze
 from einshard.errors import EinshardError
 
 __all__ = ["run", "parse_pairs"]

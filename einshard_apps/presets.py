@@ -44,8 +44,8 @@ from typing import Any
 
 import jax
 
-from einshard.errors import EinshardError
 from einshard._src.tree_rules import leaf_expressions, read_rules_file
+from einshard.errors import EinshardError
 
 __all__ = [
     "Preset",

@@ -111,7 +111,7 @@ def run_fault(jax, fault: str, path: str | None) -> dict:
     if fault in ("dead-peer-placement", "dead-peer-save") and odd:
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "dead-peer-mid-save" and odd:
-        from einshard.checkpoint import _integrity
+        from einshard._src.checkpoint import _integrity
 
         _integrity.start_digests = lambda leaves: os.kill(os.getpid(), signal.SIGKILL)
     start = time.monotonic()

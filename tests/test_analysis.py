@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 from einshard import EinshardError
+from einshard._src.core.layout import Layout, MeshAxis
 from einshard.analysis import (
     all_gather,
     all_reduce,
@@ -21,7 +22,6 @@ from einshard.analysis import (
     reduce_scatter,
     transition,
 )
-from einshard._src.core.layout import Layout, MeshAxis
 
 X4 = (MeshAxis("x", 4),)
 XY = (MeshAxis("x", 2), MeshAxis("y", 4))

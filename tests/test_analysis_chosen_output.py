@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 import einshard.testing as et
-from einshard.errors import EinshardWarning
 from einshard._src.lowering.einsum import runs_exactly
+from einshard.errors import EinshardWarning
 
 MESHES = [{"x": 2}, {"x": 4}, {"x": 4, "y": 2}, {"x": 2, "y": 1}, {"x": 2, "y": 2, "z": 2}]
 

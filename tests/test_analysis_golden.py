@@ -222,8 +222,8 @@ def test_transition_s_collectives_run_as_the_lowering_runs_them(pair):
     quick paths are the path now, and this holds them against the lowering's reading of the same record.)"""
     import dataclasses
 
-    from einshard.analysis import transition
     from einshard._src.core.moves import apply_to_layout, drop_trivial
+    from einshard.analysis import transition
 
     src, dst = pair
     try:

@@ -159,8 +159,8 @@ def test_a_vector_loss_is_refused_under_jit_and_grad_too() -> None:
 # Issue 25's kinds of bad input, each named by the message (the fuzzer, tests/test_argument_fuzz.py, covers the
 # rest of every public signature).
 
-from einshard.analysis import Profile  # noqa: E402
 from einshard._src.core.layout import Layout, MeshAxis  # noqa: E402
+from einshard.analysis import Profile  # noqa: E402
 
 _DUPLICATE_MESH = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("data", "data"))
 

@@ -698,7 +698,7 @@ def test_a_flipped_bit_in_array_data_names_the_leaf_and_the_file(tmp_path):
 
 
 def test_value_digests_do_not_depend_on_the_layout():
-    from einshard.checkpoint import _integrity
+    from einshard._src.checkpoint import _integrity
 
     x = np.random.default_rng(0).standard_normal((16, 24)).astype(np.float32)
     mesh = _mesh((4, 2), ("data", "model"), AxisType.Explicit)
@@ -728,7 +728,7 @@ def test_value_digests_do_not_depend_on_the_layout():
 )
 def test_digest_is_the_same_for_every_layout_and_changes_with_any_one_bit(rows, cols, dtype, layout, seed):
     """Property: the digest of a laid-out array equals the host array's; one flipped bit changes it."""
-    from einshard.checkpoint import _integrity
+    from einshard._src.checkpoint import _integrity
 
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=rows * cols * np.dtype(jax.numpy.dtype(dtype)).itemsize, dtype=np.uint8)
@@ -754,7 +754,7 @@ def test_a_full_disk_leaves_the_previous_checkpoint_and_no_staging(tmp_path, mon
 
     from etils import epath
 
-    from einshard.checkpoint import _integrity
+    from einshard._src.checkpoint import _integrity
 
     path = tmp_path / "ckpt"
     checkpoint.save(path, _small_tree(1))
@@ -979,7 +979,7 @@ def test_a_write_failing_inside_tensorstore_leaves_the_previous_checkpoint(tmp_p
 
 
 def test_an_interrupt_during_a_save_stays_an_interrupt_and_cleans_up(tmp_path, monkeypatch):
-    from einshard.checkpoint import _integrity
+    from einshard._src.checkpoint import _integrity
 
     path = tmp_path / "ckpt"
     checkpoint.save(path, _small_tree(1))

@@ -14,8 +14,8 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 import einshard.testing as et
-from einshard.errors import EinshardError
 from einshard._src.lowering.einsum import runs_exactly
+from einshard.errors import EinshardError
 from einshard.testing import hlo
 
 MESH_SHAPES = [((1,), ("x",)), ((2,), ("x",)), ((4,), ("x",)), ((8,), ("x",)), ((2, 4), ("x", "y"))]

@@ -36,7 +36,7 @@ def _compare(mesh, fn, specs, x_spec, out_shardings=None):
     with jax.set_mesh(mesh):
         compiled = jax.jit(fn, out_shardings=out_shardings).lower(p, x).compile()
         outs = None if out_shardings is None else [s.spec for s in jax.tree.leaves(out_shardings)]
-        report = einshard.analysis.program.trace(fn, p, x).report(None, out_specs=outs)
+        report = einshard._src.analysis.program.trace(fn, p, x).report(None, out_specs=outs)
     xla = hlo.normalized(compiled.as_text())
     got = [(c.kind, c.array_bytes, c.group_size) for op in report.ops for c in op.collectives]
     return report, xla, got

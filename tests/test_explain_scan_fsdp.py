@@ -35,7 +35,7 @@ def test_fsdp_layer_stack_gradients_are_reduce_scattered_every_iteration(axis_ty
     step = jax.grad(loss)
     with jax.set_mesh(mesh):
         compiled = jax.jit(step, out_shardings={k: NamedSharding(mesh, fsdp) for k in p}).lower(p, x).compile()
-        report = einshard.analysis.program.trace(step, p, x).report(None, out_specs=[fsdp, fsdp])
+        report = einshard._src.analysis.program.trace(step, p, x).report(None, out_specs=[fsdp, fsdp])
     xla = sorted((c.kind, c.array_bytes, c.group_size, c.runs) for c in hlo.normalized(compiled.as_text()))
     got = sorted((c.kind, c.array_bytes, c.group_size, op.repeat) for op in report.ops for c in op.collectives)
     assert got == xla

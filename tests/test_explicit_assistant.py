@@ -403,7 +403,7 @@ def test_a_mesh_without_explicit_axes_is_refused_by_name() -> None:
 
 def test_without_the_typed_trace_the_walk_still_names_the_op(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where JAX's internals moved (the typed trace is unavailable), the check types the untyped jaxpr itself."""
-    from einshard.analysis import explicit
+    from einshard._src.analysis import explicit
 
     def moved(*_: Any, **__: Any) -> Any:
         raise LookupError("moved")

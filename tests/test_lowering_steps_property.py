@@ -18,8 +18,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import einshard.testing as et
 from einshard._src.core.layout import Layout, MeshAxis, resolve_named
-from einshard.lowering import Step, einsum_shard_map
 from einshard._src.parsing import parse_placement
+from einshard.lowering import Step, einsum_shard_map
 
 HI = jax.lax.Precision.HIGHEST
 

@@ -283,7 +283,7 @@ def test_plain_jax_cannot_transpose_an_explicit_reshard_outside_a_mesh_context()
 
 def test_clear_caches_empties_every_registered_cache():
     from einshard._src import _caches
-    from einshard.placement import _resolve
+    from einshard._src.placement import _resolve
     from einshard._src.tree_rules import _CACHE as rule_matches
 
     einshard.sharding("b d -> b@data d", (8, 4), mesh=MESHES["explicit"])

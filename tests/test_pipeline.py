@@ -11,8 +11,8 @@ import pytest
 from jax.sharding import AxisType
 from pipeline_models import HI, D, assert_same, layer, loss_of, make, sequential
 
-from einshard.errors import EinshardError
 from einshard._src.lowering.pipeline import circular_layer_order, pipeline, pipeline_info
+from einshard.errors import EinshardError
 
 
 def _mesh(shape, names):

@@ -15,7 +15,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import einshard
 from einshard import EinshardError
-from einshard.placement import _cached_eager_sharding
+from einshard._src.placement import _cached_eager_sharding
 from einshard._src.tree_rules import cache_clear as _clear_leaf_rules
 
 AXIS_TYPES = [AxisType.Auto, AxisType.Explicit]

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from planner_models import mlp_forward, mlp_step
 
 import einshard
-from einshard import planner as pl
+from einshard._src import planner as pl
 from einshard._src.analysis.program import trace
-from einshard.errors import EinshardError
 from einshard._src.planner.combining import combined_report
+from einshard.errors import EinshardError
 
 P = jax.sharding.PartitionSpec
 f32 = jnp.float32

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import pytest
 
 import einshard
-from einshard.errors import EinshardError
 from einshard._src.planner.pipelines import PipelineSearch
+from einshard.errors import EinshardError
 
 MESH = {"data": 4, "model": 2}
 # Adam state in every run: objective="memory" would otherwise count none, and budgets are compared across runs.

@@ -14,8 +14,8 @@ from jax.sharding import AxisType
 
 import einshard
 from einshard._src.analysis.cost import human_time
-from einshard.planner import LayoutPlan, parse_bytes, plan
 from einshard._src.planner.groups import Candidate, Group, search_candidates
+from einshard.planner import LayoutPlan, parse_bytes, plan
 
 f32 = jnp.float32
 
@@ -179,8 +179,8 @@ def test_the_planners_walk_is_explains_walk(w0, w1, data):
     """The planner scores with ``TracedProgram.report(walker=DependencyWalker)``: the report is explain's own,
     field by field; the dependency walker only adds which collectives XLA may merge."""
     from einshard._src.analysis.program import trace
-    from einshard.errors import EinshardError
     from einshard._src.planner.combining import DependencyWalker, combined_report
+    from einshard.errors import EinshardError
 
     traced = trace(jax.value_and_grad(mlp_loss), {"w0": sds(64, 256), "w1": sds(256, 64)}, sds(256, 64), mesh=MESH)
     in_specs, out_specs = ({"w0": w0, "w1": w1}, data), [None, w0, w1]  # (loss, grads like the parameters)

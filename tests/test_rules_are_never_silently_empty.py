@@ -21,8 +21,8 @@ nnx = pytest.importorskip("flax.nnx", reason="Flax is not installed: pip install
 import einshard  # noqa: E402
 import einshard.nnx as esx  # noqa: E402
 from einshard._src import tree_rules  # noqa: E402
-from einshard.errors import EinshardWarning  # noqa: E402
 from einshard._src.tree_rules import read_rules_file  # noqa: E402
+from einshard.errors import EinshardWarning  # noqa: E402
 
 
 class MLP(nnx.Module):

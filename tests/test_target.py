@@ -14,9 +14,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import einshard
+from einshard._src.planner.verify import compiled_numbers, predicted_kinds
 from einshard.errors import EinshardError
 from einshard.planner import plan
-from einshard._src.planner.verify import compiled_numbers, predicted_kinds
 from einshard.targets import CHIPS, libtpu_available, parse_target, target_mesh
 
 needs_libtpu = pytest.mark.skipif(
@@ -65,7 +65,7 @@ def test_bad_targets_are_einshard_errors_that_name_what_is_wrong(spec, words):
 
 
 def test_without_libtpu_a_tpu_target_names_the_tpu_extra(monkeypatch):
-    import einshard.targets as targets
+    import einshard._src.targets as targets  # where plan(target=) reads it from
 
     monkeypatch.setattr(targets, "libtpu_available", lambda: False)
     params, x = _mlp(64, 128, 32)

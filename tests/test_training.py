@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec
 
-from einshard.errors import EinshardError
 from einshard._src.lowering.training import data_parallel, fsdp, fsdp_layouts
+from einshard.errors import EinshardError
 
 HI = jax.lax.Precision.HIGHEST
 D, F, B = 8, 16, 16

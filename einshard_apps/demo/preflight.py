@@ -29,8 +29,8 @@ def check_layout_fits(preset: Preset, mesh: dict[str, int], cfg: Any, batch: int
     """
     import jax
 
-    from einshard.placement import layout as _layout
     from einshard._src.tree_rules import leaf_expressions
+    from einshard.placement import layout as _layout
 
     from ..models.transformer import init
 

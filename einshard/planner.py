@@ -1,0 +1,37 @@
+"""The planner: ``plan`` chooses every parameter's and the batch's layout for a step (docs/planner.md)."""
+
+from ._src.planner import (
+    DEFAULT_VERIFY,
+    EXHAUSTIVE_LIMIT,
+    MAX_EVALUATIONS,
+    OBJECTIVES,
+    PAIR_LIMIT,
+    SMALL_GROUP_FRACTION,
+    Alternative,
+    Candidate,
+    Group,
+    LayoutPlan,
+    PipelineCost,
+    PipelineSearch,
+    Verified,
+    parse_bytes,
+    plan,
+)
+
+__all__ = [
+    "plan",
+    "LayoutPlan",
+    "PipelineSearch",
+    "PipelineCost",
+    "Alternative",
+    "Verified",
+    "DEFAULT_VERIFY",
+    "Candidate",
+    "Group",
+    "parse_bytes",
+    "OBJECTIVES",
+    "EXHAUSTIVE_LIMIT",
+    "MAX_EVALUATIONS",
+    "PAIR_LIMIT",
+    "SMALL_GROUP_FRACTION",
+]
