@@ -34,8 +34,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard._src.core.layout import Layout, MeshAxis
 from einshard.errors import EinshardError
+from einshard.placement import Layout, MeshAxis
 
 MESH = jax.make_mesh((4, 2), ("data", "model"))  # JAX's default (Explicit) axis types
 STAGES = jax.make_mesh((4, 2), ("stage", "data"))
@@ -627,11 +627,11 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
         },
     ),
     "einshard.analysis.spec_partitions": Entry(lambda: {"spec": P("data")}, {"spec": lambda: [3, "data", None]}),
-    # ----------------------------------------------------------------- einshard._src.core
-    "einshard._src.core.MeshAxis": Entry(
+    # ----------------------------------------------------------------- einshard.placement (from core)
+    "einshard.placement.MeshAxis": Entry(
         lambda: {"name": "data", "size": 4}, {"name": lambda: [3, b"data", "", None], "size": _int(1)}
     ),
-    "einshard._src.core.resolve_mesh": Entry(
+    "einshard.placement.resolve_mesh": Entry(
         lambda: {"mesh": MESH},
         {
             "mesh": _mesh,
@@ -641,8 +641,8 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
             "required": _not_bool,
         },
     ),
-    # ----------------------------------------------------------------- einshard._src.drawing
-    "einshard._src.drawing.render": Entry(
+    # ----------------------------------------------------------------- einshard.placement (from drawing)
+    "einshard.placement.render": Entry(
         lambda: {"x": einshard.einshard(X, "a b -> a@data b", mesh=MESH), "dims": "b", "names": "b d"},
         {"x": lambda: ["x", 3, None], "dims": _dims, "names": _names},
     ),
@@ -834,18 +834,18 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
             "default": lambda: [3, b"... -> ..."],
         },
     ),
-    # ----------------------------------------------------------------- einshard._src.parsing
-    "einshard._src.parsing.AxisItem": Record("the parser's output (parse(...).inputs[k].items)"),
-    "einshard._src.parsing.ReplicaItem": Record("the parser's output"),
-    "einshard._src.parsing.EllipsisItem": Record("the parser's output"),
-    "einshard._src.parsing.Side": Record("the parser's output"),
-    "einshard._src.parsing.Expression": Record("the parser's output (parse(text))"),
-    "einshard._src.parsing.parse": Entry(lambda: {"text": "a b -> a b"}, {"text": _expr}),
-    "einshard._src.parsing.parse_placement": Entry(lambda: {"text": "a b -> a b"}, {"text": _expr}),
-    "einshard._src.parsing.parse_einsum": Entry(lambda: {"text": "a b, b c -> a c"}, {"text": _expr}),
-    "einshard._src.parsing.format_name": Entry(lambda: {"name": "layer1"}, {"name": lambda: [3, b"a", None, ""]}),
-    "einshard._src.parsing.is_count_item": Entry(
-        lambda: {"item": einshard._src.parsing.parse("a -> a4").output.items[0]}, {"item": lambda: [3, "a4", None]}
+    # ----------------------------------------------------------------- einshard.placement (from parsing)
+    "einshard.placement.AxisItem": Record("the parser's output (parse(...).inputs[k].items)"),
+    "einshard.placement.ReplicaItem": Record("the parser's output"),
+    "einshard.placement.EllipsisItem": Record("the parser's output"),
+    "einshard.placement.Side": Record("the parser's output"),
+    "einshard.placement.Expression": Record("the parser's output (parse(text))"),
+    "einshard.placement.parse": Entry(lambda: {"text": "a b -> a b"}, {"text": _expr}),
+    "einshard.placement.parse_placement": Entry(lambda: {"text": "a b -> a b"}, {"text": _expr}),
+    "einshard.placement.parse_einsum": Entry(lambda: {"text": "a b, b c -> a c"}, {"text": _expr}),
+    "einshard.placement.format_name": Entry(lambda: {"name": "layer1"}, {"name": lambda: [3, b"a", None, ""]}),
+    "einshard.placement.is_count_item": Entry(
+        lambda: {"item": einshard.placement.parse("a -> a4").output.items[0]}, {"item": lambda: [3, "a4", None]}
     ),
     # ----------------------------------------------------------------- einshard.placement
     "einshard.placement.anonymous_mesh": Entry(
@@ -953,12 +953,11 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
             "max_per_axis": lambda: [0, -1, 1.5, "2", True],
         },
     ),
-    # ----------------------------------------------------------------- einshard._src.tree_rules
-    "einshard._src.tree_rules.cache_clear": Entry(dict, {}),
-    "einshard._src.tree_rules.compile_rules": Entry(
+    # ----------------------------------------------------------------- einshard.placement (from tree_rules)
+    "einshard.placement.compile_rules": Entry(
         lambda: {"rules": {"w": "a b -> a b"}}, {"rules": lambda: [r for r in _rules() if r != 3] + ["w", 3]}
     ),
-    "einshard._src.tree_rules.leaf_expressions": Entry(
+    "einshard.placement.leaf_expressions": Entry(
         lambda: {"tree": PARAMS, "rules": {"w": "a b -> a b"}},
         {"rules": _rules},
         any_value={"tree": "any pytree", "is_leaf": "as jax.tree_util takes it", "unmatched": "any marker value"},
@@ -1066,9 +1065,13 @@ LOGICAL_TABLE: dict[str, Entry | Record | Constant] = {
         },
         any_value={"args": "the step's own arguments (any pytree of arrays or ShapeDtypeStructs)"},
     ),
-    "einshard._src.audit.AuditReport": Record("audit's answer"),
-    "einshard._src.audit.RuleUse": Record("one rule of audit's answer"),
-    "einshard._src.audit.LayoutDifference": Record("one leaf where audit's plan differs"),
+    "einshard.analysis.AuditReport": Record("audit's answer"),
+    "einshard.analysis.ExplicitReport": Record("check_explicit's answer"),
+    "einshard.analysis.Finding": Record("one finding of check_explicit's answer"),
+    "einshard.analysis.Fix": Record("one fix of a check_explicit finding"),
+    "einshard.lowering.EinsumProgram": Record("lower's answer"),
+    "einshard.analysis.RuleUse": Record("one rule of audit's answer"),
+    "einshard.analysis.LayoutDifference": Record("one leaf where audit's plan differs"),
     "einshard.check_explicit": Entry(
         lambda: {
             "fn": _test_fn,
@@ -1140,8 +1143,8 @@ LOGICAL_TABLE: dict[str, Entry | Record | Constant] = {
         lambda: {"rules": {"w": "a b -> a b@model"}, "params": SHAPES, "mesh": MESH},
         {"rules": _path_rules, "params": _tree, "mesh": _mesh},
     ),
-    "einshard._src.tree_rules.RulesFile": Record("read_rules_file's answer"),
-    "einshard._src.tree_rules.read_rules_file": Entry(
+    "einshard.placement.RulesFile": Record("read_rules_file's answer"),
+    "einshard.placement.read_rules_file": Entry(
         lambda: {"path": _rules_file()},
         {"path": _rules_path},
         # the file's own errors (unreadable, not rules) name it by its path: "rules file '/x/rules.json': ..."

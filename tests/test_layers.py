@@ -1,14 +1,19 @@
-"""The layers: the library never imports the applications, and lower layers never import higher ones."""
+"""The layers: the library never imports the applications, lower layers never import higher ones, and the public
+module paths are a short, documented list of faces over the private ``einshard/_src`` tree (issue 23)."""
 
 import ast
+import inspect
 import pathlib
+import re
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LIBRARY = ROOT / "einshard"
+# The code lives here; the modules outside it are the public faces (re-exports only, see the end of this file).
+SRC = LIBRARY / "_src"
 
-# A module may import only from its own layer or the layers before it in this order.
+# A module of einshard/_src may import only from its own layer or the layers before it in this order.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_checks"),  # the error type; the value checks of every public boundary (each layer adds its rules)
     ("_caches",),
@@ -25,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 ORDER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 # On top of the layers (they may import any of them): the package root and the integrations.
-ON_TOP = {"__init__", "__main__", "nnx", "checkpoint", "testing", "audit"}
+ON_TOP = {"__init__", "__main__", "nnx", "checkpoint", "testing", "audit", "moved"}  # moved: 0.4's renamed names
 
 
 def _imports(path: pathlib.Path) -> set[str]:
@@ -56,9 +61,9 @@ def test_the_library_never_imports_the_applications(path):
 
 def _layer(module: str) -> int | None:
     parts = module.split(".")
-    if parts[0] != "einshard" or len(parts) < 2:
-        return None
-    return ORDER.get(parts[1])
+    if parts[:2] != ["einshard", "_src"] or len(parts) < 3:
+        return None  # the package root and the public faces sit on top of every layer
+    return ORDER.get(parts[2])
 
 
 @pytest.mark.parametrize("path", LIBRARY_FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -71,15 +76,15 @@ def test_lower_layers_never_import_higher_ones(path):
 
 
 def test_every_module_of_the_package_has_a_layer():
-    names = {p.stem for p in LIBRARY.glob("*.py")} | {p.name for p in LIBRARY.iterdir() if (p / "__init__.py").exists()}
+    names = {p.stem for p in SRC.glob("*.py")} | {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
     assert names - set(ORDER) - ON_TOP == set()
 
 
-# Inside the einsum analysis (einshard/analysis/einsum/): one way through.  A module imports only the ones
+# Inside the einsum analysis (einshard/_src/analysis/einsum/): one way through.  A module imports only the ones
 # before it: the records, the per-mesh-axis rule, the search over it, what analyze reads, the plan it returns,
 # analyze itself.
 EINSUM_ORDER = ("model", "options", "search", "read", "plan", "analyze")
-EINSUM = LIBRARY / "analysis" / "einsum"
+EINSUM = SRC / "analysis" / "einsum"
 
 
 def test_the_einsum_package_lists_every_module_in_its_order():
@@ -90,8 +95,8 @@ def test_the_einsum_package_lists_every_module_in_its_order():
 def test_the_einsum_analysis_is_one_way(name):
     own = EINSUM_ORDER.index(name)
     later = set(EINSUM_ORDER[own + 1 :])
-    prefix = "einshard.analysis.einsum."
-    upward = sorted(n for n in _imports(EINSUM / f"{name}.py") if n.startswith(prefix) and n.split(".")[3] in later)
+    prefix = "einshard._src.analysis.einsum."
+    upward = sorted(n for n in _imports(EINSUM / f"{name}.py") if n.startswith(prefix) and n.split(".")[4] in later)
     assert not upward, f"analysis/einsum/{name}.py imports {upward}: the order is {' < '.join(EINSUM_ORDER)}"
 
 
@@ -115,7 +120,7 @@ def test_no_module_takes_a_private_name_of_an_einsum_module():
                 continue
             base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
             module = ".".join(p for p in (base, node.module or "") if p)
-            if module.startswith("einshard.analysis.einsum.") and module != importer:
+            if module.startswith("einshard._src.analysis.einsum.") and module != importer:
                 taken |= {(importer, module, a.name) for a in node.names if a.name.startswith("_")}
     assert taken <= KNOWN_PRIVATE_IMPORTS, (
         f"private names taken across modules: {sorted(taken - KNOWN_PRIVATE_IMPORTS)}"
@@ -212,7 +217,7 @@ KNOWN_CYCLES: list[frozenset[str]] = [
     # explain's rule registry: the walker imports the rules for their registration, the rules type against the
     # walker, memory <-> rules_structural share primitive sets (a values.py and a WalkerLike Protocol end it)
     frozenset(
-        f"einshard.analysis.program.{name}"
+        f"einshard._src.analysis.program.{name}"
         for name in (
             "memory",
             "movement",
@@ -251,8 +256,8 @@ def test_the_cycle_finder_names_a_cycle():
 def test_the_layout_algebra_imports_nothing_above_core():
     """core/moves.py (the moves, transition, apply_to_layout) needs layouts, the collective vocabulary and
     the error type only: pricing (analysis/cost.py) and running (lowering/steps.py) sit above it."""
-    found = _imports(LIBRARY / "core" / "moves.py")
-    assert found and all(n.startswith(("einshard._src.core.", "einshard.errors")) for n in found), found
+    found = _imports(SRC / "core" / "moves.py")
+    assert found and all(n.startswith(("einshard._src.core.", "einshard._src.errors")) for n in found), found
 
 
 def test_layouts_meshaxes_and_collectives_are_built_only_through_their_constructors():
@@ -263,3 +268,97 @@ def test_layouts_meshaxes_and_collectives_are_built_only_through_their_construct
     bypass = re.compile(r"__new__\((Layout|MeshAxis|Collective)\)")
     found = [str(p.relative_to(ROOT)) for p in LIBRARY_FILES if bypass.search(p.read_text())]
     assert found == []
+
+
+# -- the public module paths (issue 23): a short list of faces over einshard/_src -----------------------------
+# Each public module path is a decision: a new one is added here and to docs/architecture.md's table, with
+# what it is and where its code lives.  Everything else sits under einshard/_src and may change without notice.
+PUBLIC_MODULES = {
+    "einshard",
+    "einshard.errors",
+    "einshard.placement",
+    "einshard.analysis",
+    "einshard.planner",
+    "einshard.lowering",
+    "einshard.interop",
+    "einshard.checkpoint",
+    "einshard.targets",
+    "einshard.nnx",
+    "einshard.multihost",
+    "einshard.testing",
+    "einshard.testing.hlo",
+}
+# The command line's entry point (python -m einshard), not an importable API.
+ENTRY_POINTS = {"einshard.__main__"}
+FACES = {name: path for name, path in MODULES.items() if "_src" not in name.split(".") and name not in ENTRY_POINTS}
+
+
+def test_the_public_module_paths_are_exactly_the_documented_list():
+    assert set(FACES) == PUBLIC_MODULES, (
+        f"public module paths (no _src in them) changed: new {sorted(set(FACES) - PUBLIC_MODULES)}, "
+        f"gone {sorted(PUBLIC_MODULES - set(FACES))}; a public module is a decision: move code under "
+        "einshard/_src, or add the path to PUBLIC_MODULES and to docs/architecture.md"
+    )
+
+
+def test_docs_architecture_lists_every_public_module_path():
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").split("\n## ")[0]  # the first table
+    listed = set(re.findall(r"^\| `(einshard(?:\.\w+)*)` \|", text, flags=re.M))
+    assert listed == PUBLIC_MODULES, (sorted(listed - PUBLIC_MODULES), sorted(PUBLIC_MODULES - listed))
+
+
+def _face_statements_that_are_not_re_exports(path: pathlib.Path) -> list[str]:
+    """A face holds a docstring, imports from einshard._src or another face, ``__all__`` (and the root's
+    ``__version__``): any other statement is logic, which belongs under _src."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    name = _module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    wrong = []
+    for i, node in enumerate(tree.body):
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, ast.ImportFrom) and node.level:
+            module = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            if module.startswith("einshard._src") or module in PUBLIC_MODULES:
+                continue
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] in (["__all__"], ["__version__"]):
+            if isinstance(node.value, (ast.List, ast.Constant)):
+                continue
+        wrong.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
+    return wrong
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_MODULES))
+def test_a_public_module_only_re_exports(name):
+    import importlib
+
+    path = FACES[name]
+    assert _face_statements_that_are_not_re_exports(path) == [], f"{path.relative_to(ROOT)} holds logic"
+    module = importlib.import_module(name)
+    exported = module.__all__
+    assert len(exported) == len(set(exported)), f"{name}.__all__ lists a name twice"
+    missing = [n for n in exported if not hasattr(module, n)]
+    assert missing == [], f"{name}.__all__ lists names it does not have: {missing}"
+    # What a face exports is defined under _src (or is a public submodule), never in the face itself.
+    for attribute in exported:
+        value = getattr(module, attribute)
+        if inspect.ismodule(value):
+            assert value.__name__ in PUBLIC_MODULES, (name, attribute, value.__name__)
+        elif inspect.isfunction(value) or inspect.isclass(value):
+            assert value.__module__.startswith("einshard._src."), (name, attribute, value.__module__)
+
+
+def test_the_face_checker_names_logic():
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=LIBRARY) as tmp:
+        face = pathlib.Path(tmp) / "face.py"
+        face.write_text('"""doc"""\nfrom .._src.errors import EinshardError\n__all__ = ["EinshardError"]\nX = 1\n')
+        assert _face_statements_that_are_not_re_exports(face) == ["line 4: X = 1"]
+
+
+@pytest.mark.parametrize("path", sorted(SRC.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_internals_never_import_a_public_face(path):
+    """The faces re-export _src; an internal module importing a face would make the import order circular."""
+    faces = [n for n in _imports(path) if n.split(".")[1:2] != ["_src"] and n != "einshard"]
+    assert not faces, f"{path.relative_to(ROOT)} imports the public faces {faces}: import from einshard._src"

@@ -2,7 +2,7 @@
 
 Run from the repository root (8 CPU devices are not needed: nothing is compiled)::
 
-    python tools/list_primitives.py            # rewrites einshard/analysis/program/primitives.json
+    python tools/list_primitives.py            # rewrites einshard/_src/analysis/program/primitives.json
 
 Two sources, both traced with ``jax.make_jaxpr`` (forward and ``jax.grad`` of a sum, sub-jaxprs walked):
 
@@ -12,7 +12,7 @@ Two sources, both traced with ``jax.make_jaxpr`` (forward and ``jax.grad`` of a 
   top-k routing, rotary embeddings, scans, remat, loops, branches, Flax and Equinox layers, optax updates).
 
 The result is data (a sorted list with the sources that emit each primitive), read by
-``einshard.analysis.program.coverage`` and docs/coverage.md's test.
+``einshard._src.analysis.program.coverage`` and docs/coverage.md's test.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-OUT = Path(__file__).resolve().parent.parent / "einshard" / "analysis" / "program" / "primitives.json"
+OUT = Path(__file__).resolve().parent.parent / "einshard" / "_src" / "analysis" / "program" / "primitives.json"
 
 # Names that are not numerical building blocks (I/O, dtype queries, debugging, random keys' plumbing).
 SKIP = {
