@@ -8,7 +8,7 @@ error can quote the expression, point at the column and teach the syntax.
 Nothing here knows about JAX.
 
 Example:
-    >>> from einshard.parsing import parse_placement
+    >>> from einshard.placement import parse_placement
     >>> e = parse_placement("a b -> a@data b")
     >>> e.output.items[0]
     AxisItem(name='a', count=None, star=False, mesh_axes=('data',), choose=False)

@@ -30,7 +30,7 @@ read them) are JSON ``{"params": {pattern: expression}, "batch": expression,
 ``pattern: expression`` lines (``mesh: data=4,model=2``, ``batch: ...``).
 
 Example:
-    >>> from einshard.tree_rules import leaf_expressions
+    >>> from einshard.placement import leaf_expressions
     >>> leaf_expressions({'w1': 0, 'b': 0}, {r"w\\d": 'd f -> d f@model', '.*': None})
     (None, 'd f -> d f@model')
 """

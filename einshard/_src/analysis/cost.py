@@ -33,7 +33,7 @@ Example:
     >>> p = PROFILES["h100"]
     >>> round(p.collective_time("all-gather", 8, 7 / 8 * 2**30, 2**30) * 1e3, 3)   # ms for 1 GiB
     2.102
-    >>> from einshard.core.layout import Layout, MeshAxis
+    >>> from einshard.placement import Layout, MeshAxis
     >>> a = Layout(("b", "d"), (64, 32), (MeshAxis("data", 4),), (("data",), ()))
     >>> b, c = all_gather(a, ("data",), itemsize=4)
     >>> b.dims, c.kind, c.bytes, c.array_bytes
@@ -471,7 +471,7 @@ def regroup(
     """:func:`einshard.core.moves.regroup`, priced: re-split ``axis`` from mesh axes ``gone`` to ``new``.
 
     Example:
-        >>> from einshard.core.layout import Layout, MeshAxis
+        >>> from einshard.placement import Layout, MeshAxis
         >>> a = Layout(("c",), (16,), (MeshAxis("x", 4), MeshAxis("y", 2)), (("x",),))
         >>> b, steps = regroup(a, "c", ("x",), ("y",))
         >>> b.dims, [(s.kind, s.group_size, s.array_bytes) for s in steps]
@@ -491,7 +491,7 @@ def transition(
     complete value cannot become a pending sum by communication).
 
     Example:
-        >>> from einshard.core.layout import Layout, MeshAxis
+        >>> from einshard.placement import Layout, MeshAxis
         >>> mesh = (MeshAxis("x", 4),)
         >>> a = Layout(("a", "b"), (16, 32), mesh, (("x",), ()))
         >>> _, steps = transition(a, a.with_dims(((), ("x",))))

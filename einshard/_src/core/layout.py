@@ -11,8 +11,8 @@ It knows nothing of devices; :mod:`einshard.placement` turns a Layout into a
 ``jax.sharding.NamedSharding``.
 
 Example:
-    >>> from einshard.core.layout import MeshAxis, resolve_named
-    >>> from einshard.parsing import parse_placement
+    >>> from einshard._src.core.layout import MeshAxis, resolve_named
+    >>> from einshard.placement import parse_placement
     >>> mesh = (MeshAxis("data", 4), MeshAxis("model", 2))
     >>> lay = resolve_named(parse_placement("b d -> b@data d"), (8, 16), mesh)
     >>> lay.spec_entries()

@@ -25,7 +25,7 @@ The rules are read when an expression is resolved against a mesh: eagerly at the
 rules gave when it was traced).
 
 Example:
-    >>> from einshard.core.logical import AxisRules, resolve_side_names
+    >>> from einshard._src.core.logical import AxisRules, resolve_side_names
     >>> rules = AxisRules.of({'batch': ('data', 'fsdp'), 'embed': None, 'mlp': 'model'})
     >>> resolve_side_names((('batch',), ('embed',), ('mlp',)), rules, ('data', 'fsdp', 'model'))
     (('data', 'fsdp'), (), ('model',))

@@ -20,7 +20,7 @@ between meshes on purpose and does not check.
 
 Example:
     >>> import jax
-    >>> from einshard.core.mesh import resolve_mesh, mesh_axes
+    >>> from einshard._src.core.mesh import resolve_mesh, mesh_axes
     >>> m = resolve_mesh({'data': 4, 'model': 2})
     >>> mesh_axes(m)
     (MeshAxis(name='data', size=4), MeshAxis(name='model', size=2))

@@ -25,7 +25,7 @@ one group of mesh axes to another whose size divides or is divided by it is
 permuted, then gathered by the remaining factor (:func:`regroup`), as XLA does.
 
 Example:
-    >>> from einshard.core.layout import Layout, MeshAxis
+    >>> from einshard.placement import Layout, MeshAxis
     >>> mesh = (MeshAxis("data", 4),)
     >>> a = Layout(("b", "d"), (64, 32), mesh, (("data",), ()))
     >>> b, move = all_gather(a, ("data",))
@@ -323,7 +323,7 @@ def regroup(
     old axes are gathered and the new ones sliced.
 
     Example:
-        >>> from einshard.core.layout import Layout, MeshAxis
+        >>> from einshard.placement import Layout, MeshAxis
         >>> a = Layout(("c",), (16,), (MeshAxis("x", 4), MeshAxis("y", 2)), (("x",),))
         >>> b, moves = regroup(a, "c", ("x",), ("y",))
         >>> b.dims, [(m.kind, m.axes, m.group_size) for m in moves]
@@ -366,7 +366,7 @@ def transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     complete value cannot become a pending sum by communication).
 
     Example:
-        >>> from einshard.core.layout import Layout, MeshAxis
+        >>> from einshard.placement import Layout, MeshAxis
         >>> mesh = (MeshAxis("x", 4),)
         >>> a = Layout(("a", "b"), (16, 32), mesh, (("x",), ()))
         >>> _, moves = transition(a, a.with_dims(((), ("x",))))
@@ -583,7 +583,7 @@ def apply_to_layout(lay: Layout, step: Step) -> Layout:
     """The layout of a block after ``step`` (or an EinshardError if the step does not fit it).
 
     Example:
-        >>> from einshard.core.layout import Layout, MeshAxis
+        >>> from einshard.placement import Layout, MeshAxis
         >>> lay = Layout(('b', 'd'), (8, 4), (MeshAxis('data', 2),), ((), ()))
         >>> str(apply_to_layout(lay, Step('dynamic-slice', 0, ('data',), dim=0)))
         '[b:8@data d:4]'

@@ -525,7 +525,7 @@ def plan_einsum(
     (None: inferred).  Cached: a model's repeated layers cost one analysis.
 
     Example:
-        >>> from einshard.core.layout import Layout, MeshAxis
+        >>> from einshard.placement import Layout, MeshAxis
         >>> mesh = (MeshAxis("data", 4), MeshAxis("model", 2))
         >>> x = Layout(("b", "d"), (64, 128), mesh, (("data",), ()))
         >>> w = Layout(("d", "f"), (128, 256), mesh, ((), ("model",)))

@@ -141,7 +141,7 @@ def agreed_splits(problem: Problem, where: Sequence[dict[str, str]] | None = Non
     ``where``: :func:`splits_of` the problem, if the caller has it.
 
     Example:
-        >>> from einshard.core.layout import Layout, MeshAxis
+        >>> from einshard.placement import Layout, MeshAxis
         >>> mesh = (MeshAxis("x", 8),)
         >>> a = Layout(("b", "d"), (8, 16), mesh, (("x",), ()))
         >>> c = Layout(("b", "f"), (8, 16), mesh, (("x",), ()))

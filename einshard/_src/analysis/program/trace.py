@@ -210,7 +210,7 @@ class TracedProgram:
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from einshard.analysis.program import trace
+        >>> from einshard._src.analysis.program import trace
         >>> w = jax.ShapeDtypeStruct((64, 128), jnp.float32)
         >>> x = jax.ShapeDtypeStruct((32, 64), jnp.float32)
         >>> t = trace(lambda w, x: x @ w, w, x, mesh={'data': 4, 'model': 2})
