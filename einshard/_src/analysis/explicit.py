@@ -1242,7 +1242,7 @@ def check_explicit(
         >>> r = einshard.check_explicit(f, x, w, mesh={'data': 4, 'model': 2},
         ...                             in_specs=(P('data', 'model'), P('model', None)))
         >>> r.findings[0].primitive, r.findings[0].where
-        ('dot_general', '<doctest einshard.analysis.explicit.check_explicit[2]>:2 (f)')
+        ('dot_general', '<doctest einshard._src.analysis.explicit.check_explicit[2]>:2 (f)')
         >>> print(r.findings[0].fixes[0].code)
         pass out_sharding=P(('data', 'model'), None) to the matmul (jnp.matmul / jnp.dot / jnp.einsum / lax.dot_general)
     """
