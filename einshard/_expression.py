@@ -123,6 +123,18 @@ class Expression:
     output: Side
     text: str = field(default="", compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        # Caches are keyed on the parsed expression (it travels instead of its text): hash it once, as str does,
+        # not field by field on every lookup.
+        object.__setattr__(self, "_hash", hash((self.inputs, self.output)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined,no-any-return]
+
+    def __reduce__(self) -> tuple[type[Expression], tuple[tuple[Side, ...], Side, str]]:
+        # Rebuilt through __init__, so the hash is this process's (str hashes differ between processes).
+        return (Expression, (self.inputs, self.output, self.text))
+
     def __str__(self) -> str:
         return ", ".join(str(s) for s in self.inputs) + " -> " + str(self.output)
 

@@ -27,7 +27,6 @@ from ._placement.meshes import (
     _pick_mesh,
     _tracing_in_mesh_context,
     anonymous_mesh,
-    current_mesh,
     is_anonymous,
 )
 from ._placement.process_local import _from_process_local, _is_global
@@ -45,12 +44,12 @@ from ._placement.resolve import (
 from ._placement.traced import _constrain
 from .core.layout import Layout, resolve_named
 from .core.logical import AxisRulesLike, resolve_expression, scoped_axis_rules
-from .core.mesh import MeshLike, mesh_axes
+from .core.mesh import MeshLike, current_concrete_mesh, mesh_axes
 from .errors import EinshardError
 from .parsing import parse_placement
 from .tree_rules import Rules, leaf_expressions
 
-__all__ = ["einshard", "sharding", "spec", "describe", "layout", "anonymous_mesh", "current_mesh", "is_anonymous"]
+__all__ = ["einshard", "sharding", "spec", "describe", "layout", "anonymous_mesh", "is_anonymous"]
 
 # ---------------------------------------------------------------------------
 # Expression -> layout -> sharding
@@ -70,7 +69,8 @@ def layout(
         with scoped_axis_rules(axis_rules):
             return layout(expr, shape, mesh=mesh)
     text = _check_text(expr)
-    return _resolve(text, _check_shape(shape, text), _pick_mesh(text, mesh))[0]
+    parsed = parse_placement(text)
+    return _resolve(parsed, _check_shape(shape, text), _pick_mesh(parsed, mesh))[0]
 
 
 def sharding(
@@ -91,9 +91,9 @@ def sharding(
         with scoped_axis_rules(axis_rules):
             return sharding(expr, shape, mesh=mesh)
     text = _check_text(expr)
+    parsed = parse_placement(text)
     shape = _check_shape(shape, text)
-    chosen = _pick_mesh(text, mesh)
-    lay, sh = _resolve(text, shape, chosen)
+    lay, sh = _resolve(parsed, shape, _pick_mesh(parsed, mesh))
     if sh is None:
         return _replicated_everywhere(lay)
     return sh
@@ -130,8 +130,8 @@ def _spec(text: str, shape: tuple[int, ...] | None, mesh: MeshLike | None) -> Pa
         shape = (0,) * len(parsed.inputs[0].axes)  # 0 divides evenly by anything
     shape = _check_shape(shape, text)
     if parsed.uses_counts:
-        return PartitionSpec(*_resolve(text, shape, None)[0].spec_entries())
-    chosen = _check_mesh(mesh) if mesh is not None else current_mesh() or _current_abstract_mesh()
+        return PartitionSpec(*_resolve(parsed, shape, None)[0].spec_entries())
+    chosen = _check_mesh(mesh) if mesh is not None else current_concrete_mesh() or _current_abstract_mesh()
     if chosen is None:
         # No mesh to check names against: read them off the expression.
         from .core.layout import expand_names
@@ -243,27 +243,30 @@ def _check_host_dtype(x: Any) -> None:
         )
 
 
-def _place_one(x: Any, text: str, mesh: Any, process_local: bool) -> Any:
+def _place_one(x: Any, text: str, mesh: MeshLike | None, process_local: bool) -> Any:
+    """One array placed: ``text`` is parsed here, once, and the parsed expression goes down."""
     if process_local.__class__ is not bool:
         check_bool(process_local, "einshard", "process_local")
     if x.__class__ is np.ndarray or isinstance(x, np.generic):
         _check_host_dtype(x)
     if isinstance(x, jax.core.Tracer):
+        expr = parse_placement(text)
         if process_local:
-            raise parse_placement(text).fail(
+            raise expr.fail(
                 "process_local=True places each process's host data; under jax.jit values are already global",
                 None,
                 "Call einshard(batch, expr, process_local=True) outside jax.jit, then pass the result in.",
             )
-        return _constrain(x, text, mesh)
+        return _constrain(x, expr, _check_mesh(mesh))
+    checked = _check_mesh(mesh)  # (before the expression: a bad mesh= is reported first, as it always was)
+    expr = parse_placement(text)
     if process_local:
-        return _from_process_local(x, text, _pick_mesh(text, mesh, x))
-    mesh = _check_mesh(mesh)
-    if _tracing_in_mesh_context() and not isinstance(mesh, Mesh):
+        return _from_process_local(x, expr, _pick_mesh(expr, checked, x))
+    if _tracing_in_mesh_context() and not isinstance(checked, Mesh):
         # A host constant inside jax.jit under jax.set_mesh: only the abstract mesh exists
         # here, so the constant becomes a traced value and gets a sharding constraint.
-        return _constrain(jax.numpy.asarray(x), text, mesh)
-    return _put(x, _eager_sharding(text, x, mesh, current_mesh()))
+        return _constrain(jax.numpy.asarray(x), expr, checked)
+    return _put(x, _eager_sharding(expr, x, checked, current_concrete_mesh()))
 
 
 def _takes_own_shards(x: Any, sh: NamedSharding) -> bool:
@@ -283,13 +286,13 @@ def _put(x: Any, sh: NamedSharding) -> Any:
     return jax.device_put(x, sh)
 
 
-def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
+def _place_tree(x: Any, rules: Rules, mesh: MeshLike | None, process_local: bool) -> Any:
     check_bool(process_local, "einshard", "process_local")
     leaves, treedef = jax.tree_util.tree_flatten(x)
     texts = leaf_expressions(x, rules)
-    mesh = _check_mesh(mesh)
-    ctx = current_mesh()
-    in_trace = _tracing_in_mesh_context() and not isinstance(mesh, Mesh)
+    checked = _check_mesh(mesh)
+    ctx = current_concrete_mesh()
+    in_trace = _tracing_in_mesh_context() and not isinstance(checked, Mesh)
     out: list[Any] = list(leaves)
     pending: list[int] = []
     shardings: list[NamedSharding] = []
@@ -301,9 +304,9 @@ def _place_tree(x: Any, rules: Rules, mesh: Any, process_local: bool) -> Any:
                 leaf = _as_array(leaf)
                 out[i] = leaf
             if isinstance(leaf, jax.core.Tracer) or process_local or in_trace:
-                out[i] = _place_one(leaf, text, mesh, process_local)
+                out[i] = _place_one(leaf, text, checked, process_local)
                 continue
-            sh = _eager_sharding(text, leaf, mesh, ctx)
+            sh = _eager_sharding(parse_placement(text), leaf, checked, ctx)
         except EinshardError as err:
             path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(x)[0][i][0])
             raise EinshardError(

@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..core.mesh import current_concrete_mesh
 from ..errors import EinshardError
 
 _DEFAULT_TIMEOUT_S = 60.0
@@ -195,9 +196,7 @@ def _leaf_record(path: str, leaf: Any, text: str) -> dict[str, Any]:
 
 def _mesh_record(mesh: Any) -> Any:
     if mesh is None:
-        from ..placement import current_mesh
-
-        mesh = current_mesh()
+        mesh = current_concrete_mesh()
     if mesh is None:
         return None
     shape = getattr(mesh, "shape", None)

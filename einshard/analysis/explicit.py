@@ -34,7 +34,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from ..core.layout import Layout, MeshAxis
+from ..core.layout import Layout, MeshAxis, spec_dims
 from ..core.mesh import resolve_mesh
 from ..errors import EinshardError
 from .cost import Collective, human_bytes, human_time
@@ -348,9 +348,7 @@ def where_of(eqn: Any) -> tuple[str, str]:
 
 
 def _entries(spec: PartitionSpec | None, ndim: int) -> list[tuple[str, ...]]:
-    parts = list(spec) if spec is not None else []
-    parts += [None] * (ndim - len(parts))
-    return [() if p is None else (p,) if isinstance(p, str) else tuple(p) for p in parts[:ndim]]
+    return list(spec_dims(spec if spec is not None else PartitionSpec(), ndim))
 
 
 def _spec(dims: Sequence[tuple[str, ...]]) -> PartitionSpec:

@@ -30,6 +30,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
 from ..tree_rules import leaf_expressions
+from .placing import restrict_spec
 from .staging import staged
 from .steps import varying_axes
 
@@ -99,12 +100,7 @@ def lay_out(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
     if not explicit:
         return x
 
-    def keep(entry: Any) -> Any:
-        names = (entry,) if isinstance(entry, str) else tuple(entry or ())
-        kept = tuple(n for n in names if n in explicit)
-        return None if not kept else kept[0] if len(kept) == 1 else kept
-
-    explicit_spec = PartitionSpec(*(keep(e) for e in spec))
+    explicit_spec = restrict_spec(spec, explicit)
     if isinstance(x, jax.core.Tracer) or not isinstance(mesh, jax.sharding.Mesh):
         try:
             return jax.sharding.reshard(x, NamedSharding(mesh, explicit_spec))

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..core.layout import MeshAxis
+from ..core.layout import MeshAxis, spec_dims
 from ..core.mesh import (
     AnyMesh,
     auto_axes,
@@ -47,8 +47,7 @@ def mesh_axes_of(mesh: Any) -> tuple[MeshAxis, ...]:
 def restrict_spec(spec: PartitionSpec, keep: Collection[str]) -> PartitionSpec:
     """``spec`` with only the mesh axes in ``keep`` (the others dropped; an emptied entry is None)."""
     entries: list[Any] = []
-    for entry in spec:
-        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    for names in spec_dims(spec):
         kept = tuple(m for m in names if m in keep)
         entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
     return PartitionSpec(*entries)

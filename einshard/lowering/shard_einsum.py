@@ -45,7 +45,7 @@ from ..core.collectives import Step
 from ..core.layout import Layout, resolve_named
 from ..core.mesh import as_mesh, explicit_axes
 from ..errors import EinshardError
-from ..parsing import AxisItem, Side, parse_einsum, parse_placement
+from ..parsing import AxisItem, Expression, Side, build_placement, parse_einsum
 from .placing import check_lowering_context, constrain_auto, mesh_axes_of, place, restrict_spec
 from .steps import _fail, apply_step, step_layout, vary
 
@@ -56,9 +56,9 @@ __all__ = ["einsum_layouts", "einsum_shard_map", "einsum_auto"]
 # Layouts of an annotated einsum
 
 
-def _side_placement(side: Side) -> str:
-    left = " ".join(str(AxisItem(i.name)) if isinstance(i, AxisItem) else str(i) for i in side.items)
-    return f"{left} -> {' '.join(str(i) for i in side.items)}"
+def _side_placement(side: Side) -> Expression:
+    """The placement that lays one einsum side out as it is written: ``x@model y`` -> ``x y -> x@model y``."""
+    return build_placement([AxisItem(i.name) if isinstance(i, AxisItem) else i for i in side.items], side.items)
 
 
 def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tuple[tuple[Layout, ...], Layout]:
@@ -85,7 +85,7 @@ def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tup
             raise parsed.fail("einsum_layouts does not take '...': name every axis", side.column)
         if side.unreduced:
             raise parsed.fail("an operand cannot hold pending sums ('{U:...}')", side.unreduced_column)
-        lay = resolve_named(parse_placement(_side_placement(side)), tuple(shape), axes_of_mesh)
+        lay = resolve_named(_side_placement(side), tuple(shape), axes_of_mesh)
         for name, size in zip(lay.axes, lay.shape, strict=True):
             if sizes.setdefault(name, size) != size:
                 raise parsed.fail(f"axis {name!r} has size {sizes[name]} in one operand and {size} in another")
@@ -95,7 +95,7 @@ def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tup
         raise parsed.fail("einsum_layouts does not take '...': name every axis", out_side.column)
     out_shape = tuple(sizes[n] for n in out_side.names)
     plain = Side(out_side.items)
-    out = resolve_named(parse_placement(_side_placement(plain)), out_shape, axes_of_mesh)
+    out = resolve_named(_side_placement(plain), out_shape, axes_of_mesh)
     for m in out_side.unreduced:
         if m not in out.mesh_sizes:
             raise parsed.fail(f"{m!r} in '{{U:...}}' is not a mesh axis", out_side.unreduced_column)

@@ -23,8 +23,8 @@ import jax
 import numpy as np
 
 from .. import _checks
+from ..core.mesh import current_concrete_mesh
 from ..errors import EinshardError
-from ..placement import current_mesh
 from ..placement import einshard as place
 from ..planner import parse_bytes
 from . import hlo
@@ -75,7 +75,7 @@ def place_args(args: tuple[Any, ...], layouts: Layouts, mesh: Any = None) -> tup
     :func:`einshard.testing.layouts` draws), or path-pattern rules as
     ``einshard.einshard`` takes.  Returns (placed args, [(leaf path, expression)]).
     """
-    mesh = mesh if mesh is not None else current_mesh()
+    mesh = mesh if mesh is not None else current_concrete_mesh()
     if isinstance(layouts, str) or layouts is None:
         entries: Sequence[Any] = [layouts] * len(args)
     elif isinstance(layouts, (tuple, list)) and len(layouts) == len(args) and len(args) != 1:
@@ -235,7 +235,7 @@ def _sharded(expr: str) -> bool:
 def _mesh_context(mesh: Any) -> Any:
     import contextlib
 
-    return jax.set_mesh(mesh) if mesh is not None and current_mesh() is None else contextlib.nullcontext()
+    return jax.set_mesh(mesh) if mesh is not None and current_concrete_mesh() is None else contextlib.nullcontext()
 
 
 def _compare(what: str, got: Any, want: Any, rtol: float, atol: float, layout_note: str) -> None:
@@ -385,7 +385,7 @@ def _mesh_of(args: tuple[Any, ...], mesh: Any) -> Any:
         own = getattr(getattr(leaf, "sharding", None), "mesh", None)
         if own is not None and not getattr(own, "empty", False) and own.size > 1:
             return own
-    return current_mesh()
+    return current_concrete_mesh()
 
 
 # ---------------------------------------------------------------------------
