@@ -43,13 +43,13 @@ __all__ = [
     "Expression",
     "parse",
     "parse_placement",
-    "check_placement",
-    "build_placement",
     "parse_einsum",
     "format_name",
     "is_count_item",
 ]
 
+# check_placement and build_placement are for einshard's own layers (not in __all__): they take parsed objects
+# from the parser, which is what they trust.
 
 # ---------------------------------------------------------------------------
 # Placement expressions: 'a b -> a4 b*' or 'a b -> a@data b'

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from ..core.layout import spec_dims
+from ..core.mesh import AnyMesh
 from .schedules import BACKWARD, OneFOneBPlan
 from .steps import vary as _vary
 from .steps import varying_axes as _varying
@@ -60,7 +61,7 @@ def one_f_one_b_pipeline(
     visit: Callable[[Any, jax.Array], jax.Array],
     plan: OneFOneBPlan,
     *,
-    mesh: Any,
+    mesh: AnyMesh,
     param_specs: Any,
     x_spec: PartitionSpec,
     stage_axis: str,

@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..core.layout import MeshAxis, spec_dims
 from ..core.mesh import (
     AnyMesh,
+    MeshLike,
     auto_axes,
     current_mesh,
     eagerly_differentiated,
@@ -39,7 +40,7 @@ __all__ = [
 ]
 
 
-def mesh_axes_of(mesh: Any) -> tuple[MeshAxis, ...]:
+def mesh_axes_of(mesh: MeshLike) -> tuple[MeshAxis, ...]:
     """The mesh's axes as :class:`MeshAxis` values (:func:`einshard.core.mesh.mesh_axes`)."""
     return _mesh_axes(mesh)
 
@@ -84,7 +85,7 @@ def constrain_auto(x: Any, mesh: AnyMesh, spec: PartitionSpec) -> Any:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, part))
 
 
-def lowering_mesh(mesh: Any, operands: Sequence[Any], *, what: str) -> AnyMesh:
+def lowering_mesh(mesh: MeshLike | None, operands: Sequence[Any], *, what: str) -> AnyMesh:
     """The mesh a lowering runs on (:func:`einshard.core.mesh.resolve_mesh`), which must have devices to run on.
 
     A dict of sizes describes shapes only (enough for ``analyze``/``explain``),

@@ -43,7 +43,7 @@ from .._checks import check_bool, check_dtype, check_precision, describe_value
 from .._compat import native_unreduced
 from ..core.collectives import Step
 from ..core.layout import Layout, resolve_named
-from ..core.mesh import as_mesh, explicit_axes
+from ..core.mesh import AnyMesh, MeshLike, as_mesh, explicit_axes
 from ..errors import EinshardError
 from ..parsing import AxisItem, Expression, Side, build_placement, parse_einsum
 from .placing import check_lowering_context, constrain_auto, mesh_axes_of, place, restrict_spec
@@ -61,7 +61,7 @@ def _side_placement(side: Side) -> Expression:
     return build_placement([AxisItem(i.name) if isinstance(i, AxisItem) else i for i in side.items], side.items)
 
 
-def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tuple[tuple[Layout, ...], Layout]:
+def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: MeshLike) -> tuple[tuple[Layout, ...], Layout]:
     """The operand layouts and the output layout an annotated einsum writes, for these shapes.
 
     The output's size of each axis is read off the operands; ``{U:axes}`` on the
@@ -195,8 +195,8 @@ def _check_empty_splits(layouts: Sequence[Layout]) -> None:
 
 
 def _check_program_arguments(
-    where: str, layouts_in: Any, layout_out: Any, mesh: Any, precision: Any, preferred_element_type: Any
-) -> Any:
+    where: str, layouts_in: Any, layout_out: Any, mesh: object, precision: Any, preferred_element_type: Any
+) -> AnyMesh:
     """The arguments a program builder takes, each wrong one an EinshardError naming it; the mesh checked."""
     if (
         not isinstance(layouts_in, (tuple, list))
@@ -221,8 +221,8 @@ def _check_program_arguments(
             )
     if not isinstance(mesh, (Mesh, AbstractMesh)):
         raise EinshardError(f"{where}: mesh= takes a jax.sharding.Mesh, got {describe_value(mesh)}")
-    mesh = as_mesh(mesh)  # (distinct axis names)
-    sizes = dict(mesh.shape)
+    checked = as_mesh(mesh)  # (distinct axis names)
+    sizes = dict(checked.shape)
     for name, lay in [*((f"layouts_in[{k}]", x) for k, x in enumerate(layouts_in)), ("layout_out", layout_out)]:
         if {m.name: m.size for m in lay.mesh} != sizes:
             raise EinshardError(
@@ -231,7 +231,7 @@ def _check_program_arguments(
             )
     check_precision(precision, where)
     check_dtype(preferred_element_type, where, "preferred_element_type")
-    return mesh
+    return checked
 
 
 def einsum_shard_map(
@@ -241,7 +241,7 @@ def einsum_shard_map(
     steps_after: Sequence[Step] = (),
     *,
     local_sums: Mapping[int, Layout] | None = None,
-    mesh: Any,
+    mesh: AnyMesh,
     mode: str = "sync",
     two_way: bool = False,
     precision: Any = None,
@@ -465,7 +465,7 @@ def einsum_auto(
     layouts_in: Sequence[Layout],
     layout_out: Layout,
     *,
-    mesh: Any,
+    mesh: AnyMesh,
     precision: Any = None,
     preferred_element_type: Any = None,
 ) -> Callable[..., jax.Array]:
