@@ -44,9 +44,9 @@ from ._placement.resolve import (
 from ._placement.traced import _constrain
 from .core.layout import Layout, resolve_named
 from .core.logical import AxisRulesLike, resolve_expression, scoped_axis_rules
-from .core.mesh import MeshLike, current_concrete_mesh, mesh_axes
+from .core.mesh import AnyMesh, MeshLike, current_concrete_mesh, mesh_axes
 from .errors import EinshardError
-from .parsing import parse_placement
+from .parsing import Expression, parse_placement
 from .tree_rules import Rules, leaf_expressions
 
 __all__ = ["einshard", "sharding", "spec", "describe", "layout", "anonymous_mesh", "is_anonymous"]
@@ -69,8 +69,9 @@ def layout(
         with scoped_axis_rules(axis_rules):
             return layout(expr, shape, mesh=mesh)
     text = _check_text(expr)
-    parsed = parse_placement(text)
-    return _resolve(parsed, _check_shape(shape, text), _pick_mesh(parsed, mesh))[0]
+    shape = _check_shape(shape, text)
+    parsed, chosen = _parsed_and_mesh(text, mesh)
+    return _resolve(parsed, shape, chosen)[0]
 
 
 def sharding(
@@ -91,9 +92,9 @@ def sharding(
         with scoped_axis_rules(axis_rules):
             return sharding(expr, shape, mesh=mesh)
     text = _check_text(expr)
-    parsed = parse_placement(text)
     shape = _check_shape(shape, text)
-    lay, sh = _resolve(parsed, shape, _pick_mesh(parsed, mesh))
+    parsed, chosen = _parsed_and_mesh(text, mesh)
+    lay, sh = _resolve(parsed, shape, chosen)
     if sh is None:
         return _replicated_everywhere(lay)
     return sh
@@ -141,6 +142,16 @@ def _spec(text: str, shape: tuple[int, ...] | None, mesh: MeshLike | None) -> Pa
         dims = {i.name: i.mesh_axes or None for i in parsed.output.axes}
         return PartitionSpec(*[_entry(dims.get(n)) for n in names])
     return PartitionSpec(*resolve_named(parsed, shape, mesh_axes(chosen)).spec_entries())
+
+
+def _parsed_and_mesh(text: str, mesh: MeshLike | None) -> tuple[Expression, AnyMesh | None]:
+    """The expression, parsed once here at the entry, and the mesh it is placed on (None for counts).
+
+    ``mesh=`` is checked before the text is parsed, so that a call wrong in both says what it always said.
+    """
+    checked = _check_mesh(mesh)
+    parsed = parse_placement(text)
+    return parsed, _pick_mesh(parsed, checked)
 
 
 def _check_shape(shape: Any, text: str) -> tuple[int, ...]:

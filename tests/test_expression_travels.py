@@ -310,3 +310,10 @@ def test_describe_reads_specs_through_spec_dims() -> None:
         "a b -> a b@(model,data)"
     )
     assert einshard.describe(jax.device_put(y, NamedSharding(MESH, P("data")))) == "a b -> a@data b"
+
+
+def test_an_anonymous_mesh_refuses_float_sizes_after_the_int_one_exists() -> None:
+    n = jax.device_count()
+    assert einshard.placement.anonymous_mesh((2, n // 2)).shape == {"a0": 2, "a1": n // 2}
+    with pytest.raises(EinshardError, match="shape= takes a tuple of positive integers"):
+        einshard.placement.anonymous_mesh((2.0, n // 2))

@@ -34,10 +34,11 @@ def anonymous_mesh(shape: tuple[int, ...]) -> Mesh:
         True
     """
     devices = tuple(jax.devices())
-    key = (devices, tuple(shape) if isinstance(shape, tuple) else None)
+    # Checked before the lookup: (2.0, 4) hashes as (2, 4) does, and must be refused after that mesh exists too.
+    _check_grid(shape, len(devices))
+    key = (devices, tuple(shape))
     mesh = _ANONYMOUS.get(key)
     if mesh is None:
-        _check_grid(shape, len(devices))
         names = tuple(f"a{i}" for i in range(len(shape)))
         # create_device_mesh is what einshard 0.2 uses: same device order, same shards.
         grid = mesh_utils.create_device_mesh(tuple(shape), devices=list(devices))
