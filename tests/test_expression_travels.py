@@ -237,6 +237,13 @@ def test_each_placement_parses_its_expression_once(monkeypatch: pytest.MonkeyPat
     assert len(calls) == leaves, calls
     np.testing.assert_array_equal(np.asarray(y), x)
     assert y.sharding.spec == P("data", "model")
+    if where in ("host", "jax.Array", "tree"):
+        # Eager placement's hot path (per array, per step) is one cache keyed on the text: no parse at all.
+        if where == "tree":
+            einshard.einshard({"w": x, "b": x[0]}, {"w": expr, "b": "a -> a"}, mesh=MESH)
+        else:
+            einshard.einshard(x, expr, mesh=MESH)
+        assert len(calls) == leaves, calls
 
 
 def test_placement_modules_do_not_parse() -> None:

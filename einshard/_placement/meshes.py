@@ -92,10 +92,10 @@ def _count_mesh_conflict(expr: Expression, mesh: AnyMesh, how: str) -> EinshardE
     )
 
 
-def _pick_mesh(expr: Expression, mesh: MeshLike | None, x: Any = None) -> AnyMesh | None:
-    checked = _check_mesh(mesh)
+def _pick_mesh(expr: Expression, mesh: AnyMesh | None, x: Any = None) -> AnyMesh | None:
+    """The mesh a placement uses; ``mesh`` is ``mesh=`` already checked by :func:`_check_mesh`."""
     ctx = current_concrete_mesh() or _current_abstract_mesh()
-    return _choose_mesh(expr, checked, ctx, _own_mesh(x) if checked is None and ctx is None else None)
+    return _choose_mesh(expr, mesh, ctx, _own_mesh(x) if mesh is None and ctx is None else None)
 
 
 def _check_mesh(mesh: MeshLike | None) -> AnyMesh | None:

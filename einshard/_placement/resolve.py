@@ -6,8 +6,6 @@ differ only in spacing, so the callers parse once at the public entry and nothin
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 from jax.sharding import Mesh, NamedSharding
 
@@ -17,7 +15,7 @@ from ..core.logical import AxisRules, current_axis_rules, resolve_expression
 from ..core.mesh import AnyMesh, mesh_axes, show_mesh
 from ..errors import EinshardError
 from ..parsing import Expression, ReplicaItem, build_placement
-from .meshes import _choose_mesh, _own_mesh, anonymous_mesh
+from .meshes import anonymous_mesh
 
 
 def _resolve(expr: Expression, shape: tuple[int, ...], mesh: AnyMesh | None) -> tuple[Layout, NamedSharding | None]:
@@ -59,32 +57,6 @@ _resolve.cache_clear = _resolve_keyed.cache_clear  # type: ignore[attr-defined]
 def _replicated(expr: Expression) -> Expression:
     """``a b -> a b`` as einshard 0.2's ``a b -> * a b``, built from the parsed sides (not printed and re-parsed)."""
     return build_placement(expr.inputs[0].items, (ReplicaItem(star=True), *expr.output.items))
-
-
-@cached(maxsize=8192)
-def _cached_eager_sharding(
-    expr: Expression,
-    shape: tuple[int, ...],
-    mesh: AnyMesh | None,
-    ctx: Mesh | None,
-    own: Mesh | None,
-    rules: AxisRules | None,
-) -> NamedSharding:
-    return _concrete_sharding(expr, shape, _choose_mesh(expr, mesh, ctx, own))
-
-
-def _eager_sharding(expr: Expression, x: Any, mesh: AnyMesh | None, ctx: Mesh | None) -> NamedSharding:
-    """The sharding ``einshard(x, expr, mesh=mesh)`` places ``x`` with, outside jit.
-
-    The hot path of eager placement: one cache lookup keyed by everything the
-    answer depends on (the parsed expression, the shape, and the three meshes
-    it may come from), so a repeated call does not re-resolve.  ``ctx`` is
-    ``current_concrete_mesh()``, read once by the caller, who has also checked
-    ``mesh`` with ``_check_mesh`` (before it is hashed as a key).  Errors are
-    not cached (lru_cache keeps no exceptions): a bad call fails every time.
-    """
-    own = _own_mesh(x) if mesh is None and ctx is None else None
-    return _cached_eager_sharding(expr, tuple(x.shape), mesh, ctx, own, current_axis_rules())
 
 
 def _concrete_sharding(expr: Expression, shape: tuple[int, ...], chosen: AnyMesh | None) -> NamedSharding:
