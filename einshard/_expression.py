@@ -123,13 +123,15 @@ class Expression:
     output: Side
     text: str = field(default="", compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        # Caches are keyed on the parsed expression (it travels instead of its text): hash it once, as str does,
-        # not field by field on every lookup.
-        object.__setattr__(self, "_hash", hash((self.inputs, self.output)))
-
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined,no-any-return]
+        # Caches are keyed on the parsed expression (it travels instead of its text): hashed once, on first use, as
+        # str keeps its hash, not field by field on every lookup.
+        try:
+            return self._hash  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
+            value = hash((self.inputs, self.output))
+            object.__setattr__(self, "_hash", value)
+            return value
 
     def __reduce__(self) -> tuple[type[Expression], tuple[tuple[Side, ...], Side, str]]:
         # Rebuilt through __init__, so the hash is this process's (str hashes differ between processes).
