@@ -18,6 +18,7 @@ from ..api import analyze_layouts, dtype_info
 from ..cost import get_profile
 from ..primitives import transition
 from ..rule import Problem
+from .blocks import BodyStructures, Tape, WalkCounts
 
 __all__ = ["OpCosts", "DotResult", "FreeLayout", "is_free", "dot_names", "adopt"]
 
@@ -45,6 +46,11 @@ class OpCosts:
         self.layouts: dict[tuple[Any, ...], Layout] = {}  # (shape, dims) -> Layout, as the walk builds them
         self._phases: dict[int, tuple[Any, str]] = {}  # id(equation) -> (the equation, held so the id stays its, phase)
         self._uses: dict[int, tuple[Any, dict[int, list[tuple[Any, int]]]]] = {}
+        # Identical blocks costed once (:mod:`.blocks`): call bodies' walks, by structure and entering layouts.
+        self.memoise_blocks = True
+        self.tapes: dict[tuple[Any, ...], Tape] = {}
+        self.structures = BodyStructures()
+        self.counts = WalkCounts()
 
     def uses_of(self, jaxpr: Any) -> dict[int, list[tuple[Any, int]]]:
         """id(value) -> [(equation, operand index)] of one jaxpr (memoised: the planner walks it again and again)."""
