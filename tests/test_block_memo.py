@@ -150,13 +150,22 @@ def test_the_memo_never_changes_a_cost(how, up, down, batch, grads_like_params):
     _same(memo, plain)
 
 
-def test_plans_of_unrolled_blocks_are_the_same_with_and_without_the_memo(monkeypatch):
+@pytest.mark.parametrize("where", ["sizes", "explicit mesh, set_mesh"])
+def test_plans_of_unrolled_blocks_are_the_same_with_and_without_the_memo(monkeypatch, where):
     from einshard.analysis.program import costing
 
     fn, params, x = decoder(4, "remat")
     params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), params)
     x = jnp.asarray(np.ones((B, D), np.float32))
-    memo = einshard.plan(fn, params, x, mesh=MESH, profile="h100", max_evaluations=40)
+
+    def run():
+        if where == "sizes":
+            return einshard.plan(fn, params, x, mesh=MESH, profile="h100", max_evaluations=40)
+        mesh = jax.make_mesh((4, 2), ("data", "model"))  # Explicit axes: jax.make_mesh's default
+        with jax.set_mesh(mesh):
+            return einshard.plan(fn, params, x, profile="h100", max_evaluations=40)
+
+    memo = run()
     original = costing.OpCosts.__init__
 
     def no_memo(self, *a, **k):
@@ -164,9 +173,37 @@ def test_plans_of_unrolled_blocks_are_the_same_with_and_without_the_memo(monkeyp
         self.memoise_blocks = False
 
     monkeypatch.setattr(costing.OpCosts, "__init__", no_memo)
-    plain = einshard.plan(fn, params, x, mesh=MESH, profile="h100", max_evaluations=40)
+    plain = run()
     assert memo.rules == plain.rules and memo.data_rules == plain.data_rules
     assert (memo.time_s, memo.memory_bytes, memo.comm_bytes) == (plain.time_s, plain.memory_bytes, plain.comm_bytes)
+    assert [a.time_s for a in memo.alternatives] == [a.time_s for a in plain.alternatives]
+
+
+def test_explain_under_jit_on_placed_inputs_is_the_same_with_and_without_the_memo():
+    """Inputs already placed on an Explicit mesh, explained inside jax.jit (layouts read from the types)."""
+    fn, params, x = decoder(4, "remat")
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with jax.set_mesh(mesh):
+        params = {
+            "up": einshard.einshard(jnp.zeros(params["up"].shape), "l d f -> l d f@model"),
+            "down": einshard.einshard(jnp.zeros(params["down"].shape), "l f d -> l f@model d"),
+        }
+        x = einshard.einshard(jnp.ones((B, D)), "b d -> b@data d")
+        reports = {}
+        for memoise in (True, False):
+
+            @jax.jit
+            def step(p, x, memoise=memoise):
+                t = trace(fn, p, x)
+                t.costs.memoise_blocks = memoise
+                first, again = t.report(), t.report()  # the second replays every block (memoised)
+                reports[memoise] = (first, again, t.costs.counts.snapshot())
+                return x.sum()
+
+            step(params, x)
+    (m1, m2, counts), (p1, p2, _) = reports[True], reports[False]
+    assert m1.ops == p1.ops == m2.ops == p2.ops and m1.peak_bytes == p1.peak_bytes == m2.peak_bytes
+    assert m1.ops and m1.comm_bytes > 0 and counts[2] > 0  # it communicates, and blocks were replayed
 
 
 def test_a_jit_block_traced_per_layer_is_one_structure():
