@@ -223,3 +223,26 @@ def test_walk_counts_are_exposed_per_traced_program():
     assert t.costs.counts.snapshot() == (0, 0, 0, 0)
     t.report(_specs(0, 0, 1))
     assert t.costs.counts.walks >= 1 and t.costs.counts.equations >= len(t.jaxpr.eqns)
+
+
+def test_a_block_with_an_op_without_a_rule_is_walked_each_time_and_named():
+    """Its site is the caller's line (not the block's to repeat): walked at every call, named once."""
+
+    def odd_block(x, w):
+        return jax.lax.betainc(1.0 + x**2, 2.0 + x**2, jax.nn.sigmoid(x @ w))
+
+    def loss(w, x):
+        for _ in range(3):
+            x = jax.jit(odd_block)(x, w)
+        return jnp.mean(x)
+
+    w = jax.ShapeDtypeStruct((D, D), jnp.float32)
+    x = jax.ShapeDtypeStruct((B, D), jnp.float32)
+    t = trace(loss, w, x, mesh=MESH)
+    specs = ("d e -> d e@model", "b d -> b@data d")
+    memo = t.report(specs)
+    assert t.costs.counts.replays == 0 and t.costs.counts.recorded == 3
+    assert memo.unfollowed == ("regularized_incomplete_beta",) and "test_block_memo.py:" in memo.unfollowed_at[0]
+    t.costs.memoise_blocks = False
+    plain = t.report(specs)
+    assert plain.ops == memo.ops and plain.unfollowed_at == memo.unfollowed_at

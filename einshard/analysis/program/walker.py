@@ -359,7 +359,7 @@ class Walker:
         key = (type(self), self.quiet, index.ordinal, tuple((type(x), x) for x in ins), repeat, phase_hint)
         tape = costs.tapes.get(key) if costs.memoise_blocks else None
         if tape is None:
-            tape, repeatable = self._record(body, index, ins, repeat, phase_hint)
+            tape, repeatable = self._record(eqn, body, index, ins, repeat, phase_hint)
             if repeatable and costs.memoise_blocks:
                 costs.tapes[key] = tape
         else:
@@ -367,7 +367,7 @@ class Walker:
         return self._replay(tape, eqn, index)
 
     def _record(
-        self, body: Any, index: Any, ins: list[Layout], repeat: int, phase_hint: str | None
+        self, eqn: Any, body: Any, index: Any, ins: list[Layout], repeat: int, phase_hint: str | None
     ) -> tuple[Tape, bool]:
         """Walk ``body`` in a sandbox: its tape, and whether another call may replay it (not where it met an op
         without a rule: its sites are merged here, and the report names them at this call's site)."""
@@ -380,20 +380,32 @@ class Walker:
         env: dict[Any, Layout] = {}
         outs = box.walk(body, ins, repeat, phase_hint, env=env)
         envs: list[tuple[tuple[int, ...], dict[Any, Layout]]] = []
+        unplaced: dict[tuple[int, ...], dict[Any, Layout]] = {}  # envs of calls the index does not list
         if not self.quiet:
             envs.append(((), env))
             for path, sub in box.sub_envs.items():
-                envs.append((tuple(index.eqn_at[i] for i in path), sub))
+                at = tuple(index.eqn_at.get(i, -1) for i in path)
+                if -1 in at:
+                    unplaced[path] = sub
+                else:
+                    envs.append((at, sub))
         where = [index.eqn_at.get(id(e)) for e in box.op_eqns]
         tape = Tape(index, tuple(outs), tuple(zip(box.ops, where)), tuple(envs), self.tape_extra(box, body))
+        repeatable = True
+        if unplaced:
+            # A nested call the structure does not reach (a body under a parameter it does not read): kept
+            # under this call's path as walked, and the tape is not replayed elsewhere.
+            for path, sub in unplaced.items():
+                self.sub_envs[(*self.call_path, id(eqn), *path)] = sub
+            repeatable = False
         if box.unfollowed:
             # The report names such an op at its call site, the caller's: not a block's to repeat.
             self.unfollowed |= box.unfollowed
             for name, sites in box.unfollowed_at.items():
                 here = self.unfollowed_at.setdefault(name, [])
                 here += [s for s in sites if s not in here]
-            return tape, False
-        return tape, True
+            repeatable = False
+        return tape, repeatable
 
     def _replay(self, tape: Tape, eqn: Any, index: Any) -> list[Layout]:
         """Make the walk around the call as the tape's walk made it: its ops, its environments, its results."""
