@@ -79,7 +79,7 @@ class Walker:
         # each equation's source line and the library line it is inside (by id of the equation).
         self.value_names: dict[Any, str] = {}
         self.eqn_where: dict[int, tuple[str, str]] = {}
-        # The equation each op was recorded at (None for replayed ops), while recording a call body's tape.
+        # The equation each op was recorded at (None: none of a jaxpr's), for a tape recorded around this walk.
         self.op_eqns: list[Any] = []
 
     # -- layouts -------------------------------------------------------------
@@ -413,14 +413,14 @@ class Walker:
         names = self.value_names
         for op, at in tape.ops:
             changes: dict[str, Any] = {"index": self.counter}
-            if not same and at is not None:
-                e = index.eqns[at]
+            e = index.eqns[at] if at is not None else None
+            if not same and e is not None:
                 changes["where"], changes["inside"] = self.eqn_where.get(id(e), ("", ""))
                 changes["reads"] = tuple(
                     dict.fromkeys(names[v] for v in e.invars if not hasattr(v, "val") and v in names)
                 )
             self.ops.append(dataclasses.replace(op, **changes))
-            self.op_eqns.append(None)
+            self.op_eqns.append(e)  # a tape recorded around this call places the op as this one did
             self.counter += 1
         here = (*self.call_path, id(eqn))
         for rel, env in tape.envs:
