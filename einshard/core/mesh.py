@@ -136,7 +136,8 @@ def current_mesh() -> AnyMesh | None:
 
 
 def operand_mesh(x: Any) -> AnyMesh | None:
-    """The mesh a value is laid out on: a jax.Array's mesh, a tracer's abstract mesh from its type; else None.
+    """The mesh a value is laid out on: a jax.Array's or a ShapeDtypeStruct's (``sharding=``) mesh, a tracer's
+    abstract mesh from its type; else None.
 
     Host arrays, Python scalars and single-device arrays have no mesh.
     """
@@ -147,8 +148,9 @@ def operand_mesh(x: Any) -> AnyMesh | None:
             return None
         m = getattr(sh, "mesh", None)
         return None if m is None or getattr(m, "empty", True) or not m.shape else m
-    if isinstance(x, jax.Array):
-        m = getattr(x.sharding, "mesh", None)
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+        # A ShapeDtypeStruct with sharding= is how users describe arguments without data (what jit.lower takes).
+        m = getattr(getattr(x, "sharding", None), "mesh", None)
         if isinstance(m, (Mesh, AbstractMesh)) and not m.empty and m.shape:
             return m
     return None
