@@ -154,3 +154,26 @@ def test_an_mlp_with_optax_cross_entropy(layout, kind, mode):
     fn = jax.grad(loss) if mode == "grad" else loss
     got, xla = _peaks(fn, mesh, (params, x, y), (specs, P("data"), P("data")), specs if mode == "grad" else P())
     assert got == pytest.approx(xla, rel=TOLERANCE), (got, xla)
+
+
+@pytest.mark.parametrize("specs", [(P(), P("data")), (P("data"), P("data")), (P(None, "model"), P("data"))])
+def test_auto_axes_reshards_are_the_same_buffers(specs):
+    """``jax.sharding.auto_axes`` on an Explicit mesh reshards every input into its Auto region: no copies.
+
+    The region's reshards leave each value's layout as it was; XLA makes no buffer for them, so the
+    peak is the Auto mesh's (it was counted twice: every parameter and its reshard).  Under FSDP the
+    weight's gathered copy, bound to the reshard's result, is still held (its argument's).
+    """
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+    w, x = _sds(256, 512), _sds(64, 256)
+
+    def f(w, x):
+        return jnp.mean(jnp.tanh(jnp.tanh(x @ w) * 2.0) ** 2)
+
+    wrapped = jax.sharding.auto_axes(f, out_sharding=P())
+    with jax.set_mesh(mesh):
+        got, xla = _peaks(wrapped, mesh, (w, x), specs, P())
+        auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+        plain, _ = _peaks(f, auto, (w, x), specs, P())
+    assert got == plain  # the same program: the reshards are not buffers
+    assert got == pytest.approx(xla, rel=TOLERANCE)

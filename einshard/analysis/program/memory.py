@@ -86,6 +86,10 @@ _NOT_FUSED = {
 # Ops that write their first operand's buffer in place when it dies there (XLA's in-place scatter and update).
 _UPDATES_IN_PLACE = {"scatter-add", "scatter_add", "scatter", "scatter-sub", "scatter_sub", "dynamic_update_slice"}
 _ADDS = {"add", "add_any"}
+# Ops that bring a value to a named layout: the same buffer when the layout does not change.
+_PLACEMENTS = {"reshard", "sharding_constraint", "device_put", "mesh_cast"}
+# Loops whose body the walk kept (rules_control.scan): one iteration's buffers count on top of the loop's.
+_LOOPS = {"scan"}
 
 
 def _fusible_elementwise() -> frozenset[str]:
@@ -111,6 +115,7 @@ class _Step:
     name: str
     ins: tuple[Key, ...]
     outs: tuple[Key, ...]
+    inside: int = 0  # a loop's: the bytes one iteration holds besides the loop's operands and results
 
 
 class _Program:
@@ -150,6 +155,13 @@ class _Program:
         for eqn in jaxpr.eqns:
             sub_path = (*path, id(eqn))
             sub = sub_jaxpr(eqn) if sub_path in self.inner else None
+            if sub is None and self._keeps_buffer(eqn, path):
+                continue
+            if sub is not None and eqn.primitive.name in _LOOPS:
+                ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
+                outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
+                self.steps.append(_Step(eqn.primitive.name, ins, outs, self._iteration(eqn, sub, sub_path)))
+                continue
             if sub is None:
                 ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
                 outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
@@ -169,6 +181,55 @@ class _Program:
             self._flatten(body, sub_path)
             for ov, iv in zip(eqn.outvars, body.outvars):
                 self.alias[(path, ov) if path else ov] = self.key(iv, sub_path)
+
+    def _iteration(self, eqn: Any, sub: Any, sub_path: tuple[int, ...]) -> int:
+        """The bytes one iteration of a scan holds on top of the loop's operands and results.
+
+        XLA's while loop runs its body in the loop's own buffers: the carry in and out, the
+        consts and the stacked inputs and outputs are the loop's operands and results (counted
+        outside).  Each iteration's slice of a stacked input is a buffer of its own when a
+        non-fused op reads it (measured: a dot reading one layer of stacked weights makes XLA
+        copy the layer), gathered to its whole when the walk all-gathered it (an FSDP layer),
+        and the body's temporaries live as a program's do.
+        """
+        from .rules_control import scan_counts
+
+        body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
+        n_consts, n_carry = scan_counts(eqn.params)
+        env = self.inner[sub_path]
+        nested = {
+            p[len(sub_path) :]: e for p, e in self.inner.items() if p[: len(sub_path)] == sub_path and p != sub_path
+        }
+        inner = _Program(body, env, nested)
+        elsewhere = frozenset(inner.key(v, ()) for v in body.invars[: n_consts + n_carry])
+        return _peak(inner, env, elsewhere=elsewhere, results_elsewhere=True)
+
+    def _keeps_buffer(self, eqn: Any, path: tuple[int, ...]) -> bool:
+        """Alias a placement that leaves its value's layout as it was to its operand: XLA makes no copy.
+
+        ``jax.sharding.auto_axes`` reshards every input into its Auto region (and its results back),
+        ``jax.lax.with_sharding_constraint`` may name the layout a value already has: each is a new
+        jaxpr value but the same buffer (measured: a keras-hub decoder under ``auto_axes`` on an
+        Explicit mesh has the same ``memory_analysis()`` as on an Auto mesh).  An FSDP weight's
+        gathered copy, bound to the placement's result, is the operand's.
+        """
+        if eqn.primitive.name not in _PLACEMENTS or len(eqn.invars) != 1 or len(eqn.outvars) != 1:
+            return False
+        (iv,), (ov,) = eqn.invars, eqn.outvars
+        src = self.key(iv, path)
+        if src is None:
+            return False
+        env = self.inner[path] if path else self.layouts
+        before, after = self.layout(src), env.get(ov)
+        if before is None or after is None or before.dims != after.dims or before.unreduced != after.unreduced:
+            return False
+        self.alias[(path, ov) if path else ov] = src
+        copy = env.get(Gathered(ov))
+        if copy is not None:
+            old = self.gathered.get(src)
+            if old is None or math.prod(copy.shard_shape) > math.prod(old.shard_shape):
+                self.gathered[src] = copy
+        return True
 
     def layout(self, k: Key, derived: type[_Derived] | None = None) -> Layout | None:
         if isinstance(k, tuple):
@@ -191,7 +252,14 @@ def peak_bytes(
     fusion's; loops and branches count through their inputs and outputs only.  Fused
     temporaries, in-place results, gathered arguments and combined partial sums as the module says.
     """
-    prog = _Program(jaxpr, layouts, inner or {})
+    return _peak(_Program(jaxpr, layouts, inner or {}), layouts)
+
+
+def _peak(
+    prog: _Program, layouts: dict[Any, Layout], elsewhere: frozenset[Key] = frozenset(), results_elsewhere: bool = False
+) -> int:
+    """The liveness walk over a flattened program (or a loop body: ``elsewhere`` inputs and, with
+    ``results_elsewhere``, its results are the loop's buffers, held outside it; they count 0 here)."""
     steps, outputs = prog.steps, prog.outputs
     n = len(steps)
 
@@ -207,6 +275,8 @@ def peak_bytes(
         return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
 
     def size(k: Key) -> int:
+        if k in elsewhere or (results_elsewhere and k in outputs):
+            return 0
         out = outputs.get(k)
         return nbytes_as(k, layouts.get(out) if out is not None else prog.layout(k))
 
@@ -321,7 +391,7 @@ def peak_bytes(
             part = prog.layout(k, Partial) if k in leaves else None
             if part is not None:
                 held += nbytes_as(k, part)
-        peak = max(peak, total + gathered_now + held)
+        peak = max(peak, total + gathered_now + held + step.inside)
         gathered_now -= gathered_ends.get(i, 0)
         for k in dies.get(i, ()):
             total -= live.pop(k, 0)
