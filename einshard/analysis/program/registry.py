@@ -64,10 +64,19 @@ def call_rule(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -
     outer_path = w.call_path
     env: dict[Any, Layout] = {}  # kept: peak memory inlines the call (Walker.sub_envs)
     w.call_path = (*outer_path, id(eqn))
+    # A call's result that leaves the program (a remat'd layer's weight gradient in a scanned stack)
+    # leaves it from inside the call too: its dot's sum stays pending for the consumer outside to settle.
+    leaving = {
+        id(iv)
+        for ov, iv in zip(eqn.outvars, inner.outvars)
+        if id(ov) in w.program_outputs and not hasattr(iv, "val") and id(iv) not in w.program_outputs
+    }
+    w.program_outputs |= leaving
     try:
         inner_outs = w.walk(inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, inherit(phase), env=env)
     finally:
         w.call_path = outer_path
+        w.program_outputs -= leaving
     if not w.quiet:
         w.sub_envs[(*outer_path, id(eqn))] = env
     # A sub-jaxpr's broadcast constants stay free: their consumer decides their layout.
