@@ -8,7 +8,11 @@ buffers, not just what the jaxpr names:
 
 * **inlining**: nested calls (``jit``: ``jax.nn.log_softmax``, ``take_along_axis``;
   custom derivatives; remat) are inlined, as XLA inlines them before it fuses;
-  loops and branches count through their inputs and outputs;
+  a placement that keeps its value's layout (``auto_axes``' reshards) is its
+  operand's buffer; a scan adds one iteration's buffers (its body's temporaries,
+  each stacked input's slice and that slice's gathered copy) to the loop's
+  operands and results; other loops and branches count through their inputs
+  and outputs;
 * **fusion**: a value made by an elementwise op and read once, by an elementwise
   op, a broadcast, a reshape or a reduction, never gets a buffer (XLA fuses the
   chain into one loop); the buffers it reads are held until that loop runs;
@@ -249,7 +253,7 @@ def peak_bytes(
     ``inner``: the environments of the nested calls the walk entered (``Walker.sub_envs``),
     which are inlined as XLA inlines them.  Arguments stay allocated for the whole step (nothing
     is donated); other values die after their last use, a fused value's operands after its
-    fusion's; loops and branches count through their inputs and outputs only.  Fused
+    fusion's; a scan adds one iteration; other loops and branches count through their inputs and outputs.  Fused
     temporaries, in-place results, gathered arguments and combined partial sums as the module says.
     """
     return _peak(_Program(jaxpr, layouts, inner or {}), layouts)
