@@ -177,3 +177,21 @@ def test_auto_axes_reshards_are_the_same_buffers(specs):
         plain, _ = _peaks(f, auto, (w, x), specs, P())
     assert got == plain  # the same program: the reshards are not buffers
     assert got == pytest.approx(xla, rel=TOLERANCE)
+
+
+def test_the_report_says_where_its_peak_cannot_be_tight(mesh):
+    """A convolution's or a sort's scratch is XLA:CPU's: the report names them and the measured bound."""
+    x, k = _sds(8, 16, 16, 4), _sds(3, 3, 4, 8)
+
+    def conv(x, k):
+        y = jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.mean(jnp.sort(y, axis=-1))
+
+    report = trace(jax.grad(conv), x, k, mesh=mesh).report((P("data"), P()), [P()])
+    assert report.peak_note.startswith("peak approximate")
+    assert "conv_general_dilated" in report.peak_note and "sort" in report.peak_note
+    assert "0.1-1.75x" in report.peak_note  # the widest bound of the two families
+    assert report.peak_note in str(report) and report.to_dict()["peak_note"] == report.peak_note
+
+    plain = trace(lambda x: jnp.sum(jnp.tanh(x)), _sds(64, 8), mesh=mesh).report((P("data"),), [P()])
+    assert plain.peak_note == ""  # the walk's 25%: nothing to say

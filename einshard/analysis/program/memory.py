@@ -49,7 +49,7 @@ from ...core.layout import Layout
 from .costing import is_free
 from .registry import sub_jaxpr
 
-__all__ = ["peak_bytes", "Gathered", "Partial"]
+__all__ = ["peak_bytes", "peak_caveat", "Gathered", "Partial", "SCRATCH"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -438,3 +438,50 @@ def _leaves_program(steps: list[_Step], outputs: set[Key]) -> set[Key]:
             if all(r.name in _ON_THE_WAY_OUT and all(o in out for o in r.outs) for r in readers[k]):
                 out.add(k)
     return out
+
+
+# Primitives whose XLA:CPU buffers the walk cannot bound tightly, with explain / XLA's peak as measured on
+# drawn one-op programs and their gradients (tests/test_primitive_rules.py's MEMORY_BOUNDS): convolutions and
+# windows take scratch (a conv gradient's temporaries are several times its operands) and their pad +
+# reduce_window chains are held whole; sorts hold gathered candidates as scratch; a cond's every branch
+# allocates its temporaries, where the walk counts the cond through its operands and results.
+SCRATCH: dict[str, tuple[str, float, float]] = {
+    **dict.fromkeys(
+        ("conv_general_dilated", "reduce_window", "reduce_window_sum", "reduce_window_max", "select_and_scatter_add"),
+        ("convolution and window scratch", 0.1, 1.75),
+    ),
+    **dict.fromkeys(("sort", "top_k", "argsort"), ("sort scratch", 0.1, 1.5)),
+    "cond": ("every branch's temporaries", 0.4, 1.75),
+}
+
+
+def peak_caveat(jaxpr: Any) -> str:
+    """What the peak cannot bound tightly in ``jaxpr`` (nested calls and loops included), with the bound: '' if none.
+
+    ``'peak approximate (convolution and window scratch: conv_general_dilated): explain / XLA measured
+    0.1-1.75x'``: the widest bound of the families the program holds.
+    """
+    found: dict[str, list[str]] = {}
+    todo, seen = [jaxpr], set()
+    while todo:
+        j = todo.pop()
+        j = j.jaxpr if hasattr(j, "jaxpr") and not hasattr(j, "eqns") else j
+        if id(j) in seen:
+            continue
+        seen.add(id(j))
+        for eqn in j.eqns:
+            family = SCRATCH.get(eqn.primitive.name)
+            if family is not None and eqn.primitive.name not in found.setdefault(family[0], []):
+                found[family[0]].append(eqn.primitive.name)
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                        todo.append(sub)
+    found = {k: v for k, v in found.items() if v}
+    if not found:
+        return ""
+    bounds = {why: (lo, hi) for why, lo, hi in SCRATCH.values()}
+    lo = min(bounds[k][0] for k in found)
+    hi = max(bounds[k][1] for k in found)
+    what = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(found.items()))
+    return f"peak approximate ({what}): explain / XLA measured {lo:g}-{hi:g}x"
