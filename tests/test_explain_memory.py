@@ -195,3 +195,19 @@ def test_the_report_says_where_its_peak_cannot_be_tight(mesh):
 
     plain = trace(lambda x: jnp.sum(jnp.tanh(x)), _sds(64, 8), mesh=mesh).report((P("data"),), [P()])
     assert plain.peak_note == ""  # the walk's 25%: nothing to say
+
+
+@pytest.mark.parametrize("specs", [(P(), P("data")), (P("data"), P("data"))])
+def test_a_while_loop_counts_one_iteration_on_top_of_its_buffers(mesh, specs):
+    """A while body's temporaries (the matmul's result, an FSDP weight's gathered copy) live while it runs."""
+    w, x = _sds(256, 256), _sds(64, 256)
+
+    def f(w, x):
+        def body(c):
+            i, h = c
+            return i + 1, jnp.tanh(h @ w) * 0.5 + h
+
+        return jnp.mean(jax.lax.while_loop(lambda c: c[0] < jnp.sum(x > 0), body, (0, x))[1])
+
+    got, xla = _peaks(f, mesh, (w, x), specs, P())
+    assert got == pytest.approx(xla, rel=TOLERANCE)

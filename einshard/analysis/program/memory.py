@@ -11,8 +11,8 @@ buffers, not just what the jaxpr names:
   a placement that keeps its value's layout (``auto_axes``' reshards) is its
   operand's buffer; a scan adds one iteration's buffers (its body's temporaries,
   each stacked input's slice and that slice's gathered copy) to the loop's
-  operands and results; other loops and branches count through their inputs
-  and outputs;
+  operands and results, a while loop its body's temporaries; branches count
+  through their inputs and outputs;
 * **fusion**: a value made by an elementwise op and read once, by an elementwise
   op, a broadcast, a reshape or a reduction, never gets a buffer (XLA fuses the
   chain into one loop); the buffers it reads are held until that loop runs;
@@ -93,7 +93,12 @@ _ADDS = {"add", "add_any"}
 # Ops that bring a value to a named layout: the same buffer when the layout does not change.
 _PLACEMENTS = {"reshard", "sharding_constraint", "device_put", "mesh_cast"}
 # Loops whose body the walk kept (rules_control.scan): one iteration's buffers count on top of the loop's.
-_LOOPS = {"scan"}
+_LOOPS = {"scan", "while"}
+
+
+def _loop_body(eqn: Any) -> Any:
+    """The jaxpr a call or a loop runs each time (a while loop's body; its condition holds scalars)."""
+    return eqn.params["body_jaxpr"] if eqn.primitive.name == "while" else sub_jaxpr(eqn)
 
 
 def _fusible_elementwise() -> frozenset[str]:
@@ -158,7 +163,7 @@ class _Program:
     def _flatten(self, jaxpr: Any, path: tuple[int, ...]) -> None:
         for eqn in jaxpr.eqns:
             sub_path = (*path, id(eqn))
-            sub = sub_jaxpr(eqn) if sub_path in self.inner else None
+            sub = _loop_body(eqn) if sub_path in self.inner else None
             if sub is None and self._keeps_buffer(eqn, path):
                 continue
             if sub is not None and eqn.primitive.name in _LOOPS:
@@ -199,7 +204,8 @@ class _Program:
         from .rules_control import scan_counts
 
         body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
-        n_consts, n_carry = scan_counts(eqn.params)
+        # A while loop's body reads only its consts and carry, the loop's own buffers.
+        n_consts, n_carry = scan_counts(eqn.params) if eqn.primitive.name == "scan" else (0, len(body.invars))
         env = self.inner[sub_path]
         nested = {
             p[len(sub_path) :]: e for p, e in self.inner.items() if p[: len(sub_path)] == sub_path and p != sub_path
@@ -253,7 +259,7 @@ def peak_bytes(
     ``inner``: the environments of the nested calls the walk entered (``Walker.sub_envs``),
     which are inlined as XLA inlines them.  Arguments stay allocated for the whole step (nothing
     is donated); other values die after their last use, a fused value's operands after its
-    fusion's; a scan adds one iteration; other loops and branches count through their inputs and outputs.  Fused
+    fusion's; a scan or a while loop adds one iteration; branches count through their inputs and outputs.  Fused
     temporaries, in-place results, gathered arguments and combined partial sums as the module says.
     """
     return _peak(_Program(jaxpr, layouts, inner or {}), layouts)
