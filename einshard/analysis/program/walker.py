@@ -346,8 +346,17 @@ class Walker:
             self._stepping.pop()
 
     # -- calls: identical blocks walked once (see :mod:`.blocks`) -----------------------------
-    def walk_call(self, eqn: Any, body: Any, ins: list[Layout], repeat: int, phase_hint: str | None) -> list[Layout]:
-        """The layouts a call's ``body`` returns for operands ``ins``, as a walk of it would find them.
+    def walk_call(
+        self,
+        eqn: Any,
+        body: Any,
+        ins: list[Layout],
+        repeat: int,
+        phase_hint: str | None,
+        leaving: tuple[int, ...] = (),
+    ) -> list[Layout]:
+        """The layouts a call's ``body`` returns for operands ``ins``, as a walk of it would find them
+        (``leaving``: the positions of its results that leave the program).
 
         The body is walked in a sandbox walker (a call's values are its own: nothing of the walk
         around it enters) and what that walk did is kept as a :class:`~.blocks.Tape`, replayed here
@@ -356,10 +365,10 @@ class Walker:
         """
         costs = self.costs
         index = body_index(body, costs.structures, costs.phase_of)
-        key = (type(self), self.quiet, index.ordinal, tuple((type(x), x) for x in ins), repeat, phase_hint)
+        key = (type(self), self.quiet, index.ordinal, tuple((type(x), x) for x in ins), repeat, phase_hint, leaving)
         tape = costs.tapes.get(key) if costs.memoise_blocks else None
         if tape is None:
-            tape, repeatable = self._record(eqn, body, index, ins, repeat, phase_hint)
+            tape, repeatable = self._record(eqn, body, index, ins, repeat, phase_hint, leaving)
             if repeatable and costs.memoise_blocks:
                 costs.tapes[key] = tape
         else:
@@ -367,13 +376,21 @@ class Walker:
         return self._replay(tape, eqn, index)
 
     def _record(
-        self, eqn: Any, body: Any, index: Any, ins: list[Layout], repeat: int, phase_hint: str | None
+        self,
+        eqn: Any,
+        body: Any,
+        index: Any,
+        ins: list[Layout],
+        repeat: int,
+        phase_hint: str | None,
+        leaving: tuple[int, ...],
     ) -> tuple[Tape, bool]:
         """Walk ``body`` in a sandbox: its tape, and whether another call may replay it (not where it met an op
         without a rule: its sites are merged here, and the report names them at this call's site)."""
         self.costs.counts.recorded += 1
         box = type(self)(self.costs, quiet=self.quiet)
-        box._walks = 1  # the body is not the program: its results are not the program's outputs
+        box._walks = 1  # the body is not the program: only its results that leave the program leave it
+        box.program_outputs = {id(body.outvars[k]) for k in leaving}
         box.value_names, box.eqn_where = self.value_names, self.eqn_where
         box._stepping = list(self._stepping)
         self.tape_begin(box, body)
