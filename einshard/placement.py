@@ -23,7 +23,6 @@ from ._src.parsing import (
 )
 from ._src.placement import (
     anonymous_mesh,
-    current_mesh,
     describe,
     einshard,
     is_anonymous,
@@ -48,7 +47,6 @@ __all__ = [
     "describe",
     "layout",
     "anonymous_mesh",
-    "current_mesh",
     "is_anonymous",
     "AxisItem",
     "ReplicaItem",

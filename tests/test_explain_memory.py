@@ -154,3 +154,60 @@ def test_an_mlp_with_optax_cross_entropy(layout, kind, mode):
     fn = jax.grad(loss) if mode == "grad" else loss
     got, xla = _peaks(fn, mesh, (params, x, y), (specs, P("data"), P("data")), specs if mode == "grad" else P())
     assert got == pytest.approx(xla, rel=TOLERANCE), (got, xla)
+
+
+@pytest.mark.parametrize("specs", [(P(), P("data")), (P("data"), P("data")), (P(None, "model"), P("data"))])
+def test_auto_axes_reshards_are_the_same_buffers(specs):
+    """``jax.sharding.auto_axes`` on an Explicit mesh reshards every input into its Auto region: no copies.
+
+    The region's reshards leave each value's layout as it was; XLA makes no buffer for them, so the
+    peak is the Auto mesh's (it was counted twice: every parameter and its reshard).  Under FSDP the
+    weight's gathered copy, bound to the reshard's result, is still held (its argument's).
+    """
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+    w, x = _sds(256, 512), _sds(64, 256)
+
+    def f(w, x):
+        return jnp.mean(jnp.tanh(jnp.tanh(x @ w) * 2.0) ** 2)
+
+    wrapped = jax.sharding.auto_axes(f, out_sharding=P())
+    with jax.set_mesh(mesh):
+        got, xla = _peaks(wrapped, mesh, (w, x), specs, P())
+        auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+        plain, _ = _peaks(f, auto, (w, x), specs, P())
+    assert got == plain  # the same program: the reshards are not buffers
+    assert got == pytest.approx(xla, rel=TOLERANCE)
+
+
+def test_the_report_says_where_its_peak_cannot_be_tight(mesh):
+    """A convolution's or a sort's scratch is XLA:CPU's: the report names them and the measured bound."""
+    x, k = _sds(8, 16, 16, 4), _sds(3, 3, 4, 8)
+
+    def conv(x, k):
+        y = jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.mean(jnp.sort(y, axis=-1))
+
+    report = trace(jax.grad(conv), x, k, mesh=mesh).report((P("data"), P()), [P()])
+    assert report.peak_note.startswith("peak approximate")
+    assert "conv_general_dilated" in report.peak_note and "sort" in report.peak_note
+    assert "0.1-1.75x" in report.peak_note  # the widest bound of the two families
+    assert report.peak_note in str(report) and report.to_dict()["peak_note"] == report.peak_note
+
+    plain = trace(lambda x: jnp.sum(jnp.tanh(x)), _sds(64, 8), mesh=mesh).report((P("data"),), [P()])
+    assert plain.peak_note == ""  # the walk's 25%: nothing to say
+
+
+@pytest.mark.parametrize("specs", [(P(), P("data")), (P("data"), P("data"))])
+def test_a_while_loop_counts_one_iteration_on_top_of_its_buffers(mesh, specs):
+    """A while body's temporaries (the matmul's result, an FSDP weight's gathered copy) live while it runs."""
+    w, x = _sds(256, 256), _sds(64, 256)
+
+    def f(w, x):
+        def body(c):
+            i, h = c
+            return i + 1, jnp.tanh(h @ w) * 0.5 + h
+
+        return jnp.mean(jax.lax.while_loop(lambda c: c[0] < jnp.sum(x > 0), body, (0, x))[1])
+
+    got, xla = _peaks(f, mesh, (w, x), specs, P())
+    assert got == pytest.approx(xla, rel=TOLERANCE)

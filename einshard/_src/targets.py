@@ -45,6 +45,7 @@ import numpy as np
 
 from ._checks import describe_value
 from .analysis.cost import Profile
+from .core.mesh import MeshLike
 from .errors import EinshardError
 
 __all__ = ["Chip", "Target", "CHIPS", "parse_target", "target_mesh", "target_devices", "libtpu_available", "on_target"]
@@ -278,7 +279,7 @@ def target_mesh(target: str | Target, sizes: Mapping[str, int]) -> Any:
     return topologies.make_mesh(topo, tuple(sizes.values()), tuple(sizes))
 
 
-def on_target(target: str | Target, mesh: Any, profile: Any, what: str) -> tuple[dict[str, int], Any]:
+def on_target(target: str | Target, mesh: MeshLike, profile: Any, what: str) -> tuple[dict[str, int], Any]:
     """``(mesh sizes, profile)`` for analysing on ``target``: ``mesh=`` as sizes, a Mesh's or AbstractMesh's
     sizes, else the target's default mesh (their product must be the target's chips); ``profile=``, else
     the target's chip's.

@@ -116,7 +116,9 @@ def measure(family_name: str, strategy: str, mode: Mode, kind: MeshKind) -> Outc
     fn, compiled, wrapped = _program(fn, psh, bsh, out_sh, params, batch, mesh)
     with jax.set_mesh(mesh):
         try:
-            report = trace(fn, family.params, family.batch, mesh=mesh).report(
+            # Traced from the placed inputs the step is compiled from: on an Explicit mesh their types decide
+            # the program JAX writes (a transposed broadcast typed replicated is an all-gather in XLA's HLO).
+            report = trace(fn, params, batch, mesh=mesh).report(
                 (pexpr, bexpr), [s.spec for s in jax.tree.leaves(out_sh)]
             )
         except Exception as e:  # noqa: BLE001 -- recorded: the table lists what explain raised on

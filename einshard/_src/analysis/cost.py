@@ -51,7 +51,7 @@ from .. import _checks
 from ..core import moves
 from ..core.collectives import KINDS, CollectiveKind, Step, StepKind, Target
 from ..core.layout import Layout
-from ..core.moves import Move
+from ..core.moves import Move, mesh_sizes
 
 __all__ = [
     "Profile",
@@ -339,7 +339,7 @@ RING_BYTES: dict[CollectiveKind, RingBytes] = {
 
 def _local_bytes(lay: Layout, itemsize: int) -> int:
     """``lay.bytes_per_device(itemsize)``, written out: this is the analyzer's innermost loop."""
-    sizes = moves.mesh_sizes(lay)
+    sizes = mesh_sizes(lay)
     n = itemsize
     for s, d in zip(lay.shape, lay.dims, strict=False):
         k = 1
@@ -357,8 +357,7 @@ def price(move: Move, *, itemsize: int = 4, profile: Profile | None = None, tens
     local_out = local_in if kind in _SAME_BLOCK else _local_bytes(after, itemsize)
     array_bytes, sent = RING_BYTES[kind](n, local_in, local_out)
     sent_i = int(round(sent)) if axes else 0  # a permute that moves no mesh axis sends nothing
-    sizes = moves.mesh_sizes(before)
-    per_axis = tuple(map(sizes.__getitem__, axes))
+    per_axis = tuple(map(mesh_sizes(before).__getitem__, axes))
     if math.prod(per_axis) != n:  # a regrouped gather runs over a factor of its axes: one ring of n
         per_axis = (n,)
     p = _CPU if profile is None else profile

@@ -8,7 +8,11 @@ buffers, not just what the jaxpr names:
 
 * **inlining**: nested calls (``jit``: ``jax.nn.log_softmax``, ``take_along_axis``;
   custom derivatives; remat) are inlined, as XLA inlines them before it fuses;
-  loops and branches count through their inputs and outputs;
+  a placement that keeps its value's layout (``auto_axes``' reshards) is its
+  operand's buffer; a scan adds one iteration's buffers (its body's temporaries,
+  each stacked input's slice and that slice's gathered copy) to the loop's
+  operands and results, a while loop its body's temporaries; branches count
+  through their inputs and outputs;
 * **fusion**: a value made by an elementwise op and read once, by an elementwise
   op, a broadcast, a reshape or a reduction, never gets a buffer (XLA fuses the
   chain into one loop); the buffers it reads are held until that loop runs;
@@ -45,7 +49,7 @@ from ...core.layout import Layout
 from .costing import is_free
 from .registry import sub_jaxpr
 
-__all__ = ["peak_bytes", "Gathered", "Partial"]
+__all__ = ["peak_bytes", "peak_caveat", "Gathered", "Partial", "SCRATCH"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +90,15 @@ _NOT_FUSED = {
 # Ops that write their first operand's buffer in place when it dies there (XLA's in-place scatter and update).
 _UPDATES_IN_PLACE = {"scatter-add", "scatter_add", "scatter", "scatter-sub", "scatter_sub", "dynamic_update_slice"}
 _ADDS = {"add", "add_any"}
+# Ops that bring a value to a named layout: the same buffer when the layout does not change.
+_PLACEMENTS = {"reshard", "sharding_constraint", "device_put", "mesh_cast"}
+# Loops whose body the walk kept (rules_control.scan): one iteration's buffers count on top of the loop's.
+_LOOPS = {"scan", "while"}
+
+
+def _loop_body(eqn: Any) -> Any:
+    """The jaxpr a call or a loop runs each time (a while loop's body; its condition holds scalars)."""
+    return eqn.params["body_jaxpr"] if eqn.primitive.name == "while" else sub_jaxpr(eqn)
 
 
 def _fusible_elementwise() -> frozenset[str]:
@@ -111,6 +124,7 @@ class _Step:
     name: str
     ins: tuple[Key, ...]
     outs: tuple[Key, ...]
+    inside: int = 0  # a loop's: the bytes one iteration holds besides the loop's operands and results
 
 
 class _Program:
@@ -149,7 +163,14 @@ class _Program:
     def _flatten(self, jaxpr: Any, path: tuple[int, ...]) -> None:
         for eqn in jaxpr.eqns:
             sub_path = (*path, id(eqn))
-            sub = sub_jaxpr(eqn) if sub_path in self.inner else None
+            sub = _loop_body(eqn) if sub_path in self.inner else None
+            if sub is None and self._keeps_buffer(eqn, path):
+                continue
+            if sub is not None and eqn.primitive.name in _LOOPS:
+                ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
+                outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
+                self.steps.append(_Step(eqn.primitive.name, ins, outs, self._iteration(eqn, sub, sub_path)))
+                continue
             if sub is None:
                 ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
                 outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
@@ -170,6 +191,56 @@ class _Program:
             for ov, iv in zip(eqn.outvars, body.outvars):
                 self.alias[(path, ov) if path else ov] = self.key(iv, sub_path)
 
+    def _iteration(self, eqn: Any, sub: Any, sub_path: tuple[int, ...]) -> int:
+        """The bytes one iteration of a scan holds on top of the loop's operands and results.
+
+        XLA's while loop runs its body in the loop's own buffers: the carry in and out, the
+        consts and the stacked inputs and outputs are the loop's operands and results (counted
+        outside).  Each iteration's slice of a stacked input is a buffer of its own when a
+        non-fused op reads it (measured: a dot reading one layer of stacked weights makes XLA
+        copy the layer), gathered to its whole when the walk all-gathered it (an FSDP layer),
+        and the body's temporaries live as a program's do.
+        """
+        from .rules_control import scan_counts
+
+        body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
+        # A while loop's body reads only its consts and carry, the loop's own buffers.
+        n_consts, n_carry = scan_counts(eqn.params) if eqn.primitive.name == "scan" else (0, len(body.invars))
+        env = self.inner[sub_path]
+        nested = {
+            p[len(sub_path) :]: e for p, e in self.inner.items() if p[: len(sub_path)] == sub_path and p != sub_path
+        }
+        inner = _Program(body, env, nested)
+        elsewhere = frozenset(inner.key(v, ()) for v in body.invars[: n_consts + n_carry])
+        return _peak(inner, env, elsewhere=elsewhere, results_elsewhere=True)
+
+    def _keeps_buffer(self, eqn: Any, path: tuple[int, ...]) -> bool:
+        """Alias a placement that leaves its value's layout as it was to its operand: XLA makes no copy.
+
+        ``jax.sharding.auto_axes`` reshards every input into its Auto region (and its results back),
+        ``jax.lax.with_sharding_constraint`` may name the layout a value already has: each is a new
+        jaxpr value but the same buffer (measured: a keras-hub decoder under ``auto_axes`` on an
+        Explicit mesh has the same ``memory_analysis()`` as on an Auto mesh).  An FSDP weight's
+        gathered copy, bound to the placement's result, is the operand's.
+        """
+        if eqn.primitive.name not in _PLACEMENTS or len(eqn.invars) != 1 or len(eqn.outvars) != 1:
+            return False
+        (iv,), (ov,) = eqn.invars, eqn.outvars
+        src = self.key(iv, path)
+        if src is None:
+            return False
+        env = self.inner[path] if path else self.layouts
+        before, after = self.layout(src), env.get(ov)
+        if before is None or after is None or before.dims != after.dims or before.unreduced != after.unreduced:
+            return False
+        self.alias[(path, ov) if path else ov] = src
+        copy = env.get(Gathered(ov))
+        if copy is not None:
+            old = self.gathered.get(src)
+            if old is None or math.prod(copy.shard_shape) > math.prod(old.shard_shape):
+                self.gathered[src] = copy
+        return True
+
     def layout(self, k: Key, derived: type[_Derived] | None = None) -> Layout | None:
         if isinstance(k, tuple):
             path, v = k
@@ -188,10 +259,17 @@ def peak_bytes(
     ``inner``: the environments of the nested calls the walk entered (``Walker.sub_envs``),
     which are inlined as XLA inlines them.  Arguments stay allocated for the whole step (nothing
     is donated); other values die after their last use, a fused value's operands after its
-    fusion's; loops and branches count through their inputs and outputs only.  Fused
+    fusion's; a scan or a while loop adds one iteration; branches count through their inputs and outputs.  Fused
     temporaries, in-place results, gathered arguments and combined partial sums as the module says.
     """
-    prog = _Program(jaxpr, layouts, inner or {})
+    return _peak(_Program(jaxpr, layouts, inner or {}), layouts)
+
+
+def _peak(
+    prog: _Program, layouts: dict[Any, Layout], elsewhere: frozenset[Key] = frozenset(), results_elsewhere: bool = False
+) -> int:
+    """The liveness walk over a flattened program (or a loop body: ``elsewhere`` inputs and, with
+    ``results_elsewhere``, its results are the loop's buffers, held outside it; they count 0 here)."""
     steps, outputs = prog.steps, prog.outputs
     n = len(steps)
 
@@ -207,6 +285,8 @@ def peak_bytes(
         return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
 
     def size(k: Key) -> int:
+        if k in elsewhere or (results_elsewhere and k in outputs):
+            return 0
         out = outputs.get(k)
         return nbytes_as(k, layouts.get(out) if out is not None else prog.layout(k))
 
@@ -321,7 +401,7 @@ def peak_bytes(
             part = prog.layout(k, Partial) if k in leaves else None
             if part is not None:
                 held += nbytes_as(k, part)
-        peak = max(peak, total + gathered_now + held)
+        peak = max(peak, total + gathered_now + held + step.inside)
         gathered_now -= gathered_ends.get(i, 0)
         for k in dies.get(i, ()):
             total -= live.pop(k, 0)
@@ -364,3 +444,50 @@ def _leaves_program(steps: list[_Step], outputs: set[Key]) -> set[Key]:
             if all(r.name in _ON_THE_WAY_OUT and all(o in out for o in r.outs) for r in readers[k]):
                 out.add(k)
     return out
+
+
+# Primitives whose XLA:CPU buffers the walk cannot bound tightly, with explain / XLA's peak as measured on
+# drawn one-op programs and their gradients (tests/test_primitive_rules.py's MEMORY_BOUNDS): convolutions and
+# windows take scratch (a conv gradient's temporaries are several times its operands) and their pad +
+# reduce_window chains are held whole; sorts hold gathered candidates as scratch; a cond's every branch
+# allocates its temporaries, where the walk counts the cond through its operands and results.
+SCRATCH: dict[str, tuple[str, float, float]] = {
+    **dict.fromkeys(
+        ("conv_general_dilated", "reduce_window", "reduce_window_sum", "reduce_window_max", "select_and_scatter_add"),
+        ("convolution and window scratch", 0.1, 1.75),
+    ),
+    **dict.fromkeys(("sort", "top_k", "argsort"), ("sort scratch", 0.1, 1.5)),
+    "cond": ("every branch's temporaries", 0.4, 1.75),
+}
+
+
+def peak_caveat(jaxpr: Any) -> str:
+    """What the peak cannot bound tightly in ``jaxpr`` (nested calls and loops included), with the bound: '' if none.
+
+    ``'peak approximate (convolution and window scratch: conv_general_dilated): explain / XLA measured
+    0.1-1.75x'``: the widest bound of the families the program holds.
+    """
+    found: dict[str, list[str]] = {}
+    todo, seen = [jaxpr], set()
+    while todo:
+        j = todo.pop()
+        j = j.jaxpr if hasattr(j, "jaxpr") and not hasattr(j, "eqns") else j
+        if id(j) in seen:
+            continue
+        seen.add(id(j))
+        for eqn in j.eqns:
+            family = SCRATCH.get(eqn.primitive.name)
+            if family is not None and eqn.primitive.name not in found.setdefault(family[0], []):
+                found[family[0]].append(eqn.primitive.name)
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                        todo.append(sub)
+    found = {k: v for k, v in found.items() if v}
+    if not found:
+        return ""
+    bounds = {why: (lo, hi) for why, lo, hi in SCRATCH.values()}
+    lo = min(bounds[k][0] for k in found)
+    hi = max(bounds[k][1] for k in found)
+    what = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(found.items()))
+    return f"peak approximate ({what}): explain / XLA measured {lo:g}-{hi:g}x"

@@ -70,6 +70,8 @@ class ProgramReport:
     # Where JAX's explicit sharding refused the program as written (einshard.check_explicit's report): the ops it
     # rejects, with lines and fixes; the costs above are the program's with the check's assumed fixes applied.
     explicit: Any = None
+    # What peak_bytes cannot bound tightly, with the measured bound (memory.peak_caveat): '' when it can.
+    peak_note: str = ""
 
     @property
     def complete(self) -> bool:
@@ -98,6 +100,7 @@ class ProgramReport:
             "comm_bytes": self.comm_bytes,
             "comm_count": self.comm_count,
             "peak_bytes": self.peak_bytes,
+            "peak_note": self.peak_note,
             "time_s": self.time_s,
             "phases": self.phases,
             "unfollowed": list(self.unfollowed),
@@ -161,6 +164,8 @@ class ProgramReport:
             f"{_bytes(self.comm_bytes)} sent/device, peak {_bytes(self.peak_bytes)}/device, "
             f"~{self.time_s * 1e3:.3f} ms/step (no overlap)"
         )
+        if self.peak_note:
+            lines.append(self.peak_note)
         if self.unfollowed:
             lines.append(
                 "no layout rule (operands all-gathered, computed replicated, as XLA does): "

@@ -174,10 +174,16 @@ def scan(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> lis
         if asked and not asked[0] and any(asked[1:]) and not hasattr(bv, "val") and id(bv) not in w.program_outputs:
             stacked.append((k, bv, asked[1:]))
             w.program_outputs.add(id(bv))
+    outer_path = w.call_path
+    env: dict[Any, Layout] = {}  # kept: peak memory counts one iteration's buffers (memory.loop_body_bytes)
+    w.call_path = (*outer_path, id(eqn))
     try:
-        res = w.walk(body, [*consts, *settled, *xs_inner], repeat * length, inherit(phase))
+        res = w.walk(body, [*consts, *settled, *xs_inner], repeat * length, inherit(phase), env=env)
     finally:
+        w.call_path = outer_path
         w.program_outputs.difference_update(id(bv) for _, bv, _ in stacked)
+    if not w.quiet:
+        w.sub_envs[(*outer_path, id(eqn))] = env
     carry_out, ys = res[:n_carry], list(res[n_carry:])
     for k, bv, dims in stacked:
         if ys[k].unreduced:

@@ -68,7 +68,15 @@ def while_loop(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
     trips = trip_count(eqn)
     runs = repeat * (trips if trips is not None else 1)
     w.walk(cond_j, [*cconsts, *settled], runs, inherit(phase))
-    res = w.walk(body, [*bconsts, *settled], runs, inherit(phase))
+    outer_path = w.call_path
+    env: dict[Any, Layout] = {}  # kept: peak memory counts one iteration's buffers (memory's loop steps)
+    w.call_path = (*outer_path, id(eqn))
+    try:
+        res = w.walk(body, [*bconsts, *settled], runs, inherit(phase), env=env)
+    finally:
+        w.call_path = outer_path
+    if not w.quiet:
+        w.sub_envs[(*outer_path, id(eqn))] = env
     if trips is None and not w.quiet and len(w.ops) > start:
         note = f"{APPROXIMATE}: a while loop's trip count is known at run time; its body's collectives counted once"
         for i in range(start, len(w.ops)):

@@ -222,8 +222,32 @@ def reshape(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> 
         # The sharded axis does not survive the reshape whole: gather it first.
         gathered = src.with_dims(tuple(() for _ in src.dims))
         w.change(eqn, phase, src, gathered, out_aval.dtype, repeat, "reshape splits a sharded axis")
-        return [w.replicated(out_aval)]
-    return [w.relayout(out_aval, dims)]
+        return [_declared(w, eqn, w.replicated(out_aval), repeat, phase)]
+    return [_declared(w, eqn, w.relayout(out_aval, dims), repeat, phase)]
+
+
+def _declared(w: Walker, eqn: Any, natural: Layout, repeat: int, phase: str) -> Layout:
+    """The result at the layout the equation's ``sharding=`` names (Explicit axes), moved there from ``natural``.
+
+    On Explicit axes JAX writes the result's type into the equation (a reshape's ``sharding``):
+    the transpose of a broadcast over a split batch reshapes the cotangent to a replicated type
+    (Haiku's bias gradients), and XLA all-gathers the operand for it, then reduces locally
+    (measured in a scanned Haiku stack's backward loop: an all-gather per bias where explain
+    had an all-reduce of the reduced sum).
+    """
+    spec = getattr(eqn.params.get("sharding"), "spec", None)
+    if spec is None or natural.unreduced or _explicit_dims(eqn.invars[0].aval) is None:
+        # An operand typed whole: the program was traced from unplaced inputs, and its declared layouts
+        # say nothing of the layouts the walk follows.
+        return natural
+    out_aval = eqn.outvars[0].aval
+    entries = list(spec) + [None] * (len(out_aval.shape) - len(spec))
+    want = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
+    if list(natural.dims) == want:
+        return natural
+    dst = w.relayout(out_aval, want)
+    w.change(eqn, phase, natural, dst, out_aval.dtype, repeat, f"{eqn.primitive.name} to its declared layout")
+    return dst
 
 
 @register(*(REDUCTIONS - ARG_REDUCTIONS))

@@ -16,6 +16,7 @@ from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
 from .costing import OpCosts, is_free
 from .memory import peak_bytes as _peak_bytes
+from .memory import peak_caveat
 from .report import ProgramReport
 from .walker import Walker
 
@@ -350,6 +351,7 @@ class TracedProgram:
             unfollowed_at=tuple(
                 f"{name} at {', '.join(sites)}" for name, sites in sorted(walker.unfollowed_at.items())
             ),
+            peak_note=peak_caveat(self.jaxpr),
         )
 
 

@@ -1,0 +1,158 @@
+"""Peak memory per device against XLA's buffer assignment, drawn: the structures explain's liveness walk models.
+
+Hypothesis draws the sizes, the layout strategy (data-parallel, FSDP, Megatron column/row), the mesh kind
+(Auto, Explicit) and forward or ``jax.grad`` of small programs built from the structures
+einshard/analysis/program/memory.py models -- a chain of dots, a gathered weight, a scan over stacked
+layer weights, the same stack under ``jax.checkpoint`` (remat) -- compiles each with XLA and compares
+``ProgramReport.peak_bytes`` with ``memory_analysis()`` (arguments + outputs + temporaries - aliased)
+within the corpus's 25% (tests/external_corpus/compare.py's ``MEMORY_TOLERANCE``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from einshard._src.analysis.program import trace
+
+TOLERANCE = 0.25
+FAST = settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None)
+DEEP = settings(
+    max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None
+)
+
+Strategy = Literal["dp", "fsdp", "tp"]
+Mode = Literal["fwd", "grad"]
+Structure = Literal["dots", "scan", "scan_remat"]
+
+# Weight layouts per strategy, for a weight pair (a: D->F, b: F->D), stacked (leading L) or not.
+_WEIGHTS: dict[Strategy, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
+    "dp": ((), ()),
+    "fsdp": (("data", None), ("data", None)),
+    "tp": ((None, "model"), ("model", None)),
+}
+
+
+def _mesh(kind: Literal["auto", "explicit"]) -> jax.sharding.Mesh:
+    t = AxisType.Auto if kind == "auto" else AxisType.Explicit
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(t, t))
+
+
+def _program(structure: Structure, layers: int) -> Callable[[Any, Any], Any]:
+    def block(h: Any, w: Any) -> tuple[Any, None]:
+        return h + jnp.tanh(h @ w["a"]) @ w["b"], None
+
+    def loss(p: Any, x: Any) -> Any:
+        if structure == "dots":
+            h = x
+            for w in p:  # one weight pair per layer, as unscanned models hold them
+                h = block(h, w)[0]
+        else:
+            step = jax.checkpoint(block) if structure == "scan_remat" else block
+            h = jax.lax.scan(step, x, p)[0]
+        return jnp.mean(h**2)
+
+    return loss
+
+
+def _peaks(structure: Structure, strategy: Strategy, mode: Mode, kind: str, layers: int, d: int, f: int, b: int):
+    """(explain's peak, XLA's peak) per device, for the drawn program."""
+    mesh = _mesh(kind)  # type: ignore[arg-type]
+    a_spec, b_spec = _WEIGHTS[strategy]
+    xspec = P() if strategy == "tp" else P("data")
+    if structure == "dots":
+        wspec: Any = [{"a": P(*a_spec), "b": P(*b_spec)}] * layers
+        params: Any = [
+            {"a": jax.ShapeDtypeStruct((d, f), jnp.float32), "b": jax.ShapeDtypeStruct((f, d), jnp.float32)}
+        ] * layers
+    else:
+        wspec = {"a": P(None, *a_spec), "b": P(None, *b_spec)}
+        params = {
+            "a": jax.ShapeDtypeStruct((layers, d, f), jnp.float32),
+            "b": jax.ShapeDtypeStruct((layers, f, d), jnp.float32),
+        }
+    x = jax.ShapeDtypeStruct((b, d), jnp.float32)
+    loss = _program(structure, layers)
+    fn = jax.grad(loss) if mode == "grad" else loss
+    out = wspec if mode == "grad" else P()
+    if strategy == "tp" and kind == "explicit":
+        # JAX refuses a dot contracting a split axis on Explicit axes: run it as users must, under auto_axes.
+        fn = jax.sharding.auto_axes(fn, out_sharding=out)
+    is_spec = lambda s: isinstance(s, P)  # noqa: E731
+    shard = lambda s: NamedSharding(mesh, s)  # noqa: E731
+    with jax.set_mesh(mesh):
+        sds = lambda s, spec: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=shard(spec))  # noqa: E731
+        placed = (jax.tree.map(sds, params, wspec), sds(x, xspec))
+        compiled = (
+            jax.jit(
+                fn,
+                in_shardings=(jax.tree.map(shard, wspec, is_leaf=is_spec), shard(xspec)),
+                out_shardings=jax.tree.map(shard, out, is_leaf=is_spec),
+            )
+            .lower(*placed)
+            .compile()
+        )
+        report = trace(fn, *placed, mesh=mesh).report((wspec, xspec), jax.tree.leaves(out, is_leaf=is_spec))
+    m = compiled.memory_analysis()
+    xla = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    return report.peak_bytes, xla
+
+
+_draws = dict(
+    structure=st.sampled_from(["dots", "scan", "scan_remat"]),
+    strategy=st.sampled_from(["dp", "fsdp", "tp"]),
+    mode=st.sampled_from(["fwd", "grad"]),
+    kind=st.sampled_from(["auto", "explicit"]),
+    layers=st.integers(2, 4),
+    d=st.sampled_from([64, 128]),
+    f=st.sampled_from([128, 256]),
+    b=st.sampled_from([32, 64]),
+)
+
+
+def _known_gap(structure: str, strategy: str, mode: str, kind: str) -> bool:
+    """An unscanned FSDP gradient on Explicit axes: XLA holds 1.6-1.8x the Auto mesh's peak (the typed
+    program's whole-weight gradients), explain 0.55x XLA.  Drawn out here; a strict xfail below keeps it."""
+    return (structure, strategy, mode, kind) == ("dots", "fsdp", "grad", "explicit")
+
+
+def _check(structure, strategy, mode, kind, layers, d, f, b) -> None:
+    assume(not _known_gap(structure, strategy, mode, kind))
+    got, xla = _peaks(structure, strategy, mode, kind, layers, d, f, b)
+    assert got == pytest.approx(xla, rel=TOLERANCE), (structure, strategy, mode, kind, got, xla, got / xla)
+
+
+@FAST
+@given(**_draws)
+# One iteration of a scan over stacked weights holds the layer's slice (a dot reads it: XLA copies it) and,
+# under FSDP, its gathered copy: explain counted the loop through its operands only (0.49-0.62x XLA).
+@example("scan", "fsdp", "fwd", "auto", 4, 128, 256, 64)
+@example("scan_remat", "fsdp", "grad", "auto", 4, 128, 256, 64)
+@example("scan", "dp", "grad", "explicit", 4, 128, 256, 64)
+@example("scan_remat", "tp", "grad", "auto", 4, 128, 256, 64)
+@example("dots", "fsdp", "grad", "explicit", 3, 128, 256, 64)
+def test_peak_memory_matches_xla(structure, strategy, mode, kind, layers, d, f, b):
+    _check(structure, strategy, mode, kind, layers, d, f, b)
+
+
+@pytest.mark.slow
+@DEEP
+@given(**_draws)
+def test_peak_memory_matches_xla_deep(structure, strategy, mode, kind, layers, d, f, b):
+    _check(structure, strategy, mode, kind, layers, d, f, b)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="explain 0.55x XLA: an unscanned FSDP gradient on Explicit axes (see _known_gap)"
+)
+def test_unscanned_fsdp_gradient_on_explicit_axes():
+    got, xla = _peaks("dots", "fsdp", "grad", "explicit", 3, 128, 256, 64)
+    assert got == pytest.approx(xla, rel=TOLERANCE)
