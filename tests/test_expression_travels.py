@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-import einshard.placement as placement_module
+import einshard._src.placement as placement_module
 from einshard._src._placement.resolve import _replicated, _resolve
 from einshard._src.core.layout import Layout, MeshAxis, spec_dims
 from einshard._src.parsing import (
@@ -266,7 +266,7 @@ def test_one_current_mesh() -> None:
         for p in (ROOT / "einshard").rglob("*.py")
         if "def current_mesh(" in p.read_text()
     ]
-    assert defined == ["einshard/core/mesh.py"]
+    assert defined == ["einshard/_src/core/mesh.py"]
     assert not hasattr(einshard.placement, "current_mesh")
 
 
