@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from ...core.layout import Layout
+from ..cost import Tiling, buffer_bytes
 from .costing import is_free
 from .registry import sub_jaxpr
 
@@ -216,6 +217,7 @@ def peak_bytes(
     layouts: dict[Any, Layout],
     inner: dict[tuple[int, ...], dict[Any, Layout]] | None = None,
     memo: MemoryMemo | None = None,
+    tiling: Tiling = "dense",
 ) -> int:
     """Peak live bytes per device over the program, from each value's layout.
 
@@ -227,6 +229,7 @@ def peak_bytes(
     temporaries, in-place results, gathered arguments and combined partial sums as the module says.
 
     ``memo``: a :class:`MemoryMemo` kept between calls on one ``jaxpr`` (the same result, sooner).
+    ``tiling``: how the device lays a buffer out (the profile's: a TPU pads to its tiles, :func:`buffer_bytes`).
     """
     inner = inner or {}
     calls = frozenset(inner)
@@ -246,7 +249,7 @@ def peak_bytes(
             # loops that take it as an invariant), it is not materialised.
             return 0
         shape = lay.shard_shape if lay is not None else tuple(aval.shape)
-        return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
+        return buffer_bytes(tuple(shape), int(np.dtype(aval.dtype).itemsize), tiling)
 
     def size(k: Key) -> int:
         out = outputs.get(k)

@@ -328,7 +328,7 @@ class TracedProgram:
         # them, 0.45-0.81 without), but the planner's FSDP memory budget is built on the sharded figure
         # (tests/test_planner.py); see docs/analysis.md.
         memo = self._memory if self.costs.memoise_blocks else None
-        peak = _peak_bytes(self.jaxpr, layouts, walker.sub_envs, memo)
+        peak = _peak_bytes(self.jaxpr, layouts, walker.sub_envs, memo, tiling=self.costs.profile.tiling)
         ops = tuple(walker.ops)
         phases: dict[str, dict[str, float]] = {}
         for op in ops:
