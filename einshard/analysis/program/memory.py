@@ -240,7 +240,7 @@ def peak_bytes(
     steps, outputs = prog.steps, prog.outputs
     n = len(steps)
 
-    def nbytes_as(k: Key, lay: Layout | None) -> int:
+    def nbytes_as(k: Key, lay: Layout | None, tiles: Tiling = "dense") -> int:
         aval = (k[1] if isinstance(k, tuple) else k).aval
         if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
             return 0
@@ -249,11 +249,19 @@ def peak_bytes(
             # loops that take it as an invariant), it is not materialised.
             return 0
         shape = lay.shard_shape if lay is not None else tuple(aval.shape)
-        return buffer_bytes(tuple(shape), int(np.dtype(aval.dtype).itemsize), tiling)
+        return buffer_bytes(tuple(shape), int(np.dtype(aval.dtype).itemsize), tiles)
+
+    # The program's arguments and outputs are buffers in device memory, padded to the device's tiles (on a TPU
+    # exactly as its memory_analysis() says, tests/test_target_tpu_model.py); its temporaries keep their own
+    # bytes: the TPU compiler holds small fused intermediates on chip (a whole kh_llama TP forward: 0 bytes of
+    # temporaries), and padding them overstated the external corpus' peaks 1.5-5x (docs/targets.md).
+    boundary = frozenset(prog.args) if tiling != "dense" else frozenset()
 
     def size(k: Key) -> int:
         out = outputs.get(k)
-        return nbytes_as(k, layouts.get(out) if out is not None else prog.layout(k))
+        if out is not None:
+            return nbytes_as(k, layouts.get(out), tiling)
+        return nbytes_as(k, prog.layout(k), tiling if k in boundary else "dense")
 
     index = memo.indexes.get(calls) if memo is not None else None
     if index is None:
@@ -345,7 +353,10 @@ def peak_bytes(
         copy = layouts.get(Gathered(v))
         if copy is not None:
             gathered[v] = copy
-    extra_until = [(until[v], nbytes_as(v, c) - size(v)) for v, c in gathered.items() if v in until and v in args]
+    # (A gathered copy is sized as its argument is, tiles and all: the difference is what the gather adds.)
+    extra_until = [
+        (until[v], nbytes_as(v, c, tiling) - size(v)) for v, c in gathered.items() if v in until and v in args
+    ]
     # Partial sums that only leave the program (``leaves``, above): held from their making to the end (the combiner).
 
     live: dict[Key, int] = {v: size(v) for v in prog.args}
@@ -357,7 +368,7 @@ def peak_bytes(
         gathered_ends[end] = gathered_ends.get(end, 0) + b
     # While it gathers, one argument gathered along a dimension other than its major one is held twice more.
     transposing = [
-        nbytes_as(v, c) + size(v) for v, c in gathered.items() if v in args and _gathers_minor(v, c, layouts)
+        nbytes_as(v, c, tiling) + size(v) for v, c in gathered.items() if v in args and _gathers_minor(v, c, layouts)
     ]
     peak = total + gathered_now + max(transposing, default=0)
     for i, step in enumerate(steps):
