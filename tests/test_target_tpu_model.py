@@ -150,6 +150,20 @@ def test_explain_peak_uses_the_profiles_tiling_with_any_mesh() -> None:
     assert dense.comm_bytes == tiled.comm_bytes  # collectives send the array's bytes, not its tiles
 
 
+def test_tpu_tiling_pads_arguments_and_outputs_not_temporaries() -> None:
+    # tanh(a) is read twice (both operands of the dot): a temporary of its own, a (3, 5) f32 shard.  The argument
+    # (a 2048-byte tile) and the scalar output (a 512-byte page) are padded; the temporary keeps its 60 bytes
+    # (the TPU compiler keeps small fused intermediates on chip: padding them overstated the corpus' peaks).
+    def gram(a: jax.Array) -> jax.Array:
+        t = jnp.tanh(a)
+        return jnp.sum(t @ t.T)
+
+    tiled = einshard.explain(gram, ODD[0], mesh=SIZES, in_specs=("b d -> b@data d",), profile="tpu-v5p")
+    dense = einshard.explain(gram, ODD[0], mesh=SIZES, in_specs=("b d -> b@data d",), profile="cpu")
+    assert 2048 + 512 < tiled.peak_bytes < 2048 + 512 + 2048
+    assert dense.peak_bytes < 2048
+
+
 def test_tpu_profile_report_says_on_its_first_line_what_it_does_not_model() -> None:
     report = einshard.explain(_odd_step, *ODD, mesh=SIZES, in_specs=("b d -> b@data d",) * 2, profile="tpu-v5p")
     first = str(report).splitlines()[0]
