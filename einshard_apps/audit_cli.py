@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (annotations only: the command line imports jax lazily)
+    from einshard.core.mesh import MeshLike
 
 __all__ = ["arguments", "run"]
 
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.fits and not report.unmatched else 1
 
 
-def _read_rules(path: str, params: Any, mesh: Any) -> tuple[Any, Any, Any]:
+def _read_rules(path: str, params: Any, mesh: MeshLike) -> tuple[Any, Any, Any]:
     """(the parameters' rules, the logical-axis table, the batch's expression) from a rules file."""
     from einshard.errors import EinshardError
     from einshard.interop import from_keras, from_maxtext

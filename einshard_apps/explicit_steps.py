@@ -33,7 +33,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (annotations only: the command line imports jax lazily)
+    from einshard.core.mesh import AnyMesh
 
 from einshard.errors import EinshardError
 
@@ -81,11 +84,11 @@ def _specs(shardings: Any) -> Any:
     return jax.tree.map(lambda s: s.spec, shardings)
 
 
-def _mesh_sizes(mesh: Any) -> dict[str, int]:
+def _mesh_sizes(mesh: AnyMesh) -> dict[str, int]:
     return {str(k): int(v) for k, v in mesh.shape.items()}
 
 
-def _need_axes(mesh: Any, axes: Sequence[str], layout: str, example: str) -> None:
+def _need_axes(mesh: AnyMesh, axes: Sequence[str], layout: str, example: str) -> None:
     sizes = _mesh_sizes(mesh)
     missing = [a for a in axes if a not in sizes]
     if missing:
@@ -166,7 +169,7 @@ def make_tp_async_step(
     tx: Any,
     state_shardings: Any,
     batch_sharding: Any,
-    mesh: Any,
+    mesh: AnyMesh,
     *,
     ring: str = "one-way",
 ) -> ExplicitStep:
@@ -250,7 +253,7 @@ def make_pipeline_step(
     tx: Any,
     state_shardings: Any,
     batch_sharding: Any,
-    mesh: Any,
+    mesh: AnyMesh,
     *,
     param_layouts: Any = None,
     microbatches: int | None = None,

@@ -851,7 +851,6 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
     "einshard.placement.anonymous_mesh": Entry(
         lambda: {"shape": (4, 2)}, {"shape": lambda: [(0,), (-1,), (3, 5), (16,), (2.0, 4), "42", None]}
     ),
-    "einshard.placement.current_mesh": Entry(dict, {}),
     "einshard.placement.is_anonymous": Entry(
         lambda: {"mesh": MESH}, {}, any_value={"mesh": "a predicate: anything but an anonymous mesh is False"}
     ),

@@ -4,8 +4,9 @@
   same count at any depth.
 * An unrolled stack of identical blocks (a list of per-layer parameter dicts): identical blocks share
   one parameter group (``['layers'][*]['w']``), so the search costs no more assignments, and walks
-  the program no more often, at depth 2L than at L.  Each of those walks still steps through every
-  block (nested walks grow with depth): identical blocks are not yet costed once per walk.
+  the program no more often, at depth 2L than at L; and identical blocks under identical layouts are
+  walked once (their remat bodies: :mod:`einshard.analysis.program.blocks`), so the nested walks do
+  not grow either.  tests/test_block_memo.py counts equations and checks the memo changes no cost.
 """
 
 from __future__ import annotations
@@ -77,15 +78,22 @@ def _walks(loss, params) -> tuple[int, int, int]:
 
 
 @settings(max_examples=3, deadline=None)
-@given(depth=st.integers(1, 4))
+@given(depth=st.integers(3, 5))
 def test_unrolled_2L_identical_blocks_cost_no_more_program_walks_than_L(depth):
-    walks_l, _, evaluated_l = _walks(_unrolled_loss, _unrolled(depth))
-    walks_2l, _, evaluated_2l = _walks(_unrolled_loss, _unrolled(2 * depth))
+    # From 3 blocks on: the first block (entered by the input), the last (by the loss's gradient) and the
+    # middle ones can each meet their own layouts, and each of those is walked once.
+    walks_l, nested_l, evaluated_l = _walks(_unrolled_loss, _unrolled(depth))
+    walks_2l, nested_2l, evaluated_2l = _walks(_unrolled_loss, _unrolled(2 * depth))
     assert evaluated_2l <= evaluated_l
     assert walks_2l <= walks_l
+    assert nested_2l <= nested_l
 
 
 def test_a_scanned_stack_costs_the_same_walks_at_any_depth():
     shallow = _walks(_scanned_loss, _scanned(2))
     deep = _walks(_scanned_loss, _scanned(96))
-    assert deep == shallow
+    assert (deep[0], deep[2]) == (shallow[0], shallow[2])
+    # Nested walks: a call body inside the scan is walked once per layouts entering it, and which layouts
+    # the search tries can differ with the stack's length (an axis of 2 does not split over 4 devices):
+    # never more at depth 96 (tests/test_block_memo.py compares depths under the same layouts: equal).
+    assert deep[1] <= shallow[1]

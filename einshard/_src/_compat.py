@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+from jax.sharding import AbstractMesh, Mesh
 
 __all__ = ["get_concrete_mesh", "use_abstract_mesh", "has_unreduced", "native_unreduced"]
 
@@ -38,7 +39,7 @@ class _Empty:
 _EMPTY = _Empty()
 
 
-def use_abstract_mesh(mesh: Any) -> Any:
+def use_abstract_mesh(mesh: AbstractMesh) -> Any:
     """A context manager making ``mesh`` (an AbstractMesh) current for tracing (public from jax ~0.8)."""
     public = getattr(jax.sharding, "use_abstract_mesh", None)
     if public is not None:
@@ -60,7 +61,7 @@ def has_unreduced() -> bool:
     return hasattr(jax.lax, "pcast")
 
 
-def native_unreduced(mesh: Any) -> bool:
+def native_unreduced(mesh: Mesh | AbstractMesh | None) -> bool:
     """Whether a shard_map on ``mesh`` can return and take JAX ``unreduced`` arrays.
 
     JAX allows ``unreduced`` in a shard_map's specs only when every axis of its

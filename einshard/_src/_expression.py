@@ -123,6 +123,20 @@ class Expression:
     output: Side
     text: str = field(default="", compare=False, repr=False)
 
+    def __hash__(self) -> int:
+        # Caches are keyed on the parsed expression (it travels instead of its text): hashed once, on first use, as
+        # str keeps its hash, not field by field on every lookup.
+        try:
+            return self._hash  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
+            value = hash((self.inputs, self.output))
+            object.__setattr__(self, "_hash", value)
+            return value
+
+    def __reduce__(self) -> tuple[type[Expression], tuple[tuple[Side, ...], Side, str]]:
+        # Rebuilt through __init__, so the hash is this process's (str hashes differ between processes).
+        return (Expression, (self.inputs, self.output, self.text))
+
     def __str__(self) -> str:
         return ", ".join(str(s) for s in self.inputs) + " -> " + str(self.output)
 

@@ -31,7 +31,7 @@ from ._checks import check_callable, check_str_or_strs, fail, naming
 from .analysis.cost import human_bytes, human_time
 from .analysis.program import ProgramReport, explain
 from .core.logical import AxisRulesLike, current_axis_rules, scoped_axis_rules
-from .core.mesh import as_mesh, resolve_mesh
+from .core.mesh import AnyMesh, MeshLike, as_mesh, resolve_mesh
 from .errors import EinshardError
 from .interop._leaves import ImportedRules, LeafMatch, imported, leaves_of
 from .interop.keras import from_keras
@@ -195,7 +195,7 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def _as_imported(rules: Any, params: Any, mesh: Any) -> ImportedRules:
+def _as_imported(rules: Any, params: Any, mesh: MeshLike) -> ImportedRules:
     """A rule set in any form read for ``params``: :class:`ImportedRules` as is, a Keras ``LayoutMap``, or
     einshard path rules (a pattern mapping or one expression; logical names through the current rules).
 
@@ -230,7 +230,7 @@ def audit(
     step: Callable[..., Any],
     *args: Any,
     rules: Any,
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     budget: int | float | str | None = None,
     data_rules: Rules | Sequence[Rules] | None = None,
     batch_axis: str | tuple[str, ...] | None = None,
@@ -269,7 +269,7 @@ def _audit(
     step: Callable[..., Any],
     args: tuple[Any, ...],
     rules: Any,
-    mesh: Any,
+    mesh: MeshLike | None,
     budget: Any,
     data_rules: Any,
     batch_axis: Any,
@@ -339,7 +339,7 @@ def _check_data_rules(data_rules: Any) -> None:
                 fail("einshard.audit", "data_rules", "an expression or path rules per argument", rules)
 
 
-def _data_rules(data: Sequence[Any], data_rules: Any, batch_axis: Any, mesh: Any) -> list[Any]:
+def _data_rules(data: Sequence[Any], data_rules: Any, batch_axis: Any, mesh: AnyMesh) -> list[Any]:
     if data_rules is not None:
         if isinstance(data_rules, (str, Mapping)):
             return [data_rules] * len(data)
@@ -365,7 +365,7 @@ def _data_rules(data: Sequence[Any], data_rules: Any, batch_axis: Any, mesh: Any
 
 
 def _differences(
-    read: ImportedRules, params: Any, data: Sequence[Any], data_list: list[Any], chosen: LayoutPlan, mesh: Any
+    read: ImportedRules, params: Any, data: Sequence[Any], data_list: list[Any], chosen: LayoutPlan, mesh: MeshLike
 ) -> tuple[LayoutDifference, ...]:
     """The leaves (parameters, then data arguments as ``data[i]/name``) the plan lays out otherwise."""
     from .placement import spec

@@ -38,6 +38,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ._checks import describe_value
+from .core.layout import spec_dims
 from .errors import EinshardError
 
 __all__ = ["show", "render"]
@@ -203,8 +204,7 @@ def _spec_dims(sharding: Any, rank: int) -> list[tuple[str, ...]] | None:
     spec = getattr(sharding, "spec", None)
     if spec is None:
         return None
-    entries = list(spec) + [None] * (rank - len(spec))
-    return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
+    return list(spec_dims(spec, rank))
 
 
 def _header(x: Any, shape: tuple[int, ...], names: list[str], sharding: Any) -> str:

@@ -18,6 +18,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 from ._expression import (
     AxisItem,
     EllipsisItem,
@@ -45,6 +48,8 @@ __all__ = [
     "is_count_item",
 ]
 
+# check_placement and build_placement are for einshard's own layers (not in __all__): they take parsed objects
+# from the parser, which is what they trust.
 
 # ---------------------------------------------------------------------------
 # Placement expressions: 'a b -> a4 b*' or 'a b -> a@data b'
@@ -62,7 +67,47 @@ def parse_placement(text: str) -> Expression:
         >>> str(parse_placement("a   b->a2* b"))
         'a b -> a2* b'
     """
-    expr = parse(text)
+    return check_placement(parse(text))
+
+
+def build_placement(left: Sequence[Item], right: Sequence[Item]) -> Expression:
+    """The placement ``left -> right`` built from parsed items, checked as :func:`parse_placement` checks it.
+
+    Nothing is parsed: its text is its printed form and every column points into that text, as parsing the
+    printed form would set them, so its errors quote and point exactly as the parsed expression's do.  It is how a
+    layer that holds a parsed einsum side (or adds a ``*`` to a placement) makes a placement of it.
+
+    Example:
+        >>> e = parse_einsum("b x@data, x y -> b y")
+        >>> str(build_placement([AxisItem(i.name) for i in e.inputs[0].axes], e.inputs[0].items))
+        'b x -> b x@data'
+    """
+    left_text = " ".join(str(i) for i in left)
+    arrow = len(left_text) + 1  # where '->' stands in "left -> right"; an empty side points there (as parse)
+    return check_placement(
+        Expression((_placed(left, 0, arrow),), _placed(right, arrow + 3, arrow), f"{left_text} -> " + _text(right))
+    )
+
+
+def _text(items: Sequence[Item]) -> str:
+    return " ".join(str(i) for i in items)
+
+
+def _placed(items: Sequence[Item], start: int, empty: int) -> Side:
+    """A side of the items written from column ``start`` on, one space apart, each item's column its own."""
+    placed: list[Item] = []
+    column = start
+    for item in items:
+        placed.append(dataclasses.replace(item, column=column))
+        column += len(str(item)) + 1
+    return Side(tuple(placed), column=placed[0].column if placed else empty)
+
+
+def check_placement(expr: Expression) -> Expression:
+    """``expr`` (parsed) checked as a placement: one array, every axis once on each side, counts or ``@``.
+
+    Returns ``expr`` itself; raises :class:`~einshard.errors.EinshardError` quoting it.
+    """
     for side in expr.sides:
         for ax in side.axes:
             if ax.choose:

@@ -45,6 +45,7 @@ import numpy as np
 
 from ._checks import describe_value
 from .analysis.cost import Profile
+from .core.mesh import MeshLike
 from .errors import EinshardError
 
 __all__ = ["Chip", "Target", "CHIPS", "parse_target", "target_mesh", "target_devices", "libtpu_available", "on_target"]
@@ -78,7 +79,9 @@ class Chip:
     def profile(self) -> Profile:
         # TPU ICI: ~1 µs per hop (scaling book); NVLink: ~2 µs per step (einshard's h100 profile).
         if self.platform == "tpu":
-            return Profile(self.name, flops=self.flops, bandwidth=self.bandwidth, latency=1e-6, topology="ring")
+            return Profile(
+                self.name, flops=self.flops, bandwidth=self.bandwidth, latency=1e-6, topology="ring", tiling="tpu"
+            )
         return Profile(self.name, flops=self.flops, bandwidth=self.bandwidth, latency=2e-6)
 
 
@@ -149,8 +152,7 @@ class Target:
     def note(self) -> str:
         """What the target's numbers are, and what checks them: one line for reports."""
         check = (
-            "plan(verify=) compiles with the TPU compiler (libtpu, shapes only); explain does not model its "
-            "async overlap, combiner thresholds or (8, 128) tile padding: the compiled numbers decide"
+            f"{self.profile.caveat}; plan(verify=) compiles with the TPU compiler (libtpu, shapes only)"
             if self.compiles
             else "a profile only: no compiler check is possible without the device"
         )
@@ -278,7 +280,7 @@ def target_mesh(target: str | Target, sizes: Mapping[str, int]) -> Any:
     return topologies.make_mesh(topo, tuple(sizes.values()), tuple(sizes))
 
 
-def on_target(target: str | Target, mesh: Any, profile: Any, what: str) -> tuple[dict[str, int], Any]:
+def on_target(target: str | Target, mesh: MeshLike, profile: Any, what: str) -> tuple[dict[str, int], Any]:
     """``(mesh sizes, profile)`` for analysing on ``target``: ``mesh=`` as sizes, a Mesh's or AbstractMesh's
     sizes, else the target's default mesh (their product must be the target's chips); ``profile=``, else
     the target's chip's.

@@ -6,7 +6,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (annotations only: the command line imports jax lazily)
+    from einshard.core.mesh import AnyMesh, MeshLike
 
 from einshard.errors import EinshardError
 
@@ -43,7 +46,7 @@ def _tree_bytes_per_device(tree: Any) -> int:
     return total
 
 
-def make_jit_step(loss: Callable[..., Any], tx: Any, state_shardings: Any, batch_sharding: Any, mesh: Any) -> Any:
+def make_jit_step(loss: Callable[..., Any], tx: Any, state_shardings: Any, batch_sharding: Any, mesh: AnyMesh) -> Any:
     """The default step builder: ``jax.jit`` with the layouts as in/out shardings; XLA inserts the collectives."""
     import jax
     import optax
@@ -60,7 +63,7 @@ def make_jit_step(loss: Callable[..., Any], tx: Any, state_shardings: Any, batch
     )
 
 
-def _shardings(expressions: Any, abstract: Any, mesh: Any, what: str | None = None) -> Any:
+def _shardings(expressions: Any, abstract: Any, mesh: MeshLike, what: str | None = None) -> Any:
     """``einshard.sharding`` for every leaf; an error names the leaf it is about."""
     import jax
 

@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..core.mesh import MeshLike, current_concrete_mesh
 from ..errors import EinshardError
 
 _DEFAULT_TIMEOUT_S = 60.0
@@ -193,11 +194,9 @@ def _leaf_record(path: str, leaf: Any, text: str) -> dict[str, Any]:
     return {"path": path, "shape": [int(d) for d in np.shape(leaf)], "dtype": dtype, "expression": text}
 
 
-def _mesh_record(mesh: Any) -> Any:
+def _mesh_record(mesh: MeshLike | None) -> Any:
     if mesh is None:
-        from ..placement import current_mesh
-
-        mesh = current_mesh()
+        mesh = current_concrete_mesh()
     if mesh is None:
         return None
     shape = getattr(mesh, "shape", None)
@@ -207,7 +206,7 @@ def _mesh_record(mesh: Any) -> Any:
     return [[str(name), int(size), kind] for (name, size), kind in zip(shape.items(), types)]
 
 
-def check_placement(x: Any, rules: Any, mesh: Any, process_local: bool) -> None:
+def check_placement(x: Any, rules: Any, mesh: MeshLike | None, process_local: bool) -> None:
     """Every process places the same paths, shapes, dtypes and expressions on the same mesh (one exchange).
 
     With ``process_local=True`` the shapes compared are the process-local

@@ -9,6 +9,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from .._checks import describe_value
+from ..core.layout import spec_dims
 from ..core.mesh import auto_axes, is_tracer
 from ..errors import EinshardError
 from ..parsing import Expression, format_name, parse_placement
@@ -52,9 +53,8 @@ def describe(x: Any, names: str | None = None) -> str:
         if sh is not None and len(sh.device_set) > 1:
             raise EinshardError(f"describe() reads NamedShardings; this array has a {type(sh).__name__}")
         return f"{left} -> {left}"
-    entries = list(sh.spec) + [None] * (len(shape) - len(sh.spec))
     mesh = sh.mesh
-    dims = [(() if e is None else (e,) if isinstance(e, str) else tuple(e)) for e in entries]
+    dims = spec_dims(sh.spec, len(shape))
     unreduced = tuple(getattr(sh.spec, "unreduced", ()) or ())
     if is_anonymous(mesh) and all(len(d) <= 1 for d in dims) and not unreduced:
         owner = {d[0]: i for i, d in enumerate(dims) if d}

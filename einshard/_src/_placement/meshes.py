@@ -7,14 +7,14 @@ from typing import Any
 
 import jax
 from jax.experimental import mesh_utils
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from .._expression import AxisItem, ReplicaItem, format_name
-from ..core.mesh import as_mesh, current_concrete_mesh, show_mesh
+from ..core.mesh import AnyMesh, MeshLike, as_mesh, current_concrete_mesh, show_mesh
 from ..errors import EinshardError
-from ..parsing import Expression, is_count_item, parse_placement
+from ..parsing import Expression, is_count_item
 
-__all__ = ["anonymous_mesh", "is_anonymous", "current_mesh"]
+__all__ = ["anonymous_mesh", "is_anonymous"]
 
 
 # (devices, shape) -> Mesh.  The one piece of state einshard keeps: meshes, as JAX does.
@@ -34,10 +34,11 @@ def anonymous_mesh(shape: tuple[int, ...]) -> Mesh:
         True
     """
     devices = tuple(jax.devices())
-    key = (devices, tuple(shape) if isinstance(shape, tuple) else None)
+    # Checked before the lookup: (2.0, 4) hashes as (2, 4) does, and must be refused after that mesh exists too.
+    _check_grid(shape, len(devices))
+    key = (devices, tuple(shape))
     mesh = _ANONYMOUS.get(key)
     if mesh is None:
-        _check_grid(shape, len(devices))
         names = tuple(f"a{i}" for i in range(len(shape)))
         # create_device_mesh is what einshard 0.2 uses: same device order, same shards.
         grid = mesh_utils.create_device_mesh(tuple(shape), devices=list(devices))
@@ -54,17 +55,12 @@ def _check_grid(shape: Any, n_devices: int) -> None:
         )
 
 
-def is_anonymous(mesh: Any) -> bool:
+def is_anonymous(mesh: object) -> bool:
     """Whether ``mesh`` is one of the anonymous meshes count expressions build."""
     return any(mesh is m for m in _ANONYMOUS.values())
 
 
-def current_mesh() -> Mesh | None:
-    """The concrete mesh made current by ``jax.set_mesh``, or None outside any mesh context or while tracing."""
-    return current_concrete_mesh()
-
-
-def _current_abstract_mesh() -> Any:
+def _current_abstract_mesh() -> AbstractMesh | None:
     mesh = jax.sharding.get_abstract_mesh()
     return None if mesh.empty else mesh
 
@@ -74,7 +70,7 @@ def _tracing_in_mesh_context() -> bool:
     return current_concrete_mesh() is None and _current_abstract_mesh() is not None
 
 
-def _count_mesh_conflict(expr: Expression, mesh: Any, how: str) -> EinshardError:
+def _count_mesh_conflict(expr: Expression, mesh: AnyMesh, how: str) -> EinshardError:
     # In the user's own words: their counts, and their expression with a mesh axis named instead.
     counts = [i for i in expr.output.items if is_count_item(i)]
     free = iter(getattr(mesh, "axis_names", ()) or ("data",))  # one mesh axis per counted array axis, in order
@@ -96,13 +92,13 @@ def _count_mesh_conflict(expr: Expression, mesh: Any, how: str) -> EinshardError
     )
 
 
-def _pick_mesh(expr_text: str, mesh: Any, x: Any = None) -> Any:
-    mesh = _check_mesh(mesh)
-    ctx = current_mesh() or _current_abstract_mesh()
-    return _choose_mesh(expr_text, mesh, ctx, _own_mesh(x) if mesh is None and ctx is None else None)
+def _pick_mesh(expr: Expression, mesh: AnyMesh | None, x: Any = None) -> AnyMesh | None:
+    """The mesh a placement uses; ``mesh`` is ``mesh=`` already checked by :func:`_check_mesh`."""
+    ctx = current_concrete_mesh() or _current_abstract_mesh()
+    return _choose_mesh(expr, mesh, ctx, _own_mesh(x) if mesh is None and ctx is None else None)
 
 
-def _check_mesh(mesh: Any) -> Any:
+def _check_mesh(mesh: MeshLike | None) -> AnyMesh | None:
     """``mesh=`` checked; a dict of sizes becomes an AbstractMesh (enough for layouts and specs, not to place data)."""
     return None if mesh is None else as_mesh(mesh)
 
@@ -115,12 +111,11 @@ def _own_mesh(x: Any) -> Mesh | None:
     return own if isinstance(own, Mesh) else None
 
 
-def _choose_mesh(expr_text: str, mesh: Any, ctx: Mesh | None, own: Mesh | None) -> Any:
+def _choose_mesh(expr: Expression, mesh: AnyMesh | None, ctx: AnyMesh | None, own: Mesh | None) -> AnyMesh | None:
     """The mesh a placement uses: mesh=, else the current mesh, else the array's own; None for counts.
 
     A pure function of its arguments, so that its result can be cached.
     """
-    expr = parse_placement(expr_text)
     if expr.uses_counts:
         if mesh is not None:
             raise _count_mesh_conflict(expr, mesh, "mesh= gives")

@@ -8,7 +8,9 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from ..parsing import Expression, parse_placement
+from ..core.layout import spec_dims
+from ..core.mesh import AnyMesh
+from ..parsing import Expression
 from .resolve import _concrete_sharding
 
 
@@ -17,8 +19,7 @@ def _is_global(x: Any) -> bool:
     return isinstance(x, jax.Array) and not x.is_fully_addressable
 
 
-def _from_process_local(x: Any, text: str, chosen: Any) -> Any:
-    expr = parse_placement(text)
+def _from_process_local(x: Any, expr: Expression, chosen: AnyMesh | None) -> Any:
     if _is_global(x):
         raise expr.fail(
             "process_local=True takes this process's own slice, but this jax.Array is already global "
@@ -31,10 +32,10 @@ def _from_process_local(x: Any, text: str, chosen: Any) -> Any:
     # axis), and with '*' the layout follows from the global shape: start from
     # the layout of an unknown shape (0 divides by anything) and iterate to the
     # fixed point, so data are transferred once, with the final layout.
-    sh = _concrete_sharding(text, (0,) * local.ndim, chosen)
+    sh = _concrete_sharding(expr, (0,) * local.ndim, chosen)
     for _ in range(4):
         global_shape = _global_shape(expr, sh, tuple(local.shape))
-        final = _concrete_sharding(text, global_shape, chosen)
+        final = _concrete_sharding(expr, global_shape, chosen)
         if final == sh:
             break
         sh = final
@@ -60,8 +61,7 @@ def _global_shape(expr: Expression, sh: NamedSharding, local_shape: tuple[int, .
     Found from the sharding alone (a probe shape of one element per shard), so
     no data move.
     """
-    spec = tuple(sh.spec) + (None,) * (len(local_shape) - len(sh.spec))
-    per_axis = [_split_count(sh.mesh, entry) for entry in spec]
+    per_axis = list(_split_counts(sh, local_shape))
     me = jax.process_index()
     held: list[set[int]] = [set() for _ in local_shape]
     for device, index in sh.devices_indices_map(tuple(per_axis)).items():
@@ -88,8 +88,7 @@ def _global_shape(expr: Expression, sh: NamedSharding, local_shape: tuple[int, .
     return tuple(out)
 
 
-def _split_count(mesh: Any, entry: Any) -> int:
-    if entry is None:
-        return 1
-    names = (entry,) if isinstance(entry, str) else tuple(entry)
-    return int(np.prod([mesh.shape[n] for n in names], dtype=np.int64))
+def _split_counts(sh: NamedSharding, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """How many pieces ``sh`` splits each axis of an array of ``shape`` into."""
+    sizes = dict(sh.mesh.shape)
+    return tuple(int(np.prod([sizes[n] for n in d], dtype=np.int64)) for d in spec_dims(sh.spec, len(shape)))

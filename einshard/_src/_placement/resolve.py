@@ -1,8 +1,10 @@
-"""Expression + shape + mesh -> :class:`~einshard.core.layout.Layout` and ``NamedSharding`` (cached per call site key)."""
+"""Expression + shape + mesh -> :class:`~einshard.core.layout.Layout` and ``NamedSharding`` (cached per call site key).
+
+The parsed :class:`~einshard.parsing.Expression` is the key: it is frozen and hashable, and equal for texts that
+differ only in spacing, so the callers parse once at the public entry and nothing here parses again.
+"""
 
 from __future__ import annotations
-
-from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding
@@ -10,29 +12,22 @@ from jax.sharding import Mesh, NamedSharding
 from .._caches import cached
 from ..core.layout import Layout, resolve_counts, resolve_named
 from ..core.logical import AxisRules, current_axis_rules, resolve_expression
-from ..core.mesh import mesh_axes, show_mesh
+from ..core.mesh import AnyMesh, mesh_axes, show_mesh
 from ..errors import EinshardError
-from ..parsing import Expression, parse_placement
-from .meshes import _choose_mesh, _own_mesh, anonymous_mesh
+from ..parsing import Expression, ReplicaItem, build_placement
+from .meshes import anonymous_mesh
 
 
-def _layout(expr: Expression, shape: tuple[int, ...], mesh: Any) -> Layout:
-    if expr.uses_counts:
-        return resolve_counts(expr, shape, len(jax.devices()))
-    return resolve_named(expr, shape, mesh_axes(mesh))
-
-
-def _resolve(text: str, shape: tuple[int, ...], mesh: Any) -> tuple[Layout, NamedSharding | None]:
+def _resolve(expr: Expression, shape: tuple[int, ...], mesh: AnyMesh | None) -> tuple[Layout, NamedSharding | None]:
     """(layout, sharding) for a placement; mesh is the explicit or context mesh, or None."""
     # The current axis rules are part of the key: the same text means other mesh axes under other rules.
-    return _resolve_keyed(text, shape, mesh, current_axis_rules())
+    return _resolve_keyed(expr, shape, mesh, current_axis_rules())
 
 
 @cached(maxsize=8192)
 def _resolve_keyed(
-    text: str, shape: tuple[int, ...], mesh: Any, rules: AxisRules | None
+    expr: Expression, shape: tuple[int, ...], mesh: AnyMesh | None, rules: AxisRules | None
 ) -> tuple[Layout, NamedSharding | None]:
-    expr = parse_placement(text)
     if expr.uses_counts:
         layout = resolve_counts(expr, shape, len(jax.devices()))
         concrete = anonymous_mesh(tuple(m.size for m in layout.mesh))
@@ -48,7 +43,7 @@ def _resolve_keyed(
                 "Pass mesh=, or make one current: `with jax.set_mesh(jax.make_mesh((4, 2), ('data', 'model'))):`.",
             )
         # Nothing sharded and no mesh: replicate over all devices, as einshard 0.2's '* a b' does.
-        return resolve_counts(parse_placement(_replicate_text(expr)), shape, len(jax.devices())), None
+        return resolve_counts(_replicated(expr), shape, len(jax.devices())), None
     layout = resolve_named(expr, shape, mesh_axes(mesh))
     # A NamedSharding on an AbstractMesh is what JAX uses under jit (reshard, ShapeDtypeStruct);
     # only placing data needs the concrete mesh, and _concrete_sharding checks that.
@@ -59,39 +54,19 @@ _resolve.cache_info = _resolve_keyed.cache_info  # type: ignore[attr-defined]  #
 _resolve.cache_clear = _resolve_keyed.cache_clear  # type: ignore[attr-defined]
 
 
-def _replicate_text(expr: Expression) -> str:
-    return str(expr).replace("->", "-> *", 1)
+def _replicated(expr: Expression) -> Expression:
+    """``a b -> a b`` as einshard 0.2's ``a b -> * a b``, built from the parsed sides (not printed and re-parsed)."""
+    return build_placement(expr.inputs[0].items, (ReplicaItem(star=True), *expr.output.items))
 
 
-@cached(maxsize=8192)
-def _cached_eager_sharding(
-    text: str, shape: tuple[int, ...], mesh: Any, ctx: Any, own: Any, rules: AxisRules | None
-) -> NamedSharding:
-    return _concrete_sharding(text, shape, _choose_mesh(text, mesh, ctx, own))
-
-
-def _eager_sharding(text: str, x: Any, mesh: Any, ctx: Mesh | None) -> NamedSharding:
-    """The sharding ``einshard(x, text, mesh=mesh)`` places ``x`` with, outside jit.
-
-    The hot path of eager placement: one cache lookup keyed by everything the
-    answer depends on (the text, the shape, and the three meshes it may come
-    from), so a repeated call neither re-parses nor re-resolves.  ``ctx`` is
-    ``current_mesh()``, read once by the caller, who has also checked ``mesh``
-    with ``_check_mesh`` (before it is hashed as a key).  Errors are not
-    cached (lru_cache keeps no exceptions): a bad call fails every time.
-    """
-    own = _own_mesh(x) if mesh is None and ctx is None else None
-    return _cached_eager_sharding(text, tuple(x.shape), mesh, ctx, own, current_axis_rules())
-
-
-def _concrete_sharding(text: str, shape: tuple[int, ...], chosen: Any) -> NamedSharding:
-    lay, sh = _resolve(text, tuple(shape), chosen)
+def _concrete_sharding(expr: Expression, shape: tuple[int, ...], chosen: AnyMesh | None) -> NamedSharding:
+    lay, sh = _resolve(expr, tuple(shape), chosen)
     if sh is None:
         return _replicated_everywhere(lay)
     if not isinstance(sh.mesh, Mesh):
         raise EinshardError(
             f"placing data needs a concrete jax.sharding.Mesh (with devices); mesh= is {show_mesh(sh.mesh)}",
-            text,
+            expr.text,
             hint="Pass a Mesh (jax.make_mesh(...)); a dict of sizes or an AbstractMesh only describes shapes "
             "(einshard.core.layout, einshard.spec, einshard.analyze).",
         )

@@ -11,6 +11,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from .._compat import use_abstract_mesh
 from ..core.layout import Layout, resolve_named
 from ..core.mesh import (
+    AnyMesh,
     auto_axes,
     eagerly_differentiated,
     explicit_axes,
@@ -19,22 +20,21 @@ from ..core.mesh import (
     outside_jit,
     show_mesh,
 )
-from ..parsing import parse_placement
+from ..parsing import Expression
 from .meshes import _count_mesh_conflict, _current_abstract_mesh, _pick_mesh
 from .resolve import _concrete_sharding, _entry
 
 
-def _constrain(x: Any, text: str, mesh: Any) -> Any:
-    expr = parse_placement(text)
+def _constrain(x: Any, expr: Expression, mesh: AnyMesh | None) -> Any:
     if expr.uses_counts:
-        chosen = _pick_mesh(text, mesh)
+        chosen = _pick_mesh(expr, mesh)
         # Under jit only the abstract mesh of jax.set_mesh is visible; refuse it as eagerly.
         ctx = _current_abstract_mesh()
         if ctx is not None:
             raise _count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
-        sh = _concrete_sharding(text, x.shape, chosen)
+        sh = _concrete_sharding(expr, x.shape, chosen)
         return jax.lax.with_sharding_constraint(x, sh)
-    target = mesh if mesh is not None else _current_abstract_mesh()
+    target: AnyMesh | None = mesh if mesh is not None else _current_abstract_mesh()
     if target is None:
         own = getattr(jax.typeof(x), "sharding", None)
         own_mesh = getattr(own, "mesh", None)

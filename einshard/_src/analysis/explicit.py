@@ -32,10 +32,10 @@ from typing import Any, Literal
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
-from ..core.layout import Layout, MeshAxis
-from ..core.mesh import resolve_mesh
+from ..core.layout import Layout, MeshAxis, spec_dims
+from ..core.mesh import AnyMesh, MeshLike, resolve_mesh
 from ..errors import EinshardError
 from .cost import Collective, human_bytes, human_time
 from .program.rules_control import scan_body, scan_counts
@@ -273,7 +273,7 @@ class ExplicitReport:
 # -- meshes --------------------------------------------------------------------------------------------------
 
 
-def _with_types(mesh: Any, types: Callable[[str, Any], Any]) -> Any:
+def _with_types(mesh: AnyMesh, types: Callable[[str, Any], Any]) -> Any:
     names = tuple(mesh.axis_names)
     kinds = tuple(types(n, t) for n, t in zip(names, mesh.axis_types))
     if isinstance(mesh, jax.sharding.Mesh):
@@ -281,17 +281,17 @@ def _with_types(mesh: Any, types: Callable[[str, Any], Any]) -> Any:
     return jax.sharding.AbstractMesh(tuple(mesh.axis_sizes), names, axis_types=kinds)
 
 
-def auto_twin(mesh: Any) -> Any:
+def auto_twin(mesh: AnyMesh) -> Any:
     """The same mesh with every axis Auto: tracing on it decides no sharding, so it raises no sharding error."""
     return _with_types(mesh, lambda _n, _t: AxisType.Auto)
 
 
-def explicit_twin(mesh: Any) -> Any:
+def explicit_twin(mesh: AnyMesh) -> Any:
     """A mesh given by sizes (``{'data': 4}``) as JAX's default would make it: every axis Explicit."""
     return _with_types(mesh, lambda _n, t: AxisType.Explicit)
 
 
-def _abstract(mesh: Any) -> Any:
+def _abstract(mesh: AnyMesh) -> Any:
     return mesh.abstract_mesh if isinstance(mesh, jax.sharding.Mesh) else mesh
 
 
@@ -348,16 +348,14 @@ def where_of(eqn: Any) -> tuple[str, str]:
 
 
 def _entries(spec: PartitionSpec | None, ndim: int) -> list[tuple[str, ...]]:
-    parts = list(spec) if spec is not None else []
-    parts += [None] * (ndim - len(parts))
-    return [() if p is None else (p,) if isinstance(p, str) else tuple(p) for p in parts[:ndim]]
+    return list(spec_dims(spec if spec is not None else PartitionSpec(), ndim))
 
 
 def _spec(dims: Sequence[tuple[str, ...]]) -> PartitionSpec:
     return PartitionSpec(*(None if not d else d[0] if len(d) == 1 else tuple(d) for d in dims))
 
 
-def _typed(aval: Any, mesh: Any, spec: PartitionSpec) -> Any:
+def _typed(aval: Any, mesh: AnyMesh, spec: PartitionSpec) -> Any:
     """``aval`` typed with ``spec`` on the Explicit ``mesh`` (only its Explicit axes: JAX types nothing else)."""
     explicit = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
     dims = [tuple(m for m in d if m in explicit) for d in _entries(spec, len(aval.shape))]
@@ -386,7 +384,7 @@ def _divides(shape: Sequence[int], dims: Sequence[tuple[str, ...]], sizes: dict[
 class _Walk:
     """Types a jaxpr traced on the Auto twin as JAX types it on the Explicit mesh."""
 
-    def __init__(self, mesh: Any, axes: tuple[MeshAxis, ...], profile: Any) -> None:
+    def __init__(self, mesh: AbstractMesh, axes: tuple[MeshAxis, ...], profile: Any) -> None:
         from .program.costing import OpCosts
 
         self.mesh = mesh  # the Explicit AbstractMesh
@@ -813,7 +811,7 @@ class _Namer(_Walk):
     for ``einshard.explain``'s report (the ops and collectives it lists say where they are and what they read)."""
 
     def __init__(self, axes: tuple[MeshAxis, ...]) -> None:
-        super().__init__(None, axes, None)
+        super().__init__(AbstractMesh((), ()), axes, None)  # (an empty mesh: naming types nothing)
         self.eqn_where: dict[int, tuple[str, str]] = {}
         self._held: list[Any] = []  # the equations eqn_where names, held so their ids stay theirs
 
@@ -1159,7 +1157,7 @@ def typed_jaxpr(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    mesh: Any,
+    mesh: AbstractMesh,
     specs: Sequence[Any],
     walk: _Walk,
 ) -> Any:
@@ -1192,7 +1190,7 @@ def typed_jaxpr(
         raise Refused(_plain_message(str(err)), _user_line(err)) from None
 
 
-def untyped_jaxpr(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any) -> Any:
+def untyped_jaxpr(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], mesh: AbstractMesh) -> Any:
     """``fn``'s jaxpr traced so that JAX's sharding rules cannot stop it: on arguments of the right shapes
     but no layout (replicated), under the Explicit ``mesh``, where no op is ambiguous and the user's own
     ``out_sharding=`` / ``jax.reshard`` calls still trace; else (a function JAX refuses even so) on the mesh's
@@ -1212,7 +1210,7 @@ def untyped_jaxpr(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
 def check_explicit(
     fn: Callable[..., Any],
     *args: Any,
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     in_specs: Any = None,
     profile: Any = None,
     **kwargs: Any,
@@ -1258,7 +1256,7 @@ def explicit_check(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     in_specs: Any = None,
     profile: Any = None,
 ) -> tuple[ExplicitReport, Any, Any]:

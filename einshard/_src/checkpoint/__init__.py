@@ -64,8 +64,9 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from .._placement.agreement import absent_processes, agree, exchange, first_difference, peer_timeout
+from ..core.mesh import current_concrete_mesh
 from ..errors import EinshardError
-from ..placement import current_mesh, describe, is_anonymous, sharding
+from ..placement import describe, is_anonymous, sharding
 from ..tree_rules import leaf_expressions
 from . import _guard, _integrity
 from ._npz import NPZ_FORMAT, npz_header, restore_npz
@@ -553,7 +554,7 @@ def _targets(
 
     Expressions are read on ``mesh``, else the current mesh, else the leaf's saved mesh shape rebuilt here.
     """
-    given = mesh if mesh is not None else current_mesh()
+    given = mesh if mesh is not None else current_concrete_mesh()
     rebuilt: dict[int, Mesh] = {}
     out: list[jax.sharding.Sharding] = []
     for entry, text, leaf in zip(entries, texts, like_leaves):

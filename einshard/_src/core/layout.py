@@ -47,6 +47,8 @@ __all__ = [
     "expand_names",
     "split_devices",
     "spec_partitions",
+    "spec_dims",
+    "spec_entry_axes",
 ]
 
 
@@ -143,12 +145,10 @@ class Layout:
         ``axes`` names the array's axes (default ``d0``, ``d1``, ...).  A spec
         shorter than the rank leaves the trailing axes whole, as JAX does.
         """
-        parts = spec_partitions(spec)
-        if len(parts) > len(shape):
-            raise EinshardError(
-                f"the PartitionSpec {spec} has {len(parts)} entries but the array has rank {len(shape)}"
-            )
-        dims = tuple(_spec_axes(parts[i]) if i < len(parts) else () for i in range(len(shape)))
+        dims = spec_dims(spec)
+        if len(dims) > len(shape):
+            raise EinshardError(f"the PartitionSpec {spec} has {len(dims)} entries but the array has rank {len(shape)}")
+        dims += ((),) * (len(shape) - len(dims))
         names = axes if axes is not None else tuple(f"d{i}" for i in range(len(shape)))
         unreduced = frozenset(getattr(spec, "unreduced", None) or ())
         return cls(tuple(names), tuple(shape), tuple(mesh), dims, unreduced)
@@ -210,10 +210,23 @@ class Layout:
         return "[" + text + "]"
 
 
-def _spec_axes(entry: Any) -> tuple[str, ...]:
+def spec_entry_axes(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry, major to minor: None -> (), 'x' -> ('x',), ('x', 'y') as is."""
     if entry is None:
         return ()
     return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def spec_dims(spec: Any, rank: int | None = None) -> tuple[tuple[str, ...], ...]:
+    """Each array axis's mesh axes in a PartitionSpec (the one spec -> dims reading; JAX's rules, no checks).
+
+    With ``rank``, a shorter spec is padded with whole axes (as JAX reads it) and a longer one cut to ``rank``;
+    unlike :meth:`Layout.from_spec` nothing is validated, so it reads any sharding JAX built (uneven ones too).
+    """
+    dims = tuple(spec_entry_axes(e) for e in spec_partitions(spec))
+    if rank is None:
+        return dims
+    return dims[:rank] + ((),) * (rank - len(dims))
 
 
 def spec_partitions(spec: Any) -> tuple[Any, ...]:

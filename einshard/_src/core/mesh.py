@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
@@ -106,7 +106,7 @@ def outside_jit(x: Any) -> bool:
     return True
 
 
-def is_concrete(mesh: Any) -> bool:
+def is_concrete(mesh: object) -> bool:
     """A mesh with devices (arrays can be placed on it), as opposed to an AbstractMesh."""
     return isinstance(mesh, Mesh)
 
@@ -136,7 +136,8 @@ def current_mesh() -> AnyMesh | None:
 
 
 def operand_mesh(x: Any) -> AnyMesh | None:
-    """The mesh a value is laid out on: a jax.Array's mesh, a tracer's abstract mesh from its type; else None.
+    """The mesh a value is laid out on: a jax.Array's or a ShapeDtypeStruct's (``sharding=``) mesh, a tracer's
+    abstract mesh from its type; else None.
 
     Host arrays, Python scalars and single-device arrays have no mesh.
     """
@@ -147,8 +148,9 @@ def operand_mesh(x: Any) -> AnyMesh | None:
             return None
         m = getattr(sh, "mesh", None)
         return None if m is None or getattr(m, "empty", True) or not m.shape else m
-    if isinstance(x, jax.Array):
-        m = getattr(x.sharding, "mesh", None)
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+        # A ShapeDtypeStruct with sharding= is how users describe arguments without data (what jit.lower takes).
+        m = getattr(getattr(x, "sharding", None), "mesh", None)
         if isinstance(m, (Mesh, AbstractMesh)) and not m.empty and m.shape:
             return m
     return None
@@ -169,7 +171,7 @@ def _sizes_mesh(sizes: Mapping[Any, Any]) -> AbstractMesh:
     return AbstractMesh(tuple(values), tuple(names), axis_types=(AxisType.Explicit,) * len(names))
 
 
-def as_mesh(mesh: Any) -> AnyMesh:
+def as_mesh(mesh: MeshLike) -> AnyMesh:
     """``mesh=`` as given by a user, checked: a Mesh, an AbstractMesh, or a dict of sizes (an AbstractMesh)."""
     if isinstance(mesh, (Mesh, AbstractMesh)):
         if not _distinct(mesh.axis_names):
@@ -200,14 +202,36 @@ def _same_mesh(a: AnyMesh, b: AnyMesh) -> bool:
     return True  # one of them abstract: only names and sizes are known
 
 
-def show_mesh(mesh: Any) -> str:
+def show_mesh(mesh: AnyMesh) -> str:
     """A mesh as users read it: ``Mesh('data': 4, 'model': 2)``."""
     kind = "Mesh" if isinstance(mesh, Mesh) else "AbstractMesh"
     return f"{kind}(" + ", ".join(f"{k!r}: {v}" for k, v in dict(mesh.shape).items()) + ")"
 
 
+@overload
 def resolve_mesh(
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
+    operands: Iterable[Any] = (),
+    *,
+    what: str = "this call",
+    check_operands: bool = True,
+    required: Literal[True] = True,
+) -> AnyMesh: ...
+
+
+@overload
+def resolve_mesh(
+    mesh: MeshLike | None = None,
+    operands: Iterable[Any] = (),
+    *,
+    what: str = "this call",
+    check_operands: bool = True,
+    required: bool,
+) -> AnyMesh | None: ...
+
+
+def resolve_mesh(
+    mesh: MeshLike | None = None,
     operands: Iterable[Any] = (),
     *,
     what: str = "this call",
@@ -253,7 +277,7 @@ def resolve_mesh(
     return chosen
 
 
-def mesh_axes(mesh: Any) -> tuple[MeshAxis, ...]:
+def mesh_axes(mesh: MeshLike) -> tuple[MeshAxis, ...]:
     """The mesh's axes as :class:`~einshard.core.layout.MeshAxis` values (names and sizes), in mesh order."""
     return tuple(MeshAxis(str(name), int(size)) for name, size in dict(as_mesh(mesh).shape).items())
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.logical import AxisRules, AxisRulesLike, current_axis_rules
+from ..core.mesh import MeshLike
 from ..errors import EinshardError
 from ._leaves import ImportedRules, leaves_of
 from .logical import from_logical
@@ -53,7 +54,9 @@ def nnx_names(model_or_state: Any) -> dict[str, tuple[str | None, ...] | None]:
     return out
 
 
-def from_nnx(model_or_state: Any, axis_rules: AxisRulesLike | None = None, *, mesh: Any = None) -> ImportedRules:
+def from_nnx(
+    model_or_state: Any, axis_rules: AxisRulesLike | None = None, *, mesh: MeshLike | None = None
+) -> ImportedRules:
     """Read an NNX model's (or state's) sharding metadata, with a logical rule list, into einshard path rules.
 
     Args:

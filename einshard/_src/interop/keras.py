@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._checks import naming
+from ..core.mesh import MeshLike
 from ..errors import EinshardError
 from ..tree_rules import Rules, leaf_expressions
 from ._leaves import ImportedRules, imported, leaves_of, spec_expression
@@ -96,7 +97,7 @@ def _own_lookup(layout_map: Any, table: Mapping[str, Any], path: str) -> str | N
     return next(key for key, value in table.items() if value is layout)
 
 
-def from_keras(layout_map: Any, params: Any, *, mesh: Any = None) -> ImportedRules:
+def from_keras(layout_map: Any, params: Any, *, mesh: MeshLike | None = None) -> ImportedRules:
     """Read a Keras ``LayoutMap`` (or ``{pattern: axes}``) into einshard path rules for ``params``.
 
     Args:
@@ -134,7 +135,7 @@ def _layouts(layout_map: Any, table: dict[str, Any], leaves: tuple[Any, ...]) ->
     return layouts
 
 
-def _mesh_names(mesh: Any, layout_map: Any) -> tuple[str, ...] | None:
+def _mesh_names(mesh: MeshLike | None, layout_map: Any) -> tuple[str, ...] | None:
     if mesh is not None:
         from ..core.mesh import as_mesh
 
@@ -154,7 +155,7 @@ def keras_params(model: Any) -> dict[str, Any]:
     return {v.path: v.value for v in variables}
 
 
-def to_keras(rules: Rules, params: Any, mesh: Any) -> Any:
+def to_keras(rules: Rules, params: Any, mesh: MeshLike) -> Any:
     """A ``keras.distribution.LayoutMap`` that lays ``params`` out as einshard ``rules`` do on ``mesh``.
 
     One exact key per variable (its path, escaped), so no pattern can catch another variable.
@@ -178,7 +179,7 @@ def to_keras(rules: Rules, params: Any, mesh: Any) -> Any:
     return layout_map
 
 
-def _device_mesh(mesh: Any) -> Any:
+def _device_mesh(mesh: MeshLike) -> Any:
     from jax.sharding import Mesh
     from keras import distribution
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from .._checks import naming
 from ..core.logical import AxisRules, AxisRulesLike
+from ..core.mesh import MeshLike
 from ..errors import EinshardError
 from ..tree_rules import Rules, leaf_expressions
 from ._leaves import Format, ImportedRules, as_names, imported, leaves_of, spec_expression
@@ -40,7 +41,7 @@ def from_logical(
     logical_axes: Any,
     params: Any,
     *,
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     fmt: Format = "maxtext",
 ) -> ImportedRules:
     """Read a logical rule list and per-variable logical names into einshard path rules for ``params``.
@@ -64,7 +65,7 @@ _FORMATS: tuple[Format, ...] = typing.get_args(Format)
 
 
 def _from_logical(
-    table: AxisRules, logical_axes: Any, params: Any, mesh: Any, fmt: Format, argument: str
+    table: AxisRules, logical_axes: Any, params: Any, mesh: MeshLike | None, fmt: Format, argument: str
 ) -> ImportedRules:
     """``argument``: the rule table's parameter name in errors (``axis_rules``, ``logical_axis_rules``)."""
     where = "from_maxtext" if fmt == "maxtext" else "from_logical"
@@ -93,13 +94,15 @@ def _from_logical(
         raise EinshardError(f"{where}: in {argument}=, {err.reason}", err.expression, err.column, err.hint) from None
 
 
-def from_maxtext(logical_axis_rules: Any, logical_axes: Any, params: Any, *, mesh: Any = None) -> ImportedRules:
+def from_maxtext(
+    logical_axis_rules: Any, logical_axes: Any, params: Any, *, mesh: MeshLike | None = None
+) -> ImportedRules:
     """:func:`from_logical` for MaxText's ``logical_axis_rules`` as data (a list of ``[name, axes]``)."""
     table = AxisRules.of(logical_axis_rules, "logical_axis_rules")
     return _from_logical(table, logical_axes, params, mesh, "maxtext", "logical_axis_rules")
 
 
-def _mesh_names(mesh: Any) -> tuple[str, ...] | None:
+def _mesh_names(mesh: MeshLike | None) -> tuple[str, ...] | None:
     if mesh is None:
         return None
     from ..core.mesh import as_mesh
@@ -131,7 +134,7 @@ class LogicalLayout:
         }
 
 
-def to_logical(rules: Rules, params: Any, mesh: Any) -> LogicalLayout:
+def to_logical(rules: Rules, params: Any, mesh: MeshLike) -> LogicalLayout:
     """Write einshard path ``rules`` for ``params`` as logical rules and per-variable logical names.
 
     Each dimension is named after its axis in the rule's expression; where one name is laid out two ways in

@@ -33,6 +33,7 @@ from ..analysis.einsum.analyze import Operand
 from ..core.collectives import Target, reorder_pairs
 from ..core.layout import Layout
 from ..core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
+from ..core.mesh import AnyMesh, MeshLike
 from ..core.moves import drop_trivial
 from ..errors import EinshardError
 from .padding import Padding, pad_operands, plan_padding, unpad_result
@@ -229,7 +230,7 @@ class EinsumProgram:
     fn: Callable[..., jax.Array]
 
     padding: Padding | None = None
-    mesh: Any = None
+    mesh: AnyMesh | None = None
 
     def __call__(self, *operands: Any) -> jax.Array:
         return self.fn(*operands)
@@ -255,7 +256,7 @@ class EinsumProgram:
         if self.partials_axis:
             return y.sum(0)
         spec = PartitionSpec(*self.plan.out_layout.spec_entries())
-        return jax.sharding.reshard(y, NamedSharding(self.mesh, spec))
+        return jax.sharding.reshard(y, spec if self.mesh is None else NamedSharding(self.mesh, spec))
 
     @property
     def program(self) -> str:
@@ -269,7 +270,7 @@ class EinsumProgram:
         return "\n".join(lines)
 
 
-def _padding(expr: str, operands: Sequence[Any], mesh: Any) -> Padding | None:
+def _padding(expr: str, operands: Sequence[Any], mesh: AnyMesh) -> Padding | None:
     """The zero padding uneven splits need, or None (also for jnp-style strings, which carry no layout)."""
     if "@" not in expr or not operands or any(not hasattr(x, "shape") for x in operands):
         return None
@@ -293,7 +294,7 @@ def lower(
     expr: str,
     *operands: Any,
     mode: str = "sync",
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     two_way: bool = False,
     profile: Any = None,
     precision: Any = None,
@@ -362,7 +363,7 @@ def _lower_on(
     expr: str,
     operands: Sequence[Any],
     mode: str,
-    mesh: Any,
+    mesh: AnyMesh,
     two_way: bool,
     profile: Any,
     precision: Any,
@@ -418,7 +419,7 @@ def einsum(
     expr: str,
     *operands: Any,
     mode: str = "sync",
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     two_way: bool = False,
     profile: Any = None,
     precision: Any = None,

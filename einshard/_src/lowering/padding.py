@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..analysis.einsum.read import expand_ellipsis
+from ..core.mesh import MeshLike
 from ..parsing import parse_einsum
 from .placing import mesh_axes_of
 
@@ -63,7 +64,7 @@ class Padding:
         return bool(self.sizes)
 
 
-def plan_padding(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> Padding:
+def plan_padding(expr: str, shapes: Sequence[Sequence[int]], mesh: MeshLike) -> Padding:
     """The padding an annotated einsum needs for these operand shapes (none if every split is even).
 
     Each axis is padded to a multiple of the least common multiple of the

@@ -66,6 +66,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._checks import check_bool, describe_value, naming
 from ..core.logical import AxisRulesLike, takes_axis_rules
+from ..core.mesh import AnyMesh, MeshLike
 from ..errors import EinshardError
 from . import schedules
 from .pipeline_1f1b import one_f_one_b_pipeline
@@ -145,7 +146,7 @@ def pipeline(
     microbatches: int,
     schedule: str = "gpipe",
     repeats: int = 1,
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     stage_axis: str = "stage",
     data_axis: str | tuple[str, ...] | None = None,
     param_layouts: ParamLayouts = None,
@@ -225,7 +226,7 @@ def _layers(
     x: Any,
     info: PipelineInfo,
     *,
-    mesh: Any,
+    mesh: AnyMesh,
     data: tuple[str, ...],
     param_layouts: ParamLayouts,
     layers_in_circular_order: bool,

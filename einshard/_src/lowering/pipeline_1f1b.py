@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from ..core.layout import spec_dims
+from ..core.mesh import AnyMesh
 from .schedules import BACKWARD, OneFOneBPlan
 from .steps import vary as _vary
 from .steps import varying_axes as _varying
@@ -40,10 +42,7 @@ __all__ = ["one_f_one_b_pipeline"]
 
 
 def _spec_axes(spec: PartitionSpec) -> frozenset[str]:
-    names: set[str] = set()
-    for entry in spec:
-        names.update((entry,) if isinstance(entry, str) else tuple(entry or ()))
-    return frozenset(names)
+    return frozenset(m for d in spec_dims(spec) for m in d)
 
 
 def _at(buf: jax.Array, i: jax.Array) -> jax.Array:
@@ -62,7 +61,7 @@ def one_f_one_b_pipeline(
     visit: Callable[[Any, jax.Array], jax.Array],
     plan: OneFOneBPlan,
     *,
-    mesh: Any,
+    mesh: AnyMesh,
     param_specs: Any,
     x_spec: PartitionSpec,
     stage_axis: str,

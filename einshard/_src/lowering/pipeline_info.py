@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_bool, check_dtype, check_str_or_strs
-from ..core.mesh import AnyMesh, resolve_mesh
+from ..core.mesh import AnyMesh, MeshLike, resolve_mesh
 from ..errors import EinshardError
 from . import schedules
 from .steps import check_lowering_context
@@ -68,7 +68,7 @@ class PipelineInfo:
         )
 
 
-def _mesh_or_context(mesh: Any, operands: Any = (), *, sizes_only: bool = False) -> Any:
+def _mesh_or_context(mesh: MeshLike | None, operands: Any = (), *, sizes_only: bool = False) -> Any:
     """The mesh by einshard's one precedence (:func:`einshard.core.mesh.resolve_mesh`): ``mesh=``, ``jax.set_mesh``, operands.
 
     ``pipeline`` runs a shard_map, so a dict of sizes (fine for :func:`pipeline_info`) is refused there.
@@ -149,7 +149,7 @@ def _layer_count(params: Any) -> int:
     return counts.pop()
 
 
-def _axis_sizes(mesh: Any) -> dict[str, int]:
+def _axis_sizes(mesh: MeshLike) -> dict[str, int]:
     items = mesh.items() if isinstance(mesh, Mapping) else mesh.shape.items()
     return {str(name): int(size) for name, size in items}
 
@@ -167,7 +167,7 @@ def pipeline_info(
     microbatches: int,
     schedule: str = "gpipe",
     repeats: int = 1,
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     stage_axis: str = "stage",
     data_axis: str | tuple[str, ...] | None = None,
     remat: bool = False,

@@ -27,9 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from ..core.mesh import AnyMesh
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
 from ..tree_rules import leaf_expressions
+from .placing import restrict_spec
 from .staging import staged
 from .steps import varying_axes
 
@@ -87,7 +89,7 @@ class PipelineEnd:
                 raise EinshardError(f"PipelineEnd: layouts= {err.reason}", hint=err.hint) from None
 
 
-def lay_out(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
+def lay_out(x: Any, mesh: AnyMesh, spec: PartitionSpec) -> Any:
     """Lay an operand out as its in_spec says: Explicit axes need it (Auto axes reshard inside shard_map).
 
     A ``NamedSharding`` (not a bare spec) so no mesh context is needed; under a trace
@@ -99,12 +101,7 @@ def lay_out(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
     if not explicit:
         return x
 
-    def keep(entry: Any) -> Any:
-        names = (entry,) if isinstance(entry, str) else tuple(entry or ())
-        kept = tuple(n for n in names if n in explicit)
-        return None if not kept else kept[0] if len(kept) == 1 else kept
-
-    explicit_spec = PartitionSpec(*(keep(e) for e in spec))
+    explicit_spec = restrict_spec(spec, explicit)
     if isinstance(x, jax.core.Tracer) or not isinstance(mesh, jax.sharding.Mesh):
         try:
             return jax.sharding.reshard(x, NamedSharding(mesh, explicit_spec))
@@ -120,7 +117,7 @@ def lay_out(x: Any, mesh: Any, spec: PartitionSpec) -> Any:
 
 
 def _specs(
-    params: Any, layouts: ParamLayouts, default: str, mesh: Any, where: str
+    params: Any, layouts: ParamLayouts, default: str, mesh: AnyMesh, where: str
 ) -> tuple[tuple[Any, ...], list[PartitionSpec]]:
     """Each leaf's layout rule (einshard.tree_rules: one matcher everywhere) and the PartitionSpec it gives."""
     leaves = jax.tree_util.tree_leaves_with_path(params)
@@ -141,7 +138,7 @@ def _specs(
     return texts, specs
 
 
-def layer_specs(params: Any, layouts: ParamLayouts, stage_axis: str, mesh: Any) -> Any:
+def layer_specs(params: Any, layouts: ParamLayouts, stage_axis: str, mesh: AnyMesh) -> Any:
     """A PartitionSpec for every layer-params leaf; the layer axis (dimension 0) must be split over exactly the stage axis."""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     texts, specs = _specs(params, layouts, f"layer ... -> layer@{stage_axis} ...", mesh, "the pipeline params")
@@ -157,7 +154,7 @@ def layer_specs(params: Any, layouts: ParamLayouts, stage_axis: str, mesh: Any) 
 
 
 def run_end(
-    end: PipelineEnd, h: Any, which: Literal["first", "last"], *, mesh: Any, stage_axis: str, batch_entry: Any
+    end: PipelineEnd, h: Any, which: Literal["first", "last"], *, mesh: AnyMesh, stage_axis: str, batch_entry: Any
 ) -> Any:
     """``end.fn(params, h, *args)`` in a shard_map: params as ``end.layouts`` say, batch-first arrays over the data axes."""
     if not isinstance(end, PipelineEnd):

@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..core.layout import MeshAxis
+from ..core.layout import MeshAxis, spec_dims
 from ..core.mesh import (
     AnyMesh,
+    MeshLike,
     auto_axes,
     current_mesh,
     eagerly_differentiated,
@@ -39,7 +40,7 @@ __all__ = [
 ]
 
 
-def mesh_axes_of(mesh: Any) -> tuple[MeshAxis, ...]:
+def mesh_axes_of(mesh: MeshLike) -> tuple[MeshAxis, ...]:
     """The mesh's axes as :class:`MeshAxis` values (:func:`einshard.core.mesh.mesh_axes`)."""
     return _mesh_axes(mesh)
 
@@ -47,8 +48,7 @@ def mesh_axes_of(mesh: Any) -> tuple[MeshAxis, ...]:
 def restrict_spec(spec: PartitionSpec, keep: Collection[str]) -> PartitionSpec:
     """``spec`` with only the mesh axes in ``keep`` (the others dropped; an emptied entry is None)."""
     entries: list[Any] = []
-    for entry in spec:
-        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    for names in spec_dims(spec):
         kept = tuple(m for m in names if m in keep)
         entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
     return PartitionSpec(*entries)
@@ -85,7 +85,7 @@ def constrain_auto(x: Any, mesh: AnyMesh, spec: PartitionSpec) -> Any:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, part))
 
 
-def lowering_mesh(mesh: Any, operands: Sequence[Any], *, what: str) -> AnyMesh:
+def lowering_mesh(mesh: MeshLike | None, operands: Sequence[Any], *, what: str) -> AnyMesh:
     """The mesh a lowering runs on (:func:`einshard.core.mesh.resolve_mesh`), which must have devices to run on.
 
     A dict of sizes describes shapes only (enough for ``analyze``/``explain``),

@@ -43,10 +43,10 @@ from .._checks import check_bool, check_dtype, check_precision, describe_value
 from .._compat import native_unreduced
 from ..core.collectives import Step
 from ..core.layout import Layout, resolve_named
-from ..core.mesh import as_mesh, explicit_axes
+from ..core.mesh import AnyMesh, MeshLike, as_mesh, explicit_axes
 from ..core.moves import apply_to_layout
 from ..errors import EinshardError
-from ..parsing import AxisItem, Side, parse_einsum, parse_placement
+from ..parsing import AxisItem, Expression, Side, build_placement, parse_einsum
 from .placing import check_lowering_context, constrain_auto, mesh_axes_of, place, restrict_spec
 from .steps import apply_step, vary
 
@@ -57,12 +57,12 @@ __all__ = ["einsum_layouts", "einsum_shard_map", "einsum_auto"]
 # Layouts of an annotated einsum
 
 
-def _side_placement(side: Side) -> str:
-    left = " ".join(str(AxisItem(i.name)) if isinstance(i, AxisItem) else str(i) for i in side.items)
-    return f"{left} -> {' '.join(str(i) for i in side.items)}"
+def _side_placement(side: Side) -> Expression:
+    """The placement that lays one einsum side out as it is written: ``x@model y`` -> ``x y -> x@model y``."""
+    return build_placement([AxisItem(i.name) if isinstance(i, AxisItem) else i for i in side.items], side.items)
 
 
-def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tuple[tuple[Layout, ...], Layout]:
+def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: MeshLike) -> tuple[tuple[Layout, ...], Layout]:
     """The operand layouts and the output layout an annotated einsum writes, for these shapes.
 
     The output's size of each axis is read off the operands; ``{U:axes}`` on the
@@ -86,7 +86,7 @@ def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tup
             raise parsed.fail("einsum_layouts does not take '...': name every axis", side.column)
         if side.unreduced:
             raise parsed.fail("an operand cannot hold pending sums ('{U:...}')", side.unreduced_column)
-        lay = resolve_named(parse_placement(_side_placement(side)), tuple(shape), axes_of_mesh)
+        lay = resolve_named(_side_placement(side), tuple(shape), axes_of_mesh)
         for name, size in zip(lay.axes, lay.shape, strict=True):
             if sizes.setdefault(name, size) != size:
                 raise parsed.fail(f"axis {name!r} has size {sizes[name]} in one operand and {size} in another")
@@ -96,7 +96,7 @@ def einsum_layouts(expr: str, shapes: Sequence[Sequence[int]], mesh: Any) -> tup
         raise parsed.fail("einsum_layouts does not take '...': name every axis", out_side.column)
     out_shape = tuple(sizes[n] for n in out_side.names)
     plain = Side(out_side.items)
-    out = resolve_named(parse_placement(_side_placement(plain)), out_shape, axes_of_mesh)
+    out = resolve_named(_side_placement(plain), out_shape, axes_of_mesh)
     for m in out_side.unreduced:
         if m not in out.mesh_sizes:
             raise parsed.fail(f"{m!r} in '{{U:...}}' is not a mesh axis", out_side.unreduced_column)
@@ -196,8 +196,8 @@ def _check_empty_splits(layouts: Sequence[Layout]) -> None:
 
 
 def _check_program_arguments(
-    where: str, layouts_in: Any, layout_out: Any, mesh: Any, precision: Any, preferred_element_type: Any
-) -> Any:
+    where: str, layouts_in: Any, layout_out: Any, mesh: object, precision: Any, preferred_element_type: Any
+) -> AnyMesh:
     """The arguments a program builder takes, each wrong one an EinshardError naming it; the mesh checked."""
     if (
         not isinstance(layouts_in, (tuple, list))
@@ -222,8 +222,8 @@ def _check_program_arguments(
             )
     if not isinstance(mesh, (Mesh, AbstractMesh)):
         raise EinshardError(f"{where}: mesh= takes a jax.sharding.Mesh, got {describe_value(mesh)}")
-    mesh = as_mesh(mesh)  # (distinct axis names)
-    sizes = dict(mesh.shape)
+    checked = as_mesh(mesh)  # (distinct axis names)
+    sizes = dict(checked.shape)
     for name, lay in [*((f"layouts_in[{k}]", x) for k, x in enumerate(layouts_in)), ("layout_out", layout_out)]:
         if {m.name: m.size for m in lay.mesh} != sizes:
             raise EinshardError(
@@ -232,7 +232,7 @@ def _check_program_arguments(
             )
     check_precision(precision, where)
     check_dtype(preferred_element_type, where, "preferred_element_type")
-    return mesh
+    return checked
 
 
 def einsum_shard_map(
@@ -242,7 +242,7 @@ def einsum_shard_map(
     steps_after: Sequence[Step] = (),
     *,
     local_sums: Mapping[int, Layout] | None = None,
-    mesh: Any,
+    mesh: AnyMesh,
     mode: str = "sync",
     two_way: bool = False,
     precision: Any = None,
@@ -466,7 +466,7 @@ def einsum_auto(
     layouts_in: Sequence[Layout],
     layout_out: Layout,
     *,
-    mesh: Any,
+    mesh: AnyMesh,
     precision: Any = None,
     preferred_element_type: Any = None,
 ) -> Callable[..., jax.Array]:

@@ -47,7 +47,7 @@ from jax.sharding import PartitionSpec
 
 from .._checks import check_bool, check_callable, check_str_or_strs, naming
 from ..core.logical import AxisRulesLike, takes_axis_rules
-from ..core.mesh import mesh_axes
+from ..core.mesh import AnyMesh, MeshLike, mesh_axes
 from ..errors import EinshardError
 from ..placement import spec as einshard_spec
 from ..tree_rules import leaf_expressions
@@ -87,14 +87,14 @@ def _check_leaves(tree: Any, what: str) -> None:
             )
 
 
-def _check_axes(axes: tuple[str, ...], mesh: Any, what: str) -> None:
+def _check_axes(axes: tuple[str, ...], mesh: AnyMesh, what: str) -> None:
     names = [m.name for m in mesh_axes(mesh)]
     for a in axes:
         if not isinstance(a, str) or a not in names:
             raise EinshardError(f"{what}={a!r} is not an axis of the mesh (its axes: {', '.join(names)})")
 
 
-def _batch_specs(batch: Any, batch_axes: tuple[str, ...], mesh: Any) -> list[PartitionSpec]:
+def _batch_specs(batch: Any, batch_axes: tuple[str, ...], mesh: AnyMesh) -> list[PartitionSpec]:
     """Each batch leaf split along its first dimension over the batch axes (which must divide it)."""
     n = math.prod(dict(mesh.shape)[a] for a in batch_axes)
     specs = []
@@ -142,7 +142,7 @@ def _expressions(tree: Any, layouts: Layouts) -> list[str | None]:
     return list(flat)
 
 
-def _specs(tree: Any, layouts: Layouts, mesh: Any) -> list[PartitionSpec]:
+def _specs(tree: Any, layouts: Layouts, mesh: AnyMesh) -> list[PartitionSpec]:
     specs = []
     for (path, leaf), text in zip(jax.tree_util.tree_leaves_with_path(tree), _expressions(tree, layouts), strict=True):
         if text is None:
@@ -237,7 +237,7 @@ def _sharded_loss(
     loss_fn: Callable[[Any, Any], jax.Array],
     param_layouts: Layouts,
     *,
-    mesh: Any,
+    mesh: MeshLike | None,
     batch_axis: str | tuple[str, ...],
     batch_layouts: Layouts,
     gather_axis: tuple[str, ...] | None,
@@ -309,7 +309,7 @@ def _sharded_loss(
 def data_parallel(
     loss_fn: Callable[[Any, Any], jax.Array],
     *,
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     batch_axis: str | tuple[str, ...] = "data",
     param_layouts: Layouts = None,
     batch_layouts: Layouts = None,
@@ -346,7 +346,7 @@ def fsdp(
     loss_fn: Callable[[Any, Any], jax.Array],
     param_layouts: Layouts,
     *,
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     batch_axis: str | tuple[str, ...] = "data",
     fsdp_axis: str | tuple[str, ...] | None = None,
     batch_layouts: Layouts = None,

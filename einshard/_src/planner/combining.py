@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..analysis.program import ProgramReport, TracedProgram
 from ..analysis.program.report import OpReport
@@ -147,6 +147,50 @@ class DependencyWalker(Walker):
                 masks[id(v)] = m
         self._last_outs = None
         return outs
+
+    # A call body's tape (einshard.analysis.program.blocks) keeps each collective's dependences as
+    # (which of the body's operands, which of the body's own earlier collectives): operand k is
+    # given bit k while the body is recorded, the body's collectives the bits after them.
+    def tape_begin(self, box: Walker, body: Any) -> None:
+        box = cast(DependencyWalker, box)  # the sandbox is a walker of this one's type
+        for k, v in enumerate(body.invars):
+            box.masks[id(v)] = 1 << k
+            box.colls.append(_Coll("", (), 1, 1, 0, k))  # a placeholder: a group of one is never combined
+
+    def tape_extra(self, box: Walker, body: Any) -> Any:
+        box = cast(DependencyWalker, box)
+        n = len(body.invars)
+        operands = (1 << n) - 1
+        colls = tuple(
+            (c.kind, c.axes, c.group_size, c.repeat, c.upstream & operands, c.upstream >> n) for c in box.colls[n:]
+        )
+        outs = tuple((m & operands, m >> n) for m in (box._mask_of([v]) for v in body.outvars))
+        return n, colls, outs
+
+    def tape_replay(self, tape: Any, eqn: Any) -> None:
+        n, colls, outs = tape.extra
+        if self.quiet:
+            return
+        outer = list(eqn.invars)
+        if len(outer) >= n:
+            entering = [self._mask_of([o]) for o in outer[len(outer) - n :]]
+        else:
+            entering = [self._mask_of(outer)] * n
+        start = len(self.colls)
+
+        def real(operands: int, own: int) -> int:
+            m = own << start
+            k = 0
+            while operands:
+                if operands & 1:
+                    m |= entering[k]
+                operands >>= 1
+                k += 1
+            return m
+
+        for i, (kind, axes, size, repeat, operands, own) in enumerate(colls):
+            self.colls.append(_Coll(kind, axes, size, repeat, real(operands, own), start + i))
+        self._last_outs = [real(operands, own) for operands, own in outs]
 
     def combined(self, profile: Any, sizes: dict[str, int]) -> CombinedCollectives:
         """Greedy grouping in program order; α charged once per group (per repeat)."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from .._checks import describe_value
 from ..core.layout import MeshAxis
+from ..core.mesh import MeshLike
 from ..errors import EinshardError
 
 __all__ = ["Objective", "OBJECTIVES", "parse_bytes", "mesh_axes_of", "shape_of", "itemsize_of"]
@@ -51,7 +52,7 @@ def parse_bytes(budget: int | float | str | None, name: str = "memory_budget") -
     return int(value)
 
 
-def mesh_axes_of(mesh: Any, args: tuple[Any, ...] = ()) -> tuple[MeshAxis, ...]:
+def mesh_axes_of(mesh: MeshLike, args: tuple[Any, ...] = ()) -> tuple[MeshAxis, ...]:
     """The mesh ``plan`` works on, by einshard's one precedence (``einshard.core.mesh.resolve_mesh``).
 
     ``mesh=`` (a Mesh, an AbstractMesh or sizes ``{'data': 4}``), else the

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..analysis.cost import human_bytes, human_time
 from ..analysis.program import ProgramReport
+from ..core.mesh import MeshLike
 
 __all__ = ["Alternative", "LayoutPlan"]
 
@@ -83,7 +84,7 @@ class LayoutPlan:
     pipeline: Any = None
     verification: tuple[Any, ...] = ()  # einshard.planner.verify.Verified: predicted vs compiled, per candidate
 
-    def place(self, params: Any, *data: Any, mesh: Any = None, axis_rules: Any = None) -> tuple[Any, ...]:
+    def place(self, params: Any, *data: Any, mesh: MeshLike | None = None, axis_rules: Any = None) -> tuple[Any, ...]:
         """``(params, *data)`` laid out by the plan's rules (``einshard.einshard`` on each; ``axis_rules`` for
         logical names in a preset's rules)."""
         from ..placement import einshard
@@ -92,21 +93,21 @@ class LayoutPlan:
         placed += [einshard(x, rules, mesh=mesh, axis_rules=axis_rules) for x, rules in zip(data, self.data_rules)]
         return tuple(placed)
 
-    def to_keras(self, params: Any, mesh: Any) -> Any:
+    def to_keras(self, params: Any, mesh: MeshLike) -> Any:
         """The parameters' layouts as a ``keras.distribution.LayoutMap`` (one exact key per variable path, as
         :func:`einshard.interop.keras_params` names them) for ``ModelParallel``."""
         from ..interop import to_keras
 
         return to_keras(self.rules, params, mesh)
 
-    def to_flax(self, params: Any, mesh: Any) -> Any:
+    def to_flax(self, params: Any, mesh: MeshLike) -> Any:
         """The parameters' layouts as Flax logical rules plus per-variable names
         (:class:`einshard.interop.LogicalLayout`: ``.flax_rules()``, ``.names``)."""
         from ..interop import to_logical
 
         return to_logical(self.rules, params, mesh)
 
-    def to_maxtext(self, params: Any, mesh: Any) -> dict[str, Any]:
+    def to_maxtext(self, params: Any, mesh: MeshLike) -> dict[str, Any]:
         """The parameters' layouts as MaxText data: ``{'logical_axis_rules': [...], 'logical_axes': {...}}``."""
         return self.to_flax(params, mesh).maxtext()  # type: ignore[no-any-return]
 

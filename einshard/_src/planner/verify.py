@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+from jax.sharding import Mesh
 
 from ..analysis.cost import Profile, human_bytes, human_time
 from ..core.layout import MeshAxis
+from ..core.mesh import MeshLike
 from ..errors import EinshardError
 from .scoring import Costs, Score, _settled
 
@@ -147,8 +149,8 @@ def predicted_kinds(report: Any) -> dict[str, int]:
 
 
 def verification_mesh(
-    mesh: Any, args: Sequence[Any], mesh_axes: tuple[MeshAxis, ...], what: str = "plan(verify=...)"
-) -> Any:
+    mesh: MeshLike | None, args: Sequence[Any], mesh_axes: tuple[MeshAxis, ...], what: str = "plan(verify=...)"
+) -> Mesh:
     """A concrete ``jax.sharding.Mesh`` to compile on: the caller's own (``mesh=``, ``jax.set_mesh``, the
     arguments'), else one built on this process's devices.
 
@@ -184,7 +186,7 @@ def compiled_numbers(
     args: Sequence[Any],
     in_specs: Sequence[Any],
     out_specs: Any,
-    mesh: Any,
+    mesh: Mesh,
     profile: Profile,
     **kwargs: Any,
 ) -> tuple[float, float, int, int | None, dict[str, int]]:
@@ -244,7 +246,7 @@ def verify_assignments(
     fn: Callable[..., Any],
     costs: Costs,
     candidates: Sequence[tuple[str, tuple[int, ...]]],
-    mesh: Any,
+    mesh: Mesh,
     kwargs: dict[str, Any],
     hbm_bytes: int | None = None,
     compiler: str = "XLA",

@@ -21,10 +21,11 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from .. import _checks
+from ..core.mesh import current_concrete_mesh
 from ..errors import EinshardError
-from ..placement import current_mesh
 from ..placement import einshard as place
 from ..planner import parse_bytes
 from . import hlo
@@ -42,7 +43,7 @@ def _is_layout_leaf(x: Any) -> bool:
     return x is None or isinstance(x, str)
 
 
-def _place_arg(arg: Any, entry: Any, mesh: Any, where: str) -> tuple[Any, list[tuple[str, str]]]:
+def _place_arg(arg: Any, entry: Any, mesh: Mesh | None, where: str) -> tuple[Any, list[tuple[str, str]]]:
     """(arg laid out as ``entry`` says, [(leaf path, expression)] of the leaves placed)."""
     if entry is None:
         return arg, []
@@ -67,7 +68,7 @@ def _place_arg(arg: Any, entry: Any, mesh: Any, where: str) -> tuple[Any, list[t
     return jax.tree_util.tree_unflatten(treedef, out), used
 
 
-def place_args(args: tuple[Any, ...], layouts: Layouts, mesh: Any = None) -> tuple[tuple[Any, ...], list]:
+def place_args(args: tuple[Any, ...], layouts: Layouts, mesh: Mesh | None = None) -> tuple[tuple[Any, ...], list]:
     """Lay ``args`` out: ``layouts`` has one entry per argument (or one for a single argument).
 
     An entry is an expression (every leaf of that argument), None (left as
@@ -75,7 +76,7 @@ def place_args(args: tuple[Any, ...], layouts: Layouts, mesh: Any = None) -> tup
     :func:`einshard.testing.layouts` draws), or path-pattern rules as
     ``einshard.einshard`` takes.  Returns (placed args, [(leaf path, expression)]).
     """
-    mesh = mesh if mesh is not None else current_mesh()
+    mesh = mesh if mesh is not None else current_concrete_mesh()
     if isinstance(layouts, str) or layouts is None:
         entries: Sequence[Any] = [layouts] * len(args)
     elif isinstance(layouts, (tuple, list)) and len(layouts) == len(args) and len(args) != 1:
@@ -169,7 +170,7 @@ def assert_layout_invariant(
     fn: Callable[..., Any],
     *args: Any,
     layouts: Layouts,
-    mesh: Any = None,
+    mesh: Mesh | None = None,
     rtol: float = 1e-4,
     atol: float = 1e-5,
     grad: bool = False,
@@ -232,10 +233,10 @@ def _sharded(expr: str) -> bool:
     return left.split() != right.split()
 
 
-def _mesh_context(mesh: Any) -> Any:
+def _mesh_context(mesh: Mesh | None) -> Any:
     import contextlib
 
-    return jax.set_mesh(mesh) if mesh is not None and current_mesh() is None else contextlib.nullcontext()
+    return jax.set_mesh(mesh) if mesh is not None and current_concrete_mesh() is None else contextlib.nullcontext()
 
 
 def _compare(what: str, got: Any, want: Any, rtol: float, atol: float, layout_note: str) -> None:
@@ -265,7 +266,7 @@ def _compare(what: str, got: Any, want: Any, rtol: float, atol: float, layout_no
 # Collectives: compiled HLO against an expectation / against einshard.explain
 
 
-def _compiled(fn: Callable[..., Any], args: tuple[Any, ...], mesh: Any, out_shardings: Any) -> Any:
+def _compiled(fn: Callable[..., Any], args: tuple[Any, ...], mesh: Mesh | None, out_shardings: Any) -> Any:
     kwargs = {} if out_shardings is None else {"out_shardings": out_shardings}
     with _mesh_context(mesh):
         return jax.jit(fn, **kwargs).lower(*args).compile()
@@ -300,7 +301,7 @@ def assert_collectives(
     *args: Any,
     expected: Mapping[str, int] | Sequence[str],
     layouts: Layouts = None,
-    mesh: Any = None,
+    mesh: Mesh | None = None,
     out_shardings: Any = None,
 ) -> list[hlo.HloCollective]:
     """Assert that the compiled ``fn(*args)`` has exactly the ``expected`` collectives, by kind and count.
@@ -333,7 +334,7 @@ def assert_explained(
     fn: Callable[..., Any],
     *args: Any,
     layouts: Layouts = None,
-    mesh: Any = None,
+    mesh: Mesh | None = None,
     out_shardings: Any = None,
 ) -> Any:
     """Assert that ``einshard.explain``'s predicted collectives are those XLA compiled (kinds and counts).
@@ -378,14 +379,14 @@ def _cpu_reductions_as_predicted(found: list[hlo.HloCollective], predicted: Coun
     return out
 
 
-def _mesh_of(args: tuple[Any, ...], mesh: Any) -> Any:
+def _mesh_of(args: tuple[Any, ...], mesh: Mesh | None) -> Mesh | None:
     if mesh is not None:
         return mesh
     for leaf in jax.tree_util.tree_leaves(args):
         own = getattr(getattr(leaf, "sharding", None), "mesh", None)
         if own is not None and not getattr(own, "empty", False) and own.size > 1:
             return own
-    return current_mesh()
+    return current_concrete_mesh()
 
 
 # ---------------------------------------------------------------------------
@@ -397,7 +398,7 @@ def assert_fits(
     *args: Any,
     budget: int | float | str,
     layouts: Layouts = None,
-    mesh: Any = None,
+    mesh: Mesh | None = None,
 ) -> int:
     """Assert that XLA's ``compiled.memory_analysis()`` of ``fn(*args)`` fits ``budget`` bytes per device.
 

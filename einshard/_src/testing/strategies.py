@@ -30,6 +30,7 @@ import numpy as np
 from jax.sharding import AxisType, PartitionSpec
 
 from .. import _checks
+from ..core.mesh import MeshLike
 from ..errors import EinshardError
 from ..tree_rules import UNMATCHED, leaf_expressions
 
@@ -118,7 +119,7 @@ def _check_kinds(axis_types: Sequence[str]) -> tuple[str, ...]:
 # Expressions
 
 
-def _mesh_sizes(mesh: Any) -> dict[str, int] | None:
+def _mesh_sizes(mesh: MeshLike | None) -> dict[str, int] | None:
     if mesh is None:
         return None
     if isinstance(mesh, Mapping):
@@ -176,7 +177,7 @@ def _draw_counts(draw: Any, sizes: Sequence[int], n_devices: int) -> list[str]:
 
 
 @st.composite
-def _expressions(draw: Any, shape: tuple[int, ...], mesh: Any, usable: tuple[str, ...] | None) -> str:
+def _expressions(draw: Any, shape: tuple[int, ...], mesh: MeshLike | None, usable: tuple[str, ...] | None) -> str:
     names = array_names(len(shape))
     sizes = _mesh_sizes(mesh)
     if sizes is None:
@@ -187,7 +188,9 @@ def _expressions(draw: Any, shape: tuple[int, ...], mesh: Any, usable: tuple[str
     return " ".join(names) + " -> " + " ".join(right)
 
 
-def expressions(shape: Sequence[int], mesh: Any = None, *, axes: Sequence[str] | None = None) -> st.SearchStrategy[str]:
+def expressions(
+    shape: Sequence[int], mesh: MeshLike | None = None, *, axes: Sequence[str] | None = None
+) -> st.SearchStrategy[str]:
     """Valid placement expressions for an array of ``shape`` on ``mesh``.
 
     Args:
@@ -230,7 +233,7 @@ Sharing = Literal["any", "disjoint"]
 
 def layouts(
     tree: Any,
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     rules: Mapping[str, str | None] | None = None,
     *,
     sharing: Sharing | None = None,
@@ -279,7 +282,7 @@ def layouts(
     return st.tuples(*per_leaf[::-1]).map(lambda xs: jax.tree_util.tree_unflatten(treedef, list(xs)[::-1]))
 
 
-def _has_explicit_axes(mesh: Any) -> bool:
+def _has_explicit_axes(mesh: MeshLike | None) -> bool:
     types = getattr(mesh, "axis_types", None) or ()
     return any(t == AxisType.Explicit for t in types)
 
@@ -300,7 +303,7 @@ def _disjoint_layouts(
     draw: Any,
     shapes: tuple[tuple[int, ...] | None, ...],
     fixed: tuple[Any, ...],
-    mesh: Any,
+    mesh: MeshLike | None,
     mesh_axes: tuple[str, ...],
 ) -> list[str | None]:
     """One expression per leaf, each mesh axis splitting at most one leaf (the rules' leaves keep theirs)."""
@@ -341,7 +344,7 @@ class EinsumCase:
     operands: tuple[tuple[str, ...], ...]
     output: tuple[str, ...]
     sizes: Mapping[str, int]
-    mesh: Any = field(compare=False)
+    mesh: MeshLike | None = field(compare=False)
     in_dims: tuple[tuple[tuple[str, ...], ...], ...]
     out_dims: tuple[tuple[str, ...], ...] | None
 
@@ -385,7 +388,7 @@ def _spec(dims: Sequence[Sequence[str]]) -> PartitionSpec:
 @st.composite
 def _einsums(
     draw: Any,
-    mesh: Any,
+    mesh: MeshLike | None,
     operands: tuple[int, int],
     max_axes: int,
     max_rank: int,
@@ -426,7 +429,7 @@ def _einsums(
 
 
 def einsums(
-    mesh: Any = None,
+    mesh: MeshLike | None = None,
     *,
     operands: tuple[int, int] = (2, 3),
     max_axes: int = 5,

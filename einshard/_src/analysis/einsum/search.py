@@ -519,9 +519,9 @@ def _total_bytes(steps: tuple[Collective, ...]) -> int:
 def _with_operand(c: Collective, operand: Target | None) -> Collective:
     """``dataclasses.replace(c, operand=operand)`` without its generic machinery (a tenth of a fresh analysis):
     the record's fields as they are, the operand set."""
-    values = c.__dict__.copy()
-    values["operand"] = operand
-    return Collective._derive(values)
+    new = Collective._derive(c.__dict__)  # (copies the fields)
+    new.__dict__["operand"] = operand
+    return new
 
 
 def _outcomes(

@@ -17,6 +17,7 @@ from ...errors import EinshardError
 from ..cost import get_profile, transition
 from ..einsum.analyze import analyze_layouts, dtype_info
 from ..einsum.model import Problem
+from .blocks import BodyStructures, Tape, WalkCounts
 
 __all__ = ["OpCosts", "DotResult", "FreeLayout", "is_free", "dot_names", "adopt"]
 
@@ -44,6 +45,11 @@ class OpCosts:
         self.layouts: dict[tuple[Any, ...], Layout] = {}  # (shape, dims) -> Layout, as the walk builds them
         self._phases: dict[int, tuple[Any, str]] = {}  # id(equation) -> (the equation, held so the id stays its, phase)
         self._uses: dict[int, tuple[Any, dict[int, list[tuple[Any, int]]]]] = {}
+        # Identical blocks costed once (:mod:`.blocks`): call bodies' walks, by structure and entering layouts.
+        self.memoise_blocks = True
+        self.tapes: dict[tuple[Any, ...], Tape] = {}
+        self.structures = BodyStructures()
+        self.counts = WalkCounts()
 
     def uses_of(self, jaxpr: Any) -> dict[int, list[tuple[Any, int]]]:
         """id(value) -> [(equation, operand index)] of one jaxpr (memoised: the planner walks it again and again)."""

@@ -36,16 +36,17 @@ of each nested call it walked into (``Walker.sub_envs``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ...core.layout import Layout
+from ..cost import Tiling, buffer_bytes
 from .costing import is_free
 from .registry import sub_jaxpr
 
-__all__ = ["peak_bytes", "Gathered", "Partial"]
+__all__ = ["peak_bytes", "Gathered", "Partial", "MemoryMemo"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,6 +128,7 @@ class _Program:
         self.layouts, self.inner = layouts, inner
         self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
         self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
+        self.copies: list[tuple[tuple[int, ...], Any, Key]] = []  # (call path, body input, outer value)
         self.steps: list[_Step] = []
         self._flatten(jaxpr, ())
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
@@ -161,6 +163,8 @@ class _Program:
             for iv, ov in zip(body.invars, operands):
                 outer = self.key(ov, path)
                 self.alias[(sub_path, iv)] = outer
+                if outer is not None:
+                    self.copies.append((sub_path, iv, outer))
                 copy = env.get(Gathered(iv))
                 if copy is not None and outer is not None:
                     old = self.gathered.get(outer)
@@ -169,6 +173,20 @@ class _Program:
             self._flatten(body, sub_path)
             for ov, iv in zip(eqn.outvars, body.outvars):
                 self.alias[(path, ov) if path else ov] = self.key(iv, sub_path)
+
+    def rebound(self, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]) -> _Program:
+        """This program's structure under other layouts (the planner's next costing: the same calls entered),
+        its gathered copies read from the new environments as :meth:`_flatten` reads them."""
+        new = object.__new__(_Program)
+        new.__dict__.update(self.__dict__)
+        new.layouts, new.inner, new.gathered = layouts, inner, {}
+        for path, iv, outer in self.copies:
+            copy = inner[path].get(Gathered(iv))
+            if copy is not None:
+                old = new.gathered.get(outer)
+                if old is None or math.prod(copy.shard_shape) > math.prod(old.shard_shape):
+                    new.gathered[outer] = copy
+        return new
 
     def layout(self, k: Key, derived: type[_Derived] | None = None) -> Layout | None:
         if isinstance(k, tuple):
@@ -179,8 +197,27 @@ class _Program:
         return env.get(derived(v) if derived is not None else v)
 
 
+@dataclass
+class MemoryMemo:
+    """What :func:`peak_bytes` keeps between costings of one program (the planner's hundreds).
+
+    Only structure, never a byte count: the program with its calls inlined, who reads and makes
+    each value and which values leave it (by the set of calls entered), and the liveness that
+    follows from fusion (also by which in-place updates write into a free constant).  Each
+    costing then only sizes the buffers under its layouts and runs the liveness sweep.
+    """
+
+    programs: dict[frozenset[tuple[int, ...]], _Program] = field(default_factory=dict)
+    indexes: dict[frozenset[tuple[int, ...]], tuple[Any, ...]] = field(default_factory=dict)
+    liveness: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict)
+
+
 def peak_bytes(
-    jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]] | None = None
+    jaxpr: Any,
+    layouts: dict[Any, Layout],
+    inner: dict[tuple[int, ...], dict[Any, Layout]] | None = None,
+    memo: MemoryMemo | None = None,
+    tiling: Tiling = "dense",
 ) -> int:
     """Peak live bytes per device over the program, from each value's layout.
 
@@ -190,12 +227,20 @@ def peak_bytes(
     is donated); other values die after their last use, a fused value's operands after its
     fusion's; loops and branches count through their inputs and outputs only.  Fused
     temporaries, in-place results, gathered arguments and combined partial sums as the module says.
+
+    ``memo``: a :class:`MemoryMemo` kept between calls on one ``jaxpr`` (the same result, sooner).
+    ``tiling``: how the device lays a buffer out (the profile's: a TPU pads to its tiles, :func:`buffer_bytes`).
     """
-    prog = _Program(jaxpr, layouts, inner or {})
+    inner = inner or {}
+    calls = frozenset(inner)
+    known = memo.programs.get(calls) if memo is not None else None
+    prog = known.rebound(layouts, inner) if known is not None else _Program(jaxpr, layouts, inner)
+    if memo is not None and known is None:
+        memo.programs[calls] = prog
     steps, outputs = prog.steps, prog.outputs
     n = len(steps)
 
-    def nbytes_as(k: Key, lay: Layout | None) -> int:
+    def nbytes_as(k: Key, lay: Layout | None, tiles: Tiling = "dense") -> int:
         aval = (k[1] if isinstance(k, tuple) else k).aval
         if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
             return 0
@@ -204,19 +249,34 @@ def peak_bytes(
             # loops that take it as an invariant), it is not materialised.
             return 0
         shape = lay.shard_shape if lay is not None else tuple(aval.shape)
-        return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
+        return buffer_bytes(tuple(shape), int(np.dtype(aval.dtype).itemsize), tiles)
+
+    # The program's arguments and outputs are buffers in device memory, padded to the device's tiles (on a TPU
+    # exactly as its memory_analysis() says, tests/test_target_tpu_model.py); its temporaries keep their own
+    # bytes: the TPU compiler holds small fused intermediates on chip (a whole kh_llama TP forward: 0 bytes of
+    # temporaries), and padding them overstated the external corpus' peaks 1.5-5x (docs/targets.md).
+    boundary = frozenset(prog.args) if tiling != "dense" else frozenset()
 
     def size(k: Key) -> int:
         out = outputs.get(k)
-        return nbytes_as(k, layouts.get(out) if out is not None else prog.layout(k))
+        if out is not None:
+            return nbytes_as(k, layouts.get(out), tiling)
+        return nbytes_as(k, prog.layout(k), tiling if k in boundary else "dense")
 
-    readers: dict[Key, list[int]] = {}
-    producer: dict[Key, int] = {}
-    for i, step in enumerate(steps):
-        for k in step.ins:
-            readers.setdefault(k, []).append(i)
-        for k in step.outs:
-            producer[k] = i
+    index = memo.indexes.get(calls) if memo is not None else None
+    if index is None:
+        readers: dict[Key, list[int]] = {}
+        producer: dict[Key, int] = {}
+        for i, step in enumerate(steps):
+            for k in step.ins:
+                readers.setdefault(k, []).append(i)
+            for k in step.outs:
+                producer[k] = i
+        in_place = tuple(k for k in producer if steps[producer[k]].name in _UPDATES_IN_PLACE)
+        index = (readers, producer, _leaves_program(steps, set(outputs)), in_place)
+        if memo is not None:
+            memo.indexes[calls] = index
+    readers, producer, leaves, in_place = index
     fusible = _fusible_elementwise()
     fusing = fusible | _fusing()
 
@@ -245,24 +305,32 @@ def peak_bytes(
         lay = prog.layout(k)
         return lay is not None and is_free(lay)
 
-    fused = {k for k in producer if is_fused(k)}
-    # Until when each buffer is needed: its last reader, or, read by a fused value, that value's readers'.
-    until: dict[Key, int] = dict.fromkeys(outputs, n)
-    for i in range(n - 1, -1, -1):
-        step = steps[i]
-        end = (
-            max((until.get(o, i) for o in step.outs), default=i)
-            if step.outs and all(o in fused for o in step.outs)
-            else i
-        )
-        for k in step.ins:
-            if until.get(k, -1) < end:
-                until[k] = end
-    dies: dict[int, list[Key]] = {}
-    args = set(prog.args)
-    for k, end in until.items():
-        if k not in args and k not in outputs:
-            dies.setdefault(end, []).append(k)
+    # What fuses depends on layouts only through the in-place updates' bases (free constants or not).
+    liveness_key = (calls, tuple(is_free_key(steps[producer[k]].ins[0]) for k in in_place if steps[producer[k]].ins))
+    liveness = memo.liveness.get(liveness_key) if memo is not None else None
+    if liveness is None:
+        fused = {k for k in producer if is_fused(k)}
+        # Until when each buffer is needed: its last reader, or, read by a fused value, that value's readers'.
+        until: dict[Key, int] = dict.fromkeys(outputs, n)
+        for i in range(n - 1, -1, -1):
+            step = steps[i]
+            end = (
+                max((until.get(o, i) for o in step.outs), default=i)
+                if step.outs and all(o in fused for o in step.outs)
+                else i
+            )
+            for k in step.ins:
+                if until.get(k, -1) < end:
+                    until[k] = end
+        dies: dict[int, list[Key]] = {}
+        args = set(prog.args)
+        for k, end in until.items():
+            if k not in args and k not in outputs:
+                dies.setdefault(end, []).append(k)
+        liveness = (fused, until, dies, args)
+        if memo is not None:
+            memo.liveness[liveness_key] = liveness
+    fused, until, dies, args = liveness
 
     def fusion_inputs_of(keys: tuple[Key, ...]) -> list[Key]:
         """The buffers a fusion reading ``keys`` reads (its fused operands' operands, recursively)."""
@@ -285,9 +353,11 @@ def peak_bytes(
         copy = layouts.get(Gathered(v))
         if copy is not None:
             gathered[v] = copy
-    extra_until = [(until[v], nbytes_as(v, c) - size(v)) for v, c in gathered.items() if v in until and v in args]
-    # Partial sums that only leave the program: held from their making to the end (the combiner).
-    leaves = _leaves_program(steps, set(outputs))
+    # (A gathered copy is sized as its argument is, tiles and all: the difference is what the gather adds.)
+    extra_until = [
+        (until[v], nbytes_as(v, c, tiling) - size(v)) for v, c in gathered.items() if v in until and v in args
+    ]
+    # Partial sums that only leave the program (``leaves``, above): held from their making to the end (the combiner).
 
     live: dict[Key, int] = {v: size(v) for v in prog.args}
     total = sum(live.values())
@@ -298,7 +368,7 @@ def peak_bytes(
         gathered_ends[end] = gathered_ends.get(end, 0) + b
     # While it gathers, one argument gathered along a dimension other than its major one is held twice more.
     transposing = [
-        nbytes_as(v, c) + size(v) for v, c in gathered.items() if v in args and _gathers_minor(v, c, layouts)
+        nbytes_as(v, c, tiling) + size(v) for v, c in gathered.items() if v in args and _gathers_minor(v, c, layouts)
     ]
     peak = total + gathered_now + max(transposing, default=0)
     for i, step in enumerate(steps):

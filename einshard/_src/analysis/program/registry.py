@@ -61,15 +61,9 @@ def call_rule(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -
 
     sub = sub_jaxpr(eqn)
     inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
-    outer_path = w.call_path
-    env: dict[Any, Layout] = {}  # kept: peak memory inlines the call (Walker.sub_envs)
-    w.call_path = (*outer_path, id(eqn))
-    try:
-        inner_outs = w.walk(inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, inherit(phase), env=env)
-    finally:
-        w.call_path = outer_path
-    if not w.quiet:
-        w.sub_envs[(*outer_path, id(eqn))] = env
+    # Walked once per structure and entering layouts, replayed after (identical blocks: see .blocks); the
+    # body's environment is kept under this call's path (peak memory inlines the call: Walker.sub_envs).
+    inner_outs = w.walk_call(eqn, inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, inherit(phase))
     # A sub-jaxpr's broadcast constants stay free: their consumer decides their layout.
     # Pending sums leave the call pending: the consumer outside settles them.
     return [

@@ -15,6 +15,7 @@ from ...core.logical import AxisRulesLike, scoped_axis_rules
 from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
 from .costing import OpCosts, is_free
+from .memory import MemoryMemo
 from .memory import peak_bytes as _peak_bytes
 from .report import ProgramReport
 from .walker import Walker
@@ -255,6 +256,7 @@ class TracedProgram:
         self.jaxpr = _dead_code_eliminated(closed.jaxpr)
         self._fn, self._kwargs = fn, kwargs
         self._naming: tuple[dict[Any, str], dict[int, tuple[str, str]]] | None = None
+        self._memory = MemoryMemo()  # peak memory's structure, kept between costings (see .memory)
         self.trace_s = time.perf_counter() - start
 
     @property
@@ -325,7 +327,8 @@ class TracedProgram:
         # all-gathers to the argument's last use (measured on the corpus: the FSDP ratios are 0.94-1.12 with
         # them, 0.45-0.81 without), but the planner's FSDP memory budget is built on the sharded figure
         # (tests/test_planner.py); see docs/analysis.md.
-        peak = _peak_bytes(self.jaxpr, layouts, walker.sub_envs)
+        memo = self._memory if self.costs.memoise_blocks else None
+        peak = _peak_bytes(self.jaxpr, layouts, walker.sub_envs, memo, tiling=self.costs.profile.tiling)
         ops = tuple(walker.ops)
         phases: dict[str, dict[str, float]] = {}
         for op in ops:

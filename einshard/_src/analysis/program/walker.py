@@ -14,6 +14,7 @@ report, which then says it is incomplete.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from . import (  # noqa: F401  (they register their rules)
     rules_structural,
     rules_windows,
 )
+from .blocks import Tape, body_index, translate_env
 from .costing import FreeLayout, OpCosts, is_free
 from .memory import Gathered
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
@@ -77,6 +79,8 @@ class Walker:
         # each equation's source line and the library line it is inside (by id of the equation).
         self.value_names: dict[Any, str] = {}
         self.eqn_where: dict[int, tuple[str, str]] = {}
+        # The equation each op was recorded at (None: none of a jaxpr's), for a tape recorded around this walk.
+        self.op_eqns: list[Any] = []
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
@@ -173,6 +177,7 @@ class Walker:
         reads = tuple(
             dict.fromkeys(names[v] for v in getattr(eqn, "invars", ()) if not hasattr(v, "val") and v in names)
         )
+        self.op_eqns.append(eqn)
         self.ops.append(
             OpReport(
                 self.counter,
@@ -276,6 +281,8 @@ class Walker:
     ) -> list[Layout]:
         env = {} if env is None else env
         self._walks += 1
+        self.costs.counts.walks += 1
+        self.costs.counts.equations += len(jaxpr.eqns)
         serial = self._walks  # a jaxpr walked twice (a jitted function called twice) has new values each time
 
         def read(v: Any) -> Layout:
@@ -337,6 +344,100 @@ class Walker:
             return rule(self, eqn, ins, repeat, phase)
         finally:
             self._stepping.pop()
+
+    # -- calls: identical blocks walked once (see :mod:`.blocks`) -----------------------------
+    def walk_call(self, eqn: Any, body: Any, ins: list[Layout], repeat: int, phase_hint: str | None) -> list[Layout]:
+        """The layouts a call's ``body`` returns for operands ``ins``, as a walk of it would find them.
+
+        The body is walked in a sandbox walker (a call's values are its own: nothing of the walk
+        around it enters) and what that walk did is kept as a :class:`~.blocks.Tape`, replayed here
+        and, with ``costs.memoise_blocks``, at every later call of a body of the same structure under
+        the same layouts.  The environments peak memory inlines are kept under this call's path.
+        """
+        costs = self.costs
+        index = body_index(body, costs.structures, costs.phase_of)
+        key = (type(self), self.quiet, index.ordinal, tuple((type(x), x) for x in ins), repeat, phase_hint)
+        tape = costs.tapes.get(key) if costs.memoise_blocks else None
+        if tape is None:
+            tape, repeatable = self._record(eqn, body, index, ins, repeat, phase_hint)
+            if repeatable and costs.memoise_blocks:
+                costs.tapes[key] = tape
+        else:
+            costs.counts.replays += 1
+        return self._replay(tape, eqn, index)
+
+    def _record(
+        self, eqn: Any, body: Any, index: Any, ins: list[Layout], repeat: int, phase_hint: str | None
+    ) -> tuple[Tape, bool]:
+        """Walk ``body`` in a sandbox: its tape, and whether another call may replay it (not where it met an op
+        without a rule: its sites are merged here, and the report names them at this call's site)."""
+        self.costs.counts.recorded += 1
+        box = type(self)(self.costs, quiet=self.quiet)
+        box._walks = 1  # the body is not the program: its results are not the program's outputs
+        box.value_names, box.eqn_where = self.value_names, self.eqn_where
+        box._stepping = list(self._stepping)
+        self.tape_begin(box, body)
+        env: dict[Any, Layout] = {}
+        outs = box.walk(body, ins, repeat, phase_hint, env=env)
+        envs: list[tuple[tuple[int, ...], dict[Any, Layout]]] = []
+        unplaced: dict[tuple[int, ...], dict[Any, Layout]] = {}  # envs of calls the index does not list
+        if not self.quiet:
+            envs.append(((), env))
+            for path, sub in box.sub_envs.items():
+                at = tuple(index.eqn_at.get(i, -1) for i in path)
+                if -1 in at:
+                    unplaced[path] = sub
+                else:
+                    envs.append((at, sub))
+        where = [index.eqn_at.get(id(e)) for e in box.op_eqns]
+        tape = Tape(index, tuple(outs), tuple(zip(box.ops, where)), tuple(envs), self.tape_extra(box, body))
+        repeatable = True
+        if unplaced:
+            # A nested call the structure does not reach (a body under a parameter it does not read): kept
+            # under this call's path as walked, and the tape is not replayed elsewhere.
+            for path, sub in unplaced.items():
+                self.sub_envs[(*self.call_path, id(eqn), *path)] = sub
+            repeatable = False
+        if box.unfollowed:
+            # The report names such an op at its call site, the caller's: not a block's to repeat.
+            self.unfollowed |= box.unfollowed
+            for name, sites in box.unfollowed_at.items():
+                here = self.unfollowed_at.setdefault(name, [])
+                here += [s for s in sites if s not in here]
+            repeatable = False
+        return tape, repeatable
+
+    def _replay(self, tape: Tape, eqn: Any, index: Any) -> list[Layout]:
+        """Make the walk around the call as the tape's walk made it: its ops, its environments, its results."""
+        same = index is tape.body
+        names = self.value_names
+        for op, at in tape.ops:
+            changes: dict[str, Any] = {"index": self.counter}
+            e = index.eqns[at] if at is not None else None
+            if not same and e is not None:
+                changes["where"], changes["inside"] = self.eqn_where.get(id(e), ("", ""))
+                changes["reads"] = tuple(
+                    dict.fromkeys(names[v] for v in e.invars if not hasattr(v, "val") and v in names)
+                )
+            self.ops.append(dataclasses.replace(op, **changes))
+            self.op_eqns.append(e)  # a tape recorded around this call places the op as this one did
+            self.counter += 1
+        here = (*self.call_path, id(eqn))
+        for rel, env in tape.envs:
+            path = (*here, *(id(index.eqns[p]) for p in rel))
+            self.sub_envs[path] = env if same else translate_env(env, tape.body, index)
+        self.tape_replay(tape, eqn)
+        return list(tape.outs)
+
+    def tape_begin(self, box: Walker, body: Any) -> None:
+        """Prepare the sandbox ``box`` before it records ``body`` (a subclass's hook)."""
+
+    def tape_extra(self, box: Walker, body: Any) -> Any:
+        """What a subclass records of the sandbox's walk besides ops and environments."""
+        return None
+
+    def tape_replay(self, tape: Tape, eqn: Any) -> None:
+        """Replay the subclass's part of ``tape`` at the call ``eqn``."""
 
     def dtype(self, eqn: Any) -> Any:
         outs = eqn.outvars
