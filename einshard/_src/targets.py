@@ -79,7 +79,9 @@ class Chip:
     def profile(self) -> Profile:
         # TPU ICI: ~1 µs per hop (scaling book); NVLink: ~2 µs per step (einshard's h100 profile).
         if self.platform == "tpu":
-            return Profile(self.name, flops=self.flops, bandwidth=self.bandwidth, latency=1e-6, topology="ring")
+            return Profile(
+                self.name, flops=self.flops, bandwidth=self.bandwidth, latency=1e-6, topology="ring", tiling="tpu"
+            )
         return Profile(self.name, flops=self.flops, bandwidth=self.bandwidth, latency=2e-6)
 
 
@@ -150,8 +152,7 @@ class Target:
     def note(self) -> str:
         """What the target's numbers are, and what checks them: one line for reports."""
         check = (
-            "plan(verify=) compiles with the TPU compiler (libtpu, shapes only); explain does not model its "
-            "async overlap, combiner thresholds or (8, 128) tile padding: the compiled numbers decide"
+            f"{self.profile.caveat}; plan(verify=) compiles with the TPU compiler (libtpu, shapes only)"
             if self.compiles
             else "a profile only: no compiler check is possible without the device"
         )

@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 from .. import _checks
 from ..core import moves
@@ -56,6 +56,8 @@ from ..core.moves import Move, mesh_sizes
 __all__ = [
     "Profile",
     "PROFILES",
+    "Tiling",
+    "buffer_bytes",
     "Collective",
     "KINDS",
     "RING_BYTES",
@@ -77,6 +79,59 @@ __all__ = [
 # 'switch': all-to-all connected links (NVLink, a host); 'ring': a torus axis (TPU ICI).
 TOPOLOGIES = ("switch", "ring")
 
+# How a device lays a buffer out in memory: 'dense' (CPU, GPU: the array's own bytes) or 'tpu' (the TPU
+# compiler's tiles: :func:`buffer_bytes`).
+Tiling = Literal["dense", "tpu"]
+TILINGS: tuple[Tiling, ...] = ("dense", "tpu")
+
+# TPU buffers are whole pages of this many bytes (memory_analysis(): a scalar, a (1, 128) f32 take 512).
+_TPU_PAGE = 512
+# The minor dimension of a TPU tile is a vector register's 128 lanes.
+_TPU_LANES = 128
+# Rows of a tile: 8 sublanes; a short second-minor dimension gets the next power of two below it.
+_TPU_SUBLANES = 8
+# 32-bit words: a 16-bit (8-bit) type packs 2 (4) rows per word, so a tile has at least that many rows.
+_TPU_WORD = 4
+
+
+def _tpu_tile_bytes(rows: int, cols: int, itemsize: int) -> int:
+    rows = max(rows, _TPU_WORD // itemsize if itemsize < _TPU_WORD else 1)
+    rows = 1 << (rows - 1).bit_length() if rows <= _TPU_SUBLANES else -(-rows // _TPU_SUBLANES) * _TPU_SUBLANES
+    return rows * -(-cols // _TPU_LANES) * _TPU_LANES * itemsize
+
+
+def buffer_bytes(shape: tuple[int, ...], itemsize: int, tiling: Tiling = "dense") -> int:
+    """Bytes one buffer of ``shape`` (elements of ``itemsize`` bytes) takes in a device's memory.
+
+    ``'dense'``: the array's own bytes.  ``'tpu'``: as the TPU compiler lays it out (measured against
+    libtpu's ``memory_analysis()``, ``tests/test_target_tpu_model.py``): the two dimensions it makes minor
+    are padded to tiles (the minor to 128 lanes; the second-minor to a power of two up to 8, then to a
+    multiple of 8, and to at least 2 rows for a 16-bit, 4 for an 8-bit type), the others multiply; the
+    compiler chooses which two are minor, and takes the pair that pads least (a (1000, 32, 2) int8 array
+    is laid out with 1000 minor, not 2).  A rank-1 array is rows of 128; every buffer is whole 512-byte pages.
+
+    Example:
+        >>> buffer_bytes((3, 5), 4), buffer_bytes((3, 5), 4, "tpu"), buffer_bytes((8, 128), 4, "tpu")
+        (60, 2048, 4096)
+    """
+    if tiling == "dense":
+        return math.prod(shape) * itemsize
+    if not shape:
+        n = _tpu_tile_bytes(1, 1, itemsize)
+    elif len(shape) == 1:
+        n = _tpu_tile_bytes(-(-shape[0] // _TPU_LANES), _TPU_LANES, itemsize)
+    elif math.prod(shape) == 0:
+        return 0
+    else:
+        total = math.prod(shape)
+        n = min(
+            _tpu_tile_bytes(shape[i], shape[j], itemsize) * (total // (shape[i] * shape[j]))
+            for i in range(len(shape))
+            for j in range(len(shape))
+            if i != j
+        )
+    return max(_TPU_PAGE, -(-n // _TPU_PAGE) * _TPU_PAGE)
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -88,6 +143,10 @@ class Profile:
         bandwidth: bytes/s one device can send over the links of one mesh axis.
         latency: seconds per hop of a ring collective.
         topology: ``'switch'`` (all-to-all connected: NVLink, a host) or ``'ring'`` (a torus axis: TPU ICI).
+        tiling: how a buffer is laid out in memory, for peak memory (:func:`buffer_bytes`): ``'dense'``
+            (CPU, GPU) or ``'tpu'`` (the TPU compiler's tiles).  ``'tpu'`` also puts, on the first line of
+            a report for this profile, where explain's collectives are XLA's CPU/GPU partitioning and the
+            TPU compiler's differ (:data:`COMPILER_CAVEATS`).
     """
 
     name: str
@@ -95,6 +154,7 @@ class Profile:
     bandwidth: float
     latency: float
     topology: str = "switch"
+    tiling: Tiling = "dense"
 
     def __post_init__(self) -> None:
         # Every estimate divides by flops and bandwidth: a zero, a NaN or an infinity would make each plan's time
@@ -111,6 +171,17 @@ class Profile:
             raise EinshardError(
                 f"einshard.Profile: topology= takes one of {', '.join(map(repr, TOPOLOGIES))}, got {self.topology!r}"
             )
+        if self.tiling not in TILINGS:
+            from ..errors import EinshardError
+
+            raise EinshardError(
+                f"einshard.Profile: tiling= takes one of {', '.join(map(repr, TILINGS))}, got {self.tiling!r}"
+            )
+
+    @property
+    def caveat(self) -> str:
+        """What explain does not model of this profile's compiler ('' where it models it): a report's first line."""
+        return COMPILER_CAVEATS.get(self.tiling, "")
 
     def collective_time(
         self, kind: str, n: int, bytes_sent: float, array_bytes: float, axis_sizes: tuple[int, ...] | None = None
@@ -147,7 +218,20 @@ PROFILES: dict[str, Profile] = {
     "h100": Profile("h100", flops=989e12, bandwidth=450e9, latency=2e-6),
     # TPU v5p: 4.59e14 bf16 FLOP/s and 1.8e11 B/s bidirectional ICI per axis (scaling book, sharding.md /
     # training.md: C/W = 2550), T_min ≈ 1 µs per hop; an axis is a (torus) ring.
-    "tpu-v5p": Profile("tpu-v5p", flops=4.59e14, bandwidth=1.8e11, latency=1e-6, topology="ring"),
+    "tpu-v5p": Profile("tpu-v5p", flops=4.59e14, bandwidth=1.8e11, latency=1e-6, topology="ring", tiling="tpu"),
+}
+
+# What explain's collectives do not model of a profile's compiler, by its tiling: a report's first line says it.
+# Measured on minimal programs (libtpu against XLA:CPU, docs/targets.md): the TPU compiler gathers a sharded
+# weight again at each use (3 FSDP layers: 5 all-gathers forward, 18 with the gradient, against 3 and 7) and
+# merges or reassociates gradient all-reduces (t5 TP gradient: 11 against 18), by heuristics and thresholds,
+# and overlaps its async collectives with compute; its tile padding is modelled (buffer_bytes).
+COMPILER_CAVEATS: dict[Tiling, str] = {
+    "tpu": (
+        "collectives as XLA's SPMD partitioner chooses them on CPU/GPU; the TPU compiler gathers sharded "
+        "(FSDP) weights per use, merges gradient all-reduces and overlaps collectives with compute by its own "
+        "heuristics: compile with plan(verify=) for its numbers; memory in its tiles"
+    ),
 }
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from ...core.layout import Layout
+from ..cost import Tiling, buffer_bytes
 from .costing import is_free
 from .registry import sub_jaxpr
 
@@ -251,7 +252,10 @@ class _Program:
 
 
 def peak_bytes(
-    jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]] | None = None
+    jaxpr: Any,
+    layouts: dict[Any, Layout],
+    inner: dict[tuple[int, ...], dict[Any, Layout]] | None = None,
+    tiling: Tiling = "dense",
 ) -> int:
     """Peak live bytes per device over the program, from each value's layout.
 
@@ -261,19 +265,25 @@ def peak_bytes(
     is donated); other values die after their last use, a fused value's operands after its
     fusion's; a scan or a while loop adds one iteration; branches count through their inputs and outputs.  Fused
     temporaries, in-place results, gathered arguments and combined partial sums as the module says.
+
+    ``tiling``: how the device lays a buffer out (the profile's: a TPU pads to its tiles, :func:`buffer_bytes`).
     """
-    return _peak(_Program(jaxpr, layouts, inner or {}), layouts)
+    return _peak(_Program(jaxpr, layouts, inner or {}), layouts, tiling=tiling)
 
 
 def _peak(
-    prog: _Program, layouts: dict[Any, Layout], elsewhere: frozenset[Key] = frozenset(), results_elsewhere: bool = False
+    prog: _Program,
+    layouts: dict[Any, Layout],
+    elsewhere: frozenset[Key] = frozenset(),
+    results_elsewhere: bool = False,
+    tiling: Tiling = "dense",
 ) -> int:
     """The liveness walk over a flattened program (or a loop body: ``elsewhere`` inputs and, with
     ``results_elsewhere``, its results are the loop's buffers, held outside it; they count 0 here)."""
     steps, outputs = prog.steps, prog.outputs
     n = len(steps)
 
-    def nbytes_as(k: Key, lay: Layout | None) -> int:
+    def nbytes_as(k: Key, lay: Layout | None, tiles: Tiling = "dense") -> int:
         aval = (k[1] if isinstance(k, tuple) else k).aval
         if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
             return 0
@@ -282,13 +292,21 @@ def _peak(
             # loops that take it as an invariant), it is not materialised.
             return 0
         shape = lay.shard_shape if lay is not None else tuple(aval.shape)
-        return int(math.prod(shape)) * int(np.dtype(aval.dtype).itemsize)
+        return buffer_bytes(tuple(shape), int(np.dtype(aval.dtype).itemsize), tiles)
+
+    # The program's arguments and outputs are buffers in device memory, padded to the device's tiles (on a TPU
+    # exactly as its memory_analysis() says, tests/test_target_tpu_model.py); its temporaries keep their own
+    # bytes: the TPU compiler holds small fused intermediates on chip (a whole kh_llama TP forward: 0 bytes of
+    # temporaries), and padding them overstated the external corpus' peaks 1.5-5x (docs/targets.md).
+    boundary = frozenset(prog.args) if tiling != "dense" else frozenset()
 
     def size(k: Key) -> int:
         if k in elsewhere or (results_elsewhere and k in outputs):
             return 0
         out = outputs.get(k)
-        return nbytes_as(k, layouts.get(out) if out is not None else prog.layout(k))
+        if out is not None:
+            return nbytes_as(k, layouts.get(out), tiling)
+        return nbytes_as(k, prog.layout(k), tiling if k in boundary else "dense")
 
     readers: dict[Key, list[int]] = {}
     producer: dict[Key, int] = {}
@@ -365,7 +383,10 @@ def _peak(
         copy = layouts.get(Gathered(v))
         if copy is not None:
             gathered[v] = copy
-    extra_until = [(until[v], nbytes_as(v, c) - size(v)) for v, c in gathered.items() if v in until and v in args]
+    # (A gathered copy is sized as its argument is, tiles and all: the difference is what the gather adds.)
+    extra_until = [
+        (until[v], nbytes_as(v, c, tiling) - size(v)) for v, c in gathered.items() if v in until and v in args
+    ]
     # Partial sums that only leave the program: held from their making to the end (the combiner).
     leaves = _leaves_program(steps, set(outputs))
 
@@ -378,7 +399,7 @@ def _peak(
         gathered_ends[end] = gathered_ends.get(end, 0) + b
     # While it gathers, one argument gathered along a dimension other than its major one is held twice more.
     transposing = [
-        nbytes_as(v, c) + size(v) for v, c in gathered.items() if v in args and _gathers_minor(v, c, layouts)
+        nbytes_as(v, c, tiling) + size(v) for v, c in gathered.items() if v in args and _gathers_minor(v, c, layouts)
     ]
     peak = total + gathered_now + max(transposing, default=0)
     for i, step in enumerate(steps):

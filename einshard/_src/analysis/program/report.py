@@ -82,6 +82,8 @@ class ProgramReport:
         """The first line: completeness, the mesh and the profile the times are for."""
         mesh = ", ".join(f"{m.name}={m.size}" for m in self.mesh)
         line = f"mesh: {mesh}   profile: {getattr(self.profile, 'name', self.profile)}"
+        if self.caveat:  # a TPU profile: where its compiler departs from the model leads the report
+            line = f"{line}   {self.caveat}"
         if self.complete:
             return line
         where = "; ".join(self.unfollowed_at) or ", ".join(self.unfollowed)
@@ -90,10 +92,16 @@ class ProgramReport:
             f"operands all-gathered, computed replicated; check with einshard.plan(verify=) or the HLO)   {line}"
         )
 
+    @property
+    def caveat(self) -> str:
+        """What explain does not model of the profile's compiler ('' where it does): on the first line."""
+        return str(getattr(self.profile, "caveat", ""))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "complete": self.complete,
             "profile": getattr(self.profile, "name", str(self.profile)),
+            "caveat": self.caveat,
             "unfollowed_at": list(self.unfollowed_at),
             "mesh": {m.name: m.size for m in self.mesh},
             "flops": self.flops,

@@ -326,7 +326,7 @@ class TracedProgram:
         # all-gathers to the argument's last use (measured on the corpus: the FSDP ratios are 0.94-1.12 with
         # them, 0.45-0.81 without), but the planner's FSDP memory budget is built on the sharded figure
         # (tests/test_planner.py); see docs/analysis.md.
-        peak = _peak_bytes(self.jaxpr, layouts, walker.sub_envs)
+        peak = _peak_bytes(self.jaxpr, layouts, walker.sub_envs, tiling=self.costs.profile.tiling)
         ops = tuple(walker.ops)
         phases: dict[str, dict[str, float]] = {}
         for op in ops:
