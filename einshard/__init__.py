@@ -55,7 +55,7 @@ __all__ = [
     "clear_caches",
 ]
 
-# Names that left the top level in 0.4 (README, "Migrating to 0.4"): still reachable, with a warning that
+# Names that left the top level in 0.4 (docs/architecture.md, "Renamed in 0.4"): still reachable, with a warning that
 # names their home.  name -> (module, attribute).
 _MOVED: dict[str, tuple[str, str]] = {
     "Plan": ("einshard.analysis", "EinsumPlan"),
