@@ -4,7 +4,7 @@ Run from the repository root::
 
     python benchmarks/bench_checkpoint.py                  # 256 MiB over 8 simulated CPU devices, 3 repeats
     python benchmarks/bench_checkpoint.py --mib 1024       # the 1 GiB (needs ~5 GiB free, minutes)
-    python benchmarks/bench_checkpoint.py --update-readme  # also refresh README.md's table
+    python benchmarks/bench_checkpoint.py --update-docs    # also refresh docs/benchmarks.md's table
 
 Every measurement runs in a fresh process (so its peak host memory is its own):
 the child builds the pytree directly on the devices (no host copy), does the
@@ -40,8 +40,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-README_START = "<!-- bench:checkpoint:start -->"
-README_END = "<!-- bench:checkpoint:end -->"
 # The pytree: a transformer-like set of leaves, sharded several ways over a (data=4, model=2) mesh.
 LAYOUTS = {
     "embed": ("v d", "v d -> v@data d"),
@@ -207,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=int, default=8, help="simulated CPU devices (a multiple of 4)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument("--update-readme", action="store_true")
+    p.add_argument("--update-docs", action="store_true", help="replace the table on docs/benchmarks.md")
     p.add_argument("--table-only", action="store_true", help="rewrite the table from checkpoint.json, no measuring")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--format", choices=("orbax", "npz"), help=argparse.SUPPRESS)
@@ -323,12 +321,11 @@ def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "checkpoint.md").write_text(table + "\n")
     print(table)
-    if args.update_readme:
+    if args.update_docs:
         sys.path.insert(0, str(ROOT / "benchmarks"))
-        from update_readme import update
+        from update_docs import PAGE, update
 
-        readme = ROOT / "README.md"
-        readme.write_text(update(readme.read_text(), "checkpoint", table))
+        PAGE.write_text(update(PAGE.read_text(), "checkpoint", table))
     return 0
 
 

@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/bench_placement.py                  # 8 simulated CPU devices
-    python benchmarks/bench_placement.py --update-readme  # also refresh README.md's table
+    python benchmarks/bench_placement.py --update-docs    # also refresh docs/benchmarks.md's table
     python benchmarks/bench_placement.py --backend cuda   # a real accelerator: no simulated devices
 
 Every case times einshard and its baseline in the same run, interleaved
@@ -13,9 +13,9 @@ sharding object einshard resolves to (built once with ``einshard.sharding``),
 so the difference is einshard's own per-call cost.
 
 Writes ``benchmarks/results/placement.json`` (raw timings, machine, versions)
-and ``benchmarks/results/placement.md`` (the table).  With ``--update-readme``
+and ``benchmarks/results/placement.md`` (the table).  With ``--update-docs``
 the table replaces the text between ``<!-- bench:placement:start -->`` and
-``<!-- bench:placement:end -->`` in README.md.
+``<!-- bench:placement:end -->`` in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-README_START = "<!-- bench:placement:start -->"
-README_END = "<!-- bench:placement:end -->"
+PAGE_START = "<!-- bench:placement:start -->"
+PAGE_END = "<!-- bench:placement:end -->"
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -52,10 +52,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--devices", type=int, default=8, help="simulated CPU device count (cpu backend only)")
     p.add_argument("--size", type=int, default=4096, help="side of the large square float32 array")
-    p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke test, not for the README)")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke test, not for the docs)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="results folder")
-    p.add_argument("--update-readme", action="store_true", help="replace the table between the README markers")
-    p.add_argument("--readme", type=Path, default=ROOT / "README.md", help="the README --update-readme edits")
+    p.add_argument("--update-docs", action="store_true", help="replace the table between the page's markers")
+    p.add_argument("--page", type=Path, default=ROOT / "docs" / "benchmarks.md", help="the page --update-docs edits")
     return p.parse_args(argv)
 
 
@@ -74,9 +74,9 @@ def _configure_devices(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    if args.update_readme:
+    if args.update_docs:
         # Fail before spending two minutes measuring.
-        _check_markers(args.readme)
+        _check_markers(args.page)
     _configure_devices(args)
     sys.path.insert(0, str(ROOT))  # this checkout's einshard, not an installed one
     results = run_all(size=args.size, quick=args.quick)
@@ -86,34 +86,32 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "placement.md").write_text(table)
     print(table)
     print(f"wrote {args.out / 'placement.json'} and {args.out / 'placement.md'}")
-    if args.update_readme:
-        _update_readme(args.readme, table)
-        print(f"updated {args.readme}")
+    if args.update_docs:
+        _update_page(args.page, table)
+        print(f"updated {args.page}")
     return 0
 
 
-def _check_markers(readme: Path) -> str:
-    if not readme.exists():
-        raise SystemExit(f"--update-readme: {readme} does not exist")
-    text = readme.read_text()
-    start, end = text.find(README_START), text.find(README_END)
+def _check_markers(page: Path) -> str:
+    if not page.exists():
+        raise SystemExit(f"--update-docs: {page} does not exist")
+    text = page.read_text()
+    start, end = text.find(PAGE_START), text.find(PAGE_END)
     if start < 0 or end < 0 or end < start:
         raise SystemExit(
-            f"--update-readme: {readme} must contain the markers {README_START!r} and then {README_END!r} "
+            f"--update-docs: {page} must contain the markers {PAGE_START!r} and then {PAGE_END!r} "
             "(each once); add them where the placement table belongs"
         )
-    if text.count(README_START) != 1 or text.count(README_END) != 1:
-        raise SystemExit(
-            f"--update-readme: {readme} has {README_START!r} or {README_END!r} more than once; keep one of each"
-        )
+    if text.count(PAGE_START) != 1 or text.count(PAGE_END) != 1:
+        raise SystemExit(f"--update-docs: {page} has {PAGE_START!r} or {PAGE_END!r} more than once; keep one of each")
     return text
 
 
-def _update_readme(readme: Path, table: str) -> None:
-    text = _check_markers(readme)
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    readme.write_text(f"{head}{README_START}\n{table.strip()}\n{README_END}{tail}")
+def _update_page(page: Path, table: str) -> None:
+    text = _check_markers(page)
+    head, rest = text.split(PAGE_START, 1)
+    _, tail = rest.split(PAGE_END, 1)
+    page.write_text(f"{head}{PAGE_START}\n{table.strip()}\n{PAGE_END}{tail}")
 
 
 # ---------------------------------------------------------------------------

@@ -146,14 +146,20 @@ def heuristic_gap(trials: int, seed: int = 0) -> dict:
         x = jax.ShapeDtypeStruct((b, dims[0]), jnp.float32)
         # the dp preset's memory does not depend on the budget: cost only the starts (dp, fsdp)
         starts = pl.plan(
-            make(n), params, x, mesh=mesh, profile="h100", objective=obj, exhaustive_limit=0, max_evaluations=1
+            make(n),
+            params,
+            x,
+            mesh=mesh,
+            profile="h100",
+            objective=obj,
+            search=pl.SearchOptions(exhaustive_limit=0, max_evaluations=1),
         )
         dp = next(a for a in starts.alternatives if a.label == "preset dp")
         frac = rng.choice([None, 0.5, 0.9])
         budget = None if frac is None else int(frac * dp.memory_bytes)
         kw = dict(mesh=mesh, profile="h100", objective=obj, memory_budget=budget)
-        ex = pl.plan(make(n), params, x, exhaustive_limit=10**6, **kw)
-        cd = pl.plan(make(n), params, x, exhaustive_limit=0, **kw)
+        ex = pl.plan(make(n), params, x, search=pl.SearchOptions(exhaustive_limit=10**6), **kw)
+        cd = pl.plan(make(n), params, x, search=pl.SearchOptions(exhaustive_limit=0), **kw)
         key = {"training": "time_s", "inference": "time_s", "memory": "memory_bytes", "communication": "comm_bytes"}
         what = key[obj] if ex.fits else "memory_bytes"  # nothing fits: both return the least memory
         a, c = getattr(ex, what), getattr(cd, what)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from einshard.planner import plan  # noqa: E402
+from einshard.planner import SearchOptions, plan  # noqa: E402
 from einshard.targets import libtpu_available  # noqa: E402
 from einshard_apps.models import llama  # noqa: E402
 
@@ -50,7 +50,7 @@ def _plan_once(layers: int, unroll: bool, max_evaluations: int, seq: int, verify
         batch,
         target="tpu:v5p:4x4x4",
         verify=verify,
-        max_evaluations=max_evaluations,
+        search=SearchOptions(max_evaluations=max_evaluations),
         memory_budget=budget,
     )
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu

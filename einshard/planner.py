@@ -13,6 +13,7 @@ from ._src.planner import (
     LayoutPlan,
     PipelineCost,
     PipelineSearch,
+    SearchOptions,
     Verified,
     parse_bytes,
     plan,
@@ -20,6 +21,7 @@ from ._src.planner import (
 
 __all__ = [
     "plan",
+    "SearchOptions",
     "LayoutPlan",
     "PipelineSearch",
     "PipelineCost",

@@ -1,4 +1,4 @@
-"""The analyzer on its own: primitives, transition, the textbook cases of theory.md (V1-V13), names, errors.
+"""The analyzer on its own: primitives, transition, the textbook cases of docs/theory.md (V1-V13), names, errors.
 
 XLA agreement is tested in test_analysis_vs_xla.py; these run in milliseconds.
 """
@@ -99,7 +99,7 @@ def test_transition_v11_and_composites():
 
 
 # ---------------------------------------------------------------------------
-# The textbook cases of theory.md (mesh x=4 or (x=2, y=4), f32)
+# The textbook cases of docs/theory.md (mesh x=4 or (x=2, y=4), f32)
 
 SZ = {"b": 64, "x": 128, "y": 256}
 

@@ -23,7 +23,7 @@ What is asserted:
   XLA's collectives, kinds and bytes, are
   exactly those of one of the analyzer's options (its choice among gather /
   reduce / all-to-all is listed, with the cost the analyzer gives it);
-* the textbook 2-D cases of theory.md (V6-V9, V11): exactly the analyzer's
+* the textbook 2-D cases of docs/theory.md (V6-V9, V11): exactly the analyzer's
   options.
 
 Not asserted, measured (see the report in docs/analysis.md): on random 2-D

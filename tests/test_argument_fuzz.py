@@ -368,14 +368,9 @@ TABLE: dict[str, Entry | Record | Constant] = {
             "param_args": lambda: ["0", 0, (0, 0), (-1,), (5,), (1.0,), (NAN,)],
             "data_args": lambda: ["1", 1, (1, 1), (-1,), (5,), (0,)],  # (0,): argument 0 holds the parameters
             "optimizer_bytes_per_param": _number(0, optional=True),
-            "exhaustive_limit": _int(0),
-            "max_evaluations": _int(1),
-            "restarts": _int(0),
-            "pair_limit": _int(0),
-            "seed": lambda: [1.5, NAN, "0", b"0", None, True],
             "presets": lambda: [3, "dp", {3: ("a", "b")}],
-            "n_alternatives": _int(0),
             "pipeline": lambda: [3, "gpipe", {"hidden": 8}],
+            "search": lambda: [3, "exhaustive", {"max_evaluations": 4}, (256, 160)],
             # (None is the default; a count above the candidates compiles them all, as documented)
             "verify": lambda: [-1, -(10**9), 1.5, NAN, INF, "1", True, b"2"],
             "target": _target,
@@ -866,6 +861,17 @@ SUBMODULE_TABLE: dict[str, Entry | Record | Constant] = {
             "schedules": lambda: ["gpipe", ("nope",), (), (3,)],
             "microbatches": lambda: [(0,), (-1,), (1.5,), 4, (), ("2",)],
             "repeats": _int(2),
+        },
+    ),
+    "einshard.planner.SearchOptions": Entry(
+        dict,
+        {
+            "exhaustive_limit": _int(0),
+            "max_evaluations": _int(1),
+            "restarts": _int(0),
+            "pair_limit": _int(0),
+            "seed": lambda: [1.5, NAN, "0", b"0", None, True],
+            "n_alternatives": _int(0),
         },
     ),
     "einshard.planner.parse_bytes": Entry(

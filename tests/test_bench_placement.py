@@ -1,4 +1,4 @@
-"""The placement benchmark script runs and writes its results; README markers are handled strictly.
+"""The placement benchmark script runs and writes its results; the docs page's markers are handled strictly.
 
 Nothing here asserts a speed (speed belongs to the benchmark's own report):
 it checks that the script keeps working as the library changes.
@@ -31,12 +31,12 @@ def bench():
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
-    readme = out / "README.md"
+    readme = out / "benchmarks.md"
     readme.write_text("# t\n\nabove\n<!-- bench:placement:start -->\nold table\n<!-- bench:placement:end -->\nbelow\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--size", "256", "--out", str(out), "--update-readme",
-         "--readme", str(readme)],
+        [sys.executable, str(SCRIPT), "--quick", "--size", "256", "--out", str(out), "--update-docs",
+         "--page", str(readme)],
         capture_output=True, text=True, env=env, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -61,7 +61,7 @@ def test_quick_run_writes_json_and_markdown(quick_run):
     assert "Quick run" in table
 
 
-def test_update_readme_replaces_only_between_the_markers(quick_run):
+def test_update_docs_replaces_only_between_the_markers(quick_run):
     out, readme = quick_run
     text = readme.read_text()
     assert text.startswith("# t\n\nabove\n<!-- bench:placement:start -->\n")
@@ -79,19 +79,19 @@ def test_update_readme_replaces_only_between_the_markers(quick_run):
     ],
     ids=["missing", "reversed", "twice"],
 )
-def test_update_readme_fails_clearly_without_proper_markers(bench, tmp_path, content):
-    readme = tmp_path / "README.md"
+def test_update_docs_fails_clearly_without_proper_markers(bench, tmp_path, content):
+    readme = tmp_path / "benchmarks.md"
     readme.write_text(content)
     with pytest.raises(SystemExit, match="bench:placement"):
-        bench._update_readme(readme, "table")
+        bench._update_page(readme, "table")
     assert readme.read_text() == content
 
 
 def test_missing_markers_fail_before_measuring(tmp_path):
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "benchmarks.md"
     readme.write_text("nothing\n")
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--update-readme", "--readme", str(readme), "--out", str(tmp_path)],
+        [sys.executable, str(SCRIPT), "--update-docs", "--page", str(readme), "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode != 0

@@ -177,7 +177,7 @@ def test_rs_hlo_contract(name, mesh_key):
     f, _, shapes, n = build(name, mesh_key, 4, "sync", precision=HI)
     hlo = jax.jit(f).lower(*_operands(shapes, 0)).compile().as_text()
     assert _count(hlo, "collective-permute") == 0
-    # CPU lowers a reduce-scatter as all-reduce + dynamic-slice (theory.md V2)
+    # CPU lowers a reduce-scatter as all-reduce + dynamic-slice (docs/theory.md V2)
     assert _count(hlo, "reduce-scatter") == 1 or (_count(hlo, "all-reduce") == 1 and "dynamic-slice" in hlo)
 
 

@@ -334,3 +334,28 @@ def test_the_multihost_page_runs_in_two_processes(tmp_path):
     losses = [out.strip().rsplit(" ", 1)[-1] for out, _ in outs]
     assert losses[0] == losses[1], outs
     assert "process 0" in outs[0][0] and "process 1" in outs[1][0]
+
+
+# -- the pages link up -------------------------------------------------------------------------------------------
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def relative_links(text: str) -> list[str]:
+    """The targets of a page's Markdown links that point into the repository (no scheme, no bare anchor)."""
+    prose = re.sub(r"`[^`]*`", "", _FENCED.sub("", text))  # code (``x.at[i](...)``) is not a link
+    return [t for t in _LINK.findall(prose) if not re.match(r"[a-z]+:|#", t)]
+
+
+def test_every_docs_page_is_in_the_index():
+    index = (ROOT / "docs" / "index.md").read_text()
+    listed = {t.split("#")[0] for t in relative_links(index)}
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert pages <= listed, f"docs/index.md does not list {sorted(pages - listed)}"
+    assert "docs/index.md" in relative_links((ROOT / "README.md").read_text())
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_names_a_file_that_exists(page):
+    missing = [t for t in relative_links(page.read_text()) if not (page.parent / t.split("#")[0]).exists()]
+    assert not missing, f"{page.name} links to {missing}"

@@ -50,7 +50,7 @@ def _megatron(p, x):
 
 
 def test_megatron_mlp_forward_matches_xla(mesh):
-    """theory.md V10: column- then row-parallel; one all-reduce of [B, D], nothing between the matmuls."""
+    """docs/theory.md V10: column- then row-parallel; one all-reduce of [B, D], nothing between the matmuls."""
     p = {"w1": _sds(128, 256), "w2": _sds(256, 128)}
     x = _sds(64, 128)
     specs = ({"w1": P(None, "model"), "w2": P("model", None)}, P())
@@ -60,7 +60,7 @@ def test_megatron_mlp_forward_matches_xla(mesh):
 
 
 def test_data_parallel_gradient_matches_xla(mesh):
-    """theory.md V12: DP gradient = one all-reduce of dW (the primal loss XLA drops is not counted)."""
+    """docs/theory.md V12: DP gradient = one all-reduce of dW (the primal loss XLA drops is not counted)."""
 
     def loss(w, x):
         return jnp.mean((x @ w) ** 2)

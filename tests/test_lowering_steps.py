@@ -1,4 +1,4 @@
-"""Hand-written step lists for the textbook sharded einsums (theory.md V1-V12) run as shard_maps.
+"""Hand-written step lists for the textbook sharded einsums (docs/theory.md V1-V12) run as shard_maps.
 
 Each case: the result equals jnp.einsum, has the requested layout, and jax.grad of a
 scalar function of it equals the unsharded gradient (AD transposes the collectives).
@@ -217,7 +217,7 @@ def test_textbook_case(case, kind, mode):
             break
         n = _count(hlo, op)
         if op == "reduce-scatter" and expected.get(op) and n == 0:
-            # CPU lowers a reduce-scatter as all-reduce + dynamic-slice (theory.md V2)
+            # CPU lowers a reduce-scatter as all-reduce + dynamic-slice (docs/theory.md V2)
             assert _count(hlo, "all-reduce") == expected[op] and "dynamic-slice" in hlo
             continue
         if op == "all-reduce" and expected.get("reduce-scatter") and n:

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from einshard._src.analysis.program.walker import Walker
-from einshard.planner import plan
+from einshard.planner import SearchOptions, plan
 
 WIDTH, FFN, BATCH = 32, 64, 16
 
@@ -73,7 +73,14 @@ def _walks(loss, params) -> tuple[int, int, int]:
     x = jax.ShapeDtypeStruct((BATCH, WIDTH), jnp.float32)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Walker, "walk", counting)
-        result = plan(jax.value_and_grad(loss), params, x, mesh={"data": 4, "model": 2}, verify=0, max_evaluations=24)
+        result = plan(
+            jax.value_and_grad(loss),
+            params,
+            x,
+            mesh={"data": 4, "model": 2},
+            verify=0,
+            search=SearchOptions(max_evaluations=24),
+        )
     return counts["program"], counts["all"], result.evaluated
 
 

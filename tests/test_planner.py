@@ -105,11 +105,13 @@ def test_plan_equals_brute_force_optimum(n_layers, dims, batch, mesh, objective,
         profile="h100",
         objective=objective,
         memory_budget=budget,
-        exhaustive_limit=0 if heuristic else 10**6,
-        # No random restarts (the default): the relabel and forced moves get the descent out of the local
-        # optima of coupled groups (tests/test_planner_descent.py has cases where it stopped short before them).
-        restarts=0,
-        max_evaluations=10**6,
+        search=pl.SearchOptions(
+            exhaustive_limit=0 if heuristic else 10**6,
+            # No random restarts (the default): the relabel and forced moves get the descent out of the local
+            # optima of coupled groups (tests/test_planner_descent.py has cases where it stopped short before them).
+            restarts=0,
+            max_evaluations=10**6,
+        ),
     )
     assert result.method == ("coordinate descent" if heuristic else "exhaustive")
     assert result.fits == feasible

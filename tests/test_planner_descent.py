@@ -34,12 +34,14 @@ def descent_vs_exhaustive(dims, batch, mesh, objective, budget_frac, **kw):
     common = dict(mesh=mesh, profile="h100", objective=objective)
     budget = None
     if budget_frac is not None:  # the dp preset's memory does not depend on the budget: cost only the starts
-        starts = pl.plan(mlp_step(n), params, x, exhaustive_limit=0, max_evaluations=1, **common)
+        starts = pl.plan(
+            mlp_step(n), params, x, search=pl.SearchOptions(exhaustive_limit=0, max_evaluations=1), **common
+        )
         dp = next(a for a in starts.alternatives if a.label == "preset dp")
         budget = int(budget_frac * dp.memory_bytes)
     common["memory_budget"] = budget
-    descent = pl.plan(mlp_step(n), params, x, exhaustive_limit=0, **common, **kw)
-    exhaustive = pl.plan(mlp_step(n), params, x, exhaustive_limit=10**6, **common)
+    descent = pl.plan(mlp_step(n), params, x, search=pl.SearchOptions(exhaustive_limit=0, **kw), **common)
+    exhaustive = pl.plan(mlp_step(n), params, x, search=pl.SearchOptions(exhaustive_limit=10**6), **common)
     assert descent.method == "coordinate descent" and exhaustive.method == "exhaustive"
     return descent, exhaustive
 

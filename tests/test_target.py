@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 import einshard
 from einshard._src.planner.verify import compiled_numbers, predicted_kinds
 from einshard.errors import EinshardError
-from einshard.planner import plan
+from einshard.planner import SearchOptions, plan
 from einshard.targets import CHIPS, libtpu_available, parse_target, target_mesh
 
 needs_libtpu = pytest.mark.skipif(
@@ -81,7 +81,14 @@ def test_a_mesh_of_another_size_than_the_target_is_refused():
 
 def test_gpu_target_plans_on_its_profile_and_says_no_compiler_checked():
     params, x = _mlp(256, 1024, 64)
-    result = plan(jax.value_and_grad(_mlp_loss), params, x, target="gpu:h100x8", verify=2, max_evaluations=20)
+    result = plan(
+        jax.value_and_grad(_mlp_loss),
+        params,
+        x,
+        target="gpu:h100x8",
+        verify=2,
+        search=SearchOptions(max_evaluations=20),
+    )
     assert result.verification == ()
     assert result.report.profile.name == "h100"
     assert {m.name: m.size for m in result.report.mesh} == {"data": 8}
@@ -107,7 +114,7 @@ def test_plan_on_a_tpu_target_fits_by_the_compilers_numbers_where_replicated_doe
     params, x = _mlp()
     fn = jax.value_and_grad(_mlp_loss)
     budget = 400 * 2**20
-    result = plan(fn, params, x, target=spec, memory_budget=budget, verify=1, max_evaluations=12)
+    result = plan(fn, params, x, target=spec, memory_budget=budget, verify=1, search=SearchOptions(max_evaluations=12))
     assert result.fits and result.verification
     chosen = next(v for v in result.verification if v.chosen)
     assert chosen.compiler == f"TPU compiler ({target.topology_name})"
@@ -211,7 +218,14 @@ def test_a_candidate_the_target_compiler_fails_on_is_reported_and_ranked_last(mo
 
     monkeypatch.setattr(verify, "compiled_numbers", first_fails)
     params, x = _mlp(256, 1024, 64)
-    result = plan(jax.value_and_grad(_mlp_loss), params, x, target="tpu:v5e:2x2", verify=2, max_evaluations=12)
+    result = plan(
+        jax.value_and_grad(_mlp_loss),
+        params,
+        x,
+        target="tpu:v5e:2x2",
+        verify=2,
+        search=SearchOptions(max_evaluations=12),
+    )
     failed = [v for v in result.verification if v.error]
     assert len(failed) == 1 and "RET_CHECK" in failed[0].error and not failed[0].chosen
     assert result.verification[-1] is failed[0] and result.verification[0].chosen and not result.verification[0].error
@@ -219,7 +233,14 @@ def test_a_candidate_the_target_compiler_fails_on_is_reported_and_ranked_last(mo
 
     monkeypatch.setattr(verify, "compiled_numbers", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(EinshardError, match=r"compiled none of the .* candidates.*boom"):
-        plan(jax.value_and_grad(_mlp_loss), params, x, target="tpu:v5e:2x2", verify=2, max_evaluations=12)
+        plan(
+            jax.value_and_grad(_mlp_loss),
+            params,
+            x,
+            target="tpu:v5e:2x2",
+            verify=2,
+            search=SearchOptions(max_evaluations=12),
+        )
 
 
 @needs_libtpu

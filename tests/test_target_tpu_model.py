@@ -16,13 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from einshard._src.analysis.cost import COMPILER_CAVEATS, PROFILES, Profile, buffer_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
+from einshard._src.analysis.cost import COMPILER_CAVEATS, PROFILES, Profile, buffer_bytes
 from einshard.errors import EinshardError
 from einshard.targets import libtpu_available, parse_target, target_mesh
 from einshard.testing import hlo

@@ -305,7 +305,7 @@ def test_megatron_collectives_and_explain(kind, auto, explicit):
 
 
 def test_data_parallel_gradient_is_explained(auto):
-    """theory.md V12: the gradient of a replicated weight under a data-split batch is one all-reduce."""
+    """docs/theory.md V12: the gradient of a replicated weight under a data-split batch is one all-reduce."""
 
     def loss(w, x):
         return jnp.mean((x @ w) ** 2)

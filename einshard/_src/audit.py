@@ -36,7 +36,7 @@ from .errors import EinshardError
 from .interop._leaves import ImportedRules, LeafMatch, imported, leaves_of
 from .interop.keras import from_keras
 from .planner import LayoutPlan, plan
-from .planner.inputs import parse_bytes
+from .planner.inputs import Objective, parse_bytes
 from .tree_rules import Rules, compile_rules, leaf_expressions
 
 __all__ = ["audit", "AuditReport", "RuleUse", "LayoutDifference"]
@@ -235,7 +235,7 @@ def audit(
     data_rules: Rules | Sequence[Rules] | None = None,
     batch_axis: str | tuple[str, ...] | None = None,
     profile: Any = None,
-    objective: str = "training",
+    objective: Objective = "training",
     axis_rules: AxisRulesLike | None = None,
 ) -> AuditReport:
     """Audit a rule set on a model step: what each rule matches, what no rule matches (replicated, by bytes),
@@ -274,7 +274,7 @@ def _audit(
     data_rules: Any,
     batch_axis: Any,
     profile: Any,
-    objective: str,
+    objective: Objective,
 ) -> AuditReport:
     found = resolve_mesh(mesh, args, what="einshard.audit", check_operands=False)
     assert found is not None  # required=True raises instead

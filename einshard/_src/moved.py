@@ -1,4 +1,4 @@
-"""Names that left the top level in 0.4 (README, "Migrating to 0.4"): still reachable as ``einshard.<name>``, with a
+"""Names that left the top level in 0.4 (docs/architecture.md, "Renamed in 0.4"): still reachable as ``einshard.<name>``, with a
 warning that names their public home.  The root re-exports :func:`__getattr__` (a face holds no logic)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What communication and compute cost: hardware profiles and the :class:`Collective` record.
 
-Bytes follow the ring formulas of the scaling book (theory.md §b).  ``V`` is
+Bytes follow the ring formulas of the scaling book (docs/theory.md §b).  ``V`` is
 the *full-along-the-axis* buffer one device group works on: the array's
 bytes divided by the sharding factors of the other mesh axes.
 

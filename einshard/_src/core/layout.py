@@ -452,7 +452,7 @@ def resolve_counts(expr: Expression, shape: tuple[int, ...], n_devices: int) -> 
             shares = split_devices(left, weights, dims)
         except ValueError as err:
             raise expr.fail(
-                str(err), starred[0].column, "See 'Splitting devices between stars' in the README."
+                str(err), starred[0].column, "See 'Splitting devices between stars' in docs/syntax.md."
             ) from None
         it = iter(shares)
         counts = [next(it) if i.star else c for i, c in zip(items, counts)]

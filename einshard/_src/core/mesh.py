@@ -2,7 +2,7 @@
 
 Every public function that needs a mesh asks :func:`resolve_mesh`, so the
 same call finds the same mesh everywhere.  The precedence, documented once in
-the README ("Where einshard finds the mesh"):
+docs/syntax.md ("Where einshard finds the mesh"):
 
 1. ``mesh=`` given explicitly: a ``jax.sharding.Mesh``, an ``AbstractMesh``,
    or a dict of axis sizes ``{'data': 4, 'model': 2}`` (only shapes matter:

@@ -16,7 +16,7 @@ tracks the layout through them with :func:`apply_to_layout`.
 a dimension the target shards, slicing that dimension further in the same
 step; else AR), then free slices (so everything after moves less), then
 all-to-alls, then gathers (which grow the data: last), and a permute if only the order of mesh axes differs.  This is
-XLA's reshard rule set (theory.md: "slices are free; one AG'd dim gives an
+XLA's reshard rule set (docs/theory.md: "slices are free; one AG'd dim gives an
 AG; one AG'd dim plus one sliced dim gives an AllToAll").  Gathering a mesh
 axis that is not the minor-most one of its dimension first permutes it
 there, which is what XLA emits (``[a@(x,y)] → [a@y]`` compiles to a

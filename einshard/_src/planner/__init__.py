@@ -9,7 +9,7 @@ The package: :mod:`.inputs` (budget, mesh, shapes), :mod:`.groups` (parameter
 groups and candidate layouts), :mod:`.scoring` (an assignment's compute,
 communication and memory), :mod:`.search` (exhaustive or guided descent),
 :mod:`.explanation` (names and the ``why``), :mod:`.result` (``LayoutPlan``),
-:mod:`.core` (``plan``).
+:mod:`.options` (``SearchOptions``: how the search walks), :mod:`.core` (``plan``).
 
 How it works:
 
@@ -42,7 +42,8 @@ How it works:
    An assignment over ``memory_budget`` ranks after every one that fits.
 4. **Search** (:mod:`.search`): exhaustive when there are at most
    ``exhaustive_limit`` (256) assignments, else a guided coordinate descent
-   that costs at most ``max_evaluations`` (160) of them.
+   that costs at most ``max_evaluations`` (160) of them (both
+   :class:`SearchOptions` fields: ``plan(..., search=SearchOptions(...))``).
 5. **Verify** (:mod:`.verify`, ``verify=k``; on by default when the program
    has an op without a layout rule): the k best and the best preset are
    compiled with XLA, shapes only, and ranked by the compiled collectives
@@ -64,9 +65,10 @@ Example:
 from __future__ import annotations
 
 from .. import _checks
-from .core import EXHAUSTIVE_LIMIT, MAX_EVALUATIONS, PAIR_LIMIT, SMALL_GROUP_FRACTION, plan
+from .core import SMALL_GROUP_FRACTION, plan
 from .groups import Candidate, Group, batch_candidates, param_candidates, param_groups
 from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes
+from .options import EXHAUSTIVE_LIMIT, MAX_EVALUATIONS, PAIR_LIMIT, SearchOptions
 from .pipelines import PipelineCost, PipelineSearch
 from .result import Alternative, LayoutPlan
 from .verify import DEFAULT_VERIFY, Verified
@@ -81,6 +83,7 @@ _checks.RULES["budget"] = _budget_rule  # for the public wrappers that take a bu
 
 __all__ = [
     "plan",
+    "SearchOptions",
     "LayoutPlan",
     "PipelineSearch",
     "PipelineCost",

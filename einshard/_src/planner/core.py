@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import jax
 
-from .._checks import check_callable, check_int, check_int_sequence, check_number, describe_value
+from .._checks import check_callable, check_int_sequence, check_number, describe_value
 from ..analysis.cost import human_bytes, human_time
 from ..analysis.program import trace
+from ..core.layout import MeshAxis
 from ..core.logical import AxisRulesLike, takes_axis_rules
 from ..errors import EinshardError
 from .explanation import batch_strategy, explain_choice, short, strategy
 from .groups import Group, batch_candidates, param_candidates, param_groups, search_candidates
-from .inputs import OBJECTIVES, mesh_axes_of, parse_bytes, shape_of
+from .inputs import OBJECTIVES, Objective, mesh_axes_of, parse_bytes, shape_of
+from .options import FIELDS, SearchOptions, search_options
 from .pipelines import PipelineCost, PipelineSearch, best_pipeline, cost_pipelines
 from .result import Alternative, LayoutPlan
 from .roles import weight_roles
@@ -32,44 +35,11 @@ if TYPE_CHECKING:
 
 __all__ = ["plan"]
 
-EXHAUSTIVE_LIMIT = 256
-MAX_EVALUATIONS = 160
-PAIR_LIMIT = 512
 SMALL_GROUP_FRACTION = 1e-2
 
 PresetRules = tuple[Mapping[str, str] | str, Mapping[str, str] | str | Sequence[Mapping[str, str] | str]]
-
-
-# The smallest value each count of plan() takes: 0 where "none" means something (no exhaustive search, no
-# restarts, no pairs, no alternatives), 1 where the search needs at least one.
-_COUNT_MINIMUMS = {"exhaustive_limit": 0, "max_evaluations": 1, "restarts": 0, "pair_limit": 0, "n_alternatives": 0}
-
-
-def _check_search_options(**options: Any) -> None:
-    """plan()'s options, each wrong one an EinshardError naming it (before any tracing)."""
-    where = "einshard.plan"
-    indices: dict[str, tuple[int, ...]] = {}
-    for name in ("param_args", "data_args"):
-        if options[name] is not None:
-            indices[name] = check_int_sequence(options[name], where, name)
-    params = set(indices.get("param_args", (0,)))  # (plan's default: the first argument holds the parameters)
-    if "data_args" in indices and params & set(indices["data_args"]):
-        shared = sorted(params & set(indices["data_args"]))
-        raise EinshardError(f"{where}: param_args= and data_args= both list argument {shared[0]}")
-    if options["optimizer_bytes_per_param"] is not None:
-        check_number(options["optimizer_bytes_per_param"], where, "optimizer_bytes_per_param", minimum=0)
-    for name, minimum in _COUNT_MINIMUMS.items():
-        check_int(options[name], where, name, minimum=minimum)
-    check_int(options["seed"], where, "seed")
-    presets = options["presets"]
-    if presets is not None and (not isinstance(presets, Mapping) or not all(isinstance(k, str) for k in presets)):
-        raise EinshardError(
-            f"{where}: presets= takes {{name: (param_rules, data_rules)}}, got {describe_value(presets)}"
-        )
-    if options["pipeline"] is not None and not isinstance(options["pipeline"], PipelineSearch):
-        raise EinshardError(
-            f"{where}: pipeline= takes an einshard.planner.PipelineSearch, got {describe_value(options['pipeline'])}"
-        )
+Assign = tuple[int, ...]
+Rules = tuple[dict[str, str], tuple[dict[str, str | None], ...]]
 
 
 @takes_axis_rules()
@@ -79,20 +49,15 @@ def plan(
     mesh: Any = None,
     profile: Any = None,
     memory_budget: int | float | str | None = None,
-    objective: str = "training",
+    objective: Objective = "training",
     param_args: Sequence[int] | None = None,
     data_args: Sequence[int] | None = None,
     optimizer_bytes_per_param: float | None = None,
-    exhaustive_limit: int = EXHAUSTIVE_LIMIT,
-    max_evaluations: int = MAX_EVALUATIONS,
-    restarts: int = 0,
-    pair_limit: int = PAIR_LIMIT,
-    seed: int = 0,
     presets: Mapping[str, PresetRules] | None = None,
-    n_alternatives: int = 5,
     pipeline: PipelineSearch | None = None,
     verify: int | None = None,
     target: Any = None,
+    search: SearchOptions | None = None,
     axis_rules: AxisRulesLike | None = None,
     **kwargs: Any,
 ) -> LayoutPlan:
@@ -100,7 +65,8 @@ def plan(
 
     Args:
         fn: a training step (or ``jax.value_and_grad`` of a loss) for ``'training'``, a forward pass for
-            ``'inference'``; called as ``fn(*args, **kwargs)``.
+            ``'inference'``; called as ``fn(*args, **kwargs)``: every keyword that is not ``plan``'s own reaches
+            ``fn``.
         args: pytrees of arrays or ``jax.ShapeDtypeStruct``s; the first is the parameters, the rest data.
         mesh: a Mesh, an AbstractMesh, or axis sizes ``{'data': 256, 'model': 8}`` (plan a 2048-device
             mesh from sizes only); default the mesh of ``jax.set_mesh``, else the arguments' mesh.
@@ -114,15 +80,9 @@ def plan(
             any other argument stays replicated.
         optimizer_bytes_per_param: optimizer state per parameter element (default 8, Adam's two f32
             moments, for ``'training'``; 0 otherwise).
-        exhaustive_limit: search exhaustively when there are at most this many assignments.
-        max_evaluations: otherwise, cost at most this many assignments (each walks the program once).
-        restarts: extra random starts of the descent (besides data parallel and fully sharded).
-        pair_limit: also try moving every two groups together when that is at most this many assignments.
         presets: hand-written layouts to cost alongside: ``{name: (param_rules, data_rules)}``; they appear
             in ``alternatives`` (``dp`` and ``fsdp`` are always there).  A preset that beats every
             assignment the search costed is returned as the plan (the explanation says so).
-        axis_rules: a table from logical axis names to mesh axes, for ``@batch``-style names in the step's
-            einshard calls and in ``presets`` (docs/logical-axes.md).
         pipeline: also cost pipeline layouts of the stacked layers (:class:`PipelineSearch`: the layer's
             activation shape, schedules, micro-batch counts) with the schedule model of
             :func:`einshard.pipeline_info`; the best appears in ``alternatives`` and is the plan when it
@@ -138,31 +98,19 @@ def plan(
             its HBM and :meth:`~einshard.targets.Target.default_mesh`; ``verify`` compiles with the TPU
             compiler over the slice's devices, shapes only: libtpu, ``pip install 'einshard[tpu]'``) or
             ``'gpu:h100x8'`` (a profile only: the plan says no compiler check was possible).
+        search: how the search walks the assignments (:class:`~einshard.planner.SearchOptions`: the
+            exhaustive limit, the descent's evaluations, restarts, pairs, seed, how many alternatives to list);
+            None: the defaults.
+        axis_rules: a table from logical axis names to mesh axes, for ``@batch``-style names in the step's
+            einshard calls and in ``presets`` (docs/logical-axes.md).
 
     Returns:
         A :class:`LayoutPlan`; ``result.rules`` plugs into ``einshard.einshard(params, result.rules, mesh=mesh)``.
     """
     start = time.perf_counter()
-    check_callable(fn, "einshard.plan", "fn")
-    if verify is not None and (isinstance(verify, bool) or not isinstance(verify, int) or verify < 0):
-        raise EinshardError(f"plan(): verify must be a count of candidates to compile (>= 0) or None, got {verify!r}")
-    if objective not in OBJECTIVES:
-        raise EinshardError(f"plan(): objective must be one of {OBJECTIVES}, got {objective!r}")
-    _check_search_options(
-        param_args=param_args,
-        data_args=data_args,
-        optimizer_bytes_per_param=optimizer_bytes_per_param,
-        exhaustive_limit=exhaustive_limit,
-        max_evaluations=max_evaluations,
-        restarts=restarts,
-        pair_limit=pair_limit,
-        seed=seed,
-        presets=presets,
-        n_alternatives=n_alternatives,
-        pipeline=pipeline,
+    options = _check_arguments(
+        fn, args, kwargs, objective, verify, param_args, data_args, optimizer_bytes_per_param, presets, pipeline, search
     )
-    if not args:
-        raise EinshardError("plan() needs the function's arguments (the parameters first)")
     tgt = _target_of(target)
     if tgt is not None:
         from ..targets import on_target
@@ -171,17 +119,191 @@ def plan(
         memory_budget = tgt.hbm_bytes if memory_budget is None else memory_budget
     budget = parse_bytes(memory_budget)
     mesh_axes = mesh_axes_of(mesh, args)
-    p_idx = list(param_args) if param_args is not None else [0]
-    d_idx = list(data_args) if data_args is not None else [i for i in range(len(args)) if i not in p_idx]
-    for i in p_idx + d_idx:
-        if not 0 <= i < len(args):
-            raise EinshardError(f"plan(): argument index {i} in param_args/data_args, but fn gets {len(args)}")
+    p_idx, d_idx = _argument_indices(args, param_args, data_args)
     params = tuple(args[i] for i in p_idx) if len(p_idx) != 1 else args[p_idx[0]]
     opt_bytes = (
         optimizer_bytes_per_param
         if optimizer_bytes_per_param is not None
         else (8.0 if objective == "training" else 0.0)
     )
+    space = _space(fn, args, kwargs, mesh_axes, profile, params, p_idx, d_idx, objective, budget, opt_bytes)
+    presets_assign = preset_assignments(space.groups, space.batch)
+    method, order = _search(space, presets_assign, mesh_axes, options)
+    checked = _verify(fn, kwargs, space, order, presets_assign, verify, tgt, mesh, args, mesh_axes)
+    run = _Run(
+        space=space,
+        order=checked.order,
+        best=checked.order[0],
+        presets_assign=presets_assign,
+        presets=presets or {},
+        options=options,
+        objective=objective,
+        budget=budget,
+        method=method,
+        start=start,
+    )
+    chosen = _choice(run)
+    pipe = None
+    if pipeline is not None:
+        pipe_alternatives, pipe = _pipeline_choice(run, chosen, pipeline)
+        chosen = dataclasses.replace(chosen, alternatives=chosen.alternatives + pipe_alternatives)
+    if pipe is not None:
+        _say_what_stays_replicated(params, pipe.rules)
+        return _pipeline_plan(run, chosen, pipe, checked.verification)
+    _say_what_stays_replicated(params, chosen.rules)
+    return _layout_plan(run, chosen, checked, mesh_axes)
+
+
+# -- checking the call ----------------------------------------------------------------------------------------------
+
+
+def _check_arguments(
+    fn: Any,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    objective: Any,
+    verify: Any,
+    param_args: Any,
+    data_args: Any,
+    optimizer_bytes_per_param: Any,
+    presets: Any,
+    pipeline: Any,
+    search: Any,
+) -> SearchOptions:
+    """plan()'s arguments, each wrong one an EinshardError naming it (before any tracing); the search options."""
+    where = "einshard.plan"
+    check_callable(fn, where, "fn")
+    if verify is not None and (isinstance(verify, bool) or not isinstance(verify, int) or verify < 0):
+        raise EinshardError(f"plan(): verify must be a count of candidates to compile (>= 0) or None, got {verify!r}")
+    if objective not in OBJECTIVES:
+        raise EinshardError(f"plan(): objective must be one of {OBJECTIVES}, got {objective!r}")
+    indices: dict[str, tuple[int, ...]] = {}
+    for name, value in (("param_args", param_args), ("data_args", data_args)):
+        if value is not None:
+            indices[name] = check_int_sequence(value, where, name)
+    params = set(indices.get("param_args", (0,)))  # (plan's default: the first argument holds the parameters)
+    if "data_args" in indices and params & set(indices["data_args"]):
+        shared = sorted(params & set(indices["data_args"]))
+        raise EinshardError(f"{where}: param_args= and data_args= both list argument {shared[0]}")
+    if optimizer_bytes_per_param is not None:
+        check_number(optimizer_bytes_per_param, where, "optimizer_bytes_per_param", minimum=0)
+    if presets is not None and (not isinstance(presets, Mapping) or not all(isinstance(k, str) for k in presets)):
+        raise EinshardError(
+            f"{where}: presets= takes {{name: (param_rules, data_rules)}}, got {describe_value(presets)}"
+        )
+    if pipeline is not None and not isinstance(pipeline, PipelineSearch):
+        raise EinshardError(
+            f"{where}: pipeline= takes an einshard.planner.PipelineSearch, got {describe_value(pipeline)}"
+        )
+    options = search_options(search, where)
+    _check_step_keywords(fn, kwargs)
+    if not args:
+        raise EinshardError("plan() needs the function's arguments (the parameters first)")
+    return options
+
+
+def _check_step_keywords(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    """A search knob written as a keyword (as before ``search=``) goes to ``fn``; where ``fn`` takes no such
+    keyword that would be a TypeError from inside the trace, so name the knob and its new home instead."""
+    knobs = sorted(FIELDS & set(kwargs))
+    if not knobs:
+        return
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or a callable object without a readable signature: let fn decide
+        return
+    takes = signature.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in takes.values()):
+        return
+    for knob in knobs:
+        if knob not in takes:
+            raise EinshardError(
+                f"einshard.plan: {knob}={kwargs[knob]!r} is a search option: pass "
+                f"search=einshard.planner.SearchOptions({knob}={kwargs[knob]!r}) (plan's other keywords go to fn, "
+                f"which takes no {knob}=)"
+            )
+
+
+def _argument_indices(
+    args: tuple[Any, ...], param_args: Sequence[int] | None, data_args: Sequence[int] | None
+) -> tuple[list[int], list[int]]:
+    """Which positional arguments hold the parameters and which the data (default: the first, and the rest)."""
+    p_idx = list(param_args) if param_args is not None else [0]
+    d_idx = list(data_args) if data_args is not None else [i for i in range(len(args)) if i not in p_idx]
+    for i in p_idx + d_idx:
+        if not 0 <= i < len(args):
+            raise EinshardError(f"plan(): argument index {i} in param_args/data_args, but fn gets {len(args)}")
+    return p_idx, d_idx
+
+
+# -- the space of assignments ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Space:
+    """The traced step's groups and batch with their candidates, the costs, and how an assignment reads."""
+
+    args: tuple[Any, ...]
+    d_idx: list[int]
+    groups: list[Group]
+    batch: Group
+    costs: Costs
+    roles: list[dict[int, Literal["in", "out"]]]
+    mesh_names: tuple[str, ...]
+
+    @property
+    def counts(self) -> list[int]:
+        return [len(g.candidates) for g in self.groups] + [len(self.batch.candidates)]
+
+    def rules_of(self, assign: Assign) -> Rules:
+        rules = {g.pattern: g.expression(g.candidates[c]) for g, c in zip(self.groups, assign)}
+        data_rules = []
+        for i in self.d_idx:
+            r: dict[str, str | None] = {}
+            for path, x in jax.tree_util.tree_flatten_with_path(self.args[i])[0]:
+                rank = len(shape_of(x))
+                pattern = "^" + re.escape(jax.tree_util.keystr(path)) + "$"
+                r[pattern] = self.batch.expression(self.batch.candidates[assign[-1]], rank) if rank else None
+            data_rules.append(r)
+        return rules, tuple(data_rules)
+
+    def strategies(self, assign: Assign) -> dict[str, str]:
+        """Each sharded group's strategy, by group display name (the label's parts)."""
+        bax = self.batch.candidates[assign[-1]].dims[0]
+        return {
+            g.display: strategy(g, g.candidates[c], bax, self.roles[k])
+            for k, (g, c) in enumerate(zip(self.groups, assign))
+        }
+
+    def label_of(self, assign: Assign) -> str:
+        bax = self.batch.candidates[assign[-1]].dims[0]
+        names = [
+            f"{short(g.display)}={strategy(g, g.candidates[c], bax, self.roles[k])}"
+            for k, (g, c) in enumerate(zip(self.groups, assign))
+            if g.candidates[c].sharded
+        ]
+        return batch_strategy(self.batch.candidates[assign[-1]]) + " · " + (", ".join(names) or "params replicated")
+
+    def alternative(self, label: str, assign: Assign) -> Alternative:
+        s = self.costs.score(assign)
+        r, d = self.rules_of(assign)
+        return Alternative(label, r, d, s.time_s, s.memory, s.comm, s.fits, s.compute_s)
+
+
+def _space(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    mesh_axes: tuple[MeshAxis, ...],
+    profile: Any,
+    params: Any,
+    p_idx: list[int],
+    d_idx: list[int],
+    objective: str,
+    budget: int | None,
+    opt_bytes: float,
+) -> _Space:
+    """Trace ``fn`` once; group the parameters and list each group's candidate layouts and the batch's."""
     traced = trace(fn, *args, mesh={m.name: m.size for m in mesh_axes}, profile=profile, **kwargs)
     groups, _ = param_groups(params, mesh_axes)
     total_param_bytes = sum(g.nbytes for g in groups) or 1
@@ -199,225 +321,312 @@ def plan(
     p_counts = [len(jax.tree_util.tree_leaves(args[i])) for i in p_idx]
     flat_of = [off + k for off, n in zip(offsets, p_counts) for k in range(n)]
     roles = [weight_roles(traced.jaxpr, flat_of[g.leaves[0]]) if g.leaves else {} for g in groups]
-    counts = [len(g.candidates) for g in groups] + [len(batch.candidates)]
-    space = math.prod(counts)
-    presets_assign = preset_assignments(groups, batch)
-    if space <= exhaustive_limit:
-        method = "exhaustive"
-        order = exhaustive(costs, counts)
-    else:
-        method = "coordinate descent"
-        rng = random.Random(seed)
-        starts = list(presets_assign.values()) + [tuple(rng.randrange(n) for n in counts) for _ in range(restarts)]
-        sizes = {m.name: m.size for m in mesh_axes}
-        allowed_cache: dict[tuple[int, int], tuple[int, ...]] = {}
+    mesh_names = tuple(m.name for m in mesh_axes if m.size > 1)
+    return _Space(args, d_idx, groups, batch, costs, roles, mesh_names)
 
-        def allowed(g: int, b: int) -> tuple[int, ...]:
-            if (g, b) not in allowed_cache:
-                allowed_cache[(g, b)] = search_candidates(groups[g], batch.candidates[b].dims[0], sizes)
-            return allowed_cache[(g, b)]
 
-        order = guided_descent(costs, counts, starts, allowed, max(max_evaluations, len(starts)), pair_limit)
-    best = order[0]
+def _search(
+    space: _Space, presets_assign: Mapping[str, Assign], mesh_axes: tuple[MeshAxis, ...], options: SearchOptions
+) -> tuple[str, list[Assign]]:
+    """The costed assignments, best first: every one when the space is small, else a guided coordinate descent
+    from the presets (and ``options.restarts`` random starts)."""
+    counts = space.counts
+    if math.prod(counts) <= options.exhaustive_limit:
+        return "exhaustive", exhaustive(space.costs, counts)
+    rng = random.Random(options.seed)
+    starts = list(presets_assign.values()) + [tuple(rng.randrange(n) for n in counts) for _ in range(options.restarts)]
+    sizes = {m.name: m.size for m in mesh_axes}
+    allowed_cache: dict[tuple[int, int], tuple[int, ...]] = {}
 
-    def rules_of(assign: tuple[int, ...]) -> tuple[dict[str, str], tuple[dict[str, str | None], ...]]:
-        rules = {g.pattern: g.expression(g.candidates[c]) for g, c in zip(groups, assign)}
-        data_rules = []
-        for i in d_idx:
-            r: dict[str, str | None] = {}
-            for path, x in jax.tree_util.tree_flatten_with_path(args[i])[0]:
-                rank = len(shape_of(x))
-                pattern = "^" + re.escape(jax.tree_util.keystr(path)) + "$"
-                r[pattern] = batch.expression(batch.candidates[assign[-1]], rank) if rank else None
-            data_rules.append(r)
-        return rules, tuple(data_rules)
+    def allowed(g: int, b: int) -> tuple[int, ...]:
+        if (g, b) not in allowed_cache:
+            allowed_cache[(g, b)] = search_candidates(space.groups[g], space.batch.candidates[b].dims[0], sizes)
+        return allowed_cache[(g, b)]
 
-    def label_of(assign: tuple[int, ...]) -> str:
-        bax = batch.candidates[assign[-1]].dims[0]
-        names = [
-            f"{short(g.display)}={strategy(g, g.candidates[c], bax, roles[k])}"
-            for k, (g, c) in enumerate(zip(groups, assign))
-            if g.candidates[c].sharded
-        ]
-        return batch_strategy(batch.candidates[assign[-1]]) + " · " + (", ".join(names) or "params replicated")
+    evaluations = max(options.max_evaluations, len(starts))
+    return "coordinate descent", guided_descent(space.costs, counts, starts, allowed, evaluations, options.pair_limit)
 
-    def alternative(label: str, assign: tuple[int, ...]) -> Alternative:
-        s = costs.score(assign)
-        r, d = rules_of(assign)
-        return Alternative(label, r, d, s.time_s, s.memory, s.comm, s.fits, s.compute_s)
 
-    predicted = costs.score(best).report  # the search's choice: whether the model had a rule for every op
-    n_verify = verify if verify is not None else (0 if predicted.complete else DEFAULT_VERIFY)
+# -- the compiler's check -------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """The ranking after ``verify=`` (the search's own when nothing was compiled) and what to say about it."""
+
+    order: list[Assign]
+    predicted: Any  # the search's first choice's ProgramReport: whether the model had a rule for every op
     verification: tuple[Verified, ...] = ()
-    unverified = ""
-    predicted_first = ""
+    unverified: str = ""  # why no compile ran although the model is incomplete
+    predicted_first: str = ""  # the search's first, by label, when the compiler ranked
+    target_note: str = ""
+
+
+def _verify(
+    fn: Callable[..., Any],
+    kwargs: Mapping[str, Any],
+    space: _Space,
+    order: list[Assign],
+    presets_assign: Mapping[str, Assign],
+    verify: int | None,
+    tgt: Target | None,
+    mesh: Any,
+    args: tuple[Any, ...],
+    mesh_axes: tuple[MeshAxis, ...],
+) -> _Checked:
+    """Compile the best few assignments and the best preset (``verify=``; by default when the model is
+    incomplete) and rank them by the compiled numbers."""
+    costs = space.costs
+    predicted = costs.score(order[0]).report
+    n_verify = verify if verify is not None else (0 if predicted.complete else DEFAULT_VERIFY)
     target_note = ""
     if tgt is not None and not tgt.compiles:
         target_note = tgt.note() + (f" (verify={n_verify} not run)" if n_verify else "")
         n_verify = 0
     elif tgt is not None:
         target_note = tgt.note()
-    if n_verify:
-        from ..targets import target_mesh
+    if not n_verify:
+        return _Checked(order, predicted, target_note=target_note)
+    from ..targets import target_mesh
 
-        try:
-            vmesh = (
-                verification_mesh(mesh, args, mesh_axes)
-                if tgt is None
-                else target_mesh(tgt, {m.name: m.size for m in mesh_axes})
-            )
-        except EinshardError as err:
-            if verify is not None:
-                raise
-            unverified = str(err).splitlines()[0]
-        else:
-            candidates = [(label_of(a), a) for a in order[:n_verify]]
-            predicted_first = candidates[0][0]
-            name, preset = min(presets_assign.items(), key=lambda kv: costs.score(kv[1]).key)
-            if preset not in order[:n_verify]:
-                candidates.append((f"preset {name}", preset))
-            rows = verify_assignments(
-                fn,
-                costs,
-                candidates,
-                vmesh,
-                kwargs,
-                hbm_bytes=None if tgt is None else tgt.hbm_bytes,
-                compiler="XLA" if tgt is None else f"TPU compiler ({tgt.topology_name})",
-            )
-            verification = tuple(row for row, _ in rows)
-            best = rows[0][1]
-            order = [best] + [a for a in order if a != best]
+    try:
+        vmesh = (
+            verification_mesh(mesh, args, mesh_axes)
+            if tgt is None
+            else target_mesh(tgt, {m.name: m.size for m in mesh_axes})
+        )
+    except EinshardError as err:
+        if verify is not None:
+            raise
+        return _Checked(order, predicted, unverified=str(err).splitlines()[0], target_note=target_note)
+    candidates = [(space.label_of(a), a) for a in order[:n_verify]]
+    name, preset = min(presets_assign.items(), key=lambda kv: costs.score(kv[1]).key)
+    if preset not in order[:n_verify]:
+        candidates.append((f"preset {name}", preset))
+    rows = verify_assignments(
+        fn,
+        costs,
+        candidates,
+        vmesh,
+        dict(kwargs),
+        hbm_bytes=None if tgt is None else tgt.hbm_bytes,
+        compiler="XLA" if tgt is None else f"TPU compiler ({tgt.topology_name})",
+    )
+    best = rows[0][1]
+    return _Checked(
+        order=[best] + [a for a in order if a != best],
+        predicted=predicted,
+        verification=tuple(row for row, _ in rows),
+        predicted_first=candidates[0][0],
+        target_note=target_note,
+    )
+
+
+# -- the choice -----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """One plan() call after the search: what the result is built from."""
+
+    space: _Space
+    order: list[Assign]
+    best: Assign
+    presets_assign: Mapping[str, Assign]
+    presets: Mapping[str, PresetRules]
+    options: SearchOptions
+    objective: str
+    budget: int | None
+    method: str
+    start: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    """The layout chosen among the searched assignments and the user's presets, with what the result lists."""
+
+    score: Score
+    rules: dict[str, str]
+    data_rules: tuple[dict[str, str | None], ...]
+    strategies: dict[str, str]
+    params_sharded: bool
+    optimizer_bytes: int
+    alternatives: list[Alternative]
+    preset_alternatives: list[Alternative]
+    beaten_by: Alternative | None  # the user's preset returned as the plan because it beat every assignment
+
+
+def _choice(run: _Run) -> _Choice:
+    """The search's best, unless a user's preset (a layout the candidates cannot express) beats it."""
+    space, best = run.space, run.best
+    costs = space.costs
     chosen = costs.score(best)
-    alts = [alternative(label_of(a), a) for a in order[1 : 1 + n_alternatives]]
-    preset_alts = [alternative(f"preset {n}", a) for n, a in presets_assign.items() if n not in (presets or {})]
-    user: list[tuple[Alternative, Score]] = [user_preset(n, pr, pd, costs) for n, (pr, pd) in (presets or {}).items()]
+    alts = [space.alternative(space.label_of(a), a) for a in run.order[1 : 1 + run.options.n_alternatives]]
+    preset_alts = [space.alternative(f"preset {n}", a) for n, a in run.presets_assign.items() if n not in run.presets]
+    user: list[tuple[Alternative, Score]] = [user_preset(n, pr, pd, costs) for n, (pr, pd) in run.presets.items()]
     preset_alts += [alt for alt, _ in user]
-    rules, data_rules = rules_of(best)
-    bax = batch.candidates[best[-1]].dims[0]
-    strategies = {g.display: strategy(g, g.candidates[c], bax, roles[k]) for k, (g, c) in enumerate(zip(groups, best))}
-    strategies["batch"] = batch_strategy(batch.candidates[best[-1]])
-    params_sharded = any(g.candidates[c].sharded for g, c in zip(groups, best))
-    optimizer_bytes = costs.optimizer_bytes(best)
     beaten_by = min(user, key=lambda u: u[1].key, default=None)
     if beaten_by is not None and beaten_by[1].key < chosen.key:
         # A hand-written layout the candidates cannot express beat the search: return it.
-        alt, chosen = beaten_by
-        rules = alt.rules
-        data_rules = alt.data_rules
-        strategies = {"batch": alt.label, "parameters": "the preset's rules"}
-        params_sharded = True
-        optimizer_bytes = chosen.memory - chosen.report.peak_bytes
-    pipe = None
-    if pipeline is not None:
-        pipes = cost_pipelines(pipeline, groups, batch, costs)
-        by_schedule: dict[str, PipelineCost] = {}
-        for p in pipes:
-            b = by_schedule.get(p.candidate.schedule)
-            if b is None or best_pipeline([p, b], objective) is p:
-                by_schedule[p.candidate.schedule] = p
-        best_pipe = best_pipeline(pipes, objective)
-        for p in sorted(by_schedule.values(), key=lambda p: (not p.fits, p.time_s)):
-            r, d = pipeline_rules(p, groups, batch, rules_of)
-            alts.append(Alternative(p.candidate.label, r, d, p.time_s, p.memory, p.comm_bytes, p.fits, p.compute_s))
-        if best_pipe is not None and _pipeline_wins(best_pipe, chosen, objective):
-            pipe = best_pipe
-            rules, data_rules = pipeline_rules(pipe, groups, batch, rules_of)
-            strategies = {
-                g.display: (f"pipeline({pipe.candidate.stage_axis})" if g.stacked else "replicated") for g in groups
-            }
-            strategies["batch"] = pipe.candidate.label
-            params_sharded = True
-    warning = ""
-    if pipe is not None:
-        fits = pipe.fits
-        if not fits:
-            warning = (
-                f"no layout fits the memory budget: the least-bad needs {human_bytes(pipe.memory)}/device "
-                f"> budget {human_bytes(budget or 0)}; returned anyway (fits=False)"
-            )
-        _say_what_stays_replicated(params, rules)
-        return LayoutPlan(
-            rules=rules,
-            data_rules=data_rules,
-            time_s=pipe.time_s,
-            memory_bytes=pipe.memory,
-            comm_bytes=pipe.comm_bytes,
-            fits=fits,
-            warning=warning,
-            alternatives=tuple(alts + preset_alts),
-            explanation=(
-                f"chosen: {pipe.candidate.label}: {human_time(pipe.time_s)}/step, bubble "
-                f"{pipe.bubble_fraction:.0%}, {human_bytes(pipe.memory)}/device (activations "
-                f"{human_bytes(pipe.activation_bytes)}); the best layout jax.jit runs: "
-                f"{human_time(chosen.time_s)}, {human_bytes(chosen.memory)}/device"
-                + ("" if chosen.fits else " (over the budget)")
-            ),
-            report=chosen.report,
-            strategies=strategies,
-            objective=objective,
-            memory_budget=budget,
-            method=method,
-            evaluated=len(costs.cache),
-            space=space,
-            planning_s=time.perf_counter() - start,
-            compute_s=pipe.compute_s,
-            pipeline=pipe,
-            verification=verification,
+        alt, score = beaten_by
+        return _Choice(
+            score=score,
+            rules=alt.rules,
+            data_rules=alt.data_rules,
+            strategies={"batch": alt.label, "parameters": "the preset's rules"},
+            params_sharded=True,
+            optimizer_bytes=score.memory - score.report.peak_bytes,
+            alternatives=alts,
+            preset_alternatives=preset_alts,
+            beaten_by=alt,
         )
-    if not chosen.fits:
-        warning = (
-            f"no layout fits the memory budget: the least-bad needs {human_bytes(chosen.memory)}/device "
-            f"> budget {human_bytes(budget or 0)}; returned anyway (fits=False)"
-        )
-    explanation = explain_choice(
-        chosen,
-        optimizer_bytes,
-        strategies,
-        preset_alts,
-        alts,
-        budget,
-        objective,
-        warning,
-        params_sharded,
-        bax,
-        tuple(m.name for m in mesh_axes if m.size > 1),
-    )
-    if beaten_by is not None and chosen is beaten_by[1]:
-        unchecked = " (by the prediction: presets= are not compiled by verify)" if verification else ""
-        explanation = (
-            f"{beaten_by[0].label} beats every assignment searched{unchecked}; returned as the plan\n" + explanation
-        )
-    if verification:
-        explanation = _verification_note(verification, predicted.complete, predicted_first) + explanation
-    if target_note:
-        explanation = target_note + "\n" + explanation
-    if not predicted.complete and not verification:
-        warning = (warning + "; " if warning else "") + (
-            f"the model is incomplete (no layout rule for {', '.join(predicted.unfollowed)}) and the layouts are "
-            f"ranked on the prediction alone: {unverified or 'verify=0'}"
-        )
-    _say_what_stays_replicated(params, rules)
-    return LayoutPlan(
+    rules, data_rules = space.rules_of(best)
+    strategies = space.strategies(best)
+    strategies["batch"] = batch_strategy(space.batch.candidates[best[-1]])
+    return _Choice(
+        score=chosen,
         rules=rules,
         data_rules=data_rules,
-        time_s=chosen.time_s,
-        memory_bytes=chosen.memory,
-        comm_bytes=chosen.comm,
-        fits=chosen.fits,
-        warning=warning,
-        alternatives=tuple(alts + preset_alts),
-        explanation=explanation,
-        report=chosen.report,
         strategies=strategies,
-        objective=objective,
-        memory_budget=budget,
-        method=method,
-        evaluated=len(costs.cache),
-        space=space,
-        planning_s=time.perf_counter() - start,
-        compute_s=chosen.compute_s,
+        params_sharded=any(g.candidates[c].sharded for g, c in zip(space.groups, best)),
+        optimizer_bytes=costs.optimizer_bytes(best),
+        alternatives=alts,
+        preset_alternatives=preset_alts,
+        beaten_by=None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _PipelineChoice:
+    """The pipeline layout that beats every layout ``jax.jit`` runs, with its rules."""
+
+    cost: PipelineCost
+    rules: dict[str, str]
+    data_rules: tuple[dict[str, str | None], ...]
+
+
+def _pipeline_choice(
+    run: _Run, chosen: _Choice, search: PipelineSearch
+) -> tuple[list[Alternative], _PipelineChoice | None]:
+    """Cost the pipeline layouts: the best of each schedule as alternatives, and the best one when it beats the
+    chosen layout."""
+    space = run.space
+    pipes = cost_pipelines(search, space.groups, space.batch, space.costs)
+    by_schedule: dict[str, PipelineCost] = {}
+    for p in pipes:
+        b = by_schedule.get(p.candidate.schedule)
+        if b is None or best_pipeline([p, b], run.objective) is p:
+            by_schedule[p.candidate.schedule] = p
+    best_pipe = best_pipeline(pipes, run.objective)
+    alternatives = []
+    for p in sorted(by_schedule.values(), key=lambda p: (not p.fits, p.time_s)):
+        r, d = pipeline_rules(p, space.groups, space.batch, space.rules_of)
+        alternatives.append(Alternative(p.candidate.label, r, d, p.time_s, p.memory, p.comm_bytes, p.fits, p.compute_s))
+    if best_pipe is None or not _pipeline_wins(best_pipe, chosen.score, run.objective):
+        return alternatives, None
+    rules, data_rules = pipeline_rules(best_pipe, space.groups, space.batch, space.rules_of)
+    return alternatives, _PipelineChoice(best_pipe, rules, data_rules)
+
+
+def _over_budget(memory: int | float, budget: int | None) -> str:
+    return (
+        f"no layout fits the memory budget: the least-bad needs {human_bytes(memory)}/device "
+        f"> budget {human_bytes(budget or 0)}; returned anyway (fits=False)"
+    )
+
+
+def _pipeline_plan(
+    run: _Run, chosen: _Choice, pipe_choice: _PipelineChoice, verification: tuple[Verified, ...]
+) -> LayoutPlan:
+    """The LayoutPlan of a winning pipeline layout."""
+    pipe, score = pipe_choice.cost, chosen.score
+    strategies = {
+        g.display: (f"pipeline({pipe.candidate.stage_axis})" if g.stacked else "replicated") for g in run.space.groups
+    }
+    strategies["batch"] = pipe.candidate.label
+    return LayoutPlan(
+        rules=pipe_choice.rules,
+        data_rules=pipe_choice.data_rules,
+        time_s=pipe.time_s,
+        memory_bytes=pipe.memory,
+        comm_bytes=pipe.comm_bytes,
+        fits=pipe.fits,
+        warning="" if pipe.fits else _over_budget(pipe.memory, run.budget),
+        alternatives=tuple(chosen.alternatives + chosen.preset_alternatives),
+        explanation=(
+            f"chosen: {pipe.candidate.label}: {human_time(pipe.time_s)}/step, bubble "
+            f"{pipe.bubble_fraction:.0%}, {human_bytes(pipe.memory)}/device (activations "
+            f"{human_bytes(pipe.activation_bytes)}); the best layout jax.jit runs: "
+            f"{human_time(score.time_s)}, {human_bytes(score.memory)}/device"
+            + ("" if score.fits else " (over the budget)")
+        ),
+        report=score.report,
+        strategies=strategies,
+        objective=run.objective,
+        memory_budget=run.budget,
+        method=run.method,
+        evaluated=len(run.space.costs.cache),
+        space=math.prod(run.space.counts),
+        planning_s=time.perf_counter() - run.start,
+        compute_s=pipe.compute_s,
+        pipeline=pipe,
         verification=verification,
+    )
+
+
+def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple[MeshAxis, ...]) -> LayoutPlan:
+    """The LayoutPlan of the chosen layout (searched or a user's preset), with its explanation."""
+    score = chosen.score
+    warning = "" if score.fits else _over_budget(score.memory, run.budget)
+    explanation = explain_choice(
+        score,
+        chosen.optimizer_bytes,
+        chosen.strategies,
+        chosen.preset_alternatives,
+        chosen.alternatives,
+        run.budget,
+        run.objective,
+        warning,
+        chosen.params_sharded,
+        run.space.batch.candidates[run.best[-1]].dims[0],
+        run.space.mesh_names,
+    )
+    if chosen.beaten_by is not None:
+        unchecked = " (by the prediction: presets= are not compiled by verify)" if checked.verification else ""
+        explanation = (
+            f"{chosen.beaten_by.label} beats every assignment searched{unchecked}; returned as the plan\n" + explanation
+        )
+    if checked.verification:
+        explanation = (
+            _verification_note(checked.verification, checked.predicted.complete, checked.predicted_first) + explanation
+        )
+    if checked.target_note:
+        explanation = checked.target_note + "\n" + explanation
+    if not checked.predicted.complete and not checked.verification:
+        warning = (warning + "; " if warning else "") + (
+            f"the model is incomplete (no layout rule for {', '.join(checked.predicted.unfollowed)}) and the "
+            f"layouts are ranked on the prediction alone: {checked.unverified or 'verify=0'}"
+        )
+    return LayoutPlan(
+        rules=chosen.rules,
+        data_rules=chosen.data_rules,
+        time_s=score.time_s,
+        memory_bytes=score.memory,
+        comm_bytes=score.comm,
+        fits=score.fits,
+        warning=warning,
+        alternatives=tuple(chosen.alternatives + chosen.preset_alternatives),
+        explanation=explanation,
+        report=score.report,
+        strategies=chosen.strategies,
+        objective=run.objective,
+        memory_budget=run.budget,
+        method=run.method,
+        evaluated=len(run.space.costs.cache),
+        space=math.prod(run.space.counts),
+        planning_s=time.perf_counter() - run.start,
+        compute_s=score.compute_s,
+        verification=checked.verification,
     )
 
 

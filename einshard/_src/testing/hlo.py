@@ -1,6 +1,6 @@
 """Read the collectives out of compiled HLO text (``jax.jit(f).lower(...).compile().as_text()``).
 
-What it handles (theory.md, "HLO-parsing gotchas"):
+What it handles (docs/theory.md, "HLO-parsing gotchas"):
 
 * the five collective kinds, synchronous or as async ``*-start``/``*-done``
   pairs (counted once, with the ``-done``'s result shape and the ``-start``'s

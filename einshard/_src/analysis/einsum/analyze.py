@@ -417,7 +417,7 @@ def _analyze(
             if note is not None:
                 notes.append(note)
 
-    # The output side (README "Syntax"): 'b? y?' lets the analyzer choose; 'b y@model' / '{U:model}' asks for
+    # The output side (docs/syntax.md): 'b? y?' lets the analyzer choose; 'b y@model' / '{U:model}' asks for
     # that layout; bare names are whole (replicated), as in a placement.  A jnp.einsum string ('bx,xy->by')
     # has no layouts of its own: its result is chosen, as jnp.einsum's is.
     out_dims, out_unreduced = prep.out_dims, prep.out_unreduced

@@ -12,7 +12,7 @@ options for ``a`` are: keep one ``e`` in S, or keep none.
   lone-reduced.
 * keep none: every operand is gathered over ``a``; the compute is duplicated.
 
-This one rule covers the table of theory.md §a (rules 1-10) for any number of
+This one rule covers the table of docs/theory.md §a (rules 1-10) for any number of
 operands; the product of the per-axis options is small and is enumerated.
 Each option is turned into operand layouts, and :func:`transition` prices the
 way there; the computed result is then taken to the requested output (or, with
