@@ -386,6 +386,7 @@ TABLE: dict[str, Entry | Record | Constant] = {
             "bandwidth": _number(0, positive=True),
             "latency": _number(0),
             "topology": _one_of("switch", "ring"),
+            "tiling": _one_of("dense", "tpu"),
         },
     ),
     "einshard.einsum": Entry(_einsum_base, _EINSUM_KINDS, any_value=_OPERANDS),
