@@ -19,12 +19,14 @@ and ``scatter`` follow XLA's SPMD partitioner:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from ...core.layout import Layout
+from ..cost import Collective
 from .costing import is_free
 from .memory import Partial
+from .movement import APPROXIMATE, SentKind, itemsize, mark_approximate
 from .registry import register
 from .rules_structural import _explicit_dims
 
@@ -341,6 +343,25 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     # sums the masked lookup back into it (all-reduce + slice: a reduce-scatter), so the batch
     # split survives the lookup (an FSDP embedding table split over the batch's own axis).
     wanted = result_dims(indices, batch_dims)
+    start = len(w.ops)
+    approx_note = ""
+    if set(masked) & idx_used:
+        plan = choose_lookup(w, operand, indices, masked, wanted, out_aval, indices_dtype(eqn))
+        approx_note = plan.note if plan.close else ""
+        if plan.move in ("move table", "move indices"):
+            table_used = {m for d in operand.dims for m in d}
+            moved = tuple(m for m in w.costs.mesh_sizes if m in masked or not {m} & (idx_used | table_used))
+            _record_lookup(w, eqn, phase, repeat, plan, moved, w.relayout(out_aval, wanted))
+            if approx_note:
+                mark_approximate(w, start, approx_note)
+            return [w.relayout(out_aval, wanted)]
+        if plan.move == "gather table":
+            shared = tuple(m for m in masked if m in idx_used)
+            whole = operand.with_dims(tuple(tuple(m for m in d if m not in shared) for d in operand.dims))
+            w.change(eqn, phase, operand, whole, dtype, repeat, "gather: the table gathered where the indices split")
+            operand = whole
+            masked = tuple(m for m in masked if m not in shared)
+            wanted = result_dims(indices, batch_dims)
     if set(masked) & idx_used:
         # The indices are split over a mesh axis that also splits the table: the masked lookup
         # needs every index on every table shard: XLA gathers the (small) indices first.
@@ -358,7 +379,142 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
             # (a mesh axis that wanted names twice keeps its first use, as above, where its gather was paid)
             out = w.relayout(out_aval, wanted)
         w.change(eqn, phase, pending, out, dtype, repeat, "masked gather from a sharded table")
+    if approx_note:
+        mark_approximate(w, start, approx_note)
     return [out]
+
+
+# How XLA's SPMD partitioner runs a lookup whose table is split along the indexed axis over mesh axes the
+# indices are split over too (an FSDP embedding table, vocabulary over 'data', looked up by tokens split over
+# 'data'): each device can only look up the rows it holds, so one side has to move.  Measured on one-op
+# programs (tests/test_lookup_rules.py), it does one of four things:
+#
+# * "move indices": the indices' split moves onto mesh axes neither uses (a collective-permute, plus an
+#   all-gather where those axes are fewer devices than the shared split), each device looks up its rows under a
+#   mask, the result is all-reduced over the table's split and brought back to the indices' split (a slice and
+#   a collective-permute) — the FSDP (data=4, model=2) case;
+# * "move table": the table's split moves onto the free axes instead (a collective-permute of the table's
+#   piece, plus an all-gather where they are fewer devices), the masked result is all-reduced there;
+# * "gather table": with no free axes, the table is all-gathered along the shared axes;
+# * "gather indices": with no free axes, the indices are all-gathered and the masked result all-reduced whole,
+#   then sliced (a reduce-scatter).
+#
+# XLA picks by its own estimate of each way's cost; explain estimates them with the buffers each moves (what
+# the HLO prints) and takes the cheapest.  Where the runner-up is within CLOSE of the cheapest, XLA's estimate
+# may pick it instead: the op is marked approximate (the report's first line says so, with the bound).
+LookupMove = Literal["move indices", "move table", "gather table", "gather indices"]
+CLOSE = 1.5
+
+
+@dataclass(frozen=True)
+class LookupPlan:
+    """One way to run a masked lookup whose indices split over the table's indexed split, and what it moves."""
+
+    move: LookupMove
+    cost: float  # the buffers its collectives move (bytes, as XLA prints them)
+    steps: tuple[tuple[SentKind, int, int], ...]  # (kind, group size, buffer bytes) in program order
+    close: bool = False  # another way costs within CLOSE of it: XLA may take that one
+    note: str = ""
+
+
+def lookup_plans(
+    table_piece: int, index_piece: int, result_piece: int, shared: int, free: int, rest: int
+) -> tuple[LookupPlan, ...]:
+    """The ways XLA can run the lookup, priced (pure arithmetic; see above).
+
+    ``table_piece``/``index_piece``/``result_piece``: per-device bytes of the table, the indices and the result
+    in the indices' split; ``shared``: devices of the split the table and the indices share; ``free``: devices of
+    the mesh axes neither uses; ``rest``: devices of the table's indexed split the indices do not share.
+    """
+    plans: list[LookupPlan] = []
+    table_steps: list[tuple[SentKind, int, int]]
+    index_steps: list[tuple[SentKind, int, int]]
+    if free > 1:
+        g = math.gcd(free, shared)  # how many ways the moved split fits on the free devices
+        gather = shared // g
+        table_steps = [("collective-permute", 2, table_piece)]
+        index_steps = [("collective-permute", 2, index_piece)]
+        if gather > 1:
+            table_steps.append(("all-gather", gather, table_piece * gather))
+            index_steps.append(("all-gather", gather, index_piece * gather))
+        table_steps.append(("all-reduce", g * rest, result_piece))
+        # The summed result is split the moved way; where that is coarser than the indices' split it is sliced
+        # before it moves back (all-reduce + dynamic-slice: a reduce-scatter, as the HLO reader reads it).
+        summed: SentKind = "reduce-scatter" if gather > 1 else "all-reduce"
+        index_steps += [(summed, shared * rest, result_piece * gather), ("collective-permute", 2, result_piece)]
+        if rest == 1:
+            # Measured: only a table split wholly along the shared axes moves (a table split over more
+            # axes than the indices share keeps its split; the indices move).
+            plans.append(LookupPlan("move table", sum(b for _, _, b in table_steps), tuple(table_steps)))
+        plans.append(LookupPlan("move indices", sum(b for _, _, b in index_steps), tuple(index_steps)))
+    else:
+        # Compared by the bytes each device sends (an all-reduce sends its buffer twice): measured, XLA gathers a
+        # table as large as the result rather than all-reduce the result whole.
+        whole = table_piece * shared
+        table_steps = [("all-gather", shared, whole)]
+        if rest > 1:
+            table_steps.append(("all-reduce", rest, result_piece))
+        index_steps = [
+            ("all-gather", shared, index_piece * shared),
+            ("reduce-scatter", shared * rest, result_piece * shared),
+        ]
+        sent_table = (shared - 1) / shared * whole + (2 * result_piece if rest > 1 else 0)
+        sent_index = (shared - 1) / shared * index_piece * shared + 2 * result_piece * shared
+        plans.append(LookupPlan("gather table", sent_table, tuple(table_steps)))
+        plans.append(LookupPlan("gather indices", sent_index, tuple(index_steps)))
+    ranked = sorted(plans, key=lambda p: p.cost)  # stable: ties go to the first listed (measured: the table moves)
+    best = ranked[0]
+    if len(ranked) == 1:
+        return (best,)
+    runner = ranked[1]
+    if runner.cost <= CLOSE * max(best.cost, 1.0):
+        note = (
+            f"{APPROXIMATE}: a lookup split like its table: explain takes '{best.move}' ({best.cost:.0f} B), "
+            f"XLA may '{runner.move}' ({runner.cost:.0f} B)"
+        )
+        return (replace(best, close=True, note=note), runner)
+    return (best, runner)
+
+
+def choose_lookup(
+    w: Walker,
+    table: Layout,
+    indices: Layout,
+    masked: tuple[str, ...],
+    wanted: list[tuple[str, ...]],
+    out_aval: Any,
+    idx_dtype: Any,
+) -> LookupPlan:
+    """The cheapest way (:func:`lookup_plans`) to run a lookup whose indices share the table's indexed split."""
+    sizes = w.costs.mesh_sizes
+    idx_used = {m for d in indices.dims for m in d}
+    table_used = {m for d in table.dims for m in d}
+    shared = math.prod(sizes[m] for m in masked if m in idx_used)
+    rest = math.prod(sizes[m] for m in masked if m not in idx_used)
+    free = math.prod(n for m, n in sizes.items() if m not in idx_used and m not in table_used)
+    split = math.prod(sizes[m] for d in wanted for m in d)
+    table_piece = math.prod(table.shard_shape) * itemsize(out_aval.dtype)
+    index_piece = math.prod(indices.shard_shape) * itemsize(idx_dtype)
+    result_piece = math.prod(out_aval.shape) // max(split, 1) * itemsize(out_aval.dtype)
+    return lookup_plans(table_piece, index_piece, result_piece, shared, free, rest)[0]
+
+
+def _record_lookup(
+    w: Walker, eqn: Any, phase: str, repeat: int, plan: LookupPlan, axes: tuple[str, ...], out: Layout
+) -> None:
+    """Record a moved lookup's collectives over ``axes`` (the shared and free mesh axes; a group may be part
+    of them: each is priced by its own size)."""
+    colls = []
+    for kind, n, array in plan.steps:
+        if n <= 1:
+            continue
+        sent = {"all-reduce": 2 * (n - 1) / n * array, "collective-permute": float(array)}.get(
+            kind, (n - 1) / n * array
+        )
+        t = w.costs.profile.collective_time(kind, n, sent, array)
+        colls.append(Collective(kind, axes, n, int(sent), int(array), t, "operand 1", f"lookup: {plan.move}"))
+    why = f"masked lookup, {plan.move} (the table is split where the indices are)"
+    w.record(eqn, phase, why, out, tuple(colls), 0.0, sum(c.time for c in colls), repeat)
 
 
 def indices_dtype(eqn: Any) -> Any:
@@ -404,6 +560,10 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     split = tuple(m for m in split if m not in used)
     dims = w.settle_repeats(eqn, phase, out_aval, dims, repeat, "scatter result split twice over a mesh axis")
     out = w.relayout(out_aval, dims)
+    if split and adds and is_free(operand):
+        moved = _moved_scatter_add(w, eqn, phase, repeat, updates, indices, split, dims, window, op_window)
+        if moved is not None:
+            return [moved]
     if split and adds:
         # Each device adds its share of the updates into its own copy: partial sums over those axes,
         # left pending: the consumer settles them (an output laid out split is reduce-scattered, or
@@ -437,6 +597,80 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
         )
         w.change(eqn, phase, updates, whole, updates_dtype(eqn), repeat, "scatter of split updates")
     return [out]
+
+
+def requested_dims(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The layout the caller asks for the program output ``var`` becomes (``report(out_specs=)``), if any.
+
+    Followed through the ops that carry a value to the output unchanged but for its dtype and through a
+    nested call's results (:func:`~.registry.call_rule` hands the call's requested layouts to its body).
+    """
+    v = var
+    while True:
+        if id(v) in w.requested:
+            return w.requested[id(v)]
+        uses = w.uses.get(id(v), [])
+        if len(uses) != 1 or uses[0][0].primitive.name not in CARRIERS - {"transpose"}:
+            return None
+        v = uses[0][0].outvars[0]
+
+
+def _moved_scatter_add(
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    updates: Layout,
+    indices: Layout,
+    split: tuple[str, ...],
+    dims: list[tuple[str, ...]],
+    window: tuple[int, ...],
+    op_window: list[int],
+) -> Layout | None:
+    """The transpose of a moved lookup (:func:`lookup_plans`): a scatter-add into zeros whose result is asked
+    for split along the scattered axis over the very mesh axes its updates are split over (an FSDP embedding
+    table's gradient).  XLA mirrors the forward's way: "move indices" moves the updates onto the free axes (a
+    collective-permute, plus an all-gather where they are fewer devices), adds them into each device's piece of
+    the table and all-reduces that piece over the free axes; "move table" sums the piece where the table moved
+    and permutes it back.  Measured on one-op programs (tests/test_lookup_rules.py).  None: not that case, or
+    the cheapest way is to gather (the caller's pending sum is then reduce-scattered where it is asked)."""
+    out_aval = eqn.outvars[0].aval
+    want = requested_dims(w, eqn.outvars[0])
+    if want is None or len(want) != len(dims) or is_free(updates) or is_free(indices):
+        return None
+    scattered = [i for i in range(len(dims)) if i not in op_window]  # the table's indexed (inserted) axes
+    table_split = tuple(m for i in scattered for m in want[i])
+    if not table_split or set(table_split) != set(split):
+        return None
+    sizes = w.costs.mesh_sizes
+    used = {m for d in updates.dims for m in d} | {m for d in indices.dims for m in d} | {m for d in want for m in d}
+    free_axes = tuple(m for m in sizes if m not in used)
+    shared = math.prod(sizes[m] for m in split)
+    free = math.prod(sizes[m] for m in free_axes)
+    if free <= 1:
+        return None
+    table = w.relayout(out_aval, want)
+    table_piece = math.prod(table.shard_shape) * itemsize(out_aval.dtype)
+    update_piece = math.prod(updates.shard_shape) * itemsize(out_aval.dtype)
+    index_piece = math.prod(indices.shard_shape) * itemsize(indices_dtype(eqn))
+    # The forward's choice, priced as the forward's pieces: the cotangent is the lookup's result.
+    plan = lookup_plans(table_piece, index_piece, update_piece, shared, free, 1)[0]
+    g = math.gcd(free, shared)
+    gather = shared // g
+    steps: list[tuple[SentKind, int, int]]
+    if plan.move == "move indices":
+        steps = [("collective-permute", 2, update_piece)]
+        if gather > 1:
+            steps.append(("all-gather", gather, update_piece * gather))
+        steps.append(("all-reduce", g, table_piece))
+    else:
+        steps = [("all-reduce", g, table_piece * gather), ("collective-permute", 2, table_piece)]
+    start = len(w.ops)
+    moved = replace(plan, steps=tuple(steps))
+    _record_lookup(w, eqn, phase, repeat, moved, tuple(m for m in sizes if m in split or m in free_axes), table)
+    if plan.close:
+        mark_approximate(w, start, plan.note)
+    return table
 
 
 def _free_updates(
