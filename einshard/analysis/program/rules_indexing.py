@@ -26,7 +26,7 @@ from ...core.layout import Layout
 from ..cost import Collective
 from .costing import is_free
 from .memory import Partial
-from .movement import APPROXIMATE, SentKind, itemsize, mark_approximate
+from .movement import SentKind, charge, itemsize, mark_approximate
 from .registry import register
 from .rules_structural import _explicit_dims
 
@@ -310,8 +310,34 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     if is_free(operand):
         operand = w.replicated(operand)
     # 1. batching axes: operand and indices split alike (the common case: both follow the batch).
+    pairs = list(zip(op_batch, idx_batch))
+    lookup_split = {m for i, d in enumerate(operand.dims) if sizes[i] == 1 and i not in op_batch for m in d}
+    idx_batch_split = {m for _, ib in pairs for m in indices.dims[ib]}
+    if (
+        idx_batch_split
+        and not idx_batch_split & lookup_split
+        and any(operand.dims[ob] for ob, _ in pairs)
+        and any(operand.dims[ob] != indices.dims[ib] for ob, ib in pairs)
+    ):
+        # Both split along batch axes, differently (logits split along the batch, labels along the
+        # sequence): XLA moves the operand to the indices' batch splits (one all-to-all), measured.
+        target = list(operand.dims)
+        for ob, ib in pairs:
+            target[ob] = indices.dims[ib]
+        placed = {m for ob, _ in pairs for m in target[ob]}
+        target = [d if k in op_batch else tuple(m for m in d if m not in placed) for k, d in enumerate(target)]
+        moved_operand = operand.with_dims(tuple(target))
+        w.change(
+            eqn, phase, operand, moved_operand, dtype, repeat, "gather batch axes: the operand follows the indices"
+        )
+        operand = moved_operand
     batch_dims = {}
-    for ob, ib in zip(op_batch, idx_batch):
+    for ob, ib in pairs:
+        if indices.dims[ib] and set(indices.dims[ib]) <= lookup_split and not operand.dims[ob]:
+            # The indices' batch split is the table's lookup split (labels split along the batch over the
+            # mesh axis that splits the logits' vocabulary): a masked lookup (step 2), nothing agrees here.
+            batch_dims[ib] = indices.dims[ib]
+            continue
         d, operand, indices = _agree(w, eqn, phase, repeat, operand, ob, indices, ib, "gather batch axes disagree")
         batch_dims[ib] = d
     # 2. indexed axes: a split one is gathered locally under a mask and the result summed (slice size 1),
@@ -362,7 +388,8 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
             operand = whole
             masked = tuple(m for m in masked if m not in shared)
             wanted = result_dims(indices, batch_dims)
-    if set(masked) & idx_used:
+    gathered_indices = bool(set(masked) & idx_used)
+    if gathered_indices:
         # The indices are split over a mesh axis that also splits the table: the masked lookup
         # needs every index on every table shard: XLA gathers the (small) indices first.
         keep = tuple(tuple(m for m in d if m not in masked) for d in indices.dims)
@@ -373,7 +400,16 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
         eqn, phase, out_aval, result_dims(indices, batch_dims), repeat, "gather result split twice over a mesh axis"
     )
     out = w.relayout(out_aval, dims)
-    if masked:
+    if masked and gathered_indices and set(masked) - idx_used:
+        # A table split over more mesh axes than the indices share: every device looked up every index of
+        # its piece, and XLA sums the whole result over the table's split at once and slices its own piece
+        # (all-reduce + dynamic-slice: one reduce-scatter), measured; not one sum per mesh axis.
+        piece = math.prod(out.shard_shape) * itemsize(dtype)
+        if wanted != dims:
+            out = w.relayout(out_aval, wanted)
+        kind: SentKind = "reduce-scatter" if out.dims != dims else "all-reduce"
+        charge(w, eqn, phase, repeat, kind, masked, [piece], "masked gather from a sharded table", out)
+    elif masked:
         pending = out.with_dims(out.dims, frozenset(masked))
         if wanted != dims:
             # (a mesh axis that wanted names twice keeps its first use, as above, where its gather was paid)
@@ -451,16 +487,14 @@ def lookup_plans(
         # Compared by the bytes each device sends (an all-reduce sends its buffer twice): measured, XLA gathers a
         # table as large as the result rather than all-reduce the result whole.
         whole = table_piece * shared
-        table_steps = [("all-gather", shared, whole)]
-        if rest > 1:
-            table_steps.append(("all-reduce", rest, result_piece))
         index_steps = [
             ("all-gather", shared, index_piece * shared),
             ("reduce-scatter", shared * rest, result_piece * shared),
         ]
-        sent_table = (shared - 1) / shared * whole + (2 * result_piece if rest > 1 else 0)
+        sent_table = (shared - 1) / shared * whole
         sent_index = (shared - 1) / shared * index_piece * shared + 2 * result_piece * shared
-        plans.append(LookupPlan("gather table", sent_table, tuple(table_steps)))
+        if rest == 1:  # as for moving it: only a table split wholly along the shared axes is gathered
+            plans.append(LookupPlan("gather table", sent_table, (("all-gather", shared, whole),)))
         plans.append(LookupPlan("gather indices", sent_index, tuple(index_steps)))
     ranked = sorted(plans, key=lambda p: p.cost)  # stable: ties go to the first listed (measured: the table moves)
     best = ranked[0]
@@ -469,7 +503,7 @@ def lookup_plans(
     runner = ranked[1]
     if runner.cost <= CLOSE * max(best.cost, 1.0):
         note = (
-            f"{APPROXIMATE}: a lookup split like its table: explain takes '{best.move}' ({best.cost:.0f} B), "
+            f"a lookup split like its table: explain takes '{best.move}' ({best.cost:.0f} B), "
             f"XLA may '{runner.move}' ({runner.cost:.0f} B)"
         )
         return (replace(best, close=True, note=note), runner)
@@ -500,7 +534,14 @@ def choose_lookup(
 
 
 def _record_lookup(
-    w: Walker, eqn: Any, phase: str, repeat: int, plan: LookupPlan, axes: tuple[str, ...], out: Layout
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    plan: LookupPlan,
+    axes: tuple[str, ...],
+    out: Layout,
+    what: str = "masked lookup",
 ) -> None:
     """Record a moved lookup's collectives over ``axes`` (the shared and free mesh axes; a group may be part
     of them: each is priced by its own size)."""
@@ -513,7 +554,7 @@ def _record_lookup(
         )
         t = w.costs.profile.collective_time(kind, n, sent, array)
         colls.append(Collective(kind, axes, n, int(sent), int(array), t, "operand 1", f"lookup: {plan.move}"))
-    why = f"masked lookup, {plan.move} (the table is split where the indices are)"
+    why = f"{what}, {plan.move} (the table is split where the indices are)"
     w.record(eqn, phase, why, out, tuple(colls), 0.0, sum(c.time for c in colls), repeat)
 
 
@@ -557,6 +598,16 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     batch_axes = {by_index[ib] for ib in idx_batch}
     split = tuple(m for u in scatter_axes if u not in batch_axes for m in updates.dims[u])
     used = {m for d in dims for m in d}
+    if is_free(operand) and adds:
+        # A window axis the caller asks split (the gradient of a table split on its features, returned in
+        # the table's layout) is added into that piece only: each device keeps its slice of the updates
+        # (measured: the sum runs on the piece, not on the whole table).
+        want = requested_dims(w, eqn.outvars[0]) or ()
+        for o in op_window if len(want) == rank else ():
+            ask = want[o]
+            if ask and not dims[o] and not set(ask) & (used | set(split)):
+                dims[o] = ask
+                used |= set(ask)
     split = tuple(m for m in split if m not in used)
     dims = w.settle_repeats(eqn, phase, out_aval, dims, repeat, "scatter result split twice over a mesh axis")
     out = w.relayout(out_aval, dims)
@@ -610,9 +661,16 @@ def requested_dims(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
         if id(v) in w.requested:
             return w.requested[id(v)]
         uses = w.uses.get(id(v), [])
-        if len(uses) != 1 or uses[0][0].primitive.name not in CARRIERS - {"transpose"}:
+        if len(uses) != 1:
             return None
-        v = uses[0][0].outvars[0]
+        user = uses[0][0]
+        if user.primitive.name in PLACEMENTS:  # an Explicit program's reshard to the output's type asks outright
+            split = placement_dims(user)
+            rank = len(getattr(v.aval, "shape", ()))
+            return tuple(split[:rank]) + ((),) * (rank - len(split)) if split else None
+        if user.primitive.name not in CARRIERS - {"transpose"}:
+            return None
+        v = user.outvars[0]
 
 
 def _moved_scatter_add(
@@ -667,7 +725,8 @@ def _moved_scatter_add(
         steps = [("all-reduce", g, table_piece * gather), ("collective-permute", 2, table_piece)]
     start = len(w.ops)
     moved = replace(plan, steps=tuple(steps))
-    _record_lookup(w, eqn, phase, repeat, moved, tuple(m for m in sizes if m in split or m in free_axes), table)
+    axes = tuple(m for m in sizes if m in split or m in free_axes)
+    _record_lookup(w, eqn, phase, repeat, moved, axes, table, "scatter-add into the table's pieces")
     if plan.close:
         mark_approximate(w, start, plan.note)
     return table
