@@ -11,6 +11,7 @@ its cost estimate (the indices or the table move onto free mesh axes, or one of 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
-from test_primitive_rules import DEEP, FAST, Case, _explain, _mesh, check, layout
+from test_primitive_rules import DEEP, FAST, MESHES, Case, _explain, _mesh, check, layout
 
 from einshard.analysis.program.rules_indexing import lookup_plans
 
@@ -88,16 +89,40 @@ def lookup_case(draw: Any) -> Case:
     vocab = draw(st.sampled_from([16, 64, 256]))
     width = draw(st.sampled_from([16, 32]))
     batch, seq = draw(st.sampled_from([8, 16])), draw(st.sampled_from([8, 16]))
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     if draw(st.booleans()):
+        # An embedding: the table and the tokens laid out independently.
         table = jax.ShapeDtypeStruct((vocab, width), jnp.float32)
-        ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-        fn, name = _take, "gather"
-    else:
-        table = jax.ShapeDtypeStruct((batch, seq, vocab), jnp.float32)
-        ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-        fn, name = _label_logit, "take_along_axis"
-    rank, explicit, specs = draw(layout([table.shape, ids.shape]))
-    return Case(name, fn, (table, ids), specs, rank, explicit, draw(st.booleans()), LOOKUP_MEMORY)
+        rank, explicit, specs = draw(layout([table.shape, ids.shape]))
+        return Case("gather", _take, (table, ids), specs, rank, explicit, draw(st.booleans()), LOOKUP_MEMORY)
+    # A label lookup: the logits split along the batch and sequence as the labels are (data parallelism,
+    # FSDP, sequence splits), and along the vocabulary over a mesh axis the labels may use too (a
+    # vocabulary-parallel LM head).  Logits and labels split along *different* batch axes are not drawn:
+    # XLA's choice there (which side moves, and how) is not reproduced yet (see the module's notes).
+    logits = jax.ShapeDtypeStruct((batch, seq, vocab), jnp.float32)
+    rank, explicit, (label_spec,) = draw(layout([ids.shape]))
+    names, sizes = MESHES[rank][1], dict(zip(*reversed(MESHES[rank])))
+    label_dims = list(label_spec) + [None] * (2 - len(label_spec))
+    used = {m for e in label_dims if e for m in ((e,) if isinstance(e, str) else e)}
+    vocab_axes = [m for m in names if draw(st.booleans()) and (m in used or vocab % sizes[m] == 0)]
+    vocab_axes = [m for m in vocab_axes if vocab % math.prod(sizes[a] for a in vocab_axes) == 0]
+    logit_spec = P(
+        *[
+            e if not vocab_axes or not set((e,) if isinstance(e, str) else e or ()) & set(vocab_axes) else None
+            for e in label_dims
+        ],
+        tuple(vocab_axes) or None,
+    )
+    return Case(
+        "take_along_axis",
+        _label_logit,
+        (logits, ids),
+        (logit_spec, label_spec),
+        rank,
+        explicit,
+        draw(st.booleans()),
+        LOOKUP_MEMORY,
+    )
 
 
 @given(lookup_case())

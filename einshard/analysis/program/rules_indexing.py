@@ -313,14 +313,16 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     pairs = list(zip(op_batch, idx_batch))
     lookup_split = {m for i, d in enumerate(operand.dims) if sizes[i] == 1 and i not in op_batch for m in d}
     idx_batch_split = {m for _, ib in pairs for m in indices.dims[ib]}
-    if (
-        idx_batch_split
-        and not idx_batch_split & lookup_split
-        and any(operand.dims[ob] for ob, _ in pairs)
-        and any(operand.dims[ob] != indices.dims[ib] for ob, ib in pairs)
-    ):
-        # Both split along batch axes, differently (logits split along the batch, labels along the
-        # sequence): XLA moves the operand to the indices' batch splits (one all-to-all), measured.
+    crossed = any(
+        set(operand.dims[ob]) & set(indices.dims[ib2])
+        for k, (ob, _) in enumerate(pairs)
+        for j, (_, ib2) in enumerate(pairs)
+        if k != j
+    )
+    if crossed and not idx_batch_split & lookup_split:
+        # A mesh axis splits one batch axis of the operand and another of the indices (logits split along
+        # the batch, labels along the sequence): XLA moves the operand to the indices' batch splits (one
+        # all-to-all), measured.
         target = list(operand.dims)
         for ob, ib in pairs:
             target[ob] = indices.dims[ib]
