@@ -109,9 +109,22 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
     frontier: list[tuple[Any, tuple[int, ...]]] = [(var, tuple(range(len(out.dims))))]
     while frontier:
         v, axis_of = frontier.pop(0)  # axis_of[i]: the dot result's axis that is v's axis i
+        asked = w.requested.get(id(v))
+        if asked is not None:
+            # A program output the caller asks split (a weight gradient returned in its FSDP layout, maybe
+            # after summing with the table's lookup gradient): the sum lands split there, a reduce-scatter.
+            for i, split in enumerate(asked):
+                axis = axis_of[i] if i < len(axis_of) else -1
+                if axis < 0 or not split or not set(split) <= sums or set(split) & used:
+                    continue
+                if out.shape[axis] % math.prod(w.costs.mesh_sizes[m] for m in split) == 0:
+                    return [split if a == axis else d for a, d in enumerate(out.dims)]
         for eqn, k in w.uses.get(id(v), ()):
             name = eqn.primitive.name
-            if name == "transpose":
+            if name in GRADIENT_SUMS and len(w.uses.get(id(v), ())) == 1:
+                if getattr(eqn.outvars[0].aval, "shape", None) == getattr(v.aval, "shape", None):
+                    frontier.append((eqn.outvars[0], axis_of))
+            elif name == "transpose":
                 perm = eqn.params["permutation"]
                 frontier.append((eqn.outvars[0], tuple(axis_of[p] for p in perm)))
             elif name in CARRIERS:
@@ -652,11 +665,16 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     return [out]
 
 
+# Adds of two same-shaped values: a gradient summed over several uses (a table looked up twice, T5's shared
+# embedding): the layout asked of the sum is asked of each addend (XLA propagates the sharding both ways).
+GRADIENT_SUMS = frozenset({"add_any", "add"})
+
+
 def requested_dims(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
     """The layout the caller asks for the program output ``var`` becomes (``report(out_specs=)``), if any.
 
-    Followed through the ops that carry a value to the output unchanged but for its dtype and through a
-    nested call's results (:func:`~.registry.call_rule` hands the call's requested layouts to its body).
+    Followed through the ops that carry a value to the output unchanged but for its dtype, through gradient
+    sums (:data:`GRADIENT_SUMS`) and through a nested call's results (:func:`~.registry.call_rule` hands the call's requested layouts to its body).
     """
     v = var
     while True:
@@ -670,7 +688,8 @@ def requested_dims(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
             split = placement_dims(user)
             rank = len(getattr(v.aval, "shape", ()))
             return tuple(split[:rank]) + ((),) * (rank - len(split)) if split else None
-        if user.primitive.name not in CARRIERS - {"transpose"}:
+        same_shape = getattr(user.outvars[0].aval, "shape", None) == getattr(v.aval, "shape", None)
+        if user.primitive.name not in (CARRIERS - {"transpose"}) | GRADIENT_SUMS or not same_shape:
             return None
         v = user.outvars[0]
 
