@@ -107,12 +107,14 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
     """
     used = {m for d in out.dims for m in d}
     frontier: list[tuple[Any, tuple[int, ...]]] = [(var, tuple(range(len(out.dims))))]
+    summed_with: set[int] = set()  # values reached through a gradient sum
     while frontier:
         v, axis_of = frontier.pop(0)  # axis_of[i]: the dot result's axis that is v's axis i
-        asked = w.requested.get(id(v))
+        asked = w.requested.get(id(v)) if id(v) in summed_with else None
         if asked is not None:
-            # A program output the caller asks split (a weight gradient returned in its FSDP layout, maybe
-            # after summing with the table's lookup gradient): the sum lands split there, a reduce-scatter.
+            # A program output the caller asks split, reached through a gradient sum (a tied embedding's
+            # gradient: the head's dot plus the lookups' scatter-adds): the dot's sum lands split there, a
+            # reduce-scatter.  (A dot whose own result leaves the program stays pending: dot_general.)
             for i, split in enumerate(asked):
                 axis = axis_of[i] if i < len(axis_of) else -1
                 if axis < 0 or not split or not set(split) <= sums or set(split) & used:
@@ -123,6 +125,7 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
             name = eqn.primitive.name
             if name in GRADIENT_SUMS and len(w.uses.get(id(v), ())) == 1:
                 if getattr(eqn.outvars[0].aval, "shape", None) == getattr(v.aval, "shape", None):
+                    summed_with.add(id(eqn.outvars[0]))
                     frontier.append((eqn.outvars[0], axis_of))
             elif name == "transpose":
                 perm = eqn.params["permutation"]
