@@ -351,9 +351,14 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
         operand = moved_operand
     batch_dims = {}
     for ob, ib in pairs:
-        if indices.dims[ib] and set(indices.dims[ib]) <= lookup_split and not operand.dims[ob]:
-            # The indices' batch split is the table's lookup split (labels split along the batch over the
-            # mesh axis that splits the logits' vocabulary): a masked lookup (step 2), nothing agrees here.
+        if set(indices.dims[ib]) & lookup_split and not operand.dims[ob]:
+            # The indices' batch split names the table's lookup split (labels split along the batch over the
+            # mesh axis that splits the logits' vocabulary): that part is a masked lookup (step 2); the rest
+            # of the split the operand takes by a local slice (measured: labels over (data, model), logits'
+            # vocabulary over model: the labels gathered over model, one reduce-scatter).
+            rest = tuple(m for m in indices.dims[ib] if m not in lookup_split)
+            if rest and not set(rest) & {m for d in operand.dims for m in d}:
+                operand = operand.with_dims(tuple(rest if k == ob else d for k, d in enumerate(operand.dims)))
             batch_dims[ib] = indices.dims[ib]
             continue
         d, operand, indices = _agree(w, eqn, phase, repeat, operand, ob, indices, ib, "gather batch axes disagree")
@@ -389,7 +394,14 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     wanted = result_dims(indices, batch_dims)
     start = len(w.ops)
     approx_note = ""
-    if set(masked) & idx_used:
+    if set(masked) & idx_used and op_batch:
+        # A lookup with batching axes (take_along_axis: a label lookup in logits split along the vocabulary
+        # over a mesh axis that splits the labels too): priced as the indices gathered (below); measured,
+        # XLA may move the operand onto free mesh axes instead (a collective-permute, then an all-reduce).
+        approx_note = (
+            "a batched lookup split like its operand: XLA may move the operand instead of gathering the indices"
+        )
+    elif set(masked) & idx_used:
         plan = choose_lookup(w, operand, indices, masked, wanted, out_aval, indices_dtype(eqn))
         approx_note = plan.note if plan.close else ""
         if plan.move in ("move table", "move indices"):
@@ -426,7 +438,14 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
         if wanted != dims:
             out = w.relayout(out_aval, wanted)
         kind: SentKind = "reduce-scatter" if out.dims != dims else "all-reduce"
+        summed_at = len(w.ops)
         charge(w, eqn, phase, repeat, kind, masked, [piece], "masked gather from a sharded table", out)
+        if kind == "reduce-scatter" and not approx_note:
+            # Measured both ways: with no layout asked of the result, XLA may keep it whole (an all-reduce,
+            # no slice) instead of slicing it back to the indices' split.
+            approx_note = "a masked lookup's sum: XLA may all-reduce the result whole instead of reduce-scattering it"
+            mark_approximate(w, summed_at, approx_note)
+            approx_note = ""
     elif masked:
         pending = out.with_dims(out.dims, frozenset(masked))
         if wanted != dims:
