@@ -64,6 +64,12 @@ def call_rule(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -
     outer_path = w.call_path
     env: dict[Any, Layout] = {}  # kept: peak memory inlines the call (Walker.sub_envs)
     w.call_path = (*outer_path, id(eqn))
+    from .rules_indexing import requested_dims
+
+    for v, inner_v in zip(eqn.outvars, inner.outvars):  # a layout asked of the call's result is asked of its body's
+        want = requested_dims(w, v)
+        if want is not None and not hasattr(inner_v, "val"):
+            w.requested[id(inner_v)] = want
     try:
         inner_outs = w.walk(inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, inherit(phase), env=env)
     finally:
