@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..cost import Collective
+from .report import APPROXIMATE_MARK
 
 if TYPE_CHECKING:
     from .walker import Walker
@@ -32,7 +33,7 @@ __all__ = ["APPROXIMATE", "shift_pieces", "halo_pieces", "charge", "itemsize", "
 
 # The note that marks an op whose collectives turn on an XLA heuristic explain does not reproduce
 # (``OpReport.note`` starts with it, followed by what may differ and by how much).
-APPROXIMATE = "approximate"
+APPROXIMATE = APPROXIMATE_MARK
 
 SentKind = Literal["all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute"]
 

@@ -68,10 +68,19 @@ def call_rule(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -
         for k, (ov, iv) in enumerate(zip(eqn.outvars, inner.outvars))
         if id(ov) in w.program_outputs and not hasattr(iv, "val")
     )
-    # Walked once per structure, entering layouts and leaving results, replayed after (identical blocks: see
-    # .blocks); the body's environment is kept under this call's path (peak memory inlines the call: Walker.sub_envs).
+    from .rules_indexing import requested_dims
+
+    # A layout asked of the call's result is asked of its body's.
+    asked = tuple(
+        (k, want)
+        for k, (v, iv) in enumerate(zip(eqn.outvars, inner.outvars))
+        if not hasattr(iv, "val") and (want := requested_dims(w, v)) is not None
+    )
+    # Walked once per structure, entering layouts, leaving and asked-for results, replayed after (identical
+    # blocks: see .blocks); the body's environment is kept under this call's path (peak memory inlines the call:
+    # Walker.sub_envs).
     inner_outs = w.walk_call(
-        eqn, inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, inherit(phase), leaving
+        eqn, inner, ins[-len(inner.invars) :] if inner.invars else [], repeat, inherit(phase), leaving, asked
     )
     # A sub-jaxpr's broadcast constants stay free: their consumer decides their layout.
     # Pending sums leave the call pending: the consumer outside settles them.

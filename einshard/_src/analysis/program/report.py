@@ -8,7 +8,13 @@ from typing import Any
 
 from ...core.layout import Layout, MeshAxis
 
-__all__ = ["OpReport", "ProgramReport"]
+__all__ = ["OpReport", "ProgramReport", "ApproximateBound"]
+
+# An op's note starts with this when its collectives turn on an XLA heuristic explain does not reproduce
+# (the same word as movement.APPROXIMATE, which the rules write; kept here so the report imports no rule module).
+APPROXIMATE_MARK = "approximate"
+# Words of an approximate note whose difference has no static bound (a while loop's run-time trip count).
+UNBOUNDED_MARKS = ("known at run time",)
 
 # Results
 
@@ -34,6 +40,31 @@ class OpReport:
     @property
     def comm_bytes(self) -> float:
         return self.repeat * sum(c.bytes for c in self.collectives)
+
+    @property
+    def approximate(self) -> bool:
+        """Whether its collectives turn on an XLA heuristic explain does not reproduce (the note says what)."""
+        return self.note.startswith(APPROXIMATE_MARK)
+
+
+@dataclass(frozen=True)
+class ApproximateBound:
+    """How far XLA's collectives may be from explain's, summed over the approximate ops.
+
+    XLA's choice at such an op is either explain's or another way of moving the same data: for each
+    collective explain charges there over a group of n devices, at most n - 1 collectives (a
+    collective-permute per distance) and at most its whole buffer (every run counted).  ``None`` fields:
+    no static bound (a while loop whose trip count is a run-time value).
+    """
+
+    collectives: int | None
+    bytes: float | None
+
+    def __str__(self) -> str:
+        if self.collectives is None or self.bytes is None:
+            return "by an amount known only at run time"
+        n = self.collectives
+        return f"by up to {n} collective{'s' if n != 1 else ''} and {_bytes(self.bytes)}/device"
 
 
 @dataclass(frozen=True)
@@ -78,19 +109,58 @@ class ProgramReport:
         """Whether every op had a layout rule (else its numbers rest on the replicate-it fallback)."""
         return not self.unfollowed
 
+    @property
+    def approximate_ops(self) -> tuple[OpReport, ...]:
+        """The ops whose collectives turn on an XLA heuristic explain does not reproduce."""
+        return tuple(op for op in self.ops if op.approximate)
+
+    @property
+    def approximate(self) -> bool:
+        """Whether some op's collectives may differ from XLA's (:attr:`approximate_at` says which, by how much)."""
+        return bool(self.approximate_ops)
+
+    @property
+    def approximate_at(self) -> tuple[str, ...]:
+        """Where the approximate ops are, one entry per primitive and line: ``'pad at model.py:12 (f)'``."""
+        seen: dict[str, None] = {}
+        for op in self.approximate_ops:
+            seen.setdefault(f"{op.primitive} at {op.where}" if op.where else op.primitive)
+        return tuple(seen)
+
+    @property
+    def approximate_bound(self) -> ApproximateBound:
+        """How far XLA's collectives may be from the report's (zero when nothing is approximate)."""
+        ops = self.approximate_ops
+        if any(mark in op.note for op in ops for mark in UNBOUNDED_MARKS):
+            return ApproximateBound(None, None)
+        # Where XLA moves the data its own way (a collective-permute per distance, all-to-alls) it sends each
+        # of a collective's group_size - 1 peers at most one piece, and no more than the whole buffer.
+        return ApproximateBound(
+            sum(max(1, sum(max(1, c.group_size - 1) for c in op.collectives)) * op.repeat for op in ops),
+            sum(op.repeat * sum(c.array_bytes for c in op.collectives) for op in ops),
+        )
+
     def headline(self) -> str:
-        """The first line: completeness, the mesh and the profile the times are for."""
+        """The first line: completeness, approximate ops, the mesh and the profile the times are for."""
         mesh = ", ".join(f"{m.name}={m.size}" for m in self.mesh)
         line = f"mesh: {mesh}   profile: {getattr(self.profile, 'name', self.profile)}"
         if self.caveat:  # a TPU profile: where its compiler departs from the model leads the report
             line = f"{line}   {self.caveat}"
-        if self.complete:
-            return line
-        where = "; ".join(self.unfollowed_at) or ", ".join(self.unfollowed)
-        return (
-            f"INCOMPLETE: no layout rule for {where} (priced as XLA runs an op it cannot partition: "
-            f"operands all-gathered, computed replicated; check with einshard.plan(verify=) or the HLO)   {line}"
-        )
+        marks: list[str] = []
+        if not self.complete:
+            where = "; ".join(self.unfollowed_at) or ", ".join(self.unfollowed)
+            marks.append(
+                f"INCOMPLETE: no layout rule for {where} (priced as XLA runs an op it cannot partition: "
+                f"operands all-gathered, computed replicated; check with einshard.plan(verify=) or the HLO)"
+            )
+        if self.approximate:
+            n = len(self.approximate_ops)
+            marks.append(
+                f"APPROXIMATE: {n} op{'s' if n != 1 else ''} turn{'s' if n == 1 else ''} on an XLA heuristic "
+                f"explain does not reproduce ({'; '.join(self.approximate_at)}): XLA's collectives may differ "
+                f"{self.approximate_bound}"
+            )
+        return "   ".join([*marks, line])
 
     @property
     def caveat(self) -> str:
@@ -103,6 +173,12 @@ class ProgramReport:
             "profile": getattr(self.profile, "name", str(self.profile)),
             "caveat": self.caveat,
             "unfollowed_at": list(self.unfollowed_at),
+            "approximate": self.approximate,
+            "approximate_at": list(self.approximate_at),
+            "approximate_bound": {
+                "collectives": self.approximate_bound.collectives,
+                "bytes": self.approximate_bound.bytes,
+            },
             "mesh": {m.name: m.size for m in self.mesh},
             "flops": self.flops,
             "comm_bytes": self.comm_bytes,
@@ -161,6 +237,8 @@ class ProgramReport:
                 at = f"at {op.where}" + (f" (inside {op.inside})" if op.inside else "") if op.where else ""
                 reads = "reads " + ", ".join(op.reads) if op.reads else ""
                 lines.append(" " * 16 + "; ".join(t for t in (at, reads) if t))
+            if op.approximate:
+                lines.append(" " * 16 + op.note)
         lines.append("-" * len(header))
         for phase, tot in self.phases.items():
             lines.append(

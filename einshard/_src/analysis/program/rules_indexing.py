@@ -19,12 +19,14 @@ and ``scatter`` follow XLA's SPMD partitioner:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from ...core.layout import Layout
+from ..cost import Collective
 from .costing import is_free
 from .memory import Partial
+from .movement import SentKind, charge, itemsize, mark_approximate
 from .registry import register
 from .rules_structural import _explicit_dims
 
@@ -105,11 +107,27 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
     """
     used = {m for d in out.dims for m in d}
     frontier: list[tuple[Any, tuple[int, ...]]] = [(var, tuple(range(len(out.dims))))]
+    summed_with: set[int] = set()  # values reached through a gradient sum
     while frontier:
         v, axis_of = frontier.pop(0)  # axis_of[i]: the dot result's axis that is v's axis i
+        asked = w.requested.get(id(v)) if id(v) in summed_with else None
+        if asked is not None:
+            # A program output the caller asks split, reached through a gradient sum (a tied embedding's
+            # gradient: the head's dot plus the lookups' scatter-adds): the dot's sum lands split there, a
+            # reduce-scatter.  (A dot whose own result leaves the program stays pending: dot_general.)
+            for i, split in enumerate(asked):
+                axis = axis_of[i] if i < len(axis_of) else -1
+                if axis < 0 or not split or not set(split) <= sums or set(split) & used:
+                    continue
+                if out.shape[axis] % math.prod(w.costs.mesh_sizes[m] for m in split) == 0:
+                    return [split if a == axis else d for a, d in enumerate(out.dims)]
         for eqn, k in w.uses.get(id(v), ()):
             name = eqn.primitive.name
-            if name == "transpose":
+            if name in GRADIENT_SUMS and len(w.uses.get(id(v), ())) == 1:
+                if getattr(eqn.outvars[0].aval, "shape", None) == getattr(v.aval, "shape", None):
+                    summed_with.add(id(eqn.outvars[0]))
+                    frontier.append((eqn.outvars[0], axis_of))
+            elif name == "transpose":
                 perm = eqn.params["permutation"]
                 frontier.append((eqn.outvars[0], tuple(axis_of[p] for p in perm)))
             elif name in CARRIERS:
@@ -308,8 +326,41 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     if is_free(operand):
         operand = w.replicated(operand)
     # 1. batching axes: operand and indices split alike (the common case: both follow the batch).
+    pairs = list(zip(op_batch, idx_batch))
+    lookup_split = {m for i, d in enumerate(operand.dims) if sizes[i] == 1 and i not in op_batch for m in d}
+    idx_batch_split = {m for _, ib in pairs for m in indices.dims[ib]}
+    crossed = any(
+        set(operand.dims[ob]) & set(indices.dims[ib2])
+        for k, (ob, _) in enumerate(pairs)
+        for j, (_, ib2) in enumerate(pairs)
+        if k != j
+    )
+    if crossed and not idx_batch_split & lookup_split:
+        # A mesh axis splits one batch axis of the operand and another of the indices (logits split along
+        # the batch, labels along the sequence): XLA moves the operand to the indices' batch splits (one
+        # all-to-all), measured.
+        target = list(operand.dims)
+        for ob, ib in pairs:
+            target[ob] = indices.dims[ib]
+        placed = {m for ob, _ in pairs for m in target[ob]}
+        target = [d if k in op_batch else tuple(m for m in d if m not in placed) for k, d in enumerate(target)]
+        moved_operand = operand.with_dims(tuple(target))
+        w.change(
+            eqn, phase, operand, moved_operand, dtype, repeat, "gather batch axes: the operand follows the indices"
+        )
+        operand = moved_operand
     batch_dims = {}
-    for ob, ib in zip(op_batch, idx_batch):
+    for ob, ib in pairs:
+        if set(indices.dims[ib]) & lookup_split and not operand.dims[ob]:
+            # The indices' batch split names the table's lookup split (labels split along the batch over the
+            # mesh axis that splits the logits' vocabulary): that part is a masked lookup (step 2); the rest
+            # of the split the operand takes by a local slice (measured: labels over (data, model), logits'
+            # vocabulary over model: the labels gathered over model, one reduce-scatter).
+            rest = tuple(m for m in indices.dims[ib] if m not in lookup_split)
+            if rest and not set(rest) & {m for d in operand.dims for m in d}:
+                operand = operand.with_dims(tuple(rest if k == ob else d for k, d in enumerate(operand.dims)))
+            batch_dims[ib] = indices.dims[ib]
+            continue
         d, operand, indices = _agree(w, eqn, phase, repeat, operand, ob, indices, ib, "gather batch axes disagree")
         batch_dims[ib] = d
     # 2. indexed axes: a split one is gathered locally under a mask and the result summed (slice size 1),
@@ -341,7 +392,34 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     # sums the masked lookup back into it (all-reduce + slice: a reduce-scatter), so the batch
     # split survives the lookup (an FSDP embedding table split over the batch's own axis).
     wanted = result_dims(indices, batch_dims)
-    if set(masked) & idx_used:
+    start = len(w.ops)
+    approx_note = ""
+    if set(masked) & idx_used and op_batch:
+        # A lookup with batching axes (take_along_axis: a label lookup in logits split along the vocabulary
+        # over a mesh axis that splits the labels too): priced as the indices gathered (below); measured,
+        # XLA may move the operand onto free mesh axes instead (a collective-permute, then an all-reduce).
+        approx_note = (
+            "a batched lookup split like its operand: XLA may move the operand instead of gathering the indices"
+        )
+    elif set(masked) & idx_used:
+        plan = choose_lookup(w, operand, indices, masked, wanted, out_aval, indices_dtype(eqn))
+        approx_note = plan.note if plan.close else ""
+        if plan.move in ("move table", "move indices"):
+            table_used = {m for d in operand.dims for m in d}
+            moved = tuple(m for m in w.costs.mesh_sizes if m in masked or not {m} & (idx_used | table_used))
+            _record_lookup(w, eqn, phase, repeat, plan, moved, w.relayout(out_aval, wanted))
+            if approx_note:
+                mark_approximate(w, start, approx_note)
+            return [w.relayout(out_aval, wanted)]
+        if plan.move == "gather table":
+            shared = tuple(m for m in masked if m in idx_used)
+            whole = operand.with_dims(tuple(tuple(m for m in d if m not in shared) for d in operand.dims))
+            w.change(eqn, phase, operand, whole, dtype, repeat, "gather: the table gathered where the indices split")
+            operand = whole
+            masked = tuple(m for m in masked if m not in shared)
+            wanted = result_dims(indices, batch_dims)
+    gathered_indices = bool(set(masked) & idx_used)
+    if gathered_indices:
         # The indices are split over a mesh axis that also splits the table: the masked lookup
         # needs every index on every table shard: XLA gathers the (small) indices first.
         keep = tuple(tuple(m for m in d if m not in masked) for d in indices.dims)
@@ -352,13 +430,169 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
         eqn, phase, out_aval, result_dims(indices, batch_dims), repeat, "gather result split twice over a mesh axis"
     )
     out = w.relayout(out_aval, dims)
-    if masked:
+    if masked and gathered_indices and set(masked) - idx_used:
+        # A table split over more mesh axes than the indices share: every device looked up every index of
+        # its piece, and XLA sums the whole result over the table's split at once and slices its own piece
+        # (all-reduce + dynamic-slice: one reduce-scatter), measured; not one sum per mesh axis.
+        piece = math.prod(out.shard_shape) * itemsize(dtype)
+        if wanted != dims:
+            out = w.relayout(out_aval, wanted)
+        kind: SentKind = "reduce-scatter" if out.dims != dims else "all-reduce"
+        summed_at = len(w.ops)
+        charge(w, eqn, phase, repeat, kind, masked, [piece], "masked gather from a sharded table", out)
+        if kind == "reduce-scatter" and not approx_note:
+            # Measured both ways: with no layout asked of the result, XLA may keep it whole (an all-reduce,
+            # no slice) instead of slicing it back to the indices' split.
+            approx_note = "a masked lookup's sum: XLA may all-reduce the result whole instead of reduce-scattering it"
+            mark_approximate(w, summed_at, approx_note)
+            approx_note = ""
+    elif masked:
         pending = out.with_dims(out.dims, frozenset(masked))
         if wanted != dims:
             # (a mesh axis that wanted names twice keeps its first use, as above, where its gather was paid)
             out = w.relayout(out_aval, wanted)
         w.change(eqn, phase, pending, out, dtype, repeat, "masked gather from a sharded table")
+    if approx_note:
+        mark_approximate(w, start, approx_note)
     return [out]
+
+
+# How XLA's SPMD partitioner runs a lookup whose table is split along the indexed axis over mesh axes the
+# indices are split over too (an FSDP embedding table, vocabulary over 'data', looked up by tokens split over
+# 'data'): each device can only look up the rows it holds, so one side has to move.  Measured on one-op
+# programs (tests/test_lookup_rules.py), it does one of four things:
+#
+# * "move indices": the indices' split moves onto mesh axes neither uses (a collective-permute, plus an
+#   all-gather where those axes are fewer devices than the shared split), each device looks up its rows under a
+#   mask, the result is all-reduced over the table's split and brought back to the indices' split (a slice and
+#   a collective-permute) — the FSDP (data=4, model=2) case;
+# * "move table": the table's split moves onto the free axes instead (a collective-permute of the table's
+#   piece, plus an all-gather where they are fewer devices), the masked result is all-reduced there;
+# * "gather table": with no free axes, the table is all-gathered along the shared axes;
+# * "gather indices": with no free axes, the indices are all-gathered and the masked result all-reduced whole,
+#   then sliced (a reduce-scatter).
+#
+# XLA picks by its own estimate of each way's cost; explain estimates them with the buffers each moves (what
+# the HLO prints) and takes the cheapest.  Where the runner-up is within CLOSE of the cheapest, XLA's estimate
+# may pick it instead: the op is marked approximate (the report's first line says so, with the bound).
+LookupMove = Literal["move indices", "move table", "gather table", "gather indices"]
+CLOSE = 1.5
+
+
+@dataclass(frozen=True)
+class LookupPlan:
+    """One way to run a masked lookup whose indices split over the table's indexed split, and what it moves."""
+
+    move: LookupMove
+    cost: float  # the buffers its collectives move (bytes, as XLA prints them)
+    steps: tuple[tuple[SentKind, int, int], ...]  # (kind, group size, buffer bytes) in program order
+    close: bool = False  # another way costs within CLOSE of it: XLA may take that one
+    note: str = ""
+
+
+def lookup_plans(
+    table_piece: int, index_piece: int, result_piece: int, shared: int, free: int, rest: int
+) -> tuple[LookupPlan, ...]:
+    """The ways XLA can run the lookup, priced (pure arithmetic; see above).
+
+    ``table_piece``/``index_piece``/``result_piece``: per-device bytes of the table, the indices and the result
+    in the indices' split; ``shared``: devices of the split the table and the indices share; ``free``: devices of
+    the mesh axes neither uses; ``rest``: devices of the table's indexed split the indices do not share.
+    """
+    plans: list[LookupPlan] = []
+    table_steps: list[tuple[SentKind, int, int]]
+    index_steps: list[tuple[SentKind, int, int]]
+    if free > 1:
+        g = math.gcd(free, shared)  # how many ways the moved split fits on the free devices
+        gather = shared // g
+        table_steps = [("collective-permute", 2, table_piece)]
+        index_steps = [("collective-permute", 2, index_piece)]
+        if gather > 1:
+            table_steps.append(("all-gather", gather, table_piece * gather))
+            index_steps.append(("all-gather", gather, index_piece * gather))
+        table_steps.append(("all-reduce", g * rest, result_piece))
+        # The summed result is split the moved way; where that is coarser than the indices' split it is sliced
+        # before it moves back (all-reduce + dynamic-slice: a reduce-scatter, as the HLO reader reads it).
+        summed: SentKind = "reduce-scatter" if gather > 1 else "all-reduce"
+        index_steps += [(summed, shared * rest, result_piece * gather), ("collective-permute", 2, result_piece)]
+        if rest == 1:
+            # Measured: only a table split wholly along the shared axes moves (a table split over more
+            # axes than the indices share keeps its split; the indices move).
+            plans.append(LookupPlan("move table", sum(b for _, _, b in table_steps), tuple(table_steps)))
+        plans.append(LookupPlan("move indices", sum(b for _, _, b in index_steps), tuple(index_steps)))
+    else:
+        # Compared by the bytes each device sends (an all-reduce sends its buffer twice): measured, XLA gathers a
+        # table as large as the result rather than all-reduce the result whole.
+        whole = table_piece * shared
+        index_steps = [
+            ("all-gather", shared, index_piece * shared),
+            ("reduce-scatter", shared * rest, result_piece * shared),
+        ]
+        sent_table = (shared - 1) / shared * whole
+        sent_index = (shared - 1) / shared * index_piece * shared + 2 * result_piece * shared
+        if rest == 1:  # as for moving it: only a table split wholly along the shared axes is gathered
+            plans.append(LookupPlan("gather table", sent_table, (("all-gather", shared, whole),)))
+        plans.append(LookupPlan("gather indices", sent_index, tuple(index_steps)))
+    ranked = sorted(plans, key=lambda p: p.cost)  # stable: ties go to the first listed (measured: the table moves)
+    best = ranked[0]
+    if len(ranked) == 1:
+        return (best,)
+    runner = ranked[1]
+    if runner.cost <= CLOSE * max(best.cost, 1.0):
+        note = (
+            f"a lookup split like its table: explain takes '{best.move}' ({best.cost:.0f} B), "
+            f"XLA may '{runner.move}' ({runner.cost:.0f} B)"
+        )
+        return (replace(best, close=True, note=note), runner)
+    return (best, runner)
+
+
+def choose_lookup(
+    w: Walker,
+    table: Layout,
+    indices: Layout,
+    masked: tuple[str, ...],
+    wanted: list[tuple[str, ...]],
+    out_aval: Any,
+    idx_dtype: Any,
+) -> LookupPlan:
+    """The cheapest way (:func:`lookup_plans`) to run a lookup whose indices share the table's indexed split."""
+    sizes = w.costs.mesh_sizes
+    idx_used = {m for d in indices.dims for m in d}
+    table_used = {m for d in table.dims for m in d}
+    shared = math.prod(sizes[m] for m in masked if m in idx_used)
+    rest = math.prod(sizes[m] for m in masked if m not in idx_used)
+    free = math.prod(n for m, n in sizes.items() if m not in idx_used and m not in table_used)
+    split = math.prod(sizes[m] for d in wanted for m in d)
+    table_piece = math.prod(table.shard_shape) * itemsize(out_aval.dtype)
+    index_piece = math.prod(indices.shard_shape) * itemsize(idx_dtype)
+    result_piece = math.prod(out_aval.shape) // max(split, 1) * itemsize(out_aval.dtype)
+    return lookup_plans(table_piece, index_piece, result_piece, shared, free, rest)[0]
+
+
+def _record_lookup(
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    plan: LookupPlan,
+    axes: tuple[str, ...],
+    out: Layout,
+    what: str = "masked lookup",
+) -> None:
+    """Record a moved lookup's collectives over ``axes`` (the shared and free mesh axes; a group may be part
+    of them: each is priced by its own size)."""
+    colls = []
+    for kind, n, array in plan.steps:
+        if n <= 1:
+            continue
+        sent = {"all-reduce": 2 * (n - 1) / n * array, "collective-permute": float(array)}.get(
+            kind, (n - 1) / n * array
+        )
+        t = w.costs.profile.collective_time(kind, n, sent, array)
+        colls.append(Collective(kind, axes, n, int(sent), int(array), t, "operand 1", f"lookup: {plan.move}"))
+    why = f"{what}, {plan.move} (the table is split where the indices are)"
+    w.record(eqn, phase, why, out, tuple(colls), 0.0, sum(c.time for c in colls), repeat)
 
 
 def indices_dtype(eqn: Any) -> Any:
@@ -401,9 +635,23 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     batch_axes = {by_index[ib] for ib in idx_batch}
     split = tuple(m for u in scatter_axes if u not in batch_axes for m in updates.dims[u])
     used = {m for d in dims for m in d}
+    if is_free(operand) and adds:
+        # A window axis the caller asks split (the gradient of a table split on its features, returned in
+        # the table's layout) is added into that piece only: each device keeps its slice of the updates
+        # (measured: the sum runs on the piece, not on the whole table).
+        want = requested_dims(w, eqn.outvars[0]) or ()
+        for o in op_window if len(want) == rank else ():
+            ask = want[o]
+            if ask and not dims[o] and not set(ask) & (used | set(split)):
+                dims[o] = ask
+                used |= set(ask)
     split = tuple(m for m in split if m not in used)
     dims = w.settle_repeats(eqn, phase, out_aval, dims, repeat, "scatter result split twice over a mesh axis")
     out = w.relayout(out_aval, dims)
+    if split and adds and is_free(operand):
+        moved = _moved_scatter_add(w, eqn, phase, repeat, updates, indices, split, dims, window, op_window)
+        if moved is not None:
+            return [moved]
     if split and adds:
         # Each device adds its share of the updates into its own copy: partial sums over those axes,
         # left pending: the consumer settles them (an output laid out split is reduce-scattered, or
@@ -437,6 +685,94 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
         )
         w.change(eqn, phase, updates, whole, updates_dtype(eqn), repeat, "scatter of split updates")
     return [out]
+
+
+# Adds of two same-shaped values: a gradient summed over several uses (a table looked up twice, T5's shared
+# embedding): the layout asked of the sum is asked of each addend (XLA propagates the sharding both ways).
+GRADIENT_SUMS = frozenset({"add_any", "add"})
+
+
+def requested_dims(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The layout the caller asks for the program output ``var`` becomes (``report(out_specs=)``), if any.
+
+    Followed through the ops that carry a value to the output unchanged but for its dtype, through gradient
+    sums (:data:`GRADIENT_SUMS`) and through a nested call's results (:func:`~.registry.call_rule` hands the call's requested layouts to its body).
+    """
+    v = var
+    while True:
+        if id(v) in w.requested:
+            return w.requested[id(v)]
+        uses = w.uses.get(id(v), [])
+        if len(uses) != 1:
+            return None
+        user = uses[0][0]
+        if user.primitive.name in PLACEMENTS:  # an Explicit program's reshard to the output's type asks outright
+            split = placement_dims(user)
+            rank = len(getattr(v.aval, "shape", ()))
+            return tuple(split[:rank]) + ((),) * (rank - len(split)) if split else None
+        same_shape = getattr(user.outvars[0].aval, "shape", None) == getattr(v.aval, "shape", None)
+        if user.primitive.name not in (CARRIERS - {"transpose"}) | GRADIENT_SUMS or not same_shape:
+            return None
+        v = user.outvars[0]
+
+
+def _moved_scatter_add(
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    updates: Layout,
+    indices: Layout,
+    split: tuple[str, ...],
+    dims: list[tuple[str, ...]],
+    window: tuple[int, ...],
+    op_window: list[int],
+) -> Layout | None:
+    """The transpose of a moved lookup (:func:`lookup_plans`): a scatter-add into zeros whose result is asked
+    for split along the scattered axis over the very mesh axes its updates are split over (an FSDP embedding
+    table's gradient).  XLA mirrors the forward's way: "move indices" moves the updates onto the free axes (a
+    collective-permute, plus an all-gather where they are fewer devices), adds them into each device's piece of
+    the table and all-reduces that piece over the free axes; "move table" sums the piece where the table moved
+    and permutes it back.  Measured on one-op programs (tests/test_lookup_rules.py).  None: not that case, or
+    the cheapest way is to gather (the caller's pending sum is then reduce-scattered where it is asked)."""
+    out_aval = eqn.outvars[0].aval
+    want = requested_dims(w, eqn.outvars[0])
+    if want is None or len(want) != len(dims) or is_free(updates) or is_free(indices):
+        return None
+    scattered = [i for i in range(len(dims)) if i not in op_window]  # the table's indexed (inserted) axes
+    table_split = tuple(m for i in scattered for m in want[i])
+    if not table_split or set(table_split) != set(split):
+        return None
+    sizes = w.costs.mesh_sizes
+    used = {m for d in updates.dims for m in d} | {m for d in indices.dims for m in d} | {m for d in want for m in d}
+    free_axes = tuple(m for m in sizes if m not in used)
+    shared = math.prod(sizes[m] for m in split)
+    free = math.prod(sizes[m] for m in free_axes)
+    if free <= 1:
+        return None
+    table = w.relayout(out_aval, want)
+    table_piece = math.prod(table.shard_shape) * itemsize(out_aval.dtype)
+    update_piece = math.prod(updates.shard_shape) * itemsize(out_aval.dtype)
+    index_piece = math.prod(indices.shard_shape) * itemsize(indices_dtype(eqn))
+    # The forward's choice, priced as the forward's pieces: the cotangent is the lookup's result.
+    plan = lookup_plans(table_piece, index_piece, update_piece, shared, free, 1)[0]
+    g = math.gcd(free, shared)
+    gather = shared // g
+    steps: list[tuple[SentKind, int, int]]
+    if plan.move == "move indices":
+        steps = [("collective-permute", 2, update_piece)]
+        if gather > 1:
+            steps.append(("all-gather", gather, update_piece * gather))
+        steps.append(("all-reduce", g, table_piece))
+    else:
+        steps = [("all-reduce", g, table_piece * gather), ("collective-permute", 2, table_piece)]
+    start = len(w.ops)
+    moved = replace(plan, steps=tuple(steps))
+    axes = tuple(m for m in sizes if m in split or m in free_axes)
+    _record_lookup(w, eqn, phase, repeat, moved, axes, table, "scatter-add into the table's pieces")
+    if plan.close:
+        mark_approximate(w, start, plan.note)
+    return table
 
 
 def _free_updates(

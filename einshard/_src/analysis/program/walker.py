@@ -354,9 +354,11 @@ class Walker:
         repeat: int,
         phase_hint: str | None,
         leaving: tuple[int, ...] = (),
+        asked: tuple[tuple[int, tuple[tuple[str, ...], ...]], ...] = (),
     ) -> list[Layout]:
         """The layouts a call's ``body`` returns for operands ``ins``, as a walk of it would find them
-        (``leaving``: the positions of its results that leave the program).
+        (``leaving``: the positions of its results that leave the program; ``asked``: the layouts the caller
+        asks of its results, by position).
 
         The body is walked in a sandbox walker (a call's values are its own: nothing of the walk
         around it enters) and what that walk did is kept as a :class:`~.blocks.Tape`, replayed here
@@ -365,10 +367,19 @@ class Walker:
         """
         costs = self.costs
         index = body_index(body, costs.structures, costs.phase_of)
-        key = (type(self), self.quiet, index.ordinal, tuple((type(x), x) for x in ins), repeat, phase_hint, leaving)
+        key = (
+            type(self),
+            self.quiet,
+            index.ordinal,
+            tuple((type(x), x) for x in ins),
+            repeat,
+            phase_hint,
+            leaving,
+            asked,
+        )
         tape = costs.tapes.get(key) if costs.memoise_blocks else None
         if tape is None:
-            tape, repeatable = self._record(eqn, body, index, ins, repeat, phase_hint, leaving)
+            tape, repeatable = self._record(eqn, body, index, ins, repeat, phase_hint, leaving, asked)
             if repeatable and costs.memoise_blocks:
                 costs.tapes[key] = tape
         else:
@@ -384,6 +395,7 @@ class Walker:
         repeat: int,
         phase_hint: str | None,
         leaving: tuple[int, ...],
+        asked: tuple[tuple[int, tuple[tuple[str, ...], ...]], ...],
     ) -> tuple[Tape, bool]:
         """Walk ``body`` in a sandbox: its tape, and whether another call may replay it (not where it met an op
         without a rule: its sites are merged here, and the report names them at this call's site)."""
@@ -391,6 +403,7 @@ class Walker:
         box = type(self)(self.costs, quiet=self.quiet)
         box._walks = 1  # the body is not the program: only its results that leave the program leave it
         box.program_outputs = {id(body.outvars[k]) for k in leaving}
+        box.requested = {id(body.outvars[k]): dims for k, dims in asked}
         box.value_names, box.eqn_where = self.value_names, self.eqn_where
         box._stepping = list(self._stepping)
         self.tape_begin(box, body)
