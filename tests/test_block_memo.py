@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import einshard
 from einshard._src.analysis.program import trace
 from einshard._src.planner.combining import combined_report
+from einshard.planner import SearchOptions
 
 MESH = {"data": 4, "model": 2}
 D, F, B = 16, 32, 8
@@ -160,10 +161,10 @@ def test_plans_of_unrolled_blocks_are_the_same_with_and_without_the_memo(monkeyp
 
     def run():
         if where == "sizes":
-            return einshard.plan(fn, params, x, mesh=MESH, profile="h100", max_evaluations=40)
+            return einshard.plan(fn, params, x, mesh=MESH, profile="h100", search=SearchOptions(max_evaluations=40))
         mesh = jax.make_mesh((4, 2), ("data", "model"))  # Explicit axes: jax.make_mesh's default
         with jax.set_mesh(mesh):
-            return einshard.plan(fn, params, x, profile="h100", max_evaluations=40)
+            return einshard.plan(fn, params, x, profile="h100", search=SearchOptions(max_evaluations=40))
 
     memo = run()
     original = costing.OpCosts.__init__

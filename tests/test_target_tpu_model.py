@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 import einshard
 from einshard._src.analysis.cost import COMPILER_CAVEATS, PROFILES, Profile, buffer_bytes
 from einshard.errors import EinshardError
+from einshard.planner import SearchOptions
 from einshard.targets import libtpu_available, parse_target, target_mesh
 from einshard.testing import hlo
 
@@ -195,7 +196,7 @@ def test_explain_and_plan_on_a_tpu_target_lead_with_the_caveat() -> None:
         in_specs=({"w1": "d f -> d f@model", "w2": "f d -> f@model d"}, "b d -> b@data d"),
     )
     assert COMPILER_CAVEATS["tpu"] in str(r).splitlines()[0]
-    plan = einshard.plan(jax.grad(loss), params, x, target=TARGET, verify=0, max_evaluations=4)
+    plan = einshard.plan(jax.grad(loss), params, x, target=TARGET, verify=0, search=SearchOptions(max_evaluations=4))
     first = plan.explanation.splitlines()[0]
     assert first.startswith(f"target {TARGET}:") and COMPILER_CAVEATS["tpu"] in first
 
