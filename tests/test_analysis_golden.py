@@ -237,6 +237,12 @@ def test_transition_s_collectives_run_as_the_lowering_runs_them(pair):
     for c in steps:
         assert c.group_size > 1 and c.before is not None and c.after is not None
         before, after = drop_trivial(c.before), drop_trivial(c.after)
+        if c.kind == "all-gather" and c.why.startswith("re-split") and before.dims == after.dims:
+            # regroup's second move (core.moves.regroup, p % q == 0): the permute leaves f copies of each new
+            # block, which a Layout cannot write (its ``before`` is the new split already); the gather over the
+            # old mesh axes joins the copies and leaves the layout as it is.
+            cur = after
+            continue
         assert all(b[: len(a)] == a for a, b in zip(cur.dims, before.dims, strict=True)), (cur, before)
         lay = before
         for step in dataclasses.replace(c, operand=0).steps:
