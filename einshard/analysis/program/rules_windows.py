@@ -10,7 +10,11 @@ on one-op programs (tests/test_primitive_rules.py checks it):
   per neighbour block the window reaches into, each side (:func:`.movement.halo_pieces`); a 3×3 SAME conv
   on rows split 4 ways sends one row up and one down;
 * a kernel gradient whose window (the cotangent's spatial axes) is split like the input's exchanges the
-  input's halos and sums the result over the split (all-reduce).
+  input's halos and sums the result over the split (all-reduce);
+* an input whose features are split like the kernel's outputs is gathered, unless the mesh axes neither
+  operand uses hold more devices than that split: XLA then moves the input's features onto them (one
+  collective-permute) and sums there (one all-reduce), or gathers the input over them when the result's
+  block is the larger (:func:`_regroup_axes`).
 
 Pooling is the same window without a kernel: a non-overlapping pool (2×2, stride 2) of blocks that
 divide moves nothing; an overlapping one exchanges halos.  Cases XLA handles by heuristics explain does
@@ -102,6 +106,20 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(_with(rhs_to, ri, ()), ro, ())
     elif lhs.dims[lf] == rhs.dims[ri]:
         summed = [lhs.dims[lf]] if lhs.dims[lf] else []
+    elif regroup := _regroup_axes(w, lhs, rhs, lf, ri, ro):
+        # The input's features split like the kernel's outputs, both replicated over mesh axes more devices
+        # than that split: XLA groups the devices by the kernel's output block and, within each group, moves
+        # the input's features onto the idle axes (one collective-permute), slices the kernel's input
+        # features alike (free) and contracts over them (partial sums over the idle axes); or, when the
+        # result's block is larger than the whole input, gathers the input over the idle axes instead.
+        # Measured on one-op programs: (4, 2) features@model -> permute + all-reduce over the 4; (2, 4) or a
+        # (2, 2, 2) split over two axes -> all-gather (tests/test_conv_rules.py).
+        lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lf, regroup), "conv input moved onto idle mesh axes")
+        if _bytes(out_aval.shape, (of,), rhs.dims[ro], w) > _bytes(lhs.shape, (), (), w):
+            lhs_to, rhs_to = _with(lhs, lf, ()), rhs
+        else:
+            lhs_to, rhs_to = lhs, _with(rhs, ri, regroup)
+            summed = [regroup]
     else:
         # Split alike on a common major part (x@a against w@(a,b)): XLA keeps that part, leaving partial
         # sums over it, and gathers only the rest (measured: one all-gather and one all-reduce).
@@ -175,6 +193,30 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     if approx:
         _mark(w, start, "; ".join(approx))
     return [out]
+
+
+def _regroup_axes(w: Walker, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int) -> tuple[str, ...]:
+    """The idle mesh axes XLA moves a conv's contraction onto, or () when it gathers the input instead.
+
+    It does when the input's features are split over the same axes as the kernel's outputs, the kernel's
+    input features are whole, and the axes neither operand uses hold more devices than that split (and
+    divide the features): XLA's dot handler then prefers using every device to gathering the input.
+    """
+    split = lhs.dims[lf]
+    if not split or rhs.dims[ri] or rhs.dims[ro] != split or lhs.unreduced or rhs.unreduced:
+        return ()
+    used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
+    idle = tuple(m for m in w.costs.mesh_sizes if m not in used)
+    n = group_size(w, idle)
+    if n <= group_size(w, split) or lhs.shape[lf] % n:
+        return ()
+    return idle
+
+
+def _bytes(shape: tuple[int, ...], at: tuple[int, ...], split: tuple[str, ...], w: Walker) -> int:
+    """Elements per device of ``shape`` with the dimensions ``at`` split over ``split`` (a size to compare)."""
+    n = group_size(w, split)
+    return math.prod(s // n if i in at else s for i, s in enumerate(shape))
 
 
 def _adopt(
