@@ -128,6 +128,25 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         summed = [common] if common else []
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
+    clash = tuple(m for m in lhs.dims[lb] if m in rhs.dims[ro])
+    if (
+        clash
+        and not grouped
+        and _asked_split(w, eqn.outvars[0], of) == rhs.dims[ro]
+        and not any(lhs.dims[i] for i in ls)
+    ):
+        # The result is asked for split like the kernel's outputs (a kernel gradient: the input is the
+        # activations, whose channels are the conv's batch here, the kernel is the cotangent): XLA keeps the
+        # kernel's split and gathers the input's batch split instead (measured on the one-op kernel
+        # gradient with out_shardings: x channels@b, dy channels@b -> all-gather x; with idle mesh axes of
+        # more devices, a collective-permute onto them first, then the all-gather over them).
+        keep = tuple(m for m in lhs.dims[lb] if m not in clash)
+        if not keep and (regroup := _idle_regroup(w, lhs, rhs, lb, clash)):
+            lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, regroup), "conv input moved onto idle mesh axes")
+        lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, keep), "conv input's batch split gathered")
+        lhs_to = _with(lhs_to, lb, keep)
+        out_dims[ob] = keep
+        taken = {m for i in (lb, *ls) for m in lhs.dims[i]} - set(clash)
     if set(rhs.dims[ro]) & taken:
         # The kernel's output features split over a mesh axis the input's batch or rows already use.
         # explain gathers the (small) kernel's split, XLA's most common choice; XLA's cost model also
@@ -205,12 +224,57 @@ def _regroup_axes(w: Walker, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int
     split = lhs.dims[lf]
     if not split or rhs.dims[ri] or rhs.dims[ro] != split or lhs.unreduced or rhs.unreduced:
         return ()
+    return _idle_regroup(w, lhs, rhs, lf, split)
+
+
+def _idle_regroup(w: Walker, lhs: Layout, rhs: Layout, dim: int, split: tuple[str, ...]) -> tuple[str, ...]:
+    """The mesh axes neither operand uses, when they hold more devices than ``split`` and divide ``dim``."""
     used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
     idle = tuple(m for m in w.costs.mesh_sizes if m not in used)
     n = group_size(w, idle)
-    if n <= group_size(w, split) or lhs.shape[lf] % n:
+    if n <= group_size(w, split) or lhs.shape[dim] % n:
         return ()
     return idle
+
+
+# Ops a kernel gradient passes through on its way to the step's output, its layout unchanged.
+_PASS_THROUGH = frozenset({"add_any", "add", "convert_element_type", "mul", "neg", "copy", "copy_p"})
+
+
+_PLACEMENTS = frozenset({"reshard", "sharding_constraint"})
+
+
+def _placed_split(eqn: Any, dim: int) -> tuple[str, ...] | None:
+    """The split a reshard / sharding constraint puts on dimension ``dim`` (None when it leaves it open)."""
+    sh = eqn.params.get("sharding") or eqn.params.get("dst_sharding")
+    entries = list(getattr(sh, "spec", None) or ())
+    if dim >= len(entries):
+        return () if getattr(sh, "spec", None) is not None else None
+    e = entries[dim]
+    if e is None:
+        return ()
+    if isinstance(e, str):
+        return (e,)
+    return tuple(e) if isinstance(e, tuple) else None  # UNCONSTRAINED: XLA's to choose
+
+
+def _asked_split(w: Walker, var: Any, dim: int) -> tuple[str, ...] | None:
+    """The split the caller asks for dimension ``dim`` of ``var``, read at the program output it flows to
+    unchanged (through adds, casts and scalings), or None when it is not asked for."""
+    for _ in range(8):
+        asked = w.requested.get(id(var))
+        if asked is not None:
+            return asked[dim] if dim < len(asked) else None
+        uses = w.uses.get(id(var), [])
+        if len(uses) != 1:
+            return None
+        eqn = uses[0][0]
+        if eqn.primitive.name in _PLACEMENTS:
+            return _placed_split(eqn, dim)
+        if eqn.primitive.name not in _PASS_THROUGH or eqn.outvars[0].aval.shape != var.aval.shape:
+            return None
+        var = eqn.outvars[0]
+    return None
 
 
 def _bytes(shape: tuple[int, ...], at: tuple[int, ...], split: tuple[str, ...], w: Walker) -> int:

@@ -1,0 +1,73 @@
+"""A conv's kernel gradient asked for a layout: explain against what XLA compiles for the one-op program.
+
+The kernel gradient of a channel-split conv is a conv whose "batch" is the activations' channels and whose
+"kernel" is the cotangent: both split over the same mesh axis.  Asked for the kernel's own layout (outputs
+split, as a training step's ``out_shardings`` asks), XLA keeps the cotangent's split and gathers the
+activations' channels (after moving them onto idle mesh axes with more devices, when there are some); explain
+must name the same collectives, kinds, counts and bytes (tests/test_primitive_rules.py's comparison, which
+compiles without ``out_shardings`` and so cannot ask).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from einshard.analysis.program import trace
+from einshard.testing import hlo
+
+
+def _conv(x: Any, w: Any) -> Any:
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def _kernel_gradient(x: Any, w: Any, dy: Any) -> Any:
+    _, vjp = jax.vjp(lambda k: _conv(x, k), w)
+    return vjp(dy)[0]
+
+
+CASES = [
+    # mesh shape, names, x spec, dy spec (the kernel asked for outputs split like dy's channels)
+    ((4, 2), ("a", "b"), P(None, None, None, "b"), P(None, None, None, "b")),  # tp: permute onto 'a', gather
+    ((4, 2), ("a", "b"), P("a", None, None, "b"), P("a", None, None, "b")),  # dp×tp: gather, sum over 'a'
+    ((2, 4), ("a", "b"), P(None, None, None, "b"), P(None, None, None, "b")),  # idle axis smaller: gather
+    ((2, 2, 2), ("a", "b", "c"), P(None, None, None, "a"), P(None, None, None, "a")),  # idle (b, c): permute
+    ((8,), ("a",), P(None, None, None, "a"), P(None, None, None, "a")),  # no idle axis: gather
+]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("shape, names, xs, dys", CASES)
+def test_kernel_gradient_asked_for_its_layout_matches_xla(shape, names, xs, dys, explicit) -> None:
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    mesh = jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
+    ws = P(None, None, None, dys[3])
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((8, 8, 8, 64), (3, 3, 64, 64), (8, 8, 8, 64))]
+    shardings = tuple(NamedSharding(mesh, s) for s in (xs, ws, dys))
+    with jax.set_mesh(mesh):
+        if explicit:
+            # JAX refuses the clashing splits on Explicit axes: users run it in auto_axes, as JAX documents.
+            fn = jax.sharding.auto_axes(_kernel_gradient, out_sharding=shardings[1])
+            placed = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(args, shardings)]
+            compiled = jax.jit(fn, out_shardings=shardings[1]).lower(*placed).compile()
+            report = trace(fn, *placed, mesh=dict(zip(names, shape))).report(None, [ws])
+        else:
+            jitted = jax.jit(_kernel_gradient, in_shardings=shardings, out_shardings=shardings[1])
+            compiled = jitted.lower(*args).compile()
+            report = trace(_kernel_gradient, *args, mesh=dict(zip(names, shape))).report((xs, ws, dys), [ws])
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    want = Counter(c.kind for c in found)
+    got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
+    sent_want = sum(c.array_bytes for c in found)
+    sent_got = sum(c.array_bytes for op in report.ops for c in op.collectives if c.group_size > 1)
+    assert not report.unfollowed
+    assert got == want, (got, want)
+    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
+    assert compiled.output_shardings.spec == ws
