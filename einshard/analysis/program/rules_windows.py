@@ -206,12 +206,41 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     out = w.relayout(out_aval, dims)
     if summed:
         w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
+        scatter = _scatter_axes(w, eqn, phase, lhs, rhs, out, of, summed)
         for axes in reversed(summed):
             pending = out.with_dims(out.dims, frozenset(axes))
+            if axes == scatter:
+                # An input gradient goes back split the way its activations' channels were: XLA sums the
+                # partial results straight into that split (a reduce-scatter), not whole.
+                out = out.with_dims(tuple(axes if i == of else d for i, d in enumerate(out.dims)))
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
     if approx:
         _mark(w, start, "; ".join(approx))
     return [out]
+
+
+def _scatter_axes(
+    w: Walker, eqn: Any, phase: str, lhs: Layout, rhs: Layout, out: Layout, of: int, summed: list[tuple[str, ...]]
+) -> tuple[str, ...]:
+    """The summed axes an input gradient's partial sums are reduce-scattered over (onto its channels), or ().
+
+    Measured on the keras-hub ResNet under dp×tp: each input-gradient conv (the cotangent's channels
+    contracted with the kernel's outputs, both split over 'model') reduce-scatters onto the channels, the
+    split its activations had in the forward pass.  Not where idle mesh axes hold more devices than the sum
+    (XLA moves the work onto those instead: all-reduce + permute) and not for a program output (XLA
+    leaves those whole unless asked).
+    """
+    if phase != "backward" or len(summed) != 1 or out.dims[of] or id(eqn.outvars[0]) in w.program_outputs:
+        return ()
+    axes = summed[0]
+    if not axes or any(m in d for d in out.dims for m in axes) or out.shape[of] % group_size(w, axes):
+        return ()
+    if _asked_split(w, eqn.outvars[0], of) is not None:
+        return ()  # asked for explicitly (an output, a reshard): that decides
+    used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
+    if group_size(w, tuple(m for m in w.costs.mesh_sizes if m not in used)) > group_size(w, axes):
+        return ()
+    return axes
 
 
 def _regroup_axes(w: Walker, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int) -> tuple[str, ...]:
