@@ -516,3 +516,30 @@ def test_conv_channel_split_matches_xla() -> None:
 @pytest.mark.slow
 def test_conv_channel_split_matches_xla_deep() -> None:
     DEEP(given(conv_channels_case())(check))()
+
+
+# -- conv: transposed (lhs_dilation, a strided conv's input gradient) on a split spatial axis ----------------
+
+
+@st.composite
+def transposed_conv_case(draw: Any) -> Case:
+    n, h, c = draw(st.sampled_from([2, 4])), draw(st.sampled_from([4, 8])), draw(st.sampled_from([4, 8]))
+    k, dil = draw(st.integers(1, 3)), draw(st.integers(2, 3))
+    pad = [(draw(st.integers(0, k)), draw(st.integers(0, k)))] * 2
+
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(
+            x, w, (1, 1), pad, lhs_dilation=(dil, dil), dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    args = (jax.ShapeDtypeStruct((n, h, h, c), jnp.float32), jax.ShapeDtypeStruct((k, k, c, 8), jnp.float32))
+    return _case(draw, "conv_general_dilated", conv, args, "windows")
+
+
+def test_transposed_conv_matches_xla() -> None:
+    FAST(given(transposed_conv_case())(check))()
+
+
+@pytest.mark.slow
+def test_transposed_conv_matches_xla_deep() -> None:
+    DEEP(given(transposed_conv_case())(check))()

@@ -191,6 +191,11 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
             out_dims[oi] = lsplit
+        elif lsplit and not wsplit and out_len % n == 0 and length % n == 0:
+            # A transposed conv (a strided conv's input gradient: the cotangent dilated by the stride):
+            # the window reads the dilated input, so the halo is counted in the input's own rows.
+            halos.append((li, _dilated_halo_pieces(length, n, out_len, window, stride, rdil, low, ldil)))
+            out_dims[oi] = lsplit
         else:
             approx.append(
                 f"spatial axis {li} (dilated input or uneven blocks) gathered; XLA may exchange halos instead"
@@ -217,6 +222,35 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     if approx:
         _mark(w, start, "; ".join(approx))
     return [out]
+
+
+def _dilated_halo_pieces(
+    length: int, n: int, out_len: int, window: int, stride: int, rdil: int, low: int, ldil: int
+) -> list[int]:
+    """Collective-permute sizes (rows) of a windowed read of an input dilated ``ldil`` times, split ``n`` ways.
+
+    Result row ``r`` with tap ``t`` reads dilated position ``r·stride + t·rdil - low``: input row
+    ``position / ldil`` where that divides (the holes between rows are zeros nobody sends).
+    """
+    s, o = length // n, out_len // n
+    left = right = 0
+    for k in range(n):
+        rows = [
+            q // ldil
+            for r in range(k * o, (k + 1) * o)
+            for t in range(window)
+            if (q := r * stride + t * rdil - low) % ldil == 0 and 0 <= q // ldil < length
+        ]
+        if not rows:
+            continue
+        left = max(left, k * s - min(rows))
+        right = max(right, max(rows) + 1 - (k + 1) * s)
+    pieces = []
+    for side in (left, right):
+        while side > 0:
+            pieces.append(min(side, s))
+            side -= s
+    return pieces
 
 
 def _scatter_axes(
