@@ -107,3 +107,33 @@ def test_channel_split_step_matches_xla(xs, explicit) -> None:
     got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
     assert not report.unfollowed
     assert got == want, (got, want)
+
+
+# A max pool's gradient with overlapping windows (3×3, stride 2, VALID) on rows split in blocks at least a
+# window tall: the scatter exchanges the operand's halo (two rows one side, one the other) and the cotangent's.
+POOL_LAYOUTS = [(2, P("a", "b")), (2, P(None, "b")), (3, P(None, "a")), (3, P("b", "c"))]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("rank, spec", POOL_LAYOUTS)
+def test_overlapping_max_pool_gradient_matches_xla(rank, spec, explicit) -> None:
+    from test_primitive_rules import Case, _explain, _loss, _mesh, _xla
+
+    def pool(x: Any) -> Any:
+        return lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "VALID")
+
+    case = Case(
+        "select_and_scatter_add",
+        pool,
+        (jax.ShapeDtypeStruct((4, 18, 18, 4), jnp.float32),),
+        (spec,),
+        rank,
+        explicit,
+        True,
+    )
+    mesh, fn = _mesh(rank, explicit), _loss(pool, 1)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, fn)
+    assert not any(op.note for op in report.ops), [op.note for op in report.ops if op.note]
+    assert got_kinds == want_kinds and want_kinds["collective-permute"] == 4, (got_kinds, want_kinds)
+    assert abs(got_sent - want_sent) <= 0.1 * want_sent, (got_sent, want_sent)

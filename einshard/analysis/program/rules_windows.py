@@ -18,9 +18,9 @@ on one-op programs (tests/test_primitive_rules.py checks it):
 
 Pooling is the same window without a kernel: a non-overlapping pool (2×2, stride 2) of blocks that
 divide moves nothing; an overlapping one exchanges halos.  Cases XLA handles by heuristics explain does
-not reproduce (a transposed conv's ``lhs_dilation`` on a split axis, grouped convs, a result that does
-not divide, an overlapping ``select_and_scatter_add``) gather the axis instead and are marked
-approximate on the op (``OpReport.note``).
+not reproduce (a transposed conv's ``lhs_dilation`` on uneven blocks, grouped convs, a result that does
+not divide, a padded or stride-1 overlapping ``select_and_scatter_add``) gather the axis or
+exchange what explain can model, and are marked approximate on the op (``OpReport.note``).
 """
 
 from __future__ import annotations
@@ -253,6 +253,42 @@ def _dilated_halo_pieces(
     return pieces
 
 
+def _scatter_halos(
+    length: int, n: int, out_len: int, window: int, stride: int, low: int
+) -> tuple[list[int], list[int]]:
+    """(operand pieces, cotangent pieces) in rows, of a max pool's gradient along one axis split ``n`` ways.
+
+    Device ``k`` owns operand rows ``[k·s, (k+1)·s)`` and cotangent rows ``[k·o, (k+1)·o)``; it needs every
+    cotangent row whose window ``[r·stride − low, r·stride − low + window)`` meets its rows, and the operand
+    under all of those windows (to find each window's maximum).
+    """
+    s, o = length // n, out_len // n
+    sides = [0, 0, 0, 0]  # operand left, operand right, cotangent left, cotangent right
+    for k in range(n):
+        lo, hi = k * s, (k + 1) * s
+        rows = [r for r in range(out_len) if r * stride - low < hi and r * stride - low + window > lo]
+        if not rows:
+            continue
+        first = max(min(rows) * stride - low, 0)
+        last = min(max(rows) * stride - low + window, length)
+        sides = [
+            max(sides[0], lo - first),
+            max(sides[1], last - hi),
+            max(sides[2], k * o - min(rows)),
+            max(sides[3], max(rows) + 1 - (k + 1) * o),
+        ]
+
+    def pieces(left: int, right: int, block: int) -> list[int]:
+        out = []
+        for side in (left, right):
+            while side > 0:
+                out.append(min(side, block))
+                side -= block
+        return out
+
+    return pieces(sides[0], sides[1], s), pieces(sides[2], sides[3], o)
+
+
 def _scatter_axes(
     w: Walker, eqn: Any, phase: str, lhs: Layout, rhs: Layout, out: Layout, of: int, summed: list[tuple[str, ...]]
 ) -> tuple[str, ...]:
@@ -407,6 +443,7 @@ def select_and_scatter_add(w: Walker, eqn: Any, ins: list[Layout], repeat: int, 
     start = len(w.ops)
     dims = list(ref.dims) if ref is operand else [()] * len(out_aval.shape)
     halos: list[tuple[int, list[int]]] = []
+    cot_halos: list[tuple[int, list[int]]] = []
     approx = []
     for i, d in enumerate(list(dims)):
         if not d:
@@ -417,14 +454,32 @@ def select_and_scatter_add(w: Walker, eqn: Any, ins: list[Layout], repeat: int, 
         if out_len % n or length % n:
             approx.append(f"axis {i}: uneven blocks gathered")
             dims[i] = ()
-        elif window > stride or low or high:
-            approx.append(f"axis {i}: overlapping windows; XLA also moves the cotangent")
+        elif (window > stride or low or high) and (length // n < window or stride == 1):
+            # Blocks smaller than the window, or a stride-1 window: XLA's exchange turns on sizes (extra
+            # permutes of the padded cotangent, gathers; measured by the deep run), not reproduced here.
+            approx.append(f"axis {i}: overlapping windows (stride 1 or blocks smaller than the window)")
             halos.append((i, halo_pieces(length, n, out_len, window, stride, 1, low)))
+        elif window > stride or low or high:
+            # Overlapping windows: each device scatters the cotangent rows whose windows reach its block
+            # (a cotangent halo) and reads the operand under all of those windows (a wider operand halo).
+            operand_pieces, cotangent_pieces = _scatter_halos(length, n, out_len, window, stride, low)
+            halos.append((i, operand_pieces))
+            cot_halos.append((i, cotangent_pieces))
+            if low or high:
+                # Measured: the scatter's three exchanges are right, but XLA also moves rows in the pad and
+                # slice JAX puts around a padded pool's gradient (two permutes more) and sends padded rows.
+                approx.append(f"axis {i}: padded windows; XLA also permutes rows in the pad/slice around it")
+    if len(cot_halos) > 1:
+        # Windows overlapping along two split axes: XLA also exchanges the corners (measured: more permutes
+        # than one exchange per axis and side); not reproduced here.
+        approx.append("overlapping windows along several split axes; XLA also exchanges the corners")
     if not is_free(operand):
         operand = _bring(w, eqn, phase, repeat, 1, operand, operand.with_dims(tuple(dims)), "select_and_scatter_add")
     src_dims = tuple(d if source.shape[i] % max(group_size(w, d), 1) == 0 else () for i, d in enumerate(dims))
-    _bring(w, eqn, phase, repeat, 0, source, source.with_dims(src_dims), "select_and_scatter_add cotangent")
+    source = _bring(w, eqn, phase, repeat, 0, source, source.with_dims(src_dims), "select_and_scatter_add cotangent")
     _exchange_halos(w, eqn, phase, repeat, operand, halos, eqn.invars[1].aval.dtype)
+    if not is_free(source):
+        _exchange_halos(w, eqn, phase, repeat, source, cot_halos, eqn.invars[0].aval.dtype)
     if approx:
         _mark(w, start, "; ".join(approx))
     return [w.relayout(out_aval, dims)]
