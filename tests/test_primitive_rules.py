@@ -481,3 +481,65 @@ def test_primitive_list_is_what_tracing_finds() -> None:
     spec.loader.exec_module(module)
     found = set(module.collect())
     assert found == set(coverage.primitives()), found ^ set(coverage.primitives())
+
+
+# -- conv: channel splits (the kernel's outputs split like the input's features) -----------------------------
+
+
+@st.composite
+def conv_channels_case(draw: Any) -> Case:
+    """A conv whose input features are split like the kernel's outputs (a channel-split net's second conv):
+    XLA gathers the input, or, with idle mesh axes holding more devices, moves it onto them and sums there."""
+    rank = draw(st.sampled_from([1, 2, 3]))
+    shape, names = MESHES[rank]
+    axis = draw(st.sampled_from(names))
+    if rank == 3 and draw(st.booleans()):
+        split: Any = tuple(names[:2])  # over two axes of three: one idle axis of 2, fewer devices than the split
+    else:
+        split = axis
+    n, h, c = draw(st.sampled_from([2, 8])), draw(st.sampled_from([4, 8])), draw(st.sampled_from([16, 32]))
+    o = draw(st.sampled_from([c, 4 * c]))
+    k, stride = draw(st.integers(1, 3)), draw(st.integers(1, 2))
+
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    args = (jax.ShapeDtypeStruct((n, h, h, c), jnp.float32), jax.ShapeDtypeStruct((k, k, c, o), jnp.float32))
+    specs = (P(None, None, None, split), P(None, None, None, split))
+    return Case("conv_general_dilated", conv, args, specs, rank, draw(st.booleans()), False, "windows")
+
+
+def test_conv_channel_split_matches_xla() -> None:
+    FAST(given(conv_channels_case())(check))()
+
+
+@pytest.mark.slow
+def test_conv_channel_split_matches_xla_deep() -> None:
+    DEEP(given(conv_channels_case())(check))()
+
+
+# -- conv: transposed (lhs_dilation, a strided conv's input gradient) on a split spatial axis ----------------
+
+
+@st.composite
+def transposed_conv_case(draw: Any) -> Case:
+    n, h, c = draw(st.sampled_from([2, 4])), draw(st.sampled_from([4, 8])), draw(st.sampled_from([4, 8]))
+    k, dil = draw(st.integers(1, 3)), draw(st.integers(2, 3))
+    pad = [(draw(st.integers(0, k)), draw(st.integers(0, k)))] * 2
+
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(
+            x, w, (1, 1), pad, lhs_dilation=(dil, dil), dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    args = (jax.ShapeDtypeStruct((n, h, h, c), jnp.float32), jax.ShapeDtypeStruct((k, k, c, 8), jnp.float32))
+    return _case(draw, "conv_general_dilated", conv, args, "windows")
+
+
+def test_transposed_conv_matches_xla() -> None:
+    FAST(given(transposed_conv_case())(check))()
+
+
+@pytest.mark.slow
+def test_transposed_conv_matches_xla_deep() -> None:
+    DEEP(given(transposed_conv_case())(check))()

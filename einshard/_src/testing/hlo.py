@@ -23,7 +23,9 @@ What it handles (docs/theory.md, "HLO-parsing gotchas"):
   some other operand (in a ``lax.scan`` body, every fusion that reads a layer
   of stacked weights) leaves it an all-reduce.  A piece of a combined (tuple)
   all-reduce is followed through its ``get-tuple-element``: the combiner merges
-  such reduce-scatters with plain all-reduces.
+  such reduce-scatters with plain all-reduces.  The slice must keep 1/n of the value (n devices per
+  group) or a finer part: an all-reduce over 4 devices whose result is cut in half (to move the halves
+  elsewhere, as XLA does between two convolutions under a channel split) stays an all-reduce.
 
 ``array_bytes`` uses the analyzer's convention (see einshard.analysis.cost):
 the gathered result of an all-gather, the full input of a reduce-scatter
@@ -279,15 +281,24 @@ def collectives(hlo_text: str) -> list[HloCollective]:
             if number:
                 params[(comp_of[iname], int(number.group(1)))] = iname
 
-    def slices_whole(value: str) -> bool:
-        """Whether ``value`` (or a layout/elementwise image of it, as many elements) is dynamic-sliced."""
+    def scatters(whole: str, piece: str, n: int) -> bool:
+        """Whether slicing ``whole`` to ``piece`` keeps 1/n of it or a finer part: a reduce-scatter's slice.
+        A slice to a coarser piece (half the channels after an all-reduce over 4 devices, which then
+        moves them elsewhere) is no reduce-scatter: the all-reduce stays one."""
+        big, small = elements.get(whole, -1), elements.get(piece, -1)
+        if big <= 0 or small <= 0:
+            return True  # sizes unknown (a tuple): read the slice as the reduce-scatter it usually is
+        return big % small == 0 and (big // small) % n == 0
+
+    def slices_whole(value: str, n: int) -> bool:
+        """Whether ``value`` (or a layout/elementwise image of it, as many elements) is dynamic-sliced to 1/n."""
         seen = {value}
         todo = [value]
         while todo:
             v = todo.pop()
             for cname, op, args, _ in consumers.get(v, []):
                 if op == "dynamic-slice":
-                    if args and args[0] == v:
+                    if args and args[0] == v and scatters(v, cname, n):
                         return True
                     continue  # ``v`` is an index of the slice, not what it slices
                 if cname not in seen and (op in _LAYOUT_OPS or elements.get(cname) == elements.get(v)):
@@ -297,15 +308,16 @@ def collectives(hlo_text: str) -> list[HloCollective]:
 
     starts = {name: attrs for name, _, op, _, attrs, _ in instrs if op.endswith("-start")}
 
-    def sliced(name: str, piece: int | None = None) -> bool:
-        """Whether ``name``'s result (or, of a tuple, piece ``piece``, read through get-tuple-element) is sliced."""
+    def sliced(name: str, n: int, piece: int | None = None) -> bool:
+        """Whether ``name``'s result (or, of a tuple, piece ``piece``, read through get-tuple-element) is
+        sliced to 1/n (``n`` devices per group)."""
         for cname, op, args, attrs in consumers.get(name, []):
             if piece is not None:
                 index = re.search(r"\bindex=(\d+)", attrs)
-                if op == "get-tuple-element" and index and int(index.group(1)) == piece and sliced(cname):
+                if op == "get-tuple-element" and index and int(index.group(1)) == piece and sliced(cname, n):
                     return True
                 continue
-            if op == "dynamic-slice" and args and args[0] == name:
+            if op == "dynamic-slice" and args and args[0] == name and scatters(name, cname, n):
                 return True
             if op == "fusion":
                 called = re.search(r"calls=%?([\w.\-]+)", attrs)
@@ -313,7 +325,7 @@ def collectives(hlo_text: str) -> list[HloCollective]:
                     continue
                 for k, a in enumerate(args):
                     param = params.get((called.group(1), k))
-                    if a == name and param is not None and slices_whole(param):
+                    if a == name and param is not None and slices_whole(param, n):
                         return True
         return False
 
@@ -332,7 +344,7 @@ def collectives(hlo_text: str) -> list[HloCollective]:
         for k, piece in enumerate(pieces):
             # A combined all-reduce's piece is sliced when its get-tuple-element is: the combiner merges
             # CPU's reduce-scatters (all-reduce + dynamic-slice) with plain all-reduces.
-            is_sliced = base == "all-reduce" and sliced(name, k if len(pieces) > 1 else None)
+            is_sliced = base == "all-reduce" and sliced(name, n, k if len(pieces) > 1 else None)
             nbytes = _nbytes(piece)
             array_bytes = nbytes * n if base == "reduce-scatter" else nbytes
             out.append(

@@ -10,13 +10,17 @@ on one-op programs (tests/test_primitive_rules.py checks it):
   per neighbour block the window reaches into, each side (:func:`.movement.halo_pieces`); a 3×3 SAME conv
   on rows split 4 ways sends one row up and one down;
 * a kernel gradient whose window (the cotangent's spatial axes) is split like the input's exchanges the
-  input's halos and sums the result over the split (all-reduce).
+  input's halos and sums the result over the split (all-reduce);
+* an input whose features are split like the kernel's outputs is gathered, unless the mesh axes neither
+  operand uses hold more devices than that split: XLA then moves the input's features onto them (one
+  collective-permute) and sums there (one all-reduce), or gathers the input over them when the result's
+  block is the larger (:func:`_regroup_axes`).
 
 Pooling is the same window without a kernel: a non-overlapping pool (2×2, stride 2) of blocks that
 divide moves nothing; an overlapping one exchanges halos.  Cases XLA handles by heuristics explain does
-not reproduce (a transposed conv's ``lhs_dilation`` on a split axis, grouped convs, a result that does
-not divide, an overlapping ``select_and_scatter_add``) gather the axis instead and are marked
-approximate on the op (``OpReport.note``).
+not reproduce (a transposed conv's ``lhs_dilation`` on uneven blocks, grouped convs, a result that does
+not divide, a padded or stride-1 overlapping ``select_and_scatter_add``) gather the axis or
+exchange what explain can model, and are marked approximate on the op (``OpReport.note``).
 """
 
 from __future__ import annotations
@@ -102,6 +106,20 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(_with(rhs_to, ri, ()), ro, ())
     elif lhs.dims[lf] == rhs.dims[ri]:
         summed = [lhs.dims[lf]] if lhs.dims[lf] else []
+    elif regroup := _regroup_axes(w, lhs, rhs, lf, ri, ro):
+        # The input's features split like the kernel's outputs, both replicated over mesh axes more devices
+        # than that split: XLA groups the devices by the kernel's output block and, within each group, moves
+        # the input's features onto the idle axes (one collective-permute), slices the kernel's input
+        # features alike (free) and contracts over them (partial sums over the idle axes); or, when the
+        # result's block is larger than the whole input, gathers the input over the idle axes instead.
+        # Measured on one-op programs: (4, 2) features@model -> permute + all-reduce over the 4; (2, 4) or a
+        # (2, 2, 2) split over two axes -> all-gather (tests/test_conv_rules.py).
+        lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lf, regroup), "conv input moved onto idle mesh axes")
+        if _bytes(out_aval.shape, (of,), rhs.dims[ro], w) > _bytes(lhs.shape, (), (), w):
+            lhs_to, rhs_to = _with(lhs, lf, ()), rhs
+        else:
+            lhs_to, rhs_to = lhs, _with(rhs, ri, regroup)
+            summed = [regroup]
     else:
         # Split alike on a common major part (x@a against w@(a,b)): XLA keeps that part, leaving partial
         # sums over it, and gathers only the rest (measured: one all-gather and one all-reduce).
@@ -110,6 +128,25 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         summed = [common] if common else []
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
+    clash = tuple(m for m in lhs.dims[lb] if m in rhs.dims[ro])
+    if (
+        clash
+        and not grouped
+        and _asked_split(w, eqn.outvars[0], of) == rhs.dims[ro]
+        and not any(lhs.dims[i] for i in ls)
+    ):
+        # The result is asked for split like the kernel's outputs (a kernel gradient: the input is the
+        # activations, whose channels are the conv's batch here, the kernel is the cotangent): XLA keeps the
+        # kernel's split and gathers the input's batch split instead (measured on the one-op kernel
+        # gradient with out_shardings: x channels@b, dy channels@b -> all-gather x; with idle mesh axes of
+        # more devices, a collective-permute onto them first, then the all-gather over them).
+        keep = tuple(m for m in lhs.dims[lb] if m not in clash)
+        if not keep and (regroup := _idle_regroup(w, lhs, rhs, lb, clash)):
+            lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, regroup), "conv input moved onto idle mesh axes")
+        lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, keep), "conv input's batch split gathered")
+        lhs_to = _with(lhs_to, lb, keep)
+        out_dims[ob] = keep
+        taken = {m for i in (lb, *ls) for m in lhs.dims[i]} - set(clash)
     if set(rhs.dims[ro]) & taken:
         # The kernel's output features split over a mesh axis the input's batch or rows already use.
         # explain gathers the (small) kernel's split, XLA's most common choice; XLA's cost model also
@@ -154,6 +191,11 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
             out_dims[oi] = lsplit
+        elif lsplit and not wsplit and out_len % n == 0 and length % n == 0:
+            # A transposed conv (a strided conv's input gradient: the cotangent dilated by the stride):
+            # the window reads the dilated input, so the halo is counted in the input's own rows.
+            halos.append((li, _dilated_halo_pieces(length, n, out_len, window, stride, rdil, low, ldil)))
+            out_dims[oi] = lsplit
         else:
             approx.append(
                 f"spatial axis {li} (dilated input or uneven blocks) gathered; XLA may exchange halos instead"
@@ -169,12 +211,175 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     out = w.relayout(out_aval, dims)
     if summed:
         w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
+        scatter = _scatter_axes(w, eqn, phase, lhs, rhs, out, of, summed)
         for axes in reversed(summed):
             pending = out.with_dims(out.dims, frozenset(axes))
+            if axes == scatter:
+                # An input gradient goes back split the way its activations' channels were: XLA sums the
+                # partial results straight into that split (a reduce-scatter), not whole.
+                out = out.with_dims(tuple(axes if i == of else d for i, d in enumerate(out.dims)))
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
     if approx:
         _mark(w, start, "; ".join(approx))
     return [out]
+
+
+def _dilated_halo_pieces(
+    length: int, n: int, out_len: int, window: int, stride: int, rdil: int, low: int, ldil: int
+) -> list[int]:
+    """Collective-permute sizes (rows) of a windowed read of an input dilated ``ldil`` times, split ``n`` ways.
+
+    Result row ``r`` with tap ``t`` reads dilated position ``r·stride + t·rdil - low``: input row
+    ``position / ldil`` where that divides (the holes between rows are zeros nobody sends).
+    """
+    s, o = length // n, out_len // n
+    left = right = 0
+    for k in range(n):
+        rows = [
+            q // ldil
+            for r in range(k * o, (k + 1) * o)
+            for t in range(window)
+            if (q := r * stride + t * rdil - low) % ldil == 0 and 0 <= q // ldil < length
+        ]
+        if not rows:
+            continue
+        left = max(left, k * s - min(rows))
+        right = max(right, max(rows) + 1 - (k + 1) * s)
+    pieces = []
+    for side in (left, right):
+        while side > 0:
+            pieces.append(min(side, s))
+            side -= s
+    return pieces
+
+
+def _scatter_halos(
+    length: int, n: int, out_len: int, window: int, stride: int, low: int
+) -> tuple[list[int], list[int]]:
+    """(operand pieces, cotangent pieces) in rows, of a max pool's gradient along one axis split ``n`` ways.
+
+    Device ``k`` owns operand rows ``[k·s, (k+1)·s)`` and cotangent rows ``[k·o, (k+1)·o)``; it needs every
+    cotangent row whose window ``[r·stride − low, r·stride − low + window)`` meets its rows, and the operand
+    under all of those windows (to find each window's maximum).
+    """
+    s, o = length // n, out_len // n
+    sides = [0, 0, 0, 0]  # operand left, operand right, cotangent left, cotangent right
+    for k in range(n):
+        lo, hi = k * s, (k + 1) * s
+        rows = [r for r in range(out_len) if r * stride - low < hi and r * stride - low + window > lo]
+        if not rows:
+            continue
+        first = max(min(rows) * stride - low, 0)
+        last = min(max(rows) * stride - low + window, length)
+        sides = [
+            max(sides[0], lo - first),
+            max(sides[1], last - hi),
+            max(sides[2], k * o - min(rows)),
+            max(sides[3], max(rows) + 1 - (k + 1) * o),
+        ]
+
+    def pieces(left: int, right: int, block: int) -> list[int]:
+        out = []
+        for side in (left, right):
+            while side > 0:
+                out.append(min(side, block))
+                side -= block
+        return out
+
+    return pieces(sides[0], sides[1], s), pieces(sides[2], sides[3], o)
+
+
+def _scatter_axes(
+    w: Walker, eqn: Any, phase: str, lhs: Layout, rhs: Layout, out: Layout, of: int, summed: list[tuple[str, ...]]
+) -> tuple[str, ...]:
+    """The summed axes an input gradient's partial sums are reduce-scattered over (onto its channels), or ().
+
+    Measured on the keras-hub ResNet under dp×tp: each input-gradient conv (the cotangent's channels
+    contracted with the kernel's outputs, both split over 'model') reduce-scatters onto the channels, the
+    split its activations had in the forward pass.  Not where idle mesh axes hold more devices than the sum
+    (XLA moves the work onto those instead: all-reduce + permute) and not for a program output (XLA
+    leaves those whole unless asked).
+    """
+    if phase != "backward" or len(summed) != 1 or out.dims[of] or id(eqn.outvars[0]) in w.program_outputs:
+        return ()
+    axes = summed[0]
+    if not axes or any(m in d for d in out.dims for m in axes) or out.shape[of] % group_size(w, axes):
+        return ()
+    if _asked_split(w, eqn.outvars[0], of) is not None:
+        return ()  # asked for explicitly (an output, a reshard): that decides
+    used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
+    if group_size(w, tuple(m for m in w.costs.mesh_sizes if m not in used)) > group_size(w, axes):
+        return ()
+    return axes
+
+
+def _regroup_axes(w: Walker, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int) -> tuple[str, ...]:
+    """The idle mesh axes XLA moves a conv's contraction onto, or () when it gathers the input instead.
+
+    It does when the input's features are split over the same axes as the kernel's outputs, the kernel's
+    input features are whole, and the axes neither operand uses hold more devices than that split (and
+    divide the features): XLA's dot handler then prefers using every device to gathering the input.
+    """
+    split = lhs.dims[lf]
+    if not split or rhs.dims[ri] or rhs.dims[ro] != split or lhs.unreduced or rhs.unreduced:
+        return ()
+    return _idle_regroup(w, lhs, rhs, lf, split)
+
+
+def _idle_regroup(w: Walker, lhs: Layout, rhs: Layout, dim: int, split: tuple[str, ...]) -> tuple[str, ...]:
+    """The mesh axes neither operand uses, when they hold more devices than ``split`` and divide ``dim``."""
+    used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
+    idle = tuple(m for m in w.costs.mesh_sizes if m not in used)
+    n = group_size(w, idle)
+    if n <= group_size(w, split) or lhs.shape[dim] % n:
+        return ()
+    return idle
+
+
+# Ops a kernel gradient passes through on its way to the step's output, its layout unchanged.
+_PASS_THROUGH = frozenset({"add_any", "add", "convert_element_type", "mul", "neg", "copy", "copy_p"})
+
+
+_PLACEMENTS = frozenset({"reshard", "sharding_constraint"})
+
+
+def _placed_split(eqn: Any, dim: int) -> tuple[str, ...] | None:
+    """The split a reshard / sharding constraint puts on dimension ``dim`` (None when it leaves it open)."""
+    sh = eqn.params.get("sharding") or eqn.params.get("dst_sharding")
+    entries = list(getattr(sh, "spec", None) or ())
+    if dim >= len(entries):
+        return () if getattr(sh, "spec", None) is not None else None
+    e = entries[dim]
+    if e is None:
+        return ()
+    if isinstance(e, str):
+        return (e,)
+    return tuple(e) if isinstance(e, tuple) else None  # UNCONSTRAINED: XLA's to choose
+
+
+def _asked_split(w: Walker, var: Any, dim: int) -> tuple[str, ...] | None:
+    """The split the caller asks for dimension ``dim`` of ``var``, read at the program output it flows to
+    unchanged (through adds, casts and scalings), or None when it is not asked for."""
+    for _ in range(8):
+        asked = w.requested.get(id(var))
+        if asked is not None:
+            return asked[dim] if dim < len(asked) else None
+        uses = w.uses.get(id(var), [])
+        if len(uses) != 1:
+            return None
+        eqn = uses[0][0]
+        if eqn.primitive.name in _PLACEMENTS:
+            return _placed_split(eqn, dim)
+        if eqn.primitive.name not in _PASS_THROUGH or eqn.outvars[0].aval.shape != var.aval.shape:
+            return None
+        var = eqn.outvars[0]
+    return None
+
+
+def _bytes(shape: tuple[int, ...], at: tuple[int, ...], split: tuple[str, ...], w: Walker) -> int:
+    """Elements per device of ``shape`` with the dimensions ``at`` split over ``split`` (a size to compare)."""
+    n = group_size(w, split)
+    return math.prod(s // n if i in at else s for i, s in enumerate(shape))
 
 
 def _adopt(
@@ -238,6 +443,7 @@ def select_and_scatter_add(w: Walker, eqn: Any, ins: list[Layout], repeat: int, 
     start = len(w.ops)
     dims = list(ref.dims) if ref is operand else [()] * len(out_aval.shape)
     halos: list[tuple[int, list[int]]] = []
+    cot_halos: list[tuple[int, list[int]]] = []
     approx = []
     for i, d in enumerate(list(dims)):
         if not d:
@@ -248,14 +454,32 @@ def select_and_scatter_add(w: Walker, eqn: Any, ins: list[Layout], repeat: int, 
         if out_len % n or length % n:
             approx.append(f"axis {i}: uneven blocks gathered")
             dims[i] = ()
-        elif window > stride or low or high:
-            approx.append(f"axis {i}: overlapping windows; XLA also moves the cotangent")
+        elif (window > stride or low or high) and (length // n < window or stride == 1):
+            # Blocks smaller than the window, or a stride-1 window: XLA's exchange turns on sizes (extra
+            # permutes of the padded cotangent, gathers; measured by the deep run), not reproduced here.
+            approx.append(f"axis {i}: overlapping windows (stride 1 or blocks smaller than the window)")
             halos.append((i, halo_pieces(length, n, out_len, window, stride, 1, low)))
+        elif window > stride or low or high:
+            # Overlapping windows: each device scatters the cotangent rows whose windows reach its block
+            # (a cotangent halo) and reads the operand under all of those windows (a wider operand halo).
+            operand_pieces, cotangent_pieces = _scatter_halos(length, n, out_len, window, stride, low)
+            halos.append((i, operand_pieces))
+            cot_halos.append((i, cotangent_pieces))
+            if low or high:
+                # Measured: the scatter's three exchanges are right, but XLA also moves rows in the pad and
+                # slice JAX puts around a padded pool's gradient (two permutes more) and sends padded rows.
+                approx.append(f"axis {i}: padded windows; XLA also permutes rows in the pad/slice around it")
+    if len(cot_halos) > 1:
+        # Windows overlapping along two split axes: XLA also exchanges the corners (measured: more permutes
+        # than one exchange per axis and side); not reproduced here.
+        approx.append("overlapping windows along several split axes; XLA also exchanges the corners")
     if not is_free(operand):
         operand = _bring(w, eqn, phase, repeat, 1, operand, operand.with_dims(tuple(dims)), "select_and_scatter_add")
     src_dims = tuple(d if source.shape[i] % max(group_size(w, d), 1) == 0 else () for i, d in enumerate(dims))
-    _bring(w, eqn, phase, repeat, 0, source, source.with_dims(src_dims), "select_and_scatter_add cotangent")
+    source = _bring(w, eqn, phase, repeat, 0, source, source.with_dims(src_dims), "select_and_scatter_add cotangent")
     _exchange_halos(w, eqn, phase, repeat, operand, halos, eqn.invars[1].aval.dtype)
+    if not is_free(source):
+        _exchange_halos(w, eqn, phase, repeat, source, cot_halos, eqn.invars[0].aval.dtype)
     if approx:
         _mark(w, start, "; ".join(approx))
     return [w.relayout(out_aval, dims)]
