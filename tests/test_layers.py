@@ -210,37 +210,12 @@ def _a_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
         path.append(step)
 
 
-# The import cycles known today, each to be ended by the redesign step that owns it (design-review.md (c)).
-# A cycle passes if it lies inside a known one (a known cycle may shrink); a new cycle, or a module joining a
-# known one, fails, and so does a known one that is gone (delete its entry).
-KNOWN_CYCLES: list[frozenset[str]] = [
-    # explain's rule registry: the walker imports the rules for their registration, the rules type against the
-    # walker, memory <-> rules_structural share primitive sets (a values.py and a WalkerLike Protocol end it)
-    frozenset(
-        f"einshard._src.analysis.program.{name}"
-        for name in (
-            "memory",
-            "movement",
-            "registry",
-            "rules_control",
-            "rules_indexing",
-            "rules_loops",
-            "rules_ordering",
-            "rules_structural",
-            "rules_windows",
-            "walker",
-        )
-    ),
-]
-
-
-def test_the_library_has_no_new_import_cycles():
+def test_the_library_has_no_import_cycles():
+    """No module-level import cycle anywhere in the package (issue 23 ended the last three): a module imports only
+    what is complete without it, so no module sees another half-initialised."""
     graph = {name: _module_level_imports(path) for name, path in MODULES.items()}
-    cycles = [frozenset(c) for c in _cycles(graph)]
-    new = [" -> ".join(_a_cycle(graph, sorted(c))) for c in cycles if not any(c <= known for known in KNOWN_CYCLES)]
-    assert not new, "import cycles (module-level imports): " + "; ".join(new)
-    gone = [sorted(known) for known in KNOWN_CYCLES if not any(c <= known for c in cycles)]
-    assert not gone, f"these known cycles are gone: remove them from KNOWN_CYCLES: {gone}"
+    cycles = [" -> ".join(_a_cycle(graph, c)) for c in _cycles(graph)]
+    assert not cycles, "import cycles (module-level imports): " + "; ".join(cycles)
 
 
 def test_the_cycle_finder_names_a_cycle():

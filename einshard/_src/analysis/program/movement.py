@@ -26,7 +26,7 @@ import numpy as np
 from ..cost import Collective
 
 if TYPE_CHECKING:
-    from .walker import Walker
+    from .registry import WalkerLike
 
 __all__ = ["APPROXIMATE", "shift_pieces", "halo_pieces", "charge", "itemsize", "group_size", "mark_approximate"]
 
@@ -37,7 +37,7 @@ APPROXIMATE = "approximate"
 SentKind = Literal["all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute"]
 
 
-def mark_approximate(w: Walker, since: int, why: str) -> None:
+def mark_approximate(w: WalkerLike, since: int, why: str) -> None:
     """Mark the ops recorded since index ``since`` as approximate (``OpReport.note``), saying what may differ."""
     if w.quiet:
         return
@@ -51,7 +51,7 @@ def itemsize(dtype: Any) -> int:
     return int(np.dtype(dtype).itemsize)
 
 
-def group_size(w: Walker, axes: tuple[str, ...]) -> int:
+def group_size(w: WalkerLike, axes: tuple[str, ...]) -> int:
     return math.prod(w.costs.mesh_sizes[m] for m in axes)
 
 
@@ -109,7 +109,7 @@ def halo_pieces(
 
 
 def charge(
-    w: Walker,
+    w: WalkerLike,
     eqn: Any,
     phase: str,
     repeat: int,

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
 from .costing import is_free
-from .memory import Partial
 from .registry import register
 from .rules_structural import _explicit_dims
+from .values import CARRIERS, Partial
 
 if TYPE_CHECKING:
-    from .walker import Walker
+    from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
 
-__all__ = ["CARRIERS", "leaves_program"]
+__all__ = ["leaves_program"]
 
 
 @register("dot_general")
@@ -73,10 +73,6 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     out = w.relayout(eqn.outvars[0].aval, out_dims)
     w.record(eqn, phase, res.expression, out, colls, res.flops, time_s, repeat)
     return [out.with_dims(out.dims, pending) if pending else out]
-
-
-# Ops that carry a value unchanged but for its axes' order or its dtype.
-CARRIERS = {"transpose", "convert_element_type", "copy", "copy_p"}
 
 
 def leaves_program(w: Walker, var: Any) -> bool:
