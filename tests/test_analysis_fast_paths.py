@@ -102,11 +102,11 @@ def _columns(sides):
 
 
 def _lark_sides(text: str):
-    from einshard._src._grammar import _Build, _lark
+    from einshard._src._grammar import _Build, lark_parser
 
     stripped = text.strip()
     offset = len(text) - len(text.lstrip())
-    return _Build(offset, stripped).transform(_lark().parse(stripped))
+    return _Build(offset, stripped).transform(lark_parser().parse(stripped))
 
 
 def _agrees(text: str) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.layout import Layout
 from .costing import is_free
 from .registry import register
-from .rules_structural import _explicit_dims
+from .rules_structural import explicit_dims
 from .values import CARRIERS, Partial
 
 if TYPE_CHECKING:
@@ -479,7 +479,7 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # Writing into a constant (the transpose of dynamic_slice writes the cotangent into zeros): the
         # update lands anywhere along an axis it does not span, so a split there is gathered first.
         dims = [d if a == b else () for d, a, b in zip(update.dims, update.shape, out_aval.shape)]
-        typed = _explicit_dims(out_aval)
+        typed = explicit_dims(out_aval)
         if typed is not None:
             # On Explicit axes the result's type names its split (the operand's type): XLA gathers the
             # update's cut splits (measured: dynamic_slice's gradient does its forward gather and this one),

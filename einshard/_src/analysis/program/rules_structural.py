@@ -135,7 +135,7 @@ def _declared(w: WalkerLike, eqn: Any, natural: Layout, repeat: int, phase: str)
     had an all-reduce of the reduced sum).
     """
     spec = getattr(eqn.params.get("sharding"), "spec", None)
-    if spec is None or natural.unreduced or _explicit_dims(eqn.invars[0].aval) is None:
+    if spec is None or natural.unreduced or explicit_dims(eqn.invars[0].aval) is None:
         # An operand typed whole: the program was traced from unplaced inputs, and its declared layouts
         # say nothing of the layouts the walk follows.
         return natural
@@ -281,7 +281,7 @@ def slice_(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
     out_shape = tuple(int(s) for s in out_aval.shape)
     cut = [i for i, (a, b) in enumerate(zip(src.shape, out_shape)) if a != b and src.dims[i]]
     dims = list(src.dims)
-    if cut and eqn.primitive.name == "dynamic_slice" and _explicit_dims(out_aval) is not None:
+    if cut and eqn.primitive.name == "dynamic_slice" and explicit_dims(out_aval) is not None:
         # A run-time offset on Explicit axes: XLA replicates the operand along every split axis, not only
         # the cut ones, then slices the typed result locally (measured: [16@b, 24@a] sliced to [2, 24]
         # gathers over a too).  On Auto axes it gathers the cut ones only (measured).
@@ -297,13 +297,13 @@ def slice_(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
         w.bind_copy(eqn.invars[0], src.with_dims(tuple(dims)))  # the gathered copy is live while it is sliced
         # On Explicit axes the result's type keeps the operand's split where it divides: sliced locally
         # from the gathered operand (no further collective).
-        typed = _explicit_dims(out_aval)
+        typed = explicit_dims(out_aval)
         if typed is not None:
             dims = [t if i in cut else d for i, (d, t) in enumerate(zip(dims, typed))]
     return [w.relayout(out_aval, dims)]
 
 
-def _explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
+def explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
     """The split a value's type names on Explicit mesh axes (None when its type names none)."""
     spec = getattr(getattr(aval, "sharding", None), "spec", None)
     if spec is None or not any(e is not None for e in spec):
