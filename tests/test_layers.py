@@ -103,36 +103,9 @@ def test_the_einsum_analysis_is_one_way(name):
 # A leading underscore means "this module's own": no other module takes such a name (issue 23).  A name
 # another module needs is public inside the package (no underscore; ``__all__`` lists what faces export).
 # Importing a private *module* of the package (``from . import _caches``) is fine: that is the package's own.
-# What remains, each with why it is still private; name it publicly, then delete its entry.
-_MESHES = "einshard._src._placement.meshes"
-_RESOLVE = "einshard._src._placement.resolve"
-_PLACEMENT_SPLIT = "placement's helpers, split into _placement/ by size: named by the placement work (issue 23 P4)"
-_READ = "einshard._src.analysis.einsum.read"
-_ANALYZE = "einshard._src.analysis.einsum.analyze"
-KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {
-    (_ANALYZE, _READ, "_mesh_axes"): "analyze's mesh from mesh=: becomes MeshLike's resolver (expr)",
-    (_ANALYZE, _READ, "_mesh_axis"): "a MeshAxis built unchecked: its trusted constructor (moves)",
-    (_ANALYZE, _READ, "_spec_dims"): "a spec's dims: Layout.from_spec replaces it (expr)",
-    ("einshard._src.placement", _MESHES, "_check_mesh"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", _MESHES, "_choose_mesh"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", _MESHES, "_current_abstract_mesh"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", _MESHES, "_own_mesh"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", _MESHES, "_pick_mesh"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", _MESHES, "_tracing_in_mesh_context"): _PLACEMENT_SPLIT,
-    ("einshard._src._placement.traced", _MESHES, "_count_mesh_conflict"): _PLACEMENT_SPLIT,
-    ("einshard._src._placement.traced", _MESHES, "_current_abstract_mesh"): _PLACEMENT_SPLIT,
-    ("einshard._src._placement.traced", _MESHES, "_pick_mesh"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", "einshard._src._placement.process_local", "_from_process_local"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", "einshard._src._placement.process_local", "_is_global"): _PLACEMENT_SPLIT,
-    ("einshard._src._placement.process_local", _RESOLVE, "_concrete_sharding"): _PLACEMENT_SPLIT,
-    ("einshard._src._placement.traced", _RESOLVE, "_concrete_sharding"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", _RESOLVE, "_concrete_sharding"): _PLACEMENT_SPLIT,
-    ("einshard._src._placement.traced", _RESOLVE, "_entry"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", _RESOLVE, "_entry"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", _RESOLVE, "_replicated_everywhere"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", _RESOLVE, "_resolve"): _PLACEMENT_SPLIT,
-    ("einshard._src.placement", "einshard._src._placement.traced", "_constrain"): _PLACEMENT_SPLIT,
-}
+# What remains, each entry (importer, module, name) with a one-line reason it is still private; none today (issue
+# 23 named the last 34 publicly).  A new entry is a decision: prefer naming the name without its underscore.
+KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {}
 
 
 def _private_names_in(importer: str, is_package: bool, source: str) -> set[tuple[str, str, str]]:
