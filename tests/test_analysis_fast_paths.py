@@ -102,11 +102,11 @@ def _columns(sides):
 
 
 def _lark_sides(text: str):
-    from einshard._src._grammar import _Build, _lark
+    from einshard._src._grammar import _Build, lark_parser
 
     stripped = text.strip()
     offset = len(text) - len(text.lstrip())
-    return _Build(offset, stripped).transform(_lark().parse(stripped))
+    return _Build(offset, stripped).transform(lark_parser().parse(stripped))
 
 
 def _agrees(text: str) -> None:
@@ -350,14 +350,14 @@ def _plain_and_general(expr: str, mesh: dict, sizes: dict, dtype: Any = "bf16", 
     """analyze's entry for the common call (layouts read once from the text) and its general path (every
     check of the arguments, layouts through read.side_layout): (plan or None, plan or error)."""
     from einshard._src.analysis.einsum import analyze as api
-    from einshard._src.analysis.einsum.read import _mesh_axes
+    from einshard._src.analysis.einsum.read import analysis_mesh
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         plain = api._analyze_plain(expr, mesh, sizes, dtype, profile)
         try:
             general: Any = api._analyze(
-                expr, (), _mesh_axes(mesh, ()), tuple(sizes.items()) or None, dtype, profile, None, None
+                expr, (), analysis_mesh(mesh, ()), tuple(sizes.items()) or None, dtype, profile, None, None
             )
         except einshard.EinshardError as e:
             general = e

@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 import einshard._src.placement as placement_module
-from einshard._src._placement.resolve import _replicated, _resolve
+from einshard._src._placement.resolve import _replicated, resolve_layout
 from einshard._src.core.layout import Layout, MeshAxis, spec_dims
 from einshard._src.parsing import (
     AxisItem,
@@ -195,10 +195,10 @@ def test_equal_expressions_hash_alike_and_pickle_anew() -> None:
 def test_the_layout_cache_is_keyed_on_the_parsed_expression() -> None:
     einshard.clear_caches()
     einshard.layout("a b -> a@data b", (8, 2), mesh=MESH)
-    hits = _resolve.cache_info().hits
+    hits = resolve_layout.cache_info().hits
     # Another spelling of the same expression: the same key, so the cache answers.
     einshard.layout("a  b->a@data  b", (8, 2), mesh=MESH)
-    assert _resolve.cache_info().hits == hits + 1
+    assert resolve_layout.cache_info().hits == hits + 1
 
 
 def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:

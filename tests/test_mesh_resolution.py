@@ -307,14 +307,14 @@ def test_plain_jax_cannot_transpose_an_explicit_reshard_outside_a_mesh_context()
 
 def test_clear_caches_empties_every_registered_cache():
     from einshard._src import _caches
-    from einshard._src.placement import _resolve
+    from einshard._src.placement import resolve_layout
     from einshard._src.tree_rules import _CACHE as rule_matches
 
     einshard.sharding("b d -> b@data d", (8, 4), mesh=MESHES["explicit"])
     einshard.einshard({"w": X}, {"w": "b d -> b d"}, mesh=MESHES["explicit"])
-    assert _resolve.cache_info().currsize > 0 and rule_matches
+    assert resolve_layout.cache_info().currsize > 0 and rule_matches
     einshard.clear_caches()
-    assert _resolve.cache_info().currsize == 0 and not rule_matches
+    assert resolve_layout.cache_info().currsize == 0 and not rule_matches
     assert len(_caches._CLEARERS) >= 5
 
 

@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from einshard._src.analysis.program import coverage, trace
 from einshard._src.analysis.program.movement import APPROXIMATE
-from einshard._src.analysis.program.trace import _arg_layouts
+from einshard._src.analysis.program.trace import arg_layouts
 from einshard._src.analysis.program.walker import Walker
 from einshard.testing import hlo
 
@@ -148,11 +148,11 @@ def _explain(case: Case, mesh: Any, fn: Callable[..., Any]) -> tuple[Any, Counte
         with jax.set_mesh(mesh):
             program = trace(fn, *args, mesh=sizes)
             report = program.report(None)
-            in_layouts = _arg_layouts(program.args, None, program.mesh)
+            in_layouts = arg_layouts(program.args, None, program.mesh)
     else:
         program = trace(fn, *case.args, mesh=sizes)
         report = program.report(case.specs)
-        in_layouts = _arg_layouts(program.args, case.specs, program.mesh)
+        in_layouts = arg_layouts(program.args, case.specs, program.mesh)
     kinds = Counter()
     sent = 0
     for op in report.ops:
@@ -459,7 +459,7 @@ def test_coverage_rules_run() -> None:
     program = trace(f, x, mesh={"a": 4, "b": 2})
     report = program.report((spec,))
     outs = Walker(program.costs, quiet=True).walk(
-        program.jaxpr, _arg_layouts(program.args, (spec,), program.mesh), 1, None
+        program.jaxpr, arg_layouts(program.args, (spec,), program.mesh), 1, None
     )
     with jax.set_mesh(mesh):
         compiled = jax.jit(f, in_shardings=(NamedSharding(mesh, spec),)).lower(x).compile()

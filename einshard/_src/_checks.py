@@ -62,27 +62,28 @@ def describe_value(value: Any) -> str:
     return f"{type(value).__name__} {text}"
 
 
-def _fail(where: str, name: str, wants: str, value: Any) -> EinshardError:
+def argument_error(where: str, name: str, wants: str, value: Any) -> EinshardError:
+    """The EinshardError saying ``name=`` takes ``wants`` and what it got (the caller raises it)."""
     return EinshardError(f"{where}: {name}= takes {wants}, got {describe_value(value)}")
 
 
 def fail(where: str, name: str, wants: str, value: Any) -> Any:
     """Raise the EinshardError saying ``name=`` takes ``wants`` (for rules written as expressions)."""
-    raise _fail(where, name, wants, value)
+    raise argument_error(where, name, wants, value)
 
 
 def check_bool(value: Any, where: str, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise _fail(where, name, "True or False", value)
+        raise argument_error(where, name, "True or False", value)
     return bool(value)
 
 
 def check_str(value: Any, where: str, name: str, *, empty: bool = False) -> str:
     """A str (bytes are refused: a ``b'data'`` axis name would never match the mesh's ``'data'``)."""
     if not isinstance(value, str):
-        raise _fail(where, name, "a string", value)
+        raise argument_error(where, name, "a string", value)
     if not empty and not value.strip():
-        raise _fail(where, name, "a non-empty string", value)
+        raise argument_error(where, name, "a non-empty string", value)
     return value
 
 
@@ -94,34 +95,34 @@ def check_str_or_strs(value: Any, where: str, name: str) -> tuple[str, ...]:
     """A mesh axis name or a tuple/list of distinct ones (``'data'``, ``('data', 'fsdp')``)."""
     items = (value,) if isinstance(value, str) else value
     if not isinstance(items, (tuple, list)) or not items or not all(isinstance(v, str) and v for v in items):
-        raise _fail(where, name, "a mesh axis name or a tuple of them", value)
+        raise argument_error(where, name, "a mesh axis name or a tuple of them", value)
     if len(set(items)) != len(items):
-        raise _fail(where, name, "distinct mesh axis names", value)
+        raise argument_error(where, name, "distinct mesh axis names", value)
     return tuple(items)
 
 
 def check_int(value: Any, where: str, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """An integer (a Python or numpy int, never a bool or a float) within ``[minimum, maximum]``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise _fail(where, name, "an integer", value)
+        raise argument_error(where, name, "an integer", value)
     value = int(value)
     if minimum is not None and value < minimum:
-        raise _fail(where, name, f"an integer >= {minimum}", value)
+        raise argument_error(where, name, f"an integer >= {minimum}", value)
     if maximum is not None and value > maximum:
-        raise _fail(where, name, f"an integer <= {maximum}", value)
+        raise argument_error(where, name, f"an integer <= {maximum}", value)
     return value
 
 
 def check_number(value: Any, where: str, name: str, *, minimum: float | None = None, positive: bool = False) -> float:
     """A finite real number (NaN and infinities refused: they make every comparison or sum meaningless)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise _fail(where, name, "a number", value)
+        raise argument_error(where, name, "a number", value)
     if not math.isfinite(value):
-        raise _fail(where, name, "a finite number", value)
+        raise argument_error(where, name, "a finite number", value)
     if positive and value <= 0:
-        raise _fail(where, name, "a number > 0", value)
+        raise argument_error(where, name, "a number > 0", value)
     if minimum is not None and value < minimum:
-        raise _fail(where, name, f"a number >= {minimum}", value)
+        raise argument_error(where, name, f"a number >= {minimum}", value)
     return float(value)
 
 
@@ -130,16 +131,16 @@ def check_int_sequence(
 ) -> tuple[int, ...]:
     """A list or tuple of integers (``param_args=(0,)``); a bare string or int is refused, not iterated."""
     if not isinstance(value, (tuple, list, range)):
-        raise _fail(where, name, "a tuple of integers", value)
+        raise argument_error(where, name, "a tuple of integers", value)
     out = tuple(check_int(v, where, name, minimum=minimum) for v in value)
     if distinct and len(set(out)) != len(out):
-        raise _fail(where, name, "distinct integers", value)
+        raise argument_error(where, name, "distinct integers", value)
     return out
 
 
 def check_callable(value: Any, where: str, name: str) -> Callable[..., Any]:
     if not callable(value):
-        raise _fail(where, name, "a function", value)
+        raise argument_error(where, name, "a function", value)
     return value  # type: ignore[no-any-return]
 
 
@@ -148,13 +149,13 @@ def check_dtype(value: Any, where: str, name: str, *, optional: bool = True) -> 
     if value is None and optional:
         return None
     if isinstance(value, (bytes, bool)) or (isinstance(value, str) and not value.strip()):
-        raise _fail(where, name, "a numeric dtype", value)
+        raise argument_error(where, name, "a numeric dtype", value)
     try:
         dt = np.dtype(value)
     except (TypeError, ValueError):
-        raise _fail(where, name, "a numeric dtype ('float32', jnp.bfloat16, ...)", value) from None
+        raise argument_error(where, name, "a numeric dtype ('float32', jnp.bfloat16, ...)", value) from None
     if dt.kind not in "biufc" and dt.name not in _ML_DTYPES:
-        raise _fail(where, name, "a numeric dtype ('float32', jnp.bfloat16, ...)", value)
+        raise argument_error(where, name, "a numeric dtype ('float32', jnp.bfloat16, ...)", value)
     return dt
 
 
@@ -198,12 +199,12 @@ def check_precision(value: Any, where: str, name: str = "precision") -> Any:
     if isinstance(value, (tuple, list)) and len(value) == 2 and all(one(v) for v in value):
         return value
     names = ", ".join(repr(n) for n in _PRECISION_NAMES)
-    raise _fail(where, name, f"None, a jax.lax.Precision, one of {names}, or a pair of them", value)
+    raise argument_error(where, name, f"None, a jax.lax.Precision, one of {names}, or a pair of them", value)
 
 
 def check_sequence_of(value: Any, where: str, name: str, test: Callable[[Any], bool], wants: str) -> Sequence[Any]:
     if not isinstance(value, (tuple, list)) or not all(test(v) for v in value):
-        raise _fail(where, name, wants, value)
+        raise argument_error(where, name, wants, value)
     return value
 
 
@@ -248,9 +249,9 @@ def _axis_name_rule(value: Any, where: str, name: str, arguments: dict[str, Any]
 
     names = (value,) if isinstance(value, str) else value
     if not isinstance(names, (tuple, list)) or not names or not all(isinstance(n, str) and n for n in names):
-        raise _fail(where, name, "a mesh axis name or a tuple of them", value)
+        raise argument_error(where, name, "a mesh axis name or a tuple of them", value)
     if len(set(names)) != len(names):
-        raise _fail(where, name, "distinct mesh axis names", value)
+        raise argument_error(where, name, "distinct mesh axis names", value)
     # Whether the names are bound is JAX's to find out when the function runs: checked() names the argument
     # in the NameError JAX raises for an unbound axis (after the function's own checks of its other arguments).
     return value
@@ -259,15 +260,15 @@ def _axis_name_rule(value: Any, where: str, name: str, arguments: dict[str, Any]
 def _axes_tuple_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
     """Tensor axis names, distinct (``('a', 'c')``); a bare string would be read one letter per axis."""
     if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and v for v in value):
-        raise _fail(where, name, "a tuple of axis names", value)
+        raise argument_error(where, name, "a tuple of axis names", value)
     if len(set(value)) != len(value):
-        raise _fail(where, name, "distinct axis names", value)
+        raise argument_error(where, name, "distinct axis names", value)
     return tuple(value)
 
 
 def _operand_axes_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
     if not isinstance(value, (tuple, list)) or not value:
-        raise _fail(where, name, "a tuple of each operand's axis names", value)
+        raise argument_error(where, name, "a tuple of each operand's axis names", value)
     return tuple(_axes_tuple_rule(v, where, name, arguments) for v in value)
 
 
@@ -275,7 +276,7 @@ def _spec_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> 
     from jax.sharding import PartitionSpec
 
     if not isinstance(value, PartitionSpec):
-        raise _fail(where, name, "a jax.sharding.PartitionSpec", value)
+        raise argument_error(where, name, "a jax.sharding.PartitionSpec", value)
     return value
 
 
@@ -288,7 +289,7 @@ def _shapes_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -
         )
 
     if not isinstance(value, (tuple, list)) or not all(is_shape(s) for s in value):
-        raise _fail(where, name, "one shape (a tuple of integers >= 0) per operand", value)
+        raise argument_error(where, name, "one shape (a tuple of integers >= 0) per operand", value)
     return [tuple(int(n) for n in s) for s in value]
 
 
@@ -297,7 +298,7 @@ def _invariant_rule(value: Any, where: str, name: str, arguments: dict[str, Any]
         return bool(value)
     if isinstance(value, (tuple, list, set, frozenset)) and all(isinstance(m, str) for m in value):
         return value
-    raise _fail(where, name, "True/False, or the mesh axes the block is invariant over", value)
+    raise argument_error(where, name, "True/False, or the mesh axes the block is invariant over", value)
 
 
 def _layout_entries_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> Any:
@@ -307,7 +308,7 @@ def _layout_entries_rule(value: Any, where: str, name: str, arguments: dict[str,
     leaves = jax.tree_util.tree_leaves(value)
     if not all(isinstance(x, str) for x in leaves):
         bad = next(x for x in leaves if not isinstance(x, str))
-        raise _fail(where, name, "expressions (strings), None, or path-pattern rules, per argument", bad)
+        raise argument_error(where, name, "expressions (strings), None, or path-pattern rules, per argument", bad)
     return value
 
 
@@ -317,7 +318,7 @@ def _spec_tree_rule(value: Any, where: str, name: str, arguments: dict[str, Any]
 
     leaves = jax.tree_util.tree_leaves(value, is_leaf=lambda x: isinstance(x, PartitionSpec))
     if not all(isinstance(x, PartitionSpec) for x in leaves):
-        raise _fail(where, name, "PartitionSpecs (or None), one per output", value)
+        raise argument_error(where, name, "PartitionSpecs (or None), one per output", value)
     return value
 
 
@@ -326,7 +327,7 @@ def _shape_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) ->
         isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in value
     )
     if not ok:
-        raise _fail(where, name, "a shape (a tuple of integers >= 0)", value)
+        raise argument_error(where, name, "a shape (a tuple of integers >= 0)", value)
     return tuple(int(n) for n in value)
 
 

@@ -33,7 +33,7 @@ def _grammar_text() -> str:
 
 
 @functools.cache
-def _lark() -> lark.Lark:
+def lark_parser() -> lark.Lark:
     return lark.Lark(_grammar_text(), parser="lalr", propagate_positions=True, maybe_placeholders=False)
 
 
@@ -227,7 +227,7 @@ def _check_count(tagged: tuple[str, int, int]) -> int:
     return value
 
 
-def _cached_on_strings(fn: Callable[[str], Expression]) -> Callable[[str], Expression]:
+def cached_on_strings(fn: Callable[[str], Expression]) -> Callable[[str], Expression]:
     """Memoize a parser, checking first that it was given a string (an unhashable list must not reach the cache)."""
     cached = functools.lru_cache(maxsize=4096)(fn)
     register(cached.cache_clear)
@@ -242,7 +242,7 @@ def _cached_on_strings(fn: Callable[[str], Expression]) -> Callable[[str], Expre
     return parser
 
 
-@_cached_on_strings
+@cached_on_strings
 def parse(text: str) -> Expression:
     """Parse an expression of either kind (placement or einsum) without checking which.
 
@@ -260,7 +260,7 @@ def parse(text: str) -> Expression:
             _check_side(expr, side)
         return expr
     try:
-        tree = _lark().parse(stripped)
+        tree = lark_parser().parse(stripped)
         sides = _Build(offset, stripped).transform(tree)
     except lark.exceptions.UnexpectedInput as err:
         raise _syntax_error(text, offset, err) from None

@@ -48,7 +48,7 @@ from . import _checks
 from .core.logical import AxisRulesLike, takes_axis_rules
 from .errors import EinshardError
 from .placement import sharding
-from .tree_rules import UNMATCHED, _as_rules, _warn_replicated, leaf_expressions
+from .tree_rules import UNMATCHED, as_rules, leaf_expressions, warn_replicated
 
 try:
     from flax import nnx
@@ -112,7 +112,7 @@ def state_shardings(
     _require_flax()
     # A rule matches a variable's path with or without its '.value' (einshard.tree_rules), so einshard.plan's
     # rules, written for the state flattened to arrays, lay out the variables here (issue 22).
-    matched = iter(leaf_expressions(state, dict(_as_rules(rules) or {}), is_leaf=_is_variable, unmatched=UNMATCHED))
+    matched = iter(leaf_expressions(state, dict(as_rules(rules) or {}), is_leaf=_is_variable, unmatched=UNMATCHED))
     fallen_back: list[tuple[Any, Any]] = []  # (path, variable) of those metadata or the default decided
     fallback_texts: list[str | None] = []
 
@@ -143,7 +143,7 @@ def state_shardings(
 
     out = jax.tree_util.tree_map_with_path(pick, state, is_leaf=_is_variable)
     if rules:  # rules were given: a large variable left replicated by the fallback is said, by path
-        _warn_replicated(fallen_back, fallback_texts)
+        warn_replicated(fallen_back, fallback_texts)
     return out
 
 

@@ -31,8 +31,7 @@ from ._expression import (
     format_name,
     is_count_item,
 )
-from ._grammar import _cached_on_strings, parse
-from ._grammar import _lark as _lark  # re-exported: the placement benchmark times a cold parser
+from ._grammar import cached_on_strings, parse
 
 __all__ = [
     "AxisItem",
@@ -55,7 +54,7 @@ __all__ = [
 # Placement expressions: 'a b -> a4 b*' or 'a b -> a@data b'
 
 
-@_cached_on_strings
+@cached_on_strings
 def parse_placement(text: str) -> Expression:
     """Parse and check a placement expression (one array, its axes, how they are laid out).
 
@@ -203,7 +202,7 @@ def check_placement(expr: Expression) -> Expression:
 # Einsum expressions: 'b x@data, x y@model -> b y@model'
 
 
-@_cached_on_strings
+@cached_on_strings
 def parse_einsum(text: str) -> Expression:
     """Parse and check an einsum expression, optionally annotated with mesh axes.
 

@@ -23,25 +23,25 @@ from ._checks import check_bool, describe_value
 from ._placement.agreement import check_placement, checking
 from ._placement.describe import describe
 from ._placement.meshes import (
-    _check_mesh,
-    _choose_mesh,
-    _current_abstract_mesh,
-    _own_mesh,
-    _pick_mesh,
-    _tracing_in_mesh_context,
     anonymous_mesh,
+    check_mesh,
+    choose_mesh,
+    current_abstract_mesh,
     is_anonymous,
+    pick_mesh,
+    placed_mesh,
+    tracing_in_mesh_context,
 )
-from ._placement.process_local import _from_process_local, _is_global
+from ._placement.process_local import from_process_local, is_global
 from ._placement.resolve import (
-    _concrete_sharding,
-    _entry,
-    _replicated_everywhere,
+    concrete_sharding,
+    replicated_everywhere,
+    spec_entry,
 )
 from ._placement.resolve import (
-    _resolve as _resolve,
+    resolve_layout as resolve_layout,
 )
-from ._placement.traced import _constrain
+from ._placement.traced import constrain
 from .core.layout import Layout, resolve_named
 from .core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_expression, scoped_axis_rules
 from .core.mesh import AnyMesh, MeshLike, current_concrete_mesh, mesh_axes
@@ -71,7 +71,7 @@ def layout(
     text = _check_text(expr)
     shape = _check_shape(shape, text)
     parsed, chosen = _parsed_and_mesh(text, mesh)
-    return _resolve(parsed, shape, chosen)[0]
+    return resolve_layout(parsed, shape, chosen)[0]
 
 
 def sharding(
@@ -94,9 +94,9 @@ def sharding(
     text = _check_text(expr)
     shape = _check_shape(shape, text)
     parsed, chosen = _parsed_and_mesh(text, mesh)
-    lay, sh = _resolve(parsed, shape, chosen)
+    lay, sh = resolve_layout(parsed, shape, chosen)
     if sh is None:
-        return _replicated_everywhere(lay)
+        return replicated_everywhere(lay)
     return sh
 
 
@@ -131,8 +131,8 @@ def _spec(text: str, shape: tuple[int, ...] | None, mesh: MeshLike | None) -> Pa
         shape = (0,) * len(parsed.inputs[0].axes)  # 0 divides evenly by anything
     shape = _check_shape(shape, text)
     if parsed.uses_counts:
-        return PartitionSpec(*_resolve(parsed, shape, None)[0].spec_entries())
-    chosen = _check_mesh(mesh) if mesh is not None else current_concrete_mesh() or _current_abstract_mesh()
+        return PartitionSpec(*resolve_layout(parsed, shape, None)[0].spec_entries())
+    chosen = check_mesh(mesh) if mesh is not None else current_concrete_mesh() or current_abstract_mesh()
     if chosen is None:
         # No mesh to check names against: read them off the expression.
         from .core.layout import expand_names
@@ -140,7 +140,7 @@ def _spec(text: str, shape: tuple[int, ...] | None, mesh: MeshLike | None) -> Pa
         parsed = resolve_expression(parsed, None)  # logical names through the current rules, if any
         names = expand_names(parsed, len(shape))
         dims = {i.name: i.mesh_axes or None for i in parsed.output.axes}
-        return PartitionSpec(*[_entry(dims.get(n)) for n in names])
+        return PartitionSpec(*[spec_entry(dims.get(n)) for n in names])
     return PartitionSpec(*resolve_named(parsed, shape, mesh_axes(chosen)).spec_entries())
 
 
@@ -149,9 +149,9 @@ def _parsed_and_mesh(text: str, mesh: MeshLike | None) -> tuple[Expression, AnyM
 
     ``mesh=`` is checked before the text is parsed, so that a call wrong in both says what it always said.
     """
-    checked = _check_mesh(mesh)
+    checked = check_mesh(mesh)
     parsed = parse_placement(text)
-    return parsed, _pick_mesh(parsed, checked)
+    return parsed, pick_mesh(parsed, checked)
 
 
 def _check_shape(shape: Any, text: str) -> tuple[int, ...]:
@@ -268,15 +268,15 @@ def _place_one(x: Any, text: str, mesh: MeshLike | None, process_local: bool) ->
                 None,
                 "Call einshard(batch, expr, process_local=True) outside jax.jit, then pass the result in.",
             )
-        return _constrain(x, expr, _check_mesh(mesh))
-    checked = _check_mesh(mesh)  # (before the expression: a bad mesh= is reported first, as it always was)
+        return constrain(x, expr, check_mesh(mesh))
+    checked = check_mesh(mesh)  # (before the expression: a bad mesh= is reported first, as it always was)
     if process_local:
         expr = parse_placement(text)
-        return _from_process_local(x, expr, _pick_mesh(expr, checked, x))
-    if _tracing_in_mesh_context() and not isinstance(checked, Mesh):
+        return from_process_local(x, expr, pick_mesh(expr, checked, x))
+    if tracing_in_mesh_context() and not isinstance(checked, Mesh):
         # A host constant inside jax.jit under jax.set_mesh: only the abstract mesh exists
         # here, so the constant becomes a traced value and gets a sharding constraint.
-        return _constrain(jax.numpy.asarray(x), parse_placement(text), checked)
+        return constrain(jax.numpy.asarray(x), parse_placement(text), checked)
     return _put(x, _eager_sharding(text, x, checked, current_concrete_mesh()))
 
 
@@ -286,10 +286,10 @@ def _eager_sharding(text: str, x: Any, mesh: AnyMesh | None, ctx: Mesh | None) -
     The hot path of eager placement (per array, per step): one cache lookup keyed by everything the answer
     depends on (the text, the shape, and the three meshes it may come from), so a repeated call neither parses
     nor resolves.  ``ctx`` is ``current_concrete_mesh()``, read once by the caller, who has also checked
-    ``mesh`` with ``_check_mesh`` (before it is hashed as a key).  Errors are not cached (lru_cache keeps no
+    ``mesh`` with ``check_mesh`` (before it is hashed as a key).  Errors are not cached (lru_cache keeps no
     exceptions): a bad call fails every time.
     """
-    own = _own_mesh(x) if mesh is None and ctx is None else None
+    own = placed_mesh(x) if mesh is None and ctx is None else None
     return _cached_eager_sharding(text, tuple(x.shape), mesh, ctx, own, current_axis_rules())
 
 
@@ -302,12 +302,12 @@ def _cached_eager_sharding(
     # __hash__ cost 0.25 µs a leaf (bench_placement's own work: 1.8 -> 2.1 µs a leaf on 50 leaves).  On a miss
     # the text is parsed here, once, and the Expression goes down (every cache below is keyed on it).
     expr = parse_placement(text)
-    return _concrete_sharding(expr, shape, _choose_mesh(expr, mesh, ctx, own))
+    return concrete_sharding(expr, shape, choose_mesh(expr, mesh, ctx, own))
 
 
 def _takes_own_shards(x: Any, sh: NamedSharding) -> bool:
     """Multi-process placement of a value this process holds whole (host array or local jax.Array)."""
-    return not sh.is_fully_addressable and not _is_global(x)
+    return not sh.is_fully_addressable and not is_global(x)
 
 
 def _put(x: Any, sh: NamedSharding) -> Any:
@@ -326,9 +326,9 @@ def _place_tree(x: Any, rules: Rules, mesh: MeshLike | None, process_local: bool
     check_bool(process_local, "einshard", "process_local")
     leaves, treedef = jax.tree_util.tree_flatten(x)
     texts = leaf_expressions(x, rules)
-    checked = _check_mesh(mesh)
+    checked = check_mesh(mesh)
     ctx = current_concrete_mesh()
-    in_trace = _tracing_in_mesh_context() and not isinstance(checked, Mesh)
+    in_trace = tracing_in_mesh_context() and not isinstance(checked, Mesh)
     out: list[Any] = list(leaves)
     pending: list[int] = []
     shardings: list[NamedSharding] = []

@@ -174,7 +174,7 @@ def _mesh_text(p: pathlib.Path, text: str) -> dict[str, int]:
     return out
 
 
-def _as_rules(rules: Any) -> Any:
+def as_rules(rules: Any) -> Any:
     """``rules`` with a rules file (a ``pathlib.Path`` or other ``os.PathLike``) read to its parameter rules."""
     if isinstance(rules, os.PathLike):
         return read_rules_file(rules).params
@@ -238,7 +238,7 @@ def leaf_expressions(tree: Any, rules: Rules, *, is_leaf: Any = None, unmatched:
         unmatched: None (a leaf no pattern matches is an error), or a value to return for such leaves
             (:data:`UNMATCHED`, for callers that fall back to something else).
     """
-    rules = _as_rules(rules)
+    rules = as_rules(rules)
     treedef = jax.tree_util.tree_structure(tree, is_leaf=is_leaf)
     if isinstance(rules, str):
         return (rules,) * treedef.num_leaves  # type: ignore[attr-defined]
@@ -311,7 +311,7 @@ def _match(tree: Any, rules: Mapping[str, Any], is_leaf: Any, unmatched: Any) ->
             EinshardWarning,
             stacklevel=4,
         )
-    _warn_replicated([(p, leaf) for p, leaf in flat], texts, skip=unmatched)
+    warn_replicated([(p, leaf) for p, leaf in flat], texts, skip=unmatched)
     return tuple(texts)
 
 
@@ -342,7 +342,7 @@ def _nbytes(leaf: Any) -> int:
         return 0
 
 
-def _warn_replicated(leaves: Sequence[tuple[Any, Any]], texts: Sequence[Any], *, skip: Any = None) -> None:
+def warn_replicated(leaves: Sequence[tuple[Any, Any]], texts: Sequence[Any], *, skip: Any = None) -> None:
     """Warn for each leaf of :data:`LARGE_LEAF_BYTES` or more that its rule leaves replicated, naming it.
 
     ``leaves``: (path, leaf) pairs; ``texts``: each one's rule; ``skip``: a marker whose leaves are not decided

@@ -60,17 +60,17 @@ def is_anonymous(mesh: object) -> bool:
     return any(mesh is m for m in _ANONYMOUS.values())
 
 
-def _current_abstract_mesh() -> AbstractMesh | None:
+def current_abstract_mesh() -> AbstractMesh | None:
     mesh = jax.sharding.get_abstract_mesh()
     return None if mesh.empty else mesh
 
 
-def _tracing_in_mesh_context() -> bool:
+def tracing_in_mesh_context() -> bool:
     """Inside ``jax.jit`` under ``jax.set_mesh``: only the abstract mesh is current, no concrete one."""
-    return current_concrete_mesh() is None and _current_abstract_mesh() is not None
+    return current_concrete_mesh() is None and current_abstract_mesh() is not None
 
 
-def _count_mesh_conflict(expr: Expression, mesh: AnyMesh, how: str) -> EinshardError:
+def count_mesh_conflict(expr: Expression, mesh: AnyMesh, how: str) -> EinshardError:
     # In the user's own words: their counts, and their expression with a mesh axis named instead.
     counts = [i for i in expr.output.items if is_count_item(i)]
     free = iter(getattr(mesh, "axis_names", ()) or ("data",))  # one mesh axis per counted array axis, in order
@@ -92,18 +92,18 @@ def _count_mesh_conflict(expr: Expression, mesh: AnyMesh, how: str) -> EinshardE
     )
 
 
-def _pick_mesh(expr: Expression, mesh: AnyMesh | None, x: Any = None) -> AnyMesh | None:
-    """The mesh a placement uses; ``mesh`` is ``mesh=`` already checked by :func:`_check_mesh`."""
-    ctx = current_concrete_mesh() or _current_abstract_mesh()
-    return _choose_mesh(expr, mesh, ctx, _own_mesh(x) if mesh is None and ctx is None else None)
+def pick_mesh(expr: Expression, mesh: AnyMesh | None, x: Any = None) -> AnyMesh | None:
+    """The mesh a placement uses; ``mesh`` is ``mesh=`` already checked by :func:`check_mesh`."""
+    ctx = current_concrete_mesh() or current_abstract_mesh()
+    return choose_mesh(expr, mesh, ctx, placed_mesh(x) if mesh is None and ctx is None else None)
 
 
-def _check_mesh(mesh: MeshLike | None) -> AnyMesh | None:
+def check_mesh(mesh: MeshLike | None) -> AnyMesh | None:
     """``mesh=`` checked; a dict of sizes becomes an AbstractMesh (enough for layouts and specs, not to place data)."""
     return None if mesh is None else as_mesh(mesh)
 
 
-def _own_mesh(x: Any) -> Mesh | None:
+def placed_mesh(x: Any) -> Mesh | None:
     """The concrete mesh a jax.Array already lives on (None for host arrays)."""
     if not isinstance(x, jax.Array):
         return None
@@ -111,16 +111,16 @@ def _own_mesh(x: Any) -> Mesh | None:
     return own if isinstance(own, Mesh) else None
 
 
-def _choose_mesh(expr: Expression, mesh: AnyMesh | None, ctx: AnyMesh | None, own: Mesh | None) -> AnyMesh | None:
+def choose_mesh(expr: Expression, mesh: AnyMesh | None, ctx: AnyMesh | None, own: Mesh | None) -> AnyMesh | None:
     """The mesh a placement uses: mesh=, else the current mesh, else the array's own; None for counts.
 
     A pure function of its arguments, so that its result can be cached.
     """
     if expr.uses_counts:
         if mesh is not None:
-            raise _count_mesh_conflict(expr, mesh, "mesh= gives")
+            raise count_mesh_conflict(expr, mesh, "mesh= gives")
         if ctx is not None:
-            raise _count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
+            raise count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
         return None
     if mesh is not None:
         return mesh

@@ -11,16 +11,16 @@ from jax.sharding import NamedSharding
 from ..core.layout import spec_dims
 from ..core.mesh import AnyMesh
 from ..parsing import Expression
-from .resolve import _concrete_sharding
+from .resolve import concrete_sharding
 
 
-def _is_global(x: Any) -> bool:
+def is_global(x: Any) -> bool:
     """A jax.Array spread over several processes (it already is the global array)."""
     return isinstance(x, jax.Array) and not x.is_fully_addressable
 
 
-def _from_process_local(x: Any, expr: Expression, chosen: AnyMesh | None) -> Any:
-    if _is_global(x):
+def from_process_local(x: Any, expr: Expression, chosen: AnyMesh | None) -> Any:
+    if is_global(x):
         raise expr.fail(
             "process_local=True takes this process's own slice, but this jax.Array is already global "
             f"(it spans {len(x.sharding.device_set)} devices of several processes)",
@@ -32,10 +32,10 @@ def _from_process_local(x: Any, expr: Expression, chosen: AnyMesh | None) -> Any
     # axis), and with '*' the layout follows from the global shape: start from
     # the layout of an unknown shape (0 divides by anything) and iterate to the
     # fixed point, so data are transferred once, with the final layout.
-    sh = _concrete_sharding(expr, (0,) * local.ndim, chosen)
+    sh = concrete_sharding(expr, (0,) * local.ndim, chosen)
     for _ in range(4):
         global_shape = _global_shape(expr, sh, tuple(local.shape))
-        final = _concrete_sharding(expr, global_shape, chosen)
+        final = concrete_sharding(expr, global_shape, chosen)
         if final == sh:
             break
         sh = final

@@ -18,7 +18,9 @@ from ..parsing import Expression, ReplicaItem, build_placement
 from .meshes import anonymous_mesh
 
 
-def _resolve(expr: Expression, shape: tuple[int, ...], mesh: AnyMesh | None) -> tuple[Layout, NamedSharding | None]:
+def resolve_layout(
+    expr: Expression, shape: tuple[int, ...], mesh: AnyMesh | None
+) -> tuple[Layout, NamedSharding | None]:
     """(layout, sharding) for a placement; mesh is the explicit or context mesh, or None."""
     # The current axis rules are part of the key: the same text means other mesh axes under other rules.
     return _resolve_keyed(expr, shape, mesh, current_axis_rules())
@@ -46,12 +48,12 @@ def _resolve_keyed(
         return resolve_counts(_replicated(expr), shape, len(jax.devices())), None
     layout = resolve_named(expr, shape, mesh_axes(mesh))
     # A NamedSharding on an AbstractMesh is what JAX uses under jit (reshard, ShapeDtypeStruct);
-    # only placing data needs the concrete mesh, and _concrete_sharding checks that.
+    # only placing data needs the concrete mesh, and concrete_sharding checks that.
     return layout, NamedSharding(mesh, layout.to_spec())
 
 
-_resolve.cache_info = _resolve_keyed.cache_info  # type: ignore[attr-defined]  # tests inspect the cache
-_resolve.cache_clear = _resolve_keyed.cache_clear  # type: ignore[attr-defined]
+resolve_layout.cache_info = _resolve_keyed.cache_info  # type: ignore[attr-defined]  # tests inspect the cache
+resolve_layout.cache_clear = _resolve_keyed.cache_clear  # type: ignore[attr-defined]
 
 
 def _replicated(expr: Expression) -> Expression:
@@ -59,10 +61,10 @@ def _replicated(expr: Expression) -> Expression:
     return build_placement(expr.inputs[0].items, (ReplicaItem(star=True), *expr.output.items))
 
 
-def _concrete_sharding(expr: Expression, shape: tuple[int, ...], chosen: AnyMesh | None) -> NamedSharding:
-    lay, sh = _resolve(expr, tuple(shape), chosen)
+def concrete_sharding(expr: Expression, shape: tuple[int, ...], chosen: AnyMesh | None) -> NamedSharding:
+    lay, sh = resolve_layout(expr, tuple(shape), chosen)
     if sh is None:
-        return _replicated_everywhere(lay)
+        return replicated_everywhere(lay)
     if not isinstance(sh.mesh, Mesh):
         raise EinshardError(
             f"placing data needs a concrete jax.sharding.Mesh (with devices); mesh= is {show_mesh(sh.mesh)}",
@@ -73,12 +75,12 @@ def _concrete_sharding(expr: Expression, shape: tuple[int, ...], chosen: AnyMesh
     return sh
 
 
-def _replicated_everywhere(lay: Layout) -> NamedSharding:
+def replicated_everywhere(lay: Layout) -> NamedSharding:
     concrete = anonymous_mesh(tuple(m.size for m in lay.mesh))
     return NamedSharding(concrete, lay.to_spec())
 
 
-def _entry(axes: tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+def spec_entry(axes: tuple[str, ...] | None) -> str | tuple[str, ...] | None:
     if not axes:
         return None
     return axes[0] if len(axes) == 1 else axes

@@ -21,20 +21,20 @@ from ..core.mesh import (
     show_mesh,
 )
 from ..parsing import Expression
-from .meshes import _count_mesh_conflict, _current_abstract_mesh, _pick_mesh
-from .resolve import _concrete_sharding, _entry
+from .meshes import count_mesh_conflict, current_abstract_mesh, pick_mesh
+from .resolve import concrete_sharding, spec_entry
 
 
-def _constrain(x: Any, expr: Expression, mesh: AnyMesh | None) -> Any:
+def constrain(x: Any, expr: Expression, mesh: AnyMesh | None) -> Any:
     if expr.uses_counts:
-        chosen = _pick_mesh(expr, mesh)
+        chosen = pick_mesh(expr, mesh)
         # Under jit only the abstract mesh of jax.set_mesh is visible; refuse it as eagerly.
-        ctx = _current_abstract_mesh()
+        ctx = current_abstract_mesh()
         if ctx is not None:
-            raise _count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
-        sh = _concrete_sharding(expr, x.shape, chosen)
+            raise count_mesh_conflict(expr, ctx, "jax.set_mesh made current")
+        sh = concrete_sharding(expr, x.shape, chosen)
         return jax.lax.with_sharding_constraint(x, sh)
-    target: AnyMesh | None = mesh if mesh is not None else _current_abstract_mesh()
+    target: AnyMesh | None = mesh if mesh is not None else current_abstract_mesh()
     if target is None:
         own = getattr(jax.typeof(x), "sharding", None)
         own_mesh = getattr(own, "mesh", None)
@@ -54,7 +54,7 @@ def _constrain(x: Any, expr: Expression, mesh: AnyMesh | None) -> Any:
         isinstance(target, Mesh)
         and explicit_axes(target)
         and not auto_axes(target)  # with Auto axes too, the constraint's NamedSharding names the devices
-        and _current_abstract_mesh() is None
+        and current_abstract_mesh() is None
         and not outside_jit(x)
         and operand_mesh(x) is None
     ):
@@ -63,7 +63,7 @@ def _constrain(x: Any, expr: Expression, mesh: AnyMesh | None) -> Any:
         # but jax.device_put with the concrete NamedSharding carries the devices itself, as plain JAX users write
         # it (issue 22).  It is what this expression means, on this mesh.
         return jax.device_put(x, NamedSharding(target, PartitionSpec(*lay.spec_entries())))
-    if explicit_axes(target) and _current_abstract_mesh() is None and eagerly_differentiated(x):
+    if explicit_axes(target) and current_abstract_mesh() is None and eagerly_differentiated(x):
         # JAX itself cannot transpose a reshard on Explicit axes outside a mesh context
         # (eager jax.grad fails with "Expected cotangent type ..."): say what works.
         raise expr.fail(
@@ -78,7 +78,7 @@ def _constrain(x: Any, expr: Expression, mesh: AnyMesh | None) -> Any:
     # reshard needs one to read a PartitionSpec against: make the target current.
     scope = (
         use_abstract_mesh(target.abstract_mesh if isinstance(target, Mesh) else target)
-        if _current_abstract_mesh() is None
+        if current_abstract_mesh() is None
         else contextlib.nullcontext()
     )
     has_explicit = any(t == AxisType.Explicit for t in types.values())
@@ -120,5 +120,5 @@ def _restrict(lay: Layout, keep: Any) -> PartitionSpec:
     entries = []
     for d in lay.dims:
         kept = tuple(m for m in d if keep(m))
-        entries.append(_entry(kept))
+        entries.append(spec_entry(kept))
     return PartitionSpec(*entries)

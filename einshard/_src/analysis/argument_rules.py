@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._checks import RULES, _fail
+from .._checks import RULES, argument_error
 from ..errors import EinshardError
 
 
@@ -13,7 +13,7 @@ def _profile_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) 
     from .cost import get_profile
 
     if value is not None and not isinstance(value, str) and type(value).__name__ != "Profile":
-        raise _fail(where, name, "an einshard.Profile or a preset name ('cpu', 'h100', 'tpu-v5p')", value)
+        raise argument_error(where, name, "an einshard.Profile or a preset name ('cpu', 'h100', 'tpu-v5p')", value)
     try:
         return get_profile(value)
     except EinshardError as err:

@@ -998,9 +998,9 @@ def _leaf_specs(
     leaves: list[Any], in_specs: Any, args: tuple[Any, ...], axes: tuple[MeshAxis, ...]
 ) -> list[PartitionSpec]:
     if in_specs is not None:
-        from .program.trace import _arg_layouts
+        from .program.trace import arg_layouts
 
-        return [lay.to_spec() for lay in _arg_layouts(args, in_specs, axes)]
+        return [lay.to_spec() for lay in arg_layouts(args, in_specs, axes)]
     out = []
     for x in leaves:
         s = x.sharding if isinstance(x, jax.ShapeDtypeStruct) else getattr(x, "sharding", None)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import RULES, _fail
+from .._checks import RULES, argument_error
 from ..errors import EinshardError
 
 
@@ -15,7 +15,7 @@ def _layout_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -
     from .layout import Layout
 
     if not isinstance(value, Layout):
-        raise _fail(where, name, "an einshard Layout (einshard.layout(expr, shape, mesh=...))", value)
+        raise argument_error(where, name, "an einshard Layout (einshard.layout(expr, shape, mesh=...))", value)
     return value
 
 
@@ -23,9 +23,9 @@ def _mesh_axes_rule(value: Any, where: str, name: str, arguments: dict[str, Any]
     if value is None and name == "order":
         return value
     if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and v for v in value):
-        raise _fail(where, name, "a tuple of mesh axis names", value)
+        raise argument_error(where, name, "a tuple of mesh axis names", value)
     if len(set(value)) != len(value):
-        raise _fail(where, name, "distinct mesh axis names", value)
+        raise argument_error(where, name, "distinct mesh axis names", value)
     lay = arguments.get("lay")
     if lay is not None and hasattr(lay, "mesh"):
         known = [m.name for m in lay.mesh]
@@ -44,7 +44,7 @@ def _layout_axis_rule(value: Any, where: str, name: str, arguments: dict[str, An
             raise EinshardError(f"{where}: {name}= names {value!r}, which is not an axis of the layout {axes}")
         return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise _fail(where, name, "an axis of the layout (its name or position)", value)
+        raise argument_error(where, name, "an axis of the layout (its name or position)", value)
     if not -len(axes) <= value < len(axes):
         raise EinshardError(f"{where}: {name}={value} is out of range for the layout's {len(axes)} axes {axes}")
     return int(value)
@@ -54,7 +54,7 @@ def _layouts_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) 
     from .layout import Layout
 
     if not isinstance(value, (tuple, list)) or not value or not all(isinstance(v, Layout) for v in value):
-        raise _fail(where, name, "a tuple of Layouts, one per operand", value)
+        raise argument_error(where, name, "a tuple of Layouts, one per operand", value)
     meshes = {v.mesh for v in value}
     if len(meshes) > 1:
         raise EinshardError(f"{where}: {name}= holds layouts on different meshes")
@@ -98,7 +98,7 @@ def _reordered_rule(value: Any, where: str, name: str, arguments: dict[str, Any]
     lay = arguments.get("lay")
     ok = isinstance(value, tuple) and all(isinstance(d, tuple) and all(isinstance(m, str) for m in d) for d in value)
     if not ok:
-        raise _fail(where, name, "a tuple of each dimension's mesh axes", value)
+        raise argument_error(where, name, "a tuple of each dimension's mesh axes", value)
     if lay is not None and (
         len(value) != len(lay.dims) or any(sorted(d) != sorted(e) for d, e in zip(value, lay.dims))
     ):
@@ -113,7 +113,7 @@ def _step_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> 
     from .collectives import Step
 
     if not isinstance(value, Step):
-        raise _fail(where, name, "an einshard.lowering.Step", value)
+        raise argument_error(where, name, "an einshard.lowering.Step", value)
     return value
 
 
@@ -126,7 +126,7 @@ def _mesh_rule(value: Any, where: str, name: str, arguments: dict[str, Any]) -> 
     mesh = as_mesh(value)
     sizes = dict(mesh.shape)
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes.values()):
-        raise _fail(where, name, "a mesh whose axis sizes are integers >= 1", value)
+        raise argument_error(where, name, "a mesh whose axis sizes are integers >= 1", value)
     return value
 
 

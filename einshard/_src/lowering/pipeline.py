@@ -70,7 +70,7 @@ from ..core.mesh import AnyMesh, MeshLike
 from ..errors import EinshardError
 from . import schedules
 from .pipeline_1f1b import one_f_one_b_pipeline
-from .pipeline_info import PipelineInfo, _data_axes, _leaf_shape, _mesh_or_context, pipeline_info
+from .pipeline_info import PipelineInfo, data_axes, leaf_shape, mesh_or_context, pipeline_info
 from .pipeline_stages import ParamLayouts, PipelineEnd, lay_out, layer_specs, run_end
 from .staging import staged
 from .steps import vary as _vary
@@ -104,7 +104,7 @@ def circular_layer_order(params: Any, stages: int, repeats: int) -> Any:
             raise EinshardError(f"circular_layer_order: {name} must be a positive int, got {value!r}")
 
     def one(path: Any, w: Any) -> Any:
-        shape = _leaf_shape(path, w)
+        shape = leaf_shape(path, w)
         length = shape[0]
         if length % (stages * repeats):
             raise EinshardError(
@@ -187,7 +187,7 @@ def pipeline(
     Returns:
         ``[B, ...]``, the last layer's output (or ``last``'s), laid out like ``x``.
     """
-    mesh = _mesh_or_context(mesh, (params, x))
+    mesh = mesh_or_context(mesh, (params, x))
     if not callable(layer_fn):
         raise EinshardError(f"layer_fn must be callable, got {type(layer_fn).__name__}")
     for name, flag in (("layers_in_circular_order", layers_in_circular_order), ("sanitize", sanitize)):
@@ -197,7 +197,7 @@ def pipeline(
         raise EinshardError(f"einshard.pipeline: bubble_value= takes a number, got {describe_value(bubble_value)}")
     counts = dict(microbatches=microbatches, schedule=schedule, repeats=repeats, stage_axis=stage_axis)
     info = pipeline_info(params, x, mesh=mesh, data_axis=data_axis, remat=remat, **counts)  # type: ignore[arg-type]
-    data = _data_axes(data_axis)
+    data = data_axes(data_axis)
     batch_entry = data[0] if len(data) == 1 else (data or None)
     ends = dict(mesh=mesh, stage_axis=stage_axis, batch_entry=batch_entry)
     if first is not None:

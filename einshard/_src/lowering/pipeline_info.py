@@ -68,7 +68,7 @@ class PipelineInfo:
         )
 
 
-def _mesh_or_context(mesh: MeshLike | None, operands: Any = (), *, sizes_only: bool = False) -> Any:
+def mesh_or_context(mesh: MeshLike | None, operands: Any = (), *, sizes_only: bool = False) -> Any:
     """The mesh by einshard's one precedence (:func:`einshard.core.mesh.resolve_mesh`): ``mesh=``, ``jax.set_mesh``, operands.
 
     ``pipeline`` runs a shard_map, so a dict of sizes (fine for :func:`pipeline_info`) is refused there.
@@ -87,7 +87,7 @@ def _mesh_or_context(mesh: MeshLike | None, operands: Any = (), *, sizes_only: b
     return found
 
 
-def _leaf_shape(path: Any, leaf: Any) -> tuple[int, ...]:
+def leaf_shape(path: Any, leaf: Any) -> tuple[int, ...]:
     """A params leaf's shape; non-numeric leaves and scalars are an error naming the leaf."""
     key = jax.tree_util.keystr(path)
     dtype = getattr(leaf, "dtype", None)
@@ -143,7 +143,7 @@ def _layer_count(params: Any) -> int:
     leaves = jax.tree_util.tree_leaves_with_path(params)
     if not leaves:
         raise EinshardError("pipeline params have no array leaves")
-    counts = {_leaf_shape(path, leaf)[0] for path, leaf in leaves}
+    counts = {leaf_shape(path, leaf)[0] for path, leaf in leaves}
     if len(counts) != 1:
         raise EinshardError(f"every params leaf needs the same leading layer count, got {sorted(counts)}")
     return counts.pop()
@@ -154,7 +154,7 @@ def _axis_sizes(mesh: MeshLike) -> dict[str, int]:
     return {str(name): int(size) for name, size in items}
 
 
-def _data_axes(data_axis: str | tuple[str, ...] | None) -> tuple[str, ...]:
+def data_axes(data_axis: str | tuple[str, ...] | None) -> tuple[str, ...]:
     if data_axis is None:
         return ()
     return check_str_or_strs(data_axis, "einshard.pipeline", "data_axis")
@@ -177,7 +177,7 @@ def pipeline_info(
     ``mesh`` may also be a dict of axis sizes (only sizes matter here).
     """
     check_bool(remat, "einshard.pipeline", "remat")
-    mesh = _mesh_or_context(mesh, (params, x), sizes_only=True)
+    mesh = mesh_or_context(mesh, (params, x), sizes_only=True)
     sizes = _axis_sizes(mesh)
     if not isinstance(stage_axis, str) or stage_axis not in sizes:
         raise EinshardError(f"the mesh has no stage_axis {stage_axis!r} (axes: {', '.join(sizes)})")
@@ -186,7 +186,7 @@ def pipeline_info(
     # (no bubble, no ppermute), so a program written for a pipeline mesh also runs on one device (the demo's
     # pipeline preset does); tests/test_pipeline_stages.py checks every schedule there against the sequential model.
     layers = _layer_count(params)
-    data = _data_axes(data_axis)
+    data = data_axes(data_axis)
     for axis in data:
         if axis not in sizes or axis == stage_axis:
             raise EinshardError(

@@ -52,7 +52,7 @@ class Score:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        t, c, p = _settled(self.time_s), _settled(self.comm), _settled(self.primary)
+        t, c, p = settled(self.time_s), settled(self.comm), settled(self.primary)
         if not self.fits:
             return (1, self.memory, t, c, self.sharded)
         # Within the budget, among equally fast layouts the one that splits fewer parameters wins
@@ -61,7 +61,7 @@ class Score:
         return (0, p, t, c, self.sharded, self.memory)
 
 
-def _settled(x: float) -> float:
+def settled(x: float) -> float:
     """``x`` to 9 significant digits: sums of the same costs in another order differ in the last bits, and
     that noise must not decide between layouts the cost model prices alike (the tie-breaks after it do)."""
     return float(f"{x:.9g}")

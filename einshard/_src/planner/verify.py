@@ -38,7 +38,7 @@ from ..analysis.cost import Profile, human_bytes, human_time
 from ..core.layout import MeshAxis
 from ..core.mesh import MeshLike
 from ..errors import EinshardError
-from .scoring import Costs, Score, _settled
+from .scoring import Costs, Score, settled
 
 __all__ = [
     "Verified",
@@ -314,7 +314,7 @@ def verify_assignments(
             fits_hbm=None if hbm_bytes is None else memory <= hbm_bytes,
             compiler=compiler,
         )
-        rows.append(((False, not fits, _settled(primary), _settled(time_s), _settled(sent), memory, rank), row, assign))
+        rows.append(((False, not fits, settled(primary), settled(time_s), settled(sent), memory, rank), row, assign))
     rows.sort(key=lambda r: r[0])
     if rows and rows[0][1].error:
         raise EinshardError(

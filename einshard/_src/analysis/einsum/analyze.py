@@ -35,9 +35,7 @@ from .model import Problem, classify, pick_weight
 from .plan import EinsumPlan, side_string
 from .read import (
     WrittenSide,
-    _mesh_axes,
-    _mesh_axis,
-    _spec_dims,
+    analysis_mesh,
     check_rank,
     dtype_info,
     expand_ellipsis,
@@ -45,7 +43,9 @@ from .read import (
     prepare_text,
     prepared_of,
     side_layout,
+    spec_dims,
     spec_partitions,
+    trusted_mesh_axis,
 )
 from .search import Enumeration, best_candidate, rank, total_time
 
@@ -109,7 +109,7 @@ def analyze(
     if rules is not None and isinstance(expr, str) and "@" in expr:
         # Logical names are resolved once, here, into the mesh axes the rest of the analysis (and its caches,
         # keyed on the text) sees.
-        axes = _mesh_axes(mesh, operands)
+        axes = analysis_mesh(mesh, operands)
         expr = resolve_text(expr, None if axes is None else [m.name for m in axes], rules)
     # The common call (sizes and a dict mesh, no arrays) is answered by one dict lookup on the arguments
     # as given: a model's repeated layers cost a hash of a few small tuples.
@@ -138,7 +138,7 @@ def analyze(
         if in_specs is None and out_spec is None and sizes.__class__ is dict:
             plan = _analyze_plain(expr, mesh, sizes, dtype, profile)  # type: ignore[arg-type]
         if plan is None:
-            plan = _analyze(expr, (), _mesh_axes(mesh, ()), size_items, dtype, profile, in_specs, out_spec)
+            plan = _analyze(expr, (), analysis_mesh(mesh, ()), size_items, dtype, profile, in_specs, out_spec)
         if fast is not None:
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
@@ -146,7 +146,7 @@ def analyze(
         return _replay_warning(plan)
     # Otherwise everything is reduced to hashable facts first (shapes, dtypes, specs, mesh sizes).
     stand_ins = tuple(Operand.of(x) for x in operands)
-    mesh_axes = _mesh_axes(mesh, operands)
+    mesh_axes = analysis_mesh(mesh, operands)
     key = (
         expr,
         stand_ins,
@@ -267,7 +267,7 @@ def _analyze_plain(
     smallest = min(mesh.values())
     if smallest < 1 or "" in mesh or not mesh.keys() >= prep.mesh_names:
         return None  # (a mesh axis the text names that the mesh lacks: the general path says which)
-    mesh_axes = tuple(map(_mesh_axis, mesh, mesh.values()))
+    mesh_axes = tuple(map(trusted_mesh_axis, mesh, mesh.values()))
     # its sizes by name, shared with the primitives (one dict per mesh, as _mesh_facts would build it)
     mesh_sizes = dict(mesh)
     remember_mesh(
@@ -406,11 +406,11 @@ def _analyze(
                 raise parsed.fail(
                     "operand layouts come from '@' annotations or in_specs, not both", parsed.inputs[k].column
                 )
-            dims, unreduced = _spec_dims(in_specs[k], len(dims), f"in_specs[{k}]")
+            dims, unreduced = spec_dims(in_specs[k], len(dims), f"in_specs[{k}]")
         elif not has_own and k < len(ops):
             spec = ops[k].spec
             if spec is not None:
-                dims, unreduced = _spec_dims(spec, len(dims), f"operand {k + 1}'s sharding")
+                dims, unreduced = spec_dims(spec, len(dims), f"operand {k + 1}'s sharding")
         layouts.append(layout(k, dims, unreduced))
         if has_own and in_specs is None and k < len(ops) and ops[k].spec is not None:
             note = _written_differs(prep.text, k, layouts[-1], ops[k].spec, layout)
@@ -426,7 +426,7 @@ def _analyze(
     if out_spec is not None:
         if any(out_dims) or out_unreduced or chosen:
             raise parsed.fail("the output layout comes from its annotation or out_spec, not both", parsed.output.column)
-        d, u = _spec_dims(out_spec, len(out_dims), "out_spec")
+        d, u = spec_dims(out_spec, len(out_dims), "out_spec")
         requested = layout(None, d, u)
     elif chosen or prep.jnp_style or not out_dims:  # a scalar result is whole either way
         requested = None
@@ -462,7 +462,7 @@ def _written_differs(text: str, k: int, written: Layout, spec: Any, layout: Any)
     The annotation wins (it is what the user asks to analyse, and what einshard.einsum lays the operand out as
     on the way in), but the reshard that takes the array there is not in the plan's cost, so it is said."""
     try:
-        dims, unreduced = _spec_dims(spec, len(written.dims), f"operand {k + 1}'s sharding")
+        dims, unreduced = spec_dims(spec, len(written.dims), f"operand {k + 1}'s sharding")
         actual = layout(k, dims, unreduced)
     except EinshardError:
         return None  # the array's own layout does not fit this mesh: the annotation is all there is

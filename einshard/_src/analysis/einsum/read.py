@@ -94,19 +94,19 @@ def einsum_text(expr: str) -> str:
     return expr
 
 
-def _mesh_axes(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | None:
+def analysis_mesh(mesh: Any, operands: tuple[Any, ...]) -> tuple[MeshAxis, ...] | None:
     """``mesh=``, else the current mesh (``jax.set_mesh``), else the operands' (einshard.core.mesh), else None
     (an einsum with nothing sharded needs no mesh)."""
     if isinstance(mesh, dict):  # the common analysis call: sizes only, answered without asking JAX
         _check_sizes(mesh)
-        return tuple([_mesh_axis(str(name), size) for name, size in mesh.items()])
+        return tuple([trusted_mesh_axis(str(name), size) for name, size in mesh.items()])
     from ...core.mesh import mesh_axes, resolve_mesh
 
     found = resolve_mesh(mesh, operands, what="einshard.analyze", check_operands=False, required=False)
     return None if found is None else mesh_axes(found)
 
 
-def _mesh_axis(name: str, size: int) -> MeshAxis:
+def trusted_mesh_axis(name: str, size: int) -> MeshAxis:
     """``MeshAxis(name, size)`` for a name and size :func:`_check_sizes` accepted, its checks not re-run."""
     return MeshAxis._derive(name, size)
 
@@ -121,7 +121,7 @@ def _check_sizes(mesh: dict[Any, Any]) -> None:
             raise EinshardError(f"mesh= as a dict maps axis names (strings) to sizes, got the key {name!r}")
 
 
-def _spec_dims(spec: Any, n: int, what: str) -> tuple[tuple[tuple[str, ...], ...], frozenset[str]]:
+def spec_dims(spec: Any, n: int, what: str) -> tuple[tuple[tuple[str, ...], ...], frozenset[str]]:
     entries = spec_partitions(spec) if spec is not None else ()
     if len(entries) > n:
         raise EinshardError(f"{what}: the PartitionSpec {spec} has {len(entries)} entries for {n} axes")

@@ -19,6 +19,16 @@ Nothing here moves data or compiles: the walk is far cheaper than
 
 from __future__ import annotations
 
+# The rules modules register their rules when imported: here, where the package is put together, so that
+# the walker needs none of them and they need only the registry's WalkerLike (no import cycle, issue 23).
+from . import (  # noqa: F401
+    rules_control,
+    rules_indexing,
+    rules_loops,
+    rules_ordering,
+    rules_structural,
+    rules_windows,
+)
 from .registry import RULES, register
 from .report import OpReport, ProgramReport
 from .trace import TracedProgram, explain, trace

@@ -49,33 +49,13 @@ from ...core.layout import Layout
 from ..cost import Tiling, buffer_bytes
 from .costing import is_free
 from .registry import sub_jaxpr
+from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial
 
-__all__ = ["peak_bytes", "peak_caveat", "Gathered", "Partial", "SCRATCH"]
-
-
-@dataclass(frozen=True, eq=False)
-class _Derived:
-    """A buffer XLA makes from a jaxpr value: keyed by the value (identity), bound to the buffer's layout."""
-
-    of: Any
-
-    def __hash__(self) -> int:
-        return hash((type(self), id(self.of)))
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.of is self.of  # type: ignore[attr-defined]
-
-
-class Gathered(_Derived):
-    """The all-gathered copy of a value (an argument gathered for a dot: an FSDP weight)."""
-
-
-class Partial(_Derived):
-    """A value's per-device partial sum, before its all-reduce."""
+__all__ = ["peak_bytes", "peak_caveat", "SCRATCH"]
 
 
 # Ops XLA fuses into one loop with their elementwise producers (loop and input fusion), with the reductions
-# (rules_structural.REDUCTIONS, read in _fusing: that module imports this one).
+# (values.REDUCTIONS).
 _FUSING_SHAPE_OPS = {"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose"}
 # Ops that read or write whole buffers, or leave the loop (scans, cumulative ops, random bits).
 _NOT_FUSED = {
@@ -103,14 +83,10 @@ def _loop_body(eqn: Any) -> Any:
 
 
 def _fusible_elementwise() -> frozenset[str]:
-    from .rules_structural import ELEMENTWISE
-
     return frozenset(ELEMENTWISE - _NOT_FUSED) | {"broadcast_in_dim", "iota"}
 
 
 def _fusing() -> frozenset[str]:
-    from .rules_structural import REDUCTIONS
-
     return frozenset(_FUSING_SHAPE_OPS | REDUCTIONS)
 
 
@@ -242,7 +218,7 @@ class _Program:
                 self.gathered[src] = copy
         return True
 
-    def layout(self, k: Key, derived: type[_Derived] | None = None) -> Layout | None:
+    def layout(self, k: Key, derived: type[Derived] | None = None) -> Layout | None:
         if isinstance(k, tuple):
             path, v = k
             env = self.inner[path]

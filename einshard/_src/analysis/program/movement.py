@@ -27,7 +27,7 @@ from ..cost import Collective
 from .report import APPROXIMATE_MARK
 
 if TYPE_CHECKING:
-    from .walker import Walker
+    from .registry import WalkerLike
 
 __all__ = ["APPROXIMATE", "shift_pieces", "halo_pieces", "charge", "itemsize", "group_size", "mark_approximate"]
 
@@ -38,7 +38,7 @@ APPROXIMATE = APPROXIMATE_MARK
 SentKind = Literal["all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute"]
 
 
-def mark_approximate(w: Walker, since: int, why: str) -> None:
+def mark_approximate(w: WalkerLike, since: int, why: str) -> None:
     """Mark the ops recorded since index ``since`` as approximate (``OpReport.note``), saying what may differ."""
     if w.quiet:
         return
@@ -52,7 +52,7 @@ def itemsize(dtype: Any) -> int:
     return int(np.dtype(dtype).itemsize)
 
 
-def group_size(w: Walker, axes: tuple[str, ...]) -> int:
+def group_size(w: WalkerLike, axes: tuple[str, ...]) -> int:
     return math.prod(w.costs.mesh_sizes[m] for m in axes)
 
 
@@ -110,7 +110,7 @@ def halo_pieces(
 
 
 def charge(
-    w: Walker,
+    w: WalkerLike,
     eqn: Any,
     phase: str,
     repeat: int,

@@ -15,17 +15,101 @@ own (``pjit``, ``remat``, ``custom_jvp_call``, ...) are walked into by
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...core.layout import Layout
 
 if TYPE_CHECKING:
-    from .walker import Walker
+    from .costing import OpCosts
+    from .report import OpReport
 
-__all__ = ["Rule", "RULES", "register", "unfollowed", "call_rule", "sub_jaxpr", "sharding_degree", "inherit"]
+__all__ = [
+    "WalkerLike",
+    "Rule",
+    "RULES",
+    "register",
+    "unfollowed",
+    "call_rule",
+    "sub_jaxpr",
+    "sharding_degree",
+    "inherit",
+]
 
-Rule = Callable[["Walker", Any, list[Layout], int, str], list[Layout]]
+
+class WalkerLike(Protocol):
+    """What a rule may use of the walk (:class:`.walker.Walker` is the one implementation, and the planner's
+    ``DependencyWalker`` a subclass): the rules type against this, so that they never import the walker, which
+    steps through them (the registry's import cycle, issue 23)."""
+
+    costs: OpCosts
+    quiet: bool  # a dry run (a scan carry's fixed point): nothing is recorded
+    ops: list[OpReport]
+    env: dict[Any, Layout]  # the layouts bound so far by the innermost walk
+    uses: dict[int, list[tuple[Any, int]]]
+    summed: dict[int, frozenset[str]]
+    program_outputs: set[int]
+    requested: dict[int, tuple[tuple[str, ...], ...]]
+    sub_envs: dict[tuple[int, ...], dict[Any, Layout]]
+    call_path: tuple[int, ...]
+
+    def __init__(self, costs: OpCosts, quiet: bool = False) -> None: ...
+
+    def replicated(self, aval: Any) -> Layout: ...
+
+    def free(self, aval: Any) -> Layout: ...
+
+    def relayout(self, aval: Any, dims: Sequence[tuple[str, ...]]) -> Layout: ...
+
+    def settle_repeats(
+        self, eqn: Any, phase: str, out_aval: Any, dims: Sequence[tuple[str, ...]], repeat: int, why: str
+    ) -> list[tuple[str, ...]]: ...
+
+    def record(
+        self,
+        eqn: Any,
+        phase: str,
+        expression: str,
+        out: Layout | None,
+        collectives: tuple[Any, ...],
+        flops: float,
+        time_s: float,
+        repeat: int,
+        note: str = "",
+    ) -> None: ...
+
+    def change(self, eqn: Any, phase: str, src: Layout, dst: Layout, dtype: Any, repeat: int, why: str) -> None: ...
+
+    def bind_copy(self, v: Any, lay: Layout) -> None: ...
+
+    def already_moved(self, ins: list[Layout], c: Any) -> bool: ...
+
+    def no_rule(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]: ...
+
+    def walk(
+        self,
+        jaxpr: Any,
+        in_layouts: list[Layout],
+        repeat: int,
+        phase_hint: str | None,
+        env: dict[Any, Layout] | None = None,
+    ) -> list[Layout]: ...
+
+    def walk_call(
+        self,
+        eqn: Any,
+        body: Any,
+        ins: list[Layout],
+        repeat: int,
+        phase_hint: str | None,
+        leaving: tuple[int, ...] = (),
+        asked: tuple[tuple[int, tuple[tuple[str, ...], ...]], ...] = (),
+    ) -> list[Layout]: ...
+
+    def dtype(self, eqn: Any) -> Any: ...
+
+
+Rule = Callable[[WalkerLike, Any, list[Layout], int, str], list[Layout]]
 
 RULES: dict[str, Rule] = {}
 
@@ -41,7 +125,7 @@ def register(*names: str) -> Callable[[Rule], Rule]:
     return deco
 
 
-def unfollowed(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def unfollowed(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """The default rule: priced as XLA runs an op it cannot partition, named in the report (:meth:`Walker.no_rule`)."""
     return w.no_rule(eqn, ins, repeat, phase)
 
@@ -55,7 +139,7 @@ def sub_jaxpr(eqn: Any) -> Any:
     return None
 
 
-def call_rule(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def call_rule(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """A nested call (jit, remat, custom derivatives): walk its body with the operands' layouts."""
     from .costing import is_free
 

@@ -11,7 +11,7 @@ block it moves.  A ``scan`` body's cost counts once per iteration.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -20,10 +20,7 @@ from ...core.layout import Layout
 from ..cost import RING_BYTES, Collective
 from ..einsum.read import spec_partitions
 from .costing import is_free
-from .registry import inherit, register
-
-if TYPE_CHECKING:
-    from .walker import Walker
+from .registry import WalkerLike, inherit, register
 
 __all__ = ["MANUAL_COLLECTIVES", "scan_body", "scan_counts", "scan_groups"]
 
@@ -47,7 +44,7 @@ def _entry_dims(entry: Any) -> tuple[str, ...]:
 
 
 @register("sharding_constraint", "reshard", "device_put")
-def constraint(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def constraint(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     sh = eqn.params.get("sharding") or eqn.params.get("dst_sharding")
     if isinstance(sh, (list, tuple)):
         sh = sh[0] if sh else None
@@ -81,13 +78,13 @@ def constraint(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
 
 
 @register("pvary", "axis_index", "pbroadcast")
-def manual_marker(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def manual_marker(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """Type-level markers inside a shard_map body: no data moves."""
     return [w.replicated(v.aval) for v in eqn.outvars]
 
 
 @register("shard_map")
-def shard_map(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def shard_map(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """A manual region: its body sees local blocks and its collectives are written out.
 
     The body is walked on local (unsplit) layouts; each explicit collective
@@ -109,7 +106,7 @@ def shard_map(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -
 
 
 @register(*MANUAL_COLLECTIVES)
-def manual_collective(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def manual_collective(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """An explicit collective inside a shard_map body, priced on the local block it moves.
 
     One collective over several mesh axes at once (``psum(x, ('data', 'model'))``) is one
@@ -138,7 +135,7 @@ def manual_collective(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase
 
 
 @register("scan")
-def scan(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     p = eqn.params
     body = scan_body(p)
     n_consts, n_carry = scan_counts(p)

@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from ...core.layout import Layout
 from ..cost import Collective
 from .costing import is_free
-from .memory import Partial
 from .movement import SentKind, charge, itemsize, mark_approximate
 from .registry import register
-from .rules_structural import _explicit_dims
+from .rules_structural import explicit_dims
+from .values import CARRIERS, Partial
 
 if TYPE_CHECKING:
-    from .walker import Walker
+    from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
 
-__all__ = ["CARRIERS", "leaves_program"]
+__all__ = ["leaves_program"]
 
 
 @register("dot_general")
@@ -75,10 +75,6 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     out = w.relayout(eqn.outvars[0].aval, out_dims)
     w.record(eqn, phase, res.expression, out, colls, res.flops, time_s, repeat)
     return [out.with_dims(out.dims, pending) if pending else out]
-
-
-# Ops that carry a value unchanged but for its axes' order or its dtype.
-CARRIERS = {"transpose", "convert_element_type", "copy", "copy_p"}
 
 
 def leaves_program(w: Walker, var: Any) -> bool:
@@ -819,7 +815,7 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # Writing into a constant (the transpose of dynamic_slice writes the cotangent into zeros): the
         # update lands anywhere along an axis it does not span, so a split there is gathered first.
         dims = [d if a == b else () for d, a, b in zip(update.dims, update.shape, out_aval.shape)]
-        typed = _explicit_dims(out_aval)
+        typed = explicit_dims(out_aval)
         if typed is not None:
             # On Explicit axes the result's type names its split (the operand's type): XLA gathers the
             # update's cut splits (measured: dynamic_slice's gradient does its forward gather and this one),

@@ -15,15 +15,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...core.layout import Layout
 from .costing import is_free
 from .movement import APPROXIMATE
-from .registry import inherit, register
-
-if TYPE_CHECKING:
-    from .walker import Walker
+from .registry import WalkerLike, inherit, register
 
 __all__ = ["cond", "while_loop", "trip_count"]
 
@@ -33,7 +30,7 @@ def _inner(jaxpr: Any) -> Any:
 
 
 @register("cond")
-def cond(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def cond(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     branches = [_inner(b) for b in eqn.params["branches"]]
     operands = ins[1:]
     results = [w.walk(b, list(operands), repeat, inherit(phase)) for b in branches]
@@ -51,7 +48,7 @@ def cond(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> lis
 
 
 @register("while")
-def while_loop(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def while_loop(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     p = eqn.params
     body, cond_j = _inner(p["body_jaxpr"]), _inner(p["cond_jaxpr"])
     nc, nb = int(p["cond_nconsts"]), int(p["body_nconsts"])

@@ -29,7 +29,7 @@ from .registry import register, sharding_degree
 from .rules_structural import ARG_REDUCTIONS, CUMULATIVE, elementwise
 
 if TYPE_CHECKING:
-    from .walker import Walker
+    from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
 
 __all__ = ["sort", "top_k", "cumulative", "arg_reduction", "rev", "split", "stack", "unstack"]
 

@@ -12,124 +12,23 @@ partial sums: one all-reduce completes them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...core.layout import Layout
 from .costing import is_free
-from .memory import Partial
-from .registry import register, sharding_degree
+from .registry import WalkerLike, register, sharding_degree
+from .values import ELEMENTWISE, REDUCTIONS, Partial
 
-if TYPE_CHECKING:
-    from .walker import Walker
+__all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims"]
 
-__all__ = ["ELEMENTWISE", "REDUCTIONS", "CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims"]
-
-ELEMENTWISE = {
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "max",
-    "min",
-    "pow",
-    "integer_pow",
-    "neg",
-    "exp",
-    "exp2",
-    "log",
-    "log1p",
-    "tanh",
-    "logistic",
-    "sin",
-    "cos",
-    "sqrt",
-    "rsqrt",
-    "abs",
-    "sign",
-    "floor",
-    "ceil",
-    "round",
-    "erf",
-    "erf_inv",
-    "select_n",
-    "convert_element_type",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "and",
-    "or",
-    "not",
-    "xor",
-    "stop_gradient",
-    "square",
-    "copy",
-    "copy_p",
-    "clamp",
-    "nextafter",
-    "rem",
-    "atan2",
-    "expm1",
-    "is_finite",
-    "reduce_precision",
-    "imag",
-    "real",
-    "conj",
-    "tan",
-    "cbrt",
-    "add_any",
-    "pjit_identity",
-    "optimization_barrier",
-    "cumsum",
-    "cumlogsumexp",
-    "cummax",
-    "cummin",
-    "cumprod",
-    "random_bits",
-    "random_wrap",
-    "random_unwrap",
-    "threefry2x32",
-    "shift_left",
-    "shift_right_logical",
-    "shift_right_arithmetic",
-    "population_count",
-    "iota",
-    "one_minus_square",  # jax >= 0.12: the derivative of tanh
-    # Found by tools/list_primitives.py (jnp, jax.nn, lax sweeps): elementwise, nothing moves.
-    "acos",
-    "acosh",
-    "asin",
-    "asinh",
-    "atan",
-    "atanh",
-    "cosh",
-    "sinh",
-    "erfc",
-    "lgamma",
-    "digamma",
-    "polygamma",
-    "zeta",
-    "igamma",
-    "igammac",
-    "igamma_grad_a",
-    "random_gamma_grad",
-    "bessel_i0e",
-    "bessel_i1e",
-    "complex",
-    "random_fold_in",
-    "random_seed",
-}
-REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
-# Members of the sets above (memory reads them as fusible) whose rule is rules_ordering's: they read
+# Members of values.ELEMENTWISE and values.REDUCTIONS (memory reads them as fusible) whose rule is rules_ordering's: they read
 # along a whole axis, so a split there moves data.
 CUMULATIVE = {"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"}
 ARG_REDUCTIONS = {"argmax", "argmin"}
 
 
 @register(*(ELEMENTWISE - CUMULATIVE))
-def elementwise(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """The most sharded full-size operand sets the layout; the others are brought to it."""
     out_aval = eqn.outvars[0].aval
     shape = tuple(int(s) for s in out_aval.shape)
@@ -168,7 +67,7 @@ def elementwise(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
 
 
 @register("broadcast_in_dim")
-def broadcast_in_dim(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def broadcast_in_dim(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     out_aval = eqn.outvars[0].aval
     if not ins[0].shape or is_free(ins[0]):
         return [w.free(out_aval)]
@@ -180,13 +79,13 @@ def broadcast_in_dim(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase:
 
 
 @register("iota", "full", "zeros_like", "empty", "empty2")
-def constant(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def constant(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """Values every device makes for itself: their consumer chooses their layout."""
     return [w.free(v.aval) for v in eqn.outvars]
 
 
 @register("transpose")
-def transpose(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def transpose(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     perm = eqn.params["permutation"]
     if is_free(ins[0]):
         return [w.free(eqn.outvars[0].aval)]
@@ -194,7 +93,7 @@ def transpose(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -
 
 
 @register("squeeze")
-def squeeze(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def squeeze(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     gone = set(eqn.params["dimensions"])
     if is_free(ins[0]):
         return [w.free(eqn.outvars[0].aval)]
@@ -202,7 +101,7 @@ def squeeze(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> 
 
 
 @register("expand_dims")
-def expand_dims(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def expand_dims(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     dims = list(ins[0].dims)
     for ax in sorted(eqn.params["dimensions"]):
         dims.insert(ax, ())
@@ -210,7 +109,7 @@ def expand_dims(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
 
 
 @register("reshape")
-def reshape(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def reshape(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     src, out_aval = ins[0], eqn.outvars[0].aval
     if is_free(src):
         return [w.free(out_aval)]
@@ -226,7 +125,7 @@ def reshape(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> 
     return [_declared(w, eqn, w.relayout(out_aval, dims), repeat, phase)]
 
 
-def _declared(w: Walker, eqn: Any, natural: Layout, repeat: int, phase: str) -> Layout:
+def _declared(w: WalkerLike, eqn: Any, natural: Layout, repeat: int, phase: str) -> Layout:
     """The result at the layout the equation's ``sharding=`` names (Explicit axes), moved there from ``natural``.
 
     On Explicit axes JAX writes the result's type into the equation (a reshape's ``sharding``):
@@ -236,7 +135,7 @@ def _declared(w: Walker, eqn: Any, natural: Layout, repeat: int, phase: str) -> 
     had an all-reduce of the reduced sum).
     """
     spec = getattr(eqn.params.get("sharding"), "spec", None)
-    if spec is None or natural.unreduced or _explicit_dims(eqn.invars[0].aval) is None:
+    if spec is None or natural.unreduced or explicit_dims(eqn.invars[0].aval) is None:
         # An operand typed whole: the program was traced from unplaced inputs, and its declared layouts
         # say nothing of the layouts the walk follows.
         return natural
@@ -251,7 +150,7 @@ def _declared(w: Walker, eqn: Any, natural: Layout, repeat: int, phase: str) -> 
 
 
 @register(*(REDUCTIONS - ARG_REDUCTIONS))
-def reduce(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def reduce(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     src, out_aval = ins[0], eqn.outvars[0].aval
     if is_free(src):
         return [w.free(v.aval) for v in eqn.outvars]
@@ -273,7 +172,7 @@ def reduce(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
 
 
 @register("pad")
-def pad(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def pad(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """A pad along a split axis shifts each device's block by the low padding (collective-permutes).
 
     A result that does not divide is padded further by XLA to the next multiple and gathered whole;
@@ -298,7 +197,7 @@ def pad(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list
 
 
 @register("slice")
-def slice_static(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def slice_static(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """A static slice of a split axis is a shift (collective-permutes); a strided one gathers the axis."""
     out_aval, src = eqn.outvars[0].aval, ins[0]
     if is_free(src):
@@ -313,7 +212,7 @@ def slice_static(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str
 
 
 def _shift_axis(
-    w: Walker, eqn: Any, phase: str, repeat: int, src: Layout, axis: int, out_len: int, offset: int, irregular: int
+    w: WalkerLike, eqn: Any, phase: str, repeat: int, src: Layout, axis: int, out_len: int, offset: int, irregular: int
 ) -> tuple[str, ...]:
     """Charge the move of a split axis whose result block ``k`` starts at ``k·o + offset``; its new split."""
     from .movement import charge, itemsize, mark_approximate, shift_pieces
@@ -374,7 +273,7 @@ def _shift_axis(
 
 
 @register("dynamic_slice")
-def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def slice_(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """A slice keeps whole axes' sharding; an axis it cuts must be gathered first."""
     src, out_aval = ins[0], eqn.outvars[0].aval
     if is_free(src):
@@ -382,7 +281,7 @@ def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     out_shape = tuple(int(s) for s in out_aval.shape)
     cut = [i for i, (a, b) in enumerate(zip(src.shape, out_shape)) if a != b and src.dims[i]]
     dims = list(src.dims)
-    if cut and eqn.primitive.name == "dynamic_slice" and _explicit_dims(out_aval) is not None:
+    if cut and eqn.primitive.name == "dynamic_slice" and explicit_dims(out_aval) is not None:
         # A run-time offset on Explicit axes: XLA replicates the operand along every split axis, not only
         # the cut ones, then slices the typed result locally (measured: [16@b, 24@a] sliced to [2, 24]
         # gathers over a too).  On Auto axes it gathers the cut ones only (measured).
@@ -398,13 +297,13 @@ def slice_(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
         w.bind_copy(eqn.invars[0], src.with_dims(tuple(dims)))  # the gathered copy is live while it is sliced
         # On Explicit axes the result's type keeps the operand's split where it divides: sliced locally
         # from the gathered operand (no further collective).
-        typed = _explicit_dims(out_aval)
+        typed = explicit_dims(out_aval)
         if typed is not None:
             dims = [t if i in cut else d for i, (d, t) in enumerate(zip(dims, typed))]
     return [w.relayout(out_aval, dims)]
 
 
-def _explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
+def explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
     """The split a value's type names on Explicit mesh axes (None when its type names none)."""
     spec = getattr(getattr(aval, "sharding", None), "spec", None)
     if spec is None or not any(e is not None for e in spec):
@@ -414,7 +313,7 @@ def _explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
 
 
 @register("concatenate")
-def concatenate(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     axis = eqn.params["dimension"]
     out_aval = eqn.outvars[0].aval
     dims = [d if i != axis else () for i, d in enumerate(ins[0].dims)]
@@ -473,7 +372,7 @@ def reshape_dims(
 
 
 @register("bitcast_convert_type")
-def bitcast_convert_type(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def bitcast_convert_type(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """Same-size dtypes keep the layout; a size change adds or drops a minor axis, which stays whole."""
     src, out_aval = ins[0], eqn.outvars[0].aval
     if is_free(src):
@@ -487,12 +386,12 @@ def bitcast_convert_type(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
 
 
 @register("create_token", "dce_sink", "platform_index")
-def no_data(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+def no_data(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """Tokens, DCE anchors and the platform switch's index: no array moves."""
     return [w.replicated(v.aval) for v in eqn.outvars]
 
 
-def _padded_back(w: Walker, v: Any, depth: int = 4) -> bool:
+def _padded_back(w: WalkerLike, v: Any, depth: int = 4) -> bool:
     """Whether a value reaches a ``pad`` through elementwise ops (a slice's gradient pads its cotangent back)."""
     for e, _ in w.uses.get(id(v), ()):
         name = e.primitive.name

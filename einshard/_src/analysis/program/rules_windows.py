@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
 from .costing import is_free
-from .memory import Partial
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
+from .values import Partial
 
 if TYPE_CHECKING:
-    from .walker import Walker
+    from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
 
 __all__ = ["conv_general_dilated", "reduce_window", "select_and_scatter_add", "WINDOW_REDUCTIONS"]
 

@@ -38,7 +38,7 @@ def _unknown_axes(x: Any) -> frozenset[str]:
     return frozenset() if m is None or getattr(m, "empty", True) else auto_axes(m)
 
 
-def _arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...]) -> list[Layout]:
+def arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...]) -> list[Layout]:
     leaves = jax.tree_util.tree_leaves(args)
     if in_specs is None:
         for i, x in enumerate(leaves):
@@ -290,7 +290,7 @@ class TracedProgram:
         equation named ``output`` whose ``invars`` are the output being brought to its layout.
         """
         start = time.perf_counter()
-        in_layouts = _arg_layouts(self.args, in_specs, self.mesh)
+        in_layouts = arg_layouts(self.args, in_specs, self.mesh)
         if walker is None:
             walker = Walker(self.costs)
         elif walker.ops or walker.costs is not self.costs:

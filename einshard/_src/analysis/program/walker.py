@@ -1,8 +1,9 @@
 """The walk: one pass over a jaxpr, each value's layout followed from the arguments'.
 
 Each equation is handed to the rule registered for its primitive
-(:mod:`.registry`; the rules live in :mod:`.rules_structural`,
-:mod:`.rules_indexing` and :mod:`.rules_control`).  A rule returns its
+(:mod:`.registry`; the rules live in the ``rules_*`` modules, which the
+package's ``__init__`` imports for their registration: this module does not,
+and the rules type against :class:`.registry.WalkerLike`, not this class).  A rule returns its
 outputs' layouts and records, through :meth:`Walker.change`, the collectives
 that bring operands to the layouts it needs.  A primitive with no rule goes
 to :func:`.registry.unfollowed` (:meth:`Walker.no_rule`): it is priced as XLA
@@ -22,19 +23,11 @@ from typing import Any
 from ...core.layout import Layout, MeshAxis
 from ..cost import Collective
 from ..einsum.plan import side_string
-from . import (  # noqa: F401  (they register their rules)
-    rules_control,
-    rules_indexing,
-    rules_loops,
-    rules_ordering,
-    rules_structural,
-    rules_windows,
-)
 from .blocks import Tape, body_index, translate_env
 from .costing import FreeLayout, OpCosts, is_free
-from .memory import Gathered
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
 from .report import OpReport, in_user_axis_names
+from .values import CARRIERS, Gathered
 
 __all__ = ["Walker"]
 
@@ -310,7 +303,7 @@ class Walker:
         for eqn in jaxpr.eqns:
             phase = phase_hint or self.costs.phase_of(eqn)
             ins = [read(v) for v in eqn.invars]
-            if eqn.primitive.name in rules_indexing.CARRIERS and len(ins) == 1 and ins[0].unreduced:
+            if eqn.primitive.name in CARRIERS and len(ins) == 1 and ins[0].unreduced:
                 # A pending sum passes through a transpose or a conversion still pending (a gradient on
                 # its way out: the output's layout decides how it is summed).
                 pending = ins[0].unreduced
