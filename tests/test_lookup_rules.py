@@ -158,7 +158,9 @@ def test_fsdp_lookup_moves_the_indices_and_says_the_choice_is_close() -> None:
     """The corpus's FSDP embedding: what explain records, in words, and its approximate mark."""
     mesh = _mesh(2, False)
     report, kinds, _, _ = _explain(FSDP, mesh, _take)
-    assert dict(kinds) == {"collective-permute": 2, "all-gather": 1, "reduce-scatter": 1}
+    # The sum over the 4 'data' devices keeps half of it on each (the indices moved 2 ways): an all-reduce whose
+    # result is cut, as the HLO reader reads XLA's all-reduce + dynamic-slice (test_pinned_lookups_match_xla).
+    assert dict(kinds) == {"collective-permute": 2, "all-gather": 1, "all-reduce": 1}
     assert report.approximate and "move indices" in report.ops[0].expression
     assert "XLA may 'move table'" in report.ops[0].note
 
@@ -167,7 +169,7 @@ def test_lookup_plans_pick_the_cheapest_and_mark_near_ties() -> None:
     # (data=4, model=2): the table (4 ways) cannot move onto 'model' (2) whole: the indices move.
     best = lookup_plans(table_piece=2048, index_piece=64, result_piece=2048, shared=4, free=2, rest=1)[0]
     assert best.move == "move indices" and best.close
-    assert [k for k, _, _ in best.steps] == ["collective-permute", "all-gather", "reduce-scatter", "collective-permute"]
+    assert [k for k, _, _ in best.steps] == ["collective-permute", "all-gather", "all-reduce", "collective-permute"]
     # A large table on (2, 4): the indices move, far cheaper: not approximate.
     best = lookup_plans(table_piece=65536, index_piece=128, result_piece=4096, shared=2, free=4, rest=1)[0]
     assert best.move == "move indices" and not best.close and best.steps[-2][0] == "all-reduce"

@@ -508,8 +508,10 @@ def lookup_plans(
             index_steps.append(("all-gather", gather, index_piece * gather))
         table_steps.append(("all-reduce", g * rest, result_piece))
         # The summed result is split the moved way; where that is coarser than the indices' split it is sliced
-        # before it moves back (all-reduce + dynamic-slice: a reduce-scatter, as the HLO reader reads it).
-        summed: SentKind = "reduce-scatter" if gather > 1 else "all-reduce"
+        # before it moves back.  All-reduce + dynamic-slice is a reduce-scatter only where each device keeps
+        # 1/n of the sum (n: the devices summing); a bigger piece is an all-reduce whose result is cut, as the
+        # HLO reader reads it (einshard.testing.hlo) and as the bytes are: the whole buffer is summed.
+        summed: SentKind = "reduce-scatter" if gather == shared * rest else "all-reduce"
         index_steps += [(summed, shared * rest, result_piece * gather), ("collective-permute", 2, result_piece)]
         if rest == 1:
             # Measured: only a table split wholly along the shared axes moves (a table split over more
@@ -522,7 +524,8 @@ def lookup_plans(
         whole = table_piece * shared
         index_steps = [
             ("all-gather", shared, index_piece * shared),
-            ("reduce-scatter", shared * rest, result_piece * shared),
+            # (1/shared of the sum kept: a reduce-scatter only where all the summing devices share the split)
+            ("reduce-scatter" if rest == 1 else "all-reduce", shared * rest, result_piece * shared),
         ]
         sent_table = (shared - 1) / shared * whole
         sent_index = (shared - 1) / shared * index_piece * shared + 2 * result_piece * shared
