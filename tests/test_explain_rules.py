@@ -335,11 +335,8 @@ def test_a_lookup_in_a_table_split_over_the_batchs_own_axis_keeps_the_batch_spli
     got, report = _explain(loss, args, (table_spec, tokens_spec), [P()])
     assert not report.unfollowed
     want = _xla(loss, mesh, args, (table_spec, tokens_spec), P())
-    lookup = 8 * 4 * 32 * 4
-    assert got[("reduce-scatter", lookup)] == 1 or got[("reduce-scatter", lookup // 2)] == 1
-    assert not any(kind == "all-reduce" and b >= lookup // 2 for kind, b in got)  # never summed whole
     assert got[("all-reduce", 4)] == 1 == want[("all-reduce", 4)]  # the loss: the batch split survived
-    sent = lambda sig: sum(b * n for (_, b), n in sig.items())  # noqa: E731
-    assert 0.75 <= sent(got) / sent(want) <= 1.5, (got, want)
-    if tokens_spec == P(("data", "model")):
-        assert got == want  # here explain names XLA's sequence too (its permutes included)
+    # The masked sum, read as the HLO reader reads XLA's all-reduce + slice: a reduce-scatter only where each device
+    # keeps 1/n of it, else an all-reduce (of the looked-up block, never of the whole batch); explain names XLA's
+    # sequence, its permutes included.
+    assert got == want, (got, want)
