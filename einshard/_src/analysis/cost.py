@@ -61,6 +61,7 @@ __all__ = [
     "Collective",
     "KINDS",
     "RING_BYTES",
+    "sent_bytes",
     "get_profile",
     "default_profile",
     "profile_for",
@@ -419,6 +420,13 @@ RING_BYTES: dict[CollectiveKind, RingBytes] = {
     # coarser side's factor is gathered after it, or is whole already)
     "collective-permute": lambda n, local_in, local_out: (min(local_in, local_out), float(min(local_in, local_out))),
 }
+
+
+def sent_bytes(kind: CollectiveKind, n: int, array: float) -> float:
+    """Bytes each of ``n`` devices sends in a ``kind`` on a buffer of ``array`` bytes in XLA's convention (the
+    gathered result; the unscattered input): :data:`RING_BYTES` read at one buffer size, for the rules that
+    know a buffer rather than the blocks before and after."""
+    return RING_BYTES[kind](n, int(array), int(array))[1]
 
 
 def _local_bytes(lay: Layout, itemsize: int) -> int:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from ..cost import Collective
+from ..cost import Collective, sent_bytes
 from .report import APPROXIMATE_MARK
 
 if TYPE_CHECKING:
@@ -127,12 +127,7 @@ def charge(
         return
     colls = []
     for array in arrays:
-        if kind == "all-reduce":
-            sent = 2 * (n - 1) / n * array
-        elif kind == "collective-permute":
-            sent = float(array)
-        else:
-            sent = (n - 1) / n * array
+        sent = sent_bytes(kind, n, array)
         t = w.costs.profile.collective_time(kind, n, sent, array)
         colls.append(Collective(kind, axes, n, int(sent), int(array), t, "operand 1", why))
     w.record(eqn, phase, why, out, tuple(colls), 0.0, sum(c.time for c in colls), repeat, note)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...core.layout import Layout
-from ..cost import Collective
+from ..cost import Collective, sent_bytes
 from .costing import is_free
 from .movement import SentKind, charge, itemsize, mark_approximate
 from .registry import register
@@ -280,7 +280,7 @@ def per_contracted_axis(w: Walker, colls: tuple[Any, ...], lhs: Layout, dn: Any)
             continue
         for p in parts:
             n = math.prod(w.costs.mesh_sizes[m] for m in p)
-            sent = 2 * (n - 1) / n * c.array_bytes
+            sent = sent_bytes("all-reduce", n, c.array_bytes)
             t = w.costs.profile.collective_time("all-reduce", n, sent, c.array_bytes)
             out.append(replace(c, axes=p, group_size=n, bytes=int(sent), time=t))
     return tuple(out)
@@ -431,14 +431,14 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
         # its piece, and XLA sums the whole result over the table's split at once and slices its own piece
         # (all-reduce + dynamic-slice: one reduce-scatter), measured; not one sum per mesh axis.
         piece = math.prod(out.shard_shape) * itemsize(dtype)
-        whole = math.prod(out.shard_shape)
+        block = math.prod(out.shard_shape)  # elements each device sums
         if wanted != dims:
             out = w.relayout(out_aval, wanted)
         # A reduce-scatter only where each device keeps 1/n of the sum (n: the devices summing); a bigger
         # piece is an all-reduce whose result is cut, as the HLO reader reads XLA's all-reduce + slice.
         summing = math.prod(out.mesh_sizes[m] for m in masked)
-        kept = whole // max(1, math.prod(out.shard_shape))
-        kind: SentKind = "reduce-scatter" if out.dims != dims and kept == summing else "all-reduce"
+        cut = block // max(1, math.prod(out.shard_shape))  # into how many pieces the sum is cut
+        kind: SentKind = "reduce-scatter" if out.dims != dims and cut == summing else "all-reduce"
         summed_at = len(w.ops)
         charge(w, eqn, phase, repeat, kind, masked, [piece], "masked gather from a sharded table", out)
         if kind == "reduce-scatter" and not approx_note:
@@ -590,9 +590,7 @@ def _record_lookup(
     for kind, n, array in plan.steps:
         if n <= 1:
             continue
-        sent = {"all-reduce": 2 * (n - 1) / n * array, "collective-permute": float(array)}.get(
-            kind, (n - 1) / n * array
-        )
+        sent = sent_bytes(kind, n, array)
         t = w.costs.profile.collective_time(kind, n, sent, array)
         colls.append(Collective(kind, axes, n, int(sent), int(array), t, "operand 1", f"lookup: {plan.move}"))
     why = f"{what}, {plan.move} (the table is split where the indices are)"

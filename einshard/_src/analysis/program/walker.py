@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...core.layout import Layout, MeshAxis
-from ..cost import Collective
+from ..cost import Collective, sent_bytes
 from ..einsum.plan import side_string
 from .blocks import Tape, body_index, translate_env
 from .costing import FreeLayout, OpCosts, is_free
@@ -140,7 +140,7 @@ class Walker:
             n = math.prod(self.costs.mesh_sizes[m] for m in dropped)
             item = _itemsize(out_aval)
             array = math.prod(lay.shard_shape) * item
-            sent = (n - 1) / n * array
+            sent = sent_bytes("all-gather", n, array)
             t = self.costs.profile.collective_time("all-gather", n, sent, array)
             coll = Collective("all-gather", tuple(dropped), n, int(sent), array, t, "result", why)
             self.record(eqn, phase, f"{why}: {side_string(lay)}", lay, (coll,), 0.0, t, repeat)
