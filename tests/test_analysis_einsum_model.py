@@ -124,7 +124,7 @@ def test_a_candidate_or_plan_that_does_not_add_up_is_refused(checks):
 @pytest.mark.slow  # a fresh interpreter importing JAX
 def test_the_checks_are_off_unless_the_environment_asks():
     assert model.checks_enabled() is False  # the test run's environment does not set EINSHARD_CHECKS
-    code = "from einshard.analysis.einsum import model; print(model.checks_enabled())"
+    code = "from einshard._src.analysis.einsum import model; print(model.checks_enabled())"
     env = {"EINSHARD_CHECKS": "1", "JAX_PLATFORMS": "cpu", "PATH": ""}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

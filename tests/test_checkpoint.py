@@ -824,7 +824,7 @@ WRITER = textwrap.dedent(
     import os, signal, shutil, sys, time
     import numpy as np, jax
     from einshard import EinshardError, checkpoint, einshard
-    from einshard.checkpoint import _guard
+    from einshard._src.checkpoint import _guard
     path, first, count, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     mesh = jax.make_mesh((4, 2), ('data', 'model'))
 
