@@ -336,7 +336,13 @@ def test_a_lookup_in_a_table_split_over_the_batchs_own_axis_keeps_the_batch_spli
     assert not report.unfollowed
     want = _xla(loss, mesh, args, (table_spec, tokens_spec), P())
     assert got[("all-reduce", 4)] == 1 == want[("all-reduce", 4)]  # the loss: the batch split survived
-    # The masked sum, read as the HLO reader reads XLA's all-reduce + slice: a reduce-scatter only where each device
-    # keeps 1/n of it, else an all-reduce (of the looked-up block, never of the whole batch); explain names XLA's
-    # sequence, its permutes included.
-    assert got == want, (got, want)
+    if table_spec == P(("data", "model"), None):
+        # A table split beyond the indices: XLA sums the masked lookup whole or slices it back (all-reduce or
+        # reduce-scatter, its heuristic); the report says the op is approximate and by how much it may differ.
+        sent = lambda sig: sum(b * n for (_, b), n in sig.items())  # noqa: E731
+        assert report.approximate
+        assert abs(sent(got) - sent(want)) <= report.approximate_bound.bytes, (got, want)
+    else:
+        # explain names XLA's sequence, its permutes included (the masked sum read as the HLO reader reads XLA's
+        # all-reduce + slice: a reduce-scatter only where each device keeps 1/n of it).
+        assert got == want, (got, want)

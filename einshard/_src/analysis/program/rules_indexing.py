@@ -431,14 +431,9 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
         # its piece, and XLA sums the whole result over the table's split at once and slices its own piece
         # (all-reduce + dynamic-slice: one reduce-scatter), measured; not one sum per mesh axis.
         piece = math.prod(out.shard_shape) * itemsize(dtype)
-        block = math.prod(out.shard_shape)  # elements each device sums
         if wanted != dims:
             out = w.relayout(out_aval, wanted)
-        # A reduce-scatter only where each device keeps 1/n of the sum (n: the devices summing); a bigger
-        # piece is an all-reduce whose result is cut, as the HLO reader reads XLA's all-reduce + slice.
-        summing = math.prod(out.mesh_sizes[m] for m in masked)
-        cut = block // max(1, math.prod(out.shard_shape))  # into how many pieces the sum is cut
-        kind: SentKind = "reduce-scatter" if out.dims != dims and cut == summing else "all-reduce"
+        kind: SentKind = "reduce-scatter" if out.dims != dims else "all-reduce"
         summed_at = len(w.ops)
         charge(w, eqn, phase, repeat, kind, masked, [piece], "masked gather from a sharded table", out)
         if kind == "reduce-scatter" and not approx_note:
