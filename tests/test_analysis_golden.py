@@ -20,6 +20,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
+from test_core_moves import layout_pairs  # the layout pairs the moves' own tests draw
 
 import einshard
 import einshard.testing as et
@@ -185,32 +186,6 @@ def test_the_pruned_search_finds_the_full_ranking_s_best(case, profile):
     assert [(a.choice, a.collectives, a.out_layout, a.time) for a in plan.alternatives] == [
         (c.choice, c.steps, c.out, c.time) for c in rest
     ]
-
-
-@st.composite
-def layout_pairs(draw):
-    """Two layouts of one tensor on one mesh (mesh axes of size 1 included), the second without pending
-    sums the first lacks."""
-    from einshard._src.core.layout import Layout, MeshAxis
-
-    names = draw(st.sampled_from([("x",), ("x", "y"), ("x", "y", "z")]))
-    mesh = tuple(MeshAxis(n, draw(st.sampled_from([1, 2, 4]))) for n in names)
-    rank_ = draw(st.integers(1, 3))
-    axes = tuple("abc"[:rank_])
-
-    def layout(within: frozenset[str] | None = None) -> Layout:
-        dims: list[list[str]] = [[] for _ in axes]
-        unreduced = set()
-        for m in draw(st.permutations(names)):
-            where = draw(st.sampled_from(["none", "split", "sum"]))
-            if where == "split":
-                dims[draw(st.integers(0, rank_ - 1))].append(m)
-            elif where == "sum" and (within is None or m in within):
-                unreduced.add(m)
-        return Layout(axes, (64,) * rank_, mesh, tuple(tuple(d) for d in dims), frozenset(unreduced))
-
-    src = layout()
-    return src, layout(src.unreduced)
 
 
 @given(layout_pairs())
