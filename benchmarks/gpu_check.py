@@ -31,8 +31,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import einshard  # noqa: E402
 from transformer import make_step  # noqa: E402
+
+import einshard  # noqa: E402
 
 
 def _median_seconds(fn: Any, *args: Any, repeats: int) -> float:

@@ -20,6 +20,7 @@ type is followed on, so one finding does not hide the next.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import os
@@ -298,10 +299,32 @@ def _abstract(mesh: AnyMesh) -> Any:
 # -- source lines --------------------------------------------------------------------------------------------
 
 
+@functools.cache
+def _installed_roots() -> tuple[str, ...]:
+    """The folders that hold installed distributions (``*.dist-info``): site-packages, and also a
+    ``pip install --target`` folder on ``PYTHONPATH``, a conda or Bazel tree.  A frame under one is a library's,
+    not the user's.  An editable install keeps its ``.dist-info`` in site-packages and its code in the project,
+    so the user's own editable package still counts as theirs."""
+    import importlib.metadata
+
+    roots: set[str] = set()
+    for dist in importlib.metadata.distributions():
+        try:
+            root = os.path.abspath(str(dist.locate_file("")))
+        except Exception:  # a distribution finder of an unusual kind: no path to read
+            continue
+        if root != os.path.abspath(os.getcwd()):  # the user's working folder is theirs, whatever sits in it
+            roots.add(root.rstrip(os.sep) + os.sep)
+    return tuple(sorted(roots))
+
+
 def _short_path(path: str) -> str:
     for marker in ("site-packages/", "dist-packages/"):
         if marker in path:
             return path.split(marker, 1)[1]
+    for root in _installed_roots():
+        if path.startswith(root):
+            return path[len(root) :]
     try:
         rel = os.path.relpath(path)
     except ValueError:
@@ -311,7 +334,13 @@ def _short_path(path: str) -> str:
 
 def _is_library(path: str) -> bool:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the einshard package
-    return "site-packages" in path or "dist-packages" in path or path.startswith(here) or path.startswith(sys.prefix)
+    return (
+        "site-packages" in path
+        or "dist-packages" in path
+        or path.startswith(here)
+        or path.startswith(sys.prefix)
+        or path.startswith(_installed_roots())
+    )
 
 
 def _frames(source_info: Any) -> Iterator[Any]:
