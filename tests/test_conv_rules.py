@@ -78,21 +78,30 @@ def _two_convs(params: Any, x: Any) -> Any:
     return jnp.sum(_conv(jax.nn.relu(_conv(x, w1)), w2) ** 2)
 
 
-# Under tp (batch whole, 'a' idle) XLA computes each input gradient with half the channels per device,
-# all-reduces over 'b' and permutes the halves into place; explain all-reduces whole: one collective-permute
-# fewer per input-gradient conv (the keras-hub ResNet's tp-grad cases, 5 of them). No rule reproduces it yet.
-_TP_GAP = pytest.mark.xfail(strict=True, reason="XLA regroups a tp input gradient onto the idle axis: no rule yet")
+# Between two channel-split convs the input gradient (cotangent channels contracted with the kernel's
+# outputs, both split over 'model') goes back split like the activations' channels.  With the batch split
+# (dp×tp) XLA reduce-scatters it; with idle mesh axes holding more devices than the channel split (tp on
+# (4, 2) or (2, 2, 2)) it computes a slice of the channels per idle group, all-reduces the slice and permutes
+# it into place (f32[8,8,8,32]: all-reduce over 'b' + one collective-permute); with fewer idle devices
+# ((2, 4)) it reduce-scatters.
+STEP_LAYOUTS = [
+    # mesh shape, names, the input's spec, the kernels' split axis
+    ((4, 2), ("a", "b"), P("a"), "b"),  # dp×tp: reduce-scatter
+    ((4, 2), ("a", "b"), P(), "b"),  # tp, idle 'a' (4) > 2: all-reduce of a slice + permute
+    ((2, 4), ("a", "b"), P(), "b"),  # tp, idle 'a' (2) < 4: reduce-scatter
+    ((2, 2, 2), ("a", "b", "c"), P(), "c"),  # tp, idle ('a', 'b') (4) > 2: all-reduce of a slice + permute
+    ((2, 2, 2), ("a", "b", "c"), P("a"), "c"),  # dp×tp, idle 'b' (2) = 2: reduce-scatter
+]
 
 
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
-@pytest.mark.parametrize("xs", [P("a"), pytest.param(P(), marks=_TP_GAP)], ids=["dp_tp", "tp"])
-def test_channel_split_step_matches_xla(xs, explicit) -> None:
-    """Two channel-split convs, loss and gradient (the kernels asked back in their own split): between the
-    convs XLA reduce-scatters the input gradient onto the channels under dp×tp, and regroups onto the idle
-    axis under tp; explain must name the same collectives."""
+@pytest.mark.parametrize("shape, names, xs, split", STEP_LAYOUTS)
+def test_channel_split_step_matches_xla(shape, names, xs, split, explicit) -> None:
+    """Two channel-split convs, loss and gradient (the kernels asked back in their own split): explain must
+    name XLA's collectives, kinds, counts and bytes."""
     kind = AxisType.Explicit if explicit else AxisType.Auto
-    mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(kind,) * 2)
-    ws = P(None, None, None, "b")
+    mesh = jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
+    ws = P(None, None, None, split)
     kernels = (jax.ShapeDtypeStruct((3, 3, 16, 64), jnp.float32), jax.ShapeDtypeStruct((3, 3, 64, 64), jnp.float32))
     args = (kernels, jax.ShapeDtypeStruct((8, 8, 8, 16), jnp.float32))
     grad = jax.grad(_two_convs)
@@ -101,12 +110,15 @@ def test_channel_split_step_matches_xla(xs, explicit) -> None:
         fn = jax.sharding.auto_axes(grad, out_sharding=psh) if explicit else grad
         jitted = jax.jit(fn, in_shardings=(psh, NamedSharding(mesh, xs)), out_shardings=psh)
         compiled = jitted.lower(*args).compile()
-        report = trace(fn, *args, mesh={"a": 4, "b": 2}).report(((ws, ws), xs), [ws, ws])
+        report = trace(fn, *args, mesh=dict(zip(names, shape))).report(((ws, ws), xs), [ws, ws])
     found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
     want = Counter(c.kind for c in found)
     got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
+    sent_want = sum(c.sent_bytes for c in found)
+    sent_got = sum(c.bytes for op in report.ops for c in op.collectives if c.group_size > 1)
     assert not report.unfollowed
     assert got == want, (got, want)
+    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
 
 
 # A max pool's gradient with overlapping windows (3×3, stride 2, VALID) on rows split in blocks at least a

@@ -211,7 +211,20 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     out = w.relayout(out_aval, dims)
     if summed:
         w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
-        scatter = _scatter_axes(w, eqn, phase, lhs, rhs, out, of, summed)
+        scatter, via_idle = _scatter_axes(w, eqn, phase, lhs, rhs, out, of, summed)
+        if via_idle:
+            # XLA spreads the work over the idle mesh axes: each device computes the slice of the result's
+            # features its group of the idle axes' major part owns (the kernel sliced there, free), sums that
+            # slice over the contracted split (an all-reduce of 1/n of the result), then moves the slices onto
+            # the split the result is wanted in (one collective-permute of 1/n).  Measured on the one-op input
+            # gradient: (8,4,4,64) with features@model against a kernel o@model on (data=4, model=2):
+            # all-reduce f32[8,4,4,32] over model + collective-permute f32[8,4,4,32] (tests/test_conv_rules.py).
+            out = out.with_dims(tuple(scatter if i == of else d for i, d in enumerate(out.dims)))
+            block = math.prod(out.shard_shape) * itemsize(out_aval.dtype)
+            charge(w, eqn, phase, repeat, "all-reduce", scatter, [block], "conv partial sums (a slice per idle group)")
+            why = "conv result moved from the idle axes' slices onto its split"
+            charge(w, eqn, phase, repeat, "collective-permute", scatter, [block], why, out=out)
+            summed = []
         for axes in reversed(summed):
             pending = out.with_dims(out.dims, frozenset(axes))
             if axes == scatter:
@@ -291,26 +304,27 @@ def _scatter_halos(
 
 def _scatter_axes(
     w: Walker, eqn: Any, phase: str, lhs: Layout, rhs: Layout, out: Layout, of: int, summed: list[tuple[str, ...]]
-) -> tuple[str, ...]:
-    """The summed axes an input gradient's partial sums are reduce-scattered over (onto its channels), or ().
+) -> tuple[tuple[str, ...], bool]:
+    """(the summed axes an input gradient's partial sums end split over, onto its channels, or (); whether XLA
+    gets there through the idle mesh axes).
 
     Measured on the keras-hub ResNet under dp×tp: each input-gradient conv (the cotangent's channels
     contracted with the kernel's outputs, both split over 'model') reduce-scatters onto the channels, the
-    split its activations had in the forward pass.  Not where idle mesh axes hold more devices than the sum
-    (XLA moves the work onto those instead: all-reduce + permute) and not for a program output (XLA
-    leaves those whole unless asked).
+    split its activations had in the forward pass.  Where the mesh axes neither operand uses hold more
+    devices than the sum, XLA computes a slice of the channels per idle group instead, all-reduces that
+    slice and permutes it onto the split (``via_idle``).  Not for a program output (XLA leaves those whole
+    unless asked).
     """
     if phase != "backward" or len(summed) != 1 or out.dims[of] or id(eqn.outvars[0]) in w.program_outputs:
-        return ()
+        return (), False
     axes = summed[0]
     if not axes or any(m in d for d in out.dims for m in axes) or out.shape[of] % group_size(w, axes):
-        return ()
+        return (), False
     if _asked_split(w, eqn.outvars[0], of) is not None:
-        return ()  # asked for explicitly (an output, a reshard): that decides
+        return (), False  # asked for explicitly (an output, a reshard): that decides
     used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
-    if group_size(w, tuple(m for m in w.costs.mesh_sizes if m not in used)) > group_size(w, axes):
-        return ()
-    return axes
+    idle = group_size(w, tuple(m for m in w.costs.mesh_sizes if m not in used))
+    return axes, idle >= group_size(w, axes)
 
 
 def _regroup_axes(w: Walker, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int) -> tuple[str, ...]:
@@ -331,7 +345,7 @@ def _idle_regroup(w: Walker, lhs: Layout, rhs: Layout, dim: int, split: tuple[st
     used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
     idle = tuple(m for m in w.costs.mesh_sizes if m not in used)
     n = group_size(w, idle)
-    if n <= group_size(w, split) or lhs.shape[dim] % n:
+    if n < group_size(w, split) or lhs.shape[dim] % n:
         return ()
     return idle
 
