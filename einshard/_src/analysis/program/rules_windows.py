@@ -129,11 +129,12 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
     clash = tuple(m for m in lhs.dims[lb] if m in rhs.dims[ro])
+    asked = _asked_split(w, eqn.outvars[0], of)
     if (
         clash
         and not grouped
-        and _asked_split(w, eqn.outvars[0], of) == rhs.dims[ro]
         and not any(lhs.dims[i] for i in ls)
+        and (asked == rhs.dims[ro] or (asked is None and _features_win(eqn, lhs, rhs)))
     ):
         # The result is asked for split like the kernel's outputs (a kernel gradient: the input is the
         # activations, whose channels are the conv's batch here, the kernel is the cotangent): XLA keeps the
@@ -141,7 +142,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # gradient with out_shardings: x channels@b, dy channels@b -> all-gather x; with idle mesh axes of
         # more devices, a collective-permute onto them first, then the all-gather over them).
         keep = tuple(m for m in lhs.dims[lb] if m not in clash)
-        if not keep and (regroup := _idle_regroup(w, lhs, rhs, lb, clash)):
+        if not keep and (regroup := _idle_regroup(w, lhs, rhs, lhs.shape[lb], clash)):
             lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, regroup), "conv input moved onto idle mesh axes")
         lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, keep), "conv input's batch split gathered")
         lhs_to = _with(lhs_to, lb, keep)
@@ -149,17 +150,26 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         taken = {m for i in (lb, *ls) for m in lhs.dims[i]} - set(clash)
     if set(rhs.dims[ro]) & taken:
         # The kernel's output features split over a mesh axis the input's batch or rows already use.
-        # explain gathers the (small) kernel's split, XLA's most common choice; XLA's cost model also
+        # Where the batch and the kernel's outputs are split over the same axes and the batch wins
+        # (:func:`_features_win`), XLA gathers the kernel: exact.  Otherwise explain gathers the (small)
+        # kernel's split, XLA's most common choice; XLA's cost model also
         # gathers only the clashing axes (batch@b against outputs@(a,b) at stride 1), keeps the kernel
         # split and moves the result (collective-permutes, with a reduce-scatter under a dilated window),
         # depending on strides, dilation and sizes (measured by the deep run of
         # tests/test_primitive_rules.py): a heuristic explain does not reproduce, so the op says so.
         if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls) or any(lhs.dims[i] for i in ls):
             approx.append("a mesh axis splits both the input's rows and the kernel's outputs; XLA may move the result")
-        else:
+        elif grouped or lhs.dims[lb] != rhs.dims[ro]:
             approx.append(
                 "a mesh axis splits both the input's batch and the kernel's outputs: XLA may gather part of the "
                 "kernel's split, or move the result instead (permutes, a reduce-scatter) by its cost model"
+            )
+        elif not is_free(rhs) and (regroup := _idle_regroup(w, lhs, rhs, rhs.shape[ro], rhs.dims[ro])):
+            # As for the input's batch above: with idle mesh axes of at least as many devices, XLA moves the
+            # kernel's outputs onto them (one collective-permute) and gathers over them (measured on (4, 2):
+            # x batch@b, w outputs@b -> permute f32[1,1,4,2] + all-gather over 'a').
+            rhs = _bring(
+                w, eqn, phase, repeat, 1, rhs, _with(rhs, ro, regroup), "conv kernel moved onto idle mesh axes"
             )
         rhs_to = _with(rhs_to, ro, ())
     if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
@@ -225,16 +235,44 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             why = "conv result moved from the idle axes' slices onto its split"
             charge(w, eqn, phase, repeat, "collective-permute", scatter, [block], why, out=out)
             summed = []
+        onto = _asked_scatter_dim(w, eqn, out, summed)
         for axes in reversed(summed):
             pending = out.with_dims(out.dims, frozenset(axes))
             if axes == scatter:
                 # An input gradient goes back split the way its activations' channels were: XLA sums the
                 # partial results straight into that split (a reduce-scatter), not whole.
                 out = out.with_dims(tuple(axes if i == of else d for i, d in enumerate(out.dims)))
+            elif onto is not None and axes == summed[0]:
+                # The result is asked for split over the summed axes (an FSDP kernel gradient, its outputs
+                # split over the batch's axis): XLA sums straight into that split (a reduce-scatter).
+                out = out.with_dims(tuple(axes if i == onto else d for i, d in enumerate(out.dims)))
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
     if approx:
         _mark(w, start, "; ".join(approx))
     return [out]
+
+
+def _features_win(eqn: Any, lhs: Layout, rhs: Layout) -> bool:
+    """Whether XLA's sharding propagation gives a conv's result the kernel's output-feature split rather than
+    the input's batch split, where one mesh axis splits both (an FSDP kernel split on its outputs against a
+    batch split over the same axis).
+
+    Shardy's rule for a convolution makes each spatial axis a factor shared by the input and the result
+    where the kernel is no larger than the result along it (else the input shares it with the kernel);
+    the conflict goes to the larger side of the result seen as a matrix: output features against the batch
+    times the shared spatial factors.  Measured on one-op programs on (data=4, model=2), the batch and the
+    kernel's outputs both over 'data' (tests/test_conv_rules.py): (8,4,4,64) 3×3 stride 1 → batch (64 ≤
+    8·4·4), 256 features → features; stride 2 (result 2×2 < kernel 3) → features once they exceed the batch
+    (16 > 8); a 1×1 stride-2 conv → features above 8·2·2.  XLA then gathers the other operand's split.
+    """
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    out_shape = eqn.outvars[0].aval.shape
+    rows = lhs.shape[dn.lhs_spec[0]]
+    for rj, oi in zip(dn.rhs_spec[2:], dn.out_spec[2:]):
+        if rhs.shape[rj] <= out_shape[oi]:
+            rows *= int(out_shape[oi])
+    return int(out_shape[dn.out_spec[1]]) > rows
 
 
 def _dilated_halo_pieces(
@@ -327,6 +365,26 @@ def _scatter_axes(
     return axes, idle >= group_size(w, axes)
 
 
+def _asked_scatter_dim(w: Walker, eqn: Any, out: Layout, summed: list[tuple[str, ...]]) -> int | None:
+    """The dimension a conv's partial sums are reduce-scattered onto because the caller asks for the result
+    split there over exactly the summed axes (read at the output it flows to), or None.
+
+    Measured on the keras-hub ResNet under FSDP (kernels split on their outputs over 'data', the batch over
+    'data'): each kernel gradient, partial over the batch's axis and asked back in the kernel's split, is
+    one reduce-scatter (f32[3,3,64,64] over 'data'), not an all-reduce and a slice.
+    """
+    if len(summed) != 1 or not summed[0]:
+        return None
+    axes = summed[0]
+    if any(m in d for d in out.dims for m in axes):
+        return None
+    n = group_size(w, axes)
+    for dim, size in enumerate(out.shape):
+        if not out.dims[dim] and size % n == 0 and _asked_split(w, eqn.outvars[0], dim) == axes:
+            return dim
+    return None
+
+
 def _regroup_axes(w: Walker, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int) -> tuple[str, ...]:
     """The idle mesh axes XLA moves a conv's contraction onto, or () when it gathers the input instead.
 
@@ -337,15 +395,16 @@ def _regroup_axes(w: Walker, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int
     split = lhs.dims[lf]
     if not split or rhs.dims[ri] or rhs.dims[ro] != split or lhs.unreduced or rhs.unreduced:
         return ()
-    return _idle_regroup(w, lhs, rhs, lf, split)
+    return _idle_regroup(w, lhs, rhs, lhs.shape[lf], split)
 
 
-def _idle_regroup(w: Walker, lhs: Layout, rhs: Layout, dim: int, split: tuple[str, ...]) -> tuple[str, ...]:
-    """The mesh axes neither operand uses, when they hold more devices than ``split`` and divide ``dim``."""
+def _idle_regroup(w: Walker, lhs: Layout, rhs: Layout, size: int, split: tuple[str, ...]) -> tuple[str, ...]:
+    """The mesh axes neither operand uses, when they hold at least as many devices as ``split`` and divide
+    ``size`` (the length of the dimension to move onto them)."""
     used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
     idle = tuple(m for m in w.costs.mesh_sizes if m not in used)
     n = group_size(w, idle)
-    if n < group_size(w, split) or lhs.shape[dim] % n:
+    if n < group_size(w, split) or size % n:
         return ()
     return idle
 
