@@ -32,6 +32,7 @@ from ...core.layout import Layout
 from .costing import is_free
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
+from .rules_structural import explicit_dims
 from .values import Partial
 
 if TYPE_CHECKING:
@@ -183,6 +184,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     out_dims[of] = rhs.dims[ro]
     halos: list[tuple[int, list[int]]] = []
     window_summed: list[str] = []
+    typed = explicit_dims(out_aval)  # the result's split as its type names it (Explicit axes), else None
     for j, (li, rj, oi) in enumerate(zip(ls, rs, os_)):
         lsplit, wsplit = lhs.dims[li], rhs.dims[rj]
         if not lsplit and not wsplit:
@@ -201,6 +203,18 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
             out_dims[oi] = lsplit
+            if window >= out_len and not (typed and typed[oi]):
+                # A window at least as long as the result: Shardy's conv rule pairs the input's axis with the
+                # kernel's, not the result's, so XLA's propagation may leave the result whole along it and
+                # gather the input's rows (measured on the keras-hub ResNet's 3×3 stride-2 conv, 6 padded rows
+                # split over 'model', 2 result rows: all-gather f32[2,6,6,64], and the batch norm after it
+                # sums whole rows: 3 all-reduces fewer), or split it by its users and exchange halos (the
+                # next conv, before a residual add of a split shortcut): a global choice, so it says so.
+                approx.append(
+                    f"spatial axis {li}: the window covers the result; XLA may gather the input's rows (one "
+                    "all-gather instead of the halo permutes) and leave the result whole, its users' all-reduces "
+                    "along the axis then vanish"
+                )
         elif lsplit and not wsplit and out_len % n == 0 and length % n == 0:
             # A transposed conv (a strided conv's input gradient: the cotangent dilated by the stride):
             # the window reads the dilated input, so the halo is counted in the input's own rows.
