@@ -14,7 +14,15 @@ on one-op programs (tests/test_primitive_rules.py checks it):
 * an input whose features are split like the kernel's outputs is gathered, unless the mesh axes neither
   operand uses hold more devices than that split: XLA then moves the input's features onto them (one
   collective-permute) and sums there (one all-reduce), or gathers the input over them when the result's
-  block is the larger (:func:`_regroup_axes`).
+  block is the larger (:func:`_regroup_axes`); idle axes count when they hold at least as many devices;
+* an input gradient between channel-split convs goes back split like the activations' channels: a
+  reduce-scatter, or with idle mesh axes at least as large, an all-reduce of the channel slice each idle
+  group computes plus one collective-permute into place (:func:`_scatter_axes`);
+* the input's batch and the kernel's outputs split over the same mesh axes (FSDP): the result takes the
+  split Shardy's propagation gives it (:func:`_features_win`) and XLA gathers the other operand, over idle
+  axes after a permute onto them where they are at least as large; partial sums asked back split over the
+  summed axes are one reduce-scatter (:func:`_asked_scatter_dim`);
+* split rows under a window at least as long as the result: marked approximate (XLA may gather the rows).
 
 Pooling is the same window without a kernel: a non-overlapping pool (2×2, stride 2) of blocks that
 divide moves nothing; an overlapping one exchanges halos.  Cases XLA handles by heuristics explain does
@@ -403,7 +411,7 @@ def _regroup_axes(w: Walker, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int
     """The idle mesh axes XLA moves a conv's contraction onto, or () when it gathers the input instead.
 
     It does when the input's features are split over the same axes as the kernel's outputs, the kernel's
-    input features are whole, and the axes neither operand uses hold more devices than that split (and
+    input features are whole, and the axes neither operand uses hold at least as many devices as that split (and
     divide the features): XLA's dot handler then prefers using every device to gathering the input.
     """
     split = lhs.dims[lf]
