@@ -177,3 +177,41 @@ def test_max_pool_gradient_peak_matches_xla(shape, window, strides, spec) -> Non
     xla = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
     report = trace(grad, x, mesh={"a": 4, "b": 2}).report((spec,))
     assert abs(report.peak_bytes - xla) <= 0.05 * xla, (report.peak_bytes, xla)
+
+
+# FSDP: the kernels split on their outputs over the batch's mesh axis, asked back in that split.  Each conv
+# gives its result the batch or the kernel's output split (the larger side, tests/test_primitive_rules.py's
+# conv_fsdp_case) and gathers the other operand; each kernel gradient, partial over the batch's axis, is one
+# reduce-scatter into the kernel's split.
+FSDP_LAYOUTS = [
+    ((4, 2), ("a", "b"), "a", 8),  # rows 8: the batch side wins at every conv (kernels gathered)
+    ((4, 2), ("a", "b"), "a", 2),  # rows 2 under a 3x3 window: the features win (activations gathered)
+    ((8,), ("a",), "a", 4),
+    ((2, 2, 2), ("a", "b", "c"), "b", 4),
+]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("shape, names, axis, rows", FSDP_LAYOUTS)
+def test_fsdp_step_matches_xla(shape, names, axis, rows, explicit) -> None:
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    mesh = jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
+    ws, xs = P(None, None, None, axis), P(axis)
+    kernels = (jax.ShapeDtypeStruct((3, 3, 16, 64), jnp.float32), jax.ShapeDtypeStruct((3, 3, 64, 64), jnp.float32))
+    args = (kernels, jax.ShapeDtypeStruct((8, rows, rows, 16), jnp.float32))
+    grad = jax.grad(_two_convs)
+    psh = (NamedSharding(mesh, ws),) * 2
+    with jax.set_mesh(mesh):
+        fn = jax.sharding.auto_axes(grad, out_sharding=psh) if explicit else grad
+        jitted = jax.jit(fn, in_shardings=(psh, NamedSharding(mesh, xs)), out_shardings=psh)
+        compiled = jitted.lower(*args).compile()
+        report = trace(fn, *args, mesh=dict(zip(names, shape))).report(((ws, ws), xs), [ws, ws])
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    want = Counter(c.kind for c in found)
+    got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
+    sent_want = sum(c.sent_bytes for c in found)
+    sent_got = sum(c.bytes for op in report.ops for c in op.collectives if c.group_size > 1)
+    assert not report.unfollowed
+    notes = [op.note for op in report.ops if op.note]
+    assert got == want, (got, want, notes)
+    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)

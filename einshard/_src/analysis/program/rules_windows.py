@@ -106,6 +106,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     start = len(w.ops)
     approx: list[str] = []
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
+    whole_sum = False  # the partial sums are all-reduced whole whatever the result's users
     out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
     # The contracted feature axes: split alike they leave partial sums, otherwise they are gathered.
     # Each operand is brought to its target in one step (XLA gathers a kernel's splits in one all-gather).
@@ -115,6 +116,20 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(_with(rhs_to, ri, ()), ro, ())
     elif lhs.dims[lf] == rhs.dims[ri]:
         summed = [lhs.dims[lf]] if lhs.dims[lf] else []
+    elif (
+        not lhs.dims[lf]
+        and set(rhs.dims[ri]) & set(lhs.dims[lb])
+        and (moved := _idle_regroup(w, lhs, rhs, rhs.shape[ri], rhs.dims[ri]))
+    ):
+        # The kernel's contracted features split over the input's batch axis (an FSDP kernel's input
+        # gradient: the kernel transposed, its outputs now contracted): XLA moves the kernel's split onto
+        # the idle mesh axes (one collective-permute), slices the input's features alike (free) and sums
+        # there (one all-reduce).  Measured on (2,2,2), batch and kernel outputs over 'b': permute
+        # f32[3,3,64,16] + all-reduce f32[4,4,4,64] over ('a', 'c') (tests/test_conv_rules.py).
+        rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, ri, moved), "conv kernel moved onto idle mesh axes")
+        lhs_to, rhs_to = _with(lhs, lf, moved), rhs
+        summed = [moved]
+        whole_sum = True  # summed whole: the activations were never split over the idle axes (measured)
     elif regroup := _regroup_axes(w, lhs, rhs, lf, ri, ro):
         # The input's features split like the kernel's outputs, both replicated over mesh axes more devices
         # than that split: XLA groups the devices by the kernel's output block and, within each group, moves
@@ -243,30 +258,31 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     out = w.relayout(out_aval, dims)
     if summed:
         w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
-        scatter, via_idle = _scatter_axes(w, eqn, phase, lhs, rhs, out, of, summed)
-        if via_idle:
-            # XLA spreads the work over the idle mesh axes: each device computes the slice of the result's
-            # features its group of the idle axes' major part owns (the kernel sliced there, free), sums that
-            # slice over the contracted split (an all-reduce of 1/n of the result), then moves the slices onto
-            # the split the result is wanted in (one collective-permute of 1/n).  Measured on the one-op input
-            # gradient: (8,4,4,64) with features@model against a kernel o@model on (data=4, model=2):
-            # all-reduce f32[8,4,4,32] over model + collective-permute f32[8,4,4,32] (tests/test_conv_rules.py).
-            out = out.with_dims(tuple(scatter if i == of else d for i, d in enumerate(out.dims)))
+        scatter, via_idle = ((), False) if whole_sum else _scatter_axes(w, eqn, phase, lhs, rhs, out, of, summed)
+        onto: int | None = of if scatter else None if whole_sum else _asked_scatter_dim(w, eqn, out, summed)
+        if onto is not None and not scatter:
+            # The result is asked for split over the summed axes (an FSDP kernel gradient, its outputs split
+            # over the batch's axis): XLA sums straight into that split.
+            scatter, via_idle = summed[0], _idle_size(w, lhs, rhs) >= group_size(w, summed[0])
+        if via_idle and onto is not None:
+            # XLA spreads the work over the idle mesh axes: each device computes the slice of the result its
+            # group of the idle axes' major part owns (the other operand sliced there, free), sums that slice
+            # over the contracted split (an all-reduce of 1/n of the result), then moves the slices onto the
+            # split the result is wanted in (one collective-permute of 1/n).  Measured: the input gradient
+            # (8,4,4,64), features@model against a kernel o@model on (data=4, model=2): all-reduce
+            # f32[8,4,4,32] over model + collective-permute f32[8,4,4,32]; an FSDP kernel gradient on (2,2,2),
+            # batch and outputs over 'b': all-reduce f32[3,3,64,32] over 'b' + permute (tests/test_conv_rules.py).
+            out = out.with_dims(tuple(scatter if i == onto else d for i, d in enumerate(out.dims)))
             block = math.prod(out.shard_shape) * itemsize(out_aval.dtype)
             charge(w, eqn, phase, repeat, "all-reduce", scatter, [block], "conv partial sums (a slice per idle group)")
             why = "conv result moved from the idle axes' slices onto its split"
             charge(w, eqn, phase, repeat, "collective-permute", scatter, [block], why, out=out)
             summed = []
-        onto = _asked_scatter_dim(w, eqn, out, summed)
         for axes in reversed(summed):
             pending = out.with_dims(out.dims, frozenset(axes))
-            if axes == scatter:
-                # An input gradient goes back split the way its activations' channels were: XLA sums the
-                # partial results straight into that split (a reduce-scatter), not whole.
-                out = out.with_dims(tuple(axes if i == of else d for i, d in enumerate(out.dims)))
-            elif onto is not None and axes == summed[0]:
-                # The result is asked for split over the summed axes (an FSDP kernel gradient, its outputs
-                # split over the batch's axis): XLA sums straight into that split (a reduce-scatter).
+            if onto is not None and axes == scatter:
+                # Summed straight into the split the result goes on with (a reduce-scatter), not whole: an
+                # input gradient back onto its activations' channels, a kernel gradient onto its own split.
                 out = out.with_dims(tuple(axes if i == onto else d for i, d in enumerate(out.dims)))
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
     if approx:
@@ -382,9 +398,13 @@ def _scatter_axes(
         return (), False
     if _asked_split(w, eqn.outvars[0], of) is not None:
         return (), False  # asked for explicitly (an output, a reshard): that decides
+    return axes, _idle_size(w, lhs, rhs) >= group_size(w, axes)
+
+
+def _idle_size(w: Walker, lhs: Layout, rhs: Layout) -> int:
+    """Devices along the mesh axes neither operand of a conv uses."""
     used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
-    idle = group_size(w, tuple(m for m in w.costs.mesh_sizes if m not in used))
-    return axes, idle >= group_size(w, axes)
+    return group_size(w, tuple(m for m in w.costs.mesh_sizes if m not in used))
 
 
 def _asked_scatter_dim(w: Walker, eqn: Any, out: Layout, summed: list[tuple[str, ...]]) -> int | None:
