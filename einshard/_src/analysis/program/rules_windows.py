@@ -130,6 +130,10 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         lhs_to, rhs_to = _with(lhs, lf, moved), rhs
         summed = [moved]
         whole_sum = True  # summed whole: the activations were never split over the idle axes (measured)
+        if phase == "backward":
+            # A lone conv's gradient (the kernel gathered whole in the forward pass) reuses that copy
+            # instead: no collective here (measured on (4, 2), x (8,2,2,4) batch@b, w (1,1,4,8) outputs@b).
+            approx.append("XLA may reuse the kernel the forward pass gathered instead (no collective here)")
     elif regroup := _regroup_axes(w, lhs, rhs, lf, ri, ro):
         # The input's features split like the kernel's outputs, both replicated over mesh axes more devices
         # than that split: XLA groups the devices by the kernel's output block and, within each group, moves
