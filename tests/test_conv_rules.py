@@ -78,21 +78,30 @@ def _two_convs(params: Any, x: Any) -> Any:
     return jnp.sum(_conv(jax.nn.relu(_conv(x, w1)), w2) ** 2)
 
 
-# Under tp (batch whole, 'a' idle) XLA computes each input gradient with half the channels per device,
-# all-reduces over 'b' and permutes the halves into place; explain all-reduces whole: one collective-permute
-# fewer per input-gradient conv (the keras-hub ResNet's tp-grad cases, 5 of them). No rule reproduces it yet.
-_TP_GAP = pytest.mark.xfail(strict=True, reason="XLA regroups a tp input gradient onto the idle axis: no rule yet")
+# Between two channel-split convs the input gradient (cotangent channels contracted with the kernel's
+# outputs, both split over 'model') goes back split like the activations' channels.  With the batch split
+# (dp×tp) XLA reduce-scatters it; with idle mesh axes holding more devices than the channel split (tp on
+# (4, 2) or (2, 2, 2)) it computes a slice of the channels per idle group, all-reduces the slice and permutes
+# it into place (f32[8,8,8,32]: all-reduce over 'b' + one collective-permute); with fewer idle devices
+# ((2, 4)) it reduce-scatters.
+STEP_LAYOUTS = [
+    # mesh shape, names, the input's spec, the kernels' split axis
+    ((4, 2), ("a", "b"), P("a"), "b"),  # dp×tp: reduce-scatter
+    ((4, 2), ("a", "b"), P(), "b"),  # tp, idle 'a' (4) > 2: all-reduce of a slice + permute
+    ((2, 4), ("a", "b"), P(), "b"),  # tp, idle 'a' (2) < 4: reduce-scatter
+    ((2, 2, 2), ("a", "b", "c"), P(), "c"),  # tp, idle ('a', 'b') (4) > 2: all-reduce of a slice + permute
+    ((2, 2, 2), ("a", "b", "c"), P("a"), "c"),  # dp×tp, idle 'b' (2) = 2: reduce-scatter
+]
 
 
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
-@pytest.mark.parametrize("xs", [P("a"), pytest.param(P(), marks=_TP_GAP)], ids=["dp_tp", "tp"])
-def test_channel_split_step_matches_xla(xs, explicit) -> None:
-    """Two channel-split convs, loss and gradient (the kernels asked back in their own split): between the
-    convs XLA reduce-scatters the input gradient onto the channels under dp×tp, and regroups onto the idle
-    axis under tp; explain must name the same collectives."""
+@pytest.mark.parametrize("shape, names, xs, split", STEP_LAYOUTS)
+def test_channel_split_step_matches_xla(shape, names, xs, split, explicit) -> None:
+    """Two channel-split convs, loss and gradient (the kernels asked back in their own split): explain must
+    name XLA's collectives, kinds, counts and bytes."""
     kind = AxisType.Explicit if explicit else AxisType.Auto
-    mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(kind,) * 2)
-    ws = P(None, None, None, "b")
+    mesh = jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
+    ws = P(None, None, None, split)
     kernels = (jax.ShapeDtypeStruct((3, 3, 16, 64), jnp.float32), jax.ShapeDtypeStruct((3, 3, 64, 64), jnp.float32))
     args = (kernels, jax.ShapeDtypeStruct((8, 8, 8, 16), jnp.float32))
     grad = jax.grad(_two_convs)
@@ -101,12 +110,15 @@ def test_channel_split_step_matches_xla(xs, explicit) -> None:
         fn = jax.sharding.auto_axes(grad, out_sharding=psh) if explicit else grad
         jitted = jax.jit(fn, in_shardings=(psh, NamedSharding(mesh, xs)), out_shardings=psh)
         compiled = jitted.lower(*args).compile()
-        report = trace(fn, *args, mesh={"a": 4, "b": 2}).report(((ws, ws), xs), [ws, ws])
+        report = trace(fn, *args, mesh=dict(zip(names, shape))).report(((ws, ws), xs), [ws, ws])
     found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
     want = Counter(c.kind for c in found)
     got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
+    sent_want = sum(c.sent_bytes for c in found)
+    sent_got = sum(c.bytes for op in report.ops for c in op.collectives if c.group_size > 1)
     assert not report.unfollowed
     assert got == want, (got, want)
+    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
 
 
 # A max pool's gradient with overlapping windows (3×3, stride 2, VALID) on rows split in blocks at least a
@@ -137,3 +149,69 @@ def test_overlapping_max_pool_gradient_matches_xla(rank, spec, explicit) -> None
     assert not any(op.note for op in report.ops), [op.note for op in report.ops if op.note]
     assert got_kinds == want_kinds and want_kinds["collective-permute"] == 4, (got_kinds, want_kinds)
     assert abs(got_sent - want_sent) <= 0.1 * want_sent, (got_sent, want_sent)
+
+
+# A max pool's gradient on XLA:CPU is a windowed arg-max plus a scatter, holding index arrays explain's walk
+# does not see as values (memory.window_scratch): peak memory per device against memory_analysis(), unpadded
+# windows over ranks 3 to 5, replicated and with the batch split.
+POOL_SCRATCH = [
+    ((8, 16, 32), (1, 3, 1), (1, 2, 1), P()),
+    ((8, 8, 8, 32), (1, 3, 3, 1), (1, 2, 2, 1), P()),
+    ((8, 8, 8, 32), (1, 2, 2, 1), (1, 2, 2, 1), P("a")),
+    ((8, 12, 12, 16), (1, 3, 3, 1), (1, 1, 1, 1), P("a")),
+    ((4, 8, 8, 8, 16), (1, 3, 3, 3, 1), (1, 2, 2, 2, 1), P()),
+]
+
+
+@pytest.mark.parametrize("shape, window, strides, spec", POOL_SCRATCH)
+def test_max_pool_gradient_peak_matches_xla(shape, window, strides, spec) -> None:
+    def loss(x: Any) -> Any:
+        return jnp.sum(lax.reduce_window(x, -jnp.inf, lax.max, window, strides, "VALID") ** 2)
+
+    mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    x = jax.ShapeDtypeStruct(shape, jnp.float32)
+    grad = jax.grad(loss)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(grad, in_shardings=NamedSharding(mesh, spec)).lower(x).compile()
+    m = compiled.memory_analysis()
+    xla = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    report = trace(grad, x, mesh={"a": 4, "b": 2}).report((spec,))
+    assert abs(report.peak_bytes - xla) <= 0.05 * xla, (report.peak_bytes, xla)
+
+
+# FSDP: the kernels split on their outputs over the batch's mesh axis, asked back in that split.  Each conv
+# gives its result the batch or the kernel's output split (the larger side, tests/test_primitive_rules.py's
+# conv_fsdp_case) and gathers the other operand; each kernel gradient, partial over the batch's axis, is one
+# reduce-scatter into the kernel's split.
+FSDP_LAYOUTS = [
+    ((4, 2), ("a", "b"), "a", 8),  # rows 8: the batch side wins at every conv (kernels gathered)
+    ((4, 2), ("a", "b"), "a", 2),  # rows 2 under a 3x3 window: the features win (activations gathered)
+    ((8,), ("a",), "a", 4),
+    ((2, 2, 2), ("a", "b", "c"), "b", 4),
+]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("shape, names, axis, rows", FSDP_LAYOUTS)
+def test_fsdp_step_matches_xla(shape, names, axis, rows, explicit) -> None:
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    mesh = jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
+    ws, xs = P(None, None, None, axis), P(axis)
+    kernels = (jax.ShapeDtypeStruct((3, 3, 16, 64), jnp.float32), jax.ShapeDtypeStruct((3, 3, 64, 64), jnp.float32))
+    args = (kernels, jax.ShapeDtypeStruct((8, rows, rows, 16), jnp.float32))
+    grad = jax.grad(_two_convs)
+    psh = (NamedSharding(mesh, ws),) * 2
+    with jax.set_mesh(mesh):
+        fn = jax.sharding.auto_axes(grad, out_sharding=psh) if explicit else grad
+        jitted = jax.jit(fn, in_shardings=(psh, NamedSharding(mesh, xs)), out_shardings=psh)
+        compiled = jitted.lower(*args).compile()
+        report = trace(fn, *args, mesh=dict(zip(names, shape))).report(((ws, ws), xs), [ws, ws])
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    want = Counter(c.kind for c in found)
+    got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
+    sent_want = sum(c.sent_bytes for c in found)
+    sent_got = sum(c.bytes for op in report.ops for c in op.collectives if c.group_size > 1)
+    assert not report.unfollowed
+    notes = [op.note for op in report.ops if op.note]
+    assert got == want, (got, want, notes)
+    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)

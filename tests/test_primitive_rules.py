@@ -543,3 +543,40 @@ def test_transposed_conv_matches_xla() -> None:
 @pytest.mark.slow
 def test_transposed_conv_matches_xla_deep() -> None:
     DEEP(given(transposed_conv_case())(check))()
+
+
+# -- conv: the batch and the kernel's outputs split over the same mesh axes (FSDP kernels) -------------------
+
+
+@st.composite
+def conv_fsdp_case(draw: Any) -> Case:
+    """A conv whose input batch and kernel outputs are split over the same mesh axis (an FSDP kernel split on
+    its outputs against a data-parallel batch): XLA's propagation gives the result one of the two splits
+    (the larger side of the result seen as batch·rows × features) and gathers the other operand."""
+    rank = draw(st.sampled_from([1, 2, 3]))
+    _, names = MESHES[rank]
+    axis = draw(st.sampled_from(names))
+    n, h = draw(st.sampled_from([8, 16])), draw(st.sampled_from([2, 3, 4, 8]))
+    c, o = draw(st.sampled_from([4, 16, 64])), draw(st.sampled_from([8, 16, 64, 256]))
+    k, stride = draw(st.sampled_from([1, 3])), draw(st.integers(1, 2))
+    padding = draw(st.sampled_from(["SAME", "VALID"]))
+    if padding == "VALID" and k > h:
+        reject()
+
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    args = (jax.ShapeDtypeStruct((n, h, h, c), jnp.float32), jax.ShapeDtypeStruct((k, k, c, o), jnp.float32))
+    specs = (P(axis), P(None, None, None, axis))
+    # Forward only: a lone conv's gradient (no out_shardings asking for the kernel's split) lets XLA reuse the
+    # forward's gathered kernel in the input gradient, which the rule marks approximate.
+    return Case("conv_general_dilated", conv, args, specs, rank, draw(st.booleans()), False, "windows")
+
+
+def test_conv_batch_against_kernel_outputs_matches_xla() -> None:
+    FAST(given(conv_fsdp_case())(check))()
+
+
+@pytest.mark.slow
+def test_conv_batch_against_kernel_outputs_matches_xla_deep() -> None:
+    DEEP(given(conv_fsdp_case())(check))()

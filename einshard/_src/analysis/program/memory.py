@@ -51,7 +51,7 @@ from .costing import is_free
 from .registry import sub_jaxpr
 from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial
 
-__all__ = ["peak_bytes", "peak_caveat", "SCRATCH"]
+__all__ = ["peak_bytes", "peak_caveat", "SCRATCH", "window_scratch"]
 
 
 # Ops XLA fuses into one loop with their elementwise producers (loop and input fusion), with the reductions
@@ -151,7 +151,8 @@ class _Program:
             if sub is None:
                 ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
                 outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
-                self.steps.append(_Step(eqn.primitive.name, ins, outs))
+                env = self.inner[path] if path else self.layouts
+                self.steps.append(_Step(eqn.primitive.name, ins, outs, window_scratch(eqn, env)))
                 continue
             body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
             operands = eqn.invars[len(eqn.invars) - len(body.invars) :]
@@ -225,6 +226,34 @@ class _Program:
         else:
             v, env = k, self.layouts
         return env.get(derived(v) if derived is not None else v)
+
+
+def window_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
+    """Bytes per device XLA:CPU holds while it runs a max pool's gradient, besides the op's operands and result.
+
+    XLA:CPU has no select-and-scatter kernel: it expands the op into a windowed arg-max over (value, index)
+    pairs and a scatter, holding a copy of the (padded) operand with one s32 index array per dimension but
+    one, and the source with one s32 index per dimension.  Measured on one-op ``jax.grad`` of unpadded max
+    pools, ranks 3 to 5, windows 2-3, strides 1-2 (``memory_analysis()`` minus explain's walk, to within
+    48 bytes): ``rank·P + (rank+1)·S`` for f32, P the operand's elements and S the source's, 4 bytes each.
+    Narrower floats are computed in f32 on the CPU (held at 4 bytes here, a floor: bf16 measured more).
+    """
+    if eqn.primitive.name != "select_and_scatter_add":
+        return 0
+    source, operand = eqn.invars[0], eqn.invars[1]
+    rank = len(operand.aval.shape)
+    size = max(int(np.dtype(operand.aval.dtype).itemsize), 4)
+
+    def block(v: Any, pads: Any = None) -> int:
+        lay = env.get(v)
+        shape = list(lay.shard_shape if lay is not None and not is_free(lay) else v.aval.shape)
+        if pads is not None:  # padding along unsplit dimensions (a split one pads at its edge devices only)
+            dims = lay.dims if lay is not None else ((),) * len(shape)
+            shape = [n + (lo + hi if not d else 0) for n, d, (lo, hi) in zip(shape, dims, pads)]
+        return math.prod(int(n) for n in shape)
+
+    padded = block(operand, eqn.params.get("padding"))
+    return (size + 4 * (rank - 1)) * padded + (size + 4 * rank) * block(source)
 
 
 def peak_bytes(

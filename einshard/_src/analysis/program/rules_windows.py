@@ -14,7 +14,15 @@ on one-op programs (tests/test_primitive_rules.py checks it):
 * an input whose features are split like the kernel's outputs is gathered, unless the mesh axes neither
   operand uses hold more devices than that split: XLA then moves the input's features onto them (one
   collective-permute) and sums there (one all-reduce), or gathers the input over them when the result's
-  block is the larger (:func:`_regroup_axes`).
+  block is the larger (:func:`_regroup_axes`); idle axes count when they hold at least as many devices;
+* an input gradient between channel-split convs goes back split like the activations' channels: a
+  reduce-scatter, or with idle mesh axes at least as large, an all-reduce of the channel slice each idle
+  group computes plus one collective-permute into place (:func:`_scatter_axes`);
+* the input's batch and the kernel's outputs split over the same mesh axes (FSDP): the result takes the
+  split Shardy's propagation gives it (:func:`_features_win`) and XLA gathers the other operand, over idle
+  axes after a permute onto them where they are at least as large; partial sums asked back split over the
+  summed axes are one reduce-scatter (:func:`_asked_scatter_dim`);
+* split rows under a window at least as long as the result: marked approximate (XLA may gather the rows).
 
 Pooling is the same window without a kernel: a non-overlapping pool (2×2, stride 2) of blocks that
 divide moves nothing; an overlapping one exchanges halos.  Cases XLA handles by heuristics explain does
@@ -32,6 +40,7 @@ from ...core.layout import Layout
 from .costing import is_free
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
+from .rules_structural import explicit_dims
 from .values import Partial
 
 if TYPE_CHECKING:
@@ -97,6 +106,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     start = len(w.ops)
     approx: list[str] = []
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
+    whole_sum = False  # the partial sums are all-reduced whole whatever the result's users
     out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
     # The contracted feature axes: split alike they leave partial sums, otherwise they are gathered.
     # Each operand is brought to its target in one step (XLA gathers a kernel's splits in one all-gather).
@@ -106,6 +116,24 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(_with(rhs_to, ri, ()), ro, ())
     elif lhs.dims[lf] == rhs.dims[ri]:
         summed = [lhs.dims[lf]] if lhs.dims[lf] else []
+    elif (
+        not lhs.dims[lf]
+        and set(rhs.dims[ri]) & set(lhs.dims[lb])
+        and (moved := _idle_regroup(w, lhs, rhs, rhs.shape[ri], rhs.dims[ri]))
+    ):
+        # The kernel's contracted features split over the input's batch axis (an FSDP kernel's input
+        # gradient: the kernel transposed, its outputs now contracted): XLA moves the kernel's split onto
+        # the idle mesh axes (one collective-permute), slices the input's features alike (free) and sums
+        # there (one all-reduce).  Measured on (2,2,2), batch and kernel outputs over 'b': permute
+        # f32[3,3,64,16] + all-reduce f32[4,4,4,64] over ('a', 'c') (tests/test_conv_rules.py).
+        rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, ri, moved), "conv kernel moved onto idle mesh axes")
+        lhs_to, rhs_to = _with(lhs, lf, moved), rhs
+        summed = [moved]
+        whole_sum = True  # summed whole: the activations were never split over the idle axes (measured)
+        if phase == "backward":
+            # A lone conv's gradient (the kernel gathered whole in the forward pass) reuses that copy
+            # instead: no collective here (measured on (4, 2), x (8,2,2,4) batch@b, w (1,1,4,8) outputs@b).
+            approx.append("XLA may reuse the kernel the forward pass gathered instead (no collective here)")
     elif regroup := _regroup_axes(w, lhs, rhs, lf, ri, ro):
         # The input's features split like the kernel's outputs, both replicated over mesh axes more devices
         # than that split: XLA groups the devices by the kernel's output block and, within each group, moves
@@ -129,11 +157,12 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
     clash = tuple(m for m in lhs.dims[lb] if m in rhs.dims[ro])
+    asked = _asked_split(w, eqn.outvars[0], of)
     if (
         clash
         and not grouped
-        and _asked_split(w, eqn.outvars[0], of) == rhs.dims[ro]
         and not any(lhs.dims[i] for i in ls)
+        and (asked == rhs.dims[ro] or (asked is None and _features_win(eqn, lhs, rhs)))
     ):
         # The result is asked for split like the kernel's outputs (a kernel gradient: the input is the
         # activations, whose channels are the conv's batch here, the kernel is the cotangent): XLA keeps the
@@ -141,7 +170,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # gradient with out_shardings: x channels@b, dy channels@b -> all-gather x; with idle mesh axes of
         # more devices, a collective-permute onto them first, then the all-gather over them).
         keep = tuple(m for m in lhs.dims[lb] if m not in clash)
-        if not keep and (regroup := _idle_regroup(w, lhs, rhs, lb, clash)):
+        if not keep and (regroup := _idle_regroup(w, lhs, rhs, lhs.shape[lb], clash)):
             lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, regroup), "conv input moved onto idle mesh axes")
         lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, keep), "conv input's batch split gathered")
         lhs_to = _with(lhs_to, lb, keep)
@@ -149,17 +178,26 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         taken = {m for i in (lb, *ls) for m in lhs.dims[i]} - set(clash)
     if set(rhs.dims[ro]) & taken:
         # The kernel's output features split over a mesh axis the input's batch or rows already use.
-        # explain gathers the (small) kernel's split, XLA's most common choice; XLA's cost model also
+        # Where the batch and the kernel's outputs are split over the same axes and the batch wins
+        # (:func:`_features_win`), XLA gathers the kernel: exact.  Otherwise explain gathers the (small)
+        # kernel's split, XLA's most common choice; XLA's cost model also
         # gathers only the clashing axes (batch@b against outputs@(a,b) at stride 1), keeps the kernel
         # split and moves the result (collective-permutes, with a reduce-scatter under a dilated window),
         # depending on strides, dilation and sizes (measured by the deep run of
         # tests/test_primitive_rules.py): a heuristic explain does not reproduce, so the op says so.
         if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls) or any(lhs.dims[i] for i in ls):
             approx.append("a mesh axis splits both the input's rows and the kernel's outputs; XLA may move the result")
-        else:
+        elif grouped or lhs.dims[lb] != rhs.dims[ro]:
             approx.append(
                 "a mesh axis splits both the input's batch and the kernel's outputs: XLA may gather part of the "
                 "kernel's split, or move the result instead (permutes, a reduce-scatter) by its cost model"
+            )
+        elif not is_free(rhs) and (regroup := _idle_regroup(w, lhs, rhs, rhs.shape[ro], rhs.dims[ro])):
+            # As for the input's batch above: with idle mesh axes of at least as many devices, XLA moves the
+            # kernel's outputs onto them (one collective-permute) and gathers over them (measured on (4, 2):
+            # x batch@b, w outputs@b -> permute f32[1,1,4,2] + all-gather over 'a').
+            rhs = _bring(
+                w, eqn, phase, repeat, 1, rhs, _with(rhs, ro, regroup), "conv kernel moved onto idle mesh axes"
             )
         rhs_to = _with(rhs_to, ro, ())
     if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
@@ -173,6 +211,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     out_dims[of] = rhs.dims[ro]
     halos: list[tuple[int, list[int]]] = []
     window_summed: list[str] = []
+    typed = explicit_dims(out_aval)  # the result's split as its type names it (Explicit axes), else None
     for j, (li, rj, oi) in enumerate(zip(ls, rs, os_)):
         lsplit, wsplit = lhs.dims[li], rhs.dims[rj]
         if not lsplit and not wsplit:
@@ -191,6 +230,18 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
             out_dims[oi] = lsplit
+            if window >= out_len and not (typed and typed[oi]):
+                # A window at least as long as the result: Shardy's conv rule pairs the input's axis with the
+                # kernel's, not the result's, so XLA's propagation may leave the result whole along it and
+                # gather the input's rows (measured on the keras-hub ResNet's 3×3 stride-2 conv, 6 padded rows
+                # split over 'model', 2 result rows: all-gather f32[2,6,6,64], and the batch norm after it
+                # sums whole rows: 3 all-reduces fewer), or split it by its users and exchange halos (the
+                # next conv, before a residual add of a split shortcut): a global choice, so it says so.
+                approx.append(
+                    f"spatial axis {li}: the window covers the result; XLA may gather the input's rows (one "
+                    "all-gather instead of the halo permutes) and leave the result whole, its users' all-reduces "
+                    "along the axis then vanish"
+                )
         elif lsplit and not wsplit and out_len % n == 0 and length % n == 0:
             # A transposed conv (a strided conv's input gradient: the cotangent dilated by the stride):
             # the window reads the dilated input, so the halo is counted in the input's own rows.
@@ -211,17 +262,59 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     out = w.relayout(out_aval, dims)
     if summed:
         w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
-        scatter = _scatter_axes(w, eqn, phase, lhs, rhs, out, of, summed)
+        scatter, via_idle = ((), False) if whole_sum else _scatter_axes(w, eqn, phase, lhs, rhs, out, of, summed)
+        onto: int | None = of if scatter else None if whole_sum else _asked_scatter_dim(w, eqn, out, summed)
+        if onto is not None and not scatter:
+            # The result is asked for split over the summed axes (an FSDP kernel gradient, its outputs split
+            # over the batch's axis): XLA sums straight into that split.
+            scatter, via_idle = summed[0], _idle_size(w, lhs, rhs) >= group_size(w, summed[0])
+        if via_idle and onto is not None:
+            # XLA spreads the work over the idle mesh axes: each device computes the slice of the result its
+            # group of the idle axes' major part owns (the other operand sliced there, free), sums that slice
+            # over the contracted split (an all-reduce of 1/n of the result), then moves the slices onto the
+            # split the result is wanted in (one collective-permute of 1/n).  Measured: the input gradient
+            # (8,4,4,64), features@model against a kernel o@model on (data=4, model=2): all-reduce
+            # f32[8,4,4,32] over model + collective-permute f32[8,4,4,32]; an FSDP kernel gradient on (2,2,2),
+            # batch and outputs over 'b': all-reduce f32[3,3,64,32] over 'b' + permute (tests/test_conv_rules.py).
+            out = out.with_dims(tuple(scatter if i == onto else d for i, d in enumerate(out.dims)))
+            block = math.prod(out.shard_shape) * itemsize(out_aval.dtype)
+            charge(w, eqn, phase, repeat, "all-reduce", scatter, [block], "conv partial sums (a slice per idle group)")
+            why = "conv result moved from the idle axes' slices onto its split"
+            charge(w, eqn, phase, repeat, "collective-permute", scatter, [block], why, out=out)
+            summed = []
         for axes in reversed(summed):
             pending = out.with_dims(out.dims, frozenset(axes))
-            if axes == scatter:
-                # An input gradient goes back split the way its activations' channels were: XLA sums the
-                # partial results straight into that split (a reduce-scatter), not whole.
-                out = out.with_dims(tuple(axes if i == of else d for i, d in enumerate(out.dims)))
+            if onto is not None and axes == scatter:
+                # Summed straight into the split the result goes on with (a reduce-scatter), not whole: an
+                # input gradient back onto its activations' channels, a kernel gradient onto its own split.
+                out = out.with_dims(tuple(axes if i == onto else d for i, d in enumerate(out.dims)))
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
     if approx:
         _mark(w, start, "; ".join(approx))
     return [out]
+
+
+def _features_win(eqn: Any, lhs: Layout, rhs: Layout) -> bool:
+    """Whether XLA's sharding propagation gives a conv's result the kernel's output-feature split rather than
+    the input's batch split, where one mesh axis splits both (an FSDP kernel split on its outputs against a
+    batch split over the same axis).
+
+    Shardy's rule for a convolution makes each spatial axis a factor shared by the input and the result
+    where the kernel is no larger than the result along it (else the input shares it with the kernel);
+    the conflict goes to the larger side of the result seen as a matrix: output features against the batch
+    times the shared spatial factors.  Measured on one-op programs on (data=4, model=2), the batch and the
+    kernel's outputs both over 'data' (tests/test_conv_rules.py): (8,4,4,64) 3×3 stride 1 → batch (64 ≤
+    8·4·4), 256 features → features; stride 2 (result 2×2 < kernel 3) → features once they exceed the batch
+    (16 > 8); a 1×1 stride-2 conv → features above 8·2·2.  XLA then gathers the other operand's split.
+    """
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    out_shape = eqn.outvars[0].aval.shape
+    rows = lhs.shape[dn.lhs_spec[0]]
+    for rj, oi in zip(dn.rhs_spec[2:], dn.out_spec[2:]):
+        if rhs.shape[rj] <= out_shape[oi]:
+            rows *= int(out_shape[oi])
+    return int(out_shape[dn.out_spec[1]]) > rows
 
 
 def _dilated_halo_pieces(
@@ -291,47 +384,73 @@ def _scatter_halos(
 
 def _scatter_axes(
     w: Walker, eqn: Any, phase: str, lhs: Layout, rhs: Layout, out: Layout, of: int, summed: list[tuple[str, ...]]
-) -> tuple[str, ...]:
-    """The summed axes an input gradient's partial sums are reduce-scattered over (onto its channels), or ().
+) -> tuple[tuple[str, ...], bool]:
+    """(the summed axes an input gradient's partial sums end split over, onto its channels, or (); whether XLA
+    gets there through the idle mesh axes).
 
     Measured on the keras-hub ResNet under dp×tp: each input-gradient conv (the cotangent's channels
     contracted with the kernel's outputs, both split over 'model') reduce-scatters onto the channels, the
-    split its activations had in the forward pass.  Not where idle mesh axes hold more devices than the sum
-    (XLA moves the work onto those instead: all-reduce + permute) and not for a program output (XLA
-    leaves those whole unless asked).
+    split its activations had in the forward pass.  Where the mesh axes neither operand uses hold more
+    devices than the sum, XLA computes a slice of the channels per idle group instead, all-reduces that
+    slice and permutes it onto the split (``via_idle``).  Not for a program output (XLA leaves those whole
+    unless asked).
     """
     if phase != "backward" or len(summed) != 1 or out.dims[of] or id(eqn.outvars[0]) in w.program_outputs:
-        return ()
+        return (), False
     axes = summed[0]
     if not axes or any(m in d for d in out.dims for m in axes) or out.shape[of] % group_size(w, axes):
-        return ()
+        return (), False
     if _asked_split(w, eqn.outvars[0], of) is not None:
-        return ()  # asked for explicitly (an output, a reshard): that decides
+        return (), False  # asked for explicitly (an output, a reshard): that decides
+    return axes, _idle_size(w, lhs, rhs) >= group_size(w, axes)
+
+
+def _idle_size(w: Walker, lhs: Layout, rhs: Layout) -> int:
+    """Devices along the mesh axes neither operand of a conv uses."""
     used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
-    if group_size(w, tuple(m for m in w.costs.mesh_sizes if m not in used)) > group_size(w, axes):
-        return ()
-    return axes
+    return group_size(w, tuple(m for m in w.costs.mesh_sizes if m not in used))
+
+
+def _asked_scatter_dim(w: Walker, eqn: Any, out: Layout, summed: list[tuple[str, ...]]) -> int | None:
+    """The dimension a conv's partial sums are reduce-scattered onto because the caller asks for the result
+    split there over exactly the summed axes (read at the output it flows to), or None.
+
+    Measured on the keras-hub ResNet under FSDP (kernels split on their outputs over 'data', the batch over
+    'data'): each kernel gradient, partial over the batch's axis and asked back in the kernel's split, is
+    one reduce-scatter (f32[3,3,64,64] over 'data'), not an all-reduce and a slice.
+    """
+    if len(summed) != 1 or not summed[0]:
+        return None
+    axes = summed[0]
+    if any(m in d for d in out.dims for m in axes):
+        return None
+    n = group_size(w, axes)
+    for dim, size in enumerate(out.shape):
+        if not out.dims[dim] and size % n == 0 and _asked_split(w, eqn.outvars[0], dim) == axes:
+            return dim
+    return None
 
 
 def _regroup_axes(w: Walker, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int) -> tuple[str, ...]:
     """The idle mesh axes XLA moves a conv's contraction onto, or () when it gathers the input instead.
 
     It does when the input's features are split over the same axes as the kernel's outputs, the kernel's
-    input features are whole, and the axes neither operand uses hold more devices than that split (and
+    input features are whole, and the axes neither operand uses hold at least as many devices as that split (and
     divide the features): XLA's dot handler then prefers using every device to gathering the input.
     """
     split = lhs.dims[lf]
     if not split or rhs.dims[ri] or rhs.dims[ro] != split or lhs.unreduced or rhs.unreduced:
         return ()
-    return _idle_regroup(w, lhs, rhs, lf, split)
+    return _idle_regroup(w, lhs, rhs, lhs.shape[lf], split)
 
 
-def _idle_regroup(w: Walker, lhs: Layout, rhs: Layout, dim: int, split: tuple[str, ...]) -> tuple[str, ...]:
-    """The mesh axes neither operand uses, when they hold more devices than ``split`` and divide ``dim``."""
+def _idle_regroup(w: Walker, lhs: Layout, rhs: Layout, size: int, split: tuple[str, ...]) -> tuple[str, ...]:
+    """The mesh axes neither operand uses, when they hold at least as many devices as ``split`` and divide
+    ``size`` (the length of the dimension to move onto them)."""
     used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
     idle = tuple(m for m in w.costs.mesh_sizes if m not in used)
     n = group_size(w, idle)
-    if n <= group_size(w, split) or lhs.shape[dim] % n:
+    if n < group_size(w, split) or size % n:
         return ()
     return idle
 
