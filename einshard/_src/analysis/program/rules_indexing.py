@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ...core.layout import Layout
 from ..cost import Collective, sent_bytes
 from .costing import is_free
-from .movement import SentKind, charge, itemsize, mark_approximate
+from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
 from .rules_structural import explicit_dims
 from .values import CARRIERS, Partial
@@ -73,8 +73,17 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
         time_s -= sum(c.time for c in colls if c not in kept)
         colls = kept
     out = w.relayout(eqn.outvars[0].aval, out_dims)
+    since = len(w.ops)
     w.record(eqn, phase, res.expression, out, colls, res.flops, time_s, repeat)
+    # Operands that disagree on a split (an all-to-all brings one to the other's): XLA may settle it upstream.
+    moved = [int(c.tensor.split()[1]) - 1 for c in colls if c.kind == "all-to-all" and _names_operand(c)]
+    mark_conflict(w, eqn, since, moved)
     return [out.with_dims(out.dims, pending) if pending else out]
+
+
+def _names_operand(c: Any) -> bool:
+    tensor = getattr(c, "tensor", "")
+    return tensor.startswith("operand ") and tensor.split()[1].isdigit()
 
 
 def leaves_program(w: Walker, var: Any) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ...core.layout import Layout
 from .costing import is_free
+from .movement import mark_conflict
 from .registry import WalkerLike, register, sharding_degree
 from .values import ELEMENTWISE, REDUCTIONS, Partial
 
@@ -46,12 +47,17 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     else:
         target = max(full, key=sharding_degree)
     why = f"{eqn.primitive.name} operands disagree"
-    for lay in full:
-        if lay is not target and lay.dims != target.dims:
+    since, conflicted = len(w.ops), []
+    for k, lay in enumerate(ins):
+        if any(lay is f for f in full) and lay is not target and lay.dims != target.dims:
             w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), out_aval.dtype, repeat, why)
-    for lay in partial:
+            conflicted.append(k)
+    for k, lay in enumerate(ins):
+        if not any(lay is p for p in partial):
+            continue
         want = tuple(d if a == b else () for d, a, b in zip(target.dims, lay.shape, shape))
         if want != lay.dims:
+            conflicted.append(k)
             # XLA broadcasts the small operand to the result's split first and moves that: the
             # broadcast axes that the result splits over mesh axes this change does not touch grow.
             moved = {m for d, k in zip(lay.dims, want) for m in d if m not in k}
@@ -63,6 +69,8 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             dst_dims = tuple(t if g != a else d for d, t, a, g in zip(want, target.dims, lay.shape, grown))
             src = Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
             w.change(eqn, phase, src, src.with_dims(dst_dims), out_aval.dtype, repeat, why)
+    # A conflict settled by an all-to-all on a computed value: XLA may settle it upstream instead.
+    mark_conflict(w, eqn, since, conflicted)
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
 
 
