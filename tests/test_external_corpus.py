@@ -55,6 +55,8 @@ def test_explain_matches_xla_or_says_it_is_incomplete(family, strategy, mode, ki
         f"{outcome.bound_collectives} collectives / {outcome.bound_bytes} B / peak {outcome.bound_peak} B; "
         f"gaps {outcome.gaps}): {outcome.misses}"
     )
+    # The conflict mark fires only at real decision points: where explain already matches XLA, it must not.
+    assert not (outcome.status == "match" and outcome.conflict_marks), f"{outcome.case}: a matching case is marked"
 
 
 def test_the_registry_covers_what_the_issue_asks_for():

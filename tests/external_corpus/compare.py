@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 from einshard._src.analysis.program import trace
+from einshard._src.analysis.program.movement import CONFLICT_NOTE
 from einshard.testing import hlo
 
 from . import MESH_AXES, MESH_SHAPE, specs_for
@@ -59,6 +60,7 @@ class Outcome:
     bound_collectives: int | None = 0
     bound_bytes: float | None = 0.0
     bound_peak: float = 0.0
+    conflict_marks: int = 0  # ops marked as a layout conflict XLA may settle upstream (movement.mark_conflict)
 
     @property
     def kinds_match(self) -> bool:
@@ -211,6 +213,7 @@ def measure(family_name: str, strategy: str, mode: Mode, kind: MeshKind) -> Outc
         bound_collectives=report.approximate_bound.collectives,
         bound_bytes=report.approximate_bound.bytes,
         bound_peak=report.approximate_bound.peak,
+        conflict_marks=sum(CONFLICT_NOTE in op.note for op in report.ops),
     )
 
 

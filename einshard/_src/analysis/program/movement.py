@@ -62,7 +62,7 @@ def mark_approximate(w: WalkerLike, since: int, why: str, bound: OpBound | None 
 
 # Why a conflict is approximate, in the op's note (the report's first line names the op and its line).
 CONFLICT_NOTE = (
-    "operands split one mesh axis along different dimensions, and the moved one is computed here: XLA's sharding "
+    "operands split one mesh axis along different dimensions, and the moved one is computed in the program: XLA's sharding "
     "propagation may instead carry the other's split back through the ops that compute it (gathering their "
     "inputs) and settle the sums after it another way (a reduce-scatter for an all-reduce)"
 )
