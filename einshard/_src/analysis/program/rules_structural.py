@@ -172,11 +172,27 @@ def reduce(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
         # over a tuple like (data, model)).
         why = f"{eqn.primitive.name} over sharded axes"
         w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
+        scattered = _scattered(w, eqn, out, frozenset(sharded)) if eqn.primitive.name == "reduce_sum" else None
+        if scattered is not None:
+            # A consumer takes the sum split over the summed mesh axes (XLA's propagation, backwards): one
+            # reduce-scatter to that split, not an all-reduce.
+            w.change(eqn, phase, out.with_dims(out.dims, frozenset(sharded)), scattered, out_aval.dtype, repeat, why)
+            return [scattered]
         for i in sorted(axes, reverse=True):
             if src.dims[i]:
                 pending = out.with_dims(out.dims, frozenset(src.dims[i]))
                 w.change(eqn, phase, pending, out, out_aval.dtype, repeat, why)
     return [out for _ in eqn.outvars]
+
+
+def _scattered(w: WalkerLike, eqn: Any, out: Layout, sums: frozenset[str]) -> Layout | None:
+    """The layout a consumer asks of a reduction's sum where it splits over exactly the summed mesh axes, else None."""
+    from .rules_indexing import consumer_split  # rules_indexing imports this module: a call-time import
+
+    dims = consumer_split(w, eqn.outvars[0], out, sums)
+    if dims is None or {m for d in dims for m in d} - {m for d in out.dims for m in d} != set(sums):
+        return None
+    return w.relayout(eqn.outvars[0].aval, dims)
 
 
 @register("pad")
