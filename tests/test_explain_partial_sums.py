@@ -12,8 +12,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
-from test_primitive_rules import Case, _explain, _mesh, _xla
+from test_primitive_rules import DEEP, FAST, Case, _explain, _mesh, _xla
 
 F32 = jnp.float32
 E, T, D = 8, 64, 16
@@ -78,3 +80,65 @@ def test_a_sum_lands_where_its_elementwise_consumer_wants_it(name: str, rank: in
     assert got_bytes == want_bytes, (specs, got_bytes, want_bytes)
     if partner == "summed axes":
         assert want_kinds["reduce-scatter"] == 1 and not want_kinds["all-reduce"]
+
+
+OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "add": jnp.add,
+    "sub": jnp.subtract,
+    "mul": jnp.multiply,
+    "max": jnp.maximum,
+}
+
+
+@st.composite
+def _summed_then_combined(draw: Any) -> tuple[int, str, int, str, int]:
+    """(mesh rank, op, summed mesh axes count, where the partner splits, which operand the sum is)."""
+    rank = draw(st.sampled_from([1, 2, 3]))
+    return (
+        rank,
+        draw(st.sampled_from(sorted(OPS))),
+        draw(st.integers(1, rank)),
+        draw(st.sampled_from(["rows", "columns", "whole"])),
+        draw(st.integers(0, 1)),
+    )
+
+
+@FAST
+@given(_summed_then_combined())
+def test_drawn_sum_and_elementwise_consumer_match_xla(drawn: tuple[int, str, int, str, int]) -> None:
+    _check_drawn(drawn)
+
+
+@pytest.mark.slow
+@DEEP
+@given(_summed_then_combined())
+def test_drawn_sum_and_elementwise_consumer_match_xla_deep(drawn: tuple[int, str, int, str, int]) -> None:
+    _check_drawn(drawn)
+
+
+def _check_drawn(drawn: tuple[int, str, int, str, int]) -> None:
+    """Drawn: the mesh, the consumer, how many mesh axes the sum runs over, the partner's split, the operand order."""
+    rank, op, n_summed, partner, side = drawn
+    mesh = _mesh(rank, False)
+    names = tuple(mesh.axis_names)
+    summed = names[:n_summed]
+    whole_part = P(*([None] * 2))
+    parts = {"rows": P(summed if len(summed) > 1 else summed[0]), "columns": P(None, names[-1]), "whole": whole_part}
+
+    def fn(a: Any, x: Any) -> Any:
+        s = jnp.sum(a, axis=0)
+        return OPS[op](s, x) if side == 0 else OPS[op](x, s)
+
+    specs = (P(summed if len(summed) > 1 else summed[0]), parts[partner])
+    args = (jax.ShapeDtypeStruct((E, T, D), F32), jax.ShapeDtypeStruct((T, D), F32))
+    case = Case("reduce_sum", fn, args, specs, rank, False, False)
+    want_kinds, want_bytes, _, _ = _xla(case, mesh, fn)
+    _, got_kinds, got_bytes, _ = _explain(case, mesh, fn)
+    if partner == "columns" and names[-1] not in summed and want_kinds["reduce-scatter"]:
+        # XLA all-reduces over the summed axes and slices the columns to the partner's split on another mesh
+        # axis; einshard.testing.hlo reads an all-reduce whose result a fusion dynamic-slices as a reduce-scatter
+        # when the slice count equals the group size (2 and 2 here), so the two kinds are one here; the HLO
+        # shows an all-reduce (the buffer is the same: array bytes compared below).
+        want_kinds["all-reduce"] += want_kinds.pop("reduce-scatter")
+    assert got_kinds == want_kinds, (drawn, got_kinds, want_kinds)
+    assert got_bytes == want_bytes, (drawn, got_bytes, want_bytes)
