@@ -63,11 +63,13 @@ def table(records: dict[str, Any]) -> str:
         START,
         f"**{status['match']} of {n}** cases match XLA fully (collective kinds and counts exact, bytes within 10%, "
         f"peak memory within 25%); kinds and counts match in {kinds} of {n}; "
-        f"{status['incomplete']} say they are incomplete; **{status['silent']} mismatch silently**; "
+        f"{status['incomplete']} say they are incomplete; {status['said-so']} say on their first line that they "
+        "are approximate, XLA within the stated bound; "
+        f"**{status['silent']} mismatch silently**; "
         f"explain raised in {status['error']}; sharded values equal unsharded in {values} of {n}.",
         "",
-        "| family | match | incomplete | silent | explain raised | unfollowed primitives | auto_axes cases |",
-        "|---|---|---|---|---|---|---|",
+        "| family | match | incomplete | said so | silent | explain raised | unfollowed primitives | auto_axes cases |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for fam in sorted({r["family"] for r in records.values()}):
         rs = [r for r in records.values() if r["family"] == fam]
@@ -75,13 +77,24 @@ def table(records: dict[str, Any]) -> str:
         prims = sorted({p for r in rs for p in r.get("unfollowed", ())})
         wrapped = sum(1 for r in rs if r.get("auto_axes"))
         lines.append(
-            f"| {fam} ({rs[0].get('library', '')}) | {c['match']}/{len(rs)} | {c['incomplete']} | {c['silent']} | "
+            f"| {fam} ({rs[0].get('library', '')}) | {c['match']}/{len(rs)} | {c['incomplete']} | {c['said-so']} | "
+            f"{c['silent']} | "
             f"{c['error']} | {', '.join(prims) or '—'} | {wrapped} |"
         )
     lines += ["", "Silent mismatches, errors and wrong values, case by case:", ""]
     for cid, r in sorted(records.items()):
         if r["status"] in ("silent", "error", "jax-error") or not r.get("values_equal", True):
             lines.append(f"- `{cid}`: {_why(r)}")
+    said = {cid: r for cid, r in sorted(records.items()) if r["status"] == "said-so"}
+    if said:
+        lines += ["", "Said so (the first line marks them approximate; XLA's difference within the bound stated):", ""]
+        for cid, r in said.items():
+            g = r["gaps"]
+            lines.append(
+                f"- `{cid}`: at {'; '.join(r['approximate_at'])}: differs by {g['collectives']} collectives, "
+                f"{g['bytes']:.0f} B sent, {g['peak']:.0f} B peak; bound {r['bound_collectives']} collectives, "
+                f"{r['bound_bytes']:.0f} B, {r['bound_peak']:.0f} B peak"
+            )
     lines.append(END)
     return "\n".join(lines)
 

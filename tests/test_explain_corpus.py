@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 from einshard._src.analysis.program import trace
+from einshard._src.analysis.program.movement import CONFLICT_NOTE
 from einshard.testing import hlo
 
 MODELS = ("jnp_transformer", "nnx_transformer", "linen_transformer", "eqx_transformer")
@@ -87,6 +88,8 @@ def _compare(model: str, strategy: str, mode: str, mesh: Any) -> None:
     mem = compiled.memory_analysis()
     peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
     assert report.peak_bytes == pytest.approx(peak, rel=MEMORY_TOLERANCE), (report.peak_bytes, peak)
+    # Where explain matches XLA, the conflict mark (a layout conflict XLA may settle upstream) must not fire.
+    assert not any(CONFLICT_NOTE in op.note for op in report.ops)
 
 
 def _cases() -> list:

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 from einshard._src.analysis.program import trace
+from einshard._src.analysis.program.movement import CONFLICT_NOTE
 from einshard.testing import hlo
 
 from . import MESH_AXES, MESH_SHAPE, specs_for
@@ -27,6 +28,9 @@ from .families import FAMILIES
 
 MeshKind = Literal["auto", "explicit"]
 Mode = Literal["fwd", "grad"]
+Status = Literal["match", "incomplete", "said-so", "silent", "error"]
+# The statuses the contract accepts: explain matches XLA, or its first line says where and by how much it may not.
+SAID = ("match", "incomplete", "said-so")
 BYTES_TOLERANCE = 0.10
 MEMORY_TOLERANCE = 0.25
 MESH_KINDS = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
@@ -34,7 +38,7 @@ MESH_KINDS = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one case measured. ``status``: 'match', 'incomplete' (the report says so) or 'silent' (a defect)."""
+    """What one case measured. ``status``: 'match', 'incomplete' or 'said-so' (the report says so), 'silent'."""
 
     case: str
     family: str
@@ -51,21 +55,64 @@ class Outcome:
     values_equal: bool
     misses: tuple[str, ...] = field(default=())  # which comparisons failed, in words
     error: str = ""  # explain raised instead of reporting (a defect, whatever the error's type)
+    # The report's approximate marks (its first line): where, and how far it says XLA may be (None: no bound).
+    approximate_at: tuple[str, ...] = ()
+    bound_collectives: int | None = 0
+    bound_bytes: float | None = 0.0
+    bound_peak: float = 0.0
+    conflict_marks: int = 0  # ops marked as a layout conflict XLA may settle upstream (movement.mark_conflict)
 
     @property
     def kinds_match(self) -> bool:
         return self.explain_kinds == self.xla_kinds
 
     @property
-    def status(self) -> str:
+    def gaps(self) -> Gaps:
+        """How far explain is from XLA, in the bound's terms (0 where a comparison is within its tolerance)."""
+        return gaps(self)
+
+    @property
+    def within_bound(self) -> bool:
+        """Whether every miss lies within the bound the report states (strict: no tolerance added to it)."""
+        if not self.approximate_at:
+            return False
+        g = self.gaps
+        if self.bound_collectives is None or self.bound_bytes is None:
+            return True  # the report says it has no static bound (a run-time trip count): nothing to exceed
+        return g.collectives <= self.bound_collectives and g.bytes <= self.bound_bytes and g.peak <= self.bound_peak
+
+    @property
+    def status(self) -> Status:
+        """'match'; 'incomplete' or 'said-so' (the report's first line says it may differ, and by enough);
+        'silent' (complete, and wrong beyond what it says: a defect) or 'error'."""
         if self.error:
             return "error"
         if not self.misses:
             return "match"
-        return "incomplete" if not self.complete else "silent"
+        if not self.complete:
+            return "incomplete"
+        return "said-so" if self.within_bound else "silent"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "kinds_match": self.kinds_match, "status": self.status}
+        return {**asdict(self), "kinds_match": self.kinds_match, "status": self.status, "gaps": asdict(self.gaps)}
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """explain vs XLA: collectives (the multiset edit distance: how many of one side's are not the other's,
+    the larger side), bytes sent per device, peak bytes per device; each 0 where it is within tolerance."""
+
+    collectives: int
+    bytes: float
+    peak: float
+
+
+def gaps(o: Outcome) -> Gaps:
+    e, x = Counter(o.explain_kinds), Counter(o.xla_kinds)
+    collectives = max(sum((e - x).values()), sum((x - e).values()))
+    sent = 0.0 if _within(o.explain_bytes, o.xla_bytes, BYTES_TOLERANCE) else abs(o.explain_bytes - o.xla_bytes)
+    peak = 0.0 if _within(o.explain_peak, o.xla_peak, MEMORY_TOLERANCE) else float(abs(o.explain_peak - o.xla_peak))
+    return Gaps(collectives, sent, peak)
 
 
 def mesh_of(kind: MeshKind) -> jax.sharding.Mesh:
@@ -162,6 +209,11 @@ def measure(family_name: str, strategy: str, mode: Mode, kind: MeshKind) -> Outc
         xla_peak=int(xla_peak),
         values_equal=values_equal,
         misses=tuple(misses),
+        approximate_at=tuple(report.approximate_at),
+        bound_collectives=report.approximate_bound.collectives,
+        bound_bytes=report.approximate_bound.bytes,
+        bound_peak=report.approximate_bound.peak,
+        conflict_marks=sum(CONFLICT_NOTE in op.note for op in report.ops),
     )
 
 

@@ -24,12 +24,21 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..cost import Collective, sent_bytes
-from .report import APPROXIMATE_MARK
+from .report import APPROXIMATE_MARK, OpBound
 
 if TYPE_CHECKING:
     from .registry import WalkerLike
 
-__all__ = ["APPROXIMATE", "shift_pieces", "halo_pieces", "charge", "itemsize", "group_size", "mark_approximate"]
+__all__ = [
+    "APPROXIMATE",
+    "shift_pieces",
+    "halo_pieces",
+    "charge",
+    "itemsize",
+    "group_size",
+    "mark_approximate",
+    "mark_conflict",
+]
 
 # The note that marks an op whose collectives turn on an XLA heuristic explain does not reproduce
 # (``OpReport.note`` starts with it, followed by what may differ and by how much).
@@ -38,14 +47,54 @@ APPROXIMATE = APPROXIMATE_MARK
 SentKind = Literal["all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute"]
 
 
-def mark_approximate(w: WalkerLike, since: int, why: str) -> None:
-    """Mark the ops recorded since index ``since`` as approximate (``OpReport.note``), saying what may differ."""
+def mark_approximate(w: WalkerLike, since: int, why: str, bound: OpBound | None = None) -> None:
+    """Mark the ops recorded since index ``since`` as approximate (``OpReport.note``), saying what may differ.
+
+    ``bound``: how far XLA may be from each of them, where its alternative moves more than the op's own
+    collectives (None: the report's default, each collective's buffer moved another way)."""
     if w.quiet:
         return
     from dataclasses import replace
 
     for i in range(since, len(w.ops)):
-        w.ops[i] = replace(w.ops[i], note=f"{APPROXIMATE}: {why}")
+        w.ops[i] = replace(w.ops[i], note=f"{APPROXIMATE}: {why}", bound=bound or w.ops[i].bound)
+
+
+# Why a conflict is approximate, in the op's note (the report's first line names the op and its line).
+CONFLICT_NOTE = (
+    "operands split one mesh axis along different dimensions, and the moved one is computed in the program: XLA's sharding "
+    "propagation may instead carry the other's split back through the ops that compute it (gathering their "
+    "inputs) and settle the sums after it another way (a reduce-scatter for an all-reduce)"
+)
+
+
+def mark_conflict(w: WalkerLike, eqn: Any, since: int, moved: list[int]) -> None:
+    """Mark an all-to-all that settles a layout conflict between an op's operands, where XLA may not make it.
+
+    Measured (a router's ``one_hot(top_k) * probs`` weighting an expert-split ``[e, t, d]`` activation with
+    tokens split over the same mesh axis, tests/test_explain_approximate.py): XLA makes the all-to-all where
+    the moved operand is an argument or a constrained value, but where it is computed, its propagation carries
+    the expert split backward through the routing chain and all-gathers the top-k outputs instead, and the
+    expert sum after it becomes a reduce-scatter where a consumer wants tokens split.  Which side wins turns on
+    the order of XLA's propagation passes, which explain does not reproduce, so the op is marked, with a bound
+    that covers those moves: per operand and for the result, one collective per peer of the all-to-all's
+    group; bytes and peak up to the moved operands' and the result's whole arrays (what XLA may gather or
+    sum instead, or hold whole).  ``moved``: the indices of the operands the all-to-all moved.
+    """
+    new = w.ops[since:]
+    a2a = [c for op in new for c in op.collectives if c.kind == "all-to-all"]
+    computed = [k for k in moved if not hasattr(eqn.invars[k], "val") and id(eqn.invars[k]) not in w.pinned]
+    if not a2a or not computed:
+        return
+    peers = max(max(1, c.group_size - 1) for c in a2a)
+    whole = sum(_whole_bytes(eqn.invars[k].aval) for k in computed)
+    whole += sum(_whole_bytes(v.aval) for v in eqn.outvars)
+    bound = OpBound(peers * (len(eqn.invars) + 1), float(whole), float(whole))
+    mark_approximate(w, since, CONFLICT_NOTE, bound)
+
+
+def _whole_bytes(aval: Any) -> int:
+    return int(math.prod(int(s) for s in aval.shape)) * itemsize(aval.dtype)
 
 
 def itemsize(dtype: Any) -> int:

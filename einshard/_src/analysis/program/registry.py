@@ -49,6 +49,7 @@ class WalkerLike(Protocol):
     uses: dict[int, list[tuple[Any, int]]]
     summed: dict[int, frozenset[str]]
     program_outputs: set[int]
+    pinned: set[int]  # values whose layout the user fixed (arguments, sharding constraints), by id
     requested: dict[int, tuple[tuple[str, ...], ...]]
     sub_envs: dict[tuple[int, ...], dict[Any, Layout]]
     call_path: tuple[int, ...]

@@ -8,7 +8,7 @@ from typing import Any
 
 from ...core.layout import Layout, MeshAxis
 
-__all__ = ["OpReport", "ProgramReport", "ApproximateBound"]
+__all__ = ["OpReport", "OpBound", "ProgramReport", "ApproximateBound"]
 
 # An op's note starts with this when its collectives turn on an XLA heuristic explain does not reproduce
 # (the same word as movement.APPROXIMATE, which the rules write; kept here so the report imports no rule module).
@@ -17,6 +17,15 @@ APPROXIMATE_MARK = "approximate"
 UNBOUNDED_MARKS = ("known at run time",)
 
 # Results
+
+
+@dataclass(frozen=True)
+class OpBound:
+    """How far XLA may be from explain at one approximate op: collectives, bytes sent, and peak bytes."""
+
+    collectives: int
+    bytes: float
+    peak: float = 0.0  # how much higher XLA's peak may be (values it holds whole where explain holds pieces)
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,9 @@ class OpReport:
     where: str = ""  # the user's source line, 'file:line (function)' ('' for the program's outputs)
     inside: str = ""  # the library line it runs in (Flax's Linear.__call__), where that is not the user's
     reads: tuple[str, ...] = ()  # what it reads, in the user's words: argument paths ('params.dense.kernel')
+    # An approximate op's own bound, where its rule knows XLA's alternative moves more than the op's collectives
+    # (a layout conflict XLA may settle on other values: see movement.mark_conflict); None: the default bound.
+    bound: OpBound | None = None
 
     @property
     def comm_bytes(self) -> float:
@@ -59,12 +71,14 @@ class ApproximateBound:
 
     collectives: int | None
     bytes: float | None
+    peak: float = 0.0  # how far XLA's peak memory may be from explain's (0: the marks do not touch it)
 
     def __str__(self) -> str:
         if self.collectives is None or self.bytes is None:
             return "by an amount known only at run time"
         n = self.collectives
-        return f"by up to {n} collective{'s' if n != 1 else ''} and {_bytes(self.bytes)}/device"
+        peak = f", its peak memory by up to {_bytes(self.peak)}/device" if self.peak else ""
+        return f"by up to {n} collective{'s' if n != 1 else ''} and {_bytes(self.bytes)}/device{peak}"
 
 
 @dataclass(frozen=True)
@@ -133,11 +147,11 @@ class ProgramReport:
         ops = self.approximate_ops
         if any(mark in op.note for op in ops for mark in UNBOUNDED_MARKS):
             return ApproximateBound(None, None)
-        # Where XLA moves the data its own way (a collective-permute per distance, all-to-alls) it sends each
-        # of a collective's group_size - 1 peers at most one piece, and no more than the whole buffer.
+        bounds = [op.bound or _default_bound(op) for op in ops]
         return ApproximateBound(
-            sum(max(1, sum(max(1, c.group_size - 1) for c in op.collectives)) * op.repeat for op in ops),
-            sum(op.repeat * sum(c.array_bytes for c in op.collectives) for op in ops),
+            sum(b.collectives * op.repeat for b, op in zip(bounds, ops)),
+            sum(b.bytes * op.repeat for b, op in zip(bounds, ops)),
+            sum(b.peak for b in bounds),  # a buffer held once, not once per iteration
         )
 
     def headline(self) -> str:
@@ -178,6 +192,7 @@ class ProgramReport:
             "approximate_bound": {
                 "collectives": self.approximate_bound.collectives,
                 "bytes": self.approximate_bound.bytes,
+                "peak": self.approximate_bound.peak,
             },
             "mesh": {m.name: m.size for m in self.mesh},
             "flops": self.flops,
@@ -261,6 +276,16 @@ class ProgramReport:
         if self.explicit is not None and self.explicit.findings:
             lines.append(str(self.explicit))
         return "\n".join(lines)
+
+
+def _default_bound(op: OpReport) -> OpBound:
+    """An approximate op's bound when its rule names none: XLA moves the same data its own way."""
+    # Where XLA moves the data its own way (a collective-permute per distance, all-to-alls) it sends each
+    # of a collective's group_size - 1 peers at most one piece, and no more than the whole buffer.
+    return OpBound(
+        max(1, sum(max(1, c.group_size - 1) for c in op.collectives)),
+        sum(c.array_bytes for c in op.collectives),
+    )
 
 
 def in_user_axis_names(expression: str, lhs: Layout | None, rhs: Layout | None, dimension_numbers: Any) -> str:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ...core.layout import Layout
 from ..cost import Collective, sent_bytes
 from .costing import is_free
-from .movement import SentKind, charge, itemsize, mark_approximate
+from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
 from .rules_structural import explicit_dims
 from .values import CARRIERS, Partial
@@ -73,8 +73,17 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
         time_s -= sum(c.time for c in colls if c not in kept)
         colls = kept
     out = w.relayout(eqn.outvars[0].aval, out_dims)
+    since = len(w.ops)
     w.record(eqn, phase, res.expression, out, colls, res.flops, time_s, repeat)
+    # Operands that disagree on a split (an all-to-all brings one to the other's): XLA may settle it upstream.
+    moved = [int(c.tensor.split()[1]) - 1 for c in colls if c.kind == "all-to-all" and _names_operand(c)]
+    mark_conflict(w, eqn, since, moved)
     return [out.with_dims(out.dims, pending) if pending else out]
+
+
+def _names_operand(c: Any) -> bool:
+    tensor = getattr(c, "tensor", "")
+    return tensor.startswith("operand ") and tensor.split()[1].isdigit()
 
 
 def leaves_program(w: Walker, var: Any) -> bool:
@@ -119,6 +128,16 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
                     return [split if a == axis else d for a, d in enumerate(out.dims)]
         for eqn, k in w.uses.get(id(v), ()):
             name = eqn.primitive.name
+            if name in ELEMENTWISE_PARTNERED:
+                # An elementwise consumer whose other full-size operand splits an axis over the summed mesh
+                # axes (a residual add after an expert sum or a row-parallel dot): the sum lands split like it,
+                # a reduce-scatter (measured: x[t@data] + sum(a[e@data], 0) is one reduce-scatter in XLA).
+                for i, split in enumerate(_partner_split(w, eqn, k, v)):
+                    axis = axis_of[i] if i < len(axis_of) else -1
+                    if axis < 0 or not split or not set(split) <= sums or set(split) & used:
+                        continue
+                    if out.shape[axis] % math.prod(w.costs.mesh_sizes[m] for m in split) == 0:
+                        return [split if a == axis else d for a, d in enumerate(out.dims)]
             if name in GRADIENT_SUMS and len(w.uses.get(id(v), ())) == 1:
                 if getattr(eqn.outvars[0].aval, "shape", None) == getattr(v.aval, "shape", None):
                     summed_with.add(id(eqn.outvars[0]))
@@ -156,6 +175,26 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
                     if out.shape[axis] % n == 0:
                         return [split if a == axis else d for a, d in enumerate(out.dims)]
     return None
+
+
+# Elementwise consumers whose other operands' layouts decide a partial sum's split (rules_structural.elementwise's
+# primitives with two or more operands; cumulative ops read along an axis and are not among them).
+ELEMENTWISE_PARTNERED = frozenset({"add", "sub", "mul", "div", "max", "min", "pow", "atan2", "rem", "select_n"})
+
+
+def _partner_split(w: Walker, eqn: Any, k: int, v: Any) -> tuple[tuple[str, ...], ...]:
+    """The split of the most sharded other operand of ``eqn`` that has ``v``'s shape (none: all whole)."""
+    shape = tuple(getattr(v.aval, "shape", ()))
+    best: tuple[tuple[str, ...], ...] = ()
+    for j, other in enumerate(eqn.invars):
+        if j == k or hasattr(other, "val") or tuple(getattr(other.aval, "shape", ())) != shape:
+            continue
+        lay = w.env.get(other)
+        if lay is None or is_free(lay) or lay.unreduced:
+            continue
+        if sum(len(d) for d in lay.dims) > sum(len(d) for d in best):
+            best = lay.dims
+    return best
 
 
 # Equations that lay a value out as their parameters say.

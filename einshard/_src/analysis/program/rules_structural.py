@@ -16,6 +16,7 @@ from typing import Any
 
 from ...core.layout import Layout
 from .costing import is_free
+from .movement import mark_conflict
 from .registry import WalkerLike, register, sharding_degree
 from .values import ELEMENTWISE, REDUCTIONS, Partial
 
@@ -46,12 +47,17 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     else:
         target = max(full, key=sharding_degree)
     why = f"{eqn.primitive.name} operands disagree"
-    for lay in full:
-        if lay is not target and lay.dims != target.dims:
+    since, conflicted = len(w.ops), []
+    for k, lay in enumerate(ins):
+        if any(lay is f for f in full) and lay is not target and lay.dims != target.dims:
             w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), out_aval.dtype, repeat, why)
-    for lay in partial:
+            conflicted.append(k)
+    for k, lay in enumerate(ins):
+        if not any(lay is p for p in partial):
+            continue
         want = tuple(d if a == b else () for d, a, b in zip(target.dims, lay.shape, shape))
         if want != lay.dims:
+            conflicted.append(k)
             # XLA broadcasts the small operand to the result's split first and moves that: the
             # broadcast axes that the result splits over mesh axes this change does not touch grow.
             moved = {m for d, k in zip(lay.dims, want) for m in d if m not in k}
@@ -63,6 +69,8 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             dst_dims = tuple(t if g != a else d for d, t, a, g in zip(want, target.dims, lay.shape, grown))
             src = Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
             w.change(eqn, phase, src, src.with_dims(dst_dims), out_aval.dtype, repeat, why)
+    # A conflict settled by an all-to-all on a computed value: XLA may settle it upstream instead.
+    mark_conflict(w, eqn, since, conflicted)
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
 
 
@@ -164,11 +172,27 @@ def reduce(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
         # over a tuple like (data, model)).
         why = f"{eqn.primitive.name} over sharded axes"
         w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
+        scattered = _scattered(w, eqn, out, frozenset(sharded)) if eqn.primitive.name == "reduce_sum" else None
+        if scattered is not None:
+            # A consumer takes the sum split over the summed mesh axes (XLA's propagation, backwards): one
+            # reduce-scatter to that split, not an all-reduce.
+            w.change(eqn, phase, out.with_dims(out.dims, frozenset(sharded)), scattered, out_aval.dtype, repeat, why)
+            return [scattered]
         for i in sorted(axes, reverse=True):
             if src.dims[i]:
                 pending = out.with_dims(out.dims, frozenset(src.dims[i]))
                 w.change(eqn, phase, pending, out, out_aval.dtype, repeat, why)
     return [out for _ in eqn.outvars]
+
+
+def _scattered(w: WalkerLike, eqn: Any, out: Layout, sums: frozenset[str]) -> Layout | None:
+    """The layout a consumer asks of a reduction's sum where it splits over exactly the summed mesh axes, else None."""
+    from .rules_indexing import consumer_split  # rules_indexing imports this module: a call-time import
+
+    dims = consumer_split(w, eqn.outvars[0], out, sums)
+    if dims is None or {m for d in dims for m in d} - {m for d in out.dims for m in d} != set(sums):
+        return None
+    return w.relayout(eqn.outvars[0].aval, dims)
 
 
 @register("pad")

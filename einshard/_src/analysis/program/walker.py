@@ -61,6 +61,9 @@ class Walker:
         self.uses: dict[int, list[tuple[Any, int]]] = {}
         self.env: dict[Any, Layout] = {}
         self.program_outputs: set[int] = set()
+        # Values whose layout XLA's propagation may not change (ids): the program's arguments and what a sharding
+        # constraint places.  A layout conflict on any other value XLA may settle upstream (movement.mark_conflict).
+        self.pinned: set[int] = set()
         # The layouts the caller asks for the program's outputs (``report(out_specs=)``), by id of the jaxpr
         # value: a scan whose stacked output is one sums each iteration's piece straight to that split.
         self.requested: dict[int, tuple[tuple[str, ...], ...]] = {}
@@ -295,6 +298,7 @@ class Walker:
         self.uses.update(self.costs.uses_of(jaxpr))
         if self._walks == 1:  # the program itself: its results leave it
             self.program_outputs = {id(v) for v in jaxpr.outvars if not hasattr(v, "val")}
+            self.pinned.update(id(v) for v in jaxpr.invars)
         outer_env, self.env = self.env, env
         for v, lay in zip(jaxpr.invars, in_layouts):
             bind(v, lay)
@@ -323,6 +327,8 @@ class Walker:
                 tag = self.summed.get(id(eqn.invars[0]))
                 if tag:
                     self.summed[id(eqn.outvars[0])] = tag
+            if eqn.primitive.name in _PINNING:
+                self.pinned.update(id(v) for v in eqn.outvars)
             for v, lay in zip(eqn.outvars, outs):
                 bind(v, lay)
         self.env = outer_env
@@ -469,6 +475,10 @@ class Walker:
 
 # Ops that move no values between positions' meaning: a dot's summed result stays "summed" through them.
 _SHAPE_ONLY = {"reshape", "transpose", "convert_element_type", "copy", "copy_p", "squeeze", "expand_dims"}
+
+
+# Equations whose result's layout the user fixed: XLA's sharding propagation does not move it.
+_PINNING = frozenset({"sharding_constraint", "reshard", "device_put", "mesh_cast"})
 
 
 def _private_copy(lay: Layout) -> Layout:
