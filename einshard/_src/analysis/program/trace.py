@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -260,6 +261,12 @@ class TracedProgram:
         self.peak_cache: PeakCache | None = PeakCache()
         self.trace_s = time.perf_counter() - start
 
+    @functools.cached_property
+    def peak_note(self) -> str:
+        """What peak memory cannot bound tightly in this program (:func:`.memory.peak_caveat`): the same in
+        every costing, so found once."""
+        return peak_caveat(self.jaxpr)
+
     @property
     def naming(self) -> tuple[dict[Any, str], dict[int, tuple[str, str]]]:
         """Each value's name in the user's words (argument paths) and each equation's source line: what the
@@ -355,7 +362,7 @@ class TracedProgram:
             unfollowed_at=tuple(
                 f"{name} at {', '.join(sites)}" for name, sites in sorted(walker.unfollowed_at.items())
             ),
-            peak_note=peak_caveat(self.jaxpr),
+            peak_note=self.peak_note,
         )
 
 
