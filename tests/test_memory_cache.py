@@ -140,3 +140,34 @@ def test_peak_bytes_with_and_without_a_cache_on_both_tilings(tiling):
         plain = peak_bytes(t.jaxpr, env, walker.sub_envs, tiling=tiling)
         assert peak_bytes(t.jaxpr, env, walker.sub_envs, tiling=tiling, cache=cache) == plain
     assert (cache.flattened, cache.reused) == (2, 1)
+
+
+def test_plans_are_the_same_with_and_without_the_cache(monkeypatch):
+    """The planner's choice, its figures and every alternative's, on an Explicit mesh from jax.set_mesh."""
+    import einshard
+    from einshard._src.analysis.program.trace import TracedProgram
+    from einshard.planner import SearchOptions
+
+    params, x, labels = _shapes()
+    params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), params)
+    x, labels = jnp.ones(x.shape, x.dtype), jnp.zeros(labels.shape, labels.dtype)
+    fn = jax.value_and_grad(lambda p, x, y: _loss(p, x, y, how="unrolled"))
+
+    def run():
+        with jax.set_mesh(jax.make_mesh((4, 2), ("data", "model"))):
+            return einshard.plan(fn, params, x, labels, profile="h100", search=SearchOptions(max_evaluations=30))
+
+    cached = run()
+    original = TracedProgram.__init__
+
+    def no_cache(self, *a, **k):
+        original(self, *a, **k)
+        self.peak_cache = None
+
+    monkeypatch.setattr(TracedProgram, "__init__", no_cache)
+    plain = run()
+    assert cached.rules == plain.rules and cached.data_rules == plain.data_rules
+    assert (cached.time_s, cached.memory_bytes) == (plain.time_s, plain.memory_bytes)
+    assert [(a.time_s, a.memory_bytes) for a in cached.alternatives] == [
+        (a.time_s, a.memory_bytes) for a in plain.alternatives
+    ]
