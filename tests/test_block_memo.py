@@ -260,3 +260,20 @@ def test_a_block_with_an_op_without_a_rule_is_walked_each_time_and_named():
     t.costs.memoise_blocks = False
     plain = t.report(specs)
     assert plain.ops == memo.ops and plain.unfollowed_at == memo.unfollowed_at
+
+
+def test_a_replayed_op_is_the_recorded_one_renumbered_and_placed():
+    """The replay's fast copy of an op equals dataclasses.replace's (every field, equality and hash)."""
+    import dataclasses
+
+    from einshard._src.analysis.program.walker import _replaced
+
+    fn, params, x = decoder(3, "remat")
+    t = trace(fn, params, x, mesh=MESH)
+    ops = t.report(_specs(1, 3, 1)).ops
+    assert ops
+    for op in ops:
+        changes = {"index": op.index + 7, "where": "model.py:1 (f)", "inside": "", "reads": ("params.up",)}
+        fast, slow = _replaced(op, changes), dataclasses.replace(op, **changes)
+        assert fast == slow and hash(fast) == hash(slow) and type(fast) is type(slow)
+        assert op.index == fast.index - 7  # the recorded op is untouched
