@@ -7,6 +7,7 @@ remembers them, keyed by the layouts involved.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from ..einsum.analyze import analyze_layouts, dtype_info
 from ..einsum.model import Problem
 from .blocks import BodyStructures, Tape, WalkCounts
 
-__all__ = ["OpCosts", "DotResult", "FreeLayout", "is_free", "dot_names", "adopt"]
+__all__ = ["OpCosts", "DotResult", "FreeLayout", "is_free", "dot_names", "dot_letters", "adopt", "as_hashable"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class OpCosts:
         return hit[1]
 
     def dot(self, lhs: Layout, rhs: Layout, dimension_numbers: Any, dtype: Any) -> DotResult:
-        key = (lhs, rhs, _hashable(dimension_numbers), str(dtype))
+        key = (lhs, rhs, as_hashable(dimension_numbers), str(dtype))
         hit = self._dots.get(key)
         if hit is None:
             hit = self._dots[key] = self._dot(lhs, rhs, dimension_numbers, dtype)
@@ -129,7 +130,8 @@ def same_axes(src: Layout, dst: Layout) -> Layout:
     return Layout(src.axes, dst.shape, dst.mesh, dst.dims, dst.unreduced)
 
 
-def _hashable(x: Any) -> Any:
+def as_hashable(x: Any) -> Any:
+    """``x`` as a hashable memo key (lists and nested lists as tuples)."""
     if type(x) is tuple:
         try:
             hash(x)  # a dot's dimension numbers usually are nested tuples already
@@ -137,7 +139,7 @@ def _hashable(x: Any) -> Any:
         except TypeError:
             pass
     if isinstance(x, (list, tuple)):
-        return tuple(_hashable(e) for e in x)
+        return tuple(as_hashable(e) for e in x)
     return x
 
 
@@ -154,10 +156,18 @@ def _name(i: int) -> str:
 
 def dot_names(lhs: Layout, rhs: Layout, dn: Any) -> tuple[list[str], list[str], list[str]]:
     """Einsum axis names for a dot_general's operands and result (batch, lhs free, rhs free: XLA's order)."""
+    lnames, rnames, out = dot_letters(len(lhs.shape), len(rhs.shape), as_hashable(dn))
+    return list(lnames), list(rnames), list(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def dot_letters(lrank: int, rrank: int, dn: Any) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """:func:`dot_names` by the operands' ranks (remembered: the planner names each dot of the program in every
+    costing, and a model has a handful of kinds)."""
     (lc, rc), (lb, rb) = dn
     counter = iter(range(10**6))
-    lnames = [""] * len(lhs.shape)
-    rnames = [""] * len(rhs.shape)
+    lnames = [""] * lrank
+    rnames = [""] * rrank
     for i, j in zip(lb, rb):
         lnames[i] = rnames[j] = _name(next(counter))
     for i, j in zip(lc, rc):
@@ -171,7 +181,7 @@ def dot_names(lhs: Layout, rhs: Layout, dn: Any) -> tuple[list[str], list[str], 
     out = [lnames[i] for i in lb]
     out += [lnames[i] for i in range(len(lnames)) if i not in lb and i not in lc]
     out += [rnames[j] for j in range(len(rnames)) if j not in rb and j not in rc]
-    return lnames, rnames, out
+    return tuple(lnames), tuple(rnames), tuple(out)
 
 
 # Values whose layout their consumer chooses

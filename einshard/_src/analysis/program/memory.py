@@ -39,8 +39,9 @@ of each nested call it walked into (``Walker.sub_envs``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,7 @@ from .costing import is_free
 from .registry import sub_jaxpr
 from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial
 
-__all__ = ["peak_bytes", "peak_caveat", "SCRATCH", "window_scratch"]
+__all__ = ["peak_bytes", "peak_caveat", "PeakCache", "SCRATCH", "window_scratch"]
 
 
 # Ops XLA fuses into one loop with their elementwise producers (loop and input fusion), with the reductions
@@ -115,10 +116,20 @@ class _Program:
     """
 
     def __init__(self, jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]):
-        self.layouts, self.inner = layouts, inner
+        self.jaxpr, self.layouts, self.inner = jaxpr, layouts, inner
         self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
         self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
         self.steps: list[_Step] = []
+        # What of the flattening the layouts decided, so that another costing can reuse it (:meth:`holds`,
+        # :meth:`rebound`): each placement's keep-or-copy test (the value, its environment's path, the
+        # placement's result, the answer), each gathered copy's source (in the order met: the larger wins, the
+        # first among equals), and each loop step (its one iteration's bytes are the layouts').
+        self.placements: list[tuple[Key, tuple[int, ...], Any, bool]] = []
+        self.copies: list[tuple[Key, tuple[int, ...], Any]] = []
+        self.loops: list[tuple[int, Any, Any, tuple[int, ...]]] = []
+        # Steps whose scratch bytes the layouts size (window_scratch): (step index, equation, call path).
+        self.windows: list[tuple[int, Any, tuple[int, ...]]] = []
+        self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
         self._flatten(jaxpr, ())
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
         self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
@@ -126,6 +137,7 @@ class _Program:
             k = self.key(v, ())
             if k is not None:
                 self.outputs.setdefault(k, v)
+        self.bases = _in_place_bases(self)  # whose free-ness decides what fuses (the liveness' key)
 
     def key(self, v: Any, path: tuple[int, ...]) -> Key | None:
         if hasattr(v, "val"):
@@ -146,13 +158,17 @@ class _Program:
             if sub is not None and eqn.primitive.name in _LOOPS:
                 ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
                 outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
+                self.loops.append((len(self.steps), eqn, sub, sub_path))
                 self.steps.append(_Step(eqn.primitive.name, ins, outs, self._iteration(eqn, sub, sub_path)))
                 continue
             if sub is None:
                 ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
                 outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
                 env = self.inner[path] if path else self.layouts
-                self.steps.append(_Step(eqn.primitive.name, ins, outs, window_scratch(eqn, env)))
+                scratch = window_scratch(eqn, env)
+                if eqn.primitive.name == "select_and_scatter_add":  # sized by the layouts: a reuse under other layouts sizes it again (rebound)
+                    self.windows.append((len(self.steps), eqn, path))
+                self.steps.append(_Step(eqn.primitive.name, ins, outs, scratch))
                 continue
             body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
             operands = eqn.invars[len(eqn.invars) - len(body.invars) :]
@@ -160,11 +176,9 @@ class _Program:
             for iv, ov in zip(body.invars, operands):
                 outer = self.key(ov, path)
                 self.alias[(sub_path, iv)] = outer
-                copy = env.get(Gathered(iv))
-                if copy is not None and outer is not None:
-                    old = self.gathered.get(outer)
-                    if old is None or math.prod(copy.shard_shape) > math.prod(old.shard_shape):
-                        self.gathered[outer] = copy
+                if outer is not None:
+                    self.copies.append((outer, sub_path, iv))
+                    self._note_copy(outer, env.get(Gathered(iv)))
             self._flatten(body, sub_path)
             for ov, iv in zip(eqn.outvars, body.outvars):
                 self.alias[(path, ov) if path else ov] = self.key(iv, sub_path)
@@ -207,17 +221,55 @@ class _Program:
         src = self.key(iv, path)
         if src is None:
             return False
-        env = self.inner[path] if path else self.layouts
-        before, after = self.layout(src), env.get(ov)
-        if before is None or after is None or before.dims != after.dims or before.unreduced != after.unreduced:
+        kept = self._keeps_layout(src, path, ov)
+        self.placements.append((src, path, ov, kept))
+        if not kept:
             return False
         self.alias[(path, ov) if path else ov] = src
-        copy = env.get(Gathered(ov))
+        self.copies.append((src, path, ov))
+        self._note_copy(src, self.env(path).get(Gathered(ov)))
+        return True
+
+    def env(self, path: tuple[int, ...]) -> dict[Any, Layout]:
+        return self.inner[path] if path else self.layouts
+
+    def _keeps_layout(self, src: Key, path: tuple[int, ...], ov: Any) -> bool:
+        before, after = self.layout(src), self.env(path).get(ov)
+        return not (before is None or after is None or before.dims != after.dims or before.unreduced != after.unreduced)
+
+    def _note_copy(self, src: Key, copy: Layout | None) -> None:
+        """``src``'s gathered copy is ``copy`` where it is larger than the one noted so far."""
         if copy is not None:
             old = self.gathered.get(src)
             if old is None or math.prod(copy.shard_shape) > math.prod(old.shard_shape):
                 self.gathered[src] = copy
-        return True
+
+    # -- reuse between costings ------------------------------------------------
+    def holds(self, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]) -> bool:
+        """Whether flattening this jaxpr under ``layouts`` and ``inner`` would make these steps and aliases:
+        the same calls entered (the caller keys by them) and every placement's test answered alike."""
+        if inner.keys() != self.inner.keys():
+            return False
+        other = _Program.__new__(_Program)
+        other.layouts, other.inner = layouts, inner
+        return all(other._keeps_layout(src, path, ov) == kept for src, path, ov, kept in self.placements)
+
+    def rebound(self, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]) -> _Program:
+        """This flattening read under ``layouts`` and ``inner`` (for which :meth:`holds`): the steps, aliases and
+        liveness shared, the gathered copies and the loops' iteration bytes theirs."""
+        other = _Program.__new__(_Program)
+        other.__dict__.update(self.__dict__)
+        other.layouts, other.inner, other.gathered = layouts, inner, {}
+        for src, path, v in self.copies:
+            other._note_copy(src, other.env(path).get(Gathered(v)))
+        if self.loops or self.windows:
+            other.steps = list(self.steps)
+            for i, eqn, sub, sub_path in self.loops:
+                other.steps[i] = dataclasses.replace(self.steps[i], inside=other._iteration(eqn, sub, sub_path))
+            for i, eqn, path in self.windows:
+                env = inner[path] if path else layouts
+                other.steps[i] = dataclasses.replace(self.steps[i], inside=window_scratch(eqn, env))
+        return other
 
     def layout(self, k: Key, derived: type[Derived] | None = None) -> Layout | None:
         if isinstance(k, tuple):
@@ -256,11 +308,45 @@ def window_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
     return (size + 4 * (rank - 1)) * padded + (size + 4 * rank) * block(source)
 
 
+class PeakCache:
+    """What peak memory can reuse between costings of one program (the planner costs it hundreds of times).
+
+    Flattening the program (calls inlined, placements that keep their layout aliased) and its liveness
+    (who reads what, what fuses, when each buffer dies, which partial sums only leave) depend on the
+    layouts only through which calls the walk entered, whether each placement keeps its value's layout,
+    and whether each in-place update's base is a free constant; the bytes of each buffer, the gathered
+    copies and the loops' iterations are the layouts' own.  So a flattening is kept by the calls entered,
+    reused where every placement test answers as it did (:meth:`_Program.holds`), and its liveness by the
+    free-ness of the bases it tested; each costing then only sizes the buffers and walks the steps once.
+    Reuse never changes a result (tests/test_memory_cache.py draws layouts and compares with none).
+    """
+
+    def __init__(self) -> None:
+        self.programs: dict[Any, list[_Program]] = {}  # (id(jaxpr), the calls entered) -> flattenings
+        self.flattened = 0  # flattenings made (counted, for tests)
+        self.reused = 0  # costings that reused one
+
+    def program(
+        self, jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]
+    ) -> _Program:
+        key = (id(jaxpr), frozenset(inner))
+        known = self.programs.setdefault(key, [])
+        for prog in known:
+            if prog.jaxpr is jaxpr and prog.holds(layouts, inner):
+                self.reused += 1
+                return prog.rebound(layouts, inner)
+        self.flattened += 1
+        prog = _Program(jaxpr, layouts, inner)
+        known.append(prog)
+        return prog
+
+
 def peak_bytes(
     jaxpr: Any,
     layouts: dict[Any, Layout],
     inner: dict[tuple[int, ...], dict[Any, Layout]] | None = None,
     tiling: Tiling = "dense",
+    cache: PeakCache | None = None,
 ) -> int:
     """Peak live bytes per device over the program, from each value's layout.
 
@@ -272,47 +358,47 @@ def peak_bytes(
     temporaries, in-place results, gathered arguments and combined partial sums as the module says.
 
     ``tiling``: how the device lays a buffer out (the profile's: a TPU pads to its tiles, :func:`buffer_bytes`).
+    ``cache``: what earlier costings of this program flattened (see :class:`PeakCache`); the result is the same.
     """
-    return _peak(_Program(jaxpr, layouts, inner or {}), layouts, tiling=tiling)
+    inner = inner or {}
+    prog = cache.program(jaxpr, layouts, inner) if cache is not None else _Program(jaxpr, layouts, inner)
+    return _peak(prog, layouts, tiling=tiling)
 
 
-def _peak(
-    prog: _Program,
-    layouts: dict[Any, Layout],
-    elsewhere: frozenset[Key] = frozenset(),
-    results_elsewhere: bool = False,
-    tiling: Tiling = "dense",
-) -> int:
-    """The liveness walk over a flattened program (or a loop body: ``elsewhere`` inputs and, with
-    ``results_elsewhere``, its results are the loop's buffers, held outside it; they count 0 here)."""
+@dataclass(frozen=True)
+class _Liveness:
+    """When each buffer of a flattened program is made, read and freed: the layouts' part left out."""
+
+    readers: dict[Key, list[int]]
+    producer: dict[Key, int]
+    fused: frozenset[Key]  # values with no buffer of their own (computed in their readers' fusions)
+    until: dict[Key, int]  # each buffer's last step (a fused value's readers' for its operands)
+    dies: dict[int, list[Key]]  # the buffers freed after each step
+    leaves: frozenset[Key]  # values only on their way out of the program (their partial sums wait)
+    donors: dict[int, tuple[Key, ...]] = field(default_factory=dict)  # by step: buffers it may write into
+
+
+def _in_place_bases(prog: _Program) -> list[Key]:
+    """The bases of scatters whose fusing with their one add depends on the base being a free constant."""
+    steps = prog.steps
+    readers: dict[Key, list[int]] = {}
+    for i, step in enumerate(steps):
+        for k in step.ins:
+            readers.setdefault(k, []).append(i)
+    out = []
+    for step in steps:
+        if step.name in _UPDATES_IN_PLACE and step.name != "dynamic_update_slice":
+            for k in step.outs:
+                reads = readers.get(k, [])
+                if k not in prog.outputs and len(reads) == 1 and steps[reads[0]].name in _ADDS:
+                    out.append(step.ins[0])
+    return out
+
+
+def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
+    """``prog``'s :class:`_Liveness`, where ``free`` says which in-place bases are free constants."""
     steps, outputs = prog.steps, prog.outputs
     n = len(steps)
-
-    def nbytes_as(k: Key, lay: Layout | None, tiles: Tiling = "dense") -> int:
-        aval = (k[1] if isinstance(k, tuple) else k).aval
-        if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
-            return 0
-        if lay is not None and is_free(lay):
-            # A broadcast constant: XLA fuses it into its consumers (and sinks it into
-            # loops that take it as an invariant), it is not materialised.
-            return 0
-        shape = lay.shard_shape if lay is not None else tuple(aval.shape)
-        return buffer_bytes(tuple(shape), int(np.dtype(aval.dtype).itemsize), tiles)
-
-    # The program's arguments and outputs are buffers in device memory, padded to the device's tiles (on a TPU
-    # exactly as its memory_analysis() says, tests/test_target_tpu_model.py); its temporaries keep their own
-    # bytes: the TPU compiler holds small fused intermediates on chip (a whole kh_llama TP forward: 0 bytes of
-    # temporaries), and padding them overstated the external corpus' peaks 1.5-5x (docs/targets.md).
-    boundary = frozenset(prog.args) if tiling != "dense" else frozenset()
-
-    def size(k: Key) -> int:
-        if k in elsewhere or (results_elsewhere and k in outputs):
-            return 0
-        out = outputs.get(k)
-        if out is not None:
-            return nbytes_as(k, layouts.get(out), tiling)
-        return nbytes_as(k, prog.layout(k), tiling if k in boundary else "dense")
-
     readers: dict[Key, list[int]] = {}
     producer: dict[Key, int] = {}
     for i, step in enumerate(steps):
@@ -339,16 +425,12 @@ def _peak(
         name, reads = steps[producer[k]].name, readers.get(k, [])
         if name in _UPDATES_IN_PLACE and name != "dynamic_update_slice":
             base = steps[producer[k]].ins[0]
-            return len(reads) == 1 and steps[reads[0]].name in _ADDS and is_free_key(base)
+            return len(reads) == 1 and steps[reads[0]].name in _ADDS and free[base]
         if name not in fusible or not all(steps[r].name in fusing for r in reads):
             return False
         return len(reads) <= 1
 
-    def is_free_key(k: Key) -> bool:
-        lay = prog.layout(k)
-        return lay is not None and is_free(lay)
-
-    fused = {k for k in producer if is_fused(k)}
+    fused = frozenset(k for k in producer if is_fused(k))
     # Until when each buffer is needed: its last reader, or, read by a fused value, that value's readers'.
     until: dict[Key, int] = dict.fromkeys(outputs, n)
     for i in range(n - 1, -1, -1):
@@ -382,6 +464,76 @@ def _peak(
                 out.append(k)
         return out
 
+    # The buffers each elementwise, scatter or update step may write its result into: operands of its fusion
+    # that die there (whether one does is a matter of bytes, the layouts').
+    donors: dict[int, tuple[Key, ...]] = {}
+    for i, step in enumerate(steps):
+        if step.outs and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
+            base = step.ins[:1] if step.name in _UPDATES_IN_PLACE else step.ins
+            donors[i] = tuple(d for d in fusion_inputs_of(base) if d not in args and until.get(d) == i)
+    leaves = frozenset(_leaves_program(steps, set(outputs)))
+    return _Liveness(readers, producer, fused, until, dies, leaves, donors)
+
+
+def _peak(
+    prog: _Program,
+    layouts: dict[Any, Layout],
+    elsewhere: frozenset[Key] = frozenset(),
+    results_elsewhere: bool = False,
+    tiling: Tiling = "dense",
+) -> int:
+    """The liveness walk over a flattened program (or a loop body: ``elsewhere`` inputs and, with
+    ``results_elsewhere``, its results are the loop's buffers, held outside it; they count 0 here)."""
+    steps, outputs = prog.steps, prog.outputs
+    # Buffer bytes by (shape, split, type, tiles): the thousands of values of a deep model share a few dozen.
+    by_shape: dict[tuple[Any, ...], int] = {}
+
+    def nbytes_as(k: Key, lay: Layout | None, tiles: Tiling = "dense") -> int:
+        aval = (k[1] if isinstance(k, tuple) else k).aval
+        if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
+            return 0
+        if lay is not None and is_free(lay):
+            # A broadcast constant: XLA fuses it into its consumers (and sinks it into
+            # loops that take it as an invariant), it is not materialised.
+            return 0
+        token = (
+            (tuple(aval.shape), None, aval.dtype, tiles)
+            if lay is None
+            else (lay.shape, lay.dims, lay.mesh, aval.dtype, tiles)
+        )
+        hit = by_shape.get(token)
+        if hit is None:
+            shape = lay.shard_shape if lay is not None else tuple(aval.shape)
+            hit = by_shape[token] = buffer_bytes(tuple(shape), int(np.dtype(aval.dtype).itemsize), tiles)
+        return hit
+
+    # The program's arguments and outputs are buffers in device memory, padded to the device's tiles (on a TPU
+    # exactly as its memory_analysis() says, tests/test_target_tpu_model.py); its temporaries keep their own
+    # bytes: the TPU compiler holds small fused intermediates on chip (a whole kh_llama TP forward: 0 bytes of
+    # temporaries), and padding them overstated the external corpus' peaks 1.5-5x (docs/targets.md).
+    boundary = frozenset(prog.args) if tiling != "dense" else frozenset()
+
+    def size(k: Key) -> int:
+        if k in elsewhere or (results_elsewhere and k in outputs):
+            return 0
+        out = outputs.get(k)
+        if out is not None:
+            return nbytes_as(k, layouts.get(out), tiling)
+        return nbytes_as(k, prog.layout(k), tiling if k in boundary else "dense")
+
+    def is_free_key(k: Key) -> bool:
+        lay = prog.layout(k)
+        return lay is not None and is_free(lay)
+
+    free = {k: is_free_key(k) for k in prog.bases}
+    live_key = tuple(free.items())
+    info = prog.liveness.get(live_key)
+    if info is None:
+        info = prog.liveness[live_key] = _liveness(prog, free)
+    fused, until, dies, leaves, donor_of = info.fused, info.until, info.dies, info.leaves, info.donors
+    fusible = _fusible_elementwise()
+    args = set(prog.args)
+
     # Gathered copies of arguments, live from the start to the argument's last use.
     gathered = dict(prog.gathered)
     for v in prog.args:
@@ -392,8 +544,6 @@ def _peak(
     extra_until = [
         (until[v], nbytes_as(v, c, tiling) - size(v)) for v, c in gathered.items() if v in until and v in args
     ]
-    # Partial sums that only leave the program: held from their making to the end (the combiner).
-    leaves = _leaves_program(steps, set(outputs))
 
     live: dict[Key, int] = {v: size(v) for v in prog.args}
     total = sum(live.values())
@@ -415,8 +565,7 @@ def _peak(
                 # XLA writes an elementwise result (or a scatter's, or an update's) into an operand's
                 # buffer that dies here, when it is as large (buffer assignment's operand sharing).
                 if donors is None:
-                    base = step.ins[:1] if step.name in _UPDATES_IN_PLACE else step.ins
-                    donors = [d for d in fusion_inputs_of(base) if d not in args and until.get(d) == i]
+                    donors = list(donor_of[i])
                 for d in donors:
                     if live.get(d) == b:
                         total -= live.pop(d)

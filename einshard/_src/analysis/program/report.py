@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -293,15 +294,24 @@ def in_user_axis_names(expression: str, lhs: Layout | None, rhs: Layout | None, 
     axis names of the user's expressions where its operands carry them (an argument placed by
     ``'b d -> b@data d'`` keeps ``b`` and ``d``): the report reads in the user's words.  A letter whose operands
     name it differently, or a name two letters would share, keeps its letter (the einsum stays unambiguous)."""
-    from .costing import dot_names
-
     if lhs is None or rhs is None or ": " in expression:
         return expression
-    lnames, rnames, _ = dot_names(lhs, rhs, dimension_numbers)
+    from .costing import as_hashable
+
+    return _renamed_by_user(expression, lhs.axes, rhs.axes, as_hashable(dimension_numbers))
+
+
+@functools.lru_cache(maxsize=65536)
+def _renamed_by_user(expression: str, laxes: tuple[str, ...], raxes: tuple[str, ...], dimension_numbers: Any) -> str:
+    """:func:`in_user_axis_names` by the operands' axis names (remembered: the planner records each dot of the
+    program in every costing, with a few expressions and names between them)."""
+    from .costing import dot_letters
+
+    lnames, rnames, _ = dot_letters(len(laxes), len(raxes), dimension_numbers)
     rename: dict[str, str] = {}
     clash: set[str] = set()
-    for letters, lay in ((lnames, lhs), (rnames, rhs)):
-        for letter, axis in zip(letters, lay.axes):
+    for letters, axes in ((lnames, laxes), (rnames, raxes)):
+        for letter, axis in zip(letters, axes):
             if re.fullmatch(r"d\d+", axis) or axis.startswith("..."):
                 continue  # positional (a PartitionSpec's or an intermediate's): no name of the user's
             if rename.get(letter, axis) != axis:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -15,8 +16,8 @@ from ...core.logical import AxisRulesLike, scoped_axis_rules
 from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
 from .costing import OpCosts, is_free
+from .memory import PeakCache, peak_caveat
 from .memory import peak_bytes as _peak_bytes
-from .memory import peak_caveat
 from .report import ProgramReport
 from .walker import Walker
 
@@ -256,7 +257,15 @@ class TracedProgram:
         self.jaxpr = _dead_code_eliminated(closed.jaxpr)
         self._fn, self._kwargs = fn, kwargs
         self._naming: tuple[dict[Any, str], dict[int, tuple[str, str]]] | None = None
+        # Peak memory's flattening and liveness, reused between costings (None: each costing makes its own).
+        self.peak_cache: PeakCache | None = PeakCache()
         self.trace_s = time.perf_counter() - start
+
+    @functools.cached_property
+    def peak_note(self) -> str:
+        """What peak memory cannot bound tightly in this program (:func:`.memory.peak_caveat`): the same in
+        every costing, so found once."""
+        return peak_caveat(self.jaxpr)
 
     @property
     def naming(self) -> tuple[dict[Any, str], dict[int, tuple[str, str]]]:
@@ -326,7 +335,9 @@ class TracedProgram:
         # all-gathers to the argument's last use (measured on the corpus: the FSDP ratios are 0.94-1.12 with
         # them, 0.45-0.81 without), but the planner's FSDP memory budget is built on the sharded figure
         # (tests/test_planner.py); see docs/analysis.md.
-        peak = _peak_bytes(self.jaxpr, layouts, walker.sub_envs, tiling=self.costs.profile.tiling)
+        peak = _peak_bytes(
+            self.jaxpr, layouts, walker.sub_envs, tiling=self.costs.profile.tiling, cache=self.peak_cache
+        )
         ops = tuple(walker.ops)
         phases: dict[str, dict[str, float]] = {}
         for op in ops:
@@ -351,7 +362,7 @@ class TracedProgram:
             unfollowed_at=tuple(
                 f"{name} at {', '.join(sites)}" for name, sites in sorted(walker.unfollowed_at.items())
             ),
-            peak_note=peak_caveat(self.jaxpr),
+            peak_note=self.peak_note,
         )
 
 

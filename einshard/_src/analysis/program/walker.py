@@ -15,7 +15,6 @@ report, which then says it is incomplete.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -448,7 +447,7 @@ class Walker:
                 changes["reads"] = tuple(
                     dict.fromkeys(names[v] for v in e.invars if not hasattr(v, "val") and v in names)
                 )
-            self.ops.append(dataclasses.replace(op, **changes))
+            self.ops.append(_replaced(op, changes))
             self.op_eqns.append(e)  # a tape recorded around this call places the op as this one did
             self.counter += 1
         here = (*self.call_path, id(eqn))
@@ -479,6 +478,15 @@ _SHAPE_ONLY = {"reshape", "transpose", "convert_element_type", "copy", "copy_p",
 
 # Equations whose result's layout the user fixed: XLA's sharding propagation does not move it.
 _PINNING = frozenset({"sharding_constraint", "reshard", "device_put", "mesh_cast"})
+
+
+def _replaced(op: OpReport, changes: dict[str, Any]) -> OpReport:
+    """``dataclasses.replace(op, **changes)`` without its per-call field introspection (an OpReport has no
+    ``__post_init__``: its fields are copied as they are): a deep unrolled model replays thousands per costing."""
+    new = object.__new__(OpReport)
+    new.__dict__.update(op.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def _private_copy(lay: Layout) -> Layout:

@@ -1,0 +1,195 @@
+"""Peak memory reused between costings (einshard.analysis.program.memory.PeakCache): never a different result.
+
+The planner costs one traced program under hundreds of layouts; each costing's peak memory reuses the
+flattening (calls inlined, placements that keep their layout aliased) and the liveness of the earlier
+costings whose layout-dependent answers were the same.  Drawn layouts cost the same peak with the cache
+as without it, through every structure the reuse depends on: remat calls the walk enters, a scan (one
+iteration's bytes are the layouts'), a placement that keeps or changes its value's layout, a scatter-add
+into zeros (an integer-label cross-entropy's gradient) and gradients returned laid out like the weights.
+Flattenings are counted, never timed.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
+
+from einshard._src.analysis.program import trace
+from einshard._src.analysis.program.memory import PeakCache, peak_bytes
+from einshard._src.analysis.program.trace import arg_layouts
+from einshard._src.analysis.program.walker import Walker
+from einshard._src.planner.combining import combined_report
+
+D, F, B, V, L = 16, 32, 8, 24, 3
+UP = ["l d f -> l d f", "l d f -> l d f@model", "l d f -> l d@data f", "l d f -> l d@model f@data"]
+DOWN = ["l f d -> l f d", "l f d -> l f@model d", "l f d -> l f d@data", "l f d -> l f@(data,model) d"]
+OUT = ["d v -> d v", "d v -> d v@model", "d v -> d@data v"]
+BATCH = ["b d -> b d", "b d -> b@data d", "b d -> b@(data,model) d", "b d -> b d@model"]
+GRADS = [None, P(None, None, "model"), P(None, "data", None)]
+
+
+def _block(x, w):
+    return x + jnp.tanh(x @ w["up"]) @ w["down"]
+
+
+def _loss(params, x, labels, *, how: str):
+    if how == "scan":
+        x, _ = jax.lax.scan(lambda c, w: (jax.checkpoint(_block)(c, w), None), x, params["stack"])
+    else:
+        for i in range(L):
+            x = jax.checkpoint(_block)(x, jax.tree.map(lambda a, i=i: a[i], params["stack"]))
+    # A placement: the same buffer where the batch is already split so, a copy where it is not.
+    x = jax.sharding.reshard(x, P("data", None))
+    logp = jax.nn.log_softmax(x @ params["out"])
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+
+def _shapes():
+    stack = {"up": jax.ShapeDtypeStruct((L, D, F), jnp.float32), "down": jax.ShapeDtypeStruct((L, F, D), jnp.float32)}
+    params = {"stack": stack, "out": jax.ShapeDtypeStruct((D, V), jnp.float32)}
+    return params, jax.ShapeDtypeStruct((B, D), jnp.float32), jax.ShapeDtypeStruct((B,), jnp.int32)
+
+
+_TRACED: dict[str, object] = {}
+
+
+def _traced(how: str):
+    if how not in _TRACED:
+        params, x, labels = _shapes()
+        mesh = jax.make_mesh((4, 2), ("data", "model"))  # Explicit axes, jax.make_mesh's default
+        fn = jax.value_and_grad(lambda p, x, y: _loss(p, x, y, how=how))
+        with jax.set_mesh(mesh):
+            _TRACED[how] = trace(fn, params, x, labels)
+    return _TRACED[how]
+
+
+def _specs(up: int, down: int, out: int, batch: int):
+    return ({"stack": {"up": UP[up], "down": DOWN[down]}, "out": OUT[out]}, BATCH[batch], "b -> b")
+
+
+def _out_specs(grads: int):
+    g = GRADS[grads]
+    down = None if g is None else P(*(None if e is None else e for e in (None, g[2], g[1])))
+    # (loss, ({'out': ..., 'stack': {'down': ..., 'up': ...}},)): the outputs' leaves in order
+    return [None, None, down, g]
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(
+    how=st.sampled_from(["unrolled", "scan"]),
+    up=st.integers(0, len(UP) - 1),
+    down=st.integers(0, len(DOWN) - 1),
+    out=st.integers(0, len(OUT) - 1),
+    batch=st.integers(0, len(BATCH) - 1),
+    grads=st.integers(0, len(GRADS) - 1),
+)
+def test_reusing_peak_memory_never_changes_it(how, up, down, out, batch, grads):
+    t = _traced(how)
+    specs, out_specs = _specs(up, down, out, batch), _out_specs(grads)
+    cache = t.peak_cache  # kept across the drawn examples: reuse is what is under test
+    try:
+        t.peak_cache = None
+        plain, (plain_combined, plain_report) = t.report(specs, out_specs), combined_report(t, specs, out_specs)
+    finally:
+        t.peak_cache = cache
+    cached, (cached_combined, cached_report) = t.report(specs, out_specs), combined_report(t, specs, out_specs)
+    assert cached.peak_bytes == plain.peak_bytes
+    assert cached_combined.peak_bytes == plain_combined.peak_bytes == plain.peak_bytes
+    assert cached_report == plain_report
+
+
+def test_a_flattening_is_reused_while_its_layout_answers_hold():
+    t = _traced("unrolled")
+    t.peak_cache = cache = PeakCache()
+    for up, down in [(0, 0), (1, 1), (2, 2), (3, 3)]:  # the batch split over data: the placement keeps it
+        t.report(_specs(up, down, 0, 1))
+    assert (cache.flattened, cache.reused) == (1, 3)
+    t.report(_specs(0, 0, 0, 0))  # a whole batch: the placement now copies it, another flattening
+    t.report(_specs(1, 2, 1, 0))
+    t.report(_specs(2, 1, 2, 1))
+    assert (cache.flattened, cache.reused) == (2, 5)
+
+
+def test_scanned_loops_size_their_iteration_under_each_costing():
+    t = _traced("scan")
+    cache = PeakCache()
+    peaks = set()
+    for up in range(len(UP)):
+        t.peak_cache = None
+        plain = t.report(_specs(up, 0, 0, 1)).peak_bytes
+        t.peak_cache = cache
+        assert t.report(_specs(up, 0, 0, 1)).peak_bytes == plain
+        peaks.add(plain)
+    assert cache.flattened == 1 and cache.reused == len(UP) - 1
+    assert len(peaks) > 1  # the layouts change the loop's bytes: a reuse that kept the first ones would fail
+
+
+@pytest.mark.parametrize("tiling", ["dense", "tpu"])
+def test_peak_bytes_with_and_without_a_cache_on_both_tilings(tiling):
+    t = _traced("unrolled")
+    cache = PeakCache()
+    # The second layout's batch is split over (data, model): the placement to data copies it, a second flattening.
+    for specs in [_specs(1, 1, 1, 1), _specs(2, 3, 2, 2), _specs(3, 2, 0, 1)]:
+        walker = Walker(t.costs)
+        env: dict = {}
+        walker.walk(t.jaxpr, arg_layouts(t.args, specs, t.mesh), 1, None, env=env)
+        plain = peak_bytes(t.jaxpr, env, walker.sub_envs, tiling=tiling)
+        assert peak_bytes(t.jaxpr, env, walker.sub_envs, tiling=tiling, cache=cache) == plain
+    assert (cache.flattened, cache.reused) == (2, 1)
+
+
+def test_plans_are_the_same_with_and_without_the_cache(monkeypatch):
+    """The planner's choice, its figures and every alternative's, on an Explicit mesh from jax.set_mesh."""
+    import einshard
+    from einshard._src.analysis.program.trace import TracedProgram
+    from einshard.planner import SearchOptions
+
+    params, x, labels = _shapes()
+    params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), params)
+    x, labels = jnp.ones(x.shape, x.dtype), jnp.zeros(labels.shape, labels.dtype)
+    fn = jax.value_and_grad(lambda p, x, y: _loss(p, x, y, how="unrolled"))
+
+    def run():
+        with jax.set_mesh(jax.make_mesh((4, 2), ("data", "model"))):
+            return einshard.plan(fn, params, x, labels, profile="h100", search=SearchOptions(max_evaluations=30))
+
+    cached = run()
+    original = TracedProgram.__init__
+
+    def no_cache(self, *a, **k):
+        original(self, *a, **k)
+        self.peak_cache = None
+
+    monkeypatch.setattr(TracedProgram, "__init__", no_cache)
+    plain = run()
+    assert cached.rules == plain.rules and cached.data_rules == plain.data_rules
+    assert (cached.time_s, cached.memory_bytes) == (plain.time_s, plain.memory_bytes)
+    assert [(a.time_s, a.memory_bytes) for a in cached.alternatives] == [
+        (a.time_s, a.memory_bytes) for a in plain.alternatives
+    ]
+
+
+def test_a_max_pools_gradient_scratch_is_sized_under_each_costings_layouts():
+    """The max pool gradient's expansion scratch (memory.window_scratch) depends on the layouts: a reused
+    flattening sizes it again, as a fresh one would."""
+
+    def loss(x):
+        pooled = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        return jnp.sum(pooled**2)
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with jax.set_mesh(mesh):
+        t = trace(jax.grad(loss), jax.ShapeDtypeStruct((8, 8, 8, 16), jnp.float32))
+    cache = PeakCache()
+    peaks = set()
+    for spec in ["n h w c -> n h w c", "n h w c -> n@data h w c", "n h w c -> n@data h w c@model"]:
+        t.peak_cache = None
+        plain = t.report((spec,)).peak_bytes
+        t.peak_cache = cache
+        assert t.report((spec,)).peak_bytes == plain
+        peaks.add(plain)
+    assert cache.reused >= 1 and len(peaks) == 3
