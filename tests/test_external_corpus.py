@@ -65,7 +65,10 @@ def test_the_registry_covers_what_the_issue_asks_for():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", [pytest.param("kh_llama", marks=NO_KERAS_HUB), "keras_vit", "hk_stack"])
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param("kh_llama", marks=NO_KERAS_HUB), "keras_vit", "hk_stack", pytest.param("kh_t5", marks=NO_KERAS_HUB)],
+)
 def test_the_plan_is_not_beaten_by_a_hand_layout_by_xlas_bytes(family):
     """XLA's bytes for the plan vs each hand layout (one computing no more FLOPs); verify= is checked too."""
     from external_corpus.families import FAMILIES

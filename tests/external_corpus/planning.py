@@ -21,7 +21,7 @@ from .compare import mesh_of
 # The families the planner is checked on, and the tolerance on XLA's bytes: the plan may send at most this much
 # more than the best hand layout that computes no more FLOPs per device than it (a layout replicating the batch
 # sends nothing and computes everything on every device: bytes alone would reward it).
-PLANNED = ("kh_llama", "keras_vit", "hk_stack")
+PLANNED = ("kh_llama", "keras_vit", "hk_stack", "kh_t5")
 BYTES_TOLERANCE = 0.10
 
 
