@@ -45,6 +45,7 @@ import einshard  # noqa: E402
 from einshard._src.analysis.program import trace  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "external.json"
+TABLE = ROOT / "benchmarks" / "results" / "external.md"
 DOC = ROOT / "docs" / "analysis.md"
 START, END = (
     "<!-- external-corpus-bench: start (benchmarks/bench_external.py) -->",
@@ -166,7 +167,9 @@ def summary(result: dict[str, Any]) -> str:
         "Step time: the median of interleaved rounds; ± noise: the split-half spread of that median (odd against "
         "even rounds); vs best hand: the ratio to the fastest hand layout's median. XLA's numbers are from the "
         "compiled step (`.compile().as_text()`, `cost_analysis()`). explain's trace + walk and plan's time as "
-        "ratios to lower + compile of the same step:",
+        "ratios to lower + compile of the same step"
+        + (f" ({result['analysis_cost_note']})" if result.get("analysis_cost_note") else "")
+        + ":",
         "",
         "| family | explain / compile | plan / compile |",
         "|---|---|---|",
@@ -180,9 +183,13 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def write_doc(text: str) -> None:
+    """The block in docs/analysis.md, and benchmarks/results/external.md (docs/benchmarks.md's copy of it, by
+    benchmarks/update_docs.py)."""
     doc = DOC.read_text()
     head, rest = doc.split(START, 1)
     DOC.write_text(head + text + rest.split(END, 1)[1])
+    body = text.removeprefix(START).removesuffix(END).strip()
+    TABLE.write_text("# The planner against hand layouts on the external corpus\n\n" + body + "\n")
 
 
 def main() -> None:
@@ -203,6 +210,8 @@ def main() -> None:
         "step_time": {k: v for k, v in old.get("step_time", {}).items() if k in PLANNED},
         "analysis_cost": old.get("analysis_cost", {}) if a.skip_analysis else {},
     }
+    if a.skip_analysis:  # the docs say the analysis-cost table is not from this run
+        result["analysis_cost_note"] = old.get("analysis_cost_note") or "measured in an earlier run than the step times"
     for name in a.only.split(",") if a.only else PLANNED:
         result["step_time"][name] = step_times(name, a.rounds)
         print(name, {k: round(v["ratio_to_best_hand"], 2) for k, v in result["step_time"][name]["layouts"].items()})
