@@ -46,3 +46,24 @@ def test_an_expressible_hand_preset_is_compiled_by_verify_and_can_be_the_plan(ax
     assert r.strategies.get("parameters") != "the preset's rules"
     if chosen.label == "preset hand":
         assert r.rules == HAND[0] and set(r.data_rules[0].values()) == {"b s -> b@model s"}
+
+
+def _loss_bias(p, x):
+    return jnp.mean((jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"]) ** 2)
+
+
+def test_a_hand_preset_splitting_a_small_group_is_compiled_too():
+    """b1 is below 1% of the parameter bytes: the search alone keeps it replicated (one candidate), but a Megatron
+    hand layout splits it with its kernel; that layout joins b1's candidates, so the preset is still compiled."""
+    params = {**PARAMS, "b1": jax.ShapeDtypeStruct((1024,), jnp.float32)}
+    hand = ({**HAND[0], r"^\['b1'\]$": "x -> x@data"}, HAND[1])
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    r = einshard.plan(
+        jax.value_and_grad(_loss_bias), params, BATCH, mesh=mesh, profile="cpu", verify=1, presets={"hand": hand}
+    )
+    rows = {v.label: v for v in r.verification}
+    assert "preset hand" in rows, [v.label for v in r.verification]
+    chosen = next(v for v in r.verification if v.chosen)
+    assert chosen.compiled_time_s == min(v.compiled_time_s for v in r.verification)
+    if chosen.label == "preset hand":
+        assert r.rules[r"^\['b1'\]$"] == "x -> x@data"

@@ -24,7 +24,7 @@ from .groups import Group, batch_candidates, param_candidates, param_groups, sea
 from .inputs import OBJECTIVES, Objective, mesh_axes_of, parse_bytes, shape_of
 from .options import FIELDS, SearchOptions, search_options
 from .pipelines import PipelineCost, PipelineSearch, best_pipeline, cost_pipelines
-from .preset_match import expressible_presets
+from .preset_match import admit_preset_layouts, expressible_presets
 from .result import Alternative, LayoutPlan
 from .roles import weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
@@ -130,8 +130,10 @@ def plan(
     space = _space(fn, args, kwargs, mesh_axes, profile, params, p_idx, d_idx, objective, budget, opt_bytes)
     # The user's presets the candidates express join dp and fsdp: starts of the search, and compiled by verify=
     # when the model ranks one the best preset (a hand layout is otherwise only ever priced, never compiled).
+    built_in = preset_assignments(space.groups, space.batch)  # before the presets' layouts join the candidates
+    admit_preset_layouts(presets or {}, space.costs)
     expressed, _ = expressible_presets(presets or {}, space.costs)
-    presets_assign = {**preset_assignments(space.groups, space.batch), **expressed}
+    presets_assign = {**built_in, **expressed}
     method, order = _search(space, presets_assign, mesh_axes, options)
     checked = _verify(fn, kwargs, space, order, presets_assign, verify, tgt, mesh, args, mesh_axes)
     run = _Run(

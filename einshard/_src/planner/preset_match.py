@@ -6,12 +6,15 @@ the model ranks it the best preset.  Without this a hand layout was only ever pr
 never saw it, so ``verify=`` could not catch a plan that a hand layout beats in XLA's numbers.
 
 A preset is expressible when every parameter group's leaves share one layout that is one of the group's
-candidates (groups below 1 % of the parameter bytes have only the replicated one) and the data's layouts are one
-of the batch's candidates.  Where one is not, it stays priced by the model alone (as before).
+candidates and the data's layouts are one of the batch's candidates.  A layout a preset gives all of a group's
+leaves becomes one of its candidates first (:func:`admit_preset_layouts`): groups below 1 % of the parameter
+bytes have only the replicated candidate, and a Megatron hand layout splits the biases with their kernels.
+Where a preset still is not expressible, it stays priced by the model alone (as before).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,10 +24,11 @@ from ..core.layout import resolve_named
 from ..errors import EinshardError
 from ..parsing import parse_placement
 from ..tree_rules import leaf_expressions
+from .groups import Candidate
 from .inputs import shape_of
 from .scoring import Costs
 
-__all__ = ["preset_assignment", "expressible_presets"]
+__all__ = ["preset_assignment", "expressible_presets", "admit_preset_layouts"]
 
 Assign = tuple[int, ...]
 # A PartitionSpec entry per tensor axis, each the tuple of mesh axes it is split over: ('data',) and 'data'
@@ -54,6 +58,24 @@ def _layouts(name: str, rules: Any, tree: Any, costs: Costs) -> list[SplitAxes]:
     return out
 
 
+def _param_layouts(name: str, prules: Any, costs: Costs) -> list[SplitAxes]:
+    return [lay for i in costs.p_idx for lay in _layouts(name, prules, costs.args[i], costs)]
+
+
+def admit_preset_layouts(presets: Mapping[str, tuple[Any, Any]], costs: Costs) -> None:
+    """Each layout a preset gives every leaf of a group becomes one of the group's candidates (in place: the
+    search's groups are ``costs.groups``), so the preset is an assignment and the search can move from it."""
+    for name, (prules, _) in presets.items():
+        params = _param_layouts(name, prules, costs)
+        for k, g in enumerate(costs.groups):
+            wanted = {params[i] for i in g.leaves}
+            if len(wanted) != 1:
+                continue
+            (layout,) = wanted
+            if not any(_split_axes(c.dims, len(layout)) == layout for c in g.candidates):
+                costs.groups[k] = dataclasses.replace(g, candidates=(*g.candidates, Candidate(layout)))
+
+
 def preset_assignment(
     name: str,
     prules: Mapping[str, str] | str,
@@ -61,8 +83,8 @@ def preset_assignment(
     costs: Costs,
 ) -> Assign | None:
     """The assignment that lays everything out as the preset does, or None where no assignment does."""
-    args, p_idx, d_idx = costs.args, costs.p_idx, costs.d_idx
-    params = [lay for i in p_idx for lay in _layouts(name, prules, args[i], costs)]
+    args, d_idx = costs.args, costs.d_idx
+    params = _param_layouts(name, prules, costs)
     data_list = [pdata] * len(d_idx) if isinstance(pdata, (Mapping, str)) else list(pdata)
     data = [lay for k, i in enumerate(d_idx) for lay in _layouts(name, data_list[k], args[i], costs)]
     assign: list[int] = []
