@@ -10,7 +10,12 @@
 
 Writes benchmarks/results/external.json.
 
-    python benchmarks/bench_external.py [--rounds 20] [--repeats 3]
+    python benchmarks/bench_external.py [--rounds 40] [--repeats 3] [--only kh_llama,hk_stack] [--skip-analysis]
+
+``--only`` re-measures the named families' step times and keeps the other rows of external.json (each family is
+minutes of planning and compiling on a shared 2-core machine).  The noise of a median is reported as the
+split-half spread: the medians of the odd and the even rounds, |a - b| / median (a drift or a burst of load from
+another process shows there, not as a difference between layouts, since every round runs every layout).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import einshard  # noqa: E402
 from einshard._src.analysis.program import trace  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "external.json"
+TABLE = ROOT / "benchmarks" / "results" / "external.md"
 DOC = ROOT / "docs" / "analysis.md"
 START, END = (
     "<!-- external-corpus-bench: start (benchmarks/bench_external.py) -->",
@@ -50,7 +56,12 @@ START, END = (
 def step_times(name: str, rounds: int) -> dict[str, Any]:
     fam = FAMILIES[name]()
     plan = plan_for(fam)
-    costs = {label: compiled(fam, exprs) for label, exprs in layouts(fam, plan).items()}
+    candidates = layouts(fam, plan)
+    # Every parameter and the batch replicated: no collective, every device computes the whole step.  Not a hand
+    # layout anyone would write for a large model, but the reference that says whether a plan replicating
+    # everything (what the cost model picks when collectives cost more than the FLOPs they save) is right here.
+    candidates["replicated"] = jax.tree.map(_unsplit, candidates["dp"])
+    costs = {label: compiled(fam, exprs) for label, exprs in candidates.items()}
     runs = {}
     for label, c in costs.items():
         psh, bsh = c["shardings"]
@@ -66,8 +77,12 @@ def step_times(name: str, rounds: int) -> dict[str, Any]:
             jax.block_until_ready(fn(*args))
             samples[label].append(time.perf_counter() - t)
     med = {label: statistics.median(s) for label, s in samples.items()}
-    best_hand = min(v for k, v in med.items() if k != "plan")
+    hand = [k for k in med if k not in ("plan", "replicated")]
+    best_label = min(hand, key=med.__getitem__)
+    best_hand = med[best_label]
     return {
+        "best_hand": best_label,
+        "rounds": rounds,
         "plan_rules": plan.rules,
         "plan_data_rules": list(plan.data_rules),
         "plan_complete": plan.report.complete,
@@ -76,6 +91,7 @@ def step_times(name: str, rounds: int) -> dict[str, Any]:
                 "median_s": med[label],
                 "ratio_to_dp": med[label] / med["dp"],
                 "ratio_to_best_hand": med[label] / best_hand,
+                "noise": split_half_noise(samples[label]),
                 "xla_comm_bytes": costs[label]["comm_bytes"],
                 "xla_collectives": costs[label]["collectives"],
                 "xla_flops": costs[label]["flops"],
@@ -83,6 +99,17 @@ def step_times(name: str, rounds: int) -> dict[str, Any]:
             for label in labels
         },
     }
+
+
+def _unsplit(expr: str) -> str:
+    """'b s -> b@data s' -> 'b s -> b s'."""
+    lhs = expr.split("->")[0].strip()
+    return f"{lhs} -> {lhs}"
+
+
+def split_half_noise(samples: list[float]) -> float:
+    """|median(odd rounds) - median(even rounds)| / median: how far the median moves with the rounds sampled."""
+    return abs(statistics.median(samples[0::2]) - statistics.median(samples[1::2])) / statistics.median(samples)
 
 
 def _timed(fn: Any, repeats: int) -> float:
@@ -123,17 +150,26 @@ def analysis_cost(name: str, repeats: int) -> dict[str, Any]:
 def summary(result: dict[str, Any]) -> str:
     """The docs' generated block: step-time ratios and the analysis' cost, from external.json."""
     lines = [START, f"Measured on {result['machine']} (jax {result['jax']}).", ""]
-    lines += ["| family | " + " | ".join(("plan", "dp", "tp", "dp_tp", "fsdp")) + " |", "|---|---|---|---|---|---|"]
+    lines += [
+        "| family | layout | XLA bytes/device | XLA collectives | XLA MFLOP/device | median step | ± noise | "
+        "vs best hand |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, row in result["step_time"].items():
-        cells = [
-            f"{row['layouts'][k]['ratio_to_best_hand']:.2f}× ({row['layouts'][k]['xla_comm_bytes'] / 1e3:.0f} kB)"
-            for k in ("plan", "dp", "tp", "dp_tp", "fsdp")
-        ]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        for k, c in row["layouts"].items():
+            noise = f"{c['noise'] * 100:.0f}%" if "noise" in c else "–"
+            lines.append(
+                f"| {name} | {k} | {c['xla_comm_bytes'] / 1e3:.0f} kB | {c['xla_collectives']} | "
+                f"{c['xla_flops'] / 1e6:.2f} | {c['median_s'] * 1e3:.2f} ms | {noise} | {c['ratio_to_best_hand']:.2f}× |"
+            )
     lines += [
         "",
-        "Step time (median of interleaved rounds) as a ratio to the fastest hand layout, XLA's bytes per device in "
-        "parentheses. explain's trace + walk and plan's time as ratios to lower + compile of the same step:",
+        "Step time: the median of interleaved rounds; ± noise: the split-half spread of that median (odd against "
+        "even rounds); vs best hand: the ratio to the fastest hand layout's median. XLA's numbers are from the "
+        "compiled step (`.compile().as_text()`, `cost_analysis()`). explain's trace + walk and plan's time as "
+        "ratios to lower + compile of the same step"
+        + (f" ({result['analysis_cost_note']})" if result.get("analysis_cost_note") else "")
+        + ":",
         "",
         "| family | explain / compile | plan / compile |",
         "|---|---|---|",
@@ -147,31 +183,40 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def write_doc(text: str) -> None:
+    """The block in docs/analysis.md, and benchmarks/results/external.md (docs/benchmarks.md's copy of it, by
+    benchmarks/update_docs.py)."""
     doc = DOC.read_text()
     head, rest = doc.split(START, 1)
     DOC.write_text(head + text + rest.split(END, 1)[1])
+    body = text.removeprefix(START).removesuffix(END).strip()
+    TABLE.write_text("# The planner against hand layouts on the external corpus\n\n" + body + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--doc-only", action="store_true", help="regenerate the docs block from external.json")
+    parser.add_argument("--only", default="", help="comma-separated families: re-measure their step times only")
+    parser.add_argument("--skip-analysis", action="store_true", help="keep the analysis-cost rows of external.json")
     a = parser.parse_args()
     if a.doc_only:
         write_doc(summary(json.loads(OUT.read_text())))
         return
+    old: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() and (a.only or a.skip_analysis) else {}
     result: dict[str, Any] = {
         "machine": f"{platform.machine()} {os.cpu_count()} cores, 8 simulated CPU devices, mesh (data=4, model=2)",
         "jax": jax.__version__,
-        "step_time": {},
-        "analysis_cost": {},
+        "step_time": {k: v for k, v in old.get("step_time", {}).items() if k in PLANNED},
+        "analysis_cost": old.get("analysis_cost", {}) if a.skip_analysis else {},
     }
-    for name in PLANNED:
+    if a.skip_analysis:  # the docs say the analysis-cost table is not from this run
+        result["analysis_cost_note"] = old.get("analysis_cost_note") or "measured in an earlier run than the step times"
+    for name in a.only.split(",") if a.only else PLANNED:
         result["step_time"][name] = step_times(name, a.rounds)
         print(name, {k: round(v["ratio_to_best_hand"], 2) for k, v in result["step_time"][name]["layouts"].items()})
         OUT.write_text(json.dumps(result, indent=1, default=str))
-    for name in FAMILIES:
+    for name in () if a.skip_analysis else FAMILIES:
         result["analysis_cost"][name] = analysis_cost(name, a.repeats)
         print(name, result["analysis_cost"][name])
         OUT.write_text(json.dumps(result, indent=1, default=str))

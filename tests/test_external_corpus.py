@@ -73,7 +73,10 @@ def test_the_registry_covers_what_the_issue_asks_for():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", [pytest.param("kh_llama", marks=NO_KERAS_HUB), "keras_vit", "hk_stack"])
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param("kh_llama", marks=NO_KERAS_HUB), "keras_vit", "hk_stack", pytest.param("kh_t5", marks=NO_KERAS_HUB)],
+)
 def test_the_plan_is_not_beaten_by_a_hand_layout_by_xlas_bytes(family):
     """XLA's bytes for the plan vs each hand layout (one computing no more FLOPs); verify= is checked too."""
     from external_corpus.families import FAMILIES
@@ -87,3 +90,40 @@ def test_the_plan_is_not_beaten_by_a_hand_layout_by_xlas_bytes(family):
         verified = plan_for(fam, verify=4)
         vcosts = {name: compiled(fam, exprs) for name, exprs in layouts(fam, verified).items()}
         pytest.fail(f"{family}: hand layouts beat the plan: {beaten}; with verify=4: {worse_than_hand(vcosts)}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param("kh_llama", marks=NO_KERAS_HUB), "keras_vit", "hk_stack", pytest.param("kh_t5", marks=NO_KERAS_HUB)],
+)
+def test_the_search_finds_a_layout_its_model_ranks_above_every_hand_layout(family):
+    """The hand layouts given as plan(presets=): the search, not a preset, is the plan (its model's numbers)."""
+    from external_corpus.families import FAMILIES
+    from external_corpus.planning import hand_presets, hand_presets_beating_the_search, plan_for
+
+    fam = FAMILIES[family]()
+    plan = plan_for(fam, presets=hand_presets(fam))
+    assert {f"preset hand_{s}" for s in fam.rules} <= {a.label for a in plan.alternatives}
+    assert not hand_presets_beating_the_search(plan), hand_presets_beating_the_search(plan)
+
+
+def test_the_hand_layout_check_fails_on_a_plan_sending_more_at_no_more_flops():
+    """worse_than_hand, the slow check's guard, on XLA-like numbers: it must catch a plan beaten by >10% bytes."""
+    from external_corpus.planning import BYTES_TOLERANCE, worse_than_hand
+
+    def costs(plan_bytes: float, plan_flops: float) -> dict:
+        return {
+            "dp": {"comm_bytes": 1000.0, "flops": 4.0e6},
+            "tp": {"comm_bytes": 800.0, "flops": 8.0e6},
+            "plan": {"comm_bytes": plan_bytes, "flops": plan_flops},
+        }
+
+    limit = 800.0 * (1 + BYTES_TOLERANCE)
+    assert worse_than_hand(costs(limit * 1.01, 8.0e6)) and worse_than_hand(costs(limit * 1.01, 8.0e6))[0].startswith(
+        "tp:"
+    )
+    assert not worse_than_hand(costs(limit * 0.99, 8.0e6))  # within the tolerance of the best comparable
+    assert not worse_than_hand(costs(5000.0, 2.0e6))  # every hand layout computes more: not comparable
+    assert [b.split(":")[0] for b in worse_than_hand(costs(1200.0, 4.0e6))] == ["dp"]  # tp computes more
+    assert not worse_than_hand(costs(0.0, 3.2e7))  # replicating everything: no bytes to lose by

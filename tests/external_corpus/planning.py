@@ -21,7 +21,7 @@ from .compare import mesh_of
 # The families the planner is checked on, and the tolerance on XLA's bytes: the plan may send at most this much
 # more than the best hand layout that computes no more FLOPs per device than it (a layout replicating the batch
 # sends nothing and computes everything on every device: bytes alone would reward it).
-PLANNED = ("kh_llama", "keras_vit", "hk_stack")
+PLANNED = ("kh_llama", "keras_vit", "hk_stack", "kh_t5")
 BYTES_TOLERANCE = 0.10
 
 
@@ -29,9 +29,39 @@ def step_of(family: Family) -> Any:
     return jax.value_and_grad(family.loss)
 
 
-def plan_for(family: Family, verify: int | None = None) -> Any:
+def plan_for(family: Family, verify: int | None = None, presets: dict[str, Any] | None = None) -> Any:
     """einshard.plan on the Explicit (4, 2) mesh (only shapes matter), the step a training loop runs."""
-    return einshard.plan(step_of(family), family.params, family.batch, mesh=mesh_of("explicit"), verify=verify)
+    return einshard.plan(
+        step_of(family), family.params, family.batch, mesh=mesh_of("explicit"), verify=verify, presets=presets
+    )
+
+
+def _exact_rules(tree: Any) -> dict[str, str]:
+    """An expression tree as path rules, one exact pattern per leaf (what ``plan(presets=)`` takes)."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"^" + re.escape(jax.tree_util.keystr(path)) + "$": expr for path, expr in flat}
+
+
+def hand_presets(family: Family) -> dict[str, Any]:
+    """Every hand layout of the family as a ``plan(presets=)`` entry: ``hand_dp``, ``hand_tp``..."""
+    out = {}
+    for strategy in family.rules:
+        params, batch = specs_for(family, strategy)
+        out[f"hand_{strategy}"] = (_exact_rules(params), [_exact_rules(batch)])
+    return out
+
+
+def hand_presets_beating_the_search(plan: Any) -> list[str]:
+    """The hand presets the cost model prices faster than the layout the search found (empty: the search found
+    one at least as fast, by the model, as every hand layout).  ``plan`` was made with ``presets=hand_presets``;
+    a plan returned *as* one of them means the search missed a layout its own model ranks first."""
+    if plan.strategies.get("parameters") == "the preset's rules":
+        return [f"{plan.strategies['batch']}: {plan.time_s * 1e6:.1f} µs, chosen over every layout the search costed"]
+    return [
+        f"{a.label}: {a.time_s * 1e6:.1f} µs vs the search's {plan.time_s * 1e6:.1f} µs"
+        for a in plan.alternatives
+        if a.label.startswith("preset hand_") and a.time_s < plan.time_s * (1 - 1e-9)
+    ]
 
 
 def _expressions(tree: Any, rules: dict[str, str]) -> Any:

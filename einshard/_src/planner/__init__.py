@@ -9,7 +9,8 @@ The package: :mod:`.inputs` (budget, mesh, shapes), :mod:`.groups` (parameter
 groups and candidate layouts), :mod:`.scoring` (an assignment's compute,
 communication and memory), :mod:`.search` (exhaustive or guided descent),
 :mod:`.explanation` (names and the ``why``), :mod:`.result` (``LayoutPlan``),
-:mod:`.options` (``SearchOptions``: how the search walks), :mod:`.core` (``plan``).
+:mod:`.options` (``SearchOptions``: how the search walks), :mod:`.preset_match` (a ``presets=`` hand layout as
+an assignment: searched from and compiled by ``verify=``), :mod:`.core` (``plan``).
 
 How it works:
 

@@ -24,6 +24,7 @@ from .groups import Group, batch_candidates, param_candidates, param_groups, sea
 from .inputs import OBJECTIVES, Objective, mesh_axes_of, parse_bytes, shape_of
 from .options import FIELDS, SearchOptions, search_options
 from .pipelines import PipelineCost, PipelineSearch, best_pipeline, cost_pipelines
+from .preset_match import admit_preset_layouts, expressible_presets
 from .result import Alternative, LayoutPlan
 from .roles import weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
@@ -127,7 +128,12 @@ def plan(
         else (8.0 if objective == "training" else 0.0)
     )
     space = _space(fn, args, kwargs, mesh_axes, profile, params, p_idx, d_idx, objective, budget, opt_bytes)
-    presets_assign = preset_assignments(space.groups, space.batch)
+    # The user's presets the candidates express join dp and fsdp: starts of the search, and compiled by verify=
+    # when the model ranks one the best preset (a hand layout is otherwise only ever priced, never compiled).
+    built_in = preset_assignments(space.groups, space.batch)  # before the presets' layouts join the candidates
+    admit_preset_layouts(presets or {}, space.costs)
+    expressed, _ = expressible_presets(presets or {}, space.costs)
+    presets_assign = {**built_in, **expressed}
     method, order = _search(space, presets_assign, mesh_axes, options)
     checked = _verify(fn, kwargs, space, order, presets_assign, verify, tgt, mesh, args, mesh_axes)
     run = _Run(
@@ -136,6 +142,7 @@ def plan(
         best=checked.order[0],
         presets_assign=presets_assign,
         presets=presets or {},
+        expressed=tuple(expressed),
         options=options,
         objective=objective,
         budget=budget,
@@ -434,6 +441,7 @@ class _Run:
     best: Assign
     presets_assign: Mapping[str, Assign]
     presets: Mapping[str, PresetRules]
+    expressed: tuple[str, ...]  # the user's presets that are assignments (searched and verified as such)
     options: SearchOptions
     objective: str
     budget: int | None
@@ -465,7 +473,10 @@ def _choice(run: _Run) -> _Choice:
     preset_alts = [space.alternative(f"preset {n}", a) for n, a in run.presets_assign.items() if n not in run.presets]
     user: list[tuple[Alternative, Score]] = [user_preset(n, pr, pd, costs) for n, (pr, pd) in run.presets.items()]
     preset_alts += [alt for alt, _ in user]
-    beaten_by = min(user, key=lambda u: u[1].key, default=None)
+    # A preset that is an assignment already competed in the search (and in verify='s compiled ranking, which
+    # must not be overruled by the prediction): only the others can beat the choice here.
+    outside = [u for u, n in zip(user, run.presets) if n not in run.expressed]
+    beaten_by = min(outside, key=lambda u: u[1].key, default=None)
     if beaten_by is not None and beaten_by[1].key < chosen.key:
         # A hand-written layout the candidates cannot express beat the search: return it.
         alt, score = beaten_by
