@@ -211,8 +211,13 @@ class Profile:
 
 PROFILES: dict[str, Profile] = {
     # A CPU host running simulated devices: ~100 GFLOP/s per device (a few AVX-512 cores), devices
-    # "talk" through host memory copies at ~10 GB/s with ~5 µs per step.  Rough, for relative answers only.
-    "cpu": Profile("cpu", flops=1e11, bandwidth=1e10, latency=5e-6),
+    # "talk" through host memory copies at ~10 GB/s.  The latency per ring step is what a collective costs
+    # inside a step, measured (benchmarks/cpu_calibration.py): 5 µs alone on an idle 16-core host but ~9 µs
+    # inside a training step there, and ~45 µs on a 2-core host running 8 devices; 20 µs sits between, so a
+    # tiny model is not split where the collectives' rendezvous costs more than the compute saved (the external
+    # corpus' scanned stack: splitting the batch measured 1.2-1.5x slower than no split at all, predicted
+    # faster at 5 µs).  Rough, for relative answers only.
+    "cpu": Profile("cpu", flops=1e11, bandwidth=1e10, latency=2e-5),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
     # the book measures AR bus bandwidth only for large messages).
