@@ -21,6 +21,13 @@ verified candidates are ranked by the objective on those compiled numbers
 memory; ``'communication'``: compiled bytes sent), those within the budget
 first, the prediction's order breaking ties; the first is the plan.  Where
 the compiler agrees with the prediction, that is the prediction's choice.
+
+**The cost.**  A 7B step's TPU compile is minutes of CPU, so each program is
+compiled once: candidates whose shardings are equal (their assignments differ
+only where no leaf's spec shows it) share one compile; each distinct program
+is traced and lowered once, in the caller's thread (tracing is Python), and
+the compiles run on a thread pool as large as the CPUs this process may use
+(:func:`compile_workers`): XLA's and libtpu's compiles release the GIL.
 """
 
 from __future__ import annotations
