@@ -78,8 +78,9 @@ def test_candidates_with_equal_shardings_compile_once(monkeypatch: pytest.Monkey
 
 
 def test_distinct_programs_compile_concurrently(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Two workers; each compile waits at a two-party barrier before compiling: the barrier opens only if two
-    # compiles are in flight at once (a pool of one, or compiles in the caller's thread, would break it).
+    # One CPU: still two compiles at once (the pool runs up to twice the CPUs).  The first two compiles wait at a
+    # two-party barrier: it opens only if they are in flight together (a pool of one, or compiles in the
+    # caller's thread, would break it).
     real_compile = verify.compile_and_read
     barrier = threading.Barrier(2, timeout=60)
     threads: Counter[str] = Counter()
@@ -95,11 +96,11 @@ def test_distinct_programs_compile_concurrently(monkeypatch: pytest.MonkeyPatch)
             barrier.wait()
         return real_compile(low, profile)
 
-    monkeypatch.setattr(verify, "compile_workers", lambda: 2)
+    monkeypatch.setattr(verify, "compile_workers", lambda: 1)
     monkeypatch.setattr(verify, "compile_and_read", compile_and_read)
     result = _plan(3)
     assert len(first_two) >= 2 and not barrier.broken
-    assert threading.main_thread().name not in threads and len(threads) == 2
+    assert threading.main_thread().name not in threads and len(threads) >= 2
     assert sum(r.chosen for r in result.verification) == 1
 
 
