@@ -207,16 +207,16 @@ def test_cli_plans_a_llama_for_a_gpu_target(capsys):
 def test_a_candidate_the_target_compiler_fails_on_is_reported_and_ranked_last(monkeypatch):
     import einshard._src.planner.verify as verify
 
-    real = verify.compiled_numbers
+    real = verify.compile_and_read
     calls = []
 
     def first_fails(*args, **kwargs):
-        calls.append(1)
+        calls.append(1)  # the compiles run on a thread pool: whichever starts first fails
         if len(calls) == 1:
             raise RuntimeError("INTERNAL: RET_CHECK failure (a compiler bug)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(verify, "compiled_numbers", first_fails)
+    monkeypatch.setattr(verify, "compile_and_read", first_fails)
     params, x = _mlp(256, 1024, 64)
     result = plan(
         jax.value_and_grad(_mlp_loss),
@@ -231,7 +231,7 @@ def test_a_candidate_the_target_compiler_fails_on_is_reported_and_ranked_last(mo
     assert result.verification[-1] is failed[0] and result.verification[0].chosen and not result.verification[0].error
     assert "did not compile (TPU compiler (v5e:2x2))" in str(result)
 
-    monkeypatch.setattr(verify, "compiled_numbers", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(verify, "compile_and_read", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(EinshardError, match=r"compiled none of the .* candidates.*boom"):
         plan(
             jax.value_and_grad(_mlp_loss),

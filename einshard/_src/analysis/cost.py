@@ -234,9 +234,11 @@ PROFILES: dict[str, Profile] = {
 # and overlaps its async collectives with compute; its tile padding is modelled (buffer_bytes).
 COMPILER_CAVEATS: dict[Tiling, str] = {
     "tpu": (
+        # Each clause is a departure measured on the per-primitive cases (tests/test_target_primitives.py).
         "collectives as XLA's SPMD partitioner chooses them on CPU/GPU; the TPU compiler gathers sharded "
-        "(FSDP) weights per use, merges gradient all-reduces and overlaps collectives with compute by its own "
-        "heuristics: compile with plan(verify=) for its numbers; memory in its tiles"
+        "(FSDP) weights per use, merges collectives (gradient all-reduces, a gather over two axes), simplifies "
+        "some away, partitions sorts, top_k and argmax its own way, and overlaps collectives with compute, by its "
+        "own heuristics: compile with plan(verify=) for its numbers; memory in its tiles"
     ),
 }
 

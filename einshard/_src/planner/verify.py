@@ -21,13 +21,23 @@ verified candidates are ranked by the objective on those compiled numbers
 memory; ``'communication'``: compiled bytes sent), those within the budget
 first, the prediction's order breaking ties; the first is the plan.  Where
 the compiler agrees with the prediction, that is the prediction's choice.
+
+**The cost.**  A 7B step's TPU compile is minutes of CPU, so each program is
+compiled once: candidates whose shardings are equal (their assignments differ
+only where no leaf's spec shows it) share one compile; each distinct program
+is traced and lowered once, in the caller's thread (tracing is Python), and
+the compiles run on a thread pool, all at once up to twice the CPUs this
+process may use (:func:`compile_workers`): XLA's and libtpu's compiles release
+the GIL.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +56,10 @@ __all__ = [
     "predicted_kinds",
     "verification_mesh",
     "compiled_numbers",
+    "lower_on_shapes",
+    "read_compiled",
+    "compile_and_read",
+    "compile_workers",
     "verify_assignments",
 ]
 
@@ -181,25 +195,23 @@ def verification_mesh(
     )
 
 
-def compiled_numbers(
+# What :func:`read_compiled` gives: (communication seconds on the profile, bytes sent per device, collectives per
+# step, peak bytes per device or None, collectives by kind).
+Numbers = tuple[float, float, int, int | None, dict[str, int]]
+
+
+def lower_on_shapes(
     fn: Callable[..., Any],
     args: Sequence[Any],
     in_specs: Sequence[Any],
     out_specs: Any,
     mesh: Mesh,
-    profile: Profile,
     **kwargs: Any,
-) -> tuple[float, float, int, int | None, dict[str, int]]:
-    """Compile ``fn`` on shapes laid out as ``in_specs`` (one PartitionSpec or None per leaf of ``args``) and
-    ``out_specs`` (a pytree prefix of the output: PartitionSpec, or None for the compiler's choice).
-
-    Returns:
-        (communication seconds on ``profile``, bytes sent per device, collectives per step,
-        peak bytes per device (None where the backend has no ``memory_analysis()``), collectives by kind),
-        all from the compiled program.
-    """
-    from ..testing import hlo
-
+) -> jax.stages.Lowered:
+    """``fn`` traced and lowered on shapes laid out as ``in_specs`` (one PartitionSpec or None per leaf of
+    ``args``) and ``out_specs`` (a pytree prefix of the output: PartitionSpec, or None for the compiler's
+    choice), on ``mesh``: nothing is allocated.  Tracing is Python (it holds the GIL), so it runs in the
+    caller's thread, with ``mesh`` in context as a user's step runs (an Explicit mesh's types need it)."""
     leaves, treedef = jax.tree_util.tree_flatten(args)
     shapes = [
         jax.ShapeDtypeStruct(
@@ -213,8 +225,15 @@ def compiled_numbers(
         is_leaf=lambda s: s is None or isinstance(s, jax.sharding.PartitionSpec),
     )
     jitted = jax.jit(functools.partial(fn, **kwargs), out_shardings=out_shardings)
-    with jax.set_mesh(mesh):  # the mesh in context too, as a user's step runs (an Explicit mesh's types need it)
-        compiled = jitted.lower(*jax.tree_util.tree_unflatten(treedef, shapes)).compile()
+    with jax.set_mesh(mesh):
+        return jitted.lower(*jax.tree_util.tree_unflatten(treedef, shapes))
+
+
+def read_compiled(compiled: Any, profile: Profile) -> Numbers:
+    """A compiled program's collectives (priced on ``profile``, once per HLO instruction) and peak memory
+    (``memory_analysis()``: arguments + outputs + temporaries - aliased), in :data:`Numbers`' order."""
+    from ..testing import hlo
+
     by_instruction: dict[str, list[Any]] = {}
     for c in hlo.normalized(compiled.as_text() or ""):
         by_instruction.setdefault(c.name, []).append(c)
@@ -237,9 +256,138 @@ def compiled_numbers(
     return comm_s, sent, count, peak, kinds
 
 
+def compile_and_read(lowered: jax.stages.Lowered, profile: Profile) -> Numbers:
+    """Compile one lowered program and read it (:func:`read_compiled`).  XLA's compile (the CPU's and libtpu's)
+    releases the GIL and is mostly one thread, so :func:`verify_assignments` runs several of these at once."""
+    return read_compiled(lowered.compile(), profile)
+
+
+def compiled_numbers(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    in_specs: Sequence[Any],
+    out_specs: Any,
+    mesh: Mesh,
+    profile: Profile,
+    **kwargs: Any,
+) -> Numbers:
+    """Compile ``fn`` on shapes laid out as ``in_specs`` and ``out_specs`` (:func:`lower_on_shapes`).
+
+    Returns:
+        (communication seconds on ``profile``, bytes sent per device, collectives per step,
+        peak bytes per device (None where the backend has no ``memory_analysis()``), collectives by kind),
+        all from the compiled program.
+    """
+    return compile_and_read(lower_on_shapes(fn, args, in_specs, out_specs, mesh, **kwargs), profile)
+
+
+def compile_workers() -> int:
+    """The CPUs this process may use: :func:`_compile_all` runs up to twice as many compiles at once."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows: no affinity call
+        return max(1, os.cpu_count() or 1)
+
+
 def _predicted(score: Any) -> tuple[float, float, int, int]:
     """A candidate's predicted (step time, bytes sent, collectives, memory), in :class:`Verified`'s order."""
     return score.time_s, score.comm, score.comm_ops or score.report.comm_count, score.memory
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """One candidate to verify: its prediction and the shardings its program is compiled with."""
+
+    rank: int
+    label: str
+    assign: tuple[int, ...]
+    score: Any
+    in_specs: tuple[Any, ...]
+    out_specs: Any
+
+    @property
+    def program(self) -> tuple[Any, ...]:
+        """What decides the compiled program: two candidates with equal shardings compile the same program
+        (their assignments can differ only in what no leaf's spec shows), so it is compiled once."""
+        out = jax.tree_util.tree_flatten(
+            self.out_specs, is_leaf=lambda s: s is None or isinstance(s, jax.sharding.PartitionSpec)
+        )
+        return (self.in_specs, tuple(out[0]), out[1])
+
+
+def _candidate(costs: Costs, rank: int, label: str, assign: tuple[int, ...]) -> _Candidate:
+    P = jax.sharding.PartitionSpec
+    score: Score = costs.score(assign)
+    leaf_specs, data_specs = costs.specs(assign)
+    params_specs = jax.tree_util.tree_unflatten(costs.params_treedef, leaf_specs)
+    full = costs.in_specs(params_specs, data_specs)
+    flat_specs = tuple(
+        s for sub in full for s in jax.tree_util.tree_leaves(sub, is_leaf=lambda s: s is None or isinstance(s, P))
+    )
+    out_leaves, out_def = jax.tree_util.tree_flatten(costs.traced.out_shape)
+    out_specs = jax.tree_util.tree_unflatten(
+        out_def, [None if i is None else leaf_specs[i] for i in costs.out_params[: len(out_leaves)]]
+    )
+    return _Candidate(rank, label, assign, score, flat_specs, out_specs)
+
+
+def _auto(mesh: Mesh) -> Mesh:
+    """The same devices with Auto axes."""
+    return jax.sharding.Mesh(
+        mesh.devices, mesh.axis_names, axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+    )
+
+
+_PENDING: Numbers = (0.0, 0.0, 0, None, {})  # a compile not yet read (replaced before _compile_all returns)
+
+
+def _compile_all(
+    fn: Callable[..., Any],
+    costs: Costs,
+    programs: Sequence[_Candidate],
+    mesh: Mesh,
+    kwargs: dict[str, Any],
+    compiler: str,
+) -> list[Numbers | BaseException]:
+    """Each distinct program lowered (here, one after another: tracing holds the GIL) and compiled (on a
+    thread pool, up to twice :func:`compile_workers` at once: a 7B step's TPU compile is minutes of CPU), in
+    ``programs``' order; a target compiler's failure is returned, not raised (the caller reports it)."""
+    explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+
+    def fallback(c: _Candidate, err: BaseException) -> Numbers:
+        # XLA: a program that does not type-check (or compile) on Explicit axes, where jax.sharding.auto_axes
+        # would be needed, compiles on the same devices with Auto axes, as jax.jit would run it there.
+        if not explicit:
+            raise EinshardError(
+                f"plan(verify=...): XLA could not compile candidate {c.label!r}: {type(err).__name__}: {err}"
+            ) from err
+        return compiled_numbers(fn, costs.args, c.in_specs, c.out_specs, _auto(mesh), c.score.report.profile, **kwargs)
+
+    lowered: list[jax.stages.Lowered | BaseException] = []
+    for c in programs:
+        try:
+            lowered.append(lower_on_shapes(fn, costs.args, c.in_specs, c.out_specs, mesh, **kwargs))
+        except Exception as err:  # noqa: BLE001  (JAX's and XLA's errors have no common type)
+            lowered.append(err)
+    # A lowering's error stays the result; the others are replaced by their compiles' below.
+    results: list[Numbers | BaseException] = [low if isinstance(low, BaseException) else _PENDING for low in lowered]
+    jobs = {i: low for i, low in enumerate(lowered) if not isinstance(low, BaseException)}
+    # Up to twice the CPUs at once, not one per CPU: the compiles take about equal CPU time, so a pool of one
+    # per CPU leaves a last round with idle cores (3 compiles on 2 CPUs: 2 rounds, where all at once take 1.5);
+    # measured on the 7B step under load, the third compile ran alone for 500 s after the first two.  The cap
+    # bounds the memory of compiles in flight (a 7B step's TPU compile holds ~1 GB).
+    with ThreadPoolExecutor(max_workers=max(1, min(2 * compile_workers(), len(jobs)))) as pool:
+        futures = {i: pool.submit(compile_and_read, low, programs[i].score.report.profile) for i, low in jobs.items()}
+        for i, future in futures.items():
+            try:
+                results[i] = future.result()
+            except Exception as err:  # noqa: BLE001
+                results[i] = err
+    if compiler == "XLA":
+        for i, (c, got) in enumerate(zip(programs, results)):
+            if isinstance(got, BaseException):
+                results[i] = fallback(c, got)
+    return results
 
 
 def verify_assignments(
@@ -252,50 +400,35 @@ def verify_assignments(
     compiler: str = "XLA",
 ) -> list[tuple[Verified, tuple[int, ...]]]:
     """Each candidate (label, assignment) predicted and compiled, ranked by the compiled numbers (module doc);
-    the first is marked chosen."""
-    P = jax.sharding.PartitionSpec
+    the first is marked chosen.  Candidates whose shardings are equal share one compile; the distinct programs
+    compile concurrently (:func:`_compile_all`)."""
+    wanted = [_candidate(costs, rank, label, assign) for rank, (label, assign) in enumerate(candidates)]
+    distinct: dict[tuple[Any, ...], int] = {}
+    for c in wanted:
+        distinct.setdefault(c.program, len(distinct))
+    firsts = {index: next(c for c in wanted if distinct[c.program] == index) for index in distinct.values()}
+    compiled = _compile_all(fn, costs, [firsts[k] for k in range(len(firsts))], mesh, kwargs, compiler)
     rows: list[tuple[tuple[Any, ...], Verified, tuple[int, ...]]] = []
-    for rank, (label, assign) in enumerate(candidates):
-        score: Score = costs.score(assign)
-        leaf_specs, data_specs = costs.specs(assign)
-        params_specs = jax.tree_util.tree_unflatten(costs.params_treedef, leaf_specs)
-        full = costs.in_specs(params_specs, data_specs)
-        flat_specs = [
-            s for sub in full for s in jax.tree_util.tree_leaves(sub, is_leaf=lambda s: s is None or isinstance(s, P))
-        ]
-        out_leaves, out_def = jax.tree_util.tree_flatten(costs.traced.out_shape)
-        out_specs = jax.tree_util.tree_unflatten(
-            out_def, [None if i is None else leaf_specs[i] for i in costs.out_params[: len(out_leaves)]]
-        )
-        try:
-            numbers = compiled_numbers(fn, costs.args, flat_specs, out_specs, mesh, score.report.profile, **kwargs)
-        except Exception as err:  # noqa: BLE001  (JAX's and XLA's errors have no common type)
-            if compiler != "XLA":
-                # A target's compiler (libtpu) failing on one candidate is its bug or a version mismatch, not
-                # the plan's: that candidate is reported unverified and ranked last; the others still decide.
-                first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-                predicted = _predicted(score)
-                failed = Verified(
-                    label,
-                    *predicted,
-                    *predicted,  # nothing compiled: the compiled columns repeat the prediction
-                    fits=False,
-                    predicted_kinds=predicted_kinds(score.report),
-                    compiler=compiler,
-                    error=f"{type(err).__name__}: {first}",
-                )
-                rows.append(((True, True, 0.0, 0.0, 0.0, 0, rank), failed, assign))
-                continue
-            if not any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
-                raise EinshardError(
-                    f"plan(verify=...): XLA could not compile candidate {label!r}: {type(err).__name__}: {err}"
-                ) from err
-            # A program that does not type-check on Explicit axes (where jax.sharding.auto_axes would be
-            # needed) compiles on the same devices with Auto axes, as jax.jit would run it there.
-            auto = jax.sharding.Mesh(
-                mesh.devices, mesh.axis_names, axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+    for c in wanted:
+        label, assign, score, rank = c.label, c.assign, c.score, c.rank
+        numbers = compiled[distinct[c.program]]
+        if isinstance(numbers, BaseException):
+            # A target's compiler (libtpu) failing on one candidate is its bug or a version mismatch, not
+            # the plan's: that candidate is reported unverified and ranked last; the others still decide.
+            err = numbers
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            predicted = _predicted(score)
+            failed = Verified(
+                label,
+                *predicted,
+                *predicted,  # nothing compiled: the compiled columns repeat the prediction
+                fits=False,
+                predicted_kinds=predicted_kinds(score.report),
+                compiler=compiler,
+                error=f"{type(err).__name__}: {first}",
             )
-            numbers = compiled_numbers(fn, costs.args, flat_specs, out_specs, auto, score.report.profile, **kwargs)
+            rows.append(((True, True, 0.0, 0.0, 0.0, 0, rank), failed, assign))
+            continue
         comm_s, sent, count, peak, kinds = numbers
         memory = score.memory if peak is None else peak + costs.optimizer_bytes(assign)
         fits = costs.budget is None or memory <= costs.budget
@@ -308,7 +441,7 @@ def verify_assignments(
             sent,
             count,
             memory,
-            kinds,
+            dict(kinds),
             fits,
             predicted_kinds=predicted_kinds(score.report),
             fits_hbm=None if hbm_bytes is None else memory <= hbm_bytes,
