@@ -8,6 +8,7 @@ against the compiled HLO on one-op programs where the marks fire.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -170,3 +171,119 @@ def test_a_conflict_on_an_argument_is_explains_all_to_all_unmarked(rank: int) ->
     report, got_kinds, got_bytes, _ = _explain(case, mesh, _weighted)
     assert not report.approximate
     assert want_kinds["all-to-all"] == 1 and got_kinds == want_kinds and got_bytes == want_bytes
+
+
+# An approximate mark whose rule knows XLA's other choice: the report walks the program under that choice too
+# (einshard._src.analysis.program.alternatives) and the op's bound covers what the choice changes downstream.
+# A 3×3 stride-2 conv whose window covers its result, on rows split over a mesh axis (Auto mesh): XLA may gather
+# the input's rows and leave the result whole, and the batch norm after it then loses its all-reduces over that
+# axis (measured: 1 all-gather and 2 all-reduces where explain exchanges halos and all-reduces 4 times) — more
+# than the conv's own collectives, which was the whole bound before.
+def _conv_norm(x: Any, k: Any) -> Any:
+    pad = k.shape[0] // 2
+    x = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    y = lax.conv_general_dilated(x, k, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    mean = y.mean((0, 1, 2))
+    var = ((y - mean) ** 2).mean((0, 1, 2))
+    return jax.nn.relu((y - mean) / jnp.sqrt(var + 1e-5))
+
+
+def _sent(fn: Callable[..., Any], mesh: Any, args: Any, specs: Any) -> tuple[Any, float, float]:
+    """XLA's collectives (kinds, counted per run), bytes sent per device and peak bytes, as the corpus counts them."""
+    from collections import Counter
+
+    from jax.sharding import NamedSharding
+
+    from einshard.testing import hlo
+
+    shardings = tuple(NamedSharding(mesh, s) for s in specs)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(fn, in_shardings=shardings).lower(*args).compile()
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    kinds = Counter({c.kind: 0 for c in found})
+    for c in found:
+        kinds[c.kind] += c.runs
+    m = compiled.memory_analysis()
+    peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    return kinds, float(sum(c.sent_bytes * c.runs for c in found)), float(peak)
+
+
+def _explained(fn: Callable[..., Any], mesh: Any, args: Any, specs: Any) -> Any:
+    from einshard._src.analysis.program import trace
+
+    return trace(fn, *args, mesh=dict(zip(mesh.axis_names, mesh.axis_sizes))).report(specs)
+
+
+def _kinds_of(report: Any) -> Any:
+    from collections import Counter
+
+    return Counter(c.kind for op in report.ops for c in op.collectives for _ in range(op.repeat) if c.group_size > 1)
+
+
+@pytest.mark.parametrize("rows, window, grad", [(4, 3, False), (4, 3, True), (12, 7, False)])
+def test_a_marked_choice_bounds_what_it_changes_downstream(
+    rows: int, window: int, grad: bool, monkeypatch: Any
+) -> None:
+    from einshard._src.analysis.program import alternatives
+
+    mesh = _mesh(2, False)
+    args = (jax.ShapeDtypeStruct((8, rows, rows, 16), F32), jax.ShapeDtypeStruct((window, window, 16, 16), F32))
+    specs = (P("a", "b"), P())  # batch over 'a', rows over 'b'
+    run = jax.grad(lambda *a: jnp.sum(_conv_norm(*a) ** 2), argnums=(0, 1)) if grad else _conv_norm
+    want_kinds, want_bytes, want_peak = _sent(run, mesh, args, specs)
+    report = _explained(run, mesh, args, specs)
+    assert report.approximate and report.complete and report.alternatives_unwalked == 0
+    assert any(op.alternative for op in report.approximate_ops)
+    bound = report.approximate_bound
+    assert bound.collectives is not None and bound.bytes is not None
+    assert _edit_distance(_kinds_of(report), want_kinds) <= bound.collectives, (_kinds_of(report), want_kinds, bound)
+    assert abs(report.comm_bytes - want_bytes) <= max(bound.bytes, 0.1 * want_bytes), (report.comm_bytes, want_bytes)
+    if not report.peak_note:  # a conv's window scratch has its own peak caveat (memory.peak_caveat)
+        assert abs(report.peak_bytes - want_peak) <= max(bound.peak, 0.25 * want_peak), (report.peak_bytes, want_peak)
+    # The walk the report gives is the main one: only the marked op's bound differs from a report walked without
+    # forks, which keeps the local bound and says so on its first line.
+    monkeypatch.setattr(alternatives, "MAX_FORKS", 0)
+    local = _explained(run, mesh, args, specs)
+    assert local.alternatives_unwalked == len({op.alternative for op in report.ops if op.alternative})
+    assert "not walked to the program's end" in str(local).splitlines()[0]
+    assert [dataclasses.replace(op, bound=None) for op in local.ops] == [
+        dataclasses.replace(op, bound=None) for op in report.ops
+    ]
+    assert (local.comm_bytes, local.peak_bytes, local.comm_count) == (
+        report.comm_bytes,
+        report.peak_bytes,
+        report.comm_count,
+    )
+    if rows == 4 and not grad:  # the case measured above: the local bound alone did not cover XLA
+        assert _edit_distance(_kinds_of(report), want_kinds) > 0
+        local_bound = local.approximate_bound
+        assert local_bound.bytes is not None and abs(report.comm_bytes - want_bytes) > local_bound.bytes
+
+
+@pytest.mark.parametrize(
+    "fn, shape, spec",
+    [
+        # A stride-1 conv whose window is shorter than its result: halos, exact, no mark.
+        (
+            lambda x, k: lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+            (8, 8, 8, 16),
+            P("a", "b"),
+        ),
+        # Marked without a known alternative (a concatenate along a split axis): the local bound, no fork.
+        (lambda x, k: jnp.concatenate([x, 2 * x], axis=1), (8, 8, 8, 16), P(None, "a")),
+    ],
+)
+def test_no_fork_where_no_rule_offers_an_alternative(
+    fn: Any, shape: tuple[int, ...], spec: Any, monkeypatch: Any
+) -> None:
+    from einshard._src.analysis.program.trace import TracedProgram
+
+    def no_fork(*_: Any) -> Any:
+        raise AssertionError("a fork was walked for a program without an offered alternative")
+
+    monkeypatch.setattr(TracedProgram, "_fork", no_fork)
+    mesh = _mesh(2, False)
+    args = (jax.ShapeDtypeStruct(shape, F32), jax.ShapeDtypeStruct((3, 3, 16, 16), F32))
+    report = _explained(fn, mesh, args, (spec, P()))
+    assert report.alternatives_unwalked == 0 and not any(op.alternative for op in report.ops)
+    assert "not walked" not in str(report).splitlines()[0]

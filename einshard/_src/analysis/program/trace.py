@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from ...core.layout import Layout, MeshAxis
 from ...core.logical import AxisRulesLike, scoped_axis_rules
 from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
+from .alternatives import widen
 from .costing import OpCosts, is_free
 from .memory import peak_bytes as _peak_bytes
 from .memory import peak_caveat
@@ -335,7 +337,7 @@ class TracedProgram:
             tot["bytes"] += op.comm_bytes
             tot["count"] += len(op.collectives) * op.repeat
             tot["time_s"] += op.time_s * op.repeat
-        return ProgramReport(
+        report = ProgramReport(
             explicit=self.explicit,
             ops=ops,
             flops=sum(t["flops"] for t in phases.values()),
@@ -353,6 +355,18 @@ class TracedProgram:
             ),
             peak_note=peak_caveat(self.jaxpr),
         )
+        if self.costs.forced:
+            return report  # a fork's report: compared by alternatives.widen, never widened itself
+        report = widen(report, lambda forced: self._fork(forced, in_specs, out_specs))
+        return dataclasses.replace(report, analysis_s=time.perf_counter() - start)
+
+    def _fork(self, forced: frozenset[int], in_specs: Any, out_specs: Sequence[Any] | None) -> ProgramReport:
+        """The report of a walk in which the marked ops ``forced`` take XLA's other choice (see :mod:`.alternatives`)."""
+        self.costs.forced = forced
+        try:
+            return self.report(in_specs, out_specs)
+        finally:
+            self.costs.forced = frozenset()
 
 
 def _is_sharding_type_error(err: BaseException) -> bool:
