@@ -7,8 +7,8 @@ norm after it then sums whole rows, its all-reduces gone), the ops after it diff
 op's own collectives is too small.  So a rule that knows the alternative *offers* it (:func:`offer`), and
 the report walks the whole program once more with that op taking it (:func:`taking`; a fork: a fresh walk
 over the same traced program, whose result is compared, never reported).  The op's bound becomes the larger
-of its own and the measured difference between the two walks (collectives as a multiset of kinds, bytes sent,
-peak bytes).
+of its own and the measured difference between the two walks (:func:`difference`: collectives as a multiset of
+kinds, the bytes the fork adds or drops, peak bytes), which also covers XLA taking the choice only in part.
 
 Marks are rare and each fork is one more walk, so at most :data:`MAX_FORKS` are walked per report; the
 report says how many further ones kept their local bound (``ProgramReport.alternatives_unwalked``).
@@ -50,20 +50,36 @@ def taking(w: WalkerLike, eqn: Any) -> bool:
     return id(eqn) in w.costs.forced
 
 
-def _kinds(report: ProgramReport) -> Counter[str]:
-    kinds: Counter[str] = Counter()
+def _sent(report: ProgramReport) -> Counter[tuple[str, tuple[str, ...], float]]:
+    """Every collective the report runs (each run counted), by kind, mesh axes and bytes sent."""
+    sent: Counter[tuple[str, tuple[str, ...], float]] = Counter()
     for op in report.ops:
         for c in op.collectives:
-            kinds[c.kind] += op.repeat
+            sent[(c.kind, tuple(c.axes), float(c.bytes))] += op.repeat
+    return sent
+
+
+def _kinds(sent: Counter[tuple[str, tuple[str, ...], float]]) -> Counter[str]:
+    kinds: Counter[str] = Counter()
+    for (kind, _, _), n in sent.items():
+        kinds[kind] += n
     return kinds
 
 
 def difference(main: ProgramReport, fork: ProgramReport) -> OpBound:
-    """How far the fork's program is from the main one: collectives (how many of one side's kinds the other
-    lacks, the larger side, every run counted), bytes sent and peak bytes per device."""
-    a, b = _kinds(main), _kinds(fork)
-    collectives = max(sum((a - b).values()), sum((b - a).values()))
-    return OpBound(collectives, abs(main.comm_bytes - fork.comm_bytes), float(abs(main.peak_bytes - fork.peak_bytes)))
+    """How far XLA may be from the main walk where it takes the fork's choice, wholly or in part.
+
+    XLA may take the other choice at the op and return to explain's layout further on (a consumer that wants
+    the split back slices the whole value for free: measured on the keras-hub ResNet, the rows gathered for
+    one conv and its batch norm, split again for the next conv's halos), so its program lies between the two
+    walks: some of what the fork adds, some of what it drops.  Collectives: the larger of the fork's added
+    and dropped counts (as a multiset of kinds, every run counted); bytes: the larger of the bytes the fork
+    adds and the bytes it drops (not their net, which a partial choice can exceed); peak: the walks' gap."""
+    a, b = _sent(main), _sent(fork)
+    added, dropped = b - a, a - b
+    collectives = max(sum((_kinds(a) - _kinds(b)).values()), sum((_kinds(b) - _kinds(a)).values()))
+    moved = max(sum(k[2] * n for k, n in added.items()), sum(k[2] * n for k, n in dropped.items()))
+    return OpBound(collectives, moved, float(abs(main.peak_bytes - fork.peak_bytes)))
 
 
 def _widest(op: OpReport, measured: OpBound) -> OpBound:
