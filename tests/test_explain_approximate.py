@@ -287,3 +287,36 @@ def test_no_fork_where_no_rule_offers_an_alternative(
     report = _explained(fn, mesh, args, (spec, P()))
     assert report.alternatives_unwalked == 0 and not any(op.alternative for op in report.ops)
     assert "not walked" not in str(report).splitlines()[0]
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_conflict_mark_offers_its_alternative_and_its_bound_covers_the_fork(grad: bool) -> None:
+    from einshard._src.analysis.program import alternatives, trace
+
+    mesh = _mesh(1, False)
+    args = (
+        jax.ShapeDtypeStruct((T, D), F32),
+        jax.ShapeDtypeStruct((D, E), F32),
+        jax.ShapeDtypeStruct((E, D, D), F32),
+    )
+    specs = (P("a"), P(), P("a"))
+    run = jax.grad(lambda *a: jnp.sum(_routed(*a) ** 2), argnums=(0, 1, 2)) if grad else _routed
+    program = trace(run, *args, mesh=dict(zip(mesh.axis_names, mesh.axis_sizes)))
+    report = program.report(specs)
+    offered = list(dict.fromkeys(op.alternative for op in report.ops if op.alternative))
+    assert offered and all(op.approximate for op in report.ops if op.alternative)
+    for eqn_id in offered:
+        fork = program._fork(frozenset({eqn_id}), specs, None)
+        assert fork.ops != report.ops  # the other choice moves other values
+        measured = alternatives.difference(report, fork)
+        first = next(op for op in report.ops if op.alternative == eqn_id)
+        assert first.bound is not None
+        assert first.bound.collectives * first.repeat >= measured.collectives
+        assert first.bound.bytes * first.repeat >= measured.bytes and first.bound.peak >= measured.peak
+    # The fork leaves the program's costs as the main walk made them.
+    again = program.report(specs)
+    assert (again.comm_bytes, again.comm_count, again.peak_bytes) == (
+        report.comm_bytes,
+        report.comm_count,
+        report.peak_bytes,
+    )
