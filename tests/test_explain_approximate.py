@@ -320,3 +320,25 @@ def test_a_conflict_mark_offers_its_alternative_and_its_bound_covers_the_fork(gr
         report.comm_count,
         report.peak_bytes,
     )
+
+
+def test_a_caller_that_ranks_layouts_walks_no_fork_and_the_report_says_its_bounds_are_local(monkeypatch: Any) -> None:
+    from einshard._src.analysis.program import trace
+    from einshard._src.analysis.program.trace import TracedProgram
+    from einshard._src.planner.combining import combined_report
+
+    def no_fork(*_: Any) -> Any:
+        raise AssertionError("forks=0 walked a fork")
+
+    mesh = _mesh(2, False)
+    args = (jax.ShapeDtypeStruct((8, 4, 4, 16), F32), jax.ShapeDtypeStruct((3, 3, 16, 16), F32))
+    program = trace(_conv_norm, *args, mesh=dict(zip(mesh.axis_names, mesh.axis_sizes)))
+    walked = program.report((P("a", "b"), P()))
+    monkeypatch.setattr(TracedProgram, "_fork", no_fork)
+    for local in (program.report((P("a", "b"), P()), forks=0), combined_report(program, (P("a", "b"), P()))[0]):
+        assert local.alternatives_unwalked == 1 and "not walked to the program's end" in str(local).splitlines()[0]
+        assert (local.comm_bytes, local.comm_count, local.peak_bytes) == (
+            walked.comm_bytes,
+            walked.comm_count,
+            walked.peak_bytes,
+        )

@@ -93,15 +93,18 @@ def _widest(op: OpReport, measured: OpBound) -> OpBound:
     )
 
 
-def widen(report: ProgramReport, fork: Callable[[frozenset[int]], ProgramReport]) -> ProgramReport:
+def widen(
+    report: ProgramReport, fork: Callable[[frozenset[int]], ProgramReport], cap: int | None = None
+) -> ProgramReport:
     """``report`` with each offered alternative's bound widened to what it changes to the program's end.
 
     ``fork(forced)``: the report of a walk in which the ops of ``forced`` take their alternative.  The
-    measured bound goes on the first op of each alternative (its other ops keep their own)."""
+    measured bound goes on the first op of each alternative (its other ops keep their own).  ``cap``: how many
+    forks to walk (None: :data:`MAX_FORKS`); the others keep their local bound and the report counts them."""
     offered = list(dict.fromkeys(op.alternative for op in report.ops if op.alternative and op.approximate))
     if not offered:
         return report
-    walked = offered[:MAX_FORKS]
+    walked = offered[: MAX_FORKS if cap is None else cap]
     ops = list(report.ops)
     for eqn_id in walked:
         measured = difference(report, fork(frozenset({eqn_id})))

@@ -276,7 +276,11 @@ class TracedProgram:
         return self.costs
 
     def report(
-        self, in_specs: Any = None, out_specs: Sequence[Any] | None = None, walker: Walker | None = None
+        self,
+        in_specs: Any = None,
+        out_specs: Sequence[Any] | None = None,
+        walker: Walker | None = None,
+        forks: int | None = None,
     ) -> ProgramReport:
         """The :class:`ProgramReport` under ``in_specs`` (as ``explain``'s; None: the arguments' own shardings).
 
@@ -290,6 +294,10 @@ class TracedProgram:
         :class:`~einshard.planner.combining.DependencyWalker` also follows which collectives each
         value depends on); default a plain ``Walker``.  The program's end is stepped as an
         equation named ``output`` whose ``invars`` are the output being brought to its layout.
+
+        ``forks``: how many of the approximate ops whose rule knows XLA's other choice are walked again under it,
+        to bound what that choice changes downstream (None: ``alternatives.MAX_FORKS``; 0 for a caller that ranks
+        many layouts by their costs and reads no bound: the report then says its bounds are local).
         """
         start = time.perf_counter()
         in_layouts = arg_layouts(self.args, in_specs, self.mesh)
@@ -357,7 +365,7 @@ class TracedProgram:
         )
         if self.costs.forced:
             return report  # a fork's report: compared by alternatives.widen, never widened itself
-        report = widen(report, lambda forced: self._fork(forced, in_specs, out_specs))
+        report = widen(report, lambda forced: self._fork(forced, in_specs, out_specs), forks)
         return dataclasses.replace(report, analysis_s=time.perf_counter() - start)
 
     def _fork(self, forced: frozenset[int], in_specs: Any, out_specs: Sequence[Any] | None) -> ProgramReport:
