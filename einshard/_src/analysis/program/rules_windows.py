@@ -233,8 +233,15 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             covers = window >= out_len and not (typed and typed[oi])
             if covers and taking(w, eqn):
                 # XLA's other choice (a fork of the walk, see :mod:`.alternatives`): the input's rows gathered,
-                # the result whole along the axis.
-                lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv input's rows gathered")
+                # the result whole along the axis.  Charged here, not as a layout change the walk may reuse: XLA
+                # gathers the rows again for a later reader (measured: the kernel gradient's conv in the
+                # backward pass, a second all-gather of the same rows).
+                whole = _with(lhs, li, ())
+                if not is_free(lhs):
+                    block = math.prod(whole.shard_shape) * itemsize(eqn.invars[0].aval.dtype)
+                    charge(w, eqn, phase, repeat, "all-gather", lsplit, [block], "conv input's rows gathered")
+                    w.bind_copy(eqn.invars[0], whole)
+                lhs = whole
                 continue
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
             out_dims[oi] = lsplit
