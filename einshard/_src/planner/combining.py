@@ -225,5 +225,6 @@ def combined_report(
 ) -> tuple[ProgramReport, CombinedCollectives]:
     """``traced.report(in_specs, out_specs)`` walked by a :class:`DependencyWalker`, with its combining."""
     walker = DependencyWalker(traced.costs)
-    report = traced.report(in_specs, out_specs, walker=walker)
+    # No forks (alternatives.py): the planner ranks by costs, which forks leave as they are, and a fork is a walk more.
+    report = traced.report(in_specs, out_specs, walker=walker, forks=0)
     return report, walker.combined(traced.costs.profile, {m.name: m.size for m in traced.mesh})

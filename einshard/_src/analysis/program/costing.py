@@ -51,6 +51,9 @@ class OpCosts:
         self.tapes: dict[tuple[Any, ...], Tape] = {}
         self.structures = BodyStructures()
         self.counts = WalkCounts()
+        # The marked ops (ids of equations) whose rule takes XLA's alternative in this walk: set only while
+        # :mod:`.alternatives` walks a fork, empty for every walk whose result is reported.
+        self.forced: frozenset[int] = frozenset()
 
     def uses_of(self, jaxpr: Any) -> dict[int, list[tuple[Any, int]]]:
         """id(value) -> [(equation, operand index)] of one jaxpr (memoised: the planner walks it again and again)."""

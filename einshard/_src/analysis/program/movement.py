@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..cost import Collective, sent_bytes
+from .alternatives import offer
 from .report import APPROXIMATE_MARK, OpBound
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ __all__ = [
     "group_size",
     "mark_approximate",
     "mark_conflict",
+    "is_computed",
 ]
 
 # The note that marks an op whose collectives turn on an XLA heuristic explain does not reproduce
@@ -68,7 +70,7 @@ CONFLICT_NOTE = (
 )
 
 
-def mark_conflict(w: WalkerLike, eqn: Any, since: int, moved: list[int]) -> None:
+def mark_conflict(w: WalkerLike, eqn: Any, since: int, moved: list[int], alternative: bool = False) -> None:
     """Mark an all-to-all that settles a layout conflict between an op's operands, where XLA may not make it.
 
     Measured (a router's ``one_hot(top_k) * probs`` weighting an expert-split ``[e, t, d]`` activation with
@@ -80,10 +82,13 @@ def mark_conflict(w: WalkerLike, eqn: Any, since: int, moved: list[int]) -> None
     that covers those moves: per operand and for the result, one collective per peer of the all-to-all's
     group; bytes and peak up to the moved operands' and the result's whole arrays (what XLA may gather or
     sum instead, or hold whole).  ``moved``: the indices of the operands the all-to-all moved.
+    ``alternative``: the rule takes XLA's other choice when asked (:func:`.alternatives.taking`: the computed
+    operand's split wins), so the report walks the program under it too and the bound covers what it changes
+    downstream.
     """
     new = w.ops[since:]
     a2a = [c for op in new for c in op.collectives if c.kind == "all-to-all"]
-    computed = [k for k in moved if not hasattr(eqn.invars[k], "val") and id(eqn.invars[k]) not in w.pinned]
+    computed = [k for k in moved if is_computed(w, eqn.invars[k])]
     if not a2a or not computed:
         return
     peers = max(max(1, c.group_size - 1) for c in a2a)
@@ -91,6 +96,13 @@ def mark_conflict(w: WalkerLike, eqn: Any, since: int, moved: list[int]) -> None
     whole += sum(_whole_bytes(v.aval) for v in eqn.outvars)
     bound = OpBound(peers * (len(eqn.invars) + 1), float(whole), float(whole))
     mark_approximate(w, since, CONFLICT_NOTE, bound)
+    if alternative:
+        offer(w, eqn, since)
+
+
+def is_computed(w: WalkerLike, v: Any) -> bool:
+    """Whether XLA's propagation may change ``v``'s layout: not a literal, an argument or a constrained value."""
+    return not hasattr(v, "val") and id(v) not in w.pinned
 
 
 def _whole_bytes(aval: Any) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ...core.layout import Layout, MeshAxis
 
-__all__ = ["OpReport", "OpBound", "ProgramReport", "ApproximateBound"]
+__all__ = ["OpReport", "OpBound", "ProgramReport", "ApproximateBound", "default_bound"]
 
 # An op's note starts with this when its collectives turn on an XLA heuristic explain does not reproduce
 # (the same word as movement.APPROXIMATE, which the rules write; kept here so the report imports no rule module).
@@ -49,6 +49,9 @@ class OpReport:
     # An approximate op's own bound, where its rule knows XLA's alternative moves more than the op's collectives
     # (a layout conflict XLA may settle on other values: see movement.mark_conflict); None: the default bound.
     bound: OpBound | None = None
+    # id of the equation whose rule knows XLA's other choice here (0: none): the report walks the program under
+    # that choice too, and the op's bound covers the difference to the program's end (see :mod:`.alternatives`).
+    alternative: int = 0
 
     @property
     def comm_bytes(self) -> float:
@@ -118,6 +121,9 @@ class ProgramReport:
     explicit: Any = None
     # What peak_bytes cannot bound tightly, with the measured bound (memory.peak_caveat): '' when it can.
     peak_note: str = ""
+    # Approximate ops whose rule knows XLA's other choice but whose fork was not walked (beyond
+    # alternatives.MAX_FORKS): their bound is the op's own, not what the choice changes downstream.
+    alternatives_unwalked: int = 0
 
     @property
     def complete(self) -> bool:
@@ -148,7 +154,7 @@ class ProgramReport:
         ops = self.approximate_ops
         if any(mark in op.note for op in ops for mark in UNBOUNDED_MARKS):
             return ApproximateBound(None, None)
-        bounds = [op.bound or _default_bound(op) for op in ops]
+        bounds = [op.bound or default_bound(op) for op in ops]
         return ApproximateBound(
             sum(b.collectives * op.repeat for b, op in zip(bounds, ops)),
             sum(b.bytes * op.repeat for b, op in zip(bounds, ops)),
@@ -174,6 +180,12 @@ class ProgramReport:
                 f"APPROXIMATE: {n} op{'s' if n != 1 else ''} turn{'s' if n == 1 else ''} on an XLA heuristic "
                 f"explain does not reproduce ({'; '.join(self.approximate_at)}): XLA's collectives may differ "
                 f"{self.approximate_bound}"
+                + (
+                    f" (bound local at {self.alternatives_unwalked} further choice"
+                    f"{'s' if self.alternatives_unwalked != 1 else ''}: not walked to the program's end)"
+                    if self.alternatives_unwalked
+                    else ""
+                )
             )
         return "   ".join([*marks, line])
 
@@ -195,6 +207,7 @@ class ProgramReport:
                 "bytes": self.approximate_bound.bytes,
                 "peak": self.approximate_bound.peak,
             },
+            "alternatives_unwalked": self.alternatives_unwalked,
             "mesh": {m.name: m.size for m in self.mesh},
             "flops": self.flops,
             "comm_bytes": self.comm_bytes,
@@ -279,7 +292,7 @@ class ProgramReport:
         return "\n".join(lines)
 
 
-def _default_bound(op: OpReport) -> OpBound:
+def default_bound(op: OpReport) -> OpBound:
     """An approximate op's bound when its rule names none: XLA moves the same data its own way."""
     # Where XLA moves the data its own way (a collective-permute per distance, all-to-alls) it sends each
     # of a collective's group_size - 1 peers at most one piece, and no more than the whole buffer.

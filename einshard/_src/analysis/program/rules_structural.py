@@ -15,8 +15,9 @@ import math
 from typing import Any
 
 from ...core.layout import Layout
+from .alternatives import taking
 from .costing import is_free
-from .movement import mark_conflict
+from .movement import is_computed, mark_conflict
 from .registry import WalkerLike, register, sharding_degree
 from .values import ELEMENTWISE, REDUCTIONS, Partial
 
@@ -46,6 +47,17 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
         target = w.relayout(out_aval, dims)
     else:
         target = max(full, key=sharding_degree)
+        if taking(w, eqn):
+            # XLA's other choice at a marked conflict (a fork of the walk, see :mod:`.alternatives`): the
+            # computed operand's split wins and the others are moved to it.
+            target = next(
+                (
+                    lay
+                    for v, lay in zip(eqn.invars, ins)
+                    if any(lay is f for f in full) and lay.dims != target.dims and is_computed(w, v)
+                ),
+                target,
+            )
     why = f"{eqn.primitive.name} operands disagree"
     since, conflicted = len(w.ops), []
     for k, lay in enumerate(ins):
@@ -70,7 +82,7 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             src = Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
             w.change(eqn, phase, src, src.with_dims(dst_dims), out_aval.dtype, repeat, why)
     # A conflict settled by an all-to-all on a computed value: XLA may settle it upstream instead.
-    mark_conflict(w, eqn, since, conflicted)
+    mark_conflict(w, eqn, since, conflicted, alternative=bool(full))
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
 
 

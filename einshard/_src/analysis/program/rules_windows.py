@@ -37,6 +37,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
+from .alternatives import offer, taking
 from .costing import is_free
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
@@ -105,6 +106,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         rhs = _adopt(w, out_aval, rhs, lhs, [(b, a) for a, b in pairs], (ro,))
     start = len(w.ops)
     approx: list[str] = []
+    alternative = False  # whether XLA's other choice is known here (offered to a fork of the walk)
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
     whole_sum = False  # the partial sums are all-reduced whole whatever the result's users
     out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
@@ -228,9 +230,23 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low, window_split=True)))
             window_summed.extend(wsplit)
         elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
+            covers = window >= out_len and not (typed and typed[oi])
+            if covers and taking(w, eqn):
+                # XLA's other choice (a fork of the walk, see :mod:`.alternatives`): the input's rows gathered,
+                # the result whole along the axis.  Charged here, not as a layout change the walk may reuse: XLA
+                # gathers the rows again for a later reader (measured: the kernel gradient's conv in the
+                # backward pass, a second all-gather of the same rows).
+                whole = _with(lhs, li, ())
+                if not is_free(lhs):
+                    block = math.prod(whole.shard_shape) * itemsize(eqn.invars[0].aval.dtype)
+                    charge(w, eqn, phase, repeat, "all-gather", lsplit, [block], "conv input's rows gathered")
+                    w.bind_copy(eqn.invars[0], whole)
+                lhs = whole
+                continue
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
             out_dims[oi] = lsplit
-            if window >= out_len and not (typed and typed[oi]):
+            if covers:
+                alternative = True
                 # A window at least as long as the result: Shardy's conv rule pairs the input's axis with the
                 # kernel's, not the result's, so XLA's propagation may leave the result whole along it and
                 # gather the input's rows (measured on the keras-hub ResNet's 3×3 stride-2 conv, 6 padded rows
@@ -291,6 +307,8 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
     if approx:
         _mark(w, start, "; ".join(approx))
+        if alternative:
+            offer(w, eqn, start)  # the window-covers-result choice: walked to the program's end
     return [out]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +16,7 @@ from ...core.layout import Layout, MeshAxis
 from ...core.logical import AxisRulesLike, scoped_axis_rules
 from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
+from .alternatives import widen
 from .costing import OpCosts, is_free
 from .memory import PeakCache, peak_caveat
 from .memory import peak_bytes as _peak_bytes
@@ -283,7 +285,11 @@ class TracedProgram:
         return self.costs
 
     def report(
-        self, in_specs: Any = None, out_specs: Sequence[Any] | None = None, walker: Walker | None = None
+        self,
+        in_specs: Any = None,
+        out_specs: Sequence[Any] | None = None,
+        walker: Walker | None = None,
+        forks: int | None = None,
     ) -> ProgramReport:
         """The :class:`ProgramReport` under ``in_specs`` (as ``explain``'s; None: the arguments' own shardings).
 
@@ -297,6 +303,10 @@ class TracedProgram:
         :class:`~einshard.planner.combining.DependencyWalker` also follows which collectives each
         value depends on); default a plain ``Walker``.  The program's end is stepped as an
         equation named ``output`` whose ``invars`` are the output being brought to its layout.
+
+        ``forks``: how many of the approximate ops whose rule knows XLA's other choice are walked again under it,
+        to bound what that choice changes downstream (None: ``alternatives.MAX_FORKS``; 0 for a caller that ranks
+        many layouts by their costs and reads no bound: the report then says its bounds are local).
         """
         start = time.perf_counter()
         in_layouts = arg_layouts(self.args, in_specs, self.mesh)
@@ -346,7 +356,7 @@ class TracedProgram:
             tot["bytes"] += op.comm_bytes
             tot["count"] += len(op.collectives) * op.repeat
             tot["time_s"] += op.time_s * op.repeat
-        return ProgramReport(
+        report = ProgramReport(
             explicit=self.explicit,
             ops=ops,
             flops=sum(t["flops"] for t in phases.values()),
@@ -364,6 +374,18 @@ class TracedProgram:
             ),
             peak_note=self.peak_note,
         )
+        if self.costs.forced:
+            return report  # a fork's report: compared by alternatives.widen, never widened itself
+        report = widen(report, lambda forced: self._fork(forced, in_specs, out_specs), forks)
+        return dataclasses.replace(report, analysis_s=time.perf_counter() - start)
+
+    def _fork(self, forced: frozenset[int], in_specs: Any, out_specs: Sequence[Any] | None) -> ProgramReport:
+        """The report of a walk in which the marked ops ``forced`` take XLA's other choice (see :mod:`.alternatives`)."""
+        self.costs.forced = forced
+        try:
+            return self.report(in_specs, out_specs)
+        finally:
+            self.costs.forced = frozenset()
 
 
 def _is_sharding_type_error(err: BaseException) -> bool:

@@ -368,6 +368,7 @@ class Walker:
         key = (
             type(self),
             self.quiet,
+            costs.forced,  # a fork's walk of a body takes other choices: never the main walk's tape
             index.ordinal,
             tuple((type(x), x) for x in ins),
             repeat,
