@@ -45,6 +45,13 @@ def _params() -> list:
     return out
 
 
+# Matching cases whose report carries a conflict mark (movement.mark_conflict) at a real decision point where
+# XLA took explain's side: in the FSDP ResNet gradient a select_n whose operands split one mesh axis along
+# different dimensions is settled by the all-to-all explain predicts, where the router chain of a mixture of
+# experts is settled the other way (docs/analysis.md).
+MARKED_MATCHES = frozenset({"auto-kh_resnet-fsdp-grad", "explicit-kh_resnet-fsdp-grad"})
+
+
 @pytest.mark.parametrize("family, strategy, mode, kind", _params())
 def test_explain_matches_xla_or_says_it_is_incomplete(family, strategy, mode, kind):
     outcome = measure(family, strategy, mode, kind)
@@ -55,8 +62,12 @@ def test_explain_matches_xla_or_says_it_is_incomplete(family, strategy, mode, ki
         f"{outcome.bound_collectives} collectives / {outcome.bound_bytes} B / peak {outcome.bound_peak} B; "
         f"gaps {outcome.gaps}): {outcome.misses}"
     )
-    # The conflict mark fires only at real decision points: where explain already matches XLA, it must not.
-    assert not (outcome.status == "match" and outcome.conflict_marks), f"{outcome.case}: a matching case is marked"
+    # The conflict mark fires only at real decision points: where explain already matches XLA, it must not,
+    # except where the decision is real and XLA took explain's side (listed, and the list is held exact).
+    marked_match = outcome.status == "match" and bool(outcome.conflict_marks)
+    assert marked_match == (outcome.case in MARKED_MATCHES), (
+        f"{outcome.case}: a matching case is marked" if marked_match else f"{outcome.case}: no longer a marked match"
+    )
 
 
 def test_the_registry_covers_what_the_issue_asks_for():
