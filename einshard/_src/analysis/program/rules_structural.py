@@ -274,6 +274,9 @@ def _shift_axis(
         if _padded_back(w, eqn.outvars[0]):
             # A slice's gradient pads the piece back to the operand's shape: XLA keeps it on its device.
             mark_approximate(w, start, "the piece is padded back (a slice's gradient): XLA moves nothing")
+            # ... and pads it back on its device into the operand's split, where explain's walk pads the
+            # all-reduced piece whole (measured: explain over XLA's peak by up to the operand's whole array).
+            widen_bound(w, start, peak=math.prod(src.shape) * itemsize(dtype))
         else:
             # Measured both ways, even for a piece on the first device: XLA sometimes moves it first (a
             # collective-permute), sometimes not; the all-reduce is always there.
@@ -293,7 +296,31 @@ def _shift_axis(
     mark_approximate(
         w, start, f"a result of {out_len} does not divide {n} ways: XLA's permutes of the uneven blocks may differ"
     )
+    # Peak: measured (tests/test_primitive_rules.py, pad 16 -> 17 rows over 8), XLA holds the padded, gathered
+    # buffer as a temporary besides the result explain holds whole (+padded rows); or it keeps the result in
+    # uneven pieces where explain holds it whole (a crop 16 -> 15 and its gradient's pad back, which XLA
+    # simplifies to a local mask: -out_len rows).
+    widen_bound(w, start, peak=(padded + out_len) * row)
     return ()
+
+
+def widen_bound(w: WalkerLike, since: int, *, sent: float = 0.0, peak: float = 0.0) -> None:
+    """Widen the bound of the last op marked approximate since ``since`` by ``sent`` bytes and ``peak`` bytes:
+    XLA's alternative moves or holds that much more than the op's own collectives (once, not per op: the
+    report sums the ops' bounds)."""
+    from dataclasses import replace
+
+    from .report import OpBound
+
+    if w.quiet or len(w.ops) <= since:
+        return
+    op = w.ops[-1]
+    # The collectives and bytes are the report's default bound (report._default_bound): each collective's
+    # buffer moved another way, one collective per peer.
+    base = op.bound or OpBound(
+        max(1, sum(max(1, c.group_size - 1) for c in op.collectives)), sum(c.array_bytes for c in op.collectives)
+    )
+    w.ops[-1] = replace(op, bound=replace(base, bytes=base.bytes + sent, peak=base.peak + peak))
 
 
 @register("dynamic_slice")
