@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
@@ -75,6 +75,11 @@ MEMORY_BOUNDS = {
     "unfused": (0.5, 1.75),  # dynamic_slice's gradient on a split axis: XLA holds more, down to 0.53×
     "windows": SCRATCH["conv_general_dilated"][1:],
     "branches": SCRATCH["cond"][1:],
+    # An all-to-all between an elementwise op's operands: XLA holds the moved operand's send and receive
+    # buffers and the product, explain's walk fewer (measured 0.27-0.68x on sum(a * b, 0) and its gradient,
+    # a[rows@a], b[cols@a]): a known gap of the memory walk the report does not state yet, bounded here so it
+    # cannot grow.
+    "moved": (0.25, 1.25),
 }
 SLACK_BYTES = 1024
 
@@ -588,3 +593,54 @@ def test_conv_batch_against_kernel_outputs_matches_xla() -> None:
 @pytest.mark.slow
 def test_conv_batch_against_kernel_outputs_matches_xla_deep() -> None:
     DEEP(given(conv_fsdp_case())(check))()
+
+
+# -- a partial sum whose gradient's consumer asks it split (reduce-scatter, not all-reduce) ------------------
+
+
+def _sum_of_products(a: Any, b: Any) -> Any:
+    return jnp.sum(a * b, 0)
+
+
+def _squared_sum_grad(a: Any, b: Any) -> Any:
+    # The issue's program, as written: the sum's square is differentiated with respect to ``a`` only.
+    return jax.grad(lambda a, b: jnp.sum(jnp.sum(a * b, 0) ** 2))(a, b)
+
+
+@st.composite
+def partial_sum_case(draw: Any) -> Case:
+    """``sum(a * b, 0)`` with ``a`` split on its rows and ``b`` on its columns over one mesh axis: the product
+    is an all-to-all, the sum a partial sum whose gradient multiplies ``b`` again (broadcast along the rows
+    through ``x ** 2``'s derivative): XLA reduce-scatters the sum to ``b``'s column split."""
+    rank = draw(st.sampled_from([1, 2, 3]))
+    axis = draw(st.sampled_from(MESHES[rank][1]))
+    shape = (draw(DIM), draw(DIM))
+    args = (jax.ShapeDtypeStruct(shape, jnp.float32),) * 2
+    fn = draw(st.sampled_from([_sum_of_products, _squared_sum_grad]))
+    return Case("reduce_sum", fn, args, (P(axis, None), P(None, axis)), rank, False, fn is _sum_of_products, "moved")
+
+
+_ISSUE_CASE = Case(
+    "reduce_sum",
+    _squared_sum_grad,
+    (jax.ShapeDtypeStruct((16, 32), jnp.float32),) * 2,
+    (P("a", None), P(None, "a")),
+    1,
+    False,
+    False,
+    "moved",
+)
+
+
+def test_partial_sum_scattered_to_its_gradients_split() -> None:
+    FAST(example(_ISSUE_CASE)(given(partial_sum_case())(check)))()
+    # The issue's numbers, named: one all-to-all and one reduce-scatter (explain gave an all-reduce).
+    mesh = _mesh(1, False)
+    _, got_kinds, _, _ = _explain(_ISSUE_CASE, mesh, _squared_sum_grad)
+    want_kinds, _, _, _ = _xla(_ISSUE_CASE, mesh, _squared_sum_grad)
+    assert got_kinds == want_kinds == Counter({"all-to-all": 1, "reduce-scatter": 1}), (got_kinds, want_kinds)
+
+
+@pytest.mark.slow
+def test_partial_sum_scattered_to_its_gradients_split_deep() -> None:
+    DEEP(given(partial_sum_case())(check))()
