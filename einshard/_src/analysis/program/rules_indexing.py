@@ -153,11 +153,11 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
                 # XLA reduce-scatters sum(a*b, 0) to the columns' split, explain all-reduced it).
                 at = eqn.params["broadcast_dimensions"]
                 shape = eqn.outvars[0].aval.shape
-                mapped = [-1] * len(shape)
+                placed = [-1] * len(shape)
                 for i, d in enumerate(at):
                     if int(shape[d]) == int(v.aval.shape[i]):
-                        mapped[d] = axis_of[i]
-                frontier.append((eqn.outvars[0], tuple(mapped)))
+                        placed[d] = axis_of[i]
+                frontier.append((eqn.outvars[0], tuple(placed)))
             elif name == "reshape":
                 mapped = _reshape_axes(tuple(v.aval.shape), tuple(eqn.outvars[0].aval.shape))
                 frontier.append((eqn.outvars[0], tuple(-1 if i < 0 else axis_of[i] for i in mapped)))
