@@ -281,6 +281,9 @@ def _shift_axis(
             # Measured both ways, even for a piece on the first device: XLA sometimes moves it first (a
             # collective-permute), sometimes not; the all-reduce is always there.
             mark_approximate(w, start, "a small piece off the first device: XLA may add or drop a collective-permute")
+            # ... of up to one operand block (measured: x[0, :2] of cols@a over 4, XLA permutes a 64-byte
+            # column block to the first owner where explain's piece needs none).
+            widen_bound(w, start, sent=math.prod(src.shard_shape) * itemsize(dtype))
         return ()
     padded = -(-out_len // n) * n
     pieces = shift_pieces(src.shape[axis], n, padded, offset)
