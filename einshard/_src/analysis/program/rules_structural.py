@@ -276,7 +276,9 @@ def _shift_axis(
             mark_approximate(w, start, "the piece is padded back (a slice's gradient): XLA moves nothing")
             # ... and pads it back on its device into the operand's split, where explain's walk pads the
             # all-reduced piece whole (measured: explain over XLA's peak by up to the operand's whole array).
-            widen_bound(w, start, peak=math.prod(src.shape) * itemsize(dtype))
+            # Measured too: XLA then sometimes still permutes one operand block to the first owner.
+            block_bytes = math.prod(src.shard_shape) * itemsize(dtype)
+            widen_bound(w, start, sent=block_bytes, peak=math.prod(src.shape) * itemsize(dtype))
         else:
             # Measured both ways, even for a piece on the first device: XLA sometimes moves it first (a
             # collective-permute), sometimes not; the all-reduce is always there.
