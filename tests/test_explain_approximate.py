@@ -23,6 +23,8 @@ from jax.sharding import PartitionSpec as P
 from test_primitive_rules import DEEP, FAST, Case, _explain, _mesh, _xla
 
 import einshard
+from einshard._src.analysis.program.memory import SCRATCH
+from einshard._src.testing.bounds import Measured, gaps
 
 
 def _concat(x: Any) -> Any:
@@ -159,8 +161,12 @@ def test_a_conflict_on_a_computed_value_is_marked_and_xla_stays_within_its_bound
     assert bound.collectives is not None and bound.bytes is not None
     assert _edit_distance(got_kinds, want_kinds) <= bound.collectives, (got_kinds, want_kinds, bound)
     assert abs(got_bytes - want_bytes) <= bound.bytes, (got_bytes, want_bytes, bound)
-    if not report.peak_note:  # top_k's sort scratch has its own peak caveat (memory.peak_caveat), not this bound's
-        assert abs(report.peak_bytes - want_peak) <= max(bound.peak, 0.25 * want_peak), (report.peak_bytes, want_peak)
+    # Peak: within the range the report's caveat states (top_k's scratch: memory.SCRATCH), and beyond it by at
+    # most the bound (the rank-1 gradient reads 3.1x XLA's: within 1.55x plus the bound).
+    assert "top_k" in report.peak_note
+    got, want = Measured(got_kinds, got_bytes, report.peak_bytes), Measured(want_kinds, want_bytes, want_peak)
+    gap = gaps(got, want, peak_range=SCRATCH["top_k"][1:])
+    assert gap.peak <= bound.peak, (report.peak_bytes, want_peak, gap, bound)
 
 
 @pytest.mark.parametrize("rank", [1, 2, 3])

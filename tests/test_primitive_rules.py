@@ -7,10 +7,13 @@ over a 1-, 2- or 3-axis mesh of the 8 CPU devices, Auto or Explicit; the one-op 
 
 * follow every primitive (nothing in ``report.unfollowed``);
 * name XLA's collectives, kinds and counts (CPU reduce-scatter ≡ all-reduce + dynamic-slice, loops
-  counted per trip: :mod:`einshard.testing.hlo`), and their bytes within 10% — unless the op that
-  differs is marked approximate on the report (``OpReport.note``), which is then required;
+  counted per trip: :mod:`einshard.testing.hlo`), and their bytes within 10%;
 * give the result the layout XLA gives it (the forward program's);
-* estimate peak memory per device within the bounds below of ``compiled.memory_analysis()``.
+* estimate peak memory per device within the bounds below of ``compiled.memory_analysis()``;
+* where the report is approximate (its first line says where XLA's choice turns on a heuristic explain does
+  not reproduce), XLA's collectives, bytes and peak may differ from explain's only within the bound it states
+  (``report.approximate_bound``), by the rule the external corpus holds reports to
+  (:mod:`einshard._src.testing.bounds`); the result's layout is held to XLA's all the same.
 
 A small fixed budget per primitive runs by default (derandomized, so the default run is the same every
 time); ``@pytest.mark.slow`` runs many more examples per primitive.
@@ -27,16 +30,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from einshard._src.analysis.program import coverage, trace
-from einshard._src.analysis.program.movement import APPROXIMATE
+from einshard._src.analysis.program.memory import SCRATCH
 from einshard._src.analysis.program.trace import arg_layouts
 from einshard._src.analysis.program.walker import Walker
+from einshard._src.testing.bounds import Measured, gaps, within_bound
 from einshard.testing import hlo
 
 MESHES: dict[int, tuple[tuple[int, ...], tuple[str, ...]]] = {
@@ -66,10 +70,16 @@ DEEP = settings(
 # (measured down to 0.46 of XLA's peak).
 MEMORY_BOUNDS = {
     "default": (0.75, 1.25),
-    "scratch": (0.1, 1.5),  # top_k over a 3-axis split: the gathered copy explain holds, up to 1.48×
+    # top_k / sort / cumulative ops and windows: the ranges the report's peak caveat states (memory.SCRATCH), one source.
+    "scratch": SCRATCH["top_k"][1:],
     "unfused": (0.5, 1.75),  # dynamic_slice's gradient on a split axis: XLA holds more, down to 0.53×
-    "windows": (0.1, 1.75),
-    "branches": (0.4, 1.75),
+    "windows": SCRATCH["conv_general_dilated"][1:],
+    "branches": SCRATCH["cond"][1:],
+    # An all-to-all between an elementwise op's operands: XLA holds the moved operand's send and receive
+    # buffers and the product, explain's walk fewer (measured 0.27-0.68x on sum(a * b, 0) and its gradient,
+    # a[rows@a], b[cols@a]): a known gap of the memory walk the report does not state yet, bounded here so it
+    # cannot grow.
+    "moved": (0.25, 1.25),
 }
 SLACK_BYTES = 1024
 
@@ -189,27 +199,30 @@ def check(case: Case) -> None:
     report, got_kinds, got_sent, got_outs = _explain(case, mesh, fn)
     where = f"{case.primitive}{_params(case.fn)} {case.args} {case.specs} mesh {case.mesh_rank} explicit={case.explicit} grad={case.grad}"
     assert not report.unfollowed, where
-    approximate = any(op.note.startswith(APPROXIMATE) for op in report.ops)
-    if approximate:
-        # XLA's choice turns on a heuristic the rule does not reproduce: the report says so (checked here)
-        # and what may differ; the numbers are not held to XLA's.
-        assert all(op.note.startswith(APPROXIMATE) or not op.note for op in report.ops), where
-        return
-    if not approximate:
-        assert got_kinds == want_kinds, (where, got_kinds, want_kinds)
-        assert abs(got_sent - want_sent) <= 0.1 * max(want_sent, 1), (where, got_sent, want_sent)
+    # Collectives, bytes and peak: XLA within the report's stated bound (zero when nothing is approximate), by
+    # the rule the external corpus uses (einshard._src.testing.bounds). Peak is held to the family's measured
+    # range of the memory walk (MEMORY_BOUNDS) beyond which only an approximate op's peak bound may reach.
+    got = Measured(got_kinds, got_sent, report.peak_bytes)
+    want = Measured(want_kinds, want_sent, want_peak)
+    gap = gaps(got, want, peak_range=MEMORY_BOUNDS[case.memory], peak_slack=SLACK_BYTES)
+    bound = report.approximate_bound
+    assert within_bound(gap, bound), (
+        where,
+        gap,
+        bound,
+        (got_kinds, got_sent, report.peak_bytes),
+        (want_kinds, want_sent, want_peak),
+        report.approximate_at,
+    )
     if not case.grad:
-        for got, spec, v in zip(got_outs, want_outs, jax.tree.leaves(jax.eval_shape(case.fn, *case.args))):
+        # The result's layout is not part of any bound: XLA's must be explain's, approximate or not.
+        for got_dims, spec, v in zip(got_outs, want_outs, jax.tree.leaves(jax.eval_shape(case.fn, *case.args))):
             rank = len(v.shape)
             sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-            got_split = tuple(d if v.shape[i] % math.prod(sizes[m] for m in d) == 0 else () for i, d in enumerate(got))
-            if not approximate:
-                assert got_split == _spec_dims(spec, rank), (where, got, spec)
-    lo, hi = MEMORY_BOUNDS[case.memory]
-    ratio = report.peak_bytes / want_peak
-    # XLA's small buffers (scalars, predicates, 64-byte alignment) dominate tiny programs: 1 KiB of slack.
-    close = abs(report.peak_bytes - want_peak) <= SLACK_BYTES
-    assert close or lo <= ratio <= hi, (where, report.peak_bytes, want_peak)
+            got_split = tuple(
+                d if v.shape[i] % math.prod(sizes[m] for m in d) == 0 else () for i, d in enumerate(got_dims)
+            )
+            assert got_split == _spec_dims(spec, rank), (where, got_dims, spec)
 
 
 # -- the programs, one strategy per primitive ---------------------------------------------------------------
@@ -580,3 +593,54 @@ def test_conv_batch_against_kernel_outputs_matches_xla() -> None:
 @pytest.mark.slow
 def test_conv_batch_against_kernel_outputs_matches_xla_deep() -> None:
     DEEP(given(conv_fsdp_case())(check))()
+
+
+# -- a partial sum whose gradient's consumer asks it split (reduce-scatter, not all-reduce) ------------------
+
+
+def _sum_of_products(a: Any, b: Any) -> Any:
+    return jnp.sum(a * b, 0)
+
+
+def _squared_sum_grad(a: Any, b: Any) -> Any:
+    # The issue's program, as written: the sum's square is differentiated with respect to ``a`` only.
+    return jax.grad(lambda a, b: jnp.sum(jnp.sum(a * b, 0) ** 2))(a, b)
+
+
+@st.composite
+def partial_sum_case(draw: Any) -> Case:
+    """``sum(a * b, 0)`` with ``a`` split on its rows and ``b`` on its columns over one mesh axis: the product
+    is an all-to-all, the sum a partial sum whose gradient multiplies ``b`` again (broadcast along the rows
+    through ``x ** 2``'s derivative): XLA reduce-scatters the sum to ``b``'s column split."""
+    rank = draw(st.sampled_from([1, 2, 3]))
+    axis = draw(st.sampled_from(MESHES[rank][1]))
+    shape = (draw(DIM), draw(DIM))
+    args = (jax.ShapeDtypeStruct(shape, jnp.float32),) * 2
+    fn = draw(st.sampled_from([_sum_of_products, _squared_sum_grad]))
+    return Case("reduce_sum", fn, args, (P(axis, None), P(None, axis)), rank, False, fn is _sum_of_products, "moved")
+
+
+_ISSUE_CASE = Case(
+    "reduce_sum",
+    _squared_sum_grad,
+    (jax.ShapeDtypeStruct((16, 32), jnp.float32),) * 2,
+    (P("a", None), P(None, "a")),
+    1,
+    False,
+    False,
+    "moved",
+)
+
+
+def test_partial_sum_scattered_to_its_gradients_split() -> None:
+    FAST(example(_ISSUE_CASE)(given(partial_sum_case())(check)))()
+    # The issue's numbers, named: one all-to-all and one reduce-scatter (explain gave an all-reduce).
+    mesh = _mesh(1, False)
+    _, got_kinds, _, _ = _explain(_ISSUE_CASE, mesh, _squared_sum_grad)
+    want_kinds, _, _, _ = _xla(_ISSUE_CASE, mesh, _squared_sum_grad)
+    assert got_kinds == want_kinds == Counter({"all-to-all": 1, "reduce-scatter": 1}), (got_kinds, want_kinds)
+
+
+@pytest.mark.slow
+def test_partial_sum_scattered_to_its_gradients_split_deep() -> None:
+    DEEP(given(partial_sum_case())(check))()

@@ -21,6 +21,9 @@ from jax.sharding import PartitionSpec as P
 import einshard
 from einshard._src.analysis.program import trace
 from einshard._src.analysis.program.movement import CONFLICT_NOTE
+from einshard._src.analysis.program.report import ApproximateBound
+from einshard._src.testing.bounds import Gaps, Measured, within_bound
+from einshard._src.testing.bounds import gaps as _gaps
 from einshard.testing import hlo
 
 from . import MESH_AXES, MESH_SHAPE, specs_for
@@ -76,10 +79,8 @@ class Outcome:
         """Whether every miss lies within the bound the report states (strict: no tolerance added to it)."""
         if not self.approximate_at:
             return False
-        g = self.gaps
-        if self.bound_collectives is None or self.bound_bytes is None:
-            return True  # the report says it has no static bound (a run-time trip count): nothing to exceed
-        return g.collectives <= self.bound_collectives and g.bytes <= self.bound_bytes and g.peak <= self.bound_peak
+        bound = ApproximateBound(self.bound_collectives, self.bound_bytes, self.bound_peak)
+        return within_bound(self.gaps, bound)
 
     @property
     def status(self) -> Status:
@@ -97,22 +98,14 @@ class Outcome:
         return {**asdict(self), "kinds_match": self.kinds_match, "status": self.status, "gaps": asdict(self.gaps)}
 
 
-@dataclass(frozen=True)
-class Gaps:
-    """explain vs XLA: collectives (the multiset edit distance: how many of one side's are not the other's,
-    the larger side), bytes sent per device, peak bytes per device; each 0 where it is within tolerance."""
-
-    collectives: int
-    bytes: float
-    peak: float
-
-
 def gaps(o: Outcome) -> Gaps:
-    e, x = Counter(o.explain_kinds), Counter(o.xla_kinds)
-    collectives = max(sum((e - x).values()), sum((x - e).values()))
-    sent = 0.0 if _within(o.explain_bytes, o.xla_bytes, BYTES_TOLERANCE) else abs(o.explain_bytes - o.xla_bytes)
-    peak = 0.0 if _within(o.explain_peak, o.xla_peak, MEMORY_TOLERANCE) else float(abs(o.explain_peak - o.xla_peak))
-    return Gaps(collectives, sent, peak)
+    """How far explain is from XLA in the bound's terms (einshard._src.testing.bounds: the primitive tests' rule)."""
+    return _gaps(
+        Measured(o.explain_kinds, o.explain_bytes, o.explain_peak),
+        Measured(o.xla_kinds, o.xla_bytes, o.xla_peak),
+        bytes_tolerance=BYTES_TOLERANCE,
+        peak_range=(1 - MEMORY_TOLERANCE, 1 + MEMORY_TOLERANCE),
+    )
 
 
 def mesh_of(kind: MeshKind) -> jax.sharding.Mesh:

@@ -28,7 +28,7 @@ from .costing import is_free
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
 from .rules_structural import explicit_dims
-from .values import CARRIERS, Partial
+from .values import CARRIERS, ELEMENTWISE, Partial
 
 if TYPE_CHECKING:
     from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
@@ -145,8 +145,19 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
             elif name == "transpose":
                 perm = eqn.params["permutation"]
                 frontier.append((eqn.outvars[0], tuple(axis_of[p] for p in perm)))
-            elif name in CARRIERS:
+            elif name in CARRIERS or _elementwise_alone(w, eqn, k):
                 frontier.append((eqn.outvars[0], axis_of))
+            elif name == "broadcast_in_dim":
+                # A sum broadcast along new axes (a gradient of a reduction: d/dx sum(x, 0)): its axes keep
+                # their place among the result's (measured: grad of sum(sum(a*b, 0)**2), b split on its columns,
+                # XLA reduce-scatters sum(a*b, 0) to the columns' split, explain all-reduced it).
+                at = eqn.params["broadcast_dimensions"]
+                shape = eqn.outvars[0].aval.shape
+                placed = [-1] * len(shape)
+                for i, d in enumerate(at):
+                    if int(shape[d]) == int(v.aval.shape[i]):
+                        placed[d] = axis_of[i]
+                frontier.append((eqn.outvars[0], tuple(placed)))
             elif name == "reshape":
                 mapped = _reshape_axes(tuple(v.aval.shape), tuple(eqn.outvars[0].aval.shape))
                 frontier.append((eqn.outvars[0], tuple(-1 if i < 0 else axis_of[i] for i in mapped)))
@@ -175,6 +186,24 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
                     if out.shape[axis] % n == 0:
                         return [split if a == axis else d for a, d in enumerate(out.dims)]
     return None
+
+
+def _elementwise_alone(w: Walker, eqn: Any, k: int) -> bool:
+    """An elementwise op whose result is laid out as operand ``k`` (its other operands are constants or
+    unsplit scalars and broadcasts): a partial sum's consumers are looked for through it (``x ** 2``,
+    ``2 * x``)."""
+    if eqn.primitive.name not in ELEMENTWISE or len(eqn.outvars) != 1:
+        return False
+    shape = tuple(getattr(eqn.outvars[0].aval, "shape", ()))
+    if tuple(getattr(eqn.invars[k].aval, "shape", ())) != shape:
+        return False
+    for j, other in enumerate(eqn.invars):
+        if j == k or hasattr(other, "val"):
+            continue
+        lay = w.env.get(other)
+        if lay is not None and not is_free(lay) and any(lay.dims):
+            return False
+    return True
 
 
 # Elementwise consumers whose other operands' layouts decide a partial sum's split (rules_structural.elementwise's

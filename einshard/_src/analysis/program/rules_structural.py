@@ -286,10 +286,18 @@ def _shift_axis(
         if _padded_back(w, eqn.outvars[0]):
             # A slice's gradient pads the piece back to the operand's shape: XLA keeps it on its device.
             mark_approximate(w, start, "the piece is padded back (a slice's gradient): XLA moves nothing")
+            # ... and pads it back on its device into the operand's split, where explain's walk pads the
+            # all-reduced piece whole (measured: explain over XLA's peak by up to the operand's whole array).
+            # Measured too: XLA then sometimes still permutes one operand block to the first owner.
+            block_bytes = math.prod(src.shard_shape) * itemsize(dtype)
+            widen_bound(w, start, sent=block_bytes, peak=math.prod(src.shape) * itemsize(dtype))
         else:
             # Measured both ways, even for a piece on the first device: XLA sometimes moves it first (a
             # collective-permute), sometimes not; the all-reduce is always there.
             mark_approximate(w, start, "a small piece off the first device: XLA may add or drop a collective-permute")
+            # ... of up to one operand block (measured: x[0, :2] of cols@a over 4, XLA permutes a 64-byte
+            # column block to the first owner where explain's piece needs none).
+            widen_bound(w, start, sent=math.prod(src.shard_shape) * itemsize(dtype))
         return ()
     padded = -(-out_len // n) * n
     pieces = shift_pieces(src.shape[axis], n, padded, offset)
@@ -305,7 +313,27 @@ def _shift_axis(
     mark_approximate(
         w, start, f"a result of {out_len} does not divide {n} ways: XLA's permutes of the uneven blocks may differ"
     )
+    # Peak: measured (tests/test_primitive_rules.py, pad 16 -> 17 rows over 8), XLA holds the padded, gathered
+    # buffer as a temporary besides the result explain holds whole (+padded rows); or it keeps the result in
+    # uneven pieces where explain holds it whole (a crop 16 -> 15 and its gradient's pad back, which XLA
+    # simplifies to a local mask: -out_len rows).
+    widen_bound(w, start, peak=(padded + out_len) * row)
     return ()
+
+
+def widen_bound(w: WalkerLike, since: int, *, sent: float = 0.0, peak: float = 0.0) -> None:
+    """Widen the bound of the last op marked approximate since ``since`` by ``sent`` bytes and ``peak`` bytes:
+    XLA's alternative moves or holds that much more than the op's own collectives (once, not per op: the
+    report sums the ops' bounds)."""
+    from dataclasses import replace
+
+    from .report import default_bound
+
+    if w.quiet or len(w.ops) <= since:
+        return
+    op = w.ops[-1]
+    base = op.bound or default_bound(op)  # each collective's buffer moved another way, one per peer
+    w.ops[-1] = replace(op, bound=replace(base, bytes=base.bytes + sent, peak=base.peak + peak))
 
 
 @register("dynamic_slice")

@@ -41,7 +41,7 @@ from .alternatives import offer, taking
 from .costing import is_free
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
-from .rules_structural import explicit_dims
+from .rules_structural import explicit_dims, widen_bound
 from .values import Partial
 
 if TYPE_CHECKING:
@@ -68,6 +68,16 @@ def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return a[:n]
+
+
+def _rows_gathered(w: Walker, lhs: Layout, rhs: Layout, li: int, rj: int, out_len: int) -> bool:
+    """Whether a conv gathers the input's split spatial axis ``li`` whole: its blocks or the result's are
+    uneven, and the kernel's window axis ``rj`` is whole (the spatial loop's last case)."""
+    lsplit, wsplit = lhs.dims[li], rhs.dims[rj]
+    if not lsplit or wsplit:
+        return False
+    n = group_size(w, lsplit)
+    return bool(int(out_len) % n or lhs.shape[li] % n)
 
 
 def _mark(w: Walker, before: int, note: str) -> None:
@@ -107,6 +117,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     start = len(w.ops)
     approx: list[str] = []
     alternative = False  # whether XLA's other choice is known here (offered to a fork of the walk)
+    gathered_out = 0  # bytes XLA may all-gather of an uneven result, beyond the marked collectives
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
     whole_sum = False  # the partial sums are all-reduced whole whatever the result's users
     out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
@@ -158,6 +169,15 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         summed = [common] if common else []
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
+    # Rows the spatial loop below gathers whole (uneven blocks) free their mesh axes: the kernel's outputs keep
+    # their split over them (measured, tests/test_primitive_rules.py's transposed convs: rows@a of 8 rows
+    # dilated to 15, kernel outputs@a -> XLA gathers the rows, the result split on its features@a).
+    taken -= {
+        m
+        for li, rj, oi in zip(ls, rs, os_)
+        if _rows_gathered(w, lhs, rhs, li, rj, out_aval.shape[oi])
+        for m in lhs.dims[li]
+    }
     clash = tuple(m for m in lhs.dims[lb] if m in rhs.dims[ro])
     asked = _asked_split(w, eqn.outvars[0], of)
     if (
@@ -267,6 +287,12 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             approx.append(
                 f"spatial axis {li} (dilated input or uneven blocks) gathered; XLA may exchange halos instead"
             )
+            if out_len % n:
+                # ... or compute the result split and gather it, padded to the next multiple (measured: a
+                # transposed conv's 15 rows over 8 devices, one all-gather of 16 result rows).
+                padded = -(-out_len // n) * n
+                # Its halos (a gradient's, on the padded result too) are bounded by that padded result: twice it.
+                gathered_out += 2 * padded * math.prod(out_aval.shape) // out_len * itemsize(out_aval.dtype)
             lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv spatial split gathered")
             rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), "conv spatial split gathered")
     if window_summed:
@@ -307,6 +333,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
     if approx:
         _mark(w, start, "; ".join(approx))
+        widen_bound(w, start, sent=gathered_out)
         if alternative:
             offer(w, eqn, start)  # the window-covers-result choice: walked to the program's end
     return [out]
