@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from test_block_memo import BATCH, DOWN, MESH, UP, _specs, decoder
 
 from einshard._src.analysis.program import trace
+from einshard._src.analysis.program.segment_audit import boundary_reads
 from einshard._src.analysis.program.segments import (
     Run,
-    boundary_reads,
     equation_signatures,
     find_runs,
     repeated_runs,
