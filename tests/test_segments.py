@@ -154,6 +154,7 @@ def _per_copy(t, specs, run):
             return super().step(eqn, ins, repeat, phase)
 
     w = Entering(t.costs)
+    t.costs.memoise_segments = False  # every copy stepped, none replayed
     t.report(specs, walker=w)
     ops: dict[int, list] = {c: [] for c in range(run.count)}
     for op, e in zip(w.ops, w.op_eqns):

@@ -57,6 +57,8 @@ class WalkCounts:
     equations: int = 0  # equations stepped in them
     replays: int = 0  # call bodies not walked: their tape replayed
     recorded: int = 0  # call bodies walked to record a tape
+    segment_replays: int = 0  # repeated top-level stretches replayed (see .segment_memo)
+    segments_open: int = 0  # stretches walked whose walk read outside them (not kept)
 
     def snapshot(self) -> tuple[int, int, int, int]:
         return (self.walks, self.equations, self.replays, self.recorded)

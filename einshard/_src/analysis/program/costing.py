@@ -51,6 +51,10 @@ class OpCosts:
         self.tapes: dict[tuple[Any, ...], Tape] = {}
         self.structures = BodyStructures()
         self.counts = WalkCounts()
+        # Repeated top-level stretches walked once per entering state (:mod:`.segment_memo`): off by default.
+        self.memoise_segments = True
+        self.segment_tapes: dict[Any, Any] = {}
+        self.segment_plans: dict[int, Any] = {}  # id(jaxpr) -> its SegmentPlan (the jaxpr held in it)
 
     def uses_of(self, jaxpr: Any) -> dict[int, list[tuple[Any, int]]]:
         """id(value) -> [(equation, operand index)] of one jaxpr (memoised: the planner walks it again and again)."""

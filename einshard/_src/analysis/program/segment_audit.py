@@ -164,7 +164,11 @@ def boundary_reads(traced: Any, in_specs: Any, out_specs: Any, run: Run) -> tupl
             finally:
                 log.at = None
 
-    traced.report(in_specs, out_specs, walker=Audit(traced.costs))
+    memo, traced.costs.memoise_segments = traced.costs.memoise_segments, False  # every copy stepped
+    try:
+        traced.report(in_specs, out_specs, walker=Audit(traced.costs))
+    finally:
+        traced.costs.memoise_segments = memo
     copies = run.copies()
     out: list[BoundaryRead] = []
     for position, channel, key, furthest in log.reads:

@@ -1,0 +1,279 @@
+"""Repeated top-level stretches (the inlined forward of unrolled layers) walked once per entering state.
+
+:mod:`.segments` finds the copies of a repeated run of top-level equations.
+With ``OpCosts.memoise_segments`` the walker (:meth:`~.walker.Walker.walk`)
+walks a copy while logging every read and write it makes of the walker's
+state (the environment with its gathered copies and partial sums, pending-sum
+tags, CSE history, uses, requested layouts, program outputs, the dependency
+walker's masks), and keeps what it did as a :class:`SegmentTape` only where
+the walk was **closed**: it read nothing but its own values and the values
+entering it, and the state of those is all in the tape's key (their layouts,
+gathered copies, partial sums, pending-sum tags and the moves already made of
+them, the rows its slices take where the sliced axis is split, the call
+bodies it calls).  A walk whose look-ahead left the copy (a use in the
+backward pass, a requested output, a value of another layer) is not kept:
+the next copy is walked again.  A replay writes what the walk wrote, onto the
+other copy's values by position, so a replay is the walk it stands for or
+does not happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...core.layout import Layout
+from .blocks import BodyStructures
+from .registry import sub_jaxpr
+from .report import OpReport
+from .segments import find_runs
+
+__all__ = ["Copy", "SegmentPlan", "SegmentTape", "Recorder", "plan_segments", "RECORDING", "PLAIN"]
+
+Token = tuple[str, int]  # ("e", k): the copy's k-th entering value; ("i", k): the k-th value it makes
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One copy of a repeated run: its top-level positions and its values by position."""
+
+    start: int
+    stop: int
+    template: int  # equal for the copies of one run
+    eqns: tuple[Any, ...]
+    entering: tuple[Any, ...]  # values it reads that are made before it (program inputs included), first read first
+    inside: tuple[Any, ...]  # the values it makes, in order
+    tokens: dict[int, Token]  # id(value) -> its token
+    eqn_ids: frozenset[int]
+    slices: tuple[tuple[int, int, tuple[int, ...]], ...]  # (offset, entering index or -1, start row) of its slices
+    calls: tuple[tuple[int, int], ...]  # (offset, id(body)) of the calls it makes (a tape's ops name their equations)
+    wiring: tuple[int, ...]  # each operand's entering index (-1: its own value or a literal), equation by equation
+    leaves: bool  # one of its values is a program output
+
+    def value(self, token: Token) -> Any:
+        return self.entering[token[1]] if token[0] == "e" else self.inside[token[1]]
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    jaxpr: Any  # held, so the id it is cached under stays its own
+    copies: dict[int, Copy]  # by start position
+
+
+def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPlan:
+    """The copies of ``jaxpr``'s repeated runs of top-level equations (:func:`.segments.find_runs`)."""
+    outputs = {id(v) for v in jaxpr.outvars if not hasattr(v, "val")}
+    eqns = jaxpr.eqns
+    copies: dict[int, Copy] = {}
+    for template, run in enumerate(find_runs(jaxpr, known, phase_of)):
+        for span in run.copies():
+            here = tuple(eqns[p] for p in span)
+            made = {id(v) for e in here for v in e.outvars}
+            entering: dict[int, Any] = {}
+            for e in here:
+                for v in e.invars:
+                    if not hasattr(v, "val") and id(v) not in made:
+                        entering.setdefault(id(v), v)
+            inside = tuple(v for e in here for v in e.outvars)
+            tokens: dict[int, Token] = {i: ("e", k) for k, i in enumerate(entering)}
+            tokens.update({id(v): ("i", k) for k, v in enumerate(inside)})
+            slices = tuple(
+                (
+                    off,
+                    list(entering).index(id(e.invars[0])) if id(e.invars[0]) in entering else -1,
+                    tuple(e.params["start_indices"]),
+                )
+                for off, e in enumerate(here)
+                if e.primitive.name == "slice"
+            )
+            calls = tuple((off, id(sub_jaxpr(e))) for off, e in enumerate(here) if sub_jaxpr(e) is not None)
+            order = list(entering)
+            wiring = tuple(
+                order.index(id(v)) if not hasattr(v, "val") and id(v) in entering else -1
+                for e in here
+                for v in e.invars
+            )
+            copies[span.start] = Copy(
+                span.start,
+                span.stop,
+                template,
+                here,
+                tuple(entering.values()),
+                inside,
+                tokens,
+                frozenset(id(e) for e in here),
+                slices,
+                calls,
+                wiring,
+                bool(outputs & {id(v) for v in inside}),
+            )
+    return SegmentPlan(jaxpr, copies)
+
+
+@dataclass(frozen=True)
+class SegmentTape:
+    """What walking one copy did, by token: replayed at another copy entering in the same state."""
+
+    env: tuple[tuple[Token, Any, Layout, bool], ...]  # (value, derived kind or None, layout, a private copy)
+    summed: tuple[tuple[Token, frozenset[str]], ...]
+    made: tuple[tuple[Token, Hashable, Any], ...]
+    ops: tuple[tuple[OpReport, int | None, Any], ...]  # (op, offset of its top-level equation, else its equation)
+    sub_envs: tuple[tuple[int, tuple[int, ...], dict[Any, Layout]], ...]  # (offset of the call, path within, env)
+    extra: Any  # the walker subclass's own record (see Walker.segment_end)
+
+
+@dataclass
+class Recorder:
+    """The log of one copy's walk: its writes by token, and whether it stayed closed (``why`` says where not)."""
+
+    copy: Copy
+    why: str = ""
+    env: list[tuple[Token, Any, Layout]] = field(default_factory=list)
+    summed: list[tuple[Token, frozenset[str]]] = field(default_factory=list)
+    made: list[tuple[Token, Hashable, Any]] = field(default_factory=list)
+    masks: list[Token] = field(default_factory=list)
+
+    def leave(self, why: str) -> None:
+        if not self.why:
+            self.why = why
+
+    def token(self, ident: int, channel: str) -> Token | None:
+        tok = self.copy.tokens.get(ident)
+        if tok is None:
+            self.leave(f"{channel} of a value outside the copy")
+        return tok
+
+
+def _env_ident(key: Any) -> int:
+    of = getattr(key, "of", None)
+    return id(of) if of is not None and type(key).__name__ in ("Gathered", "Partial") else id(key)
+
+
+class PlainEnv(dict):  # type: ignore[type-arg]
+    """The top-level environment while the segment memo is on (its class is swapped while a copy is recorded)."""
+
+    rec: Recorder | None = None
+
+
+class RecordingEnv(PlainEnv):
+    """The environment while a copy is recorded: reads of values outside it leave it; writes are logged."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if self.rec is not None and not hasattr(key, "val"):
+            self.rec.token(_env_ident(key), "a layout")
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        if self.rec is not None:
+            self.rec.token(_env_ident(key), "a layout")
+        return super().__getitem__(key)
+
+    def __contains__(self, key: Any) -> bool:
+        if self.rec is not None:
+            self.rec.token(_env_ident(key), "a layout")
+        return super().__contains__(key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self.rec is not None:
+            tok = self.rec.token(_env_ident(key), "a write")
+            if tok is not None:
+                kind = type(key) if type(key).__name__ in ("Gathered", "Partial") else None
+                self.rec.env.append((tok, kind, value))
+        super().__setitem__(key, value)
+
+
+PLAIN, RECORDING = PlainEnv, RecordingEnv
+
+
+class RecordingTable(dict):  # type: ignore[type-arg]
+    """A table keyed by ``id(value)`` (``channel``: summed, uses, requested, masks) or the CSE history, logged."""
+
+    def __init__(self, data: Any, rec: Recorder, channel: str) -> None:
+        super().__init__(data)
+        self.rec, self.channel = rec, channel
+
+    def _ident(self, key: Any) -> int:
+        if self.channel == "made":
+            value = key[0] if isinstance(key, tuple) else None
+            if not (isinstance(value, tuple) and value[0] == 1):
+                self.rec.leave("the moves of a value not of the program")
+                return -1
+            return int(value[1])
+        return int(key)
+
+    def _read(self, key: Any, hit: Any) -> None:
+        if self.channel == "masks":
+            # The dependency walker reads the masks of the stepped equation's operands (a literal's id reads 0);
+            # a dependence on a collective before the copy shows in the masks it makes (Walker.segment_end).
+            return
+        tok = self.rec.token(self._ident(key), self.channel)
+        if tok is None:
+            return
+        if self.channel == "uses" and hit and any(id(e) not in self.rec.copy.eqn_ids for e, _ in hit):
+            self.rec.leave("the look-ahead past the copy")
+        elif self.channel in ("requested",) and tok[0] == "e":
+            self.rec.leave("the requested layout of an entering value")
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        hit = super().get(key, default)
+        self._read(key, hit)
+        return hit
+
+    def __getitem__(self, key: Any) -> Any:
+        hit = super().__getitem__(key)
+        self._read(key, hit)
+        return hit
+
+    def __contains__(self, key: Any) -> bool:
+        hit = super().__contains__(key)
+        self._read(key, super().get(key) if hit else None)
+        return hit
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        tok = self.rec.token(self._ident(key), f"a write of {self.channel}")
+        if tok is not None:
+            if self.channel == "summed":
+                self.rec.summed.append((tok, value))
+            elif self.channel == "made":
+                self.rec.made.append((tok, key[1], value))
+            elif self.channel == "masks":
+                self.rec.masks.append(tok)
+            else:
+                self.rec.leave(f"a write of {self.channel}")
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self.rec.leave(f"a removal from {self.channel}")
+        super().__delitem__(key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self.rec.leave(f"a removal from {self.channel}")
+        return super().pop(key, *default)
+
+    def update(self, *a: Any, **k: Any) -> None:
+        if self.channel != "uses":  # a nested walk's uses: its own values
+            self.rec.leave(f"a bulk write of {self.channel}")
+        super().update(*a, **k)
+
+
+class RecordingOutputs(set):  # type: ignore[type-arg]
+    """The program's outputs (ids) while a copy is recorded: a test of a value outside it, or a change, leaves it."""
+
+    def __init__(self, data: Any, rec: Recorder) -> None:
+        super().__init__(data)
+        self.rec = rec
+
+    def __contains__(self, key: Any) -> bool:
+        tok = self.rec.token(key, "program outputs")
+        if tok is not None and tok[0] == "e":
+            self.rec.leave("program outputs of an entering value")
+        return super().__contains__(key)
+
+    def add(self, key: Any) -> None:
+        self.rec.leave("a program output added")
+        super().add(key)
+
+    def difference_update(self, *a: Any) -> None:
+        self.rec.leave("program outputs removed")
+        super().difference_update(*a)
