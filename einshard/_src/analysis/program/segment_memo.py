@@ -48,7 +48,9 @@ class Copy:
     eqn_ids: frozenset[int]
     slices: tuple[tuple[int, int, tuple[int, ...]], ...]  # (offset, entering index or -1, start row) of its slices
     calls: tuple[tuple[int, int], ...]  # (offset, id(body)) of the calls it makes (a tape's ops name their equations)
-    wiring: tuple[int, ...]  # each operand's entering index (-1: its own value or a literal), equation by equation
+    # Each operand, equation by equation: ("in", k) the k-th entering value, ("made", offset, j) a result of its own
+    # equation at ``offset``, ("literal",): the copy's dataflow, whatever the signature that found it left out.
+    wiring: tuple[tuple[Any, ...], ...]
     leaves: bool  # one of its values is a program output
 
     def value(self, token: Token) -> Any:
@@ -89,8 +91,13 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
             )
             calls = tuple((off, id(sub_jaxpr(e))) for off, e in enumerate(here) if sub_jaxpr(e) is not None)
             order = list(entering)
+            produced = {id(v): (off, j) for off, e in enumerate(here) for j, v in enumerate(e.outvars)}
             wiring = tuple(
-                order.index(id(v)) if not hasattr(v, "val") and id(v) in entering else -1
+                ("literal",)
+                if hasattr(v, "val")
+                else ("in", order.index(id(v)))
+                if id(v) in entering
+                else ("made", *produced[id(v)])
                 for e in here
                 for v in e.invars
             )
