@@ -91,7 +91,7 @@ def test_twice_the_blocks_walk_no_more_bodies(how, layers):
     strict=True,
     reason="issue 21: the inlined forward's copies replay (segment_memo) where their walk stays closed, but the "
     "backward's top-level glue (each layer's cotangent pads and sums, operands at a distance that differs per "
-    "layer) is not a run, and a copy whose look-ahead reaches the backward (tensor-parallel layouts) is walked",
+    "layer, and each pads its gradient into the stack at its own row) is not a run",
 )
 def test_twice_the_unrolled_layers_step_no_more_equations():
     """The target: the inlined forward of identical layers stepped once per costing, not once per layer."""

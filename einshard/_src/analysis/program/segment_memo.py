@@ -27,7 +27,7 @@ from ...core.layout import Layout
 from .blocks import BodyStructures
 from .registry import sub_jaxpr
 from .report import OpReport
-from .segments import find_runs
+from .segments import find_runs, param_token
 
 __all__ = ["Copy", "SegmentPlan", "SegmentTape", "Recorder", "plan_segments", "RECORDING", "PLAIN"]
 
@@ -51,6 +51,9 @@ class Copy:
     # Each operand, equation by equation: ("in", k) the k-th entering value, ("made", offset, j) a result of its own
     # equation at ``offset``, ("literal",): the copy's dataflow, whatever the signature that found it left out.
     wiring: tuple[tuple[Any, ...], ...]
+    # The consumers of its values outside it, by structure (primitive, parameters, types, phase, operand index):
+    # the look-ahead reads them (which consumer follows a value), never their layouts without leaving the copy.
+    horizon: tuple[Hashable, ...]
     leaves: bool  # one of its values is a program output
 
     def value(self, token: Token) -> Any:
@@ -61,12 +64,35 @@ class Copy:
 class SegmentPlan:
     jaxpr: Any  # held, so the id it is cached under stays its own
     copies: dict[int, Copy]  # by start position
+    made_at: dict[int, int]  # id(top-level value) -> the position that makes it
 
 
 def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPlan:
     """The copies of ``jaxpr``'s repeated runs of top-level equations (:func:`.segments.find_runs`)."""
     outputs = {id(v) for v in jaxpr.outvars if not hasattr(v, "val")}
     eqns = jaxpr.eqns
+    consumers: dict[int, list[tuple[int, int]]] = {}  # id(value) -> (position, operand index) of each use
+    for p, e in enumerate(eqns):
+        for k, v in enumerate(e.invars):
+            if not hasattr(v, "val"):
+                consumers.setdefault(id(v), []).append((p, k))
+    shapes: dict[int, Hashable] = {}
+
+    def shape_of(p: int) -> Hashable:
+        """Equation ``p``'s structure without its operands' wiring."""
+        hit = shapes.get(p)
+        if hit is None:
+            e = eqns[p]
+            params = tuple(sorted((k, param_token(x, known, phase_of)) for k, x in e.params.items()))
+            hit = shapes[p] = (
+                e.primitive.name,
+                params,
+                tuple(str(v.aval) for v in e.invars),
+                tuple(str(v.aval) for v in e.outvars),
+                phase_of(e),
+            )
+        return hit
+
     copies: dict[int, Copy] = {}
     for template, run in enumerate(find_runs(jaxpr, known, phase_of)):
         for span in run.copies():
@@ -101,6 +127,13 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 for e in here
                 for v in e.invars
             )
+            horizon = tuple(
+                tuple(
+                    ("in", p - span.start, k) if p in span else ("out", shape_of(p), k)
+                    for p, k in consumers.get(id(v), ())
+                )
+                for v in inside
+            )
             copies[span.start] = Copy(
                 span.start,
                 span.stop,
@@ -113,9 +146,11 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 slices,
                 calls,
                 wiring,
+                horizon,
                 bool(outputs & {id(v) for v in inside}),
             )
-    return SegmentPlan(jaxpr, copies)
+    made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
+    return SegmentPlan(jaxpr, copies, made_at)
 
 
 @dataclass(frozen=True)
@@ -135,6 +170,7 @@ class Recorder:
     """The log of one copy's walk: its writes by token, and whether it stayed closed (``why`` says where not)."""
 
     copy: Copy
+    made_at: dict[int, int]  # id(value) -> the top-level position that makes it (SegmentPlan.made_at)
     why: str = ""
     env: list[tuple[Token, Any, Layout]] = field(default_factory=list)
     summed: list[tuple[Token, frozenset[str]]] = field(default_factory=list)
@@ -150,6 +186,15 @@ class Recorder:
         if tok is None:
             self.leave(f"{channel} of a value outside the copy")
         return tok
+
+    def looked_ahead(self, ident: int, found: bool, channel: str) -> None:
+        """A read (of a layout, a pending-sum tag) of a value outside the copy, by the look-ahead: a value the
+        program makes after the copy is not bound yet in any copy's walk (the read finds nothing, whichever
+        copy it is), so it does not leave the copy; anything else does."""
+        if ident in self.copy.tokens:
+            return
+        if found or self.made_at.get(ident, -1) < self.copy.stop:
+            self.leave(f"{channel} of a value outside the copy")
 
 
 def _env_ident(key: Any) -> int:
@@ -167,19 +212,21 @@ class RecordingEnv(PlainEnv):
     """The environment while a copy is recorded: reads of values outside it leave it; writes are logged."""
 
     def get(self, key: Any, default: Any = None) -> Any:
+        hit = super().get(key, default)
         if self.rec is not None and not hasattr(key, "val"):
-            self.rec.token(_env_ident(key), "a layout")
-        return super().get(key, default)
+            self.rec.looked_ahead(_env_ident(key), hit is not default, "a layout")
+        return hit
 
     def __getitem__(self, key: Any) -> Any:
         if self.rec is not None:
-            self.rec.token(_env_ident(key), "a layout")
+            self.rec.looked_ahead(_env_ident(key), super().__contains__(key), "a layout")
         return super().__getitem__(key)
 
     def __contains__(self, key: Any) -> bool:
+        hit = super().__contains__(key)
         if self.rec is not None:
-            self.rec.token(_env_ident(key), "a layout")
-        return super().__contains__(key)
+            self.rec.looked_ahead(_env_ident(key), hit, "a layout")
+        return hit
 
     def __setitem__(self, key: Any, value: Any) -> None:
         if self.rec is not None:
@@ -214,10 +261,16 @@ class RecordingTable(dict):  # type: ignore[type-arg]
             # The dependency walker reads the masks of the stepped equation's operands (a literal's id reads 0);
             # a dependence on a collective before the copy shows in the masks it makes (Walker.segment_end).
             return
-        tok = self.rec.token(self._ident(key), self.channel)
+        ident = self._ident(key)
+        if self.channel in ("summed", "made"):  # nothing is summed or moved yet of a value made after the copy
+            self.rec.looked_ahead(ident, dict.__contains__(self, key), self.channel)
+            return
+        tok = self.rec.token(ident, self.channel)
         if tok is None:
             return
-        if self.channel == "uses" and hit and any(id(e) not in self.rec.copy.eqn_ids for e, _ in hit):
+        if self.channel == "uses" and tok[0] == "e" and hit and any(id(e) not in self.rec.copy.eqn_ids for e, _ in hit):
+            # An entering value's uses span the program; a value of its own has its consumers in the key
+            # (Copy.horizon), and reading their layouts or uses leaves it.
             self.rec.leave("the look-ahead past the copy")
         elif self.channel in ("requested",) and tok[0] == "e":
             self.rec.leave("the requested layout of an entering value")

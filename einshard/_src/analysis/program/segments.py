@@ -34,7 +34,7 @@ from typing import Any
 
 from .blocks import BodyStructures, body_index, normal_param
 
-__all__ = ["LAYER_INDEX", "Run", "equation_signatures", "repeated_runs", "find_runs"]
+__all__ = ["LAYER_INDEX", "Run", "param_token", "equation_signatures", "repeated_runs", "find_runs"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def equation_signatures(
             else:
                 ins.append(("input", str(v.aval)))
         skip = varying.get(eqn.primitive.name, frozenset())
-        params = tuple(sorted((k, _param(x, known, phase_of)) for k, x in eqn.params.items() if k not in skip))
+        params = tuple(sorted((k, param_token(x, known, phase_of)) for k, x in eqn.params.items() if k not in skip))
         outs = tuple(str(v.aval) for v in eqn.outvars)
         sig = (eqn.primitive.name, params, tuple(ins), outs, phase_of(eqn))
         out.append(ids.setdefault(sig, len(ids)))
@@ -95,16 +95,16 @@ def equation_signatures(
     return tuple(out)
 
 
-def _param(x: Any, known: BodyStructures, phase_of: Callable[[Any], str]) -> Hashable:
+def param_token(x: Any, known: BodyStructures, phase_of: Callable[[Any], str]) -> Hashable:
     """A parameter as a structural token: a nested body by its structure's ordinal (see :func:`.blocks.body_index`)."""
     inner = x if hasattr(x, "eqns") else getattr(x, "jaxpr", None)
     if inner is not None and hasattr(inner, "eqns"):
         consts = tuple(str(getattr(c, "aval", type(c).__name__)) for c in getattr(x, "consts", ()))
         return ("body", body_index(inner, known, phase_of).ordinal, consts)
     if isinstance(x, (tuple, list)):
-        return tuple(_param(e, known, phase_of) for e in x)
+        return tuple(param_token(e, known, phase_of) for e in x)
     if isinstance(x, dict):
-        return tuple(sorted((str(k), _param(e, known, phase_of)) for k, e in x.items()))
+        return tuple(sorted((str(k), param_token(e, known, phase_of)) for k, e in x.items()))
     return normal_param(x)
 
 

@@ -52,6 +52,7 @@ class Walker:
         self.quiet = quiet  # a dry run (a scan carry's fixed point): nothing is recorded
         self.ops: list[OpReport] = []
         self.unfollowed: set[str] = set()
+        self.met_unfollowed = 0  # ops without a rule met (a repeated stretch holding one is never replayed)
         # Where each op without a rule is in the user's code ("file.py:12 (fn)"), by primitive, first seen first.
         self.unfollowed_at: dict[str, list[str]] = {}
         self._stepping: list[Any] = []  # the equations being stepped, outermost first (calls hold their bodies')
@@ -263,6 +264,7 @@ class Walker:
         """
         name = eqn.primitive.name
         self.unfollowed.add(name)
+        self.met_unfollowed += 1
         if not self.quiet:
             where = self.unfollowed_at.setdefault(name, [])
             # The innermost equation with a line in the user's code: an op inside a library's jitted
@@ -328,7 +330,7 @@ class Walker:
                     recording = None
                 copy = plan.copies.get(i)
                 if copy is not None and recording is None:
-                    started = self._segment_start(copy, env, repeat, phase_hint)
+                    started = self._segment_start(plan, copy, env, repeat, phase_hint)
                     if started == "replayed":
                         i = copy.stop
                         continue
@@ -462,6 +464,7 @@ class Walker:
             repeatable = False
         if box.unfollowed:
             # The report names such an op at its call site, the caller's: not a block's to repeat.
+            self.met_unfollowed += 1
             self.unfollowed |= box.unfollowed
             for name, sites in box.unfollowed_at.items():
                 here = self.unfollowed_at.setdefault(name, [])
@@ -531,7 +534,7 @@ class Walker:
         )
 
     def _segment_start(
-        self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None
+        self, plan: SegmentPlan, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None
     ) -> _Recording | Literal["replayed", "plain"]:
         """Replay ``copy``, start recording it (its record), or walk it plainly."""
         if copy.leaves or (self.requested and any(id(v) in self.requested for v in copy.inside)):
@@ -542,13 +545,13 @@ class Walker:
             self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
             return "replayed"
-        rec = Recorder(copy)
+        rec = Recorder(copy, plan.made_at)
         recording = _Recording(
             rec,
             key,
             len(self.ops),
             self._walks,
-            (len(self.unfollowed), sum(map(len, self.unfollowed_at.values()))),
+            self.met_unfollowed,
             frozenset(self.sub_envs),
             (self.summed, self.uses, self.requested, self._made, self.program_outputs),
         )
@@ -577,8 +580,8 @@ class Walker:
             rec.leave("a dependence on a collective before the copy")
         if self._walks != recording.walks:
             rec.leave("a nested walk (its values are numbered by walk)")
-        if (len(self.unfollowed), sum(map(len, self.unfollowed_at.values()))) != recording.unfollowed:
-            rec.leave("an op without a rule (named at its own site)")
+        if self.met_unfollowed != recording.unfollowed:
+            rec.leave("an op without a rule (named at its call site, which is each copy's own)")
         offsets = {id(e): off for off, e in enumerate(copy.eqns)}
         subs = []
         for path, sub in self.sub_envs.items():
@@ -670,7 +673,7 @@ class _Recording:
         key: Any,
         ops: int,
         walks: int,
-        unfollowed: tuple[int, int],
+        unfollowed: int,
         paths: frozenset[tuple[int, ...]],
         tables: tuple[Any, ...],
     ) -> None:
