@@ -54,6 +54,7 @@ class Copy:
     # The consumers of its values outside it, by structure (primitive, parameters, types, phase, operand index):
     # the look-ahead reads them (which consumer follows a value), never their layouts without leaving the copy.
     horizon: tuple[Hashable, ...]
+    ahead: dict[int, int]  # id(value past it the look-ahead may follow) -> its index in ``horizon``'s visit
     leaves: bool  # one of its values is a program output
 
     def value(self, token: Token) -> Any:
@@ -127,13 +128,7 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 for e in here
                 for v in e.invars
             )
-            horizon = tuple(
-                tuple(
-                    ("in", p - span.start, k) if p in span else ("out", shape_of(p), k)
-                    for p, k in consumers.get(id(v), ())
-                )
-                for v in inside
-            )
+            horizon, ahead = _horizon(inside, span, consumers, eqns, shape_of, outputs)
             copies[span.start] = Copy(
                 span.start,
                 span.stop,
@@ -147,10 +142,56 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 calls,
                 wiring,
                 horizon,
+                ahead,
                 bool(outputs & {id(v) for v in inside}),
             )
     made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
     return SegmentPlan(jaxpr, copies, made_at)
+
+
+# How far past a copy the look-ahead may follow values (consumer of a consumer...) and stay in the key.
+AHEAD = 4
+
+
+def _horizon(
+    inside: tuple[Any, ...],
+    span: range,
+    consumers: dict[int, list[tuple[int, int]]],
+    eqns: Any,
+    shape_of: Any,
+    outputs: set[int],
+) -> tuple[tuple[Hashable, ...], dict[int, int]]:
+    """The structure of what follows a copy's values out of it, :data:`AHEAD` consumers deep: for each value
+    (its own, then those reached, in visit order) each consumer (one of its own equations by offset, or one
+    past it by structure, with its results' visit indices) and whether it is a program output.  The values
+    reached past it, by id -> visit index (their uses may be read: their consumers are in the structure)."""
+    index: dict[int, int] = {id(v): i for i, v in enumerate(inside)}
+    depth: dict[int, int] = {id(v): 0 for v in inside}
+    queue = list(inside)
+    ahead: dict[int, int] = {}
+    out: list[Hashable] = []
+    for v in queue:
+        d = depth[id(v)]
+        if d >= AHEAD:
+            out.append(("unfollowed", id(v) in outputs))
+            continue
+        uses: list[Hashable] = []
+        for p, k in consumers.get(id(v), ()):
+            if p in span:
+                uses.append(("in", p - span.start, k))
+                continue
+            results = []
+            for o in eqns[p].outvars:
+                if id(o) not in index:
+                    index[id(o)] = len(index)
+                    depth[id(o)] = d + 1
+                    queue.append(o)
+                results.append(index[id(o)])
+            uses.append(("out", shape_of(p), k, tuple(results)))
+        out.append((tuple(uses), id(v) in outputs))
+        if d:
+            ahead[id(v)] = index[id(v)]
+    return tuple(out), ahead
 
 
 @dataclass(frozen=True)
@@ -265,6 +306,8 @@ class RecordingTable(dict):  # type: ignore[type-arg]
         if self.channel in ("summed", "made"):  # nothing is summed or moved yet of a value made after the copy
             self.rec.looked_ahead(ident, dict.__contains__(self, key), self.channel)
             return
+        if ident in self.rec.copy.ahead and self.channel in ("uses", "requested"):
+            return  # a value the look-ahead reached past the copy: its consumers, its asked layout are in the key
         tok = self.rec.token(ident, self.channel)
         if tok is None:
             return
@@ -325,6 +368,8 @@ class RecordingOutputs(set):  # type: ignore[type-arg]
         self.rec = rec
 
     def __contains__(self, key: Any) -> bool:
+        if key in self.rec.copy.ahead:
+            return super().__contains__(key)  # in the copy's horizon
         tok = self.rec.token(key, "program outputs")
         if tok is not None and tok[0] == "e":
             self.rec.leave("program outputs of an entering value")

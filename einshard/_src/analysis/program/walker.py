@@ -521,7 +521,12 @@ class Walker:
                 rows.append((off, tuple(r if d else None for r, d in zip(row, lay.dims))))
             else:
                 rows.append((off, row if k < 0 else tuple(None for _ in row)))
+        asked: tuple[Any, ...] = ()
+        if self.requested:
+            # The layouts the caller asks for values the look-ahead may reach past the copy (program outputs).
+            asked = tuple(sorted((copy.ahead[i], dims) for i, dims in self.requested.items() if i in copy.ahead))
         return (
+            asked,
             copy.template,
             type(self),
             self.quiet,
