@@ -15,14 +15,13 @@ only (nothing here changes a walk):
   repeated at least twice (:class:`Run`), longest coverage first and never
   overlapping.
 
-Why the runs are not simply replayed (each stretch walked once per costing):
-the walk of a stretch reads state that lies outside it (see
-:func:`.segment_audit.boundary_reads` and tests/test_segments.py): XLA's CSE history
-(``Walker._made``) and the pending-sum tags of the values entering it, and
-the look-ahead of sharding propagation (``consumer_split``,
-``leaves_program``, ``_padded_back``) follows its values into the backward
-pass, whose equations lie at a different distance for every layer.  A replay
-keyed by structure and entering layouts alone would therefore change results.
+Why a run is not simply replayed by structure and entering layouts: the walk
+of a copy reads state that lies outside it (:func:`.segment_audit.boundary_reads`
+and tests/test_segments.py): XLA's CSE history (``Walker._made``) and the
+pending-sum tags of the values entering it, and the look-ahead of sharding
+propagation (``consumer_split``, ``leaves_program``, ``_padded_back``) follows
+its values into the backward pass.  :mod:`.segment_memo` keys a copy's walk on
+all of that, and walks the copy where its walk read anything else.
 """
 
 from __future__ import annotations
