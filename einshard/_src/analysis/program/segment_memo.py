@@ -1,20 +1,25 @@
 """Repeated top-level stretches (the inlined forward of unrolled layers) walked once per entering state.
 
 :mod:`.segments` finds the copies of a repeated run of top-level equations.
-With ``OpCosts.memoise_segments`` the walker (:meth:`~.walker.Walker.walk`)
-walks a copy while logging every read and write it makes of the walker's
-state (the environment with its gathered copies and partial sums, pending-sum
-tags, CSE history, uses, requested layouts, program outputs, the dependency
-walker's masks), and keeps what it did as a :class:`SegmentTape` only where
-the walk was **closed**: it read nothing but its own values and the values
-entering it, and the state of those is all in the tape's key (their layouts,
-gathered copies, partial sums, pending-sum tags and the moves already made of
-them, the rows its slices take where the sliced axis is split, the call
-bodies it calls).  A walk whose look-ahead left the copy (a use in the
-backward pass, a requested output, a value of another layer) is not kept:
-the next copy is walked again.  A replay writes what the walk wrote, onto the
-other copy's values by position, so a replay is the walk it stands for or
-does not happen.
+With ``OpCosts.memoise_segments`` (on by default) the walker
+(:meth:`~.walker.Walker.walk`) walks a copy while logging every read and
+write it makes of the walker's state (the environment with its gathered
+copies and partial sums, pending-sum tags, CSE history, uses, requested
+layouts, program outputs, the dependency walker's masks), and keeps what it
+did as a :class:`SegmentTape` only where the walk was **closed**: it read
+its own values, the values entering it, and what the look-ahead of sharding
+propagation reaches past it (the structure of up to :data:`AHEAD` consumers
+deep, the layouts asked of program outputs among them, and values made after
+the copy, which no copy's walk has bound yet: found empty, or the copy is
+open).  The key holds the state of all that (:meth:`~.walker.Walker._segment_key`:
+the entering values' layouts, gathered copies, partial sums, pending-sum tags
+and the moves already made of them; the copy's wiring and horizon; the rows
+its slices take along a split axis; the bodies it calls).  A copy whose walk
+read anything else, walked a nested jaxpr in place, or met an op without a
+rule is walked again at every copy.  A replay writes what the walk wrote onto
+the other copy's values by position, so a replay is the walk it stands for or
+does not happen (tests/test_segment_memo.py compares reports, peak memory,
+combined costs and plans with and without it).
 """
 
 from __future__ import annotations
