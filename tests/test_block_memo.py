@@ -82,15 +82,16 @@ def test_twice_the_blocks_walk_no_more_bodies(how, layers):
     walks2, visits2, top2 = _walks(2 * layers, how, LAYOUTS)
     assert walks2 <= walks
     # The only extra equations stepped are the program's own (slicing each layer's weights, summing its
-    # gradients into the stack, calling it): no block's body is stepped again.
-    assert visits2 - visits == len(LAYOUTS) * (top2 - top)
+    # gradients into the stack, calling it; fewer where its repeated stretches replay): no block's body is
+    # stepped again.
+    assert visits2 - visits <= len(LAYOUTS) * (top2 - top)
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 21: JAX inlines each remat'd layer's forward at the top level, and the walk steps it in every "
-    "costing; replaying repeated top-level segments (keyed by structure, entering layouts and the look-ahead, "
-    "CSE and pending-sum state they read) is not built yet",
+    reason="issue 21: the inlined forward's copies replay (segment_memo) where their walk stays closed, but the "
+    "backward's top-level glue (each layer's cotangent pads and sums, operands at a distance that differs per "
+    "layer, and each pads its gradient into the stack at its own row) is not a run",
 )
 def test_twice_the_unrolled_layers_step_no_more_equations():
     """The target: the inlined forward of identical layers stepped once per costing, not once per layer."""

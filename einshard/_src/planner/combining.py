@@ -192,6 +192,85 @@ class DependencyWalker(Walker):
             self.colls.append(_Coll(kind, axes, size, repeat, real(operands, own), start + i))
         self._last_outs = [real(operands, own) for operands, own in outs]
 
+    # A repeated top-level stretch's tape (einshard.analysis.program.segment_memo) keeps each collective's and
+    # each value's dependences as (which of the stretch's entering values, which of its own collectives): while
+    # it is recorded, entering value k carries a placeholder bit of its own; at its end the placeholders are
+    # put back as the entering values' real masks, and a dependence on anything else opens it (not kept).
+    def segment_begin(self, copy: Any, rec: Any) -> Any:
+        from ..analysis.program.segment_memo import RecordingTable
+
+        start, n = len(self.colls), len(copy.entering)
+        saved = [self.masks.get(id(v)) for v in copy.entering]
+        for k, v in enumerate(copy.entering):
+            self.colls.append(_Coll("", (), 1, 1, 0, start + k))
+            self.masks[id(v)] = 1 << (start + k)
+        self.masks = RecordingTable(self.masks, rec, "masks")
+        return start, n, saved
+
+    def segment_end(self, copy: Any, begun: Any, rec: Any) -> tuple[Any, bool]:
+        start, n, saved = begun
+        self.masks = dict.copy(self.masks)
+        entering = [m or 0 for m in saved]
+        low = (1 << start) - 1
+        closed = True
+
+        def split(m: int) -> tuple[int, int]:
+            nonlocal closed
+            if m & low:
+                closed = False
+            return (m >> start) & ((1 << n) - 1), m >> (start + n)
+
+        def real(m: int) -> int:
+            operands, own = split(m)
+            out = (m & low) | (own << start)
+            k = 0
+            while operands:
+                if operands & 1:
+                    out |= entering[k]
+                operands >>= 1
+                k += 1
+            return out
+
+        new = self.colls[start + n :]
+        colls = tuple((c.kind, c.axes, c.group_size, c.repeat, *split(c.upstream)) for c in new)
+        self.colls[start:] = [
+            _Coll(c.kind, c.axes, c.group_size, c.repeat, real(c.upstream), start + i) for i, c in enumerate(new)
+        ]
+        masks = []
+        for tok in dict.fromkeys(rec.masks):
+            if tok[0] == "e":
+                closed = False
+                continue
+            v = id(copy.value(tok))
+            masks.append((tok, *split(self.masks[v])))
+            self.masks[v] = real(self.masks[v])
+        for v, m in zip(copy.entering, saved):
+            if m is None:
+                self.masks.pop(id(v), None)
+            else:
+                self.masks[id(v)] = m
+        return (colls, tuple(masks)), closed
+
+    def segment_replay(self, extra: Any, copy: Any) -> None:
+        colls, masks = extra
+        entering = [self.masks.get(id(v), 0) for v in copy.entering]
+        start = len(self.colls)
+
+        def real(operands: int, own: int) -> int:
+            out = own << start
+            k = 0
+            while operands:
+                if operands & 1:
+                    out |= entering[k]
+                operands >>= 1
+                k += 1
+            return out
+
+        for i, (kind, axes, size, repeat, operands, own) in enumerate(colls):
+            self.colls.append(_Coll(kind, axes, size, repeat, real(operands, own), start + i))
+        for tok, operands, own in masks:
+            self.masks[id(copy.value(tok))] = real(operands, own)
+
     def combined(self, profile: Any, sizes: dict[str, int]) -> CombinedCollectives:
         """Greedy grouping in program order; α charged once per group (per repeat)."""
         groups: dict[tuple[Any, ...], list[int]] = {}  # key -> members' bitmask per open group

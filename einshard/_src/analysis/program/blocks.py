@@ -46,7 +46,7 @@ import numpy as np
 from ...core.layout import Layout
 from .report import OpReport
 
-__all__ = ["WalkCounts", "BodyIndex", "Tape", "body_index", "translate_env"]
+__all__ = ["WalkCounts", "BodyIndex", "Tape", "body_index", "normal_param", "translate_env"]
 
 
 @dataclass
@@ -57,6 +57,8 @@ class WalkCounts:
     equations: int = 0  # equations stepped in them
     replays: int = 0  # call bodies not walked: their tape replayed
     recorded: int = 0  # call bodies walked to record a tape
+    segment_replays: int = 0  # repeated top-level stretches replayed (see .segment_memo)
+    segments_open: int = 0  # stretches walked whose walk read outside them (not kept)
 
     def snapshot(self) -> tuple[int, int, int, int]:
         return (self.walks, self.equations, self.replays, self.recorded)
@@ -109,7 +111,7 @@ def body_index(jaxpr: Any, known: BodyStructures, phase_of: Any) -> BodyIndex:
 
     def ref(v: Any) -> Hashable:
         if hasattr(v, "val"):  # a literal
-            return ("literal", str(v.aval), _normal(v.val))
+            return ("literal", str(v.aval), normal_param(v.val))
         p = value_at.get(v)
         if p is None:
             p = value_at[v] = len(values)
@@ -129,7 +131,7 @@ def body_index(jaxpr: Any, known: BodyStructures, phase_of: Any) -> BodyIndex:
             return tuple(param(e) for e in x)
         if isinstance(x, dict):
             return tuple(sorted((str(k), param(e)) for k, e in x.items()))
-        return _normal(x)
+        return normal_param(x)
 
     def visit(j: Any) -> Hashable:
         sig: list[Hashable] = [
@@ -152,7 +154,7 @@ def body_index(jaxpr: Any, known: BodyStructures, phase_of: Any) -> BodyIndex:
     return index
 
 
-def _normal(x: Any) -> Hashable:
+def normal_param(x: Any) -> Hashable:
     """A parameter's value as a hashable token that is equal for equal values (a miss, never a wrong hit,
     where a value has no faithful token: its repr then names its object)."""
     if x is None or isinstance(x, (bool, int, float, str, bytes)):
@@ -166,7 +168,7 @@ def _normal(x: Any) -> Hashable:
         digest = a.tobytes() if a.size <= 4096 else b""
         return ("array", a.shape, str(a.dtype), digest)
     if isinstance(x, (tuple, list)):
-        return tuple(_normal(e) for e in x)
+        return tuple(normal_param(e) for e in x)
     if callable(x) and not isinstance(x, type):
         # A function parameter (a remat policy, a custom rule's thunk): the walk never calls it.
         return ("function", getattr(x, "__qualname__", type(x).__name__))

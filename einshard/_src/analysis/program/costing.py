@@ -54,6 +54,10 @@ class OpCosts:
         # The marked ops (ids of equations) whose rule takes XLA's alternative in this walk: set only while
         # :mod:`.alternatives` walks a fork, empty for every walk whose result is reported.
         self.forced: frozenset[int] = frozenset()
+        # Repeated top-level stretches walked once per entering state (:mod:`.segment_memo`): on by default.
+        self.memoise_segments = True
+        self.segment_tapes: dict[Any, Any] = {}
+        self.segment_plans: dict[int, Any] = {}  # id(jaxpr) -> its SegmentPlan (the jaxpr held in it)
 
     def uses_of(self, jaxpr: Any) -> dict[int, list[tuple[Any, int]]]:
         """id(value) -> [(equation, operand index)] of one jaxpr (memoised: the planner walks it again and again)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ...core.layout import Layout, MeshAxis
 from ..cost import Collective, sent_bytes
@@ -26,7 +26,19 @@ from .blocks import Tape, body_index, translate_env
 from .costing import FreeLayout, OpCosts, is_free
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
 from .report import OpReport, in_user_axis_names
-from .values import CARRIERS, Gathered
+from .segment_memo import (
+    PLAIN,
+    RECORDING,
+    Copy,
+    PlainEnv,
+    Recorder,
+    RecordingOutputs,
+    RecordingTable,
+    SegmentPlan,
+    SegmentTape,
+    plan_segments,
+)
+from .values import CARRIERS, Gathered, Partial
 
 __all__ = ["Walker"]
 
@@ -40,6 +52,7 @@ class Walker:
         self.quiet = quiet  # a dry run (a scan carry's fixed point): nothing is recorded
         self.ops: list[OpReport] = []
         self.unfollowed: set[str] = set()
+        self.met_unfollowed = 0  # ops without a rule met (a repeated stretch holding one is never replayed)
         # Where each op without a rule is in the user's code ("file.py:12 (fn)"), by primitive, first seen first.
         self.unfollowed_at: dict[str, list[str]] = {}
         self._stepping: list[Any] = []  # the equations being stepped, outermost first (calls hold their bodies')
@@ -48,6 +61,7 @@ class Walker:
         # Layout changes already made to a value: XLA computes a gathered value once and
         # reuses it (CSE), e.g. an FSDP weight gathered in the forward pass and again for the backward.
         self._made: dict[tuple[Any, Any], Layout] = {}
+        self._made_by: dict[Any, set[Any]] = {}  # the same, by value: the moves made of each (a segment's key)
         self._source: dict[int, tuple[int, int]] = {}  # id(layout in env) -> (walk, id(the jaxpr value))
         self._keep: list[Layout] = []  # holds the layouts _source names, so their ids stay theirs
         self._walks = 0
@@ -202,6 +216,7 @@ class Walker:
             if key in self._made:
                 return  # XLA reuses the value it already brought there
             self._made[key] = dst
+            self._made_by.setdefault(value, set()).add(key[1])
         colls = self.costs.reshard(src, dst, dtype)
         if not src.unreduced and any(c.kind == "all-gather" for c in colls):
             for v in getattr(eqn, "invars", ()):
@@ -240,6 +255,7 @@ class Walker:
         if key in self._made:
             return True
         self._made[key] = ins[0]
+        self._made_by.setdefault(value, set()).add(key[1])
         return False
 
     def no_rule(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
@@ -251,6 +267,7 @@ class Walker:
         """
         name = eqn.primitive.name
         self.unfollowed.add(name)
+        self.met_unfollowed += 1
         if not self.quiet:
             where = self.unfollowed_at.setdefault(name, [])
             # The innermost equation with a line in the user's code: an op inside a library's jitted
@@ -277,8 +294,15 @@ class Walker:
         env = {} if env is None else env
         self._walks += 1
         self.costs.counts.walks += 1
-        self.costs.counts.equations += len(jaxpr.eqns)
         serial = self._walks  # a jaxpr walked twice (a jitted function called twice) has new values each time
+        # Repeated top-level stretches (the inlined forward of unrolled layers): see :mod:`.segment_memo`.
+        # Not in a fork of the walk (alternatives: some marked op takes XLA's other choice): a tape recorded by the
+        # main walk does not know which op is forced, so a fork steps every copy.
+        memo = self.costs.memoise_segments and not self.costs.forced
+        plan = self._segment_plan(jaxpr) if serial == 1 and memo else None
+        given = env
+        if plan is not None:
+            env = PlainEnv(env)
 
         def read(v: Any) -> Layout:
             if hasattr(v, "val"):  # a literal
@@ -303,7 +327,24 @@ class Walker:
             bind(v, lay)
         for v in jaxpr.constvars:
             bind(v, self.replicated(v.aval))
-        for eqn in jaxpr.eqns:
+        eqns = jaxpr.eqns
+        recording: _Recording | None = None
+        i = 0
+        while i < len(eqns):
+            if plan is not None:
+                if recording is not None and i == recording.rec.copy.stop:
+                    self._segment_finish(recording, env)
+                    recording = None
+                copy = plan.copies.get(i)
+                if copy is not None and recording is None:
+                    started = self._segment_start(plan, copy, env, repeat, phase_hint)
+                    if started == "replayed":
+                        i = copy.stop
+                        continue
+                    recording = started if isinstance(started, _Recording) else None
+            eqn = eqns[i]
+            i += 1
+            self.costs.counts.equations += 1
             phase = phase_hint or self.costs.phase_of(eqn)
             ins = [read(v) for v in eqn.invars]
             if eqn.primitive.name in CARRIERS and len(ins) == 1 and ins[0].unreduced:
@@ -330,7 +371,11 @@ class Walker:
                 self.pinned.update(id(v) for v in eqn.outvars)
             for v, lay in zip(eqn.outvars, outs):
                 bind(v, lay)
+        if recording is not None:
+            self._segment_finish(recording, env)
         self.env = outer_env
+        if env is not given:
+            given.update(env)
         return [read(v) for v in jaxpr.outvars]
 
     def step(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
@@ -429,6 +474,7 @@ class Walker:
             repeatable = False
         if box.unfollowed:
             # The report names such an op at its call site, the caller's: not a block's to repeat.
+            self.met_unfollowed += 1
             self.unfollowed |= box.unfollowed
             for name, sites in box.unfollowed_at.items():
                 here = self.unfollowed_at.setdefault(name, [])
@@ -458,6 +504,166 @@ class Walker:
         self.tape_replay(tape, eqn)
         return list(tape.outs)
 
+    # -- repeated top-level stretches: walked once per entering state (see :mod:`.segment_memo`) ---------
+    def _segment_plan(self, jaxpr: Any) -> SegmentPlan:
+        """The copies of ``jaxpr``'s repeated top-level runs (:func:`.segment_memo.plan_segments`), found once."""
+        plans = self.costs.segment_plans
+        hit = plans.get(id(jaxpr))
+        if hit is None or hit.jaxpr is not jaxpr:
+            hit = plans[id(jaxpr)] = plan_segments(jaxpr, self.costs.structures, self.costs.phase_of)
+        return hit
+
+    def _segment_key(self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None) -> Any:
+        """Everything the walk of ``copy`` may read outside it, where it stays closed (else its tape is not kept)."""
+        state: list[Any] = []
+        for v in copy.entering:
+            lay, gathered, partial = env.get(v), env.get(Gathered(v)), env.get(Partial(v))
+            source = self._source.get(id(lay)) if lay is not None else None
+            moves = frozenset(self._made_by.get(source, ())) if source is not None else frozenset()
+            mine = source is None or source == (1, id(v))
+            state.append((type(lay), lay, type(gathered), gathered, type(partial), partial, mine, moves))
+            state.append(self.summed.get(id(v)))
+        rows = []
+        for off, k, row in copy.slices:
+            lay = env.get(copy.entering[k]) if k >= 0 else None
+            if k >= 0 and lay is not None and len(lay.dims) == len(row):
+                # Which row a layer slices matters only along a split axis (the devices holding it).
+                rows.append((off, tuple(r if d else None for r, d in zip(row, lay.dims))))
+            else:
+                rows.append((off, row if k < 0 else tuple(None for _ in row)))
+        asked: tuple[Any, ...] = ()
+        if self.requested:
+            # The layouts the caller asks for values the look-ahead may reach past the copy (program outputs).
+            asked = tuple(sorted((copy.ahead[i], dims) for i, dims in self.requested.items() if i in copy.ahead))
+        return (
+            asked,
+            copy.template,
+            type(self),
+            self.quiet,
+            repeat,
+            phase_hint,
+            copy.calls,
+            copy.wiring,
+            tuple(state),
+            tuple(rows),
+        )
+
+    def _segment_start(
+        self, plan: SegmentPlan, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None
+    ) -> _Recording | Literal["replayed", "plain"]:
+        """Replay ``copy``, start recording it (its record), or walk it plainly."""
+        if copy.leaves or (self.requested and any(id(v) in self.requested for v in copy.inside)):
+            return "plain"  # its values leave the program or are asked for: the look-ahead ends there
+        key = self._segment_key(copy, env, repeat, phase_hint)
+        tape = self.costs.segment_tapes.get(key)
+        if tape is not None:
+            self._segment_replay(tape, copy, env)
+            self.costs.counts.segment_replays += 1
+            return "replayed"
+        rec = Recorder(copy, plan.made_at)
+        recording = _Recording(
+            rec,
+            key,
+            len(self.ops),
+            self._walks,
+            self.met_unfollowed,
+            frozenset(self.sub_envs),
+            (self.summed, self.uses, self.requested, self._made, self.program_outputs),
+        )
+        self.summed = RecordingTable(self.summed, rec, "summed")
+        self.uses = RecordingTable(self.uses, rec, "uses")
+        self.requested = RecordingTable(self.requested, rec, "requested")
+        self._made = RecordingTable(self._made, rec, "made")
+        self.program_outputs = RecordingOutputs(self.program_outputs, rec)
+        env.__class__ = RECORDING
+        env.rec = rec  # type: ignore[attr-defined]
+        recording.begun = self.segment_begin(copy, rec)
+        return recording
+
+    def _segment_finish(self, recording: _Recording, env: dict[Any, Layout]) -> None:
+        """End a copy's recording: put the plain tables back, and keep its tape where its walk stayed closed."""
+        rec, copy = recording.rec, recording.rec.copy
+        env.__class__ = PLAIN
+        env.rec = None  # type: ignore[attr-defined]
+        self.summed = dict.copy(self.summed)
+        self.uses = dict.copy(self.uses)
+        self.requested = dict.copy(self.requested)
+        self._made = dict.copy(self._made)
+        self.program_outputs = set.copy(self.program_outputs)
+        extra, closed = self.segment_end(copy, recording.begun, rec)
+        if not closed:
+            rec.leave("a dependence on a collective before the copy")
+        if self._walks != recording.walks:
+            rec.leave("a nested walk (its values are numbered by walk)")
+        if self.met_unfollowed != recording.unfollowed:
+            rec.leave("an op without a rule (named at its call site, which is each copy's own)")
+        offsets = {id(e): off for off, e in enumerate(copy.eqns)}
+        subs = []
+        for path, sub in self.sub_envs.items():
+            if path not in recording.paths:
+                if not path or path[0] not in offsets:
+                    rec.leave("an environment outside the copy")
+                    break
+                subs.append((offsets[path[0]], path[1:], sub))
+        if rec.why:
+            self.costs.counts.segments_open += 1
+            return
+        writes = tuple(
+            (tok, kind, lay, kind is None and self._source.get(id(lay)) == (1, id(copy.value(tok))))
+            for tok, kind, lay in rec.env
+        )
+        ops = tuple(
+            (op, offsets.get(id(e)) if e is not None else None, None if e is None or id(e) in offsets else e)
+            for op, e in zip(self.ops[recording.ops :], self.op_eqns[recording.ops :])
+        )
+        self.costs.segment_tapes[recording.key] = SegmentTape(
+            writes, tuple(rec.summed), tuple(rec.made), ops, tuple(subs), extra
+        )
+
+    def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
+        """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops."""
+        value = copy.value
+        for tok, kind, lay, private in tape.env:
+            v = value(tok)
+            if private:
+                lay = _private_copy(lay)
+                self._source[id(lay)] = (1, id(v))
+                self._keep.append(lay)
+            env[kind(v) if kind is not None else v] = lay
+        for tok, tag in tape.summed:
+            self.summed[id(value(tok))] = tag
+        for tok, move, made in tape.made:
+            source = (1, id(value(tok)))
+            self._made[(source, move)] = made
+            self._made_by.setdefault(source, set()).add(move)
+        names, where_of = self.value_names, self.eqn_where
+        for op, off, inner in tape.ops:
+            e = copy.eqns[off] if off is not None else inner
+            changes: dict[str, Any] = {"index": self.counter}
+            if off is not None:
+                where, inside = where_of.get(id(e), ("", ""))
+                changes["where"], changes["inside"] = where, inside
+                changes["reads"] = tuple(
+                    dict.fromkeys(names[v] for v in e.invars if not hasattr(v, "val") and v in names)
+                )
+            self.ops.append(_replaced(op, changes))
+            self.op_eqns.append(e)
+            self.counter += 1
+        for off, rest, sub in tape.sub_envs:
+            self.sub_envs[(id(copy.eqns[off]), *rest)] = sub
+        self.segment_replay(tape.extra, copy)
+
+    def segment_begin(self, copy: Copy, rec: Recorder) -> Any:
+        """Prepare to record ``copy`` (a subclass's hook: the dependency walker's masks)."""
+        return None
+
+    def segment_end(self, copy: Copy, begun: Any, rec: Recorder) -> tuple[Any, bool]:
+        """What a subclass keeps of the recorded copy, and whether its part stayed closed."""
+        return None, True
+
+    def segment_replay(self, extra: Any, copy: Copy) -> None:
+        """Replay the subclass's part of a copy's tape."""
+
     def tape_begin(self, box: Walker, body: Any) -> None:
         """Prepare the sandbox ``box`` before it records ``body`` (a subclass's hook)."""
 
@@ -471,6 +677,24 @@ class Walker:
     def dtype(self, eqn: Any) -> Any:
         outs = eqn.outvars
         return outs[0].aval.dtype if outs and hasattr(outs[0].aval, "dtype") else "float32"
+
+
+class _Recording:
+    """A copy being recorded: its log and key, and the walk's state when it began."""
+
+    def __init__(
+        self,
+        rec: Recorder,
+        key: Any,
+        ops: int,
+        walks: int,
+        unfollowed: int,
+        paths: frozenset[tuple[int, ...]],
+        tables: tuple[Any, ...],
+    ) -> None:
+        self.rec, self.key, self.ops, self.walks, self.unfollowed, self.paths = rec, key, ops, walks, unfollowed, paths
+        self.tables = tables
+        self.begun: Any = None
 
 
 # Ops that move no values between positions' meaning: a dot's summed result stays "summed" through them.

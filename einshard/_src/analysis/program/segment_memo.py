@@ -1,0 +1,389 @@
+"""Repeated top-level stretches (the inlined forward of unrolled layers) walked once per entering state.
+
+:mod:`.segments` finds the copies of a repeated run of top-level equations.
+With ``OpCosts.memoise_segments`` (on by default) the walker
+(:meth:`~.walker.Walker.walk`) walks a copy while logging every read and
+write it makes of the walker's state (the environment with its gathered
+copies and partial sums, pending-sum tags, CSE history, uses, requested
+layouts, program outputs, the dependency walker's masks), and keeps what it
+did as a :class:`SegmentTape` only where the walk was **closed**: it read
+its own values, the values entering it, and what the look-ahead of sharding
+propagation reaches past it (the structure of up to :data:`AHEAD` consumers
+deep, the layouts asked of program outputs among them, and values made after
+the copy, which no copy's walk has bound yet: found empty, or the copy is
+open).  The key holds the state of all that (:meth:`~.walker.Walker._segment_key`:
+the entering values' layouts, gathered copies, partial sums, pending-sum tags
+and the moves already made of them; the copy's wiring and horizon; the rows
+its slices take along a split axis; the bodies it calls).  A copy whose walk
+read anything else, walked a nested jaxpr in place, or met an op without a
+rule is walked again at every copy.  A replay writes what the walk wrote onto
+the other copy's values by position, so a replay is the walk it stands for or
+does not happen (tests/test_segment_memo.py compares reports, peak memory,
+combined costs and plans with and without it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...core.layout import Layout
+from .blocks import BodyStructures
+from .registry import sub_jaxpr
+from .report import OpReport
+from .segments import find_runs, param_token
+
+__all__ = ["Copy", "SegmentPlan", "SegmentTape", "Recorder", "plan_segments", "RECORDING", "PLAIN"]
+
+Token = tuple[str, int]  # ("e", k): the copy's k-th entering value; ("i", k): the k-th value it makes
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One copy of a repeated run: its top-level positions and its values by position."""
+
+    start: int
+    stop: int
+    template: int  # equal for the copies of one run
+    eqns: tuple[Any, ...]
+    entering: tuple[Any, ...]  # values it reads that are made before it (program inputs included), first read first
+    inside: tuple[Any, ...]  # the values it makes, in order
+    tokens: dict[int, Token]  # id(value) -> its token
+    eqn_ids: frozenset[int]
+    slices: tuple[tuple[int, int, tuple[int, ...]], ...]  # (offset, entering index or -1, start row) of its slices
+    calls: tuple[tuple[int, int], ...]  # (offset, id(body)) of the calls it makes (a tape's ops name their equations)
+    # Each operand, equation by equation: ("in", k) the k-th entering value, ("made", offset, j) a result of its own
+    # equation at ``offset``, ("literal",): the copy's dataflow, whatever the signature that found it left out.
+    wiring: tuple[tuple[Any, ...], ...]
+    # The consumers of its values outside it, by structure (primitive, parameters, types, phase, operand index):
+    # the look-ahead reads them (which consumer follows a value), never their layouts without leaving the copy.
+    horizon: tuple[Hashable, ...]
+    ahead: dict[int, int]  # id(value past it the look-ahead may follow) -> its index in ``horizon``'s visit
+    leaves: bool  # one of its values is a program output
+
+    def value(self, token: Token) -> Any:
+        return self.entering[token[1]] if token[0] == "e" else self.inside[token[1]]
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    jaxpr: Any  # held, so the id it is cached under stays its own
+    copies: dict[int, Copy]  # by start position
+    made_at: dict[int, int]  # id(top-level value) -> the position that makes it
+
+
+def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPlan:
+    """The copies of ``jaxpr``'s repeated runs of top-level equations (:func:`.segments.find_runs`)."""
+    outputs = {id(v) for v in jaxpr.outvars if not hasattr(v, "val")}
+    eqns = jaxpr.eqns
+    consumers: dict[int, list[tuple[int, int]]] = {}  # id(value) -> (position, operand index) of each use
+    for p, e in enumerate(eqns):
+        for k, v in enumerate(e.invars):
+            if not hasattr(v, "val"):
+                consumers.setdefault(id(v), []).append((p, k))
+    shapes: dict[int, Hashable] = {}
+
+    def shape_of(p: int) -> Hashable:
+        """Equation ``p``'s structure without its operands' wiring."""
+        hit = shapes.get(p)
+        if hit is None:
+            e = eqns[p]
+            params = tuple(sorted((k, param_token(x, known, phase_of)) for k, x in e.params.items()))
+            hit = shapes[p] = (
+                e.primitive.name,
+                params,
+                tuple(str(v.aval) for v in e.invars),
+                tuple(str(v.aval) for v in e.outvars),
+                phase_of(e),
+            )
+        return hit
+
+    copies: dict[int, Copy] = {}
+    for template, run in enumerate(find_runs(jaxpr, known, phase_of)):
+        for span in run.copies():
+            here = tuple(eqns[p] for p in span)
+            made = {id(v) for e in here for v in e.outvars}
+            entering: dict[int, Any] = {}
+            for e in here:
+                for v in e.invars:
+                    if not hasattr(v, "val") and id(v) not in made:
+                        entering.setdefault(id(v), v)
+            inside = tuple(v for e in here for v in e.outvars)
+            tokens: dict[int, Token] = {i: ("e", k) for k, i in enumerate(entering)}
+            tokens.update({id(v): ("i", k) for k, v in enumerate(inside)})
+            slices = tuple(
+                (
+                    off,
+                    list(entering).index(id(e.invars[0])) if id(e.invars[0]) in entering else -1,
+                    tuple(e.params["start_indices"]),
+                )
+                for off, e in enumerate(here)
+                if e.primitive.name == "slice"
+            )
+            calls = tuple((off, id(sub_jaxpr(e))) for off, e in enumerate(here) if sub_jaxpr(e) is not None)
+            order = list(entering)
+            produced = {id(v): (off, j) for off, e in enumerate(here) for j, v in enumerate(e.outvars)}
+            wiring = tuple(
+                ("literal",)
+                if hasattr(v, "val")
+                else ("in", order.index(id(v)))
+                if id(v) in entering
+                else ("made", *produced[id(v)])
+                for e in here
+                for v in e.invars
+            )
+            horizon, ahead = _horizon(inside, span, consumers, eqns, shape_of, outputs)
+            copies[span.start] = Copy(
+                span.start,
+                span.stop,
+                template,
+                here,
+                tuple(entering.values()),
+                inside,
+                tokens,
+                frozenset(id(e) for e in here),
+                slices,
+                calls,
+                wiring,
+                horizon,
+                ahead,
+                bool(outputs & {id(v) for v in inside}),
+            )
+    made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
+    return SegmentPlan(jaxpr, copies, made_at)
+
+
+# How far past a copy the look-ahead may follow values (consumer of a consumer...) and stay in the key.
+AHEAD = 4
+
+
+def _horizon(
+    inside: tuple[Any, ...],
+    span: range,
+    consumers: dict[int, list[tuple[int, int]]],
+    eqns: Any,
+    shape_of: Any,
+    outputs: set[int],
+) -> tuple[tuple[Hashable, ...], dict[int, int]]:
+    """The structure of what follows a copy's values out of it, :data:`AHEAD` consumers deep: for each value
+    (its own, then those reached, in visit order) each consumer (one of its own equations by offset, or one
+    past it by structure, with its results' visit indices) and whether it is a program output.  The values
+    reached past it, by id -> visit index (their uses may be read: their consumers are in the structure)."""
+    index: dict[int, int] = {id(v): i for i, v in enumerate(inside)}
+    depth: dict[int, int] = {id(v): 0 for v in inside}
+    queue = list(inside)
+    ahead: dict[int, int] = {}
+    out: list[Hashable] = []
+    for v in queue:
+        d = depth[id(v)]
+        if d >= AHEAD:
+            out.append(("unfollowed", id(v) in outputs))
+            continue
+        uses: list[Hashable] = []
+        for p, k in consumers.get(id(v), ()):
+            if p in span:
+                uses.append(("in", p - span.start, k))
+                continue
+            results = []
+            for o in eqns[p].outvars:
+                if id(o) not in index:
+                    index[id(o)] = len(index)
+                    depth[id(o)] = d + 1
+                    queue.append(o)
+                results.append(index[id(o)])
+            uses.append(("out", shape_of(p), k, tuple(results)))
+        out.append((tuple(uses), id(v) in outputs))
+        if d:
+            ahead[id(v)] = index[id(v)]
+    return tuple(out), ahead
+
+
+@dataclass(frozen=True)
+class SegmentTape:
+    """What walking one copy did, by token: replayed at another copy entering in the same state."""
+
+    env: tuple[tuple[Token, Any, Layout, bool], ...]  # (value, derived kind or None, layout, a private copy)
+    summed: tuple[tuple[Token, frozenset[str]], ...]
+    made: tuple[tuple[Token, Hashable, Any], ...]
+    ops: tuple[tuple[OpReport, int | None, Any], ...]  # (op, offset of its top-level equation, else its equation)
+    sub_envs: tuple[tuple[int, tuple[int, ...], dict[Any, Layout]], ...]  # (offset of the call, path within, env)
+    extra: Any  # the walker subclass's own record (see Walker.segment_end)
+
+
+@dataclass
+class Recorder:
+    """The log of one copy's walk: its writes by token, and whether it stayed closed (``why`` says where not)."""
+
+    copy: Copy
+    made_at: dict[int, int]  # id(value) -> the top-level position that makes it (SegmentPlan.made_at)
+    why: str = ""
+    env: list[tuple[Token, Any, Layout]] = field(default_factory=list)
+    summed: list[tuple[Token, frozenset[str]]] = field(default_factory=list)
+    made: list[tuple[Token, Hashable, Any]] = field(default_factory=list)
+    masks: list[Token] = field(default_factory=list)
+
+    def leave(self, why: str) -> None:
+        if not self.why:
+            self.why = why
+
+    def token(self, ident: int, channel: str) -> Token | None:
+        tok = self.copy.tokens.get(ident)
+        if tok is None:
+            self.leave(f"{channel} of a value outside the copy")
+        return tok
+
+    def looked_ahead(self, ident: int, found: bool, channel: str) -> None:
+        """A read (of a layout, a pending-sum tag) of a value outside the copy, by the look-ahead: a value the
+        program makes after the copy is not bound yet in any copy's walk (the read finds nothing, whichever
+        copy it is), so it does not leave the copy; anything else does."""
+        if ident in self.copy.tokens:
+            return
+        if found or self.made_at.get(ident, -1) < self.copy.stop:
+            self.leave(f"{channel} of a value outside the copy")
+
+
+def _env_ident(key: Any) -> int:
+    of = getattr(key, "of", None)
+    return id(of) if of is not None and type(key).__name__ in ("Gathered", "Partial") else id(key)
+
+
+class PlainEnv(dict):  # type: ignore[type-arg]
+    """The top-level environment while the segment memo is on (its class is swapped while a copy is recorded)."""
+
+    rec: Recorder | None = None
+
+
+class RecordingEnv(PlainEnv):
+    """The environment while a copy is recorded: reads of values outside it leave it; writes are logged."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        hit = super().get(key, default)
+        if self.rec is not None and not hasattr(key, "val"):
+            self.rec.looked_ahead(_env_ident(key), hit is not default, "a layout")
+        return hit
+
+    def __getitem__(self, key: Any) -> Any:
+        if self.rec is not None:
+            self.rec.looked_ahead(_env_ident(key), super().__contains__(key), "a layout")
+        return super().__getitem__(key)
+
+    def __contains__(self, key: Any) -> bool:
+        hit = super().__contains__(key)
+        if self.rec is not None:
+            self.rec.looked_ahead(_env_ident(key), hit, "a layout")
+        return hit
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self.rec is not None:
+            tok = self.rec.token(_env_ident(key), "a write")
+            if tok is not None:
+                kind = type(key) if type(key).__name__ in ("Gathered", "Partial") else None
+                self.rec.env.append((tok, kind, value))
+        super().__setitem__(key, value)
+
+
+PLAIN, RECORDING = PlainEnv, RecordingEnv
+
+
+class RecordingTable(dict):  # type: ignore[type-arg]
+    """A table keyed by ``id(value)`` (``channel``: summed, uses, requested, masks) or the CSE history, logged."""
+
+    def __init__(self, data: Any, rec: Recorder, channel: str) -> None:
+        super().__init__(data)
+        self.rec, self.channel = rec, channel
+
+    def _ident(self, key: Any) -> int:
+        if self.channel == "made":
+            value = key[0] if isinstance(key, tuple) else None
+            if not (isinstance(value, tuple) and value[0] == 1):
+                self.rec.leave("the moves of a value not of the program")
+                return -1
+            return int(value[1])
+        return int(key)
+
+    def _read(self, key: Any, hit: Any) -> None:
+        if self.channel == "masks":
+            # The dependency walker reads the masks of the stepped equation's operands (a literal's id reads 0);
+            # a dependence on a collective before the copy shows in the masks it makes (Walker.segment_end).
+            return
+        ident = self._ident(key)
+        if self.channel in ("summed", "made"):  # nothing is summed or moved yet of a value made after the copy
+            self.rec.looked_ahead(ident, dict.__contains__(self, key), self.channel)
+            return
+        if ident in self.rec.copy.ahead and self.channel in ("uses", "requested"):
+            return  # a value the look-ahead reached past the copy: its consumers, its asked layout are in the key
+        tok = self.rec.token(ident, self.channel)
+        if tok is None:
+            return
+        if self.channel == "uses" and tok[0] == "e" and hit and any(id(e) not in self.rec.copy.eqn_ids for e, _ in hit):
+            # An entering value's uses span the program; a value of its own has its consumers in the key
+            # (Copy.horizon), and reading their layouts or uses leaves it.
+            self.rec.leave("the look-ahead past the copy")
+        elif self.channel in ("requested",) and tok[0] == "e":
+            self.rec.leave("the requested layout of an entering value")
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        hit = super().get(key, default)
+        self._read(key, hit)
+        return hit
+
+    def __getitem__(self, key: Any) -> Any:
+        hit = super().__getitem__(key)
+        self._read(key, hit)
+        return hit
+
+    def __contains__(self, key: Any) -> bool:
+        hit = super().__contains__(key)
+        self._read(key, super().get(key) if hit else None)
+        return hit
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        tok = self.rec.token(self._ident(key), f"a write of {self.channel}")
+        if tok is not None:
+            if self.channel == "summed":
+                self.rec.summed.append((tok, value))
+            elif self.channel == "made":
+                self.rec.made.append((tok, key[1], value))
+            elif self.channel == "masks":
+                self.rec.masks.append(tok)
+            else:
+                self.rec.leave(f"a write of {self.channel}")
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self.rec.leave(f"a removal from {self.channel}")
+        super().__delitem__(key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self.rec.leave(f"a removal from {self.channel}")
+        return super().pop(key, *default)
+
+    def update(self, *a: Any, **k: Any) -> None:
+        if self.channel != "uses":  # a nested walk's uses: its own values
+            self.rec.leave(f"a bulk write of {self.channel}")
+        super().update(*a, **k)
+
+
+class RecordingOutputs(set):  # type: ignore[type-arg]
+    """The program's outputs (ids) while a copy is recorded: a test of a value outside it, or a change, leaves it."""
+
+    def __init__(self, data: Any, rec: Recorder) -> None:
+        super().__init__(data)
+        self.rec = rec
+
+    def __contains__(self, key: Any) -> bool:
+        if key in self.rec.copy.ahead:
+            return super().__contains__(key)  # in the copy's horizon
+        tok = self.rec.token(key, "program outputs")
+        if tok is not None and tok[0] == "e":
+            self.rec.leave("program outputs of an entering value")
+        return super().__contains__(key)
+
+    def add(self, key: Any) -> None:
+        self.rec.leave("a program output added")
+        super().add(key)
+
+    def difference_update(self, *a: Any) -> None:
+        self.rec.leave("program outputs removed")
+        super().difference_update(*a)

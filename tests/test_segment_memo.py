@@ -1,0 +1,207 @@
+"""The segment memo (einshard._src.analysis.program.segment_memo) never changes a result.
+
+An unrolled decoder's inlined forward is one run of identical stretches of top-level equations; with
+``OpCosts.memoise_segments`` a stretch is walked once per entering state and replayed at the others, where
+its walk read nothing outside itself.  The guard: reports (every op, in order, with its source line and
+reads), peak memory, the planner's combined costs and its plan choices are equal with and without it, on
+unrolled models of 1-6 layers with remat and without, under several layouts, on Auto and Explicit meshes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_block_memo import BATCH, DOWN, LAYOUTS, MESH, UP, B, D, _same, _specs, decoder
+
+import einshard
+from einshard._src.analysis.program import trace
+from einshard._src.planner.combining import combined_report
+from einshard.planner import SearchOptions
+
+
+def _plain(layers: int):
+    """``decoder`` without remat: forward and backward both inlined at the top level."""
+
+    def loss(params, x):
+        for i in range(layers):
+            h = jax.nn.silu(jnp.einsum("bd,df->bf", x, params["up"][i]))
+            x = x + jnp.einsum("bf,fd->bd", h, params["down"][i])
+        return jnp.mean(x**2)
+
+    _, params, x = decoder(layers, "remat")
+    return jax.value_and_grad(loss), params, x
+
+
+_PROGRAMS: dict[tuple[int, str, str], object] = {}
+
+
+def _traced(layers: int, how: str, mesh: str):
+    key = (layers, how, mesh)
+    if key not in _PROGRAMS:
+        fn, params, x = decoder(layers, how) if how != "plain" else _plain(layers)
+        axes = MESH if mesh == "auto" else jax.make_mesh((4, 2), ("data", "model"))  # Explicit: make_mesh's default
+        _PROGRAMS[key] = trace(fn, params, x, mesh=axes)
+    return _PROGRAMS[key]
+
+
+def _out_specs(up: int, down: int):
+    p = jax.sharding.PartitionSpec
+    ups = [None, (None, None, "model"), (None, "data", None), (None, "model", "data")][up]
+    downs = [None, (None, "model", None), (None, None, "data"), (None, ("data", "model"), None)][down]
+    return [None, p(*downs) if downs else None, p(*ups) if ups else None]  # loss, d down, d up
+
+
+def _both(t, specs, out_specs):
+    t.costs.memoise_segments = False
+    plain = combined_report(t, specs, out_specs), t.report(specs, out_specs)
+    t.costs.memoise_segments = True
+    memo = combined_report(t, specs, out_specs), t.report(specs, out_specs)
+    return plain, memo
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    layers=st.integers(1, 6),
+    how=st.sampled_from(["remat", "plain", "jit"]),
+    mesh=st.sampled_from(["auto", "explicit"]),
+    layouts=st.lists(
+        st.tuples(st.integers(0, len(UP) - 1), st.integers(0, len(DOWN) - 1), st.integers(0, len(BATCH) - 1)),
+        min_size=1,
+        max_size=3,
+    ),
+    grads_like_params=st.booleans(),
+)
+def test_the_segment_memo_never_changes_a_report_or_a_cost(layers, how, mesh, layouts, grads_like_params):
+    """Several layouts in a row on one traced program: later ones replay what earlier ones recorded."""
+    t = _traced(layers, how, mesh)
+    for up, down, batch in layouts:
+        out_specs = _out_specs(up, down) if grads_like_params else None
+        (plain, plain_report), (memo, memo_report) = _both(t, _specs(up, down, batch), out_specs)
+        _same(memo, plain)
+        assert memo_report.ops == plain_report.ops and memo_report.peak_bytes == plain_report.peak_bytes
+        assert memo_report.phases == plain_report.phases
+
+
+def test_every_layout_of_a_six_layer_decoder_is_the_same_and_some_replay():
+    """Exhaustive over the small decoder's layouts (no hypothesis draw can skip one), with the counts."""
+    t = _traced(6, "remat", "auto")
+    for up, down, batch in itertools.product(range(len(UP)), range(len(DOWN)), range(len(BATCH))):
+        (plain, plain_report), (memo, memo_report) = _both(t, _specs(up, down, batch), None)
+        _same(memo, plain)
+        assert memo_report.ops == plain_report.ops
+    # Every layout replays copies (the look-ahead of tensor-parallel layouts reads the structure of the backward
+    # consumers, which is in the key, and finds their values not bound yet, as in every copy).
+    assert t.costs.counts.segment_replays >= 4 * len(UP) * len(DOWN) * len(BATCH)
+
+
+def test_a_stretch_holding_an_op_without_a_rule_is_walked_each_time():
+    """The report names such an op at its site (the innermost user line): such a stretch is never replayed."""
+
+    def odd_block(x, w):
+        return jax.lax.betainc(1.0 + x**2, 2.0 + x**2, jax.nn.sigmoid(x @ w))
+
+    def loss(w, x):
+        x = jax.jit(odd_block)(x, w)
+        x = jax.jit(odd_block)(x, w)
+        x = jax.jit(odd_block)(x, w)
+        return jnp.mean(x)
+
+    w = jax.ShapeDtypeStruct((D, D), jnp.float32)
+    x = jax.ShapeDtypeStruct((B, D), jnp.float32)
+    t = trace(loss, w, x, mesh=MESH)
+    specs = ("d e -> d e@model", "b d -> b@data d")
+    memo = t.report(specs)
+    assert t.costs.counts.segment_replays == 0
+    t.costs.memoise_segments = False
+    plain = t.report(specs)
+    assert plain.ops == memo.ops and plain.unfollowed_at == memo.unfollowed_at
+    assert memo.unfollowed == ("regularized_incomplete_beta",) and "test_segment_memo.py:" in memo.unfollowed_at[0]
+
+
+def test_replayed_copies_step_fewer_equations():
+    t = _traced(6, "remat", "auto")
+    specs = _specs(0, 0, 1)  # data parallel: every layer's walk stays closed
+    t.costs.memoise_segments = False
+    before = t.costs.counts.equations
+    t.report(specs)
+    plain = t.costs.counts.equations - before
+    t.costs.memoise_segments = True
+    t.report(specs)  # records (and replays what it can)
+    before, replays = t.costs.counts.equations, t.costs.counts.segment_replays
+    t.report(specs)
+    memo = t.costs.counts.equations - before
+    (run,) = [c for c in t.costs.segment_plans.values()]
+    period = next(iter(run.copies.values())).stop - next(iter(run.copies.values())).start
+    assert t.costs.counts.segment_replays - replays == len(run.copies)  # every copy replayed
+    assert plain - memo == len(run.copies) * period
+
+
+@pytest.mark.parametrize("where", ["sizes", "explicit mesh, set_mesh"])
+@pytest.mark.parametrize("how", ["remat", "plain"])
+def test_plans_are_the_same_with_and_without_the_segment_memo(monkeypatch, where, how):
+    from einshard._src.analysis.program import costing
+
+    fn, params, x = decoder(4, "remat") if how == "remat" else _plain(4)
+    params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), params)
+    x = jnp.asarray(np.ones((B, D), np.float32))
+
+    def run():
+        if where == "sizes":
+            return einshard.plan(fn, params, x, mesh=MESH, profile="h100", search=SearchOptions(max_evaluations=40))
+        mesh = jax.make_mesh((4, 2), ("data", "model"))
+        with jax.set_mesh(mesh):
+            return einshard.plan(fn, params, x, profile="h100", search=SearchOptions(max_evaluations=40))
+
+    memo = run()
+    original = costing.OpCosts.__init__
+
+    def no_memo(self, *a, **k):
+        original(self, *a, **k)
+        self.memoise_segments = False
+
+    monkeypatch.setattr(costing.OpCosts, "__init__", no_memo)
+    plain = run()
+    assert memo.rules == plain.rules and memo.data_rules == plain.data_rules
+    assert (memo.time_s, memo.memory_bytes, memo.comm_bytes) == (plain.time_s, plain.memory_bytes, plain.comm_bytes)
+    assert [a.time_s for a in memo.alternatives] == [a.time_s for a in plain.alternatives]
+
+
+def test_under_jit_on_placed_inputs_the_segment_memo_changes_nothing():
+    fn, params, x = decoder(4, "remat")
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with jax.set_mesh(mesh):
+        params = {
+            "up": einshard.einshard(jnp.zeros(params["up"].shape), "l d f -> l d@data f"),
+            "down": einshard.einshard(jnp.zeros(params["down"].shape), "l f d -> l f d@data"),
+        }
+        x = einshard.einshard(jnp.ones((B, D)), "b d -> b@data d")
+        reports = {}
+        for memoise in (True, False):
+
+            @jax.jit
+            def step(p, x, memoise=memoise):
+                t = trace(fn, p, x)
+                t.costs.memoise_segments = memoise
+                reports[memoise] = (t.report(), t.report(), t.costs.counts.segment_replays)
+                return x.sum()
+
+            step(params, x)
+    (m1, m2, replays), (p1, p2, _) = reports[True], reports[False]
+    assert m1.ops == p1.ops == m2.ops == p2.ops and m1.peak_bytes == p1.peak_bytes == m2.peak_bytes
+    assert m1.ops and replays > 0
+
+
+def test_layouts_in_any_order_give_the_same_reports():
+    """A tape recorded under one layout never leaks into another's (keys by entering state)."""
+    t = _traced(5, "remat", "auto")
+    t.costs.memoise_segments = False
+    plain = {lay: t.report(_specs(*lay)).ops for lay in LAYOUTS}
+    t.costs.memoise_segments = True
+    for lay in reversed(LAYOUTS + LAYOUTS):
+        assert t.report(_specs(*lay)).ops == plain[lay]
