@@ -166,7 +166,9 @@ class _Program:
                 outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
                 env = self.inner[path] if path else self.layouts
                 scratch = window_scratch(eqn, env)
-                if eqn.primitive.name == "select_and_scatter_add":  # sized by the layouts: a reuse under other layouts sizes it again (rebound)
+                if (
+                    eqn.primitive.name == "select_and_scatter_add"
+                ):  # sized by the layouts: a reuse under other layouts sizes it again (rebound)
                     self.windows.append((len(self.steps), eqn, path))
                 self.steps.append(_Step(eqn.primitive.name, ins, outs, scratch))
                 continue

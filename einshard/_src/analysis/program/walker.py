@@ -494,6 +494,8 @@ class Walker:
                 changes["reads"] = tuple(
                     dict.fromkeys(names[v] for v in e.invars if not hasattr(v, "val") and v in names)
                 )
+                if op.alternative:  # an offered alternative names this call's equation, as a walk here would
+                    changes["alternative"] = id(e)
             self.ops.append(_replaced(op, changes))
             self.op_eqns.append(e)  # a tape recorded around this call places the op as this one did
             self.counter += 1
@@ -646,6 +648,8 @@ class Walker:
                 changes["reads"] = tuple(
                     dict.fromkeys(names[v] for v in e.invars if not hasattr(v, "val") and v in names)
                 )
+                if op.alternative:  # an offered alternative names this copy's equation, as a walk here would
+                    changes["alternative"] = id(e)
             self.ops.append(_replaced(op, changes))
             self.op_eqns.append(e)
             self.counter += 1
