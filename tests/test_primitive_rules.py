@@ -216,7 +216,9 @@ def check(case: Case) -> None:
     )
     if not case.grad:
         # The result's layout is not part of any bound: XLA's must be explain's, approximate or not.
-        for got_dims, spec, v in zip(got_outs, want_outs, jax.tree.leaves(jax.eval_shape(case.fn, *case.args))):
+        with jax.set_mesh(mesh):  # a case written for Explicit axes names its result's PartitionSpec
+            shapes = jax.tree.leaves(jax.eval_shape(case.fn, *case.args))
+        for got_dims, spec, v in zip(got_outs, want_outs, shapes):
             rank = len(v.shape)
             sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
             got_split = tuple(

@@ -295,11 +295,10 @@ class ProgramReport:
 def default_bound(op: OpReport) -> OpBound:
     """An approximate op's bound when its rule names none: XLA moves the same data its own way."""
     # Where XLA moves the data its own way (a collective-permute per distance, all-to-alls) it sends each
-    # of a collective's group_size - 1 peers at most one piece, and no more than the whole buffer.
-    return OpBound(
-        max(1, sum(max(1, c.group_size - 1) for c in op.collectives)),
-        sum(c.array_bytes for c in op.collectives),
-    )
+    # of a collective's group_size - 1 peers at most one piece, and no more than the whole buffer; and it may
+    # hold that whole buffer where explain holds a piece (an all-reduce kept whole for a reduce-scatter).
+    whole = sum(c.array_bytes for c in op.collectives)
+    return OpBound(max(1, sum(max(1, c.group_size - 1) for c in op.collectives)), whole, whole)
 
 
 def in_user_axis_names(expression: str, lhs: Layout | None, rhs: Layout | None, dimension_numbers: Any) -> str:

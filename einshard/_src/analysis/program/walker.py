@@ -421,10 +421,13 @@ class Walker:
             leaving,
             asked,
         )
-        tape = costs.tapes.get(key) if costs.memoise_blocks else None
+        # A fork of the walk (alternatives: a marked op takes XLA's other choice) walks every body: a tape shared
+        # by structure would carry the forced choice to, or away from, calls of other bodies alike.
+        memo = costs.memoise_blocks and not costs.forced
+        tape = costs.tapes.get(key) if memo else None
         if tape is None:
             tape, repeatable = self._record(eqn, body, index, ins, repeat, phase_hint, leaving, asked)
-            if repeatable and costs.memoise_blocks:
+            if repeatable and memo:
                 costs.tapes[key] = tape
         else:
             costs.counts.replays += 1
