@@ -671,3 +671,23 @@ SLICE_DRAWS = [
 @pytest.mark.parametrize("case", SLICE_DRAWS)
 def test_slice_deep_draws(case: Case) -> None:
     check(case)
+
+
+def _split_case(shape: tuple[int, int], at: int, axis: int, spec: P, rank: int, grad: bool) -> Case:
+    fn = lambda x: jnp.split(x, [at], axis=axis)  # noqa: E731 -- _params reads the closure, as a drawn case's
+    return Case("split", fn, (jax.ShapeDtypeStruct(shape, jnp.float32),), (spec,), rank, False, grad, "unfused")
+
+
+# Every uneven piece of a split is moved on its own by XLA (explain's one gather serves them all); blocks smaller
+# than the operand's: XLA holds the permutes' send and receive buffers.
+SPLIT_DRAWS = [
+    _split_case((16, 32), 17, 1, P(None, "a"), 1, True),
+    _split_case((16, 64), 40, 1, P(None, "a"), 1, False),
+    _split_case((16, 16), 3, 0, P("b", None), 2, False),
+    _split_case((16, 16), 1, 1, P("a", "b"), 2, True),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_DRAWS)
+def test_split_deep_draws(case: Case) -> None:
+    check(case)

@@ -362,11 +362,12 @@ def widen_bound(w: WalkerLike, since: int, *, sent: float = 0.0, peak: float = 0
 
     from .report import default_bound
 
-    if w.quiet or len(w.ops) <= since:
+    marked = [i for i in range(since, len(w.ops)) if w.ops[i].approximate]
+    if w.quiet or not marked:
         return
-    op = w.ops[-1]
+    op = w.ops[marked[-1]]
     base = op.bound or default_bound(op)  # each collective's buffer moved another way, one per peer
-    w.ops[-1] = replace(
+    w.ops[marked[-1]] = replace(
         op,
         bound=replace(base, collectives=base.collectives + collectives, bytes=base.bytes + sent, peak=base.peak + peak),
     )
