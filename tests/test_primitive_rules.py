@@ -691,3 +691,26 @@ SPLIT_DRAWS = [
 @pytest.mark.parametrize("case", SPLIT_DRAWS)
 def test_split_deep_draws(case: Case) -> None:
     check(case)
+
+
+# A cumulative op's gradient is an associative scan (strided slices, interior pads): explain gathers the axis at
+# the first strided slice, XLA keeps it split and moves pieces at every later level (22 permutes and 9
+# all-to-alls for 16 rows over 8); the mark's bound counts those later positional ops and the values explain
+# holds whole.
+CUMULATIVE_DRAWS = [
+    Case(
+        "cummax",
+        lambda x: lax.cummax(x, axis=0, reverse=False),
+        (jax.ShapeDtypeStruct((16, 16), jnp.float32),),
+        (P("a", None),),
+        1,
+        False,
+        True,
+        "scratch",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CUMULATIVE_DRAWS)
+def test_cumulative_deep_draws(case: Case) -> None:
+    check(case)
