@@ -375,7 +375,7 @@ def _moved_downstream(w: WalkerLike, v: Any) -> tuple[int, int, int]:
             positional = e.primitive.name in _POSITIONAL
             moves += positional
             for out in e.outvars:
-                aval = getattr(out, "aval", None)
+                aval: Any = getattr(out, "aval", None)  # a token or an abstract ref has no shape
                 if hasattr(aval, "shape") and hasattr(aval, "dtype"):
                     size = int(math.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
                     held += size
