@@ -646,3 +646,73 @@ def test_partial_sum_scattered_to_its_gradients_split() -> None:
 @pytest.mark.slow
 def test_partial_sum_scattered_to_its_gradients_split_deep() -> None:
     DEEP(given(partial_sum_case())(check))()
+
+
+# -- deep draws that missed their bound, fixed by their rule (issue 20) --------------------------------------
+
+
+def _slice_case(shape: tuple[int, int], start: tuple[int, int], stop: tuple[int, int], spec: P, rank: int) -> Case:
+    fn = lambda x: lax.slice(x, start, stop)  # noqa: E731 -- _params reads the closure, as a drawn case's
+    return Case("slice", fn, (jax.ShapeDtypeStruct(shape, jnp.float32),), (spec,), rank, False, False, "unfused")
+
+
+# A result the whole split does not divide stays split over the longest leading part of the split's mesh axes
+# that divides it (x[0, :4] of columns split over (a, b) of 4 x 2 keeps a; 12 of 16 rows too; over (a, b, c)
+# of 2 x 2 x 2, 4 columns keep (a, b)); a row slice whose result blocks are smaller than the operand's, where XLA
+# permutes whole operand blocks and holds their buffers (x[:22, :1] of 64 rows over b: XLA's peak 2.3x).
+SLICE_DRAWS = [
+    _slice_case((16, 16), (0, 0), (1, 4), P(None, ("a", "b")), 2),
+    _slice_case((16, 16), (0, 0), (12, 1), P(("a", "b"), None), 2),
+    _slice_case((16, 16), (0, 0), (1, 4), P(None, ("a", "b", "c")), 3),
+    _slice_case((32, 16), (0, 0), (10, 16), P(("a", "b", "c"), None), 3),
+    _slice_case((16, 16), (0, 0), (1, 2), P(None, ("b", "a")), 2),
+    _slice_case((64, 16), (0, 0), (22, 1), P("b", None), 2),
+]
+
+
+@pytest.mark.parametrize("case", SLICE_DRAWS)
+def test_slice_deep_draws(case: Case) -> None:
+    check(case)
+
+
+def _split_case(shape: tuple[int, int], at: int, axis: int, spec: P, rank: int, grad: bool) -> Case:
+    fn = lambda x: jnp.split(x, [at], axis=axis)  # noqa: E731 -- _params reads the closure, as a drawn case's
+    return Case("split", fn, (jax.ShapeDtypeStruct(shape, jnp.float32),), (spec,), rank, False, grad, "unfused")
+
+
+# Every uneven piece of a split is moved on its own by XLA (explain's one gather serves them all); blocks smaller
+# than the operand's: XLA holds the permutes' send and receive buffers.
+SPLIT_DRAWS = [
+    _split_case((16, 32), 17, 1, P(None, "a"), 1, True),
+    _split_case((16, 64), 40, 1, P(None, "a"), 1, False),
+    _split_case((16, 16), 3, 0, P("b", None), 2, False),
+    _split_case((16, 16), 1, 1, P("a", "b"), 2, True),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_DRAWS)
+def test_split_deep_draws(case: Case) -> None:
+    check(case)
+
+
+# A cumulative op's gradient is an associative scan (strided slices, interior pads): explain gathers the axis at
+# the first strided slice, XLA keeps it split and moves pieces at every later level (22 permutes and 9
+# all-to-alls for 16 rows over 8); the mark's bound counts those later positional ops and the values explain
+# holds whole.
+CUMULATIVE_DRAWS = [
+    Case(
+        "cummax",
+        lambda x: lax.cummax(x, axis=0, reverse=False),
+        (jax.ShapeDtypeStruct((16, 16), jnp.float32),),
+        (P("a", None),),
+        1,
+        False,
+        True,
+        "scratch",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CUMULATIVE_DRAWS)
+def test_cumulative_deep_draws(case: Case) -> None:
+    check(case)

@@ -12,6 +12,7 @@ partial sums: one all-reduce completes them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from ...core.layout import Layout
@@ -262,6 +263,14 @@ def _shift_axis(
         whole = src.with_dims(tuple(() if i == axis else d for i, d in enumerate(src.dims)))
         w.change(eqn, phase, src, whole, dtype, repeat, f"{eqn.primitive.name} with a stride along a split axis")
         mark_approximate(w, start, "a stride or interior padding on a split axis: XLA permutes pieces, explain gathers")
+        # XLA keeps the axis split instead, so every later op that moves positions along an axis of what is
+        # computed from the result (a slice, pad, concatenate: an associative scan's levels, forward and
+        # backward) moves pieces there, up to n - 1 collectives each, where explain's, on the gathered axis,
+        # move nothing; and explain holds those values whole where XLA holds pieces (measured: a cummax
+        # gradient on 16 rows over 8, XLA 22 permutes and 9 all-to-alls where explain gathers once, explain's
+        # peak 2.3x XLA's).
+        moves, moved, held = _moved_downstream(w, eqn.outvars[0])
+        widen_bound(w, start, collectives=moves * (n - 1), sent=moved, peak=held)
         return ()
     # One position along the axis, per device: permutes move the operand's rows whole (measured: a slice of
     # rows and columns moves whole rows, then slices); a small result is sliced first, then all-reduced.
@@ -282,8 +291,15 @@ def _shift_axis(
         pieces = [min(offset + out_len, (j + 1) * block) - j * block for j in range(first + 1, last + 1)]
         charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
         small = f"{eqn.primitive.name} of a small piece"
-        charge(w, eqn, phase, repeat, "all-reduce", axes, [out_len * small_row], small)
-        if _padded_back(w, eqn.outvars[0]):
+        padded_back = _padded_back(w, eqn.outvars[0])
+        # Split over a tuple of mesh axes, XLA keeps the result split over the longest leading part of the
+        # tuple that divides it and all-reduces the piece over the rest only (measured: x[0, :4] of columns
+        # split over (a, b) of 4 x 2 leaves the 4 columns split over a; over (a, b, c) of 2 x 2 x 2 over (a, b)).
+        kept = () if padded_back else _small_result_split(axes, out_len, sizes)
+        reduced = axes[len(kept) :]
+        piece = out_len // math.prod(sizes[m] for m in kept)
+        charge(w, eqn, phase, repeat, "all-reduce", reduced, [piece * small_row], small)
+        if padded_back:
             # A slice's gradient pads the piece back to the operand's shape: XLA keeps it on its device.
             mark_approximate(w, start, "the piece is padded back (a slice's gradient): XLA moves nothing")
             # ... and pads it back on its device into the operand's split, where explain's walk pads the
@@ -296,9 +312,12 @@ def _shift_axis(
             # collective-permute), sometimes not; the all-reduce is always there.
             mark_approximate(w, start, "a small piece off the first device: XLA may add or drop a collective-permute")
             # ... of up to one operand block (measured: x[0, :2] of cols@a over 4, XLA permutes a 64-byte
-            # column block to the first owner where explain's piece needs none).
-            widen_bound(w, start, sent=math.prod(src.shard_shape) * itemsize(dtype))
-        return ()
+            # column block to the first owner where explain's piece needs none).  A piece kept split over the
+            # leading axes is all-reduced over the others only, but XLA may bring its parts to the kept owners
+            # from anywhere in the split: up to n - 1 peers in all, as for a piece all-reduced over the split.
+            spread = n - math.prod(sizes[m] for m in reduced)
+            widen_bound(w, start, sent=math.prod(src.shard_shape) * itemsize(dtype), collectives=spread)
+        return kept
     padded = -(-out_len // n) * n
     pieces = shift_pieces(src.shape[axis], n, padded, offset)
     charge(w, eqn, phase, repeat, "collective-permute", axes, [p * row for p in pieces], why)
@@ -307,9 +326,21 @@ def _shift_axis(
             # Result blocks smaller than the operand's gather pieces from several devices: XLA's permutes
             # there vary (measured 2 where the exact movement takes 4).
             mark_approximate(w, start, "result blocks smaller than the operand's: XLA may send fewer permutes")
+            # ... and may move a whole operand block where explain moves the result's rows, holding its send
+            # and receive buffers besides both (measured: x[:22, :1] of 64 rows split in 2 permutes 21 whole
+            # rows, XLA's peak 2.3x explain's).
+            block_bytes = math.prod(src.shard_shape) * itemsize(dtype)
+            widen_bound(w, start, sent=block_bytes, peak=2 * block_bytes)
         return axes
-    # XLA pads the result to the next multiple of the split and gathers it whole.
-    charge(w, eqn, phase, repeat, "all-gather", axes, [padded * row], f"{eqn.primitive.name} result does not divide")
+    # XLA pads the result to the next multiple of the split and gathers it whole -- over the split's mesh axes
+    # past the longest leading part that divides the result, which it keeps split (measured: 12 of 16 rows
+    # split over (a, b) of 4 x 2 stay split over a, gathered over b).
+    kept = _small_result_split(axes, out_len, sizes)
+    reduced = axes[len(kept) :]
+    gathered = padded // math.prod(sizes[m] for m in kept)
+    charge(
+        w, eqn, phase, repeat, "all-gather", reduced, [gathered * row], f"{eqn.primitive.name} result does not divide"
+    )
     mark_approximate(
         w, start, f"a result of {out_len} does not divide {n} ways: XLA's permutes of the uneven blocks may differ"
     )
@@ -317,23 +348,68 @@ def _shift_axis(
     # buffer as a temporary besides the result explain holds whole (+padded rows); or it keeps the result in
     # uneven pieces where explain holds it whole (a crop 16 -> 15 and its gradient's pad back, which XLA
     # simplifies to a local mask: -out_len rows).
-    widen_bound(w, start, peak=(padded + out_len) * row)
+    # Kept split over the leading axes, XLA may still move the pieces over the whole split (n - 1 peers).
+    widen_bound(w, start, peak=(padded + out_len) * row, collectives=n - math.prod(sizes[m] for m in reduced))
+    return kept
+
+
+# Ops that move positions along an axis of a split operand (collective-permutes or all-to-alls on XLA's side).
+_POSITIONAL = frozenset({"slice", "pad", "concatenate", "split", "rev", "dynamic_slice", "dynamic_update_slice"})
+_DOWNSTREAM_LIMIT = 4096  # equations followed from one mark (a bound, not a walk: big programs stop early)
+
+
+def _moved_downstream(w: WalkerLike, v: Any) -> tuple[int, int, int]:
+    """How many positional ops (:data:`_POSITIONAL`) compute from ``v``, directly or through any op, the bytes
+    of their results and the bytes of every value computed from ``v`` (whole): what XLA moves (at most each
+    positional result, whole) and what explain holds whole once ``v``'s axis is gathered where XLA keeps it
+    split.  Followed up to :data:`_DOWNSTREAM_LIMIT` equations."""
+    import numpy as np
+
+    seen: set[int] = set()
+    todo, moves, moved, held = [v], 0, 0, 0
+    while todo and len(seen) < _DOWNSTREAM_LIMIT:
+        for e, _ in w.uses.get(id(todo.pop()), ()):
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            positional = e.primitive.name in _POSITIONAL
+            moves += positional
+            for out in e.outvars:
+                aval: Any = getattr(out, "aval", None)  # a token or an abstract ref has no shape
+                if hasattr(aval, "shape") and hasattr(aval, "dtype"):
+                    size = int(math.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+                    held += size
+                    moved += size if positional else 0
+                todo.append(out)
+    return moves, moved, held
+
+
+def _small_result_split(axes: tuple[str, ...], out_len: int, sizes: Mapping[str, int]) -> tuple[str, ...]:
+    """The leading part of a split's mesh axes (never all of them) that a result of ``out_len``, which the
+    whole split does not divide, stays split over: the longest whose size divides it; () for one mesh axis."""
+    for cut in range(len(axes) - 1, 0, -1):
+        if out_len % math.prod(sizes[m] for m in axes[:cut]) == 0:
+            return axes[:cut]
     return ()
 
 
-def widen_bound(w: WalkerLike, since: int, *, sent: float = 0.0, peak: float = 0.0) -> None:
-    """Widen the bound of the last op marked approximate since ``since`` by ``sent`` bytes and ``peak`` bytes:
-    XLA's alternative moves or holds that much more than the op's own collectives (once, not per op: the
-    report sums the ops' bounds)."""
+def widen_bound(w: WalkerLike, since: int, *, sent: float = 0.0, peak: float = 0.0, collectives: int = 0) -> None:
+    """Widen the bound of the last op marked approximate since ``since`` by ``sent`` bytes, ``peak`` bytes and
+    ``collectives``: XLA's alternative moves or holds that much more than the op's own collectives (once, not
+    per op: the report sums the ops' bounds)."""
     from dataclasses import replace
 
     from .report import default_bound
 
-    if w.quiet or len(w.ops) <= since:
+    marked = [i for i in range(since, len(w.ops)) if w.ops[i].approximate]
+    if w.quiet or not marked:
         return
-    op = w.ops[-1]
+    op = w.ops[marked[-1]]
     base = op.bound or default_bound(op)  # each collective's buffer moved another way, one per peer
-    w.ops[-1] = replace(op, bound=replace(base, bytes=base.bytes + sent, peak=base.peak + peak))
+    w.ops[marked[-1]] = replace(
+        op,
+        bound=replace(base, collectives=base.collectives + collectives, bytes=base.bytes + sent, peak=base.peak + peak),
+    )
 
 
 @register("dynamic_slice")
