@@ -644,3 +644,21 @@ def test_partial_sum_scattered_to_its_gradients_split() -> None:
 @pytest.mark.slow
 def test_partial_sum_scattered_to_its_gradients_split_deep() -> None:
     DEEP(given(partial_sum_case())(check))()
+
+
+def _strided_pool(stride: int) -> Callable[..., Any]:
+    def pool(x: Any) -> Any:
+        return lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 1, 1), (1, stride, stride, 1), "SAME")
+
+    return pool
+
+
+@pytest.mark.parametrize("stride", [2, 3])
+def test_strided_pool_on_uneven_rows_within_its_peak_bound(stride: int) -> None:
+    """The deep run's draw: a window-1 max pool of rows@a over 8 devices, stride 2 or 3 (8 rows to 4 or 3, which do
+    not divide): explain gathers the rows and pools them whole, XLA pools padded blocks and all-reduces the result;
+    explain's peak (the gathered operand) is ~3x XLA's, within the bound the op's mark states."""
+    x = jax.ShapeDtypeStruct((4, 8, 8, 4), jnp.float32)
+    check(
+        Case("reduce_window_max", _strided_pool(stride), (x,), (P(None, "a", None, None),), 1, False, False, "windows")
+    )
