@@ -662,3 +662,51 @@ def test_strided_pool_on_uneven_rows_within_its_peak_bound(stride: int) -> None:
     check(
         Case("reduce_window_max", _strided_pool(stride), (x,), (P(None, "a", None, None),), 1, False, False, "windows")
     )
+
+
+def test_strided_pool_keeps_the_dividing_major_split() -> None:
+    """The deep run's draw: 16 rows over (a, b) pooled with stride 3 to 6 rows, which divide over 'a' but not over
+    (a, b): XLA keeps the result split over 'a' (it pools padded blocks, permutes them and gathers over 'b'); explain
+    gathers over 'b' only and keeps 'a', the layout XLA gives."""
+    x = jax.ShapeDtypeStruct((4, 16, 16, 4), jnp.float32)
+    spec = P("c", ("a", "b"), None, None)
+    check(Case("reduce_window_max", _strided_pool(3), (x,), (spec,), 3, False, False, "windows"))
+
+
+def _padded(low: int, high: int, interior: int) -> Callable[..., Any]:
+    def pad(x: Any) -> Any:
+        return lax.pad(x, 0.0, [(0, 0, 0), (low, high, interior), (0, 0, 0)])
+
+    return pad
+
+
+def _strided(start: int, stride: int) -> Callable[..., Any]:
+    def cut(x: Any) -> Any:
+        return lax.slice(x, (0, start, 0), (x.shape[0], x.shape[1], x.shape[2]), (1, stride, 1))
+
+    return cut
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+@pytest.mark.parametrize(
+    ("primitive", "fn", "rows"),
+    [
+        ("pad", _padded(0, 1, 1), 16),
+        ("pad", _padded(1, 0, 1), 16),
+        ("pad", _padded(1, 1, 2), 16),
+        ("slice", _strided(0, 2), 32),
+        ("slice", _strided(1, 2), 32),
+        ("slice", _strided(2, 4), 32),
+    ],
+)
+def test_block_aligned_strides_stay_on_their_device(
+    primitive: str, fn: Callable[..., Any], rows: int, rank: int
+) -> None:
+    """A stride or interior padding that maps each device's block onto the result's block on the same device (a
+    pool's gradient pads its cotangent so: the deep run's draw, a sum pool of stride 2): XLA moves nothing and keeps
+    the split; explain gathered the axis."""
+    x = jax.ShapeDtypeStruct((4, rows, 4), jnp.float32)
+    spec = P(None, "a", None) if rank == 1 else P("b", "a", None)
+    check(Case(primitive, fn, (x,), (spec,), rank, False, False))
+    _, kinds, _, outs = _explain(Case(primitive, fn, (x,), (spec,), rank, False, False), _mesh(rank, False), fn)
+    assert not kinds and outs[0][1] == ("a",), (kinds, outs)

@@ -257,6 +257,8 @@ def _shift_axis(
     n = math.prod(w.costs.mesh_sizes[m] for m in axes)
     dtype = eqn.invars[0].aval.dtype
     start = len(w.ops)
+    if irregular and _strides_in_place(eqn.primitive.name, src.shape[axis], n, out_len, offset, irregular):
+        return axes
     if irregular:
         # Interior padding or a stride: each device's positions come from everywhere; gather the axis.
         whole = src.with_dims(tuple(() if i == axis else d for i, d in enumerate(src.dims)))
@@ -321,10 +323,28 @@ def _shift_axis(
     return ()
 
 
-def widen_bound(w: WalkerLike, since: int, *, sent: float = 0.0, peak: float = 0.0) -> None:
-    """Widen the bound of the last op marked approximate since ``since`` by ``sent`` bytes and ``peak`` bytes:
-    XLA's alternative moves or holds that much more than the op's own collectives (once, not per op: the
-    report sums the ops' bounds)."""
+def _strides_in_place(name: str, length: int, n: int, out_len: int, offset: int, irregular: int) -> bool:
+    """Whether a stride or interior padding along an axis split ``n`` ways maps each device's block onto the
+    result's block on the same device, so that XLA moves nothing (measured: x[:, s::k] of 32 rows over 4 or 8,
+    s < k, and its transpose, a pad (low, high, interior) with low + high = interior: no collectives, the
+    result split as the operand).
+
+    A pad (``offset`` = -low, ``irregular`` = interior ``i``): element j lands at low + j(1 + i), inside block
+    k's rows of the padded result while low <= i and the result is the operand's rows times 1 + i.  A slice
+    (``offset`` = start, ``irregular`` = stride - 1): block k keeps its own every stride-th row while the blocks
+    are whole multiples of the stride and the start lies in the first stride."""
+    step = irregular + 1
+    if name == "pad":
+        return 0 <= -offset <= irregular and out_len == length * step
+    if name == "slice":
+        return 0 <= offset < step and (length // n) % step == 0 and out_len == length // step
+    return False
+
+
+def widen_bound(w: WalkerLike, since: int, *, sent: float = 0.0, peak: float = 0.0, collectives: int = 0) -> None:
+    """Widen the bound of the last op marked approximate since ``since`` by ``sent`` bytes, ``peak`` bytes and
+    ``collectives``: XLA's alternative moves or holds that much more than the op's own collectives (once, not
+    per op: the report sums the ops' bounds)."""
     from dataclasses import replace
 
     from .report import default_bound
@@ -333,7 +353,8 @@ def widen_bound(w: WalkerLike, since: int, *, sent: float = 0.0, peak: float = 0
         return
     op = w.ops[-1]
     base = op.bound or default_bound(op)  # each collective's buffer moved another way, one per peer
-    w.ops[-1] = replace(op, bound=replace(base, bytes=base.bytes + sent, peak=base.peak + peak))
+    widened = replace(base, collectives=base.collectives + collectives, bytes=base.bytes + sent, peak=base.peak + peak)
+    w.ops[-1] = replace(op, bound=widened)
 
 
 @register("dynamic_slice")
