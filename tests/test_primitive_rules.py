@@ -710,3 +710,36 @@ def test_block_aligned_strides_stay_on_their_device(
     check(Case(primitive, fn, (x,), (spec,), rank, False, False))
     _, kinds, _, outs = _explain(Case(primitive, fn, (x,), (spec,), rank, False, False), _mesh(rank, False), fn)
     assert not kinds and outs[0][1] == ("a",), (kinds, outs)
+
+
+def _nhwc_conv(stride: int) -> Callable[..., Any]:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    return conv
+
+
+@pytest.mark.parametrize(
+    ("rank", "x_spec", "w_spec", "k", "stride", "grad", "h"),
+    [
+        # The deep run's draws: the kernel's outputs split like the input's rows (XLA keeps the kernel's split,
+        # gathers the rows), forward and gradient; and a gradient whose kernel inputs are split like the rows.
+        (1, P(None, "a", None, None), P(None, None, None, "a"), 1, 1, False, 8),
+        (1, P(None, "a", None, None), P(None, None, None, "a"), 1, 1, True, 8),
+        (1, P(None, "a", None, None), P(None, None, "a", None), 1, 1, True, 8),
+        # The measured cases the rule is built on: columns, two-axis splits, strided 3x3 windows, idle axes.
+        (1, P(None, None, "a", None), P(None, None, None, "a"), 1, 1, False, 16),
+        (2, P("b", "a", None, None), P(None, None, None, "a"), 1, 1, False, 16),
+        (2, P(None, ("a", "b"), None, None), P(None, None, None, "a"), 1, 1, False, 16),
+        (2, P(None, "a", None, None), P(None, None, None, ("a", "b")), 1, 1, False, 16),
+        (2, P(None, "a", "b", None), P(None, None, None, "a"), 1, 1, False, 16),
+        (1, P(None, "a", None, None), P(None, None, None, "a"), 3, 2, False, 16),
+        (3, P(None, "a", None, None), P(None, None, None, "a"), 3, 1, False, 16),
+    ],
+)
+def test_conv_rows_against_kernel_outputs_on_one_axis(
+    rank: int, x_spec: P, w_spec: P, k: int, stride: int, grad: bool, h: int
+) -> None:
+    c = 8 if w_spec[2] else 4
+    args = (jax.ShapeDtypeStruct((4, h, h, c), jnp.float32), jax.ShapeDtypeStruct((k, k, c, 8), jnp.float32))
+    check(Case("conv_general_dilated", _nhwc_conv(stride), args, (x_spec, w_spec), rank, False, grad, "windows"))

@@ -117,7 +117,8 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     start = len(w.ops)
     approx: list[str] = []
     alternative = False  # whether XLA's other choice is known here (offered to a fork of the walk)
-    gathered_out = 0  # bytes XLA may all-gather of an uneven result, beyond the marked collectives
+    rows_alternative = 0  # collectives XLA's other way of settling a rows/outputs clash takes, beyond the marked
+    gathered_out = 0  # bytes XLA may all-gather (an uneven result, the input's rows), beyond the marked collectives
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
     whole_sum = False  # the partial sums are all-reduced whole whatever the result's users
     out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
@@ -207,8 +208,29 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # split and moves the result (collective-permutes, with a reduce-scatter under a dilated window),
         # depending on strides, dilation and sizes (measured by the deep run of
         # tests/test_primitive_rules.py): a heuristic explain does not reproduce, so the op says so.
-        if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls) or any(lhs.dims[i] for i in ls):
+        clashing_rows = [i for i in ls if set(rhs.dims[ro]) & set(lhs.dims[i])]
+        if clashing_rows and not set(rhs.dims[ro]) & set(lhs.dims[lb]):
+            # The kernel's outputs split over a mesh axis of the input's rows: XLA gives the result the kernel's
+            # output split and gathers those rows whole (measured on one-op programs over 1-, 2- and 3-axis
+            # meshes, 1x1 to 3x3 kernels, stride 1 and 2: rows@a, rows@(a,b), cols@a, against outputs@a or
+            # @(a,b) -> one all-gather of the input, the result features@(kernel's split)).  With a window
+            # over rows and mesh axes idle, XLA instead exchanges halos, moves the result pieces (an
+            # all-to-all) and sums them (measured: 2 permutes, an all-to-all, an all-reduce).
+            lhs_to = lhs_to.with_dims(tuple(() if i in clashing_rows else d for i, d in enumerate(lhs_to.dims)))
+            approx.append(
+                "a mesh axis splits both the input's rows and the kernel's outputs: XLA keeps the kernel's split "
+                "and gathers the rows, or (a window, idle mesh axes) exchanges halos and moves the result"
+            )
+            # Those: two halo permutes, the all-to-all and the all-reduce of the result's block.
+            rows_alternative = 3
+            gathered_out += 2 * _bytes(out_aval.shape, (of,), rhs.dims[ro], w) * itemsize(out_aval.dtype)
+        elif clashing_rows or any(lhs.dims[i] for i in ls):
             approx.append("a mesh axis splits both the input's rows and the kernel's outputs; XLA may move the result")
+            # XLA's other choice keeps the kernel's split and gathers the input's rows instead (measured: the
+            # input gradient of a 1x1 conv, rows@a against kernel inputs@a over 8: XLA all-gathers the whole
+            # f32[4,8,8,8] cotangent, explain the 256 B kernel): that gather's bytes, beyond the marked ones.
+            rows_whole = tuple(() if i in ls else d for i, d in enumerate(lhs.dims))
+            gathered_out += _local_bytes(lhs.with_dims(rows_whole), eqn.invars[0].aval.dtype)
         elif grouped or lhs.dims[lb] != rhs.dims[ro]:
             approx.append(
                 "a mesh axis splits both the input's batch and the kernel's outputs: XLA may gather part of the "
@@ -221,7 +243,8 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             rhs = _bring(
                 w, eqn, phase, repeat, 1, rhs, _with(rhs, ro, regroup), "conv kernel moved onto idle mesh axes"
             )
-        rhs_to = _with(rhs_to, ro, ())
+        if not rows_alternative:
+            rhs_to = _with(rhs_to, ro, ())
     if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
         approx.append("the kernel is gathered along several axes; XLA may split the gathers differently")
     if phase == "backward" and rhs_to.dims != rhs.dims and not is_free(rhs):
@@ -333,7 +356,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
     if approx:
         _mark(w, start, "; ".join(approx))
-        widen_bound(w, start, sent=gathered_out)
+        widen_bound(w, start, sent=gathered_out, collectives=rows_alternative)
         if alternative:
             offer(w, eqn, start)  # the window-covers-result choice: walked to the program's end
     return [out]
