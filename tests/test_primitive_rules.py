@@ -743,3 +743,20 @@ def test_conv_rows_against_kernel_outputs_on_one_axis(
     c = 8 if w_spec[2] else 4
     args = (jax.ShapeDtypeStruct((4, h, h, c), jnp.float32), jax.ShapeDtypeStruct((k, k, c, 8), jnp.float32))
     check(Case("conv_general_dilated", _nhwc_conv(stride), args, (x_spec, w_spec), rank, False, grad, "windows"))
+
+
+def _transposed(pad: list[tuple[int, int]], dil: int) -> Callable[..., Any]:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(
+            x, w, (1, 1), pad, lhs_dilation=(dil, dil), dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    return conv
+
+
+def test_transposed_conv_keeps_the_kernels_free_major_split() -> None:
+    """The deep run's draw: batch@c, rows@(a, b) dilated 4 -> 7 (gathered: uneven blocks), kernel outputs@(b, c):
+    'c' clashes with the batch, 'b' is freed by the gathered rows; XLA keeps the result's features split over 'b'."""
+    args = (jax.ShapeDtypeStruct((2, 4, 4, 4), jnp.float32), jax.ShapeDtypeStruct((1, 1, 4, 8), jnp.float32))
+    specs = (P("c", ("a", "b"), None, None), P(None, None, None, ("b", "c")))
+    check(Case("conv_general_dilated", _transposed([(0, 0), (0, 0)], 2), args, specs, 3, False, False, "windows"))

@@ -117,6 +117,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     start = len(w.ops)
     approx: list[str] = []
     alternative = False  # whether XLA's other choice is known here (offered to a fork of the walk)
+    kernel_keeps: tuple[str, ...] = ()  # the kernel's output split kept where it clashes with the input's
     rows_alternative = 0  # collectives XLA's other way of settling a rows/outputs clash takes, beyond the marked
     gathered_out = 0  # bytes XLA may all-gather (an uneven result, the input's rows), beyond the marked collectives
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
@@ -231,6 +232,10 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             # f32[4,8,8,8] cotangent, explain the 256 B kernel): that gather's bytes, beyond the marked ones.
             rows_whole = tuple(() if i in ls else d for i, d in enumerate(lhs.dims))
             gathered_out += _local_bytes(lhs.with_dims(rows_whole), eqn.invars[0].aval.dtype)
+            # The kernel's major mesh axes that neither the batch nor split rows hold (rows gathered for uneven
+            # blocks free theirs) stay: XLA gathers only the clashing rest (measured: a transposed conv, batch@c,
+            # rows@(a, b) dilated 4 -> 7, kernel outputs@(b, c): the result features@b).
+            kernel_keeps = _free_prefix(rhs.dims[ro], taken | set(lhs.dims[lb]))
         elif grouped or lhs.dims[lb] != rhs.dims[ro]:
             approx.append(
                 "a mesh axis splits both the input's batch and the kernel's outputs: XLA may gather part of the "
@@ -244,7 +249,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                 w, eqn, phase, repeat, 1, rhs, _with(rhs, ro, regroup), "conv kernel moved onto idle mesh axes"
             )
         if not rows_alternative:
-            rhs_to = _with(rhs_to, ro, ())
+            rhs_to = _with(rhs_to, ro, kernel_keeps)
     if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
         approx.append("the kernel is gathered along several axes; XLA may split the gathers differently")
     if phase == "backward" and rhs_to.dims != rhs.dims and not is_free(rhs):
@@ -632,6 +637,14 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         # pieces before its gather (measured: 2 permutes and an all-gather where explain gathers once).
         widen_bound(w, start, peak=2 * held + made, collectives=3 * len(approx))
     return outs
+
+
+def _free_prefix(split: tuple[str, ...], held: set[str]) -> tuple[str, ...]:
+    """The major mesh axes of ``split`` up to the first one in ``held``."""
+    n = 0
+    while n < len(split) and split[n] not in held:
+        n += 1
+    return split[:n]
 
 
 def _dividing_prefix(w: Walker, split: tuple[str, ...], out_len: int) -> tuple[str, ...]:
