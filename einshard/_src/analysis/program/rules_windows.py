@@ -217,7 +217,10 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             # @(a,b) -> one all-gather of the input, the result features@(kernel's split)).  With a window
             # over rows and mesh axes idle, XLA instead exchanges halos, moves the result pieces (an
             # all-to-all) and sums them (measured: 2 permutes, an all-to-all, an all-reduce).
-            lhs_to = lhs_to.with_dims(tuple(() if i in clashing_rows else d for i, d in enumerate(lhs_to.dims)))
+            # ... over the clashing mesh axes and those after them: their major axes before the first clash stay
+            # (measured: a transposed conv's rows@(a, b) against outputs@b keep 'a').
+            kept = {i: _free_prefix(lhs.dims[i], set(rhs.dims[ro])) for i in clashing_rows}
+            lhs_to = lhs_to.with_dims(tuple(kept.get(i, d) for i, d in enumerate(lhs_to.dims)))
             approx.append(
                 "a mesh axis splits both the input's rows and the kernel's outputs: XLA keeps the kernel's split "
                 "and gathers the rows, or (a window, idle mesh axes) exchanges halos and moves the result"
@@ -235,7 +238,12 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             # The kernel's major mesh axes that neither the batch nor split rows hold (rows gathered for uneven
             # blocks free theirs) stay: XLA gathers only the clashing rest (measured: a transposed conv, batch@c,
             # rows@(a, b) dilated 4 -> 7, kernel outputs@(b, c): the result features@b).
-            kernel_keeps = _free_prefix(rhs.dims[ro], taken | set(lhs.dims[lb]))
+            # Rows split over the kept axes give them up, as against the kernel's outputs alone (measured: batch@c,
+            # rows@(a, b) dilated 4 -> 8 against outputs@(b, c): XLA keeps rows@a, features@b).
+            kernel_keeps = _free_prefix(rhs.dims[ro], set(lhs.dims[lb]))
+            lhs_to = lhs_to.with_dims(
+                tuple(_free_prefix(d, set(kernel_keeps)) if i in ls else d for i, d in enumerate(lhs_to.dims))
+            )
         elif grouped or lhs.dims[lb] != rhs.dims[ro]:
             approx.append(
                 "a mesh axis splits both the input's batch and the kernel's outputs: XLA may gather part of the "
