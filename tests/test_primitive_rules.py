@@ -432,8 +432,23 @@ def test_rule_matches_xla(family: str) -> None:
     FAST(given(STRATEGIES[family])(check))()
 
 
+# The deep draws a rule does not yet hold to XLA (docs/analysis.md names them): strict, so a fix shows as XPASS.
+DEEP_MISSES = {
+    "reduce_window": (
+        "a max pool's gradient whose blocks are not a multiple of the stride (16 rows over 2 pooled by 3): XLA "
+        "exchanges operand and cotangent halos (three collective-permutes) where explain's exact need is none"
+    ),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(STRATEGIES))
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(f, marks=pytest.mark.xfail(reason=DEEP_MISSES[f], strict=True)) if f in DEEP_MISSES else f
+        for f in sorted(STRATEGIES)
+    ],
+)
 def test_rule_matches_xla_deep(family: str) -> None:
     DEEP(given(STRATEGIES[family])(check))()
 
@@ -716,3 +731,144 @@ CUMULATIVE_DRAWS = [
 @pytest.mark.parametrize("case", CUMULATIVE_DRAWS)
 def test_cumulative_deep_draws(case: Case) -> None:
     check(case)
+
+
+def _strided_pool(stride: int) -> Callable[..., Any]:
+    def pool(x: Any) -> Any:
+        return lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 1, 1), (1, stride, stride, 1), "SAME")
+
+    return pool
+
+
+@pytest.mark.parametrize("stride", [2, 3])
+def test_strided_pool_on_uneven_rows_within_its_peak_bound(stride: int) -> None:
+    """The deep run's draw: a window-1 max pool of rows@a over 8 devices, stride 2 or 3 (8 rows to 4 or 3, which do
+    not divide): explain gathers the rows and pools them whole, XLA pools padded blocks and all-reduces the result;
+    explain's peak (the gathered operand) is ~3x XLA's, within the bound the op's mark states."""
+    x = jax.ShapeDtypeStruct((4, 8, 8, 4), jnp.float32)
+    check(
+        Case("reduce_window_max", _strided_pool(stride), (x,), (P(None, "a", None, None),), 1, False, False, "windows")
+    )
+
+
+def test_strided_pool_keeps_the_dividing_major_split() -> None:
+    """The deep run's draw: 16 rows over (a, b) pooled with stride 3 to 6 rows, which divide over 'a' but not over
+    (a, b): XLA keeps the result split over 'a' (it pools padded blocks, permutes them and gathers over 'b'); explain
+    gathers over 'b' only and keeps 'a', the layout XLA gives."""
+    x = jax.ShapeDtypeStruct((4, 16, 16, 4), jnp.float32)
+    spec = P("c", ("a", "b"), None, None)
+    check(Case("reduce_window_max", _strided_pool(3), (x,), (spec,), 3, False, False, "windows"))
+
+
+def _padded(low: int, high: int, interior: int) -> Callable[..., Any]:
+    def pad(x: Any) -> Any:
+        return lax.pad(x, 0.0, [(0, 0, 0), (low, high, interior), (0, 0, 0)])
+
+    return pad
+
+
+def _strided(start: int, stride: int) -> Callable[..., Any]:
+    def cut(x: Any) -> Any:
+        return lax.slice(x, (0, start, 0), (x.shape[0], x.shape[1], x.shape[2]), (1, stride, 1))
+
+    return cut
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+@pytest.mark.parametrize(
+    ("primitive", "fn", "rows"),
+    [
+        ("pad", _padded(0, 1, 1), 16),
+        ("pad", _padded(1, 0, 1), 16),
+        ("pad", _padded(1, 1, 2), 16),
+        ("slice", _strided(0, 2), 32),
+        ("slice", _strided(1, 2), 32),
+        ("slice", _strided(2, 4), 32),
+    ],
+)
+def test_block_aligned_strides_stay_on_their_device(
+    primitive: str, fn: Callable[..., Any], rows: int, rank: int
+) -> None:
+    """A stride or interior padding that maps each device's block onto the result's block on the same device (a
+    pool's gradient pads its cotangent so: the deep run's draw, a sum pool of stride 2): XLA moves nothing and keeps
+    the split; explain gathered the axis."""
+    x = jax.ShapeDtypeStruct((4, rows, 4), jnp.float32)
+    spec = P(None, "a", None) if rank == 1 else P("b", "a", None)
+    check(Case(primitive, fn, (x,), (spec,), rank, False, False))
+    _, kinds, _, outs = _explain(Case(primitive, fn, (x,), (spec,), rank, False, False), _mesh(rank, False), fn)
+    assert not kinds and outs[0][1] == ("a",), (kinds, outs)
+
+
+def _nhwc_conv(stride: int) -> Callable[..., Any]:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    return conv
+
+
+@pytest.mark.parametrize(
+    ("rank", "x_spec", "w_spec", "k", "stride", "grad", "h"),
+    [
+        # The deep run's draws: the kernel's outputs split like the input's rows (XLA keeps the kernel's split,
+        # gathers the rows), forward and gradient; and a gradient whose kernel inputs are split like the rows.
+        (1, P(None, "a", None, None), P(None, None, None, "a"), 1, 1, False, 8),
+        (1, P(None, "a", None, None), P(None, None, None, "a"), 1, 1, True, 8),
+        (1, P(None, "a", None, None), P(None, None, "a", None), 1, 1, True, 8),
+        # The measured cases the rule is built on: columns, two-axis splits, strided 3x3 windows, idle axes.
+        (1, P(None, None, "a", None), P(None, None, None, "a"), 1, 1, False, 16),
+        (2, P("b", "a", None, None), P(None, None, None, "a"), 1, 1, False, 16),
+        (2, P(None, ("a", "b"), None, None), P(None, None, None, "a"), 1, 1, False, 16),
+        (2, P(None, "a", None, None), P(None, None, None, ("a", "b")), 1, 1, False, 16),
+        (2, P(None, "a", "b", None), P(None, None, None, "a"), 1, 1, False, 16),
+        (1, P(None, "a", None, None), P(None, None, None, "a"), 3, 2, False, 16),
+        (3, P(None, "a", None, None), P(None, None, None, "a"), 3, 1, False, 16),
+    ],
+)
+def test_conv_rows_against_kernel_outputs_on_one_axis(
+    rank: int, x_spec: P, w_spec: P, k: int, stride: int, grad: bool, h: int
+) -> None:
+    c = 8 if w_spec[2] else 4
+    args = (jax.ShapeDtypeStruct((4, h, h, c), jnp.float32), jax.ShapeDtypeStruct((k, k, c, 8), jnp.float32))
+    check(Case("conv_general_dilated", _nhwc_conv(stride), args, (x_spec, w_spec), rank, False, grad, "windows"))
+
+
+def _transposed(pad: list[tuple[int, int]], dil: int) -> Callable[..., Any]:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(
+            x, w, (1, 1), pad, lhs_dilation=(dil, dil), dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    return conv
+
+
+def test_transposed_conv_keeps_the_kernels_free_major_split() -> None:
+    """The deep run's draw: batch@c, rows@(a, b) dilated 4 -> 7 (gathered: uneven blocks), kernel outputs@(b, c):
+    'c' clashes with the batch, 'b' is freed by the gathered rows; XLA keeps the result's features split over 'b'."""
+    args = (jax.ShapeDtypeStruct((2, 4, 4, 4), jnp.float32), jax.ShapeDtypeStruct((1, 1, 4, 8), jnp.float32))
+    specs = (P("c", ("a", "b"), None, None), P(None, None, None, ("b", "c")))
+    check(Case("conv_general_dilated", _transposed([(0, 0), (0, 0)], 2), args, specs, 3, False, False, "windows"))
+
+
+@pytest.mark.parametrize(
+    ("pad", "w_spec"),
+    [([(0, 1), (0, 1)], P(None, None, None, ("b", "c"))), ([(0, 1), (0, 1)], P(None, None, None, "b"))],
+)
+def test_transposed_conv_rows_give_the_kernel_its_axes(pad: list[tuple[int, int]], w_spec: P) -> None:
+    """The deep run's draws: batch@c, rows@(a, b) dilated 4 -> 8 (even blocks) against kernel outputs@(b, c) or @b:
+    XLA keeps the rows' 'a', the result's features@b (the kernel's axes not held by the batch)."""
+    args = (jax.ShapeDtypeStruct((2, 4, 4, 4), jnp.float32), jax.ShapeDtypeStruct((1, 1, 4, 8), jnp.float32))
+    specs = (P("c", ("a", "b"), None, None), w_spec)
+    check(Case("conv_general_dilated", _transposed(pad, 2), args, specs, 3, False, False, "windows"))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not modelled yet (docs/analysis.md): XLA's all-to-all, gathers and reduce-scatter differ from explain's "
+    "collectives by 4 against the marks' 2-collective bound",
+)
+def test_transposed_conv_gradient_within_its_bound() -> None:
+    """The deep run's draw: the gradient of a transposed conv, batch@a, rows@b, kernel inputs@b, dilation 2 (a known
+    miss, strict: a fix shows up as XPASS)."""
+    args = (jax.ShapeDtypeStruct((4, 4, 4, 4), jnp.float32), jax.ShapeDtypeStruct((2, 2, 4, 8), jnp.float32))
+    specs = (P("a", "b", None, None), P(None, None, "b", None))
+    check(Case("conv_general_dilated", _transposed([(0, 1), (0, 1)], 2), args, specs, 2, False, True, "windows"))

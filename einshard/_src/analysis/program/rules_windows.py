@@ -117,7 +117,9 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     start = len(w.ops)
     approx: list[str] = []
     alternative = False  # whether XLA's other choice is known here (offered to a fork of the walk)
-    gathered_out = 0  # bytes XLA may all-gather of an uneven result, beyond the marked collectives
+    kernel_keeps: tuple[str, ...] = ()  # the kernel's output split kept where it clashes with the input's
+    rows_alternative = 0  # collectives XLA's other way of settling a rows/outputs clash takes, beyond the marked
+    gathered_out = 0  # bytes XLA may all-gather (an uneven result, the input's rows), beyond the marked collectives
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
     whole_sum = False  # the partial sums are all-reduced whole whatever the result's users
     out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
@@ -207,8 +209,41 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # split and moves the result (collective-permutes, with a reduce-scatter under a dilated window),
         # depending on strides, dilation and sizes (measured by the deep run of
         # tests/test_primitive_rules.py): a heuristic explain does not reproduce, so the op says so.
-        if any(set(rhs.dims[ro]) & set(lhs.dims[i]) for i in ls) or any(lhs.dims[i] for i in ls):
+        clashing_rows = [i for i in ls if set(rhs.dims[ro]) & set(lhs.dims[i])]
+        if clashing_rows and not set(rhs.dims[ro]) & set(lhs.dims[lb]):
+            # The kernel's outputs split over a mesh axis of the input's rows: XLA gives the result the kernel's
+            # output split and gathers those rows whole (measured on one-op programs over 1-, 2- and 3-axis
+            # meshes, 1x1 to 3x3 kernels, stride 1 and 2: rows@a, rows@(a,b), cols@a, against outputs@a or
+            # @(a,b) -> one all-gather of the input, the result features@(kernel's split)).  With a window
+            # over rows and mesh axes idle, XLA instead exchanges halos, moves the result pieces (an
+            # all-to-all) and sums them (measured: 2 permutes, an all-to-all, an all-reduce).
+            # ... over the clashing mesh axes and those after them: their major axes before the first clash stay
+            # (measured: a transposed conv's rows@(a, b) against outputs@b keep 'a').
+            kept = {i: _free_prefix(lhs.dims[i], set(rhs.dims[ro])) for i in clashing_rows}
+            lhs_to = lhs_to.with_dims(tuple(kept.get(i, d) for i, d in enumerate(lhs_to.dims)))
+            approx.append(
+                "a mesh axis splits both the input's rows and the kernel's outputs: XLA keeps the kernel's split "
+                "and gathers the rows, or (a window, idle mesh axes) exchanges halos and moves the result"
+            )
+            # Those: two halo permutes, the all-to-all and the all-reduce of the result's block.
+            rows_alternative = 3
+            gathered_out += 2 * _bytes(out_aval.shape, (of,), rhs.dims[ro], w) * itemsize(out_aval.dtype)
+        elif clashing_rows or any(lhs.dims[i] for i in ls):
             approx.append("a mesh axis splits both the input's rows and the kernel's outputs; XLA may move the result")
+            # XLA's other choice keeps the kernel's split and gathers the input's rows instead (measured: the
+            # input gradient of a 1x1 conv, rows@a against kernel inputs@a over 8: XLA all-gathers the whole
+            # f32[4,8,8,8] cotangent, explain the 256 B kernel): that gather's bytes, beyond the marked ones.
+            rows_whole = tuple(() if i in ls else d for i, d in enumerate(lhs.dims))
+            gathered_out += _local_bytes(lhs.with_dims(rows_whole), eqn.invars[0].aval.dtype)
+            # The kernel's major mesh axes that neither the batch nor split rows hold (rows gathered for uneven
+            # blocks free theirs) stay: XLA gathers only the clashing rest (measured: a transposed conv, batch@c,
+            # rows@(a, b) dilated 4 -> 7, kernel outputs@(b, c): the result features@b).
+            # Rows split over the kept axes give them up, as against the kernel's outputs alone (measured: batch@c,
+            # rows@(a, b) dilated 4 -> 8 against outputs@(b, c): XLA keeps rows@a, features@b).
+            kernel_keeps = _free_prefix(rhs.dims[ro], set(lhs.dims[lb]))
+            lhs_to = lhs_to.with_dims(
+                tuple(_free_prefix(d, set(kernel_keeps)) if i in ls else d for i, d in enumerate(lhs_to.dims))
+            )
         elif grouped or lhs.dims[lb] != rhs.dims[ro]:
             approx.append(
                 "a mesh axis splits both the input's batch and the kernel's outputs: XLA may gather part of the "
@@ -221,7 +256,8 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             rhs = _bring(
                 w, eqn, phase, repeat, 1, rhs, _with(rhs, ro, regroup), "conv kernel moved onto idle mesh axes"
             )
-        rhs_to = _with(rhs_to, ro, ())
+        if not rows_alternative:
+            rhs_to = _with(rhs_to, ro, kernel_keeps)
     if sum(a != b for a, b in zip(rhs.dims, rhs_to.dims)) > 1 and not is_free(rhs):
         approx.append("the kernel is gathered along several axes; XLA may split the gathers differently")
     if phase == "backward" and rhs_to.dims != rhs.dims and not is_free(rhs):
@@ -333,7 +369,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
     if approx:
         _mark(w, start, "; ".join(approx))
-        widen_bound(w, start, sent=gathered_out)
+        widen_bound(w, start, sent=gathered_out, collectives=rows_alternative)
         if alternative:
             offer(w, eqn, start)  # the window-covers-result choice: walked to the program's end
     return [out]
@@ -577,8 +613,17 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         window, stride, (low, _) = p["window_dimensions"][i], p["window_strides"][i], p["padding"][i]
         bdil, wdil = p["base_dilation"][i], p["window_dilation"][i]
         length, out_len, n = src.shape[i], int(out_aval.shape[i]), group_size(w, d)
+        kept = _dividing_prefix(w, d, out_len) if bdil == 1 else ()
         if bdil == 1 and out_len % n == 0:
             halos.append((i, halo_pieces(length, n, out_len, window, stride, wdil, low)))
+        elif kept:
+            # The result's blocks do not divide over the whole split, but over its major axes they do: XLA
+            # keeps the result split over those (measured: 16 rows over (a, b) pooled to 6 stay split over
+            # 'a'; XLA pools padded blocks, permutes them and gathers over 'b', explain gathers the operand
+            # over 'b' first: the same layout, other collectives).
+            approx.append(f"axis {i} (uneven blocks) gathered over {d[len(kept) :]}; XLA may pool padded blocks")
+            dims[i] = kept
+            halos.append((i, halo_pieces(length, group_size(w, kept), out_len, window, stride, wdil, low)))
         else:
             approx.append(f"axis {i} (dilated or uneven blocks) gathered; XLA may exchange halos instead")
             dims[i] = ()
@@ -586,9 +631,41 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         for k, lay in enumerate(ins[:n_ops]):
             _bring(w, eqn, phase, repeat, k, lay, lay.with_dims(tuple(dims)), "reduce_window split gathered")
     _exchange_halos(w, eqn, phase, repeat, src.with_dims(tuple(dims)), halos, eqn.invars[0].aval.dtype)
+    outs = [w.relayout(v.aval, dims) for v in eqn.outvars]
     if approx:
         _mark(w, start, "; ".join(approx))
-    return [w.relayout(v.aval, dims) for v in eqn.outvars]
+        # Peak: explain holds the gathered operands (twice where gathered along a minor dimension: the memory
+        # walk's transposed copy) and computes the results whole along the gathered axes, where XLA computes
+        # padded blocks (each device's rows plus halos) and only then all-reduces the result (measured: a
+        # window-1 pool of rows@a over 8, stride 2 or 3: a permute and an all-reduce of the result, XLA's peak
+        # 1.9-2.8 KB against explain's 8.5 KB).
+        held = sum(_local_bytes(lay.with_dims(tuple(dims)), v.aval.dtype) for lay, v in zip(ins[:n_ops], eqn.invars))
+        made = sum(_local_bytes(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars))
+        # Collectives: XLA's padded blocks take a permute from each side's neighbour and one of the result's
+        # pieces before its gather (measured: 2 permutes and an all-gather where explain gathers once).
+        widen_bound(w, start, peak=2 * held + made, collectives=3 * len(approx))
+    return outs
+
+
+def _free_prefix(split: tuple[str, ...], held: set[str]) -> tuple[str, ...]:
+    """The major mesh axes of ``split`` up to the first one in ``held``."""
+    n = 0
+    while n < len(split) and split[n] not in held:
+        n += 1
+    return split[:n]
+
+
+def _dividing_prefix(w: Walker, split: tuple[str, ...], out_len: int) -> tuple[str, ...]:
+    """The longest proper prefix of ``split`` (its major mesh axes) that divides a result of ``out_len``."""
+    for k in range(len(split) - 1, 0, -1):
+        if out_len % group_size(w, split[:k]) == 0:
+            return split[:k]
+    return ()
+
+
+def _local_bytes(lay: Layout, dtype: Any) -> int:
+    """Bytes of one device's block of ``lay``."""
+    return math.prod(lay.shard_shape) * itemsize(dtype)
 
 
 @register("select_and_scatter_add")
