@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 from external_corpus.cases import CASES, FAST, KNOWN_MISSES
 from external_corpus.compare import SAID, case_id, measure
+from external_corpus.planning import PLANNED
 
 pytest.importorskip("haiku")
 try:
@@ -83,11 +84,12 @@ def test_the_registry_covers_what_the_issue_asks_for():
     assert set(KNOWN_MISSES) <= {case_id(*c) for c in CASES} and set(FAST) <= {case_id(*c) for c in CASES}
 
 
+# The families the planner is checked on, keras-hub's skipped without it.
+PLANNED_PARAMS = [pytest.param(f, marks=NO_KERAS_HUB) if f.startswith("kh_") else f for f in PLANNED]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "family",
-    [pytest.param("kh_llama", marks=NO_KERAS_HUB), "keras_vit", "hk_stack", pytest.param("kh_t5", marks=NO_KERAS_HUB)],
-)
+@pytest.mark.parametrize("family", PLANNED_PARAMS)
 def test_the_plan_is_not_beaten_by_a_hand_layout_by_xlas_bytes(family):
     """XLA's bytes for the plan vs each hand layout (one computing no more FLOPs); verify= is checked too."""
     from external_corpus.families import FAMILIES
@@ -104,10 +106,7 @@ def test_the_plan_is_not_beaten_by_a_hand_layout_by_xlas_bytes(family):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "family",
-    [pytest.param("kh_llama", marks=NO_KERAS_HUB), "keras_vit", "hk_stack", pytest.param("kh_t5", marks=NO_KERAS_HUB)],
-)
+@pytest.mark.parametrize("family", PLANNED_PARAMS)
 def test_the_search_finds_a_layout_its_model_ranks_above_every_hand_layout(family):
     """The hand layouts given as plan(presets=): the search, not a preset, is the plan (its model's numbers)."""
     from external_corpus.families import FAMILIES

@@ -21,6 +21,7 @@ The byte threshold XLA puts on a combined op (tens of MiB) is not modelled.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -176,20 +177,7 @@ class DependencyWalker(Walker):
             entering = [self._mask_of([o]) for o in outer[len(outer) - n :]]
         else:
             entering = [self._mask_of(outer)] * n
-        start = len(self.colls)
-
-        def real(operands: int, own: int) -> int:
-            m = own << start
-            k = 0
-            while operands:
-                if operands & 1:
-                    m |= entering[k]
-                operands >>= 1
-                k += 1
-            return m
-
-        for i, (kind, axes, size, repeat, operands, own) in enumerate(colls):
-            self.colls.append(_Coll(kind, axes, size, repeat, real(operands, own), start + i))
+        real = self._append_replayed(colls, entering)
         self._last_outs = [real(operands, own) for operands, own in outs]
 
     # A repeated top-level stretch's tape (einshard.analysis.program.segment_memo) keeps each collective's and
@@ -254,22 +242,31 @@ class DependencyWalker(Walker):
     def segment_replay(self, extra: Any, copy: Any) -> None:
         colls, masks = extra
         entering = [self.masks.get(id(v), 0) for v in copy.entering]
+        real = self._append_replayed(colls, entering)
+        for tok, operands, own in masks:
+            self.masks[id(copy.value(tok))] = real(operands, own)
+
+    def _append_replayed(self, colls: Any, entering: list[int]) -> Callable[[int, int], int]:
+        """Append a tape's collectives with their dependency masks made real here; returns that reading.
+
+        A tape keeps each mask as (the entering values it depends on, as bits ``operands``; the tape's own
+        collectives, as bits ``own`` counted from the tape's first): here the own bits move to where the tape's
+        collectives now start and the entering values' masks are or-ed in."""
         start = len(self.colls)
 
         def real(operands: int, own: int) -> int:
-            out = own << start
+            mask = own << start
             k = 0
             while operands:
                 if operands & 1:
-                    out |= entering[k]
+                    mask |= entering[k]
                 operands >>= 1
                 k += 1
-            return out
+            return mask
 
         for i, (kind, axes, size, repeat, operands, own) in enumerate(colls):
             self.colls.append(_Coll(kind, axes, size, repeat, real(operands, own), start + i))
-        for tok, operands, own in masks:
-            self.masks[id(copy.value(tok))] = real(operands, own)
+        return real
 
     def combined(self, profile: Any, sizes: dict[str, int]) -> CombinedCollectives:
         """Greedy grouping in program order; α charged once per group (per repeat)."""
