@@ -55,7 +55,9 @@ def relabelings(costs: Costs, current: Assign) -> list[Assign]:
     index = [{c.dims: i for i, c in enumerate(cs)} for cs in cands]
     now = [cands[k][c].dims for k, c in enumerate(current)]
     axes = [m for m, n in costs.sizes.items() if n > 1]
-    rank = {m: i for i, m in enumerate(axes)}
+    # Every mesh axis has a rank: a user's preset may name a size-1 axis (plan(presets=) layouts join the
+    # candidates), which the moves below never choose but must still be able to sort.
+    rank = {m: i for i, m in enumerate(costs.sizes)}
     options = sorted({d for cs in cands for c in cs for d in c.dims})
     out: list[Assign] = []
 
