@@ -121,6 +121,9 @@ def test_plan_on_a_tpu_target_fits_by_the_compilers_numbers_where_replicated_doe
     assert chosen.fits and chosen.fits_hbm and chosen.compiled_memory <= budget
     assert chosen.predicted_kinds and sum(chosen.compiled_kinds.values()) == chosen.compiled_count
     assert str(result).count("fits HBM") == len(result.verification)
+    # The text names whose compiler checked the plan (not "XLA": this machine's XLA never ran it).
+    assert f"verified with TPU compiler ({target.topology_name})" in str(result).splitlines()[0]
+    assert f"\nverified with TPU compiler ({target.topology_name}) (" in result.explanation
     # The replicated layout, compiled by the same compiler: over the budget (parameters, gradients and Adam's
     # two moments whole on every chip).
     mesh = target_mesh(target, target.default_mesh())

@@ -646,7 +646,7 @@ def _verification_note(verification: tuple[Verified, ...], complete: bool, predi
     why = "" if complete else "the model is incomplete, "
     chosen = next(v for v in verification if v.chosen)
     first = next(v for v in verification if v.label == predicted_first)
-    line = f"verified with XLA ({why}{len(verification)} candidates compiled, shapes only): "
+    line = f"verified with {chosen.compiler or 'XLA'} ({why}{len(verification)} candidates compiled, shapes only): "
     if chosen is first:
         return line + f"the compiler agrees on {chosen.label}\n"
     return line + (

@@ -157,7 +157,7 @@ class LayoutPlan:
     def __str__(self) -> str:
         budget = human_bytes(self.memory_budget) if self.memory_budget is not None else "none"
         profile = getattr(self.report.profile, "name", self.report.profile)
-        checked = ", verified with XLA" if self.verification else ""
+        checked = f", verified with {_compiler(self.verification)}" if self.verification else ""
         if not self.report.complete:
             checked = f", INCOMPLETE model (no layout rule for {', '.join(self.report.unfollowed)}){checked}"
         lines = [
@@ -179,12 +179,17 @@ class LayoutPlan:
             lines.append("alternatives:")
             lines += ["  " + a.line() for a in self.alternatives]
         if self.verification:
-            lines.append("verified with XLA (predicted -> compiled; * the plan):")
+            lines.append(f"verified with {_compiler(self.verification)} (predicted -> compiled; * the plan):")
             lines += ["  " + v.line() for v in self.verification]
         lines.append(
             f"searched {self.evaluated} of {self.space} assignments ({self.method}) in {self.planning_s:.2f} s"
         )
         return "\n".join(lines)
+
+
+def _compiler(verification: tuple[Any, ...]) -> str:
+    """Whose compiler checked the candidates: XLA on this machine's devices, or a target's (the TPU compiler)."""
+    return next((v.compiler for v in verification if v.compiler), "XLA")
 
 
 def _compiled_summary(verification: tuple[Any, ...]) -> str:

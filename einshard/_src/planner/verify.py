@@ -144,7 +144,10 @@ class Verified:
             + (
                 ""
                 if self.predicted_kinds == self.compiled_kinds
-                else f"\n      kinds {_kinds(self.predicted_kinds)} -> {_kinds(self.compiled_kinds)} ({self.compiler})"
+                # explain names each collective it predicts; the compiled program runs XLA's combined ones (a
+                # tuple-shaped all-reduce counted once), as the ``collectives`` count above does on both sides.
+                else f"\n      kinds {_kinds(self.predicted_kinds)} before combining -> {_kinds(self.compiled_kinds)} "
+                f"compiled ({self.compiler})"
             )
         )
 
