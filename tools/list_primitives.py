@@ -1,4 +1,4 @@
-"""Write the primitives that jax.numpy, jax.nn, lax, optax, Flax and Equinox emit in training steps.
+"""Write the primitives that jax.numpy, jax.nn, lax, optax, Flax, Equinox and Keras 3 emit in training steps.
 
 Run from the repository root (8 CPU devices are not needed: nothing is compiled)::
 
@@ -6,10 +6,12 @@ Run from the repository root (8 CPU devices are not needed: nothing is compiled)
 
 Two sources, both traced with ``jax.make_jaxpr`` (forward and ``jax.grad`` of a sum, sub-jaxprs walked):
 
-* a sweep over every public function of ``jax.numpy``, ``jax.nn``, ``jax.lax`` and ``optax``'s losses that
-  accepts one float array (or two, or an array and an ``axis``): what they emit without hand-picked arguments;
+* a sweep over every public function of ``jax.numpy``, ``jax.nn``, ``jax.lax``, ``optax``'s losses and
+  ``keras.ops`` (``KERAS_BACKEND=jax``) that accepts one float array (or two, or an array and an ``axis`` or a
+  count of 2: ``jnp.tile(x, 2)``, ``jnp.repeat(x, 2)``): what they emit without hand-picked arguments;
 * the building blocks of training steps that take structured arguments (convolutions, pooling, attention,
-  top-k routing, rotary embeddings, scans, remat, loops, branches, Flax and Equinox layers, optax updates).
+  top-k routing, rotary embeddings, scans, remat, loops, branches, Flax (nnx and linen), Equinox and Keras
+  layers, optax updates).
 
 The result is data (a sorted list with the sources that emit each primitive), read by
 ``einshard._src.analysis.program.coverage`` and docs/coverage.md's test.
@@ -90,7 +92,8 @@ def sweep(module: Any, prefix: str) -> dict[str, set[str]]:
     """Call every public function of ``module`` on generic float arguments; keep what traces."""
     x = jnp.linspace(0.1, 0.9, 32, dtype=jnp.float32).reshape(4, 8)
     y = x[::-1] + 0.5
-    attempts: list[tuple[Any, ...]] = [(x,), (x, y), (x, 1), (x, x[0])]
+    # (x, 2) after (x, 1): a count of 1 is an identity for tile/repeat-like functions, which then emit nothing.
+    attempts: list[tuple[Any, ...]] = [(x,), (x, y), (x, 1), (x, x[0]), (x, 2)]
     out: dict[str, set[str]] = {}
     for name in sorted(dir(module)):
         if name.startswith("_") or name in SKIP:
@@ -105,6 +108,8 @@ def sweep(module: Any, prefix: str) -> dict[str, set[str]]:
                     prims = trace(fn, *args)
             except Exception:
                 continue
+            if not prims and args is not attempts[-1]:
+                continue  # emitted nothing (an identity at these arguments): try the next
             out[f"{prefix}.{name}"] = prims
             break
     return out
@@ -213,18 +218,107 @@ def blocks() -> dict[str, Callable[[], set[str]]]:
             norm = eqx.nn.LayerNorm(16)
             rms = eqx.nn.RMSNorm(16)
             gru = eqx.nn.GRUCell(16, 16, key=key)
+            lstm = eqx.nn.LSTMCell(16, 16, key=key)
+            rope = eqx.nn.RotaryPositionalEmbedding(4)
+            emb = eqx.nn.Embedding(10, 16, key=key)
+            avg = eqx.nn.AdaptiveAvgPool2d((2, 2))
+            group = eqx.nn.GroupNorm(2, 6)
+            mlp = eqx.nn.MLP(16, 16, 32, 2, key=key)
 
             def f(x: Any, s: Any) -> Any:
                 h = pool(conv_l(x))
-                a = jax.vmap(norm)(mha(s, s, s)) + jax.vmap(rms)(s)
-                return h.sum() + a.sum() + gru(s[0], s[1]).sum()
+                h = group(h).sum() + avg(h).sum()
+
+                def heads(q: Any, k: Any, v: Any) -> Any:  # rotary on each head, as eqx's docs show
+                    turn = jax.vmap(rope, in_axes=1, out_axes=1)
+                    return turn(q), turn(k), v
+
+                a = jax.vmap(norm)(mha(s, s, s, process_heads=heads)) + jax.vmap(rms)(s)
+                e = jax.vmap(emb)(jnp.arange(8) % 10) + jax.vmap(mlp)(s)
+                c, m = lstm(s[0], (s[1], s[2]))
+                return h + a.sum() + e.sum() + gru(s[0], s[1]).sum() + c.sum() + m.sum()
 
             return trace(f, jnp.ones((4, 8, 8), f32), jnp.ones((8, 16), f32))
 
-        out["equinox.nn layers (Conv2d, MaxPool2d, MultiheadAttention, LayerNorm, RMSNorm, GRUCell)"] = eqx_model
+        out[
+            "equinox.nn layers (Conv2d, MaxPool2d, AdaptiveAvgPool2d, GroupNorm, MultiheadAttention with "
+            "RotaryPositionalEmbedding, LayerNorm, RMSNorm, Embedding, MLP, GRUCell, LSTMCell)"
+        ] = eqx_model
     except ImportError:
         pass
+    try:
+        import flax.linen as nn
+
+        class _LinenBlock(nn.Module):
+            @nn.compact
+            def __call__(self, x: Any, _: Any) -> Any:
+                y = nn.LayerNorm()(x)
+                x = x + nn.SelfAttention(num_heads=2, qkv_features=16)(y)
+                y = nn.RMSNorm()(x)
+                return x + nn.Dense(16)(nn.gelu(nn.Dense(32)(y))), None
+
+        class _LinenNet(nn.Module):
+            @nn.compact
+            def __call__(self, x: Any, img: Any) -> Any:
+                scan = nn.scan(nn.remat(_LinenBlock), variable_axes={"params": 0}, split_rngs={"params": True}, length=2)
+                h = scan()(x, None)[0]
+                c = nn.Conv(6, (3, 3), strides=2)(img)
+                c = nn.GroupNorm(num_groups=2)(nn.avg_pool(c, (2, 2), (2, 2)))
+                return h.sum() + c.sum()
+
+        def linen_model() -> set[str]:
+            net = _LinenNet()
+            x = jnp.ones((2, 8, 16), f32)
+            variables = net.init(jax.random.PRNGKey(0), x, img)
+            return trace(lambda v, a, b: net.apply(v, a, b), variables, x, img)
+
+        out["flax.linen layers (nn.scan of nn.remat blocks, SelfAttention, Dense, LayerNorm, RMSNorm, Conv, GroupNorm, avg_pool)"] = (
+            linen_model
+        )
+    except ImportError:
+        pass
+    out |= _keras_blocks()
     return out
+
+
+def _keras_blocks() -> dict[str, Callable[[], set[str]]]:
+    """Keras 3 layers on the JAX backend, called through ``stateless_call`` (as a JAX training step runs them)."""
+    if os.environ.get("KERAS_BACKEND", "jax") != "jax":
+        return {}
+    os.environ["KERAS_BACKEND"] = "jax"
+    try:
+        import keras
+    except ImportError:
+        return {}
+    f32 = jnp.float32
+
+    def keras_model() -> set[str]:
+        tokens = keras.Input((8,), dtype="int32")
+        h = keras.layers.Embedding(10, 16)(tokens)
+        h = keras.layers.LayerNormalization()(h + keras.layers.MultiHeadAttention(2, 8)(h, h))
+        h = keras.layers.Dense(32, activation="gelu")(h)
+        h = keras.layers.Dropout(0.1)(keras.layers.Dense(16)(h))
+        g = keras.layers.GRU(8)(h)
+        img = keras.Input((8, 8, 3))
+        c = keras.layers.Conv2D(6, 3, padding="same")(img)
+        c = keras.layers.BatchNormalization()(c)
+        c = keras.layers.MaxPooling2D()(keras.layers.ReLU()(c))
+        c = keras.layers.GlobalAveragePooling2D()(keras.layers.DepthwiseConv2D(3, padding="same")(c))
+        model = keras.Model([tokens, img], keras.layers.Concatenate()([g, c]))
+
+        def f(trainable: Any, non_trainable: Any, t: Any, i: Any) -> Any:
+            out, _ = model.stateless_call(trainable, non_trainable, [t, i], training=True)
+            return out
+
+        trainable = [v.value for v in model.trainable_variables]
+        frozen = [v.value for v in model.non_trainable_variables]
+        t = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 10
+        return trace(f, trainable, frozen, t, jnp.ones((2, 8, 8, 3), f32))
+
+    return {
+        "keras layers (Embedding, MultiHeadAttention, LayerNormalization, Dense, Dropout, GRU, Conv2D, "
+        "BatchNormalization, MaxPooling2D, DepthwiseConv2D, GlobalAveragePooling2D)": keras_model
+    }
 
 
 def collect() -> dict[str, list[str]]:
@@ -239,6 +333,13 @@ def collect() -> dict[str, list[str]]:
         by_source |= sweep(optax.losses, "optax.losses")
     except ImportError:
         pass
+    if os.environ.setdefault("KERAS_BACKEND", "jax") == "jax":
+        try:
+            import keras
+
+            by_source |= sweep(keras.ops, "keras.ops")
+        except ImportError:
+            pass
     for name, make in blocks().items():
         by_source[name] = make()
     by_prim: dict[str, set[str]] = {}

@@ -8,7 +8,8 @@ shape ops (:mod:`.rules_structural`), ``dot_general``/gather/scatter
 flow, shard_map regions and explicit placement (:mod:`.rules_control`), ops that
 read along a whole axis (:mod:`.rules_ordering`: sort, top_k, cumulative ops,
 split...), windows (:mod:`.rules_windows`: convolutions, pooling) and loops and
-branches (:mod:`.rules_loops`); :mod:`.coverage` lists them per primitive.
+branches (:mod:`.rules_loops`), tiling, matrix factorisations and Fourier transforms
+(:mod:`.rules_linalg`); :mod:`.coverage` lists them per primitive.
 Where a value's layout must change the collective comes from the analyzer's
 ``transition``.  Operations with no rule are listed by name in the report,
 never silently guessed.
@@ -24,6 +25,7 @@ from __future__ import annotations
 from . import (  # noqa: F401
     rules_control,
     rules_indexing,
+    rules_linalg,
     rules_loops,
     rules_ordering,
     rules_structural,

@@ -57,7 +57,7 @@ __all__ = ["peak_bytes", "peak_caveat", "PeakCache", "SCRATCH", "window_scratch"
 
 # Ops XLA fuses into one loop with their elementwise producers (loop and input fusion), with the reductions
 # (values.REDUCTIONS).
-_FUSING_SHAPE_OPS = {"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose"}
+_FUSING_SHAPE_OPS = {"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "tile"}
 # Ops that read or write whole buffers, or leave the loop (scans, cumulative ops, random bits).
 _NOT_FUSED = {
     "cumsum",
@@ -84,7 +84,10 @@ def _loop_body(eqn: Any) -> Any:
 
 
 def _fusible_elementwise() -> frozenset[str]:
-    return frozenset(ELEMENTWISE - _NOT_FUSED) | {"broadcast_in_dim", "iota"}
+    # tile is a broadcast to (repeats, size) and a reshape in XLA: fused as a broadcast is.  A reshape, squeeze
+    # or expand_dims is a bitcast of its operand, computed inside its one reader's fusion as XLA does (the
+    # gradient of a tile or a broadcast: the cotangent reshaped to (repeats, size) and summed, one fusion).
+    return frozenset(ELEMENTWISE - _NOT_FUSED) | {"broadcast_in_dim", "iota", "tile", "reshape", "squeeze", "expand_dims"}
 
 
 def _fusing() -> frozenset[str]:
