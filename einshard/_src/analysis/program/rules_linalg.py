@@ -87,7 +87,7 @@ def fft(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list
     src, out_aval = ins[0], eqn.outvars[0].aval
     if is_free(src):
         return [w.free(out_aval)]
-    whole = [() for _ in src.dims]
+    whole: list[tuple[str, ...]] = [() for _ in src.dims]
     _gather_minor_first(w, eqn, phase, src, whole, eqn.invars[0].aval.dtype, repeat, "fft gathers its operand")
     # The result is sliced back to the operand's splits wherever its axis kept its length (a real transform's
     # last axis, n -> n/2 + 1, does not: that axis stays whole).
