@@ -34,6 +34,7 @@ def plan_for(
     verify: int | None = None,
     presets: dict[str, Any] | None = None,
     memory_budget: int | None = None,
+    search: Any = None,
 ) -> Any:
     """einshard.plan on the Explicit (4, 2) mesh (only shapes matter), the step a training loop runs."""
     return einshard.plan(
@@ -44,6 +45,7 @@ def plan_for(
         verify=verify,
         presets=presets,
         memory_budget=memory_budget,
+        search=search,
     )
 
 
