@@ -11,6 +11,12 @@
 Writes benchmarks/results/external.json.
 
     python benchmarks/bench_external.py [--rounds 40] [--repeats 3] [--only kh_llama,hk_stack] [--skip-analysis]
+    python benchmarks/bench_external.py --scale large [--rounds 20] [--only hk_stack]
+
+``--scale large`` measures the families' planning size (``external_corpus.families.LARGE``: a step that replicated
+is slow enough that the plan must split): the plan, the plan under a memory budget that replicated parameters
+exceed (``plan_budget``), every hand layout (with ``dp_all`` / ``fsdp_all`` over both mesh axes) and the
+everything-replicated reference; writes benchmarks/results/external_large.json/.md and docs/planner.md's block.
 
 ``--only`` re-measures the named families' step times and keeps the other rows of external.json (each family is
 minutes of planning and compiling on a shared 2-core machine).  The noise of a median is reported as the
@@ -38,13 +44,29 @@ sys.path.insert(0, str(ROOT / "tests"))
 import jax  # noqa: E402
 from external_corpus import specs_for  # noqa: E402
 from external_corpus.compare import mesh_of  # noqa: E402
-from external_corpus.families import FAMILIES  # noqa: E402
-from external_corpus.planning import PLANNED, compiled, layouts, plan_for, step_of  # noqa: E402
+from external_corpus.families import FAMILIES, LARGE  # noqa: E402
+from external_corpus.planning import (  # noqa: E402
+    PLANNED,
+    compiled,
+    hand_layouts_that_fit,
+    layouts,
+    plan_for,
+    step_of,
+    tight_budget,
+    worse_than_hand,
+)
 
 import einshard  # noqa: E402
 from einshard._src.analysis.program import trace  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "external.json"
+LARGE_OUT = ROOT / "benchmarks" / "results" / "external_large.json"
+LARGE_TABLE = ROOT / "benchmarks" / "results" / "external_large.md"
+PLANNER_DOC = ROOT / "docs" / "planner.md"
+LARGE_START, LARGE_END = (
+    "<!-- planner-large-bench: start (benchmarks/bench_external.py --scale large) -->",
+    "<!-- planner-large-bench: end -->",
+)
 TABLE = ROOT / "benchmarks" / "results" / "external.md"
 DOC = ROOT / "docs" / "analysis.md"
 START, END = (
@@ -53,14 +75,28 @@ START, END = (
 )
 
 
-def step_times(name: str, rounds: int) -> dict[str, Any]:
-    fam = FAMILIES[name]()
+def step_times(name: str, rounds: int, scale: str = "tiny") -> dict[str, Any]:
+    fam = (FAMILIES if scale == "tiny" else LARGE)[name]()
     plan = plan_for(fam)
     candidates = layouts(fam, plan)
     # Every parameter and the batch replicated: no collective, every device computes the whole step.  Not a hand
     # layout anyone would write for a large model, but the reference that says whether a plan replicating
     # everything (what the cost model picks when collectives cost more than the FLOPs they save) is right here.
     candidates["replicated"] = jax.tree.map(_unsplit, candidates["dp"])
+    budgeted: dict[str, Any] = {}
+    if scale != "tiny":
+        # Also planned under a memory budget that replicated parameters exceed: fsdp / tp are forced, and the
+        # plan is compared with the hand layouts that fit the budget (by the planner's memory model).
+        budget = tight_budget(fam)
+        plan_b = plan_for(fam, memory_budget=budget)
+        candidates["plan_budget"] = layouts(fam, plan_b)["plan"]
+        budgeted = {
+            "memory_budget": budget,
+            "plan_budget_fits": plan_b.fits,
+            "plan_budget_rules": plan_b.rules,
+            "plan_budget_data_rules": list(plan_b.data_rules),
+            "hand_layouts_that_fit": sorted(hand_layouts_that_fit(fam, budget)),
+        }
     costs = {label: compiled(fam, exprs) for label, exprs in candidates.items()}
     runs = {}
     for label, c in costs.items():
@@ -77,15 +113,24 @@ def step_times(name: str, rounds: int) -> dict[str, Any]:
             jax.block_until_ready(fn(*args))
             samples[label].append(time.perf_counter() - t)
     med = {label: statistics.median(s) for label, s in samples.items()}
-    hand = [k for k in med if k not in ("plan", "replicated")]
+    hand = [k for k in med if k not in NOT_HAND]
     best_label = min(hand, key=med.__getitem__)
     best_hand = med[best_label]
+    fitting = [k for k in hand if k in budgeted.get("hand_layouts_that_fit", ())]
+    if fitting:
+        budgeted["best_fitting_hand"] = min(fitting, key=med.__getitem__)
+        budgeted["plan_budget_to_best_fitting_hand"] = med["plan_budget"] / med[budgeted["best_fitting_hand"]]
+        budgeted["xla_bytes_worse_than_fitting_hand"] = worse_than_hand(
+            {"plan": costs["plan_budget"]} | {k: costs[k] for k in fitting}
+        )
     return {
         "best_hand": best_label,
         "rounds": rounds,
         "plan_rules": plan.rules,
         "plan_data_rules": list(plan.data_rules),
         "plan_complete": plan.report.complete,
+        "xla_bytes_worse_than_hand": worse_than_hand({k: costs[k] for k in costs if k not in NOT_HAND or k == "plan"}),
+        **budgeted,
         "layouts": {
             label: {
                 "median_s": med[label],
@@ -99,6 +144,10 @@ def step_times(name: str, rounds: int) -> dict[str, Any]:
             for label in labels
         },
     }
+
+
+# Layouts in the step-time table that are not hand layouts: the plans and the everything-replicated reference.
+NOT_HAND = ("plan", "plan_budget", "replicated")
 
 
 def _unsplit(expr: str) -> str:
@@ -192,6 +241,74 @@ def write_doc(text: str) -> None:
     TABLE.write_text("# The planner against hand layouts on the external corpus\n\n" + body + "\n")
 
 
+def large_summary(result: dict[str, Any]) -> str:
+    """docs/planner.md's generated block: the large families' step times, with and without a memory budget."""
+    lines = [LARGE_START, f"Measured on {result['machine']} (jax {result['jax']}); {result['load']}.", ""]
+    lines += [
+        "| family | layout | XLA bytes/device | XLA collectives | XLA MFLOP/device | median step | ± noise | "
+        "vs best hand |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    for name, row in result["step_time"].items():
+        for k, c in row["layouts"].items():
+            lines.append(
+                f"| {name} | {k} | {c['xla_comm_bytes'] / 1e3:.0f} kB | {c['xla_collectives']} | "
+                f"{c['xla_flops'] / 1e6:.0f} | {c['median_s'] * 1e3:.1f} ms | {c['noise'] * 100:.0f}% | "
+                f"{c['ratio_to_best_hand']:.2f}× |"
+            )
+        beaten = row["xla_bytes_worse_than_hand"]
+        notes.append(
+            f"- {name}: {row['rounds']} rounds; the plan vs the fastest hand layout ({row['best_hand']}): "
+            f"{row['layouts']['plan']['ratio_to_best_hand']:.2f}×; hand layouts sending >10% fewer XLA bytes at no "
+            f"more FLOPs: {', '.join(beaten) or 'none'}."
+        )
+        if "memory_budget" in row:
+            fit = ", ".join(row["hand_layouts_that_fit"]) or "none"
+            line = (
+                f"- {name} under a budget of {row['memory_budget'] / 2**20:.1f} MiB/device (halfway between the "
+                f"planner's fsdp and dp presets; hand layouts that fit it: {fit}): plan_budget"
+            )
+            if "best_fitting_hand" in row:
+                worse = ", ".join(row["xla_bytes_worse_than_fitting_hand"]) or "none"
+                line += (
+                    f" {row['plan_budget_to_best_fitting_hand']:.2f}× the fastest of them "
+                    f"({row['best_fitting_hand']}); fitting hand layouts sending >10% fewer XLA bytes at no more "
+                    f"FLOPs: {worse}."
+                )
+            notes.append(line)
+    lines += ["", *notes, "", LARGE_END]
+    return "\n".join(lines)
+
+
+def write_large_doc(text: str) -> None:
+    doc = PLANNER_DOC.read_text()
+    head, rest = doc.split(LARGE_START, 1)
+    PLANNER_DOC.write_text(head + text + rest.split(LARGE_END, 1)[1])
+    body = text.removeprefix(LARGE_START).removesuffix(LARGE_END).strip()
+    LARGE_TABLE.write_text("# The planner against hand layouts on the large external families\n\n" + body + "\n")
+
+
+def main_large(a: argparse.Namespace) -> None:
+    """``--scale large``: step times of the large families (external_large.json), the docs' block in planner.md."""
+    if a.doc_only:
+        write_large_doc(large_summary(json.loads(LARGE_OUT.read_text())))
+        return
+    old: dict[str, Any] = json.loads(LARGE_OUT.read_text()) if LARGE_OUT.exists() and a.only else {}
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    result: dict[str, Any] = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, 8 simulated CPU devices, mesh (data=4, model=2)",
+        "jax": jax.__version__,
+        "load": f"load average {load} at the start",
+        "step_time": {k: v for k, v in old.get("step_time", {}).items() if k in LARGE},
+    }
+    for name in a.only.split(",") if a.only else LARGE:
+        result["step_time"][name] = step_times(name, a.rounds, scale="large")
+        print(name, {k: round(v["ratio_to_best_hand"], 2) for k, v in result["step_time"][name]["layouts"].items()})
+        LARGE_OUT.write_text(json.dumps(result, indent=1, default=str))
+    write_large_doc(large_summary(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=40)
@@ -199,7 +316,17 @@ def main() -> None:
     parser.add_argument("--doc-only", action="store_true", help="regenerate the docs block from external.json")
     parser.add_argument("--only", default="", help="comma-separated families: re-measure their step times only")
     parser.add_argument("--skip-analysis", action="store_true", help="keep the analysis-cost rows of external.json")
+    parser.add_argument(
+        "--scale",
+        choices=("tiny", "large"),
+        default="tiny",
+        help="large: the families' planning size (external_corpus.families.LARGE), step times only, also under a "
+        "memory budget; writes external_large.json/.md and docs/planner.md's block",
+    )
     a = parser.parse_args()
+    if a.scale == "large":
+        main_large(a)
+        return
     if a.doc_only:
         write_doc(summary(json.loads(OUT.read_text())))
         return

@@ -134,3 +134,35 @@ def test_relabel_moves_change_every_group_on_the_same_axes_together():
     hybrid = at(((), ("model",)), (("model",), ()), (("data",), ()))
     assert at(((), ("data",)), (("data",), ()), (("model",), ())) in relabelings(costs, hybrid)
     assert hybrid not in relabelings(costs, hybrid)
+
+
+def test_a_relabel_onto_an_axis_the_batch_uses_frees_it_from_the_batch():
+    """Column-parallel w0, w1 over model with the batch over data: extending both splits onto data pays off only
+    with the batch replicated (tests/test_planner.py's brute-force draw [16, 256, 256], batch 1024, training,
+    budget 0.5, where the descent stopped at y@model); one relabel move does both."""
+    mesh = (MeshAxis("data", 2), MeshAxis("model", 4))
+    params = {"w0": jax.ShapeDtypeStruct((16, 256), jnp.float32), "w1": jax.ShapeDtypeStruct((256, 256), jnp.float32)}
+    groups, _ = param_groups(params, mesh)
+    groups = [
+        Group(g.pattern, g.display, g.names, g.shapes, g.leaves, g.nbytes, g.stacked, param_candidates(g, mesh, False))
+        for g in groups
+    ]
+    batch = Group("", "batch", (), ((1024, 16),), (), 0, False, batch_candidates([(1024, 16)], mesh), True)
+    costs: Any = type("Costs", (), {"groups": groups, "batch": batch, "sizes": {"data": 2, "model": 4}})()
+
+    def at(dims, batch_dims):
+        (c0,) = [i for i, c in enumerate(groups[0].candidates) if c.dims == dims]
+        (c1,) = [i for i, c in enumerate(groups[1].candidates) if c.dims == dims]
+        (b,) = [i for i, c in enumerate(batch.candidates) if c.dims == batch_dims]
+        return (c0, c1, b)
+
+    moves = relabelings(costs, at(((), ("model",)), (("data",), ())))
+    assert at(((), ("data", "model")), ((), ())) in moves
+    assert at(((), ("data", "model")), (("data",), ())) in moves  # the batch kept: the variant before
+
+
+def test_the_descent_reaches_a_split_over_both_axes_with_the_batch_replicated():
+    """The brute-force draw itself, through plan(): the descent's optimum is exhaustive search's."""
+    descent, exhaustive = descent_vs_exhaustive([16, 256, 256], 1024, {"data": 2, "model": 4}, "training", 0.5)
+    assert_optimal(descent, exhaustive, "training")
+    assert descent.data_rules[0]["^$"] == "b s -> b s"

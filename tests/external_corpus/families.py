@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from . import Family, haiku_stack, keras_hub_decoders, keras_hub_resnet, keras_hub_t5, keras_vit
 
@@ -13,4 +14,11 @@ FAMILIES: dict[str, Callable[[], Family]] = {
     "kh_t5": keras_hub_t5.t5,
     "hk_stack": haiku_stack.stack,
     "keras_vit": keras_vit.vit,
+}
+
+# The families with a "large" size for planning (each builder's SIZES): a step that replicated, computed whole on
+# each of the 8 simulated devices, is slow and large enough that data, tensor and fully sharded splits must win.
+LARGE: dict[str, Callable[[], Family]] = {
+    "kh_llama": partial(keras_hub_decoders.llama, "large"),
+    "hk_stack": partial(haiku_stack.stack, "large"),
 }

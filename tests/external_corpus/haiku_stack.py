@@ -7,6 +7,7 @@ along a leading layer axis ``L``.
 from __future__ import annotations
 
 from functools import cache
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,15 @@ import numpy as np
 
 from . import Family
 
-B, S, D, F, H, L = 8, 8, 32, 64, 2, 4
+Size = Literal["tiny", "large"]
+# (batch, seq, d_model, ff, heads, layers).  "tiny" is the corpus' explain check; "large" is for planning: a step
+# heavy enough in FLOPs and memory that computing it whole on each of the 8 simulated devices (everything
+# replicated) loses to data and tensor splits, so the planner has to split.
+SIZES: dict[str, tuple[int, int, int, int, int, int]] = {
+    "tiny": (8, 8, 32, 64, 2, 4),
+    "large": (32, 64, 256, 1024, 4, 4),
+}
+B, S, D, F, H, L = SIZES["tiny"]
 
 _X = "b s d -> b@data s d"
 # Megatron on stacked weights: (L, d, heads*key) query/key/value column-parallel, (L, heads*key, d) output and
@@ -28,28 +37,34 @@ _MEGATRON = (
     (r"mlp/~/linear_1'\]\['w", "l f d -> l f@model d"),
 )
 _FSDP = ((r"'w'", "l a b -> l a@data b"),)
+# Data parallel and FSDP over the whole mesh (the "large" size's extra hand layouts).
+_X_ALL = "b s d -> b@(data,model) s d"
+_FSDP_ALL = ((r"'w'", "l a b -> l a@(data,model) b"),)
 
 
-def _forward(x: jax.Array) -> jax.Array:
+def _forward(x: jax.Array, d: int, f: int, heads: int, layers: int) -> jax.Array:
     import haiku as hk
 
     def block(h: jax.Array) -> jax.Array:
         y = hk.LayerNorm(-1, create_scale=True, create_offset=True)(h)
-        h = h + hk.MultiHeadAttention(num_heads=H, key_size=D // H, w_init=hk.initializers.VarianceScaling())(y, y, y)
+        h = h + hk.MultiHeadAttention(num_heads=heads, key_size=d // heads, w_init=hk.initializers.VarianceScaling())(
+            y, y, y
+        )
         y = hk.LayerNorm(-1, create_scale=True, create_offset=True)(h)
-        return h + hk.nets.MLP([F, D], activation=jax.nn.gelu)(y)
+        return h + hk.nets.MLP([f, d], activation=jax.nn.gelu)(y)
 
-    return hk.layer_stack(L)(hk.remat(block))(x)
+    return hk.layer_stack(layers)(hk.remat(block))(x)
 
 
 @cache
-def stack() -> Family:
+def stack(size: Size = "tiny") -> Family:
     import haiku as hk
 
-    model = hk.without_apply_rng(hk.transform(_forward))
+    b, s, d, f, heads, layers = SIZES[size]
+    model = hk.without_apply_rng(hk.transform(lambda x: _forward(x, d, f, heads, layers)))
     rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.normal(size=(B, S, D)), jnp.float32)
-    y = jnp.asarray(rng.normal(size=(B, S, D)), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(b, s, d)), jnp.float32)
+    y = jnp.asarray(rng.normal(size=(b, s, d)), jnp.float32)
     params = model.init(jax.random.key(0), x)
 
     def loss(p, batch):
@@ -58,4 +73,8 @@ def stack() -> Family:
 
     rules = {"dp": (), "tp": _MEGATRON, "dp_tp": _MEGATRON, "fsdp": _FSDP}
     batch_rules = {"dp": (_X, _X), "tp": ("b s d -> b s d",) * 2, "dp_tp": (_X, _X), "fsdp": (_X, _X)}
-    return Family("hk_stack", "dm-haiku", "scan-remat", loss, params, (x, y), rules, batch_rules)
+    if size != "tiny":  # what a user with 8 devices and a step this size writes too: both mesh axes for the batch
+        rules |= {"dp_all": (), "fsdp_all": _FSDP_ALL}
+        batch_rules |= {"dp_all": (_X_ALL, _X_ALL), "fsdp_all": (_X_ALL, _X_ALL)}
+    name = "hk_stack" if size == "tiny" else f"hk_stack_{size}"
+    return Family(name, "dm-haiku", "scan-remat", loss, params, (x, y), rules, batch_rules)

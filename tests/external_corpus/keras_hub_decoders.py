@@ -8,6 +8,7 @@ Hand layouts are what a user writes for keras-hub's kernel shapes: query ``(d, h
 from __future__ import annotations
 
 from functools import cache
+from typing import Literal
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,16 @@ import optax
 from . import Family
 from ._keras import pure_loss
 
-V, D, F, H, KV, S, B, E, K = 64, 32, 64, 4, 2, 8, 8, 4, 2
+Size = Literal["tiny", "large"]
+# (vocab, d_model, ff, query heads, kv heads, seq, batch, layers).  "tiny" is the corpus' explain check; "large"
+# is for planning: heavy enough in FLOPs and memory that each of the 8 simulated devices computing the whole
+# step (everything replicated) loses to data and tensor splits.
+SIZES: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
+    "tiny": (64, 32, 64, 4, 2, 8, 8, 1),
+    "large": (1024, 256, 1024, 8, 4, 64, 32, 2),
+}
+V, D, F, H, KV, S, B, _ = SIZES["tiny"]
+E, K = 4, 2
 
 _TOKENS = "b s -> b@data s"
 _DATA = ({"token_ids": _TOKENS, "padding_mask": _TOKENS}, _TOKENS)
@@ -34,11 +44,18 @@ _FSDP = (
     (r"", "a b -> a@data b"),
 )
 _EP = ((r"experts/", "e a b -> e@data a b"),)
+# Data parallel and FSDP over the whole mesh (the "large" size's extra hand layouts).
+_TOKENS_ALL = "b s -> b@(data,model) s"
+_DATA_ALL = ({"token_ids": _TOKENS_ALL, "padding_mask": _TOKENS_ALL}, _TOKENS_ALL)
+_FSDP_ALL = (
+    (r"", "a b c -> a@(data,model) b c"),
+    (r"", "a b -> a@(data,model) b"),
+)
 
 
-def _batch(rng: np.random.Generator) -> tuple[dict, jnp.ndarray]:
-    tokens = jnp.asarray(rng.integers(0, V, (B, S)), jnp.int32)
-    return {"token_ids": tokens, "padding_mask": jnp.ones((B, S), jnp.int32)}, jnp.roll(tokens, -1, axis=1)
+def _batch(rng: np.random.Generator, vocab: int, batch: int, seq: int) -> tuple[dict, jnp.ndarray]:
+    tokens = jnp.asarray(rng.integers(0, vocab, (batch, seq)), jnp.int32)
+    return {"token_ids": tokens, "padding_mask": jnp.ones((batch, seq), jnp.int32)}, jnp.roll(tokens, -1, axis=1)
 
 
 def _lm_head(out, p, labels):
@@ -46,32 +63,40 @@ def _lm_head(out, p, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def _family(name: str, kind: str, model, ep: bool) -> Family:
+def _family(name: str, kind: str, model, ep: bool, size: Size = "tiny") -> Family:
     loss, params = pure_loss(model, _lm_head)
     rules = {"dp": (), "tp": _MEGATRON, "dp_tp": _MEGATRON, "fsdp": _FSDP}
     batch_rules = {"dp": _DATA, "tp": _WHOLE, "dp_tp": _DATA, "fsdp": _DATA}
     if ep:
         rules["ep"] = _EP
         batch_rules["ep"] = _DATA
-    return Family(name, "keras-hub", kind, loss, params, _batch(np.random.default_rng(0)), rules, batch_rules)
+    if size != "tiny":  # what a user with 8 devices and a step this size writes too: both mesh axes for the batch
+        rules |= {"dp_all": (), "fsdp_all": _FSDP_ALL}
+        batch_rules |= {"dp_all": _DATA_ALL, "fsdp_all": _DATA_ALL}
+    v, _, _, _, _, s, b, _ = SIZES[size]
+    batch = _batch(np.random.default_rng(0), v, b, s)
+    return Family(
+        name if size == "tiny" else f"{name}_{size}", "keras-hub", kind, loss, params, batch, rules, batch_rules
+    )
 
 
 @cache
-def llama() -> Family:
+def llama(size: Size = "tiny") -> Family:
     import keras
     import keras_hub
 
+    v, d, f, h, kv, _, _, layers = SIZES[size]
     keras.utils.set_random_seed(0)
     model = keras_hub.models.LlamaBackbone(
-        vocabulary_size=V,
-        num_layers=1,
-        num_query_heads=H,
-        hidden_dim=D,
-        intermediate_dim=F,
-        num_key_value_heads=KV,
+        vocabulary_size=v,
+        num_layers=layers,
+        num_query_heads=h,
+        hidden_dim=d,
+        intermediate_dim=f,
+        num_key_value_heads=kv,
         dtype="float32",
     )
-    return _family("kh_llama", "rotary-gqa", model, ep=False)
+    return _family("kh_llama", "rotary-gqa", model, ep=False, size=size)
 
 
 @cache

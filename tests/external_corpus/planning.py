@@ -29,11 +29,46 @@ def step_of(family: Family) -> Any:
     return jax.value_and_grad(family.loss)
 
 
-def plan_for(family: Family, verify: int | None = None, presets: dict[str, Any] | None = None) -> Any:
+def plan_for(
+    family: Family,
+    verify: int | None = None,
+    presets: dict[str, Any] | None = None,
+    memory_budget: int | None = None,
+    search: Any = None,
+) -> Any:
     """einshard.plan on the Explicit (4, 2) mesh (only shapes matter), the step a training loop runs."""
     return einshard.plan(
-        step_of(family), family.params, family.batch, mesh=mesh_of("explicit"), verify=verify, presets=presets
+        step_of(family),
+        family.params,
+        family.batch,
+        mesh=mesh_of("explicit"),
+        verify=verify,
+        presets=presets,
+        memory_budget=memory_budget,
+        search=search,
     )
+
+
+def tight_budget(family: Family) -> int:
+    """A memory budget (bytes per device) halfway between the planner's fsdp and dp presets: replicated
+    parameters with their optimizer state do not fit, so the plan must shard them (fsdp, tp, or both)."""
+    starts = einshard.plan(
+        step_of(family),
+        family.params,
+        family.batch,
+        mesh=mesh_of("explicit"),
+        search=einshard.planner.SearchOptions(exhaustive_limit=0, max_evaluations=1),
+    )
+    memory = {a.label: a.memory_bytes for a in starts.alternatives}
+    return (memory["preset dp"] + memory["preset fsdp"]) // 2
+
+
+def hand_layouts_that_fit(family: Family, memory_budget: int) -> set[str]:
+    """The hand layouts whose memory, as the planner prices it (the step's peak + Adam state), is in the budget."""
+    plan = plan_for(family, presets=hand_presets(family), memory_budget=memory_budget)
+    return {
+        a.label.removeprefix("preset hand_") for a in plan.alternatives if a.label.startswith("preset hand_") and a.fits
+    }
 
 
 def _exact_rules(tree: Any) -> dict[str, str]:
@@ -99,13 +134,15 @@ def compiled(family: Family, exprs: tuple[Any, Any]) -> dict[str, Any]:
     }
 
 
-def worse_than_hand(costs: dict[str, dict[str, Any]]) -> list[str]:
-    """Hand layouts that beat the plan by XLA's bytes beyond the tolerance while computing no more FLOPs."""
+def worse_than_hand(costs: dict[str, dict[str, Any]], eligible: set[str] | None = None) -> list[str]:
+    """Hand layouts that beat the plan by XLA's bytes beyond the tolerance while computing no more FLOPs
+    (``eligible``: only those, e.g. the hand layouts that fit the plan's memory budget)."""
     mine = costs["plan"]
     return [
         f"{name}: {c['comm_bytes']:.0f} B, {c['flops']:.0f} FLOPs vs plan {mine['comm_bytes']:.0f} B, {mine['flops']:.0f}"
         for name, c in costs.items()
         if name != "plan"
+        and (eligible is None or name in eligible)
         and c["flops"] <= mine["flops"] * 1.01
         and c["comm_bytes"] * (1 + BYTES_TOLERANCE) < mine["comm_bytes"]
     ]

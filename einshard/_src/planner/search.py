@@ -47,7 +47,8 @@ def relabelings(costs: Costs, current: Assign) -> list[Assign]:
     (``(data, model)`` where ``data`` alone is faster).  Here every group (and
     in a second variant the batch) that uses the axes ``t`` on some tensor
     axis uses ``t2`` instead, for every ``t`` in use and every ``t2`` some
-    candidate uses (``()``: unsplit); and every permutation of the mesh axes
+    candidate uses (``()``: unsplit), in a third variant with the batch giving
+    up the mesh axes ``t2`` adds; and every permutation of the mesh axes
     (TP over ``model`` and the batch over ``data`` become the reverse).  A
     group with no candidate for the result keeps its own.
     """
@@ -61,12 +62,16 @@ def relabelings(costs: Costs, current: Assign) -> list[Assign]:
     options = sorted({d for cs in cands for c in cs for d in c.dims})
     out: list[Assign] = []
 
-    def build(sub: dict[tuple[str, ...], tuple[str, ...]], upto: int) -> None:
+    def build(sub: dict[tuple[str, ...], tuple[str, ...]], upto: int, yields: frozenset[str] = frozenset()) -> None:
         a = list(current)
         for k in range(upto):
             new = tuple(tuple(sorted(sub.get(d, d), key=rank.__getitem__)) for d in now[k])
             if new != now[k] and new in index[k]:
                 a[k] = index[k][new]
+        if yields:
+            freed = tuple(tuple(m for m in d if m not in yields) for d in now[-1])
+            if freed != now[-1] and freed in index[-1]:
+                a[-1] = index[-1][freed]
         moved = tuple(a)
         if moved != current and moved not in out:
             out.append(moved)
@@ -77,6 +82,12 @@ def relabelings(costs: Costs, current: Assign) -> list[Assign]:
                 build({t: t2}, len(current) - 1)
                 if t in now[-1]:
                     build({t: t2}, len(current))
+                # A split extended onto a mesh axis the batch uses (``y@model`` -> ``y@(data,model)`` under a
+                # batch over ``data``) pays off only once the batch gives that axis up: each move alone costs
+                # more (the weights gathered back over ``data``, or the batch replicated under narrow TP).
+                added = frozenset(t2) - frozenset(t)
+                if added & {m for d in now[-1] for m in d}:
+                    build({t: t2}, len(current) - 1, added)
     for perm in itertools.permutations(axes):
         if list(perm) != axes:
             to = dict(zip(axes, perm))
