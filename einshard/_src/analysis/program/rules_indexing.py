@@ -305,10 +305,11 @@ def scatter_to_consumers(
         block = math.prod(dst.shard_shape) * itemsize(eqn.outvars[0].aval.dtype)
         n = math.prod(w.costs.mesh_sizes[m] for m in summed)
         sliced = []
-        for kind, why in (
+        steps: tuple[tuple[SentKind, str], ...] = (
             ("all-reduce", "dot partial sums (a slice per idle group)"),
             ("collective-permute", "dot result moved from the idle groups' slices onto its split"),
-        ):
+        )
+        for kind, why in steps:
             sent = sent_bytes(kind, n, block)
             t = w.costs.profile.collective_time(kind, n, sent, block)
             sliced.append(Collective(kind, summed, n, int(sent), int(block), t, "result", why))
