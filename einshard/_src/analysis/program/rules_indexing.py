@@ -49,7 +49,7 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     out_dims = res.out.dims
     pending: frozenset[str] = frozenset()
     if sums:
-        out_dims, colls = scatter_to_consumers(w, eqn, res.out, colls, sums)
+        out_dims, colls = scatter_to_consumers(w, eqn, res.out, colls, sums, (lhs, rhs))
         if out_dims == res.out.dims:  # summed whole: the partial buffer waits for its all-reduce
             w.env[Partial(eqn.outvars[0])] = res.out.with_dims(res.out.dims, sums)
             stages = [c for c in colls if c.kind == "all-reduce" and c.tensor == "result"]
@@ -275,9 +275,22 @@ def _reshape_axes(src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[int, ...]
 
 
 def scatter_to_consumers(
-    w: Walker, eqn: Any, out: Layout, colls: tuple[Any, ...], sums: frozenset[str]
+    w: Walker,
+    eqn: Any,
+    out: Layout,
+    colls: tuple[Any, ...],
+    sums: frozenset[str],
+    operands: tuple[Layout, Layout] | None = None,
 ) -> tuple[tuple[tuple[str, ...], ...], tuple[Any, ...]]:
-    """A dot's result all-reduce becomes a reduce-scatter where a consumer takes the sum split (see above)."""
+    """A dot's result all-reduce becomes a reduce-scatter where a consumer takes the sum split (see above).
+
+    Where the mesh axes neither operand uses hold at least as many devices as the sum (``operands``' idle
+    axes), XLA spreads the work over them instead, as it does for a convolution (rules_windows): each idle
+    group computes the slice of the result its devices own, all-reduces that slice over the summed axes
+    (1/n of the result) and permutes it onto the split (one collective-permute of 1/n).  Measured:
+    x[b, s, h@model] · wo[h@model, d] consumed by a dot contracting d against w1[d@model, f] on (data=4,
+    model=2): all-reduce f32[8,8,16] + collective-permute f32[8,8,16] (tests/test_dot_consumer_sums.py).
+    """
     dims = consumer_split(w, eqn.outvars[0], out, sums)
     if dims is None:
         return out.dims, colls
@@ -287,8 +300,28 @@ def scatter_to_consumers(
         return out.dims, colls
     pending = out.with_dims(out.dims, frozenset(m for c in drop for m in c.axes))
     dst = w.relayout(eqn.outvars[0].aval, dims)
+    summed = tuple(m for c in drop for m in c.axes)
+    if operands is not None and _idle_devices(w, operands) >= math.prod(w.costs.mesh_sizes[m] for m in summed):
+        block = math.prod(dst.shard_shape) * itemsize(eqn.outvars[0].aval.dtype)
+        n = math.prod(w.costs.mesh_sizes[m] for m in summed)
+        sliced = []
+        steps: tuple[tuple[SentKind, str], ...] = (
+            ("all-reduce", "dot partial sums (a slice per idle group)"),
+            ("collective-permute", "dot result moved from the idle groups' slices onto its split"),
+        )
+        for kind, why in steps:
+            sent = sent_bytes(kind, n, block)
+            t = w.costs.profile.collective_time(kind, n, sent, block)
+            sliced.append(Collective(kind, summed, n, int(sent), int(block), t, "result", why))
+        return dst.dims, tuple(c for c in colls if c not in drop) + tuple(sliced)
     moved = w.costs.reshard(pending, out.with_dims(dst.dims), eqn.outvars[0].aval.dtype)
     return dst.dims, tuple(c for c in colls if c not in drop) + tuple(moved)
+
+
+def _idle_devices(w: Walker, operands: tuple[Layout, Layout]) -> int:
+    """Devices along the mesh axes neither of a dot's operands splits anything over."""
+    used = {m for lay in operands for d in lay.dims for m in d}
+    return math.prod(size for m, size in w.costs.mesh_sizes.items() if m not in used)
 
 
 def match_contracting(
