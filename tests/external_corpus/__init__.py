@@ -6,7 +6,8 @@ exposes ``build() -> Family``: a loss ``loss(params, batch)``, concrete paramete
 :mod:`.compare` measures one case against XLA's compiled HLO; :mod:`.table` writes the match table.
 
 Libraries (none of them used by tests/corpus): keras-hub (Llama, Mixtral, T5, ResNet backbones), Keras 3's own
-layers (a ViT), dm-haiku (``hk.layer_stack`` + ``hk.remat``).
+layers (a ViT), dm-haiku (``hk.layer_stack`` + ``hk.remat``), Equinox (rotary attention, a GRU over time) and Flax
+linen (``nn.scan`` of ``nn.remat`` blocks, a convolutional net).
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
     "kh_t5": ("dp", "tp", "dp_tp", "fsdp"),
     "hk_stack": ("dp", "tp", "dp_tp", "fsdp"),
     "keras_vit": ("dp", "tp", "dp_tp", "fsdp"),
+    "eqx_rotary": ("dp", "tp", "dp_tp", "fsdp"),
+    "eqx_gru": ("dp", "tp", "dp_tp", "fsdp"),
+    "flax_scan": ("dp", "tp", "dp_tp", "fsdp"),
+    "flax_cnn": ("dp", "tp", "dp_tp", "fsdp", "spatial"),
 }
 MODES = ("fwd", "grad")
 KINDS = ("auto", "explicit")

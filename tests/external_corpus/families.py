@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from . import Family, haiku_stack, keras_hub_decoders, keras_hub_resnet, keras_hub_t5, keras_vit
+from . import (
+    Family,
+    equinox_models,
+    flax_models,
+    haiku_stack,
+    keras_hub_decoders,
+    keras_hub_resnet,
+    keras_hub_t5,
+    keras_vit,
+)
 
 FAMILIES: dict[str, Callable[[], Family]] = {
     "kh_resnet": keras_hub_resnet.resnet,
@@ -14,6 +23,10 @@ FAMILIES: dict[str, Callable[[], Family]] = {
     "kh_t5": keras_hub_t5.t5,
     "hk_stack": haiku_stack.stack,
     "keras_vit": keras_vit.vit,
+    "eqx_rotary": equinox_models.rotary,
+    "eqx_gru": equinox_models.gru,
+    "flax_scan": flax_models.scan_stack,
+    "flax_cnn": flax_models.cnn,
 }
 
 # The families with a "large" size for planning (each builder's SIZES): a step that replicated, computed whole on
