@@ -30,11 +30,23 @@ from typing import Any
 
 from ...core.layout import Layout
 from .blocks import BodyStructures
+from .costing import is_free
 from .registry import sub_jaxpr
 from .report import OpReport
-from .segments import find_runs, param_token
+from .segments import LAYER_INDEX, find_runs, param_token
 
-__all__ = ["Copy", "SegmentPlan", "SegmentTape", "Recorder", "plan_segments", "RECORDING", "PLAIN"]
+__all__ = [
+    "Copy",
+    "SegmentPlan",
+    "SegmentTape",
+    "PadGuard",
+    "pad_guard",
+    "pad_guard_holds",
+    "Recorder",
+    "plan_segments",
+    "RECORDING",
+    "PLAIN",
+]
 
 Token = tuple[str, int]  # ("e", k): the copy's k-th entering value; ("i", k): the k-th value it makes
 
@@ -53,6 +65,9 @@ class Copy:
     eqn_ids: frozenset[int]
     slices: tuple[tuple[int, int, tuple[int, ...]], ...]  # (offset, entering index or -1, start row) of its slices
     calls: tuple[tuple[int, int], ...]  # (offset, id(body)) of the calls it makes (a tape's ops name their equations)
+    # (offset, padding_config) of its pads: the backward's glue pads each layer's gradient into the stack at the
+    # layer's row.  Not in the key: a tape holds the configs its walk read (:class:`PadGuard`).
+    pads: tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]
     # Each operand, equation by equation: ("in", k) the k-th entering value, ("made", offset, j) a result of its own
     # equation at ``offset``, ("literal",): the copy's dataflow, whatever the signature that found it left out.
     wiring: tuple[tuple[Any, ...], ...]
@@ -89,7 +104,11 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
         hit = shapes.get(p)
         if hit is None:
             e = eqns[p]
-            params = tuple(sorted((k, param_token(x, known, phase_of)) for k, x in e.params.items()))
+            # A consumer's position parameters (a slice's rows, a pad's padding) are read by its own step only,
+            # never by the look-ahead of an earlier copy's walk (consumer_split, _padded_back, _moved_downstream
+            # read primitives, types and axis maps): left out, so that the layers' horizons are alike.
+            skip = LAYER_INDEX.get(e.primitive.name, frozenset())
+            params = tuple(sorted((k, param_token(x, known, phase_of)) for k, x in e.params.items() if k not in skip))
             hit = shapes[p] = (
                 e.primitive.name,
                 params,
@@ -122,6 +141,11 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 if e.primitive.name == "slice"
             )
             calls = tuple((off, id(sub_jaxpr(e))) for off, e in enumerate(here) if sub_jaxpr(e) is not None)
+            pads = tuple(
+                (off, tuple((int(lo), int(hi), int(mid)) for lo, hi, mid in e.params["padding_config"]))
+                for off, e in enumerate(here)
+                if e.primitive.name == "pad"
+            )
             order = list(entering)
             produced = {id(v): (off, j) for off, e in enumerate(here) for j, v in enumerate(e.outvars)}
             wiring = tuple(
@@ -145,6 +169,7 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 frozenset(id(e) for e in here),
                 slices,
                 calls,
+                pads,
                 wiring,
                 horizon,
                 ahead,
@@ -199,6 +224,26 @@ def _horizon(
     return tuple(out), ahead
 
 
+# A copy's pads as its walk read them: per pad (offset, the axes its operand was split along: the only axes whose
+# padding the pad rule reads, rules_structural.pad), and those axes' (low, high, interior).
+PadGuard = tuple[tuple[int, tuple[int, ...], tuple[tuple[int, int, int], ...]], ...]
+
+
+def pad_guard(copy: Copy, read: dict[int, tuple[int, ...]]) -> PadGuard:
+    """The padding of ``copy``'s pads along the axes ``read`` says each pad's walk read (by offset)."""
+    return tuple((off, read[off], tuple(config[a] for a in read[off])) for off, config in copy.pads if off in read)
+
+
+def pad_guard_holds(guard: PadGuard, copy: Copy) -> bool:
+    """Whether ``copy``'s pads pad as the recorded ones along the axes their walk read.
+
+    The walk of a copy is a function of its key and of its pads' padding along the axes their operands are
+    split on; while those agree, each pad's operand is the recorded one, step by step, so the axes read are
+    the same too: the walk is the recorded one."""
+    configs = dict(copy.pads)
+    return all(tuple(configs[off][a] for a in axes) == seen for off, axes, seen in guard)
+
+
 @dataclass(frozen=True)
 class SegmentTape:
     """What walking one copy did, by token: replayed at another copy entering in the same state."""
@@ -209,6 +254,7 @@ class SegmentTape:
     ops: tuple[tuple[OpReport, int | None, Any], ...]  # (op, offset of its top-level equation, else its equation)
     sub_envs: tuple[tuple[int, tuple[int, ...], dict[Any, Layout]], ...]  # (offset of the call, path within, env)
     extra: Any  # the walker subclass's own record (see Walker.segment_end)
+    pads: PadGuard = ()  # the padding its walk read (:func:`pad_guard_holds`)
 
 
 @dataclass
@@ -222,6 +268,12 @@ class Recorder:
     summed: list[tuple[Token, frozenset[str]]] = field(default_factory=list)
     made: list[tuple[Token, Hashable, Any]] = field(default_factory=list)
     masks: list[Token] = field(default_factory=list)
+    pads: dict[int, tuple[int, ...]] = field(default_factory=dict)  # offset of a pad -> the axes its step read
+
+    def pad_read(self, offset: int, operand: Layout) -> None:
+        """Note the axes whose padding the pad at ``offset`` reads: those its operand is split along (none for
+        a free operand, which the rule returns free at once)."""
+        self.pads[offset] = () if is_free(operand) else tuple(a for a, d in enumerate(operand.dims) if d)
 
     def leave(self, why: str) -> None:
         if not self.why:
