@@ -310,14 +310,18 @@ class RecordingEnv(PlainEnv):
     """The environment while a copy is recorded: reads of values outside it leave it; writes are logged."""
 
     def get(self, key: Any, default: Any = None) -> Any:
-        hit = super().get(key, default)
-        if self.rec is not None and not hasattr(key, "val"):
-            self.rec.looked_ahead(_env_ident(key), hit is not default, "a layout")
+        hit = dict.get(self, key, default)
+        rec = self.rec
+        # Most reads are of the copy's own values (their ids are its tokens; a derived key or a literal is
+        # another object, never one of them): nothing to note, the look-ahead's reads go the long way.
+        if rec is not None and id(key) not in rec.copy.tokens and not hasattr(key, "val"):
+            rec.looked_ahead(_env_ident(key), hit is not default, "a layout")
         return hit
 
     def __getitem__(self, key: Any) -> Any:
-        if self.rec is not None:
-            self.rec.looked_ahead(_env_ident(key), super().__contains__(key), "a layout")
+        rec = self.rec
+        if rec is not None and id(key) not in rec.copy.tokens:
+            rec.looked_ahead(_env_ident(key), super().__contains__(key), "a layout")
         return super().__getitem__(key)
 
     def __contains__(self, key: Any) -> bool:
@@ -344,6 +348,17 @@ class RecordingTable(dict):  # type: ignore[type-arg]
     def __init__(self, data: Any, rec: Recorder, channel: str) -> None:
         super().__init__(data)
         self.rec, self.channel = rec, channel
+        # Reads that note nothing, answered without :meth:`_read`: any of the masks; of the other tables keyed by
+        # id, a value the copy makes (and, of the pending-sum tags, one entering it too).
+        self._tokens = rec.copy.tokens if channel != "made" else {}
+        self._quiet_kinds = ("e", "i") if channel in ("summed", "masks") else ("i",)
+
+    def _noted(self, key: Any) -> bool:
+        """Whether a read of ``key`` may note something (else :meth:`_read` would return without a note)."""
+        if self.channel == "masks":
+            return False
+        tok = self._tokens.get(key)
+        return tok is None or tok[0] not in self._quiet_kinds
 
     def _ident(self, key: Any) -> int:
         if self.channel == "made":
@@ -376,18 +391,21 @@ class RecordingTable(dict):  # type: ignore[type-arg]
             self.rec.leave("the requested layout of an entering value")
 
     def get(self, key: Any, default: Any = None) -> Any:
-        hit = super().get(key, default)
-        self._read(key, hit)
+        hit = dict.get(self, key, default)
+        if self._noted(key):
+            self._read(key, hit)
         return hit
 
     def __getitem__(self, key: Any) -> Any:
         hit = super().__getitem__(key)
-        self._read(key, hit)
+        if self._noted(key):
+            self._read(key, hit)
         return hit
 
     def __contains__(self, key: Any) -> bool:
         hit = super().__contains__(key)
-        self._read(key, super().get(key) if hit else None)
+        if self._noted(key):
+            self._read(key, super().get(key) if hit else None)
         return hit
 
     def __setitem__(self, key: Any, value: Any) -> None:
