@@ -146,6 +146,24 @@ def test_replayed_copies_step_fewer_equations():
     assert plain - memo == sum(c.stop - c.start for c in plan.copies.values())
 
 
+def test_a_copy_whose_walk_was_open_is_walked_plainly_again_alike():
+    """A copy entering in the state of one whose walk read outside itself reads the same, up to the same read:
+    it is walked without the logging (the same walk), never recorded again."""
+    fn, params, x = decoder(6, "remat")
+    t = trace(fn, params, x, mesh=MESH)
+    specs = _specs(1, 1, 0)  # tensor parallel: the look-ahead follows the early layers' partial sums past them
+    first = t.report(specs, forks=0)
+    opened = {key: len(guards) for key, guards in t.costs.segment_open.items()}
+    walked_open = t.costs.counts.segments_open
+    # Each distinct open state recorded once; the copies entering in it after that walked plainly.
+    assert opened and walked_open > sum(opened.values())
+    again = t.report(specs, forks=0)
+    assert {key: len(guards) for key, guards in t.costs.segment_open.items()} == opened  # none recorded again
+    assert t.costs.counts.segments_open == 2 * walked_open  # each walked again, plainly
+    t.costs.memoise_segments = False
+    assert t.report(specs, forks=0).ops == first.ops == again.ops
+
+
 @pytest.mark.parametrize("where", ["sizes", "explicit mesh, set_mesh"])
 @pytest.mark.parametrize("how", ["remat", "plain"])
 def test_plans_are_the_same_with_and_without_the_segment_memo(monkeypatch, where, how):

@@ -571,6 +571,11 @@ class Walker:
             self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
             return "replayed"
+        if any(pad_guard_holds(guard, copy) for guard in self.costs.segment_open.get(key, ())):
+            # A copy entering in this state (and padding alike where the walk read it) read outside itself: this
+            # walk reads what that one read, up to the same read, and is open too.  Walked without the logging.
+            self.costs.counts.segments_open += 1
+            return "plain"
         rec = Recorder(copy, plan.made_at)
         recording = _Recording(
             rec,
@@ -618,6 +623,7 @@ class Walker:
                 subs.append((offsets[path[0]], path[1:], sub))
         if rec.why:
             self.costs.counts.segments_open += 1
+            self.costs.segment_open.setdefault(recording.key, []).append(pad_guard(copy, rec.pads))
             return
         writes = tuple(
             (tok, kind, lay, kind is None and self._source.get(id(lay)) == (1, id(copy.value(tok))))
