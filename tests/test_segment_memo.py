@@ -138,10 +138,30 @@ def test_replayed_copies_step_fewer_equations():
     before, replays = t.costs.counts.equations, t.costs.counts.segment_replays
     t.report(specs, forks=0)
     memo = t.costs.counts.equations - before
-    (run,) = [c for c in t.costs.segment_plans.values()]
-    period = next(iter(run.copies.values())).stop - next(iter(run.copies.values())).start
-    assert t.costs.counts.segment_replays - replays == len(run.copies)  # every copy replayed
-    assert plain - memo == len(run.copies) * period
+    (plan,) = t.costs.segment_plans.values()
+    # Two runs: the inlined forward's layers, and the backward's glue between the remat calls (each layer's
+    # cotangent padded into the stack at its row and summed).
+    assert len({c.template for c in plan.copies.values()}) == 2
+    assert t.costs.counts.segment_replays - replays == len(plan.copies)  # every copy replayed
+    assert plain - memo == sum(c.stop - c.start for c in plan.copies.values())
+
+
+def test_a_copy_whose_walk_was_open_is_walked_plainly_again_alike():
+    """A copy entering in the state of one whose walk read outside itself reads the same, up to the same read:
+    it is walked without the logging (the same walk), never recorded again."""
+    fn, params, x = decoder(6, "remat")
+    t = trace(fn, params, x, mesh=MESH)
+    specs = _specs(1, 1, 0)  # tensor parallel: the look-ahead follows the early layers' partial sums past them
+    first = t.report(specs, forks=0)
+    opened = {key: len(guards) for key, guards in t.costs.segment_open.items()}
+    walked_open = t.costs.counts.segments_open
+    # Each distinct open state recorded once; the copies entering in it after that walked plainly.
+    assert opened and walked_open > sum(opened.values())
+    again = t.report(specs, forks=0)
+    assert {key: len(guards) for key, guards in t.costs.segment_open.items()} == opened  # none recorded again
+    assert t.costs.counts.segments_open == 2 * walked_open  # each walked again, plainly
+    t.costs.memoise_segments = False
+    assert t.report(specs, forks=0).ops == first.ops == again.ops
 
 
 @pytest.mark.parametrize("where", ["sizes", "explicit mesh, set_mesh"])
@@ -207,3 +227,64 @@ def test_layouts_in_any_order_give_the_same_reports():
     t.costs.memoise_segments = True
     for lay in reversed(LAYOUTS + LAYOUTS):
         assert t.report(_specs(*lay)).ops == plain[lay]
+
+
+@pytest.mark.parametrize(
+    "stack",
+    [
+        ("l d f -> l@data d f", "l f d -> l@data f d"),
+        ("l d f -> l d f@model", "l f d -> l@model f@data d"),
+        ("l d f -> l@(data,model) d f", "l f d -> l f@model d"),
+    ],
+)
+def test_the_backward_glue_replays_with_its_pads(stack):
+    """The backward's glue pads each layer's weight gradient into the stack at the layer's row: a run whose
+    copies differ by their padding.  A copy's tape holds the padding its walk read (along the axes split at
+    each pad): equal results, and the glue replays."""
+    fn, params, x = decoder(8, "remat")
+    t = trace(fn, params, x, mesh=MESH)
+    specs = ({"up": stack[0], "down": stack[1]}, "b d -> b@data d")
+    (plain, plain_report), (memo, memo_report) = _both(t, specs, None)
+    _same(memo, plain)
+    assert memo_report.ops == plain_report.ops and memo_report.peak_bytes == plain_report.peak_bytes
+    (plan,) = t.costs.segment_plans.values()
+    glue = [c for c in plan.copies.values() if c.pads]
+    assert len(glue) >= 5 and len({c.pads for c in glue}) == len(glue)  # each copy pads at its own rows
+    assert t.costs.counts.segment_replays >= len(glue) - 1
+
+
+def _padded_rows(layers: int):
+    """Each layer's result padded into its own rows of an accumulator, rows split: a pad along a split axis
+    at an offset that differs per copy (which devices a row lands on depends on it)."""
+
+    def f(w, x):
+        acc = jnp.zeros((B * layers + 8, D), x.dtype)
+        for i in range(layers):
+            x = jnp.tanh(x @ w)
+            acc = acc + jax.lax.pad(x, 0.0, ((B * i + 4, B * (layers - 1 - i) + 4, 0), (0, 0, 0)))
+        return acc.sum()
+
+    return f, jax.ShapeDtypeStruct((D, D), jnp.float32), jax.ShapeDtypeStruct((B, D), jnp.float32)
+
+
+@pytest.mark.parametrize("rows", ["b d -> b@data d", "b d -> b@(data,model) d", "b d -> b d@model"])
+def test_a_copy_padding_at_other_rows_of_a_split_axis_never_replays_another(rows):
+    """A copy's tape holds the padding its walk read: where the pad's operand is split along the padded axis,
+    each copy pads at its own rows and walks (no other copy's tape holds); costed again, each replays its own."""
+    f, w, x = _padded_rows(5)
+    t = trace(f, w, x, mesh=MESH)
+    specs = ("d e -> d e", rows)
+    (plain, plain_report), (memo, memo_report) = _both(t, specs, None)
+    _same(memo, plain)
+    assert memo_report.ops == plain_report.ops and memo_report.peak_bytes == plain_report.peak_bytes
+    (plan,) = t.costs.segment_plans.values()
+    copies = [c for c in plan.copies.values() if c.pads]
+    assert len(copies) >= 3
+    tapes = [tape for kept in t.costs.segment_tapes.values() for tape in kept]
+    split = "@" in rows.split("->")[1].split()[0]
+    read_rows = [seen for tape in tapes for _, axes, seen in tape.pads if 0 in axes]
+    assert bool(read_rows) == split  # the rows are read where the operand's rows are split, only there
+    before = t.costs.counts.segment_replays
+    again = t.report(specs)
+    assert again.ops == plain_report.ops
+    assert t.costs.counts.segment_replays - before >= len(copies)  # each copy replays its own tape

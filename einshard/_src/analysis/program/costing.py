@@ -57,6 +57,8 @@ class OpCosts:
         # Repeated top-level stretches walked once per entering state (:mod:`.segment_memo`): on by default.
         self.memoise_segments = True
         self.segment_tapes: dict[Any, Any] = {}
+        # The keys (with the padding their pads' walk read) of copies whose walk was open: walked plainly again.
+        self.segment_open: dict[Any, list[Any]] = {}
         self.segment_plans: dict[int, Any] = {}  # id(jaxpr) -> its SegmentPlan (the jaxpr held in it)
 
     def uses_of(self, jaxpr: Any) -> dict[int, list[tuple[Any, int]]]:

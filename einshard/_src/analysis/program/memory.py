@@ -501,10 +501,12 @@ def _peak(
             # A broadcast constant: XLA fuses it into its consumers (and sinks it into
             # loops that take it as an invariant), it is not materialised.
             return 0
+        # The mesh by identity (the walk's layouts share one tuple; an equal one elsewhere only misses): hashing
+        # its axes for each of a deep model's tens of thousands of buffers per costing cost more than the sizing.
         token = (
             (tuple(aval.shape), None, aval.dtype, tiles)
             if lay is None
-            else (lay.shape, lay.dims, lay.mesh, aval.dtype, tiles)
+            else (lay.shape, lay.dims, id(lay.mesh), aval.dtype, tiles)
         )
         hit = by_shape.get(token)
         if hit is None:

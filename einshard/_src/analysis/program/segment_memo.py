@@ -30,11 +30,23 @@ from typing import Any
 
 from ...core.layout import Layout
 from .blocks import BodyStructures
+from .costing import is_free
 from .registry import sub_jaxpr
 from .report import OpReport
-from .segments import find_runs, param_token
+from .segments import LAYER_INDEX, find_runs, param_token
 
-__all__ = ["Copy", "SegmentPlan", "SegmentTape", "Recorder", "plan_segments", "RECORDING", "PLAIN"]
+__all__ = [
+    "Copy",
+    "SegmentPlan",
+    "SegmentTape",
+    "PadGuard",
+    "pad_guard",
+    "pad_guard_holds",
+    "Recorder",
+    "plan_segments",
+    "RECORDING",
+    "PLAIN",
+]
 
 Token = tuple[str, int]  # ("e", k): the copy's k-th entering value; ("i", k): the k-th value it makes
 
@@ -53,6 +65,9 @@ class Copy:
     eqn_ids: frozenset[int]
     slices: tuple[tuple[int, int, tuple[int, ...]], ...]  # (offset, entering index or -1, start row) of its slices
     calls: tuple[tuple[int, int], ...]  # (offset, id(body)) of the calls it makes (a tape's ops name their equations)
+    # (offset, padding_config) of its pads: the backward's glue pads each layer's gradient into the stack at the
+    # layer's row.  Not in the key: a tape holds the configs its walk read (:class:`PadGuard`).
+    pads: tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]
     # Each operand, equation by equation: ("in", k) the k-th entering value, ("made", offset, j) a result of its own
     # equation at ``offset``, ("literal",): the copy's dataflow, whatever the signature that found it left out.
     wiring: tuple[tuple[Any, ...], ...]
@@ -89,7 +104,11 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
         hit = shapes.get(p)
         if hit is None:
             e = eqns[p]
-            params = tuple(sorted((k, param_token(x, known, phase_of)) for k, x in e.params.items()))
+            # A consumer's position parameters (a slice's rows, a pad's padding) are read by its own step only,
+            # never by the look-ahead of an earlier copy's walk (consumer_split, _padded_back, _moved_downstream
+            # read primitives, types and axis maps): left out, so that the layers' horizons are alike.
+            skip = LAYER_INDEX.get(e.primitive.name, frozenset())
+            params = tuple(sorted((k, param_token(x, known, phase_of)) for k, x in e.params.items() if k not in skip))
             hit = shapes[p] = (
                 e.primitive.name,
                 params,
@@ -122,6 +141,11 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 if e.primitive.name == "slice"
             )
             calls = tuple((off, id(sub_jaxpr(e))) for off, e in enumerate(here) if sub_jaxpr(e) is not None)
+            pads = tuple(
+                (off, tuple((int(lo), int(hi), int(mid)) for lo, hi, mid in e.params["padding_config"]))
+                for off, e in enumerate(here)
+                if e.primitive.name == "pad"
+            )
             order = list(entering)
             produced = {id(v): (off, j) for off, e in enumerate(here) for j, v in enumerate(e.outvars)}
             wiring = tuple(
@@ -145,6 +169,7 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 frozenset(id(e) for e in here),
                 slices,
                 calls,
+                pads,
                 wiring,
                 horizon,
                 ahead,
@@ -199,6 +224,26 @@ def _horizon(
     return tuple(out), ahead
 
 
+# A copy's pads as its walk read them: per pad (offset, the axes its operand was split along: the only axes whose
+# padding the pad rule reads, rules_structural.pad), and those axes' (low, high, interior).
+PadGuard = tuple[tuple[int, tuple[int, ...], tuple[tuple[int, int, int], ...]], ...]
+
+
+def pad_guard(copy: Copy, read: dict[int, tuple[int, ...]]) -> PadGuard:
+    """The padding of ``copy``'s pads along the axes ``read`` says each pad's walk read (by offset)."""
+    return tuple((off, read[off], tuple(config[a] for a in read[off])) for off, config in copy.pads if off in read)
+
+
+def pad_guard_holds(guard: PadGuard, copy: Copy) -> bool:
+    """Whether ``copy``'s pads pad as the recorded ones along the axes their walk read.
+
+    The walk of a copy is a function of its key and of its pads' padding along the axes their operands are
+    split on; while those agree, each pad's operand is the recorded one, step by step, so the axes read are
+    the same too: the walk is the recorded one."""
+    configs = dict(copy.pads)
+    return all(tuple(configs[off][a] for a in axes) == seen for off, axes, seen in guard)
+
+
 @dataclass(frozen=True)
 class SegmentTape:
     """What walking one copy did, by token: replayed at another copy entering in the same state."""
@@ -209,6 +254,7 @@ class SegmentTape:
     ops: tuple[tuple[OpReport, int | None, Any], ...]  # (op, offset of its top-level equation, else its equation)
     sub_envs: tuple[tuple[int, tuple[int, ...], dict[Any, Layout]], ...]  # (offset of the call, path within, env)
     extra: Any  # the walker subclass's own record (see Walker.segment_end)
+    pads: PadGuard = ()  # the padding its walk read (:func:`pad_guard_holds`)
 
 
 @dataclass
@@ -222,6 +268,12 @@ class Recorder:
     summed: list[tuple[Token, frozenset[str]]] = field(default_factory=list)
     made: list[tuple[Token, Hashable, Any]] = field(default_factory=list)
     masks: list[Token] = field(default_factory=list)
+    pads: dict[int, tuple[int, ...]] = field(default_factory=dict)  # offset of a pad -> the axes its step read
+
+    def pad_read(self, offset: int, operand: Layout) -> None:
+        """Note the axes whose padding the pad at ``offset`` reads: those its operand is split along (none for
+        a free operand, which the rule returns free at once)."""
+        self.pads[offset] = () if is_free(operand) else tuple(a for a, d in enumerate(operand.dims) if d)
 
     def leave(self, why: str) -> None:
         if not self.why:
@@ -258,14 +310,18 @@ class RecordingEnv(PlainEnv):
     """The environment while a copy is recorded: reads of values outside it leave it; writes are logged."""
 
     def get(self, key: Any, default: Any = None) -> Any:
-        hit = super().get(key, default)
-        if self.rec is not None and not hasattr(key, "val"):
-            self.rec.looked_ahead(_env_ident(key), hit is not default, "a layout")
+        hit = dict.get(self, key, default)
+        rec = self.rec
+        # Most reads are of the copy's own values (their ids are its tokens; a derived key or a literal is
+        # another object, never one of them): nothing to note, the look-ahead's reads go the long way.
+        if rec is not None and id(key) not in rec.copy.tokens and not hasattr(key, "val"):
+            rec.looked_ahead(_env_ident(key), hit is not default, "a layout")
         return hit
 
     def __getitem__(self, key: Any) -> Any:
-        if self.rec is not None:
-            self.rec.looked_ahead(_env_ident(key), super().__contains__(key), "a layout")
+        rec = self.rec
+        if rec is not None and id(key) not in rec.copy.tokens:
+            rec.looked_ahead(_env_ident(key), super().__contains__(key), "a layout")
         return super().__getitem__(key)
 
     def __contains__(self, key: Any) -> bool:
@@ -292,6 +348,17 @@ class RecordingTable(dict):  # type: ignore[type-arg]
     def __init__(self, data: Any, rec: Recorder, channel: str) -> None:
         super().__init__(data)
         self.rec, self.channel = rec, channel
+        # Reads that note nothing, answered without :meth:`_read`: any of the masks; of the other tables keyed by
+        # id, a value the copy makes (and, of the pending-sum tags, one entering it too).
+        self._tokens = rec.copy.tokens if channel != "made" else {}
+        self._quiet_kinds = ("e", "i") if channel in ("summed", "masks") else ("i",)
+
+    def _noted(self, key: Any) -> bool:
+        """Whether a read of ``key`` may note something (else :meth:`_read` would return without a note)."""
+        if self.channel == "masks":
+            return False
+        tok = self._tokens.get(key)
+        return tok is None or tok[0] not in self._quiet_kinds
 
     def _ident(self, key: Any) -> int:
         if self.channel == "made":
@@ -324,18 +391,21 @@ class RecordingTable(dict):  # type: ignore[type-arg]
             self.rec.leave("the requested layout of an entering value")
 
     def get(self, key: Any, default: Any = None) -> Any:
-        hit = super().get(key, default)
-        self._read(key, hit)
+        hit = dict.get(self, key, default)
+        if self._noted(key):
+            self._read(key, hit)
         return hit
 
     def __getitem__(self, key: Any) -> Any:
         hit = super().__getitem__(key)
-        self._read(key, hit)
+        if self._noted(key):
+            self._read(key, hit)
         return hit
 
     def __contains__(self, key: Any) -> bool:
         hit = super().__contains__(key)
-        self._read(key, super().get(key) if hit else None)
+        if self._noted(key):
+            self._read(key, super().get(key) if hit else None)
         return hit
 
     def __setitem__(self, key: Any, value: Any) -> None:

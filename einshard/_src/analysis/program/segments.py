@@ -3,7 +3,9 @@
 JAX inlines each ``jax.checkpoint``-ed layer's *forward* into the top-level
 jaxpr (only the backward stays a ``remat`` call, which :mod:`.blocks`
 replays), so an unrolled decoder's program is one run of L structurally
-identical stretches of equations.  This module finds them, for the analysis
+identical stretches of equations; its backward is another, of the glue
+between the remat calls (each layer's cotangent padded into the stack at
+its row and summed), whose operands from the forward are named by type.  This module finds them, for the analysis
 only (nothing here changes a walk):
 
 * :func:`equation_signatures` gives each top-level equation a structural
@@ -56,7 +58,12 @@ class Run:
 # Parameters that name the layer a copy is (a Python loop's ``params[i]`` is a ``slice`` of the stacked weight
 # at row ``i``): left out of the signature, so that the layers of an unrolled loop sign alike.  A replay of one
 # copy at another would have to key on them (a stack split along its layer axis gives each row its own devices).
-LAYER_INDEX: dict[str, frozenset[str]] = {"slice": frozenset({"start_indices", "limit_indices"})}
+# A ``pad`` in the backward's glue pads a layer's weight gradient into the stack at the layer's own row: its
+# ``padding_config`` is left out too, and a replay checks it where the pad's walk read it (:mod:`.segment_memo`).
+LAYER_INDEX: dict[str, frozenset[str]] = {
+    "slice": frozenset({"start_indices", "limit_indices"}),
+    "pad": frozenset({"padding_config"}),
+}
 
 
 def equation_signatures(
@@ -68,26 +75,32 @@ def equation_signatures(
     """Each top-level equation's structural signature, as an integer (equal integers: equal signatures).
 
     An operand is named by where it comes from relative to its reader (``k`` equations back, result ``j``),
-    never by its object: the same code traced twice, or the same layer at another depth, signs alike.
+    never by its object: the same code traced twice, or the same layer at another depth, signs alike.  An
+    operand made in another phase (a forward residual read by the backward's remat call) is named by its type
+    only: its distance grows with the layers between the two passes, so the backward's copies would never sign
+    alike (the copies' exact wiring is :attr:`.segment_memo.Copy.wiring`, and the replay keys on it).
     ``varying``: per primitive, the parameters left out (:data:`LAYER_INDEX`).
     """
     made: dict[Any, tuple[int, int]] = {}  # value -> (equation position, result index)
+    phases: list[str] = []
     ids: dict[Hashable, int] = {}
     out: list[int] = []
     for i, eqn in enumerate(jaxpr.eqns):
         ins: list[Hashable] = []
+        phase = phase_of(eqn)
+        phases.append(phase)
         for v in eqn.invars:
             if hasattr(v, "val"):
                 ins.append(("literal", str(v.aval), normal_param(v.val)))
             elif v in made:
                 at, j = made[v]
-                ins.append(("back", i - at, j))
+                ins.append(("back", i - at, j) if phases[at] == phase else ("across", str(v.aval)))
             else:
                 ins.append(("input", str(v.aval)))
         skip = varying.get(eqn.primitive.name, frozenset())
         params = tuple(sorted((k, param_token(x, known, phase_of)) for k, x in eqn.params.items() if k not in skip))
         outs = tuple(str(v.aval) for v in eqn.outvars)
-        sig = (eqn.primitive.name, params, tuple(ins), outs, phase_of(eqn))
+        sig = (eqn.primitive.name, params, tuple(ins), outs, phase)
         out.append(ids.setdefault(sig, len(ids)))
         for j, v in enumerate(eqn.outvars):
             made[v] = (i, j)

@@ -36,6 +36,8 @@ from .segment_memo import (
     RecordingTable,
     SegmentPlan,
     SegmentTape,
+    pad_guard,
+    pad_guard_holds,
     plan_segments,
 )
 from .values import CARRIERS, Gathered, Partial
@@ -362,6 +364,8 @@ class Walker:
                     self.change(eqn, phase, lay, done, v.aval.dtype, repeat, "pending sum is consumed")
                     bind(v, done)
                     ins[k] = env[v]
+            if recording is not None and eqn.primitive.name == "pad":
+                recording.rec.pad_read(i - 1 - recording.rec.copy.start, ins[0])
             outs = self.step(eqn, ins, repeat, phase)
             if eqn.primitive.name in _SHAPE_ONLY and self.summed:
                 tag = self.summed.get(id(eqn.invars[0]))
@@ -560,11 +564,18 @@ class Walker:
         if copy.leaves or (self.requested and any(id(v) in self.requested for v in copy.inside)):
             return "plain"  # its values leave the program or are asked for: the look-ahead ends there
         key = self._segment_key(copy, env, repeat, phase_hint)
-        tape = self.costs.segment_tapes.get(key)
+        # The tapes of this key, one per padding its pads' walk read (each layer pads its gradient at its row).
+        tapes = self.costs.segment_tapes.get(key, ())
+        tape = next((t for t in tapes if pad_guard_holds(t.pads, copy)), None)
         if tape is not None:
             self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
             return "replayed"
+        if any(pad_guard_holds(guard, copy) for guard in self.costs.segment_open.get(key, ())):
+            # A copy entering in this state (and padding alike where the walk read it) read outside itself: this
+            # walk reads what that one read, up to the same read, and is open too.  Walked without the logging.
+            self.costs.counts.segments_open += 1
+            return "plain"
         rec = Recorder(copy, plan.made_at)
         recording = _Recording(
             rec,
@@ -612,6 +623,7 @@ class Walker:
                 subs.append((offsets[path[0]], path[1:], sub))
         if rec.why:
             self.costs.counts.segments_open += 1
+            self.costs.segment_open.setdefault(recording.key, []).append(pad_guard(copy, rec.pads))
             return
         writes = tuple(
             (tok, kind, lay, kind is None and self._source.get(id(lay)) == (1, id(copy.value(tok))))
@@ -621,9 +633,10 @@ class Walker:
             (op, offsets.get(id(e)) if e is not None else None, None if e is None or id(e) in offsets else e)
             for op, e in zip(self.ops[recording.ops :], self.op_eqns[recording.ops :])
         )
-        self.costs.segment_tapes[recording.key] = SegmentTape(
-            writes, tuple(rec.summed), tuple(rec.made), ops, tuple(subs), extra
+        tape = SegmentTape(
+            writes, tuple(rec.summed), tuple(rec.made), ops, tuple(subs), extra, pad_guard(copy, rec.pads)
         )
+        self.costs.segment_tapes.setdefault(recording.key, []).append(tape)
 
     def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
         """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops."""
