@@ -476,20 +476,51 @@ def explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
 def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     axis = eqn.params["dimension"]
     out_aval = eqn.outvars[0].aval
-    dims = [d if i != axis else () for i, d in enumerate(ins[0].dims)]
+    placed = [lay for lay in ins if not is_free(lay)]
+    dims = concatenated_dims([lay.dims for lay in placed], axis, w.costs.mesh_sizes)
     start = len(w.ops)
-    for lay in ins:
-        if is_free(lay):
-            continue
+    for lay in placed:
+        # Each operand comes to the result's split off the axis (a whole one is sliced locally, a differently
+        # split one moves) and whole along it.
         want = lay.with_dims(tuple(d if i != axis else () for i, d in enumerate(dims)))
         w.change(eqn, phase, lay, want, out_aval.dtype, repeat, "concatenate")
-    if any(lay.dims[axis] for lay in ins if not is_free(lay)):
+    if any(lay.dims[axis] for lay in placed):
         from .movement import mark_approximate
 
         # Measured: XLA keeps the split and moves pieces (a collective-permute and all-to-alls of
         # about the operands' blocks); explain gathers the operands along the axis (same order of bytes).
         mark_approximate(w, start, "concatenate along a split axis: XLA permutes and all-to-alls, explain gathers")
+    elif any(len({lay.dims[i] for lay in placed if lay.dims[i]}) > 1 for i in range(len(dims)) if i != axis):
+        from .movement import mark_approximate
+
+        # Measured ([16, 16@b] joined to [16, 16@a]): XLA reshards one operand to the other's split (a
+        # collective-permute), joins them and gathers the result; explain gathers each operand.
+        mark_approximate(w, start, "concatenate of operands split differently: XLA reshards one, gathers the result")
     return [w.relayout(out_aval, dims)]
+
+
+def concatenated_dims(
+    operands: list[tuple[tuple[str, ...], ...]], axis: int, mesh: Mapping[str, int]
+) -> list[tuple[str, ...]]:
+    """The result's split of a concatenation, as XLA's sharding propagation merges its operands': off the
+    concatenated axis, the most-split operand's split (the others are sliced locally or moved; measured: a
+    whole operand joined to one split along its columns keeps the columns' split, no collective); along it,
+    the split of an operand split there, on mesh axes the others left free (measured: XLA keeps the rows'
+    split and moves pieces into place)."""
+    if not operands:
+        return []
+    rank = len(operands[0])
+    dims: list[tuple[str, ...]] = [()] * rank
+    used: set[str] = set()
+    for i in [i for i in range(rank) if i != axis] + [axis]:
+        if i != axis and len({d[i] for d in operands if d[i]}) > 1:
+            continue  # operands split differently along it: XLA gives the result none (measured), see concatenate
+        choices = [d[i] for d in operands if d[i] and not set(d[i]) & used]
+        if choices:
+            best = max(choices, key=lambda d: math.prod(mesh.get(m, 1) for m in d))  # first among equals
+            dims[i] = best
+            used |= set(best)
+    return dims
 
 
 def reshape_dims(
