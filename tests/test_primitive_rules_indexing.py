@@ -314,3 +314,25 @@ UNEVEN_DRAWS = [
 @pytest.mark.parametrize("case", UNEVEN_DRAWS)
 def test_uneven_on_two_axes_deep_draws(case: Case) -> None:
     check(case)
+
+
+# The seed sweep's draw (--hypothesis-seed=1): the gradient of a one-element slice off the first device
+# (x[60:61, :1] of 64 rows over c): XLA permutes the piece to the first owner and back (two permutes) where
+# explain all-reduces it; the mark's bound counts the second collective.
+SMALL_PIECE_DRAWS = [
+    Case(
+        "slice",
+        lambda x: lax.slice(x, (60, 0), (61, 1)),
+        (_sds((64, 16)),),
+        (P("c", None),),
+        3,
+        False,
+        True,
+        "unfused",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SMALL_PIECE_DRAWS)
+def test_small_piece_deep_draws(case: Case) -> None:
+    check(case)

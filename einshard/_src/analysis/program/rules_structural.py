@@ -356,8 +356,10 @@ def _shift_axis(
             # ... and pads it back on its device into the operand's split, where explain's walk pads the
             # all-reduced piece whole (measured: explain over XLA's peak by up to the operand's whole array).
             # Measured too: XLA then sometimes still permutes one operand block to the first owner.
+            # Measured as well (x[60:61, :1] of rows@c over 2, its gradient): XLA brings the piece to the first
+            # owner and sends it back to its own (two permutes) where explain all-reduces: one more collective.
             block_bytes = math.prod(src.shard_shape) * itemsize(dtype)
-            widen_bound(w, start, sent=block_bytes, peak=math.prod(src.shape) * itemsize(dtype))
+            widen_bound(w, start, sent=block_bytes, peak=math.prod(src.shape) * itemsize(dtype), collectives=1)
         else:
             # Measured both ways, even for a piece on the first device: XLA sometimes moves it first (a
             # collective-permute), sometimes not; the all-reduce is always there.
