@@ -21,11 +21,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, given, reject, settings
 from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import PartitionSpec as P
 from test_primitive_rules import DEEP, DIM, FAST, Case, _case, check
+from test_primitive_rules import STRATEGIES as BASE_STRATEGIES
 
 from einshard._src.analysis.program import coverage
 
@@ -336,3 +337,21 @@ SMALL_PIECE_DRAWS = [
 @pytest.mark.parametrize("case", SMALL_PIECE_DRAWS)
 def test_small_piece_deep_draws(case: Case) -> None:
     check(case)
+
+
+def _check_past_eval_shape(case: Case) -> None:
+    """``check``, with the draws its layout step cannot type rejected: on Explicit axes it runs ``jax.eval_shape``
+    on unplaced arguments, where JAX types ``dynamic_update_slice(x, jnp.ones((1, 1)), ...)``'s update over a
+    mesh axis and refuses it, though the placed program compiled (DEEP_MISSES' dynamic_slice entry)."""
+    try:
+        check(case)
+    except Exception as err:
+        if case.explicit and type(err).__name__ == "ShardingTypeError":
+            reject()
+        raise
+
+
+@pytest.mark.slow
+def test_dynamic_slice_family_deep_past_the_harness() -> None:
+    """tests/test_primitive_rules.py's dynamic_slice family, deep, with the harness's refusals drawn again."""
+    DEEP(given(BASE_STRATEGIES["dynamic_slice"])(_check_past_eval_shape))()
