@@ -224,10 +224,6 @@ FAST_MISSES: dict[str, str] = {
         "update whole (1024 B), explain moves it (a, b) -> b with a permute and an all-gather (640 B): the "
         "layout algebra's transition, not the rule's"
     ),
-    "gather": (
-        "the gradient of jnp.take(t[16@a, 16], i[8@a], axis=1, mode='clip'): XLA gathers the indices twice (the "
-        "backward scatter-add's clip clamps them again, a value of its own), explain once"
-    ),
     "scatter": (
         "the gradient of x.at[i].add(u), x[64@a, 24@c], u[16@b, 24], i[16@(a, c)] (mesh 3): XLA permutes 4 "
         "times, all-gathers 3 times and all-reduces twice (2424 B), explain permutes twice (1936 B); and "
@@ -251,6 +247,11 @@ def test_indexing_rule_matches_xla(family: str) -> None:
 # The deep draws a rule does not yet hold to XLA: non-strict, as tests/test_primitive_rules.py's DEEP_MISSES.
 DEEP_MISSES: dict[str, str] = {
     **FAST_MISSES,
+    "gather": (
+        "the gradient of jnp.take(t[16@a, 16], i[4, 8], axis=0, mode='clip') (a vocabulary-split lookup, ids "
+        "whole): collectives and bytes match, explain's peak 3456 B against XLA's 5504 B (0.63, the memory walk "
+        "holds fewer of the masked lookup's and its scatter-add's buffers than XLA)"
+    ),
     "concatenate": (
         "operands split over different mesh axes along the same dimension ([16, 16@b] and [16, 16@a]): XLA "
         "permutes one and all-gathers the result, explain gathers both (marked approximate)"

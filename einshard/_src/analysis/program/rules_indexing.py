@@ -721,19 +721,27 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     by_index = dict(zip(range(len(indices.shape) - 1), scatter_axes))
     combining = adds or eqn.primitive.name.replace("_", "-") in COMBINING_SCATTERS
     owned = set() if is_free(operand) else {m for d in operand.dims for m in d}
-    indexed_by = _indices_split(updates, indices, by_index, set(idx_batch))
-    if indexed_by != updates.dims and not is_free(updates):
+    indexed_by, stray = _indices_split(updates, indices, by_index, set(idx_batch))
+    if "CLIP" not in str(eqn.params.get("mode", "")).upper():
+        # Indices split where their updates are split otherwise: measured on a lookup's gradient (the scatter-add
+        # of jnp.take's transpose), where XLA gathers them once more only in mode "clip" (the scatter clamps its
+        # indices itself: a value of its own); in the other modes they are the forward's, gathered already.
+        stray = set()
+    if not is_free(updates) and not is_free(indices):
         extra = {m for d in indexed_by for m in d} - {m for d in updates.dims for m in d}
-        if combining and not extra & owned:
+        if extra and combining and not extra & owned:
             # Indices split along an axis the updates are whole on: each device scatters the updates its
             # indices pick (sliced locally) and XLA combines the devices' results (measured: x.at[i@a].add(u)
             # and .max(u), x and u whole: one all-reduce of x), as for updates split there.
             updates = updates.with_dims(indexed_by)
         else:
-            # An overwrite, or a result split over the indices' mesh axes: XLA gathers the indices (measured:
-            # x.at[i@a].set(u), and .add(u) into x[16@a, 16] or x[16, 16@a]: one all-gather of i).
-            keep = tuple(tuple(m for m in d if m not in extra) for d in indices.dims)
-            why = "scatter: the indices of whole updates"
+            stray |= extra
+        if stray:
+            # An overwrite, a result split over the indices' mesh axes, or updates that use them elsewhere:
+            # XLA gathers the indices (measured: x.at[i@a].set(u), .add(u) into x[16@a, 16] or x[16, 16@a], and
+            # the gradient of jnp.take(t[16@a, 16], i[8@a], axis=1): one all-gather of i).
+            keep = tuple(tuple(m for m in d if m not in stray) for d in indices.dims)
+            why = "scatter: indices split where the updates are not"
             w.change(eqn, phase, indices, indices.with_dims(keep), eqn.invars[1].aval.dtype, repeat, why)
             indices = indices.with_dims(keep)
     op_window = [i for i in range(rank) if i not in inserted and i not in op_batch]
@@ -829,18 +837,23 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
 
 def _indices_split(
     updates: Layout, indices: Layout, by_index: dict[int, int], batching: set[int]
-) -> tuple[tuple[str, ...], ...]:
+) -> tuple[tuple[tuple[str, ...], ...], set[str]]:
     """The updates' split with the indices' split on the scatter axes the updates are whole on (and the same
-    length), where those mesh axes are free in the updates."""
+    length), where those mesh axes are free in the updates; and the indices' other mesh axes that their
+    updates' scatter axes do not share (split otherwise, or used elsewhere in the updates)."""
     dims = list(updates.dims)
     used = {m for d in dims for m in d}
+    stray: set[str] = set()
     for k, u in by_index.items():
         d = indices.dims[k]
-        if k in batching or not d or dims[u] or indices.shape[k] != updates.shape[u] or set(d) & used:
+        if k in batching or not d or d == dims[u]:
+            continue
+        if dims[u] or indices.shape[k] != updates.shape[u] or set(d) & used:
+            stray |= set(d) - set(dims[u])
             continue
         dims[u] = d
         used |= set(d)
-    return tuple(dims)
+    return tuple(dims), stray
 
 
 def _gather_scatter_axes(
