@@ -24,6 +24,7 @@ DOCS = Path(__file__).resolve().parents[4] / "docs" / "coverage.md"
 CALLS = {"jit", "pjit", "remat2", "checkpoint", "custom_jvp_call", "custom_vjp_call", "closed_call", "core_call"}
 
 _DIFF = "tests/test_primitive_rules.py"
+_INDEXING = "tests/test_primitive_rules_indexing.py"
 # The test that holds each rule against XLA's compiled HLO (rule function -> test).
 TESTS: dict[str, str] = {
     "rules_ordering.split": f"{_DIFF} [split]",
@@ -37,27 +38,29 @@ TESTS: dict[str, str] = {
     "rules_structural.pad": f"{_DIFF} [pad]",
     "rules_structural.slice_static": f"{_DIFF} [slice]",
     "rules_structural.slice_": f"{_DIFF} [dynamic_slice]",
-    "rules_indexing.dynamic_update_slice": f"{_DIFF} [dynamic_slice]",
+    "rules_indexing.dynamic_update_slice": f"{_DIFF} [dynamic_slice], {_INDEXING} [dynamic_update_slice]",
     "rules_windows.conv_general_dilated": f"{_DIFF} [conv_general_dilated]",
     "rules_windows.reduce_window": f"{_DIFF} [reduce_window]",
     "rules_windows.select_and_scatter_add": f"{_DIFF} [reduce_window] (the max pool's gradient)",
     "rules_loops.cond": f"{_DIFF} [control]",
     "rules_loops.while_loop": f"{_DIFF} [control]",
-    "rules_structural.concatenate": f"{_DIFF} [split] (the gradient of split)",
-    "rules_structural.elementwise": "tests/test_explain_rules.py, tests/test_explain_corpus.py",
+    "rules_structural.concatenate": f"{_INDEXING} [concatenate], {_DIFF} [split] (the gradient of split)",
+    "rules_structural.elementwise": (
+        f"{_INDEXING} [select_n, iota_mask, clamp, integer, mixed_elementwise], tests/test_explain_rules.py"
+    ),
     "rules_structural.reduce": "tests/test_explain_rules.py (reductions over split axes)",
     "rules_structural.broadcast_in_dim": "tests/test_explain_rules.py (operands broadcast from size-1 axes)",
     "rules_structural.reshape": "tests/test_explain_corpus.py",
     "rules_structural.transpose": "tests/test_explain_corpus.py",
     "rules_structural.squeeze": "tests/test_explain_corpus.py",
     "rules_structural.expand_dims": "tests/test_explain_corpus.py",
-    "rules_structural.constant": "tests/test_explain_corpus.py",
+    "rules_structural.constant": f"{_INDEXING} [iota_mask], tests/test_explain_corpus.py",
     "rules_structural.bitcast_convert_type": "tests/test_primitive_rules.py::test_coverage_rules_run",
     "rules_structural.no_data": "tests/test_primitive_rules.py::test_coverage_rules_run",
     "rules_indexing.dot_general": "tests/test_explain_rules.py, tests/test_analysis_vs_xla.py",
-    "rules_indexing.gather": "tests/test_explain_rules.py (lookups, take_along_axis)",
-    "rules_indexing.scatter_add": "tests/test_explain_rules.py (embedding gradients)",
-    "rules_indexing.scatter": "tests/test_explain_rules.py",
+    "rules_indexing.gather": f"{_INDEXING} [gather], tests/test_explain_rules.py (lookups, take_along_axis)",
+    "rules_indexing.scatter_add": f"{_INDEXING} [scatter] (and [gather]'s gradients), tests/test_explain_rules.py",
+    "rules_indexing.scatter": f"{_INDEXING} [scatter], tests/test_explain_rules.py",
     "rules_control.scan": "tests/test_explain_corpus.py, tests/test_explain.py",
     "rules_linalg.tile": "tests/test_linalg_rules.py [tile]",
     "rules_linalg.matrix_op": "tests/test_linalg_rules.py [matrix]",

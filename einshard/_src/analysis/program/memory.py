@@ -169,8 +169,9 @@ class _Program:
                 outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
                 env = self.inner[path] if path else self.layouts
                 scratch = window_scratch(eqn, env)
-                if (
-                    eqn.primitive.name == "select_and_scatter_add"
+                if eqn.primitive.name in (
+                    "select_and_scatter_add",
+                    "dynamic_update_slice",
                 ):  # sized by the layouts: a reuse under other layouts sizes it again (rebound)
                     self.windows.append((len(self.steps), eqn, path))
                 self.steps.append(_Step(eqn.primitive.name, ins, outs, scratch))
@@ -295,6 +296,8 @@ def window_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
     48 bytes): ``rank·P + (rank+1)·S`` for f32, P the operand's elements and S the source's, 4 bytes each.
     Narrower floats are computed in f32 on the CPU (held at 4 bytes here, a floor: bf16 measured more).
     """
+    if eqn.primitive.name == "dynamic_update_slice":
+        return _update_scratch(eqn, env)
     if eqn.primitive.name != "select_and_scatter_add":
         return 0
     source, operand = eqn.invars[0], eqn.invars[1]
@@ -311,6 +314,25 @@ def window_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
 
     padded = block(operand, eqn.params.get("padding"))
     return (size + 4 * (rank - 1)) * padded + (size + 4 * rank) * block(source)
+
+
+def _update_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
+    """Bytes per device XLA holds while it writes an update into a constant whose result is split where the
+    update does not span it (dynamic_slice's gradient on Explicit axes, typed like the operand): the update
+    lands anywhere along those axes, so XLA writes it into a buffer whole along them and slices the result's
+    piece from it (measured: the (2, 1) slice of [16@c, 16], its gradient holds a whole [16, 16] besides the
+    gathered operand and the piece)."""
+    base, update, out = eqn.invars[0], eqn.invars[1], eqn.outvars[0]
+    lay, base_lay = env.get(out), env.get(base)
+    if lay is None or is_free(lay) or (base_lay is not None and not is_free(base_lay)):
+        return 0
+    shape = [
+        n if int(u) != int(n) and d else s
+        for n, u, d, s in zip(out.aval.shape, update.aval.shape, lay.dims, lay.shard_shape)
+    ]
+    if list(shape) == list(lay.shard_shape):
+        return 0
+    return math.prod(int(n) for n in shape) * int(np.dtype(out.aval.dtype).itemsize)
 
 
 class PeakCache:

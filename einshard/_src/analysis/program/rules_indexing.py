@@ -27,6 +27,7 @@ from ..cost import Collective, sent_bytes
 from .costing import is_free
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
+from .report import OpBound
 from .rules_structural import explicit_dims
 from .values import CARRIERS, ELEMENTWISE, Partial
 
@@ -473,6 +474,27 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
             whole = operand.with_dims(tuple(() if k == i else d for k, d in enumerate(operand.dims)))
             w.change(eqn, phase, operand, whole, dtype, repeat, "gather windows across a sharded axis")
             operand = whole
+    # 3. indices split over a mesh axis that splits an axis the lookup keeps whole (token ids split over the
+    #    axis a table's features are split over): XLA gathers the indices along it and the result keeps the
+    #    table's split (measured on [16, 16@a] and [16, 64@a] tables by 8 to 128 ids split over a, the ids
+    #    smaller or larger than the result).
+    kept_split = {m for i, d in enumerate(operand.dims) if i not in indexed and i not in op_batch for m in d}
+    clash = {m for k, d in enumerate(indices.dims) if k not in batch_dims for m in d} & kept_split
+    idle = set(w.costs.mesh_sizes) - {m for d in operand.dims + indices.dims for m in d}
+    if clash and not any(w.costs.mesh_sizes[m] > 1 for m in idle):
+        # (With idle mesh axes XLA moves the indices onto them instead and gathers the result there (a
+        # permute, two all-gathers): not modelled; the result's second use of the axis is gathered below.)
+        keep = tuple(
+            d if k in batch_dims else tuple(m for m in d if m not in clash) for k, d in enumerate(indices.dims)
+        )
+        why = "gather: the indices meet the table's kept split"
+        w.change(eqn, phase, indices, indices.with_dims(keep), indices_dtype(eqn), repeat, why)
+        if fills(eqn):
+            # mode="fill": XLA computes each index's in-bounds mask (one byte each) on the indices' split and
+            # gathers it too (measured: a second all-gather of 8 bytes for 8 ids).
+            axes = tuple(m for d in indices.dims for m in d if m in clash)
+            charge(w, eqn, phase, repeat, "all-gather", axes, [math.prod(indices.shape[:-1])], "gather: fill mask")
+        indices = indices.with_dims(keep)
     idx_used = {m for d in indices.dims for m in d}
     kept = [i for i in range(len(operand.shape)) if i not in collapsed and i not in op_batch]
     batch_out = [d for d in range(out_rank) if d not in offset_dims]
@@ -541,10 +563,14 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
             # Measured both ways: with no layout asked of the result, XLA may keep it whole (an all-reduce,
             # no slice) instead of slicing it back to the indices' split.
             approx_note = "a masked lookup's sum: XLA may all-reduce the result whole instead of reduce-scattering it"
-            mark_approximate(w, summed_at, approx_note)
+            # XLA's other choice sends the whole result and holds it twice (the partial and the summed buffers)
+            # where explain holds pieces (measured: a [16, 16] lookup, table rows over (a, b), ids over b).
+            whole = math.prod(out_aval.shape) * itemsize(dtype)
+            mark_approximate(w, summed_at, approx_note, OpBound(1, float(whole), float(2 * whole)))
             approx_note = ""
     elif masked:
         pending = out.with_dims(out.dims, frozenset(masked))
+        w.env[Partial(eqn.outvars[0])] = out  # the masked partial lookup is held next to its sum (memory.py)
         if wanted != dims:
             # (a mesh axis that wanted names twice keeps its first use, as above, where its gather was paid)
             out = w.relayout(out_aval, wanted)
@@ -693,6 +719,11 @@ def _record_lookup(
     w.record(eqn, phase, why, out, tuple(colls), 0.0, sum(c.time for c in colls), repeat)
 
 
+def fills(eqn: Any) -> bool:
+    """Whether a gather or scatter drops out-of-bounds indices (``mode="fill"``): XLA masks them."""
+    return "FILL" in str(eqn.params.get("mode", "")).upper()
+
+
 def indices_dtype(eqn: Any) -> Any:
     return eqn.invars[1].aval.dtype
 
@@ -721,6 +752,31 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     # The updates' scatter axes pair with the indices' axes (the index vector is the last one).
     scatter_axes = [u for u in range(len(updates.shape)) if u not in window]
     by_index = dict(zip(range(len(indices.shape) - 1), scatter_axes))
+    combining = adds or eqn.primitive.name.replace("_", "-") in COMBINING_SCATTERS
+    owned = set() if is_free(operand) else {m for d in operand.dims for m in d}
+    indexed_by, stray = _indices_split(updates, indices, by_index, set(idx_batch))
+    if "CLIP" not in str(eqn.params.get("mode", "")).upper():
+        # Indices split where their updates are split otherwise: measured on a lookup's gradient (the scatter-add
+        # of jnp.take's transpose), where XLA gathers them once more only in mode "clip" (the scatter clamps its
+        # indices itself: a value of its own); in the other modes they are the forward's, gathered already.
+        stray = set()
+    if not is_free(updates) and not is_free(indices):
+        extra = {m for d in indexed_by for m in d} - {m for d in updates.dims for m in d}
+        if extra and combining and not extra & owned:
+            # Indices split along an axis the updates are whole on: each device scatters the updates its
+            # indices pick (sliced locally) and XLA combines the devices' results (measured: x.at[i@a].add(u)
+            # and .max(u), x and u whole: one all-reduce of x), as for updates split there.
+            updates = updates.with_dims(indexed_by)
+        else:
+            stray |= extra
+        if stray:
+            # An overwrite, a result split over the indices' mesh axes, or updates that use them elsewhere:
+            # XLA gathers the indices (measured: x.at[i@a].set(u), .add(u) into x[16@a, 16] or x[16, 16@a], and
+            # the gradient of jnp.take(t[16@a, 16], i[8@a], axis=1): one all-gather of i).
+            keep = tuple(tuple(m for m in d if m not in stray) for d in indices.dims)
+            why = "scatter: indices split where the updates are not"
+            w.change(eqn, phase, indices, indices.with_dims(keep), eqn.invars[1].aval.dtype, repeat, why)
+            indices = indices.with_dims(keep)
     op_window = [i for i in range(rank) if i not in inserted and i not in op_batch]
     dims: list[tuple[str, ...]] = [() for _ in range(rank)] if is_free(operand) else list(operand.dims)
     if is_free(operand):
@@ -743,6 +799,25 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
             if ask and not dims[o] and not set(ask) & (used | set(split)):
                 dims[o] = ask
                 used |= set(ask)
+    clash = tuple(m for m in split if m in used)
+    if not is_free(operand):
+        # The updates line up with the result: their window axes take the result's split (an update split
+        # along a window axis the result keeps whole, or splits otherwise, moves: measured, u[8, 16@a] into
+        # x[16@a, 16] is one all-gather of the updates, u[8@a, 16] into x[16, 16@a] one all-to-all); their
+        # scatter axes give up the mesh axes that split the result too (each device writes the rows it holds
+        # from every update: measured, x[16@a].at[i[8]].add(u[8@a]) gathers the updates), and the indices
+        # are gathered with them (XLA lines them up with the updates' split first: whole indices too).
+        target = [tuple(m for m in d if m not in clash) if k in scatter_axes else d for k, d in enumerate(updates.dims)]
+        for u, o in zip(window, op_window):
+            target[u] = dims[o] if updates.shape[u] == out_aval.shape[o] else ()
+        before = updates
+        if tuple(target) != updates.dims:
+            moved_updates = updates.with_dims(tuple(target))
+            w.change(eqn, phase, updates, moved_updates, updates_dtype(eqn), repeat, "scatter: updates line up")
+            updates = moved_updates
+        if clash:
+            _gather_indices(w, eqn, phase, repeat, before, indices, by_index, clash)
+        split = tuple(m for m in split if m not in clash)
     split = tuple(m for m in split if m not in used)
     dims = w.settle_repeats(eqn, phase, out_aval, dims, repeat, "scatter result split twice over a mesh axis")
     out = w.relayout(out_aval, dims)
@@ -775,14 +850,88 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
                 "scatter-add of updates split along several axes",
             )
             pending = rest
+        w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce (memory.py)
         return [out.with_dims(out.dims, pending)]
+    if split and combining and not adds:
+        # scatter-max / -min / -mul of split updates: as for an add, each device scatters its share into its
+        # copy (the identity where it has no update) and XLA combines the copies with the scatter's own
+        # combiner: one all-reduce of the whole result over the updates' split (measured: x.at[i].max(u) of
+        # updates split over a, indices whole or split alike: one all-reduce of x's piece, no gather).  Not a
+        # pending sum: an all-reduce with max / min / multiply cannot be carried through linear ops.
+        piece = math.prod(out.shard_shape) * itemsize(out_aval.dtype)
+        charge(w, eqn, phase, repeat, "all-reduce", split, [piece], "scatter combining split updates", out)
+        w.env[Partial(eqn.outvars[0])] = out  # each device's copy is held next to the combined one (memory.py)
+        return [out]
     if split:
-        # A non-additive scatter needs every update on every device: gather them (and their indices).
-        whole = updates.with_dims(
-            tuple(() if k in scatter_axes and k not in batch_axes else d for k, d in enumerate(updates.dims))
-        )
-        w.change(eqn, phase, updates, whole, updates_dtype(eqn), repeat, "scatter of split updates")
+        # A non-additive scatter needs every update on every device: gather them, and their indices.
+        _gather_scatter_axes(w, eqn, phase, repeat, updates, indices, scatter_axes, by_index, split)
     return [out]
+
+
+def _indices_split(
+    updates: Layout, indices: Layout, by_index: dict[int, int], batching: set[int]
+) -> tuple[tuple[tuple[str, ...], ...], set[str]]:
+    """The updates' split with the indices' split on the scatter axes the updates are whole on (and the same
+    length), where those mesh axes are free in the updates; and the indices' other mesh axes that their
+    updates' scatter axes do not share (split otherwise, or used elsewhere in the updates)."""
+    dims = list(updates.dims)
+    used = {m for d in dims for m in d}
+    stray: set[str] = set()
+    for k, u in by_index.items():
+        d = indices.dims[k]
+        if k in batching or not d or d == dims[u]:
+            continue
+        if dims[u] or indices.shape[k] != updates.shape[u] or set(d) & used:
+            stray |= set(d) - set(dims[u])
+            continue
+        dims[u] = d
+        used |= set(d)
+    return tuple(dims), stray
+
+
+def _gather_scatter_axes(
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    updates: Layout,
+    indices: Layout,
+    scatter_axes: list[int],
+    by_index: dict[int, int],
+    axes: tuple[str, ...],
+) -> Layout:
+    """Gather a scatter's updates along their scatter axes over ``axes``, and their indices with them (XLA lines
+    the indices up with the updates' split first: measured, whole indices are gathered too)."""
+    whole = updates.with_dims(
+        tuple(tuple(m for m in d if m not in axes) if k in scatter_axes else d for k, d in enumerate(updates.dims))
+    )
+    w.change(eqn, phase, updates, whole, updates_dtype(eqn), repeat, "scatter of split updates")
+    _gather_indices(w, eqn, phase, repeat, updates, indices, by_index, axes)
+    return whole
+
+
+def _gather_indices(
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    updates: Layout,
+    indices: Layout,
+    by_index: dict[int, int],
+    axes: tuple[str, ...],
+) -> None:
+    """Gather a scatter's indices over ``axes``, split first like the updates' scatter axes they index."""
+    if not is_free(indices):
+        idx_split = indices.with_dims(
+            tuple(updates.dims[by_index[k]] if k in by_index else () for k in range(len(indices.shape)))
+        )
+        idx_whole = idx_split.with_dims(tuple(tuple(m for m in d if m not in axes) for d in idx_split.dims))
+        w.change(eqn, phase, idx_split, idx_whole, eqn.invars[1].aval.dtype, repeat, "scatter: the updates' indices")
+
+
+# Scatters whose combiner XLA applies across devices to updates split along their scatter axes (an all-reduce
+# with that combiner); a plain scatter (overwrite) is not associative and gathers its updates instead.
+COMBINING_SCATTERS = frozenset({"scatter-max", "scatter-min", "scatter-mul"})
 
 
 # Adds of two same-shaped values: a gradient summed over several uses (a table looked up twice, T5's shared
@@ -947,4 +1096,28 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             want = tuple(d if a == b else () for d, a, b in zip(whole.dims, update.shape, operand.shape))
             if want != update.dims:
                 w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
-    return [w.relayout(out_aval, operand.dims)]
+        return [w.relayout(out_aval, operand.dims)]
+    target = _update_target(operand, update)
+    if target != operand.dims:
+        # The operand is whole where the update spans it and is split: sliced locally to the update's split.
+        w.change(eqn, phase, operand, operand.with_dims(target), out_aval.dtype, repeat, "operand lines up")
+    if not is_free(update):
+        want = tuple(d if a == b else () for d, a, b in zip(target, update.shape, operand.shape))
+        if want != update.dims:
+            w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
+    return [w.relayout(out_aval, target)]
+
+
+def _update_target(operand: Layout, update: Layout) -> tuple[tuple[str, ...], ...]:
+    """The result's split of an update that cuts no split axis of its operand, as XLA's propagation merges them:
+    the operand's split where it has one; where it is whole along an axis the update spans, the update's split
+    (the operand is sliced locally, measured: a whole (16, 16) operand updated by a (16, 16) update split over a
+    keeps the update's split, no collective), where that split's mesh axes are free in the operand; an update
+    split along an axis it does not span is gathered along it (it lands anywhere)."""
+    used = {m for d in operand.dims for m in d}
+    dims = list(operand.dims)
+    for i, (d, u, a, b) in enumerate(zip(operand.dims, update.dims, update.shape, operand.shape)):
+        if not d and u and a == b and not set(u) & used:
+            dims[i] = u
+            used |= set(u)
+    return tuple(dims)

@@ -221,11 +221,15 @@ def pad(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> 
     from .movement import mark_approximate
 
     dims = list(src.dims)
-    for axis, (low, high, interior) in enumerate(eqn.params["padding_config"]):
+    config = eqn.params["padding_config"]
+    uneven = _uneven_blocks(src, out_aval.shape, w.costs.mesh_sizes, [i for i, c in enumerate(config) if not c[2]])
+    for axis, (low, high, interior) in enumerate(config):
         if not dims[axis]:
             continue
         start = len(w.ops)
-        dims[axis] = _shift_axis(w, eqn, phase, repeat, src, axis, int(out_aval.shape[axis]), -int(low), interior)
+        dims[axis] = _shift_axis(
+            w, eqn, phase, repeat, src, axis, int(out_aval.shape[axis]), -int(low), interior, *_seen(uneven, axis)
+        )
         if min(int(low), int(high)) < 0 and not interior:
             # A negative pad crops as it shifts: measured, XLA then sometimes moves one more piece than the
             # shift needs (up to a block's worth of bytes per device more than priced here).
@@ -241,17 +245,60 @@ def slice_static(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase:
         return [w.free(out_aval)]
     strides = eqn.params.get("strides") or (1,) * len(src.shape)
     dims = list(src.dims)
+    moved = [i for i, d in enumerate(dims) if d and src.shape[i] != out_aval.shape[i] and int(strides[i]) == 1]
+    uneven = _uneven_blocks(src, out_aval.shape, w.costs.mesh_sizes, moved)
     for axis, start in enumerate(eqn.params["start_indices"]):
         if dims[axis] and src.shape[axis] != out_aval.shape[axis]:
             step = int(strides[axis])
-            dims[axis] = _shift_axis(w, eqn, phase, repeat, src, axis, int(out_aval.shape[axis]), int(start), step - 1)
+            out_len = int(out_aval.shape[axis])
+            seen = _seen(uneven, axis)
+            dims[axis] = _shift_axis(w, eqn, phase, repeat, src, axis, out_len, int(start), step - 1, *seen)
     return [w.relayout(out_aval, dims)]
 
 
+def _uneven_blocks(
+    src: Layout, out_shape: Any, sizes: Mapping[str, int], axes: list[int]
+) -> dict[int, tuple[int, int]]:
+    """Of ``axes``, the split ones whose result does not divide its split (nor is smaller than it): XLA pads each
+    to the next multiple, (its padded block, its length once gathered over the split's undividing part)."""
+    out: dict[int, tuple[int, int]] = {}
+    for i in axes:
+        d, length = src.dims[i], int(out_shape[i])
+        n = math.prod(sizes[m] for m in d)
+        if not d or length % n == 0 or length < n:
+            continue
+        padded = -(-length // n) * n
+        out[i] = (padded // n, padded // math.prod(sizes[m] for m in _small_result_split(d, length, sizes)))
+    return out
+
+
+def _seen(uneven: dict[int, tuple[int, int]], axis: int) -> tuple[dict[int, int], dict[int, int]]:
+    """The other uneven axes' sizes as ``axis`` moves, and as it is gathered.  Measured (a pad of 16 x 16 to
+    17 x 17 over (b, a) of 2 x 4): XLA shifts the axes in order, each seeing the earlier ones at their padded
+    blocks, then gathers them in reverse order, each seeing the later ones gathered (padded) and the earlier
+    ones still at their padded blocks: [1, 4] and [9, 3] permuted, [9, 20] and [18, 20] gathered."""
+    before = {j: b for j, (b, _) in uneven.items() if j < axis}
+    after = {j: (b if j < axis else g) for j, (b, g) in uneven.items() if j != axis}
+    return before, after
+
+
 def _shift_axis(
-    w: WalkerLike, eqn: Any, phase: str, repeat: int, src: Layout, axis: int, out_len: int, offset: int, irregular: int
+    w: WalkerLike,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    src: Layout,
+    axis: int,
+    out_len: int,
+    offset: int,
+    irregular: int,
+    before: Mapping[int, int] | None = None,
+    after: Mapping[int, int] | None = None,
 ) -> tuple[str, ...]:
-    """Charge the move of a split axis whose result block ``k`` starts at ``k·o + offset``; its new split."""
+    """Charge the move of a split axis whose result block ``k`` starts at ``k·o + offset``; its new split.
+
+    ``before`` / ``after``: other axes' per-device sizes where XLA's differ from the operand's block as this axis
+    moves and as it is gathered (other uneven axes, padded: :func:`_seen`)."""
     from .movement import charge, itemsize, mark_approximate, shift_pieces
 
     axes = src.dims[axis]
@@ -278,7 +325,9 @@ def _shift_axis(
     # rows and columns moves whole rows, then slices); a small result is sliced first, then all-reduced.
     out_shape = eqn.outvars[0].aval.shape
     sizes = w.costs.mesh_sizes
-    row = math.prod(a for i, a in enumerate(src.shard_shape) if i != axis) * itemsize(dtype)
+    row = math.prod((before or {}).get(i, a) for i, a in enumerate(src.shard_shape) if i != axis) * itemsize(dtype)
+    gathered_row = math.prod((after or {}).get(i, a) for i, a in enumerate(src.shard_shape) if i != axis)
+    gathered_row *= itemsize(dtype)
     small_row = itemsize(dtype)
     for i, (a, b, d) in enumerate(zip(src.shard_shape, out_shape, src.dims)):
         if i != axis:
@@ -307,8 +356,10 @@ def _shift_axis(
             # ... and pads it back on its device into the operand's split, where explain's walk pads the
             # all-reduced piece whole (measured: explain over XLA's peak by up to the operand's whole array).
             # Measured too: XLA then sometimes still permutes one operand block to the first owner.
+            # Measured as well (x[60:61, :1] of rows@c over 2, its gradient): XLA brings the piece to the first
+            # owner and sends it back to its own (two permutes) where explain all-reduces: one more collective.
             block_bytes = math.prod(src.shard_shape) * itemsize(dtype)
-            widen_bound(w, start, sent=block_bytes, peak=math.prod(src.shape) * itemsize(dtype))
+            widen_bound(w, start, sent=block_bytes, peak=math.prod(src.shape) * itemsize(dtype), collectives=1)
         else:
             # Measured both ways, even for a piece on the first device: XLA sometimes moves it first (a
             # collective-permute), sometimes not; the all-reduce is always there.
@@ -340,9 +391,8 @@ def _shift_axis(
     kept = _small_result_split(axes, out_len, sizes)
     reduced = axes[len(kept) :]
     gathered = padded // math.prod(sizes[m] for m in kept)
-    charge(
-        w, eqn, phase, repeat, "all-gather", reduced, [gathered * row], f"{eqn.primitive.name} result does not divide"
-    )
+    why = f"{eqn.primitive.name} result does not divide"
+    charge(w, eqn, phase, repeat, "all-gather", reduced, [gathered * gathered_row], why)
     mark_approximate(
         w, start, f"a result of {out_len} does not divide {n} ways: XLA's permutes of the uneven blocks may differ"
     )
@@ -476,20 +526,51 @@ def explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
 def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     axis = eqn.params["dimension"]
     out_aval = eqn.outvars[0].aval
-    dims = [d if i != axis else () for i, d in enumerate(ins[0].dims)]
+    placed = [lay for lay in ins if not is_free(lay)]
+    dims = concatenated_dims([lay.dims for lay in placed], axis, w.costs.mesh_sizes)
     start = len(w.ops)
-    for lay in ins:
-        if is_free(lay):
-            continue
+    for lay in placed:
+        # Each operand comes to the result's split off the axis (a whole one is sliced locally, a differently
+        # split one moves) and whole along it.
         want = lay.with_dims(tuple(d if i != axis else () for i, d in enumerate(dims)))
         w.change(eqn, phase, lay, want, out_aval.dtype, repeat, "concatenate")
-    if any(lay.dims[axis] for lay in ins if not is_free(lay)):
+    if any(lay.dims[axis] for lay in placed):
         from .movement import mark_approximate
 
         # Measured: XLA keeps the split and moves pieces (a collective-permute and all-to-alls of
         # about the operands' blocks); explain gathers the operands along the axis (same order of bytes).
         mark_approximate(w, start, "concatenate along a split axis: XLA permutes and all-to-alls, explain gathers")
+    elif any(len({lay.dims[i] for lay in placed if lay.dims[i]}) > 1 for i in range(len(dims)) if i != axis):
+        from .movement import mark_approximate
+
+        # Measured ([16, 16@b] joined to [16, 16@a]): XLA reshards one operand to the other's split (a
+        # collective-permute), joins them and gathers the result; explain gathers each operand.
+        mark_approximate(w, start, "concatenate of operands split differently: XLA reshards one, gathers the result")
     return [w.relayout(out_aval, dims)]
+
+
+def concatenated_dims(
+    operands: list[tuple[tuple[str, ...], ...]], axis: int, mesh: Mapping[str, int]
+) -> list[tuple[str, ...]]:
+    """The result's split of a concatenation, as XLA's sharding propagation merges its operands': off the
+    concatenated axis, the most-split operand's split (the others are sliced locally or moved; measured: a
+    whole operand joined to one split along its columns keeps the columns' split, no collective); along it,
+    the split of an operand split there, on mesh axes the others left free (measured: XLA keeps the rows'
+    split and moves pieces into place)."""
+    if not operands:
+        return []
+    rank = len(operands[0])
+    dims: list[tuple[str, ...]] = [()] * rank
+    used: set[str] = set()
+    for i in [i for i in range(rank) if i != axis] + [axis]:
+        if i != axis and len({d[i] for d in operands if d[i]}) > 1:
+            continue  # operands split differently along it: XLA gives the result none (measured), see concatenate
+        choices = [d[i] for d in operands if d[i] and not set(d[i]) & used]
+        if choices:
+            best = max(choices, key=lambda d: math.prod(mesh.get(m, 1) for m in d))  # first among equals
+            dims[i] = best
+            used |= set(best)
+    return dims
 
 
 def reshape_dims(
