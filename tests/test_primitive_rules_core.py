@@ -27,6 +27,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
+from jax.sharding import PartitionSpec as P
 from test_primitive_rules import DEEP, FAST, MEMORY_BOUNDS, Case, _case, check
 
 # XLA:CPU computes 16-bit floats in f32: it holds an f32 copy of each bf16 operand and result around the ops
@@ -268,3 +269,81 @@ def test_core_rule_matches_xla(family: str) -> None:
 @pytest.mark.parametrize("family", sorted(STRATEGIES))
 def test_core_rule_matches_xla_deep(family: str) -> None:
     DEEP(given(STRATEGIES[family])(check))()
+
+
+# -- the draws that found a rule's gap, fixed by the rule (each held exactly, or within the mark's bound) ------
+
+
+def _dot(dimension_numbers: Any) -> Any:
+    def dot(x: Any, y: Any) -> Any:
+        return lax.dot_general(x, y, dimension_numbers)
+
+    return dot
+
+
+MM = (((1,), (0,)), ((), ()))
+
+
+@pytest.mark.parametrize(
+    ("lhs", "rhs", "dimension_numbers"),
+    [
+        ((64, 32), (32, 16), MM),
+        ((64, 8, 32), (8, 32, 16), (((2,), (1,)), ((1,), (0,)))),  # the lhs's batch dimension not leading
+        ((8, 64, 32), (32, 8, 16), (((2,), (0,)), ((0,), (1,)))),  # the rhs's
+        ((8, 8, 8, 8), (8, 8), (((0, 1), (0, 1)), ((), ()))),  # two contracted dimensions leading
+        ((8, 8, 8, 8), (8, 8), (((2, 3), (0, 1)), ((), ()))),  # canonical: no copy
+        ((16, 16, 12), (16, 16, 12), (((2,), (2,)), ((0,), (0,)))),  # one free, one contracted: either way round
+        ((16, 32, 24, 12), (8, 32, 24), (((2, 1), (2, 1)), ((), ()))),
+    ],
+)
+def test_dot_canonical_copies_in_peak(lhs: tuple[int, ...], rhs: tuple[int, ...], dimension_numbers: Any) -> None:
+    """XLA:CPU transposes a dot's operand into its canonical order (batch, free, contracted) before the product
+    where it is not (memory.dot_scratch): peak memory counts the copy (the deep run's draws: explain was 0.5x)."""
+    args = (_struct(lhs), _struct(rhs))
+    check(Case("dot_general", _dot(dimension_numbers), args, (P(), P()), 1, False, False))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("explicit", [False, True])
+def test_bf16_collectives_carry_f32_on_cpu(grad: bool, explicit: bool) -> None:
+    """XLA:CPU converts bf16 to f32 around every collective (Profile.narrow_floats): a bf16 max over split rows
+    all-reduces 4-byte elements, a bf16 matmul of a gathered operand gathers 4-byte elements (explain said half)."""
+    x = _struct((8, 8, 8), jnp.bfloat16)
+    check(Case("reduce_max", lambda x: jnp.max(x, axis=1), (x,), (P(None, "a", None),), 1, explicit, grad, "narrow"))
+    if explicit:
+        return  # (x @ y.T of two row-split operands has no Explicit type: JAX refuses it)
+    y = _struct((8, 8), jnp.float32)
+    convert = lambda x, y: x.astype(jnp.bfloat16) @ y.astype(jnp.bfloat16).T  # noqa: E731
+    check(Case("convert_element_type", convert, (y, y), (P("a", None), P("a", None)), 1, explicit, grad, "narrow"))
+
+
+def test_one_sided_contraction_is_marked_and_within_its_bound() -> None:
+    """A contraction split by one operand only (a vector dot, x split 8 ways, y whole): XLA slices y and
+    all-reduces 4 bytes where explain's α–β time gathers x; on a (4, 2) mesh with the other axis idle XLA gathers.
+    The dot is marked approximate (its first line says so) and XLA's choice lies within the bound either way."""
+    v = _struct((8,))
+    check(Case("dot_general", _dot((((0,), (0,)), ((), ()))), (v, v), (P("a"), P()), 1, False, False))
+    a, b = _struct((8, 64)), _struct((64, 8))
+    for rank, spec in ((1, P(None, "a")), (2, P(None, "a")), (2, P("b", "a")), (2, P(None, ("a", "b")))):
+        check(Case("dot_general", _dot(MM), (a, b), (spec, P()), rank, False, False))
+    # Both operands split one mesh axis on different contracted pairs: XLA all-to-alls one and all-reduces.
+    x, y = _struct((8, 8)), _struct((8, 8, 8))
+    crossed = (((0, 1), (1, 0)), ((), ()))
+    check(Case("dot_general", _dot(crossed), (x, y), (P("a", None), P("a", None, None)), 1, False, False))
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_reduction_gradient_lands_where_its_type_says(explicit: bool) -> None:
+    """The gradient of mean(x, 1) with x's rows split over b: on Explicit axes JAX types the broadcast cotangent
+    split like x, and XLA makes it there (a local slice: its peak half of a replicated one); on Auto axes XLA
+    leaves it whole."""
+    x = _struct((8, 8, 8))
+    check(Case("reduce_mean", lambda x: jnp.mean(x, axis=1), (x,), (P(None, "b", None),), 2, explicit, True))
+
+
+def test_transpose_gradient_fuses_and_drops_the_dead_loss() -> None:
+    """jax.grad keeps the forward's loss unread (``_ = reduce_sum(y ** 2)``): XLA removes it, so the transposed
+    value is read once and fuses into the gradient's loop (peak: the argument and the gradient; explain held
+    the transposed copy too, 1.5x)."""
+    x = _struct((24, 12, 8))
+    check(Case("transpose", lambda x: jnp.transpose(x, (2, 0, 1)), (x,), (P(),), 1, False, True))

@@ -289,23 +289,23 @@ def dot_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
 
     XLA:CPU computes a dot as a batched matrix product of ``[batch..., free..., contracted...]`` by
     ``[batch..., contracted..., free...]`` (its dot decomposer reshapes each operand so); an operand whose
-    dimensions are in another order is transposed into a copy first.  A rank-2 operand of a dot without batch
-    dimensions is read either way round (the matrix product takes transposed operands).  Measured on one-op
-    programs (``memory_analysis()``: temp bytes): ``(64, 8, 32)`` with batch dimension 1 copies the whole lhs,
-    ``(32, 8, 16)`` with batch dimension 1 the rhs, ``(8, 8, 8, 8)`` contracting (0, 1) or (0, 2) the lhs, and
-    contracting (2, 3), or any 2-D dot, nothing.  A narrower float's copy is f32 (computed in f32 on the CPU).
+    dimensions are in another order is transposed into a copy first, unless its batch dimensions lead and one
+    free and one contracted dimension follow them (the matrix product reads those either way round).  Measured
+    on one-op programs (``memory_analysis()``: temp bytes): ``(64, 8, 32)`` with batch dimension 1 copies the
+    whole lhs, ``(32, 8, 16)`` with batch dimension 1 the rhs, ``(8, 8, 8, 8)`` contracting (0, 1) or (0, 2) the
+    lhs; contracting (2, 3), any 2-D dot, and a ``(16, 16, 12)`` rhs with batch 0 contracting 2, nothing.  A
+    narrower float's copy is f32 (computed in f32 on the CPU).
     """
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     total = 0
     for k, (contracted, batch) in enumerate(((lc, lb), (rc, rb))):
         v = eqn.invars[k]
         rank = len(v.aval.shape)
-        if rank == 2 and not batch:
-            continue
         free = [a for a in range(rank) if a not in contracted and a not in batch]
         canonical = [*batch, *free, *contracted] if k == 0 else [*batch, *contracted, *free]
-        if canonical == sorted(canonical):
-            continue
+        leading = list(batch) == list(range(len(batch)))
+        if leading and (canonical == sorted(canonical) or (len(free) <= 1 and len(contracted) <= 1)):
+            continue  # (one free and one contracted dimension after the batch: read either way round)
         lay = env.get(Gathered(v)) or env.get(v)
         shape = lay.shard_shape if lay is not None and not is_free(lay) else v.aval.shape
         size = max(int(np.dtype(v.aval.dtype).itemsize), 4) if hasattr(v.aval, "dtype") else 4

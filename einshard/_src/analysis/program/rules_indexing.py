@@ -137,7 +137,8 @@ def _lone_contraction_bound(w: Walker, eqn: Any, lone: tuple[int, ...], colls: t
     whole += math.prod(int(s) for s in eqn.outvars[0].aval.shape)
     (lc, _), _ = eqn.params["dimension_numbers"]
     own = sum(c.array_bytes for c in colls)
-    return OpBound(len(colls) + len(lone) + len(lc) + 1, float(own + whole * wire), float(whole * wire))
+    # (peak: explain's gathered buffers, which XLA's other way does not hold, or XLA's whole ones)
+    return OpBound(len(colls) + len(lone) + len(lc) + 1, float(own + whole * wire), float(own + whole * wire))
 
 
 def _names_operand(c: Any) -> bool:
