@@ -95,7 +95,7 @@ LONE_CONTRACTION_NOTE = (
 
 def one_sided_contraction(lhs: Layout, rhs: Layout, dn: Any) -> tuple[int, ...]:
     """The operands (0: lhs, 1: rhs) that split a contracted axis over mesh axes M where their partner does not
-    split the paired axis over M, and uses M nowhere else or only on another contracted axis.
+    split the paired axis over M alike, and uses M nowhere else or only on contracted axes.
 
     (A partner using M on a free or batch axis -- FSDP's ``b@data d, d@data f`` -- is XLA's usual gather, not
     marked.)  Both operands split over one mesh axis on different contracted pairs (``a@x b, b@x a c``): XLA
@@ -119,7 +119,8 @@ def one_sided_contraction(lhs: Layout, rhs: Layout, dn: Any) -> tuple[int, ...]:
     out: list[int] = []
     for i, j in zip(lc, rc):
         for k, split, paired in ((0, lhs.dims[i], rhs.dims[j]), (1, rhs.dims[j], lhs.dims[i])):
-            if split and not set(split) & set(paired) and not set(split) & elsewhere[1 - k] and k not in out:
+            # (split over other mesh axes than the paired axis, wholly or in part: x[d@b] . y[d@(a, b)])
+            if split and tuple(split) != tuple(paired) and not set(split) & elsewhere[1 - k] and k not in out:
                 out.append(k)
     return tuple(out)
 
