@@ -57,6 +57,8 @@ __all__ = [
     "Profile",
     "PROFILES",
     "Tiling",
+    "NarrowFloats",
+    "wire_itemsize",
     "buffer_bytes",
     "Collective",
     "KINDS",
@@ -84,6 +86,25 @@ TOPOLOGIES = ("switch", "ring")
 # compiler's tiles: :func:`buffer_bytes`).
 Tiling = Literal["dense", "tpu"]
 TILINGS: tuple[Tiling, ...] = ("dense", "tpu")
+
+# The width a collective carries a 16-bit float at: 'native' (NCCL, TPU ICI move bf16/f16 as they are) or 'f32'
+# (XLA:CPU has no 16-bit float collectives: it converts the value to f32 around each one -- measured, a
+# sharding constraint gathering bf16[8,64] blocks compiles to an f32[64,64] all-gather between two converts;
+# dots, reductions and all-to-alls alike -- so each sends 4 bytes per element).
+NarrowFloats = Literal["native", "f32"]
+NARROW_FLOATS: tuple[NarrowFloats, ...] = ("native", "f32")
+_NARROW = frozenset({"bf16", "f16"})
+
+
+def wire_itemsize(dtype_name: str, itemsize: int, narrow_floats: NarrowFloats) -> int:
+    """Bytes per element a collective sends of a ``dtype_name`` value on a compiler that moves 16-bit floats so.
+
+    Example:
+        >>> wire_itemsize("bf16", 2, "f32"), wire_itemsize("bf16", 2, "native"), wire_itemsize("s16", 2, "f32")
+        (4, 2, 2)
+    """
+    return 4 if narrow_floats == "f32" and dtype_name in _NARROW else itemsize
+
 
 # TPU buffers are whole pages of this many bytes (memory_analysis(): a scalar, a (1, 128) f32 take 512).
 _TPU_PAGE = 512
@@ -148,6 +169,8 @@ class Profile:
             (CPU, GPU) or ``'tpu'`` (the TPU compiler's tiles).  ``'tpu'`` also puts, on the first line of
             a report for this profile, where explain's collectives are XLA's CPU/GPU partitioning and the
             TPU compiler's differ (:data:`COMPILER_CAVEATS`).
+        narrow_floats: the width its collectives carry bf16/f16 values at: ``'native'`` or ``'f32'``
+            (XLA:CPU converts them to f32 around every collective: :func:`wire_itemsize`).
     """
 
     name: str
@@ -156,6 +179,7 @@ class Profile:
     latency: float
     topology: str = "switch"
     tiling: Tiling = "dense"
+    narrow_floats: NarrowFloats = "native"
 
     def __post_init__(self) -> None:
         # Every estimate divides by flops and bandwidth: a zero, a NaN or an infinity would make each plan's time
@@ -177,6 +201,13 @@ class Profile:
 
             raise EinshardError(
                 f"einshard.Profile: tiling= takes one of {', '.join(map(repr, TILINGS))}, got {self.tiling!r}"
+            )
+        if self.narrow_floats not in NARROW_FLOATS:
+            from ..errors import EinshardError
+
+            raise EinshardError(
+                "einshard.Profile: narrow_floats= takes one of "
+                f"{', '.join(map(repr, NARROW_FLOATS))}, got {self.narrow_floats!r}"
             )
 
     @property
@@ -217,7 +248,8 @@ PROFILES: dict[str, Profile] = {
     # tiny model is not split where the collectives' rendezvous costs more than the compute saved (the external
     # corpus' scanned stack: splitting the batch measured 1.2-1.5x slower than no split at all, predicted
     # faster at 5 µs).  Rough, for relative answers only.
-    "cpu": Profile("cpu", flops=1e11, bandwidth=1e10, latency=2e-5),
+    # XLA:CPU moves bf16/f16 values as f32 (narrow_floats, :func:`wire_itemsize`).
+    "cpu": Profile("cpu", flops=1e11, bandwidth=1e10, latency=2e-5, narrow_floats="f32"),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
     # the book measures AR bus bandwidth only for large messages).

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...core.layout import Layout, MeshAxis
 from ...errors import EinshardError
-from ..cost import get_profile, transition
+from ..cost import get_profile, transition, wire_itemsize
 from ..einsum.analyze import analyze_layouts, dtype_info
 from ..einsum.model import Problem
 from .blocks import BodyStructures, Tape, WalkCounts
@@ -87,6 +87,8 @@ class OpCosts:
         elif is_free(rhs) and not is_free(lhs):
             rhs = adopt(rhs, rnames, lhs, lnames, self.mesh_sizes)
         dname, itemsize = dtype_info(dtype)
+        # What XLA sends of the operands and the partial sums (XLA:CPU: bf16 as f32), which also decides its choice.
+        itemsize = wire_itemsize(dname, itemsize, self.profile.narrow_floats)
         ops = (_renamed(lhs, lnames), _renamed(rhs, rnames))
         sizes = dict(zip(lnames, lhs.shape)) | dict(zip(rnames, rhs.shape))
         problem = Problem(ops, tuple(out_names), tuple(sizes.items()), self.mesh, None, itemsize, self.profile)
@@ -103,7 +105,8 @@ class OpCosts:
         key = (src, dst, str(dtype))
         hit = self._reshards.get(key)
         if hit is None:
-            _, itemsize = dtype_info(dtype)
+            dname, itemsize = dtype_info(dtype)
+            itemsize = wire_itemsize(dname, itemsize, self.profile.narrow_floats)
             try:
                 hit = tuple(transition(src, dst, itemsize=itemsize, profile=self.profile)[1])
             except EinshardError:

@@ -25,6 +25,7 @@ CALLS = {"jit", "pjit", "remat2", "checkpoint", "custom_jvp_call", "custom_vjp_c
 
 _DIFF = "tests/test_primitive_rules.py"
 _INDEXING = "tests/test_primitive_rules_indexing.py"
+_CORE = "tests/test_primitive_rules_core.py"  # the core primitives' differential property tests
 # The test that holds each rule against XLA's compiled HLO (rule function -> test).
 TESTS: dict[str, str] = {
     "rules_ordering.split": f"{_DIFF} [split]",
@@ -48,16 +49,16 @@ TESTS: dict[str, str] = {
     "rules_structural.elementwise": (
         f"{_INDEXING} [select_n, iota_mask, clamp, integer, mixed_elementwise], tests/test_explain_rules.py"
     ),
-    "rules_structural.reduce": "tests/test_explain_rules.py (reductions over split axes)",
-    "rules_structural.broadcast_in_dim": "tests/test_explain_rules.py (operands broadcast from size-1 axes)",
-    "rules_structural.reshape": "tests/test_explain_corpus.py",
-    "rules_structural.transpose": "tests/test_explain_corpus.py",
-    "rules_structural.squeeze": "tests/test_explain_corpus.py",
-    "rules_structural.expand_dims": "tests/test_explain_corpus.py",
+    "rules_structural.reduce": f"{_CORE} [reduce], tests/test_explain_rules.py (reductions over split axes)",
+    "rules_structural.broadcast_in_dim": f"{_CORE} [broadcast_in_dim], tests/test_explain_rules.py",
+    "rules_structural.reshape": f"{_CORE} [reshape]",
+    "rules_structural.transpose": f"{_CORE} [transpose]",
+    "rules_structural.squeeze": f"{_CORE} [squeeze]",
+    "rules_structural.expand_dims": f"{_CORE} [squeeze] (expand_dims)",
     "rules_structural.constant": f"{_INDEXING} [iota_mask], tests/test_explain_corpus.py",
     "rules_structural.bitcast_convert_type": "tests/test_primitive_rules.py::test_coverage_rules_run",
     "rules_structural.no_data": "tests/test_primitive_rules.py::test_coverage_rules_run",
-    "rules_indexing.dot_general": "tests/test_explain_rules.py, tests/test_analysis_vs_xla.py",
+    "rules_indexing.dot_general": f"{_CORE} [dot_general], tests/test_dot_consumer_sums.py, tests/test_analysis_vs_xla.py",
     "rules_indexing.gather": f"{_INDEXING} [gather], tests/test_explain_rules.py (lookups, take_along_axis)",
     "rules_indexing.scatter_add": f"{_INDEXING} [scatter] (and [gather]'s gradients), tests/test_explain_rules.py",
     "rules_indexing.scatter": f"{_INDEXING} [scatter], tests/test_explain_rules.py",

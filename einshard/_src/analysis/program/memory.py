@@ -52,7 +52,7 @@ from .costing import is_free
 from .registry import sub_jaxpr
 from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial
 
-__all__ = ["peak_bytes", "peak_caveat", "PeakCache", "SCRATCH", "window_scratch"]
+__all__ = ["peak_bytes", "peak_caveat", "PeakCache", "SCRATCH", "window_scratch", "dot_scratch"]
 
 
 # Ops XLA fuses into one loop with their elementwise producers (loop and input fusion), with the reductions
@@ -172,6 +172,7 @@ class _Program:
                 if eqn.primitive.name in (
                     "select_and_scatter_add",
                     "dynamic_update_slice",
+                    "dot_general",
                 ):  # sized by the layouts: a reuse under other layouts sizes it again (rebound)
                     self.windows.append((len(self.steps), eqn, path))
                 self.steps.append(_Step(eqn.primitive.name, ins, outs, scratch))
@@ -286,6 +287,36 @@ class _Program:
         return env.get(derived(v) if derived is not None else v)
 
 
+def dot_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
+    """Bytes per device XLA:CPU holds while it runs a dot_general, besides its operands and result: the
+    transposed copies of operands not in its canonical order.
+
+    XLA:CPU computes a dot as a batched matrix product of ``[batch..., free..., contracted...]`` by
+    ``[batch..., contracted..., free...]`` (its dot decomposer reshapes each operand so); an operand whose
+    dimensions are in another order is transposed into a copy first, unless its batch dimensions lead and one
+    free and one contracted dimension follow them (the matrix product reads those either way round).  Measured
+    on one-op programs (``memory_analysis()``: temp bytes): ``(64, 8, 32)`` with batch dimension 1 copies the
+    whole lhs, ``(32, 8, 16)`` with batch dimension 1 the rhs, ``(8, 8, 8, 8)`` contracting (0, 1) or (0, 2) the
+    lhs; contracting (2, 3), any 2-D dot, and a ``(16, 16, 12)`` rhs with batch 0 contracting 2, nothing.  A
+    narrower float's copy is f32 (computed in f32 on the CPU).
+    """
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    total = 0
+    for k, (contracted, batch) in enumerate(((lc, lb), (rc, rb))):
+        v = eqn.invars[k]
+        rank = len(v.aval.shape)
+        free = [a for a in range(rank) if a not in contracted and a not in batch]
+        canonical = [*batch, *free, *contracted] if k == 0 else [*batch, *contracted, *free]
+        leading = list(batch) == list(range(len(batch)))
+        if leading and (canonical == sorted(canonical) or (len(free) <= 1 and len(contracted) <= 1)):
+            continue  # (one free and one contracted dimension after the batch: read either way round)
+        lay = env.get(Gathered(v)) or env.get(v)
+        shape = lay.shard_shape if lay is not None and not is_free(lay) else v.aval.shape
+        size = max(int(np.dtype(v.aval.dtype).itemsize), 4) if hasattr(v.aval, "dtype") else 4
+        total += math.prod(int(n) for n in shape) * size
+    return total
+
+
 def window_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
     """Bytes per device XLA:CPU holds while it runs a max pool's gradient, besides the op's operands and result.
 
@@ -298,6 +329,8 @@ def window_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
     """
     if eqn.primitive.name == "dynamic_update_slice":
         return _update_scratch(eqn, env)
+    if eqn.primitive.name == "dot_general":
+        return dot_scratch(eqn, env)
     if eqn.primitive.name != "select_and_scatter_add":
         return 0
     source, operand = eqn.invars[0], eqn.invars[1]
@@ -426,11 +459,13 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
     """``prog``'s :class:`_Liveness`, where ``free`` says which in-place bases are free constants."""
     steps, outputs = prog.steps, prog.outputs
     n = len(steps)
+    dead = _dead_steps(steps, outputs)
     readers: dict[Key, list[int]] = {}
     producer: dict[Key, int] = {}
     for i, step in enumerate(steps):
-        for k in step.ins:
-            readers.setdefault(k, []).append(i)
+        if i not in dead:
+            for k in step.ins:
+                readers.setdefault(k, []).append(i)
         for k in step.outs:
             producer[k] = i
     fusible = _fusible_elementwise()
@@ -453,11 +488,14 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
         if name in _UPDATES_IN_PLACE and name != "dynamic_update_slice":
             base = steps[producer[k]].ins[0]
             return len(reads) == 1 and steps[reads[0]].name in _ADDS and free[base]
-        if name not in fusible or not all(steps[r].name in fusing for r in reads):
+        # A transpose read once fuses into its reader's loop too (XLA:CPU's loop fusion: the gradient of
+        # sum(x.T ** 2) is one fusion reading x, measured); it never writes in place (not a donor below).
+        if (name not in fusible and name != "transpose") or not all(steps[r].name in fusing for r in reads):
             return False
         return len(reads) <= 1
 
-    fused = frozenset(k for k in producer if is_fused(k))
+    # A dead step's results take no buffer (XLA removes the step), as fused values do not.
+    fused = frozenset(k for k in producer if producer[k] in dead or is_fused(k))
     # Until when each buffer is needed: its last reader, or, read by a fused value, that value's readers'.
     until: dict[Key, int] = dict.fromkeys(outputs, n)
     for i in range(n - 1, -1, -1):
@@ -500,6 +538,24 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
             donors[i] = tuple(d for d in fusion_inputs_of(base) if d not in args and until.get(d) == i)
     leaves = frozenset(_leaves_program(steps, set(outputs)))
     return _Liveness(readers, producer, fused, until, dies, leaves, donors)
+
+
+def _dead_steps(steps: list[_Step], outputs: Any) -> frozenset[int]:
+    """The steps whose results nothing live reads (XLA's dead code elimination removes them).
+
+    ``jax.grad`` keeps the forward's loss in the program though nothing reads it (``_ = reduce_sum c``): the
+    values only it read (the squares of ``sum(y ** 2)``) are no buffers in XLA, and a value it shared with the
+    gradient (``y``, read by the square and by ``2 * y``) is read once, so fuses into its live reader.
+    A step with no results (an effect) is live."""
+    needed: set[Key] = set(outputs)
+    dead: set[int] = set()
+    for i in range(len(steps) - 1, -1, -1):
+        step = steps[i]
+        if step.outs and not any(k in needed for k in step.outs):
+            dead.add(i)
+            continue
+        needed.update(step.ins)
+    return frozenset(dead)
 
 
 def _peak(

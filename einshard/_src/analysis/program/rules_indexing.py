@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...core.layout import Layout
-from ..cost import Collective, sent_bytes
+from ..cost import Collective, sent_bytes, wire_itemsize
+from ..einsum.read import dtype_info
 from .costing import is_free
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
@@ -79,7 +80,67 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     # Operands that disagree on a split (an all-to-all brings one to the other's): XLA may settle it upstream.
     moved = [int(c.tensor.split()[1]) - 1 for c in colls if c.kind == "all-to-all" and _names_operand(c)]
     mark_conflict(w, eqn, since, moved)
+    lone = one_sided_contraction(lhs, rhs, dn) if colls else ()  # (no collective: nothing to choose)
+    if lone and len(w.ops) > since and not w.ops[since].approximate:
+        mark_approximate(w, since, LONE_CONTRACTION_NOTE, _lone_contraction_bound(w, eqn, lone, colls))
     return [out.with_dims(out.dims, pending) if pending else out]
+
+
+# Why a dot whose contraction only one operand splits is approximate (the report's first line names it).
+LONE_CONTRACTION_NOTE = (
+    "one operand splits a contracted axis over mesh axes the other does not use, or uses on another contracted "
+    "axis: XLA either gathers it, or slices or all-to-alls the other to its split and all-reduces the product, by "
+    "a heuristic of its own (group sizes, idle mesh axes)"
+)
+
+
+def one_sided_contraction(lhs: Layout, rhs: Layout, dn: Any) -> tuple[int, ...]:
+    """The operands (0: lhs, 1: rhs) that split a contracted axis over mesh axes M where their partner does not
+    split the paired axis over M alike, and uses M nowhere else or only on contracted axes.
+
+    (A partner using M on a free or batch axis -- FSDP's ``b@data d, d@data f`` -- is XLA's usual gather, not
+    marked.)  Both operands split over one mesh axis on different contracted pairs (``a@x b, b@x a c``): XLA
+    all-to-alls one to the other's split and all-reduces the product (measured on (8, 8) x (8, 8, 8)), the
+    analyzer, by time at small sizes, gathers both.
+
+    XLA's partitioner then has two ways, and its choice does not follow the bytes or time explain prices
+    (measured on one-op programs: ``(8, 64) @ (64, 8)`` with the contraction split 8 ways all-reduces the
+    product, split 4 ways over one axis of a (4, 2) mesh it gathers the operand, split over both it all-reduces;
+    the analyzer, by its α–β time, gathers all three): gather the split operand (the analyzer's usual answer),
+    or slice the whole one locally and all-reduce the partial products.
+    """
+    if is_free(lhs) or is_free(rhs):
+        return ()
+    (lc, rc), _ = dn
+    contracted = (set(lc), set(rc))
+    # Mesh axes each operand uses on its free and batch axes (a partner's use there decides XLA's way).
+    elsewhere = tuple(
+        {m for a, d in enumerate(lay.dims) if a not in contracted[k] for m in d} for k, lay in enumerate((lhs, rhs))
+    )
+    out: list[int] = []
+    for i, j in zip(lc, rc):
+        for k, split, paired in ((0, lhs.dims[i], rhs.dims[j]), (1, rhs.dims[j], lhs.dims[i])):
+            # (split over other mesh axes than the paired axis, wholly or in part: x[d@b] . y[d@(a, b)])
+            if split and tuple(split) != tuple(paired) and not set(split) & elsewhere[1 - k] and k not in out:
+                out.append(k)
+    return tuple(out)
+
+
+def _lone_contraction_bound(w: Walker, eqn: Any, lone: tuple[int, ...], colls: tuple[Any, ...]) -> Any:
+    """XLA's other way drops explain's collectives and moves at most the split operands whole (gathered or
+    all-to-all'd) and the result whole (all-reduced, once per contracted axis): per operand and for the result,
+    a collective either way."""
+    from .report import OpBound
+
+    dtype = eqn.outvars[0].aval.dtype
+    dname, size = dtype_info(dtype)
+    wire = wire_itemsize(dname, size, w.costs.profile.narrow_floats)
+    whole = sum(math.prod(int(s) for s in eqn.invars[k].aval.shape) for k in lone)
+    whole += math.prod(int(s) for s in eqn.outvars[0].aval.shape)
+    (lc, _), _ = eqn.params["dimension_numbers"]
+    own = sum(c.array_bytes for c in colls)
+    # (peak: explain's gathered buffers, which XLA's other way does not hold, or XLA's whole ones)
+    return OpBound(len(colls) + len(lone) + len(lc) + 1, float(own + whole * wire), float(own + whole * wire))
 
 
 def _names_operand(c: Any) -> bool:

@@ -96,7 +96,13 @@ def broadcast_in_dim(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, ph
     for i, j in enumerate(eqn.params["broadcast_dimensions"]):
         if ins[0].shape[i] == out_aval.shape[j]:
             dims[j] = ins[0].dims[i]
-    return [w.relayout(out_aval, dims)]
+    natural = w.relayout(out_aval, dims)
+    if explicit_dims(out_aval) is None or natural.unreduced:
+        return [natural]
+    # On Explicit axes the result's type names its split (JAX's transpose of a reduction broadcasts the
+    # cotangent back to the operand's split type: grad of mean(x[:, rows@b], 1) is split over b): XLA makes
+    # it there, a local slice of a whole operand (measured: the gradient leaves split, XLA's peak half).
+    return [_declared(w, eqn, natural, repeat, phase, typed_whole=True)]
 
 
 @register("iota", "full", "zeros_like", "empty", "empty2")
@@ -146,17 +152,18 @@ def reshape(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     return [_declared(w, eqn, w.relayout(out_aval, dims), repeat, phase)]
 
 
-def _declared(w: WalkerLike, eqn: Any, natural: Layout, repeat: int, phase: str) -> Layout:
+def _declared(w: WalkerLike, eqn: Any, natural: Layout, repeat: int, phase: str, typed_whole: bool = False) -> Layout:
     """The result at the layout the equation's ``sharding=`` names (Explicit axes), moved there from ``natural``.
 
     On Explicit axes JAX writes the result's type into the equation (a reshape's ``sharding``):
     the transpose of a broadcast over a split batch reshapes the cotangent to a replicated type
     (Haiku's bias gradients), and XLA all-gathers the operand for it, then reduces locally
     (measured in a scanned Haiku stack's backward loop: an all-gather per bias where explain
-    had an all-reduce of the reduced sum).
+    had an all-reduce of the reduced sum).  ``typed_whole``: also where the operand's type is whole (a
+    broadcast whose result type names a split: the caller checked it does).
     """
     spec = getattr(eqn.params.get("sharding"), "spec", None)
-    if spec is None or natural.unreduced or explicit_dims(eqn.invars[0].aval) is None:
+    if spec is None or natural.unreduced or (explicit_dims(eqn.invars[0].aval) is None and not typed_whole):
         # An operand typed whole: the program was traced from unplaced inputs, and its declared layouts
         # say nothing of the layouts the walk follows.
         return natural

@@ -1,0 +1,388 @@
+"""Per-primitive differential property tests for the primitives every model is made of (issue 20).
+
+The machinery is tests/test_primitive_rules.py's (:func:`check` compiles the one-op program or its
+``jax.grad`` on a 1-, 2- or 3-axis mesh, Auto or Explicit, and holds explain's collectives, bytes, result
+layout and peak memory against XLA's compiled HLO and ``memory_analysis()``); this file draws the core
+primitives' programs:
+
+* ``dot_general`` with general dimension numbers: batch dimensions, one or two contracting dimensions, free
+  dimensions on either side, the operands' dimensions in any order, split on any of them, bfloat16 or float32;
+* reductions (``reduce_sum`` / ``reduce_max`` / ``reduce_min``, and ``mean``) over one or several axes, kept or
+  not, split or not;
+* ``reshape``: dimensions merged and split around where a split axis lands;
+* ``transpose``, ``broadcast_in_dim`` (new dimensions, size-1 dimensions expanded), ``convert_element_type``
+  followed by an op, ``squeeze`` / ``expand_dims``.
+
+Each family: a small derandomized budget in the default run, a deep ``@pytest.mark.slow`` run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jax import lax
+from jax.sharding import PartitionSpec as P
+from test_primitive_rules import DEEP, FAST, MEMORY_BOUNDS, Case, _case, check
+
+# XLA:CPU computes 16-bit floats in f32: it holds an f32 copy of each bf16 operand and result around the ops
+# that read them (a bf16 dot's operands and product, a reduction's accumulator), which the memory walk does not
+# model (measured down to 0.34 of XLA's peak on the gradient of a bf16 vector dot). A known gap of the memory
+# walk (einshard/_src/analysis/program/memory.py), bounded here so that it cannot grow; collectives, bytes (XLA:CPU
+# moves bf16 as f32: Profile.narrow_floats) and layouts are held exactly.
+MEMORY_BOUNDS.setdefault("narrow", (0.3, 1.25))
+# Dimensions small enough that a rank-4 operand compiles quickly; 24 splits over 8 but not 16, 12 over 4 not 8.
+SMALL = st.sampled_from([8, 12, 16, 24, 32])
+DTYPES = st.sampled_from([jnp.float32, jnp.bfloat16])
+
+
+def _struct(shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _memory(*dtypes: Any) -> str:
+    """The peak bound a case is held to: the known bf16 gap where a 16-bit float is computed, else the default."""
+    return "narrow" if any(jnp.dtype(d).itemsize < 4 for d in dtypes) else "default"
+
+
+# -- dot_general ------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def dot_general_case(draw: Any) -> Case:
+    """``lax.dot_general`` with ``nb`` batch, ``nc`` contracting and free dimensions on each side, every operand's
+    dimensions in a drawn order (so batch and contracting dimensions are not always leading or trailing)."""
+    nb = draw(st.integers(0, 1))
+    nc = draw(st.integers(1, 2))
+    nl = draw(st.integers(0, 2 if nb + nc < 3 else 1))
+    nr = draw(st.integers(0, 1 if nl else 2))
+    batch = [draw(SMALL) for _ in range(nb)]
+    contract = [draw(SMALL) for _ in range(nc)]
+    free_l = [draw(SMALL) for _ in range(nl)]
+    free_r = [draw(SMALL) for _ in range(nr)]
+    # Logical order: batch, contracting, free; the drawn permutation places them in the operand.
+    lhs_logical = batch + contract + free_l
+    rhs_logical = batch + contract + free_r
+    lperm = draw(st.permutations(range(len(lhs_logical))))
+    rperm = draw(st.permutations(range(len(rhs_logical))))
+    lhs_shape = tuple(lhs_logical[p] for p in lperm)
+    rhs_shape = tuple(rhs_logical[p] for p in rperm)
+    where_l = {p: i for i, p in enumerate(lperm)}  # logical index -> position in the operand
+    where_r = {p: i for i, p in enumerate(rperm)}
+    lb = tuple(where_l[k] for k in range(nb))
+    rb = tuple(where_r[k] for k in range(nb))
+    lc = tuple(where_l[nb + k] for k in range(nc))
+    rc = tuple(where_r[nb + k] for k in range(nc))
+    dimension_numbers = ((lc, rc), (lb, rb))
+    dtype = draw(DTYPES)
+
+    def dot(x: Any, y: Any) -> Any:
+        return lax.dot_general(x, y, dimension_numbers)
+
+    return _case(draw, "dot_general", dot, (_struct(lhs_shape, dtype), _struct(rhs_shape, dtype)), _memory(dtype))
+
+
+# -- reductions -------------------------------------------------------------------------------------------------
+
+REDUCERS = {"sum": jnp.sum, "max": jnp.max, "min": jnp.min, "mean": jnp.mean}
+
+
+@st.composite
+def reduction_case(draw: Any) -> Case:
+    rank = draw(st.integers(1, 3))
+    shape = tuple(draw(SMALL) for _ in range(rank))
+    axes = tuple(sorted(draw(st.sets(st.integers(0, rank - 1), min_size=1))))
+    keepdims = draw(st.booleans())
+    kind = draw(st.sampled_from(sorted(REDUCERS)))
+    op = REDUCERS[kind]
+    dtype = draw(DTYPES)
+
+    def reduce(x: Any) -> Any:
+        return op(x, axis=axes, keepdims=keepdims)
+
+    return _case(draw, f"reduce_{kind}", reduce, (_struct(shape, dtype),), _memory(dtype))
+
+
+# -- reshape ----------------------------------------------------------------------------------------------------
+
+
+def _groups(draw: Any, n: int) -> list[int]:
+    """A composition of ``n`` factors into consecutive groups (their sizes)."""
+    cuts = sorted(draw(st.sets(st.integers(1, n - 1))) if n > 1 else set())
+    bounds = [0, *cuts, n]
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def _merge(factors: list[int], groups: list[int]) -> tuple[int, ...]:
+    out, i = [], 0
+    for g in groups:
+        out.append(math.prod(factors[i : i + g]))
+        i += g
+    return tuple(out)
+
+
+@st.composite
+def reshape_case(draw: Any) -> Case:
+    """A reshape between two groupings of the same factors (dimensions merged, split, or both), now and then with a
+    size-1 dimension inserted; the input's split lands on a group's major or minor part."""
+    n = draw(st.integers(2, 4))
+    factors = [draw(st.sampled_from([2, 3, 4, 8])) for _ in range(n)]
+    src = list(_merge(factors, _groups(draw, n)))
+    dst = list(_merge(factors, _groups(draw, n)))
+    if draw(st.booleans()):
+        dst.insert(draw(st.integers(0, len(dst))), 1)
+    if src == dst:
+        dst = [math.prod(dst)]  # flatten: always a reshape
+    if math.prod(src) < 64:
+        src, dst = [4, *src], [4, *dst]  # enough elements for a 3-axis split
+    out = tuple(dst)
+
+    def reshape(x: Any) -> Any:
+        return jnp.reshape(x, out)
+
+    return _case(draw, "reshape", reshape, (_struct(tuple(src)),))
+
+
+# -- transpose, broadcast_in_dim, convert_element_type, squeeze / expand_dims --------------------------------
+
+
+@st.composite
+def transpose_case(draw: Any) -> Case:
+    rank = draw(st.integers(2, 3))
+    shape = tuple(draw(SMALL) for _ in range(rank))
+    perm = tuple(draw(st.permutations(range(rank)).filter(lambda p: list(p) != sorted(p))))  # a transpose is emitted
+    if draw(st.booleans()):
+        # A transpose and an op that reads both layouts (q @ k.T's shape of things): the operand meets itself.
+        def fn(x: Any) -> Any:
+            return jnp.tanh(jnp.transpose(x, perm))
+
+    else:
+
+        def fn(x: Any) -> Any:
+            return jnp.transpose(x, perm)
+
+    dtype = draw(DTYPES)
+    return _case(draw, "transpose", fn, (_struct(shape, dtype),), _memory(dtype))
+
+
+@st.composite
+def broadcast_case(draw: Any) -> Case:
+    """``broadcast_in_dim`` from a rank-1/2 operand (some dimensions size 1, expanded) into a rank-2/3 result with
+    new dimensions, added to a full-size operand (a bias, a norm scale) or returned alone."""
+    out_rank = draw(st.integers(2, 3))
+    out_shape = tuple(draw(SMALL) for _ in range(out_rank))
+    in_rank = draw(st.integers(1, out_rank))
+    kept = tuple(sorted(draw(st.sets(st.integers(0, out_rank - 1), min_size=in_rank, max_size=in_rank))))
+    in_shape = tuple(1 if draw(st.integers(0, 3)) == 0 else out_shape[k] for k in kept)
+    if in_shape == out_shape:
+        in_shape = (1, *in_shape[1:])  # a broadcast of the same shape is no op at all (the program returns x)
+    if in_shape != out_shape and draw(st.booleans()):
+        # (a same-shape operand would be an elementwise mix of two layouts: another family's)
+
+        def bias(x: Any, b: Any) -> Any:
+            return x + lax.broadcast_in_dim(b, out_shape, kept)
+
+        return _case(draw, "broadcast_in_dim", bias, (_struct(out_shape), _struct(in_shape)))
+
+    def bcast(b: Any) -> Any:
+        return lax.broadcast_in_dim(b, out_shape, kept)
+
+    return _case(draw, "broadcast_in_dim", bcast, (_struct(in_shape),))
+
+
+FOLLOWERS = ("tanh", "sum", "mul", "matmul")
+
+
+@st.composite
+def convert_case(draw: Any) -> Case:
+    """``convert_element_type`` (float32 <-> bfloat16) and the op that reads the converted value: the collectives
+    after it carry the new dtype's bytes."""
+    shape = (draw(SMALL), draw(SMALL))
+    src, dst = draw(st.sampled_from([(jnp.float32, jnp.bfloat16), (jnp.bfloat16, jnp.float32)]))
+    follower = draw(st.sampled_from(FOLLOWERS))
+    axis = draw(st.integers(0, 1))
+
+    if follower in ("tanh", "sum"):
+
+        def convert_one(x: Any) -> Any:
+            c = x.astype(dst)
+            return jnp.tanh(c) if follower == "tanh" else jnp.sum(c, axis=axis)
+
+        return _case(draw, "convert_element_type", convert_one, (_struct(shape, src),), "narrow")
+
+    def convert(x: Any, y: Any) -> Any:
+        c = x.astype(dst)
+        return c * y.astype(dst) if follower == "mul" else c @ y.astype(dst).T
+
+    return _case(draw, "convert_element_type", convert, (_struct(shape, src), _struct(shape, src)), "narrow")
+
+
+@st.composite
+def squeeze_case(draw: Any) -> Case:
+    """``expand_dims`` then a broadcast along the new axis (``x[:, None] * w``: w's size-1 axes expanded), or
+    ``squeeze`` of size-1 dimensions."""
+    shape = (draw(SMALL), draw(SMALL))
+    axis = draw(st.integers(0, 2))
+    if draw(st.booleans()):
+        width = draw(st.sampled_from([1, 8]))
+
+        def expand(x: Any) -> Any:
+            grown = jnp.expand_dims(x, axis)
+            return grown * jnp.ones(grown.shape[:axis] + (width,) + grown.shape[axis + 1 :], x.dtype)
+
+        return _case(draw, "expand_dims", expand, (_struct(shape),))
+    ones = tuple(sorted(draw(st.sets(st.integers(0, 3), min_size=1, max_size=2))))
+    full = list(shape)
+    for k in ones:
+        full.insert(k, 1)
+    full_shape = tuple(full)
+    dims = tuple(k for k, s in enumerate(full_shape) if s == 1)
+
+    def squeeze(x: Any) -> Any:
+        return lax.squeeze(x, dims)
+
+    return _case(draw, "squeeze", squeeze, (_struct(full_shape),))
+
+
+STRATEGIES: dict[str, Any] = {
+    "dot_general": dot_general_case(),
+    "reduce": reduction_case(),
+    "reshape": reshape_case(),
+    "transpose": transpose_case(),
+    "broadcast_in_dim": broadcast_case(),
+    "convert_element_type": convert_case(),
+    "squeeze": squeeze_case(),
+}
+
+
+@pytest.mark.parametrize("family", sorted(STRATEGIES))
+def test_core_rule_matches_xla(family: str) -> None:
+    FAST(given(STRATEGIES[family])(check))()
+
+
+# The deep draws a rule does not yet hold to XLA (not strict: the derandomized draws follow the code's paths, so a
+# change elsewhere moves a family's first failing draw; the misses are named, not hidden).
+DEEP_MISSES = {
+    "convert_element_type": (
+        "x.astype(bf16) @ y.astype(bf16).T with x[8, 8] rows@b and y rows@(a, b) (mesh 4 x 2): both free axes split "
+        "over b, the product's layout is XLA's choice; explain differs by 2 collectives and 480 B, unmarked"
+    ),
+    "dot_general": (
+        "x[8, 8, 8] (batch 0, contracted 1@a) . y[8, 8] (batch 0@a, contracted 1) on 8 devices: the all-to-all is "
+        "XLA's, but XLA's peak 1376 B against explain's 320 B (its send and receive buffers, beyond the slack)"
+    ),
+    "broadcast_in_dim": (
+        "x[8, 8] rows@b plus a bias b[8]@a broadcast along the rows (mesh 4 x 2): XLA permutes the bias and "
+        "all-gathers it (2 collectives, 24 B), explain permutes it once (64 B)"
+    ),
+    "reshape": (
+        "x[4, 8] columns@a (8 ways) reshaped to (4, 2, 4): the split no longer divides the major part; XLA "
+        "all-gathers twice (192 B), explain once (128 B)"
+    ),
+    "squeeze": (
+        "the gradient of expand_dims(x[12, 24], 0) * ones((8, 12, 24)), nothing split: explain's peak 3456 B against "
+        "XLA's 2304 B (the memory walk holds the broadcast product XLA fuses)"
+    ),
+    "transpose": (
+        "the gradient of tanh(x[8, 8, 8].transpose(0, 2, 1)), nothing split: explain's peak 8192 B against XLA's "
+        "4096 B (XLA fuses tanh into both readers of its value; the memory walk gives a value read twice a buffer)"
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(f, marks=pytest.mark.xfail(reason=DEEP_MISSES[f], strict=False)) if f in DEEP_MISSES else f
+        for f in sorted(STRATEGIES)
+    ],
+)
+def test_core_rule_matches_xla_deep(family: str) -> None:
+    DEEP(given(STRATEGIES[family])(check))()
+
+
+# -- the draws that found a rule's gap, fixed by the rule (each held exactly, or within the mark's bound) ------
+
+
+def _dot(dimension_numbers: Any) -> Any:
+    def dot(x: Any, y: Any) -> Any:
+        return lax.dot_general(x, y, dimension_numbers)
+
+    return dot
+
+
+MM = (((1,), (0,)), ((), ()))
+
+
+@pytest.mark.parametrize(
+    ("lhs", "rhs", "dimension_numbers"),
+    [
+        ((64, 32), (32, 16), MM),
+        ((64, 8, 32), (8, 32, 16), (((2,), (1,)), ((1,), (0,)))),  # the lhs's batch dimension not leading
+        ((8, 64, 32), (32, 8, 16), (((2,), (0,)), ((0,), (1,)))),  # the rhs's
+        ((8, 8, 8, 8), (8, 8), (((0, 1), (0, 1)), ((), ()))),  # two contracted dimensions leading
+        ((8, 8, 8, 8), (8, 8), (((2, 3), (0, 1)), ((), ()))),  # canonical: no copy
+        ((16, 16, 12), (16, 16, 12), (((2,), (2,)), ((0,), (0,)))),  # one free, one contracted: either way round
+        ((16, 32, 24, 12), (8, 32, 24), (((2, 1), (2, 1)), ((), ()))),
+    ],
+)
+def test_dot_canonical_copies_in_peak(lhs: tuple[int, ...], rhs: tuple[int, ...], dimension_numbers: Any) -> None:
+    """XLA:CPU transposes a dot's operand into its canonical order (batch, free, contracted) before the product
+    where it is not (memory.dot_scratch): peak memory counts the copy (the deep run's draws: explain was 0.5x)."""
+    args = (_struct(lhs), _struct(rhs))
+    check(Case("dot_general", _dot(dimension_numbers), args, (P(), P()), 1, False, False))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("explicit", [False, True])
+def test_bf16_collectives_carry_f32_on_cpu(grad: bool, explicit: bool) -> None:
+    """XLA:CPU converts bf16 to f32 around every collective (Profile.narrow_floats): a bf16 max over split rows
+    all-reduces 4-byte elements, a bf16 matmul of a gathered operand gathers 4-byte elements (explain said half)."""
+    x = _struct((8, 8, 8), jnp.bfloat16)
+    check(Case("reduce_max", lambda x: jnp.max(x, axis=1), (x,), (P(None, "a", None),), 1, explicit, grad, "narrow"))
+    if explicit:
+        return  # (x @ y.T of two row-split operands has no Explicit type: JAX refuses it)
+    y = _struct((8, 8), jnp.float32)
+    convert = lambda x, y: x.astype(jnp.bfloat16) @ y.astype(jnp.bfloat16).T  # noqa: E731
+    check(Case("convert_element_type", convert, (y, y), (P("a", None), P("a", None)), 1, explicit, grad, "narrow"))
+
+
+def test_one_sided_contraction_is_marked_and_within_its_bound() -> None:
+    """A contraction split by one operand only (a vector dot, x split 8 ways, y whole): XLA slices y and
+    all-reduces 4 bytes where explain's α–β time gathers x; on a (4, 2) mesh with the other axis idle XLA gathers.
+    The dot is marked approximate (its first line says so) and XLA's choice lies within the bound either way."""
+    v = _struct((8,))
+    check(Case("dot_general", _dot((((0,), (0,)), ((), ()))), (v, v), (P("a"), P()), 1, False, False))
+    a, b = _struct((8, 64)), _struct((64, 8))
+    for rank, spec in ((1, P(None, "a")), (2, P(None, "a")), (2, P("b", "a")), (2, P(None, ("a", "b")))):
+        check(Case("dot_general", _dot(MM), (a, b), (spec, P()), rank, False, False))
+    # The deep run's draw: one contracted axis split over b and over (a, b): XLA gathers both (explain permuted,
+    # gathered and all-reduced; now marked, within the bound).
+    check(Case("dot_general", _dot((((0,), (0,)), ((), ()))), (v, v), (P("b"), P(("a", "b"))), 2, False, False))
+    # Both operands split one mesh axis on different contracted pairs: XLA all-to-alls one and all-reduces.
+    x, y = _struct((8, 8)), _struct((8, 8, 8))
+    crossed = (((0, 1), (1, 0)), ((), ()))
+    check(Case("dot_general", _dot(crossed), (x, y), (P("a", None), P("a", None, None)), 1, False, False))
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_reduction_gradient_lands_where_its_type_says(explicit: bool) -> None:
+    """The gradient of mean(x, 1) with x's rows split over b: on Explicit axes JAX types the broadcast cotangent
+    split like x, and XLA makes it there (a local slice: its peak half of a replicated one); on Auto axes XLA
+    leaves it whole."""
+    x = _struct((8, 8, 8))
+    check(Case("reduce_mean", lambda x: jnp.mean(x, axis=1), (x,), (P(None, "b", None),), 2, explicit, True))
+
+
+def test_transpose_gradient_fuses_and_drops_the_dead_loss() -> None:
+    """jax.grad keeps the forward's loss unread (``_ = reduce_sum(y ** 2)``): XLA removes it, so the transposed
+    value is read once and fuses into the gradient's loop (peak: the argument and the gradient; explain held
+    the transposed copy too, 1.5x)."""
+    x = _struct((24, 12, 8))
+    check(Case("transpose", lambda x: jnp.transpose(x, (2, 0, 1)), (x,), (P(),), 1, False, True))
