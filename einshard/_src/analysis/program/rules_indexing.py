@@ -28,7 +28,7 @@ from .costing import is_free
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
 from .rules_structural import explicit_dims
-from .values import CARRIERS, ELEMENTWISE, Partial
+from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
 if TYPE_CHECKING:
     from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
@@ -145,6 +145,10 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
             elif name == "transpose":
                 perm = eqn.params["permutation"]
                 frontier.append((eqn.outvars[0], tuple(axis_of[p] for p in perm)))
+            elif name in REDUCTIONS and all(int(v.aval.shape[a]) == 1 for a in eqn.params.get("axes", ())):
+                # A sum over size-1 axes only (a gradient's reshape to [t, k, 1] summed back): a reshape.
+                dropped = set(eqn.params["axes"])
+                frontier.append((eqn.outvars[0], tuple(a for i, a in enumerate(axis_of) if i not in dropped)))
             elif name in CARRIERS or _elementwise_alone(w, eqn, k):
                 frontier.append((eqn.outvars[0], axis_of))
             elif name == "broadcast_in_dim":
@@ -216,13 +220,18 @@ def _partner_split(w: Walker, eqn: Any, k: int, v: Any) -> tuple[tuple[str, ...]
     shape = tuple(getattr(v.aval, "shape", ()))
     best: tuple[tuple[str, ...], ...] = ()
     for j, other in enumerate(eqn.invars):
-        if j == k or hasattr(other, "val") or tuple(getattr(other.aval, "shape", ())) != shape:
+        theirs = tuple(getattr(getattr(other, "aval", None), "shape", ()))
+        # Same shape, or broadcast to it from size-1 axes (a [t, 1] normaliser): its splits where sizes agree.
+        if j == k or hasattr(other, "val") or len(theirs) != len(shape):
+            continue
+        if any(a != b and a != 1 for a, b in zip(theirs, shape)):
             continue
         lay = w.env.get(other)
         if lay is None or is_free(lay) or lay.unreduced:
             continue
-        if sum(len(d) for d in lay.dims) > sum(len(d) for d in best):
-            best = lay.dims
+        dims = tuple(d if a == b else () for d, a, b in zip(lay.dims, theirs, shape))
+        if sum(len(d) for d in dims) > sum(len(d) for d in best):
+            best = dims
     return best
 
 

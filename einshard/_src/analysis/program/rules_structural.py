@@ -20,6 +20,8 @@ from .alternatives import taking
 from .costing import is_free
 from .movement import is_computed, mark_conflict
 from .registry import WalkerLike, register, sharding_degree
+from .upstream import apply as apply_upstream
+from .upstream import plan_upstream
 from .values import ELEMENTWISE, REDUCTIONS, Partial
 
 __all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims"]
@@ -63,12 +65,16 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     since, conflicted = len(w.ops), []
     for k, lay in enumerate(ins):
         if any(lay is f for f in full) and lay is not target and lay.dims != target.dims:
+            if _settled_upstream(w, eqn, k, target.dims, repeat, phase):
+                continue
             w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), out_aval.dtype, repeat, why)
             conflicted.append(k)
     for k, lay in enumerate(ins):
         if not any(lay is p for p in partial):
             continue
         want = tuple(d if a == b else () for d, a, b in zip(target.dims, lay.shape, shape))
+        if want != lay.dims and _settled_upstream(w, eqn, k, want, repeat, phase):
+            continue
         if want != lay.dims:
             conflicted.append(k)
             # XLA broadcasts the small operand to the result's split first and moves that: the
@@ -85,6 +91,20 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     # A conflict settled by an all-to-all on a computed value: XLA may settle it upstream instead.
     mark_conflict(w, eqn, since, conflicted, alternative=bool(full))
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
+
+
+def _settled_upstream(
+    w: WalkerLike, eqn: Any, k: int, want: tuple[tuple[str, ...], ...], repeat: int, phase: str
+) -> bool:
+    """Operand ``k`` brought to ``want`` the way XLA does where it is computed: the split carried back through
+    its producers to plain gathers (:mod:`.upstream`).  False: it is moved here (the caller's all-to-all)."""
+    if w.quiet or taking(w, eqn) or not is_computed(w, eqn.invars[k]):
+        return False
+    route = plan_upstream(w, eqn.invars[k], tuple(want), eqn)
+    if route is None:
+        return False
+    apply_upstream(w, eqn, route, repeat, phase)
+    return True
 
 
 @register("broadcast_in_dim")
