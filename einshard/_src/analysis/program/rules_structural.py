@@ -220,9 +220,16 @@ def reduce(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
 
 def _scattered(w: WalkerLike, eqn: Any, out: Layout, sums: frozenset[str]) -> Layout | None:
     """The layout a consumer asks of a reduction's sum where it splits over exactly the summed mesh axes, else None."""
-    from .rules_indexing import consumer_split  # rules_indexing imports this module: a call-time import
+    from .rules_indexing import consumer_split, requested_dims  # rules_indexing imports this module
 
     dims = consumer_split(w, eqn.outvars[0], out, sums)
+    if dims is None:
+        # A sum that leaves the program as it is, its layout asked (report(out_specs=), an Explicit program's
+        # reshard): XLA sums it straight to that split (measured: a routed expert sum leaving token-split).
+        asked = requested_dims(w, eqn.outvars[0])
+        if asked is not None and len(asked) == len(out.dims):
+            used = {m for d in out.dims for m in d}
+            dims = [a if a and set(a) <= sums and not set(a) & used else d for a, d in zip(asked, out.dims)]
     if dims is None or {m for d in dims for m in d} - {m for d in out.dims for m in d} != set(sums):
         return None
     return w.relayout(eqn.outvars[0].aval, dims)
