@@ -27,6 +27,7 @@ from ..cost import Collective, sent_bytes
 from .costing import is_free
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
+from .report import OpBound
 from .rules_structural import explicit_dims
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
@@ -482,7 +483,7 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
             moved = tuple(m for m in w.costs.mesh_sizes if m in masked or not {m} & (idx_used | table_used))
             _record_lookup(w, eqn, phase, repeat, plan, moved, w.relayout(out_aval, wanted))
             if approx_note:
-                mark_approximate(w, start, approx_note)
+                mark_approximate(w, start, approx_note, plan.bound)
             return [w.relayout(out_aval, wanted)]
         if plan.move == "gather table":
             shared = tuple(m for m in masked if m in idx_used)
@@ -561,6 +562,29 @@ class LookupPlan:
     steps: tuple[tuple[SentKind, int, int], ...]  # (kind, group size, buffer bytes) in program order
     close: bool = False  # another way costs within CLOSE of it: XLA may take that one
     note: str = ""
+    bound: OpBound | None = None  # where close: how far XLA's other way is from this one (:func:`between`)
+
+
+def between(chosen: tuple[tuple[SentKind, int, int], ...], other: tuple[tuple[SentKind, int, int], ...]) -> OpBound:
+    """How far XLA is from ``chosen`` where it runs ``other`` instead (two ways of one op, each a sequence of
+    (kind, group size, buffer bytes)): the collectives as a multiset of kinds (the larger of those added and
+    those dropped), the bytes sent the same way, and the larger of the buffers either way moves (its peak)."""
+    from collections import Counter
+
+    def kinds(steps: tuple[tuple[SentKind, int, int], ...]) -> Counter[str]:
+        return Counter(k for k, n, _ in steps if n > 1)
+
+    def sent(steps: tuple[tuple[SentKind, int, int], ...]) -> Counter[tuple[SentKind, int, int]]:
+        return Counter((k, n, b) for k, n, b in steps if n > 1)
+
+    a, b = sent(chosen), sent(other)
+    added = sum(sent_bytes(k, n, x) * c for (k, n, x), c in (b - a).items())
+    dropped = sum(sent_bytes(k, n, x) * c for (k, n, x), c in (a - b).items())
+    collectives = max(sum((kinds(chosen) - kinds(other)).values()), sum((kinds(other) - kinds(chosen)).values()))
+    # Peak: the buffers either way moves, as the default bound has it (report.default_bound): the lookup's
+    # own peak gap is the memory walk's (tests/test_lookup_rules.py's LOOKUP_MEMORY), not the choice's.
+    peak = max(sum(x for _, n, x in steps if n > 1) for steps in (chosen, other))
+    return OpBound(collectives, float(max(added, dropped)), float(peak))
 
 
 def lookup_plans(
@@ -619,7 +643,7 @@ def lookup_plans(
             f"a lookup split like its table: explain takes '{best.move}' ({best.cost:.0f} B), "
             f"XLA may '{runner.move}' ({runner.cost:.0f} B)"
         )
-        return (replace(best, close=True, note=note), runner)
+        return (replace(best, close=True, note=note, bound=between(best.steps, runner.steps)), runner)
     return (best, runner)
 
 
@@ -832,20 +856,22 @@ def _moved_scatter_add(
     plan = lookup_plans(table_piece, index_piece, update_piece, shared, free, 1)[0]
     g = math.gcd(free, shared)
     gather = shared // g
-    steps: list[tuple[SentKind, int, int]]
-    if plan.move == "move indices":
-        steps = [("collective-permute", 2, update_piece)]
-        if gather > 1:
-            steps.append(("all-gather", gather, update_piece * gather))
-        steps.append(("all-reduce", g, table_piece))
-    else:
-        steps = [("all-reduce", g, table_piece * gather), ("collective-permute", 2, table_piece)]
+    indices_moved: list[tuple[SentKind, int, int]] = [("collective-permute", 2, update_piece)]
+    if gather > 1:
+        indices_moved.append(("all-gather", gather, update_piece * gather))
+    indices_moved.append(("all-reduce", g, table_piece))
+    table_moved: list[tuple[SentKind, int, int]] = [
+        ("all-reduce", g, table_piece * gather),
+        ("collective-permute", 2, table_piece),
+    ]
+    steps, other = (indices_moved, table_moved) if plan.move == "move indices" else (table_moved, indices_moved)
     start = len(w.ops)
     moved = replace(plan, steps=tuple(steps))
     axes = tuple(m for m in sizes if m in split or m in free_axes)
     _record_lookup(w, eqn, phase, repeat, moved, axes, table, "scatter-add into the table's pieces")
     if plan.close:
-        mark_approximate(w, start, plan.note)
+        # The other way is the forward's runner-up, mirrored: the bound is the difference between the two.
+        mark_approximate(w, start, plan.note, between(tuple(steps), tuple(other)))
     return table
 
 
