@@ -70,6 +70,8 @@ def plan_upstream(w: WalkerLike, v: Any, want: Dims, at: Any) -> Upstream | None
         if tuple(lay.dims) == tuple(dims):
             return True
         if _plain_gather(lay.dims, dims):
+            if not _unpropagated(value, producers, 0):
+                return False
             prior = gathered.get(id(value))
             if prior is not None and prior[1] != dims:
                 return False
@@ -176,6 +178,30 @@ def operand_dims(eqn: Any, dims: Dims) -> list[tuple[Any, Dims]] | None:
             routes.append((x, tuple(d if a == b else () for d, a, b in zip(dims, shape, out_shape))))
         return routes
     return None
+
+
+# Ops whose results XLA's sharding propagation gives no split of its own (measured: top_k's operand is gathered
+# whole and its results are left for their consumers to lay out).  A conflict downstream of them is settled by
+# carrying the consumer's split back to them; downstream of anything else, forward propagation has already laid
+# the values out and XLA moves the operand where the splits meet (an all-to-all: tests/test_primitive_rules.py's
+# ``sum(a * b, 0)`` gradient).
+UNPROPAGATED = frozenset({"top_k"})
+
+
+def _unpropagated(value: Any, producers: dict[int, Any], depth: int) -> bool:
+    """Whether ``value`` is computed from :data:`UNPROPAGATED` results only (through ops :func:`operand_dims`
+    carries a split through; literals and constants aside): XLA's propagation leaves it for its consumers."""
+    eqn = producers.get(id(value))
+    if eqn is None or depth > MAX_DEPTH:
+        return False
+    if eqn.primitive.name in UNPROPAGATED:
+        return True
+    if eqn.primitive.name in _FREE or len(eqn.outvars) != 1:
+        return False
+    routes = operand_dims(eqn, tuple(() for _ in eqn.outvars[0].aval.shape))
+    if not routes:
+        return False
+    return all(_unpropagated(x, producers, depth + 1) for x, _ in routes)
 
 
 def _plain_gather(have: Dims, want: Dims) -> bool:
