@@ -8,7 +8,9 @@ Measured (tests/test_moe_rules.py: a router's ``one_hot(top_k) · probs`` weight
 backward through their producers (transpose, the sum over ``k``, the ``one_hot · p`` product, the one-hot's
 ``eq`` against an ``iota``, the broadcasts) for as long as reaching the producer's operand needs more than a
 plain gather; where it is one (the broadcast top-k indices and probabilities ``[t, k, 1]``: their tokens
-gathered, the size-1 expert axis nothing to split), it all-gathers there.  The values on the way are computed
+gathered, the size-1 expert axis nothing to split), it all-gathers there.  It does so because its propagation
+gave those values no split of their own (they are computed from ``top_k``'s results, :data:`UNPROPAGATED`);
+a conflict on values laid out from the arguments is an all-to-all where the splits meet.  The values on the way are computed
 split by experts (the iota is split for free), and in a gradient their cotangents are summed over the experts
 and land on the tokens' split: a reduce-scatter, the gather's transpose (rules_indexing.consumer_split).
 
