@@ -8,14 +8,15 @@ Measured (tests/test_moe_rules.py: a router's ``one_hot(top_k) · probs`` weight
 backward through their producers (transpose, the sum over ``k``, the ``one_hot · p`` product, the one-hot's
 ``eq`` against an ``iota``, the broadcasts) for as long as reaching the producer's operand needs more than a
 plain gather; where it is one (the broadcast top-k indices and probabilities ``[t, k, 1]``: their tokens
-gathered, the size-1 expert axis nothing to split), it all-gathers there.  It does so because its propagation
-gave those values no split of their own (they are computed from ``top_k``'s results, :data:`UNPROPAGATED`);
-a conflict on values laid out from the arguments is an all-to-all where the splits meet.  The values on the way are computed
+gathered, the size-1 expert axis nothing to split), it all-gathers there.  A value has one layout in XLA: where
+a value on the route has another reader that wants it as it is, XLA keeps it and makes the all-to-all where the
+splits meet (:func:`_readers_agree`).  The values on the way are computed
 split by experts (the iota is split for free), and in a gradient their cotangents are summed over the experts
 and land on the tokens' split: a reduce-scatter, the gather's transpose (rules_indexing.consumer_split).
 
 :func:`plan_upstream` finds that route (or says there is none: a producer that is an argument, a constraint,
-a value already read by an op walked before, or an op this module does not carry a split through); :func:`apply`
+a value already read by an op walked before or wanted as it is by another reader, or an op this module does not
+carry a split through); :func:`apply`
 binds the carried layouts and charges the gathers.  The rules that meet a conflict (elementwise ops) try it
 before moving the operand where they meet.
 """
@@ -72,8 +73,6 @@ def plan_upstream(w: WalkerLike, v: Any, want: Dims, at: Any) -> Upstream | None
         if tuple(lay.dims) == tuple(dims):
             return True
         if _plain_gather(lay.dims, dims):
-            if not _unpropagated(value, producers, 0):
-                return False
             prior = gathered.get(id(value))
             if prior is not None and prior[1] != dims:
                 return False
@@ -82,7 +81,7 @@ def plan_upstream(w: WalkerLike, v: Any, want: Dims, at: Any) -> Upstream | None
         if depth > MAX_DEPTH or id(value) in w.pinned or id(value) in w.program_outputs:
             return False
         eqn = producers.get(id(value))
-        if eqn is None or len(eqn.outvars) != 1 or not _unread_elsewhere(w, value, chain):
+        if eqn is None or len(eqn.outvars) != 1 or not _readers_agree(w, value, dims, chain):
             return False
         prior = relaid.get(id(value))
         if prior is not None:
@@ -182,44 +181,37 @@ def operand_dims(eqn: Any, dims: Dims) -> list[tuple[Any, Dims]] | None:
     return None
 
 
-# Ops whose results XLA's sharding propagation gives no split of its own (measured: top_k's operand is gathered
-# whole and its results are left for their consumers to lay out).  A conflict downstream of them is settled by
-# carrying the consumer's split back to them; downstream of anything else, forward propagation has already laid
-# the values out and XLA moves the operand where the splits meet (an all-to-all: tests/test_primitive_rules.py's
-# ``sum(a * b, 0)`` gradient).
-UNPROPAGATED = frozenset({"top_k"})
-
-
-def _unpropagated(value: Any, producers: dict[int, Any], depth: int) -> bool:
-    """Whether ``value`` is computed from :data:`UNPROPAGATED` results only (through ops :func:`operand_dims`
-    carries a split through; literals and constants aside): XLA's propagation leaves it for its consumers."""
-    eqn = producers.get(id(value))
-    if eqn is None or depth > MAX_DEPTH:
-        return False
-    if eqn.primitive.name in UNPROPAGATED:
-        return True
-    if eqn.primitive.name in _FREE or len(eqn.outvars) != 1:
-        return False
-    routes = operand_dims(eqn, tuple(() for _ in eqn.outvars[0].aval.shape))
-    if not routes:
-        return False
-    return all(_unpropagated(x, producers, depth + 1) for x, _ in routes)
-
-
 def _plain_gather(have: Dims, want: Dims) -> bool:
     """Whether ``want`` only drops mesh axes of ``have`` (an all-gather, no data sent across other axes)."""
     return len(have) == len(want) and all(set(b) <= set(a) and b == a[: len(b)] for a, b in zip(have, want))
 
 
-def _unread_elsewhere(w: WalkerLike, value: Any, chain: set[int]) -> bool:
-    """Whether every op that reads ``value`` is on the route or not yet walked (it then reads the new split;
-    an op walked before read the old one, and XLA gives a value one layout)."""
+def _readers_agree(w: WalkerLike, value: Any, dims: Dims, chain: set[int]) -> bool:
+    """Whether ``value``'s readers off the route can all take it split as ``dims``: none walked yet (it read the
+    old split), and no elementwise reader whose other operands of its shape are laid out another way.
+
+    XLA gives a value one layout.  Where one reader wants it as the route does (a gradient's ``dy · expert_out``
+    beside ``dy · routing``, both expert-split) the split is carried back; where another reader wants it as it
+    is (``sum(a * b, 0)``'s gradient: the broadcast cotangent meets ``a`` split by rows and ``b`` by columns),
+    XLA keeps it and moves the operand where the splits meet (measured: two all-to-alls)."""
     for eqn, _ in w.uses.get(id(value), ()):
         if id(eqn) in chain:
             continue
         if any(o in w.env for o in eqn.outvars if not hasattr(o, "val")):
             return False
+        if eqn.primitive.name not in _ELEMENTWISE_READERS:
+            continue
+        shape = tuple(value.aval.shape)
+        for x in eqn.invars:
+            if x is value or hasattr(x, "val") or tuple(getattr(x.aval, "shape", ())) != shape:
+                continue
+            lay = w.env.get(x)
+            if lay is not None and not is_free(lay) and any(lay.dims) and tuple(lay.dims) != tuple(dims):
+                return False
     return True
+
+
+_ELEMENTWISE_READERS = frozenset(ELEMENTWISE | CARRIERS | {"eq", "ne", "lt", "le", "gt", "ge", "select_n"})
 
 
 def _producers(w: WalkerLike) -> dict[int, Any]:
