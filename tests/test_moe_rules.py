@@ -36,7 +36,7 @@ BYTES_TOLERANCE = 0.10
 PEAK_RANGE = SCRATCH["top_k"][1:]  # the report's caveat for top_k's scratch (explain / XLA)
 
 
-def _moe(k: int) -> Any:
+def _moe(k: int, residual: bool = False) -> Any:
     def moe(x: Any, wr: Any, wg: Any, wo: Any) -> Any:
         e = wr.shape[1]
         probs = jax.nn.softmax(x @ wr, axis=-1)
@@ -45,7 +45,10 @@ def _moe(k: int) -> Any:
         routing = jnp.sum(jax.nn.one_hot(top_i, e, dtype=top_p.dtype) * top_p[..., None], axis=1).T  # [e, t]
         hidden = jax.nn.silu(jnp.einsum("td,edf->etf", x, wg))
         out = jnp.einsum("etf,efd->etd", hidden, wo)
-        return jnp.sum(out * routing[:, :, None], axis=0)
+        y = jnp.sum(out * routing[:, :, None], axis=0)
+        # A residual stream (a decoder block's): the expert sum lands token-split, a reduce-scatter, and in the
+        # gradient the token-split cotangent is gathered for the expert-split weighting (the split carried back).
+        return x + y if residual else y
 
     return moe
 
@@ -111,18 +114,20 @@ def split_axes(mesh: Any) -> tuple[str, ...]:
     return names[:1] if sizes[0] >= 4 else names[:2]
 
 
-def check_router(t: int, d: int, f: int, e: int, k: int, rank: int, explicit: bool, grad: bool) -> None:
+def check_router(
+    t: int, d: int, f: int, e: int, k: int, rank: int, explicit: bool, grad: bool, residual: bool = False
+) -> None:
     """explain against XLA on the routed expert block, tokens and experts split over the mesh's first axis."""
     mesh = _mesh(rank, explicit)
     split = split_axes(mesh)
     specs = (P(split), P(), P(split), P(split))
-    fn = _moe(k)
+    fn = _moe(k, residual)
     run, out = _program(_loss(fn) if grad else fn, mesh, specs, grad, explicit)
     args = _args(t, d, f, e)
     want_kinds, want_bytes, want_peak = _measured(run, mesh, args, specs, out, explicit)
     report = _explained(run, mesh, args, specs, out, explicit)
     got_kinds = _kinds(report)
-    where = f"t={t} d={d} f={f} e={e} k={k} mesh={mesh.axis_sizes} explicit={explicit} grad={grad}"
+    where = f"t={t} d={d} f={f} e={e} k={k} mesh={mesh.axis_sizes} explicit={explicit} grad={grad} res={residual}"
     assert report.complete and not report.approximate, (where, str(report).splitlines()[0])
     # XLA's gathers of the top-k outputs, never an all-to-all of the routing weights.
     assert "all-to-all" not in got_kinds and got_kinds["all-gather"] >= 2, (where, got_kinds)
@@ -141,15 +146,17 @@ ROUTERS = st.tuples(
     st.sampled_from([1, 2, 3]),  # mesh rank: (8,), (4, 2), (2, 2, 2)
     st.booleans(),  # explicit
     st.booleans(),  # grad
+    st.booleans(),  # a residual stream around the block
 )
 
 
 @FAST
 @given(ROUTERS)
-@example((64, 32, 64, 4, 2, 2, False, False))  # keras-hub's Mixtral sizes on the corpus's (4, 2) mesh
-@example((64, 32, 64, 4, 2, 2, True, True))
-@example((32, 16, 16, 8, 2, 3, False, True))
-@example((32, 16, 16, 8, 3, 3, True, False))
+@example((64, 32, 64, 4, 2, 2, False, False, False))  # keras-hub's Mixtral sizes on the corpus's (4, 2) mesh
+@example((64, 32, 64, 4, 2, 2, True, True, False))
+@example((64, 32, 64, 4, 2, 2, False, True, True))  # the residual's cotangent gathered, as in the Mixtral block
+@example((32, 16, 16, 8, 2, 3, False, True, False))
+@example((32, 16, 16, 8, 3, 3, True, False, True))
 def test_a_router_meeting_expert_split_activations_is_settled_upstream_as_xla_does(drawn: tuple) -> None:
     check_router(*drawn)
 
