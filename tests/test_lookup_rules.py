@@ -11,6 +11,7 @@ its cost estimate (the indices or the table move onto free mesh axes, or one of 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -179,3 +180,23 @@ def test_lookup_plans_pick_the_cheapest_and_mark_near_ties() -> None:
     # A table split over more axes than the indices share keeps its split: only the indices can move.
     plans = lookup_plans(2048, 128, 4096, shared=2, free=2, rest=2)
     assert [p.move for p in plans] == ["move indices"]
+
+
+def test_a_close_lookup_is_bounded_by_the_difference_between_its_two_ways() -> None:
+    """A near tie's bound is what XLA's other way changes (kinds and bytes sent), not one collective per peer of
+    every group and every buffer sent whole; XLA's compiled HLO stays within it (the forward and the gradient)."""
+    from einshard._src.analysis.program.rules_indexing import between
+
+    plans = lookup_plans(table_piece=2048, index_piece=64, result_piece=2048, shared=4, free=2, rest=1)
+    best, runner = plans
+    assert best.close and best.bound == between(best.steps, runner.steps)
+    # 'move indices' (permute, all-gather, all-reduce, permute) against 'move table' (permute, all-gather,
+    # all-reduce): one collective more or less, far below the default bound's one per peer of each group.
+    assert best.bound is not None and best.bound.collectives == 1
+    assert between(best.steps, best.steps).collectives == 0 and between(best.steps, best.steps).bytes == 0
+    mesh = _mesh(2, False)
+    for case in (FSDP, dataclasses.replace(FSDP, grad=True)):
+        report, _, _, _ = _explain(case, mesh, _take)
+        assert report.approximate and report.approximate_bound.collectives is not None
+        assert report.approximate_bound.collectives <= 2 * len(report.approximate_ops), report.approximate_bound
+        check(case)  # XLA within the (tighter) bound

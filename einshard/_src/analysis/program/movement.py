@@ -73,14 +73,14 @@ CONFLICT_NOTE = (
 def mark_conflict(w: WalkerLike, eqn: Any, since: int, moved: list[int], alternative: bool = False) -> None:
     """Mark an all-to-all that settles a layout conflict between an op's operands, where XLA may not make it.
 
-    Measured (a router's ``one_hot(top_k) * probs`` weighting an expert-split ``[e, t, d]`` activation with
-    tokens split over the same mesh axis, tests/test_explain_approximate.py): XLA makes the all-to-all where
-    the moved operand is an argument or a constrained value, but where it is computed, its propagation carries
-    the expert split backward through the routing chain and all-gathers the top-k outputs instead, and the
-    expert sum after it becomes a reduce-scatter where a consumer wants tokens split.  Which side wins turns on
-    the order of XLA's propagation passes, which explain does not reproduce, so the op is marked, with a bound
-    that covers those moves: per operand and for the result, one collective per peer of the all-to-all's
-    group; bytes and peak up to the moved operands' and the result's whole arrays (what XLA may gather or
+    XLA makes the all-to-all where the moved operand is an argument or a constrained value; where it is computed,
+    its propagation carries the winning split backward through the ops that compute it.  Where every route ends in
+    a plain all-gather (a top-k router's indices and probabilities), the rules settle the conflict that way
+    (:mod:`.upstream`, exact: tests/test_moe_rules.py) and this mark never fires.  It fires where explain cannot
+    follow the route (it reaches a dot's result or an op :mod:`.upstream` does not carry a split through: dense
+    softmax routing weights, tests/test_explain_approximate.py), so the all-to-all is explain's guess, with a bound
+    that covers the moves XLA may make instead: per operand and for the result, one collective per peer of the
+    all-to-all's group; bytes and peak up to the moved operands' and the result's whole arrays (what XLA may gather or
     sum instead, or hold whole).  ``moved``: the indices of the operands the all-to-all moved.
     ``alternative``: the rule takes XLA's other choice when asked (:func:`.alternatives.taking`: the computed
     operand's split wins), so the report walks the program under it too and the bound covers what it changes

@@ -30,7 +30,7 @@ from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflic
 from .registry import register
 from .report import OpBound
 from .rules_structural import explicit_dims
-from .values import CARRIERS, ELEMENTWISE, Partial
+from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
 if TYPE_CHECKING:
     from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
@@ -207,6 +207,10 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
             elif name == "transpose":
                 perm = eqn.params["permutation"]
                 frontier.append((eqn.outvars[0], tuple(axis_of[p] for p in perm)))
+            elif name in REDUCTIONS and all(int(v.aval.shape[a]) == 1 for a in eqn.params.get("axes", ())):
+                # A sum over size-1 axes only (a gradient's reshape to [t, k, 1] summed back): a reshape.
+                dropped = set(eqn.params["axes"])
+                frontier.append((eqn.outvars[0], tuple(a for i, a in enumerate(axis_of) if i not in dropped)))
             elif name in CARRIERS or _elementwise_alone(w, eqn, k):
                 frontier.append((eqn.outvars[0], axis_of))
             elif name == "broadcast_in_dim":
@@ -278,13 +282,18 @@ def _partner_split(w: Walker, eqn: Any, k: int, v: Any) -> tuple[tuple[str, ...]
     shape = tuple(getattr(v.aval, "shape", ()))
     best: tuple[tuple[str, ...], ...] = ()
     for j, other in enumerate(eqn.invars):
-        if j == k or hasattr(other, "val") or tuple(getattr(other.aval, "shape", ())) != shape:
+        theirs = tuple(getattr(getattr(other, "aval", None), "shape", ()))
+        # Same shape, or broadcast to it from size-1 axes (a [t, 1] normaliser): its splits where sizes agree.
+        if j == k or hasattr(other, "val") or len(theirs) != len(shape):
+            continue
+        if any(a != b and a != 1 for a, b in zip(theirs, shape)):
             continue
         lay = w.env.get(other)
         if lay is None or is_free(lay) or lay.unreduced:
             continue
-        if sum(len(d) for d in lay.dims) > sum(len(d) for d in best):
-            best = lay.dims
+        dims = tuple(d if a == b else () for d, a, b in zip(lay.dims, theirs, shape))
+        if sum(len(d) for d in dims) > sum(len(d) for d in best):
+            best = dims
     return best
 
 
@@ -589,7 +598,7 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
             moved = tuple(m for m in w.costs.mesh_sizes if m in masked or not {m} & (idx_used | table_used))
             _record_lookup(w, eqn, phase, repeat, plan, moved, w.relayout(out_aval, wanted))
             if approx_note:
-                mark_approximate(w, start, approx_note)
+                mark_approximate(w, start, approx_note, plan.bound)
             return [w.relayout(out_aval, wanted)]
         if plan.move == "gather table":
             shared = tuple(m for m in masked if m in idx_used)
@@ -672,6 +681,29 @@ class LookupPlan:
     steps: tuple[tuple[SentKind, int, int], ...]  # (kind, group size, buffer bytes) in program order
     close: bool = False  # another way costs within CLOSE of it: XLA may take that one
     note: str = ""
+    bound: OpBound | None = None  # where close: how far XLA's other way is from this one (:func:`between`)
+
+
+def between(chosen: tuple[tuple[SentKind, int, int], ...], other: tuple[tuple[SentKind, int, int], ...]) -> OpBound:
+    """How far XLA is from ``chosen`` where it runs ``other`` instead (two ways of one op, each a sequence of
+    (kind, group size, buffer bytes)): the collectives as a multiset of kinds (the larger of those added and
+    those dropped), the bytes sent the same way, and the larger of the buffers either way moves (its peak)."""
+    from collections import Counter
+
+    def kinds(steps: tuple[tuple[SentKind, int, int], ...]) -> Counter[str]:
+        return Counter(k for k, n, _ in steps if n > 1)
+
+    def sent(steps: tuple[tuple[SentKind, int, int], ...]) -> Counter[tuple[SentKind, int, int]]:
+        return Counter((k, n, b) for k, n, b in steps if n > 1)
+
+    a, b = sent(chosen), sent(other)
+    added = sum(sent_bytes(k, n, x) * c for (k, n, x), c in (b - a).items())
+    dropped = sum(sent_bytes(k, n, x) * c for (k, n, x), c in (a - b).items())
+    collectives = max(sum((kinds(chosen) - kinds(other)).values()), sum((kinds(other) - kinds(chosen)).values()))
+    # Peak: the buffers either way moves, as the default bound has it (report.default_bound): the lookup's
+    # own peak gap is the memory walk's (tests/test_lookup_rules.py's LOOKUP_MEMORY), not the choice's.
+    peak = max(sum(x for _, n, x in steps if n > 1) for steps in (chosen, other))
+    return OpBound(collectives, float(max(added, dropped)), float(peak))
 
 
 def lookup_plans(
@@ -730,7 +762,7 @@ def lookup_plans(
             f"a lookup split like its table: explain takes '{best.move}' ({best.cost:.0f} B), "
             f"XLA may '{runner.move}' ({runner.cost:.0f} B)"
         )
-        return (replace(best, close=True, note=note), runner)
+        return (replace(best, close=True, note=note, bound=between(best.steps, runner.steps)), runner)
     return (best, runner)
 
 
@@ -1066,20 +1098,22 @@ def _moved_scatter_add(
     plan = lookup_plans(table_piece, index_piece, update_piece, shared, free, 1)[0]
     g = math.gcd(free, shared)
     gather = shared // g
-    steps: list[tuple[SentKind, int, int]]
-    if plan.move == "move indices":
-        steps = [("collective-permute", 2, update_piece)]
-        if gather > 1:
-            steps.append(("all-gather", gather, update_piece * gather))
-        steps.append(("all-reduce", g, table_piece))
-    else:
-        steps = [("all-reduce", g, table_piece * gather), ("collective-permute", 2, table_piece)]
+    indices_moved: list[tuple[SentKind, int, int]] = [("collective-permute", 2, update_piece)]
+    if gather > 1:
+        indices_moved.append(("all-gather", gather, update_piece * gather))
+    indices_moved.append(("all-reduce", g, table_piece))
+    table_moved: list[tuple[SentKind, int, int]] = [
+        ("all-reduce", g, table_piece * gather),
+        ("collective-permute", 2, table_piece),
+    ]
+    steps, other = (indices_moved, table_moved) if plan.move == "move indices" else (table_moved, indices_moved)
     start = len(w.ops)
     moved = replace(plan, steps=tuple(steps))
     axes = tuple(m for m in sizes if m in split or m in free_axes)
     _record_lookup(w, eqn, phase, repeat, moved, axes, table, "scatter-add into the table's pieces")
     if plan.close:
-        mark_approximate(w, start, plan.note)
+        # The other way is the forward's runner-up, mirrored: the bound is the difference between the two.
+        mark_approximate(w, start, plan.note, between(tuple(steps), tuple(other)))
     return table
 
 

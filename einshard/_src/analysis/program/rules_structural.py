@@ -20,6 +20,8 @@ from .alternatives import taking
 from .costing import is_free
 from .movement import is_computed, mark_conflict
 from .registry import WalkerLike, register, sharding_degree
+from .upstream import apply as apply_upstream
+from .upstream import plan_upstream
 from .values import ELEMENTWISE, REDUCTIONS, Partial
 
 __all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims"]
@@ -63,12 +65,16 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     since, conflicted = len(w.ops), []
     for k, lay in enumerate(ins):
         if any(lay is f for f in full) and lay is not target and lay.dims != target.dims:
+            if _settled_upstream(w, eqn, k, target.dims, repeat, phase):
+                continue
             w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), out_aval.dtype, repeat, why)
             conflicted.append(k)
     for k, lay in enumerate(ins):
         if not any(lay is p for p in partial):
             continue
         want = tuple(d if a == b else () for d, a, b in zip(target.dims, lay.shape, shape))
+        if want != lay.dims and _settled_upstream(w, eqn, k, want, repeat, phase):
+            continue
         if want != lay.dims:
             conflicted.append(k)
             # XLA broadcasts the small operand to the result's split first and moves that: the
@@ -85,6 +91,20 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     # A conflict settled by an all-to-all on a computed value: XLA may settle it upstream instead.
     mark_conflict(w, eqn, since, conflicted, alternative=bool(full))
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
+
+
+def _settled_upstream(
+    w: WalkerLike, eqn: Any, k: int, want: tuple[tuple[str, ...], ...], repeat: int, phase: str
+) -> bool:
+    """Operand ``k`` brought to ``want`` the way XLA does where it is computed: the split carried back through
+    its producers to plain gathers (:mod:`.upstream`).  False: it is moved here (the caller's all-to-all)."""
+    if w.quiet or taking(w, eqn) or not is_computed(w, eqn.invars[k]):
+        return False
+    route = plan_upstream(w, eqn.invars[k], tuple(want), eqn)
+    if route is None:
+        return False
+    apply_upstream(w, eqn, route, repeat, phase)
+    return True
 
 
 @register("broadcast_in_dim")
@@ -207,9 +227,16 @@ def reduce(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
 
 def _scattered(w: WalkerLike, eqn: Any, out: Layout, sums: frozenset[str]) -> Layout | None:
     """The layout a consumer asks of a reduction's sum where it splits over exactly the summed mesh axes, else None."""
-    from .rules_indexing import consumer_split  # rules_indexing imports this module: a call-time import
+    from .rules_indexing import consumer_split, requested_dims  # rules_indexing imports this module
 
     dims = consumer_split(w, eqn.outvars[0], out, sums)
+    if dims is None:
+        # A sum that leaves the program as it is, its layout asked (report(out_specs=), an Explicit program's
+        # reshard): XLA sums it straight to that split (measured: a routed expert sum leaving token-split).
+        asked = requested_dims(w, eqn.outvars[0])
+        if asked is not None and len(asked) == len(out.dims):
+            used = {m for d in out.dims for m in d}
+            dims = [a if a and set(a) <= sums and not set(a) & used else d for a, d in zip(asked, out.dims)]
     if dims is None or {m for d in dims for m in d} - {m for d in out.dims for m in d} != set(sums):
         return None
     return w.relayout(eqn.outvars[0].aval, dims)
