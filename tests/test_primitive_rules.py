@@ -886,3 +886,72 @@ def test_transposed_conv_gradient_within_its_bound() -> None:
     args = (jax.ShapeDtypeStruct((4, 4, 4, 4), jnp.float32), jax.ShapeDtypeStruct((2, 2, 4, 8), jnp.float32))
     specs = (P("a", "b", None, None), P(None, None, "b", None))
     check(Case("conv_general_dilated", _transposed([(0, 1), (0, 1)], 2), args, specs, 2, False, True, "windows"))
+
+
+# -- a max pool's gradient: XLA's select-and-scatter halos by its partitioner's formulas (issue 20) -----------
+
+
+def _max_pool(win: int, stride: int, padding: str) -> Callable[..., Any]:
+    def pool(x: Any) -> Any:
+        return lax.reduce_window(x, -jnp.inf, lax.max, (1, win, win, 1), (1, stride, stride, 1), padding)
+
+    return pool
+
+
+# XLA's select-and-scatter sends every shard the largest halo any shard needs, by linear formulas of the shard's
+# first and limit windows, not each shard's own need; JAX's CPU / GPU lowering pads the operand before it and
+# slices the result after it (their reshards permute across the padded length's uneven blocks, compactly where a
+# halo is longer than twice the block); where no halo exchange fits, XLA replicates the padded operand.
+POOL_GRADIENT_DRAWS = [
+    # The deep run's draw: 16 rows over 2 pooled by 3 (blocks not a multiple of the stride), window 1 and 2:
+    # three and two permutes where each shard's own windows need none.
+    (16, 1, 3, "SAME", P(None, "b", None, None), 2),
+    (16, 2, 3, "SAME", P(None, "b", None, None), 2),
+    # Stride-1 padded windows: the pad's and the slice's compact exchanges (2 rows per device over 8).
+    (16, 2, 1, "SAME", P(None, "a", None, None), 1),
+    (16, 3, 1, "SAME", P(None, "a", None, None), 1),
+    (16, 3, 2, "SAME", P(None, "a", None, None), 1),
+    # One row per device: the select-and-scatter's halo reaches too far, XLA replicates the padded operand.
+    (8, 2, 1, "SAME", P(None, "a", None, None), 1),
+    (8, 3, 1, "SAME", P(None, "a", None, None), 1),
+    # Two split axes, and a two-axis split of the rows (4 rows per device, 2 pooled rows).
+    (16, 3, 1, "SAME", P(None, "a", "b", None), 2),
+    (16, 2, 2, "SAME", P("c", ("a", "b"), None, None), 3),
+    (16, 3, 2, "SAME", P(None, "b", None, None), 2),
+]
+# Pooled rows that do not divide over the split (XLA pools padded blocks): marked approximate, within the bound.
+POOL_GRADIENT_UNEVEN_DRAWS = [
+    (16, 2, 3, "VALID", P(None, None, "b", None), 2),
+    (16, 3, 3, "VALID", P(None, "a", None, None), 3),
+    (16, 2, 3, "SAME", P("c", ("a", "b"), None, None), 3),
+    (8, 3, 1, "VALID", P("c", ("a", "b"), None, None), 3),
+]
+
+
+@pytest.mark.parametrize(("h", "win", "stride", "padding", "spec", "rank"), POOL_GRADIENT_DRAWS)
+def test_max_pool_gradient_halos_match_xla(h: int, win: int, stride: int, padding: str, spec: P, rank: int) -> None:
+    x = jax.ShapeDtypeStruct((4, h, h, 4), jnp.float32)
+    case = Case("reduce_window_max", _max_pool(win, stride, padding), (x,), (spec,), rank, False, True, "windows")
+    check(case)
+    report, _, _, _ = _explain(case, _mesh(rank, False), _loss(case.fn, 1))
+    assert not report.approximate_at, report.approximate_at  # exact: XLA's partitioner, modelled
+
+
+@pytest.mark.parametrize(("h", "win", "stride", "padding", "spec", "rank"), POOL_GRADIENT_UNEVEN_DRAWS)
+def test_max_pool_gradient_on_uneven_blocks_within_its_bound(
+    h: int, win: int, stride: int, padding: str, spec: P, rank: int
+) -> None:
+    x = jax.ShapeDtypeStruct((4, h, h, 4), jnp.float32)
+    check(Case("reduce_window_max", _max_pool(win, stride, padding), (x,), (spec,), rank, False, True, "windows"))
+
+
+def test_max_pool_gradient_names_xlas_permutes() -> None:
+    """The deep run's silent miss, named: 16 rows over 2 pooled by 3 with a 1-row window: XLA permutes one
+    cotangent row and two plus one operand rows although every window lies in one block."""
+    x = jax.ShapeDtypeStruct((4, 16, 16, 4), jnp.float32)
+    case = Case("reduce_window_max", _max_pool(1, 3, "SAME"), (x,), (P(None, "b", None, None),), 2, False, True)
+    fn = _loss(case.fn, 1)
+    _, got, got_sent, _ = _explain(case, _mesh(2, False), fn)
+    want, want_sent, _, _ = _xla(case, _mesh(2, False), fn)
+    assert got == want == Counter({"collective-permute": 3}), (got, want)
+    assert got_sent == want_sent, (got_sent, want_sent)
