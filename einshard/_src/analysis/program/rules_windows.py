@@ -608,8 +608,45 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         made = sum(_local_bytes(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars))
         # Collectives: XLA's padded blocks take a permute from each side's neighbour and one of the result's
         # pieces before its gather (measured: 2 permutes and an all-gather where explain gathers once).
-        widen_bound(w, start, peak=2 * held + made, collectives=3 * len(approx))
+        more, sent = _gradient_alternative(w, eqn, src, [i for i, d in enumerate(src.dims) if d and d != dims[i]])
+        widen_bound(w, start, peak=2 * held + made, collectives=3 * len(approx) + more, sent=sent)
     return outs
+
+
+def _gradient_alternative(w: Walker, eqn: Any, src: Layout, axes: list[int]) -> tuple[int, float]:
+    """(collectives, bytes) XLA's max pool gradient adds where it keeps an uneven pool's split (padded blocks)
+    that explain gathers: its select-and-scatter's halo exchanges on those blocks and, on CPU / GPU, the pad's and
+    slice's around it (:func:`_scatter_exchange`, :func:`_shift_pieces`), or the replicated operand and cotangent.
+    Zero when no ``select_and_scatter_add`` reads the pool's operand (a forward pass, a sum pool).
+
+    Measured on the deep run's draws (8 or 16 rows over 8, pooled by 2 or 3 to rows that do not divide): XLA
+    keeps the rows split through the gradient, 7-11 permutes where explain gathers once.
+    """
+    uses = w.uses.get(id(eqn.invars[0]), [])
+    if not any(u.primitive.name == "select_and_scatter_add" for u, _ in uses):
+        return 0, 0.0
+    p = eqn.params
+    dtype_bytes = itemsize(eqn.invars[0].aval.dtype)
+    out_shape = eqn.outvars[0].aval.shape
+    more, sent = 0, 0.0
+    for i in axes:
+        n = group_size(w, src.dims[i])
+        window, stride, (low, high) = p["window_dimensions"][i], p["window_strides"][i], p["padding"][i]
+        length, out_len = src.shape[i], int(out_shape[i])
+        row = math.prod(s for j, s in enumerate(src.shard_shape) if j != i) * dtype_bytes
+        cot_row = math.prod(int(s) for j, s in enumerate(out_shape) if j != i) * dtype_bytes
+        padded = low + length + high
+        plan = _scatter_exchange(padded, n, out_len, window, stride, 0)
+        around = [_shift_pieces(length, padded, n, -low), _shift_pieces(padded, length, n, low)] if low or high else []
+        if plan is None or any(a is None for a in around):
+            more += 2  # the operand and the cotangent replicated
+            sent += (padded * row + out_len * cot_row) * 2
+            continue
+        op, cot, _, _ = plan
+        pieces = [*op, *[q for a in around if a for q in a]]
+        more += len(pieces) + len(cot)
+        sent += sum(rows for rows, _ in pieces) * row + sum(rows for rows, _ in cot) * cot_row
+    return more, sent
 
 
 def _free_prefix(split: tuple[str, ...], held: set[str]) -> tuple[str, ...]:
