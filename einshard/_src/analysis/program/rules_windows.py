@@ -320,10 +320,29 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             # the window reads the dilated input, so the halo is counted in the input's own rows.
             halos.append((li, _dilated_halo_pieces(length, n, out_len, window, stride, rdil, low, ldil)))
             out_dims[oi] = lsplit
+            if summed or rhs_to.dims[ri] != rhs.dims[ri]:
+                # ... but with the contracted features split too (partial sums, or the kernel's input features
+                # gathered), XLA's partitioner may instead replicate both operands, each split axis gathered, and
+                # slice the result (measured: x cols@b, features@a, kernel inputs@(a, b), dilation 2, padding
+                # (0, 1): three all-gathers where explain gathers the kernel over 'b' and all-reduces over 'a').
+                approx.append(
+                    f"spatial axis {li}: a dilated input with split features; XLA may replicate both operands"
+                )
+                rows_alternative += sum(1 for d in (*lhs.dims, *rhs.dims) if d)
+                gathered_out += _local_bytes(lhs.with_dims(tuple(() for _ in lhs.dims)), eqn.invars[0].aval.dtype)
+                gathered_out += _local_bytes(rhs.with_dims(tuple(() for _ in rhs.dims)), eqn.invars[1].aval.dtype)
         else:
             approx.append(
                 f"spatial axis {li} (dilated input or uneven blocks) gathered; XLA may exchange halos instead"
             )
+            if summed or any(rhs.dims):
+                # Keeping the axis split, XLA's halo permutes (each a buffer the gather's bound already covers)
+                # leave the result split where the kernel's split wants it elsewhere: it moves the kernel or the
+                # result (an all-to-all) and settles the partial sums by a reduce-scatter (measured: rows@a over 8
+                # of 16, a dilation-2 VALID 2x2 conv to 14 rows, kernel outputs@a: 6 permutes, an all-to-all and a
+                # reduce-scatter; a transposed conv's gradient, rows@b, kernel inputs@b: an all-to-all, a
+                # reduce-scatter and a third all-gather beyond explain's).
+                rows_alternative += 2
             if out_len % n:
                 # ... or compute the result split and gather it, padded to the next multiple (measured: a
                 # transposed conv's 15 rows over 8 devices, one all-gather of 16 result rows).
