@@ -25,10 +25,12 @@ on one-op programs (tests/test_primitive_rules.py checks it):
 * split rows under a window at least as long as the result: marked approximate (XLA may gather the rows).
 
 Pooling is the same window without a kernel: a non-overlapping pool (2×2, stride 2) of blocks that
-divide moves nothing; an overlapping one exchanges halos.  Cases XLA handles by heuristics explain does
-not reproduce (a transposed conv's ``lhs_dilation`` on uneven blocks, grouped convs, a result that does
-not divide, a padded or stride-1 overlapping ``select_and_scatter_add``) gather the axis or
-exchange what explain can model, and are marked approximate on the op (``OpReport.note``).
+divide moves nothing; an overlapping one exchanges halos.  A max pool's gradient (``select_and_scatter_add``)
+exchanges the halos XLA's partitioner computes, not each shard's own need (:func:`_scatter_exchange`), with
+the pad and slice JAX's CPU / GPU lowering puts around a padded window.  Cases XLA handles by heuristics
+explain does not reproduce (a transposed conv's ``lhs_dilation`` on uneven blocks, grouped convs, a result
+that does not divide) gather the axis or exchange what explain can model, and are marked approximate on the
+op (``OpReport.note``), their bound counting XLA's other way.
 """
 
 from __future__ import annotations
