@@ -231,6 +231,12 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             # Those: two halo permutes, the all-to-all and the all-reduce of the result's block.
             rows_alternative = 3
             gathered_out += 2 * _bytes(out_aval.shape, (of,), rhs.dims[ro], w) * itemsize(out_aval.dtype)
+            if _differentiated(w, eqn):
+                # The gradient's convs follow that choice: another all-to-all, a reduce-scatter for their
+                # all-reduce and a halo permute (measured: a dilation-2 stride-2 conv's gradient, rows@a over 8
+                # against kernel outputs@a: 2 all-to-alls, 2 reduce-scatters, 7 permutes where explain gathers).
+                rows_alternative += 3
+                gathered_out += 2 * _bytes(out_aval.shape, (of,), rhs.dims[ro], w) * itemsize(out_aval.dtype)
         elif clashing_rows or any(lhs.dims[i] for i in ls):
             approx.append("a mesh axis splits both the input's rows and the kernel's outputs; XLA may move the result")
             # XLA's other choice keeps the kernel's split and gathers the input's rows instead (measured: the
@@ -395,6 +401,12 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         if alternative:
             offer(w, eqn, start)  # the window-covers-result choice: walked to the program's end
     return [out]
+
+
+def _differentiated(w: Walker, eqn: Any) -> bool:
+    """Whether the program differentiates this conv: its input is read by another conv (the kernel gradient)."""
+    uses = w.uses.get(id(eqn.invars[0]), [])
+    return any(u is not eqn and u.primitive.name == "conv_general_dilated" for u, _ in uses)
 
 
 def _features_win(eqn: Any, lhs: Layout, rhs: Layout) -> bool:
