@@ -992,3 +992,18 @@ def test_dilated_strided_conv_gradient_rows_against_kernel_outputs_within_its_bo
     args = (jax.ShapeDtypeStruct((4, 16, 16, 4), jnp.float32), jax.ShapeDtypeStruct((2, 2, 4, 8), jnp.float32))
     specs = (P(None, "a", None, None), P(None, None, None, "a"))
     check(Case("conv_general_dilated", conv, args, specs, 1, False, True, "windows"))
+
+
+def test_dilated_conv_gradient_on_uneven_rows_within_its_bound() -> None:
+    """The deep run's next draw: the gradient of a dilation-2 VALID stride-2 2x2 conv, 16 rows@a over 8 to 7 (uneven:
+    explain gathers), kernel outputs@a: XLA keeps the rows split through the forward conv and its gradient (11
+    collectives from explain's), which the mark's bound counts."""
+
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(
+            x, w, (2, 2), "VALID", rhs_dilation=(2, 2), dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    args = (jax.ShapeDtypeStruct((4, 16, 16, 4), jnp.float32), jax.ShapeDtypeStruct((2, 2, 4, 8), jnp.float32))
+    specs = (P(None, "a", None, None), P(None, None, None, "a"))
+    check(Case("conv_general_dilated", conv, args, specs, 1, False, True, "windows"))

@@ -351,6 +351,11 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                 # reduce-scatter; a transposed conv's gradient, rows@b, kernel inputs@b: an all-to-all, a
                 # reduce-scatter and a third all-gather beyond explain's).
                 rows_alternative += 2
+                if _differentiated(w, eqn):
+                    # ... and the gradient's convs follow that choice: another all-to-all, reduce-scatter and halo
+                    # permute (measured: a dilation-2 VALID stride-2 conv's gradient, 16 rows@a over 8 to 7, against
+                    # kernel outputs@a: 11 collectives from explain's).
+                    rows_alternative += 3
             if out_len % n:
                 # ... or compute the result split and gather it, padded to the next multiple (measured: a
                 # transposed conv's 15 rows over 8 devices, one all-gather of 16 result rows).
