@@ -436,6 +436,11 @@ def test_rule_matches_xla(family: str) -> None:
 # draws follow the code's own paths (a draw hypothesis rejects changes the sequence), so a change elsewhere can
 # move a family's first failing draw past the budget; the misses are listed, not hidden.
 DEEP_MISSES = {
+    "conv_general_dilated": (
+        "the gradient of a 1x1 SAME conv, x (4, 8, 8, 4) batch@a, features@b, kernel (1, 1, 4, 8) outputs@b on "
+        "(4, 2): XLA all-gathers twice and all-reduces twice where explain all-gathers once (unmarked: one "
+        "all-gather, 1 KiB, silent)"
+    ),
     "dynamic_slice": (
         "a (2, 1) dynamic slice of a 16x16 operand split two ways: XLA's peak 2120 B against explain's 1040 B, "
         "20 B beyond the band and its slack (the memory walk's gap on tiny programs)"
