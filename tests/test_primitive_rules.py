@@ -439,7 +439,14 @@ DEEP_MISSES = {
     "conv_general_dilated": (
         "the gradient of a 1x1 SAME conv, x (4, 8, 8, 4) batch@a, features@b, kernel (1, 1, 4, 8) outputs@b on "
         "(4, 2): XLA all-gathers twice and all-reduces twice where explain all-gathers once (unmarked: one "
-        "all-gather, 1 KiB, silent)"
+        "all-gather, 1 KiB, silent); with random seeds (seed 11, derandomize off): the gradient of a 1x1 SAME "
+        "stride-2 conv, x (4, 8, 8, 4) cols@b, features@a, kernel replicated on (4, 2): XLA all-gathers three times "
+        "where explain all-gathers once and all-reduces (unmarked)"
+    ),
+    "reduce_window": (
+        "with random seeds only (seed 11, derandomize off; the CI draws pass): a forward 2x2 stride-2 SAME max pool, "
+        "x (4, 8, 8, 4) rows@(a, b) on (4, 2), 4 pooled rows (uneven over 8): XLA pools padded blocks, 4 permutes "
+        "and an all-reduce, 5 collectives from explain's gather over 'b' where its mark allows 4"
     ),
     "dynamic_slice": (
         "a (2, 1) dynamic slice of a 16x16 operand split two ways: XLA's peak 2120 B against explain's 1040 B, "
