@@ -25,15 +25,18 @@ on one-op programs (tests/test_primitive_rules.py checks it):
 * split rows under a window at least as long as the result: marked approximate (XLA may gather the rows).
 
 Pooling is the same window without a kernel: a non-overlapping pool (2×2, stride 2) of blocks that
-divide moves nothing; an overlapping one exchanges halos.  Cases XLA handles by heuristics explain does
-not reproduce (a transposed conv's ``lhs_dilation`` on uneven blocks, grouped convs, a result that does
-not divide, a padded or stride-1 overlapping ``select_and_scatter_add``) gather the axis or
-exchange what explain can model, and are marked approximate on the op (``OpReport.note``).
+divide moves nothing; an overlapping one exchanges halos.  A max pool's gradient (``select_and_scatter_add``)
+exchanges the halos XLA's partitioner computes, not each shard's own need (:func:`_scatter_exchange`), with
+the pad and slice JAX's CPU / GPU lowering puts around a padded window.  Cases XLA handles by heuristics
+explain does not reproduce (a transposed conv's ``lhs_dilation`` on uneven blocks, grouped convs, a result
+that does not divide) gather the axis or exchange what explain can model, and are marked approximate on the
+op (``OpReport.note``), their bound counting XLA's other way.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
@@ -228,6 +231,12 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             # Those: two halo permutes, the all-to-all and the all-reduce of the result's block.
             rows_alternative = 3
             gathered_out += 2 * _bytes(out_aval.shape, (of,), rhs.dims[ro], w) * itemsize(out_aval.dtype)
+            if _differentiated(w, eqn):
+                # The gradient's convs follow that choice: another all-to-all, a reduce-scatter for their
+                # all-reduce and a halo permute (measured: a dilation-2 stride-2 conv's gradient, rows@a over 8
+                # against kernel outputs@a: 2 all-to-alls, 2 reduce-scatters, 7 permutes where explain gathers).
+                rows_alternative += 3
+                gathered_out += 2 * _bytes(out_aval.shape, (of,), rhs.dims[ro], w) * itemsize(out_aval.dtype)
         elif clashing_rows or any(lhs.dims[i] for i in ls):
             approx.append("a mesh axis splits both the input's rows and the kernel's outputs; XLA may move the result")
             # XLA's other choice keeps the kernel's split and gathers the input's rows instead (measured: the
@@ -319,10 +328,34 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             # the window reads the dilated input, so the halo is counted in the input's own rows.
             halos.append((li, _dilated_halo_pieces(length, n, out_len, window, stride, rdil, low, ldil)))
             out_dims[oi] = lsplit
+            if summed or rhs_to.dims[ri] != rhs.dims[ri]:
+                # ... but with the contracted features split too (partial sums, or the kernel's input features
+                # gathered), XLA's partitioner may instead replicate both operands, each split axis gathered, and
+                # slice the result (measured: x cols@b, features@a, kernel inputs@(a, b), dilation 2, padding
+                # (0, 1): three all-gathers where explain gathers the kernel over 'b' and all-reduces over 'a').
+                approx.append(
+                    f"spatial axis {li}: a dilated input with split features; XLA may replicate both operands"
+                )
+                rows_alternative += sum(1 for d in (*lhs.dims, *rhs.dims) if d)
+                gathered_out += _local_bytes(lhs.with_dims(tuple(() for _ in lhs.dims)), eqn.invars[0].aval.dtype)
+                gathered_out += _local_bytes(rhs.with_dims(tuple(() for _ in rhs.dims)), eqn.invars[1].aval.dtype)
         else:
             approx.append(
                 f"spatial axis {li} (dilated input or uneven blocks) gathered; XLA may exchange halos instead"
             )
+            if summed or any(rhs.dims):
+                # Keeping the axis split, XLA's halo permutes (each a buffer the gather's bound already covers)
+                # leave the result split where the kernel's split wants it elsewhere: it moves the kernel or the
+                # result (an all-to-all) and settles the partial sums by a reduce-scatter (measured: rows@a over 8
+                # of 16, a dilation-2 VALID 2x2 conv to 14 rows, kernel outputs@a: 6 permutes, an all-to-all and a
+                # reduce-scatter; a transposed conv's gradient, rows@b, kernel inputs@b: an all-to-all, a
+                # reduce-scatter and a third all-gather beyond explain's).
+                rows_alternative += 2
+                if _differentiated(w, eqn):
+                    # ... and the gradient's convs follow that choice: another all-to-all, reduce-scatter and halo
+                    # permute (measured: a dilation-2 VALID stride-2 conv's gradient, 16 rows@a over 8 to 7, against
+                    # kernel outputs@a: 11 collectives from explain's).
+                    rows_alternative += 3
             if out_len % n:
                 # ... or compute the result split and gather it, padded to the next multiple (measured: a
                 # transposed conv's 15 rows over 8 devices, one all-gather of 16 result rows).
@@ -375,6 +408,12 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     return [out]
 
 
+def _differentiated(w: Walker, eqn: Any) -> bool:
+    """Whether the program differentiates this conv: its input is read by another conv (the kernel gradient)."""
+    uses = w.uses.get(id(eqn.invars[0]), [])
+    return any(u is not eqn and u.primitive.name == "conv_general_dilated" for u, _ in uses)
+
+
 def _features_win(eqn: Any, lhs: Layout, rhs: Layout) -> bool:
     """Whether XLA's sharding propagation gives a conv's result the kernel's output-feature split rather than
     the input's batch split, where one mesh axis splits both (an FSDP kernel split on its outputs against a
@@ -425,42 +464,6 @@ def _dilated_halo_pieces(
             pieces.append(min(side, s))
             side -= s
     return pieces
-
-
-def _scatter_halos(
-    length: int, n: int, out_len: int, window: int, stride: int, low: int
-) -> tuple[list[int], list[int]]:
-    """(operand pieces, cotangent pieces) in rows, of a max pool's gradient along one axis split ``n`` ways.
-
-    Device ``k`` owns operand rows ``[k·s, (k+1)·s)`` and cotangent rows ``[k·o, (k+1)·o)``; it needs every
-    cotangent row whose window ``[r·stride − low, r·stride − low + window)`` meets its rows, and the operand
-    under all of those windows (to find each window's maximum).
-    """
-    s, o = length // n, out_len // n
-    sides = [0, 0, 0, 0]  # operand left, operand right, cotangent left, cotangent right
-    for k in range(n):
-        lo, hi = k * s, (k + 1) * s
-        rows = [r for r in range(out_len) if r * stride - low < hi and r * stride - low + window > lo]
-        if not rows:
-            continue
-        first = max(min(rows) * stride - low, 0)
-        last = min(max(rows) * stride - low + window, length)
-        sides = [
-            max(sides[0], lo - first),
-            max(sides[1], last - hi),
-            max(sides[2], k * o - min(rows)),
-            max(sides[3], max(rows) + 1 - (k + 1) * o),
-        ]
-
-    def pieces(left: int, right: int, block: int) -> list[int]:
-        out = []
-        for side in (left, right):
-            while side > 0:
-                out.append(min(side, block))
-                side -= block
-        return out
-
-    return pieces(sides[0], sides[1], s), pieces(sides[2], sides[3], o)
 
 
 def _scatter_axes(
@@ -643,8 +646,45 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         made = sum(_local_bytes(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars))
         # Collectives: XLA's padded blocks take a permute from each side's neighbour and one of the result's
         # pieces before its gather (measured: 2 permutes and an all-gather where explain gathers once).
-        widen_bound(w, start, peak=2 * held + made, collectives=3 * len(approx))
+        more, sent = _gradient_alternative(w, eqn, src, [i for i, d in enumerate(src.dims) if d and d != dims[i]])
+        widen_bound(w, start, peak=2 * held + made, collectives=3 * len(approx) + more, sent=sent)
     return outs
+
+
+def _gradient_alternative(w: Walker, eqn: Any, src: Layout, axes: list[int]) -> tuple[int, float]:
+    """(collectives, bytes) XLA's max pool gradient adds where it keeps an uneven pool's split (padded blocks)
+    that explain gathers: its select-and-scatter's halo exchanges on those blocks and, on CPU / GPU, the pad's and
+    slice's around it (:func:`_scatter_exchange`, :func:`_shift_pieces`), or the replicated operand and cotangent.
+    Zero when no ``select_and_scatter_add`` reads the pool's operand (a forward pass, a sum pool).
+
+    Measured on the deep run's draws (8 or 16 rows over 8, pooled by 2 or 3 to rows that do not divide): XLA
+    keeps the rows split through the gradient, 7-11 permutes where explain gathers once.
+    """
+    uses = w.uses.get(id(eqn.invars[0]), [])
+    if not any(u.primitive.name == "select_and_scatter_add" for u, _ in uses):
+        return 0, 0.0
+    p = eqn.params
+    dtype_bytes = itemsize(eqn.invars[0].aval.dtype)
+    out_shape = eqn.outvars[0].aval.shape
+    more, sent = 0, 0.0
+    for i in axes:
+        n = group_size(w, src.dims[i])
+        window, stride, (low, high) = p["window_dimensions"][i], p["window_strides"][i], p["padding"][i]
+        length, out_len = src.shape[i], int(out_shape[i])
+        row = math.prod(s for j, s in enumerate(src.shard_shape) if j != i) * dtype_bytes
+        cot_row = math.prod(int(s) for j, s in enumerate(out_shape) if j != i) * dtype_bytes
+        padded = low + length + high
+        plan = _scatter_exchange(padded, n, out_len, window, stride, 0)
+        around = [_shift_pieces(length, padded, n, -low), _shift_pieces(padded, length, n, low)] if low or high else []
+        if plan is None or any(a is None for a in around):
+            more += 2  # the operand and the cotangent replicated
+            sent += (padded * row + out_len * cot_row) * 2
+            continue
+        op, cot, _, _ = plan
+        pieces = [*op, *[q for a in around if a for q in a]]
+        more += len(pieces) + len(cot)
+        sent += sum(rows for rows, _ in pieces) * row + sum(rows for rows, _ in cot) * cot_row
+    return more, sent
 
 
 def _free_prefix(split: tuple[str, ...], held: set[str]) -> tuple[str, ...]:
@@ -668,12 +708,202 @@ def _local_bytes(lay: Layout, dtype: Any) -> int:
     return math.prod(lay.shard_shape) * itemsize(dtype)
 
 
+def _tdiv(a: int, b: int) -> int:
+    """Integer division truncated toward zero (C++'s, which XLA's offset calculations use)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+Pieces = list[tuple[int, int]]  # one collective-permute each: (positions sent, sending devices per group)
+
+
+def _exchange(left: list[int], right: list[int], size: int) -> Pieces | None:
+    """The collective-permutes of XLA's halo exchange along one axis split ``len(left)`` ways (its SPMD
+    partitioner's ``ExchangeHalo``), or None where XLA gives up on halos and replicates the operand.
+
+    ``left[k]`` / ``right[k]``: how many positions shard ``k`` needs beyond its block of ``size`` on each side
+    (negative: fewer than its block).  XLA sends the largest halo any shard needs to every shard, one permute per
+    block-sized piece (from the ``i+1``-th neighbour: ``n - i - 1`` senders), skipping pieces no shard reads.
+    """
+    n = len(left)
+    max_left = max(left[1:], default=0)
+    max_right = max(right[:-1], default=0)
+    if max_left + max_right + size >= size * n and (max_left > size or max_right > size):
+        return None
+    left_bound, right_bound = -max(left), size + max(right)
+    if left_bound >= right_bound:
+        return None
+    pieces: Pieces = []
+    i = -(-max_left // size) - 1
+    while i >= 0 and (-i - 1) * size < right_bound:
+        pieces.append((min(max_left - size * i, size) - max(-i * size - right_bound, 0), n - i - 1))
+        i -= 1
+    skipped = min(max(left_bound - size, 0), max(max_right, 0)) // size
+    for i in range(skipped, -(-max_right // size)):
+        pieces.append((min(max_right - size * i, size) - max(left_bound - (i + 1) * size, 0), n - i - 1))
+    return [(rows, senders) for rows, senders in pieces if rows > 0]
+
+
+@dataclass
+class _Halo:
+    """One piece of a shard's window in XLA's compact exchange: from shard ``at`` (or padding), or its own."""
+
+    my: int
+    offset: int
+    start: int
+    limit: int
+    at: int  # the shard it comes from; -1: padding
+
+
+def _compact_exchange(left: list[int], right: list[int], size: int, base: int) -> Pieces:
+    """The collective-permutes of XLA's compact halo exchange (``ExchangeHaloCompact``), used where a halo is
+    longer than twice the block: each shard's window is cut at block boundaries, and the pieces other shards
+    hold are sent by permutes that pair each source with one destination at a time, greedily (XLA's order)."""
+    n = len(left)
+    halos: list[list[_Halo]] = [[] for _ in range(n)]
+    for k in range(n):
+        start = k * size - left[k]
+        at, limit = start, (k + 1) * size + right[k]
+        while at < limit:
+            first = at % size
+            if at < 0 or at >= base:  # padding: nobody sends it
+                rows = min(limit - at, -at) if at < 0 else limit - at
+                halos[k].append(_Halo(k, at - start, first, first + rows, -1))
+            else:
+                rows = min(size - first, limit - at)
+                halos[k].append(_Halo(k, at - start, first, first + rows, at // size))
+            at += rows
+    # Padding pieces longer than a block are cut to a block where other shards have data at that place.
+    cut: list[list[_Halo]] = [[] for _ in range(n)]
+    sends: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    nxt = [0] * n
+    while any(nxt[k] < len(halos[k]) for k in range(n)):
+        all_padding = all(halos[k][nxt[k]].at < 0 for k in range(n) if nxt[k] < len(halos[k]))
+        for k in range(n):
+            if nxt[k] >= len(halos[k]):
+                continue
+            h = halos[k][nxt[k]]
+            piece = _Halo(h.my, h.offset, h.start, h.limit, h.at)
+            cut[k].append(piece)
+            if not all_padding and h.at < 0 and h.limit > size:
+                piece.limit = size
+                h.start, h.limit = 0, h.limit - size
+            else:
+                nxt[k] += 1
+            if h.at >= 0 and h.at != k:
+                sends[h.at].append((k, len(cut[k]) - 1))
+    for k in range(n):
+        sends[k].sort(key=lambda ab: cut[ab[0]][ab[1]].offset)
+    pieces: Pieces = []
+    done = [0] * n
+    while True:
+        senders, seen, lo, hi = 0, set(), size, 0
+        for k in range(n):
+            if done[k] >= len(sends[k]):
+                continue
+            h = cut[sends[k][done[k]][0]][sends[k][done[k]][1]]
+            if senders and (
+                h.my in seen
+                or (lo > h.limit and hi == size and h.start == 0)
+                or (hi < h.start and lo == 0 and h.limit == size)
+            ):
+                continue
+            seen.add(h.my)
+            senders += 1
+            lo, hi = min(lo, h.start), max(hi, h.limit)
+            done[k] += 1
+        if not senders:
+            return pieces
+        pieces.append((hi - lo, senders))
+
+
+def _valid_data(
+    left: list[int], right: list[int], size: int, base: int, explicit_left: int, with_halo: int
+) -> Pieces | None:
+    """XLA's ``ExchangeHaloAndGetValidData``: the compact exchange where the largest halo exceeds twice the
+    block with halos (None where that block is half the axis or more: XLA replicates), else :func:`_exchange`."""
+    n = len(left)
+    if explicit_left == left[0]:
+        widest = size + max(a + b for a, b in zip(left, right))
+        if widest == with_halo and max(max(left), max(right)) > 2 * with_halo:
+            return None if widest * 2 >= n * size else _compact_exchange(left, right, size, base)
+    return _exchange(left, right, size)
+
+
+def _shift_pieces(length: int, out_len: int, n: int, offset: int) -> Pieces | None:
+    """Permutes of XLA's reshard of a pad or slice along an axis split ``n`` ways (a window of one): result
+    position ``r`` reads input position ``r + offset`` (a pad's ``-low``, a slice's start); blocks are
+    ``ceil(len / n)``."""
+    s, o = -(-length // n), -(-out_len // n)
+    left = [k * s - (k * o + offset) for k in range(n)]
+    right = [(k + 1) * o + offset - (k + 1) * s for k in range(n)]
+    return _valid_data(left, right, s, length, -offset, o)  # the window's low padding: -offset
+
+
+def _scatter_exchange(
+    length: int, n: int, out_len: int, window: int, stride: int, low: int
+) -> tuple[Pieces, Pieces, int, int] | None:
+    """(operand permutes, cotangent permutes, operand block with halos, cotangent block with halos) of XLA's
+    partitioned ``select-and-scatter`` along one axis split ``n`` ways, or None where it replicates.
+
+    XLA's SPMD partitioner (``HandleSelectAndScatter``) does not exchange what each shard needs: it finds
+    shard ``k``'s first and limit windows by linear formulas in ``k`` (a window shorter than the stride counts
+    as the stride), and every shard gets the largest left and right halo any shard needs, of the cotangent and
+    then of the operand.  So a pool whose blocks are not a multiple of the stride exchanges halos although
+    each window lies in one block (measured: 16 rows over 2, a 1-row window of stride 3: one cotangent row and
+    two plus one operand rows, three permutes; tests/test_primitive_rules.py's reduce_window draws).
+    """
+    s, so = -(-length // n), -(-out_len // n)
+    size = max(window, stride)
+    first = [_tdiv(s * k + low - size + stride, stride) for k in range(n)]
+    limit = [_tdiv(s * k + s + low + stride - 1, stride) for k in range(n)]
+    windows = max(b - a for a, b in zip(first, limit))
+    block = (windows - 1) * stride + size
+    cot_left = [so * k - first[k] for k in range(n)]
+    cot = _valid_data(cot_left, [limit[k] - so * (k + 1) for k in range(n)], so, out_len, 0, windows)
+    op = _valid_data(
+        [s * k + low - stride * first[k] for k in range(n)],
+        [stride * limit[k] - (s * k + s + stride + low - size) for k in range(n)],
+        s,
+        length,
+        low,
+        block,
+    )
+    if cot is None or op is None:
+        return None
+    return op, cot, block, windows
+
+
+def _permute_rows(
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    axes: tuple[str, ...],
+    local: list[int],
+    axis: int,
+    pieces: Pieces,
+    dtype: Any,
+    why: str,
+) -> None:
+    """Charge one collective-permute per piece along ``axis`` of a block shaped ``local``; a permute from one
+    device alone (one sender in the whole mesh) is left out, as :mod:`einshard.testing.hlo` counts them."""
+    row = math.prod(s for i, s in enumerate(local) if i != axis) * itemsize(dtype)
+    groups = math.prod(w.costs.mesh_sizes.values()) // group_size(w, axes)
+    arrays = [rows * row for rows, senders in pieces if senders * groups > 1]
+    charge(w, eqn, phase, repeat, "collective-permute", axes, arrays, why)
+
+
 @register("select_and_scatter_add")
 def select_and_scatter_add(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """A max pool's gradient: the cotangent scattered to each window's chosen input position.
 
-    Non-overlapping windows (stride ≥ window, no padding) over blocks that divide stay local; overlapping
-    ones exchange the operand's halos as the forward pool did (approximate: XLA also moves the cotangent).
+    Along each split axis XLA exchanges the cotangent's and the operand's halos by its partitioner's linear
+    formulas (:func:`_scatter_exchange`), not by what each shard needs.  On CPU and GPU, JAX lowers a padded
+    window as ``pad`` → ``select-and-scatter`` (unpadded) → ``slice`` (XLA's CPU and GPU backends do not take
+    the padding), and XLA reshards the padded operand and the sliced result across the uneven blocks of the
+    padded length: their permutes too (:func:`_shift_pieces`).  Where XLA gives up on halos (a halo longer than
+    a block reaching most of the axis), it replicates the operand and cotangent: gathered here too.
     """
     p = eqn.params
     source, operand = ins
@@ -681,46 +911,79 @@ def select_and_scatter_add(w: Walker, eqn: Any, ins: list[Layout], repeat: int, 
     ref = operand if not is_free(operand) else source
     if is_free(ref):
         return [w.free(out_aval)]
-    start = len(w.ops)
     dims = list(ref.dims) if ref is operand else [()] * len(out_aval.shape)
-    halos: list[tuple[int, list[int]]] = []
-    cot_halos: list[tuple[int, list[int]]] = []
-    approx = []
+    expands = w.costs.profile.tiling != "tpu"  # JAX's CPU / GPU lowering pads outside the select-and-scatter
+    start = len(w.ops)
+    approx: list[str] = []
+    plans: list[tuple[int, tuple[Pieces, Pieces, int, int] | None, Pieces, Pieces, int]] = []
     for i, d in enumerate(list(dims)):
         if not d:
             continue
         window, stride, (low, high) = p["window_dimensions"][i], p["window_strides"][i], p["padding"][i]
         length, n = operand.shape[i], group_size(w, d)
         out_len = int(eqn.invars[0].aval.shape[i])
-        if out_len % n or length % n:
-            approx.append(f"axis {i}: uneven blocks gathered")
+        if not expands:  # the TPU lowering keeps the padding in the select-and-scatter
+            low, high = 0, 0
+            plan_low = p["padding"][i][0]
+        else:
+            plan_low = 0
+        padded = low + length + high
+        pad_in = _shift_pieces(length, padded, n, -low) if low or high else []
+        pad_out = _shift_pieces(padded, length, n, low) if low or high else []
+        plan = _scatter_exchange(padded, n, out_len, window, stride, plan_low)
+        if length % n or out_len % n:
+            approx.append(f"axis {i}: uneven blocks gathered; XLA may exchange halos of padded blocks instead")
             dims[i] = ()
-        elif (window > stride or low or high) and (length // n < window or stride == 1):
-            # Blocks smaller than the window, or a stride-1 window: XLA's exchange turns on sizes (extra
-            # permutes of the padded cotangent, gathers; measured by the deep run), not reproduced here.
-            approx.append(f"axis {i}: overlapping windows (stride 1 or blocks smaller than the window)")
-            halos.append((i, halo_pieces(length, n, out_len, window, stride, 1, low)))
-        elif window > stride or low or high:
-            # Overlapping windows: each device scatters the cotangent rows whose windows reach its block
-            # (a cotangent halo) and reads the operand under all of those windows (a wider operand halo).
-            operand_pieces, cotangent_pieces = _scatter_halos(length, n, out_len, window, stride, low)
-            halos.append((i, operand_pieces))
-            cot_halos.append((i, cotangent_pieces))
-            if low or high:
-                # Measured: the scatter's three exchanges are right, but XLA also moves rows in the pad and
-                # slice JAX puts around a padded pool's gradient (two permutes more) and sends padded rows.
-                approx.append(f"axis {i}: padded windows; XLA also permutes rows in the pad/slice around it")
-    if len(cot_halos) > 1:
-        # Windows overlapping along two split axes: XLA also exchanges the corners (measured: more permutes
-        # than one exchange per axis and side); not reproduced here.
-        approx.append("overlapping windows along several split axes; XLA also exchanges the corners")
+            continue
+        if pad_in is None or pad_out is None:
+            approx.append(f"axis {i}: the pad's halos reach most of the axis; XLA gathers it another way")
+            dims[i] = ()
+            continue
+        plans.append((i, plan, pad_in, pad_out, padded))
+    # No halo exchange XLA can build along some axis (a halo reaching most of it): it replicates the padded
+    # operand and the cotangent (an all-gather per split axis each), scatters whole, and slices the result back
+    # to its split (free) before the slice's permutes (measured: 8 rows over 8, a 2-row SAME window).
+    whole = any(plan is None for _, plan, _, _, _ in plans)
     if not is_free(operand):
         operand = _bring(w, eqn, phase, repeat, 1, operand, operand.with_dims(tuple(dims)), "select_and_scatter_add")
     src_dims = tuple(d if source.shape[i] % max(group_size(w, d), 1) == 0 else () for i, d in enumerate(dims))
     source = _bring(w, eqn, phase, repeat, 0, source, source.with_dims(src_dims), "select_and_scatter_add cotangent")
-    _exchange_halos(w, eqn, phase, repeat, operand, halos, eqn.invars[1].aval.dtype)
-    if not is_free(source):
-        _exchange_halos(w, eqn, phase, repeat, source, cot_halos, eqn.invars[0].aval.dtype)
+    op_dtype, src_dtype = eqn.invars[1].aval.dtype, eqn.invars[0].aval.dtype
+    local = list(operand.shard_shape)
+    if expands:  # the pad grows the whole axes too (their permutes carry the padded rows)
+        local = [s + lo + hi if not dims[i] else s for i, (s, (lo, hi)) in enumerate(zip(local, p["padding"]))]
+    for i, _, pad_in, _, padded in plans:  # the pad before the scatter (CPU / GPU): the operand's padded blocks
+        _permute_rows(w, eqn, phase, repeat, dims[i], local, i, pad_in, op_dtype, "select_and_scatter_add: pad")
+        local[i] = -(-padded // group_size(w, dims[i]))
+    src_local = list(source.shard_shape)
+    if whole:
+        for i, _, _, _, _ in plans:
+            if not is_free(source):
+                src_local[i] = source.shape[i]
+                why = "select_and_scatter_add: cotangent replicated"
+                charge(w, eqn, phase, repeat, "all-gather", dims[i], [math.prod(src_local) * itemsize(src_dtype)], why)
+            if not is_free(operand):
+                local[i] *= group_size(w, dims[i])
+                why = "select_and_scatter_add: operand replicated"
+                charge(w, eqn, phase, repeat, "all-gather", dims[i], [math.prod(local) * itemsize(op_dtype)], why)
+    for i, plan, _, _, _ in plans:
+        if whole or plan is None:
+            break
+        op_pieces, cot_pieces, op_block, cot_block = plan
+        if not is_free(source):
+            why = "select_and_scatter_add: cotangent halo"
+            _permute_rows(w, eqn, phase, repeat, dims[i], src_local, i, cot_pieces, src_dtype, why)
+        src_local[i] = cot_block
+        if not is_free(operand):
+            _permute_rows(w, eqn, phase, repeat, dims[i], local, i, op_pieces, op_dtype, "select_and_scatter_add: halo")
+        local[i] = op_block
+    for i, _, _, _, padded in plans:  # the scatter's result, back to the padded blocks
+        local[i] = -(-padded // group_size(w, dims[i]))
+    for i, _, _, pad_out, _ in plans:  # the slice after it: the result's blocks of the unpadded length
+        _permute_rows(
+            w, eqn, phase, repeat, dims[i], local, i, pad_out, out_aval.dtype, "select_and_scatter_add: slice"
+        )
+        local[i] = -(-operand.shape[i] // group_size(w, dims[i]))
     if approx:
         _mark(w, start, "; ".join(approx))
     return [w.relayout(out_aval, dims)]
