@@ -182,7 +182,9 @@ def test_max_pool_gradient_peak_matches_xla(shape, window, strides, spec) -> Non
 # FSDP: the kernels split on their outputs over the batch's mesh axis, asked back in that split.  Each conv
 # gives its result the batch or the kernel's output split (the larger side, tests/test_primitive_rules.py's
 # conv_fsdp_case) and gathers the other operand; each kernel gradient, partial over the batch's axis, is one
-# reduce-scatter into the kernel's split.
+# reduce-scatter into the kernel's split.  Which side is larger differs between XLA releases (jax 0.12's weighs
+# the kernel's stride-1 windows with the features: rows 8 keep the features there, the batch on jax 0.10;
+# einshard/_src/analysis/program/xla_behaviour.py): the same test holds explain to whichever XLA runs.
 FSDP_LAYOUTS = [
     ((4, 2), ("a", "b"), "a", 8),  # rows 8: the batch side wins at every conv (kernels gathered)
     ((4, 2), ("a", "b"), "a", 2),  # rows 2 under a 3x3 window: the features win (activations gathered)
@@ -191,17 +193,6 @@ FSDP_LAYOUTS = [
 ]
 
 
-# The FSDP conv rules were measured on XLA as jax 0.10 ships it; jax 0.12's XLA (CI's Python 3.12 run) partitions
-# some of these steps with fewer gathers and reduce-scatters (3 all-gathers + 2 reduce-scatters against 2 + 1).
-_JAX_MINOR = tuple(int(p) for p in jax.__version__.split(".")[:2])
-
-
-@pytest.mark.xfail(
-    _JAX_MINOR >= (0, 11),
-    reason="XLA after jax 0.10 partitions the FSDP conv step differently (fewer all-gathers and reduce-scatters): "
-    "the rules are measured on jax 0.10's XLA",
-    strict=False,
-)
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
 @pytest.mark.parametrize("shape, names, axis, rows", FSDP_LAYOUTS)
 def test_fsdp_step_matches_xla(shape, names, axis, rows, explicit) -> None:
@@ -226,3 +217,62 @@ def test_fsdp_step_matches_xla(shape, names, axis, rows, explicit) -> None:
     notes = [op.note for op in report.ops if op.note]
     assert got == want, (got, want, notes)
     assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
+
+
+# The FSDP conv's one-op choice at the boundary between the two sides, on (4, 2) with the batch and the kernel's
+# outputs over 'a': input shape, kernel shape, strides, padding, window dilation.  jax 0.10.2's XLA weighs the
+# output features against batch·(shared result rows); jax 0.12's multiplies the features by the stride-1
+# windows (xla_behaviour.conv_windows_join_features).  Each pair straddles one release's boundary.
+FSDP_BOUNDARY = [
+    ((8, 8, 8, 16), (3, 3, 16, 64), (1, 1), "SAME", (1, 1)),  # 0.12: 64·9 > 512 features; 0.10: batch
+    ((8, 8, 8, 16), (3, 3, 16, 56), (1, 1), "SAME", (1, 1)),  # 56·9 < 512: batch on both
+    ((8, 9, 9, 16), (3, 3, 16, 64), (1, 1), "SAME", (1, 1)),  # 64·9 < 648: batch on both
+    ((8, 8, 8, 16), (1, 3, 16, 192), (1, 1), "SAME", (1, 1)),  # one window axis: 192·3 > 512 on 0.12
+    ((8, 8, 8, 16), (3, 3, 16, 64), (1, 1), "SAME", (2, 2)),  # a dilated window weighs its taps (9)
+    ((8, 8, 8, 16), (3, 3, 16, 96), (2, 1), "SAME", (1, 1)),  # stride (2, 1): only the stride-1 window, 96·3 > 256
+    ((8, 8, 8, 16), (3, 3, 16, 80), (2, 1), "SAME", (1, 1)),  # 80·3 < 256: batch on both
+    ((8, 8, 8, 16), (3, 3, 16, 128), (2, 2), "SAME", (1, 1)),  # stride 2: features alone, 128 = 8·4·4: batch
+    ((8, 8, 8, 16), (3, 3, 16, 160), (2, 2), "SAME", (1, 1)),  # 160 > 128: features on both
+    ((8, 2, 2, 16), (3, 3, 16, 4), (1, 1), "SAME", (1, 1)),  # the window longer than the result: not weighed
+    ((8, 4, 4, 16), (3, 3, 16, 16), (1, 1), "SAME", (1, 1)),  # 16·9 > 128 on 0.12; 16 < 128 on 0.10
+]
+
+
+@pytest.mark.parametrize("xshape, wshape, strides, padding, dilation", FSDP_BOUNDARY)
+def test_fsdp_conv_side_matches_the_running_xla(xshape, wshape, strides, padding, dilation) -> None:
+    """explain's result layout and collectives for the one-op FSDP conv against the XLA that runs (either
+    release), on the boundary cases that tell the releases apart."""
+    from test_primitive_rules import Case, check
+
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(
+            x, w, strides, padding, rhs_dilation=dilation, dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    args = (jax.ShapeDtypeStruct(xshape, jnp.float32), jax.ShapeDtypeStruct(wshape, jnp.float32))
+    check(Case("conv_general_dilated", conv, args, (P("a"), P(None, None, None, "a")), 2, False, False, "windows"))
+
+
+def test_xla_behaviour_is_measured_once_and_names_how() -> None:
+    """The record the rules read: a probe where two devices exist, agreeing with the releases it was measured
+    on (jax 0.10.2: the older weighing; jax 0.12: the newer), else the jax version."""
+    from einshard._src.analysis.program import xla_behaviour as xb
+
+    found = xb.xla_behaviour()
+    assert found is xb.xla_behaviour()  # cached: the running XLA never changes in a process
+    assert found.found_by == "probe"  # the suite has 8 devices
+    minor = tuple(int(p) for p in jax.__version__.split(".")[:2])
+    if minor in ((0, 10), (0, 12)):
+        assert found.conv_windows_join_features == (minor >= (0, 12))
+    assert xb._probe_conv_windows_join_features() == found.conv_windows_join_features
+
+
+def test_xla_behaviour_falls_back_to_the_version_without_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    from einshard._src.analysis.program import xla_behaviour as xb
+
+    monkeypatch.setattr(xb.jax, "devices", lambda: jax.local_devices()[:1])
+    monkeypatch.setattr(xb, "_measured", [])
+    assert xb._probe_conv_windows_join_features() is None
+    found = xb.xla_behaviour()
+    assert found.found_by == "version" and not xb._measured  # not kept: a later call may probe
+    assert found.conv_windows_join_features == (xb._jax_version() >= (0, 12))

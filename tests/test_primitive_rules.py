@@ -523,7 +523,10 @@ def test_coverage_rules_run() -> None:
 def test_primitive_list_is_what_tracing_finds() -> None:
     """primitives.json is tools/list_primitives.py's output for the installed libraries (regenerate on upgrades)."""
     import importlib.util
+    import json
     import pathlib
+
+    from einshard._src.analysis.program.registry import RULES
 
     path = pathlib.Path(__file__).resolve().parent.parent / "tools" / "list_primitives.py"
     spec = importlib.util.spec_from_file_location("list_primitives", path)
@@ -531,6 +534,13 @@ def test_primitive_list_is_what_tracing_finds() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     found = set(module.collect())
+    listed_on = json.loads(coverage.DATA.read_text())["jax"]
+    if jax.__version__ != listed_on:
+        # Another jax (CI's Python 3.12 run: jax 0.12) emits primitives the list's jax does not (one_minus_square,
+        # log2, polynomial, reduce...): each must still have a rule, else explain says it is incomplete there.
+        ruled = set(RULES) | coverage.CALLS
+        assert found - ruled <= JAX_NEWER_UNRULED, sorted(found - ruled)
+        return
     assert found == set(coverage.primitives()), found ^ set(coverage.primitives())
 
 
@@ -1021,3 +1031,115 @@ def test_dilated_conv_gradient_on_uneven_rows_within_its_bound() -> None:
     args = (jax.ShapeDtypeStruct((4, 16, 16, 4), jnp.float32), jax.ShapeDtypeStruct((2, 2, 4, 8), jnp.float32))
     specs = (P(None, "a", None, None), P(None, None, None, "a"))
     check(Case("conv_general_dilated", conv, args, specs, 1, False, True, "windows"))
+
+
+# -- primitives newer jax emits (jax 0.12): a rule each, held against XLA on both jax releases -----------------
+
+# Primitives jax 0.12's sweep finds that have no rule yet (explain leaves them unfollowed and says its report is
+# incomplete: never silent). None today.
+JAX_NEWER_UNRULED: frozenset[str] = frozenset()
+
+
+def _primitive_names(jaxpr: Any) -> set[str]:
+    """Every primitive a jaxpr runs, nested bodies included."""
+    names, todo = set(), [jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr]
+    while todo:
+        for eqn in todo.pop().eqns:
+            names.add(eqn.primitive.name)
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = sub.jaxpr if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns") else sub
+                    if hasattr(inner, "eqns"):
+                        todo.append(inner)
+    return names
+
+
+@st.composite
+def variadic_reduce_case(draw: Any) -> Case:
+    """``lax.reduce`` over a tuple computation (jnp.minmax's on jax 0.12; any two-operand reducer on both): XLA
+    all-gathers each result's per-device partials over a split reduced axis."""
+    rank, explicit, (spec,) = draw(layout([(16, 32)]))
+    dims = draw(st.sampled_from([(0,), (1,), (0, 1)]))
+
+    def minmax(x: Any) -> Any:
+        return lax.reduce((x, x), (jnp.inf, -jnp.inf), lambda a, b: (lax.min(a[0], b[0]), lax.max(a[1], b[1])), dims)
+
+    args = (jax.ShapeDtypeStruct((16, 32), jnp.float32),)
+    return Case("reduce", minmax, args, (spec,), rank, explicit, False, "scratch")
+
+
+@example(
+    Case(
+        "reduce",
+        lambda x: lax.reduce((x, x), (0.0, 0.0), lambda a, b: (a[0] + b[0], lax.max(a[1], b[1])), (1,)),
+        (jax.ShapeDtypeStruct((16, 32), jnp.float32),),
+        (P(None, "a"),),
+        2,
+        False,
+        False,
+    )
+)
+@example(
+    Case(
+        "reduce",
+        lambda x: lax.reduce((x, x), (0.0, 0.0), lambda a, b: (a[0] + b[0], lax.max(a[1], b[1])), (1,)),
+        (jax.ShapeDtypeStruct((16, 32), jnp.float32),),
+        (P("a", "b"),),
+        2,
+        False,
+        False,
+    )
+)
+@given(variadic_reduce_case())
+@FAST
+def test_variadic_reduce_matches_xla(case: Case) -> None:
+    check(case)
+
+
+NEWER_ELEMENTWISE = [
+    ("polynomial", lax.erf),  # jax 0.12 evaluates erf's polynomial as one primitive
+    ("polynomial", lambda x: jnp.polyval(jnp.arange(1.0, 4.0), x)),
+    ("log2", jnp.log2),
+    ("one_minus_square", jnp.tanh),  # its gradient
+    ("polynomial", lambda x: jax.nn.gelu(x, approximate=False)),
+    # jax 0.12's "hijax" calls: walked through their expansion (rules_control.hi_primitive)
+    # (frexp's gradient is held by its collectives only in test_hi_primitive_gradient_moves_nothing: the memory
+    # walk does not fuse an expansion, explain's peak reads 3.5x XLA's on a one-op program)
+    ("call_hi_primitive", lambda x: jnp.frexp(x)[0] + 1.0),
+    ("call_hi_primitive", lambda x: jnp.ldexp(x, 3)),
+]
+
+
+@pytest.mark.parametrize("name, fn", NEWER_ELEMENTWISE, ids=[f"{n}-{i}" for i, (n, _) in enumerate(NEWER_ELEMENTWISE)])
+@pytest.mark.parametrize("spec", [P("a", "b"), P(None, ("a", "b"))], ids=["rows-cols", "cols"])
+def test_newer_jax_elementwise_primitives_match_xla(name: str, fn: Any, spec: P) -> None:
+    """Elementwise on any jax: nothing moves, forward and gradient, on the jax that runs (these primitives appear
+    on jax 0.12; on jax 0.10 the same functions trace to older elementwise ones)."""
+    args = (jax.ShapeDtypeStruct((16, 32), jnp.float32),)
+
+    def op(x: Any) -> Any:
+        return fn(x)
+
+    if name not in _primitive_names(jax.make_jaxpr(jax.grad(lambda x: jnp.sum(op(x))))(*args)):
+        # jax 0.10 traces these functions to older primitives, held by their own tests (a lone lax.erf on a split
+        # array is a known jax 0.10 miss: its XLA gathers it whole, docs/analysis.md).
+        pytest.skip(f"{name} is not emitted by jax {jax.__version__}")
+
+    for grad in (False, True):
+        check(Case(name, op, args, (spec,), 2, False, grad))
+
+
+def test_hi_primitive_gradient_moves_nothing() -> None:
+    """frexp's gradient through its expansion on a split array: no collective, like XLA's."""
+
+    def loss(x: Any) -> Any:
+        mantissa, exponent = jnp.frexp(x)
+        return jnp.sum(mantissa * exponent)
+
+    mesh = _mesh(2, False)
+    x = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(jax.grad(loss), in_shardings=NamedSharding(mesh, P("a", "b"))).lower(x).compile()
+    report = trace(jax.grad(loss), x, mesh={"a": 4, "b": 2}).report((P("a", "b"),))
+    assert report.complete and not report.unfollowed
+    assert report.comm_count == 0 == len(hlo.normalized(compiled.as_text()))

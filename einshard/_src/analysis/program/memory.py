@@ -722,7 +722,8 @@ SCRATCH: dict[str, tuple[str, float, float]] = {
         ("convolution and window scratch", 0.1, 1.75),
     ),
     **dict.fromkeys(
-        ("sort", "top_k", "argsort", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"),
+        # reduce: a tuple reducer's (jnp.minmax on jax 0.12) per-device partials, gathered over a split axis
+        ("sort", "top_k", "argsort", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "reduce"),
         ("sort and scan scratch", 0.1, 1.55),
     ),
     "cond": ("every branch's temporaries", 0.4, 1.75),

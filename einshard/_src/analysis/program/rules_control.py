@@ -230,3 +230,24 @@ def scan_groups(ft_in: Any) -> list[int]:
         return sum(count(e) for e in x) if isinstance(x, (tuple, list)) else 1
 
     return [count(group) for group in ft_in]
+
+
+@register("call_hi_primitive")
+def hi_primitive(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """A "hijax" primitive (jax 0.12: ``jnp.frexp``, ``jnp.ldexp``, the ``tril/triu_indices_from`` helpers): XLA
+    compiles its expansion (``_prim.expand``, traced on the operands' types), so the expansion is walked as a
+    call's body with the operands' layouts."""
+    import jax
+
+    from .registry import call_rule, unfollowed
+
+    prim = eqn.params.get("_prim")
+    expand = getattr(prim, "expand", None)
+    avals = [v.aval for v in eqn.invars]
+    try:
+        body = jax.make_jaxpr(expand)(*avals) if callable(expand) else None
+    except Exception:  # an expansion that does not trace on abstract values: priced as an op without a rule
+        body = None
+    if body is None or len(body.jaxpr.outvars) != len(eqn.outvars):
+        return unfollowed(w, eqn, ins, repeat, phase)
+    return call_rule(w, eqn.replace(params={**eqn.params, "jaxpr": body}), ins, repeat, phase)

@@ -46,6 +46,7 @@ from .movement import charge, group_size, halo_pieces, itemsize, mark_approximat
 from .registry import register
 from .rules_structural import explicit_dims, widen_bound
 from .values import Partial
+from .xla_behaviour import xla_behaviour
 
 if TYPE_CHECKING:
     from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
@@ -426,15 +427,23 @@ def _features_win(eqn: Any, lhs: Layout, rhs: Layout) -> bool:
     kernel's outputs both over 'data' (tests/test_conv_rules.py): (8,4,4,64) 3×3 stride 1 → batch (64 ≤
     8·4·4), 256 features → features; stride 2 (result 2×2 < kernel 3) → features once they exceed the batch
     (16 > 8); a 1×1 stride-2 conv → features above 8·2·2.  XLA then gathers the other operand's split.
+
+    Newer XLA (jax 0.12's, :mod:`.xla_behaviour`) also multiplies the features by the kernel's window along each
+    shared spatial axis of stride 1, the kernel's size against the input's there: (8,8,8,16) against 3×3×16×64
+    → features (64·9 > 8·8·8), against 3×3×16×56 → batch; a 3×3 window on 2×2 rows (kernel larger) and stride-2
+    axes weigh as before (measured on one-op programs, dilated windows and (2, 1) strides included).
     """
     p = eqn.params
     dn = p["dimension_numbers"]
     out_shape = eqn.outvars[0].aval.shape
-    rows = lhs.shape[dn.lhs_spec[0]]
-    for rj, oi in zip(dn.rhs_spec[2:], dn.out_spec[2:]):
+    windows_join = xla_behaviour().conv_windows_join_features
+    rows, features = lhs.shape[dn.lhs_spec[0]], int(out_shape[dn.out_spec[1]])
+    for j, (rj, oi) in enumerate(zip(dn.rhs_spec[2:], dn.out_spec[2:])):
         if rhs.shape[rj] <= out_shape[oi]:
             rows *= int(out_shape[oi])
-    return int(out_shape[dn.out_spec[1]]) > rows
+            if windows_join and p["window_strides"][j] == 1:
+                features *= int(rhs.shape[rj])
+    return features > rows
 
 
 def _dilated_halo_pieces(

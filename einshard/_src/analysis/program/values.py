@@ -87,6 +87,8 @@ ELEMENTWISE = {
     "population_count",
     "iota",
     "one_minus_square",  # jax >= 0.12: the derivative of tanh
+    "log2",  # jax >= 0.12: jnp.log2 (was log divided by log 2)
+    "polynomial",  # jax >= 0.12: lax.erf/erfc's and jnp.polyval's, sinc's evaluation at each position
     # Found by tools/list_primitives.py (jnp, jax.nn, lax sweeps): elementwise, nothing moves.
     "acos",
     "acosh",

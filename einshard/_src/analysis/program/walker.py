@@ -215,6 +215,11 @@ class Walker:
         value = self._source.get(id(src))
         key = (value, dst.dims)
         if value is not None and not src.unreduced:
+            if id(dst) not in self._source:
+                # A move in steps (a permute onto idle mesh axes, then a gather over them) is the same value's
+                # all the way: XLA reuses each step for a later reader (CSE), so the next step's memo knows it.
+                self._source[id(dst)] = value
+                self._keep.append(dst)
             if key in self._made:
                 return  # XLA reuses the value it already brought there
             self._made[key] = dst
