@@ -379,9 +379,8 @@ def _checked_reach(
             return None
         return _lands_at_dot(eqn, k, partner, axis_of, out, sums, used, sizes)
 
-    rec = getattr(w.uses, "rec", None)  # a segment_memo.RecordingTable's recorder
     at = c = 0
-    while rec is not None and not rec.why and at < len(steps):
+    while _recording(w) and at < len(steps):
         first = c
         while c < len(checks) and checks[c][0] == at:
             c += 1
@@ -412,6 +411,16 @@ def _checked_reach(
         if found is not None:
             return found, taken
     return None, taken
+
+
+def _recording(w: Walker) -> bool:
+    """Whether the segment memo records the stretch being walked and it is still closed: its tables are then
+    logging ones (segment_memo.RecordingTable, whose recorder says why the stretch left, once it has).  Any
+    table of another kind than a plain dict counts as recording: the walk's reads are then made."""
+    if type(w.uses) is dict:
+        return False
+    rec = getattr(w.uses, "rec", None)
+    return rec is None or not getattr(rec, "why", "")
 
 
 def _elementwise_alone(w: Walker, eqn: Any, k: int) -> bool:
