@@ -19,6 +19,7 @@ and ``scatter`` follow XLA's SPMD partitioner:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -26,6 +27,7 @@ from ...core.layout import Layout
 from ..cost import Collective, sent_bytes, wire_itemsize
 from ..einsum.read import dtype_info
 from .costing import is_free
+from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_cache
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
 from .report import OpBound
@@ -171,7 +173,73 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
     Every other consumer then sees the split value (a bias gradient summing it over the
     sequence all-reduces over ``model`` once more, as XLA does).  Followed through transposes
     and dtype conversions; the first such consumer decides, as XLA's propagation takes one.
+
+    The search (:func:`_walk_consumers`) is precomputed once per value (:func:`_consumer_reach`: its course is the
+    program's structure but where an already laid-out operand can stop it or decide it), so each costing tests only
+    those points (:func:`_search_reach`), whatever the program's depth; the answer is the walk's.
     """
+    costs = w.costs
+    cache = reach_cache(costs)
+    reach = cache.get(id(var), _UNSEEN)
+    if reach is _UNSEEN or (reach is not None and reach.var is not var):
+        home = home_of(costs, var)
+        reach = cache[id(var)] = _consumer_reach(home, var) if home is not None else None
+    if reach is None or len(out.dims) != len(reach.steps[0][1]):
+        counts_of(costs).walked += 1
+        return _walk_consumers(w, var, out, sums)
+    return _search_reach(w, reach, out, sums)
+
+
+_UNSEEN: Any = object()
+
+
+def _lands(
+    splits: Sequence[tuple[str, ...]],
+    axis_of: tuple[int, ...],
+    out: Layout,
+    sums: frozenset[str],
+    used: set[str],
+    sizes: dict[str, int],
+) -> list[tuple[str, ...]] | None:
+    """The sum's split where a consumer asks axis ``i`` of the value split over ``splits[i]``: the first split
+    over summed mesh axes, free in the sum, that divides the sum's axis it maps onto (None: none)."""
+    for i, split in enumerate(splits):
+        axis = axis_of[i] if i < len(axis_of) else -1
+        if axis < 0 or not split or not set(split) <= sums or set(split) & used:
+            continue
+        if out.shape[axis] % math.prod(sizes[m] for m in split) == 0:
+            return [split if a == axis else d for a, d in enumerate(out.dims)]
+    return None
+
+
+def _lands_at_dot(
+    eqn: Any,
+    k: int,
+    partner: Layout,
+    axis_of: tuple[int, ...],
+    out: Layout,
+    sums: frozenset[str],
+    used: set[str],
+    sizes: dict[str, int],
+) -> list[tuple[str, ...]] | None:
+    """The sum's split where a consumer dot contracts the value (operand ``k``) with a laid-out ``partner``."""
+    (lc, rc), _ = eqn.params["dimension_numbers"]
+    mine, theirs = (lc, rc) if k == 0 else (rc, lc)
+    for i, j in zip(mine, theirs):
+        split = partner.dims[j]
+        axis = axis_of[i]
+        if axis < 0 or not split or not set(split) <= sums or set(split) & used:
+            continue
+        if out.shape[axis] % math.prod(sizes[m] for m in split) == 0:
+            return [split if a == axis else d for a, d in enumerate(out.dims)]
+    return None
+
+
+def _walk_consumers(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> list[tuple[str, ...]] | None:
+    """:func:`consumer_split`'s search, walked: breadth-first through the consumers of ``var`` (each path
+    followed, as XLA's propagation reaches a value from each side).  The definition :func:`_consumer_reach` and
+    :func:`_search_reach` compute in two halves (tests/test_lookahead.py checks that they agree)."""
+    sizes = w.costs.mesh_sizes
     used = {m for d in out.dims for m in d}
     frontier: list[tuple[Any, tuple[int, ...]]] = [(var, tuple(range(len(out.dims))))]
     summed_with: set[int] = set()  # values reached through a gradient sum
@@ -182,76 +250,250 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
             # A program output the caller asks split, reached through a gradient sum (a tied embedding's
             # gradient: the head's dot plus the lookups' scatter-adds): the dot's sum lands split there, a
             # reduce-scatter.  (A dot whose own result leaves the program stays pending: dot_general.)
-            for i, split in enumerate(asked):
-                axis = axis_of[i] if i < len(axis_of) else -1
-                if axis < 0 or not split or not set(split) <= sums or set(split) & used:
-                    continue
-                if out.shape[axis] % math.prod(w.costs.mesh_sizes[m] for m in split) == 0:
-                    return [split if a == axis else d for a, d in enumerate(out.dims)]
+            found = _lands(asked, axis_of, out, sums, used, sizes)
+            if found is not None:
+                return found
         for eqn, k in w.uses.get(id(v), ()):
             name = eqn.primitive.name
             if name in ELEMENTWISE_PARTNERED:
                 # An elementwise consumer whose other full-size operand splits an axis over the summed mesh
                 # axes (a residual add after an expert sum or a row-parallel dot): the sum lands split like it,
                 # a reduce-scatter (measured: x[t@data] + sum(a[e@data], 0) is one reduce-scatter in XLA).
-                for i, split in enumerate(_partner_split(w, eqn, k, v)):
-                    axis = axis_of[i] if i < len(axis_of) else -1
-                    if axis < 0 or not split or not set(split) <= sums or set(split) & used:
-                        continue
-                    if out.shape[axis] % math.prod(w.costs.mesh_sizes[m] for m in split) == 0:
-                        return [split if a == axis else d for a, d in enumerate(out.dims)]
+                found = _lands(_partner_split(w, eqn, k, v), axis_of, out, sums, used, sizes)
+                if found is not None:
+                    return found
             if name in GRADIENT_SUMS and len(w.uses.get(id(v), ())) == 1:
                 if getattr(eqn.outvars[0].aval, "shape", None) == getattr(v.aval, "shape", None):
                     summed_with.add(id(eqn.outvars[0]))
                     frontier.append((eqn.outvars[0], axis_of))
             elif name == "transpose":
-                perm = eqn.params["permutation"]
-                frontier.append((eqn.outvars[0], tuple(axis_of[p] for p in perm)))
+                frontier.append((eqn.outvars[0], _transposed(eqn, axis_of)))
             elif name in REDUCTIONS and all(int(v.aval.shape[a]) == 1 for a in eqn.params.get("axes", ())):
                 # A sum over size-1 axes only (a gradient's reshape to [t, k, 1] summed back): a reshape.
-                dropped = set(eqn.params["axes"])
-                frontier.append((eqn.outvars[0], tuple(a for i, a in enumerate(axis_of) if i not in dropped)))
+                frontier.append((eqn.outvars[0], _size_one_summed(eqn, axis_of)))
             elif name in CARRIERS or _elementwise_alone(w, eqn, k):
                 frontier.append((eqn.outvars[0], axis_of))
             elif name == "broadcast_in_dim":
                 # A sum broadcast along new axes (a gradient of a reduction: d/dx sum(x, 0)): its axes keep
                 # their place among the result's (measured: grad of sum(sum(a*b, 0)**2), b split on its columns,
                 # XLA reduce-scatters sum(a*b, 0) to the columns' split, explain all-reduced it).
-                at = eqn.params["broadcast_dimensions"]
-                shape = eqn.outvars[0].aval.shape
-                placed = [-1] * len(shape)
-                for i, d in enumerate(at):
-                    if int(shape[d]) == int(v.aval.shape[i]):
-                        placed[d] = axis_of[i]
-                frontier.append((eqn.outvars[0], tuple(placed)))
+                frontier.append((eqn.outvars[0], _broadcast(eqn, v, axis_of)))
             elif name == "reshape":
-                mapped = _reshape_axes(tuple(v.aval.shape), tuple(eqn.outvars[0].aval.shape))
-                frontier.append((eqn.outvars[0], tuple(-1 if i < 0 else axis_of[i] for i in mapped)))
+                frontier.append((eqn.outvars[0], _reshaped(eqn, v, axis_of)))
             elif name in PLACEMENTS:
                 # A placement asks for its layout outright: the exit of a jax.sharding.auto_axes region
                 # (out_sharding=, or the transpose of its entry: a weight gradient resharded to the weight's
                 # FSDP split) takes the sum split there, a reduce-scatter, as XLA compiles it.
-                for i, split in enumerate(placement_dims(eqn)):
-                    axis = axis_of[i] if i < len(axis_of) else -1
-                    if axis < 0 or not split or not set(split) <= sums or set(split) & used:
-                        continue
-                    if out.shape[axis] % math.prod(w.costs.mesh_sizes[m] for m in split) == 0:
-                        return [split if a == axis else d for a, d in enumerate(out.dims)]
+                found = _lands(placement_dims(eqn), axis_of, out, sums, used, sizes)
+                if found is not None:
+                    return found
             elif name == "dot_general" and k < 2:
                 partner = w.env.get(eqn.invars[1 - k])
                 if partner is None or is_free(partner) or partner.unreduced:
                     continue
-                (lc, rc), _ = eqn.params["dimension_numbers"]
-                mine, theirs = (lc, rc) if k == 0 else (rc, lc)
-                for i, j in zip(mine, theirs):
-                    split = partner.dims[j]
-                    axis = axis_of[i]
-                    n = math.prod(w.costs.mesh_sizes[m] for m in split)
-                    if axis < 0 or not split or not set(split) <= sums or set(split) & used:
-                        continue
-                    if out.shape[axis] % n == 0:
-                        return [split if a == axis else d for a, d in enumerate(out.dims)]
+                found = _lands_at_dot(eqn, k, partner, axis_of, out, sums, used, sizes)
+                if found is not None:
+                    return found
     return None
+
+
+def _transposed(eqn: Any, axis_of: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(axis_of[p] for p in eqn.params["permutation"])
+
+
+def _broadcast(eqn: Any, v: Any, axis_of: tuple[int, ...]) -> tuple[int, ...]:
+    at = eqn.params["broadcast_dimensions"]
+    shape = eqn.outvars[0].aval.shape
+    placed = [-1] * len(shape)
+    for i, d in enumerate(at):
+        if int(shape[d]) == int(v.aval.shape[i]):
+            placed[d] = axis_of[i]
+    return tuple(placed)
+
+
+def _reshaped(eqn: Any, v: Any, axis_of: tuple[int, ...]) -> tuple[int, ...]:
+    mapped = _reshape_axes(tuple(v.aval.shape), tuple(eqn.outvars[0].aval.shape))
+    return tuple(-1 if i < 0 else axis_of[i] for i in mapped)
+
+
+def _elementwise_shape_ok(eqn: Any, k: int) -> bool:
+    """:func:`_elementwise_alone` but for the layouts: an elementwise op whose result has operand ``k``'s shape."""
+    if eqn.primitive.name not in ELEMENTWISE or len(eqn.outvars) != 1:
+        return False
+    return tuple(getattr(eqn.invars[k].aval, "shape", ())) == tuple(getattr(eqn.outvars[0].aval, "shape", ()))
+
+
+def _size_one_summed(eqn: Any, axis_of: tuple[int, ...]) -> tuple[int, ...]:
+    """The result's axes of a sum over size-1 axes only (a reshape in effect): the others keep their place."""
+    dropped = set(eqn.params["axes"])
+    return tuple(a for i, a in enumerate(axis_of) if i not in dropped)
+
+
+def _consumer_reach(home: JaxprHome, var: Any) -> Reach | None:
+    """:func:`_walk_consumers`'s search from ``var``, once, as the program's structure makes it.
+
+    ``var`` is made at position ``p`` and searched for while that equation is stepped: a value made at ``p`` or
+    later is not laid out yet (the walk binds a jaxpr's values in order), so every read of its layout finds
+    nothing (an elementwise op with only such other operands is followed; a dot with such a partner asks
+    nothing).  The points that read a value made before ``p`` (an argument, a weight, an activation) are kept as
+    checks, made in each costing; the steps below an elementwise op such a check may stop carry its condition.
+    None where the search takes more than :data:`~.lookahead.MAX_STEPS` steps (then it is walked each time).
+    """
+    here = home.made_at(var)
+    uses = home.uses
+
+    def laid_out_before(v: Any) -> bool:  # may have a layout when ``var`` is searched for (literals too: read them)
+        return home.made_at(v) < here
+
+    def others_bound(eqn: Any, k: int) -> bool:
+        return any(j != k and not hasattr(o, "val") and laid_out_before(o) for j, o in enumerate(eqn.invars))
+
+    steps: list[tuple[Any, tuple[int, ...], tuple[int, ...]]] = [(var, tuple(range(len(var.aval.shape))), ())]
+    checks: list[tuple[int, int, str, Any, int, int]] = []
+    summed_by: dict[int, list[int]] = {}
+    conditions = 0
+    at = 0
+    while at < len(steps):
+        if len(steps) > MAX_STEPS:
+            return None
+        v, axis_of, conds = steps[at]
+        consumers = uses.get(id(v), ())
+        for c, (eqn, k) in enumerate(consumers):
+            name = eqn.primitive.name
+            if name in ELEMENTWISE_PARTNERED and others_bound(eqn, k):
+                checks.append((at, c, "partner", eqn, k, -1))
+            if name in GRADIENT_SUMS and len(consumers) == 1:
+                if getattr(eqn.outvars[0].aval, "shape", None) == getattr(v.aval, "shape", None):
+                    summed_by.setdefault(id(eqn.outvars[0]), []).append(at)
+                    steps.append((eqn.outvars[0], axis_of, conds))
+            elif name == "transpose":
+                steps.append((eqn.outvars[0], _transposed(eqn, axis_of), conds))
+            elif name in REDUCTIONS and all(int(v.aval.shape[a]) == 1 for a in eqn.params.get("axes", ())):
+                steps.append((eqn.outvars[0], _size_one_summed(eqn, axis_of), conds))
+            elif name in CARRIERS:
+                steps.append((eqn.outvars[0], axis_of, conds))
+            elif _elementwise_shape_ok(eqn, k):
+                # Followed unless another operand is laid out split (an elementwise op is none of the kinds below).
+                if others_bound(eqn, k):
+                    checks.append((at, c, "alone", eqn, k, conditions))
+                    steps.append((eqn.outvars[0], axis_of, (*conds, conditions)))
+                    conditions += 1
+                else:
+                    steps.append((eqn.outvars[0], axis_of, conds))
+            elif name == "broadcast_in_dim":
+                steps.append((eqn.outvars[0], _broadcast(eqn, v, axis_of), conds))
+            elif name == "reshape":
+                steps.append((eqn.outvars[0], _reshaped(eqn, v, axis_of), conds))
+            elif name in PLACEMENTS:
+                checks.append((at, c, "placement", eqn, k, -1))
+            elif name == "dot_general" and k < 2 and laid_out_before(eqn.invars[1 - k]):
+                checks.append((at, c, "dot", eqn, k, -1))
+        at += 1
+    steps_of: dict[int, list[int]] = {}
+    for i, (v, _, _) in enumerate(steps):
+        steps_of.setdefault(id(v), []).append(i)
+    return Reach(
+        var,
+        tuple(steps),
+        tuple(checks),
+        {i: tuple(s) for i, s in summed_by.items()},
+        {i: tuple(s) for i, s in steps_of.items()},
+        conditions,
+    )
+
+
+def _search_reach(w: Walker, reach: Reach, out: Layout, sums: frozenset[str]) -> list[tuple[str, ...]] | None:
+    """:func:`_walk_consumers`'s answer from ``reach`` (:func:`_checked_reach`), counted (:mod:`.lookahead`)."""
+    found, taken = _checked_reach(w, reach, out, sums)
+    counts = counts_of(w.costs)
+    counts.searches += 1
+    counts.steps += taken
+    counts.most = max(counts.most, taken)
+    return found
+
+
+def _checked_reach(
+    w: Walker, reach: Reach, out: Layout, sums: frozenset[str]
+) -> tuple[list[tuple[str, ...]] | None, int]:
+    """:func:`_walk_consumers`'s answer from ``reach``: its checks made in its order, a step skipped where a check on
+    its path stopped the walk there; and how many steps and checks it took.
+
+    While the segment memo records a stretch and the stretch is still closed (:mod:`.segment_memo`), the walk's
+    reads are what decides whether its tape may be replayed elsewhere (a look-ahead past the stretch leaves it):
+    the steps are then taken one by one with the walk's reads, until the recording leaves the stretch; from then
+    on only the checks are made.
+    """
+    sizes = w.costs.mesh_sizes
+    used = {m for d in out.dims for m in d}
+    steps, checks = reach.steps, reach.checks
+    passed: dict[int, bool] = {}  # condition -> whether its elementwise op was followed
+    taken = 0
+
+    def live(at: int) -> bool:
+        return all(passed.get(c, False) for c in steps[at][2])
+
+    def summed(at: int) -> bool:  # reached through a gradient sum already visited (the walk's ``summed_with``)
+        return any(q < at and live(q) for q in reach.summed_by.get(id(steps[at][0]), ()))
+
+    def check(at: int, kind: str, eqn: Any, k: int, cond: int) -> list[tuple[str, ...]] | None:
+        v, axis_of, _ = steps[at]
+        if kind == "asked":
+            asked = w.requested.get(id(v))
+            return None if asked is None else _lands(asked, axis_of, out, sums, used, sizes)
+        if kind == "partner":
+            return _lands(_partner_split(w, eqn, k, v), axis_of, out, sums, used, sizes)
+        if kind == "alone":
+            passed[cond] = _elementwise_alone(w, eqn, k)
+            return None
+        if kind == "placement":
+            return _lands(placement_dims(eqn), axis_of, out, sums, used, sizes)
+        partner = w.env.get(eqn.invars[1 - k])
+        if partner is None or is_free(partner) or partner.unreduced:
+            return None
+        return _lands_at_dot(eqn, k, partner, axis_of, out, sums, used, sizes)
+
+    at = c = 0
+    while _recording(w) and at < len(steps):
+        first = c
+        while c < len(checks) and checks[c][0] == at:
+            c += 1
+        if live(at):
+            taken += 1
+            v = steps[at][0]
+            if summed(at):
+                found = check(at, "asked", None, -1, -1)
+                if found is not None:
+                    return found, taken
+            w.uses.get(id(v), ())  # the walk's read of its consumers (past the stretch's horizon: it leaves)
+            for _, _, kind, eqn, k, cond in checks[first:c]:
+                found = check(at, kind, eqn, k, cond)
+                if found is not None:
+                    return found, taken
+        at += 1
+    # The rest: the checks in visit order, with the steps a requested output is visited at (asked before the
+    # step's consumers are read, as the walk does).
+    asked_at = sorted(s for i in w.requested for s in reach.steps_of.get(i, ()) if s >= at)
+    todo = [(s, -1, "asked", None, -1, -1) for s in asked_at] + list(checks[c:])
+    if asked_at:
+        todo.sort(key=lambda t: (t[0], t[1]))
+    for s, _, kind, eqn, k, cond in todo:
+        if not live(s) or (kind == "asked" and not summed(s)):
+            continue
+        taken += 1
+        found = check(s, kind, eqn, k, cond)
+        if found is not None:
+            return found, taken
+    return None, taken
+
+
+def _recording(w: Walker) -> bool:
+    """Whether the segment memo records the stretch being walked and it is still closed: its tables are then
+    logging ones (segment_memo.RecordingTable, whose recorder says why the stretch left, once it has).  Any
+    table of another kind than a plain dict counts as recording: the walk's reads are then made."""
+    if type(w.uses) is dict:
+        return False
+    rec = getattr(w.uses, "rec", None)
+    return rec is None or not getattr(rec, "why", "")
 
 
 def _elementwise_alone(w: Walker, eqn: Any, k: int) -> bool:
