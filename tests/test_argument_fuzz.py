@@ -387,6 +387,7 @@ TABLE: dict[str, Entry | Record | Constant] = {
             "latency": _number(0),
             "topology": _one_of("switch", "ring"),
             "tiling": _one_of("dense", "tpu"),
+            "narrow_floats": _one_of("native", "f32"),
         },
     ),
     "einshard.einsum": Entry(_einsum_base, _EINSUM_KINDS, any_value=_OPERANDS),
