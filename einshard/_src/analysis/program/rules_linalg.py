@@ -9,17 +9,22 @@ read from ``.compile().as_text()``; tests/test_linalg_rules.py holds them agains
 * matrix factorisations and solves (``qr``, ``svd``, ``lu``, ``cholesky``, ``eigh``, ``triangular_solve``…,
   Keras' ``ops.qr``/``lstsq``/``lu_factor``): the two trailing (matrix) axes of every operand are gathered,
   the leading (batch) axes keep their splits, and every result keeps the first operand's batch splits;
-* ``fft``: XLA gathers the operand whole (every split, batch axes too), transforms, and slices the result
-  back to the operand's splits on every axis whose length the transform keeps.
+* ``fft``: jax 0.10's XLA gathers the operand whole (every split, batch axes too), transforms, and slices the
+  result back to the operand's splits on every axis whose length the transform keeps; jax 0.12's gathers only the
+  transformed axes (:mod:`.xla_behaviour`'s ``fft_keeps_other_splits``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
 from .costing import is_free
+from .movement import itemsize, mark_approximate
 from .registry import register
+from .report import OpBound
+from .xla_behaviour import xla_behaviour
 
 if TYPE_CHECKING:
     from .registry import WalkerLike as Walker
@@ -87,11 +92,26 @@ def fft(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list
     src, out_aval = ins[0], eqn.outvars[0].aval
     if is_free(src):
         return [w.free(out_aval)]
+    rank, touched = len(src.dims), len(eqn.params["fft_lengths"])
+    out_shape = tuple(int(s) for s in out_aval.shape)
+    if xla_behaviour().fft_keeps_other_splits:
+        # Newer XLA (jax 0.12): with the transformed axes whole, each device transforms its block where it is.
+        if not any(src.dims[rank - touched :]):
+            return [w.relayout(out_aval, list(src.dims))]
+        # A transformed axis split: XLA gathers it (measured: (4, 4, 4) rows@b, last axis@a: one all-gather over
+        # a), though on small operands it was seen gathering the other splits too; the mark's bound is that.
+        start = len(w.ops)
+        want: list[tuple[str, ...]] = [d if i < rank - touched else () for i, d in enumerate(src.dims)]
+        _gather_minor_first(w, eqn, phase, src, want, eqn.invars[0].aval.dtype, repeat, "fft gathers its axes")
+        operand_bytes = math.prod(src.shape) * itemsize(eqn.invars[0].aval.dtype)
+        bound = OpBound(sum(1 for d in src.dims if d), float(operand_bytes), float(operand_bytes))
+        mark_approximate(w, start, "fft of a split transformed axis: XLA may gather the other splits too", bound)
+        kept = [d if i < rank - touched or out_shape[i] == src.shape[i] else () for i, d in enumerate(src.dims)]
+        return [w.relayout(out_aval, kept)]
     whole: list[tuple[str, ...]] = [() for _ in src.dims]
     _gather_minor_first(w, eqn, phase, src, whole, eqn.invars[0].aval.dtype, repeat, "fft gathers its operand")
     # The result is sliced back to the operand's splits wherever its axis kept its length (a real transform's
     # last axis, n -> n/2 + 1, does not: that axis stays whole).
-    out_shape = tuple(int(s) for s in out_aval.shape)
     kept = [d if out_shape[i] == src.shape[i] else () for i, d in enumerate(src.dims)]
     return [w.relayout(out_aval, kept)]
 

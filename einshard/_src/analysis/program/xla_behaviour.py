@@ -14,6 +14,9 @@ version the behaviour was measured on.  Each field names the releases it was mea
   those axes).  Measured on one-op programs on a (4, 2) mesh, batch and kernel outputs over the 4: an
   (8, 8, 8, 16) input against a 3×3×16×64 kernel keeps the batch split on jax 0.10.2 (64 ≤ 8·8·8) and the
   features on jax 0.12.0.1 (64·9 > 8·8·8); stride 2 keeps the 0.10 rule on both (tests/test_conv_rules.py).
+* ``fft_keeps_other_splits`` — an ``fft`` whose operand is split on axes the transform does not touch: jax 0.10.2's
+  XLA gathers the whole operand and slices the result back; jax 0.12.0.1's transforms each device's block where it
+  is (nothing moves) and gathers only the transformed axes (:func:`.rules_linalg.fft`; tests/test_linalg_rules.py).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class XlaBehaviour:
 
     conv_windows_join_features: bool
     found_by: Literal["probe", "version"]
+    fft_keeps_other_splits: bool = False
 
 
 def _jax_version() -> tuple[int, int]:
@@ -76,6 +80,29 @@ def _probe_conv_windows_join_features() -> bool | None:
     return len(spec) == 4 and spec[3] is not None
 
 
+def _probe_fft_keeps_other_splits() -> bool | None:
+    """Compile a real fft of a (2, 8) operand split over its rows on two devices: no all-gather in the newer XLA."""
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = jax.devices()
+    if len(devices) < 2:
+        return None
+    mesh = Mesh(devices[:2], ("probe",))
+    try:
+        with jax.set_mesh(mesh):
+            compiled = (
+                jax.jit(lambda x: jnp.fft.rfft(x).real, in_shardings=NamedSharding(mesh, P("probe")))
+                .lower(jax.ShapeDtypeStruct((2, 8), jnp.float32))
+                .compile()
+            )
+        text = compiled.as_text() or ""
+    except Exception:  # as the conv probe: the version decides
+        return None
+    return "all-gather" not in text
+
+
 _measured: list[XlaBehaviour] = []  # the probe's answer, once it has one (the XLA in a process never changes)
 
 
@@ -85,7 +112,9 @@ def xla_behaviour() -> XlaBehaviour:
     if _measured:
         return _measured[0]
     probed = _probe_conv_windows_join_features()
-    if probed is None:
-        return XlaBehaviour(conv_windows_join_features=_jax_version() >= _NEWER_FROM, found_by="version")
-    _measured.append(XlaBehaviour(conv_windows_join_features=probed, found_by="probe"))
+    fft = _probe_fft_keeps_other_splits()
+    if probed is None or fft is None:
+        newer = _jax_version() >= _NEWER_FROM
+        return XlaBehaviour(conv_windows_join_features=newer, found_by="version", fft_keeps_other_splits=newer)
+    _measured.append(XlaBehaviour(conv_windows_join_features=probed, found_by="probe", fft_keeps_other_splits=fft))
     return _measured[0]
