@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
 from .costing import is_free
+from .lookahead import home_of
 from .registry import sub_jaxpr
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS
 
@@ -59,7 +60,6 @@ class Upstream:
 def plan_upstream(w: WalkerLike, v: Any, want: Dims, at: Any) -> Upstream | None:
     """The route that brings computed value ``v`` (read by equation ``at``) to ``want`` by carrying the split
     back through its producers, or None where XLA would not (or this module cannot follow it)."""
-    producers = _producers(w)
     relaid: dict[int, tuple[Any, Dims]] = {}
     gathered: dict[int, tuple[Any, Dims]] = {}
     chain: set[int] = {id(at)}
@@ -80,7 +80,7 @@ def plan_upstream(w: WalkerLike, v: Any, want: Dims, at: Any) -> Upstream | None
             return True
         if depth > MAX_DEPTH or id(value) in w.pinned or id(value) in w.program_outputs:
             return False
-        eqn = producers.get(id(value))
+        eqn = _producer(w, value)
         if eqn is None or len(eqn.outvars) != 1 or not _readers_agree(w, value, dims, chain):
             return False
         prior = relaid.get(id(value))
@@ -126,12 +126,12 @@ def plan_upstream(w: WalkerLike, v: Any, want: Dims, at: Any) -> Upstream | None
 
         return inner(body.outvars[0], dims, depth + 1)
 
-    if not outer_route(w, v, want, producers, outer):
+    if not outer_route(w, v, want, outer):
         return None
     return Upstream(tuple(relaid.values()), tuple(gathered.values()))
 
 
-def outer_route(w: WalkerLike, v: Any, want: Dims, producers: dict[int, Any], outer: Any) -> bool:
+def outer_route(w: WalkerLike, v: Any, want: Dims, outer: Any) -> bool:
     """Start the route at ``v`` itself: it must be computed (never a plain gather: that is no conflict)."""
     lay = w.env.get(v)
     if lay is None or is_free(lay) or _plain_gather(lay.dims, want):
@@ -214,9 +214,21 @@ def _readers_agree(w: WalkerLike, value: Any, dims: Dims, chain: set[int]) -> bo
 _ELEMENTWISE_READERS = frozenset(ELEMENTWISE | CARRIERS | {"eq", "ne", "lt", "le", "gt", "ge", "select_n"})
 
 
-def _producers(w: WalkerLike) -> dict[int, Any]:
-    """id(value) -> the equation that computes it, for the jaxprs walked so far (from the walk's use lists)."""
-    return {id(o): eqn for reads in w.uses.values() for eqn, _ in reads for o in eqn.outvars}
+def _producer(w: WalkerLike, value: Any) -> Any:
+    """The equation that computes ``value``, if the walk's use lists know it (one of its operands is read in a
+    jaxpr walked so far), else None.
+
+    Looked up where the value is made (:func:`.lookahead.home_of`, indexed once per program), not by scanning
+    every use list: a route search runs at each conflict of each costing, and the scan was O(program) each time
+    (quadratic in an unrolled model's depth)."""
+    home = home_of(w.costs, value)
+    if home is None:
+        return None
+    eqn = home.jaxpr.eqns[home.made_at(value)]
+    for x in eqn.invars:
+        if not hasattr(x, "val") and any(e is eqn for e, _ in w.uses.get(id(x), ())):
+            return eqn
+    return None
 
 
 def apply(w: WalkerLike, eqn: Any, route: Upstream, repeat: int, phase: str) -> None:
