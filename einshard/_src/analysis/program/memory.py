@@ -15,7 +15,9 @@ buffers, not just what the jaxpr names:
   through their inputs and outputs;
 * **fusion**: a value made by an elementwise op and read once, by an elementwise
   op, a broadcast, a reshape or a reduction, never gets a buffer (XLA fuses the
-  chain into one loop); the buffers it reads are held until that loop runs;
+  chain into one loop); the buffers it reads are held until that loop runs.  Read
+  more than once, it fuses too where all its readers end in one loop (XLA fuses
+  consumers first); a reduction over size-1 axes only is a reshape (a bitcast);
 * **in place**: an elementwise result, a scatter's or an update's, is written
   into an operand's buffer of the same size that dies there (buffer
   assignment's operand sharing), and ``A + scatter(0, i, u)`` is a scatter
@@ -25,12 +27,15 @@ buffers, not just what the jaxpr names:
   the argument's last use (one gathered along a dimension other than its major
   one is transposed before and after the all-gather: held twice more while
   it is gathered);
+* **all-reduces**: XLA:CPU's all-reduce writes a new buffer, so a partial sum and its
+  sum are both live while it runs (a data-parallel scan's weight gradients, summed
+  in each backward iteration);
 * **combined sums**: a partial sum whose reduced value only leaves the
   program (a gradient's all-reduce) waits for XLA's all-reduce combiner,
   which issues the step's independent all-reduces together at the end:
   the partial buffer stays live until then.
 
-The walk tells this module about the last two by binding, next to each value's
+The walk tells this module about the last three by binding, next to each value's
 layout, the layout of its gathered copy (``layouts[Gathered(v)]``) and of its
 pending partial sum (``layouts[Partial(v)]``) (see :mod:`.walker` and the
 ``dot_general``/reduction rules); about the first, by keeping the environment
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +87,21 @@ _LOOPS = {"scan", "while"}
 def _loop_body(eqn: Any) -> Any:
     """The jaxpr a call or a loop runs each time (a while loop's body; its condition holds scalars)."""
     return eqn.params["body_jaxpr"] if eqn.primitive.name == "while" else sub_jaxpr(eqn)
+
+
+def _step_name(eqn: Any) -> str:
+    """The op the memory walk treats ``eqn`` as: its primitive, but a reduction over size-1 axes only is a reshape.
+
+    XLA's algebraic simplifier rewrites such a reduce as a reshape, a bitcast of its operand (the gradient of
+    ``expand_dims(x, 0) * ones((n, ...))`` sums the cotangent over the size-1 axis: measured, no buffer of its
+    own, the result written where its operand was)."""
+    name = eqn.primitive.name
+    if name in REDUCTIONS and name not in ("argmax", "argmin"):
+        shape = getattr(eqn.invars[0].aval, "shape", None)
+        axes = eqn.params.get("axes")
+        if shape is not None and axes is not None and all(int(shape[a]) == 1 for a in axes):
+            return "reshape"
+    return name
 
 
 def _fusible_elementwise() -> frozenset[str]:
@@ -175,7 +196,7 @@ class _Program:
                     "dot_general",
                 ):  # sized by the layouts: a reuse under other layouts sizes it again (rebound)
                     self.windows.append((len(self.steps), eqn, path))
-                self.steps.append(_Step(eqn.primitive.name, ins, outs, scratch))
+                self.steps.append(_Step(_step_name(eqn), ins, outs, scratch))
                 continue
             body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
             operands = eqn.invars[len(eqn.invars) - len(body.invars) :]
@@ -494,8 +515,34 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
             return False
         return len(reads) <= 1
 
-    # A dead step's results take no buffer (XLA removes the step), as fused values do not.
-    fused = frozenset(k for k in producer if producer[k] in dead or is_fused(k))
+    # A dead step's results take no buffer (XLA removes the step), as fused values do not.  A value read more
+    # than once fuses too when every reader ends in one fusion (XLA fuses consumers first: by the time it
+    # reaches the value, all of its readers are in that one loop, which computes it once; the gradient of
+    # tanh(x.T) is one loop, measured).  Readers in different fusions (two reductions) each read a buffer.
+    fused_set: set[Key] = set()
+    root: dict[int, int] = {}  # by step: the step whose fusion computes it (itself unless its results fuse)
+
+    def root_of(i: int) -> int:
+        return root.get(i, i)
+
+    for i in range(n - 1, -1, -1):
+        step = steps[i]
+        roots: set[int] = set()
+        for k in step.outs:
+            if i in dead:
+                fused_set.add(k)
+                continue
+            if is_fused(k):
+                fused_set.add(k)
+                roots.update(root_of(r) for r in readers.get(k, []))
+            elif _fuses_into_one(k, i, steps, readers, outputs, fusible, fusing, root_of):
+                fused_set.add(k)
+                roots.update(root_of(r) for r in readers[k])
+            else:
+                roots.add(i)
+        if step.outs and len(roots) == 1:
+            root[i] = roots.pop()
+    fused = frozenset(fused_set)
     # Until when each buffer is needed: its last reader, or, read by a fused value, that value's readers'.
     until: dict[Key, int] = dict.fromkeys(outputs, n)
     for i in range(n - 1, -1, -1):
@@ -538,6 +585,26 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
             donors[i] = tuple(d for d in fusion_inputs_of(base) if d not in args and until.get(d) == i)
     leaves = frozenset(_leaves_program(steps, set(outputs)))
     return _Liveness(readers, producer, fused, until, dies, leaves, donors)
+
+
+def _fuses_into_one(
+    k: Key,
+    i: int,
+    steps: list[_Step],
+    readers: dict[Key, list[int]],
+    outputs: Any,
+    fusible: frozenset[str],
+    fusing: frozenset[str],
+    root_of: Callable[[int], int],
+) -> bool:
+    """Whether ``k`` (made by step ``i``, read more than once) is computed inside the one fusion all its readers
+    end in: an elementwise value whose readers all fuse with their producers and share one root fusion."""
+    reads = readers.get(k, [])
+    if k in outputs or len(reads) < 2 or steps[i].name not in fusible:
+        return False
+    if not all(steps[r].name in fusing for r in reads):
+        return False
+    return len({root_of(r) for r in reads}) == 1
 
 
 def _dead_steps(steps: list[_Step], outputs: Any) -> frozenset[int]:
@@ -644,6 +711,7 @@ def _peak(
     peak = total + gathered_now + max(transposing, default=0)
     for i, step in enumerate(steps):
         donors = None
+        summing = 0  # partial sums all-reduced here: held next to their sums while the all-reduce runs
         for k in step.outs:
             b = 0 if k in fused else size(k)
             if b and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
@@ -658,10 +726,12 @@ def _peak(
                         break
             live[k] = b
             total += b
-            part = prog.layout(k, Partial) if k in leaves else None
-            if part is not None:
+            part = prog.layout(k, Partial)
+            if part is not None and k in leaves:
                 held += nbytes_as(k, part)
-        peak = max(peak, total + gathered_now + held + step.inside)
+            elif part is not None and b:
+                summing += nbytes_as(k, part)
+        peak = max(peak, total + gathered_now + held + step.inside + summing)
         gathered_now -= gathered_ends.get(i, 0)
         for k in dies.get(i, ()):
             total -= live.pop(k, 0)
