@@ -284,14 +284,6 @@ DEEP_MISSES = {
         "x[4, 8] columns@a (8 ways) reshaped to (4, 2, 4): the split no longer divides the major part; XLA "
         "all-gathers twice (192 B), explain once (128 B)"
     ),
-    "squeeze": (
-        "the gradient of expand_dims(x[12, 24], 0) * ones((8, 12, 24)), nothing split: explain's peak 3456 B against "
-        "XLA's 2304 B (the memory walk holds the broadcast product XLA fuses)"
-    ),
-    "transpose": (
-        "the gradient of tanh(x[8, 8, 8].transpose(0, 2, 1)), nothing split: explain's peak 8192 B against XLA's "
-        "4096 B (XLA fuses tanh into both readers of its value; the memory walk gives a value read twice a buffer)"
-    ),
 }
 
 
