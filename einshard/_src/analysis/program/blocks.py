@@ -180,7 +180,7 @@ def translate_env(env: dict[Any, Layout], src: BodyIndex, dst: BodyIndex) -> dic
     out: dict[Any, Layout] = {}
     for k, lay in env.items():
         of = getattr(k, "of", None)
-        if of is not None and type(k).__name__ in ("Gathered", "Partial"):
+        if of is not None and type(k).__name__ in ("Gathered", "Partial", "Sent"):
             p = src.value_at.get(of)
             if p is not None:
                 out[type(k)(dst.values[p])] = lay

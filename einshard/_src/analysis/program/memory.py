@@ -30,14 +30,18 @@ buffers, not just what the jaxpr names:
 * **all-reduces**: XLA:CPU's all-reduce writes a new buffer, so a partial sum and its
   sum are both live while it runs (a data-parallel scan's weight gradients, summed
   in each backward iteration);
+* **all-to-alls**: XLA:CPU moves an operand by an all-to-all of one piece per device:
+  its send pieces and its receive pieces (each the operand's shard) are live while it
+  runs, besides the operand and the op's result;
 * **combined sums**: a partial sum whose reduced value only leaves the
   program (a gradient's all-reduce) waits for XLA's all-reduce combiner,
   which issues the step's independent all-reduces together at the end:
   the partial buffer stays live until then.
 
-The walk tells this module about the last three by binding, next to each value's
+The walk tells this module about the last four by binding, next to each value's
 layout, the layout of its gathered copy (``layouts[Gathered(v)]``) and of its
-pending partial sum (``layouts[Partial(v)]``) (see :mod:`.walker` and the
+pending partial sum (``layouts[Partial(v)]``), and of an operand the equation making
+``v`` moves by an all-to-all (``layouts[Sent(v)]``) (see :mod:`.walker` and the
 ``dot_general``/reduction rules); about the first, by keeping the environment
 of each nested call it walked into (``Walker.sub_envs``).
 """
@@ -56,7 +60,7 @@ from ...core.layout import Layout
 from ..cost import Tiling, buffer_bytes
 from .costing import is_free
 from .registry import sub_jaxpr
-from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial
+from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial, Sent
 
 __all__ = ["peak_bytes", "peak_caveat", "PeakCache", "SCRATCH", "window_scratch", "dot_scratch"]
 
@@ -712,6 +716,7 @@ def _peak(
     for i, step in enumerate(steps):
         donors = None
         summing = 0  # partial sums all-reduced here: held next to their sums while the all-reduce runs
+        moving = 0  # operands moved by an all-to-all here: their send and receive buffers
         for k in step.outs:
             b = 0 if k in fused else size(k)
             if b and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
@@ -731,7 +736,10 @@ def _peak(
                 held += nbytes_as(k, part)
             elif part is not None and b:
                 summing += nbytes_as(k, part)
-        peak = max(peak, total + gathered_now + held + step.inside + summing)
+            sent = prog.layout(k, Sent)
+            if sent is not None:
+                moving += 2 * nbytes_as(k, sent)
+        peak = max(peak, total + gathered_now + held + step.inside + summing + moving)
         gathered_now -= gathered_ends.get(i, 0)
         for k in dies.get(i, ()):
             total -= live.pop(k, 0)

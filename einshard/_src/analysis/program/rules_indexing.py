@@ -81,6 +81,8 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     w.record(eqn, phase, res.expression, out, colls, res.flops, time_s, repeat)
     # Operands that disagree on a split (an all-to-all brings one to the other's): XLA may settle it upstream.
     moved = [int(c.tensor.split()[1]) - 1 for c in colls if c.kind == "all-to-all" and _names_operand(c)]
+    for k in moved:
+        w.bind_sent(eqn, ins[k])  # its send and receive buffers (memory.py)
     mark_conflict(w, eqn, since, moved)
     lone = one_sided_contraction(lhs, rhs, dn) if colls else ()  # (no collective: nothing to choose)
     if lone and len(w.ops) > since and not w.ops[since].approximate:

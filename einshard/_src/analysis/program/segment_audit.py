@@ -60,7 +60,7 @@ class _Log:
 def _value_id(key: Any) -> int:
     """The value an environment key concerns (a value, or a buffer derived from one: its gathered copy, its
     partial sum)."""
-    return id(getattr(key, "of", key)) if type(key).__name__ in ("Gathered", "Partial") else id(key)
+    return id(getattr(key, "of", key)) if type(key).__name__ in ("Gathered", "Partial", "Sent") else id(key)
 
 
 class _EnvLog(dict):  # type: ignore[type-arg]

@@ -297,7 +297,7 @@ class Recorder:
 
 def _env_ident(key: Any) -> int:
     of = getattr(key, "of", None)
-    return id(of) if of is not None and type(key).__name__ in ("Gathered", "Partial") else id(key)
+    return id(of) if of is not None and type(key).__name__ in ("Gathered", "Partial", "Sent") else id(key)
 
 
 class PlainEnv(dict):  # type: ignore[type-arg]
@@ -334,7 +334,7 @@ class RecordingEnv(PlainEnv):
         if self.rec is not None:
             tok = self.rec.token(_env_ident(key), "a write")
             if tok is not None:
-                kind = type(key) if type(key).__name__ in ("Gathered", "Partial") else None
+                kind = type(key) if type(key).__name__ in ("Gathered", "Partial", "Sent") else None
                 self.rec.env.append((tok, kind, value))
         super().__setitem__(key, value)
 

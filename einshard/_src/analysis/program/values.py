@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ELEMENTWISE", "REDUCTIONS", "CARRIERS", "Derived", "Gathered", "Partial"]
+__all__ = ["ELEMENTWISE", "REDUCTIONS", "CARRIERS", "Derived", "Gathered", "Partial", "Sent"]
 
 # Ops that compute each position from the same positions of their operands: a layout passes through them
 # (rules_structural.elementwise) and XLA fuses them into one loop (memory).
@@ -139,3 +139,9 @@ class Gathered(Derived):
 
 class Partial(Derived):
     """A value's per-device partial sum, before its all-reduce."""
+
+
+class Sent(Derived):
+    """An operand of the equation making this value, moved by an all-to-all: bound to the operand's layout before
+    the move (the largest, where several are moved).  XLA:CPU holds its send and its receive buffers while the
+    all-to-all runs (memory.py)."""

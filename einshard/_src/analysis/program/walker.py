@@ -40,7 +40,7 @@ from .segment_memo import (
     pad_guard_holds,
     plan_segments,
 )
-from .values import CARRIERS, Gathered, Partial
+from .values import CARRIERS, Gathered, Partial, Sent
 
 __all__ = ["Walker"]
 
@@ -229,6 +229,8 @@ class Walker:
             for v in getattr(eqn, "invars", ()):
                 if not hasattr(v, "val") and self.env.get(v) is src:  # literals (a pad's value) are unhashable
                     self.bind_copy(v, dst)
+        if any(c.kind == "all-to-all" for c in colls):
+            self.bind_sent(eqn, src)
         if src.unreduced and not (dst.sharded_mesh_axes & src.unreduced) and _extends(src.dims, dst.dims):
             # A pending sum brought to a finer split: slice first (free), then sum the smaller piece,
             # as XLA does (never all-reduce the whole and then slice).
@@ -243,6 +245,17 @@ class Walker:
         if self.quiet or hasattr(v, "val"):
             return
         key = Gathered(v)
+        old = self.env.get(key)
+        if old is None or math.prod(lay.shard_shape) > math.prod(old.shard_shape):
+            self.env[key] = lay
+
+    def bind_sent(self, eqn: Any, lay: Layout) -> None:
+        """Note that an operand of ``eqn``, laid out as ``lay``, is moved by an all-to-all (peak memory counts its
+        send and receive buffers: see :mod:`.memory`).  Where several are, the largest is kept."""
+        outs = getattr(eqn, "outvars", ())
+        if self.quiet or not outs:
+            return
+        key = Sent(outs[0])
         old = self.env.get(key)
         if old is None or math.prod(lay.shard_shape) > math.prod(old.shard_shape):
             self.env[key] = lay
