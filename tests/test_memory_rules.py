@@ -95,6 +95,16 @@ def test_value_read_by_two_reductions_keeps_its_buffer() -> None:
     assert got > 64 * 256 * 4 + 2 * 64 * 4  # the argument and the result, and the shared value besides
 
 
+@pytest.mark.parametrize("explicit", [False, True])
+def test_matrix_transpose_read_by_dots_is_folded_into_them(explicit: bool) -> None:
+    """``tanh(x @ w) @ w.T``: XLA folds the transpose into the second dot's dimension numbers (no copy of w);
+    the walk held w.T as a buffer (1.4x XLA's peak).  Rows of x split: every buffer is a per-device block."""
+    fn = lambda x, w: jnp.tanh(x @ w) @ w.T  # noqa: E731
+    got, xla = _peaks(fn, (_sds(64, 256), _sds(256, 128)), (P("a", None), P()), _mesh(explicit))
+    assert xla == (8 * 256 + 256 * 128 + 8 * 128 + 8 * 256) * 4  # x's block, w, tanh's block, the result's block
+    assert got == pytest.approx(xla, abs=SCALARS), (got, xla)
+
+
 # -- all-reduces: the partial sum and its sum are two buffers ---------------------------------------------------
 
 

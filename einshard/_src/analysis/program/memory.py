@@ -17,7 +17,8 @@ buffers, not just what the jaxpr names:
   op, a broadcast, a reshape or a reduction, never gets a buffer (XLA fuses the
   chain into one loop); the buffers it reads are held until that loop runs.  Read
   more than once, it fuses too where all its readers end in one loop (XLA fuses
-  consumers first); a reduction over size-1 axes only is a reshape (a bitcast);
+  consumers first); a reduction over size-1 axes only is a reshape (a bitcast); a
+  matrix transpose read only by dots is folded into them (their dimension numbers);
 * **in place**: an elementwise result, a scatter's or an update's, is written
   into an operand's buffer of the same size that dies there (buffer
   assignment's operand sharing), and ``A + scatter(0, i, u)`` is a scatter
@@ -510,6 +511,13 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
         if k in outputs or k not in producer:
             return False
         name, reads = steps[producer[k]].name, readers.get(k, [])
+        if any(r in folded for r in reads):
+            return False  # a dot reads it through the transpose folded into it: a buffer
+        if name == "transpose" and reads and all(steps[r].name == "dot_general" for r in reads) and _rank(k) == 2:
+            # XLA's transpose folding: a matrix transpose read only by dots is their dimension numbers, no copy
+            # (x @ w.T reads w; measured: a row-parallel x @ w then @ w.T holds no transposed w).
+            folded.add(producer[k])
+            return True
         if name in _UPDATES_IN_PLACE and name != "dynamic_update_slice":
             base = steps[producer[k]].ins[0]
             return len(reads) == 1 and steps[reads[0]].name in _ADDS and free[base]
@@ -524,6 +532,7 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
     # reaches the value, all of its readers are in that one loop, which computes it once; the gradient of
     # tanh(x.T) is one loop, measured).  Readers in different fusions (two reductions) each read a buffer.
     fused_set: set[Key] = set()
+    folded: set[int] = set()  # transposes folded into the dots reading them (is_fused)
     root: dict[int, int] = {}  # by step: the step whose fusion computes it (itself unless its results fuse)
 
     def root_of(i: int) -> int:
@@ -539,7 +548,9 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
             if is_fused(k):
                 fused_set.add(k)
                 roots.update(root_of(r) for r in readers.get(k, []))
-            elif _fuses_into_one(k, i, steps, readers, outputs, fusible, fusing, root_of):
+            elif not any(r in folded for r in readers.get(k, [])) and _fuses_into_one(
+                k, i, steps, readers, outputs, fusible, fusing, root_of
+            ):
                 fused_set.add(k)
                 roots.update(root_of(r) for r in readers[k])
             else:
@@ -609,6 +620,11 @@ def _fuses_into_one(
     if not all(steps[r].name in fusing for r in reads):
         return False
     return len({root_of(r) for r in reads}) == 1
+
+
+def _rank(k: Key) -> int:
+    aval = (k[1] if isinstance(k, tuple) else k).aval
+    return len(getattr(aval, "shape", ()))
 
 
 def _dead_steps(steps: list[_Step], outputs: Any) -> frozenset[int]:
