@@ -249,8 +249,10 @@ DEEP_MISSES: dict[str, str] = {
     **FAST_MISSES,
     "gather": (
         "jnp.take(t[16@b, 16@a], i[8@b], axis=0, mode='clip') (mesh 4 x 2, forward): XLA all-gathers and "
-        "reduce-scatters (160 B), explain all-gathers (256 B).  (The earlier draw, the gradient of a "
-        "vocabulary-split take, holds now: peak 0.81 of XLA's, the memory walk's all-reduce rule)"
+        "reduce-scatters (160 B), explain all-gathers (256 B); and JAX itself refuses the gradient of "
+        "jnp.take_along_axis(x[16, 16], i[16@a, 1], axis=1) on Explicit axes ('Expected cotangent type "
+        "float32[16,16] but got float32[16@a,16]', not a sharding error check() rejects).  (The earlier draw, the "
+        "gradient of a vocabulary-split take, holds now: peak 0.81 of XLA's, the memory walk's all-reduce rule)"
     ),
     "concatenate": (
         "operands split over different mesh axes along the same dimension ([16, 16@b] and [16, 16@a]): XLA "
