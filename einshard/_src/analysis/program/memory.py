@@ -49,6 +49,7 @@ import numpy as np
 from ...core.layout import Layout
 from ..cost import Tiling, buffer_bytes
 from .costing import is_free
+from .peak_summary import Stretch, Summary, SummaryMemo, fold, stretches
 from .registry import sub_jaxpr
 from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial
 
@@ -133,6 +134,7 @@ class _Program:
         # Steps whose scratch bytes the layouts size (window_scratch): (step index, equation, call path).
         self.windows: list[tuple[int, Any, tuple[int, ...]]] = []
         self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
+        self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
         self._flatten(jaxpr, ())
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
         self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
@@ -385,6 +387,8 @@ class PeakCache:
         self.programs: dict[Any, list[_Program]] = {}  # (id(jaxpr), the calls entered) -> flattenings
         self.flattened = 0  # flattenings made (counted, for tests)
         self.reused = 0  # costings that reused one
+        # Each stretch's liveness walk by its structure and numbers (peak_summary): the peak folds them.
+        self.summaries = SummaryMemo()
 
     def program(
         self, jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]
@@ -421,8 +425,9 @@ def peak_bytes(
     ``cache``: what earlier costings of this program flattened (see :class:`PeakCache`); the result is the same.
     """
     inner = inner or {}
-    prog = cache.program(jaxpr, layouts, inner) if cache is not None else _Program(jaxpr, layouts, inner)
-    return _peak(prog, layouts, tiling=tiling)
+    if cache is None:
+        return _peak(_Program(jaxpr, layouts, inner), layouts, tiling=tiling)
+    return _peak(cache.program(jaxpr, layouts, inner), layouts, tiling=tiling, memo=cache.summaries)
 
 
 @dataclass(frozen=True)
@@ -564,9 +569,13 @@ def _peak(
     elsewhere: frozenset[Key] = frozenset(),
     results_elsewhere: bool = False,
     tiling: Tiling = "dense",
+    memo: SummaryMemo | None = None,
 ) -> int:
     """The liveness walk over a flattened program (or a loop body: ``elsewhere`` inputs and, with
-    ``results_elsewhere``, its results are the loop's buffers, held outside it; they count 0 here)."""
+    ``results_elsewhere``, its results are the loop's buffers, held outside it; they count 0 here).
+
+    ``memo``: walk the program stretch by stretch (:mod:`.peak_summary`), each stretch's walk summarised once
+    per structure and numbers and reused; the same peak as the whole-program walk."""
     steps, outputs = prog.steps, prog.outputs
     # Buffer bytes by (shape, split, type, tiles): the thousands of values of a deep model share a few dozen.
     by_shape: dict[tuple[Any, ...], int] = {}
@@ -642,30 +651,92 @@ def _peak(
         nbytes_as(v, c, tiling) + size(v) for v, c in gathered.items() if v in args and _gathers_minor(v, c, layouts)
     ]
     peak = total + gathered_now + max(transposing, default=0)
-    for i, step in enumerate(steps):
-        donors = None
-        for k in step.outs:
-            b = 0 if k in fused else size(k)
-            if b and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
-                # XLA writes an elementwise result (or a scatter's, or an update's) into an operand's
-                # buffer that dies here, when it is as large (buffer assignment's operand sharing).
-                if donors is None:
-                    donors = list(donor_of[i])
-                for d in donors:
-                    if live.get(d) == b:
-                        total -= live.pop(d)
-                        donors.remove(d)
-                        break
-            live[k] = b
-            total += b
-            part = prog.layout(k, Partial) if k in leaves else None
-            if part is not None:
-                held += nbytes_as(k, part)
-        peak = max(peak, total + gathered_now + held + step.inside)
-        gathered_now -= gathered_ends.get(i, 0)
-        for k in dies.get(i, ()):
-            total -= live.pop(k, 0)
-    return peak
+
+    def held_bytes(k: Key) -> int:
+        """The bytes of ``k``'s pending partial sum, held until the combined all-reduce (0: none)."""
+        part = prog.layout(k, Partial)
+        return nbytes_as(k, part) if part is not None else 0
+
+    def walk(lo: int, hi: int, live: dict[Key, int]) -> Summary:
+        """Steps ``lo`` to ``hi`` from the buffers ``live`` (updated), relative to the bytes live at ``lo``."""
+        total = held = gathered_now = 0
+        top: int | None = None
+        for i in range(lo, hi):
+            step = steps[i]
+            donors = None
+            for k in step.outs:
+                b = 0 if k in fused else size(k)
+                if b and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
+                    # XLA writes an elementwise result (or a scatter's, or an update's) into an operand's
+                    # buffer that dies here, when it is as large (buffer assignment's operand sharing).
+                    if donors is None:
+                        donors = list(donor_of[i])
+                    for d in donors:
+                        if live.get(d) == b:
+                            total -= live.pop(d)
+                            donors.remove(d)
+                            break
+                live[k] = b
+                total += b
+                if k in leaves:
+                    held += held_bytes(k)
+            here = total + gathered_now + held + step.inside
+            if top is None or here > top:
+                top = here
+            gathered_now -= gathered_ends.get(i, 0)
+            for k in dies.get(i, ()):
+                total -= live.pop(k, 0)
+        return Summary(total, held, -gathered_now, top)
+
+    start = total + gathered_now + held
+    if memo is None:
+        return fold(peak, [walk(0, len(steps), live)], start)
+    plan = prog.stretches.get(live_key)
+    if plan is None:
+        plan = prog.stretches[live_key] = _stretches_of(prog, info, memo.forms)
+
+    def alloc(k: Key) -> int:
+        """The bytes ``k`` holds while it is live (a fused value holds none)."""
+        return 0 if k in fused else size(k)
+
+    summaries = []
+    for s in plan:
+        numbers = (
+            tuple(map(alloc, s.touched)),
+            tuple(map(held_bytes, s.leaves)),
+            tuple(steps[i].inside for i in s.sized),
+            tuple(gathered_ends.get(i, 0) for i in s.ends),
+        )
+        known = memo.get((s.form, numbers))
+        if known is None:
+            known = memo.put((s.form, numbers), walk(s.start, s.stop, {k: alloc(k) for k in s.entering}))
+        summaries.append(known)
+    return fold(peak, summaries, start)
+
+
+def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tuple[Stretch, ...]:
+    """``prog``'s steps cut into stretches under the liveness ``info`` (:func:`.peak_summary.stretches`)."""
+    steps = prog.steps
+    # The steps whose scratch a costing may size anew (a loop's iteration, a window's or a dot's scratch), and
+    # any other step with scratch (sized once, the flattening's): their bytes are a stretch's numbers.
+    sized = frozenset(i for i, *_ in prog.loops) | frozenset(i for i, *_ in prog.windows)
+    sized |= frozenset(i for i, step in enumerate(steps) if step.inside)
+    args = frozenset(prog.args)
+    ends = frozenset(info.until[v] for v in args if v in info.until)
+    return stretches(
+        [step.name for step in steps],
+        [step.ins for step in steps],
+        [step.outs for step in steps],
+        info.producer,
+        args,
+        info.fused,
+        info.leaves,
+        info.donors,
+        info.dies,
+        sized,
+        ends,
+        forms,
+    )
 
 
 def _gathers_minor(v: Any, copy: Layout, layouts: dict[Any, Layout]) -> bool:
