@@ -133,6 +133,10 @@ class _Program:
         self.loops: list[tuple[int, Any, Any, tuple[int, ...]]] = []
         # Steps whose scratch bytes the layouts size (window_scratch): (step index, equation, call path).
         self.windows: list[tuple[int, Any, tuple[int, ...]]] = []
+        # Each window step's scratch by the layouts it read (:meth:`_scratch`), and each loop's flattenings
+        # (:meth:`_iteration`), kept across costings (a rebound shares them).
+        self.scratch_memo: dict[int, list[tuple[tuple[tuple[Any, Any], ...], int]]] = {}
+        self.loop_cache = PeakCache()
         self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
         self._flatten(jaxpr, ())
@@ -211,9 +215,9 @@ class _Program:
         nested = {
             p[len(sub_path) :]: e for p, e in self.inner.items() if p[: len(sub_path)] == sub_path and p != sub_path
         }
-        inner = _Program(body, env, nested)
+        inner = self.loop_cache.program(body, env, nested)
         elsewhere = frozenset(inner.key(v, ()) for v in body.invars[: n_consts + n_carry])
-        return _peak(inner, env, elsewhere=elsewhere, results_elsewhere=True)
+        return _peak(inner, env, elsewhere=elsewhere, results_elsewhere=True, memo=self.loop_cache.summaries)
 
     def _keeps_buffer(self, eqn: Any, path: tuple[int, ...]) -> bool:
         """Alias a placement that leaves its value's layout as it was to its operand: XLA makes no copy.
@@ -274,11 +278,32 @@ class _Program:
         if self.loops or self.windows:
             other.steps = list(self.steps)
             for i, eqn, sub, sub_path in self.loops:
-                other.steps[i] = dataclasses.replace(self.steps[i], inside=other._iteration(eqn, sub, sub_path))
+                other._resize(i, other._iteration(eqn, sub, sub_path))
             for i, eqn, path in self.windows:
-                env = inner[path] if path else layouts
-                other.steps[i] = dataclasses.replace(self.steps[i], inside=window_scratch(eqn, env))
+                other._resize(i, self._scratch(i, eqn, inner[path] if path else layouts))
         return other
+
+    def _resize(self, i: int, inside: int) -> None:
+        """Step ``i`` holds ``inside`` bytes of scratch (a new step only where that changes)."""
+        if self.steps[i].inside != inside:
+            self.steps[i] = dataclasses.replace(self.steps[i], inside=inside)
+
+    def _scratch(self, i: int, eqn: Any, env: dict[Any, Layout]) -> int:
+        """:func:`window_scratch` of step ``i`` under ``env``, reused from an earlier costing that read the same
+        layouts (a dot in canonical order reads none: its scratch is 0 whatever the layouts).
+
+        ``window_scratch`` is a function of the equation and of the layouts it reads; each answer is kept with
+        the layouts it read (:class:`_Reads`), and reused where each of those reads gives an equal layout now.
+        """
+        known = self.scratch_memo.setdefault(i, [])
+        for reads, answer in known:
+            if all(_same(env.get(k), lay) for k, lay in reads):
+                return answer
+        log = _Reads(env)
+        answer = window_scratch(eqn, log)  # type: ignore[arg-type]  # a read-only view of env, logged
+        if len(known) < _SCRATCH_ANSWERS:
+            known.append((tuple(log.read), answer))
+        return answer
 
     def layout(self, k: Key, derived: type[Derived] | None = None) -> Layout | None:
         if isinstance(k, tuple):
@@ -287,6 +312,37 @@ class _Program:
         else:
             v, env = k, self.layouts
         return env.get(derived(v) if derived is not None else v)
+
+
+# Answers kept per window step (:meth:`_Program._scratch`): one per distinct set of layouts it read, up to this.
+_SCRATCH_ANSWERS = 64
+
+
+class _Reads:
+    """A read-only view of an environment that logs each read (key, layout): what an answer depended on."""
+
+    def __init__(self, env: dict[Any, Layout]) -> None:
+        self.env = env
+        self.read: list[tuple[Any, Any]] = []
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        lay = self.env.get(key)
+        self.read.append((key, lay))
+        return default if lay is None else lay
+
+    def __getitem__(self, key: Any) -> Any:
+        lay = self.get(key)
+        if lay is None:
+            raise KeyError(key)
+        return lay
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key) is not None
+
+
+def _same(a: Layout | None, b: Layout | None) -> bool:
+    """Equal layouts of the same kind (a free constant's is not a placed value's), or both absent."""
+    return a is b or (a is not None and b is not None and type(a) is type(b) and a == b)
 
 
 def dot_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
@@ -702,7 +758,7 @@ def _peak(
     summaries = []
     for s in plan:
         numbers = (
-            tuple(map(alloc, s.touched)),
+            tuple(map(size, s.touched)),
             tuple(map(held_bytes, s.leaves)),
             tuple(steps[i].inside for i in s.sized),
             tuple(gathered_ends.get(i, 0) for i in s.ends),

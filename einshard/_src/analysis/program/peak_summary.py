@@ -45,7 +45,7 @@ class Stretch:
     start: int
     stop: int
     form: int  # equal for stretches whose walks are alike given equal numbers (interned structure)
-    touched: tuple[Key, ...]  # the buffers it makes, frees or writes into, in order of first use
+    touched: tuple[Key, ...]  # the buffers it makes, frees or writes into, in order of first use, fused ones left out
     entering: tuple[Key, ...]  # those of them live when it starts (made before it, or arguments)
     leaves: tuple[Key, ...]  # the values it makes whose pending partial sums wait for the combined all-reduce
     sized: tuple[int, ...]  # the steps whose scratch the layouts size (a loop's iteration, a dot's copies)
@@ -183,7 +183,10 @@ def _stretch(
     # How each buffer stands when the stretch starts: live (an argument, or made before it), not made yet, or
     # never made (an input no step makes: nothing to free).
     state = tuple(
-        "arg" if k in args else "before" if producer.get(k, b) < a else "here" if k in producer else "none"
+        (
+            "arg" if k in args else "before" if producer.get(k, b) < a else "here" if k in producer else "none",
+            k in fused,  # its bytes: none if fused (not among the numbers)
+        )
         for k in touched
     )
     form = forms.setdefault((tuple(shape), state), len(forms))
@@ -191,8 +194,8 @@ def _stretch(
         a,
         b,
         form,
-        touched,
-        tuple(k for k, s in zip(touched, state) if s in ("arg", "before")),
+        tuple(k for k in touched if k not in fused),  # a fused value holds no bytes, whatever its layout
+        tuple(k for k, (s, _) in zip(touched, state) if s in ("arg", "before")),
         tuple(k for i in range(a, b) for k in outs[i] if k in leaves),
         tuple(i for i in range(a, b) if i in sized),
         tuple(i for i in range(a, b) if i in ends),
