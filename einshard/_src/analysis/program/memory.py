@@ -136,6 +136,8 @@ class _Program:
         # Each window step's scratch by the layouts it read (:meth:`_scratch`), and each loop's flattenings
         # (:meth:`_iteration`), kept across costings (a rebound shares them).
         self.scratch_memo: dict[int, list[tuple[tuple[tuple[Any, Any], ...], int]]] = {}
+        self.fixed_scratch: set[int] = set()  # window steps whose scratch read no layout: never sized again
+        self.copy_keys: list[tuple[Key, tuple[int, ...], Gathered]] | None = None
         self.loop_cache = PeakCache()
         self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
@@ -174,13 +176,15 @@ class _Program:
                 ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
                 outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
                 env = self.inner[path] if path else self.layouts
-                scratch = window_scratch(eqn, env)
                 if eqn.primitive.name in (
                     "select_and_scatter_add",
                     "dynamic_update_slice",
                     "dot_general",
                 ):  # sized by the layouts: a reuse under other layouts sizes it again (rebound)
                     self.windows.append((len(self.steps), eqn, path))
+                    scratch = self._scratch(len(self.steps), eqn, env)
+                else:
+                    scratch = window_scratch(eqn, env)
                 self.steps.append(_Step(eqn.primitive.name, ins, outs, scratch))
                 continue
             body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
@@ -273,14 +277,17 @@ class _Program:
         other = _Program.__new__(_Program)
         other.__dict__.update(self.__dict__)
         other.layouts, other.inner, other.gathered = layouts, inner, {}
-        for src, path, v in self.copies:
-            other._note_copy(src, other.env(path).get(Gathered(v)))
-        if self.loops or self.windows:
+        if self.copy_keys is None:  # each copy's Gathered key, made once (a deep model has thousands)
+            self.copy_keys = [(src, path, Gathered(v)) for src, path, v in self.copies]
+        for src, path, key in self.copy_keys:
+            other._note_copy(src, (inner[path] if path else layouts).get(key))
+        if self.loops or len(self.windows) > len(self.fixed_scratch):
             other.steps = list(self.steps)
             for i, eqn, sub, sub_path in self.loops:
                 other._resize(i, other._iteration(eqn, sub, sub_path))
             for i, eqn, path in self.windows:
-                other._resize(i, self._scratch(i, eqn, inner[path] if path else layouts))
+                if i not in self.fixed_scratch:
+                    other._resize(i, self._scratch(i, eqn, inner[path] if path else layouts))
         return other
 
     def _resize(self, i: int, inside: int) -> None:
@@ -301,6 +308,8 @@ class _Program:
                 return answer
         log = _Reads(env)
         answer = window_scratch(eqn, log)  # type: ignore[arg-type]  # a read-only view of env, logged
+        if not log.read:
+            self.fixed_scratch.add(i)  # it read no layout: the same under every costing's
         if len(known) < _SCRATCH_ANSWERS:
             known.append((tuple(log.read), answer))
         return answer
@@ -775,7 +784,8 @@ def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tup
     steps = prog.steps
     # The steps whose scratch a costing may size anew (a loop's iteration, a window's or a dot's scratch), and
     # any other step with scratch (sized once, the flattening's): their bytes are a stretch's numbers.
-    sized = frozenset(i for i, *_ in prog.loops) | frozenset(i for i, *_ in prog.windows)
+    sized = frozenset(i for i, *_ in prog.loops)
+    sized |= frozenset(i for i, *_ in prog.windows if i not in prog.fixed_scratch)
     sized |= frozenset(i for i, step in enumerate(steps) if step.inside)
     args = frozenset(prog.args)
     ends = frozenset(info.until[v] for v in args if v in info.until)
