@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from einshard._src.analysis.program import trace
@@ -38,28 +39,31 @@ def _block(x, w):
     return x + (h * jax.nn.sigmoid(h)) @ w["down"]
 
 
-def _loss(params, x, labels, *, how: str, layers: int):
+def _loss(params, x, labels, *, how: str, layers: int, axes: str):
     if how == "scan":
         x, _ = jax.lax.scan(lambda c, w: (jax.checkpoint(_block)(c, w), None), x, params["stack"])
     else:
         block = jax.checkpoint(_block) if how == "remat" else _block
         for i in range(layers):
             x = block(x, jax.tree.map(lambda a, i=i: a[i], params["stack"]))
-    x = jax.sharding.reshard(x, P("data", None))  # a placement: kept or copied by the layouts
+    # A placement: kept or copied by the layouts (on Auto axes, a sharding constraint).
+    place = jax.sharding.reshard if axes == "explicit" else jax.lax.with_sharding_constraint
+    x = place(x, P("data", None))
     logp = jax.nn.log_softmax(x @ params["out"])
     return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
 
 
 @functools.cache
-def _traced(how: str, layers: int):
+def _traced(how: str, layers: int, axes: str = "explicit"):
     stack = {
         "up": jax.ShapeDtypeStruct((layers, D, F), jnp.float32),
         "down": jax.ShapeDtypeStruct((layers, F, D), jnp.float32),
     }
     params = {"stack": stack, "out": jax.ShapeDtypeStruct((D, V), jnp.float32)}
     x, labels = jax.ShapeDtypeStruct((B, D), jnp.float32), jax.ShapeDtypeStruct((B,), jnp.int32)
-    fn = jax.value_and_grad(functools.partial(_loss, how=how, layers=layers))
-    with jax.set_mesh(jax.make_mesh((4, 2), ("data", "model"))):  # Explicit axes, jax.make_mesh's default
+    fn = jax.value_and_grad(functools.partial(_loss, how=how, layers=layers, axes=axes))
+    kind = AxisType.Explicit if axes == "explicit" else AxisType.Auto  # Explicit: jax.make_mesh's default
+    with jax.set_mesh(jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind, kind))):
         return trace(fn, params, x, labels)
 
 
@@ -82,6 +86,7 @@ _SHARED: dict[str, PeakCache] = {}
 @given(
     how=st.sampled_from(["unrolled", "remat", "scan"]),
     layers=st.sampled_from([1, 2, 3, 5]),
+    axes=st.sampled_from(["explicit", "auto"]),
     up=st.integers(0, len(UP) - 1),
     down=st.integers(0, len(DOWN) - 1),
     out=st.integers(0, len(OUT) - 1),
@@ -89,13 +94,13 @@ _SHARED: dict[str, PeakCache] = {}
     grads=st.integers(0, len(GRADS) - 1),
     tiling=st.sampled_from(["dense", "tpu"]),
 )
-def test_the_folded_peak_is_the_whole_program_walks(how, layers, up, down, out, batch, grads, tiling):
-    t = _traced(how, layers)
+def test_the_folded_peak_is_the_whole_program_walks(how, layers, axes, up, down, out, batch, grads, tiling):
+    t = _traced(how, layers, axes)
     env, inner = _walked(t, _specs(up, down, out, batch))
     whole = peak_bytes(t.jaxpr, env, inner, tiling=tiling)  # no cache: every step walked, as before summaries
     assert peak_bytes(t.jaxpr, env, inner, tiling=tiling, cache=PeakCache()) == whole  # summaries made afresh
     # ... and reused from the earlier drawn costings of this program, whatever their layouts were
-    shared = _SHARED.setdefault(f"{how}{layers}", PeakCache())
+    shared = _SHARED.setdefault(f"{how}{layers}{axes}", PeakCache())
     assert peak_bytes(t.jaxpr, env, inner, tiling=tiling, cache=shared) == whole
     # The report's peak (outputs laid out as asked, gradients like their weights) is the same through both.
     g = GRADS[grads]
@@ -193,3 +198,35 @@ def test_stretches_of_a_program_without_repeats_are_its_glue():
     )
     assert [(s.start, s.stop) for s in plan] == [(0, 3)]
     assert plan[0].touched == ("x", "y", "z") and plan[0].entering == ()
+
+
+@pytest.mark.parametrize("axes", ["explicit", "auto"])
+def test_explain_on_placed_inputs_under_jit_reads_the_whole_program_peak(axes, monkeypatch):
+    """Where users are: arrays already placed on a mesh from jax.set_mesh, a jitted value_and_grad; explain's
+    peak (summaries folded) is the one the whole-program walk gives."""
+    import einshard
+    from einshard._src.analysis.program.trace import TracedProgram
+
+    kind = AxisType.Explicit if axes == "explicit" else AxisType.Auto
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind, kind))
+    layers = 4
+    with jax.set_mesh(mesh):
+        stack = {
+            "up": jax.device_put(jnp.ones((layers, D, F)), jax.NamedSharding(mesh, P(None, None, "model"))),
+            "down": jax.device_put(jnp.ones((layers, F, D)), jax.NamedSharding(mesh, P(None, "model", None))),
+        }
+        params = {"stack": stack, "out": jax.device_put(jnp.ones((D, V)), jax.NamedSharding(mesh, P()))}
+        x = jax.device_put(jnp.ones((B, D)), jax.NamedSharding(mesh, P("data", None)))
+        labels = jax.device_put(jnp.zeros((B,), jnp.int32), jax.NamedSharding(mesh, P("data")))
+        fn = jax.jit(jax.value_and_grad(functools.partial(_loss, how="remat", layers=layers, axes=axes)))
+        folded = einshard.explain(fn, params, x, labels)
+        original = TracedProgram.__init__
+
+        def whole(self, *a, **k):
+            original(self, *a, **k)
+            self.peak_cache = None  # every step walked, as without summaries
+
+        monkeypatch.setattr(TracedProgram, "__init__", whole)
+        plain = einshard.explain(fn, params, x, labels)
+    assert folded.peak_bytes == plain.peak_bytes > 0
+    assert folded.comm_bytes == plain.comm_bytes

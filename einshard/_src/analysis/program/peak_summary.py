@@ -65,7 +65,7 @@ class SummaryMemo:
     """Summaries by (form, numbers), kept across the costings of one program (see :class:`.memory.PeakCache`)."""
 
     # Bounded: a long search meets new layouts for ever; past this many, the oldest half is dropped.
-    LIMIT = 200_000
+    LIMIT = 20_000
 
     def __init__(self) -> None:
         self.known: dict[tuple[int, tuple[Any, ...]], Summary] = {}
