@@ -197,7 +197,7 @@ def test_stretches_of_a_program_without_repeats_are_its_glue():
         memo.forms,
     )
     assert [(s.start, s.stop) for s in plan] == [(0, 3)]
-    assert plan[0].touched == ("x", "y", "z") and plan[0].entering == ()
+    assert plan[0].made == ("x", "y", "z") and plan[0].entering == () and plan[0].kept == ()
 
 
 @pytest.mark.parametrize("axes", ["explicit", "auto"])

@@ -765,9 +765,19 @@ def _peak(
         return 0 if k in fused else size(k)
 
     summaries = []
+    remembered: dict[Key, int] = {}  # the bytes of buffers a later stretch frees or writes into
+
+    def entry_size(k: Key) -> int:
+        b = remembered.get(k)
+        return alloc(k) if b is None else b
+
     for s in plan:
+        made = tuple(map(size, s.made))
+        for j in s.kept:
+            remembered[s.made[j]] = made[j]
         numbers = (
-            tuple(map(size, s.touched)),
+            made,
+            tuple(map(entry_size, s.entering)),
             tuple(map(held_bytes, s.leaves)),
             tuple(steps[i].inside for i in s.sized),
             tuple(gathered_ends.get(i, 0) for i in s.ends),

@@ -45,8 +45,11 @@ class Stretch:
     start: int
     stop: int
     form: int  # equal for stretches whose walks are alike given equal numbers (interned structure)
-    touched: tuple[Key, ...]  # the buffers it makes, frees or writes into, in order of first use, fused ones left out
-    entering: tuple[Key, ...]  # those of them live when it starts (made before it, or arguments)
+    # The buffers it makes, frees or writes into, named in order of first use: those it makes (fused ones left
+    # out: they hold no bytes whatever their layout), and those live when it starts (made before it, or arguments).
+    made: tuple[Key, ...]
+    entering: tuple[Key, ...]
+    kept: tuple[int, ...]  # which of ``made`` a later stretch frees or writes into (their bytes are remembered)
     leaves: tuple[Key, ...]  # the values it makes whose pending partial sums wait for the combined all-reduce
     sized: tuple[int, ...]  # the steps whose scratch the layouts size (a loop's iteration, a dot's copies)
     ends: tuple[int, ...]  # the steps at which a gathered argument copy may end (an argument's last use)
@@ -135,9 +138,17 @@ def stretches(
         bounds.extend((r.start, r.stop) for r in run.copies())
         at = run.stop
     bounds.extend(_pieces(at, n))
+    # The buffers a stretch frees or writes into that an earlier one made: sized there, remembered for it.
+    later = {
+        k
+        for a, b in bounds
+        for i in range(a, b)
+        for k in (*dies.get(i, ()), *donors.get(i, ()))
+        if producer.get(k, b) < a and k not in fused
+    }
     out = []
     for a, b in bounds:
-        out.append(_stretch(a, b, names, outs, producer, args, fused, leaves, donors, dies, sized, ends, forms))
+        out.append(_stretch(a, b, names, outs, producer, args, fused, leaves, donors, dies, sized, ends, forms, later))
     return tuple(out)
 
 
@@ -165,6 +176,7 @@ def _stretch(
     sized: frozenset[int],
     ends: frozenset[int],
     forms: dict[Hashable, int],
+    later: set[Key],
 ) -> Stretch:
     """Steps ``a`` to ``b`` as a :class:`Stretch`: its buffers named by first use, its structure interned."""
     local: dict[Key, int] = {}
@@ -190,12 +202,14 @@ def _stretch(
         for k in touched
     )
     form = forms.setdefault((tuple(shape), state), len(forms))
+    made = tuple(k for k, (s, f) in zip(touched, state) if s == "here" and not f)
     return Stretch(
         a,
         b,
         form,
-        tuple(k for k in touched if k not in fused),  # a fused value holds no bytes, whatever its layout
+        made,
         tuple(k for k, (s, _) in zip(touched, state) if s in ("arg", "before")),
+        tuple(j for j, k in enumerate(made) if k in later),
         tuple(k for i in range(a, b) for k in outs[i] if k in leaves),
         tuple(i for i in range(a, b) if i in sized),
         tuple(i for i in range(a, b) if i in ends),
