@@ -230,3 +230,17 @@ def test_explain_on_placed_inputs_under_jit_reads_the_whole_program_peak(axes, m
         plain = einshard.explain(fn, params, x, labels)
     assert folded.peak_bytes == plain.peak_bytes > 0
     assert folded.comm_bytes == plain.comm_bytes
+
+
+def test_a_scans_body_is_flattened_once_across_costings():
+    """A loop's one iteration is sized under each costing's layouts, from one flattening of its body (kept by
+    the program's flattening) and its stretches' summaries: counted, and the same peak as a fresh walk."""
+    t = _traced("scan", 3)
+    cache = PeakCache()
+    for up in range(len(UP)):
+        env, inner = _walked(t, _specs(up, 1, 0, 1))
+        assert peak_bytes(t.jaxpr, env, inner, cache=cache) == peak_bytes(t.jaxpr, env, inner)
+    (prog,) = [p for ps in cache.programs.values() for p in ps]
+    assert prog.loops  # the scan (forward and backward) are loop steps of the top-level program
+    assert prog.loop_cache.flattened == len({id(eqn) for _, eqn, _, _ in prog.loops})
+    assert prog.loop_cache.reused >= (len(UP) - 1) * len(prog.loops)
