@@ -303,8 +303,12 @@ class _Program:
         the layouts it read (:class:`_Reads`), and reused where each of those reads gives an equal layout now.
         """
         known = self.scratch_memo.setdefault(i, [])
+        get = env.get
         for reads, answer in known:
-            if all(_same(env.get(k), lay) for k, lay in reads):
+            for k, lay in reads:  # (a loop, not all(): hundreds of dots per costing)
+                if not _same(get(k), lay):
+                    break
+            else:
                 return answer
         log = _Reads(env)
         answer = window_scratch(eqn, log)  # type: ignore[arg-type]  # a read-only view of env, logged
