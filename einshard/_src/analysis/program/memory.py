@@ -314,8 +314,9 @@ class _Program:
         answer = window_scratch(eqn, log)  # type: ignore[arg-type]  # a read-only view of env, logged
         if not log.read:
             self.fixed_scratch.add(i)  # it read no layout: the same under every costing's
-        if len(known) < _SCRATCH_ANSWERS:
-            known.append((tuple(log.read), answer))
+        if len(known) >= _SCRATCH_ANSWERS:
+            del known[0]  # the oldest: a search moves on from the layouts it tried first
+        known.append((tuple(log.read), answer))
         return answer
 
     def layout(self, k: Key, derived: type[Derived] | None = None) -> Layout | None:
@@ -327,8 +328,9 @@ class _Program:
         return env.get(derived(v) if derived is not None else v)
 
 
-# Answers kept per window step (:meth:`_Program._scratch`): one per distinct set of layouts it read, up to this.
-_SCRATCH_ANSWERS = 64
+# Answers kept per window step (:meth:`_Program._scratch`): one per distinct set of layouts it read, up to this
+# (each holds the layouts it read: bounded, so that a long search does not keep every costing's).
+_SCRATCH_ANSWERS = 16
 
 
 class _Reads:
