@@ -242,5 +242,6 @@ def test_a_scans_body_is_flattened_once_across_costings():
         assert peak_bytes(t.jaxpr, env, inner, cache=cache) == peak_bytes(t.jaxpr, env, inner)
     (prog,) = [p for ps in cache.programs.values() for p in ps]
     assert prog.loops  # the scan (forward and backward) are loop steps of the top-level program
+    assert prog.loop_cache is not None
     assert prog.loop_cache.flattened == len({id(eqn) for _, eqn, _, _ in prog.loops})
     assert prog.loop_cache.reused >= (len(UP) - 1) * len(prog.loops)

@@ -119,7 +119,13 @@ class _Program:
     in it (a scan, a loop, a branch) stays one opaque step.
     """
 
-    def __init__(self, jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]):
+    def __init__(
+        self,
+        jaxpr: Any,
+        layouts: dict[Any, Layout],
+        inner: dict[tuple[int, ...], dict[Any, Layout]],
+        reuse: bool = False,
+    ):
         self.jaxpr, self.layouts, self.inner = jaxpr, layouts, inner
         self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
         self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
@@ -133,12 +139,13 @@ class _Program:
         self.loops: list[tuple[int, Any, Any, tuple[int, ...]]] = []
         # Steps whose scratch bytes the layouts size (window_scratch): (step index, equation, call path).
         self.windows: list[tuple[int, Any, tuple[int, ...]]] = []
-        # Each window step's scratch by the layouts it read (:meth:`_scratch`), and each loop's flattenings
-        # (:meth:`_iteration`), kept across costings (a rebound shares them).
+        # Each window step's scratch by the layouts it read (:meth:`_scratch`), and, with ``reuse`` (a PeakCache's
+        # flattening), each loop body's flattenings and stretch summaries (:meth:`_iteration`), kept across
+        # costings (a rebound shares them); without, a loop's body is flattened and walked whole each time.
         self.scratch_memo: dict[int, list[tuple[tuple[tuple[Any, Any], ...], int]]] = {}
         self.fixed_scratch: set[int] = set()  # window steps whose scratch read no layout: never sized again
         self.copy_keys: list[tuple[Key, tuple[int, ...], Gathered]] | None = None
-        self.loop_cache = PeakCache()
+        self.loop_cache = PeakCache() if reuse else None
         self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
         self._flatten(jaxpr, ())
@@ -219,9 +226,11 @@ class _Program:
         nested = {
             p[len(sub_path) :]: e for p, e in self.inner.items() if p[: len(sub_path)] == sub_path and p != sub_path
         }
-        inner = self.loop_cache.program(body, env, nested)
+        cache = self.loop_cache
+        inner = _Program(body, env, nested) if cache is None else cache.program(body, env, nested)
         elsewhere = frozenset(inner.key(v, ()) for v in body.invars[: n_consts + n_carry])
-        return _peak(inner, env, elsewhere=elsewhere, results_elsewhere=True, memo=self.loop_cache.summaries)
+        memo = None if cache is None else cache.summaries
+        return _peak(inner, env, elsewhere=elsewhere, results_elsewhere=True, memo=memo)
 
     def _keeps_buffer(self, eqn: Any, path: tuple[int, ...]) -> bool:
         """Alias a placement that leaves its value's layout as it was to its operand: XLA makes no copy.
@@ -471,7 +480,7 @@ class PeakCache:
                 self.reused += 1
                 return prog.rebound(layouts, inner)
         self.flattened += 1
-        prog = _Program(jaxpr, layouts, inner)
+        prog = _Program(jaxpr, layouts, inner, reuse=True)
         known.append(prog)
         return prog
 
