@@ -82,7 +82,7 @@ def _walked(t, specs, out_specs=None):
 _SHARED: dict[str, PeakCache] = {}
 
 
-@settings(max_examples=24, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(
     how=st.sampled_from(["unrolled", "remat", "scan"]),
     layers=st.sampled_from([1, 2, 3, 5]),
