@@ -60,6 +60,7 @@ import numpy as np
 from ...core.layout import Layout
 from ..cost import Tiling, buffer_bytes
 from .costing import is_free
+from .peak_summary import Stretch, Summary, SummaryMemo, fold, stretches
 from .registry import sub_jaxpr
 from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial, Sent
 
@@ -113,7 +114,14 @@ def _fusible_elementwise() -> frozenset[str]:
     # tile is a broadcast to (repeats, size) and a reshape in XLA: fused as a broadcast is.  A reshape, squeeze
     # or expand_dims is a bitcast of its operand, computed inside its one reader's fusion as XLA does (the
     # gradient of a tile or a broadcast: the cotangent reshaped to (repeats, size) and summed, one fusion).
-    return frozenset(ELEMENTWISE - _NOT_FUSED) | {"broadcast_in_dim", "iota", "tile", "reshape", "squeeze", "expand_dims"}
+    return frozenset(ELEMENTWISE - _NOT_FUSED) | {
+        "broadcast_in_dim",
+        "iota",
+        "tile",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+    }
 
 
 def _fusing() -> frozenset[str]:
@@ -144,7 +152,13 @@ class _Program:
     in it (a scan, a loop, a branch) stays one opaque step.
     """
 
-    def __init__(self, jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]):
+    def __init__(
+        self,
+        jaxpr: Any,
+        layouts: dict[Any, Layout],
+        inner: dict[tuple[int, ...], dict[Any, Layout]],
+        reuse: bool = False,
+    ):
         self.jaxpr, self.layouts, self.inner = jaxpr, layouts, inner
         self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
         self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
@@ -158,7 +172,15 @@ class _Program:
         self.loops: list[tuple[int, Any, Any, tuple[int, ...]]] = []
         # Steps whose scratch bytes the layouts size (window_scratch): (step index, equation, call path).
         self.windows: list[tuple[int, Any, tuple[int, ...]]] = []
+        # Each window step's scratch by the layouts it read (:meth:`_scratch`), and, with ``reuse`` (a PeakCache's
+        # flattening), each loop body's flattenings and stretch summaries (:meth:`_iteration`), kept across
+        # costings (a rebound shares them); without, a loop's body is flattened and walked whole each time.
+        self.scratch_memo: dict[int, list[tuple[tuple[tuple[Any, Any], ...], int]]] = {}
+        self.fixed_scratch: set[int] = set()  # window steps whose scratch read no layout: never sized again
+        self.copy_keys: list[tuple[Key, tuple[int, ...], Gathered]] | None = None
+        self.loop_cache = PeakCache() if reuse else None
         self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
+        self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
         self._flatten(jaxpr, ())
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
         self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
@@ -194,13 +216,15 @@ class _Program:
                 ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
                 outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
                 env = self.inner[path] if path else self.layouts
-                scratch = window_scratch(eqn, env)
                 if eqn.primitive.name in (
                     "select_and_scatter_add",
                     "dynamic_update_slice",
                     "dot_general",
                 ):  # sized by the layouts: a reuse under other layouts sizes it again (rebound)
                     self.windows.append((len(self.steps), eqn, path))
+                    scratch = self._scratch(len(self.steps), eqn, env)
+                else:
+                    scratch = window_scratch(eqn, env)
                 self.steps.append(_Step(_step_name(eqn), ins, outs, scratch))
                 continue
             body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
@@ -235,9 +259,11 @@ class _Program:
         nested = {
             p[len(sub_path) :]: e for p, e in self.inner.items() if p[: len(sub_path)] == sub_path and p != sub_path
         }
-        inner = _Program(body, env, nested)
+        cache = self.loop_cache
+        inner = _Program(body, env, nested) if cache is None else cache.program(body, env, nested)
         elsewhere = frozenset(inner.key(v, ()) for v in body.invars[: n_consts + n_carry])
-        return _peak(inner, env, elsewhere=elsewhere, results_elsewhere=True)
+        memo = None if cache is None else cache.summaries
+        return _peak(inner, env, elsewhere=elsewhere, results_elsewhere=True, memo=memo)
 
     def _keeps_buffer(self, eqn: Any, path: tuple[int, ...]) -> bool:
         """Alias a placement that leaves its value's layout as it was to its operand: XLA makes no copy.
@@ -293,16 +319,47 @@ class _Program:
         other = _Program.__new__(_Program)
         other.__dict__.update(self.__dict__)
         other.layouts, other.inner, other.gathered = layouts, inner, {}
-        for src, path, v in self.copies:
-            other._note_copy(src, other.env(path).get(Gathered(v)))
-        if self.loops or self.windows:
+        if self.copy_keys is None:  # each copy's Gathered key, made once (a deep model has thousands)
+            self.copy_keys = [(src, path, Gathered(v)) for src, path, v in self.copies]
+        for src, path, key in self.copy_keys:
+            other._note_copy(src, (inner[path] if path else layouts).get(key))
+        if self.loops or len(self.windows) > len(self.fixed_scratch):
             other.steps = list(self.steps)
             for i, eqn, sub, sub_path in self.loops:
-                other.steps[i] = dataclasses.replace(self.steps[i], inside=other._iteration(eqn, sub, sub_path))
+                other._resize(i, other._iteration(eqn, sub, sub_path))
             for i, eqn, path in self.windows:
-                env = inner[path] if path else layouts
-                other.steps[i] = dataclasses.replace(self.steps[i], inside=window_scratch(eqn, env))
+                if i not in self.fixed_scratch:
+                    other._resize(i, self._scratch(i, eqn, inner[path] if path else layouts))
         return other
+
+    def _resize(self, i: int, inside: int) -> None:
+        """Step ``i`` holds ``inside`` bytes of scratch (a new step only where that changes)."""
+        if self.steps[i].inside != inside:
+            self.steps[i] = dataclasses.replace(self.steps[i], inside=inside)
+
+    def _scratch(self, i: int, eqn: Any, env: dict[Any, Layout]) -> int:
+        """:func:`window_scratch` of step ``i`` under ``env``, reused from an earlier costing that read the same
+        layouts (a dot in canonical order reads none: its scratch is 0 whatever the layouts).
+
+        ``window_scratch`` is a function of the equation and of the layouts it reads; each answer is kept with
+        the layouts it read (:class:`_Reads`), and reused where each of those reads gives an equal layout now.
+        """
+        known = self.scratch_memo.setdefault(i, [])
+        get = env.get
+        for reads, answer in known:
+            for k, lay in reads:  # (a loop, not all(): hundreds of dots per costing)
+                if not _same(get(k), lay):
+                    break
+            else:
+                return answer
+        log = _Reads(env)
+        answer = window_scratch(eqn, log)  # type: ignore[arg-type]  # a read-only view of env, logged
+        if not log.read:
+            self.fixed_scratch.add(i)  # it read no layout: the same under every costing's
+        if len(known) >= _SCRATCH_ANSWERS:
+            del known[0]  # the oldest: a search moves on from the layouts it tried first
+        known.append((tuple(log.read), answer))
+        return answer
 
     def layout(self, k: Key, derived: type[Derived] | None = None) -> Layout | None:
         if isinstance(k, tuple):
@@ -311,6 +368,38 @@ class _Program:
         else:
             v, env = k, self.layouts
         return env.get(derived(v) if derived is not None else v)
+
+
+# Answers kept per window step (:meth:`_Program._scratch`): one per distinct set of layouts it read, up to this
+# (each holds the layouts it read: bounded, so that a long search does not keep every costing's).
+_SCRATCH_ANSWERS = 16
+
+
+class _Reads:
+    """A read-only view of an environment that logs each read (key, layout): what an answer depended on."""
+
+    def __init__(self, env: dict[Any, Layout]) -> None:
+        self.env = env
+        self.read: list[tuple[Any, Any]] = []
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        lay = self.env.get(key)
+        self.read.append((key, lay))
+        return default if lay is None else lay
+
+    def __getitem__(self, key: Any) -> Any:
+        lay = self.get(key)
+        if lay is None:
+            raise KeyError(key)
+        return lay
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key) is not None
+
+
+def _same(a: Layout | None, b: Layout | None) -> bool:
+    """Equal layouts of the same kind (a free constant's is not a placed value's), or both absent."""
+    return a is b or (a is not None and b is not None and type(a) is type(b) and a == b)
 
 
 def dot_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
@@ -411,6 +500,8 @@ class PeakCache:
         self.programs: dict[Any, list[_Program]] = {}  # (id(jaxpr), the calls entered) -> flattenings
         self.flattened = 0  # flattenings made (counted, for tests)
         self.reused = 0  # costings that reused one
+        # Each stretch's liveness walk by its structure and numbers (peak_summary): the peak folds them.
+        self.summaries = SummaryMemo()
 
     def program(
         self, jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]
@@ -422,7 +513,7 @@ class PeakCache:
                 self.reused += 1
                 return prog.rebound(layouts, inner)
         self.flattened += 1
-        prog = _Program(jaxpr, layouts, inner)
+        prog = _Program(jaxpr, layouts, inner, reuse=True)
         known.append(prog)
         return prog
 
@@ -447,8 +538,9 @@ def peak_bytes(
     ``cache``: what earlier costings of this program flattened (see :class:`PeakCache`); the result is the same.
     """
     inner = inner or {}
-    prog = cache.program(jaxpr, layouts, inner) if cache is not None else _Program(jaxpr, layouts, inner)
-    return _peak(prog, layouts, tiling=tiling)
+    if cache is None:
+        return _peak(_Program(jaxpr, layouts, inner), layouts, tiling=tiling)
+    return _peak(cache.program(jaxpr, layouts, inner), layouts, tiling=tiling, memo=cache.summaries)
 
 
 @dataclass(frozen=True)
@@ -651,9 +743,13 @@ def _peak(
     elsewhere: frozenset[Key] = frozenset(),
     results_elsewhere: bool = False,
     tiling: Tiling = "dense",
+    memo: SummaryMemo | None = None,
 ) -> int:
     """The liveness walk over a flattened program (or a loop body: ``elsewhere`` inputs and, with
-    ``results_elsewhere``, its results are the loop's buffers, held outside it; they count 0 here)."""
+    ``results_elsewhere``, its results are the loop's buffers, held outside it; they count 0 here).
+
+    ``memo``: walk the program stretch by stretch (:mod:`.peak_summary`), each stretch's walk summarised once
+    per structure and numbers and reused; the same peak as the whole-program walk."""
     steps, outputs = prog.steps, prog.outputs
     # Buffer bytes by (shape, split, type, tiles): the thousands of values of a deep model share a few dozen.
     by_shape: dict[tuple[Any, ...], int] = {}
@@ -729,37 +825,120 @@ def _peak(
         nbytes_as(v, c, tiling) + size(v) for v, c in gathered.items() if v in args and _gathers_minor(v, c, layouts)
     ]
     peak = total + gathered_now + max(transposing, default=0)
-    for i, step in enumerate(steps):
-        donors = None
-        summing = 0  # partial sums all-reduced here: held next to their sums while the all-reduce runs
-        moving = 0  # operands moved by an all-to-all here: their send and receive buffers
-        for k in step.outs:
-            b = 0 if k in fused else size(k)
-            if b and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
-                # XLA writes an elementwise result (or a scatter's, or an update's) into an operand's
-                # buffer that dies here, when it is as large (buffer assignment's operand sharing).
-                if donors is None:
-                    donors = list(donor_of[i])
-                for d in donors:
-                    if live.get(d) == b:
-                        total -= live.pop(d)
-                        donors.remove(d)
-                        break
-            live[k] = b
-            total += b
+
+    def held_bytes(k: Key) -> int:
+        """The bytes of ``k``'s pending partial sum, held until the combined all-reduce (0: none)."""
+        part = prog.layout(k, Partial)
+        return nbytes_as(k, part) if part is not None else 0
+
+    def while_running(i: int) -> int:
+        """The bytes step ``i`` holds only while it runs: a partial sum next to its sum where the step's result is
+        all-reduced (XLA:CPU's all-reduce writes a new buffer; a sum that only leaves the program waits for the
+        combiner instead: ``held_bytes``), and the send and receive pieces of an operand it moves by an
+        all-to-all."""
+        extra = 0
+        for k in steps[i].outs:
             part = prog.layout(k, Partial)
-            if part is not None and k in leaves:
-                held += nbytes_as(k, part)
-            elif part is not None and b:
-                summing += nbytes_as(k, part)
+            if part is not None and k not in leaves and k not in fused and size(k):
+                extra += nbytes_as(k, part)
             sent = prog.layout(k, Sent)
             if sent is not None:
-                moving += 2 * nbytes_as(k, sent)
-        peak = max(peak, total + gathered_now + held + step.inside + summing + moving)
-        gathered_now -= gathered_ends.get(i, 0)
-        for k in dies.get(i, ()):
-            total -= live.pop(k, 0)
-    return peak
+                extra += 2 * nbytes_as(k, sent)
+        return extra
+
+    def walk(lo: int, hi: int, live: dict[Key, int]) -> Summary:
+        """Steps ``lo`` to ``hi`` from the buffers ``live`` (updated), relative to the bytes live at ``lo``."""
+        total = held = gathered_now = 0
+        top: int | None = None
+        for i in range(lo, hi):
+            step = steps[i]
+            donors = None
+            for k in step.outs:
+                b = 0 if k in fused else size(k)
+                if b and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
+                    # XLA writes an elementwise result (or a scatter's, or an update's) into an operand's
+                    # buffer that dies here, when it is as large (buffer assignment's operand sharing).
+                    if donors is None:
+                        donors = list(donor_of[i])
+                    for d in donors:
+                        if live.get(d) == b:
+                            total -= live.pop(d)
+                            donors.remove(d)
+                            break
+                live[k] = b
+                total += b
+                if k in leaves:
+                    held += held_bytes(k)
+            here = total + gathered_now + held + step.inside + while_running(i)
+            if top is None or here > top:
+                top = here
+            gathered_now -= gathered_ends.get(i, 0)
+            for k in dies.get(i, ()):
+                total -= live.pop(k, 0)
+        return Summary(total, held, -gathered_now, top)
+
+    start = total + gathered_now + held
+    if memo is None:
+        return fold(peak, [walk(0, len(steps), live)], start)
+    plan = prog.stretches.get(live_key)
+    if plan is None:
+        plan = prog.stretches[live_key] = _stretches_of(prog, info, memo.forms)
+
+    def alloc(k: Key) -> int:
+        """The bytes ``k`` holds while it is live (a fused value holds none)."""
+        return 0 if k in fused else size(k)
+
+    summaries = []
+    remembered: dict[Key, int] = {}  # the bytes of buffers a later stretch frees or writes into
+
+    def entry_size(k: Key) -> int:
+        b = remembered.get(k)
+        return alloc(k) if b is None else b
+
+    for s in plan:
+        made = tuple(map(size, s.made))
+        for j in s.kept:
+            remembered[s.made[j]] = made[j]
+        numbers = (
+            made,
+            tuple(map(entry_size, s.entering)),
+            tuple(map(held_bytes, s.leaves)),
+            tuple(steps[i].inside for i in s.sized),
+            tuple(gathered_ends.get(i, 0) for i in s.ends),
+            # What the stretch's steps hold only while they run, by the layouts of their partial sums and moves.
+            tuple(map(while_running, range(s.start, s.stop))),
+        )
+        known = memo.get((s.form, numbers))
+        if known is None:
+            known = memo.put((s.form, numbers), walk(s.start, s.stop, {k: alloc(k) for k in s.entering}))
+        summaries.append(known)
+    return fold(peak, summaries, start)
+
+
+def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tuple[Stretch, ...]:
+    """``prog``'s steps cut into stretches under the liveness ``info`` (:func:`.peak_summary.stretches`)."""
+    steps = prog.steps
+    # The steps whose scratch a costing may size anew (a loop's iteration, a window's or a dot's scratch), and
+    # any other step with scratch (sized once, the flattening's): their bytes are a stretch's numbers.
+    sized = frozenset(i for i, *_ in prog.loops)
+    sized |= frozenset(i for i, *_ in prog.windows if i not in prog.fixed_scratch)
+    sized |= frozenset(i for i, step in enumerate(steps) if step.inside)
+    args = frozenset(prog.args)
+    ends = frozenset(info.until[v] for v in args if v in info.until)
+    return stretches(
+        [step.name for step in steps],
+        [step.ins for step in steps],
+        [step.outs for step in steps],
+        info.producer,
+        args,
+        info.fused,
+        info.leaves,
+        info.donors,
+        info.dies,
+        sized,
+        ends,
+        forms,
+    )
 
 
 def _gathers_minor(v: Any, copy: Layout, layouts: dict[Any, Layout]) -> bool:
