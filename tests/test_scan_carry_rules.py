@@ -192,6 +192,13 @@ IDLE_AXES = [
     # three axes: 'c' idle, as many devices as 'a': permute + all-reduce over 'c'
     (3, P("a", None), P("a", "b"), {"collective-permute": 1, "all-reduce": 1}),
     (3, P(None, "a"), P(None, "a"), {"collective-permute": 1, "all-gather": 1}),
+    # the operand split elsewhere too (its rows over 'a' or 'c'): the permute and gather over what stays idle
+    (3, P("a", "b"), P(None, "b"), {"collective-permute": 1, "all-gather": 1}),
+    (3, P("c", "b"), P(None, "b"), {"collective-permute": 1, "all-gather": 1}),
+    # its rows over 'a' on (4, 2): nothing idle, the plain gather over 'b'
+    (2, P("a", "b"), P(None, "b"), {"all-gather": 1}),
+    # split over two mesh axes at once, 'c' idle but fewer devices: the plain gather
+    (3, P(None, ("a", "b")), P(None, ("a", "b")), {"all-gather": 1}),
     # one axis: nothing idle, the plain gather
     (1, P(None, "a"), P(None, "a"), {"all-gather": 1}),
 ]
