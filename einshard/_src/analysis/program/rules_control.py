@@ -20,11 +20,11 @@ from ...core.collectives import CollectiveKind
 from ...core.layout import Layout
 from ..cost import RING_BYTES, Collective
 from ..einsum.read import spec_partitions
-from .alternatives import offer, taking
+from .alternatives import taking
 from .costing import is_free
 from .movement import APPROXIMATE
 from .registry import WalkerLike, inherit, register
-from .report import OpBound
+from .report import OpBound, default_bound
 
 __all__ = ["MANUAL_COLLECTIVES", "scan_body", "scan_counts", "scan_groups"]
 
@@ -193,11 +193,7 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
         # Which fixed point XLA's propagation takes turns on its users outside the loop (a loss against labels
         # split on the batch pulls the carry there; measured on the FSDP GRU): the body's first op carries
         # the bound, measured by walking the program once more with the carry on the other fixed point.
-        first_op = w.ops[body_start]
-        w.ops[body_start] = dataclasses.replace(
-            first_op, note=f"{APPROXIMATE}: {CARRY_NOTE}", bound=first_op.bound or OpBound(0, 0.0, 0.0)
-        )
-        offer(w, eqn, body_start)
+        _mark_carry(w, eqn, body_start, _carry_bound(w, [v.aval for v in eqn.outvars[:n_carry]], fixed, other))
     if not w.quiet:
         w.sub_envs[(*outer_path, id(eqn))] = env
     carry_out, ys = res[:n_carry], list(res[n_carry:])
@@ -252,6 +248,34 @@ def batch_split_carry(
     if all(o.dims == f.dims for o, f in zip(out, fixed)):
         return None
     return out
+
+
+def _carry_bound(w: WalkerLike, avals: list[Any], fixed: list[Layout], other: list[Layout]) -> OpBound:
+    """The carry's own bound, per trip, where the fork is not walked (beyond alternatives.MAX_FORKS): each carry
+    that differs moved another way, one collective per peer, its whole bytes sent and held."""
+    collectives, moved = 0, 0.0
+    for aval, a, b in zip(avals, fixed, other):
+        if a.dims == b.dims:
+            continue
+        axes = {m for d in (*a.dims, *b.dims) for m in d}
+        collectives += max(1, math.prod(w.costs.mesh_sizes[m] for m in axes) - 1)
+        moved += math.prod(int(s) for s in aval.shape) * np.dtype(aval.dtype).itemsize
+    return OpBound(collectives, moved, moved)
+
+
+def _mark_carry(w: WalkerLike, eqn: Any, since: int, bound: OpBound) -> None:
+    """Mark the body's first op that offers no other alternative with the carry's note and bound, and offer the
+    carry's other fixed point there (:func:`.alternatives.offer` would tag every marked op since ``since``)."""
+    if w.quiet or w.costs.forced:
+        return
+    at = next((i for i in range(since, len(w.ops)) if not w.ops[i].alternative), None)
+    if at is None:
+        return
+    op = w.ops[at]
+    note = f"{op.note}; {CARRY_NOTE}" if op.approximate else f"{APPROXIMATE}: {CARRY_NOTE}"
+    own = op.bound or (default_bound(op) if op.approximate else OpBound(0, 0.0, 0.0))
+    total = OpBound(own.collectives + bound.collectives, own.bytes + bound.bytes, own.peak + bound.peak)
+    w.ops[at] = dataclasses.replace(op, note=note, bound=total, alternative=id(eqn))
 
 
 def scan_body(params: Any) -> Any:
