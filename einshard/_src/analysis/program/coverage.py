@@ -28,7 +28,7 @@ _INDEXING = "tests/test_primitive_rules_indexing.py"
 _CORE = "tests/test_primitive_rules_core.py"  # the core primitives' differential property tests
 # The test that holds each rule against XLA's compiled HLO (rule function -> test).
 TESTS: dict[str, str] = {
-    "rules_ordering.split": f"{_DIFF} [split]",
+    "rules_ordering.split": f"{_DIFF} [split], tests/test_scan_carry_rules.py",
     "rules_ordering.rev": f"{_DIFF} [rev]",
     "rules_ordering.sort": f"{_DIFF} [sort]",
     "rules_ordering.top_k": f"{_DIFF} [top_k]",
@@ -44,7 +44,7 @@ TESTS: dict[str, str] = {
     "rules_windows.reduce_window": f"{_DIFF} [reduce_window]",
     "rules_windows.select_and_scatter_add": f"{_DIFF} [reduce_window] (the max pool's gradient)",
     "rules_loops.cond": f"{_DIFF} [control]",
-    "rules_loops.while_loop": f"{_DIFF} [control]",
+    "rules_loops.while_loop": f"{_DIFF} [control], tests/test_scan_carry_rules.py",
     "rules_structural.concatenate": f"{_INDEXING} [concatenate], {_DIFF} [split] (the gradient of split)",
     "rules_structural.elementwise": (
         f"{_INDEXING} [select_n, iota_mask, clamp, integer, mixed_elementwise], tests/test_explain_rules.py"
@@ -58,11 +58,14 @@ TESTS: dict[str, str] = {
     "rules_structural.constant": f"{_INDEXING} [iota_mask], tests/test_explain_corpus.py",
     "rules_structural.bitcast_convert_type": "tests/test_primitive_rules.py::test_coverage_rules_run",
     "rules_structural.no_data": "tests/test_primitive_rules.py::test_coverage_rules_run",
-    "rules_indexing.dot_general": f"{_CORE} [dot_general], tests/test_dot_consumer_sums.py, tests/test_analysis_vs_xla.py",
+    "rules_indexing.dot_general": (
+        f"{_CORE} [dot_general], tests/test_dot_consumer_sums.py, tests/test_analysis_vs_xla.py, "
+        "tests/test_scan_carry_rules.py"
+    ),
     "rules_indexing.gather": f"{_INDEXING} [gather], tests/test_explain_rules.py (lookups, take_along_axis)",
     "rules_indexing.scatter_add": f"{_INDEXING} [scatter] (and [gather]'s gradients), tests/test_explain_rules.py",
     "rules_indexing.scatter": f"{_INDEXING} [scatter], tests/test_explain_rules.py",
-    "rules_control.scan": "tests/test_explain_corpus.py, tests/test_explain.py",
+    "rules_control.scan": "tests/test_scan_carry_rules.py, tests/test_explain_corpus.py, tests/test_explain.py",
     "rules_linalg.tile": "tests/test_linalg_rules.py [tile]",
     "rules_linalg.matrix_op": "tests/test_linalg_rules.py [matrix]",
     "rules_linalg.fft": "tests/test_linalg_rules.py [fft]",

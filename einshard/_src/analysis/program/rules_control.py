@@ -10,6 +10,7 @@ block it moves.  A ``scan`` body's cost counts once per iteration.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -19,8 +20,11 @@ from ...core.collectives import CollectiveKind
 from ...core.layout import Layout
 from ..cost import RING_BYTES, Collective
 from ..einsum.read import spec_partitions
+from .alternatives import taking
 from .costing import is_free
+from .movement import APPROXIMATE
 from .registry import WalkerLike, inherit, register
+from .report import OpBound, default_bound
 
 __all__ = ["MANUAL_COLLECTIVES", "scan_body", "scan_counts", "scan_groups"]
 
@@ -155,9 +159,14 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     # (once, outside the loop), then walk it for real.
     quiet = type(w)(w.costs, quiet=True)
     first = quiet.walk(body, [*consts, *carry, *xs_inner], 1, inherit(phase))[:n_carry]
+    fixed = [
+        w.relayout(v.aval, out.dims) if not is_free(out) else lay for v, lay, out in zip(eqn.outvars, carry, first)
+    ]
+    # XLA's other fixed point: the carry split as the scanned slices split the batch (see batch_split_carry).
+    other = batch_split_carry(w, [v.aval for v in eqn.outvars[:n_carry]], fixed, xs_inner)
+    taken = other is not None and taking(w, eqn)
     settled = []
-    for v, lay, out in zip(eqn.outvars[:n_carry], carry, first):
-        want = w.relayout(v.aval, out.dims) if not is_free(out) else lay
+    for v, lay, want in zip(eqn.outvars[:n_carry], carry, other if taken and other else fixed):
         if not is_free(lay) and lay.dims != want.dims:
             w.change(eqn, phase, lay, lay.with_dims(want.dims), v.aval.dtype, repeat, "scan carry settles")
         settled.append(want)
@@ -174,11 +183,17 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     outer_path = w.call_path
     env: dict[Any, Layout] = {}  # kept: peak memory counts one iteration's buffers (memory.loop_body_bytes)
     w.call_path = (*outer_path, id(eqn))
+    body_start = len(w.ops)
     try:
         res = w.walk(body, [*consts, *settled, *xs_inner], repeat * length, inherit(phase), env=env)
     finally:
         w.call_path = outer_path
         w.program_outputs.difference_update(id(bv) for _, bv, _ in stacked)
+    if other is not None and not taken and len(w.ops) > body_start:
+        # Which fixed point XLA's propagation takes turns on its users outside the loop (a loss against labels
+        # split on the batch pulls the carry there; measured on the FSDP GRU): the body's first op carries
+        # the bound, measured by walking the program once more with the carry on the other fixed point.
+        _mark_carry(w, eqn, body_start, _carry_bound(w, [v.aval for v in eqn.outvars[:n_carry]], fixed, other))
     if not w.quiet:
         w.sub_envs[(*outer_path, id(eqn))] = env
     carry_out, ys = res[:n_carry], list(res[n_carry:])
@@ -190,6 +205,77 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     out_layouts = [w.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
     out_layouts += [w.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
     return out_layouts
+
+
+# Why a scan's carry is approximate (the report's first line names the op the body's walk starts at).
+CARRY_NOTE = (
+    "a loop's carry has two fixed points, the split the body gives it and the batch split of the scanned inputs; "
+    "XLA's sharding propagation picks one by the carry's users outside the loop"
+)
+
+
+def batch_split_carry(
+    w: WalkerLike, avals: list[Any], fixed: list[Layout], xs_inner: list[Layout]
+) -> list[Layout] | None:
+    """The carry's other fixed point, or None: each carry split on the dimension its scanned slices split the
+    batch on (the same position and size, whole in the carry), over those mesh axes, taken off the carry's
+    other dimensions.  A recurrent state ``h[batch, hidden]`` the body gives ``hidden@data`` (gates out of FSDP
+    weights) meets slices ``x[batch@data, features]``: XLA carries ``h[batch@data, hidden]`` where the loop's
+    result is read against the batch's split (measured: the FSDP GRU of the external corpus, an all-to-all of
+    each fused projection per step and the weight gradients reduce-scattered per step), the body's split
+    where nothing outside pulls."""
+    splits = [
+        (i, size, d)
+        for lay in xs_inner
+        if not is_free(lay)
+        for i, (size, d) in enumerate(zip(lay.shape, lay.dims))
+        if d
+    ]
+    if not splits:
+        return None
+    out: list[Layout] = []
+    for aval, lay in zip(avals, fixed):
+        dims = list(lay.dims) if not is_free(lay) else [()] * len(getattr(aval, "shape", ()))
+        shape = tuple(int(s) for s in getattr(aval, "shape", ()))
+        for at, size, axes in splits:
+            # The batch is where the slices have it (vmap's axis: the same position, the same size).
+            if at >= len(shape) or shape[at] != size or dims[at]:
+                continue
+            dims = [tuple(m for m in d if m not in axes) for d in dims]
+            dims[at] = axes
+            break
+        out.append(w.relayout(aval, dims) if any(dims) else lay)
+    if all(o.dims == f.dims for o, f in zip(out, fixed)):
+        return None
+    return out
+
+
+def _carry_bound(w: WalkerLike, avals: list[Any], fixed: list[Layout], other: list[Layout]) -> OpBound:
+    """The carry's own bound, per trip, where the fork is not walked (beyond alternatives.MAX_FORKS): each carry
+    that differs moved another way, one collective per peer, its whole bytes sent and held."""
+    collectives, moved = 0, 0.0
+    for aval, a, b in zip(avals, fixed, other):
+        if a.dims == b.dims:
+            continue
+        axes = {m for d in (*a.dims, *b.dims) for m in d}
+        collectives += max(1, math.prod(w.costs.mesh_sizes[m] for m in axes) - 1)
+        moved += math.prod(int(s) for s in aval.shape) * np.dtype(aval.dtype).itemsize
+    return OpBound(collectives, moved, moved)
+
+
+def _mark_carry(w: WalkerLike, eqn: Any, since: int, bound: OpBound) -> None:
+    """Mark the body's first op that offers no other alternative with the carry's note and bound, and offer the
+    carry's other fixed point there (:func:`.alternatives.offer` would tag every marked op since ``since``)."""
+    if w.quiet or w.costs.forced:
+        return
+    at = next((i for i in range(since, len(w.ops)) if not w.ops[i].alternative), None)
+    if at is None:
+        return
+    op = w.ops[at]
+    note = f"{op.note}; {CARRY_NOTE}" if op.approximate else f"{APPROXIMATE}: {CARRY_NOTE}"
+    own = op.bound or (default_bound(op) if op.approximate else OpBound(0, 0.0, 0.0))
+    total = OpBound(own.collectives + bound.collectives, own.bytes + bound.bytes, own.peak + bound.peak)
+    w.ops[at] = dataclasses.replace(op, note=note, bound=total, alternative=id(eqn))
 
 
 def scan_body(params: Any) -> Any:

@@ -27,6 +27,7 @@ from ...core.layout import Layout
 from ..cost import Collective, sent_bytes, wire_itemsize
 from ..einsum.read import dtype_info
 from .costing import is_free
+from .idle_axes import over_idle_axes
 from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_cache
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
@@ -76,6 +77,10 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
         # forward and again for the backward): XLA computes that gather once.
         time_s -= sum(c.time for c in colls if c not in kept)
         colls = kept
+    idle = None if sums else over_idle_axes(w, eqn, [lhs, rhs], res.out, colls)
+    if idle is not None:  # XLA moves the gathered operand onto the idle mesh axes first (idle_axes.py)
+        time_s += sum(c.time for c in idle) - sum(c.time for c in colls)
+        colls = idle
     out = w.relayout(eqn.outvars[0].aval, out_dims)
     since = len(w.ops)
     w.record(eqn, phase, res.expression, out, colls, res.flops, time_s, repeat)

@@ -1,0 +1,268 @@
+"""Recurrent loops whose carry meets split weights (issue 20: the Equinox GRU of the external corpus).
+
+A hidden state ``h[batch, hidden]`` carried by ``lax.scan`` (or a counted ``lax.while_loop``) through a GRU
+cell: a fused ``[3·hidden]`` projection of the input and of the state, ``jnp.split`` into the three gates,
+sigmoid / tanh, both weights split on their stacked gates over one mesh axis (tensor parallel) or whole, the
+inputs whole or split on the batch over any mesh axis (the weights' own: FSDP-style); 1-, 2- and 3-axis meshes,
+Auto and Explicit, the loss and its ``jax.grad``.  Each program is compiled and explain's report held to XLA's
+HLO and ``memory_analysis()`` by tests/test_primitive_rules.py's :func:`check`: collectives (kinds, counts per
+trip), bytes and peak within the report's stated bound (zero where nothing is approximate).
+
+The causes these found, each with its direct test below:
+
+* the state's contracted split meets the recurrent weight's row split on one mesh axis: XLA moves the state
+  onto the mesh axes neither operand uses before gathering it (a collective-permute, then an all-gather or an
+  all-reduce over the idle axes) where those have at least as many devices
+  (einshard/_src/analysis/program/idle_axes.py);
+* the fused gates split into pieces smaller than their block: XLA exchanges halos, up to a whole block per
+  permute, where explain sends the pieces (rules_ordering.split's bound);
+* the carry has two fixed points where the inputs split the batch (the gates' split, the batch's): XLA picks by
+  the loop result's users; the report marks it and walks the other (rules_control.batch_split_carry).
+
+Not drawn, because explain does not hold them yet (found by these draws, left to the rules they belong to): the
+weights split on their inputs (a contraction only the weight splits: XLA reduce-scatters the gates and permutes
+their pieces, beyond the dot's lone-contraction bound), and the input weight whole with the recurrent one split
+on its gates and the batch over another mesh axis (XLA slices the whole weight to the other's split and carries
+the state split on both axes; explain's carry differs, beyond the split's bound).
+
+A small derandomized budget runs by default; the deep run is ``@pytest.mark.slow``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jax import lax
+from jax.sharding import PartitionSpec as P
+from test_primitive_rules import DEEP, FAST, MEMORY_BOUNDS, MESHES, Case, _explain, _mesh, _xla, check
+
+from einshard._src.analysis.program.rules_control import CARRY_NOTE
+from einshard._src.testing.bounds import Measured, gaps, within_bound
+
+# Peak memory of a recurrent gradient: XLA holds more than the memory walk (einshard/_src/analysis/program/memory.py,
+# not these rules) counts where the batch is split and the weights are whole -- the external corpus's eqx_gru dp-grad
+# peak miss (known_misses.json), another engineer's: measured down to 0.61x XLA's peak on the deep draws (5504 B
+# against 9044 B), 0.66x on a GRU of 16 over 2 steps (18304 B against 27568 B); the other draws lie within
+# 0.76-1.13x.  A known gap of the memory walk, bounded here so that it cannot grow; collectives and bytes are held
+# to XLA exactly (or within the report's stated bound).
+MEMORY_BOUNDS.setdefault("recurrent", (0.6, 1.25))
+
+# -- the recurrent programs --------------------------------------------------------------------------------------
+
+
+def _projected(x: Any, w: Any) -> Any:
+    """``x @ w.T`` as Equinox's vmapped ``Linear`` traces it: one dot contracting both operands' last axes."""
+    return lax.dot_general(x, w, (((1,), (1,)), ((), ())))
+
+
+def gru_cell(wi: Any, wh: Any, b: Any, x: Any, h: Any, project: Any = _projected) -> Any:
+    """Equinox's GRUCell, batched: the gates stacked on the weights' first axis (r, z, n)."""
+    gi = project(x, wi) + b
+    gh = project(h, wh)
+    ir, iz, i_n = jnp.split(gi, 3, axis=-1)
+    hr, hz, h_n = jnp.split(gh, 3, axis=-1)
+    r = jax.nn.sigmoid(ir + hr)
+    z = jax.nn.sigmoid(iz + hz)
+    n = jnp.tanh(i_n + r * h_n)
+    return (1 - z) * n + z * h
+
+
+def scanned(wi: Any, wh: Any, b: Any, xs: Any) -> Any:
+    """The cell over time by ``lax.scan``, from a zero state; the loss of the last state."""
+    h0 = jnp.zeros((xs.shape[1], wh.shape[1]), xs.dtype)
+    h = lax.scan(lambda h, x: (gru_cell(wi, wh, b, x, h), None), h0, xs)[0]
+    return jnp.sum(h**2)
+
+
+def looped(wi: Any, wh: Any, b: Any, xs: Any) -> Any:
+    """The cell over time by a counted ``lax.while_loop`` (its trip count XLA's loop analysis finds)."""
+    h0 = jnp.zeros((xs.shape[1], wh.shape[1]), xs.dtype)
+
+    def body(carry: Any) -> Any:
+        i, h = carry
+        return i + 1, gru_cell(wi, wh, b, lax.dynamic_index_in_dim(xs, i, keepdims=False), h)
+
+    h = lax.while_loop(lambda c: c[0] < xs.shape[0], body, (0, h0))[1]
+    return jnp.sum(h**2)
+
+
+def in_auto_axes(fn: Any) -> Any:
+    """``fn`` run in ``jax.sharding.auto_axes`` (its scalar loss whole), as JAX documents for Explicit meshes: its
+    carry's type is the body's output's, which JAX refuses for a zero state typed whole (the corpus does the same)."""
+
+    def wrapped(*args: Any) -> Any:
+        return jax.sharding.auto_axes(fn, out_sharding=P())(*args)
+
+    wrapped.__name__ = f"{fn.__name__}_in_auto_axes"
+    return wrapped
+
+
+def _struct(*shape: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+@st.composite
+def recurrent_case(draw: Any) -> Case:
+    """A GRU over time: sizes, the loop, which weights split how, the inputs' split, mesh, Auto/Explicit, grad."""
+    hidden = draw(st.sampled_from([16, 32, 64]))
+    features = draw(st.sampled_from([16, 32]))
+    batch = draw(st.sampled_from([8, 16]))
+    steps = draw(st.integers(2, 4))
+    rank = draw(st.sampled_from([1, 2, 3]))
+    names = MESHES[rank][1]
+    # Both weights split on their stacked gates over one mesh axis, as a user splits a cell (tensor parallel; or
+    # neither: the state's layout is then the inputs'); the inputs whole or split on the batch, over another mesh
+    # axis or the weights' own (FSDP: the carry's two fixed points, rules_control.batch_split_carry).
+    weights = draw(st.sampled_from([None, *names]))
+    w_spec = P(weights, None) if weights else P()
+    batch_axis = draw(st.sampled_from([None, *names]))
+    xs_spec = P(None, batch_axis, None) if batch_axis else P()
+    specs = (w_spec, w_spec, P(), xs_spec)
+    grad = draw(st.booleans())
+    args = (
+        _struct(3 * hidden, features),
+        _struct(3 * hidden, hidden),
+        _struct(3 * hidden),
+        _struct(steps, batch, features),
+    )
+    explicit = draw(st.booleans())
+    return Case("scan", in_auto_axes(scanned) if explicit else scanned, args, specs, rank, explicit, grad, "recurrent")
+
+
+def test_recurrent_loops_match_xla() -> None:
+    FAST(given(recurrent_case())(check))()
+
+
+@pytest.mark.slow
+def test_recurrent_loops_match_xla_deep() -> None:
+    DEEP(given(recurrent_case())(check))()
+
+
+# -- the corpus's shapes (tests/external_corpus/equinox_models.py: B, S, D, F = 8, 8, 32, 64) ---------------------
+
+CORPUS_ARGS = (_struct(192, 32), _struct(192, 64), _struct(192), _struct(8, 8, 32))
+# test_primitive_rules' (4, 2) mesh is ('a', 'b'): the corpus's ('data', 'model').
+TP = (P("b", None), P("b", None), P(), P())  # the cell's gates split over 'model'
+FSDP = (P("a", None), P("a", None), P(), P(None, "a", None))
+
+
+def _corpus_case(specs: tuple[P, ...], explicit: bool, grad: bool) -> Case:
+    return Case(
+        "scan", in_auto_axes(scanned) if explicit else scanned, CORPUS_ARGS, specs, 2, explicit, grad, "recurrent"
+    )
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+def test_gru_tensor_parallel_forward_names_xlas_collectives(explicit: bool) -> None:
+    """The corpus's tp case, forward: per step a permute and an all-gather (the state onto the idle 'data'
+    axis, then whole) and the gates' four permutes; once after the loop, the loss's partial sums all-reduced."""
+    case = _corpus_case(TP, explicit, False)
+    check(case)
+    mesh = _mesh(2, explicit)
+    report, got, _, _ = _explain(case, mesh, case.fn)
+    want, _, _, _ = _xla(case, mesh, case.fn)
+    # The inputs whole: the carry has one fixed point, nothing to say about it.
+    assert not any(CARRY_NOTE in op.note for op in report.ops)
+    assert got == want == Counter({"collective-permute": 5 * 8, "all-gather": 8, "all-reduce": 1}), (got, want)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["loss", "grad"])
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+def test_gru_fsdp_says_which_fixed_point_is_xlas_choice(explicit: bool, grad: bool) -> None:
+    """The corpus's fsdp case: the weights' gates and the batch over one mesh axis.  The carry has two fixed
+    points (the gates' split, the batch's); the report says so on the loop's first op and its bound, measured by
+    walking the other one to the program's end, covers what XLA compiles."""
+    case = _corpus_case(FSDP, explicit, grad)
+    check(case)
+    report, _, _, _ = _explain(case, _mesh(2, explicit), case.fn)
+    assert any(CARRY_NOTE in op.note for op in report.ops), report.approximate_at
+
+
+# -- the idle-axes dot, direct -----------------------------------------------------------------------------------
+
+
+def _dot(a: Any, b: Any) -> Any:
+    return a @ b
+
+
+# (mesh rank, lhs spec, rhs spec, XLA's collectives): (16, 32) @ (32, 64), measured from the compiled HLO.
+IDLE_AXES = [
+    # the contracted split's mesh axis ('b', 2 devices) is the partner's free split; 'a' (4) idle: permute + gather
+    (2, P(None, "b"), P(None, "b"), {"collective-permute": 1, "all-gather": 1}),
+    # the partner's contracted split over 'b', the lhs's rows over 'b': permute + the product all-reduced over 'a'
+    (2, P("b", None), P("b", None), {"collective-permute": 1, "all-reduce": 1}),
+    # FSDP's gather: the split axis 'a' (4) has more devices than the idle 'b' (2): XLA gathers it, nothing else
+    (2, P("a", None), P("a", None), {"all-gather": 1}),
+    # three axes: 'c' idle, as many devices as 'a': permute + all-reduce over 'c'
+    (3, P("a", None), P("a", "b"), {"collective-permute": 1, "all-reduce": 1}),
+    (3, P(None, "a"), P(None, "a"), {"collective-permute": 1, "all-gather": 1}),
+    # the operand split elsewhere too (its rows over 'a' or 'c'): the permute and gather over what stays idle
+    (3, P("a", "b"), P(None, "b"), {"collective-permute": 1, "all-gather": 1}),
+    (3, P("c", "b"), P(None, "b"), {"collective-permute": 1, "all-gather": 1}),
+    # its rows over 'a' on (4, 2): nothing idle, the plain gather over 'b'
+    (2, P("a", "b"), P(None, "b"), {"all-gather": 1}),
+    # split over two mesh axes at once, 'c' idle but fewer devices: the plain gather
+    (3, P(None, ("a", "b")), P(None, ("a", "b")), {"all-gather": 1}),
+    # one axis: nothing idle, the plain gather
+    (1, P(None, "a"), P(None, "a"), {"all-gather": 1}),
+]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("rank, lhs, rhs, kinds", IDLE_AXES, ids=[f"{r}-{a}-{b}" for r, a, b, _ in IDLE_AXES])
+def test_dot_moves_a_gathered_operand_onto_idle_axes(rank: int, lhs: P, rhs: P, kinds: dict, explicit: bool) -> None:
+    case = Case("dot_general", _dot, (_struct(16, 32), _struct(32, 64)), (lhs, rhs), rank, explicit, False)
+    check(case)  # kinds, counts, bytes and peak against the HLO, nothing approximate
+    mesh = _mesh(rank, explicit)
+    report, got, _, _ = _explain(case, mesh, _dot)
+    assert got == Counter(kinds), (got, kinds)
+    assert not report.approximate_at
+
+
+# -- the same cell in a counted while_loop --------------------------------------------------------------------------
+
+# (mesh rank, weights' spec, inputs' spec): tensor parallel on 1, 2 and 3 axes, with and without a batch split.
+WHILE_LAYOUTS = [
+    (1, P("a", None), P()),
+    (2, P("b", None), P()),
+    (2, P("b", None), P(None, "a", None)),
+    (3, P("c", None), P(None, "a", None)),
+    (2, P(), P(None, "a", None)),
+]
+
+
+@pytest.mark.parametrize("rank, weights, inputs", WHILE_LAYOUTS, ids=[f"{r}-{w}-{i}" for r, w, i in WHILE_LAYOUTS])
+def test_counted_while_loop_names_xlas_collectives(rank: int, weights: P, inputs: P) -> None:
+    """Kinds, counts per trip and bytes as XLA compiles the loop (its trip count found as XLA's loop analysis
+    finds it: rules_loops.trip_count); peak memory is the next test's known gap."""
+    case = Case("while", looped, CORPUS_ARGS, (weights, weights, P(), inputs), rank, False, False)
+    mesh = _mesh(rank, False)
+    report, got, got_sent, _ = _explain(case, mesh, looped)
+    want, want_sent, _, _ = _xla(case, mesh, looped)
+    gap = gaps(Measured(got, got_sent, 0), Measured(want, want_sent, 0), peak_range=(0.0, float("inf")))
+    assert within_bound(gap, report.approximate_bound), (got, got_sent, want, want_sent, report.approximate_at)
+
+
+def scanned_transposing(wi: Any, wh: Any, b: Any, xs: Any) -> Any:
+    """The same loop with the cell written ``x @ w.T``: a transpose of each weight inside the body."""
+    h0 = jnp.zeros((xs.shape[1], wh.shape[1]), xs.dtype)
+    cell = partial(gru_cell, project=lambda x, w: x @ w.T)
+    return jnp.sum(lax.scan(lambda h, x: (cell(wi, wh, b, x, h), None), h0, xs)[0] ** 2)
+
+
+@pytest.mark.xfail(
+    reason="the memory walk (memory.py) holds a weight transposed inside a loop body as a buffer of its own, "
+    "where XLA folds the transpose into the dot: 1.63x XLA's peak on this unsplit GRU (explain 127232 B, XLA "
+    "78132 B; the difference is the recurrent weight's bytes), 1.62x in a counted while_loop",
+    strict=True,
+)
+def test_weights_transposed_in_a_loop_body_peak_memory() -> None:
+    args = (_struct(192, 16), _struct(192, 64), _struct(192), _struct(2, 8, 16))
+    check(Case("scan", scanned_transposing, args, (P(), P(), P(), P()), 1, False, False, "recurrent"))
