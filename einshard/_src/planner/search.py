@@ -2,8 +2,16 @@
 
 The descent (a heuristic; tests measure it against brute force):
 
-1. The starts (``dp``, ``fsdp``) and every batch layout with the parameters
-   replicated are costed; batch layouts are then taken best first.
+1. The starts are costed: ``dp``, ``fsdp``, the user's presets the
+   candidates express, and the standard Megatron layouts
+   (:func:`tensor_parallel_starts`: dp×tp and fsdp×tp for each batch layout
+   that leaves a mesh axis free, the column- and row-parallel weights read
+   from the program by :func:`~.roles.megatron_pairs`); then every batch
+   layout with the parameters replicated.  Batch layouts are taken in the
+   order of their best costed assignment (within the memory budget first),
+   each descending from that assignment: ranked by replicated parameters
+   alone, a budget no replicated layout meets orders them by memory, and the
+   evaluations go to the batch layout that frees the most, not the fastest.
 2. For a batch layout, each parameter group in turn (largest first) takes
    its best candidate with the others fixed, trying first only the candidates
    that can differ in cost for that batch (:func:`~.groups.search_candidates`:
