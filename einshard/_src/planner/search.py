@@ -286,8 +286,11 @@ def guided_descent(
             range(counts[b_index]), key=lambda b: min(costs.cache[a].key for a in costs.cache if a[b_index] == b)
         )
         for b in batches:
-            from_b = [a for a in costs.cache if a[b_index] == b]
-            descend(min(from_b, key=key), full=False)
+            # From the batch layout's best start and from its replicated parameters: where groups are coupled the
+            # two reach different local optima (a Megatron pair vs one column-parallel weight alone).
+            best_start = min((a for a in costs.cache if a[b_index] == b), key=key)
+            for s in dict.fromkeys([best_start, (*replicated, b)]):
+                descend(s, full=False)
         best = ranked(costs)[0]
         for _ in range(max_rounds):
             polished = descend(best, full=True)
