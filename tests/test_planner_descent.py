@@ -189,3 +189,24 @@ def test_two_tensor_axes_each_over_a_batch_axis_are_tried_first():
     exhaustive = pl.plan(mlp_forward(2), params, x, search=pl.SearchOptions(exhaustive_limit=10**6), **common)
     assert descent.method == "coordinate descent" and descent.evaluated <= 160
     assert_optimal(descent, exhaustive, "memory")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the memory objective's least peak splits w0 over (data, model) on one tensor axis under the batch over "
+    "model with the sequence over data (27 KiB); the descent's 160 assignments end at 30.5 KiB (12.96% over; 7.4% "
+    "before the Megatron starts); trying every candidate first for the memory objective does not reach it either",
+)
+def test_memory_objective_with_a_sequence_split_reaches_the_least_peak():
+    params = {"w0": jax.ShapeDtypeStruct((256, 64), jnp.float32), "w1": jax.ShapeDtypeStruct((64, 16), jnp.float32)}
+    x = jax.ShapeDtypeStruct((64, 256), jnp.float32)
+    common = dict(mesh={"data": 4, "model": 2}, profile="h100", objective="memory")
+    dp = pl.plan(mlp_forward(2), params, x, **common)
+    budget = int(0.5 * next(a for a in dp.alternatives if a.label == "preset dp").memory_bytes)
+    descent = pl.plan(
+        mlp_forward(2), params, x, memory_budget=budget, search=pl.SearchOptions(exhaustive_limit=0), **common
+    )
+    exhaustive = pl.plan(
+        mlp_forward(2), params, x, memory_budget=budget, search=pl.SearchOptions(exhaustive_limit=10**6), **common
+    )
+    assert_optimal(descent, exhaustive, "memory")
