@@ -44,6 +44,7 @@ __all__ = [
     "pad_guard_holds",
     "Recorder",
     "plan_segments",
+    "slice_row_class",
     "RECORDING",
     "PLAIN",
 ]
@@ -63,7 +64,8 @@ class Copy:
     inside: tuple[Any, ...]  # the values it makes, in order
     tokens: dict[int, Token]  # id(value) -> its token
     eqn_ids: frozenset[int]
-    slices: tuple[tuple[int, int, tuple[int, ...]], ...]  # (offset, entering index or -1, start row) of its slices
+    # Its slices: (offset, entering index or -1, start row, strides, operand shape, result shape).
+    slices: tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]
     calls: tuple[tuple[int, int], ...]  # (offset, id(body)) of the calls it makes (a tape's ops name their equations)
     # (offset, padding_config) of its pads: the backward's glue pads each layer's gradient into the stack at the
     # layer's row.  Not in the key: a tape holds the configs its walk read (:class:`PadGuard`).
@@ -135,7 +137,10 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 (
                     off,
                     list(entering).index(id(e.invars[0])) if id(e.invars[0]) in entering else -1,
-                    tuple(e.params["start_indices"]),
+                    tuple(int(r) for r in e.params["start_indices"]),
+                    tuple(int(x) for x in e.params.get("strides") or (1,) * len(e.params["start_indices"])),
+                    tuple(int(x) for x in e.invars[0].aval.shape),
+                    tuple(int(x) for x in e.outvars[0].aval.shape),
                 )
                 for off, e in enumerate(here)
                 if e.primitive.name == "slice"
@@ -222,6 +227,23 @@ def _horizon(
         if d:
             ahead[id(v)] = index[id(v)]
     return tuple(out), ahead
+
+
+def slice_row_class(length: int, n: int, out_len: int, start: int, stride: int) -> Hashable:
+    """What the walk of a static slice reads of its start along an axis split ``n`` ways (``length`` long, the
+    result ``out_len`` long): rules_structural.slice_static reads it only through the collective-permutes it
+    charges.  A result smaller than the split (a layer's row of a stack split along its layers: ``w[i]``) is
+    brought to its first owner by one permute per further block it spans, sized by where in its block it starts:
+    its class is those pieces, so that every layer of a stack split along its layers keys alike (else each copy
+    of an unrolled decoder's layer is a key of its own under such a layout, stepped at every costing).  Any other
+    slice along a split axis keys by its start."""
+    if out_len == length:
+        return None  # not moved: the rule does not read the start
+    if stride == 1 and out_len % n and out_len < n and start >= 0:
+        block = length // n
+        first, last = start // block, (start + out_len - 1) // block
+        return ("small", tuple(min(start + out_len, (j + 1) * block) - j * block for j in range(first + 1, last + 1)))
+    return ("at", start)
 
 
 # A copy's pads as its walk read them: per pad (offset, the axes its operand was split along: the only axes whose

@@ -39,6 +39,7 @@ from .segment_memo import (
     pad_guard,
     pad_guard_holds,
     plan_segments,
+    slice_row_class,
 )
 from .values import CARRIERS, Gathered, Partial
 
@@ -538,11 +539,21 @@ class Walker:
             state.append((type(lay), lay, type(gathered), gathered, type(partial), partial, mine, moves))
             state.append(self.summed.get(id(v)))
         rows = []
-        for off, k, row in copy.slices:
+        sizes = self.costs.mesh_sizes
+        for off, k, row, strides, shape, out in copy.slices:
             lay = env.get(copy.entering[k]) if k >= 0 else None
             if k >= 0 and lay is not None and len(lay.dims) == len(row):
-                # Which row a layer slices matters only along a split axis (the devices holding it).
-                rows.append((off, tuple(r if d else None for r, d in zip(row, lay.dims))))
+                # Which row a layer slices matters only along a split axis (the devices holding it), and there
+                # only as far as the slice's walk reads it (slice_row_class).
+                rows.append(
+                    (
+                        off,
+                        tuple(
+                            slice_row_class(a, math.prod(sizes[m] for m in d), b, r, s) if d else None
+                            for r, d, s, a, b in zip(row, lay.dims, strides, shape, out)
+                        ),
+                    )
+                )
             else:
                 rows.append((off, row if k < 0 else tuple(None for _ in row)))
         asked: tuple[Any, ...] = ()
