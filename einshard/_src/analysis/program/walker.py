@@ -39,6 +39,7 @@ from .segment_memo import (
     pad_guard,
     pad_guard_holds,
     plan_segments,
+    searches_hold,
     slice_row_class,
 )
 from .values import CARRIERS, Gathered, Partial
@@ -582,7 +583,7 @@ class Walker:
         key = self._segment_key(copy, env, repeat, phase_hint)
         # The tapes of this key, one per padding its pads' walk read (each layer pads its gradient at its row).
         tapes = self.costs.segment_tapes.get(key, ())
-        tape = next((t for t in tapes if pad_guard_holds(t.pads, copy)), None)
+        tape = next((t for t in tapes if pad_guard_holds(t.pads, copy) and self._searches_hold(t, copy)), None)
         if tape is not None:
             self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
@@ -592,7 +593,7 @@ class Walker:
             # walk reads what that one read, up to the same read, and is open too.  Walked without the logging.
             self.costs.counts.segments_open += 1
             return "plain"
-        rec = Recorder(copy, plan.made_at)
+        rec = Recorder(copy, plan.made_at, past=self.costs.segment_past)
         recording = _Recording(
             rec,
             key,
@@ -650,9 +651,20 @@ class Walker:
             for op, e in zip(self.ops[recording.ops :], self.op_eqns[recording.ops :])
         )
         tape = SegmentTape(
-            writes, tuple(rec.summed), tuple(rec.made), ops, tuple(subs), extra, pad_guard(copy, rec.pads)
+            writes,
+            tuple(rec.summed),
+            tuple(rec.made),
+            ops,
+            tuple(subs),
+            extra,
+            pad_guard(copy, rec.pads),
+            tuple(rec.searches),
         )
         self.costs.segment_tapes.setdefault(recording.key, []).append(tape)
+
+    def _searches_hold(self, tape: SegmentTape, copy: Copy) -> bool:
+        """Whether ``copy``'s look-aheads past itself answer as those of the copy ``tape`` was recorded at."""
+        return not tape.searches or searches_hold(tape.searches, copy, self, self.costs.segment_past)
 
     def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
         """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops."""
