@@ -45,6 +45,7 @@ from .costing import is_free
 from .registry import sub_jaxpr
 from .report import OpReport
 from .segments import LAYER_INDEX, find_runs, param_token
+from .values import Gathered, Partial
 
 __all__ = [
     "Copy",
@@ -93,6 +94,13 @@ class Copy:
     horizon: tuple[Hashable, ...]
     ahead: dict[int, int]  # id(value past it the look-ahead may follow) -> its index in ``horizon``'s visit
     leaves: bool  # one of its values is a program output
+    # The tokens of its values read after it (by an equation past it, or as program outputs): with the values
+    # entering it, the only ones whose layout's identity the walk reads again (the value-keyed memo of
+    # Walker.change), so the only ones a replay binds a private copy of; the others take the tape's own layout.
+    escaping: frozenset[Token] = frozenset()
+    # Each entering value with its gathered copy's and pending sum's keys in the environment (the key reads all
+    # three of each, at every copy of every costing: made once).
+    entering_keys: tuple[tuple[Any, Gathered, Partial], ...] = ()
 
     def value(self, token: Token) -> Any:
         return self.entering[token[1]] if token[0] == "e" else self.inside[token[1]]
@@ -194,6 +202,12 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 horizon,
                 ahead,
                 bool(outputs & {id(v) for v in inside}),
+                frozenset(
+                    ("i", k)
+                    for k, v in enumerate(inside)
+                    if id(v) in outputs or any(p not in span for p, _ in consumers.get(id(v), ()))
+                ),
+                tuple((v, Gathered(v), Partial(v)) for v in entering.values()),
             )
     made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
     return SegmentPlan(jaxpr, copies, made_at)

@@ -42,7 +42,7 @@ from .segment_memo import (
     searches_hold,
     slice_row_class,
 )
-from .values import CARRIERS, Gathered, Partial
+from .values import CARRIERS, Gathered
 
 __all__ = ["Walker"]
 
@@ -532,13 +532,15 @@ class Walker:
     def _segment_key(self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None) -> Any:
         """Everything the walk of ``copy`` may read outside it, where it stays closed (else its tape is not kept)."""
         state: list[Any] = []
-        for v in copy.entering:
-            lay, gathered, partial = env.get(v), env.get(Gathered(v)), env.get(Partial(v))
-            source = self._source.get(id(lay)) if lay is not None else None
-            moves = frozenset(self._made_by.get(source, ())) if source is not None else frozenset()
+        get, sources, made_by, summed = env.get, self._source, self._made_by, self.summed
+        none: frozenset[Any] = frozenset()
+        for v, gathered_key, partial_key in copy.entering_keys:
+            lay, gathered, partial = get(v), get(gathered_key), get(partial_key)
+            source = sources.get(id(lay)) if lay is not None else None
+            moves = frozenset(made_by.get(source, none)) if source is not None else none
             mine = source is None or source == (1, id(v))
             state.append((type(lay), lay, type(gathered), gathered, type(partial), partial, mine, moves))
-            state.append(self.summed.get(id(v)))
+            state.append(summed.get(id(v)))
         rows = []
         sizes = self.costs.mesh_sizes
         for off, k, row, strides, shape, out in copy.slices:
@@ -668,10 +670,10 @@ class Walker:
 
     def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
         """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops."""
-        value = copy.value
+        value, escaping = copy.value, copy.escaping
         for tok, kind, lay, private in tape.env:
             v = value(tok)
-            if private:
+            if private and (tok[0] == "e" or tok in escaping):
                 lay = _private_copy(lay)
                 self._source[id(lay)] = (1, id(v))
                 self._keep.append(lay)
@@ -682,16 +684,11 @@ class Walker:
             source = (1, id(value(tok)))
             self._made[(source, move)] = made
             self._made_by.setdefault(source, set()).add(move)
-        names, where_of = self.value_names, self.eqn_where
         for op, off, inner in tape.ops:
             e = copy.eqns[off] if off is not None else inner
             changes: dict[str, Any] = {"index": self.counter}
             if off is not None:
-                where, inside = where_of.get(id(e), ("", ""))
-                changes["where"], changes["inside"] = where, inside
-                changes["reads"] = tuple(
-                    dict.fromkeys(names[v] for v in e.invars if not hasattr(v, "val") and v in names)
-                )
+                changes["where"], changes["inside"], changes["reads"] = self._words_of(e)
                 if op.alternative:  # an offered alternative names this copy's equation, as a walk here would
                     changes["alternative"] = id(e)
             self.ops.append(_replaced(op, changes))
@@ -700,6 +697,18 @@ class Walker:
         for off, rest, sub in tape.sub_envs:
             self.sub_envs[(id(copy.eqns[off]), *rest)] = sub
         self.segment_replay(tape.extra, copy)
+
+    def _words_of(self, eqn: Any) -> tuple[str, str, tuple[str, ...]]:
+        """An op's words at ``eqn`` (its source line, the library line it is inside, the named values it reads), as
+        :meth:`record` finds them: found once per equation and naming (OpCosts.words), a replay reads them."""
+        names = self.value_names
+        words = self.costs.words
+        hit = words.get(id(eqn))
+        if hit is None or hit[0] is not names or hit[1] is not eqn:
+            where, inside = self.eqn_where.get(id(eqn), ("", ""))
+            reads = tuple(dict.fromkeys(names[v] for v in eqn.invars if not hasattr(v, "val") and v in names))
+            hit = words[id(eqn)] = (names, eqn, (where, inside, reads))
+        return hit[2]
 
     def segment_begin(self, copy: Copy, rec: Recorder) -> Any:
         """Prepare to record ``copy`` (a subclass's hook: the dependency walker's masks)."""
