@@ -605,9 +605,7 @@ class RecordingOutputs(set):  # type: ignore[type-arg]
     def __contains__(self, key: Any) -> bool:
         if key in self.rec.copy.ahead:
             return super().__contains__(key)  # in the copy's horizon
-        tok = self.rec.token(key, "program outputs")
-        if tok is not None and tok[0] == "e":
-            self.rec.leave("program outputs of an entering value")
+        self.rec.token(key, "program outputs")  # an entering value's: in the key (Walker._segment_key's ``leaving``)
         return super().__contains__(key)
 
     def add(self, key: Any) -> None:

@@ -559,6 +559,9 @@ class Walker:
                 )
             else:
                 rows.append((off, row if k < 0 else tuple(None for _ in row)))
+        # Which entering values leave the program (a route carried back upstream stops at one: upstream.outer).
+        outputs = self.program_outputs
+        leaving = tuple(id(v) in outputs for v in copy.entering) if outputs else ()
         asked: tuple[Any, ...] = ()
         if self.requested:
             # The layouts the caller asks for values the look-ahead may reach past the copy (program outputs).
@@ -574,6 +577,7 @@ class Walker:
             copy.wiring,
             tuple(state),
             tuple(rows),
+            leaving,
         )
 
     def _segment_start(
