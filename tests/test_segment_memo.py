@@ -319,3 +319,26 @@ def test_a_copy_padding_at_other_rows_of_a_split_axis_never_replays_another(rows
     again = t.report(specs)
     assert again.ops == plain_report.ops
     assert t.costs.counts.segment_replays - before >= len(copies)  # each copy replays its own tape
+
+
+def test_a_replay_binds_private_layouts_only_for_the_values_read_after_the_copy():
+    """A replayed copy's values that nothing after it reads take the tape's layout objects, where a walk binds a
+    private copy of each (the value-keyed memo of Walker.change tells values apart by them): counted by the
+    private layouts each walker keeps; the reports are equal."""
+    from einshard._src.analysis.program.walker import Walker
+
+    fn, params, x = decoder(6, "remat")
+    t = trace(fn, params, x, mesh=MESH)
+    specs = _specs(0, 0, 1)
+    t.report(specs, forks=0)  # records each copy's tape
+    replays = t.costs.counts.segment_replays
+    replayed = Walker(t.costs)
+    again = t.report(specs, walker=replayed, forks=0)
+    assert t.costs.counts.segment_replays - replays >= 6
+    plan = next(iter(t.costs.segment_plans.values()))
+    kept_alone = sum(len(c.inside) - len(c.escaping) for c in plan.copies.values())
+    assert kept_alone > 0
+    t.costs.memoise_segments = False
+    walked = Walker(t.costs)
+    assert t.report(specs, walker=walked, forks=0).ops == again.ops
+    assert len(replayed._keep) < len(walked._keep)
