@@ -532,14 +532,14 @@ class Walker:
     def _segment_key(self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None) -> Any:
         """Everything the walk of ``copy`` may read outside it, where it stays closed (else its tape is not kept)."""
         state: list[Any] = []
-        get, sources, made_by, summed = env.get, self._source, self._made_by, self.summed
+        get, sources, made_by, summed, mesh = env.get, self._source, self._made_by, self.summed, self.mesh
         none: frozenset[Any] = frozenset()
         for v, gathered_key, partial_key in copy.entering_keys:
             lay, gathered, partial = get(v), get(gathered_key), get(partial_key)
             source = sources.get(id(lay)) if lay is not None else None
             moves = frozenset(made_by.get(source, none)) if source is not None else none
             mine = source is None or source == (1, id(v))
-            state.append((type(lay), lay, type(gathered), gathered, type(partial), partial, mine, moves))
+            state.append((_fields(lay, mesh), _fields(gathered, mesh), _fields(partial, mesh), mine, moves))
             state.append(summed.get(id(v)))
         rows = []
         sizes = self.costs.mesh_sizes
@@ -773,6 +773,15 @@ def _replaced(op: OpReport, changes: dict[str, Any]) -> OpReport:
     new.__dict__.update(op.__dict__)
     new.__dict__.update(changes)
     return new
+
+
+def _fields(lay: Layout | None, mesh: tuple[MeshAxis, ...]) -> Any:
+    """What a ``Layout`` compares equal by (its class and fields), as tuples of strings and ints that hash and
+    compare at C speed: a segment's key holds one per entering value, at every copy of every costing (a Layout
+    hashes and compares its mesh axes in Python).  The walk's own mesh (nearly always) as 0."""
+    if lay is None:
+        return None
+    return (type(lay), lay.axes, lay.shape, lay.dims, lay.unreduced, 0 if lay.mesh is mesh else lay.mesh)
 
 
 def _private_copy(lay: Layout) -> Layout:
