@@ -87,14 +87,7 @@ def _fusible_elementwise() -> frozenset[str]:
     # tile is a broadcast to (repeats, size) and a reshape in XLA: fused as a broadcast is.  A reshape, squeeze
     # or expand_dims is a bitcast of its operand, computed inside its one reader's fusion as XLA does (the
     # gradient of a tile or a broadcast: the cotangent reshaped to (repeats, size) and summed, one fusion).
-    return frozenset(ELEMENTWISE - _NOT_FUSED) | {
-        "broadcast_in_dim",
-        "iota",
-        "tile",
-        "reshape",
-        "squeeze",
-        "expand_dims",
-    }
+    return frozenset(ELEMENTWISE - _NOT_FUSED) | {"broadcast_in_dim", "iota", "tile", "reshape", "squeeze", "expand_dims"}
 
 
 def _fusing() -> frozenset[str]:
