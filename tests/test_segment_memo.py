@@ -146,9 +146,40 @@ def test_replayed_copies_step_fewer_equations():
     assert plain - memo == sum(c.stop - c.start for c in plan.copies.values())
 
 
-def test_a_copy_whose_walk_was_open_is_walked_plainly_again_alike():
+def test_a_look_ahead_past_the_copy_is_kept_with_its_answer_and_checked_at_each_replay():
+    """Under tensor-parallel layouts the look-ahead from a layer's partial sum runs along the residual stream past
+    the layer's horizon (segment_memo.past_copy): the tape keeps that search's answer from there, and a copy
+    replays the tape only where its own search answers alike (a tape whose kept answer is made wrong is never
+    replayed: the copies are walked again, to the same report)."""
+    import dataclasses
+
+    fn, params, x = decoder(6, "remat")
+    t = trace(fn, params, x, mesh=MESH)
+    specs = _specs(1, 1, 0)
+    first = t.report(specs, forks=0)
+    assert t.costs.counts.segments_open == 0 and t.costs.counts.segment_replays >= 3
+    tapes = t.costs.segment_tapes
+    searched = [k for k, kept in tapes.items() if any(tape.searches for tape in kept)]
+    assert searched
+    for k in searched:
+        tapes[k] = [
+            dataclasses.replace(tape, searches=tuple((*s[:-1], ("a wrong answer",)) for s in tape.searches))
+            for tape in tapes[k]
+        ]
+    again = t.report(specs, forks=0)
+    assert again.ops == first.ops
+    assert all(len(tapes[k]) == 2 for k in searched)  # walked and recorded again, its new tape replayed after
+    t.costs.memoise_segments = False
+    assert t.report(specs, forks=0).ops == first.ops
+
+
+def test_a_copy_whose_walk_was_open_is_walked_plainly_again_alike(monkeypatch):
     """A copy entering in the state of one whose walk read outside itself reads the same, up to the same read:
-    it is walked without the logging (the same walk), never recorded again."""
+    it is walked without the logging (the same walk), never recorded again.  (Opened here by a look-ahead past
+    the copy read as the walk reads it, without segment_memo.past_copy.)"""
+    from einshard._src.analysis.program import rules_indexing
+
+    monkeypatch.setattr(rules_indexing, "past_copy", lambda w, reach, at: False)
     fn, params, x = decoder(6, "remat")
     t = trace(fn, params, x, mesh=MESH)
     specs = _specs(1, 1, 0)  # tensor parallel: the look-ahead follows the early layers' partial sums past them
@@ -288,3 +319,26 @@ def test_a_copy_padding_at_other_rows_of_a_split_axis_never_replays_another(rows
     again = t.report(specs)
     assert again.ops == plain_report.ops
     assert t.costs.counts.segment_replays - before >= len(copies)  # each copy replays its own tape
+
+
+def test_a_replay_binds_private_layouts_only_for_the_values_read_after_the_copy():
+    """A replayed copy's values that nothing after it reads take the tape's layout objects, where a walk binds a
+    private copy of each (the value-keyed memo of Walker.change tells values apart by them): counted by the
+    private layouts each walker keeps; the reports are equal."""
+    from einshard._src.analysis.program.walker import Walker
+
+    fn, params, x = decoder(6, "remat")
+    t = trace(fn, params, x, mesh=MESH)
+    specs = _specs(0, 0, 1)
+    t.report(specs, forks=0)  # records each copy's tape
+    replays = t.costs.counts.segment_replays
+    replayed = Walker(t.costs)
+    again = t.report(specs, walker=replayed, forks=0)
+    assert t.costs.counts.segment_replays - replays >= 6
+    plan = next(iter(t.costs.segment_plans.values()))
+    kept_alone = sum(len(c.inside) - len(c.escaping) for c in plan.copies.values())
+    assert kept_alone > 0
+    t.costs.memoise_segments = False
+    walked = Walker(t.costs)
+    assert t.report(specs, walker=walked, forks=0).ops == again.ops
+    assert len(replayed._keep) < len(walked._keep)

@@ -253,16 +253,19 @@ class DependencyWalker(Walker):
         collectives, as bits ``own`` counted from the tape's first): here the own bits move to where the tape's
         collectives now start and the entering values' masks are or-ed in."""
         start = len(self.colls)
+        made: dict[int, int] = {0: 0}  # operands -> the or of their masks (a tape's collectives share a few)
 
         def real(operands: int, own: int) -> int:
-            mask = own << start
-            k = 0
-            while operands:
-                if operands & 1:
-                    mask |= entering[k]
-                operands >>= 1
-                k += 1
-            return mask
+            mask = made.get(operands)
+            if mask is None:
+                mask, bits, k = 0, operands, 0
+                while bits:
+                    if bits & 1:
+                        mask |= entering[k]
+                    bits >>= 1
+                    k += 1
+                made[operands] = mask
+            return mask | (own << start)
 
         for i, (kind, axes, size, repeat, operands, own) in enumerate(colls):
             self.colls.append(_Coll(kind, axes, size, repeat, real(operands, own), start + i))

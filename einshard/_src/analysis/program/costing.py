@@ -60,6 +60,11 @@ class OpCosts:
         # The keys (with the padding their pads' walk read) of copies whose walk was open: walked plainly again.
         self.segment_open: dict[Any, list[Any]] = {}
         self.segment_plans: dict[int, Any] = {}  # id(jaxpr) -> its SegmentPlan (the jaxpr held in it)
+        # (copy's start, id(searched value), a step) -> the values a look-ahead from it visits from that step on (None:
+        # a check there reads the copy's values): see segment_memo.past_start.
+        self.segment_past: dict[tuple[int, int, int], Any] = {}
+        # id(equation) -> (the naming, the equation, its op's words): see Walker._words_of (both held, so the ids stay).
+        self.words: dict[int, tuple[Any, Any, tuple[str, str, tuple[str, ...]]]] = {}
 
     def uses_of(self, jaxpr: Any) -> dict[int, list[tuple[Any, int]]]:
         """id(value) -> [(equation, operand index)] of one jaxpr (memoised: the planner walks it again and again)."""

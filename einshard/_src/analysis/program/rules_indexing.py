@@ -33,6 +33,7 @@ from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflic
 from .registry import register
 from .report import OpBound
 from .rules_structural import explicit_dims
+from .segment_memo import note_search, past_copy, unlogged
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
 if TYPE_CHECKING:
@@ -185,16 +186,21 @@ def consumer_split(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> li
     program's structure but where an already laid-out operand can stop it or decide it), so each costing tests only
     those points (:func:`_search_reach`), whatever the program's depth; the answer is the walk's.
     """
-    costs = w.costs
+    reach = reach_of(w.costs, var)
+    if reach is None or len(out.dims) != len(reach.steps[0][1]):
+        counts_of(w.costs).walked += 1
+        return _walk_consumers(w, var, out, sums)
+    return _search_reach(w, reach, out, sums)
+
+
+def reach_of(costs: Any, var: Any) -> Reach | None:
+    """``var``'s precomputed look-ahead (:func:`_consumer_reach`), built once per traced program (None: walked)."""
     cache = reach_cache(costs)
     reach = cache.get(id(var), _UNSEEN)
     if reach is _UNSEEN or (reach is not None and reach.var is not var):
         home = home_of(costs, var)
         reach = cache[id(var)] = _consumer_reach(home, var) if home is not None else None
-    if reach is None or len(out.dims) != len(reach.steps[0][1]):
-        counts_of(costs).walked += 1
-        return _walk_consumers(w, var, out, sums)
-    return _search_reach(w, reach, out, sums)
+    return reach
 
 
 _UNSEEN: Any = object()
@@ -427,70 +433,111 @@ def _checked_reach(
 
     While the segment memo records a stretch and the stretch is still closed (:mod:`.segment_memo`), the walk's
     reads are what decides whether its tape may be replayed elsewhere (a look-ahead past the stretch leaves it):
-    the steps are then taken one by one with the walk's reads, until the recording leaves the stretch; from then
-    on only the checks are made.
+    the steps are then taken one by one with the walk's reads, until the recording leaves the stretch (from then
+    on only the checks are made), or until the steps go past the stretch's horizon where what is left of the
+    search reads nothing of the stretch (``segment_memo.past_copy``: the rest is answered unlogged, and the
+    stretch's tape keeps that answer, which a replay elsewhere checks against its own).
     """
-    sizes = w.costs.mesh_sizes
-    used = {m for d in out.dims for m in d}
     steps, checks = reach.steps, reach.checks
     passed: dict[int, bool] = {}  # condition -> whether its elementwise op was followed
     taken = 0
-
-    def live(at: int) -> bool:
-        return all(passed.get(c, False) for c in steps[at][2])
-
-    def summed(at: int) -> bool:  # reached through a gradient sum already visited (the walk's ``summed_with``)
-        return any(q < at and live(q) for q in reach.summed_by.get(id(steps[at][0]), ()))
-
-    def check(at: int, kind: str, eqn: Any, k: int, cond: int) -> list[tuple[str, ...]] | None:
-        v, axis_of, _ = steps[at]
-        if kind == "asked":
-            asked = w.requested.get(id(v))
-            return None if asked is None else _lands(asked, axis_of, out, sums, used, sizes)
-        if kind == "partner":
-            return _lands(_partner_split(w, eqn, k, v), axis_of, out, sums, used, sizes)
-        if kind == "alone":
-            passed[cond] = _elementwise_alone(w, eqn, k)
-            return None
-        if kind == "placement":
-            return _lands(placement_dims(eqn), axis_of, out, sums, used, sizes)
-        partner = w.env.get(eqn.invars[1 - k])
-        if partner is None or is_free(partner) or partner.unreduced:
-            return None
-        return _lands_at_dot(eqn, k, partner, axis_of, out, sums, used, sizes)
-
     at = c = 0
     while _recording(w) and at < len(steps):
+        if past_copy(w, reach, at):
+            with unlogged(w):
+                found, more = _rest_of_reach(w, reach, out, sums, at, c, passed)
+            note_search(w, reach, at, out, sums, passed, found)
+            return found, taken + more
         first = c
         while c < len(checks) and checks[c][0] == at:
             c += 1
-        if live(at):
+        if _live(reach, passed, at):
             taken += 1
             v = steps[at][0]
-            if summed(at):
-                found = check(at, "asked", None, -1, -1)
+            if _summed(reach, passed, at):
+                found = _check(w, reach, out, sums, passed, at, "asked", None, -1, -1)
                 if found is not None:
                     return found, taken
             w.uses.get(id(v), ())  # the walk's read of its consumers (past the stretch's horizon: it leaves)
             for _, _, kind, eqn, k, cond in checks[first:c]:
-                found = check(at, kind, eqn, k, cond)
+                found = _check(w, reach, out, sums, passed, at, kind, eqn, k, cond)
                 if found is not None:
                     return found, taken
         at += 1
-    # The rest: the checks in visit order, with the steps a requested output is visited at (asked before the
-    # step's consumers are read, as the walk does).
+    found, more = _rest_of_reach(w, reach, out, sums, at, c, passed)
+    return found, taken + more
+
+
+def _live(reach: Reach, passed: dict[int, bool], at: int) -> bool:
+    """Whether step ``at`` is taken: every elementwise op on its path was followed."""
+    return all(passed.get(c, False) for c in reach.steps[at][2])
+
+
+def _summed(reach: Reach, passed: dict[int, bool], at: int) -> bool:
+    """Whether step ``at`` is reached through a gradient sum already visited (the walk's ``summed_with``)."""
+    return any(q < at and _live(reach, passed, q) for q in reach.summed_by.get(id(reach.steps[at][0]), ()))
+
+
+def _check(
+    w: Walker,
+    reach: Reach,
+    out: Layout,
+    sums: frozenset[str],
+    passed: dict[int, bool],
+    at: int,
+    kind: str,
+    eqn: Any,
+    k: int,
+    cond: int,
+) -> list[tuple[str, ...]] | None:
+    """One check of ``reach`` at step ``at`` (its layouts read now): the split it lands the sum at, if any."""
+    sizes = w.costs.mesh_sizes
+    used = {m for d in out.dims for m in d}
+    v, axis_of, _ = reach.steps[at]
+    if kind == "asked":
+        asked = w.requested.get(id(v))
+        return None if asked is None else _lands(asked, axis_of, out, sums, used, sizes)
+    if kind == "partner":
+        return _lands(_partner_split(w, eqn, k, v), axis_of, out, sums, used, sizes)
+    if kind == "alone":
+        passed[cond] = _elementwise_alone(w, eqn, k)
+        return None
+    if kind == "placement":
+        return _lands(placement_dims(eqn), axis_of, out, sums, used, sizes)
+    partner = w.env.get(eqn.invars[1 - k])
+    if partner is None or is_free(partner) or partner.unreduced:
+        return None
+    return _lands_at_dot(eqn, k, partner, axis_of, out, sums, used, sizes)
+
+
+def _rest_of_reach(
+    w: Walker, reach: Reach, out: Layout, sums: frozenset[str], at: int, c: int, passed: dict[int, bool]
+) -> tuple[list[tuple[str, ...]] | None, int]:
+    """The search of ``reach`` from step ``at`` on (its checks from ``c`` on; ``passed``: the conditions decided so
+    far): the checks in visit order, with the steps a requested output is visited at (asked before the step's
+    consumers are read, as the walk does); the answer and how many checks it took."""
     asked_at = sorted(s for i in w.requested for s in reach.steps_of.get(i, ()) if s >= at)
-    todo = [(s, -1, "asked", None, -1, -1) for s in asked_at] + list(checks[c:])
+    todo = [(s, -1, "asked", None, -1, -1) for s in asked_at] + list(reach.checks[c:])
     if asked_at:
         todo.sort(key=lambda t: (t[0], t[1]))
+    taken = 0
     for s, _, kind, eqn, k, cond in todo:
-        if not live(s) or (kind == "asked" and not summed(s)):
+        if not _live(reach, passed, s) or (kind == "asked" and not _summed(reach, passed, s)):
             continue
         taken += 1
-        found = check(s, kind, eqn, k, cond)
+        found = _check(w, reach, out, sums, passed, s, kind, eqn, k, cond)
         if found is not None:
             return found, taken
     return None, taken
+
+
+def rest_of_reach(
+    w: Walker, reach: Reach, out: Layout, sums: frozenset[str], at: int, passed: dict[int, bool]
+) -> list[tuple[str, ...]] | None:
+    """The answer of ``reach``'s search from step ``at`` on (``passed``: the conditions decided before it), for the
+    segment memo's check of a replayed stretch (``segment_memo.searches_hold``); not counted."""
+    c = next((i for i, chk in enumerate(reach.checks) if chk[0] >= at), len(reach.checks))
+    return _rest_of_reach(w, reach, out, sums, at, c, dict(passed))[0]
 
 
 def _recording(w: Walker) -> bool:

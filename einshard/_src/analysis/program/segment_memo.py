@@ -20,11 +20,22 @@ rule is walked again at every copy.  A replay writes what the walk wrote onto
 the other copy's values by position, so a replay is the walk it stands for or
 does not happen (tests/test_segment_memo.py compares reports, peak memory,
 combined costs and plans with and without it).
+
+Two reads that differ from copy to copy are kept with the tape rather than in
+the key, each checked where the tape is replayed: the padding its pads read
+(:class:`PadGuard`), and the look-ahead from a partial sum that runs on past
+the copy's horizon (a tensor-parallel layer's sum, along the residual stream
+to the loss: :func:`past_copy`), whose answer from there is kept and made
+again, from the other copy's values, at each replay (:func:`searches_hold`).
+A layer's row of a stack keys by what its slice's walk reads of it
+(:func:`slice_row_class`), so every layer of a stack split along its layers
+keys alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +45,7 @@ from .costing import is_free
 from .registry import sub_jaxpr
 from .report import OpReport
 from .segments import LAYER_INDEX, find_runs, param_token
+from .values import Gathered, Partial
 
 __all__ = [
     "Copy",
@@ -44,6 +56,11 @@ __all__ = [
     "pad_guard_holds",
     "Recorder",
     "plan_segments",
+    "past_copy",
+    "unlogged",
+    "note_search",
+    "searches_hold",
+    "slice_row_class",
     "RECORDING",
     "PLAIN",
 ]
@@ -63,7 +80,8 @@ class Copy:
     inside: tuple[Any, ...]  # the values it makes, in order
     tokens: dict[int, Token]  # id(value) -> its token
     eqn_ids: frozenset[int]
-    slices: tuple[tuple[int, int, tuple[int, ...]], ...]  # (offset, entering index or -1, start row) of its slices
+    # Its slices: (offset, entering index or -1, start row, strides, operand shape, result shape).
+    slices: tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]
     calls: tuple[tuple[int, int], ...]  # (offset, id(body)) of the calls it makes (a tape's ops name their equations)
     # (offset, padding_config) of its pads: the backward's glue pads each layer's gradient into the stack at the
     # layer's row.  Not in the key: a tape holds the configs its walk read (:class:`PadGuard`).
@@ -76,6 +94,13 @@ class Copy:
     horizon: tuple[Hashable, ...]
     ahead: dict[int, int]  # id(value past it the look-ahead may follow) -> its index in ``horizon``'s visit
     leaves: bool  # one of its values is a program output
+    # The tokens of its values read after it (by an equation past it, or as program outputs): with the values
+    # entering it, the only ones whose layout's identity the walk reads again (the value-keyed memo of
+    # Walker.change), so the only ones a replay binds a private copy of; the others take the tape's own layout.
+    escaping: frozenset[Token] = frozenset()
+    # Each entering value with its gathered copy's and pending sum's keys in the environment (the key reads all
+    # three of each, at every copy of every costing: made once).
+    entering_keys: tuple[tuple[Any, Gathered, Partial], ...] = ()
 
     def value(self, token: Token) -> Any:
         return self.entering[token[1]] if token[0] == "e" else self.inside[token[1]]
@@ -135,7 +160,10 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 (
                     off,
                     list(entering).index(id(e.invars[0])) if id(e.invars[0]) in entering else -1,
-                    tuple(e.params["start_indices"]),
+                    tuple(int(r) for r in e.params["start_indices"]),
+                    tuple(int(x) for x in e.params.get("strides") or (1,) * len(e.params["start_indices"])),
+                    tuple(int(x) for x in e.invars[0].aval.shape),
+                    tuple(int(x) for x in e.outvars[0].aval.shape),
                 )
                 for off, e in enumerate(here)
                 if e.primitive.name == "slice"
@@ -174,6 +202,12 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                 horizon,
                 ahead,
                 bool(outputs & {id(v) for v in inside}),
+                frozenset(
+                    ("i", k)
+                    for k, v in enumerate(inside)
+                    if id(v) in outputs or any(p not in span for p, _ in consumers.get(id(v), ()))
+                ),
+                tuple((v, Gathered(v), Partial(v)) for v in entering.values()),
             )
     made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
     return SegmentPlan(jaxpr, copies, made_at)
@@ -224,6 +258,23 @@ def _horizon(
     return tuple(out), ahead
 
 
+def slice_row_class(length: int, n: int, out_len: int, start: int, stride: int) -> Hashable:
+    """What the walk of a static slice reads of its start along an axis split ``n`` ways (``length`` long, the
+    result ``out_len`` long): rules_structural.slice_static reads it only through the collective-permutes it
+    charges.  A result smaller than the split (a layer's row of a stack split along its layers: ``w[i]``) is
+    brought to its first owner by one permute per further block it spans, sized by where in its block it starts:
+    its class is those pieces, so that every layer of a stack split along its layers keys alike (else each copy
+    of an unrolled decoder's layer is a key of its own under such a layout, stepped at every costing).  Any other
+    slice along a split axis keys by its start."""
+    if out_len == length:
+        return None  # not moved: the rule does not read the start
+    if stride == 1 and out_len % n and out_len < n and start >= 0:
+        block = length // n
+        first, last = start // block, (start + out_len - 1) // block
+        return ("small", tuple(min(start + out_len, (j + 1) * block) - j * block for j in range(first + 1, last + 1)))
+    return ("at", start)
+
+
 # A copy's pads as its walk read them: per pad (offset, the axes its operand was split along: the only axes whose
 # padding the pad rule reads, rules_structural.pad), and those axes' (low, high, interior).
 PadGuard = tuple[tuple[int, tuple[int, ...], tuple[tuple[int, int, int], ...]], ...]
@@ -255,6 +306,9 @@ class SegmentTape:
     sub_envs: tuple[tuple[int, tuple[int, ...], dict[Any, Layout]], ...]  # (offset of the call, path within, env)
     extra: Any  # the walker subclass's own record (see Walker.segment_end)
     pads: PadGuard = ()  # the padding its walk read (:func:`pad_guard_holds`)
+    # The look-aheads (rules_indexing.consumer_split) that went on past the copy's horizon, with their answers from
+    # there (:func:`past_copy`): another copy replays the tape where its own answer alike (:func:`searches_hold`).
+    searches: tuple[Search, ...] = ()
 
 
 @dataclass
@@ -269,6 +323,9 @@ class Recorder:
     made: list[tuple[Token, Hashable, Any]] = field(default_factory=list)
     masks: list[Token] = field(default_factory=list)
     pads: dict[int, tuple[int, ...]] = field(default_factory=dict)  # offset of a pad -> the axes its step read
+    # The look-aheads that went past the copy, answered unlogged from there (:func:`past_copy`).
+    searches: list[Search] = field(default_factory=list)
+    past: dict[Any, Any] = field(default_factory=dict)  # OpCosts.segment_past (past_start's structure, per program)
 
     def pad_read(self, offset: int, operand: Layout) -> None:
         """Note the axes whose padding the pad at ``offset`` reads: those its operand is split along (none for
@@ -293,6 +350,109 @@ class Recorder:
             return
         if found or self.made_at.get(ident, -1) < self.copy.stop:
             self.leave(f"{channel} of a value outside the copy")
+
+
+# A look-ahead that went past a copy's horizon, as its tape keeps it: (the token of the value searched from, the step
+# the search left the horizon at, the search's course up to there (:func:`course`), the sum's layout and mesh axes,
+# the conditions decided before that step, the answer of the search from there on).
+Search = tuple[Token, int, Hashable, Layout, frozenset[str], tuple[tuple[int, bool], ...], Any]
+
+
+def course(reach: Any, at: int) -> Hashable:
+    """The course of ``reach``'s search before step ``at``, without its values: each step's axis map and
+    conditions, each check's place and kind.  Equal courses from values of two copies entering alike take the same
+    steps and make the same checks on the same layouts up to ``at``."""
+    steps = tuple((axis_of, conds) for _, axis_of, conds in reach.steps[:at])
+    return steps, tuple((s, c, kind, k, cond) for s, c, kind, _, k, cond in reach.checks if s < at)
+
+
+def past_start(copy: Copy, reach: Any, at: int, cache: dict[tuple[int, int, int], frozenset[int] | None]) -> Any:
+    """The values ``reach`` (a value's precomputed look-ahead, :class:`.lookahead.Reach`, from one of ``copy``'s
+    values) visits from step ``at`` on, by id; None where a check from there on reads one of the copy's values (a
+    replay at another copy checks that copy's search before binding them).  Kept in ``cache`` (per traced
+    program: structure only)."""
+    key = (copy.start, id(reach.var), at)
+    if key in cache:
+        return cache[key]
+    tokens = copy.tokens
+    reads_copy = any(
+        step >= at and any(j != k and not hasattr(o, "val") and id(o) in tokens for j, o in enumerate(eqn.invars))
+        for step, _, _, eqn, k, _ in reach.checks
+    )
+    found = None if reads_copy else frozenset(id(v) for v, _, _ in reach.steps[at:])
+    cache[key] = found
+    return found
+
+
+def _past(w: Any, copy: Copy, reach: Any, cache: dict[Any, Any], at: int) -> bool:
+    """Whether the search of ``reach`` from step ``at`` on reads nothing of ``copy`` (:func:`past_start`) and visits
+    no program output the caller asks a layout of (its asked check reads ``requested``)."""
+    start = past_start(copy, reach, at, cache)
+    return start is not None and not any(i in start for i in w.requested)
+
+
+def past_copy(w: Any, reach: Any, at: int) -> bool:
+    """Whether the look-ahead from ``reach.var`` (rules_indexing._checked_reach), at step ``at`` while a copy is
+    recorded and closed, leaves the copy's horizon where the rest reads nothing of the copy (:func:`past_start`):
+    the rest of the search is then answered
+    without logging its reads (:func:`unlogged`) and kept with the tape (:func:`note_search`), and a copy replaying
+    the tape must answer its own alike (:func:`searches_hold`).  Else the walk reads on, and a read past the
+    horizon leaves the copy, as before."""
+    rec = getattr(w.uses, "rec", None)
+    if not isinstance(rec, Recorder) or rec.why:
+        return False
+    copy, ident = rec.copy, id(reach.steps[at][0])
+    if ident in copy.tokens or ident in copy.ahead:
+        return False  # within the horizon: read as the walk reads
+    tok = copy.tokens.get(id(reach.var))
+    return tok is not None and tok[0] == "i" and _past(w, copy, reach, rec.past, at)
+
+
+@contextmanager
+def unlogged(w: Any) -> Iterator[None]:
+    """The walk's environment read without logging (the rest of a search past the copy: :func:`past_copy`)."""
+    env: Any = w.env
+    if type(env) is not RecordingEnv:
+        yield
+        return
+    swapped: Any = env  # its class swapped back and forth, as Walker._segment_start does
+    swapped.__class__ = PlainEnv
+    try:
+        yield
+    finally:
+        env.__class__ = RecordingEnv
+
+
+def note_search(
+    w: Any, reach: Any, at: int, out: Layout, sums: frozenset[str], passed: dict[int, bool], found: Any
+) -> None:
+    """Keep, with the copy being recorded, the answer of the search from ``reach.var`` past the copy (from step
+    ``at`` on, ``passed``: the conditions decided before it)."""
+    rec = w.uses.rec
+    tok = rec.copy.tokens[id(reach.var)]
+    rec.searches.append((tok, at, course(reach, at), out, sums, tuple(sorted(passed.items())), found))
+
+
+def searches_hold(searches: tuple[Search, ...], copy: Copy, w: Any, cache: dict[Any, Any]) -> bool:
+    """Whether the walk of ``copy`` would answer each of its searches past itself as the recorded copy's walk did.
+
+    Up to the step the recorded search left its copy's horizon the search takes the recorded course (checked:
+    :func:`course`) on the layouts the key holds (the copy's entering ones), so it decides each condition and
+    check as the recorded one did; from there on it reads nothing of
+    the copy (:func:`past_start`): only values made before the copy, bound now as when the walk would search, and
+    values made after it, bound in neither.  Its answer from there, made now, is the walk's.
+    """
+    from .rules_indexing import reach_of, rest_of_reach  # the rules import this module: looked up when asked
+
+    for tok, at, before, out, sums, passed, found in searches:
+        reach = reach_of(w.costs, copy.value(tok))
+        if reach is None or len(out.dims) != len(reach.steps[0][1]) or course(reach, at) != before:
+            return False
+        if not _past(w, copy, reach, cache, at):
+            return False
+        if rest_of_reach(w, reach, out, sums, at, dict(passed)) != found:
+            return False
+    return True
 
 
 def _env_ident(key: Any) -> int:
@@ -445,9 +605,7 @@ class RecordingOutputs(set):  # type: ignore[type-arg]
     def __contains__(self, key: Any) -> bool:
         if key in self.rec.copy.ahead:
             return super().__contains__(key)  # in the copy's horizon
-        tok = self.rec.token(key, "program outputs")
-        if tok is not None and tok[0] == "e":
-            self.rec.leave("program outputs of an entering value")
+        self.rec.token(key, "program outputs")  # an entering value's: in the key (Walker._segment_key's ``leaving``)
         return super().__contains__(key)
 
     def add(self, key: Any) -> None:

@@ -39,8 +39,10 @@ from .segment_memo import (
     pad_guard,
     pad_guard_holds,
     plan_segments,
+    searches_hold,
+    slice_row_class,
 )
-from .values import CARRIERS, Gathered, Partial, Sent
+from .values import CARRIERS, Gathered, Sent
 
 __all__ = ["Walker"]
 
@@ -543,21 +545,36 @@ class Walker:
     def _segment_key(self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None) -> Any:
         """Everything the walk of ``copy`` may read outside it, where it stays closed (else its tape is not kept)."""
         state: list[Any] = []
-        for v in copy.entering:
-            lay, gathered, partial = env.get(v), env.get(Gathered(v)), env.get(Partial(v))
-            source = self._source.get(id(lay)) if lay is not None else None
-            moves = frozenset(self._made_by.get(source, ())) if source is not None else frozenset()
+        get, sources, made_by, summed, mesh = env.get, self._source, self._made_by, self.summed, self.mesh
+        none: frozenset[Any] = frozenset()
+        for v, gathered_key, partial_key in copy.entering_keys:
+            lay, gathered, partial = get(v), get(gathered_key), get(partial_key)
+            source = sources.get(id(lay)) if lay is not None else None
+            moves = frozenset(made_by.get(source, none)) if source is not None else none
             mine = source is None or source == (1, id(v))
-            state.append((type(lay), lay, type(gathered), gathered, type(partial), partial, mine, moves))
-            state.append(self.summed.get(id(v)))
+            state.append((_fields(lay, mesh), _fields(gathered, mesh), _fields(partial, mesh), mine, moves))
+            state.append(summed.get(id(v)))
         rows = []
-        for off, k, row in copy.slices:
+        sizes = self.costs.mesh_sizes
+        for off, k, row, strides, shape, out in copy.slices:
             lay = env.get(copy.entering[k]) if k >= 0 else None
             if k >= 0 and lay is not None and len(lay.dims) == len(row):
-                # Which row a layer slices matters only along a split axis (the devices holding it).
-                rows.append((off, tuple(r if d else None for r, d in zip(row, lay.dims))))
+                # Which row a layer slices matters only along a split axis (the devices holding it), and there
+                # only as far as the slice's walk reads it (slice_row_class).
+                rows.append(
+                    (
+                        off,
+                        tuple(
+                            slice_row_class(a, math.prod(sizes[m] for m in d), b, r, s) if d else None
+                            for r, d, s, a, b in zip(row, lay.dims, strides, shape, out)
+                        ),
+                    )
+                )
             else:
                 rows.append((off, row if k < 0 else tuple(None for _ in row)))
+        # Which entering values leave the program (a route carried back upstream stops at one: upstream.outer).
+        outputs = self.program_outputs
+        leaving = tuple(id(v) in outputs for v in copy.entering) if outputs else ()
         asked: tuple[Any, ...] = ()
         if self.requested:
             # The layouts the caller asks for values the look-ahead may reach past the copy (program outputs).
@@ -573,6 +590,7 @@ class Walker:
             copy.wiring,
             tuple(state),
             tuple(rows),
+            leaving,
         )
 
     def _segment_start(
@@ -584,7 +602,7 @@ class Walker:
         key = self._segment_key(copy, env, repeat, phase_hint)
         # The tapes of this key, one per padding its pads' walk read (each layer pads its gradient at its row).
         tapes = self.costs.segment_tapes.get(key, ())
-        tape = next((t for t in tapes if pad_guard_holds(t.pads, copy)), None)
+        tape = next((t for t in tapes if pad_guard_holds(t.pads, copy) and self._searches_hold(t, copy)), None)
         if tape is not None:
             self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
@@ -594,7 +612,7 @@ class Walker:
             # walk reads what that one read, up to the same read, and is open too.  Walked without the logging.
             self.costs.counts.segments_open += 1
             return "plain"
-        rec = Recorder(copy, plan.made_at)
+        rec = Recorder(copy, plan.made_at, past=self.costs.segment_past)
         recording = _Recording(
             rec,
             key,
@@ -652,16 +670,27 @@ class Walker:
             for op, e in zip(self.ops[recording.ops :], self.op_eqns[recording.ops :])
         )
         tape = SegmentTape(
-            writes, tuple(rec.summed), tuple(rec.made), ops, tuple(subs), extra, pad_guard(copy, rec.pads)
+            writes,
+            tuple(rec.summed),
+            tuple(rec.made),
+            ops,
+            tuple(subs),
+            extra,
+            pad_guard(copy, rec.pads),
+            tuple(rec.searches),
         )
         self.costs.segment_tapes.setdefault(recording.key, []).append(tape)
 
+    def _searches_hold(self, tape: SegmentTape, copy: Copy) -> bool:
+        """Whether ``copy``'s look-aheads past itself answer as those of the copy ``tape`` was recorded at."""
+        return not tape.searches or searches_hold(tape.searches, copy, self, self.costs.segment_past)
+
     def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
         """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops."""
-        value = copy.value
+        value, escaping = copy.value, copy.escaping
         for tok, kind, lay, private in tape.env:
             v = value(tok)
-            if private:
+            if private and (tok[0] == "e" or tok in escaping):
                 lay = _private_copy(lay)
                 self._source[id(lay)] = (1, id(v))
                 self._keep.append(lay)
@@ -672,16 +701,11 @@ class Walker:
             source = (1, id(value(tok)))
             self._made[(source, move)] = made
             self._made_by.setdefault(source, set()).add(move)
-        names, where_of = self.value_names, self.eqn_where
         for op, off, inner in tape.ops:
             e = copy.eqns[off] if off is not None else inner
             changes: dict[str, Any] = {"index": self.counter}
             if off is not None:
-                where, inside = where_of.get(id(e), ("", ""))
-                changes["where"], changes["inside"] = where, inside
-                changes["reads"] = tuple(
-                    dict.fromkeys(names[v] for v in e.invars if not hasattr(v, "val") and v in names)
-                )
+                changes["where"], changes["inside"], changes["reads"] = self._words_of(e)
                 if op.alternative:  # an offered alternative names this copy's equation, as a walk here would
                     changes["alternative"] = id(e)
             self.ops.append(_replaced(op, changes))
@@ -690,6 +714,18 @@ class Walker:
         for off, rest, sub in tape.sub_envs:
             self.sub_envs[(id(copy.eqns[off]), *rest)] = sub
         self.segment_replay(tape.extra, copy)
+
+    def _words_of(self, eqn: Any) -> tuple[str, str, tuple[str, ...]]:
+        """An op's words at ``eqn`` (its source line, the library line it is inside, the named values it reads), as
+        :meth:`record` finds them: found once per equation and naming (OpCosts.words), a replay reads them."""
+        names = self.value_names
+        words = self.costs.words
+        hit = words.get(id(eqn))
+        if hit is None or hit[0] is not names or hit[1] is not eqn:
+            where, inside = self.eqn_where.get(id(eqn), ("", ""))
+            reads = tuple(dict.fromkeys(names[v] for v in eqn.invars if not hasattr(v, "val") and v in names))
+            hit = words[id(eqn)] = (names, eqn, (where, inside, reads))
+        return hit[2]
 
     def segment_begin(self, copy: Copy, rec: Recorder) -> Any:
         """Prepare to record ``copy`` (a subclass's hook: the dependency walker's masks)."""
@@ -750,6 +786,15 @@ def _replaced(op: OpReport, changes: dict[str, Any]) -> OpReport:
     new.__dict__.update(op.__dict__)
     new.__dict__.update(changes)
     return new
+
+
+def _fields(lay: Layout | None, mesh: tuple[MeshAxis, ...]) -> Any:
+    """What a ``Layout`` compares equal by (its class and fields), as tuples of strings and ints that hash and
+    compare at C speed: a segment's key holds one per entering value, at every copy of every costing (a Layout
+    hashes and compares its mesh axes in Python).  The walk's own mesh (nearly always) as 0."""
+    if lay is None:
+        return None
+    return (type(lay), lay.axes, lay.shape, lay.dims, lay.unreduced, 0 if lay.mesh is mesh else lay.mesh)
 
 
 def _private_copy(lay: Layout) -> Layout:
