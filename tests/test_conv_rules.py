@@ -16,9 +16,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_primitive_rules import DEEP, FAST, MESHES, Case, _explain, _loss, _mesh, _xla, check
 
 from einshard._src.analysis.program import trace
 from einshard.testing import hlo
@@ -276,3 +279,67 @@ def test_xla_behaviour_falls_back_to_the_version_without_devices(monkeypatch: py
     found = xb.xla_behaviour()
     assert found.found_by == "version" and not xb._measured  # not kept: a later call may probe
     assert found.conv_windows_join_features == (xb._jax_version() >= (0, 12))
+
+
+# -- average pooling's gradient on split rows: an interior pad, then a window sum (issue 20, flax_cnn spatial) ---
+#
+# JAX transposes a window sum into a pad whose interior padding is the stride, then a stride-1 window sum.  XLA
+# partitions the pad as a window of one over the dilated operand and keeps the axis split, on padded blocks where
+# the result does not divide (8 pooled rows over 2 padded (1, 1, 1) to 17), then exchanges the window sum's halos:
+# one row permuted, where explain used to gather the rows (the external corpus's flax_cnn spatial gradients).
+
+
+def _avg_pool(x: Any) -> Any:
+    return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+
+AVG_POOL_GRADIENTS = [
+    # mesh rank, x spec, XLA's collective-permutes (count, bytes sent per device)
+    (2, P("a", "b"), (1, 2176)),  # the corpus's layout: rows over 2, padded blocks of 9 of 17
+    (1, P(None, "a"), (6, 64512)),  # rows over 8: the pad's 3 halo pieces, the window sum's 3
+    (2, P(None, "a"), (2, 30208)),  # rows over 4: one of each
+]
+
+
+@pytest.mark.parametrize("rank, spec, permutes", AVG_POOL_GRADIENTS)
+def test_average_pool_gradient_keeps_rows_split(rank, spec, permutes) -> None:
+    # Auto axes: on Explicit ones JAX refuses a window over a split axis (users wrap it in auto_axes, which the
+    # external corpus's explicit-flax_cnn-spatial-grad case runs).
+    case = Case("reduce_window_sum", _avg_pool, (jax.ShapeDtypeStruct((8, 16, 16, 16), jnp.float32),), (spec,),
+                rank, False, True, "windows")  # fmt: skip
+    check(case)
+    mesh, fn = _mesh(rank, False), _loss(_avg_pool, 1)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, fn)
+    assert got_kinds == want_kinds == Counter({"collective-permute": permutes[0]}), (got_kinds, want_kinds)
+    assert got_sent == want_sent == permutes[1]
+    assert not report.approximate  # exact: no mark to hide behind
+
+
+@st.composite
+def interior_pad_case(draw: Any) -> Any:
+    """A pad with interior padding (a strided slice's or a window sum's transpose) along a split axis whose result
+    divides: XLA exchanges the halos of the dilated operand and keeps the axis split (rules_windows.windowed_pieces).
+    The low padding is not negative: XLA 0.10's partitioner aborts on a negative low pad with interior padding of a
+    split axis (a CHECK failure in ReshardAsWindowedInput, the process dies)."""
+    rank = draw(st.sampled_from([1, 2, 3]))
+    sizes, names = MESHES[rank]
+    axis = draw(st.sampled_from(names))
+    length, other = draw(st.sampled_from([8, 16, 24, 32])), draw(st.sampled_from([8, 16]))
+    interior, low = draw(st.integers(1, 2)), draw(st.integers(0, 3))
+    n = dict(zip(names, sizes))[axis]
+    dilated = length + (length - 1) * interior + low
+    high = draw(st.sampled_from([h for h in range(-2, 4 + n) if (dilated + h) % n == 0 and dilated + h > 0]))
+    config = [(low, high, interior), (draw(st.integers(0, 2)), draw(st.integers(0, 2)), 0)]
+    args = (jax.ShapeDtypeStruct((length, other), jnp.float32),)
+    return Case("pad", lambda x: lax.pad(x, jnp.float32(0), config), args, (P(axis),), rank, draw(st.booleans()),
+                False, "unfused")  # fmt: skip
+
+
+def test_interior_pad_matches_xla() -> None:
+    FAST(given(interior_pad_case())(check))()
+
+
+@pytest.mark.slow
+def test_interior_pad_matches_xla_deep() -> None:
+    DEEP(given(interior_pad_case())(check))()

@@ -341,6 +341,13 @@ def _shift_axis(
     start = len(w.ops)
     if irregular and _strides_in_place(eqn.primitive.name, src.shape[axis], n, out_len, offset, irregular):
         return axes
+    if irregular and eqn.primitive.name == "pad":
+        # XLA partitions an interior pad as a window of one over the dilated operand: a halo exchange, the
+        # axis kept split (rules_windows models XLA's windowed halos; imported here, not at module level).
+        from .rules_windows import dilated_pad
+
+        if dilated_pad(w, eqn, phase, repeat, src, axis, out_len, -offset, irregular):
+            return axes
     if irregular:
         # Interior padding or a stride: each device's positions come from everywhere; gather the axis.
         whole = src.with_dims(tuple(() if i == axis else d for i, d in enumerate(src.dims)))

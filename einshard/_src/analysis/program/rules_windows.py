@@ -45,15 +45,28 @@ from .costing import is_free
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
 from .rules_structural import explicit_dims, widen_bound
-from .values import Partial
+from .values import Derived, Partial
 from .xla_behaviour import xla_behaviour
 
 if TYPE_CHECKING:
     from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
 
-__all__ = ["conv_general_dilated", "reduce_window", "select_and_scatter_add", "WINDOW_REDUCTIONS"]
+__all__ = [
+    "conv_general_dilated",
+    "dilated_pad",
+    "reduce_window",
+    "select_and_scatter_add",
+    "windowed_pieces",
+    "WINDOW_REDUCTIONS",
+]
 
 WINDOW_REDUCTIONS = ("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
+
+
+class PaddedBlocks(Derived):
+    """The split XLA keeps a value on padded (uneven) blocks where explain's layouts, which split evenly only, hold
+    it whole: an interior pad's result that a window sum reads (an average pool's gradient), bound to a layout
+    whose ``dims`` name those splits (:func:`dilated_pad` writes it, :func:`reduce_window` reads it)."""
 
 
 def _with(lay: Layout, axis: int, dims: tuple[str, ...]) -> Layout:
@@ -618,16 +631,38 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
     start = len(w.ops)
     dims = list(src.dims)
     halos: list[tuple[int, list[int]]] = []
+    uneven: list[tuple[int, Pieces, int]] = []  # axes kept split on uneven or dilated blocks: XLA's own exchange
     approx = []
-    for i, d in enumerate(src.dims):
+    # Axes XLA holds split on padded blocks where explain's layout is whole (an interior pad's uneven result).
+    padded = w.env.get(PaddedBlocks(eqn.invars[0]))
+    split = [d or (padded.dims[i] if padded is not None else ()) for i, d in enumerate(src.dims)]
+    local = [-(-s // group_size(w, split[i])) if split[i] else s for i, s in enumerate(src.shape)]
+    for i, d in enumerate(split):
         if not d:
             continue
-        window, stride, (low, _) = p["window_dimensions"][i], p["window_strides"][i], p["padding"][i]
+        window, stride, (low, high) = p["window_dimensions"][i], p["window_strides"][i], p["padding"][i]
         bdil, wdil = p["base_dilation"][i], p["window_dilation"][i]
         length, out_len, n = src.shape[i], int(out_aval.shape[i]), group_size(w, d)
         kept = _dividing_prefix(w, d, out_len) if bdil == 1 else ()
-        if bdil == 1 and out_len % n == 0:
+        plan = windowed_pieces(length, n, window, stride, wdil, bdil, low, high)
+        if bdil == 1 and out_len % n == 0 and length % n == 0:
             halos.append((i, halo_pieces(length, n, out_len, window, stride, wdil, low)))
+        elif (
+            isinstance(plan, tuple) and out_len >= n and (not src.dims[i] or out_len % n == 0) and not _selected(w, eqn)
+        ):
+            # Uneven blocks or a dilated base (an average pool's gradient: the window sum after the interior
+            # pad): XLA keeps the axis split on padded blocks and exchanges the halos its partitioner computes
+            # (measured: 17 padded rows over 2, a 2-row window: one row permuted, tests/test_conv_rules.py).
+            uneven.append((i, *plan))
+            dims[i] = d
+        elif not src.dims[i]:
+            # Padded blocks explain cannot follow through this window: XLA's way is not modelled, so the blocks
+            # are gathered (as XLA does where it gives up on halos) and the op says so.
+            approx.append(f"axis {i} (padded blocks) gathered; XLA may exchange halos instead")
+            why = f"{eqn.primitive.name}: padded blocks gathered"
+            local[i] = src.shape[i]
+            for v in eqn.invars[:n_ops]:
+                charge(w, eqn, phase, repeat, "all-gather", d, [math.prod(local) * itemsize(v.aval.dtype)], why)
         elif kept:
             # The result's blocks do not divide over the whole split, but over its major axes they do: XLA
             # keeps the result split over those (measured: 16 rows over (a, b) pooled to 6 stay split over
@@ -639,10 +674,20 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         else:
             approx.append(f"axis {i} (dilated or uneven blocks) gathered; XLA may exchange halos instead")
             dims[i] = ()
+    held_dims = tuple(d if src.dims[i] else () for i, d in enumerate(dims))  # the padded blocks: not a layout
     if approx:
         for k, lay in enumerate(ins[:n_ops]):
-            _bring(w, eqn, phase, repeat, k, lay, lay.with_dims(tuple(dims)), "reduce_window split gathered")
-    _exchange_halos(w, eqn, phase, repeat, src.with_dims(tuple(dims)), halos, eqn.invars[0].aval.dtype)
+            _bring(w, eqn, phase, repeat, k, lay, lay.with_dims(held_dims), "reduce_window split gathered")
+    _exchange_halos(w, eqn, phase, repeat, src.with_dims(held_dims), halos, eqn.invars[0].aval.dtype)
+    local = [-(-s // group_size(w, dims[i])) if dims[i] else s for i, s in enumerate(src.shape)]
+    for j, grown in halos:
+        local[j] += sum(grown)
+    for i, pieces, block in uneven:  # after the even axes, in axis order (XLA exchanges one dimension at a time)
+        why = f"{eqn.primitive.name}: halo exchange of padded blocks"
+        for k, v in enumerate(eqn.invars[:n_ops]):
+            if not is_free(ins[k]):
+                _permute_rows(w, eqn, phase, repeat, dims[i], local, i, pieces, v.aval.dtype, why)
+        local[i] = block
     outs = [w.relayout(v.aval, dims) for v in eqn.outvars]
     if approx:
         _mark(w, start, "; ".join(approx))
@@ -651,13 +696,19 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         # padded blocks (each device's rows plus halos) and only then all-reduces the result (measured: a
         # window-1 pool of rows@a over 8, stride 2 or 3: a permute and an all-reduce of the result, XLA's peak
         # 1.9-2.8 KB against explain's 8.5 KB).
-        held = sum(_local_bytes(lay.with_dims(tuple(dims)), v.aval.dtype) for lay, v in zip(ins[:n_ops], eqn.invars))
+        held = sum(_local_bytes(lay.with_dims(held_dims), v.aval.dtype) for lay, v in zip(ins[:n_ops], eqn.invars))
         made = sum(_local_bytes(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars))
         # Collectives: XLA's padded blocks take a permute from each side's neighbour and one of the result's
         # pieces before its gather (measured: 2 permutes and an all-gather where explain gathers once).
         more, sent = _gradient_alternative(w, eqn, src, [i for i, d in enumerate(src.dims) if d and d != dims[i]])
         widen_bound(w, start, peak=2 * held + made, collectives=3 * len(approx) + more, sent=sent)
     return outs
+
+
+def _selected(w: Walker, eqn: Any) -> bool:
+    """Whether a max pool's gradient (``select_and_scatter_add``) reads this pool's operand: its uneven blocks are
+    then gathered as :func:`_gradient_alternative` prices (the pool and its gradient settled together)."""
+    return any(u.primitive.name == "select_and_scatter_add" for u, _ in w.uses.get(id(eqn.invars[0]), []))
 
 
 def _gradient_alternative(w: Walker, eqn: Any, src: Layout, axes: list[int]) -> tuple[int, float]:
@@ -847,6 +898,77 @@ def _shift_pieces(length: int, out_len: int, n: int, offset: int) -> Pieces | No
     left = [k * s - (k * o + offset) for k in range(n)]
     right = [(k + 1) * o + offset - (k + 1) * s for k in range(n)]
     return _valid_data(left, right, s, length, -offset, o)  # the window's low padding: -offset
+
+
+TRIMMED = "trimmed"  # XLA drops the shards without output first (a result shorter than the split): not modelled
+
+
+def windowed_pieces(
+    length: int, n: int, window: int, stride: int, wdil: int, bdil: int, low: int, high: int
+) -> tuple[Pieces, int] | None | str:
+    """(collective-permutes, the block with halos) of XLA's halo exchange for a windowed op's operand along an axis
+    split ``n`` ways, the result kept split: None where XLA gives up on halos and replicates the axis, or
+    :data:`TRIMMED` where it first drops shards that compute nothing (a path not modelled here).
+
+    XLA's SPMD partitioner (``ReshardAsWindowedInput``, which ``reduce-window`` and ``pad`` use): the windows are
+    dealt out ``ceil(count / n)`` per shard, shard ``k``'s first needed operand position is
+    ``(stride·per·k + bdil - 1 - low % bdil) // bdil`` past ``low // bdil`` positions of explicit padding, and
+    every shard gets the largest halo any shard needs (:func:`_valid_data`).  Uneven blocks and a base dilation
+    (a pad's interior padding, an average pool's gradient) keep the axis split: an average pool's gradient, 8
+    pooled rows over 2 padded (1, 1, 1) to 17, moves nothing in the pad and one row in the window sum after it
+    (measured, tests/test_conv_rules.py).
+    """
+    dilated = 1 + (window - 1) * wdil
+    full = 1 + (length - 1) * bdil + low + high
+    count = (full - dilated) // stride + 1
+    per, s = -(-count // n), -(-length // n)
+    explicit_left = _tdiv(low, bdil)
+    if count < n and wdil == 1 and bdil == 1:
+        if -(-(length + high) // s) < n or (-explicit_left) // s - count > 0:
+            return TRIMMED
+    if full < dilated or (stride != 1 and (stride * per) % bdil):
+        return None
+    low_in_shard = low - explicit_left * bdil  # C++'s remainder: the low padding left to each shard's window
+    start = [(stride * per * k + bdil - 1 - low_in_shard) // bdil for k in range(n)]
+    reach = stride * (per - 1) + dilated + bdil - 1 - low_in_shard
+    limit = [(stride * per * k + reach) // bdil for k in range(n)]
+    left = [s * k + explicit_left - start[k] for k in range(n)]
+    right = [limit[k] - (s * k + s + explicit_left) for k in range(n)]
+    with_halo = max(b - a for a, b in zip(start, limit))
+    pieces = _valid_data(left, right, s, length, explicit_left, with_halo)
+    return None if pieces is None else (pieces, with_halo)
+
+
+def dilated_pad(
+    w: Walker, eqn: Any, phase: str, repeat: int, src: Layout, axis: int, out_len: int, low: int, interior: int
+) -> bool:
+    """Charge XLA's halo permutes for a pad with interior padding along the split ``axis`` of ``src``
+    (a window of one over the dilated operand: :func:`windowed_pieces`); False where XLA replicates the axis
+    instead, or drops shards first (the caller gathers it)."""
+    n = group_size(w, src.dims[axis])
+    high = out_len - (src.shape[axis] - 1) * (interior + 1) - 1 - low
+    plan = windowed_pieces(src.shape[axis], n, 1, 1, 1, interior + 1, low, high)
+    if not isinstance(plan, tuple):
+        return False
+    pieces, _ = plan
+    out = eqn.outvars[0]
+    if out_len % n:
+        # The result does not divide: XLA keeps it on padded blocks, which explain's layouts cannot hold.  Only
+        # for window sums does the walk carry that split on (:class:`PaddedBlocks`); other readers gather it.
+        users = w.uses.get(id(out), [])
+        if (
+            not users
+            or id(out) in w.program_outputs
+            or any(u.primitive.name not in WINDOW_REDUCTIONS for u, _ in users)
+        ):
+            return False
+        key = PaddedBlocks(out)
+        held = w.env.get(key, src.with_dims(tuple(() for _ in src.dims)))
+        w.env[key] = _with(held, axis, src.dims[axis])
+    why = "pad with interior padding: halo exchange along a split axis"
+    dtype = eqn.invars[0].aval.dtype
+    _permute_rows(w, eqn, phase, repeat, src.dims[axis], list(src.shard_shape), axis, pieces, dtype, why)
+    return True
 
 
 def _scatter_exchange(
