@@ -343,3 +343,48 @@ def test_interior_pad_matches_xla() -> None:
 @pytest.mark.slow
 def test_interior_pad_matches_xla_deep() -> None:
     DEEP(given(interior_pad_case())(check))()
+
+
+# -- a conv's gradient where XLA gathers what explain used to share or sum (issue 20, DEEP_MISSES' conv draws) ----
+
+
+def _conv_strided(stride: int) -> Any:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    return conv
+
+
+CONV_GRADIENTS = [
+    # stride, x spec, kernel spec, XLA's collectives, explain's.  A 1x1 conv, x (4, 8, 8, 4), kernel (1, 1, 4, 8)
+    # on (4, 2).  The kernel gradient's window (the cotangent's cols) split like x's cols, but its batch (x's
+    # features) split too: XLA's window-split partitioning does not take that; it gathers both operands' cols.
+    (2, P(None, None, "b", "a"), P(), {"all-gather": 3}, {"all-gather": 3}),
+    # The kernel gradient's gather of x is XLA's own, not shared with the forward conv's gather of the same x (two
+    # all-gathers), where a channel-split step shares it (test_channel_split_step_matches_xla): explain shares it
+    # and says so on the report's first line, by a bound that covers the second gather.
+    (
+        1,
+        P("a", None, None, "b"),
+        P(None, None, None, "b"),
+        {"all-gather": 2, "all-reduce": 2},
+        {"all-gather": 1, "all-reduce": 2},
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("stride, xs, ws, want, got", CONV_GRADIENTS)
+def test_conv_gradient_gathers_as_xla(stride, xs, ws, want, got) -> None:
+    fn = _conv_strided(stride)
+    args = (jax.ShapeDtypeStruct((4, 8, 8, 4), jnp.float32), jax.ShapeDtypeStruct((1, 1, 4, 8), jnp.float32))
+    case = Case("conv_general_dilated", fn, args, (xs, ws), 2, False, True, "windows")
+    check(case)  # within the report's stated bound
+    mesh, grad = _mesh(2, False), _loss(fn, 2)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, grad)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, grad)
+    assert want_kinds == Counter(want) and got_kinds == Counter(got), (got_kinds, want_kinds)
+    assert report.approximate == (want != got)
+    if want == got:
+        assert got_sent == want_sent
+    else:
+        assert "gather it again" in str(report).splitlines()[0] or report.approximate_at
