@@ -102,15 +102,26 @@ def _mark(w: Walker, before: int, note: str) -> None:
 
 
 def _exchange_halos(
-    w: Walker, eqn: Any, phase: str, repeat: int, lay: Layout, halos: list[tuple[int, list[int]]], dtype: Any
-) -> None:
-    """Charge each split axis's halo permutes, in axis order, on the block grown by the earlier ones."""
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    lay: Layout,
+    halos: list[tuple[int, list[int]]],
+    dtype: Any,
+    blocks: dict[int, int] | None = None,
+) -> list[int]:
+    """Charge each split axis's halo permutes, in axis order, on the block grown by the earlier ones; the block
+    after them.  ``blocks``: an axis's block once XLA keeps only the rows its windows read (its
+    ``ExchangeHaloAndGetValidData``; measured: 8 rows over 2, a 3-row window of stride 3, one halo row: the next
+    axis's permutes carry 3 rows, not 5), else the block and its halos."""
     local = list(lay.shard_shape)
     for axis, pieces in halos:
         row = math.prod(s for i, s in enumerate(local) if i != axis) * itemsize(dtype)
         why = f"{eqn.primitive.name}: halo exchange along a split axis"
         charge(w, eqn, phase, repeat, "collective-permute", lay.dims[axis], [p * row for p in pieces], why)
-        local[axis] += sum(pieces)
+        local[axis] = (blocks or {}).get(axis, local[axis] + sum(pieces))
+    return local
 
 
 @register("conv_general_dilated")
@@ -298,9 +309,24 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # A gradient conv's kernel is the forward's kernel reversed: XLA reuses the copy it gathered in the
         # forward pass where it can (one all-gather fewer, measured); explain gathers it again.
         approx.append("the kernel's gather may be shared with the forward pass's (XLA: one all-gather fewer)")
+    # The kernel's contracted features gathered from a split over mesh axes the input's rows use too: Shardy's
+    # propagation cannot give one mesh axis to both factors and replicates the input's rows as well (an all-gather
+    # after the features'); the result keeps the rows' split, a local slice (measured on (4, 2): x cols@a,
+    # features@b against kernel inputs@(a, b): three all-gathers, the result cols@a; on (2, 2, 2) with cols and
+    # kernel inputs@(a, c)).
+    # (Only where the input's features are split and gathered too: with them whole, XLA gathers the kernel alone
+    # and keeps the rows split, measured: x cols@a against kernel inputs@a over 8.)
+    gathered_features = lhs.dims[lf] and lhs_to.dims[lf] != lhs.dims[lf]
+    both = rhs.dims[ri] and rhs_to.dims[ri] != rhs.dims[ri] and gathered_features and not grouped
+    crossed = set(rhs.dims[ri]) if both else set()
+    sliced = {li: lhs.dims[li] for li in ls if crossed & set(lhs.dims[li]) and not rhs.dims[rs[ls.index(li)]]}
     lhs = _bring(w, eqn, phase, repeat, 0, lhs, lhs_to, "conv operand brought to the split it needs")
     rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
+    for li in sliced:
+        lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv input's rows replicated (axis clash)")
     out_dims[of] = rhs.dims[ro]
+    for li, split in sliced.items():
+        out_dims[os_[ls.index(li)]] = split
     halos: list[tuple[int, list[int]]] = []
     window_summed: list[str] = []
     typed = explicit_dims(out_aval)  # the result's split as its type names it (Explicit axes), else None
@@ -399,7 +425,17 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                 padded = -(-out_len // n) * n
                 # Its halos (a gradient's, on the padded result too) are bounded by that padded result: twice it.
                 gathered_out += 2 * padded * math.prod(out_aval.shape) // out_len * itemsize(out_aval.dtype)
-            lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv spatial split gathered")
+            # The result's rows that divide over the split's major axes stay split over them: XLA computes on the
+            # whole split's padded blocks and regroups the result onto those axes (measured: a dilation-2
+            # transposed conv, x rows@(a, b) of 4, 6 result rows, kernel split on its window: the result rows@a).
+            kept = _dividing_prefix(w, lsplit, out_len) if lsplit else ()
+            if kept and length % group_size(w, kept) == 0 and not set(kept) & (set(rhs.dims[ro]) | set(lhs.dims[lb])):
+                nk = group_size(w, kept)
+                lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, kept), "conv spatial split gathered")
+                halos.append((li, _dilated_halo_pieces(length, nk, out_len, window, stride, rdil, low, ldil)))
+                out_dims[oi] = kept
+            else:
+                lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv spatial split gathered")
             rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), "conv spatial split gathered")
     if window_summed:
         # The window's split axes are summed together: one all-reduce over all of them (measured: rows@b,
@@ -655,6 +691,8 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
     dims = list(src.dims)
     halos: list[tuple[int, list[int]]] = []
     uneven: list[tuple[int, Pieces, int]] = []  # axes kept split on uneven or dilated blocks: XLA's own exchange
+    regroup: list[tuple[int, tuple[str, ...]]] = []  # of those, the result's axes XLA then keeps split on a prefix
+    blocks: dict[int, int] = {}  # the even axes' blocks once their halos are exchanged (XLA's valid data)
     approx = []
     # Axes XLA holds split on padded blocks where explain's layout is whole (an interior pad's uneven result).
     padded = w.env.get(PaddedBlocks(eqn.invars[0]))
@@ -670,6 +708,8 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         plan = windowed_pieces(length, n, window, stride, wdil, bdil, low, high)
         if bdil == 1 and out_len % n == 0 and length % n == 0:
             halos.append((i, halo_pieces(length, n, out_len, window, stride, wdil, low)))
+            if isinstance(plan, tuple):
+                blocks[i] = plan[1]
         elif (
             isinstance(plan, tuple) and out_len >= n and (not src.dims[i] or out_len % n == 0) and not _selected(w, eqn)
         ):
@@ -686,6 +726,14 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
             local[i] = src.shape[i]
             for v in eqn.invars[:n_ops]:
                 charge(w, eqn, phase, repeat, "all-gather", d, [math.prod(local) * itemsize(v.aval.dtype)], why)
+        elif kept and isinstance(plan, tuple) and src.dims[i] and not _selected(w, eqn):
+            # The result's blocks do not divide over the whole split, but over its major axes they do: XLA pools
+            # padded blocks over the whole split (its halo exchange), then brings the result to the split over
+            # those major axes (measured: 8 rows over (a, b) of (4, 2), a 2x2 stride-2 max pool to 4 rows: two
+            # halo permutes, two result permutes and an all-reduce over 'b'; the result rows@a).
+            uneven.append((i, *plan))
+            regroup.append((i, kept))
+            dims[i] = d
         elif kept:
             # The result's blocks do not divide over the whole split, but over its major axes they do: XLA
             # keeps the result split over those (measured: 16 rows over (a, b) pooled to 6 stay split over
@@ -701,16 +749,19 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
     if approx:
         for k, lay in enumerate(ins[:n_ops]):
             _bring(w, eqn, phase, repeat, k, lay, lay.with_dims(held_dims), "reduce_window split gathered")
-    _exchange_halos(w, eqn, phase, repeat, src.with_dims(held_dims), halos, eqn.invars[0].aval.dtype)
+    grown = _exchange_halos(w, eqn, phase, repeat, src.with_dims(held_dims), halos, eqn.invars[0].aval.dtype, blocks)
     local = [-(-s // group_size(w, dims[i])) if dims[i] else s for i, s in enumerate(src.shape)]
-    for j, grown in halos:
-        local[j] += sum(grown)
+    for j, _ in halos:
+        local[j] = grown[j]
     for i, pieces, block in uneven:  # after the even axes, in axis order (XLA exchanges one dimension at a time)
         why = f"{eqn.primitive.name}: halo exchange of padded blocks"
         for k, v in enumerate(eqn.invars[:n_ops]):
             if not is_free(ins[k]):
                 _permute_rows(w, eqn, phase, repeat, dims[i], local, i, pieces, v.aval.dtype, why)
         local[i] = block
+    for i, kept in regroup:
+        _result_to_prefix(w, eqn, phase, repeat, dims, i, kept)
+        dims[i] = kept
     outs = [w.relayout(v.aval, dims) for v in eqn.outvars]
     if approx:
         _mark(w, start, "; ".join(approx))
@@ -726,6 +777,31 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         more, sent = _gradient_alternative(w, eqn, src, [i for i, d in enumerate(src.dims) if d and d != dims[i]])
         widen_bound(w, start, peak=2 * held + made, collectives=3 * len(approx) + more, sent=sent)
     return outs
+
+
+def _result_to_prefix(
+    w: Walker, eqn: Any, phase: str, repeat: int, dims: list[tuple[str, ...]], i: int, kept: tuple[str, ...]
+) -> None:
+    """Charge XLA's move of a window op's result from padded blocks over ``dims[i]`` to blocks over its major
+    axes ``kept``, replicated over the rest (XLA's ``TileToPartialReplicateHaloExchange``, a compact halo exchange
+    when the padded blocks hold rows the new ones do not, then ``ReplicatePartial`` over the rest: an all-reduce of
+    the masked block where the block is at most half the group, else an all-gather)."""
+    split, out_len = dims[i], int(eqn.outvars[0].aval.shape[i])
+    n, groups = group_size(w, split), group_size(w, kept)
+    r = n // groups
+    src_block, dst_block = -(-out_len // n), -(-out_len // groups)
+    local = [-(-int(s) // group_size(w, d)) if d else int(s) for s, d in zip(eqn.outvars[0].aval.shape, dims)]
+    surplus = src_block * n // groups - dst_block
+    for v in eqn.outvars:
+        if surplus > 0:
+            left = [surplus * (k // r) for k in range(n)]
+            pieces = _compact_exchange(left, [-h for h in left], src_block, out_len)
+            why = f"{eqn.primitive.name}: result moved to its blocks over {kept}"
+            _permute_rows(w, eqn, phase, repeat, split, local, i, pieces, v.aval.dtype, why)
+        whole = [dst_block if j == i else s for j, s in enumerate(local)]
+        kind = "all-reduce" if dst_block <= r // 2 else "all-gather"
+        why = f"{eqn.primitive.name}: result replicated over {split[len(kept) :]}"
+        charge(w, eqn, phase, repeat, kind, split[len(kept) :], [math.prod(whole) * itemsize(v.aval.dtype)], why)
 
 
 def _selected(w: Walker, eqn: Any) -> bool:
