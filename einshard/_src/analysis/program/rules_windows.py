@@ -428,12 +428,16 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             # The result's rows that divide over the split's major axes stay split over them: XLA computes on the
             # whole split's padded blocks and regroups the result onto those axes (measured: a dilation-2
             # transposed conv, x rows@(a, b) of 4, 6 result rows, kernel split on its window: the result rows@a).
-            kept = _dividing_prefix(w, lsplit, out_len) if lsplit else ()
-            if kept and length % group_size(w, kept) == 0 and not set(kept) & (set(rhs.dims[ro]) | set(lhs.dims[lb])):
-                nk = group_size(w, kept)
-                lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, kept), "conv spatial split gathered")
+            major = _dividing_prefix(w, lsplit, out_len) if lsplit else ()
+            if (
+                major
+                and length % group_size(w, major) == 0
+                and not set(major) & (set(rhs.dims[ro]) | set(lhs.dims[lb]))
+            ):
+                nk = group_size(w, major)
+                lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, major), "conv spatial split gathered")
                 halos.append((li, _dilated_halo_pieces(length, nk, out_len, window, stride, rdil, low, ldil)))
-                out_dims[oi] = kept
+                out_dims[oi] = major
             else:
                 lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv spatial split gathered")
             rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), "conv spatial split gathered")
@@ -799,9 +803,12 @@ def _result_to_prefix(
             why = f"{eqn.primitive.name}: result moved to its blocks over {kept}"
             _permute_rows(w, eqn, phase, repeat, split, local, i, pieces, v.aval.dtype, why)
         whole = [dst_block if j == i else s for j, s in enumerate(local)]
-        kind = "all-reduce" if dst_block <= r // 2 else "all-gather"
         why = f"{eqn.primitive.name}: result replicated over {split[len(kept) :]}"
-        charge(w, eqn, phase, repeat, kind, split[len(kept) :], [math.prod(whole) * itemsize(v.aval.dtype)], why)
+        block = [math.prod(whole) * itemsize(v.aval.dtype)]
+        if dst_block <= r // 2:  # ReplicatePartial: a masked all-reduce where the block is at most half the group
+            charge(w, eqn, phase, repeat, "all-reduce", split[len(kept) :], block, why)
+        else:
+            charge(w, eqn, phase, repeat, "all-gather", split[len(kept) :], block, why)
 
 
 def _selected(w: Walker, eqn: Any) -> bool:
