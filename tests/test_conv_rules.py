@@ -388,3 +388,41 @@ def test_conv_gradient_gathers_as_xla(stride, xs, ws, want, got) -> None:
         assert got_sent == want_sent
     else:
         assert "gather it again" in str(report).splitlines()[0] or report.approximate_at
+
+
+# -- uneven results regrouped onto the split's major axes (issue 20, DEEP_MISSES' pool draw, TRANSPOSED_CONV_MISS) --
+
+
+def _max_pool_same(x: Any) -> Any:
+    return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "SAME")
+
+
+def _transposed(x: Any, w: Any) -> Any:
+    return lax.conv_general_dilated(x, w, (1, 1), [(0, 0), (0, 0)], lhs_dilation=(2, 2),
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+
+
+def test_uneven_max_pool_is_pooled_on_padded_blocks_then_regrouped() -> None:
+    """8 rows over (a, b) of (4, 2) pooled to 4: XLA exchanges halos over the whole split (2 permutes), moves the
+    result's rows onto 'a' (2 permutes) and all-reduces them over 'b': exact, the result rows@a."""
+    case = Case("reduce_window_max", _max_pool_same, (jax.ShapeDtypeStruct((4, 8, 8, 4), jnp.float32),),
+                (P(None, ("a", "b")),), 2, False, False, "windows")  # fmt: skip
+    check(case)
+    mesh = _mesh(2, False)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, _max_pool_same)
+    report, got_kinds, got_sent, outs = _explain(case, mesh, _max_pool_same)
+    assert got_kinds == want_kinds == Counter({"collective-permute": 4, "all-reduce": 1})
+    assert got_sent == want_sent and not report.approximate
+    assert outs == [((), ("a",), (), ())]
+
+
+def test_transposed_conv_keeps_the_rows_that_divide_split() -> None:
+    """A dilation-2 transposed conv, x rows@(a, b) (4 rows, 6 result rows), the kernel split on its window: XLA
+    keeps the result's rows split over 'a' (the major axes that divide 6); explain's layout follows, its
+    collectives marked (XLA exchanges the dilated rows' halos on the whole split and regroups)."""
+    args = (jax.ShapeDtypeStruct((2, 4, 4, 4), jnp.float32), jax.ShapeDtypeStruct((2, 2, 4, 8), jnp.float32))
+    case = Case("conv_general_dilated", _transposed, args, (P("c", ("a", "b")), P("c", "b")), 3, False, False,
+                "windows")  # fmt: skip
+    check(case)
+    _, _, _, outs = _explain(case, _mesh(3, False), _transposed)
+    assert outs == [(("c",), ("a",), (), ())]

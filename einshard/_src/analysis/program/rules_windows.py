@@ -319,7 +319,13 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     gathered_features = lhs.dims[lf] and lhs_to.dims[lf] != lhs.dims[lf]
     both = rhs.dims[ri] and rhs_to.dims[ri] != rhs.dims[ri] and gathered_features and not grouped
     crossed = set(rhs.dims[ri]) if both else set()
-    sliced = {li: lhs.dims[li] for li in ls if crossed & set(lhs.dims[li]) and not rhs.dims[rs[ls.index(li)]]}
+    sliced = {
+        li: lhs.dims[li]
+        for li, rj, oi in zip(ls, rs, os_)
+        if crossed & set(lhs.dims[li])
+        and not rhs.dims[rj]
+        and int(out_aval.shape[oi]) % group_size(w, lhs.dims[li]) == 0  # else XLA computes uneven blocks (marked)
+    }
     lhs = _bring(w, eqn, phase, repeat, 0, lhs, lhs_to, "conv operand brought to the split it needs")
     rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
     for li in sliced:
@@ -343,17 +349,20 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         )
         n = group_size(w, lsplit or wsplit)
         if wsplit and lsplit == wsplit and ldil == 1 and (lhs.dims[lb] or rhs.dims[ro]):
-            # A window split like the input's rows (a kernel gradient), but the input's batch or the kernel's
-            # outputs split too: XLA's window-split partitioning supports neither (its
-            # PartitionConvolutionWithSpatialDimensionHaloExchangeOnRHS gives up), so it gathers the spatial axis of
+            # A window split like the input's rows, but the input's batch or the kernel's outputs split too: XLA's
+            # window-split partitioning supports neither (PartitionConvolutionWithSpatialDimensionHaloExchangeOnRHS
+            # gives up).  It then gathers the kernel's window and exchanges the input's halos, the result split
+            # like the rows, where the result's rows divide (measured: a 2x2 stride-2 conv, x batch@(b, c),
+            # rows@a, kernel rows@a, cols@b on (2, 2, 2): the result rows@a); else it gathers the spatial axis of
             # both operands and keeps the other splits (measured: a 1x1 stride-2 conv's kernel gradient, x cols@b,
-            # features@a, the cotangent cols@b on (4, 2): two all-gathers over b, the kernel's inputs@a).
-            lhs = _bring(
-                w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv spatial split gathered (window split)"
-            )
-            rhs = _bring(
-                w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), "conv spatial split gathered (window split)"
-            )
+            # features@a, the cotangent cols@b on (4, 2), a one-column result: two all-gathers over b).
+            why = "conv spatial split gathered (window split)"
+            rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), why)
+            if out_len % n == 0 and length % n == 0:
+                halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
+                out_dims[oi] = lsplit
+            else:
+                lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), why)
         elif wsplit and lsplit == wsplit and ldil == 1 and length % n == 0 and window % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low, window_split=True)))
             window_summed.extend(wsplit)
@@ -386,7 +395,13 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                     "all-gather instead of the halo permutes) and leave the result whole, its users' all-reduces "
                     "along the axis then vanish"
                 )
-        elif lsplit and not wsplit and out_len % n == 0 and length % n == 0:
+        elif lsplit and ldil != 1 and out_len % n == 0 and length % n == 0:
+            if wsplit:
+                # The kernel's window split otherwise than the input's rows: XLA gathers the (small) kernel's window
+                # and keeps the rows split (measured: a dilation-2 transposed conv, x cols@b, kernel cols@c on
+                # (2, 2, 2): the result cols@b).
+                why = "conv kernel's window gathered"
+                rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), why)
             # A transposed conv (a strided conv's input gradient: the cotangent dilated by the stride):
             # the window reads the dilated input, so the halo is counted in the input's own rows.
             halos.append((li, _dilated_halo_pieces(length, n, out_len, window, stride, rdil, low, ldil)))
