@@ -211,6 +211,18 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         common = _common_prefix(lhs.dims[lf], rhs.dims[ri])
         lhs_to, rhs_to = _with(lhs_to, lf, common), _with(rhs_to, ri, common)
         summed = [common] if common else []
+    if any(d != 1 for d in p["lhs_dilation"]) and lhs.dims[lf] != rhs.dims[ri] and not grouped:
+        # A transposed conv whose contracted features are split otherwise on the two operands: XLA's partitioner
+        # then often replicates both operands, each split axis gathered, and slices the result (measured by the
+        # deep run's random seeds: x rows@b, features@a against kernel inputs@b, dilation 3: three collectives
+        # more than explain's; x batch@b, features@a, two more): a heuristic explain does not reproduce.
+        # ... or keeps the input's feature split and all-reduces the (dilated, larger) result: x rows@b, features@a
+        # against kernel inputs@b over (2, 2, 2): a permute and an all-reduce of the result, 7.6 KiB.
+        approx.append("a transposed conv's features split otherwise on each operand; XLA may replicate both")
+        rows_alternative += sum(1 for d in (*lhs.dims, *rhs.dims) if d)
+        gathered_out += _local_bytes(lhs.with_dims(tuple(() for _ in lhs.dims)), eqn.invars[0].aval.dtype)
+        gathered_out += _local_bytes(rhs.with_dims(tuple(() for _ in rhs.dims)), eqn.invars[1].aval.dtype)
+        gathered_out += math.prod(out_aval.shape) * itemsize(out_aval.dtype)
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
     # Rows the spatial loop below gathers whole (uneven blocks) free their mesh axes: the kernel's outputs keep
