@@ -196,6 +196,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         lhs.dims[lf]
         and not rhs.dims[ri]
         and all(rhs.shape[r] == 1 for r in rs)
+        and not set(lhs.dims[lf]) & {m for d in rhs.dims for m in d}  # the kernel's own splits elsewhere
         and 2 * math.prod(out_aval.shape) < math.prod(lhs.shape)
     ):
         # A 1x1 conv (a dot over the features) whose input features are split against a whole kernel, its result
