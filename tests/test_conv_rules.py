@@ -16,9 +16,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_primitive_rules import DEEP, FAST, MESHES, Case, _explain, _loss, _mesh, _xla, check
 
 from einshard._src.analysis.program import trace
 from einshard.testing import hlo
@@ -276,3 +279,150 @@ def test_xla_behaviour_falls_back_to_the_version_without_devices(monkeypatch: py
     found = xb.xla_behaviour()
     assert found.found_by == "version" and not xb._measured  # not kept: a later call may probe
     assert found.conv_windows_join_features == (xb._jax_version() >= (0, 12))
+
+
+# -- average pooling's gradient on split rows: an interior pad, then a window sum (issue 20, flax_cnn spatial) ---
+#
+# JAX transposes a window sum into a pad whose interior padding is the stride, then a stride-1 window sum.  XLA
+# partitions the pad as a window of one over the dilated operand and keeps the axis split, on padded blocks where
+# the result does not divide (8 pooled rows over 2 padded (1, 1, 1) to 17), then exchanges the window sum's halos:
+# one row permuted, where explain used to gather the rows (the external corpus's flax_cnn spatial gradients).
+
+
+def _avg_pool(x: Any) -> Any:
+    return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+
+AVG_POOL_GRADIENTS = [
+    # mesh rank, x spec, XLA's collective-permutes (count, bytes sent per device)
+    (2, P("a", "b"), (1, 2176)),  # the corpus's layout: rows over 2, padded blocks of 9 of 17
+    (1, P(None, "a"), (6, 64512)),  # rows over 8: the pad's 3 halo pieces, the window sum's 3
+    (2, P(None, "a"), (2, 30208)),  # rows over 4: one of each
+]
+
+
+@pytest.mark.parametrize("rank, spec, permutes", AVG_POOL_GRADIENTS)
+def test_average_pool_gradient_keeps_rows_split(rank, spec, permutes) -> None:
+    # Auto axes: on Explicit ones JAX refuses a window over a split axis (users wrap it in auto_axes, which the
+    # external corpus's explicit-flax_cnn-spatial-grad case runs).
+    case = Case("reduce_window_sum", _avg_pool, (jax.ShapeDtypeStruct((8, 16, 16, 16), jnp.float32),), (spec,),
+                rank, False, True, "windows")  # fmt: skip
+    check(case)
+    mesh, fn = _mesh(rank, False), _loss(_avg_pool, 1)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, fn)
+    assert got_kinds == want_kinds == Counter({"collective-permute": permutes[0]}), (got_kinds, want_kinds)
+    assert got_sent == want_sent == permutes[1]
+    assert not report.approximate  # exact: no mark to hide behind
+
+
+@st.composite
+def interior_pad_case(draw: Any) -> Any:
+    """A pad with interior padding (a strided slice's or a window sum's transpose) along a split axis whose result
+    divides: XLA exchanges the halos of the dilated operand and keeps the axis split (rules_windows.windowed_pieces).
+    The low padding is not negative: XLA 0.10's partitioner aborts on a negative low pad with interior padding of a
+    split axis (a CHECK failure in ReshardAsWindowedInput, the process dies)."""
+    rank = draw(st.sampled_from([1, 2, 3]))
+    sizes, names = MESHES[rank]
+    axis = draw(st.sampled_from(names))
+    length, other = draw(st.sampled_from([8, 16, 24, 32])), draw(st.sampled_from([8, 16]))
+    interior, low = draw(st.integers(1, 2)), draw(st.integers(0, 3))
+    n = dict(zip(names, sizes))[axis]
+    dilated = length + (length - 1) * interior + low
+    high = draw(st.sampled_from([h for h in range(-2, 4 + n) if (dilated + h) % n == 0 and dilated + h > 0]))
+    config = [(low, high, interior), (draw(st.integers(0, 2)), draw(st.integers(0, 2)), 0)]
+    args = (jax.ShapeDtypeStruct((length, other), jnp.float32),)
+    return Case("pad", lambda x: lax.pad(x, jnp.float32(0), config), args, (P(axis),), rank, draw(st.booleans()),
+                False, "unfused")  # fmt: skip
+
+
+def test_interior_pad_matches_xla() -> None:
+    FAST(given(interior_pad_case())(check))()
+
+
+@pytest.mark.slow
+def test_interior_pad_matches_xla_deep() -> None:
+    DEEP(given(interior_pad_case())(check))()
+
+
+# -- a conv's gradient where XLA gathers what explain used to share or sum (issue 20, DEEP_MISSES' conv draws) ----
+
+
+def _conv_strided(stride: int) -> Any:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    return conv
+
+
+CONV_GRADIENTS = [
+    # stride, x spec, kernel spec, XLA's collectives, explain's.  A 1x1 conv, x (4, 8, 8, 4), kernel (1, 1, 4, 8)
+    # on (4, 2).  The kernel gradient's window (the cotangent's cols) split like x's cols, but its batch (x's
+    # features) split too: XLA's window-split partitioning does not take that; it gathers both operands' cols.
+    (2, P(None, None, "b", "a"), P(), {"all-gather": 3}, {"all-gather": 3}),
+    # The kernel gradient's gather of x is XLA's own, not shared with the forward conv's gather of the same x (two
+    # all-gathers), where a channel-split step shares it (test_channel_split_step_matches_xla): explain shares it
+    # and says so on the report's first line, by a bound that covers the second gather.
+    (
+        1,
+        P("a", None, None, "b"),
+        P(None, None, None, "b"),
+        {"all-gather": 2, "all-reduce": 2},
+        {"all-gather": 1, "all-reduce": 2},
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("stride, xs, ws, want, got", CONV_GRADIENTS)
+def test_conv_gradient_gathers_as_xla(stride, xs, ws, want, got) -> None:
+    fn = _conv_strided(stride)
+    args = (jax.ShapeDtypeStruct((4, 8, 8, 4), jnp.float32), jax.ShapeDtypeStruct((1, 1, 4, 8), jnp.float32))
+    case = Case("conv_general_dilated", fn, args, (xs, ws), 2, False, True, "windows")
+    check(case)  # within the report's stated bound
+    mesh, grad = _mesh(2, False), _loss(fn, 2)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, grad)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, grad)
+    assert want_kinds == Counter(want) and got_kinds == Counter(got), (got_kinds, want_kinds)
+    assert report.approximate == (want != got)
+    if want == got:
+        assert got_sent == want_sent
+    else:
+        assert "gather it again" in str(report).splitlines()[0] or report.approximate_at
+
+
+# -- uneven results regrouped onto the split's major axes (issue 20, DEEP_MISSES' pool draw, TRANSPOSED_CONV_MISS) --
+
+
+def _max_pool_same(x: Any) -> Any:
+    return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "SAME")
+
+
+def _transposed(x: Any, w: Any) -> Any:
+    return lax.conv_general_dilated(x, w, (1, 1), [(0, 0), (0, 0)], lhs_dilation=(2, 2),
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+
+
+def test_uneven_max_pool_is_pooled_on_padded_blocks_then_regrouped() -> None:
+    """8 rows over (a, b) of (4, 2) pooled to 4: XLA exchanges halos over the whole split (2 permutes), moves the
+    result's rows onto 'a' (2 permutes) and all-reduces them over 'b': exact, the result rows@a."""
+    case = Case("reduce_window_max", _max_pool_same, (jax.ShapeDtypeStruct((4, 8, 8, 4), jnp.float32),),
+                (P(None, ("a", "b")),), 2, False, False, "windows")  # fmt: skip
+    check(case)
+    mesh = _mesh(2, False)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, _max_pool_same)
+    report, got_kinds, got_sent, outs = _explain(case, mesh, _max_pool_same)
+    assert got_kinds == want_kinds == Counter({"collective-permute": 4, "all-reduce": 1})
+    assert got_sent == want_sent and not report.approximate
+    assert outs == [((), ("a",), (), ())]
+
+
+def test_transposed_conv_keeps_the_rows_that_divide_split() -> None:
+    """A dilation-2 transposed conv, x rows@(a, b) (4 rows, 6 result rows), the kernel split on its window: XLA
+    keeps the result's rows split over 'a' (the major axes that divide 6); explain's layout follows, its
+    collectives marked (XLA exchanges the dilated rows' halos on the whole split and regroups)."""
+    args = (jax.ShapeDtypeStruct((2, 4, 4, 4), jnp.float32), jax.ShapeDtypeStruct((2, 2, 4, 8), jnp.float32))
+    case = Case("conv_general_dilated", _transposed, args, (P("c", ("a", "b")), P("c", "b")), 3, False, False,
+                "windows")  # fmt: skip
+    check(case)
+    _, _, _, outs = _explain(case, _mesh(3, False), _transposed)
+    assert outs == [(("c",), ("a",), (), ())]

@@ -116,6 +116,7 @@ def broadcast_in_dim(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, ph
     for i, j in enumerate(eqn.params["broadcast_dimensions"]):
         if ins[0].shape[i] == out_aval.shape[j]:
             dims[j] = ins[0].dims[i]
+    dims = _split_by_users(w, eqn, dims)
     natural = w.relayout(out_aval, dims)
     if explicit_dims(out_aval) is None or natural.unreduced:
         return [natural]
@@ -123,6 +124,41 @@ def broadcast_in_dim(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, ph
     # cotangent back to the operand's split type: grad of mean(x[:, rows@b], 1) is split over b): XLA makes
     # it there, a local slice of a whole operand (measured: the gradient leaves split, XLA's peak half).
     return [_declared(w, eqn, natural, repeat, phase, typed_whole=True)]
+
+
+def _split_by_users(w: WalkerLike, eqn: Any, dims: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """A broadcast's new axes split as an elementwise reader's other operand, already laid out, splits them, where
+    that operand agrees with the broadcast's own split on every other axis (Auto axes only: on Explicit ones the
+    broadcast's type decides).
+
+    XLA's sharding propagation gives such a broadcast the split of the value it is combined with (a local slice of
+    a whole operand), so every other reader sees it split: a sum over a broadcast axis is then an all-reduce
+    (measured: b = broadcast(v[8, 32]) to [8, 4, 4, 32], x[8, 4@b, 4, 32]; b.sum((1, 2)) all-reduces over b
+    whether it comes before or after x * b; a GroupNorm's gradient under a rows split, issue 20's flax_cnn).
+    Where the operands disagree elsewhere (a dot's gradient on clashing splits) XLA settles it otherwise: untouched."""
+    out = eqn.outvars[0]
+    shape = out.aval.shape
+    mesh = getattr(getattr(out.aval, "sharding", None), "mesh", None)
+    if any("Explicit" in str(t) for t in getattr(mesh, "axis_types", ())):
+        return dims
+    new_axes = set(range(len(shape))) - set(eqn.params["broadcast_dimensions"])
+    new = list(dims)
+    for user, _ in w.uses.get(id(out), []):
+        if user.primitive.name not in ELEMENTWISE or len(user.invars) < 2:
+            continue
+        for v in user.invars:
+            lay = None if v is out or hasattr(v, "val") else w.env.get(v)
+            if lay is None or is_free(lay) or tuple(lay.shape) != tuple(int(s) for s in shape):
+                continue
+            if any(lay.dims[j] and lay.dims[j] != new[j] for j in range(len(shape)) if j not in new_axes):
+                continue  # the operands disagree off the broadcast axes: XLA settles that another way
+            used = {m for d in new for m in d}
+            for j in sorted(new_axes):
+                d = lay.dims[j]
+                if d and not new[j] and not used & set(d):
+                    new[j] = d
+                    used |= set(d)
+    return new
 
 
 @register("iota", "full", "zeros_like", "empty", "empty2")
@@ -341,6 +377,13 @@ def _shift_axis(
     start = len(w.ops)
     if irregular and _strides_in_place(eqn.primitive.name, src.shape[axis], n, out_len, offset, irregular):
         return axes
+    if irregular and eqn.primitive.name == "pad":
+        # XLA partitions an interior pad as a window of one over the dilated operand: a halo exchange, the
+        # axis kept split (rules_windows models XLA's windowed halos; imported here, not at module level).
+        from .rules_windows import dilated_pad
+
+        if dilated_pad(w, eqn, phase, repeat, src, axis, out_len, -offset, irregular):
+            return axes
     if irregular:
         # Interior padding or a stride: each device's positions come from everywhere; gather the axis.
         whole = src.with_dims(tuple(() if i == axis else d for i, d in enumerate(src.dims)))

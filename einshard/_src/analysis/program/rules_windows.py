@@ -45,15 +45,28 @@ from .costing import is_free
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
 from .rules_structural import explicit_dims, widen_bound
-from .values import Partial
+from .values import Derived, Partial
 from .xla_behaviour import xla_behaviour
 
 if TYPE_CHECKING:
     from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
 
-__all__ = ["conv_general_dilated", "reduce_window", "select_and_scatter_add", "WINDOW_REDUCTIONS"]
+__all__ = [
+    "conv_general_dilated",
+    "dilated_pad",
+    "reduce_window",
+    "select_and_scatter_add",
+    "windowed_pieces",
+    "WINDOW_REDUCTIONS",
+]
 
 WINDOW_REDUCTIONS = ("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
+
+
+class PaddedBlocks(Derived):
+    """The split XLA keeps a value on padded (uneven) blocks where explain's layouts, which split evenly only, hold
+    it whole: an interior pad's result that a window sum reads (an average pool's gradient), bound to a layout
+    whose ``dims`` name those splits (:func:`dilated_pad` writes it, :func:`reduce_window` reads it)."""
 
 
 def _with(lay: Layout, axis: int, dims: tuple[str, ...]) -> Layout:
@@ -89,15 +102,26 @@ def _mark(w: Walker, before: int, note: str) -> None:
 
 
 def _exchange_halos(
-    w: Walker, eqn: Any, phase: str, repeat: int, lay: Layout, halos: list[tuple[int, list[int]]], dtype: Any
-) -> None:
-    """Charge each split axis's halo permutes, in axis order, on the block grown by the earlier ones."""
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    lay: Layout,
+    halos: list[tuple[int, list[int]]],
+    dtype: Any,
+    blocks: dict[int, int] | None = None,
+) -> list[int]:
+    """Charge each split axis's halo permutes, in axis order, on the block grown by the earlier ones; the block
+    after them.  ``blocks``: an axis's block once XLA keeps only the rows its windows read (its
+    ``ExchangeHaloAndGetValidData``; measured: 8 rows over 2, a 3-row window of stride 3, one halo row: the next
+    axis's permutes carry 3 rows, not 5), else the block and its halos."""
     local = list(lay.shard_shape)
     for axis, pieces in halos:
         row = math.prod(s for i, s in enumerate(local) if i != axis) * itemsize(dtype)
         why = f"{eqn.primitive.name}: halo exchange along a split axis"
         charge(w, eqn, phase, repeat, "collective-permute", lay.dims[axis], [p * row for p in pieces], why)
-        local[axis] += sum(pieces)
+        local[axis] = (blocks or {}).get(axis, local[axis] + sum(pieces))
+    return local
 
 
 @register("conv_general_dilated")
@@ -124,6 +148,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     kernel_keeps: tuple[str, ...] = ()  # the kernel's output split kept where it clashes with the input's
     rows_alternative = 0  # collectives XLA's other way of settling a rows/outputs clash takes, beyond the marked
     gathered_out = 0  # bytes XLA may all-gather (an uneven result, the input's rows), beyond the marked collectives
+    gathered_again = 0  # an all-gather XLA may make again where the walk shares an earlier one
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
     whole_sum = False  # the partial sums are all-reduced whole whatever the result's users
     out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
@@ -167,12 +192,38 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         else:
             lhs_to, rhs_to = lhs, _with(rhs, ri, regroup)
             summed = [regroup]
+    elif (
+        lhs.dims[lf]
+        and not rhs.dims[ri]
+        and all(rhs.shape[r] == 1 for r in rs)
+        and not set(lhs.dims[lf]) & {m for d in rhs.dims for m in d}  # the kernel's own splits elsewhere
+        and 2 * math.prod(out_aval.shape) < math.prod(lhs.shape)
+    ):
+        # A 1x1 conv (a dot over the features) whose input features are split against a whole kernel, its result
+        # less than half the input (a stride): XLA slices the kernel's inputs alike (free) and all-reduces the
+        # partial result, an all-reduce sending twice its buffer, rather than gathering the input (measured: x
+        # (4, 8, 8, 8) features@a over 8, stride 2: one all-reduce of 2 KiB, not a gather of 8 KiB; stride 1, or
+        # half as many outputs as inputs over 2: the gather).
+        rhs_to = _with(rhs_to, ri, lhs.dims[lf])
+        summed = [lhs.dims[lf]]
     else:
         # Split alike on a common major part (x@a against w@(a,b)): XLA keeps that part, leaving partial
         # sums over it, and gathers only the rest (measured: one all-gather and one all-reduce).
         common = _common_prefix(lhs.dims[lf], rhs.dims[ri])
         lhs_to, rhs_to = _with(lhs_to, lf, common), _with(rhs_to, ri, common)
         summed = [common] if common else []
+    if any(d != 1 for d in p["lhs_dilation"]) and lhs.dims[lf] != rhs.dims[ri] and not grouped:
+        # A transposed conv whose contracted features are split otherwise on the two operands: XLA's partitioner
+        # then often replicates both operands, each split axis gathered, and slices the result (measured by the
+        # deep run's random seeds: x rows@b, features@a against kernel inputs@b, dilation 3: three collectives
+        # more than explain's; x batch@b, features@a, two more): a heuristic explain does not reproduce.
+        # ... or keeps the input's feature split and all-reduces the (dilated, larger) result: x rows@b, features@a
+        # against kernel inputs@b over (2, 2, 2): a permute and an all-reduce of the result, 7.6 KiB.
+        approx.append("a transposed conv's features split otherwise on each operand; XLA may replicate both")
+        rows_alternative += sum(1 for d in (*lhs.dims, *rhs.dims) if d)
+        gathered_out += _local_bytes(lhs.with_dims(tuple(() for _ in lhs.dims)), eqn.invars[0].aval.dtype)
+        gathered_out += _local_bytes(rhs.with_dims(tuple(() for _ in rhs.dims)), eqn.invars[1].aval.dtype)
+        gathered_out += math.prod(out_aval.shape) * itemsize(out_aval.dtype)
     out_dims[ob] = lhs.dims[lb]
     taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
     # Rows the spatial loop below gathers whole (uneven blocks) free their mesh axes: the kernel's outputs keep
@@ -200,7 +251,17 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         keep = tuple(m for m in lhs.dims[lb] if m not in clash)
         if not keep and (regroup := _idle_regroup(w, lhs, rhs, lhs.shape[lb], clash)):
             lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, regroup), "conv input moved onto idle mesh axes")
-        lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, keep), "conv input's batch split gathered")
+        before, gathered, needs = len(w.ops), _with(lhs, lb, keep), not is_free(lhs) and lhs.dims[lb] != keep
+        lhs = _bring(w, eqn, phase, repeat, 0, lhs, gathered, "conv input's batch split gathered")
+        if needs and len(w.ops) == before:
+            # Shared with an earlier op's gather of the same value (the walk's memo, XLA's CSE).  XLA shares it in
+            # a channel-split step (the activations gathered once for the next conv and its kernel gradient,
+            # measured) but not always: a 1x1 conv's step, x batch@a, features@b, kernel outputs@b on (4, 2),
+            # gathers x's features for the forward conv and again for the kernel gradient (two all-gathers,
+            # tests/test_conv_rules.py): which of its passes makes each gather decides, not modelled here.
+            approx.append("the input's gather is shared with an earlier op's; XLA may gather it again")
+            gathered_again = 1
+            gathered_out += _local_bytes(gathered, eqn.invars[0].aval.dtype)
         lhs_to = _with(lhs_to, lb, keep)
         out_dims[ob] = keep
         taken = {m for i in (lb, *ls) for m in lhs.dims[i]} - set(clash)
@@ -274,9 +335,30 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # A gradient conv's kernel is the forward's kernel reversed: XLA reuses the copy it gathered in the
         # forward pass where it can (one all-gather fewer, measured); explain gathers it again.
         approx.append("the kernel's gather may be shared with the forward pass's (XLA: one all-gather fewer)")
+    # The kernel's contracted features gathered from a split over mesh axes the input's rows use too: Shardy's
+    # propagation cannot give one mesh axis to both factors and replicates the input's rows as well (an all-gather
+    # after the features'); the result keeps the rows' split, a local slice (measured on (4, 2): x cols@a,
+    # features@b against kernel inputs@(a, b): three all-gathers, the result cols@a; on (2, 2, 2) with cols and
+    # kernel inputs@(a, c)).
+    # (Only where the input's features are split and gathered too: with them whole, XLA gathers the kernel alone
+    # and keeps the rows split, measured: x cols@a against kernel inputs@a over 8.)
+    gathered_features = lhs.dims[lf] and lhs_to.dims[lf] != lhs.dims[lf]
+    both = rhs.dims[ri] and rhs_to.dims[ri] != rhs.dims[ri] and gathered_features and not grouped
+    crossed = set(rhs.dims[ri]) if both else set()
+    sliced = {
+        li: lhs.dims[li]
+        for li, rj, oi in zip(ls, rs, os_)
+        if crossed & set(lhs.dims[li])
+        and not rhs.dims[rj]
+        and int(out_aval.shape[oi]) % group_size(w, lhs.dims[li]) == 0  # else XLA computes uneven blocks (marked)
+    }
     lhs = _bring(w, eqn, phase, repeat, 0, lhs, lhs_to, "conv operand brought to the split it needs")
     rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
+    for li in sliced:
+        lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv input's rows replicated (axis clash)")
     out_dims[of] = rhs.dims[ro]
+    for li, split in sliced.items():
+        out_dims[os_[ls.index(li)]] = split
     halos: list[tuple[int, list[int]]] = []
     window_summed: list[str] = []
     typed = explicit_dims(out_aval)  # the result's split as its type names it (Explicit axes), else None
@@ -292,7 +374,22 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             p["rhs_dilation"][j],
         )
         n = group_size(w, lsplit or wsplit)
-        if wsplit and lsplit == wsplit and ldil == 1 and length % n == 0 and window % n == 0:
+        if wsplit and lsplit == wsplit and ldil == 1 and (lhs.dims[lb] or rhs.dims[ro]):
+            # A window split like the input's rows, but the input's batch or the kernel's outputs split too: XLA's
+            # window-split partitioning supports neither (PartitionConvolutionWithSpatialDimensionHaloExchangeOnRHS
+            # gives up).  It then gathers the kernel's window and exchanges the input's halos, the result split
+            # like the rows, where the result's rows divide (measured: a 2x2 stride-2 conv, x batch@(b, c),
+            # rows@a, kernel rows@a, cols@b on (2, 2, 2): the result rows@a); else it gathers the spatial axis of
+            # both operands and keeps the other splits (measured: a 1x1 stride-2 conv's kernel gradient, x cols@b,
+            # features@a, the cotangent cols@b on (4, 2), a one-column result: two all-gathers over b).
+            why = "conv spatial split gathered (window split)"
+            rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), why)
+            if out_len % n == 0 and length % n == 0:
+                halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
+                out_dims[oi] = lsplit
+            else:
+                lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), why)
+        elif wsplit and lsplit == wsplit and ldil == 1 and length % n == 0 and window % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low, window_split=True)))
             window_summed.extend(wsplit)
         elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
@@ -324,7 +421,13 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                     "all-gather instead of the halo permutes) and leave the result whole, its users' all-reduces "
                     "along the axis then vanish"
                 )
-        elif lsplit and not wsplit and out_len % n == 0 and length % n == 0:
+        elif lsplit and ldil != 1 and out_len % n == 0 and length % n == 0:
+            if wsplit:
+                # The kernel's window split otherwise than the input's rows: XLA gathers the (small) kernel's window
+                # and keeps the rows split (measured: a dilation-2 transposed conv, x cols@b, kernel cols@c on
+                # (2, 2, 2): the result cols@b).
+                why = "conv kernel's window gathered"
+                rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), why)
             # A transposed conv (a strided conv's input gradient: the cotangent dilated by the stride):
             # the window reads the dilated input, so the halo is counted in the input's own rows.
             halos.append((li, _dilated_halo_pieces(length, n, out_len, window, stride, rdil, low, ldil)))
@@ -363,7 +466,21 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                 padded = -(-out_len // n) * n
                 # Its halos (a gradient's, on the padded result too) are bounded by that padded result: twice it.
                 gathered_out += 2 * padded * math.prod(out_aval.shape) // out_len * itemsize(out_aval.dtype)
-            lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv spatial split gathered")
+            # The result's rows that divide over the split's major axes stay split over them: XLA computes on the
+            # whole split's padded blocks and regroups the result onto those axes (measured: a dilation-2
+            # transposed conv, x rows@(a, b) of 4, 6 result rows, kernel split on its window: the result rows@a).
+            major = _dividing_prefix(w, lsplit, out_len) if lsplit else ()
+            if (
+                major
+                and length % group_size(w, major) == 0
+                and not set(major) & (set(rhs.dims[ro]) | set(lhs.dims[lb]))
+            ):
+                nk = group_size(w, major)
+                lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, major), "conv spatial split gathered")
+                halos.append((li, _dilated_halo_pieces(length, nk, out_len, window, stride, rdil, low, ldil)))
+                out_dims[oi] = major
+            else:
+                lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv spatial split gathered")
             rhs = _bring(w, eqn, phase, repeat, 1, rhs, _with(rhs, rj, ()), "conv spatial split gathered")
     if window_summed:
         # The window's split axes are summed together: one all-reduce over all of them (measured: rows@b,
@@ -403,7 +520,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
     if approx:
         _mark(w, start, "; ".join(approx))
-        widen_bound(w, start, sent=gathered_out, collectives=rows_alternative)
+        widen_bound(w, start, sent=gathered_out, collectives=rows_alternative + gathered_again)
         if alternative:
             offer(w, eqn, start)  # the window-covers-result choice: walked to the program's end
     return [out]
@@ -618,16 +735,50 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
     start = len(w.ops)
     dims = list(src.dims)
     halos: list[tuple[int, list[int]]] = []
+    uneven: list[tuple[int, Pieces, int]] = []  # axes kept split on uneven or dilated blocks: XLA's own exchange
+    regroup: list[tuple[int, tuple[str, ...]]] = []  # of those, the result's axes XLA then keeps split on a prefix
+    blocks: dict[int, int] = {}  # the even axes' blocks once their halos are exchanged (XLA's valid data)
     approx = []
-    for i, d in enumerate(src.dims):
+    # Axes XLA holds split on padded blocks where explain's layout is whole (an interior pad's uneven result).
+    padded = w.env.get(PaddedBlocks(eqn.invars[0]))
+    split = [d or (padded.dims[i] if padded is not None else ()) for i, d in enumerate(src.dims)]
+    local = [-(-s // group_size(w, split[i])) if split[i] else s for i, s in enumerate(src.shape)]
+    for i, d in enumerate(split):
         if not d:
             continue
-        window, stride, (low, _) = p["window_dimensions"][i], p["window_strides"][i], p["padding"][i]
+        window, stride, (low, high) = p["window_dimensions"][i], p["window_strides"][i], p["padding"][i]
         bdil, wdil = p["base_dilation"][i], p["window_dilation"][i]
         length, out_len, n = src.shape[i], int(out_aval.shape[i]), group_size(w, d)
         kept = _dividing_prefix(w, d, out_len) if bdil == 1 else ()
-        if bdil == 1 and out_len % n == 0:
+        plan = windowed_pieces(length, n, window, stride, wdil, bdil, low, high)
+        if bdil == 1 and out_len % n == 0 and length % n == 0:
             halos.append((i, halo_pieces(length, n, out_len, window, stride, wdil, low)))
+            if isinstance(plan, tuple):
+                blocks[i] = plan[1]
+        elif (
+            isinstance(plan, tuple) and out_len >= n and (not src.dims[i] or out_len % n == 0) and not _selected(w, eqn)
+        ):
+            # Uneven blocks or a dilated base (an average pool's gradient: the window sum after the interior
+            # pad): XLA keeps the axis split on padded blocks and exchanges the halos its partitioner computes
+            # (measured: 17 padded rows over 2, a 2-row window: one row permuted, tests/test_conv_rules.py).
+            uneven.append((i, *plan))
+            dims[i] = d
+        elif not src.dims[i]:
+            # Padded blocks explain cannot follow through this window: XLA's way is not modelled, so the blocks
+            # are gathered (as XLA does where it gives up on halos) and the op says so.
+            approx.append(f"axis {i} (padded blocks) gathered; XLA may exchange halos instead")
+            why = f"{eqn.primitive.name}: padded blocks gathered"
+            local[i] = src.shape[i]
+            for v in eqn.invars[:n_ops]:
+                charge(w, eqn, phase, repeat, "all-gather", d, [math.prod(local) * itemsize(v.aval.dtype)], why)
+        elif kept and isinstance(plan, tuple) and src.dims[i] and not _selected(w, eqn):
+            # The result's blocks do not divide over the whole split, but over its major axes they do: XLA pools
+            # padded blocks over the whole split (its halo exchange), then brings the result to the split over
+            # those major axes (measured: 8 rows over (a, b) of (4, 2), a 2x2 stride-2 max pool to 4 rows: two
+            # halo permutes, two result permutes and an all-reduce over 'b'; the result rows@a).
+            uneven.append((i, *plan))
+            regroup.append((i, kept))
+            dims[i] = d
         elif kept:
             # The result's blocks do not divide over the whole split, but over its major axes they do: XLA
             # keeps the result split over those (measured: 16 rows over (a, b) pooled to 6 stay split over
@@ -639,10 +790,23 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         else:
             approx.append(f"axis {i} (dilated or uneven blocks) gathered; XLA may exchange halos instead")
             dims[i] = ()
+    held_dims = tuple(d if src.dims[i] else () for i, d in enumerate(dims))  # the padded blocks: not a layout
     if approx:
         for k, lay in enumerate(ins[:n_ops]):
-            _bring(w, eqn, phase, repeat, k, lay, lay.with_dims(tuple(dims)), "reduce_window split gathered")
-    _exchange_halos(w, eqn, phase, repeat, src.with_dims(tuple(dims)), halos, eqn.invars[0].aval.dtype)
+            _bring(w, eqn, phase, repeat, k, lay, lay.with_dims(held_dims), "reduce_window split gathered")
+    grown = _exchange_halos(w, eqn, phase, repeat, src.with_dims(held_dims), halos, eqn.invars[0].aval.dtype, blocks)
+    local = [-(-s // group_size(w, dims[i])) if dims[i] else s for i, s in enumerate(src.shape)]
+    for j, _ in halos:
+        local[j] = grown[j]
+    for i, pieces, block in uneven:  # after the even axes, in axis order (XLA exchanges one dimension at a time)
+        why = f"{eqn.primitive.name}: halo exchange of padded blocks"
+        for k, v in enumerate(eqn.invars[:n_ops]):
+            if not is_free(ins[k]):
+                _permute_rows(w, eqn, phase, repeat, dims[i], local, i, pieces, v.aval.dtype, why)
+        local[i] = block
+    for i, kept in regroup:
+        _result_to_prefix(w, eqn, phase, repeat, dims, i, kept)
+        dims[i] = kept
     outs = [w.relayout(v.aval, dims) for v in eqn.outvars]
     if approx:
         _mark(w, start, "; ".join(approx))
@@ -651,13 +815,47 @@ def reduce_window(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: st
         # padded blocks (each device's rows plus halos) and only then all-reduces the result (measured: a
         # window-1 pool of rows@a over 8, stride 2 or 3: a permute and an all-reduce of the result, XLA's peak
         # 1.9-2.8 KB against explain's 8.5 KB).
-        held = sum(_local_bytes(lay.with_dims(tuple(dims)), v.aval.dtype) for lay, v in zip(ins[:n_ops], eqn.invars))
+        held = sum(_local_bytes(lay.with_dims(held_dims), v.aval.dtype) for lay, v in zip(ins[:n_ops], eqn.invars))
         made = sum(_local_bytes(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars))
         # Collectives: XLA's padded blocks take a permute from each side's neighbour and one of the result's
         # pieces before its gather (measured: 2 permutes and an all-gather where explain gathers once).
         more, sent = _gradient_alternative(w, eqn, src, [i for i, d in enumerate(src.dims) if d and d != dims[i]])
         widen_bound(w, start, peak=2 * held + made, collectives=3 * len(approx) + more, sent=sent)
     return outs
+
+
+def _result_to_prefix(
+    w: Walker, eqn: Any, phase: str, repeat: int, dims: list[tuple[str, ...]], i: int, kept: tuple[str, ...]
+) -> None:
+    """Charge XLA's move of a window op's result from padded blocks over ``dims[i]`` to blocks over its major
+    axes ``kept``, replicated over the rest (XLA's ``TileToPartialReplicateHaloExchange``, a compact halo exchange
+    when the padded blocks hold rows the new ones do not, then ``ReplicatePartial`` over the rest: an all-reduce of
+    the masked block where the block is at most half the group, else an all-gather)."""
+    split, out_len = dims[i], int(eqn.outvars[0].aval.shape[i])
+    n, groups = group_size(w, split), group_size(w, kept)
+    r = n // groups
+    src_block, dst_block = -(-out_len // n), -(-out_len // groups)
+    local = [-(-int(s) // group_size(w, d)) if d else int(s) for s, d in zip(eqn.outvars[0].aval.shape, dims)]
+    surplus = src_block * n // groups - dst_block
+    for v in eqn.outvars:
+        if surplus > 0:
+            left = [surplus * (k // r) for k in range(n)]
+            pieces = _compact_exchange(left, [-h for h in left], src_block, out_len)
+            why = f"{eqn.primitive.name}: result moved to its blocks over {kept}"
+            _permute_rows(w, eqn, phase, repeat, split, local, i, pieces, v.aval.dtype, why)
+        whole = [dst_block if j == i else s for j, s in enumerate(local)]
+        why = f"{eqn.primitive.name}: result replicated over {split[len(kept) :]}"
+        block = [math.prod(whole) * itemsize(v.aval.dtype)]
+        if dst_block <= r // 2:  # ReplicatePartial: a masked all-reduce where the block is at most half the group
+            charge(w, eqn, phase, repeat, "all-reduce", split[len(kept) :], block, why)
+        else:
+            charge(w, eqn, phase, repeat, "all-gather", split[len(kept) :], block, why)
+
+
+def _selected(w: Walker, eqn: Any) -> bool:
+    """Whether a max pool's gradient (``select_and_scatter_add``) reads this pool's operand: its uneven blocks are
+    then gathered as :func:`_gradient_alternative` prices (the pool and its gradient settled together)."""
+    return any(u.primitive.name == "select_and_scatter_add" for u, _ in w.uses.get(id(eqn.invars[0]), []))
 
 
 def _gradient_alternative(w: Walker, eqn: Any, src: Layout, axes: list[int]) -> tuple[int, float]:
@@ -847,6 +1045,77 @@ def _shift_pieces(length: int, out_len: int, n: int, offset: int) -> Pieces | No
     left = [k * s - (k * o + offset) for k in range(n)]
     right = [(k + 1) * o + offset - (k + 1) * s for k in range(n)]
     return _valid_data(left, right, s, length, -offset, o)  # the window's low padding: -offset
+
+
+TRIMMED = "trimmed"  # XLA drops the shards without output first (a result shorter than the split): not modelled
+
+
+def windowed_pieces(
+    length: int, n: int, window: int, stride: int, wdil: int, bdil: int, low: int, high: int
+) -> tuple[Pieces, int] | None | str:
+    """(collective-permutes, the block with halos) of XLA's halo exchange for a windowed op's operand along an axis
+    split ``n`` ways, the result kept split: None where XLA gives up on halos and replicates the axis, or
+    :data:`TRIMMED` where it first drops shards that compute nothing (a path not modelled here).
+
+    XLA's SPMD partitioner (``ReshardAsWindowedInput``, which ``reduce-window`` and ``pad`` use): the windows are
+    dealt out ``ceil(count / n)`` per shard, shard ``k``'s first needed operand position is
+    ``(stride·per·k + bdil - 1 - low % bdil) // bdil`` past ``low // bdil`` positions of explicit padding, and
+    every shard gets the largest halo any shard needs (:func:`_valid_data`).  Uneven blocks and a base dilation
+    (a pad's interior padding, an average pool's gradient) keep the axis split: an average pool's gradient, 8
+    pooled rows over 2 padded (1, 1, 1) to 17, moves nothing in the pad and one row in the window sum after it
+    (measured, tests/test_conv_rules.py).
+    """
+    dilated = 1 + (window - 1) * wdil
+    full = 1 + (length - 1) * bdil + low + high
+    count = (full - dilated) // stride + 1
+    per, s = -(-count // n), -(-length // n)
+    explicit_left = _tdiv(low, bdil)
+    if count < n and wdil == 1 and bdil == 1:
+        if -(-(length + high) // s) < n or (-explicit_left) // s - count > 0:
+            return TRIMMED
+    if full < dilated or (stride != 1 and (stride * per) % bdil):
+        return None
+    low_in_shard = low - explicit_left * bdil  # C++'s remainder: the low padding left to each shard's window
+    start = [(stride * per * k + bdil - 1 - low_in_shard) // bdil for k in range(n)]
+    reach = stride * (per - 1) + dilated + bdil - 1 - low_in_shard
+    limit = [(stride * per * k + reach) // bdil for k in range(n)]
+    left = [s * k + explicit_left - start[k] for k in range(n)]
+    right = [limit[k] - (s * k + s + explicit_left) for k in range(n)]
+    with_halo = max(b - a for a, b in zip(start, limit))
+    pieces = _valid_data(left, right, s, length, explicit_left, with_halo)
+    return None if pieces is None else (pieces, with_halo)
+
+
+def dilated_pad(
+    w: Walker, eqn: Any, phase: str, repeat: int, src: Layout, axis: int, out_len: int, low: int, interior: int
+) -> bool:
+    """Charge XLA's halo permutes for a pad with interior padding along the split ``axis`` of ``src``
+    (a window of one over the dilated operand: :func:`windowed_pieces`); False where XLA replicates the axis
+    instead, or drops shards first (the caller gathers it)."""
+    n = group_size(w, src.dims[axis])
+    high = out_len - (src.shape[axis] - 1) * (interior + 1) - 1 - low
+    plan = windowed_pieces(src.shape[axis], n, 1, 1, 1, interior + 1, low, high)
+    if not isinstance(plan, tuple):
+        return False
+    pieces, _ = plan
+    out = eqn.outvars[0]
+    if out_len % n:
+        # The result does not divide: XLA keeps it on padded blocks, which explain's layouts cannot hold.  Only
+        # for window sums does the walk carry that split on (:class:`PaddedBlocks`); other readers gather it.
+        users = w.uses.get(id(out), [])
+        if (
+            not users
+            or id(out) in w.program_outputs
+            or any(u.primitive.name not in WINDOW_REDUCTIONS for u, _ in users)
+        ):
+            return False
+        key = PaddedBlocks(out)
+        held = w.env.get(key, src.with_dims(tuple(() for _ in src.dims)))
+        w.env[key] = _with(held, axis, src.dims[axis])
+    why = "pad with interior padding: halo exchange along a split axis"
+    dtype = eqn.invars[0].aval.dtype
+    _permute_rows(w, eqn, phase, repeat, src.dims[axis], list(src.shard_shape), axis, pieces, dtype, why)
+    return True
 
 
 def _scatter_exchange(
