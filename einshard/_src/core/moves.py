@@ -468,7 +468,7 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
         for m in order:
             if m in leaving:
                 gathered.setdefault(leaving[m], []).append(m)
-        for i, ms in gathered.items():
+        for i, ms in _last_dim_first(gathered):
             # in the dimension's order (one mesh axis, the common gather: itself; each is in cur.dims[i])
             ms_ordered = (ms[0],) if len(ms) == 1 else tuple([m for m in cur.dims[i] if m in ms])
             cur, c = all_gather(cur, ms_ordered, why=f"gather {_name(src, i)}")
@@ -476,6 +476,8 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
         return cur, tuple(moves)
     src_at = {m: i for i, d in enumerate(src.dims) for m in d}
     dst_at = {m: i for i, d in enumerate(dst.dims) for m in d}
+    if not src.unreduced and _gathers_and_shifts_one_dim(src, src_at, dst_at):
+        return _rematerialized(src, dst)
 
     # 1. Pending sums: reduce-scatter onto the dimension the target splits with them (slicing in the same
     #    step whatever else the target splits that dimension with), else all-reduce.  Reductions come
@@ -531,7 +533,8 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
             shifts.setdefault((src_at[m], dst_at[m]), []).append(m)
     for (i, j), ms in shifts.items():
         cur = _to_minor(cur, i, ms, moves)
-        cur, c = all_to_all(cur, tuple(ms), i, j, why=f"move the split from {_name(src, i)} to {_name(src, j)}")
+        ms_ordered = tuple(m for m in cur.dims[i] if m in ms)  # moved as the group they are, in their order
+        cur, c = all_to_all(cur, ms_ordered, i, j, why=f"move the split from {_name(src, i)} to {_name(src, j)}")
         _add(moves, c)
 
     # 4. Gathers, grouped by the dimension they leave.
@@ -539,7 +542,7 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     for m in order:
         if m in src_at and m not in dst_at and m not in regrouped:
             gathers.setdefault(src_at[m], []).append(m)
-    for i, ms in gathers.items():
+    for i, ms in _last_dim_first(gathers):
         cur = _to_minor(cur, i, ms, moves)
         ms_ordered = tuple(m for m in cur.dims[i] if m in ms)
         cur, c = all_gather(cur, ms_ordered, why=f"gather {_name(src, i)}")
@@ -549,6 +552,44 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     if cur.dims != dst.dims:
         cur, c = collective_permute(cur, dst.dims, why="reorder the mesh axes of a split")
         _add(moves, c)
+    return cur, tuple(moves)
+
+
+def _last_dim_first(gathers: dict[int, list[str]]) -> list[tuple[int, list[str]]]:
+    """Gathers of several dimensions, the last dimension first: XLA's partitioner gathers a tiled value's
+    dimensions from the minor end (``[x@a, y@b] -> [x, y]`` gathers y over b, then x over a: the first
+    gather moves the smaller block)."""
+    return sorted(gathers.items(), reverse=True) if len(gathers) > 1 else list(gathers.items())
+
+
+def _gathers_and_shifts_one_dim(src: Layout, src_at: dict[str, int], dst_at: dict[str, int]) -> bool:
+    """Whether a dimension of ``src`` loses a mesh axis to an all-to-all (the target splits another dimension over
+    it) that lies major to one it loses to a gather (the target does not split over it).  XLA's partitioner has
+    no direct reshard for that (measured: ``[x@(a,b), y] -> [x, y@a]`` compiles to one all-gather over (a, b)
+    and a slice, "Involuntary full rematerialization"), so it gathers the whole value and slices the target's
+    block.  The other way round (``[x@(a,b), y] -> [x, y@b]``) it moves b with an all-to-all, then gathers a."""
+    for i, d in enumerate(src.dims):
+        shifted = [k for k, m in enumerate(d) if m in dst_at and dst_at[m] != i]
+        gathered = [k for k, m in enumerate(d) if m not in dst_at]
+        if shifted and gathered and min(shifted) < max(gathered):
+            return True
+    return False
+
+
+def _rematerialized(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
+    """``src`` gathered whole (each split dimension's mesh axes in one all-gather, the last dimension first),
+    then sliced to ``dst`` (free): XLA's last-resort reshard."""
+    moves: list[Move] = []
+    cur = src
+    split = {i: list(d) for i, d in enumerate(src.dims) if d}
+    for i, ms in _last_dim_first(split):
+        cur, c = all_gather(
+            cur, tuple(ms), why=f"gather {_name(src, i)} (no direct reshard: XLA gathers the whole value)"
+        )
+        _add(moves, c)
+    for j, d in enumerate(dst.dims):
+        if d:
+            cur, _ = dynamic_slice(cur, d, j)
     return cur, tuple(moves)
 
 

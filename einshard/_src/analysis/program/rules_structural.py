@@ -24,7 +24,7 @@ from .upstream import apply as apply_upstream
 from .upstream import plan_upstream
 from .values import ELEMENTWISE, REDUCTIONS, Partial
 
-__all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims"]
+__all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims", "merged_dims", "merged_split"]
 
 # Members of values.ELEMENTWISE and values.REDUCTIONS (memory reads them as fusible) whose rule is rules_ordering's: they read
 # along a whole axis, so a split there moves data.
@@ -50,6 +50,9 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
         target = w.relayout(out_aval, dims)
     else:
         target = max(full, key=sharding_degree)
+        merged = merged_dims([lay.dims for lay in full]) if len(full) > 1 else None
+        if merged is not None and merged != target.dims:
+            target = target.with_dims(merged, frozenset())
         if taking(w, eqn):
             # XLA's other choice at a marked conflict (a fork of the walk, see :mod:`.alternatives`): the
             # computed operand's split wins and the others are moved to it.
@@ -67,7 +70,9 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
         if any(lay is f for f in full) and lay is not target and lay.dims != target.dims:
             if _settled_upstream(w, eqn, k, target.dims, repeat, phase):
                 continue
-            w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), out_aval.dtype, repeat, why)
+            # the operand moves in its own dtype (a select's boolean mask: 1 byte an element, not the result's 4)
+            dtype = eqn.invars[k].aval.dtype
+            w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), dtype, repeat, why)
             conflicted.append(k)
     for k, lay in enumerate(ins):
         if not any(lay is p for p in partial):
@@ -87,10 +92,39 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             src_dims = tuple(t if g != a else d for d, t, a, g in zip(lay.dims, target.dims, lay.shape, grown))
             dst_dims = tuple(t if g != a else d for d, t, a, g in zip(want, target.dims, lay.shape, grown))
             src = Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
-            w.change(eqn, phase, src, src.with_dims(dst_dims), out_aval.dtype, repeat, why)
+            w.change(eqn, phase, src, src.with_dims(dst_dims), eqn.invars[k].aval.dtype, repeat, why)
     # A conflict settled by an all-to-all on a computed value: XLA may settle it upstream instead.
     mark_conflict(w, eqn, since, conflicted, alternative=bool(full))
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
+
+
+def merged_dims(operands: list[tuple[tuple[str, ...], ...]]) -> tuple[tuple[str, ...], ...] | None:
+    """The result's split that XLA's sharding propagation (Shardy) gives an elementwise op whose operands are
+    split differently, where that is decided dimension by dimension; None where it is not.
+
+    Each dimension is one factor: where every operand's mesh axes there are a prefix of the longest one's, the
+    longest wins (the others are sliced to it: free); where two disagree (``(a, b)`` against ``b``), only their
+    common prefix survives (measured: ``jnp.where(a > 0, a, b)`` with a ``[16@(a,b), 16]``, b ``[16@b, 16@a]``
+    gives ``[16, 16@a]``; a ``[16@b, 16]``, b ``[16@(a,b), 16]`` gives a whole result).  Explicit axes type
+    the result alike (a dimension split on one side and whole on the other takes the split; two different
+    splits are refused).  None where the winners name one mesh axis on two dimensions (``x[rows@a]`` against
+    ``y[cols@a]``): then one operand's whole split wins (the caller's rule, and its conflict mark)."""
+    merged = [merged_split([dims[k] for dims in operands]) for k in range(len(operands[0]))]
+    used = [m for d in merged for m in d]
+    return tuple(merged) if len(used) == len(set(used)) else None
+
+
+def merged_split(splits: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """One dimension's split where operands meet on it (:func:`merged_dims`): the longest where the others are
+    its prefixes, else the prefix they all share."""
+    longest = max(splits, key=len)
+    for d in splits:
+        n = 0
+        while n < len(d) and n < len(longest) and d[n] == longest[n]:
+            n += 1
+        if n < len(d):  # not a prefix of the longest: keep what they share
+            longest = longest[:n]
+    return longest
 
 
 def _settled_upstream(
