@@ -386,3 +386,50 @@ def test_transpose_gradient_fuses_and_drops_the_dead_loss() -> None:
     the transposed copy too, 1.5x)."""
     x = _struct((24, 12, 8))
     check(Case("transpose", lambda x: jnp.transpose(x, (2, 0, 1)), (x,), (P(),), 1, False, True))
+
+
+# -- the layout algebra's transitions against XLA's partitioner (einshard._src.core.moves.transition) ----------
+
+# src -> dst on a (16, 16) float32 value, each pair a reshard rule measured on the compiled HLO of a one-op program
+# whose argument and result are laid out so (the whole 2-D table on (4, 2) and (2, 2, 2): tools one-off, the
+# differing pairs 18 -> 9 of 110 and 1155 -> 888 of 2352 with these rules).
+RESHARDS = [
+    # several dimensions gathered: the last first (its gather moves the smaller block)
+    ((("a",), ("b",)), ((), ()), 2),
+    ((("b",), ("a",)), ((), ()), 2),
+    ((("a",), ("b",)), ((), ()), 3),
+    # a dimension's whole split moved by one all-to-all in its own order, then reordered
+    ((("b", "a"), ()), ((), ("b", "a")), 2),
+    ((("b", "a"), ()), ((), ("a", "b")), 2),
+    # a major mesh axis moved while a minor one is gathered: gathered whole (full rematerialization)
+    ((("a", "b"), ()), ((), ("a",)), 2),
+    (((), ("b", "a")), (("b",), ()), 2),
+    # the other way round: the minor one moved, the major one gathered after it
+    ((("a", "b"), ()), ((), ("b",)), 2),
+]
+
+
+@pytest.mark.parametrize(("src", "dst", "rank"), RESHARDS)
+def test_transition_is_xlas_reshard(src: Any, dst: Any, rank: int) -> None:
+    from collections import Counter
+
+    from jax.sharding import NamedSharding
+    from test_primitive_rules import MESHES, _mesh
+
+    from einshard._src.analysis.cost import transition
+    from einshard._src.core.layout import Layout, MeshAxis
+    from einshard.testing import hlo
+
+    def spec(dims: Any) -> P:
+        return P(*[None if not d else d[0] if len(d) == 1 else d for d in dims])
+
+    mesh = _mesh(rank, False)
+    sharded = jax.jit(
+        lambda x: x * 2, in_shardings=NamedSharding(mesh, spec(src)), out_shardings=NamedSharding(mesh, spec(dst))
+    )
+    found = hlo.normalized(sharded.lower(_struct((16, 16))).compile().as_text())
+    want = Counter(c.kind for c in found if c.group_size > 1)
+    want_bytes = sum(c.array_bytes for c in found if c.group_size > 1)
+    axes = tuple(MeshAxis(n, s) for s, n in zip(*MESHES[rank]))
+    _, colls = transition(Layout(("x", "y"), (16, 16), axes, src), Layout(("x", "y"), (16, 16), axes, dst))
+    assert (Counter(c.kind for c in colls), sum(c.array_bytes for c in colls)) == (want, want_bytes)
