@@ -202,32 +202,25 @@ STRATEGIES: dict[str, Any] = {
 # pass); the deep run shrinks.
 FAST_DRAWS = settings(FAST, phases=[Phase.explicit, Phase.generate])
 
-# Elementwise ops whose operands split one dimension over different mesh axes, or one mesh axis along different
-# dimensions: XLA's choice of which operand moves (and so the result's layout) is not the elementwise rule's
-# (rules_structural.elementwise: the core-primitive sweep's).  The draws, named:
-ELEMENTWISE_MISS = (
-    "operands split differently (rules_structural.elementwise): jnp.where(a > 0, a, b) and a // b with "
-    "a[16@(a,b), 16], b[16@b, 16@a] (mesh 2): XLA gives the result [16, 16@a], explain [16@(a,b), 16]; "
-    "a[16@b, 16], b[16@(a,b), 16]: XLA all-gathers three times (2304 B), explain permutes twice (256 B); "
-    "a * b with a whole, b[16@a, 16@b] Explicit, its gradient: bytes 1536 against XLA's 1280; "
-    "lax.clamp(lo, x, hi) with x, hi [16@a, 16], lo [16, 16@a]: XLA's peak 2064 B (the all-to-alls' buffers) "
-    "against explain's 512 B, 4 B beyond the 'moved' band"
+# Elementwise ops whose operands split one dimension differently: the result's split is merged dimension by
+# dimension as Shardy merges it (rules_structural.merged_dims, MERGED_DRAWS below).  What remains is a gradient,
+# where Shardy's propagation reaches the forward op's result from its cotangent's readers first.  The draw, named:
+SELECT_GRADIENT_MISS = (
+    "the gradient of jnp.where(c, a, b) with a[24@b, 64], b[24@(a,b), 64], c[24@a, 64] (mesh 2): XLA computes "
+    "the select on the mask's split [24@a] (propagated back from the cotangent's selects, which read c) and "
+    "moves a and b to it (a permute and an all-gather, 3072 B); explain merges the three splits to a whole "
+    "result and gathers all three (13824 B)"
 )
 # The default run's draws a rule does not hold to XLA yet (non-strict: a fix shows as XPASS).
 FAST_MISSES: dict[str, str] = {
-    "select_n": ELEMENTWISE_MISS,
-    "integer": ELEMENTWISE_MISS,
-    "mixed_elementwise": ELEMENTWISE_MISS,
-    "clamp": ELEMENTWISE_MISS,
-    "dynamic_update_slice": (
-        "an update split over (a, b) into an operand split over b alone (16x16, mesh 2): XLA all-gathers the "
-        "update whole (1024 B), explain moves it (a, b) -> b with a permute and an all-gather (640 B): the "
-        "layout algebra's transition, not the rule's"
-    ),
+    "select_n": SELECT_GRADIENT_MISS,
     "scatter": (
         "the gradient of x.at[i].add(u), x[64@a, 24@c], u[16@b, 24], i[16@(a, c)] (mesh 3): XLA permutes 4 "
-        "times, all-gathers 3 times and all-reduces twice (2424 B), explain permutes twice (1936 B); and "
-        "x[16@a, 16], u[8@a, 16]: XLA reduce-scatters u's gradient to u's split, explain all-reduces it whole"
+        "times, all-gathers 3 times and all-reduces twice (2424 B), explain permutes twice and all-reduces twice "
+        "(1936 B); x[16@a, 16], u[8@a, 16] (mesh 1): XLA reduce-scatters u's gradient to u's split, explain "
+        "all-reduces it whole; the gradient of x.at[i].set(u), x[32@c, 16@b], u[16@(a,b,c), 16], i[16@(a,b,c)] "
+        "(mesh 3): XLA all-gathers 7 times, permutes 3 times, all-reduces 3 times and all-to-alls twice (4216 B), "
+        "explain all-gathers 8 times, permutes once and all-reduces once (3208 B, beyond the lookup's mark)"
     ),
 }
 
@@ -251,10 +244,6 @@ DEEP_MISSES: dict[str, str] = {
         "the gradient of jnp.take(t[16@a, 16], i[4, 8], axis=0, mode='clip') (a vocabulary-split lookup, ids "
         "whole): collectives and bytes match, explain's peak 3456 B against XLA's 5504 B (0.63, the memory walk "
         "holds fewer of the masked lookup's and its scatter-add's buffers than XLA)"
-    ),
-    "concatenate": (
-        "operands split over different mesh axes along the same dimension ([16, 16@b] and [16, 16@a]): XLA "
-        "permutes one and all-gathers the result, explain gathers both (marked approximate)"
     ),
 }
 
@@ -479,4 +468,60 @@ UPDATE_DRAWS = [
 
 @pytest.mark.parametrize("case", UPDATE_DRAWS, ids=lambda c: f"{c.specs}-{c.grad}")
 def test_update_meets_its_operand_per_dimension(case: Case) -> None:
+    check(case)
+
+
+def _concatenated(*xs: Any) -> Any:
+    return jnp.concatenate(xs, axis=0)
+
+
+# concatenate of operands split differently off the joined axis: the result is whole there (Shardy merges no
+# split), XLA joins them on the most-split operand's split (the others resharded to it: a permute; a whole one
+# sliced) and gathers the joined result (the deep run's draw [16, 16@b] ++ [16, 16@a], once marked approximate).
+CONCATENATE_DRAWS = [
+    Case(
+        "concatenate",
+        _concatenated,
+        (_sds((16, 16)), _sds((16, 16))),
+        (P(None, "b"), P(None, "a")),
+        2,
+        False,
+        False,
+        "unfused",
+    ),
+    Case(
+        "concatenate",
+        _concatenated,
+        (_sds((16, 16)),) * 3,
+        (P(None, "b"), P(None, "a"), P()),
+        2,
+        False,
+        True,
+        "unfused",
+    ),
+    Case(
+        "concatenate",
+        _concatenated,
+        (_sds((16, 16)),) * 2,
+        (P(None, ("a", "b")), P(None, "b")),
+        2,
+        False,
+        False,
+        "unfused",
+    ),
+    Case(
+        "concatenate",
+        _concatenated,
+        (_sds((16, 16)),) * 3,
+        (P(None, "c"), P(None, "b"), P(None, "a")),
+        3,
+        False,
+        False,
+        "unfused",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CONCATENATE_DRAWS)
+def test_concatenate_joins_on_the_most_split_operand(case: Case) -> None:
     check(case)

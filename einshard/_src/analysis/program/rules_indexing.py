@@ -1422,12 +1422,14 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         cut = []
     if cut and not is_free(operand):
         dims = list(operand.dims)
+        whole = operand
         for i in reversed(cut):
-            step = operand.with_dims(tuple(dims))
+            # each step from the one before (the walker follows it to the value: a dynamic_slice of the same
+            # value gathered alike reuses the copy, as XLA's CSE does in this op's gradient)
             dims[i] = ()
-            why = "dynamic_update_slice cuts a split axis"
-            w.change(eqn, phase, step, operand.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
-        whole = operand.with_dims(tuple(dims))
+            gathered = operand.with_dims(tuple(dims))
+            w.change(eqn, phase, whole, gathered, out_aval.dtype, repeat, "dynamic_update_slice cuts a split axis")
+            whole = gathered
         w.bind_copy(eqn.invars[0], whole)  # the gathered copy is live while the update is written
         if not is_free(update):
             want = tuple(d if a == b else () for d, a, b in zip(whole.dims, update.shape, operand.shape))

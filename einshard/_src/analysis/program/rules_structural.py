@@ -568,11 +568,16 @@ def slice_(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
         why = f"{eqn.primitive.name} cuts a sharded axis"
         # One axis at a time from the last, as XLA gathers (measured: [16@a, 16@b] gathers [4, 16] over b,
         # then [16, 16] over a).
+        # Each step moves the layout the one before made (the walker follows it to the value: a later reader
+        # of the same value gathered alike reuses XLA's gathered copy, as a dynamic_update_slice's gradient
+        # and the dynamic_slice of its update's gradient do).
+        step = src
         for i in reversed(cut):
-            step = src.with_dims(tuple(dims))
             dims[i] = ()
-            w.change(eqn, phase, step, src.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
-        w.bind_copy(eqn.invars[0], src.with_dims(tuple(dims)))  # the gathered copy is live while it is sliced
+            gathered = src.with_dims(tuple(dims))
+            w.change(eqn, phase, step, gathered, out_aval.dtype, repeat, why)
+            step = gathered
+        w.bind_copy(eqn.invars[0], step)  # the gathered copy is live while it is sliced
         # On Explicit axes the result's type keeps the operand's split where it divides: sliced locally
         # from the gathered operand (no further collective).
         typed = explicit_dims(out_aval)
@@ -597,24 +602,54 @@ def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     placed = [lay for lay in ins if not is_free(lay)]
     dims = concatenated_dims([lay.dims for lay in placed], axis, w.costs.mesh_sizes)
     start = len(w.ops)
+    # Operands split differently off the axis: the result is whole there (Shardy merges no split), but XLA's
+    # partitioner joins them on the most-split operand's split (the others resharded to it: a regroup's
+    # permute, a whole one sliced) and gathers the joined result (measured: [16, 16@b] ++ [16, 16@a] along
+    # rows permutes the first and gathers [32, 4] over a; [16, 16@(a,b)] ++ [16, 16@b] permutes the second).
+    joined = _joined_on(placed, axis, dims, w.costs.mesh_sizes)
     for lay in placed:
-        # Each operand comes to the result's split off the axis (a whole one is sliced locally, a differently
-        # split one moves) and whole along it.
-        want = lay.with_dims(tuple(d if i != axis else () for i, d in enumerate(dims)))
+        # Each operand comes to the split it is joined on off the axis (a whole one is sliced locally, a
+        # differently split one moves) and whole along it.
+        want = lay.with_dims(tuple(d if i != axis else () for i, d in enumerate(joined)))
         w.change(eqn, phase, lay, want, out_aval.dtype, repeat, "concatenate")
+    if tuple(joined) != tuple(dims):
+        out = w.relayout(out_aval, joined)
+        w.change(
+            eqn,
+            phase,
+            out,
+            out.with_dims(tuple(dims)),
+            out_aval.dtype,
+            repeat,
+            "concatenate: the joined result gathered",
+        )
     if any(lay.dims[axis] for lay in placed):
         from .movement import mark_approximate
 
         # Measured: XLA keeps the split and moves pieces (a collective-permute and all-to-alls of
         # about the operands' blocks); explain gathers the operands along the axis (same order of bytes).
         mark_approximate(w, start, "concatenate along a split axis: XLA permutes and all-to-alls, explain gathers")
-    elif any(len({lay.dims[i] for lay in placed if lay.dims[i]}) > 1 for i in range(len(dims)) if i != axis):
-        from .movement import mark_approximate
-
-        # Measured ([16, 16@b] joined to [16, 16@a]): XLA reshards one operand to the other's split (a
-        # collective-permute), joins them and gathers the result; explain gathers each operand.
-        mark_approximate(w, start, "concatenate of operands split differently: XLA reshards one, gathers the result")
     return [w.relayout(out_aval, dims)]
+
+
+def _joined_on(
+    placed: list[Layout], axis: int, dims: list[tuple[str, ...]], mesh: Mapping[str, int]
+) -> list[tuple[str, ...]]:
+    """The split off ``axis`` on which XLA joins operands split differently there: the most-split operand's
+    (the first among equals), where the merged result (``dims``) is whole on a dimension they split differently;
+    else ``dims`` itself."""
+    rank = len(dims)
+    differ = [i for i in range(rank) if i != axis and len({lay.dims[i] for lay in placed if lay.dims[i]}) > 1]
+    if not differ:
+        return dims
+    best = max(placed, key=lambda lay: math.prod(mesh.get(m, 1) for i in differ for m in lay.dims[i]))
+    joined = list(dims)
+    used = {m for i, d in enumerate(dims) if i not in differ for m in d}
+    for i in differ:
+        if not set(best.dims[i]) & used:
+            joined[i] = best.dims[i]
+            used |= set(best.dims[i])
+    return joined
 
 
 def concatenated_dims(
