@@ -277,12 +277,15 @@ DEEP_MISSES = {
         "XLA's, but XLA's peak 1376 B against explain's 320 B (its send and receive buffers, beyond the slack)"
     ),
     "broadcast_in_dim": (
-        "x[8, 8] rows@b plus a bias b[8]@a broadcast along the rows (mesh 4 x 2): XLA permutes the bias and "
-        "all-gathers it (2 collectives, 24 B), explain permutes it once (64 B)"
+        "x[8, 8] rows@b plus a bias b[8]@a broadcast along the rows (mesh 4 x 2): XLA keeps the rows' split and "
+        "permutes and all-gathers the bias (24 B: Shardy propagates elementwise ops before broadcasts, so the "
+        "broadcast meets the rows' split first), explain merges [8@b] and [8@a] to a whole result and gathers "
+        "both (512 B)"
     ),
     "reshape": (
-        "x[4, 8] columns@a (8 ways) reshaped to (4, 2, 4): the split no longer divides the major part; XLA "
-        "all-gathers twice (192 B), explain once (128 B)"
+        "x[4, 8] columns@a (8 ways) reshaped to (4, 2, 4): the split no longer divides the major part; Shardy "
+        "splits the mesh axis into sub-axes over both parts and XLA all-gathers each (twice, 192 B), explain "
+        "gathers the operand once (128 B)"
     ),
     "squeeze": (
         "the gradient of expand_dims(x[12, 24], 0) * ones((8, 12, 24)), nothing split: explain's peak 3456 B against "
