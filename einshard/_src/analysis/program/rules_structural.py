@@ -18,7 +18,7 @@ from typing import Any
 from ...core.layout import Layout
 from .alternatives import taking
 from .costing import is_free
-from .movement import is_computed, mark_conflict
+from .movement import is_computed, mark_conflict, mark_open_merge
 from .registry import WalkerLike, register, sharding_degree
 from .upstream import apply as apply_upstream
 from .upstream import plan_upstream
@@ -34,12 +34,14 @@ ARG_REDUCTIONS = {"argmax", "argmin"}
 
 @register(*(ELEMENTWISE - CUMULATIVE))
 def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
-    """The most sharded full-size operand sets the layout; the others are brought to it."""
+    """The operands' splits merged dimension by dimension (:func:`merged_dims`) set the layout, else the most
+    sharded full-size operand's; the others are brought to it."""
     out_aval = eqn.outvars[0].aval
     shape = tuple(int(s) for s in out_aval.shape)
     full = [lay for lay in ins if lay.shape == shape and not is_free(lay)]
     # Operands broadcast from size-1 axes (lax broadcasts those implicitly): same rank, smaller.
     partial = [lay for lay in ins if lay.shape != shape and len(lay.shape) == len(shape) and shape and not is_free(lay)]
+    open_merge = False
     if not full:
         if not partial:
             if all(is_free(lay) or not lay.shape for lay in ins):
@@ -53,6 +55,8 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
         merged = merged_dims([lay.dims for lay in full]) if len(full) > 1 else None
         if merged is not None and merged != target.dims:
             target = target.with_dims(merged, frozenset())
+            # a dimension whose splits differ kept only their common prefix (movement.mark_open_merge)
+            open_merge = any(len(d) > len(m) for lay in full for d, m in zip(lay.dims, merged))
         if taking(w, eqn):
             # XLA's other choice at a marked conflict (a fork of the walk, see :mod:`.alternatives`): the
             # computed operand's split wins and the others are moved to it.
@@ -95,6 +99,8 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             w.change(eqn, phase, src, src.with_dims(dst_dims), eqn.invars[k].aval.dtype, repeat, why)
     # A conflict settled by an all-to-all on a computed value: XLA may settle it upstream instead.
     mark_conflict(w, eqn, since, conflicted, alternative=bool(full))
+    if open_merge:
+        mark_open_merge(w, eqn, since)
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
 
 
