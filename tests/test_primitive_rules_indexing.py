@@ -214,7 +214,9 @@ FAST_MISSES: dict[str, str] = {
         "(1936 B); x[16@a, 16], u[8@a, 16] (mesh 1): XLA reduce-scatters u's gradient to u's split, explain "
         "all-reduces it whole; the gradient of x.at[i].set(u), x[32@c, 16@b], u[16@(a,b,c), 16], i[16@(a,b,c)] "
         "(mesh 3): XLA all-gathers 7 times, permutes 3 times, all-reduces 3 times and all-to-alls twice (4216 B), "
-        "explain all-gathers 8 times, permutes once and all-reduces once (3208 B, beyond the lookup's mark)"
+        "explain all-gathers 8 times, permutes once and all-reduces once (3208 B, beyond the lookup's mark); seed 1 "
+        "(derandomize off, deep run): x.at[i].set(u), x[64@a, 24], u[8, 24@a], i[8@a] (mesh 1): XLA all-gathers "
+        "twice (800 B), explain once (768 B)"
     ),
 }
 
@@ -238,10 +240,15 @@ DEEP_MISSES: dict[str, str] = {
         "along a split joined axis (marked approximate): [16, 16] ++ [16@b, 16] (mesh 2): XLA's collectives "
         "differ by 2 and 512 B, beyond the mark's bound of 1 and 1024 B; [16@c, 16] ++ [16@(a,b,c), 16] (mesh 3): "
         "XLA leaves the result whole, explain keeps it split over (a, b, c)"
+        "; seed 1 (derandomize off): [32@a, 16] ++ [32@(b,c), 32] ++ [32@(a,b), 64] along columns (mesh 3): XLA "
+        "permutes once and gathers once (15360 B), explain permutes and gathers twice each (17920 B)"
     ),
     "clamp": (
         "the gradient of jnp.clip(x[16, 16], -1, 1), nothing split (mesh 1): explain's peak 3080 B against XLA's "
         "2048 B (the memory walk holds the clip's comparison masks XLA fuses)"
+        "; seed 1 (derandomize off): lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], hi[32@a, 24] "
+        "(mesh 3): the merge names c on both dimensions; XLA all-gathers twice (4608 B), explain all-to-alls once "
+        "(384 B)"
     ),
     "integer": (
         "a // (|b| + 1) with a, b [16, 24] int32, nothing split (mesh 1): explain's peak 6144 B against XLA's "
@@ -251,6 +258,9 @@ DEEP_MISSES: dict[str, str] = {
         "a * b with a[16@b, 16], b[16@a, 16@c] (mesh 3): the merged result [16, 16@c] is XLA's, but XLA moves a "
         "there by an all-to-all and a permute (1536 B in all) where explain gathers it (the same move compiled "
         "alone is one all-gather, as explain prices it: the partitioner's choice depends on the op)"
+        "; seed 1: a - exp(b), a[32@(b,c), 24], b[32@c, 24@(a,b)] (mesh 3): the merged [32, 24@(a,b)] is "
+        "XLA's, XLA moves a by an all-to-all, an all-gather and a permute (2304 B), explain gathers it whole "
+        "(3840 B: the full rematerialization rule is too wide where the target dimension takes a new major axis)"
     ),
     "select_n": (
         "the gradient of jnp.where(a > 0, a, b), a[16, 16], b[1, 16], nothing split (mesh 1): explain's peak "
@@ -259,11 +269,14 @@ DEEP_MISSES: dict[str, str] = {
     "dynamic_update_slice": (
         "x[16, 24@a] updated by u[16@a, 12] at (i, 0) (mesh 1): collectives and bytes match (2 all-gathers, "
         "2304 B), explain's peak 4036 B against XLA's 2792 B (the gathered operand and update held together)"
+        "; seed 1: x[64, 32@(a,b)] updated by u[8@(a,b), 8] at (i, i) (mesh 2): 17668 B against 10536 B"
     ),
     "gather": (
         "the gradient of jnp.take(t[16@a, 16], i[4, 8], axis=0, mode='clip') (a vocabulary-split lookup, ids "
         "whole): collectives and bytes match, explain's peak 3456 B against XLA's 5504 B (0.63, the memory walk "
         "holds fewer of the masked lookup's and its scatter-add's buffers than XLA)"
+        "; seed 1 (derandomize off): take_along_axis(x[64@(a,b), 24], i[64@b, 1], 1) (mesh 2): XLA permutes "
+        "twice and all-gathers once (192 B), explain permutes once (32 B)"
     ),
 }
 
