@@ -406,7 +406,8 @@ def test_transpose_gradient_fuses_and_drops_the_dead_loss() -> None:
 
 # src -> dst on a (16, 16) float32 value, each pair a reshard rule measured on the compiled HLO of a one-op program
 # whose argument and result are laid out so (the whole 2-D table on (4, 2) and (2, 2, 2): tools one-off, the
-# differing pairs 18 -> 9 of 110 and 1155 -> 888 of 2352 with these rules).
+# differing pairs 18 -> 9 of 110 and 1155 -> 888 of 2352 with these rules; of the 450 pairs on (2, 2, 2) that move
+# one split dimension to another, 252 -> 66).
 RESHARDS = [
     # several dimensions gathered: the last first (its gather moves the smaller block)
     ((("a",), ("b",)), ((), ()), 2),
@@ -420,6 +421,12 @@ RESHARDS = [
     (((), ("b", "a")), (("b",), ()), 2),
     # the other way round: the minor one moved, the major one gathered after it
     ((("a", "b"), ()), ((), ("b",)), 2),
+    # one dimension's whole split moved to another split as many ways over other mesh axes, the source's major
+    # axis among them: an all-to-all, then a permute to the devices the target names
+    ((("b", "c"), ()), ((), ("a", "b")), 3),
+    ((("a", "b"), ()), ((), ("a", "c")), 3),
+    # ... and where the major axis leaves, a gather and a slice
+    ((("a",), ()), ((), ("b",)), 3),
 ]
 
 

@@ -476,6 +476,10 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
         return cur, tuple(moves)
     src_at = {m: i for i, d in enumerate(src.dims) for m in d}
     dst_at = {m: i for i, d in enumerate(dst.dims) for m in d}
+    if not src.unreduced and not dst.unreduced:
+        swapped = _swapped_tiles(src, dst)
+        if swapped is not None:
+            return swapped
     if not src.unreduced and _gathers_and_shifts_one_dim(src, src_at, dst_at):
         return _rematerialized(src, dst)
 
@@ -574,6 +578,34 @@ def _gathers_and_shifts_one_dim(src: Layout, src_at: dict[str, int], dst_at: dic
         if shifted and gathered and min(shifted) < max(gathered):
             return True
     return False
+
+
+def _swapped_tiles(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:
+    """One split dimension's whole split moved to another dimension split as many ways (over any mesh axes):
+    XLA's partitioner swaps the tiles with one all-to-all over the source's group, then sends each block to the
+    device the target names with a collective-permute where the mesh axes differ (measured on (2, 2, 2):
+    ``[x@(b,c), y] -> [x, y@(a,b)]`` is an all-to-all over 4 devices and a permute, where gathering the whole
+    value would move four times the bytes), where the source's major mesh axis splits the target too.  None
+    where the layouts are not so."""
+    split_src = [i for i, d in enumerate(src.dims) if d]
+    split_dst = [j for j, d in enumerate(dst.dims) if d]
+    if len(split_src) != 1 or len(split_dst) != 1 or split_src == split_dst:
+        return None
+    i, j = split_src[0], split_dst[0]
+    if _group(src, src.dims[i]) != _group(dst, dst.dims[j]) or src.dims[i] == dst.dims[j]:
+        return None  # other sizes (a gather or a slice is part of it), or a plain all-to-all (the general path)
+    if src.dims[i][0] not in dst.dims[j]:
+        return None  # the major mesh axis leaves: XLA gathers it (measured: [x@a] -> [y@b] gathers and slices)
+    if dst.shape[j] % _group(src, src.dims[i]):
+        return None
+    mid, a2a = all_to_all(src, src.dims[i], i, j, why=f"move the split from {_name(src, i)} to {_name(src, j)}")
+    after = derived(src, dst.dims)
+    moved = tuple(dict.fromkeys(src.dims[i] + dst.dims[j]))
+    permute = Move("collective-permute", moved, a2a.group_size, mid, after, "send each block where the target names it")
+    moves: list[Move] = []
+    _add(moves, a2a)
+    _add(moves, permute)
+    return after, tuple(moves)
 
 
 def _rematerialized(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
