@@ -258,9 +258,6 @@ DEEP_MISSES: dict[str, str] = {
         "a * b with a[16@b, 16], b[16@a, 16@c] (mesh 3): the merged result [16, 16@c] is XLA's, but XLA moves a "
         "there by an all-to-all and a permute (1536 B in all) where explain gathers it (the same move compiled "
         "alone is one all-gather, as explain prices it: the partitioner's choice depends on the op)"
-        "; seed 1: a - exp(b), a[32@(b,c), 24], b[32@c, 24@(a,b)] (mesh 3): the merged [32, 24@(a,b)] is "
-        "XLA's, XLA moves a by an all-to-all, an all-gather and a permute (2304 B), explain gathers it whole "
-        "(3840 B: the full rematerialization rule is too wide where the target dimension takes a new major axis)"
     ),
     "select_n": (
         "the gradient of jnp.where(a > 0, a, b), a[16, 16], b[1, 16], nothing split (mesh 1): explain's peak "
@@ -420,6 +417,17 @@ MERGED_DRAWS = [
     # read on (a gradient): marked, XLA's choice within the bound (the deep run's draws: XLA runs the forward op
     # on b's split, resp. the mask's, where explain merges to a whole result)
     Case("mul", _mul, (_sds((16, 16)), _sds((16, 16))), (P("b", None), P(("a", "b"), None)), 2, False, True, "moved"),
+    # the seed sweep's draw: a's rows (b, c) move whole to the columns (a, b) by XLA's tile swap (moves.transition)
+    Case(
+        "sub_exp",
+        lambda a, b: a - jnp.exp(b),
+        (_sds((32, 24)), _sds((32, 24))),
+        (P(("b", "c"), None), P("c", ("a", "b"))),
+        3,
+        False,
+        False,
+        "moved",
+    ),
     Case(
         "select_n",
         lambda a, b, c: jnp.where(c, a, b),
