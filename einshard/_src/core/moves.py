@@ -468,7 +468,7 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
         for m in order:
             if m in leaving:
                 gathered.setdefault(leaving[m], []).append(m)
-        for i, ms in gathered.items():
+        for i, ms in _last_dim_first(gathered):
             # in the dimension's order (one mesh axis, the common gather: itself; each is in cur.dims[i])
             ms_ordered = (ms[0],) if len(ms) == 1 else tuple([m for m in cur.dims[i] if m in ms])
             cur, c = all_gather(cur, ms_ordered, why=f"gather {_name(src, i)}")
@@ -476,6 +476,12 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
         return cur, tuple(moves)
     src_at = {m: i for i, d in enumerate(src.dims) for m in d}
     dst_at = {m: i for i, d in enumerate(dst.dims) for m in d}
+    if not src.unreduced and not dst.unreduced:
+        swapped = _swapped_tiles(src, dst)
+        if swapped is not None:
+            return swapped
+    if not src.unreduced and _gathers_and_shifts_one_dim(src, src_at, dst_at):
+        return _rematerialized(src, dst)
 
     # 1. Pending sums: reduce-scatter onto the dimension the target splits with them (slicing in the same
     #    step whatever else the target splits that dimension with), else all-reduce.  Reductions come
@@ -531,7 +537,8 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
             shifts.setdefault((src_at[m], dst_at[m]), []).append(m)
     for (i, j), ms in shifts.items():
         cur = _to_minor(cur, i, ms, moves)
-        cur, c = all_to_all(cur, tuple(ms), i, j, why=f"move the split from {_name(src, i)} to {_name(src, j)}")
+        ms_ordered = tuple(m for m in cur.dims[i] if m in ms)  # moved as the group they are, in their order
+        cur, c = all_to_all(cur, ms_ordered, i, j, why=f"move the split from {_name(src, i)} to {_name(src, j)}")
         _add(moves, c)
 
     # 4. Gathers, grouped by the dimension they leave.
@@ -539,7 +546,7 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     for m in order:
         if m in src_at and m not in dst_at and m not in regrouped:
             gathers.setdefault(src_at[m], []).append(m)
-    for i, ms in gathers.items():
+    for i, ms in _last_dim_first(gathers):
         cur = _to_minor(cur, i, ms, moves)
         ms_ordered = tuple(m for m in cur.dims[i] if m in ms)
         cur, c = all_gather(cur, ms_ordered, why=f"gather {_name(src, i)}")
@@ -549,6 +556,72 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     if cur.dims != dst.dims:
         cur, c = collective_permute(cur, dst.dims, why="reorder the mesh axes of a split")
         _add(moves, c)
+    return cur, tuple(moves)
+
+
+def _last_dim_first(gathers: dict[int, list[str]]) -> list[tuple[int, list[str]]]:
+    """Gathers of several dimensions, the last dimension first: XLA's partitioner gathers a tiled value's
+    dimensions from the minor end (``[x@a, y@b] -> [x, y]`` gathers y over b, then x over a: the first
+    gather moves the smaller block)."""
+    return sorted(gathers.items(), reverse=True) if len(gathers) > 1 else list(gathers.items())
+
+
+def _gathers_and_shifts_one_dim(src: Layout, src_at: dict[str, int], dst_at: dict[str, int]) -> bool:
+    """Whether a dimension of ``src`` loses a mesh axis to an all-to-all (the target splits another dimension over
+    it) that lies major to one it loses to a gather (the target does not split over it).  XLA's partitioner has
+    no direct reshard for that (measured: ``[x@(a,b), y] -> [x, y@a]`` compiles to one all-gather over (a, b)
+    and a slice, "Involuntary full rematerialization"), so it gathers the whole value and slices the target's
+    block.  The other way round (``[x@(a,b), y] -> [x, y@b]``) it moves b with an all-to-all, then gathers a."""
+    for i, d in enumerate(src.dims):
+        shifted = [k for k, m in enumerate(d) if m in dst_at and dst_at[m] != i]
+        gathered = [k for k, m in enumerate(d) if m not in dst_at]
+        if shifted and gathered and min(shifted) < max(gathered):
+            return True
+    return False
+
+
+def _swapped_tiles(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:
+    """One split dimension's whole split moved to another dimension split as many ways (over any mesh axes):
+    XLA's partitioner swaps the tiles with one all-to-all over the source's group, then sends each block to the
+    device the target names with a collective-permute where the mesh axes differ (measured on (2, 2, 2):
+    ``[x@(b,c), y] -> [x, y@(a,b)]`` is an all-to-all over 4 devices and a permute, where gathering the whole
+    value would move four times the bytes), where the source's major mesh axis splits the target too.  None
+    where the layouts are not so."""
+    split_src = [i for i, d in enumerate(src.dims) if d]
+    split_dst = [j for j, d in enumerate(dst.dims) if d]
+    if len(split_src) != 1 or len(split_dst) != 1 or split_src == split_dst:
+        return None
+    i, j = split_src[0], split_dst[0]
+    if _group(src, src.dims[i]) != _group(dst, dst.dims[j]) or src.dims[i] == dst.dims[j]:
+        return None  # other sizes (a gather or a slice is part of it), or a plain all-to-all (the general path)
+    if src.dims[i][0] not in dst.dims[j]:
+        return None  # the major mesh axis leaves: XLA gathers it (measured: [x@a] -> [y@b] gathers and slices)
+    if dst.shape[j] % _group(src, src.dims[i]):
+        return None
+    mid, a2a = all_to_all(src, src.dims[i], i, j, why=f"move the split from {_name(src, i)} to {_name(src, j)}")
+    after = derived(src, dst.dims)
+    moved = tuple(dict.fromkeys(src.dims[i] + dst.dims[j]))
+    permute = Move("collective-permute", moved, a2a.group_size, mid, after, "send each block where the target names it")
+    moves: list[Move] = []
+    _add(moves, a2a)
+    _add(moves, permute)
+    return after, tuple(moves)
+
+
+def _rematerialized(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
+    """``src`` gathered whole (each split dimension's mesh axes in one all-gather, the last dimension first),
+    then sliced to ``dst`` (free): XLA's last-resort reshard."""
+    moves: list[Move] = []
+    cur = src
+    split = {i: list(d) for i, d in enumerate(src.dims) if d}
+    for i, ms in _last_dim_first(split):
+        cur, c = all_gather(
+            cur, tuple(ms), why=f"gather {_name(src, i)} (no direct reshard: XLA gathers the whole value)"
+        )
+        _add(moves, c)
+    for j, d in enumerate(dst.dims):
+        if d:
+            cur, _ = dynamic_slice(cur, d, j)
     return cur, tuple(moves)
 
 

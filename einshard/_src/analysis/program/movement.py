@@ -39,6 +39,7 @@ __all__ = [
     "group_size",
     "mark_approximate",
     "mark_conflict",
+    "mark_open_merge",
     "is_computed",
 ]
 
@@ -98,6 +99,34 @@ def mark_conflict(w: WalkerLike, eqn: Any, since: int, moved: list[int], alterna
     mark_approximate(w, since, CONFLICT_NOTE, bound)
     if alternative:
         offer(w, eqn, since)
+
+
+# Why a merge that dropped splits is approximate (the report's first line names the op and its line).
+MERGE_NOTE = (
+    "operands split one dimension differently and the result is read on: Shardy leaves such a result open and may "
+    "give it a split from another reader (in a gradient, the cotangent's ops reach it first), which then wins"
+)
+
+
+def mark_open_merge(w: WalkerLike, eqn: Any, since: int) -> None:
+    """Mark an elementwise op whose operands' splits merged to less than one of them (:func:`.rules_structural.
+    merged_dims`: a dimension whose splits differ keeps only their common prefix) where its result is read by
+    another op.  Shardy does not write such a merge: the result stays open, and any other op that reads or
+    makes it (its cotangent's selects, a product with an argument) may settle it on one operand's split, which
+    then wins here (measured: the gradient of ``jnp.where(c, a, b)`` with a ``[24@b]``, b ``[24@(a,b)]``,
+    c ``[24@a]`` runs the select on c's split; of ``a * b``, a ``[16@b]``, b ``[16@(a,b)]``, on b's).  Where the
+    result only leaves the program, nothing reaches it and the merge is XLA's (exact, unmarked).  The bound: each
+    operand and the result moved another way, one collective per peer of the widest move's group, and up to the
+    operands' and the result's whole arrays (what XLA may gather instead, or hold whole)."""
+    if w.quiet or all(id(v) in w.program_outputs and not w.uses.get(id(v)) for v in eqn.outvars):
+        return  # (a call body's result read outside it is not among the body's uses, nor does it leave)
+    new = w.ops[since:]
+    peers = max((max(1, c.group_size - 1) for op in new for c in op.collectives), default=0)
+    if not peers:
+        return
+    whole = sum(_whole_bytes(v.aval) for v in eqn.invars if hasattr(v, "aval") and v.aval.shape)
+    whole += sum(_whole_bytes(v.aval) for v in eqn.outvars)
+    mark_approximate(w, since, MERGE_NOTE, OpBound(peers * (len(eqn.invars) + 1), float(whole), float(whole)))
 
 
 def is_computed(w: WalkerLike, v: Any) -> bool:

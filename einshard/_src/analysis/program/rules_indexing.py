@@ -32,7 +32,7 @@ from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_ca
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
 from .report import OpBound
-from .rules_structural import explicit_dims
+from .rules_structural import explicit_dims, merged_split
 from .segment_memo import note_search, past_copy, unlogged
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
@@ -1476,12 +1476,14 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         cut = []
     if cut and not is_free(operand):
         dims = list(operand.dims)
+        whole = operand
         for i in reversed(cut):
-            step = operand.with_dims(tuple(dims))
+            # each step from the one before (the walker follows it to the value: a dynamic_slice of the same
+            # value gathered alike reuses the copy, as XLA's CSE does in this op's gradient)
             dims[i] = ()
-            why = "dynamic_update_slice cuts a split axis"
-            w.change(eqn, phase, step, operand.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
-        whole = operand.with_dims(tuple(dims))
+            gathered = operand.with_dims(tuple(dims))
+            w.change(eqn, phase, whole, gathered, out_aval.dtype, repeat, "dynamic_update_slice cuts a split axis")
+            whole = gathered
         w.bind_copy(eqn.invars[0], whole)  # the gathered copy is live while the update is written
         if not is_free(update):
             want = tuple(d if a == b else () for d, a, b in zip(whole.dims, update.shape, operand.shape))
@@ -1489,8 +1491,12 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                 w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
         return [w.relayout(out_aval, operand.dims)]
     target = _update_target(operand, update)
-    if target != operand.dims:
-        # The operand is whole where the update spans it and is split: sliced locally to the update's split.
+    # An update as large as its operand replaces all of it (XLA's simplifier drops the write and the operand):
+    # only the update moves, to the split the two merged to (measured: x[16@b, 16] updated by u[16@(a,b), 16]
+    # all-gathers u whole, and nothing of x).
+    if target != operand.dims and update.shape != operand.shape:
+        # Where the update spans the operand the two meet dimension by dimension (_update_target): the
+        # operand is sliced locally to a finer split, gathered off one they do not share.
         w.change(eqn, phase, operand, operand.with_dims(target), out_aval.dtype, repeat, "operand lines up")
     if not is_free(update):
         want = tuple(d if a == b else () for d, a, b in zip(target, update.shape, operand.shape))
@@ -1501,14 +1507,20 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
 
 def _update_target(operand: Layout, update: Layout) -> tuple[tuple[str, ...], ...]:
     """The result's split of an update that cuts no split axis of its operand, as XLA's propagation merges them:
-    the operand's split where it has one; where it is whole along an axis the update spans, the update's split
-    (the operand is sliced locally, measured: a whole (16, 16) operand updated by a (16, 16) update split over a
-    keeps the update's split, no collective), where that split's mesh axes are free in the operand; an update
-    split along an axis it does not span is gathered along it (it lands anywhere)."""
+    along an axis the update spans, the operand and the update are one dimension of an elementwise op
+    (:func:`.rules_structural.merged_split`: the longer split where one extends the other, measured: a whole
+    (16, 16) operand updated by a (16, 16) update split over a keeps the update's split, no collective; only
+    the prefix they share where they differ, measured: x[16@b, 16] and u[16@(a,b), 8] give a whole result, both
+    gathered), where the added mesh axes are free in the operand; along an axis it cuts, the operand's split
+    (an update split there is gathered: it lands anywhere)."""
     used = {m for d in operand.dims for m in d}
     dims = list(operand.dims)
     for i, (d, u, a, b) in enumerate(zip(operand.dims, update.dims, update.shape, operand.shape)):
-        if not d and u and a == b and not set(u) & used:
-            dims[i] = u
-            used |= set(u)
+        if a != b or u == d:
+            continue
+        merged = merged_split([d, u])
+        added = set(merged) - set(d)
+        if not added & used:
+            used = (used - set(d)) | set(merged)
+            dims[i] = merged
     return tuple(dims)

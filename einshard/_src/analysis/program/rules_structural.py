@@ -18,13 +18,13 @@ from typing import Any
 from ...core.layout import Layout
 from .alternatives import taking
 from .costing import is_free
-from .movement import is_computed, mark_conflict
+from .movement import is_computed, mark_conflict, mark_open_merge
 from .registry import WalkerLike, register, sharding_degree
 from .upstream import apply as apply_upstream
 from .upstream import plan_upstream
 from .values import ELEMENTWISE, REDUCTIONS, Partial
 
-__all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims"]
+__all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims", "merged_dims", "merged_split"]
 
 # Members of values.ELEMENTWISE and values.REDUCTIONS (memory reads them as fusible) whose rule is rules_ordering's: they read
 # along a whole axis, so a split there moves data.
@@ -34,12 +34,14 @@ ARG_REDUCTIONS = {"argmax", "argmin"}
 
 @register(*(ELEMENTWISE - CUMULATIVE))
 def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
-    """The most sharded full-size operand sets the layout; the others are brought to it."""
+    """The operands' splits merged dimension by dimension (:func:`merged_dims`) set the layout, else the most
+    sharded full-size operand's; the others are brought to it."""
     out_aval = eqn.outvars[0].aval
     shape = tuple(int(s) for s in out_aval.shape)
     full = [lay for lay in ins if lay.shape == shape and not is_free(lay)]
     # Operands broadcast from size-1 axes (lax broadcasts those implicitly): same rank, smaller.
     partial = [lay for lay in ins if lay.shape != shape and len(lay.shape) == len(shape) and shape and not is_free(lay)]
+    open_merge = False
     if not full:
         if not partial:
             if all(is_free(lay) or not lay.shape for lay in ins):
@@ -50,6 +52,11 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
         target = w.relayout(out_aval, dims)
     else:
         target = max(full, key=sharding_degree)
+        merged = merged_dims([lay.dims for lay in full]) if len(full) > 1 else None
+        if merged is not None and merged != target.dims:
+            target = target.with_dims(merged, frozenset())
+            # a dimension whose splits differ kept only their common prefix (movement.mark_open_merge)
+            open_merge = any(len(d) > len(m) for lay in full for d, m in zip(lay.dims, merged))
         if taking(w, eqn):
             # XLA's other choice at a marked conflict (a fork of the walk, see :mod:`.alternatives`): the
             # computed operand's split wins and the others are moved to it.
@@ -67,7 +74,9 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
         if any(lay is f for f in full) and lay is not target and lay.dims != target.dims:
             if _settled_upstream(w, eqn, k, target.dims, repeat, phase):
                 continue
-            w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), out_aval.dtype, repeat, why)
+            # the operand moves in its own dtype (a select's boolean mask: 1 byte an element, not the result's 4)
+            dtype = eqn.invars[k].aval.dtype
+            w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), dtype, repeat, why)
             conflicted.append(k)
     for k, lay in enumerate(ins):
         if not any(lay is p for p in partial):
@@ -87,10 +96,41 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             src_dims = tuple(t if g != a else d for d, t, a, g in zip(lay.dims, target.dims, lay.shape, grown))
             dst_dims = tuple(t if g != a else d for d, t, a, g in zip(want, target.dims, lay.shape, grown))
             src = Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
-            w.change(eqn, phase, src, src.with_dims(dst_dims), out_aval.dtype, repeat, why)
+            w.change(eqn, phase, src, src.with_dims(dst_dims), eqn.invars[k].aval.dtype, repeat, why)
     # A conflict settled by an all-to-all on a computed value: XLA may settle it upstream instead.
     mark_conflict(w, eqn, since, conflicted, alternative=bool(full))
+    if open_merge:
+        mark_open_merge(w, eqn, since)
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
+
+
+def merged_dims(operands: list[tuple[tuple[str, ...], ...]]) -> tuple[tuple[str, ...], ...] | None:
+    """The result's split that XLA's sharding propagation (Shardy) gives an elementwise op whose operands are
+    split differently, where that is decided dimension by dimension; None where it is not.
+
+    Each dimension is one factor: where every operand's mesh axes there are a prefix of the longest one's, the
+    longest wins (the others are sliced to it: free); where two disagree (``(a, b)`` against ``b``), only their
+    common prefix survives (measured: ``jnp.where(a > 0, a, b)`` with a ``[16@(a,b), 16]``, b ``[16@b, 16@a]``
+    gives ``[16, 16@a]``; a ``[16@b, 16]``, b ``[16@(a,b), 16]`` gives a whole result).  Explicit axes type
+    the result alike (a dimension split on one side and whole on the other takes the split; two different
+    splits are refused).  None where the winners name one mesh axis on two dimensions (``x[rows@a]`` against
+    ``y[cols@a]``): then one operand's whole split wins (the caller's rule, and its conflict mark)."""
+    merged = [merged_split([dims[k] for dims in operands]) for k in range(len(operands[0]))]
+    used = [m for d in merged for m in d]
+    return tuple(merged) if len(used) == len(set(used)) else None
+
+
+def merged_split(splits: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """One dimension's split where operands meet on it (:func:`merged_dims`): the longest where the others are
+    its prefixes, else the prefix they all share."""
+    longest = max(splits, key=len)
+    for d in splits:
+        n = 0
+        while n < len(d) and n < len(longest) and d[n] == longest[n]:
+            n += 1
+        if n < len(d):  # not a prefix of the longest: keep what they share
+            longest = longest[:n]
+    return longest
 
 
 def _settled_upstream(
@@ -577,11 +617,16 @@ def slice_(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
         why = f"{eqn.primitive.name} cuts a sharded axis"
         # One axis at a time from the last, as XLA gathers (measured: [16@a, 16@b] gathers [4, 16] over b,
         # then [16, 16] over a).
+        # Each step moves the layout the one before made (the walker follows it to the value: a later reader
+        # of the same value gathered alike reuses XLA's gathered copy, as a dynamic_update_slice's gradient
+        # and the dynamic_slice of its update's gradient do).
+        step = src
         for i in reversed(cut):
-            step = src.with_dims(tuple(dims))
             dims[i] = ()
-            w.change(eqn, phase, step, src.with_dims(tuple(dims)), out_aval.dtype, repeat, why)
-        w.bind_copy(eqn.invars[0], src.with_dims(tuple(dims)))  # the gathered copy is live while it is sliced
+            gathered = src.with_dims(tuple(dims))
+            w.change(eqn, phase, step, gathered, out_aval.dtype, repeat, why)
+            step = gathered
+        w.bind_copy(eqn.invars[0], step)  # the gathered copy is live while it is sliced
         # On Explicit axes the result's type keeps the operand's split where it divides: sliced locally
         # from the gathered operand (no further collective).
         typed = explicit_dims(out_aval)
@@ -606,24 +651,54 @@ def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     placed = [lay for lay in ins if not is_free(lay)]
     dims = concatenated_dims([lay.dims for lay in placed], axis, w.costs.mesh_sizes)
     start = len(w.ops)
+    # Operands split differently off the axis: the result is whole there (Shardy merges no split), but XLA's
+    # partitioner joins them on the most-split operand's split (the others resharded to it: a regroup's
+    # permute, a whole one sliced) and gathers the joined result (measured: [16, 16@b] ++ [16, 16@a] along
+    # rows permutes the first and gathers [32, 4] over a; [16, 16@(a,b)] ++ [16, 16@b] permutes the second).
+    joined = _joined_on(placed, axis, dims, w.costs.mesh_sizes)
     for lay in placed:
-        # Each operand comes to the result's split off the axis (a whole one is sliced locally, a differently
-        # split one moves) and whole along it.
-        want = lay.with_dims(tuple(d if i != axis else () for i, d in enumerate(dims)))
+        # Each operand comes to the split it is joined on off the axis (a whole one is sliced locally, a
+        # differently split one moves) and whole along it.
+        want = lay.with_dims(tuple(d if i != axis else () for i, d in enumerate(joined)))
         w.change(eqn, phase, lay, want, out_aval.dtype, repeat, "concatenate")
+    if tuple(joined) != tuple(dims):
+        out = w.relayout(out_aval, joined)
+        w.change(
+            eqn,
+            phase,
+            out,
+            out.with_dims(tuple(dims)),
+            out_aval.dtype,
+            repeat,
+            "concatenate: the joined result gathered",
+        )
     if any(lay.dims[axis] for lay in placed):
         from .movement import mark_approximate
 
         # Measured: XLA keeps the split and moves pieces (a collective-permute and all-to-alls of
         # about the operands' blocks); explain gathers the operands along the axis (same order of bytes).
         mark_approximate(w, start, "concatenate along a split axis: XLA permutes and all-to-alls, explain gathers")
-    elif any(len({lay.dims[i] for lay in placed if lay.dims[i]}) > 1 for i in range(len(dims)) if i != axis):
-        from .movement import mark_approximate
-
-        # Measured ([16, 16@b] joined to [16, 16@a]): XLA reshards one operand to the other's split (a
-        # collective-permute), joins them and gathers the result; explain gathers each operand.
-        mark_approximate(w, start, "concatenate of operands split differently: XLA reshards one, gathers the result")
     return [w.relayout(out_aval, dims)]
+
+
+def _joined_on(
+    placed: list[Layout], axis: int, dims: list[tuple[str, ...]], mesh: Mapping[str, int]
+) -> list[tuple[str, ...]]:
+    """The split off ``axis`` on which XLA joins operands split differently there: the most-split operand's
+    (the first among equals), where the merged result (``dims``) is whole on a dimension they split differently;
+    else ``dims`` itself."""
+    rank = len(dims)
+    differ = [i for i in range(rank) if i != axis and len({lay.dims[i] for lay in placed if lay.dims[i]}) > 1]
+    if not differ:
+        return dims
+    best = max(placed, key=lambda lay: math.prod(mesh.get(m, 1) for i in differ for m in lay.dims[i]))
+    joined = list(dims)
+    used = {m for i, d in enumerate(dims) if i not in differ for m in d}
+    for i in differ:
+        if not set(best.dims[i]) & used:
+            joined[i] = best.dims[i]
+            used |= set(best.dims[i])
+    return joined
 
 
 def concatenated_dims(
