@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from einshard._src.analysis.program import trace
 from einshard._src.analysis.program.memory import PeakCache, peak_bytes
-from einshard._src.analysis.program.peak_summary import SummaryMemo, fold, stretches
+from einshard._src.analysis.program.peak_summary import Steps, SummaryMemo, fold, stretches
 from einshard._src.analysis.program.trace import arg_layouts
 from einshard._src.analysis.program.walker import Walker
 
@@ -182,7 +182,7 @@ def test_stretches_of_a_program_without_repeats_are_its_glue():
     outs = [("x",), ("y",), ("z",)]
     producer = {"x": 0, "y": 1, "z": 2}
     memo = SummaryMemo()
-    plan = stretches(
+    steps = Steps(
         names,
         ins,
         outs,
@@ -194,8 +194,8 @@ def test_stretches_of_a_program_without_repeats_are_its_glue():
         {1: ["x"], 2: ["y"]},
         frozenset(),
         frozenset(),
-        memo.forms,
     )
+    plan = stretches(steps, memo.forms)
     assert [(s.start, s.stop) for s in plan] == [(0, 3)]
     assert plan[0].made == ("x", "y", "z") and plan[0].entering == () and plan[0].kept == ()
 

@@ -60,7 +60,7 @@ import numpy as np
 from ...core.layout import Layout
 from ..cost import Tiling, buffer_bytes
 from .costing import is_free
-from .peak_summary import Stretch, Summary, SummaryMemo, fold, stretches
+from .peak_summary import Steps, Stretch, Summary, SummaryMemo, fold, stretches
 from .registry import sub_jaxpr
 from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial, Sent
 
@@ -925,7 +925,7 @@ def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tup
     sized |= frozenset(i for i, step in enumerate(steps) if step.inside)
     args = frozenset(prog.args)
     ends = frozenset(info.until[v] for v in args if v in info.until)
-    return stretches(
+    cut = Steps(
         [step.name for step in steps],
         [step.ins for step in steps],
         [step.outs for step in steps],
@@ -937,8 +937,8 @@ def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tup
         info.dies,
         sized,
         ends,
-        forms,
     )
+    return stretches(cut, forms)
 
 
 def _gathers_minor(v: Any, copy: Layout, layouts: dict[Any, Layout]) -> bool:

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from .segments import repeated_runs
 
-__all__ = ["Stretch", "Summary", "SummaryMemo", "stretches", "fold"]
+__all__ = ["Steps", "Stretch", "Summary", "SummaryMemo", "stretches", "fold"]
 
 Key = Any
 
@@ -36,6 +36,26 @@ _NEAR = 48
 # Glue between runs is cut into pieces of at most this many steps, so that a costing that changes the layout of
 # one stretch of it re-walks that piece only (the others' summaries are reused from the earlier costings).
 _GLUE = 64
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The flattened program as the cutter reads it: each step's op, the buffers it reads and makes, and the
+    liveness of :func:`.memory._liveness` (who makes each buffer, which are fused, pending sums, written into or
+    freed where).  ``sized``: the steps whose scratch may change with the layouts; ``ends``: the steps where a
+    gathered argument's copy may be freed."""
+
+    names: Sequence[str]
+    ins: Sequence[tuple[Key, ...]]
+    outs: Sequence[tuple[Key, ...]]
+    producer: dict[Key, int]
+    args: frozenset[Key]
+    fused: frozenset[Key]
+    leaves: frozenset[Key]
+    donors: dict[int, tuple[Key, ...]]
+    dies: dict[int, list[Key]]
+    sized: frozenset[int]
+    ends: frozenset[int]
 
 
 @dataclass(frozen=True)
@@ -103,33 +123,28 @@ def fold(peak: int, summaries: Sequence[Summary], level: int) -> int:
     return peak
 
 
-def stretches(
-    names: Sequence[str],
-    ins: Sequence[tuple[Key, ...]],
-    outs: Sequence[tuple[Key, ...]],
-    producer: dict[Key, int],
-    args: frozenset[Key],
-    fused: frozenset[Key],
-    leaves: frozenset[Key],
-    donors: dict[int, tuple[Key, ...]],
-    dies: dict[int, list[Key]],
-    sized: frozenset[int],
-    ends: frozenset[int],
-    forms: dict[Hashable, int],
-) -> tuple[Stretch, ...]:
+def stretches(steps: Steps, forms: dict[Hashable, int]) -> tuple[Stretch, ...]:
     """The program's steps cut into stretches, in order, covering every step once.
 
-    ``sized``: the steps whose scratch may change with the layouts; ``ends``: the steps where a gathered
-    argument's copy may be freed; ``forms``: the structures met so far (a :class:`SummaryMemo`'s), each by its
-    number, to which new ones are added.  The rest is the liveness of :func:`.memory._liveness`.
+    ``forms``: the structures met so far (a :class:`SummaryMemo`'s), each by its number, to which new ones are
+    added.
     """
+    names, ins, outs, producer, fused, donors, dies = (
+        steps.names,
+        steps.ins,
+        steps.outs,
+        steps.producer,
+        steps.fused,
+        steps.donors,
+        steps.dies,
+    )
     n = len(names)
     sigs: dict[Hashable, int] = {}
     signature: list[int] = []
     for i in range(n):
         refs = tuple(_ref(i, producer.get(k)) for k in ins[i])
         gone = tuple(_ref(i, producer.get(k)) for k in dies.get(i, ()))
-        sig = (names[i], refs, gone, tuple(k in fused for k in outs[i]), i in sized, i in ends)
+        sig = (names[i], refs, gone, tuple(k in fused for k in outs[i]), i in steps.sized, i in steps.ends)
         signature.append(sigs.setdefault(sig, len(sigs)))
     bounds: list[tuple[int, int]] = []
     at = 0
@@ -146,10 +161,7 @@ def stretches(
         for k in (*dies.get(i, ()), *donors.get(i, ()))
         if producer.get(k, b) < a and k not in fused
     }
-    out = []
-    for a, b in bounds:
-        out.append(_stretch(a, b, names, outs, producer, args, fused, leaves, donors, dies, sized, ends, forms, later))
-    return tuple(out)
+    return tuple(_stretch(a, b, steps, forms, later) for a, b in bounds)
 
 
 def _ref(i: int, made: int | None) -> Hashable:
@@ -162,23 +174,17 @@ def _pieces(a: int, b: int) -> list[tuple[int, int]]:
     return [(s, min(s + _GLUE, b)) for s in range(a, b, _GLUE)]
 
 
-def _stretch(
-    a: int,
-    b: int,
-    names: Sequence[str],
-    outs: Sequence[tuple[Key, ...]],
-    producer: dict[Key, int],
-    args: frozenset[Key],
-    fused: frozenset[Key],
-    leaves: frozenset[Key],
-    donors: dict[int, tuple[Key, ...]],
-    dies: dict[int, list[Key]],
-    sized: frozenset[int],
-    ends: frozenset[int],
-    forms: dict[Hashable, int],
-    later: set[Key],
-) -> Stretch:
+def _stretch(a: int, b: int, steps: Steps, forms: dict[Hashable, int], later: set[Key]) -> Stretch:
     """Steps ``a`` to ``b`` as a :class:`Stretch`: its buffers named by first use, its structure interned."""
+    names, outs, producer, args, fused, leaves = (
+        steps.names,
+        steps.outs,
+        steps.producer,
+        steps.args,
+        steps.fused,
+        steps.leaves,
+    )
+    donors, dies, sized, ends = steps.donors, steps.dies, steps.sized, steps.ends
     local: dict[Key, int] = {}
 
     def name(k: Key) -> int:
