@@ -7,7 +7,8 @@ exposes ``build() -> Family``: a loss ``loss(params, batch)``, concrete paramete
 
 Libraries (none of them used by tests/corpus): keras-hub (Llama, Mixtral, T5, ResNet backbones), Keras 3's own
 layers (a ViT), dm-haiku (``hk.layer_stack`` + ``hk.remat``), Equinox (rotary attention, a GRU over time) and Flax
-linen (``nn.scan`` of ``nn.remat`` blocks, a convolutional net).
+linen (``nn.scan`` of ``nn.remat`` blocks, a convolutional net), Flax NNX (a GPT-style decoder and its AdamW
+training step).
 """
 
 from __future__ import annotations
@@ -41,10 +42,18 @@ class Family:
     batch: Any  # a pytree of concrete arrays
     rules: dict[str, tuple[tuple[str, str], ...]]  # strategy -> ((param path regex, expression), ...)
     batch_rules: dict[str, Any]  # strategy -> expression(s) for the batch, the batch's tree structure
+    # A whole training step ``step((params, opt_state), batch) -> (params, opt_state)`` (an optimizer update),
+    # for the families that have one: the 'step' mode plans it, the optimizer state laid out by the same rules.
+    step: Callable[[Any, Any], Any] | None = None
+    opt_state: Any = None
 
 
-def specs_for(family: Family, strategy: str) -> tuple[Any, Any]:
-    """(param expressions, batch expressions): the first rule whose regex and rank match wins, else replicated."""
+def specs_for(family: Family, strategy: str, tree: Any = None) -> tuple[Any, Any]:
+    """(param expressions, batch expressions): the first rule whose regex and rank match wins, else replicated.
+
+    ``tree`` (default the family's parameters) is what the rules lay out: ``(params, opt_state)`` for a training
+    step, whose moments carry the parameters' names in their paths and so take the parameters' layouts.
+    """
     rules = family.rules[strategy]
 
     def pick(path: Any, leaf: Any) -> str:
@@ -56,7 +65,8 @@ def specs_for(family: Family, strategy: str) -> tuple[Any, Any]:
         letters = " ".join("abcdefgh"[:rank])
         return f"{letters} -> {letters}"
 
-    return jax.tree_util.tree_map_with_path(pick, family.params), family.batch_rules[strategy]
+    laid_out = family.params if tree is None else tree
+    return jax.tree_util.tree_map_with_path(pick, laid_out), family.batch_rules[strategy]
 
 
 def unique_keys(paths: list[str]) -> list[str]:

@@ -19,15 +19,18 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
     "eqx_gru": ("dp", "tp", "dp_tp", "fsdp"),
     "flax_scan": ("dp", "tp", "dp_tp", "fsdp"),
     "flax_cnn": ("dp", "tp", "dp_tp", "fsdp", "spatial"),
+    "nnx_gpt": ("dp", "tp", "dp_tp", "fsdp"),
 }
 MODES = ("fwd", "grad")
+# The families whose training step (loss, grad and the optimizer update: Family.step) is a case of its own too.
+STEP_MODES: dict[str, tuple[str, ...]] = {"nnx_gpt": ("step",)}
 KINDS = ("auto", "explicit")
 
 CASES: tuple[tuple[str, str, str, str], ...] = tuple(
     (family, strategy, mode, kind)
     for family, strategies in STRATEGIES.items()
     for strategy in strategies
-    for mode in MODES
+    for mode in MODES + STEP_MODES.get(family, ())
     for kind in KINDS
 )
 IDS = {case_id(*c): c for c in CASES}
@@ -35,7 +38,9 @@ IDS = {case_id(*c): c for c in CASES}
 # The default run's cases (fast: a few, both mesh kinds, three libraries); the rest are slow.
 # Measured (benchmarks/results/external_table.json): T5 matches XLA, the Llama on Explicit runs in auto_axes and
 # says it is incomplete (split, stack), the Haiku scan over remat blocks matches per iteration.
-FAST: frozenset[str] = frozenset({"auto-kh_t5-tp-grad", "explicit-kh_llama-tp-grad", "auto-hk_stack-dp-grad"})
+FAST: frozenset[str] = frozenset(
+    {"auto-kh_t5-tp-grad", "explicit-kh_llama-tp-grad", "auto-hk_stack-dp-grad", "explicit-nnx_gpt-tp-step"}
+)
 
 # Cases where explain is, today, complete and wrong, or raises: strict xfails with the cause, for the rules work.
 # Regenerate the evidence with benchmarks/external_table.py (docs/analysis.md lists every miss).

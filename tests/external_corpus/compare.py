@@ -26,11 +26,11 @@ from einshard._src.testing.bounds import Gaps, Measured, within_bound
 from einshard._src.testing.bounds import gaps as _gaps
 from einshard.testing import hlo
 
-from . import MESH_AXES, MESH_SHAPE, specs_for
+from . import MESH_AXES, MESH_SHAPE, Family, specs_for
 from .families import FAMILIES
 
 MeshKind = Literal["auto", "explicit"]
-Mode = Literal["fwd", "grad"]
+Mode = Literal["fwd", "grad", "step"]  # step: loss, grad and the optimizer update (Family.step)
 Status = Literal["match", "incomplete", "said-so", "silent", "error"]
 # The statuses the contract accepts: explain matches XLA, or its first line says where and by how much it may not.
 SAID = ("match", "incomplete", "said-so")
@@ -115,8 +115,17 @@ def mesh_of(kind: MeshKind) -> jax.sharding.Mesh:
 @cache
 def _unsharded(family: str, mode: Mode) -> Any:
     f = FAMILIES[family]()
-    fn = jax.grad(f.loss) if mode == "grad" else f.loss
-    return jax.device_get(jax.jit(fn)(f.params, f.batch))
+    fn, params = _function(f, mode)
+    return jax.device_get(jax.jit(fn)(params, f.batch))
+
+
+def _function(family: Family, mode: Mode) -> tuple[Any, Any]:
+    """(the function a mode runs, its first argument): the loss, its gradient, or the training step."""
+    if mode == "step":
+        if family.step is None:
+            raise ValueError(f"{family.name} has no training step")
+        return family.step, (family.params, family.opt_state)
+    return (jax.grad(family.loss) if mode == "grad" else family.loss), family.params
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -146,13 +155,14 @@ def _program(fn: Any, psh: Any, bsh: Any, out_sh: Any, params: Any, batch: Any, 
 def measure(family_name: str, strategy: str, mode: Mode, kind: MeshKind) -> Outcome:
     family = FAMILIES[family_name]()
     mesh = mesh_of(kind)
-    pexpr, bexpr = specs_for(family, strategy)
+    fn, inputs = _function(family, mode)
+    pexpr, bexpr = specs_for(family, strategy, inputs)
     place = lambda e, a: einshard.sharding(e, a.shape, mesh=mesh)  # noqa: E731
-    psh, bsh = jax.tree.map(place, pexpr, family.params), jax.tree.map(place, bexpr, family.batch)
-    fn = jax.grad(family.loss) if mode == "grad" else family.loss
-    out_sh = psh if mode == "grad" else NamedSharding(mesh, P())
+    psh, bsh = jax.tree.map(place, pexpr, inputs), jax.tree.map(place, bexpr, family.batch)
+    # A gradient and a training step's new (params, opt_state) are laid out as their inputs; a loss replicated.
+    out_sh = NamedSharding(mesh, P()) if mode == "fwd" else psh
     # Placed inputs, as users pass them: on an Explicit mesh their types carry the layout JAX checks.
-    params, batch = jax.device_put(family.params, psh), jax.device_put(family.batch, bsh)
+    params, batch = jax.device_put(inputs, psh), jax.device_put(family.batch, bsh)
     fn, compiled, wrapped = _program(fn, psh, bsh, out_sh, params, batch, mesh)
     with jax.set_mesh(mesh):
         try:

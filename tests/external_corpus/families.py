@@ -9,6 +9,7 @@ from . import (
     Family,
     equinox_models,
     flax_models,
+    flax_nnx,
     haiku_stack,
     keras_hub_decoders,
     keras_hub_resnet,
@@ -27,6 +28,7 @@ FAMILIES: dict[str, Callable[[], Family]] = {
     "eqx_gru": equinox_models.gru,
     "flax_scan": flax_models.scan_stack,
     "flax_cnn": flax_models.cnn,
+    "nnx_gpt": flax_nnx.gpt,
 }
 
 # The families with a "large" size for planning (each builder's SIZES): a step that replicated, computed whole on
