@@ -20,6 +20,10 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
     "flax_scan": ("dp", "tp", "dp_tp", "fsdp"),
     "flax_cnn": ("dp", "tp", "dp_tp", "fsdp", "spatial"),
     "nnx_gpt": ("dp", "tp", "dp_tp", "fsdp"),
+    "eqx_bert": ("dp", "tp", "dp_tp", "fsdp"),
+    "eqx_mixer": ("dp", "tp", "dp_tp", "fsdp"),
+    "kh_gpt2": ("dp", "tp", "dp_tp", "fsdp"),
+    "kh_gemma": ("dp", "tp", "dp_tp", "fsdp"),
 }
 MODES = ("fwd", "grad")
 # The families whose training step (loss, grad and the optimizer update: Family.step) is a case of its own too.

@@ -7,11 +7,13 @@ from functools import partial
 
 from . import (
     Family,
+    equinox_encoders,
     equinox_models,
     flax_models,
     flax_nnx,
     haiku_stack,
     keras_hub_decoders,
+    keras_hub_gpt,
     keras_hub_resnet,
     keras_hub_t5,
     keras_vit,
@@ -29,6 +31,10 @@ FAMILIES: dict[str, Callable[[], Family]] = {
     "flax_scan": flax_models.scan_stack,
     "flax_cnn": flax_models.cnn,
     "nnx_gpt": flax_nnx.gpt,
+    "eqx_bert": equinox_encoders.bert,
+    "eqx_mixer": equinox_encoders.mixer,
+    "kh_gpt2": keras_hub_gpt.gpt2,
+    "kh_gemma": keras_hub_gpt.gemma,
 }
 
 # The families with a "large" size for planning (each builder's SIZES): a step that replicated, computed whole on
