@@ -51,9 +51,12 @@ def _tied_head(cap: float | None):
     return head
 
 
-def _family(name: str, kind: str, model, cap: float | None, megatron: tuple[tuple[str, str], ...]) -> Family:
+Rules = tuple[tuple[str, str], ...]
+
+
+def _family(name: str, kind: str, model, cap: float | None, megatron: Rules, fsdp: Rules = _FSDP) -> Family:
     loss, params = pure_loss(model, _tied_head(cap))
-    rules = {"dp": (), "tp": megatron, "dp_tp": megatron, "fsdp": _FSDP}
+    rules = {"dp": (), "tp": megatron, "dp_tp": megatron, "fsdp": fsdp}
     batch_rules = {"dp": _DATA, "tp": _WHOLE, "dp_tp": _DATA, "fsdp": _DATA}
     return Family(name, "keras-hub", kind, loss, params, _batch(), rules, batch_rules)
 
@@ -114,4 +117,6 @@ def gemma() -> Family:
         (r"ffw_linear/kernel", "f d -> f@model d"),
         (r"token_embedding/embeddings", "v d -> v@model d"),
     )
-    return _family("kh_gemma", "geglu-softcap", model, FINAL_CAP, megatron)
+    # FSDP: the attention kernels lead with their (2 or 4) heads, too few to split four ways: split d instead.
+    fsdp = ((r"attention/(query|key|value)/kernel", "h d k -> h d@data k"), *_FSDP)
+    return _family("kh_gemma", "geglu-softcap", model, FINAL_CAP, megatron, fsdp)
