@@ -60,7 +60,8 @@ def gpt() -> Family:
     class GPT(nnx.Module):
         def __init__(self, rngs: nnx.Rngs) -> None:
             self.tokens, self.positions = nnx.Embed(V, D, rngs=rngs), nnx.Embed(S, D, rngs=rngs)
-            self.blocks = nnx.List([Block(rngs) for _ in range(L)])
+            # nnx.List from flax 0.12 (a list attribute holding modules must say so); before it, a plain list.
+            self.blocks = getattr(nnx, "List", list)([Block(rngs) for _ in range(L)])
             self.ln_f = nnx.LayerNorm(D, rngs=rngs)
 
         def __call__(self, tokens: jax.Array) -> jax.Array:
