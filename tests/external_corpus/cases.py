@@ -20,6 +20,7 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
     "flax_scan": ("dp", "tp", "dp_tp", "fsdp"),
     "flax_cnn": ("dp", "tp", "dp_tp", "fsdp", "spatial"),
     "nnx_gpt": ("dp", "tp", "dp_tp", "fsdp"),
+    "nnx_scan": ("dp", "tp", "dp_tp", "fsdp"),
     "eqx_bert": ("dp", "tp", "dp_tp", "fsdp"),
     "eqx_mixer": ("dp", "tp", "dp_tp", "fsdp"),
     "kh_gpt2": ("dp", "tp", "dp_tp", "fsdp"),
@@ -27,7 +28,7 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
 }
 MODES = ("fwd", "grad")
 # The families whose training step (loss, grad and the optimizer update: Family.step) is a case of its own too.
-STEP_MODES: dict[str, tuple[str, ...]] = {"nnx_gpt": ("step",)}
+STEP_MODES: dict[str, tuple[str, ...]] = {"nnx_gpt": ("step",), "nnx_scan": ("step",)}
 KINDS = ("auto", "explicit")
 
 CASES: tuple[tuple[str, str, str, str], ...] = tuple(

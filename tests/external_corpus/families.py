@@ -31,6 +31,7 @@ FAMILIES: dict[str, Callable[[], Family]] = {
     "flax_scan": flax_models.scan_stack,
     "flax_cnn": flax_models.cnn,
     "nnx_gpt": flax_nnx.gpt,
+    "nnx_scan": flax_nnx.scan,
     "eqx_bert": equinox_encoders.bert,
     "eqx_mixer": equinox_encoders.mixer,
     "kh_gpt2": keras_hub_gpt.gpt2,

@@ -6,7 +6,11 @@ a final ``nnx.LayerNorm`` and the LM head tied to the token table (``Embed.atten
 cross-entropy.  The model is split as NNX users do (``nnx.split(model, nnx.Param)``) into a graph and a
 ``State`` of parameters; the loss merges them back, a pure function of ``(state, batch)``.
 
-The family's ``step`` is the training step users plan whole: loss, gradient and an ``optax.adamw`` update of
+``nnx_scan``: a deep-stack idiom of NNX: ``nnx.vmap`` over ``nnx.split_rngs`` makes three pre-norm blocks
+(``nnx.LayerNorm``, ``nnx.MultiHeadAttention``, an ``nnx.Linear`` MLP) with parameters stacked on a leading axis,
+run by ``nnx.scan`` over ``nnx.remat`` blocks.
+
+Each family's ``step`` is the training step users plan whole: loss, gradient and an ``optax.adamw`` update of
 ``(state, opt_state)``, whose moments are as big as the parameters and take their layouts (the path rules
 match the parameters' names inside the optimizer state too).
 """
@@ -24,6 +28,7 @@ import optax
 from . import Family
 
 V, D, F, H, S, B, L = 64, 32, 128, 4, 8, 8, 2
+STACK = 3  # nnx_scan's layers
 
 _TOKENS = "b s -> b@data s"
 _WHOLE = "b s -> b s"
@@ -41,6 +46,32 @@ _MEGATRON = (
 )
 # FSDP: every matrix and head-shaped kernel split over 'data' along its first axis, tables included.
 _FSDP = ((r"", "a b -> a@data b"), (r"", "a b c -> a@data b c"))
+# The same on the scanned stack's kernels, stacked on a leading layer axis.
+_STACKED_MEGATRON = (
+    (r"\['(query|key|value)'\]\['kernel'\]", "l d h k -> l d h@model k"),
+    (r"\['(query|key|value)'\]\['bias'\]", "l h k -> l h@model k"),
+    (r"\['out'\]\['kernel'\]", "l h k d -> l h@model k d"),
+    (r"\['up'\]\['kernel'\]", "l d f -> l d f@model"),
+    (r"\['up'\]\['bias'\]", "l f -> l f@model"),
+    (r"\['down'\]\['kernel'\]", "l f d -> l f@model d"),
+)
+_STACKED_FSDP = ((r"kernel", "l a b -> l a@data b"), (r"kernel", "l a b c -> l a@data b c"))
+
+
+def _adamw_step(loss: Any) -> tuple[Any, Any]:
+    """(AdamW, the whole step over ``(state, opt_state)``) for ``loss(state, batch)``."""
+    # eps 1e-6, not optax's 1e-8: the key projection's bias has an identically zero gradient (softmax ignores a
+    # shift shared by all keys), so its first Adam update is the sign of rounding noise (~1e-9) scaled by eps;
+    # at 1e-8 any sharded sum order flips it by a whole learning rate, at 1e-6 it stays below the values' check.
+    opt = optax.adamw(1e-3, eps=1e-6)
+
+    def step(carry: tuple[Any, Any], batch: Any) -> tuple[Any, Any]:
+        state, opt_state = carry
+        grads = jax.grad(loss)(state, batch)
+        updates, opt_state = opt.update(grads, opt_state, state)
+        return optax.apply_updates(state, updates), opt_state
+
+    return opt, step
 
 
 @cache
@@ -81,16 +112,7 @@ def gpt() -> Family:
         logits = nnx.merge(graph, state)(inputs)
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
-    # eps 1e-6, not optax's 1e-8: the key projection's bias has an identically zero gradient (softmax ignores a
-    # shift shared by all keys), so its first Adam update is the sign of rounding noise (~1e-9) scaled by eps;
-    # at 1e-8 any sharded sum order flips it by a whole learning rate, at 1e-6 it stays below the values' check.
-    opt = optax.adamw(1e-3, eps=1e-6)
-
-    def step(carry: tuple[Any, Any], batch: tuple[jax.Array, jax.Array]) -> tuple[Any, Any]:
-        state, opt_state = carry
-        grads = jax.grad(loss)(state, batch)
-        updates, opt_state = opt.update(grads, opt_state, state)
-        return optax.apply_updates(state, updates), opt_state
+    opt, step = _adamw_step(loss)
 
     rules = {"dp": (), "tp": _MEGATRON, "dp_tp": _MEGATRON, "fsdp": _FSDP}
     data, whole = (_TOKENS, _TOKENS), (_WHOLE, _WHOLE)
@@ -102,6 +124,64 @@ def gpt() -> Family:
         loss,
         params,
         batch,
+        rules,
+        batch_rules,
+        step=step,
+        opt_state=opt.init(params),
+    )
+
+
+@cache
+def scan() -> Family:
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.ln1, self.ln2 = nnx.LayerNorm(D, rngs=rngs), nnx.LayerNorm(D, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(num_heads=H, in_features=D, decode=False, rngs=rngs)
+            self.up, self.down = nnx.Linear(D, F, rngs=rngs), nnx.Linear(F, D, rngs=rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            x = x + self.attn(self.ln1(x))
+            return x + self.down(nnx.gelu(self.up(self.ln2(x))))
+
+    class Stack(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            @nnx.split_rngs(splits=STACK)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def make(rngs: nnx.Rngs) -> Block:
+                return Block(rngs)
+
+            self.blocks = make(rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+            @nnx.remat
+            def layer(x: jax.Array, block: Block) -> jax.Array:
+                return block(x)
+
+            return layer(x, self.blocks)
+
+    graph, params = nnx.split(Stack(nnx.Rngs(0)), nnx.Param)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(B, S, D)), jnp.float32)
+    target = jnp.asarray(rng.normal(size=(B, S, D)), jnp.float32)
+
+    def loss(state: Any, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
+        inputs, wanted = batch
+        return jnp.mean((nnx.merge(graph, state)(inputs) - wanted) ** 2)
+
+    opt, step = _adamw_step(loss)
+    rules = {"dp": (), "tp": _STACKED_MEGATRON, "dp_tp": _STACKED_MEGATRON, "fsdp": _STACKED_FSDP}
+    data, whole = ("b s d -> b@data s d",) * 2, ("b s d -> b s d",) * 2
+    batch_rules = {"dp": data, "tp": whole, "dp_tp": data, "fsdp": data}
+    return Family(
+        "nnx_scan",
+        "flax-nnx",
+        "scan-remat",
+        loss,
+        params,
+        (x, target),
         rules,
         batch_rules,
         step=step,
