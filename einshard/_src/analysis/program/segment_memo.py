@@ -45,12 +45,18 @@ from .costing import is_free
 from .registry import sub_jaxpr
 from .report import OpReport
 from .segments import LAYER_INDEX, find_runs, param_token
-from .values import Gathered, Partial
+from .values import Gathered, Partial, Sent
 
 __all__ = [
     "Copy",
     "SegmentPlan",
     "SegmentTape",
+    "CopySlots",
+    "ReadyTape",
+    "Shelf",
+    "copy_slots",
+    "ready_tape",
+    "replaced",
     "PadGuard",
     "pad_guard",
     "pad_guard_holds",
@@ -309,6 +315,103 @@ class SegmentTape:
     # The look-aheads (rules_indexing.consumer_split) that went on past the copy's horizon, with their answers from
     # there (:func:`past_copy`): another copy replays the tape where its own answer alike (:func:`searches_hold`).
     searches: tuple[Search, ...] = ()
+
+
+class Shelf(list):  # type: ignore[type-arg]
+    """The tapes kept under one key (OpCosts.segment_tapes), in the order recorded, with, per copy, those whose
+    padding holds at it (``picks``: id(copy) -> (the copy, held; how many tapes there were; those tapes)): a
+    copy's pads are fixed, only the tapes' look-aheads past the copy are checked at each replay."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.picks: dict[int, tuple[Copy, int, tuple[SegmentTape, ...]]] = {}
+
+
+# The kinds of environment key a replay writes under a value: the value itself, its gathered copy, its pending sum,
+# its all-to-all buffers (values.py).  A copy's keys are laid out kind by kind (:class:`CopySlots`).
+KINDS: tuple[Any, ...] = (None, Gathered, Partial, Sent)
+
+
+@dataclass(frozen=True, eq=False)
+class CopySlots:
+    """A copy's values by slot (its entering values, then its own, as its tokens number them) with what a replay
+    writes under each, made once per copy for every costing: the environment key of each kind
+    (:data:`KINDS`, slot-major within a kind), each value's id and its moves' source.  A tape's writes are kept by
+    slot (:class:`ReadyTape`): replaying them at a copy looks its keys up by index, not by token."""
+
+    copy: Copy  # held, so that the id it is cached under stays its own
+    keys: tuple[Any, ...]
+    ids: tuple[int, ...]
+    sources: tuple[tuple[int, int], ...]
+    # The naming (Walker.value_names, eqn_where) and each equation's op words (where, inside, reads) under it.
+    words: dict[str, Any] = field(default_factory=dict)
+
+
+def copy_slots(copy: Copy) -> CopySlots:
+    """:class:`CopySlots` of ``copy``."""
+    values = (*copy.entering, *copy.inside)
+    keys = tuple(v if kind is None else kind(v) for kind in KINDS for v in values)
+    ids = tuple(id(v) for v in values)
+    return CopySlots(copy, keys, ids, tuple((1, i) for i in ids))
+
+
+def slot_of(copy: Copy, token: Token) -> int:
+    return token[1] if token[0] == "e" else len(copy.entering) + token[1]
+
+
+@dataclass(frozen=True, eq=False)
+class ReadyTape:
+    """A tape's writes by slot, made once per tape (:func:`ready_tape`) and replayed at each copy entering like
+    the one it was recorded at (copies of one key have as many entering values: their wiring is in the key).
+
+    The environment's writes are kept as their last value per key, in first-write order: a dictionary update
+    inserts new keys in that order and leaves each its last value, as the writes one by one do; a key whose last
+    write binds a private copy of the layout is overwritten in place by one (where the value is read after the
+    copy that replays it)."""
+
+    tape: SegmentTape  # held, so that the id it is cached under stays its own
+    env_at: tuple[int, ...]  # index into CopySlots.keys per key written
+    env_lays: tuple[Layout, ...]
+    private: tuple[tuple[Token, int, int, Layout], ...]  # (token, key index, slot, the tape's layout)
+    summed_at: tuple[int, ...]  # slots
+    summed_tags: tuple[frozenset[str], ...]
+    made_at: tuple[int, ...]  # slots of the moved values
+    made_moves: tuple[Hashable, ...]
+    made_to: tuple[Any, ...]
+    made_by: tuple[tuple[int, frozenset[Hashable]], ...]  # slot -> its moves
+
+
+def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
+    """``tape`` (recorded at ``copy``) by slot: :class:`ReadyTape`."""
+    n = len(copy.entering) + len(copy.inside)
+    last: dict[int, tuple[Layout, Token | None]] = {}
+    for tok, kind, lay, private in tape.env:
+        at = KINDS.index(kind) * n + slot_of(copy, tok)
+        last[at] = (lay, tok if private else None)
+    moves: dict[int, set[Hashable]] = {}
+    for tok, move, _ in tape.made:
+        moves.setdefault(slot_of(copy, tok), set()).add(move)
+    return ReadyTape(
+        tape,
+        tuple(last),
+        tuple(lay for lay, _ in last.values()),
+        tuple((tok, at, at % n, lay) for at, (lay, tok) in last.items() if tok is not None),
+        tuple(slot_of(copy, tok) for tok, _ in tape.summed),
+        tuple(tag for _, tag in tape.summed),
+        tuple(slot_of(copy, tok) for tok, _, _ in tape.made),
+        tuple(move for _, move, _ in tape.made),
+        tuple(to for _, _, to in tape.made),
+        tuple((slot, frozenset(m)) for slot, m in moves.items()),
+    )
+
+
+def replaced(op: OpReport, changes: dict[str, Any]) -> OpReport:
+    """``dataclasses.replace(op, **changes)`` without its per-call field introspection (an OpReport has no
+    ``__post_init__``: its fields are copied as they are): a deep unrolled model replays thousands per costing."""
+    new = object.__new__(OpReport)
+    new.__dict__.update(op.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 @dataclass

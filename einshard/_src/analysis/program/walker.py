@@ -30,15 +30,21 @@ from .segment_memo import (
     PLAIN,
     RECORDING,
     Copy,
+    CopySlots,
     PlainEnv,
+    ReadyTape,
     Recorder,
     RecordingOutputs,
     RecordingTable,
     SegmentPlan,
     SegmentTape,
+    Shelf,
+    copy_slots,
     pad_guard,
     pad_guard_holds,
     plan_segments,
+    ready_tape,
+    replaced,
     searches_hold,
     slice_row_class,
 )
@@ -602,7 +608,7 @@ class Walker:
         key = self._segment_key(copy, env, repeat, phase_hint)
         # The tapes of this key, one per padding its pads' walk read (each layer pads its gradient at its row).
         tapes = self.costs.segment_tapes.get(key, ())
-        tape = next((t for t in tapes if pad_guard_holds(t.pads, copy) and self._searches_hold(t, copy)), None)
+        tape = next((t for t in self._padding_alike(tapes, copy) if self._searches_hold(t, copy)), None)
         if tape is not None:
             self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
@@ -679,41 +685,102 @@ class Walker:
             pad_guard(copy, rec.pads),
             tuple(rec.searches),
         )
-        self.costs.segment_tapes.setdefault(recording.key, []).append(tape)
+        self.costs.segment_tapes.setdefault(recording.key, Shelf()).append(tape)
+
+    def _padding_alike(self, tapes: Sequence[SegmentTape], copy: Copy) -> Sequence[SegmentTape]:
+        """The tapes of a key whose pads pad as ``copy``'s where their walk read it, in the order kept: a copy's
+        padding is fixed, so found once per copy and number of tapes (:class:`.segment_memo.Shelf`'s picks)."""
+        picks = getattr(tapes, "picks", None)
+        if picks is None:  # not a shelf (none kept yet, or a list put there by hand)
+            return [t for t in tapes if pad_guard_holds(t.pads, copy)]
+        hit = picks.get(id(copy))
+        if hit is None or hit[0] is not copy or hit[1] != len(tapes):
+            hit = picks[id(copy)] = (copy, len(tapes), tuple(t for t in tapes if pad_guard_holds(t.pads, copy)))
+        return hit[2]
 
     def _searches_hold(self, tape: SegmentTape, copy: Copy) -> bool:
         """Whether ``copy``'s look-aheads past itself answer as those of the copy ``tape`` was recorded at."""
         return not tape.searches or searches_hold(tape.searches, copy, self, self.costs.segment_past)
 
     def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
-        """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops."""
-        value, escaping = copy.value, copy.escaping
-        for tok, kind, lay, private in tape.env:
-            v = value(tok)
-            if private and (tok[0] == "e" or tok in escaping):
-                lay = _private_copy(lay)
-                self._source[id(lay)] = (1, id(v))
-                self._keep.append(lay)
-            env[kind(v) if kind is not None else v] = lay
-        for tok, tag in tape.summed:
-            self.summed[id(value(tok))] = tag
-        for tok, move, made in tape.made:
-            source = (1, id(value(tok)))
-            self._made[(source, move)] = made
-            self._made_by.setdefault(source, set()).add(move)
+        """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops.
+
+        The tape is kept by slot once (:func:`.segment_memo.ready_tape`) and the copy's keys once
+        (:func:`.segment_memo.copy_slots`): a replay is bulk updates of the walker's tables by index, a private
+        layout per value read after the copy, and one new op per op (its index and words this copy's)."""
+        ready, slots = self._ready(tape, copy), self._slots(copy)
+        keys = slots.keys
+        env.update(zip([keys[i] for i in ready.env_at], ready.env_lays))
+        if ready.private:
+            source, keep, escaping = self._source, self._keep, copy.escaping
+            ids = slots.ids
+            for tok, at, slot, lay in ready.private:
+                if tok[0] == "e" or tok in escaping:
+                    # A private copy per value read after the copy: the value-keyed memo of change() tells them apart.
+                    mine = _private_copy(lay)
+                    source[id(mine)] = (1, ids[slot])
+                    keep.append(mine)
+                    env[keys[at]] = mine
+        if ready.summed_at:
+            ids = slots.ids
+            self.summed.update(zip([ids[i] for i in ready.summed_at], ready.summed_tags))
+        if ready.made_at:
+            sources = slots.sources
+            self._made.update(zip(zip([sources[i] for i in ready.made_at], ready.made_moves), ready.made_to))
+            made_by = self._made_by
+            for slot, moves in ready.made_by:
+                had = made_by.get(sources[slot])
+                if had is None:
+                    made_by[sources[slot]] = set(moves)
+                else:
+                    had |= moves
+        words = self._copy_words(slots)
+        eqns, counter, ops, op_eqns = copy.eqns, self.counter, self.ops, self.op_eqns
         for op, off, inner in tape.ops:
-            e = copy.eqns[off] if off is not None else inner
-            changes: dict[str, Any] = {"index": self.counter}
-            if off is not None:
-                changes["where"], changes["inside"], changes["reads"] = self._words_of(e)
-                if op.alternative:  # an offered alternative names this copy's equation, as a walk here would
-                    changes["alternative"] = id(e)
-            self.ops.append(_replaced(op, changes))
-            self.op_eqns.append(e)
-            self.counter += 1
+            new = object.__new__(OpReport)  # dataclasses.replace without its per-call introspection
+            fields = new.__dict__
+            fields.update(op.__dict__)
+            fields["index"] = counter
+            counter += 1
+            ops.append(new)
+            if off is None:
+                op_eqns.append(inner)
+                continue
+            fields["where"], fields["inside"], fields["reads"] = words[off]
+            e = eqns[off]
+            if op.alternative:  # an offered alternative names this copy's equation, as a walk here would
+                fields["alternative"] = id(e)
+            op_eqns.append(e)
+        self.counter = counter
         for off, rest, sub in tape.sub_envs:
-            self.sub_envs[(id(copy.eqns[off]), *rest)] = sub
+            self.sub_envs[(id(eqns[off]), *rest)] = sub
         self.segment_replay(tape.extra, copy)
+
+    def _ready(self, tape: SegmentTape, copy: Copy) -> ReadyTape:
+        """``tape`` by slot, made once (OpCosts.segment_ready; ``copy``: one it replays at, whose slots number as
+        those of the copy it was recorded at: copies of one key have as many values, their wiring is in the key)."""
+        hit = self.costs.segment_ready.get(id(tape))
+        if hit is None or hit.tape is not tape:
+            hit = self.costs.segment_ready[id(tape)] = ready_tape(tape, copy)
+        return hit
+
+    def _slots(self, copy: Copy) -> CopySlots:
+        """``copy``'s keys by slot, made once (OpCosts.segment_slots)."""
+        hit = self.costs.segment_slots.get(id(copy))
+        if hit is None or hit.copy is not copy:
+            hit = self.costs.segment_slots[id(copy)] = copy_slots(copy)
+        return hit
+
+    def _copy_words(self, slots: CopySlots) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+        """Each of the copy's equations' op words under this walk's naming (:meth:`_words_of`), found once."""
+        names, where = self.value_names, self.eqn_where
+        kept = slots.words
+        if kept.get("names") is not names or kept.get("where") is not where:
+            kept.clear()
+            kept["names"], kept["where"] = names, where
+            kept["words"] = tuple(self._words_of(e) for e in slots.copy.eqns)
+        words: tuple[tuple[str, str, tuple[str, ...]], ...] = kept["words"]
+        return words
 
     def _words_of(self, eqn: Any) -> tuple[str, str, tuple[str, ...]]:
         """An op's words at ``eqn`` (its source line, the library line it is inside, the named values it reads), as
@@ -779,13 +846,7 @@ _SHAPE_ONLY = {"reshape", "transpose", "convert_element_type", "copy", "copy_p",
 _PINNING = frozenset({"sharding_constraint", "reshard", "device_put", "mesh_cast"})
 
 
-def _replaced(op: OpReport, changes: dict[str, Any]) -> OpReport:
-    """``dataclasses.replace(op, **changes)`` without its per-call field introspection (an OpReport has no
-    ``__post_init__``: its fields are copied as they are): a deep unrolled model replays thousands per costing."""
-    new = object.__new__(OpReport)
-    new.__dict__.update(op.__dict__)
-    new.__dict__.update(changes)
-    return new
+_replaced = replaced
 
 
 def _fields(lay: Layout | None, mesh: tuple[MeshAxis, ...]) -> Any:
