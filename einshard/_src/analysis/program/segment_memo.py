@@ -107,6 +107,9 @@ class Copy:
     # Each entering value with its gathered copy's and pending sum's keys in the environment (the key reads all
     # three of each, at every copy of every costing: made once).
     entering_keys: tuple[tuple[Any, Gathered, Partial], ...] = ()
+    # Its run, the bodies it calls and its wiring as one small integer (equal integers: all three equal), for its
+    # key: the wiring alone is a tuple per operand, hashed at every lookup of every copy of every costing.
+    structure: int = -1
 
     def value(self, token: Token) -> Any:
         return self.entering[token[1]] if token[0] == "e" else self.inside[token[1]]
@@ -119,8 +122,14 @@ class SegmentPlan:
     made_at: dict[int, int]  # id(top-level value) -> the position that makes it
 
 
-def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPlan:
-    """The copies of ``jaxpr``'s repeated runs of top-level equations (:func:`.segments.find_runs`)."""
+def plan_segments(
+    jaxpr: Any, known: BodyStructures, phase_of: Any, interned: dict[Hashable, int] | None = None
+) -> SegmentPlan:
+    """The copies of ``jaxpr``'s repeated runs of top-level equations (:func:`.segments.find_runs`).
+
+    ``interned``: (run, calls, wiring) -> the integer :attr:`Copy.structure` names it by (shared by every program
+    costed with one OpCosts, whose tapes these integers key)."""
+    interned = {} if interned is None else interned
     outputs = {id(v) for v in jaxpr.outvars if not hasattr(v, "val")}
     eqns = jaxpr.eqns
     consumers: dict[int, list[tuple[int, int]]] = {}  # id(value) -> (position, operand index) of each use
@@ -214,6 +223,7 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                     if id(v) in outputs or any(p not in span for p, _ in consumers.get(id(v), ()))
                 ),
                 tuple((v, Gathered(v), Partial(v)) for v in entering.values()),
+                interned.setdefault((template, calls, wiring), len(interned)),
             )
     made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
     return SegmentPlan(jaxpr, copies, made_at)

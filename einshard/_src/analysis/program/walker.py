@@ -545,7 +545,9 @@ class Walker:
         plans = self.costs.segment_plans
         hit = plans.get(id(jaxpr))
         if hit is None or hit.jaxpr is not jaxpr:
-            hit = plans[id(jaxpr)] = plan_segments(jaxpr, self.costs.structures, self.costs.phase_of)
+            hit = plans[id(jaxpr)] = plan_segments(
+                jaxpr, self.costs.structures, self.costs.phase_of, self.costs.segment_structures
+            )
         return hit
 
     def _segment_key(self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None) -> Any:
@@ -560,24 +562,18 @@ class Walker:
             mine = source is None or source == (1, id(v))
             state.append((_fields(lay, mesh), _fields(gathered, mesh), _fields(partial, mesh), mine, moves))
             state.append(summed.get(id(v)))
-        rows = []
-        sizes = self.costs.mesh_sizes
-        for off, k, row, strides, shape, out in copy.slices:
-            lay = env.get(copy.entering[k]) if k >= 0 else None
-            if k >= 0 and lay is not None and len(lay.dims) == len(row):
-                # Which row a layer slices matters only along a split axis (the devices holding it), and there
-                # only as far as the slice's walk reads it (slice_row_class).
-                rows.append(
-                    (
-                        off,
-                        tuple(
-                            slice_row_class(a, math.prod(sizes[m] for m in d), b, r, s) if d else None
-                            for r, d, s, a, b in zip(row, lay.dims, strides, shape, out)
-                        ),
-                    )
-                )
-            else:
-                rows.append((off, row if k < 0 else tuple(None for _ in row)))
+        rows: Any = ()
+        if copy.slices:
+            entering = copy.entering
+            split = tuple(
+                lay.dims if k >= 0 and (lay := env.get(entering[k])) is not None and len(lay.dims) == len(row) else None
+                for _, k, row, _, _, _ in copy.slices
+            )
+            kept = self.costs.segment_rows
+            hit = kept.get((id(copy), split))
+            if hit is None or hit[0] is not copy:
+                hit = kept[(id(copy), split)] = (copy, self._slice_rows(copy, split))
+            rows = hit[1]
         # Which entering values leave the program (a route carried back upstream stops at one: upstream.outer).
         outputs = self.program_outputs
         leaving = tuple(id(v) in outputs for v in copy.entering) if outputs else ()
@@ -587,17 +583,37 @@ class Walker:
             asked = tuple(sorted((copy.ahead[i], dims) for i, dims in self.requested.items() if i in copy.ahead))
         return (
             asked,
-            copy.template,
+            copy.structure,  # its run, the bodies it calls, its wiring
             type(self),
             self.quiet,
             repeat,
             phase_hint,
-            copy.calls,
-            copy.wiring,
             tuple(state),
-            tuple(rows),
+            rows,
             leaving,
         )
+
+    def _slice_rows(self, copy: Copy, split: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The rows ``copy``'s slices take as its key holds them, given the splits of the values they slice
+        (None: not an entering value's, or unbound): found once per copy and splits (OpCosts.segment_rows)."""
+        rows = []
+        sizes = self.costs.mesh_sizes
+        for (off, k, row, strides, shape, out), dims in zip(copy.slices, split):
+            if dims is not None:
+                # Which row a layer slices matters only along a split axis (the devices holding it), and there
+                # only as far as the slice's walk reads it (slice_row_class).
+                rows.append(
+                    (
+                        off,
+                        tuple(
+                            slice_row_class(a, math.prod(sizes[m] for m in d), b, r, s) if d else None
+                            for r, d, s, a, b in zip(row, dims, strides, shape, out)
+                        ),
+                    )
+                )
+            else:
+                rows.append((off, row if k < 0 else tuple(None for _ in row)))
+        return tuple(rows)
 
     def _segment_start(
         self, plan: SegmentPlan, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None
