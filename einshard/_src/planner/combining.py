@@ -29,6 +29,7 @@ from typing import Any, cast
 
 from ..analysis.program import ProgramReport, TracedProgram
 from ..analysis.program.report import OpReport
+from ..analysis.program.segment_memo import PlainTable, plain_table, record_table
 from ..analysis.program.walker import Walker
 from ..core.layout import Layout
 
@@ -58,7 +59,8 @@ class DependencyWalker(Walker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.masks: dict[int, int] = {}  # id(jaxpr var) -> bitmask of upstream collectives
+        # id(jaxpr var) -> bitmask of upstream collectives (a table logged while a stretch is recorded: segment_begin)
+        self.masks: dict[int, int] = PlainTable()
         self.colls: list[_Coll] = []
         self._eqns: list[Any] = []  # the equations being stepped (innermost last)
         self._change_mask: int | None = None
@@ -187,19 +189,17 @@ class DependencyWalker(Walker):
     # it is recorded, entering value k carries a placeholder bit of its own; at its end the placeholders are
     # put back as the entering values' real masks, and a dependence on anything else opens it (not kept).
     def segment_begin(self, copy: Any, rec: Any) -> Any:
-        from ..analysis.program.segment_memo import RecordingTable
-
         start, n = len(self.colls), len(copy.entering)
         saved = [self.masks.get(id(v)) for v in copy.entering]
         for k, v in enumerate(copy.entering):
             self.colls.append(_Coll("", (), 1, 1, 0, start + k))
             self.masks[id(v)] = 1 << (start + k)
-        self.masks = RecordingTable(self.masks, rec, "masks")
+        self.masks = record_table(self.masks, rec, "masks")
         return start, n, saved
 
     def segment_end(self, copy: Any, begun: Any, rec: Any) -> tuple[Any, bool]:
         start, n, saved = begun
-        self.masks = dict.copy(self.masks)
+        self.masks = plain_table(self.masks)
         entering = [m or 0 for m in saved]
         low = (1 << start) - 1
         closed = True

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ...core.layout import Layout
 from .blocks import BodyStructures
@@ -69,6 +69,12 @@ __all__ = [
     "slice_row_class",
     "RECORDING",
     "PLAIN",
+    "PlainTable",
+    "PlainOutputs",
+    "record_table",
+    "plain_table",
+    "record_outputs",
+    "plain_outputs",
 ]
 
 Token = tuple[str, int]  # ("e", k): the copy's k-th entering value; ("i", k): the k-th value it makes
@@ -615,11 +621,42 @@ class RecordingEnv(PlainEnv):
 PLAIN, RECORDING = PlainEnv, RecordingEnv
 
 
-class RecordingTable(dict):  # type: ignore[type-arg]
+class PlainTable(dict):  # type: ignore[type-arg]
+    """A walker's table keyed by ``id(value)`` (summed, uses, requested, masks) or its CSE history, while no copy is
+    recorded: :func:`record_table` swaps its class to :class:`RecordingTable` for a recording and
+    :func:`plain_table` back, where copying it each way (it holds the whole program's entries) cost a deep
+    program's every recording of every costing more than the recording's own walk."""
+
+
+def record_table(table: dict[Any, Any], rec: Recorder, channel: str) -> RecordingTable:
+    """``table`` logged for ``rec`` (:class:`RecordingTable`): the same object where it is a :class:`PlainTable`,
+    else a logged copy."""
+    if type(table) is PlainTable:
+        table.__class__ = RecordingTable
+        swapped: Any = table
+        swapped._log(rec, channel)
+        return cast(RecordingTable, swapped)
+    return RecordingTable(table, rec, channel)
+
+
+def plain_table(table: dict[Any, Any]) -> PlainTable:
+    """``table`` no longer logged (the same object, its class swapped back to :class:`PlainTable`)."""
+    if isinstance(table, RecordingTable):
+        table.__dict__.clear()  # the recorder and its copy are not held on
+        swapped: Any = table
+        swapped.__class__ = PlainTable
+        return cast(PlainTable, swapped)
+    return PlainTable(table)
+
+
+class RecordingTable(PlainTable):
     """A table keyed by ``id(value)`` (``channel``: summed, uses, requested, masks) or the CSE history, logged."""
 
     def __init__(self, data: Any, rec: Recorder, channel: str) -> None:
         super().__init__(data)
+        self._log(rec, channel)
+
+    def _log(self, rec: Recorder, channel: str) -> None:
         self.rec, self.channel = rec, channel
         # Reads that note nothing, answered without :meth:`_read`: any of the masks; of the other tables keyed by
         # id, a value the copy makes (and, of the pending-sum tags, one entering it too).
@@ -708,7 +745,31 @@ class RecordingTable(dict):  # type: ignore[type-arg]
         super().update(*a, **k)
 
 
-class RecordingOutputs(set):  # type: ignore[type-arg]
+class PlainOutputs(set):  # type: ignore[type-arg]
+    """The program's outputs (ids) while no copy is recorded (:class:`PlainTable`'s set)."""
+
+
+def record_outputs(outputs: set[int], rec: Recorder) -> RecordingOutputs:
+    """``outputs`` logged for ``rec``: the same object where it is a :class:`PlainOutputs`, else a logged copy."""
+    if type(outputs) is PlainOutputs:
+        outputs.__class__ = RecordingOutputs
+        swapped: Any = outputs
+        swapped.rec = rec
+        return cast(RecordingOutputs, swapped)
+    return RecordingOutputs(outputs, rec)
+
+
+def plain_outputs(outputs: set[int]) -> PlainOutputs:
+    """``outputs`` no longer logged."""
+    if isinstance(outputs, RecordingOutputs):
+        outputs.__dict__.clear()
+        swapped: Any = outputs
+        swapped.__class__ = PlainOutputs
+        return cast(PlainOutputs, swapped)
+    return PlainOutputs(outputs)
+
+
+class RecordingOutputs(PlainOutputs):
     """The program's outputs (ids) while a copy is recorded: a test of a value outside it, or a change, leaves it."""
 
     def __init__(self, data: Any, rec: Recorder) -> None:

@@ -32,18 +32,22 @@ from .segment_memo import (
     Copy,
     CopySlots,
     PlainEnv,
+    PlainOutputs,
+    PlainTable,
     ReadyTape,
     Recorder,
-    RecordingOutputs,
-    RecordingTable,
     SegmentPlan,
     SegmentTape,
     Shelf,
     copy_slots,
     pad_guard,
     pad_guard_holds,
+    plain_outputs,
+    plain_table,
     plan_segments,
     ready_tape,
+    record_outputs,
+    record_table,
     replaced,
     searches_hold,
     slice_row_class,
@@ -70,7 +74,7 @@ class Walker:
         self._replicated: dict[tuple[int, ...], Layout] = {}
         # Layout changes already made to a value: XLA computes a gathered value once and
         # reuses it (CSE), e.g. an FSDP weight gathered in the forward pass and again for the backward.
-        self._made: dict[tuple[Any, Any], Layout] = {}
+        self._made: dict[tuple[Any, Any], Layout] = PlainTable()
         self._made_by: dict[Any, set[Any]] = {}  # the same, by value: the moves made of each (a segment's key)
         self._source: dict[int, tuple[int, int]] = {}  # id(layout in env) -> (walk, id(the jaxpr value))
         self._keep: list[Layout] = []  # holds the layouts _source names, so their ids stay theirs
@@ -78,18 +82,18 @@ class Walker:
         # Values that are the all-reduced result of a dot, by id of the jaxpr variable -> the mesh axes
         # summed (carried through shape-only ops): XLA keeps them in partial-sum form for a consumer
         # dot that splits their contracted axis (see rules_indexing.match_contracting).
-        self.summed: dict[int, frozenset[str]] = {}
+        self.summed: dict[int, frozenset[str]] = PlainTable()
         # The walk's look-ahead (XLA's propagation runs both ways): who consumes each value of the
         # jaxprs being walked, and the layouts bound so far (the innermost walk's environment).
-        self.uses: dict[int, list[tuple[Any, int]]] = {}
+        self.uses: dict[int, list[tuple[Any, int]]] = PlainTable()
         self.env: dict[Any, Layout] = {}
-        self.program_outputs: set[int] = set()
+        self.program_outputs: set[int] = PlainOutputs()
         # Values whose layout XLA's propagation may not change (ids): the program's arguments and what a sharding
         # constraint places.  A layout conflict on any other value XLA may settle upstream (movement.mark_conflict).
         self.pinned: set[int] = set()
         # The layouts the caller asks for the program's outputs (``report(out_specs=)``), by id of the jaxpr
         # value: a scan whose stacked output is one sums each iteration's piece straight to that split.
-        self.requested: dict[int, tuple[tuple[str, ...], ...]] = {}
+        self.requested: dict[int, tuple[tuple[str, ...], ...]] = PlainTable()
         # The environments of the nested calls walked into (jit, custom derivatives, remat), by the path of
         # call equations (ids) from the program: peak memory inlines them as XLA does (see :mod:`.memory`).
         self.sub_envs: dict[tuple[int, ...], dict[Any, Layout]] = {}
@@ -348,7 +352,7 @@ class Walker:
 
         self.uses.update(self.costs.uses_of(jaxpr))
         if self._walks == 1:  # the program itself: its results leave it
-            self.program_outputs = {id(v) for v in jaxpr.outvars if not hasattr(v, "val")}
+            self.program_outputs = PlainOutputs(id(v) for v in jaxpr.outvars if not hasattr(v, "val"))
             self.pinned.update(id(v) for v in jaxpr.invars)
         outer_env, self.env = self.env, env
         for v, lay in zip(jaxpr.invars, in_layouts):
@@ -644,11 +648,11 @@ class Walker:
             frozenset(self.sub_envs),
             (self.summed, self.uses, self.requested, self._made, self.program_outputs),
         )
-        self.summed = RecordingTable(self.summed, rec, "summed")
-        self.uses = RecordingTable(self.uses, rec, "uses")
-        self.requested = RecordingTable(self.requested, rec, "requested")
-        self._made = RecordingTable(self._made, rec, "made")
-        self.program_outputs = RecordingOutputs(self.program_outputs, rec)
+        self.summed = record_table(self.summed, rec, "summed")
+        self.uses = record_table(self.uses, rec, "uses")
+        self.requested = record_table(self.requested, rec, "requested")
+        self._made = record_table(self._made, rec, "made")
+        self.program_outputs = record_outputs(self.program_outputs, rec)
         env.__class__ = RECORDING
         env.rec = rec  # type: ignore[attr-defined]
         recording.begun = self.segment_begin(copy, rec)
@@ -659,11 +663,11 @@ class Walker:
         rec, copy = recording.rec, recording.rec.copy
         env.__class__ = PLAIN
         env.rec = None  # type: ignore[attr-defined]
-        self.summed = dict.copy(self.summed)
-        self.uses = dict.copy(self.uses)
-        self.requested = dict.copy(self.requested)
-        self._made = dict.copy(self._made)
-        self.program_outputs = set.copy(self.program_outputs)
+        self.summed = plain_table(self.summed)
+        self.uses = plain_table(self.uses)
+        self.requested = plain_table(self.requested)
+        self._made = plain_table(self._made)
+        self.program_outputs = plain_outputs(self.program_outputs)
         extra, closed = self.segment_end(copy, recording.begun, rec)
         if not closed:
             rec.leave("a dependence on a collective before the copy")
