@@ -562,7 +562,8 @@ class Walker:
         for v, gathered_key, partial_key in copy.entering_keys:
             lay, gathered, partial = get(v), get(gathered_key), get(partial_key)
             source = sources.get(id(lay)) if lay is not None else None
-            moves = frozenset(made_by.get(source, none)) if source is not None else none
+            made = made_by.get(source) if source is not None else None
+            moves = frozenset(made) if made else none  # equal to an empty set's: most values were never moved
             mine = source is None or source == (1, id(v))
             state.append((_fields(lay, mesh), _fields(gathered, mesh), _fields(partial, mesh), mine, moves))
             state.append(summed.get(id(v)))
