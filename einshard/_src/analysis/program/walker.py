@@ -36,6 +36,7 @@ from .segment_memo import (
     PlainTable,
     ReadyTape,
     Recorder,
+    RecordingTable,
     SegmentPlan,
     SegmentTape,
     Shelf,
@@ -85,7 +86,7 @@ class Walker:
         self.summed: dict[int, frozenset[str]] = PlainTable()
         # The walk's look-ahead (XLA's propagation runs both ways): who consumes each value of the
         # jaxprs being walked, and the layouts bound so far (the innermost walk's environment).
-        self.uses: dict[int, list[tuple[Any, int]]] = PlainTable()
+        self.uses: dict[int, list[tuple[Any, int]]] = {}
         self.env: dict[Any, Layout] = {}
         self.program_outputs: set[int] = PlainOutputs()
         # Values whose layout XLA's propagation may not change (ids): the program's arguments and what a sharding
@@ -650,7 +651,9 @@ class Walker:
             (self.summed, self.uses, self.requested, self._made, self.program_outputs),
         )
         self.summed = record_table(self.summed, rec, "summed")
-        self.uses = record_table(self.uses, rec, "uses")
+        # The uses stay a plain dict outside a recording (rules_indexing._recording tells a recording by the
+        # table's type): copied in and out, as before.
+        self.uses = RecordingTable(self.uses, rec, "uses")
         self.requested = record_table(self.requested, rec, "requested")
         self._made = record_table(self._made, rec, "made")
         self.program_outputs = record_outputs(self.program_outputs, rec)
@@ -665,7 +668,7 @@ class Walker:
         env.__class__ = PLAIN
         env.rec = None  # type: ignore[attr-defined]
         self.summed = plain_table(self.summed)
-        self.uses = plain_table(self.uses)
+        self.uses = dict.copy(self.uses)
         self.requested = plain_table(self.requested)
         self._made = plain_table(self._made)
         self.program_outputs = plain_outputs(self.program_outputs)
