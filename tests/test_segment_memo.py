@@ -342,3 +342,91 @@ def test_a_replay_binds_private_layouts_only_for_the_values_read_after_the_copy(
     walked = Walker(t.costs)
     assert t.report(specs, walker=walked, forks=0).ops == again.ops
     assert len(replayed._keep) < len(walked._keep)
+
+
+# -- the walk per costing against depth (counted, never timed: benchmarks/bench_target.py times it) -----------------
+
+
+def _stepped(layers: int) -> tuple[int, int, int]:
+    """(equations stepped, copies replayed, the period of the forward's copies) over every layout of the small
+    decoder, tensor-parallel ones included, costed by the planner's combining walker."""
+    fn, params, x = decoder(layers, "remat")
+    t = trace(fn, params, x, mesh=MESH)
+    for up, down, batch in itertools.product(range(len(UP)), range(len(DOWN)), range(len(BATCH))):
+        combined_report(t, _specs(up, down, batch))
+    (plan,) = t.costs.segment_plans.values()
+    period = max(c.stop - c.start for c in plan.copies.values())
+    return t.costs.counts.equations, t.costs.counts.segment_replays, period
+
+
+def test_twice_the_layers_step_no_more_equations_than_a_few_copies_more():
+    """The equations a costing steps do not grow with depth once the layers' entering layouts have settled (the
+    first copies, the last and the backward's glue meet their own layouts, some layouts settle a copy or two
+    later): from 6 to 12 layers, over all 64 layouts together, a few copies' equations more (a walk that stepped
+    each further layer would step 64 x 6 more copies); every further copy is replayed.  (What a replay applies is
+    one copy's writes, ops and collectives: that still grows with depth, see docs/targets.md.)"""
+    stepped_l, replays_l, period = _stepped(6)
+    stepped_2l, replays_2l, _ = _stepped(12)
+    assert stepped_2l - stepped_l <= 4 * period
+    assert replays_2l - replays_l >= 64 * 2 * 6 - 16  # the six further layers' forward and glue copies
+
+
+def _reference_combined(walker, profile, sizes):
+    from einshard._src.planner.combining import greedy_groups
+
+    return greedy_groups(walker.colls, profile, sizes)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    layers=st.integers(1, 6),
+    how=st.sampled_from(["remat", "plain"]),
+    layout=st.tuples(st.integers(0, len(UP) - 1), st.integers(0, len(DOWN) - 1), st.integers(0, len(BATCH) - 1)),
+)
+def test_the_combiner_groups_as_the_plain_greedy_does(layers, how, layout):
+    """DependencyWalker.combined skips the groups before the one holding the latest upstream collective of the
+    key; the plain greedy (every open group tried in order) groups the same collectives alike."""
+    from einshard._src.planner.combining import DependencyWalker
+
+    t = _traced(layers, how, "auto")
+    walker = DependencyWalker(t.costs)
+    t.report(_specs(*layout), walker=walker, forks=0)
+    sizes = {m.name: m.size for m in t.mesh}
+    assert walker.combined(t.costs.profile, sizes) == _reference_combined(walker, t.costs.profile, sizes)
+
+
+class _Profile:
+    """A latency per kind and group size, distinct enough that a wrong group shows in the saved sum."""
+
+    def collective_time(self, kind, n, sent, array, axis_sizes=None):
+        return {"all-reduce": 1.0, "all-gather": 0.001}[kind] * n
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["all-reduce", "all-gather"]),
+            st.sampled_from([("data",), ("model",)]),
+            st.lists(st.integers(0, 40), max_size=3),  # direct dependences, as distances back
+        ),
+        max_size=40,
+    )
+)
+def test_the_combiner_groups_any_dependence_graph_as_the_plain_greedy(drawn):
+    """Any dependence graph whose upstream masks hold their collectives' upstream masks (as the walk's do: a
+    value's mask is its operands' and its own collectives')."""
+    from einshard._src.planner.combining import _Coll, _combine
+
+    colls: list = []
+    for i, (kind, axes, back) in enumerate(drawn):
+        upstream = 0
+        for d in back:
+            if d < i:
+                j = i - 1 - d
+                upstream |= (1 << j) | colls[j].upstream
+        colls.append(_Coll(kind, axes, 4, 1, upstream, i))
+    sizes = {"data": 4, "model": 4}
+    assert _combine(colls, _Profile(), sizes, skip_upstream=True) == _combine(
+        colls, _Profile(), sizes, skip_upstream=False
+    )

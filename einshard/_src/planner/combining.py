@@ -20,13 +20,16 @@ The byte threshold XLA puts on a combined op (tens of MiB) is not modelled.
 
 from __future__ import annotations
 
+import gc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
 from ..analysis.program import ProgramReport, TracedProgram
 from ..analysis.program.report import OpReport
+from ..analysis.program.segment_memo import PlainTable, plain_table, record_table
 from ..analysis.program.walker import Walker
 from ..core.layout import Layout
 
@@ -56,7 +59,8 @@ class DependencyWalker(Walker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.masks: dict[int, int] = {}  # id(jaxpr var) -> bitmask of upstream collectives
+        # id(jaxpr var) -> bitmask of upstream collectives (a table logged while a stretch is recorded: segment_begin)
+        self.masks: dict[int, int] = PlainTable()
         self.colls: list[_Coll] = []
         self._eqns: list[Any] = []  # the equations being stepped (innermost last)
         self._change_mask: int | None = None
@@ -185,19 +189,17 @@ class DependencyWalker(Walker):
     # it is recorded, entering value k carries a placeholder bit of its own; at its end the placeholders are
     # put back as the entering values' real masks, and a dependence on anything else opens it (not kept).
     def segment_begin(self, copy: Any, rec: Any) -> Any:
-        from ..analysis.program.segment_memo import RecordingTable
-
         start, n = len(self.colls), len(copy.entering)
         saved = [self.masks.get(id(v)) for v in copy.entering]
         for k, v in enumerate(copy.entering):
             self.colls.append(_Coll("", (), 1, 1, 0, start + k))
             self.masks[id(v)] = 1 << (start + k)
-        self.masks = RecordingTable(self.masks, rec, "masks")
+        self.masks = record_table(self.masks, rec, "masks")
         return start, n, saved
 
     def segment_end(self, copy: Any, begun: Any, rec: Any) -> tuple[Any, bool]:
         start, n, saved = begun
-        self.masks = dict.copy(self.masks)
+        self.masks = plain_table(self.masks)
         entering = [m or 0 for m in saved]
         low = (1 << start) - 1
         closed = True
@@ -230,7 +232,10 @@ class DependencyWalker(Walker):
                 closed = False
                 continue
             v = id(copy.value(tok))
-            masks.append((tok, *split(self.masks[v])))
+            if tok in copy.escaping:
+                # Only a value read after the copy has its mask read again (a later step's operands, a later
+                # copy's entering values, the program's outputs): a replay sets those only.
+                masks.append((tok, *split(self.masks[v])))
             self.masks[v] = real(self.masks[v])
         for v, m in zip(copy.entering, saved):
             if m is None:
@@ -272,24 +277,58 @@ class DependencyWalker(Walker):
         return real
 
     def combined(self, profile: Any, sizes: dict[str, int]) -> CombinedCollectives:
-        """Greedy grouping in program order; α charged once per group (per repeat)."""
-        groups: dict[tuple[Any, ...], list[int]] = {}  # key -> members' bitmask per open group
-        saved = 0.0
-        ops = 0
-        for c in self.colls:
-            if c.group_size <= 1:
-                continue
-            key = (c.kind, c.axes, c.repeat)
-            open_groups = groups.setdefault(key, [])
-            for i, members in enumerate(open_groups):
-                if c.upstream & members == 0:
-                    open_groups[i] = members | (1 << c.bit)
-                    saved += _alpha(profile, c, sizes) * c.repeat
-                    break
-            else:
-                open_groups.append(1 << c.bit)
-                ops += c.repeat
-        return CombinedCollectives(ops, saved)
+        """Greedy grouping in program order; α charged once per group (per repeat).
+
+        A collective joins the first group of its kind, axes and repeat none of whose members is upstream of it.
+        The groups before the one that took the latest collective of that key upstream of it are never tried:
+        each is known to hold one of that collective's own upstream collectives (it was tried and refused them)
+        or that collective itself, and an upstream mask holds its collectives' upstream masks (a value's mask is
+        its operands' and its own collectives').  Without that, a chain of layers (each layer's tensor-parallel
+        all-reduce upstream of the next's: a group per layer) tries every earlier layer's group at every layer,
+        quadratic in the depth; with it each collective tries the groups from there on (:func:`greedy_groups`
+        is the plain greedy: tests/test_segment_memo.py checks both agree)."""
+        return _combine(self.colls, profile, sizes, skip_upstream=True)
+
+
+def greedy_groups(colls: list[_Coll], profile: Any, sizes: dict[str, int]) -> CombinedCollectives:
+    """The combining of ``colls`` as the greedy grouping states it, every open group tried in order (the reference
+    :meth:`DependencyWalker.combined` is checked against)."""
+    return _combine(colls, profile, sizes, skip_upstream=False)
+
+
+def _combine(colls: list[_Coll], profile: Any, sizes: dict[str, int], skip_upstream: bool) -> CombinedCollectives:
+    groups: dict[tuple[Any, ...], list[int]] = {}  # key -> members' bitmask per open group
+    members_of_key: dict[tuple[Any, ...], int] = {}  # key -> the bits of its collectives
+    group_of: dict[int, int] = {}  # a collective's bit -> the index of its group among its key's
+    alphas: dict[tuple[Any, ...], float] = {}
+    saved = 0.0
+    ops = 0
+    for c in colls:
+        if c.group_size <= 1:
+            continue
+        key = (c.kind, c.axes, c.repeat)
+        open_groups = groups.setdefault(key, [])
+        first = 0
+        if skip_upstream:
+            upstream_here = c.upstream & members_of_key.get(key, 0)
+            if upstream_here:
+                first = group_of[upstream_here.bit_length() - 1] + 1
+        for i in range(first, len(open_groups)):
+            if c.upstream & open_groups[i] == 0:
+                open_groups[i] |= 1 << c.bit
+                group_of[c.bit] = i
+                at = (c.kind, c.axes, c.group_size)
+                alpha = alphas.get(at)
+                if alpha is None:
+                    alpha = alphas[at] = _alpha(profile, c, sizes)
+                saved += alpha * c.repeat
+                break
+        else:
+            group_of[c.bit] = len(open_groups)
+            open_groups.append(1 << c.bit)
+            ops += c.repeat
+        members_of_key[key] = members_of_key.get(key, 0) | (1 << c.bit)
+    return CombinedCollectives(ops, saved)
 
 
 def _alpha(profile: Any, c: _Coll, sizes: dict[str, int]) -> float:
@@ -304,6 +343,27 @@ def combined_report(
 ) -> tuple[ProgramReport, CombinedCollectives]:
     """``traced.report(in_specs, out_specs)`` walked by a :class:`DependencyWalker`, with its combining."""
     walker = DependencyWalker(traced.costs)
-    # No forks (alternatives.py): the planner ranks by costs, which forks leave as they are, and a fork is a walk more.
-    report = traced.report(in_specs, out_specs, walker=walker, forks=0)
-    return report, walker.combined(traced.costs.profile, {m.name: m.size for m in traced.mesh})
+    with _collector_paused():
+        # No forks (alternatives.py): the planner ranks by costs, which forks leave as they are, and a fork is a walk
+        # more.
+        report = traced.report(in_specs, out_specs, walker=walker, forks=0)
+        return report, walker.combined(traced.costs.profile, {m.name: m.size for m in traced.mesh})
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector held off for one costing.
+
+    A costing allocates hundreds of thousands of small objects (layouts, ops, tape entries) that reference counting
+    frees, and next to them the traced program's caches (tapes, layouts, summaries) live on: each of the collector's
+    full passes, triggered by the allocations alone, walks all of those, and the more layers the more there is to
+    walk (an unrolled 24-layer llama spent a fifth of its plan's CPU time there).  The cycles a costing leaves are
+    collected by the next pass after it.  Where the collector is off already, it stays off."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -59,7 +59,13 @@ class OpCosts:
         self.segment_tapes: dict[Any, Any] = {}
         # The keys (with the padding their pads' walk read) of copies whose walk was open: walked plainly again.
         self.segment_open: dict[Any, list[Any]] = {}
+        # id(tape) -> its writes by slot, id(copy) -> its keys by slot (segment_memo.ready_tape, copy_slots; held).
+        self.segment_ready: dict[int, Any] = {}
+        self.segment_slots: dict[int, Any] = {}
         self.segment_plans: dict[int, Any] = {}  # id(jaxpr) -> its SegmentPlan (the jaxpr held in it)
+        self.segment_structures: dict[Any, int] = {}  # (run, calls, wiring) -> Copy.structure
+        # (id(copy), the splits of what its slices slice) -> (the copy, held; the rows its key holds).
+        self.segment_rows: dict[tuple[int, Any], tuple[Any, Any]] = {}
         # (copy's start, id(searched value), a step) -> the values a look-ahead from it visits from that step on (None:
         # a check there reads the copy's values): see segment_memo.past_start.
         self.segment_past: dict[tuple[int, int, int], Any] = {}

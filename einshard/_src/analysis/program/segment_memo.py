@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ...core.layout import Layout
 from .blocks import BodyStructures
@@ -45,12 +45,18 @@ from .costing import is_free
 from .registry import sub_jaxpr
 from .report import OpReport
 from .segments import LAYER_INDEX, find_runs, param_token
-from .values import Gathered, Partial
+from .values import Gathered, Partial, Sent
 
 __all__ = [
     "Copy",
     "SegmentPlan",
     "SegmentTape",
+    "CopySlots",
+    "ReadyTape",
+    "Shelf",
+    "copy_slots",
+    "ready_tape",
+    "replaced",
     "PadGuard",
     "pad_guard",
     "pad_guard_holds",
@@ -63,6 +69,12 @@ __all__ = [
     "slice_row_class",
     "RECORDING",
     "PLAIN",
+    "PlainTable",
+    "PlainOutputs",
+    "record_table",
+    "plain_table",
+    "record_outputs",
+    "plain_outputs",
 ]
 
 Token = tuple[str, int]  # ("e", k): the copy's k-th entering value; ("i", k): the k-th value it makes
@@ -101,6 +113,9 @@ class Copy:
     # Each entering value with its gathered copy's and pending sum's keys in the environment (the key reads all
     # three of each, at every copy of every costing: made once).
     entering_keys: tuple[tuple[Any, Gathered, Partial], ...] = ()
+    # Its run, the bodies it calls and its wiring as one small integer (equal integers: all three equal), for its
+    # key: the wiring alone is a tuple per operand, hashed at every lookup of every copy of every costing.
+    structure: int = -1
 
     def value(self, token: Token) -> Any:
         return self.entering[token[1]] if token[0] == "e" else self.inside[token[1]]
@@ -113,8 +128,14 @@ class SegmentPlan:
     made_at: dict[int, int]  # id(top-level value) -> the position that makes it
 
 
-def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPlan:
-    """The copies of ``jaxpr``'s repeated runs of top-level equations (:func:`.segments.find_runs`)."""
+def plan_segments(
+    jaxpr: Any, known: BodyStructures, phase_of: Any, interned: dict[Hashable, int] | None = None
+) -> SegmentPlan:
+    """The copies of ``jaxpr``'s repeated runs of top-level equations (:func:`.segments.find_runs`).
+
+    ``interned``: (run, calls, wiring) -> the integer :attr:`Copy.structure` names it by (shared by every program
+    costed with one OpCosts, whose tapes these integers key)."""
+    interned = {} if interned is None else interned
     outputs = {id(v) for v in jaxpr.outvars if not hasattr(v, "val")}
     eqns = jaxpr.eqns
     consumers: dict[int, list[tuple[int, int]]] = {}  # id(value) -> (position, operand index) of each use
@@ -208,6 +229,7 @@ def plan_segments(jaxpr: Any, known: BodyStructures, phase_of: Any) -> SegmentPl
                     if id(v) in outputs or any(p not in span for p, _ in consumers.get(id(v), ()))
                 ),
                 tuple((v, Gathered(v), Partial(v)) for v in entering.values()),
+                interned.setdefault((template, calls, wiring), len(interned)),
             )
     made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
     return SegmentPlan(jaxpr, copies, made_at)
@@ -309,6 +331,103 @@ class SegmentTape:
     # The look-aheads (rules_indexing.consumer_split) that went on past the copy's horizon, with their answers from
     # there (:func:`past_copy`): another copy replays the tape where its own answer alike (:func:`searches_hold`).
     searches: tuple[Search, ...] = ()
+
+
+class Shelf(list):  # type: ignore[type-arg]
+    """The tapes kept under one key (OpCosts.segment_tapes), in the order recorded, with, per copy, those whose
+    padding holds at it (``picks``: id(copy) -> (the copy, held; how many tapes there were; those tapes)): a
+    copy's pads are fixed, only the tapes' look-aheads past the copy are checked at each replay."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.picks: dict[int, tuple[Copy, int, tuple[SegmentTape, ...]]] = {}
+
+
+# The kinds of environment key a replay writes under a value: the value itself, its gathered copy, its pending sum,
+# its all-to-all buffers (values.py).  A copy's keys are laid out kind by kind (:class:`CopySlots`).
+KINDS: tuple[Any, ...] = (None, Gathered, Partial, Sent)
+
+
+@dataclass(frozen=True, eq=False)
+class CopySlots:
+    """A copy's values by slot (its entering values, then its own, as its tokens number them) with what a replay
+    writes under each, made once per copy for every costing: the environment key of each kind
+    (:data:`KINDS`, slot-major within a kind), each value's id and its moves' source.  A tape's writes are kept by
+    slot (:class:`ReadyTape`): replaying them at a copy looks its keys up by index, not by token."""
+
+    copy: Copy  # held, so that the id it is cached under stays its own
+    keys: tuple[Any, ...]
+    ids: tuple[int, ...]
+    sources: tuple[tuple[int, int], ...]
+    # The naming (Walker.value_names, eqn_where) and each equation's op words (where, inside, reads) under it.
+    words: dict[str, Any] = field(default_factory=dict)
+
+
+def copy_slots(copy: Copy) -> CopySlots:
+    """:class:`CopySlots` of ``copy``."""
+    values = (*copy.entering, *copy.inside)
+    keys = tuple(v if kind is None else kind(v) for kind in KINDS for v in values)
+    ids = tuple(id(v) for v in values)
+    return CopySlots(copy, keys, ids, tuple((1, i) for i in ids))
+
+
+def slot_of(copy: Copy, token: Token) -> int:
+    return token[1] if token[0] == "e" else len(copy.entering) + token[1]
+
+
+@dataclass(frozen=True, eq=False)
+class ReadyTape:
+    """A tape's writes by slot, made once per tape (:func:`ready_tape`) and replayed at each copy entering like
+    the one it was recorded at (copies of one key have as many entering values: their wiring is in the key).
+
+    The environment's writes are kept as their last value per key, in first-write order: a dictionary update
+    inserts new keys in that order and leaves each its last value, as the writes one by one do; a key whose last
+    write binds a private copy of the layout is overwritten in place by one (where the value is read after the
+    copy that replays it)."""
+
+    tape: SegmentTape  # held, so that the id it is cached under stays its own
+    env_at: tuple[int, ...]  # index into CopySlots.keys per key written
+    env_lays: tuple[Layout, ...]
+    private: tuple[tuple[Token, int, int, Layout], ...]  # (token, key index, slot, the tape's layout)
+    summed_at: tuple[int, ...]  # slots
+    summed_tags: tuple[frozenset[str], ...]
+    made_at: tuple[int, ...]  # slots of the moved values
+    made_moves: tuple[Hashable, ...]
+    made_to: tuple[Any, ...]
+    made_by: tuple[tuple[int, frozenset[Hashable]], ...]  # slot -> its moves
+
+
+def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
+    """``tape`` (recorded at ``copy``) by slot: :class:`ReadyTape`."""
+    n = len(copy.entering) + len(copy.inside)
+    last: dict[int, tuple[Layout, Token | None]] = {}
+    for tok, kind, lay, private in tape.env:
+        at = KINDS.index(kind) * n + slot_of(copy, tok)
+        last[at] = (lay, tok if private else None)
+    moves: dict[int, set[Hashable]] = {}
+    for tok, move, _ in tape.made:
+        moves.setdefault(slot_of(copy, tok), set()).add(move)
+    return ReadyTape(
+        tape,
+        tuple(last),
+        tuple(lay for lay, _ in last.values()),
+        tuple((tok, at, at % n, lay) for at, (lay, tok) in last.items() if tok is not None),
+        tuple(slot_of(copy, tok) for tok, _ in tape.summed),
+        tuple(tag for _, tag in tape.summed),
+        tuple(slot_of(copy, tok) for tok, _, _ in tape.made),
+        tuple(move for _, move, _ in tape.made),
+        tuple(to for _, _, to in tape.made),
+        tuple((slot, frozenset(m)) for slot, m in moves.items()),
+    )
+
+
+def replaced(op: OpReport, changes: dict[str, Any]) -> OpReport:
+    """``dataclasses.replace(op, **changes)`` without its per-call field introspection (an OpReport has no
+    ``__post_init__``: its fields are copied as they are): a deep unrolled model replays thousands per costing."""
+    new = object.__new__(OpReport)
+    new.__dict__.update(op.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 @dataclass
@@ -502,11 +621,42 @@ class RecordingEnv(PlainEnv):
 PLAIN, RECORDING = PlainEnv, RecordingEnv
 
 
-class RecordingTable(dict):  # type: ignore[type-arg]
+class PlainTable(dict):  # type: ignore[type-arg]
+    """A walker's table keyed by ``id(value)`` (summed, uses, requested, masks) or its CSE history, while no copy is
+    recorded: :func:`record_table` swaps its class to :class:`RecordingTable` for a recording and
+    :func:`plain_table` back, where copying it each way (it holds the whole program's entries) cost a deep
+    program's every recording of every costing more than the recording's own walk."""
+
+
+def record_table(table: dict[Any, Any], rec: Recorder, channel: str) -> RecordingTable:
+    """``table`` logged for ``rec`` (:class:`RecordingTable`): the same object where it is a :class:`PlainTable`,
+    else a logged copy."""
+    if type(table) is PlainTable:
+        table.__class__ = RecordingTable
+        swapped: Any = table
+        swapped._log(rec, channel)
+        return cast(RecordingTable, swapped)
+    return RecordingTable(table, rec, channel)
+
+
+def plain_table(table: dict[Any, Any]) -> PlainTable:
+    """``table`` no longer logged (the same object, its class swapped back to :class:`PlainTable`)."""
+    if isinstance(table, RecordingTable):
+        table.__dict__.clear()  # the recorder and its copy are not held on
+        swapped: Any = table
+        swapped.__class__ = PlainTable
+        return cast(PlainTable, swapped)
+    return PlainTable(table)
+
+
+class RecordingTable(PlainTable):
     """A table keyed by ``id(value)`` (``channel``: summed, uses, requested, masks) or the CSE history, logged."""
 
     def __init__(self, data: Any, rec: Recorder, channel: str) -> None:
         super().__init__(data)
+        self._log(rec, channel)
+
+    def _log(self, rec: Recorder, channel: str) -> None:
         self.rec, self.channel = rec, channel
         # Reads that note nothing, answered without :meth:`_read`: any of the masks; of the other tables keyed by
         # id, a value the copy makes (and, of the pending-sum tags, one entering it too).
@@ -595,7 +745,31 @@ class RecordingTable(dict):  # type: ignore[type-arg]
         super().update(*a, **k)
 
 
-class RecordingOutputs(set):  # type: ignore[type-arg]
+class PlainOutputs(set):  # type: ignore[type-arg]
+    """The program's outputs (ids) while no copy is recorded (:class:`PlainTable`'s set)."""
+
+
+def record_outputs(outputs: set[int], rec: Recorder) -> RecordingOutputs:
+    """``outputs`` logged for ``rec``: the same object where it is a :class:`PlainOutputs`, else a logged copy."""
+    if type(outputs) is PlainOutputs:
+        outputs.__class__ = RecordingOutputs
+        swapped: Any = outputs
+        swapped.rec = rec
+        return cast(RecordingOutputs, swapped)
+    return RecordingOutputs(outputs, rec)
+
+
+def plain_outputs(outputs: set[int]) -> PlainOutputs:
+    """``outputs`` no longer logged."""
+    if isinstance(outputs, RecordingOutputs):
+        outputs.__dict__.clear()
+        swapped: Any = outputs
+        swapped.__class__ = PlainOutputs
+        return cast(PlainOutputs, swapped)
+    return PlainOutputs(outputs)
+
+
+class RecordingOutputs(PlainOutputs):
     """The program's outputs (ids) while a copy is recorded: a test of a value outside it, or a change, leaves it."""
 
     def __init__(self, data: Any, rec: Recorder) -> None:

@@ -30,15 +30,26 @@ from .segment_memo import (
     PLAIN,
     RECORDING,
     Copy,
+    CopySlots,
     PlainEnv,
+    PlainOutputs,
+    PlainTable,
+    ReadyTape,
     Recorder,
-    RecordingOutputs,
     RecordingTable,
     SegmentPlan,
     SegmentTape,
+    Shelf,
+    copy_slots,
     pad_guard,
     pad_guard_holds,
+    plain_outputs,
+    plain_table,
     plan_segments,
+    ready_tape,
+    record_outputs,
+    record_table,
+    replaced,
     searches_hold,
     slice_row_class,
 )
@@ -64,7 +75,7 @@ class Walker:
         self._replicated: dict[tuple[int, ...], Layout] = {}
         # Layout changes already made to a value: XLA computes a gathered value once and
         # reuses it (CSE), e.g. an FSDP weight gathered in the forward pass and again for the backward.
-        self._made: dict[tuple[Any, Any], Layout] = {}
+        self._made: dict[tuple[Any, Any], Layout] = PlainTable()
         self._made_by: dict[Any, set[Any]] = {}  # the same, by value: the moves made of each (a segment's key)
         self._source: dict[int, tuple[int, int]] = {}  # id(layout in env) -> (walk, id(the jaxpr value))
         self._keep: list[Layout] = []  # holds the layouts _source names, so their ids stay theirs
@@ -72,18 +83,18 @@ class Walker:
         # Values that are the all-reduced result of a dot, by id of the jaxpr variable -> the mesh axes
         # summed (carried through shape-only ops): XLA keeps them in partial-sum form for a consumer
         # dot that splits their contracted axis (see rules_indexing.match_contracting).
-        self.summed: dict[int, frozenset[str]] = {}
+        self.summed: dict[int, frozenset[str]] = PlainTable()
         # The walk's look-ahead (XLA's propagation runs both ways): who consumes each value of the
         # jaxprs being walked, and the layouts bound so far (the innermost walk's environment).
         self.uses: dict[int, list[tuple[Any, int]]] = {}
         self.env: dict[Any, Layout] = {}
-        self.program_outputs: set[int] = set()
+        self.program_outputs: set[int] = PlainOutputs()
         # Values whose layout XLA's propagation may not change (ids): the program's arguments and what a sharding
         # constraint places.  A layout conflict on any other value XLA may settle upstream (movement.mark_conflict).
         self.pinned: set[int] = set()
         # The layouts the caller asks for the program's outputs (``report(out_specs=)``), by id of the jaxpr
         # value: a scan whose stacked output is one sums each iteration's piece straight to that split.
-        self.requested: dict[int, tuple[tuple[str, ...], ...]] = {}
+        self.requested: dict[int, tuple[tuple[str, ...], ...]] = PlainTable()
         # The environments of the nested calls walked into (jit, custom derivatives, remat), by the path of
         # call equations (ids) from the program: peak memory inlines them as XLA does (see :mod:`.memory`).
         self.sub_envs: dict[tuple[int, ...], dict[Any, Layout]] = {}
@@ -342,7 +353,7 @@ class Walker:
 
         self.uses.update(self.costs.uses_of(jaxpr))
         if self._walks == 1:  # the program itself: its results leave it
-            self.program_outputs = {id(v) for v in jaxpr.outvars if not hasattr(v, "val")}
+            self.program_outputs = PlainOutputs(id(v) for v in jaxpr.outvars if not hasattr(v, "val"))
             self.pinned.update(id(v) for v in jaxpr.invars)
         outer_env, self.env = self.env, env
         for v, lay in zip(jaxpr.invars, in_layouts):
@@ -539,7 +550,9 @@ class Walker:
         plans = self.costs.segment_plans
         hit = plans.get(id(jaxpr))
         if hit is None or hit.jaxpr is not jaxpr:
-            hit = plans[id(jaxpr)] = plan_segments(jaxpr, self.costs.structures, self.costs.phase_of)
+            hit = plans[id(jaxpr)] = plan_segments(
+                jaxpr, self.costs.structures, self.costs.phase_of, self.costs.segment_structures
+            )
         return hit
 
     def _segment_key(self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None) -> Any:
@@ -550,28 +563,23 @@ class Walker:
         for v, gathered_key, partial_key in copy.entering_keys:
             lay, gathered, partial = get(v), get(gathered_key), get(partial_key)
             source = sources.get(id(lay)) if lay is not None else None
-            moves = frozenset(made_by.get(source, none)) if source is not None else none
+            made = made_by.get(source) if source is not None else None
+            moves = frozenset(made) if made else none  # equal to an empty set's: most values were never moved
             mine = source is None or source == (1, id(v))
             state.append((_fields(lay, mesh), _fields(gathered, mesh), _fields(partial, mesh), mine, moves))
             state.append(summed.get(id(v)))
-        rows = []
-        sizes = self.costs.mesh_sizes
-        for off, k, row, strides, shape, out in copy.slices:
-            lay = env.get(copy.entering[k]) if k >= 0 else None
-            if k >= 0 and lay is not None and len(lay.dims) == len(row):
-                # Which row a layer slices matters only along a split axis (the devices holding it), and there
-                # only as far as the slice's walk reads it (slice_row_class).
-                rows.append(
-                    (
-                        off,
-                        tuple(
-                            slice_row_class(a, math.prod(sizes[m] for m in d), b, r, s) if d else None
-                            for r, d, s, a, b in zip(row, lay.dims, strides, shape, out)
-                        ),
-                    )
-                )
-            else:
-                rows.append((off, row if k < 0 else tuple(None for _ in row)))
+        rows: Any = ()
+        if copy.slices:
+            entering = copy.entering
+            split = tuple(
+                lay.dims if k >= 0 and (lay := env.get(entering[k])) is not None and len(lay.dims) == len(row) else None
+                for _, k, row, _, _, _ in copy.slices
+            )
+            kept = self.costs.segment_rows
+            hit = kept.get((id(copy), split))
+            if hit is None or hit[0] is not copy:
+                hit = kept[(id(copy), split)] = (copy, self._slice_rows(copy, split))
+            rows = hit[1]
         # Which entering values leave the program (a route carried back upstream stops at one: upstream.outer).
         outputs = self.program_outputs
         leaving = tuple(id(v) in outputs for v in copy.entering) if outputs else ()
@@ -581,17 +589,37 @@ class Walker:
             asked = tuple(sorted((copy.ahead[i], dims) for i, dims in self.requested.items() if i in copy.ahead))
         return (
             asked,
-            copy.template,
+            copy.structure,  # its run, the bodies it calls, its wiring
             type(self),
             self.quiet,
             repeat,
             phase_hint,
-            copy.calls,
-            copy.wiring,
             tuple(state),
-            tuple(rows),
+            rows,
             leaving,
         )
+
+    def _slice_rows(self, copy: Copy, split: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The rows ``copy``'s slices take as its key holds them, given the splits of the values they slice
+        (None: not an entering value's, or unbound): found once per copy and splits (OpCosts.segment_rows)."""
+        rows = []
+        sizes = self.costs.mesh_sizes
+        for (off, k, row, strides, shape, out), dims in zip(copy.slices, split):
+            if dims is not None:
+                # Which row a layer slices matters only along a split axis (the devices holding it), and there
+                # only as far as the slice's walk reads it (slice_row_class).
+                rows.append(
+                    (
+                        off,
+                        tuple(
+                            slice_row_class(a, math.prod(sizes[m] for m in d), b, r, s) if d else None
+                            for r, d, s, a, b in zip(row, dims, strides, shape, out)
+                        ),
+                    )
+                )
+            else:
+                rows.append((off, row if k < 0 else tuple(None for _ in row)))
+        return tuple(rows)
 
     def _segment_start(
         self, plan: SegmentPlan, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None
@@ -602,7 +630,7 @@ class Walker:
         key = self._segment_key(copy, env, repeat, phase_hint)
         # The tapes of this key, one per padding its pads' walk read (each layer pads its gradient at its row).
         tapes = self.costs.segment_tapes.get(key, ())
-        tape = next((t for t in tapes if pad_guard_holds(t.pads, copy) and self._searches_hold(t, copy)), None)
+        tape = next((t for t in self._padding_alike(tapes, copy) if self._searches_hold(t, copy)), None)
         if tape is not None:
             self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
@@ -622,11 +650,13 @@ class Walker:
             frozenset(self.sub_envs),
             (self.summed, self.uses, self.requested, self._made, self.program_outputs),
         )
-        self.summed = RecordingTable(self.summed, rec, "summed")
+        self.summed = record_table(self.summed, rec, "summed")
+        # The uses stay a plain dict outside a recording (rules_indexing._recording tells a recording by the
+        # table's type): copied in and out, as before.
         self.uses = RecordingTable(self.uses, rec, "uses")
-        self.requested = RecordingTable(self.requested, rec, "requested")
-        self._made = RecordingTable(self._made, rec, "made")
-        self.program_outputs = RecordingOutputs(self.program_outputs, rec)
+        self.requested = record_table(self.requested, rec, "requested")
+        self._made = record_table(self._made, rec, "made")
+        self.program_outputs = record_outputs(self.program_outputs, rec)
         env.__class__ = RECORDING
         env.rec = rec  # type: ignore[attr-defined]
         recording.begun = self.segment_begin(copy, rec)
@@ -637,11 +667,11 @@ class Walker:
         rec, copy = recording.rec, recording.rec.copy
         env.__class__ = PLAIN
         env.rec = None  # type: ignore[attr-defined]
-        self.summed = dict.copy(self.summed)
+        self.summed = plain_table(self.summed)
         self.uses = dict.copy(self.uses)
-        self.requested = dict.copy(self.requested)
-        self._made = dict.copy(self._made)
-        self.program_outputs = set.copy(self.program_outputs)
+        self.requested = plain_table(self.requested)
+        self._made = plain_table(self._made)
+        self.program_outputs = plain_outputs(self.program_outputs)
         extra, closed = self.segment_end(copy, recording.begun, rec)
         if not closed:
             rec.leave("a dependence on a collective before the copy")
@@ -679,41 +709,102 @@ class Walker:
             pad_guard(copy, rec.pads),
             tuple(rec.searches),
         )
-        self.costs.segment_tapes.setdefault(recording.key, []).append(tape)
+        self.costs.segment_tapes.setdefault(recording.key, Shelf()).append(tape)
+
+    def _padding_alike(self, tapes: Sequence[SegmentTape], copy: Copy) -> Sequence[SegmentTape]:
+        """The tapes of a key whose pads pad as ``copy``'s where their walk read it, in the order kept: a copy's
+        padding is fixed, so found once per copy and number of tapes (:class:`.segment_memo.Shelf`'s picks)."""
+        picks = getattr(tapes, "picks", None)
+        if picks is None:  # not a shelf (none kept yet, or a list put there by hand)
+            return [t for t in tapes if pad_guard_holds(t.pads, copy)]
+        hit = picks.get(id(copy))
+        if hit is None or hit[0] is not copy or hit[1] != len(tapes):
+            hit = picks[id(copy)] = (copy, len(tapes), tuple(t for t in tapes if pad_guard_holds(t.pads, copy)))
+        return hit[2]
 
     def _searches_hold(self, tape: SegmentTape, copy: Copy) -> bool:
         """Whether ``copy``'s look-aheads past itself answer as those of the copy ``tape`` was recorded at."""
         return not tape.searches or searches_hold(tape.searches, copy, self, self.costs.segment_past)
 
     def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
-        """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops."""
-        value, escaping = copy.value, copy.escaping
-        for tok, kind, lay, private in tape.env:
-            v = value(tok)
-            if private and (tok[0] == "e" or tok in escaping):
-                lay = _private_copy(lay)
-                self._source[id(lay)] = (1, id(v))
-                self._keep.append(lay)
-            env[kind(v) if kind is not None else v] = lay
-        for tok, tag in tape.summed:
-            self.summed[id(value(tok))] = tag
-        for tok, move, made in tape.made:
-            source = (1, id(value(tok)))
-            self._made[(source, move)] = made
-            self._made_by.setdefault(source, set()).add(move)
+        """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops.
+
+        The tape is kept by slot once (:func:`.segment_memo.ready_tape`) and the copy's keys once
+        (:func:`.segment_memo.copy_slots`): a replay is bulk updates of the walker's tables by index, a private
+        layout per value read after the copy, and one new op per op (its index and words this copy's)."""
+        ready, slots = self._ready(tape, copy), self._slots(copy)
+        keys = slots.keys
+        env.update(zip([keys[i] for i in ready.env_at], ready.env_lays))
+        if ready.private:
+            source, keep, escaping = self._source, self._keep, copy.escaping
+            ids = slots.ids
+            for tok, at, slot, lay in ready.private:
+                if tok[0] == "e" or tok in escaping:
+                    # A private copy per value read after the copy: the value-keyed memo of change() tells them apart.
+                    mine = _private_copy(lay)
+                    source[id(mine)] = (1, ids[slot])
+                    keep.append(mine)
+                    env[keys[at]] = mine
+        if ready.summed_at:
+            ids = slots.ids
+            self.summed.update(zip([ids[i] for i in ready.summed_at], ready.summed_tags))
+        if ready.made_at:
+            sources = slots.sources
+            self._made.update(zip(zip([sources[i] for i in ready.made_at], ready.made_moves), ready.made_to))
+            made_by = self._made_by
+            for slot, moves in ready.made_by:
+                had = made_by.get(sources[slot])
+                if had is None:
+                    made_by[sources[slot]] = set(moves)
+                else:
+                    had |= moves
+        words = self._copy_words(slots)
+        eqns, counter, ops, op_eqns = copy.eqns, self.counter, self.ops, self.op_eqns
         for op, off, inner in tape.ops:
-            e = copy.eqns[off] if off is not None else inner
-            changes: dict[str, Any] = {"index": self.counter}
-            if off is not None:
-                changes["where"], changes["inside"], changes["reads"] = self._words_of(e)
-                if op.alternative:  # an offered alternative names this copy's equation, as a walk here would
-                    changes["alternative"] = id(e)
-            self.ops.append(_replaced(op, changes))
-            self.op_eqns.append(e)
-            self.counter += 1
+            new = object.__new__(OpReport)  # dataclasses.replace without its per-call introspection
+            fields = new.__dict__
+            fields.update(op.__dict__)
+            fields["index"] = counter
+            counter += 1
+            ops.append(new)
+            if off is None:
+                op_eqns.append(inner)
+                continue
+            fields["where"], fields["inside"], fields["reads"] = words[off]
+            e = eqns[off]
+            if op.alternative:  # an offered alternative names this copy's equation, as a walk here would
+                fields["alternative"] = id(e)
+            op_eqns.append(e)
+        self.counter = counter
         for off, rest, sub in tape.sub_envs:
-            self.sub_envs[(id(copy.eqns[off]), *rest)] = sub
+            self.sub_envs[(id(eqns[off]), *rest)] = sub
         self.segment_replay(tape.extra, copy)
+
+    def _ready(self, tape: SegmentTape, copy: Copy) -> ReadyTape:
+        """``tape`` by slot, made once (OpCosts.segment_ready; ``copy``: one it replays at, whose slots number as
+        those of the copy it was recorded at: copies of one key have as many values, their wiring is in the key)."""
+        hit = self.costs.segment_ready.get(id(tape))
+        if hit is None or hit.tape is not tape:
+            hit = self.costs.segment_ready[id(tape)] = ready_tape(tape, copy)
+        return hit
+
+    def _slots(self, copy: Copy) -> CopySlots:
+        """``copy``'s keys by slot, made once (OpCosts.segment_slots)."""
+        hit = self.costs.segment_slots.get(id(copy))
+        if hit is None or hit.copy is not copy:
+            hit = self.costs.segment_slots[id(copy)] = copy_slots(copy)
+        return hit
+
+    def _copy_words(self, slots: CopySlots) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+        """Each of the copy's equations' op words under this walk's naming (:meth:`_words_of`), found once."""
+        names, where = self.value_names, self.eqn_where
+        kept = slots.words
+        if kept.get("names") is not names or kept.get("where") is not where:
+            kept.clear()
+            kept["names"], kept["where"] = names, where
+            kept["words"] = tuple(self._words_of(e) for e in slots.copy.eqns)
+        words: tuple[tuple[str, str, tuple[str, ...]], ...] = kept["words"]
+        return words
 
     def _words_of(self, eqn: Any) -> tuple[str, str, tuple[str, ...]]:
         """An op's words at ``eqn`` (its source line, the library line it is inside, the named values it reads), as
@@ -779,13 +870,7 @@ _SHAPE_ONLY = {"reshape", "transpose", "convert_element_type", "copy", "copy_p",
 _PINNING = frozenset({"sharding_constraint", "reshard", "device_put", "mesh_cast"})
 
 
-def _replaced(op: OpReport, changes: dict[str, Any]) -> OpReport:
-    """``dataclasses.replace(op, **changes)`` without its per-call field introspection (an OpReport has no
-    ``__post_init__``: its fields are copied as they are): a deep unrolled model replays thousands per costing."""
-    new = object.__new__(OpReport)
-    new.__dict__.update(op.__dict__)
-    new.__dict__.update(changes)
-    return new
+_replaced = replaced
 
 
 def _fields(lay: Layout | None, mesh: tuple[MeshAxis, ...]) -> Any:
