@@ -346,16 +346,20 @@ def _search(
     sizes = {m.name: m.size for m in mesh_axes}
     standard = tensor_parallel_starts(space.groups, space.batch, space.parallel, space.roles, sizes)
     randoms = [tuple(rng.randrange(n) for n in counts) for _ in range(options.restarts)]
-    starts = list(dict.fromkeys([*presets_assign.values(), *standard, *randoms]))
+    starts = list(dict.fromkeys([*presets_assign.values(), *randoms]))
     allowed_cache: dict[tuple[int, int], tuple[int, ...]] = {}
 
     def allowed(g: int, b: int) -> tuple[int, ...]:
         if (g, b) not in allowed_cache:
-            allowed_cache[(g, b)] = search_candidates(space.groups[g], space.batch.candidates[b].dims[0], sizes)
+            allowed_cache[(g, b)] = search_candidates(
+                space.groups[g], space.batch.candidates[b].dims[0], sizes, for_memory=space.costs.objective == "memory"
+            )
         return allowed_cache[(g, b)]
 
     evaluations = max(options.max_evaluations, len(starts))
-    return "coordinate descent", guided_descent(space.costs, counts, starts, allowed, evaluations, options.pair_limit)
+    return "coordinate descent", guided_descent(
+        space.costs, counts, starts, allowed, evaluations, options.pair_limit, megatron=standard
+    )
 
 
 # -- the compiler's check -------------------------------------------------------------------------------------------
