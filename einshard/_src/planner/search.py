@@ -2,20 +2,27 @@
 
 The descent (a heuristic; tests measure it against brute force):
 
-1. The starts are costed: ``dp``, ``fsdp``, the user's presets the
-   candidates express, and the standard Megatron layouts
+1. The starts are costed: ``dp``, ``fsdp`` and the user's presets the
+   candidates express; where one of them fits the memory budget (always
+   without one), the standard Megatron layouts too
    (:func:`tensor_parallel_starts`: dp×tp and fsdp×tp for each batch layout
    that leaves a mesh axis free, the column- and row-parallel weights read
-   from the program by :func:`~.roles.megatron_pairs`); then every batch
-   layout with the parameters replicated.  Batch layouts are taken in the
-   order of their best costed assignment (within the memory budget first),
-   each descending from that assignment: ranked by replicated parameters
+   from the program by :func:`~.roles.megatron_pairs`).  They buy speed, not
+   memory (dp×tp holds the weights replicated over the batch's axes): where
+   no start fits, the descent is a search for memory that needs every
+   evaluation (the 80-layer llama-7b under its chip's HBM first fits at
+   evaluation ~100 of 160).  Then every batch layout with the parameters
+   replicated.  Batch layouts are taken in the order of their best costed
+   assignment (within the memory budget first), each descending from that
+   assignment and from its replicated parameters (where groups are coupled
+   the two reach different local optima): ranked by replicated parameters
    alone, a budget no replicated layout meets orders them by memory, and the
    evaluations go to the batch layout that frees the most, not the fastest.
 2. For a batch layout, each parameter group in turn (largest first) takes
    its best candidate with the others fixed, trying first only the candidates
    that can differ in cost for that batch (:func:`~.groups.search_candidates`:
-   one FSDP placement per set of batch axes), until a round changes nothing.
+   one FSDP placement per set of batch axes; for the ``memory`` objective
+   also ``x@data y@model``), until a round changes nothing.
    Then the batch moves with the parameters fixed, and the groups descend
    again if it did.  When a round changes nothing, the relabel moves
    (:func:`relabelings`: every group over mesh axes ``t`` moved to ``t2`` at
