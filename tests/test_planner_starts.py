@@ -197,3 +197,51 @@ def test_under_a_memory_budget_the_default_search_is_no_slower_than_megatron_by_
     assert plan.time_s <= hand.time_s * (1 + 1e-9), (plan.strategies, plan.time_s, hand.time_s)
     fitting = [a.time_s for a in plan.alternatives if a.label.startswith("preset ") and a.fits]
     assert plan.time_s <= min(fitting) * (1 + 1e-9)
+
+
+def _costing_order(monkeypatch, memory_budget):
+    """(the assignments in the order the search costs them, the Megatron starts it was given)."""
+    from einshard._src.planner import core, scoring
+
+    order: list[tuple[int, ...]] = []
+    given: list[list[tuple[int, ...]]] = []
+    score, starts = scoring.Costs.score, core.tensor_parallel_starts
+
+    def spy_score(self, assign):
+        if assign not in self.cache:
+            order.append(assign)
+        return score(self, assign)
+
+    def spy_starts(*args):
+        given.append(starts(*args))
+        return given[-1]
+
+    monkeypatch.setattr(scoring.Costs, "score", spy_score)
+    monkeypatch.setattr(core, "tensor_parallel_starts", spy_starts)
+    params = {"w0": sds(64, 256), "w1": sds(256, 64)}
+    search = pl.SearchOptions(exhaustive_limit=0, max_evaluations=40)
+    plan = einshard.plan(
+        mlp_step(2), params, sds(128, 64), mesh=SIZES, profile="cpu", memory_budget=memory_budget, search=search
+    )
+    assert plan.method == "coordinate descent"
+    return order, given[0], plan
+
+
+def test_the_megatron_starts_are_costed_right_after_the_presets_when_one_fits(monkeypatch):
+    """No budget: every preset fits, so the dp×tp / fsdp×tp starts are costed before any descent move."""
+    order, megatron, _ = _costing_order(monkeypatch, None)
+    assert megatron and set(megatron) <= set(order[: 2 + len(megatron)])  # the dp and fsdp presets, then these
+
+
+def test_where_no_start_fits_the_megatron_starts_are_not_spent(monkeypatch):
+    """A budget under every preset's memory: the search is one for memory, where the Megatron layouts (weights
+    replicated over the batch's axes) buy nothing; the evaluations after the presets go to the batch layouts with
+    replicated parameters, as the descent orders them (on the 80-layer llama-7b under its chip's HBM the extra
+    evaluations sent the memory-bound descent down a path ending 2x slower, docs/planner.md's Limits)."""
+    _, _, free = _costing_order(monkeypatch, None)
+    fsdp = next(a for a in free.alternatives if a.label == "preset fsdp")
+    order, megatron, plan = _costing_order(monkeypatch, int(fsdp.memory_bytes * 0.9))
+    n_batch = 1 + max(a[-1] for a in [*order, *megatron])
+    replicated = [(0, 0, b) for b in range(n_batch) if (0, 0, b) not in order[:2]]
+    assert megatron and order[2 : 2 + len(replicated)] == replicated, order[: 2 + len(replicated)]
+    assert plan.evaluated <= 40
