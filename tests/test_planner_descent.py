@@ -195,9 +195,9 @@ def test_two_tensor_axes_each_over_a_batch_axis_are_tried_first():
     strict=True,
     reason="the memory objective's least peak splits w0 over (data, model) on one tensor axis under the batch over "
     "model with the sequence over data (27 KiB): a tensor axis mixing a batch and a non-batch mesh axis, which the "
-    "descent tries only in its polish round; its 160 assignments end at 31 KiB (14.8% over; 7.4% on main before the "
-    "Megatron starts, 12.96% on the h10 branch); it is reached between 250 and 400 evaluations; trying "
-    "every candidate, or the mixed ones, first for the memory objective ends further off (20.4% with the mixed)",
+    "descent tries only in its polish round; its 160 assignments end at 32.5 KiB (20.4% over; 14.8% without the "
+    "Megatron starts, as main today); it is reached between 250 and 400 evaluations; trying every candidate first "
+    "for the memory objective does not reach it either (h10)",
 )
 def test_memory_objective_with_a_sequence_split_reaches_the_least_peak():
     params = {"w0": jax.ShapeDtypeStruct((256, 64), jnp.float32), "w1": jax.ShapeDtypeStruct((64, 16), jnp.float32)}

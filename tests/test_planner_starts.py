@@ -227,21 +227,13 @@ def _costing_order(monkeypatch, memory_budget):
     return order, given[0], plan
 
 
-def test_the_megatron_starts_are_costed_right_after_the_presets_when_one_fits(monkeypatch):
-    """No budget: every preset fits, so the dp×tp / fsdp×tp starts are costed before any descent move."""
-    order, megatron, _ = _costing_order(monkeypatch, None)
+@pytest.mark.parametrize("budget", [None, 0.9])
+def test_the_megatron_starts_are_costed_right_after_the_presets(monkeypatch, budget):
+    """Without a budget, and under one that no preset meets (0.9 of fsdp's memory), the dp×tp / fsdp×tp starts are
+    costed right after the presets, before the replicated batch layouts and any descent move."""
+    if budget is not None:
+        _, _, free = _costing_order(monkeypatch, None)
+        budget = int(next(a for a in free.alternatives if a.label == "preset fsdp").memory_bytes * budget)
+    order, megatron, plan = _costing_order(monkeypatch, budget)
     assert megatron and set(megatron) <= set(order[: 2 + len(megatron)])  # the dp and fsdp presets, then these
-
-
-def test_where_no_start_fits_the_megatron_starts_are_not_spent(monkeypatch):
-    """A budget under every preset's memory: the search is one for memory, where the Megatron layouts (weights
-    replicated over the batch's axes) buy nothing; the evaluations after the presets go to the batch layouts with
-    replicated parameters, as the descent orders them (on the 80-layer llama-7b under its chip's HBM the extra
-    evaluations sent the memory-bound descent down a path ending 2x slower, docs/planner.md's Limits)."""
-    _, _, free = _costing_order(monkeypatch, None)
-    fsdp = next(a for a in free.alternatives if a.label == "preset fsdp")
-    order, megatron, plan = _costing_order(monkeypatch, int(fsdp.memory_bytes * 0.9))
-    n_batch = 1 + max(a[-1] for a in [*order, *megatron])
-    replicated = [(0, 0, b) for b in range(n_batch) if (0, 0, b) not in order[:2]]
-    assert megatron and order[2 : 2 + len(replicated)] == replicated, order[: 2 + len(replicated)]
     assert plan.evaluated <= 40

@@ -2,22 +2,18 @@
 
 The descent (a heuristic; tests measure it against brute force):
 
-1. The starts are costed: ``dp``, ``fsdp`` and the user's presets the
-   candidates express; where one of them fits the memory budget (always
-   without one), the standard Megatron layouts too
+1. The starts are costed: ``dp``, ``fsdp``, the user's presets the
+   candidates express, then the standard Megatron layouts
    (:func:`tensor_parallel_starts`: dp×tp and fsdp×tp for each batch layout
    that leaves a mesh axis free, the column- and row-parallel weights read
-   from the program by :func:`~.roles.megatron_pairs`).  They buy speed, not
-   memory (dp×tp holds the weights replicated over the batch's axes): where
-   no start fits, the descent is a search for memory that needs every
-   evaluation (the 80-layer llama-7b under its chip's HBM first fits at
-   evaluation ~100 of 160).  Then every batch layout with the parameters
-   replicated.  Batch layouts are taken in the order of their best costed
-   assignment (within the memory budget first), each descending from that
-   assignment and from its replicated parameters (where groups are coupled
-   the two reach different local optima): ranked by replicated parameters
-   alone, a budget no replicated layout meets orders them by memory, and the
-   evaluations go to the batch layout that frees the most, not the fastest.
+   from the program by :func:`~.roles.megatron_pairs`); then every batch
+   layout with the parameters replicated.  Batch layouts are taken in the
+   order of their best costed assignment (within the memory budget first),
+   each descending from that assignment and from its replicated parameters
+   (where groups are coupled the two reach different local optima): ranked
+   by replicated parameters alone, a budget no replicated layout meets
+   orders them by memory, and the evaluations go to the batch layout that
+   frees the most, not the fastest.
 2. For a batch layout, each parameter group in turn (largest first) takes
    its best candidate with the others fixed, trying first only the candidates
    that can differ in cost for that batch (:func:`~.groups.search_candidates`:
@@ -284,14 +280,11 @@ def guided_descent(
     try:
         for s in starts:
             key(s)
-        # The Megatron starts only where a start already fits the budget (always without one): they hold the
-        # weights replicated over the batch's axes, so they buy speed, not memory.  Where no start fits, the
-        # descent is a search for memory, each evaluation counts, and these would only spend them (on the
-        # 80-layer llama-7b under its chip's HBM the first fitting layout comes at evaluation ~100 of 160).
-        fitting = any(costs.cache[s].fits for s in starts)
-        if fitting:
-            for s in megatron:
-                key(s)
+        # The Megatron starts after the presets, before the replicated batch layouts (a few assignments per batch
+        # layout: on the 80-layer llama-7b, where nothing fits before evaluation ~100, they move its first fit
+        # by two evaluations and leave its plan as it was).
+        for s in megatron:
+            key(s)
         replicated = tuple(0 for _ in range(n_groups))
         for b in range(counts[b_index]):
             key((*replicated, b))
