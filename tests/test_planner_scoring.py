@@ -209,3 +209,23 @@ def test_float_noise_in_a_sum_does_not_decide_between_layouts():
     fsdp, dp = score(0.0008965075800000003, 4), score(0.0008965075800000006, 0)
     assert min([fsdp, dp], key=lambda s: s.key) is dp
     assert min([score(0.00089, 4), score(0.00090, 0)], key=lambda s: s.key).sharded == 4  # a real difference
+
+
+def test_two_tensor_axes_each_over_a_batch_axis_are_tried_first_for_the_memory_objective_only():
+    """Under a batch over (data, model), ``x@data y@model`` peaks lower than FSDP on one tensor axis (it is never
+    gathered whole at once) but sends the same bytes: the memory objective tries it first, step time in the
+    polish round (tried first it cost a memory-bound descent the evaluations that made its plan: docs/planner.md)."""
+    g = Group(
+        "^w$", "w", ("x", "y"), ((256, 1024),), (0,), 0, False,
+        (
+            Candidate(((), ())),
+            Candidate(((), ("data", "model"))),
+            Candidate((("data",), ("model",))),
+            Candidate((("model",), ("data",))),
+        ),
+    )  # fmt: skip
+    sizes = {"data": 4, "model": 2}
+    for_time = [g.candidates[i].dims for i in search_candidates(g, ("data", "model"), sizes)]
+    for_memory = [g.candidates[i].dims for i in search_candidates(g, ("data", "model"), sizes, for_memory=True)]
+    assert for_time == [((), ()), ((), ("data", "model"))]
+    assert for_memory == [((), ()), ((), ("data", "model")), (("data",), ("model",)), (("model",), ("data",))]

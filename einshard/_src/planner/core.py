@@ -26,9 +26,9 @@ from .options import FIELDS, SearchOptions, search_options
 from .pipelines import PipelineCost, PipelineSearch, best_pipeline, cost_pipelines
 from .preset_match import admit_preset_layouts, expressible_presets
 from .result import Alternative, LayoutPlan
-from .roles import weight_roles
+from .roles import Parallel, megatron_pairs, weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
-from .search import exhaustive, guided_descent
+from .search import exhaustive, guided_descent, tensor_parallel_starts
 from .verify import DEFAULT_VERIFY, Verified, verification_mesh, verify_assignments
 
 if TYPE_CHECKING:
@@ -257,6 +257,7 @@ class _Space:
     costs: Costs
     roles: list[dict[int, Literal["in", "out"]]]
     mesh_names: tuple[str, ...]
+    parallel: dict[int, Parallel]  # group index -> how Megatron splits it (roles.megatron_pairs)
 
     @property
     def counts(self) -> list[int]:
@@ -329,7 +330,8 @@ def _space(
     flat_of = [off + k for off, n in zip(offsets, p_counts) for k in range(n)]
     roles = [weight_roles(traced.jaxpr, flat_of[g.leaves[0]]) if g.leaves else {} for g in groups]
     mesh_names = tuple(m.name for m in mesh_axes if m.size > 1)
-    return _Space(args, d_idx, groups, batch, costs, roles, mesh_names)
+    parallel = megatron_pairs(traced.jaxpr, {flat_of[leaf]: k for k, g in enumerate(groups) for leaf in g.leaves})
+    return _Space(args, d_idx, groups, batch, costs, roles, mesh_names, parallel)
 
 
 def _search(
@@ -341,17 +343,23 @@ def _search(
     if math.prod(counts) <= options.exhaustive_limit:
         return "exhaustive", exhaustive(space.costs, counts)
     rng = random.Random(options.seed)
-    starts = list(presets_assign.values()) + [tuple(rng.randrange(n) for n in counts) for _ in range(options.restarts)]
     sizes = {m.name: m.size for m in mesh_axes}
+    standard = tensor_parallel_starts(space.groups, space.batch, space.parallel, space.roles, sizes)
+    randoms = [tuple(rng.randrange(n) for n in counts) for _ in range(options.restarts)]
+    starts = list(dict.fromkeys([*presets_assign.values(), *randoms]))
     allowed_cache: dict[tuple[int, int], tuple[int, ...]] = {}
 
     def allowed(g: int, b: int) -> tuple[int, ...]:
         if (g, b) not in allowed_cache:
-            allowed_cache[(g, b)] = search_candidates(space.groups[g], space.batch.candidates[b].dims[0], sizes)
+            allowed_cache[(g, b)] = search_candidates(
+                space.groups[g], space.batch.candidates[b].dims[0], sizes, for_memory=space.costs.objective == "memory"
+            )
         return allowed_cache[(g, b)]
 
     evaluations = max(options.max_evaluations, len(starts))
-    return "coordinate descent", guided_descent(space.costs, counts, starts, allowed, evaluations, options.pair_limit)
+    return "coordinate descent", guided_descent(
+        space.costs, counts, starts, allowed, evaluations, options.pair_limit, megatron=standard
+    )
 
 
 # -- the compiler's check -------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-__all__ = ["Role", "weight_roles"]
+__all__ = ["Role", "Parallel", "weight_roles", "megatron_pairs"]
 
 Role = Literal["in", "out"]
 
@@ -69,3 +69,77 @@ def _sub(eqn: Any) -> Any:
         if hasattr(inner, "eqns"):
             return inner
     return None
+
+
+# -- Megatron pairs: which weights are column- and which row-parallel ------------------------------------------------
+
+Parallel = Literal["col", "row"]
+
+# Ops through which a value is still "the weight" (a layer's slice of a stacked weight, a reshaped kernel).
+_WEIGHT_VIEWS = _PASS | {"transpose", "reshape", "squeeze", "expand_dims", "slice", "dynamic_slice"}
+
+
+def megatron_pairs(jaxpr: Any, group_of: dict[int, int]) -> dict[int, Parallel]:
+    """Per parameter group, ``'col'`` or ``'row'``: how Megatron tensor parallelism splits it.
+
+    ``group_of`` maps ``jaxpr.invars`` indices (parameter leaves) to their group.  The program is followed
+    forward from the inputs: each value carries the set of weights whose matmul last produced it (through
+    every op that is not a matmul with a weight: activations, attention, norms, residual adds).  At a
+    weight's first ``dot_general`` the weights upstream of its activation operand are its producers.  In
+    program order a weight whose producers include a column-parallel one is row-parallel (it contracts the
+    split axis, so the activation between them is never gathered); every other one is column-parallel.  That
+    is the alternation of Megatron-LM (q/k/v and the MLP's up/gate projections column, the attention output
+    and the MLP's down projection row), read from the program rather than from names or axis orders, so it
+    holds for Flax, Equinox, Keras or hand-written steps alike.  Groups no ``dot_general`` consumes (an
+    embedding table read by a gather, a norm scale) are absent.
+    """
+    producers: dict[int, frozenset[int]] = {}
+    order: list[int] = []
+    weights = {jaxpr.invars[i]: g for i, g in group_of.items() if i < len(jaxpr.invars)}
+    _flow(jaxpr, {}, weights, producers, order, 0)
+    kind: dict[int, Parallel] = {}
+    for g in order:
+        kind[g] = "row" if any(kind.get(p) == "col" for p in producers[g]) else "col"
+    return kind
+
+
+def _flow(
+    jaxpr: Any,
+    upstream: dict[Any, frozenset[int]],
+    weight: dict[Any, int],
+    producers: dict[int, frozenset[int]],
+    order: list[int],
+    depth: int,
+) -> list[frozenset[int]]:
+    """One forward pass over ``jaxpr`` (nested jaxprs recursed): the upstream weights of each output."""
+
+    def up(v: Any) -> frozenset[int]:
+        return frozenset() if hasattr(v, "val") else upstream.get(v, frozenset())
+
+    for eqn in jaxpr.eqns:
+        ins = [up(v) for v in eqn.invars]
+        owners = [None if hasattr(v, "val") else weight.get(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        everything = frozenset().union(*ins) if ins else frozenset()
+        sub = _sub(eqn) if depth < 8 else None
+        held = [(i, o) for i, o in enumerate(owners) if o is not None]
+        if name == "dot_general" and len(held) == 1:
+            k, g = held[0]
+            if g not in producers:
+                producers[g] = ins[1 - k]
+                order.append(g)
+            outs = [frozenset({g})] * len(eqn.outvars)
+        elif name in _WEIGHT_VIEWS and owners and owners[0] is not None:
+            weight[eqn.outvars[0]] = owners[0]
+            outs = [ins[0]] * len(eqn.outvars)
+        elif sub is not None and len(eqn.invars) >= len(sub.invars):
+            offset = len(eqn.invars) - len(sub.invars)
+            inner_up = {iv: ins[offset + i] for i, iv in enumerate(sub.invars)}
+            inner_w = {iv: owners[offset + i] for i, iv in enumerate(sub.invars) if owners[offset + i] is not None}
+            got = _flow(sub, inner_up, inner_w, producers, order, depth + 1)  # type: ignore[arg-type]
+            outs = got if len(got) == len(eqn.outvars) else [everything] * len(eqn.outvars)
+        else:
+            outs = [everything] * len(eqn.outvars)
+        for v, u in zip(eqn.outvars, outs):
+            upstream[v] = u
+    return [up(v) for v in jaxpr.outvars]

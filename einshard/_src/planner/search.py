@@ -2,12 +2,23 @@
 
 The descent (a heuristic; tests measure it against brute force):
 
-1. The starts (``dp``, ``fsdp``) and every batch layout with the parameters
-   replicated are costed; batch layouts are then taken best first.
+1. The starts are costed: ``dp``, ``fsdp``, the user's presets the
+   candidates express, then the standard Megatron layouts
+   (:func:`tensor_parallel_starts`: dp×tp and fsdp×tp for each batch layout
+   that leaves a mesh axis free, the column- and row-parallel weights read
+   from the program by :func:`~.roles.megatron_pairs`); then every batch
+   layout with the parameters replicated.  Batch layouts are taken in the
+   order of their best costed assignment (within the memory budget first),
+   each descending from that assignment and from its replicated parameters
+   (where groups are coupled the two reach different local optima): ranked
+   by replicated parameters alone, a budget no replicated layout meets
+   orders them by memory, and the evaluations go to the batch layout that
+   frees the most, not the fastest.
 2. For a batch layout, each parameter group in turn (largest first) takes
    its best candidate with the others fixed, trying first only the candidates
    that can differ in cost for that batch (:func:`~.groups.search_candidates`:
-   one FSDP placement per set of batch axes), until a round changes nothing.
+   one FSDP placement per set of batch axes; for the ``memory`` objective
+   also ``x@data y@model``), until a round changes nothing.
    Then the batch moves with the parameters fixed, and the groups descend
    again if it did.  When a round changes nothing, the relabel moves
    (:func:`relabelings`: every group over mesh axes ``t`` moved to ``t2`` at
@@ -29,11 +40,13 @@ bounds it, and ``LayoutPlan.evaluated`` reports it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from .groups import Group
+from .roles import Parallel, Role
 from .scoring import Costs
 
-__all__ = ["exhaustive", "guided_descent"]
+__all__ = ["exhaustive", "guided_descent", "tensor_parallel_starts"]
 
 Assign = tuple[int, ...]
 
@@ -95,6 +108,90 @@ def relabelings(costs: Costs, current: Assign) -> list[Assign]:
     return out
 
 
+def tensor_parallel_starts(
+    groups: Sequence[Group],
+    batch: Group,
+    parallel: Mapping[int, Parallel],
+    roles: Sequence[Mapping[int, Role]],
+    sizes: Mapping[str, int],
+) -> list[Assign]:
+    """The standard hand layouts as starts of the descent: Megatron tensor parallelism (with data parallelism).
+
+    For each batch layout that splits the batch over mesh axes ``B`` (none too: pure tensor parallelism) and
+    leaves others ``F`` free, two assignments: every weight :func:`~.roles.megatron_pairs` names split over
+    ``F`` on its first axis of the matching role (a column-parallel weight on an axis its matmul keeps, a
+    row-parallel one on an axis it contracts: the heads of a 3-D attention kernel, not the head dimension),
+    the rest replicated (``dp×tp``); and the same with every large group also split over ``B`` on another
+    axis (``fsdp×tp``: what fits when replicating over ``B`` does not).
+
+    Single moves cannot reach these from the presets: a column-parallel weight without its row-parallel
+    partner gathers its output, so each half of the pair alone costs more than neither, and under a memory
+    budget a descent from the replicated start takes the splits that free the most memory first.  They cost
+    two assignments per batch layout, whatever the model's size.
+    """
+    mesh = [m for m, n in sizes.items() if n > 1]
+    index = [{c.dims: i for i, c in enumerate(g.candidates)} for g in groups]
+    out: list[Assign] = []
+    for b, bc in enumerate(batch.candidates):
+        on_batch, on_sequence = bc.dims[0], bc.dims[1]
+        free = tuple(m for m in mesh if m not in on_batch)
+        if on_sequence or not free:
+            continue
+        tp = [
+            _split(g, index[k], {_megatron_axis(g, parallel.get(k), roles[k], free, index[k]): free})
+            for k, g in enumerate(groups)
+        ]
+        out.append((*tp, b))
+        if on_batch:
+            both = [_with_fsdp(g, index[k], tp[k], on_batch, sizes) for k, g in enumerate(groups)]
+            out.append((*both, b))
+    return list(dict.fromkeys(out))
+
+
+def _megatron_axis(
+    group: Group, kind: Parallel | None, roles: Mapping[int, Role], free: tuple[str, ...], index: Mapping[Dims, int]
+) -> int | None:
+    """The tensor axis a Megatron layout splits over ``free``: the first the matmul keeps (column-parallel) or
+    contracts (row-parallel) that a candidate splits so; None where the group is no matmul weight."""
+    if kind is None:
+        return None
+    wanted = "out" if kind == "col" else "in"
+    for axis in sorted(roles):
+        if roles[axis] == wanted and _dims(group, {axis: free}) in index:
+            return axis
+    return None
+
+
+Dims = tuple[tuple[str, ...], ...]
+
+
+def _dims(group: Group, split: Mapping[int, tuple[str, ...]]) -> Dims:
+    return tuple(split.get(i, ()) for i in range(len(group.names)))
+
+
+def _split(group: Group, index: Mapping[Dims, int], split: Mapping[int | None, tuple[str, ...]]) -> int:
+    """The candidate splitting those axes (a ``None`` axis: none), else replicated (candidate 0)."""
+    return index.get(_dims(group, {a: m for a, m in split.items() if a is not None}), 0)
+
+
+def _with_fsdp(
+    group: Group, index: Mapping[Dims, int], current: int, axes: tuple[str, ...], sizes: Mapping[str, int]
+) -> int:
+    """``current`` plus a split over the batch's mesh axes on the largest other tensor axis that takes it (FSDP)."""
+    if len(group.candidates) == 1:
+        return current
+    now = dict(enumerate(group.candidates[current].dims))
+    options = [
+        (max(s[i] for s in group.shapes), i)
+        for i in range(1 if group.stacked else 0, len(group.names))
+        if not now[i] and _dims(group, {**{k: d for k, d in now.items() if d}, i: axes}) in index
+    ]
+    if not options:
+        return current
+    _, axis = max(options)
+    return index[_dims(group, {**{k: d for k, d in now.items() if d}, axis: axes})]
+
+
 def exhaustive(costs: Costs, counts: Sequence[int]) -> list[Assign]:
     for assign in itertools.product(*[range(n) for n in counts]):
         costs.score(assign)
@@ -117,6 +214,7 @@ def guided_descent(
     max_evaluations: int,
     pair_limit: int,
     max_rounds: int = 6,
+    megatron: Sequence[Assign] = (),
 ) -> list[Assign]:
     """Coordinate descent; ``allowed(group, batch_candidate)`` lists the candidates tried first."""
     n_groups = len(counts) - 1
@@ -182,11 +280,26 @@ def guided_descent(
     try:
         for s in starts:
             key(s)
+        # The Megatron starts after the presets, before the replicated batch layouts (a few assignments per batch
+        # layout: on the 80-layer llama-7b, where nothing fits before evaluation ~100, they move its first fit
+        # by two evaluations and leave its plan as it was).
+        for s in megatron:
+            key(s)
         replicated = tuple(0 for _ in range(n_groups))
-        batches = sorted(range(counts[b_index]), key=lambda b: key((*replicated, b)))
+        for b in range(counts[b_index]):
+            key((*replicated, b))
+        # Each batch layout descends from its best start, the batch layouts in the order of their best starts
+        # (within the budget first): ranked by replicated parameters alone, a budget that no replicated layout
+        # meets would order them by memory, and the evaluations would go to the batch that frees the most.
+        batches = sorted(
+            range(counts[b_index]), key=lambda b: min(costs.cache[a].key for a in costs.cache if a[b_index] == b)
+        )
         for b in batches:
-            from_b = [a for a in costs.cache if a[b_index] == b]
-            descend(min(from_b, key=key), full=False)
+            # From the batch layout's best start and from its replicated parameters: where groups are coupled the
+            # two reach different local optima (a Megatron pair vs one column-parallel weight alone).
+            best_start = min((a for a in costs.cache if a[b_index] == b), key=key)
+            for s in dict.fromkeys([best_start, (*replicated, b)]):
+                descend(s, full=False)
         best = ranked(costs)[0]
         for _ in range(max_rounds):
             polished = descend(best, full=True)
