@@ -49,6 +49,7 @@ of each nested call it walked into (``Walker.sub_envs``).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Callable
@@ -181,6 +182,7 @@ class _Program:
         self.loop_cache = PeakCache() if reuse else None
         self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
+        self.sizings: dict[Any, _Sizing] = {}  # where each stretch's buffers' layouts are read (_sizing_of)
         self._flatten(jaxpr, ())
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
         self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
@@ -883,36 +885,123 @@ def _peak(
     plan = prog.stretches.get(live_key)
     if plan is None:
         plan = prog.stretches[live_key] = _stretches_of(prog, info, memo.forms)
+    sizing_key = (live_key, tiling, elsewhere, results_elsewhere)
+    sizing = prog.sizings.get(sizing_key)
+    if sizing is None:
+        sizing = prog.sizings[sizing_key] = _sizing_of(prog, plan, info, elsewhere, results_elsewhere, tiling)
+    # The environments a slot names by number: the outputs' (``layouts``), the top level's, each call's.
+    envs = [layouts, prog.layouts, *(prog.inner[p] for p in sizing.paths)]
+    # Bytes by layout object: a deep model's buffers share a few hundred layouts (a replayed layer binds the
+    # layouts its first copy's walk made), so most slots are one dict read here, not a sizing.
+    by_lay: dict[tuple[int, int, str], int] = {}
 
-    def alloc(k: Key) -> int:
-        """The bytes ``k`` holds while it is live (a fused value holds none)."""
-        return 0 if k in fused else size(k)
+    def sized(slots: tuple[_Slot, ...]) -> tuple[int, ...]:
+        """The bytes of the buffers ``slots`` name, as :func:`size` (``alloc``) gives them."""
+        out = []
+        for e, v, k, item, tiles, unlaid in slots:
+            if e < 0:
+                out.append(0)
+                continue
+            lay = envs[e].get(v)
+            if lay is None:
+                out.append(unlaid)
+                continue
+            token = (id(lay), item, tiles)
+            b = by_lay.get(token)
+            if b is None:
+                b = by_lay[token] = nbytes_as(k, lay, tiles)
+            out.append(b)
+        return tuple(out)
 
+    # What the steps hold only while they run: found from the few partial sums and moves the layouts bind, not
+    # asked of every step (while_running is 0 at a step whose results have neither).
+    running: dict[int, list[tuple[int, int]]] = {}  # by stretch: (offset, bytes) of its steps that hold any
+    for i in _binding_steps(prog, info):
+        b = while_running(i)
+        if b:
+            at = bisect.bisect_right(sizing.starts, i) - 1
+            running.setdefault(at, []).append((i - plan[at].start, b))
     summaries = []
-    remembered: dict[Key, int] = {}  # the bytes of buffers a later stretch frees or writes into
-
-    def entry_size(k: Key) -> int:
-        b = remembered.get(k)
-        return alloc(k) if b is None else b
-
-    for s in plan:
-        made = tuple(map(size, s.made))
-        for j in s.kept:
-            remembered[s.made[j]] = made[j]
+    for at, (s, (made_slots, entering_slots)) in enumerate(zip(plan, sizing.slots)):
         numbers = (
-            made,
-            tuple(map(entry_size, s.entering)),
+            sized(made_slots),
+            sized(entering_slots),
             tuple(map(held_bytes, s.leaves)),
             tuple(steps[i].inside for i in s.sized),
             tuple(gathered_ends.get(i, 0) for i in s.ends),
-            # What the stretch's steps hold only while they run, by the layouts of their partial sums and moves.
-            tuple(map(while_running, range(s.start, s.stop))),
+            # By the layouts of their partial sums and moves (the steps that hold any, by offset).
+            tuple(running.get(at, ())),
         )
         known = memo.get((s.form, numbers))
         if known is None:
-            known = memo.put((s.form, numbers), walk(s.start, s.stop, {k: alloc(k) for k in s.entering}))
+            entering = dict(zip(s.entering, numbers[1]))
+            known = memo.put((s.form, numbers), walk(s.start, s.stop, entering))
         summaries.append(known)
     return fold(peak, summaries, start)
+
+
+# A buffer as a costing sizes it: (its environment's number, the key its layout is bound to there, the buffer's
+# key, its element's bytes, its tiling, its bytes when no layout is bound); environment -1: it holds none.
+_Slot = tuple[int, Any, Any, int, Tiling, int]
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    """Where a costing reads the layouts of each stretch's buffers (made by it, and live when it starts): found
+    once per flattening, liveness and sizing context, so that a costing sizes them without resolving each key."""
+
+    paths: tuple[tuple[int, ...], ...]  # the calls whose environments the slots read (numbers 2, 3, ...)
+    starts: tuple[int, ...]  # each stretch's first step
+    slots: tuple[tuple[tuple[_Slot, ...], tuple[_Slot, ...]], ...]  # by stretch: (made, entering)
+
+
+def _sizing_of(
+    prog: _Program,
+    plan: tuple[Stretch, ...],
+    info: _Liveness,
+    elsewhere: frozenset[Key],
+    results_elsewhere: bool,
+    tiling: Tiling,
+) -> _Sizing:
+    """Each stretch's slots: ``size(k)`` of :func:`_peak` taken apart into what a costing reads (a layout)."""
+    outputs = prog.outputs
+    boundary = frozenset(prog.args) if tiling != "dense" else frozenset()
+    paths: dict[tuple[int, ...], int] = {}
+
+    def slot(k: Key, fused: bool) -> _Slot:
+        aval = (k[1] if isinstance(k, tuple) else k).aval
+        if fused or k in elsewhere or (results_elsewhere and k in outputs):
+            return (-1, None, k, 0, "dense", 0)
+        if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
+            return (-1, None, k, 0, "dense", 0)
+        item = int(np.dtype(aval.dtype).itemsize)
+        out = outputs.get(k)
+        if out is not None:
+            e, v, tiles = 0, out, tiling
+        elif isinstance(k, tuple):
+            e, v, tiles = 2 + paths.setdefault(k[0], len(paths)), k[1], "dense"
+        else:
+            e, v, tiles = 1, k, tiling if k in boundary else "dense"
+        # (A tuple key is a call's value: never an argument of the program, so never on the boundary.)
+        return (e, v, k, item, tiles, buffer_bytes(tuple(aval.shape), item, tiles))
+
+    fused = info.fused
+    slots = tuple((tuple(slot(k, False) for k in s.made), tuple(slot(k, k in fused) for k in s.entering)) for s in plan)
+    return _Sizing(tuple(paths), tuple(s.start for s in plan), slots)
+
+
+def _binding_steps(prog: _Program, info: _Liveness) -> list[int]:
+    """The steps whose results have a partial sum or a moved operand bound (``Partial``, ``Sent``) in this
+    costing's environments, in order: the only steps that hold bytes while they run (``while_running``)."""
+    producer = info.producer
+    found: set[int] = set()
+    for path, env in ((), prog.layouts), *prog.inner.items():
+        for key in env:
+            if key.__class__ is Partial or key.__class__ is Sent:
+                i = producer.get((path, key.of) if path else key.of)
+                if i is not None:
+                    found.add(i)
+    return sorted(found)
 
 
 def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tuple[Stretch, ...]:
