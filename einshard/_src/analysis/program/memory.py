@@ -178,7 +178,10 @@ class _Program:
         # costings (a rebound shares them); without, a loop's body is flattened and walked whole each time.
         self.scratch_memo: dict[int, list[tuple[tuple[tuple[Any, Any], ...], int]]] = {}
         self.fixed_scratch: set[int] = set()  # window steps whose scratch read no layout: never sized again
-        self.copy_keys: list[tuple[Key, tuple[int, ...], Gathered]] | None = None
+        # Each copy's place in ``copies`` by the (call path, value) whose Gathered layout it reads (made once).
+        self.copy_at: dict[tuple[tuple[int, ...], Any], list[int]] | None = None
+        self.resized: dict[tuple[int, int], _Step] = {}  # steps with another costing's scratch (shared)
+        self.derived: list[tuple[tuple[int, ...], Derived, Layout]] | None = None  # (bound_derived)
         self.loop_cache = PeakCache() if reuse else None
         self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
@@ -321,10 +324,19 @@ class _Program:
         other = _Program.__new__(_Program)
         other.__dict__.update(self.__dict__)
         other.layouts, other.inner, other.gathered = layouts, inner, {}
-        if self.copy_keys is None:  # each copy's Gathered key, made once (a deep model has thousands)
-            self.copy_keys = [(src, path, Gathered(v)) for src, path, v in self.copies]
-        for src, path, key in self.copy_keys:
-            other._note_copy(src, (inner[path] if path else layouts).get(key))
+        other.derived = None
+        if self.copy_at is None:
+            self.copy_at = {}
+            for n, (_, path, v) in enumerate(self.copies):
+                self.copy_at.setdefault((path, v), []).append(n)
+        # Only the copies whose value has a gathered layout bound note one (in the order met, as _flatten).
+        found = {}
+        for path, key, lay in other.bound_derived():
+            if key.__class__ is Gathered:
+                for n in self.copy_at.get((path, key.of), ()):
+                    found[n] = lay
+        for n in sorted(found):
+            other._note_copy(self.copies[n][0], found[n])
         if self.loops or len(self.windows) > len(self.fixed_scratch):
             other.steps = list(self.steps)
             for i, eqn, sub, sub_path in self.loops:
@@ -337,7 +349,23 @@ class _Program:
     def _resize(self, i: int, inside: int) -> None:
         """Step ``i`` holds ``inside`` bytes of scratch (a new step only where that changes)."""
         if self.steps[i].inside != inside:
-            self.steps[i] = dataclasses.replace(self.steps[i], inside=inside)
+            step = self.resized.get((i, inside))
+            if step is None:
+                step = self.resized[(i, inside)] = dataclasses.replace(self.steps[i], inside=inside)
+            self.steps[i] = step
+
+    def bound_derived(self) -> list[tuple[tuple[int, ...], Derived, Layout]]:
+        """Every gathered copy, partial sum and moved operand bound in this costing's environments: (the call
+        path of its environment, its key, its layout).  A few hundred among a deep model's tens of thousands of
+        values: what asks of them goes through these, not through a lookup per value."""
+        if self.derived is None:
+            self.derived = [
+                (path, key, lay)
+                for path, env in (((), self.layouts), *self.inner.items())
+                for key, lay in env.items()
+                if isinstance(key, Derived)
+            ]
+        return self.derived
 
     def _scratch(self, i: int, eqn: Any, env: dict[Any, Layout]) -> int:
         """:func:`window_scratch` of step ``i`` under ``env``, reused from an earlier costing that read the same
@@ -348,7 +376,7 @@ class _Program:
         """
         known = self.scratch_memo.setdefault(i, [])
         get = env.get
-        for reads, answer in known:
+        for reads, answer in reversed(known):  # (the latest first: a search moves on from its first layouts)
             for k, lay in reads:  # (a loop, not all(): hundreds of dots per costing)
                 if not _same(get(k), lay):
                     break
@@ -995,12 +1023,11 @@ def _binding_steps(prog: _Program, info: _Liveness) -> list[int]:
     costing's environments, in order: the only steps that hold bytes while they run (``while_running``)."""
     producer = info.producer
     found: set[int] = set()
-    for path, env in ((), prog.layouts), *prog.inner.items():
-        for key in env:
-            if key.__class__ is Partial or key.__class__ is Sent:
-                i = producer.get((path, key.of) if path else key.of)
-                if i is not None:
-                    found.add(i)
+    for path, key, _ in prog.bound_derived():
+        if key.__class__ is Partial or key.__class__ is Sent:
+            i = producer.get((path, key.of) if path else key.of)
+            if i is not None:
+                found.add(i)
     return sorted(found)
 
 
