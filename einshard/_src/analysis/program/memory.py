@@ -61,7 +61,7 @@ import numpy as np
 from ...core.layout import Layout
 from ..cost import Tiling, buffer_bytes
 from .costing import is_free
-from .peak_summary import Steps, Stretch, Summary, SummaryMemo, fold, stretches
+from .peak_summary import Steps, Stretch, Summary, SummaryMemo, fold, fold_runs, stretches
 from .registry import sub_jaxpr
 from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial, Sent
 
@@ -876,8 +876,9 @@ def _peak(
                 extra += 2 * nbytes_as(k, sent)
         return extra
 
-    def walk(lo: int, hi: int, live: dict[Key, int]) -> Summary:
-        """Steps ``lo`` to ``hi`` from the buffers ``live`` (updated), relative to the bytes live at ``lo``."""
+    def walk(lo: int, hi: int, live: dict[Key, int], running: Callable[[int, int], int] | None = None) -> Summary:
+        """Steps ``lo`` to ``hi`` from the buffers ``live`` (updated), relative to the bytes live at ``lo``;
+        ``running(i, 0)``: what step ``i`` holds while it runs, where known (else ``while_running``)."""
         total = held = gathered_now = 0
         top: int | None = None
         for i in range(lo, hi):
@@ -899,7 +900,7 @@ def _peak(
                 total += b
                 if k in leaves:
                     held += held_bytes(k)
-            here = total + gathered_now + held + step.inside + while_running(i)
+            here = total + gathered_now + held + step.inside + (while_running(i) if running is None else running(i, 0))
             if top is None or here > top:
                 top = here
             gathered_now -= gathered_ends.get(i, 0)
@@ -943,13 +944,12 @@ def _peak(
 
     # What the steps hold only while they run: found from the few partial sums and moves the layouts bind, not
     # asked of every step (while_running is 0 at a step whose results have neither).
-    running: dict[int, list[tuple[int, int]]] = {}  # by stretch: (offset, bytes) of its steps that hold any
-    for i in _binding_steps(prog, info):
-        b = while_running(i)
-        if b:
-            at = bisect.bisect_right(sizing.starts, i) - 1
-            running.setdefault(at, []).append((i - plan[at].start, b))
-    summaries = []
+    running = _running_bytes(prog, info, size, nbytes_as)
+    at_stretch: dict[int, list[tuple[int, int]]] = {}  # by stretch: (offset, bytes) of its steps that hold any
+    for i in sorted(running):
+        at = bisect.bisect_right(sizing.starts, i) - 1
+        at_stretch.setdefault(at, []).append((i - plan[at].start, running[i]))
+    runs: list[list[Any]] = []  # [summary, count]: consecutive stretches walked alike, folded in one step
     for at, (s, (made_slots, entering_slots)) in enumerate(zip(plan, sizing.slots)):
         numbers = (
             sized(made_slots),
@@ -958,14 +958,18 @@ def _peak(
             tuple(steps[i].inside for i in s.sized),
             tuple(gathered_ends.get(i, 0) for i in s.ends),
             # By the layouts of their partial sums and moves (the steps that hold any, by offset).
-            tuple(running.get(at, ())),
+            tuple(at_stretch.get(at, ())),
         )
         known = memo.get((s.form, numbers))
         if known is None:
             entering = dict(zip(s.entering, numbers[1]))
-            known = memo.put((s.form, numbers), walk(s.start, s.stop, entering))
-        summaries.append(known)
-    return fold(peak, summaries, start)
+            known = memo.put((s.form, numbers), walk(s.start, s.stop, entering, running.get))
+        if runs and runs[-1][0] == known:
+            runs[-1][1] += 1
+        else:
+            runs.append([known, 1])
+    memo.sized += len(by_shape)  # the buffer sizings this costing computed (by shape, split, type, tiles)
+    return fold_runs(peak, [(r[0], r[1]) for r in runs], start)
 
 
 # A buffer as a costing sizes it: (its environment's number, the key its layout is bound to there, the buffer's
@@ -1018,17 +1022,30 @@ def _sizing_of(
     return _Sizing(tuple(paths), tuple(s.start for s in plan), slots)
 
 
-def _binding_steps(prog: _Program, info: _Liveness) -> list[int]:
-    """The steps whose results have a partial sum or a moved operand bound (``Partial``, ``Sent``) in this
-    costing's environments, in order: the only steps that hold bytes while they run (``while_running``)."""
-    producer = info.producer
-    found: set[int] = set()
-    for path, key, _ in prog.bound_derived():
-        if key.__class__ is Partial or key.__class__ is Sent:
-            i = producer.get((path, key.of) if path else key.of)
-            if i is not None:
-                found.add(i)
-    return sorted(found)
+def _running_bytes(
+    prog: _Program, info: _Liveness, size: Callable[[Key], int], nbytes_as: Callable[[Key, Layout | None], int]
+) -> dict[int, int]:
+    """What each step holds only while it runs (``_peak``'s ``while_running``), for the steps that hold any: found
+    from the partial sums and moved operands the environments bind (a few hundred), not asked of every step."""
+    producer, leaves, fused = info.producer, info.leaves, info.fused
+    out: dict[int, int] = {}
+    for path, key, lay in prog.bound_derived():
+        kind = key.__class__
+        if kind is not Partial and kind is not Sent:
+            continue
+        k = (path, key.of) if path else key.of
+        i = producer.get(k)
+        if i is None:
+            continue  # not a step's result (a call's operand or result, aliased): no step reads it so
+        if kind is Sent:
+            b = 2 * nbytes_as(k, lay)
+        elif k not in leaves and k not in fused and size(k):
+            b = nbytes_as(k, lay)
+        else:
+            continue
+        if b:
+            out[i] = out.get(i, 0) + b
+    return out
 
 
 def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tuple[Stretch, ...]:
