@@ -341,9 +341,18 @@ class _Program:
             other.steps = list(self.steps)
             for i, eqn, sub, sub_path in self.loops:
                 other._resize(i, other._iteration(eqn, sub, sub_path))
+            # The layers of an unrolled stack share their calls' environments (a replayed copy binds its tape's)
+            # and, traced alike, their equations: a window's scratch is a function of the two, so it is found
+            # once per (environment, equation) in this costing (the objects live while it runs).
+            answers: dict[tuple[int, int], int] = {}
+            fixed = self.fixed_scratch
             for i, eqn, path in self.windows:
-                if i not in self.fixed_scratch:
-                    other._resize(i, self._scratch(i, eqn, inner[path] if path else layouts))
+                if i not in fixed:
+                    env = inner[path] if path else layouts
+                    answer = answers.get((id(env), id(eqn)))
+                    if answer is None:
+                        answer = answers[(id(env), id(eqn))] = self._scratch(i, eqn, env)
+                    other._resize(i, answer)
         return other
 
     def _resize(self, i: int, inside: int) -> None:
@@ -359,12 +368,14 @@ class _Program:
         path of its environment, its key, its layout).  A few hundred among a deep model's tens of thousands of
         values: what asks of them goes through these, not through a lookup per value."""
         if self.derived is None:
-            self.derived = [
-                (path, key, lay)
-                for path, env in (((), self.layouts), *self.inner.items())
-                for key, lay in env.items()
-                if isinstance(key, Derived)
-            ]
+            # Calls replayed from one tape share its environment: each environment is read once.
+            bound: dict[int, list[tuple[Derived, Layout]]] = {}
+            self.derived = []
+            for path, env in (((), self.layouts), *self.inner.items()):
+                found = bound.get(id(env))
+                if found is None:
+                    found = bound[id(env)] = [(key, lay) for key, lay in env.items() if isinstance(key, Derived)]
+                self.derived.extend((path, key, lay) for key, lay in found)
         return self.derived
 
     def _scratch(self, i: int, eqn: Any, env: dict[Any, Layout]) -> int:
@@ -917,7 +928,9 @@ def _peak(
     sizing_key = (live_key, tiling, elsewhere, results_elsewhere)
     sizing = prog.sizings.get(sizing_key)
     if sizing is None:
-        sizing = prog.sizings[sizing_key] = _sizing_of(prog, plan, info, elsewhere, results_elsewhere, tiling)
+        sizing = prog.sizings[sizing_key] = _sizing_of(
+            prog, plan, info, elsewhere, results_elsewhere, tiling, memo.forms
+        )
     # The environments a slot names by number: the outputs' (``layouts``), the top level's, each call's.
     envs = [layouts, prog.layouts, *(prog.inner[p] for p in sizing.paths)]
     # Bytes by layout object: a deep model's buffers share a few hundred layouts (a replayed layer binds the
@@ -942,6 +955,35 @@ def _peak(
             out.append(b)
         return tuple(out)
 
+    # Bytes by layout object, and by layout (class, shape, split, mesh) for an object not met yet in this costing:
+    # the walk makes new objects each costing, but a deep model's thousands of them are a few dozen layouts.
+    by_class: dict[tuple[int, Tiling], dict[int, int]] = {}
+    by_value: dict[tuple[Any, ...], int] = {}
+
+    def grouped(groups: tuple[tuple[int, int, Tiling, tuple[Any, ...], tuple[Key, ...], tuple[int, ...]], ...]) -> Any:
+        """The bytes of a stretch's buffers, group by group (as ``sized`` gives them, in the groups' order)."""
+        out = []
+        for e, item, tiles, vs, ks, unlaid in groups:
+            lays = list(map(envs[e].get, vs))
+            known = by_class.get((item, tiles))
+            if known is None:
+                known = by_class[(item, tiles)] = {}
+            bs = list(map(known.get, map(id, lays)))
+            if None in bs:  # a layout not met yet in this costing, or none bound
+                for j, b in enumerate(bs):
+                    if b is None:
+                        lay = lays[j]
+                        if lay is None:
+                            bs[j] = unlaid[j]
+                        else:
+                            token = (lay.__class__, lay.shape, lay.dims, id(lay.mesh), item, tiles)
+                            b = by_value.get(token)
+                            if b is None:
+                                b = by_value[token] = nbytes_as(ks[j], lay, tiles)
+                            bs[j] = known[id(lay)] = b
+            out.append(tuple(bs))
+        return tuple(out)
+
     # What the steps hold only while they run: found from the few partial sums and moves the layouts bind, not
     # asked of every step (while_running is 0 at a step whose results have neither).
     running = _running_bytes(prog, info, size, nbytes_as)
@@ -950,10 +992,10 @@ def _peak(
         at = bisect.bisect_right(sizing.starts, i) - 1
         at_stretch.setdefault(at, []).append((i - plan[at].start, running[i]))
     runs: list[list[Any]] = []  # [summary, count]: consecutive stretches walked alike, folded in one step
-    for at, (s, (made_slots, entering_slots)) in enumerate(zip(plan, sizing.slots)):
+    for at, (s, (_, entering_slots)) in enumerate(zip(plan, sizing.slots)):
         numbers = (
-            sized(made_slots),
-            sized(entering_slots),
+            sizing.order[at],
+            grouped(sizing.groups[at]),
             tuple(map(held_bytes, s.leaves)),
             tuple(steps[i].inside for i in s.sized),
             tuple(gathered_ends.get(i, 0) for i in s.ends),
@@ -962,7 +1004,7 @@ def _peak(
         )
         known = memo.get((s.form, numbers))
         if known is None:
-            entering = dict(zip(s.entering, numbers[1]))
+            entering = dict(zip(s.entering, sized(entering_slots)))
             known = memo.put((s.form, numbers), walk(s.start, s.stop, entering, running.get))
         if runs and runs[-1][0] == known:
             runs[-1][1] += 1
@@ -985,6 +1027,13 @@ class _Sizing:
     paths: tuple[tuple[int, ...], ...]  # the calls whose environments the slots read (numbers 2, 3, ...)
     starts: tuple[int, ...]  # each stretch's first step
     slots: tuple[tuple[tuple[_Slot, ...], tuple[_Slot, ...]], ...]  # by stretch: (made, entering)
+    # By stretch, its buffers (made, then entering; those that hold nothing left out) grouped by environment,
+    # element bytes and tiling, so that a costing reads a group's layouts and bytes in a few C-level passes:
+    # (environment, element bytes, tiling, the keys read, the buffers' keys, their bytes with no layout bound).
+    groups: tuple[tuple[tuple[int, int, Tiling, tuple[Any, ...], tuple[Key, ...], tuple[int, ...]], ...], ...]
+    # By stretch, which slot each grouped byte is (interned): with the stretch's form, it makes the grouped bytes
+    # name the same buffers that its slots' bytes in order name, so that either keys its summary.
+    order: tuple[int, ...]
 
 
 def _sizing_of(
@@ -994,6 +1043,7 @@ def _sizing_of(
     elsewhere: frozenset[Key],
     results_elsewhere: bool,
     tiling: Tiling,
+    forms: dict[Any, int],
 ) -> _Sizing:
     """Each stretch's slots: ``size(k)`` of :func:`_peak` taken apart into what a costing reads (a layout)."""
     outputs = prog.outputs
@@ -1019,7 +1069,29 @@ def _sizing_of(
 
     fused = info.fused
     slots = tuple((tuple(slot(k, False) for k in s.made), tuple(slot(k, k in fused) for k in s.entering)) for s in plan)
-    return _Sizing(tuple(paths), tuple(s.start for s in plan), slots)
+    groups, order = [], []
+    for made, entering in slots:
+        by: dict[tuple[int, int, Tiling], list[tuple[int, _Slot]]] = {}
+        for n, sl in enumerate((*made, *entering)):
+            if sl[0] >= 0:
+                by.setdefault((sl[0], sl[3], sl[4]), []).append((n, sl))
+        groups.append(
+            tuple(
+                (
+                    e,
+                    item,
+                    tiles,
+                    tuple(sl[1] for _, sl in members),
+                    tuple(sl[2] for _, sl in members),
+                    tuple(sl[5] for _, sl in members),
+                )
+                for (e, item, tiles), members in by.items()
+            )
+        )
+        where = (len(made), tuple(tuple(n for n, _ in members) for members in by.values()))
+        # (interned with the memo's stretch forms: one numbering for every program the memo keys)
+        order.append(forms.setdefault(("grouped", where), len(forms)))
+    return _Sizing(tuple(paths), tuple(s.start for s in plan), slots, tuple(groups), tuple(order))
 
 
 def _running_bytes(
