@@ -1099,22 +1099,38 @@ def _running_bytes(
 ) -> dict[int, int]:
     """What each step holds only while it runs (``_peak``'s ``while_running``), for the steps that hold any: found
     from the partial sums and moved operands the environments bind (a few hundred), not asked of every step."""
-    producer, leaves, fused = info.producer, info.leaves, info.fused
+    producer, leaves, fused, outputs = info.producer, info.leaves, info.fused, prog.outputs
     out: dict[int, int] = {}
+    # The layers of a stack share their calls' environments and variables: a value's size is found once per
+    # (environment, variable), a partial sum's or a move's bytes once per (layout object, variable).
+    sizes: dict[tuple[int, Any], int] = {}
+    moved: dict[tuple[int, Any], int] = {}
     for path, key, lay in prog.bound_derived():
         kind = key.__class__
         if kind is not Partial and kind is not Sent:
             continue
-        k = (path, key.of) if path else key.of
+        v = key.of
+        k = (path, v) if path else v
         i = producer.get(k)
         if i is None:
             continue  # not a step's result (a call's operand or result, aliased): no step reads it so
+        if kind is Partial:
+            if k in leaves or k in fused:
+                continue
+            if k in outputs:
+                held = size(k)
+            else:
+                env = id(prog.inner[path] if path else prog.layouts)
+                held = sizes.get((env, v), -1)
+                if held < 0:
+                    held = sizes[(env, v)] = size(k)
+            if not held:
+                continue
+        b = moved.get((id(lay), v))
+        if b is None:
+            b = moved[(id(lay), v)] = nbytes_as(k, lay)
         if kind is Sent:
-            b = 2 * nbytes_as(k, lay)
-        elif k not in leaves and k not in fused and size(k):
-            b = nbytes_as(k, lay)
-        else:
-            continue
+            b *= 2
         if b:
             out[i] = out.get(i, 0) + b
     return out
