@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from einshard._src.analysis.program import trace
 from einshard._src.analysis.program.memory import PeakCache, peak_bytes
-from einshard._src.analysis.program.peak_summary import Steps, SummaryMemo, fold, stretches
+from einshard._src.analysis.program.peak_summary import Steps, Summary, SummaryMemo, fold, fold_runs, stretches
 from einshard._src.analysis.program.trace import arg_layouts
 from einshard._src.analysis.program.walker import Walker
 
@@ -174,6 +174,49 @@ def test_fold_is_the_running_peak():
     assert fold(0, parts, 10) == 19
     assert fold(30, parts, 10) == 30
     assert fold(0, [Summary(0, 0, 4, 1), Summary(0, 0, 0, 1)], 10) == 11  # gathered bytes ended: 10 - 4 + 1
+
+
+_SUMMARIES = st.builds(
+    Summary,
+    st.integers(-50, 50),
+    st.integers(0, 20),
+    st.integers(0, 20),
+    st.one_of(st.none(), st.integers(0, 80)),
+)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    runs=st.lists(st.tuples(_SUMMARIES, st.integers(0, 40)), max_size=8),
+    peak=st.integers(0, 200),
+    level=st.integers(0, 200),
+)
+def test_a_run_of_identical_summaries_folds_in_closed_form(runs, peak, level):
+    """A run of k identical summaries (k layers laid out alike) folds in one step: base + the larger of its first
+    and its last copy's top, the level moved by k times what one copy adds; the same as folding them one by one."""
+    expanded = [s for s, k in runs for _ in range(k)]
+    assert fold_runs(peak, runs, level) == fold(peak, expanded, level)
+
+
+def _sizings(layers: int, specs) -> tuple[int, int, int]:
+    """One costing of a ``layers``-layer remat model: (buffer sizings, stretches walked, stretches reused)."""
+    t = _traced("remat", layers)
+    cache = PeakCache()
+    env, inner = _walked(t, specs)
+    peak_bytes(t.jaxpr, env, inner, cache=cache)
+    memo = cache.summaries
+    return memo.sized, memo.walked, memo.reused
+
+
+@pytest.mark.parametrize("spec", [(1, 1, 1, 1), (3, 2, 0, 2)])
+def test_twice_the_layers_size_no_more_buffers_per_costing(spec):
+    """A costing computes each distinct buffer size once (shape, split, type, tiling): the layers laid out alike
+    add none, so 2L layers size as many buffers as L (a constant more at most: the first and last layers')."""
+    specs = _specs(*spec)
+    (s4, _, _), (s8, w8, _), (s16, w16, r16) = (_sizings(n, specs) for n in (4, 8, 16))
+    assert s8 <= s4 + 4  # (the first and last layers' stretches differ from the middle ones')
+    assert s16 == s8
+    assert w16 == w8 and r16 > 0
 
 
 def test_stretches_of_a_program_without_repeats_are_its_glue():

@@ -49,6 +49,7 @@ of each nested call it walked into (``Walker.sub_envs``).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Callable
@@ -60,7 +61,7 @@ import numpy as np
 from ...core.layout import Layout
 from ..cost import Tiling, buffer_bytes
 from .costing import is_free
-from .peak_summary import Steps, Stretch, Summary, SummaryMemo, fold, stretches
+from .peak_summary import Steps, Stretch, Summary, SummaryMemo, fold, fold_runs, stretches
 from .registry import sub_jaxpr
 from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial, Sent
 
@@ -177,10 +178,14 @@ class _Program:
         # costings (a rebound shares them); without, a loop's body is flattened and walked whole each time.
         self.scratch_memo: dict[int, list[tuple[tuple[tuple[Any, Any], ...], int]]] = {}
         self.fixed_scratch: set[int] = set()  # window steps whose scratch read no layout: never sized again
-        self.copy_keys: list[tuple[Key, tuple[int, ...], Gathered]] | None = None
+        # Each copy's place in ``copies`` by the (call path, value) whose Gathered layout it reads (made once).
+        self.copy_at: dict[tuple[tuple[int, ...], Any], list[int]] | None = None
+        self.resized: dict[tuple[int, int], _Step] = {}  # steps with another costing's scratch (shared)
+        self.derived: list[tuple[tuple[int, ...], Derived, Layout]] | None = None  # (bound_derived)
         self.loop_cache = PeakCache() if reuse else None
         self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
+        self.sizings: dict[Any, _Sizing] = {}  # where each stretch's buffers' layouts are read (_sizing_of)
         self._flatten(jaxpr, ())
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
         self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
@@ -319,23 +324,59 @@ class _Program:
         other = _Program.__new__(_Program)
         other.__dict__.update(self.__dict__)
         other.layouts, other.inner, other.gathered = layouts, inner, {}
-        if self.copy_keys is None:  # each copy's Gathered key, made once (a deep model has thousands)
-            self.copy_keys = [(src, path, Gathered(v)) for src, path, v in self.copies]
-        for src, path, key in self.copy_keys:
-            other._note_copy(src, (inner[path] if path else layouts).get(key))
+        other.derived = None
+        if self.copy_at is None:
+            self.copy_at = {}
+            for n, (_, path, v) in enumerate(self.copies):
+                self.copy_at.setdefault((path, v), []).append(n)
+        # Only the copies whose value has a gathered layout bound note one (in the order met, as _flatten).
+        found = {}
+        for path, key, lay in other.bound_derived():
+            if key.__class__ is Gathered:
+                for n in self.copy_at.get((path, key.of), ()):
+                    found[n] = lay
+        for n in sorted(found):
+            other._note_copy(self.copies[n][0], found[n])
         if self.loops or len(self.windows) > len(self.fixed_scratch):
             other.steps = list(self.steps)
             for i, eqn, sub, sub_path in self.loops:
                 other._resize(i, other._iteration(eqn, sub, sub_path))
+            # The layers of an unrolled stack share their calls' environments (a replayed copy binds its tape's)
+            # and, traced alike, their equations: a window's scratch is a function of the two, so it is found
+            # once per (environment, equation) in this costing (the objects live while it runs).
+            answers: dict[tuple[int, int], int] = {}
+            fixed = self.fixed_scratch
             for i, eqn, path in self.windows:
-                if i not in self.fixed_scratch:
-                    other._resize(i, self._scratch(i, eqn, inner[path] if path else layouts))
+                if i not in fixed:
+                    env = inner[path] if path else layouts
+                    answer = answers.get((id(env), id(eqn)))
+                    if answer is None:
+                        answer = answers[(id(env), id(eqn))] = self._scratch(i, eqn, env)
+                    other._resize(i, answer)
         return other
 
     def _resize(self, i: int, inside: int) -> None:
         """Step ``i`` holds ``inside`` bytes of scratch (a new step only where that changes)."""
         if self.steps[i].inside != inside:
-            self.steps[i] = dataclasses.replace(self.steps[i], inside=inside)
+            step = self.resized.get((i, inside))
+            if step is None:
+                step = self.resized[(i, inside)] = dataclasses.replace(self.steps[i], inside=inside)
+            self.steps[i] = step
+
+    def bound_derived(self) -> list[tuple[tuple[int, ...], Derived, Layout]]:
+        """Every gathered copy, partial sum and moved operand bound in this costing's environments: (the call
+        path of its environment, its key, its layout).  A few hundred among a deep model's tens of thousands of
+        values: what asks of them goes through these, not through a lookup per value."""
+        if self.derived is None:
+            # Calls replayed from one tape share its environment: each environment is read once.
+            bound: dict[int, list[tuple[Derived, Layout]]] = {}
+            self.derived = []
+            for path, env in (((), self.layouts), *self.inner.items()):
+                found = bound.get(id(env))
+                if found is None:
+                    found = bound[id(env)] = [(key, lay) for key, lay in env.items() if isinstance(key, Derived)]
+                self.derived.extend((path, key, lay) for key, lay in found)
+        return self.derived
 
     def _scratch(self, i: int, eqn: Any, env: dict[Any, Layout]) -> int:
         """:func:`window_scratch` of step ``i`` under ``env``, reused from an earlier costing that read the same
@@ -346,7 +387,7 @@ class _Program:
         """
         known = self.scratch_memo.setdefault(i, [])
         get = env.get
-        for reads, answer in known:
+        for reads, answer in reversed(known):  # (the latest first: a search moves on from its first layouts)
             for k, lay in reads:  # (a loop, not all(): hundreds of dots per costing)
                 if not _same(get(k), lay):
                     break
@@ -846,8 +887,9 @@ def _peak(
                 extra += 2 * nbytes_as(k, sent)
         return extra
 
-    def walk(lo: int, hi: int, live: dict[Key, int]) -> Summary:
-        """Steps ``lo`` to ``hi`` from the buffers ``live`` (updated), relative to the bytes live at ``lo``."""
+    def walk(lo: int, hi: int, live: dict[Key, int], running: Callable[[int, int], int] | None = None) -> Summary:
+        """Steps ``lo`` to ``hi`` from the buffers ``live`` (updated), relative to the bytes live at ``lo``;
+        ``running(i, 0)``: what step ``i`` holds while it runs, where known (else ``while_running``)."""
         total = held = gathered_now = 0
         top: int | None = None
         for i in range(lo, hi):
@@ -869,7 +911,7 @@ def _peak(
                 total += b
                 if k in leaves:
                     held += held_bytes(k)
-            here = total + gathered_now + held + step.inside + while_running(i)
+            here = total + gathered_now + held + step.inside + (while_running(i) if running is None else running(i, 0))
             if top is None or here > top:
                 top = here
             gathered_now -= gathered_ends.get(i, 0)
@@ -883,36 +925,215 @@ def _peak(
     plan = prog.stretches.get(live_key)
     if plan is None:
         plan = prog.stretches[live_key] = _stretches_of(prog, info, memo.forms)
+    sizing_key = (live_key, tiling, elsewhere, results_elsewhere)
+    sizing = prog.sizings.get(sizing_key)
+    if sizing is None:
+        sizing = prog.sizings[sizing_key] = _sizing_of(
+            prog, plan, info, elsewhere, results_elsewhere, tiling, memo.forms
+        )
+    # The environments a slot names by number: the outputs' (``layouts``), the top level's, each call's.
+    envs = [layouts, prog.layouts, *(prog.inner[p] for p in sizing.paths)]
+    # Bytes by layout object: a deep model's buffers share a few hundred layouts (a replayed layer binds the
+    # layouts its first copy's walk made), so most slots are one dict read here, not a sizing.
+    by_lay: dict[tuple[int, int, str], int] = {}
 
-    def alloc(k: Key) -> int:
-        """The bytes ``k`` holds while it is live (a fused value holds none)."""
-        return 0 if k in fused else size(k)
+    def sized(slots: tuple[_Slot, ...]) -> tuple[int, ...]:
+        """The bytes of the buffers ``slots`` name, as :func:`size` (``alloc``) gives them."""
+        out = []
+        for e, v, k, item, tiles, unlaid in slots:
+            if e < 0:
+                out.append(0)
+                continue
+            lay = envs[e].get(v)
+            if lay is None:
+                out.append(unlaid)
+                continue
+            token = (id(lay), item, tiles)
+            b = by_lay.get(token)
+            if b is None:
+                b = by_lay[token] = nbytes_as(k, lay, tiles)
+            out.append(b)
+        return tuple(out)
 
-    summaries = []
-    remembered: dict[Key, int] = {}  # the bytes of buffers a later stretch frees or writes into
+    # Bytes by layout object, and by layout (class, shape, split, mesh) for an object not met yet in this costing:
+    # the walk makes new objects each costing, but a deep model's thousands of them are a few dozen layouts.
+    by_class: dict[tuple[int, Tiling], dict[int, int]] = {}
+    by_value: dict[tuple[Any, ...], int] = {}
 
-    def entry_size(k: Key) -> int:
-        b = remembered.get(k)
-        return alloc(k) if b is None else b
+    def grouped(groups: tuple[tuple[int, int, Tiling, tuple[Any, ...], tuple[Key, ...], tuple[int, ...]], ...]) -> Any:
+        """The bytes of a stretch's buffers, group by group (as ``sized`` gives them, in the groups' order)."""
+        out = []
+        for e, item, tiles, vs, ks, unlaid in groups:
+            lays = list(map(envs[e].get, vs))
+            known = by_class.get((item, tiles))
+            if known is None:
+                known = by_class[(item, tiles)] = {}
+            bs = list(map(known.get, map(id, lays)))
+            if None in bs:  # a layout not met yet in this costing, or none bound
+                for j, b in enumerate(bs):
+                    if b is None:
+                        lay = lays[j]
+                        if lay is None:
+                            bs[j] = unlaid[j]
+                        else:
+                            token = (lay.__class__, lay.shape, lay.dims, id(lay.mesh), item, tiles)
+                            b = by_value.get(token)
+                            if b is None:
+                                b = by_value[token] = nbytes_as(ks[j], lay, tiles)
+                            bs[j] = known[id(lay)] = b
+            out.append(tuple(bs))
+        return tuple(out)
 
-    for s in plan:
-        made = tuple(map(size, s.made))
-        for j in s.kept:
-            remembered[s.made[j]] = made[j]
+    # What the steps hold only while they run: found from the few partial sums and moves the layouts bind, not
+    # asked of every step (while_running is 0 at a step whose results have neither).
+    running = _running_bytes(prog, info, size, nbytes_as)
+    at_stretch: dict[int, list[tuple[int, int]]] = {}  # by stretch: (offset, bytes) of its steps that hold any
+    for i in sorted(running):
+        at = bisect.bisect_right(sizing.starts, i) - 1
+        at_stretch.setdefault(at, []).append((i - plan[at].start, running[i]))
+    runs: list[list[Any]] = []  # [summary, count]: consecutive stretches walked alike, folded in one step
+    for at, (s, (_, entering_slots)) in enumerate(zip(plan, sizing.slots)):
         numbers = (
-            made,
-            tuple(map(entry_size, s.entering)),
+            sizing.order[at],
+            grouped(sizing.groups[at]),
             tuple(map(held_bytes, s.leaves)),
             tuple(steps[i].inside for i in s.sized),
             tuple(gathered_ends.get(i, 0) for i in s.ends),
-            # What the stretch's steps hold only while they run, by the layouts of their partial sums and moves.
-            tuple(map(while_running, range(s.start, s.stop))),
+            # By the layouts of their partial sums and moves (the steps that hold any, by offset).
+            tuple(at_stretch.get(at, ())),
         )
         known = memo.get((s.form, numbers))
         if known is None:
-            known = memo.put((s.form, numbers), walk(s.start, s.stop, {k: alloc(k) for k in s.entering}))
-        summaries.append(known)
-    return fold(peak, summaries, start)
+            entering = dict(zip(s.entering, sized(entering_slots)))
+            known = memo.put((s.form, numbers), walk(s.start, s.stop, entering, running.get))
+        if runs and runs[-1][0] == known:
+            runs[-1][1] += 1
+        else:
+            runs.append([known, 1])
+    memo.sized += len(by_shape)  # the buffer sizings this costing computed (by shape, split, type, tiles)
+    return fold_runs(peak, [(r[0], r[1]) for r in runs], start)
+
+
+# A buffer as a costing sizes it: (its environment's number, the key its layout is bound to there, the buffer's
+# key, its element's bytes, its tiling, its bytes when no layout is bound); environment -1: it holds none.
+_Slot = tuple[int, Any, Any, int, Tiling, int]
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    """Where a costing reads the layouts of each stretch's buffers (made by it, and live when it starts): found
+    once per flattening, liveness and sizing context, so that a costing sizes them without resolving each key."""
+
+    paths: tuple[tuple[int, ...], ...]  # the calls whose environments the slots read (numbers 2, 3, ...)
+    starts: tuple[int, ...]  # each stretch's first step
+    slots: tuple[tuple[tuple[_Slot, ...], tuple[_Slot, ...]], ...]  # by stretch: (made, entering)
+    # By stretch, its buffers (made, then entering; those that hold nothing left out) grouped by environment,
+    # element bytes and tiling, so that a costing reads a group's layouts and bytes in a few C-level passes:
+    # (environment, element bytes, tiling, the keys read, the buffers' keys, their bytes with no layout bound).
+    groups: tuple[tuple[tuple[int, int, Tiling, tuple[Any, ...], tuple[Key, ...], tuple[int, ...]], ...], ...]
+    # By stretch, which slot each grouped byte is (interned): with the stretch's form, it makes the grouped bytes
+    # name the same buffers that its slots' bytes in order name, so that either keys its summary.
+    order: tuple[int, ...]
+
+
+def _sizing_of(
+    prog: _Program,
+    plan: tuple[Stretch, ...],
+    info: _Liveness,
+    elsewhere: frozenset[Key],
+    results_elsewhere: bool,
+    tiling: Tiling,
+    forms: dict[Any, int],
+) -> _Sizing:
+    """Each stretch's slots: ``size(k)`` of :func:`_peak` taken apart into what a costing reads (a layout)."""
+    outputs = prog.outputs
+    boundary = frozenset(prog.args) if tiling != "dense" else frozenset()
+    paths: dict[tuple[int, ...], int] = {}
+
+    def slot(k: Key, fused: bool) -> _Slot:
+        aval = (k[1] if isinstance(k, tuple) else k).aval
+        if fused or k in elsewhere or (results_elsewhere and k in outputs):
+            return (-1, None, k, 0, "dense", 0)
+        if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
+            return (-1, None, k, 0, "dense", 0)
+        item = int(np.dtype(aval.dtype).itemsize)
+        out = outputs.get(k)
+        if out is not None:
+            e, v, tiles = 0, out, tiling
+        elif isinstance(k, tuple):
+            e, v, tiles = 2 + paths.setdefault(k[0], len(paths)), k[1], "dense"
+        else:
+            e, v, tiles = 1, k, tiling if k in boundary else "dense"
+        # (A tuple key is a call's value: never an argument of the program, so never on the boundary.)
+        return (e, v, k, item, tiles, buffer_bytes(tuple(aval.shape), item, tiles))
+
+    fused = info.fused
+    slots = tuple((tuple(slot(k, False) for k in s.made), tuple(slot(k, k in fused) for k in s.entering)) for s in plan)
+    groups, order = [], []
+    for made, entering in slots:
+        by: dict[tuple[int, int, Tiling], list[tuple[int, _Slot]]] = {}
+        for n, sl in enumerate((*made, *entering)):
+            if sl[0] >= 0:
+                by.setdefault((sl[0], sl[3], sl[4]), []).append((n, sl))
+        groups.append(
+            tuple(
+                (
+                    e,
+                    item,
+                    tiles,
+                    tuple(sl[1] for _, sl in members),
+                    tuple(sl[2] for _, sl in members),
+                    tuple(sl[5] for _, sl in members),
+                )
+                for (e, item, tiles), members in by.items()
+            )
+        )
+        where = (len(made), tuple(tuple(n for n, _ in members) for members in by.values()))
+        # (interned with the memo's stretch forms: one numbering for every program the memo keys)
+        order.append(forms.setdefault(("grouped", where), len(forms)))
+    return _Sizing(tuple(paths), tuple(s.start for s in plan), slots, tuple(groups), tuple(order))
+
+
+def _running_bytes(
+    prog: _Program, info: _Liveness, size: Callable[[Key], int], nbytes_as: Callable[[Key, Layout | None], int]
+) -> dict[int, int]:
+    """What each step holds only while it runs (``_peak``'s ``while_running``), for the steps that hold any: found
+    from the partial sums and moved operands the environments bind (a few hundred), not asked of every step."""
+    producer, leaves, fused, outputs = info.producer, info.leaves, info.fused, prog.outputs
+    out: dict[int, int] = {}
+    # The layers of a stack share their calls' environments and variables: a value's size is found once per
+    # (environment, variable), a partial sum's or a move's bytes once per (layout object, variable).
+    sizes: dict[tuple[int, Any], int] = {}
+    moved: dict[tuple[int, Any], int] = {}
+    for path, key, lay in prog.bound_derived():
+        kind = key.__class__
+        if kind is not Partial and kind is not Sent:
+            continue
+        v = key.of
+        k = (path, v) if path else v
+        i = producer.get(k)
+        if i is None:
+            continue  # not a step's result (a call's operand or result, aliased): no step reads it so
+        if kind is Partial:
+            if k in leaves or k in fused:
+                continue
+            if k in outputs:
+                held = size(k)
+            else:
+                env = id(prog.inner[path] if path else prog.layouts)
+                held = sizes.get((env, v), -1)
+                if held < 0:
+                    held = sizes[(env, v)] = size(k)
+            if not held:
+                continue
+        b = moved.get((id(lay), v))
+        if b is None:
+            b = moved[(id(lay), v)] = nbytes_as(k, lay)
+        if kind is Sent:
+            b *= 2
+        if b:
+            out[i] = out.get(i, 0) + b
+    return out
 
 
 def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tuple[Stretch, ...]:

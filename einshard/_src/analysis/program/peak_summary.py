@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from .segments import repeated_runs
 
-__all__ = ["Steps", "Stretch", "Summary", "SummaryMemo", "stretches", "fold"]
+__all__ = ["Steps", "Stretch", "Summary", "SummaryMemo", "stretches", "fold", "fold_runs"]
 
 Key = Any
 
@@ -95,6 +95,7 @@ class SummaryMemo:
         self.forms: dict[Hashable, int] = {}  # stretch structures, interned (Stretch.form)
         self.walked = 0  # stretches walked step by step (counted, for tests)
         self.reused = 0  # stretches whose summary was known
+        self.sized = 0  # buffer sizings computed (one per shape, split, type and tiling met in a costing)
 
     def get(self, key: tuple[int, tuple[Any, ...]]) -> Summary | None:
         """The summary of a stretch of this form walked with these numbers, if one was (counted)."""
@@ -120,6 +121,26 @@ def fold(peak: int, summaries: Sequence[Summary], level: int) -> int:
         if s.top is not None and level + s.top > peak:
             peak = level + s.top
         level += s.grows + s.holds - s.ends
+    return peak
+
+
+def fold_runs(peak: int, runs: Sequence[tuple[Summary, int]], level: int) -> int:
+    """:func:`fold` of ``runs``: each ``(summary, count)`` stands for ``count`` consecutive stretches with that
+    summary (the layers of a stack laid out alike), folded in one step whatever the count.
+
+    The ``j``-th copy of a run entering at ``level`` starts at ``level + j·d`` (``d``: what one copy adds: grown,
+    held, less the gathered bytes it ends) and tops at that plus ``top``: the run's highest point is its first
+    copy's where ``d <= 0``, its last's where ``d > 0``.
+    """
+    for s, count in runs:
+        if count <= 0:
+            continue
+        d = s.grows + s.holds - s.ends
+        if s.top is not None:
+            highest = level + s.top + max(0, (count - 1) * d)
+            if highest > peak:
+                peak = highest
+        level += count * d
     return peak
 
 
