@@ -280,7 +280,7 @@ def test_gru_fsdp_gradient_peak_lies_within_the_carry_forks_bound(explicit: bool
     """The corpus's fsdp gradient: XLA carries the state on the batch split in the forward loop and in its
     transpose, sums each weight's whole partial gradient per backward trip in one combined all-reduce and holds
     every partial and every sum at once (2.7x explain's main walk).  The fork that walks both loops on that fixed
-    point (rules_control.CARRY_FORK) and the combined sums (memory._combined_sums) bring the measured difference
+    point (rules_control.CARRY_FORK) and the combined sums (memory._combined_at) bring the measured difference
     -- the carry mark's own bound, not the sum of the report's marks -- over the corpus's 25% gap to XLA's peak."""
     from einshard._src.analysis.program.rules_control import CARRY_FORK
 
