@@ -17,7 +17,8 @@ buffers, not just what the jaxpr names:
   op, a broadcast, a reshape or a reduction, never gets a buffer (XLA fuses the
   chain into one loop); the buffers it reads are held until that loop runs.  Read
   more than once, it fuses too where all its readers end in one loop (XLA fuses
-  consumers first); a reduction over size-1 axes only is a reshape (a bitcast); a
+  consumers first), or where it is cheap and only elementwise ops read it (XLA
+  duplicates it into each); a reduction over size-1 axes only is a reshape (a bitcast); a
   matrix transpose read only by dots is folded into them (their dimension numbers);
 * **in place**: an elementwise result, a scatter's or an update's, is written
   into an operand's buffer of the same size that dies there (buffer
