@@ -1069,8 +1069,10 @@ def _gathers_minor(v: Any, copy: Layout, layouts: dict[Any, Layout]) -> bool:
 
 
 # Ops XLA:CPU computes in a loop fusion that indexes its operands in whatever layout they come in: an all-gather's
-# minor-dimension result read only by them is not transposed back to row-major.
-_ANY_LAYOUT_READERS = frozenset(ELEMENTWISE - _NOT_FUSED) | {"dynamic_update_slice", "dynamic_slice", "slice"}
+# minor-dimension result read only by them is not transposed back to row-major.  (Elementwise readers are loop
+# fusions too, but not measured alone: the one draw at hand, jnp.where over operands split on different axes, is
+# one XLA rematerialises whole, 2x what the walk holds either way; they keep the copy until one is.)
+_ANY_LAYOUT_READERS = frozenset({"dynamic_update_slice", "dynamic_slice", "slice"})
 
 
 def _reads_any_layout(readers: list[str]) -> bool:
@@ -1078,7 +1080,7 @@ def _reads_any_layout(readers: list[str]) -> bool:
 
     The all-gather of a minor dimension writes a buffer whose layout has that dimension major (see
     :func:`_gathers_minor`).  A dot reads row-major operands, so XLA copies the gathered buffer back (measured on
-    Equinox's weights); a loop fusion reads it in place: ``dynamic_update_slice(x[16, 24@a], u[16@a, 12])``'s
+    Equinox's weights); a slicing loop fusion reads it in place: ``dynamic_update_slice(x[16, 24@a], u[16@a, 12])``'s
     fusion reads the ``{0,1}`` all-gather directly (2308 B of temporaries: the shard's copy, the two gathered
     buffers, no transposed-back copy)."""
     return bool(readers) and all(r in _ANY_LAYOUT_READERS for r in readers)
