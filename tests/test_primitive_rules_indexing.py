@@ -246,7 +246,7 @@ DEEP_MISSES: dict[str, str] = {
     "clamp": (
         "lax.clamp(lo, x, hi) with x[16@(a,b), 16], lo[16@b, 16], hi[16@(a,b), 16] on Explicit (4, 2): XLA permutes "
         "lo once (128 B), explain all-gathers all three (3072 B; its peak 4096 B against XLA's 1024 B follows). "
-        "(The gradient of jnp.clip(x[16, 16], -1, 1)'s peak holds now: memory.py's cheap-producer duplication.)"
+        "(The gradient of jnp.clip(x[16, 16], -1, 1)'s peak holds now: 2048 B, as XLA's.)"
         "; seed 1 (derandomize off): lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], hi[32@a, 24] "
         "(mesh 3): the merge names c on both dimensions; XLA all-gathers twice (4608 B), explain all-to-alls once "
         "(384 B)"

@@ -164,6 +164,7 @@ class _Program:
         self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
         self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
         self.steps: list[_Step] = []
+        self.minor_reductions: set[int] = set()  # reductions over their operand's last axis (_reduces_minor)
         # What of the flattening the layouts decided, so that another costing can reuse it (:meth:`holds`,
         # :meth:`rebound`): each placement's keep-or-copy test (the value, its environment's path, the
         # placement's result, the answer), each gathered copy's source (in the order met: the larger wins, the
@@ -226,6 +227,8 @@ class _Program:
                     scratch = self._scratch(len(self.steps), eqn, env)
                 else:
                     scratch = window_scratch(eqn, env)
+                if _reduces_minor(eqn):
+                    self.minor_reductions.add(len(self.steps))
                 self.steps.append(_Step(_step_name(eqn), ins, outs, scratch))
                 continue
             body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
@@ -645,7 +648,12 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
         # sum(x.T ** 2) is one fusion reading x, measured); it never writes in place (not a donor below).
         if (name not in fusible and name != "transpose") or not all(steps[r].name in fusing for r in reads):
             return False
-        return len(reads) <= 1 or _duplicated(name, [steps[r].name for r in reads], fusible)
+        if len(reads) <= 1:
+            return True
+        # Duplicated into each reader's loop, unless one of them ends in a row reduction (see _duplicated).
+        return _duplicated(name, [steps[r].name for r in reads], fusible) and not any(
+            root_of(r) in prog.minor_reductions for r in reads
+        )
 
     # A dead step's results take no buffer (XLA removes the step), as fused values do not.  A value read more
     # than once fuses too when every reader ends in one fusion (XLA fuses consumers first: by the time it
@@ -795,9 +803,19 @@ def _duplicated(name: str, readers: list[str], fusible: frozenset[str]) -> bool:
     giving it a buffer: a cheap elementwise op (not :data:`_EXPENSIVE`) whose readers are all elementwise or shape
     ops, each fusing it (XLA's instruction fusion duplicates a cheap producer into every consumer it fuses into
     on all paths; measured: the gradient of ``jnp.where(a > 0, a, b)`` is two loop fusions that each recompute the
-    mask and the scaled cotangent, 16 B of temporaries).  A reduction reader keeps the buffer: XLA:CPU's reduction
-    fusions read a shared operand materialised (the one-hot cross-entropy's ``x - max``, measured)."""
+    mask and the scaled cotangent, 16 B of temporaries, one of them a column sum).  A reader that is, or fuses into,
+    a reduction over its operand's last axis keeps the buffer: XLA:CPU's row reductions are YNNPACK fusions that
+    read a shared operand materialised (the one-hot cross-entropy's ``x - max``, measured)."""
     return name not in _EXPENSIVE and all(r in fusible for r in readers)
+
+
+def _reduces_minor(eqn: Any) -> bool:
+    """Whether ``eqn`` is a reduction over its operand's last axis (a row reduction)."""
+    if eqn.primitive.name not in REDUCTIONS:
+        return False
+    rank = len(getattr(eqn.invars[0].aval, "shape", ()))
+    axes = eqn.params.get("axes") or ()
+    return rank > 0 and (rank - 1) in tuple(int(a) for a in axes)
 
 
 def _fuses_into_one(
