@@ -177,9 +177,17 @@ def test_elementwise_all_to_all_holds_its_pieces(rank: int) -> None:
     assert got == pytest.approx(xla, rel=0.25), (got, xla, got / xla)
 
 
-# -- cheap producers recomputed in each reader's loop; a minor-dimension gather read as laid out ------------------
+# -- cheap producers recomputed in each reader's loop (not yet); a minor-dimension gather read as laid out ----------
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="XLA's instruction fusion duplicates a cheap producer (not InstructionFusion::IsExpensive) into every "
+    "elementwise reader; modelled in the walk (no buffer where every reader is elementwise and none ends in a row "
+    "reduction), it fixed this program but took the external corpus's kh_mixtral ep-grad (0.76 -> 0.749x XLA's "
+    "peak), keras_vit tp-grad (0.82 -> 0.74x) under the 25% and changed kh_resnet fsdp-grad's marks: the walk "
+    "under-holds elsewhere on those, so the rule waits for that cause (issue 20, branch h11-peak's history)",
+)
 @pytest.mark.parametrize("explicit", [False, True])
 def test_cheap_values_read_twice_are_recomputed_in_each_fusion(explicit: bool) -> None:
     """The gradient of ``jnp.where(a > 0, a, b)`` with a broadcast row: the mask ``a > 0`` and the scaled
@@ -193,7 +201,7 @@ def test_cheap_values_read_twice_are_recomputed_in_each_fusion(explicit: bool) -
 
 def test_expensive_values_read_twice_keep_their_buffer() -> None:
     """``tanh(x)`` read by two products: tanh is expensive (XLA does not duplicate it), so it is one buffer that
-    both fusions read, as explain holds it (the cheap rule above must not reach it)."""
+    both fusions read, as explain holds it (a duplication rule for cheap values, above, must not reach it)."""
     fn = lambda x, y: (jnp.tanh(x) * y, jnp.tanh(x) + y)  # noqa: E731
     got, xla = _peaks(fn, (_sds(64, 64), _sds(64, 64)), (P(), P()), _mesh(False))
     assert abs(got - xla) <= SCALARS, (got, xla)

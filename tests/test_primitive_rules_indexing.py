@@ -258,8 +258,9 @@ DEEP_MISSES: dict[str, str] = {
     ),
     "select_n": (
         "jnp.where(c, a, b) with a[16@a, 16], b[16, 16@a], c[16, 16] bool (mesh 1): XLA leaves the result split on "
-        "its rows (a's), explain on its columns.  (The gradient of jnp.where(a > 0, a, b) with a broadcast row "
-        "holds now: peak 2176 B against XLA's 2192 B, memory.py's cheap-producer duplication.)"
+        "its rows (a's), explain on its columns; and the gradient of jnp.where(a > 0, a, b), a[16, 16], b[1, 16], "
+        "nothing split (mesh 1): explain's peak 3456 B against XLA's 2192 B (XLA recomputes the mask and the "
+        "scaled cotangent in both loops; tests/test_memory_rules.py's strict xfail says why it is not modelled)"
     ),
     "dynamic_update_slice": (
         "x[16@a, 16@b] updated by u[16@b, 16] at (i, 0) (mesh 4 x 2): XLA permutes and all-gathers (640 B), explain "

@@ -17,8 +17,7 @@ buffers, not just what the jaxpr names:
   op, a broadcast, a reshape or a reduction, never gets a buffer (XLA fuses the
   chain into one loop); the buffers it reads are held until that loop runs.  Read
   more than once, it fuses too where all its readers end in one loop (XLA fuses
-  consumers first), or where it is cheap and only elementwise ops read it (XLA
-  duplicates it into each); a reduction over size-1 axes only is a reshape (a bitcast); a
+  consumers first); a reduction over size-1 axes only is a reshape (a bitcast); a
   matrix transpose read only by dots is folded into them (their dimension numbers);
 * **in place**: an elementwise result, a scatter's or an update's, is written
   into an operand's buffer of the same size that dies there (buffer
@@ -164,7 +163,6 @@ class _Program:
         self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
         self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
         self.steps: list[_Step] = []
-        self.minor_reductions: set[int] = set()  # reductions over their operand's last axis (_reduces_minor)
         # What of the flattening the layouts decided, so that another costing can reuse it (:meth:`holds`,
         # :meth:`rebound`): each placement's keep-or-copy test (the value, its environment's path, the
         # placement's result, the answer), each gathered copy's source (in the order met: the larger wins, the
@@ -227,8 +225,6 @@ class _Program:
                     scratch = self._scratch(len(self.steps), eqn, env)
                 else:
                     scratch = window_scratch(eqn, env)
-                if _reduces_minor(eqn):
-                    self.minor_reductions.add(len(self.steps))
                 self.steps.append(_Step(_step_name(eqn), ins, outs, scratch))
                 continue
             body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
@@ -648,12 +644,7 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
         # sum(x.T ** 2) is one fusion reading x, measured); it never writes in place (not a donor below).
         if (name not in fusible and name != "transpose") or not all(steps[r].name in fusing for r in reads):
             return False
-        if len(reads) <= 1:
-            return True
-        # Duplicated into each reader's loop, unless one of them ends in a row reduction (see _duplicated).
-        return _duplicated(name, [steps[r].name for r in reads], fusible) and not any(
-            root_of(r) in prog.minor_reductions for r in reads
-        )
+        return len(reads) <= 1
 
     # A dead step's results take no buffer (XLA removes the step), as fused values do not.  A value read more
     # than once fuses too when every reader ends in one fusion (XLA fuses consumers first: by the time it
@@ -771,51 +762,6 @@ def _combined_at(body: _Program, until: dict[Key, int], size: Callable[[Key], in
         if extra:
             out[last] = out.get(last, 0) + extra
     return out
-
-
-# Elementwise ops XLA's instruction fusion counts as expensive (InstructionFusion::IsExpensive): it does not
-# duplicate them into several consumers.  A floating division or remainder is one; an integer one too unless its
-# divisor is a constant (compiled to multiplies and shifts), which the jaxpr does not say here: held expensive.
-_EXPENSIVE = frozenset(
-    {
-        "exp",
-        "exp2",
-        "expm1",
-        "log",
-        "log1p",
-        "logistic",
-        "tanh",
-        "sqrt",
-        "rsqrt",
-        "cbrt",
-        "erf",
-        "erf_inv",
-        "pow",
-        "atan2",
-        "div",
-        "rem",
-    }
-)
-
-
-def _duplicated(name: str, readers: list[str], fusible: frozenset[str]) -> bool:
-    """Whether XLA computes a value made by ``name`` and read by ``readers`` inside each reader's loop instead of
-    giving it a buffer: a cheap elementwise op (not :data:`_EXPENSIVE`) whose readers are all elementwise or shape
-    ops, each fusing it (XLA's instruction fusion duplicates a cheap producer into every consumer it fuses into
-    on all paths; measured: the gradient of ``jnp.where(a > 0, a, b)`` is two loop fusions that each recompute the
-    mask and the scaled cotangent, 16 B of temporaries, one of them a column sum).  A reader that is, or fuses into,
-    a reduction over its operand's last axis keeps the buffer: XLA:CPU's row reductions are YNNPACK fusions that
-    read a shared operand materialised (the one-hot cross-entropy's ``x - max``, measured)."""
-    return name not in _EXPENSIVE and all(r in fusible for r in readers)
-
-
-def _reduces_minor(eqn: Any) -> bool:
-    """Whether ``eqn`` is a reduction over its operand's last axis (a row reduction)."""
-    if eqn.primitive.name not in REDUCTIONS:
-        return False
-    rank = len(getattr(eqn.invars[0].aval, "shape", ()))
-    axes = eqn.params.get("axes") or ()
-    return rank > 0 and (rank - 1) in tuple(int(a) for a in axes)
 
 
 def _fuses_into_one(
