@@ -22,7 +22,7 @@ from .movement import is_computed, mark_conflict, mark_open_merge
 from .registry import WalkerLike, register, sharding_degree
 from .upstream import apply as apply_upstream
 from .upstream import plan_upstream
-from .values import ELEMENTWISE, REDUCTIONS, Partial
+from .values import ELEMENTWISE, REDUCTIONS, Partial, dtype_itemsize
 
 __all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims", "merged_dims", "merged_split"]
 
@@ -608,7 +608,6 @@ def _moved_downstream(w: WalkerLike, v: Any) -> tuple[int, int, int]:
     of their results and the bytes of every value computed from ``v`` (whole): what XLA moves (at most each
     positional result, whole) and what explain holds whole once ``v``'s axis is gathered where XLA keeps it
     split.  Followed up to :data:`_DOWNSTREAM_LIMIT` equations."""
-    import numpy as np
 
     seen: set[int] = set()
     todo, moves, moved, held = [v], 0, 0, 0
@@ -622,7 +621,7 @@ def _moved_downstream(w: WalkerLike, v: Any) -> tuple[int, int, int]:
             for out in e.outvars:
                 aval: Any = getattr(out, "aval", None)  # a token or an abstract ref has no shape
                 if hasattr(aval, "shape") and hasattr(aval, "dtype"):
-                    size = int(math.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+                    size = int(math.prod(aval.shape)) * dtype_itemsize(aval.dtype)
                     held += size
                     moved += size if positional else 0
                 todo.append(out)
