@@ -14,13 +14,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -49,10 +50,18 @@ class BiasCase:
     mesh_rank: int
     explicit: bool
     asked: bool = True  # whether the gradient is asked laid out as the bias (else XLA chooses: replicated)
+    # "broadcast": x[BATCH, SEQ, *bias] + bias; "table": x[BATCH, *bias] + a dynamic_slice reading the whole bias
+    # (a position table at full length, as keras-hub's PositionEmbedding reads it: its transpose writes the batch
+    # sum into zeros with a dynamic_update_slice)
+    read: Literal["broadcast", "table"] = "broadcast"
 
 
 def _loss(b: jax.Array, x: jax.Array) -> jax.Array:
     return jnp.sum((x + b) ** 2)
+
+
+def _table_loss(b: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.sum((x + lax.dynamic_slice(b, (0,) * b.ndim, b.shape)) ** 2)
 
 
 def _measured_xla(compiled: Any) -> Measured:
@@ -86,8 +95,9 @@ def measure(case: BiasCase) -> tuple[Measured, Measured, Any]:
     bias_sh, x_sh = NamedSharding(mesh, case.bias_spec), NamedSharding(mesh, case.x_spec)
     out_sh = bias_sh if case.asked else None
     b = jax.ShapeDtypeStruct(case.bias_shape, jnp.float32)
-    x = jax.ShapeDtypeStruct((BATCH, SEQ, *case.bias_shape), jnp.float32)
-    fn: Any = jax.grad(_loss)
+    lead = (BATCH,) if case.read == "table" else (BATCH, SEQ)
+    x = jax.ShapeDtypeStruct((*lead, *case.bias_shape), jnp.float32)
+    fn: Any = jax.grad(_table_loss if case.read == "table" else _loss)
     with jax.set_mesh(mesh):
         if case.explicit:
             # Placed, as users pass them: their types carry the layout.  Where JAX refuses the add (both split
@@ -134,6 +144,12 @@ CASES = [
     BiasCase((4, 8), P("a"), P(None, "a"), 3, False),
     BiasCase((4, 8), P("a"), P("a"), 3, True),
     BiasCase((2, 4, 8), P(("a", "b", "c")), P(None, None, ("a", "b")), 3, False),
+    # a position table read whole by a dynamic_slice (its gradient written into zeros whole)
+    BiasCase((8, 32), P("a"), P("a"), 2, False, read="table"),
+    BiasCase((8, 32), P("a"), P(None, "a"), 2, True, read="table"),
+    BiasCase((8, 32), P(("a", "b")), P(("a", "b")), 2, False, read="table"),
+    BiasCase((8, 32), P("a"), P("a"), 3, False, read="table"),
+    BiasCase((8, 32), P("a"), P("a"), 1, True, read="table"),
     # nothing asked: XLA returns the gradient whole, an all-reduce (the deferral must not invent a scatter)
     BiasCase((4, 8), P("a"), P("a"), 2, False, asked=False),
 ]
@@ -157,7 +173,7 @@ def test_bias_gradient_scattered_onto_two_dims_is_one_reduce_scatter() -> None:
 @st.composite
 def bias_case(draw: Any) -> BiasCase:
     """A bias of rank 1-2, the batch split over a non-empty set of mesh axes, the bias split on one dim over a
-    non-empty subset of them (the FSDP layout), Auto or Explicit."""
+    non-empty subset of them (the FSDP layout), Auto or Explicit, read broadcast or as a whole table."""
     rank = draw(st.sampled_from(sorted(MESHES)))
     sizes, names = MESHES[rank]
     size_of = dict(zip(names, sizes))
@@ -170,7 +186,9 @@ def bias_case(draw: Any) -> BiasCase:
     entries: list[Any] = [None] * len(bias_shape)
     if onto:
         entries[dim] = onto[0] if len(onto) == 1 else onto
-    return BiasCase(bias_shape, P(batch if len(batch) > 1 else batch[0]), P(*entries), rank, draw(st.booleans()))
+    read = draw(st.sampled_from(["broadcast", "table"]))
+    x_spec = P(batch if len(batch) > 1 else batch[0])
+    return BiasCase(bias_shape, x_spec, P(*entries), rank, draw(st.booleans()), read=read)
 
 
 @FAST

@@ -367,7 +367,8 @@ def _unit_axis_map(user: Any) -> dict[int, int] | None:
 
 def _asked_through_unit_axes(w: WalkerLike, var: Any) -> tuple[tuple[str, ...], ...] | None:
     """The layout asked of the program output ``var`` becomes (rules_indexing's ``requested_dims``), followed
-    through ops that move only size-1 axes (:data:`_UNIT_AXIS_OPS`) and mapped back onto ``var``'s axes.
+    through ops that move only size-1 axes (:data:`_UNIT_AXIS_OPS`) or write it whole (:func:`_whole_update`),
+    and mapped back onto ``var``'s axes.
 
     A bias gradient reaches the output through such a chain (sum, reshape to ``[1, 1, h, k]``, sum of the unit
     axes): without it the sum's asked split is unseen and its pending sum is all-reduced where XLA
@@ -384,14 +385,29 @@ def _asked_through_unit_axes(w: WalkerLike, var: Any) -> tuple[tuple[str, ...], 
                 return None
             return tuple(asked[to_var[i]] if i in to_var else () for i in range(rank))
         uses = w.uses.get(id(v), [])
-        if len(uses) != 1 or uses[0][0].primitive.name not in _UNIT_AXIS_OPS or uses[0][1] != 0:
+        if len(uses) != 1:
             return None
-        step = _unit_axis_map(uses[0][0])
+        user, k = uses[0]
+        if _whole_update(user, k):
+            v = user.outvars[0]  # the update is the result, axis for axis
+            continue
+        if user.primitive.name not in _UNIT_AXIS_OPS or k != 0:
+            return None
+        step = _unit_axis_map(user)
         if step is None:
             return None
         to_var = {i: step[j] for i, j in to_var.items() if j in step}
-        v = uses[0][0].outvars[0]
+        v = user.outvars[0]
     return None
+
+
+def _whole_update(user: Any, k: int) -> bool:
+    """Whether ``user`` writes its operand ``k`` over the whole of its result: a dynamic_update_slice whose update
+    is its operand's shape (its offsets clamp to 0), JAX's transpose of a dynamic_slice that reads a whole table
+    (keras-hub's position embedding at full length: its gradient is the batch sum written into zeros)."""
+    if user.primitive.name != "dynamic_update_slice" or k != 1:
+        return False
+    return tuple(user.invars[1].aval.shape) == tuple(user.invars[0].aval.shape)
 
 
 @register("pad")
