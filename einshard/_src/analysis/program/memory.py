@@ -56,14 +56,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ...core.layout import Layout
 from ..cost import Tiling, buffer_bytes
 from .costing import is_free
 from .peak_summary import Steps, Stretch, Summary, SummaryMemo, fold, fold_runs, stretches
 from .registry import sub_jaxpr
-from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial, Sent
+from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial, Sent, dtype_itemsize
 
 __all__ = ["peak_bytes", "peak_caveat", "PeakCache", "SCRATCH", "window_scratch", "dot_scratch"]
 
@@ -495,7 +493,7 @@ def dot_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
             continue  # (one free and one contracted dimension after the batch: read either way round)
         lay = env.get(Gathered(v)) or env.get(v)
         shape = lay.shard_shape if lay is not None and not is_free(lay) else v.aval.shape
-        size = max(int(np.dtype(v.aval.dtype).itemsize), 4) if hasattr(v.aval, "dtype") else 4
+        size = max(dtype_itemsize(v.aval.dtype), 4) if hasattr(v.aval, "dtype") else 4
         total += math.prod(int(n) for n in shape) * size
     return total
 
@@ -518,7 +516,7 @@ def window_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
         return 0
     source, operand = eqn.invars[0], eqn.invars[1]
     rank = len(operand.aval.shape)
-    size = max(int(np.dtype(operand.aval.dtype).itemsize), 4)
+    size = max(dtype_itemsize(operand.aval.dtype), 4)
 
     def block(v: Any, pads: Any = None) -> int:
         lay = env.get(v)
@@ -548,7 +546,7 @@ def _update_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
     ]
     if list(shape) == list(lay.shard_shape):
         return 0
-    return math.prod(int(n) for n in shape) * int(np.dtype(out.aval.dtype).itemsize)
+    return math.prod(int(n) for n in shape) * dtype_itemsize(out.aval.dtype)
 
 
 class PeakCache:
@@ -883,7 +881,7 @@ def _peak(
         hit = by_shape.get(token)
         if hit is None:
             shape = lay.shard_shape if lay is not None else tuple(aval.shape)
-            hit = by_shape[token] = buffer_bytes(tuple(shape), int(np.dtype(aval.dtype).itemsize), tiles)
+            hit = by_shape[token] = buffer_bytes(tuple(shape), dtype_itemsize(aval.dtype), tiles)
         return hit
 
     # The program's arguments and outputs are buffers in device memory, padded to the device's tiles (on a TPU

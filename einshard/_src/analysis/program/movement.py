@@ -21,11 +21,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
 from ..cost import Collective, sent_bytes
 from .alternatives import offer
 from .report import APPROXIMATE_MARK, OpBound
+from .values import dtype_itemsize
 
 if TYPE_CHECKING:
     from .registry import WalkerLike
@@ -139,7 +138,7 @@ def _whole_bytes(aval: Any) -> int:
 
 
 def itemsize(dtype: Any) -> int:
-    return int(np.dtype(dtype).itemsize)
+    return dtype_itemsize(dtype)
 
 
 def group_size(w: WalkerLike, axes: tuple[str, ...]) -> int:

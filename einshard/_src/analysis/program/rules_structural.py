@@ -22,7 +22,7 @@ from .movement import is_computed, mark_conflict, mark_open_merge
 from .registry import WalkerLike, register, sharding_degree
 from .upstream import apply as apply_upstream
 from .upstream import plan_upstream
-from .values import ELEMENTWISE, REDUCTIONS, Partial
+from .values import ELEMENTWISE, REDUCTIONS, Partial, dtype_itemsize
 
 __all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims", "merged_dims", "merged_split"]
 
@@ -288,11 +288,19 @@ def reduce(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
         # over a tuple like (data, model)).
         why = f"{eqn.primitive.name} over sharded axes"
         w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
-        scattered = _scattered(w, eqn, out, frozenset(sharded)) if eqn.primitive.name == "reduce_sum" else None
+        groups = tuple(src.dims[i] for i in sorted(axes) if src.dims[i])
+        scattered = _scattered(w, eqn, out, frozenset(sharded), groups) if eqn.primitive.name == "reduce_sum" else None
         if scattered is not None:
             # A consumer takes the sum split over the summed mesh axes (XLA's propagation, backwards): one
-            # reduce-scatter to that split, not an all-reduce.
-            w.change(eqn, phase, out.with_dims(out.dims, frozenset(sharded)), scattered, out_aval.dtype, repeat, why)
+            # reduce-scatter to that split, not an all-reduce.  Summed mesh axes the split does not use are
+            # all-reduced first, minor reduced axis first (measured: x[8@a, 4@b, 4, 8] + bias[4, 8@a], the bias
+            # gradient asked split as the bias: an all-reduce over b, then a reduce-scatter over a).
+            onto = scattered.sharded_mesh_axes - out.sharded_mesh_axes
+            for i in sorted(axes, reverse=True):
+                rest = tuple(m for m in src.dims[i] if m not in onto)
+                if rest:
+                    w.change(eqn, phase, out.with_dims(out.dims, frozenset(rest)), out, out_aval.dtype, repeat, why)
+            w.change(eqn, phase, out.with_dims(out.dims, frozenset(onto)), scattered, out_aval.dtype, repeat, why)
             return [scattered]
         for i in sorted(axes, reverse=True):
             if src.dims[i]:
@@ -301,21 +309,105 @@ def reduce(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
     return [out for _ in eqn.outvars]
 
 
-def _scattered(w: WalkerLike, eqn: Any, out: Layout, sums: frozenset[str]) -> Layout | None:
-    """The layout a consumer asks of a reduction's sum where it splits over exactly the summed mesh axes, else None."""
-    from .rules_indexing import consumer_split, requested_dims  # rules_indexing imports this module
+def _scattered(
+    w: WalkerLike, eqn: Any, out: Layout, sums: frozenset[str], groups: tuple[tuple[str, ...], ...]
+) -> Layout | None:
+    """The layout a consumer asks of a reduction's sum where it splits over exactly the summed mesh axes, else None.
+
+    A split asked of the program's output may take only some of the summed mesh axes, those of whole reduced
+    axes (``groups``: each reduced axis' mesh axes): the caller all-reduces the others first.  XLA sums one
+    reduced axis split over a tuple in one all-reduce and slices it after (measured: x[8@(a, b), ...] +
+    bias[4, 8@a] all-reduces over (a, b); x[8@a, 4@b, ...] + the same bias all-reduces over b and reduce-scatters
+    over a)."""
+    from .rules_indexing import consumer_split  # rules_indexing imports this module
 
     dims = consumer_split(w, eqn.outvars[0], out, sums)
+    partial = False  # whether the split may take some of the summed mesh axes (the rest all-reduced)
     if dims is None:
         # A sum that leaves the program as it is, its layout asked (report(out_specs=), an Explicit program's
         # reshard): XLA sums it straight to that split (measured: a routed expert sum leaving token-split).
-        asked = requested_dims(w, eqn.outvars[0])
+        asked = _asked_through_unit_axes(w, eqn.outvars[0])
         if asked is not None and len(asked) == len(out.dims):
             used = {m for d in out.dims for m in d}
-            dims = [a if a and set(a) <= sums and not set(a) & used else d for a, d in zip(asked, out.dims)]
-    if dims is None or {m for d in dims for m in d} - {m for d in out.dims for m in d} != set(sums):
+            wanted = {m for a in asked for m in a}
+            whole = {m for g in groups if set(g) <= wanted for m in g}  # the reduced axes the split can take
+            dims = [a if a and set(a) <= whole and not set(a) & used else d for a, d in zip(asked, out.dims)]
+            partial = True
+    if dims is None:
+        return None
+    onto = {m for d in dims for m in d} - {m for d in out.dims for m in d}
+    if not onto or (onto != set(sums) and not (partial and onto < set(sums))):
         return None
     return w.relayout(eqn.outvars[0].aval, dims)
+
+
+# Ops that only add, drop or reorder size-1 axes (and a sum over size-1 axes): JAX's transpose of a rank-promoting
+# broadcast (``x[b, s, h, k] + bias[h, k]``) sums the cotangent over the batch axes, reshapes it to
+# ``[1, 1, h, k]`` and sums the unit axes away; XLA's propagation carries the output's split back through them.
+_UNIT_AXIS_OPS = frozenset({"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "reduce_sum", "transpose"})
+_UNIT_CHAIN_LIMIT = 16  # steps followed from one sum (such chains are a few ops long)
+
+
+def _unit_axis_map(user: Any) -> dict[int, int] | None:
+    """Where each non-unit axis of ``user``'s operand lands in its result, where ``user`` moves size-1 axes only."""
+    shape_in = tuple(int(s) for s in user.invars[0].aval.shape)
+    shape_out = tuple(int(s) for s in user.outvars[0].aval.shape)
+    name = user.primitive.name
+    if name == "transpose":
+        perm = user.params["permutation"]
+        return {perm[j]: j for j in range(len(perm)) if shape_out[j] != 1}
+    if name == "reduce_sum" and any(shape_in[i] != 1 for i in user.params.get("axes", ())):
+        return None  # a real sum: not a carrier
+    kept_in = [i for i, n in enumerate(shape_in) if n != 1]
+    kept_out = [j for j, n in enumerate(shape_out) if n != 1]
+    if [shape_in[i] for i in kept_in] != [shape_out[j] for j in kept_out]:
+        return None  # a broadcast to a bigger axis, or a reshape that merges or splits axes
+    return dict(zip(kept_in, kept_out))
+
+
+def _asked_through_unit_axes(w: WalkerLike, var: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The layout asked of the program output ``var`` becomes (rules_indexing's ``requested_dims``), followed
+    through ops that move only size-1 axes (:data:`_UNIT_AXIS_OPS`) or write it whole (:func:`_whole_update`),
+    and mapped back onto ``var``'s axes.
+
+    A bias gradient reaches the output through such a chain (sum, reshape to ``[1, 1, h, k]``, sum of the unit
+    axes): without it the sum's asked split is unseen and its pending sum is all-reduced where XLA
+    reduce-scatters it (measured: x[8@data, 8, 4, 8] + b[4@data, 8], the gradient of b asked split as b)."""
+    from .rules_indexing import requested_dims  # rules_indexing imports this module
+
+    rank = len(getattr(var.aval, "shape", ()))
+    to_var = {i: i for i, n in enumerate(var.aval.shape) if int(n) != 1}  # var's axis -> the followed value's
+    v = var
+    for _ in range(_UNIT_CHAIN_LIMIT):
+        asked = requested_dims(w, v)
+        if asked is not None:
+            if len(asked) != len(getattr(v.aval, "shape", ())):
+                return None
+            return tuple(asked[to_var[i]] if i in to_var else () for i in range(rank))
+        uses = w.uses.get(id(v), [])
+        if len(uses) != 1:
+            return None
+        user, k = uses[0]
+        if _whole_update(user, k):
+            v = user.outvars[0]  # the update is the result, axis for axis
+            continue
+        if user.primitive.name not in _UNIT_AXIS_OPS or k != 0:
+            return None
+        step = _unit_axis_map(user)
+        if step is None:
+            return None
+        to_var = {i: step[j] for i, j in to_var.items() if j in step}
+        v = user.outvars[0]
+    return None
+
+
+def _whole_update(user: Any, k: int) -> bool:
+    """Whether ``user`` writes its operand ``k`` over the whole of its result: a dynamic_update_slice whose update
+    is its operand's shape (its offsets clamp to 0), JAX's transpose of a dynamic_slice that reads a whole table
+    (keras-hub's position embedding at full length: its gradient is the batch sum written into zeros)."""
+    if user.primitive.name != "dynamic_update_slice" or k != 1:
+        return False
+    return tuple(user.invars[1].aval.shape) == tuple(user.invars[0].aval.shape)
 
 
 @register("pad")
@@ -532,7 +624,6 @@ def _moved_downstream(w: WalkerLike, v: Any) -> tuple[int, int, int]:
     of their results and the bytes of every value computed from ``v`` (whole): what XLA moves (at most each
     positional result, whole) and what explain holds whole once ``v``'s axis is gathered where XLA keeps it
     split.  Followed up to :data:`_DOWNSTREAM_LIMIT` equations."""
-    import numpy as np
 
     seen: set[int] = set()
     todo, moves, moved, held = [v], 0, 0, 0
@@ -546,7 +637,7 @@ def _moved_downstream(w: WalkerLike, v: Any) -> tuple[int, int, int]:
             for out in e.outvars:
                 aval: Any = getattr(out, "aval", None)  # a token or an abstract ref has no shape
                 if hasattr(aval, "shape") and hasattr(aval, "dtype"):
-                    size = int(math.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+                    size = int(math.prod(aval.shape)) * dtype_itemsize(aval.dtype)
                     held += size
                     moved += size if positional else 0
                 todo.append(out)

@@ -53,7 +53,7 @@ from .segment_memo import (
     searches_hold,
     slice_row_class,
 )
-from .values import CARRIERS, Gathered, Sent
+from .values import CARRIERS, Gathered, Sent, dtype_itemsize
 
 __all__ = ["Walker"]
 
@@ -905,6 +905,4 @@ def _source_line(eqn: Any) -> str:
 
 
 def _itemsize(aval: Any) -> int:
-    import numpy as np
-
-    return int(np.dtype(aval.dtype).itemsize)
+    return dtype_itemsize(aval.dtype)
