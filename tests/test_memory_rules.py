@@ -216,3 +216,45 @@ def test_minor_gather_read_by_a_loop_fusion_is_not_transposed_back() -> None:
     args = (_sds(16, 24), _sds(16, 12), jax.ShapeDtypeStruct((), jnp.int32))
     got, xla = _peaks(fn, args, (P(None, "a"), P("a", None), P()), _mesh(False))
     assert got == pytest.approx(xla, rel=0.25), (got, xla, got / xla)
+
+
+# -- a lone gradient all-reduce; a cotangent written transposed for its dot -------------------------------------
+
+_DENSE_LOSSES = {
+    "mean": lambda y: jnp.mean(y**2),
+    "sum": lambda y: jnp.sum(y**2),
+    "tanh": lambda y: jnp.sum(jnp.tanh(y)),
+}
+_MESHES = {1: ((8,), ("a",)), 2: ((4, 2), ("a", "b")), 3: ((2, 2, 2), ("a", "b", "c"))}
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("axes", [1, 2, 3])
+@pytest.mark.parametrize("loss", sorted(_DENSE_LOSSES))
+def test_lone_gradient_all_reduce_frees_its_partial(loss: str, axes: int, explicit: bool) -> None:
+    """The data-parallel gradient of one dense layer, x ``f32[8,16,32]`` split on its batch, w replicated: one
+    partial dW, all-reduced right after its dot (XLA's combiner has nothing to combine it with) and freed there;
+    the cotangent is written already transposed by its elementwise fusion (no copy beside it, and not in place).
+    Explain held the partial to the end next to its sum, and the cotangent, its copy and the sum at the dot:
+    1.31x (8 devices), 1.57x (4 x 2), 1.14x (2 x 2 x 2) XLA's peak.  Exact on 1 and 2 axes; on (2, 2, 2) XLA
+    keeps the output's 8 KiB allocation apart from its 16 KiB temporaries (buffer assignment's packing, not
+    liveness): 0.86x, within the corpus' 25%."""
+    shape, names = _MESHES[axes]
+    fn = jax.grad(lambda w, x: _DENSE_LOSSES[loss](x @ w))
+    got, xla = _peaks(fn, (_sds(32, 64), _sds(8, 16, 32)), (P(), P(names[0])), _mesh(explicit, shape, names))
+    if axes < 3:
+        assert got == pytest.approx(xla, abs=SCALARS), (got, xla)
+    else:
+        assert got == pytest.approx(xla, rel=0.25), (got, xla, got / xla)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+def test_combined_gradient_all_reduces_still_hold_their_partials(explicit: bool) -> None:
+    """Two weights' data-parallel gradients (``mean((tanh(x @ w1) @ w2) ** 2)``): two partial sums that only leave
+    the program, combined by XLA into one all-reduce at the end, so the lone-sum rule above must not reach them
+    (measured 1.11x XLA's peak, as before it)."""
+    fn = jax.grad(lambda w1, w2, x: jnp.mean((jnp.tanh(x @ w1) @ w2) ** 2), argnums=(0, 1))
+    args = (_sds(32, 64), _sds(64, 64), _sds(8, 16, 32))
+    got, xla = _peaks(fn, args, (P(), P(), P("a")), _mesh(explicit))
+    assert got == pytest.approx(xla, rel=0.25), (got, xla, got / xla)
+    assert got >= xla, (got, xla)  # the combined partials held to the end: never under XLA's

@@ -176,6 +176,10 @@ class _Program:
         # costings (a rebound shares them); without, a loop's body is flattened and walked whole each time.
         self.scratch_memo: dict[int, list[tuple[tuple[tuple[Any, Any], ...], int]]] = {}
         self.fixed_scratch: set[int] = set()  # window steps whose scratch read no layout: never sized again
+        # By dot step: the operands (0 lhs, 1 rhs) whose transposed copy XLA writes in their producer's fusion
+        # (:meth:`_absorb_transposes`): no scratch of their own.
+        self.absorbed: dict[int, frozenset[int]] = {}
+        self.written_transposed: set[Key] = set()  # those operands: each a buffer of its own (never in place)
         # Each copy's place in ``copies`` by the (call path, value) whose Gathered layout it reads (made once).
         self.copy_at: dict[tuple[tuple[int, ...], Any], list[int]] | None = None
         self.resized: dict[tuple[int, int], _Step] = {}  # steps with another costing's scratch (shared)
@@ -192,6 +196,48 @@ class _Program:
             if k is not None:
                 self.outputs.setdefault(k, v)
         self.bases = _in_place_bases(self)  # whose free-ness decides what fuses (the liveness' key)
+        self._absorb_transposes()
+
+    def _absorb_transposes(self) -> None:
+        """Find the dots whose transposed operand XLA writes transposed in the first place, and size them so.
+
+        A dot_general operand out of XLA:CPU's canonical order is copied transposed first (:func:`dot_scratch`);
+        where that operand is an elementwise result read by this dot only, the copy is a loop op XLA fuses into
+        its producer's loop fusion: the fusion writes the transposed operand and nothing else, so the copy is
+        the operand's one buffer, not scratch beside it.  Measured on the data-parallel gradient of a dense
+        layer, ``grad(lambda w, x: mean((x @ w) ** 2))`` (x ``f32[8,16,32]`` split on its batch over 4 devices):
+        XLA:CPU's ``copy_bitcast_fusion`` computes the cotangent ``f32[64,32]`` already transposed, one 8 KiB
+        buffer where the walk held the cotangent and its copy (tests/test_memory_rules.py).  A transposed write
+        is never in place: that fusion's result is a buffer beside its operands (the walk's ``donors``), as
+        XLA's is beside the forward's product it reads (on a (2, 2, 2) mesh, both in its temporaries)."""
+        elementwise = frozenset(ELEMENTWISE - _NOT_FUSED)
+        reads: dict[Key, int] = {}
+        producer: dict[Key, int] = {}
+        for i, step in enumerate(self.steps):
+            for k in step.ins:
+                reads[k] = reads.get(k, 0) + 1
+            for k in step.outs:
+                producer[k] = i
+        args = set(self.args)
+        for i, eqn, path in self.windows:
+            if eqn.primitive.name != "dot_general":
+                continue
+            absorbed = frozenset(
+                p
+                for p, v in enumerate(eqn.invars[:2])
+                if (k := self.key(v, path)) is not None
+                and k not in args
+                and k not in self.outputs
+                and reads.get(k) == 1
+                and k in producer
+                and self.steps[producer[k]].name in elementwise
+            )
+            if absorbed:
+                self.absorbed[i] = absorbed
+                self.written_transposed.update(self.key(eqn.invars[p], path) for p in absorbed)
+                self.scratch_memo.pop(i, None)
+                self.fixed_scratch.discard(i)
+                self._resize(i, self._scratch(i, eqn, self.env(path)))
 
     def key(self, v: Any, path: tuple[int, ...]) -> Key | None:
         if hasattr(v, "val"):
@@ -369,14 +415,15 @@ class _Program:
             # The layers of an unrolled stack share their calls' environments (a replayed copy binds its tape's)
             # and, traced alike, their equations: a window's scratch is a function of the two, so it is found
             # once per (environment, equation) in this costing (the objects live while it runs).
-            answers: dict[tuple[int, int], int] = {}
+            answers: dict[tuple[int, int, frozenset[int] | None], int] = {}
             fixed = self.fixed_scratch
             for i, eqn, path in self.windows:
                 if i not in fixed:
                     env = inner[path] if path else layouts
-                    answer = answers.get((id(env), id(eqn)))
+                    known = (id(env), id(eqn), self.absorbed.get(i))
+                    answer = answers.get(known)
                     if answer is None:
-                        answer = answers[(id(env), id(eqn))] = self._scratch(i, eqn, env)
+                        answer = answers[known] = self._scratch(i, eqn, env)
                     other._resize(i, answer)
         return other
 
@@ -419,7 +466,7 @@ class _Program:
             else:
                 return answer
         log = _Reads(env)
-        answer = window_scratch(eqn, log)  # type: ignore[arg-type]  # a read-only view of env, logged
+        answer = window_scratch(eqn, log, self.absorbed.get(i, frozenset()))  # type: ignore[arg-type]  # logged
         if not log.read:
             self.fixed_scratch.add(i)  # it read no layout: the same under every costing's
         if len(known) >= _SCRATCH_ANSWERS:
@@ -468,7 +515,7 @@ def _same(a: Layout | None, b: Layout | None) -> bool:
     return a is b or (a is not None and b is not None and type(a) is type(b) and a == b)
 
 
-def dot_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
+def dot_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = frozenset()) -> int:
     """Bytes per device XLA:CPU holds while it runs a dot_general, besides its operands and result: the
     transposed copies of operands not in its canonical order.
 
@@ -479,11 +526,14 @@ def dot_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
     on one-op programs (``memory_analysis()``: temp bytes): ``(64, 8, 32)`` with batch dimension 1 copies the
     whole lhs, ``(32, 8, 16)`` with batch dimension 1 the rhs, ``(8, 8, 8, 8)`` contracting (0, 1) or (0, 2) the
     lhs; contracting (2, 3), any 2-D dot, and a ``(16, 16, 12)`` rhs with batch 0 contracting 2, nothing.  A
-    narrower float's copy is f32 (computed in f32 on the CPU).
+    narrower float's copy is f32 (computed in f32 on the CPU).  ``absorbed``: the operands (0 lhs, 1 rhs) whose
+    producer's fusion writes them transposed (:meth:`_Program._absorb_transposes`): no copy.
     """
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     total = 0
     for k, (contracted, batch) in enumerate(((lc, lb), (rc, rb))):
+        if k in absorbed:
+            continue
         v = eqn.invars[k]
         rank = len(v.aval.shape)
         free = [a for a in range(rank) if a not in contracted and a not in batch]
@@ -498,7 +548,7 @@ def dot_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
     return total
 
 
-def window_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
+def window_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = frozenset()) -> int:
     """Bytes per device XLA:CPU holds while it runs a max pool's gradient, besides the op's operands and result.
 
     XLA:CPU has no select-and-scatter kernel: it expands the op into a windowed arg-max over (value, index)
@@ -511,7 +561,7 @@ def window_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
     if eqn.primitive.name == "dynamic_update_slice":
         return _update_scratch(eqn, env)
     if eqn.primitive.name == "dot_general":
-        return dot_scratch(eqn, env)
+        return dot_scratch(eqn, env, absorbed)
     if eqn.primitive.name != "select_and_scatter_add":
         return 0
     source, operand = eqn.invars[0], eqn.invars[1]
@@ -754,6 +804,9 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
     donors: dict[int, tuple[Key, ...]] = {}
     for i, step in enumerate(steps):
         if step.outs and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
+            if any(k in prog.written_transposed for k in step.outs):
+                donors[i] = ()  # written transposed for a dot (_Program._absorb_transposes): not in place
+                continue
             base = step.ins[:1] if step.name in _UPDATES_IN_PLACE else step.ins
             donors[i] = tuple(d for d in fusion_inputs_of(base) if d not in args and until.get(d) == i)
     leaves = frozenset(_leaves_program(steps, set(outputs)))
@@ -945,6 +998,15 @@ def _peak(
         part = prog.layout(k, Partial)
         return nbytes_as(k, part) if part is not None else 0
 
+    # A lone sum: the program's one partial sum that only leaves it.  XLA's all-reduce combiner has nothing to
+    # combine it with, so its all-reduce runs right after the step that makes the partial (once that step's
+    # operands are freed) and the partial is freed after it: partial then sum, not both held to the end.
+    # Measured on grad(lambda w, x: mean((x @ w) ** 2)) with x's batch split (XLA:CPU: the partial dW, its
+    # all-reduce and the transposed output share two 8 KiB buffers; tests/test_memory_rules.py).  Two or more
+    # wait for the combined all-reduce as the module says.  A loop body's sums are _combined_at's.
+    leaving_sums = [k for k in leaves if k not in fused and held_bytes(k) and size(k)] if not results_elsewhere else []
+    lone = len(leaving_sums) == 1
+
     def while_running(i: int) -> int:
         """The bytes step ``i`` holds only while it runs: a partial sum next to its sum where the step's result is
         all-reduced (XLA:CPU's all-reduce writes a new buffer; a sum that only leaves the program waits for the
@@ -968,6 +1030,7 @@ def _peak(
         for i in range(lo, hi):
             step = steps[i]
             donors = None
+            later = part_now = 0  # a lone sum made here: its sum's bytes (made after the step), its partial's
             for k in step.outs:
                 b = 0 if k in fused else size(k)
                 if b and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
@@ -983,13 +1046,21 @@ def _peak(
                 live[k] = b
                 total += b
                 if k in leaves:
-                    held += held_bytes(k)
-            here = total + gathered_now + held + step.inside + (while_running(i) if running is None else running(i, 0))
+                    if lone and b and k not in fused and held_bytes(k):
+                        later, part_now = b, held_bytes(k)
+                    else:
+                        held += held_bytes(k)
+            here = total - later + part_now + gathered_now + held + step.inside
+            here += while_running(i) if running is None else running(i, 0)
             if top is None or here > top:
                 top = here
             gathered_now -= gathered_ends.get(i, 0)
             for k in dies.get(i, ()):
                 total -= live.pop(k, 0)
+            if part_now:  # the lone all-reduce, its operands' step done: the partial next to its sum
+                after = total + part_now + gathered_now + held
+                if top is None or after > top:
+                    top = after
         return Summary(total, held, -gathered_now, top)
 
     start = total + gathered_now + held
@@ -1074,6 +1145,7 @@ def _peak(
             tuple(gathered_ends.get(i, 0) for i in s.ends),
             # By the layouts of their partial sums and moves (the steps that hold any, by offset).
             tuple(at_stretch.get(at, ())),
+            lone,
         )
         known = memo.get((s.form, numbers))
         if known is None:
