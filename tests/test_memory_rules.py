@@ -251,10 +251,14 @@ def test_lone_gradient_all_reduce_frees_its_partial(loss: str, axes: int, explic
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
 def test_combined_gradient_all_reduces_still_hold_their_partials(explicit: bool) -> None:
     """Two weights' data-parallel gradients (``mean((tanh(x @ w1) @ w2) ** 2)``): two partial sums that only leave
-    the program, combined by XLA into one all-reduce at the end, so the lone-sum rule above must not reach them
-    (measured 1.11x XLA's peak, as before it)."""
+    the program, combined by XLA into one tuple all-reduce once the second is made, so the lone-sum rule above
+    must not reach them: both partials are held to that all-reduce, next to both sums, and freed after it (the
+    transposed outputs are written into them).  w2 ``(64, 32)``: 1.16x XLA's peak when the partials were held to
+    the end, 1.08x now (the walk still makes the first sum and its transposed output where the first partial is
+    made, XLA only after the combined all-reduce); w2 ``(64, 64)``: 1.11x, its peak elsewhere."""
     fn = jax.grad(lambda w1, w2, x: jnp.mean((jnp.tanh(x @ w1) @ w2) ** 2), argnums=(0, 1))
-    args = (_sds(32, 64), _sds(64, 64), _sds(8, 16, 32))
-    got, xla = _peaks(fn, args, (P(), P(), P("a")), _mesh(explicit))
-    assert got == pytest.approx(xla, rel=0.25), (got, xla, got / xla)
-    assert got >= xla, (got, xla)  # the combined partials held to the end: never under XLA's
+    for out in (32, 64):
+        args = (_sds(32, 64), _sds(64, out), _sds(8, 16, 32))
+        got, xla = _peaks(fn, args, (P(), P(), P("a")), _mesh(explicit))
+        assert got == pytest.approx(xla, rel=0.12), (out, got, xla, got / xla)
+        assert got >= xla - SCALARS, (out, got, xla)  # both partials and both sums at the all-reduce: never under
