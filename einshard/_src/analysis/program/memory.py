@@ -23,6 +23,9 @@ buffers, not just what the jaxpr names:
   into an operand's buffer of the same size that dies there (buffer
   assignment's operand sharing), and ``A + scatter(0, i, u)`` is a scatter
   into ``A``;
+* **transposed dot operands**: an elementwise result read only by a dot
+  that needs it transposed is written transposed by its producer's fusion
+  (no copy beside it, never in place);
 * **gathered arguments**: an argument the walk all-gathered (an FSDP weight)
   is gathered by XLA at the start of the step, and the gathered copy held to
   the argument's last use (one gathered along a dimension other than its major
@@ -36,8 +39,10 @@ buffers, not just what the jaxpr names:
   runs, besides the operand and the op's result;
 * **combined sums**: a partial sum whose reduced value only leaves the
   program (a gradient's all-reduce) waits for XLA's all-reduce combiner,
-  which issues the step's independent all-reduces together at the end:
-  the partial buffer stays live until then.
+  which issues the step's independent all-reduces together once the last
+  partial is made: the partial buffers stay live until then and are freed
+  after it; a lone one (nothing to combine with) is all-reduced right after
+  the step that makes it, and its partial freed there.
 
 The walk tells this module about the last four by binding, next to each value's
 layout, the layout of its gathered copy (``layouts[Gathered(v)]``) and of its
