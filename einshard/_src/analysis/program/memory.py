@@ -330,7 +330,7 @@ class _Program:
                 lay = self.layout(k)
                 if part is None or lay is None or is_free(lay) or step.name in fusible:
                     continue
-                item = int(np.dtype((k[1] if isinstance(k, tuple) else k).aval.dtype).itemsize)
+                item = dtype_itemsize((k[1] if isinstance(k, tuple) else k).aval.dtype)
                 out.append((i, k, math.prod(part.shard_shape) * item, math.prod(lay.shard_shape) * item))
         return out
 
@@ -1222,7 +1222,7 @@ def _sizing_of(
             return (-1, None, k, 0, "dense", 0)
         if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
             return (-1, None, k, 0, "dense", 0)
-        item = int(np.dtype(aval.dtype).itemsize)
+        item = dtype_itemsize(aval.dtype)
         out = outputs.get(k)
         if out is not None:
             e, v, tiles = 0, out, tiling
