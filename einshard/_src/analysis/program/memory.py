@@ -1151,6 +1151,8 @@ def _peak(
     # What the steps hold only while they run: found from the few partial sums and moves the layouts bind, not
     # asked of every step (while_running is 0 at a step whose results have neither).
     running = _running_bytes(prog, info, size, nbytes_as)
+    for i, b in combined.items():  # a loop body's combined all-reduce (while_running's ``combined``)
+        running[i] = running.get(i, 0) + b
     at_stretch: dict[int, list[tuple[int, int]]] = {}  # by stretch: (offset, bytes) of its steps that hold any
     for i in sorted(running):
         at = bisect.bisect_right(sizing.starts, i) - 1
