@@ -358,7 +358,15 @@ def _collector_paused() -> Iterator[None]:
     frees, and next to them the traced program's caches (tapes, layouts, summaries) live on: each of the collector's
     full passes, triggered by the allocations alone, walks all of those, and the more layers the more there is to
     walk (an unrolled 24-layer llama spent a fifth of its plan's CPU time there).  The cycles a costing leaves are
-    collected by the next pass after it.  Where the collector is off already, it stays off."""
+    collected by the next pass after it.  Where the collector is off already, it stays off.
+
+    On the way out, what the costing allocated and still holds (its report's ops, the tapes and summaries it kept)
+    goes straight to the oldest generation (``gc.freeze()`` then ``gc.unfreeze()``: two list splices) instead of
+    waiting for the young pass that the costing's allocations have long overdue: that pass walked every object the
+    costing kept, then the middle one walked them again, one more pass per costing the more layers there are (at 80
+    layers ~5 s of a ~23 s plan, a fifth).  Objects the planner keeps end up in the oldest generation anyway; the
+    cycles a costing leaves are collected by the next full pass.  Where the process has frozen objects of its own
+    (``gc.freeze()`` before a fork), they stay frozen: the costing's objects take the young pass as before."""
     if not gc.isenabled():
         yield
         return
@@ -366,4 +374,13 @@ def _collector_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        _promote_young()
         gc.enable()
+
+
+def _promote_young() -> None:
+    """Move every object the collector tracks into its oldest generation, without a pass over them (and the count
+    of new allocations back to zero), unless the process froze objects itself (``unfreeze`` would thaw them)."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
