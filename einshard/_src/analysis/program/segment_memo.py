@@ -110,12 +110,15 @@ class Copy:
     # entering it, the only ones whose layout's identity the walk reads again (the value-keyed memo of
     # Walker.change), so the only ones a replay binds a private copy of; the others take the tape's own layout.
     escaping: frozenset[Token] = frozenset()
-    # Each entering value with its gathered copy's and pending sum's keys in the environment (the key reads all
-    # three of each, at every copy of every costing: made once).
-    entering_keys: tuple[tuple[Any, Gathered, Partial], ...] = ()
+    # Each entering value with its gathered copy's and pending sum's keys in the environment, its id and the source
+    # a layout bound to it by the walk carries (Walker.bind's ``(1, id(value))``): the key reads all of them, at
+    # every copy of every costing, made once.
+    entering_keys: tuple[tuple[Any, Gathered, Partial, int, tuple[int, int]], ...] = ()
     # Its run, the bodies it calls and its wiring as one small integer (equal integers: all three equal), for its
     # key: the wiring alone is a tuple per operand, hashed at every lookup of every copy of every costing.
     structure: int = -1
+    # The ids of the values it makes (whether the caller asks for one of them is one set operation per copy).
+    inside_ids: frozenset[int] = frozenset()
 
     def value(self, token: Token) -> Any:
         return self.entering[token[1]] if token[0] == "e" else self.inside[token[1]]
@@ -228,8 +231,9 @@ def plan_segments(
                     for k, v in enumerate(inside)
                     if id(v) in outputs or any(p not in span for p, _ in consumers.get(id(v), ()))
                 ),
-                tuple((v, Gathered(v), Partial(v)) for v in entering.values()),
+                tuple((v, Gathered(v), Partial(v), id(v), (1, id(v))) for v in entering.values()),
                 interned.setdefault((template, calls, wiring), len(interned)),
+                frozenset(id(v) for v in inside),
             )
     made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
     return SegmentPlan(jaxpr, copies, made_at)

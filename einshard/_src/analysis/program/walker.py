@@ -560,14 +560,24 @@ class Walker:
         state: list[Any] = []
         get, sources, made_by, summed, mesh = env.get, self._source, self._made_by, self.summed, self.mesh
         none: frozenset[Any] = frozenset()
-        for v, gathered_key, partial_key in copy.entering_keys:
+        append = state.append
+        for v, gathered_key, partial_key, ident, bound in copy.entering_keys:
             lay, gathered, partial = get(v), get(gathered_key), get(partial_key)
             source = sources.get(id(lay)) if lay is not None else None
             made = made_by.get(source) if source is not None else None
             moves = frozenset(made) if made else none  # equal to an empty set's: most values were never moved
-            mine = source is None or source == (1, id(v))
-            state.append((_fields(lay, mesh), _fields(gathered, mesh), _fields(partial, mesh), mine, moves))
-            state.append(summed.get(id(v)))
+            mine = source is None or source == bound
+            # Most entering values have no gathered copy and no pending sum: their None is _fields's, uncalled.
+            append(
+                (
+                    _fields(lay, mesh),
+                    None if gathered is None else _fields(gathered, mesh),
+                    None if partial is None else _fields(partial, mesh),
+                    mine,
+                    moves,
+                )
+            )
+            append(summed.get(ident))
         rows: Any = ()
         if copy.slices:
             entering = copy.entering
@@ -625,7 +635,7 @@ class Walker:
         self, plan: SegmentPlan, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None
     ) -> _Recording | Literal["replayed", "plain"]:
         """Replay ``copy``, start recording it (its record), or walk it plainly."""
-        if copy.leaves or (self.requested and any(id(v) in self.requested for v in copy.inside)):
+        if copy.leaves or (self.requested and not self.requested.keys().isdisjoint(copy.inside_ids)):
             return "plain"  # its values leave the program or are asked for: the look-ahead ends there
         key = self._segment_key(copy, env, repeat, phase_hint)
         # The tapes of this key, one per padding its pads' walk read (each layer pads its gradient at its row).
