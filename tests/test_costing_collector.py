@@ -8,6 +8,7 @@ caller's again after it, a process's own frozen objects stay frozen, and the res
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -15,7 +16,7 @@ import pytest
 from test_block_memo import MESH, _specs, decoder
 
 from einshard._src.analysis.program import trace
-from einshard._src.planner.combining import combined_report
+from einshard._src.planner.combining import DependencyWalker, combined_report
 
 
 @contextmanager
@@ -88,3 +89,33 @@ def test_the_result_is_the_same_whatever_the_collector(traced):
     finally:
         gc.enable()
     assert promoted == kept
+
+
+def test_a_costing_frees_its_walker_without_the_collector(traced, monkeypatch):
+    """No reference cycle holds a costing's walker (and every table of it): it is freed when the costing ends, by
+    reference counting alone, where a route was carried upstream too (upstream.py's mutually calling closures)."""
+    from einshard._src.analysis.program import rules_structural
+
+    walkers: list[weakref.ref[DependencyWalker]] = []
+    routes: list[object] = []
+    made, planned = DependencyWalker.__init__, rules_structural.plan_upstream
+
+    def init(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        walkers.append(weakref.ref(self))
+
+    def plan_upstream(*args, **kwargs):
+        routes.append(planned(*args, **kwargs))
+        return routes[-1]
+
+    monkeypatch.setattr(DependencyWalker, "__init__", init)
+    monkeypatch.setattr(rules_structural, "plan_upstream", plan_upstream)
+    gc.disable()
+    try:
+        for up in range(4):
+            for down in range(4):
+                _costing(traced, (up, down, (up + down) % 4))
+        assert walkers and all(w() is None for w in walkers)
+    finally:
+        gc.enable()
+    assert routes  # the layouts above carry some value's split upstream

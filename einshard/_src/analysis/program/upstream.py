@@ -126,9 +126,15 @@ def plan_upstream(w: WalkerLike, v: Any, want: Dims, at: Any) -> Upstream | None
 
         return inner(body.outvars[0], dims, depth + 1)
 
-    if not outer_route(w, v, want, outer):
-        return None
-    return Upstream(tuple(relaid.values()), tuple(gathered.values()))
+    try:
+        if not outer_route(w, v, want, outer):
+            return None
+        return Upstream(tuple(relaid.values()), tuple(gathered.values()))
+    finally:
+        # ``through`` and ``_through_call`` name each other: their closure cells form a cycle, which holds ``w`` (the
+        # walker, with every table of its costing) until a pass of the cyclic collector.  Emptied here, the walker
+        # is freed by reference counting when its costing ends.
+        del outer, through, _through_call
 
 
 def outer_route(w: WalkerLike, v: Any, want: Dims, outer: Any) -> bool:
