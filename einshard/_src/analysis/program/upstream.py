@@ -131,10 +131,10 @@ def plan_upstream(w: WalkerLike, v: Any, want: Dims, at: Any) -> Upstream | None
             return None
         return Upstream(tuple(relaid.values()), tuple(gathered.values()))
     finally:
-        # ``through`` and ``_through_call`` name each other: their closure cells form a cycle, which holds ``w`` (the
-        # walker, with every table of its costing) until a pass of the cyclic collector.  Emptied here, the walker
-        # is freed by reference counting when its costing ends.
-        del outer, through, _through_call
+        # ``outer`` names itself, ``through`` and ``_through_call`` each other: their closure cells form cycles,
+        # which hold ``w`` (the walker, with every table of its costing) until a pass of the cyclic collector.
+        # Emptied here, the walker is freed by reference counting when its costing ends.
+        outer = through = _through_call = None  # type: ignore[assignment]
 
 
 def outer_route(w: WalkerLike, v: Any, want: Dims, outer: Any) -> bool:
