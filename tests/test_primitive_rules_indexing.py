@@ -374,13 +374,6 @@ def _check_past_eval_shape(case: Case) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="peak: the gradient of lax.dynamic_slice(x, (i, i), (1, 1)), x[16@b, 16@a] (mesh 4 x 2, Auto): explain "
-    "1168 B against XLA's 2692 B (collectives and bytes match: 2 all-gathers, 1536 B); the draw held before "
-    "session 11's memory-walk rules for gathered minor dimensions and cheap values read twice (bisected to that "
-    "merge), which now hold the gathered operand too briefly here",
-)
 def test_dynamic_slice_family_deep_past_the_harness() -> None:
     """tests/test_primitive_rules.py's dynamic_slice family, deep, with the harness's refusals drawn again."""
     DEEP(given(BASE_STRATEGIES["dynamic_slice"])(_check_past_eval_shape))()
