@@ -8,6 +8,7 @@ caller's again after it, a process's own frozen objects stay frozen, and the res
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,7 +54,12 @@ def test_a_costing_makes_no_collector_pass_and_leaves_it_on(traced):
     with _passes() as seen:
         _costing(traced)
         _costing(traced, (2, 3, 2))
-    assert seen == []  # the young pass the costing's allocations were overdue for is not made
+    # No middle or full pass (those walk the traced program's caches, the cost this is about).  On Python 3.11 the
+    # young pass the costing's allocations were overdue for is not made either; 3.12's collector still makes two
+    # young passes there (measured on CI's Python 3.12: they walk only the newest objects).
+    assert not [g for g in seen if g > 0], seen
+    if sys.version_info < (3, 12):
+        assert seen == []
     assert gc.isenabled()
     assert gc.get_count()[0] < gc.get_threshold()[0]  # the count of new allocations starts over
 

