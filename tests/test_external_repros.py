@@ -192,3 +192,27 @@ def test_typed_prng_keys_are_held_at_their_own_itemsize(impl: str, split: bool):
     held = m.argument_size_in_bytes + m.output_size_in_bytes  # keys and x in and out, per device
     assert report.complete and report.comm_count == 0
     assert abs(report.peak_bytes - held) <= 32, (report.peak_bytes, held)  # XLA pads its output tuple
+
+
+def test_a_scan_carrying_a_typed_prng_key_is_priced():
+    """A loop that threads its key through the carry (a dropout key split each step, nnx.Rngs in a scan): the
+    scan rule sizes the carry by the key's own itemsize, not np.dtype (which refuses key<fry>).
+    """
+
+    def loss(w: jax.Array, x: jax.Array, key: jax.Array) -> jax.Array:
+        def body(carry, xs):
+            h, k = carry
+            k, sub = jax.random.split(k)
+            keep = jax.random.bernoulli(sub, 0.9, h.shape)
+            h = jnp.where(keep, jnp.tanh(h @ w + xs), 0.0)
+            return (h, k), None
+
+        (h, _), _ = jax.lax.scan(body, (jnp.zeros((x.shape[1], w.shape[0])), key), x)
+        return jnp.sum(h**2)
+
+    mesh = _mesh()
+    args = (jnp.ones((16, 16)), jnp.ones((4, 8, 16)), jax.random.key(0))
+    report = einshard.explain(jax.grad(loss), *args, mesh=mesh, in_specs=("a b -> a b", "t b d -> t b@data d", None))
+    # Priced, not raised; random_split has no layout rule yet, and the report says so (never silently complete).
+    assert report.peak_bytes > 0
+    assert not report.complete and report.unfollowed == ("random_split",)

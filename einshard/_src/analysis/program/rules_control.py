@@ -14,8 +14,6 @@ import dataclasses
 import math
 from typing import Any
 
-import numpy as np
-
 from ...core.collectives import CollectiveKind
 from ...core.layout import Layout
 from ..cost import RING_BYTES, Collective
@@ -24,6 +22,7 @@ from .costing import is_free
 from .movement import APPROXIMATE
 from .registry import WalkerLike, inherit, register
 from .report import OpBound, default_bound
+from .values import dtype_itemsize
 
 __all__ = ["MANUAL_COLLECTIVES", "scan_body", "scan_counts", "scan_groups"]
 
@@ -125,7 +124,7 @@ def manual_collective(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, p
     for v_in, v_out in zip(eqn.invars, eqn.outvars):
         if not hasattr(v_in.aval, "shape") or n <= 1:
             continue
-        item = int(np.dtype(v_out.aval.dtype).itemsize)
+        item = dtype_itemsize(v_out.aval.dtype)
         local_in = int(math.prod(v_in.aval.shape)) * item
         local_out = int(math.prod(v_out.aval.shape)) * item
         array, sent = RING_BYTES[kind](n, local_in, local_out)  # the analyzer's formulas (cost.py)
@@ -272,7 +271,7 @@ def _carry_bound(w: WalkerLike, avals: list[Any], fixed: list[Layout], other: li
             continue
         axes = {m for d in (*a.dims, *b.dims) for m in d}
         collectives += max(1, math.prod(w.costs.mesh_sizes[m] for m in axes) - 1)
-        moved += math.prod(int(s) for s in aval.shape) * np.dtype(aval.dtype).itemsize
+        moved += math.prod(int(s) for s in aval.shape) * dtype_itemsize(aval.dtype)
     return OpBound(collectives, moved, moved)
 
 
