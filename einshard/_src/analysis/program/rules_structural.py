@@ -157,6 +157,11 @@ def broadcast_in_dim(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, ph
         if ins[0].shape[i] == out_aval.shape[j]:
             dims[j] = ins[0].dims[i]
     dims = _split_by_users(w, eqn, dims)
+    moved = _operand_at(eqn, ins[0], dims)
+    if moved.dims != ins[0].dims:
+        # The reader's split won on a kept axis (Shardy propagates the elementwise op first): XLA moves the small
+        # operand to it before broadcasting (a bias b[16@a] read with x[16@b]: one collective-permute of b).
+        w.change(eqn, phase, ins[0], moved, eqn.invars[0].aval.dtype, repeat, "broadcast operand to its reader's split")
     natural = w.relayout(out_aval, dims)
     if explicit_dims(out_aval) is None or natural.unreduced:
         return [natural]
@@ -166,39 +171,60 @@ def broadcast_in_dim(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, ph
     return [_declared(w, eqn, natural, repeat, phase, typed_whole=True)]
 
 
-def _split_by_users(w: WalkerLike, eqn: Any, dims: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """A broadcast's new axes split as an elementwise reader's other operand, already laid out, splits them, where
-    that operand agrees with the broadcast's own split on every other axis (Auto axes only: on Explicit ones the
-    broadcast's type decides).
+def _operand_at(eqn: Any, operand: Layout, dims: list[tuple[str, ...]]) -> Layout:
+    """The operand's layout that broadcasts to ``dims`` by local slicing: each kept axis split as the result's
+    (a size-1 axis, expanded, whole).  Itself where each of its splits is the result's already (nothing moves)."""
+    out_shape = eqn.outvars[0].aval.shape
+    want = tuple(
+        dims[j] if operand.shape[i] == out_shape[j] else () for i, j in enumerate(eqn.params["broadcast_dimensions"])
+    )
+    if all(not o or o == n for o, n in zip(operand.dims, want)):  # (a whole axis is sliced locally)
+        return operand
+    return operand.with_dims(want)
 
-    XLA's sharding propagation gives such a broadcast the split of the value it is combined with (a local slice of
-    a whole operand), so every other reader sees it split: a sum over a broadcast axis is then an all-reduce
-    (measured: b = broadcast(v[8, 32]) to [8, 4, 4, 32], x[8, 4@b, 4, 32]; b.sum((1, 2)) all-reduces over b
-    whether it comes before or after x * b; a GroupNorm's gradient under a rows split, issue 20's flax_cnn).
-    Where the operands disagree elsewhere (a dot's gradient on clashing splits) XLA settles it otherwise: untouched."""
+
+def _split_by_users(w: WalkerLike, eqn: Any, dims: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The broadcast's result split as an elementwise reader's other full-size operand, already laid out, splits it
+    (Auto axes only: on Explicit ones the broadcast's type decides), the operand's own splits added where they
+    do not clash.
+
+    Shardy propagates elementwise ops before broadcasts: the reader's split reaches the broadcast's result first,
+    on the new axes (a local slice of a whole operand) and on the kept ones alike; then the broadcast adds its
+    operand's splits where the result's axis is whole or split over a prefix of them and the mesh axes are free.
+    A kept axis the operand splits otherwise takes the reader's split: XLA moves the operand there (measured:
+    x[16@b, 12@c] + broadcast(b[16@a]) keeps x's split and collective-permutes b; x[8@b, 8] + broadcast(b[8@a])
+    along the columns is split [8@b, 8@a], nothing moves).  So every other reader sees it split: a sum over a
+    broadcast axis is then an all-reduce (measured: b = broadcast(v[8, 32]) to [8, 4, 4, 32], x[8, 4@b, 4, 32];
+    b.sum((1, 2)) all-reduces over b whether it comes before or after x * b; a GroupNorm's gradient under a rows
+    split, issue 20's flax_cnn)."""
     out = eqn.outvars[0]
     shape = out.aval.shape
     mesh = getattr(getattr(out.aval, "sharding", None), "mesh", None)
     if any("Explicit" in str(t) for t in getattr(mesh, "axis_types", ())):
         return dims
-    new_axes = set(range(len(shape))) - set(eqn.params["broadcast_dimensions"])
-    new = list(dims)
     for user, _ in w.uses.get(id(out), []):
         if user.primitive.name not in ELEMENTWISE or len(user.invars) < 2:
             continue
         for v in user.invars:
             lay = None if v is out or hasattr(v, "val") else w.env.get(v)
-            if lay is None or is_free(lay) or tuple(lay.shape) != tuple(int(s) for s in shape):
+            if lay is None or is_free(lay) or lay.unreduced or tuple(lay.shape) != tuple(int(s) for s in shape):
                 continue
-            if any(lay.dims[j] and lay.dims[j] != new[j] for j in range(len(shape)) if j not in new_axes):
-                continue  # the operands disagree off the broadcast axes: XLA settles that another way
-            used = {m for d in new for m in d}
-            for j in sorted(new_axes):
-                d = lay.dims[j]
-                if d and not new[j] and not used & set(d):
-                    new[j] = d
-                    used |= set(d)
-    return new
+            if not any(lay.dims):
+                continue
+            return _reader_first(list(lay.dims), dims)
+    return dims
+
+
+def _reader_first(reader: list[tuple[str, ...]], own: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The reader's split, then the broadcast's own per axis where it extends it and its mesh axes are free."""
+    out = list(reader)
+    for j, d in enumerate(own):
+        if not d or d == out[j] or tuple(d[: len(out[j])]) != tuple(out[j]):
+            continue
+        used = {m for k, e in enumerate(out) if k != j for m in e}
+        if not set(d) & used:
+            out[j] = d
+    return out
 
 
 @register("iota", "full", "zeros_like", "empty", "empty2")
