@@ -246,9 +246,9 @@ DEEP_MISSES: dict[str, str] = {
     "clamp": (
         "the gradient of jnp.clip(x[16, 16], -1, 1), nothing split (mesh 1): explain's peak 3080 B against XLA's "
         "2048 B (the memory walk holds the clip's comparison masks XLA fuses)"
-        "; seed 1 (derandomize off): lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], hi[32@a, 24] "
-        "(mesh 3): the merge names c on both dimensions; XLA all-gathers twice (4608 B), explain all-to-alls once "
-        "(384 B)"
+        "; seed 1 (derandomize off): the gradient of lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], "
+        "hi[32@a, 24] (mesh 3): XLA all-gathers lo whole and all-to-alls a mask (4704 B), explain gathers lo and "
+        "the mask whole (5760 B; the forward holds: core.moves._shift_meets_slice)"
     ),
     "integer": (
         "a // (|b| + 1) with a, b [16, 24] int32, nothing split (mesh 1): explain's peak 6144 B against XLA's "

@@ -480,7 +480,7 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
         swapped = _swapped_tiles(src, dst)
         if swapped is not None:
             return swapped
-    if not src.unreduced and _gathers_and_shifts_one_dim(src, src_at, dst_at):
+    if not src.unreduced and (_gathers_and_shifts_one_dim(src, src_at, dst_at) or _shift_meets_slice(dst, src_at)):
         return _rematerialized(src, dst)
 
     # 1. Pending sums: reduce-scatter onto the dimension the target splits with them (slicing in the same
@@ -576,6 +576,20 @@ def _gathers_and_shifts_one_dim(src: Layout, src_at: dict[str, int], dst_at: dic
         shifted = [k for k, m in enumerate(d) if m in dst_at and dst_at[m] != i]
         gathered = [k for k, m in enumerate(d) if m not in dst_at]
         if shifted and gathered and min(shifted) < max(gathered):
+            return True
+    return False
+
+
+def _shift_meets_slice(dst: Layout, src_at: dict[str, int]) -> bool:
+    """Whether a dimension of ``dst`` takes mesh axes from another dimension (an all-to-all) and mesh axes the source
+    does not split over (a slice) at once.  XLA's partitioner has no direct reshard for that either (measured on
+    (2, 2, 2), standalone and as an elementwise op's operand: ``[x@a, y@c] -> [x@(a,b,c), y]`` and
+    ``-> [x@(a,c,b), y]`` compile to an all-gather of each dimension, "Involuntary full rematerialization", where
+    ``-> [x@(a,c), y]`` is one all-to-all), so it gathers the whole value and slices the target's block."""
+    for j, d in enumerate(dst.dims):
+        if len(d) < 2:
+            continue
+        if any(src_at.get(m, j) != j for m in d) and any(m not in src_at for m in d):
             return True
     return False
 
