@@ -18,7 +18,7 @@ from typing import Any
 from ...core.layout import Layout
 from .alternatives import taking
 from .costing import is_free
-from .movement import is_computed, mark_conflict, mark_open_merge
+from .movement import is_computed, mark_conflict, mark_open_merge, mark_swap
 from .registry import WalkerLike, register, sharding_degree
 from .upstream import apply as apply_upstream
 from .upstream import plan_upstream
@@ -76,7 +76,9 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
                 continue
             # the operand moves in its own dtype (a select's boolean mask: 1 byte an element, not the result's 4)
             dtype = eqn.invars[k].aval.dtype
+            at = len(w.ops)
             w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), dtype, repeat, why)
+            mark_swap(w, at, lay, target.dims, dtype)
             conflicted.append(k)
     for k, lay in enumerate(ins):
         if not any(lay is p for p in partial):
