@@ -276,9 +276,6 @@ DEEP_MISSES = {
         "the gradient of dot_general(x[8@a, 8, 8], y[8@a, 8, 8]) contracting (0, 1) with (2, 1) (mesh 1): the "
         "collectives match (2 all-gathers and an all-reduce, 4352 B), explain's peak is 1.28x XLA's (6912 B "
         "against 5392 B: the memory walk's, not the rule's)"
-        "; seed 1 (derandomize off): the gradient of dot_general(x[8@a, 16, 8], y[16@a, 8, 24]) contracting 1/0, "
-        "batch 2/1, Explicit (mesh 1): XLA all-gathers once and reduce-scatters (24576 B), explain all-gathers "
-        "twice and all-reduces (30720 B): the backward dot's typed result [8, 24, 16@a] is not read"
     ),
     "reshape": (
         "x[4, 8] columns@a (8 ways) reshaped to (4, 2, 4): the split no longer divides the major part; Shardy "
@@ -537,6 +534,10 @@ def test_clamp_bound_whose_split_moves_and_grows_is_gathered_whole() -> None:
         ((("a",), ("c",)), (("a", "b", "c"), ()), 3),  # c moved and b sliced onto one dimension: gathered whole
         ((("a",), ("c",)), (("a", "c", "b"), ()), 3),
         ((("a",), ("c",)), (("a", "c"), ()), 3),  # c moved alone: one all-to-all
+        (((), ("c",)), (("b", "c"), ()), 3),  # from a later dimension with a fresh b: gathered whole
+        ((("b",), ("c",)), (("b", "a", "c"), ()), 3),
+        ((("a", "c"), ()), (("a",), ("b", "c")), 3),  # from an earlier one: b sliced first, one all-to-all
+        ((("a", "c"), ()), ((), ("b", "c")), 3),  # a mesh axis leaves: not rematerialized
     ],
 )
 def test_shift_and_slice_onto_one_dimension_is_xlas_reshard(src: Any, dst: Any, rank: int) -> None:
@@ -554,3 +555,15 @@ def test_operand_split_swapped_to_another_dimension_is_marked() -> None:
     args = (_struct((16, 16)), _struct((16, 16)))
     for grad in (False, True):
         check(Case("mul", lambda a, b: a * b, args, (P("b", None), P("a", "c")), 3, False, grad, "moved"))
+
+
+def test_explicit_dot_gradient_follows_its_typed_results() -> None:
+    """The gradient of dot_general(x[8@a, 16, 8], y[16@a, 8, 24]) contracting 1/0, batch 2/1 on Explicit axes: the
+    backward dots' result types decide their splits, not the propagation: g[8, 8@a, 24] . y typed [8, 8@a, 16]
+    reuses the forward's gather of y (explain gathered g), and y's gradient, a sum typed [8, 24, 16@a], is
+    reduce-scattered at its dot (explain all-reduced it at the output): XLA all-gathers once and reduce-scatters
+    (24576 B)."""
+    args = (_struct((8, 16, 8)), _struct((16, 8, 24)))
+    dimension_numbers = (((1,), (0,)), ((2,), (1,)))
+    for explicit in (False, True):
+        check(Case("dot_general", _dot(dimension_numbers), args, (P("a", None, None),) * 2, 1, explicit, explicit))

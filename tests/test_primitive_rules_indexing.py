@@ -246,6 +246,8 @@ DEEP_MISSES: dict[str, str] = {
     "clamp": (
         "the gradient of jnp.clip(x[16, 16], -1, 1), nothing split (mesh 1): explain's peak 3080 B against XLA's "
         "2048 B (the memory walk holds the clip's comparison masks XLA fuses)"
+        "; lax.clamp(lo, x, hi), x and hi [16@(a,b), 16], lo[16@b, 16], Explicit (mesh 4 x 2): XLA permutes lo "
+        "(128 B), explain gathers all three whole (3072 B)"
         "; seed 1 (derandomize off): the gradient of lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], "
         "hi[32@a, 24] (mesh 3): XLA all-gathers lo whole and all-to-alls a mask (4704 B), explain gathers lo and "
         "the mask whole (5760 B; the forward holds: core.moves._shift_meets_slice)"
@@ -255,9 +257,10 @@ DEEP_MISSES: dict[str, str] = {
         "4608 B (the memory walk holds the floor division's intermediates XLA fuses)"
     ),
     "mixed_elementwise": (
-        "a * b with a[16@b, 16], b[16@a, 16@c] (mesh 3): the merged result [16, 16@c] is XLA's, but XLA moves a "
-        "there by an all-to-all and a permute (1536 B in all) where explain gathers it (the same move compiled "
-        "alone is one all-gather, as explain prices it: the partitioner's choice depends on the op)"
+        "a * b with a[16@a, 16@b], b[16@(a,b), 16] (mesh 4 x 2): XLA moves a onto b's split by an all-to-all "
+        "(128 B, result [16@(a,b), 16]), explain all-to-alls b onto a's (128 B, result [16@a, 16@b]): which operand "
+        "wins the merge.  (a[16@b, 16] * b[16@a, 16@c], where XLA all-to-alls and permutes a, is marked now: "
+        "movement.mark_swap)"
     ),
     "select_n": (
         "the gradient of jnp.where(a > 0, a, b), a[16, 16], b[1, 16], nothing split (mesh 1): explain's peak "

@@ -480,7 +480,9 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
         swapped = _swapped_tiles(src, dst)
         if swapped is not None:
             return swapped
-    if not src.unreduced and (_gathers_and_shifts_one_dim(src, src_at, dst_at) or _shift_meets_slice(dst, src_at)):
+    if not src.unreduced and (
+        _gathers_and_shifts_one_dim(src, src_at, dst_at) or _shift_meets_slice(dst, src_at, dst_at)
+    ):
         return _rematerialized(src, dst)
 
     # 1. Pending sums: reduce-scatter onto the dimension the target splits with them (slicing in the same
@@ -580,16 +582,21 @@ def _gathers_and_shifts_one_dim(src: Layout, src_at: dict[str, int], dst_at: dic
     return False
 
 
-def _shift_meets_slice(dst: Layout, src_at: dict[str, int]) -> bool:
-    """Whether a dimension of ``dst`` takes mesh axes from another dimension (an all-to-all) and mesh axes the source
-    does not split over (a slice) at once.  XLA's partitioner has no direct reshard for that either (measured on
-    (2, 2, 2), standalone and as an elementwise op's operand: ``[x@a, y@c] -> [x@(a,b,c), y]`` and
-    ``-> [x@(a,c,b), y]`` compile to an all-gather of each dimension, "Involuntary full rematerialization", where
-    ``-> [x@(a,c), y]`` is one all-to-all), so it gathers the whole value and slices the target's block."""
+def _shift_meets_slice(dst: Layout, src_at: dict[str, int], dst_at: dict[str, int]) -> bool:
+    """Whether a dimension of ``dst`` takes mesh axes from a later dimension (an all-to-all) and mesh axes the
+    source does not split over (a slice) at once, every other mesh axis staying split.  XLA's partitioner has no
+    direct reshard for that (measured on (2, 2, 2), standalone and as an elementwise op's operand:
+    ``[x@a, y@c] -> [x@(a,b,c), y]``, ``-> [x@(a,c,b), y]`` and ``[x, y@c] -> [x@(b,c), y]`` compile to an
+    all-gather of each dimension, "Involuntary full rematerialization"), so it gathers the whole value and
+    slices the target's block.  From an earlier dimension it slices first and all-to-alls
+    (``[x@(a,c), y] -> [x@a, y@(b,c)]``: one all-to-all); where a mesh axis leaves, the fresh one takes its place
+    by a permute (``[x@a, y@c] -> [x@(b,c), y]``: an all-to-all and a collective-permute)."""
+    if any(m not in dst_at for m in src_at):
+        return False
     for j, d in enumerate(dst.dims):
         if len(d) < 2:
             continue
-        if any(src_at.get(m, j) != j for m in d) and any(m not in src_at for m in d):
+        if any(src_at.get(m, j) > j for m in d) and any(m not in src_at for m in d):
             return True
     return False
 

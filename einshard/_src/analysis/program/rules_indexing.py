@@ -97,6 +97,23 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     lone = one_sided_contraction(lhs, rhs, dn) if colls else ()  # (no collective: nothing to choose)
     if lone and len(w.ops) > since and not w.ops[since].approximate:
         mark_approximate(w, since, LONE_CONTRACTION_NOTE, _lone_contraction_bound(w, eqn, lone, colls))
+    if pending:
+        typed = explicit_dims(eqn.outvars[0].aval)
+        if typed is not None and tuple(typed) != out.dims and pending & {m for d in typed for m in d}:
+            # On Explicit axes the sum's type names its split (a weight gradient typed like the weight): XLA
+            # reduce-scatters it there at the dot (measured: the gradient of dot_general(x[8@a, 16, 8],
+            # y[16@a, 8, 24]) reduce-scatters y's gradient to [16@a, 8, 24], where explain all-reduced it).
+            dst = w.relayout(eqn.outvars[0].aval, typed)
+            w.change(
+                eqn,
+                phase,
+                out.with_dims(out.dims, pending),
+                dst,
+                eqn.outvars[0].aval.dtype,
+                repeat,
+                "dot sum to its typed split",
+            )
+            return [dst]
     return [out.with_dims(out.dims, pending) if pending else out]
 
 
@@ -113,7 +130,9 @@ def _factors(dn: Any, lrank: int, rrank: int) -> tuple[list[tuple[str, int]], li
     return lf, rf
 
 
-def passthrough_conflict(lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int]) -> tuple[Layout, Layout] | None:
+def passthrough_conflict(
+    lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int], typed: list[tuple[str, ...]] | None = None
+) -> tuple[Layout, Layout] | None:
     """The operands' layouts after Shardy settles a mesh axis that they split along different factors both of which
     reach the result (a batch axis on one side and a free axis on the other, or two free axes); None where there is
     no such clash.
@@ -129,7 +148,9 @@ def passthrough_conflict(lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int
     x[8@b, 8, 16@a] . y[8@a, 8, 8@b] gives [8, 16@a, 8@b], both gathered on the batch axis).  Contracted axes take
     no part here: a contracted split never wins against a free one (x[8@a, 16, 8] . y[16@a, 8, 24] gathers the
     larger y), as the analyzer prices it; where a kept factor claims one's mesh axis, the contracted split is cut
-    before it."""
+    before it.  ``typed``: the result's split as its type names it (Explicit axes): JAX's type, not the
+    propagation, decides the result's factors (the gradient's g[8, 8@a, 24] . y[16@a, 8, 24] typed [8, 8@a, 16]
+    gathers y, as the forward did, not g)."""
     if is_free(lhs) or is_free(rhs) or lhs.unreduced or rhs.unreduced:
         return None
     lf, rf = _factors(dn, len(lhs.dims), len(rhs.dims))
@@ -149,6 +170,12 @@ def passthrough_conflict(lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int
     order = sorted(range(2), key=lambda k: -math.prod(operands[k][0].shape))  # (stable: the left first on ties)
     final: dict[tuple[str, int], tuple[str, ...]] = {}
     claimed: set[str] = set()
+    if typed is not None:  # the result's factors in its order: batch, the left's free axes, the right's
+        result = [("batch", k) for k in range(len(dn[1][0]))]
+        result += [f for f in lf if f[0] == "lhs"] + [f for f in rf if f[0] == "rhs"]
+        for f, d in zip(result, typed):
+            final[f] = tuple(d)
+            claimed |= set(d)
     for k in order:
         lay, factors = operands[k]
         own = [a for a, f in enumerate(factors) if f[0] in kept and lay.dims[a]]
@@ -182,7 +209,8 @@ def _settle_passthrough_conflict(
 ) -> tuple[list[Layout], list[int]]:
     """The operands after XLA settles a clash of two result factors over one mesh axis (:func:`passthrough_conflict`):
     each brought to its new layout, charged here; and which operands moved."""
-    found = passthrough_conflict(ins[0], ins[1], eqn.params["dimension_numbers"], w.costs.mesh_sizes)
+    typed = explicit_dims(eqn.outvars[0].aval)
+    found = passthrough_conflict(ins[0], ins[1], eqn.params["dimension_numbers"], w.costs.mesh_sizes, typed)
     if found is None:
         return ins, []
     out = list(ins)
