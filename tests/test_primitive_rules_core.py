@@ -567,3 +567,21 @@ def test_explicit_dot_gradient_follows_its_typed_results() -> None:
     dimension_numbers = (((1,), (0,)), ((2,), (1,)))
     for explicit in (False, True):
         check(Case("dot_general", _dot(dimension_numbers), args, (P("a", None, None),) * 2, 1, explicit, explicit))
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (P("a", "b"), P(("a", "b"), None)),  # the deep run's draw: the rows' 8-way split wins b
+        (P(("a", "b"), None), P("a", "b")),  # whichever operand holds it
+        (P("a", "b"), P(None, ("b", "a"))),  # the columns' 8-way split wins a
+        (P(None, "a"), P("a", None)),  # a tie: the first operand's split
+    ],
+)
+@pytest.mark.parametrize("grad", [False, True])
+def test_elementwise_mesh_axis_on_two_dimensions_claimed_as_shardy(a: P, b: P, grad: bool) -> None:
+    """a * b whose merged splits name one mesh axis on two dimensions (mesh 4 x 2): the dimension split over more
+    devices claims it first (rules_structural.claimed_dims); explain took the first operand's whole layout and
+    all-to-all'd the other the wrong way (result [16@a, 16@b] where XLA's is [16@(a,b), 16])."""
+    args = (_struct((16, 16)), _struct((16, 16)))
+    check(Case("mul", lambda x, y: x * y, args, (a, b), 2, False, grad, "moved"))

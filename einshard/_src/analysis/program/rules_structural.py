@@ -24,7 +24,7 @@ from .upstream import apply as apply_upstream
 from .upstream import plan_upstream
 from .values import ELEMENTWISE, REDUCTIONS, Partial
 
-__all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims", "merged_dims", "merged_split"]
+__all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims", "merged_dims", "merged_split", "claimed_dims"]
 
 # Members of values.ELEMENTWISE and values.REDUCTIONS (memory reads them as fusible) whose rule is rules_ordering's: they read
 # along a whole axis, so a split there moves data.
@@ -53,10 +53,13 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     else:
         target = max(full, key=sharding_degree)
         merged = merged_dims([lay.dims for lay in full]) if len(full) > 1 else None
+        claimed = merged is None and len(full) > 1
+        if claimed:  # one mesh axis named on two dimensions: they claim it in turn, as Shardy does
+            merged = claimed_dims([lay.dims for lay in full], target.mesh_sizes)
         if merged is not None and merged != target.dims:
             target = target.with_dims(merged, frozenset())
             # a dimension whose splits differ kept only their common prefix (movement.mark_open_merge)
-            open_merge = any(len(d) > len(m) for lay in full for d, m in zip(lay.dims, merged))
+            open_merge = not claimed and any(len(d) > len(m) for lay in full for d, m in zip(lay.dims, merged))
         if taking(w, eqn):
             # XLA's other choice at a marked conflict (a fork of the walk, see :mod:`.alternatives`): the
             # computed operand's split wins and the others are moved to it.
@@ -120,6 +123,29 @@ def merged_dims(operands: list[tuple[tuple[str, ...], ...]]) -> tuple[tuple[str,
     merged = [merged_split([dims[k] for dims in operands]) for k in range(len(operands[0]))]
     used = [m for d in merged for m in d]
     return tuple(merged) if len(used) == len(set(used)) else None
+
+
+def claimed_dims(operands: list[tuple[tuple[str, ...], ...]], sizes: Mapping[str, int]) -> tuple[tuple[str, ...], ...]:
+    """The result's split where the operands' merged splits (:func:`merged_dims`) name one mesh axis on two
+    dimensions: the dimensions claim their mesh axes in turn, the one split over more devices first (on ties the
+    one an earlier operand splits so, then the earlier dimension), each keeping its split up to the first mesh axis
+    already claimed (Shardy's propagation; measured on (4, 2): a[16@a, 16@b] * b[16@(a,b), 16] and the other way
+    round give [16@(a,b), 16], a[16@a, 16@b] * b[16, 16@(b,a)] gives [16, 16@(b,a)], a[16, 16@a] * b[16@a, 16]
+    gives [16, 16@a]: an all-to-all of the other operand each)."""
+    merged = [merged_split([dims[k] for dims in operands]) for k in range(len(operands[0]))]
+
+    def owner(k: int) -> int:
+        return next((i for i, dims in enumerate(operands) if dims[k] == merged[k]), len(operands))
+
+    order = sorted(range(len(merged)), key=lambda k: (-math.prod(sizes[m] for m in merged[k]), owner(k), k))
+    claimed: set[str] = set()
+    out: list[tuple[str, ...]] = [()] * len(merged)
+    for k in order:
+        d = merged[k]
+        cut = next((i for i, m in enumerate(d) if m in claimed), len(d))
+        out[k] = d[:cut]
+        claimed |= set(out[k])
+    return tuple(out)
 
 
 def merged_split(splits: list[tuple[str, ...]]) -> tuple[str, ...]:
@@ -186,9 +212,9 @@ def _operand_at(eqn: Any, operand: Layout, dims: list[tuple[str, ...]]) -> Layou
 
 
 def _split_by_users(w: WalkerLike, eqn: Any, dims: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """The broadcast's result split as an elementwise reader's other full-size operand, already laid out, splits it
-    (Auto axes only: on Explicit ones the broadcast's type decides), the operand's own splits added where they
-    do not clash.
+    """The broadcast's result split as its elementwise readers' other full-size operands, already laid out, split it
+    where they all agree (Auto axes only: on Explicit ones the broadcast's type decides), the operand's own splits
+    added where they do not clash.
 
     Shardy propagates elementwise ops before broadcasts: the reader's split reaches the broadcast's result first,
     on the new axes (a local slice of a whole operand) and on the kept ones alike; then the broadcast adds its
@@ -204,17 +230,32 @@ def _split_by_users(w: WalkerLike, eqn: Any, dims: list[tuple[str, ...]]) -> lis
     mesh = getattr(getattr(out.aval, "sharding", None), "mesh", None)
     if any("Explicit" in str(t) for t in getattr(mesh, "axis_types", ())):
         return dims
+    readers: list[Layout] = []
     for user, _ in w.uses.get(id(out), []):
         if user.primitive.name not in ELEMENTWISE or len(user.invars) < 2:
             continue
         for v in user.invars:
             lay = None if v is out or hasattr(v, "val") else w.env.get(v)
-            if lay is None or is_free(lay) or lay.unreduced or tuple(lay.shape) != tuple(int(s) for s in shape):
+            if lay is None or is_free(lay) or tuple(lay.shape) != tuple(int(s) for s in shape):
                 continue
-            if not any(lay.dims):
-                continue
-            return _reader_first(list(lay.dims), dims)
-    return dims
+            readers.append(lay)
+    split = [lay for lay in readers if any(lay.dims) and not lay.unreduced]
+    if split and all(lay.dims == split[0].dims for lay in split):
+        return _reader_first(list(split[0].dims), dims)
+    # Readers that disagree (the gradient of sum(a * b, 0): a[16@a, 16] and b[16, 16@a] both read the broadcast
+    # cotangent): neither reaches the broadcast's result first; each fills only new axes it does not clash on.
+    new_axes = set(range(len(shape))) - set(eqn.params["broadcast_dimensions"])
+    new = list(dims)
+    for lay in readers:
+        if any(lay.dims[j] and lay.dims[j] != new[j] for j in range(len(shape)) if j not in new_axes):
+            continue  # the operands disagree off the broadcast axes: XLA settles that another way
+        used = {m for d in new for m in d}
+        for j in sorted(new_axes):
+            d = lay.dims[j]
+            if d and not new[j] and not used & set(d):
+                new[j] = d
+                used |= set(d)
+    return new
 
 
 def _reader_first(reader: list[tuple[str, ...]], own: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
