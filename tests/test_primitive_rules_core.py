@@ -534,15 +534,16 @@ def test_clamp_bound_whose_split_moves_and_grows_is_gathered_whole() -> None:
         ((("a",), ("c",)), (("a", "b", "c"), ()), 3),  # c moved and b sliced onto one dimension: gathered whole
         ((("a",), ("c",)), (("a", "c", "b"), ()), 3),
         ((("a",), ("c",)), (("a", "c"), ()), 3),  # c moved alone: one all-to-all
-        (((), ("c",)), (("b", "c"), ()), 3),  # from a later dimension with a fresh b: gathered whole
         ((("b",), ("c",)), (("b", "a", "c"), ()), 3),
+        (((), ("b",)), (("a", "b"), ()), 2),  # no kept mesh axis there: a sliced first, one all-to-all
         ((("a", "c"), ()), (("a",), ("b", "c")), 3),  # from an earlier one: b sliced first, one all-to-all
         ((("a", "c"), ()), ((), ("b", "c")), 3),  # a mesh axis leaves: not rematerialized
     ],
 )
 def test_shift_and_slice_onto_one_dimension_is_xlas_reshard(src: Any, dst: Any, rank: int) -> None:
-    """A dimension that takes a mesh axis from another dimension and one the source does not use, at once: XLA's
-    partitioner rematerializes (core.moves._shift_meets_slice), measured as test_transition_is_xlas_reshard."""
+    """A dimension that keeps a mesh axis and takes one from a later dimension and one the source does not use, at
+    once: XLA's partitioner rematerializes (core.moves._shift_meets_slice), measured as
+    test_transition_is_xlas_reshard."""
     test_transition_is_xlas_reshard(src, dst, rank)
 
 

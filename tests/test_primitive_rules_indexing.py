@@ -257,10 +257,9 @@ DEEP_MISSES: dict[str, str] = {
         "4608 B (the memory walk holds the floor division's intermediates XLA fuses)"
     ),
     "mixed_elementwise": (
-        "a * b with a[16@a, 16@b], b[16@(a,b), 16] (mesh 4 x 2): XLA moves a onto b's split by an all-to-all "
-        "(128 B, result [16@(a,b), 16]), explain all-to-alls b onto a's (128 B, result [16@a, 16@b]): which operand "
-        "wins the merge.  (a[16@b, 16] * b[16@a, 16@c], where XLA all-to-alls and permutes a, is marked now: "
-        "movement.mark_swap)"
+        "(to rerun: the draws before it hold now -- a[16@a, 16@b] * b[16@(a,b), 16] by rules_structural."
+        "claimed_dims, a[16, 16@b] * b[16@(a,b), 16] by core.moves._shift_meets_slice's kept-axis condition, "
+        "a[16@b, 16] * b[16@a, 16@c] marked by movement.mark_swap)"
     ),
     "select_n": (
         "the gradient of jnp.where(a > 0, a, b), a[16, 16], b[1, 16], nothing split (mesh 1): explain's peak "
