@@ -586,3 +586,12 @@ def test_elementwise_mesh_axis_on_two_dimensions_claimed_as_shardy(a: P, b: P, g
     all-to-all'd the other the wrong way (result [16@a, 16@b] where XLA's is [16@(a,b), 16])."""
     args = (_struct((16, 16)), _struct((16, 16)))
     check(Case("mul", lambda x, y: x * y, args, (a, b), 2, False, grad, "moved"))
+
+
+def test_explicit_elementwise_result_lands_at_its_type() -> None:
+    """lax.clamp(lo, x, hi) on Explicit axes, x and hi [16@(a,b), 16], lo [16@b, 16] (mesh 4 x 2): the result's
+    type is x's split, and XLA permutes lo there (128 B); explain merged the splits to their common prefix, a
+    whole result, and gathered all three (3072 B)."""
+    args = (_struct((16, 16)),) * 3
+    specs = (P(("a", "b"), None), P("b", None), P(("a", "b"), None))
+    check(Case("clamp", lambda x, lo, hi: lax.clamp(lo, x, hi), args, specs, 2, True, False, "moved"))

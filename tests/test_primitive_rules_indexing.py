@@ -246,8 +246,6 @@ DEEP_MISSES: dict[str, str] = {
     "clamp": (
         "the gradient of jnp.clip(x[16, 16], -1, 1), nothing split (mesh 1): explain's peak 3080 B against XLA's "
         "2048 B (the memory walk holds the clip's comparison masks XLA fuses)"
-        "; lax.clamp(lo, x, hi), x and hi [16@(a,b), 16], lo[16@b, 16], Explicit (mesh 4 x 2): XLA permutes lo "
-        "(128 B), explain gathers all three whole (3072 B)"
         "; seed 1 (derandomize off): the gradient of lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], "
         "hi[32@a, 24] (mesh 3): XLA all-gathers lo whole and all-to-alls a mask (4704 B), explain gathers lo and "
         "the mask whole (5760 B; the forward holds: core.moves._shift_meets_slice)"
@@ -255,11 +253,6 @@ DEEP_MISSES: dict[str, str] = {
     "integer": (
         "a // (|b| + 1) with a, b [16, 24] int32, nothing split (mesh 1): explain's peak 6144 B against XLA's "
         "4608 B (the memory walk holds the floor division's intermediates XLA fuses)"
-    ),
-    "mixed_elementwise": (
-        "(to rerun: the draws before it hold now -- a[16@a, 16@b] * b[16@(a,b), 16] by rules_structural."
-        "claimed_dims, a[16, 16@b] * b[16@(a,b), 16] by core.moves._shift_meets_slice's kept-axis condition, "
-        "a[16@b, 16] * b[16@a, 16@c] marked by movement.mark_swap)"
     ),
     "select_n": (
         "the gradient of jnp.where(a > 0, a, b), a[16, 16], b[1, 16], nothing split (mesh 1): explain's peak "

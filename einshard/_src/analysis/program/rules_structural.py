@@ -60,6 +60,11 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             target = target.with_dims(merged, frozenset())
             # a dimension whose splits differ kept only their common prefix (movement.mark_open_merge)
             open_merge = not claimed and any(len(d) > len(m) for lay in full for d, m in zip(lay.dims, merged))
+        typed = explicit_dims(out_aval)
+        if typed is not None and tuple(typed) != target.dims:
+            # On Explicit axes the result's type names its split (lax.clamp's is x's: clamp(lo[16@b], x[16@(a,b)],
+            # hi) is [16@(a,b)], and XLA permutes lo there, 128 B, where the merge kept only their common prefix)
+            target, open_merge = target.with_dims(tuple(typed), frozenset()), False
         if taking(w, eqn):
             # XLA's other choice at a marked conflict (a fork of the walk, see :mod:`.alternatives`): the
             # computed operand's split wins and the others are moved to it.
