@@ -595,3 +595,11 @@ def test_explicit_elementwise_result_lands_at_its_type() -> None:
     args = (_struct((16, 16)),) * 3
     specs = (P(("a", "b"), None), P("b", None), P(("a", "b"), None))
     check(Case("clamp", lambda x, lo, hi: lax.clamp(lo, x, hi), args, specs, 2, True, False, "moved"))
+
+
+def test_explicit_elementwise_result_typed_whole_gathers() -> None:
+    """lax.clamp(lo, x, hi) on Explicit axes, x whole, lo and hi [16@a, 16] (mesh 1): the result is typed whole,
+    as x, and XLA gathers lo and hi (2048 B); explain kept their split (no collective)."""
+    args = (_struct((16, 16)),) * 3
+    specs = (P(None, None), P("a", None), P("a", None))
+    check(Case("clamp", lambda x, lo, hi: lax.clamp(lo, x, hi), args, specs, 1, True, False, "moved"))

@@ -60,7 +60,7 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             target = target.with_dims(merged, frozenset())
             # a dimension whose splits differ kept only their common prefix (movement.mark_open_merge)
             open_merge = not claimed and any(len(d) > len(m) for lay in full for d, m in zip(lay.dims, merged))
-        typed = explicit_dims(out_aval)
+        typed = _typed_result(eqn)
         if typed is not None and tuple(typed) != target.dims:
             # On Explicit axes the result's type names its split (lax.clamp's is x's: clamp(lo[16@b], x[16@(a,b)],
             # hi) is [16@(a,b)], and XLA permutes lo there, 128 B, where the merge kept only their common prefix)
@@ -128,6 +128,22 @@ def merged_dims(operands: list[tuple[tuple[str, ...], ...]]) -> tuple[tuple[str,
     merged = [merged_split([dims[k] for dims in operands]) for k in range(len(operands[0]))]
     used = [m for d in merged for m in d]
     return tuple(merged) if len(used) == len(set(used)) else None
+
+
+def _typed_result(eqn: Any) -> list[tuple[str, ...]] | None:
+    """The split an elementwise result's type names on Explicit axes, whole included, where an operand's type names
+    a split (so the types are the program's layouts, not those of a trace from unplaced inputs); else None.
+    (lax.clamp(lo[16@a], x[16], hi[16@a]) is typed whole, as x: XLA gathers lo and hi.)"""
+    typed = explicit_dims(eqn.outvars[0].aval)
+    if typed is not None:
+        return typed
+    aval = eqn.outvars[0].aval
+    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+    if not any("Explicit" in str(t) for t in getattr(mesh, "axis_types", ())):
+        return None
+    if not any(explicit_dims(v.aval) for v in eqn.invars if hasattr(v, "aval") and not hasattr(v, "val")):
+        return None
+    return [() for _ in aval.shape]
 
 
 def claimed_dims(operands: list[tuple[tuple[str, ...], ...]], sizes: Mapping[str, int]) -> tuple[tuple[str, ...], ...]:
