@@ -246,6 +246,10 @@ DEEP_MISSES: dict[str, str] = {
     "clamp": (
         "the gradient of jnp.clip(x[16, 16], -1, 1), nothing split (mesh 1): explain's peak 3080 B against XLA's "
         "2048 B (the memory walk holds the clip's comparison masks XLA fuses)"
+        "; lax.clamp(lo, x, hi), x[16@(a,b), 16], lo[16@b, 16], hi[16@b, 16@a] (mesh 4 x 2): the result [16, 16@a] "
+        "is XLA's, but XLA gathers lo whole before slicing it (1024 B, 'Involuntary full rematerialization') where "
+        "explain slices first and gathers 256 B, as XLA does for that reshard alone (the device order of the "
+        "layout lo meets decides; also so on main)"
         "; seed 1 (derandomize off): the gradient of lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], "
         "hi[32@a, 24] (mesh 3): XLA all-gathers lo whole and all-to-alls a mask (4704 B), explain gathers lo and "
         "the mask whole (5760 B; the forward holds: core.moves._shift_meets_slice)"
