@@ -603,3 +603,12 @@ def test_explicit_elementwise_result_typed_whole_gathers() -> None:
     args = (_struct((16, 16)),) * 3
     specs = (P(None, None), P("a", None), P("a", None))
     check(Case("clamp", lambda x, lo, hi: lax.clamp(lo, x, hi), args, specs, 1, True, False, "moved"))
+
+
+def test_explicit_bf16_dot_gradient_all_reduces() -> None:
+    """The gradient of x.astype(bf16) @ y.astype(bf16).T on Explicit axes, x[8@a, 8], y[8, 8@a]: y's gradient is a
+    sum typed split, but XLA:CPU sums bf16 in f32 and converts before the slice, so it all-reduces (no
+    reduce-scatter, unlike the f32 case above)."""
+    convert = lambda x, y: x.astype(jnp.bfloat16) @ y.astype(jnp.bfloat16).T  # noqa: E731
+    args = (_struct((8, 8)), _struct((8, 8)))
+    check(Case("convert_element_type", convert, args, (P("a", None), P(None, "a")), 1, True, True, "narrow"))

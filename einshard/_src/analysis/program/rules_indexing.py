@@ -99,7 +99,11 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
         mark_approximate(w, since, LONE_CONTRACTION_NOTE, _lone_contraction_bound(w, eqn, lone, colls))
     if pending:
         typed = explicit_dims(eqn.outvars[0].aval)
-        if typed is not None and tuple(typed) != out.dims and pending & {m for d in typed for m in d}:
+        dname, size = dtype_info(eqn.outvars[0].aval.dtype)
+        # (a 16-bit float XLA:CPU sums in f32: the all-reduce is converted before the slice, and XLA makes no
+        # reduce-scatter of it: measured on the gradient of x.astype(bf16) @ y.astype(bf16).T, x[8@a, 8], y[8, 8@a])
+        widened = wire_itemsize(dname, size, w.costs.profile.narrow_floats) != size
+        if typed is not None and not widened and tuple(typed) != out.dims and pending & {m for d in typed for m in d}:
             # On Explicit axes the sum's type names its split (a weight gradient typed like the weight): XLA
             # reduce-scatters it there at the dot (measured: the gradient of dot_general(x[8@a, 16, 8],
             # y[16@a, 8, 24]) reduce-scatters y's gradient to [16@a, 8, 24], where explain all-reduced it).

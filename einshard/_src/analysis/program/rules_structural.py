@@ -60,7 +60,7 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             target = target.with_dims(merged, frozenset())
             # a dimension whose splits differ kept only their common prefix (movement.mark_open_merge)
             open_merge = not claimed and any(len(d) > len(m) for lay in full for d, m in zip(lay.dims, merged))
-        typed = _typed_result(eqn)
+        typed = _typed_result(eqn) if not any(lay.unreduced for lay in full) else None  # (a pending sum: as before)
         if typed is not None and tuple(typed) != target.dims:
             # On Explicit axes the result's type names its split (lax.clamp's is x's: clamp(lo[16@b], x[16@(a,b)],
             # hi) is [16@(a,b)], and XLA permutes lo there, 128 B, where the merge kept only their common prefix)
