@@ -32,7 +32,7 @@ from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_ca
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
 from .report import OpBound
-from .rules_structural import explicit_dims, merged_split
+from .rules_structural import explicit_dims, merged_split, typed_dims
 from .segment_memo import note_search, past_copy, unlogged
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
@@ -98,7 +98,7 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     if lone and len(w.ops) > since and not w.ops[since].approximate:
         mark_approximate(w, since, LONE_CONTRACTION_NOTE, _lone_contraction_bound(w, eqn, lone, colls))
     if pending:
-        typed = explicit_dims(eqn.outvars[0].aval)
+        typed = typed_dims(eqn.outvars[0].aval)
         dname, size = dtype_info(eqn.outvars[0].aval.dtype)
         # (a 16-bit float XLA:CPU sums in f32: the all-reduce is converted before the slice, and XLA makes no
         # reduce-scatter of it: measured on the gradient of x.astype(bf16) @ y.astype(bf16).T, x[8@a, 8], y[8, 8@a])
@@ -213,7 +213,7 @@ def _settle_passthrough_conflict(
 ) -> tuple[list[Layout], list[int]]:
     """The operands after XLA settles a clash of two result factors over one mesh axis (:func:`passthrough_conflict`):
     each brought to its new layout, charged here; and which operands moved."""
-    typed = explicit_dims(eqn.outvars[0].aval)
+    typed = typed_dims(eqn.outvars[0].aval)
     found = passthrough_conflict(ins[0], ins[1], eqn.params["dimension_numbers"], w.costs.mesh_sizes, typed)
     if found is None:
         return ins, []

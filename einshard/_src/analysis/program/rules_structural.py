@@ -134,13 +134,12 @@ def _typed_result(eqn: Any) -> list[tuple[str, ...]] | None:
     """The split an elementwise result's type names on Explicit axes, whole included, where an operand's type names
     a split (so the types are the program's layouts, not those of a trace from unplaced inputs); else None.
     (lax.clamp(lo[16@a], x[16], hi[16@a]) is typed whole, as x: XLA gathers lo and hi.)"""
-    typed = explicit_dims(eqn.outvars[0].aval)
+    aval = eqn.outvars[0].aval
+    if not all_explicit(aval):  # (a mixed mesh's type is silent on its Auto axes)
+        return None
+    typed = explicit_dims(aval)
     if typed is not None:
         return typed
-    aval = eqn.outvars[0].aval
-    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
-    if not any("Explicit" in str(t) for t in getattr(mesh, "axis_types", ())):
-        return None
     if not any(explicit_dims(v.aval) for v in eqn.invars if hasattr(v, "aval") and not hasattr(v, "val")):
         return None
     return [() for _ in aval.shape]
@@ -823,6 +822,18 @@ def explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
         return None
     entries = list(spec) + [None] * (len(aval.shape) - len(spec))
     return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
+
+
+def all_explicit(aval: Any) -> bool:
+    """Whether every axis of the mesh a value's type names is Explicit.  On a mixed mesh the type says nothing of
+    the Auto axes (their splits are the propagation's), so a type there cannot stand for the whole layout."""
+    types = getattr(getattr(getattr(aval, "sharding", None), "mesh", None), "axis_types", ())
+    return bool(types) and all("Explicit" in str(t) for t in types)
+
+
+def typed_dims(aval: Any) -> list[tuple[str, ...]] | None:
+    """The split a value's type names where that type is its whole layout (:func:`all_explicit`), else None."""
+    return explicit_dims(aval) if all_explicit(aval) else None
 
 
 @register("concatenate")
