@@ -246,18 +246,17 @@ DEEP_MISSES: dict[str, str] = {
     "clamp": (
         "the gradient of jnp.clip(x[16, 16], -1, 1), nothing split (mesh 1): explain's peak 3080 B against XLA's "
         "2048 B (the memory walk holds the clip's comparison masks XLA fuses)"
-        "; seed 1 (derandomize off): lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], hi[32@a, 24] "
-        "(mesh 3): the merge names c on both dimensions; XLA all-gathers twice (4608 B), explain all-to-alls once "
-        "(384 B)"
+        "; lax.clamp(lo, x, hi), x[16@(a,b), 16], lo[16@b, 16], hi[16@b, 16@a] (mesh 4 x 2): the result [16, 16@a] "
+        "is XLA's, but XLA gathers lo whole before slicing it (1024 B, 'Involuntary full rematerialization') where "
+        "explain slices first and gathers 256 B, as XLA does for that reshard alone (the device order of the "
+        "layout lo meets decides; also so on main)"
+        "; seed 1 (derandomize off): the gradient of lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], "
+        "hi[32@a, 24] (mesh 3): XLA all-gathers lo whole and all-to-alls a mask (4704 B), explain gathers lo and "
+        "the mask whole (5760 B; the forward holds: core.moves._shift_meets_slice)"
     ),
     "integer": (
         "a // (|b| + 1) with a, b [16, 24] int32, nothing split (mesh 1): explain's peak 6144 B against XLA's "
         "4608 B (the memory walk holds the floor division's intermediates XLA fuses)"
-    ),
-    "mixed_elementwise": (
-        "a * b with a[16@b, 16], b[16@a, 16@c] (mesh 3): the merged result [16, 16@c] is XLA's, but XLA moves a "
-        "there by an all-to-all and a permute (1536 B in all) where explain gathers it (the same move compiled "
-        "alone is one all-gather, as explain prices it: the partitioner's choice depends on the op)"
     ),
     "select_n": (
         "the gradient of jnp.where(a > 0, a, b), a[16, 16], b[1, 16], nothing split (mesh 1): explain's peak "

@@ -480,7 +480,9 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
         swapped = _swapped_tiles(src, dst)
         if swapped is not None:
             return swapped
-    if not src.unreduced and _gathers_and_shifts_one_dim(src, src_at, dst_at):
+    if not src.unreduced and (
+        _gathers_and_shifts_one_dim(src, src_at, dst_at) or _shift_meets_slice(dst, src_at, dst_at)
+    ):
         return _rematerialized(src, dst)
 
     # 1. Pending sums: reduce-scatter onto the dimension the target splits with them (slicing in the same
@@ -576,6 +578,28 @@ def _gathers_and_shifts_one_dim(src: Layout, src_at: dict[str, int], dst_at: dic
         shifted = [k for k, m in enumerate(d) if m in dst_at and dst_at[m] != i]
         gathered = [k for k, m in enumerate(d) if m not in dst_at]
         if shifted and gathered and min(shifted) < max(gathered):
+            return True
+    return False
+
+
+def _shift_meets_slice(dst: Layout, src_at: dict[str, int], dst_at: dict[str, int]) -> bool:
+    """Whether a dimension of ``dst`` keeps a mesh axis of its own and takes mesh axes from a later dimension (an
+    all-to-all) and mesh axes the source does not split over (a slice) at once, every other mesh axis staying
+    split.  XLA's partitioner has no direct reshard for that (measured on (2, 2, 2), standalone and as an
+    elementwise op's operand: ``[x@a, y@c] -> [x@(a,b,c), y]``, ``-> [x@(a,c,b), y]`` and
+    ``[x@b, y@c] -> [x@(b,a,c), y]`` compile to an all-gather of each dimension, "Involuntary full
+    rematerialization"), so it gathers the whole value and slices the target's block.  Without a kept mesh axis
+    it may slice first and all-to-all (``[x, y@b] -> [x@(a,b), y]`` on (4, 2): one all-to-all; on (2, 2, 2)
+    ``[x, y@c] -> [x@(b,c), y]`` is gathered: not modelled), from an earlier dimension too
+    (``[x@(a,c), y] -> [x@a, y@(b,c)]``: one all-to-all); where a mesh axis leaves, the fresh one takes its place
+    by a permute (``[x@a, y@c] -> [x@(b,c), y]``: an all-to-all and a collective-permute)."""
+    if any(m not in dst_at for m in src_at):
+        return False
+    for j, d in enumerate(dst.dims):
+        kept = any(src_at.get(m, -1) == j for m in d)
+        later = any(src_at.get(m, j) > j for m in d)
+        fresh = any(m not in src_at for m in d)
+        if kept and later and fresh:
             return True
     return False
 

@@ -40,6 +40,7 @@ __all__ = [
     "mark_approximate",
     "mark_conflict",
     "mark_open_merge",
+    "mark_swap",
     "is_computed",
 ]
 
@@ -127,6 +128,36 @@ def mark_open_merge(w: WalkerLike, eqn: Any, since: int) -> None:
     whole = sum(_whole_bytes(v.aval) for v in eqn.invars if hasattr(v, "aval") and v.aval.shape)
     whole += sum(_whole_bytes(v.aval) for v in eqn.outvars)
     mark_approximate(w, since, MERGE_NOTE, OpBound(peers * (len(eqn.invars) + 1), float(whole), float(whole)))
+
+
+# Why an operand's swap of split dimensions is approximate (the report's first line names the op and its line).
+SWAP_NOTE = (
+    "an operand's split moves whole to another dimension over other mesh axes: XLA gathers it, or all-to-alls it "
+    "there and permutes the blocks to the devices the target names, by the device order of the layout it meets"
+)
+
+
+def mark_swap(w: WalkerLike, since: int, src: Any, dst: tuple[tuple[str, ...], ...], dtype: Any) -> None:
+    """Mark the move recorded since ``since`` where it takes ``src``'s one split dimension whole to another
+    dimension split over as many devices, its major mesh axis leaving (``[x@b, y] -> [x, y@c]``): the layout
+    algebra gathers it, as XLA's partitioner does for that reshard alone (core.moves._swapped_tiles), but as an
+    elementwise op's operand whose partner moves too XLA may swap the tiles with an all-to-all and a
+    collective-permute (measured on (2, 2, 2): a[16@b, 16] * b[16@a, 16@c] all-to-alls and permutes a, 512 B
+    each, where a[16@b, 16] * b[16, 16@c] gathers a; the device order of the target it inherits decides, which a
+    Layout does not carry).  The bound: two collectives for the gather, and both moves of the block, each of
+    ``src``'s shard, in bytes and in peak."""
+    if w.quiet or len(w.ops) <= since:
+        return
+    split_src = [i for i, d in enumerate(src.dims) if d]
+    split_dst = [j for j, d in enumerate(dst) if d]
+    if len(split_src) != 1 or len(split_dst) != 1 or split_src == split_dst:
+        return
+    i, j = split_src[0], split_dst[0]
+    if group_size(w, src.dims[i]) != group_size(w, dst[j]) or src.dims[i][0] in dst[j]:
+        return
+    shard = math.prod(src.shard_shape) * itemsize(dtype)
+    own = sum(c.array_bytes for op in w.ops[since:] for c in op.collectives)
+    mark_approximate(w, since, SWAP_NOTE, OpBound(2, float(own + 2 * shard), float(2 * shard)))
 
 
 def is_computed(w: WalkerLike, v: Any) -> bool:

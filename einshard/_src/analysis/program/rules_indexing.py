@@ -46,6 +46,8 @@ __all__ = ["leaves_program"]
 def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     dn = eqn.params["dimension_numbers"]
     summed = [w.summed.get(id(v), frozenset()) for v in eqn.invars[:2]]
+    first = len(w.ops)
+    ins, settled = _settle_passthrough_conflict(w, eqn, ins, repeat, phase)
     lhs, rhs = match_contracting(ins[0], ins[1], dn, w.costs.mesh_sizes, summed)
     res = w.costs.dot(lhs, rhs, dn, w.dtype(eqn))
     sums = frozenset(m for c in res.collectives if c.kind == "all-reduce" and c.tensor == "result" for m in c.axes)
@@ -90,10 +92,145 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     for k in moved:
         w.bind_sent(eqn, ins[k])  # its send and receive buffers (memory.py)
     mark_conflict(w, eqn, since, moved)
+    if settled:
+        mark_conflict(w, eqn, first, settled)
     lone = one_sided_contraction(lhs, rhs, dn) if colls else ()  # (no collective: nothing to choose)
     if lone and len(w.ops) > since and not w.ops[since].approximate:
         mark_approximate(w, since, LONE_CONTRACTION_NOTE, _lone_contraction_bound(w, eqn, lone, colls))
+    if pending:
+        typed = explicit_dims(eqn.outvars[0].aval)
+        dname, size = dtype_info(eqn.outvars[0].aval.dtype)
+        # (a 16-bit float XLA:CPU sums in f32: the all-reduce is converted before the slice, and XLA makes no
+        # reduce-scatter of it: measured on the gradient of x.astype(bf16) @ y.astype(bf16).T, x[8@a, 8], y[8, 8@a])
+        widened = wire_itemsize(dname, size, w.costs.profile.narrow_floats) != size
+        if typed is not None and not widened and tuple(typed) != out.dims and pending & {m for d in typed for m in d}:
+            # On Explicit axes the sum's type names its split (a weight gradient typed like the weight): XLA
+            # reduce-scatters it there at the dot (measured: the gradient of dot_general(x[8@a, 16, 8],
+            # y[16@a, 8, 24]) reduce-scatters y's gradient to [16@a, 8, 24], where explain all-reduced it).
+            dst = w.relayout(eqn.outvars[0].aval, typed)
+            w.change(
+                eqn,
+                phase,
+                out.with_dims(out.dims, pending),
+                dst,
+                eqn.outvars[0].aval.dtype,
+                repeat,
+                "dot sum to its typed split",
+            )
+            return [dst]
     return [out.with_dims(out.dims, pending) if pending else out]
+
+
+def _factors(dn: Any, lrank: int, rrank: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """Each operand axis's factor in Shardy's sharding rule for a dot: ``("batch", k)`` and ``("contract", k)`` for
+    the k-th paired axes (one factor on both sides), ``("lhs", i)`` / ``("rhs", j)`` for a side's free axis."""
+    (lc, rc), (lb, rb) = dn
+    lf: list[tuple[str, int]] = [("lhs", i) for i in range(lrank)]
+    rf: list[tuple[str, int]] = [("rhs", j) for j in range(rrank)]
+    for k, (i, j) in enumerate(zip(lb, rb)):
+        lf[i] = rf[j] = ("batch", k)
+    for k, (i, j) in enumerate(zip(lc, rc)):
+        lf[i] = rf[j] = ("contract", k)
+    return lf, rf
+
+
+def passthrough_conflict(
+    lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int], typed: list[tuple[str, ...]] | None = None
+) -> tuple[Layout, Layout] | None:
+    """The operands' layouts after Shardy settles a mesh axis that they split along different factors both of which
+    reach the result (a batch axis on one side and a free axis on the other, or two free axes); None where there is
+    no such clash.
+
+    Shardy's propagation (its aggressive strategy): each factor takes the split its operands agree on (one a prefix
+    of the other: the longer; else their common prefix), and where factors claim one mesh axis the larger operand's
+    factors are settled first (the left operand's where they are the same size; its own splits before the splits
+    its factors bring from the other operand); a later factor keeps its split up to the first mesh axis already
+    claimed.  Both operands are then brought to the factors' splits: a kept split lost is gathered, a mesh axis that
+    moves to an axis of the operand is an all-to-all (measured on one-op programs, ``.compile().as_text()``:
+    x[8, 8, 8@a] . y[8@a, 8, 8] (batch 0, contracting 1/1) keeps x's free split and all-gathers y; with
+    y[8@a, 8, 64] XLA all-to-alls x to the batch split; x[16@(a,b), 8] . y[8, 64@a] gathers x whole;
+    x[8@b, 8, 16@a] . y[8@a, 8, 8@b] gives [8, 16@a, 8@b], both gathered on the batch axis).  Contracted axes take
+    no part here: a contracted split never wins against a free one (x[8@a, 16, 8] . y[16@a, 8, 24] gathers the
+    larger y), as the analyzer prices it; where a kept factor claims one's mesh axis, the contracted split is cut
+    before it.  ``typed``: the result's split as its type names it (Explicit axes): JAX's type, not the
+    propagation, decides the result's factors (the gradient's g[8, 8@a, 24] . y[16@a, 8, 24] typed [8, 8@a, 16]
+    gathers y, as the forward did, not g)."""
+    if is_free(lhs) or is_free(rhs) or lhs.unreduced or rhs.unreduced:
+        return None
+    lf, rf = _factors(dn, len(lhs.dims), len(rhs.dims))
+    where_l = {m: a for a, d in enumerate(lhs.dims) for m in d}
+    where_r = {m: a for a, d in enumerate(rhs.dims) for m in d}
+    kept = ("batch", "lhs", "rhs")
+    if not any(
+        lf[where_l[m]] != rf[where_r[m]] and lf[where_l[m]][0] in kept and rf[where_r[m]][0] in kept
+        for m in set(where_l) & set(where_r)
+    ):
+        return None
+    operands = ((lhs, lf), (rhs, rf))
+    proposed: dict[tuple[str, int], list[tuple[str, ...]]] = {}
+    for lay, factors in operands:
+        for d, f in zip(lay.dims, factors):
+            proposed.setdefault(f, []).append(d)
+    order = sorted(range(2), key=lambda k: -math.prod(operands[k][0].shape))  # (stable: the left first on ties)
+    final: dict[tuple[str, int], tuple[str, ...]] = {}
+    claimed: set[str] = set()
+    if typed is not None:  # the result's factors in its order: batch, the left's free axes, the right's
+        result = [("batch", k) for k in range(len(dn[1][0]))]
+        result += [f for f in lf if f[0] == "lhs"] + [f for f in rf if f[0] == "rhs"]
+        for f, d in zip(result, typed):
+            final[f] = tuple(d)
+            claimed |= set(d)
+    for k in order:
+        lay, factors = operands[k]
+        own = [a for a, f in enumerate(factors) if f[0] in kept and lay.dims[a]]
+        brought = [a for a, f in enumerate(factors) if f[0] in kept and not lay.dims[a]]
+        for a in own + brought:
+            f = factors[a]
+            if f in final:
+                continue
+            split = merged_split(proposed[f])
+            mine = {m for b, d in enumerate(lay.dims) if b != a and factors[b][0] in kept for m in d}
+            cut = next((i for i, m in enumerate(split) if m in claimed or m in mine), len(split))
+            final[f] = split[:cut]
+            claimed |= set(final[f])
+    out: list[Layout] = []
+    for lay, factors in operands:
+        dims = []
+        for a, (d, f) in enumerate(zip(lay.dims, factors)):
+            if f in final:
+                want = final[f]
+            else:  # a contracted axis: its split up to the first mesh axis a kept factor claims
+                want = d[: next((i for i, m in enumerate(d) if m in claimed), len(d))]
+            if lay.shape[a] % math.prod(sizes[m] for m in want):
+                want = ()
+            dims.append(want)
+        out.append(lay.with_dims(tuple(dims)))
+    return out[0], out[1]
+
+
+def _settle_passthrough_conflict(
+    w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str
+) -> tuple[list[Layout], list[int]]:
+    """The operands after XLA settles a clash of two result factors over one mesh axis (:func:`passthrough_conflict`):
+    each brought to its new layout, charged here; and which operands moved."""
+    typed = explicit_dims(eqn.outvars[0].aval)
+    found = passthrough_conflict(ins[0], ins[1], eqn.params["dimension_numbers"], w.costs.mesh_sizes, typed)
+    if found is None:
+        return ins, []
+    out = list(ins)
+    moved = []
+    for k, lay in enumerate(found):
+        if lay.dims == ins[k].dims:
+            continue
+        dtype = eqn.invars[k].aval.dtype
+        steps = [replace(c, tensor=f"operand {k + 1}") for c in w.costs.reshard(ins[k], lay, dtype)]
+        # A gather another dot already made of this value (the forward's, reused by the backward): XLA's CSE.
+        reused = [c for c in steps if w.already_moved(ins, c)]
+        if not steps or len(reused) < len(steps):
+            w.change(eqn, phase, ins[k], lay, dtype, repeat, "dot operands split one mesh axis on two result factors")
+            moved.append(k)
+        out[k] = lay
+    return out, moved
 
 
 # Why a dot whose contraction only one operand splits is approximate (the report's first line names it).

@@ -18,13 +18,13 @@ from typing import Any
 from ...core.layout import Layout
 from .alternatives import taking
 from .costing import is_free
-from .movement import is_computed, mark_conflict, mark_open_merge
+from .movement import is_computed, mark_conflict, mark_open_merge, mark_swap
 from .registry import WalkerLike, register, sharding_degree
 from .upstream import apply as apply_upstream
 from .upstream import plan_upstream
 from .values import ELEMENTWISE, REDUCTIONS, Partial
 
-__all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims", "merged_dims", "merged_split"]
+__all__ = ["CUMULATIVE", "ARG_REDUCTIONS", "reshape_dims", "merged_dims", "merged_split", "claimed_dims"]
 
 # Members of values.ELEMENTWISE and values.REDUCTIONS (memory reads them as fusible) whose rule is rules_ordering's: they read
 # along a whole axis, so a split there moves data.
@@ -53,10 +53,18 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     else:
         target = max(full, key=sharding_degree)
         merged = merged_dims([lay.dims for lay in full]) if len(full) > 1 else None
+        claimed = merged is None and len(full) > 1
+        if claimed:  # one mesh axis named on two dimensions: they claim it in turn, as Shardy does
+            merged = claimed_dims([lay.dims for lay in full], target.mesh_sizes)
         if merged is not None and merged != target.dims:
             target = target.with_dims(merged, frozenset())
             # a dimension whose splits differ kept only their common prefix (movement.mark_open_merge)
-            open_merge = any(len(d) > len(m) for lay in full for d, m in zip(lay.dims, merged))
+            open_merge = not claimed and any(len(d) > len(m) for lay in full for d, m in zip(lay.dims, merged))
+        typed = _typed_result(eqn) if not any(lay.unreduced for lay in full) else None  # (a pending sum: as before)
+        if typed is not None and tuple(typed) != target.dims:
+            # On Explicit axes the result's type names its split (lax.clamp's is x's: clamp(lo[16@b], x[16@(a,b)],
+            # hi) is [16@(a,b)], and XLA permutes lo there, 128 B, where the merge kept only their common prefix)
+            target, open_merge = target.with_dims(tuple(typed), frozenset()), False
         if taking(w, eqn):
             # XLA's other choice at a marked conflict (a fork of the walk, see :mod:`.alternatives`): the
             # computed operand's split wins and the others are moved to it.
@@ -76,7 +84,9 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
                 continue
             # the operand moves in its own dtype (a select's boolean mask: 1 byte an element, not the result's 4)
             dtype = eqn.invars[k].aval.dtype
+            at = len(w.ops)
             w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), dtype, repeat, why)
+            mark_swap(w, at, lay, target.dims, dtype)
             conflicted.append(k)
     for k, lay in enumerate(ins):
         if not any(lay is p for p in partial):
@@ -120,6 +130,45 @@ def merged_dims(operands: list[tuple[tuple[str, ...], ...]]) -> tuple[tuple[str,
     return tuple(merged) if len(used) == len(set(used)) else None
 
 
+def _typed_result(eqn: Any) -> list[tuple[str, ...]] | None:
+    """The split an elementwise result's type names on Explicit axes, whole included, where an operand's type names
+    a split (so the types are the program's layouts, not those of a trace from unplaced inputs); else None.
+    (lax.clamp(lo[16@a], x[16], hi[16@a]) is typed whole, as x: XLA gathers lo and hi.)"""
+    typed = explicit_dims(eqn.outvars[0].aval)
+    if typed is not None:
+        return typed
+    aval = eqn.outvars[0].aval
+    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+    if not any("Explicit" in str(t) for t in getattr(mesh, "axis_types", ())):
+        return None
+    if not any(explicit_dims(v.aval) for v in eqn.invars if hasattr(v, "aval") and not hasattr(v, "val")):
+        return None
+    return [() for _ in aval.shape]
+
+
+def claimed_dims(operands: list[tuple[tuple[str, ...], ...]], sizes: Mapping[str, int]) -> tuple[tuple[str, ...], ...]:
+    """The result's split where the operands' merged splits (:func:`merged_dims`) name one mesh axis on two
+    dimensions: the dimensions claim their mesh axes in turn, the one split over more devices first (on ties the
+    one an earlier operand splits so, then the earlier dimension), each keeping its split up to the first mesh axis
+    already claimed (Shardy's propagation; measured on (4, 2): a[16@a, 16@b] * b[16@(a,b), 16] and the other way
+    round give [16@(a,b), 16], a[16@a, 16@b] * b[16, 16@(b,a)] gives [16, 16@(b,a)], a[16, 16@a] * b[16@a, 16]
+    gives [16, 16@a]: an all-to-all of the other operand each)."""
+    merged = [merged_split([dims[k] for dims in operands]) for k in range(len(operands[0]))]
+
+    def owner(k: int) -> int:
+        return next((i for i, dims in enumerate(operands) if dims[k] == merged[k]), len(operands))
+
+    order = sorted(range(len(merged)), key=lambda k: (-math.prod(sizes[m] for m in merged[k]), owner(k), k))
+    claimed: set[str] = set()
+    out: list[tuple[str, ...]] = [()] * len(merged)
+    for k in order:
+        d = merged[k]
+        cut = next((i for i, m in enumerate(d) if m in claimed), len(d))
+        out[k] = d[:cut]
+        claimed |= set(out[k])
+    return tuple(out)
+
+
 def merged_split(splits: list[tuple[str, ...]]) -> tuple[str, ...]:
     """One dimension's split where operands meet on it (:func:`merged_dims`): the longest where the others are
     its prefixes, else the prefix they all share."""
@@ -157,6 +206,11 @@ def broadcast_in_dim(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, ph
         if ins[0].shape[i] == out_aval.shape[j]:
             dims[j] = ins[0].dims[i]
     dims = _split_by_users(w, eqn, dims)
+    moved = _operand_at(eqn, ins[0], dims)
+    if moved.dims != ins[0].dims:
+        # The reader's split won on a kept axis (Shardy propagates the elementwise op first): XLA moves the small
+        # operand to it before broadcasting (a bias b[16@a] read with x[16@b]: one collective-permute of b).
+        w.change(eqn, phase, ins[0], moved, eqn.invars[0].aval.dtype, repeat, "broadcast operand to its reader's split")
     natural = w.relayout(out_aval, dims)
     if explicit_dims(out_aval) is None or natural.unreduced:
         return [natural]
@@ -166,23 +220,38 @@ def broadcast_in_dim(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, ph
     return [_declared(w, eqn, natural, repeat, phase, typed_whole=True)]
 
 
-def _split_by_users(w: WalkerLike, eqn: Any, dims: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """A broadcast's new axes split as an elementwise reader's other operand, already laid out, splits them, where
-    that operand agrees with the broadcast's own split on every other axis (Auto axes only: on Explicit ones the
-    broadcast's type decides).
+def _operand_at(eqn: Any, operand: Layout, dims: list[tuple[str, ...]]) -> Layout:
+    """The operand's layout that broadcasts to ``dims`` by local slicing: each kept axis split as the result's
+    (a size-1 axis, expanded, whole).  Itself where each of its splits is the result's already (nothing moves)."""
+    out_shape = eqn.outvars[0].aval.shape
+    want = tuple(
+        dims[j] if operand.shape[i] == out_shape[j] else () for i, j in enumerate(eqn.params["broadcast_dimensions"])
+    )
+    if all(not o or o == n for o, n in zip(operand.dims, want)):  # (a whole axis is sliced locally)
+        return operand
+    return operand.with_dims(want)
 
-    XLA's sharding propagation gives such a broadcast the split of the value it is combined with (a local slice of
-    a whole operand), so every other reader sees it split: a sum over a broadcast axis is then an all-reduce
-    (measured: b = broadcast(v[8, 32]) to [8, 4, 4, 32], x[8, 4@b, 4, 32]; b.sum((1, 2)) all-reduces over b
-    whether it comes before or after x * b; a GroupNorm's gradient under a rows split, issue 20's flax_cnn).
-    Where the operands disagree elsewhere (a dot's gradient on clashing splits) XLA settles it otherwise: untouched."""
+
+def _split_by_users(w: WalkerLike, eqn: Any, dims: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The broadcast's result split as its elementwise readers' other full-size operands, already laid out, split it
+    where they all agree (Auto axes only: on Explicit ones the broadcast's type decides), the operand's own splits
+    added where they do not clash.
+
+    Shardy propagates elementwise ops before broadcasts: the reader's split reaches the broadcast's result first,
+    on the new axes (a local slice of a whole operand) and on the kept ones alike; then the broadcast adds its
+    operand's splits where the result's axis is whole or split over a prefix of them and the mesh axes are free.
+    A kept axis the operand splits otherwise takes the reader's split: XLA moves the operand there (measured:
+    x[16@b, 12@c] + broadcast(b[16@a]) keeps x's split and collective-permutes b; x[8@b, 8] + broadcast(b[8@a])
+    along the columns is split [8@b, 8@a], nothing moves).  So every other reader sees it split: a sum over a
+    broadcast axis is then an all-reduce (measured: b = broadcast(v[8, 32]) to [8, 4, 4, 32], x[8, 4@b, 4, 32];
+    b.sum((1, 2)) all-reduces over b whether it comes before or after x * b; a GroupNorm's gradient under a rows
+    split, issue 20's flax_cnn)."""
     out = eqn.outvars[0]
     shape = out.aval.shape
     mesh = getattr(getattr(out.aval, "sharding", None), "mesh", None)
     if any("Explicit" in str(t) for t in getattr(mesh, "axis_types", ())):
         return dims
-    new_axes = set(range(len(shape))) - set(eqn.params["broadcast_dimensions"])
-    new = list(dims)
+    readers: list[Layout] = []
     for user, _ in w.uses.get(id(out), []):
         if user.primitive.name not in ELEMENTWISE or len(user.invars) < 2:
             continue
@@ -190,15 +259,36 @@ def _split_by_users(w: WalkerLike, eqn: Any, dims: list[tuple[str, ...]]) -> lis
             lay = None if v is out or hasattr(v, "val") else w.env.get(v)
             if lay is None or is_free(lay) or tuple(lay.shape) != tuple(int(s) for s in shape):
                 continue
-            if any(lay.dims[j] and lay.dims[j] != new[j] for j in range(len(shape)) if j not in new_axes):
-                continue  # the operands disagree off the broadcast axes: XLA settles that another way
-            used = {m for d in new for m in d}
-            for j in sorted(new_axes):
-                d = lay.dims[j]
-                if d and not new[j] and not used & set(d):
-                    new[j] = d
-                    used |= set(d)
+            readers.append(lay)
+    split = [lay for lay in readers if any(lay.dims) and not lay.unreduced]
+    if split and all(lay.dims == split[0].dims for lay in split):
+        return _reader_first(list(split[0].dims), dims)
+    # Readers that disagree (the gradient of sum(a * b, 0): a[16@a, 16] and b[16, 16@a] both read the broadcast
+    # cotangent): neither reaches the broadcast's result first; each fills only new axes it does not clash on.
+    new_axes = set(range(len(shape))) - set(eqn.params["broadcast_dimensions"])
+    new = list(dims)
+    for lay in readers:
+        if any(lay.dims[j] and lay.dims[j] != new[j] for j in range(len(shape)) if j not in new_axes):
+            continue  # the operands disagree off the broadcast axes: XLA settles that another way
+        used = {m for d in new for m in d}
+        for j in sorted(new_axes):
+            d = lay.dims[j]
+            if d and not new[j] and not used & set(d):
+                new[j] = d
+                used |= set(d)
     return new
+
+
+def _reader_first(reader: list[tuple[str, ...]], own: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The reader's split, then the broadcast's own per axis where it extends it and its mesh axes are free."""
+    out = list(reader)
+    for j, d in enumerate(own):
+        if not d or d == out[j] or tuple(d[: len(out[j])]) != tuple(out[j]):
+            continue
+        used = {m for k, e in enumerate(out) if k != j for m in e}
+        if not set(d) & used:
+            out[j] = d
+    return out
 
 
 @register("iota", "full", "zeros_like", "empty", "empty2")
