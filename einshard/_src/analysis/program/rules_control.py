@@ -20,7 +20,6 @@ from ...core.collectives import CollectiveKind
 from ...core.layout import Layout
 from ..cost import RING_BYTES, Collective
 from ..einsum.read import spec_partitions
-from .alternatives import taking
 from .costing import is_free
 from .movement import APPROXIMATE
 from .registry import WalkerLike, inherit, register
@@ -164,7 +163,7 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     ]
     # XLA's other fixed point: the carry split as the scanned slices split the batch (see batch_split_carry).
     other = batch_split_carry(w, [v.aval for v in eqn.outvars[:n_carry]], fixed, xs_inner)
-    taken = other is not None and taking(w, eqn)
+    taken = other is not None and id(CARRY_FORK) in w.costs.forced
     settled = []
     for v, lay, want in zip(eqn.outvars[:n_carry], carry, other if taken and other else fixed):
         if not is_free(lay) and lay.dims != want.dims:
@@ -212,6 +211,20 @@ CARRY_NOTE = (
     "a loop's carry has two fixed points, the split the body gives it and the batch split of the scanned inputs; "
     "XLA's sharding propagation picks one by the carry's users outside the loop"
 )
+
+
+class _CarryFork:
+    """The one alternative every loop carry with two fixed points offers (its identity is the fork's key).
+
+    A gradient's loops come in pairs, the forward's and its transpose's (whose carry is the forward carry's
+    cotangent, and which reads the forward's stacked residuals in the forward carry's layout): XLA's sharding
+    propagation settles them together (measured on a GRU over ``lax.scan`` with FSDP weights and the batch split:
+    both while loops carry ``h[batch@data, hidden]``, the backward summing each weight's whole partial gradient
+    per trip).  So one fork walks every such loop on its batch split at once; forking each loop alone walked a
+    program XLA never compiles (the backward on the batch split reading residuals stacked on the hidden split)."""
+
+
+CARRY_FORK = _CarryFork()
 
 
 def batch_split_carry(
@@ -275,7 +288,7 @@ def _mark_carry(w: WalkerLike, eqn: Any, since: int, bound: OpBound) -> None:
     note = f"{op.note}; {CARRY_NOTE}" if op.approximate else f"{APPROXIMATE}: {CARRY_NOTE}"
     own = op.bound or (default_bound(op) if op.approximate else OpBound(0, 0.0, 0.0))
     total = OpBound(own.collectives + bound.collectives, own.bytes + bound.bytes, own.peak + bound.peak)
-    w.ops[at] = dataclasses.replace(op, note=note, bound=total, alternative=id(eqn))
+    w.ops[at] = dataclasses.replace(op, note=note, bound=total, alternative=id(CARRY_FORK))
 
 
 def scan_body(params: Any) -> Any:
