@@ -69,13 +69,6 @@ def test_peak_of_a_data_parallel_dense_gradient_is_xlas():
     assert abs(report.peak_bytes - xla) <= PEAK_TOLERANCE * xla, (report.peak_bytes, xla)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="collectives: three projections of one hidden state split on d over 'model' by weights split on their "
-    "heads over 'model' (keras-hub GPT-2's tp: the token table split on d): XLA permutes x once, then contracts "
-    "each projection's d over the idle 'data' axis and all-reduces the three partial sums (one tuple all-reduce, "
-    "3 collectives), explain charges that all-reduce on the first projection only (2 all-reduces in all vs XLA 4)",
-)
 def test_projections_sharing_a_resharded_input_each_all_reduce_over_the_idle_axis():
     from einshard.testing import hlo
 
@@ -130,23 +123,23 @@ def _projected(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
     return jnp.einsum("bshk,hkd->bsd", jnp.einsum("bsd,dhk->bshk", x, p["v"]), p["o"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="collectives and peak: the gradient of a value and output projection (Megatron kernels over 'model') of "
-    "a hidden state itself split on d over 'model' (GPT-2's tp: the token table split on d): XLA's backward "
-    "contracts through the idle 'data' axis and writes each kernel gradient in its layout; explain misses XLA's "
-    "all-gather (squared loss) or adds an all-to-all and a collective-permute (loss read against x), and "
-    "predicts 0.68x XLA's peak in both (dot_general's choice with both operands split on one mesh axis)",
+_IDENTITY_COTANGENT = (
+    "collectives: the loss read against x makes x's cotangent mul(broadcast 1.0, x), which XLA's algebraic "
+    "simplifier folds to x itself, so XLA permutes x onto 'data' once and gathers it whole once for both "
+    "backward dots; explain's walk sees a new value (its value identity does not see through x * 1) and "
+    "permutes and gathers it again (2 permutes + 2 all-gathers vs XLA's 1 + 1)"
 )
-@pytest.mark.parametrize(
-    "loss",
-    [
-        lambda p, x: jnp.sum(_projected(p, x) ** 2),
+_PROJECTION_LOSSES = [
+    pytest.param(lambda p, x: jnp.sum(_projected(p, x) ** 2), id="squared"),
+    pytest.param(
         lambda p, x: jnp.sum(_projected(p, x) * x),
-    ],
-    ids=["squared", "against_x"],
-)
-def test_projection_gradients_of_a_hidden_state_split_on_d_are_xlas(loss):
+        id="against_x",
+        marks=pytest.mark.xfail(strict=True, reason=_IDENTITY_COTANGENT),
+    ),
+]
+
+
+def _projection_gradients(loss):
     from einshard.testing import hlo
 
     mesh = _mesh()
@@ -166,9 +159,16 @@ def test_projection_gradients_of_a_hidden_state_split_on_d_are_xlas(loss):
     explained = Counter(
         c.kind for op in report.ops for c in op.collectives for _ in range(op.repeat) if c.group_size > 1
     )
+    return xla, explained, _xla_peak(compiled), report.peak_bytes
+
+
+@pytest.mark.parametrize("loss", _PROJECTION_LOSSES)
+def test_projection_gradients_of_a_hidden_state_split_on_d_are_xlas(loss):
+    """A value and output projection (Megatron kernels over 'model') of a hidden state itself split on d over
+    'model' (GPT-2's tp: the token table split on d): XLA permutes x onto the idle 'data' axis once, sums the
+    value projection's partial products over 'data', and for the kernel gradient gathers x whole once."""
+    xla, explained, _, _ = _projection_gradients(loss)
     assert explained == xla
-    peak = _xla_peak(compiled)
-    assert abs(report.peak_bytes - peak) <= PEAK_TOLERANCE * peak, (report.peak_bytes, peak)
 
 
 @pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
@@ -216,3 +216,14 @@ def test_a_scan_carrying_a_typed_prng_key_is_priced():
     # Priced, not raised; random_split has no layout rule yet, and the report says so (never silently complete).
     assert report.peak_bytes > 0
     assert not report.complete and report.unfollowed == ("random_split",)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="peak (memory walk, memory.py): explain 34816 B vs XLA 51216 B (0.68x) on the squared loss, 26624 B vs "
+    "45088 B (0.59x) read against x; the collectives are XLA's (the test above); not analysed further here",
+)
+@pytest.mark.parametrize("loss", [p.values[0] for p in _PROJECTION_LOSSES], ids=["squared", "against_x"])
+def test_projection_gradients_of_a_hidden_state_split_on_d_peak_is_xlas(loss):
+    _, _, peak, predicted = _projection_gradients(loss)
+    assert abs(predicted - peak) <= PEAK_TOLERANCE * peak, (predicted, peak)

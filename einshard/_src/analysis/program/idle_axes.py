@@ -31,7 +31,7 @@ from .costing import is_free
 from .movement import itemsize
 from .registry import WalkerLike
 
-__all__ = ["over_idle_axes"]
+__all__ = ["over_idle_axes", "resplit_onto"]
 
 
 def over_idle_axes(
@@ -111,6 +111,12 @@ def over_idle_axes(
             f"{why}; the partner sliced alike, the partial products summed over them",
         )
     return (permute, last)
+
+
+def resplit_onto(own: Layout, moved: tuple[str, ...], idle: tuple[str, ...]) -> Layout:
+    """``own`` with the contracted axis split over ``moved`` split over the ``idle`` mesh axes instead (the
+    operand after XLA's collective-permute)."""
+    return own.with_dims(tuple(idle if tuple(d) == moved else tuple(d) for d in own.dims))
 
 
 def _wire(w: WalkerLike, gather: Any, own: Layout, dtype: Any) -> int:

@@ -27,7 +27,7 @@ from ...core.layout import Layout
 from ..cost import Collective, sent_bytes, wire_itemsize
 from ..einsum.read import dtype_info
 from .costing import is_free
-from .idle_axes import over_idle_axes
+from .idle_axes import over_idle_axes, resplit_onto
 from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_cache
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
@@ -67,23 +67,44 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
                 # It stays pending; the output's layout settles it.
                 colls = tuple(c for c in colls if c is not stages[0])
                 pending = frozenset(stages[0].axes)
-    for c in colls:
-        tensor = getattr(c, "tensor", "")
-        if c.kind == "all-gather" and tensor.startswith("operand "):
-            k = int(tensor.split()[1]) - 1
-            lay = ins[k]
-            w.bind_copy(eqn.invars[k], lay.with_dims(tuple(tuple(m for m in d if m not in c.axes) for d in lay.dims)))
     time_s = res.time_s - sum(c.time for c in res.collectives) + sum(c.time for c in colls)
-    kept = tuple(c for c in colls if not w.already_moved(ins, c))
-    if len(kept) != len(colls):
-        # An operand another dot already brought to the same layout (an FSDP weight gathered for the
-        # forward and again for the backward): XLA computes that gather once.
-        time_s -= sum(c.time for c in colls if c not in kept)
-        colls = kept
     idle = None if sums else over_idle_axes(w, eqn, [lhs, rhs], res.out, colls)
-    if idle is not None:  # XLA moves the gathered operand onto the idle mesh axes first (idle_axes.py)
-        time_s += sum(c.time for c in idle) - sum(c.time for c in colls)
-        colls = idle
+    if idle is not None and idle[-1].kind == "all-reduce":
+        # XLA re-splits the operand's contraction onto the idle mesh axes (one collective-permute) and sums this
+        # dot's partial products over them: the operand is never gathered whole.  The permute is a move of the
+        # operand (XLA's CSE makes it once for every dot reading it, as q, k and v projections of one hidden
+        # state), so it is charged as one (w.change); the all-reduce of this dot's own products is charged here,
+        # per dot (measured: three such projections, one collective-permute then one tuple all-reduce of three).
+        k = operand_index(idle[0])
+        src = ins[k] if ins[k].dims == (lhs, rhs)[k].dims else (lhs, rhs)[k]
+        onto = resplit_onto(src, tuple(colls[0].axes), tuple(idle[0].axes[len(colls[0].axes) :]))
+        why = "dot operand's contracted split moved onto idle mesh axes"
+        w.change(eqn, phase, src, onto, eqn.invars[k].aval.dtype, repeat, why)
+        # (peak: memory.py sizes the dot's working copy as the gathered one, as calibrated on one-op programs)
+        w.bind_copy(
+            eqn.invars[k], src.with_dims(tuple(() if tuple(d) == tuple(colls[0].axes) else d for d in src.dims))
+        )
+        time_s += idle[-1].time - sum(c.time for c in colls)
+        colls = idle[-1:]
+    else:
+        for c in colls:
+            if c.kind == "all-gather" and _names_operand(c):
+                k = operand_index(c)
+                lay = ins[k]
+                dims = tuple(tuple(m for m in d if m not in c.axes) for d in lay.dims)
+                w.bind_copy(eqn.invars[k], lay.with_dims(dims))
+        kept = tuple(c for c in colls if not w.already_moved(ins, c))
+        if idle is not None:
+            # XLA moves the gathered operand onto the idle mesh axes, then gathers it over them (idle_axes.py):
+            # the whole copy, which a later dot reading the value reuses (permute and gather alike).
+            idle = idle if len(kept) == len(colls) else ()
+            time_s += sum(c.time for c in idle) - sum(c.time for c in colls)
+            colls = idle
+        elif len(kept) != len(colls):
+            # An operand another dot already brought to the same layout (an FSDP weight gathered for the
+            # forward and again for the backward): XLA computes that gather once.
+            time_s -= sum(c.time for c in colls if c not in kept)
+            colls = kept
     out = w.relayout(eqn.outvars[0].aval, out_dims)
     since = len(w.ops)
     w.record(eqn, phase, res.expression, out, colls, res.flops, time_s, repeat)
@@ -288,6 +309,11 @@ def _lone_contraction_bound(w: Walker, eqn: Any, lone: tuple[int, ...], colls: t
     own = sum(c.array_bytes for c in colls)
     # (peak: explain's gathered buffers, which XLA's other way does not hold, or XLA's whole ones)
     return OpBound(len(colls) + len(lone) + len(lc) + 1, float(own + whole * wire), float(own + whole * wire))
+
+
+def operand_index(c: Any) -> int:
+    """The operand (0: lhs, 1: rhs) a collective named ``operand k`` moves."""
+    return int(c.tensor.split()[1]) - 1
 
 
 def _names_operand(c: Any) -> bool:
