@@ -175,8 +175,9 @@ def test_projection_gradients_of_a_hidden_state_split_on_d_are_xlas(loss):
 @pytest.mark.parametrize("split", [False, True])
 def test_typed_prng_keys_are_held_at_their_own_itemsize(impl: str, split: bool):
     """A batch of typed keys (8 bytes each for threefry, 16 for rbg: the dtype's own itemsize, which np.dtype
-    refuses) taken and returned by a step: explain holds them as XLA's argument and output buffers do.  XLA's
-    temporaries for the key derivation (fold_in's hash) are the memory walk's, not compared here."""
+    refuses) taken and returned by a step: explain holds them as XLA's argument and output buffers do, and at
+    most XLA's temporaries for the key derivation (fold_in's hash) more (those are held to XLA's in
+    tests/test_prng_rules.py)."""
     mesh = _mesh()
     keys, x = jax.random.split(jax.random.key(0, impl=impl), 64), jnp.ones((64, 16))
     spec = P("data") if split else P()
@@ -191,7 +192,8 @@ def test_typed_prng_keys_are_held_at_their_own_itemsize(impl: str, split: bool):
     m = compiled.memory_analysis()
     held = m.argument_size_in_bytes + m.output_size_in_bytes  # keys and x in and out, per device
     assert report.complete and report.comm_count == 0
-    assert abs(report.peak_bytes - held) <= 32, (report.peak_bytes, held)  # XLA pads its output tuple
+    # XLA pads its output tuple (32 B); the walk adds the hash's scratch (memory.hash_scratch), never above XLA's.
+    assert held - 32 <= report.peak_bytes <= held + m.temp_size_in_bytes + 32, (report.peak_bytes, held)
 
 
 def test_a_scan_carrying_a_typed_prng_key_is_priced():
@@ -213,6 +215,6 @@ def test_a_scan_carrying_a_typed_prng_key_is_priced():
     mesh = _mesh()
     args = (jnp.ones((16, 16)), jnp.ones((4, 8, 16)), jax.random.key(0))
     report = einshard.explain(jax.grad(loss), *args, mesh=mesh, in_specs=("a b -> a b", "t b d -> t b@data d", None))
-    # Priced, not raised; random_split has no layout rule yet, and the report says so (never silently complete).
+    # Priced, not raised; random_split has its layout rule (rules_random): the report is complete.
     assert report.peak_bytes > 0
-    assert not report.complete and report.unfollowed == ("random_split",)
+    assert report.complete and report.unfollowed == ()

@@ -114,6 +114,7 @@ ELEMENTWISE = {
     "complex",
     "random_fold_in",
     "random_seed",
+    "random_clone",  # jax.random.clone: the same keys, a copy
 }
 # Ops that reduce along some axes (rules_structural.reduce; memory fuses them with their producers).
 REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
