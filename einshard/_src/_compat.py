@@ -21,6 +21,7 @@ __all__ = [
     "native_unreduced",
     "dtype_itemsize",
     "is_array_dtype",
+    "is_extended_dtype",
 ]
 
 
@@ -80,6 +81,16 @@ def native_unreduced(mesh: Mesh | AbstractMesh | None) -> bool:
     if not types or not has_unreduced():
         return False
     return all(t == jax.sharding.AxisType.Explicit for t in types)
+
+
+def is_extended_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is one of JAX's extended dtypes (a typed PRNG key's ``key<fry>``), which NumPy refuses."""
+    if isinstance(dtype, np.dtype) or isinstance(dtype, str) or dtype is None:
+        return False
+    try:
+        return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.extended))
+    except TypeError:
+        return False
 
 
 def dtype_itemsize(dtype: Any) -> int:

@@ -1,5 +1,5 @@
 """Layout rules for typed PRNG keys' primitives: ``random_split``, ``random_bits``, ``random_wrap``,
-``random_unwrap`` (``random_fold_in``, ``random_seed`` and ``random_clone`` keep their shape: elementwise).
+``random_unwrap``, ``random_fold_in`` (``random_seed`` and ``random_clone`` keep their shape: elementwise).
 
 A key array ``key<fry>[B...]`` is a batch of keys: every key is computed from its own key alone (JAX lowers these
 ops as the impl's hash applied to each key, batched), so the batch dimensions keep the operand's split and nothing
@@ -24,7 +24,7 @@ from .registry import WalkerLike, register
 # Imported first so that its elementwise rule (values.ELEMENTWISE lists random_bits, random_wrap and random_unwrap,
 # which memory fuses as elementwise) is registered before this module's replace it, whatever order the package
 # imports the rules modules in.
-from . import rules_structural  # noqa: F401  # isort: skip
+from . import rules_structural  # isort: skip
 
 __all__ = ["KEY_BATCH_OPS", "FIRST_KEY_ONLY", "batch_then_whole", "first_key_slices", "key_impl"]
 
@@ -89,3 +89,21 @@ def wrap(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
         whole = data.with_dims(batch_then_whole(data.dims[:batch], len(data.shape)), data.unreduced)
         w.change(eqn, phase, data, whole, eqn.invars[0].aval.dtype, repeat, "a key's data words are hashed whole")
     return [w.relayout(out_aval, tuple(data.dims[:batch]))]
+
+
+@register("random_fold_in")
+def fold_in(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """``random_fold_in(keys, msgs)``: elementwise (each key folds its own message), but for unsafe_rbg keys, whose
+    fold_in hashes the messages' first element into one key for the whole batch: XLA slices it out of split
+    messages (all-reduces of the key's words, as :func:`first_key_slices`) and XORs it into the keys where they lie
+    (measured: keys[8] whole, msgs[8@a]: one all-reduce of 16 B, the result whole; msgs whole: nothing moves)."""
+    keys, msgs = ins[0], ins[1] if len(ins) > 1 else None
+    if key_impl(eqn.invars[0].aval.dtype) != "unsafe_rbg" or msgs is None:
+        return rules_structural.elementwise(w, eqn, ins, repeat, phase)
+    if not is_free(msgs) and any(msgs.dims):
+        why = "unsafe_rbg's fold_in hashes the first message into one key for the batch"
+        for i, axes in first_key_slices(msgs):
+            rows = math.prod(msgs.shard_shape[:i])
+            charge(w, eqn, phase, repeat, "all-reduce", axes, [rows * dtype_itemsize(eqn.invars[0].aval.dtype)], why)
+    out_aval = eqn.outvars[0].aval
+    return [w.free(out_aval) if is_free(keys) else w.relayout(out_aval, tuple(keys.dims))]
