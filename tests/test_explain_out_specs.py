@@ -32,14 +32,9 @@ def _xla(fn, mesh, out_shardings):
     shardings = (NamedSharding(mesh, FSDP),) * 2
     with jax.set_mesh(mesh):
         compiled = jax.jit(fn, in_shardings=shardings, out_shardings=out_shardings).lower(W, X).compile()
-    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
     m = compiled.memory_analysis()
     peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
-    return (
-        Counter({k: n for k, n in Counter(c.kind for c in found for _ in range(c.runs)).items()}),
-        sum(c.array_bytes * c.runs for c in found),
-        peak,
-    )
+    return hlo.collective_counts(compiled.as_text()), hlo.collective_bytes(compiled.as_text()), peak
 
 
 def _explained(report):
@@ -96,10 +91,7 @@ def test_a_pytree_of_out_specs_with_none_where_the_walk_decides():
             .lower(params, X)
             .compile()
         )
-    want = Counter()
-    for c in hlo.normalized(compiled.as_text()):
-        if c.group_size > 1:
-            want[c.kind] += c.runs
+    want = hlo.collective_counts(compiled.as_text())
     assert _explained(report)[0] == want
     assert want["reduce-scatter"] == 1
 
@@ -125,10 +117,7 @@ def test_out_specs_on_placed_arrays_and_the_current_explicit_mesh():
         report = einshard.explain(forward, w, x, out_specs=P())
         as_computed = einshard.explain(forward, w, x)
         compiled = jax.jit(forward, out_shardings=NamedSharding(mesh, P())).lower(w, x).compile()
-    want = Counter()
-    for c in hlo.normalized(compiled.as_text()):
-        if c.group_size > 1:
-            want[c.kind] += c.runs
+    want = hlo.collective_counts(compiled.as_text())
     assert _explained(report)[0] == want and want["all-gather"] >= 1
     assert _explained(as_computed)[0] == Counter()
 
