@@ -88,7 +88,7 @@ def test_projections_sharing_a_resharded_input_each_all_reduce_over_the_idle_axi
     )
     with jax.set_mesh(mesh):
         compiled = jax.jit(loss, in_shardings=shardings).lower(ws, x).compile()
-    xla = Counter(c.kind for c in hlo.normalized(compiled.as_text()) for _ in range(c.runs))
+    xla = hlo.collective_counts(compiled.as_text())
     report = einshard.explain(loss, ws, x, mesh=mesh, in_specs=specs)
     explained = Counter(
         c.kind for op in report.ops for c in op.collectives for _ in range(op.repeat) if c.group_size > 1
@@ -108,7 +108,7 @@ def test_a_split_bias_gradient_is_reduce_scattered_as_xla_does():
     shardings = tuple(einshard.sharding(e, a.shape, mesh=mesh) for e, a in zip(specs, (b, x)))
     with jax.set_mesh(mesh):
         compiled = jax.jit(grad, in_shardings=shardings, out_shardings=shardings[0]).lower(b, x).compile()
-    xla = Counter(c.kind for c in hlo.normalized(compiled.as_text()) for _ in range(c.runs))
+    xla = hlo.collective_counts(compiled.as_text())
     assert xla == Counter({"all-gather": 1, "reduce-scatter": 1})  # XLA's choice, as the reason describes
     # The gradient asked laid out as the bias, as XLA was (out_shardings) and the external corpus asks explain:
     # rules_structural's reduction follows the ask back through the rank promotion's reshape and unit-axis sum.
@@ -154,7 +154,7 @@ def _projection_gradients(loss):
     grad = jax.grad(loss)
     with jax.set_mesh(mesh):
         compiled = jax.jit(grad, in_shardings=shardings, out_shardings=shardings[0]).lower(p, x).compile()
-    xla = Counter(c.kind for c in hlo.normalized(compiled.as_text()) for _ in range(c.runs))
+    xla = hlo.collective_counts(compiled.as_text())
     report = einshard.explain(grad, p, x, mesh=mesh, in_specs=specs)
     explained = Counter(
         c.kind for op in report.ops for c in op.collectives for _ in range(op.repeat) if c.group_size > 1
@@ -175,8 +175,9 @@ def test_projection_gradients_of_a_hidden_state_split_on_d_are_xlas(loss):
 @pytest.mark.parametrize("split", [False, True])
 def test_typed_prng_keys_are_held_at_their_own_itemsize(impl: str, split: bool):
     """A batch of typed keys (8 bytes each for threefry, 16 for rbg: the dtype's own itemsize, which np.dtype
-    refuses) taken and returned by a step: explain holds them as XLA's argument and output buffers do.  XLA's
-    temporaries for the key derivation (fold_in's hash) are the memory walk's, not compared here."""
+    refuses) taken and returned by a step: explain holds them as XLA's argument and output buffers do, and at
+    most XLA's temporaries for the key derivation (fold_in's hash) more (those are held to XLA's in
+    tests/test_prng_rules.py)."""
     mesh = _mesh()
     keys, x = jax.random.split(jax.random.key(0, impl=impl), 64), jnp.ones((64, 16))
     spec = P("data") if split else P()
@@ -191,7 +192,8 @@ def test_typed_prng_keys_are_held_at_their_own_itemsize(impl: str, split: bool):
     m = compiled.memory_analysis()
     held = m.argument_size_in_bytes + m.output_size_in_bytes  # keys and x in and out, per device
     assert report.complete and report.comm_count == 0
-    assert abs(report.peak_bytes - held) <= 32, (report.peak_bytes, held)  # XLA pads its output tuple
+    # XLA pads its output tuple (32 B); the walk adds the hash's scratch (memory.hash_scratch), never above XLA's.
+    assert held - 32 <= report.peak_bytes <= held + m.temp_size_in_bytes + 32, (report.peak_bytes, held)
 
 
 def test_a_scan_carrying_a_typed_prng_key_is_priced():
@@ -213,9 +215,9 @@ def test_a_scan_carrying_a_typed_prng_key_is_priced():
     mesh = _mesh()
     args = (jnp.ones((16, 16)), jnp.ones((4, 8, 16)), jax.random.key(0))
     report = einshard.explain(jax.grad(loss), *args, mesh=mesh, in_specs=("a b -> a b", "t b d -> t b@data d", None))
-    # Priced, not raised; random_split has no layout rule yet, and the report says so (never silently complete).
+    # Priced, not raised; random_split has its layout rule (rules_random): the report is complete.
     assert report.peak_bytes > 0
-    assert not report.complete and report.unfollowed == ("random_split",)
+    assert report.complete and report.unfollowed == ()
 
 
 @pytest.mark.xfail(

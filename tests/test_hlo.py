@@ -247,3 +247,29 @@ def test_a_scan_whose_fusions_slice_stacked_weights_keeps_its_all_reduces(device
     grad = jax.jit(jax.grad(loss), out_shardings=fsdp.sharding).lower(fsdp, x).compile().as_text()
     kinds = sorted((c.kind, c.runs) for c in hlo.normalized(grad))
     assert kinds == [("all-gather", layers), ("all-gather", layers), ("reduce-scatter", layers)]
+
+
+def test_collective_counts_and_bytes_count_each_collective_per_run():
+    """The one counter the differential tests share: kinds and array bytes of :func:`hlo.normalized`, a loop's
+    collective counted once per trip (what explain's ``op.repeat`` counts)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    layers = 3
+
+    def loss(ws, x):
+        return jnp.sum(jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0])
+
+    shardings = (NamedSharding(mesh, P(None, "model", None)), NamedSharding(mesh, P("data", "model")))
+    text = jax.jit(loss, in_shardings=shardings).lower(jnp.ones((layers, 16, 16)), jnp.ones((8, 16))).compile()
+    text = text.as_text()
+    found = hlo.normalized(text)
+    assert any(c.runs == layers for c in found)
+    counts = hlo.collective_counts(text)
+    assert sum(counts.values()) == sum(c.runs for c in found) > len(found)
+    assert set(counts) == {c.kind for c in found}
+    assert hlo.collective_bytes(text) == sum(c.array_bytes * c.runs for c in found)
+    assert hlo.collective_counts("") == {} and hlo.collective_bytes("") == 0

@@ -149,12 +149,8 @@ def _xla(case: Case, mesh: Any, fn: Callable[..., Any]) -> tuple[Counter, int, l
             compiled = jax.jit(fn).lower(*placed).compile()
         else:
             compiled = jax.jit(fn, in_shardings=shardings).lower(*case.args).compile()
-    found = hlo.normalized(compiled.as_text())
-    kinds = Counter()
-    for c in found:
-        if c.group_size > 1:
-            kinds[c.kind] += c.runs
-    sent = sum(c.array_bytes * c.runs for c in found if c.group_size > 1)
+    text = compiled.as_text()
+    kinds, sent = hlo.collective_counts(text), hlo.collective_bytes(text)  # normalized drops one-device groups
     m = compiled.memory_analysis()
     peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
     outs = [getattr(s, "spec", P()) for s in jax.tree.leaves(compiled.output_shardings)]

@@ -65,12 +65,8 @@ def _table_loss(b: jax.Array, x: jax.Array) -> jax.Array:
 
 
 def _measured_xla(compiled: Any) -> Measured:
-    kinds: Counter[str] = Counter()
-    sent = 0
-    for c in hlo.normalized(compiled.as_text()):
-        if c.group_size > 1:
-            kinds[c.kind] += c.runs
-            sent += c.array_bytes * c.runs
+    text = compiled.as_text()
+    kinds, sent = hlo.collective_counts(text), hlo.collective_bytes(text)  # normalized drops one-device groups
     m = compiled.memory_analysis()
     peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
     return Measured(kinds, sent, float(peak))

@@ -205,10 +205,7 @@ def test_explain_and_plan_on_a_tpu_target_lead_with_the_caveat() -> None:
 
 
 def _kinds(text: str) -> Counter[str]:
-    kinds: Counter[str] = Counter()
-    for c in hlo.normalized(text):
-        kinds[c.kind] += c.runs
-    return kinds
+    return hlo.collective_counts(text)
 
 
 @needs_libtpu

@@ -150,6 +150,12 @@ def blocks() -> dict[str, Callable[[], set[str]]]:
         summed = lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
         return pooled + summed
 
+    def typed_keys(x: Any) -> Any:
+        keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(jax.random.split(jax.random.key(0), x.shape[0]))
+        keep = jax.vmap(lambda k, row: jax.random.bernoulli(jax.random.clone(k), 0.9, row.shape))(keys, x)
+        again = jax.random.wrap_key_data(jax.random.key_data(keys))
+        return jnp.where(keep, x, 0.0).sum() + jax.random.key_data(again).sum()
+
     def dyn(x: Any, i: Any) -> Any:
         return lax.dynamic_update_slice(x, lax.dynamic_slice(x, (i, 0), (2, 8)) * 2, (0, i))
 
@@ -165,6 +171,10 @@ def blocks() -> dict[str, Callable[[], set[str]]]:
         "jax.nn.dot_product_attention": lambda: trace(jax.nn.dot_product_attention, seq, seq, seq),
         "jnp.pad": lambda: trace(lambda a: jnp.pad(a, ((1, 1), (2, 0))), logits),
         "jnp.take_along_axis": lambda: trace(lambda a: jnp.take_along_axis(a, labels[:, None], 1), logits),
+        # Typed keys (jax.random.key, nnx.Rngs): a dropout key batch split, folded, drawn from, cloned, unwrapped.
+        "jax.random with typed keys (split, fold_in, bernoulli, clone, key_data, wrap_key_data)": lambda: trace(
+            typed_keys, jnp.ones((4, 16), f32)
+        ),
     }
     try:
         import optax

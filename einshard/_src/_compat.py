@@ -11,9 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import AbstractMesh, Mesh
 
-__all__ = ["get_concrete_mesh", "use_abstract_mesh", "has_unreduced", "native_unreduced"]
+__all__ = [
+    "get_concrete_mesh",
+    "use_abstract_mesh",
+    "has_unreduced",
+    "native_unreduced",
+    "dtype_itemsize",
+    "is_array_dtype",
+    "is_extended_dtype",
+]
 
 
 def get_concrete_mesh() -> Any:
@@ -72,3 +81,39 @@ def native_unreduced(mesh: Mesh | AbstractMesh | None) -> bool:
     if not types or not has_unreduced():
         return False
     return all(t == jax.sharding.AxisType.Explicit for t in types)
+
+
+def is_extended_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is one of JAX's extended dtypes (a typed PRNG key's ``key<fry>``), which NumPy refuses."""
+    if isinstance(dtype, np.dtype) or isinstance(dtype, str) or dtype is None:
+        return False
+    try:
+        return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.extended))
+    except TypeError:
+        return False
+
+
+def dtype_itemsize(dtype: Any) -> int:
+    """Bytes per element of ``dtype``, JAX's extended dtypes included: a typed PRNG key (``key<fry>``: 8,
+    ``key<rbg>``: 16) is no NumPy dtype, so ``np.dtype`` refuses it; its own ``itemsize`` is its buffer's.
+
+    The one sizing every layer uses (the analysis, the planner, drawing, the interop leaves, the pipeline
+    lowering): a model whose parameters or state hold a key batch must not fail where a float array passes."""
+    if isinstance(dtype, np.dtype):  # every aval's but an extended one: the walk's hot path
+        return int(dtype.itemsize)
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return int(dtype.itemsize)
+    return int(np.dtype(dtype).itemsize)
+
+
+def is_array_dtype(dtype: Any) -> bool:
+    """Whether a JAX array can hold ``dtype``'s values: bool, a number (ml_dtypes' bfloat16, float8, int4 …
+    included: NumPy gives them kind 'V'), or an extended dtype (a typed PRNG key); not strings, bytes, objects
+    or NumPy's structured/void records."""
+    if not isinstance(dtype, np.dtype) and jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return True
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return False
+    return bool(jax.dtypes.issubdtype(dt, np.number) or dt == np.bool_)

@@ -35,9 +35,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+import jax
 import numpy as np
 
 from ._checks import describe_value
+from ._compat import dtype_itemsize
 from .core.layout import spec_dims
 from .errors import EinshardError
 
@@ -87,7 +89,7 @@ def render(x: Any, dims: Sequence[str | int] | str | None = None, *, names: str 
     lines = [_header(x, shape, axis_names, sharding)]
     lines.append(_mesh_line(sharding, len(devices)))
     block_shape = [hi - lo for lo, hi in blocks[devices[0]]] if devices else list(shape)
-    itemsize = np.dtype(x.dtype).itemsize
+    itemsize = dtype_itemsize(x.dtype)
     elements = math.prod(block_shape)
     held = " ".join(f"{n}:{s}" for n, s in zip(axis_names, block_shape)) or "the scalar"
     lines.append(f"each device holds {held} ({elements:,} elements, {_bytes(elements * itemsize)})")
@@ -191,6 +193,8 @@ def _grid_dims(
 
 
 def _dtype_name(dtype: Any) -> str:
+    if not isinstance(dtype, np.dtype) and jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return str(dtype)  # a typed PRNG key: key<fry>, key<rbg>; NumPy has no name for it
     dt = np.dtype(dtype)
     if dt == np.bool_:
         return "bool"

@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 
 from ._caches import register
 from ._checks import RULES, naming
+from ._compat import dtype_itemsize
 from .errors import EinshardError, EinshardWarning
 
 __all__ = [
@@ -337,8 +337,8 @@ def _nbytes(leaf: Any) -> int:
     if shape is None or dtype is None:
         return 0
     try:
-        return math.prod(int(s) for s in shape) * np.dtype(dtype).itemsize
-    except TypeError:  # a dtype numpy does not know (a PRNG key type): not a parameter to warn about
+        return math.prod(int(s) for s in shape) * dtype_itemsize(dtype)
+    except TypeError:  # not a dtype at all (an object's own .dtype attribute): nothing to warn about
         return 0
 
 

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from .._compat import dtype_itemsize, is_array_dtype
 from ..core.layout import expand_names
 from ..core.logical import AxisRules, resolve_expression
 from ..errors import EinshardError
@@ -58,12 +59,12 @@ def leaves_of(tree: Any, argument: str = "params") -> tuple[Leaf, ...]:
         shape = tuple(int(s) for s in np.shape(value)) if not hasattr(value, "shape") else tuple(value.shape)
         dtype = getattr(value, "dtype", None) or np.asarray(value).dtype
         name = "/".join(_key_text(k) for k in path)
-        if np.dtype(dtype).kind in "USOV":
+        if not is_array_dtype(dtype):  # bfloat16, int4, typed PRNG keys pass: NumPy calls ml_dtypes' kind 'V'
             raise EinshardError(
-                f"{argument}=: the leaf {jax.tree_util.keystr(path) or '(the root)'} holds {np.dtype(dtype)} values, "
+                f"{argument}=: the leaf {jax.tree_util.keystr(path) or '(the root)'} holds {dtype} values, "
                 "which no JAX array holds (give arrays or jax.ShapeDtypeStructs of numbers)"
             )
-        out.append(Leaf(jax.tree_util.keystr(path), name, shape, math.prod(shape) * np.dtype(dtype).itemsize))
+        out.append(Leaf(jax.tree_util.keystr(path), name, shape, math.prod(shape) * dtype_itemsize(dtype)))
     return tuple(out)
 
 

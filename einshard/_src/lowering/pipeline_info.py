@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_bool, check_dtype, check_str_or_strs
+from .._compat import dtype_itemsize, is_array_dtype
 from ..core.mesh import AnyMesh, MeshLike, resolve_mesh
 from ..errors import EinshardError
 from . import schedules
@@ -96,7 +96,7 @@ def leaf_shape(path: Any, leaf: Any) -> tuple[int, ...]:
             f"pipeline params leaf {key or '<root>'} is a {type(leaf).__name__}, not an array",
             hint="Every params leaf must be an array with the layer axis first.",
         )
-    if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+    if not is_array_dtype(dtype):  # a typed PRNG key batch (one key per layer, for dropout) is a fine leaf
         raise EinshardError(f"pipeline params leaf {key or '<root>'} has non-numeric dtype {dtype}")
     shape = tuple(int(n) for n in leaf.shape)
     if not shape:
@@ -204,7 +204,7 @@ def pipeline_info(
     iterations = microbatches * repeats + stages - 1
     lps = layers // (stages * repeats)
     mb_shape = (local_batch // microbatches, *x.shape[1:])
-    mb_bytes = math.prod(mb_shape) * np.dtype(x.dtype).itemsize
+    mb_bytes = math.prod(mb_shape) * dtype_itemsize(x.dtype)
     forward = schedules.forward_ticks(stages, microbatches, repeats)
     if schedule == "1f1b":
         plan = schedules.one_f_one_b(stages, microbatches, repeats)

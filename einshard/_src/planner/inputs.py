@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from .._checks import describe_value
+from .._compat import dtype_itemsize
 from ..core.layout import MeshAxis
 from ..core.mesh import MeshLike
 from ..errors import EinshardError
@@ -69,4 +70,4 @@ def shape_of(x: Any) -> tuple[int, ...]:
 
 
 def itemsize_of(x: Any) -> int:
-    return int(np.dtype(getattr(x, "dtype", np.float32)).itemsize)
+    return dtype_itemsize(getattr(x, "dtype", np.float32))  # a typed PRNG key's too: np.dtype refuses it

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._checks import check_int, check_int_sequence, describe_value
+from .._compat import dtype_itemsize
 from ..errors import EinshardError
 
 __all__ = [
@@ -242,7 +243,7 @@ def cost_pipelines(search: PipelineSearch, groups: Sequence[Any], batch: Any, co
     other_bytes = sum(g.nbytes for g in groups if not g.stacked)
     stack_el = sum(math.prod(s) for g in stacked for s in g.shapes)
     other_el = sum(math.prod(s) for g in groups if not g.stacked for s in g.shapes)
-    itemsize = int(np.dtype(search.hidden.dtype).itemsize)
+    itemsize = dtype_itemsize(search.hidden.dtype)
     hidden_bytes = math.prod(search.hidden.shape) * itemsize
     out = []
     models: dict[tuple[str, ...], PipelineModel | None] = {}

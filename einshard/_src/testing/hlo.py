@@ -53,7 +53,15 @@ from dataclasses import dataclass
 
 from ..core.collectives import KINDS
 
-__all__ = ["HloCollective", "collectives", "normalized", "signature", "DTYPE_BYTES"]
+__all__ = [
+    "HloCollective",
+    "collectives",
+    "normalized",
+    "signature",
+    "collective_counts",
+    "collective_bytes",
+    "DTYPE_BYTES",
+]
 
 
 DTYPE_BYTES = {
@@ -375,3 +383,24 @@ def normalized(hlo_text: str) -> list[HloCollective]:
 def signature(items: list[tuple[str, int, int]] | list[HloCollective]) -> Counter[tuple[str, int, int]]:
     """A multiset of (kind, array_bytes, group_size), to compare XLA with the analyzer."""
     return Counter((c.kind, c.array_bytes, c.group_size) if isinstance(c, HloCollective) else c for c in items)
+
+
+def collective_counts(hlo_text: str) -> Counter[str]:
+    """XLA's collectives by kind, as :func:`normalized` reads them (CPU's all-reduce + slice is a reduce-scatter,
+    one-device groups dropped), each counted once per run: a collective inside a loop of 12 trips counts 12.
+
+    What explain's report counts (``op.repeat`` per collective), so the two compare as they are::
+
+        >>> text = jax.jit(f, in_shardings=...).lower(*args).compile().as_text()  # doctest: +SKIP
+        >>> hlo.collective_counts(text) == Counter({"all-gather": 1, "reduce-scatter": 1})  # doctest: +SKIP
+    """
+    kinds: Counter[str] = Counter()
+    for c in normalized(hlo_text):
+        kinds[c.kind] += c.runs
+    return kinds
+
+
+def collective_bytes(hlo_text: str) -> int:
+    """The bytes of XLA's collectives' arrays (``array_bytes``, each counted per run), as :func:`collective_counts`
+    counts them: what explain's ``sum(c.array_bytes * op.repeat)`` is compared with."""
+    return sum(c.array_bytes * c.runs for c in normalized(hlo_text))

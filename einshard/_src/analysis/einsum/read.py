@@ -15,6 +15,7 @@ import re
 from typing import Any, NamedTuple
 
 from ..._caches import cached
+from ..._compat import dtype_itemsize, is_extended_dtype
 from ...core.layout import Layout, MeshAxis, spec_partitions
 from ...errors import EinshardError
 from ...parsing import AxisItem, EllipsisItem, Expression, Side, parse_einsum
@@ -63,6 +64,8 @@ def dtype_info(dtype: Any) -> tuple[str, int]:
         size = _ITEMSIZE.get(dtype)
         if size is not None:
             return dtype, size
+    if not isinstance(dtype, str) and is_extended_dtype(dtype):
+        return str(dtype), dtype_itemsize(dtype)  # a typed PRNG key: its buffer's words (key<fry>: 8 B)
     name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or getattr(dtype, "__name__", str(dtype))
     if not isinstance(dtype, str):
         try:

@@ -28,6 +28,7 @@ from . import (  # noqa: F401
     rules_linalg,
     rules_loops,
     rules_ordering,
+    rules_random,
     rules_structural,
     rules_windows,
 )

@@ -71,6 +71,9 @@ TESTS: dict[str, str] = {
     "rules_linalg.fft": "tests/test_linalg_rules.py [fft]",
     "rules_control.constraint": "tests/test_explain_rules.py (auto_axes), tests/test_explain.py",
     "registry.call_rule": "tests/test_explain_corpus.py (jax.nn, optax and Flax wrap their bodies)",
+    "rules_random.key_batch": "tests/test_prng_rules.py [split, bits, unwrap, dropout]",
+    "rules_random.wrap": "tests/test_prng_rules.py [wrap]",
+    "rules_random.fold_in": "tests/test_prng_rules.py [fold_in]",
 }
 
 

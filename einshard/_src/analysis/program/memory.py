@@ -68,7 +68,16 @@ from .peak_summary import Steps, Stretch, Summary, SummaryMemo, fold, fold_runs,
 from .registry import sub_jaxpr
 from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial, Sent, dtype_itemsize
 
-__all__ = ["peak_bytes", "peak_caveat", "PeakCache", "SCRATCH", "window_scratch", "dot_scratch"]
+__all__ = [
+    "peak_bytes",
+    "peak_caveat",
+    "PeakCache",
+    "SCRATCH",
+    "window_scratch",
+    "dot_scratch",
+    "HASH_SCRATCH",
+    "hash_scratch",
+]
 
 
 # Ops XLA fuses into one loop with their elementwise producers (loop and input fusion), with the reductions
@@ -567,6 +576,8 @@ def window_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = 
         return _update_scratch(eqn, env)
     if eqn.primitive.name == "dot_general":
         return dot_scratch(eqn, env, absorbed)
+    if eqn.primitive.name in HASH_SCRATCH:
+        return hash_scratch(eqn, env)
     if eqn.primitive.name != "select_and_scatter_add":
         return 0
     source, operand = eqn.invars[0], eqn.invars[1]
@@ -1444,3 +1455,32 @@ def peak_caveat(jaxpr: Any) -> str:
     what = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(found.items()))
     # The range is measured on one-op programs; an approximate op's peak bound (the first line) adds to it.
     return f"peak approximate ({what}): explain / XLA measured {lo:g}-{hi:g}x, beyond that by the approximate ops' peak bound"
+
+
+# XLA:CPU hashes typed PRNG keys (threefry2x32) in a while loop over the rounds, holding its state words and
+# counters besides the result: bytes of scratch per byte of the op's result on the device.  Measured on one-op
+# programs over key batches of 16-256 (``vmap`` of bits (16,), split 3, fold_in), whole and split over 8 devices:
+# ``memory_analysis()`` minus explain's walk is ``per_byte · result + 388`` exactly from 512 result bytes up, and
+# never under a fixed 964 bytes (the loop's own buffers) below that (within 192 bytes).  Which key impls hash
+# with threefry, per op: rbg splits and folds with it too but draws its bits with XLA's RngBitGenerator (no such
+# loop); unsafe_rbg never does (measured: its split holds nothing beyond its result).
+HASH_SCRATCH: dict[str, float] = {"random_bits": 3.375, "random_split": 2.5, "random_fold_in": 4.5}
+HASHED_BY_THREEFRY: dict[str, frozenset[str]] = {
+    "random_bits": frozenset({"threefry2x32"}),
+    "random_split": frozenset({"threefry2x32", "rbg"}),
+    "random_fold_in": frozenset({"threefry2x32", "rbg"}),
+}
+_HASH_FIXED, _HASH_FLOOR = 388, 964
+
+
+def hash_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
+    """Bytes per device XLA:CPU holds while it hashes keys (:data:`HASH_SCRATCH`), besides the operands and result."""
+    name = eqn.primitive.name
+    impl = getattr(getattr(eqn.invars[0].aval.dtype, "_impl", None), "name", None)  # rules_random.key_impl
+    if impl not in HASHED_BY_THREEFRY[name]:
+        return 0
+    out = eqn.outvars[0]
+    lay = env.get(out)
+    shape = lay.shard_shape if lay is not None and not is_free(lay) else out.aval.shape
+    result = math.prod(int(n) for n in shape) * dtype_itemsize(out.aval.dtype)
+    return max(_HASH_FLOOR, int(HASH_SCRATCH[name] * result) + _HASH_FIXED)

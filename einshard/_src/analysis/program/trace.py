@@ -142,6 +142,79 @@ def _broadcast_specs(args: Sequence[Any], in_specs: Any) -> list[Any]:
     return out
 
 
+def _is_out_entry(s: Any) -> bool:
+    return s is None or isinstance(s, (str, jax.sharding.PartitionSpec, jax.sharding.NamedSharding))
+
+
+def output_specs(out_shape: Any, out_specs: Any, mesh: tuple[MeshAxis, ...]) -> list[Any] | None:
+    """``explain(out_specs=...)`` as :meth:`TracedProgram.report` takes it: one PartitionSpec (or None) per output
+    leaf, in flatten order.
+
+    ``out_specs`` is a pytree prefix of the outputs, as ``jax.jit(out_shardings=...)`` takes one (a single entry
+    covers every output below it), each entry an einshard expression, a PartitionSpec, a NamedSharding, or None:
+    that output as the walk computes it.  Anything else, a structure that does not match, a mesh axis the mesh
+    lacks or a split that does not divide its dimension is an EinshardError naming ``out_specs``."""
+    if out_specs is None:
+        return None
+    specs_flat, tree = jax.tree_util.tree_flatten(out_specs, is_leaf=_is_out_entry)
+    try:
+        per_entry = tree.flatten_up_to(out_shape)  # type: ignore[attr-defined]
+    except (ValueError, TypeError) as err:
+        raise EinshardError(
+            f"explain(): out_specs= does not match the structure of fn's outputs "
+            f"({jax.tree_util.tree_structure(out_shape)}): {err}"
+        ) from None
+    sizes = {m.name: m.size for m in mesh}
+    out: list[Any] = []
+    for spec, sub in zip(specs_flat, per_entry):
+        for leaf in jax.tree_util.tree_leaves(sub):
+            out.append(_output_spec(spec, tuple(int(n) for n in leaf.shape), mesh, sizes))
+    return out
+
+
+def _output_spec(spec: Any, shape: tuple[int, ...], mesh: tuple[MeshAxis, ...], sizes: dict[str, int]) -> Any:
+    """One output leaf's asked layout as PartitionSpec entries (None: as computed), checked against the mesh."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        from ...core.layout import resolve_named
+        from ...parsing import parse_placement
+
+        with naming("einshard.explain", "out_specs"):
+            lay = resolve_named(parse_placement(spec), shape, mesh)
+        return jax.sharding.PartitionSpec(*(d or None for d in lay.dims))
+    if isinstance(spec, jax.sharding.NamedSharding):
+        spec = spec.spec
+    if not isinstance(spec, jax.sharding.PartitionSpec):
+        raise EinshardError(
+            "explain(): out_specs= takes an expression, a PartitionSpec, a NamedSharding or None per output (a "
+            f"pytree prefix of the outputs), got {type(spec).__name__} {spec!r:.60}"
+        )
+    try:
+        entries = _spec_entries(spec)
+    except EinshardError as err:
+        raise EinshardError(str(err).replace("in_specs=", "explain(): out_specs=", 1)) from None
+    if len(entries) > len(shape):
+        raise EinshardError(f"explain(): out_specs= gives {spec} to an output of shape {shape} (rank {len(shape)})")
+    used: list[str] = []
+    for entry, n in zip(entries, shape):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        missing = [m for m in axes if m not in sizes]
+        if missing:
+            raise EinshardError(f"explain(): out_specs= names mesh axis {missing[0]!r}, not in the mesh {sizes}")
+        twice = [m for m in axes if m in used or axes.count(m) > 1]
+        if twice:
+            raise EinshardError(f"explain(): out_specs= splits one output over mesh axis {twice[0]!r} twice ({spec})")
+        used.extend(axes)
+        ways = int(np.prod([sizes[m] for m in axes])) if axes else 1
+        if n % ways:
+            raise EinshardError(
+                f"explain(): out_specs= splits an output dimension of size {n} (shape {shape}) over {axes} "
+                f"({ways} ways): it does not divide"
+            )
+    return spec
+
+
 def _mesh_of(mesh: Any, args: Sequence[Any]) -> tuple[MeshAxis, ...]:
     """The mesh by einshard's one precedence (einshard.core.mesh.resolve_mesh): ``mesh=``, the current mesh,
     the arguments' own (concrete arrays, and traced values through their types)."""
@@ -156,6 +229,7 @@ def explain(
     profile: Any = None,
     axis_rules: AxisRulesLike | None = None,
     target: Any = None,
+    out_specs: Any = None,
     **kwargs: Any,
 ) -> ProgramReport:
     """Explain what running ``fn(*args, **kwargs)`` costs under the arguments' layouts.
@@ -177,6 +251,11 @@ def explain(
         target: hardware to explain for (:mod:`einshard.targets`: ``'tpu:v5p:4x4x4'``, ``'gpu:h100x8'``):
             its chip's profile (unless ``profile=``) and, without ``mesh=``, its default mesh; the mesh's
             sizes must multiply to its chips.  Nothing compiles (``einshard.plan(target=..., verify=k)`` does).
+        out_specs: layouts asked of the outputs, as ``jax.jit(out_shardings=...)`` asks them: a pytree prefix of
+            ``fn``'s outputs (one entry covers every output below it) of einshard expressions, PartitionSpecs,
+            NamedShardings, or None (that output as the walk computes it; the default for all).  Each output is
+            brought there (the collective counted, FSDP's gradient reduce-scattered to its parameter's split) and
+            held that way (peak bytes).
 
     Returns:
         A :class:`ProgramReport`: op-by-op collectives, bytes, FLOPs per device, peak
@@ -200,8 +279,9 @@ def explain(
         mesh, profile = on_target(target, mesh, profile, "explain()")
     with scoped_axis_rules(axis_rules):
         traced = trace(fn, *args, mesh=mesh, profile=profile, **kwargs)
+        outs = output_specs(traced.out_shape, out_specs, traced.mesh)
         with naming("einshard.explain", "in_specs"):
-            return traced.report(in_specs)
+            return traced.report(in_specs, outs)
 
 
 class TracedProgram:

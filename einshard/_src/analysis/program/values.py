@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import jax
-import numpy as np
+from ..._compat import dtype_itemsize
 
 __all__ = ["ELEMENTWISE", "REDUCTIONS", "CARRIERS", "Derived", "Gathered", "Partial", "Sent", "dtype_itemsize"]
 
@@ -115,6 +114,7 @@ ELEMENTWISE = {
     "complex",
     "random_fold_in",
     "random_seed",
+    "random_clone",  # jax.random.clone: the same keys, a copy
 }
 # Ops that reduce along some axes (rules_structural.reduce; memory fuses them with their producers).
 REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
@@ -148,13 +148,3 @@ class Sent(Derived):
     """An operand of the equation making this value, moved by an all-to-all: bound to the operand's layout before
     the move (the largest, where several are moved).  XLA:CPU holds its send and its receive buffers while the
     all-to-all runs (memory.py)."""
-
-
-def dtype_itemsize(dtype: Any) -> int:
-    """Bytes per element of ``dtype``, JAX's extended dtypes included: a typed PRNG key (``key<fry>``: 8,
-    ``key<rbg>``: 16) is no NumPy dtype, so ``np.dtype`` refuses it; its own ``itemsize`` is its buffer's."""
-    if isinstance(dtype, np.dtype):  # every aval's but an extended one: the walk's hot path
-        return int(dtype.itemsize)
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
-        return int(dtype.itemsize)
-    return int(np.dtype(dtype).itemsize)
