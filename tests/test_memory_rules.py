@@ -346,3 +346,20 @@ def test_residual_stream_is_recomputed_in_each_reader() -> None:
         net, (_sds(64, 32), _sds(64, 32), *weights), (P(), P(), *specs), _mesh(False, (4, 2), ("data", "model"))
     )
     assert got == pytest.approx(xla, rel=0.05), (got, xla, got / xla)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_random_bits_from_a_computed_key_are_made_where_the_program_makes_them(split: bool, explicit: bool) -> None:
+    """A dropout whose key is folded with a computed value (``fold_in(key, sum(h) > 0)``, h = ``tanh(x @ w)``):
+    its bits read more than a key, so XLA runs the threefry loop after h, not at the start: the loop's four words
+    on top of h, then its two words to the mask's fusion (within 1% of XLA, whole and split, Auto and Explicit)."""
+
+    def late(x: Any, w: Any, key: Any) -> Any:
+        h = jnp.tanh(x @ w)
+        k = jax.random.fold_in(key, (jnp.sum(h) > 0).astype(jnp.uint32))
+        return jnp.sum((h * jax.random.bernoulli(k, 0.9, h.shape)) @ w)
+
+    args = (_sds(64, 128), _sds(128, 128), _KEY)
+    got, xla = _peaks(late, args, (P("a") if split else P(), P(), P()), _mesh(explicit))
+    assert got == pytest.approx(xla, rel=0.05), (got, xla, got / xla)
