@@ -37,6 +37,9 @@ buffers, not just what the jaxpr names:
 * **all-to-alls**: XLA:CPU moves an operand by an all-to-all of one piece per device:
   its send pieces and its receive pieces (each the operand's shard) are live while it
   runs, besides the operand and the op's result;
+* **random bits**: a ``random_bits`` result is the two u32 state words per element of XLA:CPU's threefry
+  loop, read by the fusion that consumes the bits (no buffer of its own); bits made from the key alone are
+  made at the start of the step, their words held to their reader (:func:`_random_bits`);
 * **combined sums**: a partial sum whose reduced value only leaves the
   program (a gradient's all-reduce) waits for XLA's all-reduce combiner,
   which issues the step's independent all-reduces together once the last
