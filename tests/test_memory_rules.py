@@ -363,3 +363,22 @@ def test_random_bits_from_a_computed_key_are_made_where_the_program_makes_them(s
     args = (_sds(64, 128), _sds(128, 128), _KEY)
     got, xla = _peaks(late, args, (P("a") if split else P(), P(), P()), _mesh(explicit))
     assert got == pytest.approx(xla, rel=0.05), (got, xla, got / xla)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_random_bits_in_a_scanned_body_are_made_first_in_each_trip(split: bool) -> None:
+    """A scanned dropout (``tanh(c @ w) * bernoulli(k, 0.9, c.shape)``, one key per trip): the bits read only the
+    trip's key, so the walk makes them at the start of the body's iteration.  Within 25% of XLA (0.80x whole,
+    0.91x split on an Auto mesh, 0.75x split on an Explicit one; 0.50x, 0.78x and 0.29x before): XLA holds two
+    more words of the bits per trip than the walk does, not yet found where."""
+
+    def scanned(x: Any, w: Any, key: Any) -> Any:
+        def body(c: Any, k: Any) -> Any:
+            return jnp.tanh(c @ w) * jax.random.bernoulli(k, 0.9, c.shape), None
+
+        h, _ = jax.lax.scan(body, x, jax.random.split(key, 3))
+        return jnp.sum(h)
+
+    args = (_sds(64, 128), _sds(128, 128), _KEY)
+    got, xla = _peaks(scanned, args, (P("a") if split else P(), P(), P()), _mesh(False))
+    assert got == pytest.approx(xla, rel=0.25), (got, xla, got / xla)
