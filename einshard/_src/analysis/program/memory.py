@@ -37,6 +37,9 @@ buffers, not just what the jaxpr names:
 * **all-to-alls**: XLA:CPU moves an operand by an all-to-all of one piece per device:
   its send pieces and its receive pieces (each the operand's shard) are live while it
   runs, besides the operand and the op's result;
+* **random bits**: a ``random_bits`` result is the two u32 state words per element of XLA:CPU's threefry
+  loop, read by the fusion that consumes the bits (no buffer of its own); bits made from the key alone are
+  made at the start of the step, their words held to their reader (:func:`_random_bits`);
 * **combined sums**: a partial sum whose reduced value only leaves the
   program (a gradient's all-reduce) waits for XLA's all-reduce combiner,
   which issues the step's independent all-reduces together once the last
@@ -686,6 +689,9 @@ class _Liveness:
     dies: dict[int, list[Key]]  # the buffers freed after each step
     leaves: frozenset[Key]  # values only on their way out of the program (their partial sums wait)
     donors: dict[int, tuple[Key, ...]] = field(default_factory=dict)  # by step: buffers it may write into
+    # The random bits XLA:CPU makes in a threefry loop: (step, the bits, whether made from the key alone, the
+    # values of their shape elementwise ops make from them: on Auto axes the most split of those is theirs).
+    bits: tuple[tuple[int, Key, bool, tuple[Key, ...]], ...] = ()
 
 
 def _in_place_bases(prog: _Program) -> list[Key]:
@@ -720,6 +726,8 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
             producer[k] = i
     fusible = _fusible_elementwise()
     fusing = fusible | _fusing()
+    bits = _random_bits(steps, dead, outputs, producer)
+    bits_keys = frozenset(k for _, k, _ in bits)
 
     def is_fused(k: Key) -> bool:
         """No buffer of its own: computed inside the fusion of each of its readers.
@@ -734,6 +742,8 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
         """
         if k in outputs or k not in producer:
             return False
+        if k in bits_keys:
+            return True  # the threefry loop's two state words, read by its readers' fusion (_random_bits)
         name, reads = steps[producer[k]].name, readers.get(k, [])
         if any(r in folded for r in reads):
             return False  # a dot reads it through the transpose folded into it: a buffer
@@ -826,7 +836,10 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
             base = step.ins[:1] if step.name in _UPDATES_IN_PLACE else step.ins
             donors[i] = tuple(d for d in fusion_inputs_of(base) if d not in args and until.get(d) == i)
     leaves = frozenset(_leaves_program(steps, set(outputs)))
-    return _Liveness(readers, producer, fused, until, dies, leaves, donors)
+    # The random bits with the values of their shape that elementwise ops make from them: on Auto axes XLA's
+    # sharding propagation splits the bits as the most split of those (_bits_word_bytes).
+    read_as = tuple((i, k, first, _elementwise_from(k, steps, readers, fusible)) for i, k, first in bits)
+    return _Liveness(readers, producer, fused, until, dies, leaves, donors, read_as)
 
 
 def _combined_at(body: _Program, until: dict[Key, int], size: Callable[[Key], int]) -> dict[int, int]:
@@ -915,6 +928,118 @@ def _dead_steps(steps: list[_Step], outputs: Any) -> frozenset[int]:
     return frozenset(dead)
 
 
+# XLA:CPU makes ``random_bits`` (a threefry hash of a typed key) in a while loop over two u32 state words per
+# element of the bits, whatever their width up to 32 (8-, 16- and 32-bit bits measured alike), and reads both words
+# in the fusion that consumes the bits (shift, or, the uniform's and the mask's arithmetic): the bits are never a
+# buffer of their own.  Each trip copies both words before it writes the next pair: four words while the loop runs.
+_BITS_WORDS = 2
+_BITS_LOOP_WORDS = 4
+# A value with at most this many elements is a key's (a typed key, its u32[2] data, a split's pair, a fold-in's
+# counter): bits that read nothing larger are made from the key alone.
+_KEY_ELEMENTS = 64
+
+
+def _random_bits(
+    steps: list[_Step], dead: frozenset[int], outputs: Any, producer: dict[Key, int]
+) -> tuple[tuple[int, Key, bool], ...]:
+    """The random bits the program makes (step, bits, whether made from the key alone), the dead and the program's
+    outputs left out (an output is a buffer).
+
+    Bits that read only a key (nothing larger, transitively) are made by XLA at the start of the step: its
+    scheduler runs the threefry loops before anything else, each loop's two words then held to the fusion that
+    reads the bits.  Measured on XLA:CPU (buffer assignment): ``x * bernoulli(key, 0.9, x.shape)`` holds x, the
+    result and three or four words of x's elements (the loop's pair and its copies), split or not; two dropouts
+    with a dot between run both loops first (six words at the peak, the first pair's four beside the second's
+    copies); the GPT-2 decoder's seven dropouts (keras-hub, FSDP) all run before its first layer.
+    """
+    out = []
+    for i, step in enumerate(steps):
+        if step.name != "random_bits" or i in dead or not step.outs or step.outs[0] in outputs:
+            continue
+        out.append((i, step.outs[0], _from_key_alone(i, steps, producer)))
+    return tuple(out)
+
+
+def _from_key_alone(i: int, steps: list[_Step], producer: dict[Key, int]) -> bool:
+    """Whether step ``i`` reads, transitively, only values of at most ``_KEY_ELEMENTS`` elements."""
+    todo, seen = list(steps[i].ins), set()
+    while todo:
+        k = todo.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        shape = getattr((k[1] if isinstance(k, tuple) else k).aval, "shape", ())
+        if math.prod(int(n) for n in shape) > _KEY_ELEMENTS:
+            return False
+        j = producer.get(k)
+        if j is not None:
+            todo.extend(steps[j].ins)
+    return True
+
+
+# How far the bits' split is looked for along the elementwise ops that read them (a mask is a few ops from its use).
+_BITS_READERS = 32
+
+
+def _elementwise_from(
+    k: Key, steps: list[_Step], readers: dict[Key, list[int]], fusible: frozenset[str]
+) -> tuple[Key, ...]:
+    """The values of ``k``'s shape that elementwise ops make from it, transitively (at most ``_BITS_READERS``)."""
+    shape = getattr(_aval(k), "shape", None)
+    out: list[Key] = []
+    todo, seen = [k], {k}
+    while todo and len(out) < _BITS_READERS:
+        for r in readers.get(todo.pop(0), []):
+            if steps[r].name not in fusible and steps[r].name != "bitcast_convert_type":
+                continue  # (a bitcast of the same shape: the uniform's u32 -> f32)
+            for o in steps[r].outs:
+                if o not in seen and getattr(_aval(o), "shape", None) == shape:
+                    seen.add(o)
+                    out.append(o)
+                    todo.append(o)
+    return tuple(out)
+
+
+def _aval(k: Key) -> Any:
+    return (k[1] if isinstance(k, tuple) else k).aval
+
+
+def _bits_word_bytes(k: Key, lay: Layout | None) -> int:
+    """The bytes of one threefry state word for the bits ``k`` per device: 4 per element of its piece.
+
+    ``lay``: the most split layout of the values of the bits' shape that elementwise ops make from them (else
+    the bits' own): on Auto axes XLA's sharding propagation gives the bits that split (the threefry loop is
+    elementwise in its counters: ``x[64@a, 128] * bernoulli(key, 0.9, x.shape)`` makes each device's eighth,
+    measured; ``x * normal(key, x.shape)`` too, through the normal's ``erf_inv``).
+    Where the mesh's axes are all Explicit the bits' type is their layout instead (JAX types ``bernoulli``'s
+    bits replicated: XLA makes them whole on every device and slices its piece in the reader's fusion, measured
+    on the same program: four whole words)."""
+    aval = _aval(k)
+    shape = tuple(int(n) for n in getattr(aval, "shape", ()))
+    typed = _typed_shard_shape(aval)
+    if typed is not None:
+        shape = typed
+    elif lay is not None and not is_free(lay):
+        shape = tuple(int(n) for n in lay.shard_shape)
+    return math.prod(shape) * 4
+
+
+def _typed_shard_shape(aval: Any) -> tuple[int, ...] | None:
+    """The piece of ``aval`` per device its type names, where every axis of its mesh is Explicit (else None)."""
+    sharding = getattr(aval, "sharding", None)
+    mesh: Any = getattr(sharding, "mesh", None)
+    types = getattr(mesh, "axis_types", ())
+    if not types or not all("Explicit" in str(t) for t in types):
+        return None
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    spec = list(getattr(sharding, "spec", ())) + [None] * len(aval.shape)
+    out = []
+    for n, entry in zip(aval.shape, spec):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        out.append(-(-int(n) // math.prod(sizes[a] for a in names)))
+    return tuple(out)
+
+
 def _peak(
     prog: _Program,
     layouts: dict[Any, Layout],
@@ -992,6 +1117,19 @@ def _peak(
     extra_until = [
         (until[v], nbytes_as(v, c, tiling) - size(v)) for v, c in gathered.items() if v in until and v in args
     ]
+    # Random bits: those made from the key alone are made first (their loops before anything else), their words
+    # held from the start to their reader; the others where the program makes them (_random_bits).
+    start_loops = [0]
+    for i, k, first, spread in info.bits:
+        word = min(_bits_word_bytes(k, prog.layout(m)) for m in (k, *spread))
+        if first:
+            extra_until.append((until[k], _BITS_WORDS * word))
+            start_loops.append((_BITS_LOOP_WORDS - _BITS_WORDS) * word)
+        else:
+            combined = dict(combined)
+            combined[i] = combined.get(i, 0) + (_BITS_LOOP_WORDS - _BITS_WORDS) * word
+            for j in range(i, until[k] + 1):
+                combined[j] = combined.get(j, 0) + _BITS_WORDS * word
 
     live: dict[Key, int] = {v: size(v) for v in prog.args}
     total = sum(live.values())
@@ -1007,7 +1145,8 @@ def _peak(
         for v, c in gathered.items()
         if v in args and _gathers_minor(v, c, layouts)
     ]
-    peak = total + gathered_now + max(transposing, default=0)
+    # (The start's random-bits loops run one after another, with every earlier loop's words live.)
+    peak = total + gathered_now + max([*transposing, *start_loops])
 
     def held_bytes(k: Key) -> int:
         """The bytes of ``k``'s pending partial sum, held until the combined all-reduce (0: none)."""
@@ -1325,6 +1464,7 @@ def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tup
     sized |= frozenset(i for i, step in enumerate(steps) if step.inside)
     args = frozenset(prog.args)
     ends = frozenset(info.until[v] for v in args if v in info.until)
+    ends |= frozenset(info.until[k] for _, k, first, _ in info.bits if first)  # (random bits made first)
     cut = Steps(
         [step.name for step in steps],
         [step.ins for step in steps],
