@@ -66,7 +66,11 @@ def key_batch(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: st
     """``random_split[shape]``, ``random_bits[shape]``, ``random_unwrap``: the keys' batch split carries through
     (but where the impl draws from the first key alone: :data:`FIRST_KEY_ONLY`)."""
     out_aval, keys = eqn.outvars[0].aval, eqn.invars[0].aval
-    if is_free(ins[0]):
+    if is_free(ins[0]) or not any(ins[0].dims):
+        # Keys whole on every device: each device can make any piece of the result (threefry is elementwise in
+        # its counters), so the readers choose its layout, as XLA's propagation does on Auto axes
+        # (x[64@a, 128] * bernoulli(key, 0.9, x.shape) makes each device's eighth of the bits; measured,
+        # tests/test_memory_rules.py's random-bits tests).
         return [w.free(out_aval)]
     if any(ins[0].dims) and key_impl(keys.dtype) in FIRST_KEY_ONLY.get(eqn.primitive.name, frozenset()):
         why = f"{eqn.primitive.name} of {keys.dtype} keys draws from the batch's first key, whole on every device"
