@@ -430,3 +430,23 @@ def test_the_combiner_groups_any_dependence_graph_as_the_plain_greedy(drawn):
     assert _combine(colls, _Profile(), sizes, skip_upstream=True) == _combine(
         colls, _Profile(), sizes, skip_upstream=False
     )
+
+
+@pytest.mark.parametrize("layers", [6, 12])
+def test_a_replay_is_prepared_once_per_tape_and_copy(layers):
+    """What a replay writes at a copy (its keys by slot, its ops' words, its tables: walker._prepare_replay) is found
+    once per tape and copy: costing a layout again replays every copy and prepares nothing, at any depth (before,
+    every replay of every costing looked each write's key up by slot and each op's words up again)."""
+    t = _traced(layers, "remat", "auto")
+    counts = t.costs.counts
+    for layout in ((0, 0, 1), (1, 1, 0)):  # data parallel; tensor parallel (look-aheads past the copies)
+        specs = _specs(*layout)
+        # Twice: the first costing's keys are its own (a copy entering with layouts its own walk recorded reads them
+        # as another costing does not), the second's are every later costing's.
+        combined_report(t, specs)
+        combined_report(t, specs)
+        prepared, replays = counts.segment_prepared, counts.segment_replays
+        for _ in range(2):
+            combined_report(t, specs)
+        assert counts.segment_prepared == prepared
+        assert counts.segment_replays - replays >= 2 * (layers - 3)  # the layers past the first and last replayed

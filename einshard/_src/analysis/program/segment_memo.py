@@ -53,6 +53,7 @@ __all__ = [
     "SegmentTape",
     "CopySlots",
     "ReadyTape",
+    "CopyReplay",
     "Shelf",
     "copy_slots",
     "ready_tape",
@@ -119,6 +120,7 @@ class Copy:
     structure: int = -1
     # The ids of the values it makes (whether the caller asks for one of them is one set operation per copy).
     inside_ids: frozenset[int] = frozenset()
+    entering_ids: tuple[int, ...] = ()  # id of each entering value, in order
 
     def value(self, token: Token) -> Any:
         return self.entering[token[1]] if token[0] == "e" else self.inside[token[1]]
@@ -234,6 +236,7 @@ def plan_segments(
                 tuple((v, Gathered(v), Partial(v), id(v), (1, id(v))) for v in entering.values()),
                 interned.setdefault((template, calls, wiring), len(interned)),
                 frozenset(id(v) for v in inside),
+                tuple(entering),
             )
     made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
     return SegmentPlan(jaxpr, copies, made_at)
@@ -399,6 +402,29 @@ class ReadyTape:
     made_moves: tuple[Hashable, ...]
     made_to: tuple[Any, ...]
     made_by: tuple[tuple[int, frozenset[Hashable]], ...]  # slot -> its moves
+    # Its replays by copy (id(copy) -> :class:`CopyReplay`), made once per copy and naming.
+    at: dict[int, CopyReplay] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class CopyReplay:
+    """A tape's replay at one copy with its keys looked up: what :meth:`~.walker.Walker._segment_replay` writes, as
+    tables that update the walker's in one C-level pass each, made once per (tape, copy, naming) and reused by every
+    costing that replays the tape there (a deep model's copies are replayed at every costing: the lookups by slot,
+    the ops' words and the small tables built per replay were most of a replay's cost)."""
+
+    ready: ReadyTape  # held, so that the ids it is cached under stay their own
+    copy: Copy
+    names: Any  # the naming its op words were found under (Walker.value_names, eqn_where), by identity
+    where: Any
+    env: dict[Any, Layout]  # every environment write, its last layout per key, in first-write order
+    private: tuple[tuple[Any, int, Layout], ...]  # (key, id(value), layout): a private copy bound per replay
+    summed: dict[int, frozenset[str]]
+    made: dict[tuple[Any, Hashable], Any]
+    made_by: tuple[tuple[tuple[int, int], frozenset[Hashable]], ...]  # (the value's source, its moves)
+    ops: tuple[dict[str, Any], ...]  # each op's fields but its index, its words this copy's
+    op_eqns: tuple[Any, ...]
+    sub_envs: dict[tuple[int, ...], dict[Any, Layout]]
 
 
 def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
@@ -569,13 +595,24 @@ def searches_hold(searches: tuple[Search, ...], copy: Copy, w: Any, cache: dict[
 
     for tok, at, before, out, sums, passed, found in searches:
         reach = reach_of(w.costs, copy.value(tok))
-        if reach is None or len(out.dims) != len(reach.steps[0][1]) or course(reach, at) != before:
+        if reach is None or len(out.dims) != len(reach.steps[0][1]) or _course_of(reach, at, cache) != before:
             return False
         if not _past(w, copy, reach, cache, at):
             return False
         if rest_of_reach(w, reach, out, sums, at, dict(passed)) != found:
             return False
     return True
+
+
+def _course_of(reach: Any, at: int, cache: dict[Any, Any]) -> Hashable:
+    """:func:`course` of ``reach`` before step ``at``, made once per traced program (``cache``: OpCosts.segment_past,
+    whose other keys are triples of ints): a reach is the program's structure, and a deep model's replays check
+    the same searches at every copy of every costing."""
+    key = ("course", id(reach), at)
+    hit = cache.get(key)
+    if hit is None or hit[0] is not reach:
+        hit = cache[key] = (reach, course(reach, at))
+    return hit[1]
 
 
 def _env_ident(key: Any) -> int:
