@@ -537,7 +537,13 @@ def _past(w: Any, copy: Copy, reach: Any, cache: dict[Any, Any], at: int) -> boo
     """Whether the search of ``reach`` from step ``at`` on reads nothing of ``copy`` (:func:`past_start`) and visits
     no program output the caller asks a layout of (its asked check reads ``requested``)."""
     start = past_start(copy, reach, at, cache)
-    return start is not None and not any(i in start for i in w.requested)
+    if start is None:
+        return False
+    requested = w.requested
+    if len(start) < len(requested):  # from the smaller side (a planner asks a layout of every gradient)
+        asked = requested.keys()  # (its view: a membership test no recording table logs, as the iteration below)
+        return not any(i in asked for i in start)
+    return not any(i in start for i in requested)
 
 
 def past_copy(w: Any, reach: Any, at: int) -> bool:
