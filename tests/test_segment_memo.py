@@ -433,26 +433,6 @@ def test_the_combiner_groups_any_dependence_graph_as_the_plain_greedy(drawn):
     )
 
 
-@pytest.mark.parametrize("layers", [6, 12])
-def test_a_replay_is_prepared_once_per_tape_and_copy(layers):
-    """What a replay writes at a copy (its keys by slot, its ops' words, its tables: walker._prepare_replay) is found
-    once per tape and copy: costing a layout again replays every copy and prepares nothing, at any depth (before,
-    every replay of every costing looked each write's key up by slot and each op's words up again)."""
-    t = _traced(layers, "remat", "auto")
-    counts = t.costs.counts
-    for layout in ((0, 0, 1), (1, 1, 0)):  # data parallel; tensor parallel (look-aheads past the copies)
-        specs = _specs(*layout)
-        # Twice: the first costing's keys are its own (a copy entering with layouts its own walk recorded reads them
-        # as another costing does not), the second's are every later costing's.
-        combined_report(t, specs)
-        combined_report(t, specs)
-        prepared, replays = counts.segment_prepared, counts.segment_replays
-        for _ in range(2):
-            combined_report(t, specs)
-        assert counts.segment_prepared == prepared
-        assert counts.segment_replays - replays >= 2 * (layers - 3)  # the layers past the first and last replayed
-
-
 def _tailed(layers: int, tail: str):
     """An unrolled stack of dots (per-layer weights, no residual) whose last copy's values flow into ``tail``: the
     run's copies align with the layers (a first op before them), so the last copy's horizon (Copy.horizon: the
@@ -514,3 +494,25 @@ def test_a_last_copy_whose_values_flow_elsewhere_reports_as_its_walk(tail, monke
     # The last copy keys like the others (one structure) though its horizon is its own, and it was replayed.
     assert len({c.structure for c in plan.copies.values()}) == 1 and last.horizon != before.horizon
     assert last.start in replayed
+
+
+def test_recordings_copy_no_table_of_the_walk(monkeypatch):
+    """Recording a copy swaps the classes of the walker's tables (segment_memo.record_table), the uses table
+    included (it holds every walked value's consumers: copying it in and out of each recording grew with depth):
+    each table is one object through every recording of a costing, and the reports are the same."""
+    fn, params, x = decoder(6, "remat")
+    t = trace(fn, params, x, mesh=MESH)
+    seen: dict[int, list[tuple[int, ...]]] = {}  # per walker, its tables' ids after each recording
+    finish = Walker._segment_finish
+
+    def noting(self, recording, env):
+        finish(self, recording, env)
+        seen.setdefault(id(self), []).append((id(self.uses), id(self.summed), id(self._made), id(self.requested)))
+
+    monkeypatch.setattr(Walker, "_segment_finish", noting)
+    specs, out_specs = _specs(1, 1, 0), _out_specs(1, 1)
+    memo = t.report(specs, out_specs, forks=0)
+    assert max(map(len, seen.values())) >= 2  # several recordings in one costing
+    assert all(len(set(tables)) == 1 for tables in seen.values())
+    t.costs.memoise_segments = False
+    assert t.report(specs, out_specs, forks=0).ops == memo.ops

@@ -295,13 +295,13 @@ class DependencyWalker(Walker):
 
 
 def _or_of(operands: int, entering: list[int]) -> int:
-    """The or of the masks ``entering[k]`` for each bit ``k`` set in ``operands``."""
-    mask, k = 0, 0
+    """The or of the masks ``entering[k]`` for each bit ``k`` set in ``operands`` (its set bits only: a copy's
+    collective depends on a few of its entering values, at any of their positions)."""
+    mask = 0
     while operands:
-        if operands & 1:
-            mask |= entering[k]
-        operands >>= 1
-        k += 1
+        low = operands & -operands
+        mask |= entering[low.bit_length() - 1]
+        operands ^= low
     return mask
 
 

@@ -59,7 +59,6 @@ class WalkCounts:
     recorded: int = 0  # call bodies walked to record a tape
     segment_replays: int = 0  # repeated top-level stretches replayed (see .segment_memo)
     segments_open: int = 0  # stretches walked whose walk read outside them (not kept)
-    segment_prepared: int = 0  # (tape, copy) replays prepared (keys, op words and tables found: once per pair)
 
     def snapshot(self) -> tuple[int, int, int, int]:
         return (self.walks, self.equations, self.replays, self.recorded)

@@ -53,7 +53,6 @@ __all__ = [
     "SegmentTape",
     "CopySlots",
     "ReadyTape",
-    "CopyReplay",
     "Shelf",
     "copy_slots",
     "ready_tape",
@@ -402,29 +401,6 @@ class ReadyTape:
     made_moves: tuple[Hashable, ...]
     made_to: tuple[Any, ...]
     made_by: tuple[tuple[int, frozenset[Hashable]], ...]  # slot -> its moves
-    # Its replays by copy (id(copy) -> :class:`CopyReplay`), made once per copy and naming.
-    at: dict[int, CopyReplay] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, eq=False)
-class CopyReplay:
-    """A tape's replay at one copy with its keys looked up: what :meth:`~.walker.Walker._segment_replay` writes, as
-    tables that update the walker's in one C-level pass each, made once per (tape, copy, naming) and reused by every
-    costing that replays the tape there (a deep model's copies are replayed at every costing: the lookups by slot,
-    the ops' words and the small tables built per replay were most of a replay's cost)."""
-
-    ready: ReadyTape  # held, so that the ids it is cached under stay their own
-    copy: Copy
-    names: Any  # the naming its op words were found under (Walker.value_names, eqn_where), by identity
-    where: Any
-    env: dict[Any, Layout]  # every environment write, its last layout per key, in first-write order
-    private: tuple[tuple[Any, int, Layout], ...]  # (key, id(value), layout): a private copy bound per replay
-    summed: dict[int, frozenset[str]]
-    made: dict[tuple[Any, Hashable], Any]
-    made_by: tuple[tuple[tuple[int, int], frozenset[Hashable]], ...]  # (the value's source, its moves)
-    ops: tuple[dict[str, Any], ...]  # each op's fields but its index, its words this copy's
-    op_eqns: tuple[Any, ...]
-    sub_envs: dict[tuple[int, ...], dict[Any, Layout]]
 
 
 def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:

@@ -31,7 +31,6 @@ from .segment_memo import (
     PLAIN,
     RECORDING,
     Copy,
-    CopyReplay,
     CopySlots,
     PlainEnv,
     PlainOutputs,
@@ -748,91 +747,56 @@ class Walker:
     def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
         """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops.
 
-        The tape's writes at this copy are found once (:class:`.segment_memo.CopyReplay`, by slot through
-        :func:`.segment_memo.ready_tape` and :func:`.segment_memo.copy_slots`): a replay is bulk updates of the
-        walker's tables, a private layout per value read after the copy, and one new op per op (its index this
-        walk's)."""
-        ready = self._ready(tape, copy)
-        prepared = ready.at.get(id(copy))
-        if (
-            prepared is None
-            or prepared.copy is not copy
-            or prepared.names is not self.value_names
-            or prepared.where is not self.eqn_where
-        ):
-            prepared = ready.at[id(copy)] = self._prepare_replay(ready, copy)
-        env.update(prepared.env)
-        if prepared.private:
-            source, keep = self._source, self._keep
-            for key, ident, lay in prepared.private:
-                # A private copy per value read after the copy: the value-keyed memo of change() tells them apart.
-                mine = _private_copy(lay)
-                source[id(mine)] = (1, ident)
-                keep.append(mine)
-                env[key] = mine
-        if prepared.summed:
-            self.summed.update(prepared.summed)
-        if prepared.made:
-            self._made.update(prepared.made)
+        The tape is kept by slot once (:func:`.segment_memo.ready_tape`) and the copy's keys once
+        (:func:`.segment_memo.copy_slots`): a replay is bulk updates of the walker's tables by index, a private
+        layout per value read after the copy, and one new op per op (its index and words this copy's)."""
+        ready, slots = self._ready(tape, copy), self._slots(copy)
+        keys = slots.keys
+        env.update(zip([keys[i] for i in ready.env_at], ready.env_lays))
+        if ready.private:
+            source, keep, escaping = self._source, self._keep, copy.escaping
+            ids = slots.ids
+            for tok, at, slot, lay in ready.private:
+                if tok[0] == "e" or tok in escaping:
+                    # A private copy per value read after the copy: the value-keyed memo of change() tells them apart.
+                    mine = _private_copy(lay)
+                    source[id(mine)] = (1, ids[slot])
+                    keep.append(mine)
+                    env[keys[at]] = mine
+        if ready.summed_at:
+            ids = slots.ids
+            self.summed.update(zip([ids[i] for i in ready.summed_at], ready.summed_tags))
+        if ready.made_at:
+            sources = slots.sources
+            self._made.update(zip(zip([sources[i] for i in ready.made_at], ready.made_moves), ready.made_to))
             made_by = self._made_by
-            for source_of, moves in prepared.made_by:
-                had = made_by.get(source_of)
+            for slot, moves in ready.made_by:
+                had = made_by.get(sources[slot])
                 if had is None:
-                    made_by[source_of] = set(moves)
+                    made_by[sources[slot]] = set(moves)
                 else:
                     had |= moves
-        counter, ops, new_op = self.counter, self.ops, object.__new__
-        for fields in prepared.ops:
-            new = new_op(OpReport)  # dataclasses.replace without its per-call introspection
-            own = new.__dict__
-            own.update(fields)
-            own["index"] = counter
+        words = self._copy_words(slots)
+        eqns, counter, ops, op_eqns = copy.eqns, self.counter, self.ops, self.op_eqns
+        for op, off, inner in tape.ops:
+            new = object.__new__(OpReport)  # dataclasses.replace without its per-call introspection
+            fields = new.__dict__
+            fields.update(op.__dict__)
+            fields["index"] = counter
             counter += 1
             ops.append(new)
-        self.op_eqns.extend(prepared.op_eqns)
-        self.counter = counter
-        if prepared.sub_envs:
-            self.sub_envs.update(prepared.sub_envs)
-        self.segment_replay(tape.extra, copy)
-
-    def _prepare_replay(self, ready: ReadyTape, copy: Copy) -> CopyReplay:
-        """``ready``'s writes at ``copy`` with its keys, ids and op words looked up (:class:`.segment_memo.CopyReplay`)."""
-        self.costs.counts.segment_prepared += 1
-        slots = self._slots(copy)
-        keys, ids, sources, tape = slots.keys, slots.ids, slots.sources, ready.tape
-        escaping = copy.escaping
-        words = self._copy_words(slots)
-        ops: list[dict[str, Any]] = []
-        op_eqns: list[Any] = []
-        for op, off, inner in tape.ops:
-            fields = dict(op.__dict__)
             if off is None:
                 op_eqns.append(inner)
-            else:
-                e = copy.eqns[off]
-                fields["where"], fields["inside"], fields["reads"] = words[off]
-                if op.alternative:  # an offered alternative names this copy's equation, as a walk here would
-                    fields["alternative"] = id(e)
-                op_eqns.append(e)
-            ops.append(fields)
-        return CopyReplay(
-            ready,
-            copy,
-            self.value_names,
-            self.eqn_where,
-            dict(zip([keys[i] for i in ready.env_at], ready.env_lays)),
-            tuple(
-                (keys[at], ids[slot], lay)
-                for tok, at, slot, lay in ready.private
-                if tok[0] == "e" or tok in escaping  # read after the copy: a private copy each
-            ),
-            dict(zip([ids[i] for i in ready.summed_at], ready.summed_tags)),
-            dict(zip(zip([sources[i] for i in ready.made_at], ready.made_moves), ready.made_to)),
-            tuple((sources[slot], moves) for slot, moves in ready.made_by),
-            tuple(ops),
-            tuple(op_eqns),
-            {(id(copy.eqns[off]), *rest): sub for off, rest, sub in tape.sub_envs},
-        )
+                continue
+            fields["where"], fields["inside"], fields["reads"] = words[off]
+            e = eqns[off]
+            if op.alternative:  # an offered alternative names this copy's equation, as a walk here would
+                fields["alternative"] = id(e)
+            op_eqns.append(e)
+        self.counter = counter
+        for off, rest, sub in tape.sub_envs:
+            self.sub_envs[(id(eqns[off]), *rest)] = sub
+        self.segment_replay(tape.extra, copy)
 
     def _ready(self, tape: SegmentTape, copy: Copy) -> ReadyTape:
         """``tape`` by slot, made once (OpCosts.segment_ready; ``copy``: one it replays at, whose slots number as
