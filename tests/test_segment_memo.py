@@ -21,6 +21,7 @@ from test_block_memo import BATCH, DOWN, LAYOUTS, MESH, UP, B, D, _same, _specs,
 
 import einshard
 from einshard._src.analysis.program import trace
+from einshard._src.analysis.program.walker import Walker
 from einshard._src.planner.combining import combined_report
 from einshard.planner import SearchOptions
 
@@ -430,3 +431,88 @@ def test_the_combiner_groups_any_dependence_graph_as_the_plain_greedy(drawn):
     assert _combine(colls, _Profile(), sizes, skip_upstream=True) == _combine(
         colls, _Profile(), sizes, skip_upstream=False
     )
+
+
+def _tailed(layers: int, tail: str):
+    """An unrolled stack of dots (per-layer weights, no residual) whose last copy's values flow into ``tail``: the
+    run's copies align with the layers (a first op before them), so the last copy's horizon (Copy.horizon: the
+    structure its values flow into, past it) is the tail's while the others' is the next layer's."""
+
+    def f(params, x):
+        x = x * 2.0
+        for i in range(layers):
+            h = jax.nn.silu(jnp.einsum("bd,df->bf", x, params["up"][i]))
+            x = jnp.einsum("bf,fd->bd", h, params["down"][i])
+        if tail == "convert":  # the last dot's sum leaves the program through a carrier (leaves_program)
+            return x.astype(jnp.bfloat16)
+        if tail == "head":  # a consumer dot with a laid-out partner (consumer_split)
+            return jnp.einsum("bd,de->be", x, params["head"])
+        return jnp.mean(x)
+
+    params = {
+        "up": [jax.ShapeDtypeStruct((D, 32), jnp.float32)] * layers,
+        "down": [jax.ShapeDtypeStruct((32, D), jnp.float32)] * layers,
+        "head": jax.ShapeDtypeStruct((D, D), jnp.float32),
+    }
+    return f, params, jax.ShapeDtypeStruct((B, D), jnp.float32)
+
+
+@pytest.mark.parametrize("tail", ["convert", "head", "mean"])
+def test_a_last_copy_whose_values_flow_elsewhere_reports_as_its_walk(tail, monkeypatch):
+    """Copy.horizon is not in the segment key: the last copy of a run keys like the others though its values flow
+    into the tail, not into another layer.  What its walk reads past itself either leaves the recording (a laid-out
+    value outside it: the copy is open), is answered again at each replay (a search past the horizon:
+    searches_hold), or is a value not bound yet in any copy's walk; so it reports as walked, under layouts whose
+    look-ahead decides a sum's split (tensor parallel: the down projection's contraction split)."""
+    layers = 4
+    fn, params, x = _tailed(layers, tail)
+    t = trace(fn, params, x, mesh=MESH)
+    replayed: set[int] = set()
+    start = Walker._segment_start
+
+    def noting(self, plan, copy, *a):
+        got = start(self, plan, copy, *a)
+        if got == "replayed":
+            replayed.add(copy.start)
+        return got
+
+    monkeypatch.setattr(Walker, "_segment_start", noting)
+    for up, down, head, batch in [
+        ("d f -> d f@model", "f d -> f@model d", "d e -> d@model e", "b d -> b d"),
+        ("d f -> d f@model", "f d -> f@model d", "d e -> d e@model", "b d -> b@data d"),
+        ("d f -> d@model f", "f d -> f@(data,model) d", "d e -> d@data e", "b d -> b d"),
+        ("d f -> d f", "f d -> f d", "d e -> d e", "b d -> b@data d"),
+    ]:
+        specs = ({"up": [up] * layers, "down": [down] * layers, "head": head}, batch)
+        t.costs.memoise_segments = False
+        plain = t.report(specs)
+        t.costs.memoise_segments = True
+        memo = t.report(specs)
+        assert memo.ops == plain.ops and memo.peak_bytes == plain.peak_bytes
+    (plan,) = t.costs.segment_plans.values()
+    *_, before, last = sorted(plan.copies.values(), key=lambda c: c.start)
+    # The last copy keys like the others (one structure) though its horizon is its own, and it was replayed.
+    assert len({c.structure for c in plan.copies.values()}) == 1 and last.horizon != before.horizon
+    assert last.start in replayed
+
+
+def test_recordings_copy_no_table_of_the_walk(monkeypatch):
+    """Recording a copy swaps the classes of the walker's tables (segment_memo.record_table), the uses table
+    included (it holds every walked value's consumers: copying it in and out of each recording grew with depth):
+    each table is one object through every recording of a costing, and the reports are the same."""
+    fn, params, x = decoder(6, "remat")
+    t = trace(fn, params, x, mesh=MESH)
+    seen: dict[int, list[tuple[int, ...]]] = {}  # per walker, its tables' ids after each recording
+    finish = Walker._segment_finish
+
+    def noting(self, recording, env):
+        finish(self, recording, env)
+        seen.setdefault(id(self), []).append((id(self.uses), id(self.summed), id(self._made), id(self.requested)))
+
+    monkeypatch.setattr(Walker, "_segment_finish", noting)
+    specs, out_specs = _specs(1, 1, 0), _out_specs(1, 1)
+    memo = t.report(specs, out_specs, forks=0)
+    assert max(map(len, seen.values())) >= 2  # several recordings in one costing
+    assert all(len(set(tables)) == 1 for tables in seen.values())
+    t.costs.memoise_segments = False
+    assert t.report(specs, out_specs, forks=0).ops == memo.ops

@@ -246,8 +246,8 @@ class DependencyWalker(Walker):
 
     def segment_replay(self, extra: Any, copy: Any) -> None:
         colls, masks = extra
-        entering = [self.masks.get(id(v), 0) for v in copy.entering]
-        real = self._append_replayed(colls, entering)
+        get = self.masks.get
+        real = self._append_replayed(colls, [get(i, 0) for i in copy.entering_ids])
         for tok, operands, own in masks:
             self.masks[id(copy.value(tok))] = real(operands, own)
 
@@ -263,17 +263,21 @@ class DependencyWalker(Walker):
         def real(operands: int, own: int) -> int:
             mask = made.get(operands)
             if mask is None:
-                mask, bits, k = 0, operands, 0
-                while bits:
-                    if bits & 1:
-                        mask |= entering[k]
-                    bits >>= 1
-                    k += 1
-                made[operands] = mask
+                mask = made[operands] = _or_of(operands, entering)
             return mask | (own << start)
 
+        # A deep model replays its layers' collectives at every layer of every costing: each is made here without
+        # a call per mask and without the frozen dataclass __init__'s per-field sets (its fields as it sets them).
+        append, new, get = self.colls.append, object.__new__, made.get
         for i, (kind, axes, size, repeat, operands, own) in enumerate(colls):
-            self.colls.append(_Coll(kind, axes, size, repeat, real(operands, own), start + i))
+            mask = get(operands)
+            if mask is None:
+                mask = made[operands] = _or_of(operands, entering)
+            c = new(_Coll)
+            c.__dict__.update(
+                kind=kind, axes=axes, group_size=size, repeat=repeat, upstream=mask | (own << start), bit=start + i
+            )
+            append(c)
         return real
 
     def combined(self, profile: Any, sizes: dict[str, int]) -> CombinedCollectives:
@@ -288,6 +292,17 @@ class DependencyWalker(Walker):
         quadratic in the depth; with it each collective tries the groups from there on (:func:`greedy_groups`
         is the plain greedy: tests/test_segment_memo.py checks both agree)."""
         return _combine(self.colls, profile, sizes, skip_upstream=True)
+
+
+def _or_of(operands: int, entering: list[int]) -> int:
+    """The or of the masks ``entering[k]`` for each bit ``k`` set in ``operands`` (its set bits only: a copy's
+    collective depends on a few of its entering values, at any of their positions)."""
+    mask = 0
+    while operands:
+        low = operands & -operands
+        mask |= entering[low.bit_length() - 1]
+        operands ^= low
+    return mask
 
 
 def greedy_groups(colls: list[_Coll], profile: Any, sizes: dict[str, int]) -> CombinedCollectives:
@@ -309,13 +324,14 @@ def _combine(colls: list[_Coll], profile: Any, sizes: dict[str, int], skip_upstr
         key = (c.kind, c.axes, c.repeat)
         open_groups = groups.setdefault(key, [])
         first = 0
+        upstream, own = c.upstream, 1 << c.bit  # (masks run to thousands of bits in a deep model: made once)
         if skip_upstream:
-            upstream_here = c.upstream & members_of_key.get(key, 0)
+            upstream_here = upstream & members_of_key.get(key, 0)
             if upstream_here:
                 first = group_of[upstream_here.bit_length() - 1] + 1
         for i in range(first, len(open_groups)):
-            if c.upstream & open_groups[i] == 0:
-                open_groups[i] |= 1 << c.bit
+            if upstream & open_groups[i] == 0:
+                open_groups[i] |= own
                 group_of[c.bit] = i
                 at = (c.kind, c.axes, c.group_size)
                 alpha = alphas.get(at)
@@ -325,9 +341,9 @@ def _combine(colls: list[_Coll], profile: Any, sizes: dict[str, int], skip_upstr
                 break
         else:
             group_of[c.bit] = len(open_groups)
-            open_groups.append(1 << c.bit)
+            open_groups.append(own)
             ops += c.repeat
-        members_of_key[key] = members_of_key.get(key, 0) | (1 << c.bit)
+        members_of_key[key] = members_of_key.get(key, 0) | own
     return CombinedCollectives(ops, saved)
 
 

@@ -33,7 +33,7 @@ from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflic
 from .registry import register
 from .report import OpBound
 from .rules_structural import explicit_dims, merged_split, typed_dims
-from .segment_memo import note_search, past_copy, unlogged
+from .segment_memo import PlainTable, note_search, past_copy, unlogged
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
 if TYPE_CHECKING:
@@ -679,7 +679,13 @@ def _rest_of_reach(
     """The search of ``reach`` from step ``at`` on (its checks from ``c`` on; ``passed``: the conditions decided so
     far): the checks in visit order, with the steps a requested output is visited at (asked before the step's
     consumers are read, as the walk does); the answer and how many checks it took."""
-    asked_at = sorted(s for i in w.requested for s in reach.steps_of.get(i, ()) if s >= at)
+    requested, steps_of = w.requested, reach.steps_of
+    # (from the smaller side: a planner asks a layout of every gradient, and a deep model's copies each search)
+    if len(requested) <= len(steps_of):
+        asked_at = sorted(s for i in requested for s in steps_of.get(i, ()) if s >= at)
+    else:
+        asked = requested.keys()  # (its view: a membership test no recording table logs, as the iteration above)
+        asked_at = sorted(s for i, found in steps_of.items() if i in asked for s in found if s >= at)
     todo = [(s, -1, "asked", None, -1, -1) for s in asked_at] + list(reach.checks[c:])
     if asked_at:
         todo.sort(key=lambda t: (t[0], t[1]))
@@ -707,7 +713,7 @@ def _recording(w: Walker) -> bool:
     """Whether the segment memo records the stretch being walked and it is still closed: its tables are then
     logging ones (segment_memo.RecordingTable, whose recorder says why the stretch left, once it has).  Any
     table of another kind than a plain dict counts as recording: the walk's reads are then made."""
-    if type(w.uses) is dict:
+    if type(w.uses) is dict or type(w.uses) is PlainTable:  # (PlainTable: the memo's table, not recording)
         return False
     rec = getattr(w.uses, "rec", None)
     return rec is None or not getattr(rec, "why", "")

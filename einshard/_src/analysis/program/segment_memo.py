@@ -119,6 +119,7 @@ class Copy:
     structure: int = -1
     # The ids of the values it makes (whether the caller asks for one of them is one set operation per copy).
     inside_ids: frozenset[int] = frozenset()
+    entering_ids: tuple[int, ...] = ()  # id of each entering value, in order
 
     def value(self, token: Token) -> Any:
         return self.entering[token[1]] if token[0] == "e" else self.inside[token[1]]
@@ -234,6 +235,7 @@ def plan_segments(
                 tuple((v, Gathered(v), Partial(v), id(v), (1, id(v))) for v in entering.values()),
                 interned.setdefault((template, calls, wiring), len(interned)),
                 frozenset(id(v) for v in inside),
+                tuple(entering),
             )
     made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
     return SegmentPlan(jaxpr, copies, made_at)
@@ -511,7 +513,13 @@ def _past(w: Any, copy: Copy, reach: Any, cache: dict[Any, Any], at: int) -> boo
     """Whether the search of ``reach`` from step ``at`` on reads nothing of ``copy`` (:func:`past_start`) and visits
     no program output the caller asks a layout of (its asked check reads ``requested``)."""
     start = past_start(copy, reach, at, cache)
-    return start is not None and not any(i in start for i in w.requested)
+    if start is None:
+        return False
+    requested = w.requested
+    if len(start) < len(requested):  # from the smaller side (a planner asks a layout of every gradient)
+        asked = requested.keys()  # (its view: a membership test no recording table logs, as the iteration below)
+        return not any(i in asked for i in start)
+    return not any(i in start for i in requested)
 
 
 def past_copy(w: Any, reach: Any, at: int) -> bool:
@@ -569,13 +577,24 @@ def searches_hold(searches: tuple[Search, ...], copy: Copy, w: Any, cache: dict[
 
     for tok, at, before, out, sums, passed, found in searches:
         reach = reach_of(w.costs, copy.value(tok))
-        if reach is None or len(out.dims) != len(reach.steps[0][1]) or course(reach, at) != before:
+        if reach is None or len(out.dims) != len(reach.steps[0][1]) or _course_of(reach, at, cache) != before:
             return False
         if not _past(w, copy, reach, cache, at):
             return False
         if rest_of_reach(w, reach, out, sums, at, dict(passed)) != found:
             return False
     return True
+
+
+def _course_of(reach: Any, at: int, cache: dict[Any, Any]) -> Hashable:
+    """:func:`course` of ``reach`` before step ``at``, made once per traced program (``cache``: OpCosts.segment_past,
+    whose other keys are triples of ints): a reach is the program's structure, and a deep model's replays check
+    the same searches at every copy of every costing."""
+    key = ("course", id(reach), at)
+    hit = cache.get(key)
+    if hit is None or hit[0] is not reach:
+        hit = cache[key] = (reach, course(reach, at))
+    return hit[1]
 
 
 def _env_ident(key: Any) -> int:

@@ -15,6 +15,7 @@ report, which then says it is incomplete.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -36,7 +37,6 @@ from .segment_memo import (
     PlainTable,
     ReadyTape,
     Recorder,
-    RecordingTable,
     SegmentPlan,
     SegmentTape,
     Shelf,
@@ -336,6 +336,10 @@ class Walker:
         given = env
         if plan is not None:
             env = PlainEnv(env)
+            if type(self.uses) is dict:
+                # Its class swapped while a copy is recorded (record_table), as the other tables: copying it in and
+                # out of each recording (it holds every walked value's uses) grew with depth.
+                self.uses = PlainTable(self.uses)
 
         def read(v: Any) -> Layout:
             if hasattr(v, "val"):  # a literal
@@ -592,11 +596,17 @@ class Walker:
             rows = hit[1]
         # Which entering values leave the program (a route carried back upstream stops at one: upstream.outer).
         outputs = self.program_outputs
-        leaving = tuple(id(v) in outputs for v in copy.entering) if outputs else ()
+        leaving = tuple(map(outputs.__contains__, copy.entering_ids)) if outputs else ()
         asked: tuple[Any, ...] = ()
-        if self.requested:
-            # The layouts the caller asks for values the look-ahead may reach past the copy (program outputs).
-            asked = tuple(sorted((copy.ahead[i], dims) for i, dims in self.requested.items() if i in copy.ahead))
+        requested = self.requested
+        if requested:
+            # The layouts the caller asks for values the look-ahead may reach past the copy (program outputs): read
+            # from the smaller side (a planner asks a layout of every gradient: hundreds at every copy otherwise).
+            ahead = copy.ahead
+            if len(ahead) < len(requested):
+                asked = tuple(sorted((at, requested[i]) for i, at in ahead.items() if i in requested))
+            else:
+                asked = tuple(sorted((ahead[i], dims) for i, dims in requested.items() if i in ahead))
         return (
             asked,
             copy.structure,  # its run, the bodies it calls, its wiring
@@ -657,13 +667,11 @@ class Walker:
             len(self.ops),
             self._walks,
             self.met_unfollowed,
-            frozenset(self.sub_envs),
+            len(self.sub_envs),
             (self.summed, self.uses, self.requested, self._made, self.program_outputs),
         )
         self.summed = record_table(self.summed, rec, "summed")
-        # The uses stay a plain dict outside a recording (rules_indexing._recording tells a recording by the
-        # table's type): copied in and out, as before.
-        self.uses = RecordingTable(self.uses, rec, "uses")
+        self.uses = record_table(self.uses, rec, "uses")
         self.requested = record_table(self.requested, rec, "requested")
         self._made = record_table(self._made, rec, "made")
         self.program_outputs = record_outputs(self.program_outputs, rec)
@@ -678,7 +686,7 @@ class Walker:
         env.__class__ = PLAIN
         env.rec = None  # type: ignore[attr-defined]
         self.summed = plain_table(self.summed)
-        self.uses = dict.copy(self.uses)
+        self.uses = plain_table(self.uses)
         self.requested = plain_table(self.requested)
         self._made = plain_table(self._made)
         self.program_outputs = plain_outputs(self.program_outputs)
@@ -691,12 +699,12 @@ class Walker:
             rec.leave("an op without a rule (named at its call site, which is each copy's own)")
         offsets = {id(e): off for off, e in enumerate(copy.eqns)}
         subs = []
-        for path, sub in self.sub_envs.items():
-            if path not in recording.paths:
-                if not path or path[0] not in offsets:
-                    rec.leave("an environment outside the copy")
-                    break
-                subs.append((offsets[path[0]], path[1:], sub))
+        # The environments it added (sub_envs only grows, in insertion order: those past the count it began at).
+        for path, sub in itertools.islice(self.sub_envs.items(), recording.paths, None):
+            if not path or path[0] not in offsets:
+                rec.leave("an environment outside the copy")
+                break
+            subs.append((offsets[path[0]], path[1:], sub))
         if rec.why:
             self.costs.counts.segments_open += 1
             self.costs.segment_open.setdefault(recording.key, []).append(pad_guard(copy, rec.pads))
@@ -864,7 +872,7 @@ class _Recording:
         ops: int,
         walks: int,
         unfollowed: int,
-        paths: frozenset[tuple[int, ...]],
+        paths: int,  # how many environments sub_envs held when it began
         tables: tuple[Any, ...],
     ) -> None:
         self.rec, self.key, self.ops, self.walks, self.unfollowed, self.paths = rec, key, ops, walks, unfollowed, paths
