@@ -227,3 +227,55 @@ def test_a_scan_carrying_a_typed_prng_key_is_priced():
 def test_projection_gradients_of_a_hidden_state_split_on_d_peak_is_xlas(loss):
     _, _, peak, predicted = _projection_gradients(loss)
     assert abs(predicted - peak) <= PEAK_TOLERANCE * peak, (predicted, peak)
+
+
+def _kernel_gradient_counts(fn, args, specs, out_spec):
+    """(XLA's collectives, explain's) for ``fn`` on the (4, 2) mesh, its result asked laid out as ``out_spec``."""
+    from einshard._src.analysis.program import trace
+    from einshard.testing import hlo
+
+    mesh = _mesh()
+    shardings = jax.tree.map(lambda e, a: einshard.sharding(e, a.shape, mesh=mesh), specs, args)
+    out = jax.tree.map(lambda s: NamedSharding(mesh, s), out_spec, is_leaf=lambda s: isinstance(s, P))
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(fn, in_shardings=shardings, out_shardings=out).lower(*args).compile()
+    xla = Counter(c.kind for c in hlo.normalized(compiled.as_text()) for _ in range(c.runs))
+    report = trace(fn, *args, mesh=mesh).report(specs, jax.tree.leaves(out_spec, is_leaf=lambda s: isinstance(s, P)))
+    explained = Counter(
+        c.kind for op in report.ops for c in op.collectives for _ in range(op.repeat) if c.group_size > 1
+    )
+    return xla, explained
+
+
+@pytest.mark.parametrize(
+    "out_spec",
+    [P("model"), P(None, None, "model"), P()],
+    ids=["asked-heads", "asked-d", "whole"],
+)
+def test_a_kernel_gradient_whose_operands_clash_lands_where_it_is_asked(out_spec):
+    """The attention output kernel's gradient in GPT-2's tp: attn[b, s, h@model, k] . g[b, s, d@model] -> [h, k, d]
+    (operands of one size): the split asked of the result (the gradient's out_shardings) decides which operand
+    is made whole, and that one goes through the idle 'data' axis (a collective-permute and an all-gather over
+    'data'); explain gathered attn over 'model' and all-to-all'd the result to the asked split."""
+    rng = np.random.default_rng(0)
+    attn = jnp.asarray(rng.normal(size=(8, 8, 4, 8)), jnp.float32)
+    g = jnp.asarray(rng.normal(size=(8, 8, 32)), jnp.float32)
+    specs = ("b s h k -> b s h@model k", "b s d -> b s d@model")
+    xla, explained = _kernel_gradient_counts(lambda a, g: jnp.einsum("bshk,bsd->hkd", a, g), (attn, g), specs, out_spec)
+    assert xla["collective-permute"] == 1 and "all-to-all" not in xla  # XLA's route, as the docstring says
+    assert explained == xla
+
+
+def test_projection_gradients_with_a_residual_are_xlas():
+    """GPT-2's attention block in tp: the value and output projections of a hidden state split on d, added back
+    to it (the residual keeps the cotangent split on d): the output kernel's gradient is asked split over its
+    heads, as the weight is, and XLA gathers the cotangent through 'data' (its re-split shared with the value
+    projection's backward), never all-to-alls the gradient."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(8, 8, 32)), jnp.float32)
+    p = {"v": jnp.asarray(rng.normal(size=(32, 4, 8)), jnp.float32), "o": jnp.asarray(rng.normal(size=(4, 8, 32)))}
+    specs = ({"v": "d h k -> d h@model k", "o": "h k d -> h@model k d"}, "b s d -> b s d@model")
+    grad = jax.grad(lambda p, x: jnp.sum((x + _projected(p, x)) ** 2))
+    xla, explained = _kernel_gradient_counts(grad, (p, x), specs, {"v": P(None, "model"), "o": P("model")})
+    assert "all-to-all" not in xla
+    assert explained == xla
