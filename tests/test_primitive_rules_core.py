@@ -636,8 +636,9 @@ _SMALL_HEADS = pytest.mark.xfail(
     strict=True,
     reason="heads x head_dim smaller than the hidden state's d (32 vs 4): the forward's collectives are XLA's but "
     "its peak is 2.1-2.3x XLA's (memory.py: the whole gathered copy); the gradient's backward dots XLA computes "
-    "with a collective-permute and an all-reduce per projection where explain gathers the hidden state over the "
-    "split axis (rules_indexing.passthrough_conflict), not modelled",
+    "with a collective-permute and an all-reduce per projection where explain gathers each projection's operand "
+    "through the idle axes (rules_indexing.passthrough_conflict, idle_axes.gather_route: on Auto axes explain 6 "
+    "all-reduces, 3 all-gathers, 1 permute vs XLA 9 all-reduces, 7 permutes), not modelled",
 )
 _EXPLICIT_INPUT_GRADIENT = pytest.mark.xfail(
     strict=True,
@@ -674,3 +675,43 @@ def test_projections_of_one_resplit_hidden_state_as_xla(
     if grad and explicit:
         request.applymarker(_EXPLICIT_INPUT_GRADIENT)
     check(Case("dot_general", _projections(n), args, specs, mesh_rank, explicit, grad))
+
+
+# -- a clash of two free axes over one mesh axis, the loser gathered through the idle mesh axes (idle_axes.py) ---
+
+ROWS = (((0,), (0,)), ((), ()))  # x[b, i] . y[b, j] -> [i, j]: a kernel gradient's contraction over the rows
+_REGATHERED_FOR_THE_BACKWARD = pytest.mark.xfail(
+    strict=True,
+    reason="the gradient with the rows split over 'c' too: XLA shares the forward's collective-permute of x but "
+    "all-gathers it over 'b' a second time for the backward dot (two identical all-gathers of one permute, 1024 B "
+    "more); explain reuses the forward's gather (Walker.change's CSE), as XLA does on the 2-axis mesh; when XLA "
+    "repeats such a gather not yet known",
+)
+
+
+@pytest.mark.parametrize(
+    ("lhs", "rhs", "specs", "rank"),
+    [
+        # (4, 2) mesh, both free axes over 'b' (2), 'a' (4) idle: the smaller operand re-split onto 'a' (one
+        # collective-permute) and gathered over it
+        pytest.param((16, 32), (16, 64), (P(None, "b"), P(None, "b")), 2, id="idle-a"),
+        pytest.param((16, 64), (16, 32), (P(None, "b"), P(None, "b")), 2, id="idle-a-left-gathered"),
+        # (2, 2, 2) mesh, over 'a', 'b' and 'c' idle (4 devices): through both
+        pytest.param((16, 32), (16, 64), (P(None, "a"), P(None, "a")), 3, id="idle-bc"),
+        # the rows split over 'c' as well: 'b' alone is idle, as many devices as 'a'
+        pytest.param((16, 32), (16, 64), (P("c", "a"), P("c", "a")), 3, id="idle-b-rows-over-c"),
+        # over 'a' (4) with 'b' (2) idle, and a 1-axis mesh (nothing idle): gathered over the clashing axis
+        pytest.param((16, 32), (16, 64), (P(None, "a"), P(None, "a")), 2, id="too-few-idle"),
+        pytest.param((16, 32), (16, 64), (P(None, "a"), P(None, "a")), 1, id="no-idle"),
+    ],
+)
+@pytest.mark.parametrize("grad", [False, True], ids=["value", "grad"])
+def test_free_axes_clash_gathers_through_idle_mesh_axes(
+    lhs: tuple[int, ...], rhs: tuple[int, ...], specs: tuple[P, P], rank: int, grad: bool, request: Any
+) -> None:
+    """x[b, i@M] . y[b, j@M] -> [i, j]: the clash keeps the larger operand's split and makes the other whole; with
+    as many idle devices as M or more, XLA re-splits it onto the idle mesh axes and gathers it over them (a
+    collective-permute and an all-gather; explain gathered it over M: one all-gather of other bytes)."""
+    if grad and "rows-over-c" in request.node.callspec.id:
+        request.applymarker(_REGATHERED_FOR_THE_BACKWARD)
+    check(Case("dot_general", _dot(ROWS), (_struct(lhs), _struct(rhs)), specs, rank, False, grad))

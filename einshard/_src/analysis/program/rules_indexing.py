@@ -27,7 +27,7 @@ from ...core.layout import Layout
 from ..cost import Collective, sent_bytes, wire_itemsize
 from ..einsum.read import dtype_info
 from .costing import is_free
-from .idle_axes import over_idle_axes, resplit_onto
+from .idle_axes import gather_route, over_idle_axes, resplit_onto
 from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_cache
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
 from .registry import register
@@ -156,7 +156,12 @@ def _factors(dn: Any, lrank: int, rrank: int) -> tuple[list[tuple[str, int]], li
 
 
 def passthrough_conflict(
-    lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int], typed: list[tuple[str, ...]] | None = None
+    lhs: Layout,
+    rhs: Layout,
+    dn: Any,
+    sizes: dict[str, int],
+    typed: list[tuple[str, ...]] | None = None,
+    asked: Sequence[tuple[str, ...]] | None = None,
 ) -> tuple[Layout, Layout] | None:
     """The operands' layouts after Shardy settles a mesh axis that they split along different factors both of which
     reach the result (a batch axis on one side and a free axis on the other, or two free axes); None where there is
@@ -175,7 +180,12 @@ def passthrough_conflict(
     larger y), as the analyzer prices it; where a kept factor claims one's mesh axis, the contracted split is cut
     before it.  ``typed``: the result's split as its type names it (Explicit axes): JAX's type, not the
     propagation, decides the result's factors (the gradient's g[8, 8@a, 24] . y[16@a, 8, 24] typed [8, 8@a, 16]
-    gathers y, as the forward did, not g)."""
+    gathers y, as the forward did, not g).  ``asked``: the split the caller asks of the value the result becomes
+    (:func:`asked_of_result`: a weight gradient's ``out_shardings``), which XLA's propagation brings back to the
+    dot before it settles the clash: a result factor it splits the way one operand does keeps that split, whatever
+    the sizes (measured: attn[b, s, h@model, k] . g[b, s, d@model] -> [h, k, d], the same size, asked [h@model]
+    gathers g, asked [d@model] gathers attn; (16, 32@model) . (16, 64@model) over the rows asked [32@model, 64]
+    gathers the larger operand)."""
     if is_free(lhs) or is_free(rhs) or lhs.unreduced or rhs.unreduced:
         return None
     lf, rf = _factors(dn, len(lhs.dims), len(rhs.dims))
@@ -195,12 +205,20 @@ def passthrough_conflict(
     order = sorted(range(2), key=lambda k: -math.prod(operands[k][0].shape))  # (stable: the left first on ties)
     final: dict[tuple[str, int], tuple[str, ...]] = {}
     claimed: set[str] = set()
-    if typed is not None:  # the result's factors in its order: batch, the left's free axes, the right's
-        result = [("batch", k) for k in range(len(dn[1][0]))]
-        result += [f for f in lf if f[0] == "lhs"] + [f for f in rf if f[0] == "rhs"]
+    # The result's factors in its order: batch, the left's free axes, the right's.
+    result = [("batch", k) for k in range(len(dn[1][0]))]
+    result += [f for f in lf if f[0] == "lhs"] + [f for f in rf if f[0] == "rhs"]
+    if typed is not None:
         for f, d in zip(result, typed):
             final[f] = tuple(d)
             claimed |= set(d)
+    elif asked is not None:
+        # Only a split one operand proposes for that factor (the ask chooses between the clashing operands; a
+        # split neither has, or a whole factor, is left to the propagation's own order).
+        for f, d in zip(result, asked):
+            if d and tuple(d) in {tuple(p) for p in proposed.get(f, ())} and not set(d) & claimed:
+                final[f] = tuple(d)
+                claimed |= set(d)
     for k in order:
         lay, factors = operands[k]
         own = [a for a, f in enumerate(factors) if f[0] in kept and lay.dims[a]]
@@ -235,11 +253,19 @@ def _settle_passthrough_conflict(
     """The operands after XLA settles a clash of two result factors over one mesh axis (:func:`passthrough_conflict`):
     each brought to its new layout, charged here; and which operands moved."""
     typed = typed_dims(eqn.outvars[0].aval)
-    found = passthrough_conflict(ins[0], ins[1], eqn.params["dimension_numbers"], w.costs.mesh_sizes, typed)
+    dn, sizes = eqn.params["dimension_numbers"], w.costs.mesh_sizes
+    found = passthrough_conflict(ins[0], ins[1], dn, sizes, typed)
     if found is None:
         return ins, []
+    if typed is None:
+        # Looked for on a clash only: the look-ahead reads the program past this dot (a stretch of layers the
+        # segment memo records reads nothing after itself where no dot clashes: tests/test_segments.py).
+        asked = asked_of_result(w, eqn.outvars[0])
+        if asked is not None:
+            found = passthrough_conflict(ins[0], ins[1], dn, sizes, None, asked) or found
     out = list(ins)
     moved = []
+    why = "dot operands split one mesh axis on two result factors"
     for k, lay in enumerate(found):
         if lay.dims == ins[k].dims:
             continue
@@ -248,10 +274,51 @@ def _settle_passthrough_conflict(
         # A gather another dot already made of this value (the forward's, reused by the backward): XLA's CSE.
         reused = [c for c in steps if w.already_moved(ins, c)]
         if not steps or len(reused) < len(steps):
-            w.change(eqn, phase, ins[k], lay, dtype, repeat, "dot operands split one mesh axis on two result factors")
+            via = gather_route(sizes, ins[k], lay, (found[1 - k],))
+            if via is None:
+                w.change(eqn, phase, ins[k], lay, dtype, repeat, why)
+            else:
+                # Through the idle mesh axes (idle_axes.gather_route): the permute is a move of the value that
+                # another dot's contraction may have made already (CSE), the gather over them this dot's.
+                w.change(eqn, phase, ins[k], via, dtype, repeat, f"{why}, re-split onto idle mesh axes")
+                w.change(eqn, phase, via, lay, dtype, repeat, f"{why}, gathered over the idle mesh axes")
+                w.bind_copy(eqn.invars[k], lay)  # (peak: the whole copy the dot reads, as a direct gather's)
             moved.append(k)
         out[k] = lay
     return out, moved
+
+
+def asked_of_result(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The split the caller asks of what ``var`` becomes, in ``var``'s own axis order, or None.
+
+    Followed, as XLA's sharding propagation brings an output's sharding back, through the single reader of each
+    value that only carries it (a transpose, its axes mapped back; a dtype conversion; a copy), a gradient sum of
+    the same shape, to a program output the caller lays out (``report(out_specs=)``: a weight gradient's
+    ``out_shardings``) or a placement (an ``auto_axes`` region's exit, an Explicit program's reshard)."""
+    v, axis_of = var, tuple(range(len(getattr(var.aval, "shape", ()))))  # axis_of[i]: var's axis that is v's i
+    for _ in range(MAX_STEPS):
+        asked: Sequence[tuple[str, ...]] | None = w.requested.get(id(v))
+        uses = w.uses.get(id(v), [])
+        if asked is None and len(uses) == 1 and uses[0][0].primitive.name in PLACEMENTS:
+            asked = placement_dims(uses[0][0]) or None
+        if asked is not None:
+            dims: list[tuple[str, ...]] = [() for _ in axis_of]
+            for i, d in enumerate(asked):
+                if i < len(axis_of):
+                    dims[axis_of[i]] = tuple(d)
+            return tuple(dims)
+        if len(uses) != 1:
+            return None
+        user = uses[0][0]
+        name = user.primitive.name
+        if name == "transpose":
+            axis_of = _transposed(user, axis_of)
+        elif name not in CARRIERS | GRADIENT_SUMS:
+            return None
+        elif getattr(user.outvars[0].aval, "shape", None) != getattr(v.aval, "shape", None):
+            return None
+        v = user.outvars[0]
+    return None
 
 
 # Why a dot whose contraction only one operand splits is approximate (the report's first line names it).

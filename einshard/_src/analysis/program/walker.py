@@ -366,6 +366,7 @@ class Walker:
             bind(v, self.replicated(v.aval))
         eqns = jaxpr.eqns
         recording: _Recording | None = None
+        constants: dict[Any, Any] = {}  # the walked jaxpr's literals broadcast to an array, by value
         i = 0
         while i < len(eqns):
             if plan is not None:
@@ -408,6 +409,15 @@ class Walker:
                     self.summed[id(eqn.outvars[0])] = tag
             if eqn.primitive.name in _PINNING:
                 self.pinned.update(id(v) for v in eqn.outvars)
+            if eqn.primitive.name == "broadcast_in_dim" and hasattr(eqn.invars[0], "val"):
+                constants[eqn.outvars[0]] = eqn.invars[0].val
+            same = _folded_operand(eqn, constants) if recording is None else None
+            if same is not None and not outs[0].unreduced and outs[0].dims == read(same).dims:
+                # XLA's algebraic simplifier folds x * 1 (and x + 0, x - 0) to x itself: the result is x's
+                # value, and a move XLA makes of it is x's (its CSE).  (Not in a stretch being recorded: a replay
+                # gives each copy's values their own identity.)
+                env[eqn.outvars[0]] = read(same)
+                continue
             for v, lay in zip(eqn.outvars, outs):
                 bind(v, lay)
         if recording is not None:
@@ -905,6 +915,44 @@ def _private_copy(lay: Layout) -> Layout:
     the walk binds one per value, thousands per walk."""
     # mesh_sizes: computed once on the shared layout, then shared with the copy
     return Layout._derive(lay.axes, lay.shape, lay.mesh, lay.dims, lay.unreduced, lay.mesh_sizes)
+
+
+# The identities XLA's algebraic simplifier folds to their operand before its SPMD partitioner runs: primitive ->
+# (the constant, whether it may stand on either side).  x * 1, 1 * x, x + 0, 0 + x, x - 0 (measured: the moves of
+# the result are x's, tests/test_external_repros.py); x / 1 is not among them (XLA moves x / 1 as a value of its own).
+_IDENTITIES: dict[str, tuple[float, bool]] = {"mul": (1.0, True), "add": (0.0, True), "sub": (0.0, False)}
+
+
+def _folded_operand(eqn: Any, constants: dict[Any, Any]) -> Any:
+    """The operand ``eqn`` is equal to, where it is one of :data:`_IDENTITIES` with a constant (a literal, or a
+    literal broadcast) of the same dtype, the result has the operand's shape and its type names no Explicit mesh
+    axis; else None."""
+    rule = _IDENTITIES.get(eqn.primitive.name)
+    if rule is None or len(eqn.invars) != 2:
+        return None
+    unit, either_side = rule
+    out = eqn.outvars[0].aval
+    types = getattr(getattr(getattr(out, "sharding", None), "mesh", None), "axis_types", ())
+    if any("Explicit" in str(t) for t in types):
+        # On Explicit axes JAX annotates the op with its type's sharding and XLA partitions it as a value of its
+        # own (measured: x * 1 read by a second dot on a (4, 2) Explicit mesh is re-split again, as x * 2 is).
+        return None
+    for k in (1, 0) if either_side else (1,):
+        x, c = eqn.invars[1 - k], eqn.invars[k]
+        if hasattr(x, "val") or getattr(x.aval, "shape", None) != out.shape or x.aval.dtype != out.dtype:
+            continue
+        value = c.val if hasattr(c, "val") else constants.get(c)
+        if value is not None and _is_scalar(value, unit):
+            return x
+    return None
+
+
+def _is_scalar(value: Any, unit: float) -> bool:
+    """Whether a literal is the scalar ``unit`` (a NumPy or JAX scalar, or a Python number)."""
+    try:
+        return bool(getattr(value, "shape", ()) == () and float(value) == unit)
+    except (TypeError, ValueError):
+        return False
 
 
 def _extends(src: tuple[tuple[str, ...], ...], dst: tuple[tuple[str, ...], ...]) -> bool:
