@@ -24,7 +24,8 @@ The descent (a heuristic; tests measure it against brute force):
    one FSDP placement per set of batch axes; for the ``memory`` objective
    also ``x@data y@model``), until a round changes nothing.
    Then the batch moves with the parameters fixed, and the groups descend
-   again if it did.  When a round changes nothing, the relabel moves
+   again if it did (a round that starts over the memory budget moves the
+   batch first: a few assignments that can free more than a whole round).  When a round changes nothing, the relabel moves
    (:func:`relabelings`: every group over mesh axes ``t`` moved to ``t2`` at
    once, the mesh axes permuted) are tried: a row-parallel weight pays off
    only with its column-parallel neighbour split over the same axes, so
@@ -265,6 +266,12 @@ def guided_descent(
     def descend(current: Assign, full: bool) -> Assign:
         for _ in range(max_rounds):
             before = current
+            if not costs.score(current).fits:
+                # Over the budget the batch layout moves first: it sets most of the activations' memory, and
+                # costs a few assignments, where a round over the groups of a large model can take the whole
+                # budget (the 80-layer llama-7b's round from its dp×tp start ended past 140 evaluations
+                # without fitting, on a batch layout the batch move would have left at once).
+                current = move(current, b_index, range(counts[b_index]))
             for g in order:
                 choices = range(counts[g]) if full else allowed(g, current[b_index])
                 current = move(current, g, choices)
