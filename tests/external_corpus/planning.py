@@ -136,10 +136,12 @@ def compiled(family: Family, exprs: tuple[Any, Any]) -> dict[str, Any]:
 
 
 def same_program_key(hlo_text: str) -> str:
-    """The compiled HLO without what differs between two compilations of one program: the module's name (the
-    first line) and each op's source metadata.  Two layouts with equal keys run the same program."""
-    body = hlo_text.split("\n", 1)[1] if "\n" in hlo_text else ""
-    return re.sub(r",? ?metadata=\{[^}]*\}", "", body)
+    """The compiled HLO without what differs between two compilations of one program: the module line (its name),
+    the source tables before the first computation (file names, functions, locations, stack frames) and each
+    op's source metadata.  Two layouts with equal keys run the same program."""
+    lines = hlo_text.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith(("%", "ENTRY"))), len(lines))
+    return re.sub(r",? ?metadata=\{[^}]*\}", "", "\n".join(lines[first:]))
 
 
 def same_programs(costs: dict[str, dict[str, Any]]) -> dict[str, str]:
