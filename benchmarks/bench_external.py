@@ -81,7 +81,7 @@ START, END = (
 
 
 def interleaved_samples(
-    runs: dict[str, tuple[Any, Any]], rounds: int, max_rounds: int, same: dict[str, str]
+    runs: dict[str, tuple[Any, Any]], rounds: int, max_rounds: int, same: dict[str, str], fitting: tuple[str, ...] = ()
 ) -> dict[str, list[float]]:
     """Step times of every layout in interleaved rounds (each round runs every layout once, in a rotated order):
     ``rounds`` at least, then more, ``rounds`` at a time up to ``max_rounds``, while a difference the table
@@ -97,22 +97,26 @@ def interleaved_samples(
                 jax.block_until_ready(fn(*args))
                 samples[label].append(time.perf_counter() - t)
             r += 1
-        unresolved = unresolved_claims({k: samples[same[k]] for k in same}, same)
+        unresolved = unresolved_claims({k: samples[same[k]] for k in same}, same, fitting)
         if not unresolved or r + rounds > max_rounds:
             return samples
         print(f"  {r} rounds: within the noise: {', '.join(unresolved)}; measuring more", flush=True)
 
 
-def unresolved_claims(samples: dict[str, list[float]], same: dict[str, str]) -> list[str]:
-    """The plans whose ratio to the fastest hand layout is within the split-half noise of the two medians
-    (a plan that is a hand layout's program claims nothing)."""
+def unresolved_claims(
+    samples: dict[str, list[float]], same: dict[str, str], fitting: tuple[str, ...] = ()
+) -> list[str]:
+    """The plans whose ratio to the fastest hand layout (for ``plan_budget``: of those that fit its budget,
+    ``fitting``) is within the split-half noise of the two medians (a plan that is a hand layout's program
+    claims nothing)."""
     med = {k: statistics.median(v) for k, v in samples.items()}
     hand = [k for k in med if k not in NOT_HAND]
-    best = min(hand, key=med.__getitem__)
     out = []
     for label in ("plan", "plan_budget"):
         if label not in med or same[label] != label:
             continue
+        among = [k for k in hand if k in fitting] if label == "plan_budget" and fitting else hand
+        best = min(among, key=med.__getitem__)
         difference = abs(med[label] / med[best] - 1)
         noise = max(split_half_noise(samples[label]), split_half_noise(samples[best]))
         if difference <= noise:
@@ -156,7 +160,8 @@ def step_times(name: str, rounds: int, scale: str = "tiny", max_rounds: int | No
         args = (jax.device_put(fam.params, psh), jax.device_put(fam.batch, bsh))
         jax.block_until_ready(c["jitted"](*args))  # warm
         runs[label] = (c["jitted"], args)
-    samples = interleaved_samples(runs, rounds, max_rounds, same)
+    fits = tuple(budgeted.get("hand_layouts_that_fit", ()))
+    samples = interleaved_samples(runs, rounds, max_rounds, same, fits)
     samples = {label: samples[same[label]] for label in costs}
     med = {label: statistics.median(s) for label, s in samples.items()}
     hand = [k for k in med if k not in NOT_HAND]
@@ -172,7 +177,7 @@ def step_times(name: str, rounds: int, scale: str = "tiny", max_rounds: int | No
     return {
         "best_hand": best_label,
         "rounds": len(samples[best_label]),
-        "resolved": unresolved_claims(samples, same) == [],
+        "resolved": unresolved_claims(samples, same, tuple(budgeted.get("hand_layouts_that_fit", ()))) == [],
         "plan_rules": plan.rules,
         "plan_data_rules": list(plan.data_rules),
         "plan_complete": plan.report.complete,
@@ -342,11 +347,17 @@ def large_summary(result: dict[str, Any]) -> str:
             if "best_fitting_hand" in row:
                 worse = ", ".join(row["xla_bytes_worse_than_fitting_hand"]) or "none"
                 alike = row["layouts"]["plan_budget"].get("same_program_as", "plan_budget")
+                if alike != "plan_budget":
+                    versus = f"compiles to {alike}'s program"
+                else:
+                    noise = max(row["layouts"][k]["noise"] for k in ("plan_budget", row["best_fitting_hand"]))
+                    ratio = row["plan_budget_to_best_fitting_hand"]
+                    versus = (
+                        f"{ratio:.2f}× ({'within' if abs(ratio - 1) <= noise else 'beyond'} the noise, ±{noise:.0%})"
+                    )
                 line += (
-                    f" {row['plan_budget_to_best_fitting_hand']:.2f}× the fastest of them "
-                    f"({row['best_fitting_hand']}"
-                    + (f"; plan_budget compiles to {alike}'s program" if alike != "plan_budget" else "")
-                    + f"); fitting hand layouts sending >10% fewer XLA bytes at no more FLOPs: {worse}."
+                    f" {versus} against the fastest of them ({row['best_fitting_hand']}); fitting hand layouts "
+                    f"sending >10% fewer XLA bytes at no more FLOPs: {worse}."
                 )
             notes.append(line)
     lines += ["", *notes, "", LARGE_END]
