@@ -11,7 +11,7 @@
 Writes benchmarks/results/external.json.
 
     python benchmarks/bench_external.py [--rounds 40] [--repeats 3] [--only kh_llama,hk_stack] [--skip-analysis]
-    python benchmarks/bench_external.py --scale large [--rounds 20] [--only hk_stack]
+    python benchmarks/bench_external.py --scale large [--rounds 20] [--max-rounds 80] [--only hk_stack]
 
 ``--scale large`` measures the families' planning size (``external_corpus.families.LARGE``: a step that replicated
 is slow enough that the plan must split): the plan, the plan under a memory budget that replicated parameters
@@ -22,6 +22,10 @@ everything-replicated reference; writes benchmarks/results/external_large.json/.
 minutes of planning and compiling on a shared 2-core machine).  The noise of a median is reported as the
 split-half spread: the medians of the odd and the even rounds, |a - b| / median (a drift or a burst of load from
 another process shows there, not as a difference between layouts, since every round runs every layout).
+Layouts that XLA compiles to the same program (the same HLO, bar the module's name and source metadata: the plan
+choosing ``dp_all``'s shardings) are run once and shown as one row, ``dp_all = plan``; with ``--max-rounds`` the
+rounds go on, ``--rounds`` at a time, while a plan's ratio to the fastest hand layout is within the split-half
+noise, and each family's note says whether the difference it reports is beyond that noise.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from external_corpus.planning import (  # noqa: E402
     hand_layouts_that_fit,
     layouts,
     plan_for,
+    same_programs,
     step_of,
     tight_budget,
     worse_than_hand,
@@ -75,7 +80,52 @@ START, END = (
 )
 
 
-def step_times(name: str, rounds: int, scale: str = "tiny") -> dict[str, Any]:
+def interleaved_samples(
+    runs: dict[str, tuple[Any, Any]], rounds: int, max_rounds: int, same: dict[str, str], fitting: tuple[str, ...] = ()
+) -> dict[str, list[float]]:
+    """Step times of every layout in interleaved rounds (each round runs every layout once, in a rotated order):
+    ``rounds`` at least, then more, ``rounds`` at a time up to ``max_rounds``, while a difference the table
+    claims (a plan against the fastest hand layout) is within the split-half noise of either median."""
+    samples: dict[str, list[float]] = {label: [] for label in runs}
+    labels = list(runs)
+    r = 0
+    while True:
+        for _ in range(rounds):
+            for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+                fn, args = runs[label]
+                t = time.perf_counter()
+                jax.block_until_ready(fn(*args))
+                samples[label].append(time.perf_counter() - t)
+            r += 1
+        unresolved = unresolved_claims({k: samples[same[k]] for k in same}, same, fitting)
+        if not unresolved or r + rounds > max_rounds:
+            return samples
+        print(f"  {r} rounds: within the noise: {', '.join(unresolved)}; measuring more", flush=True)
+
+
+def unresolved_claims(
+    samples: dict[str, list[float]], same: dict[str, str], fitting: tuple[str, ...] = ()
+) -> list[str]:
+    """The plans whose ratio to the fastest hand layout (for ``plan_budget``: of those that fit its budget,
+    ``fitting``) is within the split-half noise of the two medians (a plan that is a hand layout's program
+    claims nothing)."""
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    hand = [k for k in med if k not in NOT_HAND]
+    out = []
+    for label in ("plan", "plan_budget"):
+        if label not in med or same[label] != label:
+            continue
+        among = [k for k in hand if k in fitting] if label == "plan_budget" and fitting else hand
+        best = min(among, key=med.__getitem__)
+        difference = abs(med[label] / med[best] - 1)
+        noise = max(split_half_noise(samples[label]), split_half_noise(samples[best]))
+        if difference <= noise:
+            out.append(f"{label} vs {best} ({difference:.0%} at ±{noise:.0%})")
+    return out
+
+
+def step_times(name: str, rounds: int, scale: str = "tiny", max_rounds: int | None = None) -> dict[str, Any]:
+    max_rounds = max_rounds or rounds
     fam = (FAMILIES if scale == "tiny" else LARGE)[name]()
     plan = plan_for(fam)
     candidates = layouts(fam, plan)
@@ -98,20 +148,21 @@ def step_times(name: str, rounds: int, scale: str = "tiny") -> dict[str, Any]:
             "hand_layouts_that_fit": sorted(hand_layouts_that_fit(fam, budget)),
         }
     costs = {label: compiled(fam, exprs) for label, exprs in candidates.items()}
+    # A layout XLA compiles to the same program as an earlier one (the plan choosing dp_all's shardings) is that
+    # layout: run once, reported as one row ("dp_all = plan"), so that no difference between identical programs is
+    # read as a difference between layouts.
+    same = same_programs(costs)
     runs = {}
     for label, c in costs.items():
+        if same[label] != label:
+            continue
         psh, bsh = c["shardings"]
         args = (jax.device_put(fam.params, psh), jax.device_put(fam.batch, bsh))
         jax.block_until_ready(c["jitted"](*args))  # warm
         runs[label] = (c["jitted"], args)
-    samples: dict[str, list[float]] = {label: [] for label in runs}
-    labels = list(runs)
-    for r in range(rounds):
-        for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
-            fn, args = runs[label]
-            t = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            samples[label].append(time.perf_counter() - t)
+    fits = tuple(budgeted.get("hand_layouts_that_fit", ()))
+    samples = interleaved_samples(runs, rounds, max_rounds, same, fits)
+    samples = {label: samples[same[label]] for label in costs}
     med = {label: statistics.median(s) for label, s in samples.items()}
     hand = [k for k in med if k not in NOT_HAND]
     best_label = min(hand, key=med.__getitem__)
@@ -125,7 +176,8 @@ def step_times(name: str, rounds: int, scale: str = "tiny") -> dict[str, Any]:
         )
     return {
         "best_hand": best_label,
-        "rounds": rounds,
+        "rounds": len(samples[best_label]),
+        "resolved": unresolved_claims(samples, same, tuple(budgeted.get("hand_layouts_that_fit", ()))) == [],
         "plan_rules": plan.rules,
         "plan_data_rules": list(plan.data_rules),
         "plan_complete": plan.report.complete,
@@ -137,11 +189,12 @@ def step_times(name: str, rounds: int, scale: str = "tiny") -> dict[str, Any]:
                 "ratio_to_dp": med[label] / med["dp"],
                 "ratio_to_best_hand": med[label] / best_hand,
                 "noise": split_half_noise(samples[label]),
+                "same_program_as": same[label],
                 "xla_comm_bytes": costs[label]["comm_bytes"],
                 "xla_collectives": costs[label]["collectives"],
                 "xla_flops": costs[label]["flops"],
             }
-            for label in labels
+            for label in costs
         },
     }
 
@@ -196,6 +249,28 @@ def analysis_cost(name: str, repeats: int) -> dict[str, Any]:
     return row
 
 
+def table_rows(row: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(row label, numbers) per distinct compiled program: layouts XLA compiled alike share one row, named
+    ``dp_all = plan`` (rows measured before programs were compared have no ``same_program_as``: one row each)."""
+    layouts = row["layouts"]
+    names: dict[str, list[str]] = {}
+    for label, c in layouts.items():
+        names.setdefault(c.get("same_program_as", label), []).append(label)
+    return [(" = ".join(alike), layouts[first]) for first, alike in names.items()]
+
+
+def plan_against_hand(row: dict[str, Any], plan: str = "plan") -> str:
+    """What a row says of a plan against the fastest hand layout: the hand layout it is, or the ratio and whether
+    it is beyond the split-half noise of the two medians."""
+    c, best = row["layouts"][plan], row["layouts"][row["best_hand"]]
+    if c.get("same_program_as", plan) != plan:
+        return f"the plan compiles to {c['same_program_as']}'s program"
+    noise = max(c["noise"], best["noise"])
+    ratio = c["ratio_to_best_hand"]
+    within = "within" if abs(ratio - 1) <= noise else "beyond"
+    return f"{ratio:.2f}× ({within} the noise, ±{noise:.0%})"
+
+
 def summary(result: dict[str, Any]) -> str:
     """The docs' generated block: step-time ratios and the analysis' cost, from external.json."""
     lines = [START, f"Measured on {result['machine']} (jax {result['jax']}).", ""]
@@ -205,7 +280,7 @@ def summary(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, row in result["step_time"].items():
-        for k, c in row["layouts"].items():
+        for k, c in table_rows(row):
             noise = f"{c['noise'] * 100:.0f}%" if "noise" in c else "–"
             lines.append(
                 f"| {name} | {k} | {c['xla_comm_bytes'] / 1e3:.0f} kB | {c['xla_collectives']} | "
@@ -251,7 +326,7 @@ def large_summary(result: dict[str, Any]) -> str:
     ]
     notes = []
     for name, row in result["step_time"].items():
-        for k, c in row["layouts"].items():
+        for k, c in table_rows(row):
             lines.append(
                 f"| {name} | {k} | {c['xla_comm_bytes'] / 1e3:.0f} kB | {c['xla_collectives']} | "
                 f"{c['xla_flops'] / 1e6:.0f} | {c['median_s'] * 1e3:.1f} ms | {c['noise'] * 100:.0f}% | "
@@ -260,7 +335,7 @@ def large_summary(result: dict[str, Any]) -> str:
         beaten = row["xla_bytes_worse_than_hand"]
         notes.append(
             f"- {name}: {row['rounds']} rounds; the plan vs the fastest hand layout ({row['best_hand']}): "
-            f"{row['layouts']['plan']['ratio_to_best_hand']:.2f}×; hand layouts sending >10% fewer XLA bytes at no "
+            f"{plan_against_hand(row)}; hand layouts sending >10% fewer XLA bytes at no "
             f"more FLOPs: {', '.join(beaten) or 'none'}."
         )
         if "memory_budget" in row:
@@ -271,10 +346,18 @@ def large_summary(result: dict[str, Any]) -> str:
             )
             if "best_fitting_hand" in row:
                 worse = ", ".join(row["xla_bytes_worse_than_fitting_hand"]) or "none"
+                alike = row["layouts"]["plan_budget"].get("same_program_as", "plan_budget")
+                if alike != "plan_budget":
+                    versus = f"compiles to {alike}'s program"
+                else:
+                    noise = max(row["layouts"][k]["noise"] for k in ("plan_budget", row["best_fitting_hand"]))
+                    ratio = row["plan_budget_to_best_fitting_hand"]
+                    versus = (
+                        f"{ratio:.2f}× ({'within' if abs(ratio - 1) <= noise else 'beyond'} the noise, ±{noise:.0%})"
+                    )
                 line += (
-                    f" {row['plan_budget_to_best_fitting_hand']:.2f}× the fastest of them "
-                    f"({row['best_fitting_hand']}); fitting hand layouts sending >10% fewer XLA bytes at no more "
-                    f"FLOPs: {worse}."
+                    f" {versus} against the fastest of them ({row['best_fitting_hand']}); fitting hand layouts "
+                    f"sending >10% fewer XLA bytes at no more FLOPs: {worse}."
                 )
             notes.append(line)
     lines += ["", *notes, "", LARGE_END]
@@ -303,7 +386,7 @@ def main_large(a: argparse.Namespace) -> None:
         "step_time": {k: v for k, v in old.get("step_time", {}).items() if k in LARGE},
     }
     for name in a.only.split(",") if a.only else LARGE:
-        result["step_time"][name] = step_times(name, a.rounds, scale="large")
+        result["step_time"][name] = step_times(name, a.rounds, scale="large", max_rounds=a.max_rounds)
         print(name, {k: round(v["ratio_to_best_hand"], 2) for k, v in result["step_time"][name]["layouts"].items()})
         LARGE_OUT.write_text(json.dumps(result, indent=1, default=str))
     write_large_doc(large_summary(result))
@@ -313,6 +396,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--max-rounds",
+        type=int,
+        default=0,
+        help="measure more rounds (--rounds at a time, up to this many) while a plan's difference to the fastest "
+        "hand layout is within the split-half noise (default: --rounds, no more)",
+    )
     parser.add_argument("--doc-only", action="store_true", help="regenerate the docs block from external.json")
     parser.add_argument("--only", default="", help="comma-separated families: re-measure their step times only")
     parser.add_argument("--skip-analysis", action="store_true", help="keep the analysis-cost rows of external.json")
@@ -340,7 +430,7 @@ def main() -> None:
     if a.skip_analysis:  # the docs say the analysis-cost table is not from this run
         result["analysis_cost_note"] = old.get("analysis_cost_note") or "measured in an earlier run than the step times"
     for name in a.only.split(",") if a.only else PLANNED:
-        result["step_time"][name] = step_times(name, a.rounds)
+        result["step_time"][name] = step_times(name, a.rounds, max_rounds=a.max_rounds)
         print(name, {k: round(v["ratio_to_best_hand"], 2) for k, v in result["step_time"][name]["layouts"].items()})
         OUT.write_text(json.dumps(result, indent=1, default=str))
     for name in () if a.skip_analysis else FAMILIES:

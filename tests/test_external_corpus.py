@@ -140,3 +140,27 @@ def test_the_hand_layout_check_fails_on_a_plan_sending_more_at_no_more_flops():
     assert not worse_than_hand(costs(5000.0, 2.0e6))  # every hand layout computes more: not comparable
     assert [b.split(":")[0] for b in worse_than_hand(costs(1200.0, 4.0e6))] == ["dp"]  # tp computes more
     assert not worse_than_hand(costs(0.0, 3.2e7))  # replicating everything: no bytes to lose by
+
+
+def test_layouts_compiled_to_one_program_are_one_row_of_the_step_time_bench():
+    """benchmarks/bench_external.py runs and shows layouts XLA compiles alike once: the same shardings written
+    twice (under other names, compiled by separate jits) are the first's program; another layout is its own."""
+    import jax
+    import jax.numpy as jnp
+    from external_corpus.planning import same_program_key, same_programs
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    x = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+
+    def key(spec):
+        def step(x):  # a fresh function per compile: its module name and metadata must not matter
+            return jnp.tanh(x) @ x.T
+
+        sharding = NamedSharding(mesh, spec)
+        return same_program_key(jax.jit(step, in_shardings=sharding).lower(x).compile().as_text())
+
+    costs = {"dp": {"program": key(P("data"))}, "tp": {"program": key(P(None, "model"))}}
+    costs["plan"] = {"program": key(P("data", None))}
+    assert same_programs(costs) == {"dp": "dp", "tp": "tp", "plan": "dp"}

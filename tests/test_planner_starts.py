@@ -239,14 +239,6 @@ def test_the_megatron_starts_are_costed_right_after_the_presets(monkeypatch, bud
     assert plan.evaluated <= 40
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="roles.weight_roles stops at the slice and squeeze of w[i] (it follows casts, transposes and calls), so "
-    "on an unrolled loop over stacked weights (einshard_apps' llama) the Megatron starts leave every layer weight "
-    "replicated. Following them (slice/dynamic_slice keep the axes, squeeze drops its dimensions: 6 lines) passes "
-    "this test but changes those starts, and the 80-layer llama-7b's memory-bound descent then first fits at "
-    "evaluation 146 and ends at 11.64 s/step predicted instead of 4.36 s (docs/planner.md, Limits)",
-)
 def test_roles_are_read_through_an_unrolled_loops_slice_of_a_stacked_weight():
     """``w[i]`` of a stacked (layers, in, out) weight in a Python loop (a slice and a squeeze, not a scan): the roles
     stop at the slice, so the dp×tp start leaves every layer weight replicated."""
@@ -268,3 +260,27 @@ def test_roles_are_read_through_an_unrolled_loops_slice_of_a_stacked_weight():
     over_data = next(a for a in starts if batch.candidates[a[-1]].dims == (("data",), ()))
     dims = [g.candidates[c].dims for g, c in zip(groups, over_data)]
     assert dims == [((), ("model",), ()), ((), (), ("model",))]  # down row-parallel on f, up column-parallel on f
+
+
+@pytest.mark.parametrize(
+    "view, roles",
+    [
+        (lambda w: w[:16], {0: "in", 1: "out"}),  # a prefix of the rows: lax.slice
+        (lambda w: w[:, 8:24], {0: "in", 1: "out"}),
+        (lambda w: jax.lax.dynamic_slice(w, (0, 4), (32, 16)), {0: "in", 1: "out"}),
+        (lambda w: w[None].astype(jnp.bfloat16)[0], {0: "in", 1: "out"}),  # a unit axis added, cast, dropped
+        (lambda w: w.reshape(32, 1, 32).reshape(32, 32).T, {0: "out", 1: "in"}),  # a unit reshape, transposed
+        (lambda w: w.reshape(32, 2, 16).sum(1), {}),  # a split axis (no longer one axis of w) stops the roles
+    ],
+    ids=["slice-rows", "slice-cols", "dynamic_slice", "unit-axis", "unit-reshape-transposed", "split-axis"],
+)
+def test_roles_follow_slices_and_unit_reshapes_of_a_weight(view, roles):
+    """``weight_roles`` follows the weight through slices (keeping its axes), squeezes and reshapes that only add
+    or drop unit axes to its first matmul; a reshape that merges or splits axes ends the trail."""
+
+    def loss(p, x):
+        w = view(p["w"])
+        return jnp.sum(x[:, : w.shape[0]].astype(w.dtype) @ w)
+
+    traced = trace(jax.value_and_grad(loss), {"w": sds(32, 32)}, sds(8, 32), mesh=SIZES)
+    assert weight_roles(traced.jaxpr, 0) == roles

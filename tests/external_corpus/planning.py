@@ -126,12 +126,32 @@ def compiled(family: Family, exprs: tuple[Any, Any]) -> dict[str, Any]:
     cost = comp.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return {
+        "program": same_program_key(comp.as_text()),
         "comm_bytes": float(sum(c.sent_bytes * c.runs for c in colls)),
         "collectives": sum(c.runs for c in colls),
         "flops": float(cost.get("flops", 0.0)),
         "jitted": jitted,
         "shardings": (psh, bsh),
     }
+
+
+def same_program_key(hlo_text: str) -> str:
+    """The compiled HLO without what differs between two compilations of one program: the module line (its name),
+    the source tables before the first computation (file names, functions, locations, stack frames) and each
+    op's source metadata.  Two layouts with equal keys run the same program."""
+    lines = hlo_text.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith(("%", "ENTRY"))), len(lines))
+    return re.sub(r",? ?metadata=\{[^}]*\}", "", "\n".join(lines[first:]))
+
+
+def same_programs(costs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each layout -> the first layout (in ``costs``' order: the hand layouts before the plans) that XLA compiled
+    to the same program; itself when none did."""
+    first: dict[str, str] = {}
+    out = {}
+    for label, c in costs.items():
+        out[label] = first.setdefault(c["program"], label)
+    return out
 
 
 def worse_than_hand(costs: dict[str, dict[str, Any]], eligible: set[str] | None = None) -> list[str]:

@@ -28,7 +28,7 @@ from .preset_match import admit_preset_layouts, expressible_presets
 from .result import Alternative, LayoutPlan
 from .roles import Parallel, megatron_pairs, weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
-from .search import exhaustive, guided_descent, tensor_parallel_starts
+from .search import exhaustive, guided_descent, sharded_parameters, tensor_parallel_starts
 from .verify import DEFAULT_VERIFY, Verified, verification_mesh, verify_assignments
 
 if TYPE_CHECKING:
@@ -351,14 +351,22 @@ def _search(
 
     def allowed(g: int, b: int) -> tuple[int, ...]:
         if (g, b) not in allowed_cache:
+            # The mesh axes the batch's sequence uses gather a weight split over them as the batch's own do
+            # (the activations are not split so on the weight's axes): both are FSDP to search_candidates.
+            dims = space.batch.candidates[b].dims
             allowed_cache[(g, b)] = search_candidates(
-                space.groups[g], space.batch.candidates[b].dims[0], sizes, for_memory=space.costs.objective == "memory"
+                space.groups[g], dims[0] + dims[1], sizes, for_memory=space.costs.objective == "memory"
             )
         return allowed_cache[(g, b)]
 
     evaluations = max(options.max_evaluations, len(starts))
+    # Under the memory objective each batch layout starts from its parameters split over every mesh axis (the
+    # least parameter memory) rather than replicated: batch layouts are ranked by their best start, and with
+    # replicated parameters that ranks them by the activations alone, so a batch layout whose best needs its
+    # weights split over the mesh axes its sequence also uses was descended last, past the evaluation budget.
+    base = sharded_parameters(space.groups) if space.costs.objective == "memory" else None
     return "coordinate descent", guided_descent(
-        space.costs, counts, starts, allowed, evaluations, options.pair_limit, megatron=standard
+        space.costs, counts, starts, allowed, evaluations, options.pair_limit, megatron=standard, base=base
     )
 
 

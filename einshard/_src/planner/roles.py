@@ -6,8 +6,10 @@ stores ``(out, in)``, Flax ``(in, out)``, attention kernels are 3-D
 Splitting an axis the first matmul *contracts* is row-parallel (its result is
 a partial sum); splitting an axis it *keeps* is column-parallel.  So the
 roles are read from the traced program: the parameter's value is followed
-through dtype casts, copies, transposes and nested calls to the first
-``dot_general`` that consumes it.
+through dtype casts, copies, transposes, slices (``w[:k]``, a stacked layer's
+``w[i]``: ``slice`` / ``dynamic_slice`` then ``squeeze``), new axes
+(``broadcast_in_dim``: ``w[None]``), reshapes that only add or drop unit axes,
+and nested calls to the first ``dot_general`` that consumes it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ __all__ = ["Role", "Parallel", "weight_roles", "megatron_pairs"]
 Role = Literal["in", "out"]
 
 _PASS = {"convert_element_type", "copy", "copy_p", "reduce_precision", "optimization_barrier"}
+# A slice of the weight keeps its axes (fewer elements along some): the value is still the weight, axis by axis.
+_SLICES = {"slice", "dynamic_slice"}
+# A tracked position that is no axis of the parameter (a unit axis a reshape added).
+_NO_AXIS = -1
 
 
 def weight_roles(jaxpr: Any, leaf: int, axes: tuple[int, ...] | None = None, depth: int = 0) -> dict[int, Role]:
@@ -43,9 +49,24 @@ def weight_roles(jaxpr: Any, leaf: int, axes: tuple[int, ...] | None = None, dep
             (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
             contract = lc if k == 0 else rc
             batch = lb if k == 0 else rb
-            return {a: ("in" if pos in contract else "out") for pos, a in enumerate(axes) if pos not in batch}
-        if name in _PASS:
+            return {
+                a: ("in" if pos in contract else "out")
+                for pos, a in enumerate(axes)
+                if pos not in batch and a != _NO_AXIS
+            }
+        if name in _PASS or (name in _SLICES and k == 0):  # (a dynamic_slice's other operands are its indices)
             tracked[eqn.outvars[0]] = axes
+        elif name == "squeeze":
+            dropped = set(eqn.params["dimensions"])
+            tracked[eqn.outvars[0]] = tuple(a for pos, a in enumerate(axes) if pos not in dropped)
+        elif name == "broadcast_in_dim" and k == 0:  # jnp.expand_dims, w[None]: the new axes are no axis of w
+            out_rank = len(eqn.outvars[0].aval.shape)
+            placed = dict(zip(eqn.params["broadcast_dimensions"], axes))
+            tracked[eqn.outvars[0]] = tuple(placed.get(pos, _NO_AXIS) for pos in range(out_rank))
+        elif name == "reshape" and k == 0:
+            kept = _unit_reshape(axes, eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape)
+            if kept is not None:
+                tracked[eqn.outvars[0]] = kept
         elif name == "transpose":
             perm = eqn.params["permutation"]
             tracked[eqn.outvars[0]] = tuple(axes[p] for p in perm)
@@ -58,6 +79,15 @@ def weight_roles(jaxpr: Any, leaf: int, axes: tuple[int, ...] | None = None, dep
                     if inner:
                         return inner
     return {}
+
+
+def _unit_reshape(axes: tuple[int, ...], before: tuple[int, ...], after: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The parameter axis at each position after a reshape that only adds or drops unit axes (None for any other
+    reshape: merged or split axes are no longer one parameter axis each)."""
+    if [d for d in before if d != 1] != [d for d in after if d != 1]:
+        return None
+    real = iter(a for a, d in zip(axes, before) if d != 1)
+    return tuple(next(real) if d != 1 else _NO_AXIS for d in after)
 
 
 def _sub(eqn: Any) -> Any:

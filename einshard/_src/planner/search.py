@@ -7,10 +7,14 @@ The descent (a heuristic; tests measure it against brute force):
    (:func:`tensor_parallel_starts`: dp×tp and fsdp×tp for each batch layout
    that leaves a mesh axis free, the column- and row-parallel weights read
    from the program by :func:`~.roles.megatron_pairs`); then every batch
-   layout with the parameters replicated.  Batch layouts are taken in the
+   layout with the parameters replicated (for the ``memory`` objective split
+   over every mesh axis instead: :func:`sharded_parameters`, the least
+   parameter memory, so that batch layouts are not ranked by their
+   activations alone).  Batch layouts are taken in the
    order of their best costed assignment (within the memory budget first),
-   each descending from that assignment and from its replicated parameters
-   (where groups are coupled the two reach different local optima): ranked
+   each descending from that assignment and from its replicated (``memory``:
+   fully split) parameters (where groups are coupled the two reach different
+   local optima): ranked
    by replicated parameters alone, a budget no replicated layout meets
    orders them by memory, and the evaluations go to the batch layout that
    frees the most, not the fastest.
@@ -20,7 +24,8 @@ The descent (a heuristic; tests measure it against brute force):
    one FSDP placement per set of batch axes; for the ``memory`` objective
    also ``x@data y@model``), until a round changes nothing.
    Then the batch moves with the parameters fixed, and the groups descend
-   again if it did.  When a round changes nothing, the relabel moves
+   again if it did (a round that starts over the memory budget moves the
+   batch first: a few assignments that can free more than a whole round).  When a round changes nothing, the relabel moves
    (:func:`relabelings`: every group over mesh axes ``t`` moved to ``t2`` at
    once, the mesh axes permuted) are tried: a row-parallel weight pays off
    only with its column-parallel neighbour split over the same axes, so
@@ -46,7 +51,7 @@ from .groups import Group
 from .roles import Parallel, Role
 from .scoring import Costs
 
-__all__ = ["exhaustive", "guided_descent", "tensor_parallel_starts"]
+__all__ = ["exhaustive", "guided_descent", "tensor_parallel_starts", "sharded_parameters"]
 
 Assign = tuple[int, ...]
 
@@ -192,6 +197,26 @@ def _with_fsdp(
     return index[_dims(group, {**{k: d for k, d in now.items() if d}, axis: axes})]
 
 
+def sharded_parameters(groups: Sequence[Group]) -> tuple[int, ...]:
+    """Each group's candidate that splits it over the most mesh axes (the least parameter memory per device), on
+    its largest tensor axis (FSDP's choice; the first candidate on ties); never a stacked group's layer axis
+    (a pipeline stage split, which ``jax.jit`` does not run as a pipeline)."""
+
+    def rank(g: Group, i: int) -> tuple[int, int, int]:
+        dims = g.candidates[i].dims
+        split = [k for k, d in enumerate(dims) if d]
+        return (sum(len(d) for d in dims), max((max(s[k] for s in g.shapes) for k in split), default=0), -i)
+
+    return tuple(
+        max(
+            (i for i, c in enumerate(g.candidates) if not (g.stacked and c.dims and c.dims[0])),
+            key=lambda i, g=g: rank(g, i),  # type: ignore[misc]
+            default=0,
+        )
+        for g in groups
+    )
+
+
 def exhaustive(costs: Costs, counts: Sequence[int]) -> list[Assign]:
     for assign in itertools.product(*[range(n) for n in counts]):
         costs.score(assign)
@@ -215,8 +240,10 @@ def guided_descent(
     pair_limit: int,
     max_rounds: int = 6,
     megatron: Sequence[Assign] = (),
+    base: Sequence[int] | None = None,
 ) -> list[Assign]:
-    """Coordinate descent; ``allowed(group, batch_candidate)`` lists the candidates tried first."""
+    """Coordinate descent; ``allowed(group, batch_candidate)`` lists the candidates tried first; ``base`` the
+    parameters each batch layout starts from (default replicated)."""
     n_groups = len(counts) - 1
     b_index = n_groups
     order = sorted(range(n_groups), key=lambda g: -costs.groups[g].nbytes)
@@ -239,6 +266,12 @@ def guided_descent(
     def descend(current: Assign, full: bool) -> Assign:
         for _ in range(max_rounds):
             before = current
+            if not costs.score(current).fits:
+                # Over the budget the batch layout moves first: it sets most of the activations' memory, and
+                # costs a few assignments, where a round over the groups of a large model can take the whole
+                # budget (the 80-layer llama-7b's round from its dp×tp start ended past 140 evaluations
+                # without fitting, on a batch layout the batch move would have left at once).
+                current = move(current, b_index, range(counts[b_index]))
             for g in order:
                 choices = range(counts[g]) if full else allowed(g, current[b_index])
                 current = move(current, g, choices)
@@ -285,7 +318,7 @@ def guided_descent(
         # by two evaluations and leave its plan as it was).
         for s in megatron:
             key(s)
-        replicated = tuple(0 for _ in range(n_groups))
+        replicated = tuple(0 for _ in range(n_groups)) if base is None else tuple(base)
         for b in range(counts[b_index]):
             key((*replicated, b))
         # Each batch layout descends from its best start, the batch layouts in the order of their best starts
