@@ -266,11 +266,12 @@ DEEP_MISSES: dict[str, str] = {
         "; seed 1: x[64, 32@(a,b)] updated by u[8@(a,b), 8] at (i, i) (mesh 2): 17668 B against 10536 B"
     ),
     "gather": (
-        "jnp.take(t[16@b, 16@a], i[8@b], axis=0, mode='clip') (mesh 4 x 2, forward): XLA all-gathers and "
-        "reduce-scatters (160 B), explain all-gathers (256 B); and JAX itself refuses the gradient of "
+        "JAX itself refuses the gradient of "
         "jnp.take_along_axis(x[16, 16], i[16@a, 1], axis=1) on Explicit axes ('Expected cotangent type "
         "float32[16,16] but got float32[16@a,16]', not a sharding error check() rejects).  (The earlier draw, the "
-        "gradient of a vocabulary-split take, holds now: peak 0.81 of XLA's, the memory walk's all-reduce rule)"
+        "gradient of a vocabulary-split take, holds now: peak 0.81 of XLA's, the memory walk's all-reduce rule; "
+        "and jnp.take(t[16@b, 16@a], i[8@b], axis=0, mode='clip') (mesh 4 x 2) holds: XLA ranks a lookup's ways by "
+        "their buffers first, LOOKUP_MEMORY_DRAWS)"
         "; seed 1 (derandomize off): take_along_axis(x[64@(a,b), 24], i[64@b, 1], 1) (mesh 2): XLA permutes "
         "twice and all-gathers once (192 B), explain permutes once (32 B)"
     ),
@@ -569,4 +570,46 @@ CONCATENATE_DRAWS = [
 
 @pytest.mark.parametrize("case", CONCATENATE_DRAWS)
 def test_concatenate_joins_on_the_most_split_operand(case: Case) -> None:
+    check(case)
+
+
+# -- a lookup with no free mesh axis: XLA ranks its ways by their buffers first (rules_indexing.dry_run_memory) --
+
+# The deep run's draw: t[16@b, 16@a] by 8 ids split over b (mesh 4 x 2): the table (twice the result) gathered
+# whole would touch more bytes than the ids gathered and the result all-reduced, so XLA gathers the ids and
+# reduce-scatters the result (160 B), though the table's all-gather sends fewer bytes (128 B); and a table as
+# large as the result is gathered (its buffers are smaller by the gathered ids).
+LOOKUP_MEMORY_DRAWS = [
+    Case(
+        "gather",
+        lambda t, i: jnp.take(t, i, axis=0, mode="clip"),
+        (_sds((16, 16)), _sds((8,), I32)),
+        (P("b", "a"), P("b")),
+        2,
+        False,
+        False,
+    ),
+    Case(
+        "gather",
+        lambda t, i: jnp.take(t, i, axis=0, mode="clip"),
+        (_sds((16, 16)), _sds((16,), I32)),
+        (P("b", "a"), P("b")),
+        2,
+        False,
+        False,
+    ),
+    Case(
+        "gather",
+        lambda t, i: jnp.take(t, i, axis=0, mode="clip"),
+        (_sds((64, 16)), _sds((8,), I32)),
+        (P("b", "a"), P("b")),
+        2,
+        False,
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", LOOKUP_MEMORY_DRAWS)
+def test_lookup_without_free_axes_ranked_by_its_buffers_first(case: Case) -> None:
     check(case)

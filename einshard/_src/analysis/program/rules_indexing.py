@@ -1141,6 +1141,7 @@ class LookupPlan:
     close: bool = False  # another way costs within CLOSE of it: XLA may take that one
     note: str = ""
     bound: OpBound | None = None  # where close: how far XLA's other way is from this one (:func:`between`)
+    memory: int = 0  # the largest buffer set one of its ops touches (:func:`dry_run_memory`); 0: not ranked by it
 
 
 def between(chosen: tuple[tuple[SentKind, int, int], ...], other: tuple[tuple[SentKind, int, int], ...]) -> OpBound:
@@ -1163,6 +1164,20 @@ def between(chosen: tuple[tuple[SentKind, int, int], ...], other: tuple[tuple[Se
     # own peak gap is the memory walk's (tests/test_lookup_rules.py's LOOKUP_MEMORY), not the choice's.
     peak = max(sum(x for _, n, x in steps if n > 1) for steps in (chosen, other))
     return OpBound(collectives, float(max(added, dropped)), float(peak))
+
+
+# Memories within this ratio leave XLA's choice to its communication estimate (and so to explain's CLOSE).
+MEMORY_CLOSE = 1.1
+
+
+def dry_run_memory(gathered: list[tuple[int, int]], lookup: tuple[int, int, int], summed: int) -> int:
+    """The memory cost XLA's SPMD partitioner gives one way of partitioning a gather (its dry run,
+    ``EvaluatePartitionCost``): the most bytes any one of the way's gathers or collectives touches, operands
+    plus result (an all-reduce: its operand only, it sums in place).
+
+    ``gathered``: each all-gather's (piece, gathered) bytes; ``lookup``: the local gather's (table, indices,
+    result) bytes; ``summed``: the all-reduced buffer's bytes (0: none)."""
+    return max([piece + full for piece, full in gathered] + [sum(lookup), summed])
 
 
 def lookup_plans(
@@ -1198,8 +1213,11 @@ def lookup_plans(
             plans.append(LookupPlan("move table", sum(b for _, _, b in table_steps), tuple(table_steps)))
         plans.append(LookupPlan("move indices", sum(b for _, _, b in index_steps), tuple(index_steps)))
     else:
-        # Compared by the bytes each device sends (an all-reduce sends its buffer twice): measured, XLA gathers a
-        # table as large as the result rather than all-reduce the result whole.
+        # XLA's partitioner dry-runs each way and ranks them by (memory, communication): the largest buffer set
+        # one of its gathers or collectives touches first (:func:`dry_run_memory`), the bytes sent second
+        # (an all-reduce sends its buffer twice).  So a table as large as the result is gathered rather than
+        # the result all-reduced whole (its buffers are smaller by the gathered indices), and a table twice
+        # the result is not (measured: t[16@b, 16@a] looked up by 8 ids split over b: XLA gathers the ids).
         whole = table_piece * shared
         index_steps = [
             ("all-gather", shared, index_piece * shared),
@@ -1209,14 +1227,27 @@ def lookup_plans(
         sent_table = (shared - 1) / shared * whole
         sent_index = (shared - 1) / shared * index_piece * shared + 2 * result_piece * shared
         if rest == 1:  # as for moving it: only a table split wholly along the shared axes is gathered
-            plans.append(LookupPlan("gather table", sent_table, (("all-gather", shared, whole),)))
-        plans.append(LookupPlan("gather indices", sent_index, tuple(index_steps)))
-    ranked = sorted(plans, key=lambda p: p.cost)  # stable: ties go to the first listed (measured: the table moves)
+            memory = dry_run_memory(
+                gathered=[(table_piece, whole)], lookup=(whole, index_piece, result_piece), summed=0
+            )
+            plans.append(LookupPlan("gather table", sent_table, (("all-gather", shared, whole),), memory=memory))
+        memory = dry_run_memory(
+            gathered=[(index_piece, index_piece * shared)],
+            lookup=(table_piece, index_piece * shared, result_piece * shared),
+            summed=result_piece * shared,
+        )
+        plans.append(LookupPlan("gather indices", sent_index, tuple(index_steps), memory=memory))
+    # Stable: ties go to the first listed (measured: the table moves).  The moved ways (free mesh axes) carry no
+    # memory estimate (0): they are ranked by the bytes they move, as measured (tests/test_lookup_rules.py).
+    ranked = sorted(plans, key=lambda p: (p.memory, p.cost))
     best = ranked[0]
     if len(ranked) == 1:
         return (best,)
     runner = ranked[1]
-    if runner.cost <= CLOSE * max(best.cost, 1.0):
+    # Near ties: XLA's own estimate may rank them the other way.  Where memory ranks (no free axes) the buffers
+    # are the partitioner's own shapes, so only a memory tie within MEMORY_CLOSE leaves the choice open.
+    memory_tie = runner.memory <= MEMORY_CLOSE * best.memory
+    if memory_tie and runner.cost <= CLOSE * max(best.cost, 1.0):
         note = (
             f"a lookup split like its table: explain takes '{best.move}' ({best.cost:.0f} B), "
             f"XLA may '{runner.move}' ({runner.cost:.0f} B)"
