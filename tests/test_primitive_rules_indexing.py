@@ -271,7 +271,9 @@ DEEP_MISSES: dict[str, str] = {
         "float32[16,16] but got float32[16@a,16]', not a sharding error check() rejects).  (The earlier draw, the "
         "gradient of a vocabulary-split take, holds now: peak 0.81 of XLA's, the memory walk's all-reduce rule; "
         "and jnp.take(t[16@b, 16@a], i[8@b], axis=0, mode='clip') (mesh 4 x 2) holds: XLA ranks a lookup's ways by "
-        "their buffers first, LOOKUP_MEMORY_DRAWS)"
+        "their buffers first, LOOKUP_MEMORY_DRAWS; the derandomized run's next draw, the gradient of "
+        "jnp.take(t[16@a, 24], i[8@a, 16], mode='clip') (mesh 1), holds XLA's collectives and bytes, its peak is the "
+        "memory walk's: 3392 B against XLA's 4928 B)"
         "; seed 1 (derandomize off): take_along_axis(x[64@(a,b), 24], i[64@b, 1], 1) (mesh 2): XLA permutes "
         "twice and all-gathers once (192 B), explain permutes once (32 B)"
     ),
@@ -612,4 +614,41 @@ LOOKUP_MEMORY_DRAWS = [
 
 @pytest.mark.parametrize("case", LOOKUP_MEMORY_DRAWS)
 def test_lookup_without_free_axes_ranked_by_its_buffers_first(case: Case) -> None:
+    check(case)
+
+
+# -- concatenate along a split axis: Shardy merges the operands' splits there, XLA joins them moved off the axis --
+
+_rows = lambda *xs: jnp.concatenate(xs, axis=0)  # noqa: E731
+_cols = lambda *xs: jnp.concatenate(xs, axis=1)  # noqa: E731
+
+
+def _joined(fn: Any, shapes: tuple[tuple[int, int], ...], specs: tuple[P, ...], grad: bool = False) -> Case:
+    return Case("concatenate", fn, tuple(_sds(s) for s in shapes), specs, 3, False, grad, "unfused")
+
+
+# The deep run's draws ([16@c, 16] ++ [16@(a,b,c), 16]: XLA leaves the result whole; [16, 16] ++ [16@b, 16]: two
+# all-to-alls; seed 1's three operands along columns joined on the largest of the equally split ones by one
+# permute) and the merges measured beside them (rules_structural.concatenated_dims, moved_off_axis, _joined_on;
+# core.moves._permuted_tiles).
+CONCAT_ALONG_SPLIT_DRAWS = [
+    _joined(_rows, ((16, 16),) * 2, (P("c", None), P(("a", "b", "c"), None))),
+    _joined(_rows, ((16, 16),) * 2, (P("c", None), P(("a", "b", "c"), None)), grad=True),
+    _joined(_rows, ((16, 16),) * 2, (P(None, None), P("b", None))),
+    _joined(_rows, ((16, 16),) * 2, (P("b", None), P(("a", "b"), None))),
+    _joined(_rows, ((16, 16),) * 2, (P(("a", "b"), None), P(("a", "c"), None))),
+    _joined(_rows, ((16, 16),) * 3, (P("a", None), P(None, None), P(("a", "b"), None))),
+    _joined(_cols, ((16, 16),) * 2, (P("b", "a"), P(None, "b"))),
+    _joined(_cols, ((32, 16), (32, 32), (32, 64)), (P("a", None), P(("b", "c"), None), P(("a", "b"), None))),
+    # off the axis merged as well: rows@a ++ rows@(a,b) along columns keep (a, b), nothing moves; along it the
+    # merged split keeps the prefix the columns left free
+    Case("concatenate", _cols, (_sds((16, 16)),) * 3, (P(), P("a", None), P(("a", "b"), None)), 2, False, False),
+    Case(
+        "concatenate", _rows, (_sds((16, 16)),) * 3, (P(None, "b"), P("a", None), P(("a", "b"), None)), 2, False, False
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CONCAT_ALONG_SPLIT_DRAWS)
+def test_concatenate_along_a_split_axis_as_xla(case: Case) -> None:
     check(case)

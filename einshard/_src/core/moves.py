@@ -477,6 +477,9 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     src_at = {m: i for i, d in enumerate(src.dims) for m in d}
     dst_at = {m: i for i, d in enumerate(dst.dims) for m in d}
     if not src.unreduced and not dst.unreduced:
+        permuted = _permuted_tiles(src, dst)
+        if permuted is not None:
+            return permuted
         swapped = _swapped_tiles(src, dst)
         if swapped is not None:
             return swapped
@@ -602,6 +605,24 @@ def _shift_meets_slice(dst: Layout, src_at: dict[str, int], dst_at: dict[str, in
         if kept and later and fresh:
             return True
     return False
+
+
+def _permuted_tiles(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:
+    """Every dimension split as many ways on both sides, over other mesh axes: each device's block is one
+    block of the target, held by other devices, so XLA's partitioner sends it with one collective-permute
+    (its reshard by permutation, where the two tile grids are the same shape; measured on (2, 2, 2):
+    ``[x@(b,c), y] -> [x@(a,b), y]`` is one permute of the block, where gathering c and re-splitting would
+    send it three times).  None where a dimension's number of blocks changes."""
+    if any(_group(src, sd) != _group(dst, dd) for sd, dd in zip(src.dims, dst.dims, strict=True)):
+        return None
+    moved = tuple(dict.fromkeys(m for sd, dd in zip(src.dims, dst.dims) if sd != dd for m in sd + dd))
+    after = derived(src, dst.dims)
+    permute = Move(
+        "collective-permute", moved, _group(src, moved), src, after, "send each block where the target names it"
+    )
+    moves: list[Move] = []
+    _add(moves, permute)
+    return after, tuple(moves)
 
 
 def _swapped_tiles(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:

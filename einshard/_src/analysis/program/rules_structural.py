@@ -841,13 +841,20 @@ def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     axis = eqn.params["dimension"]
     out_aval = eqn.outvars[0].aval
     placed = [lay for lay in ins if not is_free(lay)]
-    dims = concatenated_dims([lay.dims for lay in placed], axis, w.costs.mesh_sizes)
+    dims = concatenated_dims([lay.dims for lay in placed], axis)
     start = len(w.ops)
     # Operands split differently off the axis: the result is whole there (Shardy merges no split), but XLA's
     # partitioner joins them on the most-split operand's split (the others resharded to it: a regroup's
     # permute, a whole one sliced) and gathers the joined result (measured: [16, 16@b] ++ [16, 16@a] along
     # rows permutes the first and gathers [32, 4] over a; [16, 16@(a,b)] ++ [16, 16@b] permutes the second).
     joined = _joined_on(placed, axis, dims, w.costs.mesh_sizes)
+    moved = moved_off_axis(joined, [lay.dims for lay in placed], axis, out_aval.shape, w.costs.mesh_sizes)
+    if moved is not None:
+        # Joined along a split axis: XLA's partitioner moves that split onto another dimension (each operand
+        # split along the axis: an all-to-all; a whole one: sliced), joins the pieces locally and moves the
+        # result's split back (an all-to-all) or gathers it where the result is whole along the axis (measured:
+        # [16, 16] ++ [16@b, 16]: two all-to-alls; rows@c ++ rows@(a,b,c): two all-to-alls and a gather).
+        joined = moved
     for lay in placed:
         # Each operand comes to the split it is joined on off the axis (a whole one is sliced locally, a
         # differently split one moves) and whole along it.
@@ -873,17 +880,46 @@ def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     return [w.relayout(out_aval, dims)]
 
 
+def moved_off_axis(
+    joined: list[tuple[str, ...]],
+    operands: list[tuple[tuple[str, ...], ...]],
+    axis: int,
+    shape: tuple[int, ...],
+    mesh: Mapping[str, int],
+) -> list[tuple[str, ...]] | None:
+    """Where XLA joins operands split along the concatenated axis: that split (the most-split operand's, the
+    first among equals) moved onto the first other dimension it divides, after that dimension's own split.
+    None: no operand is split along the axis, or no other dimension takes the split (the operands are gathered
+    along the axis instead)."""
+    splits = [d[axis] for d in operands if d[axis]]
+    if not splits:
+        return None
+    taken = max(splits, key=lambda d: math.prod(mesh.get(m, 1) for m in d))  # first among equals
+    used = {m for i, d in enumerate(joined) if i != axis for m in d}
+    if set(taken) & used:
+        return None
+    for other in (i for i in range(len(shape)) if i != axis):
+        ways = math.prod(mesh.get(m, 1) for m in joined[other] + taken)
+        if shape[other] % ways == 0:
+            return [(joined[i] + taken) if i == other else () if i == axis else joined[i] for i in range(len(shape))]
+    return None
+
+
 def _joined_on(
     placed: list[Layout], axis: int, dims: list[tuple[str, ...]], mesh: Mapping[str, int]
 ) -> list[tuple[str, ...]]:
     """The split off ``axis`` on which XLA joins operands split differently there: the most-split operand's
-    (the first among equals), where the merged result (``dims``) is whole on a dimension they split differently;
+    (the largest among equals, then the first), where the merged result (``dims``) is whole on a dimension they split differently;
     else ``dims`` itself."""
     rank = len(dims)
     differ = [i for i in range(rank) if i != axis and len({lay.dims[i] for lay in placed if lay.dims[i]}) > 1]
     if not differ:
         return dims
-    best = max(placed, key=lambda lay: math.prod(mesh.get(m, 1) for i in differ for m in lay.dims[i]))
+    # Equally split ones: the largest operand's (measured: rows@a ++ rows@(b,c) ++ rows@(a,b), 16, 32 and 64
+    # columns, are joined on (a, b): the first sliced, the second permuted).
+    best = max(
+        placed, key=lambda lay: (math.prod(mesh.get(m, 1) for i in differ for m in lay.dims[i]), math.prod(lay.shape))
+    )
     joined = list(dims)
     used = {m for i, d in enumerate(dims) if i not in differ for m in d}
     for i in differ:
@@ -893,27 +929,30 @@ def _joined_on(
     return joined
 
 
-def concatenated_dims(
-    operands: list[tuple[tuple[str, ...], ...]], axis: int, mesh: Mapping[str, int]
-) -> list[tuple[str, ...]]:
-    """The result's split of a concatenation, as XLA's sharding propagation merges its operands': off the
-    concatenated axis, the most-split operand's split (the others are sliced locally or moved; measured: a
-    whole operand joined to one split along its columns keeps the columns' split, no collective); along it,
-    the split of an operand split there, on mesh axes the others left free (measured: XLA keeps the rows'
-    split and moves pieces into place)."""
+def concatenated_dims(operands: list[tuple[tuple[str, ...], ...]], axis: int) -> list[tuple[str, ...]]:
+    """The result's split of a concatenation, as Shardy merges its operands' splits, dimension by dimension as
+    an elementwise op's (:func:`merged_split`, a whole operand taking any): the longest split where the others
+    are its prefixes, else the prefix they share; off the concatenated axis first, then along it, each keeping
+    the prefix of its merged split no earlier dimension took.  Measured: off the axis, a whole operand joined
+    to one split along its columns keeps the columns' split, rows@a ++ rows@(a,b) (joined along columns) keeps
+    (a, b) with no collective, cols@b ++ cols@a is whole; along it, rows@a ++ rows@(a,b) keeps (a, b),
+    rows@(a,b) ++ rows@(a,c) keeps a, rows@c ++ rows@(a,b,c) and rows@a ++ rows@b are whole, cols@a ++ cols@b is
+    whole though b splits the first one's rows, and rows@a ++ rows@(a,b) with b taken by the columns keeps a."""
     if not operands:
         return []
     rank = len(operands[0])
     dims: list[tuple[str, ...]] = [()] * rank
     used: set[str] = set()
     for i in [i for i in range(rank) if i != axis] + [axis]:
-        if i != axis and len({d[i] for d in operands if d[i]}) > 1:
-            continue  # operands split differently along it: XLA gives the result none (measured), see concatenate
-        choices = [d[i] for d in operands if d[i] and not set(d[i]) & used]
-        if choices:
-            best = max(choices, key=lambda d: math.prod(mesh.get(m, 1) for m in d))  # first among equals
-            dims[i] = best
-            used |= set(best)
+        splits = [d[i] for d in operands if d[i]]
+        if not splits:
+            continue
+        merged = merged_split(splits)
+        free = 0
+        while free < len(merged) and merged[free] not in used:
+            free += 1
+        dims[i] = merged[:free]
+        used |= set(dims[i])
     return dims
 
 
