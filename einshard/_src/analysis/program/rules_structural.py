@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.layout import Layout
+from ..cost import Collective, sent_bytes
 from .alternatives import taking
 from .costing import is_free
-from .movement import is_computed, mark_conflict, mark_open_merge, mark_swap
+from .movement import is_computed, mark_approximate, mark_conflict, mark_open_merge, mark_swap
 from .registry import WalkerLike, register, sharding_degree
+from .report import OpBound
 from .upstream import apply as apply_upstream
 from .upstream import plan_upstream
 from .values import ELEMENTWISE, REDUCTIONS, Partial, dtype_itemsize
@@ -330,11 +333,159 @@ def reshape(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     if dims is not None and any(out_shape[i] % math.prod(w.costs.mesh_sizes[m] for m in d) for i, d in enumerate(dims)):
         dims = None  # the sharded piece no longer divides evenly
     if dims is None:
+        split = reshape_split(src.shape, src.dims, out_shape, w.costs.mesh_sizes)
+        if split is not None and split.whole_axes:
+            # The split spreads over several result dimensions at mesh-axis boundaries: Shardy keeps it there.
+            return [_declared(w, eqn, w.relayout(out_aval, split.dims), repeat, phase)]
+        if split is not None:
+            return [_declared(w, eqn, _sub_axes_gathered(w, eqn, src, split, repeat, phase), repeat, phase)]
         # The sharded axis does not survive the reshape whole: gather it first.
         gathered = src.with_dims(tuple(() for _ in src.dims))
         w.change(eqn, phase, src, gathered, out_aval.dtype, repeat, "reshape splits a sharded axis")
         return [_declared(w, eqn, w.replicated(out_aval), repeat, phase)]
     return [_declared(w, eqn, w.relayout(out_aval, dims), repeat, phase)]
+
+
+@dataclass(frozen=True)
+class ReshapeSplit:
+    """How a split input dimension spreads over the result dimensions a reshape cuts it into (Shardy's rule:
+    major first, each result dimension split as many ways as it takes of the split)."""
+
+    dims: tuple[tuple[str, ...], ...]  # the result's split where the mesh axes fall on dimension boundaries
+    ways: tuple[int, ...]  # how many ways each result dimension is split (1: whole)
+    axes: tuple[str, ...]  # the input's mesh axes that split it
+    whole_axes: bool  # every result dimension takes whole mesh axes (else Shardy splits one into sub-axes)
+
+
+def reshape_split(
+    src_shape: tuple[int, ...],
+    src_dims: tuple[tuple[str, ...], ...],
+    out_shape: tuple[int, ...],
+    sizes: Mapping[str, int],
+) -> ReshapeSplit | None:
+    """The split of a reshape that cuts one split input dimension into several result dimensions, the split
+    running past the major one (x[4, 8@a] with |a| = 8 to (4, 2, 4): 2 ways, then 4); None for any other
+    reshape (one split input dimension, the others whole and kept, the result's dimensions dividing it)."""
+    split = [i for i, d in enumerate(src_dims) if d]
+    if len(split) > 1:
+        return _merged_split(src_shape, src_dims, out_shape, sizes, split)
+    if len(split) != 1:
+        return None
+    i = split[0]
+    before = math.prod(src_shape[:i])
+    j, acc = 0, 1
+    while j < len(out_shape) and acc < before:
+        acc *= out_shape[j]
+        j += 1
+    if acc != before:
+        return None
+    group, acc = [], 1
+    while j < len(out_shape) and acc < src_shape[i]:
+        acc *= out_shape[j]
+        group.append(j)
+        j += 1
+    if acc != src_shape[i] or len(group) < 2:
+        return None
+    axes = src_dims[i]
+    remaining = math.prod(sizes[m] for m in axes)
+    ways = [1] * len(out_shape)
+    for j in group:
+        o = out_shape[j]
+        if remaining == 1 or o == 1:
+            continue
+        take = o if remaining % o == 0 else remaining if o % remaining == 0 else 0
+        if not take:
+            return None
+        ways[j], remaining = take, remaining // take
+    if remaining != 1:
+        return None
+    dims: list[tuple[str, ...]] = [()] * len(out_shape)
+    k, whole_axes = 0, True
+    for j in group:
+        n, taken = 1, []
+        while n < ways[j] and k < len(axes):
+            n *= sizes[axes[k]]
+            taken.append(axes[k])
+            k += 1
+        if n != ways[j]:
+            whole_axes = False
+            break
+        dims[j] = tuple(taken)
+    return ReshapeSplit(tuple(dims), tuple(ways), axes, whole_axes)
+
+
+def _merged_split(
+    src_shape: tuple[int, ...],
+    src_dims: tuple[tuple[str, ...], ...],
+    out_shape: tuple[int, ...],
+    sizes: Mapping[str, int],
+    split: list[int],
+) -> ReshapeSplit | None:
+    """Consecutive split input dimensions merged into one result dimension, each but the last split all its
+    ways (the blocks stay contiguous): the result dimension takes their mesh axes in order (measured: the
+    gradient of x[4, 8@(a,b,c)] reshaped to (4, 4@(a,b), 2@c) merges back to 8@(a,b,c), nothing moves)."""
+    first, last = split[0], split[-1]
+    if split != list(range(first, last + 1)):
+        return None
+    for i in split[:-1]:
+        if math.prod(sizes[m] for m in src_dims[i]) != src_shape[i]:
+            return None
+    before = math.prod(src_shape[:first])
+    j, acc = 0, 1
+    while j < len(out_shape) and acc < before:
+        acc *= out_shape[j]
+        j += 1
+    if acc != before or j >= len(out_shape):
+        return None
+    while j < len(out_shape) and out_shape[j] == 1:
+        j += 1
+    if j >= len(out_shape) or out_shape[j] != math.prod(src_shape[first : last + 1]):
+        return None  # (the result dimension is exactly the merged ones)
+    axes = tuple(m for i in split for m in src_dims[i])
+    ways = math.prod(sizes[m] for m in axes)
+    if out_shape[j] % ways:
+        return None
+    dims = tuple(axes if k == j else () for k in range(len(out_shape)))
+    return ReshapeSplit(dims, tuple(ways if k == j else 1 for k in range(len(out_shape))), axes, True)
+
+
+def _sub_axes_gathered(w: WalkerLike, eqn: Any, src: Layout, split: ReshapeSplit, repeat: int, phase: str) -> Layout:
+    """A reshape whose split Shardy can only keep on sub-axes of a mesh axis (a Layout cannot carry them): XLA
+    reshapes locally and, where the result is needed whole, gathers each result dimension on its own, the minor
+    first (measured: x[4, 8@a], |a| = 8, to (4, 2, 4) gathers 4 ways then 2, 192 B).  Priced so, and marked:
+    a consumer that keeps the sub-axes (a reshape back, a sum) moves nothing of it (or sums instead)."""
+    out_aval = eqn.outvars[0].aval
+    whole = math.prod(out_aval.shape) * dtype_itemsize(out_aval.dtype)
+    left = math.prod(split.ways)
+    colls = []
+    for j in reversed(range(len(split.ways))):
+        if split.ways[j] == 1:
+            continue
+        array = whole // (left // split.ways[j])
+        left //= split.ways[j]
+        sent = sent_bytes("all-gather", split.ways[j], array)
+        t = w.costs.profile.collective_time("all-gather", split.ways[j], sent, array)
+        colls.append(
+            Collective(
+                "all-gather",
+                split.axes,
+                split.ways[j],
+                int(sent),
+                int(array),
+                t,
+                "operand 1",
+                "gather a sub-axis split",
+            )
+        )
+    out = w.replicated(out_aval)
+    start = len(w.ops)
+    why = "reshape: a split Shardy keeps on sub-axes, gathered one result dimension at a time"
+    w.record(eqn, phase, why, out, tuple(colls), 0.0, sum(c.time for c in colls), repeat)
+    note = "reshape onto sub-axes of a mesh axis: XLA keeps them where a consumer can (nothing gathered)"
+    # (bytes as the buffers the gathers move: what XLA's HLO prints and the checks compare)
+    bound = OpBound(len(colls), float(sum(c.array_bytes for c in colls)), float(whole))
+    mark_approximate(w, start, note, bound)
+    return out
 
 
 def _declared(w: WalkerLike, eqn: Any, natural: Layout, repeat: int, phase: str, typed_whole: bool = False) -> Layout:
@@ -872,8 +1023,6 @@ def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             "concatenate: the joined result gathered",
         )
     if any(lay.dims[axis] for lay in placed):
-        from .movement import mark_approximate
-
         # Measured: XLA keeps the split and moves pieces (a collective-permute and all-to-alls of
         # about the operands' blocks); explain gathers the operands along the axis (same order of bytes).
         mark_approximate(w, start, "concatenate along a split axis: XLA permutes and all-to-alls, explain gathers")
@@ -887,17 +1036,17 @@ def moved_off_axis(
     shape: tuple[int, ...],
     mesh: Mapping[str, int],
 ) -> list[tuple[str, ...]] | None:
-    """Where XLA joins operands split along the concatenated axis: that split (the most-split operand's, the
-    first among equals) moved onto the first other dimension it divides, after that dimension's own split.
+    """Where XLA joins operands split along the concatenated axis: that split (the most-split operand's among
+    those on mesh axes the other dimensions leave free, the first among equals) moved onto the first other dimension it divides, after that dimension's own split.
     None: no operand is split along the axis, or no other dimension takes the split (the operands are gathered
     along the axis instead)."""
-    splits = [d[axis] for d in operands if d[axis]]
+    used = {m for i, d in enumerate(joined) if i != axis for m in d}
+    # (a split naming a mesh axis the other dimensions keep is gathered, not moved: measured, rows@b ++ rows@a
+    # with a splitting the first one's columns moves b)
+    splits = [d[axis] for d in operands if d[axis] and not set(d[axis]) & used]
     if not splits:
         return None
     taken = max(splits, key=lambda d: math.prod(mesh.get(m, 1) for m in d))  # first among equals
-    used = {m for i, d in enumerate(joined) if i != axis for m in d}
-    if set(taken) & used:
-        return None
     for other in (i for i in range(len(shape)) if i != axis):
         ways = math.prod(mesh.get(m, 1) for m in joined[other] + taken)
         if shape[other] % ways == 0:
