@@ -608,12 +608,13 @@ def _shift_meets_slice(dst: Layout, src_at: dict[str, int], dst_at: dict[str, in
 
 
 def _permuted_tiles(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:
-    """Every dimension split as many ways on both sides, over other mesh axes: each device's block is one
-    block of the target, held by other devices, so XLA's partitioner sends it with one collective-permute
-    (its reshard by permutation, where the two tile grids are the same shape; measured on (2, 2, 2):
-    ``[x@(b,c), y] -> [x@(a,b), y]`` is one permute of the block, where gathering c and re-splitting would
-    send it three times).  None where a dimension's number of blocks changes."""
-    if any(_group(src, sd) != _group(dst, dd) for sd, dd in zip(src.dims, dst.dims, strict=True)):
+    """Every dimension split as many ways as in ``src`` or a multiple of that, over other mesh axes: each
+    target block lies inside one source block, so XLA's partitioner slices it where a device holds it and sends
+    it with one collective-permute (measured: ``[x@(b,c), y] -> [x@(a,b), y]`` on (2, 2, 2) permutes the block,
+    where gathering c and re-splitting would send it three times; ``[x@b, y] -> [x@a, y@b]`` on (4, 2) slices
+    and permutes a [4, 8] piece, where an all-to-all would send the [8, 16] one).  None where a dimension's
+    split gets coarser (a gather or an all-to-all is part of the move)."""
+    if any(_group(dst, dd) % _group(src, sd) for sd, dd in zip(src.dims, dst.dims, strict=True)):
         return None
     moved = tuple(dict.fromkeys(m for sd, dd in zip(src.dims, dst.dims) if sd != dd for m in sd + dd))
     after = derived(src, dst.dims)

@@ -1685,18 +1685,39 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                 w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
         return [w.relayout(out_aval, operand.dims)]
     target = _update_target(operand, update)
+    # XLA's partitioner writes the update at the finer of the operand's split and the result's (Shardy's merge,
+    # _update_target), and the result is brought to the merge after the write; a result whole everywhere is
+    # written whole (measured: x[16@a, 16@b] updated by u[16@b, 16] writes at x's split, the update sliced and
+    # permuted there, and gathers the result to [16, 16@b]; x[16@a, 16] by u[16, 16@b] writes at [16@a, 16@b]).
+    work = target
+    if is_split(target) and split_ways(w, operand.dims) > split_ways(w, target):
+        work = operand.dims
     # An update as large as its operand replaces all of it (XLA's simplifier drops the write and the operand):
     # only the update moves, to the split the two merged to (measured: x[16@b, 16] updated by u[16@(a,b), 16]
     # all-gathers u whole, and nothing of x).
-    if target != operand.dims and update.shape != operand.shape:
+    if work != operand.dims and update.shape != operand.shape:
         # Where the update spans the operand the two meet dimension by dimension (_update_target): the
         # operand is sliced locally to a finer split, gathered off one they do not share.
-        w.change(eqn, phase, operand, operand.with_dims(target), out_aval.dtype, repeat, "operand lines up")
+        w.change(eqn, phase, operand, operand.with_dims(work), out_aval.dtype, repeat, "operand lines up")
     if not is_free(update):
-        want = tuple(d if a == b else () for d, a, b in zip(target, update.shape, operand.shape))
+        want = tuple(d if a == b else () for d, a, b in zip(work, update.shape, operand.shape))
         if want != update.dims:
             w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
-    return [w.relayout(out_aval, target)]
+    out = w.relayout(out_aval, work)
+    if work != target:
+        moved = out.with_dims(target)
+        w.change(eqn, phase, out, moved, out_aval.dtype, repeat, "dynamic_update_slice: the result to its merged split")
+        out = moved
+    return [out]
+
+
+def is_split(dims: tuple[tuple[str, ...], ...]) -> bool:
+    return any(dims)
+
+
+def split_ways(w: Walker, dims: tuple[tuple[str, ...], ...]) -> int:
+    """How many blocks a split makes (the product of its mesh axes' sizes)."""
+    return math.prod(w.costs.mesh_sizes[m] for d in dims for m in d)
 
 
 def _update_target(operand: Layout, update: Layout) -> tuple[tuple[str, ...], ...]:
