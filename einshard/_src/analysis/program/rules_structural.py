@@ -1020,7 +1020,7 @@ def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             out.with_dims(tuple(dims)),
             out_aval.dtype,
             repeat,
-            "concatenate: the joined result gathered",
+            "concatenate: the joined result to its merged split",
         )
     if any(lay.dims[axis] for lay in placed):
         # Measured: XLA keeps the split and moves pieces (a collective-permute and all-to-alls of
