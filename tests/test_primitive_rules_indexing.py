@@ -256,7 +256,10 @@ DEEP_MISSES: dict[str, str] = {
         "(x[16@a, 16@b] updated by u[16@b, 16] at (i, 0) (mesh 4 x 2) holds now: XLA writes at the finer of x's "
         "split and the merged result's, UPDATE_AT_DRAWS; x[16, 24@a] updated by u[16@a, 12] holds: peak 2504 B against XLA's 2792 B, "
         "the minor gather read as laid out, tests/test_memory_rules.py)"
-        "; seed 1: x[64, 32@(a,b)] updated by u[8@(a,b), 8] at (i, i) (mesh 2): 17668 B against 10536 B"
+        "; the derandomized run's next draw, also seed 1's: x[16@b, 16@a] updated by u[16@(a,b), 8] at (i, 0) "
+        "(mesh 4 x 2), the update cutting the columns' split: XLA all-gathers three times and permutes once "
+        "(1856 B), explain gathers twice and permutes once (832 B). (Seed 1's earlier draw, x[64, 32@(a,b)] "
+        "updated by u[8@(a,b), 8] at (i, i), holds now: peak 9484 B against XLA's 10536 B.)"
     ),
     "gather": (
         "JAX itself refuses the gradient of "
@@ -268,7 +271,9 @@ DEEP_MISSES: dict[str, str] = {
         "jnp.take(t[16@a, 24], i[8@a, 16], mode='clip') (mesh 1), holds XLA's collectives and bytes, its peak is the "
         "memory walk's: 3392 B against XLA's 4928 B)"
         "; seed 1 (derandomize off): take_along_axis(x[64@(a,b), 24], i[64@b, 1], 1) (mesh 2): XLA permutes "
-        "twice and all-gathers once (192 B), explain permutes once (32 B)"
+        "twice and all-gathers once (192 B), explain permutes once (32 B), the result split over b where explain "
+        "keeps (a, b); with the lookup rule above seed 1 meets t[16@a, 16@b][i[8@b]] (mesh 4 x 2) first: XLA "
+        "adds a 16-byte collective-permute to explain's all-gather and all-reduce (also so before it)"
     ),
 }
 
