@@ -434,6 +434,16 @@ def drop_trivial(lay: Layout) -> Layout:
 
 
 def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
+    """The general path (:func:`_stepwise`), or one slice-and-permute where every target block lies in one
+    source block and the steps would move more (:func:`_permuted_tiles`)."""
+    cur, moves = _stepwise(src, dst)
+    if src.unreduced or dst.unreduced or [m.kind for m in moves] == ["collective-permute"]:
+        return cur, moves
+    permuted = _permuted_tiles(src, dst)
+    return permuted if permuted is not None else (cur, moves)
+
+
+def _stepwise(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     if src.axes != dst.axes or src.shape != dst.shape:
         raise EinshardError(f"transition between different tensors: {src} and {dst}")
     extra = dst.unreduced - src.unreduced
@@ -477,9 +487,6 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     src_at = {m: i for i, d in enumerate(src.dims) for m in d}
     dst_at = {m: i for i, d in enumerate(dst.dims) for m in d}
     if not src.unreduced and not dst.unreduced:
-        permuted = _permuted_tiles(src, dst)
-        if permuted is not None:
-            return permuted
         swapped = _swapped_tiles(src, dst)
         if swapped is not None:
             return swapped
