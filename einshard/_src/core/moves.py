@@ -437,8 +437,8 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     """The general path (:func:`_stepwise`), or one slice-and-permute where every target block lies in one
     source block and the steps would move more (:func:`_permuted_tiles`)."""
     cur, moves = _stepwise(src, dst)
-    if src.unreduced or dst.unreduced or [m.kind for m in moves] == ["collective-permute"]:
-        return cur, moves
+    if src.unreduced or dst.unreduced or len(moves) < 2 and all(m.kind == "collective-permute" for m in moves):
+        return cur, moves  # free slices, or already one permute
     permuted = _permuted_tiles(src, dst)
     return permuted if permuted is not None else (cur, moves)
 
