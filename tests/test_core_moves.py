@@ -244,3 +244,67 @@ def test_explicit_collectives_in_a_shard_map_body_are_priced_by_the_same_formula
     for op in report.ops:
         for c in op.collectives:
             assert c.time == cpu.collective_time(c.kind, 4, c.bytes, c.array_bytes)
+
+
+@pytest.mark.parametrize(
+    "src, dst",
+    [
+        ((("b", "c"), ()), (("a", "b"), ())),  # a concatenate joining rows@(b,c) onto rows@(a,b)
+        ((("a",), ("b",)), (("b",), ("a",))),
+        ((("a",), ("b",)), (("c",), ("a",))),
+    ],
+)
+def test_same_blocks_on_other_devices_is_one_permute_as_xla(src, dst):
+    """Every dimension split as many ways on both sides (other mesh axes): XLA's partitioner sends each block
+    with one collective-permute (its reshard where the two tile grids have one shape), measured here."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from einshard.testing import hlo
+
+    axes = (MeshAxis("a", 2), MeshAxis("b", 2), MeshAxis("c", 2))
+    lay = Layout(("x", "y"), (16, 16), axes, src)
+    after, got = moves.transition(lay, lay.with_dims(dst))
+    assert after.dims == dst
+    moved = {m for sd, dd in zip(src, dst) if sd != dd for m in (*sd, *dd)}
+    assert [(m.kind, m.group_size) for m in got] == [("collective-permute", 2 ** len(moved))]
+    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
+    spec = lambda dims: P(*(d or None for d in dims))  # noqa: E731
+    f = lambda u: jax.lax.with_sharding_constraint(u * 2, NamedSharding(mesh, spec(dst)))  # noqa: E731
+    x = jax.ShapeDtypeStruct((16, 16), jnp.float32)
+    compiled = jax.jit(f, in_shardings=NamedSharding(mesh, spec(src))).lower(x).compile()
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    assert [c.kind for c in found] == ["collective-permute"]
+    assert found[0].array_bytes == 16 * 16 * 4 // 4
+
+
+@pytest.mark.parametrize(
+    "src, dst, kinds",
+    [
+        ((("b",), ()), (("a",), ("b",)), ["collective-permute"]),  # each [4, 8] block lies in one [8, 16] block
+        ((("b",), ()), (("a",), ()), ["collective-permute"]),
+        ((("b",), ()), ((), ("a", "b")), ["all-to-all"]),  # the rows' split gets coarser: not a permute
+    ],
+)
+def test_a_finer_split_on_other_mesh_axes_is_sliced_and_permuted_as_xla(src, dst, kinds):
+    """On (4, 2): where every dimension's target split refines the source's (as many blocks or a multiple), XLA
+    slices each target block where a device holds it and sends it with one collective-permute of the block."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from einshard.testing import hlo
+
+    lay = Layout(("x", "y"), (16, 16), (MeshAxis("a", 4), MeshAxis("b", 2)), src)
+    _, got = moves.transition(lay, lay.with_dims(dst))
+    assert [m.kind for m in got] == kinds
+    mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    spec = lambda dims: P(*(d or None for d in dims))  # noqa: E731
+    f = lambda u: jax.lax.with_sharding_constraint(u * 2, NamedSharding(mesh, spec(dst)))  # noqa: E731
+    x = jax.ShapeDtypeStruct((16, 16), jnp.float32)
+    compiled = jax.jit(f, in_shardings=NamedSharding(mesh, spec(src))).lower(x).compile()
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    assert [c.kind for c in found] == kinds

@@ -200,3 +200,16 @@ def test_a_close_lookup_is_bounded_by_the_difference_between_its_two_ways() -> N
         assert report.approximate and report.approximate_bound.collectives is not None
         assert report.approximate_bound.collectives <= 2 * len(report.approximate_ops), report.approximate_bound
         check(case)  # XLA within the (tighter) bound
+
+
+def test_lookup_without_free_axes_ranks_its_buffers_before_its_bytes() -> None:
+    """XLA's partitioner ranks a gather's ways by (memory, communication) of its dry run: a table twice the
+    result gathered whole sends fewer bytes (128 B against 272 B) but touches more (384 B against 288 B): the
+    indices are gathered (t[16@b, 16@a] by 8 ids over b, measured in tests/test_primitive_rules_indexing.py)."""
+    from einshard._src.analysis.program.rules_indexing import dry_run_memory
+
+    plans = lookup_plans(table_piece=128, index_piece=16, result_piece=64, shared=2, free=1, rest=1)
+    assert [p.move for p in plans] == ["gather indices", "gather table"]
+    assert [p.memory for p in plans] == [288, 384] and plans[0].cost > plans[1].cost
+    assert not plans[0].close  # 384 / 288 is beyond MEMORY_CLOSE: XLA's choice is not open
+    assert dry_run_memory([(16, 32)], (128, 32, 128), 128) == 288

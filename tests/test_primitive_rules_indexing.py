@@ -236,13 +236,6 @@ def test_indexing_rule_matches_xla(family: str) -> None:
 # The deep draws a rule does not yet hold to XLA: non-strict, as tests/test_primitive_rules.py's DEEP_MISSES.
 DEEP_MISSES: dict[str, str] = {
     **FAST_MISSES,
-    "concatenate": (
-        "along a split joined axis (marked approximate): [16, 16] ++ [16@b, 16] (mesh 2): XLA's collectives "
-        "differ by 2 and 512 B, beyond the mark's bound of 1 and 1024 B; [16@c, 16] ++ [16@(a,b,c), 16] (mesh 3): "
-        "XLA leaves the result whole, explain keeps it split over (a, b, c)"
-        "; seed 1 (derandomize off): [32@a, 16] ++ [32@(b,c), 32] ++ [32@(a,b), 64] along columns (mesh 3): XLA "
-        "permutes once and gathers once (15360 B), explain permutes and gathers twice each (17920 B)"
-    ),
     "clamp": (
         "lax.clamp(lo, x, hi), x[16@(a,b), 16], lo[16@b, 16], hi[16@b, 16@a] (mesh 4 x 2): the result [16, 16@a] "
         "is XLA's, but XLA gathers lo whole before slicing it (1024 B, 'Involuntary full rematerialization') where "
@@ -260,19 +253,27 @@ DEEP_MISSES: dict[str, str] = {
         "scaled cotangent in both loops; tests/test_memory_rules.py's strict xfail says why it is not modelled)"
     ),
     "dynamic_update_slice": (
-        "x[16@a, 16@b] updated by u[16@b, 16] at (i, 0) (mesh 4 x 2): XLA permutes and all-gathers (640 B), explain "
-        "all-to-alls (512 B; its peak 2184 B against XLA's 1284 B).  (x[16, 24@a] updated by u[16@a, 12] holds now: peak 2504 B against XLA's 2792 B, "
+        "(x[16@a, 16@b] updated by u[16@b, 16] at (i, 0) (mesh 4 x 2) holds now: XLA writes at the finer of x's "
+        "split and the merged result's, UPDATE_AT_DRAWS; x[16, 24@a] updated by u[16@a, 12] holds: peak 2504 B against XLA's 2792 B, "
         "the minor gather read as laid out, tests/test_memory_rules.py)"
-        "; seed 1: x[64, 32@(a,b)] updated by u[8@(a,b), 8] at (i, i) (mesh 2): 17668 B against 10536 B"
+        "; the derandomized run's next draw, also seed 1's: x[16@b, 16@a] updated by u[16@(a,b), 8] at (i, 0) "
+        "(mesh 4 x 2), the update cutting the columns' split: XLA all-gathers three times and permutes once "
+        "(1856 B), explain gathers twice and permutes once (832 B). (Seed 1's earlier draw, x[64, 32@(a,b)] "
+        "updated by u[8@(a,b), 8] at (i, i), holds now: peak 9484 B against XLA's 10536 B.)"
     ),
     "gather": (
-        "jnp.take(t[16@b, 16@a], i[8@b], axis=0, mode='clip') (mesh 4 x 2, forward): XLA all-gathers and "
-        "reduce-scatters (160 B), explain all-gathers (256 B); and JAX itself refuses the gradient of "
+        "JAX itself refuses the gradient of "
         "jnp.take_along_axis(x[16, 16], i[16@a, 1], axis=1) on Explicit axes ('Expected cotangent type "
         "float32[16,16] but got float32[16@a,16]', not a sharding error check() rejects).  (The earlier draw, the "
-        "gradient of a vocabulary-split take, holds now: peak 0.81 of XLA's, the memory walk's all-reduce rule)"
+        "gradient of a vocabulary-split take, holds now: peak 0.81 of XLA's, the memory walk's all-reduce rule; "
+        "and jnp.take(t[16@b, 16@a], i[8@b], axis=0, mode='clip') (mesh 4 x 2) holds: XLA ranks a lookup's ways by "
+        "their buffers first, LOOKUP_MEMORY_DRAWS; the derandomized run's next draw, the gradient of "
+        "jnp.take(t[16@a, 24], i[8@a, 16], mode='clip') (mesh 1), holds XLA's collectives and bytes, its peak is the "
+        "memory walk's: 3392 B against XLA's 4928 B)"
         "; seed 1 (derandomize off): take_along_axis(x[64@(a,b), 24], i[64@b, 1], 1) (mesh 2): XLA permutes "
-        "twice and all-gathers once (192 B), explain permutes once (32 B)"
+        "twice and all-gathers once (192 B), explain permutes once (32 B), the result split over b where explain "
+        "keeps (a, b); with the lookup rule above seed 1 meets t[16@a, 16@b][i[8@b]] (mesh 4 x 2) first: XLA "
+        "adds a 16-byte collective-permute to explain's all-gather and all-reduce (also so before it)"
     ),
 }
 
@@ -569,4 +570,116 @@ CONCATENATE_DRAWS = [
 
 @pytest.mark.parametrize("case", CONCATENATE_DRAWS)
 def test_concatenate_joins_on_the_most_split_operand(case: Case) -> None:
+    check(case)
+
+
+# -- a lookup with no free mesh axis: XLA ranks its ways by their buffers first (rules_indexing.dry_run_memory) --
+
+# The deep run's draw: t[16@b, 16@a] by 8 ids split over b (mesh 4 x 2): the table (twice the result) gathered
+# whole would touch more bytes than the ids gathered and the result all-reduced, so XLA gathers the ids and
+# reduce-scatters the result (160 B), though the table's all-gather sends fewer bytes (128 B); and a table as
+# large as the result is gathered (its buffers are smaller by the gathered ids).
+LOOKUP_MEMORY_DRAWS = [
+    Case(
+        "gather",
+        lambda t, i: jnp.take(t, i, axis=0, mode="clip"),
+        (_sds((16, 16)), _sds((8,), I32)),
+        (P("b", "a"), P("b")),
+        2,
+        False,
+        False,
+    ),
+    Case(
+        "gather",
+        lambda t, i: jnp.take(t, i, axis=0, mode="clip"),
+        (_sds((16, 16)), _sds((16,), I32)),
+        (P("b", "a"), P("b")),
+        2,
+        False,
+        False,
+    ),
+    Case(
+        "gather",
+        lambda t, i: jnp.take(t, i, axis=0, mode="clip"),
+        (_sds((64, 16)), _sds((8,), I32)),
+        (P("b", "a"), P("b")),
+        2,
+        False,
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", LOOKUP_MEMORY_DRAWS)
+def test_lookup_without_free_axes_ranked_by_its_buffers_first(case: Case) -> None:
+    check(case)
+
+
+# -- concatenate along a split axis: Shardy merges the operands' splits there, XLA joins them moved off the axis --
+
+_rows = lambda *xs: jnp.concatenate(xs, axis=0)  # noqa: E731
+_cols = lambda *xs: jnp.concatenate(xs, axis=1)  # noqa: E731
+
+
+def _joined(fn: Any, shapes: tuple[tuple[int, int], ...], specs: tuple[P, ...], grad: bool = False) -> Case:
+    return Case("concatenate", fn, tuple(_sds(s) for s in shapes), specs, 3, False, grad, "unfused")
+
+
+# The deep run's draws ([16@c, 16] ++ [16@(a,b,c), 16]: XLA leaves the result whole; [16, 16] ++ [16@b, 16]: two
+# all-to-alls; seed 1's three operands along columns joined on the largest of the equally split ones by one
+# permute) and the merges measured beside them (rules_structural.concatenated_dims, moved_off_axis, _joined_on;
+# core.moves._permuted_tiles).
+CONCAT_ALONG_SPLIT_DRAWS = [
+    _joined(_rows, ((16, 16),) * 2, (P("c", None), P(("a", "b", "c"), None))),
+    _joined(_rows, ((16, 16),) * 2, (P("c", None), P(("a", "b", "c"), None)), grad=True),
+    _joined(_rows, ((16, 16),) * 2, (P(None, None), P("b", None))),
+    _joined(_rows, ((16, 16),) * 2, (P("b", None), P(("a", "b"), None))),
+    _joined(_rows, ((16, 16),) * 2, (P(("a", "b"), None), P(("a", "c"), None))),
+    _joined(_rows, ((16, 16),) * 3, (P("a", None), P(None, None), P(("a", "b"), None))),
+    _joined(_cols, ((16, 16),) * 2, (P("b", "a"), P(None, "b"))),
+    _joined(_cols, ((32, 16), (32, 32), (32, 64)), (P("a", None), P(("b", "c"), None), P(("a", "b"), None))),
+    # off the axis merged as well: rows@a ++ rows@(a,b) along columns keep (a, b), nothing moves; along it the
+    # merged split keeps the prefix the columns left free
+    Case("concatenate", _cols, (_sds((16, 16)),) * 3, (P(), P("a", None), P(("a", "b"), None)), 2, False, False),
+    Case(
+        "concatenate", _rows, (_sds((16, 16)),) * 3, (P(None, "b"), P("a", None), P(("a", "b"), None)), 2, False, False
+    ),
+    # seed 1's draw: rows@b ++ rows@a ++ whole with a splitting the first one's columns: b moves onto the columns
+    # after a (two all-to-alls, a permute, the gather of b)
+    Case("concatenate", _rows, (_sds((16, 16)),) * 3, (P("b", "a"), P("a", None), P()), 2, False, False),
+]
+
+
+@pytest.mark.parametrize("case", CONCAT_ALONG_SPLIT_DRAWS)
+def test_concatenate_along_a_split_axis_as_xla(case: Case) -> None:
+    check(case)
+
+
+# -- dynamic_update_slice: XLA writes at the finer of the operand's split and the merged result's -----------------
+
+_write_rows = lambda x, u, i: lax.dynamic_update_slice(x, u, (i, 0))  # noqa: E731
+
+
+def _written(specs: tuple[P, ...], update: tuple[int, int], grad: bool) -> Case:
+    args = (_sds((16, 16)), _sds(update), _sds((), I32))
+    return Case("dynamic_update_slice", _write_rows, args, specs, 2, False, grad, "moved")
+
+
+# The deep run's draw (x[16@a, 16@b] by u[16@b, 16] at (i, 0), mesh 4 x 2: XLA slices and permutes the update to
+# x's split, writes there and gathers the result to [16, 16@b], 640 B) and the measured neighbours: the write at
+# the result's split where that is finer (x[16@a, 16] by u[16, 16@b]), at x's where the update is whole, and whole
+# where the merged result is whole.
+UPDATE_AT_DRAWS = [
+    _written((P("a", "b"), P("b", None), P()), (16, 16), False),
+    _written((P("a", "b"), P("b", None), P()), (16, 16), True),
+    _written((P("a", None), P(None, "b"), P()), (16, 16), False),
+    _written((P(), P("a", None), P()), (16, 16), True),
+    _written((P("a", "b"), P(("a", "b"), None), P()), (16, 16), False),
+    _written((P("a", "b"), P(), P()), (16, 16), True),
+    _written((P(("a", "b"), None), P("b", None), P()), (16, 16), False),
+]
+
+
+@pytest.mark.parametrize("case", UPDATE_AT_DRAWS)
+def test_dynamic_update_slice_writes_at_the_finer_split(case: Case) -> None:
     check(case)

@@ -434,6 +434,16 @@ def drop_trivial(lay: Layout) -> Layout:
 
 
 def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
+    """The general path (:func:`_stepwise`), or one slice-and-permute where every target block lies in one
+    source block and the steps would move more (:func:`_permuted_tiles`)."""
+    cur, moves = _stepwise(src, dst)
+    if src.unreduced or dst.unreduced or len(moves) < 2 and all(m.kind == "collective-permute" for m in moves):
+        return cur, moves  # free slices, or already one permute
+    permuted = _permuted_tiles(src, dst)
+    return permuted if permuted is not None else (cur, moves)
+
+
+def _stepwise(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     if src.axes != dst.axes or src.shape != dst.shape:
         raise EinshardError(f"transition between different tensors: {src} and {dst}")
     extra = dst.unreduced - src.unreduced
@@ -602,6 +612,25 @@ def _shift_meets_slice(dst: Layout, src_at: dict[str, int], dst_at: dict[str, in
         if kept and later and fresh:
             return True
     return False
+
+
+def _permuted_tiles(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:
+    """Every dimension split as many ways as in ``src`` or a multiple of that, over other mesh axes: each
+    target block lies inside one source block, so XLA's partitioner slices it where a device holds it and sends
+    it with one collective-permute (measured: ``[x@(b,c), y] -> [x@(a,b), y]`` on (2, 2, 2) permutes the block,
+    where gathering c and re-splitting would send it three times; ``[x@b, y] -> [x@a, y@b]`` on (4, 2) slices
+    and permutes a [4, 8] piece, where an all-to-all would send the [8, 16] one).  None where a dimension's
+    split gets coarser (a gather or an all-to-all is part of the move)."""
+    if any(_group(dst, dd) % _group(src, sd) for sd, dd in zip(src.dims, dst.dims, strict=True)):
+        return None
+    moved = tuple(dict.fromkeys(m for sd, dd in zip(src.dims, dst.dims) if sd != dd for m in sd + dd))
+    after = derived(src, dst.dims)
+    permute = Move(
+        "collective-permute", moved, _group(src, moved), src, after, "send each block where the target names it"
+    )
+    moves: list[Move] = []
+    _add(moves, permute)
+    return after, tuple(moves)
 
 
 def _swapped_tiles(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:

@@ -1214,6 +1214,7 @@ class LookupPlan:
     close: bool = False  # another way costs within CLOSE of it: XLA may take that one
     note: str = ""
     bound: OpBound | None = None  # where close: how far XLA's other way is from this one (:func:`between`)
+    memory: int = 0  # the largest buffer set one of its ops touches (:func:`dry_run_memory`); 0: not ranked by it
 
 
 def between(chosen: tuple[tuple[SentKind, int, int], ...], other: tuple[tuple[SentKind, int, int], ...]) -> OpBound:
@@ -1236,6 +1237,20 @@ def between(chosen: tuple[tuple[SentKind, int, int], ...], other: tuple[tuple[Se
     # own peak gap is the memory walk's (tests/test_lookup_rules.py's LOOKUP_MEMORY), not the choice's.
     peak = max(sum(x for _, n, x in steps if n > 1) for steps in (chosen, other))
     return OpBound(collectives, float(max(added, dropped)), float(peak))
+
+
+# Memories within this ratio leave XLA's choice to its communication estimate (and so to explain's CLOSE).
+MEMORY_CLOSE = 1.1
+
+
+def dry_run_memory(gathered: list[tuple[int, int]], lookup: tuple[int, int, int], summed: int) -> int:
+    """The memory cost XLA's SPMD partitioner gives one way of partitioning a gather (its dry run,
+    ``EvaluatePartitionCost``): the most bytes any one of the way's gathers or collectives touches, operands
+    plus result (an all-reduce: its operand only, it sums in place).
+
+    ``gathered``: each all-gather's (piece, gathered) bytes; ``lookup``: the local gather's (table, indices,
+    result) bytes; ``summed``: the all-reduced buffer's bytes (0: none)."""
+    return max([piece + full for piece, full in gathered] + [sum(lookup), summed])
 
 
 def lookup_plans(
@@ -1271,8 +1286,11 @@ def lookup_plans(
             plans.append(LookupPlan("move table", sum(b for _, _, b in table_steps), tuple(table_steps)))
         plans.append(LookupPlan("move indices", sum(b for _, _, b in index_steps), tuple(index_steps)))
     else:
-        # Compared by the bytes each device sends (an all-reduce sends its buffer twice): measured, XLA gathers a
-        # table as large as the result rather than all-reduce the result whole.
+        # XLA's partitioner dry-runs each way and ranks them by (memory, communication): the largest buffer set
+        # one of its gathers or collectives touches first (:func:`dry_run_memory`), the bytes sent second
+        # (an all-reduce sends its buffer twice).  So a table as large as the result is gathered rather than
+        # the result all-reduced whole (its buffers are smaller by the gathered indices), and a table twice
+        # the result is not (measured: t[16@b, 16@a] looked up by 8 ids split over b: XLA gathers the ids).
         whole = table_piece * shared
         index_steps = [
             ("all-gather", shared, index_piece * shared),
@@ -1282,14 +1300,27 @@ def lookup_plans(
         sent_table = (shared - 1) / shared * whole
         sent_index = (shared - 1) / shared * index_piece * shared + 2 * result_piece * shared
         if rest == 1:  # as for moving it: only a table split wholly along the shared axes is gathered
-            plans.append(LookupPlan("gather table", sent_table, (("all-gather", shared, whole),)))
-        plans.append(LookupPlan("gather indices", sent_index, tuple(index_steps)))
-    ranked = sorted(plans, key=lambda p: p.cost)  # stable: ties go to the first listed (measured: the table moves)
+            memory = dry_run_memory(
+                gathered=[(table_piece, whole)], lookup=(whole, index_piece, result_piece), summed=0
+            )
+            plans.append(LookupPlan("gather table", sent_table, (("all-gather", shared, whole),), memory=memory))
+        memory = dry_run_memory(
+            gathered=[(index_piece, index_piece * shared)],
+            lookup=(table_piece, index_piece * shared, result_piece * shared),
+            summed=result_piece * shared,
+        )
+        plans.append(LookupPlan("gather indices", sent_index, tuple(index_steps), memory=memory))
+    # Stable: ties go to the first listed (measured: the table moves).  The moved ways (free mesh axes) carry no
+    # memory estimate (0): they are ranked by the bytes they move, as measured (tests/test_lookup_rules.py).
+    ranked = sorted(plans, key=lambda p: (p.memory, p.cost))
     best = ranked[0]
     if len(ranked) == 1:
         return (best,)
     runner = ranked[1]
-    if runner.cost <= CLOSE * max(best.cost, 1.0):
+    # Near ties: XLA's own estimate may rank them the other way.  Where memory ranks (no free axes) the buffers
+    # are the partitioner's own shapes, so only a memory tie within MEMORY_CLOSE leaves the choice open.
+    memory_tie = runner.memory <= MEMORY_CLOSE * best.memory
+    if memory_tie and runner.cost <= CLOSE * max(best.cost, 1.0):
         note = (
             f"a lookup split like its table: explain takes '{best.move}' ({best.cost:.0f} B), "
             f"XLA may '{runner.move}' ({runner.cost:.0f} B)"
@@ -1727,18 +1758,39 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                 w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
         return [w.relayout(out_aval, operand.dims)]
     target = _update_target(operand, update)
+    # XLA's partitioner writes the update at the finer of the operand's split and the result's (Shardy's merge,
+    # _update_target), and the result is brought to the merge after the write; a result whole everywhere is
+    # written whole (measured: x[16@a, 16@b] updated by u[16@b, 16] writes at x's split, the update sliced and
+    # permuted there, and gathers the result to [16, 16@b]; x[16@a, 16] by u[16, 16@b] writes at [16@a, 16@b]).
+    work = target
+    if is_split(target) and split_ways(w, operand.dims) > split_ways(w, target):
+        work = operand.dims
     # An update as large as its operand replaces all of it (XLA's simplifier drops the write and the operand):
     # only the update moves, to the split the two merged to (measured: x[16@b, 16] updated by u[16@(a,b), 16]
     # all-gathers u whole, and nothing of x).
-    if target != operand.dims and update.shape != operand.shape:
+    if work != operand.dims and update.shape != operand.shape:
         # Where the update spans the operand the two meet dimension by dimension (_update_target): the
         # operand is sliced locally to a finer split, gathered off one they do not share.
-        w.change(eqn, phase, operand, operand.with_dims(target), out_aval.dtype, repeat, "operand lines up")
+        w.change(eqn, phase, operand, operand.with_dims(work), out_aval.dtype, repeat, "operand lines up")
     if not is_free(update):
-        want = tuple(d if a == b else () for d, a, b in zip(target, update.shape, operand.shape))
+        want = tuple(d if a == b else () for d, a, b in zip(work, update.shape, operand.shape))
         if want != update.dims:
             w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
-    return [w.relayout(out_aval, target)]
+    out = w.relayout(out_aval, work)
+    if work != target:
+        moved = out.with_dims(target)
+        w.change(eqn, phase, out, moved, out_aval.dtype, repeat, "dynamic_update_slice: the result to its merged split")
+        out = moved
+    return [out]
+
+
+def is_split(dims: tuple[tuple[str, ...], ...]) -> bool:
+    return any(dims)
+
+
+def split_ways(w: Walker, dims: tuple[tuple[str, ...], ...]) -> int:
+    """How many blocks a split makes (the product of its mesh axes' sizes)."""
+    return math.prod(w.costs.mesh_sizes[m] for d in dims for m in d)
 
 
 def _update_target(operand: Layout, update: Layout) -> tuple[tuple[str, ...], ...]:

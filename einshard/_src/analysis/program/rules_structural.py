@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.layout import Layout
+from ..cost import Collective, sent_bytes
 from .alternatives import taking
 from .costing import is_free
-from .movement import is_computed, mark_conflict, mark_open_merge, mark_swap
+from .movement import is_computed, mark_approximate, mark_conflict, mark_open_merge, mark_swap
 from .registry import WalkerLike, register, sharding_degree
+from .report import OpBound
 from .upstream import apply as apply_upstream
 from .upstream import plan_upstream
 from .values import ELEMENTWISE, REDUCTIONS, Partial, dtype_itemsize
@@ -330,11 +333,159 @@ def reshape(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     if dims is not None and any(out_shape[i] % math.prod(w.costs.mesh_sizes[m] for m in d) for i, d in enumerate(dims)):
         dims = None  # the sharded piece no longer divides evenly
     if dims is None:
+        split = reshape_split(src.shape, src.dims, out_shape, w.costs.mesh_sizes)
+        if split is not None and split.whole_axes:
+            # The split spreads over several result dimensions at mesh-axis boundaries: Shardy keeps it there.
+            return [_declared(w, eqn, w.relayout(out_aval, split.dims), repeat, phase)]
+        if split is not None:
+            return [_declared(w, eqn, _sub_axes_gathered(w, eqn, src, split, repeat, phase), repeat, phase)]
         # The sharded axis does not survive the reshape whole: gather it first.
         gathered = src.with_dims(tuple(() for _ in src.dims))
         w.change(eqn, phase, src, gathered, out_aval.dtype, repeat, "reshape splits a sharded axis")
         return [_declared(w, eqn, w.replicated(out_aval), repeat, phase)]
     return [_declared(w, eqn, w.relayout(out_aval, dims), repeat, phase)]
+
+
+@dataclass(frozen=True)
+class ReshapeSplit:
+    """How a split input dimension spreads over the result dimensions a reshape cuts it into (Shardy's rule:
+    major first, each result dimension split as many ways as it takes of the split)."""
+
+    dims: tuple[tuple[str, ...], ...]  # the result's split where the mesh axes fall on dimension boundaries
+    ways: tuple[int, ...]  # how many ways each result dimension is split (1: whole)
+    axes: tuple[str, ...]  # the input's mesh axes that split it
+    whole_axes: bool  # every result dimension takes whole mesh axes (else Shardy splits one into sub-axes)
+
+
+def reshape_split(
+    src_shape: tuple[int, ...],
+    src_dims: tuple[tuple[str, ...], ...],
+    out_shape: tuple[int, ...],
+    sizes: Mapping[str, int],
+) -> ReshapeSplit | None:
+    """The split of a reshape that cuts one split input dimension into several result dimensions, the split
+    running past the major one (x[4, 8@a] with |a| = 8 to (4, 2, 4): 2 ways, then 4); None for any other
+    reshape (one split input dimension, the others whole and kept, the result's dimensions dividing it)."""
+    split = [i for i, d in enumerate(src_dims) if d]
+    if len(split) > 1:
+        return _merged_split(src_shape, src_dims, out_shape, sizes, split)
+    if len(split) != 1:
+        return None
+    i = split[0]
+    before = math.prod(src_shape[:i])
+    j, acc = 0, 1
+    while j < len(out_shape) and acc < before:
+        acc *= out_shape[j]
+        j += 1
+    if acc != before:
+        return None
+    group, acc = [], 1
+    while j < len(out_shape) and acc < src_shape[i]:
+        acc *= out_shape[j]
+        group.append(j)
+        j += 1
+    if acc != src_shape[i] or len(group) < 2:
+        return None
+    axes = src_dims[i]
+    remaining = math.prod(sizes[m] for m in axes)
+    ways = [1] * len(out_shape)
+    for j in group:
+        o = out_shape[j]
+        if remaining == 1 or o == 1:
+            continue
+        take = o if remaining % o == 0 else remaining if o % remaining == 0 else 0
+        if not take:
+            return None
+        ways[j], remaining = take, remaining // take
+    if remaining != 1:
+        return None
+    dims: list[tuple[str, ...]] = [()] * len(out_shape)
+    k, whole_axes = 0, True
+    for j in group:
+        n, taken = 1, []
+        while n < ways[j] and k < len(axes):
+            n *= sizes[axes[k]]
+            taken.append(axes[k])
+            k += 1
+        if n != ways[j]:
+            whole_axes = False
+            break
+        dims[j] = tuple(taken)
+    return ReshapeSplit(tuple(dims), tuple(ways), axes, whole_axes)
+
+
+def _merged_split(
+    src_shape: tuple[int, ...],
+    src_dims: tuple[tuple[str, ...], ...],
+    out_shape: tuple[int, ...],
+    sizes: Mapping[str, int],
+    split: list[int],
+) -> ReshapeSplit | None:
+    """Consecutive split input dimensions merged into one result dimension, each but the last split all its
+    ways (the blocks stay contiguous): the result dimension takes their mesh axes in order (measured: the
+    gradient of x[4, 8@(a,b,c)] reshaped to (4, 4@(a,b), 2@c) merges back to 8@(a,b,c), nothing moves)."""
+    first, last = split[0], split[-1]
+    if split != list(range(first, last + 1)):
+        return None
+    for i in split[:-1]:
+        if math.prod(sizes[m] for m in src_dims[i]) != src_shape[i]:
+            return None
+    before = math.prod(src_shape[:first])
+    j, acc = 0, 1
+    while j < len(out_shape) and acc < before:
+        acc *= out_shape[j]
+        j += 1
+    if acc != before or j >= len(out_shape):
+        return None
+    while j < len(out_shape) and out_shape[j] == 1:
+        j += 1
+    if j >= len(out_shape) or out_shape[j] != math.prod(src_shape[first : last + 1]):
+        return None  # (the result dimension is exactly the merged ones)
+    axes = tuple(m for i in split for m in src_dims[i])
+    ways = math.prod(sizes[m] for m in axes)
+    if out_shape[j] % ways:
+        return None
+    dims = tuple(axes if k == j else () for k in range(len(out_shape)))
+    return ReshapeSplit(dims, tuple(ways if k == j else 1 for k in range(len(out_shape))), axes, True)
+
+
+def _sub_axes_gathered(w: WalkerLike, eqn: Any, src: Layout, split: ReshapeSplit, repeat: int, phase: str) -> Layout:
+    """A reshape whose split Shardy can only keep on sub-axes of a mesh axis (a Layout cannot carry them): XLA
+    reshapes locally and, where the result is needed whole, gathers each result dimension on its own, the minor
+    first (measured: x[4, 8@a], |a| = 8, to (4, 2, 4) gathers 4 ways then 2, 192 B).  Priced so, and marked:
+    a consumer that keeps the sub-axes (a reshape back, a sum) moves nothing of it (or sums instead)."""
+    out_aval = eqn.outvars[0].aval
+    whole = math.prod(out_aval.shape) * dtype_itemsize(out_aval.dtype)
+    left = math.prod(split.ways)
+    colls = []
+    for j in reversed(range(len(split.ways))):
+        if split.ways[j] == 1:
+            continue
+        array = whole // (left // split.ways[j])
+        left //= split.ways[j]
+        sent = sent_bytes("all-gather", split.ways[j], array)
+        t = w.costs.profile.collective_time("all-gather", split.ways[j], sent, array)
+        colls.append(
+            Collective(
+                "all-gather",
+                split.axes,
+                split.ways[j],
+                int(sent),
+                int(array),
+                t,
+                "operand 1",
+                "gather a sub-axis split",
+            )
+        )
+    out = w.replicated(out_aval)
+    start = len(w.ops)
+    why = "reshape: a split Shardy keeps on sub-axes, gathered one result dimension at a time"
+    w.record(eqn, phase, why, out, tuple(colls), 0.0, sum(c.time for c in colls), repeat)
+    note = "reshape onto sub-axes of a mesh axis: XLA keeps them where a consumer can (nothing gathered)"
+    # (bytes as the buffers the gathers move: what XLA's HLO prints and the checks compare)
+    bound = OpBound(len(colls), float(sum(c.array_bytes for c in colls)), float(whole))
+    mark_approximate(w, start, note, bound)
+    return out
 
 
 def _declared(w: WalkerLike, eqn: Any, natural: Layout, repeat: int, phase: str, typed_whole: bool = False) -> Layout:
@@ -841,13 +992,20 @@ def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     axis = eqn.params["dimension"]
     out_aval = eqn.outvars[0].aval
     placed = [lay for lay in ins if not is_free(lay)]
-    dims = concatenated_dims([lay.dims for lay in placed], axis, w.costs.mesh_sizes)
+    dims = concatenated_dims([lay.dims for lay in placed], axis)
     start = len(w.ops)
     # Operands split differently off the axis: the result is whole there (Shardy merges no split), but XLA's
     # partitioner joins them on the most-split operand's split (the others resharded to it: a regroup's
     # permute, a whole one sliced) and gathers the joined result (measured: [16, 16@b] ++ [16, 16@a] along
     # rows permutes the first and gathers [32, 4] over a; [16, 16@(a,b)] ++ [16, 16@b] permutes the second).
     joined = _joined_on(placed, axis, dims, w.costs.mesh_sizes)
+    moved = moved_off_axis(joined, [lay.dims for lay in placed], axis, out_aval.shape, w.costs.mesh_sizes)
+    if moved is not None:
+        # Joined along a split axis: XLA's partitioner moves that split onto another dimension (each operand
+        # split along the axis: an all-to-all; a whole one: sliced), joins the pieces locally and moves the
+        # result's split back (an all-to-all) or gathers it where the result is whole along the axis (measured:
+        # [16, 16] ++ [16@b, 16]: two all-to-alls; rows@c ++ rows@(a,b,c): two all-to-alls and a gather).
+        joined = moved
     for lay in placed:
         # Each operand comes to the split it is joined on off the axis (a whole one is sliced locally, a
         # differently split one moves) and whole along it.
@@ -862,28 +1020,55 @@ def concatenate(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             out.with_dims(tuple(dims)),
             out_aval.dtype,
             repeat,
-            "concatenate: the joined result gathered",
+            "concatenate: the joined result to its merged split",
         )
     if any(lay.dims[axis] for lay in placed):
-        from .movement import mark_approximate
-
         # Measured: XLA keeps the split and moves pieces (a collective-permute and all-to-alls of
         # about the operands' blocks); explain gathers the operands along the axis (same order of bytes).
         mark_approximate(w, start, "concatenate along a split axis: XLA permutes and all-to-alls, explain gathers")
     return [w.relayout(out_aval, dims)]
 
 
+def moved_off_axis(
+    joined: list[tuple[str, ...]],
+    operands: list[tuple[tuple[str, ...], ...]],
+    axis: int,
+    shape: tuple[int, ...],
+    mesh: Mapping[str, int],
+) -> list[tuple[str, ...]] | None:
+    """Where XLA joins operands split along the concatenated axis: that split (the most-split operand's among
+    those on mesh axes the other dimensions leave free, the first among equals) moved onto the first other dimension it divides, after that dimension's own split.
+    None: no operand is split along the axis, or no other dimension takes the split (the operands are gathered
+    along the axis instead)."""
+    used = {m for i, d in enumerate(joined) if i != axis for m in d}
+    # (a split naming a mesh axis the other dimensions keep is gathered, not moved: measured, rows@b ++ rows@a
+    # with a splitting the first one's columns moves b)
+    splits = [d[axis] for d in operands if d[axis] and not set(d[axis]) & used]
+    if not splits:
+        return None
+    taken = max(splits, key=lambda d: math.prod(mesh.get(m, 1) for m in d))  # first among equals
+    for other in (i for i in range(len(shape)) if i != axis):
+        ways = math.prod(mesh.get(m, 1) for m in joined[other] + taken)
+        if shape[other] % ways == 0:
+            return [(joined[i] + taken) if i == other else () if i == axis else joined[i] for i in range(len(shape))]
+    return None
+
+
 def _joined_on(
     placed: list[Layout], axis: int, dims: list[tuple[str, ...]], mesh: Mapping[str, int]
 ) -> list[tuple[str, ...]]:
     """The split off ``axis`` on which XLA joins operands split differently there: the most-split operand's
-    (the first among equals), where the merged result (``dims``) is whole on a dimension they split differently;
+    (the largest among equals, then the first), where the merged result (``dims``) is whole on a dimension they split differently;
     else ``dims`` itself."""
     rank = len(dims)
     differ = [i for i in range(rank) if i != axis and len({lay.dims[i] for lay in placed if lay.dims[i]}) > 1]
     if not differ:
         return dims
-    best = max(placed, key=lambda lay: math.prod(mesh.get(m, 1) for i in differ for m in lay.dims[i]))
+    # Equally split ones: the largest operand's (measured: rows@a ++ rows@(b,c) ++ rows@(a,b), 16, 32 and 64
+    # columns, are joined on (a, b): the first sliced, the second permuted).
+    best = max(
+        placed, key=lambda lay: (math.prod(mesh.get(m, 1) for i in differ for m in lay.dims[i]), math.prod(lay.shape))
+    )
     joined = list(dims)
     used = {m for i, d in enumerate(dims) if i not in differ for m in d}
     for i in differ:
@@ -893,27 +1078,30 @@ def _joined_on(
     return joined
 
 
-def concatenated_dims(
-    operands: list[tuple[tuple[str, ...], ...]], axis: int, mesh: Mapping[str, int]
-) -> list[tuple[str, ...]]:
-    """The result's split of a concatenation, as XLA's sharding propagation merges its operands': off the
-    concatenated axis, the most-split operand's split (the others are sliced locally or moved; measured: a
-    whole operand joined to one split along its columns keeps the columns' split, no collective); along it,
-    the split of an operand split there, on mesh axes the others left free (measured: XLA keeps the rows'
-    split and moves pieces into place)."""
+def concatenated_dims(operands: list[tuple[tuple[str, ...], ...]], axis: int) -> list[tuple[str, ...]]:
+    """The result's split of a concatenation, as Shardy merges its operands' splits, dimension by dimension as
+    an elementwise op's (:func:`merged_split`, a whole operand taking any): the longest split where the others
+    are its prefixes, else the prefix they share; off the concatenated axis first, then along it, each keeping
+    the prefix of its merged split no earlier dimension took.  Measured: off the axis, a whole operand joined
+    to one split along its columns keeps the columns' split, rows@a ++ rows@(a,b) (joined along columns) keeps
+    (a, b) with no collective, cols@b ++ cols@a is whole; along it, rows@a ++ rows@(a,b) keeps (a, b),
+    rows@(a,b) ++ rows@(a,c) keeps a, rows@c ++ rows@(a,b,c) and rows@a ++ rows@b are whole, cols@a ++ cols@b is
+    whole though b splits the first one's rows, and rows@a ++ rows@(a,b) with b taken by the columns keeps a."""
     if not operands:
         return []
     rank = len(operands[0])
     dims: list[tuple[str, ...]] = [()] * rank
     used: set[str] = set()
     for i in [i for i in range(rank) if i != axis] + [axis]:
-        if i != axis and len({d[i] for d in operands if d[i]}) > 1:
-            continue  # operands split differently along it: XLA gives the result none (measured), see concatenate
-        choices = [d[i] for d in operands if d[i] and not set(d[i]) & used]
-        if choices:
-            best = max(choices, key=lambda d: math.prod(mesh.get(m, 1) for m in d))  # first among equals
-            dims[i] = best
-            used |= set(best)
+        splits = [d[i] for d in operands if d[i]]
+        if not splits:
+            continue
+        merged = merged_split(splits)
+        free = 0
+        while free < len(merged) and merged[free] not in used:
+            free += 1
+        dims[i] = merged[:free]
+        used |= set(dims[i])
     return dims
 
 
