@@ -1168,13 +1168,13 @@ def _peak(
         if _bits_impl(steps[i]) not in _THREEFRY_BITS:
             continue  # rbg's RngBitGenerator: XLA:CPU expands it into its readers' elementwise loop, nothing held
         word = min(_bits_word_bytes(k, prog.layout(m)) for m in (k, *spread))
-        held, running = _BITS_WORDS * word, _loop_bytes(steps[i], word, k in outputs, prog.layout(steps[i].ins[0]))
+        held, loop = _BITS_WORDS * word, _loop_bytes(steps[i], word, k in outputs, prog.layout(steps[i].ins[0]))
         if first:
             extra_until.append((until[k], held))
-            start_loops.append(running)
+            start_loops.append(loop)
         else:
             combined = dict(combined)
-            combined[i] = combined.get(i, 0) + running
+            combined[i] = combined.get(i, 0) + loop
             for j in range(i, (i if k in outputs else until[k]) + 1):
                 combined[j] = combined.get(j, 0) + held
 
