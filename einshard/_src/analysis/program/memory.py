@@ -38,8 +38,11 @@ buffers, not just what the jaxpr names:
   its send pieces and its receive pieces (each the operand's shard) are live while it
   runs, besides the operand and the op's result;
 * **random bits**: a ``random_bits`` result is the two u32 state words per element of XLA:CPU's threefry
-  loop, read by the fusion that consumes the bits (no buffer of its own); bits made from the key alone are
-  made at the start of the step, their words held to their reader (:func:`_random_bits`);
+  loop, read by the fusion that consumes the bits (no buffer of its own; an output's buffer is that fusion's
+  result), with the loop's temporaries while it runs (:func:`_loop_bytes`); bits made from the key alone are
+  made at the start of the step, their words held to their reader (:func:`_random_bits`); rbg's bits hold
+  nothing of their own (XLA:CPU expands RngBitGenerator into their reader's loop).  This is the one model of
+  the bits' bytes: :data:`HASH_SCRATCH` is split's and fold_in's;
 * **combined sums**: a partial sum whose reduced value only leaves the
   program (a gradient's all-reduce) waits for XLA's all-reduce combiner,
   which issues the step's independent all-reduces together once the last
@@ -1651,8 +1654,9 @@ def peak_caveat(jaxpr: Any) -> str:
 # never under a fixed 964 bytes (the loop's own buffers) below that (within 192 bytes).  Which key impls hash
 # with threefry, per op: rbg splits and folds with it too but draws its bits with XLA's RngBitGenerator (no such
 # loop); unsafe_rbg never does (measured: its split holds nothing beyond its result).
-# ``random_bits`` is not here: its loop's state words are held by the walk itself (:func:`_random_bits`), from the
-# start of the step where XLA makes the bits first, which also covers the one-op programs measured here.
+# ``random_bits`` is not here: its loop (measured here at 3.375 bytes per result byte + 388: three words per
+# element, six per-key arrays of a 16-sample draw, 388 fixed) is held by the walk itself (:func:`_random_bits`,
+# :func:`_loop_bytes`: the same bytes, exact on those one-op programs), fused bits' words held to their reader.
 HASH_SCRATCH: dict[str, float] = {"random_split": 2.5, "random_fold_in": 4.5}
 HASHED_BY_THREEFRY: dict[str, frozenset[str]] = {
     "random_split": frozenset({"threefry2x32", "rbg"}),
