@@ -118,13 +118,6 @@ def test_prng_rule_matches_xla(family: str) -> None:
 # The deep draws the rules or the memory walk do not yet hold to XLA (not strict: the derandomized draws follow the
 # code's paths; the misses are named, not hidden).  Collectives, bytes and layouts held in every draw seen; peak:
 DEEP_MISSES = {
-    "bits": (
-        "bernoulli from rbg/unsafe_rbg keys[16@a] (the batch's first key sliced by a 16 B all-reduce, the bits whole): "
-        "explain's peak 2080 B against XLA's 420 B for a (16,) sample (544 vs 228 for (4,)): explain holds two u32 "
-        "buffers of the whole bits, XLA nothing (RngBitGenerator expanded into the reader's loop, as on whole keys, "
-        "which now match); cause in the walk not yet found (likely the first-key all-reduce charged on random_bits' "
-        "result)"
-    ),
     "dropout": (
         "keys and batch split over both axes of a 2-axis mesh, w's columns over one of them "
         "(x[8@(a,b), 16] @ w[16, 16@a]): XLA gives the result w's split P(None, 'a') where explain keeps the "
