@@ -38,8 +38,11 @@ buffers, not just what the jaxpr names:
   its send pieces and its receive pieces (each the operand's shard) are live while it
   runs, besides the operand and the op's result;
 * **random bits**: a ``random_bits`` result is the two u32 state words per element of XLA:CPU's threefry
-  loop, read by the fusion that consumes the bits (no buffer of its own); bits made from the key alone are
-  made at the start of the step, their words held to their reader (:func:`_random_bits`);
+  loop, read by the fusion that consumes the bits (no buffer of its own; an output's buffer is that fusion's
+  result), with the loop's temporaries while it runs (:func:`_loop_bytes`); bits made from the key alone are
+  made at the start of the step, their words held to their reader (:func:`_random_bits`); rbg's bits hold
+  nothing of their own (XLA:CPU expands RngBitGenerator into their reader's loop).  This is the one model of
+  the bits' bytes: :data:`HASH_SCRATCH` is split's and fold_in's;
 * **combined sums**: a partial sum whose reduced value only leaves the
   program (a gradient's all-reduce) waits for XLA's all-reduce combiner,
   which issues the step's independent all-reduces together once the last
@@ -130,7 +133,10 @@ def _fusible_elementwise() -> frozenset[str]:
     # tile is a broadcast to (repeats, size) and a reshape in XLA: fused as a broadcast is.  A reshape, squeeze
     # or expand_dims is a bitcast of its operand, computed inside its one reader's fusion as XLA does (the
     # gradient of a tile or a broadcast: the cotangent reshaped to (repeats, size) and summed, one fusion).
+    # A bitcast_convert_type (the uniform's u32 -> f32 of random bits) is elementwise in XLA's loop fusion too
+    # (measured: bernoulli of rbg keys[16@a] holds no u32 or f32 buffer of the bits, XLA:CPU: 420 B in all).
     return frozenset(ELEMENTWISE - _NOT_FUSED) | {
+        "bitcast_convert_type",
         "broadcast_in_dim",
         "iota",
         "tile",
@@ -933,7 +939,22 @@ def _dead_steps(steps: list[_Step], outputs: Any) -> frozenset[int]:
 # in the fusion that consumes the bits (shift, or, the uniform's and the mask's arithmetic): the bits are never a
 # buffer of their own.  Each trip copies both words before it writes the next pair: four words while the loop runs.
 _BITS_WORDS = 2
+# While the threefry loop runs, XLA:CPU holds besides its two state words one more per element (the body's
+# temporary) and, where the bits are read in a fusion, one more of the walk's: the reader's result, which XLA
+# allocates apart from its temporaries before the loop runs (the walk makes it after).  Where the bits are the
+# program's output, that buffer is theirs, counted by the walk (:func:`_loop_bytes`).
 _BITS_LOOP_WORDS = 4
+# The threefry loop's own small buffers (XLA:CPU buffer assignment, every buffer 64-byte aligned): six per-key u32
+# arrays (the key words, their XOR, the counters' high words: one u32 per key the device hashes) and the loop's
+# tuple, round constants and counters (388 bytes).  Measured on one-op ``vmap`` of bits (16,) over 16-256 keys,
+# whole and split over 8 devices: the loop's buffers are exactly 3 words + 6 per-key arrays + 388 bytes
+# (tests/test_prng_rules.py); on ``x * bernoulli(key, 0.9, x.shape)``: 772 bytes beside the words.
+_BITS_KEY_ARRAYS, _BITS_LOOP_FIXED, _ALIGN = 6, 388, 64
+# The key impls whose random_bits XLA:CPU computes in that loop (rbg and unsafe_rbg draw theirs with
+# RngBitGenerator: no loop of this shape).
+_THREEFRY_BITS = frozenset({"threefry2x32"})
+
+
 # A value with at most this many elements is a key's (a typed key, its u32[2] data, a split's pair, a fold-in's
 # counter): bits that read nothing larger are made from the key alone.
 _KEY_ELEMENTS = 64
@@ -942,8 +963,8 @@ _KEY_ELEMENTS = 64
 def _random_bits(
     steps: list[_Step], dead: frozenset[int], outputs: Any, producer: dict[Key, int]
 ) -> tuple[tuple[int, Key, bool], ...]:
-    """The random bits the program makes (step, bits, whether made from the key alone), the dead and the program's
-    outputs left out (an output is a buffer).
+    """The random bits the program makes (step, bits, whether made from the key alone and read by the program),
+    the dead left out.
 
     Bits that read only a key (nothing larger, transitively) are made by XLA at the start of the step: its
     scheduler runs the threefry loops before anything else, each loop's two words then held to the fusion that
@@ -954,9 +975,10 @@ def _random_bits(
     """
     out = []
     for i, step in enumerate(steps):
-        if step.name != "random_bits" or i in dead or not step.outs or step.outs[0] in outputs:
+        if step.name != "random_bits" or i in dead or not step.outs:
             continue
-        out.append((i, step.outs[0], _from_key_alone(i, steps, producer)))
+        # (An output is a buffer, made by the loop's last fusion where the loop runs: never made first.)
+        out.append((i, step.outs[0], step.outs[0] not in outputs and _from_key_alone(i, steps, producer)))
     return tuple(out)
 
 
@@ -1024,6 +1046,29 @@ def _bits_word_bytes(k: Key, lay: Layout | None) -> int:
     return math.prod(shape) * 4
 
 
+def _aligned(n: int) -> int:
+    """``n`` bytes as XLA:CPU allocates them: in 64-byte aligned buffers."""
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _bits_impl(step: _Step) -> str | None:
+    """The impl of the keys a ``random_bits`` step draws from (``'threefry2x32'``, ``'rbg'``, ...)."""
+    return getattr(getattr(getattr(_aval(step.ins[0]), "dtype", None), "_impl", None), "name", None)
+
+
+def _loop_bytes(step: _Step, word: int, is_output: bool, keys: Layout | None) -> int:
+    """What a ``random_bits`` step holds while its threefry loop runs, beyond the two state words it then keeps
+    (``word``: one u32 per element of the bits on the device; ``keys``: the key batch's layout).
+
+    Two more words (:data:`_BITS_LOOP_WORDS`; one where the bits are the output, whose buffer is theirs) and the
+    loop's small buffers, each 64-byte aligned: the words (a piece under 64 bytes still takes 64), six per-key
+    arrays and 388 fixed bytes (:data:`_BITS_KEY_ARRAYS`, measured on one-op programs)."""
+    shape = keys.shard_shape if keys is not None and not is_free(keys) else getattr(_aval(step.ins[0]), "shape", ())
+    per_key = _aligned(4 * math.prod(int(n) for n in shape))
+    words = (_BITS_LOOP_WORDS - (1 if is_output else 0)) * _aligned(word) - _BITS_WORDS * word
+    return words + _BITS_KEY_ARRAYS * per_key + _BITS_LOOP_FIXED
+
+
 def _typed_shard_shape(aval: Any) -> tuple[int, ...] | None:
     """The piece of ``aval`` per device its type names, where every axis of its mesh is Explicit (else None)."""
     sharding = getattr(aval, "sharding", None)
@@ -1089,7 +1134,10 @@ def _peak(
             return 0
         out = outputs.get(k)
         if out is not None:
-            return nbytes_as(k, layouts.get(out), tiling)
+            # An output is a buffer even where its layout is free (random bits from a whole key, whose readers
+            # would choose their split): XLA makes it whole, as the walk's result layout says.
+            lay = layouts.get(out)
+            return nbytes_as(k, None if lay is not None and is_free(lay) else lay, tiling)
         return nbytes_as(k, prog.layout(k), tiling if k in boundary else "dense")
 
     def is_free_key(k: Key) -> bool:
@@ -1119,17 +1167,22 @@ def _peak(
     ]
     # Random bits: those made from the key alone are made first (their loops before anything else), their words
     # held from the start to their reader; the others where the program makes them (_random_bits).
+    # Bits that are the program's output are a buffer of their own, made by the fusion that reads the loop's words
+    # at the loop's step: their words are held there only.
     start_loops = [0]
     for i, k, first, spread in info.bits:
+        if _bits_impl(steps[i]) not in _THREEFRY_BITS:
+            continue  # rbg's RngBitGenerator: XLA:CPU expands it into its readers' elementwise loop, nothing held
         word = min(_bits_word_bytes(k, prog.layout(m)) for m in (k, *spread))
+        held, loop = _BITS_WORDS * word, _loop_bytes(steps[i], word, k in outputs, prog.layout(steps[i].ins[0]))
         if first:
-            extra_until.append((until[k], _BITS_WORDS * word))
-            start_loops.append((_BITS_LOOP_WORDS - _BITS_WORDS) * word)
+            extra_until.append((until[k], held))
+            start_loops.append(loop)
         else:
             combined = dict(combined)
-            combined[i] = combined.get(i, 0) + (_BITS_LOOP_WORDS - _BITS_WORDS) * word
-            for j in range(i, until[k] + 1):
-                combined[j] = combined.get(j, 0) + _BITS_WORDS * word
+            combined[i] = combined.get(i, 0) + loop
+            for j in range(i, (i if k in outputs else until[k]) + 1):
+                combined[j] = combined.get(j, 0) + held
 
     live: dict[Key, int] = {v: size(v) for v in prog.args}
     total = sum(live.values())
@@ -1604,8 +1657,9 @@ def peak_caveat(jaxpr: Any) -> str:
 # never under a fixed 964 bytes (the loop's own buffers) below that (within 192 bytes).  Which key impls hash
 # with threefry, per op: rbg splits and folds with it too but draws its bits with XLA's RngBitGenerator (no such
 # loop); unsafe_rbg never does (measured: its split holds nothing beyond its result).
-# ``random_bits`` is not here: its loop's state words are held by the walk itself (:func:`_random_bits`), from the
-# start of the step where XLA makes the bits first, which also covers the one-op programs measured here.
+# ``random_bits`` is not here: its loop (measured here at 3.375 bytes per result byte + 388: three words per
+# element, six per-key arrays of a 16-sample draw, 388 fixed) is held by the walk itself (:func:`_random_bits`,
+# :func:`_loop_bytes`: the same bytes, exact on those one-op programs), fused bits' words held to their reader.
 HASH_SCRATCH: dict[str, float] = {"random_split": 2.5, "random_fold_in": 4.5}
 HASHED_BY_THREEFRY: dict[str, frozenset[str]] = {
     "random_split": frozenset({"threefry2x32", "rbg"}),

@@ -26,7 +26,7 @@ from .registry import WalkerLike, register
 # imports the rules modules in.
 from . import rules_structural  # isort: skip
 
-__all__ = ["KEY_BATCH_OPS", "FIRST_KEY_ONLY", "batch_then_whole", "first_key_slices", "key_impl"]
+__all__ = ["KEY_BATCH_OPS", "COUNTER_BITS", "FIRST_KEY_ONLY", "batch_then_whole", "first_key_slices", "key_impl"]
 
 # The ops whose result is the key batch's dimensions followed by new whole ones (random_wrap reads them the other
 # way round: its operand has the trailing words, its result the batch alone).
@@ -38,6 +38,9 @@ def batch_then_whole(batch: tuple[tuple[str, ...], ...], rank: int) -> tuple[tup
     trailing ones are whole."""
     return tuple(batch) + ((),) * (rank - len(batch))
 
+
+# The ops whose result a device can make any piece of from whole keys (their hash is elementwise in its counters).
+COUNTER_BITS = frozenset({"random_bits"})
 
 # The impls whose batched op JAX does not lower key by key: rbg and unsafe_rbg draw a batch's bits (unsafe_rbg
 # splits it too) with XLA's RngBitGenerator from the batch's first key.  XLA slices that key out of the split batch
@@ -66,13 +69,18 @@ def key_batch(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: st
     """``random_split[shape]``, ``random_bits[shape]``, ``random_unwrap``: the keys' batch split carries through
     (but where the impl draws from the first key alone: :data:`FIRST_KEY_ONLY`)."""
     out_aval, keys = eqn.outvars[0].aval, eqn.invars[0].aval
-    if is_free(ins[0]) or not any(ins[0].dims):
-        # Keys whole on every device: each device can make any piece of the result (threefry is elementwise in
-        # its counters), so the readers choose its layout, as XLA's propagation does on Auto axes
-        # (x[64@a, 128] * bernoulli(key, 0.9, x.shape) makes each device's eighth of the bits; measured,
-        # tests/test_memory_rules.py's random-bits tests).
+    if is_free(ins[0]):
         return [w.free(out_aval)]
-    if any(ins[0].dims) and key_impl(keys.dtype) in FIRST_KEY_ONLY.get(eqn.primitive.name, frozenset()):
+    first_key_only = key_impl(keys.dtype) in FIRST_KEY_ONLY.get(eqn.primitive.name, frozenset())
+    if eqn.primitive.name in COUNTER_BITS and not any(ins[0].dims):
+        # Bits from keys whole on every device: each device can make any piece of them (threefry is elementwise in
+        # its counters; XLA:CPU expands rbg's RngBitGenerator into an elementwise loop too), so their readers
+        # choose their layout, as XLA's propagation does on Auto axes (x[64@a, 128] * bernoulli(key, 0.9,
+        # x.shape) makes each device's eighth of the bits, threefry or rbg keys; measured, tests/test_memory_rules.py's
+        # random-bits tests).  Not new keys (random_split) nor key data (random_unwrap): those are buffers XLA
+        # makes whole where the keys are whole (tests/test_prng_rules.py's split draws).
+        return [w.free(out_aval)]
+    if any(ins[0].dims) and first_key_only:
         why = f"{eqn.primitive.name} of {keys.dtype} keys draws from the batch's first key, whole on every device"
         for i, axes in first_key_slices(ins[0]):
             rows = math.prod(ins[0].shard_shape[:i])  # the dims before i are still whole on the device
