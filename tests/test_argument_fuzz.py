@@ -354,7 +354,14 @@ TABLE: dict[str, Entry | Record | Constant] = {
     "einshard.EinsumPlan": Record("analyze's answer"),
     "einshard.explain": Entry(
         lambda: {"fn": _step, "args": (PARAMS, X), "mesh": MESH},
-        {"fn": _callable, "mesh": _mesh, "in_specs": lambda: [3, "data"], "profile": _profile, "target": _target},
+        {
+            "fn": _callable,
+            "mesh": _mesh,
+            "in_specs": lambda: [3, "data"],
+            "out_specs": lambda: [3, "data", P("nope"), (None, None)],
+            "profile": _profile,
+            "target": _target,
+        },
         any_value={"args": "the function's own arguments (any pytree)"},
     ),
     "einshard.plan": Entry(
