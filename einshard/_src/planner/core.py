@@ -298,6 +298,17 @@ class _Space:
         return Alternative(label, r, d, s.time_s, s.memory, s.comm, s.fits, s.compute_s)
 
 
+def _unplaced(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with each placed array (or ShapeDtypeStruct with a sharding) as a bare ShapeDtypeStruct."""
+
+    def bare(a: Any) -> Any:
+        if getattr(a, "sharding", None) is None or not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            return a
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=bool(getattr(a, "weak_type", False)))
+
+    return tuple(jax.tree.map(bare, args))
+
+
 def _space(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -312,7 +323,10 @@ def _space(
     opt_bytes: float,
 ) -> _Space:
     """Trace ``fn`` once; group the parameters and list each group's candidate layouts and the batch's."""
-    traced = trace(fn, *args, mesh={m.name: m.size for m in mesh_axes}, profile=profile, **kwargs)
+    # Traced on the arguments' shapes, not their placement: arrays already placed on Explicit axes would type the
+    # program with their layout, and the typed rules would then price every candidate as if its values still
+    # carried those types (a placed batch b@data made the dp preset gather what XLA never gathers).
+    traced = trace(fn, *_unplaced(args), mesh={m.name: m.size for m in mesh_axes}, profile=profile, **kwargs)
     groups, _ = param_groups(params, mesh_axes)
     total_param_bytes = sum(g.nbytes for g in groups) or 1
     groups = [
