@@ -136,16 +136,18 @@ class Verified:
         fit = "" if self.fits else "  (over budget)"
         if self.fits_hbm is not None:
             fit += "  fits HBM" if self.fits_hbm else "  (over HBM)"
+        # Both sides counted per collective, before XLA's combiner merges any (compiled_count counts each piece of a
+        # tuple-shaped op; predicted_count is the planner's combined ops, priced α once each).
+        predicted = sum(self.predicted_kinds.values()) if self.predicted_kinds else self.predicted_count
         return (
             f"{mark} {self.label:<34} time {human_time(self.predicted_time_s)} -> {human_time(self.compiled_time_s)}"
             f"  sent {human_bytes(self.predicted_comm_bytes)} -> {human_bytes(self.compiled_comm_bytes)}"
-            f"  collectives {self.predicted_count} -> {self.compiled_count}"
+            f"  collectives {predicted} -> {self.compiled_count}"
             f"  memory {human_bytes(self.predicted_memory)} -> {human_bytes(self.compiled_memory)}{fit}"
             + (
                 ""
                 if self.predicted_kinds == self.compiled_kinds
-                # explain names each collective it predicts; the compiled program runs XLA's combined ones (a
-                # tuple-shaped all-reduce counted once), as the ``collectives`` count above does on both sides.
+                # explain names each collective it predicts; the compiled program's pieces are counted alike.
                 else f"\n      kinds {_kinds(self.predicted_kinds)} before combining -> {_kinds(self.compiled_kinds)} "
                 f"compiled ({self.compiler})"
             )
