@@ -64,8 +64,25 @@ def _name(axes: tuple[str, ...]) -> str | tuple[str, ...]:
 def ring_shift(v: jax.Array, axis_name: AxisName, shift: int) -> jax.Array:
     """Device j sends ``v`` to device ``j + shift`` around the ring (one collective-permute)."""
     axes = _axes(axis_name)
-    n = math.prod(jax.lax.axis_size(a) for a in axes)
-    return jax.lax.ppermute(v, _name(axes), [(j, (j + shift) % n) for j in range(n)])
+    sizes = {a: jax.lax.axis_size(a) for a in axes}
+    n = math.prod(sizes.values())
+    # ppermute numbers the devices of several axes in the mesh's axis order whatever order they are named in, while
+    # axis_index (the ring's block numbers) follows the named order: name the ring in mesh order and number each
+    # device's position on the named ring in it (a gather over ('y', 'x') on an (x, y) mesh sent blocks to the
+    # wrong neighbours: wrong values).
+    order = jax.sharding.get_abstract_mesh().axis_names
+    ring = tuple(sorted(axes, key=lambda m: order.index(m) if m in order else len(order)))
+
+    def on_ring(j: int) -> int:
+        coords: dict[str, int] = {}
+        for a in reversed(axes):
+            j, coords[a] = divmod(j, sizes[a])
+        k = 0
+        for a in ring:
+            k = k * sizes[a] + coords[a]
+        return k
+
+    return jax.lax.ppermute(v, _name(ring), [(on_ring(j), on_ring((j + shift) % n)) for j in range(n)])
 
 
 def _parse(subscripts: str) -> tuple[str, str, str]:
