@@ -157,7 +157,9 @@ def test_a_plan_writes_back_as_flax_rules_and_maxtext_data_that_read_back_the_sa
         return jax.value_and_grad(lambda p: jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"]) ** 2))(p)
 
     x = jax.ShapeDtypeStruct((4096, 64), jnp.float32)
-    result = einshard.plan(step, params, x, mesh=sizes)
+    # The least-memory plan (sharded parameters): on the time objective a batch of 4096 over all 8 devices with
+    # the parameters replicated is fastest since the gradient all-reduces are priced as XLA combines them.
+    result = einshard.plan(step, params, x, mesh=sizes, objective="memory")
     want = {
         k: einshard.spec(e, params[k].shape, mesh=sizes)
         for k, e in zip(sorted(params), einshard._src.tree_rules.leaf_expressions(params, result.rules))
