@@ -268,10 +268,6 @@ def test_core_rule_matches_xla(family: str) -> None:
 # The deep draws a rule does not yet hold to XLA (not strict: the derandomized draws follow the code's paths, so a
 # change elsewhere moves a family's first failing draw; the misses are named, not hidden).
 DEEP_MISSES = {
-    "convert_element_type": (
-        "the gradient of x.astype(f32) * y.astype(f32), x, y [8, 16] bfloat16, nothing split (mesh 1): no "
-        "collectives on either side, explain's peak 2304 B against XLA's 1040 B (the memory walk's, not the rule's)"
-    ),
     "dot_general": (
         "the gradient of dot_general(x[8@a, 8, 8], y[8@a, 8, 8]) contracting (0, 1) with (2, 1) (mesh 1): the "
         "collectives match (2 all-gathers and an all-reduce, 4352 B), explain's peak is 1.28x XLA's (6912 B "
