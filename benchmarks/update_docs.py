@@ -18,6 +18,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "benchmarks.md"
+# Tables whose benchmark script writes them into another page itself (between that page's own markers): the
+# results file is kept for the record and left alone here.
+WRITTEN_ELSEWHERE = {"external_large": "docs/planner.md (benchmarks/bench_external.py --scale large)"}
 
 
 def _demote(text: str) -> str:
@@ -37,7 +40,7 @@ def update(page: str, name: str, table: str) -> str:
 
 def main() -> int:
     page = PAGE.read_text()
-    names = sorted(p.stem for p in RESULTS.glob("*.md"))
+    names = sorted(p.stem for p in RESULTS.glob("*.md") if p.stem not in WRITTEN_ELSEWHERE)
     for name in names:
         page = update(page, name, (RESULTS / f"{name}.md").read_text())
     orphans = set(re.findall(r"<!-- bench:([\w-]+):start -->", page)) - set(names)
