@@ -68,7 +68,7 @@ from ..core.mesh import current_concrete_mesh
 from ..errors import EinshardError
 from ..placement import describe, is_anonymous, sharding
 from ..tree_rules import leaf_expressions
-from . import _guard, _integrity
+from . import _guard, _integrity, _keys
 from ._npz import NPZ_FORMAT, npz_header, restore_npz
 
 __all__ = ["FORMAT", "Saving", "save", "restore", "read_meta"]
@@ -326,6 +326,7 @@ def save(
                 "shape": list(np.shape(leaf)),
                 "dtype": str(np.result_type(leaf) if not hasattr(leaf, "dtype") else leaf.dtype),
                 "mesh": mesh_index,
+                **_keys.record(leaf),
             }
         )
     # "checksums" says the save writes its checksums file, so a checkpoint that lacks it is refused
@@ -338,7 +339,10 @@ def save(
     keys = [str(e["path"]) for e in described]
     _refuse_colliding_names(keys, [p for p, _ in leaves])
     _check_processes_agree(target, header)
-    return _start_save(ocp, target, tree, header, [leaf for _, leaf in leaves], keys, overwrite, blocking)
+    # Typed PRNG keys are written as their key data (_keys): orbax and the checksums see plain uint32 words.
+    values = [_keys.stored(leaf) for _, leaf in leaves]
+    tree = jax.tree_util.tree_unflatten(treedef, values)
+    return _start_save(ocp, target, tree, header, values, keys, overwrite, blocking)
 
 
 def _start_save(
@@ -651,10 +655,31 @@ def restore(
                 "written with them (the files match theirs: the data changed as it was read)"
             )
     out = []
-    for leaf, value in zip(like_leaves, saved):
+    for leaf, value in zip(like_leaves, _keys_restored(where, entries, like_leaves, saved)):
         want = getattr(leaf, "dtype", None)
-        out.append(value if want is None or np.dtype(want) == value.dtype else value.astype(want))
+        if want is None or _keys.is_typed_key(value) or want == value.dtype:
+            out.append(value)
+        else:
+            out.append(value.astype(want))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _keys_restored(
+    where: pathlib.Path, entries: list[dict[str, Any]], like_leaves: list[Any], saved: list[Any]
+) -> list[Any]:
+    """The read values with saved typed keys wrapped again; a key saved where ``like`` wants numbers (or the
+    reverse) is an error naming the leaf, never a silent reinterpretation of its bits."""
+    for entry, leaf in zip(entries, like_leaves):
+        was_key, wants_key = _keys.KEY_IMPL in entry, _keys.is_typed_key(leaf)
+        if getattr(leaf, "dtype", None) is not None and was_key != wants_key:
+            saved_as = f"a PRNG key ({entry['dtype']})" if was_key else f"an array of {entry['dtype']}"
+            raise EinshardError(
+                f"checkpoint {os.fspath(where)!r}: leaf {entry['path']} was saved as {saved_as}, but like= has "
+                f"{leaf.dtype} there",
+                hint="Restore a typed key into a typed key (jax.random.key); use jax.random.key_data / wrap_key_data "
+                "to convert between keys and their uint32 data.",
+            )
+    return [_keys.restored(e, v) for e, v in zip(entries, saved)]
 
 
 def _read_arrays(
@@ -662,7 +687,8 @@ def _read_arrays(
 ) -> list[jax.Array]:
     """Every leaf read by orbax in its saved dtype and the given layout (each process reads only its chunks)."""
     target = [
-        jax.ShapeDtypeStruct(tuple(e["shape"]), np.dtype(e["dtype"]), sharding=sh) for e, sh in zip(entries, shardings)
+        _keys.stored_struct(e, sh) or jax.ShapeDtypeStruct(tuple(e["shape"]), np.dtype(e["dtype"]), sharding=sh)
+        for e, sh in zip(entries, shardings)
     ]
     ocp = _orbax()
     with _ORBAX_TURN:
@@ -731,7 +757,10 @@ def _nested(saved: dict[str, dict[str, Any]], where: pathlib.Path) -> Any:
         node = root
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = jax.ShapeDtypeStruct(tuple(entry["shape"]), np.dtype(entry["dtype"]))
+        if _keys.KEY_IMPL in entry:
+            node[parts[-1]] = _keys.key_struct(entry)
+        else:
+            node[parts[-1]] = jax.ShapeDtypeStruct(tuple(entry["shape"]), np.dtype(entry["dtype"]))
     return root
 
 
