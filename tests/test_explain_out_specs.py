@@ -145,3 +145,24 @@ def test_a_split_that_does_not_divide_the_output_is_an_error():
     mesh = _mesh(False)
     with pytest.raises(EinshardError, match=r"out_specs= splits an output dimension of size 5"):
         einshard.explain(lambda x: x * 2, jax.ShapeDtypeStruct((5, 8), jnp.float32), mesh=mesh, out_specs=P("data"))
+
+
+# in_specs= PartitionSpecs are checked by the same Layout.from_spec, in the spec's own terms (not the Layout's d0/dims=).
+BAD_IN = [
+    ((P("nope"), FSDP), r"explain\(\): in_specs= names mesh axis 'nope', not in the mesh"),
+    ((P("data", "data"), FSDP), r"explain\(\): in_specs= splits one argument over mesh axis 'data' twice"),
+    ((P(None, None, None), FSDP), r"in_specs= gives .* \(3 entries\) to an argument of shape \(64, 128\) \(rank 2\)"),
+    ((P(3), FSDP), r"in_specs=: a PartitionSpec entry is None, a mesh axis name or a tuple of them"),
+]
+
+
+@pytest.mark.parametrize(("in_specs", "message"), BAD_IN)
+def test_bad_in_specs_are_an_error_in_the_specs_terms(in_specs, message):
+    with pytest.raises(EinshardError, match=message):
+        einshard.explain(jax.grad(_loss), W, X, mesh=_mesh(False), in_specs=in_specs)
+
+
+def test_an_in_spec_that_does_not_divide_names_the_dimension_and_sizes():
+    x = jax.ShapeDtypeStruct((6, 8), jnp.float32)
+    with pytest.raises(EinshardError, match=r"in_specs= splits an argument dimension of size 6 .* \(4 ways\)"):
+        einshard.explain(lambda x: x * 2, x, mesh=_mesh(True), in_specs=(P("data"),))

@@ -309,7 +309,7 @@ def test_layout_from_spec_reads_through_spec_dims() -> None:
     mesh = (MeshAxis("data", 4), MeshAxis("model", 2))
     lay = Layout.from_spec(P(("data", "model")), (8, 3), mesh)
     assert lay.dims == (("data", "model"), ())
-    with pytest.raises(EinshardError, match="has 2 entries but the array has rank 1"):
+    with pytest.raises(EinshardError, match=r"gives .* \(2 entries\) to an array of shape \(8,\) \(rank 1\)"):
         Layout.from_spec(P("data", "model"), (8,), mesh)
 
 

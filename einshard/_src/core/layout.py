@@ -138,17 +138,30 @@ class Layout:
 
     @classmethod
     def from_spec(
-        cls, spec: Any, shape: tuple[int, ...], mesh: tuple[MeshAxis, ...], axes: tuple[str, ...] | None = None
+        cls,
+        spec: Any,
+        shape: tuple[int, ...],
+        mesh: tuple[MeshAxis, ...],
+        axes: tuple[str, ...] | None = None,
+        *,
+        source: str = "the spec",
+        noun: str = "array",
     ) -> Layout:
         """The Layout a ``PartitionSpec`` (``unreduced=`` included) gives an array of ``shape`` on ``mesh``.
 
         ``axes`` names the array's axes (default ``d0``, ``d1``, ...).  A spec
-        shorter than the rank leaves the trailing axes whole, as JAX does.
+        shorter than the rank leaves the trailing axes whole, as JAX does.  A spec
+        that does not fit is an error in the spec's own terms, not the Layout's
+        (``dims=``, ``d0``): ``source`` says where the spec came from
+        (``explain(): out_specs=``) and ``noun`` what it lays out (``output``).
         """
         dims = spec_dims(spec)
         if len(dims) > len(shape):
-            raise EinshardError(f"the PartitionSpec {spec} has {len(dims)} entries but the array has rank {len(shape)}")
+            raise EinshardError(
+                f"{source} gives {spec} ({len(dims)} entries) to an {noun} of shape {shape} (rank {len(shape)})"
+            )
         dims += ((),) * (len(shape) - len(dims))
+        _check_spec_dims(dims, spec, shape, {m.name: m.size for m in mesh}, source, noun)
         names = axes if axes is not None else tuple(f"d{i}" for i in range(len(shape)))
         unreduced = frozenset(getattr(spec, "unreduced", None) or ())
         return cls(tuple(names), tuple(shape), tuple(mesh), dims, unreduced)
@@ -215,6 +228,32 @@ def spec_entry_axes(entry: Any) -> tuple[str, ...]:
     if entry is None:
         return ()
     return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _check_spec_dims(
+    dims: tuple[tuple[str, ...], ...],
+    spec: Any,
+    shape: tuple[int, ...],
+    sizes: dict[str, int],
+    source: str,
+    noun: str,
+) -> None:
+    """A PartitionSpec's mesh axes exist, split no array twice over one mesh axis, and divide their dimensions."""
+    used: list[str] = []
+    for axes, n in zip(dims, shape):
+        missing = [m for m in axes if m not in sizes]
+        if missing:
+            raise EinshardError(f"{source} names mesh axis {missing[0]!r}, not in the mesh {sizes}")
+        twice = [m for m in axes if m in used or axes.count(m) > 1]
+        if twice:
+            raise EinshardError(f"{source} splits one {noun} over mesh axis {twice[0]!r} twice ({spec})")
+        used.extend(axes)
+        ways = math.prod(sizes[m] for m in axes)
+        if n % ways:
+            raise EinshardError(
+                f"{source} splits an {noun} dimension of size {n} (shape {shape}) over {axes} ({ways} ways): it "
+                "does not divide"
+            )
 
 
 def spec_dims(spec: Any, rank: int | None = None) -> tuple[tuple[str, ...], ...]:

@@ -59,7 +59,6 @@ def arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...]) 
     else:
         specs = _broadcast_specs(args, in_specs)
     out = []
-    sizes = {m.name: m.size for m in mesh}
     for x, spec in zip(leaves, specs):
         shape = tuple(int(s) for s in np.shape(x))
         if isinstance(spec, str):
@@ -69,34 +68,29 @@ def arg_layouts(args: Sequence[Any], in_specs: Any, mesh: tuple[MeshAxis, ...]) 
             lay = resolve_named(parse_placement(spec), shape, mesh)
             out.append(lay)
             continue
-        entries = _spec_entries(spec)
-        entries += [None] * (len(shape) - len(entries))
-        dims = tuple((() if e is None else (e,) if isinstance(e, str) else tuple(e)) for e in entries)
-        for d in dims:
-            for m in d:
-                if m not in sizes:
-                    raise EinshardError(
-                        f"explain(): mesh axis {m!r} of an argument's sharding is not in the mesh {sizes}"
-                    )
-        out.append(Layout(tuple(f"d{i}" for i in range(len(shape))), shape, mesh, dims))
+        # An in_specs= PartitionSpec, or the argument's own sharding's (already valid for its mesh, checked the same).
+        source = "in_specs=" if in_specs is not None else "an argument's sharding"
+        _spec_entries(spec, f"explain(): {source}")
+        spec = jax.sharding.PartitionSpec() if spec is None else spec
+        out.append(Layout.from_spec(spec, shape, mesh, source=f"explain(): {source}", noun="argument"))
     return out
 
 
-def _spec_entries(spec: Any) -> list[Any]:
+def _spec_entries(spec: Any, source: str = "in_specs=") -> list[Any]:
     """An argument's layout as PartitionSpec entries: each None, a mesh axis name or a tuple of them (anything
     else, an int or bytes, is refused here rather than failing deep inside as a raw TypeError)."""
     if spec is None:
         return []
     if not isinstance(spec, (jax.sharding.PartitionSpec, tuple, list)):
         raise EinshardError(
-            f"in_specs=: a layout is an expression, a PartitionSpec or None, got {type(spec).__name__} {spec!r:.60}"
+            f"{source}: a layout is an expression, a PartitionSpec or None, got {type(spec).__name__} {spec!r:.60}"
         )
     entries = list(spec)
     for e in entries:
         axes = (e,) if isinstance(e, str) else e if isinstance(e, (tuple, list)) else None
         if e is not None and (axes is None or not all(isinstance(a, str) for a in axes)):
             raise EinshardError(
-                f"in_specs=: a PartitionSpec entry is None, a mesh axis name or a tuple of them, got {e!r:.60} "
+                f"{source}: a PartitionSpec entry is None, a mesh axis name or a tuple of them, got {e!r:.60} "
                 f"(in {spec!r:.60})"
             )
     return entries
@@ -164,15 +158,14 @@ def output_specs(out_shape: Any, out_specs: Any, mesh: tuple[MeshAxis, ...]) -> 
             f"explain(): out_specs= does not match the structure of fn's outputs "
             f"({jax.tree_util.tree_structure(out_shape)}): {err}"
         ) from None
-    sizes = {m.name: m.size for m in mesh}
     out: list[Any] = []
     for spec, sub in zip(specs_flat, per_entry):
         for leaf in jax.tree_util.tree_leaves(sub):
-            out.append(_output_spec(spec, tuple(int(n) for n in leaf.shape), mesh, sizes))
+            out.append(_output_spec(spec, tuple(int(n) for n in leaf.shape), mesh))
     return out
 
 
-def _output_spec(spec: Any, shape: tuple[int, ...], mesh: tuple[MeshAxis, ...], sizes: dict[str, int]) -> Any:
+def _output_spec(spec: Any, shape: tuple[int, ...], mesh: tuple[MeshAxis, ...]) -> Any:
     """One output leaf's asked layout as PartitionSpec entries (None: as computed), checked against the mesh."""
     if spec is None:
         return None
@@ -190,28 +183,8 @@ def _output_spec(spec: Any, shape: tuple[int, ...], mesh: tuple[MeshAxis, ...], 
             "explain(): out_specs= takes an expression, a PartitionSpec, a NamedSharding or None per output (a "
             f"pytree prefix of the outputs), got {type(spec).__name__} {spec!r:.60}"
         )
-    try:
-        entries = _spec_entries(spec)
-    except EinshardError as err:
-        raise EinshardError(str(err).replace("in_specs=", "explain(): out_specs=", 1)) from None
-    if len(entries) > len(shape):
-        raise EinshardError(f"explain(): out_specs= gives {spec} to an output of shape {shape} (rank {len(shape)})")
-    used: list[str] = []
-    for entry, n in zip(entries, shape):
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-        missing = [m for m in axes if m not in sizes]
-        if missing:
-            raise EinshardError(f"explain(): out_specs= names mesh axis {missing[0]!r}, not in the mesh {sizes}")
-        twice = [m for m in axes if m in used or axes.count(m) > 1]
-        if twice:
-            raise EinshardError(f"explain(): out_specs= splits one output over mesh axis {twice[0]!r} twice ({spec})")
-        used.extend(axes)
-        ways = int(np.prod([sizes[m] for m in axes])) if axes else 1
-        if n % ways:
-            raise EinshardError(
-                f"explain(): out_specs= splits an output dimension of size {n} (shape {shape}) over {axes} "
-                f"({ways} ways): it does not divide"
-            )
+    _spec_entries(spec, "explain(): out_specs=")
+    Layout.from_spec(spec, shape, mesh, source="explain(): out_specs=", noun="output")
     return spec
 
 
