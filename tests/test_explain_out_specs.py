@@ -166,3 +166,19 @@ def test_an_in_spec_that_does_not_divide_names_the_dimension_and_sizes():
     x = jax.ShapeDtypeStruct((6, 8), jnp.float32)
     with pytest.raises(EinshardError, match=r"in_specs= splits an argument dimension of size 6 .* \(4 ways\)"):
         einshard.explain(lambda x: x * 2, x, mesh=_mesh(True), in_specs=(P("data"),))
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["explicit", "auto"])
+def test_in_specs_price_the_program_jax_runs_for_arrays_placed_so(explicit):
+    """On Explicit axes the arguments' types decide how JAX types every op (the FSDP gradient below is a
+    reduce-scatter there, an all-reduce of the untyped program): explain(in_specs=) prices the program of arrays
+    placed by those specs, as explain does for the placed arrays themselves, and that is XLA's."""
+    mesh = _mesh(explicit)
+    placed = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, FSDP)) for s in (W, X)]
+    by_specs = einshard.explain(jax.grad(_loss), W, X, mesh=mesh, in_specs=(FSDP, FSDP))
+    by_types = einshard.explain(jax.grad(_loss), *placed)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(jax.grad(_loss)).lower(*placed).compile().as_text()
+    assert _explained(by_specs) == _explained(by_types)
+    assert _explained(by_specs)[0] == hlo.collective_counts(compiled)
+    assert by_specs.peak_bytes == by_types.peak_bytes

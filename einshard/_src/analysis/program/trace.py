@@ -14,7 +14,7 @@ import numpy as np
 from ..._checks import check_callable, naming
 from ...core.layout import Layout, MeshAxis
 from ...core.logical import AxisRulesLike, scoped_axis_rules
-from ...core.mesh import auto_axes, mesh_axes, resolve_mesh
+from ...core.mesh import auto_axes, explicit_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
 from .alternatives import widen
 from .costing import OpCosts, is_free
@@ -216,7 +216,9 @@ def explain(
             PartitionSpec, an einshard expression (``'b d -> b@data d'``), None (replicated), a pytree prefix of
             that argument with those, or path rules ``{pattern: expression}`` as ``einshard(tree, rules)`` takes
             them (the same matcher: the first pattern found in the leaf's ``keystr`` path wins; an
-            ``nnx.State`` is read by its paths).  A single entry for a single argument needs no tuple.
+            ``nnx.State`` is read by its paths).  A single entry for a single argument needs no tuple.  On a
+            mesh with Explicit axes the arguments are typed by them before tracing, as arrays placed so would be
+            (JAX then types every op from them; shapes only, nothing is placed).
         profile: the hardware profile for time estimates (see ``einshard.analyze``).
         axis_rules: a table from logical axis names to mesh axes, read while ``fn`` is traced (by the
             einshard calls inside it) and by ``in_specs`` expressions; default the table made current by
@@ -251,10 +253,34 @@ def explain(
 
         mesh, profile = on_target(target, mesh, profile, "explain()")
     with scoped_axis_rules(axis_rules):
+        if in_specs is not None:
+            with naming("einshard.explain", "in_specs"):
+                args = _typed_by_specs(args, in_specs, mesh)
         traced = trace(fn, *args, mesh=mesh, profile=profile, **kwargs)
         outs = output_specs(traced.out_shape, out_specs, traced.mesh)
         with naming("einshard.explain", "in_specs"):
             return traced.report(in_specs, outs)
+
+
+def _typed_by_specs(args: tuple[Any, ...], in_specs: Any, mesh: Any) -> tuple[Any, ...]:
+    """The arguments typed by ``in_specs`` where the mesh has Explicit axes (JAX's default), else as given.
+
+    On Explicit axes an array's type carries its layout and JAX types every op from it: arrays placed so
+    (``jax.device_put`` or ``einshard``) trace as that typed program, and so must ``explain(in_specs=)``, or it would
+    price the untyped program (one XLA lays out by propagation, as on Auto axes).  Shapes only: nothing is placed.
+    """
+    found = resolve_mesh(mesh, args, what="explain()", check_operands=False, required=False)
+    if not isinstance(found, jax.sharding.Mesh) or not explicit_axes(found):
+        return args
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    layouts = arg_layouts(args, in_specs, mesh_axes(found))
+    typed = [
+        jax.ShapeDtypeStruct(lay.shape, leaf.dtype, sharding=jax.sharding.NamedSharding(found, lay.to_spec()))
+        if hasattr(leaf, "dtype") and hasattr(leaf, "shape")
+        else leaf
+        for leaf, lay in zip(leaves, layouts, strict=True)
+    ]
+    return tuple(jax.tree_util.tree_unflatten(tree, typed))
 
 
 class TracedProgram:
