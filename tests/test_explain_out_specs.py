@@ -182,3 +182,13 @@ def test_in_specs_price_the_program_jax_runs_for_arrays_placed_so(explicit):
     assert _explained(by_specs) == _explained(by_types)
     assert _explained(by_specs)[0] == hlo.collective_counts(compiled)
     assert by_specs.peak_bytes == by_types.peak_bytes
+
+
+def test_a_program_that_fails_whatever_its_layout_raises_its_own_error():
+    """Only JAX's refusal of the typed program becomes an EinshardError: fn's own bug is raised as fn raised it."""
+
+    def broken(w, x):
+        return x @ x  # (32, 64) @ (32, 64): a shape error in any layout
+
+    with pytest.raises(TypeError, match="dot_general requires contracting dimensions to have the same shape"):
+        einshard.explain(broken, W, X, mesh=_mesh(True), in_specs=(FSDP, FSDP))

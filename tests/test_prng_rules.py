@@ -14,10 +14,12 @@ import jax.numpy as jnp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 from test_primitive_rules import DEEP, FAST, Case, _case, _explain, _mesh, _spec_dims, _xla, check
 
 import einshard
+from einshard import EinshardError
 from einshard._src.analysis.program import RULES, coverage
 from einshard._src.analysis.program.rules_random import fold_in, key_batch, wrap
 
@@ -256,18 +258,16 @@ def test_a_dropout_mlp_gradient_is_complete_and_matches_xla(explicit: bool) -> N
         False,  # the case's fn is already the gradient
     )
     check(case)
-    # and through the public face, with the key split inside the step: complete, nothing unfollowed
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
-    report = einshard.explain(
-        step,
-        jnp.ones((32, 64)),
-        jnp.ones((64, 32)),
-        jnp.ones((64, 32)),
-        jax.random.key(0),
-        mesh=mesh,
-        in_specs=(None, None, "b d -> b@(data,model) d", None),
-    )
+    # and through the public face, with the key split inside the step: complete, nothing unfollowed (on Auto axes;
+    # on Explicit ones JAX refuses the step as typed: the keys, split from a replicated key, are vmapped with rows
+    # of a batch split over (data, model), and explain says so as an EinshardError naming in_specs=)
+    args = (jnp.ones((32, 64)), jnp.ones((64, 32)), jnp.ones((64, 32)), jax.random.key(0))
+    in_specs = (None, None, "b d -> b@(data,model) d", None)
+    auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    report = einshard.explain(step, *args, mesh=auto, in_specs=in_specs)
     assert report.complete and report.unfollowed == ()
+    with pytest.raises(EinshardError, match=r"Explicit axes JAX refuses fn with its arguments typed by in_specs="):
+        einshard.explain(step, *args, mesh=jax.make_mesh((4, 2), ("data", "model")), in_specs=in_specs)
 
 
 def test_the_registry_holds_the_key_rules() -> None:

@@ -253,10 +253,14 @@ def explain(
 
         mesh, profile = on_target(target, mesh, profile, "explain()")
     with scoped_axis_rules(axis_rules):
+        typed = args
         if in_specs is not None:
             with naming("einshard.explain", "in_specs"):
-                args = _typed_by_specs(args, in_specs, mesh)
-        traced = trace(fn, *args, mesh=mesh, profile=profile, **kwargs)
+                typed = _typed_by_specs(args, in_specs, mesh)
+        if typed is args:
+            traced = trace(fn, *args, mesh=mesh, profile=profile, **kwargs)
+        else:
+            traced = _trace_typed(fn, typed, args, mesh, profile, kwargs)
         outs = output_specs(traced.out_shape, out_specs, traced.mesh)
         with naming("einshard.explain", "in_specs"):
             return traced.report(in_specs, outs)
@@ -281,6 +285,34 @@ def _typed_by_specs(args: tuple[Any, ...], in_specs: Any, mesh: Any) -> tuple[An
         for leaf, lay in zip(leaves, layouts, strict=True)
     ]
     return tuple(jax.tree_util.tree_unflatten(tree, typed))
+
+
+def _trace_typed(
+    fn: Callable[..., Any],
+    typed: tuple[Any, ...],
+    untyped: tuple[Any, ...],
+    mesh: Any,
+    profile: Any,
+    kwargs: dict[str, Any],
+) -> TracedProgram:
+    """``fn`` traced on arguments typed by in_specs; where JAX refuses that typed program but runs the untyped
+    one, an error that says so (JAX's own refusal is what running it with arrays placed so would raise)."""
+    try:
+        return trace(fn, *typed, mesh=mesh, profile=profile, **kwargs)
+    except EinshardError:
+        raise
+    except Exception as err:
+        try:
+            trace(fn, *untyped, mesh=mesh, profile=profile, **kwargs)
+        except Exception:
+            raise err from None  # fn fails whatever the layout: the user's own error, as JAX raised it
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise EinshardError(
+            "explain(): on this mesh's Explicit axes JAX refuses fn with its arguments typed by in_specs= (as "
+            f"arrays placed so would be typed): {type(err).__name__}: {first}",
+            hint="Fix the op JAX names (reshard inside fn, or wrap it in jax.sharding.auto_axes), or explain it "
+            "on a mesh with Auto axes (jax.make_mesh(..., axis_types=(jax.sharding.AxisType.Auto,) * n)).",
+        ) from None
 
 
 class TracedProgram:
