@@ -28,9 +28,11 @@ buffers, not just what the jaxpr names:
   (no copy beside it, never in place);
 * **gathered arguments**: an argument the walk all-gathered (an FSDP weight)
   is gathered by XLA at the start of the step, and the gathered copy held to
-  the argument's last use (one gathered along a dimension other than its major
-  one is transposed before and after the all-gather: held twice more while
-  it is gathered);
+  the argument's last use, a buffer of its own beside the argument's shard
+  (one gathered along a dimension other than its major one is transposed
+  before and after the all-gather: held twice more while it is gathered); so is
+  a value computed from the arguments alone (a weight's transpose, cast or
+  reshape, gathered in the argument's place: :func:`_from_arguments`);
 * **all-reduces**: XLA:CPU's all-reduce writes a new buffer, so a partial sum and its
   sum are both live while it runs (a data-parallel scan's weight gradients, summed
   in each backward iteration);
