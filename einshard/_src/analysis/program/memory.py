@@ -1560,6 +1560,7 @@ def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tup
     args = frozenset(prog.args)
     ends = frozenset(info.until[v] for v in args if v in info.until)
     ends |= frozenset(info.until[k] for _, k, first, _ in info.bits if first)  # (random bits made first)
+    ends |= frozenset(info.until[k] for k in info.from_args if k in info.until)  # (their gathered copies)
     cut = Steps(
         [step.name for step in steps],
         [step.ins for step in steps],
