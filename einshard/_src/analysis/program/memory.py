@@ -31,8 +31,8 @@ buffers, not just what the jaxpr names:
   the argument's last use, a buffer of its own beside the argument's shard
   (one gathered along a dimension other than its major one is transposed
   before and after the all-gather: held twice more while it is gathered); so is
-  a value computed from the arguments alone (a weight's transpose, cast or
-  reshape, gathered in the argument's place: :func:`_from_arguments`);
+  a value made from one argument alone (a weight's transpose, cast or
+  reshape: a view of it, gathered in the argument's place: :func:`_from_arguments`);
 * **all-reduces**: XLA:CPU's all-reduce writes a new buffer, so a partial sum and its
   sum are both live while it runs (a data-parallel scan's weight gradients, summed
   in each backward iteration);
@@ -700,7 +700,7 @@ class _Liveness:
     # The random bits XLA:CPU makes in a threefry loop: (step, the bits, whether made from the key alone, the
     # values of their shape elementwise ops make from them: on Auto axes the most split of those is theirs).
     bits: tuple[tuple[int, Key, bool, tuple[Key, ...]], ...] = ()
-    # Values computed from the arguments alone (a weight's transpose, cast or reshape): XLA's scheduler gathers
+    # The views of one argument (a weight's transpose, cast, reshape or static slice): XLA's scheduler gathers
     # them at the start of the step as it gathers the arguments (:func:`_from_arguments`).
     from_args: frozenset[Key] = frozenset()
 
@@ -853,25 +853,29 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
     return _Liveness(readers, producer, fused, until, dies, leaves, donors, read_as, _from_arguments(prog, dead))
 
 
-# Steps whose result is not a function of their operands' values alone, or that run a loop: never "a weight's".
-_NOT_FROM_ARGUMENTS = _NOT_FUSED | _LOOPS | {"rng_bit_generator", "rng_uniform"}
+# The ops that make a weight's other view: its layout, dtype or a static piece of it, from it alone.
+_VIEWS = frozenset(
+    {"transpose", "convert_element_type", "copy", "copy_p", "reshape", "squeeze", "expand_dims", "slice", "rev"}
+)
 
 
 def _from_arguments(prog: _Program, dead: frozenset[int] | set[int]) -> frozenset[Key]:
-    """The values computed from the program's arguments alone: each step reading only arguments and such values.
+    """The views of one argument: values each made by a view op (:data:`_VIEWS`) of an argument or of such a value.
 
     An FSDP weight reaches its dot through a transpose (``x @ w.T``, Equinox's and Flax's ``(out, in)``
-    kernels), a cast (a bf16 compute dtype) or a reshape (attention's heads): the walk gathers that value, not
-    the argument.  It reads nothing the step computes from the batch, so XLA's scheduler is free to run it, and
-    its all-gather, first; XLA:CPU does, as it does the arguments' own gathers (measured on ``tanh(x @ w.T)``
-    three layers deep, each ``w`` split along ``in``: the three shards transposed and all-gathered before the
-    first dot, the three gathered ``f32[64,64]`` held together, 59396 B, as for ``x @ w``)."""
+    kernels), a cast (a bf16 compute dtype), a reshape (attention's heads) or a static slice (a layer of a
+    stacked weight): the walk gathers that value, not the argument.  It reads nothing the step computes, so
+    XLA's scheduler is free to run it, and its all-gather, first; XLA:CPU does, as it does the arguments' own
+    gathers (measured on ``tanh(x @ w.T)`` three layers deep, each ``w`` split along ``in``: the three shards
+    transposed and all-gathered before the first dot, the three gathered ``f32[64,64]`` held together, 59396 B,
+    as for ``x @ w``).  A value that reads two (an activation: the batch and a weight) is not one: XLA gathers
+    that where it is made."""
     known: set[Key] = set(prog.args)
     out: set[Key] = set()
     for i, step in enumerate(prog.steps):
-        if i in dead or not step.ins or step.name in _NOT_FROM_ARGUMENTS:
+        if i in dead or step.name not in _VIEWS or len(step.ins) != 1:
             continue
-        if all(k in known for k in step.ins):
+        if step.ins[0] in known:
             known.update(step.outs)
             out.update(step.outs)
     return frozenset(out)
@@ -1194,9 +1198,15 @@ def _peak(
     # all-gather writes a temporary, and an argument's buffer is the caller's, never reused for one.  Measured
     # on tanh(x @ w) three layers deep, every w f32[64,64] split over 8 devices (XLA:CPU): the three gathered
     # f32[64,64] beside the three shards, 59396 B; the walk had counted each copy less its shard (0.90x).
-    extra_until = [(until[v], nbytes_as(v, c, tiling)) for v, c in gathered.items() if v in until and v in args]
-    # The gathered copies of values computed from the arguments alone (a weight's transpose or cast): gathered at
-    # the start as the arguments are (:func:`_from_arguments`), each held to its value's last reader.
+    # In a loop body an argument is the iteration's slice of a stacked input (a temporary the loop makes each trip,
+    # sized in the iteration's bytes), freed once gathered: the copy adds what it holds beyond the slice.
+    extra_until = [
+        (until[v], nbytes_as(v, c, tiling) - (size(v) if results_elsewhere else 0))
+        for v, c in gathered.items()
+        if v in until and v in args
+    ]
+    # The gathered copies of an argument's views (a weight's transpose or cast): gathered at the start as the
+    # arguments are (:func:`_from_arguments`), each held to its value's last reader.
     if info.from_args:
         derived: dict[Key, Layout] = {}
         for path, d, lay in prog.bound_derived():
