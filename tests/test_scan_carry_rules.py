@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import PartitionSpec as P
@@ -324,3 +324,82 @@ def test_loop_body_all_reduces_combined_hold_every_partial_sum(explicit: bool) -
     want, _, _, want_peak = _xla(case, mesh, fn)
     assert got == want, (got, want)
     assert 0.9 <= report.peak_bytes / want_peak <= 1.1, (report.peak_bytes, want_peak)
+
+
+# -- a slice of a split axis: XLA's halo exchange, permute by permute (the GRU's fused gates, jnp.split) ------------
+
+
+@st.composite
+def split_slice(draw: Any) -> tuple[int, int, int, int]:
+    """(devices, axis length, slice size, slice start): both the axis and the slice divide evenly."""
+    n = draw(st.sampled_from([2, 4, 8]))
+    block = draw(st.sampled_from([2, 4, 6, 8, 12, 24]))
+    length = n * block
+    size = n * draw(st.integers(1, block - 1))
+    return n, length, size, draw(st.integers(0, length - size))
+
+
+def _xla_slice_permutes(n: int, length: int, size: int, offset: int) -> tuple[list[str], list[int]]:
+    """The compiled program's collectives for ``x[:, offset:offset + size]`` read elementwise with an input split
+    as the result: kinds, and each collective-permute's size along the axis."""
+    from jax.sharding import NamedSharding
+
+    from einshard.testing import hlo
+
+    mesh = jax.make_mesh((n,), ("a",), devices=jax.devices()[:n])
+    sh = NamedSharding(mesh, P(None, "a"))
+    rows = 8
+
+    def f(x: Any, y: Any) -> Any:
+        return jnp.tanh(x[:, offset : offset + size]) * y
+
+    args = (jax.ShapeDtypeStruct((rows, length), jnp.float32), jax.ShapeDtypeStruct((rows, size), jnp.float32))
+    text = jax.jit(f, in_shardings=(sh, sh), out_shardings=sh).lower(*args).compile().as_text()
+    found = hlo.collectives(text)  # a permute between one pair of devices counts too (normalized drops it)
+    per_position = rows * 4
+    return sorted(c.kind for c in found), sorted(c.array_bytes // per_position for c in found if "permute" in c.kind)
+
+
+def _model_slice_permutes(n: int, length: int, size: int, offset: int) -> tuple[list[str], list[int]]:
+    from einshard._src.analysis.program.slice_halo import slice_move
+
+    move = slice_move(length, n, size, offset)
+    kinds = ["collective-permute"] * len(move.permutes) + (["all-gather"] if move.how == "gather" else [])
+    return sorted(kinds), sorted(move.permutes)
+
+
+@given(split_slice())
+@settings(max_examples=12, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+def test_slice_of_a_split_axis_sends_xlas_halos(drawn: tuple[int, int, int, int]) -> None:
+    """Each collective-permute XLA compiles for a slice of a split axis, by size: the plain halo exchange (the
+    stretch from the needed start to the block's end, each side), the compact one where a halo is wider than twice
+    the result block, or a gather where the halos reach past the neighbours (einshard/_src/.../slice_halo.py)."""
+    assert _xla_slice_permutes(*drawn) == _model_slice_permutes(*drawn), drawn
+
+
+# (devices, length, size, start): each of XLA's three paths, measured.
+SLICE_PATHS = [
+    (2, 192, 64, 0),  # the GRU's first gate over 2: the halo of 64 (its whole piece), not the 32 device 1 reads
+    (2, 192, 64, 128),  # its last gate: the right halo
+    (2, 64, 16, 0),  # a halo of 24 > 2 x 8: the compact exchange sends the 8 read
+    (8, 64, 40, 0),  # 40 + 24 over 8: halos of several distances
+    (4, 96, 24, 72),
+    (8, 192, 64, 64),
+]
+
+
+@pytest.mark.parametrize("drawn", SLICE_PATHS, ids=[str(d) for d in SLICE_PATHS])
+def test_slice_paths_match_xla(drawn: tuple[int, int, int, int]) -> None:
+    assert _xla_slice_permutes(*drawn) == _model_slice_permutes(*drawn), drawn
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+def test_gru_tensor_parallel_forward_sends_xlas_bytes(explicit: bool) -> None:
+    """The corpus's tp forward: the fused gates' pieces move as XLA's halo exchange moves them (64 columns each
+    way per step, where the pieces devices read are 32): explain's bytes are the compiled program's."""
+    case = _corpus_case(TP, explicit, False)
+    mesh = _mesh(2, explicit)
+    _, got, got_sent, _ = _explain(case, mesh, case.fn)
+    want, want_sent, _, _ = _xla(case, mesh, case.fn)
+    assert got == want, (got, want)
+    assert got_sent == want_sent, (got_sent, want_sent)
