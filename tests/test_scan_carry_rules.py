@@ -422,3 +422,36 @@ def test_gru_tensor_parallel_forward_sends_xlas_bytes(explicit: bool) -> None:
     want, want_sent, _, _ = _xla(case, mesh, case.fn)
     assert got == want, (got, want)
     assert got_sent == want_sent, (got_sent, want_sent)
+
+
+# -- a gather of a loop constant is made once, outside the loop ------------------------------------------------------
+
+
+def _row_split_scanned(w: Any, xs: Any) -> Any:
+    h = lax.scan(lambda h, x: (jnp.tanh(x @ w + h), None), jnp.zeros((xs.shape[1], w.shape[1])), xs)[0]
+    return jnp.sum(h**2)
+
+
+def _row_split_looped(w: Any, xs: Any) -> Any:
+    def body(c: Any) -> Any:
+        i, h = c
+        return i + 1, jnp.tanh(lax.dynamic_index_in_dim(xs, i, keepdims=False) @ w + h)
+
+    return jnp.sum(
+        lax.while_loop(lambda c: c[0] < xs.shape[0], body, (0, jnp.zeros((xs.shape[1], w.shape[1]))))[1] ** 2
+    )
+
+
+@pytest.mark.parametrize("fn", [_row_split_scanned, _row_split_looped], ids=["scan", "while"])
+def test_gather_of_a_loop_constant_is_hoisted(fn: Any) -> None:
+    """``x[b@a] @ w[d@a, f]`` in a loop body: XLA gathers the constant weight once, outside the loop (one
+    all-gather of the whole weight for four trips), where explain gathered it every trip (4x the bytes)."""
+    case = Case(
+        "scan", fn, (_struct(256, 256), _struct(4, 8, 256)), (P("a", None), P(None, "a", None)), 1, False, False
+    )
+    check(case)
+    mesh = _mesh(1, False)
+    _, got, got_sent, _ = _explain(case, mesh, fn)
+    want, want_sent, _, _ = _xla(case, mesh, fn)
+    assert (got, got_sent) == (want, want_sent)
+    assert got["all-gather"] == 1, got
