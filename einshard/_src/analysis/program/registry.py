@@ -50,6 +50,8 @@ class WalkerLike(Protocol):
     summed: dict[int, frozenset[str]]
     program_outputs: set[int]
     pinned: set[int]  # values whose layout the user fixed (arguments, sharding constraints), by id
+    pulled: dict[int, tuple[tuple[str, ...], ...]]  # values a loop's fixed carry pulls to its split, by id
+    hoisted: dict[int, int]  # loop bodies' constants, by id: their gathers run at the loop's own repeat
     requested: dict[int, tuple[tuple[str, ...], ...]]
     sub_envs: dict[tuple[int, ...], dict[Any, Layout]]
     call_path: tuple[int, ...]

@@ -162,12 +162,24 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     ]
     # XLA's other fixed point: the carry split as the scanned slices split the batch (see batch_split_carry).
     other = batch_split_carry(w, [v.aval for v in eqn.outvars[:n_carry]], fixed, xs_inner)
-    taken = other is not None and id(CARRY_FORK) in w.costs.forced
+    # The main walk takes the fixed point XLA's propagation takes where a reader of the loop's result pulls it
+    # (carry_pulled); the fork walks the other one.
+    pulled = other is not None and carry_pulled(w, eqn.outvars[:n_carry], fixed, other)
+    taken = other is not None and pulled != (id(CARRY_FORK) in w.costs.forced)
     settled = []
     for v, lay, want in zip(eqn.outvars[:n_carry], carry, other if taken and other else fixed):
         if not is_free(lay) and lay.dims != want.dims:
             w.change(eqn, phase, lay, lay.with_dims(want.dims), v.aval.dtype, repeat, "scan carry settles")
         settled.append(want)
+    unasked = settled
+    settled = asked_accumulators(w, eqn.outvars[:n_carry], settled)
+    # The body's sums into those accumulators are asked for their split, as a program output's are: each
+    # trip's partial sum lands there (rules_indexing.consumer_split: a reduce-scatter).
+    accumulating = {
+        id(bv): s.dims
+        for bv, s, was in zip(body.outvars[:n_carry], settled, unasked)
+        if s is not was and not hasattr(bv, "val") and id(bv) not in w.requested
+    }
     # A stacked output the program returns split (an FSDP layer stack's gradient): each iteration's piece
     # leaves the loop as an output does, its sum pending, and is summed straight to its split inside the
     # loop -- a reduce-scatter per iteration, as XLA compiles it, not an all-reduce and a slice.
@@ -182,11 +194,28 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     env: dict[Any, Layout] = {}  # kept: peak memory counts one iteration's buffers (memory.loop_body_bytes)
     w.call_path = (*outer_path, id(eqn))
     body_start = len(w.ops)
+    # A carry settled off the body's own split (the batch's) is XLA's loop sharding: its propagation carries it
+    # back into the body to where the values are computed (the fused projections), moved there once per trip.
+    wants = [s.dims if s.dims != f.dims else None for s, f in zip(settled, fixed)]
+    carried = carried_back(body, n_carry, wants) if taken and any(wants) else {}
+    w.pulled.update(carried)
+    w.requested.update(accumulating)
+    # The loop's constants: a gather of one is loop-invariant, made once outside the loop.
+    hoisted = {id(v): repeat for v in body.invars[:n_consts] if id(v) not in w.hoisted}
+    w.hoisted.update(hoisted)
     try:
         res = w.walk(body, [*consts, *settled, *xs_inner], repeat * length, inherit(phase), env=env)
     finally:
         w.call_path = outer_path
+        for k in carried:
+            w.pulled.pop(k, None)
+        for k in accumulating:
+            w.requested.pop(k, None)
+        for k in hoisted:
+            w.hoisted.pop(k, None)
         w.program_outputs.difference_update(id(bv) for _, bv, _ in stacked)
+    if accumulating and not w.quiet:
+        _mark_combined_sums(w, body_start, [v.aval for v, s, was in zip(eqn.outvars, settled, unasked) if s is not was])
     if other is not None and not taken and len(w.ops) > body_start:
         # Which fixed point XLA's propagation takes turns on its users outside the loop (a loss against labels
         # split on the batch pulls the carry there; measured on the FSDP GRU): the body's first op carries
@@ -260,6 +289,180 @@ def batch_split_carry(
     if all(o.dims == f.dims for o, f in zip(out, fixed)):
         return None
     return out
+
+
+# The walker attribute naming whether a loop of this walk took the carry's batch split because a reader of its result
+# pulled it there: the loops of a gradient (the forward's and its transpose, which reads the forward's residuals)
+# settle together, as the fork walks them.
+_PULLED = "_einshard_carry_pulled"
+
+
+def carry_pulled(w: WalkerLike, results: list[Any], fixed: list[Layout], other: list[Layout]) -> bool:
+    """Whether XLA's sharding propagation takes the carry's batch split: a reader of the loop's result, followed
+    along the batch axis, meets an operand already split on that axis over the batch's mesh axes (labels split on
+    the batch against the read-out state), or an earlier loop of this walk was pulled so (a gradient's transpose
+    loop follows its forward).  Measured on a GRU over ``lax.scan`` with the cell's weights and the batch split
+    over one mesh axis: a loss of the state alone keeps the body's split; the state read out by a head and held
+    against labels split on the batch takes the batch split (labels whole: the body's), whatever the head's
+    split (tests/test_scan_carry_rules.py)."""
+    if getattr(w, _PULLED, False):
+        return True
+    for v, a, b in zip(results, fixed, other):
+        moved = [i for i, (da, db) in enumerate(zip(a.dims, b.dims)) if db and da != db]
+        if moved and _meets_split(w, v, moved[0], b.dims[moved[0]]):
+            if not w.quiet:
+                setattr(w, _PULLED, True)
+            return True
+    return False
+
+
+def _meets_split(w: WalkerLike, var: Any, axis: int, mesh_axes: tuple[str, ...]) -> bool:
+    """Whether ``var``'s axis ``axis``, followed through its readers (transposes, conversions, broadcasts,
+    elementwise ops, reductions over other axes, dots where it is a free axis), meets an operand bound split
+    there over ``mesh_axes``."""
+    from .values import CARRIERS, ELEMENTWISE, REDUCTIONS
+
+    frontier: list[tuple[Any, int]] = [(var, axis)]
+    seen: set[tuple[int, int]] = set()
+    while frontier:
+        v, at = frontier.pop(0)
+        if (id(v), at) in seen or len(seen) > 256:  # a bound on the search: the readers of one result
+            continue
+        seen.add((id(v), at))
+        for e, k in w.uses.get(id(v), ()):
+            name = e.primitive.name
+            out = e.outvars[0] if e.outvars else None
+            if out is None or not hasattr(out.aval, "shape"):
+                continue
+            if name == "transpose":
+                frontier.append((out, list(e.params["permutation"]).index(at)))
+            elif name in CARRIERS:
+                frontier.append((out, at))
+            elif name in ELEMENTWISE and tuple(out.aval.shape) == tuple(v.aval.shape):
+                for u in e.invars:
+                    lay = w.env.get(u) if u is not v and not hasattr(u, "val") else None
+                    if lay is not None and not is_free(lay) and len(lay.dims) > at and lay.dims[at] == mesh_axes:
+                        return True
+                frontier.append((out, at))
+            elif name == "broadcast_in_dim":
+                frontier.append((out, int(e.params["broadcast_dimensions"][at])))
+            elif name in REDUCTIONS and at not in e.params.get("axes", ()):
+                frontier.append((out, at - sum(1 for a in e.params["axes"] if a < at)))
+            elif name == "dot_general" and k < 2:
+                (contract, batch) = e.params["dimension_numbers"]
+                if at in contract[k]:
+                    continue
+                if at in batch[k]:
+                    frontier.append((out, list(batch[k]).index(at)))
+                    continue
+                rank = [len(x.aval.shape) for x in e.invars[:2]]
+                free = [i for i in range(rank[k]) if i not in contract[k] and i not in batch[k]]
+                before = len(batch[0]) + (0 if k == 0 else rank[0] - len(contract[0]) - len(batch[0]))
+                frontier.append((out, before + free.index(at)))
+    return False
+
+
+Dims = tuple[tuple[str, ...], ...]
+
+
+def asked_accumulators(w: WalkerLike, results: list[Any], settled: list[Layout]) -> list[Layout]:
+    """Carries the body keeps whole but the program returns split (a gradient accumulated over the trips: the
+    transpose of a loop reading FSDP weights as constants carries their cotangents) settle on the split asked of
+    the result: XLA's propagation brings the output's sharding into the loop, and each trip's partial sum is
+    reduce-scattered straight into the accumulator's piece (measured on the FSDP GRU's gradient: each weight's
+    per-trip sum a reduce-scatter over 'data', where a whole carry all-reduced it)."""
+    from .rules_indexing import requested_dims  # rules_indexing's look-up of the layout asked of an output
+
+    out = list(settled)
+    for k, (v, lay) in enumerate(zip(results, settled)):
+        if is_free(lay) or any(lay.dims) or lay.unreduced:
+            continue
+        asked = requested_dims(w, v)
+        shape = tuple(int(s) for s in getattr(v.aval, "shape", ()))
+        if not asked or not any(asked) or len(asked) != len(shape):
+            continue
+        if all(size % math.prod(w.costs.mesh_sizes[m] for m in d) == 0 for size, d in zip(shape, asked)):
+            out[k] = w.relayout(v.aval, asked)
+    return out
+
+
+def carried_back(body: Any, n_carry: int, wants: list[Dims | None]) -> dict[int, Dims]:
+    """The loop body's values XLA computes in the carry's fixed split, where they are made, by id.
+
+    XLA's sharding propagation gives the body's carry results the loop's carry sharding and carries it back through
+    the ops that make them -- elementwise ops, conversions, transposes, broadcasts, the split of the fused gates and
+    its transpose (concatenate) -- to where a value is computed by a dot: that result is moved there (one
+    all-to-all per fused projection per trip, measured on the FSDP GRU whose carry XLA splits on the batch), and
+    what follows it computes in place, where explain met the body's split at every gate (permutes) and moved the
+    carry."""
+    from .values import CARRIERS, ELEMENTWISE
+
+    made = {id(v) for e in body.eqns for v in e.outvars}
+    want: dict[int, Dims] = {}
+    for v, d in zip(body.outvars[:n_carry], wants):
+        if d is not None and id(v) in made:
+            want[id(v)] = d
+    sources: dict[int, Dims] = {}
+
+    def give(u: Any, dims: Dims) -> None:
+        if not hasattr(u, "val") and id(u) in made:
+            want.setdefault(id(u), dims)
+
+    for e in reversed(body.eqns):
+        got = [want.get(id(v)) for v in e.outvars]
+        d = next((g for g in got if g is not None), None)
+        if d is None:
+            continue
+        name = e.primitive.name
+        shape = tuple(e.outvars[0].aval.shape)
+        if name == "dot_general":
+            sources[id(e.outvars[0])] = d
+        elif name == "transpose":
+            perm = list(e.params["permutation"])
+            give(e.invars[0], tuple(d[perm.index(i)] for i in range(len(perm))))
+        elif name in ELEMENTWISE or name in CARRIERS:
+            for u in e.invars:
+                if tuple(getattr(u.aval, "shape", ())) == shape:
+                    give(u, d)
+        elif name == "split" and not d[int(e.params["axis"])]:
+            give(e.invars[0], d)
+        elif name == "concatenate" and not d[int(e.params["dimension"])]:
+            for u in e.invars:
+                give(u, d)
+        elif name == "broadcast_in_dim":
+            src = e.invars[0]
+            dims = e.params["broadcast_dimensions"]
+            give(src, tuple(d[j] if src.aval.shape[i] == shape[j] else () for i, j in enumerate(dims)))
+    return sources
+
+
+# Why a loop summing into split accumulators is approximate (the report's first line names the op).
+COMBINED_SUMS_NOTE = (
+    "XLA's all-reduce combiner issues a trip's sums into the loop's accumulators as one all-reduce (XLA:CPU's "
+    "reduce-scatter is an all-reduce and a slice): it holds every partial sum and every whole sum at once, which "
+    "the memory walk does not count for sums landing split"
+)
+
+
+def _mark_combined_sums(w: WalkerLike, since: int, avals: list[Any]) -> None:
+    """Mark the body's last reduce-scatter into an accumulator: peak memory may hold, beyond the walk, each
+    accumulator's partial and whole sum (measured on the FSDP GRU's gradient: XLA's peak 2.0x the walk's, its
+    three weight sums' partials and sums all live; kinds, counts and bytes are XLA's)."""
+    at = next(
+        (
+            i
+            for i in range(len(w.ops) - 1, since - 1, -1)
+            if any(c.kind == "reduce-scatter" for c in w.ops[i].collectives)
+        ),
+        None,
+    )
+    if at is None:
+        return
+    held = 2 * sum(math.prod(int(s) for s in a.shape) * dtype_itemsize(a.dtype) for a in avals)
+    op = w.ops[at]
+    note = f"{op.note}; {COMBINED_SUMS_NOTE}" if op.approximate else f"{APPROXIMATE}: {COMBINED_SUMS_NOTE}"
+    own = op.bound or (default_bound(op) if op.approximate else OpBound(0, 0.0, 0.0))
+    w.ops[at] = dataclasses.replace(op, note=note, bound=OpBound(own.collectives, own.bytes, own.peak + held))
 
 
 def _carry_bound(w: WalkerLike, avals: list[Any], fixed: list[Layout], other: list[Layout]) -> OpBound:

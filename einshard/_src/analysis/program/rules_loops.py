@@ -9,7 +9,8 @@
   are walked for real.  A counted loop (``i < N``, ``i`` from a literal, stepped by 1: what XLA's loop
   analysis recognises) counts its body N times, as the HLO reader does; any other ``while_loop``'s trip
   count is a run-time value: its body's collectives are counted once, and the ops are marked approximate
-  (per step they are ×trips).  ``fori_loop`` with static bounds is a ``scan`` in the jaxpr.
+  (per step they are ×trips).  A gather of one of the body's constants is loop-invariant: XLA makes it once,
+  outside the loop (as for a ``scan``).  ``fori_loop`` with static bounds is a ``scan`` in the jaxpr.
 """
 
 from __future__ import annotations
@@ -68,10 +69,16 @@ def while_loop(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: s
     outer_path = w.call_path
     env: dict[Any, Layout] = {}  # kept: peak memory counts one iteration's buffers (memory's loop steps)
     w.call_path = (*outer_path, id(eqn))
+    # The body's constants: a gather of one is loop-invariant, made once outside the loop, as XLA hoists it
+    # (measured: x[b@a] @ w[d@a, f] in a counted loop gathers w once, as in a scan).
+    hoisted = {id(v): repeat for v in body.invars[:nb] if id(v) not in w.hoisted}
+    w.hoisted.update(hoisted)
     try:
         res = w.walk(body, [*bconsts, *settled], runs, inherit(phase), env=env)
     finally:
         w.call_path = outer_path
+        for k in hoisted:
+            w.hoisted.pop(k, None)
     if not w.quiet:
         w.sub_envs[(*outer_path, id(eqn))] = env
     if trips is None and not w.quiet and len(w.ops) > start:

@@ -13,7 +13,8 @@ Each rule states what XLA's SPMD partitioner compiles for the op on a split axis
 * ``argmax``/``argmin`` over a split axis all-gather each device's (value, index) candidates: two small
   all-gathers, not an all-reduce;
 * ``rev`` of a split axis: device ``k``'s block comes from device ``n-1-k``, one collective-permute;
-* ``split`` along a split axis: each piece is a shift (:func:`.movement.shift_pieces`): collective-permutes;
+* ``split`` along a split axis: each piece is a slice, its halos exchanged as XLA does
+  (:func:`.slice_halo.slice_move`): collective-permutes, or the axis gathered once;
 * ``stack`` lines its operands up as an elementwise op does and adds an unsplit axis; ``unstack`` of a
   split axis gathers that axis (each piece is one device's).
 """
@@ -25,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.layout import Layout
 from .costing import is_free
-from .movement import charge, group_size, itemsize, mark_approximate, shift_pieces
+from .movement import charge, group_size, itemsize, mark_approximate
 from .registry import register, sharding_degree
 from .rules_structural import ARG_REDUCTIONS, CUMULATIVE, elementwise, widen_bound
+from .slice_halo import slice_move
 
 if TYPE_CHECKING:
     from .registry import WalkerLike as Walker  # the rules type against the protocol, not walker.py
@@ -204,6 +206,7 @@ def split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> li
     offset = 0
     block = src.shape[axis] // n
     uneven_from: int | None = None  # where the first uneven piece's gather was recorded
+    gathered = False  # whether the operand's axis was gathered for a piece (XLA gathers it once)
     for v in eqn.outvars:
         size = int(v.aval.shape[axis])
         start = len(w.ops)
@@ -228,20 +231,22 @@ def split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> li
             outs.append(w.relayout(v.aval, whole.dims))
         else:
             if not _is_dropped(w, eqn, v):
-                pieces = shift_pieces(src.shape[axis], n, size, offset)
-                arrays = [p * row for p in pieces]
+                # Each piece is a slice: XLA's halo exchange for it (.slice_halo: measured per permute).
+                move = slice_move(src.shape[axis], n, size, offset)
+                if move.how == "gather" and not gathered:
+                    # Halos past the neighbours: the operand's axis gathered once (XLA's reshard cache serves
+                    # every piece that falls back), each piece sliced locally.
+                    arrays = [_local_bytes(_unsplit(src, axis), dtype)]
+                    charge(w, eqn, phase, repeat, "all-gather", axes, arrays, "split: halos past the neighbours")
+                    gathered = True
+                arrays = [p * row for p in move.permutes]
                 charge(w, eqn, phase, repeat, "collective-permute", axes, arrays, "split along a split axis")
-                if size // n < block and pieces:
-                    why = "pieces from several distances into blocks smaller than the operand's: XLA may send fewer or more"
+                if move.permutes and size // n < block:
+                    why = "pieces into blocks smaller than the operand's: XLA's peak holds each permute's buffers"
                     mark_approximate(w, start, why)
                     # Peak: XLA holds each permute's send and receive buffers besides the operand and the
                     # pieces (measured: 64 columns split 40 + 24 over 8, XLA's peak 3.1x explain's).
-                    # Bytes: XLA exchanges halos, the whole stretch between a device's block and the piece it
-                    # needs, up to a whole block per permute, where explain sends the piece alone (measured: a
-                    # GRU's fused [8, 192] gates over 2 split into 3 x 64: XLA permutes 64 columns each way,
-                    # explain's pieces are 32).
-                    whole_block = _local_bytes(src, dtype)
-                    widen_bound(w, start, peak=2 * sum(arrays), sent=sum(max(0, whole_block - a) for a in arrays))
+                    widen_bound(w, start, peak=2 * sum(arrays))
             outs.append(w.relayout(v.aval, src.dims))
         offset += size
     return outs

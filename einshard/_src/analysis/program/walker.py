@@ -92,6 +92,13 @@ class Walker:
         # Values whose layout XLA's propagation may not change (ids): the program's arguments and what a sharding
         # constraint places.  A layout conflict on any other value XLA may settle upstream (movement.mark_conflict).
         self.pinned: set[int] = set()
+        # Values a loop's fixed carry split pulls to the split it takes (XLA's propagation from the loop's carry
+        # back into its body, rules_control.carried_back): moved where they are computed.
+        self.pulled: dict[int, tuple[tuple[str, ...], ...]] = {}
+        # A loop body's constants, by id, with the loop's own repeat: a gather of one is made once, outside the
+        # loop (XLA hoists the loop-invariant move; measured on the FSDP GRU's gradient: its recurrent weight
+        # gathered once for the backward loop, not per trip).
+        self.hoisted: dict[int, int] = {}
         # The layouts the caller asks for the program's outputs (``report(out_specs=)``), by id of the jaxpr
         # value: a scan whose stacked output is one sums each iteration's piece straight to that split.
         self.requested: dict[int, tuple[tuple[str, ...], ...]] = PlainTable()
@@ -191,6 +198,8 @@ class Walker:
     ) -> None:
         if self.quiet or (not collectives and not flops):
             return
+        if self.hoisted and collectives:
+            repeat = self._hoisted_repeat(eqn, collectives, repeat)
         where, inside = self.eqn_where.get(id(eqn), ("", ""))
         if eqn.primitive.name == "output" and not where:
             where = "the program's output"
@@ -249,9 +258,23 @@ class Walker:
             # as XLA does (never all-reduce the whole and then slice).
             mid = dst.with_dims(dst.dims, src.unreduced)
             colls = self.costs.reshard(mid, dst.with_dims(dst.dims, dst.unreduced), dtype)
+        if colls and value is not None and value[1] in self.hoisted and all(c.kind == "all-gather" for c in colls):
+            repeat = self.hoisted[value[1]]
         if colls:
             t = sum(getattr(c, "time", 0.0) for c in colls)
             self.record(eqn, phase, f"{why}: {side_string(src)} -> {side_string(dst)}", dst, colls, 0.0, t, repeat)
+
+    def _hoisted_repeat(self, eqn: Any, collectives: tuple[Any, ...], repeat: int) -> int:
+        """An op whose collectives all gather loop constants (:attr:`hoisted`) runs at the loop's own repeat."""
+        if not all(c.kind == "all-gather" for c in collectives):
+            return repeat
+        read = [getattr(c, "operand", None) for c in collectives]
+        invars = list(getattr(eqn, "invars", ()))
+        positions = [k for k in read if isinstance(k, int) and 0 <= k < len(invars) and not hasattr(invars[k], "val")]
+        if len(positions) != len(read):
+            return repeat
+        outer = [self.hoisted.get(id(invars[k])) for k in positions]
+        return min(o for o in outer if o is not None) if all(o is not None for o in outer) else repeat
 
     def bind_copy(self, v: Any, lay: Layout) -> None:
         """Note that ``v`` is all-gathered to ``lay`` (peak memory counts the copy: see :mod:`.memory`)."""
@@ -403,6 +426,8 @@ class Walker:
             if recording is not None and eqn.primitive.name == "pad":
                 recording.rec.pad_read(i - 1 - recording.rec.copy.start, ins[0])
             outs = self.step(eqn, ins, repeat, phase)
+            if self.pulled:
+                outs = self._pull(eqn, outs, repeat, phase)
             if eqn.primitive.name in _SHAPE_ONLY and self.summed:
                 tag = self.summed.get(id(eqn.invars[0]))
                 if tag:
@@ -426,6 +451,18 @@ class Walker:
         if env is not given:
             given.update(env)
         return [read(v) for v in jaxpr.outvars]
+
+    def _pull(self, eqn: Any, outs: list[Layout], repeat: int, phase: str) -> list[Layout]:
+        """Results a loop's fixed carry pulls elsewhere (:attr:`pulled`), moved where they are computed."""
+        moved = list(outs)
+        for k, v in enumerate(eqn.outvars):
+            want = self.pulled.get(id(v))
+            lay = moved[k] if k < len(moved) else None
+            if want is None or lay is None or isinstance(lay, FreeLayout) or lay.unreduced or lay.dims == want:
+                continue
+            moved[k] = self.relayout(v.aval, want)
+            self.change(eqn, phase, lay, moved[k], v.aval.dtype, repeat, "a loop carry's split, carried back")
+        return moved
 
     def step(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
         rule = RULES.get(eqn.primitive.name)
