@@ -33,7 +33,10 @@ def med(f, *a, n=50):
     return statistics.median(ts)
 
 
-out = {"cores": os.cpu_count()}
+out = {
+    "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    "load": os.getloadavg(),
+}
 for ndev in (2, 4, 8):
     mesh = jax.make_mesh((ndev,), ("x",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:ndev])
     for nbytes in (4096, 1 << 20, 16 << 20):
@@ -42,15 +45,15 @@ for ndev in (2, 4, 8):
         f = jax.jit(lambda a: jnp.sum(a, 0), out_shardings=NamedSharding(mesh, P()))  # all-reduce of n floats
         g = jax.jit(lambda a: a * 2)  # no collective, same launch overhead
         out[f"allreduce_{ndev}dev_{nbytes}B_s"] = med(f, x) - med(g, x)
-# matmul flops per device with all 8 busy
-mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+# Matmul FLOP/s per device with 1, 2, 4 and 8 of the simulated devices busy (one k x k product each, in one
+# program over a mesh of that many devices): whether the devices share the host's cores (FLOP/s per device falls
+# as more are busy, once there are more busy devices than cores) or each has its own.
 k = 512
-a = jax.device_put(jnp.ones((8 * k, k), jnp.float32), NamedSharding(mesh, P("x", None)))
-b = jax.device_put(jnp.ones((k, k), jnp.float32), NamedSharding(mesh, P()))
-mm = jax.jit(lambda a, b: a @ b)
-t = med(mm, a, b)
-out["matmul_flops_per_device_all_busy"] = 2 * k * k * k / t
-a1 = jnp.ones((k, k), jnp.float32)
-t1 = med(jax.jit(lambda a, b: a @ b), a1, a1)
-out["matmul_flops_one_device"] = 2 * k**3 / t1
+for ndev in (1, 2, 4, 8):
+    mesh = jax.make_mesh((ndev,), ("x",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:ndev])
+    a = jax.device_put(jnp.ones((ndev * k, k), jnp.float32), NamedSharding(mesh, P("x", None)))
+    b = jax.device_put(jnp.ones((k, k), jnp.float32), NamedSharding(mesh, P()))
+    t = med(jax.jit(lambda a, b: a @ b), a, b)
+    out[f"matmul_flops_per_device_{ndev}_busy"] = 2 * k**3 / t
+    out[f"matmul_flops_host_{ndev}_busy"] = ndev * 2 * k**3 / t
 print(json.dumps(out, indent=1))
