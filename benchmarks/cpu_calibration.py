@@ -2,11 +2,15 @@
 
     python benchmarks/cpu_calibration.py
 
-Prints, as JSON: the time of an all-reduce over 2, 4 and 8 simulated devices (4 KiB, 1 MiB, 16 MiB; the same
-program without the collective subtracted), and f32 matrix-product FLOP/s per device with all 8 busy and with one.
+Prints, as JSON: the host's usable cores and load average, the time of an all-reduce over 2, 4 and 8 simulated
+devices (4 KiB, 1 MiB, 16 MiB; the same program without the collective subtracted), and f32 matrix-product FLOP/s
+per device (and for the host) with 1, 2, 4 and 8 devices busy at once.
 Measured 2026-11-26: on this project's 2-core machine a 4 KiB all-reduce costs 70-130 µs (~45 µs per ring step),
 on an idle 16-core host 10-65 µs (~5 µs per ring step); matmul 9 GFLOP/s per device with 8 busy on 2 cores,
 190 on 16.  ``einshard.analysis.PROFILES['cpu']`` takes 20 µs per step between them (see its comment).
+With 1, 2, 4, 8 devices busy on the 2-core machine (load average 5): 89, 86, 22, 8.7 GFLOP/s per device, 89, 172,
+88, 69 for the host: the devices share the cores, what ``Profile.host_cores`` models (``flops · cores / devices``
+each once devices outnumber cores).
 """
 
 import os
