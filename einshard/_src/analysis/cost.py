@@ -42,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -65,6 +66,9 @@ __all__ = [
     "RING_BYTES",
     "sent_bytes",
     "get_profile",
+    "shared_profile",
+    "host_cores",
+    "cpu_profile",
     "default_profile",
     "profile_for",
     "price",
@@ -171,6 +175,11 @@ class Profile:
             TPU compiler's differ (:data:`COMPILER_CAVEATS`).
         narrow_floats: the width its collectives carry bf16/f16 values at: ``'native'`` or ``'f32'``
             (XLA:CPU converts them to f32 around every collective: :func:`wire_itemsize`).
+        host_cores: the cores the devices' compute shares, for simulated devices on one host (the ``cpu``
+            profile: this process's usable cores, :func:`host_cores`); ``flops`` is then one device's FLOP/s
+            with a core to itself.  More devices computing at once than cores take turns: each gets
+            ``flops · host_cores / devices`` (:meth:`on_devices`).  None: each device computes on its own
+            hardware (a GPU, a TPU chip).
     """
 
     name: str
@@ -180,6 +189,7 @@ class Profile:
     topology: str = "switch"
     tiling: Tiling = "dense"
     narrow_floats: NarrowFloats = "native"
+    host_cores: int | None = None
 
     def __post_init__(self) -> None:
         # Every estimate divides by flops and bandwidth: a zero, a NaN or an infinity would make each plan's time
@@ -201,6 +211,14 @@ class Profile:
 
             raise EinshardError(
                 f"einshard.Profile: tiling= takes one of {', '.join(map(repr, TILINGS))}, got {self.tiling!r}"
+            )
+        if self.host_cores is not None and (
+            not isinstance(self.host_cores, int) or isinstance(self.host_cores, bool) or self.host_cores < 1
+        ):
+            from ..errors import EinshardError
+
+            raise EinshardError(
+                f"einshard.Profile: host_cores= takes a number of cores >= 1 or None, got {self.host_cores!r}"
             )
         if self.narrow_floats not in NARROW_FLOATS:
             from ..errors import EinshardError
@@ -239,6 +257,43 @@ class Profile:
     def compute_time(self, flops: float) -> float:
         return flops / self.flops
 
+    def on_devices(self, devices: int) -> Profile:
+        """The profile of one of ``devices`` devices that compute at once (a mesh's): with fewer ``host_cores``
+        than devices, the host's FLOP/s shared among them; itself otherwise.
+
+        Simulated CPU devices run as threads of one process: 8 of them on 2 cores take turns, so a layout that
+        computes the whole step on every device (replicated) costs 8x the FLOPs of a data-parallel one in
+        wall time, not the same time "in parallel" (measured: benchmarks/cpu_calibration.py, a matmul's FLOP/s
+        per device with 1, 2, 4, 8 devices busy).  The result has ``host_cores=None`` (the sharing is in its
+        ``flops``), so it is not shared again.
+        """
+        if self.host_cores is None or devices <= self.host_cores:
+            return self
+        return dataclasses.replace(self, flops=self.flops * self.host_cores / devices, host_cores=None)
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS reports one, else the CPU count): what
+    the simulated CPU devices of one process share."""
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def cpu_profile(cores: int | None = None) -> Profile:
+    """The ``cpu`` profile of a host whose simulated devices share ``cores`` cores (default: this process's,
+    :func:`host_cores`)."""
+    return Profile(
+        "cpu",
+        flops=1e11,
+        bandwidth=1e10,
+        latency=2e-5,
+        narrow_floats="f32",
+        host_cores=host_cores() if cores is None else cores,
+    )
+
 
 PROFILES: dict[str, Profile] = {
     # A CPU host running simulated devices: ~100 GFLOP/s per device (a few AVX-512 cores), devices
@@ -248,8 +303,10 @@ PROFILES: dict[str, Profile] = {
     # tiny model is not split where the collectives' rendezvous costs more than the compute saved (the external
     # corpus' scanned stack: splitting the batch measured 1.2-1.5x slower than no split at all, predicted
     # faster at 5 µs).  Rough, for relative answers only.
-    # XLA:CPU moves bf16/f16 values as f32 (narrow_floats, :func:`wire_itemsize`).
-    "cpu": Profile("cpu", flops=1e11, bandwidth=1e10, latency=2e-5, narrow_floats="f32"),
+    # XLA:CPU moves bf16/f16 values as f32 (narrow_floats, :func:`wire_itemsize`).  The simulated devices
+    # share this host's cores (host_cores, :meth:`Profile.on_devices`): measured, a matmul runs at ~88 GFLOP/s
+    # per device with 1 or 2 of 8 devices busy on a 2-core host, ~9-22 GFLOP/s with 4 or 8 busy.
+    "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
     # the book measures AR bus bandwidth only for large messages).
@@ -312,6 +369,12 @@ def default_profile() -> Profile:
 
     device = jax.devices()[0]
     return profile_for(device.platform, str(getattr(device, "device_kind", device.platform)))
+
+
+def shared_profile(profile: Profile | str | None, mesh: tuple[Any, ...]) -> Profile:
+    """:func:`get_profile`'s profile for one device of ``mesh`` (MeshAxis records) while every device of it
+    computes: on simulated devices sharing a host's cores, the FLOP/s each gets (:meth:`Profile.on_devices`)."""
+    return get_profile(profile).on_devices(math.prod(m.size for m in mesh))
 
 
 def get_profile(profile: Profile | str | None) -> Profile:

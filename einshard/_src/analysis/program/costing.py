@@ -15,7 +15,7 @@ from typing import Any
 
 from ...core.layout import Layout, MeshAxis
 from ...errors import EinshardError
-from ..cost import get_profile, transition, wire_itemsize
+from ..cost import shared_profile, transition, wire_itemsize
 from ..einsum.analyze import analyze_layouts, dtype_info
 from ..einsum.model import Problem
 from .blocks import BodyStructures, Tape, WalkCounts
@@ -38,7 +38,8 @@ class OpCosts:
     def __init__(self, mesh: tuple[MeshAxis, ...], profile: Any) -> None:
         self.mesh = mesh
         self.mesh_sizes = {m.name: m.size for m in mesh}
-        self.profile = get_profile(profile)
+        # one device's view while all of the mesh's compute: simulated CPU devices share the host's cores
+        self.profile = shared_profile(profile, mesh)
         # Per-op costs, keyed by the operands' layouts: a traced program costed
         # under many argument layouts (the planner) meets the same einsums again and again.
         self._dots: dict[tuple[Any, ...], DotResult] = {}

@@ -1,0 +1,158 @@
+"""The ``cpu`` profile knows that simulated devices share the host's cores (issue 20: the profile of the machine
+that runs the step).
+
+Eight simulated CPU devices run as threads of one process: on 2 cores they take turns, so a layout that computes
+the whole step on every device costs 8x data parallel's FLOPs in wall time, not the same time "in parallel"
+(benchmarks/cpu_calibration.py measures a matmul's FLOP/s per device with 1, 2, 4 and 8 devices busy).  The core
+counts are given explicitly here (``host_cores=``) or mocked, so these tests do not depend on the host they run on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import einshard
+from einshard._src.analysis.cost import PROFILES, Profile, cpu_profile, host_cores, shared_profile
+from einshard.errors import EinshardError
+from einshard.placement import MeshAxis
+from einshard.targets import parse_target
+
+f32 = jnp.float32
+
+
+def sds(*shape):
+    return jax.ShapeDtypeStruct(shape, f32)
+
+
+def cpu_on(cores: int | None) -> Profile:
+    return dataclasses.replace(PROFILES["cpu"], host_cores=cores)
+
+
+# --- the profile ------------------------------------------------------------------------------------------------
+
+
+def test_host_cores_is_the_process_affinity(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert host_cores() == 2  # a container limited to 2 of the machine's 64 cores
+
+
+def test_host_cores_without_affinity_is_the_cpu_count(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # macOS, Windows
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert host_cores() == 16
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # undeterminable: one core, never zero
+    assert host_cores() == 1
+
+
+def test_the_cpu_profile_is_this_hosts():
+    assert PROFILES["cpu"].host_cores == host_cores()
+    # accelerators compute on their own hardware: no sharing
+    assert all(PROFILES[k].host_cores is None for k in ("h100", "tpu-v5p"))
+    assert parse_target("tpu:v5p:4x4x4").profile.host_cores is None
+
+
+@pytest.mark.parametrize(
+    "cores, devices, share",
+    [(2, 8, 2 / 8), (2, 4, 2 / 4), (2, 2, 1.0), (2, 1, 1.0), (16, 8, 1.0), (8, 8, 1.0), (3, 8, 3 / 8)],
+)
+def test_devices_beyond_the_cores_share_their_flops(cores, devices, share):
+    p = cpu_on(cores)
+    q = p.on_devices(devices)
+    assert q.flops == pytest.approx(p.flops * share, rel=1e-12)
+    assert q.compute_time(1e9) == pytest.approx(1e9 / (p.flops * share), rel=1e-12)
+    if share == 1.0:
+        assert q is p
+    else:
+        # the sharing is in the flops: the result is not shared again, and keeps its name (the combiner's key)
+        assert q.host_cores is None and q.on_devices(devices) is q and q.name == p.name
+        assert (q.bandwidth, q.latency, q.narrow_floats) == (p.bandwidth, p.latency, p.narrow_floats)
+
+
+def test_no_host_cores_means_no_sharing():
+    p = cpu_on(None)
+    assert p.on_devices(64) is p and PROFILES["h100"].on_devices(8) is PROFILES["h100"]
+
+
+def test_shared_profile_counts_the_meshs_devices():
+    mesh = (MeshAxis("data", 4), MeshAxis("model", 2))
+    assert shared_profile(cpu_on(2), mesh).flops == pytest.approx(PROFILES["cpu"].flops / 4)
+    assert shared_profile(cpu_on(2), mesh[1:]) is not None and shared_profile(cpu_on(2), mesh[1:]).flops == 1e11
+    assert shared_profile("h100", mesh) is PROFILES["h100"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "2"])
+def test_host_cores_must_be_a_count(bad):
+    with pytest.raises(EinshardError, match=r"host_cores= takes a number of cores >= 1 or None, got"):
+        Profile("x", flops=1e11, bandwidth=1e10, latency=1e-6, host_cores=bad)
+
+
+def test_the_cpu_profile_is_built_from_the_mocked_host(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(3)), raising=False)
+    p = cpu_profile()
+    assert p.host_cores == 3 and p.on_devices(8).flops == pytest.approx(1e11 * 3 / 8)
+    assert cpu_profile(16).on_devices(8) is not None and cpu_profile(16).on_devices(8).flops == 1e11
+    assert dataclasses.replace(cpu_profile(), host_cores=PROFILES["cpu"].host_cores) == PROFILES["cpu"]
+
+
+# --- explain and plan price it ----------------------------------------------------------------------------------
+
+
+def mlp_loss(p, x):
+    return jnp.mean((jnp.tanh(x @ p["w0"]) @ p["w1"]) ** 2)
+
+
+def test_explain_prices_compute_on_the_shared_cores():
+    """One 8-device step: its compute takes 4x as long on 2 cores as on 8; a 2-device mesh fits 2 cores."""
+    B, D, F = 256, 64, 128
+    params, x = {"w0": sds(D, F), "w1": sds(F, D)}, sds(B, D)
+    step = jax.value_and_grad(mlp_loss)
+    flops = 5 * 2 * B * D * F  # two forward matmuls, dW1, dH, dW0; replicated: every device computes them all
+    for mesh, share in (({"data": 8}, 2 / 8), ({"data": 2}, 1.0)):
+        reports = {
+            cores: einshard.explain(
+                step, params, x, mesh=mesh, in_specs=({"w0": None, "w1": None}, None), profile=cpu_on(cores)
+            )
+            for cores in (None, 2)
+        }
+        assert reports[None].flops == reports[2].flops == flops
+        comm = {c: sum(op.time_s * op.repeat for op in r.ops) - r.flops / r.profile.flops for c, r in reports.items()}
+        assert reports[2].profile.flops == pytest.approx(1e11 * share)
+        assert reports[2].time_s - reports[None].time_s == pytest.approx(flops / (1e11 * share) - flops / 1e11)
+        assert comm[2] == pytest.approx(comm[None], abs=1e-12)  # the collectives are priced alike
+
+
+def test_a_layout_doing_8x_the_flops_is_not_ranked_first_on_2_cores():
+    """A step small enough that, each device on its own core, replicating everything (8x data parallel's FLOPs,
+    no collective) is the cheapest layout; on 8 simulated devices over 2 cores its compute dominates and a
+    split layout wins."""
+    B, D, F = 64, 64, 128
+    params, x = {"w0": sds(D, F), "w1": sds(F, D)}, sds(B, D)
+    step = jax.value_and_grad(mlp_loss)
+    replicated = ({".*": "x y -> x y"}, "b d -> b d")
+    full = 5 * 2 * B * D * F
+    plans = {
+        cores: einshard.plan(
+            step,
+            params,
+            x,
+            mesh={"data": 4, "model": 2},
+            profile=cpu_on(cores),
+            verify=0,
+            presets={"replicated": replicated},
+        )
+        for cores in (8, 2)
+    }
+    alone, shared = plans[8], plans[2]
+    # each device on its own core: the whole step everywhere is the plan (its compute, exactly the full step's)
+    assert alone.compute_s == pytest.approx(full / 1e11) and alone.comm_bytes == 0
+    rep = {c: next(a for a in p.alternatives if a.label == "preset replicated") for c, p in plans.items()}
+    assert rep[2].compute_s == pytest.approx(4 * rep[8].compute_s)  # 8 devices taking turns on 2 cores
+    # on 2 cores: not the replicated layout, and faster than it by the model
+    assert shared.compute_s < rep[2].compute_s and shared.time_s < rep[2].time_s
+    assert any(e != "x y -> x y" for e in shared.rules.values()) or shared.data_rules[0] != alone.data_rules[0]
