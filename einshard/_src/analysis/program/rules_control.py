@@ -22,6 +22,8 @@ from .costing import is_free
 from .movement import APPROXIMATE
 from .registry import WalkerLike, inherit, register
 from .report import OpBound, default_bound
+from .rules_indexing import consumer_split
+from .rules_structural import typed_dims
 from .values import dtype_itemsize
 
 __all__ = ["MANUAL_COLLECTIVES", "scan_body", "scan_counts", "scan_groups"]
@@ -174,7 +176,7 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     outs = eqn.outvars
     stacked: list[tuple[int, Any, tuple[tuple[str, ...], ...]]] = []
     for k, (o, bv) in enumerate(zip(outs[n_carry:], body.outvars[n_carry:])):
-        asked = w.requested.get(id(o))
+        asked = w.requested.get(id(o)) or _consumers_ask(w, o)
         if asked and not asked[0] and any(asked[1:]) and not hasattr(bv, "val") and id(bv) not in w.program_outputs:
             stacked.append((k, bv, asked[1:]))
             w.program_outputs.add(id(bv))
@@ -203,6 +205,29 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     out_layouts = [w.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
     out_layouts += [w.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
     return out_layouts
+
+
+def _consumers_ask(w: WalkerLike, out: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The split the readers of a scan's stacked output ``out`` outside the loop would take its sum at, were it a
+    pending sum over any mesh axis (:func:`.rules_indexing.consumer_split`'s search: an elementwise partner laid
+    out split, a dot, a placement), or None.  An FSDP layer stack's gradient read by an optimizer update
+    (``p - lr * g``, Adam's ``b1 * mu + (1 - b1) * g``, the stack ``l a@data b``) takes the update's split back
+    into the loop: XLA reduce-scatters each iteration's piece there, as it does for a gradient the program
+    returns split (measured: the scanned FSDP gradient under SGD and optax.adamw, 2 x L reduce-scatters).  On
+    Explicit axes the output's type decides (:func:`.rules_structural.typed_dims`)."""
+    aval = out.aval
+    if not getattr(aval, "shape", ()):
+        return None
+    typed = typed_dims(aval)
+    if typed is not None:
+        # On Explicit axes the stacked gradient's type names its split (jax.grad types a cotangent like its
+        # primal): XLA sums each piece there whatever reads it (measured: a replicated moment updated with it).
+        return tuple(tuple(d) for d in typed)
+    if not w.uses.get(id(out)):
+        return None
+    whole = w.relayout(aval, [()] * len(aval.shape))
+    found = consumer_split(w, out, whole, frozenset(w.costs.mesh_sizes))
+    return tuple(tuple(d) for d in found) if found is not None else None
 
 
 # Why a scan's carry is approximate (the report's first line names the op the body's walk starts at).

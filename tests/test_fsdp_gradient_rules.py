@@ -1,0 +1,117 @@
+"""FSDP gradients read on inside the step: explain's collectives (kinds, counts per step, bytes, group sizes)
+against XLA's compiled HLO, on minimal programs, Auto and Explicit meshes, placed inputs.
+
+A scan over an FSDP layer stack (weights ``l a@data b``) leaves each iteration's weight gradient a partial sum
+over ``data``.  Where the step returns the gradient split, XLA reduce-scatters each piece inside the loop
+(tests/test_explain_scan_fsdp.py).  Where an optimizer reads the gradient (``p - lr * g``, Adam's moments) the
+update's split reaches back into the loop the same way: 2 x L reduce-scatters, where explain all-reduced them
+(the cause of the external corpus' explicit-nnx_scan-fsdp-step miss: nnx.scan under optax.adamw).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from einshard._src.analysis.program import trace
+from einshard.testing import hlo
+
+L, D, F, B, S = 3, 32, 64, 8, 4
+STACK = P(None, "data", None)  # an FSDP layer stack: each layer's first weight axis split over 'data'
+
+
+def _loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    def body(h: jax.Array, w: dict[str, jax.Array]) -> tuple[jax.Array, None]:
+        return h + jnp.tanh(h @ w["a"]) @ w["b"], None
+
+    return jnp.mean(jax.lax.scan(body, x, p)[0] ** 2)
+
+
+def _sgd(carry: Any, x: jax.Array) -> Any:
+    p, mu = carry
+    g = jax.grad(_loss)(p, x)
+    return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), mu
+
+
+def _momentum(carry: Any, x: jax.Array) -> Any:
+    """Adam's first moment and a step along it (optax.adamw's update, elementwise on the stack's split)."""
+    p, mu = carry
+    g = jax.grad(_loss)(p, x)
+    mu = jax.tree.map(lambda m, b: 0.9 * m + 0.1 * b, mu, g)
+    return jax.tree.map(lambda a, m: a - 1e-3 * m, p, mu), mu
+
+
+def _masked(carry: Any, x: jax.Array) -> Any:
+    """The gradient read first by a replicated partner (a mask), then by the update: the mask does not split
+    the sum, the update's split still reaches it (XLA's propagation takes the split operand's)."""
+    p, mu = carry
+    g = jax.grad(_loss)(p, x)
+    return jax.tree.map(lambda a, b, m: a - 0.1 * b * m, p, g, mu), mu
+
+
+def _replicated_update(carry: Any, x: jax.Array) -> Any:
+    """The update lands on a replicated moment: nothing outside the loop splits the sum (all-reduces)."""
+    p, mu = carry
+    g = jax.grad(_loss)(p, x)
+    return p, jax.tree.map(lambda m, b: 0.9 * m + 0.1 * b, mu, g)
+
+
+STEPS: dict[str, tuple[Callable[..., Any], P]] = {
+    "sgd": (_sgd, STACK),
+    "momentum": (_momentum, STACK),
+    "masked": (_masked, P()),
+    "replicated-moment": (_replicated_update, P()),
+}
+
+
+def _compare(step: Callable[..., Any], mu_spec: P, kind: str) -> tuple[list[Any], list[Any]]:
+    t = AxisType.Auto if kind == "auto" else AxisType.Explicit
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(t, t))
+    shapes = {"a": (L, D, F), "b": (L, F, D)}
+    p_sh = {k: NamedSharding(mesh, STACK) for k in shapes}
+    mu_sh = {k: NamedSharding(mesh, mu_spec) for k in shapes}
+    x_sh = NamedSharding(mesh, P("data"))
+    key = iter(jax.random.split(jax.random.key(0), 3))
+    p = {k: jax.device_put(jax.random.normal(next(key), s), p_sh[k]) for k, s in shapes.items()}
+    mu = {k: jax.device_put(jnp.zeros(s), mu_sh[k]) for k, s in shapes.items()}
+    x = jax.device_put(jax.random.normal(next(key), (B, S, D)), x_sh)
+    out_sh = (p_sh, mu_sh)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(step, in_shardings=(out_sh, x_sh), out_shardings=out_sh).lower((p, mu), x).compile()
+        report = trace(step, (p, mu), x, mesh=mesh).report(None, [s.spec for s in jax.tree.leaves(out_sh)])
+    xla = sorted((c.kind, c.array_bytes, c.group_size, c.runs) for c in hlo.normalized(compiled.as_text()))
+    got = sorted(
+        (c.kind, c.array_bytes, c.group_size, op.repeat)
+        for op in report.ops
+        for c in op.collectives
+        if c.group_size > 1
+    )
+    return got, xla
+
+
+# On Auto axes the loop's activations move otherwise than explain says (XLA all-gathers each layer's weight whole
+# and all-to-alls the activation every iteration): the minimal scanned FSDP gradient's own miss, not the update's.
+_AUTO_ACTIVATIONS = pytest.mark.xfail(
+    strict=True, reason="Auto: the scanned FSDP activations' all-gather/all-to-all sizes differ from XLA's"
+)
+
+
+@pytest.mark.parametrize("kind", [pytest.param("auto", marks=_AUTO_ACTIVATIONS), "explicit"])
+@pytest.mark.parametrize("name", list(STEPS))
+def test_a_scanned_fsdp_gradient_read_by_the_update_is_summed_as_xla_does(name: str, kind: str) -> None:
+    step, mu_spec = STEPS[name]
+    got, xla = _compare(step, mu_spec, kind)
+    assert got == xla
+    per_step = Counter()
+    for k, _, _, runs in got:
+        per_step[k] += runs
+    if mu_spec == STACK:
+        # Each layer's two weight gradients summed straight to the stack's split inside the loop.
+        assert per_step["reduce-scatter"] == 2 * L
