@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 from einshard._src.analysis.program import trace
 from einshard.testing import hlo
 
-L, D, F, B, S = 3, 32, 64, 8, 4
+L, D, F, B, S = 3, 32, 64, 8, 16
 STACK = P(None, "data", None)  # an FSDP layer stack: each layer's first weight axis split over 'data'
 
 
@@ -71,9 +71,25 @@ STEPS: dict[str, tuple[Callable[..., Any], P]] = {
 }
 
 
-def _compare(step: Callable[..., Any], mu_spec: P, kind: str) -> tuple[list[Any], list[Any]]:
+def _mesh(kind: str) -> jax.sharding.Mesh:
     t = AxisType.Auto if kind == "auto" else AxisType.Explicit
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(t, t))
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(t, t))
+
+
+def _collectives(compiled: Any, report: Any) -> tuple[list[Any], list[Any]]:
+    """(explain's, XLA's) collectives as (kind, array bytes, group size, runs per step), sorted."""
+    xla = sorted((c.kind, c.array_bytes, c.group_size, c.runs) for c in hlo.normalized(compiled.as_text()))
+    got = sorted(
+        (c.kind, c.array_bytes, c.group_size, op.repeat)
+        for op in report.ops
+        for c in op.collectives
+        if c.group_size > 1
+    )
+    return got, xla
+
+
+def _compare(step: Callable[..., Any], mu_spec: P, kind: str) -> tuple[list[Any], list[Any]]:
+    mesh = _mesh(kind)
     shapes = {"a": (L, D, F), "b": (L, F, D)}
     p_sh = {k: NamedSharding(mesh, STACK) for k in shapes}
     mu_sh = {k: NamedSharding(mesh, mu_spec) for k in shapes}
@@ -86,24 +102,10 @@ def _compare(step: Callable[..., Any], mu_spec: P, kind: str) -> tuple[list[Any]
     with jax.set_mesh(mesh):
         compiled = jax.jit(step, in_shardings=(out_sh, x_sh), out_shardings=out_sh).lower((p, mu), x).compile()
         report = trace(step, (p, mu), x, mesh=mesh).report(None, [s.spec for s in jax.tree.leaves(out_sh)])
-    xla = sorted((c.kind, c.array_bytes, c.group_size, c.runs) for c in hlo.normalized(compiled.as_text()))
-    got = sorted(
-        (c.kind, c.array_bytes, c.group_size, op.repeat)
-        for op in report.ops
-        for c in op.collectives
-        if c.group_size > 1
-    )
-    return got, xla
+    return _collectives(compiled, report)
 
 
-# On Auto axes the loop's activations move otherwise than explain says (XLA all-gathers each layer's weight whole
-# and all-to-alls the activation every iteration): the minimal scanned FSDP gradient's own miss, not the update's.
-_AUTO_ACTIVATIONS = pytest.mark.xfail(
-    strict=True, reason="Auto: the scanned FSDP activations' all-gather/all-to-all sizes differ from XLA's"
-)
-
-
-@pytest.mark.parametrize("kind", [pytest.param("auto", marks=_AUTO_ACTIVATIONS), "explicit"])
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
 @pytest.mark.parametrize("name", list(STEPS))
 def test_a_scanned_fsdp_gradient_read_by_the_update_is_summed_as_xla_does(name: str, kind: str) -> None:
     step, mu_spec = STEPS[name]
@@ -115,3 +117,45 @@ def test_a_scanned_fsdp_gradient_read_by_the_update_is_summed_as_xla_does(name: 
     if mu_spec == STACK:
         # Each layer's two weight gradients summed straight to the stack's split inside the loop.
         assert per_step["reduce-scatter"] == 2 * L
+
+
+# A scanned FSDP layer whose activations are smaller than its weight (h[8@data, 32], w[l, 32@data, 32]): the backward
+# dot dh . w[l]^T clashes on 'data' (dh's batch, w's rows).  By sizes alone the weight's split wins (the cotangent
+# is gathered and the carry all-to-all'd); XLA keeps the carry's split, the one it enters the loop with, and
+# gathers the weight (6 all-gathers and 3 reduce-scatters for 3 layers; explain said 9 all-gathers and 8
+# all-to-alls, the brief's minimal Auto program).
+LAYER_FORMS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
+    "linear": lambda h, w: h @ w,
+    "tanh": lambda h, w: jnp.tanh(h @ w),
+    "residual": lambda h, w: h + jnp.tanh(h @ w),
+}
+
+
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("form", list(LAYER_FORMS))
+@pytest.mark.parametrize("layers, d, b", [(3, 32, 8), (4, 16, 32)])
+def test_a_loop_carry_keeps_its_entering_split_through_a_dot_clash(
+    form: str, kind: str, layers: int, d: int, b: int
+) -> None:
+    layer = LAYER_FORMS[form]
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.mean(jax.lax.scan(lambda h, wi: (layer(h, wi), None), x, w)[0] ** 2)
+
+    mesh = _mesh(kind)
+    w_sh, x_sh = NamedSharding(mesh, STACK), NamedSharding(mesh, P("data"))
+    key_w, key_x = jax.random.split(jax.random.key(1))
+    w = jax.device_put(jax.random.normal(key_w, (layers, d, d)) / d, w_sh)
+    x = jax.device_put(jax.random.normal(key_x, (b, d)), x_sh)
+    fn = jax.value_and_grad(loss)
+    out_sh = (NamedSharding(mesh, P()), w_sh)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(fn, in_shardings=(w_sh, x_sh), out_shardings=out_sh).lower(w, x).compile()
+        report = trace(fn, w, x, mesh=mesh).report(None, [P(), STACK])
+    got, xla = _collectives(compiled, report)
+    assert got == xla
+    assert not report.approximate_at
+    per_step = Counter()
+    for k, _, _, runs in got:
+        per_step[k] += runs
+    assert (per_step["all-gather"], per_step["reduce-scatter"], per_step["all-to-all"]) == (2 * layers, layers, 0)

@@ -158,6 +158,7 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     # learn what the body makes of the carry, bring the initial carry there
     # (once, outside the loop), then walk it for real.
     quiet = type(w)(w.costs, quiet=True)
+    quiet.requested.update(_carry_asks(body, n_carry, carry, quiet.requested))
     first = quiet.walk(body, [*consts, *carry, *xs_inner], 1, inherit(phase))[:n_carry]
     fixed = [
         w.relayout(v.aval, out.dims) if not is_free(out) else lay for v, lay, out in zip(eqn.outvars, carry, first)
@@ -184,11 +185,15 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     env: dict[Any, Layout] = {}  # kept: peak memory counts one iteration's buffers (memory.loop_body_bytes)
     w.call_path = (*outer_path, id(eqn))
     body_start = len(w.ops)
+    carry_asks = _carry_asks(body, n_carry, carry, w.requested, settled)
+    w.requested.update(carry_asks)
     try:
         res = w.walk(body, [*consts, *settled, *xs_inner], repeat * length, inherit(phase), env=env)
     finally:
         w.call_path = outer_path
         w.program_outputs.difference_update(id(bv) for _, bv, _ in stacked)
+        for i in carry_asks:
+            del w.requested[i]
     if other is not None and not taken and len(w.ops) > body_start:
         # Which fixed point XLA's propagation takes turns on its users outside the loop (a loss against labels
         # split on the batch pulls the carry there; measured on the FSDP GRU): the body's first op carries
@@ -205,6 +210,27 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     out_layouts = [w.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
     out_layouts += [w.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
     return out_layouts
+
+
+def _carry_asks(
+    body: Any, n_carry: int, entering: list[Layout], requested: Any, settled: list[Layout] | None = None
+) -> dict[int, tuple[tuple[str, ...], ...]]:
+    """The layouts a loop asks of its body's carry results: each carry that enters laid out split keeps that
+    split (XLA's while loop holds one sharding for the carry's init, the body's parameter and its result, and
+    propagates it from the init), so a clash the body settles on the way to the carry takes the carry's side
+    (measured: a scanned FSDP layer h @ w[l], h[8@data, 32], w[32@data, 32], value_and_grad: XLA gathers w in the
+    backward loop to keep the cotangent batch split, 6 all-gathers and 3 reduce-scatters, where explain, by
+    operand sizes, gathered the cotangent and all-to-all'd the carry).  A carry entering whole or free (zeros)
+    asks nothing: the body gives it its split; nor does one the loop ``settled`` elsewhere (the body's fixed
+    point: asking it would land the body's partial sums there, where XLA all-reduces a GRU's weight gradients)."""
+    asks: dict[int, tuple[tuple[str, ...], ...]] = {}
+    for k, (bv, lay) in enumerate(zip(body.outvars[:n_carry], entering)):
+        if hasattr(bv, "val") or is_free(lay) or lay.unreduced or not any(lay.dims) or id(bv) in requested:
+            continue
+        if settled is not None and settled[k].dims != lay.dims:
+            continue
+        asks[id(bv)] = tuple(tuple(d) for d in lay.dims)
+    return asks
 
 
 def _consumers_ask(w: WalkerLike, out: Any) -> tuple[tuple[str, ...], ...] | None:
