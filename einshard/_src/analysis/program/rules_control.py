@@ -22,6 +22,8 @@ from .costing import is_free
 from .movement import APPROXIMATE
 from .registry import WalkerLike, inherit, register
 from .report import OpBound, default_bound
+from .rules_indexing import consumer_split
+from .rules_structural import typed_dims
 from .values import dtype_itemsize
 
 __all__ = ["MANUAL_COLLECTIVES", "scan_body", "scan_counts", "scan_groups"]
@@ -156,6 +158,7 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     # learn what the body makes of the carry, bring the initial carry there
     # (once, outside the loop), then walk it for real.
     quiet = type(w)(w.costs, quiet=True)
+    quiet.requested.update(_carry_asks(body, n_carry, carry, quiet.requested))
     first = quiet.walk(body, [*consts, *carry, *xs_inner], 1, inherit(phase))[:n_carry]
     fixed = [
         w.relayout(v.aval, out.dims) if not is_free(out) else lay for v, lay, out in zip(eqn.outvars, carry, first)
@@ -186,7 +189,7 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     outs = eqn.outvars
     stacked: list[tuple[int, Any, tuple[tuple[str, ...], ...]]] = []
     for k, (o, bv) in enumerate(zip(outs[n_carry:], body.outvars[n_carry:])):
-        asked = w.requested.get(id(o))
+        asked = w.requested.get(id(o)) or _consumers_ask(w, o)
         if asked and not asked[0] and any(asked[1:]) and not hasattr(bv, "val") and id(bv) not in w.program_outputs:
             stacked.append((k, bv, asked[1:]))
             w.program_outputs.add(id(bv))
@@ -203,6 +206,10 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     # The loop's constants: a gather of one is loop-invariant, made once outside the loop.
     hoisted = {id(v): repeat for v in body.invars[:n_consts] if id(v) not in w.hoisted}
     w.hoisted.update(hoisted)
+    # A carry that entered split keeps that split in the body (XLA's while loop holds the init's sharding);
+    # asked after the accumulators, which keep theirs.
+    carry_asks = _carry_asks(body, n_carry, carry, w.requested, settled)
+    w.requested.update(carry_asks)
     try:
         res = w.walk(body, [*consts, *settled, *xs_inner], repeat * length, inherit(phase), env=env)
     finally:
@@ -210,6 +217,8 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
         for k in carried:
             w.pulled.pop(k, None)
         for k in accumulating:
+            w.requested.pop(k, None)
+        for k in carry_asks:
             w.requested.pop(k, None)
         for k in hoisted:
             w.hoisted.pop(k, None)
@@ -232,6 +241,50 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     out_layouts = [w.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
     out_layouts += [w.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
     return out_layouts
+
+
+def _carry_asks(
+    body: Any, n_carry: int, entering: list[Layout], requested: Any, settled: list[Layout] | None = None
+) -> dict[int, tuple[tuple[str, ...], ...]]:
+    """The layouts a loop asks of its body's carry results: each carry that enters laid out split keeps that
+    split (XLA's while loop holds one sharding for the carry's init, the body's parameter and its result, and
+    propagates it from the init), so a clash the body settles on the way to the carry takes the carry's side
+    (measured: a scanned FSDP layer h @ w[l], h[8@data, 32], w[32@data, 32], value_and_grad: XLA gathers w in the
+    backward loop to keep the cotangent batch split, 6 all-gathers and 3 reduce-scatters, where explain, by
+    operand sizes, gathered the cotangent and all-to-all'd the carry).  A carry entering whole or free (zeros)
+    asks nothing: the body gives it its split; nor does one the loop ``settled`` elsewhere (the body's fixed
+    point: asking it would land the body's partial sums there, where XLA all-reduces a GRU's weight gradients)."""
+    asks: dict[int, tuple[tuple[str, ...], ...]] = {}
+    for k, (bv, lay) in enumerate(zip(body.outvars[:n_carry], entering)):
+        if hasattr(bv, "val") or is_free(lay) or lay.unreduced or not any(lay.dims) or id(bv) in requested:
+            continue
+        if settled is not None and settled[k].dims != lay.dims:
+            continue
+        asks[id(bv)] = tuple(tuple(d) for d in lay.dims)
+    return asks
+
+
+def _consumers_ask(w: WalkerLike, out: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The split the readers of a scan's stacked output ``out`` outside the loop would take its sum at, were it a
+    pending sum over any mesh axis (:func:`.rules_indexing.consumer_split`'s search: an elementwise partner laid
+    out split, a dot, a placement), or None.  An FSDP layer stack's gradient read by an optimizer update
+    (``p - lr * g``, Adam's ``b1 * mu + (1 - b1) * g``, the stack ``l a@data b``) takes the update's split back
+    into the loop: XLA reduce-scatters each iteration's piece there, as it does for a gradient the program
+    returns split (measured: the scanned FSDP gradient under SGD and optax.adamw, 2 x L reduce-scatters).  On
+    Explicit axes the output's type decides (:func:`.rules_structural.typed_dims`)."""
+    aval = out.aval
+    if not getattr(aval, "shape", ()):
+        return None
+    typed = typed_dims(aval)
+    if typed is not None:
+        # On Explicit axes the stacked gradient's type names its split (jax.grad types a cotangent like its
+        # primal): XLA sums each piece there whatever reads it (measured: a replicated moment updated with it).
+        return tuple(tuple(d) for d in typed)
+    if not w.uses.get(id(out)):
+        return None
+    whole = w.relayout(aval, [()] * len(aval.shape))
+    found = consumer_split(w, out, whole, frozenset(w.costs.mesh_sizes))
+    return tuple(tuple(d) for d in found) if found is not None else None
 
 
 # Why a scan's carry is approximate (the report's first line names the op the body's walk starts at).
