@@ -56,10 +56,12 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     colls = per_contracted_axis(w, res.collectives, lhs, dn)
     out_dims = res.out.dims
     pending: frozenset[str] = frozenset()
+    share = 1
     if sums:
         out_dims, colls = scatter_to_consumers(w, eqn, res.out, colls, sums, (lhs, rhs))
         if out_dims == res.out.dims:  # summed whole: the partial buffer waits for its all-reduce
-            w.env[Partial(eqn.outvars[0])] = res.out.with_dims(res.out.dims, sums)
+            out_dims, colls, share = sliced_for_consumer(w, eqn, res.out, colls, sums, (lhs, rhs))
+            w.env[Partial(eqn.outvars[0])] = res.out.with_dims(out_dims, sums)
             stages = [c for c in colls if c.kind == "all-reduce" and c.tensor == "result"]
             if len(stages) == 1 and leaves_program(w, eqn.outvars[0]):
                 # A gradient that only leaves the program: XLA sums it to the output's layout
@@ -67,7 +69,9 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
                 # It stays pending; the output's layout settles it.
                 colls = tuple(c for c in colls if c is not stages[0])
                 pending = frozenset(stages[0].axes)
-    time_s = res.time_s - sum(c.time for c in res.collectives) + sum(c.time for c in colls)
+    # (a result sliced for its consumer computes only its piece: ``share`` of the dot's work)
+    flops = res.flops // share if share > 1 else res.flops
+    time_s = (res.time_s - sum(c.time for c in res.collectives)) / share + sum(c.time for c in colls)
     idle = None if sums else over_idle_axes(w, eqn, [lhs, rhs], res.out, colls)
     if idle is not None and idle[-1].kind == "all-reduce":
         # XLA re-splits the operand's contraction onto the idle mesh axes (one collective-permute) and sums this
@@ -107,7 +111,7 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
             colls = kept
     out = w.relayout(eqn.outvars[0].aval, out_dims)
     since = len(w.ops)
-    w.record(eqn, phase, res.expression, out, colls, res.flops, time_s, repeat)
+    w.record(eqn, phase, res.expression, out, colls, flops, time_s, repeat)
     # Operands that disagree on a split (an all-to-all brings one to the other's): XLA may settle it upstream.
     moved = [int(c.tensor.split()[1]) - 1 for c in colls if c.kind == "all-to-all" and _names_operand(c)]
     for k in moved:
@@ -919,6 +923,66 @@ def scatter_to_consumers(
         return dst.dims, tuple(c for c in colls if c not in drop) + tuple(sliced)
     moved = w.costs.reshard(pending, out.with_dims(dst.dims), eqn.outvars[0].aval.dtype)
     return dst.dims, tuple(c for c in colls if c not in drop) + tuple(moved)
+
+
+_CARRIER_CHAIN_LIMIT = 16  # carriers followed from one dot's result (such chains are a few ops long)
+
+
+def sliced_for_consumer(
+    w: Walker,
+    eqn: Any,
+    out: Layout,
+    colls: tuple[Any, ...],
+    sums: frozenset[str],
+    operands: tuple[Layout, Layout],
+) -> tuple[tuple[tuple[str, ...], ...], tuple[Any, ...], int]:
+    """A dot's summed result sliced to an elementwise consumer's split before its all-reduce (XLA's propagation).
+
+    Where an elementwise consumer's other operand splits an axis the dot's result keeps whole over mesh axes that
+    neither the sum nor either operand uses, XLA gives the dot's result that split: each device slices its
+    (replicated there) operands locally, computes its piece of the partial sum and all-reduces only that piece
+    (measured: x[64, 16@b] - einsum('etd,ed->td', a[8@a, 64, 16], ones) on (a=4, b=2) all-reduces f32[64, 8],
+    not f32[64, 16]; tests/test_explain_partial_sums.py).  A reduction's sum is not sliced so (measured: XLA
+    all-reduces sum(a, 0) whole there), and on Explicit axes the result's type decides its split instead.
+    Returns the result's split, its collectives and how many pieces the slice cuts the result into.
+    """
+    if typed_dims(eqn.outvars[0].aval) is not None or out.unreduced:
+        return out.dims, colls, 1
+    sizes = w.costs.mesh_sizes
+    taken = set(sums) | {m for lay in operands for d in lay.dims for m in d} | {m for d in out.dims for m in d}
+    dims = list(out.dims)
+    # Through the carriers that keep every element (einsum's transpose of its dot's result, a dtype conversion).
+    frontier: list[tuple[Any, tuple[int, ...]]] = [(eqn.outvars[0], tuple(range(len(out.dims))))]
+    for _ in range(_CARRIER_CHAIN_LIMIT):
+        if not frontier:
+            break
+        v, axis_of = frontier.pop(0)  # axis_of[i]: the dot result's axis that is v's axis i
+        for user, k in w.uses.get(id(v), ()):
+            name = user.primitive.name
+            if name in CARRIERS:
+                frontier.append((user.outvars[0], _transposed(user, axis_of) if name == "transpose" else axis_of))
+            if name not in ELEMENTWISE_PARTNERED:
+                continue
+            for j, split in enumerate(_partner_split(w, user, k, v)):
+                i = axis_of[j] if j < len(axis_of) else -1
+                if i < 0 or not split or dims[i] or set(split) & taken:
+                    continue
+                if out.shape[i] % math.prod(sizes[m] for m in split) == 0:
+                    dims[i] = split
+                    taken |= set(split)
+    if tuple(dims) == out.dims:
+        return out.dims, colls, 1
+    piece = math.prod(sizes[m] for d in dims for m in d) // max(1, math.prod(sizes[m] for d in out.dims for m in d))
+    sliced = []
+    for c in colls:
+        if c.kind != "all-reduce" or c.tensor != "result":
+            sliced.append(c)
+            continue
+        block = c.array_bytes // piece
+        sent = sent_bytes("all-reduce", c.group_size, block)
+        t = w.costs.profile.collective_time("all-reduce", c.group_size, sent, block)
+        sliced.append(replace(c, bytes=int(sent), array_bytes=int(block), time=t))
+    return tuple(dims), tuple(sliced), piece
 
 
 def _idle_devices(w: Walker, operands: tuple[Layout, Layout]) -> int:
