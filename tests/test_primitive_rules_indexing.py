@@ -734,3 +734,21 @@ SCATTER_ADD_GRAD_DRAW = Case(
 
 def test_scatter_add_gradient_summed_whole_is_one_all_reduce() -> None:
     check(SCATTER_ADD_GRAD_DRAW)
+
+
+# x[16@b, 16@a] updated by u[16@(a,b), 8] at (i, 0) (mesh 4 x 2), the update cutting the columns' split: XLA writes at
+# [16@b, 16] (the columns gathered, the update permuted and gathered there) and brings the result to the split the two
+# merge to, [16, 16@a], by gathering it whole (its involuntary full rematerialization: explain gathers the piece, and
+# the report marks it); its neighbour with the update's rows split as x's keeps x's split.
+CUT_UPDATE_DRAWS = [
+    Case(
+        "dynamic_update_slice", _update, (_sds((16, 16)), _sds((16, 8)), _sds((), I32)), specs, 2, False, grad, "moved"
+    )
+    for specs in [(P("b", "a"), P(("a", "b")), P()), (P("b", "a"), P("b"), P())]
+    for grad in (False, True)
+]
+
+
+@pytest.mark.parametrize("case", CUT_UPDATE_DRAWS, ids=lambda c: f"{c.specs}-{c.grad}")
+def test_an_update_cutting_a_split_lands_at_the_merged_split(case: Case) -> None:
+    check(case)

@@ -29,7 +29,7 @@ from ..einsum.read import dtype_info
 from .costing import is_free
 from .idle_axes import gather_route, over_idle_axes, resplit_onto
 from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_cache
-from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
+from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict, mark_swap
 from .registry import register
 from .report import OpBound
 from .rules_structural import explicit_dims, merged_split, typed_dims
@@ -1820,7 +1820,22 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             want = tuple(d if a == b else () for d, a, b in zip(whole.dims, update.shape, operand.shape))
             if want != update.dims:
                 w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
-        return [w.relayout(out_aval, operand.dims)]
+        # The result takes the split the operand and the update merge to (_update_target: the operand's along the
+        # cut axes); where that is the operand's, the written copy is sliced back locally.  Where they disagree
+        # along an axis the update spans, the written copy is moved there (measured: x[16@b, 16@a] updated by
+        # u[16@(a,b), 8] at (i, 0) on (4, 2) writes at [16@b, 16] and XLA brings the result to [16, 16@a], by a
+        # whole gather: marked where that turns on the device order, movement.mark_swap).
+        target = _update_target(operand, update) if not is_free(update) else operand.dims
+        if target == operand.dims:
+            return [w.relayout(out_aval, operand.dims)]
+        written = w.relayout(out_aval, whole.dims)
+        out = written.with_dims(target)
+        at = len(w.ops)
+        w.change(
+            eqn, phase, written, out, out_aval.dtype, repeat, "dynamic_update_slice: the result to its merged split"
+        )
+        mark_swap(w, at, written, target, out_aval.dtype)
+        return [out]
     target = _update_target(operand, update)
     # XLA's partitioner writes the update at the finer of the operand's split and the result's (Shardy's merge,
     # _update_target), and the result is brought to the merge after the write; a result whole everywhere is
