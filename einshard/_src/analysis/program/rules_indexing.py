@@ -1803,6 +1803,11 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     # An update one position long on a split axis is written locally by the device that holds it (measured).
     # Once one axis must be gathered, every cut split axis is, one all-gather each (measured).
     cut = [i for i, (d, a, b) in enumerate(zip(operand.dims, update.shape, operand.shape)) if d and a != b]
+    # An update at a constant offset that lies inside one block of the split is written by the devices that
+    # hold that block: nothing of the operand is gathered there (measured: x[16@a, 16@b] updated by
+    # u[16@(a,b), 8] at (i, 0) on (4, 2) only gathers u over b, to x's rows; at 8 columns of a 4-way split, two
+    # blocks, XLA gathers the columns).
+    cut = [i for i in cut if not _inside_one_block(w, eqn, operand, update, i)]
     if not any(update.shape[i] != 1 for i in cut):
         cut = []
     if cut and not is_free(operand):
@@ -1861,6 +1866,21 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         w.change(eqn, phase, out, moved, out_aval.dtype, repeat, "dynamic_update_slice: the result to its merged split")
         out = moved
     return [out]
+
+
+def _inside_one_block(w: Walker, eqn: Any, operand: Layout, update: Layout, i: int) -> bool:
+    """Whether the update of ``eqn`` (a dynamic_update_slice) lies inside one block of ``operand``'s split along
+    axis ``i``: its offset there a literal (XLA clamps it into the operand, as here), its extent within one block."""
+    start = eqn.invars[2 + i]
+    if not hasattr(start, "val"):
+        return False  # a run-time offset: the update lands anywhere
+    length, size = int(operand.shape[i]), int(update.shape[i])
+    ways = split_ways(w, (operand.dims[i],))
+    if length % ways:
+        return False
+    block = length // ways
+    first = min(max(int(start.val), 0), length - size)
+    return first // block == (first + size - 1) // block
 
 
 def is_split(dims: tuple[tuple[str, ...], ...]) -> bool:
