@@ -793,3 +793,28 @@ IN_ONE_BLOCK_DRAWS = [
 @pytest.mark.parametrize("case", IN_ONE_BLOCK_DRAWS, ids=lambda c: f"{c.specs}-{c.grad}")
 def test_an_update_inside_one_block_is_written_where_it_lies(case: Case) -> None:
     check(case)
+
+
+# The derandomized run's next draw: x[16@a, 16@b] updated by u[8@(a,b), 16] at (i, 0) (mesh 4 x 2): the update is
+# lined up to [8, 16@b], its rows' major axis a gathered and its minor b moved to the columns.  The layout algebra
+# all-to-alls b and gathers a; XLA gathers u whole (no direct reshard).  The report marks it (movement.
+# mark_gather_then_shift) with a bound that covers the whole gather; its gradient too.
+GATHER_THEN_SHIFT_DRAWS = [
+    Case(
+        "dynamic_update_slice", _update, (_sds((16, 16)), _sds((8, 16)), _sds((), I32)), specs, 2, False, grad, "moved"
+    )
+    for specs in [(P("a", "b"), P(("a", "b")), P())]
+    for grad in (False, True)
+]
+
+
+@pytest.mark.parametrize("case", GATHER_THEN_SHIFT_DRAWS, ids=lambda c: f"{c.specs}-{c.grad}")
+def test_an_update_lined_up_by_a_gather_and_a_shift_is_marked(case: Case) -> None:
+    from test_primitive_rules import _explain, _loss, _mesh
+
+    from einshard._src.analysis.program.movement import REMAT_NOTE
+
+    check(case)
+    fn = _loss(case.fn, 2) if case.grad else case.fn
+    report = _explain(case, _mesh(2, False), fn)[0]
+    assert any(REMAT_NOTE in op.note for op in report.ops) and report.approximate_bound.collectives >= 1, report

@@ -29,7 +29,7 @@ from ..einsum.read import dtype_info
 from .costing import is_free
 from .idle_axes import gather_route, over_idle_axes, resplit_onto
 from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_cache
-from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict, mark_swap
+from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict, mark_gather_then_shift, mark_swap
 from .registry import register
 from .report import OpBound
 from .rules_structural import explicit_dims, merged_split, typed_dims
@@ -1824,7 +1824,9 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         if not is_free(update):
             want = tuple(d if a == b else () for d, a, b in zip(whole.dims, update.shape, operand.shape))
             if want != update.dims:
+                at = len(w.ops)
                 w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
+                mark_gather_then_shift(w, at, update, want, out_aval.dtype)
         # The result takes the split the operand and the update merge to (_update_target: the operand's along the
         # cut axes); where that is the operand's, the written copy is sliced back locally.  Where they disagree
         # along an axis the update spans, the written copy is moved there (measured: x[16@b, 16@a] updated by
@@ -1859,7 +1861,9 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     if not is_free(update):
         want = tuple(d if a == b else () for d, a, b in zip(work, update.shape, operand.shape))
         if want != update.dims:
+            at = len(w.ops)
             w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
+            mark_gather_then_shift(w, at, update, want, out_aval.dtype)
     out = w.relayout(out_aval, work)
     if work != target:
         moved = out.with_dims(target)
