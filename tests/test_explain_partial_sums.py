@@ -51,19 +51,14 @@ def _specs(rank: int, names: tuple[str, ...], partner: str) -> tuple[P, P]:
 
 
 # A dot's sum whose consumer splits another axis over a mesh axis not summed: XLA slices the partial sum to that
-# split first and all-reduces the smaller piece (half the bytes); explain all-reduces the dot's whole result.
-# (A reduce_sum's pending sum is sliced first, as XLA does; a dot settles its sum where it is computed.)
-DOT_SLICED_FIRST = "explain all-reduces a dot's whole sum where XLA slices it to the consumer's split first"
-
-
+# split first and all-reduces the smaller piece (half the bytes), and so does explain
+# (rules_indexing.sliced_for_consumer).  A reduce_sum's sum is all-reduced whole there, in XLA as in explain.
 def _params() -> list[Any]:
     out = []
     for name in sorted(PROGRAMS):
         for rank in (1, 2, 3):
             for partner in ("summed axes", "other axis", "whole"):
-                known = name == "dot_general+sub" and partner == "other axis" and rank > 1
-                marks = [pytest.mark.xfail(reason=DOT_SLICED_FIRST, strict=True)] if known else []
-                out.append(pytest.param(name, rank, partner, marks=marks, id=f"{name}-{rank}-{partner}"))
+                out.append(pytest.param(name, rank, partner, id=f"{name}-{rank}-{partner}"))
     return out
 
 

@@ -273,3 +273,35 @@ def test_collective_counts_and_bytes_count_each_collective_per_run():
     assert set(counts) == {c.kind for c in found}
     assert hlo.collective_bytes(text) == sum(c.array_bytes * c.runs for c in found)
     assert hlo.collective_counts("") == {} and hlo.collective_bytes("") == 0
+
+
+def test_an_all_reduce_also_read_whole_stays_an_all_reduce():
+    """An all-reduce one fusion slices and another reads whole (the forward's scatter-add sum, squared whole for
+    x's gradient and sliced by the backward gather of the updates' split: XLA:CPU's HLO of the gradient of
+    x.at[i].add(u[8@a, 16])) is an all-reduce: a reduce-scatter hands no device the whole sum."""
+    text = (
+        "%fused_slice (p0: f32[64,256], p1: s32[]) -> f32[16,256] {\n"
+        "  %p0 = f32[64,256]{1,0} parameter(0)\n"
+        "  %p1 = s32[] parameter(1)\n"
+        "  ROOT %ds = f32[16,256]{1,0} dynamic-slice(%p0, %p1, %c), dynamic_slice_sizes={16,256}\n"
+        "}\n\n"
+        "%fused_whole (q0: f32[64,256]) -> f32[64,256] {\n"
+        "  %q0 = f32[64,256]{1,0} parameter(0)\n"
+        "  ROOT %m = f32[64,256]{1,0} multiply(%q0, %q0)\n"
+        "}\n\n"
+        "ENTRY %main (x: f32[64,256], i: s32[]) -> (f32[64,256], f32[16,256]) {\n"
+        "  %ar = f32[64,256]{1,0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add\n"
+        "  %w = f32[64,256]{1,0} fusion(%ar), kind=kLoop, calls=%fused_whole\n"
+        "  %s = f32[16,256]{1,0} fusion(%ar, %i), kind=kLoop, calls=%fused_slice\n"
+        "  ROOT %t = (f32[64,256]{1,0}, f32[16,256]{1,0}) tuple(%w, %s)\n"
+        "}\n"
+    )
+    (c,) = hlo.normalized(HEADER + text)
+    assert (c.kind, c.sliced, c.array_bytes) == ("all-reduce", False, 65536)
+    # A direct dynamic-slice next to a whole reader: an all-reduce too.
+    direct = (
+        "  %ar = f32[64,256]{1,0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add\n"
+        "  %ds = f32[16,256]{1,0} dynamic-slice(%ar, %i, %j), dynamic_slice_sizes={16,256}\n"
+        "  ROOT %t = (f32[64,256]{1,0}, f32[16,256]{1,0}) tuple(%ar, %ds)\n"
+    )
+    assert [c.kind for c in hlo.normalized(HEADER + direct)] == ["all-reduce"]

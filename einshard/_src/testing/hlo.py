@@ -25,7 +25,9 @@ What it handles (docs/theory.md, "HLO-parsing gotchas"):
   all-reduce is followed through its ``get-tuple-element``: the combiner merges
   such reduce-scatters with plain all-reduces.  The slice must keep 1/n of the value (n devices per
   group) or a finer part: an all-reduce over 4 devices whose result is cut in half (to move the halves
-  elsewhere, as XLA does between two convolutions under a channel split) stays an all-reduce.
+  elsewhere, as XLA does between two convolutions under a channel split) stays an all-reduce.  And the slices
+  must be its only readers: an all-reduce whose whole result another consumer also reads (a forward sum
+  squared whole whose backward gather slices it) stays an all-reduce.
 
 ``array_bytes`` uses the analyzer's convention (see einshard.analysis.cost):
 the gathered result of an all-gather, the full input of a reduce-scatter
@@ -318,24 +320,35 @@ def collectives(hlo_text: str) -> list[HloCollective]:
 
     def sliced(name: str, n: int, piece: int | None = None) -> bool:
         """Whether ``name``'s result (or, of a tuple, piece ``piece``, read through get-tuple-element) is
-        sliced to 1/n (``n`` devices per group)."""
+        sliced to 1/n (``n`` devices per group) and read only so: an all-reduce whose whole result another
+        consumer also reads (the forward's sum squared whole, its backward gather slicing it) is one."""
+        cut = whole = False
         for cname, op, args, attrs in consumers.get(name, []):
             if piece is not None:
                 index = re.search(r"\bindex=(\d+)", attrs)
                 if op == "get-tuple-element" and index and int(index.group(1)) == piece and sliced(cname, n):
                     return True
                 continue
-            if op == "dynamic-slice" and args and args[0] == name and scatters(name, cname, n):
-                return True
-            if op == "fusion":
-                called = re.search(r"calls=%?([\w.\-]+)", attrs)
-                if not called or "dynamic-slice" not in comp_ops.get(called.group(1), set()):
-                    continue
+            if op == "dynamic-slice" and args and args[0] == name:
+                if scatters(name, cname, n):
+                    cut = True
+                else:
+                    whole = True
+                continue
+            if op == "dynamic-slice":
+                continue  # ``name`` is an index of the slice, not what it slices
+            called = re.search(r"calls=%?([\w.\-]+)", attrs) if op == "fusion" else None
+            if called is not None and "dynamic-slice" in comp_ops.get(called.group(1), set()):
                 for k, a in enumerate(args):
                     param = params.get((called.group(1), k))
                     if a == name and param is not None and slices_whole(param, n):
-                        return True
-        return False
+                        cut = True
+                        break
+                else:
+                    whole = True
+                continue
+            whole = True
+        return cut and not whole
 
     out: list[HloCollective] = []
     for name, shape, op, args, attrs, line in instrs:

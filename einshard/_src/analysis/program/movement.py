@@ -152,11 +152,49 @@ def mark_swap(w: WalkerLike, since: int, src: Any, dst: tuple[tuple[str, ...], .
     if len(split_src) != 1 or len(split_dst) != 1 or split_src == split_dst:
         return
     i, j = split_src[0], split_dst[0]
-    if group_size(w, src.dims[i]) != group_size(w, dst[j]) or src.dims[i][0] in dst[j]:
+    if src.dims[i][0] in dst[j]:
+        return
+    own = sum(c.array_bytes for op in w.ops[since:] for c in op.collectives)
+    if group_size(w, src.dims[i]) != group_size(w, dst[j]):
+        # Over unequal groups the algebra slices the new split first and gathers the smaller piece, as XLA's
+        # partitioner does for that reshard alone; as an elementwise op's operand XLA may find no such path and
+        # gather it whole ("Involuntary full rematerialization", measured on (4, 2): lo[16@b, 16] in
+        # lax.clamp(lo, x[16@(a,b), 16], hi[16@b, 16@a]) is gathered whole, 1024 B, where the same lo in
+        # jnp.where(x > 0, lo, hi) is sliced first, 256 B).  The bound: the whole array gathered, in bytes and peak.
+        whole = math.prod(src.shape) * itemsize(dtype)
+        mark_approximate(w, since, REMAT_NOTE, OpBound(1, float(max(0, whole - own)), float(whole)))
         return
     shard = math.prod(src.shard_shape) * itemsize(dtype)
-    own = sum(c.array_bytes for op in w.ops[since:] for c in op.collectives)
     mark_approximate(w, since, SWAP_NOTE, OpBound(2, float(own + 2 * shard), float(2 * shard)))
+
+
+def mark_gather_then_shift(w: WalkerLike, since: int, src: Any, dst: tuple[tuple[str, ...], ...], dtype: Any) -> None:
+    """Mark the move recorded since ``since`` where a dimension of ``src`` loses its major mesh axes to a gather and
+    its minor ones to an all-to-all onto a dimension ``src`` keeps whole (``[x@(a,b), y] -> [x, y@b]``): the layout
+    algebra all-to-alls b and gathers a, as XLA does where its propagation gives a neighbour that layout; as a
+    reshard of its own XLA finds no direct path and gathers the value whole (measured on (4, 2) and (2, 2, 2):
+    the identity to P(None, 'b') from P(('a', 'b')) is one all-gather of the whole array, and ``x * 2`` so on
+    Explicit axes, where on Auto axes it is the all-to-all and the gather; a dynamic_update_slice's update lined
+    up so is gathered whole).  The bound: one collective, and the whole array against the moves' own bytes."""
+    if w.quiet or len(w.ops) <= since:
+        return
+    dst_at = {m: j for j, d in enumerate(dst) for m in d}
+    for i, d in enumerate(src.dims):
+        shifted = [k for k, m in enumerate(d) if m in dst_at and dst_at[m] != i and not src.dims[dst_at[m]]]
+        gathered = [k for k, m in enumerate(d) if m not in dst_at]
+        if shifted and gathered and max(gathered) < min(shifted):
+            whole = math.prod(src.shape) * itemsize(dtype)
+            own = sum(c.array_bytes for op in w.ops[since:] for c in op.collectives)
+            mark_approximate(w, since, REMAT_NOTE, OpBound(1, float(abs(whole - own)), float(whole)))
+            return
+
+
+# Why an operand's split moved to another dimension over a group of another size is approximate.
+REMAT_NOTE = (
+    "an operand's split moves to another dimension over a group of another size: explain slices the new split "
+    "first and gathers the piece; XLA may gather the operand whole and slice it after (its 'involuntary full "
+    "rematerialization', by the device order of the layout it meets)"
+)
 
 
 def is_computed(w: WalkerLike, v: Any) -> bool:

@@ -29,7 +29,7 @@ from ..einsum.read import dtype_info
 from .costing import is_free
 from .idle_axes import gather_route, over_idle_axes, resplit_onto
 from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_cache
-from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict
+from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict, mark_gather_then_shift, mark_swap
 from .registry import register
 from .report import OpBound
 from .rules_structural import explicit_dims, merged_split, typed_dims
@@ -56,10 +56,12 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     colls = per_contracted_axis(w, res.collectives, lhs, dn)
     out_dims = res.out.dims
     pending: frozenset[str] = frozenset()
+    share = 1
     if sums:
         out_dims, colls = scatter_to_consumers(w, eqn, res.out, colls, sums, (lhs, rhs))
         if out_dims == res.out.dims:  # summed whole: the partial buffer waits for its all-reduce
-            w.env[Partial(eqn.outvars[0])] = res.out.with_dims(res.out.dims, sums)
+            out_dims, colls, share = sliced_for_consumer(w, eqn, res.out, colls, sums, (lhs, rhs))
+            w.env[Partial(eqn.outvars[0])] = res.out.with_dims(out_dims, sums)
             stages = [c for c in colls if c.kind == "all-reduce" and c.tensor == "result"]
             if len(stages) == 1 and leaves_program(w, eqn.outvars[0]):
                 # A gradient that only leaves the program: XLA sums it to the output's layout
@@ -67,7 +69,9 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
                 # It stays pending; the output's layout settles it.
                 colls = tuple(c for c in colls if c is not stages[0])
                 pending = frozenset(stages[0].axes)
-    time_s = res.time_s - sum(c.time for c in res.collectives) + sum(c.time for c in colls)
+    # (a result sliced for its consumer computes only its piece: ``share`` of the dot's work)
+    flops = res.flops // share if share > 1 else res.flops
+    time_s = (res.time_s - sum(c.time for c in res.collectives)) / share + sum(c.time for c in colls)
     idle = None if sums else over_idle_axes(w, eqn, [lhs, rhs], res.out, colls)
     if idle is not None and idle[-1].kind == "all-reduce":
         # XLA re-splits the operand's contraction onto the idle mesh axes (one collective-permute) and sums this
@@ -107,7 +111,7 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
             colls = kept
     out = w.relayout(eqn.outvars[0].aval, out_dims)
     since = len(w.ops)
-    w.record(eqn, phase, res.expression, out, colls, res.flops, time_s, repeat)
+    w.record(eqn, phase, res.expression, out, colls, flops, time_s, repeat)
     # Operands that disagree on a split (an all-to-all brings one to the other's): XLA may settle it upstream.
     moved = [int(c.tensor.split()[1]) - 1 for c in colls if c.kind == "all-to-all" and _names_operand(c)]
     for k in moved:
@@ -919,6 +923,66 @@ def scatter_to_consumers(
         return dst.dims, tuple(c for c in colls if c not in drop) + tuple(sliced)
     moved = w.costs.reshard(pending, out.with_dims(dst.dims), eqn.outvars[0].aval.dtype)
     return dst.dims, tuple(c for c in colls if c not in drop) + tuple(moved)
+
+
+_CARRIER_CHAIN_LIMIT = 16  # carriers followed from one dot's result (such chains are a few ops long)
+
+
+def sliced_for_consumer(
+    w: Walker,
+    eqn: Any,
+    out: Layout,
+    colls: tuple[Any, ...],
+    sums: frozenset[str],
+    operands: tuple[Layout, Layout],
+) -> tuple[tuple[tuple[str, ...], ...], tuple[Any, ...], int]:
+    """A dot's summed result sliced to an elementwise consumer's split before its all-reduce (XLA's propagation).
+
+    Where an elementwise consumer's other operand splits an axis the dot's result keeps whole over mesh axes that
+    neither the sum nor either operand uses, XLA gives the dot's result that split: each device slices its
+    (replicated there) operands locally, computes its piece of the partial sum and all-reduces only that piece
+    (measured: x[64, 16@b] - einsum('etd,ed->td', a[8@a, 64, 16], ones) on (a=4, b=2) all-reduces f32[64, 8],
+    not f32[64, 16]; tests/test_explain_partial_sums.py).  A reduction's sum is not sliced so (measured: XLA
+    all-reduces sum(a, 0) whole there), and on Explicit axes the result's type decides its split instead.
+    Returns the result's split, its collectives and how many pieces the slice cuts the result into.
+    """
+    if typed_dims(eqn.outvars[0].aval) is not None or out.unreduced:
+        return out.dims, colls, 1
+    sizes = w.costs.mesh_sizes
+    taken = set(sums) | {m for lay in operands for d in lay.dims for m in d} | {m for d in out.dims for m in d}
+    dims = list(out.dims)
+    # Through the carriers that keep every element (einsum's transpose of its dot's result, a dtype conversion).
+    frontier: list[tuple[Any, tuple[int, ...]]] = [(eqn.outvars[0], tuple(range(len(out.dims))))]
+    for _ in range(_CARRIER_CHAIN_LIMIT):
+        if not frontier:
+            break
+        v, axis_of = frontier.pop(0)  # axis_of[i]: the dot result's axis that is v's axis i
+        for user, k in w.uses.get(id(v), ()):
+            name = user.primitive.name
+            if name in CARRIERS:
+                frontier.append((user.outvars[0], _transposed(user, axis_of) if name == "transpose" else axis_of))
+            if name not in ELEMENTWISE_PARTNERED:
+                continue
+            for j, split in enumerate(_partner_split(w, user, k, v)):
+                i = axis_of[j] if j < len(axis_of) else -1
+                if i < 0 or not split or dims[i] or set(split) & taken:
+                    continue
+                if out.shape[i] % math.prod(sizes[m] for m in split) == 0:
+                    dims[i] = split
+                    taken |= set(split)
+    if tuple(dims) == out.dims:
+        return out.dims, colls, 1
+    piece = math.prod(sizes[m] for d in dims for m in d) // max(1, math.prod(sizes[m] for d in out.dims for m in d))
+    sliced = []
+    for c in colls:
+        if c.kind != "all-reduce" or c.tensor != "result":
+            sliced.append(c)
+            continue
+        block = c.array_bytes // piece
+        sent = sent_bytes("all-reduce", c.group_size, block)
+        t = w.costs.profile.collective_time("all-reduce", c.group_size, sent, block)
+        sliced.append(replace(c, bytes=int(sent), array_bytes=int(block), time=t))
+    return tuple(dims), tuple(sliced), piece
 
 
 def _idle_devices(w: Walker, operands: tuple[Layout, Layout]) -> int:
@@ -1739,6 +1803,11 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     # An update one position long on a split axis is written locally by the device that holds it (measured).
     # Once one axis must be gathered, every cut split axis is, one all-gather each (measured).
     cut = [i for i, (d, a, b) in enumerate(zip(operand.dims, update.shape, operand.shape)) if d and a != b]
+    # An update at a constant offset that lies inside one block of the split is written by the devices that
+    # hold that block: nothing of the operand is gathered there (measured: x[16@a, 16@b] updated by
+    # u[16@(a,b), 8] at (i, 0) on (4, 2) only gathers u over b, to x's rows; at 8 columns of a 4-way split, two
+    # blocks, XLA gathers the columns).
+    cut = [i for i in cut if not _inside_one_block(w, eqn, operand, update, i)]
     if not any(update.shape[i] != 1 for i in cut):
         cut = []
     if cut and not is_free(operand):
@@ -1755,8 +1824,25 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         if not is_free(update):
             want = tuple(d if a == b else () for d, a, b in zip(whole.dims, update.shape, operand.shape))
             if want != update.dims:
+                at = len(w.ops)
                 w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
-        return [w.relayout(out_aval, operand.dims)]
+                mark_gather_then_shift(w, at, update, want, out_aval.dtype)
+        # The result takes the split the operand and the update merge to (_update_target: the operand's along the
+        # cut axes); where that is the operand's, the written copy is sliced back locally.  Where they disagree
+        # along an axis the update spans, the written copy is moved there (measured: x[16@b, 16@a] updated by
+        # u[16@(a,b), 8] at (i, 0) on (4, 2) writes at [16@b, 16] and XLA brings the result to [16, 16@a], by a
+        # whole gather: marked where that turns on the device order, movement.mark_swap).
+        target = _update_target(operand, update) if not is_free(update) else operand.dims
+        if target == operand.dims:
+            return [w.relayout(out_aval, operand.dims)]
+        written = w.relayout(out_aval, whole.dims)
+        out = written.with_dims(target)
+        at = len(w.ops)
+        w.change(
+            eqn, phase, written, out, out_aval.dtype, repeat, "dynamic_update_slice: the result to its merged split"
+        )
+        mark_swap(w, at, written, target, out_aval.dtype)
+        return [out]
     target = _update_target(operand, update)
     # XLA's partitioner writes the update at the finer of the operand's split and the result's (Shardy's merge,
     # _update_target), and the result is brought to the merge after the write; a result whole everywhere is
@@ -1775,13 +1861,30 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     if not is_free(update):
         want = tuple(d if a == b else () for d, a, b in zip(work, update.shape, operand.shape))
         if want != update.dims:
+            at = len(w.ops)
             w.change(eqn, phase, update, update.with_dims(want), out_aval.dtype, repeat, "update lines up")
+            mark_gather_then_shift(w, at, update, want, out_aval.dtype)
     out = w.relayout(out_aval, work)
     if work != target:
         moved = out.with_dims(target)
         w.change(eqn, phase, out, moved, out_aval.dtype, repeat, "dynamic_update_slice: the result to its merged split")
         out = moved
     return [out]
+
+
+def _inside_one_block(w: Walker, eqn: Any, operand: Layout, update: Layout, i: int) -> bool:
+    """Whether the update of ``eqn`` (a dynamic_update_slice) lies inside one block of ``operand``'s split along
+    axis ``i``: its offset there a literal (XLA clamps it into the operand, as here), its extent within one block."""
+    start = eqn.invars[2 + i]
+    if not hasattr(start, "val"):
+        return False  # a run-time offset: the update lands anywhere
+    length, size = int(operand.shape[i]), int(update.shape[i])
+    ways = split_ways(w, (operand.dims[i],))
+    if length % ways:
+        return False
+    block = length // ways
+    first = min(max(int(start.val), 0), length - size)
+    return first // block == (first + size - 1) // block
 
 
 def is_split(dims: tuple[tuple[str, ...], ...]) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ...core.layout import Layout
 from ..cost import Collective, sent_bytes
+from ..einsum.plan import side_string
 from .alternatives import taking
 from .costing import is_free
 from .movement import is_computed, mark_approximate, mark_conflict, mark_open_merge, mark_swap
@@ -540,13 +541,38 @@ def reduce(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
                 rest = tuple(m for m in src.dims[i] if m not in onto)
                 if rest:
                     w.change(eqn, phase, out.with_dims(out.dims, frozenset(rest)), out, out_aval.dtype, repeat, why)
-            w.change(eqn, phase, out.with_dims(out.dims, frozenset(onto)), scattered, out_aval.dtype, repeat, why)
+            pending = out.with_dims(out.dims, frozenset(onto))
+            if sum(1 for d, e in zip(out.dims, scattered.dims) if set(e) - set(d)) > 1:
+                _scattered_at_once(w, eqn, phase, repeat, pending, scattered, why)
+            else:
+                w.change(eqn, phase, pending, scattered, out_aval.dtype, repeat, why)
             return [scattered]
         for i in sorted(axes, reverse=True):
             if src.dims[i]:
                 pending = out.with_dims(out.dims, frozenset(src.dims[i]))
                 w.change(eqn, phase, pending, out, out_aval.dtype, repeat, why)
     return [out for _ in eqn.outvars]
+
+
+def _scattered_at_once(
+    w: WalkerLike, eqn: Any, phase: str, repeat: int, pending: Layout, scattered: Layout, why: str
+) -> None:
+    """A reduction's pending sum scattered onto several dimensions: one reduce-scatter over all its mesh axes.
+
+    XLA sums the local result over every pending mesh axis at once and each device keeps its block of the 2-d (or
+    3-d) tiling (measured: sum(x[8@(a, b, c), 4, 8, 8], 0) asked P('a', 'b', 'c') is one reduce-scatter of the
+    whole f32[4, 8, 8]; x[8@(a, b), 4, 8] + bias[4@a, 8@b]'s bias gradient one over the 4 devices), where the
+    layout algebra's transition scatters one dimension at a time (tests/test_reduction_scatter.py)."""
+    sizes = w.costs.mesh_sizes
+    axes = tuple(m for m in sizes if m in pending.unreduced)  # in mesh order
+    n = math.prod(sizes[m] for m in axes)
+    block = math.prod(pending.shard_shape) * dtype_itemsize(eqn.outvars[0].aval.dtype)
+    sent = sent_bytes("reduce-scatter", n, block)
+    t = w.costs.profile.collective_time("reduce-scatter", n, sent, block)
+    coll = Collective("reduce-scatter", axes, n, int(sent), int(block), t, "result", why)
+    w.record(
+        eqn, phase, f"{why}: {side_string(pending)} -> {side_string(scattered)}", scattered, (coll,), 0.0, t, repeat
+    )
 
 
 def _scattered(
@@ -563,6 +589,9 @@ def _scattered(
 
     dims = consumer_split(w, eqn.outvars[0], out, sums)
     partial = False  # whether the split may take some of the summed mesh axes (the rest all-reduced)
+    if dims is not None and {m for d in dims for m in d} - {m for d in out.dims for m in d} != set(sums):
+        # The look-ahead lands one dimension's split; a layout asked of the sum may take them all (below).
+        dims = None if _asked_through_unit_axes(w, eqn.outvars[0]) is not None else dims
     if dims is None:
         # A sum that leaves the program as it is, its layout asked (report(out_specs=), an Explicit program's
         # reshard): XLA sums it straight to that split (measured: a routed expert sum leaving token-split).
@@ -613,7 +642,7 @@ def _asked_through_unit_axes(w: WalkerLike, var: Any) -> tuple[tuple[str, ...], 
     A bias gradient reaches the output through such a chain (sum, reshape to ``[1, 1, h, k]``, sum of the unit
     axes): without it the sum's asked split is unseen and its pending sum is all-reduced where XLA
     reduce-scatters it (measured: x[8@data, 8, 4, 8] + b[4@data, 8], the gradient of b asked split as b)."""
-    from .rules_indexing import requested_dims  # rules_indexing imports this module
+    from .rules_indexing import PLACEMENTS, placement_dims, requested_dims  # rules_indexing imports this module
 
     rank = len(getattr(var.aval, "shape", ()))
     to_var = {i: i for i, n in enumerate(var.aval.shape) if int(n) != 1}  # var's axis -> the followed value's
@@ -628,6 +657,14 @@ def _asked_through_unit_axes(w: WalkerLike, var: Any) -> tuple[tuple[str, ...], 
         if len(uses) != 1:
             return None
         user, k = uses[0]
+        if user.primitive.name in PLACEMENTS and k == 0:
+            # A placement asks its layout outright (the exit of a jax.sharding.auto_axes region, out_sharding=):
+            # as an asked output (measured: the bias gradient above under auto_axes(out_sharding=P('a', 'b'))
+            # on Explicit axes is one reduce-scatter onto both dimensions, as with jit(out_shardings=)).
+            placed = tuple(placement_dims(user))
+            if len(placed) != len(getattr(v.aval, "shape", ())):
+                return None
+            return tuple(placed[to_var[i]] if i in to_var else () for i in range(rank))
         if _whole_update(user, k):
             v = user.outvars[0]  # the update is the result, axis for axis
             continue
