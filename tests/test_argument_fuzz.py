@@ -395,6 +395,8 @@ TABLE: dict[str, Entry | Record | Constant] = {
             "topology": _one_of("switch", "ring"),
             "tiling": _one_of("dense", "tpu"),
             "narrow_floats": _one_of("native", "f32"),
+            # (None is the default: each device on a core of its own)
+            "host_cores": lambda: [0, -1, 1.5, True, "2", b"2"],
         },
     ),
     "einshard.einsum": Entry(_einsum_base, _EINSUM_KINDS, any_value=_OPERANDS),

@@ -30,7 +30,7 @@ from ...core.layout import Layout, MeshAxis
 from ...core.logical import AxisRules, AxisRulesLike, current_axis_rules, resolve_text
 from ...core.moves import remember_mesh
 from ...errors import EinshardError
-from ..cost import Profile, shared_profile
+from ..cost import Profile, get_profile
 from .model import Problem, classify, pick_weight
 from .plan import EinsumPlan, side_string
 from .read import (
@@ -293,7 +293,7 @@ def _analyze_plain(
         mesh_axes,
         requested,
         itemsize,
-        shared_profile(profile, mesh_axes),
+        get_profile(profile),
         scatter_chosen=requested is None,  # the user's '?' (or a jnp string): the cheapest complete result
     )
     # options.options from the text's splits: each mesh axis's einsum axes as written (none for a size of 1)
@@ -444,7 +444,7 @@ def _analyze(
         mesh_axes,
         requested,
         itemsize,
-        shared_profile(profile, mesh_axes),
+        get_profile(profile),
         scatter_chosen=requested is None,  # the user's '?' (or a jnp string): the cheapest complete result
     )
     plan = _plan(problem, dname, prep.classes, prep.weight)
@@ -550,9 +550,7 @@ def plan_einsum(
             f"the requested result {out} does not have the axes {tuple(out_axes)} on the operands' mesh"
         )
     dname, itemsize = dtype_info(dtype)
-    problem = Problem(
-        operands, tuple(out_axes), tuple(sizes.items()), mesh, out, itemsize, shared_profile(profile, mesh)
-    )
+    problem = Problem(operands, tuple(out_axes), tuple(sizes.items()), mesh, out, itemsize, get_profile(profile))
     return analyze_layouts(problem, dname)
 
 
