@@ -516,3 +516,63 @@ def test_recordings_copy_no_table_of_the_walk(monkeypatch):
     assert all(len(set(tables)) == 1 for tables in seen.values())
     t.costs.memoise_segments = False
     assert t.report(specs, out_specs, forks=0).ops == memo.ops
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    layers=st.integers(1, 8),
+    how=st.sampled_from(["remat", "plain"]),
+    layouts=st.lists(
+        st.tuples(st.integers(0, len(UP) - 1), st.integers(0, len(DOWN) - 1), st.integers(0, len(BATCH) - 1)),
+        min_size=1,
+        max_size=2,
+    ),
+)
+def test_a_key_carried_from_the_copy_before_is_the_key_read_afresh(layers, how, layouts):
+    """A copy replayed right after another of its run takes the state of the values entering both from that copy's
+    key (Walker._carried): at every copy of every costing that key equals the one read afresh, value by value, and
+    the carried copies read only the values they do not share (WalkCounts.segment_key_reads)."""
+    t = _traced(layers, how, "auto")
+    key_of = Walker._segment_key
+    carried_at: list[int] = []
+
+    def both(self, copy, env, repeat, phase_hint, carried=None):
+        key = key_of(self, copy, env, repeat, phase_hint, carried)
+        if carried is not None:
+            reads = self.costs.counts.segment_key_reads
+            assert key == key_of(self, copy, env, repeat, phase_hint)
+            self.costs.counts.segment_key_reads = reads  # the check's own reads not counted
+            carried_at.append(copy.start)
+        return key
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Walker, "_segment_key", both)
+        for up, down, batch in layouts:
+            specs, out_specs = _specs(up, down, batch), _out_specs(up, down)
+            reads = t.costs.counts.segment_key_reads
+            combined_report(t, specs, out_specs)
+            assert t.costs.counts.segment_key_reads >= reads
+
+
+def test_copies_replayed_one_after_another_read_only_what_they_do_not_share():
+    """At 8 layers under a data-parallel layout, the copies replayed one after another take the state of the
+    values entering both (the stacked weights) from the key before: each reads only the others (the residual
+    stream the copy before made), counted in WalkCounts.segment_key_reads."""
+    t = _traced(8, "remat", "auto")
+    specs = _specs(0, 0, 1)
+    combined_report(t, specs)  # records the tapes of this layout
+    (plan,) = t.costs.segment_plans.values()
+    reads = t.costs.counts.segment_key_reads
+    combined_report(t, specs)
+    read = t.costs.counts.segment_key_reads - reads
+    copies = sorted(plan.copies.values(), key=lambda c: c.start)
+    entering = sum(len(c.entering) for c in copies if not c.leaves)
+    # Every copy is replayed in this second costing of the layout (the last, whose values leave, is walked): each
+    # copy after a replayed one reads only what it does not share with it.
+    shared = sum(
+        len(set(a.entering_ids) & set(b.entering_ids))
+        for a, b in zip(copies, copies[1:])
+        if a.stop == b.start and not a.leaves and not b.leaves
+    )
+    assert shared >= 12  # the forward's later copies share the two stacks with the copy before
+    assert read == entering - shared

@@ -59,6 +59,8 @@ class WalkCounts:
     recorded: int = 0  # call bodies walked to record a tape
     segment_replays: int = 0  # repeated top-level stretches replayed (see .segment_memo)
     segments_open: int = 0  # stretches walked whose walk read outside them (not kept)
+    # Entering values whose state a segment key read (not taken from the key of the copy replayed before it).
+    segment_key_reads: int = 0
 
     def snapshot(self) -> tuple[int, int, int, int]:
         return (self.walks, self.equations, self.replays, self.recorded)

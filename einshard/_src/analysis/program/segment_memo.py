@@ -401,11 +401,15 @@ class ReadyTape:
     made_moves: tuple[Hashable, ...]
     made_to: tuple[Any, ...]
     made_by: tuple[tuple[int, frozenset[Hashable]], ...]  # slot -> its moves
+    # Whether it writes anything (a layout, a derived key, a pending-sum tag, a move) under a value entering the copy:
+    # where not, a replay leaves every value made before the copy as it found it (Walker._carried).
+    writes_entering: bool = True
 
 
 def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
     """``tape`` (recorded at ``copy``) by slot: :class:`ReadyTape`."""
-    n = len(copy.entering) + len(copy.inside)
+    entering = len(copy.entering)
+    n = entering + len(copy.inside)
     last: dict[int, tuple[Layout, Token | None]] = {}
     for tok, kind, lay, private in tape.env:
         at = KINDS.index(kind) * n + slot_of(copy, tok)
@@ -424,6 +428,9 @@ def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
         tuple(move for _, move, _ in tape.made),
         tuple(to for _, _, to in tape.made),
         tuple((slot, frozenset(m)) for slot, m in moves.items()),
+        any(at % n < entering for at in last)
+        or any(slot_of(copy, tok) < entering for tok, _ in tape.summed)
+        or any(slot < entering for slot in moves),
     )
 
 

@@ -112,6 +112,9 @@ class Walker:
         self.eqn_where: dict[int, tuple[str, str]] = {}
         # The equation each op was recorded at (None: none of a jaxpr's), for a tape recorded around this walk.
         self.op_eqns: list[Any] = []
+        # The copy replayed last, the state its key read, the environment, the equations stepped and jaxprs walked
+        # then (:meth:`_carried`): the next copy of its run takes the state of the values entering both from there.
+        self._last_replay: tuple[Copy, tuple[Any, ...], Any, int, int] | None = None
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
@@ -606,13 +609,28 @@ class Walker:
             )
         return hit
 
-    def _segment_key(self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None) -> Any:
-        """Everything the walk of ``copy`` may read outside it, where it stays closed (else its tape is not kept)."""
+    def _segment_key(
+        self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None, carried: Any = None
+    ) -> Any:
+        """Everything the walk of ``copy`` may read outside it, where it stays closed (else its tape is not kept).
+
+        ``carried``: (the key of the copy replayed just before this one, which of this copy's entering values
+        entered that one too, by index there or -1), where nothing but that replay ran since and the replay wrote
+        nothing under the values entering it (:meth:`_carried`): the state of a value that entered both is what
+        that key read of it, taken from there, not read again (a layer's weights, read by every layer of a run)."""
         state: list[Any] = []
         get, sources, made_by, summed, mesh = env.get, self._source, self._made_by, self.summed, self.mesh
         none: frozenset[Any] = frozenset()
         append = state.append
-        for v, gathered_key, partial_key, ident, bound in copy.entering_keys:
+        before, shared = carried if carried is not None else ((), ())
+        counts = self.costs.counts
+        for j, (v, gathered_key, partial_key, ident, bound) in enumerate(copy.entering_keys):
+            m = shared[j] if shared else -1
+            if m >= 0:
+                append(before[2 * m])
+                append(before[2 * m + 1])
+                continue
+            counts.segment_key_reads += 1
             lay, gathered, partial = get(v), get(gathered_key), get(partial_key)
             source = sources.get(id(lay)) if lay is not None else None
             made = made_by.get(source) if source is not None else None
@@ -666,6 +684,27 @@ class Walker:
             leaving,
         )
 
+    def _carried(self, copy: Copy, env: dict[Any, Layout]) -> Any:
+        """What :meth:`_segment_key` may take from the key of the copy replayed just before ``copy`` (None: nothing).
+
+        Where that copy ends where this one starts, in the same environment, and no equation was stepped and no
+        jaxpr walked since its replay (which wrote nothing under the values entering it: ReadyTape.writes_entering),
+        a value entering both is as that key read it: the replay wrote its environment, pending-sum tags and moves
+        under the replayed copy's own values only, and the layouts it bound are new objects, so no value made
+        before it has another layout, gathered copy, pending sum, source or move now."""
+        last = self._last_replay
+        if last is None:
+            return None
+        prev, state, at, stepped, walks = last
+        if prev.stop != copy.start or at is not env or stepped != self.costs.counts.equations or walks != self._walks:
+            return None
+        kept = self.costs.segment_shared
+        hit = kept.get((id(prev), id(copy)))
+        if hit is None or hit[0] is not prev or hit[1] is not copy:
+            where = {i: m for m, i in enumerate(prev.entering_ids)}
+            hit = kept[(id(prev), id(copy))] = (prev, copy, tuple(where.get(i, -1) for i in copy.entering_ids))
+        return state, hit[2]
+
     def _slice_rows(self, copy: Copy, split: tuple[Any, ...]) -> tuple[Any, ...]:
         """The rows ``copy``'s slices take as its key holds them, given the splits of the values they slice
         (None: not an entering value's, or unbound): found once per copy and splits (OpCosts.segment_rows)."""
@@ -693,14 +732,18 @@ class Walker:
     ) -> _Recording | Literal["replayed", "plain"]:
         """Replay ``copy``, start recording it (its record), or walk it plainly."""
         if copy.leaves or (self.requested and not self.requested.keys().isdisjoint(copy.inside_ids)):
+            self._last_replay = None
             return "plain"  # its values leave the program or are asked for: the look-ahead ends there
-        key = self._segment_key(copy, env, repeat, phase_hint)
+        key = self._segment_key(copy, env, repeat, phase_hint, self._carried(copy, env))
+        self._last_replay = None
         # The tapes of this key, one per padding its pads' walk read (each layer pads its gradient at its row).
         tapes = self.costs.segment_tapes.get(key, ())
         tape = next((t for t in self._padding_alike(tapes, copy) if self._searches_hold(t, copy)), None)
         if tape is not None:
             self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
+            if not self._ready(tape, copy).writes_entering:
+                self._last_replay = (copy, key[6], env, self.costs.counts.equations, self._walks)
             return "replayed"
         if any(pad_guard_holds(guard, copy) for guard in self.costs.segment_open.get(key, ())):
             # A copy entering in this state (and padding alike where the walk read it) read outside itself: this
