@@ -441,11 +441,15 @@ def whole_partner_dot_case(draw: Any) -> Any:
     rank = draw(st.sampled_from([1, 2, 3]))
     sizes, names = MESHES[rank]
     size_of = dict(zip(names, sizes))
-    batch, k, n = draw(st.sampled_from([8, 16, 64])), draw(st.sampled_from([8, 32, 64])), draw(st.sampled_from([2, 8, 10, 64, 128]))
+    batch, k, n = (
+        draw(st.sampled_from([8, 16, 64])),
+        draw(st.sampled_from([8, 32, 64])),
+        draw(st.sampled_from([2, 8, 10, 64, 128])),
+    )
     order = list(draw(st.permutations(names)))
     cut = draw(st.integers(0, rank - 1))  # mesh axes on the batch axis; the rest on the contracted axis (some may idle)
     idle = draw(st.integers(0, rank - 1 - cut)) if draw(st.booleans()) else 0
-    on_b, on_k = tuple(order[:cut]), tuple(order[cut:rank - idle])
+    on_b, on_k = tuple(order[:cut]), tuple(order[cut : rank - idle])
     if batch % math.prod(size_of[m] for m in on_b) or k % math.prod(size_of[m] for m in on_k):
         reject()
     spec = P(on_b or None, on_k or None)
