@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 from test_primitive_rules import DEEP, FAST, MESHES, Case, _explain, _loss, _mesh, _xla, check
 
 from einshard._src.analysis.program import trace
+from einshard._src.testing.bounds import Measured, gaps, within_bound
 from einshard.testing import hlo
 
 
@@ -503,3 +504,102 @@ def test_dense_after_split_channels_sums_or_gathers_as_xla(xshape, n, spec, rank
     assert got_kinds == want_kinds == Counter({kind: 1}), (got_kinds, want_kinds)
     assert got_sent == want_sent
     assert report.approximate == (kind == "all-gather")  # the sum is XLA's rule reproduced; the gather still marked
+
+
+# -- a window longer than the result on split rows (issue 20, kh_resnet spatial) -------------------------------------
+#
+# XLA gathers the input's rows and leaves the result whole along them when the window is longer than the result,
+# halos needed or not; a window as long as the result keeps the rows split (halos where padded).  A later op that
+# asks for the rows split (a residual add of a rows-split shortcut) splits the chain back: one fork for all such
+# convs (rules_windows.ROWS_SPLIT_FORK), its difference the report's bound.
+
+COVERING_WINDOWS = [
+    # rows (over 'b' of (4, 2), the batch over 'a'), window, stride, padding, XLA's forward collectives
+    (4, 3, 2, ((1, 1), (1, 1)), {"all-gather": 1}),  # the keras-hub ResNet's stride-2 conv: 2 result rows
+    (2, 3, 1, "SAME", {"all-gather": 1}),
+    (8, 3, 4, "SAME", {"all-gather": 1}),  # no halo needed, still gathered
+    (8, 4, 4, "VALID", {"all-gather": 1}),
+    (4, 2, 2, "VALID", {}),  # as long as the result: stays split
+    (4, 2, 2, ((1, 0), (1, 0)), {"collective-permute": 1}),  # ... with its halo
+    (8, 3, 2, ((1, 1), (1, 1)), {"collective-permute": 1}),  # shorter than the result (4 rows)
+]
+
+
+@pytest.mark.parametrize("rows, window, stride, padding, want", COVERING_WINDOWS)
+def test_window_longer_than_the_result_gathers_the_rows_as_xla(rows, window, stride, padding, want) -> None:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    args = (
+        jax.ShapeDtypeStruct((8, rows, rows, 16), jnp.float32),
+        jax.ShapeDtypeStruct((window, window, 16, 16), jnp.float32),
+    )
+    for grad in (False, True):
+        if grad and (rows, window, stride, padding) == (4, 2, 2, "VALID"):
+            continue  # test_non_overlapping_window_gradient_sums_as_xla: a known miss
+        case = Case("conv_general_dilated", conv, args, (P("a", "b"), P()), 2, False, grad, "windows")
+        check(case)
+        mesh, fn = _mesh(2, False), _loss(conv, 2) if grad else conv
+        want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
+        report, got_kinds, got_sent, _ = _explain(case, mesh, fn)
+        if not grad:  # (the gradient within the report's bound: check())
+            assert got_kinds == want_kinds == Counter(want), (got_kinds, want_kinds)
+            assert got_sent == want_sent
+            out_rows = jax.eval_shape(conv, *args).shape[1]
+            assert report.approximate or window <= out_rows  # a longer window: XLA's users may split it back
+
+
+def _bn(y: Any) -> Any:
+    m = y.mean((0, 1, 2))
+    return (y - m) * lax.rsqrt(((y - m) ** 2).mean((0, 1, 2)) + 1e-5)
+
+
+def _strided(x: Any, w: Any, stride: int = 2, padding: Any = ((1, 1), (1, 1))) -> Any:
+    return lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+CHAINS = {
+    # the stride-2 conv's rows gathered, its result whole: the batch norm after it sums whole rows
+    "conv-bn": (lambda x, w, v: jnp.sum(_bn(_strided(x, w)) ** 2), True),
+    "conv-relu-conv": (lambda x, w, v: jnp.sum(_strided(jax.nn.relu(_strided(x, w)), v, 1) ** 2), True),
+    "conv-bn-conv": (lambda x, w, v: jnp.sum(_strided(jax.nn.relu(_bn(_strided(x, w))), v, 1) ** 2), True),
+    # a residual add of a rows-split 1x1 stride-2 shortcut: XLA splits the second conv back (2 halo permutes),
+    # explain keeps it whole and says so, within its bound
+    "residual": (
+        lambda x, w, v: jnp.sum(
+            (_strided(jax.nn.relu(_bn(_strided(x, w))), v, 1) + _strided(x, v[:1, :1], 2, "VALID")) ** 2
+        ),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAINS))
+def test_covering_window_chains_match_xla(name) -> None:
+    fn, exact = CHAINS[name]
+    x = jax.ShapeDtypeStruct((8, 4, 4, 64), jnp.float32)
+    w = jax.ShapeDtypeStruct((3, 3, 64, 64), jnp.float32)
+    case = Case("conv_general_dilated", fn, (x, w, w), (P("a", "b"), P(), P()), 2, False, False, "windows")
+    mesh = _mesh(2, False)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, fn)
+    assert (got_kinds == want_kinds) == exact, (got_kinds, want_kinds)
+    # (collectives and bytes within the stated bound; peak memory is the memory walk's, not held here: the batch
+    # norm chain's XLA peak is 1.15x explain's, beyond the windows range by 21 KiB)
+    gap = gaps(Measured(got_kinds, got_sent, 0), Measured(want_kinds, want_sent, 0))
+    assert within_bound(gap, report.approximate_bound), (gap, report.approximate_bound)
+    assert report.approximate  # the rows-split fork: XLA's choice turns on the users downstream
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the gradient of a 2x2 stride-2 VALID conv, 4 rows over 'b' to 2: XLA sums the kernel gradient with one "
+    "all-reduce and one reduce-scatter where explain all-reduces twice (the forward moves nothing, so no mark); "
+    "not modelled yet (the same on main before issue 20's covering-window change)",
+)
+def test_non_overlapping_window_gradient_sums_as_xla() -> None:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    args = (jax.ShapeDtypeStruct((8, 4, 4, 16), jnp.float32), jax.ShapeDtypeStruct((2, 2, 16, 16), jnp.float32))
+    check(Case("conv_general_dilated", conv, args, (P("a", "b"), P()), 2, False, True, "windows"))
