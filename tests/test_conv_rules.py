@@ -603,3 +603,31 @@ def test_non_overlapping_window_gradient_sums_as_xla() -> None:
 
     args = (jax.ShapeDtypeStruct((8, 4, 4, 16), jnp.float32), jax.ShapeDtypeStruct((2, 2, 16, 16), jnp.float32))
     check(Case("conv_general_dilated", conv, args, (P("a", "b"), P()), 2, False, True, "windows"))
+
+
+# -- a kernel's inputs gathered from a mesh axis the input's rows hold (issue 20, DEEP_MISSES' conv draw) ------------
+#
+# x cols@b against a 1x1 kernel's inputs@b on (4, 2): XLA moves the kernel's split onto the idle 'a' (one
+# collective-permute) and gathers it there (idle_axes.gather_route); the input's features whole, or no idle axis as
+# large (the split over 'a', 'b' idle), a direct gather.
+
+KERNEL_ROUTES = [
+    # x spec, kernel spec, XLA's collectives
+    (P(None, None, "b"), P(None, None, "b"), {"collective-permute": 1, "all-gather": 1}),
+    (P(None, "b"), P(None, None, "b"), {"collective-permute": 1, "all-gather": 1}),
+    (P(None, None, "a"), P(None, None, "a"), {"all-gather": 1}),  # idle 'b' (2) smaller than 'a' (4)
+    (P(), P(None, None, "b"), {"all-gather": 1}),  # the input holds no mesh axis: gathered directly
+]
+
+
+@pytest.mark.parametrize("xs, ws, want", KERNEL_ROUTES)
+def test_kernel_inputs_gathered_through_idle_axes_as_xla(xs, ws, want) -> None:
+    conv = _conv_strided(1)
+    args = (jax.ShapeDtypeStruct((4, 8, 8, 4), jnp.float32), jax.ShapeDtypeStruct((1, 1, 4, 8), jnp.float32))
+    case = Case("conv_general_dilated", conv, args, (xs, ws), 2, False, False, "windows")
+    check(case)
+    mesh = _mesh(2, False)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, conv)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, conv)
+    assert got_kinds == want_kinds == Counter(want), (got_kinds, want_kinds)
+    assert got_sent == want_sent and not report.approximate

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.layout import Layout
 from .alternatives import offer, taking
 from .costing import is_free
+from .idle_axes import gather_route
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
 from .rules_structural import explicit_dims, widen_bound
@@ -355,6 +356,14 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         and int(out_aval.shape[oi]) % group_size(w, lhs.dims[li]) == 0  # else XLA computes uneven blocks (marked)
     }
     lhs = _bring(w, eqn, phase, repeat, 0, lhs, lhs_to, "conv operand brought to the split it needs")
+    held = {m for d in lhs_to.dims for m in d}  # (with the input's features whole: a direct gather, measured)
+    clashing = rhs.dims[ri] and not rhs_to.dims[ri] and set(rhs.dims[ri]) <= held
+    if clashing and not is_free(rhs) and (via := gather_route(w.costs.mesh_sizes, rhs, rhs_to, (lhs_to,))):
+        # The kernel's inputs gathered from mesh axes the input holds elsewhere (its rows), over idle mesh axes at
+        # least as large: XLA moves the kernel's split onto them first (one collective-permute), then gathers
+        # over them (idle_axes.gather_route; measured on (4, 2): x cols@b against a 1x1 kernel's inputs@b,
+        # permute f32[1,1,1,8] then all-gather over 'a').
+        rhs = _bring(w, eqn, phase, repeat, 1, rhs, via, "conv kernel moved onto idle mesh axes")
     rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
     for li in sliced:
         lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv input's rows replicated (axis clash)")
