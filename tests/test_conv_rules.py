@@ -10,13 +10,14 @@ compiles without ``out_shardings`` and so cannot ask).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import given
+from hypothesis import given, reject
 from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
@@ -24,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 from test_primitive_rules import DEEP, FAST, MESHES, Case, _explain, _loss, _mesh, _xla, check
 
 from einshard._src.analysis.program import trace
+from einshard._src.testing.bounds import Measured, gaps, within_bound
 from einshard.testing import hlo
 
 
@@ -426,3 +428,206 @@ def test_transposed_conv_keeps_the_rows_that_divide_split() -> None:
     check(case)
     _, _, _, outs = _explain(case, _mesh(3, False), _transposed)
     assert outs == [(("c",), ("a",), (), ())]
+
+
+# -- a dense layer after a channel-split conv: a split contraction against a whole kernel (issue 20, flax_cnn dp_tp) --
+#
+# x[b@data, c@model] . w[c, n] (a conv's channels split, the mean over its rows, a replicated Dense kernel): XLA groups
+# the devices by x's other splits and, where x's splits cover the mesh, slices w to x's contracted split and
+# all-reduces the product when x has more elements than the product, else gathers x (rules_indexing.slice_whole_partner).
+
+
+@st.composite
+def whole_partner_dot_case(draw: Any) -> Any:
+    rank = draw(st.sampled_from([1, 2, 3]))
+    sizes, names = MESHES[rank]
+    size_of = dict(zip(names, sizes))
+    batch, k, n = (
+        draw(st.sampled_from([8, 16, 64])),
+        draw(st.sampled_from([8, 32, 64])),
+        draw(st.sampled_from([2, 8, 10, 64, 128])),
+    )
+    order = list(draw(st.permutations(names)))
+    cut = draw(st.integers(0, rank - 1))  # mesh axes on the batch axis; the rest on the contracted axis (some may idle)
+    idle = draw(st.integers(0, rank - 1 - cut)) if draw(st.booleans()) else 0
+    on_b, on_k = tuple(order[:cut]), tuple(order[cut : rank - idle])
+    if batch % math.prod(size_of[m] for m in on_b) or k % math.prod(size_of[m] for m in on_k):
+        reject()
+    spec = P(on_b or None, on_k or None)
+    swapped = draw(st.booleans())
+    if swapped:  # the whole operand on the left: w[n, c] . x[b, c]^T
+        fn = lambda w, x: lax.dot_general(w, x, (((1,), (1,)), ((), ())))  # noqa: E731
+        args = (jax.ShapeDtypeStruct((n, k), jnp.float32), jax.ShapeDtypeStruct((batch, k), jnp.float32))
+        specs: tuple[P, ...] = (P(), spec)
+    else:
+        fn = lambda x, w: x @ w  # noqa: E731
+        args = (jax.ShapeDtypeStruct((batch, k), jnp.float32), jax.ShapeDtypeStruct((k, n), jnp.float32))
+        specs = (spec, P())
+    # Gradients on Auto axes only: on Explicit ones the kernel gradient's type is the kernel's (whole), and explain
+    # does not yet gather x's free split for a dot whose typed result drops it (XLA's default action: x[8, 8@a],
+    # g[8, 2] -> g^T . x typed [2, 8] all-gathers x), a gap of the dot rule's typed results, not of this one.
+    explicit = draw(st.booleans())
+    return Case("dot_general", fn, args, specs, rank, explicit, not explicit and draw(st.booleans()))
+
+
+def test_split_contraction_against_a_whole_operand_matches_xla() -> None:
+    FAST(given(whole_partner_dot_case())(check))()
+
+
+@pytest.mark.slow
+def test_split_contraction_against_a_whole_operand_matches_xla_deep() -> None:
+    DEEP(given(whole_partner_dot_case())(check))()
+
+
+WHOLE_PARTNER_DOTS = [
+    # x shape, n (w's columns), x spec, mesh rank, XLA's collective
+    ((8, 32), 10, P("a", "b"), 2, "all-reduce"),  # the corpus's Dense: 64 elements per group > 20
+    ((8, 32), 64, P("a", "b"), 2, "all-gather"),  # 64 <= 128: x gathered
+    ((8, 32), 10, P("b", "a"), 2, "all-reduce"),
+    ((8, 64), 8, P(None, "a"), 1, "all-reduce"),  # no other split: the whole mesh is one group
+    ((8, 32), 10, P(None, "b"), 2, "all-gather"),  # 'a' idles: XLA's base case declines, x gathered
+]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("xshape, n, spec, rank, kind", WHOLE_PARTNER_DOTS)
+def test_dense_after_split_channels_sums_or_gathers_as_xla(xshape, n, spec, rank, kind, explicit) -> None:
+    def dense(x: Any, w: Any) -> Any:
+        return x @ w
+
+    args = (jax.ShapeDtypeStruct(xshape, jnp.float32), jax.ShapeDtypeStruct((xshape[1], n), jnp.float32))
+    case = Case("dot_general", dense, args, (spec, P()), rank, explicit, False)
+    check(case)
+    mesh = _mesh(rank, explicit)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, dense)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, dense)
+    assert got_kinds == want_kinds == Counter({kind: 1}), (got_kinds, want_kinds)
+    assert got_sent == want_sent
+    assert report.approximate == (kind == "all-gather")  # the sum is XLA's rule reproduced; the gather still marked
+
+
+# -- a window longer than the result on split rows (issue 20, kh_resnet spatial) -------------------------------------
+#
+# XLA gathers the input's rows and leaves the result whole along them when the window is longer than the result,
+# halos needed or not; a window as long as the result keeps the rows split (halos where padded).  A later op that
+# asks for the rows split (a residual add of a rows-split shortcut) splits the chain back: one fork for all such
+# convs (rules_windows.ROWS_SPLIT_FORK), its difference the report's bound.
+
+COVERING_WINDOWS = [
+    # rows (over 'b' of (4, 2), the batch over 'a'), window, stride, padding, XLA's forward collectives
+    (4, 3, 2, ((1, 1), (1, 1)), {"all-gather": 1}),  # the keras-hub ResNet's stride-2 conv: 2 result rows
+    (2, 3, 1, "SAME", {"all-gather": 1}),
+    (8, 3, 4, "SAME", {"all-gather": 1}),  # no halo needed, still gathered
+    (8, 4, 4, "VALID", {"all-gather": 1}),
+    (4, 2, 2, "VALID", {}),  # as long as the result: stays split
+    (4, 2, 2, ((1, 0), (1, 0)), {"collective-permute": 1}),  # ... with its halo
+    (8, 3, 2, ((1, 1), (1, 1)), {"collective-permute": 1}),  # shorter than the result (4 rows)
+]
+
+
+@pytest.mark.parametrize("rows, window, stride, padding, want", COVERING_WINDOWS)
+def test_window_longer_than_the_result_gathers_the_rows_as_xla(rows, window, stride, padding, want) -> None:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    args = (
+        jax.ShapeDtypeStruct((8, rows, rows, 16), jnp.float32),
+        jax.ShapeDtypeStruct((window, window, 16, 16), jnp.float32),
+    )
+    for grad in (False, True):
+        if grad and (rows, window, stride, padding) == (4, 2, 2, "VALID"):
+            continue  # test_non_overlapping_window_gradient_sums_as_xla: a known miss
+        case = Case("conv_general_dilated", conv, args, (P("a", "b"), P()), 2, False, grad, "windows")
+        check(case)
+        mesh, fn = _mesh(2, False), _loss(conv, 2) if grad else conv
+        want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
+        report, got_kinds, got_sent, _ = _explain(case, mesh, fn)
+        if not grad:  # (the gradient within the report's bound: check())
+            assert got_kinds == want_kinds == Counter(want), (got_kinds, want_kinds)
+            assert got_sent == want_sent
+            out_rows = jax.eval_shape(conv, *args).shape[1]
+            assert report.approximate or window <= out_rows  # a longer window: XLA's users may split it back
+
+
+def _bn(y: Any) -> Any:
+    m = y.mean((0, 1, 2))
+    return (y - m) * lax.rsqrt(((y - m) ** 2).mean((0, 1, 2)) + 1e-5)
+
+
+def _strided(x: Any, w: Any, stride: int = 2, padding: Any = ((1, 1), (1, 1))) -> Any:
+    return lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+CHAINS = {
+    # the stride-2 conv's rows gathered, its result whole: the batch norm after it sums whole rows
+    "conv-bn": (lambda x, w, v: jnp.sum(_bn(_strided(x, w)) ** 2), True),
+    "conv-relu-conv": (lambda x, w, v: jnp.sum(_strided(jax.nn.relu(_strided(x, w)), v, 1) ** 2), True),
+    "conv-bn-conv": (lambda x, w, v: jnp.sum(_strided(jax.nn.relu(_bn(_strided(x, w))), v, 1) ** 2), True),
+    # a residual add of a rows-split 1x1 stride-2 shortcut: XLA splits the second conv back (2 halo permutes),
+    # explain keeps it whole and says so, within its bound
+    "residual": (
+        lambda x, w, v: jnp.sum(
+            (_strided(jax.nn.relu(_bn(_strided(x, w))), v, 1) + _strided(x, v[:1, :1], 2, "VALID")) ** 2
+        ),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAINS))
+def test_covering_window_chains_match_xla(name) -> None:
+    fn, exact = CHAINS[name]
+    x = jax.ShapeDtypeStruct((8, 4, 4, 64), jnp.float32)
+    w = jax.ShapeDtypeStruct((3, 3, 64, 64), jnp.float32)
+    case = Case("conv_general_dilated", fn, (x, w, w), (P("a", "b"), P(), P()), 2, False, False, "windows")
+    mesh = _mesh(2, False)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, fn)
+    assert (got_kinds == want_kinds) == exact, (got_kinds, want_kinds)
+    # (collectives and bytes within the stated bound; peak memory is the memory walk's, not held here: the batch
+    # norm chain's XLA peak is 1.15x explain's, beyond the windows range by 21 KiB)
+    gap = gaps(Measured(got_kinds, got_sent, 0), Measured(want_kinds, want_sent, 0))
+    assert within_bound(gap, report.approximate_bound), (gap, report.approximate_bound)
+    assert report.approximate  # the rows-split fork: XLA's choice turns on the users downstream
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the gradient of a 2x2 stride-2 VALID conv, 4 rows over 'b' to 2: XLA sums the kernel gradient with one "
+    "all-reduce and one reduce-scatter where explain all-reduces twice (the forward moves nothing, so no mark); "
+    "not modelled yet (the same on main before issue 20's covering-window change)",
+)
+def test_non_overlapping_window_gradient_sums_as_xla() -> None:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    args = (jax.ShapeDtypeStruct((8, 4, 4, 16), jnp.float32), jax.ShapeDtypeStruct((2, 2, 16, 16), jnp.float32))
+    check(Case("conv_general_dilated", conv, args, (P("a", "b"), P()), 2, False, True, "windows"))
+
+
+# -- a kernel's inputs gathered from a mesh axis the input's rows hold (issue 20, DEEP_MISSES' conv draw) ------------
+#
+# x cols@b against a 1x1 kernel's inputs@b on (4, 2): XLA moves the kernel's split onto the idle 'a' (one
+# collective-permute) and gathers it there (idle_axes.gather_route); the input's features whole, or no idle axis as
+# large (the split over 'a', 'b' idle), a direct gather.
+
+KERNEL_ROUTES = [
+    # x spec, kernel spec, XLA's collectives
+    (P(None, None, "b"), P(None, None, "b"), {"collective-permute": 1, "all-gather": 1}),
+    (P(None, "b"), P(None, None, "b"), {"collective-permute": 1, "all-gather": 1}),
+    (P(None, None, "a"), P(None, None, "a"), {"all-gather": 1}),  # idle 'b' (2) smaller than 'a' (4)
+    (P(), P(None, None, "b"), {"all-gather": 1}),  # the input holds no mesh axis: gathered directly
+]
+
+
+@pytest.mark.parametrize("xs, ws, want", KERNEL_ROUTES)
+def test_kernel_inputs_gathered_through_idle_axes_as_xla(xs, ws, want) -> None:
+    conv = _conv_strided(1)
+    args = (jax.ShapeDtypeStruct((4, 8, 8, 4), jnp.float32), jax.ShapeDtypeStruct((1, 1, 4, 8), jnp.float32))
+    case = Case("conv_general_dilated", conv, args, (xs, ws), 2, False, False, "windows")
+    check(case)
+    mesh = _mesh(2, False)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, conv)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, conv)
+    assert got_kinds == want_kinds == Counter(want), (got_kinds, want_kinds)
+    assert got_sent == want_sent and not report.approximate

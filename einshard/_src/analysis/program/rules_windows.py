@@ -35,6 +35,7 @@ op (``OpReport.note``), their bound counting XLA's other way.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.layout import Layout
 from .alternatives import offer, taking
 from .costing import is_free
+from .idle_axes import gather_route
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
 from .rules_structural import explicit_dims, widen_bound
@@ -145,6 +147,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     start = len(w.ops)
     approx: list[str] = []
     alternative = False  # whether XLA's other choice is known here (offered to a fork of the walk)
+    rows_fork = False  # a window longer than the result: offered to the fork shared by all such convs
     kernel_keeps: tuple[str, ...] = ()  # the kernel's output split kept where it clashes with the input's
     rows_alternative = 0  # collectives XLA's other way of settling a rows/outputs clash takes, beyond the marked
     gathered_out = 0  # bytes XLA may all-gather (an uneven result, the input's rows), beyond the marked collectives
@@ -353,6 +356,14 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         and int(out_aval.shape[oi]) % group_size(w, lhs.dims[li]) == 0  # else XLA computes uneven blocks (marked)
     }
     lhs = _bring(w, eqn, phase, repeat, 0, lhs, lhs_to, "conv operand brought to the split it needs")
+    held = {m for d in lhs_to.dims for m in d}  # (with the input's features whole: a direct gather, measured)
+    clashing = rhs.dims[ri] and not rhs_to.dims[ri] and set(rhs.dims[ri]) <= held
+    if clashing and not is_free(rhs) and (via := gather_route(w.costs.mesh_sizes, rhs, rhs_to, (lhs_to,))):
+        # The kernel's inputs gathered from mesh axes the input holds elsewhere (its rows), over idle mesh axes at
+        # least as large: XLA moves the kernel's split onto them first (one collective-permute), then gathers
+        # over them (idle_axes.gather_route; measured on (4, 2): x cols@b against a 1x1 kernel's inputs@b,
+        # permute f32[1,1,1,8] then all-gather over 'a').
+        rhs = _bring(w, eqn, phase, repeat, 1, rhs, via, "conv kernel moved onto idle mesh axes")
     rhs = _bring(w, eqn, phase, repeat, 1, rhs, rhs_to, "conv kernel brought to the split it needs")
     for li in sliced:
         lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, li, ()), "conv input's rows replicated (axis clash)")
@@ -393,12 +404,40 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low, window_split=True)))
             window_summed.extend(wsplit)
         elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
-            covers = window >= out_len and not (typed and typed[oi])
-            if covers and taking(w, eqn):
-                # XLA's other choice (a fork of the walk, see :mod:`.alternatives`): the input's rows gathered,
-                # the result whole along the axis.  Charged here, not as a layout change the walk may reuse: XLA
-                # gathers the rows again for a later reader (measured: the kernel gradient's conv in the
-                # backward pass, a second all-gather of the same rows).
+            pieces = halo_pieces(length, n, out_len, window, stride, rdil, low)
+            # (longer than the result, whether the blocks need halos or not: 8 rows over 2, a 4-row window of
+            # stride 4, 2 result rows, is gathered; a 2-row window of stride 2 over 4 rows to 2 stays split, with
+            # a halo where padded (1, 0): measured on one-op programs, tests/test_conv_rules.py)
+            covers = window > out_len and not (typed and typed[oi])
+            as_long = window == out_len and not (typed and typed[oi])
+            if as_long:
+                # As long as the result: XLA keeps the rows split (halos where the blocks need them), and its
+                # gradient's convs too, by a choice of its own (measured: 4 rows over 2, a 2x2 stride-2 window, its
+                # gradient one all-reduce and one reduce-scatter where explain all-reduces twice): the op says so,
+                # the gathered rows its alternative (a fork of its own).
+                alternative = True
+                approx.append(
+                    f"spatial axis {li}: the window is as long as the result; XLA keeps the rows split, its "
+                    "gradient may sum otherwise, or gather the input's rows"
+                )
+            if covers:
+                # A window longer than the result: Shardy's conv rule pairs the input's axis with the
+                # kernel's, not the result's, so XLA's propagation leaves the result whole along it and gathers
+                # the input's rows (measured on one-op programs and short chains, tests/test_conv_rules.py: a 3x3
+                # stride-2 conv of 4 rows over 2 to 2 rows, alone, before a batch norm, a mean or another conv:
+                # one all-gather, the batch norm's all-reduces over the axis gone; the keras-hub ResNet's
+                # f32[2,6,6,64]).  Charged here, not as a layout change the walk may reuse: XLA gathers the rows
+                # again for a later reader (the kernel gradient's conv in the backward pass).  XLA's other choice
+                # (a fork of the walk, :mod:`.alternatives`): where a later op asks for the rows split (a residual
+                # add of a rows-split shortcut), its propagation splits the result back and exchanges halos
+                # instead, a global choice explain does not follow: the op says so.
+                rows_fork = True
+                approx.append(
+                    f"spatial axis {li}: the window covers the result; XLA gathers the input's rows and leaves the "
+                    "result whole, unless a later op asks for the rows split (then halo permutes, its users' "
+                    "all-reduces along the axis kept)"
+                )
+            if (covers and id(ROWS_SPLIT_FORK) not in w.costs.forced) or (as_long and taking(w, eqn)):
                 whole = _with(lhs, li, ())
                 if not is_free(lhs):
                     block = math.prod(whole.shard_shape) * itemsize(eqn.invars[0].aval.dtype)
@@ -406,21 +445,8 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                     w.bind_copy(eqn.invars[0], whole)
                 lhs = whole
                 continue
-            halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low)))
+            halos.append((li, pieces))
             out_dims[oi] = lsplit
-            if covers:
-                alternative = True
-                # A window at least as long as the result: Shardy's conv rule pairs the input's axis with the
-                # kernel's, not the result's, so XLA's propagation may leave the result whole along it and
-                # gather the input's rows (measured on the keras-hub ResNet's 3×3 stride-2 conv, 6 padded rows
-                # split over 'model', 2 result rows: all-gather f32[2,6,6,64], and the batch norm after it
-                # sums whole rows: 3 all-reduces fewer), or split it by its users and exchange halos (the
-                # next conv, before a residual add of a split shortcut): a global choice, so it says so.
-                approx.append(
-                    f"spatial axis {li}: the window covers the result; XLA may gather the input's rows (one "
-                    "all-gather instead of the halo permutes) and leave the result whole, its users' all-reduces "
-                    "along the axis then vanish"
-                )
         elif lsplit and ldil != 1 and out_len % n == 0 and length % n == 0:
             if wsplit:
                 # The kernel's window split otherwise than the input's rows: XLA gathers the (small) kernel's window
@@ -522,8 +548,33 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         _mark(w, start, "; ".join(approx))
         widen_bound(w, start, sent=gathered_out, collectives=rows_alternative + gathered_again)
         if alternative:
-            offer(w, eqn, start)  # the window-covers-result choice: walked to the program's end
+            offer(w, eqn, start)  # the op's own other choice: walked to the program's end
+        if rows_fork:
+            _offer_rows_split(w, start)  # the rows split back by their users: one fork for every such conv
     return [out]
+
+
+class _RowsSplitFork:
+    """The alternative every conv whose window covers its result offers (:mod:`.alternatives`): one fork for all.
+
+    XLA's choice there is its propagation's, program-wide: where a later op asks for the rows split (a residual
+    add of a rows-split shortcut), the split travels back through the chain and the convs on it exchange halos
+    (measured on the keras-hub ResNet: the stride-2 conv gathers its rows, the stride-1 conv after it, 2 rows
+    over 2, exchanges halos for the add; gathered alone).  So the fork keeps the rows split at every such conv,
+    not at one: the walk whose difference bounds what XLA may do between the two."""
+
+
+ROWS_SPLIT_FORK = _RowsSplitFork()
+
+
+def _offer_rows_split(w: Walker, since: int) -> None:
+    """Offer :data:`ROWS_SPLIT_FORK` on the approximate ops recorded since ``since`` (:func:`.alternatives.offer`,
+    keyed by the shared fork instead of the equation)."""
+    if w.quiet or w.costs.forced:
+        return  # a dry run records nothing; a fork's own marks are not walked again
+    for i in range(since, len(w.ops)):
+        if w.ops[i].approximate:
+            w.ops[i] = dataclasses.replace(w.ops[i], alternative=id(ROWS_SPLIT_FORK))
 
 
 def _differentiated(w: Walker, eqn: Any) -> bool:
