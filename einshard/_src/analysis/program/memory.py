@@ -1495,7 +1495,8 @@ def _peak(
         return lay is not None and is_free(lay)
 
     free = {k: is_free_key(k) for k in prog.bases}
-    ynn = _ynn_reductions(prog)
+    # (YNNPACK is XLA:CPU's; a TPU's compiler fuses its reductions itself.)
+    ynn = _ynn_reductions(prog) if tiling == "dense" else frozenset()
     live_key = (tuple(free.items()), ynn)
     info = prog.liveness.get(live_key)
     if info is None:
