@@ -308,6 +308,7 @@ class _Program:
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
         self.sizings: dict[Any, _Sizing] = {}  # where each stretch's buffers' layouts are read (_sizing_of)
         self.made_broadcasts: set[_Broadcast] = set()  # (_broadcasts)
+        self.lone_sums: dict[Any, frozenset[int]] = {}  # by liveness and partial sums: those alone (_lone_sums)
         self._flatten(jaxpr, ())
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
         self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
@@ -1656,6 +1657,7 @@ def _peak(
     if memo is None:
         sums: dict[int, int] = {}
         _running_bytes(prog, info, size, nbytes_as, sums)
+        sums = _lone_sums(prog, info, live_key, sums)
         return fold(peak, [walk(0, len(steps), live, None, sums.get)], start)
     plan = prog.stretches.get(live_key)
     if plan is None:
@@ -1723,6 +1725,7 @@ def _peak(
     # asked of every step (while_running is 0 at a step whose results have neither).
     sums = {}
     running = _running_bytes(prog, info, size, nbytes_as, sums)
+    sums = _lone_sums(prog, info, live_key, sums)
     for i, b in combined.items():  # a loop body's combined all-reduce (while_running's ``combined``)
         running[i] = running.get(i, 0) + b
     # By stretch: (offset, bytes, bytes of its sums) of its steps that hold any.
@@ -1883,6 +1886,40 @@ def _running_bytes(
         if b:
             out[i] = out.get(i, 0) + b
     return out
+
+
+def _lone_sums(prog: _Program, info: _Liveness, live_key: Any, sums: dict[int, int]) -> dict[int, int]:
+    """``sums`` (by step, the bytes of the sums its partial results are all-reduced into) left to the all-reduces
+    XLA runs alone, right after their step: each depends on the one before it and the one after depends on it
+    (a tensor-parallel stack's layers).  Independent all-reduces (the projections of one hidden state) are
+    combined into one tuple all-reduce, issued once the last partial is made: their steps' operands are not
+    freed before it (measured: tests/test_primitive_rules_core.py's resplit projections)."""
+    if not sums:
+        return sums
+    key = (live_key, frozenset(sums))
+    alone = prog.lone_sums.get(key)
+    if alone is None:
+        order = sorted(sums)
+        feeds = [_reaches(a, b, prog.steps, info.readers) for a, b in zip(order, order[1:])]
+        alone = prog.lone_sums[key] = frozenset(
+            i for n, i in enumerate(order) if (n == len(order) - 1 or feeds[n]) and (n == 0 or feeds[n - 1])
+        )
+    return {i: b for i, b in sums.items() if i in alone}
+
+
+def _reaches(a: int, b: int, steps: list[_Step], readers: dict[Key, list[int]]) -> bool:
+    """Whether step ``b`` reads what step ``a`` makes, transitively (the steps between them searched only)."""
+    todo, seen = [a], set()
+    while todo:
+        j = todo.pop()
+        for k in steps[j].outs:
+            for r in readers.get(k, ()):
+                if r == b:
+                    return True
+                if r < b and r not in seen:
+                    seen.add(r)
+                    todo.append(r)
+    return False
 
 
 def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tuple[Stretch, ...]:
