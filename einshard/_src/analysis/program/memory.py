@@ -1064,12 +1064,12 @@ def _at_most_unary(step: _Step, steps: list[_Step], producer: dict[Key, int]) ->
     big = 0
     for k in set(step.ins):
         j = producer.get(k)
-        if (
-            j is not None
-            and steps[j].name in ("broadcast_in_dim", "iota")
-            and _elements(steps[j].ins[0] if steps[j].ins else k) < _elements(k)
+        made = steps[j] if j is not None else None
+        if made is not None and (
+            made.name == "iota"
+            or (made.name == "broadcast_in_dim" and (not made.ins or _elements(made.ins[0]) < _elements(k)))
         ):
-            continue
+            continue  # (a broadcast of a constant has no operand the walk keys)
         if _true_rank(k) >= rank:
             big += 1
     return big <= 1
@@ -1147,14 +1147,15 @@ def _ynn_reductions(prog: _Program) -> frozenset[int]:
             continue
         k = step.ins[0]
         aval = _aval(k)
-        if not jnp_floating(aval):
+        if not _floating(aval):
             continue
         if max(_shard_elements(prog, k), _shard_elements(prog, step.outs[0])) >= _YNN_MIN_ELEMENTS:
             out.append(i)
     return frozenset(out)
 
 
-def jnp_floating(aval: Any) -> bool:
+def _floating(aval: Any) -> bool:
+    """Whether ``aval`` holds floats (the reductions YNNPACK takes: f32, bf16, f16, f64)."""
     return getattr(getattr(aval, "dtype", None), "kind", "") == "f"
 
 
