@@ -177,23 +177,16 @@ def test_elementwise_all_to_all_holds_its_pieces(rank: int) -> None:
     assert got == pytest.approx(xla, rel=0.25), (got, xla, got / xla)
 
 
-# -- cheap producers recomputed in each reader's loop (not yet); a minor-dimension gather read as laid out ----------
+# -- cheap producers recomputed in each reader's loop; a minor-dimension gather read as laid out -------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="XLA's instruction fusion duplicates a cheap producer (not InstructionFusion::IsExpensive) into every "
-    "elementwise reader; modelled in the walk (no buffer where every reader is elementwise and none ends in a row "
-    "reduction), it fixed this program but took the external corpus's kh_mixtral ep-grad (0.76 -> 0.749x XLA's "
-    "peak), keras_vit tp-grad (0.82 -> 0.74x) under the 25% and changed kh_resnet fsdp-grad's marks: the walk "
-    "under-holds elsewhere on those, so the rule waits for that cause (issue 20, branch h11-peak's history)",
-)
 @pytest.mark.parametrize("explicit", [False, True])
 def test_cheap_values_read_twice_are_recomputed_in_each_fusion(explicit: bool) -> None:
     """The gradient of ``jnp.where(a > 0, a, b)`` with a broadcast row: the mask ``a > 0`` and the scaled
     cotangent are each read by two selects (one for each operand's cotangent).  Comparisons, selects and products
     are cheap (XLA's InstructionFusion::IsExpensive), so XLA recomputes them inside both loop fusions: nothing but
-    the arguments and the two cotangents (the indexing deep run's select_n draw: 3456 B against 2192 B before)."""
+    the arguments and the two cotangents (the indexing deep run's select_n draw: 3456 B against 2192 B before;
+    memory._duplicated)."""
     fn = _grad(lambda a, b: jnp.where(a > 0, a, b), 2)
     got, xla = _peaks(fn, (_sds(16, 16), _sds(1, 16)), (P(), P()), _mesh(explicit))
     assert abs(got - xla) <= SCALARS, (got, xla)
@@ -308,7 +301,7 @@ def test_random_bits_from_the_key_alone_are_made_first(split: bool, explicit: bo
     assert got == pytest.approx(xla, rel=0.05), (got, xla, got / xla)
 
 
-# -- a residual stream XLA recomputes in every reader's fusion (not yet) ----------------------------------------
+# -- a residual stream XLA recomputes in every reader's fusion --------------------------------------------------
 
 
 def _layer_norm(x: Any, g: Any, b: Any) -> Any:
@@ -316,21 +309,15 @@ def _layer_norm(x: Any, g: Any, b: Any) -> Any:
     return (x - m) * lax.rsqrt(jnp.var(x, -1, keepdims=True) + 1e-5) * g + b
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="XLA:CPU never materialises the residual stream x = ln(x + mlp(x)) of a tensor-parallel forward: each "
-    "layer's statistics reductions and the fusion writing the next dot's operand recompute it from the embedding "
-    "sum, every earlier layer's all-reduce result and statistics, so those are all held to the last layer (the "
-    "eqx_bert tp forward: 0.747x XLA's peak).  Modelled as 'a cheap elementwise value read twice is recomputed in "
-    "each elementwise or reducing reader, its operands held to the last of them, its buffer kept only for other "
-    "readers' (tried in session 12, not kept), it made this program and eqx_bert tp-fwd exact and eqx_mixer dp/dp_tp-grad "
-    "0.997/1.03x, but keras_vit tp-grad fell 0.82 -> 0.65x (XLA materialises values read twice there, even unary "
-    "ones: its InstructionFusion duplicates only where the producer fuses into every consumer on all paths)",
-)
 def test_residual_stream_is_recomputed_in_each_reader() -> None:
     """Three post-norm layers ``x = ln(x + tanh(x @ w1) @ w2)`` on ``x = a + e`` (an embedding sum), w1 split on
-    its columns and w2 on its rows over 'model' (one all-reduce per layer): XLA's peak holds every layer's
-    all-reduce result (83716 B); the walk materialises each layer's x and frees what made it (74496 B, 0.89x)."""
+    its columns and w2 on its rows over 'model' (one all-reduce per layer): XLA:CPU never materialises the
+    residual sum ``x + f(x)`` (its operands hold more elements than it, but it fuses into every reader on every
+    path: the statistics' loop reductions and the normalisation), and each layer's normalised ``x`` is a buffer
+    for the next dot only, recomputed in the next residual sum's fusions: so every earlier layer's all-reduce
+    result stays live to the last layer (83716 B).  ``a + e`` is read by a dot: a buffer, held to the end.
+    Before memory._duplicated the walk materialised each x and freed what made it (74496 B, 0.89x); with it but
+    the dot's operand held through its all-reduce, 91904 B (1.10x)."""
     layers = 3
 
     def net(a: Any, e: Any, *ws: Any) -> Any:
@@ -382,3 +369,44 @@ def test_random_bits_in_a_scanned_body_are_made_first_in_each_trip(split: bool) 
     args = (_sds(64, 128), _sds(128, 128), _KEY)
     got, xla = _peaks(scanned, args, (P("a") if split else P(), P(), P()), _mesh(False))
     assert got == pytest.approx(xla, rel=0.25), (got, xla, got / xla)
+
+
+# -- XLA:CPU's duplication of cheap producers, YNNPACK reductions and their broadcasts (memory._duplicated) ---------
+
+
+def _residual_stack(rows: int, layers: int) -> tuple[Callable[..., Any], tuple[Any, ...], tuple[P, ...]]:
+    """``layers`` post-norm tensor-parallel layers on ``a + e`` of ``rows`` tokens (the residual repro's program)."""
+
+    def net(a: Any, e: Any, *ws: Any) -> Any:
+        x = a + e
+        for i in range(layers):
+            w1, w2, g, b = ws[4 * i : 4 * i + 4]
+            x = _layer_norm(x + jnp.tanh(x @ w1) @ w2, g, b)
+        return jnp.sum(x)
+
+    weights = (_sds(32, 64), _sds(64, 32), _sds(32), _sds(32)) * layers
+    specs = (P(None, "model"), P("model", None), P(), P()) * layers
+    return net, (_sds(rows, 32), _sds(rows, 32), *weights), (P(), P(), *specs)
+
+
+@pytest.mark.parametrize(("rows", "layers"), [(128, 2), (256, 3)])
+def test_residual_stream_read_by_ynnpack_reductions(rows: int, layers: int) -> None:
+    """The residual repro with 4096 or more elements per device in each statistic's operand (256 rows): XLA:CPU
+    hands those reductions to YNNPACK (custom fusions that take in no duplicated producer), so the residual sum is
+    a buffer for them while the normalisation's loop fusion still recomputes it; with 128 rows the reductions are
+    loop fusions that recompute it too.  Exact both ways (the walk: memory._ynn_reductions, _in_ynn)."""
+    fn, args, specs = _residual_stack(rows, layers)
+    got, xla = _peaks(fn, args, specs, _mesh(False, (4, 2), ("data", "model")))
+    assert got == pytest.approx(xla, abs=SCALARS), (got, xla, got / xla)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("rows", [64, 256], ids=["loop", "ynnpack"])
+def test_implicit_broadcast_read_by_reductions(rows: int, explicit: bool) -> None:
+    """``sum(x * g, -1) + sum(tanh(x) * g, -1)`` with g ``f32[1, 32]`` (the jaxpr broadcasts it implicitly):
+    XLA makes one broadcast of g (CSE), recomputed in each loop fusion (64 rows) but materialised at x's shape
+    for two YNNPACK reductions (256 rows: 8192 elements), as a LayerNorm's scale is in keras_vit's backward
+    (memory._Broadcast).  Within 5% (64 rows: 1.03x, XLA keeps a small temporary more) and exact (256 rows)."""
+    fn = lambda x, g: jnp.sum(x * g, -1) + jnp.sum(jnp.tanh(x) * g, -1)  # noqa: E731
+    got, xla = _peaks(fn, (_sds(rows, 32), _sds(1, 32)), (P(), P()), _mesh(explicit))
+    assert got == pytest.approx(xla, rel=0.05), (got, xla, got / xla)

@@ -131,6 +131,81 @@ def _step_name(eqn: Any) -> str:
     return name
 
 
+# Ops XLA:CPU's instruction fusion may duplicate into each fusion that reads them (CpuInstructionFusion's
+# IsExpensive is false for them: adds, products, comparisons, selects, conversions, moves of elements); every other
+# op (tanh, exp, rsqrt, a float division, ...) is computed once, its result a buffer its readers share.  A name
+# maps to a test of the equation where its cost turns on its parameters.
+_CHEAP: dict[str, Callable[[Any], bool]] = {
+    **dict.fromkeys(
+        (
+            "add",
+            "add_any",
+            "sub",
+            "mul",
+            "max",
+            "min",
+            "neg",
+            "abs",
+            "sign",
+            "floor",
+            "ceil",
+            "round",
+            "select_n",
+            "eq",
+            "ne",
+            "lt",
+            "le",
+            "gt",
+            "ge",
+            "and",
+            "or",
+            "not",
+            "xor",
+            "square",  # a multiply
+            "copy",
+            "copy_p",
+            "clamp",
+            "is_finite",
+            "reduce_precision",
+            "real",
+            "imag",
+            "stop_gradient",
+            "pjit_identity",
+            "shift_left",
+            "shift_right_logical",
+            "shift_right_arithmetic",
+            "population_count",
+            "bitcast_convert_type",
+            "broadcast_in_dim",
+            "reshape",
+            "squeeze",
+            "expand_dims",
+            "transpose",
+            "iota",
+        ),
+        lambda eqn: True,
+    ),
+    # A division by a constant is a product by its inverse (XLA's algebraic simplifier: measured, ``x / 3.0`` is a
+    # multiply in the compiled HLO); by a computed value it is expensive.
+    "div": lambda eqn: hasattr(eqn.invars[1], "val"),
+    # x ** n for n >= 0 is a chain of multiplies; a negative n divides (expensive).
+    "integer_pow": lambda eqn: int(eqn.params.get("y", -1)) >= 0,
+    # f32 -> bf16 checks for NaNs (expensive); any other conversion is a shift or a cast.
+    "convert_element_type": lambda eqn: (
+        not (
+            str(eqn.params.get("new_dtype")) == "bfloat16"
+            and str(getattr(eqn.invars[0].aval, "dtype", "")) == "float32"
+        )
+    ),
+}
+
+
+def _is_cheap(eqn: Any) -> bool:
+    """Whether XLA:CPU may recompute ``eqn``'s result in each fusion that reads it (:data:`_CHEAP`)."""
+    test = _CHEAP.get(eqn.primitive.name)
+    return test is not None and test(eqn)
+
+
 def _fusible_elementwise() -> frozenset[str]:
     # tile is a broadcast to (repeats, size) and a reshape in XLA: fused as a broadcast is.  A reshape, squeeze
     # or expand_dims is a bitcast of its operand, computed inside its one reader's fusion as XLA does (the
@@ -148,12 +223,32 @@ def _fusible_elementwise() -> frozenset[str]:
     }
 
 
+_FUSIBLE_ELEMENTWISE = frozenset(ELEMENTWISE - _NOT_FUSED)
+
+
 def _fusing() -> frozenset[str]:
     return frozenset(_FUSING_SHAPE_OPS | REDUCTIONS)
 
 
 # A value of the flattened program: a top-level jaxpr variable, or (call path, variable) inside a nested call.
 Key = Any
+
+
+@dataclass(frozen=True)
+class _Broadcast:
+    """The broadcast XLA makes of an operand an elementwise equation reads with size-1 dimensions (a jaxpr's
+    implicit broadcasting, ``mul x:f32[8,16,32] g:f32[1,1,32]``): an HLO broadcast of its own, one per operand and
+    shape (XLA's CSE), laid out as ``like`` (the first reader's result, of its shape).  Fused into loop fusions as
+    any broadcast; a YNNPACK fusion reads it materialised (measured: a LayerNorm's scale and its ``rsqrt``
+    broadcast to the activations' shape, held from the forward to the backward's reductions on keras_vit)."""
+
+    of: Key
+    shape: tuple[int, ...]
+    like: Key = field(compare=False, hash=False)
+
+    @property
+    def aval(self) -> Any:
+        return _aval(self.like)
 
 
 @dataclass(frozen=True)
@@ -164,6 +259,7 @@ class _Step:
     ins: tuple[Key, ...]
     outs: tuple[Key, ...]
     inside: int = 0  # a loop's: the bytes one iteration holds besides the loop's operands and results
+    cheap: bool = False  # XLA:CPU would recompute it in each fusion reading it (_is_cheap)
 
 
 class _Program:
@@ -213,6 +309,8 @@ class _Program:
         self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
         self.sizings: dict[Any, _Sizing] = {}  # where each stretch's buffers' layouts are read (_sizing_of)
+        self.made_broadcasts: set[_Broadcast] = set()  # (_broadcasts)
+        self.lone_sums: dict[Any, frozenset[int]] = {}  # by liveness and partial sums: those alone (_lone_sums)
         self._flatten(jaxpr, ())
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
         self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
@@ -289,6 +387,8 @@ class _Program:
             if sub is None:
                 ins = tuple(k for k in (self.key(v, path) for v in eqn.invars) if k is not None)
                 outs = tuple(k for k in (self.key(v, path) for v in eqn.outvars) if k is not None)
+                if len(outs) == 1 and eqn.primitive.name in _FUSIBLE_ELEMENTWISE:
+                    ins = self._broadcasts(ins, outs[0])
                 env = self.inner[path] if path else self.layouts
                 if eqn.primitive.name in (
                     "select_and_scatter_add",
@@ -299,7 +399,7 @@ class _Program:
                     scratch = self._scratch(len(self.steps), eqn, env)
                 else:
                     scratch = window_scratch(eqn, env)
-                self.steps.append(_Step(_step_name(eqn), ins, outs, scratch))
+                self.steps.append(_Step(_step_name(eqn), ins, outs, scratch, _is_cheap(eqn)))
                 continue
             body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
             operands = eqn.invars[len(eqn.invars) - len(body.invars) :]
@@ -313,6 +413,24 @@ class _Program:
             self._flatten(body, sub_path)
             for ov, iv in zip(eqn.outvars, body.outvars):
                 self.alias[(path, ov) if path else ov] = self.key(iv, sub_path)
+
+    def _broadcasts(self, ins: tuple[Key, ...], out: Key) -> tuple[Key, ...]:
+        """``ins`` with each operand the equation broadcasts implicitly (size-1 dimensions of the result's rank)
+        read through its :class:`_Broadcast`, a step made before its first reader."""
+        shape = tuple(int(d) for d in getattr(_aval(out), "shape", ()))
+        n = math.prod(shape)
+        read = []
+        for k in ins:
+            kshape = tuple(int(d) for d in getattr(_aval(k), "shape", ()))
+            if len(kshape) != len(shape) or kshape == shape or math.prod(kshape) <= 1 or math.prod(kshape) >= n:
+                read.append(k)
+                continue
+            b = _Broadcast(k, shape, out)
+            if b not in self.made_broadcasts:
+                self.made_broadcasts.add(b)
+                self.steps.append(_Step("broadcast_in_dim", (k,), (b,), 0, True))
+            read.append(b)
+        return tuple(read)
 
     def _iteration(self, eqn: Any, sub: Any, sub_path: tuple[int, ...]) -> int:
         """The bytes one iteration of a scan holds on top of the loop's operands and results.
@@ -500,6 +618,8 @@ class _Program:
         return answer
 
     def layout(self, k: Key, derived: type[Derived] | None = None) -> Layout | None:
+        if isinstance(k, _Broadcast):
+            return None if derived is not None else self.layout(k.like)
         if isinstance(k, tuple):
             path, v = k
             env = self.inner[path]
@@ -722,8 +842,9 @@ def _in_place_bases(prog: _Program) -> list[Key]:
     return out
 
 
-def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
-    """``prog``'s :class:`_Liveness`, where ``free`` says which in-place bases are free constants."""
+def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = frozenset()) -> _Liveness:
+    """``prog``'s :class:`_Liveness`, where ``free`` says which in-place bases are free constants and ``ynn``
+    which reductions XLA:CPU runs as YNNPACK fusions (:func:`_ynn_reductions`)."""
     steps, outputs = prog.steps, prog.outputs
     n = len(steps)
     dead = _dead_steps(steps, outputs)
@@ -737,6 +858,7 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
             producer[k] = i
     fusible = _fusible_elementwise()
     fusing = fusible | _fusing()
+    recomputed = _duplicated(steps, readers, producer, outputs, fusible, fusing, _in_ynn(steps, readers, ynn))
     bits = _random_bits(steps, dead, outputs, producer)
     bits_keys = frozenset(k for _, k, _ in bits)
 
@@ -798,13 +920,19 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
             ):
                 fused_set.add(k)
                 roots.update(root_of(r) for r in readers[k])
+            elif k in recomputed and k not in outputs and recomputed[k] >= set(readers[k]):
+                # Recomputed in every reader's fusion (XLA duplicates it into each): no buffer of its own.
+                fused_set.add(k)
+                roots.update(root_of(r) for r in readers[k])
             else:
                 roots.add(i)
         if step.outs and len(roots) == 1:
             root[i] = roots.pop()
     fused = frozenset(fused_set)
-    # Until when each buffer is needed: its last reader, or, read by a fused value, that value's readers'.
+    # Until when each buffer is needed: its last reader, or, read by a fused value, that value's readers'.  A value
+    # XLA recomputes in a reader's fusion is not read there: its operands are, to that fusion's end (``again``).
     until: dict[Key, int] = dict.fromkeys(outputs, n)
+    again: dict[Key, int] = {}  # by recomputed value: the last step whose fusion recomputes it
     for i in range(n - 1, -1, -1):
         step = steps[i]
         end = (
@@ -812,8 +940,13 @@ def _liveness(prog: _Program, free: dict[Key, bool]) -> _Liveness:
             if step.outs and all(o in fused for o in step.outs)
             else i
         )
+        end = max([end, *(again[o] for o in step.outs if o in again)])
         for k in step.ins:
-            if until.get(k, -1) < end:
+            into = recomputed.get(k)
+            if into is not None and i in into:
+                if again.get(k, -1) < end:
+                    again[k] = end
+            elif until.get(k, -1) < end:
                 until[k] = end
     dies: dict[int, list[Key]] = {}
     args = set(prog.args)
@@ -942,6 +1075,225 @@ def _fuses_into_one(
     if not all(steps[r].name in fusing for r in reads):
         return False
     return len({root_of(r) for r in reads}) == 1
+
+
+# Descendants of a value the search for its paths to its readers visits at most (:func:`_fuses_on_all_paths`):
+# paths longer than a layer's elementwise tail cross a dot or a collective, which no fusion takes in.
+_PATH_BUDGET = 256
+
+
+def _elements(k: Key) -> int:
+    return math.prod(int(d) for d in getattr(_aval(k), "shape", ()))
+
+
+def _true_rank(k: Key) -> int:
+    return sum(1 for d in getattr(_aval(k), "shape", ()) if int(d) != 1)
+
+
+def _at_most_unary(step: _Step, steps: list[_Step], producer: dict[Key, int]) -> bool:
+    """XLA's ``EffectivelyAtMostUnary``: at most one operand as large as the result that is not a broadcast (or an
+    iota, or a scalar): duplicating such an op into a fusion reads no more inputs than reading its result."""
+    rank = max((_true_rank(k) for k in step.outs), default=0)
+    big = 0
+    for k in set(step.ins):
+        j = producer.get(k)
+        made = steps[j] if j is not None else None
+        if made is not None and (
+            made.name == "iota"
+            or (made.name == "broadcast_in_dim" and (not made.ins or _elements(made.ins[0]) < _elements(k)))
+        ):
+            continue  # (a broadcast of a constant has no operand the walk keys)
+        if _true_rank(k) >= rank:
+            big += 1
+    return big <= 1
+
+
+def _reuses_elements(step: _Step) -> bool:
+    """XLA's ``ReusesOperandElements`` for the ops the walk fuses: a broadcast (or tile) that repeats its operand."""
+    return (
+        step.name in ("broadcast_in_dim", "tile")
+        and bool(step.ins)
+        and _elements(step.outs[0]) > _elements(step.ins[0])
+    )
+
+
+def _accepts(reader: _Step, made: _Step, fusing: frozenset[str]) -> bool:
+    """XLA:CPU's ``ShouldFuse(reader, made)`` in the walk's terms: the reader is a loop or reduction fusion, the
+    producer is loop-fusible, and an expensive producer is not fused into a reader that reads each element many
+    times (a broadcast of a reduction)."""
+    if reader.name not in fusing or made.name not in fusing:
+        return False
+    return made.cheap or not _reuses_elements(reader)
+
+
+# The reductions XLA:CPU hands to YNNPACK (ynn_support.cc: a sum, max or min of floats whose operand or result has
+# at least this many elements per device, IsInstructionPreferredByYnn); each is a custom fusion that instruction
+# fusion leaves alone: it reads its operands' buffers, never recomputes a shared producer.
+_YNN_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
+_YNN_MIN_ELEMENTS = 4096
+# The elementwise ops the YNNPACK fusion takes in with the reduction they feed (read by it alone): its unary and
+# binary operators, broadcasts and reshapes (measured: a LayerNorm's square, a mean pool's scale and shift).
+_YNN_ELEMENTWISE = frozenset(
+    {
+        "add",
+        "add_any",
+        "sub",
+        "mul",
+        "div",
+        "max",
+        "min",
+        "pow",
+        "neg",
+        "abs",
+        "sign",
+        "exp",
+        "expm1",
+        "log",
+        "log1p",
+        "tanh",
+        "logistic",
+        "rsqrt",
+        "sqrt",
+        "erf",
+        "sin",
+        "cos",
+        "tan",
+        "floor",
+        "ceil",
+        "round",
+        "square",
+        "integer_pow",
+        "convert_element_type",
+        "broadcast_in_dim",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+    }
+)
+
+
+def _ynn_reductions(prog: _Program) -> frozenset[int]:
+    """The reduction steps XLA:CPU runs as YNNPACK fusions under this costing's layouts (per-device sizes)."""
+    out = []
+    for i, step in enumerate(prog.steps):
+        if step.name not in _YNN_REDUCTIONS or not step.ins or not step.outs:
+            continue
+        k = step.ins[0]
+        aval = _aval(k)
+        if not _floating(aval):
+            continue
+        if max(_shard_elements(prog, k), _shard_elements(prog, step.outs[0])) >= _YNN_MIN_ELEMENTS:
+            out.append(i)
+    return frozenset(out)
+
+
+def _floating(aval: Any) -> bool:
+    """Whether ``aval`` holds floats (the reductions YNNPACK takes: f32, bf16, f16, f64)."""
+    return getattr(getattr(aval, "dtype", None), "kind", "") == "f"
+
+
+def _shard_elements(prog: _Program, k: Key) -> int:
+    lay = prog.layout(k)
+    shape = lay.shard_shape if lay is not None else getattr(_aval(k), "shape", ())
+    return math.prod(int(d) for d in shape)
+
+
+def _in_ynn(steps: list[_Step], readers: dict[Key, list[int]], ynn: frozenset[int]) -> frozenset[int]:
+    """The steps computed inside YNNPACK fusions: the ``ynn`` reductions and the elementwise chains each alone
+    feeds (a custom fusion: XLA's instruction fusion duplicates nothing into it)."""
+    inside = set(ynn)
+    for i in range(len(steps) - 1, -1, -1):
+        step = steps[i]
+        if i in inside or step.name not in _YNN_ELEMENTWISE or len(step.outs) != 1:
+            continue
+        reads = readers.get(step.outs[0], [])
+        if len(reads) == 1 and reads[0] in inside:
+            inside.add(i)
+    return frozenset(inside)
+
+
+def _fuses_on_all_paths(
+    i: int,
+    users: set[int],
+    steps: list[_Step],
+    readers: dict[Key, list[int]],
+    producer: dict[Key, int],
+    blocked: set[int],
+    fusing: frozenset[str],
+    custom: frozenset[int],
+) -> bool:
+    """XLA's ``CanFuseOnAllPaths`` from step ``i`` to each of its readers ``users``: every step on a path between
+    them is a fusion that takes in the step before it on that path, none is one XLA refuses to duplicate
+    (``blocked``).  A path that leaves the budget of steps is taken to cross a dot or a collective."""
+    hi = max(users)
+    desc: set[int] = set()
+    todo = list(users)
+    while todo:
+        j = todo.pop()
+        if j in desc or j > hi:
+            continue
+        desc.add(j)
+        if len(desc) > _PATH_BUDGET:
+            return False
+        for o in steps[j].outs:
+            todo.extend(readers.get(o, ()))
+    on = set(users)
+    todo = list(users)
+    while todo:
+        j = todo.pop()
+        for k in steps[j].ins:
+            p = producer.get(k)
+            if p is not None and p != i and p in desc and p not in on:
+                on.add(p)
+                todo.append(p)
+    for j in on:
+        for k in steps[j].ins:
+            p = producer.get(k)
+            if p is None or (p != i and p not in on):
+                continue
+            if j in custom or not _accepts(steps[j], steps[p], fusing) or (p != i and p in blocked):
+                return False
+    return True
+
+
+def _duplicated(
+    steps: list[_Step],
+    readers: dict[Key, list[int]],
+    producer: dict[Key, int],
+    outputs: Any,
+    fusible: frozenset[str],
+    fusing: frozenset[str],
+    custom: frozenset[int] = frozenset(),
+) -> dict[Key, frozenset[int]]:
+    """The values XLA:CPU's instruction fusion recomputes inside the fusions reading them, each with those readers.
+
+    XLA fuses consumers first and duplicates a producer into each consumer fusion that takes it in, keeping it
+    for the readers that do not (a dot, a collective, the program's output), where the producer is cheap (not
+    ``IsExpensive``) and duplicating it reads no more than its result does: it is at most unary, or its operands
+    hold no more elements than it, or it fuses into every reader on every path (``ComputeGloballyUnfusible``).
+    So a residual stream ``x = ln(x + f(x))`` is never materialised for the next layer's statistics and its
+    residual add: each of those fusions recomputes it from the earlier layers' sums, which stay live
+    (tests/test_memory_rules.py::test_residual_stream_is_recomputed_in_each_reader)."""
+    blocked: set[int] = set()  # XLA's do_not_duplicate: steps whose results are read from one buffer by all
+    out: dict[Key, frozenset[int]] = {}
+    for i in range(len(steps) - 1, -1, -1):
+        step = steps[i]
+        if len(step.outs) != 1 or step.name not in fusible:
+            continue
+        k = step.outs[0]
+        users = set(readers.get(k, ()))
+        if not users:
+            continue
+        if not _at_most_unary(step, steps, producer) and sum(map(_elements, set(step.ins))) > _elements(k):
+            if not _fuses_on_all_paths(i, users, steps, readers, producer, blocked, fusing, custom):
+                blocked.add(i)
+                continue
+        if not step.cheap or len(users) + (k in outputs) < 2:
+            continue
+        into = frozenset(r for r in users if r not in custom and _accepts(steps[r], step, fusing))
+        if into:
+            out[k] = into
+    return out
 
 
 def _rank(k: Key) -> int:
@@ -1178,10 +1530,12 @@ def _peak(
         return lay is not None and is_free(lay)
 
     free = {k: is_free_key(k) for k in prog.bases}
-    live_key = tuple(free.items())
+    # (YNNPACK is XLA:CPU's; a TPU's compiler fuses its reductions itself.)
+    ynn = _ynn_reductions(prog) if tiling == "dense" else frozenset()
+    live_key = (tuple(free.items()), ynn)
     info = prog.liveness.get(live_key)
     if info is None:
-        info = prog.liveness[live_key] = _liveness(prog, free)
+        info = prog.liveness[live_key] = _liveness(prog, free, ynn)
     fused, until, dies, leaves, donor_of = info.fused, info.until, info.dies, info.leaves, info.donors
     fusible = _fusible_elementwise()
     args = set(prog.args)
@@ -1292,9 +1646,16 @@ def _peak(
                 extra += 2 * nbytes_as(k, sent)
         return extra
 
-    def walk(lo: int, hi: int, live: dict[Key, int], running: Callable[[int, int], int] | None = None) -> Summary:
+    def walk(
+        lo: int,
+        hi: int,
+        live: dict[Key, int],
+        running: Callable[[int, int], int] | None = None,
+        summing: Callable[[int, int], int] | None = None,
+    ) -> Summary:
         """Steps ``lo`` to ``hi`` from the buffers ``live`` (updated), relative to the bytes live at ``lo``;
-        ``running(i, 0)``: what step ``i`` holds while it runs, where known (else ``while_running``)."""
+        ``running(i, 0)``: what step ``i`` holds while it runs, where known (else ``while_running``);
+        ``summing(i, 0)``: the bytes of the sums its results are all-reduced into (:func:`_running_bytes`)."""
         total = held = gathered_now = 0
         top: int | None = None
         for i in range(lo, hi):
@@ -1322,6 +1683,13 @@ def _peak(
                         held += held_bytes(k)
             here = total - later + part_now + gathered_now + held + step.inside
             here += while_running(i) if running is None else running(i, 0)
+            summed = 0 if summing is None else summing(i, 0)
+            if summed:
+                # XLA's all-reduce is an instruction after the step: the step's operands that die there are freed
+                # before it runs, so the peak is the larger of (operands + partial) and (partial + sum), not all
+                # three (measured: a tensor-parallel layer's second dot, its operand's buffer reused for the sum).
+                freed = sum(live.get(k, 0) for k in dies.get(i, ()) if k not in step.outs)
+                here -= min(summed, freed)
             if top is None or here > top:
                 top = here
             gathered_now -= gathered_ends.get(i, 0)
@@ -1340,7 +1708,10 @@ def _peak(
 
     start = total + gathered_now + held
     if memo is None:
-        return fold(peak, [walk(0, len(steps), live)], start)
+        sums: dict[int, int] = {}
+        _running_bytes(prog, info, size, nbytes_as, sums)
+        sums = _lone_sums(prog, info, live_key, sums)
+        return fold(peak, [walk(0, len(steps), live, None, sums.get)], start)
     plan = prog.stretches.get(live_key)
     if plan is None:
         plan = prog.stretches[live_key] = _stretches_of(prog, info, memo.forms)
@@ -1405,13 +1776,16 @@ def _peak(
 
     # What the steps hold only while they run: found from the few partial sums and moves the layouts bind, not
     # asked of every step (while_running is 0 at a step whose results have neither).
-    running = _running_bytes(prog, info, size, nbytes_as)
+    sums = {}
+    running = _running_bytes(prog, info, size, nbytes_as, sums)
+    sums = _lone_sums(prog, info, live_key, sums)
     for i, b in combined.items():  # a loop body's combined all-reduce (while_running's ``combined``)
         running[i] = running.get(i, 0) + b
-    at_stretch: dict[int, list[tuple[int, int]]] = {}  # by stretch: (offset, bytes) of its steps that hold any
+    # By stretch: (offset, bytes, bytes of its sums) of its steps that hold any.
+    at_stretch: dict[int, list[tuple[int, int, int]]] = {}
     for i in sorted(running):
         at = bisect.bisect_right(sizing.starts, i) - 1
-        at_stretch.setdefault(at, []).append((i - plan[at].start, running[i]))
+        at_stretch.setdefault(at, []).append((i - plan[at].start, running[i], sums.get(i, 0)))
     runs: list[list[Any]] = []  # [summary, count]: consecutive stretches walked alike, folded in one step
     for at, (s, (_, entering_slots)) in enumerate(zip(plan, sizing.slots)):
         numbers = (
@@ -1428,7 +1802,7 @@ def _peak(
         known = memo.get((s.form, numbers))
         if known is None:
             entering = dict(zip(s.entering, sized(entering_slots)))
-            known = memo.put((s.form, numbers), walk(s.start, s.stop, entering, running.get))
+            known = memo.put((s.form, numbers), walk(s.start, s.stop, entering, running.get, sums.get))
         if runs and runs[-1][0] == known:
             runs[-1][1] += 1
         else:
@@ -1474,19 +1848,20 @@ def _sizing_of(
     paths: dict[tuple[int, ...], int] = {}
 
     def slot(k: Key, fused: bool) -> _Slot:
-        aval = (k[1] if isinstance(k, tuple) else k).aval
+        aval = _aval(k)
         if fused or k in elsewhere or (results_elsewhere and k in outputs):
             return (-1, None, k, 0, "dense", 0)
         if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
             return (-1, None, k, 0, "dense", 0)
         item = dtype_itemsize(aval.dtype)
         out = outputs.get(k)
+        laid = k.like if isinstance(k, _Broadcast) else k  # (a broadcast is laid out as its reader's result)
         if out is not None:
             e, v, tiles = 0, out, tiling
-        elif isinstance(k, tuple):
-            e, v, tiles = 2 + paths.setdefault(k[0], len(paths)), k[1], "dense"
+        elif isinstance(laid, tuple):
+            e, v, tiles = 2 + paths.setdefault(laid[0], len(paths)), laid[1], "dense"
         else:
-            e, v, tiles = 1, k, tiling if k in boundary else "dense"
+            e, v, tiles = 1, laid, tiling if k in boundary else "dense"
         # (A tuple key is a call's value: never an argument of the program, so never on the boundary.)
         return (e, v, k, item, tiles, buffer_bytes(tuple(aval.shape), item, tiles))
 
@@ -1518,10 +1893,15 @@ def _sizing_of(
 
 
 def _running_bytes(
-    prog: _Program, info: _Liveness, size: Callable[[Key], int], nbytes_as: Callable[[Key, Layout | None], int]
+    prog: _Program,
+    info: _Liveness,
+    size: Callable[[Key], int],
+    nbytes_as: Callable[[Key, Layout | None], int],
+    sums: dict[int, int] | None = None,
 ) -> dict[int, int]:
     """What each step holds only while it runs (``_peak``'s ``while_running``), for the steps that hold any: found
-    from the partial sums and moved operands the environments bind (a few hundred), not asked of every step."""
+    from the partial sums and moved operands the environments bind (a few hundred), not asked of every step.
+    ``sums`` gets, by step, the bytes of the sums its partial results are all-reduced into."""
     producer, leaves, fused, outputs = info.producer, info.leaves, info.fused, prog.outputs
     out: dict[int, int] = {}
     # The layers of a stack share their calls' environments and variables: a value's size is found once per
@@ -1549,6 +1929,8 @@ def _running_bytes(
                     held = sizes[(env, v)] = size(k)
             if not held:
                 continue
+            if sums is not None:
+                sums[i] = sums.get(i, 0) + held
         b = moved.get((id(lay), v))
         if b is None:
             b = moved[(id(lay), v)] = nbytes_as(k, lay)
@@ -1557,6 +1939,40 @@ def _running_bytes(
         if b:
             out[i] = out.get(i, 0) + b
     return out
+
+
+def _lone_sums(prog: _Program, info: _Liveness, live_key: Any, sums: dict[int, int]) -> dict[int, int]:
+    """``sums`` (by step, the bytes of the sums its partial results are all-reduced into) left to the all-reduces
+    XLA runs alone, right after their step: each depends on the one before it and the one after depends on it
+    (a tensor-parallel stack's layers).  Independent all-reduces (the projections of one hidden state) are
+    combined into one tuple all-reduce, issued once the last partial is made: their steps' operands are not
+    freed before it (measured: tests/test_primitive_rules_core.py's resplit projections)."""
+    if not sums:
+        return sums
+    key = (live_key, frozenset(sums))
+    alone = prog.lone_sums.get(key)
+    if alone is None:
+        order = sorted(sums)
+        feeds = [_reaches(a, b, prog.steps, info.readers) for a, b in zip(order, order[1:])]
+        alone = prog.lone_sums[key] = frozenset(
+            i for n, i in enumerate(order) if (n == len(order) - 1 or feeds[n]) and (n == 0 or feeds[n - 1])
+        )
+    return {i: b for i, b in sums.items() if i in alone}
+
+
+def _reaches(a: int, b: int, steps: list[_Step], readers: dict[Key, list[int]]) -> bool:
+    """Whether step ``b`` reads what step ``a`` makes, transitively (the steps between them searched only)."""
+    todo, seen = [a], set()
+    while todo:
+        j = todo.pop()
+        for k in steps[j].outs:
+            for r in readers.get(k, ()):
+                if r == b:
+                    return True
+                if r < b and r not in seen:
+                    seen.add(r)
+                    todo.append(r)
+    return False
 
 
 def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tuple[Stretch, ...]:
