@@ -22,7 +22,10 @@ on one-op programs (tests/test_primitive_rules.py checks it):
   split Shardy's propagation gives it (:func:`_features_win`) and XLA gathers the other operand, over idle
   axes after a permute onto them where they are at least as large; partial sums asked back split over the
   summed axes are one reduce-scatter (:func:`_asked_scatter_dim`);
-* split rows under a window at least as long as the result: marked approximate (XLA may gather the rows).
+* split rows under a window longer than the result: the input's rows gathered, the result whole along them,
+  marked approximate: a later op that asks for the rows split (a residual add of a rows-split shortcut) makes XLA
+  keep them split and exchange halos, which one shared fork (:data:`ROWS_SPLIT_FORK`) walks for the bound; a
+  window as long as the result keeps the rows split, marked, the gathered rows its fork.
 
 Pooling is the same window without a kernel: a non-overlapping pool (2×2, stride 2) of blocks that
 divide moves nothing; an overlapping one exchanges halos.  A max pool's gradient (``select_and_scatter_add``)
