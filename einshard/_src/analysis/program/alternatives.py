@@ -2,9 +2,9 @@
 
 A rule that marks its choice approximate (:func:`.movement.mark_approximate`) bounds what XLA may do
 differently *at that op*.  Where XLA's other choice also changes the layout the result leaves with (a conv
-whose window covers its result: XLA may gather the input's rows and leave the result whole, and the batch
-norm after it then sums whole rows, its all-reduces gone), the ops after it differ too, and a bound of the
-op's own collectives is too small.  So a rule that knows the alternative *offers* it (:func:`offer`), and
+whose window covers its result: explain gathers the input's rows, but where a later residual add asks for the
+rows split XLA keeps them split through the chain, with halo permutes and the batch norm's all-reduces), the
+ops after it differ too, and a bound of the op's own collectives is too small.  So a rule that knows the alternative *offers* it (:func:`offer`), and
 the report walks the whole program once more with that op taking it (:func:`taking`; a fork: a fresh walk
 over the same traced program, whose result is compared, never reported).  The op's bound becomes the larger
 of its own and the measured difference between the two walks (:func:`difference`: collectives as a multiset of
