@@ -999,9 +999,22 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     )
 
 
-# The ops that make a weight's other view: its layout, dtype or a static piece of it, from it alone.
+# The ops that make a weight's other view: its layout, dtype or a static piece of it, from it alone.  (A
+# dynamic_slice reading the argument alone has literal starts: a static slice, as JAX writes a table read
+# ``dynamic_slice(b, (0,) * b.ndim, b.shape)``; one with traced starts reads them too and is not a view.)
 _VIEWS = frozenset(
-    {"transpose", "convert_element_type", "copy", "copy_p", "reshape", "squeeze", "expand_dims", "slice", "rev"}
+    {
+        "transpose",
+        "convert_element_type",
+        "copy",
+        "copy_p",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "slice",
+        "dynamic_slice",
+        "rev",
+    }
 )
 
 
@@ -1019,12 +1032,18 @@ def _from_arguments(prog: _Program, dead: frozenset[int] | set[int]) -> frozense
     known: set[Key] = set(prog.args)
     out: set[Key] = set()
     for i, step in enumerate(prog.steps):
-        if i in dead or step.name not in _VIEWS or len(step.ins) != 1:
+        if i in dead or len(step.ins) != 1 or not (step.name in _VIEWS or _promotes_rank(step)):
             continue
         if step.ins[0] in known:
             known.update(step.outs)
             out.update(step.outs)
     return frozenset(out)
+
+
+def _promotes_rank(step: _Step) -> bool:
+    """Whether ``step`` is a broadcast_in_dim that only adds unit axes (JAX's rank promotion of a bias, ``b[h]`` to
+    ``[1, h]``): a reshape in XLA, so a view as :data:`_VIEWS`' ops are."""
+    return step.name == "broadcast_in_dim" and len(step.outs) == 1 and _elements(step.outs[0]) == _elements(step.ins[0])
 
 
 def _combined_at(body: _Program, until: dict[Key, int], size: Callable[[Key], int]) -> dict[int, int]:
