@@ -237,8 +237,8 @@ _AGAINST_X_GATHERS_X = pytest.mark.xfail(
 )
 def test_projection_gradients_of_a_hidden_state_split_on_d_peak_is_xlas(loss):
     """Within the corpus' 25% since x's gathered copy is held as a buffer beside x's shard (memory.py's gathered
-    arguments): explain 38912 B vs XLA 51216 B (0.76x) on the squared loss, 34816 B vs 45088 B (0.77x) read against
-    x; 0.68x / 0.59x before.  What is left is likely XLA:CPU's layout copies (its optimized HLO, squared loss): each
+    arguments): explain 38912 B vs XLA 51216 B (0.76x) on the squared loss (0.68x before); read against x 26624 B
+    vs 45088 B (0.59x, its xfail above says why).  What is left is likely XLA:CPU's layout copies (its optimized HLO, squared loss): each
     gradient output is written by a transposing fusion in a {1,0,2} / {0,2,1} layout and then copied to row-major
     (two buffers per output), and x, permuted onto 'data', is copied to a {1,0,2} layout, all-gathered so and
     copied back to row-major for the dot."""
