@@ -817,6 +817,9 @@ class _Liveness:
     dies: dict[int, list[Key]]  # the buffers freed after each step
     leaves: frozenset[Key]  # values only on their way out of the program (their partial sums wait)
     donors: dict[int, tuple[Key, ...]] = field(default_factory=dict)  # by step: buffers it may write into
+    # By step: the arguments read there last whose gathered copies (a temporary of XLA's all-gather, not the
+    # caller's buffer) it may write its result into, as it may a dying operand's (``donors``).
+    copy_donors: dict[int, tuple[Key, ...]] = field(default_factory=dict)
     # The random bits XLA:CPU makes in a threefry loop: (step, the bits, whether made from the key alone, the
     # values of their shape elementwise ops make from them: on Auto axes the most split of those is theirs).
     bits: tuple[tuple[int, Key, bool, tuple[Key, ...]], ...] = ()
@@ -972,23 +975,46 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     # The buffers each elementwise, scatter or update step may write its result into: operands of its fusion
     # that die there (whether one does is a matter of bytes, the layouts').
     donors: dict[int, tuple[Key, ...]] = {}
+    copy_donors: dict[int, tuple[Key, ...]] = {}
     for i, step in enumerate(steps):
         if step.outs and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
             if any(k in prog.written_transposed for k in step.outs):
                 donors[i] = ()  # written transposed for a dot (_Program._absorb_transposes): not in place
                 continue
             base = step.ins[:1] if step.name in _UPDATES_IN_PLACE else step.ins
+            if step.name == "dynamic_update_slice" and _aval(step.ins[1]).shape == _aval(step.ins[0]).shape:
+                # An update as large as its operand replaces it (XLA's algebraic simplifier: the result is the
+                # update, measured on x[16@b] by u[16@(a,b)]: the gathered u is the output, x never read).
+                base = step.ins[1:2]
             donors[i] = tuple(d for d in fusion_inputs_of(base) if d not in args and until.get(d) == i)
+            into_copy = tuple(d for d in fusion_inputs_of(base) if d in args and until.get(d) == i)
+            if into_copy:
+                copy_donors[i] = into_copy
     leaves = frozenset(_leaves_program(steps, set(outputs)))
     # The random bits with the values of their shape that elementwise ops make from them: on Auto axes XLA's
     # sharding propagation splits the bits as the most split of those (_bits_word_bytes).
     read_as = tuple((i, k, first, _elementwise_from(k, steps, readers, fusible)) for i, k, first in bits)
-    return _Liveness(readers, producer, fused, until, dies, leaves, donors, read_as, _from_arguments(prog, dead))
+    return _Liveness(
+        readers, producer, fused, until, dies, leaves, donors, copy_donors, read_as, _from_arguments(prog, dead)
+    )
 
 
-# The ops that make a weight's other view: its layout, dtype or a static piece of it, from it alone.
+# The ops that make a weight's other view: its layout, dtype or a static piece of it, from it alone.  (A
+# dynamic_slice reading the argument alone has literal starts: a static slice, as JAX writes a table read
+# ``dynamic_slice(b, (0,) * b.ndim, b.shape)``; one with traced starts reads them too and is not a view.)
 _VIEWS = frozenset(
-    {"transpose", "convert_element_type", "copy", "copy_p", "reshape", "squeeze", "expand_dims", "slice", "rev"}
+    {
+        "transpose",
+        "convert_element_type",
+        "copy",
+        "copy_p",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "slice",
+        "dynamic_slice",
+        "rev",
+    }
 )
 
 
@@ -1006,12 +1032,18 @@ def _from_arguments(prog: _Program, dead: frozenset[int] | set[int]) -> frozense
     known: set[Key] = set(prog.args)
     out: set[Key] = set()
     for i, step in enumerate(prog.steps):
-        if i in dead or step.name not in _VIEWS or len(step.ins) != 1:
+        if i in dead or len(step.ins) != 1 or not (step.name in _VIEWS or _promotes_rank(step)):
             continue
         if step.ins[0] in known:
             known.update(step.outs)
             out.update(step.outs)
     return frozenset(out)
+
+
+def _promotes_rank(step: _Step) -> bool:
+    """Whether ``step`` is a broadcast_in_dim that only adds unit axes (JAX's rank promotion of a bias, ``b[h]`` to
+    ``[1, h]``): a reshape in XLA, so a view as :data:`_VIEWS`' ops are."""
+    return step.name == "broadcast_in_dim" and len(step.outs) == 1 and _elements(step.outs[0]) == _elements(step.ins[0])
 
 
 def _combined_at(body: _Program, until: dict[Key, int], size: Callable[[Key], int]) -> dict[int, int]:
@@ -1597,6 +1629,17 @@ def _peak(
     gathered_ends: dict[int, int] = {}
     for end, b in extra_until:
         gathered_ends[end] = gathered_ends.get(end, 0) + b
+    # The gathered copies an elementwise or in-place step may write its result into, by step (their bytes): the
+    # copy is XLA's temporary and dies at that step, so buffer assignment shares it with the result as it does
+    # a dying operand's.  Measured on where(a > 0, a, b), a f32[24,16] split 8 ways and gathered whole (XLA:CPU:
+    # the select written into a's gathered copy, 4080 B; the walk had held the copy beside the result, 5184 B).
+    # (At the top level only: a loop body's copy is counted as what it adds to the trip's slice.)
+    into_copies: dict[int, tuple[int, ...]] = {}
+    if not results_elsewhere:
+        for i, vs in info.copy_donors.items():
+            bs = tuple(nbytes_as(v, gathered[v], tiling) for v in vs if v in gathered)
+            if bs:
+                into_copies[i] = bs
     # While it gathers, one argument gathered along a dimension other than its major one is held twice more.
     transposing = [
         size(v)
@@ -1661,6 +1704,8 @@ def _peak(
         for i in range(lo, hi):
             step = steps[i]
             donors = None
+            copies: list[int] | None = None  # the gathered copies dying here its results may be written into
+            taken = 0  # the bytes of those its results took (no longer the copies', freed with them)
             later = part_now = 0  # a lone sum made here: its sum's bytes (made after the step), its partial's
             for k in step.outs:
                 b = 0 if k in fused else size(k)
@@ -1674,6 +1719,13 @@ def _peak(
                             total -= live.pop(d)
                             donors.remove(d)
                             break
+                    else:
+                        if copies is None:
+                            copies = list(into_copies.get(i, ()))
+                        if b in copies:
+                            copies.remove(b)
+                            gathered_now -= b
+                            taken += b
                 live[k] = b
                 total += b
                 if k in leaves:
@@ -1692,7 +1744,7 @@ def _peak(
                 here -= min(summed, freed)
             if top is None or here > top:
                 top = here
-            gathered_now -= gathered_ends.get(i, 0)
+            gathered_now -= gathered_ends.get(i, 0) - taken
             for k in dies.get(i, ()):
                 total -= live.pop(k, 0)
             if part_now:  # the lone all-reduce, its operands' step done: the partial next to its sum
@@ -1794,6 +1846,7 @@ def _peak(
             tuple(map(held_bytes, s.leaves)),
             tuple(steps[i].inside for i in s.sized),
             tuple(gathered_ends.get(i, 0) for i in s.ends),
+            tuple(into_copies.get(i, ()) for i in s.ends),
             # By the layouts of their partial sums and moves (the steps that hold any, by offset).
             tuple(at_stretch.get(at, ())),
             lone,

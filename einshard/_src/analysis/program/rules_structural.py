@@ -110,7 +110,13 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             src_dims = tuple(t if g != a else d for d, t, a, g in zip(lay.dims, target.dims, lay.shape, grown))
             dst_dims = tuple(t if g != a else d for d, t, a, g in zip(want, target.dims, lay.shape, grown))
             src = Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
-            w.change(eqn, phase, src, src.with_dims(dst_dims), eqn.invars[k].aval.dtype, repeat, why)
+            dst = src.with_dims(dst_dims)
+            w.change(eqn, phase, src, dst, eqn.invars[k].aval.dtype, repeat, why)
+            if src.sharded_mesh_axes - dst.sharded_mesh_axes:
+                # The gathered operand is a collective's result, a buffer whatever fuses after it (measured: a
+                # bias b[8@(a,b), 32] read as a table and added to x[8@(a,b), 8, 32], its gathered f32[8,32]
+                # held beside the product, XLA:CPU).  (change binds only an operand met in its own layout.)
+                w.bind_copy(eqn.invars[k], dst)
     # A conflict settled by an all-to-all on a computed value: XLA may settle it upstream instead.
     mark_conflict(w, eqn, since, conflicted, alternative=bool(full))
     if open_merge:
