@@ -270,7 +270,9 @@ def blocks() -> dict[str, Callable[[], set[str]]]:
         class _LinenNet(nn.Module):
             @nn.compact
             def __call__(self, x: Any, img: Any) -> Any:
-                scan = nn.scan(nn.remat(_LinenBlock), variable_axes={"params": 0}, split_rngs={"params": True}, length=2)
+                scan = nn.scan(
+                    nn.remat(_LinenBlock), variable_axes={"params": 0}, split_rngs={"params": True}, length=2
+                )
                 h = scan()(x, None)[0]
                 c = nn.Conv(6, (3, 3), strides=2)(img)
                 c = nn.GroupNorm(num_groups=2)(nn.avg_pool(c, (2, 2), (2, 2)))
@@ -282,9 +284,9 @@ def blocks() -> dict[str, Callable[[], set[str]]]:
             variables = net.init(jax.random.PRNGKey(0), x, img)
             return trace(lambda v, a, b: net.apply(v, a, b), variables, x, img)
 
-        out["flax.linen layers (nn.scan of nn.remat blocks, SelfAttention, Dense, LayerNorm, RMSNorm, Conv, GroupNorm, avg_pool)"] = (
-            linen_model
-        )
+        out[
+            "flax.linen layers (nn.scan of nn.remat blocks, SelfAttention, Dense, LayerNorm, RMSNorm, Conv, GroupNorm, avg_pool)"
+        ] = linen_model
     except ImportError:
         pass
     out |= _keras_blocks()
