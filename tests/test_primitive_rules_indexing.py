@@ -255,12 +255,6 @@ DEEP_MISSES: dict[str, str] = {
         "the mask whole (5760 B; the forward holds: core.moves._shift_meets_slice)"
         ". (The gradient of jnp.clip(x[16, 16], -1, 1)'s peak holds now: 2048 B, as XLA's.)"
     ),
-    "select_n": (
-        "jnp.where(c, a, b) with a[16@a, 16], b[16, 16@a], c[16, 16] bool (mesh 1): XLA leaves the result split on "
-        "its rows (a's), explain on its columns; and the gradient of jnp.where(a > 0, a, b), a[16, 16], b[1, 16], "
-        "nothing split (mesh 1): explain's peak 3456 B against XLA's 2192 B (XLA recomputes the mask and the "
-        "scaled cotangent in both loops; tests/test_memory_rules.py's strict xfail says why it is not modelled)"
-    ),
     "dynamic_update_slice": (
         "(x[16@a, 16@b] updated by u[16@b, 16] at (i, 0) (mesh 4 x 2) holds now: XLA writes at the finer of x's "
         "split and the merged result's, UPDATE_AT_DRAWS; x[16, 24@a] updated by u[16@a, 12] holds: peak 2504 B against XLA's 2792 B, "
