@@ -135,7 +135,8 @@ _SCHEDULED_LATE = pytest.mark.xfail(
 @pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_a_cross_entropy_is_fused_as_xla_fuses_it(loss, kind, mode, request):
     """Batch-split logits ``[b, s, v]``: XLA holds the logits, at most one ``[b, s, v]`` temporary, and the gradient."""
-    if loss == "by_hand" and mode == "grad":
+    if loss == "by_hand" and mode == "grad" and tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12):
+        # jax 0.12's XLA:CPU schedules the mask's sum as the walk assumes: within the band there (CI's 3.12 stage)
         request.applymarker(_SCHEDULED_LATE)
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(KINDS[kind],) * 2)
     fn = jax.grad(LOSSES[loss]) if mode == "grad" else LOSSES[loss]
