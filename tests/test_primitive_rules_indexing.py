@@ -747,6 +747,35 @@ def test_scatter_add_gradient_summed_whole_is_one_all_reduce() -> None:
     check(SCATTER_ADD_GRAD_DRAW)
 
 
+# The gradient of x.at[i].add(u) with x's rows and u's split alike (the fast run's second scatter draw, x[16@a, 16],
+# u[8@a, 16], on mesh 1; and on mesh 3 with x's columns over b): Shardy's scatter rule gives the computed indices
+# (x.at[i]'s broadcast of i) the updates' split, the forward gathers them once, and the backward's masked lookup
+# of the cotangent at them sums its result onto their split: a reduce-scatter, which XLA:CPU runs as a whole
+# all-reduce and a slice (the whole sum held: memory's lone sum).  Explain had all-reduced it whole.  With i split
+# like u, its one gather serves both readers (the forward's scatter and the backward's lookup).
+SCATTER_INDICES_DRAWS = [
+    Case(
+        "scatter-add",
+        lambda x, u, i: x.at[i].add(u),
+        (_sds((16, 16)), _sds((8, 16)), _sds((8,), I32)),
+        specs,
+        rank,
+        False,
+        True,
+    )
+    for specs, rank in [
+        ((P("a", None), P("a", None), P(None)), 1),
+        ((P("a", None), P("a", None), P("a")), 1),
+        ((P("a", "b"), P(("a", "c"), None), P(None)), 3),
+    ]
+]
+
+
+@pytest.mark.parametrize("case", SCATTER_INDICES_DRAWS, ids=["i-whole-mesh1", "i-split-mesh1", "i-whole-mesh3"])
+def test_scatter_indices_take_the_updates_split(case: Case) -> None:
+    check(case)
+
+
 # x[16@b, 16@a] updated by u[16@(a,b), 8] at (i, 0) (mesh 4 x 2), the update cutting the columns' split: XLA writes at
 # [16@b, 16] (the columns gathered, the update permuted and gathered there) and brings the result to the split the two
 # merge to, [16, 16@a], by gathering it whole (its involuntary full rematerialization: explain gathers the piece, and

@@ -1748,7 +1748,10 @@ def _peak(
             for k in dies.get(i, ()):
                 total -= live.pop(k, 0)
             if part_now:  # the lone all-reduce, its operands' step done: the partial next to its sum
-                after = total + part_now + gathered_now + held
+                # A sum that lands split finer than its partial (a reduce-scatter) is all-reduced whole by XLA:CPU,
+                # then sliced: the whole sum is held next to the partial, not the piece (measured: the gradient of
+                # x.at[i].add(u), u[8@a, 16]: all-reduce f32[8, 16], then the output's f32[1, 16] slice).
+                after = total - later + part_now + max(later, part_now) + gathered_now + held
                 if top is None or after > top:
                     top = after
             if i == release_at:  # the combined all-reduce: every partial next to every sum, then freed

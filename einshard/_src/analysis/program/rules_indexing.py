@@ -34,6 +34,7 @@ from .registry import register
 from .report import OpBound
 from .rules_structural import explicit_dims, merged_split, typed_dims
 from .segment_memo import PlainTable, note_search, past_copy, unlogged
+from .upstream import readers_agree
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
 if TYPE_CHECKING:
@@ -1677,8 +1678,39 @@ def _gather_indices(
         idx_split = indices.with_dims(
             tuple(updates.dims[by_index[k]] if k in by_index else () for k in range(len(indices.shape)))
         )
+        own = w.env.get(eqn.invars[1]) if not hasattr(eqn.invars[1], "val") else None
+        if own is not None and own.dims == idx_split.dims and not own.unreduced:
+            # Split so already: the value's own layout, so that its gather is made once for every reader
+            # (change()'s memo, XLA's CSE: the gradient's lookup at the same indices reuses it).
+            idx_split = own
+        elif _indices_take_updates_split(w, eqn, idx_split):
+            # The split is the value's own from here on: a later reader (the gradient's gather of the cotangent
+            # at these indices) reads them split, and their gather here is made once (XLA's CSE).
+            idx_split = w.relay(eqn.invars[1], idx_split)
         idx_whole = idx_split.with_dims(tuple(tuple(m for m in d if m not in axes) for d in idx_split.dims))
         w.change(eqn, phase, idx_split, idx_whole, eqn.invars[1].aval.dtype, repeat, "scatter: the updates' indices")
+
+
+def _indices_take_updates_split(w: Walker, eqn: Any, split: Layout) -> bool:
+    """Whether XLA's propagation gives a scatter's indices the split of the updates' scatter axes as their own.
+
+    Shardy's scatter rule shares a factor between the updates' scatter axes and the indices' batch axes, so a
+    computed index array (``x.at[i]``'s broadcast of ``i``, whole so far: any split of it is a local slice)
+    takes the updates' split, and every reader sees it split: measured, the gradient of ``x.at[i].add(u)`` with
+    ``x[16@a, 16]``, ``u[8@a, 16]``, ``i`` whole: the forward gathers the indices once (as explain did) and the
+    backward's masked gather of the cotangent at them sums its result onto their split (a reduce-scatter) where
+    explain all-reduced it whole.  Not for an argument or a placed value (its split is the user's), a program
+    output, or a value another op has read already or an elementwise reader wants laid out otherwise
+    (:func:`.upstream.readers_agree`)."""
+    value = eqn.invars[1]
+    if hasattr(value, "val") or id(value) in w.pinned or id(value) in w.program_outputs:
+        return False
+    lay = w.env.get(value)
+    if lay is None or is_free(lay) or lay.unreduced or any(lay.dims) or not any(split.dims):
+        return False
+    if home_of(w.costs, value) is None:  # a call body's argument: the caller's value, laid out there
+        return False
+    return readers_agree(w, value, split.dims, {id(eqn)})
 
 
 # Scatters whose combiner XLA applies across devices to updates split along their scatter axes (an all-reduce

@@ -10,7 +10,7 @@ backward through their producers (transpose, the sum over ``k``, the ``one_hot Â
 plain gather; where it is one (the broadcast top-k indices and probabilities ``[t, k, 1]``: their tokens
 gathered, the size-1 expert axis nothing to split), it all-gathers there.  A value has one layout in XLA: where
 a value on the route has another reader that wants it as it is, XLA keeps it and makes the all-to-all where the
-splits meet (:func:`_readers_agree`).  The values on the way are computed
+splits meet (:func:`readers_agree`).  The values on the way are computed
 split by experts (the iota is split for free), and in a gradient their cotangents are summed over the experts
 and land on the tokens' split: a reduce-scatter, the gather's transpose (rules_indexing.consumer_split).
 
@@ -36,7 +36,7 @@ from .values import CARRIERS, ELEMENTWISE, REDUCTIONS
 if TYPE_CHECKING:
     from .registry import WalkerLike
 
-__all__ = ["Upstream", "plan_upstream", "apply"]
+__all__ = ["Upstream", "plan_upstream", "apply", "readers_agree"]
 
 Dims = tuple[tuple[str, ...], ...]
 
@@ -81,7 +81,7 @@ def plan_upstream(w: WalkerLike, v: Any, want: Dims, at: Any) -> Upstream | None
         if depth > MAX_DEPTH or id(value) in w.pinned or id(value) in w.program_outputs:
             return False
         eqn = _producer(w, value)
-        if eqn is None or len(eqn.outvars) != 1 or not _readers_agree(w, value, dims, chain):
+        if eqn is None or len(eqn.outvars) != 1 or not readers_agree(w, value, dims, chain):
             return False
         prior = relaid.get(id(value))
         if prior is not None:
@@ -192,7 +192,7 @@ def _plain_gather(have: Dims, want: Dims) -> bool:
     return len(have) == len(want) and all(set(b) <= set(a) and b == a[: len(b)] for a, b in zip(have, want))
 
 
-def _readers_agree(w: WalkerLike, value: Any, dims: Dims, chain: set[int]) -> bool:
+def readers_agree(w: WalkerLike, value: Any, dims: Dims, chain: set[int]) -> bool:
     """Whether ``value``'s readers off the route can all take it split as ``dims``: none walked yet (it read the
     old split), and no elementwise reader whose other operands of its shape are laid out another way.
 

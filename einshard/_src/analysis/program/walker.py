@@ -279,6 +279,19 @@ class Walker:
         outer = [self.hoisted.get(id(invars[k])) for k in positions]
         return min(o for o in outer if o is not None) if all(o is not None for o in outer) else repeat
 
+    def relay(self, v: Any, lay: Layout) -> Layout:
+        """Lay ``v`` out anew as ``lay`` (a reader's split that XLA's propagation carries back to the value before
+        any other reader took it): the value keeps its identity, so a move of it is made once (:meth:`change`'s
+        memo, XLA's CSE) whichever reader asks for it first."""
+        old = self.env.get(v)
+        new = _private_copy(lay)
+        key = self._source.get(id(old)) if old is not None else None
+        if key is not None:
+            self._source[id(new)] = key
+            self._keep.append(new)
+        self.env[v] = new
+        return new
+
     def bind_copy(self, v: Any, lay: Layout) -> None:
         """Note that ``v`` is all-gathered to ``lay`` (peak memory counts the copy: see :mod:`.memory`)."""
         if self.quiet or hasattr(v, "val"):
