@@ -211,8 +211,8 @@ FAST_MISSES: dict[str, str] = {
     "scatter": (
         "the gradient of x.at[i].add(u), x[64@a, 24@c], u[16@b, 24], i[16@(a, c)] (mesh 3): XLA permutes 4 "
         "times, all-gathers 3 times and all-reduces twice (2424 B), explain permutes twice and all-reduces twice "
-        "(1936 B); x[16@a, 16], u[8@a, 16] (mesh 1): XLA reduce-scatters u's gradient to u's split, explain "
-        "all-reduces it whole; the gradient of x.at[i].set(u), x[32@c, 16@b], u[16@(a,b,c), 16], i[16@(a,b,c)] "
+        "(1936 B); (x[16@a, 16], u[8@a, 16] (mesh 1), where XLA reduce-scatters u's gradient to u's split, holds now: "
+        "the indices take the updates' split, SCATTER_INDICES_DRAWS) the gradient of x.at[i].set(u), x[32@c, 16@b], u[16@(a,b,c), 16], i[16@(a,b,c)] "
         "(mesh 3): XLA all-gathers 7 times, permutes 3 times, all-reduces 3 times and all-to-alls twice (4216 B), "
         "explain all-gathers 8 times, permutes once and all-reduces once (3208 B, beyond the lookup's mark); seed 1 "
         "(derandomize off, deep run): x.at[i].set(u), x[64@a, 24], u[8, 24@a], i[8@a] (mesh 1): XLA all-gathers "
