@@ -239,7 +239,12 @@ DEEP_MISSES: dict[str, str] = {
     "scatter": (
         "(the derandomized run's first draw, the gradient of x.at[i].add(u), x[16, 16] whole, u[8@a, 16], holds: "
         "one all-reduce, as explain says, which the HLO reader had read as a reduce-scatter while a slice was one "
-        "of its readers, SCATTER_ADD_GRAD_DRAW) the next is the fast run's: "
+        "of its readers, SCATTER_ADD_GRAD_DRAW) the derandomized run's first failing draw, shrunk: the gradient of "
+        "x.at[i].set(u), x[16, 16] whole, u[8@a, 16], i whole (mesh 1): XLA all-gathers the ids x.at[i].set's "
+        "transpose makes from an iota (u32[8, 16]) and the indices (s32[8, 1]) for the scatter of the ids, and "
+        "all-reduces x's cotangent (1568 B), explain only all-reduces it (1024 B): the ids are read by an eq against "
+        "their own lookup, whose select_n partner is u, and Shardy carries u's split back to them (explain keeps "
+        "iota-made updates free; the same before the indices took the updates' split); the fast run's: "
     )
     + FAST_MISSES["scatter"],
     "clamp": (
