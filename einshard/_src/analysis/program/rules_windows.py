@@ -50,6 +50,7 @@ from .idle_axes import gather_route
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
 from .rules_structural import explicit_dims, widen_bound
+from .slice_halo import HaloSend, Pieces, exchange_pieces, group_compact_sends
 from .values import Derived, Partial
 from .xla_behaviour import xla_behaviour
 
@@ -975,36 +976,6 @@ def _tdiv(a: int, b: int) -> int:
     return q if (a >= 0) == (b > 0) else -q
 
 
-Pieces = list[tuple[int, int]]  # one collective-permute each: (positions sent, sending devices per group)
-
-
-def _exchange(left: list[int], right: list[int], size: int) -> Pieces | None:
-    """The collective-permutes of XLA's halo exchange along one axis split ``len(left)`` ways (its SPMD
-    partitioner's ``ExchangeHalo``), or None where XLA gives up on halos and replicates the operand.
-
-    ``left[k]`` / ``right[k]``: how many positions shard ``k`` needs beyond its block of ``size`` on each side
-    (negative: fewer than its block).  XLA sends the largest halo any shard needs to every shard, one permute per
-    block-sized piece (from the ``i+1``-th neighbour: ``n - i - 1`` senders), skipping pieces no shard reads.
-    """
-    n = len(left)
-    max_left = max(left[1:], default=0)
-    max_right = max(right[:-1], default=0)
-    if max_left + max_right + size >= size * n and (max_left > size or max_right > size):
-        return None
-    left_bound, right_bound = -max(left), size + max(right)
-    if left_bound >= right_bound:
-        return None
-    pieces: Pieces = []
-    i = -(-max_left // size) - 1
-    while i >= 0 and (-i - 1) * size < right_bound:
-        pieces.append((min(max_left - size * i, size) - max(-i * size - right_bound, 0), n - i - 1))
-        i -= 1
-    skipped = min(max(left_bound - size, 0), max(max_right, 0)) // size
-    for i in range(skipped, -(-max_right // size)):
-        pieces.append((min(max_right - size * i, size) - max(left_bound - (i + 1) * size, 0), n - i - 1))
-    return [(rows, senders) for rows, senders in pieces if rows > 0]
-
-
 @dataclass
 class _Halo:
     """One piece of a shard's window in XLA's compact exchange: from shard ``at`` (or padding), or its own."""
@@ -1055,40 +1026,21 @@ def _compact_exchange(left: list[int], right: list[int], size: int, base: int) -
                 sends[h.at].append((k, len(cut[k]) - 1))
     for k in range(n):
         sends[k].sort(key=lambda ab: cut[ab[0]][ab[1]].offset)
-    pieces: Pieces = []
-    done = [0] * n
-    while True:
-        senders, seen, lo, hi = 0, set(), size, 0
-        for k in range(n):
-            if done[k] >= len(sends[k]):
-                continue
-            h = cut[sends[k][done[k]][0]][sends[k][done[k]][1]]
-            if senders and (
-                h.my in seen
-                or (lo > h.limit and hi == size and h.start == 0)
-                or (hi < h.start and lo == 0 and h.limit == size)
-            ):
-                continue
-            seen.add(h.my)
-            senders += 1
-            lo, hi = min(lo, h.start), max(hi, h.limit)
-            done[k] += 1
-        if not senders:
-            return pieces
-        pieces.append((hi - lo, senders))
+    by_src = [[HaloSend(dst, cut[dst][j].start, cut[dst][j].limit) for dst, j in queue] for queue in sends]
+    return group_compact_sends(by_src, size)
 
 
 def _valid_data(
     left: list[int], right: list[int], size: int, base: int, explicit_left: int, with_halo: int
 ) -> Pieces | None:
     """XLA's ``ExchangeHaloAndGetValidData``: the compact exchange where the largest halo exceeds twice the
-    block with halos (None where that block is half the axis or more: XLA replicates), else :func:`_exchange`."""
+    block with halos (None where that block is half the axis or more: XLA replicates), else :func:`.exchange_pieces`."""
     n = len(left)
     if explicit_left == left[0]:
         widest = size + max(a + b for a, b in zip(left, right))
         if widest == with_halo and max(max(left), max(right)) > 2 * with_halo:
             return None if widest * 2 >= n * size else _compact_exchange(left, right, size, base)
-    return _exchange(left, right, size)
+    return exchange_pieces(left, right, size)
 
 
 def _shift_pieces(length: int, out_len: int, n: int, offset: int) -> Pieces | None:
