@@ -637,7 +637,11 @@ def test_residual_splits_a_covering_conv_back_as_xla(name) -> None:
     strict=True,
     reason="the gradient of a 2x2 stride-2 VALID conv, 4 rows over 'b' to 2: XLA sums the kernel gradient with one "
     "all-reduce and one reduce-scatter where explain all-reduces twice (the forward moves nothing, so no mark); "
-    "not modelled yet (the same on main before issue 20's covering-window change)",
+    "not modelled yet (the same on main before issue 20's covering-window change). Session 14: XLA gives the kernel "
+    "gradient rows@b (its window, the cotangent's 2 rows, no longer than its 2 rows: Shardy pairs them), an "
+    "all-reduce over 'a' then one over 'b' dynamic-sliced to rows@b; explain gives the same layout (the window-split "
+    "sum sliced back) but charges the second sum as an all-reduce, as XLA's forward conv of "
+    "test_window_split_like_the_rows_keeps_the_result_split_as_xla does; what makes one a reduce-scatter is not found",
 )
 def test_non_overlapping_window_gradient_sums_as_xla() -> None:
     def conv(x: Any, w: Any) -> Any:
@@ -673,3 +677,21 @@ def test_kernel_inputs_gathered_through_idle_axes_as_xla(xs, ws, want) -> None:
     report, got_kinds, got_sent, _ = _explain(case, mesh, conv)
     assert got_kinds == want_kinds == Counter(want), (got_kinds, want_kinds)
     assert got_sent == want_sent and not report.approximate
+
+
+# -- a window split like the input's rows, no longer than the result (issue 20, DEEP_MISSES' first conv draw) --------
+#
+# x rows@c against a 2x2 kernel rows@c, cols@b on (2, 2, 2): Shardy pairs the input's rows with the result's, so
+# XLA sums the whole result over 'c' (one all-reduce) and slices it back to rows@c; its gradient's convs follow
+# from that split (2 all-gathers, 6 permutes, 3 all-reduces, measured).
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+def test_window_split_like_the_rows_keeps_the_result_split_as_xla(grad) -> None:
+    args = (jax.ShapeDtypeStruct((4, 8, 8, 4), jnp.float32), jax.ShapeDtypeStruct((2, 2, 4, 8), jnp.float32))
+    case = Case("conv_general_dilated", _conv, args, (P(None, "c"), P("c", "b")), 3, False, grad, "windows")
+    check(case)  # explain's collectives, bytes, peak and result layout against the compiled program's
+    mesh, fn = _mesh(3, False), _loss(_conv, 2) if grad else _conv
+    want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
+    _, got_kinds, got_sent, _ = _explain(case, mesh, fn)
+    assert got_kinds == want_kinds and got_sent == want_sent, (got_kinds, want_kinds)
