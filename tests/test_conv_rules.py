@@ -564,12 +564,12 @@ CHAINS = {
     "conv-relu-conv": (lambda x, w, v: jnp.sum(_strided(jax.nn.relu(_strided(x, w)), v, 1) ** 2), True),
     "conv-bn-conv": (lambda x, w, v: jnp.sum(_strided(jax.nn.relu(_bn(_strided(x, w))), v, 1) ** 2), True),
     # a residual add of a rows-split 1x1 stride-2 shortcut: XLA splits the second conv back (2 halo permutes),
-    # explain keeps it whole and says so, within its bound
+    # explain's look-ahead too (rules_windows._rows_asked; the shortcut walked after the main path)
     "residual": (
         lambda x, w, v: jnp.sum(
             (_strided(jax.nn.relu(_bn(_strided(x, w))), v, 1) + _strided(x, v[:1, :1], 2, "VALID")) ** 2
         ),
-        False,
+        True,
     ),
 }
 
@@ -591,11 +591,57 @@ def test_covering_window_chains_match_xla(name) -> None:
     assert report.approximate  # the rows-split fork: XLA's choice turns on the users downstream
 
 
+def _shortcut_first(x: Any, w: Any, v: Any) -> Any:
+    shortcut = _bn(_strided(x, v[:1, :1], 2, "VALID"))
+    return jnp.sum(jax.nn.relu(_bn(_strided(jax.nn.relu(_bn(_strided(x, w))), v, 1)) + shortcut) ** 2)
+
+
+# A conv whose window is longer than its result, read by a residual add of a rows-split value: Shardy gives the
+# result's rows a factor of their own, so the add's split travels back to it (rules_windows._rows_asked) and
+# XLA exchanges halos there, the batch norms between summing over the rows' axis too; the input rows split or
+# whole (sliced for free).  Rows over 'b' of (4, 2), the batch over 'a'.
+RESIDUAL_CHAINS = {
+    # the keras-hub ResNet's stride-2 block with its 1x1 projection, the shortcut walked first
+    "projection, shortcut first": (_shortcut_first, 4),
+    "projection, no batch norm": (
+        lambda x, w, v: jnp.sum(
+            (_strided(jax.nn.relu(_strided(x, w)), v, 1) + _strided(x, v[:1, :1], 2, "VALID")) ** 2
+        ),
+        4,
+    ),
+    # unstrided, identity shortcut: the rows-split input itself is asked for (two permutes, no gather)
+    "identity, one conv": (lambda x, w, v: jnp.sum((_bn(_strided(x, w, 1, "SAME")) + x) ** 2), 2),
+    # ... two convs: the first's result is read by the second only (gathered), the second's by the add (split)
+    "identity, two convs": (
+        lambda x, w, v: jnp.sum((_bn(_strided(jax.nn.relu(_bn(_strided(x, w, 1, "SAME"))), v, 1, "SAME")) + x) ** 2),
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESIDUAL_CHAINS))
+def test_residual_splits_a_covering_conv_back_as_xla(name) -> None:
+    fn, rows = RESIDUAL_CHAINS[name]
+    x = jax.ShapeDtypeStruct((8, rows, rows, 64), jnp.float32)
+    w = jax.ShapeDtypeStruct((3, 3, 64, 64), jnp.float32)
+    case = Case("conv_general_dilated", fn, (x, w, w), (P("a", "b"), P(), P()), 2, False, False, "windows")
+    mesh = _mesh(2, False)
+    want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
+    report, got_kinds, got_sent, _ = _explain(case, mesh, fn)
+    assert want_kinds["collective-permute"] == 2  # the halos XLA exchanges once the rows are split back
+    assert got_kinds == want_kinds, (got_kinds, want_kinds)
+    assert got_sent == want_sent
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="the gradient of a 2x2 stride-2 VALID conv, 4 rows over 'b' to 2: XLA sums the kernel gradient with one "
     "all-reduce and one reduce-scatter where explain all-reduces twice (the forward moves nothing, so no mark); "
-    "not modelled yet (the same on main before issue 20's covering-window change)",
+    "not modelled yet (the same on main before issue 20's covering-window change). Session 14: XLA gives the kernel "
+    "gradient rows@b (its window, the cotangent's 2 rows, no longer than its 2 rows: Shardy pairs them), an "
+    "all-reduce over 'a' then one over 'b' dynamic-sliced to rows@b; explain gives the same layout (the window-split "
+    "sum sliced back) but charges the second sum as an all-reduce, as XLA's forward conv of "
+    "test_window_split_like_the_rows_keeps_the_result_split_as_xla does; what makes one a reduce-scatter is not found",
 )
 def test_non_overlapping_window_gradient_sums_as_xla() -> None:
     def conv(x: Any, w: Any) -> Any:
@@ -631,3 +677,21 @@ def test_kernel_inputs_gathered_through_idle_axes_as_xla(xs, ws, want) -> None:
     report, got_kinds, got_sent, _ = _explain(case, mesh, conv)
     assert got_kinds == want_kinds == Counter(want), (got_kinds, want_kinds)
     assert got_sent == want_sent and not report.approximate
+
+
+# -- a window split like the input's rows, no longer than the result (issue 20, DEEP_MISSES' first conv draw) --------
+#
+# x rows@c against a 2x2 kernel rows@c, cols@b on (2, 2, 2): Shardy pairs the input's rows with the result's, so
+# XLA sums the whole result over 'c' (one all-reduce) and slices it back to rows@c; its gradient's convs follow
+# from that split (2 all-gathers, 6 permutes, 3 all-reduces, measured).
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+def test_window_split_like_the_rows_keeps_the_result_split_as_xla(grad) -> None:
+    args = (jax.ShapeDtypeStruct((4, 8, 8, 4), jnp.float32), jax.ShapeDtypeStruct((2, 2, 4, 8), jnp.float32))
+    case = Case("conv_general_dilated", _conv, args, (P(None, "c"), P("c", "b")), 3, False, grad, "windows")
+    check(case)  # explain's collectives, bytes, peak and result layout against the compiled program's
+    mesh, fn = _mesh(3, False), _loss(_conv, 2) if grad else _conv
+    want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
+    _, got_kinds, got_sent, _ = _explain(case, mesh, fn)
+    assert got_kinds == want_kinds and got_sent == want_sent, (got_kinds, want_kinds)

@@ -22,10 +22,12 @@ on one-op programs (tests/test_primitive_rules.py checks it):
   split Shardy's propagation gives it (:func:`_features_win`) and XLA gathers the other operand, over idle
   axes after a permute onto them where they are at least as large; partial sums asked back split over the
   summed axes are one reduce-scatter (:func:`_asked_scatter_dim`);
-* split rows under a window longer than the result: the input's rows gathered, the result whole along them,
-  marked approximate: a later op that asks for the rows split (a residual add of a rows-split shortcut) makes XLA
-  keep them split and exchange halos, which one shared fork (:data:`ROWS_SPLIT_FORK`) walks for the bound; a
-  window as long as the result keeps the rows split, marked, the gathered rows its fork.
+* a window longer than the result: Shardy gives the result's axis a factor of its own, its split the one its
+  readers ask for.  Where an elementwise reader meets it with a value split along the axis (a residual add of a
+  rows-split shortcut, :func:`_rows_asked`), XLA keeps (or slices, free) the input's rows split and exchanges
+  halos; else it gathers the input's rows, the result whole along them, marked approximate: an ask the
+  look-ahead does not see (through a call, in the backward pass) is one shared fork's (:data:`ROWS_SPLIT_FORK`),
+  walked for the bound; a window as long as the result keeps the rows split, marked, the gathered rows its fork.
 
 Pooling is the same window without a kernel: a non-overlapping pool (2×2, stride 2) of blocks that
 divide moves nothing; an overlapping one exchanges halos.  A max pool's gradient (``select_and_scatter_add``)
@@ -47,10 +49,12 @@ from ...core.layout import Layout
 from .alternatives import offer, taking
 from .costing import is_free
 from .idle_axes import gather_route
+from .lookahead import home_of
 from .movement import charge, group_size, halo_pieces, itemsize, mark_approximate
 from .registry import register
-from .rules_structural import explicit_dims, widen_bound
-from .values import Derived, Partial
+from .rules_structural import all_explicit, explicit_dims, widen_bound
+from .slice_halo import HaloSend, Pieces, exchange_pieces, group_compact_sends
+from .values import CARRIERS, ELEMENTWISE, Derived, Partial
 from .xla_behaviour import xla_behaviour
 
 if TYPE_CHECKING:
@@ -375,11 +379,14 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         out_dims[os_[ls.index(li)]] = split
     halos: list[tuple[int, list[int]]] = []
     window_summed: list[str] = []
+    sliced_after_sum: dict[int, tuple[str, ...]] = {}  # result axes XLA slices to the rows' split once summed
     typed = explicit_dims(out_aval)  # the result's split as its type names it (Explicit axes), else None
+    # A window longer than the result gives the result's axis a factor of its own in Shardy's conv rule: its split
+    # is what the result's readers ask (:func:`_rows_asked`), not the input's.
+    propagated = phase == "forward" and not all_explicit(out_aval)
+    held_out = {m for d in out_dims for m in d}
     for j, (li, rj, oi) in enumerate(zip(ls, rs, os_)):
         lsplit, wsplit = lhs.dims[li], rhs.dims[rj]
-        if not lsplit and not wsplit:
-            continue
         length, window, out_len = lhs.shape[li], rhs.shape[rj], int(out_aval.shape[oi])
         stride, (low, _), ldil, rdil = (
             p["window_strides"][j],
@@ -387,6 +394,22 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             p["lhs_dilation"][j],
             p["rhs_dilation"][j],
         )
+        rows_asked: tuple[str, ...] = ()
+        if propagated and not wsplit and ldil == 1 and window > out_len:
+            rows_asked = _rows_asked(w, eqn.outvars[0], oi, held_out - set(lsplit))
+            if rows_asked and (out_len % group_size(w, rows_asked) or length % group_size(w, rows_asked)):
+                rows_asked = ()
+        if not lsplit and not wsplit:
+            if rows_asked:
+                # The input whole along the axis, the result asked split (a residual add of a rows-split shortcut
+                # after the conv): XLA slices the input's rows to the result's split (free) and exchanges halos
+                # (measured: the keras-hub ResNet's second stride-1 conv on 2 rows over 2 after the gathered
+                # stride-2 conv: two permutes f32[2,1,2,64]; tests/test_conv_rules.py's residual chains).
+                lhs = _with(lhs, li, rows_asked)
+                halos.append((li, halo_pieces(length, group_size(w, rows_asked), out_len, window, stride, rdil, low)))
+                out_dims[oi] = rows_asked
+                held_out |= set(rows_asked)
+            continue
         n = group_size(w, lsplit or wsplit)
         if wsplit and lsplit == wsplit and ldil == 1 and (lhs.dims[lb] or rhs.dims[ro]):
             # A window split like the input's rows, but the input's batch or the kernel's outputs split too: XLA's
@@ -406,12 +429,14 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         elif wsplit and lsplit == wsplit and ldil == 1 and length % n == 0 and window % n == 0:
             halos.append((li, halo_pieces(length, n, out_len, window, stride, rdil, low, window_split=True)))
             window_summed.extend(wsplit)
+            if window <= out_len and out_len % n == 0:
+                sliced_after_sum[oi] = lsplit
         elif lsplit and not wsplit and ldil == 1 and out_len % n == 0 and length % n == 0:
             pieces = halo_pieces(length, n, out_len, window, stride, rdil, low)
             # (longer than the result, whether the blocks need halos or not: 8 rows over 2, a 4-row window of
             # stride 4, 2 result rows, is gathered; a 2-row window of stride 2 over 4 rows to 2 stays split, with
             # a halo where padded (1, 0): measured on one-op programs, tests/test_conv_rules.py)
-            covers = window > out_len and not (typed and typed[oi])
+            covers = window > out_len and not (typed and typed[oi]) and rows_asked != lsplit
             as_long = window == out_len and not (typed and typed[oi])
             if as_long:
                 # As long as the result: XLA keeps the rows split (halos where the blocks need them), and its
@@ -433,7 +458,8 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                 # again for a later reader (the kernel gradient's conv in the backward pass).  XLA's other choice
                 # (a fork of the walk, :mod:`.alternatives`): where a later op asks for the rows split (a residual
                 # add of a rows-split shortcut), its propagation splits the result back and exchanges halos
-                # instead, a global choice explain does not follow: the op says so.
+                # instead: :func:`_rows_asked` sees the asks of elementwise readers (then ``rows_asked`` keeps the rows
+                # split, no mark); one it does not see stays the fork's, and the op says so.
                 rows_fork = True
                 approx.append(
                     f"spatial axis {li}: the window covers the result; XLA gathers the input's rows and leaves the "
@@ -547,6 +573,15 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                 # input gradient back onto its activations' channels, a kernel gradient onto its own split.
                 out = out.with_dims(tuple(axes if i == onto else d for i, d in enumerate(out.dims)))
             w.change(eqn, phase, pending, out, out_aval.dtype, repeat, "conv partial sums")
+        used = {m for d in out.dims for m in d}
+        for oi, split in sliced_after_sum.items():
+            if not out.dims[oi] and not set(split) & used:
+                # A window split like the input's rows and no longer than the result: Shardy pairs the input's
+                # rows with the result's, so XLA sums the whole result over the window's split and slices it back
+                # to the rows' split (free; measured: a 2x2 SAME conv, x rows@c against a kernel rows@c, cols@b on
+                # (2, 2, 2): one all-reduce of the whole f32[4,8,8,8] over 'c', the result rows@c).
+                out = _with(out, oi, split)
+                used |= set(split)
     if approx:
         _mark(w, start, "; ".join(approx))
         widen_bound(w, start, sent=gathered_out, collectives=rows_alternative + gathered_again)
@@ -578,6 +613,77 @@ def _offer_rows_split(w: Walker, since: int) -> None:
     for i in range(since, len(w.ops)):
         if w.ops[i].approximate:
             w.ops[i] = dataclasses.replace(w.ops[i], alternative=id(ROWS_SPLIT_FORK))
+
+
+# Ops a split passes through position by position (an elementwise meet of a conv's result and a shortcut).
+_FOLLOWED = frozenset(ELEMENTWISE | CARRIERS - {"transpose"} | {"select_n"})
+# How many equations the look-ahead visits per conv (XLA's propagation is global; this bounds the search).
+_ASK_BUDGET = 64
+
+
+def _rows_asked(w: Walker, out: Any, axis: int, taken: set[str]) -> tuple[str, ...]:
+    """The split of axis ``axis`` that the readers of a conv's result ``out`` ask for: followed forward through
+    elementwise ops, the first operand of the same shape met there whose layout is split along the axis (over
+    mesh axes not in ``taken``: the result's other splits).  () where none asks.
+
+    Shardy pairs a conv's spatial axis with the kernel's, not the result's, where the window is longer than the
+    result; the result's axis then takes its split from its readers only, and a residual add of a rows-split
+    shortcut splits it (measured, tests/test_conv_rules.py: a 3x3 conv on 2 rows over 2, its result added to a
+    rows-split shortcut after a batch norm: two halo permutes, the batch norm's sums over the rows' axis too;
+    without the add, the rows gathered).  The operand met may not be walked yet (a shortcut computed after the
+    main path): :func:`_split_along` follows its producers back to a value the walk laid out."""
+    shape = tuple(out.aval.shape)
+    seen: set[int] = set()
+    frontier, budget = [out], _ASK_BUDGET
+    while frontier and budget > 0:
+        v = frontier.pop()
+        for u, _ in w.uses.get(id(v), ()):
+            if id(u) in seen or u.primitive.name not in _FOLLOWED:
+                continue
+            seen.add(id(u))
+            budget -= 1
+            for x in u.invars:
+                if x is v or hasattr(x, "val") or tuple(getattr(x.aval, "shape", ())) != shape:
+                    continue
+                split = _split_along(w, x, axis)
+                if split and not set(split) & taken:
+                    return split
+            frontier.extend(o for o in u.outvars if tuple(getattr(o.aval, "shape", ())) == shape)
+    return ()
+
+
+def _split_along(w: Walker, value: Any, axis: int) -> tuple[str, ...]:
+    """The split ``value`` has (or will have) along ``axis``: its layout where the walk has one, else its
+    producer's operands' through elementwise ops and convs whose window is no longer than the result along the
+    axis (Shardy pairs the input's axis with the result's there), () where that leads nowhere split."""
+    stack, budget = [(value, axis)], _ASK_BUDGET
+    while stack and budget > 0:
+        v, ax = stack.pop()
+        budget -= 1
+        lay = w.env.get(v)
+        if lay is not None:
+            if not is_free(lay) and lay.dims[ax]:
+                return tuple(lay.dims[ax])
+            continue
+        home = home_of(w.costs, v)
+        if home is None:
+            continue
+        made = home.jaxpr.eqns[home.made_at(v)]
+        name = made.primitive.name
+        if name in _FOLLOWED:
+            shape = tuple(v.aval.shape)
+            stack.extend(
+                (x, ax) for x in made.invars if not hasattr(x, "val") and tuple(getattr(x.aval, "shape", ())) == shape
+            )
+        elif name == "conv_general_dilated":
+            dn, q = made.params["dimension_numbers"], made.params
+            spatial = list(dn.out_spec[2:])
+            if ax in spatial:
+                j = spatial.index(ax)
+                kernel = made.invars[1].aval.shape[dn.rhs_spec[2 + j]]
+                if q["lhs_dilation"][j] == 1 and kernel <= v.aval.shape[ax]:
+                    stack.append((made.invars[0], dn.lhs_spec[2 + j]))
+    return ()
 
 
 def _differentiated(w: Walker, eqn: Any) -> bool:
@@ -975,36 +1081,6 @@ def _tdiv(a: int, b: int) -> int:
     return q if (a >= 0) == (b > 0) else -q
 
 
-Pieces = list[tuple[int, int]]  # one collective-permute each: (positions sent, sending devices per group)
-
-
-def _exchange(left: list[int], right: list[int], size: int) -> Pieces | None:
-    """The collective-permutes of XLA's halo exchange along one axis split ``len(left)`` ways (its SPMD
-    partitioner's ``ExchangeHalo``), or None where XLA gives up on halos and replicates the operand.
-
-    ``left[k]`` / ``right[k]``: how many positions shard ``k`` needs beyond its block of ``size`` on each side
-    (negative: fewer than its block).  XLA sends the largest halo any shard needs to every shard, one permute per
-    block-sized piece (from the ``i+1``-th neighbour: ``n - i - 1`` senders), skipping pieces no shard reads.
-    """
-    n = len(left)
-    max_left = max(left[1:], default=0)
-    max_right = max(right[:-1], default=0)
-    if max_left + max_right + size >= size * n and (max_left > size or max_right > size):
-        return None
-    left_bound, right_bound = -max(left), size + max(right)
-    if left_bound >= right_bound:
-        return None
-    pieces: Pieces = []
-    i = -(-max_left // size) - 1
-    while i >= 0 and (-i - 1) * size < right_bound:
-        pieces.append((min(max_left - size * i, size) - max(-i * size - right_bound, 0), n - i - 1))
-        i -= 1
-    skipped = min(max(left_bound - size, 0), max(max_right, 0)) // size
-    for i in range(skipped, -(-max_right // size)):
-        pieces.append((min(max_right - size * i, size) - max(left_bound - (i + 1) * size, 0), n - i - 1))
-    return [(rows, senders) for rows, senders in pieces if rows > 0]
-
-
 @dataclass
 class _Halo:
     """One piece of a shard's window in XLA's compact exchange: from shard ``at`` (or padding), or its own."""
@@ -1055,40 +1131,21 @@ def _compact_exchange(left: list[int], right: list[int], size: int, base: int) -
                 sends[h.at].append((k, len(cut[k]) - 1))
     for k in range(n):
         sends[k].sort(key=lambda ab: cut[ab[0]][ab[1]].offset)
-    pieces: Pieces = []
-    done = [0] * n
-    while True:
-        senders, seen, lo, hi = 0, set(), size, 0
-        for k in range(n):
-            if done[k] >= len(sends[k]):
-                continue
-            h = cut[sends[k][done[k]][0]][sends[k][done[k]][1]]
-            if senders and (
-                h.my in seen
-                or (lo > h.limit and hi == size and h.start == 0)
-                or (hi < h.start and lo == 0 and h.limit == size)
-            ):
-                continue
-            seen.add(h.my)
-            senders += 1
-            lo, hi = min(lo, h.start), max(hi, h.limit)
-            done[k] += 1
-        if not senders:
-            return pieces
-        pieces.append((hi - lo, senders))
+    by_src = [[HaloSend(dst, cut[dst][j].start, cut[dst][j].limit) for dst, j in queue] for queue in sends]
+    return group_compact_sends(by_src, size)
 
 
 def _valid_data(
     left: list[int], right: list[int], size: int, base: int, explicit_left: int, with_halo: int
 ) -> Pieces | None:
     """XLA's ``ExchangeHaloAndGetValidData``: the compact exchange where the largest halo exceeds twice the
-    block with halos (None where that block is half the axis or more: XLA replicates), else :func:`_exchange`."""
+    block with halos (None where that block is half the axis or more: XLA replicates), else :func:`.exchange_pieces`."""
     n = len(left)
     if explicit_left == left[0]:
         widest = size + max(a + b for a, b in zip(left, right))
         if widest == with_halo and max(max(left), max(right)) > 2 * with_halo:
             return None if widest * 2 >= n * size else _compact_exchange(left, right, size, base)
-    return _exchange(left, right, size)
+    return exchange_pieces(left, right, size)
 
 
 def _shift_pieces(length: int, out_len: int, n: int, offset: int) -> Pieces | None:

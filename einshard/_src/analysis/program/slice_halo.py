@@ -24,12 +24,14 @@ collectives (rules_ordering.split).  Measured against the compiled HLO on 2-, 4-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["SliceMove", "slice_move"]
+__all__ = ["HaloSend", "Pieces", "SliceMove", "exchange_pieces", "group_compact_sends", "slice_move"]
 
 SliceHow = Literal["none", "halo", "compact", "gather"]
+Pieces = list[tuple[int, int]]  # one collective-permute each: (positions sent, sending devices per group)
 
 
 @dataclass(frozen=True)
@@ -62,24 +64,79 @@ def slice_move(length: int, n: int, size: int, offset: int) -> SliceMove:
 
 
 def _exchange(s: int, n: int, left: list[int], right: list[int]) -> SliceMove:
-    """``ExchangeHalo``: one collective-permute per neighbour distance and side."""
-    max_left = max(left[1:])
-    max_right = max(right[:-1])
-    if max_left + max_right + s >= s * n and (max_left > s or max_right > s):
+    """``ExchangeHalo``: one collective-permute per neighbour distance and side (:func:`exchange_pieces`)."""
+    pieces = exchange_pieces(left, right, s)
+    if pieces is None:
         return SliceMove("gather")
+    return SliceMove("halo", tuple(rows for rows, _ in pieces))
+
+
+def exchange_pieces(left: list[int], right: list[int], size: int) -> Pieces | None:
+    """The collective-permutes of XLA's halo exchange along one axis split ``len(left)`` ways (its SPMD
+    partitioner's ``ExchangeHalo``), or None where XLA gives up on halos and replicates the operand.
+
+    ``left[k]`` / ``right[k]``: how many positions shard ``k`` needs beyond its block of ``size`` on each side
+    (negative: fewer than its block).  XLA sends the largest halo any shard needs to every shard, one permute per
+    block-sized piece (from the ``i+1``-th neighbour: ``n - i - 1`` senders), skipping pieces no shard reads.
+    """
+    n = len(left)
+    max_left = max(left[1:], default=0)
+    max_right = max(right[:-1], default=0)
+    if max_left + max_right + size >= size * n and (max_left > size or max_right > size):
+        return None
     # Only data within [left_bound, right_bound) of a block is read by anyone.
-    left_bound, right_bound = -max(left), s + max(right)
+    left_bound, right_bound = -max(left), size + max(right)
     if left_bound >= right_bound:
-        return SliceMove("gather")
-    sizes: list[int] = []
-    i = _ceil_div(max_left, s) - 1
-    while i >= 0 and (-i - 1) * s < right_bound:
-        sizes.append(min(max_left - s * i, s) - max(-i * s - right_bound, 0))
+        return None
+    pieces: Pieces = []
+    i = _ceil_div(max_left, size) - 1
+    while i >= 0 and (-i - 1) * size < right_bound:
+        pieces.append((min(max_left - size * i, size) - max(-i * size - right_bound, 0), n - i - 1))
         i -= 1
-    skipped = min(max(left_bound - s, 0), max(max_right, 0)) // s
-    for i in range(skipped, _ceil_div(max_right, s)):
-        sizes.append(min(max_right - s * i, s) - max(left_bound - (i + 1) * s, 0))
-    return SliceMove("halo", tuple(x for x in sizes if x > 0))
+    skipped = min(max(left_bound - size, 0), max(max_right, 0)) // size
+    for i in range(skipped, _ceil_div(max_right, size)):
+        pieces.append((min(max_right - size * i, size) - max(left_bound - (i + 1) * size, 0), n - i - 1))
+    return [(rows, senders) for rows, senders in pieces if rows > 0]
+
+
+@dataclass(frozen=True)
+class HaloSend:
+    """One piece of a device's window that another device's block holds (XLA's compact exchange): the device
+    that needs it and the stretch ``[start, limit)`` of the source block it reads."""
+
+    dst: int
+    start: int
+    limit: int
+
+
+def group_compact_sends(sends: Sequence[Sequence[HaloSend]], block: int) -> Pieces:
+    """The collective-permutes of ``ExchangeHaloCompact`` given, per source device, the pieces it sends in XLA's
+    order (by where they land in the destination's window): greedily, each permute takes the next piece of every
+    source whose destination does not yet receive in it, sized to cover every piece it carries.  Returns
+    (positions sent, sending devices) per permute."""
+    nxt = [0] * len(sends)
+    pieces: Pieces = []
+    while True:
+        seen: set[int] = set()
+        lo, hi, senders = block, 0, 0
+        for src, queue in enumerate(sends):
+            if nxt[src] >= len(queue):
+                continue
+            h = queue[nxt[src]]
+            # XLA delays a send whose destination already receives in this permute, or that would stretch it
+            # from a small left piece to a small right one.
+            if senders and (
+                h.dst in seen
+                or (lo > h.limit and hi == block and h.start == 0)
+                or (hi < h.start and lo == 0 and h.limit == block)
+            ):
+                continue
+            seen.add(h.dst)
+            lo, hi, senders = min(lo, h.start), max(hi, h.limit), senders + 1
+            nxt[src] += 1
+        if not senders:
+            return pieces
+        pieces.append((hi - lo, senders))
 
 
 @dataclass(frozen=True)
@@ -112,26 +169,5 @@ def _compact(s: int, n: int, offset: int, o: int) -> tuple[int, ...]:
                 by_src[h.src].append(h)
     for lst in by_src:
         lst.sort(key=lambda h: h.offset)  # stable, as absl::c_stable_sort
-    sizes: list[int] = []
-    nxt = [0] * n
-    while True:
-        seen: set[int] = set()
-        lo, hi, taken = s, 0, False
-        for src in range(n):
-            if nxt[src] >= len(by_src[src]):
-                continue
-            h = by_src[src][nxt[src]]
-            # XLA delays a send whose destination already receives in this permute, or that would stretch it
-            # from a small left piece to a small right one.
-            if taken and (
-                h.dst in seen
-                or (lo > h.limit and hi == s and h.start == 0)
-                or (hi < h.start and lo == 0 and h.limit == s)
-            ):
-                continue
-            seen.add(h.dst)
-            lo, hi, taken = min(lo, h.start), max(hi, h.limit), True
-            nxt[src] += 1
-        if not taken:
-            return tuple(sizes)
-        sizes.append(hi - lo)
+    sends = [[HaloSend(h.dst, h.start, h.limit) for h in lst] for lst in by_src]
+    return tuple(rows for rows, _ in group_compact_sends(sends, s))
