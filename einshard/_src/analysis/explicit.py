@@ -319,27 +319,41 @@ def _installed_roots() -> tuple[str, ...]:
 
 
 def _short_path(path: str) -> str:
+    return _short_path_from(path, os.getcwd(), _installed_roots())
+
+
+@functools.lru_cache(maxsize=4096)
+def _short_path_from(path: str, cwd: str, roots: tuple[str, ...]) -> str:
+    """:func:`_short_path` from the working folder ``cwd`` with the installed ``roots``: a deep model's tens of
+    thousands of equations come from a few dozen files, so each file's short form is found once."""
     for marker in ("site-packages/", "dist-packages/"):
         if marker in path:
             return path.split(marker, 1)[1]
-    for root in _installed_roots():
+    for root in roots:
         if path.startswith(root):
             return path[len(root) :]
     try:
-        rel = os.path.relpath(path)
+        rel = os.path.relpath(path, cwd)
     except ValueError:
         return path
     return path if rel.startswith("..") else rel
 
 
 def _is_library(path: str) -> bool:
+    return _is_library_among(path, _installed_roots())
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_library_among(path: str, roots: tuple[str, ...]) -> bool:
+    """Whether a frame's file is a library's (JAX's, one under an installed ``roots``, einshard's own): found once
+    per file and roots (a deep model's naming asks it of every frame of every equation)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the einshard package
     return (
         "site-packages" in path
         or "dist-packages" in path
         or path.startswith(here)
         or path.startswith(sys.prefix)
-        or path.startswith(_installed_roots())
+        or path.startswith(roots)
     )
 
 

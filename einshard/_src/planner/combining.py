@@ -293,8 +293,16 @@ class DependencyWalker(Walker):
         collectives now start and the entering values' masks are or-ed in."""
         start = len(self.colls)
         made: dict[int, int] = {0: 0}  # operands -> the or of their masks (a tape's collectives share a few)
+        # The entering values that depend on any collective (a layer's weights, the program's arguments, depend on
+        # none): only their bits of ``operands`` add to a mask, so the others are dropped before it is made or
+        # looked up (fewer distinct operands, and fewer bits to or).
+        live = 0
+        for k, m in enumerate(entering):
+            if m:
+                live |= 1 << k
 
         def real(operands: int, own: int) -> int:
+            operands &= live
             mask = made.get(operands)
             if mask is None:
                 mask = made[operands] = _or_of(operands, entering)
@@ -304,6 +312,7 @@ class DependencyWalker(Walker):
         # a call per mask and without the frozen dataclass __init__'s per-field sets (its fields as it sets them).
         append, new, get = self.colls.append, object.__new__, made.get
         for i, (kind, axes, size, repeat, operands, own) in enumerate(colls):
+            operands &= live
             mask = get(operands)
             if mask is None:
                 mask = made[operands] = _or_of(operands, entering)
@@ -353,10 +362,17 @@ def _combine(colls: list[_Coll], profile: Any, sizes: dict[str, int], skip_upstr
     rule = COMBINER_RULES.get(getattr(profile, "name", ""), _EVERY_KIND)
     saved = 0.0
     ops = 0
+    # The kind each kind merges as, asked once per kind (a deep model's costing has thousands of collectives of a
+    # few kinds; rule.kind_of builds its table at every call).
+    merged_kinds: dict[str, str | None] = {}
     for c in colls:
         if c.group_size <= 1:
             continue
-        merged_as = rule.kind_of(c.kind)
+        kind = c.kind
+        if kind in merged_kinds:
+            merged_as = merged_kinds[kind]
+        else:
+            merged_as = merged_kinds[kind] = rule.kind_of(kind)
         if merged_as is None:
             ops += c.repeat  # an op of its own
             continue

@@ -310,7 +310,8 @@ class _Program:
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
         self.sizings: dict[Any, _Sizing] = {}  # where each stretch's buffers' layouts are read (_sizing_of)
         self.made_broadcasts: set[_Broadcast] = set()  # (_broadcasts)
-        self.lone_sums: dict[Any, frozenset[int]] = {}  # by liveness and partial sums: those alone (_lone_sums)
+        # By liveness and partial sums: those alone; by liveness and a pair of steps: whether one feeds the other
+        self.lone_sums: dict[Any, Any] = {}  # (_lone_sums)
         self._flatten(jaxpr, ())
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
         self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
@@ -2009,7 +2010,17 @@ def _lone_sums(prog: _Program, info: _Liveness, live_key: Any, sums: dict[int, i
     alone = prog.lone_sums.get(key)
     if alone is None:
         order = sorted(sums)
-        feeds = [_reaches(a, b, prog.steps, info.readers) for a, b in zip(order, order[1:])]
+        # Whether one step feeds the next is the flattening's and liveness' (its steps' values and readers), kept
+        # by pair under ``live_key``: the sets of sums of a search's costings differ, their neighbouring pairs
+        # mostly repeat (a deep stack's pairs of layers), and each search can walk thousands of steps.
+        known = prog.lone_sums
+        feeds = []
+        for a, b in zip(order, order[1:]):
+            pair = (live_key, a, b)
+            reached = known.get(pair)
+            if reached is None:
+                reached = known[pair] = _reaches(a, b, prog.steps, info.readers)
+            feeds.append(reached)
         alone = prog.lone_sums[key] = frozenset(
             i for n, i in enumerate(order) if (n == len(order) - 1 or feeds[n]) and (n == 0 or feeds[n - 1])
         )

@@ -20,7 +20,7 @@ from .alternatives import widen
 from .costing import OpCosts, is_free
 from .memory import PeakCache, peak_caveat
 from .memory import peak_bytes as _peak_bytes
-from .report import ProgramReport
+from .report import OpReport, ProgramReport
 from .walker import Walker
 
 __all__ = ["explain", "trace", "TracedProgram"]
@@ -460,13 +460,7 @@ class TracedProgram:
             self.jaxpr, layouts, walker.sub_envs, tiling=self.costs.profile.tiling, cache=self.peak_cache
         )
         ops = tuple(walker.ops)
-        phases: dict[str, dict[str, float]] = {}
-        for op in ops:
-            tot = phases.setdefault(op.phase, {"flops": 0.0, "bytes": 0.0, "count": 0.0, "time_s": 0.0})
-            tot["flops"] += op.flops * op.repeat
-            tot["bytes"] += op.comm_bytes
-            tot["count"] += len(op.collectives) * op.repeat
-            tot["time_s"] += op.time_s * op.repeat
+        phases = _phase_totals(ops)
         report = ProgramReport(
             explicit=self.explicit,
             ops=ops,
@@ -497,6 +491,26 @@ class TracedProgram:
             return self.report(in_specs, out_specs)
         finally:
             self.costs.forced = frozenset()
+
+
+def _phase_totals(ops: Sequence[OpReport]) -> dict[str, dict[str, float]]:
+    """Per phase, the ops' flops, bytes sent, collectives and time (each repeat counted), summed in program order.
+
+    A deep model's report has thousands of ops per costing: each phase's running sums are kept in a list (four
+    additions per op, the terms and order of ``op.comm_bytes`` and a dict per phase: the same totals to the bit),
+    not read and written back through a dict by name."""
+    sums: dict[str, list[float]] = {}
+    for op in ops:
+        tot = sums.get(op.phase)
+        if tot is None:
+            tot = sums[op.phase] = [0.0, 0.0, 0.0, 0.0]
+        repeat, collectives = op.repeat, op.collectives
+        tot[0] += op.flops * repeat
+        if collectives:  # (an op without any adds 0 to either: the sum as it was)
+            tot[1] += repeat * sum(c.bytes for c in collectives)  # op.comm_bytes
+            tot[2] += len(collectives) * repeat
+        tot[3] += op.time_s * repeat
+    return {phase: dict(zip(("flops", "bytes", "count", "time_s"), tot)) for phase, tot in sums.items()}
 
 
 def _is_sharding_type_error(err: BaseException) -> bool:

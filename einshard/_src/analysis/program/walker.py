@@ -636,23 +636,28 @@ class Walker:
         none: frozenset[Any] = frozenset()
         append = state.append
         before, shared = carried if carried is not None else ((), ())
-        counts = self.costs.counts
+        reads = 0
         for j, (v, gathered_key, partial_key, ident, bound) in enumerate(copy.entering_keys):
             m = shared[j] if shared else -1
             if m >= 0:
                 append(before[2 * m])
                 append(before[2 * m + 1])
                 continue
-            counts.segment_key_reads += 1
+            reads += 1
             lay, gathered, partial = get(v), get(gathered_key), get(partial_key)
-            source = sources.get(id(lay)) if lay is not None else None
-            made = made_by.get(source) if source is not None else None
-            moves = frozenset(made) if made else none  # equal to an empty set's: most values were never moved
-            mine = source is None or source == bound
+            if lay is None:
+                fields, mine, moves = None, True, none
+            else:
+                source = sources.get(id(lay))
+                made = made_by.get(source) if source is not None else None
+                moves = frozenset(made) if made else none  # equal to an empty set's: most values were never moved
+                mine = source is None or source == bound
+                # _fields(lay, mesh), inline: the call is most of its cost at every entering value of every copy
+                fields = (type(lay), lay.axes, lay.shape, lay.dims, lay.unreduced, 0 if lay.mesh is mesh else lay.mesh)
             # Most entering values have no gathered copy and no pending sum: their None is _fields's, uncalled.
             append(
                 (
-                    _fields(lay, mesh),
+                    fields,
                     None if gathered is None else _fields(gathered, mesh),
                     None if partial is None else _fields(partial, mesh),
                     mine,
@@ -660,6 +665,7 @@ class Walker:
                 )
             )
             append(summed.get(ident))
+        self.costs.counts.segment_key_reads += reads
         rows: Any = ()
         if copy.slices:
             entering = copy.entering
