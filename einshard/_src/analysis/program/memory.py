@@ -25,7 +25,10 @@ buffers, not just what the jaxpr names:
   into ``A``;
 * **transposed dot operands**: an elementwise result read only by a dot
   that needs it transposed is written transposed by its producer's fusion
-  (no copy beside it, never in place);
+  (no copy beside it, never in place); read as it is by another dot too, it is
+  written both ways by two fusions made together (a hidden layer's cotangent);
+  a weight is copied once before the first dot that needs it transposed and held
+  to the last (:meth:`_Program._copy_transposed`);
 * **gathered arguments**: an argument the walk all-gathered (an FSDP weight)
   is gathered by XLA at the start of the step, and the gathered copy held to
   the argument's last use, a buffer of its own beside the argument's shard
@@ -252,6 +255,24 @@ class _Broadcast:
 
 
 @dataclass(frozen=True)
+class _Transposed:
+    """The transposed copy XLA:CPU writes of a dot operand out of its canonical order (:func:`dot_scratch`) when
+    other steps read the operand too: a buffer of its own, laid out as ``like`` and made by a fusion of its own
+    beside the operand's (:meth:`_Program._copy_transposed`)."""
+
+    like: Key
+
+    @property
+    def aval(self) -> Any:
+        return _aval(self.like)
+
+
+# Keys laid out as another value (their ``like``): a broadcast as its first reader's result, a transposed copy as
+# the value it copies.
+_LAID_AS_ANOTHER = (_Broadcast, _Transposed)
+
+
+@dataclass(frozen=True)
 class _Step:
     """One equation of the program with its nested calls inlined: operands and results as keys."""
 
@@ -278,8 +299,10 @@ class _Program:
         layouts: dict[Any, Layout],
         inner: dict[tuple[int, ...], dict[Any, Layout]],
         reuse: bool = False,
+        body: bool = False,
     ):
         self.jaxpr, self.layouts, self.inner = jaxpr, layouts, inner
+        self.body = body  # a loop's body: its arguments are the loop's buffers and slices (_absorb_transposes)
         self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
         self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
         self.steps: list[_Step] = []
@@ -301,6 +324,10 @@ class _Program:
         # (:meth:`_absorb_transposes`): no scratch of their own.
         self.absorbed: dict[int, frozenset[int]] = {}
         self.written_transposed: set[Key] = set()  # those operands: each a buffer of its own (never in place)
+        # The arguments dots read through a transposed copy made before the first (:meth:`_copy_transposed`), and
+        # each dot operand tested for one with whether it was gathered then (:meth:`_ungathered`).
+        self.copied_args: list[Key] = []
+        self.gather_tested: list[tuple[tuple[int, ...], Any, bool]] = []
         # Each copy's place in ``copies`` by the (call path, value) whose Gathered layout it reads (made once).
         self.copy_at: dict[tuple[tuple[int, ...], Any], list[int]] | None = None
         self.resized: dict[tuple[int, int], _Step] = {}  # steps with another costing's scratch (shared)
@@ -343,25 +370,128 @@ class _Program:
             for k in step.outs:
                 producer[k] = i
         args = set(self.args)
+        # Each dot: its step, equation, call path, operands' keys and the operands it reads out of canonical order.
+        dots: list[tuple[int, Any, tuple[int, ...], list[Key | None], tuple[int, ...]]] = []
+        read_as_is: set[Key] = set()  # operands a dot reads in their own order
         for i, eqn, path in self.windows:
-            if eqn.primitive.name != "dot_general":
-                continue
+            if eqn.primitive.name == "dot_general":
+                keys = [self.key(v, path) for v in eqn.invars[:2]]
+                transposed = _copied_operands(eqn)
+                dots.append((i, eqn, path, keys, transposed))
+                read_as_is.update(k for p, k in enumerate(keys) if p not in transposed)
+        copied: dict[int, frozenset[int]] = {}  # by dot step: its operands read through a _Transposed copy
+        for i, eqn, path, keys, transposed in dots:
+            made = [k is not None and k not in args and k not in self.outputs and k in producer for k in keys]
+            # (An operand the walk gathers for this dot is copied as gathered: its dot's scratch, as before.)
+            whole = [p in transposed and self._ungathered(path, eqn.invars[p]) for p in range(2)]
+            # (Any operand so made and read is a write of that fusion's, in the dot's order or not: never in place.)
             absorbed = frozenset(
                 p
-                for p, v in enumerate(eqn.invars[:2])
-                if (k := self.key(v, path)) is not None
-                and k not in args
-                and k not in self.outputs
-                and reads.get(k) == 1
-                and k in producer
-                and self.steps[producer[k]].name in elementwise
+                for p in range(2)
+                if made[p] and reads.get(keys[p]) == 1 and self.steps[producer[keys[p]]].name in elementwise
             )
-            if absorbed:
-                self.absorbed[i] = absorbed
-                self.written_transposed.update(self.key(eqn.invars[p], path) for p in absorbed)
+            # Read by another dot in its own order too (a buffer whatever else reads it), made by a cheap loop op's
+            # fusion (a transpose is a loop op too: the fusion writing it is its elementwise operand's).  (Read by
+            # loop ops besides, its readers' fusions may compute it: not measured, the dot's scratch as before.)
+            shared = frozenset(
+                p
+                for p in transposed
+                if made[p]
+                and p not in absorbed
+                and whole[p]
+                and keys[p] in read_as_is
+                and self.steps[producer[keys[p]]].cheap
+                and self.steps[producer[keys[p]]].name in elementwise | {"transpose"}
+            )
+            # An argument (a weight) copied into the dot's order: one copy, made from the argument alone before the
+            # first dot reading it so, held to the last (:meth:`_copy_transposed`).  Not a loop body's (a layer's
+            # slice of stacked weights): a copy beside the slice overstated flax_scan's dp gradient (324096 B; the
+            # walk without it 307712 B, XLA 289488 B).
+            weights = frozenset(p for p in transposed if keys[p] in args and whole[p] and not self.body)
+            shared |= weights
+            if shared:
+                copied[i] = shared
+            if absorbed or shared:
+                self.absorbed[i] = absorbed | shared
+                self.written_transposed.update(keys[p] for p in absorbed)
+        if copied:
+            self._copy_transposed(copied, producer)
+        for i, eqn, path in self.windows:
+            if i in self.absorbed:
                 self.scratch_memo.pop(i, None)
                 self.fixed_scratch.discard(i)
                 self._resize(i, self._scratch(i, eqn, self.env(path)))
+
+    def _copy_transposed(self, copied: dict[int, frozenset[int]], producer: dict[Key, int]) -> None:
+        """Read each dot operand of ``copied`` (by dot step, its operands) through a :class:`_Transposed` copy,
+        made by a step right after the operand's producer from that producer's operands (an argument's: right
+        before the first dot reading it so, from the argument).
+
+        An operand out of XLA:CPU's canonical order that other steps read too (the cotangent of a hidden layer,
+        read by the dot that carries it back and by the one that makes the weight's gradient) is not written
+        transposed in the first place: layout assignment copies it transposed for the dot, and instruction
+        fusion, its producer cheap (a product, a sum), duplicates the producer into that copy.  Two fusions
+        from the same operands, scheduled together: the operand and its transposed copy are two buffers, made
+        before either dot runs, and the producer's operands are held until both are made.  Measured on the
+        expert-parallel gradient of a SwiGLU expert MLP (XLA:CPU's ``multiply_bitcast_fusion`` and
+        ``copy_bitcast_fusion.5`` write the up projection's cotangent f32[64,64] and its transpose from the same
+        operands; both, the gate's pair and the forward's three products live at the peak;
+        tests/test_memory_rules.py); the walk had held the copy only while the weight-gradient dot ran.  (An
+        operand read by this dot alone is written transposed by its producer: ``absorbed`` above.)
+
+        An argument's copy is one buffer every dot reading the argument so shares (CSE), held from the first to
+        the last: on that MLP the gate and up weights' copies (``copy_bitcast_fusion.12/.13``, read by the
+        forward's dots and the backward's) live at the peak; on kh_llama's dp forward one copy read by one dot
+        is made right before it (exact, as the dot's scratch was).  XLA's scheduler may make it earlier (the
+        one-layer repro in tests/test_memory_rules.py: at the start), which the walk does not follow."""
+        made: dict[Key, _Transposed] = {}
+        after: dict[int, list[_Step]] = {}  # by producer step: the copies made right after it
+        before: dict[int, list[_Step]] = {}  # by dot step: the arguments' copies made right before it
+        dots: dict[int, _Step] = {}
+        windows = {i: (eqn, path) for i, eqn, path in self.windows}
+        for i, positions in copied.items():
+            eqn, path = windows[i]
+            ins = []
+            for p, v in enumerate(eqn.invars):
+                k = self.key(v, path)
+                if k is None:
+                    continue
+                if p in positions:
+                    t = made.get(k)
+                    if t is None:
+                        t = made[k] = _Transposed(k)
+                        self.written_transposed.add(t)
+                        if k in producer:
+                            j = producer[k]
+                            after.setdefault(j, []).append(_Step("copy", self.steps[j].ins, (t,)))
+                        else:
+                            before.setdefault(i, []).append(_Step("copy", (k,), (t,)))
+                            self.copied_args.append(k)
+                    k = t
+                ins.append(k)
+            dots[i] = dataclasses.replace(self.steps[i], ins=tuple(ins))
+        # The new steps shift every later step: renumber what the flattening noted by step.
+        moved: dict[int, int] = {}
+        steps: list[_Step] = []
+        for i, step in enumerate(self.steps):
+            steps.extend(before.get(i, ()))
+            moved[i] = len(steps)
+            steps.append(dots.get(i, step))
+            steps.extend(after.get(i, ()))
+        self.steps = steps
+        self.windows = [(moved[i], eqn, path) for i, eqn, path in self.windows]
+        self.loops = [(moved[i], eqn, sub, sub_path) for i, eqn, sub, sub_path in self.loops]
+        self.absorbed = {moved[i]: ps for i, ps in self.absorbed.items()}
+        self.scratch_memo = {moved[i]: memo for i, memo in self.scratch_memo.items()}
+        self.fixed_scratch = {moved[i] for i in self.fixed_scratch}
+        self.resized = {}
+
+    def _ungathered(self, path: tuple[int, ...], v: Any) -> bool:
+        """Whether the walk binds no gathered copy of ``v`` (of the call at ``path``) under these layouts (noted,
+        for :meth:`holds`: a rebound under other layouts must answer alike)."""
+        gathered = self.env(path).get(Gathered(v)) is not None
+        self.gather_tested.append((path, v, gathered))
+        return not gathered
 
     def key(self, v: Any, path: tuple[int, ...]) -> Key | None:
         if hasattr(v, "val"):
@@ -453,7 +583,7 @@ class _Program:
             p[len(sub_path) :]: e for p, e in self.inner.items() if p[: len(sub_path)] == sub_path and p != sub_path
         }
         cache = self.loop_cache
-        inner = _Program(body, env, nested) if cache is None else cache.program(body, env, nested)
+        inner = _Program(body, env, nested, body=True) if cache is None else cache.program(body, env, nested, True)
         elsewhere = frozenset(inner.key(v, ()) for v in body.invars[: n_consts + n_carry])
         memo = None if cache is None else cache.summaries
         return _peak(inner, env, elsewhere=elsewhere, results_elsewhere=True, memo=memo)
@@ -531,6 +661,9 @@ class _Program:
             return False
         other = _Program.__new__(_Program)
         other.layouts, other.inner = layouts, inner
+        for path, v, gathered in self.gather_tested:
+            if ((inner[path] if path else layouts).get(Gathered(v)) is not None) != gathered:
+                return False  # a dot operand copied transposed is gathered now, or the other way round
         return all(other._keeps_layout(src, path, ov) == kept for src, path, ov, kept in self.placements)
 
     def rebound(self, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]) -> _Program:
@@ -619,7 +752,7 @@ class _Program:
         return answer
 
     def layout(self, k: Key, derived: type[Derived] | None = None) -> Layout | None:
-        if isinstance(k, _Broadcast):
+        if isinstance(k, _LAID_AS_ANOTHER):
             return None if derived is not None else self.layout(k.like)
         if isinstance(k, tuple):
             path, v = k
@@ -675,23 +808,32 @@ def dot_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = fro
     narrower float's copy is f32 (computed in f32 on the CPU).  ``absorbed``: the operands (0 lhs, 1 rhs) whose
     producer's fusion writes them transposed (:meth:`_Program._absorb_transposes`): no copy.
     """
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     total = 0
-    for k, (contracted, batch) in enumerate(((lc, lb), (rc, rb))):
+    for k in _copied_operands(eqn):
         if k in absorbed:
             continue
         v = eqn.invars[k]
-        rank = len(v.aval.shape)
-        free = [a for a in range(rank) if a not in contracted and a not in batch]
-        canonical = [*batch, *free, *contracted] if k == 0 else [*batch, *contracted, *free]
-        leading = list(batch) == list(range(len(batch)))
-        if leading and (canonical == sorted(canonical) or (len(free) <= 1 and len(contracted) <= 1)):
-            continue  # (one free and one contracted dimension after the batch: read either way round)
         lay = env.get(Gathered(v)) or env.get(v)
         shape = lay.shard_shape if lay is not None and not is_free(lay) else v.aval.shape
         size = max(dtype_itemsize(v.aval.dtype), 4) if hasattr(v.aval, "dtype") else 4
         total += math.prod(int(n) for n in shape) * size
     return total
+
+
+def _copied_operands(eqn: Any) -> tuple[int, ...]:
+    """The operands (0 lhs, 1 rhs) of a dot_general that XLA:CPU copies into its canonical order before the dot
+    (:func:`dot_scratch`): a matter of the dimension numbers and ranks alone, not of the layouts."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    out = []
+    for k, (contracted, batch) in enumerate(((lc, lb), (rc, rb))):
+        rank = len(eqn.invars[k].aval.shape)
+        free = [a for a in range(rank) if a not in contracted and a not in batch]
+        canonical = [*batch, *free, *contracted] if k == 0 else [*batch, *contracted, *free]
+        leading = list(batch) == list(range(len(batch)))
+        if leading and (canonical == sorted(canonical) or (len(free) <= 1 and len(contracted) <= 1)):
+            continue  # (one free and one contracted dimension after the batch: read either way round)
+        out.append(k)
+    return tuple(out)
 
 
 def window_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = frozenset()) -> int:
@@ -768,7 +910,11 @@ class PeakCache:
         self.summaries = SummaryMemo()
 
     def program(
-        self, jaxpr: Any, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]
+        self,
+        jaxpr: Any,
+        layouts: dict[Any, Layout],
+        inner: dict[tuple[int, ...], dict[Any, Layout]],
+        body: bool = False,
     ) -> _Program:
         key = (id(jaxpr), frozenset(inner))
         known = self.programs.setdefault(key, [])
@@ -777,7 +923,7 @@ class PeakCache:
                 self.reused += 1
                 return prog.rebound(layouts, inner)
         self.flattened += 1
-        prog = _Program(jaxpr, layouts, inner, reuse=True)
+        prog = _Program(jaxpr, layouts, inner, reuse=True, body=body)
         known.append(prog)
         return prog
 
@@ -1912,7 +2058,7 @@ def _sizing_of(
             return (-1, None, k, 0, "dense", 0)
         item = dtype_itemsize(aval.dtype)
         out = outputs.get(k)
-        laid = k.like if isinstance(k, _Broadcast) else k  # (a broadcast is laid out as its reader's result)
+        laid = k.like if isinstance(k, _LAID_AS_ANOTHER) else k  # (a broadcast as its reader's result, ...)
         if out is not None:
             e, v, tiles = 0, out, tiling
         elif isinstance(laid, tuple):
