@@ -70,6 +70,26 @@ def test_an_fsdp_gradient_asked_split_like_its_parameter_is_reduce_scattered_as_
     assert _explained(plain)[0] == _xla(grad, mesh, None)[0] == Counter({"all-gather": 1, "all-reduce": 1})
 
 
+@pytest.mark.parametrize(
+    "asked", [P("data", "model"), P("model", "data"), P(None, "model"), P(("data", "model"), None)], ids=str
+)
+def test_a_gradient_asked_split_over_axes_it_is_not_summed_over_is_sliced_before_the_sum(asked):
+    """The FSDP gradient is summed over 'data'; asked split over 'model' too, XLA keeps each device's 'model'
+    piece of its partial sum (the partials agree over 'model', so the slice is local) and sums only that piece:
+    the reduce-scatter's bytes are the piece's, not the whole gradient's (explain said 65536 B where XLA's
+    collectives carry 49152 B for P('data', 'model'))."""
+    mesh = _mesh(False)
+    grad = jax.grad(_loss)
+    report = einshard.explain(grad, W, X, mesh=mesh, in_specs=(FSDP, FSDP), out_specs=asked)
+    want_kinds, want_sent, want_peak = _xla(grad, mesh, NamedSharding(mesh, asked))
+    got_kinds, got_sent = _explained(report)
+    assert (got_kinds, got_sent) == (want_kinds, want_sent)
+    if asked == P("data", "model"):
+        # (peak: explain holds the whole partial gradient, 75776 B; XLA 63492 B. For P('model', 'data') and
+        # P(None, 'model') XLA's peak is lower still, 48132 B and 59396 B: memory.py's, not this rule's.)
+        assert 0.75 <= report.peak_bytes / want_peak <= 1.25
+
+
 def test_a_pytree_of_out_specs_with_none_where_the_walk_decides():
     """value_and_grad's (loss, grads) outputs: the loss left to the walk, the gradient dict asked FSDP."""
     mesh = _mesh(False)

@@ -305,3 +305,27 @@ def test_an_all_reduce_also_read_whole_stays_an_all_reduce():
         "  ROOT %t = (f32[64,256]{1,0}, f32[16,256]{1,0}) tuple(%ar, %ds)\n"
     )
     assert [c.kind for c in hlo.normalized(HEADER + direct)] == ["all-reduce"]
+
+
+@pytest.mark.parametrize("perm", [[(0, 1)], [(1, 0)], [(0, 1), (1, 0)]], ids=["one-way", "back", "swap"])
+def test_a_two_device_permute_is_kept_as_explain_reports_it(perm):
+    """A permute over two devices moves data whether one or both send: normalized() keeps it (a one-way
+    permute, {{0,1}}, read as a group of one sender, was dropped as a no-op), as explain reports it."""
+    from collections import Counter
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    import einshard
+
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
+    f = jax.shard_map(lambda a: jax.lax.ppermute(a, "x", perm), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    x = jax.ShapeDtypeStruct((16,), jnp.float32)
+    text = jax.jit(f).lower(x).compile().as_text()
+    got = hlo.signature(hlo.normalized(text))
+    report = einshard.explain(f, x, mesh=mesh, in_specs=(P("x"),))
+    want = Counter((c.kind, c.array_bytes, c.group_size) for op in report.ops for c in op.collectives)
+    assert got == want == Counter({("collective-permute", 32, 2): 1})
+    assert hlo.collective_counts(text) == Counter({"collective-permute": 1})

@@ -83,7 +83,7 @@ class HloCollective:
         shapes: the result's arrays as (dtype, dims).
         bytes: bytes of the result (all tuple pieces).
         array_bytes: the buffer in the analyzer's convention (module doc).
-        group_size: devices per replica group (for a permute: devices that send).
+        group_size: devices per replica group (for a permute: the devices that send or receive).
         groups: the device groups, when they could be worked out.
         sliced: an all-reduce whose result is dynamic-sliced: a reduce-scatter on CPU.
         line: the HLO line.
@@ -212,7 +212,11 @@ def _groups(attrs: str, num_devices: int | None) -> tuple[int, tuple[tuple[int, 
     m = re.search(r"source_target_pairs=\{(.*?)\}\}", attrs)
     if m:
         pairs = re.findall(r"\{(\d+),(\d+)\}", m.group(0))
-        moving = {int(a) for a, b in pairs if a != b}
+        # The devices that take part: senders and receivers.  Counting senders only made a one-way permute
+        # between two devices ({{0,1}}: device 0 sends, 1 receives) a "group of one", which normalized()
+        # drops as a no-op although it moves data.  Where every receiver also sends (the swaps and rings
+        # XLA emits for reshards) the two counts agree.
+        moving = {int(x) for a, b in pairs if a != b for x in (a, b)}
         return len(moving), None
     return (num_devices or 1), None
 

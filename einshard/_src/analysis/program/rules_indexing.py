@@ -32,7 +32,7 @@ from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_ca
 from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict, mark_gather_then_shift, mark_swap
 from .registry import register
 from .report import OpBound
-from .rules_structural import explicit_dims, merged_split, typed_dims
+from .rules_structural import all_explicit, explicit_dims, merged_split, typed_dims
 from .segment_memo import PlainTable, note_search, past_copy, unlogged
 from .upstream import readers_agree
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
@@ -197,10 +197,13 @@ def passthrough_conflict(
     where_l = {m: a for a, d in enumerate(lhs.dims) for m in d}
     where_r = {m: a for a, d in enumerate(rhs.dims) for m in d}
     kept = ("batch", "lhs", "rhs")
-    if not any(
+    clash = any(
         lf[where_l[m]] != rf[where_r[m]] and lf[where_l[m]][0] in kept and rf[where_r[m]][0] in kept
         for m in set(where_l) & set(where_r)
-    ):
+    )
+    if not clash and (typed is None or _typed_as_operands(lhs, rhs, dn, typed)):
+        # (a type the operands already give the result leaves the dot to the rules below: a contraction one
+        # operand splits over the mesh axes the other's free axis takes is XLA's idle-axes route, not a gather)
         return None
     operands = ((lhs, lf), (rhs, rf))
     proposed: dict[tuple[str, int], list[tuple[str, ...]]] = {}
@@ -237,12 +240,20 @@ def passthrough_conflict(
             cut = next((i for i, m in enumerate(split) if m in claimed or m in mine), len(split))
             final[f] = split[:cut]
             claimed |= set(final[f])
+    # Under a type alone (no clash), a contraction both operands split alike stays split: each device sums its partial product
+    # and the sum lands on the type's split (a reduce-scatter: an FSDP weight's gradient typed like the weight,
+    # x[B@data, d] . g[B@data, f] -> [d@data, f]); a free factor the type splits over those mesh axes takes its
+    # split from the sum, not from the operands.
+    summed = _shared_contractions(lhs, rhs, dn) if typed is not None and not clash else {}
+    held = {m for d in summed.values() for m in d}
     out: list[Layout] = []
     for lay, factors in operands:
         dims = []
         for a, (d, f) in enumerate(zip(lay.dims, factors)):
-            if f in final:
-                want = final[f]
+            if f in summed:
+                want = d
+            elif f in final:
+                want = final[f][: next((i for i, m in enumerate(final[f]) if m in held), len(final[f]))]
             else:  # a contracted axis: its split up to the first mesh axis a kept factor claims
                 want = d[: next((i for i, m in enumerate(d) if m in claimed), len(d))]
             if lay.shape[a] % math.prod(sizes[m] for m in want):
@@ -252,16 +263,54 @@ def passthrough_conflict(
     return out[0], out[1]
 
 
+def _result_type(eqn: Any) -> list[tuple[str, ...]] | None:
+    """The dot's result split as its type names it on Explicit axes (:func:`.rules_structural.typed_dims`), a
+    type that names no split included where an operand's type names one (x[16@(a,b), 32] . y typed P(None, None)
+    gathers x); None where the types say nothing (Auto axes, or a program traced on unplaced arguments, every
+    type whole: the planner's, whose candidate layouts are not the types)."""
+    aval = eqn.outvars[0].aval
+    typed = typed_dims(aval)
+    if typed is not None or not all_explicit(aval) or getattr(getattr(aval, "sharding", None), "spec", None) is None:
+        return typed
+    operand_typed = any(explicit_dims(v.aval) for v in eqn.invars[:2] if hasattr(v, "aval") and not hasattr(v, "val"))
+    return [()] * len(aval.shape) if operand_typed else None
+
+
+def _typed_as_operands(lhs: Layout, rhs: Layout, dn: Any, typed: Sequence[tuple[str, ...]]) -> bool:
+    """Whether each of the result's factors is split as its type says by the operands that carry it (a batch
+    factor by both)."""
+    (lc, rc), (lb, rb) = dn
+    result: list[tuple[tuple[str, ...], ...]] = [(lhs.dims[i], rhs.dims[j]) for i, j in zip(lb, rb)]
+    result += [(lhs.dims[i],) for i in range(len(lhs.dims)) if i not in lc and i not in lb]
+    result += [(rhs.dims[j],) for j in range(len(rhs.dims)) if j not in rc and j not in rb]
+    return len(result) == len(typed) and all(all(tuple(d) == tuple(t) for d in ds) for ds, t in zip(result, typed))
+
+
+def _shared_contractions(lhs: Layout, rhs: Layout, dn: Any) -> dict[tuple[str, int], tuple[str, ...]]:
+    """The contracted factors both operands split alike (the same mesh axes, in order), with that split."""
+    (lc, rc), _ = dn
+    return {
+        ("contract", k): tuple(lhs.dims[i])
+        for k, (i, j) in enumerate(zip(lc, rc))
+        if lhs.dims[i] and lhs.dims[i] == rhs.dims[j]
+    }
+
+
 def _settle_passthrough_conflict(
     w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str
 ) -> tuple[list[Layout], list[int]]:
     """The operands after XLA settles a clash of two result factors over one mesh axis (:func:`passthrough_conflict`):
     each brought to its new layout, charged here; and which operands moved."""
-    typed = typed_dims(eqn.outvars[0].aval)
+    typed = _result_type(eqn)
     dn, sizes = eqn.params["dimension_numbers"], w.costs.mesh_sizes
     found = passthrough_conflict(ins[0], ins[1], dn, sizes, typed)
     if found is None:
         return ins, []
+    # On Explicit axes the result's type settles the operands even where they do not clash: an operand split on
+    # a factor the type leaves whole (or claims for another factor) is brought to it, directly (measured on
+    # one-op programs: x[16@(a,b), 32] . y[8, 32] typed [16, 8] gathers x over (a, b); x[16, 32] . y[32@b, 8]
+    # typed [16@b, 8] on (4, 2) gathers y over b, not through the idle 'a' as a clash of two operands is).
+    clash = typed is None or passthrough_conflict(ins[0], ins[1], dn, sizes) is not None
     if typed is None:
         # Looked for on a clash only: the look-ahead reads the program past this dot (a stretch of layers the
         # segment memo records reads nothing after itself where no dot clashes: tests/test_segments.py).
@@ -270,7 +319,9 @@ def _settle_passthrough_conflict(
             found = passthrough_conflict(ins[0], ins[1], dn, sizes, None, asked) or found
     out = list(ins)
     moved = []
-    why = "dot operands split one mesh axis on two result factors"
+    why = (
+        "dot operands split one mesh axis on two result factors" if clash else "dot operand brought to its typed result"
+    )
     for k, lay in enumerate(found):
         if lay.dims == ins[k].dims:
             continue
@@ -279,7 +330,7 @@ def _settle_passthrough_conflict(
         # A gather another dot already made of this value (the forward's, reused by the backward): XLA's CSE.
         reused = [c for c in steps if w.already_moved(ins, c)]
         if not steps or len(reused) < len(steps):
-            via = gather_route(sizes, ins[k], lay, (found[1 - k],))
+            via = gather_route(sizes, ins[k], lay, (found[1 - k],)) if clash else None
             if via is None:
                 w.change(eqn, phase, ins[k], lay, dtype, repeat, why)
             else:

@@ -1,0 +1,129 @@
+"""Dots on Explicit meshes whose result is *typed* (``out_sharding=``): JAX's type, not the propagation, names the
+result's layout, and XLA brings the operands to it (an operand split on a free axis the type leaves whole is
+gathered, one the type splits further is sliced).  Hypothesis draws small einsums on Explicit (4, 2) and
+(2, 2, 2) meshes with drawn operand types and a drawn ``out_sharding``, and holds explain's collectives
+(kinds, counts, bytes), peak and result layout against the compiled HLO and ``memory_analysis()``
+(test_primitive_rules.check: XLA within the report's stated bound, zero where nothing is marked approximate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
+from test_primitive_rules import DEEP, FAST, MESHES, Case, check, specs_for
+
+# einsum, operand shapes by letter; the letters' sizes divide by every mesh axis set (8 = 2 * 2 * 2 = 4 * 2).
+EQUATIONS = ["mk,kn->mn", "mk,nk->mn", "km,kn->mn", "bmk,bkn->bmn", "bmk,kn->bmn"]
+SIZES = {"m": 16, "k": 32, "n": 8, "b": 8}
+
+
+def _einsum(equation: str, out: P) -> Any:
+    return lambda x, y: jnp.einsum(equation, x, y, out_sharding=out)
+
+
+@st.composite
+def typed_dot(draw: Any) -> Case:
+    equation = draw(st.sampled_from(EQUATIONS))
+    rank = draw(st.sampled_from([2, 3]))
+    sizes, names = MESHES[rank]
+    inputs, result = equation.split("->")
+    shapes = [tuple(SIZES[c] for c in side) for side in inputs.split(",")]
+    specs = tuple(draw(specs_for(s, names, sizes)) for s in shapes)
+    out = draw(specs_for(tuple(SIZES[c] for c in result), names, sizes))
+    args = tuple(jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes)
+    return Case("dot_general", _einsum(equation, out), args, specs, rank, True, False)
+
+
+@FAST
+@given(typed_dot())
+def test_a_typed_dot_matches_xla(case: Case) -> None:
+    check(case)
+
+
+# Draws no rule reproduces yet (found by the deep run, each checked on its compiled HLO): listed, not hidden.
+TYPED_DEEP_MISSES = (
+    "x[16@b, 32] . y[32@a, 8] typed [16@a, 8@b] on (4, 2): XLA gathers y whole (1024 B) and slices it, explain "
+    "slices y to its 8@b piece first and gathers that (512 B), as XLA does for the same reshard alone "
+    "(jit(in_shardings=[32@a, 8], out_shardings=[32, 8@b]) gathers 512 B): the dot partitioner's own order; "
+    "operands split on a contraction one-sidedly (x[16, 32@a] . y[32, 8] typed [16@(c,b), 8] on (2, 2, 2)): XLA "
+    "gathers x where explain sums partial products (the lone-contraction choice, unmarked on typed results); "
+    "peak of a whole operand sliced to the type (below)"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason=TYPED_DEEP_MISSES, strict=False)
+def test_a_typed_dot_matches_xla_deep() -> None:
+    DEEP(given(typed_dot())(check))()
+
+
+# The minimal programs behind the rule (each measured on its compiled HLO; check() holds them to it again).
+MINIMAL = [
+    # a free split the type drops: XLA gathers the operand (explain moved nothing)
+    ("mk,kn->mn", (P("a", None), P(None, "b")), P(None, "b"), 2),
+    ("mk,nk->mn", (P(("a", "b"), None), P()), P(), 2),
+    pytest.param(
+        "bmk,kn->bmn",
+        (P(None, None, None), P(None, "a")),
+        P("c", None, None),
+        3,
+        marks=pytest.mark.xfail(
+            reason="peak: XLA holds x's [4, 16, 32] slice beside the whole x (28160 B), the memory walk does not "
+            "(19968 B, 0.71x); collectives and bytes match",
+            strict=True,
+        ),
+    ),
+    # a contracted split whose mesh axis the type claims for a free factor: gathered directly (not through the
+    # idle mesh axes, the route two clashing operands take)
+    ("mk,kn->mn", (P(), P("b", None)), P("b", None), 2),
+    ("mk,nk->mn", (P(None, "b"), P()), P(None, "b"), 3),
+]
+
+
+@pytest.mark.parametrize("equation, specs, out, rank", MINIMAL, ids=[str(i) for i in range(len(MINIMAL))])
+def test_the_type_settles_the_operands(equation: str, specs: tuple[P, P], out: P, rank: int) -> None:
+    inputs = equation.split("->")[0].split(",")
+    args = tuple(jax.ShapeDtypeStruct(tuple(SIZES[c] for c in side), jnp.float32) for side in inputs)
+    check(Case("dot_general", _einsum(equation, out), args, specs, rank, True, False))
+
+
+# -- the draws widened: jax.sharding.reshard itself, after an elementwise op and after a reduction ---------------
+
+
+@st.composite
+def typed_reshard(draw: Any) -> Case:
+    rank = draw(st.sampled_from([2, 3]))
+    sizes, names = MESHES[rank]
+    kind = draw(st.sampled_from(["reshard", "elementwise", "reduction"]))
+    src = draw(specs_for((16, 16), names, sizes))
+    dst = draw(specs_for((16,) if kind == "reduction" else (16, 16), names, sizes))
+    if kind == "reshard":
+        fn = lambda x: jax.sharding.reshard(x, dst)  # noqa: E731
+    elif kind == "elementwise":
+        fn = lambda x: jax.sharding.reshard(jnp.sin(x) * 2, dst)  # noqa: E731
+    else:
+        fn = lambda x: jax.sharding.reshard(jnp.sum(x, axis=0), dst)  # noqa: E731
+    return Case(kind, fn, (jax.ShapeDtypeStruct((16, 16), jnp.float32),), (src,), rank, True, False)
+
+
+# Found by the draws above (34 of 40 drawn programs match; each checked on its compiled HLO). No fast run: its
+# derandomized draws meet the first of these (a reduction's sum resharded), which no rule reproduces yet.
+RESHARD_DEEP_MISSES = (
+    "a sum over a split axis resharded to a split (jnp.sum(x[16@a, 16], 0) then reshard to P('c') on (2, 2, 2)): "
+    "XLA reduce-scatters (its all-reduce + dynamic-slice), explain all-reduces the typed-whole sum and slices it; "
+    "on (2, 2, 2), x[16@a, 16] resharded to [16, 16@b] or [16, 16@c] inside the program: XLA all-to-alls and "
+    "permutes (1024 B), transition gathers (512 B), as XLA does for the same pair between jit's in_ and "
+    "out_shardings (tests/test_primitive_rules_core.RESHARDS); [16@c, 16] to [16@b, 16@a]: one permute of 512 B "
+    "where explain's carries 256 B"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason=RESHARD_DEEP_MISSES, strict=False)
+def test_a_reshard_on_explicit_axes_matches_xla_deep() -> None:
+    DEEP(given(typed_reshard())(check))()
