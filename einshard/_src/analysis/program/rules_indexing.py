@@ -354,6 +354,22 @@ def asked_split_operands(
     return lhs.with_dims(tuple(dims[0])), rhs.with_dims(tuple(dims[1]))
 
 
+def _gradient_sum_partner(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The split of the cotangent a backward dot's result is summed with (its only reader a gradient sum whose other
+    operand is laid out split: the residual stream's cotangent), or None.  XLA's propagation settles elementwise ops
+    first, so the sum's split reaches the dot before the dot's own operands settle it (measured: the input gradient
+    dz . a^T of an unrolled FSDP MLP x + tanh(x @ a) @ b lands on the residual cotangent's batch split, dz
+    all-to-all'd to it, 8192 B, not gathered)."""
+    uses = w.uses.get(id(var), [])
+    if len(uses) != 1 or uses[0][0].primitive.name not in GRADIENT_SUMS:
+        return None
+    user, k = uses[0]
+    if getattr(user.outvars[0].aval, "shape", None) != getattr(var.aval, "shape", None):
+        return None
+    split = _partner_split(w, user, k, var)
+    return split if any(split) else None
+
+
 def _at_asked_split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
     """The operands brought to the split asked of the dot's result where a free split clashes with a contracted
     one (:func:`asked_split_operands`), each move charged here (once per value and target: the gathered cotangent
@@ -365,6 +381,8 @@ def _at_asked_split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: 
     if not free_contracted_clash(lhs, rhs, dn):
         return ins  # (looked past the dot only on such a clash: the segment memo's stretches read nothing after)
     asked = asked_of_result(w, eqn.outvars[0])
+    if asked is None and phase == "backward":
+        asked = _gradient_sum_partner(w, eqn.outvars[0])
     if asked is None:
         return ins
     found = asked_split_operands(lhs, rhs, dn, w.costs.mesh_sizes, asked)
