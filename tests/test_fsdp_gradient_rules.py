@@ -161,19 +161,14 @@ def test_a_loop_carry_keeps_its_entering_split_through_a_dot_clash(
     assert (per_step["all-gather"], per_step["reduce-scatter"], per_step["all-to-all"]) == (2 * layers, layers, 0)
 
 
-# What is left of auto-nnx_scan-fsdp-grad/step (said so: marked at the MLP's mul and add_any), reduced: a scanned
-# FSDP MLP h + tanh(h @ a[l]) @ b[l] whose activations (h[8@data, 8, 32]) are no larger than its weights.  XLA's
-# backward loop gathers the cotangent of z = h @ a (dz[b, s, f@data] whole, shared by dx's dot) and all-to-alls h to
-# its d split, so that a's gradient comes out of its dot already on a's split [d@data, f] (no sum to scatter, no
-# move after the loop); explain prices that dot alone, gathers h (cheaper on its own), lands the gradient on f's
-# split and all-to-alls the stacked gradient to [l, d@data, f] after the loop (explain: an all-gather of 8192 B per
-# trip and one all-to-all of 12288 B; XLA: an all-to-all of 8192 B per trip).  Choosing it needs the dot to see
-# the gather a later dot (dx) makes of the same operand and the split the stacked output is asked for.
-@pytest.mark.xfail(
-    strict=True,
-    reason="Auto: a weight gradient's dot does not reuse the cotangent gather of a later dot to land on the asked "
-    "split (XLA all-to-alls the activation instead of gathering it; explain moves the stacked gradient after the loop)",
-)
+# What was left of auto-nnx_scan-fsdp-grad/step, reduced: a scanned FSDP MLP h + tanh(h @ a[l]) @ b[l] whose
+# activations (h[8@data, 8, 32]) are no larger than its weights.  XLA's backward loop computes a's gradient at the
+# split asked of the stacked output ([d@data, f] per layer): it gathers the cotangent of z = h @ a (dz[b, s, f@data]
+# whole, 32768 B) and all-to-alls h to its d split (2048 B), so the gradient needs no sum and no move after the
+# loop; the input gradient dz . a[l]^T is computed at the carry's split (dz all-to-all'd to the batch split, a[l]
+# gathered).  explain gathered h, landed the gradient on f's split and all-to-all'd the stack after the loop; it
+# now brings a dot's operands to the split asked of its result (rules_indexing.asked_split_operands: the stacked
+# output's split, asked inside the loop by rules_control's scan rule, and the carry's).
 def test_a_scanned_fsdp_mlp_gradient_with_small_activations_is_xlas() -> None:
     mesh = _mesh("auto")
     shapes = {"a": (L, D, 4 * D), "b": (L, 4 * D, D)}
@@ -189,24 +184,14 @@ def test_a_scanned_fsdp_mlp_gradient_with_small_activations_is_xlas() -> None:
     assert got == xla
 
 
-# The same cause without a loop (it is what is left of auto-eqx_rotary-fsdp-grad too: 27 all-gathers vs XLA's 24):
-# an FSDP MLP x + tanh(x @ a) @ b on Auto axes, x[8@data, 8, 32] no larger than a[32@data, 128].  a's gradient
-# x^T . dz has dz[b, s, f@data] (a free split) and x split on its contracted batch.  XLA takes the split asked of the
-# result ([d@data, f], the out_shardings) into the dot: dz gathered whole (32768 B) and x all-to-all'd to its d
-# split (2048 B), the gradient made on a's split.  explain prices the operands alone: x gathered (8192 B), the
-# gradient made on f's split and all-to-all'd to a's after (4096 B).  Fewer bytes, but not XLA's program.  With the
-# activations larger (s=32) or on Explicit axes the two agree.  Tried: bringing a dot's operands to the split asked
-# of its result wherever one operand's free split clashes with it (gather that split, all-to-all the asked axis onto
-# the operand owning it) makes this program XLA's exactly, but in the corpus it raised explain's bytes with the counts
-# unchanged (auto fsdp-grad of eqx_rotary 252864 -> 271296 B, nnx_gpt 295744 -> 329536 B, eqx_bert 188220 ->
-# 200508 B; XLA 239040, 280768, 176188 B): there XLA shares the cotangent's gather with dx's dot and all-to-alls
-# 4096 B per layer, which the rule alone does not see; not kept.
-@pytest.mark.xfail(
-    strict=True,
-    reason="Auto: a dot whose free split clashes with the split asked of its result (a weight gradient's "
-    "out_shardings) is not brought to the asked split at the dot (XLA gathers the cotangent and all-to-alls the "
-    "activation; explain gathers the activation and all-to-alls the gradient after)",
-)
+# The same cause without a loop (what was left of the gradient side of auto-eqx_rotary / nnx_gpt / eqx_bert
+# fsdp-grad): an FSDP MLP x + tanh(x @ a) @ b on Auto axes, x[8@data, 8, 32] no larger than a[32@data, 128].  a's
+# gradient x^T . dz has dz[b, s, f@data] (a free split) and x split on its contracted batch.  XLA takes the split
+# asked of the result ([d@data, f], the out_shardings) into the dot: dz gathered whole (32768 B) and x all-to-all'd
+# to its d split (2048 B), the gradient made on a's split, though gathering x (8192 B) and all-to-alling the
+# gradient after (4096 B) is fewer bytes: the choice is the propagation's (the result's sharding is carried back
+# from the output before the dot is settled), not a cost.  Where a later dot reads the gathered cotangent (the
+# input gradient of a deeper layer), the gather is made once (test below).
 def test_an_fsdp_mlp_weight_gradient_is_made_on_its_asked_split() -> None:
     def loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
         return jnp.mean((x + jnp.tanh(x @ p["a"]) @ p["b"]) ** 2)
@@ -221,5 +206,33 @@ def test_an_fsdp_mlp_weight_gradient_is_made_on_its_asked_split() -> None:
     with jax.set_mesh(mesh):
         compiled = jax.jit(fn, in_shardings=(p_sh, x_sh), out_shardings=p_sh).lower(p, x).compile()
         report = trace(fn, p, x, mesh=mesh).report(None, [fsdp, fsdp])
+    got, xla = _collectives(compiled, report)
+    assert got == xla
+
+
+# Layers unrolled (no loop): each layer's a-gradient dot gathers its cotangent dz (rules_indexing.asked_split_operands)
+# and all-to-alls the activation onto the asked split; the input-gradient dot dz . a^T, whose only reader is the sum
+# with the residual stream's cotangent (batch split), is computed at that split (dz all-to-all'd to it, a gathered),
+# as Shardy's elementwise-first propagation settles it (rules_indexing._gradient_sum_partner); a gather one dot made
+# and another reads is charged once (walker.already_moved shares the key of a move and of an analyzer step).
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("layers, b", [(2, 8), (3, 8), (2, 32)])
+def test_an_unrolled_fsdp_mlp_gradient_is_xlas(kind: str, layers: int, b: int) -> None:
+    def loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        for i in range(layers):
+            x = x + jnp.tanh(x @ p[f"a{i}"]) @ p[f"b{i}"]
+        return jnp.mean(x**2)
+
+    mesh = _mesh(kind)
+    fsdp = P("data", None)
+    shapes = {f"{n}{i}": (D, 4 * D) if n == "a" else (4 * D, D) for i in range(layers) for n in "ab"}
+    p_sh = {k: NamedSharding(mesh, fsdp) for k in shapes}
+    x_sh = NamedSharding(mesh, P("data"))
+    p = {k: jax.device_put(jnp.ones(s) / D, p_sh[k]) for k, s in shapes.items()}
+    x = jax.device_put(jnp.ones((b, 8, D)), x_sh)
+    fn = jax.grad(loss)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(fn, in_shardings=(p_sh, x_sh), out_shardings=p_sh).lower(p, x).compile()
+        report = trace(fn, p, x, mesh=mesh).report(None, [fsdp] * len(shapes))
     got, xla = _collectives(compiled, report)
     assert got == xla

@@ -203,6 +203,10 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     carried = carried_back(body, n_carry, wants) if taken and any(wants) else {}
     w.pulled.update(carried)
     w.requested.update(accumulating)
+    # Each stacked output's piece is asked the stack's split less the layer axis, as a program output is (a dot
+    # making an FSDP layer's weight gradient is computed at it: rules_indexing.asked_split_operands).
+    stacked_asks = {id(bv): dims for _, bv, dims in stacked if id(bv) not in w.requested}
+    w.requested.update(stacked_asks)
     # The loop's constants: a gather of one is loop-invariant, made once outside the loop.
     hoisted = {id(v): repeat for v in body.invars[:n_consts] if id(v) not in w.hoisted}
     w.hoisted.update(hoisted)
@@ -217,6 +221,8 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
         for k in carried:
             w.pulled.pop(k, None)
         for k in accumulating:
+            w.requested.pop(k, None)
+        for k in stacked_asks:
             w.requested.pop(k, None)
         for k in carry_asks:
             w.requested.pop(k, None)

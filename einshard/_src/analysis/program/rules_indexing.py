@@ -49,6 +49,8 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     summed = [w.summed.get(id(v), frozenset()) for v in eqn.invars[:2]]
     first = len(w.ops)
     ins, settled = _settle_passthrough_conflict(w, eqn, ins, repeat, phase)
+    if not settled:
+        ins = _at_asked_split(w, eqn, ins, repeat, phase)
     lhs, rhs = match_contracting(ins[0], ins[1], dn, w.costs.mesh_sizes, summed)
     res = w.costs.dot(lhs, rhs, dn, w.dtype(eqn))
     sums = frozenset(m for c in res.collectives if c.kind == "all-reduce" and c.tensor == "result" for m in c.axes)
@@ -98,7 +100,7 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
                 lay = ins[k]
                 dims = tuple(tuple(m for m in d if m not in c.axes) for d in lay.dims)
                 w.bind_copy(eqn.invars[k], lay.with_dims(dims))
-        kept = tuple(c for c in colls if not w.already_moved(ins, c))
+        kept = tuple(c for c in colls if not w.already_moved(ins, c, as_move=True))
         if idle is not None:
             # XLA moves the gathered operand onto the idle mesh axes, then gathers it over them (idle_axes.py):
             # the whole copy, which a later dot reading the value reuses (permute and gather alike).
@@ -342,6 +344,106 @@ def _settle_passthrough_conflict(
             moved.append(k)
         out[k] = lay
     return out, moved
+
+
+def free_contracted_clash(lhs: Layout, rhs: Layout, dn: Any) -> frozenset[str]:
+    """Mesh axes one operand splits along a free axis and the other along a contracted axis (the weight gradient's
+    x^T . dz under FSDP: dz[b, s, f@data], x[b@data, s, d]): the dot cannot keep both splits."""
+    lf, rf = _factors(dn, len(lhs.dims), len(rhs.dims))
+    found: set[str] = set()
+    for (one, of), (other, otf) in (((lhs, lf), (rhs, rf)), ((rhs, rf), (lhs, lf))):
+        free = {m for d, f in zip(one.dims, of) if f[0] in ("lhs", "rhs") for m in d}
+        contracted = {m for d, f in zip(other.dims, otf) if f[0] == "contract" for m in d}
+        found |= free & contracted
+    return frozenset(found)
+
+
+def asked_split_operands(
+    lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int], asked: Sequence[tuple[str, ...]]
+) -> tuple[Layout, Layout] | None:
+    """The operands XLA brings a dot's operands to where the split asked of its result (:func:`asked_of_result`)
+    names a free axis of one operand with a mesh axis that operand splits a contracted axis over, while the other
+    operand splits its own free axis over it; None where no asked split is so placed.
+
+    XLA's propagation gives the dot's result the asked split first (it is carried back from the output through
+    pass-through ops before the dot is settled), and the partitioner then computes the dot at that split: the
+    operand owning the asked free axis has its contracted split moved onto it (one all-to-all), the other
+    operand's clashing free split is gathered, and the result needs no sum and no move after.  Measured on
+    x[8@data, 8, 32] . dz[8, 8, 128@data] contracting (b, s) asked [32@data, 128] (an FSDP weight's gradient):
+    all-gather of dz (32768 B), all-to-all of x (2048 B), no reduce-scatter and no move of the gradient
+    (tests/test_fsdp_gradient_rules.py), whatever the sizes (gathering x and moving the gradient after would be
+    fewer bytes: the choice is the propagation's, not a cost)."""
+    ops = [lhs, rhs]
+    lf, rf = _factors(dn, len(lhs.dims), len(rhs.dims))
+    factors = (lf, rf)
+    result = [("batch", k) for k in range(len(dn[1][0]))]
+    result += [f for f in lf if f[0] == "lhs"] + [f for f in rf if f[0] == "rhs"]
+    if len(asked) != len(result):
+        return None
+    dims = [list(lhs.dims), list(rhs.dims)]
+    for f, want in zip(result, asked):
+        if not want or f[0] not in ("lhs", "rhs"):
+            continue
+        k = 0 if f[0] == "lhs" else 1
+        axis = factors[k].index(f)
+        if dims[k][axis]:
+            continue  # already split: nothing for the ask to bring
+        # The owner's contracted axis split exactly as asked, and the partner's free axis holding those mesh axes.
+        contracted = [a for a, g in enumerate(factors[k]) if g[0] == "contract" and tuple(dims[k][a]) == tuple(want)]
+        partner = [
+            a for a, g in enumerate(factors[1 - k]) if g[0] in ("lhs", "rhs") and set(want) <= set(dims[1 - k][a])
+        ]
+        if len(contracted) != 1 or len(partner) != 1:
+            continue
+        if ops[k].shape[axis] % math.prod(sizes[m] for m in want):
+            continue
+        dims[k][contracted[0]] = ()
+        dims[k][axis] = tuple(want)
+        p = partner[0]
+        dims[1 - k][p] = tuple(m for m in dims[1 - k][p] if m not in want)
+    if tuple(dims[0]) == lhs.dims and tuple(dims[1]) == rhs.dims:
+        return None
+    return lhs.with_dims(tuple(dims[0])), rhs.with_dims(tuple(dims[1]))
+
+
+def _gradient_sum_partner(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The split of the cotangent a backward dot's result is summed with (its only reader a gradient sum whose other
+    operand is laid out split: the residual stream's cotangent), or None.  XLA's propagation settles elementwise ops
+    first, so the sum's split reaches the dot before the dot's own operands settle it (measured: the input gradient
+    dz . a^T of an unrolled FSDP MLP x + tanh(x @ a) @ b lands on the residual cotangent's batch split, dz
+    all-to-all'd to it, 8192 B, not gathered)."""
+    uses = w.uses.get(id(var), [])
+    if len(uses) != 1 or uses[0][0].primitive.name not in GRADIENT_SUMS:
+        return None
+    user, k = uses[0]
+    if getattr(user.outvars[0].aval, "shape", None) != getattr(var.aval, "shape", None):
+        return None
+    split = _partner_split(w, user, k, var)
+    return split if any(split) else None
+
+
+def _at_asked_split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
+    """The operands brought to the split asked of the dot's result where a free split clashes with a contracted
+    one (:func:`asked_split_operands`), each move charged here (once per value and target: the gathered cotangent
+    is shared with the input-gradient dot reading it, XLA's CSE).  On Explicit axes the result's type decides."""
+    lhs, rhs = ins
+    if typed_dims(eqn.outvars[0].aval) is not None or is_free(lhs) or is_free(rhs) or lhs.unreduced or rhs.unreduced:
+        return ins
+    dn = eqn.params["dimension_numbers"]
+    if not free_contracted_clash(lhs, rhs, dn):
+        return ins  # (looked past the dot only on such a clash: the segment memo's stretches read nothing after)
+    asked = asked_of_result(w, eqn.outvars[0])
+    if asked is None and phase == "backward":
+        asked = _gradient_sum_partner(w, eqn.outvars[0])
+    if asked is None:
+        return ins
+    found = asked_split_operands(lhs, rhs, dn, w.costs.mesh_sizes, asked)
+    if found is None:
+        return ins
+    why = "dot operands brought to the split asked of its result"
+    for k, lay in enumerate(found):
+        w.change(eqn, phase, ins[k], lay, eqn.invars[k].aval.dtype, repeat, why)
+    return list(found)
 
 
 def asked_of_result(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:

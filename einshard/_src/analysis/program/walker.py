@@ -315,22 +315,31 @@ class Walker:
         if old is None or math.prod(lay.shard_shape) > math.prod(old.shard_shape):
             self.env[key] = lay
 
-    def already_moved(self, ins: list[Layout], c: Any) -> bool:
-        """Whether an analyzer step moving ``operand k`` of ``ins`` was already made to that value."""
+    def already_moved(self, ins: list[Layout], c: Any, as_move: bool = False) -> bool:
+        """Whether an analyzer step moving ``operand k`` of ``ins`` was already made to that value.  ``as_move``:
+        the step is made here (a dot's own gather), so a later :meth:`change` of the value to its dims reuses it."""
         tensor = getattr(c, "tensor", "")
         if not tensor.startswith("operand ") or c.kind != "all-gather":
             return False
         try:
-            value = self._source.get(id(ins[int(tensor.split()[1]) - 1]))
+            operand = ins[int(tensor.split()[1]) - 1]
         except (ValueError, IndexError):
             return False
+        value = self._source.get(id(operand))
         if value is None:
             return False
         key = (value, (c.kind, c.axes, c.array_bytes))
-        if key in self._made:
+        # The same gather made as a move of the value (``change``'s key: its target dims), by another dot's operand
+        # placement (a cotangent gathered for a weight gradient, read again by the input gradient's dot).
+        to = (value, tuple(tuple(m for m in d if m not in c.axes) for d in operand.dims))
+        if key in self._made or to in self._made:
             return True
         self._made[key] = ins[0]
         self._made_by.setdefault(value, set()).add(key[1])
+        if as_move:
+            # ... and the other way: a later move of the value to those dims (``change``) reuses this gather.
+            self._made[to] = operand.with_dims(to[1])
+            self._made_by.setdefault(value, set()).add(to[1])
         return False
 
     def no_rule(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
