@@ -8,7 +8,8 @@ run), on the mesh the plan is for, and reads from each compiled program:
 * its collectives (:func:`einshard.testing.hlo.normalized`, loop bodies
   counted once per iteration), priced with the plan's profile
   (:meth:`~einshard.analysis.cost.Profile.collective_time`, once per HLO
-  instruction: a combined collective pays its latency once);
+  instruction: a combined collective pays its latency once; on a profile
+  whose ``combined_latency`` is ``'per_piece'``, XLA:CPU's, once per piece);
 * its peak memory per device, ``memory_analysis()``: arguments + outputs +
   temporaries - aliased, plus the optimizer state the cost model adds.
 
@@ -264,7 +265,12 @@ def read_compiled(compiled: Any, profile: Profile) -> Numbers:
         first = pieces[0]
         piece_sent = sum(c.sent_bytes for c in pieces)
         array = sum(c.array_bytes for c in pieces)
-        comm_s += first.runs * profile.collective_time(first.kind, first.group_size, piece_sent, array)
+        if profile.combined_latency == "once":
+            comm_s += first.runs * profile.collective_time(first.kind, first.group_size, piece_sent, array)
+        else:  # each piece of a merged op is a collective of its own (XLA:CPU): its latency paid per piece
+            comm_s += sum(
+                c.runs * profile.collective_time(c.kind, c.group_size, c.sent_bytes, c.array_bytes) for c in pieces
+            )
         sent += first.runs * piece_sent
         for c in pieces:
             count += c.runs
