@@ -35,7 +35,7 @@ in k: unreliable at that load), an unfused op ~7 µs: at that load a collective 
 its hops, the rendezvous of 8 device threads on 2 busy cores.  k independent sums merged by XLA into one
 all-reduce of k pieces (8 devices, same load): 269, 1296, 2681 µs for k = 1, 8, 16 against 210, 461, 644 µs with
 the batch replicated (no collective): ~127 µs more per piece, about one all-reduce alone, not a k-th of one:
-XLA:CPU runs each piece as its own collective (``Profile.combined_latency = 'per_piece'`` on the cpu profile).
+XLA:CPU runs each piece as its own collective (what ``Profile.combined_latency = 'per_piece'`` prices).
 """
 
 import argparse
