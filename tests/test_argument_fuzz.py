@@ -397,6 +397,7 @@ TABLE: dict[str, Entry | Record | Constant] = {
             "narrow_floats": _one_of("native", "f32"),
             # (None is the default: each device on a core of its own)
             "host_cores": lambda: [0, -1, 1.5, True, "2", b"2"],
+            "combined_latency": _one_of("once", "per_piece"),
         },
     ),
     "einshard.einsum": Entry(_einsum_base, _EINSUM_KINDS, any_value=_OPERANDS),

@@ -56,7 +56,9 @@ def test_an_incomplete_model_is_verified_by_default_and_the_compiler_decides(pla
     assert chosen.label == "preset dp" and verified.data_rules[0]["^$"] == "b s -> b@data s"
     assert chosen.predicted_comm_bytes > 0 and chosen.compiled_comm_bytes == 0 and chosen.compiled_count == 0
     first = next(r for r in rows if r.label == "replicated batch · params replicated")
-    assert chosen.compiled_time_s < first.compiled_time_s < chosen.predicted_time_s
+    # dp's compiled time (no collective) beats the prediction's first; both computes are XLA's FLOPs on the profile.
+    assert chosen.compiled_time_s < first.compiled_time_s and chosen.compiled_time_s < chosen.predicted_time_s
+    assert chosen.compute_from == first.compute_from == "cost_analysis"
     text = str(verified)
     assert text.splitlines()[0].startswith("plan (inference, budget none, profile cpu, INCOMPLETE model")
     assert "verified with XLA (predicted -> compiled; * the plan):" in text and "chose preset dp" in text
@@ -154,3 +156,53 @@ def test_the_cli_verifies_on_request(capsys):
     assert code == 0
     assert "profile cpu, verified with XLA" in out.splitlines()[1]
     assert "verified with XLA (predicted -> compiled; * the plan):" in out
+
+
+def elementwise_heavy(p, x):
+    # 200 multiply-adds per element that explain does not count (it counts the dots' FLOPs), then one small dot:
+    # replicated, every device computes all of them; with the batch split, an eighth.
+    y = x
+    for _ in range(200):
+        y = y * y + x
+    return jnp.sum(y @ p["w"])
+
+
+def test_the_compiled_flops_decide_where_they_disagree_with_the_prediction():
+    # The prediction counts the dot only: the batch replicated costs no collective and 5 µs of compute, so it
+    # ranks first; XLA's cost analysis counts the elementwise chain too (80 MFLOP replicated, a ms on the
+    # profile), and with the batch split the all-reduce of the sum is cheaper than that: the plan follows XLA.
+    kw = dict(mesh={"data": 8}, objective="inference", profile=dataclasses.replace(PROFILES["cpu"], host_cores=8))
+    w, x = {"w": jax.ShapeDtypeStruct((512,), jnp.float32)}, jax.ShapeDtypeStruct((512, 512), jnp.float32)
+    predicted = einshard.plan(elementwise_heavy, w, x, verify=0, **kw)
+    verified = einshard.plan(elementwise_heavy, w, x, verify=3, **kw)
+    assert predicted.data_rules[0]["^$"] == "b s -> b s"
+    assert verified.data_rules[0]["^$"] == "b s -> b@data s"
+    rows = verified.verification
+    assert all(r.compute_from == "cost_analysis" for r in rows)
+    first = next(r for r in rows if r.label == "replicated batch · params replicated")
+    chosen = next(r for r in rows if r.chosen)
+    assert first.predicted_time_s < chosen.predicted_time_s and chosen.compiled_time_s < first.compiled_time_s
+    # The compiled compute is XLA's FLOPs per device on the profile, read from a direct compile of that layout.
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    for row, spec in ((first, P()), (chosen, P("data"))):
+        xs = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+        ws = {"w": jax.ShapeDtypeStruct((512,), jnp.float32, sharding=NamedSharding(mesh, P()))}
+        cost = jax.jit(elementwise_heavy).lower(ws, xs).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        assert row.compiled_compute_s == pytest.approx(cost["flops"] / verified.report.profile.flops)
+    assert verified.to_dict()["verification"][0]["compiled"]["compute_from"] == "cost_analysis"
+
+
+def looped(p, x):
+    return jnp.sum(jax.lax.fori_loop(0, 4, lambda i, y: jnp.tanh(y @ p["w"]), x))
+
+
+def test_a_program_with_a_loop_keeps_the_predicted_compute():
+    # XLA's cost analysis counts a while loop's body once, not per iteration: its FLOPs would undercount, so
+    # every candidate's compute is the prediction's (one count for all).
+    kw = dict(mesh={"data": 8}, objective="inference", profile=dataclasses.replace(PROFILES["cpu"], host_cores=8))
+    w, x = {"w": jax.ShapeDtypeStruct((64, 64), jnp.float32)}, jax.ShapeDtypeStruct((256, 64), jnp.float32)
+    verified = einshard.plan(looped, w, x, verify=2, **kw)
+    assert verified.verification
+    for row in verified.verification:
+        assert row.compute_from == "prediction" and row.compiled_compute_s == row.predicted_compute_s

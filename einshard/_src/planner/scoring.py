@@ -153,8 +153,10 @@ class Costs:
     ) -> Score:
         memory = report.peak_bytes + optimizer_bytes
         fits = self.budget is None or memory <= self.budget
-        # XLA merges independent collectives of one kind over the same axes: α once per merged op.
-        time_s = report.time_s - (combined.saved_s if combined is not None else 0.0)
+        # XLA merges independent collectives of one kind over the same axes: α once per merged op, where the
+        # backend runs a merged op as one collective (not XLA:CPU: each piece pays its own, Profile.combined_latency).
+        saves = combined is not None and report.profile.combined_latency == "once"
+        time_s = report.time_s - (combined.saved_s if saves and combined is not None else 0.0)
         primary = {
             "training": time_s,
             "inference": time_s,

@@ -8,14 +8,20 @@ run), on the mesh the plan is for, and reads from each compiled program:
 * its collectives (:func:`einshard.testing.hlo.normalized`, loop bodies
   counted once per iteration), priced with the plan's profile
   (:meth:`~einshard.analysis.cost.Profile.collective_time`, once per HLO
-  instruction: a combined collective pays its latency once);
+  instruction: a combined collective pays its latency once; on a profile
+  whose ``combined_latency`` is ``'per_piece'``, XLA:CPU's, once per piece);
 * its peak memory per device, ``memory_analysis()``: arguments + outputs +
   temporaries - aliased, plus the optimizer state the cost model adds.
 
-**The rule.**  A candidate's compiled step time is its predicted compute
-time (XLA reports no per-device FLOPs for loops that einshard can trust
-more than its own count) plus the profile's time of its compiled
-collectives; it fits when its compiled memory is within the budget.  The
+* its FLOPs per device, ``cost_analysis()`` (every op's: the elementwise
+  ones explain does not count, and the work a layout leaves replicated).
+
+**The rule.**  A candidate's compiled step time is its compiled compute
+time (XLA's FLOPs per device on the profile) plus the profile's time of its
+compiled collectives; where a compiled program has a while loop (XLA's cost
+analysis counts a loop body once, not per iteration) or the backend reports
+no FLOPs, every candidate's compute is the prediction's instead, so that all
+are ranked on one count; it fits when its compiled memory is within the budget.  The
 verified candidates are ranked by the objective on those compiled numbers
 (``'training'``/``'inference'``: compiled time; ``'memory'``: compiled
 memory; ``'communication'``: compiled bytes sent), those within the budget
@@ -36,6 +42,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -104,6 +111,11 @@ class Verified:
     error: str = (
         ""  # a target's compiler that failed on this candidate (its first line); compiled_* then copy predicted_*
     )
+    # Of the times: the compute (the rest is communication); compute_from says whose FLOPs the compiled one is
+    # ('cost_analysis': XLA's, per device; 'prediction': explain's, where XLA's cannot be trusted: module doc).
+    predicted_compute_s: float = 0.0
+    compiled_compute_s: float = 0.0
+    compute_from: str = "prediction"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +125,7 @@ class Verified:
                 "comm_bytes": self.predicted_comm_bytes,
                 "count": self.predicted_count,
                 "memory_bytes": self.predicted_memory,
+                "compute_s": self.predicted_compute_s,
             },
             "compiled": {
                 "time_s": self.compiled_time_s,
@@ -120,6 +133,8 @@ class Verified:
                 "count": self.compiled_count,
                 "memory_bytes": self.compiled_memory,
                 "kinds": dict(self.compiled_kinds),
+                "compute_s": self.compiled_compute_s,
+                "compute_from": self.compute_from,
             },
             "predicted_kinds": dict(self.predicted_kinds),
             "compiler": self.compiler,
@@ -141,6 +156,7 @@ class Verified:
         predicted = sum(self.predicted_kinds.values()) if self.predicted_kinds else self.predicted_count
         return (
             f"{mark} {self.label:<34} time {human_time(self.predicted_time_s)} -> {human_time(self.compiled_time_s)}"
+            f"  compute {human_time(self.predicted_compute_s)} -> {human_time(self.compiled_compute_s)}"
             f"  sent {human_bytes(self.predicted_comm_bytes)} -> {human_bytes(self.compiled_comm_bytes)}"
             f"  collectives {predicted} -> {self.compiled_count}"
             f"  memory {human_bytes(self.predicted_memory)} -> {human_bytes(self.compiled_memory)}{fit}"
@@ -201,8 +217,8 @@ def verification_mesh(
 
 
 # What :func:`read_compiled` gives: (communication seconds on the profile, bytes sent per device, collectives per
-# step, peak bytes per device or None, collectives by kind).
-Numbers = tuple[float, float, int, int | None, dict[str, int]]
+# step, FLOPs per device by XLA's cost analysis or None, peak bytes per device or None, collectives by kind).
+Numbers = tuple[float, float, int, float | None, int | None, dict[str, int]]
 
 
 def lower_on_shapes(
@@ -249,16 +265,43 @@ def read_compiled(compiled: Any, profile: Profile) -> Numbers:
         first = pieces[0]
         piece_sent = sum(c.sent_bytes for c in pieces)
         array = sum(c.array_bytes for c in pieces)
-        comm_s += first.runs * profile.collective_time(first.kind, first.group_size, piece_sent, array)
+        if profile.combined_latency == "once":
+            comm_s += first.runs * profile.collective_time(first.kind, first.group_size, piece_sent, array)
+        else:  # each piece of a merged op is a collective of its own (XLA:CPU): its latency paid per piece
+            comm_s += sum(
+                c.runs * profile.collective_time(c.kind, c.group_size, c.sent_bytes, c.array_bytes) for c in pieces
+            )
         sent += first.runs * piece_sent
         for c in pieces:
             count += c.runs
             kinds[c.kind] = kinds.get(c.kind, 0) + c.runs
+    flops = compiled_flops(compiled)
     mem = compiled.memory_analysis()
     if mem is None:  # a backend that reports no memory: the prediction's figure stands (the caller's)
-        return comm_s, sent, count, None, kinds
+        return comm_s, sent, count, flops, None, kinds
     peak = int(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
-    return comm_s, sent, count, peak, kinds
+    return comm_s, sent, count, flops, peak, kinds
+
+
+_WHILE = re.compile(r"\bwhile\(")
+
+
+def compiled_flops(compiled: Any) -> float | None:
+    """FLOPs per device of a compiled (partitioned) program, by XLA's ``cost_analysis()``: every op's, the
+    elementwise ones included (explain counts the dots').  None where it cannot be trusted or is missing: a
+    program with a while loop (XLA's cost analysis counts a loop's body once, not once per iteration), or a
+    backend that reports no cost analysis."""
+    if _WHILE.search(compiled.as_text() or ""):
+        return None
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001  (a backend without cost analysis raises its own error types)
+        return None
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+    if not isinstance(cost, dict) or "flops" not in cost:
+        return None
+    flops = float(cost["flops"])
+    return flops if math.isfinite(flops) and flops >= 0 else None
 
 
 def compile_and_read(lowered: jax.stages.Lowered, profile: Profile) -> Numbers:
@@ -343,7 +386,7 @@ def _auto(mesh: Mesh) -> Mesh:
     )
 
 
-_PENDING: Numbers = (0.0, 0.0, 0, None, {})  # a compile not yet read (replaced before _compile_all returns)
+_PENDING: Numbers = (0.0, 0.0, 0, None, None, {})  # a compile not yet read (replaced before _compile_all returns)
 
 
 def _compile_all(
@@ -413,6 +456,8 @@ def verify_assignments(
         distinct.setdefault(c.program, len(distinct))
     firsts = {index: next(c for c in wanted if distinct[c.program] == index) for index in distinct.values()}
     compiled = _compile_all(fn, costs, [firsts[k] for k in range(len(firsts))], mesh, kwargs, compiler)
+    # XLA's FLOPs where every compiled program has them (no loops), else the prediction's for all: one count.
+    by_xla = all(isinstance(n, BaseException) or n[3] is not None for n in compiled)
     rows: list[tuple[tuple[Any, ...], Verified, tuple[int, ...]]] = []
     for c in wanted:
         label, assign, score, rank = c.label, c.assign, c.score, c.rank
@@ -431,13 +476,16 @@ def verify_assignments(
                 predicted_kinds=predicted_kinds(score.report),
                 compiler=compiler,
                 error=f"{type(err).__name__}: {first}",
+                predicted_compute_s=score.compute_s,
+                compiled_compute_s=score.compute_s,
             )
             rows.append(((True, True, 0.0, 0.0, 0.0, 0, rank), failed, assign))
             continue
-        comm_s, sent, count, peak, kinds = numbers
+        comm_s, sent, count, flops, peak, kinds = numbers
         memory = score.memory if peak is None else peak + costs.optimizer_bytes(assign)
         fits = costs.budget is None or memory <= costs.budget
-        time_s = score.compute_s + comm_s
+        compute_s = flops / score.report.profile.flops if by_xla and flops is not None else score.compute_s
+        time_s = compute_s + comm_s
         primary = {"memory": float(memory), "communication": sent}.get(costs.objective, time_s)
         row = Verified(
             label,
@@ -451,6 +499,9 @@ def verify_assignments(
             predicted_kinds=predicted_kinds(score.report),
             fits_hbm=None if hbm_bytes is None else memory <= hbm_bytes,
             compiler=compiler,
+            predicted_compute_s=score.compute_s,
+            compiled_compute_s=compute_s,
+            compute_from="cost_analysis" if by_xla and flops is not None else "prediction",
         )
         rows.append(((False, not fits, settled(primary), settled(time_s), settled(sent), memory, rank), row, assign))
     rows.sort(key=lambda r: r[0])
