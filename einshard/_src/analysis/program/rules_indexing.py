@@ -809,8 +809,11 @@ def _elementwise_alone(w: Walker, eqn: Any, k: int) -> bool:
 
 
 # Elementwise consumers whose other operands' layouts decide a partial sum's split (rules_structural.elementwise's
-# primitives with two or more operands; cumulative ops read along an axis and are not among them).
-ELEMENTWISE_PARTNERED = frozenset({"add", "sub", "mul", "div", "max", "min", "pow", "atan2", "rem", "select_n"})
+# primitives with two or more operands; cumulative ops read along an axis and are not among them).  add_any, the
+# sum of a gradient's contributions, is XLA's add once lowered: its other contribution's split asks as an add's.
+ELEMENTWISE_PARTNERED = frozenset(
+    {"add", "add_any", "sub", "mul", "div", "max", "min", "pow", "atan2", "rem", "select_n"}
+)
 
 
 def _partner_split(w: Walker, eqn: Any, k: int, v: Any) -> tuple[tuple[str, ...], ...]:
