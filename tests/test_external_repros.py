@@ -298,14 +298,6 @@ def test_projection_gradients_with_a_residual_are_xlas():
     assert explained == xla
 
 
-# Every form alike, folded or not (x * 2 too): a cause of its own, tests/test_primitive_rules_core.py's.
-_EXPLICIT_INPUT_GRADIENT = pytest.mark.xfail(
-    strict=True,
-    reason="x's gradient on Explicit axes (typed [16, 32@model], summed over 'data' from each dot): XLA sums half "
-    "of each partial sum and collective-permutes it into place (4 permutes where explain has 2, for x * 2 as for "
-    "x * 1); explain all-reduces the whole sum and slices it, not modelled (test_primitive_rules_core's "
-    "_EXPLICIT_INPUT_GRADIENT)",
-)
 _IDENTITY_FORMS = {
     "x*1": lambda x: x * 1.0,
     "1*x": lambda x: 1.0 * x,
@@ -322,7 +314,7 @@ _IDENTITY_FORMS = {
 @pytest.mark.parametrize("form", sorted(_IDENTITY_FORMS))
 @pytest.mark.parametrize("grad", [False, True], ids=["value", "grad"])
 @pytest.mark.parametrize("kind", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
-def test_a_folded_identity_shares_its_operands_moves(form, grad, kind, request):
+def test_a_folded_identity_shares_its_operands_moves(form, grad, kind):
     """x @ w1 and f(x) @ w2, x[16, 32@model] against w[32, 16@model] (each dot moves its left operand): on Auto
     axes, where f(x) is x * 1, x + 0 or x - 0, XLA's algebraic simplifier makes it x itself, and its CSE gathers x
     once for both dots (explain gathered it twice: a new value); x / 1 and x * 2 it gathers twice.  On Explicit
@@ -333,8 +325,6 @@ def test_a_folded_identity_shares_its_operands_moves(form, grad, kind, request):
     from einshard._src.analysis.program import trace
     from einshard.testing import hlo
 
-    if grad and kind == AxisType.Explicit:
-        request.applymarker(_EXPLICIT_INPUT_GRADIENT)
     identity = _IDENTITY_FORMS[form]
 
     def two(x, w1, w2):

@@ -963,8 +963,11 @@ def _elementwise_alone(w: Walker, eqn: Any, k: int) -> bool:
 
 
 # Elementwise consumers whose other operands' layouts decide a partial sum's split (rules_structural.elementwise's
-# primitives with two or more operands; cumulative ops read along an axis and are not among them).
-ELEMENTWISE_PARTNERED = frozenset({"add", "sub", "mul", "div", "max", "min", "pow", "atan2", "rem", "select_n"})
+# primitives with two or more operands; cumulative ops read along an axis and are not among them).  add_any, the
+# sum of a gradient's contributions, is XLA's add once lowered: its other contribution's split asks as an add's.
+ELEMENTWISE_PARTNERED = frozenset(
+    {"add", "add_any", "sub", "mul", "div", "max", "min", "pow", "atan2", "rem", "select_n"}
+)
 
 
 def _partner_split(w: Walker, eqn: Any, k: int, v: Any) -> tuple[tuple[str, ...], ...]:
@@ -1054,6 +1057,8 @@ def scatter_to_consumers(
     """
     dims = consumer_split(w, eqn.outvars[0], out, sums)
     if dims is None:
+        dims = _typed_sum_split(w, eqn, out, sums)
+    if dims is None:
         return out.dims, colls
     scattered = {m for d in dims for m in d} - {m for d in out.dims for m in d}
     drop = [c for c in colls if c.kind == "all-reduce" and c.tensor == "result" and set(c.axes) <= scattered]
@@ -1077,6 +1082,23 @@ def scatter_to_consumers(
         return dst.dims, tuple(c for c in colls if c not in drop) + tuple(sliced)
     moved = w.costs.reshard(pending, out.with_dims(dst.dims), eqn.outvars[0].aval.dtype)
     return dst.dims, tuple(c for c in colls if c not in drop) + tuple(moved)
+
+
+def _typed_sum_split(w: Walker, eqn: Any, out: Layout, sums: frozenset[str]) -> list[tuple[str, ...]] | None:
+    """On Explicit axes a dot's result type names its split (jax.grad types a cotangent like its primal): where
+    it splits an axis over the summed mesh axes, XLA sums the partial products there at the dot, as it does for a
+    consumer asking that split (measured: the input gradient of two projections of x[b, s, d@M] on (4, 2), each
+    partial sum all-reduced a slice per idle group and permuted onto d@M; tests/test_primitive_rules_core.py).
+    Not a 16-bit float XLA:CPU sums in f32: it converts the whole sum before any slice (dot_general's note)."""
+    typed = typed_dims(eqn.outvars[0].aval)
+    if typed is None or out.unreduced or len(typed) != len(out.dims):
+        return None
+    dname, size = dtype_info(eqn.outvars[0].aval.dtype)
+    if wire_itemsize(dname, size, w.costs.profile.narrow_floats) != size:
+        return None
+    if not any(set(d) & sums for d in typed):
+        return None
+    return [tuple(d) for d in typed]
 
 
 _CARRIER_CHAIN_LIMIT = 16  # carriers followed from one dot's result (such chains are a few ops long)
