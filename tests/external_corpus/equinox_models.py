@@ -73,6 +73,10 @@ def rotary() -> Family:
             return x + jax.vmap(self.down)(jax.nn.gelu(jax.vmap(self.up)(y)))
 
     blocks = [Block(k) for k in jax.random.split(jax.random.key(0), L)]
+    # Equinox keeps the rotary tables in a module-level cache filled by the first call, arrays and sharding types
+    # included: fill it here, outside any mesh context, or a first call under an Explicit mesh leaves tables typed
+    # on it that an auto_axes region (Auto context) then refuses to multiply (a test-order dependence).
+    blocks[0].rope(jnp.zeros((S, D // H), jnp.float32))
     params, static = eqx.partition(blocks, eqx.is_array)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(B, S, D)), jnp.float32)
