@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .oplog import OpLog
 from .report import OpBound, OpReport, ProgramReport, default_bound
 
 if TYPE_CHECKING:
@@ -101,10 +102,16 @@ def widen(
     ``fork(forced)``: the report of a walk in which the ops of ``forced`` take their alternative.  The
     measured bound goes on the first op of each alternative (its other ops keep their own).  ``cap``: how many
     forks to walk (None: :data:`MAX_FORKS`); the others keep their local bound and the report counts them."""
-    offered = list(dict.fromkeys(op.alternative for op in report.ops if op.alternative and op.approximate))
+    listed = report.ops
+    if isinstance(listed, OpLog):  # (its replayed ops' alternatives read without making the ops)
+        offered = list(dict.fromkeys(listed.alternatives()))
+    else:
+        offered = list(dict.fromkeys(op.alternative for op in listed if op.alternative and op.approximate))
     if not offered:
         return report
     walked = offered[: MAX_FORKS if cap is None else cap]
+    if not walked:  # nothing to widen: the ops as they are (unmade where they were)
+        return dataclasses.replace(report, alternatives_unwalked=len(offered))
     ops = list(report.ops)
     for eqn_id in walked:
         measured = difference(report, fork(frozenset({eqn_id})))

@@ -22,7 +22,7 @@ from ...core.layout import Layout
 
 if TYPE_CHECKING:
     from .costing import OpCosts
-    from .report import OpReport
+    from .oplog import OpLog
 
 __all__ = [
     "WalkerLike",
@@ -44,7 +44,7 @@ class WalkerLike(Protocol):
 
     costs: OpCosts
     quiet: bool  # a dry run (a scan carry's fixed point): nothing is recorded
-    ops: list[OpReport]
+    ops: OpLog  # list-like; a replayed stretch's ops made when read
     env: dict[Any, Layout]  # the layouts bound so far by the innermost walk
     uses: dict[int, list[tuple[Any, int]]]
     summed: dict[int, frozenset[str]]

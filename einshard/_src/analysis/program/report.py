@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +105,7 @@ class ProgramReport:
         unfollowed_at: where those ops are, one entry per primitive: ``'sort at model.py:12 (loss)'``.
     """
 
-    ops: tuple[OpReport, ...]
+    ops: Sequence[OpReport]  # a tuple, or for a ranking costing an OpLog (replayed ops made when read)
     flops: float
     comm_bytes: float
     comm_count: int

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -20,6 +20,7 @@ from .alternatives import widen
 from .costing import OpCosts, is_free
 from .memory import PeakCache, peak_caveat
 from .memory import peak_bytes as _peak_bytes
+from .oplog import CostTerms
 from .report import OpReport, ProgramReport
 from .walker import Walker
 
@@ -459,8 +460,10 @@ class TracedProgram:
         peak = _peak_bytes(
             self.jaxpr, layouts, walker.sub_envs, tiling=self.costs.profile.tiling, cache=self.peak_cache
         )
-        ops = tuple(walker.ops)
-        phases = _phase_totals(ops)
+        # A ranking costing (forks=0: the planner's) reads what the ops sum to, not the ops: a replayed stretch's
+        # stay unmade until someone reads them (OpLog); a report for a reader lists them all.
+        ops: Sequence[OpReport] = walker.ops if forks == 0 else tuple(walker.ops)
+        phases = _phase_totals(walker.ops.costs())
         report = ProgramReport(
             explicit=self.explicit,
             ops=ops,
@@ -493,23 +496,23 @@ class TracedProgram:
             self.costs.forced = frozenset()
 
 
-def _phase_totals(ops: Sequence[OpReport]) -> dict[str, dict[str, float]]:
+def _phase_totals(terms: Iterable[CostTerms]) -> dict[str, dict[str, float]]:
     """Per phase, the ops' flops, bytes sent, collectives and time (each repeat counted), summed in program order.
 
-    A deep model's report has thousands of ops per costing: each phase's running sums are kept in a list (four
-    additions per op, the terms and order of ``op.comm_bytes`` and a dict per phase: the same totals to the bit),
-    not read and written back through a dict by name."""
+    ``terms``: each op's :func:`.oplog.cost_terms` (a replayed stretch's made once per tape: OpLog.costs).  A deep
+    model's report has thousands of ops per costing: each phase's running sums are kept in a list (four additions
+    per op, the terms and order of ``op.comm_bytes`` and a dict per phase: the same totals to the bit), not read
+    and written back through a dict by name."""
     sums: dict[str, list[float]] = {}
-    for op in ops:
-        tot = sums.get(op.phase)
+    for phase, flops, sent, count, time_s, communicates in terms:
+        tot = sums.get(phase)
         if tot is None:
-            tot = sums[op.phase] = [0.0, 0.0, 0.0, 0.0]
-        repeat, collectives = op.repeat, op.collectives
-        tot[0] += op.flops * repeat
-        if collectives:  # (an op without any adds 0 to either: the sum as it was)
-            tot[1] += repeat * sum(c.bytes for c in collectives)  # op.comm_bytes
-            tot[2] += len(collectives) * repeat
-        tot[3] += op.time_s * repeat
+            tot = sums[phase] = [0.0, 0.0, 0.0, 0.0]
+        tot[0] += flops
+        if communicates:  # (an op without any adds 0 to either: the sum as it was)
+            tot[1] += sent
+            tot[2] += count
+        tot[3] += time_s
     return {phase: dict(zip(("flops", "bytes", "count", "time_s"), tot)) for phase, tot in sums.items()}
 
 

@@ -25,6 +25,7 @@ from ..cost import Collective, sent_bytes
 from ..einsum.plan import side_string
 from .blocks import Tape, body_index, translate_env
 from .costing import FreeLayout, OpCosts, is_free
+from .oplog import CostTerms, OpLog, ReplayRun, cost_terms
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
 from .report import OpReport, in_user_axis_names
 from .segment_memo import (
@@ -65,7 +66,8 @@ class Walker:
         self.costs = costs
         self.mesh: tuple[MeshAxis, ...] = costs.mesh
         self.quiet = quiet  # a dry run (a scan carry's fixed point): nothing is recorded
-        self.ops: list[OpReport] = []
+        # In program order; a replayed stretch's ops are made only when read (:mod:`.oplog`).
+        self.ops = OpLog()
         self.unfollowed: set[str] = set()
         self.met_unfollowed = 0  # ops without a rule met (a repeated stretch holding one is never replayed)
         # Where each op without a rule is in the user's code ("file.py:12 (fn)"), by primitive, first seen first.
@@ -897,27 +899,33 @@ class Walker:
                     made_by[sources[slot]] = set(moves)
                 else:
                     had |= moves
-        words = self._copy_words(slots)
-        eqns, counter, ops, op_eqns = copy.eqns, self.counter, self.ops, self.op_eqns
-        for op, off, inner in tape.ops:
-            new = object.__new__(OpReport)  # dataclasses.replace without its per-call introspection
-            fields = new.__dict__
-            fields.update(op.__dict__)
-            fields["index"] = counter
-            counter += 1
-            ops.append(new)
-            if off is None:
-                op_eqns.append(inner)
-                continue
-            fields["where"], fields["inside"], fields["reads"] = words[off]
-            e = eqns[off]
-            if op.alternative:  # an offered alternative names this copy's equation, as a walk here would
-                fields["alternative"] = id(e)
-            op_eqns.append(e)
-        self.counter = counter
+        eqns = copy.eqns
+        # The copy's ops, made only when someone reads them (OpLog): what they sum to is the tape's ops'.
+        self.ops.add_run(ReplayRun(tape.ops, self._copy_words(slots), eqns, self.counter, self._cost_terms(tape)))
+        self.counter += len(tape.ops)
+        self.op_eqns.extend(self._op_eqns(tape, copy))
         for off, rest, sub in tape.sub_envs:
             self.sub_envs[(id(eqns[off]), *rest)] = sub
         self.segment_replay(tape.extra, copy)
+
+    def _cost_terms(self, tape: SegmentTape) -> tuple[CostTerms, ...]:
+        """What each of ``tape``'s ops adds to its phase's totals (:func:`.oplog.cost_terms`), made once per tape."""
+        kept = self.costs.segment_terms
+        hit = kept.get(id(tape))
+        if hit is None or hit[0] is not tape:
+            hit = kept[id(tape)] = (tape, tuple(cost_terms(op) for op, _, _ in tape.ops))
+        return hit[1]
+
+    def _op_eqns(self, tape: SegmentTape, copy: Copy) -> tuple[Any, ...]:
+        """The equation each of ``tape``'s ops is recorded at when replayed at ``copy`` (its own where the op is
+        the copy's, else the tape's), found once per tape and copy (OpCosts.segment_op_eqns)."""
+        kept = self.costs.segment_op_eqns
+        hit = kept.get((id(tape), id(copy)))
+        if hit is None or hit[0] is not tape or hit[1] is not copy:
+            eqns = copy.eqns
+            at = tuple(inner if off is None else eqns[off] for _, off, inner in tape.ops)
+            hit = kept[(id(tape), id(copy))] = (tape, copy, at)
+        return hit[2]
 
     def _ready(self, tape: SegmentTape, copy: Copy) -> ReadyTape:
         """``tape`` by slot, made once (OpCosts.segment_ready; ``copy``: one it replays at, whose slots number as
