@@ -246,8 +246,19 @@ def _kinds_of(report: Any) -> Any:
     return Counter(c.kind for op in report.ops for c in op.collectives for _ in range(op.repeat) if c.group_size > 1)
 
 
-@pytest.mark.parametrize("program", sorted(CHOICE_PROGRAMS))
-@pytest.mark.parametrize("rows, window, grad", [(4, 3, False), (4, 3, True), (12, 7, False)])
+# The residual program's gradient is no decision point: its residual asks the conv's rows split (through the
+# gradient's elementwise ops, rules_windows._rows_asked), so the main walk takes XLA's choice, halo permutes,
+# unmarked and exact (test_a_residual_conv_gradient_takes_xlas_choice_unmarked).  The forward residual and both
+# batch-norm-alone programs still fork.
+FORKING_DRAWS = [
+    (rows, window, grad, program)
+    for program in sorted(CHOICE_PROGRAMS)
+    for rows, window, grad in [(4, 3, False), (4, 3, True), (12, 7, False)]
+    if not (grad and program == "conv-norm-residual")
+]
+
+
+@pytest.mark.parametrize(("rows", "window", "grad", "program"), FORKING_DRAWS)
 def test_a_marked_choice_bounds_what_it_changes_downstream(
     rows: int, window: int, grad: bool, program: str, monkeypatch: Any
 ) -> None:
@@ -293,6 +304,24 @@ def test_a_marked_choice_bounds_what_it_changes_downstream(
     else:  # the residual add: XLA keeps the rows split, the fork's choice, which the local bound alone did not cover
         assert want_kinds["collective-permute"] >= 1 and "all-gather" not in want_kinds, want_kinds
         assert _edit_distance(_kinds_of(report), want_kinds) > local_bound.collectives, (want_kinds, local_bound)
+
+
+@pytest.mark.parametrize(("rows", "window"), [(4, 3), (12, 7)])
+def test_a_residual_conv_gradient_takes_xlas_choice_unmarked(rows: int, window: int) -> None:
+    """The gradient of a conv whose window covers its result, added to a rows-split shortcut: the residual asks
+    the rows split, and explain's main walk is XLA's (halo permutes, the batch norm's all-reduces kept), with no
+    mark: collectives and bytes equal the compiled program's (4 rows: 3 permutes, 14 all-reduces, 28192 B)."""
+    mesh = _mesh(2, False)
+    args = (jax.ShapeDtypeStruct((8, rows, rows, 16), F32), jax.ShapeDtypeStruct((window, window, 16, 16), F32))
+    specs = (P("a", "b"), P())  # batch over 'a', rows over 'b'
+    run = jax.grad(lambda *a: jnp.sum(_conv_norm_residual(*a) ** 2), argnums=(0, 1))
+    want_kinds, want_bytes, want_peak = _sent(run, mesh, args, specs)
+    report = _explained(run, mesh, args, specs)
+    assert not report.approximate and report.complete, [op.note for op in report.approximate_ops]
+    assert want_kinds["collective-permute"] >= 1 and "all-gather" not in want_kinds, want_kinds
+    assert _kinds_of(report) == want_kinds and report.comm_bytes == want_bytes, (_kinds_of(report), want_kinds)
+    if not report.peak_note:  # a conv's window scratch has its own peak caveat (memory.peak_caveat)
+        assert abs(report.peak_bytes - want_peak) <= 0.25 * want_peak, (report.peak_bytes, want_peak)
 
 
 @pytest.mark.parametrize(

@@ -959,8 +959,12 @@ def test_max_pool_gradient_halos_match_xla(h: int, win: int, stride: int, paddin
     x = jax.ShapeDtypeStruct((4, h, h, 4), jnp.float32)
     case = Case("reduce_window_max", _max_pool(win, stride, padding), (x,), (spec,), rank, False, True, "windows")
     check(case)
-    report, _, _, _ = _explain(case, _mesh(rank, False), _loss(case.fn, 1))
+    mesh, fn = _mesh(rank, False), _loss(case.fn, 1)
+    report, got, got_sent, _ = _explain(case, mesh, fn)
     assert not report.approximate_at, report.approximate_at  # exact: XLA's partitioner, modelled
+    # Every permute, one-way ones included, and its bytes (the pad's carry the unpadded whole axes).
+    want, want_sent, _, _ = _xla(case, mesh, fn)
+    assert (got, got_sent) == (want, want_sent), (got, got_sent, want, want_sent)
 
 
 @pytest.mark.parametrize(("h", "win", "stride", "padding", "spec", "rank"), POOL_GRADIENT_UNEVEN_DRAWS)

@@ -1275,11 +1275,11 @@ def _permute_rows(
     dtype: Any,
     why: str,
 ) -> None:
-    """Charge one collective-permute per piece along ``axis`` of a block shaped ``local``; a permute from one
-    device alone (one sender in the whole mesh) is left out, as :mod:`einshard.testing.hlo` counts them."""
+    """Charge one collective-permute per piece along ``axis`` of a block shaped ``local``.  A piece one device
+    alone sends (XLA's one-way ``source_target_pairs={{3,4}}``, e.g. the one shard whose slice of the padded
+    result straddles two blocks) still moves data and is charged: the compiled program runs it."""
     row = math.prod(s for i, s in enumerate(local) if i != axis) * itemsize(dtype)
-    groups = math.prod(w.costs.mesh_sizes.values()) // group_size(w, axes)
-    arrays = [rows * row for rows, senders in pieces if senders * groups > 1]
+    arrays = [rows * row for rows, senders in pieces if senders > 0]
     charge(w, eqn, phase, repeat, "collective-permute", axes, arrays, why)
 
 
@@ -1339,11 +1339,13 @@ def select_and_scatter_add(w: Walker, eqn: Any, ins: list[Layout], repeat: int, 
     source = _bring(w, eqn, phase, repeat, 0, source, source.with_dims(src_dims), "select_and_scatter_add cotangent")
     op_dtype, src_dtype = eqn.invars[1].aval.dtype, eqn.invars[0].aval.dtype
     local = list(operand.shard_shape)
-    if expands:  # the pad grows the whole axes too (their permutes carry the padded rows)
-        local = [s + lo + hi if not dims[i] else s for i, (s, (lo, hi)) in enumerate(zip(local, p["padding"]))]
     for i, _, pad_in, _, padded in plans:  # the pad before the scatter (CPU / GPU): the operand's padded blocks
         _permute_rows(w, eqn, phase, repeat, dims[i], local, i, pad_in, op_dtype, "select_and_scatter_add: pad")
         local[i] = -(-padded // group_size(w, dims[i]))
+    if expands:
+        # The pad grows the whole axes locally, after its permutes (which carry the unpadded ones: measured,
+        # [4, 16, 16, 4] rows@a over 8 with a SAME window: [4, 2, 16, 4] permutes); the later ones carry them padded.
+        local = [s + lo + hi if not dims[i] else s for i, (s, (lo, hi)) in enumerate(zip(local, p["padding"]))]
     src_local = list(source.shard_shape)
     if whole:
         for i, _, _, _, _ in plans:
