@@ -651,6 +651,8 @@ _SMALL_HEADS = pytest.mark.xfail(
     "through the idle axes (rules_indexing.passthrough_conflict, idle_axes.gather_route: on Auto axes explain 6 "
     "all-reduces, 3 all-gathers, 1 permute vs XLA 9 all-reduces, 7 permutes), not modelled",
 )
+
+
 @pytest.mark.parametrize(
     ("n", "mesh_rank", "split", "heads", "head_dim"),
     [
