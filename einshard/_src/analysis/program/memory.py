@@ -382,8 +382,13 @@ class _Program:
         copied: dict[int, frozenset[int]] = {}  # by dot step: its operands read through a _Transposed copy
         for i, eqn, path, keys, transposed in dots:
             made = [k is not None and k not in args and k not in self.outputs and k in producer for k in keys]
+
             # (An operand the walk gathers for this dot is copied as gathered: its dot's scratch, as before.)
-            whole = [p in transposed and self._ungathered(path, eqn.invars[p]) for p in range(2)]
+            # (Tested last, only where the answer decides: each test is noted for :meth:`holds`, and a test whose
+            # answer changes nothing would split the planner's cache of flattenings for nothing.)
+            def whole(p: int, path: tuple[int, ...] = path, eqn: Any = eqn) -> bool:
+                return self._ungathered(path, eqn.invars[p])
+
             # (Any operand so made and read is a write of that fusion's, in the dot's order or not: never in place.)
             absorbed = frozenset(
                 p
@@ -398,16 +403,16 @@ class _Program:
                 for p in transposed
                 if made[p]
                 and p not in absorbed
-                and whole[p]
                 and keys[p] in read_as_is
                 and self.steps[producer[keys[p]]].cheap
                 and self.steps[producer[keys[p]]].name in elementwise | {"transpose"}
+                and whole(p)
             )
             # An argument (a weight) copied into the dot's order: one copy, made from the argument alone before the
             # first dot reading it so, held to the last (:meth:`_copy_transposed`).  Not a loop body's (a layer's
             # slice of stacked weights): a copy beside the slice overstated flax_scan's dp gradient (324096 B; the
             # walk without it 307712 B, XLA 289488 B).
-            weights = frozenset(p for p in transposed if keys[p] in args and whole[p] and not self.body)
+            weights = frozenset(p for p in transposed if keys[p] in args and not self.body and whole(p))
             shared |= weights
             if shared:
                 copied[i] = shared
