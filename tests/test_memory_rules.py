@@ -428,6 +428,12 @@ def _expert_specs(n: int) -> tuple[P, ...]:
     return (P("a", None), *(P("a", None, None),) * n)
 
 
+@pytest.mark.xfail(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 12),
+    strict=True,
+    reason="jax 0.12's XLA:CPU does not write this cotangent both ways at once: its peak is 67600 B; the walk "
+    "follows jax 0.10's buffer assignment, exact there (75776 B against 75792 B)",
+)
 def test_dot_operand_read_in_two_orders_is_written_twice() -> None:
     """``tanh(einsum('th,ehm->etm', x, w))``'s gradient, experts split: the cotangent feeds the dot that carries it
     back (as it is) and the weight's gradient dot (transposed).  XLA:CPU writes both from tanh in two fusions made
