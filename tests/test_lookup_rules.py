@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from typing import Any
 
 import jax
@@ -20,10 +21,13 @@ import jax.numpy as jnp
 import pytest
 from hypothesis import example, given, reject
 from hypothesis import strategies as st
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_primitive_rules import DEEP, FAST, MESHES, Case, _explain, _mesh, check, layout
+from test_primitive_rules import DEEP, FAST, MEMORY_BOUNDS, MESHES, Case, _explain, _mesh, check, layout
 
 from einshard._src.analysis.program.rules_indexing import lookup_plans
+from einshard._src.analysis.program.trace import trace
+from einshard.testing import hlo
 
 
 def _axes(spec: P) -> set[str]:
@@ -87,6 +91,65 @@ PINNED = [
 )
 def test_pinned_lookups_match_xla(case: Case) -> None:
     check(case)
+
+
+def _rows(table: Any, ids: Any) -> Any:
+    # Equinox's Embedding (``weight[token]`` of one token) under vmap: a gather with the whole index vector and
+    # slice_sizes (1, d), no axis collapsed; its transpose a scatter-add of (1, d) windows, nothing inserted.
+    return jax.vmap(jax.vmap(lambda t: table[t]))(ids)
+
+
+def _clipped(table: Any, ids: Any) -> Any:
+    return jnp.take(table, ids, axis=0, mode="clip")
+
+
+def _gradient_laid_out_as_table(fn: Any) -> tuple[tuple[Counter[str], int, float], Any]:
+    """XLA's and explain's (kinds, bytes, peak) for the gradient of sum(fn(table, ids) ** 2) with respect to an
+    FSDP table t[64@a, 32] looked up by ids[8@a, 8] on (a=4, b=2), the gradient returned in the table's layout
+    (as the corpus's FSDP cases ask: out_shardings / out_specs)."""
+    mesh = _mesh(2, False)
+    specs = (P("a"), P("a"))
+    args = (jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((8, 8), jnp.int32))
+    grad = jax.grad(lambda t, i: jnp.sum(fn(t, i) ** 2))
+    with jax.set_mesh(mesh):
+        shardings = tuple(NamedSharding(mesh, s) for s in specs)
+        compiled = jax.jit(grad, in_shardings=shardings, out_shardings=shardings[0]).lower(*args).compile()
+    text = compiled.as_text()
+    m = compiled.memory_analysis()
+    peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    report = trace(grad, *args, mesh=dict(zip(mesh.axis_names, mesh.axis_sizes))).report(specs, [specs[0]])
+    return (hlo.collective_counts(text), hlo.collective_bytes(text), float(peak)), report
+
+
+def _rows(table: Any, ids: Any) -> Any:
+    # Equinox's Embedding (``weight[token]`` of one token) under vmap: a gather with the whole index vector and
+    # slice_sizes (1, d), no axis collapsed; its transpose a scatter-add of (1, d) windows, nothing inserted.
+    return jax.vmap(jax.vmap(lambda t: table[t]))(ids)
+
+
+def _clipped(table: Any, ids: Any) -> Any:
+    return jnp.take(table, ids, axis=0, mode="clip")
+
+
+@pytest.mark.parametrize("fn", [_rows, _clipped, _take], ids=["vmapped-rows", "take-clip", "take-fill"])
+def test_fsdp_lookup_gradient_moves_as_its_forward(fn: Any) -> None:
+    """The FSDP embedding gradient as the corpus asks it (eqx_bert's vmapped rows, a clipped and a filled take):
+    XLA's scatter-add mirrors the forward's moved lookup, the updates permuted onto 'b' and gathered, the
+    table's piece all-reduced there; in mode "clip" the scatter moves its own clamped ids too (a second permute
+    and gather of them).  Exactly XLA's collectives and bytes (eqx_bert's rows were a pending sum
+    reduce-scattered whole: two collectives and 1.6 KiB off), the peak within the lookups' memory range."""
+    (want_kinds, want_sent, want_peak), report = _gradient_laid_out_as_table(fn)
+    kinds: Counter[str] = Counter()
+    sent = 0
+    for op in report.ops:
+        for c in op.collectives:
+            if c.group_size > 1:
+                kinds[c.kind] += op.repeat
+                sent += c.array_bytes * op.repeat
+    assert (kinds, sent) == (want_kinds, want_sent)
+    assert any(op.expression.startswith("scatter-add into the table's pieces") for op in report.ops)
+    low, high = MEMORY_BOUNDS[LOOKUP_MEMORY]
+    assert low <= report.peak_bytes / want_peak <= high
 
 
 @st.composite
