@@ -1784,6 +1784,9 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
         moved = _moved_scatter_add(w, eqn, phase, repeat, updates, indices, split, dims, window, op_window)
         if moved is not None:
             return [moved]
+        whole = _summed_whole(w, eqn, phase, repeat, out, updates, split, window, op_window)
+        if whole is not None:
+            return [whole]
     if split and adds:
         # Each device adds its share of the updates into its own copy: partial sums over those axes,
         # left pending: the consumer settles them (an output laid out split is reduce-scattered, or
@@ -2022,6 +2025,39 @@ def _moved_scatter_add(
         # The other way is the forward's runner-up, mirrored: the bound is the difference between the two.
         mark_approximate(w, start, plan.note, between(tuple(steps), tuple(other)))
     return table
+
+
+def _summed_whole(
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    out: Layout,
+    updates: Layout,
+    split: tuple[str, ...],
+    window: tuple[int, ...],
+    op_window: list[int],
+) -> Layout | None:
+    """A scatter-add into zeros asked split along its scattered axis over some, not all, of the mesh axes its
+    updates are split over (a table t[16@b] looked up by ids split over (a, b), its gradient in t's layout):
+    each device adds its updates into the whole table, and XLA all-reduces the whole table over all of those
+    axes, then slices its piece (measured: one all-reduce of f32[16, 16] over 8 devices; not the dot's
+    reduce-scatter over b and all-reduce over a, which the pending sum would be).  The table's rows over the
+    updates' own mesh axis would need every device's updates: the scatter runs on the whole table.  None: not
+    that case."""
+    out_aval = eqn.outvars[0].aval
+    want = requested_dims(w, eqn.outvars[0])
+    if want is None or len(want) != len(out.dims):
+        return None
+    scattered = scattered_axes(out_aval.shape, updates.shape, window, op_window)
+    asked = {m for i in scattered for m in want[i]}
+    if not asked or not asked < set(split):
+        return None
+    piece = math.prod(out.shard_shape) * itemsize(out_aval.dtype)
+    result = w.relayout(out_aval, want)
+    charge(w, eqn, phase, repeat, "all-reduce", split, [piece], "scatter-add summed whole, then sliced", result)
+    w.env[Partial(eqn.outvars[0])] = out  # each device's whole partial table, held next to its sum (memory.py)
+    return result
 
 
 def scattered_axes(
