@@ -213,6 +213,26 @@ def test_an_all_reduce_is_a_reduce_scatter_only_when_its_own_value_is_sliced():
     assert got == [("ar", "all-reduce"), ("ari", "all-reduce"), ("ar2", "reduce-scatter")]
 
 
+def test_a_fusion_operand_past_the_fifth_is_read_by_its_name():
+    """XLA prints a sixth operand on as ``/*index=5*/%name``: an all-reduce read there and sliced to 1/n inside
+    the fusion is a reduce-scatter (XLA:CPU's form of the FSDP LayerNorm gradient's [8, 8] sum in nnx_gpt,
+    read as an all-reduce while the comment hid the operand's name)."""
+    fused = (
+        "%fused_six (a0: f32[2], a1: f32[2], a2: f32[2], a3: f32[2], a4: s32[], a5: f32[8]) -> f32[2] {\n"
+        "  %a5 = f32[8]{0} parameter(5)\n"
+        "  %a4 = s32[] parameter(4)\n"
+        "  %a0 = f32[2]{0} parameter(0)\n"
+        "  %ds = f32[2]{0} dynamic-slice(%a5, %a4), dynamic_slice_sizes={2}\n"
+        "  ROOT %m = f32[2]{0} add(%ds, %a0)\n"
+        "}\n\n"
+        "ENTRY %main (x: f32[8], y: f32[2], i: s32[]) -> f32[2] {\n"
+        "  %ar = f32[8]{0} all-reduce(%x), replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add\n"
+        "  ROOT %f = f32[2]{0} fusion(%y, %y, %y, %y, %i, /*index=5*/%ar), kind=kLoop, calls=%fused_six\n"
+        "}\n"
+    )
+    assert [(c.name, c.kind) for c in hlo.normalized(HEADER + fused)] == [("ar", "reduce-scatter")]
+
+
 def test_a_scan_whose_fusions_slice_stacked_weights_keeps_its_all_reduces(devices):
     """Compiled: inside a ``lax.scan`` over stacked weights every fusion dynamic-slices a layer; the batch sum's
     all-reduce stays an all-reduce (its bytes match), and an FSDP gradient's reduce-scatter is still one."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from typing import Any
 
 import jax
@@ -20,10 +21,14 @@ import jax.numpy as jnp
 import pytest
 from hypothesis import example, given, reject
 from hypothesis import strategies as st
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_primitive_rules import DEEP, FAST, MESHES, Case, _explain, _mesh, check, layout
+from test_primitive_rules import DEEP, FAST, MEMORY_BOUNDS, MESHES, SLACK_BYTES, Case, _explain, _mesh, check, layout
 
 from einshard._src.analysis.program.rules_indexing import lookup_plans
+from einshard._src.analysis.program.trace import trace
+from einshard._src.testing.bounds import Measured, gaps, within_bound
+from einshard.testing import hlo
 
 
 def _axes(spec: P) -> set[str]:
@@ -87,6 +92,129 @@ PINNED = [
 )
 def test_pinned_lookups_match_xla(case: Case) -> None:
     check(case)
+
+
+def _rows(table: Any, ids: Any) -> Any:
+    # Equinox's Embedding (``weight[token]`` of one token) under vmap: a gather with the whole index vector and
+    # slice_sizes (1, d), no axis collapsed; its transpose a scatter-add of (1, d) windows, nothing inserted.
+    return jax.vmap(jax.vmap(lambda t: table[t]))(ids)
+
+
+def _clipped(table: Any, ids: Any) -> Any:
+    return jnp.take(table, ids, axis=0, mode="clip")
+
+
+def _gradient_laid_out_as_table(
+    fn: Any,
+    table: tuple[int, int] = (64, 32),
+    ids: tuple[int, int] = (8, 8),
+    specs: tuple[P, P] = (P("a"), P("a")),
+    rank: int = 2,
+) -> tuple[Measured, Any]:
+    """XLA's (kinds, bytes, peak) and explain's report for the gradient of sum(fn(table, ids) ** 2) with respect to
+    the table, returned in the table's layout (as the corpus's FSDP cases ask: out_shardings / out_specs); by
+    default an FSDP table t[64@a, 32] looked up by ids[8@a, 8] on (a=4, b=2)."""
+    mesh = _mesh(rank, False)
+    args = (jax.ShapeDtypeStruct(table, jnp.float32), jax.ShapeDtypeStruct(ids, jnp.int32))
+    grad = jax.grad(lambda t, i: jnp.sum(fn(t, i) ** 2))
+    with jax.set_mesh(mesh):
+        shardings = tuple(NamedSharding(mesh, s) for s in specs)
+        compiled = jax.jit(grad, in_shardings=shardings, out_shardings=shardings[0]).lower(*args).compile()
+    text = compiled.as_text()
+    m = compiled.memory_analysis()
+    peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    report = trace(grad, *args, mesh=dict(zip(mesh.axis_names, mesh.axis_sizes))).report(specs, [specs[0]])
+    return Measured(hlo.collective_counts(text), hlo.collective_bytes(text), float(peak)), report
+
+
+def _explained(report: Any) -> Measured:
+    kinds: Counter[str] = Counter()
+    sent = 0
+    for op in report.ops:
+        for c in op.collectives:
+            if c.group_size > 1:
+                kinds[c.kind] += op.repeat
+                sent += c.array_bytes * op.repeat
+    return Measured(kinds, sent, report.peak_bytes)
+
+
+def _rows(table: Any, ids: Any) -> Any:
+    # Equinox's Embedding (``weight[token]`` of one token) under vmap: a gather with the whole index vector and
+    # slice_sizes (1, d), no axis collapsed; its transpose a scatter-add of (1, d) windows, nothing inserted.
+    return jax.vmap(jax.vmap(lambda t: table[t]))(ids)
+
+
+def _clipped(table: Any, ids: Any) -> Any:
+    return jnp.take(table, ids, axis=0, mode="clip")
+
+
+@pytest.mark.parametrize("fn", [_rows, _clipped, _take], ids=["vmapped-rows", "take-clip", "take-fill"])
+def test_fsdp_lookup_gradient_moves_as_its_forward(fn: Any) -> None:
+    """The FSDP embedding gradient as the corpus asks it (eqx_bert's vmapped rows, a clipped and a filled take):
+    XLA's scatter-add mirrors the forward's moved lookup, the updates permuted onto 'b' and gathered, the
+    table's piece all-reduced there; in mode "clip" the scatter moves its own clamped ids too (a second permute
+    and gather of them).  Exactly XLA's collectives and bytes (eqx_bert's rows were a pending sum
+    reduce-scattered whole: two collectives and 1.6 KiB off), the peak within the lookups' memory range."""
+    want, report = _gradient_laid_out_as_table(fn)
+    got = _explained(report)
+    assert (got.kinds, got.sent) == (want.kinds, want.sent)
+    assert any(op.expression.startswith("scatter-add into the table's pieces") for op in report.ops)
+    low, high = MEMORY_BOUNDS[LOOKUP_MEMORY]
+    assert low <= got.peak / want.peak <= high
+
+
+@st.composite
+def table_gradient_case(draw: Any) -> tuple[Any, tuple[int, int], tuple[int, int], tuple[P, P], int]:
+    """An embedding's gradient returned in the table's layout: rows by a take (fill or clip) or Equinox's vmapped
+    scalar lookup, the table's rows and/or columns split, the ids' batch and/or sequence split, drawn apart."""
+    fn = draw(st.sampled_from([_take, _clipped, _rows]))
+    table = (draw(st.sampled_from([16, 64])), draw(st.sampled_from([16, 32])))
+    ids = (draw(st.sampled_from([8, 16])), draw(st.sampled_from([8, 16])))
+    rank, _, specs = draw(layout([table, ids]))
+    return fn, table, ids, specs, rank
+
+
+def _check_table_gradient(case: tuple[Any, tuple[int, int], tuple[int, int], tuple[P, P], int]) -> None:
+    fn, table, ids, specs, rank = case
+    feature = specs[0][1] if len(specs[0]) > 1 else None
+    if feature is not None and set((feature,) if isinstance(feature, str) else feature) & _axes(specs[1]):
+        reject()  # the features' split over the ids' mesh axis: lookup_case's rejection (two gathers of the ids)
+    want, report = _gradient_laid_out_as_table(fn, table, ids, specs, rank)
+    got = _explained(report)
+    gap = gaps(got, want, peak_range=MEMORY_BOUNDS[LOOKUP_MEMORY], peak_slack=SLACK_BYTES)
+    where = (fn.__name__, table, ids, specs, rank)
+    assert within_bound(gap, report.approximate_bound), (where, gap, report.approximate_bound, got, want)
+
+
+def test_table_gradient_summed_over_more_axes_than_asked_is_all_reduced_whole() -> None:
+    """t[16@b, 16] looked up by ids[8@(a, b), 8] on (4, 2), the gradient asked in t's layout: XLA scatters into the
+    whole table and all-reduces it over (a, b) before slicing its b piece (rules_indexing._summed_whole), not the
+    dot's reduce-scatter over b then all-reduce over a (the drawn test's first draw: one collective and 512 B off)."""
+    _check_table_gradient((_take, (16, 16), (8, 8), (P("b"), P(("a", "b"))), 2))
+    want, report = _gradient_laid_out_as_table(_take, (16, 16), (8, 8), (P("b"), P(("a", "b"))), 2)
+    assert (_explained(report).kinds, _explained(report).sent) == (want.kinds, want.sent)
+    assert any(op.expression == "scatter-add summed whole, then sliced" for op in report.ops)
+
+
+# The deep run's first miss (derandomized), in the forward lookup, not its gradient: t[64@b, 16] by
+# ids[8@(a, b), 8] (mesh 4 x 2): XLA all-gathers the table (4096 B), explain gathers the ids over b and
+# reduce-scatters the masked lookup (1088 B): lookup_plans' dry-run memory ranks the ids' way first (3136 B
+# against 6144 B), XLA's partitioner the table's, where the ids split over a mesh axis the table does not use
+# too.  Not reproduced yet: the drawn run is marked, not skipped (a fix shows as XPASS).
+TABLE_GRADIENT_MISS = (
+    "forward lookup choice: t[64@b, 16] by ids[8@(a, b), 8] (mesh 4 x 2): XLA gathers the table, explain the ids "
+    "(lookup_plans' dry-run memory ranking, ids split over an axis the table does not use)"
+)
+
+
+def test_drawn_table_gradients_match_xla() -> None:
+    FAST(given(table_gradient_case())(_check_table_gradient))()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason=TABLE_GRADIENT_MISS, strict=False)
+def test_drawn_table_gradients_match_xla_deep() -> None:
+    DEEP(given(table_gradient_case())(_check_table_gradient))()
 
 
 @st.composite

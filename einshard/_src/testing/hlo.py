@@ -258,7 +258,10 @@ def collectives(hlo_text: str) -> list[HloCollective]:
                 order.append(current)
                 entry = current if c.group("entry") else entry
             continue
-        args = [a.strip().lstrip("%") for a in m.group("args").split(",") if a.strip()]
+        # An operand past the fifth is printed after an /*index=N*/ comment: dropped, or the name would not
+        # match (a fusion's sixth operand, the all-reduce it slices, read as some other value's).
+        listed = re.sub(r"/\*.*?\*/", "", m.group("args"))
+        args = [a.strip().lstrip("%") for a in listed.split(",") if a.strip()]
         args = [a.split()[-1].lstrip("%") if " " in a else a for a in args]
         instrs.append((m.group("name"), m.group("shape"), m.group("op"), args, m.group("attrs"), line.strip()))
         comp_ops.setdefault(current, set()).add(m.group("op"))

@@ -1401,6 +1401,8 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
             table_used = {m for d in operand.dims for m in d}
             moved = tuple(m for m in w.costs.mesh_sizes if m in masked or not {m} & (idx_used | table_used))
             _record_lookup(w, eqn, phase, repeat, plan, moved, w.relayout(out_aval, wanted))
+            free_axes = tuple(m for m in moved if m not in masked)
+            w.env[Partial(eqn.outvars[0])] = moved_partial(w, out_aval, wanted, masked, free_axes, plan)
             if approx_note:
                 mark_approximate(w, start, approx_note, plan.bound)
             return [w.relayout(out_aval, wanted)]
@@ -1647,6 +1649,35 @@ def _record_lookup(
     w.record(eqn, phase, why, out, tuple(colls), 0.0, sum(c.time for c in colls), repeat)
 
 
+def moved_partial(
+    w: Walker,
+    out_aval: Any,
+    wanted: list[tuple[str, ...]],
+    masked: tuple[str, ...],
+    free_axes: tuple[str, ...],
+    plan: LookupPlan,
+) -> Layout:
+    """The layout of a moved lookup's partial result, held next to its sum while XLA all-reduces it (memory.py).
+
+    "move indices": each device looks up the indices moved onto the free axes, so its partial result is split
+    the moved way (the shared split's mesh axes replaced by as many free ones as it fits on: the gcd of the two),
+    larger than the result's piece where the free devices are fewer; "move table": the result's own piece."""
+    if plan.move != "move indices":
+        return w.relayout(out_aval, wanted)
+    sizes = w.costs.mesh_sizes
+    shared = math.prod(sizes[m] for m in masked if any(m in d for d in wanted))
+    ways = math.gcd(math.prod(sizes[m] for m in free_axes), shared)
+    dims = [tuple(m for m in d if m not in masked) for d in wanted]
+    at = next((k for k, d in enumerate(wanted) if set(d) & set(masked)), None)
+    if at is not None:
+        taken: tuple[str, ...] = ()
+        for m in free_axes:
+            if ways % (math.prod(sizes[a] for a in taken) * sizes[m]) == 0:
+                taken += (m,)
+        dims[at] = dims[at] + taken
+    return w.relayout(out_aval, dims)
+
+
 def fills(eqn: Any) -> bool:
     """Whether a gather or scatter drops out-of-bounds indices (``mode="fill"``): XLA masks them."""
     return "FILL" in str(eqn.params.get("mode", "")).upper()
@@ -1753,6 +1784,9 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
         moved = _moved_scatter_add(w, eqn, phase, repeat, updates, indices, split, dims, window, op_window)
         if moved is not None:
             return [moved]
+        whole = _summed_whole(w, eqn, phase, repeat, out, updates, split, window, op_window)
+        if whole is not None:
+            return [whole]
     if split and adds:
         # Each device adds its share of the updates into its own copy: partial sums over those axes,
         # left pending: the consumer settles them (an output laid out split is reduce-scattered, or
@@ -1945,7 +1979,7 @@ def _moved_scatter_add(
     want = requested_dims(w, eqn.outvars[0])
     if want is None or len(want) != len(dims) or is_free(updates) or is_free(indices):
         return None
-    scattered = [i for i in range(len(dims)) if i not in op_window]  # the table's indexed (inserted) axes
+    scattered = scattered_axes(out_aval.shape, updates.shape, window, op_window)
     table_split = tuple(m for i in scattered for m in want[i])
     if not table_split or set(table_split) != set(split):
         return None
@@ -1964,9 +1998,16 @@ def _moved_scatter_add(
     plan = lookup_plans(table_piece, index_piece, update_piece, shared, free, 1)[0]
     g = math.gcd(free, shared)
     gather = shared // g
-    indices_moved: list[tuple[SentKind, int, int]] = [("collective-permute", 2, update_piece)]
-    if gather > 1:
-        indices_moved.append(("all-gather", gather, update_piece * gather))
+    indices_moved: list[tuple[SentKind, int, int]] = []
+    # The updates move as the forward's indices did; in mode "clip" the indices move again with them (the
+    # scatter clamps them itself: a value of its own, not the forward's moved one), measured: jnp.take(t[64@a,
+    # 32], i[8@a, 8], mode="clip")'s gradient on (4, 2) permutes and gathers the s32[2, 8, 1] ids twice, in
+    # mode "fill" once.
+    moved_pieces = [update_piece, index_piece] if "CLIP" in str(eqn.params.get("mode", "")).upper() else [update_piece]
+    for piece in moved_pieces:
+        indices_moved.append(("collective-permute", 2, piece))
+        if gather > 1:
+            indices_moved.append(("all-gather", gather, piece * gather))
     indices_moved.append(("all-reduce", g, table_piece))
     table_moved: list[tuple[SentKind, int, int]] = [
         ("all-reduce", g, table_piece * gather),
@@ -1977,10 +2018,58 @@ def _moved_scatter_add(
     moved = replace(plan, steps=tuple(steps))
     axes = tuple(m for m in sizes if m in split or m in free_axes)
     _record_lookup(w, eqn, phase, repeat, moved, axes, table, "scatter-add into the table's pieces")
+    # Each device's scatter into its piece of the table is a partial sum, held next to the all-reduced piece
+    # (measured: XLA:CPU's wrapped_scatter and all-reduce buffers, both the table's piece).
+    w.env[Partial(eqn.outvars[0])] = table
     if plan.close:
         # The other way is the forward's runner-up, mirrored: the bound is the difference between the two.
         mark_approximate(w, start, plan.note, between(tuple(steps), tuple(other)))
     return table
+
+
+def _summed_whole(
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    out: Layout,
+    updates: Layout,
+    split: tuple[str, ...],
+    window: tuple[int, ...],
+    op_window: list[int],
+) -> Layout | None:
+    """A scatter-add into zeros asked split along its scattered axis over some, not all, of the mesh axes its
+    updates are split over (a table t[16@b] looked up by ids split over (a, b), its gradient in t's layout):
+    each device adds its updates into the whole table, and XLA all-reduces the whole table over all of those
+    axes, then slices its piece (measured: one all-reduce of f32[16, 16] over 8 devices; not the dot's
+    reduce-scatter over b and all-reduce over a, which the pending sum would be).  The table's rows over the
+    updates' own mesh axis would need every device's updates: the scatter runs on the whole table.  None: not
+    that case."""
+    out_aval = eqn.outvars[0].aval
+    want = requested_dims(w, eqn.outvars[0])
+    if want is None or len(want) != len(out.dims):
+        return None
+    scattered = scattered_axes(out_aval.shape, updates.shape, window, op_window)
+    asked = {m for i in scattered for m in want[i]}
+    if not asked or not asked < set(split):
+        return None
+    piece = math.prod(out.shard_shape) * itemsize(out_aval.dtype)
+    result = w.relayout(out_aval, want)
+    charge(w, eqn, phase, repeat, "all-reduce", split, [piece], "scatter-add summed whole, then sliced", result)
+    w.env[Partial(eqn.outvars[0])] = out  # each device's whole partial table, held next to its sum (memory.py)
+    return result
+
+
+def scattered_axes(
+    shape: tuple[int, ...], update_shape: tuple[int, ...], window: tuple[int, ...], op_window: list[int]
+) -> list[int]:
+    """The operand axes a scatter writes at indexed points: those its windows do not span whole.
+
+    Inserted axes, and window axes of size 1 on a longer axis too: a scalar index per row (Equinox's
+    ``weight[token]`` under ``vmap``) gathers with a full index vector and ``slice_sizes=(1, d)``, no axis
+    collapsed, and its transpose scatters windows ``(1, d)`` with nothing inserted; both are lookups of rows."""
+    spanned = {o for u, o in zip(window, op_window) if update_shape[u] == shape[o]}
+    return [i for i in range(len(shape)) if i not in spanned]
 
 
 def _free_updates(
