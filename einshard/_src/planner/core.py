@@ -29,7 +29,14 @@ from .result import Alternative, LayoutPlan
 from .roles import Parallel, megatron_pairs, weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
 from .search import exhaustive, guided_descent, sharded_parameters, tensor_parallel_starts
-from .verify import DEFAULT_VERIFY, Verified, verification_mesh, verify_assignments
+from .verify import (
+    DEFAULT_VERIFY,
+    Verified,
+    explicit_mesh_of,
+    refused_on,
+    verification_mesh,
+    verify_assignments,
+)
 
 if TYPE_CHECKING:
     from ..targets import Target
@@ -397,6 +404,11 @@ class _Checked:
     unverified: str = ""  # why no compile ran although the model is incomplete
     predicted_first: str = ""  # the search's first, by label, when the compiler ranked
     target_note: str = ""
+    # The caller's mesh has Explicit axes: the prediction is the program XLA lays out by propagation (Auto axes').
+    explicit: bool = False
+    # JAX's refusal of the chosen layout on those Explicit axes ('' where it types): the step, run as written on
+    # it, raises; it runs only under jax.sharding.auto_axes (or on Auto axes).
+    needs_auto_axes: str = ""
 
 
 def _verify(
@@ -422,8 +434,12 @@ def _verify(
         n_verify = 0
     elif tgt is not None:
         target_note = tgt.note()
+    explicit, typed_on = explicit_mesh_of(mesh, args, mesh_axes) if tgt is None else (False, None)
     if not n_verify:
-        return _Checked(order, predicted, target_note=target_note)
+        # Unverified on Explicit axes: the prediction ranked the untyped program; whether JAX types the chosen
+        # layout is one trace away, and a layout it refuses is said so (the plan's first line), never silently.
+        needs = "" if typed_on is None else _typed_refusal(fn, kwargs, space, order[0], typed_on)
+        return _Checked(order, predicted, target_note=target_note, explicit=explicit, needs_auto_axes=needs)
     from ..targets import target_mesh
 
     try:
@@ -435,7 +451,13 @@ def _verify(
     except EinshardError as err:
         if verify is not None:
             raise
-        return _Checked(order, predicted, unverified=str(err).splitlines()[0], target_note=target_note)
+        return _Checked(
+            order,
+            predicted,
+            unverified=str(err).splitlines()[0],
+            target_note=target_note,
+            explicit=explicit,
+        )
     candidates = [(space.label_of(a), a) for a in order[:n_verify]]
     name, preset = min(presets_assign.items(), key=lambda kv: costs.score(kv[1]).key)
     if preset not in order[:n_verify]:
@@ -456,7 +478,20 @@ def _verify(
         verification=tuple(row for row, _ in rows),
         predicted_first=candidates[0][0],
         target_note=target_note,
+        explicit=explicit,
+        needs_auto_axes=rows[0][0].refused,
     )
+
+
+def _typed_refusal(
+    fn: Callable[..., Any], kwargs: Mapping[str, Any], space: _Space, assign: Assign, mesh: jax.sharding.Mesh
+) -> str:
+    """JAX's refusal of ``assign``'s layouts on ``mesh``'s Explicit axes ('' where it types the step), traced as
+    ``verify=`` compiles it (the parameters' outputs laid out like them)."""
+    from .verify import _candidate
+
+    c = _candidate(space.costs, 0, "", assign)
+    return refused_on(fn, space.costs.args, c.in_specs, c.out_specs, mesh, **kwargs)
 
 
 # -- the choice -----------------------------------------------------------------------------------------------------
@@ -641,6 +676,23 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
         explanation = (
             _verification_note(checked.verification, checked.predicted.complete, checked.predicted_first) + explanation
         )
+    elif checked.needs_auto_axes:
+        explanation = (
+            f"JAX refuses this layout on the mesh's Explicit axes: {checked.needs_auto_axes}; the step runs it only "
+            "under jax.sharding.auto_axes (or on a mesh with Auto axes): verify=k compiles the best k and chooses "
+            "among those JAX accepts\n" + explanation
+        )
+    if checked.explicit and not checked.verification:
+        explanation += (
+            "\npredicted for the step as XLA lays it out by propagation (Auto axes); on this mesh's Explicit axes "
+            "JAX types every op from the arguments' layouts, and the compiled collectives can differ: verify=k "
+            "compiles the typed program"
+        )
+    if checked.needs_auto_axes:
+        warning = (warning + "; " if warning else "") + (
+            f"needs jax.sharding.auto_axes: JAX refuses the chosen layout on the mesh's Explicit axes: "
+            f"{checked.needs_auto_axes}"
+        )
     if checked.target_note:
         explanation = checked.target_note + "\n" + explanation
     if not checked.predicted.complete and not checked.verification:
@@ -668,17 +720,38 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
         planning_s=time.perf_counter() - run.start,
         compute_s=score.compute_s,
         verification=checked.verification,
+        needs_auto_axes=checked.needs_auto_axes,
     )
 
 
 def _verification_note(verification: tuple[Verified, ...], complete: bool, predicted_first: str) -> str:
-    """The explanation's first line about the compiler's check: whether it agreed with the search's first."""
+    """The explanation's first line about the compiler's check: whether it agreed with the search's first, and
+    which candidates JAX refused on the mesh's Explicit axes (ranked last, their numbers Auto axes')."""
     why = "" if complete else "the model is incomplete, "
     chosen = next(v for v in verification if v.chosen)
     first = next(v for v in verification if v.label == predicted_first)
+    refused = [v for v in verification if v.refused]
     line = f"verified with {chosen.compiler or 'XLA'} ({why}{len(verification)} candidates compiled, shapes only): "
+    if refused:
+        line += (
+            f"JAX refuses {len(refused)} of them on the mesh's Explicit axes (each row says where; compiled on Auto "
+            "axes instead, ranked after those it accepts); "
+        )
+    if chosen.refused:
+        return line + (
+            f"none is accepted: chose {chosen.label} by its Auto-axes compile ({human_time(chosen.compiled_time_s)}"
+            f"/step, {human_bytes(chosen.compiled_comm_bytes)} sent); it NEEDS jax.sharding.auto_axes: "
+            f"{chosen.refused}\n"
+        )
     if chosen is first:
         return line + f"the compiler agrees on {chosen.label}\n"
+    if first.refused:
+        return line + (
+            f"chose {chosen.label}, the best JAX accepts, by the compiled numbers ({human_time(chosen.compiled_time_s)}"
+            f"/step, {human_bytes(chosen.compiled_comm_bytes)} sent); the prediction's first, {first.label}, is "
+            f"refused: {first.refused}; on Auto axes it compiles to {human_time(first.compiled_time_s)}/step, "
+            f"{human_bytes(first.compiled_comm_bytes)} sent\n"
+        )
     return line + (
         f"chose {chosen.label} by the compiled numbers ({human_time(chosen.compiled_time_s)}/step, "
         f"{human_bytes(chosen.compiled_comm_bytes)} sent); the prediction's first, {first.label}, "
