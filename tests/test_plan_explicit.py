@@ -76,6 +76,8 @@ def test_candidates_jax_accepts_are_compiled_as_the_typed_program():
     r = einshard.plan(step, ONE, BATCH, mesh=mesh, verify=3, profile="cpu")
     assert r.verification and not any(v.refused for v in r.verification) and not r.needs_auto_axes
     assert all(v.compiled_axes == "the mesh's" for v in r.verification)
+    # The two columns are two programs on Explicit axes, and the explanation says which.
+    assert "predicted as the untyped step (Auto axes' propagation), compiled as the typed step" in r.explanation
     assert "REFUSED" not in str(r) and "NEEDS" not in str(r).splitlines()[0]
     chosen = next(v for v in r.verification if v.chosen)
     p_specs, x_spec = specs_of(r.rules, r.data_rules, ONE, BATCH, mesh)
@@ -211,6 +213,7 @@ def test_an_abstract_mesh_keeps_its_axis_types():
     assert any(v.refused for v in typed.verification) and not next(v for v in typed.verification if v.chosen).refused
     untyped = einshard.plan(step, MLP, BATCH, mesh=auto, verify=3, profile="cpu")
     assert not any(v.refused for v in untyped.verification) and not untyped.needs_auto_axes
+    assert "typed step" not in untyped.explanation and "Auto axes" not in untyped.explanation
     # Unverified: an Explicit AbstractMesh's choice is traced typed on this process's devices, and said so.
     unverified = einshard.plan(step, MLP, BATCH, mesh=explicit, verify=0, profile="cpu")
     assert unverified.needs_auto_axes and "Auto axes" in unverified.explanation

@@ -674,7 +674,10 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
         )
     if checked.verification:
         explanation = (
-            _verification_note(checked.verification, checked.predicted.complete, checked.predicted_first) + explanation
+            _verification_note(
+                checked.verification, checked.predicted.complete, checked.predicted_first, checked.explicit
+            )
+            + explanation
         )
     elif checked.needs_auto_axes:
         explanation = (
@@ -724,7 +727,9 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
     )
 
 
-def _verification_note(verification: tuple[Verified, ...], complete: bool, predicted_first: str) -> str:
+def _verification_note(
+    verification: tuple[Verified, ...], complete: bool, predicted_first: str, explicit: bool = False
+) -> str:
     """The explanation's first line about the compiler's check: whether it agreed with the search's first, and
     which candidates JAX refused on the mesh's Explicit axes (ranked last, their numbers Auto axes')."""
     why = "" if complete else "the model is incomplete, "
@@ -732,6 +737,10 @@ def _verification_note(verification: tuple[Verified, ...], complete: bool, predi
     first = next(v for v in verification if v.label == predicted_first)
     refused = [v for v in verification if v.refused]
     line = f"verified with {chosen.compiler or 'XLA'} ({why}{len(verification)} candidates compiled, shapes only): "
+    if explicit:
+        # On Explicit axes the two columns are two programs: the prediction ranks the untyped step (as XLA
+        # propagates it on Auto axes), the compile is the typed step; where they differ the compile decides.
+        line += "predicted as the untyped step (Auto axes' propagation), compiled as the typed step; "
     if refused:
         line += (
             f"JAX refuses {len(refused)} of them on the mesh's Explicit axes (each row says where; compiled on Auto "
