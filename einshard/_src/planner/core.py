@@ -672,6 +672,8 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
         explanation = (
             f"{chosen.beaten_by.label} beats every assignment searched{unchecked}; returned as the plan\n" + explanation
         )
+    # The refusal is the searched choice's: a user's preset that beat it is another layout (priced, not traced).
+    needs = checked.needs_auto_axes if chosen.beaten_by is None else ""
     if checked.verification:
         explanation = (
             _verification_note(
@@ -679,9 +681,9 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
             )
             + explanation
         )
-    elif checked.needs_auto_axes:
+    elif needs:
         explanation = (
-            f"JAX refuses this layout on the mesh's Explicit axes: {checked.needs_auto_axes}; the step runs it only "
+            f"JAX refuses this layout on the mesh's Explicit axes: {needs}; the step runs it only "
             "under jax.sharding.auto_axes (or on a mesh with Auto axes): verify=k compiles the best k and chooses "
             "among those JAX accepts\n" + explanation
         )
@@ -691,10 +693,9 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
             "JAX types every op from the arguments' layouts, and the compiled collectives can differ: verify=k "
             "compiles the typed program"
         )
-    if checked.needs_auto_axes:
+    if needs:
         warning = (warning + "; " if warning else "") + (
-            f"needs jax.sharding.auto_axes: JAX refuses the chosen layout on the mesh's Explicit axes: "
-            f"{checked.needs_auto_axes}"
+            f"needs jax.sharding.auto_axes: JAX refuses the chosen layout on the mesh's Explicit axes: {needs}"
         )
     if checked.target_note:
         explanation = checked.target_note + "\n" + explanation
@@ -723,7 +724,7 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
         planning_s=time.perf_counter() - run.start,
         compute_s=score.compute_s,
         verification=checked.verification,
-        needs_auto_axes=checked.needs_auto_axes,
+        needs_auto_axes=needs,
     )
 
 
