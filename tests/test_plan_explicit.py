@@ -217,3 +217,11 @@ def test_an_abstract_mesh_keeps_its_axis_types():
     # Unverified: an Explicit AbstractMesh's choice is traced typed on this process's devices, and said so.
     unverified = einshard.plan(step, MLP, BATCH, mesh=explicit, verify=0, profile="cpu")
     assert unverified.needs_auto_axes and "Auto axes" in unverified.explanation
+
+
+def test_the_cli_refuses_explicit_with_a_target_naming_both(capsys):
+    from einshard_apps.cli import main
+
+    assert main(["plan", "--explicit", "--target", "gpu:h100x8", "--width", "64", "--batch", "256"]) == 2
+    err = capsys.readouterr().err
+    assert "--explicit" in err and "--target" in err

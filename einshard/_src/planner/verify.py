@@ -269,6 +269,20 @@ def lower_on_shapes(
     ``args``) and ``out_specs`` (a pytree prefix of the output: PartitionSpec, or None for the compiler's
     choice), on ``mesh``: nothing is allocated.  Tracing is Python (it holds the GIL), so it runs in the
     caller's thread, with ``mesh`` in context as a user's step runs (an Explicit mesh's types need it)."""
+    jitted, shapes = _on_shapes(fn, args, in_specs, out_specs, mesh, kwargs)
+    with jax.set_mesh(mesh):
+        return jitted.lower(*shapes)
+
+
+def _on_shapes(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    in_specs: Sequence[Any],
+    out_specs: Any,
+    mesh: Mesh,
+    kwargs: dict[str, Any],
+) -> tuple[Any, tuple[Any, ...]]:
+    """``fn`` jitted with ``out_specs`` as its out_shardings, and ``args`` as shapes laid out as ``in_specs``."""
     leaves, treedef = jax.tree_util.tree_flatten(args)
     shapes = [
         jax.ShapeDtypeStruct(
@@ -282,8 +296,7 @@ def lower_on_shapes(
         is_leaf=lambda s: s is None or isinstance(s, jax.sharding.PartitionSpec),
     )
     jitted = jax.jit(functools.partial(fn, **kwargs), out_shardings=out_shardings)
-    with jax.set_mesh(mesh):
-        return jitted.lower(*jax.tree_util.tree_unflatten(treedef, shapes))
+    return jitted, tuple(jax.tree_util.tree_unflatten(treedef, shapes))
 
 
 def explicit_mesh_of(
@@ -324,23 +337,10 @@ def refused_on(
     """Whether JAX types ``fn`` with its arguments laid out as ``in_specs`` on ``mesh``'s Explicit axes (traced
     only, as :func:`lower_on_shapes` lays them out: nothing is lowered or compiled): '' where it does, else its
     refusal (:func:`refusal`).  The caller has traced ``fn`` untyped already, so any error here is the types'."""
-    leaves, treedef = jax.tree_util.tree_flatten(args)
-    shapes = [
-        jax.ShapeDtypeStruct(
-            tuple(x.shape), x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec or jax.sharding.PartitionSpec())
-        )
-        for x, spec in zip(leaves, in_specs)
-    ]
-    out_shardings = jax.tree_util.tree_map(
-        lambda s: None if s is None else jax.sharding.NamedSharding(mesh, s),
-        out_specs,
-        is_leaf=lambda s: s is None or isinstance(s, jax.sharding.PartitionSpec),
-    )
+    jitted, shapes = _on_shapes(fn, args, in_specs, out_specs, mesh, kwargs)
     try:
         with jax.set_mesh(mesh):
-            jax.jit(functools.partial(fn, **kwargs), out_shardings=out_shardings).trace(
-                *jax.tree_util.tree_unflatten(treedef, shapes)
-            )
+            jitted.trace(*shapes)
     except Exception as err:  # noqa: BLE001  (JAX's sharding errors have no common public type)
         return refusal(err)
     return ""
