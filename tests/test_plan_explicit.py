@@ -185,6 +185,8 @@ def test_an_unverified_plan_says_its_prediction_is_the_auto_programs_and_checks_
     # The cpu profile's choice is Megatron over both axes: JAX refuses it on Explicit axes, and the plan says so.
     assert r.needs_auto_axes.startswith("ShardingTypeError: Contracting dimensions are sharded")
     assert "NEEDS jax.sharding.auto_axes" in str(r).splitlines()[0] and "needs jax.sharding.auto_axes" in r.warning
+    # ... and names the best-ranked layout JAX does type (the one verify= chooses: test above).
+    assert "the best-ranked layout JAX accepts is preset dp (predicted " in r.explanation
     # A choice JAX types says nothing of the kind (and does type: placed as planned, the step traces).
     mesh = explicit_mesh()
     one = jax.value_and_grad(one_layer)

@@ -409,6 +409,7 @@ class _Checked:
     # JAX's refusal of the chosen layout on those Explicit axes ('' where it types): the step, run as written on
     # it, raises; it runs only under jax.sharding.auto_axes (or on Auto axes).
     needs_auto_axes: str = ""
+    accepted_instead: str = ""  # with needs_auto_axes and no compile: the best-ranked layout JAX does type, if any
 
 
 def _verify(
@@ -439,7 +440,19 @@ def _verify(
         # Unverified on Explicit axes: the prediction ranked the untyped program; whether JAX types the chosen
         # layout is one trace away, and a layout it refuses is said so (the plan's first line), never silently.
         needs = "" if typed_on is None else _typed_refusal(fn, kwargs, space, order[0], typed_on)
-        return _Checked(order, predicted, target_note=target_note, explicit=explicit, needs_auto_axes=needs)
+        accepted = (
+            ""
+            if not needs or typed_on is None
+            else _accepted_instead(fn, kwargs, space, order, presets_assign, typed_on)
+        )
+        return _Checked(
+            order,
+            predicted,
+            target_note=target_note,
+            explicit=explicit,
+            needs_auto_axes=needs,
+            accepted_instead=accepted,
+        )
     from ..targets import target_mesh
 
     try:
@@ -481,6 +494,34 @@ def _verify(
         explicit=explicit,
         needs_auto_axes=rows[0][0].refused,
     )
+
+
+# How many of the next-ranked layouts an unverified plan traces typed, when JAX refuses its choice, to name the best
+# one JAX accepts (a trace each: ~8 ms CPU for the demo transformer's step, against 2.7 s for its plan).
+ACCEPTED_SEARCH = 8
+
+
+def _accepted_instead(
+    fn: Callable[..., Any],
+    kwargs: Mapping[str, Any],
+    space: _Space,
+    order: list[Assign],
+    presets_assign: Mapping[str, Assign],
+    mesh: jax.sharding.Mesh,
+) -> str:
+    """Where JAX refuses the unverified choice: the best by the prediction of the next :data:`ACCEPTED_SEARCH`
+    ranked layouts and the presets that JAX types on ``mesh``, with its predicted time against the choice's ('' where
+    none of them types)."""
+    chosen = space.costs.score(order[0])
+    named = {a: space.label_of(a) for a in order[1 : 1 + ACCEPTED_SEARCH]}
+    for name, a in presets_assign.items():
+        named.setdefault(a, f"preset {name}")
+    for assign in sorted(named, key=lambda a: space.costs.score(a).key):
+        if assign != order[0] and not _typed_refusal(fn, kwargs, space, assign, mesh):
+            score = space.costs.score(assign)
+            slower = score.time_s / chosen.time_s - 1 if chosen.time_s else 0.0
+            return f"{named[assign]} (predicted {human_time(score.time_s)}/step, {slower:+.0%})"
+    return ""
 
 
 def _typed_refusal(
@@ -682,10 +723,15 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
             + explanation
         )
     elif needs:
+        runs = (
+            f"the best-ranked layout JAX accepts is {checked.accepted_instead}"
+            if checked.accepted_instead
+            else f"JAX refuses the next {ACCEPTED_SEARCH} ranked layouts and the presets too"
+        )
         explanation = (
             f"JAX refuses this layout on the mesh's Explicit axes: {needs}; the step runs it only "
-            "under jax.sharding.auto_axes (or on a mesh with Auto axes): verify=k compiles the best k and chooses "
-            "among those JAX accepts\n" + explanation
+            f"under jax.sharding.auto_axes (or on a mesh with Auto axes); {runs}; verify=k compiles the best k and "
+            "chooses among those JAX accepts\n" + explanation
         )
     if checked.explicit and not checked.verification:
         explanation += (
