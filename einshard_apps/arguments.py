@@ -243,6 +243,12 @@ def plan(parser: argparse.ArgumentParser) -> None:
         help="compile the K best layouts and the best preset with XLA (shapes only) and choose by the compiled "
         "collectives and memory (K default 3; 0: never; default: on when the model has ops without a rule)",
     )
+    parser.add_argument(
+        "--explicit",
+        action="store_true",
+        help="plan on a mesh with Explicit axes (jax.make_mesh's default, as a user's step runs on it) instead of "
+        "sizes: --verify compiles each candidate as that typed program, and names the layouts JAX refuses there",
+    )
     parser.add_argument("--objective", default="training", choices=["training", "inference", "memory", "communication"])
     parser.add_argument(
         "--batch",

@@ -4,6 +4,7 @@
     einshard plan --model transformer --mesh data=4,model=2 --rules-out rules.json
     einshard demo --rules rules.json                      # train with the planned layout
     einshard plan --mesh data=4,model=2 --verify          # check the 3 best and the best preset with XLA
+    einshard plan --mesh data=4,model=2 --verify --explicit   # ... as typed programs on Explicit axes
 
 ``--model mlp`` is ``relu(X @ W1) @ W2`` (widths scaled by ``--width``);
 ``--model transformer`` is the demo's transformer (``einshard demo``'s default
@@ -13,7 +14,8 @@ tpu:v5p:4x4x4`` plans for a TPU slice (its profile, HBM as the default budget,
 its default mesh) and ``--verify`` then compiles with the TPU compiler
 (``einshard[tpu]``); ``--target gpu:h100x8`` is a profile only.  Both are planned as a training step (loss and gradients); nothing is
 allocated (``--verify [K]`` compiles the K best candidates, shapes only, and
-chooses by XLA's numbers).  Times are for ``--profile`` (default: this
+chooses by XLA's numbers; with ``--explicit`` on a mesh with Explicit axes, jax.make_mesh's default, where a
+layout JAX refuses is printed as refused and ranked last).  Times are for ``--profile`` (default: this
 machine's), named on the plan's first line.  ``--rules-out`` writes the rules file ``einshard demo
 --rules`` reads: ``{"params": {pattern: expression}, "batch": expression, "mesh": ...}``.
 """
@@ -81,11 +83,19 @@ def run(args: argparse.Namespace) -> int:
             else (lambda p, b: jax.nn.relu(b @ p["w1"]) @ p["w2"])
         )
         title = f"model: Z = relu(X[b={batch.shape[0]}, x={x}] @ W1[x, y={y}]) @ W2[y, z={z}], {args.objective} step"
+    on: Any = mesh
+    if args.explicit:
+        # jax.make_mesh's default axis types (Explicit): each candidate is then the typed program a user's step is.
+        if target is not None:
+            from einshard.errors import EinshardError
+
+            raise EinshardError("einshard plan: --explicit plans on this machine's devices; it does not take --target")
+        on = jax.make_mesh(tuple(mesh.values()), tuple(mesh), axis_types=(jax.sharding.AxisType.Explicit,) * len(mesh))
     result = plan(
         fn,
         params,
         batch,
-        mesh=mesh,
+        mesh=on,
         profile=args.profile,
         memory_budget=args.budget,
         objective=args.objective,

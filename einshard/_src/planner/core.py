@@ -29,7 +29,14 @@ from .result import Alternative, LayoutPlan
 from .roles import Parallel, megatron_pairs, weight_roles
 from .scoring import Costs, Score, preset_assignments, user_preset
 from .search import exhaustive, guided_descent, sharded_parameters, tensor_parallel_starts
-from .verify import DEFAULT_VERIFY, Verified, verification_mesh, verify_assignments
+from .verify import (
+    DEFAULT_VERIFY,
+    Verified,
+    explicit_mesh_of,
+    refused_on,
+    verification_mesh,
+    verify_assignments,
+)
 
 if TYPE_CHECKING:
     from ..targets import Target
@@ -397,6 +404,12 @@ class _Checked:
     unverified: str = ""  # why no compile ran although the model is incomplete
     predicted_first: str = ""  # the search's first, by label, when the compiler ranked
     target_note: str = ""
+    # The caller's mesh has Explicit axes: the prediction is the program XLA lays out by propagation (Auto axes').
+    explicit: bool = False
+    # JAX's refusal of the chosen layout on those Explicit axes ('' where it types): the step, run as written on
+    # it, raises; it runs only under jax.sharding.auto_axes (or on Auto axes).
+    needs_auto_axes: str = ""
+    accepted_instead: str = ""  # with needs_auto_axes and no compile: the best-ranked layout JAX does type, if any
 
 
 def _verify(
@@ -422,8 +435,24 @@ def _verify(
         n_verify = 0
     elif tgt is not None:
         target_note = tgt.note()
+    explicit, typed_on = explicit_mesh_of(mesh, args, mesh_axes) if tgt is None else (False, None)
     if not n_verify:
-        return _Checked(order, predicted, target_note=target_note)
+        # Unverified on Explicit axes: the prediction ranked the untyped program; whether JAX types the chosen
+        # layout is one trace away, and a layout it refuses is said so (the plan's first line), never silently.
+        needs = "" if typed_on is None else _typed_refusal(fn, kwargs, space, order[0], typed_on)
+        accepted = (
+            ""
+            if not needs or typed_on is None
+            else _accepted_instead(fn, kwargs, space, order, presets_assign, typed_on)
+        )
+        return _Checked(
+            order,
+            predicted,
+            target_note=target_note,
+            explicit=explicit,
+            needs_auto_axes=needs,
+            accepted_instead=accepted,
+        )
     from ..targets import target_mesh
 
     try:
@@ -435,7 +464,13 @@ def _verify(
     except EinshardError as err:
         if verify is not None:
             raise
-        return _Checked(order, predicted, unverified=str(err).splitlines()[0], target_note=target_note)
+        return _Checked(
+            order,
+            predicted,
+            unverified=str(err).splitlines()[0],
+            target_note=target_note,
+            explicit=explicit,
+        )
     candidates = [(space.label_of(a), a) for a in order[:n_verify]]
     name, preset = min(presets_assign.items(), key=lambda kv: costs.score(kv[1]).key)
     if preset not in order[:n_verify]:
@@ -456,7 +491,48 @@ def _verify(
         verification=tuple(row for row, _ in rows),
         predicted_first=candidates[0][0],
         target_note=target_note,
+        explicit=explicit,
+        needs_auto_axes=rows[0][0].refused,
     )
+
+
+# How many of the next-ranked layouts an unverified plan traces typed, when JAX refuses its choice, to name the best
+# one JAX accepts (a trace each: ~8 ms CPU for the demo transformer's step, against 2.7 s for its plan).
+ACCEPTED_SEARCH = 8
+
+
+def _accepted_instead(
+    fn: Callable[..., Any],
+    kwargs: Mapping[str, Any],
+    space: _Space,
+    order: list[Assign],
+    presets_assign: Mapping[str, Assign],
+    mesh: jax.sharding.Mesh,
+) -> str:
+    """Where JAX refuses the unverified choice: the best by the prediction of the next :data:`ACCEPTED_SEARCH`
+    ranked layouts and the presets that JAX types on ``mesh``, with its predicted time against the choice's ('' where
+    none of them types)."""
+    chosen = space.costs.score(order[0])
+    named = {a: space.label_of(a) for a in order[1 : 1 + ACCEPTED_SEARCH]}
+    for name, a in presets_assign.items():
+        named.setdefault(a, f"preset {name}")
+    for assign in sorted(named, key=lambda a: space.costs.score(a).key):
+        if assign != order[0] and not _typed_refusal(fn, kwargs, space, assign, mesh):
+            score = space.costs.score(assign)
+            slower = score.time_s / chosen.time_s - 1 if chosen.time_s else 0.0
+            return f"{named[assign]} (predicted {human_time(score.time_s)}/step, {slower:+.0%})"
+    return ""
+
+
+def _typed_refusal(
+    fn: Callable[..., Any], kwargs: Mapping[str, Any], space: _Space, assign: Assign, mesh: jax.sharding.Mesh
+) -> str:
+    """JAX's refusal of ``assign``'s layouts on ``mesh``'s Explicit axes ('' where it types the step), traced as
+    ``verify=`` compiles it (the parameters' outputs laid out like them)."""
+    from .verify import _candidate
+
+    c = _candidate(space.costs, 0, "", assign)
+    return refused_on(fn, space.costs.args, c.in_specs, c.out_specs, mesh, **kwargs)
 
 
 # -- the choice -----------------------------------------------------------------------------------------------------
@@ -637,9 +713,35 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
         explanation = (
             f"{chosen.beaten_by.label} beats every assignment searched{unchecked}; returned as the plan\n" + explanation
         )
+    # The refusal is the searched choice's: a user's preset that beat it is another layout (priced, not traced).
+    needs = checked.needs_auto_axes if chosen.beaten_by is None else ""
     if checked.verification:
         explanation = (
-            _verification_note(checked.verification, checked.predicted.complete, checked.predicted_first) + explanation
+            _verification_note(
+                checked.verification, checked.predicted.complete, checked.predicted_first, checked.explicit
+            )
+            + explanation
+        )
+    elif needs:
+        runs = (
+            f"the best-ranked layout JAX accepts is {checked.accepted_instead}"
+            if checked.accepted_instead
+            else f"JAX refuses the next {ACCEPTED_SEARCH} ranked layouts and the presets too"
+        )
+        explanation = (
+            f"JAX refuses this layout on the mesh's Explicit axes: {needs}; the step runs it only "
+            f"under jax.sharding.auto_axes (or on a mesh with Auto axes); {runs}; verify=k compiles the best k and "
+            "chooses among those JAX accepts\n" + explanation
+        )
+    if checked.explicit and not checked.verification:
+        explanation += (
+            "\npredicted for the step as XLA lays it out by propagation (Auto axes); on this mesh's Explicit axes "
+            "JAX types every op from the arguments' layouts, and the compiled collectives can differ: verify=k "
+            "compiles the typed program"
+        )
+    if needs:
+        warning = (warning + "; " if warning else "") + (
+            f"needs jax.sharding.auto_axes: JAX refuses the chosen layout on the mesh's Explicit axes: {needs}"
         )
     if checked.target_note:
         explanation = checked.target_note + "\n" + explanation
@@ -668,17 +770,44 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
         planning_s=time.perf_counter() - run.start,
         compute_s=score.compute_s,
         verification=checked.verification,
+        needs_auto_axes=needs,
     )
 
 
-def _verification_note(verification: tuple[Verified, ...], complete: bool, predicted_first: str) -> str:
-    """The explanation's first line about the compiler's check: whether it agreed with the search's first."""
+def _verification_note(
+    verification: tuple[Verified, ...], complete: bool, predicted_first: str, explicit: bool = False
+) -> str:
+    """The explanation's first line about the compiler's check: whether it agreed with the search's first, and
+    which candidates JAX refused on the mesh's Explicit axes (ranked last, their numbers Auto axes')."""
     why = "" if complete else "the model is incomplete, "
     chosen = next(v for v in verification if v.chosen)
     first = next(v for v in verification if v.label == predicted_first)
+    refused = [v for v in verification if v.refused]
     line = f"verified with {chosen.compiler or 'XLA'} ({why}{len(verification)} candidates compiled, shapes only): "
+    if explicit:
+        # On Explicit axes the two columns are two programs: the prediction ranks the untyped step (as XLA
+        # propagates it on Auto axes), the compile is the typed step; where they differ the compile decides.
+        line += "predicted as the untyped step (Auto axes' propagation), compiled as the typed step; "
+    if refused:
+        line += (
+            f"JAX refuses {len(refused)} of them on the mesh's Explicit axes (each row says where; compiled on Auto "
+            "axes instead, ranked after those it accepts); "
+        )
+    if chosen.refused:
+        return line + (
+            f"none is accepted: chose {chosen.label} by its Auto-axes compile ({human_time(chosen.compiled_time_s)}"
+            f"/step, {human_bytes(chosen.compiled_comm_bytes)} sent); it NEEDS jax.sharding.auto_axes: "
+            f"{chosen.refused}\n"
+        )
     if chosen is first:
         return line + f"the compiler agrees on {chosen.label}\n"
+    if first.refused:
+        return line + (
+            f"chose {chosen.label}, the best JAX accepts, by the compiled numbers ({human_time(chosen.compiled_time_s)}"
+            f"/step, {human_bytes(chosen.compiled_comm_bytes)} sent); the prediction's first, {first.label}, is "
+            f"refused: {first.refused}; on Auto axes it compiles to {human_time(first.compiled_time_s)}/step, "
+            f"{human_bytes(first.compiled_comm_bytes)} sent\n"
+        )
     return line + (
         f"chose {chosen.label} by the compiled numbers ({human_time(chosen.compiled_time_s)}/step, "
         f"{human_bytes(chosen.compiled_comm_bytes)} sent); the prediction's first, {first.label}, "

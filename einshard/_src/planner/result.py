@@ -56,7 +56,12 @@ class LayoutPlan:
         strategies: a short strategy name per parameter group (and ``batch``).
         method: ``'exhaustive'`` or ``'coordinate descent'``; evaluated: how many assignments were costed.
         verification: when ``plan(verify=k)`` compiled candidates (or the model was incomplete), each one's
-            predicted and compiled numbers (:class:`~einshard.planner.verify.Verified`), the chosen marked.
+            predicted and compiled numbers (:class:`~einshard.planner.verify.Verified`), the chosen marked; on
+            a mesh with Explicit axes a layout JAX refuses is marked ``refused`` (its compiled numbers are then
+            those of the same layout on Auto axes) and ranked after those it accepts.
+        needs_auto_axes: where JAX refuses the chosen layout on the mesh's Explicit axes (it refused every
+            verified candidate, or the unverified choice): its error and the user's line; the step, run as
+            written, raises there, and runs the layout only under ``jax.sharding.auto_axes``.  '' otherwise.
         pipeline: when the choice is a pipeline (``plan(pipeline=PipelineSearch(...))``), its
             :class:`~.pipelines.PipelineCost` (schedule, micro-batches, bubble, activation bytes;
             ``pipeline.candidate.pipeline_kwargs()`` for :func:`einshard.pipeline`); ``report`` is then
@@ -83,6 +88,9 @@ class LayoutPlan:
     compute_s: float = 0.0
     pipeline: Any = None
     verification: tuple[Any, ...] = ()  # einshard.planner.verify.Verified: predicted vs compiled, per candidate
+    # JAX's refusal of the chosen layout on the mesh's Explicit axes ('' where it types the step, or the mesh has
+    # none): the step runs it only under jax.sharding.auto_axes; the first line of str() says so.
+    needs_auto_axes: str = ""
 
     def place(self, params: Any, *data: Any, mesh: MeshLike | None = None, axis_rules: Any = None) -> tuple[Any, ...]:
         """``(params, *data)`` laid out by the plan's rules (``einshard.einshard`` on each; ``axis_rules`` for
@@ -152,6 +160,7 @@ class LayoutPlan:
             "complete": self.report.complete,
             "unfollowed_at": list(self.report.unfollowed_at),
             "verification": [v.to_dict() for v in self.verification],
+            "needs_auto_axes": self.needs_auto_axes,
         }
 
     def __str__(self) -> str:
@@ -164,7 +173,12 @@ class LayoutPlan:
             f"plan ({self.objective}, budget {budget}, profile {profile}{checked}): {human_time(self.time_s)}/step, "
             f"{human_bytes(self.memory_bytes)}/device, {human_bytes(self.comm_bytes)} sent/device"
             + ("" if self.fits else "  ** DOES NOT FIT **")
-            + _compiled_summary(self.verification),
+            + _compiled_summary(self.verification)
+            + (
+                "  ** NEEDS jax.sharding.auto_axes: JAX refuses this layout on the mesh's Explicit axes (why:) **"
+                if self.needs_auto_axes
+                else ""
+            ),
             "rules:",
         ]
         width = max([len(p) for p in self.rules] + [10])
@@ -197,7 +211,8 @@ def _compiled_summary(verification: tuple[Any, ...]) -> str:
     chosen = next((v for v in verification if v.chosen), None)
     if chosen is None:
         return ""
+    on = " on Auto axes" if getattr(chosen, "refused", "") else ""  # not the Explicit mesh's program: said so
     return (
-        f"  (compiled: {human_time(chosen.compiled_time_s)}/step, {human_bytes(chosen.compiled_memory)}/device, "
+        f"  (compiled{on}: {human_time(chosen.compiled_time_s)}/step, {human_bytes(chosen.compiled_memory)}/device, "
         f"{human_bytes(chosen.compiled_comm_bytes)} sent/device)"
     )

@@ -28,6 +28,16 @@ memory; ``'communication'``: compiled bytes sent), those within the budget
 first, the prediction's order breaking ties; the first is the plan.  Where
 the compiler agrees with the prediction, that is the prediction's choice.
 
+**Explicit axes.**  On a mesh with Explicit axes (``jax.make_mesh``'s default) each candidate is the *typed*
+program: its arguments carry the candidate's layout in their types, as arrays placed so would, and JAX types
+every op from them.  JAX refuses some of those programs while tracing (a contraction split on both operands:
+*"Contracting dimensions are sharded and it is ambiguous how the output should be sharded"*); the user's step,
+run as written on that layout, raises the same.  Such a candidate is *refused*: its row says so (JAX's first
+line, at the user's source line, as ``explain`` reports the same layout), it is compiled on the same devices
+with Auto axes (the program as ``jax.sharding.auto_axes`` would run it) and shows those numbers labelled as
+such, and it ranks after every candidate JAX accepts.  Only where JAX refuses them all is one chosen, and then
+the plan's first line says it needs ``auto_axes``.
+
 **The cost.**  A 7B step's TPU compile is minutes of CPU, so each program is
 compiled once: candidates whose shardings are equal (their assignments differ
 only where no leaf's spec shows it) share one compile; each distinct program
@@ -43,7 +53,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +69,7 @@ from .scoring import Costs, Score, settled
 
 __all__ = [
     "Verified",
+    "OnAuto",
     "DEFAULT_VERIFY",
     "predicted_kinds",
     "verification_mesh",
@@ -67,6 +78,9 @@ __all__ = [
     "read_compiled",
     "compile_and_read",
     "compile_workers",
+    "explicit_mesh_of",
+    "refusal",
+    "refused_on",
     "verify_assignments",
 ]
 
@@ -116,6 +130,14 @@ class Verified:
     predicted_compute_s: float = 0.0
     compiled_compute_s: float = 0.0
     compute_from: str = "prediction"
+    # JAX's refusal of this layout on the mesh's Explicit axes (its error's first line, at the user's line): the
+    # compiled_* numbers are then the program compiled with Auto axes on the same devices (module doc), not this one.
+    refused: str = ""
+
+    @property
+    def compiled_axes(self) -> str:
+        """Whose axes the compiled numbers are: ``'Auto'`` for a refused candidate, else the mesh's own."""
+        return "Auto" if self.refused else "the mesh's"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -142,6 +164,8 @@ class Verified:
             "fits": self.fits,
             "chosen": self.chosen,
             "error": self.error,
+            "refused": self.refused,
+            "compiled_axes": self.compiled_axes,
         }
 
     def line(self) -> str:
@@ -154,20 +178,27 @@ class Verified:
         # Both sides counted per collective, before XLA's combiner merges any (compiled_count counts each piece of a
         # tuple-shaped op; predicted_count is the planner's combined ops, priced α once each).
         predicted = sum(self.predicted_kinds.values()) if self.predicted_kinds else self.predicted_count
-        return (
-            f"{mark} {self.label:<34} time {human_time(self.predicted_time_s)} -> {human_time(self.compiled_time_s)}"
+        numbers = (
+            f"time {human_time(self.predicted_time_s)} -> {human_time(self.compiled_time_s)}"
             f"  compute {human_time(self.predicted_compute_s)} -> {human_time(self.compiled_compute_s)}"
             f"  sent {human_bytes(self.predicted_comm_bytes)} -> {human_bytes(self.compiled_comm_bytes)}"
             f"  collectives {predicted} -> {self.compiled_count}"
             f"  memory {human_bytes(self.predicted_memory)} -> {human_bytes(self.compiled_memory)}{fit}"
-            + (
-                ""
-                if self.predicted_kinds == self.compiled_kinds
-                # explain names each collective it predicts; the compiled program's pieces are counted alike.
-                else f"\n      kinds {_kinds(self.predicted_kinds)} before combining -> {_kinds(self.compiled_kinds)} "
-                f"compiled ({self.compiler})"
-            )
         )
+        kinds = (
+            ""
+            if self.predicted_kinds == self.compiled_kinds
+            # explain names each collective it predicts; the compiled program's pieces are counted alike.
+            else f"\n      kinds {_kinds(self.predicted_kinds)} before combining -> {_kinds(self.compiled_kinds)} "
+            f"compiled ({self.compiler}{', Auto axes' if self.refused else ''})"
+        )
+        if self.refused:
+            # Not this mesh's program: JAX refuses it as written; the numbers are the Auto-axes compile's, said so.
+            return (
+                f"{mark} {self.label:<34} REFUSED by JAX on the mesh's Explicit axes: {self.refused}\n"
+                f"      compiled on Auto axes instead (as jax.sharding.auto_axes would run it): {numbers}{kinds}"
+            )
+        return f"{mark} {self.label:<34} {numbers}{kinds}"
 
 
 def _kinds(kinds: dict[str, int]) -> str:
@@ -189,8 +220,9 @@ def verification_mesh(
     """A concrete ``jax.sharding.Mesh`` to compile on: the caller's own (``mesh=``, ``jax.set_mesh``, the
     arguments'), else one built on this process's devices.
 
-    A plan made from sizes (``mesh={'data': 4}``) or an AbstractMesh compiles on the first devices, with
-    Auto axes (the compiler propagates layouts through whatever ``fn`` does, as ``jax.jit`` runs it).
+    A plan made from sizes (``mesh={'data': 4}``) compiles on the first devices, with Auto axes (the compiler
+    propagates layouts through whatever ``fn`` does, as ``jax.jit`` runs it); one made on an AbstractMesh, on the
+    first devices with its axis types.
 
     Raises:
         EinshardError: the mesh needs more devices than this process has.
@@ -210,9 +242,13 @@ def verification_mesh(
             hint="Verify on a machine (or simulated CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=N) "
             "with the mesh's devices, or pass verify=0 to rank on the prediction alone.",
         )
-    auto = (jax.sharding.AxisType.Auto,) * len(mesh_axes)
+    # A user's AbstractMesh keeps its axis types (Explicit ones type each candidate as its step would be typed).
+    names = tuple(m.name for m in mesh_axes)
+    types = (jax.sharding.AxisType.Auto,) * len(mesh_axes)
+    if isinstance(mesh, jax.sharding.AbstractMesh) and tuple(mesh.axis_names) == names:
+        types = tuple(mesh.axis_types)
     return jax.make_mesh(
-        tuple(m.size for m in mesh_axes), tuple(m.name for m in mesh_axes), axis_types=auto, devices=devices[:n]
+        tuple(m.size for m in mesh_axes), tuple(m.name for m in mesh_axes), axis_types=types, devices=devices[:n]
     )
 
 
@@ -233,6 +269,20 @@ def lower_on_shapes(
     ``args``) and ``out_specs`` (a pytree prefix of the output: PartitionSpec, or None for the compiler's
     choice), on ``mesh``: nothing is allocated.  Tracing is Python (it holds the GIL), so it runs in the
     caller's thread, with ``mesh`` in context as a user's step runs (an Explicit mesh's types need it)."""
+    jitted, shapes = _on_shapes(fn, args, in_specs, out_specs, mesh, kwargs)
+    with jax.set_mesh(mesh):
+        return jitted.lower(*shapes)
+
+
+def _on_shapes(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    in_specs: Sequence[Any],
+    out_specs: Any,
+    mesh: Mesh,
+    kwargs: dict[str, Any],
+) -> tuple[Any, tuple[Any, ...]]:
+    """``fn`` jitted with ``out_specs`` as its out_shardings, and ``args`` as shapes laid out as ``in_specs``."""
     leaves, treedef = jax.tree_util.tree_flatten(args)
     shapes = [
         jax.ShapeDtypeStruct(
@@ -246,8 +296,54 @@ def lower_on_shapes(
         is_leaf=lambda s: s is None or isinstance(s, jax.sharding.PartitionSpec),
     )
     jitted = jax.jit(functools.partial(fn, **kwargs), out_shardings=out_shardings)
-    with jax.set_mesh(mesh):
-        return jitted.lower(*jax.tree_util.tree_unflatten(treedef, shapes))
+    return jitted, tuple(jax.tree_util.tree_unflatten(treedef, shapes))
+
+
+def explicit_mesh_of(
+    mesh: MeshLike | None, args: Sequence[Any], mesh_axes: tuple[MeshAxis, ...]
+) -> tuple[bool, Mesh | None]:
+    """Whether the caller's mesh (``mesh=``, ``jax.set_mesh``, the arguments') has Explicit axes, and a concrete
+    mesh with those axis types to trace candidates on (the caller's own, else :func:`verification_mesh`'s for a
+    user's AbstractMesh; None where this process lacks its devices).  Sizes (``mesh={'data': 4}``) are planned as
+    the program JAX runs on Auto axes: (False, None)."""
+    from ..core.mesh import explicit_axes, resolve_mesh
+
+    if isinstance(mesh, Mapping):
+        return False, None
+    try:
+        found = resolve_mesh(mesh, args, what="plan()", check_operands=False, required=False)
+    except EinshardError:
+        return False, None
+    if found is None or not explicit_axes(found):
+        return False, None
+    if isinstance(found, jax.sharding.Mesh) and not found.empty:
+        return True, found
+    if not isinstance(mesh, jax.sharding.AbstractMesh):
+        return False, None  # an AbstractMesh of JAX's own making (from sizes): not the user's types
+    try:
+        return True, verification_mesh(mesh, args, mesh_axes)
+    except EinshardError:
+        return True, None
+
+
+def refused_on(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    in_specs: Sequence[Any],
+    out_specs: Any,
+    mesh: Mesh,
+    **kwargs: Any,
+) -> str:
+    """Whether JAX types ``fn`` with its arguments laid out as ``in_specs`` on ``mesh``'s Explicit axes (traced
+    only, as :func:`lower_on_shapes` lays them out: nothing is lowered or compiled): '' where it does, else its
+    refusal (:func:`refusal`).  The caller has traced ``fn`` untyped already, so any error here is the types'."""
+    jitted, shapes = _on_shapes(fn, args, in_specs, out_specs, mesh, kwargs)
+    try:
+        with jax.set_mesh(mesh):
+            jitted.trace(*shapes)
+    except Exception as err:  # noqa: BLE001  (JAX's sharding errors have no common public type)
+        return refusal(err)
+    return ""
 
 
 def read_compiled(compiled: Any, profile: Profile) -> Numbers:
@@ -389,6 +485,26 @@ def _auto(mesh: Mesh) -> Mesh:
 _PENDING: Numbers = (0.0, 0.0, 0, None, None, {})  # a compile not yet read (replaced before _compile_all returns)
 
 
+@dataclass(frozen=True)
+class OnAuto:
+    """A candidate JAX refuses on the mesh's Explicit axes: why (:func:`refusal`), and the numbers of the same
+    layout compiled with Auto axes on the same devices (the program ``jax.sharding.auto_axes`` would run)."""
+
+    refused: str
+    numbers: Numbers
+
+
+def refusal(err: BaseException) -> str:
+    """JAX's refusal on one line: its type and first line, and where in the user's code (as ``explain``'s explicit
+    findings name it: the innermost frame outside JAX and libraries) when the traceback reaches it."""
+    from ..analysis.explicit import _plain_message, _user_line
+
+    text = str(err).strip()
+    first = _plain_message(text.splitlines()[0]) if text else ""
+    where = _user_line(err)
+    return f"{type(err).__name__}: {first}" + ("" if where == "unknown" else f" (at {where})")
+
+
 def _compile_all(
     fn: Callable[..., Any],
     costs: Costs,
@@ -396,20 +512,27 @@ def _compile_all(
     mesh: Mesh,
     kwargs: dict[str, Any],
     compiler: str,
-) -> list[Numbers | BaseException]:
+) -> list[Numbers | OnAuto | BaseException]:
     """Each distinct program lowered (here, one after another: tracing holds the GIL) and compiled (on a
     thread pool, up to twice :func:`compile_workers` at once: a 7B step's TPU compile is minutes of CPU), in
-    ``programs``' order; a target compiler's failure is returned, not raised (the caller reports it)."""
+    ``programs``' order; a target compiler's failure is returned, not raised (the caller reports it).  On a mesh
+    with Explicit axes a program JAX refuses (or XLA fails on) is compiled again with Auto axes: where that
+    compiles, the candidate is refused (:class:`OnAuto`, module doc); where it fails too, ``fn`` fails whatever
+    the axes, and that is raised."""
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
-    def fallback(c: _Candidate, err: BaseException) -> Numbers:
-        # XLA: a program that does not type-check (or compile) on Explicit axes, where jax.sharding.auto_axes
-        # would be needed, compiles on the same devices with Auto axes, as jax.jit would run it there.
+    def on_auto(c: _Candidate, err: BaseException) -> OnAuto:
         if not explicit:
             raise EinshardError(
                 f"plan(verify=...): XLA could not compile candidate {c.label!r}: {type(err).__name__}: {err}"
             ) from err
-        return compiled_numbers(fn, costs.args, c.in_specs, c.out_specs, _auto(mesh), c.score.report.profile, **kwargs)
+        try:
+            numbers = compiled_numbers(
+                fn, costs.args, c.in_specs, c.out_specs, _auto(mesh), c.score.report.profile, **kwargs
+            )
+        except Exception:  # noqa: BLE001  (fn fails on Auto axes too: the user's own error, as JAX raised it)
+            raise err from None
+        return OnAuto(refusal(err), numbers)
 
     lowered: list[jax.stages.Lowered | BaseException] = []
     for c in programs:
@@ -418,7 +541,9 @@ def _compile_all(
         except Exception as err:  # noqa: BLE001  (JAX's and XLA's errors have no common type)
             lowered.append(err)
     # A lowering's error stays the result; the others are replaced by their compiles' below.
-    results: list[Numbers | BaseException] = [low if isinstance(low, BaseException) else _PENDING for low in lowered]
+    results: list[Numbers | OnAuto | BaseException] = [
+        low if isinstance(low, BaseException) else _PENDING for low in lowered
+    ]
     jobs = {i: low for i, low in enumerate(lowered) if not isinstance(low, BaseException)}
     # Up to twice the CPUs at once, not one per CPU: the compiles take about equal CPU time, so a pool of one
     # per CPU leaves a last round with idle cores (3 compiles on 2 CPUs: 2 rounds, where all at once take 1.5);
@@ -434,7 +559,7 @@ def _compile_all(
     if compiler == "XLA":
         for i, (c, got) in enumerate(zip(programs, results)):
             if isinstance(got, BaseException):
-                results[i] = fallback(c, got)
+                results[i] = on_auto(c, got)
     return results
 
 
@@ -457,7 +582,9 @@ def verify_assignments(
     firsts = {index: next(c for c in wanted if distinct[c.program] == index) for index in distinct.values()}
     compiled = _compile_all(fn, costs, [firsts[k] for k in range(len(firsts))], mesh, kwargs, compiler)
     # XLA's FLOPs where every compiled program has them (no loops), else the prediction's for all: one count.
-    by_xla = all(isinstance(n, BaseException) or n[3] is not None for n in compiled)
+    by_xla = all(
+        isinstance(n, BaseException) or (n.numbers if isinstance(n, OnAuto) else n)[3] is not None for n in compiled
+    )
     rows: list[tuple[tuple[Any, ...], Verified, tuple[int, ...]]] = []
     for c in wanted:
         label, assign, score, rank = c.label, c.assign, c.score, c.rank
@@ -479,9 +606,10 @@ def verify_assignments(
                 predicted_compute_s=score.compute_s,
                 compiled_compute_s=score.compute_s,
             )
-            rows.append(((True, True, 0.0, 0.0, 0.0, 0, rank), failed, assign))
+            rows.append(((True, True, True, 0.0, 0.0, 0.0, 0, rank), failed, assign))
             continue
-        comm_s, sent, count, flops, peak, kinds = numbers
+        refused = numbers.refused if isinstance(numbers, OnAuto) else ""
+        comm_s, sent, count, flops, peak, kinds = numbers.numbers if isinstance(numbers, OnAuto) else numbers
         memory = score.memory if peak is None else peak + costs.optimizer_bytes(assign)
         fits = costs.budget is None or memory <= costs.budget
         compute_s = flops / score.report.profile.flops if by_xla and flops is not None else score.compute_s
@@ -502,8 +630,12 @@ def verify_assignments(
             predicted_compute_s=score.compute_s,
             compiled_compute_s=compute_s,
             compute_from="cost_analysis" if by_xla and flops is not None else "prediction",
+            refused=refused,
         )
-        rows.append(((False, not fits, settled(primary), settled(time_s), settled(sent), memory, rank), row, assign))
+        # A layout JAX refuses on the Explicit axes ranks after every one it accepts: the user's step, run as
+        # written, raises on it (its numbers are the Auto program's).
+        key = (False, bool(refused), not fits, settled(primary), settled(time_s), settled(sent), memory, rank)
+        rows.append((key, row, assign))
     rows.sort(key=lambda r: r[0])
     if rows and rows[0][1].error:
         raise EinshardError(

@@ -169,6 +169,14 @@ class ProgramReport:
         if self.caveat:  # a TPU profile: where its compiler departs from the model leads the report
             line = f"{line}   {self.caveat}"
         marks: list[str] = []
+        if self.explicit is not None and self.explicit.findings:
+            # The program as written does not run on these Explicit axes: lead with it, as plan's first line does.
+            n, first = len(self.explicit.findings), self.explicit.findings[0]
+            marks.append(
+                f"REFUSED ON EXPLICIT AXES: JAX rejects {n} op{'s' if n != 1 else ''} of this program "
+                f"(the first: {first.primitive} at {first.where}; below): as written it raises; costed as it runs "
+                "with the fixes the check assumes"
+            )
         if not self.complete:
             where = "; ".join(self.unfollowed_at) or ", ".join(self.unfollowed)
             marks.append(
@@ -244,12 +252,6 @@ class ProgramReport:
 
     def __str__(self) -> str:
         lines = [self.headline()]
-        if self.explicit is not None and self.explicit.findings:
-            n = len(self.explicit.findings)
-            lines.append(
-                f"JAX rejects {n} op{'s' if n != 1 else ''} of this program on its Explicit axes (below); "
-                "costed as it runs with the fixes the check assumes"
-            )
         # Columns as wide as their widest entry: nothing is cut (an op's expression is what says which it is).
         texts = [op.expression + (f" ×{op.repeat}" if op.repeat > 1 else "") for op in self.ops]
         colls_of = [", ".join(f"{c.kind}@{'·'.join(c.axes)}" for c in op.collectives) or "-" for op in self.ops]

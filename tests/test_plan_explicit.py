@@ -1,0 +1,229 @@
+"""plan() on a mesh with Explicit axes (jax.make_mesh's default, where users call it): each candidate ``verify=``
+compiles is the typed program a user's step is there; a layout JAX refuses there is reported as refused (JAX's
+first line, at the user's line, as explain reports it), ranked after those JAX accepts, and its numbers, compiled on
+Auto axes, are labelled so; a chosen layout JAX refuses says so on the plan's first line."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import einshard
+from einshard.testing import hlo
+
+MLP = {"w1": jax.ShapeDtypeStruct((64, 256), jnp.float32), "w2": jax.ShapeDtypeStruct((256, 64), jnp.float32)}
+BATCH = jax.ShapeDtypeStruct((256, 64), jnp.float32)
+
+
+def mlp_loss(p, x):
+    return jnp.mean(jnp.tanh(x @ p["w1"]) @ p["w2"])  # the row-parallel matmul JAX refuses split on both sides
+
+
+ONE = {"w": jax.ShapeDtypeStruct((64, 128), jnp.float32)}
+
+
+def one_layer(p, x):
+    return jnp.sum(jnp.tanh(x @ p["w"]))
+
+
+def explicit_mesh():
+    return jax.make_mesh((4, 2), ("data", "model"))  # Explicit axes: jax.make_mesh's default
+
+
+def specs_of(rules, data_rules, params, batch, mesh):
+    """The PartitionSpecs the plan's rules give each leaf (as einshard(params, rules) places them)."""
+    from einshard._src.core.layout import resolve_named
+    from einshard._src.core.mesh import mesh_axes
+    from einshard._src.parsing import parse_placement
+    from einshard._src.tree_rules import leaf_expressions
+
+    axes = mesh_axes(mesh)
+
+    def spec(expr, shape):
+        return P(*resolve_named(parse_placement(expr), shape, axes).spec_entries())
+
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    p_specs = [spec(e, x.shape) for e, x in zip(leaf_expressions(params, rules), leaves)]
+    (data_expr,) = data_rules[0].values()
+    return jax.tree_util.tree_unflatten(tree, p_specs), spec(data_expr, batch.shape)
+
+
+def direct_compile(step, params, batch, p_specs, x_spec, mesh):
+    """The step compiled as a user runs it on ``mesh``: arguments typed (placed) by the specs, gradients laid out
+    like their parameters; its collectives by kind, bytes sent per device and peak memory."""
+    typed_p = jax.tree.map(
+        lambda s, sp: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, sp)), params, p_specs
+    )
+    typed_x = jax.ShapeDtypeStruct(batch.shape, batch.dtype, sharding=NamedSharding(mesh, x_spec))
+    outs = (None, jax.tree.map(lambda sp: NamedSharding(mesh, sp), p_specs))
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(step, out_shardings=outs).lower(typed_p, typed_x).compile()
+    kinds: dict[str, int] = {}
+    for c in hlo.normalized(compiled.as_text()):
+        kinds[c.kind] = kinds.get(c.kind, 0) + c.runs
+    sent = sum(c.runs * c.sent_bytes for c in hlo.normalized(compiled.as_text()))
+    m = compiled.memory_analysis()
+    peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    return kinds, sent, peak
+
+
+def test_candidates_jax_accepts_are_compiled_as_the_typed_program():
+    step = jax.value_and_grad(one_layer)
+    mesh = explicit_mesh()
+    r = einshard.plan(step, ONE, BATCH, mesh=mesh, verify=3, profile="cpu")
+    assert r.verification and not any(v.refused for v in r.verification) and not r.needs_auto_axes
+    assert all(v.compiled_axes == "the mesh's" for v in r.verification)
+    # The two columns are two programs on Explicit axes, and the explanation says which.
+    assert "predicted as the untyped step (Auto axes' propagation), compiled as the typed step" in r.explanation
+    assert "REFUSED" not in str(r) and "NEEDS" not in str(r).splitlines()[0]
+    chosen = next(v for v in r.verification if v.chosen)
+    p_specs, x_spec = specs_of(r.rules, r.data_rules, ONE, BATCH, mesh)
+    kinds, sent, peak = direct_compile(step, ONE, BATCH, p_specs, x_spec, mesh)
+    assert chosen.compiled_kinds == kinds and chosen.compiled_comm_bytes == sent
+    # The compiled memory is the program's peak plus Adam's two f32 moments of the parameters' pieces (as planned).
+    assert chosen.compiled_memory == peak + 8 * sum(
+        piece_elements(s, sp, mesh)
+        for s, sp in zip(jax.tree.leaves(ONE), jax.tree.leaves(p_specs, is_leaf=lambda x: isinstance(x, P)))
+    )
+
+
+def piece_elements(shape_struct, spec, mesh):
+    """Elements of one device's piece of an array laid out as ``spec``."""
+    split = 1
+    for entry in spec:
+        for axis in (entry,) if isinstance(entry, str) else entry or ():
+            split *= mesh.shape[axis]
+    return shape_struct.size // split
+
+
+@pytest.fixture(scope="module")
+def mlp_plan():
+    with jax.set_mesh(explicit_mesh()):
+        return einshard.plan(jax.value_and_grad(mlp_loss), MLP, BATCH, verify=3, profile="cpu")
+
+
+def test_a_refused_candidate_is_reported_and_ranked_after_those_jax_accepts(mlp_plan):
+    rows = mlp_plan.verification
+    refused = [v for v in rows if v.refused]
+    accepted = [v for v in rows if not v.refused]
+    assert refused and accepted, [(v.label, v.refused) for v in rows]
+    # Those JAX accepts first; the plan is one of them, and nothing on its first line says it needs auto_axes.
+    assert rows[: len(accepted)] == tuple(accepted) and rows[0].chosen and not mlp_plan.needs_auto_axes
+    assert "NEEDS" not in str(mlp_plan).splitlines()[0]
+    for v in refused:
+        assert v.refused.startswith("ShardingTypeError: Contracting dimensions are sharded")
+        assert v.refused.endswith("(mlp_loss))") and "test_plan_explicit.py:" in v.refused
+        assert v.compiled_axes == "Auto" and v.to_dict()["refused"] == v.refused
+    text = str(mlp_plan)
+    assert text.count("REFUSED by JAX on the mesh's Explicit axes") == len(refused)
+    assert text.count("compiled on Auto axes instead (as jax.sharding.auto_axes would run it)") == len(refused)
+    # The prediction's first is refused, and the explanation says the plan is the best JAX accepts.
+    assert f"JAX refuses {len(refused)} of them" in mlp_plan.explanation and "the best JAX accepts" in text
+
+
+def test_the_plan_runs_as_written_and_a_refused_layout_raises_where_the_row_says(mlp_plan):
+    mesh = explicit_mesh()
+    step = jax.value_and_grad(mlp_loss)
+    params = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), MLP)
+    x = jnp.ones(BATCH.shape, BATCH.dtype)
+    placed_p, placed_x = mlp_plan.place(params, x, mesh=mesh)
+    with jax.set_mesh(mesh):
+        jax.jit(step)(placed_p, placed_x)  # the chosen layout: JAX types it
+    row = next(v for v in mlp_plan.verification if v.refused)
+    alt = next(a for a in mlp_plan.alternatives if a.label == row.label)
+    bad_p = einshard.einshard(params, alt.rules, mesh=mesh)
+    (data_expr,) = alt.data_rules[0].values()
+    bad_x = einshard.einshard(x, data_expr, mesh=mesh)
+    with jax.set_mesh(mesh), pytest.raises(Exception, match="Contracting dimensions are sharded") as raised:
+        jax.jit(step)(bad_p, bad_x)
+    assert type(raised.value).__name__ == row.refused.split(":")[0]
+    # explain says so of the same layout: JAX rejects the op at the line the row names.
+    report = einshard.explain(step, MLP, BATCH, mesh=mesh, in_specs=(alt.rules, alt.data_rules[0]))
+    assert report.explicit is not None and report.explicit.findings
+    assert any(f"(at {f.where})" in row.refused for f in report.explicit.findings)
+    assert str(report).splitlines()[0].startswith("REFUSED ON EXPLICIT AXES: JAX rejects 1 op")
+
+
+def test_a_refused_row_shows_the_auto_programs_compile_labelled_so(mlp_plan):
+    mesh = explicit_mesh()
+    auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    row = next(v for v in mlp_plan.verification if v.refused)
+    alt = next(a for a in mlp_plan.alternatives if a.label == row.label)
+    p_specs, x_spec = specs_of(alt.rules, alt.data_rules, MLP, BATCH, mesh)
+    kinds, sent, _ = direct_compile(jax.value_and_grad(mlp_loss), MLP, BATCH, p_specs, x_spec, auto)
+    assert row.compiled_kinds == kinds and row.compiled_comm_bytes == sent
+
+
+def test_when_jax_refuses_every_candidate_the_first_line_says_it_needs_auto_axes():
+    # A hand layout the search also reaches (Megatron over both axes) is the best preset: every candidate
+    # verify=1 compiles is refused, so the plan is chosen by the Auto compile and says so.
+    megatron = ({r"\['w1'\]": "x y -> x y@(data,model)", r"\['w2'\]": "x y -> x@(data,model) y"}, "b s -> b s")
+    with jax.set_mesh(explicit_mesh()):
+        r = einshard.plan(
+            jax.value_and_grad(mlp_loss), MLP, BATCH, verify=1, profile="cpu", presets={"megatron": megatron}
+        )
+    assert all(v.refused for v in r.verification), [(v.label, v.refused) for v in r.verification]
+    first = str(r).splitlines()[0]
+    assert "NEEDS jax.sharding.auto_axes" in first and "compiled on Auto axes:" in first
+    assert r.needs_auto_axes.startswith("ShardingTypeError: Contracting dimensions are sharded")
+    assert "needs jax.sharding.auto_axes" in r.warning and r.to_dict()["needs_auto_axes"] == r.needs_auto_axes
+    assert "none is accepted" in r.explanation
+
+
+def test_an_unverified_plan_says_its_prediction_is_the_auto_programs_and_checks_the_choice_types():
+    step = jax.value_and_grad(mlp_loss)
+    with jax.set_mesh(explicit_mesh()):
+        r = einshard.plan(step, MLP, BATCH, verify=0, profile="cpu")
+    sizes = einshard.plan(step, MLP, BATCH, mesh={"data": 4, "model": 2}, verify=0, profile="cpu")
+    # The same prediction (the untyped program) and the same choice as from sizes, now said so.
+    assert r.rules == sizes.rules and r.time_s == sizes.time_s
+    assert "predicted for the step as XLA lays it out by propagation (Auto axes)" in r.explanation
+    assert "Auto axes" not in sizes.explanation and not sizes.needs_auto_axes
+    # The cpu profile's choice is Megatron over both axes: JAX refuses it on Explicit axes, and the plan says so.
+    assert r.needs_auto_axes.startswith("ShardingTypeError: Contracting dimensions are sharded")
+    assert "NEEDS jax.sharding.auto_axes" in str(r).splitlines()[0] and "needs jax.sharding.auto_axes" in r.warning
+    # ... and names the best-ranked layout JAX does type (the one verify= chooses: test above).
+    assert "the best-ranked layout JAX accepts is preset dp (predicted " in r.explanation
+    # A choice JAX types says nothing of the kind (and does type: placed as planned, the step traces).
+    mesh = explicit_mesh()
+    one = jax.value_and_grad(one_layer)
+    ok = einshard.plan(one, ONE, BATCH, mesh=mesh, verify=0, profile="cpu")
+    assert not ok.needs_auto_axes and "NEEDS" not in str(ok) and "needs jax.sharding" not in ok.warning
+    p_specs, x_spec = specs_of(ok.rules, ok.data_rules, ONE, BATCH, mesh)
+    direct_compile(one, ONE, BATCH, p_specs, x_spec, mesh)
+
+
+def test_the_cli_plans_on_explicit_axes_and_prints_the_refused_candidates(capsys):
+    from einshard_apps.cli import main
+
+    code = main(["plan", "--mesh", "data=4,model=2", "--width", "64", "--batch", "256", "--verify", "1", "--explicit"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "REFUSED by JAX on the mesh's Explicit axes: ShardingTypeError" in out
+    assert "compiled on Auto axes instead" in out and "the best JAX accepts" in out
+    assert "NEEDS" not in out.splitlines()[1]
+
+
+def test_an_abstract_mesh_keeps_its_axis_types():
+    step = jax.value_and_grad(mlp_loss)
+    explicit = jax.sharding.AbstractMesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    auto = jax.sharding.AbstractMesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    typed = einshard.plan(step, MLP, BATCH, mesh=explicit, verify=3, profile="cpu")
+    assert any(v.refused for v in typed.verification) and not next(v for v in typed.verification if v.chosen).refused
+    untyped = einshard.plan(step, MLP, BATCH, mesh=auto, verify=3, profile="cpu")
+    assert not any(v.refused for v in untyped.verification) and not untyped.needs_auto_axes
+    assert "typed step" not in untyped.explanation and "Auto axes" not in untyped.explanation
+    # Unverified: an Explicit AbstractMesh's choice is traced typed on this process's devices, and said so.
+    unverified = einshard.plan(step, MLP, BATCH, mesh=explicit, verify=0, profile="cpu")
+    assert unverified.needs_auto_axes and "Auto axes" in unverified.explanation
+
+
+def test_the_cli_refuses_explicit_with_a_target_naming_both(capsys):
+    from einshard_apps.cli import main
+
+    assert main(["plan", "--explicit", "--target", "gpu:h100x8", "--width", "64", "--batch", "256"]) == 2
+    err = capsys.readouterr().err
+    assert "--explicit" in err and "--target" in err
