@@ -1198,7 +1198,9 @@ def _promotes_rank(step: _Step) -> bool:
     return step.name == "broadcast_in_dim" and len(step.outs) == 1 and _elements(step.outs[0]) == _elements(step.ins[0])
 
 
-def _combined_at(body: _Program, until: dict[Key, int], size: Callable[[Key], int]) -> dict[int, int]:
+def _combined_at(
+    body: _Program, until: dict[Key, int], size: Callable[[Key], int], tiling: Tiling = "dense"
+) -> dict[int, int]:
     """By step of a loop body: what it holds more because XLA combines the body's all-reduces into one.
 
     XLA's all-reduce combiner merges the independent all-reduces of one computation into a single all-reduce
@@ -1222,6 +1224,11 @@ def _combined_at(body: _Program, until: dict[Key, int], size: Callable[[Key], in
     accumulated = {
         k for step in body.steps if step.name in _ADDS and any(a in args for a in step.ins) for k in step.ins
     }
+    # (A sum re-laid on its way into the carry is added there too: a weight gradient's dot writes it transposed,
+    # ``dot_general(dy, x)`` of an (in, out) weight, then a transpose to the carry's layout.)
+    for step in reversed(body.steps):
+        if step.name in _ON_THE_WAY_OUT and all(k in accumulated for k in step.outs):
+            accumulated.update(step.ins)
     summed = [m for m in body._summed() if m[1] in accumulated]
     if len(summed) < 2:
         return {}
@@ -1235,7 +1242,11 @@ def _combined_at(body: _Program, until: dict[Key, int], size: Callable[[Key], in
     out: dict[int, int] = {}
     for group in groups:
         last = group[-1][0]
-        extra = sum(part + (size(k) if until.get(k, last) < last else 0) for i, k, part, _ in group if i != last)
+        extra = sum(
+            part + (_whole_sum_beside(part, size(k), tiling) or (size(k) if until.get(k, last) < last else 0))
+            for i, k, part, _ in group
+            if i != last
+        )
         if extra:
             out[last] = out.get(last, 0) + extra
     return out
@@ -1724,7 +1735,7 @@ def _peak(
     fusible = _fusible_elementwise()
     args = set(prog.args)
     # A loop body's all-reduces combined into one (its partial sums and sums held together there).
-    combined = _combined_at(prog, until, size) if results_elsewhere else {}
+    combined = _combined_at(prog, until, size, tiling) if results_elsewhere else {}
 
     # Gathered copies of arguments, live from the start to the argument's last use.
     gathered = dict(prog.gathered)
@@ -1820,11 +1831,12 @@ def _peak(
     # gradient of two dense layers: the two partials and the two sums live at the tuple all-reduce, the
     # transposed outputs then in the partials' buffers (tests/test_memory_rules.py; the walk had held the
     # partials to the end beside the outputs: 1.16x XLA's peak).
-    release_at, released = -1, 0
+    release_at, released, widened = -1, 0, 0
     if not results_elsewhere and not lone:
-        made = [(info.producer[k], held_bytes(k)) for k in leaves if k in info.producer and held_bytes(k)]
+        made = [(info.producer[k], held_bytes(k), k) for k in leaves if k in info.producer and held_bytes(k)]
         if made:
-            release_at, released = max(i for i, _ in made), sum(b for _, b in made)
+            release_at, released = max(i for i, _, _ in made), sum(b for _, b, _ in made)
+            widened = sum(_whole_sum_beside(b, size(k), tiling) for _, b, k in made)
 
     def while_running(i: int) -> int:
         """The bytes step ``i`` holds only while it runs: a partial sum next to its sum where the step's result is
@@ -1835,7 +1847,8 @@ def _peak(
         for k in steps[i].outs:
             part = prog.layout(k, Partial)
             if part is not None and k not in leaves and k not in fused and size(k):
-                extra += nbytes_as(k, part)
+                b = nbytes_as(k, part)
+                extra += b + _whole_sum_beside(b, size(k), tiling)
             sent = prog.layout(k, Sent)
             if sent is not None:
                 extra += 2 * nbytes_as(k, sent)
@@ -1907,7 +1920,7 @@ def _peak(
                 if top is None or after > top:
                     top = after
             if i == release_at:  # the combined all-reduce: every partial next to every sum, then freed
-                after = total + gathered_now + held
+                after = total + gathered_now + held + widened
                 if top is None or after > top:
                     top = after
                 held -= released
@@ -1916,7 +1929,7 @@ def _peak(
     start = total + gathered_now + held
     if memo is None:
         sums: dict[int, int] = {}
-        _running_bytes(prog, info, size, nbytes_as, sums)
+        _running_bytes(prog, info, size, nbytes_as, sums, tiling)
         sums = _lone_sums(prog, info, live_key, sums)
         return fold(peak, [walk(0, len(steps), live, None, sums.get)], start)
     plan = prog.stretches.get(live_key)
@@ -1984,7 +1997,7 @@ def _peak(
     # What the steps hold only while they run: found from the few partial sums and moves the layouts bind, not
     # asked of every step (while_running is 0 at a step whose results have neither).
     sums = {}
-    running = _running_bytes(prog, info, size, nbytes_as, sums)
+    running = _running_bytes(prog, info, size, nbytes_as, sums, tiling)
     sums = _lone_sums(prog, info, live_key, sums)
     for i, b in combined.items():  # a loop body's combined all-reduce (while_running's ``combined``)
         running[i] = running.get(i, 0) + b
@@ -2005,7 +2018,7 @@ def _peak(
             # By the layouts of their partial sums and moves (the steps that hold any, by offset).
             tuple(at_stretch.get(at, ())),
             lone,
-            (release_at - s.start, released) if s.start <= release_at < s.stop else None,
+            (release_at - s.start, released, widened) if s.start <= release_at < s.stop else None,
         )
         known = memo.get((s.form, numbers))
         if known is None:
@@ -2100,12 +2113,26 @@ def _sizing_of(
     return _Sizing(tuple(paths), tuple(s.start for s in plan), slots, tuple(groups), tuple(order))
 
 
+def _whole_sum_beside(partial: int, result: int, tiling: Tiling = "dense") -> int:
+    """The bytes of the whole sum XLA:CPU's all-reduce writes beside a sum's result, where that result is a slice
+    of it: a partial sum that lands split finer than it is (a reduce-scatter) is all-reduced whole and sliced after.
+
+    XLA:CPU makes no reduce-scatter: the SPMD partitioner's all-reduce of the whole partial then a dynamic-slice
+    of each device's piece.  Measured on the FSDP gradient of one layer on Explicit axes, tanh(x @ a) @ b with a,
+    b split on their first axis over 4 devices (the weight gradients typed like the weights): the two whole
+    partials and the two whole sums live at the tuple all-reduce, the outputs' slices beside them
+    (tests/test_memory_rules.py).  0 where the sum is its result (all-reduced in place of a slice), and on a TPU
+    (``tiling``: its compiler reduce-scatters; the dense profiles are the ones measured on XLA:CPU, as YNNPACK's)."""
+    return partial if tiling == "dense" and partial > result else 0
+
+
 def _running_bytes(
     prog: _Program,
     info: _Liveness,
     size: Callable[[Key], int],
     nbytes_as: Callable[[Key, Layout | None], int],
     sums: dict[int, int] | None = None,
+    tiling: Tiling = "dense",
 ) -> dict[int, int]:
     """What each step holds only while it runs (``_peak``'s ``while_running``), for the steps that hold any: found
     from the partial sums and moved operands the environments bind (a few hundred), not asked of every step.
@@ -2144,6 +2171,8 @@ def _running_bytes(
             b = moved[(id(lay), v)] = nbytes_as(k, lay)
         if kind is Sent:
             b *= 2
+        else:
+            b += _whole_sum_beside(b, held, tiling)
         if b:
             out[i] = out.get(i, 0) + b
     return out
