@@ -39,6 +39,10 @@ buffers, not just what the jaxpr names:
 * **all-reduces**: XLA:CPU's all-reduce writes a new buffer, so a partial sum and its
   sum are both live while it runs (a data-parallel scan's weight gradients, summed
   in each backward iteration);
+* **reduce-scatters**: XLA:CPU has none: a sum that lands split finer than its partial is all-reduced whole and
+  sliced after, so the whole partial and the whole sum are live together (:func:`_whole_sum_beside`); a dot
+  operand held whole along a dimension the result splits is sliced into a buffer of its own first
+  (:func:`_sliced_operand`);
 * **all-to-alls**: XLA:CPU moves an operand by an all-to-all of one piece per device:
   its send pieces and its receive pieces (each the operand's shard) are live while it
   runs, besides the operand and the op's result;
