@@ -71,13 +71,15 @@ def test_a_reshaped_weights_gathered_copy_is_held(explicit: bool) -> None:
     assert got == pytest.approx(xla, rel=0.05), (got, xla)
 
 
+@pytest.mark.parametrize("explicit", [False, True])
 @pytest.mark.parametrize("form", ["plain", "transposed", "heads"])
-def test_fsdp_gradient_holds_the_gathered_weights(form: Form) -> None:
-    """The gradient (Auto mesh) gathers the weights once for the forward and the backward: within the corpus's
-    25% (1.02-1.08x measured; the Explicit gradient's whole-weight cotangents are docs/analysis.md's known
-    gap)."""
+def test_fsdp_gradient_holds_the_gathered_weights(form: Form, explicit: bool) -> None:
+    """The gradient gathers the weights once for the forward and the backward: within the corpus's 25% (Auto
+    1.02-1.08x measured).  On Explicit axes the weight gradients are typed like the weights: XLA:CPU all-reduces
+    each whole partial and slices it, the whole partials and sums live together (memory._whole_sum_beside):
+    0.999x."""
     fn = jax.grad(_mlp(form), argnums=tuple(range(LAYERS)))
-    got, xla = _fsdp_peaks(fn, form, False)
+    got, xla = _fsdp_peaks(fn, form, explicit)
     assert got == pytest.approx(xla, rel=0.10), (got, xla)
 
 

@@ -549,31 +549,14 @@ def test_operand_split_swapped_to_another_dimension_is_marked() -> None:
         check(Case("mul", lambda a, b: a * b, args, (P("b", None), P("a", "c")), 3, False, grad, "moved"))
 
 
-@pytest.mark.parametrize(
-    "explicit",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="peak only, on Explicit axes: the collectives and bytes are XLA's (an all-gather and a "
-                "reduce-scatter, 24576 B); explain's peak 29440 B against XLA's 40980 B (0.72x). Session 14: the "
-                "memory walk's lone-sum rule (the whole sum held next to the partial) brought it to 39680 B on its "
-                "branch, but once y's gradient is settled by its result's type (rules_indexing._typed_sum_split, "
-                "another branch of the same session) the walk no longer sees a lone sum landing finer, and the "
-                "peak is back at 0.72x: the two rules do not yet meet",
-            ),
-        ),
-    ],
-    ids=["auto", "explicit"],
-)
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
 def test_explicit_dot_gradient_follows_its_typed_results(explicit: bool) -> None:
     """The gradient of dot_general(x[8@a, 16, 8], y[16@a, 8, 24]) contracting 1/0, batch 2/1 on Explicit axes: the
     backward dots' result types decide their splits, not the propagation: g[8, 8@a, 24] . y typed [8, 8@a, 16]
     reuses the forward's gather of y (explain gathered g), and y's gradient, a sum typed [8, 24, 16@a], is
     reduce-scattered at its dot (explain all-reduced it at the output): XLA all-gathers once and reduce-scatters
-    (24576 B)."""
+    (24576 B).  The peak: XLA:CPU's reduce-scatter is an all-reduce of the whole partial then a slice, so the whole
+    sum is held next to the partial (memory._whole_sum_beside; explain's peak was 0.72x XLA's on Explicit axes)."""
     args = (_struct((8, 16, 8)), _struct((16, 8, 24)))
     dimension_numbers = (((1,), (0,)), ((2,), (1,)))
     check(Case("dot_general", _dot(dimension_numbers), args, (P("a", None, None),) * 2, 1, explicit, explicit))

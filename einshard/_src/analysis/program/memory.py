@@ -39,6 +39,10 @@ buffers, not just what the jaxpr names:
 * **all-reduces**: XLA:CPU's all-reduce writes a new buffer, so a partial sum and its
   sum are both live while it runs (a data-parallel scan's weight gradients, summed
   in each backward iteration);
+* **reduce-scatters**: XLA:CPU has none: a sum that lands split finer than its partial is all-reduced whole and
+  sliced after, so the whole partial and the whole sum are live together (:func:`_whole_sum_beside`); a dot
+  operand held whole along a dimension the result splits is sliced into a buffer of its own first
+  (:func:`_sliced_operand`);
 * **all-to-alls**: XLA:CPU moves an operand by an all-to-all of one piece per device:
   its send pieces and its receive pieces (each the operand's shard) are live while it
   runs, besides the operand and the op's result;
@@ -814,15 +818,48 @@ def dot_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = fro
     producer's fusion writes them transposed (:meth:`_Program._absorb_transposes`): no copy.
     """
     total = 0
-    for k in _copied_operands(eqn):
+    copied = _copied_operands(eqn)
+    for k in range(2):
         if k in absorbed:
             continue
         v = eqn.invars[k]
         lay = env.get(Gathered(v)) or env.get(v)
         shape = lay.shard_shape if lay is not None and not is_free(lay) else v.aval.shape
-        size = max(dtype_itemsize(v.aval.dtype), 4) if hasattr(v.aval, "dtype") else 4
-        total += math.prod(int(n) for n in shape) * size
+        piece = _sliced_operand(eqn, k, tuple(int(n) for n in shape), env)
+        if k in copied:  # (the copy is of the piece: XLA fuses the slice into the transposing copy)
+            size = max(dtype_itemsize(v.aval.dtype), 4) if hasattr(v.aval, "dtype") else 4
+            total += math.prod(piece or shape) * size
+        elif piece is not None:
+            total += math.prod(piece) * dtype_itemsize(v.aval.dtype)
     return total
+
+
+def _sliced_operand(eqn: Any, k: int, shape: tuple[int, ...], env: dict[Any, Layout]) -> tuple[int, ...] | None:
+    """The piece of dot operand ``k`` (its block ``shape``) XLA slices out before the dot, where the result splits
+    a batch or free dimension finer than the operand holds it (None: none).
+
+    The SPMD partitioner computes each device's block of the result from the matching block of each operand: an
+    operand held whole (or split coarser) along a dimension the result splits is dynamic-sliced first, into a
+    buffer of its own (a dot fuses no slice).  Measured on Explicit axes, ``einsum('bmk,kn->bmn')`` of a whole
+    x[8, 16, 32] and y[32, 8@a] typed [8@c, 16, 8] on (2, 2, 2): XLA holds x's [4, 16, 32] slice beside x (28160 B;
+    the walk 19968 B); so at k = 64 and n = 64, and with the result split on n too.  Sized from the result's
+    layout as the dot computes it: its partial sum's where it has one (a sum scattered after the dot is not a
+    slice of an operand)."""
+    out = eqn.outvars[0]
+    res = env.get(Partial(out)) or env.get(out)
+    if res is None or is_free(res):
+        return None
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    contracted, batch = (lc, lb) if k == 0 else (rc, rb)
+    rank = len(shape)
+    free = [a for a in range(rank) if a not in contracted and a not in batch]
+    # The result's dimensions: the batch ones, then the lhs' free ones, then the rhs'.
+    lhs_free = len(eqn.invars[0].aval.shape) - len(lc) - len(lb)
+    offset = len(lb) + (0 if k == 0 else lhs_free)
+    to_result = {a: n for n, a in enumerate(batch)} | {a: offset + n for n, a in enumerate(free)}
+    whole = res.shard_shape
+    piece = tuple(min(n, int(whole[to_result[a]])) if a in to_result else n for a, n in enumerate(shape))
+    return piece if piece != shape else None
 
 
 def _copied_operands(eqn: Any) -> tuple[int, ...]:
@@ -1198,7 +1235,9 @@ def _promotes_rank(step: _Step) -> bool:
     return step.name == "broadcast_in_dim" and len(step.outs) == 1 and _elements(step.outs[0]) == _elements(step.ins[0])
 
 
-def _combined_at(body: _Program, until: dict[Key, int], size: Callable[[Key], int]) -> dict[int, int]:
+def _combined_at(
+    body: _Program, until: dict[Key, int], size: Callable[[Key], int], tiling: Tiling = "dense"
+) -> dict[int, int]:
     """By step of a loop body: what it holds more because XLA combines the body's all-reduces into one.
 
     XLA's all-reduce combiner merges the independent all-reduces of one computation into a single all-reduce
@@ -1222,6 +1261,11 @@ def _combined_at(body: _Program, until: dict[Key, int], size: Callable[[Key], in
     accumulated = {
         k for step in body.steps if step.name in _ADDS and any(a in args for a in step.ins) for k in step.ins
     }
+    # (A sum re-laid on its way into the carry is added there too: a weight gradient's dot writes it transposed,
+    # ``dot_general(dy, x)`` of an (in, out) weight, then a transpose to the carry's layout.)
+    for step in reversed(body.steps):
+        if step.name in _ON_THE_WAY_OUT and all(k in accumulated for k in step.outs):
+            accumulated.update(step.ins)
     summed = [m for m in body._summed() if m[1] in accumulated]
     if len(summed) < 2:
         return {}
@@ -1235,7 +1279,11 @@ def _combined_at(body: _Program, until: dict[Key, int], size: Callable[[Key], in
     out: dict[int, int] = {}
     for group in groups:
         last = group[-1][0]
-        extra = sum(part + (size(k) if until.get(k, last) < last else 0) for i, k, part, _ in group if i != last)
+        extra = sum(
+            part + (_whole_sum_beside(part, size(k), tiling) or (size(k) if until.get(k, last) < last else 0))
+            for i, k, part, _ in group
+            if i != last
+        )
         if extra:
             out[last] = out.get(last, 0) + extra
     return out
@@ -1724,7 +1772,7 @@ def _peak(
     fusible = _fusible_elementwise()
     args = set(prog.args)
     # A loop body's all-reduces combined into one (its partial sums and sums held together there).
-    combined = _combined_at(prog, until, size) if results_elsewhere else {}
+    combined = _combined_at(prog, until, size, tiling) if results_elsewhere else {}
 
     # Gathered copies of arguments, live from the start to the argument's last use.
     gathered = dict(prog.gathered)
@@ -1820,11 +1868,12 @@ def _peak(
     # gradient of two dense layers: the two partials and the two sums live at the tuple all-reduce, the
     # transposed outputs then in the partials' buffers (tests/test_memory_rules.py; the walk had held the
     # partials to the end beside the outputs: 1.16x XLA's peak).
-    release_at, released = -1, 0
+    release_at, released, widened = -1, 0, 0
     if not results_elsewhere and not lone:
-        made = [(info.producer[k], held_bytes(k)) for k in leaves if k in info.producer and held_bytes(k)]
+        made = [(info.producer[k], held_bytes(k), k) for k in leaves if k in info.producer and held_bytes(k)]
         if made:
-            release_at, released = max(i for i, _ in made), sum(b for _, b in made)
+            release_at, released = max(i for i, _, _ in made), sum(b for _, b, _ in made)
+            widened = sum(_whole_sum_beside(b, size(k), tiling) for _, b, k in made)
 
     def while_running(i: int) -> int:
         """The bytes step ``i`` holds only while it runs: a partial sum next to its sum where the step's result is
@@ -1835,7 +1884,8 @@ def _peak(
         for k in steps[i].outs:
             part = prog.layout(k, Partial)
             if part is not None and k not in leaves and k not in fused and size(k):
-                extra += nbytes_as(k, part)
+                b = nbytes_as(k, part)
+                extra += b + _whole_sum_beside(b, size(k), tiling)
             sent = prog.layout(k, Sent)
             if sent is not None:
                 extra += 2 * nbytes_as(k, sent)
@@ -1907,7 +1957,7 @@ def _peak(
                 if top is None or after > top:
                     top = after
             if i == release_at:  # the combined all-reduce: every partial next to every sum, then freed
-                after = total + gathered_now + held
+                after = total + gathered_now + held + widened
                 if top is None or after > top:
                     top = after
                 held -= released
@@ -1916,7 +1966,7 @@ def _peak(
     start = total + gathered_now + held
     if memo is None:
         sums: dict[int, int] = {}
-        _running_bytes(prog, info, size, nbytes_as, sums)
+        _running_bytes(prog, info, size, nbytes_as, sums, tiling)
         sums = _lone_sums(prog, info, live_key, sums)
         return fold(peak, [walk(0, len(steps), live, None, sums.get)], start)
     plan = prog.stretches.get(live_key)
@@ -1984,7 +2034,7 @@ def _peak(
     # What the steps hold only while they run: found from the few partial sums and moves the layouts bind, not
     # asked of every step (while_running is 0 at a step whose results have neither).
     sums = {}
-    running = _running_bytes(prog, info, size, nbytes_as, sums)
+    running = _running_bytes(prog, info, size, nbytes_as, sums, tiling)
     sums = _lone_sums(prog, info, live_key, sums)
     for i, b in combined.items():  # a loop body's combined all-reduce (while_running's ``combined``)
         running[i] = running.get(i, 0) + b
@@ -2005,7 +2055,7 @@ def _peak(
             # By the layouts of their partial sums and moves (the steps that hold any, by offset).
             tuple(at_stretch.get(at, ())),
             lone,
-            (release_at - s.start, released) if s.start <= release_at < s.stop else None,
+            (release_at - s.start, released, widened) if s.start <= release_at < s.stop else None,
         )
         known = memo.get((s.form, numbers))
         if known is None:
@@ -2100,12 +2150,26 @@ def _sizing_of(
     return _Sizing(tuple(paths), tuple(s.start for s in plan), slots, tuple(groups), tuple(order))
 
 
+def _whole_sum_beside(partial: int, result: int, tiling: Tiling = "dense") -> int:
+    """The bytes of the whole sum XLA:CPU's all-reduce writes beside a sum's result, where that result is a slice
+    of it: a partial sum that lands split finer than it is (a reduce-scatter) is all-reduced whole and sliced after.
+
+    XLA:CPU makes no reduce-scatter: the SPMD partitioner's all-reduce of the whole partial then a dynamic-slice
+    of each device's piece.  Measured on the FSDP gradient of one layer on Explicit axes, tanh(x @ a) @ b with a,
+    b split on their first axis over 4 devices (the weight gradients typed like the weights): the two whole
+    partials and the two whole sums live at the tuple all-reduce, the outputs' slices beside them
+    (tests/test_memory_rules.py).  0 where the sum is its result (all-reduced in place of a slice), and on a TPU
+    (``tiling``: its compiler reduce-scatters; the dense profiles are the ones measured on XLA:CPU, as YNNPACK's)."""
+    return partial if tiling == "dense" and partial > result else 0
+
+
 def _running_bytes(
     prog: _Program,
     info: _Liveness,
     size: Callable[[Key], int],
     nbytes_as: Callable[[Key, Layout | None], int],
     sums: dict[int, int] | None = None,
+    tiling: Tiling = "dense",
 ) -> dict[int, int]:
     """What each step holds only while it runs (``_peak``'s ``while_running``), for the steps that hold any: found
     from the partial sums and moved operands the environments bind (a few hundred), not asked of every step.
@@ -2144,6 +2208,8 @@ def _running_bytes(
             b = moved[(id(lay), v)] = nbytes_as(k, lay)
         if kind is Sent:
             b *= 2
+        else:
+            b += _whole_sum_beside(b, held, tiling)
         if b:
             out[i] = out.get(i, 0) + b
     return out

@@ -1081,6 +1081,9 @@ def scatter_to_consumers(
             sliced.append(Collective(kind, summed, n, int(sent), int(block), t, "result", why))
         return dst.dims, tuple(c for c in colls if c not in drop) + tuple(sliced)
     moved = w.costs.reshard(pending, out.with_dims(dst.dims), eqn.outvars[0].aval.dtype)
+    # (peak: the whole partial this sum is scattered from, held beside the whole sum XLA:CPU's all-reduce writes
+    # before it slices each device's piece: memory._whole_sum_beside)
+    w.env[Partial(eqn.outvars[0])] = pending
     return dst.dims, tuple(c for c in colls if c not in drop) + tuple(moved)
 
 
