@@ -187,7 +187,8 @@ class Profile:
             ``'per_piece'`` (XLA:CPU runs each piece of a tuple all-reduce as a collective of its own, measured:
             benchmarks/cpu_calibration.py's combined-all-reduce fit, ~the same time per piece as one all-reduce
             alone; so merging saves the step nothing).  The planner's combining credit (``combined.saved_s``)
-            and ``plan(verify=)``'s pricing of the compiled collectives follow it.
+            and ``plan(verify=)``'s pricing of the compiled collectives follow it.  The ``cpu`` profile keeps
+            ``'once'``: its plans measured faster so (the comment above ``PROFILES``).
     """
 
     name: str
@@ -324,9 +325,20 @@ PROFILES: dict[str, Profile] = {
     # per device with 1 or 2 of 8 devices busy on a 2-core host, ~9-22 GFLOP/s with 4 or 8 busy.  XLA:CPU's
     # all-reduce thunk runs each piece of a combined (tuple) all-reduce as its own collective (a loop of
     # AllReduce calls, one per buffer), measured ~one all-reduce's time per piece (benchmarks/cpu_calibration.py);
-    # combined_latency='per_piece' models it, but is not this profile's default yet: with it the planner trades
-    # XLA's bytes and FLOPs for fewer collective pieces on the larger test models (tests/test_planner_reality.py,
-    # test_plan_hand_presets.py's slow checks by XLA's bytes fail), which no step-time measurement there backs yet.
+    # combined_latency='per_piece' models it, but this profile keeps 'once', by measured step time
+    # (benchmarks/plan_latency_modes.py, results/plan_latency_modes.json, load 11-26): on the demo's, the NNX and the
+    # Equinox transformers the plan made under 'per_piece' (the batch replicated, Megatron splits: 2.2-3.3 MB and
+    # 17-22 collectives per step) ran 1.2-2.0x slower than the plan made under 'once' (the batch over both axes:
+    # 0.29 MB, 26-29 pieces), beyond the split-half noise in 5 of 6 runs (two per model, the later one stored); on
+    # the large hk_stack the two plans ran alike (0.97x, within 18%) with 'per_piece' sending 2.1x the bytes, and
+    # under a memory budget the 'once' plan ran 1.36x faster.  Each piece does cost about one all-reduce; what
+    # 'per_piece' then gets wrong is the other side of the trade: these steps run ~0.5-2 GFLOP/s per device where
+    # ``flops`` (a large matmul's rate) prices 25, so pricing each piece makes the planner buy fewer pieces with
+    # FLOPs and bytes.  The predicted order of the
+    # three transformers' 8 layouts against the measured one, Kendall tau: 0.86/0.71/0.93 under 'once',
+    # 0.57/0.29/0.29 under 'per_piece' (0.64/0.64/0.50 with flops at 1e10).  On the four tiny planned families
+    # (benchmarks/plan_prediction.py) 'per_piece' planned the replicated program, a little faster there (0.83-1.12x
+    # the best hand layout against 'once''s 0.94-1.17x): neither prices these steps' compute; 'once' errs less.
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
