@@ -3,13 +3,14 @@ constructors (Layout/MeshAxis/Collective._derive), which validate what they buil
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import warnings
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import einshard
@@ -406,3 +407,56 @@ def test_every_reshard_on_a_4x2_mesh_is_xlas():
         if (lambda w_g: w_g[0] != w_g[1])(_xla_and_transition("4x2", src, dst))
     }
     assert differ == set()
+
+
+# The pairs where transition's collectives still differ from XLA's compiled reshard (kinds counted, bytes in all),
+# with both, as measured on jax 0.10's XLA:CPU: of every 2-D pair on (4, 2) (110) and 3-D pair (342), and of 1200
+# (of 2352) drawn 2-D pairs and 600 (of 11130) drawn 3-D pairs on (2, 2, 2), and the draws below.  On (4, 2) two
+# remain; on (2, 2, 2) 154 and 156 (87% and 74% match): XLA's partitioner reshards by tile counts and device order,
+# and its other patterns there (an all-to-all by a factor of a merged split, a permute after a partial gather, an
+# all-to-all then a gather in one dimension) have no rule yet.
+RESHARD_MISSES_FILE = os.path.join(os.path.dirname(__file__), "golden", "reshard_misses.json")
+
+
+@functools.cache
+def _known_misses() -> dict[tuple[str, tuple, tuple], str]:
+    import json
+
+    with open(RESHARD_MISSES_FILE) as f:
+        rows = json.load(f)
+
+    def dims(d: list) -> tuple:
+        return tuple(tuple(x) for x in d)
+
+    return {(r["mesh"], dims(r["src"]), dims(r["dst"])): r["xla"] for r in rows}
+
+
+@st.composite
+def reshard_pairs(draw: st.DrawFn) -> tuple[str, tuple, tuple]:
+    mesh_key = draw(st.sampled_from(sorted(MESH_SHAPES)))
+    rank = draw(st.sampled_from([2, 3]))
+    layouts = _layouts(MESH_SHAPES[mesh_key][1], rank)
+    src = draw(st.sampled_from(layouts))
+    dst = draw(st.sampled_from([lay for lay in layouts if lay != src]))
+    return mesh_key, src, dst
+
+
+def _check_reshard(pair: tuple[str, tuple, tuple]) -> None:
+    """transition's collectives are XLA's for the pair, or the pair is a listed miss (and still one)."""
+    want, got = _xla_and_transition(*pair)
+    listed = pair in _known_misses()
+    assert (got != want) == listed, f"{pair}: XLA {want}, transition {got}, listed as a miss: {listed}"
+
+
+@given(reshard_pairs())
+@settings(max_examples=6, deadline=None, derandomize=True, database=None)
+def test_a_drawn_reshard_is_xlas(pair):
+    """3-D tensors and the (2, 2, 2) mesh too: a few drawn pairs against XLA's compiled reshard."""
+    _check_reshard(pair)
+
+
+@pytest.mark.slow  # about 100 compiles
+@given(reshard_pairs())
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+def test_drawn_reshards_are_xlas_but_the_listed_ones(pair):
+    _check_reshard(pair)
