@@ -450,15 +450,16 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     cur, moves = _stepwise(src, dst)
     if src.unreduced or dst.unreduced or not moves:
         return cur, moves  # free slices
-    if len(moves) == 1 and moves[0].kind == "collective-permute" and _smaller(moves[0].before, dst) is not dst:
-        return cur, moves  # already one permute, of the smaller block
+    if len(moves) == 1 and moves[0].kind == "collective-permute" and _moves_no_more(moves[0], dst):
+        return cur, moves  # already one permute, of no more than the target's block
     permuted = _permuted_tiles(src, dst)
     return permuted if permuted is not None else (cur, moves)
 
 
-def _smaller(a: Layout, b: Layout) -> Layout:
-    """The layout with the smaller block (``a`` on a tie)."""
-    return b if b.bytes_per_device(1) < a.bytes_per_device(1) else a
+def _moves_no_more(permute: Move, dst: Layout) -> bool:
+    """Whether a permute sends no more than ``dst``'s block (it sends the smaller of its two)."""
+    sent = min(permute.before.bytes_per_device(1), permute.after.bytes_per_device(1))
+    return sent <= dst.bytes_per_device(1)
 
 
 def _stepwise(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
