@@ -506,7 +506,7 @@ def _stepwise(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     src_at = {m: i for i, d in enumerate(src.dims) for m in d}
     dst_at = {m: i for i, d in enumerate(dst.dims) for m in d}
     if not src.unreduced and not dst.unreduced:
-        direct = _swapped_tiles(src, dst) or _swapped_counts(src, dst) or _coarsened(src, dst)
+        direct = _swapped_tiles(src, dst) or _swapped_counts(_fresh_sliced(src, dst), dst) or _coarsened(src, dst)
         if direct is not None:
             return direct
     if not src.unreduced and (
@@ -773,23 +773,25 @@ def _shifts_fan(src: Layout, dst: Layout, src_at: dict[str, int], dst_at: dict[s
 
 
 def _swapped_counts(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:
-    """Two dimensions that trade how many ways they are split (p and q, both split, q dividing p), the others
-    as they are.  XLA's partitioner reshards by tile counts: one all-to-all moves the factor p/q from one to the
-    other, then a collective-permute sends each block to the device the target names (measured on (4, 2):
+    """Two dimensions, the others as they are, where one hands a factor f of its split to the other and stays
+    split (p, q ways to p/f, q*f).  XLA's partitioner reshards by tile counts: one all-to-all moves the factor,
+    then a collective-permute sends each block to the device the target names (measured on (4, 2):
     [x@a, y@b] -> [x@b, y@a] is an all-to-all and a permute of the [4, 8] block, where moving each mesh axis
-    would be two all-to-alls).  Where the factor is the source dimension's minor mesh axes, the all-to-all is
-    theirs; otherwise it runs over part of a mesh axis (not a named split: the lowering runs an alternative).
-    None where the layouts are not so."""
+    would be two all-to-alls; on (2, 2, 2) [x, y@(a,b,c)] -> [x@a, y@(c,b)] is one all-to-all by 2 and a
+    permute).  Where the factor is the source dimension's minor mesh axes, the all-to-all is theirs; otherwise
+    it runs over part of a mesh axis (not a named split: the lowering runs an alternative).  None where the
+    layouts are not so."""
     differ = [d for d, (sd, dd) in enumerate(zip(src.dims, dst.dims, strict=True)) if sd != dd]
     if len(differ) != 2:
         return None
     i, j = differ
     p, q = _group(src, src.dims[i]), _group(src, src.dims[j])
-    if p < q:
-        i, j, p, q = j, i, q, p
-    if q < 2 or p == q or p % q or (_group(dst, dst.dims[i]), _group(dst, dst.dims[j])) != (q, p):
-        return None
-    f = p // q
+    p2, q2 = _group(dst, dst.dims[i]), _group(dst, dst.dims[j])
+    if p2 > p:
+        i, j, p, q, p2, q2 = j, i, q, p, q2, p2
+    if p2 >= p or p % p2 or q2 != q * (p // p2) or p2 == 1:
+        return None  # not a factor handed from i to j, i kept split (a whole split moving: the general path)
+    f = p // p2
     d = src.dims[i]
     why = f"move a factor {f} of the split from {_name(src, i)} to {_name(src, j)}"
     moves: list[Move] = []
@@ -811,6 +813,20 @@ def _swapped_counts(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]
         )
         cur = after
     return cur, tuple(moves)
+
+
+def _fresh_sliced(src: Layout, dst: Layout) -> Layout:
+    """``src`` with the mesh axes it does not use sliced into the dimensions ``dst`` splits over them (free: XLA's
+    partitioner slices first, then trades counts: [x, y@(a,b)] -> [x@(a,c), y@b] on (2, 2, 2) is one all-to-all
+    and a permute of the [4, 8] block)."""
+    used = {m for d in src.dims for m in d} | src.unreduced
+    fresh = [tuple(m for m in dd if m not in used) for dd in dst.dims]
+    if not any(fresh) or _shifted_tiling(src, dst):
+        return src  # (the shifted tiling moves the whole blocks, then slices)
+    dims = tuple(sd + f for sd, f in zip(src.dims, fresh, strict=True))
+    if any(n % _group(src, d) for n, d in zip(src.shape, dims, strict=True)):
+        return src
+    return derived(src, dims)
 
 
 def _coarsened(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:
