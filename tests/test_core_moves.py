@@ -3,13 +3,14 @@ constructors (Layout/MeshAxis/Collective._derive), which validate what they buil
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import warnings
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import einshard
@@ -310,29 +311,26 @@ def test_a_finer_split_on_other_mesh_axes_is_sliced_and_permuted_as_xla(src, dst
     assert [c.kind for c in found] == kinds
 
 
-# The pairs of 2-D layouts on (4, 2) where transition's collectives differ from XLA's reshard (kinds and bytes of a
-# (16, 16) float32 value): XLA's order, not transition's. Held exact both ways: a pair fixed, or a new difference,
-# fails the test below. (XLA's, transition's) per pair, as measured on jax 0.10's XLA:CPU.
-RESHARD_MISSES_4x2 = {
-    # a split moved to the other dimension while the other axis arrives there: XLA one all-to-all, transition
-    # slices first and so permutes the major axis before its all-to-all (same bytes)
-    (((), ("a",)), (("a",), ("b",))): ("1 all-to-all 256 B", "1 collective-permute + 1 all-to-all, 256 B"),
-    ((("a",), ("b",)), ((), ("a",))): ("all-gather + all-to-all 512 B", "all-to-all + permute + all-gather 512 B"),
-    ((("b",), ("a",)), (("a",), ())): ("all-gather + all-to-all 512 B", "all-to-all + permute + all-gather 512 B"),
-    # both splits swap dimensions: XLA one all-to-all and one permute (256 B), transition two all-to-alls (384 B)
-    ((("a",), ("b",)), (("b",), ("a",))): ("all-to-all + permute 256 B", "2 all-to-alls + permute 384 B"),
-    ((("b",), ("a",)), (("a",), ("b",))): ("all-to-all + permute 256 B", "2 all-to-alls + permute 384 B"),
-    # one split kept on the other dimension's mesh axis: XLA permutes and gathers twice (896 B), transition 768 B
-    ((("a",), ("b",)), (("b",), ())): ("permute + 2 all-gathers 896 B", "all-to-all + permute + all-gather 768 B"),
-    ((("b",), ("a",)), ((), ("b",))): ("permute + 2 all-gathers 896 B", "all-to-all + permute + all-gather 768 B"),
-}
-
-
-@pytest.mark.slow  # 110 compiles (about 25 s of CPU)
-def test_every_reshard_on_a_4x2_mesh_is_xlas_but_the_listed_ones():
-    """transition against XLA's compiled reshard (jit in_shardings -> out_shardings) for every ordered pair of
-    2-D layouts on (4, 2): 103 of 110 are XLA's kinds and bytes; the rest are listed with both numbers."""
+def _layouts(names: tuple[str, ...], rank: int) -> list[tuple[tuple[str, ...], ...]]:
+    """Every layout of a rank-``rank`` tensor over mesh axes ``names``: each mesh axis splits at most one
+    dimension, in any order within it."""
     import itertools
+
+    out = set()
+    for k in range(len(names) + 1):
+        for chosen in itertools.permutations(names, k):
+            for cuts in itertools.combinations_with_replacement(range(k + 1), rank - 1):
+                bounds = (0, *cuts, k)
+                out.add(tuple(tuple(chosen[bounds[i] : bounds[i + 1]]) for i in range(rank)))
+    return sorted(out)
+
+
+MESH_SHAPES = {"4x2": ((4, 2), ("a", "b")), "2x2x2": ((2, 2, 2), ("a", "b", "c"))}
+
+
+def _xla_and_transition(mesh_key: str, src: tuple, dst: tuple) -> tuple[tuple, tuple]:
+    """XLA's compiled reshard (jit in_shardings -> out_shardings of a float32 value, 16 per dimension in 2-D,
+    8 in 3-D) and transition's priced collectives for the same pair: (kinds counted, bytes in all) each."""
     from collections import Counter
 
     import jax
@@ -342,24 +340,126 @@ def test_every_reshard_on_a_4x2_mesh_is_xlas_but_the_listed_ones():
 
     from einshard.testing import hlo
 
-    names = ("a", "b")
-    mesh = jax.make_mesh((4, 2), names, axis_types=(AxisType.Auto,) * 2)
-    axes = (MeshAxis("a", 4), MeshAxis("b", 2))
-    layouts = sorted(
-        {(tuple(p[:i]), tuple(p[i:j])) for p in itertools.permutations(names) for i in range(3) for j in range(i, 3)}
-    )
+    sizes, names = MESH_SHAPES[mesh_key]
+    mesh = jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names))
+    shape = (16, 16) if len(src) == 2 else (8, 8, 8)
     spec = lambda dims: P(*(None if not d else d[0] if len(d) == 1 else d for d in dims))  # noqa: E731
-    x = jax.ShapeDtypeStruct((16, 16), jnp.float32)
-    differ = set()
-    for src, dst in itertools.permutations(layouts, 2):
-        f = jax.jit(
-            lambda u: u * 2, in_shardings=NamedSharding(mesh, spec(src)), out_shardings=NamedSharding(mesh, spec(dst))
-        )
-        found = [c for c in hlo.normalized(f.lower(x).compile().as_text()) if c.group_size > 1]
-        _, colls = transition(Layout(("x", "y"), (16, 16), axes, src), Layout(("x", "y"), (16, 16), axes, dst))
-        want = (Counter(c.kind for c in found), sum(c.array_bytes for c in found))
-        got = (Counter(c.kind for c in colls), sum(c.array_bytes for c in colls))
-        if got != want:
-            differ.add((src, dst))
+    f = jax.jit(
+        lambda u: u * 2, in_shardings=NamedSharding(mesh, spec(src)), out_shardings=NamedSharding(mesh, spec(dst))
+    )
+    found = [c for c in hlo.normalized(f.lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile().as_text())]
+    found = [c for c in found if c.group_size > 1]
+    axes = tuple(MeshAxis(n, k) for n, k in zip(names, sizes, strict=True))
+    tensor = tuple("xyz"[: len(shape)])
+    _, colls = transition(Layout(tensor, shape, axes, src), Layout(tensor, shape, axes, dst))
+    want = (Counter(c.kind for c in found), sum(c.array_bytes for c in found))
+    got = (Counter(c.kind for c in colls), sum(c.array_bytes for c in colls))
+    return want, got
+
+
+# One pair per rule of XLA's reshard that transition follows (each measured on its compiled HLO, held here again).
+XLA_RESHARDS = [
+    # a dimension an all-to-all fills gives up its other mesh axes first: all-gather b, then all-to-all a
+    ("4x2", (("a",), ("b",)), ((), ("a",))),
+    ("4x2", (("b",), ("a",)), (("a",), ())),
+    # two dimensions trade their counts (4 and 2): one all-to-all by the factor 2, then a permute
+    ("4x2", (("a",), ("b",)), (("b",), ("a",))),
+    ("4x2", (("b",), ("a",)), (("a",), ("b",))),
+    ("4x2", ((), ("a",), ("b",)), ((), ("b",), ("a",))),
+    # ... or one hands a factor of its split to the other (8 and 1 ways to 2 and 4), after the free slices
+    ("2x2x2", ((), ("a", "b", "c")), (("a",), ("c", "b"))),
+    ("2x2x2", ((), ("a", "b")), (("a", "c"), ("b",))),
+    # every dimension coarser or as split, over other mesh axes: a permute, then gathers by factors, the last first
+    ("4x2", (("a",), ("b",)), (("b",), ())),
+    ("4x2", (("b",), ("a",)), ((), ("b",))),
+    ("2x2x2", (("a",), ("c",)), (("c",), ())),
+    # the source's tiling shifted one dimension major-ward, its replicated axis splitting the last: the whole
+    # block moved, then sliced (and its converse, slices first: the next pair)
+    ("4x2", ((), ("a",)), (("a",), ("b",))),
+    ("4x2", ((), (), ("a",)), ((), ("a",), ("b",))),
+    ("4x2", ((), ("a",), ()), (("a",), ("b",), ())),
+    # a dimension emptied before it is filled: no permute between the all-to-alls
+    ("4x2", ((), ("a",), ("b",)), (("b",), (), ("a",))),
+    # mesh axes fanning out of one dimension into two (counts no permutation of each other): gathered whole
+    ("4x2", ((), (), ("a", "b")), (("a",), ("b",), ())),
+    ("4x2", ((), ("a",), ("b",)), (("a", "b"), (), ())),
+    # ... where the counts trade, all-to-alls and a permute
+    ("2x2x2", ((), ("b",), ("a", "c")), (("c",), ("b", "a"), ())),
+    # every dimension finer or as split over other mesh axes: one permute of the smaller (target's) block
+    ("2x2x2", ((), ("b",)), (("c",), ("a",))),
+]
+
+
+@pytest.mark.parametrize("mesh_key, src, dst", XLA_RESHARDS)
+def test_transition_is_xlas_reshard(mesh_key: str, src: tuple, dst: tuple) -> None:
+    want, got = _xla_and_transition(mesh_key, src, dst)
+    assert got == want
+
+
+@pytest.mark.slow  # 110 compiles (about 25 s of CPU)
+def test_every_reshard_on_a_4x2_mesh_is_xlas():
+    """transition against XLA's compiled reshard (jit in_shardings -> out_shardings) for every ordered pair of
+    2-D layouts on (4, 2): XLA's kinds and bytes, all 110."""
+    import itertools
+
+    layouts = _layouts(("a", "b"), 2)
     assert len(layouts) == 11
-    assert differ == set(RESHARD_MISSES_4x2)
+    differ = {
+        (src, dst)
+        for src, dst in itertools.permutations(layouts, 2)
+        if (lambda w_g: w_g[0] != w_g[1])(_xla_and_transition("4x2", src, dst))
+    }
+    assert differ == set()
+
+
+# The pairs where transition's collectives still differ from XLA's compiled reshard (kinds counted, bytes in all),
+# with both, as measured on jax 0.10's XLA:CPU: of every 2-D pair on (4, 2) (110) and 3-D pair (342), and of 1200
+# (of 2352) drawn 2-D pairs and 600 (of 11130) drawn 3-D pairs on (2, 2, 2), and the draws below.  On (4, 2) two
+# remain; on (2, 2, 2) 113 and 143 (91% and 76% match): XLA's partitioner reshards by tile counts and device order,
+# and its other patterns there (an all-to-all by a factor of a merged split, a permute after a partial gather, an
+# all-to-all then a gather in one dimension) have no rule yet.
+RESHARD_MISSES_FILE = os.path.join(os.path.dirname(__file__), "golden", "reshard_misses.json")
+
+
+@functools.cache
+def _known_misses() -> dict[tuple[str, tuple, tuple], str]:
+    import json
+
+    with open(RESHARD_MISSES_FILE) as f:
+        rows = json.load(f)
+
+    def dims(d: list) -> tuple:
+        return tuple(tuple(x) for x in d)
+
+    return {(r["mesh"], dims(r["src"]), dims(r["dst"])): r["xla"] for r in rows}
+
+
+@st.composite
+def reshard_pairs(draw: st.DrawFn) -> tuple[str, tuple, tuple]:
+    mesh_key = draw(st.sampled_from(sorted(MESH_SHAPES)))
+    rank = draw(st.sampled_from([2, 3]))
+    layouts = _layouts(MESH_SHAPES[mesh_key][1], rank)
+    src = draw(st.sampled_from(layouts))
+    dst = draw(st.sampled_from([lay for lay in layouts if lay != src]))
+    return mesh_key, src, dst
+
+
+def _check_reshard(pair: tuple[str, tuple, tuple]) -> None:
+    """transition's collectives are XLA's for the pair, or the pair is a listed miss (and still one)."""
+    want, got = _xla_and_transition(*pair)
+    listed = pair in _known_misses()
+    assert (got != want) == listed, f"{pair}: XLA {want}, transition {got}, listed as a miss: {listed}"
+
+
+@given(reshard_pairs())
+@settings(max_examples=6, deadline=None, derandomize=True, database=None)
+def test_a_drawn_reshard_is_xlas(pair):
+    """3-D tensors and the (2, 2, 2) mesh too: a few drawn pairs against XLA's compiled reshard."""
+    _check_reshard(pair)
+
+
+@pytest.mark.slow  # about 100 compiles
+@given(reshard_pairs())
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+def test_drawn_reshards_are_xlas_but_the_listed_ones(pair):
+    _check_reshard(pair)

@@ -247,19 +247,11 @@ DEEP_MISSES: dict[str, str] = {
         "iota-made updates free; the same before the indices took the updates' split); the fast run's: "
     )
     + FAST_MISSES["scatter"],
-    "clamp": (
-        "(lax.clamp(lo, x, hi), x[16@(a,b), 16], lo[16@b, 16], hi[16@b, 16@a] (mesh 4 x 2) holds now: XLA gathers "
-        "lo whole where explain slices first, and the report marks it APPROXIMATE with the whole gather as its "
-        "bound, REMAT_DRAW) the derandomized run's next draw, on Explicit axes: lax.clamp(lo, x, hi), x[16@a, 16], "
-        "lo[16@b, 16], hi[16@b, 16@a] (mesh 4 x 2), the result x's [16@a, 16]: XLA moves hi by an all-gather over "
-        "b then an all-to-all (768 B in all, as explain), explain by an all-to-all, a collective-permute and the "
-        "gather (core.moves.transition's order for [x@b, y@a] -> [x@a, y]; XLA gathers b first for that reshard "
-        "alone too: a layout-algebra gap, not this rule's)"
-        "; seed 1 (derandomize off): the gradient of lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], "
-        "hi[32@a, 24] (mesh 3): XLA all-gathers lo whole and all-to-alls a mask (4704 B), explain gathers lo and "
-        "the mask whole (5760 B; the forward holds: core.moves._shift_meets_slice)"
-        ". (The gradient of jnp.clip(x[16, 16], -1, 1)'s peak holds now: 2048 B, as XLA's.)"
-    ),
+    # clamp: the derandomized deep run holds (its Explicit-axes draw, hi[16@b, 16@a] to x's [16@a, 16], is
+    # core.moves.transition's gather-then-all-to-all now, XLA's 768 B).  Seed 1 (derandomize off), not run here:
+    # the gradient of lax.clamp(lo, x, hi) with x[32@(a,b,c), 24], lo[32@a, 24@c], hi[32@a, 24] (mesh 3): XLA
+    # all-gathers lo whole and all-to-alls a mask (4704 B), explain gathered lo and the mask whole (5760 B; measured
+    # before transition's tile-count rules, not rechecked).
     "dynamic_update_slice": (
         "(x[16@a, 16@b] updated by u[16@b, 16] at (i, 0) (mesh 4 x 2) holds now: XLA writes at the finer of x's "
         "split and the merged result's, UPDATE_AT_DRAWS; x[16, 24@a] updated by u[16@a, 12] holds: peak 2504 B against XLA's 2792 B, "

@@ -24,6 +24,16 @@ collective-permute then an all-gather over x), and a dimension re-split from
 one group of mesh axes to another whose size divides or is divided by it is
 permuted, then gathered by the remaining factor (:func:`regroup`), as XLA does.
 
+XLA's partitioner reshards by tile counts per dimension, not by mesh axes, and transition follows it where
+the two differ (each measured on the compiled reshard, tests/test_core_moves.py): a dimension an all-to-all
+fills gives up its other mesh axes first; all-to-alls empty a dimension before filling it; two dimensions
+that trade their counts are one all-to-all by the factor and a permute (:func:`_swapped_counts`); a layout
+coarser or as split in every dimension is a permute, then gathers by factors (:func:`_coarsened`); the
+source's tiling shifted one dimension major-ward moves whole blocks and slices after
+(:func:`_shifted_tiling`); mesh axes fanning out of or into one dimension where the counts do not trade are
+gathered whole (:func:`_shifts_fan`).  An all-to-all or gather over part of a mesh axis's devices is priced
+as XLA runs it; a shard_map cannot name it, so the lowering runs an alternative.
+
 Example:
     >>> from einshard.placement import Layout, MeshAxis
     >>> mesh = (MeshAxis("data", 4),)
@@ -35,6 +45,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import NamedTuple
 
@@ -437,10 +448,18 @@ def _transition(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     """The general path (:func:`_stepwise`), or one slice-and-permute where every target block lies in one
     source block and the steps would move more (:func:`_permuted_tiles`)."""
     cur, moves = _stepwise(src, dst)
-    if src.unreduced or dst.unreduced or len(moves) < 2 and all(m.kind == "collective-permute" for m in moves):
-        return cur, moves  # free slices, or already one permute
+    if src.unreduced or dst.unreduced or not moves:
+        return cur, moves  # free slices
+    if len(moves) == 1 and moves[0].kind == "collective-permute" and _moves_no_more(moves[0], dst):
+        return cur, moves  # already one permute, of no more than the target's block
     permuted = _permuted_tiles(src, dst)
     return permuted if permuted is not None else (cur, moves)
+
+
+def _moves_no_more(permute: Move, dst: Layout) -> bool:
+    """Whether a permute sends no more than ``dst``'s block (it sends the smaller of its two)."""
+    sent = min(permute.before.bytes_per_device(1), permute.after.bytes_per_device(1))
+    return sent <= dst.bytes_per_device(1)
 
 
 def _stepwise(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
@@ -487,11 +506,13 @@ def _stepwise(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
     src_at = {m: i for i, d in enumerate(src.dims) for m in d}
     dst_at = {m: i for i, d in enumerate(dst.dims) for m in d}
     if not src.unreduced and not dst.unreduced:
-        swapped = _swapped_tiles(src, dst)
-        if swapped is not None:
-            return swapped
+        direct = _swapped_tiles(src, dst) or _swapped_counts(_fresh_sliced(src, dst), dst) or _coarsened(src, dst)
+        if direct is not None:
+            return direct
     if not src.unreduced and (
-        _gathers_and_shifts_one_dim(src, src_at, dst_at) or _shift_meets_slice(dst, src_at, dst_at)
+        _gathers_and_shifts_one_dim(src, src_at, dst_at)
+        or _shift_meets_slice(dst, src_at, dst_at)
+        or _shifts_fan(src, dst, src_at, dst_at)
     ):
         return _rematerialized(src, dst)
 
@@ -536,28 +557,51 @@ def _stepwise(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
         slice_now -= set(new)
         regrouped |= set(gone)
 
-    # 2. Free slices, in the target's mesh-axis order within each dimension.
-    for j, d in enumerate(dst.dims) if slice_now else ():
-        new = tuple(m for m in d if m in slice_now)
-        if new:
-            cur, _ = dynamic_slice(cur, new, j)
+    # 2. Mesh axes that move from one tensor axis to another (all-to-alls below), grouped by source and target,
+    #    a dimension emptied before it is filled (XLA's partitioner: [., y@a, z@b] -> [x@b, ., z@a] moves b to
+    #    x, then a to z, and needs no permute).
+    shifts = _ordered_shifts(order, src_at, dst_at)
+    receiving = {j for (_, j), _ in shifts}
 
-    # 3. Mesh axes that move from one tensor axis to another: all-to-all (grouped by source and target).
-    shifts: dict[tuple[int, int], list[str]] = {}
+    # 2a. Free slices, in the target's mesh-axis order within each dimension, before the all-to-alls (so those
+    #     move less), except where the target is the source's tiling shifted one dimension major-ward with the
+    #     replicated mesh axes splitting the last dimension (:func:`_shifted_tiling`): there XLA's partitioner
+    #     moves the source's blocks whole and slices after.
+    if slice_now and not _shifted_tiling(src, dst):
+        for j, d in enumerate(dst.dims):
+            new = tuple(m for m in d if m in slice_now)
+            if new:
+                cur, _ = dynamic_slice(cur, new, j)
+        slice_now = set()
+
+    # 2b. A dimension an all-to-all fills gives up what the target does not split it over first (XLA's
+    #     partitioner: [x@a, y@b] -> [x, y@a] gathers b, then moves a; the other order needs a permute).
+    gathers: dict[int, list[str]] = {}
     for m in order:
-        if m in src_at and m in dst_at and src_at[m] != dst_at[m]:
-            shifts.setdefault((src_at[m], dst_at[m]), []).append(m)
-    for (i, j), ms in shifts.items():
+        if m in src_at and m not in dst_at and m not in regrouped:
+            gathers.setdefault(src_at[m], []).append(m)
+    for i in sorted(gathers.keys() & receiving, reverse=True):
+        first = gathers.pop(i)
+        cur = _to_minor(cur, i, first, moves)
+        ms_ordered = tuple(m for m in cur.dims[i] if m in first)
+        cur, c = all_gather(cur, ms_ordered, why=f"gather {_name(src, i)}")
+        _add(moves, c)
+
+    # 3. The all-to-alls.
+    for (i, j), ms in shifts:
         cur = _to_minor(cur, i, ms, moves)
         ms_ordered = tuple(m for m in cur.dims[i] if m in ms)  # moved as the group they are, in their order
         cur, c = all_to_all(cur, ms_ordered, i, j, why=f"move the split from {_name(src, i)} to {_name(src, j)}")
         _add(moves, c)
 
+    # 3b. The other free slices, after the all-to-alls: XLA's partitioner moves the source's blocks whole and
+    #     slices the result ([x, y@a] -> [x@a, y@b] on (4, 2): one all-to-all of [16, 4], then a slice).
+    for j, d in enumerate(dst.dims) if slice_now else ():
+        new = tuple(m for m in d if m in slice_now)
+        if new:
+            cur, _ = dynamic_slice(cur, new, j)
+
     # 4. Gathers, grouped by the dimension they leave.
-    gathers: dict[int, list[str]] = {}
-    for m in order:
-        if m in src_at and m not in dst_at and m not in regrouped:
-            gathers.setdefault(src_at[m], []).append(m)
     for i, ms in _last_dim_first(gathers):
         cur = _to_minor(cur, i, ms, moves)
         ms_ordered = tuple(m for m in cur.dims[i] if m in ms)
@@ -569,6 +613,49 @@ def _stepwise(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
         cur, c = collective_permute(cur, dst.dims, why="reorder the mesh axes of a split")
         _add(moves, c)
     return cur, tuple(moves)
+
+
+def _ordered_shifts(
+    order: dict[str, int], src_at: dict[str, int], dst_at: dict[str, int]
+) -> list[tuple[tuple[int, int], list[str]]]:
+    """The mesh axes that change tensor axis, grouped by (source, target) dimension in mesh order, each group
+    after the groups that leave its target dimension (where no cycle forbids it)."""
+    groups: dict[tuple[int, int], list[str]] = {}
+    for m in order:
+        if m in src_at and m in dst_at and src_at[m] != dst_at[m]:
+            groups.setdefault((src_at[m], dst_at[m]), []).append(m)
+    if len(groups) < 2:
+        return list(groups.items())
+    pending = list(groups.items())
+    out: list[tuple[tuple[int, int], list[str]]] = []
+    while pending:
+        ready = [g for g in pending if not any(h[0][0] == g[0][1] for h in pending if h is not g)]
+        pick = ready[0] if ready else pending[0]
+        out.append(pick)
+        pending.remove(pick)
+    return out
+
+
+def _shifted_tiling(src: Layout, dst: Layout) -> bool:
+    """Whether ``dst`` splits every mesh axis, each dimension as many ways as ``src`` splits the next one and the
+    last dimension as many ways as ``src`` is replicated, with the mesh axes in the same order (the source's
+    replicated ones last, in mesh order), the source's first dimension whole.  XLA's partitioner reshards that
+    by all-to-alls of the source's blocks, then slices the last dimension (its partial-replicate to tiled
+    all-to-all; measured: [x, y@a] -> [x@a, y@b] on (4, 2) all-to-alls the [16, 4] block, as
+    [., ., z@a] -> [., y@a, z@b] and [., y@a, .] -> [x@a, ., z@b] do the [8, 8, 2] and [8, 2, 8] ones, where
+    [., y@a, .] -> [x@a, y@b, .] slices first)."""
+    if src.dims[0] or src.unreduced or dst.unreduced:
+        return False
+    sizes = mesh_sizes(src)
+    used = [m for d in src.dims for m in d]
+    replicated = [m for m in sizes if m not in used and sizes[m] > 1]
+    if (
+        not replicated
+        or [m for d in dst.dims for m in d if sizes[m] > 1] != [m for m in used if sizes[m] > 1] + replicated
+    ):
+        return False
+    counts = [_group(src, d) for d in src.dims[1:]] + [_group(src, tuple(replicated))]
+    return [_group(dst, d) for d in dst.dims] == counts
 
 
 def _last_dim_first(gathers: dict[int, list[str]]) -> list[tuple[int, list[str]]]:
@@ -659,6 +746,196 @@ def _swapped_tiles(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] 
     _add(moves, a2a)
     _add(moves, permute)
     return after, tuple(moves)
+
+
+def _shifts_fan(src: Layout, dst: Layout, src_at: dict[str, int], dst_at: dict[str, int]) -> bool:
+    """Whether the mesh axes that change tensor axis leave one dimension for two, or come from two dimensions
+    into one, where the dimensions whose split changes are not split as many ways as one another's were (the
+    counts not a permutation).  XLA's partitioner moves splits by all-to-alls between dimensions that trade
+    their counts; for the others it has no direct reshard (measured on (4, 2): [., y@a, z@b] -> [x@(a,b), ., .]
+    and [., ., z@(a,b)] -> [x@a, y@b, .] gather the whole value and slice it, "Involuntary full
+    rematerialization"; on (2, 2, 2) [., y@b, z@(a,c)] -> [x@c, y@(b,a), .] all-to-alls twice and permutes, as
+    [x@(b,c), ., .] -> [., y@(a,c), z@b] does, a sliced first)."""
+    targets: dict[int, set[int]] = {}
+    sources: dict[int, set[int]] = {}
+    for m, i in src_at.items():
+        j = dst_at.get(m, i)
+        if j != i:
+            targets.setdefault(i, set()).add(j)
+            sources.setdefault(j, set()).add(i)
+    if all(len(t) < 2 for t in targets.values()) and all(len(t) < 2 for t in sources.values()):
+        return False
+    # counted after the free slices of mesh axes the source does not split over (XLA slices those first)
+    sliced = [tuple(m for m in dd if m not in src_at) for dd in dst.dims]
+    counts = [(_group(src, sd + f), _group(dst, dd)) for sd, dd, f in zip(src.dims, dst.dims, sliced, strict=True)]
+    changed = [(a, b) for a, b in counts if a != b]
+    return sorted(a for a, _ in changed) != sorted(b for _, b in changed)
+
+
+def _swapped_counts(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:
+    """Two dimensions, the others as they are, where one hands a factor f of its split to the other and stays
+    split (p, q ways to p/f, q*f).  XLA's partitioner reshards by tile counts: one all-to-all moves the factor,
+    then a collective-permute sends each block to the device the target names (measured on (4, 2):
+    [x@a, y@b] -> [x@b, y@a] is an all-to-all and a permute of the [4, 8] block, where moving each mesh axis
+    would be two all-to-alls; on (2, 2, 2) [x, y@(a,b,c)] -> [x@a, y@(c,b)] is one all-to-all by 2 and a
+    permute).  Where the factor is the source dimension's minor mesh axes, the all-to-all is theirs; otherwise
+    it runs over part of a mesh axis (not a named split: the lowering runs an alternative).  None where the
+    layouts are not so."""
+    differ = [d for d, (sd, dd) in enumerate(zip(src.dims, dst.dims, strict=True)) if sd != dd]
+    if len(differ) != 2:
+        return None
+    i, j = differ
+    p, q = _group(src, src.dims[i]), _group(src, src.dims[j])
+    p2, q2 = _group(dst, dst.dims[i]), _group(dst, dst.dims[j])
+    if p2 > p:
+        i, j, p, q, p2, q2 = j, i, q, p, q2, p2
+    if p2 >= p or p % p2 or q2 != q * (p // p2) or p2 == 1:
+        return None  # not a factor handed from i to j, i kept split (a whole split moving: the general path)
+    f = p // p2
+    d = src.dims[i]
+    why = f"move a factor {f} of the split from {_name(src, i)} to {_name(src, j)}"
+    moves: list[Move] = []
+    k = next((k for k in range(len(d)) if _group(src, d[k:]) == f), None)
+    if k is not None and dst.shape[j] % (q * f) == 0:
+        cur, c = all_to_all(src, d[k:], i, j, why=why)
+    else:
+        cur = derived(src, dst.dims)
+        c = Move("all-to-all", d, f, src, cur, why, i, j)  # over part of d's devices
+    _add(moves, c)
+    if cur.dims != dst.dims or k is None:
+        moved = tuple(dict.fromkeys(src.dims[i] + src.dims[j]))
+        after = derived(src, dst.dims)
+        _add(
+            moves,
+            Move(
+                "collective-permute", moved, _group(src, moved), cur, after, "send each block where the target names it"
+            ),
+        )
+        cur = after
+    return cur, tuple(moves)
+
+
+def _fresh_sliced(src: Layout, dst: Layout) -> Layout:
+    """``src`` with the mesh axes it does not use sliced into the dimensions ``dst`` splits over them (free: XLA's
+    partitioner slices first, then trades counts: [x, y@(a,b)] -> [x@(a,c), y@b] on (2, 2, 2) is one all-to-all
+    and a permute of the [4, 8] block)."""
+    used = {m for d in src.dims for m in d} | src.unreduced
+    fresh = [tuple(m for m in dd if m not in used) for dd in dst.dims]
+    if not any(fresh) or _shifted_tiling(src, dst):
+        return src  # (the shifted tiling moves the whole blocks, then slices)
+    dims = tuple(sd + f for sd, f in zip(src.dims, fresh, strict=True))
+    if any(n % _group(src, d) for n, d in zip(src.shape, dims, strict=True)):
+        return src
+    return derived(src, dims)
+
+
+def _coarsened(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]] | None:
+    """Every dimension split as many ways as in ``src`` or a factor of that, some over other mesh axes (plain
+    gathers of minor mesh axes are the fast path).  XLA's partitioner first sends each block with one
+    collective-permute to a device of its target group, then all-gathers each dimension by its factor, the last
+    dimension first (measured on (4, 2): [x@a, y@b] -> [x@b, y] permutes the [4, 8] block, gathers y over 2,
+    then x over 2 devices of a).  A dimension whose target axes are among its own is reordered by the permute
+    and gathered over its minor mesh axes; one whose count stays takes the target's axes in the permute; any
+    other is gathered over a factor of its mesh axes (not a named split: the lowering runs an alternative).
+    None where the layouts are not so, or where no layout after the permute names it."""
+    if any(_group(src, sd) % _group(dst, dd) for sd, dd in zip(src.dims, dst.dims, strict=True)):
+        return None
+    mid_dims = _coarsened_mid(src, dst)
+    if mid_dims is None:
+        return None
+    factor = any(md[: len(dd)] != dd for dd, md in zip(dst.dims, mid_dims, strict=True))  # a gather by a factor
+    mid = derived(src, tuple(mid_dims))
+    moves: list[Move] = []
+    if mid.dims != src.dims or factor:
+        moved = tuple(dict.fromkeys(m for sd, dd in zip(src.dims, dst.dims) if dd != sd[: len(dd)] for m in sd + dd))
+        _add(
+            moves,
+            Move("collective-permute", moved, _group(src, moved), src, mid, "send each block to its target group"),
+        )
+    cur, real = mid, list(mid.dims)  # cur: the layout the moves record; real: each dimension's split
+    unnamed = False  # whether a gather runs over part of its mesh axes' devices (the lowering cannot run it)
+    for d in reversed(range(len(dst.dims))):
+        have, want = real[d], dst.dims[d]
+        if have == want:
+            continue
+        real[d] = want
+        f = _group(src, have) // _group(dst, want)
+        if cur.dims[d] == have and have[: len(want)] == want:
+            cur, c = all_gather(cur, have[len(want) :], why=f"gather {_name(src, d)}")
+            _add(moves, c)
+            continue
+        gone = tuple(m for m in have if m not in want) or have
+        unnamed = unnamed or _group(src, gone) != f
+        used = [m for k in real for m in k]
+        if len(used) == len(set(used)):
+            after = derived(src, tuple(real))
+        else:  # the split between is no named layout ([x@b, y@a] -> [x, y@b] on (4, 2): y over half of a): a
+            # stand-in with its block size, which is all a gather's price reads
+            stand_in = _stand_in(src, math.prod(_group(src, k) for k in real))
+            if stand_in is None:
+                return None
+            after = stand_in
+        _add(moves, Move("all-gather", gone, f, cur, after, f"gather {_name(src, d)} by a factor {f}", d))
+        cur = after
+    if factor and not unnamed:
+        return None  # named gathers that would not take the permuted blocks there: left to the general path
+    return cur, tuple(moves)
+
+
+def _coarsened_mid(src: Layout, dst: Layout) -> list[tuple[str, ...]] | None:
+    """The layout :func:`_coarsened`'s permute leaves: each dimension the target's mesh axes then the ones it gathers
+    after (its own where the target does not split elsewhere over them, else mesh axes the target leaves out,
+    [x@a, y@c] -> [x@c, y] on (2, 2, 2) permutes to [x@c, y@a] and gathers a), or, where no mesh axes make its
+    factor, the source's (gathered over a factor of them).  None where a mesh axis would split two dimensions."""
+    sizes = mesh_sizes(src)
+    taken = {m for d in dst.dims for m in d}
+    pool = [m for d in src.dims for m in d if m not in taken]  # gathered in the end: free for the permute
+    mid: list[tuple[str, ...] | None] = []
+    for sd, dd in zip(src.dims, dst.dims, strict=True):
+        rest = tuple(m for m in sd if m not in dd)
+        if set(dd) <= set(sd) and all(m in pool for m in rest):
+            mid.append(dd + rest)
+            pool = [m for m in pool if m not in rest]
+        elif _group(src, sd) == _group(dst, dd):
+            mid.append(dd)
+        else:
+            mid.append(None)
+    for k, (sd, dd) in enumerate(zip(src.dims, dst.dims, strict=True)):
+        if mid[k] is not None:
+            continue
+        f = _group(src, sd) // _group(dst, dd)
+        extra = next(
+            (
+                c
+                for r in range(1, len(pool) + 1)
+                for c in itertools.combinations(pool, r)
+                if math.prod(sizes[m] for m in c) == f
+            ),
+            None,
+        )
+        if extra is not None:
+            mid[k] = dd + extra
+            pool = [m for m in pool if m not in extra]
+        else:
+            mid[k] = sd
+    out = [d for d in mid if d is not None]
+    used = [m for d in out for m in d]
+    return out if len(used) == len(set(used)) else None
+
+
+def _stand_in(lay: Layout, blocks: int) -> Layout | None:
+    """A layout of ``lay``'s tensor on its mesh in ``blocks`` blocks (one dimension split over mesh axes whose
+    sizes multiply to that), or None where there is none."""
+    sizes = mesh_sizes(lay)
+    names = [m for m in sizes if sizes[m] > 1]
+    for r in range(len(names) + 1):
+        for pick in itertools.combinations(names, r):
+            if math.prod(sizes[m] for m in pick) != blocks:
+                continue
+            for d, n in enumerate(lay.shape):
+                if n % blocks == 0:
+                    return derived(lay, tuple(pick if k == d else () for k in range(len(lay.shape))))
+    return None
 
 
 def _rematerialized(src: Layout, dst: Layout) -> tuple[Layout, tuple[Move, ...]]:
