@@ -355,16 +355,13 @@ def _linear(w: jax.Array, x: jax.Array) -> jax.Array:
     return jax.vmap(jax.vmap(lambda v: w @ v))(x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Shardy propagates through elementwise ops first (op priority): the residual's batch split reaches the "
-    "down projection's result before the dot's own factors are settled, so XLA makes the dot produce it (the FSDP "
-    "weight gathered, the gelu output all-to-all'd from its f split to the batch split: 6 + 3 KiB); explain settles "
-    "the dot alone (the gelu output gathered whole, 12 KiB, the result split on d) and all-to-alls the result at "
-    "the residual add (1.5 KiB, marked approximate).  The eqx_rotary fsdp forward's +17% bytes (96774 against "
-    "XLA's 82950: 4.5 KiB per block).  Not fixed: the rule reads past the dot (the add's other operand), which "
-    "the walker's segment memo must then record (issue 20, h13-fsdpmem's report)",
-)
+# Shardy propagates through elementwise ops first (op priority): the residual's batch split reaches the down
+# projection's result (through its transpose) before the dot's own factors are settled, so XLA makes the dot produce
+# it: the FSDP weight gathered, the gelu output all-to-all'd from its f split to the batch split (6 + 3 KiB).  explain
+# settled the dot alone (the gelu output gathered whole, 12 KiB, the result split on d) and all-to-all'd the result at
+# the residual add (the eqx_rotary fsdp forward's +17% bytes, 96774 against XLA's 82950); it now takes the split of
+# the dot's elementwise readers' partners (rules_indexing._elementwise_reader_split), read through the walker's
+# logged tables, so the segment memo keys a copy by it or walks the copy again.
 def test_a_residual_split_is_carried_back_into_the_fsdp_down_projection():
     from einshard._src.analysis.program import trace
     from einshard.testing import hlo
