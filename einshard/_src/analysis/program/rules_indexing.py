@@ -417,7 +417,8 @@ _SETTLED: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, frozenset[int]]]] 
 
 
 def settled_by_elementwise(w: Walker, var: Any) -> bool:
-    """Whether Shardy's elementwise-first pass gives ``var`` its split: it is an argument of its jaxpr, or made by
+    """Whether Shardy's elementwise-first pass gives ``var`` its split: it is an argument of its jaxpr or a placement's
+    result (a sharding constraint: an Explicit program's reshard, an ``auto_axes`` region's entry), or made by
     pass-through ops (:data:`PASS_THROUGH`) from at least one such value.  A value a dot, a reduction, a broadcast
     or a gather makes is unsharded then (those are propagated after), and hands nothing to a dot's result in that
     pass (measured: the gelu derivative's factors, made from the up projection's result, leave the down
@@ -430,8 +431,9 @@ def settled_by_elementwise(w: Walker, var: Any) -> bool:
     if hit is None or hit[0] is not home.jaxpr:
         reached: set[int] = set()
         for eqn in home.jaxpr.eqns:
-            if eqn.primitive.name in PASS_THROUGH and any(
-                not hasattr(x, "val") and (home.made_at(x) < 0 or id(x) in reached) for x in eqn.invars
+            if eqn.primitive.name in PLACEMENTS or (
+                eqn.primitive.name in PASS_THROUGH
+                and any(not hasattr(x, "val") and (home.made_at(x) < 0 or id(x) in reached) for x in eqn.invars)
             ):
                 reached.update(id(o) for o in eqn.outvars)
         hit = table[id(home.jaxpr)] = (home.jaxpr, frozenset(reached))
