@@ -52,13 +52,14 @@ def _params() -> list:
 # experts is settled the other way (docs/analysis.md).
 # The Equinox BERT FSDP forward too: its conflict marks are at the residual adds, where Shardy's elementwise-first
 # propagation may carry the residual's split back into the down projection (XLA does so in the rotary family's
-# FSDP forward, test_external_repros' strict xfail) and here took explain's side; it matches since session 13's
-# FSDP gathered-copy memory rule.
+# FSDP forward, which explain follows since session 15: rules_indexing._elementwise_reader_split) and here took
+# explain's side; it matches since session 13's FSDP gathered-copy memory rule.
 # The Equinox rotary FSDP gradient matches since session 14's asked-split dot rule (the weight gradient made at its
-# out_shardings' split, the cotangent's gather shared); its marks are at the forward's residual adds, where XLA takes
-# the other side (the forward's said-so: XLA gathers the down weight, explain the gelu output), and the gradient
-# makes the same gathers in the other phase (XLA gathers the gelu output for the down weight's gradient, explain
-# the down weight for the input gradient): kinds and counts equal, bytes 234432 against XLA's 239040.
+# out_shardings' split, the cotangent's gather shared); its marks are at the gelu derivative's mul and add_any, where
+# XLA makes the moves explain predicts (bytes equal since session 15's elementwise-reader rule: 239040).
+# The scanned Flax NNX stack's FSDP gradient and step on Auto axes match since session 15's elementwise-reader rule
+# (the norm's input gradient made on x_hat's batch split, as XLA's propagation settles it before the dot); their
+# marks are at the gelu derivative's mul and add_any too, where XLA makes the same moves.
 # The Flax NNX GPT FSDP gradient matches since session 15 (its embedding's scatter-add moved as its lookup, and the HLO
 # reader reading a fusion's sixth operand: its LayerNorm sums are reduce-scatters, as explain says); its marks are at
 # the attention's mul / add_any under FSDP (flax_nnx.py:89), where XLA took explain's side.
@@ -72,6 +73,8 @@ MARKED_MATCHES = frozenset(
         "explicit-eqx_bert-fsdp-fwd",
         "auto-eqx_rotary-fsdp-grad",
         "explicit-eqx_rotary-fsdp-grad",
+        "auto-nnx_scan-fsdp-grad",
+        "auto-nnx_scan-fsdp-step",
     }
 )
 

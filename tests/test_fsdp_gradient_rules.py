@@ -213,7 +213,7 @@ def test_an_fsdp_mlp_weight_gradient_is_made_on_its_asked_split() -> None:
 # Layers unrolled (no loop): each layer's a-gradient dot gathers its cotangent dz (rules_indexing.asked_split_operands)
 # and all-to-alls the activation onto the asked split; the input-gradient dot dz . a^T, whose only reader is the sum
 # with the residual stream's cotangent (batch split), is computed at that split (dz all-to-all'd to it, a gathered),
-# as Shardy's elementwise-first propagation settles it (rules_indexing._gradient_sum_partner); a gather one dot made
+# as Shardy's elementwise-first propagation settles it (rules_indexing._elementwise_reader_split); a gather one dot made
 # and another reads is charged once (walker.already_moved shares the key of a move and of an analyzer step).
 @pytest.mark.parametrize("kind", ["auto", "explicit"])
 @pytest.mark.parametrize("layers, b", [(2, 8), (3, 8), (2, 32)])
@@ -236,3 +236,74 @@ def test_an_unrolled_fsdp_mlp_gradient_is_xlas(kind: str, layers: int, b: int) -
         report = trace(fn, p, x, mesh=mesh).report(None, [fsdp] * len(shapes))
     got, xla = _collectives(compiled, report)
     assert got == xla
+
+
+def _layer_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-6) * scale
+
+
+def _normed_mlp(h: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
+    """A pre-norm MLP block, as Flax NNX's and Equinox's are: h + gelu(norm(h) @ up) @ down."""
+    return h + jax.nn.gelu(_layer_norm(h, w["scale"]) @ w["up"]) @ w["down"]
+
+
+def _normed_mlp_stack(loop: str) -> Callable[[Any, jax.Array], jax.Array]:
+    """The loss of L pre-norm MLP blocks: unrolled over a list of layers' weights, or a scan over their stack
+    (with the body rematerialized: ``remat``)."""
+
+    def loss(p: Any, x: jax.Array) -> jax.Array:
+        body = lambda h, w: (_normed_mlp(h, w), None)  # noqa: E731
+        if loop == "unrolled":
+            for w in p:
+                x = body(x, w)[0]
+            return jnp.mean(x**2)
+        return jnp.mean(jax.lax.scan(jax.checkpoint(body) if loop == "remat" else body, x, p)[0] ** 2)
+
+    return loss
+
+
+# What was left of auto-nnx_scan-fsdp-grad/step (and of the unrolled nnx_gpt / eqx_bert FSDP gradients' mul and
+# add_any marks), reduced: a pre-norm FSDP MLP h + gelu(norm(h) @ up) @ down.  The input gradient of the up
+# projection, dy = dz . up^T (dz[b, s, f@data] against up[d@data, f]: a free split clashing with a contracted one),
+# is read by the norm's backward twice, dy * x_hat (the scale's gradient) and dy * scale, x_hat split on the batch.
+# XLA's propagation settles those elementwise ops before the dot (Shardy's op priority), so dy is made on x_hat's
+# batch split: dz all-to-all'd to it (8192 B), up's gather shared with the forward's (or the remat's), and the
+# norm's backward needs no move.  explain made dy on d's split (the gathered dz reused), then moved it back in the
+# norm's chain: per layer 3 all-to-alls, an all-gather and a reduce-scatter where XLA has one all-to-all and an
+# all-reduce (the scanned corpus case: 24 all-to-alls against XLA's 18).  rules_indexing._elementwise_reader_split
+# now takes the split from any elementwise reader's split partner, not only from a lone gradient sum.
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("loop", ["unrolled", "scan", "remat"])
+def test_a_normed_fsdp_mlp_input_gradient_takes_its_elementwise_readers_split(loop: str, kind: str) -> None:
+    mesh = _mesh(kind)
+    shapes = {"scale": (D,), "up": (D, 4 * D), "down": (4 * D, D)}
+    specs = {"scale": P(), "up": P("data", None), "down": P("data", None)}
+    if loop != "unrolled":  # a stack of layers: each weight split as an unrolled layer's
+        shapes = {k: (L, *s) for k, s in shapes.items()}
+        specs = {k: P(None, *s) for k, s in specs.items()}
+    key = iter(jax.random.split(jax.random.key(2), 3 * L + 1))
+    layers = [{k: 1 + jax.random.normal(next(key), s) / s[-1] for k, s in shapes.items()} for _ in range(L)]
+    params: Any = layers if loop == "unrolled" else layers[0]
+    w_sh = {k: NamedSharding(mesh, s) for k, s in specs.items()}
+    p_sh = [w_sh] * L if loop == "unrolled" else w_sh
+    x_sh = NamedSharding(mesh, P("data"))
+    p = jax.device_put(params, p_sh)
+    x = jax.device_put(jax.random.normal(next(key), (8, 8, D)), x_sh)
+    fn = jax.grad(_normed_mlp_stack(loop))
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(fn, in_shardings=(p_sh, x_sh), out_shardings=p_sh).lower(p, x).compile()
+        report = trace(fn, p, x, mesh=mesh).report(None, [s.spec for s in jax.tree.leaves(p_sh)])
+    got, xla = _collectives(compiled, report)
+    assert got == xla
+    mem = compiled.memory_analysis()
+    xla_peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
+    assert 0.75 * xla_peak <= report.peak_bytes <= 1.25 * xla_peak  # the corpus' tolerance (external_corpus.compare)
+    if kind == "auto":
+        per_step = Counter()
+        for k, _, _, runs in got:
+            per_step[k] += runs
+        # Per layer: the gelu's chain (4: the cotangent to the batch split and back) and the two input-gradient
+        # dots' operands (2); none in the norm's backward.
+        assert per_step["all-to-all"] == 6 * L

@@ -19,6 +19,7 @@ and ``scatter`` follow XLA's SPMD partitioner:
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -406,20 +407,88 @@ def asked_split_operands(
     return lhs.with_dims(tuple(dims[0])), rhs.with_dims(tuple(dims[1]))
 
 
-def _gradient_sum_partner(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
-    """The split of the cotangent a backward dot's result is summed with (its only reader a gradient sum whose other
-    operand is laid out split: the residual stream's cotangent), or None.  XLA's propagation settles elementwise ops
-    first, so the sum's split reaches the dot before the dot's own operands settle it (measured: the input gradient
-    dz . a^T of an unrolled FSDP MLP x + tanh(x @ a) @ b lands on the residual cotangent's batch split, dz
-    all-to-all'd to it, 8192 B, not gathered)."""
-    uses = w.uses.get(id(var), [])
-    if len(uses) != 1 or uses[0][0].primitive.name not in GRADIENT_SUMS:
-        return None
-    user, k = uses[0]
-    if getattr(user.outvars[0].aval, "shape", None) != getattr(var.aval, "shape", None):
-        return None
-    split = _partner_split(w, user, k, var)
-    return split if any(split) else None
+# How many pass-through readers deep a dot's result is searched for a split partner (a bias add, then the residual).
+ELEMENTWISE_READER_STEPS = 4
+# Ops Shardy's op-priority propagation carries a sharding through in its first pass (element-wise: every factor
+# passes through), before dots, reductions and gathers are propagated.
+PASS_THROUGH = frozenset(ELEMENTWISE | CARRIERS | {"add_any"})
+# id(jaxpr) -> (the jaxpr, held so its ids stay its values', the ids of its values that first pass reaches)
+_SETTLED: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, frozenset[int]]]] = weakref.WeakKeyDictionary()
+
+
+def settled_by_elementwise(w: Walker, var: Any) -> bool:
+    """Whether Shardy's elementwise-first pass gives ``var`` its split: it is an argument of its jaxpr or a placement's
+    result (a sharding constraint: an Explicit program's reshard, an ``auto_axes`` region's entry), or made by
+    pass-through ops (:data:`PASS_THROUGH`) from at least one such value.  A value a dot, a reduction, a broadcast
+    or a gather makes is unsharded then (those are propagated after), and hands nothing to a dot's result in that
+    pass (measured: the gelu derivative's factors, made from the up projection's result, leave the down
+    projection's input gradient to its own operands; x_hat, made from the residual stream, does not)."""
+    home = home_of(w.costs, var)
+    if home is None:
+        return not hasattr(var, "val")  # an argument (a loop body's carry too: it enters split); not a literal
+    table = _SETTLED.setdefault(w.costs, {})
+    hit = table.get(id(home.jaxpr))
+    if hit is None or hit[0] is not home.jaxpr:
+        reached: set[int] = set()
+        for eqn in home.jaxpr.eqns:
+            if eqn.primitive.name in PLACEMENTS or (
+                eqn.primitive.name in PASS_THROUGH
+                and any(not hasattr(x, "val") and (home.made_at(x) < 0 or id(x) in reached) for x in eqn.invars)
+            ):
+                reached.update(id(o) for o in eqn.outvars)
+        hit = table[id(home.jaxpr)] = (home.jaxpr, frozenset(reached))
+    return id(var) in hit[1]
+
+
+def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The split a dot's result takes from its elementwise readers' other operands, in ``var``'s axis order, or None.
+
+    XLA's propagation (Shardy's op priority) settles elementwise ops before dots: an elementwise reader whose other
+    operand of the result's shape is split, and split in that first pass (:func:`settled_by_elementwise`), hands
+    that split to the dot's result (through a transpose or conversion that only carries it) before the dot's own
+    operands settle it.  Measured on minimal programs (tests/test_fsdp_gradient_rules.py,
+    tests/test_external_repros.py):
+
+    - a gradient sum with the residual stream's cotangent: the input gradient dz . a^T of an FSDP MLP
+      x + tanh(x @ a) @ b lands on the cotangent's batch split, dz all-to-all'd to it (8192 B), not gathered;
+    - a layer norm's backward, which reads the input gradient dy twice (dy * x_hat for the scale's gradient, and
+      dy * scale): x_hat's batch split reaches the dot, where explain moved the result and the norm's chain after;
+    - the forward's residual add x + down(gelu(up(x))): x's batch split reaches the down projection, its FSDP
+      weight gathered and the gelu output all-to-all'd from its f split, where explain gathered the gelu output.
+
+    Readers whose partners are split differently leave it to the dot (None): which XLA's propagation takes first
+    is its order, not a rule explain reproduces."""
+    # Breadth-first over the pass-through readers (axes mapped through transposes), a few steps deep: the first
+    # pass reaches the dot from wherever a split partner meets the chain (the residual add after the bias add).
+    frontier: list[tuple[Any, tuple[int, ...]]] = [(var, tuple(range(len(getattr(var.aval, "shape", ())))))]
+    found: set[tuple[tuple[str, ...], ...]] = set()
+    for _ in range(ELEMENTWISE_READER_STEPS):
+        ahead: list[tuple[Any, tuple[int, ...]]] = []
+        for v, axis_of in frontier:  # axis_of[i]: var's axis that is v's i
+            shape = getattr(v.aval, "shape", None)
+            for user, k in w.uses.get(id(v), []):
+                name, out = user.primitive.name, user.outvars[0]
+                if name == "transpose":
+                    ahead.append((out, _transposed(user, axis_of)))
+                    continue
+                if name not in PASS_THROUGH or getattr(out.aval, "shape", None) != shape:
+                    continue
+                split: tuple[tuple[str, ...], ...] = ()
+                for j, other in enumerate(user.invars):
+                    if j != k and not hasattr(other, "val") and settled_by_elementwise(w, other):
+                        theirs = _partner_split(w, user, k, v, only=j)
+                        split = theirs if any(theirs) else split
+                if any(split):
+                    dims: list[tuple[str, ...]] = [() for _ in range(len(getattr(var.aval, "shape", ())))]
+                    for i, d in enumerate(split):
+                        dims[axis_of[i]] = tuple(d)
+                    found.add(tuple(dims))
+                else:
+                    ahead.append((out, axis_of))
+        frontier = ahead
+        if found or not frontier:
+            break
+    return found.pop() if len(found) == 1 else None
 
 
 def _at_asked_split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
@@ -433,8 +502,8 @@ def _at_asked_split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: 
     if not free_contracted_clash(lhs, rhs, dn):
         return ins  # (looked past the dot only on such a clash: the segment memo's stretches read nothing after)
     asked = asked_of_result(w, eqn.outvars[0])
-    if asked is None and phase == "backward":
-        asked = _gradient_sum_partner(w, eqn.outvars[0])
+    if asked is None:
+        asked = _elementwise_reader_split(w, eqn.outvars[0])
     if asked is None:
         return ins
     found = asked_split_operands(lhs, rhs, dn, w.costs.mesh_sizes, asked)
@@ -970,14 +1039,15 @@ ELEMENTWISE_PARTNERED = frozenset(
 )
 
 
-def _partner_split(w: Walker, eqn: Any, k: int, v: Any) -> tuple[tuple[str, ...], ...]:
-    """The split of the most sharded other operand of ``eqn`` that has ``v``'s shape (none: all whole)."""
+def _partner_split(w: Walker, eqn: Any, k: int, v: Any, only: int = -1) -> tuple[tuple[str, ...], ...]:
+    """The split of the most sharded other operand of ``eqn`` (operand ``only`` where given) that has ``v``'s shape
+    (none: all whole)."""
     shape = tuple(getattr(v.aval, "shape", ()))
     best: tuple[tuple[str, ...], ...] = ()
     for j, other in enumerate(eqn.invars):
         theirs = tuple(getattr(getattr(other, "aval", None), "shape", ()))
         # Same shape, or broadcast to it from size-1 axes (a [t, 1] normaliser): its splits where sizes agree.
-        if j == k or hasattr(other, "val") or len(theirs) != len(shape):
+        if j == k or (only >= 0 and j != only) or hasattr(other, "val") or len(theirs) != len(shape):
             continue
         if any(a != b and a != 1 for a, b in zip(theirs, shape)):
             continue
