@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -300,6 +301,7 @@ class _Program:
         inner: dict[tuple[int, ...], dict[Any, Layout]],
         reuse: bool = False,
         body: bool = False,
+        absorb: bool = True,
     ):
         self.jaxpr, self.layouts, self.inner = jaxpr, layouts, inner
         self.body = body  # a loop's body: its arguments are the loop's buffers and slices (_absorb_transposes)
@@ -347,7 +349,31 @@ class _Program:
             if k is not None:
                 self.outputs.setdefault(k, v)
         self.bases = _in_place_bases(self)  # whose free-ness decides what fuses (the liveness' key)
-        self._absorb_transposes()
+        if absorb:  # (a PeakCache keeps one unabsorbed: each answer of the gathered tests absorbs a rebound of it)
+            self._absorb_transposes()
+
+    def absorbed_variant(self, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]) -> _Program:
+        """This flattening, made without :meth:`_absorb_transposes` (``absorb=False``), read under ``layouts`` and
+        ``inner`` (for which :meth:`holds`) and then absorbed there: the program ``_Program(jaxpr, layouts, inner)``
+        makes, without flattening the jaxpr again.
+
+        Which dot operands are read through a transposed copy turns on whether the walk gathered them
+        (:meth:`_ungathered`): a search that moves a weight between split and gathered makes a flattening per
+        answer.  The steps before the copies (the inlined calls, the aliases, the placements' answers) are the
+        same for every answer: they are made once, and each answer only absorbs its copies into a rebound of
+        them.  What absorbing writes is the variant's own (the rebound shares the rest, read only)."""
+        other = self.rebound(layouts, inner)
+        other.steps = list(other.steps)  # (absorbing resizes and inserts steps)
+        other.scratch_memo = {i: list(memo) for i, memo in self.scratch_memo.items()}
+        other.fixed_scratch = set(self.fixed_scratch)
+        other.absorbed = dict(self.absorbed)
+        other.written_transposed = set(self.written_transposed)
+        other.copied_args = list(self.copied_args)
+        other.gather_tested = list(self.gather_tested)
+        other.resized = {}
+        other.liveness, other.stretches, other.sizings, other.lone_sums = {}, {}, {}, {}
+        other._absorb_transposes()
+        return other
 
     def _absorb_transposes(self) -> None:
         """Find the dots whose transposed operand XLA writes transposed in the first place, and size them so.
@@ -909,7 +935,11 @@ class PeakCache:
 
     def __init__(self) -> None:
         self.programs: dict[Any, list[_Program]] = {}  # (id(jaxpr), the calls entered) -> flattenings
-        self.flattened = 0  # flattenings made (counted, for tests)
+        # The flattenings before their dots' transposed copies are absorbed, by the same key: each holds the
+        # steps every answer of the gathered tests shares (:meth:`_Program.absorbed_variant`).
+        self.unabsorbed: dict[Any, list[_Program]] = {}
+        self.flattened = 0  # flattenings of the jaxpr made (counted, for tests)
+        self.absorbed = 0  # programs absorbed from one: one per answer of the gathered tests
         self.reused = 0  # costings that reused one
         # Each stretch's liveness walk by its structure and numbers (peak_summary): the peak folds them.
         self.summaries = SummaryMemo()
@@ -927,8 +957,15 @@ class PeakCache:
             if prog.jaxpr is jaxpr and prog.holds(layouts, inner):
                 self.reused += 1
                 return prog.rebound(layouts, inner)
-        self.flattened += 1
-        prog = _Program(jaxpr, layouts, inner, reuse=True, body=body)
+        # No flattening's gathered tests answer so: absorb this costing's copies into the unabsorbed flattening
+        # whose placements answer alike (made here the first time).
+        base = next((b for b in self.unabsorbed.get(key, ()) if b.jaxpr is jaxpr and b.holds(layouts, inner)), None)
+        if base is None:
+            self.flattened += 1
+            base = _Program(jaxpr, layouts, inner, reuse=True, body=body, absorb=False)
+            self.unabsorbed.setdefault(key, []).append(base)
+        self.absorbed += 1
+        prog = base.absorbed_variant(layouts, inner)
         known.append(prog)
         return prog
 
@@ -1138,8 +1175,9 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
                 # An update as large as its operand replaces it (XLA's algebraic simplifier: the result is the
                 # update, measured on x[16@b] by u[16@(a,b)]: the gathered u is the output, x never read).
                 base = step.ins[1:2]
-            donors[i] = tuple(d for d in fusion_inputs_of(base) if d not in args and until.get(d) == i)
-            into_copy = tuple(d for d in fusion_inputs_of(base) if d in args and until.get(d) == i)
+            inputs = fusion_inputs_of(base)
+            donors[i] = tuple(d for d in inputs if d not in args and until.get(d) == i)
+            into_copy = tuple(d for d in inputs if d in args and until.get(d) == i)
             if into_copy:
                 copy_donors[i] = into_copy
     leaves = frozenset(_leaves_program(steps, set(outputs)))
@@ -1267,11 +1305,22 @@ _PATH_BUDGET = 256
 
 
 def _elements(k: Key) -> int:
-    return math.prod(int(d) for d in getattr(_aval(k), "shape", ()))
+    return _shape_elements(tuple(getattr(_aval(k), "shape", ())))
 
 
 def _true_rank(k: Key) -> int:
-    return sum(1 for d in getattr(_aval(k), "shape", ()) if int(d) != 1)
+    return _shape_true_rank(tuple(getattr(_aval(k), "shape", ())))
+
+
+# (By shape: a deep model's tens of thousands of values have a few dozen shapes, asked of at every flattening.)
+@functools.lru_cache(maxsize=4096)
+def _shape_elements(shape: tuple[Any, ...]) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_true_rank(shape: tuple[Any, ...]) -> int:
+    return sum(1 for d in shape if int(d) != 1)
 
 
 def _at_most_unary(step: _Step, steps: list[_Step], producer: dict[Key, int]) -> bool:
