@@ -1338,7 +1338,9 @@ def _at_most_unary(step: _Step, steps: list[_Step], producer: dict[Key, int]) ->
             continue  # (a broadcast of a constant has no operand the walk keys)
         if _true_rank(k) >= rank:
             big += 1
-    return big <= 1
+            if big > 1:
+                return False
+    return True
 
 
 def _reuses_elements(step: _Step) -> bool:
@@ -1517,7 +1519,8 @@ def _duplicated(
         users = set(readers.get(k, ()))
         if not users:
             continue
-        if not _at_most_unary(step, steps, producer) and sum(map(_elements, set(step.ins))) > _elements(k):
+        # (The operands' elements first: a unary op's are its result's, and the test of its operands is not made.)
+        if sum(map(_elements, set(step.ins))) > _elements(k) and not _at_most_unary(step, steps, producer):
             if not _fuses_on_all_paths(i, users, steps, readers, producer, blocked, fusing, custom):
                 blocked.add(i)
                 continue
