@@ -926,10 +926,13 @@ class PeakCache:
     Flattening the program (calls inlined, placements that keep their layout aliased) and its liveness
     (who reads what, what fuses, when each buffer dies, which partial sums only leave) depend on the
     layouts only through which calls the walk entered, whether each placement keeps its value's layout,
-    and whether each in-place update's base is a free constant; the bytes of each buffer, the gathered
-    copies and the loops' iterations are the layouts' own.  So a flattening is kept by the calls entered,
-    reused where every placement test answers as it did (:meth:`_Program.holds`), and its liveness by the
-    free-ness of the bases it tested; each costing then only sizes the buffers and walks the steps once.
+    whether each dot operand read through a transposed copy was gathered for its dot, and whether each
+    in-place update's base is a free constant; the bytes of each buffer, the gathered copies and the loops'
+    iterations are the layouts' own.  So a flattening is kept by the calls entered, reused where every
+    placement and gathered test answers as it did (:meth:`_Program.holds`), and its liveness by the free-ness
+    of the bases it tested; each costing then only sizes the buffers and walks the steps once.  The jaxpr is
+    flattened once per placements' answers: each answer of the gathered tests absorbs its transposed copies
+    into that flattening (:meth:`_Program.absorbed_variant`), with a liveness of its own.
     Reuse never changes a result (tests/test_memory_cache.py draws layouts and compares with none).
     """
 
