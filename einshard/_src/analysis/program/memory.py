@@ -1151,6 +1151,8 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
 
     def fusion_inputs_of(keys: tuple[Key, ...]) -> list[Key]:
         """The buffers a fusion reading ``keys`` reads (its fused operands' operands, recursively)."""
+        if fused.isdisjoint(keys):
+            return list(dict.fromkeys(reversed(keys)))  # (the search below, none fused: last first, each once)
         out: list[Key] = []
         todo, seen = list(keys), set()
         while todo:
@@ -1168,9 +1170,10 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     # that die there (whether one does is a matter of bytes, the layouts').
     donors: dict[int, tuple[Key, ...]] = {}
     copy_donors: dict[int, tuple[Key, ...]] = {}
+    written = prog.written_transposed
     for i, step in enumerate(steps):
         if step.outs and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
-            if any(k in prog.written_transposed for k in step.outs):
+            if written and not written.isdisjoint(step.outs):
                 donors[i] = ()  # written transposed for a dot (_Program._absorb_transposes): not in place
                 continue
             base = step.ins[:1] if step.name in _UPDATES_IN_PLACE else step.ins
@@ -1178,11 +1181,14 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
                 # An update as large as its operand replaces it (XLA's algebraic simplifier: the result is the
                 # update, measured on x[16@b] by u[16@(a,b)]: the gathered u is the output, x never read).
                 base = step.ins[1:2]
-            inputs = fusion_inputs_of(base)
-            donors[i] = tuple(d for d in inputs if d not in args and until.get(d) == i)
-            into_copy = tuple(d for d in inputs if d in args and until.get(d) == i)
+            into_own: list[Key] = []
+            into_copy: list[Key] = []
+            for d in fusion_inputs_of(base):
+                if until.get(d) == i:
+                    (into_copy if d in args else into_own).append(d)
+            donors[i] = tuple(into_own)
             if into_copy:
-                copy_donors[i] = into_copy
+                copy_donors[i] = tuple(into_copy)
     leaves = frozenset(_leaves_program(steps, set(outputs)))
     # The random bits with the values of their shape that elementwise ops make from them: on Auto axes XLA's
     # sharding propagation splits the bits as the most split of those (_bits_word_bytes).
@@ -2318,10 +2324,13 @@ _ON_THE_WAY_OUT = {"transpose", "reshape", "convert_element_type", "copy", "copy
 
 def _leaves_program(steps: list[_Step], outputs: set[Key]) -> set[Key]:
     """Values read only by shape ops on the way to the program's outputs (or outputs themselves)."""
+    # The readers of the values such an op reads: only theirs are asked below (a deep model has tens of thousands).
+    asked = {k for step in steps if step.name in _ON_THE_WAY_OUT for k in step.ins}
     readers: dict[Key, list[_Step]] = {}
     for step in steps:
         for k in step.ins:
-            readers.setdefault(k, []).append(step)
+            if k in asked:
+                readers.setdefault(k, []).append(step)
     out = set(outputs)
     for step in reversed(steps):
         if step.name not in _ON_THE_WAY_OUT:
