@@ -1073,7 +1073,7 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
         if k in bits_keys:
             return True  # the threefry loop's two state words, read by its readers' fusion (_random_bits)
         name, reads = steps[producer[k]].name, readers.get(k, [])
-        if any(r in folded for r in reads):
+        if folded and not folded.isdisjoint(reads):
             return False  # a dot reads it through the transpose folded into it: a buffer
         if name == "transpose" and reads and all(steps[r].name == "dot_general" for r in reads) and _rank(k) == 2:
             # XLA's transpose folding: a matrix transpose read only by dots is their dimension numbers, no copy
@@ -1110,7 +1110,7 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
             if is_fused(k):
                 fused_set.add(k)
                 roots.update(root_of(r) for r in readers.get(k, []))
-            elif not any(r in folded for r in readers.get(k, [])) and _fuses_into_one(
+            elif (not folded or folded.isdisjoint(readers.get(k, ()))) and _fuses_into_one(
                 k, i, steps, readers, outputs, fusible, fusing, root_of
             ):
                 fused_set.add(k)
@@ -1130,12 +1130,13 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     again: dict[Key, int] = {}  # by recomputed value: the last step whose fusion recomputes it
     for i in range(n - 1, -1, -1):
         step = steps[i]
-        end = (
-            max((until.get(o, i) for o in step.outs), default=i)
-            if step.outs and all(o in fused for o in step.outs)
-            else i
-        )
-        end = max([end, *(again[o] for o in step.outs if o in again)])
+        outs = step.outs
+        end = max([until.get(o, i) for o in outs]) if outs and fused.issuperset(outs) else i
+        if again:
+            for o in outs:
+                later = again.get(o)
+                if later is not None and later > end:
+                    end = later
         for k in step.ins:
             into = recomputed.get(k)
             if into is not None and i in into:
@@ -1557,7 +1558,7 @@ def _dead_steps(steps: list[_Step], outputs: Any) -> frozenset[int]:
     dead: set[int] = set()
     for i in range(len(steps) - 1, -1, -1):
         step = steps[i]
-        if step.outs and not any(k in needed for k in step.outs):
+        if step.outs and needed.isdisjoint(step.outs):
             dead.add(i)
             continue
         needed.update(step.ins)
