@@ -196,3 +196,75 @@ def test_a_max_pools_gradient_scratch_is_sized_under_each_costings_layouts():
         assert t.report((spec,)).peak_bytes == plain
         peaks.add(plain)
     assert cache.reused >= 1 and len(peaks) == 3
+
+
+# -- dot operands copied transposed: one flattening for every answer of the gathered tests ------------------------
+
+
+def _expert_mlp(x, wg, wu, wd):
+    """A SwiGLU expert MLP (tests/test_memory_rules.py's): its gradient's cotangents are read by two dots in two
+    orders, and its weights transposed by the backward's dots (memory._Program._copy_transposed)."""
+    g = jnp.einsum("th,ehm->etm", x, wg)
+    u = jnp.einsum("th,ehm->etm", x, wu)
+    return jnp.einsum("etm,emh->eth", jax.nn.silu(g) * u, wd)
+
+
+_TOKENS = ["t h -> t h", "t h -> t@a h", "t h -> t h@b", "t h -> t@b h@a"]
+_IN_WEIGHTS = ["e h m -> e h m", "e h m -> e@a h m", "e h m -> e h@b m", "e h m -> e h m@b", "e h m -> e@a h m@b"]
+_OUT_WEIGHTS = ["e m h -> e m h", "e m h -> e@a m h", "e m h -> e m@b h"]
+_EXPERTS: dict[str, object] = {}
+
+
+def _experts():
+    if "t" not in _EXPERTS:
+        sds = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+        fn = jax.grad(lambda *a: jnp.sum(_expert_mlp(*a) ** 2), argnums=(0, 1, 2, 3))
+        mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        with jax.set_mesh(mesh):
+            _EXPERTS["t"] = trace(fn, sds(64, 32), sds(4, 32, 64), sds(4, 32, 64), sds(4, 64, 32))
+    return _EXPERTS["t"]
+
+
+def _fresh_and_cached(t, specs) -> tuple[int, int]:
+    cache = t.peak_cache
+    try:
+        t.peak_cache = None
+        fresh = t.report(specs, forks=0).peak_bytes
+    finally:
+        t.peak_cache = cache
+    return fresh, t.report(specs, forks=0).peak_bytes
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(
+    x=st.sampled_from(_TOKENS),
+    up=st.sampled_from(_IN_WEIGHTS),
+    gate=st.sampled_from(_IN_WEIGHTS),
+    down=st.sampled_from(_OUT_WEIGHTS),
+)
+def test_an_absorbed_flattening_peaks_as_a_fresh_one(x, up, gate, down):
+    """Drawn layouts (tokens, each weight) cost the same peak through the cache (kept across the draws: a variant
+    absorbed into a flattening another costing made) as through a fresh flattening."""
+    t = _experts()
+    if t.peak_cache is None or not isinstance(t.peak_cache, PeakCache):
+        t.peak_cache = PeakCache()
+    fresh, cached = _fresh_and_cached(t, (x, gate, up, down))
+    assert cached == fresh
+
+
+def test_each_answer_of_the_gathered_tests_absorbs_the_one_flattening():
+    """Tokens and experts split every way (60 costings): the transposed copies' gathered tests answer four ways
+    (the cotangents and the weights each gathered for their dots or not), each a program of its own steps, all
+    absorbed from one flattening of the jaxpr; each costing's peak equals a fresh flattening's."""
+    t = _experts()
+    t.peak_cache = cache = PeakCache()
+    for x in _TOKENS:
+        for w in _IN_WEIGHTS:
+            for d in _OUT_WEIGHTS:
+                fresh, cached = _fresh_and_cached(t, (x, w, w, d))
+                assert cached == fresh, (x, w, d)
+    variants = [p for ps in cache.programs.values() for p in ps]
+    answers = {tuple(g for _, _, g in p.gather_tested) for p in variants}
+    assert cache.flattened == 1
+    assert cache.absorbed == len(variants) == len(answers) >= 3
+    assert len({len(p.steps) for p in variants}) >= 3  # the answers made other steps: the copies moved

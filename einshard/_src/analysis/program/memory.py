@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -304,6 +305,7 @@ class _Program:
         inner: dict[tuple[int, ...], dict[Any, Layout]],
         reuse: bool = False,
         body: bool = False,
+        absorb: bool = True,
     ):
         self.jaxpr, self.layouts, self.inner = jaxpr, layouts, inner
         self.body = body  # a loop's body: its arguments are the loop's buffers and slices (_absorb_transposes)
@@ -351,7 +353,31 @@ class _Program:
             if k is not None:
                 self.outputs.setdefault(k, v)
         self.bases = _in_place_bases(self)  # whose free-ness decides what fuses (the liveness' key)
-        self._absorb_transposes()
+        if absorb:  # (a PeakCache keeps one unabsorbed: each answer of the gathered tests absorbs a rebound of it)
+            self._absorb_transposes()
+
+    def absorbed_variant(self, layouts: dict[Any, Layout], inner: dict[tuple[int, ...], dict[Any, Layout]]) -> _Program:
+        """This flattening, made without :meth:`_absorb_transposes` (``absorb=False``), read under ``layouts`` and
+        ``inner`` (for which :meth:`holds`) and then absorbed there: the program ``_Program(jaxpr, layouts, inner)``
+        makes, without flattening the jaxpr again.
+
+        Which dot operands are read through a transposed copy turns on whether the walk gathered them
+        (:meth:`_ungathered`): a search that moves a weight between split and gathered makes a flattening per
+        answer.  The steps before the copies (the inlined calls, the aliases, the placements' answers) are the
+        same for every answer: they are made once, and each answer only absorbs its copies into a rebound of
+        them.  What absorbing writes is the variant's own (the rebound shares the rest, read only)."""
+        other = self.rebound(layouts, inner)
+        other.steps = list(other.steps)  # (absorbing resizes and inserts steps)
+        other.scratch_memo = {i: list(memo) for i, memo in self.scratch_memo.items()}
+        other.fixed_scratch = set(self.fixed_scratch)
+        other.absorbed = dict(self.absorbed)
+        other.written_transposed = set(self.written_transposed)
+        other.copied_args = list(self.copied_args)
+        other.gather_tested = list(self.gather_tested)
+        other.resized = {}
+        other.liveness, other.stretches, other.sizings, other.lone_sums = {}, {}, {}, {}
+        other._absorb_transposes()
+        return other
 
     def _absorb_transposes(self) -> None:
         """Find the dots whose transposed operand XLA writes transposed in the first place, and size them so.
@@ -937,16 +963,23 @@ class PeakCache:
     Flattening the program (calls inlined, placements that keep their layout aliased) and its liveness
     (who reads what, what fuses, when each buffer dies, which partial sums only leave) depend on the
     layouts only through which calls the walk entered, whether each placement keeps its value's layout,
-    and whether each in-place update's base is a free constant; the bytes of each buffer, the gathered
-    copies and the loops' iterations are the layouts' own.  So a flattening is kept by the calls entered,
-    reused where every placement test answers as it did (:meth:`_Program.holds`), and its liveness by the
-    free-ness of the bases it tested; each costing then only sizes the buffers and walks the steps once.
+    whether each dot operand read through a transposed copy was gathered for its dot, and whether each
+    in-place update's base is a free constant; the bytes of each buffer, the gathered copies and the loops'
+    iterations are the layouts' own.  So a flattening is kept by the calls entered, reused where every
+    placement and gathered test answers as it did (:meth:`_Program.holds`), and its liveness by the free-ness
+    of the bases it tested; each costing then only sizes the buffers and walks the steps once.  The jaxpr is
+    flattened once per placements' answers: each answer of the gathered tests absorbs its transposed copies
+    into that flattening (:meth:`_Program.absorbed_variant`), with a liveness of its own.
     Reuse never changes a result (tests/test_memory_cache.py draws layouts and compares with none).
     """
 
     def __init__(self) -> None:
         self.programs: dict[Any, list[_Program]] = {}  # (id(jaxpr), the calls entered) -> flattenings
-        self.flattened = 0  # flattenings made (counted, for tests)
+        # The flattenings before their dots' transposed copies are absorbed, by the same key: each holds the
+        # steps every answer of the gathered tests shares (:meth:`_Program.absorbed_variant`).
+        self.unabsorbed: dict[Any, list[_Program]] = {}
+        self.flattened = 0  # flattenings of the jaxpr made (counted, for tests)
+        self.absorbed = 0  # programs absorbed from one: one per answer of the gathered tests
         self.reused = 0  # costings that reused one
         # Each stretch's liveness walk by its structure and numbers (peak_summary): the peak folds them.
         self.summaries = SummaryMemo()
@@ -964,8 +997,15 @@ class PeakCache:
             if prog.jaxpr is jaxpr and prog.holds(layouts, inner):
                 self.reused += 1
                 return prog.rebound(layouts, inner)
-        self.flattened += 1
-        prog = _Program(jaxpr, layouts, inner, reuse=True, body=body)
+        # No flattening's gathered tests answer so: absorb this costing's copies into the unabsorbed flattening
+        # whose placements answer alike (made here the first time).
+        base = next((b for b in self.unabsorbed.get(key, ()) if b.jaxpr is jaxpr and b.holds(layouts, inner)), None)
+        if base is None:
+            self.flattened += 1
+            base = _Program(jaxpr, layouts, inner, reuse=True, body=body, absorb=False)
+            self.unabsorbed.setdefault(key, []).append(base)
+        self.absorbed += 1
+        prog = base.absorbed_variant(layouts, inner)
         known.append(prog)
         return prog
 
@@ -1070,7 +1110,7 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
         if k in bits_keys:
             return True  # the threefry loop's two state words, read by its readers' fusion (_random_bits)
         name, reads = steps[producer[k]].name, readers.get(k, [])
-        if any(r in folded for r in reads):
+        if folded and not folded.isdisjoint(reads):
             return False  # a dot reads it through the transpose folded into it: a buffer
         if name == "transpose" and reads and all(steps[r].name == "dot_general" for r in reads) and _rank(k) == 2:
             # XLA's transpose folding: a matrix transpose read only by dots is their dimension numbers, no copy
@@ -1107,7 +1147,7 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
             if is_fused(k):
                 fused_set.add(k)
                 roots.update(root_of(r) for r in readers.get(k, []))
-            elif not any(r in folded for r in readers.get(k, [])) and _fuses_into_one(
+            elif (not folded or folded.isdisjoint(readers.get(k, ()))) and _fuses_into_one(
                 k, i, steps, readers, outputs, fusible, fusing, root_of
             ):
                 fused_set.add(k)
@@ -1127,12 +1167,13 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     again: dict[Key, int] = {}  # by recomputed value: the last step whose fusion recomputes it
     for i in range(n - 1, -1, -1):
         step = steps[i]
-        end = (
-            max((until.get(o, i) for o in step.outs), default=i)
-            if step.outs and all(o in fused for o in step.outs)
-            else i
-        )
-        end = max([end, *(again[o] for o in step.outs if o in again)])
+        outs = step.outs
+        end = max([until.get(o, i) for o in outs]) if outs and fused.issuperset(outs) else i
+        if again:
+            for o in outs:
+                later = again.get(o)
+                if later is not None and later > end:
+                    end = later
         for k in step.ins:
             into = recomputed.get(k)
             if into is not None and i in into:
@@ -1148,6 +1189,8 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
 
     def fusion_inputs_of(keys: tuple[Key, ...]) -> list[Key]:
         """The buffers a fusion reading ``keys`` reads (its fused operands' operands, recursively)."""
+        if fused.isdisjoint(keys):
+            return list(dict.fromkeys(reversed(keys)))  # (the search below, none fused: last first, each once)
         out: list[Key] = []
         todo, seen = list(keys), set()
         while todo:
@@ -1165,9 +1208,10 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     # that die there (whether one does is a matter of bytes, the layouts').
     donors: dict[int, tuple[Key, ...]] = {}
     copy_donors: dict[int, tuple[Key, ...]] = {}
+    written = prog.written_transposed
     for i, step in enumerate(steps):
         if step.outs and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
-            if any(k in prog.written_transposed for k in step.outs):
+            if written and not written.isdisjoint(step.outs):
                 donors[i] = ()  # written transposed for a dot (_Program._absorb_transposes): not in place
                 continue
             base = step.ins[:1] if step.name in _UPDATES_IN_PLACE else step.ins
@@ -1175,10 +1219,14 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
                 # An update as large as its operand replaces it (XLA's algebraic simplifier: the result is the
                 # update, measured on x[16@b] by u[16@(a,b)]: the gathered u is the output, x never read).
                 base = step.ins[1:2]
-            donors[i] = tuple(d for d in fusion_inputs_of(base) if d not in args and until.get(d) == i)
-            into_copy = tuple(d for d in fusion_inputs_of(base) if d in args and until.get(d) == i)
+            into_own: list[Key] = []
+            into_copy: list[Key] = []
+            for d in fusion_inputs_of(base):
+                if until.get(d) == i:
+                    (into_copy if d in args else into_own).append(d)
+            donors[i] = tuple(into_own)
             if into_copy:
-                copy_donors[i] = into_copy
+                copy_donors[i] = tuple(into_copy)
     leaves = frozenset(_leaves_program(steps, set(outputs)))
     # The random bits with the values of their shape that elementwise ops make from them: on Auto axes XLA's
     # sharding propagation splits the bits as the most split of those (_bits_word_bytes).
@@ -1315,11 +1363,22 @@ _PATH_BUDGET = 256
 
 
 def _elements(k: Key) -> int:
-    return math.prod(int(d) for d in getattr(_aval(k), "shape", ()))
+    return _shape_elements(tuple(getattr(_aval(k), "shape", ())))
 
 
 def _true_rank(k: Key) -> int:
-    return sum(1 for d in getattr(_aval(k), "shape", ()) if int(d) != 1)
+    return _shape_true_rank(tuple(getattr(_aval(k), "shape", ())))
+
+
+# (By shape: a deep model's tens of thousands of values have a few dozen shapes, asked of at every flattening.)
+@functools.lru_cache(maxsize=4096)
+def _shape_elements(shape: tuple[Any, ...]) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_true_rank(shape: tuple[Any, ...]) -> int:
+    return sum(1 for d in shape if int(d) != 1)
 
 
 def _at_most_unary(step: _Step, steps: list[_Step], producer: dict[Key, int]) -> bool:
@@ -1337,7 +1396,9 @@ def _at_most_unary(step: _Step, steps: list[_Step], producer: dict[Key, int]) ->
             continue  # (a broadcast of a constant has no operand the walk keys)
         if _true_rank(k) >= rank:
             big += 1
-    return big <= 1
+            if big > 1:
+                return False
+    return True
 
 
 def _reuses_elements(step: _Step) -> bool:
@@ -1516,7 +1577,8 @@ def _duplicated(
         users = set(readers.get(k, ()))
         if not users:
             continue
-        if not _at_most_unary(step, steps, producer) and sum(map(_elements, set(step.ins))) > _elements(k):
+        # (The operands' elements first: a unary op's are its result's, and the test of its operands is not made.)
+        if sum(map(_elements, set(step.ins))) > _elements(k) and not _at_most_unary(step, steps, producer):
             if not _fuses_on_all_paths(i, users, steps, readers, producer, blocked, fusing, custom):
                 blocked.add(i)
                 continue
@@ -1544,7 +1606,7 @@ def _dead_steps(steps: list[_Step], outputs: Any) -> frozenset[int]:
     dead: set[int] = set()
     for i in range(len(steps) - 1, -1, -1):
         step = steps[i]
-        if step.outs and not any(k in needed for k in step.outs):
+        if step.outs and needed.isdisjoint(step.outs):
             dead.add(i)
             continue
         needed.update(step.ins)
@@ -2329,10 +2391,13 @@ _ON_THE_WAY_OUT = {"transpose", "reshape", "convert_element_type", "copy", "copy
 
 def _leaves_program(steps: list[_Step], outputs: set[Key]) -> set[Key]:
     """Values read only by shape ops on the way to the program's outputs (or outputs themselves)."""
+    # The readers of the values such an op reads: only theirs are asked below (a deep model has tens of thousands).
+    asked = {k for step in steps if step.name in _ON_THE_WAY_OUT for k in step.ins}
     readers: dict[Key, list[_Step]] = {}
     for step in steps:
         for k in step.ins:
-            readers.setdefault(k, []).append(step)
+            if k in asked:
+                readers.setdefault(k, []).append(step)
     out = set(outputs)
     for step in reversed(steps):
         if step.name not in _ON_THE_WAY_OUT:
