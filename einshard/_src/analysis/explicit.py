@@ -1177,14 +1177,14 @@ class Refused(Exception):
         self.message, self.where = message, where
 
 
-def _plain_message(msg: str) -> str:
+def plain_message(msg: str) -> str:
     """An exception's message on one line, without terminal colours (Keras adds them), at most 400 characters."""
     text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", msg).split())
     text = text.split(" -------------------- ")[0]  # JAX's note on its filtered traceback
     return text if len(text) <= 400 else text[:397] + "..."
 
 
-def _user_line(err: BaseException) -> str:
+def user_line(err: BaseException) -> str:
     """The innermost frame of ``err``'s traceback that is the user's (not JAX's, a library's or einshard's)."""
     import traceback
 
@@ -1230,7 +1230,7 @@ def typed_jaxpr(
     except (ShardingTypeError, ValueError, TypeError) as err:
         # JAX refused the program for a reason no sharding rule gave (a value closed over inside auto_axes, a
         # scan whose carry changes layout): the user must hear it, with their line.
-        raise Refused(_plain_message(str(err)), _user_line(err)) from None
+        raise Refused(plain_message(str(err)), user_line(err)) from None
 
 
 def untyped_jaxpr(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], mesh: AbstractMesh) -> Any:

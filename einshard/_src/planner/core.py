@@ -529,9 +529,9 @@ def _typed_refusal(
 ) -> str:
     """JAX's refusal of ``assign``'s layouts on ``mesh``'s Explicit axes ('' where it types the step), traced as
     ``verify=`` compiles it (the parameters' outputs laid out like them)."""
-    from .verify import _candidate
+    from .verify import candidate_of
 
-    c = _candidate(space.costs, 0, "", assign)
+    c = candidate_of(space.costs, 0, "", assign)
     return refused_on(fn, space.costs.args, c.in_specs, c.out_specs, mesh, **kwargs)
 
 

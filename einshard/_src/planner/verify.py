@@ -459,7 +459,7 @@ class _Candidate:
         return (self.in_specs, tuple(out[0]), out[1])
 
 
-def _candidate(costs: Costs, rank: int, label: str, assign: tuple[int, ...]) -> _Candidate:
+def candidate_of(costs: Costs, rank: int, label: str, assign: tuple[int, ...]) -> _Candidate:
     P = jax.sharding.PartitionSpec
     score: Score = costs.score(assign)
     leaf_specs, data_specs = costs.specs(assign)
@@ -497,11 +497,11 @@ class OnAuto:
 def refusal(err: BaseException) -> str:
     """JAX's refusal on one line: its type and first line, and where in the user's code (as ``explain``'s explicit
     findings name it: the innermost frame outside JAX and libraries) when the traceback reaches it."""
-    from ..analysis.explicit import _plain_message, _user_line
+    from ..analysis.explicit import plain_message, user_line
 
     text = str(err).strip()
-    first = _plain_message(text.splitlines()[0]) if text else ""
-    where = _user_line(err)
+    first = plain_message(text.splitlines()[0]) if text else ""
+    where = user_line(err)
     return f"{type(err).__name__}: {first}" + ("" if where == "unknown" else f" (at {where})")
 
 
@@ -575,7 +575,7 @@ def verify_assignments(
     """Each candidate (label, assignment) predicted and compiled, ranked by the compiled numbers (module doc);
     the first is marked chosen.  Candidates whose shardings are equal share one compile; the distinct programs
     compile concurrently (:func:`_compile_all`)."""
-    wanted = [_candidate(costs, rank, label, assign) for rank, (label, assign) in enumerate(candidates)]
+    wanted = [candidate_of(costs, rank, label, assign) for rank, (label, assign) in enumerate(candidates)]
     distinct: dict[tuple[Any, ...], int] = {}
     for c in wanted:
         distinct.setdefault(c.program, len(distinct))
