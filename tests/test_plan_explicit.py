@@ -227,3 +227,32 @@ def test_the_cli_refuses_explicit_with_a_target_naming_both(capsys):
     assert main(["plan", "--explicit", "--target", "gpu:h100x8", "--width", "64", "--batch", "256"]) == 2
     err = capsys.readouterr().err
     assert "--explicit" in err and "--target" in err
+
+
+def test_each_spec_lands_on_its_own_leaf_past_an_empty_node():
+    """A parameter tree with an empty node (an Equinox layer's ``bias=None``): the specs unflattened from the
+    parameters' structure hold a None there that is no leaf; flattened alone they shifted every later spec onto
+    the wrong array (a 2-D spec on a bias: JAX's rank error from plan() on an Explicit mesh, where the candidates
+    are traced typed; on Auto axes verify compiled the shifted layouts)."""
+    from einshard._src.planner.verify import specs_per_leaf
+
+    arg = {"a": jnp.zeros((4, 8)), "b": None, "c": jnp.zeros((8,))}
+    assert specs_per_leaf(arg, {"a": P("data", None), "b": None, "c": P(None)}) == [P("data", None), P(None)]
+    assert specs_per_leaf(arg, P()) == [P(), P()]  # a prefix: one spec for the whole tree
+
+    params = {
+        "bias": None,
+        "w0": jax.ShapeDtypeStruct((64, 128), jnp.float32),
+        "w1": jax.ShapeDtypeStruct((128,), jnp.float32),
+    }
+
+    def loss(p, x):
+        return jnp.sum(jnp.tanh(x @ p["w0"]) * p["w1"])
+
+    batch = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    for verify in (0, 2):
+        r = einshard.plan(loss, params, batch, mesh=explicit_mesh(), profile="cpu", verify=verify)
+        assert not any(row.refused for row in r.verification)
+        chosen = next((row for row in r.verification if row.chosen), None) if verify else None
+        if chosen is not None:  # the chosen layout's compiled numbers are its own program's: explain's bytes
+            assert chosen.compiled_comm_bytes == pytest.approx(chosen.predicted_comm_bytes, rel=0.1, abs=1.0)

@@ -459,15 +459,35 @@ class _Candidate:
         return (self.in_specs, tuple(out[0]), out[1])
 
 
-def candidate_of(costs: Costs, rank: int, label: str, assign: tuple[int, ...]) -> _Candidate:
+class _Spread:
+    """One spec repeated over the leaves of the subtree it lays out (not a pytree node: a leaf of the spread)."""
+
+    def __init__(self, specs: list[Any]) -> None:
+        self.specs = specs
+
+
+def specs_per_leaf(arg: Any, specs: Any) -> list[Any]:
+    """One spec per array leaf of ``arg`` (``jax.tree_util.tree_leaves``' order) from ``specs``, a tree prefix of
+    ``arg`` whose leaves are PartitionSpecs or None.  Flattening ``specs`` alone would not do: where ``arg`` has an
+    empty node (an Equinox layer's ``bias=None``), the spec tree unflattened from the parameters' structure holds a
+    None that is no leaf of ``arg``, and every later spec would land on the wrong array."""
     P = jax.sharding.PartitionSpec
+    spread = jax.tree_util.tree_map(
+        lambda s, x: _Spread([s] * len(jax.tree_util.tree_leaves(x))),
+        specs,
+        arg,
+        is_leaf=lambda s: s is None or isinstance(s, P),
+    )
+    runs = jax.tree_util.tree_leaves(spread, is_leaf=lambda r: isinstance(r, _Spread))
+    return [s for run in runs for s in run.specs]
+
+
+def candidate_of(costs: Costs, rank: int, label: str, assign: tuple[int, ...]) -> _Candidate:
     score: Score = costs.score(assign)
     leaf_specs, data_specs = costs.specs(assign)
     params_specs = jax.tree_util.tree_unflatten(costs.params_treedef, leaf_specs)
     full = costs.in_specs(params_specs, data_specs)
-    flat_specs = tuple(
-        s for sub in full for s in jax.tree_util.tree_leaves(sub, is_leaf=lambda s: s is None or isinstance(s, P))
-    )
+    flat_specs = tuple(s for arg, sub in zip(costs.args, full) for s in specs_per_leaf(arg, sub))
     out_leaves, out_def = jax.tree_util.tree_flatten(costs.traced.out_shape)
     out_specs = jax.tree_util.tree_unflatten(
         out_def, [None if i is None else leaf_specs[i] for i in costs.out_params[: len(out_leaves)]]
