@@ -59,6 +59,7 @@ __all__ = [
     "PROFILES",
     "Tiling",
     "NarrowFloats",
+    "ReduceScatter",
     "wire_itemsize",
     "buffer_bytes",
     "Collective",
@@ -99,6 +100,12 @@ NarrowFloats = Literal["native", "f32"]
 NARROW_FLOATS: tuple[NarrowFloats, ...] = ("native", "f32")
 CombinedLatency = Literal["once", "per_piece"]
 COMBINED_LATENCIES: tuple[CombinedLatency, ...] = ("once", "per_piece")
+# How the compiler runs a sum that lands split (a reduce-scatter): 'native' (XLA:GPU's ReduceScatterCreator makes a
+# reduce-scatter of the partitioner's all-reduce + dynamic-slice; the TPU compiler fuses the pair into one
+# all-reduce-scatter fusion, measured through libtpu: no whole sum in HBM) or 'all-reduce' (XLA:CPU runs no such
+# pass: the whole partial is all-reduced into a whole sum, then each device's piece sliced out of it).
+ReduceScatter = Literal["native", "all-reduce"]
+REDUCE_SCATTERS: tuple[ReduceScatter, ...] = ("native", "all-reduce")
 _NARROW = frozenset({"bf16", "f16"})
 
 
@@ -182,6 +189,9 @@ class Profile:
             with a core to itself.  More devices computing at once than cores take turns: each gets
             ``flops · host_cores / devices`` (:meth:`on_devices`).  None: each device computes on its own
             hardware (a GPU, a TPU chip).
+        reduce_scatter: how its compiler runs a sum that lands split finer than its partial: ``'native'`` (GPU,
+            TPU: a reduce-scatter) or ``'all-reduce'`` (XLA:CPU: the whole partial all-reduced, then sliced, so the
+            whole sum is live beside the slice; peak memory holds it: ``memory._whole_sum_beside``).
         combined_latency: what a collective that XLA's combiner merged (one tuple-shaped op of several
             independent collectives) pays in latency: ``'once'`` (GPU, TPU: the merged op is one collective) or
             ``'per_piece'`` (XLA:CPU runs each piece of a tuple all-reduce as a collective of its own, measured:
@@ -200,6 +210,7 @@ class Profile:
     narrow_floats: NarrowFloats = "native"
     host_cores: int | None = None
     combined_latency: CombinedLatency = "once"
+    reduce_scatter: ReduceScatter = "native"
 
     def __post_init__(self) -> None:
         # Every estimate divides by flops and bandwidth: a zero, a NaN or an infinity would make each plan's time
@@ -236,6 +247,13 @@ class Profile:
             raise EinshardError(
                 "einshard.Profile: combined_latency= takes one of "
                 f"{', '.join(map(repr, COMBINED_LATENCIES))}, got {self.combined_latency!r}"
+            )
+        if self.reduce_scatter not in REDUCE_SCATTERS:
+            from ..errors import EinshardError
+
+            raise EinshardError(
+                "einshard.Profile: reduce_scatter= takes one of "
+                f"{', '.join(map(repr, REDUCE_SCATTERS))}, got {self.reduce_scatter!r}"
             )
         if self.narrow_floats not in NARROW_FLOATS:
             from ..errors import EinshardError
@@ -309,6 +327,7 @@ def cpu_profile(cores: int | None = None) -> Profile:
         latency=2e-5,
         narrow_floats="f32",
         host_cores=host_cores() if cores is None else cores,
+        reduce_scatter="all-reduce",
     )
 
 

@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.layout import Layout
-from ..cost import Tiling, buffer_bytes
+from ..cost import ReduceScatter, Tiling, buffer_bytes
 from .costing import is_free
 from .peak_summary import Steps, Stretch, Summary, SummaryMemo, fold, fold_runs, stretches
 from .registry import sub_jaxpr
@@ -1016,6 +1016,7 @@ def peak_bytes(
     inner: dict[tuple[int, ...], dict[Any, Layout]] | None = None,
     tiling: Tiling = "dense",
     cache: PeakCache | None = None,
+    reduce_scatter: ReduceScatter | None = None,
 ) -> int:
     """Peak live bytes per device over the program, from each value's layout.
 
@@ -1028,11 +1029,15 @@ def peak_bytes(
 
     ``tiling``: how the device lays a buffer out (the profile's: a TPU pads to its tiles, :func:`buffer_bytes`).
     ``cache``: what earlier costings of this program flattened (see :class:`PeakCache`); the result is the same.
+    ``reduce_scatter``: how the compiler runs a sum that lands split (the profile's): ``'all-reduce'`` (XLA:CPU)
+    holds the whole sum beside its slice; None: as the tiling's compiler does (dense: XLA:CPU's).
     """
     inner = inner or {}
+    whole_sums = None if reduce_scatter is None else reduce_scatter == "all-reduce"
     if cache is None:
-        return _peak(_Program(jaxpr, layouts, inner), layouts, tiling=tiling)
-    return _peak(cache.program(jaxpr, layouts, inner), layouts, tiling=tiling, memo=cache.summaries)
+        return _peak(_Program(jaxpr, layouts, inner), layouts, tiling=tiling, whole_sums=whole_sums)
+    prog = cache.program(jaxpr, layouts, inner)
+    return _peak(prog, layouts, tiling=tiling, memo=cache.summaries, whole_sums=whole_sums)
 
 
 @dataclass(frozen=True)
@@ -1284,7 +1289,7 @@ def _promotes_rank(step: _Step) -> bool:
 
 
 def _combined_at(
-    body: _Program, until: dict[Key, int], size: Callable[[Key], int], tiling: Tiling = "dense"
+    body: _Program, until: dict[Key, int], size: Callable[[Key], int], whole_sums: bool = True
 ) -> dict[int, int]:
     """By step of a loop body: what it holds more because XLA combines the body's all-reduces into one.
 
@@ -1328,7 +1333,7 @@ def _combined_at(
     for group in groups:
         last = group[-1][0]
         extra = sum(
-            part + (_whole_sum_beside(part, size(k), tiling) or (size(k) if until.get(k, last) < last else 0))
+            part + (_whole_sum_beside(part, size(k), whole_sums) or (size(k) if until.get(k, last) < last else 0))
             for i, k, part, _ in group
             if i != last
         )
@@ -1771,13 +1776,18 @@ def _peak(
     results_elsewhere: bool = False,
     tiling: Tiling = "dense",
     memo: SummaryMemo | None = None,
+    whole_sums: bool | None = None,
 ) -> int:
     """The liveness walk over a flattened program (or a loop body: ``elsewhere`` inputs and, with
     ``results_elsewhere``, its results are the loop's buffers, held outside it; they count 0 here).
 
     ``memo``: walk the program stretch by stretch (:mod:`.peak_summary`), each stretch's walk summarised once
-    per structure and numbers and reused; the same peak as the whole-program walk."""
+    per structure and numbers and reused; the same peak as the whole-program walk.
+    ``whole_sums``: a sum that lands split holds its whole sum beside the slice (:func:`_whole_sum_beside`);
+    None: on the dense tiling (XLA:CPU's; a loop body's walk, which is given no profile, so far)."""
     steps, outputs = prog.steps, prog.outputs
+    if whole_sums is None:
+        whole_sums = tiling == "dense"
     # Buffer bytes by (shape, split, type, tiles): the thousands of values of a deep model share a few dozen.
     by_shape: dict[tuple[Any, ...], int] = {}
 
@@ -1834,7 +1844,7 @@ def _peak(
     fusible = _fusible_elementwise()
     args = set(prog.args)
     # A loop body's all-reduces combined into one (its partial sums and sums held together there).
-    combined = _combined_at(prog, until, size, tiling) if results_elsewhere else {}
+    combined = _combined_at(prog, until, size, whole_sums) if results_elsewhere else {}
 
     # Gathered copies of arguments, live from the start to the argument's last use.
     gathered = dict(prog.gathered)
@@ -1935,7 +1945,7 @@ def _peak(
         made = [(info.producer[k], held_bytes(k), k) for k in leaves if k in info.producer and held_bytes(k)]
         if made:
             release_at, released = max(i for i, _, _ in made), sum(b for _, b, _ in made)
-            widened = sum(_whole_sum_beside(b, size(k), tiling) for _, b, k in made)
+            widened = sum(_whole_sum_beside(b, size(k), whole_sums) for _, b, k in made)
 
     def while_running(i: int) -> int:
         """The bytes step ``i`` holds only while it runs: a partial sum next to its sum where the step's result is
@@ -1947,7 +1957,7 @@ def _peak(
             part = prog.layout(k, Partial)
             if part is not None and k not in leaves and k not in fused and size(k):
                 b = nbytes_as(k, part)
-                extra += b + _whole_sum_beside(b, size(k), tiling)
+                extra += b + _whole_sum_beside(b, size(k), whole_sums)
             sent = prog.layout(k, Sent)
             if sent is not None:
                 extra += 2 * nbytes_as(k, sent)
@@ -2028,7 +2038,7 @@ def _peak(
     start = total + gathered_now + held
     if memo is None:
         sums: dict[int, int] = {}
-        _running_bytes(prog, info, size, nbytes_as, sums, tiling)
+        _running_bytes(prog, info, size, nbytes_as, sums, whole_sums)
         sums = _lone_sums(prog, info, live_key, sums)
         return fold(peak, [walk(0, len(steps), live, None, sums.get)], start)
     plan = prog.stretches.get(live_key)
@@ -2096,7 +2106,7 @@ def _peak(
     # What the steps hold only while they run: found from the few partial sums and moves the layouts bind, not
     # asked of every step (while_running is 0 at a step whose results have neither).
     sums = {}
-    running = _running_bytes(prog, info, size, nbytes_as, sums, tiling)
+    running = _running_bytes(prog, info, size, nbytes_as, sums, whole_sums)
     sums = _lone_sums(prog, info, live_key, sums)
     for i, b in combined.items():  # a loop body's combined all-reduce (while_running's ``combined``)
         running[i] = running.get(i, 0) + b
@@ -2212,7 +2222,7 @@ def _sizing_of(
     return _Sizing(tuple(paths), tuple(s.start for s in plan), slots, tuple(groups), tuple(order))
 
 
-def _whole_sum_beside(partial: int, result: int, tiling: Tiling = "dense") -> int:
+def _whole_sum_beside(partial: int, result: int, whole_sums: bool = True) -> int:
     """The bytes of the whole sum XLA:CPU's all-reduce writes beside a sum's result, where that result is a slice
     of it: a partial sum that lands split finer than it is (a reduce-scatter) is all-reduced whole and sliced after.
 
@@ -2220,9 +2230,12 @@ def _whole_sum_beside(partial: int, result: int, tiling: Tiling = "dense") -> in
     of each device's piece.  Measured on the FSDP gradient of one layer on Explicit axes, tanh(x @ a) @ b with a,
     b split on their first axis over 4 devices (the weight gradients typed like the weights): the two whole
     partials and the two whole sums live at the tuple all-reduce, the outputs' slices beside them
-    (tests/test_memory_rules.py).  0 where the sum is its result (all-reduced in place of a slice), and on a TPU
-    (``tiling``: its compiler reduce-scatters; the dense profiles are the ones measured on XLA:CPU, as YNNPACK's)."""
-    return partial if tiling == "dense" and partial > result else 0
+    (tests/test_memory_rules.py).  0 where the sum is its result (all-reduced in place of a slice), and where the
+    compiler reduce-scatters (``whole_sums`` False: the profile's ``reduce_scatter='native'``).  XLA:GPU's
+    ReduceScatterCreator makes the partitioner's all-reduce + dynamic-slice one reduce-scatter; the TPU compiler
+    fuses the pair into one all-reduce-scatter fusion whose whole sum never reaches HBM (measured through libtpu on
+    the layer above: no temporaries at all; tests/test_memory_rules.py)."""
+    return partial if whole_sums and partial > result else 0
 
 
 def _running_bytes(
@@ -2231,7 +2244,7 @@ def _running_bytes(
     size: Callable[[Key], int],
     nbytes_as: Callable[[Key, Layout | None], int],
     sums: dict[int, int] | None = None,
-    tiling: Tiling = "dense",
+    whole_sums: bool = True,
 ) -> dict[int, int]:
     """What each step holds only while it runs (``_peak``'s ``while_running``), for the steps that hold any: found
     from the partial sums and moved operands the environments bind (a few hundred), not asked of every step.
@@ -2271,7 +2284,7 @@ def _running_bytes(
         if kind is Sent:
             b *= 2
         else:
-            b += _whole_sum_beside(b, held, tiling)
+            b += _whole_sum_beside(b, held, whole_sums)
         if b:
             out[i] = out.get(i, 0) + b
     return out

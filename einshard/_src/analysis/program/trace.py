@@ -457,8 +457,14 @@ class TracedProgram:
         # all-gathers to the argument's last use (measured on the corpus: the FSDP ratios are 0.94-1.12 with
         # them, 0.45-0.81 without), but the planner's FSDP memory budget is built on the sharded figure
         # (tests/test_planner.py); see docs/analysis.md.
+        profile = self.costs.profile
         peak = _peak_bytes(
-            self.jaxpr, layouts, walker.sub_envs, tiling=self.costs.profile.tiling, cache=self.peak_cache
+            self.jaxpr,
+            layouts,
+            walker.sub_envs,
+            tiling=profile.tiling,
+            cache=self.peak_cache,
+            reduce_scatter=profile.reduce_scatter,
         )
         # A ranking costing (forks=0: the planner's) reads what the ops sum to, not the ops: a replayed stretch's
         # stay unmade until someone reads them (OpLog); a report for a reader lists them all.
