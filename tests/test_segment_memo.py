@@ -580,3 +580,95 @@ def test_copies_replayed_one_after_another_read_only_what_they_do_not_share():
     )
     assert shared >= 12  # the forward's later copies share the two stacks with the copy before
     assert read == entering - shared
+
+
+def _origins(layers: int, tail: str):
+    """A stack of ``tanh(y @ w[i])`` after a first value ``x0``, then ``y + x0``: the last copy's result flows into an
+    elementwise op whose other operand was made before the copies, the other copies' into the next layer's dot.
+    ``tail``: 'settled' (x0 = x * 2, split by Shardy's elementwise-first pass: a dot whose free and contracted
+    splits clash takes its split, rules_indexing._elementwise_reader_split) or 'dot' (x0 = x @ proj: not split in
+    that pass, so no layout of it is read)."""
+
+    def f(params, x):
+        x0 = x * 2.0 if tail == "settled" else x @ params["proj"]
+        y = x0
+        for i in range(layers):
+            y = jnp.tanh(y @ params["w"][i])
+        return y + x0
+
+    params = {
+        "w": [jax.ShapeDtypeStruct((D, D), jnp.float32)] * layers,
+        "proj": jax.ShapeDtypeStruct((D, D), jnp.float32),
+    }
+    return f, params, jax.ShapeDtypeStruct((B, D), jnp.float32)
+
+
+def _splits(a: str, b: str) -> list[str]:
+    """Every layout of a 2-d array over the test mesh (each axis whole, on data, model or both; none twice)."""
+    ways = ["", "@data", "@model", "@(data,model)"]
+    return [
+        f"{a} {b} -> {a}{p} {b}{q}"
+        for p, q in itertools.product(ways, ways)
+        if not (p and q and set(p[1:].strip("()").split(",")) & set(q[1:].strip("()").split(",")))
+    ]
+
+
+@pytest.mark.parametrize("tail", ["settled", "dot"])
+def test_a_copy_whose_values_meet_a_partner_from_before_it_keys_apart(tail):
+    """The elementwise readers' look-ahead of a dot (rules_indexing._elementwise_reader_split) reads, of each reader's
+    other operand, whether Shardy's elementwise-first pass splits it (where the value comes from, not its layout)
+    and then its layout.  The last copy here meets x0 past itself, the others do not, and Copy.horizon is not in the
+    key: it replayed the copy before's tape (a batch-split stack of f-split weights: one all-gather per layer where
+    its walk all-to-alls y to x0's split, then gathers the weight: 10 of these 98 layouts differed).  Such partners,
+    and each entering value's answer where a pass-through op reads it, are in the copy's structure now: reports are
+    the walk's under every layout, and with x0 not settled the last copy is replayed again from its own tape."""
+    layers = 4
+    fn, params, x = _origins(layers, tail)
+    t = trace(fn, params, x, mesh=MESH)
+    for w, batch, proj in itertools.product(_splits("d", "f"), _splits("b", "d"), ["d e -> d e", "d e -> d@data e"]):
+        if tail == "settled" and proj != "d e -> d e":
+            continue  # proj is unread there
+        specs = ({"w": [w] * layers, "proj": proj}, batch)
+        t.costs.memoise_segments = False
+        plain = t.report(specs)
+        t.costs.memoise_segments = True
+        memo = t.report(specs)
+        assert memo.ops == plain.ops and memo.peak_bytes == plain.peak_bytes, specs
+    (plan,) = t.costs.segment_plans.values()
+    *others, last = sorted(plan.copies.values(), key=lambda c: c.start)
+    assert len({c.structure for c in others}) == 1 and last.structure != others[0].structure
+    assert t.costs.counts.segment_replays > 0
+
+
+def test_an_entering_value_keys_by_its_origin_only_where_a_pass_through_op_reads_it():
+    """``x + bias`` enters the first layer of ``(x @ up[i] * x) @ down[i]`` (split in Shardy's elementwise-first pass),
+    each later layer a dot's result (not split in it), and the multiply reads it as the partner of the up
+    projection's result: the first copy keys apart from the others.  In a layer that reads its input with dots only
+    (``(x @ up[i]) @ down[i]``) no walk reads that, and every copy keys alike."""
+
+    def stack(multiply: bool):
+        def f(params, x):
+            x = x + params["bias"]
+            for i in range(3):
+                h = x @ params["up"][i]
+                x = (h * x if multiply else h) @ params["down"][i]
+            return jnp.mean(x**2)
+
+        params = {
+            "bias": jax.ShapeDtypeStruct((D,), jnp.float32),
+            "up": jax.ShapeDtypeStruct((3, D, D), jnp.float32),
+            "down": jax.ShapeDtypeStruct((3, D, D), jnp.float32),
+        }
+        return trace(jax.value_and_grad(f), params, jax.ShapeDtypeStruct((B, D), jnp.float32), mesh=MESH)
+
+    for multiply in (True, False):
+        t = stack(multiply)
+        specs = ({"bias": "d -> d", "up": "l d f -> l d@data f", "down": "l f d -> l f d@data"}, "b d -> b@data d")
+        t.costs.memoise_segments = False
+        plain = t.report(specs)
+        t.costs.memoise_segments = True
+        assert t.report(specs).ops == plain.ops
+        (plan,) = t.costs.segment_plans.values()
+        first, *rest = sorted((c for c in plan.copies.values() if c.template == 0), key=lambda c: c.start)
+        assert len(rest) >= 2 and len({c.structure for c in rest}) == 1  # (without the multiply: half a layer each)
+        assert (first.structure != rest[0].structure) == multiply

@@ -429,15 +429,23 @@ def settled_by_elementwise(w: Walker, var: Any) -> bool:
     table = _SETTLED.setdefault(w.costs, {})
     hit = table.get(id(home.jaxpr))
     if hit is None or hit[0] is not home.jaxpr:
-        reached: set[int] = set()
-        for eqn in home.jaxpr.eqns:
-            if eqn.primitive.name in PLACEMENTS or (
-                eqn.primitive.name in PASS_THROUGH
-                and any(not hasattr(x, "val") and (home.made_at(x) < 0 or id(x) in reached) for x in eqn.invars)
-            ):
-                reached.update(id(o) for o in eqn.outvars)
-        hit = table[id(home.jaxpr)] = (home.jaxpr, frozenset(reached))
+        hit = table[id(home.jaxpr)] = (home.jaxpr, settled_in(home.jaxpr))
     return id(var) in hit[1]
+
+
+def settled_in(jaxpr: Any) -> frozenset[int]:
+    """The ids of the values of ``jaxpr``'s equations that Shardy's elementwise-first pass splits
+    (:func:`settled_by_elementwise`; its arguments and constants are too, and are not listed): a pure function of
+    the jaxpr's structure, so the segment memo keys a copy's entering values by it (:func:`.segment_memo.plan_segments`)."""
+    made = {id(o) for eqn in jaxpr.eqns for o in eqn.outvars}
+    reached: set[int] = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in PLACEMENTS or (
+            eqn.primitive.name in PASS_THROUGH
+            and any(not hasattr(x, "val") and (id(x) not in made or id(x) in reached) for x in eqn.invars)
+        ):
+            reached.update(id(o) for o in eqn.outvars)
+    return frozenset(reached)
 
 
 def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
@@ -475,6 +483,8 @@ def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...
                     continue
                 split: tuple[tuple[str, ...], ...] = ()
                 for j, other in enumerate(user.invars):
+                    # Whether ``other`` is settled is a fact of the program's structure: the segment memo keys a
+                    # copy by it where ``other`` enters the copy or is read past it (segment_memo.plan_segments).
                     if j != k and not hasattr(other, "val") and settled_by_elementwise(w, other):
                         theirs = _partner_split(w, user, k, v, only=j)
                         split = theirs if any(theirs) else split

@@ -34,7 +34,8 @@ keys alike.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+import functools
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -114,8 +115,10 @@ class Copy:
     # a layout bound to it by the walk carries (Walker.bind's ``(1, id(value))``): the key reads all of them, at
     # every copy of every costing, made once.
     entering_keys: tuple[tuple[Any, Gathered, Partial, int, tuple[int, int]], ...] = ()
-    # Its run, the bodies it calls and its wiring as one small integer (equal integers: all three equal), for its
-    # key: the wiring alone is a tuple per operand, hashed at every lookup of every copy of every costing.
+    # Its run, the bodies it calls, its wiring and what the elementwise readers' look-ahead of its dots reads of values
+    # outside it (whether Shardy's elementwise-first pass splits them, rules_indexing.settled_in) as one small
+    # integer (equal integers: all equal), for its key: the wiring alone is a tuple per operand, hashed at every
+    # lookup of every copy of every costing.
     structure: int = -1
     # The ids of the values it makes (whether the caller asks for one of them is one set operation per copy).
     inside_ids: frozenset[int] = frozenset()
@@ -137,8 +140,9 @@ def plan_segments(
 ) -> SegmentPlan:
     """The copies of ``jaxpr``'s repeated runs of top-level equations (:func:`.segments.find_runs`).
 
-    ``interned``: (run, calls, wiring) -> the integer :attr:`Copy.structure` names it by (shared by every program
-    costed with one OpCosts, whose tapes these integers key)."""
+    ``interned``: (run, calls, wiring, what its elementwise readers' look-ahead reads of values outside it) -> the
+    integer :attr:`Copy.structure` names it by (shared by every program costed with one OpCosts, whose tapes these
+    integers key)."""
     interned = {} if interned is None else interned
     outputs = {id(v) for v in jaxpr.outvars if not hasattr(v, "val")}
     eqns = jaxpr.eqns
@@ -167,6 +171,19 @@ def plan_segments(
                 phase_of(e),
             )
         return hit
+
+    # Which values Shardy's elementwise-first pass splits (rules_indexing.settled_in; imported here, as that module
+    # imports this one): the walk of a dot reads it of its elementwise readers' partners (a copy's own values: a
+    # function of its wiring and of the answers of the values entering it that its pass-through ops read; values
+    # outside it that its dots' look-ahead meets past it, _partners_ahead), a fact of the program's structure
+    # outside the copy, so part of the copy's structure (its key); no walk of it reads the others'.
+    from .rules_indexing import ELEMENTWISE_READER_STEPS, PASS_THROUGH, settled_in
+
+    settled = settled_in(jaxpr)
+    made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
+
+    def is_settled(v: Any) -> bool:
+        return id(v) not in made_at or id(v) in settled  # an argument or a constant is
 
     copies: dict[int, Copy] = {}
     for template, run in enumerate(find_runs(jaxpr, known, phase_of)):
@@ -211,6 +228,22 @@ def plan_segments(
                 for v in e.invars
             )
             horizon, ahead = _horizon(inside, span, consumers, eqns, shape_of, outputs)
+            inner = {id(v) for v in inside}
+            partners = _partners_ahead(
+                inside,
+                span,
+                consumers,
+                eqns,
+                functools.partial(_outside, inner, made_at, span.stop),
+                is_settled,
+                PASS_THROUGH,
+                ELEMENTWISE_READER_STEPS,
+            )
+            # An entering value's answer, where one of the copy's pass-through ops reads it (a partner, or the
+            # origin of its own values' answers).
+            passed = {
+                id(v) for e in here if e.primitive.name in PASS_THROUGH for v in e.invars if not hasattr(v, "val")
+            }
             copies[span.start] = Copy(
                 span.start,
                 span.stop,
@@ -233,11 +266,19 @@ def plan_segments(
                     if id(v) in outputs or any(p not in span for p, _ in consumers.get(id(v), ()))
                 ),
                 tuple((v, Gathered(v), Partial(v), id(v), (1, id(v))) for v in entering.values()),
-                interned.setdefault((template, calls, wiring), len(interned)),
+                interned.setdefault(
+                    (
+                        template,
+                        calls,
+                        wiring,
+                        tuple(i in passed and is_settled(v) for i, v in entering.items()),
+                        partners,
+                    ),
+                    len(interned),
+                ),
                 frozenset(id(v) for v in inside),
                 tuple(entering),
             )
-    made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
     return SegmentPlan(jaxpr, copies, made_at)
 
 
@@ -284,6 +325,56 @@ def _horizon(
         if d:
             ahead[id(v)] = index[id(v)]
     return tuple(out), ahead
+
+
+def _outside(inner: set[int], made_at: dict[int, int], stop: int, v: Any) -> bool:
+    """Whether ``v`` is made before a copy ends (at ``stop``; an argument or a constant too) and not by the copy
+    (``inner``: the ids of its values)."""
+    return id(v) not in inner and made_at.get(id(v), -1) < stop
+
+
+def _partners_ahead(
+    inside: tuple[Any, ...],
+    span: range,
+    consumers: dict[int, list[tuple[int, int]]],
+    eqns: Any,
+    outside: Callable[[Any], bool],
+    settled: Callable[[Any], bool],
+    pass_through: frozenset[str],
+    steps: int,
+) -> tuple[tuple[int, int, int, bool], ...]:
+    """The other operands from outside a copy (``outside(value)``: made before it ends and not its own, the values
+    entering it included) that the elementwise readers' look-ahead of its dots may meet past it
+    (rules_indexing._elementwise_reader_split: a dot's result followed through ``pass_through`` readers and
+    transposes, ``steps`` deep), as (visit index of the value followed, which of its uses, the operand's index,
+    whether Shardy's elementwise-first pass splits it: ``settled(value)``).  Where that pass splits such a partner
+    the look-ahead reads its layout; a copy without it (the layers before the last, whose results flow into the next
+    layer's dot) reads nothing there, and Copy.horizon is not in the key: the copy's key holds these.  Followed from
+    every value of the copy, past the copy at most ``steps`` readers deep (a superset of what a search reaches)."""
+    index: dict[int, int] = {id(v): i for i, v in enumerate(inside)}
+    depth: dict[int, int] = {id(v): 0 for v in inside}
+    queue = list(inside)
+    found: list[tuple[int, int, int, bool]] = []
+    for v in queue:
+        d = depth[id(v)]
+        if d >= steps:
+            continue
+        for u, (p, k) in enumerate(consumers.get(id(v), ())):
+            name = eqns[p].primitive.name
+            if p in span or (name not in pass_through and name != "transpose"):
+                continue  # inside the copy: its own values are followed from where they are made
+            if name != "transpose":
+                found.extend(
+                    (index[id(v)], u, j, settled(x))
+                    for j, x in enumerate(eqns[p].invars)
+                    if j != k and not hasattr(x, "val") and outside(x)
+                )
+            for o in eqns[p].outvars:
+                if id(o) not in index:
+                    index[id(o)] = len(index)
+                    depth[id(o)] = d + 1
+                    queue.append(o)
+    return tuple(found)
 
 
 def slice_row_class(length: int, n: int, out_len: int, start: int, stride: int) -> Hashable:
