@@ -321,10 +321,11 @@ class _Program:
         self.loops: list[tuple[int, Any, Any, tuple[int, ...]]] = []
         # Steps whose scratch bytes the layouts size (window_scratch): (step index, equation, call path).
         self.windows: list[tuple[int, Any, tuple[int, ...]]] = []
-        # Each window step's scratch by the layouts it read (:meth:`_scratch`), and, with ``reuse`` (a PeakCache's
+        # The window steps' scratch by what it read (:meth:`_scratch`), and, with ``reuse`` (a PeakCache's
         # flattening), each loop body's flattenings and stretch summaries (:meth:`_iteration`), kept across
-        # costings (a rebound shares them); without, a loop's body is flattened and walked whole each time.
-        self.scratch_memo: dict[int, list[tuple[tuple[tuple[Any, Any], ...], int]]] = {}
+        # costings (a rebound and an absorbed variant share them); without, a loop's body is flattened and walked
+        # whole each time.
+        self.scratch_memo = _ScratchMemo()
         self.fixed_scratch: set[int] = set()  # window steps whose scratch read no layout: never sized again
         # By dot step: the operands (0 lhs, 1 rhs) whose transposed copy XLA writes in their producer's fusion
         # (:meth:`_absorb_transposes`): no scratch of their own.
@@ -368,7 +369,6 @@ class _Program:
         them.  What absorbing writes is the variant's own (the rebound shares the rest, read only)."""
         other = self.rebound(layouts, inner)
         other.steps = list(other.steps)  # (absorbing resizes and inserts steps)
-        other.scratch_memo = {i: list(memo) for i, memo in self.scratch_memo.items()}
         other.fixed_scratch = set(self.fixed_scratch)
         other.absorbed = dict(self.absorbed)
         other.written_transposed = set(self.written_transposed)
@@ -453,7 +453,6 @@ class _Program:
             self._copy_transposed(copied, producer)
         for i, eqn, path in self.windows:
             if i in self.absorbed:
-                self.scratch_memo.pop(i, None)
                 self.fixed_scratch.discard(i)
                 self._resize(i, self._scratch(i, eqn, self.env(path)))
 
@@ -517,7 +516,6 @@ class _Program:
         self.windows = [(moved[i], eqn, path) for i, eqn, path in self.windows]
         self.loops = [(moved[i], eqn, sub, sub_path) for i, eqn, sub, sub_path in self.loops]
         self.absorbed = {moved[i]: ps for i, ps in self.absorbed.items()}
-        self.scratch_memo = {moved[i]: memo for i, memo in self.scratch_memo.items()}
         self.fixed_scratch = {moved[i] for i in self.fixed_scratch}
         self.resized = {}
 
@@ -729,13 +727,15 @@ class _Program:
             # once per (environment, equation) in this costing (the objects live while it runs).
             answers: dict[tuple[int, int, frozenset[int] | None], int] = {}
             fixed = self.fixed_scratch
+            self.scratch_memo.bound()
+            seen: dict[int, int] = {}  # (this costing's layouts, interned: they live while it runs)
             for i, eqn, path in self.windows:
                 if i not in fixed:
                     env = inner[path] if path else layouts
                     known = (id(env), id(eqn), self.absorbed.get(i))
                     answer = answers.get(known)
                     if answer is None:
-                        answer = answers[known] = self._scratch(i, eqn, env)
+                        answer = answers[known] = self._scratch(i, eqn, env, seen)
                     other._resize(i, answer)
         return other
 
@@ -762,28 +762,49 @@ class _Program:
                 self.derived.extend((path, key, lay) for key, lay in found)
         return self.derived
 
-    def _scratch(self, i: int, eqn: Any, env: dict[Any, Layout]) -> int:
-        """:func:`window_scratch` of step ``i`` under ``env``, reused from an earlier costing that read the same
-        layouts (a dot in canonical order reads none: its scratch is 0 whatever the layouts).
+    def _scratch(self, i: int, eqn: Any, env: dict[Any, Layout], seen: dict[int, int] | None = None) -> int:
+        """:func:`window_scratch` of step ``i`` under ``env``, reused from an earlier answer that read equal layouts
+        (a dot in canonical order reads none: its scratch is 0 whatever the layouts); ``seen``: the layouts this
+        costing interned so far (by object: they live while it runs).
 
-        ``window_scratch`` is a function of the equation and of the layouts it reads; each answer is kept with
-        the layouts it read (:class:`_Reads`), and reused where each of those reads gives an equal layout now.
-        """
-        known = self.scratch_memo.setdefault(i, [])
-        get = env.get
-        for reads, answer in reversed(known):  # (the latest first: a search moves on from its first layouts)
-            for k, lay in reads:  # (a loop, not all(): hundreds of dots per costing)
-                if not _same(get(k), lay):
-                    break
-            else:
-                return answer
+        ``window_scratch`` is a function of the equation (read only through its primitive, parameters and
+        operands' and results' types: :func:`_scratch_form`) and of the layouts it reads; each answer is kept
+        with what it read (:class:`_Reads`), named by the equation's own values (the layers of an unrolled stack
+        are equations alike on values of their own), and reused for every equation alike where each of those
+        reads gives an equal layout now (:class:`_ScratchMemo`)."""
+        memo = self.scratch_memo
+        absorbed = self.absorbed.get(i, frozenset())
+        form = memo.forms.get(id(eqn))
+        if form is None:
+            form = memo.forms[id(eqn)] = _scratch_form(eqn)
+        if seen is None:
+            seen = {}
+        get, intern = env.get, memo.intern
+        for sig in (form[0], ("own", id(eqn))):
+            for reads, answers in memo.known.get((sig, absorbed), ()):
+                keys = memo.keys.get((id(eqn), reads))
+                if keys is None:
+                    keys = memo.keys[(id(eqn), reads)] = _keys_read(reads, form[1])
+                token = []
+                for k in keys:  # (a loop, not a comprehension: hundreds of dots per costing)
+                    lay = get(k)
+                    if lay is None:
+                        token.append(-1)
+                        continue
+                    t = seen.get(id(lay))
+                    if t is None:
+                        t = seen[id(lay)] = intern.setdefault((lay.__class__, lay), len(intern))
+                    token.append(t)
+                answer = answers.get(tuple(token))
+                if answer is not None:
+                    if not reads:
+                        self.fixed_scratch.add(i)  # it reads no layout: the same under every costing's
+                    return answer
         log = _Reads(env)
-        answer = window_scratch(eqn, log, self.absorbed.get(i, frozenset()))  # type: ignore[arg-type]  # logged
+        answer = window_scratch(eqn, log, absorbed)  # type: ignore[arg-type]  # logged
         if not log.read:
             self.fixed_scratch.add(i)  # it read no layout: the same under every costing's
-        if len(known) >= _SCRATCH_ANSWERS:
-            del known[0]  # the oldest: a search moves on from the layouts it tried first
-        known.append((tuple(log.read), answer))
+        memo.keep(eqn, form, absorbed, log.read, answer, seen)
         return answer
 
     def layout(self, k: Key, derived: type[Derived] | None = None) -> Layout | None:
@@ -797,9 +818,108 @@ class _Program:
         return env.get(derived(v) if derived is not None else v)
 
 
-# Answers kept per window step (:meth:`_Program._scratch`): one per distinct set of layouts it read, up to this
-# (each holds the layouts it read: bounded, so that a long search does not keep every costing's).
-_SCRATCH_ANSWERS = 16
+class _ScratchMemo:
+    """The window steps' scratch answers (:meth:`_Program._scratch`) by what they read, shared by a flattening,
+    its rebounds and its absorbed variants (a function of the equation's form and the layouts read, not of the
+    costing).
+
+    A read is named by the equation's own value it reads (its position among the operands and results, and the
+    derived buffer of it: a gathered copy, a partial sum), so that equations of one form share answers; a read
+    of any other value keys the answer by the equation itself (``("own", id)``).  Layouts are interned: equal
+    layouts of one kind (``_same``) are one number."""
+
+    # Bounded: a long search meets new layouts for ever; past this many interned layouts or kept answers, all
+    # are dropped (between costings: :meth:`bound`).
+    LIMIT = 50_000
+
+    def __init__(self) -> None:
+        # By equation (by identity: the flattening's jaxpr holds them): its form and its values in order.
+        self.forms: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+        # By (form, absorbed operands): each set of reads met, with its answers by the layouts read (interned).
+        self.known: dict[tuple[Any, frozenset[int]], list[tuple[tuple[Any, ...], dict[tuple[int, ...], int]]]] = {}
+        self.keys: dict[tuple[int, tuple[Any, ...]], tuple[Any, ...]] = {}  # a set of reads as one equation's keys
+        self.intern: dict[tuple[type, Layout], int] = {}
+        self.answers = 0
+
+    def keep(
+        self,
+        eqn: Any,
+        form: tuple[Any, tuple[Any, ...]],
+        absorbed: frozenset[int],
+        read: list[tuple[Any, Any]],
+        answer: int,
+        seen: dict[int, int],
+    ) -> None:
+        """Keep ``answer``, found for ``eqn`` (of ``form``) by reading ``read`` (keys and layouts, in order)."""
+        reads = _reads_named(read, form[1])
+        sig = form[0] if reads is not None else ("own", id(eqn))
+        if reads is None:
+            reads = tuple(("key", k) for k, _ in read)
+        token = []
+        for _, lay in read:
+            if lay is None:
+                token.append(-1)
+                continue
+            t = seen.get(id(lay))
+            if t is None:
+                t = seen[id(lay)] = self.intern.setdefault((lay.__class__, lay), len(self.intern))
+            token.append(t)
+        entries = self.known.setdefault((sig, absorbed), [])
+        answers = next((found for known_reads, found in entries if known_reads == reads), None)
+        if answers is None:
+            answers = {}
+            entries.append((reads, answers))
+        answers[tuple(token)] = answer
+        self.answers += 1
+
+    def bound(self) -> None:
+        """Drop every answer and interned layout once either passes :attr:`LIMIT` (called between costings)."""
+        if self.answers > self.LIMIT or len(self.intern) > self.LIMIT:
+            self.known, self.keys, self.intern, self.answers = {}, {}, {}, 0
+
+
+def _scratch_form(eqn: Any) -> tuple[Any, tuple[Any, ...]]:
+    """What :func:`window_scratch` reads of ``eqn`` but its values' layouts, hashable (equal for the equations
+    it answers alike), and the equation's values in order (operands, then results).  An equation with a literal
+    operand or unhashable parameters is its own form."""
+    values = (*eqn.invars, *eqn.outvars)
+    if any(hasattr(v, "val") for v in eqn.invars):
+        return ("own", id(eqn)), values
+    try:
+        params = tuple(sorted(eqn.params.items()))
+        form = (eqn.primitive.name, params, tuple(v.aval for v in values), len(eqn.invars))
+        hash(form)
+    except TypeError:
+        return ("own", id(eqn)), values
+    return form, values
+
+
+def _reads_named(read: list[tuple[Any, Any]], values: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``read``'s keys named by the equation's values (:class:`_ScratchMemo`): ``(position, None)`` for the value
+    itself, ``(position, kind)`` for a buffer derived from it; None where one reads any other value."""
+    at = {id(v): n for n, v in enumerate(values)}
+    out = []
+    for k, _ in read:
+        if isinstance(k, Derived):
+            n = at.get(id(k.of))
+            kind: type | None = k.__class__
+        else:
+            n, kind = at.get(id(k)), None
+        if n is None or values[n] is not (k.of if kind is not None else k):
+            return None
+        out.append((n, kind))
+    return tuple(out)
+
+
+def _keys_read(reads: tuple[Any, ...], values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The keys ``reads`` (as :func:`_reads_named` names them) are for the equation whose values are ``values``."""
+    out = []
+    for n, kind in reads:
+        if n == "key":
+            out.append(kind)  # (an equation's own form: the key itself)
+        else:
+            out.append(values[n] if kind is None else kind(values[n]))
+    return tuple(out)
 
 
 class _Reads:
