@@ -728,15 +728,16 @@ class _Program:
             answers: dict[tuple[int, int, frozenset[int] | None], int] = {}
             fixed = self.fixed_scratch
             self.scratch_memo.bound()
-            seen: dict[int, int] = {}  # (this costing's layouts, interned: they live while it runs)
+            steps, absorbed = other.steps, self.absorbed
             for i, eqn, path in self.windows:
                 if i not in fixed:
                     env = inner[path] if path else layouts
-                    known = (id(env), id(eqn), self.absorbed.get(i))
+                    known = (id(env), id(eqn), absorbed.get(i))
                     answer = answers.get(known)
                     if answer is None:
-                        answer = answers[known] = self._scratch(i, eqn, env, seen)
-                    other._resize(i, answer)
+                        answer = answers[known] = self._scratch(i, eqn, env)
+                    if steps[i].inside != answer:  # (_resize, inlined: thousands of windows per costing)
+                        other._resize(i, answer)
         return other
 
     def _resize(self, i: int, inside: int) -> None:
@@ -762,10 +763,9 @@ class _Program:
                 self.derived.extend((path, key, lay) for key, lay in found)
         return self.derived
 
-    def _scratch(self, i: int, eqn: Any, env: dict[Any, Layout], seen: dict[int, int] | None = None) -> int:
+    def _scratch(self, i: int, eqn: Any, env: dict[Any, Layout]) -> int:
         """:func:`window_scratch` of step ``i`` under ``env``, reused from an earlier answer that read equal layouts
-        (a dot in canonical order reads none: its scratch is 0 whatever the layouts); ``seen``: the layouts this
-        costing interned so far (by object: they live while it runs).
+        (a dot in canonical order reads none: its scratch is 0 whatever the layouts).
 
         ``window_scratch`` is a function of the equation (read only through its primitive, parameters and
         operands' and results' types: :func:`_scratch_form`) and of the layouts it reads; each answer is kept
@@ -774,37 +774,29 @@ class _Program:
         reads gives an equal layout now (:class:`_ScratchMemo`)."""
         memo = self.scratch_memo
         absorbed = self.absorbed.get(i, frozenset())
-        form = memo.forms.get(id(eqn))
-        if form is None:
-            form = memo.forms[id(eqn)] = _scratch_form(eqn)
-        if seen is None:
-            seen = {}
-        get, intern = env.get, memo.intern
-        for sig in (form[0], ("own", id(eqn))):
-            for reads, answers in memo.known.get((sig, absorbed), ()):
-                keys = memo.keys.get((id(eqn), reads))
-                if keys is None:
-                    keys = memo.keys[(id(eqn), reads)] = _keys_read(reads, form[1])
-                token = []
-                for k in keys:  # (a loop, not a comprehension: hundreds of dots per costing)
-                    lay = get(k)
-                    if lay is None:
-                        token.append(-1)
-                        continue
-                    t = seen.get(id(lay))
-                    if t is None:
-                        t = seen[id(lay)] = intern.setdefault((lay.__class__, lay), len(intern))
-                    token.append(t)
-                answer = answers.get(tuple(token))
-                if answer is not None:
-                    if not reads:
-                        self.fixed_scratch.add(i)  # it reads no layout: the same under every costing's
-                    return answer
+        get, by_object = env.get, memo.by_object
+        view = memo.view(eqn, absorbed)
+        for at, (keys, answers) in enumerate(view):
+            token = []
+            for k in keys:  # (loops, not comprehensions: hundreds of dots per costing)
+                lay = get(k)
+                if lay is None:
+                    token.append(-1)
+                    continue
+                hit = by_object.get(id(lay))
+                token.append(memo.number(lay) if hit is None else hit[1])
+            answer = answers.get(tuple(token))
+            if answer is not None:
+                if not keys:
+                    self.fixed_scratch.add(i)  # it reads no layout: the same under every costing's
+                if at:  # tried first next time: the next layer's equation reads alike (any match is the answer)
+                    view.insert(0, view.pop(at))
+                return answer
         log = _Reads(env)
         answer = window_scratch(eqn, log, absorbed)  # type: ignore[arg-type]  # logged
         if not log.read:
             self.fixed_scratch.add(i)  # it read no layout: the same under every costing's
-        memo.keep(eqn, form, absorbed, log.read, answer, seen)
+        memo.keep(eqn, absorbed, log.read, answer)
         return answer
 
     def layout(self, k: Key, derived: type[Derived] | None = None) -> Layout | None:
@@ -825,57 +817,93 @@ class _ScratchMemo:
 
     A read is named by the equation's own value it reads (its position among the operands and results, and the
     derived buffer of it: a gathered copy, a partial sum), so that equations of one form share answers; a read
-    of any other value keys the answer by the equation itself (``("own", id)``).  Layouts are interned: equal
+    of any other value keys the answer by the equation itself (its own form).  Layouts are numbered: equal
     layouts of one kind (``_same``) are one number."""
 
-    # Bounded: a long search meets new layouts for ever; past this many interned layouts or kept answers, all
+    # Bounded: a long search meets new layouts for ever; past this many numbered layouts or kept answers, all
     # are dropped (between costings: :meth:`bound`).
     LIMIT = 50_000
 
     def __init__(self) -> None:
-        # By equation (by identity: the flattening's jaxpr holds them): its form and its values in order.
-        self.forms: dict[int, tuple[Any, tuple[Any, ...]]] = {}
-        # By (form, absorbed operands): each set of reads met, with its answers by the layouts read (interned).
-        self.known: dict[tuple[Any, frozenset[int]], list[tuple[tuple[Any, ...], dict[tuple[int, ...], int]]]] = {}
-        self.keys: dict[tuple[int, tuple[Any, ...]], tuple[Any, ...]] = {}  # a set of reads as one equation's keys
-        self.intern: dict[tuple[type, Layout], int] = {}
+        # By equation (by identity: the flattening's jaxpr holds them): its form's number and its values in order.
+        self.forms: dict[int, tuple[int, tuple[Any, ...]]] = {}
+        self.form_numbers: dict[Any, int] = {}  # forms (hashed once per equation), numbered
+        self.own: dict[int, int] = {}  # by equation: its own form's number, where an answer read another value
+        # By (form, absorbed operands): each set of reads met, with its answers by the layouts read (numbered).
+        self.known: dict[tuple[int, frozenset[int]], list[tuple[tuple[Any, ...], dict[tuple[int, ...], int]]]] = {}
+        # By (equation, absorbed operands): the answers of its form's entries (and its own), each with the keys
+        # its reads are for that equation, how many of those entries it has so, and :attr:`answers` then.
+        self.views: dict[
+            tuple[int, frozenset[int]], tuple[list[tuple[tuple[Any, ...], dict[Any, int]]], list[int]]
+        ] = {}
+        self.numbers: dict[tuple[type, Layout], int] = {}  # layouts by kind and value
+        # Layouts by object: each held here (its id stays its own), so that a layout met again in a later costing
+        # (a replayed layer binds its tape's) is not hashed again.
+        self.by_object: dict[int, tuple[Layout, int]] = {}
         self.answers = 0
 
-    def keep(
-        self,
-        eqn: Any,
-        form: tuple[Any, tuple[Any, ...]],
-        absorbed: frozenset[int],
-        read: list[tuple[Any, Any]],
-        answer: int,
-        seen: dict[int, int],
-    ) -> None:
-        """Keep ``answer``, found for ``eqn`` (of ``form``) by reading ``read`` (keys and layouts, in order)."""
-        reads = _reads_named(read, form[1])
-        sig = form[0] if reads is not None else ("own", id(eqn))
-        if reads is None:
-            reads = tuple(("key", k) for k, _ in read)
-        token = []
-        for _, lay in read:
-            if lay is None:
-                token.append(-1)
+    def form_of(self, eqn: Any) -> tuple[int, tuple[Any, ...]]:
+        """``eqn``'s form, numbered (:func:`_scratch_form`), and its values in order."""
+        form, values = _scratch_form(eqn)
+        return self.form_numbers.setdefault(form, len(self.form_numbers)), values
+
+    def view(self, eqn: Any, absorbed: frozenset[int]) -> list[tuple[tuple[Any, ...], dict[tuple[int, ...], int]]]:
+        """The answers kept for ``eqn``'s form (and for ``eqn`` itself) with ``absorbed``, each with the keys of
+        ``eqn`` its reads name (made once per equation and entry)."""
+        found = self.views.get((id(eqn), absorbed))
+        if found is not None and found[1][2] == self.answers:
+            return found[0]  # (no answer kept since it was made)
+        if found is None:
+            form = self.forms.get(id(eqn))
+            if form is None:
+                form = self.forms[id(eqn)] = self.form_of(eqn)
+            found = self.views[(id(eqn), absorbed)] = ([], [0, 0, -1])
+        view, synced = found
+        form_no, values = self.forms[id(eqn)]
+        own = self.own.get(id(eqn))
+        for n, sig in enumerate((form_no, own)):
+            if sig is None:
                 continue
-            t = seen.get(id(lay))
-            if t is None:
-                t = seen[id(lay)] = self.intern.setdefault((lay.__class__, lay), len(self.intern))
-            token.append(t)
+            entries = self.known.get((sig, absorbed), ())
+            for reads, answers in entries[synced[n] :]:
+                view.append((_keys_read(reads, values), answers))
+            synced[n] = len(entries)
+        synced[2] = self.answers
+        return view
+
+    def number(self, lay: Layout) -> int:
+        """``lay``'s number: equal for layouts equal and of one kind."""
+        hit = self.by_object.get(id(lay))
+        if hit is None:
+            hit = self.by_object[id(lay)] = (lay, self.numbers.setdefault((lay.__class__, lay), len(self.numbers)))
+        return hit[1]
+
+    def keep(self, eqn: Any, absorbed: frozenset[int], read: list[tuple[Any, Any]], answer: int) -> None:
+        """Keep ``answer``, found for ``eqn`` (with ``absorbed``) by reading ``read`` (keys and layouts, in order)."""
+        form = self.forms[id(eqn)]  # (:meth:`view` made it)
+        reads = _reads_named(read, form[1])
+        sig = form[0]
+        if reads is None:  # (it read a value not the equation's: an answer for this equation alone)
+            reads = tuple(("key", k) for k, _ in read)
+            sig = self.own.get(id(eqn), -1)
+            if sig < 0:
+                sig = self.own[id(eqn)] = self.form_numbers.setdefault(("own", id(eqn)), len(self.form_numbers))
+        token = tuple(-1 if lay is None else self.number(lay) for _, lay in read)
         entries = self.known.setdefault((sig, absorbed), [])
         answers = next((found for known_reads, found in entries if known_reads == reads), None)
         if answers is None:
             answers = {}
             entries.append((reads, answers))
-        answers[tuple(token)] = answer
+        answers[token] = answer
         self.answers += 1
 
     def bound(self) -> None:
-        """Drop every answer and interned layout once either passes :attr:`LIMIT` (called between costings)."""
-        if self.answers > self.LIMIT or len(self.intern) > self.LIMIT:
-            self.known, self.keys, self.intern, self.answers = {}, {}, {}, 0
+        """Drop every answer and numbered layout once either passes :attr:`LIMIT`, and the layouts held by object
+        once they do (called between costings)."""
+        if self.answers > self.LIMIT or len(self.numbers) > self.LIMIT:
+            self.known, self.views, self.numbers, self.by_object, self.answers = {}, {}, {}, {}, 0
+        elif len(self.by_object) > self.LIMIT:
+            self.by_object = {}
 
 
 def _scratch_form(eqn: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -1329,10 +1357,16 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     donors: dict[int, tuple[Key, ...]] = {}
     copy_donors: dict[int, tuple[Key, ...]] = {}
     written = prog.written_transposed
+    # The steps where an argument's last use is: with ``dies``, every step where some buffer is read last (an
+    # output's ``until`` is past the last step), so the only steps whose fusion inputs can donate.
+    args_end = {until[v] for v in args if v in until}
     for i, step in enumerate(steps):
         if step.outs and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
             if written and not written.isdisjoint(step.outs):
                 donors[i] = ()  # written transposed for a dot (_Program._absorb_transposes): not in place
+                continue
+            if i not in dies and i not in args_end:
+                donors[i] = ()  # nothing is read last here: no operand to write into
                 continue
             base = step.ins[:1] if step.name in _UPDATES_IN_PLACE else step.ins
             if step.name == "dynamic_update_slice" and _aval(step.ins[1]).shape == _aval(step.ins[0]).shape:
