@@ -344,6 +344,9 @@ class _Program:
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
         self.sizings: dict[Any, _Sizing] = {}  # where each stretch's buffers' layouts are read (_sizing_of)
         self.made_broadcasts: set[_Broadcast] = set()  # (_broadcasts)
+        # What costings ask of the steps' names and operands alone (the same for every rebound, which keeps them;
+        # an absorbed variant's steps are its own): the float reductions YNNPACK may run (:func:`_ynn_reductions`).
+        self.step_facts: dict[str, Any] = {}
         # By liveness and partial sums: those alone; by liveness and a pair of steps: whether one feeds the other
         self.lone_sums: dict[Any, Any] = {}  # (_lone_sums)
         self._flatten(jaxpr, ())
@@ -376,6 +379,7 @@ class _Program:
         other.gather_tested = list(self.gather_tested)
         other.resized = {}
         other.liveness, other.stretches, other.sizings, other.lone_sums = {}, {}, {}, {}
+        other.step_facts = {}
         other._absorb_transposes()
         return other
 
@@ -1621,15 +1625,16 @@ _YNN_ELEMENTWISE = frozenset(
 
 def _ynn_reductions(prog: _Program) -> frozenset[int]:
     """The reduction steps XLA:CPU runs as YNNPACK fusions under this costing's layouts (per-device sizes)."""
+    candidates = prog.step_facts.get("reductions")
+    if candidates is None:  # (found once per flattening: a deep model's tens of thousands of steps hold a few)
+        candidates = prog.step_facts["reductions"] = [
+            (i, step.ins[0], step.outs[0])
+            for i, step in enumerate(prog.steps)
+            if step.name in _YNN_REDUCTIONS and step.ins and step.outs and _floating(_aval(step.ins[0]))
+        ]
     out = []
-    for i, step in enumerate(prog.steps):
-        if step.name not in _YNN_REDUCTIONS or not step.ins or not step.outs:
-            continue
-        k = step.ins[0]
-        aval = _aval(k)
-        if not _floating(aval):
-            continue
-        if max(_shard_elements(prog, k), _shard_elements(prog, step.outs[0])) >= _YNN_MIN_ELEMENTS:
+    for i, k, result in candidates:
+        if max(_shard_elements(prog, k), _shard_elements(prog, result)) >= _YNN_MIN_ELEMENTS:
             out.append(i)
     return frozenset(out)
 
