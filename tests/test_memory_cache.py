@@ -268,3 +268,49 @@ def test_each_answer_of_the_gathered_tests_absorbs_the_one_flattening():
     assert cache.flattened == 1
     assert cache.absorbed == len(variants) == len(answers) >= 3
     assert len({len(p.steps) for p in variants}) >= 3  # the answers made other steps: the copies moved
+
+
+# -- the window steps' scratch, shared between equations alike -----------------------------------------------------
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(
+    up=st.integers(0, len(UP) - 1),
+    down=st.integers(0, len(DOWN) - 1),
+    out=st.integers(0, len(OUT) - 1),
+    batch=st.integers(0, len(BATCH) - 1),
+)
+def test_each_window_steps_scratch_is_window_scratch_under_its_costings_layouts(monkeypatch, up, down, out, batch):
+    """Each dot's scratch through the memo (kept across the draws, shared by the unrolled layers' dots alike) is
+    :func:`memory.window_scratch` of that dot read under the costing's own environment; and the layers' dots,
+    equations alike on values of their own, are sized once per form and layouts, not once per dot."""
+    from einshard._src.analysis.program import memory
+
+    t = _traced("unrolled")
+    if t.peak_cache is None:
+        t.peak_cache = PeakCache()
+    costed: list = []
+    original = memory._peak
+
+    def peak(prog, layouts, *a, **k):
+        costed.append(prog)
+        return original(prog, layouts, *a, **k)
+
+    monkeypatch.setattr(memory, "_peak", peak)
+    sized: list = []  # the scratch sizings made (each logs its reads through a _Reads of its own)
+
+    class Counted(memory._Reads):
+        def __init__(self, env) -> None:
+            super().__init__(env)
+            sized.append(self)
+
+    monkeypatch.setattr(memory, "_Reads", Counted)
+    t.report(_specs(up, down, out, batch), forks=0)
+    (prog,) = costed
+    dots = [(i, eqn, path) for i, eqn, path in prog.windows if eqn.primitive.name == "dot_general"]
+    assert len(dots) >= 4 * L  # each layer's forward and backward dots
+    for i, eqn, path in dots:
+        expected = memory.window_scratch(eqn, prog.env(path), prog.absorbed.get(i, frozenset()))
+        assert prog.steps[i].inside == expected, (i, eqn)
+    # The layers' dots are alike: sized once per form and layouts read, fewer than the dots (in a first costing too).
+    assert len(sized) < len(dots)

@@ -323,10 +323,11 @@ class _Program:
         self.loops: list[tuple[int, Any, Any, tuple[int, ...]]] = []
         # Steps whose scratch bytes the layouts size (window_scratch): (step index, equation, call path).
         self.windows: list[tuple[int, Any, tuple[int, ...]]] = []
-        # Each window step's scratch by the layouts it read (:meth:`_scratch`), and, with ``reuse`` (a PeakCache's
+        # The window steps' scratch by what it read (:meth:`_scratch`), and, with ``reuse`` (a PeakCache's
         # flattening), each loop body's flattenings and stretch summaries (:meth:`_iteration`), kept across
-        # costings (a rebound shares them); without, a loop's body is flattened and walked whole each time.
-        self.scratch_memo: dict[int, list[tuple[tuple[tuple[Any, Any], ...], int]]] = {}
+        # costings (a rebound and an absorbed variant share them); without, a loop's body is flattened and walked
+        # whole each time.
+        self.scratch_memo = _ScratchMemo()
         self.fixed_scratch: set[int] = set()  # window steps whose scratch read no layout: never sized again
         # By dot step: the operands (0 lhs, 1 rhs) whose transposed copy XLA writes in their producer's fusion
         # (:meth:`_absorb_transposes`): no scratch of their own.
@@ -345,6 +346,9 @@ class _Program:
         self.stretches: dict[Any, tuple[Stretch, ...]] = {}  # its steps cut for peak_summary, by liveness
         self.sizings: dict[Any, _Sizing] = {}  # where each stretch's buffers' layouts are read (_sizing_of)
         self.made_broadcasts: set[_Broadcast] = set()  # (_broadcasts)
+        # What costings ask of the steps' names and operands alone (the same for every rebound, which keeps them;
+        # an absorbed variant's steps are its own): the float reductions YNNPACK may run (:func:`_ynn_reductions`).
+        self.step_facts: dict[str, Any] = {}
         # By liveness and partial sums: those alone; by liveness and a pair of steps: whether one feeds the other
         self.lone_sums: dict[Any, Any] = {}  # (_lone_sums)
         self._flatten(jaxpr, ())
@@ -370,7 +374,6 @@ class _Program:
         them.  What absorbing writes is the variant's own (the rebound shares the rest, read only)."""
         other = self.rebound(layouts, inner)
         other.steps = list(other.steps)  # (absorbing resizes and inserts steps)
-        other.scratch_memo = {i: list(memo) for i, memo in self.scratch_memo.items()}
         other.fixed_scratch = set(self.fixed_scratch)
         other.absorbed = dict(self.absorbed)
         other.written_transposed = set(self.written_transposed)
@@ -378,6 +381,7 @@ class _Program:
         other.gather_tested = list(self.gather_tested)
         other.resized = {}
         other.liveness, other.stretches, other.sizings, other.lone_sums = {}, {}, {}, {}
+        other.step_facts = {}
         other._absorb_transposes()
         return other
 
@@ -455,7 +459,6 @@ class _Program:
             self._copy_transposed(copied, producer)
         for i, eqn, path in self.windows:
             if i in self.absorbed:
-                self.scratch_memo.pop(i, None)
                 self.fixed_scratch.discard(i)
                 self._resize(i, self._scratch(i, eqn, self.env(path)))
 
@@ -519,7 +522,6 @@ class _Program:
         self.windows = [(moved[i], eqn, path) for i, eqn, path in self.windows]
         self.loops = [(moved[i], eqn, sub, sub_path) for i, eqn, sub, sub_path in self.loops]
         self.absorbed = {moved[i]: ps for i, ps in self.absorbed.items()}
-        self.scratch_memo = {moved[i]: memo for i, memo in self.scratch_memo.items()}
         self.fixed_scratch = {moved[i] for i in self.fixed_scratch}
         self.resized = {}
 
@@ -732,14 +734,17 @@ class _Program:
             # once per (environment, equation) in this costing (the objects live while it runs).
             answers: dict[tuple[int, int, frozenset[int] | None], int] = {}
             fixed = self.fixed_scratch
+            self.scratch_memo.bound()
+            steps, absorbed = other.steps, self.absorbed
             for i, eqn, path in self.windows:
                 if i not in fixed:
                     env = inner[path] if path else layouts
-                    known = (id(env), id(eqn), self.absorbed.get(i))
+                    known = (id(env), id(eqn), absorbed.get(i))
                     answer = answers.get(known)
                     if answer is None:
                         answer = answers[known] = self._scratch(i, eqn, env)
-                    other._resize(i, answer)
+                    if steps[i].inside != answer:  # (_resize, inlined: thousands of windows per costing)
+                        other._resize(i, answer)
         return other
 
     def _resize(self, i: int, inside: int) -> None:
@@ -766,27 +771,39 @@ class _Program:
         return self.derived
 
     def _scratch(self, i: int, eqn: Any, env: dict[Any, Layout]) -> int:
-        """:func:`window_scratch` of step ``i`` under ``env``, reused from an earlier costing that read the same
-        layouts (a dot in canonical order reads none: its scratch is 0 whatever the layouts).
+        """:func:`window_scratch` of step ``i`` under ``env``, reused from an earlier answer that read equal layouts
+        (a dot in canonical order reads none: its scratch is 0 whatever the layouts).
 
-        ``window_scratch`` is a function of the equation and of the layouts it reads; each answer is kept with
-        the layouts it read (:class:`_Reads`), and reused where each of those reads gives an equal layout now.
-        """
-        known = self.scratch_memo.setdefault(i, [])
-        get = env.get
-        for reads, answer in reversed(known):  # (the latest first: a search moves on from its first layouts)
-            for k, lay in reads:  # (a loop, not all(): hundreds of dots per costing)
-                if not _same(get(k), lay):
-                    break
-            else:
+        ``window_scratch`` is a function of the equation (read only through its primitive, parameters and
+        operands' and results' types: :func:`_scratch_form`) and of the layouts it reads; each answer is kept
+        with what it read (:class:`_Reads`), named by the equation's own values (the layers of an unrolled stack
+        are equations alike on values of their own), and reused for every equation alike where each of those
+        reads gives an equal layout now (:class:`_ScratchMemo`)."""
+        memo = self.scratch_memo
+        absorbed = self.absorbed.get(i, frozenset())
+        get, by_object = env.get, memo.by_object
+        view = memo.view(eqn, absorbed)
+        for at, (keys, answers) in enumerate(view):
+            token = []
+            for k in keys:  # (loops, not comprehensions: hundreds of dots per costing)
+                lay = get(k)
+                if lay is None:
+                    token.append(-1)
+                    continue
+                hit = by_object.get(id(lay))
+                token.append(memo.number(lay) if hit is None else hit[1])
+            answer = answers.get(tuple(token))
+            if answer is not None:
+                if not keys:
+                    self.fixed_scratch.add(i)  # it reads no layout: the same under every costing's
+                if at:  # tried first next time: the next layer's equation reads alike (any match is the answer)
+                    view.insert(0, view.pop(at))
                 return answer
         log = _Reads(env)
-        answer = window_scratch(eqn, log, self.absorbed.get(i, frozenset()))  # type: ignore[arg-type]  # logged
+        answer = window_scratch(eqn, log, absorbed)  # type: ignore[arg-type]  # logged
         if not log.read:
             self.fixed_scratch.add(i)  # it read no layout: the same under every costing's
-        if len(known) >= _SCRATCH_ANSWERS:
-            del known[0]  # the oldest: a search moves on from the layouts it tried first
-        known.append((tuple(log.read), answer))
+        memo.keep(eqn, absorbed, log.read, answer)
         return answer
 
     def layout(self, k: Key, derived: type[Derived] | None = None) -> Layout | None:
@@ -800,9 +817,144 @@ class _Program:
         return env.get(derived(v) if derived is not None else v)
 
 
-# Answers kept per window step (:meth:`_Program._scratch`): one per distinct set of layouts it read, up to this
-# (each holds the layouts it read: bounded, so that a long search does not keep every costing's).
-_SCRATCH_ANSWERS = 16
+class _ScratchMemo:
+    """The window steps' scratch answers (:meth:`_Program._scratch`) by what they read, shared by a flattening,
+    its rebounds and its absorbed variants (a function of the equation's form and the layouts read, not of the
+    costing).
+
+    A read is named by the equation's own value it reads (its position among the operands and results, and the
+    derived buffer of it: a gathered copy, a partial sum), so that equations of one form share answers; a read
+    of any other value keys the answer by the equation itself (its own form).  Layouts are numbered: equal
+    layouts of one kind (``_same``) are one number."""
+
+    # Bounded: a long search meets new layouts for ever; past this many numbered layouts or kept answers, all
+    # are dropped (between costings: :meth:`bound`).
+    LIMIT = 50_000
+
+    def __init__(self) -> None:
+        # By equation (by identity: the flattening's jaxpr holds them): its form's number and its values in order.
+        self.forms: dict[int, tuple[int, tuple[Any, ...]]] = {}
+        self.form_numbers: dict[Any, int] = {}  # forms (hashed once per equation), numbered
+        self.own: dict[int, int] = {}  # by equation: its own form's number, where an answer read another value
+        # By (form, absorbed operands): each set of reads met, with its answers by the layouts read (numbered).
+        self.known: dict[tuple[int, frozenset[int]], list[tuple[tuple[Any, ...], dict[tuple[int, ...], int]]]] = {}
+        # By (equation, absorbed operands): the answers of its form's entries (and its own), each with the keys
+        # its reads are for that equation, how many of those entries it has so, and :attr:`answers` then.
+        self.views: dict[
+            tuple[int, frozenset[int]], tuple[list[tuple[tuple[Any, ...], dict[Any, int]]], list[int]]
+        ] = {}
+        self.numbers: dict[tuple[type, Layout], int] = {}  # layouts by kind and value
+        # Layouts by object: each held here (its id stays its own), so that a layout met again in a later costing
+        # (a replayed layer binds its tape's) is not hashed again.
+        self.by_object: dict[int, tuple[Layout, int]] = {}
+        self.answers = 0
+
+    def form_of(self, eqn: Any) -> tuple[int, tuple[Any, ...]]:
+        """``eqn``'s form, numbered (:func:`_scratch_form`), and its values in order."""
+        form, values = _scratch_form(eqn)
+        return self.form_numbers.setdefault(form, len(self.form_numbers)), values
+
+    def view(self, eqn: Any, absorbed: frozenset[int]) -> list[tuple[tuple[Any, ...], dict[tuple[int, ...], int]]]:
+        """The answers kept for ``eqn``'s form (and for ``eqn`` itself) with ``absorbed``, each with the keys of
+        ``eqn`` its reads name (made once per equation and entry)."""
+        found = self.views.get((id(eqn), absorbed))
+        if found is not None and found[1][2] == self.answers:
+            return found[0]  # (no answer kept since it was made)
+        if found is None:
+            form = self.forms.get(id(eqn))
+            if form is None:
+                form = self.forms[id(eqn)] = self.form_of(eqn)
+            found = self.views[(id(eqn), absorbed)] = ([], [0, 0, -1])
+        view, synced = found
+        form_no, values = self.forms[id(eqn)]
+        own = self.own.get(id(eqn))
+        for n, sig in enumerate((form_no, own)):
+            if sig is None:
+                continue
+            entries = self.known.get((sig, absorbed), ())
+            for reads, answers in entries[synced[n] :]:
+                view.append((_keys_read(reads, values), answers))
+            synced[n] = len(entries)
+        synced[2] = self.answers
+        return view
+
+    def number(self, lay: Layout) -> int:
+        """``lay``'s number: equal for layouts equal and of one kind."""
+        hit = self.by_object.get(id(lay))
+        if hit is None:
+            hit = self.by_object[id(lay)] = (lay, self.numbers.setdefault((lay.__class__, lay), len(self.numbers)))
+        return hit[1]
+
+    def keep(self, eqn: Any, absorbed: frozenset[int], read: list[tuple[Any, Any]], answer: int) -> None:
+        """Keep ``answer``, found for ``eqn`` (with ``absorbed``) by reading ``read`` (keys and layouts, in order)."""
+        form = self.forms[id(eqn)]  # (:meth:`view` made it)
+        reads = _reads_named(read, form[1])
+        sig = form[0]
+        if reads is None:  # (it read a value not the equation's: an answer for this equation alone)
+            reads = tuple(("key", k) for k, _ in read)
+            sig = self.own.get(id(eqn), -1)
+            if sig < 0:
+                sig = self.own[id(eqn)] = self.form_numbers.setdefault(("own", id(eqn)), len(self.form_numbers))
+        token = tuple(-1 if lay is None else self.number(lay) for _, lay in read)
+        entries = self.known.setdefault((sig, absorbed), [])
+        answers = next((found for known_reads, found in entries if known_reads == reads), None)
+        if answers is None:
+            answers = {}
+            entries.append((reads, answers))
+        answers[token] = answer
+        self.answers += 1
+
+    def bound(self) -> None:
+        """Drop every answer and numbered layout once either passes :attr:`LIMIT`, and the layouts held by object
+        once they do (called between costings)."""
+        if self.answers > self.LIMIT or len(self.numbers) > self.LIMIT:
+            self.known, self.views, self.numbers, self.by_object, self.answers = {}, {}, {}, {}, 0
+        elif len(self.by_object) > self.LIMIT:
+            self.by_object = {}
+
+
+def _scratch_form(eqn: Any) -> tuple[Any, tuple[Any, ...]]:
+    """What :func:`window_scratch` reads of ``eqn`` but its values' layouts, hashable (equal for the equations
+    it answers alike), and the equation's values in order (operands, then results).  An equation with a literal
+    operand or unhashable parameters is its own form."""
+    values = (*eqn.invars, *eqn.outvars)
+    if any(hasattr(v, "val") for v in eqn.invars):
+        return ("own", id(eqn)), values
+    try:
+        params = tuple(sorted(eqn.params.items()))
+        form = (eqn.primitive.name, params, tuple(v.aval for v in values), len(eqn.invars))
+        hash(form)
+    except TypeError:
+        return ("own", id(eqn)), values
+    return form, values
+
+
+def _reads_named(read: list[tuple[Any, Any]], values: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``read``'s keys named by the equation's values (:class:`_ScratchMemo`): ``(position, None)`` for the value
+    itself, ``(position, kind)`` for a buffer derived from it; None where one reads any other value."""
+    at = {id(v): n for n, v in enumerate(values)}
+    out = []
+    for k, _ in read:
+        if isinstance(k, Derived):
+            n = at.get(id(k.of))
+            kind: type | None = k.__class__
+        else:
+            n, kind = at.get(id(k)), None
+        if n is None or values[n] is not (k.of if kind is not None else k):
+            return None
+        out.append((n, kind))
+    return tuple(out)
+
+
+def _keys_read(reads: tuple[Any, ...], values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The keys ``reads`` (as :func:`_reads_named` names them) are for the equation whose values are ``values``."""
+    out = []
+    for n, kind in reads:
+        if n == "key":
+            out.append(kind)  # (an equation's own form: the key itself)
+        else:
+            out.append(values[n] if kind is None else kind(values[n]))
+    return tuple(out)
 
 
 class _Reads:
@@ -1271,10 +1423,16 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     donors: dict[int, tuple[Key, ...]] = {}
     copy_donors: dict[int, tuple[Key, ...]] = {}
     written = prog.written_transposed
+    # The steps where an argument's last use is: with ``dies``, every step where some buffer is read last (an
+    # output's ``until`` is past the last step), so the only steps whose fusion inputs can donate.
+    args_end = {until[v] for v in args if v in until}
     for i, step in enumerate(steps):
         if step.outs and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
             if written and not written.isdisjoint(step.outs):
                 donors[i] = ()  # written transposed for a dot (_Program._absorb_transposes): not in place
+                continue
+            if i not in dies and i not in args_end:
+                donors[i] = ()  # nothing is read last here: no operand to write into
                 continue
             base = step.ins[:1] if step.name in _UPDATES_IN_PLACE else step.ins
             if step.name == "dynamic_update_slice" and _aval(step.ins[1]).shape == _aval(step.ins[0]).shape:
@@ -1529,15 +1687,16 @@ _YNN_ELEMENTWISE = frozenset(
 
 def _ynn_reductions(prog: _Program) -> frozenset[int]:
     """The reduction steps XLA:CPU runs as YNNPACK fusions under this costing's layouts (per-device sizes)."""
+    candidates = prog.step_facts.get("reductions")
+    if candidates is None:  # (found once per flattening: a deep model's tens of thousands of steps hold a few)
+        candidates = prog.step_facts["reductions"] = [
+            (i, step.ins[0], step.outs[0])
+            for i, step in enumerate(prog.steps)
+            if step.name in _YNN_REDUCTIONS and step.ins and step.outs and _floating(_aval(step.ins[0]))
+        ]
     out = []
-    for i, step in enumerate(prog.steps):
-        if step.name not in _YNN_REDUCTIONS or not step.ins or not step.outs:
-            continue
-        k = step.ins[0]
-        aval = _aval(k)
-        if not _floating(aval):
-            continue
-        if max(_shard_elements(prog, k), _shard_elements(prog, step.outs[0])) >= _YNN_MIN_ELEMENTS:
+    for i, k, result in candidates:
+        if max(_shard_elements(prog, k), _shard_elements(prog, result)) >= _YNN_MIN_ELEMENTS:
             out.append(i)
     return frozenset(out)
 

@@ -162,10 +162,19 @@ def stretches(steps: Steps, forms: dict[Hashable, int]) -> tuple[Stretch, ...]:
     n = len(names)
     sigs: dict[Hashable, int] = {}
     signature: list[int] = []
+    made_at, sized, ends = producer.get, steps.sized, steps.ends
     for i in range(n):
-        refs = tuple(_ref(i, producer.get(k)) for k in ins[i])
-        gone = tuple(_ref(i, producer.get(k)) for k in dies.get(i, ()))
-        sig = (names[i], refs, gone, tuple(k in fused for k in outs[i]), i in steps.sized, i in steps.ends)
+        # Each operand (and each buffer freed here) by how far back it was made: "in" (no step made it), the
+        # distance, or "far" past _NEAR.  (Loops, not a helper per operand: tens of thousands of steps.)
+        refs = []
+        for k in ins[i]:
+            m = made_at(k)
+            refs.append("in" if m is None else i - m if i - m <= _NEAR else "far")
+        gone = []
+        for k in dies.get(i, ()):
+            m = made_at(k)
+            gone.append("in" if m is None else i - m if i - m <= _NEAR else "far")
+        sig = (names[i], tuple(refs), tuple(gone), tuple([k in fused for k in outs[i]]), i in sized, i in ends)
         signature.append(sigs.setdefault(sig, len(sigs)))
     bounds: list[tuple[int, int]] = []
     at = 0
@@ -185,12 +194,6 @@ def stretches(steps: Steps, forms: dict[Hashable, int]) -> tuple[Stretch, ...]:
     return tuple(_stretch(a, b, steps, forms, later) for a, b in bounds)
 
 
-def _ref(i: int, made: int | None) -> Hashable:
-    if made is None:
-        return "in"
-    return i - made if i - made <= _NEAR else "far"
-
-
 def _pieces(a: int, b: int) -> list[tuple[int, int]]:
     return [(s, min(s + _GLUE, b)) for s in range(a, b, _GLUE)]
 
@@ -207,16 +210,14 @@ def _stretch(a: int, b: int, steps: Steps, forms: dict[Hashable, int], later: se
     )
     donors, dies, sized, ends = steps.donors, steps.dies, steps.sized, steps.ends
     local: dict[Key, int] = {}
-
-    def name(k: Key) -> int:
-        return local.setdefault(k, len(local))
+    name = local.setdefault  # (each buffer's number: the count of those named before it, passed in order)
 
     shape = []
     for i in range(a, b):
-        made = tuple(name(k) for k in outs[i])
-        given = tuple(name(k) for k in donors.get(i, ()))
-        gone = tuple(name(k) for k in dies.get(i, ()))
-        flags = tuple((k in fused, k in leaves) for k in outs[i])
+        made = tuple([name(k, len(local)) for k in outs[i]])
+        given = tuple([name(k, len(local)) for k in donors.get(i, ())])
+        gone = tuple([name(k, len(local)) for k in dies.get(i, ())])
+        flags = tuple([(k in fused, k in leaves) for k in outs[i]])
         shape.append((names[i], made, flags, given, gone, i in sized, i in ends))
     touched = tuple(local)
     # How each buffer stands when the stretch starts: live (an argument, or made before it), not made yet, or
