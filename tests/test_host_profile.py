@@ -130,7 +130,10 @@ def test_explain_prices_compute_on_the_shared_cores():
 def test_a_layout_doing_8x_the_flops_is_not_ranked_first_on_2_cores():
     """A step small enough that, each device on its own core, replicating everything (8x data parallel's FLOPs,
     no collective) is the cheapest layout; on 8 simulated devices over 2 cores its compute dominates and a
-    split layout wins."""
+    split layout wins.  The FLOPs' sharing alone: the cpu profile's price of the elementwise work on each
+    product's result (op_overhead, element_time) would already make the whole-batch layout dearer on 8 cores
+    (it runs 8x data parallel's elementwise work), so this test prices FLOPs only, as the profile did when it
+    was written."""
     B, D, F = 64, 64, 128
     params, x = {"w0": sds(D, F), "w1": sds(F, D)}, sds(B, D)
     step = jax.value_and_grad(mlp_loss)
@@ -142,7 +145,7 @@ def test_a_layout_doing_8x_the_flops_is_not_ranked_first_on_2_cores():
             params,
             x,
             mesh={"data": 4, "model": 2},
-            profile=cpu_on(cores),
+            profile=dataclasses.replace(cpu_on(cores), op_overhead=0.0, element_time=0.0),
             verify=0,
             presets={"replicated": replicated},
         )
@@ -156,3 +159,21 @@ def test_a_layout_doing_8x_the_flops_is_not_ranked_first_on_2_cores():
     # on 2 cores: not the replicated layout, and faster than it by the model
     assert shared.compute_s < rep[2].compute_s and shared.time_s < rep[2].time_s
     assert any(e != "x y -> x y" for e in shared.rules.values()) or shared.data_rules[0] != alone.data_rules[0]
+
+
+@pytest.mark.parametrize(("cores", "devices"), [(2, 8), (4, 8), (2, 2)])
+def test_the_small_op_prices_are_shared_like_the_flops(cores, devices):
+    """A kernel's fixed cost and the elementwise work take turns on the cores as the FLOPs do: each device's
+    share of the host stretches them by devices / cores (no change while every device has a core)."""
+    p = dataclasses.replace(cpu_on(cores), op_overhead=1e-6, element_time=2e-9)
+    q = p.on_devices(devices)
+    stretch = max(1.0, devices / cores)
+    assert q.op_overhead == pytest.approx(1e-6 * stretch) and q.element_time == pytest.approx(2e-9 * stretch)
+    assert q.flops == pytest.approx(p.flops / stretch)
+
+
+@pytest.mark.parametrize("field", ["op_overhead", "element_time"])
+@pytest.mark.parametrize("bad", [-1e-6, float("nan"), float("inf")])
+def test_the_small_op_prices_must_be_finite_and_not_negative(field, bad):
+    with pytest.raises(EinshardError, match=field):
+        dataclasses.replace(PROFILES["cpu"], **{field: bad})

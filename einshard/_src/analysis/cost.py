@@ -187,8 +187,17 @@ class Profile:
             ``'per_piece'`` (XLA:CPU runs each piece of a tuple all-reduce as a collective of its own, measured:
             benchmarks/cpu_calibration.py's combined-all-reduce fit, ~the same time per piece as one all-reduce
             alone; so merging saves the step nothing).  The planner's combining credit (``combined.saved_s``)
-            and ``plan(verify=)``'s pricing of the compiled collectives follow it.  The ``cpu`` profile keeps
-            ``'once'``: its plans measured faster so (the comment above ``PROFILES``).
+            and ``plan(verify=)``'s pricing of the compiled collectives follow it.  The ``cpu`` profile takes
+            ``'per_piece'`` with ``element_time`` priced (the comment above ``PROFILES``).
+        op_overhead: seconds each op that computes (a dot) costs whatever its size: the kernel XLA launches
+            (with a core to itself, shared as ``flops`` is: :meth:`on_devices`).  0: not priced (GPU, TPU).
+        element_time: seconds per element a dot writes (per device, with a core to itself) for the elementwise
+            and reduction work around it that the walk does not price (a bias, an activation, a norm, a residual
+            and their gradients read the products' results; explain counts dot FLOPs only).  On XLA:CPU's small
+            steps that work, not the FLOPs, is most of the compute, and a layout that replicates a product
+            replicates it too.  The planner adds both to a layout's compute (``planner.scoring.
+            unwalked_compute_s``); explain's report does not.  0: not priced (GPU, TPU: their FLOP/s stand
+            for a step's).
     """
 
     name: str
@@ -200,6 +209,8 @@ class Profile:
     narrow_floats: NarrowFloats = "native"
     host_cores: int | None = None
     combined_latency: CombinedLatency = "once"
+    op_overhead: float = 0.0
+    element_time: float = 0.0
 
     def __post_init__(self) -> None:
         # Every estimate divides by flops and bandwidth: a zero, a NaN or an infinity would make each plan's time
@@ -210,6 +221,8 @@ class Profile:
         check_number(self.flops, "einshard.Profile", "flops", positive=True)
         check_number(self.bandwidth, "einshard.Profile", "bandwidth", positive=True)
         check_number(self.latency, "einshard.Profile", "latency", minimum=0)
+        check_number(self.op_overhead, "einshard.Profile", "op_overhead", minimum=0)
+        check_number(self.element_time, "einshard.Profile", "element_time", minimum=0)
         if self.topology not in TOPOLOGIES:
             from ..errors import EinshardError
 
@@ -274,6 +287,11 @@ class Profile:
     def compute_time(self, flops: float) -> float:
         return flops / self.flops
 
+    def small_op_time(self, out_elements: float) -> float:
+        """Seconds, beyond its FLOPs, of one op that computes and writes ``out_elements`` elements per device: the
+        kernel's fixed cost and the elementwise work on its result (``op_overhead``, ``element_time``)."""
+        return self.op_overhead + out_elements * self.element_time
+
     def on_devices(self, devices: int) -> Profile:
         """The profile of one of ``devices`` devices that compute at once (a mesh's): with fewer ``host_cores``
         than devices, the host's FLOP/s shared among them; itself otherwise.
@@ -286,7 +304,14 @@ class Profile:
         """
         if self.host_cores is None or devices <= self.host_cores:
             return self
-        return dataclasses.replace(self, flops=self.flops * self.host_cores / devices, host_cores=None)
+        share = self.host_cores / devices
+        return dataclasses.replace(
+            self,
+            flops=self.flops * share,
+            op_overhead=self.op_overhead / share,
+            element_time=self.element_time / share,
+            host_cores=None,
+        )
 
 
 def host_cores() -> int:
@@ -309,7 +334,26 @@ def cpu_profile(cores: int | None = None) -> Profile:
         latency=2e-5,
         narrow_floats="f32",
         host_cores=host_cores() if cores is None else cores,
+        combined_latency="per_piece",
+        op_overhead=CPU_OP_OVERHEAD,
+        element_time=CPU_ELEMENT_TIME,
     )
+
+
+# A dot's fixed cost on XLA:CPU, with a core to itself: benchmarks/cpu_calibration.py --sweep fits
+# time = overhead + FLOPs / rate over (n, n) @ (n, n) products, n = 8 ... 256, on 8 busy devices of a 2-core host:
+# 0.1-1.4 µs per dot (load 8-13) and 21-24 GFLOP/s per device (the ``flops`` below, shared 8 on 2 cores: 25) --
+# the products themselves run at the priced rate down to 32 x 32; their size changes only the fixed share.
+CPU_OP_OVERHEAD = 3.5e-7
+# The elementwise work per element a dot writes, with a core to itself (4 ns with 8 devices on 2 cores).  The
+# same sweep prices one such kernel at 8 busy devices: a row reduction (a norm's, a softmax's) 9-10 ns per
+# element, a fused tanh 32 ns, so these steps' non-dot work costs ~10-100x the FLOPs the walk counts.  What a
+# dot's result is followed by varies (a weight gradient's by nothing, an activation by a fused chain), so the
+# per-result price is the one that ranks the measured layouts best, below those single-kernel prices: of
+# 0.25, 1, 2, 5 ns (x4 at 8 busy), 1 ns gave the predicted order of the 7 programs' layouts (3 transformers, 4
+# external families: benchmarks/plan_latency_modes.py --agreement, plan_prediction.py) a mean Kendall tau of 0.78
+# against 0.76 for the old profile ('once', no element price), 0.56 for 'per_piece' without it.
+CPU_ELEMENT_TIME = 1e-9
 
 
 PROFILES: dict[str, Profile] = {
@@ -325,20 +369,15 @@ PROFILES: dict[str, Profile] = {
     # per device with 1 or 2 of 8 devices busy on a 2-core host, ~9-22 GFLOP/s with 4 or 8 busy.  XLA:CPU's
     # all-reduce thunk runs each piece of a combined (tuple) all-reduce as its own collective (a loop of
     # AllReduce calls, one per buffer), measured ~one all-reduce's time per piece (benchmarks/cpu_calibration.py);
-    # combined_latency='per_piece' models it, but this profile keeps 'once', by measured step time
-    # (benchmarks/plan_latency_modes.py, results/plan_latency_modes.json, load 11-26): on the demo's, the NNX and the
-    # Equinox transformers the plan made under 'per_piece' (the batch replicated, Megatron splits: 2.2-3.3 MB and
-    # 17-22 collectives per step) ran 1.2-2.0x slower than the plan made under 'once' (the batch over both axes:
-    # 0.29 MB, 26-29 pieces), beyond the split-half noise in 5 of 6 runs (two per model, the later one stored); on
-    # the large hk_stack the two plans ran alike (0.97x, within 18%) with 'per_piece' sending 2.1x the bytes, and
-    # under a memory budget the 'once' plan ran 1.36x faster.  Each piece does cost about one all-reduce; what
-    # 'per_piece' then gets wrong is the other side of the trade: these steps run ~0.5-2 GFLOP/s per device where
-    # ``flops`` (a large matmul's rate) prices 25, so pricing each piece makes the planner buy fewer pieces with
-    # FLOPs and bytes.  The predicted order of the
-    # three transformers' 8 layouts against the measured one, Kendall tau: 0.86/0.71/0.93 under 'once',
-    # 0.57/0.29/0.29 under 'per_piece' (0.64/0.64/0.50 with flops at 1e10).  On the four tiny planned families
-    # (benchmarks/plan_prediction.py) 'per_piece' planned the replicated program, a little faster there (0.83-1.12x
-    # the best hand layout against 'once''s 0.94-1.17x): neither prices these steps' compute; 'once' errs less.
+    # combined_latency='per_piece' models it.  Alone it planned slower steps (benchmarks/plan_latency_modes.py,
+    # results/plan_latency_modes.json, load 11-26: on the demo's, the NNX and the Equinox transformers the plan made
+    # under 'per_piece', the batch replicated with Megatron splits, ran 1.2-2.0x slower than under 'once', the batch
+    # over both axes): each piece does cost about one all-reduce, but the whole-batch layouts' other cost went
+    # unpriced: the elementwise and reduction work on replicated activations (element_time, op_overhead: what
+    # these small steps spend most of their compute on, at ~0.5-2 GFLOP/s per device where ``flops`` prices 25).
+    # With both priced the order of the measured layouts agrees best (Kendall tau, CPU_ELEMENT_TIME's comment),
+    # and the layout the model ranks first measured 1.00-1.12x the fastest of every program's measured layouts
+    # (1.00-1.51x under 'once').
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
