@@ -130,10 +130,7 @@ def test_explain_prices_compute_on_the_shared_cores():
 def test_a_layout_doing_8x_the_flops_is_not_ranked_first_on_2_cores():
     """A step small enough that, each device on its own core, replicating everything (8x data parallel's FLOPs,
     no collective) is the cheapest layout; on 8 simulated devices over 2 cores its compute dominates and a
-    split layout wins.  The FLOPs' sharing alone: the cpu profile's price of the elementwise work on each
-    product's result (op_overhead, element_time) would already make the whole-batch layout dearer on 8 cores
-    (it runs 8x data parallel's elementwise work), so this test prices FLOPs only, as the profile did when it
-    was written."""
+    split layout wins."""
     B, D, F = 64, 64, 128
     params, x = {"w0": sds(D, F), "w1": sds(F, D)}, sds(B, D)
     step = jax.value_and_grad(mlp_loss)
@@ -145,7 +142,7 @@ def test_a_layout_doing_8x_the_flops_is_not_ranked_first_on_2_cores():
             params,
             x,
             mesh={"data": 4, "model": 2},
-            profile=dataclasses.replace(cpu_on(cores), op_overhead=0.0, element_time=0.0),
+            profile=cpu_on(cores),
             verify=0,
             presets={"replicated": replicated},
         )
@@ -165,11 +162,19 @@ def test_a_layout_doing_8x_the_flops_is_not_ranked_first_on_2_cores():
 def test_the_small_op_prices_are_shared_like_the_flops(cores, devices):
     """A kernel's fixed cost and the elementwise work take turns on the cores as the FLOPs do: each device's
     share of the host stretches them by devices / cores (no change while every device has a core)."""
-    p = dataclasses.replace(cpu_on(cores), op_overhead=1e-6, element_time=2e-9)
+    p = cpu_profile(cores, small_ops=True)
     q = p.on_devices(devices)
     stretch = max(1.0, devices / cores)
-    assert q.op_overhead == pytest.approx(1e-6 * stretch) and q.element_time == pytest.approx(2e-9 * stretch)
+    assert q.op_overhead == pytest.approx(p.op_overhead * stretch) and q.op_overhead > 0
+    assert q.element_time == pytest.approx(p.element_time * stretch) and q.element_time > 0
     assert q.flops == pytest.approx(p.flops / stretch)
+
+
+def test_the_default_cpu_profile_prices_flops_only_and_small_ops_is_the_option():
+    default, small = cpu_profile(2), cpu_profile(2, small_ops=True)
+    assert (default.op_overhead, default.element_time, default.combined_latency) == (0.0, 0.0, "once")
+    assert small.combined_latency == "per_piece" and small.element_time > 0 and small.op_overhead > 0
+    assert dataclasses.replace(small, op_overhead=0.0, element_time=0.0, combined_latency="once") == default
 
 
 @pytest.mark.parametrize("field", ["op_overhead", "element_time"])

@@ -5,8 +5,6 @@ Auto axes, are labelled so; a chosen layout JAX refuses says so on the plan's fi
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -14,7 +12,6 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import einshard
-from einshard._src.analysis.cost import PROFILES
 from einshard.testing import hlo
 
 MLP = {"w1": jax.ShapeDtypeStruct((64, 256), jnp.float32), "w2": jax.ShapeDtypeStruct((256, 64), jnp.float32)}
@@ -30,13 +27,6 @@ ONE = {"w": jax.ShapeDtypeStruct((64, 128), jnp.float32)}
 
 def one_layer(p, x):
     return jnp.sum(jnp.tanh(x @ p["w"]))
-
-
-# The cpu profile as it priced compute before the elementwise work on each product's result (op_overhead,
-# element_time) and each piece of a merged all-reduce (combined_latency) were priced: these tests need the layouts
-# it ranks first on these small steps (a Megatron split JAX refuses on Explicit axes, and candidates JAX types);
-# the measured pricing (einshard/_src/analysis/cost.py, CPU_ELEMENT_TIME) ranks a data-parallel batch first there.
-CPU_FLOPS_ONLY = dataclasses.replace(PROFILES["cpu"], op_overhead=0.0, element_time=0.0, combined_latency="once")
 
 
 def explicit_mesh():
@@ -83,7 +73,7 @@ def direct_compile(step, params, batch, p_specs, x_spec, mesh):
 def test_candidates_jax_accepts_are_compiled_as_the_typed_program():
     step = jax.value_and_grad(one_layer)
     mesh = explicit_mesh()
-    r = einshard.plan(step, ONE, BATCH, mesh=mesh, verify=3, profile=CPU_FLOPS_ONLY)
+    r = einshard.plan(step, ONE, BATCH, mesh=mesh, verify=3, profile="cpu")
     assert r.verification and not any(v.refused for v in r.verification) and not r.needs_auto_axes
     assert all(v.compiled_axes == "the mesh's" for v in r.verification)
     # The two columns are two programs on Explicit axes, and the explanation says which.
@@ -186,8 +176,8 @@ def test_when_jax_refuses_every_candidate_the_first_line_says_it_needs_auto_axes
 def test_an_unverified_plan_says_its_prediction_is_the_auto_programs_and_checks_the_choice_types():
     step = jax.value_and_grad(mlp_loss)
     with jax.set_mesh(explicit_mesh()):
-        r = einshard.plan(step, MLP, BATCH, verify=0, profile=CPU_FLOPS_ONLY)
-    sizes = einshard.plan(step, MLP, BATCH, mesh={"data": 4, "model": 2}, verify=0, profile=CPU_FLOPS_ONLY)
+        r = einshard.plan(step, MLP, BATCH, verify=0, profile="cpu")
+    sizes = einshard.plan(step, MLP, BATCH, mesh={"data": 4, "model": 2}, verify=0, profile="cpu")
     # The same prediction (the untyped program) and the same choice as from sizes, now said so.
     assert r.rules == sizes.rules and r.time_s == sizes.time_s
     assert "predicted for the step as XLA lays it out by propagation (Auto axes)" in r.explanation
@@ -200,7 +190,7 @@ def test_an_unverified_plan_says_its_prediction_is_the_auto_programs_and_checks_
     # A choice JAX types says nothing of the kind (and does type: placed as planned, the step traces).
     mesh = explicit_mesh()
     one = jax.value_and_grad(one_layer)
-    ok = einshard.plan(one, ONE, BATCH, mesh=mesh, verify=0, profile=CPU_FLOPS_ONLY)
+    ok = einshard.plan(one, ONE, BATCH, mesh=mesh, verify=0, profile="cpu")
     assert not ok.needs_auto_axes and "NEEDS" not in str(ok) and "needs jax.sharding" not in ok.warning
     p_specs, x_spec = specs_of(ok.rules, ok.data_rules, ONE, BATCH, mesh)
     direct_compile(one, ONE, BATCH, p_specs, x_spec, mesh)

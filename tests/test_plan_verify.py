@@ -40,15 +40,7 @@ def plans():
     # The cpu profile with each of the 8 devices on a core of its own, whatever host runs this: on a host with
     # fewer cores its devices share them (Profile.host_cores), compute costs more, and the prediction already
     # ranks data parallelism first; this test needs a prediction that the compiler must correct.
-    # It also prices FLOPs and collectives as the cpu profile did before it priced the elementwise work on each
-    # product's result (op_overhead, element_time) and each piece of a merged all-reduce (combined_latency): with
-    # those, measured on XLA:CPU (einshard/_src/analysis/cost.py, CPU_ELEMENT_TIME), the whole batch's
-    # elementwise work on every device outweighs the gathers the prediction wrongly charges data parallelism here,
-    # and the prediction is right without the compiler.
-    flops_only = dataclasses.replace(
-        PROFILES["cpu"], host_cores=8, op_overhead=0.0, element_time=0.0, combined_latency="once"
-    )
-    kw = dict(mesh={"data": 8}, objective="inference", profile=flops_only)
+    kw = dict(mesh={"data": 8}, objective="inference", profile=dataclasses.replace(PROFILES["cpu"], host_cores=8))
     return einshard.plan(forward, PARAMS, X, verify=0, **kw), einshard.plan(forward, PARAMS, X, **kw)
 
 
@@ -179,15 +171,7 @@ def test_the_compiled_flops_decide_where_they_disagree_with_the_prediction():
     # The prediction counts the dot only: the batch replicated costs no collective and 5 µs of compute, so it
     # ranks first; XLA's cost analysis counts the elementwise chain too (80 MFLOP replicated, a ms on the
     # profile), and with the batch split the all-reduce of the sum is cheaper than that: the plan follows XLA.
-    # It also prices FLOPs and collectives as the cpu profile did before it priced the elementwise work on each
-    # product's result (op_overhead, element_time) and each piece of a merged all-reduce (combined_latency): with
-    # those, measured on XLA:CPU (einshard/_src/analysis/cost.py, CPU_ELEMENT_TIME), the whole batch's
-    # elementwise work on every device outweighs the gathers the prediction wrongly charges data parallelism here,
-    # and the prediction is right without the compiler.
-    flops_only = dataclasses.replace(
-        PROFILES["cpu"], host_cores=8, op_overhead=0.0, element_time=0.0, combined_latency="once"
-    )
-    kw = dict(mesh={"data": 8}, objective="inference", profile=flops_only)
+    kw = dict(mesh={"data": 8}, objective="inference", profile=dataclasses.replace(PROFILES["cpu"], host_cores=8))
     w, x = {"w": jax.ShapeDtypeStruct((512,), jnp.float32)}, jax.ShapeDtypeStruct((512, 512), jnp.float32)
     predicted = einshard.plan(elementwise_heavy, w, x, verify=0, **kw)
     verified = einshard.plan(elementwise_heavy, w, x, verify=3, **kw)
@@ -216,15 +200,7 @@ def looped(p, x):
 def test_a_program_with_a_loop_keeps_the_predicted_compute():
     # XLA's cost analysis counts a while loop's body once, not per iteration: its FLOPs would undercount, so
     # every candidate's compute is the prediction's (one count for all).
-    # It also prices FLOPs and collectives as the cpu profile did before it priced the elementwise work on each
-    # product's result (op_overhead, element_time) and each piece of a merged all-reduce (combined_latency): with
-    # those, measured on XLA:CPU (einshard/_src/analysis/cost.py, CPU_ELEMENT_TIME), the whole batch's
-    # elementwise work on every device outweighs the gathers the prediction wrongly charges data parallelism here,
-    # and the prediction is right without the compiler.
-    flops_only = dataclasses.replace(
-        PROFILES["cpu"], host_cores=8, op_overhead=0.0, element_time=0.0, combined_latency="once"
-    )
-    kw = dict(mesh={"data": 8}, objective="inference", profile=flops_only)
+    kw = dict(mesh={"data": 8}, objective="inference", profile=dataclasses.replace(PROFILES["cpu"], host_cores=8))
     w, x = {"w": jax.ShapeDtypeStruct((64, 64), jnp.float32)}, jax.ShapeDtypeStruct((256, 64), jnp.float32)
     verified = einshard.plan(looped, w, x, verify=2, **kw)
     assert verified.verification

@@ -187,8 +187,9 @@ class Profile:
             ``'per_piece'`` (XLA:CPU runs each piece of a tuple all-reduce as a collective of its own, measured:
             benchmarks/cpu_calibration.py's combined-all-reduce fit, ~the same time per piece as one all-reduce
             alone; so merging saves the step nothing).  The planner's combining credit (``combined.saved_s``)
-            and ``plan(verify=)``'s pricing of the compiled collectives follow it.  The ``cpu`` profile takes
-            ``'per_piece'`` with ``element_time`` priced (the comment above ``PROFILES``).
+            and ``plan(verify=)``'s pricing of the compiled collectives follow it.  The ``cpu`` profile keeps
+            ``'once'``; ``cpu_profile(small_ops=True)`` takes ``'per_piece'`` with ``element_time`` priced (the
+            comment above ``PROFILES``).
         op_overhead: seconds each op that computes (a dot) costs whatever its size: the kernel XLA launches
             (with a core to itself, shared as ``flops`` is: :meth:`on_devices`).  0: not priced (GPU, TPU).
         element_time: seconds per element a dot writes (per device, with a core to itself) for the elementwise
@@ -196,8 +197,8 @@ class Profile:
             and their gradients read the products' results; explain counts dot FLOPs only).  On XLA:CPU's small
             steps that work, not the FLOPs, is most of the compute, and a layout that replicates a product
             replicates it too.  The planner adds both to a layout's compute (``planner.scoring.
-            unwalked_compute_s``); explain's report does not.  0: not priced (GPU, TPU: their FLOP/s stand
-            for a step's).
+            unwalked_compute_s``); explain's report does not.  0: not priced (the ``cpu`` profile's default;
+            GPU, TPU: their FLOP/s stand for a step's); ``cpu_profile(small_ops=True)`` prices both.
     """
 
     name: str
@@ -324,9 +325,15 @@ def host_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def cpu_profile(cores: int | None = None) -> Profile:
+def cpu_profile(cores: int | None = None, *, small_ops: bool = False) -> Profile:
     """The ``cpu`` profile of a host whose simulated devices share ``cores`` cores (default: this process's,
-    :func:`host_cores`)."""
+    :func:`host_cores`).
+
+    ``small_ops=True``: also price what a small step's compute is mostly made of on XLA:CPU, the elementwise work
+    on each product's result and each dot's kernel (``element_time``, ``op_overhead``: :data:`CPU_ELEMENT_TIME`,
+    :data:`CPU_OP_OVERHEAD`), with each piece of a merged all-reduce paying its own latency (``combined_latency=
+    'per_piece'``, as XLA:CPU runs it).  Not the default: the planned layouts it gives are measured in the comment
+    above ``PROFILES``."""
     return Profile(
         "cpu",
         flops=1e11,
@@ -334,9 +341,9 @@ def cpu_profile(cores: int | None = None) -> Profile:
         latency=2e-5,
         narrow_floats="f32",
         host_cores=host_cores() if cores is None else cores,
-        combined_latency="per_piece",
-        op_overhead=CPU_OP_OVERHEAD,
-        element_time=CPU_ELEMENT_TIME,
+        combined_latency="per_piece" if small_ops else "once",
+        op_overhead=CPU_OP_OVERHEAD if small_ops else 0.0,
+        element_time=CPU_ELEMENT_TIME if small_ops else 0.0,
     )
 
 
@@ -351,8 +358,10 @@ CPU_OP_OVERHEAD = 3.5e-7
 # dot's result is followed by varies (a weight gradient's by nothing, an activation by a fused chain), so the
 # per-result price is the one that ranks the measured layouts best, below those single-kernel prices: of
 # 0.25, 1, 2, 5 ns (x4 at 8 busy), 1 ns gave the predicted order of the 7 programs' layouts (3 transformers, 4
-# external families: benchmarks/plan_latency_modes.py --agreement, plan_prediction.py) a mean Kendall tau of 0.78
-# against 0.76 for the old profile ('once', no element price), 0.56 for 'per_piece' without it.
+# external families: their stored measurements, results/plan_latency_modes.json and plan_prediction.json, priced
+# as plan(presets=) prices a preset, the way plan_latency_modes.py --agreement does) a mean Kendall tau of 0.78
+# against 0.76 for the default profile ('once', no element price), 0.56 for 'per_piece' without it (with
+# 'once', 1e-9 gave 0.40).
 CPU_ELEMENT_TIME = 1e-9
 
 
@@ -369,15 +378,24 @@ PROFILES: dict[str, Profile] = {
     # per device with 1 or 2 of 8 devices busy on a 2-core host, ~9-22 GFLOP/s with 4 or 8 busy.  XLA:CPU's
     # all-reduce thunk runs each piece of a combined (tuple) all-reduce as its own collective (a loop of
     # AllReduce calls, one per buffer), measured ~one all-reduce's time per piece (benchmarks/cpu_calibration.py);
-    # combined_latency='per_piece' models it.  Alone it planned slower steps (benchmarks/plan_latency_modes.py,
-    # results/plan_latency_modes.json, load 11-26: on the demo's, the NNX and the Equinox transformers the plan made
-    # under 'per_piece', the batch replicated with Megatron splits, ran 1.2-2.0x slower than under 'once', the batch
-    # over both axes): each piece does cost about one all-reduce, but the whole-batch layouts' other cost went
-    # unpriced: the elementwise and reduction work on replicated activations (element_time, op_overhead: what
-    # these small steps spend most of their compute on, at ~0.5-2 GFLOP/s per device where ``flops`` prices 25).
-    # With both priced the order of the measured layouts agrees best (Kendall tau, CPU_ELEMENT_TIME's comment),
-    # and the layout the model ranks first measured 1.00-1.12x the fastest of every program's measured layouts
-    # (1.00-1.51x under 'once').
+    # combined_latency='per_piece' models it, but this profile keeps 'once', by measured step time
+    # (benchmarks/plan_latency_modes.py, results/plan_latency_modes.json, load 11-26): on the demo's, the NNX and the
+    # Equinox transformers the plan made under 'per_piece' (the batch replicated, Megatron splits: 2.2-3.3 MB and
+    # 17-22 collectives per step) ran 1.2-2.0x slower than the plan made under 'once' (the batch over both axes:
+    # 0.29 MB, 26-29 pieces), beyond the split-half noise in 5 of 6 runs.  What 'per_piece' alone gets wrong is the
+    # other side of the trade: the elementwise work on whole activations, unpriced (cpu_profile(small_ops=True)
+    # prices it: CPU_ELEMENT_TIME).  With it (session 16, load 14-21, benchmarks/plan_prediction.py --small-ops
+    # --rounds 30, results/plan_prediction_small_ops.json) the four planned external families plan the replicated
+    # step, 0 bytes, measured 1.00x (kh_llama), 1.00x (keras_vit, noise 27%), 1.02x (hk_stack, noise 21-37%) and
+    # 0.91x (kh_t5, noise 2-5%) the fastest hand layout (0.94-1.17x under this profile, session 15), with the
+    # predicted order of all layouts against the measured one at Kendall tau 0.80/0.40/0.60/0.80 (1.00/0.20/0.60/
+    # 0.33).  But the three transformers plan a mirrored hybrid (Megatron over 'data', the batch over 'model':
+    # 1.36 MB) that ran as fast as the best hand layout (nnx 33.0 vs hybrid 33.6 ms, eqx 41.9 vs 43.0, demo 45.4 vs
+    # 39.8 +-76%; 20 rounds, benchmarks/plan_latency_modes.py) and sends 2.3x the hybrid's bytes at more FLOPs
+    # (tests/test_planner_reality.py fails on it): the hop-proportional latency prices an all-reduce over the
+    # 4 'data' devices at 3x one over the 2 'model' devices, so the plan puts the many gradient pieces on 'model';
+    # measured 1.7x at load 2 (42/70/127 µs over 2/4/8 devices: mostly a fixed cost), 2.5x at load 8-13 (the shape
+    # moves with the load).  So it stays an option until a collective's fixed part is priced.
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
