@@ -12,7 +12,9 @@ each family is recorded: on a shared 2-core host the absolute times move with it
 
 ``--small-ops`` plans and prices with ``cost.cpu_profile(small_ops=True)`` (the elementwise work on each product's
 result priced, each merged all-reduce's piece paying its latency) in place of the default ``cpu`` profile;
-benchmarks/results/plan_prediction_small_ops.json is that run (``--rounds 30``, load 14-21).
+benchmarks/results/plan_prediction_small_ops.json is that run (``--rounds 30``, load 14-21), made before the option
+priced a collective's fixed part (its ``profile`` shows latency 2e-5, no collective_overhead): the plans it
+measured (the replicated step) are the ones the option makes now.
 
 Writes benchmarks/results/plan_prediction.json (or ``--out``).
 """

@@ -174,7 +174,9 @@ def test_the_default_cpu_profile_prices_flops_only_and_small_ops_is_the_option()
     default, small = cpu_profile(2), cpu_profile(2, small_ops=True)
     assert (default.op_overhead, default.element_time, default.combined_latency) == (0.0, 0.0, "once")
     assert small.combined_latency == "per_piece" and small.element_time > 0 and small.op_overhead > 0
-    assert dataclasses.replace(small, op_overhead=0.0, element_time=0.0, combined_latency="once") == default
+    assert small.collective_overhead > 0 and default.collective_overhead == 0.0
+    undone = dict(op_overhead=0.0, element_time=0.0, combined_latency="once", collective_overhead=0.0)
+    assert dataclasses.replace(small, latency=default.latency, **undone) == default
 
 
 @pytest.mark.parametrize("field", ["op_overhead", "element_time"])
@@ -182,3 +184,16 @@ def test_the_default_cpu_profile_prices_flops_only_and_small_ops_is_the_option()
 def test_the_small_op_prices_must_be_finite_and_not_negative(field, bad):
     with pytest.raises(EinshardError, match=field):
         dataclasses.replace(PROFILES["cpu"], **{field: bad})
+
+
+def test_a_collectives_fixed_part_is_paid_once_whatever_its_hops():
+    """``collective_overhead``: each collective pays it once, over 2 devices or 8, on top of its hops and bytes."""
+    base = Profile("x", flops=1e11, bandwidth=1e10, latency=7e-6)
+    fixed = dataclasses.replace(base, collective_overhead=2.8e-5)
+    for kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"):
+        for n in (2, 4, 8):
+            t0 = base.collective_time(kind, n, 1024.0, 2048.0)
+            assert fixed.collective_time(kind, n, 1024.0, 2048.0) == pytest.approx(t0 + 2.8e-5)
+    assert fixed.collective_time("all-reduce", 1, 1024.0, 1024.0) == 0.0  # one device: no collective
+    with pytest.raises(EinshardError, match="collective_overhead"):
+        dataclasses.replace(base, collective_overhead=-1.0)

@@ -199,6 +199,10 @@ class Profile:
             replicates it too.  The planner adds both to a layout's compute (``planner.scoring.
             unwalked_compute_s``); explain's report does not.  0: not priced (the ``cpu`` profile's default;
             GPU, TPU: their FLOP/s stand for a step's); ``cpu_profile(small_ops=True)`` prices both.
+        collective_overhead: seconds every collective (each piece of a merged one under ``'per_piece'``) costs
+            whatever its group's hops, before ``latency`` per hop: on XLA:CPU most of a small all-reduce's time
+            is the rendezvous of the device threads (benchmarks/cpu_calibration.py's ``allreduce_shape``).  0: a
+            collective is its hops (the default; GPU, TPU).
     """
 
     name: str
@@ -212,6 +216,7 @@ class Profile:
     combined_latency: CombinedLatency = "once"
     op_overhead: float = 0.0
     element_time: float = 0.0
+    collective_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         # Every estimate divides by flops and bandwidth: a zero, a NaN or an infinity would make each plan's time
@@ -224,6 +229,7 @@ class Profile:
         check_number(self.latency, "einshard.Profile", "latency", minimum=0)
         check_number(self.op_overhead, "einshard.Profile", "op_overhead", minimum=0)
         check_number(self.element_time, "einshard.Profile", "element_time", minimum=0)
+        check_number(self.collective_overhead, "einshard.Profile", "collective_overhead", minimum=0)
         if self.topology not in TOPOLOGIES:
             from ..errors import EinshardError
 
@@ -275,15 +281,16 @@ class Profile:
         """
         if n <= 1:
             return 0.0
+        fixed = self.collective_overhead
         if kind == "collective-permute":
-            return self.latency + bytes_sent / self.bandwidth
+            return fixed + self.latency + bytes_sent / self.bandwidth
         ring = sum(axis_sizes) - len(axis_sizes) if axis_sizes else n - 1  # Σ(n_i - 1)
         if kind == "all-to-all":
             if self.topology == "ring":
-                return self.latency * ring + n * array_bytes / (4 * self.bandwidth)
-            return self.latency * ring + bytes_sent / self.bandwidth
+                return fixed + self.latency * ring + n * array_bytes / (4 * self.bandwidth)
+            return fixed + self.latency * ring + bytes_sent / self.bandwidth
         hops = 2 * ring if kind == "all-reduce" else ring
-        return self.latency * hops + bytes_sent / self.bandwidth
+        return fixed + self.latency * hops + bytes_sent / self.bandwidth
 
     def compute_time(self, flops: float) -> float:
         return flops / self.flops
@@ -332,18 +339,20 @@ def cpu_profile(cores: int | None = None, *, small_ops: bool = False) -> Profile
     ``small_ops=True``: also price what a small step's compute is mostly made of on XLA:CPU, the elementwise work
     on each product's result and each dot's kernel (``element_time``, ``op_overhead``: :data:`CPU_ELEMENT_TIME`,
     :data:`CPU_OP_OVERHEAD`), with each piece of a merged all-reduce paying its own latency (``combined_latency=
-    'per_piece'``, as XLA:CPU runs it).  Not the default: the planned layouts it gives are measured in the comment
+    'per_piece'``, as XLA:CPU runs it) and a collective's time as a fixed rendezvous plus a smaller price per hop
+    (``collective_overhead``, ``latency``: :data:`CPU_COLLECTIVE_OVERHEAD`, :data:`CPU_HOP_LATENCY`).  Not the default: the planned layouts it gives are measured in the comment
     above ``PROFILES``."""
     return Profile(
         "cpu",
         flops=1e11,
         bandwidth=1e10,
-        latency=2e-5,
+        latency=CPU_HOP_LATENCY if small_ops else 2e-5,
         narrow_floats="f32",
         host_cores=host_cores() if cores is None else cores,
         combined_latency="per_piece" if small_ops else "once",
         op_overhead=CPU_OP_OVERHEAD if small_ops else 0.0,
         element_time=CPU_ELEMENT_TIME if small_ops else 0.0,
+        collective_overhead=CPU_COLLECTIVE_OVERHEAD if small_ops else 0.0,
     )
 
 
@@ -363,6 +372,14 @@ CPU_OP_OVERHEAD = 3.5e-7
 # against 0.76 for the default profile ('once', no element price), 0.56 for 'per_piece' without it (with
 # 'once', 1e-9 gave 0.40).
 CPU_ELEMENT_TIME = 1e-9
+# A small all-reduce over 2, 4, 8 devices of the 2-core host at load 2: 42, 70, 127 µs, fitted as 28 µs fixed plus
+# 7 µs per ring hop (benchmarks/cpu_calibration.py, allreduce_shape); at load 8-13 the same fit gave 4 µs + 17 µs
+# a hop (the shape moves with the load).  The hop-only 20 µs of the default prices a 4-device all-reduce at 3x a
+# 2-device one: with every piece paying (per_piece), the planner then put the many gradient pieces of the three
+# transformers on the 2-device axis and Megatron's on the 4-device one (a mirrored hybrid: 2.3x the hybrid's
+# bytes, no faster); with the fixed part it plans the batch over both axes there (the default profile's plan).
+CPU_COLLECTIVE_OVERHEAD = 2.8e-5
+CPU_HOP_LATENCY = 7e-6
 
 
 PROFILES: dict[str, Profile] = {
@@ -392,10 +409,12 @@ PROFILES: dict[str, Profile] = {
     # 0.33).  But the three transformers plan a mirrored hybrid (Megatron over 'data', the batch over 'model':
     # 1.36 MB) that ran as fast as the best hand layout (nnx 33.0 vs hybrid 33.6 ms, eqx 41.9 vs 43.0, demo 45.4 vs
     # 39.8 +-76%; 20 rounds, benchmarks/plan_latency_modes.py) and sends 2.3x the hybrid's bytes at more FLOPs
-    # (tests/test_planner_reality.py fails on it): the hop-proportional latency prices an all-reduce over the
-    # 4 'data' devices at 3x one over the 2 'model' devices, so the plan puts the many gradient pieces on 'model';
-    # measured 1.7x at load 2 (42/70/127 µs over 2/4/8 devices: mostly a fixed cost), 2.5x at load 8-13 (the shape
-    # moves with the load).  So it stays an option until a collective's fixed part is priced.
+    # (tests/test_planner_reality.py failed on it): the hop-proportional latency prices an all-reduce over the
+    # 4 'data' devices at 3x one over the 2 'model' devices, so the plan put the many gradient pieces on 'model';
+    # measured 1.7x at load 2 (42/70/127 µs over 2/4/8 devices: mostly a fixed cost), 2.5x at load 8-13.  The
+    # option now prices that fixed part (CPU_COLLECTIVE_OVERHEAD): the transformers then plan the batch over both
+    # axes, parameters replicated (this profile's plan, as the predicted layouts show; its step time under the
+    # option not re-measured), the four families still the replicated step.  An option until it is measured so.
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
