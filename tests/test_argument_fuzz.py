@@ -398,6 +398,9 @@ TABLE: dict[str, Entry | Record | Constant] = {
             # (None is the default: each device on a core of its own)
             "host_cores": lambda: [0, -1, 1.5, True, "2", b"2"],
             "combined_latency": _one_of("once", "per_piece"),
+            "op_overhead": _number(0),
+            "element_time": _number(0),
+            "collective_overhead": _number(0),
         },
     ),
     "einshard.einsum": Entry(_einsum_base, _EINSUM_KINDS, any_value=_OPERANDS),
