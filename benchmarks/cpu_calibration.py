@@ -1,6 +1,6 @@
 """What a collective, an op and a matrix product cost on this host's simulated CPU devices: the `cpu` profile's numbers.
 
-    python benchmarks/cpu_calibration.py [--repeats 15] [--rounds 3]
+    python benchmarks/cpu_calibration.py [--repeats 15] [--rounds 3] [--sweep]
 
 Prints, as JSON: the host's usable cores and load average (before and after), and three fits:
 
@@ -20,6 +20,15 @@ Prints, as JSON: the host's usable cores and load average (before and after), an
 * **matmul FLOP/s** per device (and for the host) with 1, 2, 4 and 8 devices busy at once: whether the devices
   share the host's cores (``Profile.host_cores``).
 
+* **the all-reduce's shape** (``allreduce_shape``): the three group sizes' times fitted as ``overhead + latency *
+  hops``, whether a collective's cost follows its ring's hops (what ``Profile.latency`` assumes) or is mostly fixed.
+* **an op's cost by size** (``--sweep``): chains of dots ((n, n) @ (n, n), n = 8 ... 256), of elementwise kernels
+  (a fused ``tanh(y + 0.5) * c``) and of row reductions (``y - sum(y, -1) * c``) on (rows, 128) blocks, each op kept
+  apart by ``optimization_barrier``, run on all 8 devices at once (a shard_map: the other devices' threads compete
+  for the cores as in a sharded step); the slope between two chain lengths is one op's time.  For dots, the fit
+  ``time = op_overhead + FLOPs / rate`` (weighted to the small ones); for the others, seconds per element of the
+  large blocks.  What ``Profile.op_overhead`` / ``element_time`` and the ``cpu`` profile's ``flops`` price.
+
 A fit whose slope is not positive, or whose chain times do not rise with k (the load swamped them), is reported
 with ``"reliable": false``: rerun on a quieter host rather than read it.
 
@@ -36,6 +45,13 @@ its hops, the rendezvous of 8 device threads on 2 busy cores.  k independent sum
 all-reduce of k pieces (8 devices, same load): 269, 1296, 2681 µs for k = 1, 8, 16 against 210, 461, 644 µs with
 the batch replicated (no collective): ~127 µs more per piece, about one all-reduce alone, not a k-th of one:
 XLA:CPU runs each piece as its own collective (what ``Profile.combined_latency = 'per_piece'`` prices).
+Measured 2026-11-27 04:05-04:18 UTC, same 2-core machine: at load 2, an all-reduce over 2, 4, 8 devices 42, 70,
+127 µs (28 µs fixed + 7 µs per hop), a merged piece 137 µs; at load 8-13, 41, 103, 244 µs (17 µs per hop, little
+fixed: the shape moves with the load, so ``latency`` stays one per-hop price) and 85-235 µs per merged piece.  The
+sweep (load 8-13): dots cost 0.1-1.4 µs fixed plus 21-24 GFLOP/s per device with 8 busy, down to 32 x 32 (8 x 8
+and 16 x 16 ones: 0.2-24 µs, noise); a row reduction 9-10 ns per element, a fused tanh 32 ns per element, per device
+with 8 busy: the FLOPs explain counts run at the profile's rate, and the elementwise work it does not count is
+most of a small step's compute (``Profile.element_time``).
 """
 
 import argparse
@@ -120,10 +136,94 @@ def fit_merged(repeats: int, rounds: int) -> dict[str, Any]:
     return {"per_piece_s": slope, "difference_s": diff, "reliable": slope > 0 and all(d > 0 for d in diff)}
 
 
+# The size sweep (``--sweep``): per kind, the local (per-device) block each of the 8 devices works on.
+DOT_SIDES = (8, 16, 32, 64, 96, 128, 192, 256)  # an (n, n) @ (n, n) product: 2 n^3 FLOPs
+ROW_COUNTS = (2, 8, 32, 128, 512, 2048)  # a (rows, 128) block: rows * 128 elements
+SWEEP_CHAIN = (2, 12)  # two chain lengths: the slope is one op's time, the program's own overhead cancels
+
+
+def sweep_chain(kind: str, k: int) -> Callable[..., Any]:
+    """k dependent ``kind`` ops per device, each kept a kernel of its own by ``optimization_barrier`` (no fusion),
+    on all 8 devices at once (a shard_map over a mesh of 8): what one op of that size costs while the other
+    devices' threads compete for the host's cores, as they do in a sharded step."""
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+    def body(y: jax.Array) -> jax.Array:
+        for _ in range(k):
+            if kind == "dot":
+                y = y @ y * 0.01
+            elif kind == "elementwise":  # what follows a product in a layer: a bias, an activation, a scale
+                y = jnp.tanh(y + 0.5) * 1.0001
+            else:  # a row reduction (the sum a norm or a softmax takes), broadcast back so the chain continues
+                y = y - jnp.sum(y, -1, keepdims=True) * 1e-3
+            y = jax.lax.optimization_barrier(y)
+        return y
+
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+
+
+def sweep(repeats: int, rounds: int) -> dict[str, Any]:
+    """Per op kind and size: one op's time on each of 8 busy devices (the chain's slope), and for dots the least-
+    squares fit ``time = op_overhead + flops / rate`` over the sizes (what ``Profile.op_overhead`` and the profile's
+    FLOP/s per device price)."""
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    cases = [("dot", (n, n), 2 * n**3) for n in DOT_SIDES]
+    cases += [(kind, (r, 128), r * 128) for kind in ("elementwise", "reduction") for r in ROW_COUNTS]
+    rows: list[dict[str, Any]] = []
+    for kind, shape, work in cases:
+        x = jax.device_put(jnp.ones((8 * shape[0], shape[1]), jnp.float32), NamedSharding(mesh, P("d")))
+        fns = {k: sweep_chain(kind, k) for k in SWEEP_CHAIN}
+        samples: dict[int, list[float]] = {k: [] for k in SWEEP_CHAIN}
+        for _ in range(rounds):
+            for k in SWEEP_CHAIN:
+                samples[k].append(median_time(fns[k], x, n=repeats))
+        lo, hi = (statistics.median(samples[k]) for k in SWEEP_CHAIN)
+        per_op = (hi - lo) / (SWEEP_CHAIN[1] - SWEEP_CHAIN[0])
+        # work: FLOPs of a dot; elements of an elementwise op or of a reduction's input
+        rows.append({"kind": kind, "shape": list(shape), "work": work, "per_op_s": per_op, "reliable": per_op > 0})
+    dots = [r for r in rows if r["kind"] == "dot" and r["reliable"]]
+    fit: dict[str, Any] = {"reliable": False}
+    if len(dots) >= 3:
+        xs, ys = [float(r["work"]) for r in dots], [r["per_op_s"] for r in dots]
+        # weighted by 1/time: the small ops' fixed cost is what the fit is for, not drowned by the large ones
+        w = [1.0 / y**2 for y in ys]
+        sw, sx, sy = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * y for wi, y in zip(w, ys))
+        sxx, sxy = sum(wi * x * x for wi, x in zip(w, xs)), sum(wi * x * y for wi, x, y in zip(w, xs, ys))
+        slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+        intercept = (sy - slope * sx) / sw
+        fit = {
+            "op_overhead_s": intercept,
+            "flops_per_device": 1.0 / slope if slope > 0 else None,
+            "reliable": slope > 0 and intercept >= 0,
+        }
+    per_element: dict[str, Any] = {}
+    for kind in ("elementwise", "reduction"):
+        # the large blocks' cost per element (the small ones are the fixed cost, and the noise, of a kernel)
+        big = [r for r in rows if r["kind"] == kind and r["work"] >= 16384]
+        slope = least_squares_slope(tuple(r["work"] for r in big), [r["per_op_s"] for r in big])
+        per_element[kind] = {"s_per_element": slope, "reliable": slope > 0}
+    return {"ops": rows, "dot_fit": fit, "per_element_8_busy": per_element}
+
+
+def collective_shape(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One all-reduce's time over 2, 4 and 8 devices fitted as ``overhead + latency * hops`` (hops = 2 (n - 1)):
+    the part every collective pays whatever its ring (``Profile.collective_overhead``) and the part per ring step
+    (``Profile.latency``)."""
+    hops = tuple(2 * (n - 1) for n in rows)
+    times = [rows[n]["per_step_s"] for n in rows]
+    per_hop = least_squares_slope(hops, times)
+    return {
+        "collective_overhead_s": statistics.mean(times) - per_hop * statistics.mean(hops),
+        "latency_per_hop_s": per_hop,
+        "reliable": all(rows[n]["reliable"] for n in rows) and per_hop > 0,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=15, help="runs per median")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the chain lengths")
+    parser.add_argument("--sweep", action="store_true", help="also the op-size sweep (dots, elementwise, reductions)")
     a = parser.parse_args()
     out: dict[str, Any] = {
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
@@ -131,10 +231,12 @@ def main() -> None:
     }
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     x = jax.device_put(jnp.ones((8, 256), jnp.float32), NamedSharding(mesh, P(("data", "model"))))
+    by_group: dict[int, dict[str, Any]] = {}
     for n, axes in ((2, "model"), (4, "data"), (8, ("data", "model"))):
         row = fit_chain(mesh, x, axes, a.repeats, a.rounds)
         row["per_ring_step_s"] = row["per_step_s"] / (2 * (n - 1))
-        out[f"allreduce_{n}dev_1KiB"] = row
+        out[f"allreduce_{n}dev_1KiB"] = by_group[n] = row
+    out["allreduce_shape"] = collective_shape(by_group)
     out["merged_allreduce_8dev_piece"] = fit_merged(a.repeats, a.rounds)
     out["unfused_op"] = fit_chain(mesh, x, None, a.repeats, a.rounds)
     # Matmul FLOP/s per device with 1, 2, 4 and 8 of the simulated devices busy (one k x k product each, in one
@@ -148,6 +250,8 @@ def main() -> None:
         t = median_time(jax.jit(lambda a, b: a @ b), lhs, rhs, n=a.repeats)
         out[f"matmul_flops_per_device_{ndev}_busy"] = 2 * k**3 / t
         out[f"matmul_flops_host_{ndev}_busy"] = ndev * 2 * k**3 / t
+    if a.sweep:
+        out["sweep"] = sweep(max(3, a.repeats // 2), a.rounds)
     out["load_after"] = os.getloadavg()
     print(json.dumps(out, indent=1))
 

@@ -1,6 +1,6 @@
 """The planner's predicted step time against the measured one, per layout, on the planned external families.
 
-    python benchmarks/plan_prediction.py [--rounds 60] [--only keras_vit,hk_stack] [--out PATH]
+    python benchmarks/plan_prediction.py [--rounds 60] [--only keras_vit,hk_stack] [--out PATH] [--small-ops]
 
 For each family of ``external_corpus.planning.PLANNED``: the plan (made with the hand layouts as presets, so each
 hand layout is priced by the same model: ``plan.alternatives``' ``preset hand_*``), every hand layout, and the
@@ -9,6 +9,12 @@ in interleaved rounds (every layout once per round, rotated); per layout the med
 noise (odd against even rounds), the planner's predicted time (and its compute part) and XLA's collectives
 (pieces of merged ops counted each), bytes and FLOPs per device.  The load average at the start and the end of
 each family is recorded: on a shared 2-core host the absolute times move with it, compare layouts within a family.
+
+``--small-ops`` plans and prices with ``cost.cpu_profile(small_ops=True)`` (the elementwise work on each product's
+result priced, each merged all-reduce's piece paying its latency) in place of the default ``cpu`` profile;
+benchmarks/results/plan_prediction_small_ops.json is that run (``--rounds 30``, load 14-21), made before the option
+priced a collective's fixed part (its ``profile`` shows latency 2e-5, no collective_overhead): the plans it
+measured (the replicated step) are the ones the option makes now.
 
 Writes benchmarks/results/plan_prediction.json (or ``--out``).
 """
@@ -107,7 +113,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--only", default="", help="comma-separated families (default: all of PLANNED)")
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--small-ops", action="store_true", help="plan with cost.cpu_profile(small_ops=True)")
     a = parser.parse_args()
+    if a.small_ops:
+        from einshard._src.analysis import cost
+
+        # planning.plan_for plans with the default profile (the tests' call): the cpu entry, swapped for the run
+        cost.PROFILES["cpu"] = cost.cpu_profile(small_ops=True)
     out = Path(a.out)
     result: dict[str, Any] = json.loads(out.read_text()) if out.exists() and a.only else {}
     result["jax"] = jax.__version__

@@ -156,3 +156,44 @@ def test_a_layout_doing_8x_the_flops_is_not_ranked_first_on_2_cores():
     # on 2 cores: not the replicated layout, and faster than it by the model
     assert shared.compute_s < rep[2].compute_s and shared.time_s < rep[2].time_s
     assert any(e != "x y -> x y" for e in shared.rules.values()) or shared.data_rules[0] != alone.data_rules[0]
+
+
+@pytest.mark.parametrize(("cores", "devices"), [(2, 8), (4, 8), (2, 2)])
+def test_the_small_op_prices_are_shared_like_the_flops(cores, devices):
+    """A kernel's fixed cost and the elementwise work take turns on the cores as the FLOPs do: each device's
+    share of the host stretches them by devices / cores (no change while every device has a core)."""
+    p = cpu_profile(cores, small_ops=True)
+    q = p.on_devices(devices)
+    stretch = max(1.0, devices / cores)
+    assert q.op_overhead == pytest.approx(p.op_overhead * stretch) and q.op_overhead > 0
+    assert q.element_time == pytest.approx(p.element_time * stretch) and q.element_time > 0
+    assert q.flops == pytest.approx(p.flops / stretch)
+
+
+def test_the_default_cpu_profile_prices_flops_only_and_small_ops_is_the_option():
+    default, small = cpu_profile(2), cpu_profile(2, small_ops=True)
+    assert (default.op_overhead, default.element_time, default.combined_latency) == (0.0, 0.0, "once")
+    assert small.combined_latency == "per_piece" and small.element_time > 0 and small.op_overhead > 0
+    assert small.collective_overhead > 0 and default.collective_overhead == 0.0
+    undone = dict(op_overhead=0.0, element_time=0.0, combined_latency="once", collective_overhead=0.0)
+    assert dataclasses.replace(small, latency=default.latency, **undone) == default
+
+
+@pytest.mark.parametrize("field", ["op_overhead", "element_time"])
+@pytest.mark.parametrize("bad", [-1e-6, float("nan"), float("inf")])
+def test_the_small_op_prices_must_be_finite_and_not_negative(field, bad):
+    with pytest.raises(EinshardError, match=field):
+        dataclasses.replace(PROFILES["cpu"], **{field: bad})
+
+
+def test_a_collectives_fixed_part_is_paid_once_whatever_its_hops():
+    """``collective_overhead``: each collective pays it once, over 2 devices or 8, on top of its hops and bytes."""
+    base = Profile("x", flops=1e11, bandwidth=1e10, latency=7e-6)
+    fixed = dataclasses.replace(base, collective_overhead=2.8e-5)
+    for kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"):
+        for n in (2, 4, 8):
+            t0 = base.collective_time(kind, n, 1024.0, 2048.0)
+            assert fixed.collective_time(kind, n, 1024.0, 2048.0) == pytest.approx(t0 + 2.8e-5)
+    assert fixed.collective_time("all-reduce", 1, 1024.0, 1024.0) == 0.0  # one device: no collective
+    with pytest.raises(EinshardError, match="collective_overhead"):
+        dataclasses.replace(base, collective_overhead=-1.0)

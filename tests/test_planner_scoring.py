@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import AxisType
 
 import einshard
-from einshard._src.analysis.cost import human_time
+from einshard._src.analysis.cost import PROFILES, Profile, human_time
 from einshard._src.planner.groups import Candidate, Group, search_candidates
 from einshard.planner import LayoutPlan, parse_bytes, plan
 
@@ -229,3 +229,62 @@ def test_two_tensor_axes_each_over_a_batch_axis_are_tried_first_for_the_memory_o
     for_memory = [g.candidates[i].dims for i in search_candidates(g, ("data", "model"), sizes, for_memory=True)]
     assert for_time == [((), ()), ((), ("data", "model"))]
     assert for_memory == [((), ()), ((), ("data", "model")), (("data",), ("model",)), (("model",), ("data",))]
+
+
+# --- the compute the walk's FLOPs leave out (Profile.op_overhead, Profile.element_time) ------------------------
+
+
+def test_each_product_pays_its_kernel_and_the_elementwise_work_on_what_it_writes():
+    """Per dot, ``op_overhead`` plus ``element_time`` per element of its result on the device, derived by hand for
+    the MLP's five products (forward x@w0 (B, F) and h@w1 (B, D); backward dW1 (F, D), dH (B, F), dW0 (D, F)):
+    a weight gradient is a whole (pending) sum on every device, an activation's rows are the device's batch."""
+    b, d, f = 64, 32, 48
+    params, x = {"w0": sds(d, f), "w1": sds(f, d)}, sds(b, d)
+    overhead, per_element = 1e-6, 1e-9
+    # FLOPs priced at ~nothing, so compute_s is the new part alone
+    profile = Profile("t", flops=1e30, bandwidth=1e10, latency=0.0, op_overhead=overhead, element_time=per_element)
+    r = plan(
+        jax.value_and_grad(mlp_loss), params, x, mesh=MESH, profile=profile, presets={"dp8": DP, "rep": REPLICATED}
+    )
+    alts = {a.label: a for a in r.alternatives}
+    for label, rows in (("preset rep", b), ("preset dp8", b // 8)):
+        elements = 2 * rows * f + rows * d + 2 * d * f
+        assert alts[label].compute_s == pytest.approx(5 * overhead + elements * per_element, rel=1e-6)
+
+
+def test_profiles_without_the_small_op_prices_score_flops_only():
+    """GPU and TPU profiles price neither (their FLOP/s stand for a step's): compute is the FLOPs over the rate."""
+    step = jax.value_and_grad(mlp_loss)
+    for name in ("h100", "tpu-v5p"):
+        assert PROFILES[name].op_overhead == 0 and PROFILES[name].element_time == 0
+        r = plan(step, PARAMS, X, mesh=MESH, profile=name, presets={"dp8": DP})
+        dp8 = next(a for a in r.alternatives if a.label == "preset dp8")
+        assert dp8.compute_s == pytest.approx(5 * 2 * B * D * F / 8 / r.report.profile.flops, rel=1e-6)
+
+
+def test_the_small_op_price_reads_a_replayed_copys_ops_as_its_walk_made_them():
+    """The score reads the ops' cost fields without making a replayed stretch's ops (OpLog.cost_ops): the same
+    fields, op for op, as the ops made (a replay changes an op's index, words and equation, not its cost)."""
+    from test_segment_memo import _specs, _traced  # a six-layer decoder whose copies replay
+
+    from einshard._src.analysis.program.oplog import OpLog, ReplayRun
+    from einshard._src.planner.combining import combined_report
+    from einshard._src.planner.scoring import unwalked_compute_s
+
+    t = _traced(6, "remat", "auto")
+    specs = _specs(1, 1, 1)
+    combined_report(t, specs, None)  # the planner's costing: the first records the stretches, the second replays
+    report, _ = combined_report(t, specs, None)
+    ops = report.ops
+    assert isinstance(ops, OpLog) and any(isinstance(c, ReplayRun) for c in ops._chunks)
+    fields = [(op.flops, op.repeat, op.out_layout) for op in ops.cost_ops()]
+    priced = unwalked_compute_s(dataclass_replace_profile(report))
+    assert fields == [(op.flops, op.repeat, op.out_layout) for op in ops]  # iterating makes the runs' ops
+    assert unwalked_compute_s(dataclass_replace_profile(report)) == pytest.approx(priced)
+
+
+def dataclass_replace_profile(report):
+    """``report`` on a profile that prices the small ops (the traced program's is the default cpu one)."""
+    import dataclasses
+
+    return dataclasses.replace(report, profile=Profile("t", flops=1e11, bandwidth=1e10, latency=0.0, element_time=1e-9))

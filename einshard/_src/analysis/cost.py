@@ -198,7 +198,21 @@ class Profile:
             benchmarks/cpu_calibration.py's combined-all-reduce fit, ~the same time per piece as one all-reduce
             alone; so merging saves the step nothing).  The planner's combining credit (``combined.saved_s``)
             and ``plan(verify=)``'s pricing of the compiled collectives follow it.  The ``cpu`` profile keeps
-            ``'once'``: its plans measured faster so (the comment above ``PROFILES``).
+            ``'once'``; ``cpu_profile(small_ops=True)`` takes ``'per_piece'`` with ``element_time`` priced (the
+            comment above ``PROFILES``).
+        op_overhead: seconds each op that computes (a dot) costs whatever its size: the kernel XLA launches
+            (with a core to itself, shared as ``flops`` is: :meth:`on_devices`).  0: not priced (GPU, TPU).
+        element_time: seconds per element a dot writes (per device, with a core to itself) for the elementwise
+            and reduction work around it that the walk does not price (a bias, an activation, a norm, a residual
+            and their gradients read the products' results; explain counts dot FLOPs only).  On XLA:CPU's small
+            steps that work, not the FLOPs, is most of the compute, and a layout that replicates a product
+            replicates it too.  The planner adds both to a layout's compute (``planner.scoring.
+            unwalked_compute_s``); explain's report does not.  0: not priced (the ``cpu`` profile's default;
+            GPU, TPU: their FLOP/s stand for a step's); ``cpu_profile(small_ops=True)`` prices both.
+        collective_overhead: seconds every collective (each piece of a merged one under ``'per_piece'``) costs
+            whatever its group's hops, before ``latency`` per hop: on XLA:CPU most of a small all-reduce's time
+            is the rendezvous of the device threads (benchmarks/cpu_calibration.py's ``allreduce_shape``).  0: a
+            collective is its hops (the default; GPU, TPU).
     """
 
     name: str
@@ -211,6 +225,9 @@ class Profile:
     host_cores: int | None = None
     combined_latency: CombinedLatency = "once"
     reduce_scatter: ReduceScatter = "native"
+    op_overhead: float = 0.0
+    element_time: float = 0.0
+    collective_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         # Every estimate divides by flops and bandwidth: a zero, a NaN or an infinity would make each plan's time
@@ -221,6 +238,9 @@ class Profile:
         check_number(self.flops, "einshard.Profile", "flops", positive=True)
         check_number(self.bandwidth, "einshard.Profile", "bandwidth", positive=True)
         check_number(self.latency, "einshard.Profile", "latency", minimum=0)
+        check_number(self.op_overhead, "einshard.Profile", "op_overhead", minimum=0)
+        check_number(self.element_time, "einshard.Profile", "element_time", minimum=0)
+        check_number(self.collective_overhead, "einshard.Profile", "collective_overhead", minimum=0)
         if self.topology not in TOPOLOGIES:
             from ..errors import EinshardError
 
@@ -279,18 +299,24 @@ class Profile:
         """
         if n <= 1:
             return 0.0
+        fixed = self.collective_overhead
         if kind == "collective-permute":
-            return self.latency + bytes_sent / self.bandwidth
+            return fixed + self.latency + bytes_sent / self.bandwidth
         ring = sum(axis_sizes) - len(axis_sizes) if axis_sizes else n - 1  # Σ(n_i - 1)
         if kind == "all-to-all":
             if self.topology == "ring":
-                return self.latency * ring + n * array_bytes / (4 * self.bandwidth)
-            return self.latency * ring + bytes_sent / self.bandwidth
+                return fixed + self.latency * ring + n * array_bytes / (4 * self.bandwidth)
+            return fixed + self.latency * ring + bytes_sent / self.bandwidth
         hops = 2 * ring if kind == "all-reduce" else ring
-        return self.latency * hops + bytes_sent / self.bandwidth
+        return fixed + self.latency * hops + bytes_sent / self.bandwidth
 
     def compute_time(self, flops: float) -> float:
         return flops / self.flops
+
+    def small_op_time(self, out_elements: float) -> float:
+        """Seconds, beyond its FLOPs, of one op that computes and writes ``out_elements`` elements per device: the
+        kernel's fixed cost and the elementwise work on its result (``op_overhead``, ``element_time``)."""
+        return self.op_overhead + out_elements * self.element_time
 
     def on_devices(self, devices: int) -> Profile:
         """The profile of one of ``devices`` devices that compute at once (a mesh's): with fewer ``host_cores``
@@ -304,7 +330,14 @@ class Profile:
         """
         if self.host_cores is None or devices <= self.host_cores:
             return self
-        return dataclasses.replace(self, flops=self.flops * self.host_cores / devices, host_cores=None)
+        share = self.host_cores / devices
+        return dataclasses.replace(
+            self,
+            flops=self.flops * share,
+            op_overhead=self.op_overhead / share,
+            element_time=self.element_time / share,
+            host_cores=None,
+        )
 
 
 def host_cores() -> int:
@@ -317,18 +350,55 @@ def host_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def cpu_profile(cores: int | None = None) -> Profile:
+def cpu_profile(cores: int | None = None, *, small_ops: bool = False) -> Profile:
     """The ``cpu`` profile of a host whose simulated devices share ``cores`` cores (default: this process's,
-    :func:`host_cores`)."""
+    :func:`host_cores`).
+
+    ``small_ops=True``: also price what a small step's compute is mostly made of on XLA:CPU, the elementwise work
+    on each product's result and each dot's kernel (``element_time``, ``op_overhead``: :data:`CPU_ELEMENT_TIME`,
+    :data:`CPU_OP_OVERHEAD`), with each piece of a merged all-reduce paying its own latency (``combined_latency=
+    'per_piece'``, as XLA:CPU runs it) and a collective's time as a fixed rendezvous plus a smaller price per hop
+    (``collective_overhead``, ``latency``: :data:`CPU_COLLECTIVE_OVERHEAD`, :data:`CPU_HOP_LATENCY`).  Not the default: the planned layouts it gives are measured in the comment
+    above ``PROFILES``."""
     return Profile(
         "cpu",
         flops=1e11,
         bandwidth=1e10,
-        latency=2e-5,
+        latency=CPU_HOP_LATENCY if small_ops else 2e-5,
         narrow_floats="f32",
         host_cores=host_cores() if cores is None else cores,
         reduce_scatter="all-reduce",
+        combined_latency="per_piece" if small_ops else "once",
+        op_overhead=CPU_OP_OVERHEAD if small_ops else 0.0,
+        element_time=CPU_ELEMENT_TIME if small_ops else 0.0,
+        collective_overhead=CPU_COLLECTIVE_OVERHEAD if small_ops else 0.0,
     )
+
+
+# A dot's fixed cost on XLA:CPU, with a core to itself: benchmarks/cpu_calibration.py --sweep fits
+# time = overhead + FLOPs / rate over (n, n) @ (n, n) products, n = 8 ... 256, on 8 busy devices of a 2-core host:
+# 0.1-1.4 µs per dot (load 8-13) and 21-24 GFLOP/s per device (the ``flops`` below, shared 8 on 2 cores: 25) --
+# the products themselves run at the priced rate down to 32 x 32; their size changes only the fixed share.
+CPU_OP_OVERHEAD = 3.5e-7
+# The elementwise work per element a dot writes, with a core to itself (4 ns with 8 devices on 2 cores).  The
+# same sweep prices one such kernel at 8 busy devices: a row reduction (a norm's, a softmax's) 9-10 ns per
+# element, a fused tanh 32 ns, so these steps' non-dot work costs ~10-100x the FLOPs the walk counts.  What a
+# dot's result is followed by varies (a weight gradient's by nothing, an activation by a fused chain), so the
+# per-result price is the one that ranks the measured layouts best, below those single-kernel prices: of
+# 0.25, 1, 2, 5 ns (x4 at 8 busy), 1 ns gave the predicted order of the 7 programs' layouts (3 transformers, 4
+# external families: their stored measurements, results/plan_latency_modes.json and plan_prediction.json, priced
+# as plan(presets=) prices a preset, the way plan_latency_modes.py --agreement does) a mean Kendall tau of 0.78
+# against 0.76 for the default profile ('once', no element price), 0.56 for 'per_piece' without it (with
+# 'once', 1e-9 gave 0.40).
+CPU_ELEMENT_TIME = 1e-9
+# A small all-reduce over 2, 4, 8 devices of the 2-core host at load 2: 42, 70, 127 µs, fitted as 28 µs fixed plus
+# 7 µs per ring hop (benchmarks/cpu_calibration.py, allreduce_shape); at load 8-13 the same fit gave 4 µs + 17 µs
+# a hop (the shape moves with the load).  The hop-only 20 µs of the default prices a 4-device all-reduce at 3x a
+# 2-device one: with every piece paying (per_piece), the planner then put the many gradient pieces of the three
+# transformers on the 2-device axis and Megatron's on the 4-device one (a mirrored hybrid: 2.3x the hybrid's
+# bytes, no faster); with the fixed part it plans the batch over both axes there (the default profile's plan).
+CPU_COLLECTIVE_OVERHEAD = 2.8e-5
+CPU_HOP_LATENCY = 7e-6
 
 
 PROFILES: dict[str, Profile] = {
@@ -348,16 +418,22 @@ PROFILES: dict[str, Profile] = {
     # (benchmarks/plan_latency_modes.py, results/plan_latency_modes.json, load 11-26): on the demo's, the NNX and the
     # Equinox transformers the plan made under 'per_piece' (the batch replicated, Megatron splits: 2.2-3.3 MB and
     # 17-22 collectives per step) ran 1.2-2.0x slower than the plan made under 'once' (the batch over both axes:
-    # 0.29 MB, 26-29 pieces), beyond the split-half noise in 5 of 6 runs (two per model, the later one stored); on
-    # the large hk_stack the two plans ran alike (0.97x, within 18%) with 'per_piece' sending 2.1x the bytes, and
-    # under a memory budget the 'once' plan ran 1.36x faster.  Each piece does cost about one all-reduce; what
-    # 'per_piece' then gets wrong is the other side of the trade: these steps run ~0.5-2 GFLOP/s per device where
-    # ``flops`` (a large matmul's rate) prices 25, so pricing each piece makes the planner buy fewer pieces with
-    # FLOPs and bytes.  The predicted order of the
-    # three transformers' 8 layouts against the measured one, Kendall tau: 0.86/0.71/0.93 under 'once',
-    # 0.57/0.29/0.29 under 'per_piece' (0.64/0.64/0.50 with flops at 1e10).  On the four tiny planned families
-    # (benchmarks/plan_prediction.py) 'per_piece' planned the replicated program, a little faster there (0.83-1.12x
-    # the best hand layout against 'once''s 0.94-1.17x): neither prices these steps' compute; 'once' errs less.
+    # 0.29 MB, 26-29 pieces), beyond the split-half noise in 5 of 6 runs.  What 'per_piece' alone gets wrong is the
+    # other side of the trade: the elementwise work on whole activations, unpriced (cpu_profile(small_ops=True)
+    # prices it: CPU_ELEMENT_TIME).  With it (session 16, load 14-21, benchmarks/plan_prediction.py --small-ops
+    # --rounds 30, results/plan_prediction_small_ops.json) the four planned external families plan the replicated
+    # step, 0 bytes, measured 1.00x (kh_llama), 1.00x (keras_vit, noise 27%), 1.02x (hk_stack, noise 21-37%) and
+    # 0.91x (kh_t5, noise 2-5%) the fastest hand layout (0.94-1.17x under this profile, session 15), with the
+    # predicted order of all layouts against the measured one at Kendall tau 0.80/0.40/0.60/0.80 (1.00/0.20/0.60/
+    # 0.33).  But the three transformers plan a mirrored hybrid (Megatron over 'data', the batch over 'model':
+    # 1.36 MB) that ran as fast as the best hand layout (nnx 33.0 vs hybrid 33.6 ms, eqx 41.9 vs 43.0, demo 45.4 vs
+    # 39.8 +-76%; 20 rounds, benchmarks/plan_latency_modes.py) and sends 2.3x the hybrid's bytes at more FLOPs
+    # (tests/test_planner_reality.py failed on it): the hop-proportional latency prices an all-reduce over the
+    # 4 'data' devices at 3x one over the 2 'model' devices, so the plan put the many gradient pieces on 'model';
+    # measured 1.7x at load 2 (42/70/127 µs over 2/4/8 devices: mostly a fixed cost), 2.5x at load 8-13.  The
+    # option now prices that fixed part (CPU_COLLECTIVE_OVERHEAD): the transformers then plan the batch over both
+    # axes, parameters replicated (this profile's plan, as the predicted layouts show; its step time under the
+    # option not re-measured), the four families still the replicated step.  An option until it is measured so.
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:

@@ -6,7 +6,10 @@ the batch's last.  Its score, all per device:
 * **compute**: the FLOPs the device executes (``ProgramReport.flops``, which
   divides an einsum's FLOPs only by the mesh axes that split one of its
   indices: work replicated over an axis is counted in full on every device)
-  over the profile's FLOP/s;
+  over the profile's FLOP/s, plus, where the profile prices them, each
+  product's kernel and the elementwise work on the elements it writes
+  (:func:`unwalked_compute_s`: on XLA:CPU's small steps that work, not the
+  FLOPs, is most of the compute);
 * **communication**: the α–β time of the collectives ``explain`` finds, and
   the bytes they send;
 * **memory**: ``explain``'s peak live bytes plus the optimizer state of the
@@ -25,6 +28,7 @@ from typing import Any
 import jax
 
 from ..analysis.program import ProgramReport, TracedProgram
+from ..analysis.program.oplog import OpLog
 from ..core.layout import MeshAxis
 from ..errors import EinshardError
 from ..tree_rules import leaf_expressions
@@ -33,7 +37,7 @@ from .groups import Group
 from .inputs import shape_of
 from .result import Alternative
 
-__all__ = ["Score", "Costs", "like_params", "preset_assignments", "user_preset"]
+__all__ = ["Score", "Costs", "like_params", "preset_assignments", "unwalked_compute_s", "user_preset"]
 
 
 @dataclass(frozen=True)
@@ -156,14 +160,15 @@ class Costs:
         # XLA merges independent collectives of one kind over the same axes: α once per merged op, where the
         # backend runs a merged op as one collective (not XLA:CPU: each piece pays its own, Profile.combined_latency).
         saves = combined is not None and report.profile.combined_latency == "once"
-        time_s = report.time_s - (combined.saved_s if saves and combined is not None else 0.0)
+        small_ops = unwalked_compute_s(report)
+        time_s = report.time_s + small_ops - (combined.saved_s if saves and combined is not None else 0.0)
         primary = {
             "training": time_s,
             "inference": time_s,
             "memory": float(memory),
             "communication": report.comm_bytes,
         }[self.objective]
-        compute = report.flops / report.profile.flops
+        compute = report.flops / report.profile.flops + small_ops
         ops = combined.ops if combined is not None else report.comm_count
         return Score(fits, primary, time_s, compute, memory, report.comm_bytes, sharded, report, ops)
 
@@ -175,6 +180,26 @@ class Costs:
             split = math.prod(self.sizes[m] for d in g.candidates[c].dims for m in d)
             total += sum(math.prod(s) for s in g.shapes) / split
         return int(total * self.opt_bytes)
+
+
+def unwalked_compute_s(report: ProgramReport) -> float:
+    """The compute ``report.flops`` leaves out, on the report's profile: per op that computes (a dot), the profile's
+    fixed cost of a kernel and the elementwise work on what it writes (:meth:`Profile.small_op_time`).
+
+    The walk prices FLOPs only; a layer's bias, activation, norm and residual, and their gradients, run on the
+    products' results, so the elements a dot writes per device stand for that work: a layout that computes a
+    product replicated (a batch left whole, a Megatron split's whole activations) also runs its elementwise work
+    replicated.  Zero on a profile with neither price (GPU, TPU: their FLOP/s already stand for a step's).
+    """
+    p = report.profile
+    if not p.op_overhead and not p.element_time:
+        return 0.0
+    ops = report.ops
+    total = 0.0
+    for op in ops.cost_ops() if isinstance(ops, OpLog) else ops:
+        if op.flops and op.out_layout is not None:
+            total += op.repeat * p.small_op_time(op.out_layout.bytes_per_device(1))
+    return total
 
 
 def like_params(out_shape: Any, params: Any) -> list[int | None]:

@@ -173,6 +173,17 @@ class OpLog(Sequence[OpReport]):
             else:
                 yield from map(cost_terms, chunk)
 
+    def cost_ops(self) -> Iterator[OpReport]:
+        """Each op in program order for reading its cost fields (flops, repeat, out_layout, collectives), without
+        making a run's ops: a replayed op is its tape's op there (a replay changes its index, words and equation
+        only)."""
+        for chunk in self._chunks:
+            if isinstance(chunk, ReplayRun):
+                for op, _, _ in chunk.tape_ops:
+                    yield op
+            else:
+                yield from chunk
+
     def alternatives(self) -> Iterator[int]:
         """``op.alternative`` of each approximate op that offers one, in program order, without making a run's ops."""
         for chunk in self._chunks:
