@@ -755,3 +755,13 @@ DEPTHWISE_LAYOUTS = [
 def test_depthwise_conv_within_its_stated_bound(specs, grad) -> None:
     args = (jax.ShapeDtypeStruct((8, 8, 8, 16), jnp.float32), jax.ShapeDtypeStruct((3, 3, 1, 16), jnp.float32))
     check(Case("conv_general_dilated", _depthwise, args, specs, 2, False, grad, "windows"))
+
+
+# A channel-split conv whose result block is exactly as large as its whole input (the next conv of a depthwise
+# block: 16 features@b into 32 outputs@b on (4, 2)): XLA moves the input onto the idle axis and gathers it there
+# (a permute + an all-gather), as when the block is larger; explain all-reduced the result (session 16's probe).
+@pytest.mark.parametrize("k", [1, 3])
+def test_channel_split_conv_at_the_gather_tie_matches_xla(k: int) -> None:
+    args = (jax.ShapeDtypeStruct((8, 8, 8, 16), jnp.float32), jax.ShapeDtypeStruct((k, k, 16, 32), jnp.float32))
+    specs = (P(None, None, None, "b"), P(None, None, None, "b"))
+    check(Case("conv_general_dilated", _conv, args, specs, 2, False, False, "windows"))

@@ -211,7 +211,9 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # Measured on one-op programs: (4, 2) features@model -> permute + all-reduce over the 4; (2, 4) or a
         # (2, 2, 2) split over two axes -> all-gather (tests/test_conv_rules.py).
         lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lf, regroup), "conv input moved onto idle mesh axes")
-        if _bytes(out_aval.shape, (of,), rhs.dims[ro], w) > _bytes(lhs.shape, (), (), w):
+        # At a tie (the result's block as large as the whole input) XLA gathers too (measured: x (8,8,8,16)
+        # features@b against a (1,1,16,32) or (3,3,16,32) kernel outputs@b on (4, 2): permute + all-gather).
+        if _bytes(out_aval.shape, (of,), rhs.dims[ro], w) >= _bytes(lhs.shape, (), (), w):
             lhs_to, rhs_to = _with(lhs, lf, ()), rhs
         else:
             lhs_to, rhs_to = lhs, _with(rhs, ri, regroup)
