@@ -695,3 +695,73 @@ def test_window_split_like_the_rows_keeps_the_result_split_as_xla(grad) -> None:
     want_kinds, want_sent, _, _ = _xla(case, mesh, fn)
     _, got_kinds, got_sent, _ = _explain(case, mesh, fn)
     assert got_kinds == want_kinds and got_sent == want_sent, (got_kinds, want_kinds)
+
+
+def _sgd_step(params: Any, x: Any) -> Any:
+    grads = jax.grad(_two_convs)(params, x)
+    return tuple(p - 0.1 * g for p, g in zip(params, grads))
+
+
+# A data-parallel step of two convs: the kernels whole, the batch split.  Each kernel gradient is summed over the
+# batch's axes and read by the update with its weight, an argument laid out whole: XLA all-reduces it whole (one
+# all-reduce per kernel), where explain reduce-scattered it onto its output channels and gathered it back for the
+# output (session 16's probe: a Flax BatchNorm CNN's clip + AdamW step, silent).
+DP_STEP_LAYOUTS = [((4, 2), ("a", "b"), P("a")), ((8,), ("a",), P("a")), ((2, 2, 2), ("a", "b", "c"), P(("a", "b")))]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("shape, names, xs", DP_STEP_LAYOUTS)
+def test_data_parallel_conv_step_all_reduces_kernel_gradients_as_xla(shape, names, xs, explicit) -> None:
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    mesh = jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
+    whole = NamedSharding(mesh, P())
+    kernels = tuple(jax.ShapeDtypeStruct(s, jnp.float32, sharding=whole) for s in ((3, 3, 16, 64), (3, 3, 64, 64)))
+    args = (kernels, jax.ShapeDtypeStruct((8, 8, 8, 16), jnp.float32, sharding=NamedSharding(mesh, xs)))
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(_sgd_step, out_shardings=(whole, whole)).lower(*args).compile()
+        report = trace(_sgd_step, *args).report(None, [P(), P()])
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    want = Counter(c.kind for c in found)
+    got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
+    sent_want = sum(c.sent_bytes for c in found)
+    sent_got = sum(c.bytes for op in report.ops for c in op.collectives if c.group_size > 1)
+    assert not report.unfollowed
+    assert got == want, (got, want)
+    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
+
+
+def _depthwise(x: Any, w: Any) -> Any:
+    return lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=x.shape[-1]
+    )
+
+
+# A depthwise conv (feature_group_count = channels, MobileNet's), which the corpus did not hold.  Its features
+# and kernel outputs split alike into whole groups stay split (each device convolves its own groups: explain
+# gathered them).  Otherwise explain gathers a grouped conv's feature splits and says so; XLA may instead move the
+# input onto the kernel's output split and the result back (2 all-to-alls under FSDP: session 16's probe, an
+# Equinox depthwise block), which the op's bound must cover (it was silent).  Layouts: FSDP (kernel outputs and
+# batch over 'a'), channels alike over 'b', data parallel.  Auto axes only: on Explicit ones JAX refuses the
+# clashing splits (it asks for the conv's out_sharding).
+DEPTHWISE_LAYOUTS = [
+    (P("a"), P(None, None, None, "a")),
+    (P(None, None, None, "b"), P(None, None, None, "b")),
+    (P("a"), P()),
+]
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+@pytest.mark.parametrize("specs", DEPTHWISE_LAYOUTS)
+def test_depthwise_conv_within_its_stated_bound(specs, grad) -> None:
+    args = (jax.ShapeDtypeStruct((8, 8, 8, 16), jnp.float32), jax.ShapeDtypeStruct((3, 3, 1, 16), jnp.float32))
+    check(Case("conv_general_dilated", _depthwise, args, specs, 2, False, grad, "windows"))
+
+
+# A channel-split conv whose result block is exactly as large as its whole input (the next conv of a depthwise
+# block: 16 features@b into 32 outputs@b on (4, 2)): XLA moves the input onto the idle axis and gathers it there
+# (a permute + an all-gather), as when the block is larger; explain all-reduced the result (session 16's probe).
+@pytest.mark.parametrize("k", [1, 3])
+def test_channel_split_conv_at_the_gather_tie_matches_xla(k: int) -> None:
+    args = (jax.ShapeDtypeStruct((8, 8, 8, 16), jnp.float32), jax.ShapeDtypeStruct((k, k, 16, 32), jnp.float32))
+    specs = (P(None, None, None, "b"), P(None, None, None, "b"))
+    check(Case("conv_general_dilated", _conv, args, specs, 2, False, False, "windows"))

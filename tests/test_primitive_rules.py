@@ -1154,3 +1154,28 @@ def test_hi_primitive_gradient_moves_nothing() -> None:
     report = trace(jax.grad(loss), x, mesh={"a": 4, "b": 2}).report((P("a", "b"),))
     assert report.complete and not report.unfollowed
     assert report.comm_count == 0 == len(hlo.normalized(compiled.as_text()))
+
+
+# -- conv: feature-grouped (depthwise: feature_group_count = channels, or two groups) -------------------------
+
+
+@st.composite
+def grouped_conv_case(draw: Any) -> Case:
+    """A grouped conv on any layout (session 16's probe: an Equinox depthwise block under FSDP was silent).
+    Features and kernel outputs split alike into whole groups stay split; other splits are gathered and the op
+    says XLA may move them instead (all-to-alls), within its bound."""
+    n, h, c = draw(st.sampled_from([4, 8])), draw(st.sampled_from([4, 8])), draw(st.sampled_from([8, 16]))
+    groups = draw(st.sampled_from([c, 2]))
+    k = draw(st.integers(1, 3))
+
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=groups
+        )
+
+    args = (jax.ShapeDtypeStruct((n, h, h, c), jnp.float32), jax.ShapeDtypeStruct((k, k, c // groups, c), jnp.float32))
+    return _case(draw, "conv_general_dilated", conv, args, "windows")
+
+
+def test_grouped_conv_matches_xla_or_says_so() -> None:
+    FAST(given(grouped_conv_case())(check))()

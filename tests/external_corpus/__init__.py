@@ -8,7 +8,9 @@ exposes ``build() -> Family``: a loss ``loss(params, batch)``, concrete paramete
 Libraries (none of them used by tests/corpus): keras-hub (Llama, Mixtral, T5, ResNet backbones), Keras 3's own
 layers (a ViT), dm-haiku (``hk.layer_stack`` + ``hk.remat``), Equinox (rotary attention, a GRU over time) and Flax
 linen (``nn.scan`` of ``nn.remat`` blocks, a convolutional net), Flax NNX (a GPT-style decoder, an ``nnx.scan``
-stack, and their AdamW training steps), keras-hub's GPT-2 and Gemma, Equinox's BERT-like encoder and MLP-Mixer.
+stack, and their AdamW training steps), keras-hub's GPT-2 and Gemma, Equinox's BERT-like encoder and MLP-Mixer;
+session 16's probe of unseen models (unseen_models.py): an Equinox depthwise conv, Flax BatchNorm (clip + masked
+AdamW step), LSTM and encoder-decoder (Adafactor step), keras-hub BERT and Mistral.
 """
 
 from __future__ import annotations

@@ -25,10 +25,22 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
     "eqx_mixer": ("dp", "tp", "dp_tp", "fsdp"),
     "kh_gpt2": ("dp", "tp", "dp_tp", "fsdp"),
     "kh_gemma": ("dp", "tp", "dp_tp", "fsdp"),
+    # Session 16's probe (unseen_models.py): depthwise conv, BatchNorm, LSTM, encoder-decoder, BERT, Mistral.
+    "eqx_dwconv": ("dp", "tp", "dp_tp", "fsdp"),
+    "flax_bn": ("dp", "tp", "dp_tp", "fsdp"),
+    "flax_lstm": ("dp", "tp", "dp_tp", "fsdp"),
+    "flax_encdec": ("dp", "tp", "dp_tp", "fsdp"),
+    "kh_bert": ("dp", "tp", "dp_tp", "fsdp"),
+    "kh_mistral": ("dp", "tp", "dp_tp", "fsdp"),
 }
 MODES = ("fwd", "grad")
 # The families whose training step (loss, grad and the optimizer update: Family.step) is a case of its own too.
-STEP_MODES: dict[str, tuple[str, ...]] = {"nnx_gpt": ("step",), "nnx_scan": ("step",)}
+STEP_MODES: dict[str, tuple[str, ...]] = {
+    "nnx_gpt": ("step",),
+    "nnx_scan": ("step",),
+    "flax_bn": ("step",),  # optax.chain(clip_by_global_norm, adamw with a weight-decay mask)
+    "flax_encdec": ("step",),  # optax.adafactor (factored second moments)
+}
 KINDS = ("auto", "explicit")
 
 CASES: tuple[tuple[str, str, str, str], ...] = tuple(

@@ -17,6 +17,7 @@ from . import (
     keras_hub_resnet,
     keras_hub_t5,
     keras_vit,
+    unseen_models,
 )
 
 FAMILIES: dict[str, Callable[[], Family]] = {
@@ -36,6 +37,8 @@ FAMILIES: dict[str, Callable[[], Family]] = {
     "eqx_mixer": equinox_encoders.mixer,
     "kh_gpt2": keras_hub_gpt.gpt2,
     "kh_gemma": keras_hub_gpt.gemma,
+    # Session 16's probe of models the corpus did not hold (benchmarks/unseen_probe.py).
+    **unseen_models.FAMILIES,
 }
 
 # The families with a "large" size for planning (each builder's SIZES): a step that replicated, computed whole on

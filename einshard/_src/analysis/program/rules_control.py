@@ -23,6 +23,7 @@ from .movement import APPROXIMATE
 from .registry import WalkerLike, inherit, register
 from .report import OpBound, default_bound
 from .rules_indexing import consumer_split
+from .rules_loops import invariant_values
 from .rules_structural import typed_dims
 from .values import dtype_itemsize
 
@@ -208,7 +209,7 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     stacked_asks = {id(bv): dims for _, bv, dims in stacked if id(bv) not in w.requested}
     w.requested.update(stacked_asks)
     # The loop's constants: a gather of one is loop-invariant, made once outside the loop.
-    hoisted = {id(v): repeat for v in body.invars[:n_consts] if id(v) not in w.hoisted}
+    hoisted = {k: repeat for k in invariant_values(body, body.invars[:n_consts]) if k not in w.hoisted}
     w.hoisted.update(hoisted)
     # A carry that entered split keeps that split in the body (XLA's while loop holds the init's sharding);
     # asked after the accumulators, which keep theirs.

@@ -159,15 +159,29 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     rows_alternative = 0  # collectives XLA's other way of settling a rows/outputs clash takes, beyond the marked
     gathered_out = 0  # bytes XLA may all-gather (an uneven result, the input's rows), beyond the marked collectives
     gathered_again = 0  # an all-gather XLA may make again where the walk shares an earlier one
+    held_alternative = 0  # bytes of gathered copies XLA's other choice may not hold (a grouped conv's)
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
     whole_sum = False  # the partial sums are all-reduced whole whatever the result's users
     out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
     # The contracted feature axes: split alike they leave partial sums, otherwise they are gathered.
     # Each operand is brought to its target in one step (XLA gathers a kernel's splits in one all-gather).
     lhs_to, rhs_to = lhs, rhs
-    if grouped:
+    if grouped and _groups_split_alike(w, eqn, lhs, rhs, lf, ri, ro):
+        # Each device holds whole groups of the input's features and the kernel's outputs for them: it convolves
+        # its own groups, nothing moves or sums (measured: a depthwise conv, features and kernel outputs over
+        # 'b': no collective, the result's channels over 'b'; tests/test_conv_rules.py).
+        pass
+    elif grouped:
         approx.append("grouped conv: feature splits gathered")
         lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(_with(rhs_to, ri, ()), ro, ())
+        # XLA's grouped features are independent like a batch: it may move the input onto the kernel's output
+        # split instead (an all-to-all) and the result back (another), not gather, and so hold no gathered copy
+        # (measured on an Equinox depthwise conv under FSDP, kernel o@data against a batch@data input: 2
+        # all-to-alls where explain gathers; session 16's probe).  Bounded, not modelled: the op says so.
+        whole_in = _local_bytes(lhs.with_dims(tuple(() for _ in lhs.dims)), eqn.invars[0].aval.dtype)
+        rows_alternative += 2
+        gathered_out += whole_in + math.prod(out_aval.shape) * itemsize(out_aval.dtype)
+        held_alternative += whole_in
     elif lhs.dims[lf] == rhs.dims[ri]:
         summed = [lhs.dims[lf]] if lhs.dims[lf] else []
     elif (
@@ -197,7 +211,9 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # Measured on one-op programs: (4, 2) features@model -> permute + all-reduce over the 4; (2, 4) or a
         # (2, 2, 2) split over two axes -> all-gather (tests/test_conv_rules.py).
         lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lf, regroup), "conv input moved onto idle mesh axes")
-        if _bytes(out_aval.shape, (of,), rhs.dims[ro], w) > _bytes(lhs.shape, (), (), w):
+        # At a tie (the result's block as large as the whole input) XLA gathers too (measured: x (8,8,8,16)
+        # features@b against a (1,1,16,32) or (3,3,16,32) kernel outputs@b on (4, 2): permute + all-gather).
+        if _bytes(out_aval.shape, (of,), rhs.dims[ro], w) >= _bytes(lhs.shape, (), (), w):
             lhs_to, rhs_to = _with(lhs, lf, ()), rhs
         else:
             lhs_to, rhs_to = lhs, _with(rhs, ri, regroup)
@@ -584,7 +600,7 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
                 used |= set(split)
     if approx:
         _mark(w, start, "; ".join(approx))
-        widen_bound(w, start, sent=gathered_out, collectives=rows_alternative + gathered_again)
+        widen_bound(w, start, sent=gathered_out, collectives=rows_alternative + gathered_again, peak=held_alternative)
         if alternative:
             offer(w, eqn, start)  # the op's own other choice: walked to the program's end
         if rows_fork:
@@ -650,6 +666,31 @@ def _rows_asked(w: Walker, out: Any, axis: int, taken: set[str]) -> tuple[str, .
                     return split
             frontier.extend(o for o in u.outvars if tuple(getattr(o.aval, "shape", ())) == shape)
     return ()
+
+
+def _readers_hold_whole(w: Walker, out: Any, axis: int) -> bool:
+    """Whether the elementwise readers of ``out`` (followed forward as :func:`_rows_asked` does) meet it with an
+    operand of its shape whose layout the user fixed (:attr:`Walker.pinned`: an argument, a sharding constraint)
+    whole along ``axis``.  An intermediate value met whole (an activation's) does not decide: XLA reduce-scatters
+    input gradients met so (measured on keras-hub's FSDP ResNet)."""
+    shape = tuple(out.aval.shape)
+    seen: set[int] = set()
+    frontier, budget = [out], _ASK_BUDGET
+    while frontier and budget > 0:
+        v = frontier.pop()
+        for u, _ in w.uses.get(id(v), ()):
+            if id(u) in seen or u.primitive.name not in _FOLLOWED:
+                continue
+            seen.add(id(u))
+            budget -= 1
+            for x in u.invars:
+                if x is v or hasattr(x, "val") or tuple(getattr(x.aval, "shape", ())) != shape:
+                    continue
+                lay = w.env.get(x)
+                if id(x) in w.pinned and lay is not None and not is_free(lay) and not lay.dims[axis]:
+                    return True
+            frontier.extend(o for o in u.outvars if tuple(getattr(o.aval, "shape", ())) == shape)
+    return False
 
 
 def _split_along(w: Walker, value: Any, axis: int) -> tuple[str, ...]:
@@ -752,6 +793,15 @@ def _dilated_halo_pieces(
     return pieces
 
 
+def _groups_split_alike(w: Walker, eqn: Any, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int) -> bool:
+    """Whether a feature-grouped conv's input features and kernel outputs are split alike into whole groups (the
+    kernel's per-group inputs whole): its groups are independent, as a batch is."""
+    p, split = eqn.params, lhs.dims[lf]
+    if p["batch_group_count"] != 1 or not split or rhs.dims[ro] != split or rhs.dims[ri]:
+        return False
+    return bool(p["feature_group_count"] % group_size(w, split) == 0)
+
+
 def _scatter_axes(
     w: Walker, eqn: Any, phase: str, lhs: Layout, rhs: Layout, out: Layout, of: int, summed: list[tuple[str, ...]]
 ) -> tuple[tuple[str, ...], bool]:
@@ -772,6 +822,13 @@ def _scatter_axes(
         return (), False
     if _asked_split(w, eqn.outvars[0], of) is not None:
         return (), False  # asked for explicitly (an output, a reshard): that decides
+    if not _rows_asked(w, eqn.outvars[0], of, set()) and _readers_hold_whole(w, eqn.outvars[0], of):
+        # Where the result's readers meet it with a value the user laid out whole along the channels (an argument:
+        # a kernel gradient summed over the batch's axis, read by a replicated optimizer update with the weight or
+        # its moments), and none split, XLA's propagation gives it the argument's layout and all-reduces it whole
+        # (measured: a data-parallel SGD step of two convs, each kernel gradient one all-reduce,
+        # tests/test_conv_rules.py).
+        return (), False
     return axes, _idle_size(w, lhs, rhs) >= group_size(w, axes)
 
 

@@ -1,0 +1,82 @@
+"""A loop body's values computed from its constants alone are loop-invariant: XLA's while-loop invariant code
+motion moves them, and a gather of them, out of the loop (session 16's probe: Flax's ``OptimizedLSTMCell`` under
+``nn.RNN`` concatenates its gates' kernels inside the scan; on FSDP explain gathered the concatenation once per
+step, x8 XLA's collectives).  explain's collectives, counts (per run) and bytes are compared with the HLO."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from einshard._src.analysis.program import trace
+from einshard.testing import hlo
+
+B, D, F, T = 8, 32, 64, 6
+
+
+def _cell(h: Any, x: Any, wx: Any, wh: Any, u: Any) -> Any:
+    # The gates' kernels concatenated in the body, as OptimizedLSTMCell does (invariant: read only constants).
+    k = jnp.concatenate([wx, u], axis=1)
+    return jnp.tanh(x @ k[:, :F] + h @ wh)
+
+
+def _scan(params: Any, xs: Any, h0: Any) -> Any:
+    wx, wh, u = params
+    h, _ = jax.lax.scan(lambda h, x: (_cell(h, x, wx, wh, u), None), h0, xs)
+    return jnp.mean(h**2)
+
+
+def _while(params: Any, xs: Any, h0: Any) -> Any:
+    wx, wh, u = params
+
+    def body(c: Any) -> Any:
+        i, h = c
+        return i + 1, _cell(h, xs[i], wx, wh, u)
+
+    return jnp.mean(jax.lax.while_loop(lambda c: c[0] < T, body, (0, h0))[1] ** 2)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("fn", [_scan, _while], ids=["scan", "while"])
+def test_gather_of_a_value_made_from_loop_constants_is_hoisted(fn: Any, explicit: bool) -> None:
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
+    # FSDP: the kernels split over the batch's axis on their contracted (input) dimension.
+    ws = (P("data"), P("data"), P("data"))
+    xs_spec = P(None, "data")
+    shapes = ((D, F), (F, F), (D, F))
+    args = (
+        tuple(jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, p)) for s, p in zip(shapes, ws)),
+        jax.ShapeDtypeStruct((T, B, D), jnp.float32, sharding=NamedSharding(mesh, xs_spec)),
+        jax.ShapeDtypeStruct((B, F), jnp.float32, sharding=NamedSharding(mesh, P("data"))),  # the initial state
+    )
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(fn).lower(*args).compile()
+        report = trace(fn, *args).report(None, [P()])
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    want = Counter({k: n for k, n in _runs(found).items()})
+    got: Counter[str] = Counter()
+    for op in report.ops:
+        for c in op.collectives:
+            if c.group_size > 1:
+                got[c.kind] += op.repeat
+    sent_want = sum(c.sent_bytes * c.runs for c in found)
+    sent_got = sum(c.bytes * op.repeat for op in report.ops for c in op.collectives if c.group_size > 1)
+    assert not report.unfollowed
+    assert got == want, (got, want)
+    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
+    # The concatenation is gathered once, outside the loop, as XLA does: not once per step.
+    assert want["all-gather"] < T
+
+
+def _runs(found: list) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for c in found:
+        out[c.kind] += c.runs
+    return out
