@@ -349,3 +349,57 @@ def test_a_two_device_permute_is_kept_as_explain_reports_it(perm):
     want = Counter((c.kind, c.array_bytes, c.group_size) for op in report.ops for c in op.collectives)
     assert got == want == Counter({("collective-permute", 32, 2): 1})
     assert hlo.collective_counts(text) == Counter({"collective-permute": 1})
+
+
+def _sliced_by_table(table: str) -> str:
+    """XLA:CPU's HLO of sum(x[16@a, 16], 0) resharded on Explicit (2, 2, 2) axes: an all-reduce over 'a' (groups
+    {0, 4}, {1, 5}, ...) whose fusion slices a half at the offset a per-partition table gives each device."""
+    return (
+        "%fused (p0: f32[16], p1: u32[8], p2: u32[]) -> f32[8] {\n"
+        "  %p0 = f32[16]{0} parameter(0)\n"
+        "  %p1 = u32[8]{0} parameter(1)\n"
+        "  %p2 = u32[] parameter(2)\n"
+        "  %row = u32[1]{0} dynamic-slice(%p1, %p2), dynamic_slice_sizes={1}\n"
+        "  %lo = u32[1]{0} constant({0})\n"
+        "  %hi = u32[1]{0} constant({1})\n"
+        "  %clamped = u32[1]{0} clamp(%lo, %row, %hi)\n"
+        "  %signed = s32[1]{0} convert(%clamped)\n"
+        "  %eight = s32[1]{0} constant({8})\n"
+        "  %scaled = s32[1]{0} multiply(%signed, %eight)\n"
+        "  %at = s32[] bitcast(%scaled)\n"
+        "  ROOT %ds = f32[8]{0} dynamic-slice(%p0, %at), dynamic_slice_sizes={8}\n"
+        "}\n\n"
+        "ENTRY %main (x: f32[8,16]) -> f32[8] {\n"
+        "  %pid = u32[] partition-id()\n"
+        "  %ar = f32[16]{0} all-reduce(%x), channel_id=1, replica_groups=mesh['a'=2,'b'=2,'c'=2] {'a'}, "
+        "use_global_device_ids=true, to_apply=%add\n"
+        f"  %table = u32[8]{{0}} constant({table})\n"
+        "  ROOT %f = f32[8]{0} fusion(%ar, %table, %pid), kind=kLoop, calls=%fused\n"
+        "}\n"
+    )
+
+
+def test_a_slice_each_group_member_keeps_alike_is_no_reduce_scatter():
+    """A reduce-scatter hands each device of a group its own piece.  Sliced by another mesh axis ('c': the table
+    {0, 1, 0, 1, ...} gives devices 0 and 4 the same half), the all-reduce is one and the slice local; sliced by
+    the group's own axis ('a': {0, 0, 0, 0, 1, 1, 1, 1}) it is CPU's reduce-scatter."""
+    (by_c,) = hlo.normalized(HEADER + _sliced_by_table("{0, 1, 0, 1, 0, 1, 0, 1}"))
+    assert (by_c.kind, by_c.sliced, by_c.array_bytes) == ("all-reduce", False, 64)
+    (by_a,) = hlo.normalized(HEADER + _sliced_by_table("{0, 0, 0, 0, 1, 1, 1, 1}"))
+    assert (by_a.kind, by_a.sliced, by_a.array_bytes) == ("reduce-scatter", True, 64)
+
+
+@pytest.mark.parametrize("dst, kind", [("a", "reduce-scatter"), ("b", "all-reduce"), ("c", "all-reduce")])
+def test_a_sum_resharded_is_scattered_only_by_its_summed_axis(devices, dst, kind):
+    """Compiled: sum(x[16@a, 16], 0) resharded to P(dst) on Explicit (2, 2, 2) axes.  XLA:CPU all-reduces over
+    'a' and slices by dst: a reduce-scatter only where dst is 'a' (each device of a group keeps its own half)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(jax.sharding.AxisType.Explicit,) * 3)
+    x = jax.ShapeDtypeStruct((16, 16), jnp.float32, sharding=NamedSharding(mesh, P("a", None)))
+    with jax.set_mesh(mesh):
+        text = jax.jit(lambda v: jax.sharding.reshard(jnp.sum(v, axis=0), P(dst))).lower(x).compile().as_text()
+    assert [c.kind for c in hlo.normalized(text)] == [kind]

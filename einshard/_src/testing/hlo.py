@@ -247,6 +247,7 @@ def collectives(hlo_text: str) -> list[HloCollective]:
     entry: str | None = None
     current = ""
     constants: dict[str, int] = {}  # integer scalar constants by instruction name
+    tables: dict[str, tuple[int, ...]] = {}  # 1-d integer constants: the SPMD partitioner's per-partition offsets
     cond_trip: dict[str, int] = {}  # a loop condition computation -> its trip count, where it reads as one
     for line in lines:
         m = _INSTR.match(line)
@@ -268,6 +269,9 @@ def collectives(hlo_text: str) -> list[HloCollective]:
         comp_of[m.group("name")] = current
         if m.group("op") == "constant" and re.fullmatch(r"-?\d+", m.group("args").strip()):
             constants[m.group("name")] = int(m.group("args"))
+        listed_ints = re.fullmatch(r"\{\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*\}", m.group("args").strip())
+        if m.group("op") == "constant" and listed_ints:
+            tables[m.group("name")] = tuple(int(x) for x in listed_ints.group(1).split(","))
         if m.group("op") == "compare" and line.lstrip().startswith("ROOT"):
             bound = _loop_bound(args, m.group("attrs"), constants)
             if bound is not None:
@@ -290,6 +294,9 @@ def collectives(hlo_text: str) -> list[HloCollective]:
     # Per computation: its parameters by number, and each instruction's element count (a fusion's body is
     # searched for a slice of the one parameter the collective arrives as).
     params: dict[tuple[str, int], str] = {}
+    param_number: dict[str, int] = {}
+    operands = {iname: args for iname, _, _, args, _, _ in instrs}
+    op_of = {iname: op for iname, _, op, _, _, _ in instrs}
     elements: dict[str, int] = {}
     for iname, shape, op, _, _, line in instrs:
         elements[iname] = sum(math.prod(dims) for _, dims in _shapes(shape)) if "(" not in shape else -1
@@ -297,6 +304,7 @@ def collectives(hlo_text: str) -> list[HloCollective]:
             number = re.match(r"\s*(?:ROOT\s+)?%?[\w.\-]+\s*=.*?\sparameter\((\d+)\)", line)
             if number:
                 params[(comp_of[iname], int(number.group(1)))] = iname
+                param_number[iname] = int(number.group(1))
 
     def scatters(whole: str, piece: str, n: int) -> bool:
         """Whether slicing ``whole`` to ``piece`` keeps 1/n of it or a finer part: a reduce-scatter's slice.
@@ -307,15 +315,65 @@ def collectives(hlo_text: str) -> list[HloCollective]:
             return True  # sizes unknown (a tuple): read the slice as the reduce-scatter it usually is
         return big % small == 0 and (big // small) % n == 0
 
-    def slices_whole(value: str, n: int) -> bool:
-        """Whether ``value`` (or a layout/elementwise image of it, as many elements) is dynamic-sliced to 1/n."""
+    def offset_tables(indices: list[str], caller: list[str] | None) -> list[tuple[int, ...]] | None:
+        """The per-partition tables (constants indexed by partition-id) a slice's offsets ``indices`` are read
+        from, followed back through the arithmetic that scales them (and out of a fusion, to ``caller``'s
+        operands): the piece each device keeps is a function of their entries.  None where the offsets also
+        read the partition's id some other way (the pieces are then not known from the tables alone)."""
+        found: list[tuple[int, ...]] = []
+        seen: set[str] = set()
+        todo = list(indices)
+        while todo:
+            v = todo.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            k = param_number.get(v)
+            if k is not None and caller is not None and k < len(caller):
+                v = caller[k]  # a fusion's parameter: the caller's operand it arrives as
+            if v in tables:
+                found.append(tables[v])
+                continue
+            if op_of.get(v) in ("partition-id", "replica-id"):
+                return None
+            args = operands.get(v, [])
+            if op_of.get(v) == "dynamic-slice" and args:
+                table = args[0]
+                k = param_number.get(table)
+                table = caller[k] if k is not None and caller is not None and k < len(caller) else table
+                if table in tables or op_of.get(table) in ("copy-done", "copy-start", "copy"):
+                    todo.append(args[0])  # the table (through a copy), not its index: the partition id
+                    continue
+            todo.extend(args)
+        return found
+
+    def same_piece(indices: list[str], caller: list[str] | None, groups: tuple[tuple[int, ...], ...] | None) -> bool:
+        """Whether two devices of a group keep the same piece: the slice's offsets come from per-partition tables
+        alone, and their entries repeat within a group.  Then the all-reduce is one and the slice local, not a
+        reduce-scatter, which hands each device of its group a piece of its own (measured: sum(x[16@a, 16], 0)
+        resharded to P('c') on (2, 2, 2) all-reduces over a and slices by c, table {0, 1, 0, 1, ...}: both
+        devices of the group {0, 4} keep the same half; XLA:TPU compiles the same)."""
+        if groups is None:
+            return False
+        found = offset_tables(indices, caller)
+        devices = max((d for g in groups for d in g), default=0)
+        found = [t for t in found or [] if len(t) > devices]  # a one-entry constant is a bound, not a table
+        if not found:
+            return False
+        return any(len({tuple(t[d] for t in found) for d in g}) < len(g) for g in groups)
+
+    def slices_whole(
+        value: str, n: int, caller: list[str] | None = None, groups: tuple[tuple[int, ...], ...] | None = None
+    ) -> bool:
+        """Whether ``value`` (or a layout/elementwise image of it, as many elements) is dynamic-sliced to 1/n,
+        each device of a group (``groups``) keeping its own piece."""
         seen = {value}
         todo = [value]
         while todo:
             v = todo.pop()
             for cname, op, args, _ in consumers.get(v, []):
                 if op == "dynamic-slice":
-                    if args and args[0] == v and scatters(v, cname, n):
+                    if args and args[0] == v and scatters(v, cname, n) and not same_piece(args[1:], caller, groups):
                         return True
                     continue  # ``v`` is an index of the slice, not what it slices
                 if cname not in seen and (op in _LAYOUT_OPS or elements.get(cname) == elements.get(v)):
@@ -325,7 +383,7 @@ def collectives(hlo_text: str) -> list[HloCollective]:
 
     starts = {name: attrs for name, _, op, _, attrs, _ in instrs if op.endswith("-start")}
 
-    def sliced(name: str, n: int, piece: int | None = None) -> bool:
+    def sliced(name: str, n: int, groups: tuple[tuple[int, ...], ...] | None, piece: int | None = None) -> bool:
         """Whether ``name``'s result (or, of a tuple, piece ``piece``, read through get-tuple-element) is
         sliced to 1/n (``n`` devices per group) and read only so: an all-reduce whose whole result another
         consumer also reads (the forward's sum squared whole, its backward gather slicing it) is one."""
@@ -333,11 +391,11 @@ def collectives(hlo_text: str) -> list[HloCollective]:
         for cname, op, args, attrs in consumers.get(name, []):
             if piece is not None:
                 index = re.search(r"\bindex=(\d+)", attrs)
-                if op == "get-tuple-element" and index and int(index.group(1)) == piece and sliced(cname, n):
+                if op == "get-tuple-element" and index and int(index.group(1)) == piece and sliced(cname, n, groups):
                     return True
                 continue
             if op == "dynamic-slice" and args and args[0] == name:
-                if scatters(name, cname, n):
+                if scatters(name, cname, n) and not same_piece(args[1:], None, groups):
                     cut = True
                 else:
                     whole = True
@@ -348,7 +406,7 @@ def collectives(hlo_text: str) -> list[HloCollective]:
             if called is not None and "dynamic-slice" in comp_ops.get(called.group(1), set()):
                 for k, a in enumerate(args):
                     param = params.get((called.group(1), k))
-                    if a == name and param is not None and slices_whole(param, n):
+                    if a == name and param is not None and slices_whole(param, n, args, groups):
                         cut = True
                         break
                 else:
@@ -372,7 +430,7 @@ def collectives(hlo_text: str) -> list[HloCollective]:
         for k, piece in enumerate(pieces):
             # A combined all-reduce's piece is sliced when its get-tuple-element is: the combiner merges
             # CPU's reduce-scatters (all-reduce + dynamic-slice) with plain all-reduces.
-            is_sliced = base == "all-reduce" and sliced(name, n, k if len(pieces) > 1 else None)
+            is_sliced = base == "all-reduce" and sliced(name, n, groups, k if len(pieces) > 1 else None)
             nbytes = _nbytes(piece)
             array_bytes = nbytes * n if base == "reduce-scatter" else nbytes
             out.append(

@@ -335,7 +335,13 @@ def _settle_passthrough_conflict(
         if not steps or len(reused) < len(steps):
             via = gather_route(sizes, ins[k], lay, (found[1 - k],)) if clash else None
             if via is None:
+                at = len(w.ops)
                 w.change(eqn, phase, ins[k], lay, dtype, repeat, why)
+                if not clash:
+                    # Brought to its type from a split on another dimension over a group of another size: XLA
+                    # may gather it whole first (measured on (4, 2): y[32@b, 8] for x[16, 32] . y typed
+                    # [16@b, 8@a] is gathered whole, 1024 B, where explain slices first and gathers 256 B).
+                    mark_swap(w, at, ins[k], lay.dims, dtype)
             else:
                 # Through the idle mesh axes (idle_axes.gather_route): the permute is a move of the value that
                 # another dot's contraction may have made already (CSE), the gather over them this dot's.

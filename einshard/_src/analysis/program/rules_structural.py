@@ -542,7 +542,7 @@ def reduce(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
             # reduce-scatter to that split, not an all-reduce.  Summed mesh axes the split does not use are
             # all-reduced first, minor reduced axis first (measured: x[8@a, 4@b, 4, 8] + bias[4, 8@a], the bias
             # gradient asked split as the bias: an all-reduce over b, then a reduce-scatter over a).
-            onto = scattered.sharded_mesh_axes - out.sharded_mesh_axes
+            onto = (scattered.sharded_mesh_axes - out.sharded_mesh_axes) & set(sharded)  # the rest: sliced locally
             for i in sorted(axes, reverse=True):
                 rest = tuple(m for m in src.dims[i] if m not in onto)
                 if rest:
@@ -606,14 +606,34 @@ def _scattered(
             used = {m for d in out.dims for m in d}
             wanted = {m for a in asked for m in a}
             whole = {m for g in groups if set(g) <= wanted for m in g}  # the reduced axes the split can take
-            dims = [a if a and set(a) <= whole and not set(a) & used else d for a, d in zip(asked, out.dims)]
+            dims = [_asked_split(a, d, whole, used) for a, d in zip(asked, out.dims)]
             partial = True
     if dims is None:
         return None
     onto = {m for d in dims for m in d} - {m for d in out.dims for m in d}
-    if not onto or (onto != set(sums) and not (partial and onto < set(sums))):
+    summed = onto & set(sums) if partial else onto  # an asked split may add unsummed axes: sliced locally
+    if not summed or (summed != set(sums) and not (partial and summed < set(sums))):
         return None
     return w.relayout(eqn.outvars[0].aval, dims)
+
+
+def _asked_split(asked: tuple[str, ...], kept: tuple[str, ...], whole: set[str], used: set[str]) -> tuple[str, ...]:
+    """The split a sum's dimension takes where a placement asks ``asked`` of it (``kept``: its split now,
+    ``whole``: the summed mesh axes it may take, ``used``: the mesh axes the sum's dimensions keep).
+
+    Asked over summed mesh axes only, the dimension takes them.  Asked over all of them and others besides, XLA
+    still sums straight into pieces: each device keeps its piece of the asked split, the rest of the way a
+    local slice where the dimension was whole, or, where it kept a split, the summed axes appended to it, then
+    moved (measured on (2, 2, 2) and (4, 2): sum(x[16@a, 16], 0) asked P(('b', 'a')) is one reduce-scatter of
+    64 B; sum(x[16@a, 16@b], 0) asked P(('c', 'a')) a reduce-scatter to [16@(b, a)], then a permute of 16 B)."""
+    if asked and set(asked) <= whole and not set(asked) & used:
+        return asked
+    taken = tuple(m for m in asked if m in whole)
+    if not taken or set(taken) != whole:
+        return kept
+    if not kept:
+        return asked if not set(asked) & used else kept
+    return kept + taken
 
 
 # Ops that only add, drop or reorder size-1 axes (and a sum over size-1 axes): JAX's transpose of a rank-promoting
