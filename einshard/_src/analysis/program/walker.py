@@ -872,9 +872,10 @@ class Walker:
     def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
         """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops.
 
-        The tape is kept by slot once (:func:`.segment_memo.ready_tape`) and the copy's keys once
-        (:func:`.segment_memo.copy_slots`): a replay is bulk updates of the walker's tables by index, a private
-        layout per value read after the copy, and one new op per op (its index and words this copy's)."""
+        The tape is kept by slot once (:func:`.segment_memo.ready_tape`), the copy's keys once
+        (:func:`.segment_memo.copy_slots`) and the tape's writes under them once per copy
+        (:func:`.segment_memo.replay_at`): a replay is bulk updates of the walker's tables, a private layout per
+        value read after the copy, and one new op per op (its index and words this copy's)."""
         slots = self._slots(copy)
         at = self._replay_at(tape, copy, slots)
         env.update(at.env)
