@@ -54,9 +54,11 @@ __all__ = [
     "SegmentTape",
     "CopySlots",
     "ReadyTape",
+    "ReplayAt",
     "Shelf",
     "copy_slots",
     "ready_tape",
+    "replay_at",
     "replaced",
     "PadGuard",
     "pad_guard",
@@ -458,6 +460,8 @@ class CopySlots:
     sources: tuple[tuple[int, int], ...]
     # The naming (Walker.value_names, eqn_where) and each equation's op words (where, inside, reads) under it.
     words: dict[str, Any] = field(default_factory=dict)
+    # id(tape) -> the tape's writes at this copy (:func:`replay_at`), made at its first replay here.
+    replays: dict[int, ReplayAt] = field(default_factory=dict)
 
 
 def copy_slots(copy: Copy) -> CopySlots:
@@ -522,6 +526,36 @@ def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
         any(at % n < entering for at in last)
         or any(slot_of(copy, tok) < entering for tok, _ in tape.summed)
         or any(slot < entering for slot in moves),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayAt:
+    """A :class:`ReadyTape`'s writes with one copy's keys, ids and sources put in (:func:`replay_at`), made once per
+    tape and copy: a replay is then a few dictionary updates, not a list built by index per table at every copy of
+    every costing (an 80-layer decoder replays ~150 copies a costing)."""
+
+    ready: ReadyTape  # held, so that the id of its tape it is cached under stays its own
+    env: dict[Any, Layout]  # environment key -> the tape's layout, in the tape's first-write order
+    private: tuple[tuple[Any, tuple[int, int], Layout], ...]  # (key, the value's source, the tape's layout)
+    summed: dict[int, frozenset[str]]  # value id -> its pending-sum tag
+    made: dict[tuple[tuple[int, int], Hashable], Any]  # (source, move) -> what it made
+    made_by: tuple[tuple[tuple[int, int], frozenset[Hashable]], ...]  # source -> its moves
+
+
+def replay_at(ready: ReadyTape, slots: CopySlots) -> ReplayAt:
+    """``ready``'s writes at ``slots``' copy.  The private copies are those of the values read after the copy (its
+    entering values and the ones it lets escape): each replay binds a new one of each (Walker._segment_replay)."""
+    keys, ids, sources, escaping = slots.keys, slots.ids, slots.sources, slots.copy.escaping
+    return ReplayAt(
+        ready,
+        dict(zip([keys[i] for i in ready.env_at], ready.env_lays)),
+        tuple(
+            (keys[at], sources[slot], lay) for tok, at, slot, lay in ready.private if tok[0] == "e" or tok in escaping
+        ),
+        dict(zip([ids[i] for i in ready.summed_at], ready.summed_tags)),
+        dict(zip(zip([sources[i] for i in ready.made_at], ready.made_moves), ready.made_to)),
+        tuple((sources[slot], moves) for slot, moves in ready.made_by),
     )
 
 

@@ -38,6 +38,7 @@ from .segment_memo import (
     PlainTable,
     ReadyTape,
     Recorder,
+    ReplayAt,
     SegmentPlan,
     SegmentTape,
     Shelf,
@@ -51,6 +52,7 @@ from .segment_memo import (
     record_outputs,
     record_table,
     replaced,
+    replay_at,
     searches_hold,
     slice_row_class,
 )
@@ -870,33 +872,30 @@ class Walker:
     def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
         """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops.
 
-        The tape is kept by slot once (:func:`.segment_memo.ready_tape`) and the copy's keys once
-        (:func:`.segment_memo.copy_slots`): a replay is bulk updates of the walker's tables by index, a private
-        layout per value read after the copy, and one new op per op (its index and words this copy's)."""
-        ready, slots = self._ready(tape, copy), self._slots(copy)
-        keys = slots.keys
-        env.update(zip([keys[i] for i in ready.env_at], ready.env_lays))
-        if ready.private:
-            source, keep, escaping = self._source, self._keep, copy.escaping
-            ids = slots.ids
-            for tok, at, slot, lay in ready.private:
-                if tok[0] == "e" or tok in escaping:
-                    # A private copy per value read after the copy: the value-keyed memo of change() tells them apart.
-                    mine = _private_copy(lay)
-                    source[id(mine)] = (1, ids[slot])
-                    keep.append(mine)
-                    env[keys[at]] = mine
-        if ready.summed_at:
-            ids = slots.ids
-            self.summed.update(zip([ids[i] for i in ready.summed_at], ready.summed_tags))
-        if ready.made_at:
-            sources = slots.sources
-            self._made.update(zip(zip([sources[i] for i in ready.made_at], ready.made_moves), ready.made_to))
+        The tape is kept by slot once (:func:`.segment_memo.ready_tape`), the copy's keys once
+        (:func:`.segment_memo.copy_slots`) and the tape's writes under them once per copy
+        (:func:`.segment_memo.replay_at`): a replay is bulk updates of the walker's tables, a private layout per
+        value read after the copy, and one new op per op (its index and words this copy's)."""
+        slots = self._slots(copy)
+        at = self._replay_at(tape, copy, slots)
+        env.update(at.env)
+        if at.private:
+            source, keep = self._source, self._keep
+            for key, src, lay in at.private:
+                # A private copy per value read after the copy: the value-keyed memo of change() tells them apart.
+                mine = _private_copy(lay)
+                source[id(mine)] = src
+                keep.append(mine)
+                env[key] = mine
+        if at.summed:
+            self.summed.update(at.summed)
+        if at.made:
+            self._made.update(at.made)
             made_by = self._made_by
-            for slot, moves in ready.made_by:
-                had = made_by.get(sources[slot])
+            for src, moves in at.made_by:
+                had = made_by.get(src)
                 if had is None:
-                    made_by[sources[slot]] = set(moves)
+                    made_by[src] = set(moves)
                 else:
                     had |= moves
         eqns = copy.eqns
@@ -933,6 +932,14 @@ class Walker:
         hit = self.costs.segment_ready.get(id(tape))
         if hit is None or hit.tape is not tape:
             hit = self.costs.segment_ready[id(tape)] = ready_tape(tape, copy)
+        return hit
+
+    def _replay_at(self, tape: SegmentTape, copy: Copy, slots: CopySlots) -> ReplayAt:
+        """``tape``'s writes at ``copy`` (:func:`.segment_memo.replay_at`), made once per tape and copy."""
+        kept = slots.replays
+        hit = kept.get(id(tape))
+        if hit is None or hit.ready.tape is not tape:
+            hit = kept[id(tape)] = replay_at(self._ready(tape, copy), slots)
         return hit
 
     def _slots(self, copy: Copy) -> CopySlots:
