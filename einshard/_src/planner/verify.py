@@ -484,7 +484,14 @@ def specs_per_leaf(arg: Any, specs: Any) -> list[Any]:
 
 def candidate_of(costs: Costs, rank: int, label: str, assign: tuple[int, ...]) -> _Candidate:
     score: Score = costs.score(assign)
-    leaf_specs, data_specs = costs.specs(assign)
+    flat_specs, out_specs = layout_specs(costs, *costs.specs(assign))
+    return _Candidate(rank, label, assign, score, flat_specs, out_specs)
+
+
+def layout_specs(costs: Costs, leaf_specs: list[Any], data_specs: list[Any]) -> tuple[tuple[Any, ...], Any]:
+    """A layout's specs as ``verify=`` compiles it: one in_spec per array leaf of ``fn``'s arguments (the
+    parameters' by leaf, the data arguments' by tree) and the out_specs (the parameters' outputs, their gradients,
+    laid out like them)."""
     params_specs = jax.tree_util.tree_unflatten(costs.params_treedef, leaf_specs)
     full = costs.in_specs(params_specs, data_specs)
     flat_specs = tuple(s for arg, sub in zip(costs.args, full) for s in specs_per_leaf(arg, sub))
@@ -492,7 +499,7 @@ def candidate_of(costs: Costs, rank: int, label: str, assign: tuple[int, ...]) -
     out_specs = jax.tree_util.tree_unflatten(
         out_def, [None if i is None else leaf_specs[i] for i in costs.out_params[: len(out_leaves)]]
     )
-    return _Candidate(rank, label, assign, score, flat_specs, out_specs)
+    return flat_specs, out_specs
 
 
 def _auto(mesh: Mesh) -> Mesh:
