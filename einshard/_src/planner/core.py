@@ -32,9 +32,11 @@ from .search import exhaustive, guided_descent, sharded_parameters, tensor_paral
 from .verify import (
     DEFAULT_VERIFY,
     Verified,
+    collective_kinds,
     explicit_mesh_of,
     layout_specs,
     refused_on,
+    typed_report,
     verification_mesh,
     verify_assignments,
 )
@@ -417,6 +419,9 @@ class _Checked:
     accepted_instead: str = ""  # with needs_auto_axes and no compile: the best-ranked layout JAX does type, if any
     # A mesh with the caller's Explicit axes to trace a layout typed on (None: Auto axes, sizes, or no devices).
     typed_on: jax.sharding.Mesh | None = None
+    # Unverified on Explicit axes, where JAX types the choice: how explain's typed step of it differs from the
+    # prediction (the untyped step's), '' where it does not.
+    typed_note: str = ""
 
 
 def _verify(
@@ -452,6 +457,7 @@ def _verify(
             if not needs or typed_on is None
             else _accepted_instead(fn, kwargs, space, order, presets_assign, typed_on)
         )
+        typed_note = "" if needs or typed_on is None else _typed_difference(fn, kwargs, space, order[0], typed_on)
         return _Checked(
             order,
             predicted,
@@ -460,6 +466,7 @@ def _verify(
             needs_auto_axes=needs,
             accepted_instead=accepted,
             typed_on=typed_on,
+            typed_note=typed_note,
         )
     from ..targets import target_mesh
 
@@ -503,6 +510,40 @@ def _verify(
         explicit=explicit,
         needs_auto_axes=rows[0][0].refused,
         typed_on=typed_on,
+    )
+
+
+def _typed_difference(
+    fn: Callable[..., Any], kwargs: Mapping[str, Any], space: _Space, assign: Assign, mesh: jax.sharding.Mesh
+) -> str:
+    """Where explain's typed step of ``assign`` on ``mesh``'s Explicit axes moves other collectives than the
+    prediction (the untyped step, laid out by propagation as on Auto axes), or 10% more or fewer bytes: a line
+    saying both; '' where they agree.  The search ranks the untyped step (a trace for all layouts); JAX types each
+    op of the step a user runs from the arguments' layouts, and lays some out otherwise (a replicated weight
+    gathered where propagation keeps a partial sum)."""
+    from .verify import candidate_of
+
+    c = candidate_of(space.costs, 0, "", assign)
+    untyped = c.score.report
+    try:
+        typed = typed_report(fn, space.costs.args, c.in_specs, c.out_specs, mesh, untyped.profile, **kwargs)
+    except EinshardError as err:  # JAX types it (the caller checked); explain cannot price it: said, not skipped
+        return (
+            "APPROXIMATE on this mesh's Explicit axes: the prediction is the untyped step's, and explain could not "
+            f"price the typed step ({str(err).splitlines()[0]}); verify=k compiles it"
+        )
+    kinds, typed_kinds = collective_kinds(untyped), collective_kinds(typed)
+    if kinds == typed_kinds and abs(typed.comm_bytes - untyped.comm_bytes) <= 0.1 * max(untyped.comm_bytes, 1.0):
+        return ""
+
+    def said(report: Any, by_kind: dict[str, int]) -> str:
+        shown = ", ".join(f"{n} {k}" for k, n in sorted(by_kind.items())) or "no collective"
+        return f"{human_bytes(report.comm_bytes)}/device ({shown})"
+
+    return (
+        f"APPROXIMATE on this mesh's Explicit axes: the typed step of this layout (explain's) sends {said(typed, typed_kinds)}"
+        f" against the prediction's {said(untyped, kinds)}, the untyped step's: JAX types every op from the arguments'"
+        " layouts and lays some out otherwise than propagation; verify=k compiles the typed step"
     )
 
 
@@ -764,6 +805,8 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
             "JAX types every op from the arguments' layouts, and the compiled collectives can differ: verify=k "
             "compiles the typed program"
         )
+        if checked.typed_note and chosen.beaten_by is None:  # (the note is the searched choice's, as needs is)
+            explanation += "\n" + checked.typed_note
     if needs:
         warning = (warning + "; " if warning else "") + (
             f"needs jax.sharding.auto_axes: JAX refuses the chosen layout on the mesh's Explicit axes: {needs}"

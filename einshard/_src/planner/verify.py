@@ -346,6 +346,36 @@ def refused_on(
     return ""
 
 
+def typed_report(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    in_specs: Sequence[Any],
+    out_specs: Any,
+    mesh: Mesh,
+    profile: Any,
+    **kwargs: Any,
+) -> Any:
+    """explain's report of ``fn`` with its arguments typed as ``in_specs`` lay them out on ``mesh``'s Explicit axes
+    (the typed program, where JAX types every op from the arguments' layouts; shapes only, nothing compiled), the
+    parameters' outputs laid out as ``out_specs``.  The caller knows JAX types it (:func:`refused_on`)."""
+    from ..analysis.program.trace import output_specs, trace
+
+    _, shapes = _on_shapes(fn, args, in_specs, out_specs, mesh, kwargs)
+    with jax.set_mesh(mesh):
+        traced = trace(fn, *shapes, mesh=mesh, profile=profile, **kwargs)
+    return traced.report(None, output_specs(traced.out_shape, out_specs, traced.mesh))
+
+
+def collective_kinds(report: Any) -> dict[str, int]:
+    """A report's collectives by kind, each op's counted per run (``op.repeat``), groups of one device left out."""
+    kinds: dict[str, int] = {}
+    for op in report.ops:
+        for c in op.collectives:
+            if c.group_size > 1:
+                kinds[c.kind] = kinds.get(c.kind, 0) + op.repeat
+    return kinds
+
+
 def read_compiled(compiled: Any, profile: Profile) -> Numbers:
     """A compiled program's collectives (priced on ``profile``, once per HLO instruction) and peak memory
     (``memory_analysis()``: arguments + outputs + temporaries - aliased), in :data:`Numbers`' order."""
