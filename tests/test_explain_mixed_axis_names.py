@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from explain_counts import explained_collectives
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
@@ -77,14 +78,7 @@ def _program(steps: list[tuple[str, str, bool]]) -> Any:
 def _explain_collectives(fn: Any, args: tuple[Any, ...], exprs: tuple[str, ...]) -> tuple[Counter, int]:
     report = trace(fn, *args, mesh=MESH).report(exprs)
     assert report.complete, report
-    kinds: Counter = Counter()
-    sent = 0
-    for op in report.ops:
-        for c in op.collectives:
-            if c.group_size > 1:
-                kinds[c.kind] += op.repeat
-                sent += c.array_bytes * op.repeat
-    return kinds, sent
+    return explained_collectives(report)
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None)

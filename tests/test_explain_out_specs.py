@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from explain_counts import explained_collectives
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -37,16 +38,6 @@ def _xla(fn, mesh, out_shardings):
     return hlo.collective_counts(compiled.as_text()), hlo.collective_bytes(compiled.as_text()), peak
 
 
-def _explained(report):
-    kinds, sent = Counter(), 0
-    for op in report.ops:
-        for c in op.collectives:
-            if c.group_size > 1:
-                kinds[c.kind] += op.repeat
-                sent += c.array_bytes * op.repeat
-    return kinds, sent
-
-
 GRAD_OUT = [
     pytest.param(FSDP, id="PartitionSpec"),
     pytest.param("d f -> d@data f", id="expression"),
@@ -61,13 +52,13 @@ def test_an_fsdp_gradient_asked_split_like_its_parameter_is_reduce_scattered_as_
     grad = jax.grad(_loss)
     report = einshard.explain(grad, W, X, mesh=mesh, in_specs=(FSDP, FSDP), out_specs=asked)
     want_kinds, want_sent, want_peak = _xla(grad, mesh, NamedSharding(mesh, FSDP))
-    got_kinds, got_sent = _explained(report)
+    got_kinds, got_sent = explained_collectives(report)
     assert got_kinds == want_kinds == Counter({"all-gather": 1, "reduce-scatter": 1})
     assert abs(got_sent - want_sent) <= 0.1 * want_sent
     assert 0.75 <= report.peak_bytes / want_peak <= 1.25
     # without out_specs the walk keeps the summed gradient whole, as jit without out_shardings does
     plain = einshard.explain(grad, W, X, mesh=mesh, in_specs=(FSDP, FSDP))
-    assert _explained(plain)[0] == _xla(grad, mesh, None)[0] == Counter({"all-gather": 1, "all-reduce": 1})
+    assert explained_collectives(plain)[0] == _xla(grad, mesh, None)[0] == Counter({"all-gather": 1, "all-reduce": 1})
 
 
 @pytest.mark.parametrize(
@@ -82,7 +73,7 @@ def test_a_gradient_asked_split_over_axes_it_is_not_summed_over_is_sliced_before
     grad = jax.grad(_loss)
     report = einshard.explain(grad, W, X, mesh=mesh, in_specs=(FSDP, FSDP), out_specs=asked)
     want_kinds, want_sent, want_peak = _xla(grad, mesh, NamedSharding(mesh, asked))
-    got_kinds, got_sent = _explained(report)
+    got_kinds, got_sent = explained_collectives(report)
     assert (got_kinds, got_sent) == (want_kinds, want_sent)
     if asked == P("data", "model"):
         # (peak: explain holds the whole partial gradient, 75776 B; XLA 63492 B. For P('model', 'data') and
@@ -112,7 +103,7 @@ def test_a_pytree_of_out_specs_with_none_where_the_walk_decides():
             .compile()
         )
     want = hlo.collective_counts(compiled.as_text())
-    assert _explained(report)[0] == want
+    assert explained_collectives(report)[0] == want
     assert want["reduce-scatter"] == 1
 
 
@@ -138,8 +129,8 @@ def test_out_specs_on_placed_arrays_and_the_current_explicit_mesh():
         as_computed = einshard.explain(forward, w, x)
         compiled = jax.jit(forward, out_shardings=NamedSharding(mesh, P())).lower(w, x).compile()
     want = hlo.collective_counts(compiled.as_text())
-    assert _explained(report)[0] == want and want["all-gather"] >= 1
-    assert _explained(as_computed)[0] == Counter()
+    assert explained_collectives(report)[0] == want and want["all-gather"] >= 1
+    assert explained_collectives(as_computed)[0] == Counter()
 
 
 BAD = [
@@ -199,8 +190,8 @@ def test_in_specs_price_the_program_jax_runs_for_arrays_placed_so(explicit):
     by_types = einshard.explain(jax.grad(_loss), *placed)
     with jax.set_mesh(mesh):
         compiled = jax.jit(jax.grad(_loss)).lower(*placed).compile().as_text()
-    assert _explained(by_specs) == _explained(by_types)
-    assert _explained(by_specs)[0] == hlo.collective_counts(compiled)
+    assert explained_collectives(by_specs) == explained_collectives(by_types)
+    assert explained_collectives(by_specs)[0] == hlo.collective_counts(compiled)
     assert by_specs.peak_bytes == by_types.peak_bytes
 
 

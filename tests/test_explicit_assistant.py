@@ -484,9 +484,12 @@ def test_cli_check_explicit_on_a_users_function(tmp_path: Any, capsys: pytest.Ca
 def test_cli_check_explicit_on_the_demo_model(capsys: pytest.CaptureFixture[str]) -> None:
     from einshard_apps.cli import main
 
+    # The demo model says the layouts JAX cannot infer (out_sharding=, reshard, auto_axes): JAX accepts every op.
     status = main(["check-explicit", "--layout", "hybrid", "--mesh", "data=4,model=2"])
     out = capsys.readouterr().out
-    assert status == 1 and "transformer.py" in out and "params.layers.mlp.w_out[layer]" in out
+    assert status == 0 and "layout hybrid" in out and "(Explicit: data, model): JAX accepts every op" in out
+    assert main(["check-explicit", "--layout", "fsdp-tp", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.split("\n", 1)[1])["findings"] == []
 
 
 def test_a_refusal_that_is_no_sharding_rule_is_reported_with_the_line(mesh: Any) -> None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
+from explain_counts import explained
 from hypothesis import example, given, reject
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
@@ -127,17 +127,6 @@ def _gradient_laid_out_as_table(
     return Measured(hlo.collective_counts(text), hlo.collective_bytes(text), float(peak)), report
 
 
-def _explained(report: Any) -> Measured:
-    kinds: Counter[str] = Counter()
-    sent = 0
-    for op in report.ops:
-        for c in op.collectives:
-            if c.group_size > 1:
-                kinds[c.kind] += op.repeat
-                sent += c.array_bytes * op.repeat
-    return Measured(kinds, sent, report.peak_bytes)
-
-
 def _rows(table: Any, ids: Any) -> Any:
     # Equinox's Embedding (``weight[token]`` of one token) under vmap: a gather with the whole index vector and
     # slice_sizes (1, d), no axis collapsed; its transpose a scatter-add of (1, d) windows, nothing inserted.
@@ -156,7 +145,7 @@ def test_fsdp_lookup_gradient_moves_as_its_forward(fn: Any) -> None:
     and gather of them).  Exactly XLA's collectives and bytes (eqx_bert's rows were a pending sum
     reduce-scattered whole: two collectives and 1.6 KiB off), the peak within the lookups' memory range."""
     want, report = _gradient_laid_out_as_table(fn)
-    got = _explained(report)
+    got = explained(report)
     assert (got.kinds, got.sent) == (want.kinds, want.sent)
     assert any(op.expression.startswith("scatter-add into the table's pieces") for op in report.ops)
     low, high = MEMORY_BOUNDS[LOOKUP_MEMORY]
@@ -180,7 +169,7 @@ def _check_table_gradient(case: tuple[Any, tuple[int, int], tuple[int, int], tup
     if feature is not None and set((feature,) if isinstance(feature, str) else feature) & _axes(specs[1]):
         reject()  # the features' split over the ids' mesh axis: lookup_case's rejection (two gathers of the ids)
     want, report = _gradient_laid_out_as_table(fn, table, ids, specs, rank)
-    got = _explained(report)
+    got = explained(report)
     gap = gaps(got, want, peak_range=MEMORY_BOUNDS[LOOKUP_MEMORY], peak_slack=SLACK_BYTES)
     where = (fn.__name__, table, ids, specs, rank)
     assert within_bound(gap, report.approximate_bound), (where, gap, report.approximate_bound, got, want)
@@ -192,7 +181,7 @@ def test_table_gradient_summed_over_more_axes_than_asked_is_all_reduced_whole() 
     dot's reduce-scatter over b then all-reduce over a (the drawn test's first draw: one collective and 512 B off)."""
     _check_table_gradient((_take, (16, 16), (8, 8), (P("b"), P(("a", "b"))), 2))
     want, report = _gradient_laid_out_as_table(_take, (16, 16), (8, 8), (P("b"), P(("a", "b"))), 2)
-    assert (_explained(report).kinds, _explained(report).sent) == (want.kinds, want.sent)
+    assert (explained(report).kinds, explained(report).sent) == (want.kinds, want.sent)
     assert any(op.expression == "scatter-add summed whole, then sliced" for op in report.ops)
 
 

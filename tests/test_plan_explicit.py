@@ -256,3 +256,38 @@ def test_each_spec_lands_on_its_own_leaf_past_an_empty_node():
         chosen = next((row for row in r.verification if row.chosen), None) if verify else None
         if chosen is not None:  # the chosen layout's compiled numbers are its own program's: explain's bytes
             assert chosen.compiled_comm_bytes == pytest.approx(chosen.predicted_comm_bytes, rel=0.1, abs=1.0)
+
+
+def test_an_unverified_plan_says_where_the_typed_step_moves_other_collectives():
+    """The search ranks the untyped step (Auto axes' propagation); on Explicit axes the step a user runs is typed.
+    Where explain's typed step of the choice moves other collectives than the prediction, the explanation says so
+    with both (APPROXIMATE ...), and the typed ones are what XLA compiles; where they agree it says nothing more.
+    The Haiku layer stack of the external corpus: its typed step gathers 24 times where propagation gathers none."""
+    pytest.importorskip("haiku")
+    from external_corpus.families import FAMILIES
+    from external_corpus.planning import step_of
+
+    from einshard._src.planner.verify import collective_kinds
+
+    family = FAMILIES["hk_stack"]()
+    step, mesh = step_of(family), explicit_mesh()
+    r = einshard.plan(step, family.params, family.batch, mesh=mesh, profile="cpu", verify=0)
+    (note,) = [ln for ln in r.explanation.splitlines() if ln.startswith("APPROXIMATE on this mesh's Explicit axes")]
+    predicted = ", ".join(f"{n} {k}" for k, n in sorted(collective_kinds(r.report).items()))
+    assert f"against the prediction's {einshard_bytes(r.report.comm_bytes)}/device ({predicted})" in note
+    # What XLA compiles of the typed step of that layout (verify= compiles it on the mesh's Explicit axes).
+    typed = einshard.plan(step, family.params, family.batch, mesh=mesh, profile="cpu", verify=1)
+    chosen = next(v for v in typed.verification if v.chosen)
+    assert typed.rules == r.rules and not chosen.refused and chosen.compiled_axes == "the mesh's"
+    compiled = ", ".join(f"{n} {k}" for k, n in sorted(chosen.compiled_kinds.items()))
+    assert f"sends {einshard_bytes(chosen.compiled_comm_bytes)}/device ({compiled}) against" in note
+    assert chosen.compiled_kinds != collective_kinds(r.report)
+    # Where the typed step is the untyped one's (one tanh layer), nothing of the kind is said.
+    ok = einshard.plan(jax.value_and_grad(one_layer), ONE, BATCH, mesh=mesh, verify=0, profile="cpu")
+    assert "APPROXIMATE" not in ok.explanation
+
+
+def einshard_bytes(n: float) -> str:
+    from einshard._src.analysis.cost import human_bytes
+
+    return human_bytes(n)

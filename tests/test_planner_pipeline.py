@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.sharding import AxisType
 
 import einshard
 from einshard._src.planner.pipelines import PipelineSearch
@@ -87,3 +89,47 @@ def test_pipeline_search_needs_stacked_layers_and_valid_options():
     step = jax.value_and_grad(lambda p, x: jnp.mean((x @ p["w"]) ** 2))
     with pytest.raises(EinshardError, match="stacked layers"):
         einshard.plan(step, params, x, **KW, pipeline=PipelineSearch(x))
+
+
+def test_a_pipeline_chosen_on_explicit_axes_says_jax_refuses_the_step_as_written():
+    """On Explicit axes (jax.make_mesh's default) the pipeline's layout is traced typed as the jit path's choice is:
+    JAX refuses the step as written with the layers split over the stage axis (lax.scan takes only an unsplit
+    leading axis), and the plan says so on its first line, in its warning and its explanation, with JAX's own
+    error; the pipeline itself, einshard.pipeline with the plan's arguments, runs there to the step's numbers."""
+    step, shapes, xs = stacked_mlp()
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    options = dict(profile="h100", optimizer_bytes_per_param=8.0, objective="memory", pipeline=PipelineSearch(xs))
+    r = einshard.plan(step, shapes, xs, mesh=mesh, verify=0, **options)
+    assert r.pipeline is not None
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape) * 0.1, s.dtype), shapes)
+    x = jnp.asarray(rng.standard_normal(xs.shape), xs.dtype)
+    placed_p, placed_x = r.place(params, x, mesh=mesh)
+    with jax.set_mesh(mesh), pytest.raises(Exception) as raised:
+        jax.jit(step)(placed_p, placed_x)  # what JAX does with the step as written, laid out as planned
+    jax_says = f"{type(raised.value).__name__}: {str(raised.value).splitlines()[0]}"
+    assert r.needs_auto_axes.startswith(jax_says) and "test_planner_pipeline.py:" in r.needs_auto_axes
+    assert "NEEDS jax.sharding.auto_axes" in str(r).splitlines()[0] and r.needs_auto_axes in r.warning
+    assert "einshard.pipeline(layer_fn, params, x, **plan.pipeline.candidate.pipeline_kwargs())" in r.explanation
+    assert r.to_dict()["needs_auto_axes"] == r.needs_auto_axes
+
+    def layer(w, h):
+        return h + jnp.tanh(h @ w["w1"]) @ w["w2"]
+
+    def piped(p, x):
+        return jnp.mean(
+            einshard.pipeline(layer, p["layers"], x, mesh=mesh, **r.pipeline.candidate.pipeline_kwargs()) ** 2
+        )
+
+    with jax.set_mesh(mesh):
+        loss, grads = jax.jit(jax.value_and_grad(piped))(placed_p, placed_x)
+    ref_loss, ref_grads = step(params, x)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    for g, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-7)
+    # On Auto axes (and from sizes) the step as written runs the layout: nothing of the kind is said.
+    auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    for on in (auto, MESH):
+        untyped = einshard.plan(step, shapes, xs, mesh=on, verify=0, **options)
+        assert untyped.pipeline is not None and not untyped.needs_auto_axes
+        assert "NEEDS" not in str(untyped) and "Explicit" not in untyped.explanation

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from explain_counts import explained_collectives
 from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -172,13 +173,7 @@ def _explain(case: Case, mesh: Any, fn: Callable[..., Any]) -> tuple[Any, Counte
         program = trace(fn, *case.args, mesh=sizes)
         report = program.report(case.specs)
         in_layouts = arg_layouts(program.args, case.specs, program.mesh)
-    kinds = Counter()
-    sent = 0
-    for op in report.ops:
-        for c in op.collectives:
-            if c.group_size > 1:
-                kinds[c.kind] += op.repeat
-                sent += c.array_bytes * op.repeat
+    kinds, sent = explained_collectives(report)
     outs = Walker(program.costs, quiet=True).walk(program.jaxpr, in_layouts, 1, None)
     return report, kinds, sent, [lay.dims for lay in outs]
 

@@ -12,13 +12,13 @@ within 10% and peak within 25%, on Auto and Explicit meshes of 1, 2 and 3 axes.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import pytest
+from explain_counts import explained
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -72,17 +72,6 @@ def _measured_xla(compiled: Any) -> Measured:
     return Measured(kinds, sent, float(peak))
 
 
-def _measured_explain(report: Any) -> Measured:
-    kinds: Counter[str] = Counter()
-    sent = 0
-    for op in report.ops:
-        for c in op.collectives:
-            if c.group_size > 1:
-                kinds[c.kind] += op.repeat
-                sent += c.array_bytes * op.repeat
-    return Measured(kinds, sent, float(report.peak_bytes))
-
-
 def measure(case: BiasCase) -> tuple[Measured, Measured, Any]:
     """(XLA's numbers, explain's, explain's report) for the case's bias gradient."""
     shape, names = MESHES[case.mesh_rank]
@@ -112,7 +101,7 @@ def measure(case: BiasCase) -> tuple[Measured, Measured, Any]:
         report = trace(fn, b, x, mesh=dict(zip(names, shape))).report(
             in_specs, [case.bias_spec] if case.asked else None
         )
-    return _measured_xla(compiled), _measured_explain(report), report
+    return _measured_xla(compiled), explained(report), report
 
 
 def check(case: BiasCase) -> None:

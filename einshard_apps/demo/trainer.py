@@ -84,6 +84,9 @@ def _shardings(expressions: Any, abstract: Any, mesh: MeshLike, what: str | None
 class Trainer:
     """One layout of the demo model on one mesh: the placed state, the compiled step, the batches.
 
+    The mesh's axes are Auto (XLA lays the step out by propagation); ``explicit_axes=True`` makes them Explicit
+    (``jax.make_mesh``'s default, where JAX types the step: the model says the layouts JAX cannot infer).
+
     Example (a tiny model, tensor parallel over 2 devices; ``t.step()`` would compile and train one step):
         >>> import jax
         >>> from einshard_apps.demo import Trainer, load_corpus
@@ -110,6 +113,7 @@ class Trainer:
         devices: Any = None,
         resume: str | None = None,
         step_options: dict[str, Any] | None = None,
+        explicit_axes: bool = False,
     ) -> None:
         import jax
         import numpy as np
@@ -131,7 +135,9 @@ class Trainer:
         self.mesh = jax.sharding.Mesh(
             np.asarray(devices).reshape(tuple(mesh_sizes.values())),
             tuple(mesh_sizes),
-            axis_types=(AxisType.Auto,) * len(mesh_sizes),
+            # Auto axes: XLA lays out the step by propagation; Explicit (jax.make_mesh's default): JAX types it, and
+            # the model says the layouts JAX cannot infer (einshard_apps.models.transformer).
+            axis_types=(AxisType.Explicit if explicit_axes else AxisType.Auto,) * len(mesh_sizes),
         )
         self.tx = optax.adamw(lr, b1=0.9, b2=0.99, weight_decay=0.01)
         host_params = transformer.init(cfg, seed)

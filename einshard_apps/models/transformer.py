@@ -40,6 +40,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from einshard.errors import EinshardError
 
@@ -152,6 +153,62 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
     return _layer_norm(x, scale, bias)
 
 
+# On a mesh with Explicit axes (jax.make_mesh's default) JAX types every value with its layout and refuses an op whose
+# result's layout is ambiguous or illegal: a lookup in a split table, a matmul contracting a split axis, an axis split
+# on both operands. The model then says each such result's layout the way JAX documents (``out_sharding=``,
+# ``jax.sharding.reshard``, ``auto_axes`` around one op); on Auto axes (or no mesh) it passes none, and XLA lays the
+# ops out by propagation as before. The layout it says: activations stay split like the batch (their rows), and a
+# dimension a weight brings (heads, MLP hidden, vocabulary) keeps the weight's split unless the batch uses its axis.
+
+
+def _explicit_sharding(x: jax.Array) -> NamedSharding | None:
+    """``x``'s typed layout where it is on a mesh with Explicit axes (its mesh an abstract one under tracing);
+    else None (Auto axes or no mesh)."""
+    sharding = jax.typeof(x).sharding
+    mesh = getattr(sharding, "mesh", None)
+    if not isinstance(sharding, NamedSharding) or AxisType.Explicit not in tuple(getattr(mesh, "axis_types", ())):
+        return None
+    return sharding
+
+
+def _explicit_spec(x: jax.Array) -> tuple[Any, ...] | None:
+    """``x``'s layout, one entry a dimension, where it is typed on a mesh with Explicit axes; else None."""
+    sharding = _explicit_sharding(x)
+    if sharding is None:
+        return None
+    spec = tuple(sharding.spec)
+    return spec + (None,) * (jnp.ndim(x) - len(spec))
+
+
+def _on_mesh_of(x: jax.Array, *entries: Any) -> NamedSharding:
+    """The layout ``entries`` on ``x``'s (Explicit) mesh: a NamedSharding needs no ``jax.set_mesh`` around the step."""
+    return NamedSharding(jax.typeof(x).sharding.mesh, PartitionSpec(*entries))
+
+
+def _mesh_axes(entry: Any) -> set[str]:
+    """The mesh axes one PartitionSpec entry names (None, an axis, or a tuple of axes)."""
+    if entry is None:
+        return set()
+    return {entry} if isinstance(entry, str) else set(entry)
+
+
+def _rows_layout(rows: jax.Array, *entries: Any) -> NamedSharding | None:
+    """The layout of a result ``[b, s, *entries]`` computed from activations ``rows[b, s, ...]``: the rows' split,
+    then each entry unless it reuses a mesh axis of the rows' (JAX splits a dimension over an axis at most once);
+    None off Explicit axes (no ``out_sharding=``: XLA chooses)."""
+    spec = _explicit_spec(rows)
+    if spec is None:
+        return None
+    used = _mesh_axes(spec[0]) | _mesh_axes(spec[1])
+    return _on_mesh_of(rows, spec[0], spec[1], *(None if _mesh_axes(e) & used else e for e in entries))
+
+
+def _weight_entries(w: jax.Array, *dims: int) -> tuple[Any, ...]:
+    """The weight's split of the dimensions ``dims`` it brings into a result (none off Explicit axes)."""
+    spec = _explicit_spec(w)
+    return tuple(spec[d] for d in dims) if spec is not None else (None,) * len(dims)
+
+
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Causal softmax attention per head: ``q, k, v[b, s, h, k]`` -> ``[b, s, h, k]`` (heads never mix)."""
     s = q.shape[1]
@@ -165,8 +222,17 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean next-byte cross-entropy (nats) of ``logits[..., vocab]`` against integer ``targets[...]``."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    layout = _rows_layout(logp)
+    if layout is None:
+        picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    else:  # a lookup in the split vocabulary has no typed layout: XLA lays out this one op (auto_axes), as on Auto
+        pick = jax.sharding.auto_axes(_take_target, out_sharding=_on_mesh_of(logp, *layout.spec[:2]))
+        picked = pick(logp, targets)
     return -jnp.mean(picked)
+
+
+def _take_target(logp: jax.Array, targets: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 
 def block(x: jax.Array, p: Params) -> jax.Array:
@@ -174,26 +240,37 @@ def block(x: jax.Array, p: Params) -> jax.Array:
 
     The unit a pipeline schedule runs per stage: ``forward`` scans it over the stacked layers.
     """
+    a = p["attn"]
     y = _layer_norm(x, p["ln1"]["scale"], p["ln1"]["bias"])
-    q = jnp.einsum("bsd,dhk->bshk", y, p["attn"]["wq"])
-    kk = jnp.einsum("bsd,dhk->bshk", y, p["attn"]["wk"])
-    vv = jnp.einsum("bsd,dhk->bshk", y, p["attn"]["wv"])
+    q, kk, vv = (
+        jnp.einsum("bsd,dhk->bshk", y, w, out_sharding=_rows_layout(y, *_weight_entries(w, 1, 2)))
+        for w in (a["wq"], a["wk"], a["wv"])
+    )
     heads = causal_attention(q, kk, vv)
-    x = x + jnp.einsum("bshk,hkd->bsd", heads, p["attn"]["wo"])
+    x = x + jnp.einsum("bshk,hkd->bsd", heads, a["wo"], out_sharding=_rows_layout(x, None))
     y = _layer_norm(x, p["ln2"]["scale"], p["ln2"]["bias"])
-    hidden = jax.nn.gelu(jnp.einsum("bsd,df->bsf", y, p["mlp"]["w_in"]))
-    return x + jnp.einsum("bsf,fd->bsd", hidden, p["mlp"]["w_out"])
+    w_in, w_out = p["mlp"]["w_in"], p["mlp"]["w_out"]
+    hidden = jax.nn.gelu(jnp.einsum("bsd,df->bsf", y, w_in, out_sharding=_rows_layout(y, *_weight_entries(w_in, 1))))
+    return x + jnp.einsum("bsf,fd->bsd", hidden, w_out, out_sharding=_rows_layout(x, None))
 
 
 def embed(params: Params, tokens: jax.Array) -> jax.Array:
     """Token plus position embeddings: activations ``[b, s, d]`` for byte tokens ``[b, s]``."""
-    return params["embed"]["tokens"][tokens] + params["embed"]["positions"][: tokens.shape[1]]
+    table, positions = params["embed"]["tokens"], params["embed"]["positions"][: tokens.shape[1]]
+    layout = _rows_layout(tokens, None)
+    if layout is None:
+        return table[tokens] + positions
+    # Typed: the looked-up rows are split like the tokens, and the positions (added to every row) whole.
+    return table.at[tokens].get(out_sharding=layout) + jax.sharding.reshard(
+        positions, _on_mesh_of(positions, None, None)
+    )
 
 
 def head(params: Params, x: jax.Array) -> jax.Array:
     """The final layer norm and the output projection: logits ``[b, s, vocab]``."""
     x = _layer_norm(x, params["final_ln"]["scale"], params["final_ln"]["bias"])
-    return jnp.einsum("bsd,dv->bsv", x, params["unembed"])
+    w = params["unembed"]
+    return jnp.einsum("bsd,dv->bsv", x, w, out_sharding=_rows_layout(x, *_weight_entries(w, 1)))
 
 
 def forward(params: Params, tokens: jax.Array) -> jax.Array:
@@ -202,8 +279,18 @@ def forward(params: Params, tokens: jax.Array) -> jax.Array:
     def step(x: jax.Array, layer: Params) -> tuple[jax.Array, None]:
         return block(x, layer), None
 
-    x, _ = jax.lax.scan(step, embed(params, tokens), params["layers"])
+    x, _ = jax.lax.scan(step, embed(params, tokens), jax.tree.map(_whole_layers, params["layers"]))
     return head(params, x)
+
+
+def _whole_layers(w: jax.Array) -> jax.Array:
+    """A stacked weight with its ``layer`` axis whole: ``lax.scan`` takes one layer a step, and on Explicit axes JAX
+    refuses a scanned-over axis that is split (on Auto axes XLA gathers it all the same); other axes keep their split.
+    """
+    spec = _explicit_spec(w)
+    if spec is None or spec[0] is None:
+        return w
+    return jax.sharding.reshard(w, _on_mesh_of(w, None, *spec[1:]))
 
 
 def loss_fn(params: Params, batch: jax.Array, cfg: Config | None = None) -> jax.Array:

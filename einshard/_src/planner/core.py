@@ -32,8 +32,11 @@ from .search import exhaustive, guided_descent, sharded_parameters, tensor_paral
 from .verify import (
     DEFAULT_VERIFY,
     Verified,
+    collective_kinds,
     explicit_mesh_of,
+    layout_specs,
     refused_on,
+    typed_report,
     verification_mesh,
     verify_assignments,
 )
@@ -163,7 +166,11 @@ def plan(
         chosen = dataclasses.replace(chosen, alternatives=chosen.alternatives + pipe_alternatives)
     if pipe is not None:
         _say_what_stays_replicated(params, pipe.rules)
-        return _pipeline_plan(run, chosen, pipe, checked.verification)
+        # On Explicit axes the pipeline's layout is traced typed as the einsum path's choice is: never silent.
+        needs = (
+            "" if checked.typed_on is None else _pipeline_refusal(fn, kwargs, run.space, pipe.cost, checked.typed_on)
+        )
+        return _pipeline_plan(run, chosen, pipe, checked.verification, needs)
     _say_what_stays_replicated(params, chosen.rules)
     return _layout_plan(run, chosen, checked, mesh_axes)
 
@@ -410,6 +417,11 @@ class _Checked:
     # it, raises; it runs only under jax.sharding.auto_axes (or on Auto axes).
     needs_auto_axes: str = ""
     accepted_instead: str = ""  # with needs_auto_axes and no compile: the best-ranked layout JAX does type, if any
+    # A mesh with the caller's Explicit axes to trace a layout typed on (None: Auto axes, sizes, or no devices).
+    typed_on: jax.sharding.Mesh | None = None
+    # Unverified on Explicit axes, where JAX types the choice: how explain's typed step of it differs from the
+    # prediction (the untyped step's), '' where it does not.
+    typed_note: str = ""
 
 
 def _verify(
@@ -445,6 +457,7 @@ def _verify(
             if not needs or typed_on is None
             else _accepted_instead(fn, kwargs, space, order, presets_assign, typed_on)
         )
+        typed_note = "" if needs or typed_on is None else _typed_difference(fn, kwargs, space, order[0], typed_on)
         return _Checked(
             order,
             predicted,
@@ -452,6 +465,8 @@ def _verify(
             explicit=explicit,
             needs_auto_axes=needs,
             accepted_instead=accepted,
+            typed_on=typed_on,
+            typed_note=typed_note,
         )
     from ..targets import target_mesh
 
@@ -470,6 +485,7 @@ def _verify(
             unverified=str(err).splitlines()[0],
             target_note=target_note,
             explicit=explicit,
+            typed_on=typed_on,
         )
     candidates = [(space.label_of(a), a) for a in order[:n_verify]]
     name, preset = min(presets_assign.items(), key=lambda kv: costs.score(kv[1]).key)
@@ -493,6 +509,41 @@ def _verify(
         target_note=target_note,
         explicit=explicit,
         needs_auto_axes=rows[0][0].refused,
+        typed_on=typed_on,
+    )
+
+
+def _typed_difference(
+    fn: Callable[..., Any], kwargs: Mapping[str, Any], space: _Space, assign: Assign, mesh: jax.sharding.Mesh
+) -> str:
+    """Where explain's typed step of ``assign`` on ``mesh``'s Explicit axes moves other collectives than the
+    prediction (the untyped step, laid out by propagation as on Auto axes), or 10% more or fewer bytes: a line
+    saying both; '' where they agree.  The search ranks the untyped step (a trace for all layouts); JAX types each
+    op of the step a user runs from the arguments' layouts, and lays some out otherwise (a replicated weight
+    gathered where propagation keeps a partial sum)."""
+    from .verify import candidate_of
+
+    c = candidate_of(space.costs, 0, "", assign)
+    untyped = c.score.report
+    try:
+        typed = typed_report(fn, space.costs.args, c.in_specs, c.out_specs, mesh, untyped.profile, **kwargs)
+    except EinshardError as err:  # JAX types it (the caller checked); explain cannot price it: said, not skipped
+        return (
+            "APPROXIMATE on this mesh's Explicit axes: the prediction is the untyped step's, and explain could not "
+            f"price the typed step ({str(err).splitlines()[0]}); verify=k compiles it"
+        )
+    kinds, typed_kinds = collective_kinds(untyped), collective_kinds(typed)
+    if kinds == typed_kinds and abs(typed.comm_bytes - untyped.comm_bytes) <= 0.1 * max(untyped.comm_bytes, 1.0):
+        return ""
+
+    def said(report: Any, by_kind: dict[str, int]) -> str:
+        shown = ", ".join(f"{n} {k}" for k, n in sorted(by_kind.items())) or "no collective"
+        return f"{human_bytes(report.comm_bytes)}/device ({shown})"
+
+    return (
+        f"APPROXIMATE on this mesh's Explicit axes: the typed step of this layout (explain's) sends {said(typed, typed_kinds)}"
+        f" against the prediction's {said(untyped, kinds)}, the untyped step's: JAX types every op from the arguments'"
+        " layouts and lays some out otherwise than propagation; verify=k compiles the typed step"
     )
 
 
@@ -653,10 +704,23 @@ def _over_budget(memory: int | float, budget: int | None) -> str:
 
 
 def _pipeline_plan(
-    run: _Run, chosen: _Choice, pipe_choice: _PipelineChoice, verification: tuple[Verified, ...]
+    run: _Run, chosen: _Choice, pipe_choice: _PipelineChoice, verification: tuple[Verified, ...], needs: str = ""
 ) -> LayoutPlan:
-    """The LayoutPlan of a winning pipeline layout."""
+    """The LayoutPlan of a winning pipeline layout; ``needs``: JAX's refusal of the step as written with that
+    layout on the mesh's Explicit axes ('' where it types it, or the axes are Auto)."""
     pipe, score = pipe_choice.cost, chosen.score
+    warning = "" if pipe.fits else _over_budget(pipe.memory, run.budget)
+    refused = ""
+    if needs:
+        warning = (warning + "; " if warning else "") + (
+            f"needs jax.sharding.auto_axes: JAX refuses the chosen layout on the mesh's Explicit axes: {needs}"
+        )
+        refused = (
+            f"\nJAX refuses the step as written with this layout on the mesh's Explicit axes: {needs}; the pipeline "
+            "is einshard.pipeline(layer_fn, params, x, **plan.pipeline.candidate.pipeline_kwargs()) inside the step "
+            "(its shard_map takes the stage-split layers), and the step as written runs this layout only under "
+            "jax.sharding.auto_axes (or on a mesh with Auto axes), as a layout jax.jit lays out, not a pipeline"
+        )
     strategies = {
         g.display: (f"pipeline({pipe.candidate.stage_axis})" if g.stacked else "replicated") for g in run.space.groups
     }
@@ -668,7 +732,7 @@ def _pipeline_plan(
         memory_bytes=pipe.memory,
         comm_bytes=pipe.comm_bytes,
         fits=pipe.fits,
-        warning="" if pipe.fits else _over_budget(pipe.memory, run.budget),
+        warning=warning,
         alternatives=tuple(chosen.alternatives + chosen.preset_alternatives),
         explanation=(
             f"chosen: {pipe.candidate.label}: {human_time(pipe.time_s)}/step, bubble "
@@ -676,6 +740,7 @@ def _pipeline_plan(
             f"{human_bytes(pipe.activation_bytes)}); the best layout jax.jit runs: "
             f"{human_time(score.time_s)}, {human_bytes(score.memory)}/device"
             + ("" if score.fits else " (over the budget)")
+            + refused
         ),
         report=score.report,
         strategies=strategies,
@@ -688,6 +753,7 @@ def _pipeline_plan(
         compute_s=pipe.compute_s,
         pipeline=pipe,
         verification=verification,
+        needs_auto_axes=needs,
     )
 
 
@@ -739,6 +805,8 @@ def _layout_plan(run: _Run, chosen: _Choice, checked: _Checked, mesh_axes: tuple
             "JAX types every op from the arguments' layouts, and the compiled collectives can differ: verify=k "
             "compiles the typed program"
         )
+        if checked.typed_note and chosen.beaten_by is None:  # (the note is the searched choice's, as needs is)
+            explanation += "\n" + checked.typed_note
     if needs:
         warning = (warning + "; " if warning else "") + (
             f"needs jax.sharding.auto_axes: JAX refuses the chosen layout on the mesh's Explicit axes: {needs}"
@@ -828,9 +896,31 @@ def pipeline_rules(
         else g.expression(g.candidates[0])
         for g in groups
     }
-    b = next(i for i, c in enumerate(batch.candidates) if set(c.dims[0]) == set(cand.data_axes) and not c.dims[1])
-    _, data_rules = rules_of((*(0 for _ in groups), b))
+    _, data_rules = rules_of((*(0 for _ in groups), _pipeline_batch(pipe, batch)))
     return rules, data_rules
+
+
+def _pipeline_batch(pipe: PipelineCost, batch: Group) -> int:
+    """The batch candidate of a pipeline layout: split over its data axes alone (the sequence whole)."""
+    data_axes = set(pipe.candidate.data_axes)
+    return next(i for i, c in enumerate(batch.candidates) if set(c.dims[0]) == data_axes and not c.dims[1])
+
+
+def _pipeline_refusal(
+    fn: Callable[..., Any], kwargs: Mapping[str, Any], space: _Space, pipe: PipelineCost, mesh: jax.sharding.Mesh
+) -> str:
+    """JAX's refusal of the step as written with the pipeline's layout (:func:`pipeline_rules`: the stacked layers
+    split over the stage axis, the rest whole, the batch over the data axes) on ``mesh``'s Explicit axes, traced as
+    ``verify=`` traces a layout ('' where JAX types it).  A scan over the stacked layers is refused so (JAX scans
+    only an unsplit leading axis): the step as written is not the pipeline, which :func:`einshard.pipeline` runs."""
+    costs = space.costs
+    leaf_specs, data_specs = costs.specs((*(0 for _ in space.groups), _pipeline_batch(pipe, space.batch)))
+    for g in space.groups:
+        if g.stacked:
+            for i in g.leaves:
+                leaf_specs[i] = jax.sharding.PartitionSpec(pipe.candidate.stage_axis, *leaf_specs[i][1:])
+    in_specs, out_specs = layout_specs(costs, leaf_specs, data_specs)
+    return refused_on(fn, costs.args, in_specs, out_specs, mesh, **kwargs)
 
 
 def _pipeline_wins(pipe: PipelineCost, chosen: Score, objective: str) -> bool:

@@ -62,6 +62,8 @@ class LayoutPlan:
         needs_auto_axes: where JAX refuses the chosen layout on the mesh's Explicit axes (it refused every
             verified candidate, or the unverified choice): its error and the user's line; the step, run as
             written, raises there, and runs the layout only under ``jax.sharding.auto_axes``.  '' otherwise.
+            For a pipeline choice, the step as written with its layout (a scan over stage-split layers is
+            refused so); the pipeline itself is :func:`einshard.pipeline`'s program.
         pipeline: when the choice is a pipeline (``plan(pipeline=PipelineSearch(...))``), its
             :class:`~.pipelines.PipelineCost` (schedule, micro-batches, bubble, activation bytes;
             ``pipeline.candidate.pipeline_kwargs()`` for :func:`einshard.pipeline`); ``report`` is then

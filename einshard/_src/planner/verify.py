@@ -346,6 +346,36 @@ def refused_on(
     return ""
 
 
+def typed_report(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    in_specs: Sequence[Any],
+    out_specs: Any,
+    mesh: Mesh,
+    profile: Any,
+    **kwargs: Any,
+) -> Any:
+    """explain's report of ``fn`` with its arguments typed as ``in_specs`` lay them out on ``mesh``'s Explicit axes
+    (the typed program, where JAX types every op from the arguments' layouts; shapes only, nothing compiled), the
+    parameters' outputs laid out as ``out_specs``.  The caller knows JAX types it (:func:`refused_on`)."""
+    from ..analysis.program.trace import output_specs, trace
+
+    _, shapes = _on_shapes(fn, args, in_specs, out_specs, mesh, kwargs)
+    with jax.set_mesh(mesh):
+        traced = trace(fn, *shapes, mesh=mesh, profile=profile, **kwargs)
+    return traced.report(None, output_specs(traced.out_shape, out_specs, traced.mesh))
+
+
+def collective_kinds(report: Any) -> dict[str, int]:
+    """A report's collectives by kind, each op's counted per run (``op.repeat``), groups of one device left out."""
+    kinds: dict[str, int] = {}
+    for op in report.ops:
+        for c in op.collectives:
+            if c.group_size > 1:
+                kinds[c.kind] = kinds.get(c.kind, 0) + op.repeat
+    return kinds
+
+
 def read_compiled(compiled: Any, profile: Profile) -> Numbers:
     """A compiled program's collectives (priced on ``profile``, once per HLO instruction) and peak memory
     (``memory_analysis()``: arguments + outputs + temporaries - aliased), in :data:`Numbers`' order."""
@@ -484,7 +514,14 @@ def specs_per_leaf(arg: Any, specs: Any) -> list[Any]:
 
 def candidate_of(costs: Costs, rank: int, label: str, assign: tuple[int, ...]) -> _Candidate:
     score: Score = costs.score(assign)
-    leaf_specs, data_specs = costs.specs(assign)
+    flat_specs, out_specs = layout_specs(costs, *costs.specs(assign))
+    return _Candidate(rank, label, assign, score, flat_specs, out_specs)
+
+
+def layout_specs(costs: Costs, leaf_specs: list[Any], data_specs: list[Any]) -> tuple[tuple[Any, ...], Any]:
+    """A layout's specs as ``verify=`` compiles it: one in_spec per array leaf of ``fn``'s arguments (the
+    parameters' by leaf, the data arguments' by tree) and the out_specs (the parameters' outputs, their gradients,
+    laid out like them)."""
     params_specs = jax.tree_util.tree_unflatten(costs.params_treedef, leaf_specs)
     full = costs.in_specs(params_specs, data_specs)
     flat_specs = tuple(s for arg, sub in zip(costs.args, full) for s in specs_per_leaf(arg, sub))
@@ -492,7 +529,7 @@ def candidate_of(costs: Costs, rank: int, label: str, assign: tuple[int, ...]) -
     out_specs = jax.tree_util.tree_unflatten(
         out_def, [None if i is None else leaf_specs[i] for i in costs.out_params[: len(out_leaves)]]
     )
-    return _Candidate(rank, label, assign, score, flat_specs, out_specs)
+    return flat_specs, out_specs
 
 
 def _auto(mesh: Mesh) -> Mesh:
