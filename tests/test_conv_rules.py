@@ -765,3 +765,40 @@ def test_channel_split_conv_at_the_gather_tie_matches_xla(k: int) -> None:
     args = (jax.ShapeDtypeStruct((8, 8, 8, 16), jnp.float32), jax.ShapeDtypeStruct((k, k, 16, 32), jnp.float32))
     specs = (P(None, None, None, "b"), P(None, None, None, "b"))
     check(Case("conv_general_dilated", _conv, args, specs, 2, False, False, "windows"))
+
+
+def _grouped_conv_loss(w: Any, x: Any, groups: int) -> Any:
+    y = lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=groups
+    )
+    return jnp.sum(y**2)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize("shape, names", [((2,), ("a",)), ((8,), ("a",)), ((2, 2), ("a", "b")), ((4, 2), ("a", "b"))])
+@pytest.mark.parametrize("groups", [4])  # depthwise: 4 channels, 4 groups
+def test_depthwise_conv_kernel_gradient_over_a_split_batch_matches_xla(shape, names, groups, explicit) -> None:
+    """A grouped (depthwise) conv's kernel gradient, a ``batch_group_count`` conv, with the batch split: XLA sums
+    the local partials in one all-reduce of the kernel (explain gathered both operands).  On 2-D meshes XLA's
+    all-reduce also spans the idle axis, a miscompile (tests/test_xla_depthwise_grad_miscompile.py): there the
+    kinds, counts and summed array bytes are compared, and the group explain names is the batch's."""
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    mesh = jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
+    args = (jax.ShapeDtypeStruct((4, 4 // groups, 3, 3), jnp.float32), jax.ShapeDtypeStruct((8, 4, 4, 4), jnp.float32))
+    specs = (P(), P("a"))
+    grad = jax.grad(lambda w, x: _grouped_conv_loss(w, x, groups))
+    with jax.set_mesh(mesh):
+        shardings = tuple(NamedSharding(mesh, s) for s in specs)
+        jitted = jax.jit(grad, in_shardings=shardings, out_shardings=shardings[0])
+        if explicit:  # the arguments' types carry their splits on Explicit axes
+            args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(args, shardings))
+        compiled = jitted.lower(*args).compile()
+        report = trace(grad, *args, mesh=dict(zip(names, shape))).report(specs, [P()])
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    explained = [c for op in report.ops for c in op.collectives if c.group_size > 1]
+    assert not report.unfollowed and not report.approximate_at
+    assert Counter(c.kind for c in explained) == Counter(c.kind for c in found)
+    assert sum(c.array_bytes for c in explained) == sum(c.array_bytes for c in found)
+    assert {c.group_size for c in explained} == {shape[0]}
+    if len(shape) == 1:
+        assert sum(c.bytes for c in explained) == sum(c.sent_bytes for c in found)

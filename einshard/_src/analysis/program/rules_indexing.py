@@ -1444,7 +1444,9 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     kept_split = {m for i, d in enumerate(operand.dims) if i not in indexed and i not in op_batch for m in d}
     clash = {m for k, d in enumerate(indices.dims) if k not in batch_dims for m in d} & kept_split
     idle = set(w.costs.mesh_sizes) - {m for d in operand.dims + indices.dims for m in d}
-    if clash and not any(w.costs.mesh_sizes[m] > 1 for m in idle):
+    idle_start = len(w.ops)
+    idle_clash = bool(clash) and any(w.costs.mesh_sizes[m] > 1 for m in idle)
+    if clash and not idle_clash:
         # (With idle mesh axes XLA moves the indices onto them instead and gathers the result there (a
         # permute, two all-gathers): not modelled; the result's second use of the axis is gathered below.)
         keep = tuple(
@@ -1540,9 +1542,26 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
             # (a mesh axis that wanted names twice keeps its first use, as above, where its gather was paid)
             out = w.relayout(out_aval, wanted)
         w.change(eqn, phase, pending, out, dtype, repeat, "masked gather from a sharded table")
-    if approx_note:
+    if idle_clash:
+        # XLA moves the table's kept split off the indices' axis onto the idle ones instead (a permute and an
+        # all-gather of the table), looks up there and gathers the result over them (measured: a (2, 32) table,
+        # features over 'data', ids (8, 8) batch over 'data' of (4, 2): permute + all-gather of the table, an
+        # all-gather of the result over 'model', where explain gathers the result over 'data'): not modelled, so
+        # the op says so.  Bounded by XLA's whole route: the table permuted and gathered, the indices gathered, the
+        # result gathered and moved to its asked split (an all-to-all, measured with a (64, 32) table): five
+        # collectives, each moving at most the whole value.
+        table, ids, result = (math.prod(v.aval.shape) * itemsize(v.aval.dtype) for v in (*eqn.invars[:2], *eqn.outvars))
+        note = IDLE_AXES_LOOKUP_NOTE + (f"; {approx_note}" if approx_note else "")
+        mark_approximate(w, idle_start, note, OpBound(5, float(2 * table + ids + 2 * result), float(table)))
+    elif approx_note:
         mark_approximate(w, start, approx_note)
     return [out]
+
+
+IDLE_AXES_LOOKUP_NOTE = (
+    "indices split over a mesh axis that splits an axis the lookup keeps whole, with idle mesh axes: XLA may move "
+    "the table's split onto the idle axes and gather the result there instead"
+)
 
 
 # How XLA's SPMD partitioner runs a lookup whose table is split along the indexed axis over mesh axes the

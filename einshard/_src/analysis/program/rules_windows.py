@@ -171,6 +171,14 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # its own groups, nothing moves or sums (measured: a depthwise conv, features and kernel outputs over
         # 'b': no collective, the result's channels over 'b'; tests/test_conv_rules.py).
         pass
+    elif _batch_groups_whole(p, lhs, rhs, lb, lf, ri, ro):
+        # Batch groups (a grouped conv's kernel gradient: the input's batch is the activations' channels, paired
+        # with the cotangent's channels) leave the contracted features ungrouped: split alike on both operands
+        # they leave partial sums, one all-reduce, as an ungrouped conv's (measured: grad of a depthwise conv,
+        # the batch over 'data' of (2,), (2, 2), (4, 2): one all-reduce of the kernel-sized partial; on 2-D
+        # meshes XLA's all-reduce spans the idle axis too and doubles the gradient, a miscompile:
+        # tests/test_xla_depthwise_grad_miscompile.py; explain names the sum XLA's partitioner means).
+        summed = [lhs.dims[lf]]
     elif grouped:
         approx.append("grouped conv: feature splits gathered")
         lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(_with(rhs_to, ri, ()), ro, ())
@@ -791,6 +799,23 @@ def _dilated_halo_pieces(
             pieces.append(min(side, s))
             side -= s
     return pieces
+
+
+def _batch_groups_whole(p: Any, lhs: Layout, rhs: Layout, lb: int, lf: int, ri: int, ro: int) -> bool:
+    """Whether a depthwise conv's kernel gradient (``batch_group_count`` = the input's batch: one activation
+    channel a group; features ungrouped) contracts features split alike on both operands while its groups are
+    whole on each device: then it is an ordinary contraction with partial sums.  Groups of several channels are
+    not: XLA gathers an operand whole first (measured: 4 channels in 2 groups, batch over 2: an all-gather of
+    the input and an all-reduce), not modelled."""
+    return (
+        p["batch_group_count"] != 1
+        and p["batch_group_count"] == lhs.shape[lb]
+        and p["feature_group_count"] == 1
+        and bool(lhs.dims[lf])
+        and lhs.dims[lf] == rhs.dims[ri]
+        and not lhs.dims[lb]
+        and not rhs.dims[ro]
+    )
 
 
 def _groups_split_alike(w: Walker, eqn: Any, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int) -> bool:
