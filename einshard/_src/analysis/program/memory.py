@@ -351,6 +351,9 @@ class _Program:
         self.step_facts: dict[str, Any] = {}
         # By liveness and partial sums: those alone; by liveness and a pair of steps: whether one feeds the other
         self.lone_sums: dict[Any, Any] = {}  # (_lone_sums)
+        # A loop body's values made from its constants alone (:func:`_invariant_keys`), found once per body: a list
+        # shared by the rebounds (the flattening's), holding one tuple once found.
+        self.invariant_memo: list[tuple[tuple[Key, bool], ...]] = []
         self._flatten(jaxpr, ())
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
         self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
@@ -625,8 +628,11 @@ class _Program:
         cache = self.loop_cache
         inner = _Program(body, env, nested, body=True) if cache is None else cache.program(body, env, nested, True)
         elsewhere = frozenset(inner.key(v, ()) for v in body.invars[: n_consts + n_carry])
+        # The values the body makes from its constants alone are made before the loop and held across it (_hoisted).
+        consts = body.invars[: n_consts if eqn.primitive.name == "scan" else int(eqn.params["body_nconsts"])]
+        made_before, held = _hoisted(inner, env, body, consts)
         memo = None if cache is None else cache.summaries
-        return _peak(inner, env, elsewhere=elsewhere, results_elsewhere=True, memo=memo)
+        return held + _peak(inner, env, elsewhere=elsewhere | made_before, results_elsewhere=True, memo=memo)
 
     def _summed(self) -> list[tuple[int, Key, int, int]]:
         """Per all-reduce of this program (a step whose result has a pending partial sum), in program order: its
@@ -1166,6 +1172,56 @@ def _update_scratch(eqn: Any, env: dict[Any, Layout]) -> int:
     return math.prod(int(n) for n in shape) * dtype_itemsize(out.aval.dtype)
 
 
+def _invariant_keys(prog: _Program, body: Any, consts: list[Any]) -> tuple[tuple[Key, bool], ...]:
+    """The values a loop body (flattened as ``prog``) makes from its constants alone, that are neither constants
+    nor views of one (:func:`_from_arguments`: their gathered copies are the walk's already), each with whether a
+    step of the body that is not invariant reads it; found once per body (a function of the jaxpr alone)."""
+    if not prog.invariant_memo:
+        from .rules_loops import invariant_values
+
+        ids = invariant_values(body, consts)
+        views = _from_arguments(prog, frozenset())
+        args = set(prog.args)
+        read_in_loop = {
+            id(v) for e in body.eqns if not all(id(o) in ids for o in e.outvars) for v in e.invars if id(v) in ids
+        }
+        read_in_loop.update(id(v) for v in body.outvars if id(v) in ids)
+        found = []
+        for e in body.eqns:
+            for v in e.outvars:
+                k = prog.key(v, ())
+                if id(v) in ids and k is not None and not isinstance(k, tuple) and k not in args and k not in views:
+                    found.append((k, id(v) in read_in_loop))
+        prog.invariant_memo.append(tuple(found))
+    return prog.invariant_memo[0]
+
+
+def _hoisted(prog: _Program, env: dict[Any, Layout], body: Any, consts: list[Any]) -> tuple[frozenset[Key], int]:
+    """A loop body's loop-invariant values (:func:`_invariant_keys`): made before the loop, none a temporary of a
+    trip; and the bytes the loop holds of them across every trip: each one a step of the trip reads, as the trip
+    reads it (its gathered copy where the walk gathered it).
+
+    XLA's while-loop invariant code motion makes them (and their all-gathers: rules_loops.invariant_values, as
+    the walker counts them) once, before the loop, and carries them in the loop's state.  Measured on Flax's
+    ``OptimizedLSTMCell`` under ``nn.RNN``, FSDP (kernels split on their inputs): the cell concatenates its
+    gates' kernels and biases in the body; XLA:CPU concatenates the shards and gathers each concatenation before
+    the loop, and its while's state tuple holds the gathered f32[64,256] and f32[32,256] and the f32[256] bias
+    for the whole loop, beside each trip's temporaries (buffer assignment)."""
+    keys = _invariant_keys(prog, body, consts)
+    held = 0
+    for k, read in keys:
+        if not read:
+            continue
+        lay = env.get(Gathered(k))
+        if lay is None:
+            lay = env.get(k)
+        if lay is not None and is_free(lay):
+            continue
+        shape = tuple(lay.shard_shape) if lay is not None else tuple(k.aval.shape)
+        held += buffer_bytes(shape, dtype_itemsize(k.aval.dtype), "dense")
+    return frozenset(k for k, _ in keys), held
+
+
 class PeakCache:
     """What peak memory can reuse between costings of one program (the planner costs it hundreds of times).
 
@@ -1269,6 +1325,9 @@ class _Liveness:
     # The views of one argument (a weight's transpose, cast, reshape or static slice): XLA's scheduler gathers
     # them at the start of the step as it gathers the arguments (:func:`_from_arguments`).
     from_args: frozenset[Key] = frozenset()
+    # The convolutions whose input is a value the program makes (no argument): by step, that input and whether
+    # the step is its last reader, and the names the walk may bind its gathered copy to (:func:`_conv_gather_bytes`).
+    conv_inputs: tuple[tuple[int, Key, bool, tuple[Key, ...]], ...] = ()
 
 
 def _in_place_bases(prog: _Program) -> list[Key]:
@@ -1451,8 +1510,32 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     # The random bits with the values of their shape that elementwise ops make from them: on Auto axes XLA's
     # sharding propagation splits the bits as the most split of those (_bits_word_bytes).
     read_as = tuple((i, k, first, _elementwise_from(k, steps, readers, fusible)) for i, k, first in bits)
+    args = set(prog.args)
+    conv_in = [
+        (i, step.ins[0], until.get(step.ins[0]) == i)
+        for i, step in enumerate(steps)
+        if step.name == "conv_general_dilated" and i not in dead and step.ins and step.ins[0] not in args
+    ]
+    # The walk binds a gathered copy to the value its reader read: a call's result, its body's value here (alias).
+    names: dict[Key, list[Key]] = {k: [k] for _, k, _ in conv_in}
+    if names:
+        for name in prog.alias:
+            k = prog.key(name[1], name[0]) if isinstance(name, tuple) else prog.key(name, ())
+            if k in names:
+                names[k].append(name)
+    conv_inputs = tuple((i, k, last, tuple(names[k])) for i, k, last in conv_in)
     return _Liveness(
-        readers, producer, fused, until, dies, leaves, donors, copy_donors, read_as, _from_arguments(prog, dead)
+        readers,
+        producer,
+        fused,
+        until,
+        dies,
+        leaves,
+        donors,
+        copy_donors,
+        read_as,
+        _from_arguments(prog, dead),
+        conv_inputs,
     )
 
 
@@ -2091,6 +2174,13 @@ def _peak(
                     if old is None or math.prod(lay.shard_shape) > math.prod(old.shard_shape):
                         derived[k] = lay
         extra_until.extend((until[k], nbytes_as(k, c)) for k, c in derived.items())
+    # A convolution's input the program makes, gathered for it: the all-gather's result and (gathered along a
+    # minor dimension) its copy back to row-major, while the convolution runs (_conv_gather_bytes).
+    for i, k, last, names in info.conv_inputs:
+        extra = _conv_gather_bytes(prog, steps[i], k, names, last, size, nbytes_as)
+        if extra:
+            combined = dict(combined)
+            combined[i] = combined.get(i, 0) + extra
     # Random bits: those made from the key alone are made first (their loops before anything else), their words
     # held from the start to their reader; the others where the program makes them (_random_bits).
     # Bits that are the program's output are a buffer of their own, made by the fusion that reads the loop's words
@@ -2592,6 +2682,41 @@ def _gathers_minor(v: Any, copy: Layout, layouts: dict[Any, Layout]) -> bool:
     shape = tuple(v.aval.shape)
     major = next((d for d, n in enumerate(shape) if n > 1), 0)
     return any(a != b for d, (a, b) in enumerate(zip(lay.dims, copy.dims)) if d != major)
+
+
+def _conv_gather_bytes(
+    prog: _Program,
+    step: _Step,
+    k: Key,
+    names: tuple[Key, ...],
+    last: bool,
+    size: Callable[[Key], int],
+    nbytes_as: Callable[[Key, Layout | None], int],
+) -> int:
+    """What a convolution ``step`` holds while it runs beyond its input ``k``'s shard and its result, where the walk
+    gathered ``k`` (a value the program makes; its gathered copy bound to one of ``names``) for it: 0 where it did
+    not.
+
+    XLA:CPU's producer writes the shard with the gathered dimension major, all-gathers it (the shard freed after),
+    and where that dimension is not ``k``'s major one (an NHWC activation's channels) copies the gathered result
+    back to row-major for the convolution: the gathered buffer and its copy live together.  Measured on
+    ``conv(relu(conv(x, k0)), k1)``, x split on its batch, k0 and k1 on their output channels (the second
+    convolution's input gathered on its channels; the Flax BatchNorm CNN's dp x tp forward, 0.64x before):
+    XLA:CPU's temporaries are the f32[2,16,16,64] all-gather and its copy, 2x the gathered input; the walk had
+    held neither.  The step's peak is the largest of the gather (shard + gathered), the copy (gathered + copy)
+    and the convolution (its input + result), with the shard held on where a later step reads it."""
+    copy = next((c for c in (prog.layout(n, Gathered) for n in names) if c is not None), None)
+    lay = prog.layout(k)
+    if copy is None or lay is None or is_free(copy) or step.name != "conv_general_dilated":
+        return 0
+    gathered, shard, out = nbytes_as(k, copy), size(k), sum(size(o) for o in step.outs)
+    shape = tuple(int(n) for n in (k[1] if isinstance(k, tuple) else k).aval.shape)
+    major = next((d for d, n in enumerate(shape) if n > 1), 0)
+    minor = any(a != b for d, (a, b) in enumerate(zip(lay.dims, copy.dims)) if d != major)
+    back = gathered if minor else 0  # the row-major copy the convolution reads (else it reads the gathered one)
+    kept = 0 if last else shard
+    peak = max(shard + gathered, kept + gathered + back, kept + (back or gathered) + out)
+    return max(peak - shard - out, 0)
 
 
 # Ops XLA:CPU computes in a loop fusion that indexes its operands in whatever layout they come in: an all-gather's
