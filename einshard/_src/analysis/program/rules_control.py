@@ -231,7 +231,9 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
             w.hoisted.pop(k, None)
         w.program_outputs.difference_update(id(bv) for _, bv, _ in stacked)
     if accumulating and not w.quiet:
-        _mark_combined_sums(w, body_start, [v.aval for v, s, was in zip(eqn.outvars, settled, unasked) if s is not was])
+        asked_avals = [v.aval for v, s, was in zip(eqn.outvars, settled, unasked) if s is not was]
+        _mark_combined_sums(w, body_start, asked_avals)
+        _mark_unscattered_sums(w, body_start, asked_avals)
     if other is not None and not taken and len(w.ops) > body_start:
         # Which fixed point XLA's propagation takes turns on its users outside the loop (a loss against labels
         # split on the batch pulls the carry there; measured on the FSDP GRU): the body's first op carries
@@ -523,6 +525,40 @@ def _mark_combined_sums(w: WalkerLike, since: int, avals: list[Any]) -> None:
     note = f"{op.note}; {COMBINED_SUMS_NOTE}" if op.approximate else f"{APPROXIMATE}: {COMBINED_SUMS_NOTE}"
     own = op.bound or (default_bound(op) if op.approximate else OpBound(0, 0.0, 0.0))
     w.ops[at] = dataclasses.replace(op, note=note, bound=OpBound(own.collectives, own.bytes, own.peak + held))
+
+
+# Why a loop's whole partial sum beside split accumulators is approximate (the report's first line names the op).
+UNSCATTERED_SUMS_NOTE = (
+    "the loop's accumulators are asked split after the loop, but this per-trip partial sum was all-reduced whole: "
+    "the walk did not carry their split back to it (a concatenated kernel's transpose, or an accumulator whose asked "
+    "split it did not find); XLA may reduce-scatter it to the accumulator's split inside the loop"
+)
+
+
+def _mark_unscattered_sums(w: WalkerLike, since: int, avals: list[Any]) -> None:
+    """Mark the body's all-reduces of a partial sum the size of a whole number of split accumulators: the
+    accumulators' split, decided after the loop, may reach the sum through ops the walk does not carry it back
+    through (measured: x_t @ concat(k * W) in a scan's gradient, W FSDP over 'data': XLA reduce-scatters each
+    trip's kernel-gradient partial, explain all-reduced it whole; 2 reduce-scatters against 2 all-reduces x 6
+    trips; and U's partials beside it, its accumulator's asked split not found).  Bound: each such op's own (its
+    collectives moved another way, its whole bytes sent and held).  On Explicit axes the gradients' types carry the
+    split into the loop and explain's reduce-scatters are XLA's: nothing to mark."""
+    sizes = [math.prod(int(s) for s in a.shape) * dtype_itemsize(a.dtype) for a in avals]
+    sizes = [s for s in sizes if s > 0]
+    if not sizes:
+        return
+    for i in range(since, len(w.ops)):
+        op = w.ops[i]
+        sums = [c for c in op.collectives if c.kind == "all-reduce" and c.group_size > 1]
+        if not sums or not any(c.array_bytes % s == 0 for c in sums for s in sizes):
+            continue
+        if UNSCATTERED_SUMS_NOTE in op.note:
+            continue
+        note = f"{op.note}; {UNSCATTERED_SUMS_NOTE}" if op.approximate else f"{APPROXIMATE}: {UNSCATTERED_SUMS_NOTE}"
+        own = op.bound or (default_bound(op) if op.approximate else OpBound(0, 0.0, 0.0))
+        extra = default_bound(op)
+        total = OpBound(own.collectives + extra.collectives, own.bytes + extra.bytes, own.peak + extra.peak)
+        w.ops[i] = dataclasses.replace(op, note=note, bound=total)
 
 
 def _carry_bound(w: WalkerLike, avals: list[Any], fixed: list[Layout], other: list[Layout]) -> OpBound:
