@@ -346,36 +346,6 @@ def test_whole_dot_operand_is_sliced_to_the_results_split(out: P, k: int, n: int
     assert got == pytest.approx(xla, abs=SCALARS), (got, xla)
 
 
-# -- convolutions: operands copied into XLA:CPU's canonical dimension order -------------------------------------
-
-
-def _conv(stride: int) -> Callable[..., Any]:
-    def loss(x: Any, k: Any) -> Any:
-        dn = ("NHWC", "HWIO", "NHWC")
-        return jnp.sum(jnp.tanh(lax.conv_general_dilated(x, k, (stride, stride), "SAME", dimension_numbers=dn)) ** 2)
-
-    return loss
-
-
-@pytest.mark.parametrize("kernel", [P(), P(None, None, None, "a")], ids=["replicated", "fsdp"])
-@pytest.mark.parametrize("argnums", [(0, 1), (1,)], ids=["both", "kernel"])
-@pytest.mark.parametrize("stride", [1, 2])
-def test_conv_gradient_copies_operands_into_canonical_order(stride: int, argnums: tuple[int, ...], kernel: P) -> None:
-    """A conv's gradient, x ``f32[8,16,16,16]`` NHWC split on its batch over 'a' (4 of a (4, 2) mesh), k HWIO
-    replicated or split on its output channels: the kernel's gradient is a convolution with x's channels as its
-    batch and the batch as its feature, so XLA:CPU's canonicalization copies x and the cotangent transposed
-    (``[16, 16, 16, 2]``, ``[16, 16, 2, 32]``) and transposes the ``[16, 3, 3, 32]`` result to HWIO; the input
-    gradient's convolution reads the kernel copied transposed (memory.conv_scratch; a cotangent read by one
-    convolution alone its fusion writes transposed: :meth:`_absorb_transposes`).  Explain held none: 0.58-0.82x
-    XLA's peak; 0.79-1.16x now, within the corpus' 25%.  Not exact: XLA's scheduler makes x's copy at the step's
-    start and frees the cotangent once copied (the walk holds each copy while its convolution runs, beside the
-    operand); the report says the convolution's peak is approximate (SCRATCH)."""
-    mesh = _mesh(False, (4, 2), ("a", "b"))
-    fn = jax.grad(_conv(stride), argnums=argnums)
-    got, xla = _peaks(fn, (_sds(8, 16, 16, 16), _sds(3, 3, 16, 32)), (P("a"), kernel), mesh)
-    assert got == pytest.approx(xla, rel=0.25), (got, xla, got / xla)
-
-
 # -- all-to-alls: the moved operand's send and receive pieces ---------------------------------------------------
 
 _BATCHED = (((1,), (1,)), ((0,), (0,)))

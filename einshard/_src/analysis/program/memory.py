@@ -28,9 +28,7 @@ buffers, not just what the jaxpr names:
   (no copy beside it, never in place); read as it is by another dot too, it is
   written both ways by two fusions made together (a hidden layer's cotangent);
   a weight is copied once before the first dot that needs it transposed and held
-  to the last (:meth:`_Program._copy_transposed`); a convolution's operands likewise, out of XLA:CPU's
-  canonical ``[batch, spatial..., feature]`` / ``[spatial..., in, out]`` order (a kernel's gradient), and a
-  result out of it is written canonical and transposed after (:func:`conv_scratch`);
+  to the last (:meth:`_Program._copy_transposed`);
 * **gathered arguments**: an argument the walk all-gathered (an FSDP weight)
   is gathered by XLA at the start of the step, and the gathered copy held to
   the argument's last use, a buffer of its own beside the argument's shard
@@ -413,7 +411,7 @@ class _Program:
         dots: list[tuple[int, Any, tuple[int, ...], list[Key | None], tuple[int, ...]]] = []
         read_as_is: set[Key] = set()  # operands a dot reads in their own order
         for i, eqn, path in self.windows:
-            if eqn.primitive.name in _TRANSPOSING:
+            if eqn.primitive.name == "dot_general":
                 keys = [self.key(v, path) for v in eqn.invars[:2]]
                 transposed = _copied_operands(eqn)
                 dots.append((i, eqn, path, keys, transposed))
@@ -567,7 +565,6 @@ class _Program:
                     "select_and_scatter_add",
                     "dynamic_update_slice",
                     "dot_general",
-                    "conv_general_dilated",
                 ):  # sized by the layouts: a reuse under other layouts sizes it again (rebound)
                     self.windows.append((len(self.steps), eqn, path))
                     scratch = self._scratch(len(self.steps), eqn, env)
@@ -1021,47 +1018,6 @@ def dot_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = fro
     return total
 
 
-def _canonical_conv_dims(rank: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """XLA:CPU's canonical convolution dimension order, as ``ConvDimensionNumbers`` (lhs, rhs, out) spell it:
-    the input and output ``[batch, spatial..., feature]``, the kernel ``[spatial..., in, out]``."""
-    spatial = tuple(range(1, rank - 1))
-    return (0, rank - 1, *spatial), (rank - 1, rank - 2, *range(rank - 2)), (0, rank - 1, *spatial)
-
-
-def conv_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = frozenset()) -> int:
-    """Bytes per device XLA:CPU holds while it runs a convolution, besides its operands and result: the
-    transposed copies of the operands not in its canonical dimension order, and the canonical result a
-    non-canonical output is transposed out of (XLA:CPU's convolution canonicalization: the input and output
-    ``[batch, spatial..., feature]``, the kernel ``[spatial..., in, out]``).
-
-    A kernel's gradient is such a convolution: jax writes it with the input's feature dimension as the batch
-    and the batch as the feature.  Measured (``--xla_dump_to``) on ``grad(sum(tanh(conv(x, k)) ** 2))``, x
-    ``f32[8,16,16,16]`` NHWC split on its batch over 4 devices, k ``f32[3,3,16,32]`` HWIO: XLA:CPU copies x
-    into ``[16, 16, 16, 2]`` (its channels as the batch), the cotangent into ``[16, 16, 2, 32]``, writes the
-    kernel's gradient ``[16, 3, 3, 32]`` and transposes it to HWIO; the input gradient's convolution copies the
-    (reversed) kernel into ``[3, 3, 32, 16]``.  A narrower float's copy is f32 (computed in f32 on the CPU).
-    ``absorbed``: the operands (0 lhs, 1 rhs) a fusion writes transposed or a copy step of their own holds, as a
-    dot's (:meth:`_Program._absorb_transposes`: the cotangent read by this convolution alone, a weight's copy).
-    Not exact (0.79-1.16x XLA's peak on the program above): XLA's scheduler makes an argument's copy at the
-    step's start and frees an operand once copied; the convolution's peak is marked approximate (SCRATCH)."""
-    params = eqn.params
-    dims = params["dimension_numbers"]
-    lhs, rhs = eqn.invars[0], eqn.invars[1]
-    out = eqn.outvars[0]
-    rank = len(out.aval.shape)
-    canonical = _canonical_conv_dims(rank)
-    total = 0
-    for k, (v, spec, want) in enumerate(
-        ((lhs, dims.lhs_spec, canonical[0]), (rhs, dims.rhs_spec, canonical[1]), (out, dims.out_spec, canonical[2]))
-    ):
-        if tuple(spec) == want or k in absorbed:
-            continue
-        lay = env.get(Gathered(v)) or env.get(v)
-        shape = lay.shard_shape if lay is not None and not is_free(lay) else v.aval.shape
-        total += math.prod(int(n) for n in shape) * max(dtype_itemsize(v.aval.dtype), 4)
-    return total
-
-
 def _sliced_operand(eqn: Any, k: int, shape: tuple[int, ...], env: dict[Any, Layout]) -> tuple[int, ...] | None:
     """The piece of dot operand ``k`` (its block ``shape``) XLA slices out before the dot, where the result splits
     a batch or free dimension finer than the operand holds it (None: none).
@@ -1090,20 +1046,9 @@ def _sliced_operand(eqn: Any, k: int, shape: tuple[int, ...], env: dict[Any, Lay
     return piece if piece != shape else None
 
 
-# The ops whose operands XLA:CPU copies into a canonical dimension order (:func:`_copied_operands`).
-_TRANSPOSING = frozenset({"dot_general", "conv_general_dilated"})
-
-
 def _copied_operands(eqn: Any) -> tuple[int, ...]:
-    """The operands (0 lhs, 1 rhs) of a dot_general (or a convolution: :func:`conv_scratch`) that XLA:CPU copies
-    into its canonical order before the op (:func:`dot_scratch`): a matter of the dimension numbers and ranks
-    alone, not of the layouts."""
-    if eqn.primitive.name == "conv_general_dilated":
-        dims = eqn.params["dimension_numbers"]
-        lhs, rhs, _ = _canonical_conv_dims(len(eqn.outvars[0].aval.shape))
-        return tuple(
-            k for k, (spec, want) in enumerate(((dims.lhs_spec, lhs), (dims.rhs_spec, rhs))) if tuple(spec) != want
-        )
+    """The operands (0 lhs, 1 rhs) of a dot_general that XLA:CPU copies into its canonical order before the dot
+    (:func:`dot_scratch`): a matter of the dimension numbers and ranks alone, not of the layouts."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     out = []
     for k, (contracted, batch) in enumerate(((lc, lb), (rc, rb))):
@@ -1131,8 +1076,6 @@ def window_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = 
         return _update_scratch(eqn, env)
     if eqn.primitive.name == "dot_general":
         return dot_scratch(eqn, env, absorbed)
-    if eqn.primitive.name == "conv_general_dilated":
-        return conv_scratch(eqn, env, absorbed)
     if eqn.primitive.name in HASH_SCRATCH:
         return hash_scratch(eqn, env)
     if eqn.primitive.name != "select_and_scatter_add":
