@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -656,6 +657,17 @@ def _rows_asked(w: Walker, out: Any, axis: int, taken: set[str]) -> tuple[str, .
     rows-split shortcut after a batch norm: two halo permutes, the batch norm's sums over the rows' axis too;
     without the add, the rows gathered).  The operand met may not be walked yet (a shortcut computed after the
     main path): :func:`_split_along` follows its producers back to a value the walk laid out."""
+    for x in _same_shape_operands(w, out):
+        split = _split_along(w, x, axis)
+        if split and not set(split) & taken:
+            return split
+    return ()
+
+
+def _same_shape_operands(w: Walker, out: Any) -> Iterator[Any]:
+    """The other operands, of ``out``'s shape, of the elementwise readers met following ``out`` forward (through
+    readers' results of its shape, at most ``_ASK_BUDGET`` readers): what :func:`_rows_asked` and
+    :func:`_readers_hold_whole` ask about, in the order they meet them."""
     shape = tuple(out.aval.shape)
     seen: set[int] = set()
     frontier, budget = [out], _ASK_BUDGET
@@ -667,13 +679,9 @@ def _rows_asked(w: Walker, out: Any, axis: int, taken: set[str]) -> tuple[str, .
             seen.add(id(u))
             budget -= 1
             for x in u.invars:
-                if x is v or hasattr(x, "val") or tuple(getattr(x.aval, "shape", ())) != shape:
-                    continue
-                split = _split_along(w, x, axis)
-                if split and not set(split) & taken:
-                    return split
+                if x is not v and not hasattr(x, "val") and tuple(getattr(x.aval, "shape", ())) == shape:
+                    yield x
             frontier.extend(o for o in u.outvars if tuple(getattr(o.aval, "shape", ())) == shape)
-    return ()
 
 
 def _readers_hold_whole(w: Walker, out: Any, axis: int) -> bool:
@@ -681,23 +689,10 @@ def _readers_hold_whole(w: Walker, out: Any, axis: int) -> bool:
     operand of its shape whose layout the user fixed (:attr:`Walker.pinned`: an argument, a sharding constraint)
     whole along ``axis``.  An intermediate value met whole (an activation's) does not decide: XLA reduce-scatters
     input gradients met so (measured on keras-hub's FSDP ResNet)."""
-    shape = tuple(out.aval.shape)
-    seen: set[int] = set()
-    frontier, budget = [out], _ASK_BUDGET
-    while frontier and budget > 0:
-        v = frontier.pop()
-        for u, _ in w.uses.get(id(v), ()):
-            if id(u) in seen or u.primitive.name not in _FOLLOWED:
-                continue
-            seen.add(id(u))
-            budget -= 1
-            for x in u.invars:
-                if x is v or hasattr(x, "val") or tuple(getattr(x.aval, "shape", ())) != shape:
-                    continue
-                lay = w.env.get(x)
-                if id(x) in w.pinned and lay is not None and not is_free(lay) and not lay.dims[axis]:
-                    return True
-            frontier.extend(o for o in u.outvars if tuple(getattr(o.aval, "shape", ())) == shape)
+    for x in _same_shape_operands(w, out):
+        lay = w.env.get(x)
+        if id(x) in w.pinned and lay is not None and not is_free(lay) and not lay.dims[axis]:
+            return True
     return False
 
 
