@@ -99,6 +99,19 @@ STEP_LAYOUTS = [
 ]
 
 
+def _assert_sends_as_xla(report: Any, compiled: Any) -> None:
+    """explain followed every op and names XLA's collectives by kind and count, and the bytes sent per device
+    within 10% of the compiled program's (the ops' notes in the message where the kinds differ)."""
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    want = Counter(c.kind for c in found)
+    got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
+    sent_want = sum(c.sent_bytes for c in found)
+    sent_got = sum(c.bytes for op in report.ops for c in op.collectives if c.group_size > 1)
+    assert not report.unfollowed
+    assert got == want, (got, want, [op.note for op in report.ops if op.note])
+    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
+
+
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
 @pytest.mark.parametrize("shape, names, xs, split", STEP_LAYOUTS)
 def test_channel_split_step_matches_xla(shape, names, xs, split, explicit) -> None:
@@ -116,14 +129,7 @@ def test_channel_split_step_matches_xla(shape, names, xs, split, explicit) -> No
         jitted = jax.jit(fn, in_shardings=(psh, NamedSharding(mesh, xs)), out_shardings=psh)
         compiled = jitted.lower(*args).compile()
         report = trace(fn, *args, mesh=dict(zip(names, shape))).report(((ws, ws), xs), [ws, ws])
-    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
-    want = Counter(c.kind for c in found)
-    got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
-    sent_want = sum(c.sent_bytes for c in found)
-    sent_got = sum(c.bytes for op in report.ops for c in op.collectives if c.group_size > 1)
-    assert not report.unfollowed
-    assert got == want, (got, want)
-    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
+    _assert_sends_as_xla(report, compiled)
 
 
 # A max pool's gradient with overlapping windows (3×3, stride 2, VALID) on rows split in blocks at least a
@@ -213,15 +219,7 @@ def test_fsdp_step_matches_xla(shape, names, axis, rows, explicit) -> None:
         jitted = jax.jit(fn, in_shardings=(psh, NamedSharding(mesh, xs)), out_shardings=psh)
         compiled = jitted.lower(*args).compile()
         report = trace(fn, *args, mesh=dict(zip(names, shape))).report(((ws, ws), xs), [ws, ws])
-    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
-    want = Counter(c.kind for c in found)
-    got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
-    sent_want = sum(c.sent_bytes for c in found)
-    sent_got = sum(c.bytes for op in report.ops for c in op.collectives if c.group_size > 1)
-    assert not report.unfollowed
-    notes = [op.note for op in report.ops if op.note]
-    assert got == want, (got, want, notes)
-    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
+    _assert_sends_as_xla(report, compiled)
 
 
 # The FSDP conv's one-op choice at the boundary between the two sides, on (4, 2) with the batch and the kernel's
@@ -720,14 +718,7 @@ def test_data_parallel_conv_step_all_reduces_kernel_gradients_as_xla(shape, name
     with jax.set_mesh(mesh):
         compiled = jax.jit(_sgd_step, out_shardings=(whole, whole)).lower(*args).compile()
         report = trace(_sgd_step, *args).report(None, [P(), P()])
-    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
-    want = Counter(c.kind for c in found)
-    got = Counter(c.kind for op in report.ops for c in op.collectives if c.group_size > 1)
-    sent_want = sum(c.sent_bytes for c in found)
-    sent_got = sum(c.bytes for op in report.ops for c in op.collectives if c.group_size > 1)
-    assert not report.unfollowed
-    assert got == want, (got, want)
-    assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
+    _assert_sends_as_xla(report, compiled)
 
 
 def _depthwise(x: Any, w: Any) -> Any:
