@@ -75,3 +75,29 @@ def test_unambiguous_cases_need_no_choice(explicit_mesh):
         assert plan.collectives == () and plan.strategy == "data parallel"
         out = jnp.einsum("mk,kn->mn", a, b, out_sharding=plan.out_spec)
         assert out.sharding.spec == P("x", None)
+
+
+def test_explain_names_the_placement_jax_refuses_before_any_sharding_rule(explicit_mesh):
+    """A ``lax.scan`` over arrays whose scanned axis is split: JAX refuses it while tracing with a plain ValueError
+    (before any sharding rule, so the Explicit check never sees it). explain says it is the placement, naming the
+    split argument, with an EinshardError; the same step on the same shapes, placed so JAX takes it, is explained;
+    a step that fails whatever the placement raises the user's own error as JAX raised it."""
+
+    def step(xs):
+        return jax.lax.scan(lambda c, r: (c + r, None), jnp.zeros(xs.shape[1:]), xs)[0].sum()
+
+    split_rows = jax.device_put(jnp.ones((8, 16)), NamedSharding(explicit_mesh, P("x", None)))
+    with pytest.raises(einshard.EinshardError, match=r"refuses fn on the arguments as they are placed") as info:
+        einshard.explain(step, split_rows)
+    assert "xs should be replicated" in str(info.value) and "P('x', None)" in str(info.value)
+    assert info.value.__suppress_context__  # not a raw JAX error chained under ours
+
+    split_cols = jax.device_put(jnp.ones((8, 16)), NamedSharding(explicit_mesh, P(None, "x")))
+    report = einshard.explain(step, split_cols)
+    assert report.complete and report.comm_bytes > 0  # the final sum over the split columns is all-reduced
+
+    def broken(xs):
+        return xs @ jnp.ones((3, 3))  # a shape error, whatever the placement
+
+    with pytest.raises(TypeError, match="dot_general requires contracting dimensions to have the same shape"):
+        einshard.explain(broken, split_rows)

@@ -300,20 +300,23 @@ def _trace_typed(
     one, an error that says so (JAX's own refusal is what running it with arrays placed so would raise)."""
     try:
         return trace(fn, *typed, mesh=mesh, profile=profile, **kwargs)
+    except PlacementRefused as refused:
+        err = refused.jax_error  # the typed arguments are placed as in_specs= asks: say it of in_specs=
     except EinshardError:
         raise
-    except Exception as err:
+    except Exception as raised:
         try:
             trace(fn, *untyped, mesh=mesh, profile=profile, **kwargs)
         except Exception:
-            raise err from None  # fn fails whatever the layout: the user's own error, as JAX raised it
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise EinshardError(
-            "explain(): on this mesh's Explicit axes JAX refuses fn with its arguments typed by in_specs= (as "
-            f"arrays placed so would be typed): {type(err).__name__}: {first}",
-            hint="Fix the op JAX names (reshard inside fn, or wrap it in jax.sharding.auto_axes), or explain it "
-            "on a mesh with Auto axes (jax.make_mesh(..., axis_types=(jax.sharding.AxisType.Auto,) * n)).",
-        ) from None
+            raise raised from None  # fn fails whatever the layout: the user's own error, as JAX raised it
+        err = raised
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    raise EinshardError(
+        "explain(): on this mesh's Explicit axes JAX refuses fn with its arguments typed by in_specs= (as "
+        f"arrays placed so would be typed): {type(err).__name__}: {first}",
+        hint="Fix the op JAX names (reshard inside fn, or wrap it in jax.sharding.auto_axes), or explain it "
+        "on a mesh with Auto axes (jax.make_mesh(..., axis_types=(jax.sharding.AxisType.Auto,) * n)).",
+    ) from None
 
 
 class TracedProgram:
@@ -353,6 +356,7 @@ class TracedProgram:
             closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
         except Exception as err:
             if not _is_sharding_type_error(err):
+                _raise_if_refused_for_placement(fn, args, kwargs, err)
                 raise
             # On Explicit axes JAX refuses an ambiguous op while tracing: cost the program as JAX types it once
             # the check's fixes are applied, and carry the check's findings (each op, its line, its fixes).
@@ -526,6 +530,52 @@ def _is_sharding_type_error(err: BaseException) -> bool:
     from jax._src.core import ShardingTypeError
 
     return isinstance(err, ShardingTypeError)
+
+
+def _unplaced(leaf: Any) -> Any:
+    """An argument leaf as a shape and dtype alone, without the sharding it carries (other leaves as they are)."""
+    if getattr(leaf, "sharding", None) is None or not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+        return leaf
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+
+
+class PlacementRefused(EinshardError):
+    """JAX refuses fn on its arguments as placed, before any sharding rule, and takes it on them unplaced."""
+
+    def __init__(self, message: str, jax_error: BaseException) -> None:
+        super().__init__(
+            message,
+            hint="Place the arguments the way fn needs (e.g. a lax.scan's scanned axis whole: "
+            "jax.sharding.reshard(x, P(None, ...)) before the scan), or explain with in_specs= on unplaced arrays.",
+        )
+        self.jax_error = jax_error
+
+
+def _raise_if_refused_for_placement(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], err: BaseException
+) -> None:
+    """An EinshardError where JAX refuses ``fn`` on the arguments as they are placed (a ``lax.scan`` over a split
+    leading axis, say: JAX checks that before any sharding rule, with a plain ValueError) but traces it on the same
+    shapes unplaced: the refusal is the placement's, so say which (fn's own errors propagate as JAX raised them)."""
+    placed = [
+        f"{jax.tree_util.keystr(path)}: {leaf.sharding.spec}"
+        for path, leaf in jax.tree_util.tree_leaves_with_path(args)
+        if isinstance(getattr(leaf, "sharding", None), jax.sharding.NamedSharding)
+        and any(entry is not None for entry in leaf.sharding.spec)
+    ]
+    if not placed:
+        return
+    try:
+        jax.make_jaxpr(fn)(*jax.tree_util.tree_map(_unplaced, args), **kwargs)
+    except Exception:
+        return  # fn fails whatever the placement: the user's own error, as JAX raised it
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    shown = ", ".join(placed[:4]) + (f" and {len(placed) - 4} more" if len(placed) > 4 else "")
+    raise PlacementRefused(
+        "explain(): JAX refuses fn on the arguments as they are placed (it traces on the same shapes unplaced): "
+        f"{type(err).__name__}: {first}. The split arguments: {shown}",
+        err,
+    ) from None
 
 
 def _no_devices(args: tuple[Any, ...]) -> bool:
