@@ -600,6 +600,24 @@ def test_residual_stream_read_by_ynnpack_reductions(rows: int, layers: int) -> N
     assert got == pytest.approx(xla, abs=SCALARS), (got, xla, got / xla)
 
 
+def test_ynnpack_reductions_are_xla_cpu_s_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """YNNPACK is XLA:CPU's: under a GPU profile (h100, whose compiler reduce-scatters natively) the 256-row
+    residual stack's statistics are loop fusions, so its peak is the cpu walk's with no reduction handed to YNNPACK
+    (the threshold out of reach), not the cpu profile's (XLA:CPU's exactly, the test above: 191232 B there,
+    258816 B with loop fusions, which recompute the residual sum and keep more of each layer's values)."""
+    fn, args, specs = _residual_stack(256, 3)
+    mesh = {"data": 4, "model": 2}
+
+    def peak(profile: str) -> int:
+        return int(trace(fn, *args, mesh=mesh, profile=profile).report(specs).peak_bytes)
+
+    cpu, gpu = peak("cpu"), peak("h100")
+    from einshard._src.analysis.program import memory
+
+    monkeypatch.setattr(memory, "_YNN_MIN_ELEMENTS", 1 << 62)
+    assert gpu == peak("cpu") != cpu, (gpu, cpu)
+
+
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
 @pytest.mark.parametrize("rows", [64, 256], ids=["loop", "ynnpack"])
 def test_implicit_broadcast_read_by_reductions(rows: int, explicit: bool) -> None:

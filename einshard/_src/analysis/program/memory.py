@@ -2076,8 +2076,10 @@ def _peak(
         return lay is not None and is_free(lay)
 
     free = {k: is_free_key(k) for k in prog.bases}
-    # (YNNPACK is XLA:CPU's; a TPU's compiler fuses its reductions itself.)
-    ynn = _ynn_reductions(prog) if tiling == "dense" else frozenset()
+    # YNNPACK is XLA:CPU's alone: a TPU's or a GPU's compiler fuses its reductions itself.  Whether the compiler is
+    # XLA:CPU is what ``whole_sums`` already says (the profile's reduce_scatter='all-reduce'; a loop body's walk, given
+    # no profile, as the tiling's compiler: dense is XLA:CPU's).
+    ynn = _ynn_reductions(prog) if tiling == "dense" and whole_sums else frozenset()
     live_key = (tuple(free.items()), ynn)
     info = prog.liveness.get(live_key)
     if info is None:
