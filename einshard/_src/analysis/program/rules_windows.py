@@ -224,6 +224,9 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # features@b against a (1,1,16,32) or (3,3,16,32) kernel outputs@b on (4, 2): permute + all-gather).
         if _bytes(out_aval.shape, (of,), rhs.dims[ro], w) >= _bytes(lhs.shape, (), (), w):
             lhs_to, rhs_to = _with(lhs, lf, ()), rhs
+            # The gathered input is a copy the conv reads (peak memory: memory._conv_gather_bytes), though its
+            # all-gather starts from the permuted value rather than the one the walk bound.
+            w.bind_copy(eqn.invars[0], lhs_to)
         else:
             lhs_to, rhs_to = lhs, _with(rhs, ri, regroup)
             summed = [regroup]
