@@ -153,3 +153,24 @@ def test_pointwise_conv_read_by_a_reduction_holds_what_xla_does(dn, relu, xs, ws
     compiled, report = _compiled_and_report(loss, args, (xs, ws), P(), (4, 2), ("data", "model"))
     _assert_sends_as_xla(report, compiled)
     _assert_peak_as_xla(report, compiled)
+
+
+@pytest.mark.parametrize("batch", ["data", None], ids=["dp_tp", "tp"])
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("dn", [NCHW, NHWC], ids=["nchw", "nhwc"])
+def test_channel_split_conv_gradient_gathers_its_input_as_xla(dn, k, batch) -> None:
+    """x batch@data, channels@model against a kernel's outputs@model (dp x tp): the forward conv gathers x's
+    channels; a 1x1 conv's kernel gradient (a dot to XLA) gathers them again, a 3x3 conv's reuses that gather.
+    With the batch whole (tp) both move x onto the idle 'data' first, and the gradient reuses the forward's."""
+    wshape = (2 * C, C, k, k) if dn == NCHW else (k, k, C, 2 * C)
+    xs = P(batch, "model") if dn == NCHW else P(batch, None, None, "model")
+    ws = P("model") if dn == NCHW else P(None, None, None, "model")
+
+    def loss(w: Any, x: Any) -> Any:
+        return jnp.sum(jax.nn.relu(lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)) ** 2)
+
+    args = (jax.ShapeDtypeStruct(wshape, jnp.float32), _x(dn))
+    compiled, report = _compiled_and_report(jax.grad(loss), args, (ws, xs), ws, (4, 2), ("data", "model"))
+    _assert_sends_as_xla(report, compiled)
+    gathers = sum(c.kind == "all-gather" for op in report.ops for c in op.collectives)
+    assert gathers == (2 if k == 1 and batch else 1)

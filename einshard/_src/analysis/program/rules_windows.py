@@ -322,16 +322,26 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # gradient with out_shardings: x channels@b, dy channels@b -> all-gather x; with idle mesh axes of
         # more devices, a collective-permute onto them first, then the all-gather over them).
         keep = tuple(m for m in lhs.dims[lb] if m not in clash)
-        if not keep and (regroup := _idle_regroup(w, lhs, rhs, lhs.shape[lb], clash)):
+        onto_idle = bool(not keep and (regroup := _idle_regroup(w, lhs, rhs, lhs.shape[lb], clash)))
+        if onto_idle:
             lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, regroup), "conv input moved onto idle mesh axes")
-        before, gathered, needs = len(w.ops), _with(lhs, lb, keep), not is_free(lhs) and lhs.dims[lb] != keep
+        src, gathered, needs = lhs, _with(lhs, lb, keep), not is_free(lhs) and lhs.dims[lb] != keep
+        before = len(w.ops)
         lhs = _bring(w, eqn, phase, repeat, 0, lhs, gathered, "conv input's batch split gathered")
-        if needs and len(w.ops) == before:
+        if needs and len(w.ops) == before and _whole_window(eqn) and not onto_idle:
+            # Shared with an earlier op's gather of the same value in the walk (its memo), but this conv is a 1x1
+            # conv's kernel gradient (its window the whole input, its result 1x1): a dot to XLA, which gathers its
+            # input again rather than reuse the forward conv's gather (measured: x (8,8,8,16) batch@a, features@b
+            # against a 1x1 kernel's outputs@b on (4, 2), NHWC or NCHW: two all-gathers of x's f32[4,8,8,16]; a
+            # 3x3 kernel's: one; tests/test_depthwise_conv_rules.py).  Moved onto idle mesh axes first, it reuses the
+            # forward's permuted gather (measured: the Equinox depthwise block's pointwise conv under tp).
+            axes = tuple(m for m in src.dims[lb] if m not in keep)
+            block = _local_bytes(gathered, eqn.invars[0].aval.dtype)
+            charge(w, eqn, phase, repeat, "all-gather", axes, [block], "conv input's batch split gathered again")
+        elif needs and len(w.ops) == before:
             # Shared with an earlier op's gather of the same value (the walk's memo, XLA's CSE).  XLA shares it in
             # a channel-split step (the activations gathered once for the next conv and its kernel gradient,
-            # measured) but not always: a 1x1 conv's step, x batch@a, features@b, kernel outputs@b on (4, 2),
-            # gathers x's features for the forward conv and again for the kernel gradient (two all-gathers,
-            # tests/test_conv_rules.py): which of its passes makes each gather decides, not modelled here.
+            # measured) but not always: which of its passes makes each gather decides, not modelled here.
             approx.append("the input's gather is shared with an earlier op's; XLA may gather it again")
             gathered_again = 1
             gathered_out += _local_bytes(gathered, eqn.invars[0].aval.dtype)
@@ -854,6 +864,21 @@ def _batch_groups_whole(p: Any, lhs: Layout, rhs: Layout, lb: int, lf: int, ri: 
         and not lhs.dims[lb]
         and not rhs.dims[ro]
     )
+
+
+def _whole_window(eqn: Any) -> bool:
+    """Whether a conv's window covers its whole unpadded input, one result position per spatial axis (a 1x1
+    conv's kernel gradient: a contraction over the batch and spatial axes, a dot), ungrouped and undilated."""
+    p, dn = eqn.params, eqn.params["dimension_numbers"]
+    x, k, y = (v.aval.shape for v in (eqn.invars[0], eqn.invars[1], eqn.outvars[0]))
+    if p["feature_group_count"] != 1 or p["batch_group_count"] != 1:
+        return False
+    if any(d != 1 for d in (*p["lhs_dilation"], *p["rhs_dilation"], *p["window_strides"])):
+        return False
+    if any(lo or hi for lo, hi in p["padding"]):
+        return False
+    spatial = zip(dn.lhs_spec[2:], dn.rhs_spec[2:], dn.out_spec[2:])
+    return all(int(x[i]) == int(k[j]) and int(y[o]) == 1 for i, j, o in spatial)
 
 
 def _depthwise_regroup(
