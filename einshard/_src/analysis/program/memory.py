@@ -1271,6 +1271,8 @@ class _Liveness:
     # The convolutions whose input is a value the program makes (no argument): by step, that input and whether
     # the step is its last reader, and the names the walk may bind its gathered copy to (:func:`_conv_gather_bytes`).
     conv_inputs: tuple[tuple[int, Key, bool, tuple[Key, ...]], ...] = ()
+    # The 1x1 convolutions XLA:CPU computes inside a reduction's YNNPACK fusion (:func:`_convs_in_ynn`).
+    ynn_convs: frozenset[int] = frozenset()
 
 
 def _in_place_bases(prog: _Program) -> list[Key]:
@@ -1306,7 +1308,9 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
             producer[k] = i
     fusible = _fusible_elementwise()
     fusing = fusible | _fusing()
-    recomputed = _duplicated(steps, readers, producer, outputs, fusible, fusing, _in_ynn(steps, readers, ynn))
+    in_ynn = _in_ynn(steps, readers, ynn)
+    recomputed = _duplicated(steps, readers, producer, outputs, fusible, fusing, in_ynn)
+    dots_in_ynn = _convs_in_ynn(steps, readers, in_ynn)
     bits = _random_bits(steps, dead, outputs, producer)
     bits_keys = frozenset(k for _, k, _ in bits)
 
@@ -1325,6 +1329,8 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
             return False
         if k in bits_keys:
             return True  # the threefry loop's two state words, read by its readers' fusion (_random_bits)
+        if producer[k] in dots_in_ynn:
+            return True  # a 1x1 conv computed inside the YNNPACK fusion of the reduction reading it (_convs_in_ynn)
         name, reads = steps[producer[k]].name, readers.get(k, [])
         if folded and not folded.isdisjoint(reads):
             return False  # a dot reads it through the transpose folded into it: a buffer
@@ -1454,8 +1460,10 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     # sharding propagation splits the bits as the most split of those (_bits_word_bytes).
     read_as = tuple((i, k, first, _elementwise_from(k, steps, readers, fusible)) for i, k, first in bits)
     args = set(prog.args)
+    # (A conv computed inside a reduction's YNNPACK fusion holds its input to that fusion's end, but no later step
+    # reads it: it is the last reader still.)
     conv_in = [
-        (i, step.ins[0], until.get(step.ins[0]) == i)
+        (i, step.ins[0], until.get(step.ins[0]) == i or (i in dots_in_ynn and readers.get(step.ins[0]) == [i]))
         for i, step in enumerate(steps)
         if step.name == "conv_general_dilated" and i not in dead and step.ins and step.ins[0] not in args
     ]
@@ -1479,6 +1487,7 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
         read_as,
         _from_arguments(prog, dead),
         conv_inputs,
+        dots_in_ynn,
     )
 
 
@@ -1750,6 +1759,68 @@ def _in_ynn(steps: list[_Step], readers: dict[Key, list[int]], ynn: frozenset[in
         if len(reads) == 1 and reads[0] in inside:
             inside.add(i)
     return frozenset(inside)
+
+
+def _convs_in_ynn(steps: list[_Step], readers: dict[Key, list[int]], inside: frozenset[int]) -> frozenset[int]:
+    """The convolutions XLA:CPU computes inside a YNNPACK fusion (``inside``: :func:`_in_ynn`): a 1x1 conv of
+    stride 1 and no padding (a dot, as XLA:CPU rewrites it) whose result only that fusion reads.  Its result gets
+    no buffer (measured, replicated on XLA:CPU: relu(conv(x, w)) summed, x (8,8,8,16) NHWC against a 1x1x16x32
+    kernel: the arguments and 4 bytes, where the walk held the f32[8,8,8,32] result, 2.9x; a 3x3 conv, or the
+    result read twice: the result held).  Found from the shapes: the result's is the input's but for one axis (the
+    features), and the kernel's only axes longer than 1 are the input's and the result's features."""
+    out = []
+    for i in range(len(steps) - 1, -1, -1):
+        step = steps[i]
+        if step.name != "conv_general_dilated" or len(step.outs) != 1 or len(step.ins) != 2:
+            continue
+        reads = readers.get(step.outs[0], [])
+        if len(reads) != 1 or reads[0] not in inside:
+            continue
+        x, w, y = (tuple(int(d) for d in getattr(_aval(k), "shape", ())) for k in (*step.ins, step.outs[0]))
+        if len(x) != len(y):
+            continue
+        differ = [d for d in range(len(x)) if x[d] != y[d]]
+        long = sorted(n for n in w if n != 1)
+        if len(differ) == 1:
+            dot = long == sorted(n for n in (x[differ[0]], y[differ[0]]) if n != 1)
+        else:  # as many features out as in: the kernel square, its side one of the input's axes
+            dot = not differ and len(long) == 2 and long[0] == long[1] and long[0] in x
+        if dot:
+            out.append(i)
+    return frozenset(out)
+
+
+def _ynn_conv_copies(
+    prog: _Program,
+    info: _Liveness,
+    steps: list[_Step],
+    i: int,
+    size: Callable[[Key], int],
+    nbytes_as: Callable[[Key, Layout | None], int],
+    fusible: frozenset[str],
+) -> int:
+    """The copies a 1x1 convolution computed inside a YNNPACK fusion (:func:`_convs_in_ynn`) holds while it runs:
+    its operands in a dot's row-major order where they are not (features not the input's last axis: NCHW; the
+    kernel's two feature axes not its last: OIHW).  An input an elementwise op makes for it alone is written in
+    that order by its own fusion (the walk holds that buffer already); an input the walk gathered for it is
+    :func:`_conv_gather_bytes`'s.  Measured, replicated on XLA:CPU: sum(relu(conv(x, w)).mean((2, 3))), x
+    (8,16,8,8) NCHW against a (32,16,1,1) kernel: the arguments, the f32[8,8,8,16] copy of x and the f32[1,1,16,32]
+    copy of w (70660 B); relu(x) as the input: the same, its fusion writing the copy."""
+    step = steps[i]
+    x, w = step.ins[0], step.ins[1]
+    xs, ys = (tuple(int(d) for d in getattr(_aval(k), "shape", ())) for k in (x, step.outs[0]))
+    axis = next((d for d, (a, b) in enumerate(zip(xs, ys)) if a != b), None)
+    held = 0
+    if axis is not None and axis != len(xs) - 1 and prog.layout(x, Gathered) is None:
+        made = info.producer.get(x)
+        own = made is not None and steps[made].name in fusible and info.readers.get(x) == [i]
+        held += 0 if own else size(x)
+    ws = tuple(int(d) for d in getattr(_aval(w), "shape", ()))
+    long_axes = [d for d, n in enumerate(ws) if n != 1]
+    if long_axes and long_axes != list(range(len(ws) - len(long_axes), len(ws))):
+        copy = prog.layout(w, Gathered)
+        held += nbytes_as(w, copy) if copy is not None else size(w)
+    return held
 
 
 def _fuses_on_all_paths(
@@ -2122,7 +2193,12 @@ def _peak(
     # A convolution's input the program makes, gathered for it: the all-gather's result and (gathered along a
     # minor dimension) its copy back to row-major, while the convolution runs (_conv_gather_bytes).
     for i, k, last, names in info.conv_inputs:
-        extra = _conv_gather_bytes(prog, steps[i], k, names, last, size, nbytes_as)
+        extra = _conv_gather_bytes(prog, steps[i], k, names, last, size, nbytes_as, fused)
+        if extra:
+            combined = dict(combined)
+            combined[i] = combined.get(i, 0) + extra
+    for i in info.ynn_convs:
+        extra = _ynn_conv_copies(prog, info, steps, i, size, nbytes_as, fusible)
         if extra:
             combined = dict(combined)
             combined[i] = combined.get(i, 0) + extra
@@ -2211,7 +2287,7 @@ def _peak(
                 extra += b + _whole_sum_beside(b, size(k), whole_sums)
             sent = prog.layout(k, Sent)
             if sent is not None:
-                extra += 2 * nbytes_as(k, sent)
+                extra += _sent_buffers(steps[i], k, nbytes_as(k, sent), size, dies.get(i, ()))
         return extra
 
     def walk(
@@ -2489,6 +2565,23 @@ def _whole_sum_beside(partial: int, result: int, whole_sums: bool = True) -> int
     return partial if whole_sums and partial > result else 0
 
 
+def _sent_buffers(step: _Step, k: Key, sent: int, size: Callable[[Key], int], dying: Any) -> int:
+    """The bytes step ``step`` (making ``k``) holds while it runs for an operand it moves by an all-to-all of
+    ``sent`` bytes a device: XLA:CPU's send pieces and receive buffer, beside the step's operands and result.
+
+    A convolution moves its operand before it runs (and, a depthwise conv under FSDP, its result back after it:
+    rules_windows._depthwise_regroup), never both at once: an operand that dies there is freed once its pieces are
+    sliced, and the result is written after the receive buffer is read, so besides what outlives the step it holds
+    two blocks at a time (pieces and receive buffer, receive buffer and result), not its operand, its result and
+    both buffers.  Measured on one-op depthwise convs (8,16,8,8) over 4 (memory_analysis()): the input an argument,
+    25012 B = the arguments and two blocks; the input a relu's (which dies there), the same; a rule that added
+    both buffers to the operand and result had 32912 and 41104 B (tests/test_conv_rules.py)."""
+    if step.name != "conv_general_dilated":
+        return 2 * sent
+    freed = sum(size(d) for d in dying if d in step.ins and d not in step.outs)
+    return max(0, 2 * sent - size(k) - freed)
+
+
 def _running_bytes(
     prog: _Program,
     info: _Liveness,
@@ -2533,7 +2626,7 @@ def _running_bytes(
         if b is None:
             b = moved[(id(lay), v)] = nbytes_as(k, lay)
         if kind is Sent:
-            b *= 2
+            b = _sent_buffers(prog.steps[i], k, b, size, info.dies.get(i, ()))
         else:
             b += _whole_sum_beside(b, held, whole_sums)
         if b:
@@ -2637,6 +2730,7 @@ def _conv_gather_bytes(
     last: bool,
     size: Callable[[Key], int],
     nbytes_as: Callable[[Key, Layout | None], int],
+    fused: frozenset[Key] = frozenset(),
 ) -> int:
     """What a convolution ``step`` holds while it runs beyond its input ``k``'s shard and its result, where the walk
     gathered ``k`` (a value the program makes; its gathered copy bound to one of ``names``) for it: 0 where it did
@@ -2654,7 +2748,8 @@ def _conv_gather_bytes(
     lay = prog.layout(k)
     if copy is None or lay is None or is_free(copy) or step.name != "conv_general_dilated":
         return 0
-    gathered, shard, out = nbytes_as(k, copy), size(k), sum(size(o) for o in step.outs)
+    # (A result computed inside a YNNPACK fusion, _convs_in_ynn, has no buffer: only the copies are held.)
+    gathered, shard, out = nbytes_as(k, copy), size(k), sum(size(o) for o in step.outs if o not in fused)
     shape = tuple(int(n) for n in (k[1] if isinstance(k, tuple) else k).aval.shape)
     major = next((d for d, n in enumerate(shape) if n > 1), 0)
     minor = any(a != b for d, (a, b) in enumerate(zip(lay.dims, copy.dims)) if d != major)

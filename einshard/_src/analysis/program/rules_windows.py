@@ -22,6 +22,11 @@ on one-op programs (tests/test_primitive_rules.py checks it):
   split Shardy's propagation gives it (:func:`_features_win`) and XLA gathers the other operand, over idle
   axes after a permute onto them where they are at least as large; partial sums asked back split over the
   summed axes are one reduce-scatter (:func:`_asked_scatter_dim`);
+* a depthwise conv (a group a channel) under FSDP, the batch and the kernel's outputs split alike: XLA moves the
+  input's split from the batch onto the channels (an all-to-all) and the result back (another)
+  (:func:`_depthwise_regroup`); its kernel gradient (a ``batch_group_count`` conv) is local where the groups are
+  split like the cotangent's channels (:func:`_batch_groups_split_alike`), and with the batch split on a 2-D mesh
+  all-reduced over the whole mesh, as jax 0.10.2's XLA miscompiles it (tests/test_xla_depthwise_grad_miscompile.py);
 * a window longer than the result: Shardy gives the result's axis a factor of its own, its split the one its
   readers ask for.  Where an elementwise reader meets it with a value split along the axis (a residual add of a
   rows-split shortcut, :func:`_rows_asked`), XLA keeps (or slices, free) the input's rows split and exchanges
@@ -163,6 +168,8 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     held_alternative = 0  # bytes of gathered copies XLA's other choice may not hold (a grouped conv's)
     summed: list[tuple[str, ...]] = []  # one all-reduce per contracted split axis (XLA sums them one by one)
     whole_sum = False  # the partial sums are all-reduced whole whatever the result's users
+    regrouped: tuple[str, ...] = ()  # a depthwise conv's batch split moved onto its channels (and back after)
+    batch_groups_alike = False  # a batch-grouped conv's groups split alike on both operands (local)
     out_dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
     # The contracted feature axes: split alike they leave partial sums, otherwise they are gathered.
     # Each operand is brought to its target in one step (XLA gathers a kernel's splits in one all-gather).
@@ -172,21 +179,48 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # its own groups, nothing moves or sums (measured: a depthwise conv, features and kernel outputs over
         # 'b': no collective, the result's channels over 'b'; tests/test_conv_rules.py).
         pass
+    elif batch_groups_alike := _batch_groups_split_alike(w, p, lhs, rhs, lb, lf, ri, ro):
+        # Batch groups (a grouped conv's kernel gradient: the input's batch is the activations' channels) split like
+        # the cotangent's channels, the contracted features whole: each device holds whole groups and the outputs
+        # they make, as a feature-grouped conv split alike: nothing moves or sums (measured: the depthwise kernel's
+        # gradient of an Equinox block under tensor parallelism, channels over 'model': no collective; explain had
+        # gathered the cotangent; tests/test_depthwise_conv_rules.py).  Contracted features split alike (the batch
+        # under dp x tp) leave partial sums, one all-reduce (measured: over 'data', the kernel's f32[8,1,3,3] slice).
+        summed = [lhs.dims[lf]] if lhs.dims[lf] else []
     elif _batch_groups_whole(p, lhs, rhs, lb, lf, ri, ro):
         # Batch groups (a grouped conv's kernel gradient: the input's batch is the activations' channels, paired
         # with the cotangent's channels) leave the contracted features ungrouped: split alike on both operands
         # they leave partial sums, one all-reduce, as an ungrouped conv's (measured: grad of a depthwise conv,
         # the batch over 'data' of (2,), (2, 2), (4, 2): one all-reduce of the kernel-sized partial; on 2-D
         # meshes XLA's all-reduce spans the idle axis too and doubles the gradient, a miscompile:
-        # tests/test_xla_depthwise_grad_miscompile.py; explain names the sum XLA's partitioner means).
+        # tests/test_xla_depthwise_grad_miscompile.py).
         summed = [lhs.dims[lf]]
+        if idle := _idle_axes(w, lhs, rhs):
+            # ... that all-reduce, as jax 0.10.2's XLA compiles it, spans the mesh axes neither operand uses too (the
+            # miscompile), over the whole kernel, and a result asked split (an FSDP kernel) is sliced from it, not
+            # reduce-scattered (measured: the depthwise kernel's gradient of (8,16,8,8), batch over 'data' of
+            # (4, 2), the kernel asked o@data: one all-reduce f32[16,1,3,3] over all 8 devices and a dynamic slice;
+            # over (8,): one reduce-scatter).  explain names the collectives XLA compiles, not the sum it means.
+            summed = [tuple(m for m in w.costs.mesh_sizes if m in lhs.dims[lf] or m in idle)]
+            whole_sum = True
+    elif regrouped := _depthwise_regroup(w, eqn, lhs, rhs, lb, lf, ri, ro):
+        # A depthwise conv (one channel a group) whose input is split on its batch over the mesh axes that split the
+        # kernel's outputs (FSDP), its channels whole: the groups are independent like a batch, so XLA moves the
+        # input's split from the batch onto the channels (one all-to-all), convolves each device's own groups, and
+        # moves the result back onto the batch (another), not gathering the kernel (measured on one-op programs:
+        # (8,16,8,8) NCHW or NHWC, batch and kernel outputs over 'data' of (4, 2) or 'a' of (8,): two all-to-alls
+        # of the input-sized block, the result batch-split whatever its reader; tests/test_depthwise_conv_rules.py).
+        why = "depthwise conv input moved from its batch onto the kernel's channel split"
+        lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(_with(lhs, lb, ()), lf, regrouped), why)
+        lhs_to = lhs
     elif grouped:
         approx.append("grouped conv: feature splits gathered")
         lhs_to, rhs_to = _with(lhs_to, lf, ()), _with(_with(rhs_to, ri, ()), ro, ())
         # XLA's grouped features are independent like a batch: it may move the input onto the kernel's output
         # split instead (an all-to-all) and the result back (another), not gather, and so hold no gathered copy
         # (measured on an Equinox depthwise conv under FSDP, kernel o@data against a batch@data input: 2
-        # all-to-alls where explain gathers; session 16's probe).  Bounded, not modelled: the op says so.
+        # all-to-alls where explain gathered; session 16's probe): a depthwise conv's is modelled above
+        # (_depthwise_regroup); other layouts and groups of several channels are bounded here: the op says so.
         whole_in = _local_bytes(lhs.with_dims(tuple(() for _ in lhs.dims)), eqn.invars[0].aval.dtype)
         rows_alternative += 2
         gathered_out += whole_in + math.prod(out_aval.shape) * itemsize(out_aval.dtype)
@@ -224,6 +258,9 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # features@b against a (1,1,16,32) or (3,3,16,32) kernel outputs@b on (4, 2): permute + all-gather).
         if _bytes(out_aval.shape, (of,), rhs.dims[ro], w) >= _bytes(lhs.shape, (), (), w):
             lhs_to, rhs_to = _with(lhs, lf, ()), rhs
+            # The gathered input is a copy the conv reads (peak memory: memory._conv_gather_bytes), though its
+            # all-gather starts from the permuted value rather than the one the walk bound.
+            w.bind_copy(eqn.invars[0], lhs_to)
         else:
             lhs_to, rhs_to = lhs, _with(rhs, ri, regroup)
             summed = [regroup]
@@ -259,8 +296,9 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         gathered_out += _local_bytes(lhs.with_dims(tuple(() for _ in lhs.dims)), eqn.invars[0].aval.dtype)
         gathered_out += _local_bytes(rhs.with_dims(tuple(() for _ in rhs.dims)), eqn.invars[1].aval.dtype)
         gathered_out += math.prod(out_aval.shape) * itemsize(out_aval.dtype)
-    out_dims[ob] = lhs.dims[lb]
-    taken = {m for i in (lb, *ls) for m in lhs.dims[i]}
+    # (Batch groups split alike: the result's batch is one group's, its split the output features'.)
+    out_dims[ob] = () if batch_groups_alike else lhs.dims[lb]
+    taken = {m for i in ((*ls,) if batch_groups_alike else (lb, *ls)) for m in lhs.dims[i]}
     # Rows the spatial loop below gathers whole (uneven blocks) free their mesh axes: the kernel's outputs keep
     # their split over them (measured, tests/test_primitive_rules.py's transposed convs: rows@a of 8 rows
     # dilated to 15, kernel outputs@a -> XLA gathers the rows, the result split on its features@a).
@@ -284,16 +322,26 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
         # gradient with out_shardings: x channels@b, dy channels@b -> all-gather x; with idle mesh axes of
         # more devices, a collective-permute onto them first, then the all-gather over them).
         keep = tuple(m for m in lhs.dims[lb] if m not in clash)
-        if not keep and (regroup := _idle_regroup(w, lhs, rhs, lhs.shape[lb], clash)):
+        onto_idle = bool(not keep and (regroup := _idle_regroup(w, lhs, rhs, lhs.shape[lb], clash)))
+        if onto_idle:
             lhs = _bring(w, eqn, phase, repeat, 0, lhs, _with(lhs, lb, regroup), "conv input moved onto idle mesh axes")
-        before, gathered, needs = len(w.ops), _with(lhs, lb, keep), not is_free(lhs) and lhs.dims[lb] != keep
+        src, gathered, needs = lhs, _with(lhs, lb, keep), not is_free(lhs) and lhs.dims[lb] != keep
+        before = len(w.ops)
         lhs = _bring(w, eqn, phase, repeat, 0, lhs, gathered, "conv input's batch split gathered")
-        if needs and len(w.ops) == before:
+        if needs and len(w.ops) == before and _whole_window(eqn) and not onto_idle:
+            # Shared with an earlier op's gather of the same value in the walk (its memo), but this conv is a 1x1
+            # conv's kernel gradient (its window the whole input, its result 1x1): a dot to XLA, which gathers its
+            # input again rather than reuse the forward conv's gather (measured: x (8,8,8,16) batch@a, features@b
+            # against a 1x1 kernel's outputs@b on (4, 2), NHWC or NCHW: two all-gathers of x's f32[4,8,8,16]; a
+            # 3x3 kernel's: one; tests/test_depthwise_conv_rules.py).  Moved onto idle mesh axes first, it reuses the
+            # forward's permuted gather (measured: the Equinox depthwise block's pointwise conv under tp).
+            axes = tuple(m for m in src.dims[lb] if m not in keep)
+            block = _local_bytes(gathered, eqn.invars[0].aval.dtype)
+            charge(w, eqn, phase, repeat, "all-gather", axes, [block], "conv input's batch split gathered again")
+        elif needs and len(w.ops) == before:
             # Shared with an earlier op's gather of the same value (the walk's memo, XLA's CSE).  XLA shares it in
             # a channel-split step (the activations gathered once for the next conv and its kernel gradient,
-            # measured) but not always: a 1x1 conv's step, x batch@a, features@b, kernel outputs@b on (4, 2),
-            # gathers x's features for the forward conv and again for the kernel gradient (two all-gathers,
-            # tests/test_conv_rules.py): which of its passes makes each gather decides, not modelled here.
+            # measured) but not always: which of its passes makes each gather decides, not modelled here.
             approx.append("the input's gather is shared with an earlier op's; XLA may gather it again")
             gathered_again = 1
             gathered_out += _local_bytes(gathered, eqn.invars[0].aval.dtype)
@@ -569,6 +617,11 @@ def conv_general_dilated(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
     _exchange_halos(w, eqn, phase, repeat, lhs, halos, eqn.invars[0].aval.dtype)
     dims = w.settle_repeats(eqn, phase, out_aval, out_dims, repeat, "conv result split twice over a mesh axis")
     out = w.relayout(out_aval, dims)
+    if regrouped:
+        # ... and the result goes back onto the batch split the input came with (the second all-to-all).
+        home = _with(_with(out, of, ()), ob, regrouped)
+        w.change(eqn, phase, out, home, out_aval.dtype, repeat, "depthwise conv result moved back onto its batch")
+        out = home
     if summed:
         w.env[Partial(eqn.outvars[0])] = out  # the partial buffer waits for its all-reduce
         scatter, via_idle = ((), False) if whole_sum else _scatter_axes(w, eqn, phase, lhs, rhs, out, of, summed)
@@ -813,6 +866,53 @@ def _batch_groups_whole(p: Any, lhs: Layout, rhs: Layout, lb: int, lf: int, ri: 
     )
 
 
+def _whole_window(eqn: Any) -> bool:
+    """Whether a conv's window covers its whole unpadded input, one result position per spatial axis (a 1x1
+    conv's kernel gradient: a contraction over the batch and spatial axes, a dot), ungrouped and undilated."""
+    p, dn = eqn.params, eqn.params["dimension_numbers"]
+    x, k, y = (v.aval.shape for v in (eqn.invars[0], eqn.invars[1], eqn.outvars[0]))
+    if p["feature_group_count"] != 1 or p["batch_group_count"] != 1:
+        return False
+    if any(d != 1 for d in (*p["lhs_dilation"], *p["rhs_dilation"], *p["window_strides"])):
+        return False
+    if any(lo or hi for lo, hi in p["padding"]):
+        return False
+    spatial = zip(dn.lhs_spec[2:], dn.rhs_spec[2:], dn.out_spec[2:])
+    return all(int(x[i]) == int(k[j]) and int(y[o]) == 1 for i, j, o in spatial)
+
+
+def _depthwise_regroup(
+    w: Walker, eqn: Any, lhs: Layout, rhs: Layout, lb: int, lf: int, ri: int, ro: int
+) -> tuple[str, ...]:
+    """The mesh axes a depthwise conv's input is moved onto from its batch (its channels over the kernel's output
+    split), or () where XLA does not: the input's batch split exactly as the kernel's outputs, its channels, the
+    kernel's per-group inputs and both operands' spatial axes whole, each channel its own group, the groups
+    dividing over the split.  Groups of several channels are not moved: XLA gathers the input and the kernel
+    (measured: 16 channels in 8 groups, batch and outputs over 4: two all-gathers), left to the grouped bound."""
+    p, split = eqn.params, rhs.dims[ro]
+    if p["batch_group_count"] != 1 or p["feature_group_count"] != lhs.shape[lf] or p["feature_group_count"] == 1:
+        return ()
+    if not split or lhs.dims[lb] != split or lhs.dims[lf] or rhs.dims[ri]:
+        return ()
+    if any(d for i, d in enumerate(lhs.dims) if i not in (lb, lf)) or any(d for i, d in enumerate(rhs.dims) if i != ro):
+        return ()
+    if lhs.unreduced or rhs.unreduced or lhs.shape[lf] % group_size(w, split):
+        return ()
+    return split
+
+
+def _batch_groups_split_alike(w: Walker, p: Any, lhs: Layout, rhs: Layout, lb: int, lf: int, ri: int, ro: int) -> bool:
+    """Whether a batch-grouped conv (a grouped conv's kernel gradient) has its input's batch (the groups) split
+    like the kernel's outputs into whole groups, the contracted features split alike on both (or whole): its
+    groups independent."""
+    split = lhs.dims[lb]
+    if p["batch_group_count"] == 1 or p["feature_group_count"] != 1 or not split or rhs.dims[ro] != split:
+        return False
+    if lhs.dims[lf] != rhs.dims[ri] or lhs.unreduced or rhs.unreduced:
+        return False
+    return bool(p["batch_group_count"] % group_size(w, split) == 0)
+
+
 def _groups_split_alike(w: Walker, eqn: Any, lhs: Layout, rhs: Layout, lf: int, ri: int, ro: int) -> bool:
     """Whether a feature-grouped conv's input features and kernel outputs are split alike into whole groups (the
     kernel's per-group inputs whole): its groups are independent, as a batch is."""
@@ -852,10 +952,15 @@ def _scatter_axes(
     return axes, _idle_size(w, lhs, rhs) >= group_size(w, axes)
 
 
+def _idle_axes(w: Walker, lhs: Layout, rhs: Layout) -> tuple[str, ...]:
+    """The mesh axes neither operand of a conv uses, in the mesh's order."""
+    used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
+    return tuple(m for m in w.costs.mesh_sizes if m not in used)
+
+
 def _idle_size(w: Walker, lhs: Layout, rhs: Layout) -> int:
     """Devices along the mesh axes neither operand of a conv uses."""
-    used = {m for d in (*lhs.dims, *rhs.dims) for m in d}
-    return group_size(w, tuple(m for m in w.costs.mesh_sizes if m not in used))
+    return group_size(w, _idle_axes(w, lhs, rhs))
 
 
 def _asked_scatter_dim(w: Walker, eqn: Any, out: Layout, summed: list[tuple[str, ...]]) -> int | None:

@@ -1053,6 +1053,13 @@ def _folded_operand(eqn: Any, constants: dict[Any, Any]) -> Any:
     """The operand ``eqn`` is equal to, where it is one of :data:`_IDENTITIES` with a constant (a literal, or a
     literal broadcast) of the same dtype, the result has the operand's shape and its type names no Explicit mesh
     axis; else None."""
+    if eqn.primitive.name == "rev":
+        # A reverse along size-1 dimensions only (a 1x1 kernel flipped for its conv's input gradient) is removed
+        # by XLA's algebraic simplifier: the kernel gathered for the forward conv is the one the gradient's conv
+        # reads (measured: an FSDP 1x1 conv's gradient, one all-gather of the kernel for both convs;
+        # tests/test_depthwise_conv_rules.py).
+        x = eqn.invars[0]
+        return None if hasattr(x, "val") or any(int(x.aval.shape[d]) != 1 for d in eqn.params["dimensions"]) else x
     rule = _IDENTITIES.get(eqn.primitive.name)
     if rule is None or len(eqn.invars) != 2:
         return None
