@@ -460,9 +460,16 @@ PROFILES: dict[str, Profile] = {
     # (tests/test_planner_reality.py failed on it): the hop-proportional latency prices an all-reduce over the
     # 4 'data' devices at 3x one over the 2 'model' devices, so the plan put the many gradient pieces on 'model';
     # measured 1.7x at load 2 (42/70/127 µs over 2/4/8 devices: mostly a fixed cost), 2.5x at load 8-13.  The
-    # option now prices that fixed part (CPU_COLLECTIVE_OVERHEAD): the transformers then plan the batch over both
-    # axes, parameters replicated (this profile's plan, as the predicted layouts show; its step time under the
-    # option not re-measured), the four families still the replicated step.  An option until it is measured so.
+    # option now prices a collective as XLA:CPU runs it, a fixed rendezvous plus a price per peer of its group, the
+    # same for every kind (CPU_COLLECTIVE_OVERHEAD, CPU_HOP_LATENCY, latency_steps='peers'; session 17): the three
+    # transformers pass tests/test_planner_reality.py under it, and the four families still plan the replicated
+    # step, measured 0.89/0.95/0.80/0.88x the fastest hand layout (plan_prediction.py --small-ops --rounds 300, load
+    # 8-12; keras_vit 1.05-1.35x in two other runs: its replicated step and tp trade places run to run).  Still an
+    # option: on the LARGE planning sizes (tests/test_plan_hand_presets.py) it plans layouts that send 1.4-1.6x the
+    # XLA bytes of a hand layout at no fewer FLOPs (kh_llama: 73 collectives, 28.5 MB against dp_all's 22, 17.4 MB;
+    # hk_stack: 33.8 MB against dp_tp's 24.2 MB), with the ring law too and with combined_latency='once' alike;
+    # measured (10 rounds, load 13-20) kh_llama's plan 467 ms against dp_all's 448 (1.04x, noise 0-2%), hk_stack's
+    # 533 ms against the fastest hand layout's 796 (0.67x).
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
