@@ -469,7 +469,12 @@ PROFILES: dict[str, Profile] = {
     # XLA bytes of a hand layout at no fewer FLOPs (kh_llama: 73 collectives, 28.5 MB against dp_all's 22, 17.4 MB;
     # hk_stack: 33.8 MB against dp_tp's 24.2 MB), with the ring law too and with combined_latency='once' alike;
     # measured (10 rounds, load 13-20) kh_llama's plan 467 ms against dp_all's 448 (1.04x, noise 0-2%), hk_stack's
-    # 533 ms against the fastest hand layout's 796 (0.67x).
+    # 533 ms against the fastest hand layout's 796 (0.67x).  Cause, on kh_llama: its plan is the mirrored hybrid
+    # (Megatron over 'data', the batch over 'model'), with the same walked FLOPs as dp_all (140.9 ms of compute
+    # each) but 19.4 ms of element_time against dp_all's 26.1: the element price is paid on every dot's result,
+    # weight gradients included (dp_all writes each weight's whole gradient per device, the hybrid a quarter of
+    # it), and no elementwise work follows a weight gradient (CPU_ELEMENT_TIME's comment); without element_time the
+    # option plans dp(data), without op_overhead still the hybrid.
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
