@@ -1,6 +1,6 @@
 """What a collective, an op and a matrix product cost on this host's simulated CPU devices: the `cpu` profile's numbers.
 
-    python benchmarks/cpu_calibration.py [--repeats 15] [--rounds 3] [--sweep]
+    python benchmarks/cpu_calibration.py [--repeats 15] [--rounds 3] [--sweep | --groups]
 
 Prints, as JSON: the host's usable cores and load average (before and after), and three fits:
 
@@ -28,6 +28,12 @@ Prints, as JSON: the host's usable cores and load average (before and after), an
   for the cores as in a sharded step); the slope between two chain lengths is one op's time.  For dots, the fit
   ``time = op_overhead + FLOPs / rate`` (weighted to the small ones); for the others, seconds per element of the
   large blocks.  What ``Profile.op_overhead`` / ``element_time`` and the ``cpu`` profile's ``flops`` price.
+* **a collective's time by kind and group size** (``--groups``, alone: ``group_sweep``): chains of all-reduces,
+  all-gathers and reduce-scatters over 2, 4 and 8 devices of the (4, 2) mesh ('model', 'data', both axes), 1 and
+  32 KiB per device, each collective on a fresh operand reading a scalar of the last result (its size fixed along
+  the chain), minus the same chain without the collective; every configuration once per round, rotated.  Per kind
+  and size, the fits ``overhead + latency * hops`` (the ring's) and ``overhead + c * log2(n)``, with their worst
+  residuals: the law ``Profile.collective_time`` prices under ``latency_steps``.
 
 A fit whose slope is not positive, or whose chain times do not rise with k (the load swamped them), is reported
 with ``"reliable": false``: rerun on a quieter host rather than read it.
@@ -52,10 +58,17 @@ sweep (load 8-13): dots cost 0.1-1.4 µs fixed plus 21-24 GFLOP/s per device wit
 and 16 x 16 ones: 0.2-24 µs, noise); a row reduction 9-10 ns per element, a fused tanh 32 ns per element, per device
 with 8 busy: the FLOPs explain counts run at the profile's rate, and the elementwise work it does not count is
 most of a small step's compute (``Profile.element_time``).
+Measured 2026-11-27 07:19 UTC with ``--groups --repeats 15 --rounds 7`` (load 3-6; results/
+cpu_collectives_by_group.json): over 2, 4, 8 devices an all-reduce 43/77/127 µs (1 KiB) and 50/85/138 (32 KiB), an
+all-gather 41/73/124 and 49/94/153, a reduce-scatter 43/76/129 and 48/83/131: the kinds alike, and the 8 devices of
+both axes cost what one group of 8 does (7 peers), not a 4-ring plus a 2-ring.  Fitted per kind and size as 29-38 µs
+plus 14-17 µs per peer (n - 1), worst residual 4-9%; log2(n) fits as closely only with a fixed part of -6 to +4 µs.
+The ratios 4:2 = 1.7-1.9, 8:2 = 2.7-3.2 (``cpu_profile(small_ops=True)``: 30 µs + 14 µs per peer, 1.6 and 2.9).
 """
 
 import argparse
 import json
+import math
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -205,6 +218,118 @@ def sweep(repeats: int, rounds: int) -> dict[str, Any]:
     return {"ops": rows, "dot_fit": fit, "per_element_8_busy": per_element}
 
 
+# The collective-by-group-size sweep (``--groups``): kinds, groups (the mesh axes of the (4, 2) mesh a group spans,
+# its size) and the f32 elements each device sends into one collective (its local operand: V / n for an all-gather,
+# V for an all-reduce and a reduce-scatter).
+GROUP_KINDS = ("all-reduce", "all-gather", "reduce-scatter")
+GROUPS: tuple[tuple[int, Any], ...] = ((2, "model"), (4, "data"), (8, ("data", "model")))
+GROUP_ELEMENTS = (256, 8192)  # 1 KiB and 32 KiB of f32 per device
+
+
+def group_chain(kind: str, axes: Any, n: int, elements: int, k: int) -> Callable[..., Any]:
+    """k dependent ``kind`` collectives over ``axes`` (a group of ``n``), each on a fresh operand of ``elements`` f32
+    per device that reads the last result (a scalar of it, added): XLA neither combines nor elides them, and the
+    operand's size stays the same along the chain (an all-gather's result would otherwise grow, a reduce-scatter's
+    shrink).  ``kind`` None: the same chain with no collective (the add and the read alone, subtracted)."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+
+    def body(x: jax.Array) -> jax.Array:
+        acc = jnp.zeros((), x.dtype)
+        for _ in range(k):
+            y = x + acc * 1e-6
+            if kind == "all-reduce":
+                y = jax.lax.psum(y, axes)
+            elif kind == "all-gather":
+                y = jax.lax.all_gather(y, axes, tiled=True)
+            elif kind == "reduce-scatter":
+                y = jax.lax.psum_scatter(y, axes, tiled=True)
+            else:
+                y = jax.lax.optimization_barrier(y)
+            acc = y[0]
+        return x + acc
+
+    del n, elements  # the shapes come from the argument; kept in the signature for the cache key's readability
+    spec = P(("data", "model"))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+
+def _fit_law(rows: list[dict[str, Any]], steps: Callable[[str, int], float]) -> dict[str, Any]:
+    """Least squares ``time = overhead + per_step * steps(kind, n)`` over ``rows`` (one kind and size, three groups)
+    and the fit's largest relative residual."""
+    xs = tuple(steps(r["kind"], r["n"]) for r in rows)
+    ys = [r["per_op_s"] for r in rows]
+    slope = least_squares_slope(xs, ys)  # type: ignore[arg-type]
+    overhead = statistics.mean(ys) - slope * statistics.mean(xs)
+    worst = max(abs(overhead + slope * x - y) / y for x, y in zip(xs, ys)) if all(y > 0 for y in ys) else None
+    return {"overhead_s": overhead, "per_step_s": slope, "max_rel_residual": worst}
+
+
+def _ring_steps(kind: str, n: int) -> float:
+    """Hops of one ring pass (two for an all-reduce), as ``Profile.collective_time`` counts them on one axis."""
+    return float(2 * (n - 1) if kind == "all-reduce" else n - 1)
+
+
+def _log_steps(kind: str, n: int) -> float:
+    """Rounds of a recursive-doubling exchange (two for an all-reduce)."""
+    return (2.0 if kind == "all-reduce" else 1.0) * math.log2(n)
+
+
+def group_sweep(repeats: int, rounds: int) -> dict[str, Any]:
+    """Per collective kind, group size (2, 4, 8 of the (4, 2) mesh's devices) and operand size: one collective's time
+    (the chain's slope over ``CHAIN_LENGTHS`` minus the same chain's without the collective), every configuration
+    timed once per round, interleaved; then, per kind and size, the fits ``overhead + latency * hops`` (the ring's
+    hops, what ``Profile.collective_time`` prices) and ``overhead + c * log2(n)``, with their worst residuals, and the
+    ratio of the 4-device to the 2-device time (what decides where the planner puts the gradient pieces)."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    configs = [(kind, n, axes, e) for kind in GROUP_KINDS for n, axes in GROUPS for e in GROUP_ELEMENTS]
+    configs += [(None, 1, None, e) for e in GROUP_ELEMENTS]  # the baselines: no collective
+    fns: dict[tuple[Any, ...], Callable[..., Any]] = {}
+    args: dict[int, jax.Array] = {}
+    for kind, n, axes, e in configs:
+        args.setdefault(e, jax.device_put(jnp.ones((8 * e,), jnp.float32), NamedSharding(mesh, P(("data", "model")))))
+        for k in CHAIN_LENGTHS:
+            fn = group_chain(str(kind) if kind else "", axes, n, e, k)
+            jax.block_until_ready(fn(args[e]))  # compile outside the timing
+            fns[(kind, n, e, k)] = fn
+    samples: dict[tuple[Any, ...], list[float]] = {key: [] for key in fns}
+    keys = list(fns)
+    for r in range(rounds):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:  # rotated: a burst of load hits all alike
+            samples[key].append(median_time(fns[key], args[key[2]], n=repeats))
+    slope: dict[tuple[Any, ...], float] = {}
+    for kind, n, _, e in configs:
+        medians = [statistics.median(samples[(kind, n, e, k)]) for k in CHAIN_LENGTHS]
+        slope[(kind, n, e)] = least_squares_slope(CHAIN_LENGTHS, medians)
+    rows = [
+        {
+            "kind": kind,
+            "n": n,
+            "elements_per_device": e,
+            "per_op_s": slope[(kind, n, e)] - slope[(None, 1, e)],
+            "baseline_per_step_s": slope[(None, 1, e)],
+        }
+        for kind, n, _, e in configs
+        if kind is not None
+    ]
+    fits = []
+    for kind in GROUP_KINDS:
+        for e in GROUP_ELEMENTS:
+            sel = [r for r in rows if r["kind"] == kind and r["elements_per_device"] == e]
+            by_n = {r["n"]: r["per_op_s"] for r in sel}
+            fits.append(
+                {
+                    "kind": kind,
+                    "elements_per_device": e,
+                    "ring_hops": _fit_law(sel, _ring_steps),
+                    "log2": _fit_law(sel, _log_steps),
+                    "ratio_4_to_2": by_n[4] / by_n[2] if by_n[2] > 0 else None,
+                    "ratio_8_to_2": by_n[8] / by_n[2] if by_n[2] > 0 else None,
+                    "reliable": all(r["per_op_s"] > 0 for r in sel),
+                }
+            )
+    return {"ops": rows, "fits": fits}
+
+
 def collective_shape(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """One all-reduce's time over 2, 4 and 8 devices fitted as ``overhead + latency * hops`` (hops = 2 (n - 1)):
     the part every collective pays whatever its ring (``Profile.collective_overhead``) and the part per ring step
@@ -224,11 +349,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="runs per median")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the chain lengths")
     parser.add_argument("--sweep", action="store_true", help="also the op-size sweep (dots, elementwise, reductions)")
+    parser.add_argument(
+        "--groups", action="store_true", help="only the collective sweep by kind and group size (group_sweep)"
+    )
     a = parser.parse_args()
     out: dict[str, Any] = {
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "load_before": os.getloadavg(),
     }
+    if a.groups:
+        out["groups"] = group_sweep(a.repeats, a.rounds)
+        out["load_after"] = os.getloadavg()
+        print(json.dumps(out, indent=1))
+        return
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     x = jax.device_put(jnp.ones((8, 256), jnp.float32), NamedSharding(mesh, P(("data", "model"))))
     by_group: dict[int, dict[str, Any]] = {}

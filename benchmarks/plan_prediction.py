@@ -11,10 +11,13 @@ noise (odd against even rounds), the planner's predicted time (and its compute p
 each family is recorded: on a shared 2-core host the absolute times move with it, compare layouts within a family.
 
 ``--small-ops`` plans and prices with ``cost.cpu_profile(small_ops=True)`` (the elementwise work on each product's
-result priced, each merged all-reduce's piece paying its latency) in place of the default ``cpu`` profile;
-benchmarks/results/plan_prediction_small_ops.json is that run (``--rounds 30``, load 14-21), made before the option
-priced a collective's fixed part (its ``profile`` shows latency 2e-5, no collective_overhead): the plans it
-measured (the replicated step) are the ones the option makes now.
+result priced, each merged all-reduce's piece paying its latency, a collective priced by its group's peers) in place
+of the default ``cpu`` profile; benchmarks/results/plan_prediction_small_ops.json is that run (``--rounds 300``, load
+8-12, 2026-11-27, ``latency_steps='peers'``): each family plans the replicated step, measured 0.89x (kh_llama),
+0.95x (keras_vit), 0.80x (hk_stack), 0.88x (kh_t5) the fastest hand layout (split-half noise 0-13%).  Two more runs
+the same hour: ``--rounds 30`` (load 10-13) 0.88/1.35/0.79/0.96x (keras_vit's replicated step ±22%), and keras_vit
+alone ``--rounds 300`` (load 8-10) 1.05x tp (±2%), 0.93x dp: the replicated step and the fastest hand layouts trade
+places on keras_vit from run to run.
 
 Writes benchmarks/results/plan_prediction.json (or ``--out``).
 """

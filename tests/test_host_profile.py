@@ -175,7 +175,9 @@ def test_the_default_cpu_profile_prices_flops_only_and_small_ops_is_the_option()
     assert (default.op_overhead, default.element_time, default.combined_latency) == (0.0, 0.0, "once")
     assert small.combined_latency == "per_piece" and small.element_time > 0 and small.op_overhead > 0
     assert small.collective_overhead > 0 and default.collective_overhead == 0.0
-    undone = dict(op_overhead=0.0, element_time=0.0, combined_latency="once", collective_overhead=0.0)
+    undone = dict(
+        op_overhead=0.0, element_time=0.0, combined_latency="once", collective_overhead=0.0, latency_steps="ring"
+    )
     assert dataclasses.replace(small, latency=default.latency, **undone) == default
 
 
@@ -197,3 +199,62 @@ def test_a_collectives_fixed_part_is_paid_once_whatever_its_hops():
     assert fixed.collective_time("all-reduce", 1, 1024.0, 1024.0) == 0.0  # one device: no collective
     with pytest.raises(EinshardError, match="collective_overhead"):
         dataclasses.replace(base, collective_overhead=-1.0)
+
+
+# --- what a collective's latency counts on XLA:CPU (latency_steps) -----------------------------------------------
+
+
+def test_xla_cpu_runs_a_collective_over_two_axes_as_one_group_of_all_its_devices():
+    """The compiled program the 'peers' count rests on: a sum over both axes of a (4, 2) mesh is one all-reduce
+    whose replica group holds all 8 devices (XLA:CPU's rendezvous of 8 threads, 7 peers each), not a pass over a
+    4-ring and one over a 2-ring (the 'ring' count: 3 + 1 hops per pass)."""
+    from jax.sharding import PartitionSpec as P
+
+    from einshard.testing import hlo
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    f = jax.shard_map(
+        lambda y: jax.lax.psum(y, ("data", "model")), mesh=mesh, in_specs=P(("data", "model")), out_specs=P()
+    )
+    text = jax.jit(f).lower(jax.ShapeDtypeStruct((8 * 256,), f32)).compile().as_text()
+    ops = hlo.collectives(text)
+    assert [(c.kind, c.group_size) for c in ops] == [("all-reduce", 8)]
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_under_peers_every_kind_pays_the_groups_peers_whatever_its_axes(n):
+    """``latency_steps='peers'`` (measured on XLA:CPU, benchmarks/cpu_calibration.py --groups: an all-reduce, an
+    all-gather and a reduce-scatter over one group take the same time, and a group over two mesh axes that of one
+    group of as many devices): n - 1 latencies for every kind, over one axis or two."""
+    p = cpu_profile(2, small_ops=True)
+    assert p.latency_steps == "peers"
+    axes = {2: (2,), 4: (4,), 8: (4, 2)}[n]
+    expected = p.collective_overhead + p.latency * (n - 1)
+    for kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all"):
+        assert p.collective_time(kind, n, 0.0, 0.0, axes) == pytest.approx(expected)
+        assert p.collective_time(kind, n, 0.0, 0.0) == pytest.approx(expected)  # one axis of n: the same
+    assert p.collective_time("all-reduce", n, 1e6, 2e6, axes) == pytest.approx(expected + 1e6 / p.bandwidth)
+    assert p.collective_time("collective-permute", n, 0.0, 0.0) == pytest.approx(p.collective_overhead + p.latency)
+
+
+def test_the_peers_prices_follow_the_measured_group_sizes():
+    """The measured law (cpu_calibration.py --groups, 2026-11-27, load 3-6: 41-50, 73-94, 124-153 µs over 2, 4, 8
+    devices, every kind, 1-32 KiB): a 4-device collective ~1.7-1.9x a 2-device one, an 8-device one ~2.8-3.1x.
+    The ring count priced a 4-device all-reduce at 3x a 2-device one (hops only) and the two-axis 8 at 2x."""
+    p = cpu_profile(2, small_ops=True)
+    t = {n: p.collective_time("all-reduce", n, 0.0, 0.0, axes) for n, axes in ((2, (2,)), (4, (4,)), (8, (4, 2)))}
+    assert 1.6 <= t[4] / t[2] <= 2.0 and 2.6 <= t[8] / t[2] <= 3.2
+
+
+def test_accelerator_profiles_keep_the_ring_count():
+    """GPU and TPU profiles: a ring pass per axis, twice for an all-reduce (the scaling book's law), unchanged."""
+    for name in ("h100", "tpu-v5p"):
+        p = PROFILES[name]
+        assert p.latency_steps == "ring"
+        assert p.collective_time("all-reduce", 8, 0.0, 0.0, (4, 2)) == pytest.approx(2 * 4 * p.latency)
+        assert p.collective_time("all-gather", 8, 0.0, 0.0, (4, 2)) == pytest.approx(4 * p.latency)
+
+
+def test_latency_steps_takes_ring_or_peers():
+    with pytest.raises(EinshardError, match="latency_steps"):
+        dataclasses.replace(PROFILES["cpu"], latency_steps="hops")

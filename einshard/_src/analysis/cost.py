@@ -106,6 +106,13 @@ COMBINED_LATENCIES: tuple[CombinedLatency, ...] = ("once", "per_piece")
 # pass: the whole partial is all-reduced into a whole sum, then each device's piece sliced out of it).
 ReduceScatter = Literal["native", "all-reduce"]
 REDUCE_SCATTERS: tuple[ReduceScatter, ...] = ("native", "all-reduce")
+# What a collective's latency counts: 'ring' (GPU, TPU: a ring pass per mesh axis the group spans, Σ(n_i - 1) hops,
+# two passes for an all-reduce) or 'peers' (XLA:CPU: one rendezvous of the group's device threads, then each reads
+# its n - 1 peers' buffers; measured, benchmarks/cpu_calibration.py --groups: an all-reduce, an all-gather and a
+# reduce-scatter over the same group take the same time, and a group over both axes of a (4, 2) mesh the time of
+# one of 8 devices (7 peers), not of a 4-ring and a 2-ring (4 hops)).
+LatencySteps = Literal["ring", "peers"]
+LATENCY_STEPS: tuple[LatencySteps, ...] = ("ring", "peers")
 _NARROW = frozenset({"bf16", "f16"})
 
 
@@ -213,6 +220,10 @@ class Profile:
             whatever its group's hops, before ``latency`` per hop: on XLA:CPU most of a small all-reduce's time
             is the rendezvous of the device threads (benchmarks/cpu_calibration.py's ``allreduce_shape``).  0: a
             collective is its hops (the default; GPU, TPU).
+        latency_steps: what ``latency`` is paid per: ``'ring'`` (a ring hop: Σ(n_i - 1) over the mesh axes the group
+            spans, twice for an all-reduce; GPU, TPU, the ``cpu`` profile's default) or ``'peers'`` (a peer of the
+            group: n - 1 for every kind, as XLA:CPU runs a collective: :data:`LATENCY_STEPS`' comment;
+            ``cpu_profile(small_ops=True)``).
     """
 
     name: str
@@ -228,6 +239,7 @@ class Profile:
     op_overhead: float = 0.0
     element_time: float = 0.0
     collective_overhead: float = 0.0
+    latency_steps: LatencySteps = "ring"
 
     def __post_init__(self) -> None:
         # Every estimate divides by flops and bandwidth: a zero, a NaN or an infinity would make each plan's time
@@ -275,6 +287,13 @@ class Profile:
                 "einshard.Profile: reduce_scatter= takes one of "
                 f"{', '.join(map(repr, REDUCE_SCATTERS))}, got {self.reduce_scatter!r}"
             )
+        if self.latency_steps not in LATENCY_STEPS:
+            from ..errors import EinshardError
+
+            raise EinshardError(
+                "einshard.Profile: latency_steps= takes one of "
+                f"{', '.join(map(repr, LATENCY_STEPS))}, got {self.latency_steps!r}"
+            )
         if self.narrow_floats not in NARROW_FLOATS:
             from ..errors import EinshardError
 
@@ -295,13 +314,16 @@ class Profile:
 
         ``axis_sizes``: the sizes of the mesh axes the group spans (their
         product is ``n``); a ring pass per axis gives Σ(n_i-1) hops.  Without
-        it the group is one ring of ``n``.
+        it the group is one ring of ``n``.  Under ``latency_steps='peers'`` the
+        latency counts the group's n - 1 peers, whatever its kind and axes.
         """
         if n <= 1:
             return 0.0
         fixed = self.collective_overhead
         if kind == "collective-permute":
             return fixed + self.latency + bytes_sent / self.bandwidth
+        if self.latency_steps == "peers":
+            return fixed + self.latency * (n - 1) + bytes_sent / self.bandwidth
         ring = sum(axis_sizes) - len(axis_sizes) if axis_sizes else n - 1  # Σ(n_i - 1)
         if kind == "all-to-all":
             if self.topology == "ring":
@@ -357,9 +379,10 @@ def cpu_profile(cores: int | None = None, *, small_ops: bool = False) -> Profile
     ``small_ops=True``: also price what a small step's compute is mostly made of on XLA:CPU, the elementwise work
     on each product's result and each dot's kernel (``element_time``, ``op_overhead``: :data:`CPU_ELEMENT_TIME`,
     :data:`CPU_OP_OVERHEAD`), with each piece of a merged all-reduce paying its own latency (``combined_latency=
-    'per_piece'``, as XLA:CPU runs it) and a collective's time as a fixed rendezvous plus a smaller price per hop
-    (``collective_overhead``, ``latency``: :data:`CPU_COLLECTIVE_OVERHEAD`, :data:`CPU_HOP_LATENCY`).  Not the default: the planned layouts it gives are measured in the comment
-    above ``PROFILES``."""
+    'per_piece'``, as XLA:CPU runs it) and a collective's time as a fixed rendezvous plus a price per peer of its
+    group, the same for every kind (``collective_overhead``, ``latency``, ``latency_steps='peers'``:
+    :data:`CPU_COLLECTIVE_OVERHEAD`, :data:`CPU_HOP_LATENCY`).  Not the default: the planned layouts it gives are
+    measured in the comment above ``PROFILES``."""
     return Profile(
         "cpu",
         flops=1e11,
@@ -372,6 +395,7 @@ def cpu_profile(cores: int | None = None, *, small_ops: bool = False) -> Profile
         op_overhead=CPU_OP_OVERHEAD if small_ops else 0.0,
         element_time=CPU_ELEMENT_TIME if small_ops else 0.0,
         collective_overhead=CPU_COLLECTIVE_OVERHEAD if small_ops else 0.0,
+        latency_steps="peers" if small_ops else "ring",
     )
 
 
@@ -391,14 +415,19 @@ CPU_OP_OVERHEAD = 3.5e-7
 # against 0.76 for the default profile ('once', no element price), 0.56 for 'per_piece' without it (with
 # 'once', 1e-9 gave 0.40).
 CPU_ELEMENT_TIME = 1e-9
-# A small all-reduce over 2, 4, 8 devices of the 2-core host at load 2: 42, 70, 127 µs, fitted as 28 µs fixed plus
-# 7 µs per ring hop (benchmarks/cpu_calibration.py, allreduce_shape); at load 8-13 the same fit gave 4 µs + 17 µs
-# a hop (the shape moves with the load).  The hop-only 20 µs of the default prices a 4-device all-reduce at 3x a
-# 2-device one: with every piece paying (per_piece), the planner then put the many gradient pieces of the three
-# transformers on the 2-device axis and Megatron's on the 4-device one (a mirrored hybrid: 2.3x the hybrid's
-# bytes, no faster); with the fixed part it plans the batch over both axes there (the default profile's plan).
-CPU_COLLECTIVE_OVERHEAD = 2.8e-5
-CPU_HOP_LATENCY = 7e-6
+# A collective on XLA:CPU is a rendezvous of its group's device threads, then each reads its n - 1 peers' buffers
+# (latency_steps='peers'), whatever its kind: benchmarks/cpu_calibration.py --groups (2026-11-27, 2-core host, load
+# 3-6; results/cpu_collectives_by_group.json) timed chains of all-reduces, all-gathers and reduce-scatters over 2, 4
+# and 8 devices of the (4, 2) mesh ('model', 'data', both), 1 and 32 KiB per device: 41-50, 73-94 and 124-153 µs,
+# the three kinds within 10% of each other at each size; fitted per kind as 29-38 µs fixed plus 14-17 µs per peer
+# (n - 1), worst residual 4-9% (a log2(n) law fits as well only with a negative fixed part).  So 30 µs + 14 µs per
+# peer: a 4-device collective 1.6x a 2-device one, the 8 of both axes 2.9x.  The ring count (Σ(n_i - 1) hops, an
+# all-reduce twice) priced an all-gather at half an all-reduce and the 8 of both axes as 4 hops, 2x a 2-device one;
+# with hops alone (no fixed part) a 4-device all-reduce at 3x a 2-device one, which made the planner put the many
+# gradient pieces of the three transformers on the 2-device axis (a mirrored hybrid, 2.3x the hybrid's bytes, no
+# faster).  The law moves with the load (at load 8-13 an all-reduce took 41/103/244 µs).
+CPU_COLLECTIVE_OVERHEAD = 3.0e-5
+CPU_HOP_LATENCY = 1.4e-5
 
 
 PROFILES: dict[str, Profile] = {
@@ -431,9 +460,21 @@ PROFILES: dict[str, Profile] = {
     # (tests/test_planner_reality.py failed on it): the hop-proportional latency prices an all-reduce over the
     # 4 'data' devices at 3x one over the 2 'model' devices, so the plan put the many gradient pieces on 'model';
     # measured 1.7x at load 2 (42/70/127 µs over 2/4/8 devices: mostly a fixed cost), 2.5x at load 8-13.  The
-    # option now prices that fixed part (CPU_COLLECTIVE_OVERHEAD): the transformers then plan the batch over both
-    # axes, parameters replicated (this profile's plan, as the predicted layouts show; its step time under the
-    # option not re-measured), the four families still the replicated step.  An option until it is measured so.
+    # option now prices a collective as XLA:CPU runs it, a fixed rendezvous plus a price per peer of its group, the
+    # same for every kind (CPU_COLLECTIVE_OVERHEAD, CPU_HOP_LATENCY, latency_steps='peers'; session 17): the three
+    # transformers pass tests/test_planner_reality.py under it, and the four families still plan the replicated
+    # step, measured 0.89/0.95/0.80/0.88x the fastest hand layout (plan_prediction.py --small-ops --rounds 300, load
+    # 8-12; keras_vit 1.05-1.35x in two other runs: its replicated step and tp trade places run to run).  Still an
+    # option: on the LARGE planning sizes (tests/test_plan_hand_presets.py) it plans layouts that send 1.4-1.6x the
+    # XLA bytes of a hand layout at no fewer FLOPs (kh_llama: 73 collectives, 28.5 MB against dp_all's 22, 17.4 MB;
+    # hk_stack: 33.8 MB against dp_tp's 24.2 MB), with the ring law too and with combined_latency='once' alike;
+    # measured (10 rounds, load 13-20) kh_llama's plan 467 ms against dp_all's 448 (1.04x, noise 0-2%), hk_stack's
+    # 533 ms against the fastest hand layout's 796 (0.67x).  Cause, on kh_llama: its plan is the mirrored hybrid
+    # (Megatron over 'data', the batch over 'model'), with the same walked FLOPs as dp_all (140.9 ms of compute
+    # each) but 19.4 ms of element_time against dp_all's 26.1: the element price is paid on every dot's result,
+    # weight gradients included (dp_all writes each weight's whole gradient per device, the hybrid a quarter of
+    # it), and no elementwise work follows a weight gradient (CPU_ELEMENT_TIME's comment); without element_time the
+    # option plans dp(data), without op_overhead still the hybrid.
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
