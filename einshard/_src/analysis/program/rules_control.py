@@ -169,6 +169,13 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     # The main walk takes the fixed point XLA's propagation takes where a reader of the loop's result pulls it
     # (carry_pulled); the fork walks the other one.
     pulled = other is not None and carry_pulled(w, eqn.outvars[:n_carry], fixed, other)
+    if other is None and not w.quiet and _on_batch_split(fixed, xs_inner):
+        # A loop whose body keeps its carry on the batch's split alone (a recurrent state out of FSDP-gathered
+        # weights) settles its transpose loop there too, as a pulled one does (measured on an LSTM under FSDP, as
+        # Flax's nn.RNN(OptimizedLSTMCell): XLA carries the backward loop's cotangents on the batch split, one
+        # all-to-all per step, where the backward body's own split moved five: tests/test_scan_unscattered_sums.py;
+        # a state split on its hidden axis too is the body's own split, and its transpose keeps its own: eqx_gru).
+        setattr(w, _PULLED, True)
     taken = other is not None and pulled != (id(CARRY_FORK) in w.costs.forced)
     settled = []
     for v, lay, want in zip(eqn.outvars[:n_carry], carry, other if taken and other else fixed):
@@ -362,8 +369,8 @@ _PULLED = "_einshard_carry_pulled"
 def carry_pulled(w: WalkerLike, results: list[Any], fixed: list[Layout], other: list[Layout]) -> bool:
     """Whether XLA's sharding propagation takes the carry's batch split: a reader of the loop's result, followed
     along the batch axis, meets an operand already split on that axis over the batch's mesh axes (labels split on
-    the batch against the read-out state), or an earlier loop of this walk was pulled so (a gradient's transpose
-    loop follows its forward).  Measured on a GRU over ``lax.scan`` with the cell's weights and the batch split
+    the batch against the read-out state), or an earlier loop of this walk was pulled so or kept there by its own
+    body (:func:`_on_batch_split`: a gradient's transpose loop follows its forward).  Measured on a GRU over ``lax.scan`` with the cell's weights and the batch split
     over one mesh axis: a loss of the state alone keeps the body's split; the state read out by a head and held
     against labels split on the batch takes the batch split (labels whole: the body's), whatever the head's
     split (tests/test_scan_carry_rules.py)."""
@@ -376,6 +383,29 @@ def carry_pulled(w: WalkerLike, results: list[Any], fixed: list[Layout], other: 
                 setattr(w, _PULLED, True)
             return True
     return False
+
+
+def _on_batch_split(fixed: list[Layout], xs_inner: list[Layout]) -> bool:
+    """Whether the carry is split on the batch alone: every split carry split only where the scanned slices split
+    the batch (the same position and size), over the same mesh axes, and whole elsewhere (a state split on its
+    hidden axis too, ``h[batch@data, hidden@model]``, is the body's own split: its transpose loop keeps its own)."""
+    splits = [
+        (i, size, d)
+        for lay in xs_inner
+        if not is_free(lay)
+        for i, (size, d) in enumerate(zip(lay.shape, lay.dims))
+        if d
+    ]
+    carried = [lay for lay in fixed if not is_free(lay) and any(lay.dims)]
+    return bool(carried) and all(
+        any(
+            at < len(lay.dims)
+            and lay.shape[at] == size
+            and lay.dims == tuple(d if i == at else () for i in range(len(lay.dims)))
+            for at, size, d in splits
+        )
+        for lay in carried
+    )
 
 
 def _meets_split(w: WalkerLike, var: Any, axis: int, mesh_axes: tuple[str, ...]) -> bool:

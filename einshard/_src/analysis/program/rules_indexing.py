@@ -759,6 +759,12 @@ def _walk_consumers(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> l
                 frontier.append((eqn.outvars[0], _size_one_summed(eqn, axis_of)))
             elif name in CARRIERS or _elementwise_alone(w, eqn, k):
                 frontier.append((eqn.outvars[0], axis_of))
+            elif name == "split":
+                # The pieces of a cut (a concatenated kernel's gradient cut back into each gate's): a piece's
+                # asked split is the whole's on every axis but the cut one (measured: x_t @ concat(W_i) in a scan's
+                # gradient, W FSDP: XLA reduce-scatters each trip's whole kernel-gradient partial to the rows'
+                # split its pieces' accumulators ask, tests/test_scan_unscattered_sums.py).
+                frontier.extend((piece, _cut(eqn, axis_of)) for piece in eqn.outvars)
             elif name == "broadcast_in_dim":
                 # A sum broadcast along new axes (a gradient of a reduction: d/dx sum(x, 0)): its axes keep
                 # their place among the result's (measured: grad of sum(sum(a*b, 0)**2), b split on its columns,
@@ -785,6 +791,13 @@ def _walk_consumers(w: Walker, var: Any, out: Layout, sums: frozenset[str]) -> l
 
 def _transposed(eqn: Any, axis_of: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(axis_of[p] for p in eqn.params["permutation"])
+
+
+def _cut(eqn: Any, axis_of: tuple[int, ...]) -> tuple[int, ...]:
+    """A split's pieces' axes: the whole's, but for the cut axis, which maps to none (a piece's split there is
+    not the whole's)."""
+    cut = int(eqn.params["axis"])
+    return tuple(-1 if i == cut else a for i, a in enumerate(axis_of))
 
 
 def _broadcast(eqn: Any, v: Any, axis_of: tuple[int, ...]) -> tuple[int, ...]:
@@ -866,6 +879,8 @@ def _consumer_reach(home: JaxprHome, var: Any) -> Reach | None:
                     conditions += 1
                 else:
                     steps.append((eqn.outvars[0], axis_of, conds))
+            elif name == "split":
+                steps.extend((piece, _cut(eqn, axis_of), conds) for piece in eqn.outvars)
             elif name == "broadcast_in_dim":
                 steps.append((eqn.outvars[0], _broadcast(eqn, v, axis_of), conds))
             elif name == "reshape":

@@ -10,7 +10,8 @@
   analysis recognises) counts its body N times, as the HLO reader does; any other ``while_loop``'s trip
   count is a run-time value: its body's collectives are counted once, and the ops are marked approximate
   (per step they are ×trips).  A gather of one of the body's constants is loop-invariant: XLA makes it once,
-  outside the loop (as for a ``scan``).  ``fori_loop`` with static bounds is a ``scan`` in the jaxpr.
+  outside the loop (as for a ``scan``), and so is every collective of an op computed from the constants alone
+  (:func:`invariant_values`: a concatenation of split kernels, all-to-all'd once).  ``fori_loop`` with static bounds is a ``scan`` in the jaxpr.
 """
 
 from __future__ import annotations

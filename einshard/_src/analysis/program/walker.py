@@ -275,7 +275,14 @@ class Walker:
             self.record(eqn, phase, f"{why}: {side_string(src)} -> {side_string(dst)}", dst, colls, 0.0, t, repeat)
 
     def _hoisted_repeat(self, eqn: Any, collectives: tuple[Any, ...], repeat: int) -> int:
-        """An op whose collectives all gather loop constants (:attr:`hoisted`) runs at the loop's own repeat."""
+        """An op whose collectives all gather loop constants (:attr:`hoisted`) runs at the loop's own repeat, and so
+        does every collective of an op that is itself loop-invariant (all it makes is :attr:`hoisted`): XLA's
+        while-loop invariant code motion moves the op out of the loop with its collectives, whatever their kind
+        (measured: OptimizedLSTMCell's gate kernels split on their outputs, concatenated in the body, are
+        all-to-all'd once, outside the loop, not per step: tests/test_loop_invariant_rules.py)."""
+        made = [self.hoisted.get(id(v)) for v in getattr(eqn, "outvars", ()) if not hasattr(v, "val")]
+        if made and all(m is not None for m in made):
+            return min(m for m in made if m is not None)
         if not all(c.kind == "all-gather" for c in collectives):
             return repeat
         read = [getattr(c, "operand", None) for c in collectives]
