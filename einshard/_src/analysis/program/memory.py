@@ -77,6 +77,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ...core.layout import Layout
 from ..cost import ReduceScatter, Tiling, buffer_bytes
 from .costing import is_free
@@ -214,6 +216,26 @@ def _is_cheap(eqn: Any) -> bool:
     return test is not None and test(eqn)
 
 
+def _literals(eqn: Any) -> tuple[tuple[Any, ...], ...]:
+    """The constants XLA broadcasts for ``eqn``'s scalar literals: (value, dtype, the result's shape) each, for an
+    elementwise equation (``max x 0.0``) or a broadcast of a literal (``broadcast_in_dim 0.0``).  XLA writes each
+    as one broadcast of a constant, and its CSE makes the broadcasts of one value to one shape one instruction
+    (:func:`_shared_constants`)."""
+    name = eqn.primitive.name
+    if (name not in _FUSIBLE_ELEMENTWISE and name != "broadcast_in_dim") or len(eqn.outvars) != 1:
+        return ()
+    shape = tuple(getattr(eqn.outvars[0].aval, "shape", ()))
+    if not shape:
+        return ()  # a scalar result: nothing is broadcast
+    out = []
+    for v in eqn.invars:
+        val = getattr(v, "val", None)
+        if val is None or getattr(v.aval, "shape", None) != ():
+            continue
+        out.append((np.asarray(val).item(), str(v.aval.dtype), shape))
+    return tuple(out)
+
+
 def _fusible_elementwise() -> frozenset[str]:
     # tile is a broadcast to (repeats, size) and a reshape in XLA: fused as a broadcast is.  A reshape, squeeze
     # or expand_dims is a bitcast of its operand, computed inside its one reader's fusion as XLA does (the
@@ -286,6 +308,8 @@ class _Step:
     outs: tuple[Key, ...]
     inside: int = 0  # a loop's: the bytes one iteration holds besides the loop's operands and results
     cheap: bool = False  # XLA:CPU would recompute it in each fusion reading it (_is_cheap)
+    # The scalar literals it reads, each as the constant XLA broadcasts to its result's shape (:func:`_literals`).
+    literals: tuple[tuple[Any, ...], ...] = ()
 
 
 class _Program:
@@ -570,7 +594,7 @@ class _Program:
                     scratch = self._scratch(len(self.steps), eqn, env)
                 else:
                     scratch = window_scratch(eqn, env)
-                self.steps.append(_Step(_step_name(eqn), ins, outs, scratch, _is_cheap(eqn)))
+                self.steps.append(_Step(_step_name(eqn), ins, outs, scratch, _is_cheap(eqn), _literals(eqn)))
                 continue
             body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
             operands = eqn.invars[len(eqn.invars) - len(body.invars) :]
@@ -1273,6 +1297,9 @@ class _Liveness:
     conv_inputs: tuple[tuple[int, Key, bool, tuple[Key, ...]], ...] = ()
     # The 1x1 convolutions XLA:CPU computes inside a reduction's YNNPACK fusion (:func:`_convs_in_ynn`).
     ynn_convs: frozenset[int] = frozenset()
+    # The broadcast constants YNNPACK fusions read materialised: (their last such reader, a value of the constant's
+    # shape and split: that reader's result), each held from the start (:func:`_shared_constants`).
+    ynn_constants: tuple[tuple[int, Key], ...] = ()
 
 
 def _in_place_bases(prog: _Program) -> list[Key]:
@@ -1488,7 +1515,45 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
         _from_arguments(prog, dead),
         conv_inputs,
         dots_in_ynn,
+        _shared_constants(steps, dead, ynn, in_ynn),
     )
+
+
+def _shared_constants(
+    steps: list[_Step], dead: frozenset[int], ynn: frozenset[int], in_ynn: frozenset[int]
+) -> tuple[tuple[int, Key], ...]:
+    """The broadcast constants (:func:`_literals`) read inside a YNNPACK fusion that other steps read too.
+
+    XLA's CSE makes every broadcast of one constant to one shape one instruction; a loop fusion recomputes it,
+    but a YNNPACK fusion duplicates nothing into it (:func:`_in_ynn`), so a broadcast shared with a step outside
+    it is a buffer that fusion reads.  It reads nothing the step computes, so XLA:CPU's scheduler makes it at the
+    start, with the arguments' own copies, and holds it to its last reader.  Measured on the gradient of a ReLU
+    summed by a reduction YNNPACK runs: ``max(y, 0)`` in the fusion and the gradient's ``y > 0`` and
+    ``select(.., 0)`` outside it share one materialised ``f32[2,16,16,16]`` zero, made before the convolution
+    that makes ``y`` (tests/test_memory_rules.py); a ReLU alone (no gradient) folds the zero into its fusion.
+    Only a constant at the shape a reduction of the fusion reads counts: one a smaller operand reads (a mean's
+    ``/ 32`` on ``[rows, 1]``, broadcast into the fusion afterwards) is folded (measured: the residual stream's
+    LayerNorms, exact without it)."""
+    reduced = {_elements(steps[r].ins[0]) for r in ynn if steps[r].ins}
+    readers: dict[tuple[Any, ...], list[int]] = {}
+    for i, step in enumerate(steps):
+        if i not in dead:
+            for c in dict.fromkeys(step.literals):
+                readers.setdefault(c, []).append(i)
+    out = []
+    for reads in readers.values():
+        inside = [
+            i
+            for i in reads
+            if i in in_ynn
+            and steps[i].name in _YNN_ELEMENTWISE
+            and steps[i].outs
+            and _elements(steps[i].outs[0]) in reduced
+        ]
+        if inside and len(reads) > len(inside):
+            last = max(inside)
+            out.append((last, steps[last].outs[0]))
+    return tuple(out)
 
 
 # The ops that make a weight's other view: its layout, dtype or a static piece of it, from it alone.  (A
@@ -1677,7 +1742,7 @@ def _accepts(reader: _Step, made: _Step, fusing: frozenset[str]) -> bool:
 # The reductions XLA:CPU hands to YNNPACK (ynn_support.cc: a sum, max or min of floats whose operand or result has
 # at least this many elements per device, IsInstructionPreferredByYnn); each is a custom fusion that instruction
 # fusion leaves alone: it reads its operands' buffers, never recomputes a shared producer.
-_YNN_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
+_YNN_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_window_sum"})
 _YNN_MIN_ELEMENTS = 4096
 # The elementwise ops the YNNPACK fusion takes in with the reduction they feed (read by it alone): its unary and
 # binary operators, broadcasts and reshapes (measured: a LayerNorm's square, a mean pool's scale and shift).
@@ -2190,6 +2255,8 @@ def _peak(
                     if old is None or math.prod(lay.shard_shape) > math.prod(old.shard_shape):
                         derived[k] = lay
         extra_until.extend((until[k], nbytes_as(k, c)) for k, c in derived.items())
+    # The broadcast constants YNNPACK fusions read materialised: made at the start, held to their last reader.
+    extra_until.extend((end, nbytes_as(k, prog.layout(k))) for end, k in info.ynn_constants)
     # A convolution's input the program makes, gathered for it: the all-gather's result and (gathered along a
     # minor dimension) its copy back to row-major, while the convolution runs (_conv_gather_bytes).
     for i, k, last, names in info.conv_inputs:
