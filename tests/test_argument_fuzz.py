@@ -399,6 +399,7 @@ TABLE: dict[str, Entry | Record | Constant] = {
             "host_cores": lambda: [0, -1, 1.5, True, "2", b"2"],
             "combined_latency": _one_of("once", "per_piece"),
             "reduce_scatter": _one_of("native", "all-reduce"),
+            "latency_steps": _one_of("ring", "peers"),
             "op_overhead": _number(0),
             "element_time": _number(0),
             "collective_overhead": _number(0),
