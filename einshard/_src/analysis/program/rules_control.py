@@ -388,13 +388,13 @@ def carry_pulled(w: WalkerLike, results: list[Any], fixed: list[Layout], other: 
 def _on_batch_split(fixed: list[Layout], xs_inner: list[Layout]) -> bool:
     """Whether the carry is split on the batch alone: every split carry split only where the scanned slices split
     the batch (the same position and size), over the same mesh axes, and whole elsewhere (a state split on its
-    hidden axis too, ``h[batch@data, hidden@model]``, is the body's own split: its transpose loop keeps its own)."""
+    hidden axis too, ``h[batch@data, hidden@model]``, is the body's own split: its transpose loop keeps its own).
+    The batch is a slice's leading axis where it has features after it (``[batch, features]``, as a batched
+    recurrent step's slices are): a carry split like the slices' features (``h[batch, hidden@model]`` against
+    ``x[batch, features@model]`` of the same size) is the body's own split too (tests/test_dot_consumer_sums.py,
+    the scanned cell on an idle data axis)."""
     splits = [
-        (i, size, d)
-        for lay in xs_inner
-        if not is_free(lay)
-        for i, (size, d) in enumerate(zip(lay.shape, lay.dims))
-        if d
+        (0, lay.shape[0], lay.dims[0]) for lay in xs_inner if not is_free(lay) and len(lay.dims) >= 2 and lay.dims[0]
     ]
     carried = [lay for lay in fixed if not is_free(lay) and any(lay.dims)]
     return bool(carried) and all(
