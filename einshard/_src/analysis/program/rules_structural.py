@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jax.sharding import PartitionSpec as P
+
 from ...core.layout import Layout
 from ..cost import Collective, sent_bytes
 from ..einsum.plan import side_string
@@ -69,6 +71,14 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             # On Explicit axes the result's type names its split (lax.clamp's is x's: clamp(lo[16@b], x[16@(a,b)],
             # hi) is [16@(a,b)], and XLA permutes lo there, 128 B, where the merge kept only their common prefix)
             target, open_merge = target.with_dims(tuple(typed), frozenset()), False
+        placed = _placed_reader_split(w, eqn.outvars[0]) if typed is None and len(full) > 1 else None
+        if placed is not None and placed != target.dims:
+            # A placement reading the result (an auto_axes region's exit, a sharding constraint) is settled before
+            # the operands meet: Shardy carries its split back into the op, and an operand split so keeps it, the
+            # others brought to it (measured: mu2 = 0.9 * mu + 0.1 * g, mu whole, g[32@model, 10], placed whole on
+            # the auto_axes exit: XLA gathers 0.1 * g at the add, and the update read from mu2 is whole: one gather
+            # per placed moment, none at the updated weight; test_elementwise_placed_readers).
+            target = next((lay for lay in full if lay.dims == placed), target)
         if taking(w, eqn):
             # XLA's other choice at a marked conflict (a fork of the walk, see :mod:`.alternatives`): the
             # computed operand's split wins and the others are moved to it.
@@ -122,6 +132,27 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     if open_merge:
         mark_open_merge(w, eqn, since)
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
+
+
+def _placed_reader_split(w: WalkerLike, var: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The split a placement reading ``var`` directly lays it out in (every dimension named, whole included), or
+    None: no such reader, readers placing it differently, or a dimension left to the propagation (unconstrained)."""
+    from .rules_indexing import PLACEMENTS  # rules_indexing imports this module
+
+    rank = len(getattr(var.aval, "shape", ()))
+    found: set[tuple[tuple[str, ...], ...]] = set()
+    for user, k in w.uses.get(id(var), []):
+        if user.primitive.name not in PLACEMENTS or k != 0:
+            continue
+        sh = user.params.get("sharding") or user.params.get("dst_sharding")
+        if isinstance(sh, (list, tuple)):
+            sh = sh[0] if sh else None
+        spec = getattr(sh, "spec", None)
+        if spec is None or len(spec) > rank or any(e is P.UNCONSTRAINED for e in spec):
+            return None
+        named = [(e,) if isinstance(e, str) else tuple(e) if isinstance(e, tuple) else () for e in spec]
+        found.add(tuple(named) + ((),) * (rank - len(named)))
+    return found.pop() if len(found) == 1 else None
 
 
 def merged_dims(operands: list[tuple[tuple[str, ...], ...]]) -> tuple[tuple[str, ...], ...] | None:
