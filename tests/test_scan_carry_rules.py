@@ -41,7 +41,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import PartitionSpec as P
-from test_primitive_rules import DEEP, FAST, MEMORY_BOUNDS, MESHES, Case, _explain, _mesh, _xla, check
+from test_primitive_rules import DEEP, FAST, MEMORY_BOUNDS, MESHES, Case, _explain, _loss, _mesh, _xla, check
 
 from einshard._src.analysis.program.rules_control import CARRY_NOTE
 from einshard._src.testing.bounds import Measured, gaps, within_bound
@@ -468,3 +468,64 @@ def test_gather_of_a_loop_constant_is_hoisted(fn: Any) -> None:
     want, want_sent, _, _ = _xla(case, mesh, fn)
     assert (got, got_sent) == (want, want_sent)
     assert got["all-gather"] == 1, got
+
+
+# -- a pending-sum carry lands at its readers' split ----------------------------------------------------------------
+
+
+def lstm_cell(wi: Any, wh: Any, x: Any, carry: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Flax's OptimizedLSTMCell, batched: the four gates' kernels concatenated on their outputs."""
+    c, h = carry
+    i, f, g, o = jnp.split(x @ wi + h @ wh, 4, axis=-1)
+    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    return c, jax.nn.sigmoid(o) * jnp.tanh(c)
+
+
+def lstm_outputs(wi: Any, wh: Any, xs: Any) -> Any:
+    """The cell over time from a zero state, every step's output stacked (flax's nn.RNN)."""
+    z = jnp.zeros((xs.shape[1], wh.shape[0]), xs.dtype)
+    return lax.scan(lambda ch, x: ((ch := lstm_cell(wi, wh, x, ch)), ch[1]), (z, z), xs)[1]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+def test_pending_sum_carry_lands_at_its_readers_split(explicit: bool) -> None:
+    """The corpus's flax_lstm dp_tp gradient, minimal: the gates split on 'b' (the kernels' columns), the batch on
+    'a'.  The backward loop's h-cotangent carry is a dot's partial sum over 'b' (``dgates @ kernel_h.T``); its
+    readers in the next trip multiply it with residuals split on 'b', and XLA reduce-scatters it there each trip
+    (rules_control._readers_split), where explain had settled the carry whole and all-reduced it."""
+    args = (_struct(16, 128), _struct(32, 128), _struct(6, 8, 16))
+    case = Case(
+        "scan",
+        in_auto_axes(lstm_outputs) if explicit else lstm_outputs,
+        args,
+        (P(None, "b"), P(None, "b"), P(None, "a")),
+        2,
+        explicit,
+        True,
+        "recurrent",
+    )
+    check(case)
+    mesh = _mesh(2, explicit)
+    fn = _loss(case.fn, 3)
+    _, got, got_sent, _ = _explain(case, mesh, fn)
+    want, want_sent, _, _ = _xla(case, mesh, fn)
+    assert got == want and got_sent == want_sent, (got, want, got_sent, want_sent)
+    assert got["reduce-scatter"] >= 6, got  # one per trip
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+def test_pending_sum_carry_with_idle_axes_is_summed_whole(explicit: bool) -> None:
+    """The same LSTM under tp alone (the batch whole): the 'a' axis neither the gates nor the kernels split holds
+    as many devices as the sum over 'b', and XLA spreads the h-cotangent's sum over it (an all-reduce each trip, a
+    permute), so explain does not land it at its readers' split there: no reduce-scatter, XLA's all-reduces.
+    (XLA's permute of each trip's sum onto the split is not modelled: a gap of one permute per trip, as before.)"""
+    args = (_struct(16, 128), _struct(32, 128), _struct(6, 8, 16))
+    spec = (P(None, "b"), P(None, "b"), P())
+    case = Case("scan", in_auto_axes(lstm_outputs) if explicit else lstm_outputs, args, spec, 2, explicit, True)
+    mesh = _mesh(2, explicit)
+    fn = _loss(case.fn, 3)
+    _, got, got_sent, _ = _explain(case, mesh, fn)
+    want, want_sent, _, _ = _xla(case, mesh, fn)
+    assert got["reduce-scatter"] == want["reduce-scatter"] == 0, (got, want)
+    assert got["all-reduce"] == want["all-reduce"] > 0, (got, want)
+    assert got_sent == want_sent, (got_sent, want_sent)

@@ -160,9 +160,13 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     # (once, outside the loop), then walk it for real.
     quiet = type(w)(w.costs, quiet=True)
     quiet.requested.update(_carry_asks(body, n_carry, carry, quiet.requested))
-    first = quiet.walk(body, [*consts, *carry, *xs_inner], 1, inherit(phase))[:n_carry]
+    quiet_env: dict[Any, Layout] = {}
+    first = quiet.walk(body, [*consts, *carry, *xs_inner], 1, inherit(phase), env=quiet_env)[:n_carry]
+    # A carry the body makes as a pending sum lands at its readers' split in the next trip (below).
+    readers = _readers_split(quiet, quiet_env, body, n_consts, first)
     fixed = [
-        w.relayout(v.aval, out.dims) if not is_free(out) else lay for v, lay, out in zip(eqn.outvars, carry, first)
+        w.relayout(v.aval, readers.get(k, out.dims)) if not is_free(out) else lay
+        for k, (v, lay, out) in enumerate(zip(eqn.outvars, carry, first))
     ]
     # XLA's other fixed point: the carry split as the scanned slices split the batch (see batch_split_carry).
     other = batch_split_carry(w, [v.aval for v in eqn.outvars[:n_carry]], fixed, xs_inner)
@@ -211,6 +215,18 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     carried = carried_back(body, n_carry, wants) if taken and any(wants) else {}
     w.pulled.update(carried)
     w.requested.update(accumulating)
+    # The pending-sum carries' readers' split, asked of the body's result: its dot sums each trip's partial there.
+    carry_sums = {
+        id(body.outvars[k]): tuple(tuple(d) for d in dims)
+        for k, dims in readers.items()
+        if settled[k].dims == tuple(tuple(d) for d in dims) and id(body.outvars[k]) not in w.requested
+    }
+    w.requested.update(carry_sums)
+    # ... and left pending to the trip's end, as a stacked output's piece is (summed to its split below).
+    carry_pending = {
+        k for k in readers if id(body.outvars[k]) in carry_sums and id(body.outvars[k]) not in w.program_outputs
+    }
+    w.program_outputs.update(id(body.outvars[k]) for k in carry_pending)
     # Each stacked output's piece is asked the stack's split less the layer axis, as a program output is (a dot
     # making an FSDP layer's weight gradient is computed at it: rules_indexing.asked_split_operands).
     stacked_asks = {id(bv): dims for _, bv, dims in stacked if id(bv) not in w.requested}
@@ -230,6 +246,8 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
             w.pulled.pop(k, None)
         for k in accumulating:
             w.requested.pop(k, None)
+        for k in carry_sums:
+            w.requested.pop(k, None)
         for k in stacked_asks:
             w.requested.pop(k, None)
         for k in carry_asks:
@@ -237,6 +255,7 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
         for k in hoisted:
             w.hoisted.pop(k, None)
         w.program_outputs.difference_update(id(bv) for _, bv, _ in stacked)
+        w.program_outputs.difference_update(id(body.outvars[k]) for k in carry_pending)
     if accumulating and not w.quiet:
         asked_avals = [v.aval for v, s, was in zip(eqn.outvars, settled, unasked) if s is not was]
         _mark_combined_sums(w, body_start, asked_avals)
@@ -248,7 +267,21 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
         _mark_carry(w, eqn, body_start, _carry_bound(w, [v.aval for v in eqn.outvars[:n_carry]], fixed, other))
     if not w.quiet:
         w.sub_envs[(*outer_path, id(eqn))] = env
-    carry_out, ys = res[:n_carry], list(res[n_carry:])
+    carry_out, ys = list(res[:n_carry]), list(res[n_carry:])
+    for k in carry_pending:
+        if carry_out[k].unreduced:
+            dst = w.relayout(body.outvars[k].aval, settled[k].dims)
+            aval = body.outvars[k].aval
+            w.change(
+                eqn,
+                phase,
+                carry_out[k],
+                dst,
+                aval.dtype,
+                repeat * length,
+                "scan carry's sum lands at its readers' split",
+            )
+            carry_out[k] = dst
     for k, bv, dims in stacked:
         if ys[k].unreduced:
             dst = w.relayout(bv.aval, dims)
@@ -257,6 +290,53 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     out_layouts = [w.relayout(v.aval, lay.dims) for v, lay in zip(outs[:n_carry], carry_out)]
     out_layouts += [w.relayout(v.aval, [(), *lay.dims]) for v, lay in zip(outs[n_carry:], ys)]
     return out_layouts
+
+
+def _readers_split(
+    quiet: WalkerLike, env: dict[Any, Layout], body: Any, n_consts: int, first: list[Layout]
+) -> dict[int, list[tuple[str, ...]]]:
+    """The split each carry the body makes as a pending sum takes from its readers in the next trip, by carry index.
+
+    A dot whose contraction is split leaves the carry a partial sum (an LSTM's backward loop: the h-cotangent
+    ``dgates @ kernel_h.T``, the gates split on ``model``); no reader of the body's result is inside the trip, so
+    the look-ahead (:func:`.rules_indexing.consumer_split`) stopped at the carry and the sum settled whole.  XLA's
+    while loop holds one sharding for the body's result and its parameter, and propagates the parameter's readers'
+    back to the result: the sum lands at the split its readers ask (an elementwise partner laid out on ``model``),
+    a reduce-scatter per trip (measured: tests/test_scan_carry_rules.py's LSTM-like backward under dp x tp).
+    ``env`` is the quiet walk's environment of the body (its readers' layouts).
+
+    Only a dot's own sum, and only where the mesh axes neither of its operands splits hold fewer devices than the
+    sum: where they hold as many, XLA spreads the sum over them instead (an all-reduce of a slice per idle group
+    and a permute onto the split, rules_indexing.scatter_to_consumers; measured: the same LSTM under tp alone,
+    the batch whole, XLA all-reduces the carry and permutes it each trip), which this landing does not model."""
+    found: dict[int, list[tuple[str, ...]]] = {}
+    made = {id(v): e for e in body.eqns for v in e.outvars}
+    sizes = quiet.costs.mesh_sizes
+    outer = quiet.env
+    quiet.env = env
+    try:
+        for k, (bv, out) in enumerate(zip(body.outvars, first)):
+            lay = None if hasattr(bv, "val") else env.get(bv)
+            if hasattr(bv, "val") or lay is None or is_free(out) or not lay.unreduced:
+                continue
+            source = made.get(id(bv))
+            if source is None or source.primitive.name != "dot_general":
+                continue
+            used = {m for u in source.invars[:2] for d in _dims_in(env, u) for m in d}
+            if math.prod(n for m, n in sizes.items() if m not in used) >= math.prod(sizes[m] for m in lay.unreduced):
+                continue
+            dims = consumer_split(quiet, body.invars[n_consts + k], out.with_dims(out.dims), frozenset(lay.unreduced))
+            if dims is not None and tuple(tuple(d) for d in dims) != tuple(out.dims):
+                found[k] = dims
+    finally:
+        quiet.env = outer
+    return found
+
+
+def _dims_in(env: dict[Any, Layout], v: Any) -> tuple[tuple[str, ...], ...]:
+    """``v``'s split in ``env`` (a literal's or an unwalked value's: whole)."""
+    lay = None if hasattr(v, "val") else env.get(v)
+    return () if lay is None or is_free(lay) else tuple(lay.dims)
 
 
 def _carry_asks(
