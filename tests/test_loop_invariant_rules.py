@@ -59,20 +59,25 @@ def test_gather_of_a_value_made_from_loop_constants_is_hoisted(fn: Any, explicit
     with jax.set_mesh(mesh):
         compiled = jax.jit(fn).lower(*args).compile()
         report = trace(fn, *args).report(None, [P()])
-    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
-    want = Counter({k: n for k, n in _runs(found).items()})
-    got: Counter[str] = Counter()
-    for op in report.ops:
-        for c in op.collectives:
-            if c.group_size > 1:
-                got[c.kind] += op.repeat
-    sent_want = sum(c.sent_bytes * c.runs for c in found)
-    sent_got = sum(c.bytes * op.repeat for op in report.ops for c in op.collectives if c.group_size > 1)
+    (got, sent_got), (want, sent_want) = _collectives(report, compiled)
     assert not report.unfollowed
     assert got == want, (got, want)
     assert abs(sent_got - sent_want) <= 0.1 * max(sent_want, 1), (sent_got, sent_want)
     # The concatenation is gathered once, outside the loop, as XLA does: not once per step.
     assert want["all-gather"] < T
+
+
+def _collectives(report: Any, compiled: Any) -> tuple[tuple[Counter[str], float], tuple[Counter[str], float]]:
+    """((explain's collectives by kind per run, bytes each device sends), (the compiled program's, the same)): a
+    collective inside a loop counts once per trip on both sides."""
+    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
+    got: Counter[str] = Counter()
+    for op in report.ops:
+        for c in op.collectives:
+            if c.group_size > 1:
+                got[c.kind] += op.repeat
+    sent_got = sum(c.bytes * op.repeat for op in report.ops for c in op.collectives if c.group_size > 1)
+    return (got, sent_got), (_runs(found), sum(c.sent_bytes * c.runs for c in found))
 
 
 def _runs(found: list) -> Counter[str]:
@@ -130,15 +135,7 @@ def test_any_move_of_a_value_made_from_loop_constants_is_hoisted(fn: Any, explic
     with jax.set_mesh(mesh):
         compiled = jax.jit(fn).lower(*args).compile()
         report = trace(fn, *args).report(None, [P()])
-    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
-    want = _runs(found)
-    got: Counter[str] = Counter()
-    for op in report.ops:
-        for c in op.collectives:
-            if c.group_size > 1:
-                got[c.kind] += op.repeat
-    sent_want = sum(c.sent_bytes * c.runs for c in found)
-    sent_got = sum(c.bytes * op.repeat for op in report.ops for c in op.collectives if c.group_size > 1)
+    (got, sent_got), (want, sent_want) = _collectives(report, compiled)
     m = compiled.memory_analysis()
     peak_want = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
     assert not report.unfollowed
