@@ -71,7 +71,10 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             # On Explicit axes the result's type names its split (lax.clamp's is x's: clamp(lo[16@b], x[16@(a,b)],
             # hi) is [16@(a,b)], and XLA permutes lo there, 128 B, where the merge kept only their common prefix)
             target, open_merge = target.with_dims(tuple(typed), frozenset()), False
-        placed = _placed_reader_split(w, eqn.outvars[0]) if typed is None and len(full) > 1 else None
+        # (Only where the operands disagree: the readers' uses are read, which a copy's replay must key when they
+        # lie past it, so an agreeing op -- a residual add under data parallelism -- reads none: test_segments.)
+        disagree = len({lay.dims for lay in full}) > 1
+        placed = _placed_reader_split(w, eqn.outvars[0]) if typed is None and disagree else None
         if placed is not None and placed != target.dims:
             # A placement reading the result (an auto_axes region's exit, a sharding constraint) is settled before
             # the operands meet: Shardy carries its split back into the op, and an operand split so keeps it, the
