@@ -120,7 +120,19 @@ ARGS_TREE = ((ARGS[0], ARGS[1]), ARGS[2])
 MEMORY_BOUNDS.setdefault("recurrent", (0.6, 1.25))
 
 
-@pytest.mark.parametrize("rank", [1, 2])
+# jax 0.12's XLA moves the backward loop's batch-split cotangents by all-gathers where jax 0.10.2's (explain's
+# model, tests/test_scan_unscattered_sums.py's measurements) moves them by all-to-alls, on a 2-axis mesh: measured
+# in CI's jax 0.12 run, e.g. the LSTM under FSDP 15 all-gathers and no all-to-all against explain's 9 and 6, bytes
+# 159744 vs 156288. Not probed yet (einshard._src.analysis.program.xla_behaviour has no entry for it).
+_JAX_012_GATHERS_COTANGENTS = pytest.mark.xfail(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 12),
+    reason="jax 0.12's XLA all-gathers the backward loop's batch-split cotangents (jax 0.10.2 and explain: "
+    "all-to-alls); no xla_behaviour probe for it yet",
+    strict=True,
+)
+
+
+@pytest.mark.parametrize("rank", [1, pytest.param(2, marks=_JAX_012_GATHERS_COTANGENTS)])
 @pytest.mark.parametrize("cell", [fused, unfused], ids=["fused", "separate"])
 def test_accumulators_asked_split_on_auto_axes_are_reduce_scattered_as_xla_does(cell: Any, rank: int) -> None:
     """XLA reduce-scatters each trip's kernel-gradient partial to the accumulators' split; so does explain: the
@@ -195,6 +207,7 @@ def _lstm_loss(params: Any, xs: Any, target: Any) -> Any:
     return jnp.mean((jnp.swapaxes(hs, 0, 1) @ head - target) ** 2)
 
 
+@_JAX_012_GATHERS_COTANGENTS
 def test_lstm_gradient_under_fsdp_carries_both_loops_on_the_batch_split() -> None:
     """FSDP (kernels' rows and the batch over 'data'): the forward loop's body keeps the state on the batch split
     (the gathered kernels), and XLA carries the backward loop's cotangents there too (one all-to-all per step)
