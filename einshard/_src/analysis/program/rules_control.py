@@ -231,6 +231,8 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
     # making an FSDP layer's weight gradient is computed at it: rules_indexing.asked_split_operands).
     stacked_asks = {id(bv): dims for _, bv, dims in stacked if id(bv) not in w.requested}
     w.requested.update(stacked_asks)
+    # The body's dot results, which the running XLA may move by gathering them whole (dot_result_route).
+    dots = loop_dots(w, body)
     # The loop's constants: a gather of one is loop-invariant, made once outside the loop.
     hoisted = {k: repeat for k in invariant_values(body, body.invars[:n_consts]) if k not in w.hoisted}
     w.hoisted.update(hoisted)
@@ -254,6 +256,7 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
             w.requested.pop(k, None)
         for k in hoisted:
             w.hoisted.pop(k, None)
+        _loop_dots(w).difference_update(dots)
         w.program_outputs.difference_update(id(bv) for _, bv, _ in stacked)
         w.program_outputs.difference_update(id(body.outvars[k]) for k in carry_pending)
     if accumulating and not w.quiet:
@@ -606,6 +609,49 @@ def carried_back(body: Any, n_carry: int, wants: list[Dims | None]) -> dict[int,
             dims = e.params["broadcast_dimensions"]
             give(src, tuple(d[j] if src.aval.shape[i] == shape[j] else () for i, j in enumerate(dims)))
     return sources
+
+
+# The walker attribute holding the ids of the dot results of the loop bodies being walked (:func:`dot_result_route`).
+_LOOP_DOTS = "_einshard_loop_dots"
+
+
+def loop_dots(w: WalkerLike, body: Any) -> set[int]:
+    """Register the ids of ``body``'s dot results for :func:`dot_result_route` (the scan rule drops them after
+    its walk); the ids registered, none where the running XLA all-to-alls them (nothing to route)."""
+    from .xla_behaviour import xla_behaviour
+
+    if not xla_behaviour().carried_back_splits_gathered:
+        return set()
+    made = {id(v) for e in body.eqns if e.primitive.name == "dot_general" for v in e.outvars} - _loop_dots(w)
+    _loop_dots(w).update(made)
+    return made
+
+
+def _loop_dots(w: WalkerLike) -> set[int]:
+    found: set[int] | None = getattr(w, _LOOP_DOTS, None)
+    if found is None:
+        found = set()
+        setattr(w, _LOOP_DOTS, found)
+    return found
+
+
+def dot_result_route(w: WalkerLike, var: Any, src: Layout, dst: Layout, dtype: Any, phase: str) -> list[Layout]:
+    """The layouts a move of ``var`` from ``src`` to ``dst`` passes through, ``dst`` last: one step, unless
+    ``var`` is a dot's result in a transpose loop's body moved by an all-to-all on a mesh with an axis neither
+    side splits.  jax 0.12's SPMD partitioner makes such a dot in its operands' split, partially replicated
+    (``[batch, hidden@data]``, the state's cotangent), where propagation asked another (the carry's batch split,
+    or an elementwise partner's) and cannot all-to-all between the two ("involuntary full rematerialization"): it
+    gathers the result whole and slices it (:mod:`.xla_behaviour`'s ``carried_back_splits_gathered``, probed;
+    measured on tests/test_scan_unscattered_sums.py's LSTM and accumulators under FSDP on (4, 2)).  jax 0.10's
+    all-to-alls it, and so do both with nothing idle.  Only the backward loops were measured to differ."""
+    if phase != "backward" or id(var) not in getattr(w, _LOOP_DOTS, ()):
+        return [dst]
+    split = {m for lay in (src, dst) for d in lay.dims for m in d}
+    if all(m in split for m, n in w.costs.mesh_sizes.items() if n > 1):
+        return [dst]
+    if {c.kind for c in w.costs.reshard(src, dst, dtype)} != {"all-to-all"}:
+        return [dst]
+    return [dst.with_dims(tuple(() for _ in dst.dims)), dst]
 
 
 # Why a loop summing into split accumulators is approximate (the report's first line names the op).

@@ -102,7 +102,15 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             # the operand moves in its own dtype (a select's boolean mask: 1 byte an element, not the result's 4)
             dtype = eqn.invars[k].aval.dtype
             at = len(w.ops)
-            w.change(eqn, phase, lay, target.with_dims(target.dims, lay.unreduced), dtype, repeat, why)
+            # (a loop body's dot result may be gathered whole and sliced: rules_control.dot_result_route)
+            from .rules_control import dot_result_route
+
+            step_from = lay
+            for step in dot_result_route(
+                w, eqn.invars[k], lay, target.with_dims(target.dims, lay.unreduced), dtype, phase
+            ):
+                w.change(eqn, phase, step_from, step, dtype, repeat, why)
+                step_from = step
             mark_swap(w, at, lay, target.dims, dtype)
             conflicted.append(k)
     for k, lay in enumerate(ins):

@@ -500,7 +500,13 @@ class Walker:
             if want is None or lay is None or isinstance(lay, FreeLayout) or lay.unreduced or lay.dims == want:
                 continue
             moved[k] = self.relayout(v.aval, want)
-            self.change(eqn, phase, lay, moved[k], v.aval.dtype, repeat, "a loop carry's split, carried back")
+            # The scan rule's route: one move, or a gather whole and a slice where the running XLA does that.
+            from .rules_control import dot_result_route
+
+            src = lay
+            for step in dot_result_route(self, v, lay, moved[k], v.aval.dtype, phase):
+                self.change(eqn, phase, src, step, v.aval.dtype, repeat, "a loop carry's split, carried back")
+                src = step
         return moved
 
     def step(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:

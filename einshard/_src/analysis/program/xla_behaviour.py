@@ -17,6 +17,14 @@ version the behaviour was measured on.  Each field names the releases it was mea
 * ``fft_keeps_other_splits`` — an ``fft`` whose operand is split on axes the transform does not touch: jax 0.10.2's
   XLA gathers the whole operand and slices the result back; jax 0.12.0.1's transforms each device's block where it
   is (nothing moves) and gathers only the transformed axes (:func:`.rules_linalg.fft`; tests/test_linalg_rules.py).
+* ``carried_back_splits_gathered`` — a transpose loop whose cotangent carry is held on the batch split (an RNN's
+  gradient under FSDP: the body's dot makes the state's cotangent ``[batch, hidden@data]`` and the carry pulls it
+  to ``[batch@data, hidden]``, :func:`.rules_control.dot_result_route`), on a mesh with an axis neither side
+  splits (``(data, model)``, model idle): jax 0.10.2's SPMD partitioner all-to-alls the dot's result; jax
+  0.12.0.1's reports an "involuntary full rematerialization" of the dot (its partially replicated tiling to the
+  carry's named sharding) and all-gathers it whole, then slices.  On a mesh with no idle axis both all-to-all.
+  Measured on the LSTM under FSDP of tests/test_scan_unscattered_sums.py on a (4, 2) mesh (jax 0.12.0.1: 15
+  all-gathers and no all-to-all, 159744 B; jax 0.10.2: 9 and 6 all-to-alls, 156288 B) and on the probe's RNN.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ class XlaBehaviour:
     conv_windows_join_features: bool
     found_by: Literal["probe", "version"]
     fft_keeps_other_splits: bool = False
+    carried_back_splits_gathered: bool = False
 
 
 def _jax_version() -> tuple[int, int]:
@@ -103,18 +112,67 @@ def _probe_fft_keeps_other_splits() -> bool | None:
     return "all-gather" not in text
 
 
+def _probe_carried_back_splits_gathered() -> bool | None:
+    """Compile the gradient of a two-step RNN, ``h = tanh(x @ u + h @ u)``, on a (2, 2) mesh, ``u``'s rows and the
+    batch split over the first axis, the second idle: its transpose loop carries ``dh`` on the batch split and the
+    body's ``dz @ u.T`` makes it on the hidden split.  jax 0.10.2's XLA all-to-alls it each trip, jax 0.12.0.1's
+    gathers it whole (no all-to-all in the program).  None without four devices (the idle axis needs a second
+    mesh axis of two) or where the compile is refused."""
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = jax.devices()
+    if len(devices) < 4:
+        return None
+    mesh = Mesh([devices[:2], devices[2:4]], ("probe", "idle"))
+
+    def loss(u: jax.Array, xs: jax.Array) -> jax.Array:
+        def step(h: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+            h = jnp.tanh(x @ u + h @ u)
+            return h, h
+
+        _, hs = jax.lax.scan(step, jnp.zeros((xs.shape[0], u.shape[0]), xs.dtype), jnp.swapaxes(xs, 0, 1))
+        return jnp.sum(hs**2)
+
+    split = NamedSharding(mesh, P("probe"))
+    args = (jax.ShapeDtypeStruct((4, 4), jnp.float32), jax.ShapeDtypeStruct((2, 2, 4), jnp.float32))
+    try:
+        with jax.set_mesh(mesh):
+            compiled = jax.jit(jax.grad(loss), in_shardings=(split, split), out_shardings=split).lower(*args).compile()
+        text = compiled.as_text() or ""
+    except Exception:  # as the conv probe: the version decides
+        return None
+    return "all-to-all" not in text
+
+
 _measured: list[XlaBehaviour] = []  # the probe's answer, once it has one (the XLA in a process never changes)
 
 
 def xla_behaviour() -> XlaBehaviour:
     """The running XLA's behaviour: probed once per process; by the jax version while no probe can run (one
-    device, or called where a compile is refused), probing again on the next call."""
+    device, or called where a compile is refused), probing again on the next call.  ``carried_back_splits_gathered``
+    needs four devices: with two or three it is the version's answer in a record found by probe."""
     if _measured:
         return _measured[0]
     probed = _probe_conv_windows_join_features()
     fft = _probe_fft_keeps_other_splits()
+    newer = _jax_version() >= _NEWER_FROM
     if probed is None or fft is None:
-        newer = _jax_version() >= _NEWER_FROM
-        return XlaBehaviour(conv_windows_join_features=newer, found_by="version", fft_keeps_other_splits=newer)
-    _measured.append(XlaBehaviour(conv_windows_join_features=probed, found_by="probe", fft_keeps_other_splits=fft))
+        return XlaBehaviour(
+            conv_windows_join_features=newer,
+            found_by="version",
+            fft_keeps_other_splits=newer,
+            carried_back_splits_gathered=newer,
+        )
+    # Two or three devices run the other probes but not this one (it needs four): the version answers it.
+    gathered = _probe_carried_back_splits_gathered()
+    _measured.append(
+        XlaBehaviour(
+            conv_windows_join_features=probed,
+            found_by="probe",
+            fft_keeps_other_splits=fft,
+            carried_back_splits_gathered=newer if gathered is None else gathered,
+        )
+    )
     return _measured[0]
