@@ -485,8 +485,8 @@ PROFILES: dict[str, Profile] = {
     # program (17.4 MB, 22.1 MB: the fewest FLOPs, no hand layout sends 10% less), the three transformers still
     # pass tests/test_planner_reality.py, the four small families still plan the replicated step.  Still an option:
     # under a memory budget (test_plan_hand_presets.py's budget test) hk_stack's plan sends 32.1 MB against dp_tp's
-    # 24.2 at its FLOPs, and plan(verify=)'s compiled time prices FLOPs only (verify.py: no kernel or element price),
-    # so two verify tests there choose other compiled layouts under it.
+    # 24.2 at its FLOPs (predicted 282.51 against 282.73 ms: a tie), and plan(verify=)'s compiled time prices the
+    # compiled FLOPs only (verify.py: no kernel or element price).
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
