@@ -483,10 +483,12 @@ PROFILES: dict[str, Profile] = {
     # Session 18 prices it on the forward products' results only, twice with a backward (CPU_ELEMENT_TIME's comment,
     # measured: a product's result elements cost nothing beyond its FLOPs): both large families plan dp_all's
     # program (17.4 MB, 22.1 MB: the fewest FLOPs, no hand layout sends 10% less), the three transformers still
-    # pass tests/test_planner_reality.py, the four small families still plan the replicated step.  Still an option:
+    # pass tests/test_planner_reality.py, the four small families still plan the replicated step (measured 0.96/1.09/
+    # 0.84/0.82x the fastest hand layout, --rounds 200, load 19-22: within noise).  Still an option:
     # under a memory budget (test_plan_hand_presets.py's budget test) hk_stack's plan sends 32.1 MB against dp_tp's
-    # 24.2 at its FLOPs (predicted 282.51 against 282.73 ms: a tie), and plan(verify=)'s compiled time prices the
-    # compiled FLOPs only (verify.py: no kernel or element price).
+    # 24.2 at its FLOPs (predicted 282.51 against 282.73 ms: a tie the model cannot split), and measured (12
+    # interleaved rounds, load 14-16) 1139 ms against dp_tp's 926 wall (1.23x, split-half noise ~10%), 388 against 386
+    # ms of process CPU: the time apart is waiting, not compute, which the collectives' price does not reach.
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:
