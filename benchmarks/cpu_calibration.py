@@ -1,6 +1,6 @@
 """What a collective, an op and a matrix product cost on this host's simulated CPU devices: the `cpu` profile's numbers.
 
-    python benchmarks/cpu_calibration.py [--repeats 15] [--rounds 3] [--sweep | --groups]
+    python benchmarks/cpu_calibration.py [--repeats 15] [--rounds 3] [--sweep | --groups | --dots]
 
 Prints, as JSON: the host's usable cores and load average (before and after), and three fits:
 
@@ -35,6 +35,13 @@ Prints, as JSON: the host's usable cores and load average (before and after), an
   and size, the fits ``overhead + latency * hops`` (the ring's) and ``overhead + c * log2(n)``, with their worst
   residuals: the law ``Profile.collective_time`` prices under ``latency_steps``.
 
+* **a dot's time by its result's size** (``--dots``, alone: ``dot_sweep``): products of ``DOT_SHAPES`` on all 8
+  devices, equal FLOPs paired with results 4 Ki to 1 Mi elements large, in the weight gradient's form (the left
+  operand contracted on its first axis, x^T @ dy) and the forward one; each product on a fresh operand reading a
+  scalar of the last result, minus the same chain without it; fitted as ``overhead + FLOPs / rate + elements *
+  price`` and as the larger of the two terms: whether a product's result elements cost anything beyond its FLOPs
+  (what ``Profile.element_time`` may be charged on: ``planner.scoring.unwalked_compute_s``).
+
 A fit whose slope is not positive, or whose chain times do not rise with k (the load swamped them), is reported
 with ``"reliable": false``: rerun on a quieter host rather than read it.
 
@@ -64,6 +71,11 @@ all-gather 41/73/124 and 49/94/153, a reduce-scatter 43/76/129 and 48/83/131: th
 both axes cost what one group of 8 does (7 peers), not a 4-ring plus a 2-ring.  Fitted per kind and size as 29-38 µs
 plus 14-17 µs per peer (n - 1), worst residual 4-9%; log2(n) fits as closely only with a fixed part of -6 to +4 µs.
 The ratios 4:2 = 1.7-1.9, 8:2 = 2.7-3.2 (``cpu_profile(small_ops=True)``: 30 µs + 14 µs per peer, 1.6 and 2.9).
+Measured 2026-11-27 10:43-10:47 UTC with ``--dots --repeats 9 --rounds 7``, twice (load 4-6, then 5-10; results/
+cpu_dots.json): the forward form 25-46 GFLOP/s per device (a (1024, 16) @ (16, 1024) product, 1 Mi result elements,
+1.0-1.2 ms), the weight gradient's form of the same 33.6 MFLOP 4-20 (a (64, 4096)^T-form one, 4 Ki elements,
+4.6-9.2 ms); the price per result element fitted negative (-0.05, -0.13 ns), the max law no closer (residual
+73-78%): a product's result elements cost nothing measurable, its form changes its FLOP rate.
 """
 
 import argparse
@@ -330,6 +342,131 @@ def group_sweep(repeats: int, rounds: int) -> dict[str, Any]:
     return {"ops": rows, "fits": fits}
 
 
+# The dot sweep (``--dots``, alone: ``dot_sweep``): per product, (M, K, N) of an (M, K) @ (K, N) on each device, and
+# whether the left operand is stored (K, M) and contracted on its first axis (``'tn'``: a weight gradient's
+# dot_general, x^T @ dy contracting the batch) or (M, K) on its last (``'nn'``: a forward activation product).  The
+# sizes pair the same FLOPs with outputs 64x apart (a weight gradient's small result over a long contraction against
+# an activation's large result over a short one), so a per-result-element cost separates from the FLOPs.
+DOT_SHAPES: tuple[tuple[int, int, int, str], ...] = (
+    (64, 4096, 64, "tn"),  # 33.6 MFLOP, 4 Ki out: a weight gradient over 4096 rows
+    (64, 1024, 64, "tn"),  # 8.4 MFLOP, 4 Ki out
+    (256, 1024, 256, "tn"),  # 134 MFLOP, 64 Ki out
+    (256, 256, 256, "tn"),  # 33.6 MFLOP, 64 Ki out
+    (512, 64, 512, "nn"),  # 33.6 MFLOP, 256 Ki out: an activation product over a 64-wide contraction
+    (512, 16, 512, "nn"),  # 8.4 MFLOP, 256 Ki out
+    (1024, 16, 1024, "nn"),  # 33.6 MFLOP, 1 Mi out
+    (256, 256, 256, "nn"),  # 33.6 MFLOP, 64 Ki out: the same product stored as a forward one
+    (2048, 8, 512, "nn"),  # 16.8 MFLOP, 1 Mi out
+)
+
+
+def dot_chain(m: int, k_dim: int, n: int, form: str, k: int, with_dot: bool) -> Callable[..., Any]:
+    """k dependent products per device on all 8 devices at once, each on a fresh left operand that reads a scalar of
+    the last result (added, then ``optimization_barrier``: the add is a kernel of its own, not fused into the dot);
+    ``with_dot`` False: the same chain with no product (the add and the read alone, subtracted)."""
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    contract = ((0,), (0,)) if form == "tn" else ((1,), (0,))
+
+    def body(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+        acc = jnp.zeros((), lhs.dtype)
+        for _ in range(k):
+            a = jax.lax.optimization_barrier(lhs + acc * 1e-6)
+            if with_dot:
+                y = jax.lax.dot_general(a, rhs, (contract, ((), ())))
+                acc = jax.lax.optimization_barrier(y)[0, 0]
+            else:
+                acc = a[0, 0]
+        return acc[None]
+
+    del m, k_dim, n  # the shapes come from the arguments; kept in the signature for the cache key's readability
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("d"), P("d")), out_specs=P("d")))
+
+
+def _dot_law_fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Least squares, relative (each row weighted by 1/time), of the two laws a dot's time could follow beyond a fixed
+    cost: ``sum`` (FLOPs / rate + out_elements * per_element) and ``max`` (the larger of the two; per_element
+    scanned, rate fitted at each), with each law's worst relative residual: which one the measurement picks."""
+    import numpy as np
+
+    t = np.array([r["per_op_s"] for r in rows])
+    f = np.array([float(r["flops"]) for r in rows])
+    e = np.array([float(r["out_elements"]) for r in rows])
+    w = 1.0 / t
+    a = np.stack([np.ones_like(f), f, e], axis=1) * w[:, None]
+    (c0, per_flop, per_el), *_ = np.linalg.lstsq(a, t * w, rcond=None)
+    fit_sum = c0 + per_flop * f + per_el * e
+    best = (float("inf"), 0.0, 0.0, 0.0)  # (worst relative residual, overhead, per FLOP, per element)
+    for per_el_max in np.geomspace(1e-12, 1e-7, 121):
+        for per_flop_max in np.geomspace(1e-13, 1e-9, 121):
+            pred = np.maximum(per_flop_max * f, per_el_max * e)
+            c = float(np.median(t - pred))
+            err = float(np.max(np.abs(c + pred - t) / t))
+            if err < best[0]:
+                best = (err, c, float(per_flop_max), float(per_el_max))
+    return {
+        "sum": {
+            "overhead_s": float(c0),
+            "flops_per_s": float(1 / per_flop) if per_flop > 0 else None,
+            "s_per_out_element": float(per_el),
+            "max_rel_residual": float(np.max(np.abs(fit_sum - t) / t)),
+        },
+        "max": {
+            "overhead_s": best[1],
+            "flops_per_s": 1 / best[2],
+            "s_per_out_element": best[3],
+            "max_rel_residual": best[0],
+        },
+    }
+
+
+def dot_sweep(repeats: int, rounds: int) -> dict[str, Any]:
+    """Per product of ``DOT_SHAPES``, one product's time on each of 8 busy devices (the chain's slope over
+    ``SWEEP_CHAIN`` minus the same chain's without the product), every configuration once per round, rotated; then
+    the two laws' fits (``_dot_law_fit``): what XLA:CPU spends on a dot per FLOP and per element it writes, the
+    weight gradient's product (small result, long contraction) beside the activation's (large result, short one)."""
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    fns: dict[tuple[Any, ...], Callable[..., Any]] = {}
+    args: dict[tuple[int, int, int, str], tuple[jax.Array, jax.Array]] = {}
+    for m, kd, n, form in DOT_SHAPES:
+        lhs_shape = (kd, m) if form == "tn" else (m, kd)
+        lhs = jax.device_put(jnp.ones((8 * lhs_shape[0], lhs_shape[1]), jnp.float32), NamedSharding(mesh, P("d")))
+        rhs = jax.device_put(jnp.ones((8 * kd, n), jnp.float32), NamedSharding(mesh, P("d")))
+        args[(m, kd, n, form)] = (lhs, rhs)
+        for with_dot in (True, False):
+            for k in SWEEP_CHAIN:
+                fn = dot_chain(m, kd, n, form, k, with_dot)
+                jax.block_until_ready(fn(lhs, rhs))  # compile outside the timing
+                fns[(m, kd, n, form, with_dot, k)] = fn
+    samples: dict[tuple[Any, ...], list[float]] = {key: [] for key in fns}
+    keys = list(fns)
+    for r in range(rounds):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:  # rotated: a burst of load hits all alike
+            samples[key].append(median_time(fns[key], *args[key[:4]], n=repeats))
+    rows = []
+    span = SWEEP_CHAIN[1] - SWEEP_CHAIN[0]
+    for m, kd, n, form in DOT_SHAPES:
+        per = {
+            d: (
+                statistics.median(samples[(m, kd, n, form, d, SWEEP_CHAIN[1])])
+                - statistics.median(samples[(m, kd, n, form, d, SWEEP_CHAIN[0])])
+            )
+            / span
+            for d in (True, False)
+        }
+        rows.append(
+            {
+                "m_k_n": [m, kd, n],
+                "form": form,
+                "flops": 2 * m * kd * n,
+                "out_elements": m * n,
+                "per_op_s": per[True] - per[False],
+                "baseline_per_step_s": per[False],
+            }
+        )
+    reliable = all(r["per_op_s"] > 0 for r in rows)
+    return {"ops": rows, "fits": _dot_law_fit(rows) if reliable else None, "reliable": reliable}
+
+
 def collective_shape(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """One all-reduce's time over 2, 4 and 8 devices fitted as ``overhead + latency * hops`` (hops = 2 (n - 1)):
     the part every collective pays whatever its ring (``Profile.collective_overhead``) and the part per ring step
@@ -352,11 +489,19 @@ def main() -> None:
     parser.add_argument(
         "--groups", action="store_true", help="only the collective sweep by kind and group size (group_sweep)"
     )
+    parser.add_argument(
+        "--dots", action="store_true", help="only the dot sweep: FLOPs against result elements (dot_sweep)"
+    )
     a = parser.parse_args()
     out: dict[str, Any] = {
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "load_before": os.getloadavg(),
     }
+    if a.dots:
+        out["dots"] = dot_sweep(a.repeats, a.rounds)
+        out["load_after"] = os.getloadavg()
+        print(json.dumps(out, indent=1))
+        return
     if a.groups:
         out["groups"] = group_sweep(a.repeats, a.rounds)
         out["load_after"] = os.getloadavg()

@@ -10,14 +10,15 @@ noise (odd against even rounds), the planner's predicted time (and its compute p
 (pieces of merged ops counted each), bytes and FLOPs per device.  The load average at the start and the end of
 each family is recorded: on a shared 2-core host the absolute times move with it, compare layouts within a family.
 
-``--small-ops`` plans and prices with ``cost.cpu_profile(small_ops=True)`` (the elementwise work on each product's
-result priced, each merged all-reduce's piece paying its latency, a collective priced by its group's peers) in place
-of the default ``cpu`` profile; benchmarks/results/plan_prediction_small_ops.json is that run (``--rounds 300``, load
-8-12, 2026-11-27, ``latency_steps='peers'``): each family plans the replicated step, measured 0.89x (kh_llama),
-0.95x (keras_vit), 0.80x (hk_stack), 0.88x (kh_t5) the fastest hand layout (split-half noise 0-13%).  Two more runs
-the same hour: ``--rounds 30`` (load 10-13) 0.88/1.35/0.79/0.96x (keras_vit's replicated step ±22%), and keras_vit
-alone ``--rounds 300`` (load 8-10) 1.05x tp (±2%), 0.93x dp: the replicated step and the fastest hand layouts trade
-places on keras_vit from run to run.
+``--small-ops`` plans and prices with ``cost.cpu_profile(small_ops=True)`` (the elementwise work on the activations the
+forward products write priced, each merged all-reduce's piece paying its latency, a collective priced by its group's
+peers) in place of the default ``cpu`` profile; benchmarks/results/plan_prediction_small_ops.json is that run
+(``--rounds 200``, load 19-22, 2026-11-27 11:04-11:16 UTC, session 18's pricing: the element price on forward
+results only): each family plans the replicated step, measured 0.96x (kh_llama, against tp), 1.09x (keras_vit,
+against dp; split-half noise 10% and 4%), 0.84x (hk_stack, tp), 0.82x (kh_t5, dp_tp; noise 23%) the fastest hand
+layout.  Session 17's run (the element price on every product, ``--rounds 300``, load 8-12) planned the same
+programs: 0.89/0.95/0.80/0.88x; keras_vit's replicated step and its fastest hand layouts trade places from run to
+run (1.05-1.35x in two other runs).
 
 Writes benchmarks/results/plan_prediction.json (or ``--out``).
 """

@@ -27,6 +27,12 @@ BATCH = jax.ShapeDtypeStruct((512, 256), jnp.float32)
 HAND = ({r"^\['w1'\]$": "x y -> x y@data", r"^\['w2'\]$": "x y -> x@data y"}, ["b s -> b@model s"])
 
 
+def _ranked_first(rows):
+    """The verified layouts verify chooses among: those JAX accepts as written, where there are any (one it refuses
+    on Explicit axes ranks after every accepted one: planner/verify.py's doc), else all."""
+    return [v for v in rows if not v.refused] or list(rows)
+
+
 @pytest.mark.parametrize("axis_type", ["explicit", "auto"])
 def test_an_expressible_hand_preset_is_compiled_by_verify_and_can_be_the_plan(axis_type):
     types = (jax.sharding.AxisType.Explicit if axis_type == "explicit" else jax.sharding.AxisType.Auto,) * 2
@@ -42,7 +48,7 @@ def test_an_expressible_hand_preset_is_compiled_by_verify_and_can_be_the_plan(ax
     assert hand.compiled_comm_bytes > 0 and hand.compiled_count == 4
     # The compiler's ranking decides; a preset that is an assignment is never put back by the prediction.
     chosen = next(v for v in r.verification if v.chosen)
-    assert chosen.compiled_time_s == min(v.compiled_time_s for v in r.verification)
+    assert chosen.compiled_time_s == min(v.compiled_time_s for v in _ranked_first(r.verification))
     assert r.strategies.get("parameters") != "the preset's rules"
     if chosen.label == "preset hand":
         assert r.rules == HAND[0] and set(r.data_rules[0].values()) == {"b s -> b@model s"}
@@ -67,7 +73,7 @@ def test_a_hand_preset_splitting_a_small_group_is_compiled_too():
         # compiled once, under the search's label.
         assert r.rules == hand[0] and set(r.data_rules[0].values()) == {"b s -> b@model s"}, (r.rules, r.data_rules)
     chosen = next(v for v in r.verification if v.chosen)
-    assert chosen.compiled_time_s == min(v.compiled_time_s for v in r.verification)
+    assert chosen.compiled_time_s == min(v.compiled_time_s for v in _ranked_first(r.verification))
     if chosen.label == "preset hand":
         assert r.rules[r"^\['b1'\]$"] == "x -> x@data"
 

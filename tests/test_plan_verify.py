@@ -193,6 +193,28 @@ def test_the_compiled_flops_decide_where_they_disagree_with_the_prediction():
     assert verified.to_dict()["verification"][0]["compiled"]["compute_from"] == "cost_analysis"
 
 
+def test_the_compiled_compute_keeps_the_profiles_kernel_and_element_prices():
+    """On a profile that prices what FLOPs do not (``op_overhead``, ``element_time``: ``cpu_profile(small_ops=True)``)
+    the compiled compute is XLA's FLOPs on the profile plus those prices, as the prediction adds them to the walk's
+    FLOPs (``scoring.unwalked_compute_s``): elementwise_heavy's one product, (512, 512) @ (512,), no backward, writes
+    512 elements replicated, 64 with the batch split."""
+    overhead, per_element = 2e-6, 3e-9
+    profile = dataclasses.replace(PROFILES["cpu"], host_cores=8, op_overhead=overhead, element_time=per_element)
+    w, x = {"w": jax.ShapeDtypeStruct((512,), jnp.float32)}, jax.ShapeDtypeStruct((512, 512), jnp.float32)
+    verified = einshard.plan(
+        elementwise_heavy, w, x, verify=3, mesh={"data": 8}, objective="inference", profile=profile
+    )
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    rows = {r.label.split(" · ")[0]: r for r in verified.verification}
+    for label, spec, elements in (("replicated batch", P(), 512), ("dp(data)", P("data"), 64)):
+        xs = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+        ws = {"w": jax.ShapeDtypeStruct((512,), jnp.float32, sharding=NamedSharding(mesh, P()))}
+        cost = jax.jit(elementwise_heavy).lower(ws, xs).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        expected = cost["flops"] / profile.flops + overhead + elements * per_element
+        assert rows[label].compiled_compute_s == pytest.approx(expected), rows[label]
+
+
 def looped(p, x):
     return jnp.sum(jax.lax.fori_loop(0, 4, lambda i, y: jnp.tanh(y @ p["w"]), x))
 

@@ -234,10 +234,11 @@ def test_two_tensor_axes_each_over_a_batch_axis_are_tried_first_for_the_memory_o
 # --- the compute the walk's FLOPs leave out (Profile.op_overhead, Profile.element_time) ------------------------
 
 
-def test_each_product_pays_its_kernel_and_the_elementwise_work_on_what_it_writes():
-    """Per dot, ``op_overhead`` plus ``element_time`` per element of its result on the device, derived by hand for
-    the MLP's five products (forward x@w0 (B, F) and h@w1 (B, D); backward dW1 (F, D), dH (B, F), dW0 (D, F)):
-    a weight gradient is a whole (pending) sum on every device, an activation's rows are the device's batch."""
+def test_each_product_pays_its_kernel_and_the_elementwise_work_on_the_activations_it_writes():
+    """Per dot, ``op_overhead``; per element a forward dot writes on the device, ``element_time`` twice (the forward's
+    elementwise work on it and the backward's on its cotangent), derived by hand for the MLP's five products: forward
+    x@w0 (B, F) and h@w1 (B, D) priced; backward dW1 (F, D), dH (B, F), dW0 (D, F) pay their kernel only (dH is the
+    cotangent already counted, and a weight gradient is followed by no elementwise work)."""
     b, d, f = 64, 32, 48
     params, x = {"w0": sds(d, f), "w1": sds(f, d)}, sds(b, d)
     overhead, per_element = 1e-6, 1e-9
@@ -248,8 +249,37 @@ def test_each_product_pays_its_kernel_and_the_elementwise_work_on_what_it_writes
     )
     alts = {a.label: a for a in r.alternatives}
     for label, rows in (("preset rep", b), ("preset dp8", b // 8)):
-        elements = 2 * rows * f + rows * d + 2 * d * f
+        elements = 2 * (rows * f + rows * d)
         assert alts[label].compute_s == pytest.approx(5 * overhead + elements * per_element, rel=1e-6)
+    # without a backward (the loss alone) each forward result is counted once
+    fwd = plan(mlp_loss, params, x, mesh=MESH, profile=profile, presets={"rep": REPLICATED})
+    rep = next(a for a in fwd.alternatives if a.label == "preset rep")
+    assert rep.compute_s == pytest.approx(2 * overhead + (b * f + b * d) * per_element, rel=1e-6)
+
+
+def test_under_small_ops_a_weight_gradient_leaves_the_element_price_alone():
+    """``cpu_profile(small_ops=True)`` on the MLP: the data-parallel layout leaves each (D, F) weight gradient whole on
+    every device, the replicated one computes everything everywhere; their unwalked compute differs by the forward
+    activations' elements alone (the kernels' cost is the same five).  Before, every product's result was priced,
+    weight gradients included, which on the large planning sizes (tests/test_plan_hand_presets.py) made the plan a
+    mirrored hybrid sending 1.4-1.6x a hand layout's XLA bytes to leave those gradients split; on XLA:CPU a product's
+    result elements cost nothing measurable beyond its FLOPs (benchmarks/cpu_calibration.py --dots)."""
+    import dataclasses
+
+    from einshard._src.analysis.cost import cpu_profile
+
+    small = cpu_profile(2, small_ops=True)
+    shared = small.on_devices(8)  # 8 devices on 2 cores: each price 4x a core's
+    profile = dataclasses.replace(small, flops=1e30)
+    b, d, f = 64, 32, 48
+    params, x = {"w0": sds(d, f), "w1": sds(f, d)}, sds(b, d)
+    r = plan(
+        jax.value_and_grad(mlp_loss), params, x, mesh=MESH, profile=profile, presets={"dp8": DP, "rep": REPLICATED}
+    )
+    alts = {a.label: a for a in r.alternatives}
+    for label, rows in (("preset rep", b), ("preset dp8", b // 8)):
+        expected = 5 * shared.op_overhead + 2 * (rows * f + rows * d) * shared.element_time
+        assert alts[label].compute_s == pytest.approx(expected, rel=1e-6)
 
 
 def test_profiles_without_the_small_op_prices_score_flops_only():

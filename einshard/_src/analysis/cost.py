@@ -209,13 +209,15 @@ class Profile:
             comment above ``PROFILES``).
         op_overhead: seconds each op that computes (a dot) costs whatever its size: the kernel XLA launches
             (with a core to itself, shared as ``flops`` is: :meth:`on_devices`).  0: not priced (GPU, TPU).
-        element_time: seconds per element a dot writes (per device, with a core to itself) for the elementwise
-            and reduction work around it that the walk does not price (a bias, an activation, a norm, a residual
-            and their gradients read the products' results; explain counts dot FLOPs only).  On XLA:CPU's small
-            steps that work, not the FLOPs, is most of the compute, and a layout that replicates a product
-            replicates it too.  The planner adds both to a layout's compute (``planner.scoring.
-            unwalked_compute_s``); explain's report does not.  0: not priced (the ``cpu`` profile's default;
-            GPU, TPU: their FLOP/s stand for a step's); ``cpu_profile(small_ops=True)`` prices both.
+        element_time: seconds per element of an activation a forward dot writes (per device, with a core to itself),
+            per pass, for the elementwise and reduction work around it that the walk does not price (a bias, an
+            activation, a norm, a residual read the products' results, and their transposes the cotangents in the
+            backward; explain counts dot FLOPs only).  Paid twice where the program has a backward, and not on a
+            backward product's result (a cotangent already counted, a weight gradient that no elementwise work
+            follows): ``planner.scoring.unwalked_compute_s``.  On XLA:CPU's small steps that work, not the FLOPs, is
+            most of the compute, and a layout that replicates a product replicates it too.  The planner adds both
+            to a layout's compute; explain's report does not.  0: not priced (the ``cpu`` profile's default; GPU,
+            TPU: their FLOP/s stand for a step's); ``cpu_profile(small_ops=True)`` prices both.
         collective_overhead: seconds every collective (each piece of a merged one under ``'per_piece'``) costs
             whatever its group's hops, before ``latency`` per hop: on XLA:CPU most of a small all-reduce's time
             is the rendezvous of the device threads (benchmarks/cpu_calibration.py's ``allreduce_shape``).  0: a
@@ -377,12 +379,13 @@ def cpu_profile(cores: int | None = None, *, small_ops: bool = False) -> Profile
     :func:`host_cores`).
 
     ``small_ops=True``: also price what a small step's compute is mostly made of on XLA:CPU, the elementwise work
-    on each product's result and each dot's kernel (``element_time``, ``op_overhead``: :data:`CPU_ELEMENT_TIME`,
+    on the activations the products write and each dot's kernel (``element_time``, ``op_overhead``: :data:`CPU_ELEMENT_TIME`,
     :data:`CPU_OP_OVERHEAD`), with each piece of a merged all-reduce paying its own latency (``combined_latency=
     'per_piece'``, as XLA:CPU runs it) and a collective's time as a fixed rendezvous plus a price per peer of its
     group, the same for every kind (``collective_overhead``, ``latency``, ``latency_steps='peers'``:
-    :data:`CPU_COLLECTIVE_OVERHEAD`, :data:`CPU_HOP_LATENCY`).  Not the default: the planned layouts it gives are
-    measured in the comment above ``PROFILES``."""
+    :data:`CPU_COLLECTIVE_OVERHEAD`, :data:`CPU_HOP_LATENCY`).  The element price is paid on the forward
+    products' results only (twice where the program has a backward): ``planner.scoring.unwalked_compute_s``.  Not the
+    default: the planned layouts it gives, and what it still gets wrong, are in the comment above ``PROFILES``."""
     return Profile(
         "cpu",
         flops=1e11,
@@ -404,16 +407,24 @@ def cpu_profile(cores: int | None = None, *, small_ops: bool = False) -> Profile
 # 0.1-1.4 µs per dot (load 8-13) and 21-24 GFLOP/s per device (the ``flops`` below, shared 8 on 2 cores: 25) --
 # the products themselves run at the priced rate down to 32 x 32; their size changes only the fixed share.
 CPU_OP_OVERHEAD = 3.5e-7
-# The elementwise work per element a dot writes, with a core to itself (4 ns with 8 devices on 2 cores).  The
-# same sweep prices one such kernel at 8 busy devices: a row reduction (a norm's, a softmax's) 9-10 ns per
-# element, a fused tanh 32 ns, so these steps' non-dot work costs ~10-100x the FLOPs the walk counts.  What a
-# dot's result is followed by varies (a weight gradient's by nothing, an activation by a fused chain), so the
-# per-result price is the one that ranks the measured layouts best, below those single-kernel prices: of
-# 0.25, 1, 2, 5 ns (x4 at 8 busy), 1 ns gave the predicted order of the 7 programs' layouts (3 transformers, 4
-# external families: their stored measurements, results/plan_latency_modes.json and plan_prediction.json, priced
-# as plan(presets=) prices a preset, the way plan_latency_modes.py --agreement does) a mean Kendall tau of 0.78
-# against 0.76 for the default profile ('once', no element price), 0.56 for 'per_piece' without it (with
-# 'once', 1e-9 gave 0.40).
+# The elementwise work per element of an activation a forward product writes, per pass (forward, and backward on its
+# cotangent), with a core to itself (4 ns with 8 devices on 2 cores): planner.scoring.unwalked_compute_s.  The sweep
+# (cpu_calibration.py --sweep, 8 busy devices) prices one such kernel at a row reduction's 9-10 ns per element, a
+# fused tanh's 32 ns; 1 ns (of 0.25, 1, 2, 5 ns) gave the best predicted order of the 7 programs' measured layouts
+# (results/plan_latency_modes.json, plan_prediction.json; Kendall tau 0.78 against 0.76 for the default profile).
+# Which results carry it, measured (session 18): benchmarks/cpu_calibration.py --dots (2026-11-27, 2-core host, load
+# 4-10, two runs; results/cpu_dots.json) timed products on 8 busy devices pairing equal FLOPs with results 4 Ki to
+# 1 Mi elements large, the weight gradient's form (x^T @ dy: a small result over a long contraction) beside the
+# forward one: a (1024, 16) @ (16, 1024) product (1 Mi elements) 1.0-1.2 ms, a (64, 4096)^T-form one of the same
+# 33.6 MFLOP (4 Ki elements) 4.6-9.2 ms.  Fitted as FLOPs / rate + elements * price, the price per result element
+# came out negative (-0.05, -0.13 ns), and the larger of the two terms fits no better (residual 73-78%): a product's
+# result costs nothing beyond its FLOPs, so the price stands for the work that follows a result, which follows an
+# activation and not a weight gradient.  Until session 18 it was paid on every product's result, weight gradients
+# included: on the large planning sizes (tests/test_plan_hand_presets.py) that charged data parallelism for the
+# gradients it leaves whole on every device, and the plan was a mirrored hybrid sending 1.4-1.6x a hand layout's
+# XLA bytes at no fewer FLOPs (kh_llama 28.5 MB against dp_all's 17.4, priced 19.4 ms of element work against
+# dp_all's 26.1).  Not measured: the FLOP rate varies with the product's form (the forward form 25-46 GFLOP/s per
+# device, the weight gradient's 4-20, slowest where its result is smallest), which a FLOP count at one rate misses.
 CPU_ELEMENT_TIME = 1e-9
 # A collective on XLA:CPU is a rendezvous of its group's device threads, then each reads its n - 1 peers' buffers
 # (latency_steps='peers'), whatever its kind: benchmarks/cpu_calibration.py --groups (2026-11-27, 2-core host, load
@@ -464,17 +475,20 @@ PROFILES: dict[str, Profile] = {
     # same for every kind (CPU_COLLECTIVE_OVERHEAD, CPU_HOP_LATENCY, latency_steps='peers'; session 17): the three
     # transformers pass tests/test_planner_reality.py under it, and the four families still plan the replicated
     # step, measured 0.89/0.95/0.80/0.88x the fastest hand layout (plan_prediction.py --small-ops --rounds 300, load
-    # 8-12; keras_vit 1.05-1.35x in two other runs: its replicated step and tp trade places run to run).  Still an
-    # option: on the LARGE planning sizes (tests/test_plan_hand_presets.py) it plans layouts that send 1.4-1.6x the
-    # XLA bytes of a hand layout at no fewer FLOPs (kh_llama: 73 collectives, 28.5 MB against dp_all's 22, 17.4 MB;
-    # hk_stack: 33.8 MB against dp_tp's 24.2 MB), with the ring law too and with combined_latency='once' alike;
-    # measured (10 rounds, load 13-20) kh_llama's plan 467 ms against dp_all's 448 (1.04x, noise 0-2%), hk_stack's
-    # 533 ms against the fastest hand layout's 796 (0.67x).  Cause, on kh_llama: its plan is the mirrored hybrid
-    # (Megatron over 'data', the batch over 'model'), with the same walked FLOPs as dp_all (140.9 ms of compute
-    # each) but 19.4 ms of element_time against dp_all's 26.1: the element price is paid on every dot's result,
-    # weight gradients included (dp_all writes each weight's whole gradient per device, the hybrid a quarter of
-    # it), and no elementwise work follows a weight gradient (CPU_ELEMENT_TIME's comment); without element_time the
-    # option plans dp(data), without op_overhead still the hybrid.
+    # 8-12; keras_vit 1.05-1.35x in two other runs: its replicated step and tp trade places run to run).  On the LARGE
+    # planning sizes (tests/test_plan_hand_presets.py) it planned layouts that sent 1.4-1.6x the XLA bytes of a hand
+    # layout at no fewer FLOPs (kh_llama: the mirrored hybrid, 28.5 MB against dp_all's 17.4 MB; hk_stack: 33.8 MB
+    # against dp_tp's 24.2 MB): the element price was paid on every dot's result, weight gradients included
+    # (dp_all writes each weight's whole gradient per device, the hybrid a quarter of it: 26.1 against 19.4 ms).
+    # Session 18 prices it on the forward products' results only, twice with a backward (CPU_ELEMENT_TIME's comment,
+    # measured: a product's result elements cost nothing beyond its FLOPs): both large families plan dp_all's
+    # program (17.4 MB, 22.1 MB: the fewest FLOPs, no hand layout sends 10% less), the three transformers still
+    # pass tests/test_planner_reality.py, the four small families still plan the replicated step (measured 0.96/1.09/
+    # 0.84/0.82x the fastest hand layout, --rounds 200, load 19-22: within noise).  Still an option:
+    # under a memory budget (test_plan_hand_presets.py's budget test) hk_stack's plan sends 32.1 MB against dp_tp's
+    # 24.2 at its FLOPs (predicted 282.51 against 282.73 ms: a tie the model cannot split), and measured (12
+    # interleaved rounds, load 14-16) 1139 ms against dp_tp's 926 wall (1.23x, split-half noise ~10%), 388 against 386
+    # ms of process CPU: the time apart is waiting, not compute, which the collectives' price does not reach.
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:

@@ -184,21 +184,33 @@ class Costs:
 
 def unwalked_compute_s(report: ProgramReport) -> float:
     """The compute ``report.flops`` leaves out, on the report's profile: per op that computes (a dot), the profile's
-    fixed cost of a kernel and the elementwise work on what it writes (:meth:`Profile.small_op_time`).
+    fixed cost of a kernel, and the elementwise work on the activations the forward products write
+    (:meth:`Profile.small_op_time`).
 
-    The walk prices FLOPs only; a layer's bias, activation, norm and residual, and their gradients, run on the
-    products' results, so the elements a dot writes per device stand for that work: a layout that computes a
-    product replicated (a batch left whole, a Megatron split's whole activations) also runs its elementwise work
-    replicated.  Zero on a profile with neither price (GPU, TPU: their FLOP/s already stand for a step's).
+    The walk prices FLOPs only; a layer's bias, activation, norm and residual run on its products' results, so the
+    elements a forward dot writes per device stand for that work: a layout that computes a product replicated (a
+    batch left whole, a Megatron split's whole activations) also runs its elementwise work replicated.  Where the
+    program has a backward, those elements are counted twice: the backward's elementwise ops are the transposes of
+    the forward's, one on each cotangent, which has its value's shape.  A backward product's own result is not
+    counted: an activation's cotangent is already (its forward value's), and no elementwise work follows a weight
+    gradient; on XLA:CPU a product's result costs nothing measurable beyond its FLOPs (benchmarks/cpu_calibration.py
+    --dots), so only the work that follows it is priced.  Zero on a profile with neither price (GPU, TPU: their
+    FLOP/s already stand for a step's).
     """
     p = report.profile
     if not p.op_overhead and not p.element_time:
         return 0.0
     ops = report.ops
+    dots = [
+        (op.phase, op.repeat, op.out_layout)
+        for op in (ops.cost_ops() if isinstance(ops, OpLog) else ops)
+        if op.flops and op.out_layout is not None
+    ]
+    passes = 2 if any(phase == "backward" for phase, _, _ in dots) else 1
     total = 0.0
-    for op in ops.cost_ops() if isinstance(ops, OpLog) else ops:
-        if op.flops and op.out_layout is not None:
-            total += op.repeat * p.small_op_time(op.out_layout.bytes_per_device(1))
+    for phase, repeat, out in dots:
+        elements = passes * out.bytes_per_device(1) if phase == "forward" else 0
+        total += repeat * p.small_op_time(elements)
     return total
 
 

@@ -65,7 +65,7 @@ from ..analysis.cost import Profile, human_bytes, human_time
 from ..core.layout import MeshAxis
 from ..core.mesh import MeshLike
 from ..errors import EinshardError
-from .scoring import Costs, Score, settled
+from .scoring import Costs, Score, settled, unwalked_compute_s
 
 __all__ = [
     "Verified",
@@ -669,7 +669,12 @@ def verify_assignments(
         comm_s, sent, count, flops, peak, kinds = numbers.numbers if isinstance(numbers, OnAuto) else numbers
         memory = score.memory if peak is None else peak + costs.optimizer_bytes(assign)
         fits = costs.budget is None or memory <= costs.budget
-        compute_s = flops / score.report.profile.flops if by_xla and flops is not None else score.compute_s
+        # XLA's FLOPs replace the walk's; what no FLOP count sees (a profile's kernel and element prices) stays priced
+        compute_s = (
+            flops / score.report.profile.flops + unwalked_compute_s(score.report)
+            if by_xla and flops is not None
+            else score.compute_s
+        )
         time_s = compute_s + comm_s
         primary = {"memory": float(memory), "communication": sent}.get(costs.objective, time_s)
         row = Verified(
