@@ -318,6 +318,12 @@ def _settle_passthrough_conflict(
         # Looked for on a clash only: the look-ahead reads the program past this dot (a stretch of layers the
         # segment memo records reads nothing after itself where no dot clashes: tests/test_segments.py).
         asked = asked_of_result(w, eqn.outvars[0])
+        if asked is None:
+            # No output or placement asks: an elementwise reader's settled partner (an optimizer's moment read
+            # with the weight gradient) reaches the result first in Shardy's elementwise-first pass, and chooses
+            # between the clashing operands as an ask does (measured: g[b, s, d@model] . y[b, s, h@model, k] ->
+            # [d, h, k], transposed and read with v[h@model, k, d], gathers g, not y: test_dot_clash_readers).
+            asked = _elementwise_reader_split(w, eqn.outvars[0])
         if asked is not None:
             found = passthrough_conflict(ins[0], ins[1], dn, sizes, None, asked) or found
     out = list(ins)
@@ -493,6 +499,8 @@ def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...
                     # copy by it where ``other`` enters the copy or is read past it (segment_memo.plan_segments).
                     if j != k and not hasattr(other, "val") and settled_by_elementwise(w, other):
                         theirs = _partner_split(w, user, k, v, only=j)
+                        if not any(theirs) and other not in w.env:
+                            theirs = _settled_dims(w, other, shape) or ()
                         split = theirs if any(theirs) else split
                 if any(split):
                     dims: list[tuple[str, ...]] = [() for _ in range(len(getattr(var.aval, "shape", ())))]
@@ -505,6 +513,33 @@ def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...
         if found or not frontier:
             break
     return found.pop() if len(found) == 1 else None
+
+
+def _settled_dims(
+    w: Walker, var: Any, shape: Any, steps: int = 2 * ELEMENTWISE_READER_STEPS
+) -> tuple[tuple[str, ...], ...] | None:
+    """The split Shardy's elementwise-first pass gives ``var`` (of ``shape``), a value not walked yet: followed back
+    through the pass-through equations that make it (same-shaped operands the pass settles: an optimizer's
+    ``0.9 * v + 0.1 * g * g`` takes the moment v's split) to a value already laid out; None where none is found.
+
+    A dot's result is settled only later in that pass, so a reader met before its partner is walked (the
+    optimizer's update after every gradient) still hands the dot the partner's split."""
+    lay = w.env.get(var)
+    if lay is not None:
+        return None if is_free(lay) or lay.unreduced or getattr(var.aval, "shape", None) != shape else lay.dims
+    home = home_of(w.costs, var)
+    if home is None or steps <= 0:
+        return None
+    eqn = home.jaxpr.eqns[home.position[id(var)]]
+    if eqn.primitive.name not in PASS_THROUGH or eqn.primitive.name == "transpose":
+        return None  # (a transpose moves the split: not followed)
+    for x in eqn.invars:
+        if hasattr(x, "val") or getattr(x.aval, "shape", None) != shape or not settled_by_elementwise(w, x):
+            continue
+        dims = _settled_dims(w, x, shape, steps - 1)
+        if dims is not None and any(dims):
+            return dims
+    return None
 
 
 def _at_asked_split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
