@@ -8,7 +8,7 @@ reads the gradient first), Shardy's elementwise-first pass reaches the dot from 
 ``dw * new_v ** -0.5``), before the dot's own operands settle it: XLA gathers g and keeps y's head split (its dot
 is ``f32[32, 16]``: d whole, the heads halved), where explain gathered y and all-to-all'd the gradient at each
 reader (the external corpus' flax_encdec tp / dp_tp steps under optax.adafactor: 6 all-to-alls XLA does not make).
-The moment's split is read even where its readers come after the dot in program order (rules_indexing._settled_dims).
+The moment's split is read even where its readers come after the dot in program order (rules_indexing._seeded_dims).
 """
 
 from __future__ import annotations

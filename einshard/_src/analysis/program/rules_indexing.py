@@ -319,11 +319,11 @@ def _settle_passthrough_conflict(
         # segment memo records reads nothing after itself where no dot clashes: tests/test_segments.py).
         asked = asked_of_result(w, eqn.outvars[0])
         if asked is None:
-            # No output or placement asks: an elementwise reader's settled partner (an optimizer's moment read
-            # with the weight gradient) reaches the result first in Shardy's elementwise-first pass, and chooses
-            # between the clashing operands as an ask does (measured: g[b, s, d@model] . y[b, s, h@model, k] ->
+            # No output or placement asks: an elementwise reader's partner split from a layout the user fixed (an
+            # optimizer's moment read with the weight gradient) reaches the result first in Shardy's
+            # elementwise-first pass, and chooses between the clashing operands as an ask does (measured: g[b, s, d@model] . y[b, s, h@model, k] ->
             # [d, h, k], transposed and read with v[h@model, k, d], gathers g, not y: test_dot_clash_readers).
-            asked = _elementwise_reader_split(w, eqn.outvars[0])
+            asked = _elementwise_reader_split(w, eqn.outvars[0], seeded=True)
         if asked is not None:
             found = passthrough_conflict(ins[0], ins[1], dn, sizes, None, asked) or found
     out = list(ins)
@@ -460,7 +460,7 @@ def settled_in(jaxpr: Any) -> frozenset[int]:
     return frozenset(reached)
 
 
-def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
+def _elementwise_reader_split(w: Walker, var: Any, seeded: bool = False) -> tuple[tuple[str, ...], ...] | None:
     """The split a dot's result takes from its elementwise readers' other operands, in ``var``'s axis order, or None.
 
     XLA's propagation (Shardy's op priority) settles elementwise ops before dots: an elementwise reader whose other
@@ -477,7 +477,8 @@ def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...
       weight gathered and the gelu output all-to-all'd from its f split, where explain gathered the gelu output.
 
     Readers whose partners are split differently leave it to the dot (None): which XLA's propagation takes first
-    is its order, not a rule explain reproduces."""
+    is its order, not a rule explain reproduces.  ``seeded``: only a partner whose split the pass carries from a
+    layout the user fixed (:func:`_seeded_dims`), walked yet or not."""
     # Breadth-first over the pass-through readers (axes mapped through transposes), a few steps deep: the first
     # pass reaches the dot from wherever a split partner meets the chain (the residual add after the bias add).
     frontier: list[tuple[Any, tuple[int, ...]]] = [(var, tuple(range(len(getattr(var.aval, "shape", ())))))]
@@ -498,9 +499,10 @@ def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...
                     # Whether ``other`` is settled is a fact of the program's structure: the segment memo keys a
                     # copy by it where ``other`` enters the copy or is read past it (segment_memo.plan_segments).
                     if j != k and not hasattr(other, "val") and settled_by_elementwise(w, other):
-                        theirs = _partner_split(w, user, k, v, only=j)
-                        if not any(theirs) and other not in w.env:
-                            theirs = _settled_dims(w, other, shape) or ()
+                        if seeded:
+                            theirs = _seeded_dims(w, other, shape) or ()
+                        else:
+                            theirs = _partner_split(w, user, k, v, only=j)
                         split = theirs if any(theirs) else split
                 if any(split):
                     dims: list[tuple[str, ...]] = [() for _ in range(len(getattr(var.aval, "shape", ())))]
@@ -515,28 +517,34 @@ def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...
     return found.pop() if len(found) == 1 else None
 
 
-def _settled_dims(
+def _seeded_dims(
     w: Walker, var: Any, shape: Any, steps: int = 2 * ELEMENTWISE_READER_STEPS
 ) -> tuple[tuple[str, ...], ...] | None:
-    """The split Shardy's elementwise-first pass gives ``var`` (of ``shape``), a value not walked yet: followed back
-    through the pass-through equations that make it (same-shaped operands the pass settles: an optimizer's
-    ``0.9 * v + 0.1 * g * g`` takes the moment v's split) to a value already laid out; None where none is found.
-
-    A dot's result is settled only later in that pass, so a reader met before its partner is walked (the
-    optimizer's update after every gradient) still hands the dot the partner's split."""
-    lay = w.env.get(var)
-    if lay is not None:
-        return None if is_free(lay) or lay.unreduced or getattr(var.aval, "shape", None) != shape else lay.dims
+    """The split Shardy's elementwise-first pass carries to ``var`` (of ``shape``) from a layout the user fixed (a
+    program argument, a placement: ``w.pinned``), followed back through the pass-through equations that make it
+    (same-shaped operands that pass settles: Adafactor's ``0.9 * v + 0.1 * g * g`` takes the moment v's split);
+    None where it reaches none.  ``var`` need not be walked yet: the optimizer's update comes after every
+    gradient, yet its moments' splits reach the gradients' dots first.  A loop body's arguments are not seeds
+    (their splits are the loop's propagation's: a backward scan's residual read with its input gradient hands
+    the dot nothing, tests/test_fsdp_gradient_rules.py)."""
+    if id(var) in w.pinned:
+        lay = w.env.get(var)
+        if lay is None or is_free(lay) or lay.unreduced or getattr(var.aval, "shape", None) != shape:
+            return None
+        return lay.dims
     home = home_of(w.costs, var)
     if home is None or steps <= 0:
         return None
     eqn = home.jaxpr.eqns[home.position[id(var)]]
+    if eqn.primitive.name in PLACEMENTS:
+        lay = w.env.get(var)
+        return lay.dims if lay is not None and not is_free(lay) and tuple(lay.shape) == tuple(shape) else None
     if eqn.primitive.name not in PASS_THROUGH or eqn.primitive.name == "transpose":
         return None  # (a transpose moves the split: not followed)
     for x in eqn.invars:
         if hasattr(x, "val") or getattr(x.aval, "shape", None) != shape or not settled_by_elementwise(w, x):
             continue
-        dims = _settled_dims(w, x, shape, steps - 1)
+        dims = _seeded_dims(w, x, shape, steps - 1)
         if dims is not None and any(dims):
             return dims
     return None
