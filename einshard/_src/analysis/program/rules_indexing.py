@@ -34,7 +34,7 @@ from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflic
 from .registry import register
 from .report import OpBound
 from .rules_structural import all_explicit, explicit_dims, merged_split, typed_dims
-from .segment_memo import PlainTable, note_search, past_copy, unlogged
+from .segment_memo import PlainTable, Recorder, note_search, past_copy, unlogged
 from .upstream import readers_agree
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
@@ -426,6 +426,10 @@ ELEMENTWISE_READER_STEPS = 4
 PASS_THROUGH = frozenset(ELEMENTWISE | CARRIERS | {"add_any"})
 # id(jaxpr) -> (the jaxpr, held so its ids stay its values', the ids of its values that first pass reaches)
 _SETTLED: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, frozenset[int]]]] = weakref.WeakKeyDictionary()
+# id(jaxpr), whether its arguments are the program's -> (the jaxpr, the ids of its values seeded_in reaches)
+_SEEDED: weakref.WeakKeyDictionary[Any, dict[tuple[int, bool], tuple[Any, frozenset[int]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def settled_by_elementwise(w: Walker, var: Any) -> bool:
@@ -521,26 +525,30 @@ def _seeded_dims(
     w: Walker, var: Any, shape: Any, steps: int = 2 * ELEMENTWISE_READER_STEPS
 ) -> tuple[tuple[str, ...], ...] | None:
     """The split Shardy's elementwise-first pass carries to ``var`` (of ``shape``) from a layout the user fixed (a
-    program argument, a placement: ``w.pinned``), followed back through the pass-through equations that make it
-    (same-shaped operands that pass settles: Adafactor's ``0.9 * v + 0.1 * g * g`` takes the moment v's split);
-    None where it reaches none.  ``var`` need not be walked yet: the optimizer's update comes after every
-    gradient, yet its moments' splits reach the gradients' dots first.  A loop body's arguments are not seeds
-    (their splits are the loop's propagation's: a backward scan's residual read with its input gradient hands
-    the dot nothing, tests/test_fsdp_gradient_rules.py)."""
-    if id(var) in w.pinned:
-        lay = w.env.get(var)
-        if lay is None or is_free(lay) or lay.unreduced or getattr(var.aval, "shape", None) != shape:
+    program argument, a placement: :func:`seeded_in`), or None.  A value walked already has it as its layout (the
+    walk lays pass-through ops out as that pass does); one not walked yet is followed back through the
+    pass-through equations that make it (same-shaped operands that pass settles: Adafactor's
+    ``0.9 * v + 0.1 * g * g`` takes the moment v's split): the optimizer's update comes after every gradient, yet
+    its moments' splits reach the gradients' dots first.  A loop body's arguments are not seeds (their splits are
+    the loop's propagation's: a backward scan's residual read with its input gradient hands the dot nothing,
+    tests/test_fsdp_gradient_rules.py).
+
+    Stopping at a walked value keeps the look-back inside what the segment memo keys: a layer's residual stream
+    entering it is read there (its layout is in the copy's key, its being seeded in the copy's structure), never
+    followed back through the layers before it (tests/test_block_memo.py)."""
+    lay = w.env.get(var)
+    if lay is not None:
+        seeded = is_seeded(w, var)
+        if not seeded or is_free(lay) or lay.unreduced or tuple(lay.shape) != tuple(shape):
             return None
         return lay.dims
     home = home_of(w.costs, var)
     if home is None or steps <= 0:
         return None
     eqn = home.jaxpr.eqns[home.position[id(var)]]
-    if eqn.primitive.name in PLACEMENTS:
-        lay = w.env.get(var)
-        return lay.dims if lay is not None and not is_free(lay) and tuple(lay.shape) == tuple(shape) else None
     if eqn.primitive.name not in PASS_THROUGH or eqn.primitive.name == "transpose":
-        return None  # (a transpose moves the split: not followed)
+        return None  # (a transpose moves the split: not followed; an unwalked placement's layout is not known yet)
+    _looked_back_past_copy(w, var)
     for x in eqn.invars:
         if hasattr(x, "val") or getattr(x.aval, "shape", None) != shape or not settled_by_elementwise(w, x):
             continue
@@ -548,6 +556,57 @@ def _seeded_dims(
         if dims is not None and any(dims):
             return dims
     return None
+
+
+def _looked_back_past_copy(w: Walker, var: Any) -> None:
+    """Leave the copy the segment memo records where the look-back follows a value the program makes after it: how
+    that value is made is the program's structure past the copy, which its key does not hold."""
+    rec = getattr(w.uses, "rec", None)
+    if isinstance(rec, Recorder) and not rec.why and rec.made_at.get(id(var), -1) >= rec.copy.stop:
+        rec.leave("the look-back of a dot's elementwise reader past the copy")
+
+
+def is_seeded(w: Walker, var: Any) -> bool:
+    """Whether Shardy's elementwise-first pass carries a split the user fixed to ``var``: a program argument or a
+    placement's result (``w.pinned``), or made by pass-through ops from a same-shaped such value
+    (:func:`seeded_in`): a fact of the program's structure."""
+    if id(var) in w.pinned:
+        return True
+    home = home_of(w.costs, var)
+    if home is None:
+        return False  # a loop body's argument (its split is the loop's propagation's), or a literal
+    table = _SEEDED.setdefault(w.costs, {})
+    top = bool(home.jaxpr.invars) and id(home.jaxpr.invars[0]) in w.pinned
+    hit = table.get((id(home.jaxpr), top))
+    if hit is None or hit[0] is not home.jaxpr:
+        hit = table[(id(home.jaxpr), top)] = (home.jaxpr, seeded_in(home.jaxpr, top))
+    return id(var) in hit[1]
+
+
+def seeded_in(jaxpr: Any, arguments: bool) -> frozenset[int]:
+    """The ids of the values of ``jaxpr``'s equations that Shardy's elementwise-first pass splits from a layout the
+    user fixed: placements' results, and the results of pass-through ops (a transpose, which moves the split,
+    aside) with a same-shaped operand that is one or (``arguments``: the program's own jaxpr) an argument.  A pure
+    function of the jaxpr, so the segment memo keys a copy's entering values by it (:func:`.segment_memo.plan_segments`)."""
+    made = {id(o) for eqn in jaxpr.eqns for o in eqn.outvars}
+    reached: set[int] = set()
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in PLACEMENTS:
+            reached.update(id(o) for o in eqn.outvars)
+            continue
+        if name not in PASS_THROUGH or name == "transpose":
+            continue
+        for o in eqn.outvars:
+            shape = getattr(o.aval, "shape", None)
+            if any(
+                not hasattr(x, "val")
+                and getattr(x.aval, "shape", None) == shape
+                and (id(x) in reached or (arguments and id(x) not in made))
+                for x in eqn.invars
+            ):
+                reached.add(id(o))
+    return frozenset(reached)
 
 
 def _at_asked_split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:
