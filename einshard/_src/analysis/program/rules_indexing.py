@@ -34,7 +34,7 @@ from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflic
 from .registry import register
 from .report import OpBound
 from .rules_structural import all_explicit, explicit_dims, merged_split, typed_dims
-from .segment_memo import PlainTable, note_search, past_copy, unlogged
+from .segment_memo import PlainTable, Recorder, note_search, past_copy, unlogged
 from .upstream import readers_agree
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
@@ -318,6 +318,12 @@ def _settle_passthrough_conflict(
         # Looked for on a clash only: the look-ahead reads the program past this dot (a stretch of layers the
         # segment memo records reads nothing after itself where no dot clashes: tests/test_segments.py).
         asked = asked_of_result(w, eqn.outvars[0])
+        if asked is None:
+            # No output or placement asks: an elementwise reader's partner split from a layout the user fixed (an
+            # optimizer's moment read with the weight gradient) reaches the result first in Shardy's
+            # elementwise-first pass, and chooses between the clashing operands as an ask does (measured: g[b, s, d@model] . y[b, s, h@model, k] ->
+            # [d, h, k], transposed and read with v[h@model, k, d], gathers g, not y: test_dot_clash_readers).
+            asked = _elementwise_reader_split(w, eqn.outvars[0], seeded=True)
         if asked is not None:
             found = passthrough_conflict(ins[0], ins[1], dn, sizes, None, asked) or found
     out = list(ins)
@@ -420,6 +426,10 @@ ELEMENTWISE_READER_STEPS = 4
 PASS_THROUGH = frozenset(ELEMENTWISE | CARRIERS | {"add_any"})
 # id(jaxpr) -> (the jaxpr, held so its ids stay its values', the ids of its values that first pass reaches)
 _SETTLED: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, frozenset[int]]]] = weakref.WeakKeyDictionary()
+# id(jaxpr), whether its arguments are the program's -> (the jaxpr, the ids of its values seeded_in reaches)
+_SEEDED: weakref.WeakKeyDictionary[Any, dict[tuple[int, bool], tuple[Any, frozenset[int]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def settled_by_elementwise(w: Walker, var: Any) -> bool:
@@ -454,7 +464,7 @@ def settled_in(jaxpr: Any) -> frozenset[int]:
     return frozenset(reached)
 
 
-def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
+def _elementwise_reader_split(w: Walker, var: Any, seeded: bool = False) -> tuple[tuple[str, ...], ...] | None:
     """The split a dot's result takes from its elementwise readers' other operands, in ``var``'s axis order, or None.
 
     XLA's propagation (Shardy's op priority) settles elementwise ops before dots: an elementwise reader whose other
@@ -471,7 +481,8 @@ def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...
       weight gathered and the gelu output all-to-all'd from its f split, where explain gathered the gelu output.
 
     Readers whose partners are split differently leave it to the dot (None): which XLA's propagation takes first
-    is its order, not a rule explain reproduces."""
+    is its order, not a rule explain reproduces.  ``seeded``: only a partner whose split the pass carries from a
+    layout the user fixed (:func:`_seeded_dims`), walked yet or not."""
     # Breadth-first over the pass-through readers (axes mapped through transposes), a few steps deep: the first
     # pass reaches the dot from wherever a split partner meets the chain (the residual add after the bias add).
     frontier: list[tuple[Any, tuple[int, ...]]] = [(var, tuple(range(len(getattr(var.aval, "shape", ())))))]
@@ -492,7 +503,10 @@ def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...
                     # Whether ``other`` is settled is a fact of the program's structure: the segment memo keys a
                     # copy by it where ``other`` enters the copy or is read past it (segment_memo.plan_segments).
                     if j != k and not hasattr(other, "val") and settled_by_elementwise(w, other):
-                        theirs = _partner_split(w, user, k, v, only=j)
+                        if seeded:
+                            theirs = _seeded_dims(w, other, shape) or ()
+                        else:
+                            theirs = _partner_split(w, user, k, v, only=j)
                         split = theirs if any(theirs) else split
                 if any(split):
                     dims: list[tuple[str, ...]] = [() for _ in range(len(getattr(var.aval, "shape", ())))]
@@ -505,6 +519,94 @@ def _elementwise_reader_split(w: Walker, var: Any) -> tuple[tuple[str, ...], ...
         if found or not frontier:
             break
     return found.pop() if len(found) == 1 else None
+
+
+def _seeded_dims(
+    w: Walker, var: Any, shape: Any, steps: int = 2 * ELEMENTWISE_READER_STEPS
+) -> tuple[tuple[str, ...], ...] | None:
+    """The split Shardy's elementwise-first pass carries to ``var`` (of ``shape``) from a layout the user fixed (a
+    program argument, a placement: :func:`seeded_in`), or None.  A value walked already has it as its layout (the
+    walk lays pass-through ops out as that pass does); one not walked yet is followed back through the
+    pass-through equations that make it (same-shaped operands that pass settles: Adafactor's
+    ``0.9 * v + 0.1 * g * g`` takes the moment v's split): the optimizer's update comes after every gradient, yet
+    its moments' splits reach the gradients' dots first.  A loop body's arguments are not seeds (their splits are
+    the loop's propagation's: a backward scan's residual read with its input gradient hands the dot nothing,
+    tests/test_fsdp_gradient_rules.py).
+
+    Stopping at a walked value keeps the look-back inside what the segment memo keys: a layer's residual stream
+    entering it is read there (its layout is in the copy's key, its being seeded in the copy's structure), never
+    followed back through the layers before it (tests/test_block_memo.py)."""
+    lay = w.env.get(var)
+    if lay is not None:
+        seeded = is_seeded(w, var)
+        if not seeded or is_free(lay) or lay.unreduced or tuple(lay.shape) != tuple(shape):
+            return None
+        return lay.dims
+    home = home_of(w.costs, var)
+    if home is None or steps <= 0:
+        return None
+    eqn = home.jaxpr.eqns[home.position[id(var)]]
+    if eqn.primitive.name not in PASS_THROUGH or eqn.primitive.name == "transpose":
+        return None  # (a transpose moves the split: not followed; an unwalked placement's layout is not known yet)
+    _looked_back_past_copy(w, var)
+    for x in eqn.invars:
+        if hasattr(x, "val") or getattr(x.aval, "shape", None) != shape or not settled_by_elementwise(w, x):
+            continue
+        dims = _seeded_dims(w, x, shape, steps - 1)
+        if dims is not None and any(dims):
+            return dims
+    return None
+
+
+def _looked_back_past_copy(w: Walker, var: Any) -> None:
+    """Leave the copy the segment memo records where the look-back follows a value the program makes after it: how
+    that value is made is the program's structure past the copy, which its key does not hold."""
+    rec = getattr(w.uses, "rec", None)
+    if isinstance(rec, Recorder) and not rec.why and rec.made_at.get(id(var), -1) >= rec.copy.stop:
+        rec.leave("the look-back of a dot's elementwise reader past the copy")
+
+
+def is_seeded(w: Walker, var: Any) -> bool:
+    """Whether Shardy's elementwise-first pass carries a split the user fixed to ``var``: a program argument or a
+    placement's result (``w.pinned``), or made by pass-through ops from a same-shaped such value
+    (:func:`seeded_in`): a fact of the program's structure."""
+    if id(var) in w.pinned:
+        return True
+    home = home_of(w.costs, var)
+    if home is None:
+        return False  # a loop body's argument (its split is the loop's propagation's), or a literal
+    table = _SEEDED.setdefault(w.costs, {})
+    top = bool(home.jaxpr.invars) and id(home.jaxpr.invars[0]) in w.pinned
+    hit = table.get((id(home.jaxpr), top))
+    if hit is None or hit[0] is not home.jaxpr:
+        hit = table[(id(home.jaxpr), top)] = (home.jaxpr, seeded_in(home.jaxpr, top))
+    return id(var) in hit[1]
+
+
+def seeded_in(jaxpr: Any, arguments: bool) -> frozenset[int]:
+    """The ids of the values of ``jaxpr``'s equations that Shardy's elementwise-first pass splits from a layout the
+    user fixed: placements' results, and the results of pass-through ops (a transpose, which moves the split,
+    aside) with a same-shaped operand that is one or (``arguments``: the program's own jaxpr) an argument.  A pure
+    function of the jaxpr, so the segment memo keys a copy's entering values by it (:func:`.segment_memo.plan_segments`)."""
+    made = {id(o) for eqn in jaxpr.eqns for o in eqn.outvars}
+    reached: set[int] = set()
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in PLACEMENTS:
+            reached.update(id(o) for o in eqn.outvars)
+            continue
+        if name not in PASS_THROUGH or name == "transpose":
+            continue
+        for o in eqn.outvars:
+            shape = getattr(o.aval, "shape", None)
+            if any(
+                not hasattr(x, "val")
+                and getattr(x.aval, "shape", None) == shape
+                and (id(x) in reached or (arguments and id(x) not in made))
+                for x in eqn.invars
+            ):
+                reached.add(id(o))
+    return frozenset(reached)
 
 
 def _at_asked_split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:

@@ -179,9 +179,12 @@ def plan_segments(
     # function of its wiring and of the answers of the values entering it that its pass-through ops read; values
     # outside it that its dots' look-ahead meets past it, _partners_ahead), a fact of the program's structure
     # outside the copy, so part of the copy's structure (its key); no walk of it reads the others'.
-    from .rules_indexing import ELEMENTWISE_READER_STEPS, PASS_THROUGH, settled_in
+    from .rules_indexing import ELEMENTWISE_READER_STEPS, PASS_THROUGH, seeded_in, settled_in
 
     settled = settled_in(jaxpr)
+    # Which of them carry a split the user fixed (rules_indexing.is_seeded: the program's arguments, placements, and
+    # pass-through ops from them): the walk of a dot at a clash reads it of a partner entering the copy.
+    seeded = seeded_in(jaxpr, True)
     made_at = {id(v): p for p, e in enumerate(eqns) for v in e.outvars}
 
     def is_settled(v: Any) -> bool:
@@ -273,7 +276,10 @@ def plan_segments(
                         template,
                         calls,
                         wiring,
-                        tuple(i in passed and is_settled(v) for i, v in entering.items()),
+                        tuple(
+                            (is_settled(v), id(v) not in made_at or id(v) in seeded) if i in passed else None
+                            for i, v in entering.items()
+                        ),
                         partners,
                     ),
                     len(interned),
