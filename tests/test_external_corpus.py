@@ -69,9 +69,14 @@ def _params() -> list:
 # keras-hub BERT's FSDP forward matches since session 18 (its segment embedding, a (2, 32) table split along its
 # features over the ids' batch axis, looked up with the ids moved onto the idle 'model' axis:
 # rules_indexing._lookup_over_idle_axes); its mark is at the embedding sum, where the segment rows (features over
-# 'data') meet the token rows (batch over 'data') and XLA all-to-alls the segment rows as explain does.
+# 'data') meet the token rows (batch over 'data') and XLA all-to-alls the segment rows as explain does.  Its FSDP
+# gradient too (the segment table's gradient summed in its pieces over 'data' and permuted to the features' split:
+# rules_indexing._scatter_sum_over_idle_axes); its marks are at that sum and its transpose (the add_any), where XLA
+# makes the all-to-alls explain predicts.
 MARKED_MATCHES = frozenset(
     {
+        "auto-kh_bert-fsdp-grad",
+        "explicit-kh_bert-fsdp-grad",
         "auto-kh_bert-fsdp-fwd",
         "explicit-kh_bert-fsdp-fwd",
         "auto-eqx_bert-fsdp-grad",

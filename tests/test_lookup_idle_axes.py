@@ -41,8 +41,10 @@ BY_IDS = P("a")
 # * "plus lookup": added to another lookup's rows (an FSDP token table: rows over 'a'), summed: nothing settles
 #   the result before the lookups, the ids move and the sum all-to-alls the rows (keras-hub BERT's embeddings).
 # * "grad": the gradient of sum(rows ** 2) returned in the table's layout (its scatter-add reuses the moved ids and
-#   sums the pieces over the idle axes).
-READS = ("free", "as ids", "as table", "plus arg", "plus lookup", "grad")
+#   sums the pieces over the idle axes);
+# * "plus arg grad": the gradient of "plus arg" in the table's layout (the sum over the ids' axis asked split along
+#   the features: the pieces summed over it and permuted, or the updates all-to-all'd and summed over the idle axes).
+READS = ("free", "as ids", "as table", "plus arg", "plus lookup", "grad", "plus arg grad")
 
 
 def _program(read: str, rows: int, cols: int) -> tuple[Any, tuple[Any, ...], tuple[P, ...], list[P] | None]:
@@ -54,6 +56,10 @@ def _program(read: str, rows: int, cols: int) -> tuple[Any, tuple[Any, ...], tup
         return (lambda t, i: t[i]), (table, ids), (TABLE, BY_IDS), out
     if read == "grad":
         return jax.grad(lambda t, i: jnp.sum(t[i] ** 2)), (table, ids), (TABLE, BY_IDS), [TABLE]
+    if read == "plus arg grad":
+        x = jax.ShapeDtypeStruct((*IDS, cols), jnp.float32)
+        fn = jax.grad(lambda t, i, x: jnp.sum((t[i] + x) ** 2))
+        return fn, (table, ids, x), (TABLE, BY_IDS, BY_IDS), [TABLE]
     if read == "plus arg":
         x = jax.ShapeDtypeStruct((*IDS, cols), jnp.float32)
         return (lambda t, i, x: jnp.sum((t[i] + x) ** 2)), (table, ids, x), (TABLE, BY_IDS, BY_IDS), [P()]
