@@ -66,8 +66,19 @@ def _params() -> list:
 # The Equinox BERT FSDP gradient matches since session 15 (the embedding scatter-add moved as its lookup; the whole
 # partial held beside a sum XLA:CPU all-reduces whole and slices: peak 0.750x, at the 25% bar's edge); its marks are
 # at the embedding gather and the block's residual add / mul / add_any, where XLA took explain's side.
+# keras-hub BERT's FSDP forward matches since session 18 (its segment embedding, a (2, 32) table split along its
+# features over the ids' batch axis, looked up with the ids moved onto the idle 'model' axis:
+# rules_indexing._lookup_over_idle_axes); its mark is at the embedding sum, where the segment rows (features over
+# 'data') meet the token rows (batch over 'data') and XLA all-to-alls the segment rows as explain does.  Its FSDP
+# gradient too (the segment table's gradient summed in its pieces over 'data' and permuted to the features' split:
+# rules_indexing._scatter_sum_over_idle_axes); its marks are at that sum and its transpose (the add_any), where XLA
+# makes the all-to-alls explain predicts.
 MARKED_MATCHES = frozenset(
     {
+        "auto-kh_bert-fsdp-grad",
+        "explicit-kh_bert-fsdp-grad",
+        "auto-kh_bert-fsdp-fwd",
+        "explicit-kh_bert-fsdp-fwd",
         "auto-eqx_bert-fsdp-grad",
         "explicit-eqx_bert-fsdp-grad",
         "auto-nnx_gpt-fsdp-grad",

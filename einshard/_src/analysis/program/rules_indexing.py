@@ -1563,6 +1563,10 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     idle = set(w.costs.mesh_sizes) - {m for d in operand.dims + indices.dims for m in d}
     idle_start = len(w.ops)
     idle_clash = bool(clash) and any(w.costs.mesh_sizes[m] > 1 for m in idle)
+    if idle_clash and not masked and not op_batch and not batch_dims:
+        routed = _lookup_over_idle_axes(w, eqn, phase, repeat, operand, indices, tuple(sorted(clash)), offset_dims)
+        if routed is not None:
+            return [routed]
     if clash and not idle_clash:
         # (With idle mesh axes XLA moves the indices onto them instead and gathers the result there (a
         # permute, two all-gathers): not modelled; the result's second use of the axis is gathered below.)
@@ -1673,6 +1677,138 @@ def gather(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> l
     elif approx_note:
         mark_approximate(w, start, approx_note)
     return [out]
+
+
+# One collective of a lookup moved onto the idle mesh axes: (kind, group size, buffer bytes, mesh axes).
+IdleStep = tuple[SentKind, int, int, tuple[str, ...]]
+
+
+def _lookup_over_idle_axes(
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    table: Layout,
+    indices: Layout,
+    clash: tuple[str, ...],
+    offset_dims: tuple[int, ...],
+) -> Layout | None:
+    """A plain lookup (no batching axes, the indexed axis whole) whose indices split over mesh axes ``clash`` that
+    split an axis of the table the lookup keeps too, with idle mesh axes ``U`` (used by neither): XLA moves one
+    side's ``clash`` split onto ``U`` (a collective-permute, then an all-gather over the rest where ``U`` has fewer
+    devices), looks up there and all-gathers the result over ``U``.  Which side turns on the split XLA's
+    propagation gave the result before partitioning the gather (measured on (4, 2) and (2, 4) meshes, tables
+    (2, 32), (2, 64) and (64, 32) with columns over 'data', ids (8, 8) batch over 'data';
+    tests/test_lookup_idle_axes.py):
+
+    * none asked of it (its readers' other operands are made by gathers or dots, or absent): the result keeps the
+      table's split; the *indices* move (keras-hub BERT's segment embedding), and a ``mode="fill"`` lookup's
+      in-bounds mask is all-gathered over ``clash`` whole, for the select on the result's split;
+    * the indices' split asked of it (an output's sharding, or an elementwise reader whose other operand the
+      first propagation pass splits: :func:`_elementwise_reader_split`): the cheaper by the buffers moved of the
+      *table* moved (the result lands on the indices' split) and the indices moved then the result all-to-all'd
+      over ``clash`` to it (a (64, 32) table: the indices move).
+
+    None where the route does not apply (the idle devices do not divide the moved split)."""
+    sizes = w.costs.mesh_sizes
+    used = {m for lay in (table, indices) for d in lay.dims for m in d}
+    idle = tuple(m for m in sizes if m not in used and sizes[m] > 1)
+    n_clash, n_idle = math.prod(sizes[m] for m in clash), math.prod(sizes[m] for m in idle)
+    ways = math.gcd(n_clash, n_idle)  # how many ways the moved split fits on the idle devices
+    if ways <= 1:
+        return None
+    out_aval = eqn.outvars[0].aval
+    dtype = out_aval.dtype
+    kept = [i for i in range(len(table.shape)) if i not in set(eqn.params["dimension_numbers"].collapsed_slice_dims)]
+    batch_out = [d for d in range(len(out_aval.shape)) if d not in offset_dims]
+
+    def result(ids_dims: Sequence[tuple[str, ...]], table_dims: Sequence[tuple[str, ...]]) -> Layout:
+        dims: list[tuple[str, ...]] = [()] * len(out_aval.shape)
+        for out_dim, op_dim in zip(offset_dims, kept):
+            dims[out_dim] = tuple(table_dims[op_dim])
+        for out_dim, idx_dim in zip(batch_out, range(len(indices.shape) - 1)):
+            dims[out_dim] = tuple(ids_dims[idx_dim])
+        return w.relayout(out_aval, dims)
+
+    drop = lambda dims: [tuple(m for m in d if m not in clash) for d in dims]  # noqa: E731
+    at_table = result(drop(indices.dims), table.dims)  # the indices' clash split dropped
+    at_indices = result(indices.dims, drop(table.dims))  # the table's
+    if len({m for d in at_table.dims for m in d}) != sum(len(d) for d in at_table.dims):
+        return None  # (a mesh axis on two result axes: not measured)
+    piece = lambda lay: math.prod(lay.shard_shape) * itemsize(dtype)  # noqa: E731
+    rest = n_clash // ways  # the moved split's devices the idle ones do not cover: gathered over the clash axes
+    index_bytes = math.prod(indices.shard_shape) * itemsize(indices_dtype(eqn))
+    table_bytes = math.prod(table.shard_shape) * itemsize(dtype)
+    # (kind, group size, buffer bytes, mesh axes) in program order; the result, looked up on the moved split, is
+    # gathered over the idle axes into the target's piece.
+    move_indices: list[IdleStep] = [("collective-permute", 2, index_bytes, clash + idle)]
+    move_table: list[IdleStep] = [("collective-permute", 2, table_bytes, clash + idle)]
+    if rest > 1:
+        move_indices.append(("all-gather", rest, index_bytes * rest, clash))
+        move_table.append(("all-gather", rest, table_bytes * rest, clash))
+    move_indices.append(("all-gather", ways, piece(at_table), idle))
+    move_table.append(("all-gather", ways, piece(at_indices), idle))
+    moved_back: IdleStep = ("all-to-all", n_clash, piece(at_indices), clash)  # the rows to the indices' split
+    res = eqn.outvars[0]
+    asked = asked_of_result(w, res)
+    if asked is None:
+        asked = _elementwise_reader_split(w, res)
+    note, bound = "", None
+    if asked is not None and tuple(map(tuple, asked)) == tuple(at_indices.dims):
+        # Ranked by the bytes each way sends (measured: 6 tables and meshes, the table moved where it is small).
+        by_indices = [*move_indices, moved_back]
+        cost_table, cost_indices = _sent(move_table), _sent(by_indices)
+        steps, other = (move_table, by_indices) if cost_table <= cost_indices else (by_indices, move_table)
+        what, out = ("table" if steps is move_table else "indices"), at_indices
+        if max(cost_table, cost_indices) <= CLOSE * max(min(cost_table, cost_indices), 1.0):
+            note = f"{IDLE_AXES_CLOSE_NOTE} ({cost_table:.0f} B against {cost_indices:.0f} B sent)"
+            bound = between(_plain(steps), _plain(other))
+    else:
+        steps, what, out = move_indices, "indices", at_table
+        if fills(eqn):
+            # mode="fill": the in-bounds mask (a byte per index) is made on the indices' split and selected on
+            # the result's: gathered over the clash axes (measured: pred[8, 8] for ids (8@data, 8)).
+            ids_rest = math.prod(sizes[m] for d in indices.dims[:-1] for m in d if m not in clash)
+            steps.insert(0, ("all-gather", n_clash, math.prod(indices.shape[:-1]) // ids_rest, clash))
+        if asked is None and not w.uses.get(id(res)) and id(res) not in w.program_outputs:
+            # The result leaves the body it is made in (``jnp.take`` is a call of its own): its readers outside
+            # are not this walk's (a call's body is walked alone and replayed by structure: walker.walk_call).
+            # XLA's other way lands the result on the indices' split, and the reader's move of it (an all-to-all,
+            # charged there) is not made either.
+            note, bound = IDLE_AXES_UNSEEN_NOTE, between(_plain([*steps, moved_back]), _plain(move_table))
+    colls = []
+    for kind, n, array, axes in steps:
+        sent = sent_bytes(kind, n, array)
+        t = w.costs.profile.collective_time(kind, n, sent, array)
+        colls.append(Collective(kind, axes, n, int(sent), int(array), t, "operand 1", f"lookup: the {what} moved"))
+    whose = {"table": "table's", "indices": "indices'"}[what]
+    why = f"lookup: the {whose} split moved onto the idle mesh axes (the indices split where the table keeps its split)"
+    start = len(w.ops)
+    w.record(eqn, phase, why, out, tuple(colls), 0.0, sum(c.time for c in colls), repeat)
+    if note:
+        mark_approximate(w, start, note, bound)
+    return out
+
+
+def _sent(steps: Sequence[IdleStep]) -> float:
+    return sum(sent_bytes(kind, n, array) for kind, n, array, _ in steps)
+
+
+def _plain(steps: Sequence[IdleStep]) -> tuple[tuple[SentKind, int, int], ...]:
+    return tuple((kind, n, array) for kind, n, array, _ in steps)
+
+
+IDLE_AXES_CLOSE_NOTE = (
+    "a lookup whose indices split where the table keeps its split, its result asked on the indices' split: XLA "
+    "moves the table or the indices onto the idle mesh axes by its own cost estimate, and the two are close"
+)
+
+
+IDLE_AXES_UNSEEN_NOTE = (
+    "a lookup whose indices split where the table keeps its split, its result read outside its call: where a "
+    "reader there meets a value split like the indices in XLA's first propagation pass, XLA moves the table onto "
+    "the idle mesh axes instead of the indices"
+)
 
 
 IDLE_AXES_LOOKUP_NOTE = (
@@ -2005,6 +2141,14 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     split = tuple(m for m in split if m not in used)
     dims = w.settle_repeats(eqn, phase, out_aval, dims, repeat, "scatter result split twice over a mesh axis")
     out = w.relayout(out_aval, dims)
+    if adds and is_free(operand) and not split and not idx_batch:
+        _scatter_over_idle_axes(w, eqn, phase, repeat, out, updates, indices, window)
+    if split and adds and is_free(operand) and not idx_batch:
+        # (the window axes the updates cover whole: not the indexed one, a window of size 1 there)
+        whole_window = [o for u, o in zip(window, op_window) if updates.shape[u] == out_aval.shape[o]]
+        summed = _scatter_sum_over_idle_axes(w, eqn, phase, repeat, dims, updates, indices, split, whole_window)
+        if summed is not None:
+            return [summed]
     if split and adds and is_free(operand):
         moved = _moved_scatter_add(w, eqn, phase, repeat, updates, indices, split, dims, window, op_window)
         if moved is not None:
@@ -2053,6 +2197,99 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
         # A non-additive scatter needs every update on every device: gather them, and their indices.
         _gather_scatter_axes(w, eqn, phase, repeat, updates, indices, scatter_axes, by_index, split)
     return [out]
+
+
+def _scatter_over_idle_axes(
+    w: Walker, eqn: Any, phase: str, repeat: int, out: Layout, updates: Layout, indices: Layout, window: tuple[int, ...]
+) -> None:
+    """The transpose of a lookup moved onto the idle mesh axes (:func:`_lookup_over_idle_axes`): updates split along
+    their window over mesh axes ``C`` that split the indices too, other mesh axes idle.  XLA scatters with the
+    indices the lookup moved onto the idle axes (its CSE: the forward's permute and gather), the updates sliced
+    alike, and all-reduces the result over the idle devices they cover (measured: the gradient of a (2, 32) table,
+    features over 'data', by ids (8@data, 8) on (4, 2): one all-reduce of the table's piece over 'model')."""
+    sizes = w.costs.mesh_sizes
+    on_window = {m for u in window for m in updates.dims[u]}
+    clash = tuple(m for d in indices.dims[:-1] for m in d if m in on_window)
+    used = {m for lay in (updates, indices) for d in lay.dims for m in d}
+    idle = tuple(m for m in sizes if m not in used and sizes[m] > 1)
+    ways = math.gcd(math.prod(sizes[m] for m in clash), math.prod(sizes[m] for m in idle)) if clash else 1
+    if ways <= 1:
+        return
+    piece = math.prod(out.shard_shape) * itemsize(eqn.outvars[0].aval.dtype)
+    sent = sent_bytes("all-reduce", ways, piece)
+    t = w.costs.profile.collective_time("all-reduce", ways, sent, piece)
+    why = "scatter-add with the indices moved onto the idle mesh axes: the pieces summed over them"
+    coll = Collective("all-reduce", idle, ways, int(sent), int(piece), t, "result", why)
+    w.record(eqn, phase, why, out, (coll,), 0.0, t, repeat)
+
+
+def _scatter_sum_over_idle_axes(
+    w: Walker,
+    eqn: Any,
+    phase: str,
+    repeat: int,
+    dims: list[tuple[str, ...]],
+    updates: Layout,
+    indices: Layout,
+    split: tuple[str, ...],
+    op_window: Sequence[int],
+) -> Layout | None:
+    """A scatter-add into zeros (a lookup's gradient) whose updates' scatter axes split over mesh axes ``C`` (their
+    sum pending over ``C``), asked back in a layout that splits one window axis the updates cover whole
+    (``op_window``; not the indexed one, whose gradient :func:`_moved_scatter_add` moves) over ``C`` (a table split along its features), with idle
+    mesh axes ``U``: XLA does not reduce-scatter the whole table over ``C``.  It
+    either slices the updates' window axis over the idle devices (``g = gcd(|C|, |U|)`` ways), scatters into that
+    piece, all-reduces it over ``C`` and slices and permutes it to the asked piece (the transpose of the table
+    moved onto ``U``), or all-to-alls the updates to the asked split and scatters with the indices the lookup moved
+    onto ``U``, all-reducing over them (the transpose of the indices moved): the cheaper by the bytes sent
+    (measured, the gradient of sum((t[i] + x) ** 2): a (2, 32) table on (4, 2), (2, 4), (2, 2, 2) the first, a
+    (64, 32) table on (4, 2) the second; tests/test_lookup_idle_axes.py).  None where it does not apply."""
+    out_aval = eqn.outvars[0].aval
+    want = requested_dims(w, eqn.outvars[0])
+    if want is None or len(want) != len(dims) or any(dims):
+        return None
+    asked = [o for o, d in enumerate(want) if d]
+    if len(asked) != 1 or asked[0] not in op_window or set(want[asked[0]]) != set(split):
+        return None
+    sizes = w.costs.mesh_sizes
+    used = {m for lay in (updates, indices) for d in lay.dims for m in d}
+    idle = tuple(m for m in sizes if m not in used and sizes[m] > 1)
+    n_split = math.prod(sizes[m] for m in split)
+    ways = math.gcd(n_split, math.prod(sizes[m] for m in idle))
+    if ways <= 1 or out_aval.shape[asked[0]] % n_split:
+        return None
+    whole = math.prod(out_aval.shape) * itemsize(out_aval.dtype)
+    update_bytes = math.prod(updates.shard_shape) * itemsize(updates_dtype(eqn))
+    by_table: list[IdleStep] = [
+        ("all-reduce", n_split, whole // ways, split),
+        ("collective-permute", 2, whole // n_split, split + idle),
+    ]
+    by_indices: list[IdleStep] = [
+        ("all-to-all", n_split, update_bytes, split),
+        ("all-reduce", ways, whole // n_split, idle),
+    ]
+    cost_table, cost_indices = _sent(by_table), _sent(by_indices)
+    steps, other = (by_table, by_indices) if cost_table <= cost_indices else (by_indices, by_table)
+    out = w.relayout(out_aval, [tuple(d) for d in want])
+    colls = []
+    for kind, n, array, axes in steps:
+        sent = sent_bytes(kind, n, array)
+        t = w.costs.profile.collective_time(kind, n, sent, array)
+        colls.append(Collective(kind, axes, n, int(sent), int(array), t, "result", "scatter-add over the idle axes"))
+    what = "the table's pieces" if steps is by_table else "the updates moved to the asked split"
+    why = f"scatter-add of a lookup moved onto the idle mesh axes: {what} summed"
+    start = len(w.ops)
+    w.record(eqn, phase, why, out, tuple(colls), 0.0, sum(c.time for c in colls), repeat)
+    if max(cost_table, cost_indices) <= CLOSE * max(min(cost_table, cost_indices), 1.0):
+        note = f"{IDLE_SCATTER_CLOSE_NOTE} ({cost_table:.0f} B against {cost_indices:.0f} B sent)"
+        mark_approximate(w, start, note, between(_plain(steps), _plain(other)))
+    return out
+
+
+IDLE_SCATTER_CLOSE_NOTE = (
+    "a lookup's gradient asked split where its updates are summed, with idle mesh axes: XLA sums the table's "
+    "pieces there or moves the updates to the asked split by its own cost estimate, and the two are close"
+)
 
 
 def _indices_split(
