@@ -19,6 +19,7 @@ from ...core.layout import Layout
 from ..cost import RING_BYTES, Collective
 from ..einsum.read import spec_partitions
 from .costing import is_free
+from .lookahead import MAX_STEPS, home_of
 from .movement import APPROXIMATE
 from .registry import WalkerLike, inherit, register
 from .report import OpBound, default_bound
@@ -78,8 +79,105 @@ def constraint(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: s
     dst = w.relayout(aval, dims)
     if is_free(src):
         return [dst]
+    src = _dot_made_at_placement(w, eqn, src, dst, repeat, phase)
     w.change(eqn, phase, src, dst, aval.dtype, repeat, f"{eqn.primitive.name}")
     return [dst]
+
+
+def _dot_made_at_placement(w: WalkerLike, eqn: Any, src: Layout, dst: Layout, repeat: int, phase: str) -> Layout:
+    """The placement's input as XLA makes it where a dot makes that input and the placement gathers one of the dot's
+    free axes: Shardy carries the sharding constraint back onto the dot's result (through transposes composing to
+    none, each read once), so the partitioner computes the dot at the placement's split and gathers the operand
+    owning that axis, not the result (XLA's CSE shares a gather of that operand made before: the forward's).  The
+    gathers are charged here, the dot's result (and the transposes) laid out anew without the gathered axes, as
+    the buffer XLA writes; that layout is returned, the move left to the placement.
+
+    Measured (tests/test_dot_at_placement.py): the weight gradient g[512, 10]^T . h[512, 32@model] leaving an
+    ``auto_axes`` region replicated gathers h (32 KiB sent) rather than the (10, 32) gradient (640 B), whatever
+    the sizes: the choice is the propagation's, not a cost.  Not carried back: a jit's ``out_shardings`` on Auto
+    axes (no constraint: XLA gathers the gradient), a real transpose or a dtype conversion between (measured:
+    XLA gathers the product)."""
+    found = _dot_behind(w, eqn.invars[0])
+    if found is None or src.unreduced or len(src.dims) != len(dst.dims):
+        return src
+    dot, chain = found
+    owners = _free_axis_owners(dot)
+    bound = [w.env.get(v) for v in dot.invars[:2]]
+    operands = [o for o in bound if o is not None and not is_free(o)]
+    made = w.env.get(dot.outvars[0])
+    if typed_dims(dot.outvars[0].aval) is not None or len(operands) != 2 or made is None or made.unreduced:
+        return src
+    kept = {m for d in dst.dims for m in d}
+    gathered: dict[int, list[tuple[str, ...]]] = {}
+    left = list(src.dims)
+    for i, (have, want) in enumerate(zip(src.dims, dst.dims)):
+        dropped = tuple(m for m in have if m not in want)
+        if not dropped:
+            continue
+        owner = owners.get(i)
+        if owner is None or kept & set(dropped):
+            return src  # a batch axis (both operands own it) or a split moved, not gathered: the plain move
+        k, axis = owner
+        if not set(dropped) <= set(operands[k].dims[axis]):
+            return src  # the result's split is not the operand's (a sum landed there): the plain move
+        dims = gathered.setdefault(k, list(operands[k].dims))
+        dims[axis] = tuple(m for m in dims[axis] if m not in dropped)
+        left[i] = tuple(m for m in have if m in want)
+    if not gathered:
+        return src
+    for k, dims in gathered.items():
+        var = dot.invars[k]
+        whole = w.relayout(var.aval, dims)
+        w.change(dot, phase, operands[k], whole, var.aval.dtype, repeat, "dot operand gathered to a placement's split")
+        w.bind_copy(var, whole)
+    for var, axis_of in chain:
+        placed: list[tuple[str, ...]] = [()] * len(left)
+        for i, a in enumerate(axis_of):
+            placed[a] = left[i]
+        w.relay(var, w.relayout(var.aval, placed))
+    return w.env[eqn.invars[0]]
+
+
+def _dot_behind(w: WalkerLike, var: Any) -> tuple[Any, list[tuple[Any, tuple[int, ...]]]] | None:
+    """The dot_general that makes ``var`` through transposes each read once, and the values from ``var`` back to
+    its result, each with the axis of it that each axis of ``var`` is; None where no such dot makes ``var`` or the
+    transposes do not compose to none.  ``var`` is read by the placement alone."""
+    if hasattr(var, "val") or len(w.uses.get(id(var), ())) != 1:
+        return None
+    axis_of = tuple(range(len(getattr(var.aval, "shape", ()))))
+    v = var
+    chain: list[tuple[Any, tuple[int, ...]]] = []
+    for _ in range(MAX_STEPS):
+        home = home_of(w.costs, v)
+        if home is None:
+            return None
+        made = home.jaxpr.eqns[home.position[id(v)]]
+        chain.append((v, axis_of))
+        if made.primitive.name == "dot_general":
+            # Transposes composing to none (jax's gradient writes a weight gradient's twice) are carried back;
+            # a real one is not (measured: (a[8@data, 8] @ b).T leaving replicated gathers the product).
+            return (made, chain) if axis_of == tuple(range(len(axis_of))) else None
+        src = made.invars[0]
+        if made.primitive.name != "transpose" or hasattr(src, "val") or len(w.uses.get(id(src), ())) != 1:
+            return None
+        perm = made.params["permutation"]
+        axis_of = tuple(int(perm[a]) for a in axis_of)
+        v = src
+    return None
+
+
+def _free_axis_owners(dot: Any) -> dict[int, tuple[int, int]]:
+    """A dot's result axis -> (the operand, its axis) for each free (neither contracted nor batch) axis."""
+    (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
+    ranks = [len(v.aval.shape) for v in dot.invars[:2]]
+    owners: dict[int, tuple[int, int]] = {}
+    at = len(lb)
+    for k, (contracted, batch) in enumerate(((lc, lb), (rc, rb))):
+        for a in range(ranks[k]):
+            if a not in contracted and a not in batch:
+                owners[at] = (k, a)
+                at += 1
+    return owners
 
 
 @register("pvary", "axis_index", "pbroadcast")
