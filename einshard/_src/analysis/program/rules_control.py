@@ -16,7 +16,8 @@ from typing import Any
 
 from ...core.collectives import CollectiveKind
 from ...core.layout import Layout
-from ..cost import RING_BYTES, Collective
+from ..cost import RING_BYTES, Collective, sent_bytes
+from ..einsum.plan import side_string
 from ..einsum.read import spec_partitions
 from .costing import is_free
 from .lookahead import MAX_STEPS, home_of
@@ -370,15 +371,20 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
         if carry_out[k].unreduced:
             dst = w.relayout(body.outvars[k].aval, settled[k].dims)
             aval = body.outvars[k].aval
-            w.change(
-                eqn,
-                phase,
-                carry_out[k],
-                dst,
-                aval.dtype,
-                repeat * length,
-                "scan carry's sum lands at its readers' split",
-            )
+            spread = _spread_over_idle(w, body, env, k, carry_out[k], dst)
+            if spread:
+                what = f"scan carry's sum lands at its readers' split: {side_string(dst)}"
+                w.record(eqn, phase, what, dst, spread, 0.0, sum(c.time for c in spread), repeat * length)
+            else:
+                w.change(
+                    eqn,
+                    phase,
+                    carry_out[k],
+                    dst,
+                    aval.dtype,
+                    repeat * length,
+                    "scan carry's sum lands at its readers' split",
+                )
             carry_out[k] = dst
     for k, bv, dims in stacked:
         if ys[k].unreduced:
@@ -403,13 +409,12 @@ def _readers_split(
     a reduce-scatter per trip (measured: tests/test_scan_carry_rules.py's LSTM-like backward under dp x tp).
     ``env`` is the quiet walk's environment of the body (its readers' layouts).
 
-    Only a dot's own sum, and only where the mesh axes neither of its operands splits hold fewer devices than the
-    sum: where they hold as many, XLA spreads the sum over them instead (an all-reduce of a slice per idle group
-    and a permute onto the split, rules_indexing.scatter_to_consumers; measured: the same LSTM under tp alone,
-    the batch whole, XLA all-reduces the carry and permutes it each trip), which this landing does not model."""
+    Only a dot's own sum.  Where the mesh axes neither of its operands splits hold as many devices as the sum, XLA
+    spreads the sum over them instead (an all-reduce of a slice per idle group and a permute onto the split, as
+    rules_indexing.scatter_to_consumers; measured: the same LSTM under tp alone, the batch whole, XLA all-reduces
+    the carry's slice and permutes it each trip): the landing charges that (:func:`_spread_over_idle`)."""
     found: dict[int, list[tuple[str, ...]]] = {}
     made = {id(v): e for e in body.eqns for v in e.outvars}
-    sizes = quiet.costs.mesh_sizes
     outer = quiet.env
     quiet.env = env
     try:
@@ -420,15 +425,47 @@ def _readers_split(
             source = made.get(id(bv))
             if source is None or source.primitive.name != "dot_general":
                 continue
-            used = {m for u in source.invars[:2] for d in _dims_in(env, u) for m in d}
-            if math.prod(n for m, n in sizes.items() if m not in used) >= math.prod(sizes[m] for m in lay.unreduced):
-                continue
             dims = consumer_split(quiet, body.invars[n_consts + k], out.with_dims(out.dims), frozenset(lay.unreduced))
             if dims is not None and tuple(tuple(d) for d in dims) != tuple(out.dims):
                 found[k] = dims
     finally:
         quiet.env = outer
     return found
+
+
+def _spread_over_idle(
+    w: WalkerLike, body: Any, env: dict[Any, Layout], k: int, pending: Layout, dst: Layout
+) -> tuple[Collective, ...]:
+    """The collectives landing carry ``k``'s pending dot sum at ``dst`` where the mesh axes neither of the dot's
+    operands splits hold at least as many devices as the sum: XLA spreads the sum over them, as it does for a dot
+    whose consumer asks a split (rules_indexing.scatter_to_consumers): each idle group all-reduces the slice of
+    the result its devices own over the summed axes and permutes it onto ``dst`` (1/n of the result each).
+    Measured: an LSTM-like backward loop under tp alone (the batch whole, the gates split over 'model' on
+    (data=4, model=2)) all-reduces f32[8, 32] of the (8, 64) h-cotangent and permutes f32[8, 32] each trip
+    (tests/test_scan_carry_rules.py).  Empty where the idle devices are fewer (a reduce-scatter: the caller's)."""
+    made = {id(v): e for e in body.eqns for v in e.outvars}
+    source = made.get(id(body.outvars[k]))
+    if source is None or source.primitive.name != "dot_general" or is_free(dst):
+        return ()
+    sizes = w.costs.mesh_sizes
+    used = {m for u in source.invars[:2] for d in _dims_in(env, u) for m in d}
+    summed = tuple(m for m in sizes if m in pending.unreduced)
+    n = math.prod(sizes[m] for m in summed)
+    if n <= 1 or math.prod(size for m, size in sizes.items() if m not in used) < n:
+        return ()
+    if not set(summed) <= {m for d in dst.dims for m in d} - {m for d in pending.dims for m in d}:
+        return ()  # the sum does not land on its own mesh axes: not this pattern
+    block = math.prod(dst.shard_shape) * dtype_itemsize(body.outvars[k].aval.dtype)
+    out: list[Collective] = []
+    steps: tuple[tuple[CollectiveKind, str], ...] = (
+        ("all-reduce", "dot partial sums (a slice per idle group)"),
+        ("collective-permute", "dot result moved from the idle groups' slices onto its split"),
+    )
+    for kind, why in steps:
+        sent = sent_bytes(kind, n, block)
+        t = w.costs.profile.collective_time(kind, n, sent, block)
+        out.append(Collective(kind, summed, n, int(sent), int(block), t, "result", why))
+    return tuple(out)
 
 
 def _dims_in(env: dict[Any, Layout], v: Any) -> tuple[tuple[str, ...], ...]:
