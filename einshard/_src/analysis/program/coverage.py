@@ -69,7 +69,9 @@ TESTS: dict[str, str] = {
     "rules_linalg.tile": "tests/test_linalg_rules.py [tile]",
     "rules_linalg.matrix_op": "tests/test_linalg_rules.py [matrix]",
     "rules_linalg.fft": "tests/test_linalg_rules.py [fft]",
-    "rules_control.constraint": "tests/test_explain_rules.py (auto_axes), tests/test_explain.py",
+    "rules_control.constraint": (
+        "tests/test_explain_rules.py (auto_axes), tests/test_dot_at_placement.py, tests/test_explain.py"
+    ),
     "registry.call_rule": "tests/test_explain_corpus.py (jax.nn, optax and Flax wrap their bodies)",
     "rules_random.key_batch": "tests/test_prng_rules.py [split, bits, unwrap, dropout]",
     "rules_random.wrap": "tests/test_prng_rules.py [wrap]",

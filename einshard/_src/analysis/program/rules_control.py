@@ -16,9 +16,11 @@ from typing import Any
 
 from ...core.collectives import CollectiveKind
 from ...core.layout import Layout
-from ..cost import RING_BYTES, Collective
+from ..cost import RING_BYTES, Collective, sent_bytes
+from ..einsum.plan import side_string
 from ..einsum.read import spec_partitions
 from .costing import is_free
+from .lookahead import MAX_STEPS, home_of
 from .movement import APPROXIMATE
 from .registry import WalkerLike, inherit, register
 from .report import OpBound, default_bound
@@ -78,8 +80,105 @@ def constraint(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: s
     dst = w.relayout(aval, dims)
     if is_free(src):
         return [dst]
+    src = _dot_made_at_placement(w, eqn, src, dst, repeat, phase)
     w.change(eqn, phase, src, dst, aval.dtype, repeat, f"{eqn.primitive.name}")
     return [dst]
+
+
+def _dot_made_at_placement(w: WalkerLike, eqn: Any, src: Layout, dst: Layout, repeat: int, phase: str) -> Layout:
+    """The placement's input as XLA makes it where a dot makes that input and the placement gathers one of the dot's
+    free axes: Shardy carries the sharding constraint back onto the dot's result (through transposes composing to
+    none, each read once), so the partitioner computes the dot at the placement's split and gathers the operand
+    owning that axis, not the result (XLA's CSE shares a gather of that operand made before: the forward's).  The
+    gathers are charged here, the dot's result (and the transposes) laid out anew without the gathered axes, as
+    the buffer XLA writes; that layout is returned, the move left to the placement.
+
+    Measured (tests/test_dot_at_placement.py): the weight gradient g[512, 10]^T . h[512, 32@model] leaving an
+    ``auto_axes`` region replicated gathers h (32 KiB sent) rather than the (10, 32) gradient (640 B), whatever
+    the sizes: the choice is the propagation's, not a cost.  Not carried back: a jit's ``out_shardings`` on Auto
+    axes (no constraint: XLA gathers the gradient), a real transpose or a dtype conversion between (measured:
+    XLA gathers the product)."""
+    found = _dot_behind(w, eqn.invars[0])
+    if found is None or src.unreduced or len(src.dims) != len(dst.dims):
+        return src
+    dot, chain = found
+    owners = _free_axis_owners(dot)
+    bound = [w.env.get(v) for v in dot.invars[:2]]
+    operands = [o for o in bound if o is not None and not is_free(o)]
+    made = w.env.get(dot.outvars[0])
+    if typed_dims(dot.outvars[0].aval) is not None or len(operands) != 2 or made is None or made.unreduced:
+        return src
+    kept = {m for d in dst.dims for m in d}
+    gathered: dict[int, list[tuple[str, ...]]] = {}
+    left = list(src.dims)
+    for i, (have, want) in enumerate(zip(src.dims, dst.dims)):
+        dropped = tuple(m for m in have if m not in want)
+        if not dropped:
+            continue
+        owner = owners.get(i)
+        if owner is None or kept & set(dropped):
+            return src  # a batch axis (both operands own it) or a split moved, not gathered: the plain move
+        k, axis = owner
+        if not set(dropped) <= set(operands[k].dims[axis]):
+            return src  # the result's split is not the operand's (a sum landed there): the plain move
+        dims = gathered.setdefault(k, list(operands[k].dims))
+        dims[axis] = tuple(m for m in dims[axis] if m not in dropped)
+        left[i] = tuple(m for m in have if m in want)
+    if not gathered:
+        return src
+    for k, dims in gathered.items():
+        var = dot.invars[k]
+        whole = w.relayout(var.aval, dims)
+        w.change(dot, phase, operands[k], whole, var.aval.dtype, repeat, "dot operand gathered to a placement's split")
+        w.bind_copy(var, whole)
+    for var, axis_of in chain:
+        placed: list[tuple[str, ...]] = [()] * len(left)
+        for i, a in enumerate(axis_of):
+            placed[a] = left[i]
+        w.relay(var, w.relayout(var.aval, placed))
+    return w.env[eqn.invars[0]]
+
+
+def _dot_behind(w: WalkerLike, var: Any) -> tuple[Any, list[tuple[Any, tuple[int, ...]]]] | None:
+    """The dot_general that makes ``var`` through transposes each read once, and the values from ``var`` back to
+    its result, each with the axis of it that each axis of ``var`` is; None where no such dot makes ``var`` or the
+    transposes do not compose to none.  ``var`` is read by the placement alone."""
+    if hasattr(var, "val") or len(w.uses.get(id(var), ())) != 1:
+        return None
+    axis_of = tuple(range(len(getattr(var.aval, "shape", ()))))
+    v = var
+    chain: list[tuple[Any, tuple[int, ...]]] = []
+    for _ in range(MAX_STEPS):
+        home = home_of(w.costs, v)
+        if home is None:
+            return None
+        made = home.jaxpr.eqns[home.position[id(v)]]
+        chain.append((v, axis_of))
+        if made.primitive.name == "dot_general":
+            # Transposes composing to none (jax's gradient writes a weight gradient's twice) are carried back;
+            # a real one is not (measured: (a[8@data, 8] @ b).T leaving replicated gathers the product).
+            return (made, chain) if axis_of == tuple(range(len(axis_of))) else None
+        src = made.invars[0]
+        if made.primitive.name != "transpose" or hasattr(src, "val") or len(w.uses.get(id(src), ())) != 1:
+            return None
+        perm = made.params["permutation"]
+        axis_of = tuple(int(perm[a]) for a in axis_of)
+        v = src
+    return None
+
+
+def _free_axis_owners(dot: Any) -> dict[int, tuple[int, int]]:
+    """A dot's result axis -> (the operand, its axis) for each free (neither contracted nor batch) axis."""
+    (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
+    ranks = [len(v.aval.shape) for v in dot.invars[:2]]
+    owners: dict[int, tuple[int, int]] = {}
+    at = len(lb)
+    for k, (contracted, batch) in enumerate(((lc, lb), (rc, rb))):
+        for a in range(ranks[k]):
+            if a not in contracted and a not in batch:
+                owners[at] = (k, a)
+                at += 1
+    return owners
 
 
 @register("pvary", "axis_index", "pbroadcast")
@@ -275,15 +374,20 @@ def scan(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) ->
         if carry_out[k].unreduced:
             dst = w.relayout(body.outvars[k].aval, settled[k].dims)
             aval = body.outvars[k].aval
-            w.change(
-                eqn,
-                phase,
-                carry_out[k],
-                dst,
-                aval.dtype,
-                repeat * length,
-                "scan carry's sum lands at its readers' split",
-            )
+            spread = _spread_over_idle(w, body, env, k, carry_out[k], dst)
+            if spread:
+                what = f"scan carry's sum lands at its readers' split: {side_string(dst)}"
+                w.record(eqn, phase, what, dst, spread, 0.0, sum(c.time for c in spread), repeat * length)
+            else:
+                w.change(
+                    eqn,
+                    phase,
+                    carry_out[k],
+                    dst,
+                    aval.dtype,
+                    repeat * length,
+                    "scan carry's sum lands at its readers' split",
+                )
             carry_out[k] = dst
     for k, bv, dims in stacked:
         if ys[k].unreduced:
@@ -308,13 +412,12 @@ def _readers_split(
     a reduce-scatter per trip (measured: tests/test_scan_carry_rules.py's LSTM-like backward under dp x tp).
     ``env`` is the quiet walk's environment of the body (its readers' layouts).
 
-    Only a dot's own sum, and only where the mesh axes neither of its operands splits hold fewer devices than the
-    sum: where they hold as many, XLA spreads the sum over them instead (an all-reduce of a slice per idle group
-    and a permute onto the split, rules_indexing.scatter_to_consumers; measured: the same LSTM under tp alone,
-    the batch whole, XLA all-reduces the carry and permutes it each trip), which this landing does not model."""
+    Only a dot's own sum.  Where the mesh axes neither of its operands splits hold as many devices as the sum, XLA
+    spreads the sum over them instead (an all-reduce of a slice per idle group and a permute onto the split, as
+    rules_indexing.scatter_to_consumers; measured: the same LSTM under tp alone, the batch whole, XLA all-reduces
+    the carry's slice and permutes it each trip): the landing charges that (:func:`_spread_over_idle`)."""
     found: dict[int, list[tuple[str, ...]]] = {}
     made = {id(v): e for e in body.eqns for v in e.outvars}
-    sizes = quiet.costs.mesh_sizes
     outer = quiet.env
     quiet.env = env
     try:
@@ -325,15 +428,47 @@ def _readers_split(
             source = made.get(id(bv))
             if source is None or source.primitive.name != "dot_general":
                 continue
-            used = {m for u in source.invars[:2] for d in _dims_in(env, u) for m in d}
-            if math.prod(n for m, n in sizes.items() if m not in used) >= math.prod(sizes[m] for m in lay.unreduced):
-                continue
             dims = consumer_split(quiet, body.invars[n_consts + k], out.with_dims(out.dims), frozenset(lay.unreduced))
             if dims is not None and tuple(tuple(d) for d in dims) != tuple(out.dims):
                 found[k] = dims
     finally:
         quiet.env = outer
     return found
+
+
+def _spread_over_idle(
+    w: WalkerLike, body: Any, env: dict[Any, Layout], k: int, pending: Layout, dst: Layout
+) -> tuple[Collective, ...]:
+    """The collectives landing carry ``k``'s pending dot sum at ``dst`` where the mesh axes neither of the dot's
+    operands splits hold at least as many devices as the sum: XLA spreads the sum over them, as it does for a dot
+    whose consumer asks a split (rules_indexing.scatter_to_consumers): each idle group all-reduces the slice of
+    the result its devices own over the summed axes and permutes it onto ``dst`` (1/n of the result each).
+    Measured: an LSTM-like backward loop under tp alone (the batch whole, the gates split over 'model' on
+    (data=4, model=2)) all-reduces f32[8, 32] of the (8, 64) h-cotangent and permutes f32[8, 32] each trip
+    (tests/test_scan_carry_rules.py).  Empty where the idle devices are fewer (a reduce-scatter: the caller's)."""
+    made = {id(v): e for e in body.eqns for v in e.outvars}
+    source = made.get(id(body.outvars[k]))
+    if source is None or source.primitive.name != "dot_general" or is_free(dst):
+        return ()
+    sizes = w.costs.mesh_sizes
+    used = {m for u in source.invars[:2] for d in _dims_in(env, u) for m in d}
+    summed = tuple(m for m in sizes if m in pending.unreduced)
+    n = math.prod(sizes[m] for m in summed)
+    if n <= 1 or math.prod(size for m, size in sizes.items() if m not in used) < n:
+        return ()
+    if not set(summed) <= {m for d in dst.dims for m in d} - {m for d in pending.dims for m in d}:
+        return ()  # the sum does not land on its own mesh axes: not this pattern
+    block = math.prod(dst.shard_shape) * dtype_itemsize(body.outvars[k].aval.dtype)
+    out: list[Collective] = []
+    steps: tuple[tuple[CollectiveKind, str], ...] = (
+        ("all-reduce", "dot partial sums (a slice per idle group)"),
+        ("collective-permute", "dot result moved from the idle groups' slices onto its split"),
+    )
+    for kind, why in steps:
+        sent = sent_bytes(kind, n, block)
+        t = w.costs.profile.collective_time(kind, n, sent, block)
+        out.append(Collective(kind, summed, n, int(sent), int(block), t, "result", why))
+    return tuple(out)
 
 
 def _dims_in(env: dict[Any, Layout], v: Any) -> tuple[tuple[str, ...], ...]:
