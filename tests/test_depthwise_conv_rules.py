@@ -195,7 +195,8 @@ def depthwise_case(draw: Any) -> Case:
     """A depthwise conv (feature_group_count = channels): batch, channels, spatial size, a 1x1 or 3x3 kernel, NCHW or
     NHWC, over the (8,), (4, 2) and (2, 2, 2) meshes: the batch over one axis with the kernel's outputs over it too
     (FSDP: the regroup onto the channels) or whole (dp); or the channels and the kernel's outputs split alike over
-    one axis (tp: the kernel gradient's batch groups split alike), the batch over another (dp x tp) or whole."""
+    one axis (tp: the kernel gradient's batch groups split alike), the batch over another (dp x tp) or whole; Auto or
+    Explicit axes (where JAX refuses the program on Explicit axes, check() rejects the draw)."""
     batch = draw(st.sampled_from([8, 16]))
     channels = draw(st.sampled_from([8, 16, 32]))
     size = draw(st.sampled_from([4, 8]))
@@ -221,7 +222,7 @@ def depthwise_case(draw: Any) -> Case:
         batch_axis = other if layout == "dp_tp" else None
         specs = (P(batch_axis, axis) if nchw else P(batch_axis, None, None, axis), outputs)
     fn = _depthwise_conv(dn, channels)
-    return Case("conv_general_dilated", fn, (x, w), specs, rank, False, draw(st.booleans()), "windows")
+    return Case("conv_general_dilated", fn, (x, w), specs, rank, draw(st.booleans()), draw(st.booleans()), "windows")
 
 
 def test_depthwise_convs_match_xla() -> None:
