@@ -209,7 +209,10 @@ LOOP_MISSES = {
     ),
     "fsdp-gradient-accumulation": (
         "FSDP on the (8,) mesh, kernels (32, 16), 5 steps, the gradient: explain names 5 of the backward loop's "
-        "all-reduces reduce-scatters (bytes equal, 24580 B), where XLA all-reduces all 11; not the hoisting rule's "
+        "all-reduces reduce-scatters (bytes equal, 24580 B), where XLA all-reduces all 11: in the backward loop XLA all-reduces "
+        "the FSDP kernels' per-step gradient contributions whole (one tuple all-reduce of two whole dots a step, "
+        "the accumulator whole in the carry: likely XLA's larger peak too, not measured apart) where explain reduce-scatters one of them a "
+        "step; not the hoisting rule's "
         "(seen with 16-wide kernels only; (32, 64) kernels match). The deep run's first miss is this one: kernels "
         "(16, 16), 2 steps: 2 reduce-scatters + 3 all-reduces against XLA's 5 all-reduces, 8196 B both, and "
         "explain's peak 7424 B against XLA's 11456 B."
