@@ -237,8 +237,13 @@ def test_loop_constant_moves_known_misses(name: str) -> None:
     check(_loop_miss_case(name))
 
 
+def _accumulates_whole(case: Case) -> bool:
+    # LOOP_MISSES["fsdp-gradient-accumulation"]: the FSDP gradient with 16-wide kernels, kept as its strict xfail above
+    # so that the deep run holds every other draw to XLA.
+    fsdp = case.specs[0][0] is not None
+    return case.grad and fsdp and case.args[0].shape[1] == 16
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(reason="; ".join(LOOP_MISSES.values()), strict=False)
 def test_loop_constant_moves_match_xla_deep() -> None:
-    # Not strict: the deep run may draw one of LOOP_MISSES' programs (the default run's draws all match).
-    DEEP(given(loop_constant_case())(check))()
+    DEEP(given(loop_constant_case().filter(lambda case: not _accumulates_whole(case)))(check))()
