@@ -489,6 +489,9 @@ PROFILES: dict[str, Profile] = {
     # 24.2 at its FLOPs (predicted 282.51 against 282.73 ms: a tie the model cannot split), and measured (12
     # interleaved rounds, load 14-16) 1139 ms against dp_tp's 926 wall (1.23x, split-half noise ~10%), 388 against 386
     # ms of process CPU: the time apart is waiting, not compute, which the collectives' price does not reach.
+    # planner.scoring.NEAR_TIE (session 18) settles such ties by bytes sent: that plan is now dp_tp's program
+    # (24.19 MB by XLA).  Still not the default: 8 tests of test_plan_verify/test_host_profile/test_plan_explicit
+    # fail under it (written against this profile's numbers), and the docs/CLI/demo tests were not run under it.
     "cpu": cpu_profile(),
     # H100 SXM in an 8-GPU NVLink node: 989 TFLOP/s dense bf16 and 450 GB/s NVLink egress per GPU
     # (scaling book, gpus.md: "T_AG ≈ B/450e9", C/W ≈ 2200 tokens/GPU).  Per-hop latency ~2 µs (assumed:

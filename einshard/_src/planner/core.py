@@ -27,7 +27,7 @@ from .pipelines import PipelineCost, PipelineSearch, best_pipeline, cost_pipelin
 from .preset_match import admit_preset_layouts, expressible_presets
 from .result import Alternative, LayoutPlan
 from .roles import Parallel, megatron_pairs, weight_roles
-from .scoring import Costs, Score, preset_assignments, user_preset
+from .scoring import Costs, Score, near_ties_first, preset_assignments, user_preset
 from .search import exhaustive, guided_descent, sharded_parameters, tensor_parallel_starts
 from .verify import (
     DEFAULT_VERIFY,
@@ -145,6 +145,9 @@ def plan(
     expressed, _ = expressible_presets(presets or {}, space.costs)
     presets_assign = {**built_in, **expressed}
     method, order = _search(space, presets_assign, mesh_axes, options)
+    # The search walks by the key; the ranking it returns settles near-ties in time by what is certain (bytes,
+    # FLOPs, memory: scoring.NEAR_TIE).
+    order = near_ties_first(order, space.costs.score, objective)
     checked = _verify(fn, kwargs, space, order, presets_assign, verify, tgt, mesh, args, mesh_axes)
     run = _Run(
         space=space,
@@ -633,8 +636,12 @@ def _choice(run: _Run) -> _Choice:
     # A preset that is an assignment already competed in the search (and in verify='s compiled ranking, which
     # must not be overruled by the prediction): only the others can beat the choice here.
     outside = [u for u, n in zip(user, run.presets) if n not in run.expressed]
-    beaten_by = min(outside, key=lambda u: u[1].key, default=None)
-    if beaten_by is not None and beaten_by[1].key < chosen.key:
+    # Ranked with the choice as the search's order is (scoring.near_ties_first: near-ties in time by bytes sent).
+    contenders = [chosen, *(score for _, score in outside)]
+    by_key = sorted(range(len(contenders)), key=lambda i: contenders[i].key)  # stable: the choice wins equal keys
+    first = near_ties_first(by_key, contenders.__getitem__, run.objective)[0]
+    beaten_by = outside[first - 1] if first else None
+    if beaten_by is not None:
         # A hand-written layout the candidates cannot express beat the search: return it.
         alt, score = beaten_by
         return _Choice(
