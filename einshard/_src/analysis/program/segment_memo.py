@@ -21,9 +21,12 @@ the other copy's values by position, so a replay is the walk it stands for or
 does not happen (tests/test_segment_memo.py compares reports, peak memory,
 combined costs and plans with and without it).
 
-Two reads that differ from copy to copy are kept with the tape rather than in
+Three reads that differ from copy to copy are kept with the tape rather than in
 the key, each checked where the tape is replayed: the padding its pads read
-(:class:`PadGuard`), and the look-ahead from a partial sum that runs on past
+(:class:`PadGuard`), the layouts the caller asks of values past the copy that
+its walk read (:func:`asked_hold`: the first and last layers' horizons reach
+the gradients a planner asks layouts of, which their walks do not read), and
+the look-ahead from a partial sum that runs on past
 the copy's horizon (a tensor-parallel layer's sum, along the residual stream
 to the loss: :func:`past_copy`), whose answer from there is kept and made
 again, from the other copy's values, at each replay (:func:`searches_hold`).
