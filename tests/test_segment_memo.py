@@ -178,6 +178,52 @@ def test_a_look_ahead_past_the_copy_is_kept_with_its_answer_and_checked_at_each_
     assert t.report(specs, forks=0).ops == first.ops
 
 
+@pytest.mark.parametrize("layout", [(1, 1, 0), (2, 2, 0), (3, 3, 1)])
+def test_the_layouts_asked_of_the_gradients_split_no_key_where_the_walk_reads_none(layout):
+    """The last copies' horizons reach the gradients the caller asks layouts of; their walks read none of them,
+    so they replay the tape of the copies before (segment_memo.asked_hold: a tape keeps only the asked layouts its
+    walk read), as when nothing is asked, to the report the walk without the memo makes."""
+    up, down, batch = layout
+    specs = _specs(up, down, batch)
+    counts = []
+    for out_specs in (None, _out_specs(up, down)):
+        fn, params, x = decoder(6, "remat")
+        t = trace(fn, params, x, mesh=MESH)
+        memo = t.report(specs, out_specs, forks=0)
+        tapes = [tape for kept in t.costs.segment_tapes.values() for tape in kept]
+        counts.append((t.costs.counts.segment_replays, t.costs.counts.segments_open, len(tapes)))
+        t.costs.memoise_segments = False
+        plain = t.report(specs, out_specs, forks=0)
+        assert memo.ops == plain.ops and memo.peak_bytes == plain.peak_bytes
+    assert counts[0] == counts[1]
+    assert counts[1][0] >= 5  # of the 6 layers' forward copies and the backward's glue
+
+
+def test_a_tape_whose_walk_read_an_asked_layout_replays_only_where_it_is_asked_alike():
+    """A tape keeps the asked layouts its walk read (past the copy, by visit index: Recorder.asked); a copy where
+    another layout is asked of those values never replays it (made wrong here: walked and recorded again, to the
+    same report)."""
+    import dataclasses
+
+    fn, params, x = _plain(6)
+    t = trace(fn, params, x, mesh=MESH)  # its own: its tapes are made wrong
+    specs, out_specs = _specs(1, 2, 2), _out_specs(1, 2)
+    first = t.report(specs, out_specs, forks=0)
+    tapes = t.costs.segment_tapes
+    read = [k for k, kept in tapes.items() if any(tape.asked for tape in kept)]
+    assert read
+    for k in read:
+        tapes[k] = [
+            dataclasses.replace(tape, asked=tuple((at, ("a wrong layout",)) for at, _ in tape.asked))
+            for tape in tapes[k]
+        ]
+    again = t.report(specs, out_specs, forks=0)
+    assert again.ops == first.ops
+    assert all(len(tapes[k]) == 2 for k in read)  # walked and recorded again, its new tape replayed after
+    t.costs.memoise_segments = False
+    assert t.report(specs, out_specs, forks=0).ops == first.ops
+
+
 def test_a_copy_whose_walk_was_open_is_walked_plainly_again_alike(monkeypatch):
     """A copy entering in the state of one whose walk read outside itself reads the same, up to the same read:
     it is walked without the logging (the same walk), never recorded again.  (Opened here by a look-ahead past

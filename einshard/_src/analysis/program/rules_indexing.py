@@ -34,7 +34,7 @@ from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflic
 from .registry import register
 from .report import OpBound
 from .rules_structural import all_explicit, explicit_dims, merged_split, typed_dims
-from .segment_memo import PlainTable, Recorder, note_search, past_copy, unlogged
+from .segment_memo import PlainTable, Recorder, note_asked, note_search, past_copy, unlogged
 from .upstream import readers_agree
 from .values import CARRIERS, ELEMENTWISE, REDUCTIONS, Partial
 
@@ -1107,6 +1107,9 @@ def _rest_of_reach(
     far): the checks in visit order, with the steps a requested output is visited at (asked before the step's
     consumers are read, as the walk does); the answer and how many checks it took."""
     requested, steps_of = w.requested, reach.steps_of
+    # Which of the values visited are asked for, tested below without the recording tables' logging: logged here
+    # for those in a recorded copy's horizon (the segment memo keeps them with its tape).
+    note_asked(w, steps_of)
     # (from the smaller side: a planner asks a layout of every gradient, and a deep model's copies each search)
     if len(requested) <= len(steps_of):
         asked_at = sorted(s for i in requested for s in steps_of.get(i, ()) if s >= at)

@@ -21,9 +21,12 @@ the other copy's values by position, so a replay is the walk it stands for or
 does not happen (tests/test_segment_memo.py compares reports, peak memory,
 combined costs and plans with and without it).
 
-Two reads that differ from copy to copy are kept with the tape rather than in
+Three reads that differ from copy to copy are kept with the tape rather than in
 the key, each checked where the tape is replayed: the padding its pads read
-(:class:`PadGuard`), and the look-ahead from a partial sum that runs on past
+(:class:`PadGuard`), the layouts the caller asks of values past the copy that
+its walk read (:func:`asked_hold`: the first and last layers' horizons reach
+the gradients a planner asks layouts of, which their walks do not read), and
+the look-ahead from a partial sum that runs on past
 the copy's horizon (a tensor-parallel layer's sum, along the residual stream
 to the loss: :func:`past_copy`), whose answer from there is kept and made
 again, from the other copy's values, at each replay (:func:`searches_hold`).
@@ -70,6 +73,10 @@ __all__ = [
     "note_search",
     "searches_hold",
     "slice_row_class",
+    "AskedGuard",
+    "asked_guard",
+    "asked_hold",
+    "note_asked",
     "RECORDING",
     "PLAIN",
     "PlainTable",
@@ -125,6 +132,9 @@ class Copy:
     # The ids of the values it makes (whether the caller asks for one of them is one set operation per copy).
     inside_ids: frozenset[int] = frozenset()
     entering_ids: tuple[int, ...] = ()  # id of each entering value, in order
+    # Visit index in ``horizon`` -> id of the value past it there (``ahead`` inverted): a tape's asked guard names
+    # values by index (:func:`asked_hold`).
+    ahead_at: dict[int, int] = field(default_factory=dict)
 
     def value(self, token: Token) -> Any:
         return self.entering[token[1]] if token[0] == "e" else self.inside[token[1]]
@@ -286,6 +296,7 @@ def plan_segments(
                 ),
                 frozenset(id(v) for v in inside),
                 tuple(entering),
+                {at: ident for ident, at in ahead.items()},
             )
     return SegmentPlan(jaxpr, copies, made_at)
 
@@ -402,6 +413,42 @@ def slice_row_class(length: int, n: int, out_len: int, start: int, stride: int) 
     return ("at", start)
 
 
+# The layouts asked of values past a copy (program outputs in its horizon) that its walk read: (visit index in the
+# horizon, the asked layout's dims or None where none is asked), sorted.
+AskedGuard = tuple[tuple[int, Any], ...]
+
+
+def asked_guard(asked: dict[int, Any]) -> AskedGuard:
+    """The reads of asked layouts past the copy a recorder logged (:attr:`Recorder.asked`), as a tape keeps them."""
+    return tuple(sorted(asked.items()))
+
+
+def asked_hold(guard: AskedGuard, copy: Copy, requested: dict[int, Any]) -> bool:
+    """Whether the caller asks of ``copy``'s values past it what it asked of the recorded copy's where that walk read
+    it.  The key leaves the asked layouts out: a copy whose horizon reaches a program output (the first and last
+    layers of a decoder, whose gradients the planner asks layouts of) keys as the others, and replays their tape
+    where its walk reads none of them (its walk is the recorded one while every read answers alike)."""
+    at = copy.ahead_at
+    # A visit index past this copy's horizon (a shorter one: the program ends sooner after it) reads as not asked, as
+    # the key did when it held the asked layouts: it compared those of each copy's own horizon.
+    return all(requested.get(at.get(index, -1)) == dims for index, dims in guard)
+
+
+def note_asked(w: Any, ids: Any) -> None:
+    """Log, while a copy is recorded, whether the caller asks a layout of each of ``ids`` that lie in the copy's
+    horizon: for a search that tests membership of many values at once (rules_indexing._rest_of_reach iterates the
+    asked layouts or tests them through a view, which no recording table logs)."""
+    requested = w.requested
+    if type(requested) is not RecordingTable or requested.rec.why:
+        return
+    rec = requested.rec
+    ahead, asked = rec.copy.ahead, rec.asked
+    for i in ids:
+        at = ahead.get(i)
+        if at is not None and at not in asked:
+            asked[at] = dict.get(requested, i)
+
+
 # A copy's pads as its walk read them: per pad (offset, the axes its operand was split along: the only axes whose
 # padding the pad rule reads, rules_structural.pad), and those axes' (low, high, interior).
 PadGuard = tuple[tuple[int, tuple[int, ...], tuple[tuple[int, int, int], ...]], ...]
@@ -436,6 +483,9 @@ class SegmentTape:
     # The look-aheads (rules_indexing.consumer_split) that went on past the copy's horizon, with their answers from
     # there (:func:`past_copy`): another copy replays the tape where its own answer alike (:func:`searches_hold`).
     searches: tuple[Search, ...] = ()
+    # The layouts the caller asks of values past the copy that its walk read, by visit index in the horizon (None: not
+    # asked): another copy replays the tape where its own are alike (:func:`asked_hold`).
+    asked: AskedGuard = ()
 
 
 class Shelf(list):  # type: ignore[type-arg]
@@ -589,6 +639,8 @@ class Recorder:
     # The look-aheads that went past the copy, answered unlogged from there (:func:`past_copy`).
     searches: list[Search] = field(default_factory=list)
     past: dict[Any, Any] = field(default_factory=dict)  # OpCosts.segment_past (past_start's structure, per program)
+    # Visit index in the horizon -> the layout asked of the value there, where the walk read it (:func:`asked_hold`).
+    asked: dict[int, Any] = field(default_factory=dict)
 
     def pad_read(self, offset: int, operand: Layout) -> None:
         """Note the axes whose padding the pad at ``offset`` reads: those its operand is split along (none for
@@ -849,8 +901,14 @@ class RecordingTable(PlainTable):
         if self.channel in ("summed", "made"):  # nothing is summed or moved yet of a value made after the copy
             self.rec.looked_ahead(ident, dict.__contains__(self, key), self.channel)
             return
-        if ident in self.rec.copy.ahead and self.channel in ("uses", "requested"):
-            return  # a value the look-ahead reached past the copy: its consumers, its asked layout are in the key
+        if self.channel in ("uses", "requested"):
+            at = self.rec.copy.ahead.get(ident)
+            if at is not None:
+                # A value the look-ahead reached past the copy: its consumers are in the key, the layout asked of it
+                # kept with the tape (asked_hold).
+                if self.channel == "requested" and at not in self.rec.asked:
+                    self.rec.asked[at] = dict.get(self, key)
+                return
         tok = self.rec.token(ident, self.channel)
         if tok is None:
             return

@@ -42,6 +42,8 @@ from .segment_memo import (
     SegmentPlan,
     SegmentTape,
     Shelf,
+    asked_guard,
+    asked_hold,
     copy_slots,
     pad_guard,
     pad_guard_holds,
@@ -710,18 +712,9 @@ class Walker:
         # Which entering values leave the program (a route carried back upstream stops at one: upstream.outer).
         outputs = self.program_outputs
         leaving = tuple(map(outputs.__contains__, copy.entering_ids)) if outputs else ()
-        asked: tuple[Any, ...] = ()
-        requested = self.requested
-        if requested:
-            # The layouts the caller asks for values the look-ahead may reach past the copy (program outputs): read
-            # from the smaller side (a planner asks a layout of every gradient: hundreds at every copy otherwise).
-            ahead = copy.ahead
-            if len(ahead) < len(requested):
-                asked = tuple(sorted((at, requested[i]) for i, at in ahead.items() if i in requested))
-            else:
-                asked = tuple(sorted((ahead[i], dims) for i, dims in requested.items() if i in ahead))
+        # The layouts the caller asks of values past the copy are not in the key: a tape keeps those its walk read
+        # (segment_memo.asked_hold), and most walks read none (:meth:`_asked` keys the open copies by all of them).
         return (
-            asked,
             copy.structure,  # its run, the bodies it calls, its wiring
             type(self),
             self.quiet,
@@ -731,6 +724,18 @@ class Walker:
             rows,
             leaving,
         )
+
+    def _asked(self, copy: Copy) -> tuple[Any, ...]:
+        """The layouts the caller asks for values the look-ahead may reach past ``copy`` (program outputs), by visit
+        index: what an open copy's record is kept under besides its key (:meth:`_segment_start`).  Read from the
+        smaller side (a planner asks a layout of every gradient: hundreds at every copy otherwise)."""
+        requested = self.requested
+        if not requested:
+            return ()
+        ahead = copy.ahead
+        if len(ahead) < len(requested):
+            return tuple(sorted((at, requested[i]) for i, at in ahead.items() if i in requested))
+        return tuple(sorted((ahead[i], dims) for i, dims in requested.items() if i in ahead))
 
     def _carried(self, copy: Copy, env: dict[Any, Layout]) -> Any:
         """What :meth:`_segment_key` may take from the key of the copy replayed just before ``copy`` (None: nothing).
@@ -786,14 +791,25 @@ class Walker:
         self._last_replay = None
         # The tapes of this key, one per padding its pads' walk read (each layer pads its gradient at its row).
         tapes = self.costs.segment_tapes.get(key, ())
-        tape = next((t for t in self._padding_alike(tapes, copy) if self._searches_hold(t, copy)), None)
+        requested = self.requested
+        tape = next(
+            (
+                t
+                for t in self._padding_alike(tapes, copy)
+                if (not t.asked or asked_hold(t.asked, copy, requested)) and self._searches_hold(t, copy)
+            ),
+            None,
+        )
         if tape is not None:
             self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
             if not self._ready(tape, copy).writes_entering:
-                self._last_replay = (copy, key[6], env, self.costs.counts.equations, self._walks)
+                self._last_replay = (copy, key[5], env, self.costs.counts.equations, self._walks)
             return "replayed"
-        if any(pad_guard_holds(guard, copy) for guard in self.costs.segment_open.get(key, ())):
+        # An open copy's record is kept under its key and every layout asked past it (which of them its walk read
+        # up to where it left, it does not say): as before the asked layouts left the key.
+        key_open = (key, self._asked(copy))
+        if any(pad_guard_holds(guard, copy) for guard in self.costs.segment_open.get(key_open, ())):
             # A copy entering in this state (and padding alike where the walk read it) read outside itself: this
             # walk reads what that one read, up to the same read, and is open too.  Walked without the logging.
             self.costs.counts.segments_open += 1
@@ -802,6 +818,7 @@ class Walker:
         recording = _Recording(
             rec,
             key,
+            key_open,
             len(self.ops),
             self._walks,
             self.met_unfollowed,
@@ -845,7 +862,7 @@ class Walker:
             subs.append((offsets[path[0]], path[1:], sub))
         if rec.why:
             self.costs.counts.segments_open += 1
-            self.costs.segment_open.setdefault(recording.key, []).append(pad_guard(copy, rec.pads))
+            self.costs.segment_open.setdefault(recording.key_open, []).append(pad_guard(copy, rec.pads))
             return
         writes = tuple(
             (tok, kind, lay, kind is None and self._source.get(id(lay)) == (1, id(copy.value(tok))))
@@ -864,6 +881,7 @@ class Walker:
             extra,
             pad_guard(copy, rec.pads),
             tuple(rec.searches),
+            asked_guard(rec.asked),
         )
         self.costs.segment_tapes.setdefault(recording.key, Shelf()).append(tape)
 
@@ -1018,6 +1036,7 @@ class _Recording:
         self,
         rec: Recorder,
         key: Any,
+        key_open: Any,  # the key with the layouts asked past the copy (Walker._asked): where an open record is kept
         ops: int,
         walks: int,
         unfollowed: int,
@@ -1025,6 +1044,7 @@ class _Recording:
         tables: tuple[Any, ...],
     ) -> None:
         self.rec, self.key, self.ops, self.walks, self.unfollowed, self.paths = rec, key, ops, walks, unfollowed, paths
+        self.key_open = key_open
         self.tables = tables
         self.begun: Any = None
 
