@@ -350,7 +350,7 @@ _drawn_scores = st.lists(
 @settings(max_examples=60, deadline=None)
 @given(_drawn_scores)
 def test_near_ties_in_time_are_ranked_by_bytes_then_flops_then_memory(drawn):
-    """Drawn scores, many within 1% of the best time: the first is the fewest bytes (then FLOPs, memory) of those
+    """Drawn scores, many within 1% of the best time: the first is the fewest bytes (then FLOPs, split parameters, memory) of those
     within NEAR_TIE of the best, never a layout slower than that; outside the band the key's order stands."""
     from einshard._src.planner.scoring import NEAR_TIE, near_ties_first
 
@@ -363,7 +363,7 @@ def test_near_ties_in_time_are_ranked_by_bytes_then_flops_then_memory(drawn):
         assert out == ranked  # over the budget: the memory decides, as the key says
         return
     band = [a for a in ranked if scores[a].fits and scores[a].time_s <= best.time_s * (1 + NEAR_TIE)]
-    certain = lambda a: (scores[a].comm, scores[a].report.flops, scores[a].memory)  # noqa: E731
+    certain = lambda a: (scores[a].comm, scores[a].report.flops, scores[a].sharded, scores[a].memory)  # noqa: E731
     assert out[: len(band)] == sorted(band, key=certain)  # stable: the key's order among equal ones
     assert out[len(band) :] == [a for a in ranked if a not in band]
     first = scores[out[0]]

@@ -146,7 +146,7 @@ def plan(
     presets_assign = {**built_in, **expressed}
     method, order = _search(space, presets_assign, mesh_axes, options)
     # The search walks by the key; the ranking it returns settles near-ties in time by what is certain (bytes,
-    # FLOPs, memory: scoring.NEAR_TIE).
+    # FLOPs, split parameters, memory: scoring.NEAR_TIE).
     order = near_ties_first(order, space.costs.score, objective)
     checked = _verify(fn, kwargs, space, order, presets_assign, verify, tgt, mesh, args, mesh_axes)
     run = _Run(
