@@ -267,6 +267,23 @@ def halo_pieces(
     return pieces
 
 
+def idle_slice_sum(w: WalkerLike, summed: tuple[str, ...], n: int, block: int) -> tuple[Collective, ...]:
+    """A dot's partial sum over ``summed`` (``n`` devices) spread over the idle mesh axes, as XLA does where they
+    hold at least as many devices: each idle group all-reduces the ``block``-byte slice of the result its devices
+    own, then permutes it onto the result's split (rules_indexing.scatter_to_consumers, rules_control's sum
+    carry: one pair of collectives, the same words in both)."""
+    steps: tuple[tuple[SentKind, str], ...] = (
+        ("all-reduce", "dot partial sums (a slice per idle group)"),
+        ("collective-permute", "dot result moved from the idle groups' slices onto its split"),
+    )
+    out = []
+    for kind, why in steps:
+        sent = sent_bytes(kind, n, block)
+        t = w.costs.profile.collective_time(kind, n, sent, block)
+        out.append(Collective(kind, summed, n, int(sent), int(block), t, "result", why))
+    return tuple(out)
+
+
 def charge(
     w: WalkerLike,
     eqn: Any,

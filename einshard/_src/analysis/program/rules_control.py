@@ -16,12 +16,12 @@ from typing import Any
 
 from ...core.collectives import CollectiveKind
 from ...core.layout import Layout
-from ..cost import RING_BYTES, Collective, sent_bytes
+from ..cost import RING_BYTES, Collective
 from ..einsum.plan import side_string
 from ..einsum.read import spec_partitions
 from .costing import is_free
 from .lookahead import MAX_STEPS, home_of
-from .movement import APPROXIMATE
+from .movement import APPROXIMATE, idle_slice_sum
 from .registry import WalkerLike, inherit, register
 from .report import OpBound, default_bound
 from .rules_indexing import consumer_split
@@ -458,17 +458,7 @@ def _spread_over_idle(
         return ()
     if not set(summed) <= {m for d in dst.dims for m in d} - {m for d in pending.dims for m in d}:
         return ()  # the sum does not land on its own mesh axes: not this pattern
-    block = math.prod(dst.shard_shape) * dtype_itemsize(body.outvars[k].aval.dtype)
-    out: list[Collective] = []
-    steps: tuple[tuple[CollectiveKind, str], ...] = (
-        ("all-reduce", "dot partial sums (a slice per idle group)"),
-        ("collective-permute", "dot result moved from the idle groups' slices onto its split"),
-    )
-    for kind, why in steps:
-        sent = sent_bytes(kind, n, block)
-        t = w.costs.profile.collective_time(kind, n, sent, block)
-        out.append(Collective(kind, summed, n, int(sent), int(block), t, "result", why))
-    return tuple(out)
+    return idle_slice_sum(w, summed, n, math.prod(dst.shard_shape) * dtype_itemsize(body.outvars[k].aval.dtype))
 
 
 def _dims_in(env: dict[Any, Layout], v: Any) -> tuple[tuple[str, ...], ...]:

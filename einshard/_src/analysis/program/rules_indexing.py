@@ -30,7 +30,16 @@ from ..einsum.read import dtype_info
 from .costing import is_free
 from .idle_axes import gather_route, over_idle_axes, resplit_onto
 from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_cache
-from .movement import SentKind, charge, itemsize, mark_approximate, mark_conflict, mark_gather_then_shift, mark_swap
+from .movement import (
+    SentKind,
+    charge,
+    idle_slice_sum,
+    itemsize,
+    mark_approximate,
+    mark_conflict,
+    mark_gather_then_shift,
+    mark_swap,
+)
 from .registry import register
 from .report import OpBound
 from .rules_structural import all_explicit, explicit_dims, merged_split, typed_dims
@@ -1276,16 +1285,7 @@ def scatter_to_consumers(
     if operands is not None and _idle_devices(w, operands) >= math.prod(w.costs.mesh_sizes[m] for m in summed):
         block = math.prod(dst.shard_shape) * itemsize(eqn.outvars[0].aval.dtype)
         n = math.prod(w.costs.mesh_sizes[m] for m in summed)
-        sliced = []
-        steps: tuple[tuple[SentKind, str], ...] = (
-            ("all-reduce", "dot partial sums (a slice per idle group)"),
-            ("collective-permute", "dot result moved from the idle groups' slices onto its split"),
-        )
-        for kind, why in steps:
-            sent = sent_bytes(kind, n, block)
-            t = w.costs.profile.collective_time(kind, n, sent, block)
-            sliced.append(Collective(kind, summed, n, int(sent), int(block), t, "result", why))
-        return dst.dims, tuple(c for c in colls if c not in drop) + tuple(sliced)
+        return dst.dims, tuple(c for c in colls if c not in drop) + idle_slice_sum(w, summed, n, block)
     moved = w.costs.reshard(pending, out.with_dims(dst.dims), eqn.outvars[0].aval.dtype)
     # (peak: the whole partial this sum is scattered from, held beside the whole sum XLA:CPU's all-reduce writes
     # before it slices each device's piece: memory._whole_sum_beside)
