@@ -227,7 +227,11 @@ def plan(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--layers", type=_positive, default=None, help="llama models: another depth")
     parser.add_argument("--seq", type=_positive, default=None, help="llama models: sequence length (default 4096)")
-    parser.add_argument("--budget", default=None, help="memory per device, e.g. 2GiB (default: none)")
+    parser.add_argument(
+        "--budget",
+        default=None,
+        help="memory per device, e.g. 2GiB (default: this machine's GPU/TPU memory, none on a CPU or with --profile)",
+    )
     parser.add_argument(
         "--profile",
         default=None,

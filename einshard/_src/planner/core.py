@@ -21,7 +21,7 @@ from ..core.logical import AxisRulesLike, takes_axis_rules
 from ..errors import EinshardError
 from .explanation import batch_strategy, explain_choice, short, strategy
 from .groups import Group, batch_candidates, param_candidates, param_groups, search_candidates
-from .inputs import OBJECTIVES, Objective, mesh_axes_of, parse_bytes, shape_of
+from .inputs import OBJECTIVES, Objective, devices_memory, mesh_axes_of, parse_bytes, shape_of
 from .options import FIELDS, SearchOptions, search_options
 from .pipelines import PipelineCost, PipelineSearch, best_pipeline, cost_pipelines
 from .preset_match import admit_preset_layouts, expressible_presets
@@ -84,7 +84,9 @@ def plan(
         profile: hardware profile for time (``'h100'``, ``'tpu-v5p'``, ``'cpu'`` or an ``einshard.Profile``);
             default the profile of the machine this runs on (``cpu`` on a CPU, by ``jax.devices()[0].device_kind``
             on a GPU/TPU), named on the plan's first line.
-        memory_budget: bytes per device (or ``'16GiB'``); None: no limit.
+        memory_budget: bytes per device (or ``'16GiB'``); default, when neither ``profile`` nor ``target`` is
+            given (a plan for the machine this runs on): the memory of one of the mesh's devices on a GPU/TPU
+            (``memory_stats()['bytes_limit']``), no limit on a CPU.
         objective: ``'training'`` / ``'inference'`` (step time), ``'memory'`` (bytes per device),
             ``'communication'`` (bytes sent per device).
         param_args, data_args: which positional arguments are parameters / data (default ``[0]`` / the rest);
@@ -128,6 +130,9 @@ def plan(
 
         mesh, profile = on_target(tgt, mesh, profile, "plan()")
         memory_budget = tgt.hbm_bytes if memory_budget is None else memory_budget
+    elif memory_budget is None and profile is None:
+        # Planning for this machine's accelerators: what does not fit in their memory does not run.
+        memory_budget = devices_memory(mesh, args)
     budget = parse_bytes(memory_budget)
     mesh_axes = mesh_axes_of(mesh, args)
     p_idx, d_idx = _argument_indices(args, param_args, data_args)

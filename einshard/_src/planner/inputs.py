@@ -14,7 +14,15 @@ from ..core.layout import MeshAxis
 from ..core.mesh import MeshLike
 from ..errors import EinshardError
 
-__all__ = ["Objective", "OBJECTIVES", "parse_bytes", "mesh_axes_of", "shape_of", "itemsize_of"]
+__all__ = [
+    "Objective",
+    "OBJECTIVES",
+    "parse_bytes",
+    "mesh_axes_of",
+    "devices_memory",
+    "shape_of",
+    "itemsize_of",
+]
 
 Objective = Literal["training", "inference", "memory", "communication"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
@@ -63,6 +71,35 @@ def mesh_axes_of(mesh: MeshLike, args: tuple[Any, ...] = ()) -> tuple[MeshAxis, 
 
     found = resolve_mesh(mesh, args, what="plan()", check_operands=False)
     return mesh_axes(found)
+
+
+def devices_memory(mesh: MeshLike, args: tuple[Any, ...] = ()) -> int | None:
+    """The memory of one device of the accelerators ``plan`` runs for here: the default ``memory_budget``.
+
+    The mesh's devices where it is a concrete mesh, else this machine's first device (the one the default profile
+    is read from); the smallest ``memory_stats()['bytes_limit']`` among them, what the runtime lets one program
+    allocate.  None on a CPU (host memory is not a device's budget) or where the runtime reports no limit.
+    """
+    import jax
+
+    from ..core.mesh import resolve_mesh
+
+    found = resolve_mesh(mesh, args, what="plan()", check_operands=False)
+    # An AbstractMesh (sizes only, or the mesh under a trace) has no devices: this machine's stand for them.
+    devices = list(found.devices.flat) if isinstance(found, jax.sharding.Mesh) else jax.devices()[:1]
+    if any(getattr(d, "platform", "cpu") == "cpu" for d in devices):
+        return None
+    limits = []
+    for device in devices:
+        try:
+            stats = device.memory_stats()
+        except Exception:  # noqa: BLE001 - a runtime without memory statistics raises its own kinds
+            return None
+        limit = (stats or {}).get("bytes_limit")
+        if not limit:
+            return None
+        limits.append(int(limit))
+    return min(limits) if limits else None
 
 
 def shape_of(x: Any) -> tuple[int, ...]:
