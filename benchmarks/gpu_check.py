@@ -6,7 +6,8 @@ about that machine, with nothing simulated:
 1. the profile ``explain`` picks by default from ``jax.devices()[0].device_kind`` (its name is on the report's
    first line);
 2. the profile's FLOP/s against a measured bf16 matrix product on the device (the peak it can be held to);
-3. a decoder training step (``benchmarks/transformer.py``: scanned layers, remat, ``value_and_grad``) on a
+3. ``plan`` as a user runs it there (no profile, no budget): its budget is the device's memory;
+4. a decoder training step (``benchmarks/transformer.py``: scanned layers, remat, ``value_and_grad``) on a
    one-device mesh: explain's peak bytes against the device compiler's ``memory_analysis()``, and explain's
    predicted step time (FLOPs / profile FLOP/s, no collectives on one device) against the measured median.
 
@@ -100,6 +101,41 @@ def decoder_case(width: int, layers: int, batch: int, seq: int, vocab: int, repe
     }
 
 
+def plan_case(width: int, layers: int, batch: int, seq: int, vocab: int) -> dict[str, Any]:
+    """``plan`` for this machine, as a user runs it (no profile=, no memory_budget=), shapes only: its budget must
+    be the device's own memory (what the runtime lets a program allocate) and its profile the device's."""
+    step = make_step(max(1, width // 128))
+    bf16 = jnp.bfloat16
+    params = {
+        "emb": jax.ShapeDtypeStruct((vocab, width), bf16),
+        "layers": {
+            name: jax.ShapeDtypeStruct((layers, *shape), bf16)
+            for name, shape in {
+                "wq": (width, width),
+                "wk": (width, width),
+                "wv": (width, width),
+                "wo": (width, width),
+                "w1": (width, 4 * width),
+                "w2": (4 * width, width),
+            }.items()
+        },
+    }
+    tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    stats = jax.devices()[0].memory_stats() or {}
+    result = einshard.plan(step, params, tokens, mesh=mesh)
+    return {
+        "shape": {"width": width, "layers": layers, "batch": batch, "seq": seq, "vocab": vocab, "dtype": "bfloat16"},
+        "devices": jax.device_count(),
+        "device_bytes_limit": stats.get("bytes_limit"),
+        "plan_budget": result.memory_budget,
+        "budget_is_the_device_limit": result.memory_budget == stats.get("bytes_limit"),
+        "first_line": str(result).splitlines()[0],
+        "fits": result.fits,
+        "memory_bytes": result.memory_bytes,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="CPU-sized shapes (a smoke run)")
@@ -128,6 +164,7 @@ def main() -> None:
         ]
     )
     out["decoder"] = [decoder_case(**s, repeats=a.repeats) for s in shapes]
+    out["plan"] = [plan_case(**s) for s in shapes]
     text = json.dumps(out, indent=1, default=lambda x: float(np.asarray(x)))
     print(text)
     if a.out:
