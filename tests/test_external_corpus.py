@@ -63,6 +63,10 @@ def _params() -> list:
 # The Flax NNX GPT FSDP gradient matches since session 15 (its embedding's scatter-add moved as its lookup, and the HLO
 # reader reading a fusion's sixth operand: its LayerNorm sums are reduce-scatters, as explain says); its marks are at
 # the attention's mul / add_any under FSDP (flax_nnx.py:89), where XLA took explain's side.
+# Its training step (optax.adamw) on both meshes too since session 19: the optimizer's moments ask the MLP's
+# up-kernel gradient for their split, as the gradient's out_shardings do (rules_indexing._at_asked_split, seeded
+# elementwise readers), and the token table's scatter-add for the vocabulary split inside jnp.take's transpose
+# (rules_indexing.asked_of_call_result); the same 14 marks as the gradient's, where XLA took explain's side.
 # The Equinox BERT FSDP gradient matches since session 15 (the embedding scatter-add moved as its lookup; the whole
 # partial held beside a sum XLA:CPU all-reduces whole and slices: peak 0.750x, at the 25% bar's edge); its marks are
 # at the embedding gather and the block's residual add / mul / add_any, where XLA took explain's side.
@@ -83,6 +87,8 @@ MARKED_MATCHES = frozenset(
         "explicit-eqx_bert-fsdp-grad",
         "auto-nnx_gpt-fsdp-grad",
         "explicit-nnx_gpt-fsdp-grad",
+        "auto-nnx_gpt-fsdp-step",
+        "explicit-nnx_gpt-fsdp-step",
         "auto-kh_resnet-fsdp-grad",
         "explicit-kh_resnet-fsdp-grad",
         "auto-eqx_bert-fsdp-fwd",

@@ -158,13 +158,13 @@ def call_rule(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: st
         for k, (ov, iv) in enumerate(zip(eqn.outvars, inner.outvars))
         if id(ov) in w.program_outputs and not hasattr(iv, "val")
     )
-    from .rules_indexing import requested_dims
+    from .rules_indexing import asked_of_call_result
 
     # A layout asked of the call's result is asked of its body's.
     asked = tuple(
         (k, want)
         for k, (v, iv) in enumerate(zip(eqn.outvars, inner.outvars))
-        if not hasattr(iv, "val") and (want := requested_dims(w, v)) is not None
+        if not hasattr(iv, "val") and (want := asked_of_call_result(w, v, iv, inner)) is not None
     )
     # Walked once per structure, entering layouts, leaving and asked-for results, replayed after (identical
     # blocks: see .blocks); the body's environment is kept under this call's path (peak memory inlines the call:

@@ -632,6 +632,11 @@ def _at_asked_split(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: 
     if asked is None:
         asked = _elementwise_reader_split(w, eqn.outvars[0])
     if asked is None:
+        # A reader's partner not walked yet whose split the elementwise-first pass carries from a layout the user
+        # fixed: an optimizer's moment (0.9 * mu + 0.1 * g) asks the weight gradient for mu's split before the dot
+        # settles, as at a clash of two result factors (_settle_passthrough_conflict).
+        asked = _elementwise_reader_split(w, eqn.outvars[0], seeded=True)
+    if asked is None:
         return ins
     found = asked_split_operands(lhs, rhs, dn, w.costs.mesh_sizes, asked)
     if found is None:
@@ -2116,7 +2121,7 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
         # A window axis the caller asks split (the gradient of a table split on its features, returned in
         # the table's layout) is added into that piece only: each device keeps its slice of the updates
         # (measured: the sum runs on the piece, not on the whole table).
-        want = requested_dims(w, eqn.outvars[0]) or ()
+        want = asked_of_table(w, eqn.outvars[0]) or ()
         for o in op_window if len(want) == rank else ():
             ask = want[o]
             if ask and not dims[o] and not set(ask) & (used | set(split)):
@@ -2248,7 +2253,7 @@ def _scatter_sum_over_idle_axes(
     (measured, the gradient of sum((t[i] + x) ** 2): a (2, 32) table on (4, 2), (2, 4), (2, 2, 2) the first, a
     (64, 32) table on (4, 2) the second; tests/test_lookup_idle_axes.py).  None where it does not apply."""
     out_aval = eqn.outvars[0].aval
-    want = requested_dims(w, eqn.outvars[0])
+    want = asked_of_table(w, eqn.outvars[0])
     if want is None or len(want) != len(dims) or any(dims):
         return None
     asked = [o for o, d in enumerate(want) if d]
@@ -2421,6 +2426,39 @@ def requested_dims(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
         v = user.outvars[0]
 
 
+def asked_of_table(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The split asked of a scatter-add's result (a lookup table's gradient): a program output's
+    (:func:`requested_dims`), else the split an elementwise reader's partner carries from a layout the user fixed
+    (:func:`_elementwise_reader_split`, seeded): the optimizer's moment in ``0.9 * mu + 0.1 * g`` reaches the
+    gradient in Shardy's elementwise-first pass before the scatter settles it, as an output's sharding does
+    (measured: an FSDP table's momentum or Adam step moves its scatter-add as its gradient returned split does,
+    tests/test_fsdp_gradient_rules.py)."""
+    want = requested_dims(w, var)
+    return want if want is not None else _elementwise_reader_split(w, var, seeded=True)
+
+
+# Primitives whose result reads the split asked of it (:func:`asked_of_table`): a call's body result they make is
+# handed the ask its readers outside make (jnp.take's transpose is a scatter-add inside a nested jit).
+_READS_ITS_ASK = frozenset({"scatter-add", "scatter_add"})
+# id(jaxpr) -> (the jaxpr, held so its ids stay its values', the ids of its results a _READS_ITS_ASK op makes)
+_ASK_READERS: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, frozenset[int]]]] = weakref.WeakKeyDictionary()
+
+
+def asked_of_call_result(w: Walker, outer: Any, inner: Any, body: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The split asked of a call's result ``outer`` that the call hands to its body's ``inner``: a program
+    output's (:func:`requested_dims`), and, where ``inner`` is made by an op that reads its ask (a scatter-add:
+    :func:`asked_of_table`), the one the readers outside make of it."""
+    want = requested_dims(w, outer)
+    if want is not None:
+        return want
+    table = _ASK_READERS.setdefault(w.costs, {})
+    hit = table.get(id(body))
+    if hit is None or hit[0] is not body:
+        made = frozenset(id(o) for e in body.eqns if e.primitive.name in _READS_ITS_ASK for o in e.outvars)
+        hit = table[id(body)] = (body, made)
+    return _elementwise_reader_split(w, outer, seeded=True) if id(inner) in hit[1] else None
+
+
 def _moved_scatter_add(
     w: Walker,
     eqn: Any,
@@ -2441,7 +2479,7 @@ def _moved_scatter_add(
     and permutes it back.  Measured on one-op programs (tests/test_lookup_rules.py).  None: not that case, or
     the cheapest way is to gather (the caller's pending sum is then reduce-scattered where it is asked)."""
     out_aval = eqn.outvars[0].aval
-    want = requested_dims(w, eqn.outvars[0])
+    want = asked_of_table(w, eqn.outvars[0])
     if want is None or len(want) != len(dims) or is_free(updates) or is_free(indices):
         return None
     scattered = scattered_axes(out_aval.shape, updates.shape, window, op_window)
@@ -2511,7 +2549,7 @@ def _summed_whole(
     updates' own mesh axis would need every device's updates: the scatter runs on the whole table.  None: not
     that case."""
     out_aval = eqn.outvars[0].aval
-    want = requested_dims(w, eqn.outvars[0])
+    want = asked_of_table(w, eqn.outvars[0])
     if want is None or len(want) != len(out.dims):
         return None
     scattered = scattered_axes(out_aval.shape, updates.shape, window, op_window)
