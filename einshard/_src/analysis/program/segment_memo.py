@@ -566,6 +566,9 @@ class ReadyTape:
     # The private writes at a copy whose escaping tokens are these (Copy.escaping: equal for most copies of a key),
     # as (key index pickers, slot pickers, the tape's layouts): filled at the first replay at such a copy.
     private_at: dict[frozenset[Token], tuple[Any, Any, tuple[Layout, ...]]] = field(default_factory=dict)
+    # The slots of the values whose layout it binds as a private copy (where the copy lets them escape): a key read
+    # right after its replay finds each such value in one state at every copy (Walker._segment_key).
+    private_slots: frozenset[int] = frozenset()
 
 
 def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
@@ -602,6 +605,8 @@ def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
         _picker(made_at),
         _picker(tuple(slot for slot, _ in made_by)),
         tuple(m for _, m in made_by),
+        {},
+        frozenset(at for at, (_, tok) in last.items() if tok is not None and at < n),
     )
 
 

@@ -120,7 +120,16 @@ class Walker:
         self.op_eqns: list[Any] = []
         # The copy replayed last, the state its key read, the environment, the equations stepped and jaxprs walked
         # then (:meth:`_carried`): the next copy of its run takes the state of the values entering both from there.
-        self._last_replay: tuple[Copy, tuple[Any, ...], Any, int, int] | None = None
+        self._last_replay: tuple[Copy, tuple[Any, ...], Any, int, int, ReadyTape] | None = None
+        # (id of a replayed tape by slot, slot of a value the copy made) -> (the tape, that value's state as a
+        # segment key reads it right after the replay): every copy of a run replaying that tape leaves its value at
+        # that slot in that state (:meth:`_segment_key`).  Per walk: the state names the walk's mesh.
+        self._made_states: dict[tuple[int, int], tuple[ReadyTape, Any, Any]] = {}
+        # (id of the state before, id of the tape by slot replayed there, id of how the copies are wired) -> (those
+        # three, held; the state a key reads where every value entering it is taken from there): a run's copies
+        # key alike, so its states are kept as one object each (:attr:`_states`) and the next copy's is found here.
+        self._state_after: dict[tuple[int, int, int], tuple[Any, Any, Any, tuple[Any, ...]]] = {}
+        self._states: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
@@ -658,15 +667,31 @@ class Walker:
     ) -> Any:
         """Everything the walk of ``copy`` may read outside it, where it stays closed (else its tape is not kept).
 
-        ``carried``: (the key of the copy replayed just before this one, which of this copy's entering values
-        entered that one too, by index there or -1), where nothing but that replay ran since and the replay wrote
+        ``carried``: (the state the key of the copy replayed just before this one read, how this copy is wired to
+        that one, that replay's tape by slot), where nothing but that replay ran since and the replay wrote
         nothing under the values entering it (:meth:`_carried`): the state of a value that entered both is what
-        that key read of it, taken from there, not read again (a layer's weights, read by every layer of a run)."""
+        that key read of it, taken from there, not read again (a layer's weights, read by every layer of a run).
+        A value that copy made, bound by its replay to a private copy of the tape's layout, is in the state that
+        replay leaves every copy's value at that slot in (its layout's, gathered copy's and pending sum's fields,
+        its own source, its moves and pending-sum tag are the tape's: nothing else wrote them since the value was
+        made), read at the first such copy and kept (:attr:`_made_states`).  Where every entering value is taken
+        so, the state is a function of the state before, the tape and the wiring (:attr:`_state_after`): the
+        copies of a run after its first few find theirs in one lookup."""
+        if carried is not None:
+            before, wired, ready = carried
+            after = self._state_after.get((id(before), id(ready), id(wired)))
+            if after is not None and after[0] is before and after[1] is ready and after[2] is wired:
+                return self._key_of(copy, env, repeat, phase_hint, after[3])
+            shared, made_slots = wired
+            private = ready.private_slots
+            made_in = tuple(s if s in private else -1 for s in made_slots)
+        else:
+            before, shared, made_in, ready, wired = (), (), (), None, None
         state: list[Any] = []
         get, sources, made_by, summed, mesh = env.get, self._source, self._made_by, self.summed, self.mesh
         none: frozenset[Any] = frozenset()
         append = state.append
-        before, shared = carried if carried is not None else ((), ())
+        made_states = self._made_states
         reads = 0
         for j, (v, gathered_key, partial_key, ident, bound) in enumerate(copy.entering_keys):
             m = shared[j] if shared else -1
@@ -674,6 +699,13 @@ class Walker:
                 append(before[2 * m])
                 append(before[2 * m + 1])
                 continue
+            slot = made_in[j] if made_in else -1
+            if slot >= 0:
+                kept = made_states.get((id(ready), slot))
+                if kept is not None and kept[0] is ready:
+                    append(kept[1])
+                    append(kept[2])
+                    continue
             reads += 1
             lay, gathered, partial = get(v), get(gathered_key), get(partial_key)
             if lay is None:
@@ -686,17 +718,32 @@ class Walker:
                 # _fields(lay, mesh), inline: the call is most of its cost at every entering value of every copy
                 fields = (type(lay), lay.axes, lay.shape, lay.dims, lay.unreduced, 0 if lay.mesh is mesh else lay.mesh)
             # Most entering values have no gathered copy and no pending sum: their None is _fields's, uncalled.
-            append(
-                (
-                    fields,
-                    None if gathered is None else _fields(gathered, mesh),
-                    None if partial is None else _fields(partial, mesh),
-                    mine,
-                    moves,
-                )
+            entry = (
+                fields,
+                None if gathered is None else _fields(gathered, mesh),
+                None if partial is None else _fields(partial, mesh),
+                mine,
+                moves,
             )
-            append(summed.get(ident))
+            tag = summed.get(ident)
+            append(entry)
+            append(tag)
+            if slot >= 0 and ready is not None:
+                made_states[(id(ready), slot)] = (ready, entry, tag)
         self.costs.counts.segment_key_reads += reads
+        # One object per state (a run's copies key alike): the next copy's state is then found from this one.
+        read = tuple(state)
+        kept_state = self._states.setdefault(read, read)
+        if not reads and wired is not None:
+            # Every value entering it was taken from the copy before (its state or its tape's): so is the next
+            # copy's of a run wired alike after a replay of that tape.
+            self._state_after[(id(before), id(ready), id(wired))] = (before, ready, wired, kept_state)
+        return self._key_of(copy, env, repeat, phase_hint, kept_state)
+
+    def _key_of(
+        self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None, state: tuple[Any, ...]
+    ) -> Any:
+        """:meth:`_segment_key` given the state it read of the values entering ``copy``."""
         rows: Any = ()
         if copy.slices:
             entering = copy.entering
@@ -720,7 +767,7 @@ class Walker:
             self.quiet,
             repeat,
             phase_hint,
-            tuple(state),
+            state,
             rows,
             leaving,
         )
@@ -748,15 +795,17 @@ class Walker:
         last = self._last_replay
         if last is None:
             return None
-        prev, state, at, stepped, walks = last
+        prev, state, at, stepped, walks, ready = last
         if prev.stop != copy.start or at is not env or stepped != self.costs.counts.equations or walks != self._walks:
             return None
         kept = self.costs.segment_shared
         hit = kept.get((id(prev), id(copy)))
         if hit is None or hit[0] is not prev or hit[1] is not copy:
             where = {i: m for m, i in enumerate(prev.entering_ids)}
-            hit = kept[(id(prev), id(copy))] = (prev, copy, tuple(where.get(i, -1) for i in copy.entering_ids))
-        return state, hit[2]
+            wired = (tuple(where.get(i, -1) for i in copy.entering_ids), _made_slots(prev, copy))
+            # One object per wiring: the copies of a run are wired alike to the one before.
+            hit = kept[(id(prev), id(copy))] = (prev, copy, self.costs.segment_wirings.setdefault(wired, wired))
+        return state, hit[2], ready
 
     def _slice_rows(self, copy: Copy, split: tuple[Any, ...]) -> tuple[Any, ...]:
         """The rows ``copy``'s slices take as its key holds them, given the splits of the values they slice
@@ -803,8 +852,9 @@ class Walker:
         if tape is not None:
             self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
-            if not self._ready(tape, copy).writes_entering:
-                self._last_replay = (copy, key[5], env, self.costs.counts.equations, self._walks)
+            ready = self._ready(tape, copy)
+            if not ready.writes_entering:
+                self._last_replay = (copy, key[5], env, self.costs.counts.equations, self._walks, ready)
             return "replayed"
         # An open copy's record is kept under its key and every layout asked past it (which of them its walk read
         # up to where it left, it does not say): as before the asked layouts left the key.
@@ -1058,6 +1108,17 @@ _PINNING = frozenset({"sharding_constraint", "reshard", "device_put", "mesh_cast
 
 
 _replaced = replaced
+
+
+def _made_slots(prev: Copy, copy: Copy) -> tuple[int, ...]:
+    """For each value entering ``copy``, its slot in ``prev`` (:func:`.segment_memo.slot_of`) where ``prev`` made it
+    and lets it escape (a replay of ``prev`` binds it a private copy), else -1."""
+    tokens, escaping, entering = prev.tokens, prev.escaping, len(prev.entering)
+    slots = []
+    for i in copy.entering_ids:
+        tok = tokens.get(i)
+        slots.append(entering + tok[1] if tok is not None and tok[0] == "i" and tok in escaping else -1)
+    return tuple(slots)
 
 
 def _fields(lay: Layout | None, mesh: tuple[MeshAxis, ...]) -> Any:
