@@ -63,8 +63,6 @@ class OpCosts:
         # id(tape) -> its writes by slot, id(copy) -> its keys by slot (segment_memo.ready_tape, copy_slots; held).
         self.segment_ready: dict[int, Any] = {}
         self.segment_slots: dict[int, Any] = {}
-        # (id(tape), id(copy)) -> (both, held; the equation each of the tape's ops is at there): Walker._op_eqns.
-        self.segment_op_eqns: dict[tuple[int, int], tuple[Any, Any, tuple[Any, ...]]] = {}
         self.segment_terms: dict[int, tuple[Any, tuple[Any, ...]]] = {}  # id(tape) -> (it, its ops' cost terms)
         self.segment_plans: dict[int, Any] = {}  # id(jaxpr) -> its SegmentPlan (the jaxpr held in it)
         self.segment_structures: dict[Any, int] = {}  # (run, calls, wiring) -> Copy.structure

@@ -569,6 +569,10 @@ class ReadyTape:
     # The slots of the values whose layout it binds as a private copy (where the copy lets them escape): a key read
     # right after its replay finds each such value in one state at every copy (Walker._segment_key).
     private_slots: frozenset[int] = frozenset()
+    # The equation each of its ops is recorded at, at a copy: a picker over the copy's equations followed by
+    # ``op_inners`` (the equations inside its calls that ops were recorded at, the tape's own, in order).
+    pick_op_eqns: Callable[[tuple[Any, ...]], tuple[Any, ...]] = tuple
+    op_inners: tuple[Any, ...] = ()
 
 
 def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
@@ -586,6 +590,16 @@ def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
     summed_at = tuple(slot_of(copy, tok) for tok, _ in tape.summed)
     made_at = tuple(slot_of(copy, tok) for tok, _, _ in tape.made)
     made_by = tuple((slot, frozenset(m)) for slot, m in moves.items())
+    # An op at the copy's own equation is at the replaying copy's equation of that offset; one inside a call at the
+    # tape's (copies of one key have as many equations: their structure is in the key).
+    inners = tuple(inner for _, off, inner in tape.ops if off is None)
+    at_eqn, j = [], len(copy.eqns)
+    for _, off, _ in tape.ops:
+        if off is None:
+            at_eqn.append(j)
+            j += 1
+        else:
+            at_eqn.append(off)
     return ReadyTape(
         tape,
         env_at,
@@ -607,6 +621,8 @@ def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
         tuple(m for _, m in made_by),
         {},
         frozenset(at for at, (_, tok) in last.items() if tok is not None and at < n),
+        _picker(tuple(at_eqn)),
+        inners,
     )
 
 

@@ -850,9 +850,8 @@ class Walker:
             None,
         )
         if tape is not None:
-            self._segment_replay(tape, copy, env)
+            ready = self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
-            ready = self._ready(tape, copy)
             if not ready.writes_entering:
                 self._last_replay = (copy, key[5], env, self.costs.counts.equations, self._walks, ready)
             return "replayed"
@@ -950,15 +949,16 @@ class Walker:
         """Whether ``copy``'s look-aheads past itself answer as those of the copy ``tape`` was recorded at."""
         return not tape.searches or searches_hold(tape.searches, copy, self, self.costs.segment_past)
 
-    def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
+    def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> ReadyTape:
         """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops.
 
         The tape is kept by slot once (:func:`.segment_memo.ready_tape`), the copy's keys once
         (:func:`.segment_memo.copy_slots`) and the tape's writes under them once per copy
         (:func:`.segment_memo.replay_at`): a replay is bulk updates of the walker's tables, a private layout per
-        value read after the copy, and one new op per op (its index and words this copy's)."""
+        value read after the copy, and one new op per op (its index and words this copy's).  Returns the tape by slot."""
         slots = self._slots(copy)
-        at = self._replay_at(tape, copy, slots)
+        ready = self._ready(tape, copy)
+        at = self._replay_at(ready, slots)
         env.update(at.env)
         if at.private:
             source, keep = self._source, self._keep
@@ -983,10 +983,11 @@ class Walker:
         # The copy's ops, made only when someone reads them (OpLog): what they sum to is the tape's ops'.
         self.ops.add_run(ReplayRun(tape.ops, self._copy_words(slots), eqns, self.counter, self._cost_terms(tape)))
         self.counter += len(tape.ops)
-        self.op_eqns.extend(self._op_eqns(tape, copy))
+        self.op_eqns.extend(ready.pick_op_eqns(eqns + ready.op_inners if ready.op_inners else eqns))
         for off, rest, sub in tape.sub_envs:
             self.sub_envs[(id(eqns[off]), *rest)] = sub
         self.segment_replay(tape.extra, copy)
+        return ready
 
     def _cost_terms(self, tape: SegmentTape) -> tuple[CostTerms, ...]:
         """What each of ``tape``'s ops adds to its phase's totals (:func:`.oplog.cost_terms`), made once per tape."""
@@ -996,17 +997,6 @@ class Walker:
             hit = kept[id(tape)] = (tape, tuple(cost_terms(op) for op, _, _ in tape.ops))
         return hit[1]
 
-    def _op_eqns(self, tape: SegmentTape, copy: Copy) -> tuple[Any, ...]:
-        """The equation each of ``tape``'s ops is recorded at when replayed at ``copy`` (its own where the op is
-        the copy's, else the tape's), found once per tape and copy (OpCosts.segment_op_eqns)."""
-        kept = self.costs.segment_op_eqns
-        hit = kept.get((id(tape), id(copy)))
-        if hit is None or hit[0] is not tape or hit[1] is not copy:
-            eqns = copy.eqns
-            at = tuple(inner if off is None else eqns[off] for _, off, inner in tape.ops)
-            hit = kept[(id(tape), id(copy))] = (tape, copy, at)
-        return hit[2]
-
     def _ready(self, tape: SegmentTape, copy: Copy) -> ReadyTape:
         """``tape`` by slot, made once (OpCosts.segment_ready; ``copy``: one it replays at, whose slots number as
         those of the copy it was recorded at: copies of one key have as many values, their wiring is in the key)."""
@@ -1015,12 +1005,13 @@ class Walker:
             hit = self.costs.segment_ready[id(tape)] = ready_tape(tape, copy)
         return hit
 
-    def _replay_at(self, tape: SegmentTape, copy: Copy, slots: CopySlots) -> ReplayAt:
-        """``tape``'s writes at ``copy`` (:func:`.segment_memo.replay_at`), made once per tape and copy."""
+    def _replay_at(self, ready: ReadyTape, slots: CopySlots) -> ReplayAt:
+        """``ready``'s writes at ``slots``' copy (:func:`.segment_memo.replay_at`), made once per tape and copy."""
         kept = slots.replays
+        tape = ready.tape
         hit = kept.get(id(tape))
         if hit is None or hit.ready.tape is not tape:
-            hit = kept[id(tape)] = replay_at(self._ready(tape, copy), slots)
+            hit = kept[id(tape)] = replay_at(ready, slots)
         return hit
 
     def _slots(self, copy: Copy) -> CopySlots:
