@@ -130,6 +130,7 @@ class Walker:
         # key alike, so its states are kept as one object each (:attr:`_states`) and the next copy's is found here.
         self._state_after: dict[tuple[int, int, int], tuple[Any, Any, Any, tuple[Any, ...]]] = {}
         self._states: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._made_in_of: dict[tuple[int, int], tuple[ReadyTape, Any, tuple[int, ...]]] = {}  # :meth:`_made_in`
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
@@ -682,9 +683,8 @@ class Walker:
             after = self._state_after.get((id(before), id(ready), id(wired)))
             if after is not None and after[0] is before and after[1] is ready and after[2] is wired:
                 return self._key_of(copy, env, repeat, phase_hint, after[3])
-            shared, made_slots = wired
-            private = ready.private_slots
-            made_in = tuple(s if s in private else -1 for s in made_slots)
+            shared = wired[0]
+            made_in = self._made_in(ready, wired)
         else:
             before, shared, made_in, ready, wired = (), (), (), None, None
         state: list[Any] = []
@@ -731,14 +731,27 @@ class Walker:
             if slot >= 0 and ready is not None:
                 made_states[(id(ready), slot)] = (ready, entry, tag)
         self.costs.counts.segment_key_reads += reads
-        # One object per state (a run's copies key alike): the next copy's state is then found from this one.
-        read = tuple(state)
-        kept_state = self._states.setdefault(read, read)
+        kept_state = tuple(state)
         if not reads and wired is not None:
             # Every value entering it was taken from the copy before (its state or its tape's): so is the next
-            # copy's of a run wired alike after a replay of that tape.
+            # copy's of a run wired alike after a replay of that tape.  One object per such state (a run's copies
+            # key alike), so that the next copy's is found from this one by its id.
+            kept_state = self._states.setdefault(kept_state, kept_state)
             self._state_after[(id(before), id(ready), id(wired))] = (before, ready, wired, kept_state)
         return self._key_of(copy, env, repeat, phase_hint, kept_state)
+
+    def _made_in(self, ready: ReadyTape, wired: Any) -> tuple[int, ...]:
+        """Per value entering a copy wired to the one before as ``wired``: its slot in that copy where ``ready``'s
+        replay there bound it a private layout, else -1 (found once per tape and wiring)."""
+        hit = self._made_in_of.get((id(ready), id(wired)))
+        if hit is None or hit[0] is not ready or hit[1] is not wired:
+            private = ready.private_slots
+            hit = self._made_in_of[(id(ready), id(wired))] = (
+                ready,
+                wired,
+                tuple(s if s in private else -1 for s in wired[1]),
+            )
+        return hit[2]
 
     def _key_of(
         self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None, state: tuple[Any, ...]
