@@ -10,6 +10,7 @@ unrolled models of 1-6 layers with remat and without, under several layouts, on 
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -606,8 +607,9 @@ def test_a_key_carried_from_the_copy_before_is_the_key_read_afresh(layers, how, 
 
 def test_copies_replayed_one_after_another_read_only_what_they_do_not_share():
     """At 8 layers under a data-parallel layout, the copies replayed one after another take the state of the
-    values entering both (the stacked weights) from the key before: each reads only the others (the residual
-    stream the copy before made), counted in WalkCounts.segment_key_reads."""
+    values entering both (the stacked weights) from the key before, and that of the values the copy before made
+    (the residual stream) from its tape's once read: each reads at most what it does not share with the copy
+    before, and the run's later copies read nothing (counted in WalkCounts.segment_key_reads)."""
     t = _traced(8, "remat", "auto")
     specs = _specs(0, 0, 1)
     combined_report(t, specs)  # records the tapes of this layout
@@ -625,7 +627,79 @@ def test_copies_replayed_one_after_another_read_only_what_they_do_not_share():
         if a.stop == b.start and not a.leaves and not b.leaves
     )
     assert shared >= 12  # the forward's later copies share the two stacks with the copy before
-    assert read == entering - shared
+    # The values a replayed copy made are read at the first copy after a replay of its tape, then kept (the
+    # residual stream: one per copy of the run otherwise).
+    made = sum(
+        len(set(b.entering_ids) & {id(v) for v in a.inside})
+        for a, b in zip(copies, copies[1:])
+        if a.stop == b.start and not a.leaves and not b.leaves
+    )
+    assert made >= 3
+    # What is neither shared nor made by the copy before is read; of the rest, some is taken.
+    assert entering - shared - made <= read < entering - shared
+
+
+def _keys_against_fresh_reads(t, layouts) -> tuple[int, int]:
+    """Cost ``layouts`` on ``t`` twice each (the second costing of a layout replays what the first recorded), with
+    each key Walker._segment_key takes from the copy replayed before (:meth:`Walker._carried`) checked against the
+    key read from the walk's tables at that moment; how many were checked, and how many kept the state of the
+    copy before as it was (one object: the run's next state found from it)."""
+    taken = Walker._segment_key
+    counts = [0, 0]
+
+    def both(self, copy, env, repeat, phase_hint, carried=None):
+        key = taken(self, copy, env, repeat, phase_hint, carried)
+        if carried is not None:
+            assert key == taken(self, copy, env, repeat, phase_hint, None)
+            counts[0] += 1
+            counts[1] += key[5] is carried[0]
+        return key
+
+    with mock.patch.object(Walker, "_segment_key", both):
+        for up, down, batch in layouts:
+            for _ in range(2):
+                combined_report(t, _specs(up, down, batch), _out_specs(up, down))
+    return counts[0], counts[1]
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    layers=st.integers(2, 6),
+    how=st.sampled_from(["remat", "plain"]),
+    layouts=st.lists(
+        st.tuples(st.integers(0, len(UP) - 1), st.integers(0, len(DOWN) - 1), st.integers(0, len(BATCH) - 1)),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_a_key_taken_from_the_copy_before_is_the_key_read_afresh(layers, how, layouts):
+    """Walker._segment_key takes what it can from the copy replayed just before (the state of the values entering
+    both, the state that replay's tape leaves the values it made in, the whole state from the one before where
+    everything was taken so): each such key equals the key read from the walk's tables at that moment."""
+    _keys_against_fresh_reads(_traced(layers, how, "auto"), layouts)
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None)
+@given(
+    layers=st.integers(2, 8),
+    how=st.sampled_from(["remat", "plain", "jit"]),
+    mesh=st.sampled_from(["auto", "explicit"]),
+    layouts=st.lists(
+        st.tuples(st.integers(0, len(UP) - 1), st.integers(0, len(DOWN) - 1), st.integers(0, len(BATCH) - 1)),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_a_key_taken_from_the_copy_before_is_the_key_read_afresh_more(layers, how, mesh, layouts):
+    """As above, more draws (slow)."""
+    _keys_against_fresh_reads(_traced(layers, how, mesh), layouts)
+
+
+def test_a_run_of_eight_copies_takes_its_keys_from_the_copy_before():
+    """At 8 layers the run's later copies take their keys from the copy before, and most of them whole."""
+    checked, whole = _keys_against_fresh_reads(_traced(8, "remat", "auto"), [(0, 0, 1), (1, 1, 0), (3, 2, 2)])
+    assert checked >= 12 and whole >= 6
 
 
 def _origins(layers: int, tail: str):

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from ..analysis.program import ProgramReport, TracedProgram
 from ..analysis.program.report import OpReport
@@ -74,8 +74,10 @@ COMBINER_RULES: dict[str, CombinerRule] = {
 }
 
 
-@dataclass(frozen=True)
-class _Coll:
+class _Coll(NamedTuple):
+    """One collective as the combiner groups it (a tuple: a deep model's replays make hundreds of thousands per
+    plan, each at C speed, :meth:`DependencyWalker._append_replayed`)."""
+
     kind: str
     axes: tuple[str, ...]
     group_size: int
@@ -309,18 +311,14 @@ class DependencyWalker(Walker):
             return mask | (own << start)
 
         # A deep model replays its layers' collectives at every layer of every costing: each is made here without
-        # a call per mask and without the frozen dataclass __init__'s per-field sets (its fields as it sets them).
-        append, new, get = self.colls.append, object.__new__, made.get
-        for i, (kind, axes, size, repeat, operands, own) in enumerate(colls):
+        # a call per mask, as a tuple made at C speed (the NamedTuple's own __new__ is a Python call).
+        append, new, get = self.colls.append, tuple.__new__, made.get
+        for i, (kind, axes, size, repeat, operands, own) in enumerate(colls, start):
             operands &= live
             mask = get(operands)
             if mask is None:
                 mask = made[operands] = _or_of(operands, entering)
-            c = new(_Coll)
-            c.__dict__.update(
-                kind=kind, axes=axes, group_size=size, repeat=repeat, upstream=mask | (own << start), bit=start + i
-            )
-            append(c)
+            append(new(_Coll, (kind, axes, size, repeat, mask | (own << start), i)))
         return real
 
     def combined(self, profile: Any, sizes: dict[str, int]) -> CombinedCollectives:
@@ -366,39 +364,40 @@ def _combine(colls: list[_Coll], profile: Any, sizes: dict[str, int], skip_upstr
     # few kinds; rule.kind_of builds its table at every call).
     merged_kinds: dict[str, str | None] = {}
     for c in colls:
-        if c.group_size <= 1:
+        kind, axes, size, repeat, upstream, bit = c  # (a tuple: unpacked at C speed, thousands per costing)
+        if size <= 1:
             continue
-        kind = c.kind
         if kind in merged_kinds:
             merged_as = merged_kinds[kind]
         else:
             merged_as = merged_kinds[kind] = rule.kind_of(kind)
         if merged_as is None:
-            ops += c.repeat  # an op of its own
+            ops += repeat  # an op of its own
             continue
-        key = (merged_as, c.axes, c.repeat)
+        key = (merged_as, axes, repeat)
         open_groups = groups.setdefault(key, [])
         first = 0
-        upstream, own = c.upstream, 1 << c.bit  # (masks run to thousands of bits in a deep model: made once)
+        own = 1 << bit  # (masks run to thousands of bits in a deep model: made once)
+        members = members_of_key.get(key, 0)
         if skip_upstream:
-            upstream_here = upstream & members_of_key.get(key, 0)
+            upstream_here = upstream & members
             if upstream_here:
                 first = group_of[upstream_here.bit_length() - 1] + 1
         for i in range(first, len(open_groups)):
             if upstream & open_groups[i] == 0:
                 open_groups[i] |= own
-                group_of[c.bit] = i
-                at = (c.kind, c.axes, c.group_size)
+                group_of[bit] = i
+                at = (kind, axes, size)
                 alpha = alphas.get(at)
                 if alpha is None:
                     alpha = alphas[at] = _alpha(profile, c, sizes)
-                saved += alpha * c.repeat
+                saved += alpha * repeat
                 break
         else:
-            group_of[c.bit] = len(open_groups)
+            group_of[bit] = len(open_groups)
             open_groups.append(own)
-            ops += c.repeat
-        members_of_key[key] = members_of_key.get(key, 0) | own
+            ops += repeat
+        members_of_key[key] = members | own
     return CombinedCollectives(ops, saved)
 
 

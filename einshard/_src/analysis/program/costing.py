@@ -63,16 +63,20 @@ class OpCosts:
         # id(tape) -> its writes by slot, id(copy) -> its keys by slot (segment_memo.ready_tape, copy_slots; held).
         self.segment_ready: dict[int, Any] = {}
         self.segment_slots: dict[int, Any] = {}
-        # (id(tape), id(copy)) -> (both, held; the equation each of the tape's ops is at there): Walker._op_eqns.
-        self.segment_op_eqns: dict[tuple[int, int], tuple[Any, Any, tuple[Any, ...]]] = {}
         self.segment_terms: dict[int, tuple[Any, tuple[Any, ...]]] = {}  # id(tape) -> (it, its ops' cost terms)
         self.segment_plans: dict[int, Any] = {}  # id(jaxpr) -> its SegmentPlan (the jaxpr held in it)
         self.segment_structures: dict[Any, int] = {}  # (run, calls, wiring) -> Copy.structure
         # (id(copy), the splits of what its slices slice) -> (the copy, held; the rows its key holds).
         self.segment_rows: dict[tuple[int, Any], tuple[Any, Any]] = {}
-        # (id(the copy before), id(copy)) -> (both, held; per entering value of the copy, its index among the
-        # one before's entering values or -1): what a key takes from the key before it (Walker._carried).
-        self.segment_shared: dict[tuple[int, int], tuple[Any, Any, tuple[int, ...]]] = {}
+        # (id(the copy before), id(copy)) -> (both, held; their wiring: per entering value of the copy, its index
+        # among the one before's entering values or -1, and its slot in the one before where that one made it and
+        # lets it escape or -1): what a key takes from the copy before it (Walker._carried).
+        self.segment_shared: dict[tuple[int, int], tuple[Any, Any, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+        # Those wirings, one object per distinct one (a run's copies are wired alike to the one before: the next
+        # copy's key state is found by its id, Walker._state_after).
+        self.segment_wirings: dict[
+            tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]
+        ] = {}
         # (copy's start, id(searched value), a step) -> the values a look-ahead from it visits from that step on (None:
         # a check there reads the copy's values): see segment_memo.past_start.
         self.segment_past: dict[tuple[int, int, int], Any] = {}

@@ -38,6 +38,7 @@ keys alike.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -555,6 +556,23 @@ class ReadyTape:
     # Whether it writes anything (a layout, a derived key, a pending-sum tag, a move) under a value entering the copy:
     # where not, a replay leaves every value made before the copy as it found it (Walker._carried).
     writes_entering: bool = True
+    # The same indices as pickers (:func:`_picker`: a tuple of a copy's items at them, gathered at C speed), made
+    # once per tape: a planner's costing records its own tapes, so nearly every replay makes its ReplayAt anew.
+    pick_env: Callable[[tuple[Any, ...]], tuple[Any, ...]] = tuple
+    pick_summed: Callable[[tuple[Any, ...]], tuple[Any, ...]] = tuple
+    pick_made: Callable[[tuple[Any, ...]], tuple[Any, ...]] = tuple
+    pick_made_by: Callable[[tuple[Any, ...]], tuple[Any, ...]] = tuple
+    made_by_moves: tuple[frozenset[Hashable], ...] = ()
+    # The private writes at a copy whose escaping tokens are these (Copy.escaping: equal for most copies of a key),
+    # as (key index pickers, slot pickers, the tape's layouts): filled at the first replay at such a copy.
+    private_at: dict[frozenset[Token], tuple[Any, Any, tuple[Layout, ...]]] = field(default_factory=dict)
+    # The slots of the values whose layout it binds as a private copy (where the copy lets them escape): a key read
+    # right after its replay finds each such value in one state at every copy (Walker._segment_key).
+    private_slots: frozenset[int] = frozenset()
+    # The equation each of its ops is recorded at, at a copy: a picker over the copy's equations followed by
+    # ``op_inners`` (the equations inside its calls that ops were recorded at, the tape's own, in order).
+    pick_op_eqns: Callable[[tuple[Any, ...]], tuple[Any, ...]] = tuple
+    op_inners: tuple[Any, ...] = ()
 
 
 def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
@@ -568,21 +586,55 @@ def ready_tape(tape: SegmentTape, copy: Copy) -> ReadyTape:
     moves: dict[int, set[Hashable]] = {}
     for tok, move, _ in tape.made:
         moves.setdefault(slot_of(copy, tok), set()).add(move)
+    env_at = tuple(last)
+    summed_at = tuple(slot_of(copy, tok) for tok, _ in tape.summed)
+    made_at = tuple(slot_of(copy, tok) for tok, _, _ in tape.made)
+    made_by = tuple((slot, frozenset(m)) for slot, m in moves.items())
+    # An op at the copy's own equation is at the replaying copy's equation of that offset; one inside a call at the
+    # tape's (copies of one key have as many equations: their structure is in the key).
+    inners = tuple(inner for _, off, inner in tape.ops if off is None)
+    at_eqn, j = [], len(copy.eqns)
+    for _, off, _ in tape.ops:
+        if off is None:
+            at_eqn.append(j)
+            j += 1
+        else:
+            at_eqn.append(off)
     return ReadyTape(
         tape,
-        tuple(last),
+        env_at,
         tuple(lay for lay, _ in last.values()),
         tuple((tok, at, at % n, lay) for at, (lay, tok) in last.items() if tok is not None),
-        tuple(slot_of(copy, tok) for tok, _ in tape.summed),
+        summed_at,
         tuple(tag for _, tag in tape.summed),
-        tuple(slot_of(copy, tok) for tok, _, _ in tape.made),
+        made_at,
         tuple(move for _, move, _ in tape.made),
         tuple(to for _, _, to in tape.made),
-        tuple((slot, frozenset(m)) for slot, m in moves.items()),
+        made_by,
         any(at % n < entering for at in last)
         or any(slot_of(copy, tok) < entering for tok, _ in tape.summed)
         or any(slot < entering for slot in moves),
+        _picker(env_at),
+        _picker(summed_at),
+        _picker(made_at),
+        _picker(tuple(slot for slot, _ in made_by)),
+        tuple(m for _, m in made_by),
+        {},
+        frozenset(at for at, (_, tok) in last.items() if tok is not None and at < n),
+        _picker(tuple(at_eqn)),
+        inners,
     )
+
+
+def _picker(at: tuple[int, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """A function from a tuple to the tuple of its items at ``at`` (``operator.itemgetter`` returns a lone item
+    for one index and refuses none)."""
+    if not at:
+        return lambda _: ()
+    if len(at) == 1:
+        only = at[0]
+        return lambda items: (items[only],)
+    return operator.itemgetter(*at)
 
 
 @dataclass(frozen=True, eq=False)
@@ -602,16 +654,25 @@ class ReplayAt:
 def replay_at(ready: ReadyTape, slots: CopySlots) -> ReplayAt:
     """``ready``'s writes at ``slots``' copy.  The private copies are those of the values read after the copy (its
     entering values and the ones it lets escape): each replay binds a new one of each (Walker._segment_replay)."""
-    keys, ids, sources, escaping = slots.keys, slots.ids, slots.sources, slots.copy.escaping
+    keys, sources = slots.keys, slots.sources
+    escaping = slots.copy.escaping
+    private = ready.private_at.get(escaping)
+    if private is None:
+        chosen = [(at, slot, lay) for tok, at, slot, lay in ready.private if tok[0] == "e" or tok in escaping]
+        private = ready.private_at[escaping] = (
+            _picker(tuple(at for at, _, _ in chosen)),
+            _picker(tuple(slot for _, slot, _ in chosen)),
+            tuple(lay for _, _, lay in chosen),
+        )
+    pick_keys, pick_sources, lays = private
+    made_sources = ready.pick_made(sources)
     return ReplayAt(
         ready,
-        dict(zip([keys[i] for i in ready.env_at], ready.env_lays)),
-        tuple(
-            (keys[at], sources[slot], lay) for tok, at, slot, lay in ready.private if tok[0] == "e" or tok in escaping
-        ),
-        dict(zip([ids[i] for i in ready.summed_at], ready.summed_tags)),
-        dict(zip(zip([sources[i] for i in ready.made_at], ready.made_moves), ready.made_to)),
-        tuple((sources[slot], moves) for slot, moves in ready.made_by),
+        dict(zip(ready.pick_env(keys), ready.env_lays)),
+        tuple(zip(pick_keys(keys), pick_sources(sources), lays)),
+        dict(zip(ready.pick_summed(slots.ids), ready.summed_tags)),
+        dict(zip(zip(made_sources, ready.made_moves), ready.made_to)) if made_sources else {},
+        tuple(zip(ready.pick_made_by(sources), ready.made_by_moves)),
     )
 
 

@@ -120,7 +120,17 @@ class Walker:
         self.op_eqns: list[Any] = []
         # The copy replayed last, the state its key read, the environment, the equations stepped and jaxprs walked
         # then (:meth:`_carried`): the next copy of its run takes the state of the values entering both from there.
-        self._last_replay: tuple[Copy, tuple[Any, ...], Any, int, int] | None = None
+        self._last_replay: tuple[Copy, tuple[Any, ...], Any, int, int, ReadyTape] | None = None
+        # (id of a replayed tape by slot, slot of a value the copy made) -> (the tape, that value's state as a
+        # segment key reads it right after the replay): every copy of a run replaying that tape leaves its value at
+        # that slot in that state (:meth:`_segment_key`).  Per walk: the state names the walk's mesh.
+        self._made_states: dict[tuple[int, int], tuple[ReadyTape, Any, Any]] = {}
+        # (id of the state before, id of the tape by slot replayed there, id of how the copies are wired) -> (those
+        # three, held; the state a key reads where every value entering it is taken from there): a run's copies
+        # key alike, so its states are kept as one object each (:attr:`_states`) and the next copy's is found here.
+        self._state_after: dict[tuple[int, int, int], tuple[Any, Any, Any, tuple[Any, ...]]] = {}
+        self._states: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._made_in_of: dict[tuple[int, int], tuple[ReadyTape, Any, tuple[int, ...]]] = {}  # :meth:`_made_in`
 
     # -- layouts -------------------------------------------------------------
     def replicated(self, aval: Any) -> Layout:
@@ -658,15 +668,30 @@ class Walker:
     ) -> Any:
         """Everything the walk of ``copy`` may read outside it, where it stays closed (else its tape is not kept).
 
-        ``carried``: (the key of the copy replayed just before this one, which of this copy's entering values
-        entered that one too, by index there or -1), where nothing but that replay ran since and the replay wrote
+        ``carried``: (the state the key of the copy replayed just before this one read, how this copy is wired to
+        that one, that replay's tape by slot), where nothing but that replay ran since and the replay wrote
         nothing under the values entering it (:meth:`_carried`): the state of a value that entered both is what
-        that key read of it, taken from there, not read again (a layer's weights, read by every layer of a run)."""
+        that key read of it, taken from there, not read again (a layer's weights, read by every layer of a run).
+        A value that copy made, bound by its replay to a private copy of the tape's layout, is in the state that
+        replay leaves every copy's value at that slot in (its layout's, gathered copy's and pending sum's fields,
+        its own source, its moves and pending-sum tag are the tape's: nothing else wrote them since the value was
+        made), read at the first such copy and kept (:attr:`_made_states`).  Where every entering value is taken
+        so, the state is a function of the state before, the tape and the wiring (:attr:`_state_after`): the
+        copies of a run after its first few find theirs in one lookup."""
+        if carried is not None:
+            before, wired, ready = carried
+            after = self._state_after.get((id(before), id(ready), id(wired)))
+            if after is not None and after[0] is before and after[1] is ready and after[2] is wired:
+                return self._key_of(copy, env, repeat, phase_hint, after[3])
+            shared = wired[0]
+            made_in = self._made_in(ready, wired)
+        else:
+            before, shared, made_in, ready, wired = (), (), (), None, None
         state: list[Any] = []
         get, sources, made_by, summed, mesh = env.get, self._source, self._made_by, self.summed, self.mesh
         none: frozenset[Any] = frozenset()
         append = state.append
-        before, shared = carried if carried is not None else ((), ())
+        made_states = self._made_states
         reads = 0
         for j, (v, gathered_key, partial_key, ident, bound) in enumerate(copy.entering_keys):
             m = shared[j] if shared else -1
@@ -674,6 +699,13 @@ class Walker:
                 append(before[2 * m])
                 append(before[2 * m + 1])
                 continue
+            slot = made_in[j] if made_in else -1
+            if slot >= 0:
+                kept = made_states.get((id(ready), slot))
+                if kept is not None and kept[0] is ready:
+                    append(kept[1])
+                    append(kept[2])
+                    continue
             reads += 1
             lay, gathered, partial = get(v), get(gathered_key), get(partial_key)
             if lay is None:
@@ -686,17 +718,45 @@ class Walker:
                 # _fields(lay, mesh), inline: the call is most of its cost at every entering value of every copy
                 fields = (type(lay), lay.axes, lay.shape, lay.dims, lay.unreduced, 0 if lay.mesh is mesh else lay.mesh)
             # Most entering values have no gathered copy and no pending sum: their None is _fields's, uncalled.
-            append(
-                (
-                    fields,
-                    None if gathered is None else _fields(gathered, mesh),
-                    None if partial is None else _fields(partial, mesh),
-                    mine,
-                    moves,
-                )
+            entry = (
+                fields,
+                None if gathered is None else _fields(gathered, mesh),
+                None if partial is None else _fields(partial, mesh),
+                mine,
+                moves,
             )
-            append(summed.get(ident))
+            tag = summed.get(ident)
+            append(entry)
+            append(tag)
+            if slot >= 0 and ready is not None:
+                made_states[(id(ready), slot)] = (ready, entry, tag)
         self.costs.counts.segment_key_reads += reads
+        kept_state = tuple(state)
+        if not reads and wired is not None:
+            # Every value entering it was taken from the copy before (its state or its tape's): so is the next
+            # copy's of a run wired alike after a replay of that tape.  One object per such state (a run's copies
+            # key alike), so that the next copy's is found from this one by its id.
+            kept_state = self._states.setdefault(kept_state, kept_state)
+            self._state_after[(id(before), id(ready), id(wired))] = (before, ready, wired, kept_state)
+        return self._key_of(copy, env, repeat, phase_hint, kept_state)
+
+    def _made_in(self, ready: ReadyTape, wired: Any) -> tuple[int, ...]:
+        """Per value entering a copy wired to the one before as ``wired``: its slot in that copy where ``ready``'s
+        replay there bound it a private layout, else -1 (found once per tape and wiring)."""
+        hit = self._made_in_of.get((id(ready), id(wired)))
+        if hit is None or hit[0] is not ready or hit[1] is not wired:
+            private = ready.private_slots
+            hit = self._made_in_of[(id(ready), id(wired))] = (
+                ready,
+                wired,
+                tuple(s if s in private else -1 for s in wired[1]),
+            )
+        return hit[2]
+
+    def _key_of(
+        self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None, state: tuple[Any, ...]
+    ) -> Any:
+        """:meth:`_segment_key` given the state it read of the values entering ``copy``."""
         rows: Any = ()
         if copy.slices:
             entering = copy.entering
@@ -720,7 +780,7 @@ class Walker:
             self.quiet,
             repeat,
             phase_hint,
-            tuple(state),
+            state,
             rows,
             leaving,
         )
@@ -748,15 +808,17 @@ class Walker:
         last = self._last_replay
         if last is None:
             return None
-        prev, state, at, stepped, walks = last
+        prev, state, at, stepped, walks, ready = last
         if prev.stop != copy.start or at is not env or stepped != self.costs.counts.equations or walks != self._walks:
             return None
         kept = self.costs.segment_shared
         hit = kept.get((id(prev), id(copy)))
         if hit is None or hit[0] is not prev or hit[1] is not copy:
             where = {i: m for m, i in enumerate(prev.entering_ids)}
-            hit = kept[(id(prev), id(copy))] = (prev, copy, tuple(where.get(i, -1) for i in copy.entering_ids))
-        return state, hit[2]
+            wired = (tuple(where.get(i, -1) for i in copy.entering_ids), _made_slots(prev, copy))
+            # One object per wiring: the copies of a run are wired alike to the one before.
+            hit = kept[(id(prev), id(copy))] = (prev, copy, self.costs.segment_wirings.setdefault(wired, wired))
+        return state, hit[2], ready
 
     def _slice_rows(self, copy: Copy, split: tuple[Any, ...]) -> tuple[Any, ...]:
         """The rows ``copy``'s slices take as its key holds them, given the splits of the values they slice
@@ -801,10 +863,10 @@ class Walker:
             None,
         )
         if tape is not None:
-            self._segment_replay(tape, copy, env)
+            ready = self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
-            if not self._ready(tape, copy).writes_entering:
-                self._last_replay = (copy, key[5], env, self.costs.counts.equations, self._walks)
+            if not ready.writes_entering:
+                self._last_replay = (copy, key[5], env, self.costs.counts.equations, self._walks, ready)
             return "replayed"
         # An open copy's record is kept under its key and every layout asked past it (which of them its walk read
         # up to where it left, it does not say): as before the asked layouts left the key.
@@ -900,15 +962,16 @@ class Walker:
         """Whether ``copy``'s look-aheads past itself answer as those of the copy ``tape`` was recorded at."""
         return not tape.searches or searches_hold(tape.searches, copy, self, self.costs.segment_past)
 
-    def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> None:
+    def _segment_replay(self, tape: SegmentTape, copy: Copy, env: dict[Any, Layout]) -> ReadyTape:
         """Make the walk's state as walking ``copy`` would: its writes onto this copy's values, its ops.
 
         The tape is kept by slot once (:func:`.segment_memo.ready_tape`), the copy's keys once
         (:func:`.segment_memo.copy_slots`) and the tape's writes under them once per copy
         (:func:`.segment_memo.replay_at`): a replay is bulk updates of the walker's tables, a private layout per
-        value read after the copy, and one new op per op (its index and words this copy's)."""
+        value read after the copy, and one new op per op (its index and words this copy's).  Returns the tape by slot."""
         slots = self._slots(copy)
-        at = self._replay_at(tape, copy, slots)
+        ready = self._ready(tape, copy)
+        at = self._replay_at(ready, slots)
         env.update(at.env)
         if at.private:
             source, keep = self._source, self._keep
@@ -933,10 +996,11 @@ class Walker:
         # The copy's ops, made only when someone reads them (OpLog): what they sum to is the tape's ops'.
         self.ops.add_run(ReplayRun(tape.ops, self._copy_words(slots), eqns, self.counter, self._cost_terms(tape)))
         self.counter += len(tape.ops)
-        self.op_eqns.extend(self._op_eqns(tape, copy))
+        self.op_eqns.extend(ready.pick_op_eqns(eqns + ready.op_inners if ready.op_inners else eqns))
         for off, rest, sub in tape.sub_envs:
             self.sub_envs[(id(eqns[off]), *rest)] = sub
         self.segment_replay(tape.extra, copy)
+        return ready
 
     def _cost_terms(self, tape: SegmentTape) -> tuple[CostTerms, ...]:
         """What each of ``tape``'s ops adds to its phase's totals (:func:`.oplog.cost_terms`), made once per tape."""
@@ -946,17 +1010,6 @@ class Walker:
             hit = kept[id(tape)] = (tape, tuple(cost_terms(op) for op, _, _ in tape.ops))
         return hit[1]
 
-    def _op_eqns(self, tape: SegmentTape, copy: Copy) -> tuple[Any, ...]:
-        """The equation each of ``tape``'s ops is recorded at when replayed at ``copy`` (its own where the op is
-        the copy's, else the tape's), found once per tape and copy (OpCosts.segment_op_eqns)."""
-        kept = self.costs.segment_op_eqns
-        hit = kept.get((id(tape), id(copy)))
-        if hit is None or hit[0] is not tape or hit[1] is not copy:
-            eqns = copy.eqns
-            at = tuple(inner if off is None else eqns[off] for _, off, inner in tape.ops)
-            hit = kept[(id(tape), id(copy))] = (tape, copy, at)
-        return hit[2]
-
     def _ready(self, tape: SegmentTape, copy: Copy) -> ReadyTape:
         """``tape`` by slot, made once (OpCosts.segment_ready; ``copy``: one it replays at, whose slots number as
         those of the copy it was recorded at: copies of one key have as many values, their wiring is in the key)."""
@@ -965,12 +1018,13 @@ class Walker:
             hit = self.costs.segment_ready[id(tape)] = ready_tape(tape, copy)
         return hit
 
-    def _replay_at(self, tape: SegmentTape, copy: Copy, slots: CopySlots) -> ReplayAt:
-        """``tape``'s writes at ``copy`` (:func:`.segment_memo.replay_at`), made once per tape and copy."""
+    def _replay_at(self, ready: ReadyTape, slots: CopySlots) -> ReplayAt:
+        """``ready``'s writes at ``slots``' copy (:func:`.segment_memo.replay_at`), made once per tape and copy."""
         kept = slots.replays
+        tape = ready.tape
         hit = kept.get(id(tape))
         if hit is None or hit.ready.tape is not tape:
-            hit = kept[id(tape)] = replay_at(self._ready(tape, copy), slots)
+            hit = kept[id(tape)] = replay_at(ready, slots)
         return hit
 
     def _slots(self, copy: Copy) -> CopySlots:
@@ -1058,6 +1112,17 @@ _PINNING = frozenset({"sharding_constraint", "reshard", "device_put", "mesh_cast
 
 
 _replaced = replaced
+
+
+def _made_slots(prev: Copy, copy: Copy) -> tuple[int, ...]:
+    """For each value entering ``copy``, its slot in ``prev`` (:func:`.segment_memo.slot_of`) where ``prev`` made it
+    and lets it escape (a replay of ``prev`` binds it a private copy), else -1."""
+    tokens, escaping, entering = prev.tokens, prev.escaping, len(prev.entering)
+    slots = []
+    for i in copy.entering_ids:
+        tok = tokens.get(i)
+        slots.append(entering + tok[1] if tok is not None and tok[0] == "i" and tok in escaping else -1)
+    return tuple(slots)
 
 
 def _fields(lay: Layout | None, mesh: tuple[MeshAxis, ...]) -> Any:
