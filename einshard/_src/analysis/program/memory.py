@@ -362,6 +362,7 @@ class _Program:
         # Each copy's place in ``copies`` by the (call path, value) whose Gathered layout it reads (made once).
         self.copy_at: dict[tuple[tuple[int, ...], Any], list[int]] | None = None
         self.resized: dict[tuple[int, int], _Step] = {}  # steps with another costing's scratch (shared)
+        self.window_rows: Any = None  # (:meth:`_window_rows`)
         self.derived: list[tuple[tuple[int, ...], Derived, Layout]] | None = None  # (bound_derived)
         self.loop_cache = PeakCache() if reuse else None
         self.liveness: dict[Any, _Liveness] = {}  # by the free-ness of the in-place bases it tested
@@ -762,17 +763,34 @@ class _Program:
             answers: dict[tuple[int, int, frozenset[int] | None], int] = {}
             fixed = self.fixed_scratch
             self.scratch_memo.bound()
-            steps, absorbed = other.steps, self.absorbed
-            for i, eqn, path in self.windows:
+            steps = other.steps
+            paths, rows = self._window_rows()
+            envs = [inner[path] if path else layouts for path in paths]
+            env_ids = list(map(id, envs))
+            for i, eqn, at, eqn_id, absorbed in rows:
                 if i not in fixed:
-                    env = inner[path] if path else layouts
-                    known = (id(env), id(eqn), absorbed.get(i))
+                    known = (env_ids[at], eqn_id, absorbed)
                     answer = answers.get(known)
                     if answer is None:
-                        answer = answers[known] = self._scratch(i, eqn, env)
+                        answer = answers[known] = self._scratch(i, eqn, envs[at])
                     if steps[i].inside != answer:  # (_resize, inlined: thousands of windows per costing)
                         other._resize(i, answer)
         return other
+
+    def _window_rows(
+        self,
+    ) -> tuple[list[tuple[int, ...]], list[tuple[int, Any, int, int, frozenset[int] | None]]]:
+        """The window steps as :meth:`rebound` reads them at each costing: the call paths they read, and by window
+        (its step, equation, its path's place in those, the equation's id, its absorbed operands); made once per
+        steps' numbering (a rebound shares its flattening's windows and absorbed operands, and so these)."""
+        made = self.window_rows
+        if made is not None and made[0] is self.windows and made[1] is self.absorbed:
+            return made[2], made[3]
+        at: dict[tuple[int, ...], int] = {}
+        absorbed = self.absorbed
+        rows = [(i, eqn, at.setdefault(path, len(at)), id(eqn), absorbed.get(i)) for i, eqn, path in self.windows]
+        self.window_rows = (self.windows, self.absorbed, list(at), rows)
+        return list(at), rows
 
     def _resize(self, i: int, inside: int) -> None:
         """Step ``i`` holds ``inside`` bytes of scratch (a new step only where that changes)."""
