@@ -1,6 +1,6 @@
 """The planner's predicted step time against the measured one, per layout, on the planned external families.
 
-    python benchmarks/plan_prediction.py [--rounds 60] [--only keras_vit,hk_stack] [--out PATH] [--small-ops]
+    python benchmarks/plan_prediction.py [--rounds 60] [--only keras_vit,hk_stack] [--out PATH] [--flops-only]
 
 For each family of ``external_corpus.planning.PLANNED``: the plan (made with the hand layouts as presets, so each
 hand layout is priced by the same model: ``plan.alternatives``' ``preset hand_*``), every hand layout, and the
@@ -10,15 +10,16 @@ noise (odd against even rounds), the planner's predicted time (and its compute p
 (pieces of merged ops counted each), bytes and FLOPs per device.  The load average at the start and the end of
 each family is recorded: on a shared 2-core host the absolute times move with it, compare layouts within a family.
 
-``--small-ops`` plans and prices with ``cost.cpu_profile(small_ops=True)`` (the elementwise work on the activations the
-forward products write priced, each merged all-reduce's piece paying its latency, a collective priced by its group's
-peers) in place of the default ``cpu`` profile; benchmarks/results/plan_prediction_small_ops.json is that run
-(``--rounds 200``, load 19-22, 2026-11-27 11:04-11:16 UTC, session 18's pricing: the element price on forward
-results only): each family plans the replicated step, measured 0.96x (kh_llama, against tp), 1.09x (keras_vit,
-against dp; split-half noise 10% and 4%), 0.84x (hk_stack, tp), 0.82x (kh_t5, dp_tp; noise 23%) the fastest hand
-layout.  Session 17's run (the element price on every product, ``--rounds 300``, load 8-12) planned the same
-programs: 0.89/0.95/0.80/0.88x; keras_vit's replicated step and its fastest hand layouts trade places from run to
-run (1.05-1.35x in two other runs).
+The ``cpu`` profile is ``cost.cpu_profile()``, which prices the elementwise work on the activations the forward
+products write, each merged all-reduce's piece paying its latency and a collective by its group's peers (the default
+since session 19: ``small_ops=True``).  ``--flops-only`` plans and prices with ``cost.cpu_profile(small_ops=False)``,
+the default of sessions 1-18 (FLOPs and ring hops only).  benchmarks/results/plan_prediction_small_ops.json is
+session 18's ``--small-ops`` run (``--rounds 200``, load 19-22, 2026-11-27 11:04-11:16 UTC): each family planned the
+replicated step, measured 0.96x (kh_llama, against tp), 1.09x (keras_vit, against dp; split-half noise 10% and 4%),
+0.84x (hk_stack, tp), 0.82x (kh_t5, dp_tp; noise 23%) the fastest hand layout; session 17's (``--rounds 300``, load
+8-12) 0.89/0.95/0.80/0.88x; keras_vit's replicated step and its fastest hand layouts trade places from run to run
+(1.05-1.35x in two other runs).  benchmarks/results/plan_prediction.json is this profile's run (session 19: the
+results file's ``rounds``, ``load_start``/``load_end`` and ``when``).
 
 Writes benchmarks/results/plan_prediction.json (or ``--out``).
 """
@@ -106,7 +107,8 @@ def predicted_and_measured(name: str, rounds: int) -> dict[str, Any]:
         "load_start": load_start,
         "load_end": os.getloadavg(),
         "rounds": rounds,
-        "profile": repr(plan.report.profile),  # the planner's profile (its combined_latency, host's shared FLOP/s)
+        # the planner's profile (its combined_latency, the host's shared FLOP/s): the one pricing the walk's collectives
+        "profile": repr(plan.report.profile.pricing()),
         "plan_strategies": plan.strategies,
         "layouts": rows,
     }
@@ -117,16 +119,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--only", default="", help="comma-separated families (default: all of PLANNED)")
     parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--small-ops", action="store_true", help="plan with cost.cpu_profile(small_ops=True)")
+    parser.add_argument(
+        "--flops-only", action="store_true", help="plan with cost.cpu_profile(small_ops=False), sessions 1-18's default"
+    )
     a = parser.parse_args()
-    if a.small_ops:
+    if a.flops_only:
         from einshard._src.analysis import cost
 
         # planning.plan_for plans with the default profile (the tests' call): the cpu entry, swapped for the run
-        cost.PROFILES["cpu"] = cost.cpu_profile(small_ops=True)
+        cost.PROFILES["cpu"] = cost.cpu_profile(small_ops=False)
     out = Path(a.out)
     result: dict[str, Any] = json.loads(out.read_text()) if out.exists() and a.only else {}
     result["jax"] = jax.__version__
+    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     result.setdefault("families", {})
     for name in a.only.split(",") if a.only else PLANNED:
         row = predicted_and_measured(name, a.rounds)

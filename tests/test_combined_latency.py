@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 from einshard._src.analysis.cost import PROFILES
+from einshard._src.planner.scoring import repriced_comm_s, unwalked_compute_s
 from einshard._src.planner.verify import read_compiled
 from einshard.errors import EinshardError
 from einshard.testing import hlo
@@ -61,17 +62,20 @@ def test_the_cpu_profile_prices_each_piece_of_a_merged_collective():
 
 def test_the_planner_credits_merging_only_where_the_profile_merges():
     # The same data-parallel layout priced by the planner (the 'dp' preset) and by explain: priced per piece
-    # they agree (every all-reduce its latency, as XLA:CPU runs them); where a merged op pays once, the planner's
-    # price is explain's less the latency of the two pieces merged away.
+    # they agree (every all-reduce its latency, as XLA:CPU runs them) but for what the planner adds to explain's
+    # walk (the kernel and element prices, and the collectives priced on the profile's own law, not the ring count
+    # the walk ranks on: scoring.unwalked_compute_s, repriced_comm_s); where a merged op pays once, the planner's
+    # price is that less the latency, on the profile's law, of the two pieces merged away.
     kw = dict(mesh={"data": 8}, verify=0)
     in_specs = ({"w1": P(), "w2": P()}, P("data"))
     for profile, merged_away in ((CPU, 0), (MERGING, 2)):
         plan = einshard.plan(step, PARAMS, BATCH, profile=profile, **kw)
         dp = next(a for a in plan.alternatives if a.label == "preset dp")
         report = einshard.explain(step, PARAMS, BATCH, mesh={"data": 8}, in_specs=in_specs, profile=profile)
-        alpha = report.profile.collective_time("all-reduce", 8, 0.0, 0.0)
+        alpha = report.profile.pricing().collective_time("all-reduce", 8, 0.0, 0.0)
         assert report.comm_count == 3
-        assert dp.time_s == pytest.approx(report.time_s - merged_away * alpha)
+        walked = report.time_s + unwalked_compute_s(report) + repriced_comm_s(report)
+        assert dp.time_s == pytest.approx(walked - merged_away * alpha)
 
 
 def test_combined_latency_is_checked():

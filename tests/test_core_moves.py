@@ -241,10 +241,14 @@ def test_explicit_collectives_in_a_shard_map_body_are_priced_by_the_same_formula
         ("all-to-all", ("data",), 4, 1536, 2048),
         ("collective-permute", ("data",), 4, 2048, 2048),  # the block, once
     ]
-    cpu = PROFILES["cpu"]
+    # on the profile the walk ranks on (Profile.walking: the cpu profile's, with the ring count), whose pricing is
+    # the cpu profile itself
+    walked = report.profile
+    assert walked.latency_steps == "ring" and walked.collective_overhead == 0.0
+    assert walked.pricing().latency_steps == PROFILES["cpu"].latency_steps and walked.walking() is walked
     for op in report.ops:
         for c in op.collectives:
-            assert c.time == cpu.collective_time(c.kind, 4, c.bytes, c.array_bytes)
+            assert c.time == walked.collective_time(c.kind, 4, c.bytes, c.array_bytes)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import pytest
 
 import einshard
 from einshard._src.analysis.cost import PROFILES, Profile, cpu_profile, host_cores, shared_profile
+from einshard._src.planner.scoring import repriced_comm_s, unwalked_compute_s
 from einshard.errors import EinshardError
 from einshard.placement import MeshAxis
 from einshard.targets import parse_target
@@ -149,8 +150,9 @@ def test_a_layout_doing_8x_the_flops_is_not_ranked_first_on_2_cores():
         for cores in (8, 2)
     }
     alone, shared = plans[8], plans[2]
-    # each device on its own core: the whole step everywhere is the plan (its compute, exactly the full step's)
-    assert alone.compute_s == pytest.approx(full / 1e11) and alone.comm_bytes == 0
+    # each device on its own core: the whole step everywhere is the plan (its compute, exactly the full step's FLOPs
+    # and the kernel and element prices the walk leaves out: scoring.unwalked_compute_s)
+    assert alone.compute_s == pytest.approx(full / 1e11 + unwalked_compute_s(alone.report)) and alone.comm_bytes == 0
     rep = {c: next(a for a in p.alternatives if a.label == "preset replicated") for c, p in plans.items()}
     assert rep[2].compute_s == pytest.approx(4 * rep[8].compute_s)  # 8 devices taking turns on 2 cores
     # on 2 cores: not the replicated layout, and faster than it by the model
@@ -170,15 +172,18 @@ def test_the_small_op_prices_are_shared_like_the_flops(cores, devices):
     assert q.flops == pytest.approx(p.flops / stretch)
 
 
-def test_the_default_cpu_profile_prices_flops_only_and_small_ops_is_the_option():
-    default, small = cpu_profile(2), cpu_profile(2, small_ops=True)
-    assert (default.op_overhead, default.element_time, default.combined_latency) == (0.0, 0.0, "once")
-    assert small.combined_latency == "per_piece" and small.element_time > 0 and small.op_overhead > 0
-    assert small.collective_overhead > 0 and default.collective_overhead == 0.0
+def test_the_default_cpu_profile_prices_small_ops_and_flops_only_is_the_option():
+    """The default ``cpu`` profile prices the work FLOPs miss and collectives as XLA:CPU runs them (session 19:
+    the planned layouts' measured step times, benchmarks/results/plan_prediction.json); ``small_ops=False`` is the
+    FLOPs-and-ring-hops profile of sessions 1-18."""
+    default, flops_only = cpu_profile(2), cpu_profile(2, small_ops=False)
+    assert default == cpu_profile(2, small_ops=True) and PROFILES["cpu"] == cpu_profile()
+    assert default.combined_latency == "per_piece" and default.element_time > 0 and default.op_overhead > 0
+    assert default.collective_overhead > 0 and default.latency_steps == "peers"
     undone = dict(
         op_overhead=0.0, element_time=0.0, combined_latency="once", collective_overhead=0.0, latency_steps="ring"
     )
-    assert dataclasses.replace(small, latency=default.latency, **undone) == default
+    assert dataclasses.replace(default, latency=flops_only.latency, **undone) == flops_only
 
 
 @pytest.mark.parametrize("field", ["op_overhead", "element_time"])
@@ -258,3 +263,62 @@ def test_accelerator_profiles_keep_the_ring_count():
 def test_latency_steps_takes_ring_or_peers():
     with pytest.raises(EinshardError, match="latency_steps"):
         dataclasses.replace(PROFILES["cpu"], latency_steps="hops")
+
+
+# --- the walk ranks on the ring count, the planner prices on the profile's law (Profile.walking / pricing) --------
+
+
+def mlp_loss_mean(p, x):
+    return jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"]) ** 2)
+
+
+def test_the_walk_predicts_xlas_collectives_whatever_law_prices_them():
+    """An MLP's data-parallel step with its batch over both axes of a (4, 2) mesh: XLA compiles one all-reduce over
+    all 8 devices per sum (the loss, each weight gradient).  Walked on the peers law (30 us + 14 us per peer) the
+    walk took the sums one axis at a time (5 all-reduces, 320 KiB: a 4-group and a 2-group, 116 us, priced cheaper
+    than one 8-group, 128 us), a form XLA does not compile here; walked on the ring count it predicts XLA's, and the
+    plan's time prices those collectives on the peers law."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from einshard._src.analysis.program import trace
+    from einshard.testing import hlo
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    params = {"w1": sds(64, 256), "w2": sds(256, 64)}
+    x = sds(256, 64)
+    step = jax.value_and_grad(mlp_loss_mean)
+    shard = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
+    compiled = (
+        jax.jit(step, in_shardings=({"w1": shard(P()), "w2": shard(P())}, shard(P(("data", "model")))))
+        .lower(params, x)
+        .compile()
+    )
+    xla = hlo.normalized(compiled.as_text())
+    in_specs = ({"w1": "x y -> x y", "w2": "x y -> x y"}, "b d -> b@(data,model) d")
+    for profile in (cpu_profile(2), cpu_profile(2, small_ops=False)):
+        report = trace(step, params, x, mesh=mesh, profile=profile).report(in_specs)
+        walked = [(c.kind, c.group_size) for op in report.ops for c in op.collectives for _ in range(op.repeat)]
+        assert sorted(walked) == sorted((c.kind, c.group_size) for c in xla for _ in range(c.runs)), profile
+        assert report.comm_bytes == sum(c.sent_bytes * c.runs for c in xla)
+        assert report.profile.latency_steps == "ring" and report.profile.pricing() == profile.on_devices(8)
+    # The plan's price of those collectives: the peers law, each all-reduce 30 us + 7 peers' 14 us and its bytes.
+    priced = cpu_profile(2).on_devices(8)
+    report = trace(step, params, x, mesh=mesh, profile=cpu_profile(2)).report(in_specs)
+    ring_s = sum(c.time * op.repeat for op in report.ops for c in op.collectives)
+    peers_s = sum(
+        op.repeat * priced.collective_time(c.kind, c.group_size, c.bytes, c.array_bytes)
+        for op in report.ops
+        for c in op.collectives
+    )
+    assert repriced_comm_s(report) == pytest.approx(peers_s - ring_s) and peers_s != pytest.approx(ring_s)
+
+
+def test_a_profile_on_the_ring_count_walks_as_itself():
+    for profile in (PROFILES["h100"], PROFILES["tpu-v5p"], cpu_profile(2, small_ops=False)):
+        assert profile.walking() is profile and profile.pricing() is profile
+    peers = cpu_profile(2)
+    walking = peers.walking()
+    assert walking.latency_steps == "ring" and walking.collective_overhead == 0.0 and walking.pricing() is peers
+    assert walking.walking() is walking  # a walk's profile walked again (a typed step's re-walk) keeps its pricing
+    assert shared_profile(peers, (MeshAxis("data", 4), MeshAxis("model", 2))).pricing() == peers.on_devices(8)

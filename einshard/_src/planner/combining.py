@@ -417,7 +417,8 @@ def combined_report(
         # No forks (alternatives.py): the planner ranks by costs, which forks leave as they are, and a fork is a walk
         # more.
         report = traced.report(in_specs, out_specs, walker=walker, forks=0)
-        return report, walker.combined(traced.costs.profile, {m.name: m.size for m in traced.mesh})
+        # the latency a merged op saves, as the profile prices collectives (not as the walk ranks them)
+        return report, walker.combined(traced.costs.profile.pricing(), {m.name: m.size for m in traced.mesh})
 
 
 @contextmanager

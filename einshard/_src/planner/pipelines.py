@@ -259,7 +259,7 @@ def cost_pipelines(search: PipelineSearch, groups: Sequence[Any], batch: Any, co
             )
         model = models[cand.data_axes]
         if model is not None:
-            profile = costs.traced.costs.profile
+            profile = costs.traced.costs.profile.pricing()  # the stages' permutes priced as they run
             out.append(score_pipeline(cand, info, model, profile, sizes, itemsize, costs.budget, costs.opt_bytes))
     return out
 

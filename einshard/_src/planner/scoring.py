@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import jax
 
+from ..analysis.cost import Profile
 from ..analysis.program import ProgramReport, TracedProgram
 from ..analysis.program.oplog import OpLog
 from ..core.layout import MeshAxis
@@ -212,7 +213,12 @@ class Costs:
         # backend runs a merged op as one collective (not XLA:CPU: each piece pays its own, Profile.combined_latency).
         saves = combined is not None and report.profile.combined_latency == "once"
         small_ops = unwalked_compute_s(report)
-        time_s = report.time_s + small_ops - (combined.saved_s if saves and combined is not None else 0.0)
+        time_s = (
+            report.time_s
+            + small_ops
+            + repriced_comm_s(report)
+            - (combined.saved_s if saves and combined is not None else 0.0)
+        )
         primary = {
             "training": time_s,
             "inference": time_s,
@@ -231,6 +237,29 @@ class Costs:
             split = math.prod(self.sizes[m] for d in g.candidates[c].dims for m in d)
             total += sum(math.prod(s) for s in g.shapes) / split
         return int(total * self.opt_bytes)
+
+
+def repriced_comm_s(report: ProgramReport) -> float:
+    """Seconds to add to ``report.time_s`` for its collectives to cost what the profile's own law says
+    (:meth:`Profile.pricing`) rather than the ring count the walk ranked them on (:meth:`Profile.walking`); 0 where the
+    two are one profile.  The walk chooses the collectives XLA compiles, the profile prices them as they run: on
+    ``cpu``, a rendezvous plus a price per peer of the group (``latency_steps='peers'``)."""
+    walked = report.profile
+    priced = walked.pricing() if isinstance(walked, Profile) else walked
+    if priced is walked:
+        return 0.0
+    sizes = {m.name: m.size for m in report.mesh}
+    ops = report.ops
+    delta = 0.0
+    for op in ops.cost_ops() if isinstance(ops, OpLog) else ops:
+        for c in op.collectives:
+            axis_sizes = tuple(sizes[a] for a in c.axes if a in sizes)
+            if math.prod(axis_sizes) != c.group_size:  # a regrouped gather: one ring of its group, as cost.price
+                axis_sizes = (c.group_size,)
+            delta += op.repeat * (
+                priced.collective_time(c.kind, c.group_size, c.bytes, c.array_bytes, axis_sizes) - c.time
+            )
+    return delta
 
 
 def unwalked_compute_s(report: ProgramReport) -> float:

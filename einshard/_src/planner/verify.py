@@ -585,7 +585,7 @@ def _compile_all(
             ) from err
         try:
             numbers = compiled_numbers(
-                fn, costs.args, c.in_specs, c.out_specs, _auto(mesh), c.score.report.profile, **kwargs
+                fn, costs.args, c.in_specs, c.out_specs, _auto(mesh), c.score.report.profile.pricing(), **kwargs
             )
         except Exception:  # noqa: BLE001  (fn fails on Auto axes too: the user's own error, as JAX raised it)
             raise err from None
@@ -607,7 +607,9 @@ def _compile_all(
     # measured on the 7B step under load, the third compile ran alone for 500 s after the first two.  The cap
     # bounds the memory of compiles in flight (a 7B step's TPU compile holds ~1 GB).
     with ThreadPoolExecutor(max_workers=max(1, min(2 * compile_workers(), len(jobs)))) as pool:
-        futures = {i: pool.submit(compile_and_read, low, programs[i].score.report.profile) for i, low in jobs.items()}
+        futures = {
+            i: pool.submit(compile_and_read, low, programs[i].score.report.profile.pricing()) for i, low in jobs.items()
+        }
         for i, future in futures.items():
             try:
                 results[i] = future.result()

@@ -293,7 +293,7 @@ def _analyze_plain(
         mesh_axes,
         requested,
         itemsize,
-        get_profile(profile),
+        get_profile(profile).walking(),  # XLA's alternatives ranked as explain's walk ranks them (Profile.walking)
         scatter_chosen=requested is None,  # the user's '?' (or a jnp string): the cheapest complete result
     )
     # options.options from the text's splits: each mesh axis's einsum axes as written (none for a size of 1)
@@ -444,7 +444,7 @@ def _analyze(
         mesh_axes,
         requested,
         itemsize,
-        get_profile(profile),
+        get_profile(profile).walking(),  # XLA's alternatives ranked as explain's walk ranks them (Profile.walking)
         scatter_chosen=requested is None,  # the user's '?' (or a jnp string): the cheapest complete result
     )
     plan = _plan(problem, dname, prep.classes, prep.weight)
@@ -550,7 +550,9 @@ def plan_einsum(
             f"the requested result {out} does not have the axes {tuple(out_axes)} on the operands' mesh"
         )
     dname, itemsize = dtype_info(dtype)
-    problem = Problem(operands, tuple(out_axes), tuple(sizes.items()), mesh, out, itemsize, get_profile(profile))
+    problem = Problem(
+        operands, tuple(out_axes), tuple(sizes.items()), mesh, out, itemsize, get_profile(profile).walking()
+    )
     return analyze_layouts(problem, dname)
 
 
