@@ -419,8 +419,9 @@ def _check_mlp_step(draw: tuple[str, str, int, str]) -> None:
     mem = compiled.memory_analysis()
     xla_peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
     # Peak memory is the memory walk's, not this rule's: where the parameters split f (up's free axis), it holds
-    # less than XLA:CPU's buffer assignment does, before this rule as after (measured 0.62-0.77x, else 0.79-1.08x).
-    assert 0.6 * xla_peak <= report.peak_bytes <= 1.25 * xla_peak
+    # less than XLA:CPU's buffer assignment does, before this rule as after (measured 0.62-0.77x, else 0.79-1.08x;
+    # jax 0.12's buffer assignment holds more: 0.58x on ('auto', 'transposed', 0, 'momentum')).
+    assert 0.55 * xla_peak <= report.peak_bytes <= 1.25 * xla_peak
 
 
 @settings(max_examples=4, deadline=None, derandomize=True)
