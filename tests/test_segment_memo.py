@@ -67,16 +67,18 @@ def _both(t, specs, out_specs):
     return plain, memo
 
 
+def _costings(most: int) -> st.SearchStrategy[list[tuple[int, int, int]]]:
+    """1 to ``most`` costings, each an (up, down, batch) layout's indices into UP, DOWN and BATCH."""
+    one = st.tuples(st.integers(0, len(UP) - 1), st.integers(0, len(DOWN) - 1), st.integers(0, len(BATCH) - 1))
+    return st.lists(one, min_size=1, max_size=most)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     layers=st.integers(1, 6),
     how=st.sampled_from(["remat", "plain", "jit"]),
     mesh=st.sampled_from(["auto", "explicit"]),
-    layouts=st.lists(
-        st.tuples(st.integers(0, len(UP) - 1), st.integers(0, len(DOWN) - 1), st.integers(0, len(BATCH) - 1)),
-        min_size=1,
-        max_size=3,
-    ),
+    layouts=_costings(3),
     grads_like_params=st.booleans(),
 )
 def test_the_segment_memo_never_changes_a_report_or_a_cost(layers, how, mesh, layouts, grads_like_params):
@@ -573,11 +575,7 @@ def test_recordings_copy_no_table_of_the_walk(monkeypatch):
 @given(
     layers=st.integers(1, 8),
     how=st.sampled_from(["remat", "plain"]),
-    layouts=st.lists(
-        st.tuples(st.integers(0, len(UP) - 1), st.integers(0, len(DOWN) - 1), st.integers(0, len(BATCH) - 1)),
-        min_size=1,
-        max_size=2,
-    ),
+    layouts=_costings(2),
 )
 def test_a_key_carried_from_the_copy_before_is_the_key_read_afresh(layers, how, layouts):
     """A copy replayed right after another of its run takes the state of the values entering both from that copy's
@@ -666,11 +664,7 @@ def _keys_against_fresh_reads(t, layouts) -> tuple[int, int]:
 @given(
     layers=st.integers(2, 6),
     how=st.sampled_from(["remat", "plain"]),
-    layouts=st.lists(
-        st.tuples(st.integers(0, len(UP) - 1), st.integers(0, len(DOWN) - 1), st.integers(0, len(BATCH) - 1)),
-        min_size=1,
-        max_size=3,
-    ),
+    layouts=_costings(3),
 )
 def test_a_key_taken_from_the_copy_before_is_the_key_read_afresh(layers, how, layouts):
     """Walker._segment_key takes what it can from the copy replayed just before (the state of the values entering
@@ -685,11 +679,7 @@ def test_a_key_taken_from_the_copy_before_is_the_key_read_afresh(layers, how, la
     layers=st.integers(2, 8),
     how=st.sampled_from(["remat", "plain", "jit"]),
     mesh=st.sampled_from(["auto", "explicit"]),
-    layouts=st.lists(
-        st.tuples(st.integers(0, len(UP) - 1), st.integers(0, len(DOWN) - 1), st.integers(0, len(BATCH) - 1)),
-        min_size=1,
-        max_size=4,
-    ),
+    layouts=_costings(4),
 )
 def test_a_key_taken_from_the_copy_before_is_the_key_read_afresh_more(layers, how, mesh, layouts):
     """As above, more draws (slow)."""
