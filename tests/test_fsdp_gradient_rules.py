@@ -280,15 +280,16 @@ def _normed_mlp_stack(loop: str) -> Callable[[Any, jax.Array], jax.Array]:
 # jax 0.12's XLA does not take the readers' split on Auto axes: it reports an "involuntary full rematerialization"
 # of the input gradient's dot (devices=[1,1,4,2] to the batch split) and gathers it whole, one all-to-all fewer and
 # one 32768 B all-gather more per layer than jax 0.10's (whose choice Shardy's propagation gives, and the walk follows).
-_JAX_012_REMATERIALIZES = pytest.mark.xfail(
-    tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 12),
+# Seen on jax 0.12.0.1 (CI's py3.12) and on jax 0.11.2 (a lent GPU machine's image, CPU devices, 2026-11-27).
+_JAX_011_REMATERIALIZES = pytest.mark.xfail(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11),
     strict=True,
-    reason="jax 0.12's SPMD partitioner rematerializes the input gradient's dot in full (its own warning): per "
+    reason="jax 0.11+'s SPMD partitioner rematerializes the input gradient's dot in full (its own warning): per "
     "layer 3 all-to-alls and 2 whole all-gathers where jax 0.10 makes 4 and 1",
 )
 
 
-@pytest.mark.parametrize("kind", [pytest.param("auto", marks=_JAX_012_REMATERIALIZES), "explicit"])
+@pytest.mark.parametrize("kind", [pytest.param("auto", marks=_JAX_011_REMATERIALIZES), "explicit"])
 @pytest.mark.parametrize("loop", ["unrolled", "scan", "remat"])
 def test_a_normed_fsdp_mlp_input_gradient_takes_its_elementwise_readers_split(loop: str, kind: str) -> None:
     mesh = _mesh(kind)

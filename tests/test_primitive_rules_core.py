@@ -687,9 +687,10 @@ _REGATHERED_FOR_THE_BACKWARD = pytest.mark.xfail(
 
 
 _JAX_MINOR = tuple(int(p) for p in jax.__version__.split(".")[:2])
-_MORE_SCRATCH_ON_JAX_012 = pytest.mark.xfail(
+# Seen on jax 0.12.0.1 (CI's py3.12) and, the same bytes, on jax 0.11.2 (a lent GPU machine's image, CPU devices).
+_MORE_SCRATCH_ON_JAX_011 = pytest.mark.xfail(
     strict=True,
-    reason="peak only, on jax 0.12's XLA:CPU: the gradient with nothing idle (one mesh axis) holds 1024 B more "
+    reason="peak only, on jax 0.11+'s XLA:CPU: the gradient with nothing idle (one mesh axis) holds 1024 B more "
     "temporaries than jax 0.10's for the same program (7440 B against explain's 5376 B, 0.72x; on jax 0.10 within "
     "the 25% band); the collectives and bytes are XLA's on both",
 )
@@ -720,8 +721,8 @@ def test_free_axes_clash_gathers_through_idle_mesh_axes(
     collective-permute and an all-gather; explain gathered it over M: one all-gather of other bytes)."""
     if grad and "rows-over-c" in request.node.callspec.id:
         request.applymarker(_REGATHERED_FOR_THE_BACKWARD)
-    if grad and request.node.callspec.id.endswith("no-idle") and _JAX_MINOR >= (0, 12):
-        request.applymarker(_MORE_SCRATCH_ON_JAX_012)
+    if grad and request.node.callspec.id.endswith("no-idle") and _JAX_MINOR >= (0, 11):
+        request.applymarker(_MORE_SCRATCH_ON_JAX_011)
     check(Case("dot_general", _dot(ROWS), (_struct(lhs), _struct(rhs)), specs, rank, False, grad))
 
 
