@@ -8,21 +8,34 @@ out, and the bytes as ``array_bytes`` per run (what ``hlo.collective_bytes`` sum
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from einshard._src.testing.bounds import Measured
 
 
-def explained_collectives(report: Any) -> tuple[Counter[str], int]:
-    """The report's collectives by kind (counted per run) and the bytes they move per device."""
+def _counted(report: Any, bytes_of: Callable[[Any], float]) -> tuple[Counter[str], float]:
+    """The report's collectives by kind (counted per run) and ``bytes_of`` each, summed per run."""
     kinds: Counter[str] = Counter()
-    sent = 0
+    total = 0.0
     for op in report.ops:
         for c in op.collectives:
             if c.group_size > 1:
                 kinds[c.kind] += op.repeat
-                sent += c.array_bytes * op.repeat
-    return kinds, sent
+                total += bytes_of(c) * op.repeat
+    return kinds, total
+
+
+def explained_collectives(report: Any) -> tuple[Counter[str], int]:
+    """The report's collectives by kind (counted per run) and the bytes they move per device."""
+    kinds, moved = _counted(report, lambda c: c.array_bytes)
+    return kinds, int(moved)
+
+
+def sent_collectives(report: Any) -> tuple[Counter[str], float]:
+    """The report's collectives by kind (counted per run) and the bytes each device sends (``c.bytes``): what
+    ``einshard.testing.hlo``'s sent-bytes reading of a compiled program sums."""
+    return _counted(report, lambda c: c.bytes)
 
 
 def explained(report: Any) -> Measured:

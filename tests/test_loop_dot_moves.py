@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from explain_counts import sent_collectives
 from hypothesis import given
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
@@ -46,17 +47,6 @@ def _rnn_loss(u: Any, xs: Any) -> Any:
     return jnp.sum(hs**2)
 
 
-def _explained(report: Any) -> tuple[Counter[str], float]:
-    kinds: Counter[str] = Counter()
-    sent = 0.0
-    for op in report.ops:
-        for c in op.collectives:
-            if c.group_size > 1:
-                kinds[c.kind] += op.repeat
-                sent += c.bytes * op.repeat
-    return kinds, sent
-
-
 def _compare(mesh_at: int, hidden: int, batch: int, steps: int) -> Counter[str]:
     """Compile the kernel's gradient (returned on its rows' split) and hold explain to it; XLA's collectives."""
     shape, names = MESHES[mesh_at]
@@ -78,7 +68,7 @@ def _compare(mesh_at: int, hidden: int, batch: int, steps: int) -> Counter[str]:
     peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
     want = Counter(hlo.collective_counts(text))
     sent = float(sum(c.sent_bytes * c.runs for c in hlo.normalized(text) if c.group_size > 1))
-    got, got_sent = _explained(report)
+    got, got_sent = sent_collectives(report)
     drawn = (shape, hidden, batch, steps)
     assert not report.unfollowed
     assert got == want and got_sent == sent, (drawn, got, got_sent, want, sent)

@@ -14,12 +14,12 @@ program returns FSDP gradients: that is what asks the accumulators' split), is c
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
+from explain_counts import sent_collectives
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_primitive_rules import MEMORY_BOUNDS, MESHES, SLACK_BYTES
@@ -137,14 +137,7 @@ def test_accumulators_asked_split_on_auto_axes_are_reduce_scattered_as_xla_does(
 
 
 def _explained(report: Any) -> Measured:
-    kinds: Counter[str] = Counter()
-    sent = 0.0
-    for op in report.ops:
-        for c in op.collectives:
-            if c.group_size > 1:
-                kinds[c.kind] += op.repeat
-                sent += c.bytes * op.repeat
-    return Measured(kinds, sent, report.peak_bytes)
+    return Measured(*sent_collectives(report), report.peak_bytes)
 
 
 @pytest.mark.parametrize(
