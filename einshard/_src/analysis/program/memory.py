@@ -242,6 +242,11 @@ def _fusible_elementwise() -> frozenset[str]:
     # gradient of a tile or a broadcast: the cotangent reshaped to (repeats, size) and summed, one fusion).
     # A bitcast_convert_type (the uniform's u32 -> f32 of random bits) is elementwise in XLA's loop fusion too
     # (measured: bernoulli of rbg keys[16@a] holds no u32 or f32 buffer of the bits, XLA:CPU: 420 B in all).
+    # A pad is a loop op too: the gradient of a Python loop over a stacked weight's rows (``w[i]``) pads each
+    # layer's gradient into the stack and sums the pads, and XLA:CPU computes that whole chain as one loop fusion
+    # reading the layers' gradients (``pad_add_fusion``), with no stack-sized buffer per layer.  Held as buffers,
+    # the pads all lived to the chain's end: peak grew as the square of the depth (16 layers: 4.3x XLA's, 32:
+    # 7.8x; tests/test_memory_rules.py).
     return frozenset(ELEMENTWISE - _NOT_FUSED) | {
         "bitcast_convert_type",
         "broadcast_in_dim",
@@ -250,6 +255,7 @@ def _fusible_elementwise() -> frozenset[str]:
         "reshape",
         "squeeze",
         "expand_dims",
+        "pad",
     }
 
 
