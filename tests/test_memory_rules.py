@@ -134,9 +134,9 @@ def test_padded_layer_gradients_fuse_into_one_sum(w_spec: P, x_spec: P, explicit
     layer's f32[128,128] gradient): no stack-sized buffer per layer.  The walk held each pad as a buffer, alive
     to the sum's end: its peak grew as the square of the depth, 4.3x XLA's at 16 layers, 7.8x at 32.  Now it grows
     by the same bytes per layer at every depth (a second difference of 0, as XLA's), and stays within
-    0.6-1.25x XLA's (replicated or batch-split weights).  What is left below XLA's: it copies each ``w[i]`` into a buffer of its own
-    (``slice_bitcast_fusion``), scheduled at the step's start and held to the layer's backward, 64 KiB a layer
-    replicated, which the walk reads in place (0.61-0.79x at 4-16 layers)."""
+    0.6-1.25x XLA's (replicated or batch-split weights).  What is left below XLA's: it copies each ``w[i]`` into a
+    buffer of its own (``slice_bitcast_fusion``), which the walk reads in place, and its heap packs the temporaries
+    otherwise (its buffer assignment places some in the output's allocation): 0.61-0.79x at 4-16 layers."""
     d = 128
     peaks = []
     for depth in (4, 8, 12):
