@@ -3,7 +3,7 @@
 Hypothesis draws the sizes, the layout strategy (data-parallel, FSDP, Megatron column/row), the mesh kind
 (Auto, Explicit) and forward or ``jax.grad`` of small programs built from the structures
 einshard/analysis/program/memory.py models -- a chain of dots, a gathered weight, a scan over stacked
-layer weights, the same stack under ``jax.checkpoint`` (remat) -- compiles each with XLA and compares
+layer weights, a Python loop over their rows, each stack also under ``jax.checkpoint`` (remat) -- compiles each with XLA and compares
 ``ProgramReport.peak_bytes`` with ``memory_analysis()`` (arguments + outputs + temporaries - aliased)
 within the corpus's 25% (tests/external_corpus/compare.py's ``MEMORY_TOLERANCE``).
 """
@@ -16,7 +16,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -31,7 +31,7 @@ DEEP = settings(
 
 Strategy = Literal["dp", "fsdp", "tp"]
 Mode = Literal["fwd", "grad"]
-Structure = Literal["dots", "scan", "scan_remat"]
+Structure = Literal["dots", "scan", "scan_remat", "stacked", "stacked_remat"]
 
 # Weight layouts per strategy, for a weight pair (a: D->F, b: F->D), stacked (leading L) or not.
 _WEIGHTS: dict[Strategy, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
@@ -55,6 +55,13 @@ def _program(structure: Structure, layers: int) -> Callable[[Any, Any], Any]:
             h = x
             for w in p:  # one weight pair per layer, as unscanned models hold them
                 h = block(h, w)[0]
+        elif structure in ("stacked", "stacked_remat"):
+            # A Python loop over the stacked weights' rows (an unrolled decoder's params[i]): the gradient pads
+            # each layer's into the stack and sums the pads.
+            step = jax.checkpoint(block) if structure == "stacked_remat" else block
+            h = x
+            for i in range(layers):
+                h = step(h, {"a": p["a"][i], "b": p["b"][i]})[0]
         else:
             step = jax.checkpoint(block) if structure == "scan_remat" else block
             h = jax.lax.scan(step, x, p)[0]
@@ -107,7 +114,7 @@ def _peaks(structure: Structure, strategy: Strategy, mode: Mode, kind: str, laye
 
 
 _draws = dict(
-    structure=st.sampled_from(["dots", "scan", "scan_remat"]),
+    structure=st.sampled_from(["dots", "scan", "scan_remat", "stacked", "stacked_remat"]),
     strategy=st.sampled_from(["dp", "fsdp", "tp"]),
     mode=st.sampled_from(["fwd", "grad"]),
     kind=st.sampled_from(["auto", "explicit"]),
@@ -118,7 +125,14 @@ _draws = dict(
 )
 
 
+def _known_miss(structure: str, strategy: str, mode: str, layers: int) -> bool:
+    """The drawn programs explain is known to miss (test_stacked_megatron_gradient_known_miss): a Megatron layout's
+    gradient of a Python loop over stacked weights under remat, from 4 layers."""
+    return structure == "stacked_remat" and strategy == "tp" and mode == "grad" and layers >= 4
+
+
 def _check(structure, strategy, mode, kind, layers, d, f, b) -> None:
+    assume(not _known_miss(structure, strategy, mode, layers))
     got, xla = _peaks(structure, strategy, mode, kind, layers, d, f, b)
     assert got == pytest.approx(xla, rel=TOLERANCE), (structure, strategy, mode, kind, got, xla, got / xla)
 
@@ -132,6 +146,16 @@ def _check(structure, strategy, mode, kind, layers, d, f, b) -> None:
 @example("scan", "dp", "grad", "explicit", 4, 128, 256, 64)
 @example("scan_remat", "tp", "grad", "auto", 4, 128, 256, 64)
 @example("dots", "fsdp", "grad", "explicit", 3, 128, 256, 64)
+# A Python loop over stacked weights (an unrolled decoder's params[i]): each layer's gradient padded into the stack
+# and the pads summed, one fusion on XLA:CPU; each layer's w[i] copied at the step's start; a data-parallel layer's
+# gradients all-reduced together before the pads.  explain held 0.63-0.75x XLA's peak before those three rules
+# (memory._fusible_elementwise's pad, _slices_of_arguments_first, _stacking_steps), 20 of 48 such programs outside
+# the 25% (tp remat gradients at 4 layers still are: _known_miss).
+@example("stacked", "dp", "grad", "auto", 4, 128, 256, 64)
+@example("stacked_remat", "dp", "grad", "explicit", 4, 128, 256, 64)
+@example("stacked", "dp", "fwd", "auto", 4, 128, 256, 64)
+@example("stacked", "fsdp", "grad", "explicit", 4, 128, 256, 64)
+@example("stacked_remat", "tp", "fwd", "explicit", 4, 128, 256, 64)
 def test_peak_memory_matches_xla(structure, strategy, mode, kind, layers, d, f, b):
     _check(structure, strategy, mode, kind, layers, d, f, b)
 
@@ -141,6 +165,17 @@ def test_peak_memory_matches_xla(structure, strategy, mode, kind, layers, d, f, 
 @given(**_draws)
 def test_peak_memory_matches_xla_deep(structure, strategy, mode, kind, layers, d, f, b):
     _check(structure, strategy, mode, kind, layers, d, f, b)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a Megatron layout's gradient of a Python loop over stacked weights, under remat: XLA holds ~96 KiB a "
+    "layer more than the walk at d=64, f=256 (0.87x at 2 layers, 0.78x at 3, 0.73x at 4, 0.69x at 6)",
+)
+@pytest.mark.parametrize("layers", [4, 6])
+def test_stacked_megatron_gradient_known_miss(layers: int) -> None:
+    got, xla = _peaks("stacked_remat", "tp", "grad", "auto", layers, 64, 256, 64)
+    assert got == pytest.approx(xla, rel=TOLERANCE), (got, xla, got / xla)
 
 
 def test_unscanned_fsdp_gradient_on_explicit_axes():
