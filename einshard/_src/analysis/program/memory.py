@@ -371,9 +371,13 @@ class _Program:
         reuse: bool = False,
         body: bool = False,
         absorb: bool = True,
+        slices_first: bool = True,
     ):
         self.jaxpr, self.layouts, self.inner = jaxpr, layouts, inner
         self.body = body  # a loop's body: its arguments are the loop's buffers and slices (_absorb_transposes)
+        # XLA:CPU copies a static slice of an argument and runs it first (_slices_of_arguments_first); the TPU
+        # compiler reads it in place (a 4-layer loop over stacked weights: temporaries 0 B).
+        self.slices_first = slices_first
         self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
         self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
         self.steps: list[_Step] = []
@@ -611,7 +615,12 @@ class _Program:
 
     def _flatten(self, jaxpr: Any, path: tuple[int, ...]) -> None:
         args = set(self.args)
-        for eqn in _slices_of_arguments_first(jaxpr.eqns, lambda v: self.key(v, path) in args):
+        eqns = (
+            _slices_of_arguments_first(jaxpr.eqns, lambda v: self.key(v, path) in args)
+            if self.slices_first
+            else jaxpr.eqns
+        )
+        for eqn in eqns:
             sub_path = (*path, id(eqn))
             sub = _loop_body(eqn) if sub_path in self.inner else None
             if sub is None and self._keeps_buffer(eqn, path):
@@ -690,7 +699,11 @@ class _Program:
             p[len(sub_path) :]: e for p, e in self.inner.items() if p[: len(sub_path)] == sub_path and p != sub_path
         }
         cache = self.loop_cache
-        inner = _Program(body, env, nested, body=True) if cache is None else cache.program(body, env, nested, True)
+        inner = (
+            _Program(body, env, nested, body=True, slices_first=self.slices_first)
+            if cache is None
+            else cache.program(body, env, nested, True, self.slices_first)
+        )
         elsewhere = frozenset(inner.key(v, ()) for v in body.invars[: n_consts + n_carry])
         # The values the body makes from its constants alone are made before the loop and held across it (_hoisted).
         consts = body.invars[: n_consts if eqn.primitive.name == "scan" else int(eqn.params["body_nconsts"])]
@@ -1266,7 +1279,7 @@ class PeakCache:
     """
 
     def __init__(self) -> None:
-        self.programs: dict[Any, list[_Program]] = {}  # (id(jaxpr), the calls entered) -> flattenings
+        self.programs: dict[Any, list[_Program]] = {}  # (id(jaxpr), the calls entered, slices first) -> flattenings
         # The flattenings before their dots' transposed copies are absorbed, by the same key: each holds the
         # steps every answer of the gathered tests shares (:meth:`_Program.absorbed_variant`).
         self.unabsorbed: dict[Any, list[_Program]] = {}
@@ -1282,8 +1295,9 @@ class PeakCache:
         layouts: dict[Any, Layout],
         inner: dict[tuple[int, ...], dict[Any, Layout]],
         body: bool = False,
+        slices_first: bool = True,
     ) -> _Program:
-        key = (id(jaxpr), frozenset(inner))
+        key = (id(jaxpr), frozenset(inner), slices_first)
         known = self.programs.setdefault(key, [])
         for prog in known:
             if prog.jaxpr is jaxpr and prog.holds(layouts, inner):
@@ -1294,7 +1308,7 @@ class PeakCache:
         base = next((b for b in self.unabsorbed.get(key, ()) if b.jaxpr is jaxpr and b.holds(layouts, inner)), None)
         if base is None:
             self.flattened += 1
-            base = _Program(jaxpr, layouts, inner, reuse=True, body=body, absorb=False)
+            base = _Program(jaxpr, layouts, inner, reuse=True, body=body, absorb=False, slices_first=slices_first)
             self.unabsorbed.setdefault(key, []).append(base)
         self.absorbed += 1
         prog = base.absorbed_variant(layouts, inner)
@@ -1326,9 +1340,11 @@ def peak_bytes(
     """
     inner = inner or {}
     whole_sums = None if reduce_scatter is None else reduce_scatter == "all-reduce"
+    xla_cpu = tiling == "dense" and whole_sums is not False  # (as _peak tells XLA:CPU: its YNNPACK fusions)
     if cache is None:
-        return _peak(_Program(jaxpr, layouts, inner), layouts, tiling=tiling, whole_sums=whole_sums)
-    prog = cache.program(jaxpr, layouts, inner)
+        prog = _Program(jaxpr, layouts, inner, slices_first=xla_cpu)
+        return _peak(prog, layouts, tiling=tiling, whole_sums=whole_sums)
+    prog = cache.program(jaxpr, layouts, inner, slices_first=xla_cpu)
     return _peak(prog, layouts, tiling=tiling, memo=cache.summaries, whole_sums=whole_sums)
 
 
