@@ -98,6 +98,17 @@ MESHES = [{"data": 2, "model": 4}, {"data": 4, "model": 2}, {"data": 8}, {"data"
     budget_frac=0.5,
     heuristic=True,
 )
+# A draw where nothing fits and the descent's least memory (8704 B) was short of the optimum (8192 B), which has every
+# group and the batch on the other mesh axis: the descent now goes on from every relabelling when nothing fits.
+@example(
+    n_layers=2,
+    dims=[64, 16, 64],
+    batch=64,
+    mesh={"data": 2, "model": 4},
+    objective="inference",
+    budget_frac=0.5,
+    heuristic=True,
+)
 def test_plan_equals_brute_force_optimum(n_layers, dims, batch, mesh, objective, budget_frac, heuristic):
     params = {f"w{i}": sds(dims[i], dims[i + 1]) for i in range(n_layers)}
     x = sds(batch, dims[0])

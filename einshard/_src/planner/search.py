@@ -337,6 +337,15 @@ def guided_descent(
         for _ in range(max_rounds):
             polished = descend(best, full=True)
             polished = descend(forced_moves(polished), full=False)
+            if not costs.score(polished).fits:
+                # Nothing fits: the least memory is reached where the groups change their mesh axes together and
+                # then each moves on (the optimum of a 2-layer MLP's forward on (data 2, model 4) had every group
+                # and the batch on the other axis; no single, forced, pair or relabelling move that improves at
+                # once reached it): a descent from every relabelling.
+                for r in relabelings(costs, polished):
+                    end = descend(r, full=False)
+                    if key(end) < key(polished):
+                        polished = end
             if sum(a * b for a, b in itertools.combinations(counts, 2)) <= pair_limit:
                 polished = descend(pair_moves(polished), full=False)
             if polished == best:
