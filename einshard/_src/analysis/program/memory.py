@@ -2397,10 +2397,21 @@ def _peak(
     # (The start's random-bits loops run one after another, with every earlier loop's words live.)
     peak = total + gathered_now + max([*transposing, *start_loops])
 
+    # The pending partial sums bound in this costing (a few hundred, where a deep model's gradients have thousands of
+    # values on their way out: prog.layout(k, Partial) for each of those made a key object each, per costing).
+    partials = {
+        ((path, d.of) if path else d.of): lay for path, d, lay in prog.bound_derived() if d.__class__ is Partial
+    }
+
+    held_of: dict[Key, int] = {}
+
     def held_bytes(k: Key) -> int:
         """The bytes of ``k``'s pending partial sum, held until the combined all-reduce (0: none)."""
-        part = prog.layout(k, Partial)
-        return nbytes_as(k, part) if part is not None else 0
+        b = held_of.get(k)
+        if b is None:
+            part = partials.get(k)
+            b = held_of[k] = nbytes_as(k, part) if part is not None else 0
+        return b
 
     # A lone sum: the program's one partial sum that only leaves it.  XLA's all-reduce combiner has nothing to
     # combine it with, so its all-reduce runs right after the step that makes the partial (once that step's
@@ -2408,7 +2419,9 @@ def _peak(
     # Measured on grad(lambda w, x: mean((x @ w) ** 2)) with x's batch split (XLA:CPU: the partial dW, its
     # all-reduce and the transposed output share two 8 KiB buffers; tests/test_memory_rules.py).  Two or more
     # wait for the combined all-reduce as the module says.  A loop body's sums are _combined_at's.
-    leaving_sums = [k for k in leaves if k not in fused and held_bytes(k) and size(k)] if not results_elsewhere else []
+    # (Asked of the bound partial sums, a few hundred, not of every value on its way out: thousands in a deep model.)
+    leaving = [k for k in partials if k in leaves]
+    leaving_sums = [k for k in leaving if k not in fused and held_bytes(k) and size(k)] if not results_elsewhere else []
     lone = len(leaving_sums) == 1
     # More than one: XLA's combiner issues them as one all-reduce once the last partial is made, and frees every
     # partial after it (the outputs made from the sums are written into them).  Measured on the data-parallel
@@ -2417,7 +2430,7 @@ def _peak(
     # partials to the end beside the outputs: 1.16x XLA's peak).
     release_at, released, widened = -1, 0, 0
     if not results_elsewhere and not lone:
-        made = [(info.producer[k], held_bytes(k), k) for k in leaves if k in info.producer and held_bytes(k)]
+        made = [(info.producer[k], held_bytes(k), k) for k in leaving if k in info.producer and held_bytes(k)]
         if made:
             release_at, released = max(i for i, _, _ in made), sum(b for _, b, _ in made)
             widened = sum(_whole_sum_beside(b, size(k), whole_sums) for _, b, k in made)
