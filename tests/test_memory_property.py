@@ -125,10 +125,15 @@ _draws = dict(
 )
 
 
+# jax 0.12.0.1's XLA:CPU holds the Megatron remat gradient of a stacked loop as the walk does; jax 0.10.2's holds more
+# (test_stacked_megatron_gradient_known_miss).  jax 0.11 is not measured (no wheel for this machine's Python).
+_JAX_BEFORE_012 = tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12)
+
+
 def _known_miss(structure: str, strategy: str, mode: str, layers: int) -> bool:
-    """The drawn programs explain is known to miss (test_stacked_megatron_gradient_known_miss): a Megatron layout's
-    gradient of a Python loop over stacked weights under remat, from 4 layers."""
-    return structure == "stacked_remat" and strategy == "tp" and mode == "grad" and layers >= 4
+    """The drawn programs explain is known to miss on this jax (test_stacked_megatron_gradient_known_miss): a Megatron
+    layout's gradient of a Python loop over stacked weights under remat, from 4 layers, before jax 0.12."""
+    return _JAX_BEFORE_012 and structure == "stacked_remat" and strategy == "tp" and mode == "grad" and layers >= 4
 
 
 def _check(structure, strategy, mode, kind, layers, d, f, b) -> None:
@@ -168,9 +173,11 @@ def test_peak_memory_matches_xla_deep(structure, strategy, mode, kind, layers, d
 
 
 @pytest.mark.xfail(
+    _JAX_BEFORE_012,
     strict=True,
-    reason="a Megatron layout's gradient of a Python loop over stacked weights, under remat: XLA holds ~96 KiB a "
-    "layer more than the walk at d=64, f=256 (0.87x at 2 layers, 0.78x at 3, 0.73x at 4, 0.69x at 6)",
+    reason="a Megatron layout's gradient of a Python loop over stacked weights, under remat: jax 0.10.2's XLA holds "
+    "~96 KiB a layer more than the walk at d=64, f=256 (0.87x at 2 layers, 0.78x at 3, 0.73x at 4, 0.69x at 6); "
+    "jax 0.12.0.1's holds what the walk holds",
 )
 @pytest.mark.parametrize("layers", [4, 6])
 def test_stacked_megatron_gradient_known_miss(layers: int) -> None:
