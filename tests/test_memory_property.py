@@ -22,6 +22,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from einshard._src.analysis.program import trace
+from einshard._src.analysis.program import xla_behaviour as xb
 
 TOLERANCE = 0.25
 FAST = settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None)
@@ -127,7 +128,7 @@ _draws = dict(
 
 # jax 0.12.0.1's XLA:CPU holds the Megatron remat gradient of a stacked loop as the walk does; jax 0.10.2's holds more
 # (test_stacked_megatron_gradient_known_miss).  jax 0.11 is not measured (no wheel for this machine's Python).
-_JAX_BEFORE_012 = tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12)
+_JAX_BEFORE_012 = xb._jax_version() < (0, 12)
 
 
 def _known_miss(structure: str, strategy: str, mode: str, layers: int) -> bool:

@@ -423,6 +423,7 @@ class _Program:
         # shared by the rebounds (the flattening's), holding one tuple once found.
         self.invariant_memo: list[tuple[tuple[Key, bool], ...]] = []
         self.args = [v for v in jaxpr.invars if not hasattr(v, "val")]
+        self.arg_set = frozenset(self.args)  # (what _slices_of_arguments_first asks of each call body's operands)
         self._flatten(jaxpr, ())
         self.outputs: dict[Key, Any] = {}  # resolved output -> the program's output variable (its layout)
         for v in jaxpr.outvars:
@@ -614,9 +615,8 @@ class _Program:
         return k
 
     def _flatten(self, jaxpr: Any, path: tuple[int, ...]) -> None:
-        args = set(self.args)
         eqns = (
-            _slices_of_arguments_first(jaxpr.eqns, lambda v: self.key(v, path) in args)
+            _slices_of_arguments_first(jaxpr.eqns, lambda v: self.key(v, path) in self.arg_set)
             if self.slices_first
             else jaxpr.eqns
         )
