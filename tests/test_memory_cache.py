@@ -270,6 +270,27 @@ def test_each_answer_of_the_gathered_tests_absorbs_the_one_flattening():
     assert len({len(p.steps) for p in variants}) >= 3  # the answers made other steps: the copies moved
 
 
+def test_on_a_tpu_target_every_answer_of_the_gathered_tests_is_one_program():
+    """The transposed copies are XLA:CPU's (memory.peak_bytes: the TPU compiler lays a dot's operand out for it), so
+    on a TPU profile no dot operand is tested for its gathering: the same 60 costings as above reuse one flattening
+    and one liveness (each costing's peak equal to a fresh flattening's), where XLA:CPU's make one per answer."""
+    sds = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    fn = jax.grad(lambda *a: jnp.sum(_expert_mlp(*a) ** 2), argnums=(0, 1, 2, 3))
+    mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    with jax.set_mesh(mesh):
+        t = trace(fn, sds(64, 32), sds(4, 32, 64), sds(4, 32, 64), sds(4, 64, 32), profile="tpu-v5p")
+    t.peak_cache = cache = PeakCache()
+    for x in _TOKENS:
+        for w in _IN_WEIGHTS:
+            for d in _OUT_WEIGHTS:
+                fresh, cached = _fresh_and_cached(t, (x, w, w, d))
+                assert cached == fresh, (x, w, d)
+    (variants,) = cache.programs.values()
+    assert cache.flattened == cache.absorbed == len(variants) == 1
+    assert variants[0].gather_tested == [] and not variants[0].copied_args
+    assert cache.reused == 60 - 1  # every costing after the first reuses it (a fresh twin runs without the cache)
+
+
 # -- the window steps' scratch, shared between equations alike -----------------------------------------------------
 
 

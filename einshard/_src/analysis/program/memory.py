@@ -372,12 +372,16 @@ class _Program:
         body: bool = False,
         absorb: bool = True,
         slices_first: bool = True,
+        dot_copies: bool = True,
     ):
         self.jaxpr, self.layouts, self.inner = jaxpr, layouts, inner
         self.body = body  # a loop's body: its arguments are the loop's buffers and slices (_absorb_transposes)
         # XLA:CPU copies a static slice of an argument and runs it first (_slices_of_arguments_first); the TPU
         # compiler reads it in place (a 4-layer loop over stacked weights: temporaries 0 B).
         self.slices_first = slices_first
+        # XLA:CPU copies a dot operand out of its canonical order into a transposed buffer (dot_scratch); the TPU
+        # compiler's layout assignment lays the operand out for its dot instead (no copy: _copied_operands).
+        self.dot_copies = dot_copies
         self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
         self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
         self.steps: list[_Step] = []
@@ -484,7 +488,7 @@ class _Program:
         for i, eqn, path in self.windows:
             if eqn.primitive.name == "dot_general":
                 keys = [self.key(v, path) for v in eqn.invars[:2]]
-                transposed = _copied_operands(eqn)
+                transposed = _copied_operands(eqn) if self.dot_copies else ()
                 dots.append((i, eqn, path, keys, transposed))
                 read_as_is.update(k for p, k in enumerate(keys) if p not in transposed)
         copied: dict[int, frozenset[int]] = {}  # by dot step: its operands read through a _Transposed copy
@@ -645,7 +649,7 @@ class _Program:
                     self.windows.append((len(self.steps), eqn, path))
                     scratch = self._scratch(len(self.steps), eqn, env)
                 else:
-                    scratch = window_scratch(eqn, env)
+                    scratch = window_scratch(eqn, env, dot_copies=self.dot_copies)
                 self.steps.append(_Step(_step_name(eqn), ins, outs, scratch, _is_cheap(eqn), _literals(eqn)))
                 continue
             body = sub.jaxpr if hasattr(sub, "jaxpr") else sub
@@ -700,9 +704,9 @@ class _Program:
         }
         cache = self.loop_cache
         inner = (
-            _Program(body, env, nested, body=True, slices_first=self.slices_first)
+            _Program(body, env, nested, body=True, slices_first=self.slices_first, dot_copies=self.dot_copies)
             if cache is None
-            else cache.program(body, env, nested, True, self.slices_first)
+            else cache.program(body, env, nested, True, self.slices_first, self.dot_copies)
         )
         elsewhere = frozenset(inner.key(v, ()) for v in body.invars[: n_consts + n_carry])
         # The values the body makes from its constants alone are made before the loop and held across it (_hoisted).
@@ -900,7 +904,7 @@ class _Program:
                     view.insert(0, view.pop(at))
                 return answer
         log = _Reads(env)
-        answer = window_scratch(eqn, log, absorbed)  # type: ignore[arg-type]  # logged
+        answer = window_scratch(eqn, log, absorbed, self.dot_copies)  # type: ignore[arg-type]  # logged
         if not log.read:
             self.fixed_scratch.add(i)  # it read no layout: the same under every costing's
         memo.keep(eqn, absorbed, log.read, answer)
@@ -1084,7 +1088,9 @@ def _same(a: Layout | None, b: Layout | None) -> bool:
     return a is b or (a is not None and b is not None and type(a) is type(b) and a == b)
 
 
-def dot_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = frozenset()) -> int:
+def dot_scratch(
+    eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = frozenset(), copies: bool = True
+) -> int:
     """Bytes per device XLA:CPU holds while it runs a dot_general, besides its operands and result: the
     transposed copies of operands not in its canonical order.
 
@@ -1096,10 +1102,11 @@ def dot_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = fro
     whole lhs, ``(32, 8, 16)`` with batch dimension 1 the rhs, ``(8, 8, 8, 8)`` contracting (0, 1) or (0, 2) the
     lhs; contracting (2, 3), any 2-D dot, and a ``(16, 16, 12)`` rhs with batch 0 contracting 2, nothing.  A
     narrower float's copy is f32 (computed in f32 on the CPU).  ``absorbed``: the operands (0 lhs, 1 rhs) whose
-    producer's fusion writes them transposed (:meth:`_Program._absorb_transposes`): no copy.
+    producer's fusion writes them transposed (:meth:`_Program._absorb_transposes`): no copy.  ``copies``: whether
+    the compiler copies operands so (False: the TPU compiler's, :func:`peak_bytes`).
     """
     total = 0
-    copied = _copied_operands(eqn)
+    copied = _copied_operands(eqn) if copies else ()
     for k in range(2):
         if k in absorbed:
             continue
@@ -1159,7 +1166,9 @@ def _copied_operands(eqn: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
-def window_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = frozenset()) -> int:
+def window_scratch(
+    eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = frozenset(), dot_copies: bool = True
+) -> int:
     """Bytes per device XLA:CPU holds while it runs a max pool's gradient, besides the op's operands and result.
 
     XLA:CPU has no select-and-scatter kernel: it expands the op into a windowed arg-max over (value, index)
@@ -1172,7 +1181,7 @@ def window_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = 
     if eqn.primitive.name == "dynamic_update_slice":
         return _update_scratch(eqn, env)
     if eqn.primitive.name == "dot_general":
-        return dot_scratch(eqn, env, absorbed)
+        return dot_scratch(eqn, env, absorbed, dot_copies)
     if eqn.primitive.name in HASH_SCRATCH:
         return hash_scratch(eqn, env)
     if eqn.primitive.name != "select_and_scatter_add":
@@ -1296,8 +1305,9 @@ class PeakCache:
         inner: dict[tuple[int, ...], dict[Any, Layout]],
         body: bool = False,
         slices_first: bool = True,
+        dot_copies: bool = True,
     ) -> _Program:
-        key = (id(jaxpr), frozenset(inner), slices_first)
+        key = (id(jaxpr), frozenset(inner), slices_first, dot_copies)
         known = self.programs.setdefault(key, [])
         for prog in known:
             if prog.jaxpr is jaxpr and prog.holds(layouts, inner):
@@ -1308,7 +1318,16 @@ class PeakCache:
         base = next((b for b in self.unabsorbed.get(key, ()) if b.jaxpr is jaxpr and b.holds(layouts, inner)), None)
         if base is None:
             self.flattened += 1
-            base = _Program(jaxpr, layouts, inner, reuse=True, body=body, absorb=False, slices_first=slices_first)
+            base = _Program(
+                jaxpr,
+                layouts,
+                inner,
+                reuse=True,
+                body=body,
+                absorb=False,
+                slices_first=slices_first,
+                dot_copies=dot_copies,
+            )
             self.unabsorbed.setdefault(key, []).append(base)
         self.absorbed += 1
         prog = base.absorbed_variant(layouts, inner)
@@ -1341,10 +1360,15 @@ def peak_bytes(
     inner = inner or {}
     whole_sums = None if reduce_scatter is None else reduce_scatter == "all-reduce"
     xla_cpu = tiling == "dense" and whole_sums is not False  # (as _peak tells XLA:CPU: its YNNPACK fusions)
+    # A dot operand out of XLA:CPU's canonical order is copied transposed (dot_scratch), measured on XLA:CPU; the TPU
+    # compiler lays the operand out for its dot (libtpu, v5e:2x4, the gradient of two tensor-parallel dense layers
+    # f32[64,2048,2048] @ [2048,4096] @ [4096,2048]: 1088 MiB per chip, the walk with the copies 1312 MiB, without
+    # 1088; tests/test_target_tpu_model.py).  A GPU's compiler keeps XLA:CPU's (dense: not measured there).
+    dot_copies = tiling == "dense"
     if cache is None:
-        prog = _Program(jaxpr, layouts, inner, slices_first=xla_cpu)
+        prog = _Program(jaxpr, layouts, inner, slices_first=xla_cpu, dot_copies=dot_copies)
         return _peak(prog, layouts, tiling=tiling, whole_sums=whole_sums)
-    prog = cache.program(jaxpr, layouts, inner, slices_first=xla_cpu)
+    prog = cache.program(jaxpr, layouts, inner, slices_first=xla_cpu, dot_copies=dot_copies)
     return _peak(prog, layouts, tiling=tiling, memo=cache.summaries, whole_sums=whole_sums)
 
 
