@@ -1088,9 +1088,7 @@ def _same(a: Layout | None, b: Layout | None) -> bool:
     return a is b or (a is not None and b is not None and type(a) is type(b) and a == b)
 
 
-def dot_scratch(
-    eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = frozenset(), copies: bool = True
-) -> int:
+def dot_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = frozenset(), copies: bool = True) -> int:
     """Bytes per device XLA:CPU holds while it runs a dot_general, besides its operands and result: the
     transposed copies of operands not in its canonical order.
 
