@@ -190,6 +190,8 @@ def main() -> None:
             try:
                 before = previous.get(cid, {})
                 keep = {k: before[k] for k in ("tpu_kinds", "tpu_bytes", "tpu_peak")} if "tpu_kinds" in before else None
+                if a.explain_only and keep is None:
+                    continue  # no TPU numbers recorded for it: --explain-only compiles nothing (a full run does)
                 records[cid] = measure(family, strategy, mode, a.target, keep if a.explain_only else None)
             except Exception as e:  # noqa: BLE001 -- a case the TPU compiler refuses is listed, not fatal
                 records[cid] = {"family": family, "error": f"{type(e).__name__}: {e}"[:300]}
