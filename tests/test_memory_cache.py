@@ -288,6 +288,9 @@ def test_on_a_tpu_target_every_answer_of_the_gathered_tests_is_one_program():
     (variants,) = cache.programs.values()
     assert cache.flattened == cache.absorbed == len(variants) == 1
     assert variants[0].gather_tested == [] and not variants[0].copied_args
+    # Nor does a dot hold a piece of an operand it slices (read in place there): no dot is sized again per costing.
+    dots = [i for i, eqn, _ in variants[0].windows if eqn.primitive.name == "dot_general"]
+    assert dots and set(dots) <= variants[0].fixed_scratch
     assert cache.reused == 60 - 1  # every costing after the first reuses it (a fresh twin runs without the cache)
 
 

@@ -72,6 +72,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -1101,10 +1102,13 @@ def dot_scratch(eqn: Any, env: dict[Any, Layout], absorbed: frozenset[int] = fro
     lhs; contracting (2, 3), any 2-D dot, and a ``(16, 16, 12)`` rhs with batch 0 contracting 2, nothing.  A
     narrower float's copy is f32 (computed in f32 on the CPU).  ``absorbed``: the operands (0 lhs, 1 rhs) whose
     producer's fusion writes them transposed (:meth:`_Program._absorb_transposes`): no copy.  ``copies``: whether
-    the compiler copies operands so (False: the TPU compiler's, :func:`peak_bytes`).
+    the compiler copies a dot's operands so, transposed or sliced (False: the TPU compiler's, which lays an operand
+    out for its dot and reads a slice of it in place, :func:`peak_bytes`): nothing held, no layout read.
     """
+    if not copies:
+        return 0
     total = 0
-    copied = _copied_operands(eqn) if copies else ()
+    copied = _copied_operands(eqn)
     for k in range(2):
         if k in absorbed:
             continue
@@ -1358,10 +1362,13 @@ def peak_bytes(
     inner = inner or {}
     whole_sums = None if reduce_scatter is None else reduce_scatter == "all-reduce"
     xla_cpu = tiling == "dense" and whole_sums is not False  # (as _peak tells XLA:CPU: its YNNPACK fusions)
-    # A dot operand out of XLA:CPU's canonical order is copied transposed (dot_scratch), measured on XLA:CPU; the TPU
-    # compiler lays the operand out for its dot (libtpu, v5e:2x4, the gradient of two tensor-parallel dense layers
-    # f32[64,2048,2048] @ [2048,4096] @ [4096,2048]: 1088 MiB per chip, the walk with the copies 1312 MiB, without
-    # 1088; tests/test_target_tpu_model.py).  A GPU's compiler keeps XLA:CPU's (dense: not measured there).
+    # A dot operand out of XLA:CPU's canonical order is copied transposed, and the piece of an operand a dot's result
+    # splits finer is sliced into a buffer first (dot_scratch), measured on XLA:CPU; the TPU compiler lays the
+    # operand out for its dot and reads the slice in place (libtpu, v5e:2x4, tests/test_target_tpu_model.py: the
+    # gradient of two tensor-parallel dense layers f32[64,2048,2048] @ [2048,4096] @ [4096,2048], 1088 MiB per chip,
+    # the walk 1312 MiB with the transposed copies, 1088 without; einsum('bmk,kn->bmn') of a whole x[64,2048,2048]
+    # and y[2048,1024@a] into [64@c,2048,1024@a], 1212 MB, the walk 1749 MB with x's slice, 1212 without).  A GPU's
+    # compiler keeps XLA:CPU's (dense: not measured there).
     dot_copies = tiling == "dense"
     if cache is None:
         prog = _Program(jaxpr, layouts, inner, slices_first=xla_cpu, dot_copies=dot_copies)
@@ -2443,7 +2450,12 @@ def _peak(
     # wait for the combined all-reduce as the module says.  A loop body's sums are _combined_at's.
     # (Asked of the bound partial sums, a few hundred, not of every value on its way out: thousands in a deep model.)
     leaving = [k for k in partials if k in leaves]
-    leaving_sums = [k for k in leaving if k not in fused and held_bytes(k) and size(k)] if not results_elsewhere else []
+    # (Whether there is one: the search stops at the second, of the hundreds a deep model's gradients leave.)
+    leaving_sums = (
+        list(itertools.islice((k for k in leaving if k not in fused and held_bytes(k) and size(k)), 2))
+        if not results_elsewhere
+        else []
+    )
     lone = len(leaving_sums) == 1
     # More than one: XLA's combiner issues them as one all-reduce once the last partial is made, and frees every
     # partial after it (the outputs made from the sums are written into them).  Measured on the data-parallel
@@ -2455,7 +2467,7 @@ def _peak(
         made = [(info.producer[k], held_bytes(k), k) for k in leaving if k in info.producer and held_bytes(k)]
         if made:
             release_at, released = max(i for i, _, _ in made), sum(b for _, b, _ in made)
-            widened = sum(_whole_sum_beside(b, size(k), whole_sums) for _, b, k in made)
+            widened = sum(_whole_sum_beside(b, size(k), whole_sums) for _, b, k in made) if whole_sums else 0
 
     def while_running(i: int) -> int:
         """The bytes step ``i`` holds only while it runs: a partial sum next to its sum where the step's result is
