@@ -1897,18 +1897,42 @@ _YNN_ELEMENTWISE = frozenset(
 
 def _ynn_reductions(prog: _Program) -> frozenset[int]:
     """The reduction steps XLA:CPU runs as YNNPACK fusions under this costing's layouts (per-device sizes)."""
-    candidates = prog.step_facts.get("reductions")
-    if candidates is None:  # (found once per flattening: a deep model's tens of thousands of steps hold a few)
-        candidates = prog.step_facts["reductions"] = [
+    facts = prog.step_facts.get("reductions")
+    if facts is None:  # (found once per flattening: a deep model's tens of thousands of steps hold a few thousand)
+        candidates = [
             (i, step.ins[0], step.outs[0])
             for i, step in enumerate(prog.steps)
             if step.name in _YNN_REDUCTIONS and step.ins and step.outs and _floating(_aval(step.ins[0]))
         ]
-    out = []
-    for i, k, result in candidates:
-        if max(_shard_elements(prog, k), _shard_elements(prog, result)) >= _YNN_MIN_ELEMENTS:
-            out.append(i)
-    return frozenset(out)
+        # Which hold enough elements per device under any layout (each dimension split at most as many ways as the
+        # mesh has devices: a block is at least the shape floor-divided by that), and which under none (a block is
+        # at most the whole): only the others are asked of each costing's layouts (an 80-layer llama's norms and
+        # softmaxes, thousands, hold millions of elements whatever their split).
+        devices = _mesh_devices(prog)
+        always, ask = [], []
+        for i, k, result in candidates:
+            shapes = [tuple(int(d) for d in getattr(_aval(v), "shape", ())) for v in (k, result)]
+            if max(math.prod(shape) for shape in shapes) < _YNN_MIN_ELEMENTS:
+                continue
+            if devices and max(math.prod(d // devices for d in shape) for shape in shapes) >= _YNN_MIN_ELEMENTS:
+                always.append(i)
+            else:
+                ask.append((i, k, result))
+        facts = prog.step_facts["reductions"] = (frozenset(always), ask)
+    always, ask = facts
+    out = [
+        i
+        for i, k, result in ask
+        if _shard_elements(prog, k) >= _YNN_MIN_ELEMENTS or _shard_elements(prog, result) >= _YNN_MIN_ELEMENTS
+    ]
+    return always | frozenset(out) if out else always
+
+
+def _mesh_devices(prog: _Program) -> int | None:
+    """The most devices any layout bound in ``prog``'s environments is over (None: no layout bound)."""
+    meshes = {id(lay.mesh): lay.mesh for env in (prog.layouts, *prog.inner.values()) for lay in env.values()}
+    sizes = [math.prod(int(m.size) for m in mesh) for mesh in meshes.values()]
+    return max(sizes) if sizes else None
 
 
 def _floating(aval: Any) -> bool:
