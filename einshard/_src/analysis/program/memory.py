@@ -1909,17 +1909,19 @@ def _ynn_reductions(prog: _Program) -> frozenset[int]:
         # at most the whole): only the others are asked of each costing's layouts (an 80-layer llama's norms and
         # softmaxes, thousands, hold millions of elements whatever their split).
         devices = _mesh_devices(prog)
-        always, ask = [], []
+        held: list[int] = []
+        ask: list[tuple[int, Key, Key]] = []
         for i, k, result in candidates:
             shapes = [tuple(int(d) for d in getattr(_aval(v), "shape", ())) for v in (k, result)]
             if max(math.prod(shape) for shape in shapes) < _YNN_MIN_ELEMENTS:
                 continue
             if devices and max(math.prod(d // devices for d in shape) for shape in shapes) >= _YNN_MIN_ELEMENTS:
-                always.append(i)
+                held.append(i)
             else:
                 ask.append((i, k, result))
-        facts = prog.step_facts["reductions"] = (frozenset(always), ask)
-    always, ask = facts
+        facts = prog.step_facts["reductions"] = (frozenset(held), ask)
+    always: frozenset[int] = facts[0]
+    ask = facts[1]
     out = [
         i
         for i, k, result in ask
