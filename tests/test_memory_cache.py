@@ -348,3 +348,54 @@ def test_each_window_steps_scratch_is_window_scratch_under_its_costings_layouts(
     # The layers' dots are alike: sized once per form and layouts read (in a first costing too), not once per dot
     # (where the layers read other layouts, as the walk's settle over the first few, each is sized on its own).
     assert made <= len(alike)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(
+    up=st.integers(0, len(UP) - 1),
+    down=st.integers(0, len(DOWN) - 1),
+    batch=st.integers(0, len(BATCH) - 1),
+    width=st.sampled_from([16, 64, 256]),
+    rows=st.sampled_from([8, 64]),
+)
+def test_the_ynn_reductions_settled_once_per_flattening_are_each_costings(monkeypatch, up, down, batch, width, rows):
+    """Which reductions XLA:CPU runs as YNNPACK fusions (at least 4096 elements per device, operand or result) is
+    settled once per flattening where no layout can change it: under drawn layouts and widths around the threshold
+    (reductions over [rows, width] and [rows, width, 32], split up to 8 ways), the steps it names are those each
+    costing's blocks name."""
+    from einshard._src.analysis.program import memory
+
+    def loss(w, x):
+        h = jnp.tanh(x @ w["up"][0]) @ w["down"][0]
+        return jnp.mean(h**2) + jnp.sum(jnp.max(h, axis=1)) + jnp.sum(jnp.einsum("bd,bf->bdf", x, h[:, :32]))
+
+    stack = {
+        "up": jax.ShapeDtypeStruct((1, width, F), jnp.float32),
+        "down": jax.ShapeDtypeStruct((1, F, width), jnp.float32),
+    }
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with jax.set_mesh(mesh):
+        t = trace(jax.value_and_grad(loss), stack, jax.ShapeDtypeStruct((rows, width), jnp.float32))
+    costed: list = []
+    original = memory._peak
+
+    def peak(prog, layouts, *a, **k):
+        costed.append(prog)
+        return original(prog, layouts, *a, **k)
+
+    monkeypatch.setattr(memory, "_peak", peak)
+    t.report(({"up": UP[up], "down": DOWN[down]}, BATCH[batch]), forks=0)
+    (prog,) = costed
+    each = frozenset(
+        i
+        for i, step in enumerate(prog.steps)
+        if step.name in memory._YNN_REDUCTIONS
+        and step.ins
+        and step.outs
+        and memory._floating(memory._aval(step.ins[0]))
+        and max(memory._shard_elements(prog, step.ins[0]), memory._shard_elements(prog, step.outs[0]))
+        >= memory._YNN_MIN_ELEMENTS
+    )
+    assert memory._ynn_reductions(prog) == each
+    settled, asked = prog.step_facts["reductions"]
+    assert settled | {i for i, _, _ in asked} >= each

@@ -1904,18 +1904,17 @@ def _ynn_reductions(prog: _Program) -> frozenset[int]:
             for i, step in enumerate(prog.steps)
             if step.name in _YNN_REDUCTIONS and step.ins and step.outs and _floating(_aval(step.ins[0]))
         ]
-        # Which hold enough elements per device under any layout (each dimension split at most as many ways as the
-        # mesh has devices: a block is at least the shape floor-divided by that), and which under none (a block is
-        # at most the whole): only the others are asked of each costing's layouts (an 80-layer llama's norms and
-        # softmaxes, thousands, hold millions of elements whatever their split).
-        devices = _mesh_devices(prog)
+        # Which hold enough elements per device under any layout (the least block any split of the mesh's axes over
+        # the dimensions leaves), and which under none (a block is at most the whole): only the others are asked of
+        # each costing's layouts (an 80-layer llama's norms and softmaxes, thousands, are large whatever their split).
+        axes = _mesh_axis_sizes(prog)
         held: list[int] = []
         ask: list[tuple[int, Key, Key]] = []
         for i, k, result in candidates:
             shapes = [tuple(int(d) for d in getattr(_aval(v), "shape", ())) for v in (k, result)]
             if max(math.prod(shape) for shape in shapes) < _YNN_MIN_ELEMENTS:
                 continue
-            if devices and max(math.prod(d // devices for d in shape) for shape in shapes) >= _YNN_MIN_ELEMENTS:
+            if axes is not None and max(_least_block(shape, axes) for shape in shapes) >= _YNN_MIN_ELEMENTS:
                 held.append(i)
             else:
                 ask.append((i, k, result))
@@ -1930,11 +1929,31 @@ def _ynn_reductions(prog: _Program) -> frozenset[int]:
     return always | frozenset(out) if out else always
 
 
-def _mesh_devices(prog: _Program) -> int | None:
-    """The most devices any layout bound in ``prog``'s environments is over (None: no layout bound)."""
+def _mesh_axis_sizes(prog: _Program) -> tuple[int, ...] | None:
+    """The sizes of the mesh axes the layouts bound in ``prog``'s environments are over; where they are over more
+    than one mesh, one axis of all their devices (a split of it bounds every split of theirs); None: none bound."""
     meshes = {id(lay.mesh): lay.mesh for env in (prog.layouts, *prog.inner.values()) for lay in env.values()}
-    sizes = [math.prod(int(m.size) for m in mesh) for mesh in meshes.values()]
-    return max(sizes) if sizes else None
+    kinds = {tuple(int(m.size) for m in mesh) for mesh in meshes.values()}
+    if not kinds:
+        return None
+    if len(kinds) == 1:
+        return next(iter(kinds))
+    return (max(math.prod(sizes) for sizes in kinds),)
+
+
+@functools.lru_cache(maxsize=4096)
+def _least_block(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
+    """The fewest elements a device's block of ``shape`` holds under any layout over mesh axes of sizes ``axes``
+    (each axis splitting one dimension or none, a dimension split by the product of its axes, floor-divided as
+    ``Layout.shard_shape`` divides)."""
+    least = math.prod(shape)
+    for placed in itertools.product(range(len(shape) + 1), repeat=len(axes)):
+        splits = [1] * len(shape)
+        for size, dim in zip(axes, placed):
+            if dim < len(shape):
+                splits[dim] *= size
+        least = min(least, math.prod(d // n for d, n in zip(shape, splits)))
+    return least
 
 
 def _floating(aval: Any) -> bool:
