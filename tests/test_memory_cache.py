@@ -215,14 +215,26 @@ _OUT_WEIGHTS = ["e m h -> e m h", "e m h -> e@a m h", "e m h -> e m@b h"]
 _EXPERTS: dict[str, object] = {}
 
 
-def _experts():
-    if "t" not in _EXPERTS:
+def _experts(profile: str | None = None):
+    if profile not in _EXPERTS:
         sds = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
         fn = jax.grad(lambda *a: jnp.sum(_expert_mlp(*a) ** 2), argnums=(0, 1, 2, 3))
         mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
         with jax.set_mesh(mesh):
-            _EXPERTS["t"] = trace(fn, sds(64, 32), sds(4, 32, 64), sds(4, 32, 64), sds(4, 64, 32))
-    return _EXPERTS["t"]
+            _EXPERTS[profile] = trace(fn, sds(64, 32), sds(4, 32, 64), sds(4, 32, 64), sds(4, 64, 32), profile=profile)
+    return _EXPERTS[profile]
+
+
+def _cost_every_split(t) -> PeakCache:
+    """Cost tokens and experts split every way (60 costings) through a new cache, each equal to a fresh flattening's
+    peak; the cache they filled."""
+    t.peak_cache = cache = PeakCache()
+    for x in _TOKENS:
+        for w in _IN_WEIGHTS:
+            for d in _OUT_WEIGHTS:
+                fresh, cached = _fresh_and_cached(t, (x, w, w, d))
+                assert cached == fresh, (x, w, d)
+    return cache
 
 
 def _fresh_and_cached(t, specs) -> tuple[int, int]:
@@ -256,13 +268,7 @@ def test_each_answer_of_the_gathered_tests_absorbs_the_one_flattening():
     """Tokens and experts split every way (60 costings): the transposed copies' gathered tests answer four ways
     (the cotangents and the weights each gathered for their dots or not), each a program of its own steps, all
     absorbed from one flattening of the jaxpr; each costing's peak equals a fresh flattening's."""
-    t = _experts()
-    t.peak_cache = cache = PeakCache()
-    for x in _TOKENS:
-        for w in _IN_WEIGHTS:
-            for d in _OUT_WEIGHTS:
-                fresh, cached = _fresh_and_cached(t, (x, w, w, d))
-                assert cached == fresh, (x, w, d)
+    cache = _cost_every_split(_experts())
     variants = [p for ps in cache.programs.values() for p in ps]
     answers = {tuple(g for _, _, g in p.gather_tested) for p in variants}
     assert cache.flattened == 1
@@ -274,17 +280,7 @@ def test_on_a_tpu_target_every_answer_of_the_gathered_tests_is_one_program():
     """The transposed copies are XLA:CPU's (memory.peak_bytes: the TPU compiler lays a dot's operand out for it), so
     on a TPU profile no dot operand is tested for its gathering: the same 60 costings as above reuse one flattening
     and one liveness (each costing's peak equal to a fresh flattening's), where XLA:CPU's make one per answer."""
-    sds = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
-    fn = jax.grad(lambda *a: jnp.sum(_expert_mlp(*a) ** 2), argnums=(0, 1, 2, 3))
-    mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    with jax.set_mesh(mesh):
-        t = trace(fn, sds(64, 32), sds(4, 32, 64), sds(4, 32, 64), sds(4, 64, 32), profile="tpu-v5p")
-    t.peak_cache = cache = PeakCache()
-    for x in _TOKENS:
-        for w in _IN_WEIGHTS:
-            for d in _OUT_WEIGHTS:
-                fresh, cached = _fresh_and_cached(t, (x, w, w, d))
-                assert cached == fresh, (x, w, d)
+    cache = _cost_every_split(_experts("tpu-v5p"))
     (variants,) = cache.programs.values()
     assert cache.flattened == cache.absorbed == len(variants) == 1
     assert variants[0].gather_tested == [] and not variants[0].copied_args
@@ -295,6 +291,21 @@ def test_on_a_tpu_target_every_answer_of_the_gathered_tests_is_one_program():
 
 
 # -- the window steps' scratch, shared between equations alike -----------------------------------------------------
+
+
+def _programs_walked(monkeypatch) -> list:
+    """The flattened programs peak memory walks from now on (memory._peak's, at the top level), in order."""
+    from einshard._src.analysis.program import memory
+
+    walked: list = []
+    original = memory._peak
+
+    def peak(prog, layouts, *a, **k):
+        walked.append(prog)
+        return original(prog, layouts, *a, **k)
+
+    monkeypatch.setattr(memory, "_peak", peak)
+    return walked
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -313,14 +324,7 @@ def test_each_window_steps_scratch_is_window_scratch_under_its_costings_layouts(
     t = _traced("unrolled")
     if t.peak_cache is None:
         t.peak_cache = PeakCache()
-    costed: list = []
-    original = memory._peak
-
-    def peak(prog, layouts, *a, **k):
-        costed.append(prog)
-        return original(prog, layouts, *a, **k)
-
-    monkeypatch.setattr(memory, "_peak", peak)
+    costed = _programs_walked(monkeypatch)
     sized: list = []  # the scratch sizings made (each logs its reads through a _Reads of its own)
 
     class Counted(memory._Reads):
@@ -376,14 +380,7 @@ def test_the_ynn_reductions_settled_once_per_flattening_are_each_costings(monkey
     mesh = jax.make_mesh((4, 2), ("data", "model"))
     with jax.set_mesh(mesh):
         t = trace(jax.value_and_grad(loss), stack, jax.ShapeDtypeStruct((rows, width), jnp.float32))
-    costed: list = []
-    original = memory._peak
-
-    def peak(prog, layouts, *a, **k):
-        costed.append(prog)
-        return original(prog, layouts, *a, **k)
-
-    monkeypatch.setattr(memory, "_peak", peak)
+    costed = _programs_walked(monkeypatch)
     t.report(({"up": UP[up], "down": DOWN[down]}, BATCH[batch]), forks=0)
     (prog,) = costed
     each = frozenset(
