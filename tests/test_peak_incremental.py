@@ -11,6 +11,7 @@ timed.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -164,6 +165,30 @@ def test_stretches_cover_each_step_once_and_repeats_share_a_form():
         counts[s.form] = counts.get(s.form, 0) + s.stop - s.start
     top = sorted(counts.values(), reverse=True)[:2]
     assert sum(top) > len(prog.steps) / 2
+
+
+def test_a_stacks_rows_sliced_first_are_cut_a_layer_at_a_time():
+    """On XLA:CPU a loop over stacked weights slices every layer's rows first (memory._slices_of_arguments_first): a
+    run of one op, repeating each step.  Cut by the types it makes, it repeats at the layer's length: one stretch
+    per layer's rows (up's and down's), not one per row, so a costing reads a stretch per layer there; 2L layers
+    make as many forms and walk as many summaries as L.  Every step is still in one stretch, and the peak is the
+    whole-program walk's."""
+
+    def sliced(layers: int) -> tuple[Any, Any]:
+        t = _traced("remat", layers)
+        cache = PeakCache()
+        env, inner = _walked(t, _specs(1, 1, 1, 1))
+        peak = peak_bytes(t.jaxpr, env, inner, cache=cache)
+        assert peak == peak_bytes(t.jaxpr, env, inner)
+        (prog,) = [p for ps in cache.programs.values() for p in ps]
+        (plan,) = prog.stretches.values()
+        rows = [s for s in plan if all(prog.steps[i].name == "slice" for i in range(s.start, s.stop))]
+        return rows, cache.summaries.walked
+
+    (rows8, walked8), (rows16, walked16) = sliced(8), sliced(16)
+    assert len(rows16) - len(rows8) == 8  # a stretch a layer
+    assert sum(s.stop - s.start == 2 for s in rows16) >= 16 - 2  # each the layer's two rows (the ends aside)
+    assert len({s.form for s in rows16}) == len({s.form for s in rows8}) and walked16 == walked8
 
 
 def test_fold_is_the_running_peak():

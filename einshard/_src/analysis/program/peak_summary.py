@@ -24,7 +24,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .segments import repeated_runs
+from .segments import Run, repeated_runs
 
 __all__ = ["Steps", "Stretch", "Summary", "SummaryMemo", "stretches", "fold", "fold_runs"]
 
@@ -36,6 +36,8 @@ _NEAR = 48
 # Glue between runs is cut into pieces of at most this many steps, so that a costing that changes the layout of
 # one stretch of it re-walks that piece only (the others' summaries are reused from the earlier costings).
 _GLUE = 64
+# A run whose copies are shorter than this many steps is cut again by the types its steps make (_typed_cuts).
+_SHORT = 4
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,13 @@ def stretches(steps: Steps, forms: dict[Hashable, int]) -> tuple[Stretch, ...]:
     at = 0
     for run in repeated_runs(signature):
         bounds.extend(_pieces(at, run.start))
-        bounds.extend((r.start, r.stop) for r in run.copies())
+        if run.period < _SHORT:
+            # Copies of a step or two: read again by the types they make (a stacked weight's rows sliced first, each
+            # weight's in turn, repeat at the layer's length), where a stretch per step would cost each costing a
+            # reading per step.
+            bounds.extend(_typed_cuts(run, signature, outs))
+        else:
+            bounds.extend((r.start, r.stop) for r in run.copies())
         at = run.stop
     bounds.extend(_pieces(at, n))
     # The buffers a stretch frees or writes into that an earlier one made: sized there, remembered for it.
@@ -192,6 +200,38 @@ def stretches(steps: Steps, forms: dict[Hashable, int]) -> tuple[Stretch, ...]:
         if producer.get(k, b) < a and k not in fused
     }
     return tuple(_stretch(a, b, steps, forms, later) for a, b in bounds)
+
+
+def _typed_cuts(run: Run, signature: list[int], outs: Sequence[tuple[Key, ...]]) -> list[tuple[int, int]]:
+    """``run``'s steps cut by their signatures and the types of the buffers they make: the copies of the runs those
+    repeat in (the layers' rows of a stack, a copy per layer), glue between them; the run's own copies where the
+    types repeat no longer."""
+    types: dict[Hashable, int] = {}
+    typed = [
+        types.setdefault((signature[i], tuple([_type_of(k) for k in outs[i]])), len(types))
+        for i in range(run.start, run.stop)
+    ]
+    cuts: list[tuple[int, int]] = []
+    at = 0
+    for sub in repeated_runs(typed):
+        if sub.period <= run.period:
+            continue  # (no longer: as the run's own copies below)
+        cuts.extend(_copies_between(run, at, sub.start))
+        cuts.extend((run.start + r.start, run.start + r.stop) for r in sub.copies())
+        at = sub.stop
+    cuts.extend(_copies_between(run, at, len(typed)))
+    return cuts
+
+
+def _copies_between(run: Run, a: int, b: int) -> list[tuple[int, int]]:
+    """``run``'s steps ``a`` to ``b`` (counted from its start) as its own copies, a part of one as glue."""
+    return [(run.start + s, run.start + min(s + run.period, b)) for s in range(a, b, run.period)]
+
+
+def _type_of(k: Key) -> Hashable:
+    """A buffer's type (its value's shape and element type)."""
+    aval = getattr(k[1] if isinstance(k, tuple) else k, "aval", None)
+    return (tuple(getattr(aval, "shape", ())), str(getattr(aval, "dtype", "")))
 
 
 def _pieces(a: int, b: int) -> list[tuple[int, int]]:
