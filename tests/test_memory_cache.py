@@ -396,3 +396,13 @@ def test_the_ynn_reductions_settled_once_per_flattening_are_each_costings(monkey
     assert memory._ynn_reductions(prog) == each
     settled, asked = prog.step_facts["reductions"]
     assert settled | {i for i, _, _ in asked} >= each
+
+
+def test_the_least_block_is_over_every_split_of_the_mesh_axes():
+    from einshard._src.analysis.program.memory import _least_block
+
+    assert _least_block((64, 2048), (4, 2)) == 64 * 2048 // 8
+    # Floor division: both axes on one dimension of 5 leave 1 row of 5, one on each leave 2 x 2: the least is 4.
+    assert _least_block((5, 5), (2, 2)) == 4
+    assert _least_block((3, 7), (4,)) == 0  # 3 rows split 4 ways: a block of none
+    assert _least_block((), (2, 2)) == 1  # a scalar is whole on every device

@@ -380,8 +380,9 @@ class _Program:
         # XLA:CPU copies a static slice of an argument and runs it first (_slices_of_arguments_first); the TPU
         # compiler reads it in place (a 4-layer loop over stacked weights: temporaries 0 B).
         self.slices_first = slices_first
-        # XLA:CPU copies a dot operand out of its canonical order into a transposed buffer (dot_scratch); the TPU
-        # compiler's layout assignment lays the operand out for its dot instead (no copy: _copied_operands).
+        # XLA:CPU copies a dot operand out of its canonical order into a transposed buffer, and a piece of one the
+        # result splits finer into a buffer of its own (dot_scratch); the TPU compiler lays the operand out for its
+        # dot and reads the piece in place (no copy: peak_bytes).
         self.dot_copies = dot_copies
         self.alias: dict[Key, Key | None] = {}  # a call's inputs and results -> the values they are
         self.gathered: dict[Key, Layout] = {}  # arguments gathered inside a call, by the argument
@@ -1930,15 +1931,11 @@ def _ynn_reductions(prog: _Program) -> frozenset[int]:
 
 
 def _mesh_axis_sizes(prog: _Program) -> tuple[int, ...] | None:
-    """The sizes of the mesh axes the layouts bound in ``prog``'s environments are over; where they are over more
-    than one mesh, one axis of all their devices (a split of it bounds every split of theirs); None: none bound."""
+    """The sizes of the mesh axes the layouts bound in ``prog``'s environments are over (None: no layout bound, or
+    layouts over meshes of other sizes: then every costing is asked)."""
     meshes = {id(lay.mesh): lay.mesh for env in (prog.layouts, *prog.inner.values()) for lay in env.values()}
     kinds = {tuple(int(m.size) for m in mesh) for mesh in meshes.values()}
-    if not kinds:
-        return None
-    if len(kinds) == 1:
-        return next(iter(kinds))
-    return (max(math.prod(sizes) for sizes in kinds),)
+    return next(iter(kinds)) if len(kinds) == 1 else None
 
 
 @functools.lru_cache(maxsize=4096)
