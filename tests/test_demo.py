@@ -344,6 +344,26 @@ def test_two_processes_same_loss_as_one():
     assert "[Gloo]" not in text
 
 
+def test_a_workers_cpp_output_cannot_land_inside_its_python_lines():
+    # gloo's C++ side writes "[Gloo] Rank 0 is connected ..." to fd 1 while Python's block-buffered stdout holds a
+    # half-written line: CI once saw "...93.4 KiB\n0[Gloo] Rank 0 ..." in the relayed output. A worker keeps the
+    # two apart: fd 1 goes to its log, Python's lines to the launcher's pipe.
+    child = (
+        "import os, sys\n"
+        "from einshard_apps.demo.launcher import _keep_cpp_chatter_off_stdout\n"
+        "sys.stdout.write('half a line ')\n"
+        "_keep_cpp_chatter_off_stdout()\n"
+        "sys.stdout.write('and the rest')\n"
+        "os.write(1, b'[Gloo] Rank 0 is connected to 3 peer ranks.\\n')\n"
+        "print()\n"
+        "print('next line')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "half a line and the rest\nnext line\n"
+    assert "[Gloo] Rank 0 is connected" in out.stderr
+
+
 def test_plot_writes_loss_curves_and_bytes(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed: pip install 'einshard[plot]'")
     from einshard_apps.demo import RunResult, write_plot

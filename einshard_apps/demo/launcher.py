@@ -25,6 +25,7 @@ def configure_jax(args: argparse.Namespace) -> None:
     import jax
 
     if args.process_id is not None:
+        _keep_cpp_chatter_off_stdout()
         jax.config.update("jax_num_cpu_devices", max(1, args.devices // args.processes))
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
@@ -36,6 +37,19 @@ def configure_jax(args: argparse.Namespace) -> None:
         jax.config.update("jax_num_cpu_devices", args.devices)
     except RuntimeError:
         pass  # the backend is already up (einshard_apps.cli.main called in-process): keep its devices
+
+
+def _keep_cpp_chatter_off_stdout() -> None:
+    """Send what C++ prints to file descriptor 1 (gloo's "[Gloo] Rank 0 is connected ...") to stderr.
+
+    Python's block-buffered stdout and gloo's own writes share the pipe to the launcher, so gloo's line
+    could land in the middle of one of ours, where no line filter can take it out again. Python's output
+    keeps the pipe on a descriptor of its own, line-buffered; fd 1 becomes the worker's log (stderr).
+    """
+    sys.stdout.flush()
+    ours = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(ours, "w", buffering=1, encoding=sys.stdout.encoding, errors=sys.stdout.errors)
 
 
 def _free_port() -> int:
