@@ -11,7 +11,9 @@ primitives' programs:
   not, split or not;
 * ``reshape``: dimensions merged and split around where a split axis lands;
 * ``transpose``, ``broadcast_in_dim`` (new dimensions, size-1 dimensions expanded), ``convert_element_type``
-  followed by an op, ``squeeze`` / ``expand_dims``.
+  followed by an op, ``squeeze`` / ``expand_dims``;
+* elementwise ops of a full operand and one with size-1 dimensions lax broadcasts implicitly (``x / s`` of a
+  softmax's ``s = sum(x, keepdims=True)``), either side, split or not.
 
 Each family: a small derandomized budget in the default run, a deep ``@pytest.mark.slow`` run.
 """
@@ -195,6 +197,24 @@ def broadcast_case(draw: Any) -> Case:
     return _case(draw, "broadcast_in_dim", bcast, (_struct(in_shape),))
 
 
+@st.composite
+def size1_broadcast_case(draw: Any) -> Case:
+    """An elementwise op of a full operand and one of the same rank with some dimensions of size 1, which lax
+    broadcasts implicitly (``x / s`` of a softmax's ``s = sum(x, keepdims=True)``, a router's weights times its
+    per-token scale): the small operand's splits along the dimensions it spans are the result's factors too."""
+    rank = draw(st.integers(2, 3))
+    shape = tuple(draw(SMALL) for _ in range(rank))
+    ones = draw(st.sets(st.integers(0, rank - 1), min_size=1, max_size=rank - 1))
+    small = tuple(1 if k in ones else n for k, n in enumerate(shape))
+    op = draw(st.sampled_from((lax.mul, lax.add, lax.div, lax.max)))
+    first = draw(st.booleans())  # which side the small operand is on
+
+    def fn(x: Any, s: Any) -> Any:
+        return op(x, s) if first else op(s, x)
+
+    return _case(draw, op.__name__, fn, (_struct(shape), _struct(small)))
+
+
 FOLLOWERS = ("tanh", "sum", "mul", "matmul")
 
 
@@ -257,6 +277,7 @@ STRATEGIES: dict[str, Any] = {
     "broadcast_in_dim": broadcast_case(),
     "convert_element_type": convert_case(),
     "squeeze": squeeze_case(),
+    "size1_broadcast": size1_broadcast_case(),
 }
 
 
@@ -763,3 +784,25 @@ RESHAPE_SPLIT_DRAWS = [
 @pytest.mark.parametrize("case", RESHAPE_SPLIT_DRAWS)
 def test_reshape_spreads_a_split_over_the_dimensions_it_cuts(case: Case) -> None:
     check(case)
+
+
+@pytest.mark.parametrize(
+    ("shapes", "specs", "rank"),
+    [
+        # a router's per-token scale (x / sum(x, keepdims=True)) split over the tokens, x whole: XLA runs the op on
+        # the scale's split, x sliced, no collective (explain had gathered the scale: keras-hub Qwen3-MoE's FSDP
+        # gradient, benchmarks/keras_hub_probe.py)
+        (((16, 4), (16, 1)), (P(), P("a")), 2),
+        (((16, 4), (16, 1)), (P(None, "b"), P("a")), 2),
+        # the small operand's split meets the result's on one mesh axis: XLA gathers it before broadcasting
+        (((8, 8, 8), (1, 1, 8)), (P(("b", "c"), "a", None), P(None, None, "c")), 3),
+    ],
+)
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_size1_broadcast_operands_split_is_a_factor_of_the_result(
+    shapes: tuple[tuple[int, ...], tuple[int, ...]], specs: tuple[P, P], rank: int, grad: bool
+) -> None:
+    args = (_struct(shapes[0]), _struct(shapes[1]))
+    check(Case("mul", lambda x, s: x * s, args, specs, rank, False, grad))
+    if rank == 2:  # (on Explicit axes JAX refuses the third: its result would name 'c' twice)
+        check(Case("div", lambda x, s: lax.div(x, s), args, specs, rank, True, grad))

@@ -58,14 +58,20 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
         target = w.relayout(out_aval, dims)
     else:
         target = max(full, key=sharding_degree)
-        merged = merged_dims([lay.dims for lay in full]) if len(full) > 1 else None
-        claimed = merged is None and len(full) > 1
+        # A size-1-broadcast operand's splits along the dimensions it spans whole are factors of the result as a
+        # full operand's are (XLA broadcasts it explicitly, then propagates): x[64, 4] * s[64@data, 1] runs on
+        # s's split, x sliced, no collective (measured, XLA:CPU: the softmax's x / sum(x, keepdims) in a router's
+        # gradient; explain had gathered s).  (A split on its size-1 dimension would be a broadcast one: none.)
+        spanned = [_spanned_dims(lay, shape) for lay in partial]
+        factors = [lay.dims for lay in full] + [dims for dims in spanned if any(dims)]
+        merged = merged_dims(factors) if len(factors) > 1 else None
+        claimed = merged is None and len(factors) > 1
         if claimed:  # one mesh axis named on two dimensions: they claim it in turn, as Shardy does
-            merged = claimed_dims([lay.dims for lay in full], target.mesh_sizes)
+            merged = claimed_dims(factors, target.mesh_sizes)
         if merged is not None and merged != target.dims:
             target = target.with_dims(merged, frozenset())
             # a dimension whose splits differ kept only their common prefix (movement.mark_open_merge)
-            open_merge = not claimed and any(len(d) > len(m) for lay in full for d, m in zip(lay.dims, merged))
+            open_merge = not claimed and any(len(d) > len(m) for dims in factors for d, m in zip(dims, merged))
         typed = _typed_result(eqn) if not any(lay.unreduced for lay in full) else None  # (a pending sum: as before)
         if typed is not None and tuple(typed) != target.dims:
             # On Explicit axes the result's type names its split (lax.clamp's is x's: clamp(lo[16@b], x[16@(a,b)],
@@ -73,7 +79,7 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             target, open_merge = target.with_dims(tuple(typed), frozenset()), False
         # (Only where the operands disagree: the readers' uses are read, which a copy's replay must key when they
         # lie past it, so an agreeing op -- a residual add under data parallelism -- reads none: test_segments.)
-        disagree = len({lay.dims for lay in full}) > 1
+        disagree = len(set(factors)) > 1
         placed = _placed_reader_split(w, eqn.outvars[0]) if typed is None and disagree else None
         if placed is not None and placed != target.dims:
             # A placement reading the result (an auto_axes region's exit, a sharding constraint) is settled before
@@ -124,9 +130,12 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             # XLA broadcasts the small operand to the result's split first and moves that: the
             # broadcast axes that the result splits over mesh axes this change does not touch grow.
             moved = {m for d, k in zip(lay.dims, want) for m in d if m not in k}
+            # All or none: where one broadcast dimension the result splits shares a mesh axis with the move, the
+            # broadcast cannot take the result's split there, and XLA moves the small operand itself before
+            # broadcasting it (measured: s[1, 1, 8@c] * x[8@(b,c), 8@a, 8] gathers s's 32 B, not a [1, 8@a, 8]).
+            blocked = any(a == 1 and a != b and set(t) & moved for a, b, t in zip(lay.shape, shape, target.dims))
             grown = tuple(
-                b if a == 1 and a != b and t and not set(t) & moved else a
-                for a, b, t in zip(lay.shape, shape, target.dims)
+                b if a == 1 and a != b and t and not blocked else a for a, b, t in zip(lay.shape, shape, target.dims)
             )
             src_dims = tuple(t if g != a else d for d, t, a, g in zip(lay.dims, target.dims, lay.shape, grown))
             dst_dims = tuple(t if g != a else d for d, t, a, g in zip(want, target.dims, lay.shape, grown))
@@ -143,6 +152,12 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     if open_merge:
         mark_open_merge(w, eqn, since)
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
+
+
+def _spanned_dims(lay: Layout, shape: tuple[int, ...]) -> tuple[tuple[str, ...], ...]:
+    """A size-1-broadcast operand's splits as the result's factors: its own where it spans the result's dimension,
+    none where it is broadcast along it."""
+    return tuple(d if a == b else () for d, a, b in zip(lay.dims, lay.shape, shape))
 
 
 def _placed_reader_split(w: WalkerLike, var: Any) -> tuple[tuple[str, ...], ...] | None:
