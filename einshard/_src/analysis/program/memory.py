@@ -1853,7 +1853,12 @@ def _accepts(reader: _Step, made: _Step, fusing: frozenset[str]) -> bool:
 # The reductions XLA:CPU hands to YNNPACK (ynn_support.cc: a sum, max or min of floats whose operand or result has
 # at least this many elements per device, IsInstructionPreferredByYnn); each is a custom fusion that instruction
 # fusion leaves alone: it reads its operands' buffers, never recomputes a shared producer.
-_YNN_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_window_sum"})
+# The windowed max and min too (a max pool: measured on relu(conv(relu(conv(x)))) pooled 2x2, XLA:CPU's
+# ``ynn_fusion`` takes the second ReLU into the pool and reads its zero, a materialised f32[8,16,16,4] the first ReLU
+# shares: explain had left the pool a loop fusion, 0.74x XLA's peak; tests/test_memory_rules.py).
+_YNN_REDUCTIONS = frozenset(
+    {"reduce_sum", "reduce_max", "reduce_min", "reduce_window_sum", "reduce_window_max", "reduce_window_min"}
+)
 _YNN_MIN_ELEMENTS = 4096
 # The elementwise ops the YNNPACK fusion takes in with the reduction they feed (read by it alone): its unary and
 # binary operators, broadcasts and reshapes (measured: a LayerNorm's square, a mean pool's scale and shift).
