@@ -395,12 +395,13 @@ def test_a_residual_split_is_carried_back_into_the_fsdp_down_projection(kind: st
 
 @pytest.mark.xfail(
     strict=True,
-    reason="XLA makes the value kernel's gradient at its out_shardings' split (the cotangent of x @ wv, a partial sum "
-    "over 'model', all-reduced in halves and permuted through the idle 'data' axis: 3 permutes, 3 all-reduces, 2 "
-    "all-gathers) where explain makes it split on its rows and all-to-alls it at the output (2 permutes, 3 "
-    "all-reduces, 1 all-gather, 1 all-to-all), unmarked: keras-hub RoFormer-v2's and ESM-2's tp_all gradients "
-    "(benchmarks/keras_hub_probe.py), silent there; Falcon's, BLOOM's and GPT-NeoX's the same, within another op's "
-    "bound",
+    reason="XLA makes the value kernel's gradient at its out_shardings' split: the cotangent of x @ wv (a partial sum "
+    "over 'model', d contracted there) is computed with e split over half of 'data' (a sub-axis: wo's rows "
+    "dynamic-sliced in two), all-reduced over 'model' in those halves and permuted onto 'model' (3 permutes, 3 "
+    "all-reduces, 2 all-gathers); explain, whose splits name whole mesh axes, makes it whole, the gradient split on "
+    "its rows, and all-to-alls it at the output (2 permutes, 3 all-reduces, 1 all-gather, 1 all-to-all), unmarked: "
+    "keras-hub RoFormer-v2's and ESM-2's tp_all gradients (benchmarks/keras_hub_probe.py), silent there; Falcon's, "
+    "BLOOM's and GPT-NeoX's the same, within another op's bound",
 )
 def test_column_split_projections_with_a_residual_split_on_d_are_xlas():
     """Two dense layers whose kernels split their columns over 'model' (keras-hub's q/k/v and output kernels under a
