@@ -25,11 +25,8 @@ Writes benchmarks/results/keras_hub_probe.{json,md}; a run with --only merges in
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
-from collections import Counter
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -40,13 +37,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import probe_runs  # noqa: E402
 from external_corpus import Family  # noqa: E402
 from external_corpus import families as corpus_families  # noqa: E402
 from external_corpus._keras import pure_loss  # noqa: E402
-from external_corpus.compare import case_id, measure  # noqa: E402
 
 V, D, F, S, B = 64, 32, 64, 8, 8
 STRATEGIES = ("dp", "fsdp", "tp", "fsdp_all", "tp_all")
@@ -297,21 +295,8 @@ def main() -> None:
     # The corpus's comparison finds a family by name in its registry: these join it for this process only.
     corpus_families.FAMILIES.update(FAMILIES)
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
-    for case in cases():
-        cid = case_id(*case)
-        if args.only and not any(o in cid for o in args.only):
-            continue
-        t0 = time.process_time()
-        try:
-            record = measure(*case).to_dict()
-        except Exception as e:  # noqa: BLE001 -- a model JAX or XLA refuses is recorded, not fatal
-            record = {"case": cid, "status": "build-error", "error": f"{type(e).__name__}: {e}"[:300]}
-        record["cpu_s"] = round(time.process_time() - t0, 2)
-        results[cid] = record
-        print(cid, record["status"], record.get("misses", record.get("error")), record["cpu_s"], flush=True)
-        out.write_text(json.dumps(dict(sorted(results.items())), indent=1) + "\n")
-    table = summary(results)
+    results = probe_runs.run(cases(), out, args.only)
+    table = probe_runs.summary(results, FAMILIES)
     print(table)
     out.with_suffix(".md").write_text(
         "# explain vs XLA on keras-hub backbones outside the corpus (benchmarks/keras_hub_probe.py)\n\n"
@@ -327,23 +312,6 @@ def main() -> None:
         )
         + "\n"
     )
-
-
-def summary(results: dict) -> str:
-    """Per family: cases, matches, kinds and counts equal, bytes within 10%, peak within 25%, said so (incomplete or
-    within the stated bound), silent, errors."""
-    rows = ["family       cases match kinds bytes  peak said silent error"]
-    for family in FAMILIES:
-        recs = [r for r in results.values() if r.get("family", r["case"].split("-")[1]) == family]
-        misses = [" ".join(r.get("misses", ())) for r in recs]
-        count = Counter(r["status"] for r in recs)
-        rows.append(
-            f"{family:12s} {len(recs):5d} {count['match']:5d} "
-            f"{sum(bool(r.get('kinds_match')) for r in recs):5d} {sum('bytes:' not in m for m in misses):5d} "
-            f"{sum('peak:' not in m for m in misses):5d} {count['said-so'] + count['incomplete']:4d} "
-            f"{count['silent']:6d} {count['error'] + count['build-error']:5d}"
-        )
-    return "\n".join(rows)
 
 
 if __name__ == "__main__":
