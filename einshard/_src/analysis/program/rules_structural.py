@@ -53,9 +53,7 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             if all(is_free(lay) or not lay.shape for lay in ins):
                 return [w.free(v.aval) for v in eqn.outvars]
             return [w.replicated(v.aval) for v in eqn.outvars]
-        src = max(partial, key=sharding_degree)
-        dims = [d if a == b else () for d, a, b in zip(src.dims, src.shape, shape)]
-        target = w.relayout(out_aval, dims)
+        target = w.relayout(out_aval, _spanned_dims(max(partial, key=sharding_degree), shape))
     else:
         target = max(full, key=sharding_degree)
         # A size-1-broadcast operand's splits along the dimensions it spans whole are factors of the result as a
