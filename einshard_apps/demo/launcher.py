@@ -83,7 +83,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
                 start_new_session=True,  # Ctrl-C reaches this launcher alone; it tells the workers
             )
         )
-    # Process 0's output, minus gloo's connection chatter (printed by its C++ side).
+    # Process 0's output (gloo's C++ connection chatter goes to its log: _keep_cpp_chatter_off_stdout).
     relay = threading.Thread(target=_relay, args=(procs[0].stdout,), daemon=True)
     relay.start()
     interrupted = False
@@ -122,9 +122,8 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _relay(stream: Any) -> None:
     for line in stream:
-        if not line.startswith("[Gloo]"):
-            sys.stdout.write(line)
-            sys.stdout.flush()
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def rebuild_argv(args: argparse.Namespace) -> list[str]:
