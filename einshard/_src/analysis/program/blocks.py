@@ -61,6 +61,10 @@ class WalkCounts:
     segments_open: int = 0  # stretches walked whose walk read outside them (not kept)
     # Entering values whose state a segment key read (not taken from the key of the copy replayed before it).
     segment_key_reads: int = 0
+    # Walks of a report walked again for its open values (.open_values), and the stretches replayed before the
+    # walk reported last began (its own replays are those since).
+    rewalks: int = 0
+    segment_replays_before: int = 0
 
     def snapshot(self) -> tuple[int, int, int, int]:
         return (self.walks, self.equations, self.replays, self.recorded)

@@ -20,6 +20,7 @@ from .alternatives import widen
 from .costing import OpCosts, is_free
 from .memory import PeakCache, peak_caveat
 from .memory import peak_bytes as _peak_bytes
+from .open_values import MAX_WALKS, Reopened, found_splits, open_readers
 from .oplog import CostTerms
 from .report import OpReport, ProgramReport
 from .walker import Walker
@@ -430,16 +431,30 @@ class TracedProgram:
             walker = Walker(self.costs)
         elif walker.ops or walker.costs is not self.costs:
             raise EinshardError("TracedProgram.report(walker=...): pass a fresh walker over this program's costs")
-        walker.value_names, walker.eqn_where = self.naming
-        layouts: dict[Any, Layout] = {}
-        for v, spec in zip(self.jaxpr.outvars, out_specs or ()):
-            rank = len(getattr(v.aval, "shape", ()))
-            if spec is not None and not hasattr(v, "val") and rank:
-                entries = list(spec) + [None] * (len(v.aval.shape) - len(spec))
-                walker.requested[id(v)] = tuple(
-                    () if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries
-                )
-        outs = walker.walk(self.jaxpr, in_layouts, 1, None, env=layouts)
+        readers = open_readers(self.costs, self.jaxpr, walker._segment_plan(self.jaxpr).copies)
+        open_at: dict[int, list[tuple[int, Any]]] = {}
+        for reader, k, x in readers:
+            open_at.setdefault(id(reader), []).append((k, x))
+        splits: dict[int, Any] = {}
+        for walks in range(1, MAX_WALKS + 1):
+            # XLA's propagation runs to a fixed point: the program is walked again with its open values moved to the
+            # splits their readers hand them, until the walk finds what it applied (:mod:`.open_values`).  A walk
+            # that steps such a reader stops there (the last may not: it is the one reported).
+            if walks > 1:
+                type(walker).__init__(walker, self.costs)
+                self.costs.counts.rewalks += 1
+            self.costs.counts.segment_replays_before = self.costs.counts.segment_replays
+            walker.open_splits = splits
+            walker.open_at = open_at if walks < MAX_WALKS else {}
+            try:
+                layouts, outs = self._walk(walker, in_layouts, out_specs)
+            except Reopened as stopped:
+                splits = {**splits, **stopped.found}
+                continue
+            found = found_splits(readers, layouts, walker.open_natural) if readers else {}
+            if found == splits:
+                break
+            splits = found
         if out_specs is not None:
             for v, lay, spec in zip(self.jaxpr.outvars, outs, out_specs):
                 if spec is None or hasattr(v, "val") or not getattr(v.aval, "shape", ()):
@@ -496,6 +511,21 @@ class TracedProgram:
             return report  # a fork's report: compared by alternatives.widen, never widened itself
         report = widen(report, lambda forced: self._fork(forced, in_specs, out_specs), forks)
         return dataclasses.replace(report, analysis_s=time.perf_counter() - start)
+
+    def _walk(
+        self, walker: Walker, in_layouts: list[Layout], out_specs: Sequence[Any] | None
+    ) -> tuple[dict[Any, Layout], list[Layout]]:
+        """One walk of the program: its values' layouts, and its outputs'."""
+        walker.value_names, walker.eqn_where = self.naming
+        layouts: dict[Any, Layout] = {}
+        for v, spec in zip(self.jaxpr.outvars, out_specs or ()):
+            rank = len(getattr(v.aval, "shape", ()))
+            if spec is not None and not hasattr(v, "val") and rank:
+                entries = list(spec) + [None] * (len(v.aval.shape) - len(spec))
+                walker.requested[id(v)] = tuple(
+                    () if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries
+                )
+        return layouts, walker.walk(self.jaxpr, in_layouts, 1, None, env=layouts)
 
     def _fork(self, forced: frozenset[int], in_specs: Any, out_specs: Sequence[Any] | None) -> ProgramReport:
         """The report of a walk in which the marked ops ``forced`` take XLA's other choice (see :mod:`.alternatives`)."""

@@ -25,6 +25,7 @@ from ..cost import Collective, sent_bytes
 from ..einsum.plan import side_string
 from .blocks import Tape, body_index, translate_env
 from .costing import FreeLayout, OpCosts, is_free
+from .open_values import Reopened, reader_split
 from .oplog import CostTerms, OpLog, ReplayRun, cost_terms
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
 from .report import OpReport, in_user_axis_names
@@ -101,6 +102,14 @@ class Walker:
         # Values a loop's fixed carry split pulls to the split it takes (XLA's propagation from the loop's carry
         # back into its body, rules_control.carried_back): moved where they are computed.
         self.pulled: dict[int, tuple[tuple[str, ...], ...]] = {}
+        # Open values (ids) moved to the split their readers' partners hand them where the program makes them, and
+        # each one's layout as its own operands made it (:mod:`.open_values`: XLA's propagation both ways).
+        self.open_splits: dict[int, tuple[tuple[str, ...], ...]] = {}
+        self.open_natural: dict[int, Layout] = {}
+        # The top-level elementwise readers of open values, by id of the equation -> (operand index, value) of each;
+        # and the splits stepping them found that the walk was not given (it stops: open_values.Reopened).
+        self.open_at: dict[int, list[tuple[int, Any]]] = {}
+        self._reopen: dict[int, tuple[tuple[str, ...], ...]] = {}
         # A loop body's constants, by id, with the loop's own repeat: a gather of one is made once, outside the
         # loop (XLA hoists the loop-invariant move; measured on the FSDP GRU's gradient: its recurrent weight
         # gathered once for the backward loop, not per trip).
@@ -443,6 +452,8 @@ class Walker:
         constants: dict[Any, Any] = {}  # the walked jaxpr's literals broadcast to an array, by value
         i = 0
         while i < len(eqns):
+            if self._reopen and recording is None:
+                raise Reopened(self._reopen)
             if plan is not None:
                 if recording is not None and i == recording.rec.copy.stop:
                     self._segment_finish(recording, env)
@@ -479,6 +490,8 @@ class Walker:
             outs = self.step(eqn, ins, repeat, phase)
             if self.pulled:
                 outs = self._pull(eqn, outs, repeat, phase)
+            if self.open_splits and serial == 1:
+                outs = self._opened(eqn, outs, repeat, phase)
             if eqn.primitive.name in _SHAPE_ONLY and self.summed:
                 tag = self.summed.get(id(eqn.invars[0]))
                 if tag:
@@ -496,6 +509,8 @@ class Walker:
                 continue
             for v, lay in zip(eqn.outvars, outs):
                 bind(v, lay)
+            if serial == 1 and self.open_at:
+                self._open_read(eqn, env)
         if recording is not None:
             self._segment_finish(recording, env)
         self.env = outer_env
@@ -519,6 +534,32 @@ class Walker:
             for step in dot_result_route(self, v, lay, moved[k], v.aval.dtype, phase):
                 self.change(eqn, phase, src, step, v.aval.dtype, repeat, "a loop carry's split, carried back")
                 src = step
+        return moved
+
+    def _open_read(self, eqn: Any, env: dict[Any, Layout]) -> None:
+        """Note a split this reader hands an open value the walk was not given (:attr:`_reopen`): the rest of the
+        walk would be walked again."""
+        for k, x in self.open_at.get(id(eqn), ()):
+            if id(x) in self.open_splits or id(x) in self._reopen:
+                continue
+            dims = reader_split(eqn, k, x, env, env.get(x))
+            if dims is not None:
+                self._reopen[id(x)] = dims
+
+    def _opened(self, eqn: Any, outs: list[Layout], repeat: int, phase: str) -> list[Layout]:
+        """Open results moved to the split their readers hand them (:attr:`open_splits`) where they are made: the
+        split only adds mesh axes to axes the result leaves whole, a slice of what every device holds."""
+        moved = list(outs)
+        for k, v in enumerate(eqn.outvars):
+            want = self.open_splits.get(id(v))
+            lay = moved[k] if k < len(moved) else None
+            if want is None or lay is None or is_free(lay) or lay.unreduced or lay.dims == want:
+                continue
+            if any(d and d != w for d, w in zip(lay.dims, want)):
+                continue  # (split otherwise in this walk: what the readers hand it is read again after)
+            self.open_natural[id(v)] = lay
+            moved[k] = self.relayout(v.aval, want)
+            self.change(eqn, phase, lay, moved[k], v.aval.dtype, repeat, "an open value takes its readers' split")
         return moved
 
     def step(self, eqn: Any, ins: list[Layout], repeat: int, phase: str) -> list[Layout]:

@@ -1,0 +1,141 @@
+"""Values no layout fixes take the split their elementwise readers' partners have: Shardy's propagation both ways.
+
+The walk follows layouts forward, in program order: a value is laid out where it is made, from its operands.
+XLA's sharding propagation (Shardy) instead runs to a fixed point, both ways through every op: a value that
+nothing fixes (not a program argument, not a placement's result: an *open* value) takes a split that any of its
+readers brings back to it, from whichever of their operands has one, however late in the program that reader
+is.  The split then holds at every other reader of the value.  Measured on one-op-pair programs (XLA:CPU,
+``.compile().as_text()``; tests/test_open_values.py):
+
+- ``x = t * 2`` (``t`` a replicated argument), ``mean((x + tanh(x @ w))**2)`` with ``w[32, 32@model]``: XLA splits
+  ``x`` on d over ``model`` from where it is made, its dot then re-splits x's contraction onto the idle mesh axis
+  (a collective-permute and an all-reduce); the forward walk had kept ``x`` whole (one all-reduce).  The same with
+  ``t`` itself in place of ``x`` (an argument: fixed) keeps it whole, as the walk does.
+- ``x = exp(t)``, ``sum(x, -1) * (x + p)`` with ``p`` split on d: the sum over d all-reduces in XLA's program.
+- an embedding lookup ``table[ids]`` read by a residual add with a column-split projection's result (keras-hub's
+  Falcon, BLOOM, GPT-NeoX, OPT, DeBERTa, RoFormer and ESM-2 under a generic column split): the lookup's output
+  is split on d, and the first layer norm's sums over ``model`` follow.
+
+The walk reproduces the fixed point by walking again.  After a walk, :func:`found_splits` reads the split each
+open value's elementwise readers hand it: the split a reader's result has on an axis the value leaves whole, where
+another operand of the reader has it too (a split only the value itself brought there hands it nothing), where its
+readers agree.  The program is walked again with each such value moved to that split where it is made
+(``Walker.open_splits``), until what a walk finds is what it was given.  A walk that steps such a reader with a
+split it was not given stops at the end of the stretch it records (:class:`Reopened`): the rest of it would be
+walked again.
+
+An open value here is one the program's own jaxpr makes outside every repeated stretch the segment memo records
+(:mod:`.segment_memo`: a copy's values are replayed, not stepped, so its readers are not read alike in every
+walk), and whose type does not fix its layout: on Explicit axes JAX's types do, and XLA keeps them (measured on
+the same programs: the residual's x, typed whole, is sliced at the add and stays whole for its other readers).
+So the embedding's output and what the program makes before its first layer and after its last are followed,
+not a layer's own values, which this leaves as the forward walk lays them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...core.layout import Layout
+from .costing import OpCosts, is_free
+from .rules_structural import all_explicit
+from .values import ELEMENTWISE
+
+__all__ = ["OpenReader", "open_readers", "reader_split", "found_splits", "MAX_WALKS", "Reopened"]
+
+# Walks of one report at most: the first, and a walk per round of splits found (one round settles the programs
+# measured: a split found makes its value's other readers follow it, and what they make is not open again).
+MAX_WALKS = 3
+
+# Ops that fix their result's layout: a placement (Shardy's sharding constraint) is never open.
+_FIXING = frozenset({"reshard", "sharding_constraint", "device_put", "mesh_cast"})
+
+Dims = tuple[tuple[str, ...], ...]
+
+
+class Reopened(Exception):
+    """A walk met a reader handing an open value a split it was not walked with: it stops where it is (at the end
+    of the stretch it records, so that no tape is left half made) and the program is walked again with it."""
+
+    def __init__(self, found: dict[int, Dims]) -> None:
+        super().__init__(found)
+        self.found = found
+
+
+# (the elementwise reader, the open value's operand index there, the open value)
+OpenReader = tuple[Any, int, Any]
+
+
+def open_readers(costs: OpCosts, jaxpr: Any, copies: Mapping[int, Any]) -> tuple[OpenReader, ...]:
+    """The elementwise readers of ``jaxpr``'s open values, each with the value's operand index: a value made by
+    one of its own equations that fixes nothing, outside the ``copies`` (by start: the stretches the segment memo
+    may replay), read by an elementwise equation of its own shape.  A fact of the jaxpr: found once per program."""
+    table = costs.open_readers
+    hit = table.get(id(jaxpr))
+    if hit is not None and hit[0] is jaxpr and hit[1] is copies:
+        return hit[2]
+    inside = {p for c in copies.values() for p in range(c.start, c.stop)}
+    made: dict[int, Any] = {}
+    found: list[OpenReader] = []
+    for p, eqn in enumerate(jaxpr.eqns):
+        name = eqn.primitive.name
+        if name in ELEMENTWISE:
+            shape = getattr(eqn.outvars[0].aval, "shape", None)
+            for k, v in enumerate(eqn.invars):
+                if not hasattr(v, "val") and id(v) in made and getattr(v.aval, "shape", None) == shape and shape:
+                    found.append((eqn, k, v))
+        if name not in _FIXING and p not in inside:
+            for v in eqn.outvars:
+                # (on Explicit axes a value's type is its layout: JAX's, fixed where it is made; XLA keeps it)
+                if not all_explicit(v.aval):
+                    made[id(v)] = v
+    readers = tuple(found)
+    table[id(jaxpr)] = (jaxpr, copies, readers)
+    return readers
+
+
+def reader_split(eqn: Any, k: int, x: Any, env: Mapping[Any, Layout], own: Layout | None) -> Dims | None:
+    """The split one elementwise reader ``eqn`` hands the open value ``x`` (its ``k``-th operand, laid out ``own``
+    as its own operands made it), or None where it hands none.
+
+    The split the reader's result has (its op's factors, shared by every operand) on an axis ``x`` leaves whole,
+    where another operand has it too: a split that ``x``'s own layout brought to the result hands it nothing."""
+    res = env.get(eqn.outvars[0])
+    if own is None or res is None or is_free(own) or own.unreduced or is_free(res) or res.unreduced:
+        return None
+    partners = []
+    for j, p in enumerate(eqn.invars):
+        if j == k or hasattr(p, "val") or p is x:
+            continue
+        lay = env.get(p)
+        if lay is not None and not is_free(lay) and not lay.unreduced and len(lay.shape) == len(own.shape):
+            partners.append(lay)
+    used = {m for d in own.dims for m in d}
+    wanted: list[tuple[str, ...]] = list(own.dims)
+    for i, d in enumerate(res.dims):
+        # (a partner broadcast from size 1 along an axis, lax's implicit broadcast, hands that axis nothing)
+        if (
+            d
+            and not own.dims[i]
+            and not used & set(d)
+            and any(lay.dims[i] == d and lay.shape[i] == own.shape[i] for lay in partners)
+        ):
+            wanted[i] = d
+            used |= set(d)
+    dims = tuple(wanted)
+    return None if dims == own.dims else dims
+
+
+def found_splits(
+    readers: tuple[OpenReader, ...], env: Mapping[Any, Layout], natural: Mapping[int, Layout]
+) -> dict[int, Dims]:
+    """The split each open value takes from its readers (:func:`reader_split`), by id; a value two readers hand
+    different splits takes none (which of them XLA's propagation takes first is its order, not a rule this
+    reproduces).  ``natural``: a value moved to a split a walk applied, by id, as its own operands made it."""
+    out: dict[int, Dims | None] = {}
+    for eqn, k, x in readers:
+        dims = reader_split(eqn, k, x, env, natural.get(id(x)) or env.get(x))
+        if dims is not None:
+            out[id(x)] = dims if out.get(id(x), dims) == dims else None
+    return {i: d for i, d in out.items() if d is not None}

@@ -1,0 +1,155 @@
+"""Open values take the split their elementwise readers' partners hand them (einshard/_src/analysis/program/open_values.py).
+
+XLA's sharding propagation runs to a fixed point, both ways: a value no layout fixes (not an argument, not a
+placement) takes a split that a later elementwise reader's other operand has, and its other readers then read it
+split.  Each program here is compiled by XLA on the (data=4, model=2) mesh, Auto and Explicit axes, its loss and
+its gradient, and explain's collectives (kinds and counts), bytes (10%) and peak (25%) are compared with XLA's, as
+the external corpus compares them (tests/external_corpus/compare.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import einshard
+from einshard._src.analysis.program import trace
+from einshard.testing import hlo
+
+BYTES_TOLERANCE, PEAK_TOLERANCE = 0.10, 0.25
+
+
+def _norm(x: jax.Array) -> jax.Array:
+    m = x.mean(-1, keepdims=True)
+    return (x - m) * jax.lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-6)
+
+
+def _tanh_residual(t: jax.Array, ids: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
+    x = t * 2.0  # open: made by the program
+    return jnp.mean(jnp.square(x + jnp.tanh(x @ w)))
+
+
+def _normed_residual(t: jax.Array, ids: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
+    x = t * 2.0
+    return jnp.mean(jnp.square(x + _norm(x) @ w))
+
+
+def _two_blocks(t: jax.Array, ids: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
+    x = t * 2.0
+    h = x + x @ w
+    return jnp.mean(jnp.square(h + h @ w2))
+
+
+def _lookup_residual(t: jax.Array, ids: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
+    """An embedding lookup read by a pre-norm block's residual add (keras-hub's decoders under a column split)."""
+    x = t[0][ids]  # [8, 8, 32] from the [8, 32] table
+    return jnp.mean(jnp.square(x + _norm(x) @ w))
+
+
+def _sum_then_partner(t: jax.Array, ids: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
+    """The open value's first reader is a sum over d; its later reader's partner is split on d."""
+    x = jnp.exp(t)
+    return jnp.mean(jnp.square(x.sum(-1, keepdims=True) * (x + w2[:8, None, :])))
+
+
+def _argument_residual(t: jax.Array, ids: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
+    """The same residual on the argument itself: its layout is fixed, XLA keeps it whole."""
+    return jnp.mean(jnp.square(t + jnp.tanh(t @ w)))
+
+
+PROGRAMS: dict[str, Callable[..., jax.Array]] = {
+    "tanh_residual": _tanh_residual,
+    "normed_residual": _normed_residual,
+    "two_blocks": _two_blocks,
+    "lookup_residual": _lookup_residual,
+    "sum_then_partner": _sum_then_partner,
+    "argument_residual": _argument_residual,
+}
+SPECS = ("a b c -> a b c", "a b -> a b", "a b -> a b@model", "a b -> a b@model")
+
+
+def _args() -> tuple[jax.Array, ...]:
+    rng = np.random.default_rng(0)
+    return (
+        jnp.asarray(rng.normal(size=(8, 8, 32)), jnp.float32),
+        jnp.asarray(rng.integers(0, 8, size=(8, 8)), jnp.int32),
+        jnp.asarray(rng.normal(size=(32, 32)) / 6, jnp.float32),
+        jnp.asarray(rng.normal(size=(32, 32)) / 6, jnp.float32),
+    )
+
+
+def _compare(name: str, axis: AxisType, grad: bool) -> tuple[dict, dict, float, float, int, int]:
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis,) * 2)
+    fn = PROGRAMS[name]
+    fn = jax.grad(fn, argnums=(2, 3)) if grad else fn
+    args = _args()
+    shardings = tuple(einshard.sharding(e, a.shape, mesh=mesh) for e, a in zip(SPECS, args))
+    out = (NamedSharding(mesh, P(None, "model")),) * 2 if grad else NamedSharding(mesh, P())
+    placed = jax.device_put(args, shardings)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(fn, in_shardings=shardings, out_shardings=out).lower(*placed).compile()
+        report = trace(fn, *placed, mesh=mesh).report(SPECS, [P(None, "model")] * 2 if grad else [P()])
+    xla = hlo.normalized(compiled.as_text() or "")
+    explained = Counter(
+        c.kind for op in report.ops for c in op.collectives for _ in range(op.repeat) if c.group_size > 1
+    )
+    mem = compiled.memory_analysis()
+    assert mem is not None
+    peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
+    return (
+        dict(explained),
+        dict(Counter(c.kind for c in xla for _ in range(c.runs))),
+        float(sum(c.bytes * op.repeat for op in report.ops for c in op.collectives)),
+        float(sum(c.sent_bytes * c.runs for c in xla)),
+        int(report.peak_bytes),
+        int(peak),
+    )
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["loss", "grad"])
+@pytest.mark.parametrize("axis", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_an_open_value_takes_its_readers_split_as_xla(name: str, axis: AxisType, grad: bool) -> None:
+    """Collectives (kinds and counts) and bytes sent: XLA's.  On Explicit axes every value's type is its layout and
+    XLA keeps it: nothing is open (a residual on x typed whole is sliced at the add, x's other readers whole)."""
+    kinds, xla_kinds, sent, xla_sent, _, _ = _compare(name, axis, grad)
+    assert kinds == xla_kinds
+    assert abs(sent - xla_sent) <= BYTES_TOLERANCE * max(xla_sent, 1.0), (sent, xla_sent)
+
+
+# Peaks outside the corpus' 25% on these small programs, explain / XLA (the same before open values were followed,
+# where the collectives were not XLA's: tanh_residual loss 1.35x, its gradient 0.83x; not modelled yet).
+_PEAK_MISSES = {
+    ("lookup_residual", "auto", "loss"): "1.27x: the lookup's whole [8, 8, 32] result held beside its slice",
+    ("lookup_residual", "auto", "grad"): "0.74x",
+    ("normed_residual", "auto", "loss"): "1.35x",
+    ("normed_residual", "auto", "grad"): "0.71x",
+    ("tanh_residual", "auto", "loss"): "1.35x",
+    ("tanh_residual", "auto", "grad"): "0.71x",
+    ("two_blocks", "auto", "grad"): "0.66x",
+    ("two_blocks", "explicit", "grad"): "0.74x",
+}
+
+
+def _peak_cases() -> list:
+    cases = []
+    for name in sorted(PROGRAMS):
+        for axis, a in ((AxisType.Auto, "auto"), (AxisType.Explicit, "explicit")):
+            for grad, g in ((False, "loss"), (True, "grad")):
+                why = _PEAK_MISSES.get((name, a, g))
+                marks = [pytest.mark.xfail(strict=True, reason=f"peak {why}")] if why else []
+                cases.append(pytest.param(name, axis, grad, id=f"{name}-{a}-{g}", marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize("name, axis, grad", _peak_cases())
+def test_an_open_values_peak_is_xlas(name: str, axis: AxisType, grad: bool) -> None:
+    *_, peak, xla_peak = _compare(name, axis, grad)
+    assert abs(peak - xla_peak) <= PEAK_TOLERANCE * xla_peak, (peak, xla_peak)
