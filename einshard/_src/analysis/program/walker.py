@@ -452,8 +452,8 @@ class Walker:
         constants: dict[Any, Any] = {}  # the walked jaxpr's literals broadcast to an array, by value
         i = 0
         while i < len(eqns):
-            if self._reopen and recording is None:
-                raise Reopened(self._reopen)
+            if self._reopen and recording is None and serial == 1:
+                raise Reopened(self._reopen)  # (between two stretches of the program's own: no tape left half made)
             if plan is not None:
                 if recording is not None and i == recording.rec.copy.stop:
                     self._segment_finish(recording, env)
