@@ -65,8 +65,8 @@ class OpCosts:
         self.segment_slots: dict[int, Any] = {}
         self.segment_terms: dict[int, tuple[Any, tuple[Any, ...]]] = {}  # id(tape) -> (it, its ops' cost terms)
         self.segment_plans: dict[int, Any] = {}  # id(jaxpr) -> its SegmentPlan (the jaxpr held in it)
-        # id(jaxpr) -> (it, the copies it was read with, the elementwise readers of its open values): .open_values
-        self.open_readers: dict[int, tuple[Any, Any, tuple[Any, ...]]] = {}
+        # id(jaxpr) -> (it, its open values: .open_values.OpenValues)
+        self.open_values: dict[int, tuple[Any, Any]] = {}
         self.segment_structures: dict[Any, int] = {}  # (run, calls, wiring) -> Copy.structure
         # (id(copy), the splits of what its slices slice) -> (the copy, held; the rows its key holds).
         self.segment_rows: dict[tuple[int, Any], tuple[Any, Any]] = {}

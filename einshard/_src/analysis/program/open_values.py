@@ -24,17 +24,19 @@ readers agree.  The program is walked again with each such value moved to that s
 split it was not given stops at the end of the stretch it records (:class:`Reopened`): the rest of it would be
 walked again.
 
-An open value here is one the program's own jaxpr makes outside every repeated stretch the segment memo records
-(:mod:`.segment_memo`: a copy's values are replayed, not stepped, so its readers are not read alike in every
-walk), and whose type does not fix its layout: on Explicit axes JAX's types do, and XLA keeps them (measured on
-the same programs: the residual's x, typed whole, is sliced at the add and stays whole for its other readers).
-So the embedding's output and what the program makes before its first layer and after its last are followed,
-not a layer's own values, which this leaves as the forward walk lays them out.
+An open value here is one the program's own jaxpr makes (not a call body's: those are walked once per entering
+layouts and replayed, :mod:`.blocks`) whose type does not fix its layout: on Explicit axes JAX's types do, and XLA
+keeps them (measured on the same programs: the residual's x, typed whole, is sliced at the add and stays whole for
+its other readers).  A repeated stretch of the program (:mod:`.segment_memo`) that makes a value moved so keys its
+tapes by those values' splits too (by their tokens in it): the copies of a run whose values are moved alike are
+recorded once and replayed, so that a split found in every layer costs no more walking at 2L layers than at L
+(tests/test_segment_memo.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.layout import Layout
@@ -42,7 +44,16 @@ from .costing import OpCosts, is_free
 from .rules_structural import all_explicit
 from .values import ELEMENTWISE
 
-__all__ = ["OpenReader", "open_readers", "reader_split", "found_splits", "MAX_WALKS", "Reopened"]
+__all__ = [
+    "OpenReader",
+    "OpenValues",
+    "open_values",
+    "reader_split",
+    "found_splits",
+    "spread_back",
+    "MAX_WALKS",
+    "Reopened",
+]
 
 # Walks of one report at most: the first, and a walk per round of splits found (one round settles the programs
 # measured: a split found makes its value's other readers follow it, and what they make is not open again).
@@ -67,32 +78,39 @@ class Reopened(Exception):
 OpenReader = tuple[Any, int, Any]
 
 
-def open_readers(costs: OpCosts, jaxpr: Any, copies: Mapping[int, Any]) -> tuple[OpenReader, ...]:
-    """The elementwise readers of ``jaxpr``'s open values, each with the value's operand index: a value made by
-    one of its own equations that fixes nothing, outside the ``copies`` (by start: the stretches the segment memo
-    may replay), read by an elementwise equation of its own shape.  A fact of the jaxpr: found once per program."""
-    table = costs.open_readers
+@dataclass(frozen=True)
+class OpenValues:
+    """A program's open values: their elementwise readers, and the equation that makes each (by id)."""
+
+    readers: tuple[OpenReader, ...]
+    made_by: Mapping[int, Any]
+
+
+def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
+    """``jaxpr``'s open values (a value made by one of its own equations that fixes nothing, its type not its
+    layout) and their elementwise readers of their own shape, each with the value's operand index.  A fact of the
+    jaxpr: found once per program."""
+    table = costs.open_values
     hit = table.get(id(jaxpr))
-    if hit is not None and hit[0] is jaxpr and hit[1] is copies:
-        return hit[2]
-    inside = {p for c in copies.values() for p in range(c.start, c.stop)}
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
     made: dict[int, Any] = {}
     found: list[OpenReader] = []
-    for p, eqn in enumerate(jaxpr.eqns):
+    for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name in ELEMENTWISE:
             shape = getattr(eqn.outvars[0].aval, "shape", None)
             for k, v in enumerate(eqn.invars):
                 if not hasattr(v, "val") and id(v) in made and getattr(v.aval, "shape", None) == shape and shape:
                     found.append((eqn, k, v))
-        if name not in _FIXING and p not in inside:
+        if name not in _FIXING:
             for v in eqn.outvars:
                 # (on Explicit axes a value's type is its layout: JAX's, fixed where it is made; XLA keeps it)
                 if not all_explicit(v.aval):
-                    made[id(v)] = v
-    readers = tuple(found)
-    table[id(jaxpr)] = (jaxpr, copies, readers)
-    return readers
+                    made[id(v)] = eqn
+    opened = OpenValues(tuple(found), made)
+    table[id(jaxpr)] = (jaxpr, opened)
+    return opened
 
 
 def reader_split(eqn: Any, k: int, x: Any, env: Mapping[Any, Layout], own: Layout | None) -> Dims | None:
@@ -127,15 +145,43 @@ def reader_split(eqn: Any, k: int, x: Any, env: Mapping[Any, Layout], own: Layou
     return None if dims == own.dims else dims
 
 
-def found_splits(
-    readers: tuple[OpenReader, ...], env: Mapping[Any, Layout], natural: Mapping[int, Layout]
-) -> dict[int, Dims]:
+def found_splits(opened: OpenValues, env: Mapping[Any, Layout], natural: Mapping[int, Layout]) -> dict[int, Dims]:
     """The split each open value takes from its readers (:func:`reader_split`), by id; a value two readers hand
     different splits takes none (which of them XLA's propagation takes first is its order, not a rule this
-    reproduces).  ``natural``: a value moved to a split a walk applied, by id, as its own operands made it."""
+    reproduces).  A split found also reaches, back through the elementwise ops that make the value, their open
+    operands of its shape (an embedding's layer norm, split where the lookup's output is: its sums over the split
+    axis follow).  ``natural``: a value moved to a split a walk applied, by id, as its own operands made it."""
     out: dict[int, Dims | None] = {}
-    for eqn, k, x in readers:
+    for eqn, k, x in opened.readers:
         dims = reader_split(eqn, k, x, env, natural.get(id(x)) or env.get(x))
         if dims is not None:
             out[id(x)] = dims if out.get(id(x), dims) == dims else None
-    return {i: d for i, d in out.items() if d is not None}
+    return spread_back(opened, {i: d for i, d in out.items() if d is not None}, env, natural)
+
+
+def spread_back(
+    opened: OpenValues, found: dict[int, Dims], env: Mapping[Any, Layout], natural: Mapping[int, Layout]
+) -> dict[int, Dims]:
+    """``found`` with each split also on the open operands, of the value's shape, of the elementwise ops that make
+    it, and theirs in turn: XLA's propagation carries it back through them."""
+    found = dict(found)
+    stack = list(found.items())
+    while stack:
+        i, dims = stack.pop()
+        eqn = opened.made_by.get(i)
+        if eqn is None or eqn.primitive.name not in ELEMENTWISE:
+            continue
+        for y in eqn.invars:
+            if hasattr(y, "val") or id(y) not in opened.made_by or id(y) in found:
+                continue
+            own = natural.get(id(y)) or env.get(y)
+            if own is None or is_free(own) or own.unreduced or len(own.dims) != len(dims):
+                continue
+            if tuple(getattr(y.aval, "shape", ())) != tuple(eqn.outvars[0].aval.shape):
+                continue  # (a size-1 broadcast operand: its own axes)
+            used = {m for d in own.dims for m in d}
+            wanted = tuple(o if o or used & set(d) else d for o, d in zip(own.dims, dims))
+            if wanted != own.dims:
+                found[id(y)] = wanted
+                stack.append((id(y), wanted))
+    return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import time
@@ -20,7 +21,7 @@ from .alternatives import widen
 from .costing import OpCosts, is_free
 from .memory import PeakCache, peak_caveat
 from .memory import peak_bytes as _peak_bytes
-from .open_values import MAX_WALKS, Reopened, found_splits, open_readers
+from .open_values import MAX_WALKS, Reopened, found_splits, open_values, spread_back
 from .oplog import CostTerms
 from .report import OpReport, ProgramReport
 from .walker import Walker
@@ -431,9 +432,10 @@ class TracedProgram:
             walker = Walker(self.costs)
         elif walker.ops or walker.costs is not self.costs:
             raise EinshardError("TracedProgram.report(walker=...): pass a fresh walker over this program's costs")
-        readers = open_readers(self.costs, self.jaxpr, walker._segment_plan(self.jaxpr).copies)
+        opened = open_values(self.costs, self.jaxpr)
+        plan = walker._segment_plan(self.jaxpr)
         open_at: dict[int, list[tuple[int, Any]]] = {}
-        for reader, k, x in readers:
+        for reader, k, x in opened.readers:
             open_at.setdefault(id(reader), []).append((k, x))
         splits: dict[int, Any] = {}
         for walks in range(1, MAX_WALKS + 1):
@@ -445,16 +447,24 @@ class TracedProgram:
                 self.costs.counts.rewalks += 1
             self.costs.counts.segment_replays_before = self.costs.counts.segment_replays
             walker.open_splits = splits
+            # (a repeated stretch making a value moved so keys its tapes by those splits, by the values' tokens)
+            walker.open_copies = _open_in_copies(plan, splits)
             walker.open_at = open_at if walks < MAX_WALKS else {}
             try:
                 layouts, outs = self._walk(walker, in_layouts, out_specs)
             except Reopened as stopped:
-                splits = {**splits, **stopped.found}
+                # (the walk stopped in the program's own jaxpr: its environment is the walker's)
+                found = spread_back(opened, stopped.found, walker.env, walker.open_natural)
+                splits = {**splits, **{i: d for i, d in found.items() if i not in splits}}
                 continue
-            found = found_splits(readers, layouts, walker.open_natural) if readers else {}
-            if found == splits:
+            found = found_splits(opened, layouts, walker.open_natural) if opened.readers else {}
+            # Splits only add up, as Shardy's propagation only adds mesh axes: a value a walk gave a split makes
+            # its readers' results split as it is, which then hand nothing new (a value given two splits keeps
+            # the first).
+            new = {i: d for i, d in found.items() if i not in splits}
+            if not new:
                 break
-            splits = found
+            splits = {**splits, **new}
         if out_specs is not None:
             for v, lay, spec in zip(self.jaxpr.outvars, outs, out_specs):
                 if spec is None or hasattr(v, "val") or not getattr(v.aval, "shape", ()):
@@ -534,6 +544,23 @@ class TracedProgram:
             return self.report(in_specs, out_specs)
         finally:
             self.costs.forced = frozenset()
+
+
+def _open_in_copies(plan: Any, splits: Mapping[int, Any]) -> dict[int, tuple[Any, ...]]:
+    """Per copy of a repeated stretch (by start) that makes a value of ``splits``: those values' tokens in the copy
+    and splits, in a fixed order (the copies of a run whose values are moved alike key alike)."""
+    out: dict[int, list[Any]] = {}
+    if splits:
+        starts = sorted(plan.copies)
+        for i, dims in splits.items():
+            p = plan.made_at.get(i)
+            if p is None:
+                continue
+            k = bisect.bisect_right(starts, p) - 1
+            copy = plan.copies[starts[k]] if k >= 0 else None
+            if copy is not None and p < copy.stop:
+                out.setdefault(copy.start, []).append((copy.tokens[i], dims))
+    return {start: tuple(sorted(found)) for start, found in out.items()}
 
 
 def _phase_totals(terms: Iterable[CostTerms]) -> dict[str, dict[str, float]]:

@@ -110,6 +110,8 @@ class Walker:
         # and the splits stepping them found that the walk was not given (it stops: open_values.Reopened).
         self.open_at: dict[int, list[tuple[int, Any]]] = {}
         self._reopen: dict[int, tuple[tuple[str, ...], ...]] = {}
+        # The copies (by start) making a value of open_splits -> those values' tokens there and splits: in its key.
+        self.open_copies: dict[int, tuple[Any, ...]] = {}
         # A loop body's constants, by id, with the loop's own repeat: a gather of one is made once, outside the
         # loop (XLA hoists the loop-invariant move; measured on the FSDP GRU's gradient: its recurrent weight
         # gathered once for the backward loop, not per trip).
@@ -891,6 +893,9 @@ class Walker:
             self._last_replay = None
             return "plain"  # its values leave the program or are asked for: the look-ahead ends there
         key = self._segment_key(copy, env, repeat, phase_hint, self._carried(copy, env))
+        opened = self.open_copies.get(copy.start) if self.open_copies else None
+        if opened:
+            key = (*key, opened)  # it makes values moved to their readers' splits (open_values), moved where made
         self._last_replay = None
         # The tapes of this key, one per padding its pads' walk read (each layer pads its gradient at its row).
         tapes = self.costs.segment_tapes.get(key, ())
