@@ -17,7 +17,11 @@ The descent (a heuristic; tests measure it against brute force):
    local optima): ranked
    by replicated parameters alone, a budget no replicated layout meets
    orders them by memory, and the evaluations go to the batch layout that
-   frees the most, not the fastest.
+   frees the most, not the fastest.  Then, while the budget lasts, each batch
+   layout also descends from its parameters split over every mesh axis
+   (:func:`sharded_parameters`; except under ``memory``, where that is the
+   start already): a third local optimum, where a weight split along its
+   contraction pays once the batch's features are split alike.
 2. For a batch layout, each parameter group in turn (largest first) takes
    its best candidate with the others fixed, trying first only the candidates
    that can differ in cost for that batch (:func:`~.groups.search_candidates`:

@@ -185,3 +185,31 @@ def spread_back(
                 found[id(y)] = wanted
                 stack.append((id(y), wanted))
     return found
+
+
+def settled_in_place(
+    opened: OpenValues,
+    new: Mapping[int, Dims],
+    env: Mapping[Any, Layout],
+    uses: Mapping[int, list[tuple[Any, int]]],
+    outputs: frozenset[int],
+) -> bool:
+    """Whether every value of ``new`` is read only by elementwise readers whose results already have its split there
+    (each of them slices it so: free), is no output of the program, and is made by an op none of whose operands
+    ``new`` moves: then a walk with ``new`` moves nothing but those values' own buffers, and its only difference
+    from the walk done is their layouts (a slice records no op), which the caller sets instead of walking again."""
+    for i, dims in new.items():
+        if i in outputs:
+            return False
+        maker = opened.made_by.get(i)
+        if maker is None or any(not hasattr(x, "val") and id(x) in new for x in maker.invars):
+            return False
+        for reader, _ in uses.get(i, ()):
+            if reader.primitive.name not in ELEMENTWISE:
+                return False
+            res = env.get(reader.outvars[0])
+            if res is None or is_free(res) or res.unreduced or len(res.dims) != len(dims):
+                return False
+            if any(d and r != d for r, d in zip(res.dims, dims)):
+                return False
+    return True

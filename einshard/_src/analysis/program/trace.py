@@ -21,7 +21,7 @@ from .alternatives import widen
 from .costing import OpCosts, is_free
 from .memory import PeakCache, peak_caveat
 from .memory import peak_bytes as _peak_bytes
-from .open_values import MAX_WALKS, Reopened, found_splits, open_values, spread_back
+from .open_values import MAX_WALKS, Reopened, found_splits, open_values, settled_in_place, spread_back
 from .oplog import CostTerms
 from .report import OpReport, ProgramReport
 from .walker import Walker
@@ -437,6 +437,7 @@ class TracedProgram:
         open_at: dict[int, list[tuple[int, Any]]] = {}
         for reader, k, x in opened.readers:
             open_at.setdefault(id(reader), []).append((k, x))
+        outputs = frozenset(id(v) for v in self.jaxpr.outvars if not hasattr(v, "val"))
         splits: dict[int, Any] = {}
         for walks in range(1, MAX_WALKS + 1):
             # XLA's propagation runs to a fixed point: the program is walked again with its open values moved to the
@@ -463,6 +464,11 @@ class TracedProgram:
             # the first).
             new = {i: d for i, d in found.items() if i not in splits}
             if not new:
+                break
+            if settled_in_place(opened, new, layouts, self.costs.uses_of(self.jaxpr), outputs):
+                # (values only their readers' slices read: laid out there, as a walk given them would leave them)
+                for v in _values_of(opened, new):
+                    layouts[v] = walker.relayout(v.aval, new[id(v)])
                 break
             splits = {**splits, **new}
         if out_specs is not None:
@@ -544,6 +550,11 @@ class TracedProgram:
             return self.report(in_specs, out_specs)
         finally:
             self.costs.forced = frozenset()
+
+
+def _values_of(opened: Any, ids: Mapping[int, Any]) -> list[Any]:
+    """The values (jaxpr variables) of ``ids``, as their makers hold them."""
+    return [v for i in ids if (e := opened.made_by.get(i)) is not None for v in e.outvars if id(v) == i]
 
 
 def _open_in_copies(plan: Any, splits: Mapping[int, Any]) -> dict[int, tuple[Any, ...]]:
