@@ -84,6 +84,8 @@ class OpenValues:
 
     readers: tuple[OpenReader, ...]
     made_by: Mapping[int, Any]
+    # id(reader) -> ((the open value's operand index, the value), ...): what a walk asks at each reader it steps
+    at: Mapping[int, tuple[tuple[int, Any], ...]]
 
 
 def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
@@ -108,7 +110,10 @@ def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
                 # (on Explicit axes a value's type is its layout: JAX's, fixed where it is made; XLA keeps it)
                 if not all_explicit(v.aval):
                     made[id(v)] = eqn
-    opened = OpenValues(tuple(found), made)
+    at: dict[int, list[tuple[int, Any]]] = {}
+    for reader, k, v in found:
+        at.setdefault(id(reader), []).append((k, v))
+    opened = OpenValues(tuple(found), made, {i: tuple(kv) for i, kv in at.items()})
     table[id(jaxpr)] = (jaxpr, opened)
     return opened
 
@@ -120,7 +125,12 @@ def reader_split(eqn: Any, k: int, x: Any, env: Mapping[Any, Layout], own: Layou
     The split the reader's result has (its op's factors, shared by every operand) on an axis ``x`` leaves whole,
     where another operand has it too: a split that ``x``'s own layout brought to the result hands it nothing."""
     res = env.get(eqn.outvars[0])
-    if own is None or res is None or is_free(own) or own.unreduced or is_free(res) or res.unreduced:
+    if own is None or res is None:
+        return None
+    # (most readers' results are split as the value is: asked of thousands of readers after every walk)
+    if res.dims == own.dims or not any(d and not o for d, o in zip(res.dims, own.dims)):
+        return None
+    if is_free(own) or own.unreduced or is_free(res) or res.unreduced:
         return None
     partners = []
     for j, p in enumerate(eqn.invars):

@@ -434,9 +434,6 @@ class TracedProgram:
             raise EinshardError("TracedProgram.report(walker=...): pass a fresh walker over this program's costs")
         opened = open_values(self.costs, self.jaxpr)
         plan = walker._segment_plan(self.jaxpr)
-        open_at: dict[int, list[tuple[int, Any]]] = {}
-        for reader, k, x in opened.readers:
-            open_at.setdefault(id(reader), []).append((k, x))
         outputs = frozenset(id(v) for v in self.jaxpr.outvars if not hasattr(v, "val"))
         splits: dict[int, Any] = {}
         for walks in range(1, MAX_WALKS + 1):
@@ -450,7 +447,7 @@ class TracedProgram:
             walker.open_splits = splits
             # (a repeated stretch making a value moved so keys its tapes by those splits, by the values' tokens)
             walker.open_copies = _open_in_copies(plan, splits)
-            walker.open_at = open_at if walks < MAX_WALKS else {}
+            walker.open_at = opened.at if walks < MAX_WALKS else {}
             try:
                 layouts, outs = self._walk(walker, in_layouts, out_specs)
             except Reopened as stopped:

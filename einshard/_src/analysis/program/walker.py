@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ...core.layout import Layout, MeshAxis
@@ -108,7 +108,7 @@ class Walker:
         self.open_natural: dict[int, Layout] = {}
         # The top-level elementwise readers of open values, by id of the equation -> (operand index, value) of each;
         # and the splits stepping them found that the walk was not given (it stops: open_values.Reopened).
-        self.open_at: dict[int, list[tuple[int, Any]]] = {}
+        self.open_at: Mapping[int, tuple[tuple[int, Any], ...]] = {}
         self._reopen: dict[int, tuple[tuple[str, ...], ...]] = {}
         # The copies (by start) making a value of open_splits -> those values' tokens there and splits: in its key.
         self.open_copies: dict[int, tuple[Any, ...]] = {}
