@@ -16,8 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_primitive_rules import DEEP, FAST, Case, _case, check
 
 import einshard
 from einshard._src.analysis.program import trace
@@ -162,3 +165,54 @@ def _peak_cases() -> list:
 def test_an_open_values_peak_is_xlas(name: str, axis: AxisType, grad: bool) -> None:
     *_, peak, xla_peak = _compare(name, axis, grad)
     assert abs(peak - xla_peak) <= PEAK_TOLERANCE * xla_peak, (peak, xla_peak)
+
+
+# -- the property: drawn programs, drawn layouts over 1-, 2- and 3-axis meshes, Auto and Explicit -----------------
+
+_MAKERS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "scale": lambda t: t * 2.0,
+    "exp": jnp.exp,
+    "tanh": jnp.tanh,
+}
+
+
+def _reader(kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
+    if kind == "residual":
+        return x + jnp.tanh(x @ w)
+    if kind == "normed":
+        return x + _norm(x) @ w
+    return jnp.sum(x, -1, keepdims=True) * (x + x @ w)  # a reduction of x read before its partner
+
+
+@st.composite
+def open_value_case(draw: st.DrawFn) -> Case:
+    """An open value made from the argument t by an elementwise op and read with a projection of itself: its
+    result, or the gradient; t and the square kernel w laid out at random (the primitive tests' draw)."""
+    rows, width = draw(st.sampled_from([8, 16])), draw(st.sampled_from([16, 32]))
+    make, read = draw(st.sampled_from(sorted(_MAKERS))), draw(st.sampled_from(["residual", "normed", "sum_then"]))
+
+    def fn(t: jax.Array, w: jax.Array) -> jax.Array:
+        return _reader(read, _MAKERS[make](t), w)
+
+    rng = np.random.default_rng(draw(st.integers(0, 3)))
+    args = (
+        jnp.asarray(rng.normal(size=(rows, width)), jnp.float32),
+        jnp.asarray(rng.normal(size=(width, width)) / width, jnp.float32),
+    )
+    return _case(draw, f"open value ({make}, {read})", fn, args)
+
+
+def test_drawn_open_values_match_xla() -> None:
+    FAST(given(open_value_case())(check))()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=False,
+    reason="the deep run's first failing draw, the same on the code before open values: exp(t) + tanh(exp(t) @ w), "
+    "t whole, w's rows over 'a' on (8,), the result returned with no layout asked: XLA reduce-scatters the dot's "
+    "partial sum (the result left split), explain all-reduces it (512 B both); a pending sum's split chosen by "
+    "its open readers is not modelled",
+)
+def test_drawn_open_values_match_xla_deep() -> None:
+    DEEP(given(open_value_case())(check))()
