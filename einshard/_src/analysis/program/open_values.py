@@ -84,6 +84,9 @@ class OpenValues:
 
     readers: tuple[OpenReader, ...]
     made_by: Mapping[int, Any]
+    # id(value) -> the Explicit mesh axes of its type, on a mesh that mixes Explicit and Auto axes (its type fixes
+    # its split over those: only its Auto axes are open)
+    fixed: Mapping[int, frozenset[str]]
     # id(reader) -> ((the open value's operand index, the value), ...): what a walk asks at each reader it steps
     at: Mapping[int, tuple[tuple[int, Any], ...]]
 
@@ -97,6 +100,7 @@ def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
     made: dict[int, Any] = {}
+    fixed: dict[int, frozenset[str]] = {}
     found: list[OpenReader] = []
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -110,15 +114,27 @@ def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
                 # (on Explicit axes a value's type is its layout: JAX's, fixed where it is made; XLA keeps it)
                 if not all_explicit(v.aval):
                     made[id(v)] = eqn
+                    explicit = _explicit_axes(v.aval)
+                    if explicit:
+                        fixed[id(v)] = explicit
     at: dict[int, list[tuple[int, Any]]] = {}
     for reader, k, v in found:
         at.setdefault(id(reader), []).append((k, v))
-    opened = OpenValues(tuple(found), made, {i: tuple(kv) for i, kv in at.items()})
+    opened = OpenValues(tuple(found), made, fixed, {i: tuple(kv) for i, kv in at.items()})
     table[id(jaxpr)] = (jaxpr, opened)
     return opened
 
 
-def reader_split(eqn: Any, k: int, x: Any, env: Mapping[Any, Layout], own: Layout | None) -> Dims | None:
+def _explicit_axes(aval: Any) -> frozenset[str]:
+    """The Explicit axes of the mesh a value's type names (none on an Auto mesh, or with no mesh in its type)."""
+    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+    names, types = getattr(mesh, "axis_names", ()), getattr(mesh, "axis_types", ())
+    return frozenset(n for n, t in zip(names, types) if "Explicit" in str(t))
+
+
+def reader_split(
+    eqn: Any, k: int, x: Any, env: Mapping[Any, Layout], own: Layout | None, fixed: frozenset[str] = frozenset()
+) -> Dims | None:
     """The split one elementwise reader ``eqn`` hands the open value ``x`` (its ``k``-th operand, laid out ``own``
     as its own operands made it), or None where it hands none.
 
@@ -139,7 +155,7 @@ def reader_split(eqn: Any, k: int, x: Any, env: Mapping[Any, Layout], own: Layou
         lay = env.get(p)
         if lay is not None and not is_free(lay) and not lay.unreduced and len(lay.shape) == len(own.shape):
             partners.append(lay)
-    used = {m for d in own.dims for m in d}
+    used = {m for d in own.dims for m in d} | fixed  # (its type's Explicit axes are not its to take)
     wanted: list[tuple[str, ...]] = list(own.dims)
     for i, d in enumerate(res.dims):
         # (a partner broadcast from size 1 along an axis, lax's implicit broadcast, hands that axis nothing)
@@ -163,7 +179,7 @@ def found_splits(opened: OpenValues, env: Mapping[Any, Layout], natural: Mapping
     axis follow).  ``natural``: a value moved to a split a walk applied, by id, as its own operands made it."""
     out: dict[int, Dims | None] = {}
     for eqn, k, x in opened.readers:
-        dims = reader_split(eqn, k, x, env, natural.get(id(x)) or env.get(x))
+        dims = reader_split(eqn, k, x, env, natural.get(id(x)) or env.get(x), opened.fixed.get(id(x), frozenset()))
         if dims is not None:
             out[id(x)] = dims if out.get(id(x), dims) == dims else None
     return spread_back(opened, {i: d for i, d in out.items() if d is not None}, env, natural)
@@ -189,7 +205,7 @@ def spread_back(
                 continue
             if tuple(getattr(y.aval, "shape", ())) != tuple(eqn.outvars[0].aval.shape):
                 continue  # (a size-1 broadcast operand: its own axes)
-            used = {m for d in own.dims for m in d}
+            used = {m for d in own.dims for m in d} | opened.fixed.get(id(y), frozenset())
             wanted = tuple(o if o or used & set(d) else d for o, d in zip(own.dims, dims))
             if wanted != own.dims:
                 found[id(y)] = wanted

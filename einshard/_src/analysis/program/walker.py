@@ -109,6 +109,7 @@ class Walker:
         # The top-level elementwise readers of open values, by id of the equation -> (operand index, value) of each;
         # and the splits stepping them found that the walk was not given (it stops: open_values.Reopened).
         self.open_at: Mapping[int, tuple[tuple[int, Any], ...]] = {}
+        self.open_fixed: Mapping[int, frozenset[str]] = {}  # (open_values.OpenValues.fixed)
         self._reopen: dict[int, tuple[tuple[str, ...], ...]] = {}
         # The copies (by start) making a value of open_splits -> those values' tokens there and splits: in its key.
         self.open_copies: dict[int, tuple[Any, ...]] = {}
@@ -544,7 +545,7 @@ class Walker:
         for k, x in self.open_at.get(id(eqn), ()):
             if id(x) in self.open_splits or id(x) in self._reopen:
                 continue
-            dims = reader_split(eqn, k, x, env, env.get(x))
+            dims = reader_split(eqn, k, x, env, env.get(x), self.open_fixed.get(id(x), frozenset()))
             if dims is not None:
                 self._reopen[id(x)] = dims
 
