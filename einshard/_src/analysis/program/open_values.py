@@ -19,10 +19,13 @@ is.  The split then holds at every other reader of the value.  Measured on one-o
 The walk reproduces the fixed point by walking again.  After a walk, :func:`found_splits` reads the split each
 open value's elementwise readers hand it: the split a reader's result has on an axis the value leaves whole, where
 another operand of the reader has it too (a split only the value itself brought there hands it nothing), where its
-readers agree.  The program is walked again with each such value moved to that split where it is made
-(``Walker.open_splits``), until what a walk finds is what it was given.  A walk that steps such a reader with a
-split it was not given stops at the end of the stretch it records (:class:`Reopened`): the rest of it would be
-walked again.
+readers agree; :func:`spread_back` carries it back through the elementwise ops that make the value.  The program is
+walked again with each such value moved to that split where it is made (``Walker.open_splits``), the splits adding
+up as Shardy's only add mesh axes, until a walk finds nothing new (at most :data:`MAX_WALKS`), or finds only splits
+that nothing but their readers' own slices read (:func:`settled_in_place`: laid out without a walk).  A walk that
+steps such a reader with a split it was not given, or replays a copy whose tape says its readers hand one, stops at
+the end of that stretch (:class:`Reopened`): the rest of it would be walked again.  On a mesh mixing Explicit and
+Auto axes a value's type fixes its Explicit axes: only its Auto axes are open.
 
 An open value here is one the program's own jaxpr makes (not a call body's: those are walked once per entering
 layouts and replayed, :mod:`.blocks`) whose type does not fix its layout: on Explicit axes JAX's types do, and XLA

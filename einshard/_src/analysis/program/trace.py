@@ -447,7 +447,8 @@ class TracedProgram:
             walker.open_splits = splits
             # (a repeated stretch making a value moved so keys its tapes by those splits, by the values' tokens)
             walker.open_copies = _open_in_copies(plan, splits)
-            walker.open_at = opened.at if walks < MAX_WALKS else {}
+            walker.open_at = opened.at
+            walker.open_stop = walks < MAX_WALKS
             walker.open_fixed = opened.fixed
             try:
                 layouts, outs = self._walk(walker, in_layouts, out_specs)

@@ -110,6 +110,9 @@ class Walker:
         # and the splits stepping them found that the walk was not given (it stops: open_values.Reopened).
         self.open_at: Mapping[int, tuple[tuple[int, Any], ...]] = {}
         self.open_fixed: Mapping[int, frozenset[str]] = {}  # (open_values.OpenValues.fixed)
+        self.open_stop = False  # whether a split found at a reader stops the walk (not the report's last walk)
+        # While a copy is recorded: (id(value), split) each of its readers hands an open value (its tape's ``opened``).
+        self._open_recorded: list[tuple[int, tuple[tuple[str, ...], ...]]] | None = None
         self._reopen: dict[int, tuple[tuple[str, ...], ...]] = {}
         # The copies (by start) making a value of open_splits -> those values' tokens there and splits: in its key.
         self.open_copies: dict[int, tuple[Any, ...]] = {}
@@ -540,14 +543,27 @@ class Walker:
         return moved
 
     def _open_read(self, eqn: Any, env: dict[Any, Layout]) -> None:
-        """Note a split this reader hands an open value the walk was not given (:attr:`_reopen`): the rest of the
-        walk would be walked again."""
+        """Note a split this reader hands an open value the walk was not given (:attr:`_reopen`, where
+        :attr:`open_stop`): the rest of the walk would be walked again.  In a copy being recorded every split a
+        reader hands is kept for its tape (a copy replaying it notes them as its own readers would)."""
+        recording = self._open_recorded
         for k, x in self.open_at.get(id(eqn), ()):
-            if id(x) in self.open_splits or id(x) in self._reopen:
+            if recording is None and (id(x) in self.open_splits or id(x) in self._reopen):
                 continue
             dims = reader_split(eqn, k, x, env, env.get(x), self.open_fixed.get(id(x), frozenset()))
-            if dims is not None:
+            if dims is None:
+                continue
+            if recording is not None:
+                recording.append((id(x), dims))
+            if self.open_stop and id(x) not in self.open_splits and id(x) not in self._reopen:
                 self._reopen[id(x)] = dims
+
+    def _open_replayed(self, tape: SegmentTape, copy: Copy) -> None:
+        """The splits the readers of a replayed copy hand open values, as its tape's walk found them."""
+        for tok, dims in tape.opened:
+            i = id(copy.value(tok))
+            if i not in self.open_splits and i not in self._reopen:
+                self._reopen[i] = dims
 
     def _opened(self, eqn: Any, outs: list[Layout], repeat: int, phase: str) -> list[Layout]:
         """Open results moved to the split their readers hand them (:attr:`open_splits`) where they are made: the
@@ -912,6 +928,8 @@ class Walker:
         if tape is not None:
             ready = self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
+            if tape.opened and self.open_stop:
+                self._open_replayed(tape, copy)
             if not ready.writes_entering:
                 self._last_replay = (copy, key[5], env, self.costs.counts.equations, self._walks, ready)
             return "replayed"
@@ -942,11 +960,13 @@ class Walker:
         env.__class__ = RECORDING
         env.rec = rec  # type: ignore[attr-defined]
         recording.begun = self.segment_begin(copy, rec)
+        self._open_recorded = [] if self.open_at else None
         return recording
 
     def _segment_finish(self, recording: _Recording, env: dict[Any, Layout]) -> None:
         """End a copy's recording: put the plain tables back, and keep its tape where its walk stayed closed."""
         rec, copy = recording.rec, recording.rec.copy
+        opened, self._open_recorded = self._open_recorded or [], None
         env.__class__ = PLAIN
         env.rec = None  # type: ignore[attr-defined]
         self.summed = plain_table(self.summed)
@@ -991,6 +1011,7 @@ class Walker:
             pad_guard(copy, rec.pads),
             tuple(rec.searches),
             asked_guard(rec.asked),
+            tuple((copy.tokens[i], dims) for i, dims in opened if i in copy.tokens),
         )
         self.costs.segment_tapes.setdefault(recording.key, Shelf()).append(tape)
 
