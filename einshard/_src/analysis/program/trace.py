@@ -438,8 +438,8 @@ class TracedProgram:
         splits: dict[int, Any] = {}
         for walks in range(1, MAX_WALKS + 1):
             # XLA's propagation runs to a fixed point: the program is walked again with its open values moved to the
-            # splits their readers hand them, until the walk finds what it applied (:mod:`.open_values`).  A walk
-            # that steps such a reader stops there (the last may not: it is the one reported).
+            # splits their readers hand them, until a walk finds nothing new (:mod:`.open_values`).  A walk that
+            # meets such a reader stops there (the last may not: it is the one reported).
             if walks > 1:
                 type(walker).__init__(walker, self.costs)
                 self.costs.counts.rewalks += 1
