@@ -85,7 +85,7 @@ from ..cost import ReduceScatter, Tiling, buffer_bytes
 from .costing import is_free
 from .peak_summary import Steps, Stretch, Summary, SummaryMemo, fold, fold_runs, stretches
 from .registry import sub_jaxpr
-from .values import ELEMENTWISE, REDUCTIONS, Derived, Gathered, Partial, Sent, dtype_itemsize
+from .values import ELEMENTWISE, PLACEMENTS, REDUCTIONS, Derived, Gathered, Partial, Sent, dtype_itemsize
 
 __all__ = [
     "peak_bytes",
@@ -117,7 +117,6 @@ _NOT_FUSED = {
 _UPDATES_IN_PLACE = {"scatter-add", "scatter_add", "scatter", "scatter-sub", "scatter_sub", "dynamic_update_slice"}
 _ADDS = {"add", "add_any"}
 # Ops that bring a value to a named layout: the same buffer when the layout does not change.
-_PLACEMENTS = {"reshard", "sharding_constraint", "device_put", "mesh_cast"}
 # Loops whose body the walk kept (rules_control.scan): one iteration's buffers count on top of the loop's.
 _LOOPS = {"scan", "while"}
 
@@ -139,7 +138,7 @@ def _slices_of_arguments_first(eqns: Sequence[Any], is_argument: Callable[[Any],
         if (
             len(ins) == 1
             and len(e.outvars) == 1
-            and (e.primitive.name in _VIEWS or e.primitive.name in _PLACEMENTS)
+            and (e.primitive.name in _VIEWS or e.primitive.name in PLACEMENTS)
             and (ins[0] in made_by or is_argument(ins[0]))
         ):
             made_by[e.outvars[0]] = e
@@ -753,7 +752,7 @@ class _Program:
         Explicit mesh has the same ``memory_analysis()`` as on an Auto mesh).  An FSDP weight's
         gathered copy, bound to the placement's result, is the operand's.
         """
-        if eqn.primitive.name not in _PLACEMENTS or len(eqn.invars) != 1 or len(eqn.outvars) != 1:
+        if eqn.primitive.name not in PLACEMENTS or len(eqn.invars) != 1 or len(eqn.outvars) != 1:
             return False
         (iv,), (ov,) = eqn.invars, eqn.outvars
         src = self.key(iv, path)

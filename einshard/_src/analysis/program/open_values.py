@@ -45,7 +45,7 @@ from typing import Any
 from ...core.layout import Layout
 from .costing import OpCosts, is_free
 from .rules_structural import all_explicit
-from .values import ELEMENTWISE
+from .values import ELEMENTWISE, PLACEMENTS
 
 __all__ = [
     "OpenReader",
@@ -61,9 +61,6 @@ __all__ = [
 # Walks of one report at most: the first, and a walk per round of splits found (one round settles the programs
 # measured: a split found makes its value's other readers follow it, and what they make is not open again).
 MAX_WALKS = 3
-
-# Ops that fix their result's layout: a placement (Shardy's sharding constraint) is never open.
-_FIXING = frozenset({"reshard", "sharding_constraint", "device_put", "mesh_cast"})
 
 Dims = tuple[tuple[str, ...], ...]
 
@@ -112,7 +109,7 @@ def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
             for k, v in enumerate(eqn.invars):
                 if not hasattr(v, "val") and id(v) in made and getattr(v.aval, "shape", None) == shape and shape:
                     found.append((eqn, k, v))
-        if name not in _FIXING:
+        if name not in PLACEMENTS:  # (a placement fixes its result: never open)
             for v in eqn.outvars:
                 # (on Explicit axes a value's type is its layout: JAX's, fixed where it is made; XLA keeps it)
                 if not all_explicit(v.aval):

@@ -11,7 +11,17 @@ from typing import Any
 
 from ..._compat import dtype_itemsize
 
-__all__ = ["ELEMENTWISE", "REDUCTIONS", "CARRIERS", "Derived", "Gathered", "Partial", "Sent", "dtype_itemsize"]
+__all__ = [
+    "ELEMENTWISE",
+    "REDUCTIONS",
+    "CARRIERS",
+    "PLACEMENTS",
+    "Derived",
+    "Gathered",
+    "Partial",
+    "Sent",
+    "dtype_itemsize",
+]
 
 # Ops that compute each position from the same positions of their operands: a layout passes through them
 # (rules_structural.elementwise) and XLA fuses them into one loop (memory).
@@ -117,6 +127,10 @@ ELEMENTWISE = {
 }
 # Ops that reduce along some axes (rules_structural.reduce; memory fuses them with their producers).
 REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and", "reduce_or"}
+# Ops that place their result where the user says (a sharding constraint, Explicit axes' reshard or mesh_cast, a
+# device_put in the program): XLA's propagation may not change that layout (the walker pins them; memory keeps the
+# placed buffer; an open value is never one of them, open_values).
+PLACEMENTS = frozenset({"sharding_constraint", "reshard", "device_put", "mesh_cast"})
 # Ops that carry a value unchanged but for its axes' order or its dtype: a pending sum passes through them
 # (the walker) and a dot's result leaves the program through them (rules_indexing.leaves_program).
 CARRIERS = {"transpose", "convert_element_type", "copy", "copy_p"}

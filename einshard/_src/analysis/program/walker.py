@@ -59,7 +59,7 @@ from .segment_memo import (
     searches_hold,
     slice_row_class,
 )
-from .values import CARRIERS, Gathered, Sent, dtype_itemsize
+from .values import CARRIERS, PLACEMENTS, Gathered, Sent, dtype_itemsize
 
 __all__ = ["Walker"]
 
@@ -502,7 +502,7 @@ class Walker:
                 tag = self.summed.get(id(eqn.invars[0]))
                 if tag:
                     self.summed[id(eqn.outvars[0])] = tag
-            if eqn.primitive.name in _PINNING:
+            if eqn.primitive.name in PLACEMENTS:
                 self.pinned.update(id(v) for v in eqn.outvars)
             if eqn.primitive.name == "broadcast_in_dim" and hasattr(eqn.invars[0], "val"):
                 constants[eqn.outvars[0]] = eqn.invars[0].val
@@ -1173,10 +1173,6 @@ class _Recording:
 
 # Ops that move no values between positions' meaning: a dot's summed result stays "summed" through them.
 _SHAPE_ONLY = {"reshape", "transpose", "convert_element_type", "copy", "copy_p", "squeeze", "expand_dims"}
-
-
-# Equations whose result's layout the user fixed: XLA's sharding propagation does not move it.
-_PINNING = frozenset({"sharding_constraint", "reshard", "device_put", "mesh_cast"})
 
 
 _replaced = replaced
