@@ -239,3 +239,20 @@ def test_drawn_open_values_match_xla() -> None:
 )
 def test_drawn_open_values_match_xla_deep() -> None:
     DEEP(given(open_value_case())(check))()
+
+
+def test_a_fixed_point_not_reached_in_the_walks_allowed_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one walk allowed, the residual's x still takes its reader's split after it: the report's first line
+    says the costs are not XLA's program there, and a report given its walks says nothing."""
+    import sys
+
+    program = sys.modules["einshard._src.analysis.program.trace"]
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    args = _args()
+    settled = trace(_tanh_residual, *args, mesh=mesh).report(SPECS)
+    assert settled.unsettled == 0 and "UNSETTLED" not in settled.headline()
+    monkeypatch.setattr(program, "MAX_WALKS", 1)
+    cut = trace(_tanh_residual, *args, mesh=mesh).report(SPECS)
+    assert cut.unsettled == 1 and cut.headline().startswith("UNSETTLED: 1 value no layout fixes")
+    assert cut.to_dict()["unsettled"] == 1
+    assert cut.comm_count < settled.comm_count  # the one walk's: x whole, its dot's permute and sum not made

@@ -125,6 +125,9 @@ class ProgramReport:
     # Approximate ops whose rule knows XLA's other choice but whose fork was not walked (beyond
     # alternatives.MAX_FORKS): their bound is the op's own, not what the choice changes downstream.
     alternatives_unwalked: int = 0
+    # Values no layout fixes whose readers still hand them a split after the last walk (open_values.MAX_WALKS): XLA's
+    # propagation would split them where they are made, which the costs above do not.
+    unsettled: int = 0
 
     @property
     def complete(self) -> bool:
@@ -196,6 +199,12 @@ class ProgramReport:
                     else ""
                 )
             )
+        if self.unsettled:
+            n = self.unsettled
+            marks.append(
+                f"UNSETTLED: {n} value{'s' if n != 1 else ''} no layout fixes still take{'s' if n == 1 else ''} a "
+                "split from a reader after the last walk: XLA splits them where they are made, these costs do not"
+            )
         return "   ".join([*marks, line])
 
     @property
@@ -217,6 +226,7 @@ class ProgramReport:
                 "peak": self.approximate_bound.peak,
             },
             "alternatives_unwalked": self.alternatives_unwalked,
+            "unsettled": self.unsettled,
             "mesh": {m.name: m.size for m in self.mesh},
             "flops": self.flops,
             "comm_bytes": self.comm_bytes,

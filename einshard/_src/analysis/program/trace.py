@@ -436,6 +436,7 @@ class TracedProgram:
         plan = walker._segment_plan(self.jaxpr)
         outputs = frozenset(id(v) for v in self.jaxpr.outvars if not hasattr(v, "val"))
         splits: dict[int, Any] = {}
+        unsettled = 0
         for walks in range(1, MAX_WALKS + 1):
             # XLA's propagation runs to a fixed point: the program is walked again with its open values moved to the
             # splits their readers hand them, until a walk finds nothing new (:mod:`.open_values`).  A walk that
@@ -470,6 +471,7 @@ class TracedProgram:
                     layouts[v] = walker.relayout(v.aval, new[id(v)])
                 break
             splits = {**splits, **new}
+            unsettled = len(new) if walks == MAX_WALKS else 0  # (the last walk found more than it was given)
         if out_specs is not None:
             for v, lay, spec in zip(self.jaxpr.outvars, outs, out_specs):
                 if spec is None or hasattr(v, "val") or not getattr(v.aval, "shape", ()):
@@ -521,6 +523,7 @@ class TracedProgram:
                 f"{name} at {', '.join(sites)}" for name, sites in sorted(walker.unfollowed_at.items())
             ),
             peak_note=self.peak_note,
+            unsettled=unsettled,
         )
         if self.costs.forced:
             return report  # a fork's report: compared by alternatives.widen, never widened itself
