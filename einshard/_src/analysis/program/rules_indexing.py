@@ -824,9 +824,15 @@ def _lands_at_dot(
     used: set[str],
     sizes: dict[str, int],
 ) -> list[tuple[str, ...]] | None:
-    """The sum's split where a consumer dot contracts the value (operand ``k``) with a laid-out ``partner``."""
-    (lc, rc), _ = eqn.params["dimension_numbers"]
-    mine, theirs = (lc, rc) if k == 0 else (rc, lc)
+    """The sum's split where a consumer dot pairs an axis of the value (operand ``k``) with one of a laid-out
+    ``partner``: an axis it contracts, or else a batch axis (XLA's propagation carries a batch axis's split from one
+    operand to the other as it does a contracted one's: attention's backward, whose output projection's input
+    gradient is summed to the heads' split of ``v``, measured on keras-hub's Falcon, BLOOM, GPT-NeoX, DeBERTa,
+    RoFormer and ESM-2 under tensor parallelism)."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    mine, theirs = (
+        (tuple(lc) + tuple(lb), tuple(rc) + tuple(rb)) if k == 0 else (tuple(rc) + tuple(rb), tuple(lc) + tuple(lb))
+    )
     for i, j in zip(mine, theirs):
         split = partner.dims[j]
         axis = axis_of[i]
