@@ -458,7 +458,11 @@ class TracedProgram:
                 found = spread_back(opened, stopped.found, walker.env, walker.open_natural)
                 splits = {**splits, **{i: d for i, d in found.items() if i not in splits}}
                 continue
-            found = found_splits(opened, layouts, walker.open_natural) if opened.readers else {}
+            # A walk that stops at new splits (not the last) and met none stepped or replayed every reader of a
+            # value it was not given (Walker._open_read): they hand nothing new, and asking them again would cost
+            # a pass over every reader of the program.  The last walk asks them all.
+            met = not walker.open_stop or bool(walker._reopen)
+            found = found_splits(opened, layouts, walker.open_natural) if opened.readers and met else {}
             # Splits only add up, as Shardy's propagation only adds mesh axes: a value a walk gave a split makes
             # its readers' results split as it is, which then hand nothing new (a value given two splits keeps
             # the first).

@@ -512,6 +512,8 @@ class Walker:
                 # value, and a move XLA makes of it is x's (its CSE).  (Not in a stretch being recorded: a replay
                 # gives each copy's values their own identity.)
                 env[eqn.outvars[0]] = read(same)
+                if serial == 1 and self.open_at:
+                    self._open_read(eqn, env)  # (a folded op still reads its operands: asked as any other reader)
                 continue
             for v, lay in zip(eqn.outvars, outs):
                 bind(v, lay)
