@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_block_memo import BATCH, DOWN, LAYOUTS, MESH, UP, B, D, _same, _specs, decoder
 
@@ -74,6 +74,9 @@ def _costings(most: int) -> st.SearchStrategy[list[tuple[int, int, int]]]:
 
 
 @settings(max_examples=25, deadline=None)
+# A walk stopped at an open value's reader took every split the stretch being recorded found, where a walk without
+# the memo stops right after the first reader: another fixed point (the peak 30724 B against 30980 B).
+@example(layers=3, how="plain", mesh="explicit", layouts=[(2, 0, 3)], grads_like_params=True)
 @given(
     layers=st.integers(1, 6),
     how=st.sampled_from(["remat", "plain", "jit"]),

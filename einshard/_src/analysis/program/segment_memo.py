@@ -487,9 +487,9 @@ class SegmentTape:
     # The layouts the caller asks of values past the copy that its walk read, by visit index in the horizon (None: not
     # asked): another copy replays the tape where its own are alike (:func:`asked_hold`).
     asked: AskedGuard = ()
-    # The splits its readers hand open values (open_values.reader_split), by the values' tokens: a replay notes them
-    # as stepping those readers would (Walker._open_replayed).
-    opened: tuple[tuple[Token, Any], ...] = ()
+    # The splits its readers hand open values (open_values.reader_split), by the values' tokens, one group per reader
+    # in program order: a replay notes them as stepping those readers would (Walker._open_replayed).
+    opened: tuple[tuple[tuple[Token, Any], ...], ...] = ()
 
 
 class Shelf(list):  # type: ignore[type-arg]

@@ -112,7 +112,7 @@ class Walker:
         self.open_fixed: Mapping[int, frozenset[str]] = {}  # (open_values.OpenValues.fixed)
         self.open_stop = False  # whether a split found at a reader stops the walk (not the report's last walk)
         # While a copy is recorded: (id(value), split) each of its readers hands an open value (its tape's ``opened``).
-        self._open_recorded: list[tuple[int, tuple[tuple[str, ...], ...]]] | None = None
+        self._open_recorded: list[tuple[tuple[int, tuple[tuple[str, ...], ...]], ...]] | None = None
         self._reopen: dict[int, tuple[tuple[str, ...], ...]] = {}
         # The copies (by start) making a value of open_splits -> those values' tokens there and splits: in its key.
         self.open_copies: dict[int, tuple[Any, ...]] = {}
@@ -545,27 +545,44 @@ class Walker:
         return moved
 
     def _open_read(self, eqn: Any, env: dict[Any, Layout]) -> None:
-        """Note a split this reader hands an open value the walk was not given (:attr:`_reopen`, where
+        """Note the splits this reader hands open values the walk was not given (:attr:`_reopen`, where
         :attr:`open_stop`): the rest of the walk would be walked again.  In a copy being recorded every split a
-        reader hands is kept for its tape (a copy replaying it notes them as its own readers would)."""
+        reader hands is kept for its tape, one group per reader (a copy replaying it notes them as its own readers
+        would).
+
+        Only the first reader that hands a new split stops the walk with its splits, wherever the walk then stops:
+        a walk without the segment memo stops right after that reader, one recording a stretch at the stretch's
+        end, and a split taken from a later reader there would be taken before the first one's moved it (the
+        fixed point reached would depend on the memo: tests/test_segment_memo.py)."""
         recording = self._open_recorded
+        if recording is None and self._reopen:
+            return  # (the walk stops before its next equation: nothing more is taken)
+        fresh = not self._reopen
+        group = []
         for k, x in self.open_at.get(id(eqn), ()):
-            if recording is None and (id(x) in self.open_splits or id(x) in self._reopen):
+            if recording is None and id(x) in self.open_splits:
                 continue
             dims = reader_split(eqn, k, x, env, env.get(x), self.open_fixed.get(id(x), frozenset()))
             if dims is None:
                 continue
-            if recording is not None:
-                recording.append((id(x), dims))
-            if self.open_stop and id(x) not in self.open_splits and id(x) not in self._reopen:
+            group.append((id(x), dims))
+            if self.open_stop and fresh and id(x) not in self.open_splits:
                 self._reopen[id(x)] = dims
+        if recording is not None and group:
+            recording.append(tuple(group))
 
     def _open_replayed(self, tape: SegmentTape, copy: Copy) -> None:
-        """The splits the readers of a replayed copy hand open values, as its tape's walk found them."""
-        for tok, dims in tape.opened:
-            i = id(copy.value(tok))
-            if i not in self.open_splits and i not in self._reopen:
-                self._reopen[i] = dims
+        """The splits the first of a replayed copy's readers to hand an open value a new one hands (as
+        :meth:`_open_read`), as its tape's walk found them."""
+        if self._reopen:
+            return
+        for group in tape.opened:
+            for tok, dims in group:
+                i = id(copy.value(tok))
+                if i not in self.open_splits:
+                    self._reopen[i] = dims
+            if self._reopen:
+                return
 
     def _opened(self, eqn: Any, outs: list[Layout], repeat: int, phase: str) -> list[Layout]:
         """Open results moved to the split their readers hand them (:attr:`open_splits`) where they are made: the
@@ -1013,7 +1030,11 @@ class Walker:
             pad_guard(copy, rec.pads),
             tuple(rec.searches),
             asked_guard(rec.asked),
-            tuple((copy.tokens[i], dims) for i, dims in opened if i in copy.tokens),
+            tuple(
+                kept
+                for group in opened
+                if (kept := tuple((copy.tokens[i], dims) for i, dims in group if i in copy.tokens))
+            ),
         )
         self.costs.segment_tapes.setdefault(recording.key, Shelf()).append(tape)
 
