@@ -34,16 +34,24 @@ def decoder(layers: int, how: str):
 
     ``how``: 'remat' (unrolled, ``jax.checkpoint``: the backward is one remat call per layer, one shared
     body), 'jit' (unrolled, one ``jax.jit`` per layer traced anew: bodies of one structure, distinct
-    objects), 'scan' (``lax.scan`` over the stack).
+    objects; at the program's top level explain inlines them, as XLA does: :mod:`.inline`), 'jit_in_remat'
+    (those jits inside one ``jax.checkpoint`` of the whole stack: calls walked as blocks), 'scan' (``lax.scan``
+    over the stack).
     """
+
+    def stack(params, x):
+        for i in range(layers):
+            step = jax.checkpoint(_block) if how == "remat" else jax.jit(lambda c, w: _block(c, w))
+            x = step(x, jax.tree.map(lambda a, i=i: a[i], params))
+        return x
 
     def loss(params, x):
         if how == "scan":
             x, _ = jax.lax.scan(lambda c, w: (jax.checkpoint(_block)(c, w), None), x, params)
+        elif how == "jit_in_remat":
+            x = jax.checkpoint(stack)(params, x)
         else:
-            for i in range(layers):
-                step = jax.checkpoint(_block) if how == "remat" else jax.jit(lambda c, w: _block(c, w))
-                x = step(x, jax.tree.map(lambda a, i=i: a[i], params))
+            x = stack(params, x)
         return jnp.mean(x**2)
 
     params = {
@@ -295,11 +303,34 @@ def test_explain_under_jit_on_placed_inputs_is_the_same_with_and_without_the_mem
     assert m1.ops and m1.comm_bytes > 0 and counts[2] > 0  # it communicates, and blocks were replayed
 
 
+def _calls_in(jaxpr) -> list:
+    """The ``jit`` equations of ``jaxpr`` and of the bodies it calls."""
+    found = []
+    for e in jaxpr.eqns:
+        if e.primitive.name in ("jit", "pjit"):
+            found.append(e)
+        for p in e.params.values():
+            body = p if hasattr(p, "eqns") else getattr(p, "jaxpr", None)
+            if body is not None and hasattr(body, "eqns"):
+                found.extend(_calls_in(body))
+    return found
+
+
+def test_a_jit_block_at_the_top_level_is_inlined_and_its_copies_replayed():
+    """A ``jax.jit`` per layer at the program's top level is inlined, as XLA inlines it (:mod:`.inline`): its
+    equations are the program's own repeated stretches, which the segment memo replays."""
+    fn, params, x = decoder(6, "jit")
+    t = trace(fn, params, x, mesh=MESH)
+    assert not [e for e in t.jaxpr.eqns if e.primitive.name in ("jit", "pjit")]
+    combined_report(t, _specs(0, 0, 1))
+    assert t.costs.counts.segment_replays > 0
+
+
 def test_a_jit_block_traced_per_layer_is_one_structure():
-    fn, params, x = decoder(3, "jit")
+    fn, params, x = decoder(3, "jit_in_remat")
     t = trace(fn, params, x, mesh=MESH)
     combined_report(t, _specs(1, 1, 1))
-    calls = [e for e in t.jaxpr.eqns if e.primitive.name in ("jit", "pjit")]
+    calls = _calls_in(t.jaxpr)
     bodies = {id(e.params["jaxpr"].jaxpr) for e in calls}
     assert len(bodies) > 1  # distinct objects...
     assert t.costs.counts.replays > 0  # ...one structure: replayed
@@ -322,7 +353,7 @@ def test_a_block_with_an_op_without_a_rule_is_walked_each_time_and_named():
 
     def loss(w, x):
         for _ in range(3):
-            x = jax.jit(odd_block)(x, w)
+            x = jax.checkpoint(odd_block)(x, w)  # (a call that stays one: a top-level jit is inlined)
         return jnp.mean(x)
 
     w = jax.ShapeDtypeStruct((D, D), jnp.float32)

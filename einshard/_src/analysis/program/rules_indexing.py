@@ -2089,7 +2089,8 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
     combining = adds or eqn.primitive.name.replace("_", "-") in COMBINING_SCATTERS
     owned = set() if is_free(operand) else {m for d in operand.dims for m in d}
     indexed_by, stray = _indices_split(updates, indices, by_index, set(idx_batch))
-    if "CLIP" not in str(eqn.params.get("mode", "")).upper():
+    clamped = "CLIP" in str(eqn.params.get("mode", "")).upper()
+    if not clamped:
         # Indices split where their updates are split otherwise: measured on a lookup's gradient (the scatter-add
         # of jnp.take's transpose), where XLA gathers them once more only in mode "clip" (the scatter clamps its
         # indices itself: a value of its own); in the other modes they are the forward's, gathered already.
@@ -2109,7 +2110,11 @@ def _scatter(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str, ad
             # the gradient of jnp.take(t[16@a, 16], i[8@a], axis=1): one all-gather of i).
             keep = tuple(tuple(m for m in d if m not in stray) for d in indices.dims)
             why = "scatter: indices split where the updates are not"
-            w.change(eqn, phase, indices, indices.with_dims(keep), eqn.invars[1].aval.dtype, repeat, why)
+            # (Clamped, they are a value of their own, which no earlier move of the indices is: XLA's CSE shares
+            # none with the forward's gathers of them, measured on jnp.take(t, i, mode='clip')'s gradient, its
+            # forward and transpose calls inlined as XLA inlines them: the moves are not the walker's to reuse.)
+            source = indices.with_dims(indices.dims) if clamped else indices
+            w.change(eqn, phase, source, indices.with_dims(keep), eqn.invars[1].aval.dtype, repeat, why)
             indices = indices.with_dims(keep)
     op_window = [i for i in range(rank) if i not in inserted and i not in op_batch]
     dims: list[tuple[str, ...]] = [() for _ in range(rank)] if is_free(operand) else list(operand.dims)

@@ -19,6 +19,7 @@ from ...core.mesh import auto_axes, explicit_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
 from .alternatives import widen
 from .costing import OpCosts, is_free
+from .inline import inlined_calls
 from .memory import PeakCache, peak_caveat
 from .memory import peak_bytes as _peak_bytes
 from .open_values import MAX_WALKS, Reopened, found_splits, open_values, settled_in_place, spread_back
@@ -374,7 +375,8 @@ class TracedProgram:
             if typed is None:
                 raise EinshardError(f"explain(): {self.explicit}") from None
             closed = typed
-        self.jaxpr = _dead_code_eliminated(closed.jaxpr)
+        # (nested jit calls inlined, as XLA inlines them before its propagation: :mod:`.inline`)
+        self.jaxpr = _dead_code_eliminated(inlined_calls(closed.jaxpr))
         self._fn, self._kwargs = fn, kwargs
         self._naming: tuple[dict[Any, str], dict[int, tuple[str, str]]] | None = None
         # Peak memory's flattening and liveness, reused between costings (None: each costing makes its own).

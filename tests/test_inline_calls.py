@@ -1,0 +1,126 @@
+"""Nested ``jax.jit`` calls are inlined before the walk, as XLA inlines them before its propagation (:mod:`.inline`).
+
+A user's jitted train step passed whole, ``jax.grad`` of a jitted loss, jitted helpers (``jnp.take``, ``jax.nn``'s
+functions): XLA compiles each exactly as the program without the calls, and so must explain (the open values of
+tests/test_open_values.py, inside a call, were not followed: 1 all-reduce where XLA has a permute and 2).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+from test_open_values import PROGRAMS, SPECS, _args
+
+import einshard
+from einshard._src.analysis.program import trace
+from einshard._src.analysis.program.inline import inlined_calls
+from einshard.testing import hlo
+
+
+def _report(fn: Any, mesh: Any, grad: bool) -> tuple[Any, Any]:
+    """explain's report of ``fn`` (or its gradient) as tests/test_open_values.py lays it out, and XLA's program."""
+    fn = jax.grad(fn, argnums=(2, 3)) if grad else fn
+    args = _args()
+    shardings = tuple(einshard.sharding(e, a.shape, mesh=mesh) for e, a in zip(SPECS, args))
+    out = (shardings[2], shardings[3]) if grad else NamedSharding(mesh, P())
+    placed = jax.device_put(args, shardings)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(fn, in_shardings=shardings, out_shardings=out).lower(*placed).compile()
+        asked = [s.spec for s in out] if grad else [P()]  # type: ignore[union-attr]
+        report = trace(fn, *placed, mesh=mesh).report(SPECS, asked)
+    return report, compiled
+
+
+def _collectives(report: Any) -> tuple[Counter, float]:
+    ops = [(op, c) for op in report.ops for c in op.collectives if c.group_size > 1]
+    return Counter(c.kind for op, c in ops for _ in range(op.repeat)), sum(c.bytes * op.repeat for op, c in ops)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["loss", "grad"])
+@pytest.mark.parametrize("axis", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_a_jitted_program_is_explained_as_the_program_and_as_xla(name: str, axis: AxisType, grad: bool) -> None:
+    """``jax.jit(f)`` passed whole: the report is the unwrapped program's, op for op, and its collectives and bytes
+    are XLA's (which compiles the two alike)."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis, axis))
+    flat, _ = _report(PROGRAMS[name], mesh, grad)
+    wrapped, compiled = _report(jax.jit(PROGRAMS[name]), mesh, grad)
+    assert [(op.expression, op.collectives) for op in wrapped.ops] == [
+        (op.expression, op.collectives) for op in flat.ops
+    ]
+    assert wrapped.peak_bytes == flat.peak_bytes
+    kinds, sent = _collectives(wrapped)
+    xla = [c for c in hlo.normalized(compiled.as_text() or "") if c.group_size > 1]
+    assert kinds == Counter(c.kind for c in xla for _ in range(c.runs))
+    assert sent == pytest.approx(sum(c.sent_bytes * c.runs for c in xla), rel=0.10)
+
+
+def _nested(draw: st.DrawFn) -> Any:
+    """``fn`` with its stages drawn into jit calls: the whole, the elementwise maker, each reader (one or two
+    levels deep)."""
+
+    def maybe_jit(g: Any) -> Any:
+        depth = draw(st.integers(0, 2))
+        for _ in range(depth):
+            g = jax.jit(g)
+        return g
+
+    scale, tanh, dot = maybe_jit(lambda t: t * 2.0), maybe_jit(jnp.tanh), maybe_jit(lambda x, w: x @ w)
+    square = maybe_jit(jnp.square)
+
+    def program(t: Any, ids: Any, w: Any, w2: Any) -> Any:
+        x = scale(t)
+        return jnp.mean(square(x + tanh(dot(x, w))))
+
+    return maybe_jit(program)
+
+
+@given(data=st.data(), grad=st.booleans())
+@settings(max_examples=6, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+def test_drawn_nestings_of_jit_calls_explain_as_the_flat_program(data: st.DataObject, grad: bool) -> None:
+    """Drawn: which stages of a residual block are jit calls, and how deep; the report is the flat program's (which
+    XLA's is: tests above), and the traced program holds no call at its top level."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    nested = _nested(data.draw)
+
+    def flat(t: Any, ids: Any, w: Any, w2: Any) -> Any:
+        x = t * 2.0
+        return jnp.mean(jnp.square(x + jnp.tanh(x @ w)))
+
+    got, _ = _report(nested, mesh, grad)
+    want, _ = _report(flat, mesh, grad)
+    assert [(op.expression, op.collectives) for op in got.ops] == [(op.expression, op.collectives) for op in want.ops]
+    assert got.peak_bytes == want.peak_bytes
+    fn = jax.grad(nested, argnums=(2, 3)) if grad else nested
+    traced = trace(fn, *_args(), mesh={"data": 4, "model": 2})
+    assert not [e for e in traced.jaxpr.eqns if e.primitive.name == "jit"]
+
+
+def test_a_call_that_places_its_result_stays_a_call() -> None:
+    """A jit with ``out_shardings`` fixes a layout at its border (a placement, as XLA keeps it): not inlined."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    placed = jax.jit(lambda x: x * 2.0, out_shardings=NamedSharding(mesh, P("data")))
+    closed = jax.make_jaxpr(lambda x: jnp.sum(placed(x) + 1.0))(jnp.ones((8, 4)))
+    assert [e.primitive.name for e in inlined_calls(closed.jaxpr).eqns].count("jit") == 1
+
+
+def test_a_body_called_twice_is_inlined_with_fresh_variables() -> None:
+    """JAX reuses one traced body for every call on the same shapes: each inlined copy binds its own variables."""
+    double = jax.jit(lambda x: jnp.sin(x) * 2.0)
+    closed = jax.make_jaxpr(lambda x: double(double(x)))(jnp.ones((4,)))
+    calls = [e for e in closed.jaxpr.eqns if e.primitive.name == "jit"]
+    assert len(calls) == 2 and calls[0].params["jaxpr"] is calls[1].params["jaxpr"]
+    flat = inlined_calls(closed.jaxpr)
+    made = [v for e in flat.eqns for v in e.outvars]
+    assert len(made) == len({id(v) for v in made}) == 4  # sin, mul, sin, mul: each bound once
+    out = jax.core.eval_jaxpr(flat, closed.consts, np.ones(4, np.float32))[0]
+    np.testing.assert_allclose(out, np.sin(np.sin(np.ones(4)) * 2.0) * 2.0, rtol=1e-6)
