@@ -363,6 +363,7 @@ def _settle_passthrough_conflict(
                 w.change(eqn, phase, ins[k], via, dtype, repeat, f"{why}, re-split onto idle mesh axes")
                 w.change(eqn, phase, via, lay, dtype, repeat, f"{why}, gathered over the idle mesh axes")
                 w.bind_copy(eqn.invars[k], lay)  # (peak: the whole copy the dot reads, as a direct gather's)
+                w.bind_dot_copy(eqn, k, lay)
             moved.append(k)
         out[k] = lay
     return out, moved
