@@ -110,6 +110,7 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
                 lay = ins[k]
                 dims = tuple(tuple(m for m in d if m not in c.axes) for d in lay.dims)
                 w.bind_copy(eqn.invars[k], lay.with_dims(dims))
+                w.bind_dot_copy(eqn, k, lay.with_dims(dims))
         kept = tuple(c for c in colls if not w.already_moved(ins, c, as_move=True))
         if idle is not None:
             # XLA moves the gathered operand onto the idle mesh axes, then gathers it over them (idle_axes.py):

@@ -277,7 +277,13 @@ class Walker:
                 self._source[id(dst)] = value
                 self._keep.append(dst)
             if key in self._made:
-                return  # XLA reuses the value it already brought there
+                # XLA reuses the value it already brought there; a dot reading a gathered copy another dot made
+                # reads that copy (held to the last of them: memory._dot_gather_holds).
+                if eqn.primitive.name == "dot_general" and math.prod(dst.shard_shape) > math.prod(src.shard_shape):
+                    for p, v in enumerate(eqn.invars[:2]):
+                        if not hasattr(v, "val") and self.env.get(v) is src:
+                            self.bind_dot_copy(eqn, p, self._made[key])
+                return
             self._made[key] = dst
             self._made_by.setdefault(value, set()).add(key[1])
         colls = self.costs.reshard(src, dst, dtype)
