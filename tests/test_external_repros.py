@@ -215,30 +215,19 @@ def test_a_scan_carrying_a_typed_prng_key_is_priced():
     assert report.complete and report.unfollowed == ()
 
 
-# Read against x, the forward's x @ v is the idle-axes dot that sums over 'data' (x's d moved there, never gathered
-# whole: held as its sliced and permuted pieces, exact on the one-op programs, tests/test_scan_carry_rules.py and
-# the resplit projections); explain then gathers the projection, not x, for the backward (x @ v's result through
-# the idle axes), where XLA gathers x.  Counting the forward's x as a whole gathered copy beside its shard had
-# covered that (34816 B); without it the walk is back to 26624 B vs XLA's 45088 B (0.59x), which choice of operand
-# XLA gathers for the backward dot is the rule not yet modelled.
-_AGAINST_X_GATHERS_X = pytest.mark.xfail(
-    strict=True,
-    reason="peak: explain 26624 B vs XLA 45088 B (0.59x); XLA gathers x for the backward dot where explain gathers "
-    "the projection x @ v through the idle axes (same collective kinds), and XLA:CPU's layout copies of x",
-)
-
-
 @pytest.mark.parametrize(
     "loss",
     [
         pytest.param(_PROJECTION_LOSSES[0].values[0], id="squared"),
-        pytest.param(_PROJECTION_LOSSES[1].values[0], id="against_x", marks=_AGAINST_X_GATHERS_X),
+        pytest.param(_PROJECTION_LOSSES[1].values[0], id="against_x"),
     ],
 )
 def test_projection_gradients_of_a_hidden_state_split_on_d_peak_is_xlas(loss):
     """Within the corpus' 25% since x's gathered copy is held as a buffer beside x's shard (memory.py's gathered
     arguments): explain 38912 B vs XLA 51216 B (0.76x) on the squared loss (0.68x before); read against x 26624 B
-    vs 45088 B (0.59x, its xfail above says why).  What is left is likely XLA:CPU's layout copies (its optimized HLO, squared loss): each
+    vs 45088 B (0.59x: explain gathers the projection x @ v for the backward dot through the idle axes, XLA x).
+    Since the copy a dot gathers of a program-made operand is held from the value's first reader to that dot
+    (memory._dot_gather_holds, XLA:CPU's scheduling): 45056 B (0.88x) squared, 34816 B (0.77x) against x.  What is left is likely XLA:CPU's layout copies (its optimized HLO, squared loss): each
     gradient output is written by a transposing fusion in a {1,0,2} / {0,2,1} layout and then copied to row-major
     (two buffers per output), and x, permuted onto 'data', is copied to a {1,0,2} layout, all-gathered so and
     copied back to row-major for the dot."""

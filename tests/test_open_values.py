@@ -159,17 +159,14 @@ def test_on_a_mixed_mesh_only_an_auto_axis_is_open(
 
 
 # Peaks outside the corpus' 25% on these small programs, explain / XLA (the same before open values were followed,
-# where the collectives were not XLA's: tanh_residual loss 1.35x, its gradient 0.83x; not modelled yet).
+# where the collectives were not XLA's: tanh_residual loss 1.35x, its gradient 0.83x; not modelled yet).  The
+# gradients' misses (0.66x-0.74x: the activation gathered for the weight-gradient dot, held by XLA:CPU from the
+# forward) are within it since memory._dot_gather_holds: lookup_residual and normed_lookup_residual 1.05x,
+# normed_residual and tanh_residual 1.07x, two_blocks 0.95x (Auto) and 0.87x (Explicit).
 _PEAK_MISSES = {
     ("lookup_residual", "auto", "loss"): "1.27x: the lookup's whole [8, 8, 32] result held beside its slice",
-    ("lookup_residual", "auto", "grad"): "0.74x",
-    ("normed_lookup_residual", "auto", "grad"): "0.74x",
     ("normed_residual", "auto", "loss"): "1.35x",
-    ("normed_residual", "auto", "grad"): "0.71x",
     ("tanh_residual", "auto", "loss"): "1.35x",
-    ("tanh_residual", "auto", "grad"): "0.71x",
-    ("two_blocks", "auto", "grad"): "0.66x",
-    ("two_blocks", "explicit", "grad"): "0.74x",
 }
 
 

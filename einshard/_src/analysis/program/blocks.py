@@ -45,6 +45,7 @@ import numpy as np
 
 from ...core.layout import Layout
 from .report import OpReport
+from .values import DERIVED_NAMES
 
 __all__ = ["WalkCounts", "BodyIndex", "Tape", "body_index", "normal_param", "translate_env"]
 
@@ -186,7 +187,7 @@ def translate_env(env: dict[Any, Layout], src: BodyIndex, dst: BodyIndex) -> dic
     out: dict[Any, Layout] = {}
     for k, lay in env.items():
         of = getattr(k, "of", None)
-        if of is not None and type(k).__name__ in ("Gathered", "Partial", "Sent"):
+        if of is not None and type(k).__name__ in DERIVED_NAMES:
             p = src.value_at.get(of)
             if p is not None:
                 out[type(k)(dst.values[p])] = lay

@@ -85,7 +85,17 @@ from ..cost import ReduceScatter, Tiling, buffer_bytes
 from .costing import is_free
 from .peak_summary import Steps, Stretch, Summary, SummaryMemo, fold, fold_runs, stretches
 from .registry import sub_jaxpr
-from .values import ELEMENTWISE, PLACEMENTS, REDUCTIONS, Derived, Gathered, Partial, Sent, dtype_itemsize
+from .values import (
+    DOT_GATHERED,
+    ELEMENTWISE,
+    PLACEMENTS,
+    REDUCTIONS,
+    Derived,
+    Gathered,
+    Partial,
+    Sent,
+    dtype_itemsize,
+)
 
 __all__ = [
     "peak_bytes",
@@ -2420,6 +2430,19 @@ def _peak(
         if extra:
             combined = dict(combined)
             combined[i] = combined.get(i, 0) + extra
+    # A dot's operand the program makes, gathered for that dot: held from the value's first reader to the last dot
+    # gathering it (XLA:CPU's scheduling: _dot_gather_holds), its row-major copy while it is gathered.  Added where
+    # the copy is made and freed where its last dot runs, as a buffer is (not step by step: a copy held from a deep
+    # model's forward to its backward would make every layer's stretch between them a walk of its own).
+    hold_starts: dict[int, int] = {}
+    hold_ends: dict[int, int] = {}
+    if not results_elsewhere and tiling == "dense" and whole_sums:
+        for made_at, freed_at, b, back in _dot_gather_holds(prog, info, nbytes_as):
+            hold_starts[made_at] = hold_starts.get(made_at, 0) + b
+            hold_ends[freed_at] = hold_ends.get(freed_at, 0) + b
+            if back:
+                combined = dict(combined)
+                combined[made_at] = combined.get(made_at, 0) + b
     for i in info.ynn_convs:
         extra = _ynn_conv_copies(prog, info, steps, i, size, nbytes_as, fusible)
         if extra:
@@ -2545,6 +2568,8 @@ def _peak(
         top: int | None = None
         for i in range(lo, hi):
             step = steps[i]
+            if hold_starts:
+                gathered_now += hold_starts.get(i, 0)
             donors = None
             copies: list[int] | None = None  # the gathered copies dying here its results may be written into
             taken = 0  # the bytes of those its results took (no longer the copies', freed with them)
@@ -2587,6 +2612,8 @@ def _peak(
             if top is None or here > top:
                 top = here
             gathered_now -= gathered_ends.get(i, 0) - taken
+            if hold_ends:
+                gathered_now -= hold_ends.get(i, 0)
             for k in dies.get(i, ()):
                 total -= live.pop(k, 0)
             if part_now:  # the lone all-reduce, its operands' step done: the partial next to its sum
@@ -2683,6 +2710,11 @@ def _peak(
     for i in sorted(running):
         at = bisect.bisect_right(sizing.starts, i) - 1
         at_stretch.setdefault(at, []).append((i - plan[at].start, running[i], sums.get(i, 0)))
+    # By stretch: (offset, bytes made, bytes freed) of its steps where a dot's gathered operand is made or freed.
+    holds_at: dict[int, list[tuple[int, int, int]]] = {}
+    for i in sorted(hold_starts.keys() | hold_ends.keys()):
+        at = bisect.bisect_right(sizing.starts, i) - 1
+        holds_at.setdefault(at, []).append((i - plan[at].start, hold_starts.get(i, 0), hold_ends.get(i, 0)))
     runs: list[list[Any]] = []  # [summary, count]: consecutive stretches walked alike, folded in one step
     for at, (s, (_, entering_slots)) in enumerate(zip(plan, sizing.slots)):
         numbers = (
@@ -2694,6 +2726,7 @@ def _peak(
             tuple(into_copies.get(i, ()) for i in s.ends),
             # By the layouts of their partial sums and moves (the steps that hold any, by offset).
             tuple(at_stretch.get(at, ())),
+            tuple(holds_at.get(at, ())),
             lone,
             (release_at - s.start, released, widened) if s.start <= release_at < s.stop else None,
         )
@@ -2945,6 +2978,78 @@ def _stretches_of(prog: _Program, info: _Liveness, forms: dict[Any, int]) -> tup
         ends,
     )
     return stretches(cut, forms)
+
+
+def _dot_steps(prog: _Program) -> dict[tuple[tuple[int, ...], int], tuple[int, Any]]:
+    """The dot steps of ``prog`` by (call path, id of the dot's result): (step, equation).  Made once per steps'
+    numbering (``step_facts``: shared by a flattening's rebounds, an absorbed variant's own)."""
+    found = prog.step_facts.get("dots")
+    if found is None:
+        found = prog.step_facts["dots"] = {
+            (path, id(eqn.outvars[0])): (i, eqn)
+            for i, eqn, path in prog.windows
+            if eqn.primitive.name == "dot_general" and eqn.outvars
+        }
+    return found
+
+
+def _dot_gather_holds(
+    prog: _Program, info: _Liveness, nbytes_as: Callable[[Key, Layout | None], int]
+) -> list[tuple[int, int, int, bool]]:
+    """The copies XLA:CPU holds of the dot operands the program makes and the walk all-gathers for a dot
+    (values.GatheredLhs, GatheredRhs: an activation a weight-gradient dot reads whole along the split it had).
+
+    XLA:CPU's scheduler issues such an all-gather early, right after the value's first reader (the forward's dot or
+    elementwise op), and holds the gathered copy to the last dot reading it (the backward's weight gradient); where
+    it gathers along a dimension other than the value's major one it also copies the gathered result back to
+    row-major there (one more gathered size, while the gather runs).  One copy per value (CSE): the largest any of
+    its dots gathers.  Measured on ``grad(lambda t, w: mean(square(x + tanh(x @ w))))``, x = t * 2 f32[8,8,32], w
+    [32, 32@model] on a (4, 2) Auto mesh (tests/test_open_values.py's tanh_residual): XLA:CPU's temporaries at its
+    peak are the gathered f32[8,8,32]{1,0,2} (all-gather right after the forward's dot) and its row-major copy,
+    8 KiB each, besides the forward's product: 34836 B; the walk, which held neither, 24832 B (0.71x); with the
+    copy held, 1.07x.  (On keras-hub's Falcon tensor-parallel gradient, the diagnosis' prototype: 0.70x -> 0.91x.)
+
+    The copies: each its first and last step, its bytes, and whether it is copied back to row-major at its first."""
+    dots = _dot_steps(prog)
+    if not dots:
+        return []
+    readers, producer, fused = info.readers, info.producer, info.fused
+    found: dict[Key, list[Any]] = {}  # by operand: [its gathering dots, its largest copy's bytes, that copy]
+    for path, d, lay in prog.bound_derived():
+        cls = d.__class__
+        if cls is not DOT_GATHERED[0] and cls is not DOT_GATHERED[1]:
+            continue
+        at = dots.get((path, id(d.of)))
+        if at is None or is_free(lay):
+            continue
+        i, eqn = at
+        k = prog.key(eqn.invars[0 if cls is DOT_GATHERED[0] else 1], path)
+        if k is None or k not in producer or k in fused or i not in readers.get(k, ()):
+            continue  # an argument (gathered at the start: _peak's ``gathered``), a fused value, a dead dot
+        b = nbytes_as(k, lay)
+        row = found.get(k)
+        if row is None:
+            found[k] = [[i], b, lay]
+        else:
+            row[0].append(i)
+            if b > row[1]:
+                row[1], row[2] = b, lay
+    out = []
+    for k, (gathering, b, copy) in found.items():
+        first, last = readers[k][0], max(gathering)
+        # Gathered for its first reader: from there; else from the step after that reader.
+        start = first if min(gathering) == first else min(first + 1, last)
+        own = prog.layout(k)
+        back = False
+        # (Gathered at the dot itself, the copy it reads out of order is the dot's scratch: dot_scratch sizes it
+        # from the gathered layout.  Measured on an FSDP MLP's step, tests/test_fsdp_gradient_rules.py: with the
+        # row-major copy beside it too, 1.37x XLA's peak.)
+        if own is not None and start < last:
+            shape = tuple(int(n) for n in _aval(k).shape)
+            major = next((d for d, n in enumerate(shape) if n > 1), 0)
+            back = any(a != c for d, (a, c) in enumerate(zip(own.dims, copy.dims)) if d != major)
+        out.append((start, last, b, back))
+    return out
 
 
 def _gathers_minor(v: Any, copy: Layout, layouts: dict[Any, Layout]) -> bool:

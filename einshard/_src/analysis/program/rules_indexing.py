@@ -110,6 +110,7 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
                 lay = ins[k]
                 dims = tuple(tuple(m for m in d if m not in c.axes) for d in lay.dims)
                 w.bind_copy(eqn.invars[k], lay.with_dims(dims))
+                w.bind_dot_copy(eqn, k, lay.with_dims(dims))
         kept = tuple(c for c in colls if not w.already_moved(ins, c, as_move=True))
         if idle is not None:
             # XLA moves the gathered operand onto the idle mesh axes, then gathers it over them (idle_axes.py):
@@ -363,6 +364,7 @@ def _settle_passthrough_conflict(
                 w.change(eqn, phase, ins[k], via, dtype, repeat, f"{why}, re-split onto idle mesh axes")
                 w.change(eqn, phase, via, lay, dtype, repeat, f"{why}, gathered over the idle mesh axes")
                 w.bind_copy(eqn.invars[k], lay)  # (peak: the whole copy the dot reads, as a direct gather's)
+                w.bind_dot_copy(eqn, k, lay)
             moved.append(k)
         out[k] = lay
     return out, moved

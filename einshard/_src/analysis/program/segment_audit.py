@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from .segments import Run
+from .values import DERIVED_NAMES
 from .walker import Walker
 
 __all__ = ["BoundaryRead", "boundary_reads"]
@@ -60,7 +61,7 @@ class _Log:
 def _value_id(key: Any) -> int:
     """The value an environment key concerns (a value, or a buffer derived from one: its gathered copy, its
     partial sum)."""
-    return id(getattr(key, "of", key)) if type(key).__name__ in ("Gathered", "Partial", "Sent") else id(key)
+    return id(getattr(key, "of", key)) if type(key).__name__ in DERIVED_NAMES else id(key)
 
 
 class _EnvLog(dict):  # type: ignore[type-arg]

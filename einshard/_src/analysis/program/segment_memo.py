@@ -50,7 +50,7 @@ from .costing import is_free
 from .registry import sub_jaxpr
 from .report import OpReport
 from .segments import LAYER_INDEX, find_runs, param_token
-from .values import Gathered, Partial, Sent
+from .values import DERIVED_NAMES, Gathered, GatheredLhs, GatheredRhs, Partial, Sent
 
 __all__ = [
     "Copy",
@@ -503,8 +503,9 @@ class Shelf(list):  # type: ignore[type-arg]
 
 
 # The kinds of environment key a replay writes under a value: the value itself, its gathered copy, its pending sum,
-# its all-to-all buffers (values.py).  A copy's keys are laid out kind by kind (:class:`CopySlots`).
-KINDS: tuple[Any, ...] = (None, Gathered, Partial, Sent)
+# its all-to-all buffers, a dot's gathered operands (by the dot's result) (values.py).  A copy's keys are laid out
+# kind by kind (:class:`CopySlots`).
+KINDS: tuple[Any, ...] = (None, Gathered, Partial, Sent, GatheredLhs, GatheredRhs)
 
 
 @dataclass(frozen=True, eq=False)
@@ -853,7 +854,7 @@ def _course_of(reach: Any, at: int, cache: dict[Any, Any]) -> Hashable:
 
 def _env_ident(key: Any) -> int:
     of = getattr(key, "of", None)
-    return id(of) if of is not None and type(key).__name__ in ("Gathered", "Partial", "Sent") else id(key)
+    return id(of) if of is not None and type(key).__name__ in DERIVED_NAMES else id(key)
 
 
 class PlainEnv(dict):  # type: ignore[type-arg]
@@ -890,7 +891,7 @@ class RecordingEnv(PlainEnv):
         if self.rec is not None:
             tok = self.rec.token(_env_ident(key), "a write")
             if tok is not None:
-                kind = type(key) if type(key).__name__ in ("Gathered", "Partial", "Sent") else None
+                kind = type(key) if type(key).__name__ in DERIVED_NAMES else None
                 self.rec.env.append((tok, kind, value))
         super().__setitem__(key, value)
 

@@ -20,6 +20,10 @@ __all__ = [
     "Gathered",
     "Partial",
     "Sent",
+    "GatheredLhs",
+    "GatheredRhs",
+    "DOT_GATHERED",
+    "DERIVED_NAMES",
     "dtype_itemsize",
 ]
 
@@ -185,3 +189,24 @@ class Sent(Derived):
     all-to-all runs (memory.py)."""
 
     __slots__ = ()
+
+
+class GatheredLhs(Derived):
+    """The gathered copy of the first operand of the dot making this value, where the walk all-gathers that operand
+    for this dot (the largest, where it is gathered in steps).  :class:`Gathered` is the value's own copy, whichever
+    op gathered it; this says which dot reads it: XLA:CPU holds the copy from the value's first reader to the last
+    dot gathering it (memory.py)."""
+
+    __slots__ = ()
+
+
+class GatheredRhs(Derived):
+    """:class:`GatheredLhs` of the dot's second operand."""
+
+    __slots__ = ()
+
+
+# By dot operand (0 lhs, 1 rhs): the key a dot's gathered operand is bound under, by the dot's result.
+DOT_GATHERED: tuple[type[Derived], type[Derived]] = (GatheredLhs, GatheredRhs)
+# The derived kinds by name (the modules that key or translate environments by the value a key derives from).
+DERIVED_NAMES = frozenset({"Gathered", "Partial", "Sent", "GatheredLhs", "GatheredRhs"})

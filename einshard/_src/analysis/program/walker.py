@@ -59,7 +59,7 @@ from .segment_memo import (
     searches_hold,
     slice_row_class,
 )
-from .values import CARRIERS, PLACEMENTS, Gathered, Sent, dtype_itemsize
+from .values import CARRIERS, DOT_GATHERED, PLACEMENTS, Gathered, Sent, dtype_itemsize
 
 __all__ = ["Walker"]
 
@@ -277,14 +277,23 @@ class Walker:
                 self._source[id(dst)] = value
                 self._keep.append(dst)
             if key in self._made:
-                return  # XLA reuses the value it already brought there
+                # XLA reuses the value it already brought there; a dot reading a gathered copy another dot made
+                # reads that copy (held to the last of them: memory._dot_gather_holds).
+                if eqn.primitive.name == "dot_general" and math.prod(dst.shard_shape) > math.prod(src.shard_shape):
+                    for p, v in enumerate(eqn.invars[:2]):
+                        if not hasattr(v, "val") and self.env.get(v) is src:
+                            self.bind_dot_copy(eqn, p, self._made[key])
+                return
             self._made[key] = dst
             self._made_by.setdefault(value, set()).add(key[1])
         colls = self.costs.reshard(src, dst, dtype)
         if not src.unreduced and any(c.kind == "all-gather" for c in colls):
-            for v in getattr(eqn, "invars", ()):
+            dot = getattr(getattr(eqn, "primitive", None), "name", None) == "dot_general"
+            for p, v in enumerate(getattr(eqn, "invars", ())):
                 if not hasattr(v, "val") and self.env.get(v) is src:  # literals (a pad's value) are unhashable
                     self.bind_copy(v, dst)
+                    if dot and p < 2:
+                        self.bind_dot_copy(eqn, p, dst)
         if any(c.kind == "all-to-all" for c in colls):
             self.bind_sent(eqn, src)
         sliced = _sliced_before_sum(src, dst)
@@ -338,6 +347,18 @@ class Walker:
         if self.quiet or hasattr(v, "val"):
             return
         key = Gathered(v)
+        old = self.env.get(key)
+        if old is None or math.prod(lay.shard_shape) > math.prod(old.shard_shape):
+            self.env[key] = lay
+
+    def bind_dot_copy(self, eqn: Any, p: int, lay: Layout) -> None:
+        """Note that operand ``p`` (0 or 1) of the dot ``eqn`` is all-gathered to ``lay`` for that dot (peak memory
+        holds the copy from the operand's first reader to its last such dot: see :mod:`.memory`), keyed by the dot's
+        result (values.GatheredLhs, GatheredRhs).  Where it is gathered in steps, the largest is kept."""
+        outs = getattr(eqn, "outvars", ())
+        if self.quiet or not outs:
+            return
+        key = DOT_GATHERED[p](outs[0])
         old = self.env.get(key)
         if old is None or math.prod(lay.shard_shape) > math.prod(old.shard_shape):
             self.env[key] = lay
