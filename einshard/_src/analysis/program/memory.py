@@ -3024,8 +3024,10 @@ def _dot_gather_holds(
             continue
         i, eqn = at
         k = prog.key(eqn.invars[0 if cls is DOT_GATHERED[0] else 1], path)
-        if k is None or k not in producer or k in fused or i not in readers.get(k, ()):
-            continue  # an argument (gathered at the start: _peak's ``gathered``), a fused value, a dead dot
+        if k is None or k not in producer or k in fused or k in info.from_args or i not in readers.get(k, ()):
+            # an argument or a view of one (gathered at the start: _peak's ``gathered``, ``from_args``), a fused
+            # value, a dead dot
+            continue
         b = nbytes_as(k, lay)
         row = found.get(k)
         if row is None:
