@@ -159,7 +159,15 @@ def _per_copy(t, specs, run):
                         across = v in made and t.costs.phase_of(eqns[made[v]]) != t.costs.phase_of(eqns[q])
                         where = "input" if v not in made else "across" if across else made[v] - p
                         entering.append((q - p, where, state, self.summed.get(id(v))))
-                keys[(p - run.start) // run.period] = tuple(entering)
+                # The splits the walk moves the copy's own open values to where they are made, which their readers
+                # past the copy hand them (open_values: in the memo's key too, Walker.open_copies).
+                moved = tuple(
+                    (q - p, k, self.open_splits[id(o)])
+                    for q in range(p, p + run.period)
+                    for k, o in enumerate(eqns[q].outvars)
+                    if id(o) in self.open_splits
+                )
+                keys[(p - run.start) // run.period] = (tuple(entering), moved)
             return super().step(eqn, ins, repeat, phase)
 
     w = Entering(t.costs)

@@ -16,6 +16,12 @@ is.  The split then holds at every other reader of the value.  Measured on one-o
   Falcon, BLOOM, GPT-NeoX, OPT, DeBERTa, RoFormer and ESM-2 under a generic column split): the lookup's output
   is split on d, and the first layer norm's sums over ``model`` follow.
 
+- a dot reads an open value against a partner split on their contracted (or batch) dimensions: the value takes the
+  partner's split there (a free slice; Shardy shares those factors between the operands), and its other readers
+  read it so: ``x = exp(t)``, ``x + tanh(x @ w)`` with ``w``'s rows over 'a' reduce-scatters the dot's partial sum
+  onto the add's split, the result left open (:func:`_dot_reader_split`).  A split the value has there already grows
+  to the partner's where it is its prefix.
+
 The walk reproduces the fixed point by walking again.  After a walk, :func:`found_splits` reads the split each
 open value's elementwise readers hand it: the split a reader's result has on an axis the value leaves whole, where
 another operand of the reader has it too (a split only the value itself brought there hands it nothing), where its
@@ -109,6 +115,12 @@ def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
             for k, v in enumerate(eqn.invars):
                 if not hasattr(v, "val") and id(v) in made and getattr(v.aval, "shape", None) == shape and shape:
                     found.append((eqn, k, v))
+        elif name == "dot_general":
+            # (a dot shares its contracted and batch factors between its operands: Shardy hands an open operand the
+            # split its partner has there -- a free slice of it -- and its other readers then read it split)
+            for k, v in enumerate(eqn.invars[:2]):
+                if not hasattr(v, "val") and id(v) in made and eqn.invars[1 - k] is not v:
+                    found.append((eqn, k, v))
         if name not in PLACEMENTS:  # (a placement fixes its result: never open)
             for v in eqn.outvars:
                 # (on Explicit axes a value's type is its layout: JAX's, fixed where it is made; XLA keeps it)
@@ -140,6 +152,8 @@ def reader_split(
 
     The split the reader's result has (its op's factors, shared by every operand) on an axis ``x`` leaves whole,
     where another operand has it too: a split that ``x``'s own layout brought to the result hands it nothing."""
+    if eqn.primitive.name == "dot_general":
+        return _dot_reader_split(eqn, k, env, own, fixed)
     res = env.get(eqn.outvars[0])
     if own is None or res is None:
         return None
@@ -167,6 +181,32 @@ def reader_split(
         ):
             wanted[i] = d
             used |= set(d)
+    dims = tuple(wanted)
+    return None if dims == own.dims else dims
+
+
+def _dot_reader_split(
+    eqn: Any, k: int, env: Mapping[Any, Layout], own: Layout | None, fixed: frozenset[str]
+) -> Dims | None:
+    """The split a dot hands its open ``k``-th operand: its partner's split on their shared (contracted and batch)
+    dimensions, on mesh axes the value leaves unused (Shardy's factor propagation; measured, ``x = exp(t)``,
+    ``x + tanh(x @ w)`` with ``w``'s rows over 'a': x takes its columns over 'a', and the add's result with it)."""
+    partner = env.get(eqn.invars[1 - k])
+    if own is None or partner is None or is_free(own) or own.unreduced or is_free(partner) or partner.unreduced:
+        return None
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    mine, theirs = ((lc, lb), (rc, rb)) if k == 0 else ((rc, rb), (lc, lb))
+    pairs = [*zip(mine[0], theirs[0]), *zip(mine[1], theirs[1])]
+    used = {m for d in own.dims for m in d} | fixed
+    wanted = list(own.dims)
+    for i, j in pairs:
+        d, mine_i = partner.dims[j], own.dims[i]
+        # (a split the value has there already grows to the partner's where it is its prefix: Shardy adds the
+        # minor axes, x[16, 32@b] read against w[32@(b, c), 32] is split (b, c))
+        more = d[len(mine_i) :] if d[: len(mine_i)] == mine_i else ()
+        if more and not used & set(more) and own.shape[i] == partner.shape[j]:
+            wanted[i] = d
+            used |= set(more)
     dims = tuple(wanted)
     return None if dims == own.dims else dims
 

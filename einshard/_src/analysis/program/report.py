@@ -128,6 +128,9 @@ class ProgramReport:
     # Values no layout fixes whose readers still hand them a split after the last walk (open_values.MAX_WALKS): XLA's
     # propagation would split them where they are made, which the costs above do not.
     unsettled: int = 0
+    # Per output of the program, the mesh axes each dimension is split over as the program returns it (its last
+    # walk's, the open values moved: where XLA's propagation leaves a result no layout is asked of).
+    output_dims: tuple[tuple[tuple[str, ...], ...], ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -227,6 +230,7 @@ class ProgramReport:
             },
             "alternatives_unwalked": self.alternatives_unwalked,
             "unsettled": self.unsettled,
+            "output_dims": [[list(d) for d in dims] for dims in self.output_dims],
             "mesh": {m.name: m.size for m in self.mesh},
             "flops": self.flops,
             "comm_bytes": self.comm_bytes,

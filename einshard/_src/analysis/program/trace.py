@@ -530,6 +530,7 @@ class TracedProgram:
             ),
             peak_note=self.peak_note,
             unsettled=unsettled,
+            output_dims=tuple(_returned_dims(v, layouts) for v in self.jaxpr.outvars),
         )
         if self.costs.forced:
             return report  # a fork's report: compared by alternatives.widen, never widened itself
@@ -558,6 +559,14 @@ class TracedProgram:
             return self.report(in_specs, out_specs)
         finally:
             self.costs.forced = frozenset()
+
+
+def _returned_dims(v: Any, layouts: Mapping[Any, Layout]) -> tuple[tuple[str, ...], ...]:
+    """The split an output ``v`` of the program is returned in (whole: a literal, a value laid out nowhere)."""
+    found = None if hasattr(v, "val") else layouts.get(v)
+    if found is None or is_free(found):
+        return ((),) * len(getattr(v.aval, "shape", ()))
+    return found.dims
 
 
 def _values_of(opened: Any, ids: Mapping[int, Any]) -> list[Any]:

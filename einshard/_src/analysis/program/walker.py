@@ -614,7 +614,7 @@ class Walker:
             lay = moved[k] if k < len(moved) else None
             if want is None or lay is None or is_free(lay) or lay.unreduced or lay.dims == want:
                 continue
-            if any(d and d != w for d, w in zip(lay.dims, want)):
+            if any(d and d != w[: len(d)] for d, w in zip(lay.dims, want)):
                 continue  # (split otherwise in this walk: what the readers hand it is read again after)
             self.open_natural[id(v)] = lay
             moved[k] = self.relayout(v.aval, want)
