@@ -192,21 +192,35 @@ def _dot_reader_split(
     dimensions, on mesh axes the value leaves unused (Shardy's factor propagation; measured, ``x = exp(t)``,
     ``x + tanh(x @ w)`` with ``w``'s rows over 'a': x takes its columns over 'a', and the add's result with it)."""
     partner = env.get(eqn.invars[1 - k])
-    if own is None or partner is None or is_free(own) or own.unreduced or is_free(partner) or partner.unreduced:
+    # (asked of every dot reading an open value after every walk: a partner split nowhere, most weights under data
+    # parallelism, hands nothing)
+    if own is None or partner is None or not any(partner.dims):
+        return None
+    if is_free(own) or own.unreduced or is_free(partner) or partner.unreduced:
         return None
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    mine, theirs = ((lc, lb), (rc, rb)) if k == 0 else ((rc, rb), (lc, lb))
-    pairs = [*zip(mine[0], theirs[0]), *zip(mine[1], theirs[1])]
-    used = {m for d in own.dims for m in d} | fixed
-    wanted = list(own.dims)
-    for i, j in pairs:
-        d, mine_i = partner.dims[j], own.dims[i]
+    mine, theirs = (tuple(lc) + tuple(lb), tuple(rc) + tuple(rb))
+    if k:
+        mine, theirs = theirs, mine
+    wanted: list[tuple[str, ...]] | None = None
+    used: set[str] = set()
+    for i, j in zip(mine, theirs):
+        d = partner.dims[j]
+        if not d:
+            continue
+        mine_i = own.dims[i]
         # (a split the value has there already grows to the partner's where it is its prefix: Shardy adds the
         # minor axes, x[16, 32@b] read against w[32@(b, c), 32] is split (b, c))
         more = d[len(mine_i) :] if d[: len(mine_i)] == mine_i else ()
-        if more and not used & set(more) and own.shape[i] == partner.shape[j]:
+        if not more or own.shape[i] != partner.shape[j]:
+            continue
+        if wanted is None:
+            wanted, used = list(own.dims), {m for o in own.dims for m in o} | fixed
+        if not used & set(more):
             wanted[i] = d
             used |= set(more)
+    if wanted is None:
+        return None
     dims = tuple(wanted)
     return None if dims == own.dims else dims
 

@@ -460,10 +460,9 @@ class TracedProgram:
                 found = spread_back(opened, stopped.found, walker.env, walker.open_natural)
                 splits = {**splits, **{i: d for i, d in found.items() if i not in splits}}
                 continue
-            # A walk that stops at new splits (not the last) and met none stepped or replayed every reader of a
-            # value it was not given (Walker._open_read): they hand nothing new, and asking them again would cost
-            # a pass over every reader of the program.  The last walk asks them all.
-            met = not walker.open_stop or bool(walker._reopen)
+            # A walk that met no reader handing a value a split it was not given, stepped or replayed
+            # (Walker.open_met), found nothing new: asking every reader of the program again would find nothing.
+            met = walker.open_met
             found = found_splits(opened, layouts, walker.open_natural) if opened.readers and met else {}
             # Splits only add up, as Shardy's propagation only adds mesh axes: a value a walk gave a split makes
             # its readers' results split as it is, which then hand nothing new (a value given two splits keeps

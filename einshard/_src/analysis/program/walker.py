@@ -111,6 +111,9 @@ class Walker:
         self.open_at: Mapping[int, tuple[tuple[int, Any], ...]] = {}
         self.open_fixed: Mapping[int, frozenset[str]] = {}  # (open_values.OpenValues.fixed)
         self.open_stop = False  # whether a split found at a reader stops the walk (not the report's last walk)
+        # Whether a reader stepped or replayed handed a value a split the walk was not given (else no reader would,
+        # asked again after the walk: open_values.found_splits is not asked).
+        self.open_met = False
         # While a copy is recorded: (id(value), split) each of its readers hands an open value (its tape's ``opened``).
         self._open_recorded: list[tuple[tuple[int, tuple[tuple[str, ...], ...]], ...]] | None = None
         self._reopen: dict[int, tuple[tuple[str, ...], ...]] = {}
@@ -587,8 +590,10 @@ class Walker:
             if dims is None:
                 continue
             group.append((id(x), dims))
-            if self.open_stop and fresh and id(x) not in self.open_splits:
-                self._reopen[id(x)] = dims
+            if id(x) not in self.open_splits:
+                self.open_met = True
+                if self.open_stop and fresh:
+                    self._reopen[id(x)] = dims
         if recording is not None and group:
             recording.append(tuple(group))
 
@@ -601,6 +606,9 @@ class Walker:
             for tok, dims in group:
                 i = id(copy.value(tok))
                 if i not in self.open_splits:
+                    self.open_met = True
+                    if not self.open_stop:
+                        return
                     self._reopen[i] = dims
             if self._reopen:
                 return
@@ -968,7 +976,7 @@ class Walker:
         if tape is not None:
             ready = self._segment_replay(tape, copy, env)
             self.costs.counts.segment_replays += 1
-            if tape.opened and self.open_stop:
+            if tape.opened and (self.open_stop or not self.open_met):
                 self._open_replayed(tape, copy)
             if not ready.writes_entering:
                 self._last_replay = (copy, key[5], env, self.costs.counts.equations, self._walks, ready)
