@@ -18,26 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_open_values import PROGRAMS, SPECS, _args
+from test_open_values import PROGRAMS, _args, report_and_compiled
 
-import einshard
 from einshard._src.analysis.program import trace
 from einshard._src.analysis.program.inline import inlined_calls
 from einshard.testing import hlo
-
-
-def _report(fn: Any, mesh: Any, grad: bool) -> tuple[Any, Any]:
-    """explain's report of ``fn`` (or its gradient) as tests/test_open_values.py lays it out, and XLA's program."""
-    fn = jax.grad(fn, argnums=(2, 3)) if grad else fn
-    args = _args()
-    shardings = tuple(einshard.sharding(e, a.shape, mesh=mesh) for e, a in zip(SPECS, args))
-    out = (shardings[2], shardings[3]) if grad else NamedSharding(mesh, P())
-    placed = jax.device_put(args, shardings)
-    with jax.set_mesh(mesh):
-        compiled = jax.jit(fn, in_shardings=shardings, out_shardings=out).lower(*placed).compile()
-        asked = [s.spec for s in out] if grad else [P()]  # type: ignore[union-attr]
-        report = trace(fn, *placed, mesh=mesh).report(SPECS, asked)
-    return report, compiled
 
 
 def _collectives(report: Any) -> tuple[Counter, float]:
@@ -52,8 +37,8 @@ def test_a_jitted_program_is_explained_as_the_program_and_as_xla(name: str, axis
     """``jax.jit(f)`` passed whole: the report is the unwrapped program's, op for op, and its collectives and bytes
     are XLA's (which compiles the two alike)."""
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis, axis))
-    flat, _ = _report(PROGRAMS[name], mesh, grad)
-    wrapped, compiled = _report(jax.jit(PROGRAMS[name]), mesh, grad)
+    flat, _ = report_and_compiled(PROGRAMS[name], mesh, grad)
+    wrapped, compiled = report_and_compiled(jax.jit(PROGRAMS[name]), mesh, grad)
     assert [(op.expression, op.collectives) for op in wrapped.ops] == [
         (op.expression, op.collectives) for op in flat.ops
     ]
@@ -96,8 +81,8 @@ def test_drawn_nestings_of_jit_calls_explain_as_the_flat_program(data: st.DataOb
         x = t * 2.0
         return jnp.mean(jnp.square(x + jnp.tanh(x @ w)))
 
-    got, _ = _report(nested, mesh, grad)
-    want, _ = _report(flat, mesh, grad)
+    got, _ = report_and_compiled(nested, mesh, grad)
+    want, _ = report_and_compiled(flat, mesh, grad)
     assert [(op.expression, op.collectives) for op in got.ops] == [(op.expression, op.collectives) for op in want.ops]
     assert got.peak_bytes == want.peak_bytes
     fn = jax.grad(nested, argnums=(2, 3)) if grad else nested

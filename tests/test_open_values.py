@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -96,12 +97,11 @@ def _args() -> tuple[jax.Array, ...]:
     )
 
 
-def _compare(
-    name: str, axis: AxisType | tuple[AxisType, AxisType], grad: bool, specs: tuple[str, ...] = SPECS
-) -> tuple[dict, dict, float, float, int, int]:
-    types = axis if isinstance(axis, tuple) else (axis, axis)
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=types)
-    fn = PROGRAMS[name]
+def report_and_compiled(
+    fn: Callable[..., jax.Array], mesh: jax.sharding.Mesh, grad: bool, specs: tuple[str, ...] = SPECS
+) -> tuple[Any, Any]:
+    """explain's report of ``fn`` (or its gradient in w and w2) on ``_args()`` laid out by ``specs``, and XLA's
+    compiled program of the same (the loss returned whole, the gradients as their parameters)."""
     fn = jax.grad(fn, argnums=(2, 3)) if grad else fn
     args = _args()
     shardings = tuple(einshard.sharding(e, a.shape, mesh=mesh) for e, a in zip(specs, args))
@@ -111,6 +111,15 @@ def _compare(
         compiled = jax.jit(fn, in_shardings=shardings, out_shardings=out).lower(*placed).compile()
         asked = [s.spec for s in out] if grad else [P()]  # type: ignore[union-attr]
         report = trace(fn, *placed, mesh=mesh).report(specs, asked)
+    return report, compiled
+
+
+def _compare(
+    name: str, axis: AxisType | tuple[AxisType, AxisType], grad: bool, specs: tuple[str, ...] = SPECS
+) -> tuple[dict, dict, float, float, int, int]:
+    types = axis if isinstance(axis, tuple) else (axis, axis)
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=types)
+    report, compiled = report_and_compiled(PROGRAMS[name], mesh, grad, specs)
     xla = hlo.normalized(compiled.as_text() or "")
     explained = Counter(
         c.kind for op in report.ops for c in op.collectives for _ in range(op.repeat) if c.group_size > 1
