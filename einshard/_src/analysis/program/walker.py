@@ -114,7 +114,8 @@ class Walker:
         # Whether a reader stepped or replayed handed a value a split the walk was not given (else no reader would,
         # asked again after the walk: open_values.found_splits is not asked).
         self.open_met = False
-        # While a copy is recorded: (id(value), split) each of its readers hands an open value (its tape's ``opened``).
+        # While a copy is recorded, per reader in order: the (id(value), split) it hands open values (its tape's
+        # ``opened``).
         self._open_recorded: list[tuple[tuple[int, tuple[tuple[str, ...], ...]], ...]] | None = None
         self._reopen: dict[int, tuple[tuple[str, ...], ...]] = {}
         # The copies (by start) making a value of open_splits -> those values' tokens there and splits: in its key.
