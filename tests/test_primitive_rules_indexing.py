@@ -236,6 +236,11 @@ def test_indexing_rule_matches_xla(family: str) -> None:
 # The deep draws a rule does not yet hold to XLA: non-strict, as tests/test_primitive_rules.py's DEEP_MISSES.
 DEEP_MISSES: dict[str, str] = {
     **FAST_MISSES,
+    "select_n": (
+        "the deep run's first failing draw in session 24 (the same on the code before it, 5dfeb19): jnp.where(c, a, "
+        "b), a[16@(a,b), 24], b whole, c[16, 24@b] (mesh 2): one all-to-all of 48 B, XLA's, but the peak 3648 B "
+        "against XLA's 2372 B (1.54x): the moved operand's buffers, not diagnosed"
+    ),
     "scatter": (
         "(the derandomized run's first draw, the gradient of x.at[i].add(u), x[16, 16] whole, u[8@a, 16], holds: "
         "one all-reduce, as explain says, which the HLO reader had read as a reduce-scatter while a slice was one "
