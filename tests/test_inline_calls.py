@@ -30,9 +30,29 @@ def _collectives(report: Any) -> tuple[Counter, float]:
     return Counter(c.kind for op, c in ops for _ in range(op.repeat)), sum(c.bytes * op.repeat for op, c in ops)
 
 
-@pytest.mark.parametrize("grad", [False, True], ids=["loss", "grad"])
-@pytest.mark.parametrize("axis", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+# jax 0.12's XLA compiles the jitted two_blocks gradient on Explicit axes with one collective-permute more than the
+# same program unwrapped (3 against 2; jax 0.10's compiles the two alike, and on Auto axes both releases do): its
+# call keeps a border there that explain's inlining does not model (measured on jax 0.12.0.1 in CI's Python 3.12 run).
+_JAX_012 = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 12)
+_CASES = [
+    pytest.param(
+        name,
+        axis,
+        grad,
+        id=f"{name}-{axis.name.lower()}-{'grad' if grad else 'loss'}",
+        marks=pytest.mark.xfail(
+            strict=True, reason="jax 0.12's XLA: a permute more for the jitted program than for the flat one"
+        )
+        if _JAX_012 and (name, axis, grad) == ("two_blocks", AxisType.Explicit, True)
+        else (),
+    )
+    for name in sorted(PROGRAMS)
+    for axis in (AxisType.Auto, AxisType.Explicit)
+    for grad in (False, True)
+]
+
+
+@pytest.mark.parametrize(("name", "axis", "grad"), _CASES)
 def test_a_jitted_program_is_explained_as_the_program_and_as_xla(name: str, axis: AxisType, grad: bool) -> None:
     """``jax.jit(f)`` passed whole: the report is the unwrapped program's, op for op, and its collectives and bytes
     are XLA's (which compiles the two alike)."""
