@@ -58,6 +58,7 @@ __all__ = [
     "OpenValues",
     "open_values",
     "reader_split",
+    "paired_axes",
     "found_splits",
     "spread_back",
     "MAX_WALKS",
@@ -99,7 +100,8 @@ class OpenValues:
 
 def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
     """``jaxpr``'s open values (a value made by one of its own equations that fixes nothing, its type not its
-    layout) and their elementwise readers of their own shape, each with the value's operand index.  A fact of the
+    layout) and their readers, each with the value's operand index: elementwise readers of their own shape, and
+    dots whose other operand no other dot reads.  A fact of the
     jaxpr: found once per program."""
     table = costs.open_values
     hit = table.get(id(jaxpr))
@@ -198,6 +200,14 @@ def reader_split(
     return None if dims == own.dims else dims
 
 
+def paired_axes(eqn: Any, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A dot's axes its operand ``k`` shares with the other operand, in pairs: ``k``'s contracted then batch axes,
+    and the other's they pair with (the factors XLA's propagation carries from one operand to the other)."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = tuple(lc) + tuple(lb), tuple(rc) + tuple(rb)
+    return (lhs, rhs) if k == 0 else (rhs, lhs)
+
+
 def _dot_reader_split(
     eqn: Any, k: int, env: Mapping[Any, Layout], own: Layout | None, fixed: frozenset[str]
 ) -> Dims | None:
@@ -211,11 +221,7 @@ def _dot_reader_split(
         return None
     if is_free(own) or own.unreduced or is_free(partner) or partner.unreduced:
         return None
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    mine, theirs = (tuple(lc) + tuple(lb), tuple(rc) + tuple(rb))
-    if k:
-        mine, theirs = theirs, mine
-
+    mine, theirs = paired_axes(eqn, k)
     wanted: list[tuple[str, ...]] | None = None
     used: set[str] = set()
     for i, j in zip(mine, theirs):

@@ -40,6 +40,7 @@ from .movement import (
     mark_gather_then_shift,
     mark_swap,
 )
+from .open_values import paired_axes
 from .registry import register
 from .report import OpBound
 from .rules_structural import all_explicit, explicit_dims, merged_split, typed_dims
@@ -831,10 +832,7 @@ def _lands_at_dot(
     operand to the other as it does a contracted one's: attention's backward, whose output projection's input
     gradient is summed to the heads' split of ``v``, measured on keras-hub's Falcon, BLOOM, GPT-NeoX, DeBERTa,
     RoFormer and ESM-2 under tensor parallelism)."""
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    mine, theirs = (
-        (tuple(lc) + tuple(lb), tuple(rc) + tuple(rb)) if k == 0 else (tuple(rc) + tuple(rb), tuple(lc) + tuple(lb))
-    )
+    mine, theirs = paired_axes(eqn, k)
     for i, j in zip(mine, theirs):
         split = partner.dims[j]
         axis = axis_of[i]
