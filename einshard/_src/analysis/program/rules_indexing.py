@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ...core.layout import Layout
 from ..cost import Collective, sent_bytes, wire_itemsize
 from ..einsum.read import dtype_info
-from .costing import is_free
+from .costing import DotResult, is_free
 from .idle_axes import gather_route, over_idle_axes, resplit_onto
 from .lookahead import MAX_STEPS, JaxprHome, Reach, counts_of, home_of, reach_cache
 from .movement import (
@@ -63,7 +63,7 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     if not settled:
         ins = _at_asked_split(w, eqn, ins, repeat, phase)
     lhs, rhs = match_contracting(ins[0], ins[1], dn, w.costs.mesh_sizes, summed)
-    res = w.costs.dot(lhs, rhs, dn, w.dtype(eqn))
+    res = gathered_as_xla(w, lhs, rhs, dn, w.dtype(eqn), w.costs.dot(lhs, rhs, dn, w.dtype(eqn)))
     sums = frozenset(m for c in res.collectives if c.kind == "all-reduce" and c.tensor == "result" for m in c.axes)
     if sums:
         w.summed[id(eqn.outvars[0])] = sums
@@ -1454,6 +1454,53 @@ def slice_whole_partner(lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int]
         sliced = whole.with_dims(tuple(dims))
         return (lhs, sliced) if k == 0 else (sliced, rhs)
     return lhs, rhs
+
+
+def xla_gathered_operand(lhs: Layout, rhs: Layout, dn: Any, sizes: dict[str, int]) -> int | None:
+    """The operand (0: lhs, 1: rhs) XLA's partitioner gathers where it splits a contracted axis and its partner is
+    whole (:func:`slice_whole_partner`'s base case declining): its splits leave a mesh axis idle, or it has no more
+    elements than the result.  None where that is not the case (the partner is split, neither operand splits a
+    contracted axis, or XLA slices the partner)."""
+    if is_free(lhs) or is_free(rhs) or lhs.unreduced or rhs.unreduced:
+        return None
+    (lc, rc), (lb, _) = dn
+    mesh = {m for m, n in sizes.items() if n > 1}
+    for k, (split, whole, mine) in enumerate(((lhs, rhs, lc), (rhs, lhs, rc))):
+        if any(whole.dims) or not any(split.dims[i] for i in mine):
+            continue
+        if not mesh <= {m for d in split.dims for m in d}:
+            return k
+        out_size = math.prod(lhs.shape[i] for i in lb)
+        out_size *= math.prod(s for i, s in enumerate(lhs.shape) if i not in lc and i not in lb)
+        out_size *= math.prod(s for j, s in enumerate(rhs.shape) if j not in rc and j not in dn[1][1])
+        return k if math.prod(split.shape) <= out_size else None
+    return None
+
+
+def gathered_as_xla(w: Walker, lhs: Layout, rhs: Layout, dn: Any, dtype: Any, res: DotResult) -> DotResult:
+    """``res``, or where XLA gathers the operand that splits a contraction against a whole partner
+    (:func:`xla_gathered_operand`) and the analyzer summed partial products instead, the gather and the dot of
+    the gathered operand.
+
+    The analyzer ranks by α–β time, which counts the compute a gathered operand duplicates; XLA's partitioner
+    chooses by its base case, which does not (measured on one-op programs, x[8@data, 16, 64@model] . w[64, n],
+    w whole: XLA gathers x for every n, the analyzer summed the (8, 16, n) product from n = 256 on; with x's
+    rows whole, 'data' idle, XLA gathers x[16, 64@model] . w[64, 24], the analyzer summed)."""
+    k = xla_gathered_operand(lhs, rhs, dn, w.costs.mesh_sizes)
+    if k is None or not any(c.kind == "all-reduce" and c.tensor == "result" for c in res.collectives):
+        return res
+    split = (lhs, rhs)[k]
+    mine = dn[0][k]
+    gathered = split.with_dims(tuple(() if i in mine else d for i, d in enumerate(split.dims)))
+    moves = tuple(replace(c, tensor=f"operand {k + 1}", operand=k) for c in w.costs.reshard(split, gathered, dtype))
+    done = w.costs.dot(gathered, rhs, dn, dtype) if k == 0 else w.costs.dot(lhs, gathered, dn, dtype)
+    return DotResult(
+        done.out,
+        moves + done.collectives,
+        done.flops,
+        done.time_s + sum(c.time for c in moves),
+        res.expression,
+    )
 
 
 def per_contracted_axis(w: Walker, colls: tuple[Any, ...], lhs: Layout, dn: Any) -> tuple[Any, ...]:
