@@ -2729,11 +2729,7 @@ def _peak(
             tuple(gathered_ends.get(i, 0) for i in s.ends),
             tuple(into_copies.get(i, ()) for i in s.ends),
             # (the relaid steps' donors, by their place among the step's donors)
-            tuple(
-                (i - s.start, tuple(map(info.donors[i].index, relaid[i])))
-                for i in relaid
-                if s.start <= i < s.stop
-            )
+            tuple((i - s.start, tuple(map(info.donors[i].index, relaid[i]))) for i in relaid if s.start <= i < s.stop)
             if relaid
             else (),
             # By the layouts of their partial sums and moves (the steps that hold any, by offset).
