@@ -3095,8 +3095,8 @@ def _relaid_donors(prog: _Program, info: _Liveness, layouts: dict[Any, Layout]) 
         if own is None or own.dims == lay.dims:
             continue
         shape = tuple(int(n) for n in _aval(k).shape)
-        major = next((d for d, n in enumerate(shape) if n > 1), 0)
-        if any(a != b for d, (a, b) in enumerate(zip(own.dims, lay.dims)) if d != major):
+        major = next((dim for dim, n in enumerate(shape) if n > 1), 0)
+        if any(a != b for dim, (a, b) in enumerate(zip(own.dims, lay.dims)) if dim != major):
             seeds.append(k)
     if not seeds:
         return {}
