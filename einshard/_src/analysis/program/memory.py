@@ -2387,6 +2387,10 @@ def _peak(
     if info is None:
         info = prog.liveness[live_key] = _liveness(prog, free, ynn)
     fused, until, dies, leaves, donor_of = info.fused, info.until, info.dies, info.leaves, info.donors
+    # The steps that write a result laid out with a gathered dimension major, not in place (_relaid_donors).
+    relaid = _relaid_donors(prog, info, layouts)
+    if relaid:
+        donor_of = {**donor_of, **relaid}
     fusible = _fusible_elementwise()
     args = set(prog.args)
     # A loop body's all-reduces combined into one (its partial sums and sums held together there).
@@ -2724,6 +2728,10 @@ def _peak(
             tuple(steps[i].inside for i in s.sized),
             tuple(gathered_ends.get(i, 0) for i in s.ends),
             tuple(into_copies.get(i, ()) for i in s.ends),
+            # (the relaid steps' donors, by their place among the step's donors)
+            tuple((i - s.start, tuple(map(info.donors[i].index, relaid[i]))) for i in relaid if s.start <= i < s.stop)
+            if relaid
+            else (),
             # By the layouts of their partial sums and moves (the steps that hold any, by offset).
             tuple(at_stretch.get(at, ())),
             tuple(holds_at.get(at, ())),
@@ -3051,6 +3059,67 @@ def _dot_gather_holds(
             major = next((d for d, n in enumerate(shape) if n > 1), 0)
             back = any(a != c for d, (a, c) in enumerate(zip(own.dims, copy.dims)) if d != major)
         out.append((start, last, b, back))
+    return out
+
+
+# Ops whose operand XLA:CPU's layout assignment lays out as their result (an elementwise op's operands of its
+# shape; a reduce-window's: measured, the max-pool between a conv's relu and the all-gather of its channels).
+_LAYOUT_FOLLOWING = _FUSIBLE_ELEMENTWISE | {"reduce_window_max", "reduce_window_min", "reduce_window_sum"}
+
+
+def _relaid_donors(prog: _Program, info: _Liveness, layouts: dict[Any, Layout]) -> dict[int, tuple[Key, ...]]:
+    """By step: the donors left to an elementwise step whose result XLA:CPU lays out with a gathered dimension
+    major, where its operands' layout is fixed row-major (none of theirs: it is not written in place).
+
+    The all-gather of a value along a dimension other than its major one writes (and reads) that dimension major
+    (:func:`_gathers_minor`), and layout assignment gives that layout back up the chain of ops whose operands are
+    laid out as their result (:data:`_LAYOUT_FOLLOWING`: elementwise ops, a reduce-window) to the first op whose
+    result's layout is fixed: a convolution's or a dot's (row-major on XLA:CPU), an argument's.  The elementwise
+    fusion reading that op's result writes the other layout, so buffer assignment does not share the two (an
+    operand and a result share a buffer only where their shapes, layouts included, are equal): both are live
+    while it runs.  Measured on ``max_pool(relu(conv(x, k0) + b))`` read by ``conv(., k1)``, k0 and k1 split on
+    their output channels over 'model' (keras-hub's VGG under tensor parallelism: the second convolution's input
+    all-gathered on its channels): XLA:CPU's conv result f32[8,16,16,4]{3,2,1,0} and the bias-relu fusion's
+    f32[8,16,16,4]{2,1,0,3} are both live at its peak (92884 B; the walk, the relu written in place, 68304 B).
+    Donors of that layout too (a value laid out so, made by an elementwise op of the chain) are kept."""
+    producer, fused = info.producer, info.fused
+    steps = prog.steps
+    seeds: list[Key] = []
+    for path, d, lay in prog.bound_derived():
+        if d.__class__ is not Gathered or is_free(lay):
+            continue
+        k = prog.key(d.of, path)
+        if k is None or k not in producer:
+            continue
+        own = prog.layout(k)
+        if own is None or own.dims == lay.dims:
+            continue
+        shape = tuple(int(n) for n in _aval(k).shape)
+        major = next((dim for dim, n in enumerate(shape) if n > 1), 0)
+        if any(a != b for dim, (a, b) in enumerate(zip(own.dims, lay.dims)) if dim != major):
+            seeds.append(k)
+    if not seeds:
+        return {}
+    relaid: set[Key] = set()
+    while seeds:
+        k = seeds.pop()
+        if k in relaid or k not in producer:
+            continue
+        step = steps[producer[k]]
+        if step.name not in _LAYOUT_FOLLOWING:
+            continue  # its producer fixes its layout: the chain is copied from it
+        relaid.add(k)
+        rank = len(_aval(k).shape)
+        seeds.extend(x for x in step.ins if x not in relaid and len(getattr(_aval(x), "shape", ())) == rank)
+    out: dict[int, tuple[Key, ...]] = {}
+    for k in relaid:
+        if k in fused:
+            continue
+        i = producer[k]
+        donors = info.donors.get(i, ())
+        kept = tuple(d for d in donors if d in relaid)
+        if kept != donors:
+            out[i] = kept
     return out
 
 
