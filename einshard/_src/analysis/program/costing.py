@@ -82,6 +82,9 @@ class OpCosts:
         # (copy's start, id(searched value), a step) -> the values a look-ahead from it visits from that step on (None:
         # a check there reads the copy's values): see segment_memo.past_start.
         self.segment_past: dict[tuple[int, int, int], Any] = {}
+        # (id(value), transposes followed) -> the chain a layout asked of it is looked for along (rules_indexing's
+        # _ask_chain: the program's structure, the value held in it).
+        self.ask_chains: dict[tuple[int, bool], Any] = {}
         # id(equation) -> (the naming, the equation, its op's words): see Walker._words_of (both held, so the ids stay).
         self.words: dict[int, tuple[Any, Any, tuple[str, str, tuple[str, ...]]]] = {}
 

@@ -53,6 +53,7 @@ class WalkerLike(Protocol):
     pulled: dict[int, tuple[tuple[str, ...], ...]]  # values a loop's fixed carry pulls to its split, by id
     hoisted: dict[int, int]  # loop bodies' constants, by id: their gathers run at the loop's own repeat
     requested: dict[int, tuple[tuple[str, ...], ...]]
+    asked_answers: dict[Any, Any]
     sub_envs: dict[tuple[int, ...], dict[Any, Layout]]
     call_path: tuple[int, ...]
 

@@ -18,9 +18,10 @@ and ``scatter`` follow XLA's SPMD partitioner:
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -655,32 +656,20 @@ def asked_of_result(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
 
     Followed, as XLA's sharding propagation brings an output's sharding back, through the single reader of each
     value that only carries it (a transpose, its axes mapped back; a dtype conversion; a copy), a gradient sum of
-    the same shape, to a program output the caller lays out (``report(out_specs=)``: a weight gradient's
-    ``out_shardings``) or a placement (an ``auto_axes`` region's exit, an Explicit program's reshard)."""
-    v, axis_of = var, tuple(range(len(getattr(var.aval, "shape", ()))))  # axis_of[i]: var's axis that is v's i
-    for _ in range(MAX_STEPS):
-        asked: Sequence[tuple[str, ...]] | None = w.requested.get(id(v))
-        uses = w.uses.get(id(v), [])
-        if asked is None and len(uses) == 1 and uses[0][0].primitive.name in PLACEMENTS:
-            asked = placement_dims(uses[0][0]) or None
-        if asked is not None:
-            dims: list[tuple[str, ...]] = [() for _ in axis_of]
-            for i, d in enumerate(asked):
-                if i < len(axis_of):
-                    dims[axis_of[i]] = tuple(d)
-            return tuple(dims)
-        if len(uses) != 1:
-            return None
-        user = uses[0][0]
-        name = user.primitive.name
-        if name == "transpose":
-            axis_of = _transposed(user, axis_of)
-        elif name not in CARRIERS | GRADIENT_SUMS:
-            return None
-        elif getattr(user.outvars[0].aval, "shape", None) != getattr(v.aval, "shape", None):
-            return None
-        v = user.outvars[0]
-    return None
+    the same shape, a piece placed into a stacked whole (:func:`requested_dims`), to a program output the caller
+    lays out (``report(out_specs=)``: a weight gradient's ``out_shardings``) or a placement (an ``auto_axes``
+    region's exit, an Explicit program's reshard)."""
+    return _asked(w, var, True)
+
+
+def _adds_unit_axes(eqn: Any, v: Any) -> bool:
+    """Whether a ``broadcast_in_dim`` of ``v`` only adds axes of size 1 (an expand-dims: the value repeated
+    nowhere)."""
+    at = tuple(eqn.params["broadcast_dimensions"])
+    shape, out = tuple(v.aval.shape), tuple(eqn.outvars[0].aval.shape)
+    return all(int(out[d]) == int(n) for d, n in zip(at, shape)) and all(
+        int(out[d]) == 1 for d in range(len(out)) if d not in at
+    )
 
 
 # Why a dot whose contraction only one operand splits is approximate (the report's first line names it).
@@ -930,6 +919,12 @@ def _broadcast(eqn: Any, v: Any, axis_of: tuple[int, ...]) -> tuple[int, ...]:
         if int(shape[d]) == int(v.aval.shape[i]):
             placed[d] = axis_of[i]
     return tuple(placed)
+
+
+def _padded(eqn: Any, axis_of: tuple[int, ...]) -> tuple[int, ...]:
+    """A pad's result's axes: its operand's, but for a padded one, which maps to none (a split there is not the
+    operand's)."""
+    return tuple(a if tuple(cfg) == (0, 0, 0) else -1 for a, cfg in zip(axis_of, eqn.params["padding_config"]))
 
 
 def _reshaped(eqn: Any, v: Any, axis_of: tuple[int, ...]) -> tuple[int, ...]:
@@ -1285,6 +1280,8 @@ def scatter_to_consumers(
     if dims is None:
         dims = _typed_sum_split(w, eqn, out, sums)
     if dims is None:
+        dims = _asked_sum_split(w, eqn, out, sums)
+    if dims is None:
         return out.dims, colls
     scattered = {m for d in dims for m in d} - {m for d in out.dims for m in d}
     drop = [c for c in colls if c.kind == "all-reduce" and c.tensor == "result" and set(c.axes) <= scattered]
@@ -1302,6 +1299,22 @@ def scatter_to_consumers(
     # before it slices each device's piece: memory._whole_sum_beside)
     w.env[Partial(eqn.outvars[0])] = pending
     return dst.dims, tuple(c for c in colls if c not in drop) + tuple(moved)
+
+
+def _asked_sum_split(w: Walker, eqn: Any, out: Layout, sums: frozenset[str]) -> list[tuple[str, ...]] | None:
+    """The split the caller asks of what the dot's sum becomes (:func:`requested_dims`), where it becomes a program
+    output only through ops that place it (a layer's weight gradient broadcast and padded into the stacked
+    gradient) or leaves a call body toward one: XLA's propagation brings the output's split back to the dot, which
+    reduce-scatters there (measured: FSDP on a decoder of remat'd layers slicing stacked weights, every layer's
+    weight gradient reduce-scattered; explain all-reduced them).  A sum that is itself the output stays pending
+    (dot_general: the output's layout settles it)."""
+    var = eqn.outvars[0]
+    if leaves_program(w, var):
+        return None
+    asked = asked_of_result(w, var)
+    if asked is None:
+        return None
+    return _lands(asked, tuple(range(len(out.dims))), out, sums, {m for d in out.dims for m in d}, w.costs.mesh_sizes)
 
 
 def _typed_sum_split(w: Walker, eqn: Any, out: Layout, sums: frozenset[str]) -> list[tuple[str, ...]] | None:
@@ -2464,24 +2477,158 @@ def requested_dims(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
     """The layout the caller asks for the program output ``var`` becomes (``report(out_specs=)``), if any.
 
     Followed through the ops that carry a value to the output unchanged but for its dtype, through gradient
-    sums (:data:`GRADIENT_SUMS`) and through a nested call's results (:func:`~.registry.call_rule` hands the call's requested layouts to its body).
+    sums (:data:`GRADIENT_SUMS`), through a nested call's results (:func:`~.registry.call_rule` hands the call's
+    requested layouts to its body), and through a piece placed into a stacked whole: a broadcast that only adds
+    unit axes, then a pad along them (the transpose of a layer's slice of stacked weights: the layer's weight
+    gradient at its row of the stacked gradient, asked the stacked one's split on the axes it keeps; measured,
+    FSDP on a decoder whose unrolled layers slice stacked weights: XLA reduce-scatters each layer's weight gradient).
     """
-    v = var
-    while True:
-        if id(v) in w.requested:
-            return w.requested[id(v)]
-        uses = w.uses.get(id(v), [])
+    return _asked(w, var, False)
+
+
+def _asked(w: Walker, var: Any, transposes: bool) -> tuple[tuple[str, ...], ...] | None:
+    """The split asked of what ``var`` becomes along its chain (:func:`_ask_chain`), kept with the copy the segment
+    memo records where the chain leaves the copy (a layer's weight gradient reaches the stacked gradient's output
+    through every later layer's gradient sum, past any horizon): answered unlogged and kept with the tape, which
+    another copy replays where its own answer is alike (:func:`asks_hold`); a chain within the copy is read through
+    the walk's tables, as any look-ahead."""
+    chain = _ask_chain(w, var, transposes)
+    rec = getattr(w.uses, "rec", None)
+    if not isinstance(rec, Recorder) or rec.why:
+        return _ask_answer(w, chain, False)
+    copy = rec.copy
+    if all(i in copy.tokens for i in chain.ids):
+        return _ask_answer(w, chain, True)
+    if chain.placed is None and not chain.returned:
+        return None  # (only what the program returns is asked for: a chain reaching none is asked nothing, ever)
+    answer = _ask_answer(w, chain, False)
+    tok = copy.tokens.get(id(var))
+    if tok is None or tok[0] != "i":
+        rec.leave("the layout asked of a value past the copy")
+    else:
+        rec.asks.append((tok, transposes, answer))
+    return answer
+
+
+def asks_hold(asks: Sequence[tuple[Any, bool, Any]], copy: Any, w: Walker) -> bool:
+    """Whether the layouts asked of ``copy``'s values past itself are those a tape's walk found (SegmentTape.asks)."""
+    answers, chains = w.asked_answers, w.costs.ask_chains
+    for tok, transposes, answer in asks:
+        var = copy.value(tok)
+        chain = chains.get((id(var), transposes))
+        if chain is None or chain.var is not var:
+            chain = _ask_chain(w, var, transposes)
+        got = answers.get(chain.signature, _UNSEEN)
+        if got is _UNSEEN:
+            got = answers[chain.signature] = _ask_answer(w, chain, False)
+        if got != answer:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class _AskChain:
+    """The values a layout asked of ``var`` is looked for at, in order: each one's id and axis map (its axis ``j``
+    is ``var``'s ``axis_of[j]``, -1: none), and the split a placement reading the last one asks (None: none)."""
+
+    var: Any
+    ids: tuple[int, ...]
+    axes: tuple[tuple[int, ...], ...]
+    placed: Sequence[tuple[str, ...]] | None
+    # (place, id) of those the walking jaxpr returns, in order: the only ones a layout may be asked of (the caller
+    # lays out its outputs; a call body's walk is asked of its results)
+    returned: tuple[tuple[int, int], ...]
+    # What the answer is a function of besides the layouts asked: the chains of two copies' values to one output
+    # have one signature (asks_hold answers them once per walk).
+    signature: Hashable
+
+
+def _ask_chain(w: Walker, var: Any, transposes: bool) -> _AskChain:
+    """The chain :func:`asked_of_result` (``transposes``: followed, their axes mapped back) and
+    :func:`requested_dims` (a transpose ends it) look along: through the single reader of each value that only
+    carries it to the output, found once per value (read plainly: a recording keeps the answer, not the reads)."""
+    table = w.costs.ask_chains
+    hit = table.get((id(var), transposes))
+    if hit is not None and hit.var is var:
+        return hit
+    uses_get = functools.partial(dict.get, w.uses)
+    rank = len(getattr(var.aval, "shape", ()))
+    v, axis_of = var, tuple(range(rank))
+    ids: list[int] = []
+    axes: list[tuple[int, ...]] = []
+    placed = None
+    home = home_of(w.costs, var)
+    outs = (
+        {id(o) for o in home.jaxpr.outvars}
+        if home is not None
+        else set(set.__iter__(w.program_outputs)) | set(dict.keys(w.requested))
+    )
+    returned: list[tuple[int, int]] = []
+    for _ in range(MAX_STEPS):
+        if id(v) in outs:
+            returned.append((len(ids), id(v)))
+        ids.append(id(v))
+        axes.append(axis_of)
+        uses: Any = uses_get(id(v), [])
         if len(uses) != 1:
-            return None
-        user = uses[0][0]
-        if user.primitive.name in PLACEMENTS:  # an Explicit program's reshard to the output's type asks outright
-            split = placement_dims(user)
-            rank = len(getattr(v.aval, "shape", ()))
-            return tuple(split[:rank]) + ((),) * (rank - len(split)) if split else None
-        same_shape = getattr(user.outvars[0].aval, "shape", None) == getattr(v.aval, "shape", None)
-        if user.primitive.name not in (CARRIERS - {"transpose"}) | GRADIENT_SUMS or not same_shape:
-            return None
+            break
+        user, k = uses[0]
+        name = user.primitive.name
+        if name in PLACEMENTS:
+            placed = placement_dims(user) or None  # an Explicit program's reshard, an auto_axes exit
+            break
+        if name == "transpose":
+            if not transposes:
+                break
+            axis_of = _transposed(user, axis_of)
+        elif name == "broadcast_in_dim" and k == 0 and _adds_unit_axes(user, v):
+            axis_of = _broadcast(user, v, axis_of)
+        elif name == "pad" and k == 0:
+            axis_of = _padded(user, axis_of)
+        elif name not in CARRIERS | GRADIENT_SUMS or getattr(user.outvars[0].aval, "shape", None) != getattr(
+            v.aval, "shape", None
+        ):
+            break
         v = user.outvars[0]
+    signature = (
+        tuple((i, axes[n]) for n, i in returned),
+        None if placed is None else (tuple(placed), axes[-1]),
+        rank,
+    )
+    chain = _AskChain(var, tuple(ids), tuple(axes), placed, tuple(returned), signature)
+    table[(id(var), transposes)] = chain
+    return chain
+
+
+def _ask_answer(w: Walker, chain: _AskChain, logged: bool) -> tuple[tuple[str, ...], ...] | None:
+    """The split asked along ``chain``: the first of its values the caller lays out, else its placement's, in
+    ``chain.var``'s axis order.  ``logged``: read through the walk's tables value by value (a recording logs them);
+    else only the values a layout may be asked of are looked up."""
+    requested = w.requested
+    first = -1
+    if logged:
+        for n, i in enumerate(chain.ids):
+            w.uses.get(i)  # (the walk's read of its reader)
+            if requested.get(i) is not None:
+                first = n
+                break
+    else:
+        first = next((n for n, i in chain.returned if dict.get(requested, i) is not None), -1)
+    rank = len(chain.axes[0])
+    if first >= 0:
+        asked: Any = dict.get(requested, chain.ids[first])
+        return _mapped_back(asked, chain.axes[first], rank)
+    return None if chain.placed is None else _mapped_back(chain.placed, chain.axes[-1], rank)
+
+
+def _mapped_back(asked: Sequence[tuple[str, ...]], axis_of: tuple[int, ...], rank: int) -> tuple[tuple[str, ...], ...]:
+    """The split ``asked`` of a value whose axis ``j`` is the searched value's ``axis_of[j]`` (-1: none of its own),
+    in the searched value's axis order (an axis nothing asks of: whole)."""
+    dims: list[tuple[str, ...]] = [() for _ in range(rank)]
+    for j, d in enumerate(asked):
+        if j < len(axis_of) and axis_of[j] >= 0:
+            dims[axis_of[j]] = tuple(d)
+    return tuple(dims)
 
 
 def asked_of_table(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:

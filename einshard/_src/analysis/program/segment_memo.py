@@ -490,6 +490,9 @@ class SegmentTape:
     # The splits its readers hand open values (open_values.reader_split), by the values' tokens, one group per reader
     # in program order: a replay notes them as stepping those readers would (Walker._open_replayed).
     opened: tuple[tuple[tuple[Token, Any], ...], ...] = ()
+    # The layouts asked of its values past its horizon, as its walk found them (Recorder.asks): another copy replays
+    # the tape where its own are alike (rules_indexing.asks_hold).
+    asks: tuple[tuple[Token, bool, Any], ...] = ()
 
 
 class Shelf(list):  # type: ignore[type-arg]
@@ -706,6 +709,9 @@ class Recorder:
     past: dict[Any, Any] = field(default_factory=dict)  # OpCosts.segment_past (past_start's structure, per program)
     # Visit index in the horizon -> the layout asked of the value there, where the walk read it (:func:`asked_hold`).
     asked: dict[int, Any] = field(default_factory=dict)
+    # The layouts asked of its values that the walk found past its horizon, answered unlogged (rules_indexing's
+    # asked_of_result and requested_dims): (the value's token, transposes followed, the answer).
+    asks: list[tuple[Token, bool, Any]] = field(default_factory=list)
 
     def pad_read(self, offset: int, operand: Layout) -> None:
         """Note the axes whose padding the pad at ``offset`` reads: those its operand is split along (none for

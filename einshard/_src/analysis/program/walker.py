@@ -127,6 +127,9 @@ class Walker:
         # The layouts the caller asks for the program's outputs (``report(out_specs=)``), by id of the jaxpr
         # value: a scan whose stacked output is one sums each iteration's piece straight to that split.
         self.requested: dict[int, tuple[tuple[str, ...], ...]] = PlainTable()
+        # The layouts asked along a chain of values to them, by the chain's signature (rules_indexing.asks_hold: a
+        # deep model's copies ask alike of the stacked outputs their weight gradients become).
+        self.asked_answers: dict[Any, Any] = {}
         # The environments of the nested calls walked into (jit, custom derivatives, remat), by the path of
         # call equations (ids) from the program: peak memory inlines them as XLA does (see :mod:`.memory`).
         self.sub_envs: dict[tuple[int, ...], dict[Any, Layout]] = {}
@@ -970,7 +973,9 @@ class Walker:
             (
                 t
                 for t in self._padding_alike(tapes, copy)
-                if (not t.asked or asked_hold(t.asked, copy, requested)) and self._searches_hold(t, copy)
+                if (not t.asked or asked_hold(t.asked, copy, requested))
+                and self._searches_hold(t, copy)
+                and (not t.asks or self._asks_hold(t, copy))
             ),
             None,
         )
@@ -1065,6 +1070,7 @@ class Walker:
                 for group in opened
                 if (kept := tuple((copy.tokens[i], dims) for i, dims in group if i in copy.tokens))
             ),
+            tuple(rec.asks),
         )
         self.costs.segment_tapes.setdefault(recording.key, Shelf()).append(tape)
 
@@ -1078,6 +1084,12 @@ class Walker:
         if hit is None or hit[0] is not copy or hit[1] != len(tapes):
             hit = picks[id(copy)] = (copy, len(tapes), tuple(t for t in tapes if pad_guard_holds(t.pads, copy)))
         return hit[2]
+
+    def _asks_hold(self, tape: SegmentTape, copy: Copy) -> bool:
+        """Whether the layouts asked of ``copy``'s values past itself are those ``tape``'s walk found."""
+        from .rules_indexing import asks_hold  # (the rules import the walker's modules: looked up when asked)
+
+        return asks_hold(tape.asks, copy, self)
 
     def _searches_hold(self, tape: SegmentTape, copy: Copy) -> bool:
         """Whether ``copy``'s look-aheads past itself answer as those of the copy ``tape`` was recorded at."""
