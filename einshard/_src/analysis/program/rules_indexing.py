@@ -62,6 +62,7 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     ins, settled = _settle_passthrough_conflict(w, eqn, ins, repeat, phase)
     if not settled:
         ins = _at_asked_split(w, eqn, ins, repeat, phase)
+    before = ins
     ins = _settle_contraction_conflict(w, eqn, ins, repeat, phase)
     lhs, rhs = match_contracting(ins[0], ins[1], dn, w.costs.mesh_sizes, summed)
     res = w.costs.dot(lhs, rhs, dn, w.dtype(eqn))
@@ -135,6 +136,13 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
     mark_conflict(w, eqn, since, moved)
     if settled:
         mark_conflict(w, eqn, first, settled)
+    if ins is not before and sums and any(c.kind == "collective-permute" for c in colls):
+        # The clash's product brought to its consumer's split: an all-reduce of one slice per idle group and a
+        # permute, as XLA does on Auto axes (keras-hub OPT's, ELECTRA's and Phi-3's forwards); in ALBERT's
+        # Explicit forward (its program under auto_axes) XLA all-reduces the whole product and slices it
+        # instead (a reduce-scatter), for reasons not found: marked, bounded by the whole result.
+        whole = float(math.prod(eqn.outvars[0].aval.shape) * itemsize(eqn.outvars[0].aval.dtype))
+        mark_approximate(w, since, CONFLICT_SUM_NOTE, OpBound(len(colls) + 1, whole, whole))
     lone = one_sided_contraction(lhs, rhs, dn) if colls else ()  # (no collective: nothing to choose)
     if lone and len(w.ops) > since and not w.ops[since].approximate:
         mark_approximate(w, since, LONE_CONTRACTION_NOTE, _lone_contraction_bound(w, eqn, lone, colls))
@@ -741,6 +749,10 @@ def asked_of_result(w: Walker, var: Any) -> tuple[tuple[str, ...], ...] | None:
 
 
 # Why a dot whose contraction only one operand splits is approximate (the report's first line names it).
+CONFLICT_SUM_NOTE = (
+    "operands split one mesh axis on different contracted axes, the product then brought to its consumer's split: "
+    "XLA all-reduces one slice and permutes it, or all-reduces the whole product and slices it"
+)
 LONE_CONTRACTION_NOTE = (
     "one operand splits a contracted axis over mesh axes the other does not use, or uses on another contracted "
     "axis: XLA either gathers it, or slices or all-to-alls the other to its split and all-reduces the product, by "
