@@ -737,11 +737,12 @@ def _adds_unit_axes(eqn: Any, v: Any) -> bool:
     )
 
 
-# Why a dot whose contraction only one operand splits is approximate (the report's first line names it).
+# Why a dot whose contraction clash is settled and whose product then moves is approximate (the report says so).
 CONFLICT_SUM_NOTE = (
     "operands split one mesh axis on different contracted axes, the product then brought to its consumer's split: "
     "XLA all-reduces one slice and permutes it, or all-reduces the whole product and slices it"
 )
+# Why a dot whose contraction only one operand splits is approximate (the report's first line names it).
 LONE_CONTRACTION_NOTE = (
     "one operand splits a contracted axis over mesh axes the other does not use, or uses on another contracted "
     "axis: XLA either gathers it, or slices or all-to-alls the other to its split and all-reduces the product, by "
