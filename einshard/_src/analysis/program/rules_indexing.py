@@ -1372,7 +1372,7 @@ def scatter_to_consumers(
 
 
 def _asked_sum_split(w: Walker, eqn: Any, out: Layout, sums: frozenset[str]) -> list[tuple[str, ...]] | None:
-    """The split the caller asks of what the dot's sum becomes (:func:`requested_dims`), where it becomes a program
+    """The split the caller asks of what the dot's sum becomes (:func:`asked_of_result`), where it becomes a program
     output only through ops that place it (a layer's weight gradient broadcast and padded into the stacked
     gradient) or leaves a call body toward one: XLA's propagation brings the output's split back to the dot, which
     reduce-scatters there (measured: FSDP on a decoder of remat'd layers slicing stacked weights, every layer's
@@ -2627,15 +2627,11 @@ def _ask_chain(w: Walker, var: Any, transposes: bool) -> _AskChain:
     ids: list[int] = []
     axes: list[tuple[int, ...]] = []
     placed = None
-    home = home_of(w.costs, var)
-    outs = (
-        {id(o) for o in home.jaxpr.outvars}
-        if home is not None
-        else set(set.__iter__(w.program_outputs)) | set(dict.keys(w.requested))
-    )
+    home = home_of(w.costs, var)  # (None: an argument; any value along its chain may then be asked of)
+    outs = None if home is None else {id(o) for o in home.jaxpr.outvars}
     returned: list[tuple[int, int]] = []
     for _ in range(MAX_STEPS):
-        if id(v) in outs:
+        if outs is None or id(v) in outs:
             returned.append((len(ids), id(v)))
         ids.append(id(v))
         axes.append(axis_of)
