@@ -381,9 +381,12 @@ class Walker:
         if old is None or math.prod(lay.shard_shape) > math.prod(old.shard_shape):
             self.env[key] = lay
 
-    def already_moved(self, ins: list[Layout], c: Any, as_move: bool = False) -> bool:
+    def already_moved(self, ins: list[Layout], c: Any, as_move: bool = False, group: tuple[str, ...] = ()) -> bool:
         """Whether an analyzer step moving ``operand k`` of ``ins`` was already made to that value.  ``as_move``:
-        the step is made here (a dot's own gather), so a later :meth:`change` of the value to its dims reuses it."""
+        the step is made here (a dot's own gather), so a later :meth:`change` of the value to its dims reuses it.
+        ``group``: the step is made within XLA's partition of the dot into groups over those mesh axes
+        (:func:`.rules_indexing.grouped_operand`), which shares it only with a step made alike, never with a move
+        of the value made outside a group (nor the other way)."""
         tensor = getattr(c, "tensor", "")
         if not tensor.startswith("operand ") or c.kind != "all-gather":
             return False
@@ -393,6 +396,13 @@ class Walker:
             return False
         value = self._source.get(id(operand))
         if value is None:
+            return False
+        if group:
+            made = (value, ("in group", group, c.kind, c.axes, c.array_bytes))
+            if made in self._made:
+                return True
+            self._made[made] = ins[0]
+            self._made_by.setdefault(value, set()).add(made[1])
             return False
         key = (value, (c.kind, c.axes, c.array_bytes))
         # The same gather made as a move of the value (``change``'s key: its target dims), by another dot's operand
