@@ -12,18 +12,17 @@ do.  explain all-to-all'd it always (and marked the dot approximate where do is 
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import jax
 import jax.numpy as jnp
 import pytest
+from collective_counts import explained_collectives, xla_collectives
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from einshard._src.analysis.program import trace
-from einshard.testing import hlo
 
 
 def _mesh(shape=(4, 2), explicit=False):
@@ -39,16 +38,8 @@ def _compare(fn, shapes, specs, mesh, out=None):
         jitted = jax.jit(fn, out_shardings=None if out is None else NamedSharding(mesh, out))
         compiled = jitted.lower(*args).compile()
         report = trace(fn, *args, mesh=mesh).report(tuple(specs), None if out is None else [out])
-    xla = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
-    ops = [(op, c) for op in report.ops for c in op.collectives if c.group_size > 1]
-    xla_kinds: Counter = Counter()
-    for c in xla:
-        xla_kinds[c.kind] += c.runs
-    got: Counter = Counter()
-    for op, c in ops:
-        got[c.kind] += op.repeat
-    xla_bytes = sum(c.array_bytes * c.runs for c in xla)
-    got_bytes = sum(c.array_bytes * op.repeat for op, c in ops)
+    xla_kinds, xla_bytes = xla_collectives(compiled)
+    got, got_bytes = explained_collectives(report)
     return xla_kinds, got, xla_bytes, got_bytes, report.approximate
 
 

@@ -11,18 +11,17 @@ smaller shard to the other's contracted split (one all-to-all) and all-reduces t
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import jax
 import jax.numpy as jnp
 import pytest
+from collective_counts import explained_collectives, xla_collectives
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from einshard._src.analysis.program import trace
-from einshard.testing import hlo
 
 
 def _mesh(shape=(4, 2), explicit=False):
@@ -37,16 +36,8 @@ def _compare(fn, shapes, specs, mesh):
     with jax.set_mesh(mesh):
         compiled = jax.jit(fn).lower(*args).compile()
         report = trace(fn, *args, mesh=mesh).report(tuple(specs))
-    xla = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
-    ops = [(op, c) for op in report.ops for c in op.collectives if c.group_size > 1]
-    xla_kinds: Counter = Counter()
-    for c in xla:
-        xla_kinds[c.kind] += c.runs
-    got: Counter = Counter()
-    for op, c in ops:
-        got[c.kind] += op.repeat
-    xla_bytes = sum(c.array_bytes * c.runs for c in xla)
-    got_bytes = sum(c.array_bytes * op.repeat for op, c in ops)
+    xla_kinds, xla_bytes = xla_collectives(compiled)
+    got, got_bytes = explained_collectives(report)
     return xla_kinds, got, xla_bytes, got_bytes, report.approximate
 
 

@@ -11,12 +11,11 @@ a quarter of the bytes at vocab = 4 x hidden.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collective_counts import explained_collectives, xla_collectives
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
@@ -24,25 +23,8 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 from einshard._src.analysis.program import trace
-from einshard.testing import hlo
 
 MESHES = {1: ((8,), ("a",)), 2: ((4, 2), ("a", "b")), 3: ((2, 2, 2), ("a", "b", "c"))}
-
-
-def _collectives(compiled: object) -> tuple[Counter, float]:
-    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]  # type: ignore[attr-defined]
-    kinds: Counter = Counter()
-    for c in found:
-        kinds[c.kind] += c.runs
-    return kinds, float(sum(c.array_bytes * c.runs for c in found))
-
-
-def _explained(report: einshard.ProgramReport) -> tuple[Counter, float]:
-    ops = [(op, c) for op in report.ops for c in op.collectives if c.group_size > 1]
-    kinds: Counter = Counter()
-    for op, c in ops:
-        kinds[c.kind] += op.repeat
-    return kinds, float(sum(c.array_bytes * op.repeat for op, c in ops))
 
 
 @st.composite
@@ -74,10 +56,10 @@ def _check(case: tuple[int, tuple[int, ...], int, int, object, object, bool, str
         fn = lambda x, w: jnp.einsum("kn,...k->n...", w, x)  # noqa: E731
     out = NamedSharding(mesh, P(rows) if split_right else P(None, rows))
     compiled = jax.jit(fn, out_shardings=out).lower(x, w).compile()
-    xla, xla_bytes = _collectives(compiled)
+    xla, xla_bytes = xla_collectives(compiled)
     with jax.set_mesh(mesh):
         report = trace(fn, x, w, mesh=mesh).report(None, [out.spec])
-    got, got_bytes = _explained(report)
+    got, got_bytes = explained_collectives(report)
     assert got == xla, (case, got, xla)
     assert got_bytes == pytest.approx(xla_bytes, rel=0.10), case
 
@@ -118,8 +100,8 @@ def test_a_tensor_parallel_lm_head_gathers_the_hidden_state(vocab):
             compiled = jax.jit(fn, in_shardings=shardings, out_shardings=out).lower(*placed).compile()
             specs_out = [s.spec for s in jax.tree.leaves(out)]
             report = trace(fn, *placed, mesh=mesh).report(specs, specs_out)
-        xla, xla_bytes = _collectives(compiled)
-        got, got_bytes = _explained(report)
+        xla, xla_bytes = xla_collectives(compiled)
+        got, got_bytes = explained_collectives(report)
         assert xla["all-gather"] >= 1  # the measurement: the hidden state gathered for the head
         assert got == xla
         assert got_bytes == pytest.approx(xla_bytes, rel=0.10)

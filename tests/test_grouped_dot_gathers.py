@@ -12,37 +12,18 @@ all-gathers too few).  rules_indexing.grouped_operand.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import jax
 import jax.numpy as jnp
 import pytest
+from collective_counts import explained_collectives, xla_collectives
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import einshard
 from einshard._src.analysis.program import trace
-from einshard.testing import hlo
 
 MESHES = {"4x2": ((4, 2), ("a", "b")), "2x4": ((2, 4), ("a", "b")), "2x2x2": ((2, 2, 2), ("a", "b", "c"))}
-
-
-def _collectives(compiled: object) -> tuple[Counter, float]:
-    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]  # type: ignore[attr-defined]
-    kinds: Counter = Counter()
-    for c in found:
-        kinds[c.kind] += c.runs
-    return kinds, float(sum(c.array_bytes * c.runs for c in found))
-
-
-def _explained(report: einshard.ProgramReport) -> tuple[Counter, float]:
-    ops = [(op, c) for op in report.ops for c in op.collectives if c.group_size > 1]
-    kinds: Counter = Counter()
-    for op, c in ops:
-        kinds[c.kind] += op.repeat
-    return kinds, float(sum(c.array_bytes * op.repeat for op, c in ops))
 
 
 Case = tuple[str, object, str, int, int, int, int, int, str]
@@ -95,10 +76,10 @@ def _check(case: Case) -> None:
     )
     out = tuple(NamedSharding(mesh, sp) for sp in outs)
     compiled = jax.jit(fn, out_shardings=out).lower(*args).compile()
-    xla, xla_bytes = _collectives(compiled)
+    xla, xla_bytes = xla_collectives(compiled)
     with jax.set_mesh(mesh):
         report = trace(fn, *args, mesh=mesh).report(None, list(outs))
-    got, got_bytes = _explained(report)
+    got, got_bytes = explained_collectives(report)
     assert got == xla, (case, got, xla)
     assert got_bytes == pytest.approx(xla_bytes, rel=0.10), case
 

@@ -17,6 +17,7 @@ from collections import Counter
 import jax
 import jax.numpy as jnp
 import pytest
+from collective_counts import explained_collectives, xla_collectives
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
@@ -24,25 +25,15 @@ from jax.sharding import PartitionSpec as P
 
 import einshard
 from einshard._src.analysis.program import trace
-from einshard.testing import hlo
 from einshard_apps.models import llama
 
 
 def _compare(fn, args, out, mesh) -> tuple[Counter, Counter, float, float]:
     compiled = jax.jit(fn, out_shardings=out).lower(*args).compile()
-    found = [c for c in hlo.normalized(compiled.as_text()) if c.group_size > 1]
-    xla: Counter = Counter()
-    for c in found:
-        xla[c.kind] += c.runs
     with jax.set_mesh(mesh):
         report = trace(fn, *args, mesh=mesh).report(None, [s.spec for s in jax.tree.leaves(out)])
-    got: Counter = Counter()
-    for op in report.ops:
-        for c in op.collectives:
-            if c.group_size > 1:
-                got[c.kind] += op.repeat
-    xla_bytes = float(sum(c.array_bytes * c.runs for c in found))
-    got_bytes = float(sum(c.array_bytes * op.repeat for op in report.ops for c in op.collectives if c.group_size > 1))
+    xla, xla_bytes = xla_collectives(compiled)
+    got, got_bytes = explained_collectives(report)
     return got, xla, got_bytes, xla_bytes
 
 
