@@ -115,7 +115,11 @@ def dot_general(w: Walker, eqn: Any, ins: list[Layout], repeat: int, phase: str)
                 dims = tuple(tuple(m for m in d if m not in c.axes) for d in lay.dims)
                 w.bind_copy(eqn.invars[k], lay.with_dims(dims))
                 w.bind_dot_copy(eqn, k, lay.with_dims(dims))
-        grouped = grouped_operand(lhs, rhs, res.out, dn, w.costs.mesh_sizes, [v.aval.dtype for v in eqn.invars[:2]])
+        grouped = (
+            grouped_operand(lhs, rhs, res.out, dn, w.costs.mesh_sizes, [v.aval.dtype for v in eqn.invars[:2]])
+            if any(c.kind == "all-gather" and _names_operand(c) for c in colls)
+            else None  # (only an operand's gather is made within a group)
+        )
         kept = tuple(
             c
             for c in colls
