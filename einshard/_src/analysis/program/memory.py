@@ -1415,10 +1415,6 @@ class _Liveness:
     # The broadcast constants YNNPACK fusions read materialised: (their last such reader, a value of the constant's
     # shape and split: that reader's result), each held from the start (:func:`_shared_constants`).
     ynn_constants: tuple[tuple[int, Key], ...] = ()
-    # The donors _relaid_donors leaves, by the values it starts from (a deep model's costings gather alike), and
-    # by value the chain of ops laid out as their result that ends at it (the program's structure: found once).
-    relaid: dict[frozenset[Key], dict[int, tuple[Key, ...]]] = field(default_factory=dict)
-    relaid_chains: dict[Key, frozenset[Key]] = field(default_factory=dict)
 
 
 def _in_place_bases(prog: _Program) -> list[Key]:
@@ -2391,10 +2387,6 @@ def _peak(
     if info is None:
         info = prog.liveness[live_key] = _liveness(prog, free, ynn)
     fused, until, dies, leaves, donor_of = info.fused, info.until, info.dies, info.leaves, info.donors
-    # The steps that write a result laid out with a gathered dimension major, not in place (_relaid_donors).
-    relaid = _relaid_donors(prog, info, layouts)
-    if relaid:
-        donor_of = {**donor_of, **relaid}
     fusible = _fusible_elementwise()
     args = set(prog.args)
     # A loop body's all-reduces combined into one (its partial sums and sums held together there).
@@ -2723,11 +2715,6 @@ def _peak(
     for i in sorted(hold_starts.keys() | hold_ends.keys()):
         at = bisect.bisect_right(sizing.starts, i) - 1
         holds_at.setdefault(at, []).append((i - plan[at].start, hold_starts.get(i, 0), hold_ends.get(i, 0)))
-    # By stretch: (offset, the donors' places among the step's) of its relaid steps (_relaid_donors).
-    relaid_at: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
-    for i in sorted(relaid):
-        at = bisect.bisect_right(sizing.starts, i) - 1
-        relaid_at.setdefault(at, []).append((i - plan[at].start, tuple(map(info.donors[i].index, relaid[i]))))
     runs: list[list[Any]] = []  # [summary, count]: consecutive stretches walked alike, folded in one step
     for at, (s, (_, entering_slots)) in enumerate(zip(plan, sizing.slots)):
         numbers = (
@@ -2737,8 +2724,6 @@ def _peak(
             tuple(steps[i].inside for i in s.sized),
             tuple(gathered_ends.get(i, 0) for i in s.ends),
             tuple(into_copies.get(i, ()) for i in s.ends),
-            # (the relaid steps' donors, by their place among the step's donors)
-            tuple(relaid_at.get(at, ())),
             # By the layouts of their partial sums and moves (the steps that hold any, by offset).
             tuple(at_stretch.get(at, ())),
             tuple(holds_at.get(at, ())),
@@ -3067,95 +3052,6 @@ def _dot_gather_holds(
             back = any(a != c for d, (a, c) in enumerate(zip(own.dims, copy.dims)) if d != major)
         out.append((start, last, b, back))
     return out
-
-
-# Ops whose operand XLA:CPU's layout assignment lays out as their result (an elementwise op's operands of its
-# shape; a reduce-window's: measured, the max-pool between a conv's relu and the all-gather of its channels).
-_LAYOUT_FOLLOWING = _FUSIBLE_ELEMENTWISE | {"reduce_window_max", "reduce_window_min", "reduce_window_sum"}
-
-
-def _relaid_donors(prog: _Program, info: _Liveness, layouts: dict[Any, Layout]) -> dict[int, tuple[Key, ...]]:
-    """By step: the donors left to an elementwise step whose result XLA:CPU lays out with a gathered dimension
-    major, where its operands' layout is fixed row-major (none of theirs: it is not written in place).
-
-    The all-gather of a value along a dimension other than its major one writes (and reads) that dimension major
-    (:func:`_gathers_minor`), and layout assignment gives that layout back up the chain of ops whose operands are
-    laid out as their result (:data:`_LAYOUT_FOLLOWING`: elementwise ops, a reduce-window) to the first op whose
-    result's layout is fixed: a convolution's or a dot's (row-major on XLA:CPU), an argument's.  The elementwise
-    fusion reading that op's result writes the other layout, so buffer assignment does not share the two (an
-    operand and a result share a buffer only where their shapes, layouts included, are equal): both are live
-    while it runs.  Measured on ``max_pool(relu(conv(x, k0) + b))`` read by ``conv(., k1)``, k0 and k1 split on
-    their output channels over 'model' (keras-hub's VGG under tensor parallelism: the second convolution's input
-    all-gathered on its channels): XLA:CPU's conv result f32[8,16,16,4]{3,2,1,0} and the bias-relu fusion's
-    f32[8,16,16,4]{2,1,0,3} are both live at its peak (92884 B; the walk, the relu written in place, 68304 B).
-    Donors of that layout too (a value laid out so, made by an elementwise op of the chain) are kept."""
-    producer = info.producer
-    seeds: list[Key] = []
-    for path, d, lay in prog.bound_derived():
-        if d.__class__ is not Gathered or is_free(lay):
-            continue
-        k = prog.key(d.of, path)
-        if k is None or k not in producer:
-            continue
-        own = prog.layout(k)
-        if own is None or own.dims == lay.dims:
-            continue
-        shape = tuple(int(n) for n in _aval(k).shape)
-        major = next((dim for dim, n in enumerate(shape) if n > 1), 0)
-        if any(a != b for dim, (a, b) in enumerate(zip(own.dims, lay.dims)) if dim != major):
-            seeds.append(k)
-    if not seeds:
-        return {}
-    known = info.relaid.get(frozenset(seeds))
-    if known is not None:
-        return known
-    found = info.relaid[frozenset(seeds)] = _relaid_from(prog, info, seeds)
-    return found
-
-
-def _relaid_from(prog: _Program, info: _Liveness, seeds: list[Key]) -> dict[int, tuple[Key, ...]]:
-    """:func:`_relaid_donors` given the values gathered along a minor dimension (``seeds``)."""
-    relaid: set[Key] = set()
-    for k in seeds:
-        relaid |= _relaid_chain(prog, info, k)
-    out: dict[int, tuple[Key, ...]] = {}
-    for k in relaid:
-        if k in info.fused:
-            continue
-        i = info.producer[k]
-        donors = info.donors.get(i, ())
-        kept = tuple(d for d in donors if d in relaid)
-        if kept != donors:
-            out[i] = kept
-    return out
-
-
-def _relaid_chain(prog: _Program, info: _Liveness, key: Key) -> frozenset[Key]:
-    """``key`` and the operands of its rank, transitively, of the ops laid out as their result that make it
-    (:data:`_LAYOUT_FOLLOWING`), up to the first op whose result's layout is fixed (none where that is ``key``'s
-    own): the values a layout asked of ``key`` is carried back to.  Found once per value (``info.relaid_chains``),
-    operands first."""
-    chains, producer, steps = info.relaid_chains, info.producer, prog.steps
-    todo = [key]
-    while todo:
-        k = todo[-1]
-        if k in chains:
-            todo.pop()
-            continue
-        step = steps[producer[k]] if k in producer else None
-        if step is None or step.name not in _LAYOUT_FOLLOWING:
-            chains[k] = frozenset()  # its producer fixes its layout (or none makes it): the chain ends before it
-            todo.pop()
-            continue
-        rank = len(_aval(k).shape)
-        ins = [x for x in step.ins if len(getattr(_aval(x), "shape", ())) == rank]
-        pending = [x for x in ins if x not in chains]
-        if pending:
-            todo.extend(pending)
-            continue
-        chains[k] = frozenset({k}).union(*(chains[x] for x in ins))
-        todo.pop()
-    return chains[key]
 
 
 def _gathers_minor(v: Any, copy: Layout, layouts: dict[Any, Layout]) -> bool:
