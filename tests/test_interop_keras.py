@@ -122,3 +122,19 @@ def test_audit_catches_the_large_layer_a_renamed_regex_leaves_replicated(mesh):
     text = str(report)
     assert "block/up/kernel  (512, 2048)  4 MiB" in text and "OVER BUDGET" in text and "mlp/up/kernel" in text
     assert report.to_dict()["unmatched"][0] == {"leaf": "block/up/kernel", "shape": [512, 2048], "bytes": 4194304}
+
+
+def test_a_dimension_over_two_mesh_axes_is_named_not_dropped(mesh):
+    """Keras's TensorLayout takes one mesh axis per dimension: FSDP x TP on one dimension has no Keras form, so
+    to_keras names the variable, dimension and axes (Keras itself would raise a bare ValueError, and dropping an
+    axis would replicate the kernel over it)."""
+    params = interop.keras_params(build())
+    rules = {**RULES, r"up/kernel": "d f -> d f@(data,model)"}
+    with pytest.raises(einshard.EinshardError) as err:
+        interop.to_keras(rules, params, mesh)
+    text = str(err.value)
+    assert "up/kernel" in text and "dimension 1 (size 128)" in text and "data=2 x model=4" in text
+    assert "to_flax" in text  # the hint names an export that takes it
+    # One mesh axis per dimension on every variable, the other axis included: exported as before.
+    layout_map = interop.to_keras({**RULES, r"up/kernel": "d f -> d@data f@model"}, params, mesh)
+    assert tuple(layout_map[r"up/kernel"].axes) == ("data", "model")

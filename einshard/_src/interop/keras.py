@@ -175,8 +175,33 @@ def to_keras(rules: Rules, params: Any, mesh: MeshLike) -> Any:
     for leaf, text in zip(leaves_of(params), leaf_expressions(params, rules)):
         entries = (None,) * len(leaf.shape) if text is None else tuple(spec(text, leaf.shape, mesh=jax_mesh))
         entries += (None,) * (len(leaf.shape) - len(entries))
-        layout_map[re.escape(leaf.name)] = entries
+        layout_map[re.escape(leaf.name)] = _one_axis_each(leaf, text, entries, device_mesh)
     return layout_map
+
+
+def _one_axis_each(leaf: Any, text: str | None, entries: tuple[Any, ...], device_mesh: Any) -> tuple[Any, ...]:
+    """``entries`` as a Keras ``TensorLayout`` takes them: one mesh axis name or None per dimension.
+
+    A dimension split over several mesh axes (FSDP x TP on one dimension, ``P(None, ('data', 'model'))``) has
+    no Keras form: ``TensorLayout`` checks each entry against the mesh's axis names, so Keras refuses the tuple
+    with a bare ValueError when the map is filled.  Dropping an axis would replicate the variable silently over
+    it, so the variable, its dimension and the axes are named instead.
+    """
+    out: list[Any] = []
+    for dim, entry in enumerate(entries):
+        axes = (entry,) if entry is None or isinstance(entry, str) else tuple(entry)
+        if len(axes) > 1:
+            sizes = dict(zip(device_mesh.axis_names, device_mesh.shape))
+            over = " x ".join(f"{a}={sizes.get(a, '?')}" for a in axes)
+            raise EinshardError(
+                f"to_keras: {leaf.name} (shape {tuple(leaf.shape)}) is laid out {text!r}, which splits its "
+                f"dimension {dim} (size {leaf.shape[dim]}) over {len(axes)} mesh axes ({over}); a Keras "
+                "TensorLayout takes one mesh axis (or None) per dimension",
+                hint="Export this layout with to_flax or to_maxtext (both take several mesh axes per dimension) "
+                "or place it with einshard.einshard; for Keras, lay that dimension out over one mesh axis.",
+            )
+        out.append(axes[0])
+    return tuple(out)
 
 
 def _device_mesh(mesh: MeshLike) -> Any:
