@@ -45,19 +45,20 @@ recorded once and replayed, so that a split found in every layer costs no more w
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.layout import Layout
 from .costing import OpCosts, is_free
 from .rules_structural import all_explicit
-from .values import ELEMENTWISE, PLACEMENTS
+from .values import DOT_GATHERED, ELEMENTWISE, PLACEMENTS
 
 __all__ = [
     "OpenReader",
     "OpenValues",
     "open_values",
     "reader_split",
+    "waits_for_later_dots",
     "paired_axes",
     "found_splits",
     "spread_back",
@@ -96,6 +97,9 @@ class OpenValues:
     fixed: Mapping[int, frozenset[str]]
     # id(reader) -> ((the open value's operand index, the value), ...): what a walk asks at each reader it steps
     at: Mapping[int, tuple[tuple[int, Any], ...]]
+    # id(dot reader) -> ((another dot reading its partner, the partner's operand index there), ...): where the
+    # partner is read by other dots too (:func:`_dot_reader_split` asks them)
+    shared: Mapping[int, tuple[tuple[Any, int], ...]] = field(default_factory=dict)
 
 
 def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
@@ -114,12 +118,17 @@ def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
     # by another's) is gathered for that one, and XLA reads that copy here too, the open value staying as it is
     # (measured: keras-hub DeBERTa's relative embeddings, normed, against the FSDP query and key kernels: no
     # reduce-scatter in XLA's program, where a lone dot's row-split kernel splits its open operand).
-    dots_reading: dict[int, int] = {}
+    # Only where the partner is split there, though: a router kernel w[d, e@model] read by the logits' dot x . w
+    # (its split on a free axis: nothing gathered) and by the backward's dlogits . w^T hands the open cotangent its
+    # experts split, and XLA all-reduces the (tokens, d) product (measured: keras-hub GPT-OSS's tensor-parallel
+    # gradient; tests/test_open_values.py), so the other dots' pairing of the partner is kept and asked at the walk.
+    dots_reading: dict[int, list[tuple[Any, int]]] = {}
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            for v in eqn.invars[:2]:
+            for j, v in enumerate(eqn.invars[:2]):
                 if not hasattr(v, "val"):
-                    dots_reading[id(v)] = dots_reading.get(id(v), 0) + 1
+                    dots_reading.setdefault(id(v), []).append((eqn, j))
+    shared: dict[int, tuple[tuple[Any, int], ...]] = {}
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name in ELEMENTWISE:
@@ -134,8 +143,10 @@ def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
                 partner = eqn.invars[1 - k]
                 if hasattr(v, "val") or id(v) not in made or partner is v or hasattr(partner, "val"):
                     continue
-                if dots_reading.get(id(partner), 0) == 1:
-                    found.append((eqn, k, v))
+                others = tuple((o, j) for o, j in dots_reading.get(id(partner), ()) if o is not eqn)
+                if others:
+                    shared[id(eqn)] = others
+                found.append((eqn, k, v))
         if name not in PLACEMENTS:  # (a placement fixes its result: never open)
             for v in eqn.outvars:
                 # (on Explicit axes a value's type is its layout: JAX's, fixed where it is made; XLA keeps it)
@@ -147,7 +158,7 @@ def open_values(costs: OpCosts, jaxpr: Any) -> OpenValues:
     at: dict[int, list[tuple[int, Any]]] = {}
     for reader, k, v in found:
         at.setdefault(id(reader), []).append((k, v))
-    opened = OpenValues(tuple(found), made, fixed, {i: tuple(kv) for i, kv in at.items()})
+    opened = OpenValues(tuple(found), made, fixed, {i: tuple(kv) for i, kv in at.items()}, shared)
     table[id(jaxpr)] = (jaxpr, opened)
     return opened
 
@@ -160,15 +171,22 @@ def _explicit_axes(aval: Any) -> frozenset[str]:
 
 
 def reader_split(
-    eqn: Any, k: int, x: Any, env: Mapping[Any, Layout], own: Layout | None, fixed: frozenset[str] = frozenset()
+    eqn: Any,
+    k: int,
+    x: Any,
+    env: Mapping[Any, Layout],
+    own: Layout | None,
+    fixed: frozenset[str] = frozenset(),
+    others: tuple[tuple[Any, int], ...] = (),
 ) -> Dims | None:
     """The split one elementwise reader ``eqn`` hands the open value ``x`` (its ``k``-th operand, laid out ``own``
     as its own operands made it), or None where it hands none.
 
     The split the reader's result has (its op's factors, shared by every operand) on an axis ``x`` leaves whole,
-    where another operand has it too: a split that ``x``'s own layout brought to the result hands it nothing."""
+    where another operand has it too: a split that ``x``'s own layout brought to the result hands it nothing.
+    ``others``: a dot reader's other dots reading its partner (:attr:`OpenValues.shared`)."""
     if eqn.primitive.name == "dot_general":
-        return _dot_reader_split(eqn, k, env, own, fixed)
+        return _dot_reader_split(eqn, k, env, own, fixed, others)
     res = env.get(eqn.outvars[0])
     if own is None or res is None:
         return None
@@ -209,17 +227,26 @@ def paired_axes(eqn: Any, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _dot_reader_split(
-    eqn: Any, k: int, env: Mapping[Any, Layout], own: Layout | None, fixed: frozenset[str]
+    eqn: Any,
+    k: int,
+    env: Mapping[Any, Layout],
+    own: Layout | None,
+    fixed: frozenset[str],
+    others: tuple[tuple[Any, int], ...] = (),
 ) -> Dims | None:
     """The split a dot hands its open ``k``-th operand: its partner's split on their shared (contracted and batch)
     dimensions, on mesh axes the value leaves unused (Shardy's factor propagation; measured, ``x = exp(t)``,
-    ``x + tanh(x @ w)`` with ``w``'s rows over 'a': x takes its columns over 'a', and the add's result with it)."""
+    ``x + tanh(x @ w)`` with ``w``'s rows over 'a': x takes its columns over 'a', and the add's result with it).
+    None where another dot reading the partner (``others``) gathers it, or may (:func:`_gathered_elsewhere`): XLA
+    reads that copy here too (see :func:`open_values`)."""
     partner = env.get(eqn.invars[1 - k])
     # (asked of every dot reading an open value after every walk: a partner split nowhere, most weights under data
     # parallelism, hands nothing)
     if own is None or partner is None or not any(partner.dims):
         return None
     if is_free(own) or own.unreduced or is_free(partner) or partner.unreduced:
+        return None
+    if others and _gathered_elsewhere(eqn.invars[1 - k], partner, env, others) is not False:
         return None
     mine, theirs = paired_axes(eqn, k)
     wanted: list[tuple[str, ...]] | None = None
@@ -245,6 +272,40 @@ def _dot_reader_split(
     return None if dims == own.dims else dims
 
 
+def _gathered_elsewhere(
+    var: Any, partner: Layout, env: Mapping[Any, Layout], others: tuple[tuple[Any, int], ...]
+) -> bool | None:
+    """Whether another dot reading the partner ``var`` (laid out ``partner``) gathers it: True where the walk
+    gathered it for one of them (:data:`~.values.DOT_GATHERED`), or another dot pairs a split dimension of it with a dimension
+    of its own operand split otherwise (the FSDP kernel a batch-split activation's dot gathers); False where every
+    other dot pairs its splits with the same splits of its operand, or none (the router kernel w[d, e@model] whose
+    logits' dot contracts d: nothing gathered); None where such a dot's operand is not laid out yet (later in the
+    walk: asked again when it ends, :func:`waits_for_later_dots`)."""
+    unknown = False
+    for other, j in others:
+        if other.outvars and DOT_GATHERED[j](other.outvars[0]) in env:
+            return True  # (that dot's own gather: the reader's gathers it too, for itself, and does not count)
+        mine, theirs = paired_axes(other, j)
+        split = [(i, t) for i, t in zip(mine, theirs) if i < len(partner.dims) and partner.dims[i]]
+        if not split:
+            continue
+        operand = env.get(other.invars[1 - j])
+        if operand is None:
+            unknown = True
+        elif is_free(operand) or any(tuple(operand.dims[t]) != tuple(partner.dims[i]) for i, t in split):
+            return True
+    return None if unknown else False
+
+
+def waits_for_later_dots(eqn: Any, k: int, env: Mapping[Any, Layout], others: tuple[tuple[Any, int], ...]) -> bool:
+    """Whether the dot ``eqn``'s answer to its open ``k``-th operand waits for a later dot reading its partner
+    (:func:`_gathered_elsewhere` undecided): the walk then asks every reader again when it ends."""
+    partner = env.get(eqn.invars[1 - k])
+    if not others or partner is None or is_free(partner) or not any(partner.dims):
+        return False
+    return _gathered_elsewhere(eqn.invars[1 - k], partner, env, others) is None
+
+
 def found_splits(opened: OpenValues, env: Mapping[Any, Layout], natural: Mapping[int, Layout]) -> dict[int, Dims]:
     """The split each open value takes from its readers (:func:`reader_split`), by id; a value two readers hand
     different splits takes none (which of them XLA's propagation takes first is its order, not a rule this
@@ -253,7 +314,8 @@ def found_splits(opened: OpenValues, env: Mapping[Any, Layout], natural: Mapping
     axis follow).  ``natural``: a value moved to a split a walk applied, by id, as its own operands made it."""
     out: dict[int, Dims | None] = {}
     for eqn, k, x in opened.readers:
-        dims = reader_split(eqn, k, x, env, natural.get(id(x)) or env.get(x), opened.fixed.get(id(x), frozenset()))
+        own = natural.get(id(x)) or env.get(x)
+        dims = reader_split(eqn, k, x, env, own, opened.fixed.get(id(x), frozenset()), opened.shared.get(id(eqn), ()))
         if dims is not None:
             out[id(x)] = dims if out.get(id(x), dims) == dims else None
     return spread_back(opened, {i: d for i, d in out.items() if d is not None}, env, natural)

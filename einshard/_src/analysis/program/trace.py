@@ -132,8 +132,14 @@ def _broadcast_specs(args: Sequence[Any], in_specs: Any) -> list[Any]:
     specs_flat, spec_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=is_leaf)
     try:
         per_arg = spec_tree.flatten_up_to(args)  # type: ignore[attr-defined]
-    except (ValueError, TypeError) as err:
-        raise EinshardError(f"explain(): in_specs does not match the arguments' structure: {err}") from None
+    except (ValueError, TypeError):
+        # (JAX's own message prints the arguments' arrays whole: the two structures say what differs)
+        given = jax.tree_util.tree_structure(in_specs, is_leaf=is_leaf)
+        wanted = jax.tree_util.tree_structure(tuple(args))
+        raise EinshardError(
+            f"explain(): in_specs does not match the arguments' structure: in_specs is {str(given)[:300]}, "
+            f"the arguments are {str(wanted)[:300]}"
+        ) from None
     out = []
     for spec, sub in zip(specs_flat, per_arg):
         out.extend([spec] * len(jax.tree_util.tree_leaves(sub)))
@@ -451,6 +457,7 @@ class TracedProgram:
             # (a repeated stretch making a value moved so keys its tapes by those splits, by the values' tokens)
             walker.open_copies = _open_in_copies(plan, splits)
             walker.open_at = opened.at
+            walker.open_shared = opened.shared
             walker.open_stop = walks < MAX_WALKS
             walker.open_fixed = opened.fixed
             try:

@@ -25,7 +25,7 @@ from ..cost import Collective, sent_bytes
 from ..einsum.plan import side_string
 from .blocks import Tape, body_index, translate_env
 from .costing import FreeLayout, OpCosts, is_free
-from .open_values import Reopened, reader_split
+from .open_values import Reopened, reader_split, waits_for_later_dots
 from .oplog import CostTerms, OpLog, ReplayRun, cost_terms
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
 from .report import OpReport, in_user_axis_names
@@ -109,6 +109,7 @@ class Walker:
         # The top-level elementwise readers of open values, by id of the equation -> (operand index, value) of each;
         # and the splits stepping them found that the walk was not given (it stops: open_values.Reopened).
         self.open_at: Mapping[int, tuple[tuple[int, Any], ...]] = {}
+        self.open_shared: Mapping[int, tuple[tuple[Any, int], ...]] = {}  # (OpenValues.shared)
         self.open_fixed: Mapping[int, frozenset[str]] = {}  # (open_values.OpenValues.fixed)
         self.open_stop = False  # whether a split found at a reader stops the walk (not the report's last walk)
         # Whether a reader stepped or replayed handed a value a split the walk was not given (else no reader would,
@@ -600,8 +601,12 @@ class Walker:
         for k, x in self.open_at.get(id(eqn), ()):
             if recording is None and id(x) in self.open_splits:
                 continue
-            dims = reader_split(eqn, k, x, env, env.get(x), self.open_fixed.get(id(x), frozenset()))
+            fixed = self.open_fixed.get(id(x), frozenset())
+            others = self.open_shared.get(id(eqn), ())
+            dims = reader_split(eqn, k, x, env, env.get(x), fixed, others)
             if dims is None:
+                if others and waits_for_later_dots(eqn, k, env, others):
+                    self.open_met = True  # (its answer waits for a later dot: every reader is asked at the end)
                 continue
             group.append((id(x), dims))
             if id(x) not in self.open_splits:
