@@ -129,3 +129,61 @@ def test_a_body_called_twice_is_inlined_with_fresh_variables() -> None:
     assert len(made) == len({id(v) for v in made}) == 4  # sin, mul, sin, mul: each bound once
     out = jax.core.eval_jaxpr(flat, closed.consts, np.ones(4, np.float32))[0]
     np.testing.assert_allclose(out, np.sin(np.sin(np.ones(4)) * 2.0) * 2.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "axis", "grad"), _CASES)
+def test_a_jitted_step_with_shardings_is_explained_as_xla_compiles_it(name: str, axis: AxisType, grad: bool) -> None:
+    """The user's step as MaxText-style code jits it, ``jax.jit(step, in_shardings=..., out_shardings=...,
+    donate_argnums=...)``, passed to explain whole with no specs: its shardings are the program's argument and output
+    layouts (XLA compiles the call as the program), so the report is the unwrapped program's with those layouts, op
+    for op, and its collectives and bytes are XLA's.  Before, the call was walked as a call and its body's open values
+    were not followed (tanh_residual's loss on Auto axes: 1 all-reduce, where XLA has a permute and 2).  Arguments
+    given as ShapeDtypeStructs without a sharding take the call's ``in_shardings`` (on Auto axes: on Explicit axes
+    JAX types such an argument whole, and reshards it at the call)."""
+    from test_open_values import SPECS
+
+    import einshard
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis, axis))
+    fn = jax.grad(PROGRAMS[name], argnums=(2, 3)) if grad else PROGRAMS[name]
+    args = _args()
+    shardings = tuple(einshard.sharding(e, a.shape, mesh=mesh) for e, a in zip(SPECS, args))
+    out = (shardings[2], shardings[3]) if grad else NamedSharding(mesh, P())
+    step = jax.jit(fn, in_shardings=shardings, out_shardings=out, donate_argnums=(2, 3) if grad else ())
+    placed = jax.device_put(args, shardings)
+    asked = [s.spec for s in out] if grad else [P()]  # type: ignore[union-attr]
+    with jax.set_mesh(mesh):
+        compiled = step.lower(*placed).compile()
+        flat = trace(fn, *placed, mesh=mesh).report(None, asked)
+        wrapped = trace(step, *placed, mesh=mesh).report()
+        shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args)
+        unplaced = trace(step, *shapes, mesh=mesh).report()
+    assert [(op.expression, op.collectives) for op in wrapped.ops] == [
+        (op.expression, op.collectives) for op in flat.ops
+    ]
+    if axis == AxisType.Auto:  # (on Explicit axes an unsharded ShapeDtypeStruct is typed whole: JAX's own program)
+        assert [(op.expression, op.collectives) for op in unplaced.ops] == [
+            (op.expression, op.collectives) for op in flat.ops
+        ]
+    assert wrapped.peak_bytes == flat.peak_bytes
+    kinds, sent = _collectives(wrapped)
+    xla = [c for c in hlo.normalized(compiled.as_text() or "") if c.group_size > 1]
+    assert kinds == Counter(c.kind for c in xla for _ in range(c.runs))
+    assert sent == pytest.approx(sum(c.sent_bytes * c.runs for c in xla), rel=0.10)
+
+
+def test_a_program_that_is_one_call_with_constants_stays_a_call() -> None:
+    """A jitted step that closes over constants is left a call (the constants are the call's, not arguments)."""
+    from einshard._src.analysis.program.inline import sole_call
+
+    table = np.arange(8.0, dtype=np.float32)
+    step = jax.jit(lambda x: x * jnp.asarray(table))
+    closed = jax.make_jaxpr(step)(jnp.ones((8,)))
+    found = sole_call(closed.jaxpr)
+    body = closed.jaxpr.eqns[0].params["jaxpr"]
+    assert (found is None) == bool(getattr(body, "consts", None))
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    shard = NamedSharding(mesh, P("data"))
+    placed_step = jax.jit(lambda x: x * 2.0, in_shardings=shard, out_shardings=shard)
+    body_of, ins, outs = sole_call(jax.make_jaxpr(placed_step)(jnp.ones((8,))).jaxpr)  # type: ignore[misc]
+    assert ins == (P("data"),) and outs == (P("data"),) and [e.primitive.name for e in body_of.eqns] == ["mul"]

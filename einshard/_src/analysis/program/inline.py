@@ -11,13 +11,17 @@ followed open values in the program's own equations only, found none of them (1 
 A call that fixes something stays a call: ``in_shardings``/``out_shardings`` (placements at its border), donated
 or layout-pinned arguments, compiler options, or constants closed over (none of these are XLA's plain inlining).
 Bodies of loops, ``remat`` and custom derivatives stay as they are: their rules walk them.
+
+The one exception is the program that *is* a ``jit`` call (:func:`sole_call`): ``explain(train_step, ...)`` of a
+``jax.jit(step, in_shardings=..., out_shardings=..., donate_argnums=...)``.  There the call's shardings are the
+program's own argument and output layouts, as XLA compiles them, and its body is the program.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["inlined_calls"]
+__all__ = ["inlined_calls", "sole_call"]
 
 _CALL = "jit"
 
@@ -90,3 +94,39 @@ def inlined_calls(jaxpr: Any) -> Any:
     eqns: list[Any] = []
     emit(jaxpr.eqns, eqns, False)
     return jaxpr.replace(eqns=eqns, outvars=[atom(v) for v in jaxpr.outvars])
+
+
+def sole_call(jaxpr: Any) -> tuple[Any, tuple[Any, ...], tuple[Any, ...]] | None:
+    """``(body, in_specs, out_specs)`` where ``jaxpr`` is one ``jit`` call of its own arguments returning its own
+    outputs (the user's jitted step traced whole), or None.
+
+    XLA compiles such a program as its body, with the call's ``in_shardings`` / ``out_shardings`` as its argument
+    and output layouts: a PartitionSpec per argument and per output where the call names one (a ``NamedSharding``),
+    None where it leaves the layout to the caller or to XLA.  Donation only aliases buffers, so a donating call is
+    one too.  A call that closes over constants, sets compiler options or pins a memory layout is left a call, as
+    is one whose shardings are not ``NamedSharding`` s."""
+    if len(jaxpr.eqns) != 1:
+        return None
+    eqn = jaxpr.eqns[0]
+    if eqn.primitive.name != _CALL or list(eqn.invars) != list(jaxpr.invars):
+        return None
+    if len(eqn.outvars) != len(jaxpr.outvars) or any(a is not b for a, b in zip(eqn.outvars, jaxpr.outvars)):
+        return None
+    params = eqn.params
+    closed = params.get("jaxpr")
+    if closed is None or getattr(closed, "consts", None) or not hasattr(closed, "jaxpr"):
+        return None
+    if params.get("compiler_options_kvs") or any(
+        lay is not None for key in ("in_layouts", "out_layouts") for lay in params.get(key, ())
+    ):
+        return None
+    from jax.sharding import NamedSharding
+
+    unspecified = _unspecified_type()
+    specs: list[tuple[Any, ...]] = []
+    for key, n in (("in_shardings", len(eqn.invars)), ("out_shardings", len(eqn.outvars))):
+        given = tuple(params.get(key, ())) or (None,) * n
+        if any(s is not None and not isinstance(s, (unspecified, NamedSharding)) for s in given):
+            return None
+        specs.append(tuple(s.spec if isinstance(s, NamedSharding) else None for s in given))
+    return closed.jaxpr, specs[0], specs[1]

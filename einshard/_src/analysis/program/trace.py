@@ -19,7 +19,7 @@ from ...core.mesh import auto_axes, explicit_axes, mesh_axes, resolve_mesh
 from ...errors import EinshardError
 from .alternatives import widen
 from .costing import OpCosts, is_free
-from .inline import inlined_calls
+from .inline import inlined_calls, sole_call
 from .memory import PeakCache, peak_caveat
 from .memory import peak_bytes as _peak_bytes
 from .open_values import MAX_WALKS, Reopened, found_splits, open_values, settled_in_place, spread_back
@@ -381,8 +381,16 @@ class TracedProgram:
             if typed is None:
                 raise EinshardError(f"explain(): {self.explicit}") from None
             closed = typed
+        # The program that is one jit call (the user's jitted step): its body, its shardings the program's own
+        # argument and output layouts (:func:`.inline.sole_call`).
+        jaxpr = closed.jaxpr
+        sole = sole_call(jaxpr)
+        self.call_specs: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ())
+        if sole is not None:
+            jaxpr, *specs = sole
+            self.call_specs = (specs[0], specs[1])
         # (nested jit calls inlined, as XLA inlines them before its propagation: :mod:`.inline`)
-        self.jaxpr = _dead_code_eliminated(inlined_calls(closed.jaxpr))
+        self.jaxpr = _dead_code_eliminated(inlined_calls(jaxpr))
         self._fn, self._kwargs = fn, kwargs
         self._naming: tuple[dict[Any, str], dict[int, tuple[str, str]]] | None = None
         # Peak memory's flattening and liveness, reused between costings (None: each costing makes its own).
@@ -435,6 +443,7 @@ class TracedProgram:
         many layouts by their costs and reads no bound: the report then says its bounds are local).
         """
         start = time.perf_counter()
+        in_specs, out_specs = self._with_call_specs(in_specs, out_specs)
         in_layouts = arg_layouts(self.args, in_specs, self.mesh)
         if walker is None:
             walker = Walker(self.costs)
@@ -557,6 +566,21 @@ class TracedProgram:
                     () if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries
                 )
         return layouts, walker.walk(self.jaxpr, in_layouts, 1, None, env=layouts)
+
+    def _with_call_specs(self, in_specs: Any, out_specs: Sequence[Any] | None) -> tuple[Any, Sequence[Any] | None]:
+        """``in_specs`` and ``out_specs``, or where the caller gives none and the program is a jit call naming its
+        shardings (:attr:`call_specs`), those: an argument without a sharding of its own (a ShapeDtypeStruct)
+        takes the call's ``in_shardings``, and the outputs the call's ``out_shardings``, as XLA compiles them."""
+        call_in, call_out = self.call_specs
+        if in_specs is None and any(s is not None for s in call_in):
+            leaves, tree = jax.tree_util.tree_flatten(self.args)
+            if len(leaves) == len(call_in):
+                own = [getattr(_sharding_of(x), "spec", None) for x in leaves]
+                specs = [c if o is None else o for o, c in zip(own, call_in)]
+                in_specs = jax.tree_util.tree_unflatten(tree, specs)
+        if out_specs is None and any(s is not None for s in call_out):
+            out_specs = list(call_out)
+        return in_specs, out_specs
 
     def _fork(self, forced: frozenset[int], in_specs: Any, out_specs: Sequence[Any] | None) -> ProgramReport:
         """The report of a walk in which the marked ops ``forced`` take XLA's other choice (see :mod:`.alternatives`)."""
