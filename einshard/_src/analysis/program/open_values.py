@@ -51,14 +51,13 @@ from typing import Any
 from ...core.layout import Layout
 from .costing import OpCosts, is_free
 from .rules_structural import all_explicit
-from .values import DOT_GATHERED, ELEMENTWISE, PLACEMENTS
+from .values import ELEMENTWISE, PLACEMENTS
 
 __all__ = [
     "OpenReader",
     "OpenValues",
     "open_values",
     "reader_split",
-    "waits_for_later_dots",
     "paired_axes",
     "found_splits",
     "spread_back",
@@ -237,8 +236,8 @@ def _dot_reader_split(
     """The split a dot hands its open ``k``-th operand: its partner's split on their shared (contracted and batch)
     dimensions, on mesh axes the value leaves unused (Shardy's factor propagation; measured, ``x = exp(t)``,
     ``x + tanh(x @ w)`` with ``w``'s rows over 'a': x takes its columns over 'a', and the add's result with it).
-    None where another dot reading the partner (``others``) gathers it, or may (:func:`_gathered_elsewhere`): XLA
-    reads that copy here too (see :func:`open_values`)."""
+    None where another dot reading the partner (``others``) pairs a split dimension of it with its own operand: it
+    may gather the partner there, and XLA reads that copy here too (see :func:`open_values`)."""
     partner = env.get(eqn.invars[1 - k])
     # (asked of every dot reading an open value after every walk: a partner split nowhere, most weights under data
     # parallelism, hands nothing)
@@ -246,8 +245,12 @@ def _dot_reader_split(
         return None
     if is_free(own) or own.unreduced or is_free(partner) or partner.unreduced:
         return None
-    if others and _gathered_elsewhere(eqn.invars[1 - k], partner, env, others) is not False:
-        return None
+    for other, j in others:
+        # (another dot pairing a split dimension of the partner with its own operand may gather it there: kept
+        # whole, as XLA reads that copy -- keras-hub DeBERTa; asking the operand's layout instead, known only once
+        # the walk reaches that dot, hands splits the three walks do not settle on DeBERTa's gradients)
+        if any(partner.dims[i] for i in paired_axes(other, j)[0] if i < len(partner.dims)):
+            return None
     mine, theirs = paired_axes(eqn, k)
     wanted: list[tuple[str, ...]] | None = None
     used: set[str] = set()
@@ -270,40 +273,6 @@ def _dot_reader_split(
         return None
     dims = tuple(wanted)
     return None if dims == own.dims else dims
-
-
-def _gathered_elsewhere(
-    var: Any, partner: Layout, env: Mapping[Any, Layout], others: tuple[tuple[Any, int], ...]
-) -> bool | None:
-    """Whether another dot reading the partner ``var`` (laid out ``partner``) gathers it: True where the walk
-    gathered it for one of them (:data:`~.values.DOT_GATHERED`), or another dot pairs a split dimension of it with a dimension
-    of its own operand split otherwise (the FSDP kernel a batch-split activation's dot gathers); False where every
-    other dot pairs its splits with the same splits of its operand, or none (the router kernel w[d, e@model] whose
-    logits' dot contracts d: nothing gathered); None where such a dot's operand is not laid out yet (later in the
-    walk: asked again when it ends, :func:`waits_for_later_dots`)."""
-    unknown = False
-    for other, j in others:
-        if other.outvars and DOT_GATHERED[j](other.outvars[0]) in env:
-            return True  # (that dot's own gather: the reader's gathers it too, for itself, and does not count)
-        mine, theirs = paired_axes(other, j)
-        split = [(i, t) for i, t in zip(mine, theirs) if i < len(partner.dims) and partner.dims[i]]
-        if not split:
-            continue
-        operand = env.get(other.invars[1 - j])
-        if operand is None:
-            unknown = True
-        elif is_free(operand) or any(tuple(operand.dims[t]) != tuple(partner.dims[i]) for i, t in split):
-            return True
-    return None if unknown else False
-
-
-def waits_for_later_dots(eqn: Any, k: int, env: Mapping[Any, Layout], others: tuple[tuple[Any, int], ...]) -> bool:
-    """Whether the dot ``eqn``'s answer to its open ``k``-th operand waits for a later dot reading its partner
-    (:func:`_gathered_elsewhere` undecided): the walk then asks every reader again when it ends."""
-    partner = env.get(eqn.invars[1 - k])
-    if not others or partner is None or is_free(partner) or not any(partner.dims):
-        return False
-    return _gathered_elsewhere(eqn.invars[1 - k], partner, env, others) is None
 
 
 def found_splits(opened: OpenValues, env: Mapping[Any, Layout], natural: Mapping[int, Layout]) -> dict[int, Dims]:

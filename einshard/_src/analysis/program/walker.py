@@ -25,7 +25,7 @@ from ..cost import Collective, sent_bytes
 from ..einsum.plan import side_string
 from .blocks import Tape, body_index, translate_env
 from .costing import FreeLayout, OpCosts, is_free
-from .open_values import Reopened, reader_split, waits_for_later_dots
+from .open_values import Reopened, reader_split
 from .oplog import CostTerms, OpLog, ReplayRun, cost_terms
 from .registry import RULES, call_rule, sub_jaxpr, unfollowed
 from .report import OpReport, in_user_axis_names
@@ -605,8 +605,6 @@ class Walker:
             others = self.open_shared.get(id(eqn), ())
             dims = reader_split(eqn, k, x, env, env.get(x), fixed, others)
             if dims is None:
-                if others and waits_for_later_dots(eqn, k, env, others):
-                    self.open_met = True  # (its answer waits for a later dot: every reader is asked at the end)
                 continue
             group.append((id(x), dims))
             if id(x) not in self.open_splits:
