@@ -186,3 +186,41 @@ def test_a_program_that_is_one_call_with_constants_stays_a_call() -> None:
     placed_step = jax.jit(lambda x: x * 2.0, in_shardings=shard, out_shardings=shard)
     body_of, ins, outs = sole_call(jax.make_jaxpr(placed_step)(jnp.ones((8,))).jaxpr)  # type: ignore[misc]
     assert ins == (P("data"),) and outs == (P("data"),) and [e.primitive.name for e in body_of.eqns] == ["mul"]
+
+
+@given(data=st.data())
+@settings(max_examples=6, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+def test_drawn_jitted_steps_explain_as_xla_compiles_them(data: st.DataObject) -> None:
+    """Drawn: the program, Auto or Explicit axes, loss or gradient, which arguments the jit names an
+    ``in_shardings`` for (the others left to the arrays' own), whether it names ``out_shardings`` and donates.  The
+    report with no specs is the flat program's under the layouts XLA compiles (the arrays' own, the call's
+    ``out_shardings`` where named) op for op, and its collectives and bytes are XLA's."""
+    from test_open_values import SPECS
+
+    import einshard
+
+    name = data.draw(st.sampled_from(sorted(PROGRAMS)), label="program")
+    axis = data.draw(st.sampled_from([AxisType.Auto, AxisType.Explicit]), label="axis")
+    grad = data.draw(st.booleans(), label="grad")
+    named = data.draw(st.lists(st.booleans(), min_size=4, max_size=4), label="in_shardings named")
+    name_out = data.draw(st.booleans(), label="out_shardings named")
+    if _JAX_012 and (name, axis, grad) == ("two_blocks", AxisType.Explicit, True):
+        return  # (jax 0.12's XLA: a permute more for the jitted program than for the flat one; _CASES marks it)
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis, axis))
+    fn = jax.grad(PROGRAMS[name], argnums=(2, 3)) if grad else PROGRAMS[name]
+    args = _args()
+    shardings = tuple(einshard.sharding(e, a.shape, mesh=mesh) for e, a in zip(SPECS, args))
+    out = (shardings[2], shardings[3]) if grad else NamedSharding(mesh, P())
+    step = jax.jit(
+        fn,
+        in_shardings=tuple(s if n else None for s, n in zip(shardings, named)),
+        out_shardings=out if name_out else None,
+        donate_argnums=(2, 3) if grad and data.draw(st.booleans(), label="donate") else (),
+    )
+    placed = jax.device_put(args, shardings)
+    with jax.set_mesh(mesh):
+        compiled = step.lower(*placed).compile()
+        wrapped = trace(step, *placed, mesh=mesh).report()
+        asked = [s.spec for s in out] if grad else [P()]  # type: ignore[union-attr]
+        flat = trace(fn, *placed, mesh=mesh).report(None, asked if name_out else None)
+    _same_as_flat_and_xla(wrapped, flat, compiled)
