@@ -137,7 +137,16 @@ def test_a_body_called_twice_is_inlined_with_fresh_variables() -> None:
     np.testing.assert_allclose(out, np.sin(np.sin(np.ones(4)) * 2.0) * 2.0, rtol=1e-6)
 
 
-@pytest.mark.parametrize(("name", "axis", "grad"), _CASES)
+# (no jax 0.12 mark here: a call naming its shardings compiles as the flat program there too, measured on 0.12.0.1)
+_STEP_CASES = [
+    pytest.param(name, axis, grad, id=f"{name}-{axis.name.lower()}-{'grad' if grad else 'loss'}")
+    for name in sorted(PROGRAMS)
+    for axis in (AxisType.Auto, AxisType.Explicit)
+    for grad in (False, True)
+]
+
+
+@pytest.mark.parametrize(("name", "axis", "grad"), _STEP_CASES)
 def test_a_jitted_step_with_shardings_is_explained_as_xla_compiles_it(name: str, axis: AxisType, grad: bool) -> None:
     """The user's step as MaxText-style code jits it, ``jax.jit(step, in_shardings=..., out_shardings=...,
     donate_argnums=...)``, passed to explain whole with no specs: its shardings are the program's argument and output
@@ -204,8 +213,8 @@ def test_drawn_jitted_steps_explain_as_xla_compiles_them(data: st.DataObject) ->
     grad = data.draw(st.booleans(), label="grad")
     named = data.draw(st.lists(st.booleans(), min_size=4, max_size=4), label="in_shardings named")
     name_out = data.draw(st.booleans(), label="out_shardings named")
-    if _JAX_012 and (name, axis, grad) == ("two_blocks", AxisType.Explicit, True):
-        return  # (jax 0.12's XLA: a permute more for the jitted program than for the flat one; _CASES marks it)
+    if _JAX_012 and (name, axis, grad) == ("two_blocks", AxisType.Explicit, True) and not (any(named) or name_out):
+        return  # (a plain jit there: jax 0.12's XLA makes a permute more than for the flat program; _CASES marks it)
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis, axis))
     fn = jax.grad(PROGRAMS[name], argnums=(2, 3)) if grad else PROGRAMS[name]
     args = _args()
