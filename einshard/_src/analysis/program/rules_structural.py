@@ -60,12 +60,18 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
         # full operand's are (XLA broadcasts it explicitly, then propagates): x[64, 4] * s[64@data, 1] runs on
         # s's split, x sliced, no collective (measured, XLA:CPU: the softmax's x / sum(x, keepdims) in a router's
         # gradient; explain had gathered s).  (A split on its size-1 dimension would be a broadcast one: none.)
-        spanned = [_spanned_dims(lay, shape) for lay in partial]
-        factors = [lay.dims for lay in full] + [dims for dims in spanned if any(dims)]
+        spanned = [dims for dims in (_spanned_dims(lay, shape) for lay in partial) if any(dims)]
+        factors = [lay.dims for lay in full]
         merged = merged_dims(factors) if len(factors) > 1 else None
         claimed = merged is None and len(factors) > 1
         if claimed:  # one mesh axis named on two dimensions: they claim it in turn, as Shardy does
             merged = claimed_dims(factors, target.mesh_sizes)
+        if spanned:
+            # The full operands' split, then grown where a size-1-broadcast operand's extends it on mesh axes
+            # nobody uses; where they conflict the full operands' wins and the small operand is moved to it
+            # (measured on (4, 2) and (2, 2, 2), XLA:CPU: x[8, 8@a] * s[1, 8@b] keeps x's split, s permuted, 8 B;
+            # x[8@a, 8@b] * s[1@?, 8@a] gathers s; x[8, 8] * s[1, 8@b] runs on s's split, x sliced).
+            merged = _grown_by_broadcasts(merged if merged is not None else target.dims, spanned)
         if merged is not None and merged != target.dims:
             target = target.with_dims(merged, frozenset())
             # a dimension whose splits differ kept only their common prefix (movement.mark_open_merge)
@@ -77,7 +83,7 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             target, open_merge = target.with_dims(tuple(typed), frozenset()), False
         # (Only where the operands disagree: the readers' uses are read, which a copy's replay must key when they
         # lie past it, so an agreeing op -- a residual add under data parallelism -- reads none: test_segments.)
-        disagree = len(set(factors)) > 1
+        disagree = len(set(factors + spanned)) > 1
         placed = _placed_reader_split(w, eqn.outvars[0]) if typed is None and disagree else None
         if placed is not None and placed != target.dims:
             # A placement reading the result (an auto_axes region's exit, a sharding constraint) is settled before
@@ -137,7 +143,12 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             )
             src_dims = tuple(t if g != a else d for d, t, a, g in zip(lay.dims, target.dims, lay.shape, grown))
             dst_dims = tuple(t if g != a else d for d, t, a, g in zip(want, target.dims, lay.shape, grown))
-            src = Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
+            # Moved to another split, not grown: the operand's own layout, so that a later move of it there is made
+            # once (change()'s memo): XLA's partitioner reuses that permute for the gradient's product (measured,
+            # x[8, 8@a] * s[1, 8@b]: one permute in the gradient).  A gather it repeats per reader (the same
+            # with s[1, 8@(a,b)] against x[8@a, 8]: two all-gathers), as a fresh layout's move is.
+            reuse = grown == lay.shape and any(dst_dims)
+            src = lay if reuse else Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
             dst = src.with_dims(dst_dims)
             w.change(eqn, phase, src, dst, eqn.invars[k].aval.dtype, repeat, why)
             if src.sharded_mesh_axes - dst.sharded_mesh_axes:
@@ -150,6 +161,28 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
     if open_merge:
         mark_open_merge(w, eqn, since)
     return [w.relayout(v.aval, target.dims) for v in eqn.outvars]
+
+
+def _grown_by_broadcasts(
+    full: tuple[tuple[str, ...], ...], spanned: list[tuple[tuple[str, ...], ...]]
+) -> tuple[tuple[str, ...], ...]:
+    """The full operands' merged split ``full`` grown where a size-1-broadcast operand's split (``spanned``: along
+    the dimensions it spans) extends it (``full``'s split there is its prefix) on mesh axes no dimension uses yet;
+    a split that conflicts with ``full``'s, or names a mesh axis used elsewhere, adds nothing (XLA keeps the full
+    operands' split and moves the small operand to it: :func:`elementwise`)."""
+    out = list(full)
+    used = {m for d in out for m in d}
+    for dims in spanned:
+        for k, d in enumerate(dims):
+            have = out[k]
+            if len(d) <= len(have) or d[: len(have)] != have:
+                continue
+            more = d[len(have) :]
+            if used & set(more):
+                continue
+            out[k] = d
+            used |= set(more)
+    return tuple(out)
 
 
 def _spanned_dims(lay: Layout, shape: tuple[int, ...]) -> tuple[tuple[str, ...], ...]:
@@ -398,6 +431,11 @@ def reshape(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str)
         split = reshape_split(src.shape, src.dims, out_shape, w.costs.mesh_sizes)
         if split is not None and split.whole_axes:
             # The split spreads over several result dimensions at mesh-axis boundaries: Shardy keeps it there.
+            if split.gathered is not None:
+                # (a merge keeps its dimensions' splits up to the first one not split all its ways: the minor
+                # ones are gathered first)
+                kept = src.with_dims(split.gathered)
+                w.change(eqn, phase, src, kept, out_aval.dtype, repeat, "reshape merges a split minor axis")
             return [_declared(w, eqn, w.relayout(out_aval, split.dims), repeat, phase)]
         if split is not None:
             return [_declared(w, eqn, _sub_axes_gathered(w, eqn, src, split, repeat, phase), repeat, phase)]
@@ -417,6 +455,8 @@ class ReshapeSplit:
     ways: tuple[int, ...]  # how many ways each result dimension is split (1: whole)
     axes: tuple[str, ...]  # the input's mesh axes that split it
     whole_axes: bool  # every result dimension takes whole mesh axes (else Shardy splits one into sub-axes)
+    # The input's split once the splits a merge cannot keep are gathered (None: nothing is gathered first)
+    gathered: tuple[tuple[str, ...], ...] | None = None
 
 
 def reshape_split(
@@ -483,32 +523,74 @@ def _merged_split(
     sizes: Mapping[str, int],
     split: list[int],
 ) -> ReshapeSplit | None:
-    """Consecutive split input dimensions merged into one result dimension, each but the last split all its
-    ways (the blocks stay contiguous): the result dimension takes their mesh axes in order (measured: the
-    gradient of x[4, 8@(a,b,c)] reshaped to (4, 4@(a,b), 2@c) merges back to 8@(a,b,c), nothing moves)."""
-    first, last = split[0], split[-1]
-    if split != list(range(first, last + 1)):
-        return None
-    for i in split[:-1]:
-        if math.prod(sizes[m] for m in src_dims[i]) != src_shape[i]:
+    """A reshape of several split input dimensions, group by group (the input and result dimensions whose sizes
+    multiply alike, as :func:`reshape_dims` matches them):
+
+    * a group merged into one result dimension keeps its split dimensions' mesh axes in order where they are its
+      major ones, consecutive, each but the last split all its ways (the blocks stay contiguous); from the first
+      one split fewer ways, the split dimensions after it are gathered first (``gathered``);
+    * a group cutting one split dimension into several takes :func:`reshape_split`'s split of it (whole mesh
+      axes only);
+    * a group with one split dimension on each side keeps it on its major, as :func:`reshape_dims` does.
+
+    Measured (XLA:CPU): the gradient of x[4, 8@(a,b,c)] reshaped to (4, 4@(a,b), 2@c) merges back to 8@(a,b,c),
+    nothing moves; x[4@c, 2@b, 2@a] to (4, 4) on a (2, 2, 2) mesh is (4@c, 4@(b,a)), nothing moves, and its
+    gradient cuts it back; to (16,) it all-gathers b and a (48 B) and keeps 16@c (tests/test_primitive_rules_core.py)."""
+    del split  # (found again group by group)
+    dims: list[tuple[str, ...]] = [()] * len(out_shape)
+    kept = list(src_dims)
+    i = j = 0
+    while i < len(src_shape) or j < len(out_shape):
+        gi, gj = [i], [j]
+        a = src_shape[i] if i < len(src_shape) else 1
+        b = out_shape[j] if j < len(out_shape) else 1
+        while a != b:
+            if a < b:
+                i += 1
+                if i >= len(src_shape):
+                    return None
+                gi.append(i)
+                a *= src_shape[i]
+            else:
+                j += 1
+                if j >= len(out_shape):
+                    return None
+                gj.append(j)
+                b *= out_shape[j]
+        i, j = gi[-1] + 1, gj[-1] + 1
+        ins = [k for k in gi if k < len(src_shape) and src_shape[k] != 1]
+        outs = [k for k in gj if k < len(out_shape) and out_shape[k] != 1]
+        split_here = [k for k in ins if src_dims[k]]
+        if not split_here:
+            continue
+        if len(outs) > 1:
+            if len(ins) != 1:
+                return None  # (several input dimensions regrouped into several: not modelled)
+            cut = reshape_split((src_shape[ins[0]],), (src_dims[ins[0]],), tuple(out_shape[k] for k in outs), sizes)
+            if cut is None or not cut.whole_axes:
+                return None
+            for k, d in zip(outs, cut.dims):
+                dims[k] = d
+            continue
+        if not outs or split_here[0] != ins[0]:
+            return None  # (a whole dimension major to a split one: the blocks are not contiguous)
+        axes: list[str] = []
+        for n, k in enumerate(ins):
+            if k not in split_here or (n and ins[n - 1] not in split_here):
+                break  # (past a whole dimension: a split after it is gathered)
+            axes += src_dims[k]
+            if math.prod(sizes[m] for m in src_dims[k]) != src_shape[k]:
+                break  # (split fewer ways than it has rows: the splits after it are gathered)
+        for k in split_here:
+            if not set(src_dims[k]) <= set(axes):
+                kept[k] = ()
+        if out_shape[outs[0]] % math.prod(sizes[m] for m in axes):
             return None
-    before = math.prod(src_shape[:first])
-    j, acc = 0, 1
-    while j < len(out_shape) and acc < before:
-        acc *= out_shape[j]
-        j += 1
-    if acc != before or j >= len(out_shape):
-        return None
-    while j < len(out_shape) and out_shape[j] == 1:
-        j += 1
-    if j >= len(out_shape) or out_shape[j] != math.prod(src_shape[first : last + 1]):
-        return None  # (the result dimension is exactly the merged ones)
-    axes = tuple(m for i in split for m in src_dims[i])
-    ways = math.prod(sizes[m] for m in axes)
-    if out_shape[j] % ways:
-        return None
-    dims = tuple(axes if k == j else () for k in range(len(out_shape)))
-    return ReshapeSplit(dims, tuple(ways if k == j else 1 for k in range(len(out_shape))), axes, True)
+        dims[outs[0]] = tuple(axes)
+    every = tuple(m for d in src_dims for m in d)
+    ways = tuple(math.prod(sizes[m] for m in d) for d in dims)
+    gathered = tuple(kept) if tuple(kept) != tuple(src_dims) else None
+    return ReshapeSplit(tuple(dims), ways, every, True, gathered)
 
 
 def _sub_axes_gathered(w: WalkerLike, eqn: Any, src: Layout, split: ReshapeSplit, repeat: int, phase: str) -> Layout:
