@@ -867,3 +867,29 @@ def test_a_size1_broadcast_operand_is_moved_to_the_full_operands_split(
         return lax.mul(s, x) if small_first else lax.mul(x, s)
 
     check(Case("mul", fn, (_struct(shape), _struct(small)), (x_spec, s_spec), rank, False, grad))
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "grad"])
+@pytest.mark.parametrize("op", ["where", "add"])
+@pytest.mark.parametrize(
+    ("x_spec", "s_spec", "rank"),
+    [
+        (P("b", None), P(None, ("a", "b")), 2),  # [16@b, 16@a]: s gathered over b only, 16 B
+        (P("a", None), P(None, ("b", "a")), 2),
+        (P("c", None), P(None, ("a", "c", "b")), 3),
+        (P(("a", "b"), None), P(None, ("c", "a")), 3),
+        (P("b", "a"), P(None, ("a", "b")), 2),
+        (P(None, "a"), P(None, ("a", "b")), 2),
+    ],
+)
+def test_a_broadcast_row_keeps_its_split_up_to_a_mesh_axis_used_elsewhere(
+    x_spec: P, s_spec: P, rank: int, op: str, grad: bool
+) -> None:
+    """A row broadcast against a full operand (``jnp.where(x > 0, x, s)`` broadcasts it explicitly, ``x + s``
+    implicitly) keeps the prefix of its split up to the first mesh axis the other dimensions use: XLA gathers only
+    the rest (16 B where explain had gathered it whole, 64 B)."""
+
+    def fn(x: Any, s: Any) -> Any:
+        return jnp.where(x > 0, x, s) if op == "where" else x + s
+
+    check(Case(op, fn, (_struct((16, 16)), _struct((1, 16))), (x_spec, s_spec), rank, False, grad, "moved"))

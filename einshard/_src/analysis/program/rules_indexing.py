@@ -3070,6 +3070,18 @@ def dynamic_update_slice(w: Walker, eqn: Any, ins: list[Layout], repeat: int, ph
             whole = gathered
         w.bind_copy(eqn.invars[0], whole)  # the gathered copy is live while the update is written
         if not is_free(update):
+            # Along a dimension the update spans whole and the operand leaves whole, the update's split is
+            # the write's, as an elementwise operand's is: the operand is sliced to it (free), not the update
+            # gathered (measured: x[16, 16@a] updated by u[16@b, 8] at (i, 0) on (4, 2) gathers x's columns only,
+            # 1024 B, and the result is [16@b, 16@a]).
+            # (not on a mesh axis the operand splits: the result keeps the operand's split, x[16, 16@a] by
+            # u[16@a, 8] gathers both)
+            lined, used = list(whole.dims), {m for d in operand.dims for m in d}
+            for i, (d, a, b) in enumerate(zip(update.dims, update.shape, operand.shape)):
+                if a == b and d and not lined[i] and not used & set(d):
+                    lined[i], used = d, used | set(d)
+            if tuple(lined) != whole.dims:
+                whole = whole.with_dims(tuple(lined))
             want = tuple(d if a == b else () for d, a, b in zip(whole.dims, update.shape, operand.shape))
             if want != update.dims:
                 at = len(w.ops)
