@@ -853,6 +853,11 @@ def test_a_reshape_merging_split_dimensions_keeps_what_stays_contiguous(
         ((8, 8, 8), (8, 1, 8), P(None, "a", "b"), P("b", None, "a")),
         ((8, 8, 8), (8, 1, 8), P("a", None, None), P("b", None, "a")),
         ((8, 8, 8), (8, 1, 8), P("a", "b", None), P("b", None, None)),
+        # the small operand moved itself, not broadcast first (16 B where explain had moved an (8, 8@c) copy, 64 B)
+        ((8, 8), (8, 1), P("a", "c"), P("b", None)),
+        ((8, 8), (8, 1), P("a", "b"), P("c", None)),
+        ((8, 8), (8, 1), P(("a", "b"), "c"), P("b", None)),
+        ((8, 8), (8, 1), P("b", "c"), P(("a", "b"), None)),
     ],
 )
 def test_a_size1_broadcast_operand_is_moved_to_the_full_operands_split(
@@ -861,7 +866,7 @@ def test_a_size1_broadcast_operand_is_moved_to_the_full_operands_split(
     """Where a size-1-broadcast operand's split conflicts with the full operand's, XLA keeps the full operand's
     split and moves the small one to it (a permute of a few bytes); explain had kept the common prefix and
     gathered both (2 all-gathers, up to 288 B where XLA sends 8 B).  On the mesh of (4, 2) or (2, 2, 2)."""
-    rank = 3 if len(shape) == 3 else 2
+    rank = 3 if len(shape) == 3 or "c" in str((x_spec, s_spec)) else 2
 
     def fn(x: Any, s: Any) -> Any:
         return lax.mul(s, x) if small_first else lax.mul(x, s)

@@ -131,25 +131,14 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             continue
         if want != lay.dims:
             conflicted.append(k)
-            # XLA broadcasts the small operand to the result's split first and moves that: the
-            # broadcast axes that the result splits over mesh axes this change does not touch grow.
-            moved = {m for d, k in zip(lay.dims, want) for m in d if m not in k}
-            # All or none: where one broadcast dimension the result splits shares a mesh axis with the move, the
-            # broadcast cannot take the result's split there, and XLA moves the small operand itself before
-            # broadcasting it (measured: s[1, 1, 8@c] * x[8@(b,c), 8@a, 8] gathers s's 32 B, not a [1, 8@a, 8]).
-            blocked = any(a == 1 and a != b and set(t) & moved for a, b, t in zip(lay.shape, shape, target.dims))
-            grown = tuple(
-                b if a == 1 and a != b and t and not blocked else a for a, b, t in zip(lay.shape, shape, target.dims)
-            )
-            src_dims = tuple(t if g != a else d for d, t, a, g in zip(lay.dims, target.dims, lay.shape, grown))
-            dst_dims = tuple(t if g != a else d for d, t, a, g in zip(want, target.dims, lay.shape, grown))
-            # Moved to another split, not grown: the operand's own layout, so that a later move of it there is made
-            # once (change()'s memo): XLA's partitioner reuses that permute for the gradient's product (measured,
-            # x[8, 8@a] * s[1, 8@b]: one permute in the gradient).  A gather it repeats per reader (the same
-            # with s[1, 8@(a,b)] against x[8@a, 8]: two all-gathers), as a fresh layout's move is.
-            reuse = grown == lay.shape and any(dst_dims)
-            src = lay if reuse else Layout(lay.axes, grown, lay.mesh, src_dims, lay.unreduced)
-            dst = src.with_dims(dst_dims)
+            # XLA moves the small operand itself, before broadcasting it (measured, XLA:CPU, on (4, 2) and (2, 2, 2):
+            # x[8@a, 8@c] * s[8@b, 1] permutes s's rows, 16 B, not a broadcast [8, 8@c]; s[1, 1, 8@c] *
+            # x[8@(b,c), 8@a, 8] gathers s's 32 B).  Moved to another split, the operand's own layout moves, so that
+            # a later move of it there is made once (change()'s memo): XLA's partitioner reuses that permute for
+            # the gradient's product (x[8, 8@a] * s[1, 8@b]: one permute in the gradient).  A gather it repeats
+            # per reader (s[1, 8@(a,b)] against x[8@a, 8]: two all-gathers), as a fresh layout's move is.
+            src = lay if any(want) else Layout(lay.axes, lay.shape, lay.mesh, lay.dims, lay.unreduced)
+            dst = src.with_dims(want)
             w.change(eqn, phase, src, dst, eqn.invars[k].aval.dtype, repeat, why)
             if src.sharded_mesh_axes - dst.sharded_mesh_axes:
                 # The gathered operand is a collective's result, a buffer whatever fuses after it (measured: a
