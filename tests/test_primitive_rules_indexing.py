@@ -881,3 +881,16 @@ def test_an_update_spanning_a_dimension_writes_at_its_split_there(
 
     args = (_sds(x_shape), _sds(u_shape), _sds((), I32))
     check(Case("dynamic_update_slice", fn, args, (x_spec, u_spec, P()), rank, False, grad, "moved"))
+
+
+@pytest.mark.parametrize(
+    ("c_spec", "rank"),
+    [(P(None, "a"), 1), (P("a", None), 1), (P(None, "b"), 2), (P(("a", "b"), None), 2), (P("a", "b"), 2)],
+)
+def test_a_reduction_typed_whole_on_explicit_axes_is_gathered_there(c_spec: P, rank: int) -> None:
+    """The gradient of ``jnp.where(c, x, b)`` on Explicit axes, with x and the row b typed whole and the condition
+    split: the transpose of b's broadcast reduces the cotangent to b's type, whole, and XLA all-gathers the reduced
+    sum there (64 B); explain had left it split, the gradient one all-gather short."""
+    args = (_sds((16, 16)), _sds((1, 16)), _sds((16, 16), jnp.bool_))
+    specs = (P(None, None), P(None, None), c_spec)
+    check(Case("select_n", lambda x, b, c: jnp.where(c, x, b), args, specs, rank, True, True, "moved"))

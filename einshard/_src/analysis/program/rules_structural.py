@@ -688,6 +688,14 @@ def reduce(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str) 
             if src.dims[i]:
                 pending = out.with_dims(out.dims, frozenset(src.dims[i]))
                 w.change(eqn, phase, pending, out, out_aval.dtype, repeat, why)
+    typed = _typed_result(eqn)
+    if typed is not None and tuple(typed) != out.dims:
+        # On Explicit axes the result's type names its split (the transpose of a broadcast reduces the cotangent
+        # to its operand's type: jnp.where(c[16, 16@a], x, b[1, 16])'s gradient for b is typed whole), and XLA
+        # brings the sum there (measured: one all-gather of the f32[16] sum, 64 B, after the local reduce).
+        dst = w.relayout(out_aval, typed)
+        w.change(eqn, phase, out, dst, out_aval.dtype, repeat, f"{eqn.primitive.name} to its typed layout")
+        out = dst
     return [out for _ in eqn.outvars]
 
 
