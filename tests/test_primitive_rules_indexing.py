@@ -866,6 +866,10 @@ def test_an_update_lined_up_by_a_gather_and_a_shift_is_marked(case: Case) -> Non
         ((16, 32), (16, 8), P(None, ("a", "b")), P("b", None), 2),  # u's b is in the operand's split: gathered
         ((16, 16), (16, 8), P("b", "a"), P("a", None), 2),
         ((16, 16), (8, 16), P("a", None), P(None, "b"), 2),
+        # an update as large as the operand: the columns' merge drops a, which the rows then take (u gathered over
+        # b only, 256 B; explain had gathered it whole, 1280 B)
+        ((16, 16), (16, 16), P(None, "a"), P("a", "b"), 2),
+        ((16, 16), (16, 16), P(None, ("a", "b")), P("a", "b"), 2),
     ],
 )
 def test_an_update_spanning_a_dimension_writes_at_its_split_there(

@@ -3164,14 +3164,23 @@ def _update_target(operand: Layout, update: Layout) -> tuple[tuple[str, ...], ..
     the prefix they share where they differ, measured: x[16@b, 16] and u[16@(a,b), 8] give a whole result, both
     gathered), where the added mesh axes are free in the operand; along an axis it cuts, the operand's split
     (an update split there is gathered: it lands anywhere)."""
-    used = {m for d in operand.dims for m in d}
+    # The dimensions the merge leaves shorter first (they free their mesh axes: x[16, 16@a] updated by u[16@a, 16@b]
+    # drops a from the columns and the rows take it, [16@a, 16], u gathered over b only, 256 B; measured), then
+    # those it extends, where the added mesh axes are free.
     dims = list(operand.dims)
+    longer = []
     for i, (d, u, a, b) in enumerate(zip(operand.dims, update.dims, update.shape, operand.shape)):
         if a != b or u == d:
             continue
         merged = merged_split([d, u])
-        added = set(merged) - set(d)
+        if len(merged) > len(d):
+            longer.append((i, merged))
+        else:
+            dims[i] = merged
+    used = {m for d in dims for m in d}
+    for i, merged in longer:
+        added = set(merged) - set(dims[i])
         if not added & used:
-            used = (used - set(d)) | set(merged)
+            used |= added
             dims[i] = merged
     return tuple(dims)
