@@ -522,7 +522,8 @@ def _merged_split(
 
     * a group merged into one result dimension keeps its split dimensions' mesh axes in order where they are its
       major ones, consecutive, each but the last split all its ways (the blocks stay contiguous); from the first
-      one split fewer ways, the split dimensions after it are gathered first (``gathered``);
+      one split fewer ways (or from its major one, whole), the split dimensions after it are gathered first
+      (``gathered``), the other groups' splits kept;
     * a group cutting one split dimension into several takes :func:`reshape_split`'s split of it (whole mesh
       axes only);
     * a group with one split dimension on each side keeps it on its major, as :func:`reshape_dims` does.
@@ -566,10 +567,12 @@ def _merged_split(
             for k, d in zip(outs, cut.dims):
                 dims[k] = d
             continue
-        if not outs or split_here[0] != ins[0]:
-            return None  # (a whole dimension major to a split one: the blocks are not contiguous)
+        if not outs:
+            return None
         axes: list[str] = []
-        for n, k in enumerate(ins):
+        # (a whole dimension major to a split one: the blocks are not contiguous, the group's splits are gathered;
+        # measured: x[4@a, 2, 2@b] to (4, 4) gathers b only, 32 B, and keeps 4@a)
+        for n, k in enumerate(ins if split_here[0] == ins[0] else ()):
             if k not in split_here or (n and ins[n - 1] not in split_here):
                 break  # (past a whole dimension: a split after it is gathered)
             axes += src_dims[k]
