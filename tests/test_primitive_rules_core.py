@@ -31,7 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import PartitionSpec as P
-from test_primitive_rules import DEEP, FAST, MEMORY_BOUNDS, Case, _case, check
+from test_primitive_rules import DEEP, FAST, MEMORY_BOUNDS, MESHES, Case, _case, check
 
 # XLA:CPU computes 16-bit floats in f32: it holds an f32 copy of each bf16 operand and result around the ops
 # that read them (a bf16 dot's operands and product, a reduction's accumulator), which the memory walk does not
@@ -941,3 +941,33 @@ def test_every_reshape_layout_on_the_cube_mesh_is_xlas(shape: tuple[int, ...], o
             continue
         for grad in (False, True):
             check(Case("reshape", lambda x: x.reshape(out), (_struct(shape),), (spec,), 3, False, grad))
+
+
+_TWO_AXES: list[Any] = [None, "a", "b", ("a", "b"), ("b", "a")]
+_THREE_AXES: list[Any] = [None, "a", "b", "c", ("a", "b"), ("b", "a"), ("a", "c"), ("c", "a"), ("b", "c")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rank", "small", "grads"),
+    [(2, (1, 8), (False, True)), (2, (8, 1), (False, True)), (3, (1, 8), (False,))],
+    ids=["4x2-row", "4x2-column", "cube-row"],
+)
+def test_every_size1_broadcast_layout_is_xlas(rank: int, small: tuple[int, int], grads: tuple[bool, ...]) -> None:
+    """``x[8, 8] * s`` with ``s`` a row or a column, every layout of both on the (4, 2) mesh (forward and gradient)
+    and on the (2, 2, 2) mesh (forward), held to XLA: 512 programs; 198 missed XLA at session 27's start."""
+    options = _TWO_AXES if rank == 2 else _THREE_AXES
+    sizes = dict(zip(MESHES[rank][1], MESHES[rank][0]))
+    layouts = [
+        P(*combo)
+        for combo in itertools.product(options, repeat=2)
+        if len(used := [m for e in combo if e for m in ((e,) if isinstance(e, str) else e)]) == len(set(used))
+        and all(e is None or 8 % math.prod(sizes[m] for m in ((e,) if isinstance(e, str) else e)) == 0 for e in combo)
+    ]
+    for x_spec in layouts:
+        for s_spec in layouts:
+            if any(e is not None and n == 1 for e, n in zip(s_spec, small)) or not (any(x_spec) or any(s_spec)):
+                continue
+            for grad in grads:
+                args = (_struct((8, 8)), _struct(small))
+                check(Case("mul", lambda x, s: lax.mul(x, s), args, (x_spec, s_spec), rank, False, grad))

@@ -135,9 +135,11 @@ def elementwise(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: 
             # x[8@a, 8@c] * s[8@b, 1] permutes s's rows, 16 B, not a broadcast [8, 8@c]; s[1, 1, 8@c] *
             # x[8@(b,c), 8@a, 8] gathers s's 32 B).  Moved to another split, the operand's own layout moves, so that
             # a later move of it there is made once (change()'s memo): XLA's partitioner reuses that permute for
-            # the gradient's product (x[8, 8@a] * s[1, 8@b]: one permute in the gradient).  A gather it repeats
-            # per reader (s[1, 8@(a,b)] against x[8@a, 8]: two all-gathers), as a fresh layout's move is.
-            src = lay if any(want) else Layout(lay.axes, lay.shape, lay.mesh, lay.dims, lay.unreduced)
+            # the gradient's product (x[8, 8@a] * s[1, 8@b], or s[1, 8@(b,a)] against x[8, 8@a]: one move in the
+            # gradient).  A gather of its minor mesh axes (or of all) it repeats per reader (s[1, 8@(a,b)] against
+            # x[8@a, 8], or s[1, 8@(b,a)] against it: two all-gathers), as a fresh layout's move is.
+            gather = all(tuple(o[: len(d)]) == tuple(d) for d, o in zip(want, lay.dims))
+            src = Layout(lay.axes, lay.shape, lay.mesh, lay.dims, lay.unreduced) if gather else lay
             dst = src.with_dims(want)
             w.change(eqn, phase, src, dst, eqn.invars[k].aval.dtype, repeat, why)
             if src.sharded_mesh_axes - dst.sharded_mesh_axes:
