@@ -536,25 +536,10 @@ def _merged_split(
     del split  # (found again group by group)
     dims: list[tuple[str, ...]] = [()] * len(out_shape)
     kept = list(src_dims)
-    i = j = 0
-    while i < len(src_shape) or j < len(out_shape):
-        gi, gj = [i], [j]
-        a = src_shape[i] if i < len(src_shape) else 1
-        b = out_shape[j] if j < len(out_shape) else 1
-        while a != b:
-            if a < b:
-                i += 1
-                if i >= len(src_shape):
-                    return None
-                gi.append(i)
-                a *= src_shape[i]
-            else:
-                j += 1
-                if j >= len(out_shape):
-                    return None
-                gj.append(j)
-                b *= out_shape[j]
-        i, j = gi[-1] + 1, gj[-1] + 1
+    groups = reshape_groups(src_shape, out_shape)
+    if groups is None:
+        return None
+    for gi, gj in groups:
         ins = [k for k in gi if k < len(src_shape) and src_shape[k] != 1]
         outs = [k for k in gj if k < len(out_shape) and out_shape[k] != 1]
         split_here = [k for k in ins if src_dims[k]]
@@ -1322,6 +1307,25 @@ def reshape_dims(
     both sides, which is the case where a block-sharded layout survives.
     """
     out: list[tuple[str, ...]] = [()] * len(out_shape)
+    groups = reshape_groups(src_shape, out_shape)
+    if groups is None:
+        return None
+    for gi, gj in groups:
+        sharded = [k for k in gi if k < len(src_shape) and src_dims[k]]
+        if sharded:
+            major_in = next(k for k in gi if src_shape[k] != 1)
+            major_out = next((k for k in gj if k < len(out_shape) and out_shape[k] != 1), None)
+            if sharded != [major_in] or major_out is None:
+                return None
+            out[major_out] = src_dims[major_in]
+    return out
+
+
+def reshape_groups(src_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """A reshape's input and result dimensions in groups whose sizes multiply to the same number, in order (a
+    dimension of size 1 a group of its own where both sides have one; positions past a side's end stand for 1);
+    None where the sizes do not line up."""
+    groups = []
     i = j = 0
     while i < len(src_shape) or j < len(out_shape):
         gi, gj = [i], [j]
@@ -1340,15 +1344,9 @@ def reshape_dims(
                     return None
                 gj.append(j)
                 b *= out_shape[j]
-        sharded = [k for k in gi if k < len(src_shape) and src_dims[k]]
-        if sharded:
-            major_in = next(k for k in gi if src_shape[k] != 1)
-            major_out = next((k for k in gj if k < len(out_shape) and out_shape[k] != 1), None)
-            if sharded != [major_in] or major_out is None:
-                return None
-            out[major_out] = src_dims[major_in]
+        groups.append((gi, gj))
         i, j = gi[-1] + 1, gj[-1] + 1
-    return out
+    return groups
 
 
 @register("bitcast_convert_type")
