@@ -2533,7 +2533,15 @@ def _peak(
     # partials to the end beside the outputs: 1.16x XLA's peak).
     release_at, released, widened = -1, 0, 0
     if not results_elsewhere and not lone:
-        made = [(info.producer[k], held_bytes(k), k) for k in leaving if k in info.producer and held_bytes(k)]
+        # (One lookup of each producer and one call per sum: the few hundred gradients of a deep model leave.)
+        made: list[tuple[int, int, Key]] = []
+        producers = info.producer
+        for k in leaving:
+            made_step = producers.get(k)  # (a step's index: None only where no step makes it)
+            if made_step is not None:
+                b = held_bytes(k)
+                if b:
+                    made.append((made_step, b, k))
         if made:
             release_at, released = max(i for i, _, _ in made), sum(b for _, b, _ in made)
             widened = sum(_whole_sum_beside(b, size(k), whole_sums) for _, b, k in made) if whole_sums else 0
