@@ -2723,12 +2723,14 @@ def _peak(
     for i in sorted(hold_starts.keys() | hold_ends.keys()):
         at = bisect.bisect_right(sizing.starts, i) - 1
         holds_at.setdefault(at, []).append((i - plan[at].start, hold_starts.get(i, 0), hold_ends.get(i, 0)))
+    partial_keys = partials.keys()  # (held_bytes is 0 for a key none of whose partial sums is bound)
     runs: list[list[Any]] = []  # [summary, count]: consecutive stretches walked alike, folded in one step
     for at, (s, (_, entering_slots)) in enumerate(zip(plan, sizing.slots)):
         numbers = (
             sizing.order[at],
             grouped(sizing.groups[at]),
-            tuple(map(held_bytes, s.leaves)),
+            # (Most stretches' leaving values hold no partial sum in a costing: their zeros without a call each.)
+            (0,) * len(s.leaves) if partial_keys.isdisjoint(s.leaves) else tuple(map(held_bytes, s.leaves)),
             tuple(steps[i].inside for i in s.sized),
             tuple(gathered_ends.get(i, 0) for i in s.ends),
             tuple(into_copies.get(i, ()) for i in s.ends),

@@ -1119,7 +1119,7 @@ class Walker:
         slots = self._slots(copy)
         ready = self._ready(tape, copy)
         at = self._replay_at(ready, slots)
-        env.update(at.env)
+        env.update(zip(at.env_keys, ready.env_lays))
         if at.private:
             source, keep = self._source, self._keep
             for key, src, lay in at.private:
