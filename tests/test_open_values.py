@@ -444,3 +444,47 @@ def shared_partner_case(draw: st.DrawFn) -> Case:
 
 def test_drawn_shared_partners_match_xla() -> None:
     FAST(given(shared_partner_case())(check))()
+
+
+# -- found_splits asks every reader as reader_split does --------------------------------------------------------------
+
+
+def test_found_splits_answers_as_each_reader_asked_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """found_splits answers an elementwise reader that hands nothing without calling reader_split (the most of a deep
+    model's thousands of readers after every walk): after each walk of the programs above, under two layouts each
+    and as gradients, the splits it finds are those every reader asked in turn finds."""
+    import sys
+
+    from einshard._src.analysis.program.open_values import found_splits, open_values, reader_split, spread_back
+
+    program = sys.modules["einshard._src.analysis.program.trace"]
+    walk = program.TracedProgram._walk
+    asked: list[int] = []
+
+    def every_reader(opened: Any, env: Any, natural: Any) -> Any:
+        out: dict[int, Any] = {}
+        for eqn, k, x in opened.readers:
+            own = natural.get(id(x)) or env.get(x)
+            dims = reader_split(
+                eqn, k, x, env, own, opened.fixed.get(id(x), frozenset()), opened.shared.get(id(eqn), ())
+            )
+            if dims is not None:
+                out[id(x)] = dims if out.get(id(x), dims) == dims else None
+        return spread_back(opened, {i: d for i, d in out.items() if d is not None}, env, natural)
+
+    def checked(self: Any, walker: Any, *rest: Any) -> Any:
+        layouts, outs = walk(self, walker, *rest)  # (a walk stopped at a reader raises: nothing to ask)
+        opened = open_values(self.costs, self.jaxpr)
+        want = every_reader(opened, layouts, walker.open_natural)
+        assert found_splits(opened, layouts, walker.open_natural) == want
+        asked.append(len(want))
+        return layouts, outs
+
+    monkeypatch.setattr(program.TracedProgram, "_walk", checked)
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    args = _args()
+    for fn in PROGRAMS.values():
+        for specs in (SPECS, ("a b c -> a@data b c", "a b -> a b", "a b -> a@model b", "a b -> a b")):
+            for program_fn in (fn, jax.grad(fn, argnums=2)):
+                trace(program_fn, *args, mesh=mesh).report(specs)
+    assert len(asked) >= 28 and any(asked)  # every report's last walk at least; some readers hand a split

@@ -857,13 +857,24 @@ class _Namer(_Walk):
         super().__init__(AbstractMesh((), ()), axes, None)  # (an empty mesh: naming types nothing)
         self.eqn_where: dict[int, tuple[str, str]] = {}
         self._held: list[Any] = []  # the equations eqn_where names, held so their ids stay theirs
+        self._last: tuple[Any, tuple[str, str]] | None = None  # the equation being named and its line
+
+    def where(self, eqn: Any) -> tuple[str, str]:
+        # An equation's line is asked when it is named and again when its outputs are (same call stack between:
+        # step pushes and pops its own): found once (from its traceback: most of a deep model's naming).
+        last = self._last
+        if last is not None and last[0] is eqn:
+            return last[1]
+        return super().where(eqn)
 
     def walk(self, jaxpr: Any, in_avals: Sequence[Any]) -> list[Any]:
         for eqn in jaxpr.eqns:
-            self.eqn_where[id(eqn)] = self.where(eqn)
+            where = self.eqn_where[id(eqn)] = self.where(eqn)
             self._held.append(eqn)
             self.step(eqn, [None] * len(eqn.invars))
+            self._last = (eqn, where)
             self._name_outputs(eqn)
+            self._last = None
         return [None] * len(jaxpr.outvars)
 
     def step(self, eqn: Any, ins: list[Any]) -> list[Any]:

@@ -284,8 +284,16 @@ class DependencyWalker(Walker):
         colls, masks = extra
         get = self.masks.get
         real = self._append_replayed(colls, [get(i, 0) for i in copy.entering_ids])
-        for tok, operands, own in masks:
-            self.masks[id(copy.value(tok))] = real(operands, own)
+        if masks:
+            # The ids of the values whose masks it sets at this copy, found once per copy and tape (OpCosts'
+            # segment_masks: a deep model replays each tape at every layer of every costing it is kept for).
+            kept = self.costs.segment_masks
+            hit = kept.get((id(copy), id(masks)))
+            if hit is None or hit[0] is not copy or hit[1] is not masks:
+                hit = kept[(id(copy), id(masks))] = (copy, masks, [id(copy.value(tok)) for tok, _, _ in masks])
+            table = self.masks
+            for ident, (_, operands, own) in zip(hit[2], masks):
+                table[ident] = real(operands, own)
 
     def _append_replayed(self, colls: Any, entering: list[int]) -> Callable[[int, int], int]:
         """Append a tape's collectives with their dependency masks made real here; returns that reading.

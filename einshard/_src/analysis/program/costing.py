@@ -65,6 +65,9 @@ class OpCosts:
         self.segment_slots: dict[int, Any] = {}
         self.segment_terms: dict[int, tuple[Any, tuple[Any, ...]]] = {}  # id(tape) -> (it, its ops' cost terms)
         self.segment_plans: dict[int, Any] = {}  # id(jaxpr) -> its SegmentPlan (the jaxpr held in it)
+        # (id(copy), id(a tape's masks)) -> (both, held; the ids of the copy's values those masks are set on): the
+        # planner's DependencyWalker.segment_replay.
+        self.segment_masks: dict[tuple[int, int], tuple[Any, Any, list[int]]] = {}
         # id(jaxpr) -> (it, its open values: .open_values.OpenValues)
         self.open_values: dict[int, tuple[Any, Any]] = {}
         self.segment_structures: dict[Any, int] = {}  # (run, calls, wiring) -> Copy.structure

@@ -2533,7 +2533,15 @@ def _peak(
     # partials to the end beside the outputs: 1.16x XLA's peak).
     release_at, released, widened = -1, 0, 0
     if not results_elsewhere and not lone:
-        made = [(info.producer[k], held_bytes(k), k) for k in leaving if k in info.producer and held_bytes(k)]
+        # (One lookup of each producer and one call per sum: the few hundred gradients of a deep model leave.)
+        made: list[tuple[int, int, Key]] = []
+        producers = info.producer
+        for k in leaving:
+            made_step = producers.get(k)  # (a step's index: None only where no step makes it)
+            if made_step is not None:
+                b = held_bytes(k)
+                if b:
+                    made.append((made_step, b, k))
         if made:
             release_at, released = max(i for i, _, _ in made), sum(b for _, b, _ in made)
             widened = sum(_whole_sum_beside(b, size(k), whole_sums) for _, b, k in made) if whole_sums else 0
@@ -2678,23 +2686,28 @@ def _peak(
         """The bytes of a stretch's buffers, group by group (as ``sized`` gives them, in the groups' order)."""
         out = []
         for e, item, tiles, vs, ks, unlaid in groups:
-            lays = list(map(envs[e].get, vs))
+            get = envs[e].get
             known = by_class.get((item, tiles))
             if known is None:
                 known = by_class[(item, tiles)] = {}
-            bs = list(map(known.get, map(id, lays)))
-            if None in bs:  # a layout not met yet in this costing, or none bound
-                for j, b in enumerate(bs):
-                    if b is None:
-                        lay = lays[j]
-                        if lay is None:
-                            bs[j] = unlaid[j]
-                        else:
-                            token = (lay.__class__, lay.shape, lay.dims, id(lay.mesh), item, tiles)
-                            b = by_value.get(token)
-                            if b is None:
-                                b = by_value[token] = nbytes_as(ks[j], lay, tiles)
-                            bs[j] = known[id(lay)] = b
+            found = tuple(map(known.get, map(id, map(get, vs))))  # (at C speed: most layouts are met already)
+            if None not in found:
+                out.append(found)
+                continue
+            # A layout not met yet in this costing, or none bound.
+            lays = list(map(get, vs))
+            bs = list(found)
+            for j, b in enumerate(bs):
+                if b is None:
+                    lay = lays[j]
+                    if lay is None:
+                        bs[j] = unlaid[j]
+                    else:
+                        token = (lay.__class__, lay.shape, lay.dims, id(lay.mesh), item, tiles)
+                        b = by_value.get(token)
+                        if b is None:
+                            b = by_value[token] = nbytes_as(ks[j], lay, tiles)
+                        bs[j] = known[id(lay)] = b
             out.append(tuple(bs))
         return tuple(out)
 
@@ -2715,15 +2728,18 @@ def _peak(
     for i in sorted(hold_starts.keys() | hold_ends.keys()):
         at = bisect.bisect_right(sizing.starts, i) - 1
         holds_at.setdefault(at, []).append((i - plan[at].start, hold_starts.get(i, 0), hold_ends.get(i, 0)))
+    partial_keys = partials.keys()  # (held_bytes is 0 for a key none of whose partial sums is bound)
+    no_bytes, no_copies = itertools.repeat(0), itertools.repeat(())
     runs: list[list[Any]] = []  # [summary, count]: consecutive stretches walked alike, folded in one step
     for at, (s, (_, entering_slots)) in enumerate(zip(plan, sizing.slots)):
         numbers = (
             sizing.order[at],
             grouped(sizing.groups[at]),
-            tuple(map(held_bytes, s.leaves)),
+            # (Most stretches' leaving values hold no partial sum in a costing: their zeros without a call each.)
+            (0,) * len(s.leaves) if partial_keys.isdisjoint(s.leaves) else tuple(map(held_bytes, s.leaves)),
             tuple(steps[i].inside for i in s.sized),
-            tuple(gathered_ends.get(i, 0) for i in s.ends),
-            tuple(into_copies.get(i, ()) for i in s.ends),
+            tuple(map(gathered_ends.get, s.ends, no_bytes)),  # (.get(i, 0) per end, at C speed)
+            tuple(map(into_copies.get, s.ends, no_copies)),
             # By the layouts of their partial sums and moves (the steps that hold any, by offset).
             tuple(at_stretch.get(at, ())),
             tuple(holds_at.get(at, ())),

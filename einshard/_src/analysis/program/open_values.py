@@ -282,12 +282,39 @@ def found_splits(opened: OpenValues, env: Mapping[Any, Layout], natural: Mapping
     operands of its shape (an embedding's layer norm, split where the lookup's output is: its sums over the split
     axis follow).  ``natural``: a value moved to a split a walk applied, by id, as its own operands made it."""
     out: dict[int, Dims | None] = {}
-    for eqn, k, x in opened.readers:
-        own = natural.get(id(x)) or env.get(x)
-        dims = reader_split(eqn, k, x, env, own, opened.fixed.get(id(x), frozenset()), opened.shared.get(id(eqn), ()))
+    fixed, shared = opened.fixed, opened.shared
+    none: frozenset[str] = frozenset()
+    for eqn, k, x, ident, result in _reader_rows(opened):
+        own = natural.get(ident) or env.get(x)
+        if result is not None:
+            # reader_split's first answers, inline (asked of thousands of readers after every walk, most hand
+            # nothing): an elementwise reader hands nothing where either layout is unbound or where its result
+            # is split nowhere its operand is not.
+            if own is None:
+                continue
+            res = env.get(result)
+            if res is None:
+                continue
+            if res.dims == own.dims or not any(d and not o for d, o in zip(res.dims, own.dims)):
+                continue
+        dims = reader_split(eqn, k, x, env, own, fixed.get(ident, none), shared.get(id(eqn), ()))
         if dims is not None:
-            out[id(x)] = dims if out.get(id(x), dims) == dims else None
+            out[ident] = dims if out.get(ident, dims) == dims else None
     return spread_back(opened, {i: d for i, d in out.items() if d is not None}, env, natural)
+
+
+def _reader_rows(opened: OpenValues) -> tuple[tuple[Any, int, Any, int, Any], ...]:
+    """``opened``'s readers as :func:`found_splits` reads them, made once per program's open values: (the reader,
+    the operand index, the open value, its id, the reader's result where :func:`reader_split` reads it first (an
+    elementwise reader's), else None)."""
+    rows = opened.__dict__.get("_rows")
+    if rows is None:
+        rows = tuple(
+            (eqn, k, x, id(x), None if eqn.primitive.name == "dot_general" else eqn.outvars[0])
+            for eqn, k, x in opened.readers
+        )
+        object.__setattr__(opened, "_rows", rows)  # (a cache beside the frozen fields, not one of them)
+    return rows
 
 
 def spread_back(

@@ -651,7 +651,9 @@ class ReplayAt:
     every costing (an 80-layer decoder replays ~150 copies a costing)."""
 
     ready: ReadyTape  # held, so that the id of its tape it is cached under stays its own
-    env: dict[Any, Layout]  # environment key -> the tape's layout, in the tape's first-write order
+    # The environment keys written, in the tape's first-write order (each bound to its layout in ReadyTape.env_lays:
+    # a replay updates the environment from the two, with no dictionary made per tape and copy).
+    env_keys: tuple[Any, ...]
     private: tuple[tuple[Any, tuple[int, int], Layout], ...]  # (key, the value's source, the tape's layout)
     summed: dict[int, frozenset[str]]  # value id -> its pending-sum tag
     made: dict[tuple[tuple[int, int], Hashable], Any]  # (source, move) -> what it made
@@ -675,7 +677,7 @@ def replay_at(ready: ReadyTape, slots: CopySlots) -> ReplayAt:
     made_sources = ready.pick_made(sources)
     return ReplayAt(
         ready,
-        dict(zip(ready.pick_env(keys), ready.env_lays)),
+        ready.pick_env(keys),
         tuple(zip(pick_keys(keys), pick_sources(sources), lays)),
         dict(zip(ready.pick_summed(slots.ids), ready.summed_tags)),
         dict(zip(zip(made_sources, ready.made_moves), ready.made_to)) if made_sources else {},

@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from ... import _checks
 from ...core.layout import Layout, MeshAxis
 from ..cost import Collective, sent_bytes
 from ..einsum.plan import side_string
@@ -1118,7 +1119,7 @@ class Walker:
         slots = self._slots(copy)
         ready = self._ready(tape, copy)
         at = self._replay_at(ready, slots)
-        env.update(at.env)
+        env.update(zip(at.env_keys, ready.env_lays))
         if at.private:
             source, keep = self._source, self._keep
             for key, src, lay in at.private:
@@ -1279,8 +1280,17 @@ def _fields(lay: Layout | None, mesh: tuple[MeshAxis, ...]) -> Any:
 def _private_copy(lay: Layout) -> Layout:
     """A copy of a validated, fully reduced ``Layout`` (same fields and cached views), not re-validated:
     the walk binds one per value, thousands per walk."""
+    d = lay.__dict__
+    if lay.__class__ is Layout and "mesh_sizes" in d and not _checks.INVARIANTS:
+        # Layout._derive's copy at C speed: a Layout's instance dict holds its fields and its cached mesh_sizes.
+        new = _new_object(Layout)
+        new.__dict__.update(d)
+        return new
     # mesh_sizes: computed once on the shared layout, then shared with the copy
     return Layout._derive(lay.axes, lay.shape, lay.mesh, lay.dims, lay.unreduced, lay.mesh_sizes)
+
+
+_new_object = object.__new__
 
 
 # The identities XLA's algebraic simplifier folds to their operand before its SPMD partitioner runs: primitive ->
