@@ -971,3 +971,22 @@ def test_every_size1_broadcast_layout_is_xlas(rank: int, small: tuple[int, int],
             for grad in grads:
                 args = (_struct((8, 8)), _struct(small))
                 check(Case("mul", lambda x, s: lax.mul(x, s), args, (x_spec, s_spec), rank, False, grad))
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "grad"])
+@pytest.mark.parametrize(
+    ("shape", "spec", "out"),
+    [
+        ((4, 2, 2), P("a", "b", None), (16,)),  # typed 16@(a,b): one all-to-all over b, 16 B
+        ((4, 2, 2), P("b", "a", None), (16,)),
+        ((4, 2, 2), P("a", "c", None), (16,)),
+        ((4, 2, 2), P("c", "b", "a"), (4, 4)),  # nothing moves
+    ],
+)
+def test_an_explicit_reshape_moves_its_operand_to_where_it_reshapes_to_its_type(
+    shape: tuple[int, ...], spec: P, out: tuple[int, ...], grad: bool
+) -> None:
+    """On Explicit axes JAX types a merging reshape's result (x[4@a, 2@b, 2] to (16@(a,b),)): XLA moves the operand to
+    the layout that reshapes to that type locally, [4@(a,b), 2, 2], by one all-to-all; explain had gathered the
+    minor split and sliced (32 B against 16 B, the kinds different)."""
+    check(Case("reshape", lambda x: x.reshape(out), (_struct(shape),), (spec,), 3, True, grad))

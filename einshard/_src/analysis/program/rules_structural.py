@@ -428,6 +428,15 @@ def reshape(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str)
         if split is not None and split.whole_axes:
             # The split spreads over several result dimensions at mesh-axis boundaries: Shardy keeps it there.
             if split.gathered is not None:
+                typed = _declared_dims(eqn, out_aval)
+                back = _input_side(typed, out_shape, src.shape, w.costs.mesh_sizes) if typed is not None else None
+                if typed is not None and back is not None and typed != split.dims:
+                    # On Explicit axes JAX types the result (x[4@a, 2@b, 2] to (16@(a,b),)): XLA moves the operand to
+                    # the layout that reshapes to that type locally, [4@(a,b), 2, 2], by one all-to-all (16 B;
+                    # measured), not a gather of the minor split and a slice.
+                    moved = src.with_dims(back)
+                    w.change(eqn, phase, src, moved, out_aval.dtype, repeat, "reshape to its declared layout")
+                    return [w.relayout(out_aval, typed)]
                 # (a merge keeps its dimensions' splits up to the first one not split all its ways: the minor
                 # ones are gathered first)
                 kept = src.with_dims(split.gathered)
@@ -440,6 +449,33 @@ def reshape(w: WalkerLike, eqn: Any, ins: list[Layout], repeat: int, phase: str)
         w.change(eqn, phase, src, gathered, out_aval.dtype, repeat, "reshape splits a sharded axis")
         return [_declared(w, eqn, w.replicated(out_aval), repeat, phase)]
     return [_declared(w, eqn, w.relayout(out_aval, dims), repeat, phase)]
+
+
+def _declared_dims(eqn: Any, out_aval: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The split a reshape's result is typed with on Explicit axes (its ``sharding=``, else the type JAX gave it;
+    whole included), where the operand's type names one too (else None: a trace from unplaced inputs says nothing
+    of the walk's layouts)."""
+    if not all_explicit(out_aval) or explicit_dims(eqn.invars[0].aval) is None:
+        return None
+    spec = getattr(eqn.params.get("sharding"), "spec", None)
+    if spec is not None:
+        entries = list(spec) + [None] * (len(out_aval.shape) - len(spec))
+        return tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
+    typed = explicit_dims(out_aval)
+    return tuple(typed) if typed is not None else tuple(() for _ in out_aval.shape)
+
+
+def _input_side(
+    dims: tuple[tuple[str, ...], ...], out_shape: tuple[int, ...], src_shape: tuple[int, ...], sizes: Mapping[str, int]
+) -> tuple[tuple[str, ...], ...] | None:
+    """The operand's split that reshapes to ``dims`` with nothing moved (the reshape read backwards), or None."""
+    back = reshape_dims(out_shape, dims, src_shape)
+    if back is not None and not any(n % math.prod(sizes[m] for m in d) for n, d in zip(src_shape, back)):
+        return tuple(back)
+    split = reshape_split(out_shape, dims, src_shape, sizes)
+    if split is None or not split.whole_axes or split.gathered is not None:
+        return None
+    return split.dims
 
 
 @dataclass(frozen=True)
