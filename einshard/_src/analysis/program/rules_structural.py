@@ -459,8 +459,7 @@ def _declared_dims(eqn: Any, out_aval: Any) -> tuple[tuple[str, ...], ...] | Non
         return None
     spec = getattr(eqn.params.get("sharding"), "spec", None)
     if spec is not None:
-        entries = list(spec) + [None] * (len(out_aval.shape) - len(spec))
-        return tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
+        return tuple(spec_dims(spec, len(out_aval.shape)))
     typed = explicit_dims(out_aval)
     return tuple(typed) if typed is not None else tuple(() for _ in out_aval.shape)
 
@@ -502,7 +501,7 @@ def reshape_split(
     reshape (one split input dimension, the others whole and kept, the result's dimensions dividing it)."""
     split = [i for i, d in enumerate(src_dims) if d]
     if len(split) > 1:
-        return _merged_split(src_shape, src_dims, out_shape, sizes, split)
+        return _merged_split(src_shape, src_dims, out_shape, sizes)
     if len(split) != 1:
         return None
     i = split[0]
@@ -553,7 +552,6 @@ def _merged_split(
     src_dims: tuple[tuple[str, ...], ...],
     out_shape: tuple[int, ...],
     sizes: Mapping[str, int],
-    split: list[int],
 ) -> ReshapeSplit | None:
     """A reshape of several split input dimensions, group by group (the input and result dimensions whose sizes
     multiply alike, as :func:`reshape_dims` matches them):
@@ -569,7 +567,6 @@ def _merged_split(
     Measured (XLA:CPU): the gradient of x[4, 8@(a,b,c)] reshaped to (4, 4@(a,b), 2@c) merges back to 8@(a,b,c),
     nothing moves; x[4@c, 2@b, 2@a] to (4, 4) on a (2, 2, 2) mesh is (4@c, 4@(b,a)), nothing moves, and its
     gradient cuts it back; to (16,) it all-gathers b and a (48 B) and keeps 16@c (tests/test_primitive_rules_core.py)."""
-    del split  # (found again group by group)
     dims: list[tuple[str, ...]] = [()] * len(out_shape)
     kept = list(src_dims)
     groups = reshape_groups(src_shape, out_shape)
@@ -595,8 +592,8 @@ def _merged_split(
         axes: list[str] = []
         # (a whole dimension major to a split one: the blocks are not contiguous, the group's splits are gathered;
         # measured: x[4@a, 2, 2@b] to (4, 4) gathers b only, 32 B, and keeps 4@a)
-        for n, k in enumerate(ins if split_here[0] == ins[0] else ()):
-            if k not in split_here or (n and ins[n - 1] not in split_here):
+        for k in ins if split_here[0] == ins[0] else ():
+            if k not in split_here:
                 break  # (past a whole dimension: a split after it is gathered)
             axes += src_dims[k]
             if math.prod(sizes[m] for m in src_dims[k]) != src_shape[k]:
@@ -668,8 +665,7 @@ def _declared(w: WalkerLike, eqn: Any, natural: Layout, repeat: int, phase: str,
         # say nothing of the layouts the walk follows.
         return natural
     out_aval = eqn.outvars[0].aval
-    entries = list(spec) + [None] * (len(out_aval.shape) - len(spec))
-    want = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
+    want = spec_dims(spec, len(out_aval.shape))
     if list(natural.dims) == want:
         return natural
     dst = w.relayout(out_aval, want)
@@ -1199,7 +1195,12 @@ def explicit_dims(aval: Any) -> list[tuple[str, ...]] | None:
     spec = getattr(getattr(aval, "sharding", None), "spec", None)
     if spec is None or not any(e is not None for e in spec):
         return None
-    entries = list(spec) + [None] * (len(aval.shape) - len(spec))
+    return spec_dims(spec, len(aval.shape))
+
+
+def spec_dims(spec: Any, rank: int) -> list[tuple[str, ...]]:
+    """A PartitionSpec's mesh axes per dimension of a ``rank``-dimensional value (whole: ``()``)."""
+    entries = list(spec) + [None] * (rank - len(spec))
     return [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries]
 
 
