@@ -650,12 +650,12 @@ def _keys_against_fresh_reads(t, layouts) -> tuple[int, int]:
     counts = [0, 0]
 
     def both(self, copy, env, repeat, phase_hint, carried=None):
-        key = taken(self, copy, env, repeat, phase_hint, carried)
+        key, state = taken(self, copy, env, repeat, phase_hint, carried)
         if carried is not None:
-            assert key == taken(self, copy, env, repeat, phase_hint, None)
+            assert (key, state) == taken(self, copy, env, repeat, phase_hint, None)
             counts[0] += 1
-            counts[1] += key[5] is carried[0]
-        return key
+            counts[1] += state is carried[0]
+        return key, state
 
     with mock.patch.object(Walker, "_segment_key", both):
         for up, down, batch in layouts:

@@ -58,6 +58,10 @@ class OpCosts:
         # Repeated top-level stretches walked once per entering state (:mod:`.segment_memo`): on by default.
         self.memoise_segments = True
         self.segment_tapes: dict[Any, Any] = {}
+        # The entering states segment keys have held, each by a number (by equality): a key holds the number, so
+        # that looking it up hashes a few ints, not the state's tuple of every entering value's fields (a deep
+        # model's thousands of copy starts per costing each hashed one).
+        self.segment_states: dict[tuple[Any, ...], int] = {}
         # The keys (with the padding their pads' walk read) of copies whose walk was open: walked plainly again.
         self.segment_open: dict[Any, list[Any]] = {}
         # id(tape) -> its writes by slot, id(copy) -> its keys by slot (segment_memo.ready_tape, copy_slots; held).

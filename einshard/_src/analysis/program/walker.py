@@ -154,6 +154,8 @@ class Walker:
         # key alike, so its states are kept as one object each (:attr:`_states`) and the next copy's is found here.
         self._state_after: dict[tuple[int, int, int], tuple[Any, Any, Any, tuple[Any, ...]]] = {}
         self._states: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        # id of one of :attr:`_states` -> (it, held; its number in OpCosts.segment_states): found once per state.
+        self._state_numbers: dict[int, tuple[tuple[Any, ...], int]] = {}
         self._made_in_of: dict[tuple[int, int], tuple[ReadyTape, Any, tuple[int, ...]]] = {}  # :meth:`_made_in`
 
     # -- layouts -------------------------------------------------------------
@@ -498,12 +500,14 @@ class Walker:
         constants: dict[Any, Any] = {}  # the walked jaxpr's literals broadcast to an array, by value
         i = 0
         while i < len(eqns):
+            if plan is not None and recording is not None and i == recording.rec.copy.stop:
+                self._segment_finish(recording, env)
+                recording = None
             if self._reopen and recording is None and serial == 1:
-                raise Reopened(self._reopen)  # (between two stretches of the program's own: no tape left half made)
+                # Between two stretches of the program's own: no tape left half made.  (Checked once the copy being
+                # recorded is finished, before the next one starts: the next one's recording was all wasted.)
+                raise Reopened(self._reopen)
             if plan is not None:
-                if recording is not None and i == recording.rec.copy.stop:
-                    self._segment_finish(recording, env)
-                    recording = None
                 copy = plan.copies.get(i)
                 if copy is not None and recording is None:
                     started = self._segment_start(plan, copy, env, repeat, phase_hint)
@@ -791,8 +795,9 @@ class Walker:
 
     def _segment_key(
         self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None, carried: Any = None
-    ) -> Any:
-        """Everything the walk of ``copy`` may read outside it, where it stays closed (else its tape is not kept).
+    ) -> tuple[Any, tuple[Any, ...]]:
+        """Everything the walk of ``copy`` may read outside it, where it stays closed (else its tape is not kept),
+        and the state of the values entering it that the key holds by its number.
 
         ``carried``: (the state the key of the copy replayed just before this one read, how this copy is wired to
         that one, that replay's tape by slot), where nothing but that replay ran since and the replay wrote
@@ -808,7 +813,7 @@ class Walker:
             before, wired, ready = carried
             after = self._state_after.get((id(before), id(ready), id(wired)))
             if after is not None and after[0] is before and after[1] is ready and after[2] is wired:
-                return self._key_of(copy, env, repeat, phase_hint, after[3])
+                return self._key_of(copy, env, repeat, phase_hint, after[3], True), after[3]
             shared = wired[0]
             made_in = self._made_in(ready, wired)
         else:
@@ -858,13 +863,14 @@ class Walker:
                 made_states[(id(ready), slot)] = (ready, entry, tag)
         self.costs.counts.segment_key_reads += reads
         kept_state = tuple(state)
-        if not reads and wired is not None:
+        interned = not reads and wired is not None
+        if interned:
             # Every value entering it was taken from the copy before (its state or its tape's): so is the next
             # copy's of a run wired alike after a replay of that tape.  One object per such state (a run's copies
             # key alike), so that the next copy's is found from this one by its id.
             kept_state = self._states.setdefault(kept_state, kept_state)
             self._state_after[(id(before), id(ready), id(wired))] = (before, ready, wired, kept_state)
-        return self._key_of(copy, env, repeat, phase_hint, kept_state)
+        return self._key_of(copy, env, repeat, phase_hint, kept_state, interned), kept_state
 
     def _made_in(self, ready: ReadyTape, wired: Any) -> tuple[int, ...]:
         """Per value entering a copy wired to the one before as ``wired``: its slot in that copy where ``ready``'s
@@ -880,9 +886,16 @@ class Walker:
         return hit[2]
 
     def _key_of(
-        self, copy: Copy, env: dict[Any, Layout], repeat: int, phase_hint: str | None, state: tuple[Any, ...]
+        self,
+        copy: Copy,
+        env: dict[Any, Layout],
+        repeat: int,
+        phase_hint: str | None,
+        state: tuple[Any, ...],
+        interned: bool,
     ) -> Any:
-        """:meth:`_segment_key` given the state it read of the values entering ``copy``."""
+        """:meth:`_segment_key` given the state it read of the values entering ``copy`` (``interned``: one of
+        :attr:`_states`, whose number is found by its id)."""
         rows: Any = ()
         if copy.slices:
             entering = copy.entering
@@ -906,10 +919,22 @@ class Walker:
             self.quiet,
             repeat,
             phase_hint,
-            state,
+            self._state_number(state, interned),  # (the state by its number: hashed at every lookup)
             rows,
             leaving,
         )
+
+    def _state_number(self, state: tuple[Any, ...], interned: bool) -> int:
+        """``state``'s number in OpCosts.segment_states (a new one for a state no key held yet)."""
+        if interned:
+            hit = self._state_numbers.get(id(state))
+            if hit is not None and hit[0] is state:
+                return hit[1]
+        numbers = self.costs.segment_states
+        number = numbers.setdefault(state, len(numbers))
+        if interned:
+            self._state_numbers[id(state)] = (state, number)
+        return number
 
     def _asked(self, copy: Copy) -> tuple[Any, ...]:
         """The layouts the caller asks for values the look-ahead may reach past ``copy`` (program outputs), by visit
@@ -975,7 +1000,7 @@ class Walker:
         if copy.leaves or (self.requested and not self.requested.keys().isdisjoint(copy.inside_ids)):
             self._last_replay = None
             return "plain"  # its values leave the program or are asked for: the look-ahead ends there
-        key = self._segment_key(copy, env, repeat, phase_hint, self._carried(copy, env))
+        key, state = self._segment_key(copy, env, repeat, phase_hint, self._carried(copy, env))
         opened = self.open_copies.get(copy.start) if self.open_copies else None
         if opened:
             key = (*key, opened)  # it makes values moved to their readers' splits (open_values), moved where made
@@ -999,7 +1024,7 @@ class Walker:
             if tape.opened and (self.open_stop or not self.open_met):
                 self._open_replayed(tape, copy)
             if not ready.writes_entering:
-                self._last_replay = (copy, key[5], env, self.costs.counts.equations, self._walks, ready)
+                self._last_replay = (copy, state, env, self.costs.counts.equations, self._walks, ready)
             return "replayed"
         # An open copy's record is kept under its key and every layout asked past it (which of them its walk read
         # up to where it left, it does not say): as before the asked layouts left the key.
