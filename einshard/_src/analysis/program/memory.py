@@ -1434,9 +1434,15 @@ def _in_place_bases(prog: _Program) -> list[Key]:
     return out
 
 
-def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = frozenset()) -> _Liveness:
-    """``prog``'s :class:`_Liveness`, where ``free`` says which in-place bases are free constants and ``ynn``
-    which reductions XLA:CPU runs as YNNPACK fusions (:func:`_ynn_reductions`)."""
+def _liveness(
+    prog: _Program,
+    free: dict[Key, bool],
+    ynn: frozenset[int] = frozenset(),
+    transposing: frozenset[int] = frozenset(),
+) -> _Liveness:
+    """``prog``'s :class:`_Liveness`, where ``free`` says which in-place bases are free constants, ``ynn``
+    which reductions XLA:CPU runs as YNNPACK fusions (:func:`_ynn_reductions`) and ``transposing`` which elementwise
+    steps write their result in another layout than their operands' (:func:`_written_gather_major`)."""
     steps, outputs = prog.steps, prog.outputs
     n = len(steps)
     dead = _dead_steps(steps, outputs)
@@ -1578,8 +1584,10 @@ def _liveness(prog: _Program, free: dict[Key, bool], ynn: frozenset[int] = froze
     args_end = {until[v] for v in args if v in until}
     for i, step in enumerate(steps):
         if step.outs and (step.name in fusible or step.name in _UPDATES_IN_PLACE):
-            if written and not written.isdisjoint(step.outs):
-                donors[i] = ()  # written transposed for a dot (_Program._absorb_transposes): not in place
+            if (written and not written.isdisjoint(step.outs)) or i in transposing:
+                # Written transposed for a dot (_Program._absorb_transposes), or gathered-dimension major for the
+                # all-gather after it (_written_gather_major): never in place.
+                donors[i] = ()
                 continue
             if i not in dies and i not in args_end:
                 donors[i] = ()  # nothing is read last here: no operand to write into
@@ -1942,6 +1950,62 @@ def _ynn_reductions(prog: _Program) -> frozenset[int]:
         if _shard_elements(prog, k) >= _YNN_MIN_ELEMENTS or _shard_elements(prog, result) >= _YNN_MIN_ELEMENTS
     ]
     return always | frozenset(out) if out else always
+
+
+def _written_gather_major(prog: _Program) -> tuple[frozenset[int], frozenset[int]]:
+    """The max pools and the elementwise steps XLA:CPU writes with a dimension other than the major one major, under
+    this costing's layouts: (the pools, which are then no YNNPACK fusions; the elementwise steps, whose result is
+    then no operand's buffer).
+
+    Where the walk gathers a convolution's input along a dimension that is not its major one (an NHWC activation's
+    channels), XLA:CPU's layout assignment lays the value out with that dimension major for the all-gather, and
+    carries that layout back through the ops that take any (a max pool, the elementwise ops before it) to the first
+    op whose own layout is fixed (a convolution): the fusion right after it writes the transposed layout, a new
+    buffer beside the convolution's result, and the pool runs as a plain reduce-window, which YNNPACK does not take
+    in that layout.  Measured on keras-hub's VGGBackbone with its kernels split on their output channels over 2
+    devices (conv, bias and ReLU, 2x2 max pool, then a conv whose input XLA gathers on its channels): the ReLU's
+    f32[8,16,16,4] written ``{2,1,0,3}`` next to the convolution's ``{3,2,1,0}`` result, 92980 B where the walk,
+    with the ReLU written into the convolution's buffer and fused into a YNNPACK pool, held 68400 B (0.74x).
+    Where XLA splits the input's channels instead and sums the products (the second kernel twice as wide: no
+    all-gather), nothing is transposed and the walk held the right bytes already."""
+    facts = prog.step_facts.get("gather_major")
+    if facts is None:
+        # (found once per flattening: per convolution whose input the program makes, that input, the pools back
+        # from it and the elementwise step that makes what they pool; a few per model)
+        steps = prog.steps
+        producer = {k: i for i, step in enumerate(steps) for k in step.outs}
+        fusible = _fusible_elementwise()
+        args = set(prog.args)
+        found: list[tuple[Key, tuple[int, ...], int]] = []
+        for step in steps:
+            if step.name != "conv_general_dilated" or not step.ins or step.ins[0] in args:
+                continue
+            k = step.ins[0]
+            at, pools = producer.get(k), []
+            while at is not None and steps[at].name in _LAYOUT_FOLLOWING and steps[at].ins:
+                if steps[at].name.startswith("reduce_window"):
+                    pools.append(at)
+                at = producer.get(steps[at].ins[0])
+            if at is not None and steps[at].name in fusible:
+                found.append((k, tuple(pools), at))
+        facts = prog.step_facts["gather_major"] = tuple(found)
+    pooled: list[int] = []
+    writers: list[int] = []
+    for k, pools, writer in facts:
+        copy, lay = prog.layout(k, Gathered), prog.layout(k)
+        if copy is None or lay is None or is_free(copy) or is_free(lay):
+            continue
+        shape = tuple(int(n) for n in _aval(k).shape)
+        major = next((d for d, n in enumerate(shape) if n > 1), 0)
+        if any(a != b for d, (a, b) in enumerate(zip(lay.dims, copy.dims)) if d != major):
+            pooled.extend(pools)
+            writers.append(writer)
+    return frozenset(pooled), frozenset(writers)
+
+
+# The ops between a convolution's input and the elementwise step that makes it through which XLA:CPU's layout
+# assignment carries the all-gather's layout (they take their operand in any layout): max and mean pools, casts.
+_LAYOUT_FOLLOWING = frozenset({"reduce_window_max", "reduce_window_min", "reduce_window_sum", "convert_element_type"})
 
 
 def _mesh_axis_sizes(prog: _Program) -> tuple[int, ...] | None:
@@ -2382,10 +2446,13 @@ def _peak(
     # XLA:CPU is what ``whole_sums`` already says (the profile's reduce_scatter='all-reduce'; a loop body's walk, given
     # no profile, as the tiling's compiler: dense is XLA:CPU's).
     ynn = _ynn_reductions(prog) if tiling == "dense" and whole_sums else frozenset()
-    live_key = (tuple(free.items()), ynn)
+    pools, transposing = _written_gather_major(prog) if tiling == "dense" and whole_sums else (frozenset(), frozenset())
+    if pools:
+        ynn -= pools
+    live_key = (tuple(free.items()), ynn, transposing)
     info = prog.liveness.get(live_key)
     if info is None:
-        info = prog.liveness[live_key] = _liveness(prog, free, ynn)
+        info = prog.liveness[live_key] = _liveness(prog, free, ynn, transposing)
     fused, until, dies, leaves, donor_of = info.fused, info.until, info.dies, info.leaves, info.donors
     fusible = _fusible_elementwise()
     args = set(prog.args)
