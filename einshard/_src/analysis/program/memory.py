@@ -2446,13 +2446,13 @@ def _peak(
     # XLA:CPU is what ``whole_sums`` already says (the profile's reduce_scatter='all-reduce'; a loop body's walk, given
     # no profile, as the tiling's compiler: dense is XLA:CPU's).
     ynn = _ynn_reductions(prog) if tiling == "dense" and whole_sums else frozenset()
-    pools, transposing = _written_gather_major(prog) if tiling == "dense" and whole_sums else (frozenset(), frozenset())
+    pools, gather_major = _written_gather_major(prog) if tiling == "dense" and whole_sums else (frozenset(), frozenset())
     if pools:
         ynn -= pools
-    live_key = (tuple(free.items()), ynn, transposing)
+    live_key = (tuple(free.items()), ynn, gather_major)
     info = prog.liveness.get(live_key)
     if info is None:
-        info = prog.liveness[live_key] = _liveness(prog, free, ynn, transposing)
+        info = prog.liveness[live_key] = _liveness(prog, free, ynn, gather_major)
     fused, until, dies, leaves, donor_of = info.fused, info.until, info.dies, info.leaves, info.donors
     fusible = _fusible_elementwise()
     args = set(prog.args)
