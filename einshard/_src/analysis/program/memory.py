@@ -2446,7 +2446,9 @@ def _peak(
     # XLA:CPU is what ``whole_sums`` already says (the profile's reduce_scatter='all-reduce'; a loop body's walk, given
     # no profile, as the tiling's compiler: dense is XLA:CPU's).
     ynn = _ynn_reductions(prog) if tiling == "dense" and whole_sums else frozenset()
-    pools, gather_major = _written_gather_major(prog) if tiling == "dense" and whole_sums else (frozenset(), frozenset())
+    pools, gather_major = (
+        _written_gather_major(prog) if tiling == "dense" and whole_sums else (frozenset(), frozenset())
+    )
     if pools:
         ynn -= pools
     live_key = (tuple(free.items()), ynn, gather_major)
