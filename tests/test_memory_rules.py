@@ -448,6 +448,25 @@ def test_a_relu_written_channels_major_for_a_gather_is_a_buffer_of_its_own(batch
     assert got == pytest.approx(xla, rel=0.02), (got, xla, got / xla)
 
 
+@pytest.mark.parametrize(
+    ("batch", "c0", "c1", "before"),
+    [(P(), 8, 16, 0.69), (P("a"), 8, 16, 0.72), (P(), 16, 16, 0.83)],
+)
+def test_a_max_pools_arg_max_runs_in_the_forward_with_its_index_arrays(
+    batch: P, c0: int, c1: int, before: float
+) -> None:
+    """The gradient of the VGG blocks above: XLA:CPU expands each max pool's gradient into an arg-max over one s32
+    iota per dimension and a scatter, and runs the arg-max in the forward, right after the ReLU it pools (its iotas
+    and the scatter's zeros made at the program's start, its indices held to the backward's scatter).  The walk had
+    held them all at the gradient's step only: ``before`` x XLA's peak (keras-hub VGG's tp gradients, silent on the
+    probe); within the corpus's 25% now (0.85x, 0.83x, 0.93x: memory._pool_gradient_holds)."""
+    args = (_sds(8, 16, 16, 3), _sds(3, 3, 3, c0), _sds(c0), _sds(3, 3, c0, c1), _sds(c1))
+    k = P(None, None, None, "m")
+    grad = jax.grad(_vgg, argnums=(0, 1, 2, 3, 4))
+    got, xla = _peaks(grad, args, (batch, k, P(), k, P()), _mesh(False, (4, 2), ("a", "m")))
+    assert 0.8 * xla <= got <= 1.25 * xla, (got, xla, got / xla, before)
+
+
 # -- dot operands sliced to the result's split ---------------------------------------------------------------
 
 
