@@ -1201,17 +1201,18 @@ def window_scratch(
     source, operand = eqn.invars[0], eqn.invars[1]
     rank = len(operand.aval.shape)
     size = max(dtype_itemsize(operand.aval.dtype), 4)
+    padded = _block(operand, env.get(operand), eqn.params.get("padding"))
+    return (size + 4 * (rank - 1)) * padded + (size + 4 * rank) * _block(source, env.get(source))
 
-    def block(v: Any, pads: Any = None) -> int:
-        lay = env.get(v)
-        shape = list(lay.shard_shape if lay is not None and not is_free(lay) else v.aval.shape)
-        if pads is not None:  # padding along unsplit dimensions (a split one pads at its edge devices only)
-            dims = lay.dims if lay is not None else ((),) * len(shape)
-            shape = [n + (lo + hi if not d else 0) for n, d, (lo, hi) in zip(shape, dims, pads)]
-        return math.prod(int(n) for n in shape)
 
-    padded = block(operand, eqn.params.get("padding"))
-    return (size + 4 * (rank - 1)) * padded + (size + 4 * rank) * block(source)
+def _block(v: Any, lay: Layout | None, pads: Any = None) -> int:
+    """The elements of ``v`` a device holds under ``lay`` (whole where none or free), with ``pads`` (per dimension,
+    (low, high)) along its unsplit dimensions: a split one pads at its edge devices only."""
+    shape = list(lay.shard_shape if lay is not None and not is_free(lay) else v.aval.shape)
+    if pads is not None:
+        dims = lay.dims if lay is not None and not is_free(lay) else ((),) * len(shape)
+        shape = [n + (lo + hi if not d else 0) for n, d, (lo, hi) in zip(shape, dims, pads)]
+    return math.prod(int(n) for n in shape)
 
 
 def _pool_gradient_holds(
@@ -1247,16 +1248,9 @@ def _pool_gradient_holds(
         source, operand = eqn.invars[0], eqn.invars[1]
         rank = len(operand.aval.shape)
         size = max(dtype_itemsize(operand.aval.dtype), 4)
-
-        def block(v: Any, pads: Any = None) -> int:
-            lay = prog.layouts.get(v)
-            shape = list(lay.shard_shape if lay is not None and not is_free(lay) else v.aval.shape)
-            if pads is not None:  # (as window_scratch pads)
-                dims = lay.dims if lay is not None and not is_free(lay) else ((),) * len(shape)
-                shape = [n + (lo + hi if not d else 0) for n, d, (lo, hi) in zip(shape, dims, pads)]
-            return math.prod(int(n) for n in shape)
-
-        padded, whole, pooled = block(operand, eqn.params.get("padding")), block(operand), block(source)
+        lay = prog.layouts.get(operand)
+        padded, whole = _block(operand, lay, eqn.params.get("padding")), _block(operand, lay)
+        pooled = _block(source, prog.layouts.get(source))
         # (window_scratch's rank·P + (rank+1)·S: the iotas, then the arg-max's pooled values and indices)
         iotas = (size + 4 * (rank - 1)) * padded
         padding = size * (padded - whole)
