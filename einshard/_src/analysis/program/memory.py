@@ -1238,10 +1238,18 @@ def _pool_gradient_holds(
     program's start and holds to the backward convolutions reading them (the kernels reversed and transposed for
     the input gradients, the input transposed for the kernel's: 258 KiB at keras-hub ResNet's tp peak), and with
     the step's scratch dropped that tp gradient went from 0.90x to 0.73x XLA's peak; kept, it is 0.94x."""
+    # (The max pool gradients among the window steps, found once per list of them: a deep model's dots are there too,
+    # thousands, asked at every costing.)
+    facts = prog.step_facts.get("pool_gradients")
+    if facts is None or facts[0] is not prog.windows:
+        found = [
+            (at, eqn)
+            for at, eqn, path in prog.windows
+            if eqn.primitive.name == "select_and_scatter_add" and not path and len(steps[at].ins) >= 2
+        ]
+        facts = prog.step_facts["pool_gradients"] = (prog.windows, found)
     out: list[tuple[int, int, int, int, int, int]] = []
-    for at, eqn, path in prog.windows:
-        if eqn.primitive.name != "select_and_scatter_add" or path or len(steps[at].ins) < 2:
-            continue
+    for at, eqn in facts[1]:
         made_at = info.producer.get(steps[at].ins[1])
         if made_at is None or made_at >= at - 1:
             continue  # a pool of an argument (or an arg-max right before its scatter): window_scratch's measure
