@@ -2047,9 +2047,7 @@ def _written_gather_major(prog: _Program) -> tuple[frozenset[int], frozenset[int
         copy, lay = prog.layout(k, Gathered), prog.layout(k)
         if copy is None or lay is None or is_free(copy) or is_free(lay):
             continue
-        shape = tuple(int(n) for n in _aval(k).shape)
-        major = next((d for d, n in enumerate(shape) if n > 1), 0)
-        if any(a != b for d, (a, b) in enumerate(zip(lay.dims, copy.dims)) if d != major):
+        if _minor_gather(tuple(int(n) for n in _aval(k).shape), lay, copy):
             pooled.extend(pools)
             writers.append(writer)
     return frozenset(pooled), frozenset(writers)
@@ -3213,9 +3211,11 @@ def _gathers_minor(v: Any, copy: Layout, layouts: dict[Any, Layout]) -> bool:
     its transposed copy, besides the shard's copy).
     """
     lay = layouts.get(v)
-    if lay is None:
-        return False
-    shape = tuple(v.aval.shape)
+    return lay is not None and _minor_gather(tuple(v.aval.shape), lay, copy)
+
+
+def _minor_gather(shape: tuple[int, ...], lay: Layout, copy: Layout) -> bool:
+    """Whether ``copy`` gathers ``lay`` (of a value of ``shape``) along a dimension other than its major one."""
     major = next((d for d, n in enumerate(shape) if n > 1), 0)
     return any(a != b for d, (a, b) in enumerate(zip(lay.dims, copy.dims)) if d != major)
 
@@ -3248,9 +3248,7 @@ def _conv_gather_bytes(
         return 0
     # (A result computed inside a YNNPACK fusion, _convs_in_ynn, has no buffer: only the copies are held.)
     gathered, shard, out = nbytes_as(k, copy), size(k), sum(size(o) for o in step.outs if o not in fused)
-    shape = tuple(int(n) for n in (k[1] if isinstance(k, tuple) else k).aval.shape)
-    major = next((d for d, n in enumerate(shape) if n > 1), 0)
-    minor = any(a != b for d, (a, b) in enumerate(zip(lay.dims, copy.dims)) if d != major)
+    minor = _minor_gather(tuple(int(n) for n in (k[1] if isinstance(k, tuple) else k).aval.shape), lay, copy)
     back = gathered if minor else 0  # the row-major copy the convolution reads (else it reads the gathered one)
     kept = 0 if last else shard
     peak = max(shard + gathered, kept + gathered + back, kept + (back or gathered) + out)
